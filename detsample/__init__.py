@@ -1,0 +1,20 @@
+"""detsample: a bitwise-reproducible batched LLM sampler and its reproducibility harness.
+
+Public API (a contract, see DESIGN.md)::
+
+    from detsample import SamplingParams, Request, SamplingBatch, Sampler, SampleOutput
+"""
+
+from detsample.errors import DetsampleError, GrammarError, InvalidSamplingParams
+from detsample.params import Request, SamplingParams
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DetsampleError",
+    "GrammarError",
+    "InvalidSamplingParams",
+    "Request",
+    "SamplingParams",
+    "__version__",
+]

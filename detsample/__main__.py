@@ -1,0 +1,5 @@
+import sys
+
+from detsample.cli import main
+
+sys.exit(main())
