@@ -120,8 +120,8 @@ class Engine:
 
     def _batch(self, requests: Sequence[Request], mode: str | None = None) -> SamplingBatch:
         if mode is not None:
-            requests = [Request(r.rid, r.params.replace(logprobs_mode=mode, logprobs=0),
-                                r.prompt_ids, r.output_ids) for r in requests]
+            requests = [Request(r.rid, with_mode(r.params, mode), r.prompt_ids, r.output_ids)
+                        for r in requests]
         return SamplingBatch.from_requests(requests, vocab_size=self.model.config.vocab_size,
                                            eos_token_ids=self.config.eos_token_ids,
                                            vocab=self.config.vocab)
@@ -244,6 +244,14 @@ class Engine:
                              logprobs=lps, top_logprobs=top, seed=int(r.params.seed),
                              finish_reason=reason, arrival_step=row.arrival.step,
                              finish_step=step)
+
+
+def with_mode(params: SamplingParams, mode: str) -> SamplingParams:
+    """``params`` (same seed) reporting logprobs in ``mode``, without top logprobs."""
+    # SamplingParams.replace re-validates logit_bias, which rejects its own normalised
+    # (tuple) form; hand it back as a mapping.
+    bias = None if params.logit_bias is None else dict(params.logit_bias)
+    return params.replace(logprobs_mode=mode, logprobs=0, logit_bias=bias)
 
 
 def rescore(model: RefModel, sampler: Sampler, request_params: SamplingParams,
