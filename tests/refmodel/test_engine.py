@@ -20,6 +20,7 @@ from detsample import InvalidSamplingParams, Request, Sampler, SamplingParams
 from detsample.refmodel import RefModel, RefModelConfig
 from detsample.refmodel.engine import Engine, EngineConfig, RequestResult, rescore, with_mode
 from detsample.refmodel.schedule import Schedule
+from tests.helpers import params_strategy
 
 PARAMS = {
     "plain": dict(temperature=1.0),
@@ -30,6 +31,10 @@ PARAMS = {
     "all_filters": dict(temperature=0.7, top_k=100, top_p=0.95, min_p=0.01),
     "bias": dict(temperature=1.0, logit_bias={5: 2.5, "33": -1.0}),
     "top3": dict(temperature=1.0, logprobs=3),
+    # penalties and min_new_tokens count the request's own output (state replayed by rescore)
+    "penalties": dict(temperature=0.9, repetition_penalty=1.3, frequency_penalty=0.4,
+                      presence_penalty=0.2),
+    "min_tokens": dict(temperature=1.0, min_new_tokens=5, stop_token_ids=(7, 9)),
 }
 
 
@@ -79,7 +84,10 @@ def test_engine_outputs_shape(engine):
         assert out.logprobs["raw"].dtype == torch.float32
         assert out.logprobs["raw"].shape == (len(out.token_ids),)
         assert out.seed == r.params.seed
-        assert out.finish_reason in ("length", "eos")
+        assert out.finish_reason in ("length", "eos", "stop")
+        last = out.token_ids[-1]
+        assert (out.finish_reason == "eos") == (last == 0)
+        assert (out.finish_reason == "stop") == (last in r.params.stop_token_ids and last != 0)
         assert out.arrival_step <= out.finish_step
         if r.params.logprobs:
             vals, ids = out.top_logprobs
@@ -280,6 +288,12 @@ def test_property_random_schedules(model, data):
     cap = data.draw(st.sampled_from([None, 1, 2, 5]), label="max_batch_size")
     reqs = [make_request(f"{i}", f, s, m, max_new=6) for i, (f, s, m) in
             enumerate(zip(fams, seeds, modes))]
+    # plus one request with arbitrary sampling parameters (any filter, bias, mode)
+    p = data.draw(params_strategy(512), label="params")
+    p = p.replace(max_new_tokens=5, logit_bias=None if p.logit_bias is None else dict(p.logit_bias))
+    reqs.append(Request("any", p, [3, 1, 4, 1, 5]))
+    fams, seeds, modes = fams + ["any"], seeds + [p.seed], modes + [p.logprobs_mode]
+    steps = steps + [data.draw(st.integers(0, 8))]
     res = Engine(model, config=EngineConfig(max_batch_size=cap)).run(
         Schedule.of(list(zip(steps, reqs))))
     for r, f, s, m in zip(reqs, fams, seeds, modes):
