@@ -26,6 +26,8 @@ from detsample.ops import logprobs as lp_ops
 from detsample.ops.bias import apply_logit_bias_
 from detsample.ops.sanitize import STATUS_NO_VALID_TOKEN, sanitize_rows
 from detsample.ops.temperature import row_max, scale_logits
+from detsample.penalties import apply_step3  # issue 3
+from detsample.processors import ProcessorRunner  # issue 3
 from detsample.rng import RNG_NAME, row_uniforms
 
 FILTER_IMPLS = ("auto", "sort")
@@ -77,6 +79,12 @@ class Sampler:
         self.deterministic = bool(deterministic)
         self.filter_impl = filter_impl
         self.processors = tuple(processors)
+        self._runner = ProcessorRunner(self.processors)  # issue 3: step 1
+
+    def validate_request(self, request) -> None:
+        """Admission check against the registered processors' ``validate_params``
+        (issue 3); raises InvalidSamplingParams naming the request and the field."""
+        self._runner.validate(request.rid, request.params)
 
     rng_name = RNG_NAME
     draw_method = DRAW_METHOD
@@ -114,14 +122,14 @@ class Sampler:
     # -- pipeline steps 1-5 ----------------------------------------------------------
     def _prepare(self, logits: torch.Tensor, batch: SamplingBatch) -> _Prepared:
         self._check_logits(logits, batch)
-        x = logits
-        for proc in self.processors:  # step 1 (sees the model's logits)
-            x = proc.apply(x if x is not logits else logits.clone())
+        x = self._runner.run(logits, batch)  # step 1 (issue 3: detsample.processors)
         raw, status = sanitize_rows(logits)
         x, st = sanitize_rows(x) if x is not logits else (raw, status)  # step 2
         status = status | st
         owned = x is not logits and x is not raw
-        # step 3: penalties -- see issue 3 (detsample.ops.penalties)
+        x, owned, st = apply_step3(x, owned, batch)  # step 3 (issue 3: detsample.penalties)
+        if st is not None:
+            status = status | st
         # step 4: grammar mask -- see issue 4 (detsample.ops.mask)
         coo = batch.logit_bias_coo()  # step 5
         if coo is not None:
