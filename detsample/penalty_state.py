@@ -30,7 +30,8 @@ def validate_penalties(rid: str, p: SamplingParams) -> None:
     """Penalties must survive the float32 rounding the kernels use (field named)."""
     for name in _FIELDS:
         v = getattr(p, name)
-        f = np.float32(v)
+        with np.errstate(over="ignore"):
+            f = np.float32(v)
         if not np.isfinite(f):
             raise InvalidSamplingParams(
                 f"request {rid!r}: {name} must be finite in float32, got {v!r}")
