@@ -23,7 +23,6 @@ import torch
 
 from detsample.errors import InvalidSamplingParams
 from detsample.ops import penalties as pen_ops
-from detsample.ops.sanitize import sanitize_rows
 from detsample.params import Request
 from detsample.penalty_state import validate_penalties
 
@@ -97,30 +96,26 @@ def _ban(x: torch.Tensor, pairs: list[tuple[int, int]]) -> None:
         pen_ops.ban_tokens_(x, rc[:, 0], rc[:, 1])
 
 
-def apply_step3(x: torch.Tensor, owned: bool, batch: "SamplingBatch"
-                ) -> tuple[torch.Tensor, bool, torch.Tensor | None]:
-    """Apply step 3 to ``x`` (B, V) float32. ``owned``: whether ``x`` may be written.
+def apply_step3(x: torch.Tensor, batch: "SamplingBatch") -> torch.Tensor:
+    """Apply step 3 to ``x`` (B, V) float32, never writing into ``x``.
 
-    Returns ``(x, owned, status)``: ``status`` is the sanitiser's (B,) int32 flags over
-    the result when anything was applied (an extreme penalty can overflow a logit to
-    +inf; a constraint can leave a row without an admissible token), else None.
+    Returns ``x`` itself when no row needs anything this step, else a new tensor (the
+    Sampler re-sanitises it: an extreme penalty can overflow a logit to +inf, and a
+    constraint can leave a row without an admissible token).
     """
     state = batch.penalties
     coo = state.coo(batch.device) if state is not None else None
     rows = batch.step3_rows()
     if coo is None and rows.empty:
-        return x, owned, None
+        return x
     stops, bad = banned_entries(batch, rows)
     if coo is None and rows.allowed is None and not stops and not bad:
-        return x, owned, None
-    if not owned:
-        x = x.clone()
-        owned = True
+        return x
+    x = x.clone()
     if coo is not None:
         pen_ops.apply_penalties_coo_(x, *coo)
     _ban(x, stops)
     if rows.allowed is not None:
         pen_ops.restrict_to_allowed_(x, *rows.allowed)
     _ban(x, bad)
-    x, status = sanitize_rows(x)
-    return x, owned, status
+    return x

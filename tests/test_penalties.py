@@ -33,7 +33,7 @@ def test_step3_matches_oracle_bitwise(reqs, seed):
     """Every row of step 3 equals the float32 oracle of that row alone."""
     batch = _batch(list(reqs))
     x = torch.randn((len(reqs), V), generator=torch.Generator().manual_seed(seed)) * 3
-    got, owned, _ = apply_step3(x, False, batch)
+    got = apply_step3(x, batch)
     assert torch.equal(x, torch.randn((len(reqs), V), generator=torch.Generator().manual_seed(seed)) * 3)
     for i, r in enumerate(reqs):
         want = orc.step3_row(x[i].numpy(), r.params, r.prompt_ids, r.output_ids, EOS,
@@ -62,7 +62,7 @@ def test_order_additive_before_scaling():
     batch = _batch([Request("a", p, [], [3])])
     x = torch.zeros((1, V))
     x[0, 3] = 4.0
-    got, _, _ = apply_step3(x, False, batch)
+    got = apply_step3(x, batch)
     assert float(got[0, 3]) == 1.5
 
 
@@ -78,7 +78,7 @@ def test_no_penalty_batch_allocates_nothing():
     big = [k for k, v in vars(batch).items() if isinstance(v, torch.Tensor) and V in v.shape]
     assert big == []
     x = torch.randn((len(batch), V))
-    assert apply_step3(x, False, batch)[0] is x
+    assert apply_step3(x, batch) is x
 
 
 def test_penalty_state_dropped_when_last_penalised_row_leaves():
