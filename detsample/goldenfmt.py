@@ -80,6 +80,16 @@ class ScenarioOutput:
         """``"<request>@<position>"`` per entry."""
         return [f"{r}@{int(p)}" for r, p in zip(self.rids, self.positions)]
 
+    def take(self, indices: Sequence[int] | np.ndarray) -> "ScenarioOutput":
+        """The entries at ``indices`` (in that order), same meta."""
+        idx = np.asarray(indices, dtype=np.int64)
+        return ScenarioOutput(tuple(self.rids[i] for i in idx.tolist()), self.positions[idx],
+                              self.tokens[idx], self.logprobs[idx], self.meta)
+
+    def of_request(self, rid: str) -> "ScenarioOutput":
+        """The entries of request ``rid``, in order."""
+        return self.take([i for i, r in enumerate(self.rids) if r == rid])
+
     def bits(self) -> np.ndarray:
         """[N] uint32 bit patterns of ``logprobs``."""
         return self.logprobs.view("<u4")

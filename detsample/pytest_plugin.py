@@ -17,7 +17,6 @@ The plugin does nothing unless a test uses these fixtures or the options are giv
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,12 +36,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if config.getoption("--golden-update") and os.environ.get("CI") \
-            and not config.getoption("--golden-force"):
-        raise pytest.UsageError(
-            "--golden-update refuses to run when CI is set (CI=%r): goldens are regenerated "
-            "by a developer and reviewed in a diff, not rewritten by CI. Pass --golden-force "
-            "to override." % os.environ.get("CI"))
+    if config.getoption("--golden-update"):
+        from detsample.golden import update_refusal
+        why = update_refusal(force=bool(config.getoption("--golden-force")))
+        if why:
+            raise pytest.UsageError("--golden-update " + why)
 
 
 @dataclass

@@ -32,6 +32,7 @@ from detsample.synthlogits import FAMILIES
 MODES = ("raw", "scaled", "processed")
 BIG_VOCAB = 152064
 ParamFamily = Callable[[int, int], list[dict[str, Any]]]
+StepHook = Callable[..., None]
 
 
 def _cycle(values: Sequence[Any], n: int) -> list[Any]:
@@ -151,13 +152,14 @@ class Scenario:
     # -- running ---------------------------------------------------------------------
     def run(self, order: Sequence[int] | None = None, split: int | None = None,
             shuffle_steps: bool = False, sampler: Any = None,
-            device: str | torch.device = "cpu") -> ScenarioOutput:
+            device: str | torch.device = "cpu", on_step: StepHook | None = None) -> ScenarioOutput:
         """Sample rows ``order`` (default all, in order) for every step.
 
         ``split``: build ``order[:split]`` and ``order[split:]`` as two batches and
         ``merge`` them. ``shuffle_steps``: before each step after the first, permute the
         batch with ``filter`` (a seeded permutation). Entries come back in canonical
-        (step, row) order whatever the composition.
+        (step, row) order whatever the composition. ``on_step(step, rows, logits, batch,
+        positions, out)`` is called after each ``sample`` (before ``advance``).
         """
         from detsample import Sampler, SamplingBatch
         sampler = sampler if sampler is not None else Sampler()
@@ -173,15 +175,20 @@ class Scenario:
                                                     eos_token_ids=(0,)))
         got: dict[tuple[int, int], tuple[int, int, float]] = {}
         perm_rng = np.random.default_rng(self.seed)
+        shas = []
         for step in range(self.steps):
             if shuffle_steps and step > 0:
                 perm = [int(i) for i in perm_rng.permutation(len(rows))]
                 batch.filter(perm)
                 rows = [rows[i] for i in perm]
-            logits = torch.from_numpy(self.step_logits(step)[rows]).to(dev)
+            full = self.step_logits(step)
+            shas.append(_sha(full))
+            logits = torch.from_numpy(full[rows]).to(dev)
             positions = torch.tensor([self.position(r, step) for r in rows], dtype=torch.int64,
                                      device=dev)
             out = sampler.sample(logits, batch, positions)
+            if on_step is not None:
+                on_step(step, rows, logits, batch, positions, out)
             toks = out.token_ids.cpu().numpy()
             lps = out.logprobs.cpu().numpy()
             for j, r in enumerate(rows):
@@ -193,26 +200,33 @@ class Scenario:
             positions=np.array([got[k][0] for k in keys], dtype=np.int64),
             tokens=np.array([got[k][1] for k in keys], dtype=np.int64),
             logprobs=np.array([got[k][2] for k in keys], dtype=np.float32),
-            meta=self.metadata(),
+            meta=self.metadata(sampler, shas),
         )
 
     def produce(self, sampler: Any = None, device: str | torch.device = "cpu") -> ScenarioOutput:
         """The canonical run: all rows in one batch, in order."""
         return self.run(sampler=sampler, device=device)
 
-    def metadata(self) -> dict[str, Any]:
-        """The manifest's description of the inputs (params, seeds, rng, logits hashes)."""
-        from detsample import rng as rng_mod
+    def metadata(self, sampler: Any = None, logits_sha256: list[str] | None = None) -> dict[str, Any]:
+        """The manifest's description of the inputs (params, seeds, rng, draw method,
+        logits hashes) for a run with ``sampler`` (default ``Sampler()``)."""
+        if logits_sha256 is None:
+            logits_sha256 = [_sha(self.step_logits(s)) for s in range(self.steps)]
+        from detsample import Sampler
+        sampler = sampler if sampler is not None else Sampler()
         params = self.sampling_params()
         return {
-            "rng": getattr(rng_mod, "RNG_NAME", "unknown"),
+            "rng": sampler.rng_name,
+            "sampler": {"class": type(sampler).__name__, "draw_method": sampler.draw_method,
+                        "deterministic": sampler.deterministic,
+                        "filter_impl": sampler.filter_impl},
             "inputs": {
                 "logits_family": self.logits, "params_family": self.params,
                 "vocab_size": self.vocab, "rows": self.rows, "steps": self.steps,
                 "logits_seed": self.seed,
                 "logits_generator": "PCG64(SeedSequence([seed, step])).random_raw",
                 "logits_dtype": "<f4", "logits_shape": [self.rows, self.vocab],
-                "logits_sha256": [_sha(self.step_logits(s)) for s in range(self.steps)],
+                "logits_sha256": logits_sha256,
             },
             "requests": [{"rid": self.rid(i), "prompt_ids": self.prompt(i),
                           "params": p.to_dict()} for i, p in enumerate(params)],
@@ -255,3 +269,8 @@ def get(name: str) -> Scenario:
 def names(quick: bool = False) -> list[str]:
     """Registered scenario names (the quick subset when ``quick``), sorted."""
     return sorted(n for n, s in SCENARIOS.items() if s.quick or not quick)
+
+
+def produce_all(selected: Sequence[str], device: str | torch.device = "cpu") -> dict[str, ScenarioOutput]:
+    """Canonical outputs of the ``selected`` scenarios (KeyError for an unknown name)."""
+    return {n: get(n).produce(device=device) for n in selected}
