@@ -27,9 +27,17 @@ def _clean(s: str) -> str:
     return _SAFE.sub("_", s.strip().lower())
 
 
-def device_kind(device: str | torch.device = "cpu") -> str:
-    """``"cpu"`` or ``"cuda"`` (the type of ``device``)."""
-    return torch.device(device).type
+def check_device(device: str | torch.device = "cpu") -> torch.device:
+    """``device`` as a torch.device; ValueError unless it is cpu or an available cuda."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {str(device)!r}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {str(device)!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device must be available, got {str(device)!r} (no CUDA)")
+    return dev
 
 
 def platform_info(device: str | torch.device = "cpu") -> dict[str, Any]:
@@ -38,18 +46,14 @@ def platform_info(device: str | torch.device = "cpu") -> dict[str, Any]:
     Raises :class:`ValueError` for a device kind other than cpu/cuda, or a cuda device
     when CUDA is not available.
     """
-    dev = torch.device(device)
+    dev = check_device(device)
     info: dict[str, Any] = {"device": dev.type, "torch": torch.__version__}
     if dev.type == "cpu":
         info["isa"] = _clean(torch.backends.cpu.get_cpu_capability())
-    elif dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device must be available, got {str(device)!r} (no CUDA)")
+    else:
         major, minor = torch.cuda.get_device_capability(dev)
         info["isa"] = f"sm{major}{minor}"
         info["gpu"] = torch.cuda.get_device_name(dev)
-    else:
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {str(device)!r}")
     return info
 
 

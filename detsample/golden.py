@@ -25,7 +25,7 @@ from typing import Any, Mapping
 import torch
 
 from detsample.errors import DetsampleError
-from detsample.fingerprint import platform_fingerprint, platform_info
+from detsample.fingerprint import check_device, platform_fingerprint, platform_info
 from detsample.goldendiff import GoldenDiff, compare
 from detsample.goldenfmt import (FILES, MANIFEST, GoldenFormatError, ScenarioOutput,
                                  decode, encode)
@@ -103,7 +103,7 @@ class GoldenStore:
     def __init__(self, root: str | os.PathLike[str] | None = None,
                  fingerprint: str | None = None, device: str | torch.device = "cpu") -> None:
         self.root = golden_root(root)
-        self.device = torch.device(device)
+        self.device = check_device(device)
         self.fingerprint = fingerprint or platform_fingerprint(self.device)
 
     # -- paths -----------------------------------------------------------------------

@@ -20,7 +20,7 @@ import torch
 
 from detsample.checks import torch_threads
 from detsample.goldendiff import compare
-from detsample.goldenfmt import ScenarioOutput
+from detsample.goldenfmt import ScenarioOutput, float_text
 from detsample.scenarios import Scenario
 
 
@@ -75,8 +75,8 @@ def alignment_failures(sc: Scenario, device: str = "cpu") -> list[str]:
             fails.append(
                 f"{sc.name}: request {sc.rid(rows[j])} position {int(positions[j])} step {step} "
                 f"mode {p.logprobs_mode}: sample() logprob 0x{int(a[j]):08x} "
-                f"({a[j:j + 1].view(np.float32)[0]}) != compute_logprobs 0x{int(b[j]):08x} "
-                f"({b[j:j + 1].view(np.float32)[0]}) for token {int(tok[j])}")
+                f"({float_text(int(a[j]))}) != compute_logprobs 0x{int(b[j]):08x} "
+                f"({float_text(int(b[j]))}) for token {int(tok[j])}")
 
     sc.run(sampler=sampler, device=device, on_step=hook)
     return fails

@@ -15,3 +15,4 @@ def make(bits, tokens=None, rids=None, positions=None, meta=None) -> ScenarioOut
         positions=np.asarray(positions if positions is not None else np.arange(n) + 3),
         tokens=np.asarray(tokens if tokens is not None else np.arange(n) * 7, dtype=np.int64),
         logprobs=bits.view(np.float32), meta=meta or {"seeds": {"r0": 1}})
+

@@ -16,7 +16,7 @@ def test_cpu_fingerprint_names_device_isa_and_torch():
     assert platform_info("cpu")["isa"] == isa
 
 
-@pytest.mark.parametrize("dev", ["meta", "mps"])
+@pytest.mark.parametrize("dev", ["meta", "mps", "tpu", 3.5])
 def test_unknown_device_rejected(dev):
     with pytest.raises(ValueError, match="device must be"):
         platform_info(dev)

@@ -35,8 +35,10 @@ def register(subparsers: Any) -> None:
 class ProgressBar:
     """A plain-text progress bar on ``stream`` (redrawn in place on a terminal)."""
 
-    def __init__(self, stream: TextIO = sys.stderr, width: int = 30) -> None:
-        self.stream, self.width = stream, width
+    def __init__(self, stream: TextIO | None = None, width: int = 30) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.width = width
+        stream = self.stream
         self.tty = hasattr(stream, "isatty") and stream.isatty()
 
     def __call__(self, done: int, total: int, label: str) -> None:
