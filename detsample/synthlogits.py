@@ -85,9 +85,9 @@ def nan_row_logits(seed: int, step: int, rows: int, vocab: int) -> np.ndarray:
 
 
 def huge_logits(seed: int, step: int, rows: int, vocab: int) -> np.ndarray:
-    """Magnitudes near float32 overflow: bell values times 1e38, clipped to +-3e38
+    """Magnitudes near float32 overflow: bell values with std 2e38, clipped to +-3e38
     (temperature division may overflow; the result must still be deterministic)."""
-    v = _bell(seed, step, rows, vocab, 1.0) * 1e38
+    v = _bell(seed, step, rows, vocab, 1.0) * 2e38
     return np.clip(v, -3e38, 3e38).astype(np.float32)
 
 
