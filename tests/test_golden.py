@@ -10,7 +10,7 @@ import detsample.golden as golden_mod
 from detsample.golden import (CORRUPT, MISMATCH, MISSING_PLATFORM, MISSING_SCENARIO, OK,
                               GoldenStore, golden_root)
 from detsample.goldenfmt import FILES, LOGPROBS, TOKENS
-from golden_helpers import make
+from tests.golden_helpers import make
 
 FP = "cpu-test-torch0"
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from detsample.goldendiff import compare, ulp_distance
-from golden_helpers import make
+from tests.golden_helpers import make
 
 ULP_CASES = [  # (golden bits, obtained bits, expected distance)
     (0x3F800000, 0x3F800001, 1),

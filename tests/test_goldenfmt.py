@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from detsample.goldenfmt import (LOGPROBS, MANIFEST, TOKENS, GoldenFormatError, ScenarioOutput,
                                  concat, decode, encode, float_text)
-from golden_helpers import make
+from tests.golden_helpers import make
 
 SPECIAL_BITS = [0x00000000, 0x80000000, 0x7FC00000, 0x7FC00001, 0xFFC00000, 0x7F800000,
                 0xFF800000, 0x00000001, 0x7F7FFFFF, 0xBF800000]
