@@ -81,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
           f"{'  (quick)' if args.quick else ''}  {time.perf_counter() - t0:.1f} s")
     print(table(results))
     n_bad = sum(not r.ok for r in results)
-    print("ALL CHECKS PASSED" if ok else f"{n_bad} CHECK(S) FAILED")
+    n_skip = sum(r.skipped for r in results)
+    note = f" ({n_skip} SKIPPED, see above)" if n_skip else ""
+    print(("ALL CHECKS PASSED" if ok else f"{n_bad} CHECK(S) FAILED") + note)
     if args.json:
         doc = {"ok": ok, "platform": store.fingerprint, "checks": [r.to_json() for r in results]}
         path = Path(args.json)
