@@ -12,6 +12,9 @@ writes ``*.obtained`` files beside the golden), ``update`` rewrites goldens atom
 (every file goes to a temporary name first, then ``os.replace``; an interrupted update
 leaves the old files intact), and a platform without goldens is reported as
 ``missing-platform`` with the commands that create them, never as a pass.
+
+``verify_all`` / ``update_all`` run the registered scenarios (:mod:`detsample.scenarios`)
+through a store: what ``detsample golden`` and ``pytest --golden-update`` do.
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ CORRUPT = "corrupt"
 
 class GoldenMissing(DetsampleError):
     """No golden exists for this platform or scenario."""
+
+
+class GoldenUpdateRefused(DetsampleError):
+    """A golden update was asked for where it must not run (CI without force)."""
 
 
 def update_refusal(force: bool = False, environ: Mapping[str, str] | None = None) -> str | None:
@@ -266,3 +273,28 @@ def _atomic_write(path: Path, text: str) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def verify_all(names: list[str] | None = None, device: str = "cpu",
+               root: str | os.PathLike[str] | None = None, quick: bool = False) -> list[Verification]:
+    """Run the registered scenarios (``names``, default all / the quick subset) and
+    compare each with this platform's golden."""
+    from detsample import scenarios
+    store = GoldenStore(root, device=device)
+    selected = names if names is not None else scenarios.names(quick=quick)
+    return [store.verify(n, out) for n, out in scenarios.produce_all(selected, device).items()]
+
+
+def update_all(names: list[str] | None = None, device: str = "cpu",
+               root: str | os.PathLike[str] | None = None, force: bool = False) -> list[Change]:
+    """Regenerate this platform's goldens of ``names`` (default all) atomically.
+
+    Raises :class:`GoldenUpdateRefused` when ``CI`` is set and not ``force``.
+    """
+    from detsample import scenarios
+    why = update_refusal(force)
+    if why:
+        raise GoldenUpdateRefused(why)
+    store = GoldenStore(root, device=device)
+    selected = names if names is not None else scenarios.names()
+    return store.update(scenarios.produce_all(selected, device))

@@ -136,3 +136,14 @@ def test_golden_root_env(monkeypatch, tmp_path):
 def test_bad_scenario_name(tmp_path, name):
     with pytest.raises(ValueError, match="scenario name"):
         store(tmp_path).scenario_dir(name)
+
+
+def test_verify_all_and_update_all(tmp_path, monkeypatch):
+    """The scenario-level entry points: refused under CI, then new, then all ok."""
+    from detsample.golden import GoldenUpdateRefused, update_all, verify_all
+    monkeypatch.setenv("CI", "1")
+    with pytest.raises(GoldenUpdateRefused, match="CI is set"):
+        update_all(["random.greedy"], root=tmp_path)
+    assert [v.status for v in verify_all(["random.greedy"], root=tmp_path)] == [MISSING_PLATFORM]
+    assert [c.kind for c in update_all(["random.greedy"], root=tmp_path, force=True)] == ["new"]
+    assert [v.status for v in verify_all(["random.greedy"], root=tmp_path)] == [OK]

@@ -49,13 +49,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
-    from detsample import scenarios
+    from detsample.golden import verify_all
     if not store.has_platform():
         print(store.missing_platform_message(), file=sys.stderr)
         return 1
     bad = 0
-    for name, out in scenarios.produce_all(selected, args.device).items():
-        v = store.verify(name, out)
+    for v in verify_all(selected, args.device, store.root):
         bad += not v.ok
         print(f"[{'ok' if v.ok else v.status.upper()}] {v.message}")
     print(f"{len(selected) - bad} of {len(selected)} scenarios bit-identical to {store.platform_dir}")
@@ -64,12 +63,12 @@ def _verify(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
 
 def _update(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
     from detsample import scenarios
-    from detsample.golden import update_refusal
-    why = update_refusal(force=args.force)
-    if why:
-        print(f"detsample golden update: {why}", file=sys.stderr)
+    from detsample.golden import GoldenUpdateRefused, update_all
+    try:
+        changes = update_all(selected, args.device, store.root, force=args.force)
+    except GoldenUpdateRefused as e:
+        print(f"detsample golden update: {e}", file=sys.stderr)
         return 2
-    changes = store.update(scenarios.produce_all(selected, args.device))
     moved = [c for c in changes if c.kind != "unchanged"]
     for c in moved:
         print(f"[{c.kind}] {c.report}")
