@@ -13,7 +13,8 @@ at every step); its output is put back into canonical order so that it can be co
 bitwise with ``produce()`` (the batch-composition invariance check).
 
 Names are ``<logits family>.<params family>``, e.g. ``ties.top_k``; ``quick=True`` marks
-the smoke subset that ``detsample check --quick`` runs.
+the smoke subset that ``detsample check --quick`` runs. :func:`registry` adds the engine
+schedules of :mod:`detsample.enginescenarios` when the reference engine is present.
 """
 
 from __future__ import annotations
@@ -258,17 +259,29 @@ def _build() -> dict[str, Scenario]:
 SCENARIOS: dict[str, Scenario] = _build()
 
 
-def get(name: str) -> Scenario:
+def registry() -> dict[str, Any]:
+    """Every registered scenario: the synthetic ones, plus the engine schedules of
+    :mod:`detsample.enginescenarios` where the reference engine exists. Each has
+    ``name``, ``quick`` and ``produce(sampler=None, device="cpu")``."""
+    from detsample import enginescenarios
+    reg: dict[str, Any] = dict(SCENARIOS)
+    if enginescenarios.available():
+        reg.update(enginescenarios.ENGINE_SCENARIOS)
+    return reg
+
+
+def get(name: str) -> Any:
     """The registered scenario ``name`` (KeyError naming the known ones otherwise)."""
+    reg = registry()
     try:
-        return SCENARIOS[name]
+        return reg[name]
     except KeyError:
-        raise KeyError(f"unknown scenario {name!r}; known: {', '.join(sorted(SCENARIOS))}") from None
+        raise KeyError(f"unknown scenario {name!r}; known: {', '.join(sorted(reg))}") from None
 
 
 def names(quick: bool = False) -> list[str]:
     """Registered scenario names (the quick subset when ``quick``), sorted."""
-    return sorted(n for n, s in SCENARIOS.items() if s.quick or not quick)
+    return sorted(n for n, s in registry().items() if s.quick or not quick)
 
 
 def produce_all(selected: Sequence[str], device: str | torch.device = "cpu") -> dict[str, ScenarioOutput]:
