@@ -84,7 +84,7 @@ def run_battery(quick: bool = False, device: str = "cpu", store: GoldenStore | N
                 external: Sequence[tuple[str, Callable[..., Any]]] | None = None) -> list[CheckResult]:
     """Run the battery; see the module docstring. ``names`` restricts the scenarios."""
     store = store or GoldenStore(device=device)
-    todo = list(names) if names is not None else scenarios.names(quick=quick)
+    todo = list(names) if names is not None else scenarios.names(quick=quick, device=device)
     ext = external_checks() if external is None else list(external)
     total = len(todo) + len(ext)
     fails: dict[str, list[str]] = {k: [] for k in SCENARIO_CHECKS}

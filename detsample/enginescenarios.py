@@ -54,6 +54,7 @@ class EngineScenario:
     max_batch_size: int | None = None
     max_new_tokens: int = 8
     quick: bool = False
+    devices: tuple[str, ...] = ("cpu",)  # the reference model is a CPU model
 
     def requests(self) -> list[Any]:
         from detsample import Request, SamplingParams

@@ -281,7 +281,7 @@ def verify_all(names: list[str] | None = None, device: str = "cpu",
     compare each with this platform's golden."""
     from detsample import scenarios
     store = GoldenStore(root, device=device)
-    selected = names if names is not None else scenarios.names(quick=quick)
+    selected = names if names is not None else scenarios.names(quick=quick, device=device)
     return [store.verify(n, out) for n, out in scenarios.produce_all(selected, device).items()]
 
 
@@ -296,5 +296,5 @@ def update_all(names: list[str] | None = None, device: str = "cpu",
     if why:
         raise GoldenUpdateRefused(why)
     store = GoldenStore(root, device=device)
-    selected = names if names is not None else scenarios.names()
+    selected = names if names is not None else scenarios.names(device=device)
     return store.update(scenarios.produce_all(selected, device))

@@ -44,3 +44,8 @@ def test_engine_scenario_is_cpu_only():
     sc = enginescenarios.ENGINE_SCENARIOS["engine.mixed"]
     with pytest.raises(ValueError, match="device must be 'cpu'"):
         sc.produce(device="cuda")
+
+
+def test_not_listed_for_cuda():
+    assert not set(NAMES) & set(scenarios.names(device="cuda"))
+    assert "random.combo" in scenarios.names(device="cuda")

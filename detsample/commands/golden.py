@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from detsample.golden import GoldenStore
     try:
         store = GoldenStore(args.golden_dir, device=args.device)
-        selected = args.scenario or scenarios.names(quick=args.quick)
+        selected = args.scenario or scenarios.names(quick=args.quick, device=args.device)
         for n in selected:
             scenarios.get(n)
     except (ValueError, KeyError) as e:
