@@ -27,7 +27,7 @@ from detsample import invariance, scenarios
 from detsample.checks import CheckResult, as_result
 from detsample.golden import MISSING_PLATFORM, GoldenStore
 
-EXTERNAL_CHECK_MODULES = ("detsample.refmodel.checks",)
+EXTERNAL_CHECK_MODULES = ("detsample.enginechecks", "detsample.refmodel.checks")
 SCENARIO_CHECKS = ("golden", "batch_invariance", "run_to_run", "threads_1_vs_2",
                    "logprob_alignment")
 Progress = Callable[[int, int, str], None]

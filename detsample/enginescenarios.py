@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -65,20 +65,36 @@ class EngineScenario:
             out.append(Request(rid=a.rid, params=SamplingParams(**kw), prompt_ids=encode(a.prompt)))
         return out
 
+    def model(self) -> Any:
+        from detsample.refmodel import RefModel, RefModelConfig
+        return RefModel(RefModelConfig(seed=self.model_seed))
+
+    def run(self, only: Sequence[str] | None = None, reverse: bool = False,
+            max_batch_size: Any = "default", extra_modes: tuple[str, ...] = (),
+            sampler: Any = None, model: Any = None) -> tuple[list[Any], Any]:
+        """Run the schedule (or only the requests ``only``, all arriving at their own
+        steps; ``reverse`` reverses the script order within the schedule). Returns the
+        requests (script order) and the engine's ``EngineResult``."""
+        from detsample import Sampler
+        from detsample.refmodel.engine import Engine, EngineConfig
+        from detsample.refmodel.schedule import Schedule
+        sampler = sampler if sampler is not None else Sampler()
+        mbs = self.max_batch_size if max_batch_size == "default" else max_batch_size
+        pairs = [(a, r) for a, r in zip(self.arrivals, self.requests()) if only is None or a.rid in only]
+        script = list(reversed(pairs)) if reverse else pairs
+        engine = Engine(model if model is not None else self.model(), sampler,
+                        EngineConfig(max_batch_size=mbs, default_max_new_tokens=self.max_new_tokens,
+                                     extra_logprobs_modes=extra_modes))
+        return [r for _, r in pairs], engine.run(Schedule.of([(a.step, r) for a, r in script]))
+
     def produce(self, sampler: Any = None, device: str = "cpu") -> ScenarioOutput:
         """Run the schedule (CPU: the reference model is a CPU model)."""
         if str(device) != "cpu":
             raise ValueError(f"device must be 'cpu' for engine scenarios, got {str(device)!r}")
         from detsample import Sampler
-        from detsample.refmodel import RefModel, RefModelConfig
-        from detsample.refmodel.engine import Engine, EngineConfig
-        from detsample.refmodel.schedule import Schedule
         sampler = sampler if sampler is not None else Sampler()
-        reqs = self.requests()
-        model = RefModel(RefModelConfig(seed=self.model_seed))
-        engine = Engine(model, sampler, EngineConfig(max_batch_size=self.max_batch_size,
-                                                     default_max_new_tokens=self.max_new_tokens))
-        res = engine.run(Schedule.of([(a.step, r) for a, r in zip(self.arrivals, reqs)]))
+        model = self.model()
+        reqs, res = self.run(sampler=sampler, model=model)
         rids, pos, toks, lps = [], [], [], []
         for r in reqs:
             rr = res[r.rid]
