@@ -6,7 +6,8 @@ Registered in :data:`detsample.battery.EXTERNAL_CHECK_MODULES`; each check is
 
 - ``engine_batch_invariance``: every request run alone, and the whole schedule in
   reversed script order with a different row limit, report bitwise the same tokens,
-  logprobs (raw and scaled), seed and finish reason as the scripted mixed run;
+  logprobs (each request's own mode: the scenarios cycle raw/scaled/processed), seed
+  and finish reason as the scripted mixed run;
 - ``engine_prefill_decode_alignment``: rescoring each finished sequence with one prefill
   and ``compute_logprobs`` (:func:`detsample.refmodel.engine.rescore`) returns, bitwise,
   the logprobs the engine reported at every generated position, raw and scaled;
@@ -67,11 +68,11 @@ def engine_batch_invariance(quick: bool = False, device: str = "cpu") -> CheckRe
     scs = _scenarios(quick)
     for sc in scs:
         model = sc.model()
-        reqs, mixed = sc.run(extra_modes=ALIGN_MODES, model=model)
+        reqs, mixed = sc.run(model=model)
         for r in reqs:
-            _, alone = sc.run(only=[r.rid], extra_modes=ALIGN_MODES, model=model)
+            _, alone = sc.run(only=[r.rid], model=model)
             fails += result_differences(f"{sc.name} [alone vs mixed]", mixed[r.rid], alone[r.rid])
-        _, other = sc.run(reverse=True, max_batch_size=3, extra_modes=ALIGN_MODES, model=model)
+        _, other = sc.run(reverse=True, max_batch_size=3, model=model)
         for r in reqs:
             fails += result_differences(f"{sc.name} [reversed, max 3 rows]", mixed[r.rid], other[r.rid])
     return _result("engine_batch_invariance", fails, "each request alone == in the mixed schedule", len(scs))
@@ -79,16 +80,16 @@ def engine_batch_invariance(quick: bool = False, device: str = "cpu") -> CheckRe
 
 def engine_prefill_decode_alignment(quick: bool = False, device: str = "cpu") -> CheckResult:
     from detsample import Sampler
-    from detsample.refmodel.engine import rescore, with_mode
+    from detsample.refmodel.engine import rescore
     fails: list[str] = []
     scs = _scenarios(quick)
     for sc in scs:
         model, sampler = sc.model(), Sampler()
-        reqs, res = sc.run(extra_modes=ALIGN_MODES, model=model, sampler=sampler)
-        for r in reqs:
-            rr = res[r.rid]
-            for m in ALIGN_MODES:
-                got = rescore(model, sampler, with_mode(r.params, m), r.prompt_ids, rr.token_ids)
+        for m in ALIGN_MODES:
+            reqs, res = sc.run(mode=m, model=model, sampler=sampler)
+            for r in reqs:
+                rr = res[r.rid]
+                got = rescore(model, sampler, r.params, r.prompt_ids, rr.token_ids)
                 want = rr.logprobs[m]
                 if got.shape != want.shape:
                     fails.append(f"{sc.name}: request {r.rid} mode {m}: the engine reported "

@@ -70,21 +70,24 @@ class EngineScenario:
         return RefModel(RefModelConfig(seed=self.model_seed))
 
     def run(self, only: Sequence[str] | None = None, reverse: bool = False,
-            max_batch_size: Any = "default", extra_modes: tuple[str, ...] = (),
+            max_batch_size: Any = "default", mode: str | None = None,
             sampler: Any = None, model: Any = None) -> tuple[list[Any], Any]:
         """Run the schedule (or only the requests ``only``, all arriving at their own
-        steps; ``reverse`` reverses the script order within the schedule). Returns the
-        requests (script order) and the engine's ``EngineResult``."""
-        from detsample import Sampler
-        from detsample.refmodel.engine import Engine, EngineConfig
+        steps; ``reverse`` reverses the script order within the schedule; ``mode``
+        makes every request report logprobs in that mode). Returns the requests (script
+        order) and the engine's ``EngineResult``."""
+        from detsample import Request, Sampler
+        from detsample.refmodel.engine import Engine, EngineConfig, with_mode
         from detsample.refmodel.schedule import Schedule
         sampler = sampler if sampler is not None else Sampler()
         mbs = self.max_batch_size if max_batch_size == "default" else max_batch_size
-        pairs = [(a, r) for a, r in zip(self.arrivals, self.requests()) if only is None or a.rid in only]
+        reqs = self.requests()
+        if mode is not None:
+            reqs = [Request(r.rid, with_mode(r.params, mode), r.prompt_ids, r.output_ids) for r in reqs]
+        pairs = [(a, r) for a, r in zip(self.arrivals, reqs) if only is None or a.rid in only]
         script = list(reversed(pairs)) if reverse else pairs
         engine = Engine(model if model is not None else self.model(), sampler,
-                        EngineConfig(max_batch_size=mbs, default_max_new_tokens=self.max_new_tokens,
-                                     extra_logprobs_modes=extra_modes))
+                        EngineConfig(max_batch_size=mbs, default_max_new_tokens=self.max_new_tokens))
         return [r for _, r in pairs], engine.run(Schedule.of([(a.step, r) for a, r in script]))
 
     def produce(self, sampler: Any = None, device: str = "cpu") -> ScenarioOutput:
