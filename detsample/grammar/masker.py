@@ -1,0 +1,86 @@
+"""Fill and apply the grammar bitmask of a batch (pipeline step 4).
+
+One :class:`GrammarMasker` (owned by a Sampler) keeps one bitmask buffer, grown when a
+larger batch or vocabulary arrives, and an ``xgrammar.BatchGrammarMatcher`` that fills
+the active rows in parallel. Only rows whose grammar is active are filled and masked;
+every other row's logits are untouched, bit for bit.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from typing import Sequence
+
+import torch
+
+from detsample.grammar.request import PENDING, RequestGrammar
+from detsample.ops.mask import allocate_token_bitmask, apply_token_bitmask_, bitmask_width
+
+
+def resolve_all(grammars: Sequence[RequestGrammar | None]) -> None:
+    """Wait for every pending grammar together, bounded by their timeout; a grammar not
+    ready by then fails (its request only)."""
+    pending = [g for g in grammars if g is not None and g.state == PENDING]
+    if not pending:
+        return
+    cf.wait([g.future for g in pending], timeout=max(g.timeout_s for g in pending))
+    for g in pending:
+        g.resolve(timeout=0.0)
+
+
+class GrammarMasker:
+    """Reusable bitmask buffer + parallel fill + apply.
+
+    Args:
+        max_threads: threads xgrammar's batch matcher uses to fill rows ("auto" = half
+            the hardware threads).
+        parallel_min_rows: fill sequentially below this many active rows (thread hand-off
+            costs more than it saves for one row).
+    """
+
+    def __init__(self, max_threads: int | str = "auto", parallel_min_rows: int = 2) -> None:
+        self.max_threads = max_threads
+        self.parallel_min_rows = parallel_min_rows
+        self._bitmask: torch.Tensor | None = None
+        self._batch_matcher = None
+
+    def bitmask(self, batch: int, vocab_size: int) -> torch.Tensor:
+        """The reused buffer, as a ``[batch, ceil(V/32)]`` view (contents stale)."""
+        w = bitmask_width(vocab_size)
+        bm = self._bitmask
+        if bm is None or bm.shape[0] < batch or bm.shape[1] != w:
+            bm = allocate_token_bitmask(max(batch, 1), vocab_size)
+            self._bitmask = bm
+        return bm[:batch]
+
+    def fill(self, grammars: Sequence[RequestGrammar | None], vocab_size: int
+             ) -> tuple[torch.Tensor, list[int]]:
+        """Fill the bitmask rows of the active grammars; ``(bitmask, filled_rows)``.
+
+        ``grammars[r]`` is row r's grammar or None. Pending grammars are waited for
+        (bounded); failed/terminated ones are skipped.
+        """
+        resolve_all(grammars)
+        bm = self.bitmask(len(grammars), vocab_size)
+        rows = [r for r, g in enumerate(grammars) if g is not None and g.is_active]
+        if not rows:
+            return bm, rows
+        if len(rows) < self.parallel_min_rows:
+            for r in rows:
+                grammars[r].fill_bitmask(bm, r)
+        else:
+            if self._batch_matcher is None:
+                import xgrammar as xgr
+
+                self._batch_matcher = xgr.BatchGrammarMatcher(self.max_threads)
+            self._batch_matcher.batch_fill_next_token_bitmask(
+                [grammars[r].matcher for r in rows], bm, rows)
+        return bm, rows
+
+    def apply_(self, logits: torch.Tensor, grammars: Sequence[RequestGrammar | None]
+               ) -> list[int]:
+        """Mask ``logits`` ``[B, V]`` in place on rows with an active grammar; the rows."""
+        bm, rows = self.fill(grammars, logits.shape[1])
+        if rows:
+            apply_token_bitmask_(logits, bm, rows)
+        return rows

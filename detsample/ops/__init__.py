@@ -1,0 +1,1 @@
+"""Pure tensor functions of the sampling pipeline (no state, no I/O)."""

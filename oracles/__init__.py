@@ -1,0 +1,1 @@
+"""float64 numpy reference implementations (no torch), mirroring detsample/ops."""

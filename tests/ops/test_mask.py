@@ -1,0 +1,76 @@
+"""Tests of detsample/ops/mask.py against oracles/mask.py (per-row numpy loop)."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from detsample.ops.mask import allocate_token_bitmask, apply_token_bitmask_, bitmask_width
+from oracles.mask import apply_token_bitmask as oracle_apply
+
+SHAPES = [(1, 1), (2, 31), (3, 32), (4, 33), (5, 512), (2, 1000)]
+
+
+@pytest.mark.parametrize("b,v", SHAPES)
+def test_allocate_all_allowed(b, v):
+    bm = allocate_token_bitmask(b, v)
+    assert bm.dtype == torch.int32 and bm.shape == (b, (v + 31) // 32)
+    assert bool((bm == -1).all())
+
+
+@settings(max_examples=40, deadline=None)
+@given(b=st.integers(1, 6), v=st.integers(1, 200), seed=st.integers(0, 2**31 - 1),
+       data=st.data())
+def test_apply_matches_oracle(b, v, seed, data):
+    """Bitwise: allowed logits keep their bits; disallowed are -inf; unlisted rows untouched."""
+    rng = np.random.default_rng(seed)
+    logits = torch.from_numpy(rng.standard_normal((b, v)).astype(np.float32))
+    words = rng.integers(-2**31, 2**31, size=(b, bitmask_width(v)), dtype=np.int64)
+    bm = torch.from_numpy(words.astype(np.int32))
+    rows = sorted(data.draw(st.sets(st.integers(0, b - 1))))
+    out = apply_token_bitmask_(logits.clone(), bm, rows)
+    ref = oracle_apply(logits.numpy(), bm.numpy(), rows)
+    assert np.array_equal(out.numpy().astype(np.float64), ref)
+    for r in set(range(b)) - set(rows):
+        assert torch.equal(out[r], logits[r])
+
+
+def test_apply_sets_exact_neg_inf_not_large_negative():
+    """Bug pinned: masking by adding -1e9 changes results for huge logits (a masked
+    3e38 logit stays finite); -inf must be exact."""
+    logits = torch.full((1, 40), 3.0e38)
+    bm = allocate_token_bitmask(1, 40)
+    bm[0, 0] = 0b101
+    out = apply_token_bitmask_(logits, bm, [0])
+    assert out[0, 0] == 3.0e38 and out[0, 2] == 3.0e38
+    assert bool(torch.isneginf(out[0, 1])) and bool(torch.isneginf(out[0, 3:32]).all())
+    assert bool((out[0, 32:] == 3.0e38).all())
+
+
+def test_apply_none_means_all_rows_and_empty_rows_noop():
+    logits = torch.randn(3, 64)
+    bm = torch.zeros(3, 2, dtype=torch.int32)
+    assert torch.equal(apply_token_bitmask_(logits.clone(), bm, []), logits)
+    assert bool(torch.isneginf(apply_token_bitmask_(logits.clone(), bm, None)).all())
+
+
+def test_bit_31_is_the_last_token_of_a_word():
+    logits = torch.zeros(1, 64)
+    bm = torch.zeros(1, 2, dtype=torch.int32)
+    bm[0, 0] = -2**31  # only bit 31
+    out = apply_token_bitmask_(logits, bm, [0])
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [31]
+
+
+BAD = [
+    (torch.zeros(2, 40), torch.zeros(2, 1, dtype=torch.int32), [0], "bitmask must be int32"),
+    (torch.zeros(2, 40), torch.zeros(2, 2, dtype=torch.int64), [0], "bitmask must be int32"),
+    (torch.zeros(40), torch.zeros(2, 2, dtype=torch.int32), [0], "logits must be 2-D"),
+    (torch.zeros(2, 40), torch.zeros(2, 2, dtype=torch.int32), [2], r"rows must be in \[0, 2\)"),
+]
+
+
+@pytest.mark.parametrize("logits,bm,rows,msg", BAD)
+def test_apply_rejects_bad_shapes(logits, bm, rows, msg):
+    with pytest.raises(ValueError, match=msg):
+        apply_token_bitmask_(logits, bm, rows)
