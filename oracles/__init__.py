@@ -1,1 +1,1 @@
-"""float64 numpy reference implementations (no torch), mirroring detsample/ops."""
+"""float64 numpy reference implementations (the specification). Never imports torch."""

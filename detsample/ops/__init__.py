@@ -1,1 +1,2 @@
-"""Pure tensor functions of the sampling pipeline (no state, no I/O)."""
+"""Pure tensor functions composed by the Sampler: no state, no I/O, no environment
+sniffing. Each function states shapes, dtypes and its guarantee in its docstring."""
