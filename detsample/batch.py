@@ -31,6 +31,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from detsample.errors import InvalidSamplingParams
+from detsample.grammar import batching as grammar_hooks  # issue 4: grammar rows
 from detsample.params import Request, SamplingParams
 
 FINISH_NO_VALID_TOKEN = "no_valid_token"
@@ -98,6 +99,7 @@ class SamplingBatch:
         self.requests: list[Request] = []
         self.output_ids: list[list[int]] = []
         self.finished: list[str | None] = []
+        self.grammars: list = []  # issue 4: RequestGrammar | None per row
         self.temperatures = torch.empty((0, 1), dtype=torch.float32, device=device)
         self.top_ks = torch.empty((0,), dtype=torch.int32, device=device)
         self.top_ps = torch.empty((0,), dtype=torch.float64, device=device)
@@ -161,6 +163,7 @@ class SamplingBatch:
         self.requests.extend(reqs)
         self.output_ids.extend(list(r.output_ids) for r in reqs)
         self.finished.extend(None for _ in reqs)
+        self.grammars.extend(grammar_hooks.build_row_grammars(reqs, self.vocab))  # issue 4
         self._changed()
 
     def _changed(self) -> None:
@@ -191,6 +194,7 @@ class SamplingBatch:
         self.requests = [self.requests[i] for i in idx]
         self.output_ids = [self.output_ids[i] for i in idx]
         self.finished = [self.finished[i] for i in idx]
+        self.grammars = [self.grammars[i] for i in idx]  # issue 4
         self._changed()
 
     def merge(self, other: "SamplingBatch") -> None:
@@ -208,6 +212,9 @@ class SamplingBatch:
         self.requests.extend(other.requests)
         self.output_ids.extend(list(o) for o in other.output_ids)
         self.finished.extend(other.finished)
+        self.grammars.extend(other.grammars)  # issue 4
+        if self.vocab is None:
+            self.vocab = other.vocab
         self._changed()
 
     def advance(self, token_ids: torch.Tensor | Sequence[int]) -> None:
@@ -228,6 +235,7 @@ class SamplingBatch:
                 _fail(f"advance: row {i} token id {t} outside the vocabulary "
                       f"[0, {self.vocab_size})")
             self.output_ids[i].append(t)
+        grammar_hooks.advance_grammars(self, toks)  # issue 4: after every row is recorded
 
     # -- derived views ---------------------------------------------------------------
     @property

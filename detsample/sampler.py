@@ -20,6 +20,8 @@ import torch
 
 from detsample.batch import SamplingBatch
 from detsample.errors import InvalidSamplingParams
+from detsample.grammar import batching as grammar_hooks  # issue 4
+from detsample.grammar.masker import GrammarMasker  # issue 4
 from detsample.ops import draw as draw_ops
 from detsample.ops import filters as filter_ops
 from detsample.ops import logprobs as lp_ops
@@ -77,6 +79,7 @@ class Sampler:
         self.deterministic = bool(deterministic)
         self.filter_impl = filter_impl
         self.processors = tuple(processors)
+        self.grammar_masker = GrammarMasker()  # issue 4: one reused bitmask buffer
 
     rng_name = RNG_NAME
     draw_method = DRAW_METHOD
@@ -122,7 +125,8 @@ class Sampler:
         status = status | st
         owned = x is not logits and x is not raw
         # step 3: penalties -- see issue 3 (detsample.ops.penalties)
-        # step 4: grammar mask -- see issue 4 (detsample.ops.mask)
+        x, owned, status = grammar_hooks.grammar_step(  # step 4: grammar mask (issue 4)
+            self.grammar_masker, batch, x, owned, status)
         coo = batch.logit_bias_coo()  # step 5
         if coo is not None:
             if not owned:

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import torch
 
+from detsample.errors import GrammarError
 from detsample.grammar.request import PENDING, RequestGrammar
 from detsample.ops.mask import allocate_token_bitmask, apply_token_bitmask_, bitmask_width
 
@@ -79,8 +80,26 @@ class GrammarMasker:
 
     def apply_(self, logits: torch.Tensor, grammars: Sequence[RequestGrammar | None]
                ) -> list[int]:
-        """Mask ``logits`` ``[B, V]`` in place on rows with an active grammar; the rows."""
-        bm, rows = self.fill(grammars, logits.shape[1])
+        """Mask ``logits`` ``[B, V]`` in place on rows with an active grammar; the rows.
+
+        The bitmask covers the grammars' vocabulary (n tokens); when the model's V is
+        larger (an embedding padded past the tokenizer), ids n..V-1 are -inf on those
+        rows.
+        """
+        sizes = {g.vocab.vocab_size for g in grammars if g is not None}
+        if not sizes:
+            return []
+        if len(sizes) > 1:
+            raise GrammarError(f"grammars of one batch must share a vocabulary size, got "
+                               f"{sorted(sizes)}")
+        n = sizes.pop()
+        if n > logits.shape[1]:
+            raise GrammarError(f"grammar vocabulary has {n} tokens, more than the logits' "
+                               f"{logits.shape[1]}")
+        bm, rows = self.fill(grammars, n)
         if rows:
-            apply_token_bitmask_(logits, bm, rows)
+            apply_token_bitmask_(logits[:, :n], bm, rows)
+            if n < logits.shape[1]:
+                idx = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+                logits[idx, n:] = float("-inf")
         return rows

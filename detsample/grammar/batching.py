@@ -1,0 +1,106 @@
+"""Hooks that connect grammars to SamplingBatch and Sampler (kept out of those files).
+
+* :func:`build_row_grammars` -- one :class:`RequestGrammar` (or None) per new row,
+  submitted for compilation when the batch is built.
+* :func:`grammar_step` -- pipeline step 4 inside the Sampler: fill and apply the mask on
+  rows with an active grammar; a row whose grammar failed (compile error or timeout) gets
+  ``STATUS_NO_VALID_TOKEN | STATUS_GRAMMAR_ERROR`` so it yields token -1, while every
+  other row samples normally.
+* :func:`advance_grammars` -- inside ``batch.advance``: feed each matcher its token,
+  finish terminated and failed rows, and raise (after every row was fed) when a
+  matcher rejected a token.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from detsample.errors import GrammarError, InvalidSamplingParams
+from detsample.grammar.masker import GrammarMasker
+from detsample.grammar.request import PENDING, RequestGrammar
+from detsample.ops.sanitize import STATUS_NO_VALID_TOKEN
+
+#: SampleOutput.status bit: the row's grammar failed (see ``grammar_errors``).
+STATUS_GRAMMAR_ERROR = 8
+#: ``batch.finished`` reasons set by grammars.
+FINISH_GRAMMAR_TERMINATED = "grammar_terminated"
+FINISH_GRAMMAR_ERROR = "grammar_error"
+
+
+def build_row_grammars(requests: Sequence, vocab) -> list[RequestGrammar | None]:
+    """A grammar per request (None for free rows); compilation starts in the pool."""
+    out: list[RequestGrammar | None] = []
+    for r in requests:
+        g = r.params.grammar
+        if g is not None and vocab is None:
+            raise InvalidSamplingParams(
+                f"request {r.rid!r}: {g[0]} needs a vocabulary; pass "
+                "vocab=detsample.Vocabulary(...) to SamplingBatch.from_requests")
+        out.append(RequestGrammar.from_params(r.rid, r.params, vocab, output_ids=r.output_ids)
+                   if g is not None else None)
+    return out
+
+
+def has_grammar(batch) -> bool:
+    return any(g is not None for g in getattr(batch, "grammars", ()))
+
+
+def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, owned: bool,
+                 status: torch.Tensor) -> tuple[torch.Tensor, bool, torch.Tensor]:
+    """Pipeline step 4: ``(x, owned, status)`` after the grammar mask.
+
+    ``x`` (B, V) float32 is cloned before the in-place mask unless ``owned``. Rows
+    without an active grammar keep their exact bits. Tokens beyond the vocabulary of a
+    grammar (a model padded past its tokenizer) are disallowed on grammar rows.
+    """
+    grammars = batch.grammars
+    if not any(g is not None for g in grammars):
+        return x, owned, status
+    live = [g if g is not None and batch.finished[i] is None else None
+            for i, g in enumerate(grammars)]
+    if any(g is not None and (g.state == PENDING or g.is_active) for g in live):
+        if not owned:
+            x = x.clone()
+            owned = True
+        masker.apply_(x, live)
+    failed = [i for i, g in enumerate(grammars) if g is not None and g.failed]
+    if failed:
+        status = status.clone()
+        idx = torch.tensor(failed, dtype=torch.int64, device=status.device)
+        status[idx] |= STATUS_NO_VALID_TOKEN | STATUS_GRAMMAR_ERROR
+    return x, owned, status
+
+
+def advance_grammars(batch, tokens: Sequence[int]) -> None:
+    """Feed each active matcher its row's token (``-1`` tokens are skipped).
+
+    A terminated grammar finishes its row (``FINISH_GRAMMAR_TERMINATED``); a failed one
+    finishes it with ``FINISH_GRAMMAR_ERROR``. A token a matcher rejects fails that row
+    and, once every row has been fed, raises :class:`GrammarError` naming the request
+    and its accepted prefix (a rejected token is a bug: the mask forbade it).
+    """
+    errors = []
+    for i, (g, t) in enumerate(zip(batch.grammars, tokens)):
+        if g is None:
+            continue
+        if g.state == PENDING:
+            g.resolve()
+        if g.is_active and t >= 0:
+            try:
+                g.accept_token(t)
+            except GrammarError as e:
+                g.fail(str(e))
+                errors.append(str(e))
+        if g.failed:
+            batch.finished[i] = FINISH_GRAMMAR_ERROR
+        elif g.is_terminated() and batch.finished[i] is None:
+            batch.finished[i] = FINISH_GRAMMAR_TERMINATED
+    if errors:
+        raise GrammarError("; ".join(errors))
+
+
+def grammar_errors(batch) -> dict[str, str]:
+    """``{request id: error message}`` of the rows whose grammar failed."""
+    return {g.rid: g.error for g in batch.grammars if g is not None and g.failed}
