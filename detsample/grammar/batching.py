@@ -51,8 +51,8 @@ def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, owned: bool,
                  status: torch.Tensor) -> tuple[torch.Tensor, bool, torch.Tensor]:
     """Pipeline step 4: ``(x, owned, status)`` after the grammar mask.
 
-    ``x`` (B, V) float32 is cloned before the in-place mask unless ``owned``. Rows
-    without an active grammar keep their exact bits. Tokens beyond the vocabulary of a
+    ``x`` (B, V) float32 is never modified: a masked copy replaces it (``owned`` becomes
+    True). Rows without an active grammar keep their exact bits. Tokens beyond the vocabulary of a
     grammar (a model padded past its tokenizer) are disallowed on grammar rows.
     """
     grammars = batch.grammars
@@ -61,10 +61,9 @@ def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, owned: bool,
     live = [g if g is not None and batch.finished[i] is None else None
             for i, g in enumerate(grammars)]
     if any(g is not None and (g.state == PENDING or g.is_active) for g in live):
-        if not owned:
-            x = x.clone()
-            owned = True
-        masker.apply_(x, live)
+        masked, rows = masker.masked(x, live)  # a new tensor: no clone of its own
+        if rows:
+            x, owned = masked, True
     failed = [i for i, g in enumerate(grammars) if g is not None and g.failed]
     if failed:
         status = status.clone()

@@ -15,7 +15,8 @@ import torch
 
 from detsample.errors import GrammarError
 from detsample.grammar.request import PENDING, RequestGrammar
-from detsample.ops.mask import allocate_token_bitmask, apply_token_bitmask_, bitmask_width
+from detsample.ops.mask import (allocate_token_bitmask, apply_token_bitmask_, bitmask_width,
+                                masked_logits)
 
 
 def resolve_all(grammars: Sequence[RequestGrammar | None]) -> None:
@@ -78,17 +79,11 @@ class GrammarMasker:
                 [grammars[r].matcher for r in rows], bm, rows)
         return bm, rows
 
-    def apply_(self, logits: torch.Tensor, grammars: Sequence[RequestGrammar | None]
-               ) -> list[int]:
-        """Mask ``logits`` ``[B, V]`` in place on rows with an active grammar; the rows.
-
-        The bitmask covers the grammars' vocabulary (n tokens); when the model's V is
-        larger (an embedding padded past the tokenizer), ids n..V-1 are -inf on those
-        rows.
-        """
+    def _fill_for(self, logits: torch.Tensor, grammars: Sequence[RequestGrammar | None]
+                  ) -> tuple[torch.Tensor | None, list[int], int]:
         sizes = {g.vocab.vocab_size for g in grammars if g is not None}
         if not sizes:
-            return []
+            return None, [], logits.shape[1]
         if len(sizes) > 1:
             raise GrammarError(f"grammars of one batch must share a vocabulary size, got "
                                f"{sorted(sizes)}")
@@ -97,9 +92,23 @@ class GrammarMasker:
             raise GrammarError(f"grammar vocabulary has {n} tokens, more than the logits' "
                                f"{logits.shape[1]}")
         bm, rows = self.fill(grammars, n)
+        return bm, rows, n
+
+    def masked(self, logits: torch.Tensor, grammars: Sequence[RequestGrammar | None]
+               ) -> tuple[torch.Tensor, list[int]]:
+        """``(masked copy of logits, masked rows)``; ``logits`` itself when no row has an
+        active grammar. The bitmask covers the grammars' vocabulary (n tokens); when the
+        model's V is larger (an embedding padded past the tokenizer), ids n..V-1 are -inf
+        on the masked rows."""
+        bm, rows, n = self._fill_for(logits, grammars)
+        if not rows:
+            return logits, rows
+        return masked_logits(logits, bm, rows, limit=n), rows
+
+    def apply_(self, logits: torch.Tensor, grammars: Sequence[RequestGrammar | None]
+               ) -> list[int]:
+        """In-place variant of :meth:`masked`; returns the masked rows."""
+        bm, rows, n = self._fill_for(logits, grammars)
         if rows:
-            apply_token_bitmask_(logits[:, :n], bm, rows)
-            if n < logits.shape[1]:
-                idx = torch.tensor(rows, dtype=torch.int64, device=logits.device)
-                logits[idx, n:] = float("-inf")
+            apply_token_bitmask_(logits, bm, rows, limit=n)
         return rows
