@@ -26,7 +26,7 @@ def _generator(batch: "SamplingBatch", positions: torch.Tensor) -> torch.Generat
 
 def sample_fast(sampler: "Sampler", prep: "_Prepared", batch: "SamplingBatch",
                 positions: torch.Tensor) -> "SampleOutput":
-    from detsample.sampler import SampleOutput
+    from detsample.sampler import SampleOutput  # circular at import time
 
     x = prep.x
     valid = (prep.status & STATUS_NO_VALID_TOKEN) == 0

@@ -28,7 +28,9 @@ from detsample.ops import logprobs as lp_ops
 from detsample.ops.bias import apply_logit_bias_
 from detsample.ops.sanitize import STATUS_NO_VALID_TOKEN, sanitize_rows
 from detsample.ops.temperature import row_max, scale_logits
+from detsample.fastpath import sample_fast
 from detsample.rng import RNG_NAME, row_uniforms
+from detsample.workspace import Workspace
 
 FILTER_IMPLS = ("auto", "sort")
 DRAW_METHOD = "inverse-cdf/token-id-order/fixed-point"
@@ -69,7 +71,12 @@ class Sampler:
     filter_impl: "auto" (bounded ``topk`` where it provably equals the full sort) or
     "sort" (always the full stable sort: the reference semantics).
     processors: batch-level logits processors run at pipeline step 1.
+    A Sampler keeps scratch buffers between calls (:class:`~detsample.workspace.Workspace`);
+    use one instance per thread.
     """
+
+    rng_name = RNG_NAME
+    draw_method = DRAW_METHOD
 
     def __init__(self, deterministic: bool = True, filter_impl: str = "auto",
                  processors: tuple = ()) -> None:
@@ -79,10 +86,8 @@ class Sampler:
         self.deterministic = bool(deterministic)
         self.filter_impl = filter_impl
         self.processors = tuple(processors)
+        self._ws = Workspace()
         self.grammar_masker = GrammarMasker()  # issue 4: one reused bitmask buffer
-
-    rng_name = RNG_NAME
-    draw_method = DRAW_METHOD
 
     # -- input checks ----------------------------------------------------------------
     @staticmethod
@@ -99,7 +104,7 @@ class Sampler:
                 f"logits must be on the batch's device {batch.device}, got {logits.device}")
 
     @staticmethod
-    def _check_ids(name: str, t: torch.Tensor, batch: SamplingBatch, vocab: bool) -> torch.Tensor:
+    def _check_ids(name: str, t, batch: SamplingBatch, vocab: bool) -> torch.Tensor:
         if not isinstance(t, torch.Tensor):
             t = torch.as_tensor(t)
         if t.dtype not in (torch.int64, torch.int32) or tuple(t.shape) != (len(batch),):
@@ -107,11 +112,13 @@ class Sampler:
                 f"{name} must be an int64 tensor of shape ({len(batch)},), got "
                 f"{t.dtype} {tuple(t.shape)}")
         t = t.to(device=batch.device, dtype=torch.int64)
-        lo = int(t.min()) if t.numel() else 0
-        hi = int(t.max()) if t.numel() else 0
-        if lo < 0 or (vocab and hi >= batch.vocab_size):
-            bad = lo if lo < 0 else hi
-            raise InvalidSamplingParams(f"{name} contains {bad}, outside the valid range")
+        if t.numel():
+            lo, hi = int(t.min()), int(t.max())
+            if lo < 0:
+                raise InvalidSamplingParams(f"{name} must be >= 0, got {lo}")
+            if vocab and hi >= batch.vocab_size:
+                raise InvalidSamplingParams(
+                    f"{name} must be < vocab_size ({batch.vocab_size}), got {hi}")
         return t
 
     # -- pipeline steps 1-5 ----------------------------------------------------------
@@ -120,9 +127,12 @@ class Sampler:
         x = logits
         for proc in self.processors:  # step 1 (sees the model's logits)
             x = proc.apply(x if x is not logits else logits.clone())
-        raw, status = sanitize_rows(logits)
-        x, st = sanitize_rows(x) if x is not logits else (raw, status)  # step 2
-        status = status | st
+        raw, status = sanitize_rows(logits)  # step 2 ("raw" = sanitised model logits)
+        if x is logits:
+            x = raw
+        else:
+            x, st = sanitize_rows(x)
+            status = status | st
         owned = x is not logits and x is not raw
         # step 3: penalties -- see issue 3 (detsample.ops.penalties)
         x, owned, status = grammar_hooks.grammar_step(  # step 4: grammar mask (issue 4)
@@ -137,6 +147,9 @@ class Sampler:
             status = status | st
         return _Prepared(raw=raw, x=x, status=status)
 
+    def _buf(self, name: str, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return self._ws.get(name, tuple(like.shape), dtype or like.dtype, like.device)
+
     # -- steps 7-8 -------------------------------------------------------------------
     def _scaled(self, prep: _Prepared, batch: SamplingBatch) -> torch.Tensor:
         """z = (x - max) / T_eff for every row (T_eff = 1 on greedy rows)."""
@@ -146,28 +159,27 @@ class Sampler:
             m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # all -inf rows
             t = torch.where(batch.greedy.unsqueeze(1), torch.ones_like(batch.temperatures),
                             batch.temperatures)
-            prep.z = scale_logits(x, m, t)
+            prep.z = scale_logits(x, m, t, out=self._buf("z", x))
         return prep.z
 
-    def _analyse(self, prep: _Prepared, batch: SamplingBatch, rows: torch.Tensor,
-                 u: torch.Tensor | None) -> torch.Tensor | None:
-        """Steps 8 (and 9 when ``u`` is given) for sampling ``rows``.
+    @staticmethod
+    def _rows(z: torch.Tensor, idx: list[int]) -> torch.Tensor:
+        """z restricted to rows ``idx`` (z itself when idx is every row)."""
+        if idx == list(range(z.shape[0])):
+            return z
+        return z[torch.tensor(idx, dtype=torch.int64, device=z.device)]
 
-        Fills prep.tau and prep.total for those rows; returns their tokens when drawing.
+    def _route(self, batch: SamplingBatch, rows: list[int]) -> tuple[list[int], list[int], list[int], int]:
+        """Split sampling rows into (bounded topk, full sort, no sort) groups.
+
+        A host-side decision from each row's OWN parameters: it selects how work is
+        done, never what the result is (all routes give the same bits).
         """
-        z = self._scaled(prep, batch)
         V = batch.vocab_size
-        frac = filter_ops.frac_bits(V)
-        B = len(batch)
-        tau = torch.full((B,), float("-inf"), dtype=torch.float32, device=z.device)
-        total = torch.zeros((B,), dtype=torch.int64, device=z.device)
-        tokens = torch.full((B,), -1, dtype=torch.int64, device=z.device)
-        params = batch.params
-        rows_l = rows.tolist()
-        cand, sort_rows, full_rows = [], [], []
+        cand, sort_rows, plain = [], [], []
         k_max = 0
-        for r in rows_l:
-            p = params[r]
+        for r in rows:
+            p = batch.requests[r].params
             has_k = p.top_k != -1 and p.top_k < V
             if has_k and self.filter_impl == "auto" and p.top_k * 8 <= V:
                 cand.append(r)
@@ -175,104 +187,110 @@ class Sampler:
             elif has_k or p.top_p < 1.0:
                 sort_rows.append(r)
             else:
-                full_rows.append(r)
+                plain.append(r)
+        return cand, sort_rows, plain, k_max
+
+    def _analyse(self, prep: _Prepared, batch: SamplingBatch, rows: list[int],
+                 u: torch.Tensor | None) -> torch.Tensor | None:
+        """Step 8 (and step 9 when ``u`` is given) for the sampling ``rows``.
+
+        Sets prep.tau (kept threshold) and prep.total (exact kept mass) for those rows;
+        returns the drawn tokens (B,) when drawing.
+        """
+        z = self._scaled(prep, batch)
+        B, V = z.shape
+        frac = filter_ops.frac_bits(V)
+        dev = z.device
+        tau = torch.full((B,), float("-inf"), dtype=torch.float32, device=dev)
+        total = torch.zeros((B,), dtype=torch.int64, device=dev)
+        tokens = torch.full((B,), -1, dtype=torch.int64, device=dev)
+        cand, sort_rows, plain, k_max = self._route(batch, rows)
         if cand:
-            ci = torch.tensor(cand, dtype=torch.int64, device=z.device)
-            zc = z.index_select(0, ci)
-            vals, ids, fits = filter_ops.topk_candidates(zc, batch.top_ks[ci], k_max)
+            ci = torch.tensor(cand, dtype=torch.int64, device=dev)
+            vals, ids, fits = filter_ops.topk_candidates(self._rows(z, cand), batch.top_ks[ci], k_max)
             n = filter_ops.kept_prefix_length(vals, batch.top_ks[ci], batch.top_ps[ci],
                                               batch.min_ps[ci], frac)
-            tau_c = vals.gather(1, (n - 1).unsqueeze(1)).squeeze(1)
             ok = fits.nonzero().flatten()
-            if ok.numel():
-                okr = ci[ok]
-                tau[okr] = tau_c[ok]
-                if u is not None:
-                    tok, tot = draw_ops.draw_compact(vals[ok], ids[ok], n[ok], u[okr], frac)
-                    tokens[okr] = tok
-                    total[okr] = tot
-                else:
-                    total[okr] = self._kept_mass(z[okr], tau_c[ok], batch.min_ps[okr], frac)
+            okr = ci[ok]
+            tau[okr] = vals.gather(1, (n - 1).unsqueeze(1)).squeeze(1)[ok]
+            if u is not None and ok.numel():
+                tokens[okr], total[okr] = draw_ops.draw_compact(vals[ok], ids[ok], n[ok], u[okr], frac)
+            elif ok.numel():
+                plain.extend(okr.tolist())  # kept mass only: computed below
             sort_rows.extend(ci[(~fits).nonzero().flatten()].tolist())
         if sort_rows:
-            si = torch.tensor(sorted(sort_rows), dtype=torch.int64, device=z.device)
+            sort_rows.sort()
+            si = torch.tensor(sort_rows, dtype=torch.int64, device=dev)
             tau[si] = filter_ops.thresholds_by_sort(
-                z.index_select(0, si), batch.top_ks[si], batch.top_ps[si], batch.min_ps[si], frac)
-            full_rows.extend(si.tolist())
-        if full_rows:
-            fi = torch.tensor(sorted(full_rows), dtype=torch.int64, device=z.device)
-            zf = z if len(full_rows) == B else z.index_select(0, fi)
+                self._rows(z, sort_rows), batch.top_ks[si], batch.top_ps[si], batch.min_ps[si], frac)
+            plain.extend(sort_rows)
+        if plain:
+            plain.sort()
+            fi = torch.tensor(plain, dtype=torch.int64, device=dev)
+            zf = self._rows(z, plain)
+            e_out, q_out = self._buf("e", zf), self._buf("q", zf, torch.int64)
             if u is not None:
-                tok, tot = draw_ops.draw_full(zf, tau[fi], batch.min_ps[fi], u[fi], frac)
-                tokens[fi] = tok
-                total[fi] = tot
+                tokens[fi], total[fi] = draw_ops.draw_full(
+                    zf, tau[fi], batch.min_ps[fi], u[fi], frac, e_out=e_out, q_out=q_out)
             else:
-                total[fi] = self._kept_mass(zf, tau[fi], batch.min_ps[fi], frac)
+                total[fi] = draw_ops.kept_mass(zf, tau[fi], batch.min_ps[fi], frac,
+                                               e_out=e_out, q_out=q_out).sum(-1)
         prep.tau, prep.total = tau, total
         return tokens if u is not None else None
 
-    @staticmethod
-    def _kept_mass(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int) -> torch.Tensor:
-        e = torch.exp(z)
-        keep = (z >= tau.unsqueeze(1)) & (e >= min_p.unsqueeze(1))
-        return (filter_ops.quantize_mass(e, frac) * keep).sum(-1)
-
     # -- step 10 ---------------------------------------------------------------------
-    def _mode_values(self, prep: _Prepared, batch: SamplingBatch, mode: str,
-                     rows: torch.Tensor, greedy_tok: torch.Tensor) -> torch.Tensor:
+    def _mode_rows(self, prep: _Prepared, batch: SamplingBatch, mode: str,
+                   rows: list[int], greedy_tok: torch.Tensor) -> torch.Tensor:
         """(len(rows), V) float32 logprobs of ``rows`` in ``mode`` (full rows)."""
         if mode == "raw":
-            return lp_ops.log_softmax_rows(prep.raw.index_select(0, rows))
-        z = self._scaled(prep, batch).index_select(0, rows)
+            return lp_ops.log_softmax_rows(self._rows(prep.raw, rows))
+        z = self._rows(self._scaled(prep, batch), rows)
         if mode == "scaled":
             return lp_ops.log_softmax_rows(z)
+        ri = torch.tensor(rows, dtype=torch.int64, device=z.device)
         frac = filter_ops.frac_bits(batch.vocab_size)
-        greedy = batch.greedy.index_select(0, rows)
-        out = torch.full_like(z, float("-inf"))
-        g = greedy.nonzero().flatten()
-        if g.numel():
-            out[g, greedy_tok.index_select(0, rows)[g]] = 0.0
-        s = (~greedy).nonzero().flatten()
-        if s.numel():
-            rs = rows[s]
-            zs = z[s]
-            keep = (zs >= prep.tau[rs].unsqueeze(1)) & (torch.exp(zs) >= batch.min_ps[rs].unsqueeze(1))
-            lp = lp_ops.processed_logprob(zs, prep.total[rs].unsqueeze(1), frac)
-            out[s] = torch.where(keep, lp, torch.full_like(lp, float("-inf")))
-        return out
+        self._no_sampling_rows(prep, len(batch))
+        keep = (z >= prep.tau[ri].unsqueeze(1)) & (torch.exp(z) >= batch.min_ps[ri].unsqueeze(1))
+        lp = lp_ops.processed_logprob(z, prep.total[ri].clamp(min=1).unsqueeze(1), frac)
+        lp = lp.masked_fill(~keep, float("-inf"))
+        greedy = batch.greedy[ri]
+        onehot = torch.full_like(lp, float("-inf"))
+        onehot.scatter_(1, greedy_tok[ri].unsqueeze(1), 0.0)
+        return torch.where(greedy.unsqueeze(1), onehot, lp)
+
+    @staticmethod
+    def _no_sampling_rows(prep: _Prepared, B: int) -> None:
+        """Without sampling rows step 8 never ran; processed mode is then one-hot only."""
+        if prep.tau is None:
+            prep.tau = torch.full((B,), float("-inf"), device=prep.x.device)
+            prep.total = torch.ones((B,), dtype=torch.int64, device=prep.x.device)
 
     def _token_logprobs(self, prep: _Prepared, batch: SamplingBatch, tokens: torch.Tensor,
                         greedy_tok: torch.Tensor) -> torch.Tensor:
+        """(B,) float32 logprob of ``tokens`` (-1 = none: -inf) in each row's mode."""
         B = len(batch)
         out = torch.full((B,), float("-inf"), dtype=torch.float32, device=tokens.device)
         safe = tokens.clamp(min=0)
         frac = filter_ops.frac_bits(batch.vocab_size)
         for mode in sorted(batch.flags.modes):
-            rows = torch.tensor(batch.rows_with_mode(mode), dtype=torch.int64, device=tokens.device)
-            if mode == "raw":
-                vals = lp_ops.gather_rows(lp_ops.log_softmax_rows(
-                    prep.raw if rows.numel() == B else prep.raw.index_select(0, rows)), safe[rows])
-            elif mode == "scaled":
-                z = self._scaled(prep, batch)
-                vals = lp_ops.gather_rows(lp_ops.log_softmax_rows(
-                    z if rows.numel() == B else z.index_select(0, rows)), safe[rows])
+            rows = batch.rows_with_mode(mode)
+            ri = torch.tensor(rows, dtype=torch.int64, device=tokens.device)
+            if mode in ("raw", "scaled"):
+                src = prep.raw if mode == "raw" else self._scaled(prep, batch)
+                sub = self._rows(src, rows)
+                lsm = torch.log_softmax(sub, dim=-1, out=self._buf("lsm", sub))
+                vals = lp_ops.gather_rows(lsm, safe[ri])
             else:
-                greedy = batch.greedy[rows]
-                z = self._scaled(prep, batch)
-                if prep.tau is None:  # no sampling row: only greedy rows use this mode
-                    prep.tau = torch.full((B,), float("-inf"), device=tokens.device)
-                    prep.total = torch.ones((B,), dtype=torch.int64, device=tokens.device)
-                ztok = lp_ops.gather_rows(z.index_select(0, rows), safe[rows])
-                kept = ((ztok >= prep.tau[rows]) &
-                        (torch.exp(ztok) >= batch.min_ps[rows]))
-                lp = lp_ops.processed_logprob(ztok, prep.total[rows].clamp(min=1), frac)
-                lp = torch.where(kept, lp, torch.full_like(lp, float("-inf")))
-                gl = torch.where(tokens[rows] == greedy_tok[rows], torch.zeros_like(lp),
-                                 torch.full_like(lp, float("-inf")))
-                vals = torch.where(greedy, gl, lp)
-            out[rows] = vals
-        none = tokens < 0
-        return torch.where(none, torch.full_like(out, float("-inf")), out)
+                ztok = lp_ops.gather_rows(self._rows(self._scaled(prep, batch), rows), safe[ri])
+                self._no_sampling_rows(prep, B)
+                kept = (ztok >= prep.tau[ri]) & (torch.exp(ztok) >= batch.min_ps[ri])
+                lp = lp_ops.processed_logprob(ztok, prep.total[ri].clamp(min=1), frac)
+                lp = lp.masked_fill(~kept, float("-inf"))
+                onehot = torch.where(safe[ri] == greedy_tok[ri], torch.zeros_like(lp),
+                                     torch.full_like(lp, float("-inf")))
+                vals = torch.where(batch.greedy[ri], onehot, lp)
+            out[ri] = vals
+        return out.masked_fill(tokens < 0, float("-inf"))
 
     def _top_logprobs(self, prep: _Prepared, batch: SamplingBatch, greedy_tok: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -284,18 +302,27 @@ class Sampler:
         ids = torch.full((B, n), -1, dtype=torch.int64, device=dev)
         params = batch.params
         for mode in sorted(batch.flags.modes):
-            rl = [i for i in batch.rows_with_mode(mode) if params[i].logprobs > 0]
-            if not rl:
+            rows = [i for i in batch.rows_with_mode(mode) if params[i].logprobs > 0]
+            if not rows:
                 continue
-            rows = torch.tensor(rl, dtype=torch.int64, device=dev)
-            v, i = lp_ops.topn(self._mode_values(prep, batch, mode, rows, greedy_tok), n)
-            vals[rows] = v
-            ids[rows] = i
+            ri = torch.tensor(rows, dtype=torch.int64, device=dev)
+            v, i = lp_ops.topn(self._mode_rows(prep, batch, mode, rows, greedy_tok), n)
+            vals[ri] = v
+            ids[ri] = i
         want = torch.tensor([p.logprobs for p in params], dtype=torch.int64, device=dev)
         beyond = torch.arange(n, device=dev).unsqueeze(0) >= want.unsqueeze(1)
-        vals = vals.masked_fill(beyond, float("-inf"))
-        ids = ids.masked_fill(beyond, -1)
-        return vals, ids
+        return vals.masked_fill(beyond, float("-inf")), ids.masked_fill(beyond, -1)
+
+    def _greedy_tokens(self, prep: _Prepared, batch: SamplingBatch) -> torch.Tensor:
+        """(B,) argmax of x on greedy rows (and on every row if a mode needs it), else -1."""
+        B = len(batch)
+        need_all = "processed" in batch.flags.modes
+        rows = list(range(B)) if need_all else [i for i, p in enumerate(batch.params) if p.is_greedy]
+        out = torch.full((B,), -1, dtype=torch.int64, device=batch.device)
+        if rows:
+            out[torch.tensor(rows, dtype=torch.int64, device=batch.device)] = \
+                draw_ops.greedy_argmax(self._rows(prep.x, rows))
+        return out
 
     # -- public API ------------------------------------------------------------------
     def sample(self, logits: torch.Tensor, batch: SamplingBatch,
@@ -303,28 +330,30 @@ class Sampler:
         """Sample one token per row.
 
         logits: (B, V) float32 on the batch's device (never modified).
-        positions: (B,) int64, the position of each row's last input token.
+        positions: (B,) int64, the position of each row's last input token; the row's
+        random stream is keyed by (seed, position) only.
         Deterministic mode: bitwise batch-invariant and run-to-run reproducible.
         """
         positions = self._check_ids("positions", positions, batch, vocab=False)
         prep = self._prepare(logits, batch)
         if not self.deterministic:
-            from detsample.fastpath import sample_fast
             return sample_fast(self, prep, batch, positions)
         B = len(batch)
-        dev = batch.device
         valid = (prep.status & STATUS_NO_VALID_TOKEN) == 0
-        greedy_tok = draw_ops.greedy_argmax(prep.x)
+        greedy_tok = self._greedy_tokens(prep, batch)
         tokens = torch.where(batch.greedy, greedy_tok, torch.full_like(greedy_tok, -1))
-        sampling = ((~batch.greedy) & valid).nonzero().flatten()
-        if sampling.numel():
+        valid_l = valid.tolist()
+        sampling = [i for i, p in enumerate(batch.params) if not p.is_greedy and valid_l[i]]
+        if sampling:
             u = row_uniforms(batch.seeds, positions)
             drawn = self._analyse(prep, batch, sampling, u)
             tokens = torch.where(batch.greedy, tokens, drawn)
-        tokens = torch.where(valid, tokens, torch.full_like(tokens, -1))
-        logprobs = self._token_logprobs(prep, batch, tokens, greedy_tok) if B else \
-            torch.empty((0,), dtype=torch.float32, device=dev)
-        top = self._top_logprobs(prep, batch, greedy_tok) if B else None
+        tokens = tokens.masked_fill(~valid, -1)
+        if B == 0:
+            return SampleOutput(tokens, torch.empty((0,), dtype=torch.float32, device=batch.device),
+                                None, batch.seeds.clone(), prep.status)
+        logprobs = self._token_logprobs(prep, batch, tokens, greedy_tok)
+        top = self._top_logprobs(prep, batch, greedy_tok)
         return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
                             seeds=batch.seeds.clone(), status=prep.status)
 
@@ -338,14 +367,12 @@ class Sampler:
         """
         token_ids = self._check_ids("token_ids", token_ids, batch, vocab=True)
         prep = self._prepare(logits, batch)
-        B = len(batch)
-        if B == 0:
+        if len(batch) == 0:
             return torch.empty((0,), dtype=torch.float32, device=batch.device)
         valid = (prep.status & STATUS_NO_VALID_TOKEN) == 0
-        greedy_tok = draw_ops.greedy_argmax(prep.x)
-        sampling = ((~batch.greedy) & valid).nonzero().flatten()
-        if "processed" in batch.flags.modes and sampling.numel():
+        greedy_tok = self._greedy_tokens(prep, batch)
+        valid_l = valid.tolist()
+        sampling = [i for i, p in enumerate(batch.params) if not p.is_greedy and valid_l[i]]
+        if "processed" in batch.flags.modes and sampling:
             self._analyse(prep, batch, sampling, None)
-        tokens = torch.where(valid, token_ids, torch.full_like(token_ids, -1))
-        tokens = torch.where(valid, token_ids, torch.full_like(token_ids, -1))
-        return self._token_logprobs(prep, batch, tokens, greedy_tok)
+        return self._token_logprobs(prep, batch, token_ids.masked_fill(~valid, -1), greedy_tok)

@@ -51,28 +51,56 @@ def draw_compact(vals: torch.Tensor, ids: torch.Tensor, n_kept: torch.Tensor,
     return sorted_ids.gather(1, j).squeeze(1), total
 
 
+def kept_mass(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int, *,
+              e_out: torch.Tensor | None = None,
+              q_out: torch.Tensor | None = None) -> torch.Tensor:
+    """Fixed-point masses of the kept tokens, zero elsewhere.
+
+    z: (rows, V) float32 scaled logits (row max exactly 0); tau: (rows,) float32 kept
+    threshold (``-inf`` keeps everything); min_p: (rows,) float32. kept =
+    ``(z >= tau) & (exp(z) >= min_p)``. Returns (rows, V) int64 ``q`` (written into
+    ``q_out`` when given; ``e_out`` is float32 scratch). Exact, element-wise.
+    """
+    e = torch.exp(z, out=e_out) if e_out is not None else torch.exp(z)
+    cut_tau = bool(torch.isfinite(tau).any())
+    cut_mp = bool((min_p > 0).any())
+    if cut_tau or cut_mp:
+        drop = torch.zeros(z.shape, dtype=torch.bool, device=z.device)
+        if cut_tau:
+            drop |= z < tau.unsqueeze(1)
+        if cut_mp:
+            drop |= e < min_p.unsqueeze(1)
+        e.masked_fill_(drop, 0.0)
+    e.mul_(2.0 ** frac)  # exact power-of-two scaling
+    if q_out is not None:
+        return q_out.copy_(e)  # float -> int64 truncates, like .to()
+    return e.to(torch.int64)
+
+
 def draw_full(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor,
-              frac: int) -> tuple[torch.Tensor, torch.Tensor]:
+              frac: int, *, e_out: torch.Tensor | None = None,
+              q_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw over the whole vocabulary with kept = ``(z >= tau) & (exp(z) >= min_p)``.
 
-    z: (rows, V) float32 scaled logits (row max exactly 0); tau: (rows,) float32
-    (``-inf`` keeps everything); min_p: (rows,) float32; u: (rows,) float64.
-    Two-level search: exact int64 block sums of width BLOCK, then a cumsum inside the
-    chosen block. Returns ``(tokens (rows,) int64, total_mass (rows,) int64)``.
+    z: (rows, V) float32; tau: (rows,) float32; min_p: (rows,) float32; u: (rows,)
+    float64 in (0, 1). Two-level search: exact int64 sums of blocks of BLOCK tokens
+    (the last block may be shorter), then a cumsum inside the chosen block. Exact
+    integer sums make the blocking irrelevant to the result.
+    Returns ``(tokens (rows,) int64, total_mass (rows,) int64)``.
     """
     rows, V = z.shape
-    nb = -(-V // BLOCK)
-    e = torch.exp(z)
-    keep = (z >= tau.unsqueeze(1)) & (e >= min_p.unsqueeze(1))
-    q = torch.zeros((rows, nb * BLOCK), dtype=torch.int64, device=z.device)
-    q[:, :V] = quantize_mass(e, frac)
-    q[:, :V] *= keep
-    qb = q.view(rows, nb, BLOCK)
-    bsum = qb.sum(-1).cumsum(-1)
+    q = kept_mass(z, tau, min_p, frac, e_out=e_out, q_out=q_out)
+    nb = V // BLOCK
+    sums = q[:, :nb * BLOCK].view(rows, nb, BLOCK).sum(-1)
+    if V > nb * BLOCK:
+        sums = torch.cat([sums, q[:, nb * BLOCK:].sum(-1, keepdim=True)], dim=1)
+    bsum = sums.cumsum(-1)
     total = bsum[:, -1]
-    t = _target(u, total)
-    blk = torch.searchsorted(bsum, t.unsqueeze(1), right=True)
+    t = _target(u, total).unsqueeze(1)
+    blk = torch.searchsorted(bsum, t, right=True)
     base = torch.where(blk > 0, bsum.gather(1, (blk - 1).clamp(min=0)), torch.zeros_like(blk))
-    inner = qb[torch.arange(rows, device=z.device), blk.squeeze(1)].cumsum(-1) + base
-    j = torch.searchsorted(inner, t.unsqueeze(1), right=True)
+    idx = blk * BLOCK + torch.arange(BLOCK, device=z.device).unsqueeze(0)
+    inside = idx < V
+    inner = (q.gather(1, idx.clamp(max=V - 1)) * inside).cumsum(-1) + base
+    j = torch.searchsorted(inner, t, right=True)
     return (blk * BLOCK + j).squeeze(1), total
