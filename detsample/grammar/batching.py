@@ -64,12 +64,26 @@ def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, owned: bool,
         masked, rows = masker.masked(x, live)  # a new tensor: no clone of its own
         if rows:
             x, owned = masked, True
+            status = status | _no_valid_token(x, rows)
     failed = [i for i, g in enumerate(grammars) if g is not None and g.failed]
     if failed:
         status = status.clone()
         idx = torch.tensor(failed, dtype=torch.int64, device=status.device)
         status[idx] |= STATUS_NO_VALID_TOKEN | STATUS_GRAMMAR_ERROR
     return x, owned, status
+
+
+def _no_valid_token(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """STATUS_NO_VALID_TOKEN on masked rows left with no finite logit (the grammar's
+    allowed set was removed by an earlier step, e.g. min_new_tokens on EOS)."""
+    flag = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
+    if len(rows) == x.shape[0]:
+        flag |= torch.isneginf(x.amax(1)).to(torch.int32) * STATUS_NO_VALID_TOKEN
+    else:
+        idx = torch.tensor(rows, dtype=torch.int64, device=x.device)
+        flag[idx] = torch.isneginf(x.index_select(0, idx).amax(1)).to(torch.int32) \
+            * STATUS_NO_VALID_TOKEN
+    return flag
 
 
 def advance_grammars(batch, tokens: Sequence[int]) -> None:

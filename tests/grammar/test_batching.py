@@ -231,3 +231,15 @@ def test_padded_model_vocab_never_picks_beyond_tokenizer():
     logits[0, 512:] = 100.0
     out = Sampler().sample(logits, batch, torch.tensor([2]))
     assert 0 < int(out.token_ids[0]) < 512
+
+
+def test_grammar_leaving_no_token_reports_no_valid_token():
+    """Bug pinned: when an earlier step removed every token the grammar allows (here the
+    model's logits are -inf on them), the row must yield -1, not an arbitrary token."""
+    vocab = Vocabulary.default()
+    batch = make_batch(["regex", "free-a"], vocab)
+    logits = torch.randn(2, 512)
+    for t in [vocab.encode("y")[0], vocab.encode("n")[0]]:
+        logits[0, t] = float("-inf")
+    out = Sampler().sample(logits, batch, torch.tensor([2, 2]))
+    assert int(out.token_ids[0]) == -1 and int(out.token_ids[1]) >= 0
