@@ -72,6 +72,34 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int, limit: int | None = N
     return out
 
 
+#: The word-sparse path runs when at most this fraction of the bitmask words is nonzero.
+SPARSE_MAX_FRACTION = 0.03
+
+
+def _sparse_ok(logits: torch.Tensor, bitmask: torch.Tensor, limit: int | None) -> bool:
+    v = logits.shape[1]
+    return (v % _BITS == 0 and bitmask.shape[1] == v // _BITS and logits.is_contiguous()
+            and (limit is None or limit >= v))
+
+
+def _masked_sparse(logits: torch.Tensor, words: torch.Tensor) -> torch.Tensor | None:
+    """Every row masked, V a multiple of 32: start from all -inf and copy only the
+    32-token blocks whose word is nonzero. Identical bits to the dense select; None
+    when too many words are nonzero for this to pay."""
+    b, v = logits.shape
+    nz = (words != 0).nonzero()
+    if nz.shape[0] > SPARSE_MAX_FRACTION * words.numel():
+        return None
+    out = torch.full_like(logits, _NEG_INF)
+    if nz.shape[0]:
+        r, c = nz[:, 0].to(logits.device), nz[:, 1].to(logits.device)
+        blocks = logits.view(b, v // _BITS, _BITS)[r, c]
+        bits = unpack_bitmask(words[nz[:, 0], nz[:, 1]].unsqueeze(1), _BITS).to(logits.device)
+        neg = torch.tensor(_NEG_INF, dtype=logits.dtype, device=logits.device)
+        out.view(b, v // _BITS, _BITS)[r, c] = torch.where(bits, blocks, neg)
+    return out
+
+
 def _row_index(rows, b: int, nb: int, device) -> torch.Tensor | None:
     """None for "every row" (rows None or 0..b-1), else a checked int64 index."""
     if rows is None:
@@ -114,6 +142,10 @@ def masked_logits(logits: torch.Tensor, bitmask: torch.Tensor,
     idx = _row_index(rows, b, bitmask.shape[0], logits.device)
     neg = torch.tensor(_NEG_INF, dtype=logits.dtype, device=logits.device)
     if idx is None:
+        if _sparse_ok(logits, bitmask, limit):
+            out = _masked_sparse(logits, bitmask[:b])
+            if out is not None:
+                return out
         allowed = unpack_bitmask(bitmask[:b], v, limit).to(logits.device)
         return torch.where(allowed, logits, neg)
     out = logits.clone()

@@ -7,6 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from detsample.ops.mask import (allocate_token_bitmask, apply_token_bitmask_, bitmask_width,
                                 masked_logits, unpack_bitmask)
+from detsample.ops import mask as mask_ops
 from oracles.mask import apply_token_bitmask as oracle_apply
 
 SHAPES = [(1, 1), (2, 31), (3, 32), (4, 33), (5, 512), (2, 1000)]
@@ -114,3 +115,24 @@ BAD = [
 def test_apply_rejects_bad_shapes(logits, bm, rows, msg):
     with pytest.raises(ValueError, match=msg):
         apply_token_bitmask_(logits, bm, rows)
+
+
+SPARSE_CASES = [(1, 64, [0]), (3, 3200, [0, 7, 99]), (2, 320, [])]
+
+
+@pytest.mark.parametrize("b,v,words", SPARSE_CASES)
+def test_word_sparse_path_matches_oracle(b, v, words, monkeypatch):
+    """The all-rows path that copies only nonzero 32-token blocks (taken when few words
+    are nonzero) must equal the oracle bit for bit, -0.0 included."""
+    rng = np.random.default_rng(v)
+    logits = torch.from_numpy(rng.standard_normal((b, v)).astype(np.float32))
+    logits[0, 0] = -0.0
+    bm = torch.zeros((b, v // 32), dtype=torch.int32)
+    for w in words:
+        bm[:, w] = torch.from_numpy(rng.integers(-2**31, 2**31, size=b).astype(np.int32))
+    bm[0, 0] |= 1
+    monkeypatch.setattr(mask_ops, "SPARSE_MAX_FRACTION", 1.0)
+    assert mask_ops._masked_sparse(logits, bm) is not None
+    out = masked_logits(logits, bm)
+    assert np.array_equal(out.numpy().astype(np.float64), oracle_apply(logits.numpy(), bm.numpy()))
+    assert torch.signbit(out[0, 0])
