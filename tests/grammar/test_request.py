@@ -150,3 +150,20 @@ def test_no_vocab_or_foreign_compiler_is_clear_error(vocab):
     other = Vocabulary.from_tokens([b""] + [bytes([b]) for b in range(256)], eos_token_ids=[0])
     with pytest.raises(GrammarError, match="compiler belongs to another vocabulary"):
         RequestGrammar.submit("r", "regex", "a", vocab, compiler=other.grammar_compiler)
+
+
+def test_special_token_never_allowed_inside_grammar_text():
+    """Bug pinned: a special token spelled like grammar text ("<pad>") must not be
+    offered by the mask; the text is built from ordinary byte tokens."""
+    toks = [b"<eos>", b"<pad>"] + [bytes([b]) for b in range(256)]
+    v = Vocabulary.from_tokens(toks, eos_token_ids=[0], special_ids=[1])
+    g = RequestGrammar.submit("sp", "regex", "<pad>|<eos>", v)
+    allowed = allowed_set(g, v)
+    assert allowed == {2 + ord("<")}
+    for t in v.encode("<pad>"):
+        assert 1 not in allowed_set(g, v)
+        g.accept_token(t)
+    assert allowed_set(g, v) == {0}
+    g.accept_token(0)
+    assert g.is_terminated()
+    v.grammar_compiler.close()
