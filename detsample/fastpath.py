@@ -35,22 +35,26 @@ def sample_fast(sampler: "Sampler", prep: "_Prepared", batch: "SamplingBatch",
     flags = batch.flags
     if not flags.is_all_greedy:
         z = sampler._scaled(prep, batch)
-        if flags.max_top_k is not None:
+        if not (flags.need_top_k or flags.need_top_p):
+            vals, ids = z, None  # no ranking filter: race over the whole vocabulary
+        elif flags.max_top_k is not None:
             vals, ids = torch.topk(z, flags.max_top_k, dim=-1)
-            pos = torch.arange(flags.max_top_k, device=z.device).unsqueeze(0)
-            vals = vals.masked_fill(pos >= batch.top_ks.unsqueeze(1).long(), float("-inf"))
         else:
             vals, ids = torch.sort(z, dim=-1, descending=True)
-            pos = torch.arange(z.shape[1], device=z.device).unsqueeze(0)
+        if ids is not None:
+            pos = torch.arange(vals.shape[1], device=z.device).unsqueeze(0)
             vals = vals.masked_fill(pos >= batch.top_ks.unsqueeze(1).long(), float("-inf"))
         probs = torch.softmax(vals, dim=-1)
         if flags.need_top_p:
             excl = probs.cumsum(-1) - probs
             probs = probs.masked_fill(excl >= batch.top_ps.unsqueeze(1).float(), 0.0)
         if flags.need_min_p:
-            probs = probs.masked_fill(probs < probs[:, :1] * batch.min_ps.unsqueeze(1), 0.0)
+            pmax = probs.amax(-1, keepdim=True)
+            probs = probs.masked_fill(probs < pmax * batch.min_ps.unsqueeze(1), 0.0)
         noise = torch.empty_like(probs).exponential_(generator=_generator(batch, positions))
-        pick = ids.gather(1, (probs / noise).argmax(-1, keepdim=True)).squeeze(1)
+        pick = (probs / noise).argmax(-1)
+        if ids is not None:
+            pick = ids.gather(1, pick.unsqueeze(1)).squeeze(1)
         tokens = torch.where(batch.greedy, greedy_tok, pick)
     tokens = torch.where(valid, tokens, torch.full_like(tokens, -1))
     lp = lp_ops.gather_rows(lp_ops.log_softmax_rows(prep.raw), tokens.clamp(min=0))

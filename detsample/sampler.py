@@ -27,7 +27,7 @@ from detsample.ops import filters as filter_ops
 from detsample.ops import logprobs as lp_ops
 from detsample.ops.bias import apply_logit_bias_
 from detsample.ops.sanitize import STATUS_NO_VALID_TOKEN, sanitize_rows
-from detsample.ops.temperature import row_max, scale_logits
+from detsample.ops.temperature import scale_logits
 from detsample.fastpath import sample_fast
 from detsample.rng import RNG_NAME, row_uniforms
 from detsample.workspace import Workspace
@@ -60,6 +60,7 @@ class _Prepared:
     raw: torch.Tensor      # (B, V) sanitised model logits (may alias the caller's)
     x: torch.Tensor        # (B, V) after steps 1-5 (may alias ``raw``)
     status: torch.Tensor   # (B,) int32
+    row_max: torch.Tensor  # (B, 1) float32 max of ``x``
     z: torch.Tensor | None = None          # (B, V) scaled logits, rows in ``z_rows``
     tau: torch.Tensor | None = None        # (B,) float32 kept threshold (sampling rows)
     total: torch.Tensor | None = None      # (B,) int64 kept mass (sampling rows)
@@ -127,25 +128,26 @@ class Sampler:
         x = logits
         for proc in self.processors:  # step 1 (sees the model's logits)
             x = proc.apply(x if x is not logits else logits.clone())
-        raw, status = sanitize_rows(logits)  # step 2 ("raw" = sanitised model logits)
+        raw, status, m = sanitize_rows(logits)  # step 2 ("raw" = sanitised model logits)
         if x is logits:
             x = raw
         else:
-            x, st = sanitize_rows(x)
+            x, st, m = sanitize_rows(x)
             status = status | st
-        owned = x is not logits and x is not raw
+        after_step2 = x
+        # Steps 3-5 never write into ``after_step2`` (it may alias the caller's logits):
+        # a step that changes logits works on a copy, so ``x is after_step2`` means
+        # "unchanged" and the row maxima of step 2 still hold.
         # step 3: penalties -- see issue 3 (detsample.ops.penalties)
         x, owned, status = grammar_hooks.grammar_step(  # step 4: grammar mask (issue 4)
             self.grammar_masker, batch, x, owned, status)
         coo = batch.logit_bias_coo()  # step 5
         if coo is not None:
-            if not owned:
-                x = x.clone()
-                owned = True
-            apply_logit_bias_(x, *coo)
-            x, st = sanitize_rows(x)  # a bias can overflow a finite logit to +inf
+            x = apply_logit_bias_(x.clone() if x is after_step2 else x, *coo)
+        if x is not after_step2:  # a penalty or a bias can overflow a finite logit to +inf
+            x, st, m = sanitize_rows(x)
             status = status | st
-        return _Prepared(raw=raw, x=x, status=status)
+        return _Prepared(raw=raw, x=x, status=status, row_max=m)
 
     def _buf(self, name: str, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         return self._ws.get(name, tuple(like.shape), dtype or like.dtype, like.device)
@@ -155,7 +157,7 @@ class Sampler:
         """z = (x - max) / T_eff for every row (T_eff = 1 on greedy rows)."""
         if prep.z is None:
             x = prep.x
-            m = row_max(x)
+            m = prep.row_max
             m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # all -inf rows
             t = torch.where(batch.greedy.unsqueeze(1), torch.ones_like(batch.temperatures),
                             batch.temperatures)
