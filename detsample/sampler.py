@@ -139,8 +139,8 @@ class Sampler:
         # a step that changes logits works on a copy, so ``x is after_step2`` means
         # "unchanged" and the row maxima of step 2 still hold.
         # step 3: penalties -- see issue 3 (detsample.ops.penalties)
-        x, owned, status = grammar_hooks.grammar_step(  # step 4: grammar mask (issue 4)
-            self.grammar_masker, batch, x, owned, status)
+        x, status = grammar_hooks.grammar_step(  # step 4: grammar mask (issue 4)
+            self.grammar_masker, batch, x, status)
         coo = batch.logit_bias_coo()  # step 5
         if coo is not None:
             x = apply_logit_bias_(x.clone() if x is after_step2 else x, *coo)

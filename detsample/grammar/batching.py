@@ -47,43 +47,29 @@ def has_grammar(batch) -> bool:
     return any(g is not None for g in getattr(batch, "grammars", ()))
 
 
-def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, owned: bool,
-                 status: torch.Tensor) -> tuple[torch.Tensor, bool, torch.Tensor]:
-    """Pipeline step 4: ``(x, owned, status)`` after the grammar mask.
+def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, status: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pipeline step 4: ``(x, status)`` after the grammar mask.
 
-    ``x`` (B, V) float32 is never modified: a masked copy replaces it (``owned`` becomes
-    True). Rows without an active grammar keep their exact bits. Tokens beyond the vocabulary of a
-    grammar (a model padded past its tokenizer) are disallowed on grammar rows.
+    ``x`` (B, V) float32 is never written: when a row has an active grammar a masked copy
+    replaces it (one pass, no separate clone); otherwise ``x`` itself is returned. Rows
+    without an active grammar keep their exact bits. Rows whose grammar failed get
+    ``STATUS_NO_VALID_TOKEN | STATUS_GRAMMAR_ERROR``. A masked row left with no finite
+    logit is flagged by the sampler's re-sanitising of the changed logits.
     """
     grammars = batch.grammars
     if not any(g is not None for g in grammars):
-        return x, owned, status
+        return x, status
     live = [g if g is not None and batch.finished[i] is None else None
             for i, g in enumerate(grammars)]
     if any(g is not None and (g.state == PENDING or g.is_active) for g in live):
-        masked, rows = masker.masked(x, live)  # a new tensor: no clone of its own
-        if rows:
-            x, owned = masked, True
-            status = status | _no_valid_token(x, rows)
+        x, _ = masker.masked(x, live)
     failed = [i for i, g in enumerate(grammars) if g is not None and g.failed]
     if failed:
         status = status.clone()
         idx = torch.tensor(failed, dtype=torch.int64, device=status.device)
         status[idx] |= STATUS_NO_VALID_TOKEN | STATUS_GRAMMAR_ERROR
-    return x, owned, status
-
-
-def _no_valid_token(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """STATUS_NO_VALID_TOKEN on masked rows left with no finite logit (the grammar's
-    allowed set was removed by an earlier step, e.g. min_new_tokens on EOS)."""
-    flag = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
-    if len(rows) == x.shape[0]:
-        flag |= torch.isneginf(x.amax(1)).to(torch.int32) * STATUS_NO_VALID_TOKEN
-    else:
-        idx = torch.tensor(rows, dtype=torch.int64, device=x.device)
-        flag[idx] = torch.isneginf(x.index_select(0, idx).amax(1)).to(torch.int32) \
-            * STATUS_NO_VALID_TOKEN
-    return flag
+    return x, status
 
 
 def advance_grammars(batch, tokens: Sequence[int]) -> None:
