@@ -207,14 +207,14 @@ class SamplingBatch:
             _fail(f"merge: device differs ({self.device} vs {other.device})")
         if other is self:
             _fail("merge: a batch cannot be merged with itself")
+        vocab = grammar_hooks.merged_vocab(self, other)  # issue 4: checked before any change
         for name in self._ROW_TENSORS:
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)], 0))
         self.requests.extend(other.requests)
         self.output_ids.extend(list(o) for o in other.output_ids)
         self.finished.extend(other.finished)
+        self.vocab = vocab  # issue 4
         self.grammars.extend(other.grammars)  # issue 4
-        if self.vocab is None:
-            self.vocab = other.vocab
         self._changed()
 
     def advance(self, token_ids: torch.Tensor | Sequence[int]) -> None:

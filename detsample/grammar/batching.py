@@ -43,8 +43,17 @@ def build_row_grammars(requests: Sequence, vocab) -> list[RequestGrammar | None]
     return out
 
 
-def has_grammar(batch) -> bool:
-    return any(g is not None for g in getattr(batch, "grammars", ()))
+def merged_vocab(batch, other):
+    """The vocabulary of ``batch`` after ``batch.merge(other)``: grammar rows of both
+    must share one vocabulary (checked before anything is merged)."""
+    a, b = batch.vocab, other.vocab
+    if a is None or b is None:
+        return a if a is not None else b
+    rows = batch.grammars + other.grammars
+    if a.fingerprint != b.fingerprint and any(g is not None for g in rows):
+        raise InvalidSamplingParams(
+            f"merge: grammar rows need one vocabulary, got {a!r} and {b!r}")
+    return a
 
 
 def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, status: torch.Tensor

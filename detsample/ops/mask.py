@@ -141,6 +141,7 @@ def masked_logits(logits: torch.Tensor, bitmask: torch.Tensor,
     b, v = logits.shape
     idx = _row_index(rows, b, bitmask.shape[0], logits.device)
     neg = torch.tensor(_NEG_INF, dtype=logits.dtype, device=logits.device)
+    bitmask = bitmask.to(logits.device)  # unpack where the logits live (small copy)
     if idx is None:
         if _sparse_ok(logits, bitmask, limit):
             out = _masked_sparse(logits, bitmask[:b])

@@ -243,3 +243,18 @@ def test_grammar_leaving_no_token_reports_no_valid_token():
         logits[0, t] = float("-inf")
     out = Sampler().sample(logits, batch, torch.tensor([2, 2]))
     assert int(out.token_ids[0]) == -1 and int(out.token_ids[1]) >= 0
+
+
+def test_merge_rejects_grammar_rows_of_another_vocabulary_without_change():
+    vocab = Vocabulary.default()
+    toks = list(vocab.tokens)
+    toks[300] = b"other-token"
+    other_vocab = Vocabulary.from_tokens(toks, eos_token_ids=[0])
+    a = make_batch(["regex", "free-a"], vocab)
+    b = make_batch(["json"], other_vocab)
+    with pytest.raises(InvalidSamplingParams, match="merge: grammar rows need one vocabulary"):
+        a.merge(b)
+    assert len(a) == 2 and len(a.grammars) == 2 and a.temperatures.shape[0] == 2
+    free = make_batch(["free-b"], None)
+    a.merge(free)
+    assert len(a) == 3 and a.vocab is vocab and a.grammars[2] is None
