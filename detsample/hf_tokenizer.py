@@ -78,7 +78,8 @@ def read_tokenizer_json(path: Path, vocab_size: int | None
     from tokenizers import Tokenizer
 
     if not path.is_file():
-        raise InvalidSamplingParams(f"tokenizer.json path must be an existing file, got {str(path)!r}")
+        raise InvalidSamplingParams(
+            f"tokenizer.json path must be an existing file, got {str(path)!r}")
     tok = Tokenizer.from_file(str(path))
     spec = json.loads(path.read_text(encoding="utf-8"))
     style = _style(spec)

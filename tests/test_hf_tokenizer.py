@@ -5,7 +5,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from detsample import InvalidSamplingParams, Vocabulary
 
-CORPUS = ["hello world, the cat sat on the mat", "naïve café déjà vu — 東京", "{\"a\": 1}"] * 10
+CORPUS = ["hello world, the cat sat on the mat", "naïve café déjà vu — 東京",
+          "{\"a\": 1}"] * 10
 TEXTS = ["the cat sat", "café 東京 hello", "{\"a\": 1, \"b\": [2]}"]
 
 
@@ -66,7 +67,8 @@ def test_vocab_size_padding_and_explicit_eos(tmp_path):
                                        eos_token_ids=[1])
     assert v.vocab_size == n + 7 and v.eos_token_ids == (1,)
     assert all(v.tokens[i] == b"" and i in v.special_ids for i in range(n, n + 7))
-    with pytest.raises(InvalidSamplingParams, match=f"vocab_size must be >= the tokenizer's {n} ids"):
+    with pytest.raises(InvalidSamplingParams,
+                       match=f"vocab_size must be >= the tokenizer's {n} ids"):
         Vocabulary.from_tokenizer_json(tmp_path / "tokenizer.json", vocab_size=n - 1)
 
 
