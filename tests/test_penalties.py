@@ -197,3 +197,29 @@ def test_rows_equal_alone_through_random_filter_merge(data):
         for _ in steps:
             _step(s, alone, solo)
         assert solo.get(r.rid, []) == steps, r.rid
+
+
+def test_constraints_leaving_no_token_mark_only_that_row():
+    """allowed = {eos} while min_new_tokens blocks eos: row 0 has no admissible token
+    (-1, status flag); its neighbour samples as if alone."""
+    bad = SamplingParams(seed=1, allowed_token_ids=(0,), min_new_tokens=1)
+    good = SamplingParams(seed=2)
+    batch = _batch([Request("a", bad, [1], []), Request("b", good, [1], [])])
+    x = torch.stack([logits_for("a", 0), logits_for("b", 0)])
+    out = Sampler().sample(x, batch, torch.tensor([1, 1]))
+    alone = _batch([Request("b", good, [1], [])])
+    ref = Sampler().sample(x[1:], alone, torch.tensor([1]))
+    assert int(out.token_ids[0]) == -1 and int(out.status[0]) & 4
+    assert torch.equal(out.token_ids[1:], ref.token_ids)
+    assert torch.equal(out.logprobs[1:], ref.logprobs)
+
+
+def test_overflowing_penalty_is_sanitised_and_flagged():
+    """A huge negative frequency penalty overflows a logit to +inf: step 2's rule
+    (+inf -> largest float32, status bit 2) applies again after step 3."""
+    p = SamplingParams(seed=1, temperature=0.0, frequency_penalty=-3e38)
+    batch = _batch([Request("a", p, [], [7, 7])])
+    x = torch.zeros((1, V))
+    x[0, 7] = 3e38
+    out = Sampler().sample(x, batch, torch.tensor([2]))
+    assert int(out.token_ids[0]) == 7 and int(out.status[0]) & 2
