@@ -81,7 +81,7 @@ class RowTokens:
 
     def add(self, t: int) -> None:
         """Record one output token."""
-        i = self._slot(t)  # may reallocate self.counts: index it afterwards
+        i = self._slot(t)  # may grow (replace) self.counts: index it only afterwards
         self.counts[i] += 1
 
     def snapshot(self) -> dict[int, int]:

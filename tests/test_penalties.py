@@ -223,3 +223,11 @@ def test_overflowing_penalty_is_sanitised_and_flagged():
     x[0, 7] = 3e38
     out = Sampler().sample(x, batch, torch.tensor([2]))
     assert int(out.token_ids[0]) == 7 and int(out.status[0]) & 2
+
+
+def test_row_tokens_grow_past_initial_capacity():
+    """Regression: counting a 17th distinct token grew the arrays while indexing the old
+    one (IndexError inside batch.advance in a long engine run)."""
+    row = RowTokens(SamplingParams(frequency_penalty=0.5), [], list(range(40)) + [3, 3])
+    snap = row.snapshot()
+    assert len(snap) == 40 and snap[3] == 3 and snap[39] == 1
