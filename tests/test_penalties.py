@@ -153,7 +153,7 @@ def _check_rebuild(sampler, batch):
                 assert a[-1] is b[-1]
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_rows_equal_alone_through_random_filter_merge(data):
     """Random advance / filter (any order, dropping rows) / merge / new batch: each
@@ -231,3 +231,18 @@ def test_row_tokens_grow_past_initial_capacity():
     row = RowTokens(SamplingParams(frequency_penalty=0.5), [], list(range(40)) + [3, 3])
     snap = row.snapshot()
     assert len(snap) == 40 and snap[3] == 3 and snap[39] == 1
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 6).flatmap(lambda n: st.tuples(*[request_st(i) for i in range(n)])))
+def test_rescoring_path_sees_the_same_step3(reqs):
+    """compute_logprobs (prefill rescoring) equals the sampled logprobs bitwise for
+    rows with penalties and constraints, in every logprobs_mode."""
+    batch = _batch(list(reqs))
+    x = torch.stack([logits_for(r.rid, len(r.output_ids)) for r in reqs])
+    pos = torch.tensor([len(r.prompt_ids) + len(r.output_ids) for r in reqs])
+    s = _sampler()
+    out = s.sample(x, batch, pos)
+    ok = out.token_ids >= 0
+    lp = s.compute_logprobs(x, batch, out.token_ids.clamp(min=0))
+    assert torch.equal(lp[ok].view(torch.int32), out.logprobs[ok].view(torch.int32))
