@@ -116,7 +116,7 @@ def _flag_values(raw: RawChunk, column: str, bad_tok: np.ndarray, kind: str, wha
         if s in bad:
             continue
         bad[s] = Issue(raw.source, int(raw.lines[s]), column, kind,
-                       f"{column}[{k - off[s]}] = {vals[k]!r} ({what})", raw.unit)
+                       f"{column}[{k - off[s]}] = {vals[k].item()!r} ({what})", raw.unit)
 
 
 def validate(raw: RawChunk, rescore: RescoreFn | None = None) -> tuple[AuditBatch, list[Issue]]:
@@ -134,23 +134,26 @@ def validate(raw: RawChunk, rescore: RescoreFn | None = None) -> tuple[AuditBatc
         missing = np.arange(n) if lens is None else np.flatnonzero(lens < 0)
         for i in missing.tolist():
             issue(i, c, "missing_column", f"missing column '{c}'")
-    _rescore(raw, rescore, bad)
     resp = lengths["response_ids"]
-    for c, kind in (("engine_logprobs", "count_mismatch"), ("trainer_logprobs", "count_mismatch"),
-                    ("mask", "ragged")):
+
+    def check_logprobs(c: str, kind: str = "count_mismatch") -> None:
         lens = lengths.get(c)
         if lens is None:
-            continue
+            return
         for i in np.flatnonzero((lens >= 0) & (lens != resp)).tolist():
             issue(i, c, kind, f"{lens[i]} values for {resp[i]} response_ids")
-    for c in ("engine_logprobs", "trainer_logprobs"):
         v = raw.values.get(c)
-        if v is None or not v.size:
-            continue
+        if c == "mask" or v is None or not v.size:
+            return
         if v.dtype.kind == "f":
             _flag_values(raw, c, np.isnan(v), "nan", "NaN logprob", bad)
             _flag_values(raw, c, np.isinf(v), "non_finite", "infinite logprob", bad)
         _flag_values(raw, c, v > 0, "positive_logprob", "a logprob must be <= 0", bad)
+
+    check_logprobs("engine_logprobs")
+    check_logprobs("mask", "ragged")
+    _rescore(raw, rescore, bad)  # only for sequences still valid
+    check_logprobs("trainer_logprobs")
     m = raw.values.get("mask")
     if m is not None and m.size and m.dtype.kind != "b":
         _flag_values(raw, "mask", (m != 0) & (m != 1), "bad_mask", "mask must be 0 or 1", bad)
