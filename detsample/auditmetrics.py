@@ -24,7 +24,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from detsample.auditexact import (SCALE_BITS, ValueCounts, exact_mean, exact_sums, fraction_to_float,
+from detsample.auditexact import (ValueCounts, exact_mean, exact_sums, fraction_to_float,
                                   to_fraction)
 from detsample.auditio import Issue
 from detsample.auditvalidate import AuditBatch
@@ -148,8 +148,8 @@ class AuditAccumulator:
         self.mismatch = [0] * len(THRESHOLDS)
         self.s_d2 = 0
         self.s_k3, self.inf_k3 = 0, 0
-        self.s_r, self.inf_r = 0, 0
-        self.s_r2, self.inf_r2 = 0, 0
+        self.s_u, self.inf_u = 0, 0  # u = r - 1 = expm1(d): no cancellation near r = 1
+        self.s_u2, self.inf_u2 = 0, 0
         self.zero_d = 0
         self.max_abs = 0.0
         self.min_d = math.inf
@@ -219,9 +219,10 @@ class AuditAccumulator:
             self.s_d2 += exact_sums(dn * dn)[0]
             with np.errstate(over="ignore"):
                 r = np.exp(dn)
-                k3 = np.expm1(dn) - dn
-                r2 = r * r
-            for name, x in (("k3", k3), ("r", r), ("r2", r2)):
+                u = np.expm1(dn)
+                k3 = u - dn
+                u2 = u * u
+            for name, x in (("k3", k3), ("u", u), ("u2", u2)):
                 s, inf = _sum_with_inf(x)
                 setattr(self, f"s_{name}", getattr(self, f"s_{name}") + s)
                 setattr(self, f"inf_{name}", getattr(self, f"inf_{name}") + inf)
@@ -279,8 +280,8 @@ class AuditAccumulator:
         for k, v in o.excluded_by_kind.items():
             self.excluded_by_kind[k] = self.excluded_by_kind.get(k, 0) + v
         self.issues = (self.issues + o.issues)[:MAX_ISSUES]
-        for name in ("response_tokens", "tokens", "exact", "s_d2", "s_k3", "inf_k3", "s_r",
-                     "inf_r", "s_r2", "inf_r2", "zero_d", "seq_with_tokens", "seq_mismatch",
+        for name in ("response_tokens", "tokens", "exact", "s_d2", "s_k3", "inf_k3", "s_u",
+                     "inf_u", "s_u2", "inf_u2", "zero_d", "seq_with_tokens", "seq_mismatch",
                      "s_seq_sum", "s_seq_abs", "s_lppl", "s_lppl_abs"):
             setattr(self, name, getattr(self, name) + getattr(o, name))
         self.mismatch = [a + b for a, b in zip(self.mismatch, o.mismatch)]
@@ -313,24 +314,22 @@ class AuditAccumulator:
             v = to_fraction(s2, n) - to_fraction(s1, n) ** 2
             return math.sqrt(max(fraction_to_float(v), 0.0))
 
-        s_r_full = self.s_r + (self.zero_d << SCALE_BITS)
-        s_r2_full = self.s_r2 + (self.zero_d << SCALE_BITS)
-        inf_ratio = self.inf_r or self.inf_r2
-        if n and not inf_ratio:
-            ess_f = Fraction(s_r_full * s_r_full, s_r2_full << 1074) if s_r2_full else None
-            ess = fraction_to_float(ess_f) if ess_f is not None else None
+        if n and not (self.inf_u or self.inf_u2):
+            # r = 1 + u: sum r = n + U1, sum r^2 = n + 2 U1 + U2 (exact rationals)
+            u1, u2 = to_fraction(self.s_u), to_fraction(self.s_u2)
+            sr, sr2 = n + u1, n + 2 * u1 + u2
+            ess_f = sr * sr / sr2
             ratio = {
-                "mean": exact_mean(s_r_full, n),
-                "std": exact_var(s_r_full, s_r2_full),
+                "mean": fraction_to_float(sr / n),
+                "std": math.sqrt(max(fraction_to_float(u2 / n - (u1 / n) ** 2), 0.0)),
                 "min": self.min_r, "max": self.max_r,
-                "ess": ess,
-                "ess_fraction": fraction_to_float(ess_f / n) if ess_f is not None else None,
-                "chi2": fraction_to_float(to_fraction(s_r2_full, n) - 1),
+                "ess": fraction_to_float(ess_f),
+                "ess_fraction": fraction_to_float(ess_f / n),
+                "chi2": fraction_to_float((2 * u1 + u2) / n),
             }
         elif n:
-            ratio = {"mean": math.inf if self.inf_r else exact_mean(s_r_full, n), "std": math.inf,
-                     "min": self.min_r, "max": self.max_r, "ess": None, "ess_fraction": None,
-                     "chi2": math.inf}
+            ratio = {"mean": math.inf, "std": math.inf, "min": self.min_r, "max": self.max_r,
+                     "ess": None, "ess_fraction": None, "chi2": math.inf}
         else:
             ratio = {k: None for k in ("mean", "std", "min", "max", "ess", "ess_fraction", "chi2")}
         quant = self.abs_values.quantiles(list(QUANTILES), zeros=self.zero_d)
