@@ -97,10 +97,10 @@ def _consume(acc: AuditAccumulator, chunks: Iterable, rescore: RescoreFn | None,
         acc.update(batch)
 
 
-def _shard_chunks(shard: Shard, chunk_tokens: int) -> Iterable:
+def _shard_chunks(shard: Shard, chunk_tokens: int, jsonl_parser: str) -> Iterable:
     if shard.fmt == "jsonl":
         yield from iter_jsonl_chunks(shard.path, shard.start, shard.stop, shard.first_line,
-                                     chunk_tokens)
+                                     chunk_tokens, jsonl_parser)
     elif shard.fmt == "npz":
         src = NpzSource(shard.path)
         try:
@@ -114,11 +114,13 @@ def _shard_chunks(shard: Shard, chunk_tokens: int) -> Iterable:
 
 
 def run_shard(shard: Shard, rescore: Rescore = None, strict: bool = False,
-              chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> AuditAccumulator:
+              chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+              jsonl_parser: str = "auto") -> AuditAccumulator:
     """Audit one shard (runs in a worker process when ``workers > 1``)."""
     acc = AuditAccumulator()
     acc.add_source(shard.path)
-    _consume(acc, _shard_chunks(shard, chunk_tokens), _resolve_rescore(rescore), strict)
+    _consume(acc, _shard_chunks(shard, chunk_tokens, jsonl_parser), _resolve_rescore(rescore),
+             strict)
     return acc
 
 
@@ -130,8 +132,8 @@ def _is_paths(source: object) -> bool:
 
 
 def audit_accumulator(source: object, *, rescore: Rescore = None, strict: bool = False,
-                      workers: int = 1,
-                      chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> AuditAccumulator:
+                      workers: int = 1, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                      jsonl_parser: str = "auto") -> AuditAccumulator:
     """Like :func:`audit` but returns the merged accumulator (for custom reports)."""
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
@@ -147,7 +149,7 @@ def audit_accumulator(source: object, *, rescore: Rescore = None, strict: bool =
     total = AuditAccumulator()
     if workers == 1 or len(shards) == 1:
         for shard in shards:
-            total.merge(run_shard(shard, rescore, strict, chunk_tokens))
+            total.merge(run_shard(shard, rescore, strict, chunk_tokens, jsonl_parser))
         return total
     if rescore is not None and not isinstance(rescore, str):
         try:
@@ -157,14 +159,14 @@ def audit_accumulator(source: object, *, rescore: Rescore = None, strict: bool =
         except Exception as exc:  # noqa: BLE001
             raise ValueError(f"rescore must be picklable to use workers > 1 ({exc})") from exc
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(run_shard, s, rescore, strict, chunk_tokens) for s in shards]
+        futures = [pool.submit(run_shard, s, rescore, strict, chunk_tokens, jsonl_parser) for s in shards]
         for fut in futures:  # merged in file order
             total.merge(fut.result())
     return total
 
 
 def audit(source: object, *, rescore: Rescore = None, strict: bool = False, workers: int = 1,
-          chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> dict:
+          chunk_tokens: int = DEFAULT_CHUNK_TOKENS, jsonl_parser: str = "auto") -> dict:
     """Audit engine vs trainer logprobs and return the report (a JSON-ready dict).
 
     source: a path (.jsonl/.npz/.parquet), a list of paths, or an iterable of records
@@ -174,9 +176,11 @@ def audit(source: object, *, rescore: Rescore = None, strict: bool = False, work
     used for sequences without trainer_logprobs, or "refmodel". strict: raise
     :class:`AuditInputError` at the first bad sequence instead of excluding it.
     workers: processes for file inputs; the report is identical for every value.
+    jsonl_parser: "auto" (pyarrow blocks, :mod:`json` for blocks with bad lines) or
+    "python" (:mod:`json` only); the report is identical for both.
     """
     return audit_accumulator(source, rescore=rescore, strict=strict, workers=workers,
-                             chunk_tokens=chunk_tokens).report()
+                             chunk_tokens=chunk_tokens, jsonl_parser=jsonl_parser).report()
 
 
 def _jsonable(x: object) -> object:

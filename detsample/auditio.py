@@ -161,6 +161,14 @@ class _ChunkBuilder:
                     problem = f"must be a flat list, got {a.ndim} dimensions"
                 elif a.size and a.dtype.kind not in COLUMN_KINDS[c]:
                     problem = f"values must be {_kind_words(c)}, got {_first_bad(a, c)}"
+                elif c in ("prompt_ids", "response_ids") and (a.size == 0 or a.dtype.kind == "u"):
+                    if a.size and a.max() > np.iinfo(np.int64).max:
+                        problem = f"token id {a.max()} is out of the int64 range"
+                    a = a.astype(np.int64)  # [] is float64 for numpy; uint64 + int64 -> float64
+                elif "logprob" in c and (a.size == 0 or a.dtype.kind in "iu"):
+                    a = a.astype(np.float64)
+                elif c == "mask" and a.size == 0:
+                    a = a.astype(bool)
             if problem:
                 kind = "ragged" if "dimensions" in problem or "flat list" in problem else "bad_type"
                 self.add_bad(line, self._issue(line, c, kind, problem), str(rid))
@@ -227,32 +235,56 @@ def iter_record_chunks(records: Iterable[object], source: str = "<records>",
 
 
 def iter_jsonl_chunks(path: str, start: int = 0, end: int | None = None, first_line: int = 1,
-                      chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Iterator[RawChunk]:
+                      chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                      parser: str = "auto") -> Iterator[RawChunk]:
     """Chunks of the JSONL lines whose first byte lies in [start, end) (start must be the
-    beginning of a line, ``first_line`` its 1-based number). Blank lines are skipped."""
-    b = _ChunkBuilder(str(path), "line", chunk_tokens)
+    beginning of a line, ``first_line`` its 1-based number). Blank lines are skipped.
+
+    parser: "auto" parses blocks of lines with pyarrow's JSON reader and falls back to
+    :mod:`json` line by line for any block it does not accept cleanly (bad lines are
+    then named exactly); "python" always uses :mod:`json`. Both give the same chunks."""
+    if parser not in ("auto", "python"):
+        raise ValueError(f"parser must be 'auto' or 'python', got {parser!r}")
+    block_bytes = max(chunk_tokens * 32, 1)
     with open(path, "rb") as f:
+        f.seek(0, 2)
+        end = f.tell() if end is None else end
         f.seek(start)
         pos, line_no = start, first_line
-        for raw in f:
-            if end is not None and pos >= end:
+        while pos < end:
+            buf = f.read(min(block_bytes, end - pos))
+            if not buf:
                 break
-            pos += len(raw)
-            if raw.strip():
+            if not buf.endswith(b"\n") and pos + len(buf) < end:
+                buf += f.readline()  # complete the last line (end is a line boundary)
+            pos += len(buf)
+            raw_lines = buf.split(b"\n")
+            if buf.endswith(b"\n"):
+                raw_lines.pop()
+            nonblank = [(line_no + i, ln) for i, ln in enumerate(raw_lines) if ln.strip()]
+            line_no += len(raw_lines)
+            if not nonblank:
+                continue
+            lines = np.array([k for k, _ in nonblank], dtype=np.int64)
+            chunk = _arrow_jsonl_block(buf, str(path), lines) if parser == "auto" else None
+            if chunk is not None:
+                yield chunk
+                continue
+            b = _ChunkBuilder(str(path), "line", chunk_tokens)
+            for k, ln in nonblank:
                 try:
-                    rec = json.loads(raw)
+                    rec = json.loads(ln)
                 except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                     msg = (f"invalid JSON: {exc.msg} at column {exc.colno}"
                            if isinstance(exc, json.JSONDecodeError) else f"invalid UTF-8: {exc}")
-                    b.add_bad(line_no, Issue(str(path), line_no, "<line>", "bad_json", msg, "line"))
+                    b.add_bad(k, Issue(str(path), k, "<line>", "bad_json", msg, "line"))
                 else:
-                    b.add(line_no, rec)
+                    b.add(k, rec)
                 if b.full():
                     yield b.take()  # type: ignore[misc]
-            line_no += 1
-    last = b.take()
-    if last is not None:
-        yield last
+            last = b.take()
+            if last is not None:
+                yield last
 
 
 def split_jsonl(path: str, parts: int) -> list[tuple[int, int, int]]:
@@ -450,15 +482,11 @@ class ParquetSource:
         self.missing = [c for c in REQUIRED_COLUMNS[1:] if c not in names]
         for c in self.columns:
             t = schema.field(c).type
-            if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)):
+            if not _arrow_is_list(t):
                 raise AuditInputError(f"{self.path}: {c}: must be a list column, got {t}")
-            vt = t.value_type
-            kinds = COLUMN_KINDS[c]
-            ok = (pa.types.is_integer(vt) or ("f" in kinds and pa.types.is_floating(vt))
-                  or ("b" in kinds and pa.types.is_boolean(vt)))
-            if not ok:
+            if not _arrow_value_type_ok(c, t.value_type):
                 raise AuditInputError(f"{self.path}: {c}: values must be "
-                                      f"{_PARQUET_VALUE_TYPES[kinds]}, got {vt}")
+                                      f"{_PARQUET_VALUE_TYPES[COLUMN_KINDS[c]]}, got {t.value_type}")
         md = self._pf.metadata
         self.row_group_rows = [md.row_group(k).num_rows for k in range(md.num_row_groups)]
         self.num_sequences = md.num_rows
@@ -476,30 +504,91 @@ class ParquetSource:
         for batch in self._pf.iter_batches(batch_size=chunk_rows, row_groups=groups,
                                            columns=["id"] + self.columns, use_threads=False):
             n = batch.num_rows
-            ids_col = batch.column("id")
-            ids = ["" if x is None else str(x) for x in ids_col.to_pylist()]
-            flagged: dict[int, Issue] = {}
-            for k in np.flatnonzero(np.asarray(ids_col.is_null())).tolist():
-                flagged[k] = Issue(self.path, row + k, "id", "missing_column", "id is null", "row")
-            values, lengths = {}, {}
-            for c in self.columns:
-                col = batch.column(c)
-                lens = pc.fill_null(pc.list_value_length(col), -1).to_numpy(zero_copy_only=False)
-                flat = pc.list_flatten(col)
-                if flat.null_count:
-                    owner = np.repeat(np.arange(n), np.maximum(lens, 0))
-                    for k in np.unique(owner[np.asarray(flat.is_null())]).tolist():
-                        flagged.setdefault(k, Issue(self.path, row + k, c, "bad_type",
-                                                    "null value inside the list", "row"))
-                    flat = pc.fill_null(flat, 0)
-                vals = flat.to_numpy(zero_copy_only=False)
-                if c in REQUIRED_COLUMNS and (lens < 0).any():
-                    for k in np.flatnonzero(lens < 0).tolist():
-                        flagged.setdefault(k, Issue(self.path, row + k, c, "missing_column",
-                                                    f"'{c}' is null", "row"))
-                values[c], lengths[c] = vals, lens.astype(np.int64)
+            chunk = arrow_to_chunk(batch, self.path, "row", np.arange(row, row + n, dtype=np.int64))
             for c in self.missing:
-                lengths[c] = np.full(n, -1, dtype=np.int64)
-            yield RawChunk(self.path, "row", ids, np.arange(row, row + n, dtype=np.int64),
-                           values, lengths, flagged)
+                chunk.lengths[c] = np.full(n, -1, dtype=np.int64)
+            yield chunk
             row += n
+
+
+def _arrow_value_type_ok(column: str, vt) -> bool:
+    import pyarrow as pa
+
+    kinds = COLUMN_KINDS[column]
+    return (pa.types.is_integer(vt) or ("f" in kinds and pa.types.is_floating(vt))
+            or ("b" in kinds and pa.types.is_boolean(vt)))
+
+
+def _arrow_is_list(t) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def arrow_to_chunk(table, source: str, unit: str, lines: np.ndarray) -> RawChunk:
+    """A RawChunk from an Arrow table or record batch with the audit's columns (types
+    already checked). Null ids and nulls inside lists flag their row; a null list is an
+    absent column for that row (length -1)."""
+    import pyarrow.compute as pc
+
+    n = table.num_rows
+    names = table.schema.names
+    ids_col = table.column("id")
+    ids = ["" if x is None else str(x) for x in ids_col.to_pylist()]
+    flagged: dict[int, Issue] = {}
+    if ids_col.null_count:
+        for k in np.flatnonzero(np.asarray(ids_col.is_null())).tolist():
+            flagged[k] = Issue(source, int(lines[k]), "id", "missing_column",
+                               "missing column 'id'", unit)
+    values, lengths = {}, {}
+    for c in LIST_COLUMNS:
+        if c not in names:
+            continue
+        col = table.column(c)
+        lens = pc.fill_null(pc.list_value_length(col), -1).to_numpy(zero_copy_only=False)
+        flat = pc.list_flatten(col)
+        if flat.null_count:
+            owner = np.repeat(np.arange(n), np.maximum(lens, 0))
+            for k in np.unique(owner[np.asarray(flat.is_null())]).tolist():
+                flagged.setdefault(k, Issue(source, int(lines[k]), c, "bad_type",
+                                            "null value inside the list", unit))
+            flat = pc.fill_null(flat, 0)
+        values[c], lengths[c] = flat.to_numpy(zero_copy_only=False), lens.astype(np.int64)
+    return RawChunk(source, unit, ids, np.asarray(lines, dtype=np.int64), values, lengths, flagged)
+
+
+def _arrow_jsonl_block(block: bytes, source: str, lines: np.ndarray) -> RawChunk | None:
+    """Parse a block of complete JSONL lines with pyarrow's JSON reader (C++, one thread).
+
+    Returns None unless the block is clean: one object per non-blank line, ids strings or
+    integers, list columns of the right value types, no null inside a list or id. The
+    caller then parses the block line by line with :mod:`json` (the reference path), so
+    both paths give the same chunk for every block the fast path accepts."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.json as pj
+
+    try:
+        table = pj.read_json(pa.BufferReader(block), read_options=pj.ReadOptions(
+            use_threads=False, block_size=len(block) + 1))
+    except (pa.ArrowException, ValueError):
+        return None
+    schema = table.schema
+    if table.num_rows != len(lines) or "id" not in schema.names:
+        return None
+    idt = schema.field("id").type
+    if not (pa.types.is_string(idt) or pa.types.is_integer(idt)) or table.column("id").null_count:
+        return None
+    for c in LIST_COLUMNS:
+        if c not in schema.names:
+            continue
+        t = schema.field(c).type
+        if pa.types.is_null(t):  # only nulls: absent everywhere in this block
+            continue
+        if not _arrow_is_list(t) or not _arrow_value_type_ok(c, t.value_type):
+            return None
+        if pc.list_flatten(table.column(c)).null_count:
+            return None
+    table = table.drop_columns([c for c in schema.names
+                                if c in LIST_COLUMNS and pa.types.is_null(schema.field(c).type)])
+    return arrow_to_chunk(table, source, "line", lines)

@@ -159,7 +159,7 @@ def validate(raw: RawChunk, rescore: RescoreFn | None = None) -> tuple[AuditBatc
         _flag_values(raw, "mask", (m != 0) & (m != 1), "bad_mask", "mask must be 0 or 1", bad)
     for c in ("prompt_ids", "response_ids"):
         v = raw.values.get(c)
-        if v is not None and v.size and v.dtype.kind == "i":
+        if v is not None and v.size and v.dtype.kind in "if":
             _flag_values(raw, c, v < 0, "negative_token_id", "token ids must be >= 0", bad)
     return _gather(raw, bad), [bad[i] for i in sorted(bad)]
 

@@ -164,3 +164,35 @@ def test_split_jsonl_covers_file_on_line_boundaries(tmp_path, parts):
     for (a, b, line), (a2, _, _) in zip(shards, shards[1:] + [(len(data), 0, 0)]):
         assert b == a2 and (a == 0 or data[a - 1:a] == b"\n")
         assert line == data[:a].count(b"\n") + 1
+
+
+def test_arrow_and_python_jsonl_parsers_agree(rollouts, tmp_path):
+    """Pins the JSONL fast path: pyarrow blocks and json line by line give the same bits,
+    on clean blocks, blocks with every kind of bad line, blank lines, int ids, no mask."""
+    from test_auditvalidate import BAD_LINES
+
+    path = tmp_path / "r.jsonl"
+    write_jsonl(rollouts, str(path))
+    lines = path.read_text().splitlines()
+    lines[5] = lines[5].replace('"id": "seq-11-5"', '"id": 5')
+    for k, (_, bad, *_rest) in enumerate(BAD_LINES):
+        lines.insert(10 + 7 * k, bad)
+    lines.insert(3, "")
+    lines.insert(150, "   ")
+    path.write_text("\n".join(lines))  # no final newline
+    for chunk_tokens in (300, 10**6):
+        fast = audit(str(path), chunk_tokens=chunk_tokens)
+        slow = audit(str(path), chunk_tokens=chunk_tokens, jsonl_parser="python")
+        assert to_json(fast) == to_json(slow)
+    assert fast["excluded_sequences"] == len(BAD_LINES)
+
+
+def test_arrow_jsonl_fast_path_is_taken_on_clean_blocks(rollouts, tmp_path):
+    from detsample.auditio import _arrow_jsonl_block
+
+    path = tmp_path / "r.jsonl"
+    write_jsonl(rollouts, str(path))
+    data = path.read_bytes()
+    chunk = _arrow_jsonl_block(data, str(path), np.arange(1, 181))
+    assert chunk is not None and len(chunk) == 180
+    assert _arrow_jsonl_block(data.replace(b"[", b"[NaN, ", 1), str(path), np.arange(1, 181)) is None
