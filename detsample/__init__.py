@@ -18,3 +18,8 @@ __all__ = [
     "SamplingParams",
     "__version__",
 ]
+
+from detsample.batch import SamplingBatch  # noqa: E402
+from detsample.sampler import SampleOutput, Sampler  # noqa: E402
+
+__all__ += ["SamplingBatch", "SampleOutput", "Sampler"]

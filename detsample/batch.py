@@ -1,0 +1,295 @@
+"""Row-aligned batch state: the analogue of SGLang's ``SamplingBatchInfo``.
+
+``SamplingBatch.from_requests`` turns per-request scalars into row-aligned tensors in
+one pass and keeps host-side flags that let the sampler skip work. Every row-aligned
+tensor and every per-row host list follows the rows through :meth:`filter` (any order,
+so it can permute) and :meth:`merge`. The flags are recomputed from the per-row
+parameters after each change, so they are always exact bounds; **a flag may make the
+batch skip work but never changes any row's result** (each op is row-local).
+
+Tensors (B rows, V vocabulary):
+
+==================  =================  ==============================================
+``temperatures``    (B, 1) float32     0 for greedy rows
+``top_ks``          (B,) int32         ``min(top_k, V)``; ``V`` when disabled
+``top_ps``          (B,) float64       1.0 when disabled (float64: the exact user value)
+``min_ps``          (B,) float32       0.0 when disabled
+``seeds``           (B,) int64         resolved seeds (never shared defaults)
+``greedy``          (B,) bool          temperature 0 or top_k 1
+==================  =================  ==============================================
+
+logit bias is sparse: ``logit_bias_coo()`` returns ``(rows, cols, values)`` with no
+duplicate (row, col) pair (keys are deduplicated by integer value in SamplingParams), and
+no ``(B, V)`` tensor exists for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from detsample.errors import InvalidSamplingParams
+from detsample.params import Request, SamplingParams
+
+FINISH_NO_VALID_TOKEN = "no_valid_token"
+
+
+def _fail(msg: str) -> None:
+    raise InvalidSamplingParams(msg)
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host -> device copy through pinned memory where the platform has it."""
+    if device.type == "cpu":
+        return t
+    if device.type == "cuda" and torch.cuda.is_available():
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def _check_ids(rid: str, field: str, ids: Iterable[int], vocab_size: int) -> None:
+    for t in ids:
+        if not 0 <= t < vocab_size:
+            _fail(f"request {rid!r}: {field} contains token id {t}, outside the "
+                  f"vocabulary [0, {vocab_size})")
+
+
+def validate_request(req: Request, vocab_size: int) -> None:
+    """Token ids of a request must lie inside the vocabulary (checked at batch build)."""
+    p = req.params
+    _check_ids(req.rid, "prompt_ids", req.prompt_ids, vocab_size)
+    _check_ids(req.rid, "output_ids", req.output_ids, vocab_size)
+    _check_ids(req.rid, "stop_token_ids", p.stop_token_ids, vocab_size)
+    if p.logit_bias is not None:
+        _check_ids(req.rid, "logit_bias", (k for k, _ in p.logit_bias), vocab_size)
+    if p.allowed_token_ids is not None:
+        _check_ids(req.rid, "allowed_token_ids", p.allowed_token_ids, vocab_size)
+    for seq in p.bad_words:
+        _check_ids(req.rid, "bad_words", seq, vocab_size)
+    if p.logprobs > vocab_size:
+        _fail(f"request {req.rid!r}: logprobs must be <= vocab_size ({vocab_size}), "
+              f"got {p.logprobs}")
+
+
+@dataclass(frozen=True)
+class BatchFlags:
+    """Host-side summaries that let the sampler skip work (never change results)."""
+
+    is_all_greedy: bool
+    need_top_k: bool
+    need_top_p: bool
+    need_min_p: bool
+    max_top_k: int | None  # upper bound on every sampling row's top_k; None = full vocab
+    max_top_logprobs: int
+    modes: frozenset[str]
+
+
+class SamplingBatch:
+    """Per-row sampling state of a batch; see the module docstring for the tensors."""
+
+    def __init__(self, *, vocab_size: int, device: torch.device,
+                 eos_token_ids: tuple[int, ...], vocab: Any) -> None:
+        self.vocab_size = vocab_size
+        self.device = device
+        self.eos_token_ids = eos_token_ids
+        self.vocab = vocab
+        self.requests: list[Request] = []
+        self.output_ids: list[list[int]] = []
+        self.finished: list[str | None] = []
+        self.temperatures = torch.empty((0, 1), dtype=torch.float32, device=device)
+        self.top_ks = torch.empty((0,), dtype=torch.int32, device=device)
+        self.top_ps = torch.empty((0,), dtype=torch.float64, device=device)
+        self.min_ps = torch.empty((0,), dtype=torch.float32, device=device)
+        self.seeds = torch.empty((0,), dtype=torch.int64, device=device)
+        self.greedy = torch.empty((0,), dtype=torch.bool, device=device)
+        self._coo: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._flags: BatchFlags | None = None
+
+    # -- construction ----------------------------------------------------------------
+    @classmethod
+    def from_requests(cls, requests: Sequence[Request], vocab_size: int,
+                      device: str | torch.device = "cpu",
+                      eos_token_ids: Sequence[int] = (0,),
+                      vocab: Any = None) -> "SamplingBatch":
+        """Build the row-aligned state of ``requests`` (row i = requests[i]).
+
+        Raises InvalidSamplingParams for a token id outside ``[0, vocab_size)`` in any
+        request field, naming the request, the field and the id.
+        """
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+            _fail(f"vocab_size must be a positive integer, got {vocab_size!r}")
+        dev = torch.device(device)
+        eos = tuple(int(e) for e in eos_token_ids)
+        for e in eos:
+            if not 0 <= e < vocab_size:
+                _fail(f"eos_token_ids contains {e}, outside the vocabulary [0, {vocab_size})")
+        if vocab is not None and getattr(vocab, "vocab_size", vocab_size) > vocab_size:
+            _fail(f"vocab has {vocab.vocab_size} tokens, more than vocab_size={vocab_size}")
+        batch = cls(vocab_size=vocab_size, device=dev, eos_token_ids=eos, vocab=vocab)
+        reqs = list(requests)
+        for r in reqs:
+            if not isinstance(r, Request):
+                _fail(f"requests must be Request objects, got {type(r).__name__}")
+            validate_request(r, vocab_size)
+        batch._append_rows(reqs)
+        return batch
+
+    def _row_tensors(self, params: list[SamplingParams]) -> dict[str, torch.Tensor]:
+        V = self.vocab_size
+        temps = torch.tensor([[0.0 if p.is_greedy else p.temperature] for p in params],
+                             dtype=torch.float32).reshape(-1, 1)
+        top_ks = torch.tensor([V if p.top_k == -1 else min(p.top_k, V) for p in params],
+                              dtype=torch.int32)
+        host = {
+            "temperatures": temps,
+            "top_ks": top_ks,
+            "top_ps": torch.tensor([p.top_p for p in params], dtype=torch.float64),
+            "min_ps": torch.tensor([p.min_p for p in params], dtype=torch.float32),
+            "seeds": torch.tensor([p.seed for p in params], dtype=torch.int64),
+            "greedy": torch.tensor([p.is_greedy for p in params], dtype=torch.bool),
+        }
+        return {k: _to_device(v, self.device) for k, v in host.items()}
+
+    _ROW_TENSORS = ("temperatures", "top_ks", "top_ps", "min_ps", "seeds", "greedy")
+
+    def _append_rows(self, reqs: list[Request]) -> None:
+        new = self._row_tensors([r.params for r in reqs])
+        for name in self._ROW_TENSORS:
+            setattr(self, name, torch.cat([getattr(self, name), new[name]], dim=0))
+        self.requests.extend(reqs)
+        self.output_ids.extend(list(r.output_ids) for r in reqs)
+        self.finished.extend(None for _ in reqs)
+        self._changed()
+
+    def _changed(self) -> None:
+        self._coo = None
+        self._flags = None
+
+    # -- batch composition -----------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def filter(self, keep: Sequence[int]) -> None:
+        """Keep rows ``keep`` in this order (in place); any order, so it can permute.
+
+        Raises InvalidSamplingParams for an index out of range or repeated.
+        """
+        idx = [int(i) for i in keep]
+        B = len(self)
+        for i in idx:
+            if not 0 <= i < B:
+                _fail(f"filter index {i} out of range for a batch of {B} rows")
+        if len(set(idx)) != len(idx):
+            _fail(f"filter indices must be distinct, got {idx}")
+        if idx == list(range(B)):
+            return
+        sel = torch.tensor(idx, dtype=torch.int64, device=self.device)
+        for name in self._ROW_TENSORS:
+            setattr(self, name, getattr(self, name).index_select(0, sel))
+        self.requests = [self.requests[i] for i in idx]
+        self.output_ids = [self.output_ids[i] for i in idx]
+        self.finished = [self.finished[i] for i in idx]
+        self._changed()
+
+    def merge(self, other: "SamplingBatch") -> None:
+        """Append ``other``'s rows after this batch's rows (in place)."""
+        if not isinstance(other, SamplingBatch):
+            _fail(f"merge expects a SamplingBatch, got {type(other).__name__}")
+        if other.vocab_size != self.vocab_size:
+            _fail(f"merge: vocab_size differs ({self.vocab_size} vs {other.vocab_size})")
+        if other.device != self.device:
+            _fail(f"merge: device differs ({self.device} vs {other.device})")
+        if other is self:
+            _fail("merge: a batch cannot be merged with itself")
+        for name in self._ROW_TENSORS:
+            setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)], 0))
+        self.requests.extend(other.requests)
+        self.output_ids.extend(list(o) for o in other.output_ids)
+        self.finished.extend(other.finished)
+        self._changed()
+
+    def advance(self, token_ids: torch.Tensor | Sequence[int]) -> None:
+        """Record each row's sampled token (penalty counts, min_new_tokens, grammar).
+
+        token_ids: (B,) int. A token of -1 (the sampler's "no admissible token") is not
+        recorded; the row is marked finished with reason ``"no_valid_token"``.
+        """
+        toks = [int(t) for t in (token_ids.tolist() if isinstance(token_ids, torch.Tensor)
+                                 else token_ids)]
+        if len(toks) != len(self):
+            _fail(f"advance: token_ids has {len(toks)} entries for a batch of {len(self)} rows")
+        for i, t in enumerate(toks):
+            if t == -1:
+                self.finished[i] = FINISH_NO_VALID_TOKEN
+                continue
+            if not 0 <= t < self.vocab_size:
+                _fail(f"advance: row {i} token id {t} outside the vocabulary "
+                      f"[0, {self.vocab_size})")
+            self.output_ids[i].append(t)
+
+    # -- derived views ---------------------------------------------------------------
+    @property
+    def params(self) -> list[SamplingParams]:
+        return [r.params for r in self.requests]
+
+    @property
+    def flags(self) -> BatchFlags:
+        if self._flags is None:
+            ps = self.params
+            sampling = [p for p in ps if not p.is_greedy]
+            ks = [p.top_k for p in sampling]
+            need_k = any(k != -1 and k < self.vocab_size for k in ks)
+            self._flags = BatchFlags(
+                is_all_greedy=not sampling,
+                need_top_k=need_k,
+                need_top_p=any(p.top_p != 1.0 for p in sampling),
+                need_min_p=any(p.min_p != 0.0 for p in sampling),
+                max_top_k=(max(min(k, self.vocab_size) for k in ks)
+                           if ks and all(k != -1 for k in ks) else None),
+                max_top_logprobs=max((p.logprobs for p in ps), default=0),
+                modes=frozenset(p.logprobs_mode for p in ps),
+            )
+        return self._flags
+
+    @property
+    def is_all_greedy(self) -> bool:
+        return self.flags.is_all_greedy
+
+    @property
+    def need_top_k(self) -> bool:
+        return self.flags.need_top_k
+
+    @property
+    def need_top_p(self) -> bool:
+        return self.flags.need_top_p
+
+    @property
+    def need_min_p(self) -> bool:
+        return self.flags.need_min_p
+
+    @property
+    def max_top_k(self) -> int | None:
+        return self.flags.max_top_k
+
+    def logit_bias_coo(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Sparse logit bias as (rows int64, cols int64, values float32), or None."""
+        if self._coo is None:
+            rows, cols, vals = [], [], []
+            for i, p in enumerate(self.params):
+                for tid, b in p.logit_bias or ():
+                    rows.append(i)
+                    cols.append(tid)
+                    vals.append(b)
+            if not rows:
+                return None
+            self._coo = (
+                _to_device(torch.tensor(rows, dtype=torch.int64), self.device),
+                _to_device(torch.tensor(cols, dtype=torch.int64), self.device),
+                _to_device(torch.tensor(vals, dtype=torch.float32), self.device),
+            )
+        return self._coo
+
+    def rows_with_mode(self, mode: str) -> list[int]:
+        return [i for i, p in enumerate(self.params) if p.logprobs_mode == mode]

@@ -1,0 +1,106 @@
+"""Pipeline steps 6 and 9: greedy argmax and the seeded draw.
+
+The draw is the exact inverse-CDF method of DESIGN.md step 9, one uniform per row:
+over the kept tokens **in token-id order**, with exact fixed-point masses ``q`` (see
+:mod:`detsample.ops.filters`), ``Q = sum q``, ``t = floor(u * float64(Q))`` (at most
+``Q - 1``) and the chosen token is the first id whose running sum of ``q`` exceeds ``t``.
+``u`` is keyed only by ``(seed, position)`` (:func:`detsample.rng.row_uniforms`), and the
+order of the CDF is the token-id order, so the result never depends on a sorted rank,
+a row index or the batch size. All sums are exact integers, so the compact path (kept
+ids only) and the full-vocabulary path return the same token, bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from detsample.ops.filters import quantize_mass
+
+#: block width of the two-level search of the full-vocabulary path
+BLOCK = 1024
+
+
+def greedy_argmax(x: torch.Tensor) -> torch.Tensor:
+    """x: (batch, vocab) float32 -> (batch,) int64 argmax, ties to the lowest id."""
+    return torch.argmax(x, dim=-1)
+
+
+def _target(u: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    t = torch.floor(u.to(torch.float64) * total.to(torch.float64)).to(torch.int64)
+    return torch.minimum(t, total - 1)
+
+
+def draw_compact(vals: torch.Tensor, ids: torch.Tensor, n_kept: torch.Tensor,
+                 u: torch.Tensor, frac: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw from the first ``n_kept`` candidates of each row.
+
+    vals: (rows, K) float32 scaled logits sorted descending; ids: (rows, K) int64 their
+    token ids; n_kept: (rows,) int64 in [1, K]; u: (rows,) float64 in (0, 1).
+    Returns ``(tokens (rows,) int64, total_mass (rows,) int64)``.
+    """
+    K = vals.shape[-1]
+    kept = torch.arange(K, device=vals.device).unsqueeze(0) < n_kept.unsqueeze(1)
+    big = torch.iinfo(torch.int64).max
+    key = torch.where(kept, ids, torch.full_like(ids, big))
+    sorted_ids, order = torch.sort(key, dim=-1)
+    q = quantize_mass(torch.exp(vals.gather(1, order)), frac) * (sorted_ids != big)
+    csum = q.cumsum(-1)
+    total = csum[:, -1]
+    t = _target(u, total)
+    j = torch.searchsorted(csum, t.unsqueeze(1), right=True)
+    return sorted_ids.gather(1, j).squeeze(1), total
+
+
+def kept_mass(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int, *,
+              e_out: torch.Tensor | None = None,
+              q_out: torch.Tensor | None = None) -> torch.Tensor:
+    """Fixed-point masses of the kept tokens, zero elsewhere.
+
+    z: (rows, V) float32 scaled logits (row max exactly 0); tau: (rows,) float32 kept
+    threshold (``-inf`` keeps everything); min_p: (rows,) float32. kept =
+    ``(z >= tau) & (exp(z) >= min_p)``. Returns (rows, V) int64 ``q`` (written into
+    ``q_out`` when given; ``e_out`` is float32 scratch). Exact, element-wise.
+    """
+    e = torch.exp(z, out=e_out) if e_out is not None else torch.exp(z)
+    cut_tau = bool(torch.isfinite(tau).any())
+    cut_mp = bool((min_p > 0).any())
+    if cut_tau or cut_mp:
+        drop = torch.zeros(z.shape, dtype=torch.bool, device=z.device)
+        if cut_tau:
+            drop |= z < tau.unsqueeze(1)
+        if cut_mp:
+            drop |= e < min_p.unsqueeze(1)
+        e.masked_fill_(drop, 0.0)
+    e.mul_(2.0 ** frac)  # exact power-of-two scaling
+    if q_out is not None:
+        return q_out.copy_(e)  # float -> int64 truncates, like .to()
+    return e.to(torch.int64)
+
+
+def draw_full(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor,
+              frac: int, *, e_out: torch.Tensor | None = None,
+              q_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw over the whole vocabulary with kept = ``(z >= tau) & (exp(z) >= min_p)``.
+
+    z: (rows, V) float32; tau: (rows,) float32; min_p: (rows,) float32; u: (rows,)
+    float64 in (0, 1). Two-level search: exact int64 sums of blocks of BLOCK tokens
+    (the last block may be shorter), then a cumsum inside the chosen block. Exact
+    integer sums make the blocking irrelevant to the result.
+    Returns ``(tokens (rows,) int64, total_mass (rows,) int64)``.
+    """
+    rows, V = z.shape
+    q = kept_mass(z, tau, min_p, frac, e_out=e_out, q_out=q_out)
+    nb = V // BLOCK
+    sums = q[:, :nb * BLOCK].view(rows, nb, BLOCK).sum(-1)
+    if V > nb * BLOCK:
+        sums = torch.cat([sums, q[:, nb * BLOCK:].sum(-1, keepdim=True)], dim=1)
+    bsum = sums.cumsum(-1)
+    total = bsum[:, -1]
+    t = _target(u, total).unsqueeze(1)
+    blk = torch.searchsorted(bsum, t, right=True)
+    base = torch.where(blk > 0, bsum.gather(1, (blk - 1).clamp(min=0)), torch.zeros_like(blk))
+    idx = blk * BLOCK + torch.arange(BLOCK, device=z.device).unsqueeze(0)
+    inside = idx < V
+    inner = (q.gather(1, idx.clamp(max=V - 1)) * inside).cumsum(-1) + base
+    j = torch.searchsorted(inner, t, right=True)
+    return (blk * BLOCK + j).squeeze(1), total

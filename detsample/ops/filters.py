@@ -1,0 +1,90 @@
+"""Pipeline step 8: top-k, top-p and min-p, with value semantics.
+
+All three filters are decided by VALUES, never by positions in a sort, so the kept set
+of a row is always ``{i : z_i >= tau}`` for a per-row threshold ``tau`` (whole tie groups
+are kept or dropped together). That is what lets a bounded ``topk`` give exactly the bits
+of the full stable sort: both see the same descending sequence of values.
+
+Probability mass is measured in exact fixed point: ``q_i = trunc(exp(z_i) * 2**F)``
+(int64, ``F = frac_bits(V)``), where ``z = (x - max) / T`` so ``exp(z) <= 1`` and the most
+probable token has ``q = 2**F``. Sums of ``q`` are exact integers, hence independent of
+summation order, blocking, thread count or device.
+
+Semantics on the sorted-descending values ``s`` of a row (the specification, mirrored by
+``oracles/sampler.py``):
+
+* top-k: keep ``s_i >= s_{k-1}`` (ties at the boundary kept); ``k = min(top_k, V)``.
+* top-p, on the top-k survivors: ``Z = sum q``; ``above_i`` = sum of ``q_j`` with
+  ``s_j > s_i``; keep when ``float64(above_i) < top_p * float64(Z)``. ``top_p == 1``
+  disables it.
+* min-p: keep ``exp(s_i) >= float32(min_p)`` (``exp(s_max) == 1``, so this is
+  ``p_i >= min_p * p_max`` on any renormalisation).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def frac_bits(vocab_size: int) -> int:
+    """Fixed-point fraction bits so that ``vocab_size * 2**F < 2**62`` (F <= 52)."""
+    return min(52, 62 - max(1, math.ceil(math.log2(max(vocab_size, 2)))))
+
+
+def quantize_mass(e: torch.Tensor, frac: int) -> torch.Tensor:
+    """e: float32 in [0, 1] -> int64 ``trunc(e * 2**frac)`` (the scaling is exact)."""
+    return (e * (2.0 ** frac)).to(torch.int64)
+
+
+def kept_prefix_length(sorted_z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                       min_p: torch.Tensor, frac: int) -> torch.Tensor:
+    """Length of the kept prefix of each row of ``sorted_z``.
+
+    sorted_z: (rows, K) float32, each row sorted descending, holding at least every
+    top-k survivor of the row (the full row, or a ``topk`` candidate set containing all
+    values ``>= s_{k-1}``). top_k: (rows,) int, 1 <= top_k <= K; top_p: (rows,) float64;
+    min_p: (rows,) float32. Returns (rows,) int64 in [1, K]. Depends only on the values,
+    not on the order of equal values: bitwise the same for a full sort and a topk.
+    """
+    K = sorted_z.shape[-1]
+    k = top_k.to(torch.int64).clamp(1, K).unsqueeze(1)
+    thr = sorted_z.gather(1, k - 1)
+    kept = sorted_z >= thr
+    e = torch.exp(sorted_z)
+    q = quantize_mass(e, frac) * kept
+    total = q.sum(-1, keepdim=True)
+    excl = q.cumsum(-1) - q
+    is_start = torch.ones_like(kept)
+    is_start[:, 1:] = sorted_z[:, 1:] != sorted_z[:, :-1]
+    above = torch.where(is_start, excl, torch.zeros_like(excl)).cummax(-1).values
+    tp = top_p.to(torch.float64).unsqueeze(1)
+    keep_p = (above.to(torch.float64) < tp * total.to(torch.float64)) | (tp >= 1.0)
+    keep_m = e >= min_p.to(torch.float32).unsqueeze(1)
+    return (kept & keep_p & keep_m).sum(-1)
+
+
+def thresholds_by_sort(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                       min_p: torch.Tensor, frac: int) -> torch.Tensor:
+    """Reference semantics ("full-sort top-k"): per-row threshold tau from a full
+    stable descending sort. z: (rows, V) float32 -> (rows,) float32; kept = z >= tau."""
+    sz, _ = torch.sort(z, dim=-1, descending=True, stable=True)
+    n = kept_prefix_length(sz, top_k, top_p, min_p, frac)
+    return sz.gather(1, (n - 1).unsqueeze(1)).squeeze(1)
+
+
+def topk_candidates(z: torch.Tensor, top_k: torch.Tensor, k_max: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Bounded candidates for rows whose top-k survivors fit in ``k_max`` values.
+
+    z: (rows, V) float32; top_k: (rows,) int <= k_max. Returns ``(vals, ids, fits)``:
+    (rows, k_max) values sorted descending with their token ids, and (rows,) bool telling
+    whether every value ``>= s_{k-1}`` is among the candidates (ties at the boundary can
+    exceed ``k_max``; such rows must use :func:`thresholds_by_sort`).
+    """
+    vals, ids = torch.topk(z, k_max, dim=-1, largest=True, sorted=True)
+    k = top_k.to(torch.int64).clamp(1, k_max).unsqueeze(1)
+    thr = vals.gather(1, k - 1)
+    count_ge = (z >= thr).sum(-1)
+    return vals, ids, count_ge <= k_max

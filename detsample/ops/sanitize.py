@@ -1,0 +1,43 @@
+"""Pipeline step 2: non-finite sanitising (row-local)."""
+
+from __future__ import annotations
+
+import torch
+
+#: NaN logits become this finite floor (the lowest float32), i.e. "never chosen unless
+#: the whole row is NaN", in which case the row is uniform over its NaN tokens.
+NAN_FLOOR = torch.finfo(torch.float32).min
+#: +inf logits become the largest finite float32 (ties among them, ids ascending).
+POSINF_CEIL = torch.finfo(torch.float32).max
+
+STATUS_OK = 0
+STATUS_HAD_NAN = 1
+STATUS_HAD_POSINF = 2
+STATUS_NO_VALID_TOKEN = 4
+
+
+def sanitize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Replace NaN by ``NAN_FLOOR`` and +inf by ``POSINF_CEIL``; -inf stays (a mask).
+
+    x: (batch, vocab) float32 (not modified). Returns ``(clean, status)``: ``clean`` is
+    ``x`` itself when every row is finite-or--inf (no copy), else a copy; ``status`` is
+    (batch,) int32 of STATUS_* bit flags. Only rows whose max is NaN or +inf are touched,
+    so the result of a row depends on that row alone (bitwise batch-invariant).
+    """
+    m = torch.amax(x, dim=-1)  # propagates NaN
+    status = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
+    bad = torch.isnan(m) | torch.isposinf(m)
+    if bool(bad.any()):
+        rows = bad.nonzero().flatten()
+        sub = x.index_select(0, rows)
+        had_nan = torch.isnan(sub).any(dim=-1)
+        had_inf = torch.isposinf(sub).any(dim=-1)
+        fixed = torch.nan_to_num(sub, nan=NAN_FLOOR, posinf=POSINF_CEIL, neginf=float("-inf"))
+        x = x.clone()
+        x.index_copy_(0, rows, fixed)
+        flag = had_nan.to(torch.int32) * STATUS_HAD_NAN + had_inf.to(torch.int32) * STATUS_HAD_POSINF
+        status.index_copy_(0, rows, flag)
+        m = m.clone()
+        m.index_copy_(0, rows, torch.amax(fixed, dim=-1))
+    status |= torch.isneginf(m).to(torch.int32) * STATUS_NO_VALID_TOKEN
+    return x, status

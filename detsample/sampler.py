@@ -1,0 +1,374 @@
+"""The Sampler: composes the pure ops of :mod:`detsample.ops` in DESIGN.md's order.
+
+1. user logits processors  2. non-finite sanitising  3. penalties  4. grammar mask
+5. logit_bias  6. greedy rows  7. temperature  8. top-k, top-p, min-p
+9. seeded draw  10. logprobs
+
+``Sampler()`` (deterministic, the default) gives every row bitwise the same token and
+logprobs whatever the batch around it, the thread count or the run. It never sorts the
+full vocabulary when a bounded ``topk`` provably gives the same bits (see
+:mod:`detsample.ops.filters`); ``Sampler(filter_impl="sort")`` forces the full stable
+sort, the reference semantics. ``Sampler(deterministic=False)`` is the fast mode:
+statistically correct, seeded per batch, NOT batch-invariant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from detsample.batch import SamplingBatch
+from detsample.errors import InvalidSamplingParams
+from detsample.ops import draw as draw_ops
+from detsample.ops import filters as filter_ops
+from detsample.ops import logprobs as lp_ops
+from detsample.ops.bias import apply_logit_bias_
+from detsample.ops.sanitize import STATUS_NO_VALID_TOKEN, sanitize_rows
+from detsample.ops.temperature import row_max, scale_logits
+from detsample.fastpath import sample_fast
+from detsample.rng import RNG_NAME, row_uniforms
+from detsample.workspace import Workspace
+
+FILTER_IMPLS = ("auto", "sort")
+DRAW_METHOD = "inverse-cdf/token-id-order/fixed-point"
+
+
+@dataclass
+class SampleOutput:
+    """Result of :meth:`Sampler.sample` for a batch of B rows.
+
+    token_ids: (B,) int64; -1 where a row had no admissible token (``status`` bit 4).
+    logprobs: (B,) float32, the chosen token's logprob in the row's ``logprobs_mode``.
+    top_logprobs: ``((B, n) float32, (B, n) int64)`` with n the largest ``logprobs`` of
+    the batch, or None; row i's first ``params.logprobs`` entries are its answer, the
+    rest are ``-inf`` / ``-1``. seeds: (B,) int64 resolved seeds (for replay).
+    status: (B,) int32 bit flags of :mod:`detsample.ops.sanitize`.
+    """
+
+    token_ids: torch.Tensor
+    logprobs: torch.Tensor
+    top_logprobs: tuple[torch.Tensor, torch.Tensor] | None
+    seeds: torch.Tensor
+    status: torch.Tensor
+
+
+@dataclass
+class _Prepared:
+    raw: torch.Tensor      # (B, V) sanitised model logits (may alias the caller's)
+    x: torch.Tensor        # (B, V) after steps 1-5 (may alias ``raw``)
+    status: torch.Tensor   # (B,) int32
+    z: torch.Tensor | None = None          # (B, V) scaled logits, rows in ``z_rows``
+    tau: torch.Tensor | None = None        # (B,) float32 kept threshold (sampling rows)
+    total: torch.Tensor | None = None      # (B,) int64 kept mass (sampling rows)
+
+
+class Sampler:
+    """Batched sampler. ``deterministic=True`` (default) is bitwise batch-invariant.
+
+    filter_impl: "auto" (bounded ``topk`` where it provably equals the full sort) or
+    "sort" (always the full stable sort: the reference semantics).
+    processors: batch-level logits processors run at pipeline step 1.
+    A Sampler keeps scratch buffers between calls (:class:`~detsample.workspace.Workspace`);
+    use one instance per thread.
+    """
+
+    rng_name = RNG_NAME
+    draw_method = DRAW_METHOD
+
+    def __init__(self, deterministic: bool = True, filter_impl: str = "auto",
+                 processors: tuple = ()) -> None:
+        if filter_impl not in FILTER_IMPLS:
+            raise InvalidSamplingParams(
+                f"filter_impl must be one of {FILTER_IMPLS}, got {filter_impl!r}")
+        self.deterministic = bool(deterministic)
+        self.filter_impl = filter_impl
+        self.processors = tuple(processors)
+        self._ws = Workspace()
+
+    # -- input checks ----------------------------------------------------------------
+    @staticmethod
+    def _check_logits(logits: torch.Tensor, batch: SamplingBatch) -> None:
+        if not isinstance(logits, torch.Tensor):
+            raise InvalidSamplingParams(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+        if logits.dtype != torch.float32:
+            raise InvalidSamplingParams(f"logits must be float32, got {logits.dtype}")
+        want = (len(batch), batch.vocab_size)
+        if tuple(logits.shape) != want:
+            raise InvalidSamplingParams(f"logits must have shape {want}, got {tuple(logits.shape)}")
+        if logits.device != batch.device:
+            raise InvalidSamplingParams(
+                f"logits must be on the batch's device {batch.device}, got {logits.device}")
+
+    @staticmethod
+    def _check_ids(name: str, t, batch: SamplingBatch, vocab: bool) -> torch.Tensor:
+        if not isinstance(t, torch.Tensor):
+            t = torch.as_tensor(t)
+        if t.dtype not in (torch.int64, torch.int32) or tuple(t.shape) != (len(batch),):
+            raise InvalidSamplingParams(
+                f"{name} must be an int64 tensor of shape ({len(batch)},), got "
+                f"{t.dtype} {tuple(t.shape)}")
+        t = t.to(device=batch.device, dtype=torch.int64)
+        if t.numel():
+            lo, hi = int(t.min()), int(t.max())
+            if lo < 0:
+                raise InvalidSamplingParams(f"{name} must be >= 0, got {lo}")
+            if vocab and hi >= batch.vocab_size:
+                raise InvalidSamplingParams(
+                    f"{name} must be < vocab_size ({batch.vocab_size}), got {hi}")
+        return t
+
+    # -- pipeline steps 1-5 ----------------------------------------------------------
+    def _prepare(self, logits: torch.Tensor, batch: SamplingBatch) -> _Prepared:
+        self._check_logits(logits, batch)
+        x = logits
+        for proc in self.processors:  # step 1 (sees the model's logits)
+            x = proc.apply(x if x is not logits else logits.clone())
+        raw, status = sanitize_rows(logits)  # step 2 ("raw" = sanitised model logits)
+        if x is logits:
+            x = raw
+        else:
+            x, st = sanitize_rows(x)
+            status = status | st
+        owned = x is not logits and x is not raw
+        # step 3: penalties -- see issue 3 (detsample.ops.penalties)
+        # step 4: grammar mask -- see issue 4 (detsample.ops.mask)
+        coo = batch.logit_bias_coo()  # step 5
+        if coo is not None:
+            if not owned:
+                x = x.clone()
+                owned = True
+            apply_logit_bias_(x, *coo)
+            x, st = sanitize_rows(x)  # a bias can overflow a finite logit to +inf
+            status = status | st
+        return _Prepared(raw=raw, x=x, status=status)
+
+    def _buf(self, name: str, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return self._ws.get(name, tuple(like.shape), dtype or like.dtype, like.device)
+
+    # -- steps 7-8 -------------------------------------------------------------------
+    def _scaled(self, prep: _Prepared, batch: SamplingBatch) -> torch.Tensor:
+        """z = (x - max) / T_eff for every row (T_eff = 1 on greedy rows)."""
+        if prep.z is None:
+            x = prep.x
+            m = row_max(x)
+            m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # all -inf rows
+            t = torch.where(batch.greedy.unsqueeze(1), torch.ones_like(batch.temperatures),
+                            batch.temperatures)
+            prep.z = scale_logits(x, m, t, out=self._buf("z", x))
+        return prep.z
+
+    @staticmethod
+    def _rows(z: torch.Tensor, idx: list[int]) -> torch.Tensor:
+        """z restricted to rows ``idx`` (z itself when idx is every row)."""
+        if idx == list(range(z.shape[0])):
+            return z
+        return z[torch.tensor(idx, dtype=torch.int64, device=z.device)]
+
+    def _route(self, batch: SamplingBatch, rows: list[int]) -> tuple[list[int], list[int], list[int], int]:
+        """Split sampling rows into (bounded topk, full sort, no sort) groups.
+
+        A host-side decision from each row's OWN parameters: it selects how work is
+        done, never what the result is (all routes give the same bits).
+        """
+        V = batch.vocab_size
+        cand, sort_rows, plain = [], [], []
+        k_max = 0
+        for r in rows:
+            p = batch.requests[r].params
+            has_k = p.top_k != -1 and p.top_k < V
+            if has_k and self.filter_impl == "auto" and p.top_k * 8 <= V:
+                cand.append(r)
+                k_max = max(k_max, p.top_k)
+            elif has_k or p.top_p < 1.0:
+                sort_rows.append(r)
+            else:
+                plain.append(r)
+        return cand, sort_rows, plain, k_max
+
+    def _analyse(self, prep: _Prepared, batch: SamplingBatch, rows: list[int],
+                 u: torch.Tensor | None) -> torch.Tensor | None:
+        """Step 8 (and step 9 when ``u`` is given) for the sampling ``rows``.
+
+        Sets prep.tau (kept threshold) and prep.total (exact kept mass) for those rows;
+        returns the drawn tokens (B,) when drawing.
+        """
+        z = self._scaled(prep, batch)
+        B, V = z.shape
+        frac = filter_ops.frac_bits(V)
+        dev = z.device
+        tau = torch.full((B,), float("-inf"), dtype=torch.float32, device=dev)
+        total = torch.zeros((B,), dtype=torch.int64, device=dev)
+        tokens = torch.full((B,), -1, dtype=torch.int64, device=dev)
+        cand, sort_rows, plain, k_max = self._route(batch, rows)
+        if cand:
+            ci = torch.tensor(cand, dtype=torch.int64, device=dev)
+            vals, ids, fits = filter_ops.topk_candidates(self._rows(z, cand), batch.top_ks[ci], k_max)
+            n = filter_ops.kept_prefix_length(vals, batch.top_ks[ci], batch.top_ps[ci],
+                                              batch.min_ps[ci], frac)
+            ok = fits.nonzero().flatten()
+            okr = ci[ok]
+            tau[okr] = vals.gather(1, (n - 1).unsqueeze(1)).squeeze(1)[ok]
+            if u is not None and ok.numel():
+                tokens[okr], total[okr] = draw_ops.draw_compact(vals[ok], ids[ok], n[ok], u[okr], frac)
+            elif ok.numel():
+                plain.extend(okr.tolist())  # kept mass only: computed below
+            sort_rows.extend(ci[(~fits).nonzero().flatten()].tolist())
+        if sort_rows:
+            sort_rows.sort()
+            si = torch.tensor(sort_rows, dtype=torch.int64, device=dev)
+            tau[si] = filter_ops.thresholds_by_sort(
+                self._rows(z, sort_rows), batch.top_ks[si], batch.top_ps[si], batch.min_ps[si], frac)
+            plain.extend(sort_rows)
+        if plain:
+            plain.sort()
+            fi = torch.tensor(plain, dtype=torch.int64, device=dev)
+            zf = self._rows(z, plain)
+            e_out, q_out = self._buf("e", zf), self._buf("q", zf, torch.int64)
+            if u is not None:
+                tokens[fi], total[fi] = draw_ops.draw_full(
+                    zf, tau[fi], batch.min_ps[fi], u[fi], frac, e_out=e_out, q_out=q_out)
+            else:
+                total[fi] = draw_ops.kept_mass(zf, tau[fi], batch.min_ps[fi], frac,
+                                               e_out=e_out, q_out=q_out).sum(-1)
+        prep.tau, prep.total = tau, total
+        return tokens if u is not None else None
+
+    # -- step 10 ---------------------------------------------------------------------
+    def _mode_rows(self, prep: _Prepared, batch: SamplingBatch, mode: str,
+                   rows: list[int], greedy_tok: torch.Tensor) -> torch.Tensor:
+        """(len(rows), V) float32 logprobs of ``rows`` in ``mode`` (full rows)."""
+        if mode == "raw":
+            return lp_ops.log_softmax_rows(self._rows(prep.raw, rows))
+        z = self._rows(self._scaled(prep, batch), rows)
+        if mode == "scaled":
+            return lp_ops.log_softmax_rows(z)
+        ri = torch.tensor(rows, dtype=torch.int64, device=z.device)
+        frac = filter_ops.frac_bits(batch.vocab_size)
+        self._no_sampling_rows(prep, len(batch))
+        keep = (z >= prep.tau[ri].unsqueeze(1)) & (torch.exp(z) >= batch.min_ps[ri].unsqueeze(1))
+        lp = lp_ops.processed_logprob(z, prep.total[ri].clamp(min=1).unsqueeze(1), frac)
+        lp = lp.masked_fill(~keep, float("-inf"))
+        greedy = batch.greedy[ri]
+        onehot = torch.full_like(lp, float("-inf"))
+        onehot.scatter_(1, greedy_tok[ri].unsqueeze(1), 0.0)
+        return torch.where(greedy.unsqueeze(1), onehot, lp)
+
+    @staticmethod
+    def _no_sampling_rows(prep: _Prepared, B: int) -> None:
+        """Without sampling rows step 8 never ran; processed mode is then one-hot only."""
+        if prep.tau is None:
+            prep.tau = torch.full((B,), float("-inf"), device=prep.x.device)
+            prep.total = torch.ones((B,), dtype=torch.int64, device=prep.x.device)
+
+    def _token_logprobs(self, prep: _Prepared, batch: SamplingBatch, tokens: torch.Tensor,
+                        greedy_tok: torch.Tensor) -> torch.Tensor:
+        """(B,) float32 logprob of ``tokens`` (-1 = none: -inf) in each row's mode."""
+        B = len(batch)
+        out = torch.full((B,), float("-inf"), dtype=torch.float32, device=tokens.device)
+        safe = tokens.clamp(min=0)
+        frac = filter_ops.frac_bits(batch.vocab_size)
+        for mode in sorted(batch.flags.modes):
+            rows = batch.rows_with_mode(mode)
+            ri = torch.tensor(rows, dtype=torch.int64, device=tokens.device)
+            if mode in ("raw", "scaled"):
+                src = prep.raw if mode == "raw" else self._scaled(prep, batch)
+                sub = self._rows(src, rows)
+                lsm = torch.log_softmax(sub, dim=-1, out=self._buf("lsm", sub))
+                vals = lp_ops.gather_rows(lsm, safe[ri])
+            else:
+                ztok = lp_ops.gather_rows(self._rows(self._scaled(prep, batch), rows), safe[ri])
+                self._no_sampling_rows(prep, B)
+                kept = (ztok >= prep.tau[ri]) & (torch.exp(ztok) >= batch.min_ps[ri])
+                lp = lp_ops.processed_logprob(ztok, prep.total[ri].clamp(min=1), frac)
+                lp = lp.masked_fill(~kept, float("-inf"))
+                onehot = torch.where(safe[ri] == greedy_tok[ri], torch.zeros_like(lp),
+                                     torch.full_like(lp, float("-inf")))
+                vals = torch.where(batch.greedy[ri], onehot, lp)
+            out[ri] = vals
+        return out.masked_fill(tokens < 0, float("-inf"))
+
+    def _top_logprobs(self, prep: _Prepared, batch: SamplingBatch, greedy_tok: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        n = batch.flags.max_top_logprobs
+        if n == 0:
+            return None
+        B, dev = len(batch), batch.device
+        vals = torch.full((B, n), float("-inf"), dtype=torch.float32, device=dev)
+        ids = torch.full((B, n), -1, dtype=torch.int64, device=dev)
+        params = batch.params
+        for mode in sorted(batch.flags.modes):
+            rows = [i for i in batch.rows_with_mode(mode) if params[i].logprobs > 0]
+            if not rows:
+                continue
+            ri = torch.tensor(rows, dtype=torch.int64, device=dev)
+            v, i = lp_ops.topn(self._mode_rows(prep, batch, mode, rows, greedy_tok), n)
+            vals[ri] = v
+            ids[ri] = i
+        want = torch.tensor([p.logprobs for p in params], dtype=torch.int64, device=dev)
+        beyond = torch.arange(n, device=dev).unsqueeze(0) >= want.unsqueeze(1)
+        return vals.masked_fill(beyond, float("-inf")), ids.masked_fill(beyond, -1)
+
+    def _greedy_tokens(self, prep: _Prepared, batch: SamplingBatch) -> torch.Tensor:
+        """(B,) argmax of x on greedy rows (and on every row if a mode needs it), else -1."""
+        B = len(batch)
+        need_all = "processed" in batch.flags.modes
+        rows = list(range(B)) if need_all else [i for i, p in enumerate(batch.params) if p.is_greedy]
+        out = torch.full((B,), -1, dtype=torch.int64, device=batch.device)
+        if rows:
+            out[torch.tensor(rows, dtype=torch.int64, device=batch.device)] = \
+                draw_ops.greedy_argmax(self._rows(prep.x, rows))
+        return out
+
+    # -- public API ------------------------------------------------------------------
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch,
+               positions: torch.Tensor) -> SampleOutput:
+        """Sample one token per row.
+
+        logits: (B, V) float32 on the batch's device (never modified).
+        positions: (B,) int64, the position of each row's last input token; the row's
+        random stream is keyed by (seed, position) only.
+        Deterministic mode: bitwise batch-invariant and run-to-run reproducible.
+        """
+        positions = self._check_ids("positions", positions, batch, vocab=False)
+        prep = self._prepare(logits, batch)
+        if not self.deterministic:
+            return sample_fast(self, prep, batch, positions)
+        B = len(batch)
+        valid = (prep.status & STATUS_NO_VALID_TOKEN) == 0
+        greedy_tok = self._greedy_tokens(prep, batch)
+        tokens = torch.where(batch.greedy, greedy_tok, torch.full_like(greedy_tok, -1))
+        valid_l = valid.tolist()
+        sampling = [i for i, p in enumerate(batch.params) if not p.is_greedy and valid_l[i]]
+        if sampling:
+            u = row_uniforms(batch.seeds, positions)
+            drawn = self._analyse(prep, batch, sampling, u)
+            tokens = torch.where(batch.greedy, tokens, drawn)
+        tokens = tokens.masked_fill(~valid, -1)
+        if B == 0:
+            return SampleOutput(tokens, torch.empty((0,), dtype=torch.float32, device=batch.device),
+                                None, batch.seeds.clone(), prep.status)
+        logprobs = self._token_logprobs(prep, batch, tokens, greedy_tok)
+        top = self._top_logprobs(prep, batch, greedy_tok)
+        return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
+                            seeds=batch.seeds.clone(), status=prep.status)
+
+    def compute_logprobs(self, logits: torch.Tensor, batch: SamplingBatch,
+                         token_ids: torch.Tensor) -> torch.Tensor:
+        """The rescoring (prefill) path: logprob of ``token_ids`` per row, in each row's
+        ``logprobs_mode``, through the same steps 1-8 as :meth:`sample`.
+
+        logits: (B, V) float32; token_ids: (B,) int64. Returns (B,) float32, bitwise
+        equal to the ``logprobs`` that :meth:`sample` reported for the same inputs.
+        """
+        token_ids = self._check_ids("token_ids", token_ids, batch, vocab=True)
+        prep = self._prepare(logits, batch)
+        if len(batch) == 0:
+            return torch.empty((0,), dtype=torch.float32, device=batch.device)
+        valid = (prep.status & STATUS_NO_VALID_TOKEN) == 0
+        greedy_tok = self._greedy_tokens(prep, batch)
+        valid_l = valid.tolist()
+        sampling = [i for i, p in enumerate(batch.params) if not p.is_greedy and valid_l[i]]
+        if "processed" in batch.flags.modes and sampling:
+            self._analyse(prep, batch, sampling, None)
+        return self._token_logprobs(prep, batch, token_ids.masked_fill(~valid, -1), greedy_tok)

@@ -1,0 +1,1 @@
+"""float64 numpy reference implementations (the specification). Never imports torch."""

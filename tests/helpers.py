@@ -1,0 +1,88 @@
+"""Shared test helpers: request strategies, running a row alone, thread-count context."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+from detsample import Request, SamplingBatch, Sampler, SamplingParams
+
+
+@contextlib.contextmanager
+def num_threads(n: int):
+    """Temporarily run torch with ``n`` intra-op threads (restored in finally)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def params_strategy(vocab_size: int, with_bias: bool = True):
+    """Random SamplingParams: greedy, temperature only, top-k, top-p, min-p, bias, modes."""
+    bias = st.none()
+    if with_bias:
+        bias = st.one_of(st.none(), st.dictionaries(
+            st.integers(0, vocab_size - 1), st.sampled_from([-100.0, -1.5, 0.5, 3.0, 1e30]),
+            max_size=3))
+    return st.builds(
+        SamplingParams,
+        temperature=st.sampled_from([0.0, 0.3, 0.7, 1.0, 1.7]),
+        top_k=st.sampled_from([-1, -1, 1, 2, 5, 20, vocab_size + 5]),
+        top_p=st.sampled_from([1.0, 1.0, 0.3, 0.8, 0.95]),
+        min_p=st.sampled_from([0.0, 0.0, 0.05, 0.5]),
+        logit_bias=bias,
+        seed=st.integers(0, 2**63 - 1),
+        logprobs=st.sampled_from([0, 0, 1, 3]),
+        logprobs_mode=st.sampled_from(["raw", "scaled", "processed"]),
+    )
+
+
+def logits_rows(rng: np.random.Generator, B: int, V: int, family: str) -> np.ndarray:
+    """Synthetic logits families: random, ties, onehot, neginf, nan, huge, mixed."""
+    x = rng.standard_normal((B, V)).astype(np.float32) * 3
+    if family == "ties":
+        x = np.round(x).astype(np.float32)
+    elif family == "onehot":
+        x = np.full((B, V), -5.0, np.float32)
+        x[np.arange(B), rng.integers(0, V, B)] = 5.0
+    elif family == "neginf":
+        x[rng.random((B, V)) < 0.5] = -np.inf
+        x[:, 0] = 1.0
+    elif family == "nan":
+        x[rng.random((B, V)) < 0.05] = np.nan
+        x[0, :] = np.nan
+    elif family == "huge":
+        x = x * np.float32(1e37)
+    elif family == "mixed":
+        x[0] = -np.inf
+        x[1 % B, : V // 2] = np.nan
+        x[2 % B] = np.round(x[2 % B])
+        x[3 % B] *= np.float32(1e36)
+    return x
+
+
+def sample_alone(sampler: Sampler, logits: torch.Tensor, req: Request, position: int,
+                 vocab_size: int, **kw):
+    batch = SamplingBatch.from_requests([req], vocab_size, **kw)
+    return sampler.sample(logits.unsqueeze(0).clone(), batch, torch.tensor([position]))
+
+
+def row_bits_equal(out, i, alone) -> bool:
+    """Token, logprob and top-logprobs of row i of ``out`` equal ``alone`` bitwise."""
+    ok = torch.equal(out.token_ids[i:i + 1], alone.token_ids) and \
+        torch.equal(out.logprobs[i:i + 1].view(torch.int32), alone.logprobs.view(torch.int32))
+    n = alone.top_logprobs[0].shape[1] if alone.top_logprobs is not None else 0
+    if n:
+        ok = ok and torch.equal(out.top_logprobs[0][i, :n].view(torch.int32),
+                                alone.top_logprobs[0][0].view(torch.int32)) \
+            and torch.equal(out.top_logprobs[1][i, :n], alone.top_logprobs[1][0])
+    return ok
+
+
+def requests_from(params_list, prefix: str = "r"):
+    return [Request(f"{prefix}{i}", p, prompt_ids=[1, 2, 3]) for i, p in enumerate(params_list)]

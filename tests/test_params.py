@@ -1,0 +1,76 @@
+"""SamplingParams / Request validation: every rule names the field and the value."""
+
+import math
+
+import pytest
+
+from detsample import InvalidSamplingParams, Request, SamplingParams
+
+BAD = [
+    (dict(temperature=-0.1), "temperature", "-0.1"),
+    (dict(temperature=float("nan")), "temperature", "nan"),
+    (dict(temperature=float("inf")), "temperature", "inf"),
+    (dict(top_k=0), "top_k", "0"),
+    (dict(top_k=-2), "top_k", "-2"),
+    (dict(top_k=2.5), "top_k", "2.5"),
+    (dict(top_p=0.0), "top_p", "0.0"),
+    (dict(top_p=1.5), "top_p", "1.5"),
+    (dict(top_p=float("nan")), "top_p", "nan"),
+    (dict(min_p=-0.1), "min_p", "-0.1"),
+    (dict(min_p=1.01), "min_p", "1.01"),
+    (dict(repetition_penalty=0.0), "repetition_penalty", "0.0"),
+    (dict(repetition_penalty=-1.0), "repetition_penalty", "-1.0"),
+    (dict(frequency_penalty=float("inf")), "frequency_penalty", "inf"),
+    (dict(presence_penalty=float("nan")), "presence_penalty", "nan"),
+    (dict(min_new_tokens=-1), "min_new_tokens", "-1"),
+    (dict(logprobs=-1), "logprobs", "-1"),
+    (dict(logprobs_mode="log"), "logprobs_mode", "log"),
+    (dict(logit_bias={"x": 1.0}), "logit_bias", "x"),
+    (dict(logit_bias={1.5: 1.0}), "logit_bias", "1.5"),
+    (dict(logit_bias={"1": 1.0, "01": 2.0}), "logit_bias", "01"),
+    (dict(logit_bias={3: float("nan")}), "logit_bias", "nan"),
+    (dict(seed=-1), "seed", "-1"),
+    (dict(seed=2**63), "seed", str(2**63)),
+    (dict(stop_token_ids=[-3]), "stop_token_ids", "-3"),
+    (dict(regex="a", ebnf="root ::= \"a\""), "at most one", "regex"),
+]
+
+
+@pytest.mark.parametrize("kwargs,field,value", BAD)
+def test_bad_params_name_field_and_value(kwargs, field, value):
+    with pytest.raises(InvalidSamplingParams) as ei:
+        SamplingParams(**kwargs)
+    assert field in str(ei.value) and value in str(ei.value)
+    assert isinstance(ei.value, ValueError)
+
+
+def test_logit_bias_string_keys_accepted_and_deduplicated():
+    """JSON keys are strings: "42" is token 42; "1" and "01" colliding is an error,
+    not a silent overwrite (SGLang's nondeterministic duplicate index_put story)."""
+    p = SamplingParams(logit_bias={"42": 1.0, 7: -2.0})
+    assert p.logit_bias == ((7, -2.0), (42, 1.0))
+
+
+def test_unseeded_requests_get_distinct_replayable_seeds():
+    """Unseeded requests must not share a default seed; the seed is reported back."""
+    seeds = {SamplingParams().seed for _ in range(64)}
+    assert len(seeds) == 64
+    assert all(isinstance(s, int) and 0 <= s < 2**63 for s in seeds)
+    p = SamplingParams(temperature=0.5)
+    assert p.replace(top_k=3).seed == p.seed
+
+
+def test_greedy_definition():
+    assert SamplingParams(temperature=0).is_greedy
+    assert SamplingParams(top_k=1, temperature=0.7).is_greedy
+    assert not SamplingParams(temperature=0.7).is_greedy
+
+
+def test_request_validates_ids():
+    with pytest.raises(InvalidSamplingParams, match="prompt_ids"):
+        Request("a", SamplingParams(), prompt_ids=[1, -2])
+
+
+def test_finite_floats_are_accepted():
+    p = SamplingParams(temperature=2, frequency_penalty=-1.5, presence_penalty=2.0)
+    assert p.temperature == 2.0 and not math.isnan(p.frequency_penalty)

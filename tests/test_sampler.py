@@ -1,0 +1,252 @@
+"""Sampler guarantees: batch-composition invariance, run-to-run and thread-count
+determinism, sample/compute_logprobs alignment, input errors, regression stories."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from detsample import InvalidSamplingParams, Request, SamplingBatch, Sampler, SamplingParams
+from tests.helpers import (logits_rows, num_threads, params_strategy, requests_from,
+                           row_bits_equal, sample_alone)
+
+V = 97
+FAMILIES = ["random", "ties", "onehot", "neginf", "nan", "huge", "mixed"]
+
+
+def _batch(ps, vocab=V):
+    return SamplingBatch.from_requests(requests_from(ps), vocab)
+
+
+@given(st.lists(params_strategy(V), min_size=1, max_size=64), st.sampled_from(FAMILIES),
+       st.integers(0, 2**32 - 1))
+def test_every_row_equals_the_row_alone(ps, family, seed):
+    """Batch-composition invariance: tokens, logprobs and top logprobs of each row are
+    bitwise those of the same request sampled alone (greedy, filtered, biased, NaN and
+    -inf neighbours included)."""
+    rng = np.random.default_rng(seed)
+    x = torch.from_numpy(logits_rows(rng, len(ps), V, family))
+    pos = torch.from_numpy(rng.integers(0, 10_000, len(ps)))
+    reqs = requests_from(ps)
+    s = Sampler()
+    out = s.sample(x, SamplingBatch.from_requests(reqs, V), pos)
+    for i, r in enumerate(reqs):
+        assert row_bits_equal(out, i, sample_alone(s, x[i], r, int(pos[i]), V)), i
+
+
+@given(st.lists(params_strategy(V), min_size=2, max_size=24), st.integers(0, 2**32 - 1),
+       st.lists(st.tuples(st.sampled_from(["filter", "merge"]), st.integers(0, 2**16)),
+                min_size=1, max_size=6))
+def test_rows_survive_filter_permute_merge(ps, seed, ops):
+    """After any sequence of filter (permuting) and merge, each row samples as alone."""
+    rng = np.random.default_rng(seed)
+    reqs = requests_from(ps)
+    half = len(reqs) // 2
+    batch = SamplingBatch.from_requests(reqs[:half], V)
+    pending = reqs[half:]
+    for op, r in ops:
+        if op == "merge" and pending:
+            k = 1 + r % len(pending)
+            batch.merge(SamplingBatch.from_requests(pending[:k], V))
+            pending = pending[k:]
+        elif len(batch):
+            keep = list(rng.permutation(len(batch))[: 1 + r % len(batch)])
+            batch.filter(keep)
+    if not len(batch):
+        return
+    x = torch.from_numpy(logits_rows(rng, len(batch), V, "mixed"))
+    pos = torch.from_numpy(rng.integers(0, 1000, len(batch)))
+    s = Sampler()
+    out = s.sample(x, batch, pos)
+    for i, r in enumerate(batch.requests):
+        assert row_bits_equal(out, i, sample_alone(s, x[i], r, int(pos[i]), V))
+
+
+@given(st.lists(params_strategy(V), min_size=1, max_size=32), st.sampled_from(FAMILIES),
+       st.integers(0, 2**32 - 1))
+def test_bounded_topk_equals_full_sort(ps, family, seed):
+    """The default path (bounded topk, compact draw) gives exactly the bits of the full
+    stable sort reference, ties included."""
+    rng = np.random.default_rng(seed)
+    x = torch.from_numpy(logits_rows(rng, len(ps), V, family))
+    pos = torch.from_numpy(rng.integers(0, 1000, len(ps)))
+    a = Sampler().sample(x, _batch(ps), pos)
+    b = Sampler(filter_impl="sort").sample(x, _batch(ps), pos)
+    assert torch.equal(a.token_ids, b.token_ids)
+    assert torch.equal(a.logprobs.view(torch.int32), b.logprobs.view(torch.int32))
+
+
+@given(st.lists(params_strategy(V), min_size=1, max_size=32), st.sampled_from(FAMILIES),
+       st.integers(0, 2**32 - 1))
+def test_compute_logprobs_equals_sampling_logprobs(ps, family, seed):
+    """Prefill/decode alignment: the rescoring path returns the sampling-time bits."""
+    rng = np.random.default_rng(seed)
+    x = torch.from_numpy(logits_rows(rng, len(ps), V, family))
+    pos = torch.from_numpy(rng.integers(0, 1000, len(ps)))
+    s = Sampler()
+    out = s.sample(x, _batch(ps), pos)
+    ok = out.token_ids >= 0
+    lp = s.compute_logprobs(x, _batch(ps), out.token_ids.clamp(min=0))
+    assert torch.equal(lp[ok].view(torch.int32), out.logprobs[ok].view(torch.int32))
+
+
+def test_large_vocab_rows_equal_alone():
+    """At vocab 152064 (Qwen), every row's bits equal the row alone."""
+    Vb = 152064
+    rng = np.random.default_rng(7)
+    ps = [SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=1, logprobs=2),
+          SamplingParams(temperature=0.0, seed=2),
+          SamplingParams(temperature=1.0, seed=3, logprobs_mode="processed"),
+          SamplingParams(temperature=0.7, top_p=0.95, seed=4, logprobs_mode="scaled"),
+          SamplingParams(temperature=1.2, min_p=0.05, seed=5, logit_bias={"17": 5.0})]
+    x = torch.from_numpy((rng.standard_normal((len(ps), Vb)) * 4).astype(np.float32))
+    x[2, ::3] = float("-inf")
+    pos = torch.tensor([5, 6, 7, 8, 9])
+    reqs = requests_from(ps)
+    s = Sampler()
+    out = s.sample(x, SamplingBatch.from_requests(reqs, Vb), pos)
+    ref = Sampler(filter_impl="sort").sample(x, SamplingBatch.from_requests(reqs, Vb), pos)
+    assert torch.equal(out.token_ids, ref.token_ids)
+    for i, r in enumerate(reqs):
+        assert row_bits_equal(out, i, sample_alone(s, x[i], r, int(pos[i]), Vb))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_thread_count_and_run_to_run(threads):
+    """Same inputs, same bits, every run and with 1 or 2 intra-op threads."""
+    rng = np.random.default_rng(3)
+    ps = [SamplingParams(temperature=t, top_k=k, top_p=p, seed=i, logprobs=2)
+          for i, (t, k, p) in enumerate([(0.7, -1, 1.0), (1.0, 40, 0.9), (0.0, -1, 1.0),
+                                         (1.3, -1, 0.8), (0.5, 5, 1.0)] * 4)]
+    x = torch.from_numpy((rng.standard_normal((len(ps), 4096)) * 3).astype(np.float32))
+    pos = torch.arange(len(ps))
+    base = Sampler().sample(x, _batch(ps, 4096), pos)
+    with num_threads(threads):
+        for _ in range(2):
+            again = Sampler().sample(x, _batch(ps, 4096), pos)
+            assert torch.equal(base.token_ids, again.token_ids)
+            assert torch.equal(base.logprobs.view(torch.int32), again.logprobs.view(torch.int32))
+            assert torch.equal(base.top_logprobs[0], again.top_logprobs[0])
+
+
+def test_seeded_row_unaffected_by_batchmate_filters():
+    """SGLang PR 35697: noise keyed by sorted rank changed a seeded row when a batch-mate
+    enabled top-k/top-p. Our randomness is keyed by (seed, position) and token ids only."""
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy((rng.standard_normal((2, V)) * 2).astype(np.float32))
+    me = SamplingParams(temperature=1.0, seed=1234)
+    outs = []
+    for mate in [SamplingParams(seed=1), SamplingParams(top_k=3, top_p=0.5, seed=1),
+                 SamplingParams(temperature=0.0)]:
+        out = Sampler().sample(x, _batch([me, mate]), torch.tensor([10, 10]))
+        outs.append((int(out.token_ids[0]), out.logprobs[0].item()))
+    assert outs[0] == outs[1] == outs[2]
+
+
+def test_top_k_1_equals_greedy_on_ties():
+    """vLLM 5404: top_k=1 must equal temperature 0 on tied logits (lowest id wins)."""
+    x = torch.tensor([[1.0, 3.0, 3.0, 0.5, 3.0]] * 2)
+    out = Sampler().sample(x, _batch([SamplingParams(top_k=1, temperature=0.9, seed=5),
+                                      SamplingParams(temperature=0.0)], 5), torch.tensor([0, 0]))
+    assert out.token_ids.tolist() == [1, 1]
+    assert torch.equal(out.logprobs[0], out.logprobs[1])
+
+
+def test_log_softmax_not_log_of_softmax():
+    """log(softmax(x)) and log_softmax(x) differ by ~1e-6 in float32; mixing them between
+    the sampling and the rescoring paths breaks alignment. We only use log_softmax."""
+    rng = np.random.default_rng(1)
+    x = torch.from_numpy((rng.standard_normal((64, 4096)) * 5).astype(np.float32))
+    naive = torch.log(torch.softmax(x, -1))
+    good = torch.log_softmax(x, -1)
+    assert not torch.equal(naive, good)
+    assert float((naive - good).abs().max()) > 1e-7
+    ps = [SamplingParams(temperature=0.0)] * 64
+    out = Sampler().sample(x, _batch(ps, 4096), torch.zeros(64, dtype=torch.int64))
+    assert torch.equal(out.logprobs, good.gather(1, out.token_ids[:, None]).squeeze(1))
+
+
+def test_caller_logits_never_modified():
+    rng = np.random.default_rng(2)
+    x = torch.from_numpy(logits_rows(rng, 6, V, "mixed"))
+    x[4, 3] = float("inf")
+    before = x.clone()
+    ps = [SamplingParams(logit_bias={1: 2.0}, seed=1), SamplingParams(temperature=0),
+          SamplingParams(top_k=3), SamplingParams(top_p=0.5), SamplingParams(min_p=0.3),
+          SamplingParams(logprobs=3, logprobs_mode="processed")]
+    s = Sampler()
+    out = s.sample(x, _batch(ps), torch.arange(6))
+    s.compute_logprobs(x, _batch(ps), out.token_ids.clamp(min=0))
+    assert torch.equal(x.view(torch.int32), before.view(torch.int32))
+
+
+def test_nan_and_masked_rows_do_not_touch_neighbours():
+    rng = np.random.default_rng(4)
+    x = torch.from_numpy((rng.standard_normal((3, V))).astype(np.float32))
+    ps = [SamplingParams(seed=1), SamplingParams(seed=2), SamplingParams(seed=3)]
+    clean = Sampler().sample(x, _batch(ps), torch.tensor([1, 2, 3]))
+    y = x.clone()
+    y[1] = float("nan")
+    dirty = Sampler().sample(y, _batch(ps), torch.tensor([1, 2, 3]))
+    assert dirty.token_ids[[0, 2]].tolist() == clean.token_ids[[0, 2]].tolist()
+    assert torch.equal(dirty.logprobs[[0, 2]], clean.logprobs[[0, 2]])
+    assert int(dirty.status[1]) & 1
+    y[1] = float("-inf")
+    masked = Sampler().sample(y, _batch(ps), torch.tensor([1, 2, 3]))
+    assert int(masked.token_ids[1]) == -1 and masked.logprobs[1] == float("-inf")
+    assert torch.equal(masked.token_ids[[0, 2]], clean.token_ids[[0, 2]])
+
+
+LOGITS_ERRORS = [
+    (lambda: torch.zeros(2, V, dtype=torch.float64), "float32"),
+    (lambda: torch.zeros(3, V), "shape"),
+    (lambda: torch.zeros(2, V + 1), "shape"),
+    (lambda: [[0.0] * V] * 2, "torch.Tensor"),
+]
+
+
+@pytest.mark.parametrize("make,msg", LOGITS_ERRORS)
+def test_bad_logits_rejected(make, msg):
+    with pytest.raises(InvalidSamplingParams, match=msg):
+        Sampler().sample(make(), _batch([SamplingParams()] * 2), torch.tensor([0, 0]))
+
+
+def test_bad_positions_and_token_ids_rejected():
+    b = _batch([SamplingParams()] * 2)
+    x = torch.zeros(2, V)
+    with pytest.raises(InvalidSamplingParams, match="positions"):
+        Sampler().sample(x, b, torch.tensor([0]))
+    with pytest.raises(InvalidSamplingParams, match="positions"):
+        Sampler().sample(x, b, torch.tensor([0, -4]))
+    with pytest.raises(InvalidSamplingParams, match="token_ids"):
+        Sampler().compute_logprobs(x, b, torch.tensor([0, V]))
+    with pytest.raises(InvalidSamplingParams, match="filter_impl"):
+        Sampler(filter_impl="radix")
+
+
+def test_greedy_processed_is_one_hot_and_scaled_uses_t1():
+    x = torch.tensor([[0.0, 2.0, 1.0]])
+    b = SamplingBatch.from_requests([Request("g", SamplingParams(temperature=0, logprobs=3,
+                                                                 logprobs_mode="processed"))], 3)
+    out = Sampler().sample(x, b, torch.tensor([0]))
+    assert out.logprobs.tolist() == [0.0]
+    assert out.top_logprobs[0].tolist() == [[0.0, float("-inf"), float("-inf")]]
+    assert out.top_logprobs[1].tolist() == [[1, 0, 2]]
+    b = SamplingBatch.from_requests([Request("g", SamplingParams(temperature=0,
+                                                                 logprobs_mode="scaled"))], 3)
+    assert torch.equal(Sampler().sample(x, b, torch.tensor([0])).logprobs,
+                       torch.log_softmax(x, -1)[:, 1])
+
+
+def test_fast_mode_is_seeded_and_valid():
+    """The fast mode is statistically correct and reproducible for the same batch, but
+    makes no batch-invariance promise."""
+    rng = np.random.default_rng(5)
+    x = torch.from_numpy((rng.standard_normal((8, V))).astype(np.float32))
+    ps = [SamplingParams(top_k=5, seed=i) for i in range(8)]
+    a = Sampler(deterministic=False).sample(x, _batch(ps), torch.arange(8))
+    b = Sampler(deterministic=False).sample(x, _batch(ps), torch.arange(8))
+    assert torch.equal(a.token_ids, b.token_ids)
+    top5 = torch.topk(x, 5).indices
+    assert all(int(a.token_ids[i]) in top5[i].tolist() for i in range(8))
