@@ -169,7 +169,7 @@ def test_split_jsonl_covers_file_on_line_boundaries(tmp_path, parts):
 def test_arrow_and_python_jsonl_parsers_agree(rollouts, tmp_path):
     """Pins the JSONL fast path: pyarrow blocks and json line by line give the same bits,
     on clean blocks, blocks with every kind of bad line, blank lines, int ids, no mask."""
-    from test_auditvalidate import BAD_LINES
+    from tests.test_auditvalidate import BAD_LINES
 
     path = tmp_path / "r.jsonl"
     write_jsonl(rollouts, str(path))
