@@ -44,6 +44,24 @@ def synth_rollouts(num_sequences: int, seed: int, *, mean_len: int = 64, prompt_
     }
 
 
+def from_records(records: list[dict]) -> dict:
+    """Column-major rollout set from records (the inverse of :func:`to_records`); the
+    float columns keep float64 unless every value is a float32 array."""
+    cols: dict = {"id": [str(r["id"]) for r in records]}
+    for c in LIST_COLUMNS:
+        if not all(c in r for r in records):
+            continue
+        parts = [np.asarray(r[c]) for r in records]
+        off = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([p.size for p in parts], out=off[1:])
+        dtype = np.int64 if c.endswith("_ids") or c == "mask" else np.float64
+        if dtype is np.float64 and parts and all(p.dtype == np.float32 for p in parts):
+            dtype = np.float32
+        vals = np.concatenate(parts).astype(dtype) if parts else np.empty(0, dtype=dtype)
+        cols[c] = (vals, off)
+    return cols
+
+
 def to_records(cols: dict) -> list[dict]:
     """Row-major records (lists of Python numbers) of a rollout set."""
     out = []
