@@ -224,14 +224,32 @@ def iter_record_chunks(records: Iterable[object], source: str = "<records>",
                        chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Iterator[RawChunk]:
     """Chunks from in-memory records (mappings with the JSONL fields; lists or arrays).
     Locations are 0-based record indices (unit "row")."""
-    b = _ChunkBuilder(source, "row", chunk_tokens)
-    for i, rec in enumerate(records):
-        b.add(i, rec)
+    yield from _build_chunks(_ChunkBuilder(source, "row", chunk_tokens), enumerate(records))
+
+
+def _build_chunks(b: _ChunkBuilder, items: Iterable[tuple[int, object]]) -> Iterator[RawChunk]:
+    """Feed (location, record or parse Issue) pairs to a builder; yield its chunks."""
+    for loc, rec in items:
+        if isinstance(rec, Issue):
+            b.add_bad(loc, rec)
+        else:
+            b.add(loc, rec)
         if b.full():
             yield b.take()  # type: ignore[misc]
     last = b.take()
     if last is not None:
         yield last
+
+
+def _parse_json_lines(path: str, lines: list[tuple[int, bytes]]) -> Iterator[tuple[int, object]]:
+    """(line number, parsed object or a bad_json Issue) for each line, with :mod:`json`."""
+    for k, ln in lines:
+        try:
+            yield k, json.loads(ln)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            msg = (f"invalid JSON: {exc.msg} at column {exc.colno}"
+                   if isinstance(exc, json.JSONDecodeError) else f"invalid UTF-8: {exc}")
+            yield k, Issue(path, k, "<line>", "bad_json", msg, "line")
 
 
 def iter_jsonl_chunks(path: str, start: int = 0, end: int | None = None, first_line: int = 1,
@@ -270,21 +288,8 @@ def iter_jsonl_chunks(path: str, start: int = 0, end: int | None = None, first_l
             if chunk is not None:
                 yield chunk
                 continue
-            b = _ChunkBuilder(str(path), "line", chunk_tokens)
-            for k, ln in nonblank:
-                try:
-                    rec = json.loads(ln)
-                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                    msg = (f"invalid JSON: {exc.msg} at column {exc.colno}"
-                           if isinstance(exc, json.JSONDecodeError) else f"invalid UTF-8: {exc}")
-                    b.add_bad(k, Issue(str(path), k, "<line>", "bad_json", msg, "line"))
-                else:
-                    b.add(k, rec)
-                if b.full():
-                    yield b.take()  # type: ignore[misc]
-            last = b.take()
-            if last is not None:
-                yield last
+            yield from _build_chunks(_ChunkBuilder(str(path), "line", chunk_tokens),
+                                     _parse_json_lines(str(path), nonblank))
 
 
 def split_jsonl(path: str, parts: int) -> list[tuple[int, int, int]]:
