@@ -146,7 +146,7 @@ class AuditAccumulator:
         self.tokens = 0
         self.exact = 0
         self.mismatch = [0] * len(THRESHOLDS)
-        self.s_d2 = 0
+        self.s_d2, self.inf_d2 = 0, 0
         self.s_k3, self.inf_k3 = 0, 0
         self.s_u, self.inf_u = 0, 0  # u = r - 1 = expm1(d): no cancellation near r = 1
         self.s_u2, self.inf_u2 = 0, 0
@@ -216,8 +216,10 @@ class AuditAccumulator:
         self.by_prob.add(prob_buckets(e64), exact, nz, absn, neg)
         self.by_pos.add(position_buckets(pos), exact, nz, absn, neg)
         if dn.size:
-            self.s_d2 += exact_sums(dn * dn)[0]
             with np.errstate(over="ignore"):
+                s2, inf2 = _sum_with_inf(dn * dn)  # |d| > 1.3e154 overflows d^2
+                self.s_d2 += s2
+                self.inf_d2 += inf2
                 r = np.exp(dn)
                 u = np.expm1(dn)
                 k3 = u - dn
@@ -280,7 +282,7 @@ class AuditAccumulator:
         for k, v in o.excluded_by_kind.items():
             self.excluded_by_kind[k] = self.excluded_by_kind.get(k, 0) + v
         self.issues = (self.issues + o.issues)[:MAX_ISSUES]
-        for name in ("response_tokens", "tokens", "exact", "s_d2", "s_k3", "inf_k3", "s_u",
+        for name in ("response_tokens", "tokens", "exact", "s_d2", "inf_d2", "s_k3", "inf_k3", "s_u",
                      "inf_u", "s_u2", "inf_u2", "zero_d", "seq_with_tokens", "seq_mismatch",
                      "s_seq_sum", "s_seq_abs", "s_lppl", "s_lppl_abs"):
             setattr(self, name, getattr(self, name) + getattr(o, name))
@@ -361,13 +363,14 @@ class AuditAccumulator:
             "mismatch_count": dict(zip(THRESHOLD_KEYS, self.mismatch)),
             "max_abs_diff": self.max_abs if n else None,
             "mean_abs_diff": exact_mean(s_abs, n),
-            "std_abs_diff": exact_var(s_abs, self.s_d2),
+            "std_abs_diff": math.inf if self.inf_d2 else exact_var(s_abs, self.s_d2),
             "abs_diff_quantiles": dict(zip(QUANTILE_KEYS, quant)),
             "mean_diff": exact_mean(s_d, n),
             "min_diff": self.min_d if n else None,
             "max_diff": self.max_d if n else None,
             "k1_kl_mean": exact_mean(-s_d, n),
-            "k2_kl_mean": None if not n else exact_mean(self.s_d2, 2 * n),
+            "k2_kl_mean": None if not n else (math.inf if self.inf_d2
+                                              else exact_mean(self.s_d2, 2 * n)),
             "k3_kl_mean": None if not n else (math.inf if self.inf_k3 else exact_mean(self.s_k3, n)),
             "importance_ratio": ratio,
             "sequence": {

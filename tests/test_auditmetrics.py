@@ -174,3 +174,25 @@ def test_stratification_by_position_and_probability():
     prob = {r["bucket"]: r for r in rep["by_probability"]}
     assert prob["[0.5, 0.9)"]["tokens"] == 2 and prob["[0.5, 0.9)"]["max_abs_diff"] == 0.25
     assert prob["[0.9, 0.99)"]["mean_abs_diff"] == 0.0625
+
+
+EXTREME_CASES = [
+    # (engine logprob, trainer logprob): float32-min "impossible token" markers, huge d
+    (-3.4028234663852886e38, -1.0),
+    (-1.0, -3.4028234663852886e38),
+    (-1.7976931348623157e308, -0.5),
+]
+
+
+@pytest.mark.parametrize("e,t", EXTREME_CASES)
+def test_extreme_but_finite_logprobs_do_not_crash(e, t):
+    """Pins overflow handling: r, k3 or d^2 may overflow to inf; the report says "inf"
+    instead of crashing or printing NaN."""
+    from detsample.audit import to_json
+
+    rec = {"id": "x", "prompt_ids": [1], "response_ids": [1, 2],
+           "engine_logprobs": [e, -1.0], "trainer_logprobs": [t, -1.0]}
+    rep = audit([rec])
+    assert rep["max_abs_diff"] == abs(t - e)
+    assert rep["exact_match_fraction"] == 0.5
+    assert "NaN" not in to_json(rep)
