@@ -90,7 +90,7 @@ def _consume(acc: AuditAccumulator, chunks: Iterable, rescore: RescoreFn | None,
              strict: bool) -> None:
     for raw in chunks:
         acc.add_source(raw.source)
-        batch, issues = validate(raw, rescore)
+        batch, issues = validate(raw, rescore, acc.compare_dtype)
         if issues and strict:
             raise AuditInputError(f"{issues[0]} (--strict)")
         acc.add_issues(issues)
@@ -115,9 +115,9 @@ def _shard_chunks(shard: Shard, chunk_tokens: int, jsonl_parser: str) -> Iterabl
 
 def run_shard(shard: Shard, rescore: Rescore = None, strict: bool = False,
               chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-              jsonl_parser: str = "auto") -> AuditAccumulator:
+              jsonl_parser: str = "auto", compare_dtype: str | None = None) -> AuditAccumulator:
     """Audit one shard (runs in a worker process when ``workers > 1``)."""
-    acc = AuditAccumulator()
+    acc = AuditAccumulator(compare_dtype)
     acc.add_source(shard.path)
     _consume(acc, _shard_chunks(shard, chunk_tokens, jsonl_parser), _resolve_rescore(rescore),
              strict)
@@ -133,23 +133,25 @@ def _is_paths(source: object) -> bool:
 
 def audit_accumulator(source: object, *, rescore: Rescore = None, strict: bool = False,
                       workers: int = 1, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-                      jsonl_parser: str = "auto") -> AuditAccumulator:
+                      jsonl_parser: str = "auto",
+                      compare_dtype: str | None = None) -> AuditAccumulator:
     """Like :func:`audit` but returns the merged accumulator (for custom reports)."""
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     if not _is_paths(source):
-        acc = AuditAccumulator()
+        acc = AuditAccumulator(compare_dtype)
         _consume(acc, iter_record_chunks(source, chunk_tokens=chunk_tokens),  # type: ignore[arg-type]
                  _resolve_rescore(rescore), strict)
         return acc
     paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
     shards = plan_shards([os.fspath(p) for p in paths], workers)
-    total = AuditAccumulator()
+    total = AuditAccumulator(compare_dtype)
     if workers == 1 or len(shards) == 1:
         for shard in shards:
-            total.merge(run_shard(shard, rescore, strict, chunk_tokens, jsonl_parser))
+            total.merge(run_shard(shard, rescore, strict, chunk_tokens, jsonl_parser,
+                                  compare_dtype))
         return total
     if rescore is not None and not isinstance(rescore, str):
         try:
@@ -159,14 +161,16 @@ def audit_accumulator(source: object, *, rescore: Rescore = None, strict: bool =
         except Exception as exc:  # noqa: BLE001
             raise ValueError(f"rescore must be picklable to use workers > 1 ({exc})") from exc
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(run_shard, s, rescore, strict, chunk_tokens, jsonl_parser) for s in shards]
+        futures = [pool.submit(run_shard, s, rescore, strict, chunk_tokens, jsonl_parser,
+                               compare_dtype) for s in shards]
         for fut in futures:  # merged in file order
             total.merge(fut.result())
     return total
 
 
 def audit(source: object, *, rescore: Rescore = None, strict: bool = False, workers: int = 1,
-          chunk_tokens: int = DEFAULT_CHUNK_TOKENS, jsonl_parser: str = "auto") -> dict:
+          chunk_tokens: int = DEFAULT_CHUNK_TOKENS, jsonl_parser: str = "auto",
+          compare_dtype: str | None = None) -> dict:
     """Audit engine vs trainer logprobs and return the report (a JSON-ready dict).
 
     source: a path (.jsonl/.npz/.parquet), a list of paths, or an iterable of records
@@ -178,9 +182,13 @@ def audit(source: object, *, rescore: Rescore = None, strict: bool = False, work
     workers: processes for file inputs; the report is identical for every value.
     jsonl_parser: "auto" (pyarrow blocks, :mod:`json` for blocks with bad lines) or
     "python" (:mod:`json` only); the report is identical for both.
+    compare_dtype: None compares each pair in the promoted dtype of the two columns;
+    "float32" (or "float16"/"float64") rounds both logprobs to it first - e.g. when one
+    side wrote float32 values as short decimals and the other as float64 decimals.
     """
     return audit_accumulator(source, rescore=rescore, strict=strict, workers=workers,
-                             chunk_tokens=chunk_tokens, jsonl_parser=jsonl_parser).report()
+                             chunk_tokens=chunk_tokens, jsonl_parser=jsonl_parser,
+                             compare_dtype=compare_dtype).report()
 
 
 def _jsonable(x: object) -> object:

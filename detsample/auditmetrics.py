@@ -42,6 +42,8 @@ NUM_POSITION_BUCKETS = 32
 #: |d| histogram edges (decades) for the report's plot; zeros are counted apart
 HIST_EDGES = 10.0 ** np.arange(-16, 3, dtype=np.float64)
 MAX_ISSUES = 100
+#: dtypes both logprob columns may be rounded to before comparing (None: promote)
+COMPARE_DTYPES = (None, "float16", "float32", "float64")
 MAX_WORST = 10
 
 
@@ -136,7 +138,10 @@ class _Groups:
 class AuditAccumulator:
     """Every audit statistic, updated chunk by chunk and merged exactly across shards."""
 
-    def __init__(self) -> None:
+    def __init__(self, compare_dtype: str | None = None) -> None:
+        if compare_dtype not in COMPARE_DTYPES:
+            raise ValueError(f"compare_dtype must be one of {COMPARE_DTYPES}, got {compare_dtype!r}")
+        self.compare_dtype = compare_dtype
         self.sources: list[str] = []
         self.sequences_seen = 0
         self.sequences = 0
@@ -200,6 +205,8 @@ class AuditAccumulator:
             e, t, seq, pos = e[m], t[m], seq[m], pos[m]
         n = e.size
         self.tokens += n
+        if self.compare_dtype is not None:  # both rounded to one dtype (validated finite)
+            e, t = e.astype(self.compare_dtype), t.astype(self.compare_dtype)
         common = np.result_type(e.dtype, t.dtype)
         exact = _uint_view(e.astype(common, copy=False)) == _uint_view(t.astype(common, copy=False))
         self.exact += int(exact.sum())
@@ -275,6 +282,9 @@ class AuditAccumulator:
 
     def merge(self, o: "AuditAccumulator") -> None:
         """Add another accumulator (the shard that comes after this one in file order)."""
+        if o.compare_dtype != self.compare_dtype:
+            raise ValueError(f"cannot merge audits compared as {o.compare_dtype} and "
+                             f"{self.compare_dtype}")
         for s in o.sources:
             self.add_source(s)
         self.sequences_seen += o.sequences_seen
@@ -349,6 +359,7 @@ class AuditAccumulator:
         pos_labels = position_bucket_labels()
         return {
             "sources": list(self.sources),
+            "compare_dtype": self.compare_dtype or "promoted",
             "sequences": self.sequences,
             "sequences_seen": self.sequences_seen,
             "excluded_sequences": self.sequences_seen - self.sequences,

@@ -119,8 +119,10 @@ def _flag_values(raw: RawChunk, column: str, bad_tok: np.ndarray, kind: str, wha
                        f"{column}[{k - off[s]}] = {vals[k].item()!r} ({what})", raw.unit)
 
 
-def validate(raw: RawChunk, rescore: RescoreFn | None = None) -> tuple[AuditBatch, list[Issue]]:
-    """Check a parsed chunk; return its valid sequences and one issue per excluded one."""
+def validate(raw: RawChunk, rescore: RescoreFn | None = None,
+             compare_dtype: str | None = None) -> tuple[AuditBatch, list[Issue]]:
+    """Check a parsed chunk; return its valid sequences and one issue per excluded one.
+    With ``compare_dtype``, logprobs must also stay finite when rounded to it."""
     n = len(raw)
     bad: dict[int, Issue] = dict(raw.flagged)
     lengths = raw.lengths
@@ -149,6 +151,10 @@ def validate(raw: RawChunk, rescore: RescoreFn | None = None) -> tuple[AuditBatc
             _flag_values(raw, c, np.isnan(v), "nan", "NaN logprob", bad)
             _flag_values(raw, c, np.isinf(v), "non_finite", "infinite logprob", bad)
         _flag_values(raw, c, v > 0, "positive_logprob", "a logprob must be <= 0", bad)
+        if compare_dtype is not None and v.dtype.kind == "f":
+            with np.errstate(over="ignore"):
+                out = np.isinf(v.astype(compare_dtype)) & np.isfinite(v)
+            _flag_values(raw, c, out, "non_finite", f"out of the {compare_dtype} range", bad)
 
     check_logprobs("engine_logprobs")
     check_logprobs("mask", "ragged")

@@ -93,3 +93,12 @@ def test_bad_arguments_are_usage_errors(noisy_file, args):
 def test_missing_file_exits_2(tmp_path, capsys):
     assert main(["audit", str(tmp_path / "nope.jsonl")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_dtype_option(tmp_path, capsys):
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps({"id": "a", "prompt_ids": [1], "response_ids": [1],
+                                "engine_logprobs": [-0.1],
+                                "trainer_logprobs": [-0.10000000149011612]}) + "\n")
+    assert main(["audit", str(path), "--min-exact-match", "1"]) == 1
+    assert main(["audit", str(path), "--min-exact-match", "1", "--dtype", "float32"]) == 0

@@ -196,3 +196,18 @@ def test_extreme_but_finite_logprobs_do_not_crash(e, t):
     assert rep["max_abs_diff"] == abs(t - e)
     assert rep["exact_match_fraction"] == 0.5
     assert "NaN" not in to_json(rep)
+
+
+def test_compare_dtype_float32_matches_short_and_long_decimals():
+    """Pins --dtype float32: "-0.1" (float32 shortest decimal) and the float64 decimal of
+    float32(-0.1) differ as float64 but are the same float32."""
+    long = float(np.float32(-0.1))
+    rec = {"id": "a", "prompt_ids": [1], "response_ids": [1, 2],
+           "engine_logprobs": [-0.1, -0.5], "trainer_logprobs": [long, -0.5]}
+    promoted = audit([rec])
+    assert promoted["exact_match_fraction"] == 0.5 and promoted["compare_dtype"] == "promoted"
+    f32 = audit([rec], compare_dtype="float32")
+    assert f32["exact_match_fraction"] == 1.0 and f32["max_abs_diff"] == 0.0
+    assert f32["compare_dtype"] == "float32"
+    with pytest.raises(ValueError, match="compare_dtype"):
+        audit([rec], compare_dtype="int8")

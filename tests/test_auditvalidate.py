@@ -129,3 +129,11 @@ def test_mask_excludes_tokens_and_partial_masks_mix():
     assert rep["exact_match_fraction"] == 1.0
     bools = dict(GOOD, mask=[True, False])
     assert audit([bools])["tokens"] == 1
+
+
+def test_values_out_of_the_compare_dtype_range_are_excluded():
+    rec = dict(GOOD, id="big", engine_logprobs=[-1e300, -1.0])
+    rep = audit([GOOD, rec], compare_dtype="float32")
+    assert rep["excluded_by_kind"] == {"non_finite": 1}
+    assert "out of the float32 range" in rep["issues"][0]["message"]
+    assert audit([GOOD, rec])["excluded_sequences"] == 0  # fine in float64

@@ -51,6 +51,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="gate: exit 1 when the bitwise exact-match fraction < F")
     p.add_argument("--rescore", choices=["refmodel"],
                    help="recompute missing trainer_logprobs by prefill with this model")
+    p.add_argument("--dtype", choices=["promoted", "float16", "float32", "float64"],
+                   default="promoted",
+                   help="round both logprob columns to this dtype before comparing "
+                        "(default: the promoted dtype of the two columns)")
     p.add_argument("--quiet", action="store_true", help="no summary table")
     p.set_defaults(func=run)
 
@@ -61,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         report = audit(args.files, rescore=args.rescore, strict=args.strict,
-                       workers=args.workers)
+                       workers=args.workers,
+                       compare_dtype=None if args.dtype == "promoted" else args.dtype)
     except (AuditInputError, OSError) as exc:
         print(f"detsample audit: error: {exc}", file=sys.stderr)
         return 2
