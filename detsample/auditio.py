@@ -151,24 +151,7 @@ class _ChunkBuilder:
                                                    f"missing column '{c}'"), str(rid))
                     return
                 continue
-            problem = None
-            try:
-                a = np.asarray(v)
-            except (ValueError, TypeError) as exc:  # ragged nested lists
-                a, problem = None, f"not a flat list of numbers ({exc})"
-            if a is not None:
-                if a.ndim != 1:
-                    problem = f"must be a flat list, got {a.ndim} dimensions"
-                elif a.size and a.dtype.kind not in COLUMN_KINDS[c]:
-                    problem = f"values must be {_kind_words(c)}, got {_first_bad(a, c)}"
-                elif c in ("prompt_ids", "response_ids") and (a.size == 0 or a.dtype.kind == "u"):
-                    if a.size and a.max() > np.iinfo(np.int64).max:
-                        problem = f"token id {a.max()} is out of the int64 range"
-                    a = a.astype(np.int64)  # [] is float64 for numpy; uint64 + int64 -> float64
-                elif "logprob" in c and (a.size == 0 or a.dtype.kind in "iu"):
-                    a = a.astype(np.float64)
-                elif c == "mask" and a.size == 0:
-                    a = a.astype(bool)
+            a, problem = _as_column(c, v)
             if problem:
                 kind = "ragged" if "dimensions" in problem or "flat list" in problem else "bad_type"
                 self.add_bad(line, self._issue(line, c, kind, problem), str(rid))
@@ -206,11 +189,32 @@ class _ChunkBuilder:
         return chunk
 
 
+def _as_column(c: str, v: object) -> tuple[np.ndarray | None, str | None]:
+    """One record's column as a 1-D array of the column's canonical dtype, or a problem."""
+    try:
+        a = np.asarray(v)
+    except (ValueError, TypeError) as exc:  # ragged nested lists
+        return None, f"not a flat list of numbers ({exc})"
+    if a.ndim != 1:
+        return None, f"must be a flat list, got {a.ndim} dimensions"
+    if a.size and a.dtype.kind not in COLUMN_KINDS[c]:
+        return None, f"values must be {_kind_words(c)}, got {_first_bad(a)}"
+    if c in ("prompt_ids", "response_ids") and (a.size == 0 or a.dtype.kind == "u"):
+        if a.size and a.max() > np.iinfo(np.int64).max:
+            return None, f"token id {a.max()} is out of the int64 range"
+        return a.astype(np.int64), None  # [] is float64 for numpy; uint64 + int64 -> float64
+    if "logprob" in c and (a.size == 0 or a.dtype.kind in "iu"):
+        return a.astype(np.float64), None
+    if c == "mask" and a.size == 0:
+        return a.astype(bool), None
+    return a, None
+
+
 def _kind_words(column: str) -> str:
     return {"iu": "integers", "fiu": "numbers", "biu": "0/1 or booleans"}[COLUMN_KINDS[column]]
 
 
-def _first_bad(a: np.ndarray, column: str) -> str:
+def _first_bad(a: np.ndarray) -> str:
     if a.dtype.kind == "O":
         for x in a.tolist():
             if not isinstance(x, (int, float)) or isinstance(x, bool):
