@@ -25,8 +25,10 @@ from detsample.ops import filters as filter_ops
 from detsample.ops import logprobs as lp_ops
 from detsample.ops.bias import apply_logit_bias_
 from detsample.ops.sanitize import STATUS_NO_VALID_TOKEN, sanitize_rows
-from detsample.ops.temperature import row_max, scale_logits
+from detsample.ops.temperature import scale_logits
 from detsample.fastpath import sample_fast
+from detsample.penalties import apply_step3  # issue 3
+from detsample.processors import ProcessorRunner  # issue 3
 from detsample.rng import RNG_NAME, row_uniforms
 from detsample.workspace import Workspace
 
@@ -58,6 +60,7 @@ class _Prepared:
     raw: torch.Tensor      # (B, V) sanitised model logits (may alias the caller's)
     x: torch.Tensor        # (B, V) after steps 1-5 (may alias ``raw``)
     status: torch.Tensor   # (B,) int32
+    row_max: torch.Tensor  # (B, 1) float32 max of ``x``
     z: torch.Tensor | None = None          # (B, V) scaled logits, rows in ``z_rows``
     tau: torch.Tensor | None = None        # (B,) float32 kept threshold (sampling rows)
     total: torch.Tensor | None = None      # (B,) int64 kept mass (sampling rows)
@@ -85,6 +88,12 @@ class Sampler:
         self.filter_impl = filter_impl
         self.processors = tuple(processors)
         self._ws = Workspace()
+        self._runner = ProcessorRunner(self.processors)  # issue 3: step 1
+
+    def validate_request(self, request) -> None:
+        """Admission check against the registered processors' ``validate_params``
+        (issue 3); raises InvalidSamplingParams naming the request and the field."""
+        self._runner.validate(request.rid, request.params)
 
     # -- input checks ----------------------------------------------------------------
     @staticmethod
@@ -121,27 +130,26 @@ class Sampler:
     # -- pipeline steps 1-5 ----------------------------------------------------------
     def _prepare(self, logits: torch.Tensor, batch: SamplingBatch) -> _Prepared:
         self._check_logits(logits, batch)
-        x = logits
-        for proc in self.processors:  # step 1 (sees the model's logits)
-            x = proc.apply(x if x is not logits else logits.clone())
-        raw, status = sanitize_rows(logits)  # step 2 ("raw" = sanitised model logits)
+        x = self._runner.run(logits, batch)  # step 1 (issue 3: detsample.processors)
+        raw, status, m = sanitize_rows(logits)  # step 2 ("raw" = sanitised model logits)
         if x is logits:
             x = raw
         else:
-            x, st = sanitize_rows(x)
+            x, st, m = sanitize_rows(x)
             status = status | st
-        owned = x is not logits and x is not raw
-        # step 3: penalties -- see issue 3 (detsample.ops.penalties)
+        after_step2 = x
+        # Steps 3-5 never write into ``after_step2`` (it may alias the caller's logits):
+        # a step that changes logits works on a copy, so ``x is after_step2`` means
+        # "unchanged" and the row maxima of step 2 still hold.
+        x = apply_step3(x, batch)  # step 3 (issue 3: detsample.penalties; copies on change)
         # step 4: grammar mask -- see issue 4 (detsample.ops.mask)
         coo = batch.logit_bias_coo()  # step 5
         if coo is not None:
-            if not owned:
-                x = x.clone()
-                owned = True
-            apply_logit_bias_(x, *coo)
-            x, st = sanitize_rows(x)  # a bias can overflow a finite logit to +inf
+            x = apply_logit_bias_(x.clone() if x is after_step2 else x, *coo)
+        if x is not after_step2:  # a penalty or a bias can overflow a finite logit to +inf
+            x, st, m = sanitize_rows(x)
             status = status | st
-        return _Prepared(raw=raw, x=x, status=status)
+        return _Prepared(raw=raw, x=x, status=status, row_max=m)
 
     def _buf(self, name: str, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         return self._ws.get(name, tuple(like.shape), dtype or like.dtype, like.device)
@@ -151,7 +159,7 @@ class Sampler:
         """z = (x - max) / T_eff for every row (T_eff = 1 on greedy rows)."""
         if prep.z is None:
             x = prep.x
-            m = row_max(x)
+            m = prep.row_max
             m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # all -inf rows
             t = torch.where(batch.greedy.unsqueeze(1), torch.ones_like(batch.temperatures),
                             batch.temperatures)

@@ -16,12 +16,13 @@ STATUS_HAD_POSINF = 2
 STATUS_NO_VALID_TOKEN = 4
 
 
-def sanitize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sanitize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Replace NaN by ``NAN_FLOOR`` and +inf by ``POSINF_CEIL``; -inf stays (a mask).
 
-    x: (batch, vocab) float32 (not modified). Returns ``(clean, status)``: ``clean`` is
-    ``x`` itself when every row is finite-or--inf (no copy), else a copy; ``status`` is
-    (batch,) int32 of STATUS_* bit flags. Only rows whose max is NaN or +inf are touched,
+    x: (batch, vocab) float32 (not modified). Returns ``(clean, status, row_max)``:
+    ``clean`` is ``x`` itself when every row is finite-or--inf (no copy), else a copy;
+    ``status`` is (batch,) int32 of STATUS_* bit flags; ``row_max`` is (batch, 1) float32,
+    the maximum of each clean row (-inf for a fully masked row). Only rows whose max is NaN or +inf are touched,
     so the result of a row depends on that row alone (bitwise batch-invariant).
     """
     m = torch.amax(x, dim=-1)  # propagates NaN
@@ -40,4 +41,4 @@ def sanitize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         m = m.clone()
         m.index_copy_(0, rows, torch.amax(fixed, dim=-1))
     status |= torch.isneginf(m).to(torch.int32) * STATUS_NO_VALID_TOKEN
-    return x, status
+    return x, status, m.unsqueeze(1)

@@ -9,7 +9,8 @@ from detsample.ops.sanitize import (NAN_FLOOR, POSINF_CEIL, STATUS_HAD_NAN, STAT
 def test_sanitize_rows():
     x = torch.tensor([[1.0, 2.0], [float("nan"), 0.0], [float("inf"), 1.0],
                       [float("-inf"), float("-inf")]])
-    y, st = sanitize_rows(x)
+    y, st, m = sanitize_rows(x)
+    assert m[:, 0].tolist() == [2.0, 0.0, POSINF_CEIL, float("-inf")]
     assert y[1, 0] == NAN_FLOOR and y[2, 0] == POSINF_CEIL and torch.equal(y[0], x[0])
     assert st.tolist() == [0, STATUS_HAD_NAN, STATUS_HAD_POSINF, STATUS_NO_VALID_TOKEN]
     assert torch.isnan(x[1, 0])  # the input is untouched
@@ -17,5 +18,5 @@ def test_sanitize_rows():
 
 def test_clean_batch_is_not_copied():
     x = torch.randn(3, 5)
-    y, st = sanitize_rows(x)
+    y, st, _ = sanitize_rows(x)
     assert y is x and int(st.sum()) == 0
