@@ -29,6 +29,8 @@ from detsample.ops.bias import apply_logit_bias_
 from detsample.ops.sanitize import STATUS_NO_VALID_TOKEN, sanitize_rows
 from detsample.ops.temperature import scale_logits
 from detsample.fastpath import sample_fast
+from detsample.penalties import apply_step3  # issue 3
+from detsample.processors import ProcessorRunner  # issue 3
 from detsample.rng import RNG_NAME, row_uniforms
 from detsample.workspace import Workspace
 
@@ -88,7 +90,13 @@ class Sampler:
         self.filter_impl = filter_impl
         self.processors = tuple(processors)
         self._ws = Workspace()
+        self._runner = ProcessorRunner(self.processors)  # issue 3: step 1
         self.grammar_masker = GrammarMasker()  # issue 4: one reused bitmask buffer
+
+    def validate_request(self, request) -> None:
+        """Admission check against the registered processors' ``validate_params``
+        (issue 3); raises InvalidSamplingParams naming the request and the field."""
+        self._runner.validate(request.rid, request.params)
 
     # -- input checks ----------------------------------------------------------------
     @staticmethod
@@ -125,9 +133,7 @@ class Sampler:
     # -- pipeline steps 1-5 ----------------------------------------------------------
     def _prepare(self, logits: torch.Tensor, batch: SamplingBatch) -> _Prepared:
         self._check_logits(logits, batch)
-        x = logits
-        for proc in self.processors:  # step 1 (sees the model's logits)
-            x = proc.apply(x if x is not logits else logits.clone())
+        x = self._runner.run(logits, batch)  # step 1 (issue 3: detsample.processors)
         raw, status, m = sanitize_rows(logits)  # step 2 ("raw" = sanitised model logits)
         if x is logits:
             x = raw
@@ -138,7 +144,7 @@ class Sampler:
         # Steps 3-5 never write into ``after_step2`` (it may alias the caller's logits):
         # a step that changes logits works on a copy, so ``x is after_step2`` means
         # "unchanged" and the row maxima of step 2 still hold.
-        # step 3: penalties -- see issue 3 (detsample.ops.penalties)
+        x = apply_step3(x, batch)  # step 3 (issue 3: detsample.penalties; copies on change)
         x, status = grammar_hooks.grammar_step(  # step 4: grammar mask (issue 4)
             self.grammar_masker, batch, x, status)
         coo = batch.logit_bias_coo()  # step 5

@@ -1,0 +1,277 @@
+"""Continuous batching over the reference model, the way a serving engine does it.
+
+Every engine step: requests that arrive at this step (or wait for a free row) are
+prefilled together (one ragged model call) and joined with ``SamplingBatch.merge``; every
+row samples one token with the ``Sampler`` (``positions`` = index of the row's last input
+token); ``batch.advance`` records the tokens; finished rows leave with
+``SamplingBatch.filter``; the remaining rows run one batched decode step. A request stops
+on EOS, one of its ``stop_token_ids``, ``max_new_tokens``, the model's ``max_seq_len``,
+or when the batch marks it finished (no admissible token, terminated grammar). The token
+that stops a request is part of its output.
+
+Guarantee (tested): a request's tokens, logprobs, seed and finish reason are bitwise
+the same alone or in any schedule, and its logprobs equal :func:`rescore` bitwise.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from detsample.batch import SamplingBatch, validate_request
+from detsample.errors import InvalidSamplingParams
+from detsample.params import LOGPROBS_MODES, Request, SamplingParams
+from detsample.refmodel.cache import KVCache
+from detsample.refmodel.model import RefModel
+from detsample.refmodel.schedule import Arrival, Schedule
+from detsample.refmodel.tokenizer import EOS_ID
+from detsample.sampler import Sampler
+
+FINISH_EOS = "eos"
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+FINISH_MAX_SEQ_LEN = "max_seq_len"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine knobs (frozen, validated).
+
+    max_batch_size: rows decoded together (None = unlimited); extra arrivals wait FIFO.
+    default_max_new_tokens: used when a request's ``params.max_new_tokens`` is None.
+    extra_logprobs_modes: modes reported besides each request's own ``logprobs_mode``
+    (computed with ``Sampler.compute_logprobs`` on a lockstep batch in that mode).
+    """
+
+    max_batch_size: int | None = None
+    default_max_new_tokens: int = 16
+    eos_token_ids: tuple[int, ...] = (EOS_ID,)
+    extra_logprobs_modes: tuple[str, ...] = ()
+    vocab: Any = None
+
+    def __post_init__(self) -> None:
+        mb = self.max_batch_size
+        if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or mb < 1):
+            raise InvalidSamplingParams(f"max_batch_size must be None or >= 1, got {mb!r}")
+        n = self.default_max_new_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InvalidSamplingParams(f"default_max_new_tokens must be >= 1, got {n!r}")
+        object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
+        modes = tuple(self.extra_logprobs_modes)
+        for m in modes:
+            if m not in LOGPROBS_MODES:
+                raise InvalidSamplingParams(
+                    f"extra_logprobs_modes must hold modes of {LOGPROBS_MODES}, got {m!r}")
+        object.__setattr__(self, "extra_logprobs_modes", modes)
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    """What the engine reports for one request.
+
+    token_ids: generated ids (the stopping token included). logprobs: mode -> float32
+    ``[len(token_ids)]`` sampling-time logprobs (the request's own mode and every extra
+    mode). top_logprobs: ``([n, k] float32, [n, k] int64)`` when ``params.logprobs = k > 0``.
+    """
+
+    rid: str
+    prompt_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    logprobs: dict[str, torch.Tensor]
+    top_logprobs: tuple[torch.Tensor, torch.Tensor] | None
+    seed: int
+    finish_reason: str
+    arrival_step: int
+    finish_step: int
+
+
+@dataclass
+class EngineResult:
+    """Per-request results (by rid) and the batch composition of every step (rids by row)."""
+
+    results: dict[str, RequestResult]
+    steps: list[tuple[str, ...]] = field(default_factory=list)
+
+    def __getitem__(self, rid: str) -> RequestResult:
+        return self.results[rid]
+
+
+@dataclass
+class _Row:
+    arrival: Arrival
+    cache: KVCache
+    max_new: int
+    tokens: list[int] = field(default_factory=list)
+    logprobs: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    top: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+
+class Engine:
+    """Runs a :class:`Schedule` against a :class:`RefModel` with a :class:`Sampler`."""
+
+    def __init__(self, model: RefModel, sampler: Sampler | None = None,
+                 config: EngineConfig | None = None) -> None:
+        self.model = model
+        self.sampler = sampler if sampler is not None else Sampler()
+        self.config = config if config is not None else EngineConfig()
+
+    def _batch(self, requests: Sequence[Request], mode: str | None = None) -> SamplingBatch:
+        if mode is not None:
+            requests = [Request(r.rid, with_mode(r.params, mode), r.prompt_ids, r.output_ids)
+                        for r in requests]
+        return SamplingBatch.from_requests(requests, vocab_size=self.model.config.vocab_size,
+                                           eos_token_ids=self.config.eos_token_ids,
+                                           vocab=self.config.vocab)
+
+    def _check(self, schedule: Schedule) -> None:
+        if not isinstance(schedule, Schedule):
+            raise InvalidSamplingParams(f"schedule must be a Schedule, got {type(schedule).__name__}")
+        V, S = self.model.config.vocab_size, self.model.config.max_seq_len
+        for a in schedule.arrivals:
+            r = a.request
+            validate_request(r, V)
+            n = len(r.prompt_ids) + len(r.output_ids)
+            if n >= S:
+                raise InvalidSamplingParams(
+                    f"request {r.rid!r}: prompt_ids + output_ids has {n} tokens, the model's "
+                    f"max_seq_len={S} leaves no room to generate")
+
+    def run(self, schedule: Schedule) -> EngineResult:
+        """Run every request of ``schedule`` to completion."""
+        self._check(schedule)
+        cfg, model, sampler = self.config, self.model, self.sampler
+        pending = deque(schedule.ordered())
+        waiting: deque[Arrival] = deque()
+        rows: list[_Row] = []
+        batch: SamplingBatch | None = None
+        extra: dict[str, SamplingBatch] = {}
+        logits = torch.empty((0, model.config.vocab_size), dtype=torch.float32)
+        out = EngineResult(results={})
+        step = 0
+        while pending or waiting or rows:
+            if not rows and not waiting and pending[0].step > step:
+                step = pending[0].step  # idle until the next arrival
+            while pending and pending[0].step <= step:
+                waiting.append(pending.popleft())
+            room = len(waiting) if cfg.max_batch_size is None else \
+                min(len(waiting), cfg.max_batch_size - len(rows))
+            admitted = [waiting.popleft() for _ in range(room)]
+            if admitted:
+                reqs = [a.request for a in admitted]
+                new_rows = [_Row(a, model.new_cache(), a.request.params.max_new_tokens
+                                 or cfg.default_max_new_tokens) for a in admitted]
+                pre = model.forward([r.cache for r in new_rows],
+                                    [list(q.prompt_ids) + list(q.output_ids) for q in reqs])
+                logits = torch.cat([logits] + [p[-1:] for p in pre])
+                rows.extend(new_rows)
+                if batch is None:
+                    batch = self._batch(reqs)
+                    extra = {m: self._batch(reqs, m) for m in cfg.extra_logprobs_modes}
+                else:
+                    batch.merge(self._batch(reqs))
+                    for m, b in extra.items():
+                        b.merge(self._batch(reqs, m))
+            assert batch is not None and len(batch) == len(rows) == logits.shape[0]
+            out.steps.append(tuple(r.arrival.request.rid for r in rows))
+            positions = torch.tensor([len(r.cache) - 1 for r in rows], dtype=torch.int64)
+            s = sampler.sample(logits, batch, positions)
+            safe = s.token_ids.clamp(min=0)
+            extra_lp = {m: sampler.compute_logprobs(logits, b, safe) for m, b in extra.items()}
+            batch.advance(s.token_ids)
+            for b in extra.values():
+                b.advance(s.token_ids)
+            keep = []
+            for i, row in enumerate(rows):
+                reason = self._record(row, i, s, extra_lp, batch)
+                if reason is None:
+                    keep.append(i)
+                else:
+                    out.results[row.arrival.request.rid] = self._result(row, reason, step)
+            if len(keep) != len(rows):
+                batch.filter(keep)
+                for b in extra.values():
+                    b.filter(keep)
+                rows = [rows[i] for i in keep]
+            if rows:
+                logits = model.decode([r.cache for r in rows], [r.tokens[-1] for r in rows])
+            else:
+                logits = logits[:0]
+            step += 1
+        return out
+
+    def _record(self, row: _Row, i: int, s: Any, extra_lp: dict[str, torch.Tensor],
+                batch: SamplingBatch) -> str | None:
+        """Store row i's sampled token; return its finish reason or None to continue."""
+        t = int(s.token_ids[i])
+        p: SamplingParams = row.arrival.request.params
+        if t < 0:
+            return batch.finished[i] or "no_valid_token"
+        row.tokens.append(t)
+        row.logprobs.setdefault(p.logprobs_mode, []).append(s.logprobs[i])
+        for m, lp in extra_lp.items():
+            row.logprobs.setdefault(m, []).append(lp[i])
+        if p.logprobs > 0 and s.top_logprobs is not None:
+            row.top.append((s.top_logprobs[0][i, : p.logprobs], s.top_logprobs[1][i, : p.logprobs]))
+        if batch.finished[i] is not None:
+            return batch.finished[i]
+        if t in self.config.eos_token_ids:
+            return FINISH_EOS
+        if t in p.stop_token_ids:
+            return FINISH_STOP
+        if len(row.tokens) >= row.max_new:
+            return FINISH_LENGTH
+        if len(row.cache) + 1 > self.model.config.max_seq_len:
+            return FINISH_MAX_SEQ_LEN
+        return None
+
+    @staticmethod
+    def _result(row: _Row, reason: str, step: int) -> RequestResult:
+        r = row.arrival.request
+        lps = {m: torch.stack(v) if v else torch.empty(0, dtype=torch.float32)
+               for m, v in row.logprobs.items()}
+        if not lps:
+            lps = {r.params.logprobs_mode: torch.empty(0, dtype=torch.float32)}
+        top = None
+        if r.params.logprobs > 0:
+            k = r.params.logprobs
+            top = (torch.stack([v for v, _ in row.top]) if row.top else torch.empty((0, k)),
+                   torch.stack([ids for _, ids in row.top]) if row.top
+                   else torch.empty((0, k), dtype=torch.int64))
+        return RequestResult(rid=r.rid, prompt_ids=tuple(r.prompt_ids), token_ids=tuple(row.tokens),
+                             logprobs=lps, top_logprobs=top, seed=int(r.params.seed),
+                             finish_reason=reason, arrival_step=row.arrival.step,
+                             finish_step=step)
+
+
+def with_mode(params: SamplingParams, mode: str) -> SamplingParams:
+    """``params`` (same seed) reporting logprobs in ``mode``, without top logprobs."""
+    # SamplingParams.replace re-validates logit_bias, which rejects its own normalised
+    # (tuple) form; hand it back as a mapping.
+    bias = None if params.logit_bias is None else dict(params.logit_bias)
+    return params.replace(logprobs_mode=mode, logprobs=0, logit_bias=bias)
+
+
+def rescore(model: RefModel, sampler: Sampler, request_params: SamplingParams,
+            prompt_ids: Sequence[int], output_ids: Sequence[int], *,
+            eos_token_ids: Sequence[int] = (EOS_ID,), vocab: Any = None) -> torch.Tensor:
+    """Logprobs of ``output_ids`` after ``prompt_ids`` by ONE prefill (the trainer's path).
+
+    Row i of the rescoring batch is the request with ``output_ids[:i]`` already generated
+    (penalty / min_new_tokens / grammar state replayed), scored with
+    ``Sampler.compute_logprobs`` on the prefill logits of position ``len(prompt) + i - 1``.
+    Returns float32 ``[len(output_ids)]`` in ``request_params.logprobs_mode``.
+    """
+    prompt, output = list(prompt_ids), list(output_ids)
+    if not prompt:
+        raise InvalidSamplingParams("rescore: prompt_ids must not be empty, got []")
+    if not output:
+        return torch.empty(0, dtype=torch.float32)
+    logits = model.prefill(prompt + output)[len(prompt) - 1: len(prompt) + len(output) - 1]
+    reqs = [Request(f"rescore/{i}", request_params, prompt, output[:i]) for i in range(len(output))]
+    batch = SamplingBatch.from_requests(reqs, vocab_size=model.config.vocab_size,
+                                        eos_token_ids=tuple(eos_token_ids), vocab=vocab)
+    return sampler.compute_logprobs(logits.contiguous(), batch,
+                                    torch.tensor(output, dtype=torch.int64))

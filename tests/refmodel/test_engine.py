@@ -1,0 +1,305 @@
+"""Engine: continuous batching is invisible to every request, and sampling-time logprobs
+equal one-prefill rescoring bitwise.
+
+Bugs pinned: a request's tokens or logprobs depending on its neighbours, arrival order,
+batch splits, thread count or run (batch-composition leaks); the logprob an engine
+reports at sampling time differing from what a trainer recomputes by prefill (vLLM's
+``test_decode_logprobs_match_prefill_logprobs``, SGLang's ``p_vs_d``); requests not
+stopping on EOS / stop ids / max_new_tokens / max_seq_len / no admissible token.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from detsample import InvalidSamplingParams, Request, Sampler, SamplingParams
+from detsample.refmodel import RefModel, RefModelConfig
+from detsample.refmodel.engine import Engine, EngineConfig, RequestResult, rescore, with_mode
+from detsample.refmodel.schedule import Schedule
+from tests.helpers import params_strategy
+
+PARAMS = {
+    "plain": dict(temperature=1.0),
+    "greedy": dict(temperature=0.0),
+    "hot_topk": dict(temperature=1.3, top_k=40),
+    "topp": dict(temperature=0.8, top_p=0.9),
+    "minp": dict(temperature=0.9, min_p=0.05),
+    "all_filters": dict(temperature=0.7, top_k=100, top_p=0.95, min_p=0.01),
+    "bias": dict(temperature=1.0, logit_bias={5: 2.5, "33": -1.0}),
+    "top3": dict(temperature=1.0, logprobs=3),
+    # penalties and min_new_tokens count the request's own output (state replayed by rescore)
+    "penalties": dict(temperature=0.9, repetition_penalty=1.3, frequency_penalty=0.4,
+                      presence_penalty=0.2),
+    "min_tokens": dict(temperature=1.0, min_new_tokens=5, stop_token_ids=(7, 9)),
+}
+
+
+def make_request(rid: str, family: str, seed: int, mode: str = "raw",
+                 max_new: int = 12, prompt_len: int = 6) -> Request:
+    rng = random.Random(seed)
+    p = SamplingParams(seed=seed, max_new_tokens=max_new, logprobs_mode=mode, **PARAMS[family])
+    return Request(rid, p, [rng.randrange(1, 512) for _ in range(prompt_len)])
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int32 if t.dtype == torch.float32 else t.dtype)
+
+
+def same_result(a: RequestResult, b: RequestResult) -> bool:
+    if (a.rid, a.token_ids, a.seed, a.finish_reason, a.prompt_ids) != \
+            (b.rid, b.token_ids, b.seed, b.finish_reason, b.prompt_ids):
+        return False
+    if a.logprobs.keys() != b.logprobs.keys():
+        return False
+    if not all(torch.equal(bits(a.logprobs[m]), bits(b.logprobs[m])) for m in a.logprobs):
+        return False
+    if (a.top_logprobs is None) != (b.top_logprobs is None):
+        return False
+    return a.top_logprobs is None or all(
+        torch.equal(bits(x), bits(y)) for x, y in zip(a.top_logprobs, b.top_logprobs))
+
+
+@pytest.fixture(scope="module")
+def engine(model) -> Engine:
+    return Engine(model)
+
+
+def mixed_requests(mode: str = "raw") -> list[Request]:
+    return [make_request(f"{fam}{i}", fam, seed=10 * i + j, mode=mode,
+                         max_new=8 + (i * 5 + j) % 9, prompt_len=3 + (7 * i + j) % 11)
+            for j, fam in enumerate(PARAMS) for i in range(2)]
+
+
+def test_engine_outputs_shape(engine):
+    reqs = mixed_requests()
+    res = engine.run(Schedule.of([(i % 5, r) for i, r in enumerate(reqs)]))
+    assert set(res.results) == {r.rid for r in reqs}
+    for r in reqs:
+        out = res[r.rid]
+        assert 1 <= len(out.token_ids) <= r.params.max_new_tokens
+        assert out.logprobs["raw"].dtype == torch.float32
+        assert out.logprobs["raw"].shape == (len(out.token_ids),)
+        assert out.seed == r.params.seed
+        assert out.finish_reason in ("length", "eos", "stop")
+        last = out.token_ids[-1]
+        assert (out.finish_reason == "eos") == (last == 0)
+        assert (out.finish_reason == "stop") == (last in r.params.stop_token_ids and last != 0)
+        assert out.arrival_step <= out.finish_step
+        if r.params.logprobs:
+            vals, ids = out.top_logprobs
+            assert vals.shape == ids.shape == (len(out.token_ids), 3)
+            assert bool((vals[:, 0] >= out.logprobs["raw"]).all())
+    assert max(len(s) for s in res.steps) > 8, "the schedule must actually batch"
+
+
+@pytest.mark.parametrize("mode", ["raw", "scaled", "processed"])
+def test_sampling_logprobs_equal_rescore(model, engine, mode):
+    """Every generated position: engine logprob == one-prefill compute_logprobs, bitwise."""
+    reqs = mixed_requests(mode)
+    res = engine.run(Schedule.of([(i % 4, r) for i, r in enumerate(reqs)]))
+    sampler = Sampler()
+    for r in reqs:
+        out = res[r.rid]
+        lp = rescore(model, sampler, r.params, r.prompt_ids, out.token_ids)
+        got = out.logprobs[mode]
+        for t in range(len(out.token_ids)):
+            assert torch.equal(bits(got[t]), bits(lp[t])), (r.rid, t, float(got[t]), float(lp[t]))
+
+
+def test_extra_logprobs_modes_equal_rescore(model):
+    eng = Engine(model, config=EngineConfig(extra_logprobs_modes=("scaled", "processed")))
+    reqs = mixed_requests("raw")
+    res = eng.run(Schedule.of([(i % 3, r) for i, r in enumerate(reqs)]))
+    for r in reqs:
+        out = res[r.rid]
+        assert set(out.logprobs) == {"raw", "scaled", "processed"}
+        for mode in ("scaled", "processed"):
+            lp = rescore(model, Sampler(), with_mode(r.params, mode),
+                         r.prompt_ids, out.token_ids)
+            assert torch.equal(bits(out.logprobs[mode]), bits(lp)), (r.rid, mode)
+
+
+def test_batch_composition_invariance(engine):
+    """Mixed schedule == each request alone == permuted, differently split schedule."""
+    reqs = mixed_requests()
+    mixed = engine.run(Schedule.of([(i % 5, r) for i, r in enumerate(reqs)]))
+    rng = random.Random(0)
+    perm = reqs[:]
+    rng.shuffle(perm)
+    split = Engine(engine.model, config=EngineConfig(max_batch_size=3)).run(
+        Schedule.of([(rng.randint(0, 20), r) for r in perm]))
+    assert mixed.steps != split.steps
+    for r in reqs:
+        alone = engine.run(Schedule.of([(0, r)]))
+        assert same_result(mixed[r.rid], alone[r.rid]), r.rid
+        assert same_result(split[r.rid], alone[r.rid]), r.rid
+
+
+def test_run_to_run(model):
+    reqs = mixed_requests()
+    sched = Schedule.of([(i % 3, r) for i, r in enumerate(reqs)])
+    a = Engine(model).run(sched)
+    b = Engine(RefModel(RefModelConfig()), Sampler()).run(sched)
+    assert a.steps == b.steps
+    assert all(same_result(a[r.rid], b[r.rid]) for r in reqs)
+
+
+def test_thread_count(model, num_threads):
+    reqs = mixed_requests("scaled")
+    sched = Schedule.of([(i % 6, r) for i, r in enumerate(reqs)])
+    with num_threads(1):
+        a = Engine(model).run(sched)
+    with num_threads(2):
+        b = Engine(model).run(sched)
+    assert all(same_result(a[r.rid], b[r.rid]) for r in reqs)
+
+
+def test_unseeded_request_reports_its_seed(engine):
+    r = Request("u", SamplingParams(max_new_tokens=4), [1, 2, 3])
+    out = engine.run(Schedule.of([(0, r)]))["u"]
+    assert out.seed == r.params.seed
+    again = engine.run(Schedule.of([(0, Request("u", SamplingParams(max_new_tokens=4,
+                                                                    seed=out.seed), [1, 2, 3]))]))
+    assert same_result(out, again["u"])
+
+
+def test_stops_on_stop_token(engine):
+    base = make_request("s", "plain", seed=3, max_new=20)
+    first = engine.run(Schedule.of([(0, base)]))["s"]
+    stop = first.token_ids[4]
+    at = first.token_ids.index(stop)
+    r = Request("s", base.params.replace(stop_token_ids=(stop,)), base.prompt_ids)
+    out = engine.run(Schedule.of([(0, r)]))["s"]
+    assert out.finish_reason == "stop"
+    assert out.token_ids == first.token_ids[: at + 1]
+
+
+def test_stops_on_eos(engine):
+    r = Request("e", SamplingParams(seed=1, logit_bias={0: 50.0}, max_new_tokens=9), [7, 8])
+    out = engine.run(Schedule.of([(0, r)]))["e"]
+    assert out.token_ids == (0,) and out.finish_reason == "eos"
+
+
+def test_stops_at_max_new_tokens(engine):
+    r = make_request("m", "plain", seed=4, max_new=5)
+    out = engine.run(Schedule.of([(0, r)]))["m"]
+    assert len(out.token_ids) == 5 and out.finish_reason == "length"
+    d = Engine(engine.model, config=EngineConfig(default_max_new_tokens=3)).run(
+        Schedule.of([(0, Request("d", SamplingParams(seed=2), [1]))]))["d"]
+    assert len(d.token_ids) == 3 and d.finish_reason == "length"
+
+
+def test_stops_at_max_seq_len():
+    m = RefModel(RefModelConfig(max_seq_len=10, d_model=32, n_heads=2))
+    r = Request("x", SamplingParams(seed=0, max_new_tokens=50, logit_bias={0: -100.0}),
+                [1, 2, 3, 4, 5, 6])
+    out = Engine(m).run(Schedule.of([(0, r)]))["x"]
+    # positions 5..9 each sample one token; the fifth token would need position 10
+    assert out.finish_reason == "max_seq_len" and len(out.token_ids) == 10 - 6 + 1
+
+
+class _AllNegInf:
+    """Batch-level logits processor that leaves no admissible token in any row."""
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(x, float("-inf"))
+
+
+def test_no_admissible_token_finishes_request(model):
+    r = make_request("n", "plain", seed=5)
+    out = Engine(model, Sampler(processors=(_AllNegInf(),))).run(Schedule.of([(0, r)]))["n"]
+    assert out.token_ids == () and out.finish_reason == "no_valid_token"
+    assert out.logprobs["raw"].shape == (0,)
+
+
+def test_max_batch_size_and_fifo(model):
+    reqs = [make_request(f"q{i}", "plain", seed=i, max_new=3 + i) for i in range(6)]
+    res = Engine(model, config=EngineConfig(max_batch_size=2)).run(
+        Schedule.of([(0, r) for r in reqs]))
+    assert max(len(s) for s in res.steps) == 2
+    first_seen = {}
+    for k, s in enumerate(res.steps):
+        for rid in s:
+            first_seen.setdefault(rid, k)
+    order = sorted(first_seen, key=lambda rid: (first_seen[rid], rid))
+    assert order == [r.rid for r in reqs]
+
+
+def test_idle_gap_between_arrivals(engine):
+    a, b = make_request("a", "greedy", 1, max_new=2), make_request("b", "greedy", 2, max_new=2)
+    res = engine.run(Schedule.of([(0, a), (100, b)]))
+    assert res["b"].arrival_step == 100 and res["b"].finish_step == 101
+    assert res.steps == [("a",), ("a",), ("b",), ("b",)]
+
+
+BAD_SCHEDULES = [
+    (lambda: Schedule.of([(-1, Request("a", prompt_ids=[1]))]), "arrival step must be"),
+    (lambda: Schedule.of([(0, Request("a", prompt_ids=[1])), (1, Request("a", prompt_ids=[2]))]),
+     "unique, got 'a' twice"),
+    (lambda: Schedule.of([(0, Request("a", prompt_ids=[]))]), "'a': prompt_ids must not be empty"),
+    (lambda: EngineConfig(max_batch_size=0), "max_batch_size must be None or >= 1, got 0"),
+    (lambda: EngineConfig(extra_logprobs_modes=("logits",)), "got 'logits'"),
+    (lambda: EngineConfig(default_max_new_tokens=0), "default_max_new_tokens must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("build,msg", BAD_SCHEDULES)
+def test_bad_schedules(build, msg):
+    with pytest.raises(InvalidSamplingParams, match=msg):
+        build()
+
+
+def test_bad_request_rejected_before_any_work(engine):
+    good = make_request("g", "plain", 1)
+    bad = Request("b", SamplingParams(seed=1), [1, 600])
+    with pytest.raises(InvalidSamplingParams, match="'b': prompt_ids contains token id 600"):
+        engine.run(Schedule.of([(0, good), (0, bad)]))
+    long = Request("l", SamplingParams(seed=1), [1] * 1024)
+    with pytest.raises(InvalidSamplingParams, match="'l'.*max_seq_len=1024"):
+        engine.run(Schedule.of([(0, long)]))
+    assert same_result(engine.run(Schedule.of([(0, good)]))["g"],
+                       engine.run(Schedule.of([(0, good)]))["g"])
+
+
+def test_rescore_edge_cases(model):
+    p = SamplingParams(seed=1)
+    assert rescore(model, Sampler(), p, [1, 2], []).shape == (0,)
+    with pytest.raises(InvalidSamplingParams, match="prompt_ids must not be empty"):
+        rescore(model, Sampler(), p, [], [1])
+
+
+_ALONE: dict[tuple, RequestResult] = {}
+
+
+@settings(max_examples=12, deadline=None)
+@given(data=st.data())
+def test_property_random_schedules(model, data):
+    """Hypothesis: any arrivals, families, modes and batch caps: each request == alone,
+    and its logprobs == rescore."""
+    n = data.draw(st.integers(1, 7), label="n")
+    fams = data.draw(st.lists(st.sampled_from(sorted(PARAMS)), min_size=n, max_size=n))
+    modes = data.draw(st.lists(st.sampled_from(["raw", "scaled"]), min_size=n, max_size=n))
+    steps = data.draw(st.lists(st.integers(0, 8), min_size=n, max_size=n))
+    seeds = data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    cap = data.draw(st.sampled_from([None, 1, 2, 5]), label="max_batch_size")
+    reqs = [make_request(f"{i}", f, s, m, max_new=6) for i, (f, s, m) in
+            enumerate(zip(fams, seeds, modes))]
+    # plus one request with arbitrary sampling parameters (any filter, bias, mode)
+    p = data.draw(params_strategy(512), label="params")
+    p = p.replace(max_new_tokens=5, logit_bias=None if p.logit_bias is None else dict(p.logit_bias))
+    reqs.append(Request("any", p, [3, 1, 4, 1, 5]))
+    fams, seeds, modes = fams + ["any"], seeds + [p.seed], modes + [p.logprobs_mode]
+    steps = steps + [data.draw(st.integers(0, 8))]
+    res = Engine(model, config=EngineConfig(max_batch_size=cap)).run(
+        Schedule.of(list(zip(steps, reqs))))
+    for r, f, s, m in zip(reqs, fams, seeds, modes):
+        key = (r.rid, f, s, m)
+        if key not in _ALONE:
+            _ALONE[key] = Engine(model).run(Schedule.of([(0, r)]))[r.rid]
+        assert same_result(res[r.rid], _ALONE[key])
+        lp = rescore(model, Sampler(), r.params, r.prompt_ids, res[r.rid].token_ids)
+        assert torch.equal(bits(lp), bits(res[r.rid].logprobs[m]))
