@@ -14,6 +14,8 @@ import random
 
 import pytest
 import torch
+
+from detsample.processors import LogitsProcessor
 from hypothesis import given, settings, strategies as st
 
 from detsample import InvalidSamplingParams, Request, Sampler, SamplingParams
@@ -202,8 +204,14 @@ def test_stops_at_max_seq_len():
     assert out.finish_reason == "max_seq_len" and len(out.token_ids) == 10 - 6 + 1
 
 
-class _AllNegInf:
+class _AllNegInf(LogitsProcessor):
     """Batch-level logits processor that leaves no admissible token in any row."""
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update) -> None:
+        pass
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         return torch.full_like(x, float("-inf"))
