@@ -20,6 +20,7 @@ from detsample import InvalidSamplingParams, Request, Sampler, SamplingParams
 from detsample.refmodel import RefModel, RefModelConfig
 from detsample.refmodel.engine import Engine, EngineConfig, RequestResult, rescore, with_mode
 from detsample.refmodel.schedule import Schedule
+from detsample.refmodel.verify import alignment_mismatches, float_bits, result_diff
 from tests.helpers import params_strategy
 
 PARAMS = {
@@ -45,22 +46,14 @@ def make_request(rid: str, family: str, seed: int, mode: str = "raw",
     return Request(rid, p, [rng.randrange(1, 512) for _ in range(prompt_len)])
 
 
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.int32 if t.dtype == torch.float32 else t.dtype)
-
-
 def same_result(a: RequestResult, b: RequestResult) -> bool:
-    if (a.rid, a.token_ids, a.seed, a.finish_reason, a.prompt_ids) != \
-            (b.rid, b.token_ids, b.seed, b.finish_reason, b.prompt_ids):
-        return False
-    if a.logprobs.keys() != b.logprobs.keys():
-        return False
-    if not all(torch.equal(bits(a.logprobs[m]), bits(b.logprobs[m])) for m in a.logprobs):
-        return False
-    if (a.top_logprobs is None) != (b.top_logprobs is None):
-        return False
-    return a.top_logprobs is None or all(
-        torch.equal(bits(x), bits(y)) for x, y in zip(a.top_logprobs, b.top_logprobs))
+    d = result_diff(a, b)
+    assert d is None, str(d)
+    return True
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return float_bits(t)
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +101,17 @@ def test_sampling_logprobs_equal_rescore(model, engine, mode):
         got = out.logprobs[mode]
         for t in range(len(out.token_ids)):
             assert torch.equal(bits(got[t]), bits(lp[t])), (r.rid, t, float(got[t]), float(lp[t]))
+    assert alignment_mismatches(model, sampler, reqs, res) == []
+
+
+def test_resumed_request_alignment(model, engine):
+    """A request created with output_ids (resumed) continues after them; rescoring the
+    whole output reproduces the engine's logprobs for the new tokens."""
+    base = make_request("r", "penalties", seed=8, max_new=6)
+    r = Request("r", base.params, base.prompt_ids, output_ids=[65, 66, 67])
+    res = engine.run(Schedule.of([(0, r)]))
+    assert len(res["r"].token_ids) == 6
+    assert alignment_mismatches(model, Sampler(), [r], res) == []
 
 
 def test_extra_logprobs_modes_equal_rescore(model):
