@@ -30,8 +30,11 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from detsample import penalties as step3  # issue 3: penalties, constraints
+from detsample.batch_update import BatchUpdate, diff_update  # issue 3: processors
 from detsample.errors import InvalidSamplingParams
 from detsample.params import Request, SamplingParams
+from detsample.penalty_state import PenaltyState  # issue 3
 
 FINISH_NO_VALID_TOKEN = "no_valid_token"
 
@@ -106,6 +109,12 @@ class SamplingBatch:
         self.greedy = torch.empty((0,), dtype=torch.bool, device=device)
         self._coo: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._flags: BatchFlags | None = None
+        # -- issue 3: penalty counts (None unless a row has a penalty), step-3 row
+        # cache, and stable row identities from which processors' BatchUpdates derive.
+        self.penalties: PenaltyState | None = None
+        self._step3: step3.Step3Rows | None = None
+        self.row_uids: list[int] = []
+        self._next_uid = 0
 
     # -- construction ----------------------------------------------------------------
     @classmethod
@@ -133,6 +142,7 @@ class SamplingBatch:
             if not isinstance(r, Request):
                 _fail(f"requests must be Request objects, got {type(r).__name__}")
             validate_request(r, vocab_size)
+            step3.validate_request(r)  # issue 3
         batch._append_rows(reqs)
         return batch
 
@@ -158,23 +168,47 @@ class SamplingBatch:
         new = self._row_tensors([r.params for r in reqs])
         for name in self._ROW_TENSORS:
             setattr(self, name, torch.cat([getattr(self, name), new[name]], dim=0))
+        n_before = len(self.requests)
         self.requests.extend(reqs)
         self.output_ids.extend(list(r.output_ids) for r in reqs)
         self.finished.extend(None for _ in reqs)
+        self.penalties = PenaltyState.extend(self.penalties, n_before, reqs,
+                                             self.output_ids[n_before:])  # issue 3
+        self._new_uids(len(reqs))  # issue 3
         self._changed()
+
+    # -- issue 3 hooks ---------------------------------------------------------------
+    def _new_uids(self, n: int) -> None:
+        self.row_uids.extend(range(self._next_uid, self._next_uid + n))
+        self._next_uid += n
+
+    def update_since(self, old_uids: Sequence[int]) -> BatchUpdate | None:
+        """The processors' BatchUpdate from the row identities ``old_uids`` (a view of
+        this batch taken earlier) to the current rows; None when nothing changed."""
+        return diff_update(old_uids, self.row_uids, lambda j: (
+            self.requests[j].params, self.requests[j].prompt_ids, self.output_ids[j]))
+
+    def step3_rows(self) -> "step3.Step3Rows":
+        """Rows with min_new_tokens / allowed_token_ids / bad_words (cached)."""
+        if self._step3 is None:
+            self._step3 = step3.step3_rows(self)
+        return self._step3
 
     def _changed(self) -> None:
         self._coo = None
         self._flags = None
+        self._step3 = None  # issue 3
 
     # -- batch composition -----------------------------------------------------------
     def __len__(self) -> int:
         return len(self.requests)
 
-    def filter(self, keep: Sequence[int]) -> None:
+    def filter(self, keep: Sequence[int]) -> BatchUpdate | None:
         """Keep rows ``keep`` in this order (in place); any order, so it can permute.
 
-        Raises InvalidSamplingParams for an index out of range or repeated.
+        Returns the processors' BatchUpdate of this change (removed, then moved), None
+        when nothing changed. Raises InvalidSamplingParams for an index out of range or
+        repeated.
         """
         idx = [int(i) for i in keep]
         B = len(self)
@@ -184,7 +218,10 @@ class SamplingBatch:
         if len(set(idx)) != len(idx):
             _fail(f"filter indices must be distinct, got {idx}")
         if idx == list(range(B)):
-            return
+            return None
+        old_uids = self.row_uids  # issue 3
+        self.row_uids = [old_uids[i] for i in idx]
+        self.penalties = PenaltyState.filter(self.penalties, idx)
         sel = torch.tensor(idx, dtype=torch.int64, device=self.device)
         for name in self._ROW_TENSORS:
             setattr(self, name, getattr(self, name).index_select(0, sel))
@@ -192,9 +229,13 @@ class SamplingBatch:
         self.output_ids = [self.output_ids[i] for i in idx]
         self.finished = [self.finished[i] for i in idx]
         self._changed()
+        return self.update_since(old_uids)  # issue 3
 
-    def merge(self, other: "SamplingBatch") -> None:
-        """Append ``other``'s rows after this batch's rows (in place)."""
+    def merge(self, other: "SamplingBatch") -> BatchUpdate | None:
+        """Append ``other``'s rows after this batch's rows (in place).
+
+        Returns the processors' BatchUpdate (``added`` only), None if ``other`` is empty.
+        """
         if not isinstance(other, SamplingBatch):
             _fail(f"merge expects a SamplingBatch, got {type(other).__name__}")
         if other.vocab_size != self.vocab_size:
@@ -205,10 +246,15 @@ class SamplingBatch:
             _fail("merge: a batch cannot be merged with itself")
         for name in self._ROW_TENSORS:
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)], 0))
+        old_uids = list(self.row_uids)  # issue 3
+        self.penalties = PenaltyState.merge(self.penalties, len(self), other.penalties,
+                                            len(other))
+        self._new_uids(len(other))
         self.requests.extend(other.requests)
         self.output_ids.extend(list(o) for o in other.output_ids)
         self.finished.extend(other.finished)
         self._changed()
+        return self.update_since(old_uids)  # issue 3
 
     def advance(self, token_ids: torch.Tensor | Sequence[int]) -> None:
         """Record each row's sampled token (penalty counts, min_new_tokens, grammar).
@@ -220,14 +266,17 @@ class SamplingBatch:
                                  else token_ids)]
         if len(toks) != len(self):
             _fail(f"advance: token_ids has {len(toks)} entries for a batch of {len(self)} rows")
+        for i, t in enumerate(toks):  # validate all first: a bad id changes no row
+            if t != -1 and not 0 <= t < self.vocab_size:
+                _fail(f"advance: row {i} token id {t} outside the vocabulary "
+                      f"[0, {self.vocab_size})")
         for i, t in enumerate(toks):
             if t == -1:
                 self.finished[i] = FINISH_NO_VALID_TOKEN
                 continue
-            if not 0 <= t < self.vocab_size:
-                _fail(f"advance: row {i} token id {t} outside the vocabulary "
-                      f"[0, {self.vocab_size})")
             self.output_ids[i].append(t)
+        if self.penalties is not None:  # issue 3
+            self.penalties.advance(toks)
 
     # -- derived views ---------------------------------------------------------------
     @property

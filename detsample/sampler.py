@@ -27,6 +27,8 @@ from detsample.ops.bias import apply_logit_bias_
 from detsample.ops.sanitize import STATUS_NO_VALID_TOKEN, sanitize_rows
 from detsample.ops.temperature import scale_logits
 from detsample.fastpath import sample_fast
+from detsample.penalties import apply_step3  # issue 3
+from detsample.processors import ProcessorRunner  # issue 3
 from detsample.rng import RNG_NAME, row_uniforms
 from detsample.workspace import Workspace
 
@@ -86,6 +88,12 @@ class Sampler:
         self.filter_impl = filter_impl
         self.processors = tuple(processors)
         self._ws = Workspace()
+        self._runner = ProcessorRunner(self.processors)  # issue 3: step 1
+
+    def validate_request(self, request) -> None:
+        """Admission check against the registered processors' ``validate_params``
+        (issue 3); raises InvalidSamplingParams naming the request and the field."""
+        self._runner.validate(request.rid, request.params)
 
     # -- input checks ----------------------------------------------------------------
     @staticmethod
@@ -122,9 +130,7 @@ class Sampler:
     # -- pipeline steps 1-5 ----------------------------------------------------------
     def _prepare(self, logits: torch.Tensor, batch: SamplingBatch) -> _Prepared:
         self._check_logits(logits, batch)
-        x = logits
-        for proc in self.processors:  # step 1 (sees the model's logits)
-            x = proc.apply(x if x is not logits else logits.clone())
+        x = self._runner.run(logits, batch)  # step 1 (issue 3: detsample.processors)
         raw, status, m = sanitize_rows(logits)  # step 2 ("raw" = sanitised model logits)
         if x is logits:
             x = raw
@@ -135,7 +141,7 @@ class Sampler:
         # Steps 3-5 never write into ``after_step2`` (it may alias the caller's logits):
         # a step that changes logits works on a copy, so ``x is after_step2`` means
         # "unchanged" and the row maxima of step 2 still hold.
-        # step 3: penalties -- see issue 3 (detsample.ops.penalties)
+        x = apply_step3(x, batch)  # step 3 (issue 3: detsample.penalties; copies on change)
         # step 4: grammar mask -- see issue 4 (detsample.ops.mask)
         coo = batch.logit_bias_coo()  # step 5
         if coo is not None:

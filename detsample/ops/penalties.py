@@ -1,0 +1,107 @@
+"""Pipeline step 3: penalties and token constraints (pure tensor functions).
+
+Exact float32 semantics (the specification, mirrored by ``oracles/penalties.py``).
+Every value below is float32; ``f``, ``p``, ``r`` are the request's
+``frequency_penalty``, ``presence_penalty`` and ``repetition_penalty`` rounded once to
+float32, and ``c`` is the token's count in the request's output (its initial
+``output_ids`` included), converted to float32 (exact below 2**24).
+
+1. additive (OpenAI/vLLM), only on tokens with ``c > 0``::
+
+       x = (x - f * c) - p          # product rounded, then two subtractions
+
+   Tokens absent from the output are left untouched (not ``x - 0``), and a ``-inf``
+   logit (a mask from a processor) stays ``-inf``.
+2. scaling (Hugging Face / vLLM ``repetition_penalty``), on tokens seen in the prompt
+   or the output::
+
+       x = x / r   if x > 0         # a true IEEE division, NOT x * (1 / r)
+       x = x * r   otherwise        # a multiplication (-0.0 and -inf keep their sign)
+
+   ``x * (1 / r)`` differs from ``x / r`` in the last bit for many ``r`` (e.g. 1.1);
+   the division is the one specified.
+3. min_new_tokens: ``x = -inf`` on the stop ids while the output is shorter than
+   ``min_new_tokens``.
+4. allowed_token_ids: every other token becomes ``-inf``.
+5. bad_words: ``x = -inf`` on the last id of each banned sequence whose prefix (all but
+   the last id) is the end of the output (single-id sequences are always banned).
+
+Every function works on ``(row, col)`` index lists (COO) and touches only the listed
+entries of the listed rows, one IEEE operation chain per element: the result of a row
+depends on that row alone (bitwise batch-invariant), whatever the other rows or the
+order of the entries. The dense variant computes the same bits (tested).
+"""
+
+from __future__ import annotations
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+def _penalize_values(v: torch.Tensor, counts: torch.Tensor, freq: torch.Tensor,
+                     pres: torch.Tensor, rep: torch.Tensor) -> torch.Tensor:
+    """The element rule (1 then 2 of the module docstring) on gathered values."""
+    c = counts.to(torch.float32)
+    add = (v - freq * c) - pres
+    v = torch.where((counts > 0) & ~torch.isneginf(v), add, v)
+    return torch.where(v > 0, v / rep, v * rep)
+
+
+def apply_penalties_coo_(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+                         counts: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor,
+                         rep: torch.Tensor) -> torch.Tensor:
+    """Frequency, presence and repetition penalties on listed entries, in place.
+
+    x: (B, V) float32, a working copy owned by the caller.
+    rows, cols: (nnz,) int64, no duplicate ``(row, col)`` pair: every token seen in a
+    penalised row's output (and, for rows with ``r != 1``, its prompt).
+    counts: (nnz,) int32 output count of the token (0 = seen in the prompt only).
+    freq, pres, rep: (nnz,) float32, the entry's row values.
+    Returns ``x``. Bitwise equal to :func:`apply_penalties_dense_` on the same state.
+    """
+    if rows.numel() == 0:
+        return x
+    v = x[rows, cols]
+    x.index_put_((rows, cols), _penalize_values(v, counts, freq, pres, rep))
+    return x
+
+
+def apply_penalties_dense_(x: torch.Tensor, counts: torch.Tensor, seen: torch.Tensor,
+                           freq: torch.Tensor, pres: torch.Tensor,
+                           rep: torch.Tensor) -> torch.Tensor:
+    """Dense form of :func:`apply_penalties_coo_` (the vLLM layout), in place.
+
+    x: (B, V) float32; counts: (B, V) int32 output counts; seen: (B, V) bool, token in
+    prompt or output; freq, pres, rep: (B, 1) float32. Returns ``x``.
+    """
+    v = _penalize_values(x, counts, freq, pres, rep)
+    x.copy_(torch.where(seen, v, x))
+    return x
+
+
+def ban_tokens_(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """``x[rows[j], cols[j]] = -inf`` in place (duplicates allowed); returns ``x``.
+
+    Used for min_new_tokens (stop ids) and bad_words. rows, cols: (n,) int64.
+    """
+    if rows.numel():
+        x.index_put_((rows, cols), torch.full((rows.numel(),), NEG_INF, dtype=x.dtype,
+                                              device=x.device))
+    return x
+
+
+def restrict_to_allowed_(x: torch.Tensor, sel_rows: torch.Tensor, rows: torch.Tensor,
+                         cols: torch.Tensor) -> torch.Tensor:
+    """Only ``(rows[j], cols[j])`` stay in the rows ``sel_rows``; the rest become -inf.
+
+    x: (B, V) float32 owned by the caller; sel_rows: (m,) int64 distinct rows having an
+    allowed list; rows, cols: (n,) int64 the allowed entries of those rows (no
+    duplicate pair). Values of allowed tokens are kept bit for bit. Returns ``x``.
+    """
+    if sel_rows.numel() == 0:
+        return x
+    keep = x[rows, cols]
+    x.index_fill_(0, sel_rows, NEG_INF)
+    x.index_put_((rows, cols), keep)
+    return x
