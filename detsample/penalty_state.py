@@ -81,7 +81,8 @@ class RowTokens:
 
     def add(self, t: int) -> None:
         """Record one output token."""
-        self.counts[self._slot(t)] += 1
+        i = self._slot(t)  # may grow (replace) self.counts: index it only afterwards
+        self.counts[i] += 1
 
     def snapshot(self) -> dict[int, int]:
         """token -> output count, over every tracked token (for tests)."""

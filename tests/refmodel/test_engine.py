@@ -17,6 +17,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from detsample import InvalidSamplingParams, Request, Sampler, SamplingParams
+from detsample.processors import LogitsProcessor
 from detsample.refmodel import RefModel, RefModelConfig
 from detsample.refmodel.engine import Engine, EngineConfig, RequestResult, rescore, with_mode
 from detsample.refmodel.schedule import Schedule
@@ -206,8 +207,14 @@ def test_stops_at_max_seq_len():
     assert out.finish_reason == "max_seq_len" and len(out.token_ids) == 10 - 6 + 1
 
 
-class _AllNegInf:
+class _AllNegInf(LogitsProcessor):
     """Batch-level logits processor that leaves no admissible token in any row."""
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update) -> None:
+        pass
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         return torch.full_like(x, float("-inf"))
