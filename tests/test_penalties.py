@@ -197,3 +197,11 @@ def test_rows_equal_alone_through_random_filter_merge(data):
         for _ in steps:
             _step(s, alone, solo)
         assert solo.get(r.rid, []) == steps, r.rid
+
+
+def test_row_tokens_grow_past_initial_capacity():
+    """Regression: counting a 17th distinct token grew the arrays while indexing the old
+    one (IndexError inside batch.advance in a long engine run)."""
+    row = RowTokens(SamplingParams(frequency_penalty=0.5), [], list(range(40)) + [3, 3])
+    snap = row.snapshot()
+    assert len(snap) == 40 and snap[3] == 3 and snap[39] == 1

@@ -14,6 +14,8 @@ import random
 
 import pytest
 import torch
+
+from detsample.processors import LogitsProcessor
 from hypothesis import given, settings, strategies as st
 
 from detsample import InvalidSamplingParams, Request, Sampler, SamplingParams

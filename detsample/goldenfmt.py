@@ -1,0 +1,224 @@
+"""Golden file format: one scenario's outputs <-> ``manifest.json``, ``tokens.txt``,
+``logprobs.txt`` (schema version 1, see docs/golden.md).
+
+Each text file has one entry per line, in the order the scenario produced them::
+
+    tokens.txt     <token id> <request>@<position>
+    logprobs.txt   0x<uint32 bits, 8 hex digits> <shortest float32 decimal> <request>@<position>
+
+The hex bits are authoritative (so ``-0.0`` vs ``0.0`` and NaN payloads are visible);
+the decimal is for humans and is checked against the bits on load. The manifest holds
+the dtypes (``<i8`` / ``<f4``), shapes and the sha256 of each array's raw little-endian
+bytes, which detects any edit or truncation of the text files.
+
+Everything here is a pure function of its inputs: serialising the same record twice
+gives byte-identical text (sorted JSON keys, no timestamps).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from detsample.errors import DetsampleError
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+TOKENS = "tokens.txt"
+LOGPROBS = "logprobs.txt"
+FILES = (TOKENS, LOGPROBS, MANIFEST)
+ARRAY_SPECS = {"tokens": (TOKENS, "<i8"), "logprobs": (LOGPROBS, "<f4")}
+_RID = re.compile(r"^[A-Za-z0-9_.:-]+$")
+
+
+class GoldenFormatError(DetsampleError):
+    """A golden file is malformed, inconsistent with its manifest, or of another schema."""
+
+
+@dataclass(frozen=True)
+class ScenarioOutput:
+    """What a scenario produced: N entries, each (request, position, token, logprob).
+
+    - ``rids``: N request ids (no whitespace, no ``@``);
+    - ``positions``: [N] int64, the position the token was sampled at;
+    - ``tokens``: [N] int64 sampled token ids;
+    - ``logprobs``: [N] float32 sampling-time logprobs;
+    - ``meta``: JSON-serialisable description (params, seeds, rng, inputs).
+    """
+
+    rids: tuple[str, ...]
+    positions: np.ndarray
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rids", tuple(str(r) for r in self.rids))
+        object.__setattr__(self, "positions", np.ascontiguousarray(self.positions, dtype="<i8"))
+        if np.asarray(self.tokens).dtype.kind not in "iu":
+            raise GoldenFormatError(f"tokens must be integers, got dtype {np.asarray(self.tokens).dtype}")
+        if np.asarray(self.logprobs).dtype != np.float32:
+            raise GoldenFormatError(f"logprobs must be float32, got dtype {np.asarray(self.logprobs).dtype}")
+        object.__setattr__(self, "tokens", np.ascontiguousarray(self.tokens, dtype="<i8"))
+        object.__setattr__(self, "logprobs", np.ascontiguousarray(self.logprobs, dtype="<f4"))
+        n = len(self.rids)
+        for name in ("positions", "tokens", "logprobs"):
+            arr = getattr(self, name)
+            if arr.shape != (n,):
+                raise GoldenFormatError(f"{name} must have shape ({n},), got {arr.shape}")
+        for r in set(self.rids):
+            if not _RID.match(r) or "@" in r:
+                raise GoldenFormatError(f"request ids must match {_RID.pattern}, got {r!r}")
+
+    @property
+    def labels(self) -> list[str]:
+        """``"<request>@<position>"`` per entry."""
+        return [f"{r}@{int(p)}" for r, p in zip(self.rids, self.positions)]
+
+    def take(self, indices: Sequence[int] | np.ndarray) -> "ScenarioOutput":
+        """The entries at ``indices`` (in that order), same meta."""
+        idx = np.asarray(indices, dtype=np.int64)
+        return ScenarioOutput(tuple(self.rids[i] for i in idx.tolist()), self.positions[idx],
+                              self.tokens[idx], self.logprobs[idx], self.meta)
+
+    def of_request(self, rid: str) -> "ScenarioOutput":
+        """The entries of request ``rid``, in order."""
+        return self.take([i for i, r in enumerate(self.rids) if r == rid])
+
+    def bits(self) -> np.ndarray:
+        """[N] uint32 bit patterns of ``logprobs``."""
+        return self.logprobs.view("<u4")
+
+
+def sha256(arr: np.ndarray) -> str:
+    """sha256 of the raw bytes of a little-endian contiguous array."""
+    return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
+
+
+def float_text(bits: int) -> str:
+    """Shortest decimal that round-trips to the float32 with these bits."""
+    return str(np.array([bits], dtype="<u4").view("<f4")[0])
+
+
+def encode_tokens(out: ScenarioOutput) -> str:
+    return "".join(f"{int(t)} {lab}\n" for t, lab in zip(out.tokens, out.labels))
+
+
+def encode_logprobs(out: ScenarioOutput) -> str:
+    return "".join(f"0x{int(b):08x} {float_text(int(b))} {lab}\n"
+                   for b, lab in zip(out.bits(), out.labels))
+
+
+def encode_manifest(out: ScenarioOutput, scenario: str, extra: Mapping[str, Any]) -> str:
+    """The manifest text. ``extra`` holds platform and version facts."""
+    n = len(out.rids)
+    arrays = {}
+    for name, (fname, dtype) in ARRAY_SPECS.items():
+        arrays[name] = {"file": fname, "dtype": dtype, "shape": [n], "sha256": sha256(getattr(out, name))}
+    doc = {"schema_version": SCHEMA_VERSION, "scenario": scenario, "arrays": arrays,
+           "positions_sha256": sha256(out.positions), **dict(extra), **dict(out.meta)}
+    return json.dumps(doc, sort_keys=True, indent=1, allow_nan=False) + "\n"
+
+
+def encode(out: ScenarioOutput, scenario: str, extra: Mapping[str, Any]) -> dict[str, str]:
+    """File name -> text of the three golden files."""
+    return {TOKENS: encode_tokens(out), LOGPROBS: encode_logprobs(out),
+            MANIFEST: encode_manifest(out, scenario, extra)}
+
+
+def _split_label(lab: str, where: str) -> tuple[str, int]:
+    rid, sep, pos = lab.rpartition("@")
+    if not sep or not rid:
+        raise GoldenFormatError(f"{where}: label must be <request>@<position>, got {lab!r}")
+    try:
+        return rid, int(pos)
+    except ValueError:
+        raise GoldenFormatError(f"{where}: position must be an integer, got {pos!r}") from None
+
+
+def _parse_lines(text: str, fname: str, nfields: int) -> list[list[str]]:
+    rows = []
+    for i, line in enumerate(text.splitlines(), 1):
+        parts = line.split()
+        if len(parts) != nfields:
+            raise GoldenFormatError(f"{fname}:{i}: expected {nfields} fields, got {line!r}")
+        rows.append(parts)
+    return rows
+
+
+def decode(texts: Mapping[str, str]) -> tuple[ScenarioOutput, dict[str, Any]]:
+    """Parse the three files back into a :class:`ScenarioOutput` and the manifest.
+
+    Raises :class:`GoldenFormatError` when a file is malformed, the schema version is not
+    ours, the two text files disagree on the labels, a decimal disagrees with its bits, or
+    an array's sha256/shape differs from the manifest.
+    """
+    try:
+        manifest = json.loads(texts[MANIFEST])
+    except json.JSONDecodeError as e:
+        raise GoldenFormatError(f"{MANIFEST}: invalid JSON ({e})") from None
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise GoldenFormatError(f"{MANIFEST}: schema_version must be {SCHEMA_VERSION}, "
+                                f"got {manifest.get('schema_version')!r}")
+    trows = _parse_lines(texts[TOKENS], TOKENS, 2)
+    lrows = _parse_lines(texts[LOGPROBS], LOGPROBS, 3)
+    if len(trows) != len(lrows):
+        raise GoldenFormatError(f"{TOKENS} has {len(trows)} lines but {LOGPROBS} has {len(lrows)}")
+    labels = [r[1] for r in trows]
+    for i, (a, r) in enumerate(zip(labels, lrows), 1):
+        if a != r[2]:
+            raise GoldenFormatError(f"line {i}: {TOKENS} says {a!r} but {LOGPROBS} says {r[2]!r}")
+    split = [_split_label(lab, f"{TOKENS}:{i}") for i, lab in enumerate(labels, 1)]
+    try:
+        tokens = np.array([int(r[0]) for r in trows], dtype="<i8")
+        bits = np.array([int(r[0], 16) for r in lrows], dtype=np.uint64)
+    except ValueError as e:
+        raise GoldenFormatError(f"non-integer value in golden text ({e})") from None
+    if bits.size and int(bits.max()) > 0xFFFFFFFF:
+        raise GoldenFormatError(f"{LOGPROBS}: bits must fit in uint32")
+    bits32 = bits.astype("<u4")
+    for i, (b, r) in enumerate(zip(bits32, lrows), 1):
+        if float_text(int(b)) != r[1]:
+            raise GoldenFormatError(f"{LOGPROBS}:{i}: decimal {r[1]!r} disagrees with bits "
+                                    f"0x{int(b):08x} (= {float_text(int(b))})")
+    out = ScenarioOutput(rids=tuple(s[0] for s in split),
+                         positions=np.array([s[1] for s in split], dtype="<i8"),
+                         tokens=tokens, logprobs=bits32.view("<f4"))
+    _check_against_manifest(out, manifest)
+    return out, manifest
+
+
+def _check_against_manifest(out: ScenarioOutput, manifest: Mapping[str, Any]) -> None:
+    arrays = manifest.get("arrays", {})
+    for name, (fname, dtype) in ARRAY_SPECS.items():
+        spec = arrays.get(name)
+        if not isinstance(spec, dict):
+            raise GoldenFormatError(f"{MANIFEST}: missing arrays.{name}")
+        if spec.get("dtype") != dtype:
+            raise GoldenFormatError(f"{MANIFEST}: arrays.{name}.dtype must be {dtype!r}, got {spec.get('dtype')!r}")
+        arr = getattr(out, name)
+        if list(spec.get("shape", [])) != list(arr.shape):
+            raise GoldenFormatError(f"{fname}: shape {list(arr.shape)} but manifest says {spec.get('shape')}")
+        if spec.get("sha256") != sha256(arr):
+            raise GoldenFormatError(f"{fname}: sha256 of its values differs from {MANIFEST} "
+                                    "(edited or truncated by hand?)")
+    if manifest.get("positions_sha256") != sha256(out.positions):
+        raise GoldenFormatError(f"{TOKENS}: positions differ from {MANIFEST}")
+
+
+def concat(outputs: Sequence[ScenarioOutput], meta: Mapping[str, Any] | None = None) -> ScenarioOutput:
+    """Entries of several outputs, in order (used by multi-step scenarios)."""
+    if not outputs:
+        return ScenarioOutput((), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32), meta or {})
+    return ScenarioOutput(
+        rids=tuple(r for o in outputs for r in o.rids),
+        positions=np.concatenate([o.positions for o in outputs]),
+        tokens=np.concatenate([o.tokens for o in outputs]),
+        logprobs=np.concatenate([o.logprobs for o in outputs]),
+        meta=dict(meta or {}),
+    )

@@ -1,0 +1,292 @@
+"""Registry of named golden scenarios: synthetic logits x sampling-parameter families.
+
+A :class:`Scenario` is fully determined by its fields (explicit seeds; no global state).
+``produce()`` runs it through :class:`detsample.Sampler` over a
+:class:`detsample.SamplingBatch` for ``steps`` decode steps and returns a
+:class:`~detsample.goldenfmt.ScenarioOutput`: entries ordered by (step, row), each the
+request id, its position, the sampled token id (int64) and its sampling-time logprob
+(float32), plus metadata for the manifest (params, seeds, RNG name, input hashes).
+
+``run(order=..., split=..., shuffle_steps=...)`` runs the same requests under another
+batch composition (a subset, a permutation, two batches merged, a permuting ``filter``
+at every step); its output is put back into canonical order so that it can be compared
+bitwise with ``produce()`` (the batch-composition invariance check).
+
+Names are ``<logits family>.<params family>``, e.g. ``ties.top_k``; ``quick=True`` marks
+the smoke subset that ``detsample check --quick`` runs. :func:`registry` adds the engine
+schedules of :mod:`detsample.enginescenarios` when the reference engine is present.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from detsample.goldenfmt import ScenarioOutput
+from detsample.synthlogits import FAMILIES
+
+MODES = ("raw", "scaled", "processed")
+BIG_VOCAB = 152064
+ParamFamily = Callable[[int, int], list[dict[str, Any]]]
+StepHook = Callable[..., None]
+
+
+def _cycle(values: Sequence[Any], n: int) -> list[Any]:
+    return [values[i % len(values)] for i in range(n)]
+
+
+def greedy_params(rows: int, vocab: int) -> list[dict[str, Any]]:
+    """Greedy rows: temperature 0, top_k 1, and greedy with bias/penalty."""
+    base = [dict(temperature=0.0), dict(top_k=1), dict(temperature=0.0, logprobs=3),
+            dict(temperature=0.0, repetition_penalty=1.5),
+            dict(temperature=0.0, logit_bias={vocab - 1: 5.0, 7: -3.0})]
+    return _cycle(base, rows)
+
+
+def temperature_params(rows: int, vocab: int) -> list[dict[str, Any]]:
+    return [dict(temperature=t) for t in _cycle([0.25, 0.5, 0.8, 1.0, 1.3, 2.0, 1e-3, 7.0], rows)]
+
+
+def top_k_params(rows: int, vocab: int) -> list[dict[str, Any]]:
+    return [dict(top_k=k, temperature=t) for k, t in
+            zip(_cycle([2, 5, 10, 50, 3, 20, 1000, vocab + 5], rows), _cycle([1.0, 0.7], rows))]
+
+
+def top_p_params(rows: int, vocab: int) -> list[dict[str, Any]]:
+    return [dict(top_p=p) for p in _cycle([0.1, 0.5, 0.9, 0.95, 0.99, 1.0, 0.3, 0.75], rows)]
+
+
+def min_p_params(rows: int, vocab: int) -> list[dict[str, Any]]:
+    return [dict(min_p=m, temperature=0.9) for m in
+            _cycle([0.01, 0.05, 0.1, 0.2, 0.5, 0.9, 1.0, 0.0], rows)]
+
+
+def combo_params(rows: int, vocab: int) -> list[dict[str, Any]]:
+    """Everything at once, greedy rows next to sampled rows, penalties and biases."""
+    base = [
+        dict(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05),
+        dict(temperature=0.0),
+        dict(temperature=1.2, top_p=0.8, repetition_penalty=1.3, logprobs=5),
+        dict(temperature=0.7, frequency_penalty=0.5, presence_penalty=0.3, top_k=20),
+        dict(temperature=1.0, logit_bias={3: 2.5, vocab - 2: -100.0}, min_p=0.1),
+        dict(temperature=1.0, min_new_tokens=2, stop_token_ids=(0, 5), top_k=8),
+        dict(top_k=1, top_p=0.5),
+        dict(temperature=0.5, top_k=3, top_p=0.99, min_p=0.3, repetition_penalty=0.8),
+    ]
+    return _cycle(base, rows)
+
+
+PARAM_FAMILIES: dict[str, ParamFamily] = {
+    "greedy": greedy_params,
+    "temperature": temperature_params,
+    "top_k": top_k_params,
+    "top_p": top_p_params,
+    "min_p": min_p_params,
+    "combo": combo_params,
+}
+
+
+def _sha(a: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One golden scenario: ``rows`` requests sampled for ``steps`` steps over logits of
+    the family ``logits`` (vocabulary ``vocab``), with parameters of family ``params``.
+    Row i uses ``logprobs_mode = MODES[(i + mode_offset) % 3]`` and seed
+    ``(seed << 8) | i``."""
+
+    name: str
+    logits: str
+    params: str
+    vocab: int = 1000
+    rows: int = 8
+    steps: int = 3
+    seed: int = 0
+    quick: bool = False
+
+    def __post_init__(self) -> None:
+        if self.logits not in FAMILIES:
+            raise ValueError(f"logits must be one of {sorted(FAMILIES)}, got {self.logits!r}")
+        if self.params not in PARAM_FAMILIES:
+            raise ValueError(f"params must be one of {sorted(PARAM_FAMILIES)}, got {self.params!r}")
+        for f in ("vocab", "rows", "steps"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"{f} must be >= 1, got {getattr(self, f)!r}")
+        if not 0 <= self.seed < 2**54:
+            raise ValueError(f"seed must be in [0, 2**54), got {self.seed!r}")
+
+    # -- inputs ----------------------------------------------------------------------
+    def rid(self, row: int) -> str:
+        return f"r{row}"
+
+    def prompt(self, row: int) -> list[int]:
+        """A short prompt (3..6 tokens) so penalties see prompt tokens."""
+        n = 3 + row % 4
+        return [(self.seed * 31 + row * 17 + 11 * j) % self.vocab for j in range(n)]
+
+    def sampling_params(self) -> list[Any]:
+        from detsample import SamplingParams
+        kws = PARAM_FAMILIES[self.params](self.rows, self.vocab)
+        return [SamplingParams(**{"logprobs_mode": MODES[i % 3], **kw, "seed": (self.seed << 8) | i})
+                for i, kw in enumerate(kws)]
+
+    def requests(self) -> list[Any]:
+        """Fresh :class:`detsample.Request` objects (row order)."""
+        from detsample import Request
+        return [Request(rid=self.rid(i), params=p, prompt_ids=self.prompt(i), output_ids=[])
+                for i, p in enumerate(self.sampling_params())]
+
+    def step_logits(self, step: int) -> np.ndarray:
+        """[rows, vocab] float32 logits of ``step`` (all rows, canonical order)."""
+        return FAMILIES[self.logits](self.seed, step, self.rows, self.vocab)
+
+    def position(self, row: int, step: int) -> int:
+        return len(self.prompt(row)) - 1 + step
+
+    # -- running ---------------------------------------------------------------------
+    def run(self, order: Sequence[int] | None = None, split: int | None = None,
+            shuffle_steps: bool = False, sampler: Any = None,
+            device: str | torch.device = "cpu", on_step: StepHook | None = None) -> ScenarioOutput:
+        """Sample rows ``order`` (default all, in order) for every step.
+
+        ``split``: build ``order[:split]`` and ``order[split:]`` as two batches and
+        ``merge`` them. ``shuffle_steps``: before each step after the first, permute the
+        batch with ``filter`` (a seeded permutation). Entries come back in canonical
+        (step, row) order whatever the composition. ``on_step(step, rows, logits, batch,
+        positions, out)`` is called after each ``sample`` (before ``advance``).
+        """
+        from detsample import Sampler, SamplingBatch
+        sampler = sampler if sampler is not None else Sampler()
+        dev = torch.device(device)
+        rows = list(range(self.rows)) if order is None else [int(i) for i in order]
+        reqs = self.requests()
+        cut = len(rows) if split is None else split
+        batch = SamplingBatch.from_requests([reqs[i] for i in rows[:cut]], vocab_size=self.vocab,
+                                            device=dev, eos_token_ids=(0,))
+        if cut < len(rows):
+            batch.merge(SamplingBatch.from_requests([reqs[i] for i in rows[cut:]],
+                                                    vocab_size=self.vocab, device=dev,
+                                                    eos_token_ids=(0,)))
+        got: dict[tuple[int, int], tuple[int, int, float]] = {}
+        perm_rng = np.random.default_rng(self.seed)
+        shas = []
+        for step in range(self.steps):
+            if shuffle_steps and step > 0:
+                perm = [int(i) for i in perm_rng.permutation(len(rows))]
+                batch.filter(perm)
+                rows = [rows[i] for i in perm]
+            full = self.step_logits(step)
+            shas.append(_sha(full))
+            logits = torch.from_numpy(full[rows]).to(dev)
+            positions = torch.tensor([self.position(r, step) for r in rows], dtype=torch.int64,
+                                     device=dev)
+            out = sampler.sample(logits, batch, positions)
+            if on_step is not None:
+                on_step(step, rows, logits, batch, positions, out)
+            toks = out.token_ids.cpu().numpy()
+            lps = out.logprobs.cpu().numpy()
+            for j, r in enumerate(rows):
+                got[(step, r)] = (self.position(r, step), int(toks[j]), lps[j])
+            batch.advance(out.token_ids)
+        keys = sorted(got)
+        return ScenarioOutput(
+            rids=tuple(self.rid(r) for _, r in keys),
+            positions=np.array([got[k][0] for k in keys], dtype=np.int64),
+            tokens=np.array([got[k][1] for k in keys], dtype=np.int64),
+            logprobs=np.array([got[k][2] for k in keys], dtype=np.float32),
+            meta=self.metadata(sampler, shas),
+        )
+
+    def produce(self, sampler: Any = None, device: str | torch.device = "cpu") -> ScenarioOutput:
+        """The canonical run: all rows in one batch, in order."""
+        return self.run(sampler=sampler, device=device)
+
+    def metadata(self, sampler: Any = None, logits_sha256: list[str] | None = None) -> dict[str, Any]:
+        """The manifest's description of the inputs (params, seeds, rng, draw method,
+        logits hashes) for a run with ``sampler`` (default ``Sampler()``)."""
+        if logits_sha256 is None:
+            logits_sha256 = [_sha(self.step_logits(s)) for s in range(self.steps)]
+        from detsample import Sampler
+        sampler = sampler if sampler is not None else Sampler()
+        params = self.sampling_params()
+        return {
+            "rng": sampler.rng_name,
+            "sampler": {"class": type(sampler).__name__, "draw_method": sampler.draw_method,
+                        "deterministic": sampler.deterministic,
+                        "filter_impl": sampler.filter_impl},
+            "inputs": {
+                "logits_family": self.logits, "params_family": self.params,
+                "vocab_size": self.vocab, "rows": self.rows, "steps": self.steps,
+                "logits_seed": self.seed,
+                "logits_generator": "PCG64(SeedSequence([seed, step])).random_raw",
+                "logits_dtype": "<f4", "logits_shape": [self.rows, self.vocab],
+                "logits_sha256": logits_sha256,
+            },
+            "requests": [{"rid": self.rid(i), "prompt_ids": self.prompt(i),
+                          "params": p.to_dict()} for i, p in enumerate(params)],
+            "seeds": {self.rid(i): p.seed for i, p in enumerate(params)},
+        }
+
+
+def _seed(name: str) -> int:
+    return zlib.crc32(name.encode("utf-8"))
+
+
+QUICK = {"random.combo", "ties.top_k", "nan.greedy", "onehot.top_p", "neginf.min_p",
+         "huge.temperature", "big.top_p"}
+
+
+def _build() -> dict[str, Scenario]:
+    out: dict[str, Scenario] = {}
+    for lf in FAMILIES:
+        for pf in PARAM_FAMILIES:
+            name = f"{lf}.{pf}"
+            out[name] = Scenario(name, lf, pf, seed=_seed(name), quick=name in QUICK)
+    for pf in ("top_p", "combo"):
+        name = f"big.{pf}"
+        out[name] = Scenario(name, "random", pf, vocab=BIG_VOCAB, rows=3, steps=2,
+                             seed=_seed(name), quick=name in QUICK)
+    return out
+
+
+SCENARIOS: dict[str, Scenario] = _build()
+
+
+def registry() -> dict[str, Any]:
+    """Every registered scenario: the synthetic ones, plus the engine schedules of
+    :mod:`detsample.enginescenarios` where the reference engine exists. Each has
+    ``name``, ``quick`` and ``produce(sampler=None, device="cpu")``."""
+    from detsample import enginescenarios
+    reg: dict[str, Any] = dict(SCENARIOS)
+    if enginescenarios.available():
+        reg.update(enginescenarios.ENGINE_SCENARIOS)
+    return reg
+
+
+def get(name: str) -> Any:
+    """The registered scenario ``name`` (KeyError naming the known ones otherwise)."""
+    reg = registry()
+    try:
+        return reg[name]
+    except KeyError:
+        raise KeyError(f"unknown scenario {name!r}; known: {', '.join(sorted(reg))}") from None
+
+
+def names(quick: bool = False, device: str | torch.device | None = None) -> list[str]:
+    """Registered scenario names (the quick subset when ``quick``; those that run on
+    ``device`` when given: a scenario may restrict itself with a ``devices`` tuple), sorted."""
+    kind = None if device is None else torch.device(device).type
+    return sorted(n for n, s in registry().items() if (s.quick or not quick)
+                  and (kind is None or kind in getattr(s, "devices", (kind,))))
+
+
+def produce_all(selected: Sequence[str], device: str | torch.device = "cpu") -> dict[str, ScenarioOutput]:
+    """Canonical outputs of the ``selected`` scenarios (KeyError for an unknown name)."""
+    return {n: get(n).produce(device=device) for n in selected}
