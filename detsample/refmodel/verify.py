@@ -9,7 +9,7 @@ payloads count as differences.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -88,8 +88,10 @@ def result_diff(a: RequestResult, b: RequestResult) -> Mismatch | None:
 
 
 def alignment_mismatches(model: RefModel, sampler: Sampler, requests: Sequence[Request],
-                         result: EngineResult) -> list[Mismatch]:
-    """Every mode each result reports == :func:`rescore` of its tokens, at every position."""
+                         result: EngineResult, vocab: Any = None) -> list[Mismatch]:
+    """Every mode each result reports == :func:`rescore` of its tokens, at every position.
+
+    ``vocab``: the grammar vocabulary the engine used (None: the default one)."""
     out = []
     for r in requests:
         res = result[r.rid]
@@ -98,7 +100,7 @@ def alignment_mismatches(model: RefModel, sampler: Sampler, requests: Sequence[R
         skip = len(r.output_ids)
         for mode, got in sorted(res.logprobs.items()):
             p = r.params if mode == r.params.logprobs_mode else with_mode(r.params, mode)
-            want = rescore(model, sampler, p, prompt, output)[skip:]
+            want = rescore(model, sampler, p, prompt, output, vocab=vocab)[skip:]
             i = _first_bit_diff(got, want)
             if i is not None:
                 out.append(Mismatch("alignment", r.rid, i, res.token_ids[i],

@@ -10,21 +10,29 @@ stopping on EOS / stop ids / max_new_tokens / max_seq_len / no admissible token.
 
 from __future__ import annotations
 
+import json
 import random
+import re
 
 import pytest
 import torch
 
 from detsample.processors import LogitsProcessor
+from detsample.vocab import Vocabulary
 from hypothesis import given, settings, strategies as st
 
 from detsample import InvalidSamplingParams, Request, Sampler, SamplingParams
 from detsample.processors import LogitsProcessor
+from detsample.vocab import Vocabulary
 from detsample.refmodel import RefModel, RefModelConfig
 from detsample.refmodel.engine import Engine, EngineConfig, RequestResult, rescore, with_mode
 from detsample.refmodel.schedule import Schedule
-from detsample.refmodel.verify import alignment_mismatches, float_bits, result_diff
+from detsample.refmodel.verify import (alignment_mismatches, float_bits, invariance_mismatches,
+                                       result_diff)
 from tests.helpers import params_strategy
+
+REGEX = r"[a-c]{2,5}x"
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
 PARAMS = {
     "plain": dict(temperature=1.0),
@@ -39,6 +47,9 @@ PARAMS = {
     "penalties": dict(temperature=0.9, repetition_penalty=1.3, frequency_penalty=0.4,
                       presence_penalty=0.2),
     "min_tokens": dict(temperature=1.0, min_new_tokens=5, stop_token_ids=(7, 9)),
+    # grammars (default vocabulary): the row finishes when the matcher accepts EOS
+    "regex": dict(temperature=1.0, regex=REGEX),
+    "json": dict(temperature=0.8, json_schema=SCHEMA),
 }
 
 
@@ -80,9 +91,11 @@ def test_engine_outputs_shape(engine):
         assert out.logprobs["raw"].dtype == torch.float32
         assert out.logprobs["raw"].shape == (len(out.token_ids),)
         assert out.seed == r.params.seed
-        assert out.finish_reason in ("length", "eos", "stop")
+        assert out.finish_reason in ("length", "eos", "stop", "grammar_terminated")
         last = out.token_ids[-1]
-        assert (out.finish_reason == "eos") == (last == 0)
+        assert (out.finish_reason in ("eos", "grammar_terminated")) == (last == 0)
+        assert (out.finish_reason == "grammar_terminated") == (r.params.grammar is not None
+                                                               and last == 0)
         assert (out.finish_reason == "stop") == (last in r.params.stop_token_ids and last != 0)
         assert out.arrival_step <= out.finish_step
         if r.params.logprobs:
@@ -227,6 +240,24 @@ def test_no_admissible_token_finishes_request(model):
     out = Engine(model, Sampler(processors=(_AllNegInf(),))).run(Schedule.of([(0, r)]))["n"]
     assert out.token_ids == () and out.finish_reason == "no_valid_token"
     assert out.logprobs["raw"].shape == (0,)
+
+
+def test_grammar_requests_follow_their_grammar(model):
+    """A regex and a JSON-schema request next to free ones: outputs obey the grammar,
+    finish as grammar_terminated, and align with rescoring (matcher state replayed)."""
+    vocab = Vocabulary.default()
+    reqs = [Request("re", SamplingParams(seed=1, regex=REGEX, max_new_tokens=20), [2, 3]),
+            Request("js", SamplingParams(seed=2, json_schema=SCHEMA, max_new_tokens=60), [4]),
+            make_request("free", "plain", 3)]
+    eng = Engine(model, config=EngineConfig(vocab=vocab))
+    res = eng.run(Schedule.of([(0, reqs[0]), (1, reqs[1]), (1, reqs[2])]))
+    assert res["re"].finish_reason == "grammar_terminated"
+    assert re.fullmatch(REGEX, vocab.decode(res["re"].token_ids).decode())
+    assert res["js"].finish_reason == "grammar_terminated"
+    doc = json.loads(vocab.decode(res["js"].token_ids))
+    assert isinstance(doc["a"], int)
+    assert alignment_mismatches(model, Sampler(), reqs, res, vocab=vocab) == []
+    assert invariance_mismatches(eng, Schedule.of([(0, r) for r in reqs])) == []
 
 
 def test_max_batch_size_and_fifo(model):
