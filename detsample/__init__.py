@@ -7,6 +7,7 @@ Public API (a contract, see DESIGN.md)::
 
 from detsample.errors import DetsampleError, GrammarError, InvalidSamplingParams
 from detsample.params import Request, SamplingParams
+from detsample.vocab import Vocabulary  # grammar branch
 
 __version__ = "0.1.0"
 
@@ -16,6 +17,7 @@ __all__ = [
     "InvalidSamplingParams",
     "Request",
     "SamplingParams",
+    "Vocabulary",
     "__version__",
 ]
 

@@ -33,6 +33,7 @@ import torch
 from detsample import penalties as step3  # issue 3: penalties, constraints
 from detsample.batch_update import BatchUpdate, diff_update  # issue 3: processors
 from detsample.errors import InvalidSamplingParams
+from detsample.grammar import batching as grammar_hooks  # issue 4: grammar rows
 from detsample.params import Request, SamplingParams
 from detsample.penalty_state import PenaltyState  # issue 3
 
@@ -101,6 +102,7 @@ class SamplingBatch:
         self.requests: list[Request] = []
         self.output_ids: list[list[int]] = []
         self.finished: list[str | None] = []
+        self.grammars: list = []  # issue 4: RequestGrammar | None per row
         self.temperatures = torch.empty((0, 1), dtype=torch.float32, device=device)
         self.top_ks = torch.empty((0,), dtype=torch.int32, device=device)
         self.top_ps = torch.empty((0,), dtype=torch.float64, device=device)
@@ -175,6 +177,7 @@ class SamplingBatch:
         self.penalties = PenaltyState.extend(self.penalties, n_before, reqs,
                                              self.output_ids[n_before:])  # issue 3
         self._new_uids(len(reqs))  # issue 3
+        self.grammars.extend(grammar_hooks.build_row_grammars(reqs, self.vocab))  # issue 4
         self._changed()
 
     # -- issue 3 hooks ---------------------------------------------------------------
@@ -228,6 +231,7 @@ class SamplingBatch:
         self.requests = [self.requests[i] for i in idx]
         self.output_ids = [self.output_ids[i] for i in idx]
         self.finished = [self.finished[i] for i in idx]
+        self.grammars = [self.grammars[i] for i in idx]  # issue 4
         self._changed()
         return self.update_since(old_uids)  # issue 3
 
@@ -244,6 +248,7 @@ class SamplingBatch:
             _fail(f"merge: device differs ({self.device} vs {other.device})")
         if other is self:
             _fail("merge: a batch cannot be merged with itself")
+        vocab = grammar_hooks.merged_vocab(self, other)  # issue 4: checked before any change
         for name in self._ROW_TENSORS:
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)], 0))
         old_uids = list(self.row_uids)  # issue 3
@@ -253,6 +258,8 @@ class SamplingBatch:
         self.requests.extend(other.requests)
         self.output_ids.extend(list(o) for o in other.output_ids)
         self.finished.extend(other.finished)
+        self.vocab = vocab  # issue 4
+        self.grammars.extend(other.grammars)  # issue 4
         self._changed()
         return self.update_since(old_uids)  # issue 3
 
@@ -277,6 +284,7 @@ class SamplingBatch:
             self.output_ids[i].append(t)
         if self.penalties is not None:  # issue 3
             self.penalties.advance(toks)
+        grammar_hooks.advance_grammars(self, toks)  # issue 4: after every row is recorded
 
     # -- derived views ---------------------------------------------------------------
     @property

@@ -20,6 +20,8 @@ import torch
 
 from detsample.batch import SamplingBatch
 from detsample.errors import InvalidSamplingParams
+from detsample.grammar import batching as grammar_hooks  # issue 4
+from detsample.grammar.masker import GrammarMasker  # issue 4
 from detsample.ops import draw as draw_ops
 from detsample.ops import filters as filter_ops
 from detsample.ops import logprobs as lp_ops
@@ -89,6 +91,7 @@ class Sampler:
         self.processors = tuple(processors)
         self._ws = Workspace()
         self._runner = ProcessorRunner(self.processors)  # issue 3: step 1
+        self.grammar_masker = GrammarMasker()  # issue 4: one reused bitmask buffer
 
     def validate_request(self, request) -> None:
         """Admission check against the registered processors' ``validate_params``
@@ -141,8 +144,9 @@ class Sampler:
         # Steps 3-5 never write into ``after_step2`` (it may alias the caller's logits):
         # a step that changes logits works on a copy, so ``x is after_step2`` means
         # "unchanged" and the row maxima of step 2 still hold.
-        x = apply_step3(x, batch)  # step 3 (issue 3: detsample.penalties; copies on change)
-        # step 4: grammar mask -- see issue 4 (detsample.ops.mask)
+        x = apply_step3(x, batch, lambda: self._buf("step3", x))  # step 3 (issue 3)
+        x, status = grammar_hooks.grammar_step(  # step 4: grammar mask (issue 4)
+            self.grammar_masker, batch, x, status)
         coo = batch.logit_bias_coo()  # step 5
         if coo is not None:
             x = apply_logit_bias_(x.clone() if x is after_step2 else x, *coo)

@@ -1,0 +1,114 @@
+"""Hooks that connect grammars to SamplingBatch and Sampler (kept out of those files).
+
+* :func:`build_row_grammars` -- one :class:`RequestGrammar` (or None) per new row,
+  submitted for compilation when the batch is built.
+* :func:`grammar_step` -- pipeline step 4 inside the Sampler: fill and apply the mask on
+  rows with an active grammar; a row whose grammar failed (compile error or timeout) gets
+  ``STATUS_NO_VALID_TOKEN | STATUS_GRAMMAR_ERROR`` so it yields token -1, while every
+  other row samples normally.
+* :func:`advance_grammars` -- inside ``batch.advance``: feed each matcher its token,
+  finish terminated and failed rows, and raise (after every row was fed) when a
+  matcher rejected a token.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from detsample.errors import GrammarError, InvalidSamplingParams
+from detsample.grammar.masker import GrammarMasker
+from detsample.grammar.request import PENDING, RequestGrammar
+from detsample.ops.sanitize import STATUS_NO_VALID_TOKEN
+
+#: SampleOutput.status bit: the row's grammar failed (see ``grammar_errors``).
+STATUS_GRAMMAR_ERROR = 8
+#: ``batch.finished`` reasons set by grammars.
+FINISH_GRAMMAR_TERMINATED = "grammar_terminated"
+FINISH_GRAMMAR_ERROR = "grammar_error"
+
+
+def build_row_grammars(requests: Sequence, vocab) -> list[RequestGrammar | None]:
+    """A grammar per request (None for free rows); compilation starts in the pool."""
+    out: list[RequestGrammar | None] = []
+    for r in requests:
+        g = r.params.grammar
+        if g is not None and vocab is None:
+            raise InvalidSamplingParams(
+                f"request {r.rid!r}: {g[0]} needs a vocabulary; pass "
+                "vocab=detsample.Vocabulary(...) to SamplingBatch.from_requests")
+        out.append(RequestGrammar.from_params(r.rid, r.params, vocab, output_ids=r.output_ids)
+                   if g is not None else None)
+    return out
+
+
+def merged_vocab(batch, other):
+    """The vocabulary of ``batch`` after ``batch.merge(other)``: grammar rows of both
+    must share one vocabulary (checked before anything is merged)."""
+    a, b = batch.vocab, other.vocab
+    if a is None or b is None:
+        return a if a is not None else b
+    rows = batch.grammars + other.grammars
+    if a.fingerprint != b.fingerprint and any(g is not None for g in rows):
+        raise InvalidSamplingParams(
+            f"merge: grammar rows need one vocabulary, got {a!r} and {b!r}")
+    return a
+
+
+def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, status: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pipeline step 4: ``(x, status)`` after the grammar mask.
+
+    ``x`` (B, V) float32 is never written: when a row has an active grammar a masked copy
+    replaces it (one pass, no separate clone); otherwise ``x`` itself is returned. Rows
+    without an active grammar keep their exact bits. Rows whose grammar failed get
+    ``STATUS_NO_VALID_TOKEN | STATUS_GRAMMAR_ERROR``. A masked row left with no finite
+    logit is flagged by the sampler's re-sanitising of the changed logits.
+    """
+    grammars = batch.grammars
+    if not any(g is not None for g in grammars):
+        return x, status
+    live = [g if g is not None and batch.finished[i] is None else None
+            for i, g in enumerate(grammars)]
+    if any(g is not None and (g.state == PENDING or g.is_active) for g in live):
+        x, _ = masker.masked(x, live)
+    failed = [i for i, g in enumerate(grammars) if g is not None and g.failed]
+    if failed:
+        status = status.clone()
+        idx = torch.tensor(failed, dtype=torch.int64, device=status.device)
+        status[idx] |= STATUS_NO_VALID_TOKEN | STATUS_GRAMMAR_ERROR
+    return x, status
+
+
+def advance_grammars(batch, tokens: Sequence[int]) -> None:
+    """Feed each active matcher its row's token (``-1`` tokens are skipped).
+
+    A terminated grammar finishes its row (``FINISH_GRAMMAR_TERMINATED``); a failed one
+    finishes it with ``FINISH_GRAMMAR_ERROR``. A token a matcher rejects fails that row
+    and, once every row has been fed, raises :class:`GrammarError` naming the request
+    and its accepted prefix (a rejected token is a bug: the mask forbade it).
+    """
+    errors = []
+    for i, (g, t) in enumerate(zip(batch.grammars, tokens)):
+        if g is None:
+            continue
+        if g.state == PENDING:
+            g.resolve()
+        if g.is_active and t >= 0:
+            try:
+                g.accept_token(t)
+            except GrammarError as e:
+                g.fail(str(e))
+                errors.append(str(e))
+        if g.failed:
+            batch.finished[i] = FINISH_GRAMMAR_ERROR
+        elif g.is_terminated() and batch.finished[i] is None:
+            batch.finished[i] = FINISH_GRAMMAR_TERMINATED
+    if errors:
+        raise GrammarError("; ".join(errors))
+
+
+def grammar_errors(batch) -> dict[str, str]:
+    """``{request id: error message}`` of the rows whose grammar failed."""
+    return {g.rid: g.error for g in batch.grammars if g is not None and g.failed}

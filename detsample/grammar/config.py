@@ -1,0 +1,47 @@
+"""Grammar backend options (a frozen, validated dataclass)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from detsample.errors import InvalidSamplingParams
+
+#: The grammar kinds, named as the SamplingParams fields that carry them.
+GRAMMAR_KINDS = ("json_schema", "regex", "ebnf", "structural_tag")
+
+
+@dataclass(frozen=True)
+class GrammarConfig:
+    """Options of a :class:`~detsample.grammar.GrammarCompiler`.
+
+    Attributes:
+        any_whitespace: JSON schemas allow free whitespace between tokens. Off by default:
+            with it, unconstrained logits can emit whitespace forever.
+        max_whitespace_cnt: bound on consecutive whitespace when ``any_whitespace`` is on
+            (None = unbounded).
+        strict_mode: JSON schemas forbid properties/items the schema does not name.
+        compile_timeout_s: how long a sampling step waits for an unready grammar before
+            that request fails with a timeout error.
+        max_workers: threads of the compile pool.
+        xgrammar_threads: threads xgrammar itself may use per compilation.
+    """
+
+    any_whitespace: bool = False
+    max_whitespace_cnt: int | None = None
+    strict_mode: bool = True
+    compile_timeout_s: float = 30.0
+    max_workers: int = 2
+    xgrammar_threads: int = 1
+
+    def __post_init__(self) -> None:
+        t = self.compile_timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or math.isnan(t) or t < 0:
+            raise InvalidSamplingParams(f"compile_timeout_s must be a number >= 0, got {t!r}")
+        for name in ("max_workers", "xgrammar_threads"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidSamplingParams(f"{name} must be an integer >= 1, got {v!r}")
+        w = self.max_whitespace_cnt
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise InvalidSamplingParams(f"max_whitespace_cnt must be None or >= 1, got {w!r}")

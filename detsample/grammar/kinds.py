@@ -1,0 +1,40 @@
+"""Dispatch one grammar kind to the xgrammar compile call that handles it."""
+
+from __future__ import annotations
+
+import json
+
+from detsample.errors import GrammarError
+from detsample.grammar.config import GRAMMAR_KINDS, GrammarConfig
+
+
+def check_kind(kind: str) -> str:
+    """The kind itself, or a :class:`GrammarError` naming the valid kinds."""
+    if kind not in GRAMMAR_KINDS:
+        raise GrammarError(f"grammar kind must be one of {GRAMMAR_KINDS}, got {kind!r}")
+    return kind
+
+
+def grammar_text(kind: str, value: object) -> str:
+    """The text of a grammar value; dicts become JSON with their key order kept
+    (xgrammar emits object properties in the schema's declared order)."""
+    check_kind(kind)
+    if isinstance(value, (dict, bool)) and kind in ("json_schema", "structural_tag"):
+        return json.dumps(value)
+    if not isinstance(value, str):
+        raise GrammarError(f"{kind} must be a str, got {type(value).__name__}")
+    return value
+
+
+def compile_kind(xgr_compiler, kind: str, text: str, config: GrammarConfig):
+    """Compile ``text`` as ``kind`` with an ``xgrammar.GrammarCompiler`` (may raise)."""
+    check_kind(kind)
+    if kind == "json_schema":
+        kw = {"max_whitespace_cnt": config.max_whitespace_cnt} if config.any_whitespace else {}
+        return xgr_compiler.compile_json_schema(
+            text, any_whitespace=config.any_whitespace, strict_mode=config.strict_mode, **kw)
+    if kind == "regex":
+        return xgr_compiler.compile_regex(text)
+    if kind == "ebnf":
+        return xgr_compiler.compile_grammar(text)
+    return xgr_compiler.compile_structural_tag(text)

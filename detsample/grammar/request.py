@@ -1,0 +1,234 @@
+"""One request's grammar state: a compile future, then an xgrammar matcher.
+
+States (``RequestGrammar.state``):
+
+* ``"pending"``    -- the grammar is still compiling (a future).
+* ``"active"``     -- a matcher exists; the request's bitmask row is filled each step.
+* ``"terminated"`` -- the matcher accepted a stop token; the grammar stops masking and
+  the request is finished.
+* ``"failed"``     -- compilation failed, timed out, or the request's existing output was
+  rejected; ``error`` holds the message. The grammar stops masking; the request is
+  finished with that error. Neighbouring requests are never affected.
+
+Matchers are never shared: each request owns one, built from a (shared, immutable)
+compiled grammar.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from typing import Sequence
+
+from detsample.errors import GrammarError
+from detsample.grammar.kinds import check_kind, grammar_text
+
+PENDING, ACTIVE, TERMINATED, FAILED = "pending", "active", "terminated", "failed"
+_PREFIX_SHOWN = 200  # bytes of accepted prefix quoted in error messages
+
+
+class RequestGrammar:
+    """The grammar matcher of one request (row).
+
+    Args:
+        rid: request id (named in every error).
+        kind: one of ``GRAMMAR_KINDS``.
+        future: a future of an ``xgrammar.CompiledGrammar`` (from ``GrammarCompiler``).
+        vocab: the :class:`~detsample.Vocabulary` the grammar was compiled for.
+        output_ids: tokens the request already generated; fed to the matcher when it is
+            built (a rejected one fails the request).
+        timeout_s: bound on one wait for the compilation.
+    """
+
+    def __init__(self, rid: str, kind: str, future: cf.Future, vocab, *,
+                 output_ids: Sequence[int] = (), timeout_s: float = 30.0) -> None:
+        self.rid = rid
+        self.kind = check_kind(kind)
+        self.vocab = vocab
+        self.timeout_s = float(timeout_s)
+        self._future = future
+        self._matcher = None
+        self._initial = [int(t) for t in output_ids]
+        self.accepted: list[int] = []
+        self.state = PENDING
+        self.error: str | None = None
+
+    @classmethod
+    def from_params(cls, rid: str, params, vocab, *, output_ids: Sequence[int] = (),
+                    compiler=None) -> "RequestGrammar | None":
+        """The grammar of ``params`` (None when it has none), submitted for compilation."""
+        g = params.grammar
+        if g is None:
+            return None
+        kind = g[0]
+        # The raw field value, not params.grammar's text: a dict keeps its key order.
+        return cls.submit(rid, kind, getattr(params, kind), vocab, output_ids=output_ids,
+                          compiler=compiler)
+
+    @classmethod
+    def submit(cls, rid: str, kind: str, value, vocab, *, output_ids: Sequence[int] = (),
+               compiler=None) -> "RequestGrammar":
+        """Submit ``value`` (str, or dict for JSON kinds) to ``compiler`` (default: the
+        vocabulary's) and wrap the future. An unknown kind raises :class:`GrammarError`."""
+        if vocab is None:
+            raise GrammarError(f"request {rid!r} has a {kind} grammar but the batch has no "
+                               "vocabulary; pass vocab= to SamplingBatch.from_requests")
+        compiler = compiler if compiler is not None else vocab.grammar_compiler
+        if compiler.vocab.fingerprint != vocab.fingerprint:
+            raise GrammarError(f"request {rid!r}: the grammar compiler belongs to another "
+                               "vocabulary")
+        fut = compiler.submit(kind, grammar_text(kind, value))
+        return cls(rid, kind, fut, vocab, output_ids=output_ids,
+                   timeout_s=compiler.config.compile_timeout_s)
+
+    # -- state -----------------------------------------------------------------------
+    @property
+    def is_active(self) -> bool:
+        return self.state == ACTIVE
+
+    @property
+    def failed(self) -> bool:
+        return self.state == FAILED
+
+    @property
+    def future(self) -> cf.Future:
+        return self._future
+
+    def is_terminated(self) -> bool:
+        """True once a stop token was accepted (the request is finished)."""
+        return self.state == TERMINATED
+
+    def fail(self, message: str) -> None:
+        """Enter the error state (stops masking; the request finishes with ``message``)."""
+        self.state = FAILED
+        self.error = message
+        self._matcher = None
+
+    def resolve(self, timeout: float | None = None) -> str:
+        """Wait (at most ``timeout``, default ``timeout_s``) for the compilation and build
+        the matcher. Never raises: failure or timeout becomes the ``"failed"`` state."""
+        if self.state != PENDING:
+            return self.state
+        timeout = self.timeout_s if timeout is None else timeout
+        try:
+            compiled = self._future.result(timeout=timeout)
+        except cf.TimeoutError:
+            self.fail(f"request {self.rid!r}: {self.kind} grammar did not compile within "
+                      f"{max(timeout, self.timeout_s):g} s")
+            return self.state
+        except cf.CancelledError:
+            self.fail(f"request {self.rid!r}: {self.kind} grammar compilation was cancelled")
+            return self.state
+        except Exception as e:  # noqa: BLE001 -- any compile error fails this request only
+            self.fail(f"request {self.rid!r}: {self.kind} grammar failed to compile: "
+                      f"{type(e).__name__}: {e}")
+            return self.state
+        import xgrammar as xgr
+
+        self._matcher = xgr.GrammarMatcher(compiled)
+        self.state = ACTIVE
+        for tid in self._initial:
+            if not self._matcher.accept_token(tid):
+                self.fail(self._reject_message(tid, "existing output token"))
+                break
+            self.accepted.append(tid)
+            if self._matcher.is_terminated():
+                self.state = TERMINATED
+                break
+        self._initial = []
+        return self.state
+
+    def _require_matcher(self, what: str):
+        self.resolve()
+        if self._matcher is None:
+            raise GrammarError(f"request {self.rid!r}: cannot {what}: grammar is "
+                               f"{self.state}" + (f" ({self.error})" if self.error else ""))
+        return self._matcher
+
+    @property
+    def matcher(self):
+        """The xgrammar ``GrammarMatcher`` (resolving the compilation first)."""
+        return self._require_matcher("use the matcher")
+
+    def _reject_message(self, tid: int, what: str = "token") -> str:
+        prefix = self.vocab.decode(self.accepted)
+        shown = prefix if len(prefix) <= _PREFIX_SHOWN else b"..." + prefix[-_PREFIX_SHOWN:]
+        tok = self.vocab.tokens[tid] if 0 <= tid < self.vocab.vocab_size else None
+        return (f"request {self.rid!r}: {self.kind} grammar rejected {what} {tid} ({tok!r}) "
+                f"after accepted prefix {shown!r} ({len(self.accepted)} tokens)")
+
+    # -- per step --------------------------------------------------------------------
+    def fill_bitmask(self, bitmask, row: int) -> bool:
+        """Write this request's allowed-token bits into ``bitmask[row]``.
+
+        ``bitmask`` is a ``[B, ceil(V/32)]`` int32 CPU tensor. Returns True when the row
+        was filled (the grammar is active); False (row untouched) otherwise.
+        """
+        if self.resolve() != ACTIVE:
+            return False
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+        return True
+
+    def accept_token(self, tid: int) -> None:
+        """Advance the matcher by one token.
+
+        Raises:
+            GrammarError: the grammar rejects the token (a bug: the mask forbade it) or
+                is not active; the message names the request and the accepted prefix.
+        """
+        m = self._require_matcher("accept a token")
+        tid = int(tid)
+        if self.state != ACTIVE:
+            raise GrammarError(f"request {self.rid!r}: grammar already terminated; cannot "
+                               f"accept token {tid}")
+        if not 0 <= tid < self.vocab.vocab_size or not m.accept_token(tid):
+            raise GrammarError(self._reject_message(tid))
+        self.accepted.append(tid)
+        if m.is_terminated():
+            self.state = TERMINATED
+
+    def rollback(self, k: int) -> None:
+        """Undo the last ``k`` accepted tokens (a terminated grammar becomes active)."""
+        m = self._require_matcher("rollback")
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= len(self.accepted):
+            raise GrammarError(f"request {self.rid!r}: rollback k must be in "
+                               f"[0, {len(self.accepted)}], got {k!r}")
+        if k == 0:
+            return
+        m.rollback(k)
+        del self.accepted[-k:]
+        self.state = ACTIVE
+
+    def jump_forward(self) -> tuple[int, list[int]]:
+        """Append the string the grammar forces next, re-tokenised.
+
+        The forced bytes are appended to the accepted text, the whole text is
+        re-encoded with the vocabulary, the matcher is rolled back to the common token
+        prefix of the old and new encodings and fed the new tail.
+
+        Returns:
+            ``(rolled_back, new_tokens)``: drop the last ``rolled_back`` output tokens of
+            the request and append ``new_tokens``. ``(0, [])`` when nothing is forced.
+        """
+        m = self._require_matcher("jump forward")
+        if self.state != ACTIVE:
+            return 0, []
+        forced = m.find_jump_forward_string()
+        if not forced:
+            return 0, []
+        old = list(self.accepted)
+        new = self.vocab.encode(self.vocab.decode(old) + forced.encode("utf-8"))
+        common = 0
+        for a, b in zip(old, new):
+            if a != b:
+                break
+            common += 1
+        rolled = len(old) - common
+        self.rollback(rolled)
+        tail = new[common:]
+        for tid in tail:
+            self.accept_token(tid)
+        return rolled, tail
+
+    def __repr__(self) -> str:
+        return (f"RequestGrammar(rid={self.rid!r}, kind={self.kind!r}, state={self.state!r}, "
+                f"accepted={len(self.accepted)})")

@@ -1,0 +1,260 @@
+"""Tests of detsample/grammar/batching.py: grammars inside SamplingBatch and Sampler.
+
+Pins batch invariance with grammar rows (bitwise), error isolation (a broken grammar
+fails its own row only), termination, filter/merge carrying matchers, and the
+sample/compute_logprobs alignment under a grammar mask.
+"""
+
+import concurrent.futures as cf
+import json
+import re
+import zlib
+
+import jsonschema
+import pytest
+import torch
+
+from detsample import (GrammarError, InvalidSamplingParams, Request, Sampler, SamplingBatch,
+                       SamplingParams, Vocabulary)
+from detsample.grammar import RequestGrammar
+from detsample.grammar.batching import (FINISH_GRAMMAR_ERROR, FINISH_GRAMMAR_TERMINATED,
+                                        STATUS_GRAMMAR_ERROR, grammar_errors)
+
+SCHEMA = {"type": "object",
+          "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999},
+                         "tag": {"enum": ["red", "green"]},
+                         "ok": {"type": "boolean"}},
+          "required": ["id", "tag", "ok"]}
+REGEX = r"(yes|no)-[0-9]{2}"
+
+ROWS = {  # rid -> SamplingParams (free rows mixed with grammar rows)
+    "json": SamplingParams(seed=11, temperature=0.9, json_schema=SCHEMA, logprobs=2,
+                           logprobs_mode="scaled"),
+    "free-a": SamplingParams(seed=12, temperature=1.1, top_k=40),
+    "regex": SamplingParams(seed=13, regex=REGEX, top_p=0.9),
+    "free-greedy": SamplingParams(seed=14, temperature=0.0, logprobs=1),
+    "json-greedy": SamplingParams(seed=15, temperature=0.0, json_schema=json.dumps(SCHEMA)),
+    "free-b": SamplingParams(seed=16, min_p=0.05, logprobs_mode="processed"),
+}
+MAX_STEPS = 40
+
+
+def logits_for(rid, step, vocab_size=512):
+    """Per-(request, step) logits, independent of the batch the request sits in."""
+    g = torch.Generator().manual_seed(zlib.crc32(f"{rid}/{step}".encode()))
+    return torch.randn(vocab_size, generator=g) * 4
+
+
+def make_batch(rids, vocab, vocab_size=512):
+    reqs = [Request(rid=r, params=ROWS[r], prompt_ids=[5, 6, 7]) for r in rids]
+    return SamplingBatch.from_requests(reqs, vocab_size=vocab_size, vocab=vocab)
+
+
+def run(batch, sampler, steps=MAX_STEPS, on_step=None):
+    """Sample/advance; finished rows are filtered out. Returns {rid: [(tok, lp, top)]}."""
+    trace = {r.rid: [] for r in batch.requests}
+    for step in range(steps):
+        if len(batch) == 0:
+            break
+        if on_step is not None:
+            on_step(step, batch)
+        logits = torch.stack([logits_for(r.rid, len(batch.output_ids[i]))
+                              for i, r in enumerate(batch.requests)])
+        pos = torch.tensor([len(r.prompt_ids) + len(o) - 1
+                            for r, o in zip(batch.requests, batch.output_ids)])
+        out = sampler.sample(logits, batch, pos)
+        for i, r in enumerate(batch.requests):
+            top = None if out.top_logprobs is None else (out.top_logprobs[0][i].clone(),
+                                                         out.top_logprobs[1][i].clone())
+            trace[r.rid].append((int(out.token_ids[i]), out.logprobs[i].clone(), top,
+                                 int(out.status[i])))
+        batch.advance(out.token_ids)
+        batch.filter([i for i, f in enumerate(batch.finished) if f is None])
+    return trace
+
+
+def assert_same_trace(a, b):
+    assert len(a) == len(b)
+    for (ta, la, pa, sa), (tb, lb, pb, sb) in zip(a, b):
+        assert ta == tb and sa == sb and torch.equal(la, lb)
+        if pa is not None and pb is not None:
+            n = min(pa[0].numel(), pb[0].numel())
+            assert torch.equal(pa[0][:n], pb[0][:n]) and torch.equal(pa[1][:n], pb[1][:n])
+
+
+@pytest.fixture(scope="module")
+def solo():
+    vocab = Vocabulary.default()
+    return {rid: run(make_batch([rid], vocab), Sampler())[rid] for rid in ROWS}, vocab
+
+
+def test_grammar_rows_produce_valid_text(solo):
+    traces, vocab = solo
+    for rid in ("json", "json-greedy"):
+        ids = [t for t, *_ in traces[rid]]
+        assert ids[-1] == 0
+        jsonschema.validate(json.loads(vocab.decode(ids)), SCHEMA)
+    ids = [t for t, *_ in traces["regex"]]
+    assert re.fullmatch(REGEX, vocab.decode(ids).decode())
+
+
+@pytest.mark.parametrize("order", [[5, 4, 3, 2, 1, 0], [2, 0, 5, 1, 3, 4], [1, 3, 0, 2, 4, 5]])
+def test_mixed_shuffled_batch_is_bitwise_solo(solo, order):
+    """Bug pinned: a batch-level grammar path (clone, fill, apply) must not change any
+    row -- grammar or free -- compared with that row sampled alone."""
+    traces, vocab = solo
+    rids = [list(ROWS)[i] for i in order]
+    mixed = run(make_batch(rids, vocab), Sampler())
+    for rid in ROWS:
+        assert_same_trace(mixed[rid], traces[rid])
+
+
+def test_filter_and_merge_carry_matchers(solo):
+    """Rows split into two batches, merged back after 3 steps, permuted every step."""
+    traces, vocab = solo
+    sampler = Sampler()
+    rids = list(ROWS)
+    first, second = make_batch(rids[:3], vocab), make_batch(rids[3:], vocab)
+    part = {}
+    for b in (first, second):
+        for step in range(3):
+            part_trace = run(b, sampler, steps=1)
+            for rid, tr in part_trace.items():
+                part.setdefault(rid, []).extend(tr)
+    first.merge(second)
+
+    def permute(step, batch):
+        batch.filter(list(reversed(range(len(batch)))))
+        assert [g.rid if g else None for g in batch.grammars] == \
+            [r.rid if r.params.grammar else None for r in batch.requests]
+
+    rest = run(first, sampler, steps=MAX_STEPS - 3, on_step=permute)
+    for rid in ROWS:
+        assert_same_trace(part.get(rid, []) + rest.get(rid, []), traces[rid])
+
+
+BROKEN = {
+    "bad-schema": SamplingParams(seed=1, json_schema='{"type": "object", "properties": 7}'),
+    "bad-regex": SamplingParams(seed=2, regex="([a-z]"),
+    "bad-tag": SamplingParams(seed=3, structural_tag={"type": "no-such-format"}),
+    "bad-ebnf": SamplingParams(seed=4, ebnf="root ::= missing"),
+}
+
+
+def test_broken_grammars_fail_their_rows_only(solo):
+    traces, vocab = solo
+    ROWS.update(BROKEN)
+    try:
+        rids = ["bad-schema", "json", "bad-regex", "free-a", "bad-tag", "regex", "bad-ebnf"]
+        batch = make_batch(rids, vocab)
+        logits = torch.stack([logits_for(r, 0) for r in rids])
+        out = Sampler().sample(logits, batch, torch.full((len(rids),), 2))
+        for i, rid in enumerate(rids):
+            if rid in BROKEN:
+                assert int(out.token_ids[i]) == -1 and out.status[i] & STATUS_GRAMMAR_ERROR
+        batch.advance(out.token_ids)
+        errs = grammar_errors(batch)
+        assert set(errs) == set(BROKEN)
+        assert errs["bad-regex"].startswith("request 'bad-regex': regex grammar failed to compile")
+        assert errs["bad-schema"].startswith("request 'bad-schema': json_schema grammar failed")
+        assert all(batch.finished[i] == FINISH_GRAMMAR_ERROR for i, r in enumerate(rids)
+                   if r in BROKEN)
+        batch.filter([i for i, f in enumerate(batch.finished) if f is None])
+        rest = run(batch, Sampler(), steps=MAX_STEPS - 1)
+        for i, rid in enumerate(rids):
+            if rid not in BROKEN:
+                tok, lp, _, st = traces[rid][0]
+                assert int(out.token_ids[i]) == tok and torch.equal(out.logprobs[i], lp)
+                assert_same_trace(rest[rid], traces[rid][1:])
+    finally:
+        for k in BROKEN:
+            ROWS.pop(k)
+
+
+def test_compile_timeout_fails_row_only():
+    vocab = Vocabulary.default()
+    batch = make_batch(["free-a", "regex"], vocab)
+    batch.grammars[1] = RequestGrammar("regex", "regex", cf.Future(), vocab, timeout_s=0.01)
+    logits = torch.stack([logits_for("free-a", 0), logits_for("regex", 0)])
+    out = Sampler().sample(logits, batch, torch.tensor([2, 2]))
+    assert int(out.token_ids[1]) == -1 and out.status[1] & STATUS_GRAMMAR_ERROR
+    assert int(out.token_ids[0]) >= 0 and out.status[0] == 0
+    batch.advance(out.token_ids)
+    assert grammar_errors(batch) == {"regex": "request 'regex': regex grammar did not "
+                                              "compile within 0.01 s"}
+
+
+def test_rejected_token_raises_after_all_rows_recorded():
+    vocab = Vocabulary.default()
+    batch = make_batch(["free-a", "regex", "free-b"], vocab)
+    batch.grammars[1].resolve()
+    with pytest.raises(GrammarError, match=r"request 'regex'.*rejected token 121 \(b'x'\) "
+                                           r"after accepted prefix b''"):
+        batch.advance([3, 121, 4])
+    assert batch.output_ids == [[3], [121], [4]]
+    assert batch.finished == [None, FINISH_GRAMMAR_ERROR, None]
+
+
+def test_terminated_grammar_finishes_row_and_stops_masking():
+    vocab = Vocabulary.default()
+    batch = make_batch(["regex", "free-a"], vocab)
+    for t in vocab.encode("no-42") + [0]:
+        batch.advance([t, 1])
+    assert batch.finished == [FINISH_GRAMMAR_TERMINATED, None]
+    assert batch.grammars[0].is_terminated()
+    logits = torch.randn(2, 512)
+    prep = Sampler()._prepare(logits, batch)
+    assert torch.equal(prep.x, logits)  # nothing masked any more
+
+
+def test_grammar_without_vocab_is_clear_error():
+    with pytest.raises(InvalidSamplingParams, match="request 'regex': regex needs a vocabulary"):
+        SamplingBatch.from_requests([Request(rid="regex", params=ROWS["regex"])], vocab_size=512)
+
+
+def test_compute_logprobs_matches_sample_under_mask():
+    vocab = Vocabulary.default()
+    rids = ["json", "free-a", "regex", "free-b"]
+    batch = make_batch(rids, vocab)
+    logits = torch.stack([logits_for(r, 0) for r in rids])
+    s = Sampler()
+    out = s.sample(logits, batch, torch.full((4,), 2))
+    assert torch.equal(s.compute_logprobs(logits, batch, out.token_ids), out.logprobs)
+
+
+def test_padded_model_vocab_never_picks_beyond_tokenizer():
+    """A model vocabulary larger than the tokenizer's: padded ids are disallowed on
+    grammar rows (xgrammar only fills ceil(512/32) words)."""
+    vocab = Vocabulary.default()
+    batch = make_batch(["regex"], vocab, vocab_size=600)
+    logits = torch.zeros(1, 600)
+    logits[0, 512:] = 100.0
+    out = Sampler().sample(logits, batch, torch.tensor([2]))
+    assert 0 < int(out.token_ids[0]) < 512
+
+
+def test_grammar_leaving_no_token_reports_no_valid_token():
+    """Bug pinned: when an earlier step removed every token the grammar allows (here the
+    model's logits are -inf on them), the row must yield -1, not an arbitrary token."""
+    vocab = Vocabulary.default()
+    batch = make_batch(["regex", "free-a"], vocab)
+    logits = torch.randn(2, 512)
+    for t in [vocab.encode("y")[0], vocab.encode("n")[0]]:
+        logits[0, t] = float("-inf")
+    out = Sampler().sample(logits, batch, torch.tensor([2, 2]))
+    assert int(out.token_ids[0]) == -1 and int(out.token_ids[1]) >= 0
+
+
+def test_merge_rejects_grammar_rows_of_another_vocabulary_without_change():
+    vocab = Vocabulary.default()
+    toks = list(vocab.tokens)
+    toks[300] = b"other-token"
+    other_vocab = Vocabulary.from_tokens(toks, eos_token_ids=[0])
+    a = make_batch(["regex", "free-a"], vocab)
+    b = make_batch(["json"], other_vocab)
+    with pytest.raises(InvalidSamplingParams, match="merge: grammar rows need one vocabulary"):
+        a.merge(b)
+    assert len(a) == 2 and len(a.grammars) == 2 and a.temperatures.shape[0] == 2
+    free = make_batch(["free-b"], None)
+    a.merge(free)
+    assert len(a) == 3 and a.vocab is vocab and a.grammars[2] is None
