@@ -236,13 +236,13 @@ class Sampler:
             plain.sort()
             fi = torch.tensor(plain, dtype=torch.int64, device=dev)
             zf = self._rows(z, plain)
-            e_out, q_out = self._buf("e", zf), self._buf("q", zf, torch.int64)
+            scratch = self._buf("w", zf)
             if u is not None:
                 tokens[fi], total[fi] = draw_ops.draw_full(
-                    zf, tau[fi], batch.min_ps[fi], u[fi], frac, e_out=e_out, q_out=q_out)
+                    zf, tau[fi], batch.min_ps[fi], u[fi], frac, out=scratch)
             else:
-                total[fi] = draw_ops.kept_mass(zf, tau[fi], batch.min_ps[fi], frac,
-                                               e_out=e_out, q_out=q_out).sum(-1)
+                total[fi] = draw_ops.total_mass(draw_ops.kept_mass(
+                    zf, tau[fi], batch.min_ps[fi], frac, out=scratch))
         prep.tau, prep.total = tau, total
         return tokens if u is not None else None
 

@@ -54,20 +54,22 @@ def draw_compact(vals: torch.Tensor, ids: torch.Tensor, n_kept: torch.Tensor,
 
 
 def kept_mass(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int, *,
-              e_out: torch.Tensor | None = None,
-              q_out: torch.Tensor | None = None) -> torch.Tensor:
-    """Fixed-point masses of the kept tokens, zero elsewhere.
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """Fixed-point masses of the kept tokens, zero elsewhere, as float32 ``w``.
 
     z: (rows, V) float32 scaled logits (row max exactly 0); tau: (rows,) float32 kept
     threshold (``-inf`` keeps everything); min_p: (rows,) float32. kept =
-    ``(z >= tau) & (exp(z) >= min_p)``. Returns (rows, V) int64 ``q`` (written into
-    ``q_out`` when given; ``e_out`` is float32 scratch). Exact, element-wise.
+    ``(z >= tau) & (exp(z) >= min_p)``. Returns (rows, V) float32 ``w = exp(z) * 2**frac``
+    on kept tokens and 0 elsewhere (written into ``out`` when given). The mass of a
+    token is ``q = int64(w)`` (truncation): every consumer casts element by element
+    (``w.to(int64)``, or ``sum(dtype=int64)``, which casts each input before adding), so
+    sums of ``q`` are exact without materialising an int64 (rows, V) tensor.
     """
     # exp of values below EXP_FLOOR would be subnormal (or 0 from -inf), a slow path on
     # x86; their fixed-point mass is 0 either way (exp(EXP_FLOOR) * 2**52 < 1), so
     # clamping first changes no q while keeping exp on the fast path.
-    e = torch.clamp(z, min=EXP_FLOOR, out=e_out) if e_out is not None else z.clamp(min=EXP_FLOOR)
-    e.exp_()
+    w = torch.clamp(z, min=EXP_FLOOR, out=out) if out is not None else z.clamp(min=EXP_FLOOR)
+    w.exp_()
     cut_tau = bool(torch.isfinite(tau).any())
     cut_mp = bool((min_p > 0).any())
     if cut_tau or cut_mp:
@@ -75,31 +77,33 @@ def kept_mass(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int
         if cut_tau:
             drop |= z < tau.unsqueeze(1)
         if cut_mp:
-            drop |= e < min_p.unsqueeze(1)
-        e.masked_fill_(drop, 0.0)
-    e.mul_(2.0 ** frac)  # exact power-of-two scaling
-    if q_out is not None:
-        return q_out.copy_(e)  # float -> int64 truncates, like .to()
-    return e.to(torch.int64)
+            drop |= w < min_p.unsqueeze(1)
+        w.masked_fill_(drop, 0.0)
+    return w.mul_(2.0 ** frac)  # exact power-of-two scaling
+
+
+def total_mass(w: torch.Tensor) -> torch.Tensor:
+    """w: (rows, V) float32 from :func:`kept_mass` -> (rows,) int64 exact ``sum q``."""
+    return torch.sum(w, dim=-1, dtype=torch.int64)
 
 
 def draw_full(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor,
-              frac: int, *, e_out: torch.Tensor | None = None,
-              q_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              frac: int, *, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw over the whole vocabulary with kept = ``(z >= tau) & (exp(z) >= min_p)``.
 
     z: (rows, V) float32; tau: (rows,) float32; min_p: (rows,) float32; u: (rows,)
-    float64 in (0, 1). Two-level search: exact int64 sums of blocks of BLOCK tokens
-    (the last block may be shorter), then a cumsum inside the chosen block. Exact
-    integer sums make the blocking irrelevant to the result.
-    Returns ``(tokens (rows,) int64, total_mass (rows,) int64)``.
+    float64 in (0, 1); ``out``: optional (rows, V) float32 scratch. Two-level search:
+    exact int64 sums of blocks of BLOCK tokens (the last block may be shorter), then a
+    cumsum inside the chosen block. Exact integer sums make the blocking irrelevant to
+    the result. Returns ``(tokens (rows,) int64, total_mass (rows,) int64)``.
     """
     rows, V = z.shape
-    q = kept_mass(z, tau, min_p, frac, e_out=e_out, q_out=q_out)
+    w = kept_mass(z, tau, min_p, frac, out=out)
     nb = V // BLOCK
-    sums = q[:, :nb * BLOCK].view(rows, nb, BLOCK).sum(-1)
+    sums = torch.sum(w[:, :nb * BLOCK].view(rows, nb, BLOCK), dim=-1, dtype=torch.int64)
     if V > nb * BLOCK:
-        sums = torch.cat([sums, q[:, nb * BLOCK:].sum(-1, keepdim=True)], dim=1)
+        sums = torch.cat([sums, torch.sum(w[:, nb * BLOCK:], dim=-1, keepdim=True,
+                                          dtype=torch.int64)], dim=1)
     bsum = sums.cumsum(-1)
     total = bsum[:, -1]
     t = _target(u, total).unsqueeze(1)
@@ -107,6 +111,6 @@ def draw_full(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, u: torch.
     base = torch.where(blk > 0, bsum.gather(1, (blk - 1).clamp(min=0)), torch.zeros_like(blk))
     idx = blk * BLOCK + torch.arange(BLOCK, device=z.device).unsqueeze(0)
     inside = idx < V
-    inner = (q.gather(1, idx.clamp(max=V - 1)) * inside).cumsum(-1) + base
+    inner = (w.gather(1, idx.clamp(max=V - 1)).to(torch.int64) * inside).cumsum(-1) + base
     j = torch.searchsorted(inner, t, right=True)
     return (blk * BLOCK + j).squeeze(1), total
