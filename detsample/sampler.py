@@ -236,13 +236,13 @@ class Sampler:
             plain.sort()
             fi = torch.tensor(plain, dtype=torch.int64, device=dev)
             zf = self._rows(z, plain)
-            scratch = self._buf("w", zf)
+            w_buf, q_buf = self._buf("w", zf), self._buf("q", zf, torch.int64)
             if u is not None:
                 tokens[fi], total[fi] = draw_ops.draw_full(
-                    zf, tau[fi], batch.min_ps[fi], u[fi], frac, out=scratch)
+                    zf, tau[fi], batch.min_ps[fi], u[fi], frac, out=w_buf, q_out=q_buf)
             else:
-                total[fi] = draw_ops.total_mass(draw_ops.kept_mass(
-                    zf, tau[fi], batch.min_ps[fi], frac, out=scratch))
+                total[fi] = draw_ops.to_mass(draw_ops.kept_mass(
+                    zf, tau[fi], batch.min_ps[fi], frac, out=w_buf), q_buf).sum(-1)
         prep.tau, prep.total = tau, total
         return tokens if u is not None else None
 

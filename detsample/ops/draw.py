@@ -61,9 +61,7 @@ def kept_mass(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int
     threshold (``-inf`` keeps everything); min_p: (rows,) float32. kept =
     ``(z >= tau) & (exp(z) >= min_p)``. Returns (rows, V) float32 ``w = exp(z) * 2**frac``
     on kept tokens and 0 elsewhere (written into ``out`` when given). The mass of a
-    token is ``q = int64(w)`` (truncation): every consumer casts element by element
-    (``w.to(int64)``, or ``sum(dtype=int64)``, which casts each input before adding), so
-    sums of ``q`` are exact without materialising an int64 (rows, V) tensor.
+    token is ``q = int64(w)`` (truncation), see :func:`to_mass`.
     """
     # exp of values below EXP_FLOOR would be subnormal (or 0 from -inf), a slow path on
     # x86; their fixed-point mass is 0 either way (exp(EXP_FLOOR) * 2**52 < 1), so
@@ -82,28 +80,30 @@ def kept_mass(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int
     return w.mul_(2.0 ** frac)  # exact power-of-two scaling
 
 
-def total_mass(w: torch.Tensor) -> torch.Tensor:
-    """w: (rows, V) float32 from :func:`kept_mass` -> (rows,) int64 exact ``sum q``."""
-    return torch.sum(w, dim=-1, dtype=torch.int64)
+def to_mass(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """w: float32 from :func:`kept_mass` -> int64 ``q = trunc(w)`` (into ``out`` if given;
+    a preallocated buffer avoids the page faults of a fresh (rows, V) int64 tensor)."""
+    return out.copy_(w) if out is not None else w.to(torch.int64)
 
 
 def draw_full(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor,
-              frac: int, *, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              frac: int, *, out: torch.Tensor | None = None,
+              q_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw over the whole vocabulary with kept = ``(z >= tau) & (exp(z) >= min_p)``.
 
     z: (rows, V) float32; tau: (rows,) float32; min_p: (rows,) float32; u: (rows,)
-    float64 in (0, 1); ``out``: optional (rows, V) float32 scratch. Two-level search:
-    exact int64 sums of blocks of BLOCK tokens (the last block may be shorter), then a
-    cumsum inside the chosen block. Exact integer sums make the blocking irrelevant to
-    the result. Returns ``(tokens (rows,) int64, total_mass (rows,) int64)``.
+    float64 in (0, 1); ``out`` / ``q_out``: optional (rows, V) float32 / int64 scratch.
+    Two-level search: exact int64 sums of blocks of BLOCK tokens (the last block may be
+    shorter), then a cumsum inside the chosen block. Exact integer sums make the
+    blocking irrelevant to the result.
+    Returns ``(tokens (rows,) int64, total_mass (rows,) int64)``.
     """
     rows, V = z.shape
-    w = kept_mass(z, tau, min_p, frac, out=out)
+    q = to_mass(kept_mass(z, tau, min_p, frac, out=out), q_out)
     nb = V // BLOCK
-    sums = torch.sum(w[:, :nb * BLOCK].view(rows, nb, BLOCK), dim=-1, dtype=torch.int64)
+    sums = q[:, :nb * BLOCK].view(rows, nb, BLOCK).sum(-1)
     if V > nb * BLOCK:
-        sums = torch.cat([sums, torch.sum(w[:, nb * BLOCK:], dim=-1, keepdim=True,
-                                          dtype=torch.int64)], dim=1)
+        sums = torch.cat([sums, q[:, nb * BLOCK:].sum(-1, keepdim=True)], dim=1)
     bsum = sums.cumsum(-1)
     total = bsum[:, -1]
     t = _target(u, total).unsqueeze(1)
@@ -111,6 +111,6 @@ def draw_full(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, u: torch.
     base = torch.where(blk > 0, bsum.gather(1, (blk - 1).clamp(min=0)), torch.zeros_like(blk))
     idx = blk * BLOCK + torch.arange(BLOCK, device=z.device).unsqueeze(0)
     inside = idx < V
-    inner = (w.gather(1, idx.clamp(max=V - 1)).to(torch.int64) * inside).cumsum(-1) + base
+    inner = (q.gather(1, idx.clamp(max=V - 1)) * inside).cumsum(-1) + base
     j = torch.searchsorted(inner, t, right=True)
     return (blk * BLOCK + j).squeeze(1), total

@@ -80,11 +80,17 @@ def topk_candidates(z: torch.Tensor, top_k: torch.Tensor, k_max: int
 
     z: (rows, V) float32; top_k: (rows,) int <= k_max. Returns ``(vals, ids, fits)``:
     (rows, k_max) values sorted descending with their token ids, and (rows,) bool telling
-    whether every value ``>= s_{k-1}`` is among the candidates (ties at the boundary can
-    exceed ``k_max``; such rows must use :func:`thresholds_by_sort`).
+    whether every value ``>= s_{k-1}`` is among the candidates. One extra candidate
+    decides it: the survivors fit iff the (k_max+1)-th largest value is below
+    ``s_{k-1}`` (ties at the boundary can exceed ``k_max``; such rows must use
+    :func:`thresholds_by_sort`). No full-vocabulary count is needed.
     """
-    vals, ids = torch.topk(z, k_max, dim=-1, largest=True, sorted=True)
+    V = z.shape[-1]
+    vals, ids = torch.topk(z, min(k_max + 1, V), dim=-1, largest=True, sorted=True)
     k = top_k.to(torch.int64).clamp(1, k_max).unsqueeze(1)
-    thr = vals.gather(1, k - 1)
-    count_ge = (z >= thr).sum(-1)
-    return vals, ids, count_ge <= k_max
+    thr = vals.gather(1, k - 1).squeeze(1)
+    if V <= k_max:
+        fits = torch.ones_like(thr, dtype=torch.bool)
+    else:
+        fits = vals[:, k_max] < thr
+    return vals[:, :k_max], ids[:, :k_max], fits

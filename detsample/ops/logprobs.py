@@ -50,9 +50,11 @@ def topn(values: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     if n == 0 or B == 0:
         return (values.new_empty((B, 0)), torch.empty((B, 0), dtype=torch.int64,
                                                       device=values.device))
-    vals, ids = torch.topk(values, n, dim=-1, largest=True, sorted=True)
-    kth = vals[:, n - 1:n]
-    exact = (values >= kth).sum(-1) == n
+    V = values.shape[-1]
+    vals, ids = torch.topk(values, min(n + 1, V), dim=-1, largest=True, sorted=True)
+    # the set is exact unless the (n+1)-th largest value ties the n-th
+    exact = vals[:, n] < vals[:, n - 1] if V > n else torch.ones(B, dtype=torch.bool, device=values.device)
+    vals, ids = vals[:, :n], ids[:, :n]
     # order the candidate set by (value desc, id asc): sort ids, then a stable value sort
     sid, order = torch.sort(ids, dim=-1)
     sval = vals.gather(1, order)
