@@ -44,6 +44,8 @@ class EngineConfig:
     default_max_new_tokens: used when a request's ``params.max_new_tokens`` is None.
     extra_logprobs_modes: modes reported besides each request's own ``logprobs_mode``
     (computed with ``Sampler.compute_logprobs`` on a lockstep batch in that mode).
+    vocab: the :class:`~detsample.Vocabulary` grammars are compiled for; None = the
+    default vocabulary when the model has its 512-token layout.
     """
 
     max_batch_size: int | None = None
@@ -117,6 +119,14 @@ class Engine:
         self.model = model
         self.sampler = sampler if sampler is not None else Sampler()
         self.config = config if config is not None else EngineConfig()
+        self._vocab = self.config.vocab
+
+    @property
+    def vocab(self) -> Any:
+        """The grammar vocabulary (built once per engine, so its compile cache is reused)."""
+        if self._vocab is None:
+            self._vocab = default_vocab(self.model)
+        return self._vocab
 
     def _batch(self, requests: Sequence[Request], mode: str | None = None) -> SamplingBatch:
         if mode is not None:
@@ -124,7 +134,7 @@ class Engine:
                         for r in requests]
         return SamplingBatch.from_requests(requests, vocab_size=self.model.config.vocab_size,
                                            eos_token_ids=self.config.eos_token_ids,
-                                           vocab=self.config.vocab)
+                                           vocab=self.vocab)
 
     def _check(self, schedule: Schedule) -> None:
         if not isinstance(schedule, Schedule):
@@ -246,6 +256,13 @@ class Engine:
                              finish_step=step)
 
 
+def default_vocab(model: RefModel) -> Any:
+    """``Vocabulary.default()`` when the model has its 512-token layout, else None."""
+    from detsample.vocab import DEFAULT_VOCAB_SIZE, Vocabulary
+
+    return Vocabulary.default() if model.config.vocab_size == DEFAULT_VOCAB_SIZE else None
+
+
 def with_mode(params: SamplingParams, mode: str) -> SamplingParams:
     """``params`` (same seed) reporting logprobs in ``mode``, without top logprobs."""
     # SamplingParams.replace re-validates logit_bias, which rejects its own normalised
@@ -262,7 +279,8 @@ def rescore(model: RefModel, sampler: Sampler, request_params: SamplingParams,
     Row i of the rescoring batch is the request with ``output_ids[:i]`` already generated
     (penalty / min_new_tokens / grammar state replayed), scored with
     ``Sampler.compute_logprobs`` on the prefill logits of position ``len(prompt) + i - 1``.
-    Returns float32 ``[len(output_ids)]`` in ``request_params.logprobs_mode``.
+    Returns float32 ``[len(output_ids)]`` in ``request_params.logprobs_mode``. ``vocab``
+    (grammars) defaults to :func:`default_vocab` for a request with a grammar.
     """
     prompt, output = list(prompt_ids), list(output_ids)
     if not prompt:
@@ -271,6 +289,8 @@ def rescore(model: RefModel, sampler: Sampler, request_params: SamplingParams,
         return torch.empty(0, dtype=torch.float32)
     logits = model.prefill(prompt + output)[len(prompt) - 1: len(prompt) + len(output) - 1]
     reqs = [Request(f"rescore/{i}", request_params, prompt, output[:i]) for i in range(len(output))]
+    if vocab is None and request_params.grammar is not None:
+        vocab = default_vocab(model)
     batch = SamplingBatch.from_requests(reqs, vocab_size=model.config.vocab_size,
                                         eos_token_ids=tuple(eos_token_ids), vocab=vocab)
     return sampler.compute_logprobs(logits.contiguous(), batch,

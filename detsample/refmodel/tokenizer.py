@@ -1,9 +1,10 @@
 """Byte-level tokenizer compatible with the default vocabulary layout.
 
 Layout (shared with ``detsample.Vocabulary.default()``): id 0 is EOS (special, decodes to
-no bytes); ids 1..256 are the single bytes 0x00..0xFF (``id = byte + 1``); ids 257.. are
-merged tokens that only a full Vocabulary knows. This tokenizer encodes with ids 0..256
-only, so its output is valid under that vocabulary too.
+no bytes); ids 1..256 are the single bytes 0x00..0xFF (``id = byte + 1``); ids 257..511
+are the default vocabulary's merged tokens. :func:`encode` uses ids 1..256 only (one id
+per byte, so lengths are predictable); ``Vocabulary.default().encode`` is the greedy
+merged encoding. :func:`decode` reads every id of the default vocabulary.
 """
 
 from __future__ import annotations
@@ -27,15 +28,20 @@ def encode(text: str | bytes) -> list[int]:
 
 
 def token_bytes(token_id: int) -> bytes:
-    """Bytes of one id: ``b""`` for EOS, one byte for ids 1..256; merged ids raise."""
+    """Bytes of one id: ``b""`` for EOS, one byte for ids 1..256, the default
+    vocabulary's merged token for 257..511; larger ids raise."""
     if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
         raise RefModelError(f"token_id must be a non-negative integer, got {token_id!r}")
     if token_id == EOS_ID:
         return b""
     if token_id <= N_BYTE_TOKENS:
         return bytes([token_id - BYTE_OFFSET])
-    raise RefModelError(f"token_id {token_id} is a merged token; decoding it needs "
-                        "detsample.Vocabulary, the byte tokenizer knows ids 0..256")
+    from detsample.vocab import DEFAULT_MERGES
+
+    if token_id < N_BYTE_TOKENS + 1 + len(DEFAULT_MERGES):
+        return DEFAULT_MERGES[token_id - N_BYTE_TOKENS - 1].encode("utf-8")
+    raise RefModelError(f"token_id must be < {N_BYTE_TOKENS + 1 + len(DEFAULT_MERGES)} "
+                        f"(the default vocabulary), got {token_id}")
 
 
 def decode(ids: Iterable[int]) -> bytes:

@@ -10,19 +10,29 @@ stopping on EOS / stop ids / max_new_tokens / max_seq_len / no admissible token.
 
 from __future__ import annotations
 
+import json
 import random
+import re
 
 import pytest
 import torch
 
 from detsample.processors import LogitsProcessor
+from detsample.vocab import Vocabulary
 from hypothesis import given, settings, strategies as st
 
 from detsample import InvalidSamplingParams, Request, Sampler, SamplingParams
+from detsample.processors import LogitsProcessor
+from detsample.vocab import Vocabulary
 from detsample.refmodel import RefModel, RefModelConfig
 from detsample.refmodel.engine import Engine, EngineConfig, RequestResult, rescore, with_mode
 from detsample.refmodel.schedule import Schedule
+from detsample.refmodel.verify import (alignment_mismatches, float_bits, invariance_mismatches,
+                                       result_diff)
 from tests.helpers import params_strategy
+
+REGEX = r"[a-c]{2,5}x"
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
 PARAMS = {
     "plain": dict(temperature=1.0),
@@ -37,6 +47,9 @@ PARAMS = {
     "penalties": dict(temperature=0.9, repetition_penalty=1.3, frequency_penalty=0.4,
                       presence_penalty=0.2),
     "min_tokens": dict(temperature=1.0, min_new_tokens=5, stop_token_ids=(7, 9)),
+    # grammars (default vocabulary): the row finishes when the matcher accepts EOS
+    "regex": dict(temperature=1.0, regex=REGEX),
+    "json": dict(temperature=0.8, json_schema=SCHEMA),
 }
 
 
@@ -47,22 +60,14 @@ def make_request(rid: str, family: str, seed: int, mode: str = "raw",
     return Request(rid, p, [rng.randrange(1, 512) for _ in range(prompt_len)])
 
 
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.int32 if t.dtype == torch.float32 else t.dtype)
-
-
 def same_result(a: RequestResult, b: RequestResult) -> bool:
-    if (a.rid, a.token_ids, a.seed, a.finish_reason, a.prompt_ids) != \
-            (b.rid, b.token_ids, b.seed, b.finish_reason, b.prompt_ids):
-        return False
-    if a.logprobs.keys() != b.logprobs.keys():
-        return False
-    if not all(torch.equal(bits(a.logprobs[m]), bits(b.logprobs[m])) for m in a.logprobs):
-        return False
-    if (a.top_logprobs is None) != (b.top_logprobs is None):
-        return False
-    return a.top_logprobs is None or all(
-        torch.equal(bits(x), bits(y)) for x, y in zip(a.top_logprobs, b.top_logprobs))
+    d = result_diff(a, b)
+    assert d is None, str(d)
+    return True
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return float_bits(t)
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +91,11 @@ def test_engine_outputs_shape(engine):
         assert out.logprobs["raw"].dtype == torch.float32
         assert out.logprobs["raw"].shape == (len(out.token_ids),)
         assert out.seed == r.params.seed
-        assert out.finish_reason in ("length", "eos", "stop")
+        assert out.finish_reason in ("length", "eos", "stop", "grammar_terminated")
         last = out.token_ids[-1]
-        assert (out.finish_reason == "eos") == (last == 0)
+        assert (out.finish_reason in ("eos", "grammar_terminated")) == (last == 0)
+        assert (out.finish_reason == "grammar_terminated") == (r.params.grammar is not None
+                                                               and last == 0)
         assert (out.finish_reason == "stop") == (last in r.params.stop_token_ids and last != 0)
         assert out.arrival_step <= out.finish_step
         if r.params.logprobs:
@@ -110,6 +117,17 @@ def test_sampling_logprobs_equal_rescore(model, engine, mode):
         got = out.logprobs[mode]
         for t in range(len(out.token_ids)):
             assert torch.equal(bits(got[t]), bits(lp[t])), (r.rid, t, float(got[t]), float(lp[t]))
+    assert alignment_mismatches(model, sampler, reqs, res) == []
+
+
+def test_resumed_request_alignment(model, engine):
+    """A request created with output_ids (resumed) continues after them; rescoring the
+    whole output reproduces the engine's logprobs for the new tokens."""
+    base = make_request("r", "penalties", seed=8, max_new=6)
+    r = Request("r", base.params, base.prompt_ids, output_ids=[65, 66, 67])
+    res = engine.run(Schedule.of([(0, r)]))
+    assert len(res["r"].token_ids) == 6
+    assert alignment_mismatches(model, Sampler(), [r], res) == []
 
 
 def test_extra_logprobs_modes_equal_rescore(model):
@@ -222,6 +240,24 @@ def test_no_admissible_token_finishes_request(model):
     out = Engine(model, Sampler(processors=(_AllNegInf(),))).run(Schedule.of([(0, r)]))["n"]
     assert out.token_ids == () and out.finish_reason == "no_valid_token"
     assert out.logprobs["raw"].shape == (0,)
+
+
+def test_grammar_requests_follow_their_grammar(model):
+    """A regex and a JSON-schema request next to free ones: outputs obey the grammar,
+    finish as grammar_terminated, and align with rescoring (matcher state replayed)."""
+    vocab = Vocabulary.default()
+    reqs = [Request("re", SamplingParams(seed=1, regex=REGEX, max_new_tokens=20), [2, 3]),
+            Request("js", SamplingParams(seed=2, json_schema=SCHEMA, max_new_tokens=60), [4]),
+            make_request("free", "plain", 3)]
+    eng = Engine(model, config=EngineConfig(vocab=vocab))
+    res = eng.run(Schedule.of([(0, reqs[0]), (1, reqs[1]), (1, reqs[2])]))
+    assert res["re"].finish_reason == "grammar_terminated"
+    assert re.fullmatch(REGEX, vocab.decode(res["re"].token_ids).decode())
+    assert res["js"].finish_reason == "grammar_terminated"
+    doc = json.loads(vocab.decode(res["js"].token_ids))
+    assert isinstance(doc["a"], int)
+    assert alignment_mismatches(model, Sampler(), reqs, res, vocab=vocab) == []
+    assert invariance_mismatches(eng, Schedule.of([(0, r) for r in reqs])) == []
 
 
 def test_max_batch_size_and_fifo(model):

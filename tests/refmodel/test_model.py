@@ -15,6 +15,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from detsample.refmodel import RefModel, RefModelConfig, RefModelError
+from detsample.refmodel.checks import schedule_logits
 
 V = RefModelConfig().vocab_size
 
@@ -34,32 +35,7 @@ def reference(model: RefModel, seq: list[int]) -> torch.Tensor:
     return _REF[key]
 
 
-def run_schedule(model: RefModel, seqs: list[list[int]], prefill_lens: list[int],
-                 rng: random.Random, max_batch: int) -> dict[tuple[int, int], torch.Tensor]:
-    """Prefill each sequence's head, then decode the rest in random batches.
-
-    Each step takes a random subset (random order, size <= max_batch) of the unfinished
-    sequences. Returns {(seq index, position): logits row}.
-    """
-    out: dict[tuple[int, int], torch.Tensor] = {}
-    caches = []
-    for i, (s, p) in enumerate(zip(seqs, prefill_lens)):
-        c = model.new_cache()
-        logits = model.prefill(s[:p], c)
-        for t in range(p):
-            out[(i, t)] = logits[t]
-        caches.append(c)
-    while True:
-        live = [i for i, s in enumerate(seqs) if len(caches[i]) < len(s)]
-        if not live:
-            return out
-        rng.shuffle(live)
-        pick = live[: rng.randint(1, max_batch)]
-        toks = [seqs[i][len(caches[i])] for i in pick]
-        pos = [len(caches[i]) for i in pick]
-        logits = model.decode([caches[i] for i in pick], toks)
-        for r, (i, t) in enumerate(zip(pick, pos)):
-            out[(i, t)] = logits[r]
+run_schedule = schedule_logits
 
 
 def assert_matches_reference(model, seqs, out):

@@ -9,6 +9,7 @@ import pytest
 
 from detsample.refmodel import RefModelError
 from detsample.refmodel import tokenizer as tok
+from detsample.vocab import Vocabulary
 
 ROUNDTRIP = ["", "hello", "héllo ✓", "\x00\xff"]
 
@@ -27,7 +28,16 @@ def test_layout():
     assert [tok.token_bytes(i) for i in (1, 256)] == [b"\x00", b"\xff"]
 
 
-@pytest.mark.parametrize("bad,msg", [(257, "merged token"), (-1, "non-negative"),
+def test_agrees_with_default_vocabulary():
+    """Every id 0..511 spells the same bytes here and in Vocabulary.default()."""
+    vocab = Vocabulary.default()
+    assert [tok.token_bytes(i) for i in range(512)] == [vocab.decode([i]) for i in range(512)]
+    text = "héllo, the world"
+    assert vocab.decode(tok.encode(text)) == text.encode("utf-8")
+    assert tok.decode(vocab.encode(text)) == text.encode("utf-8")
+
+
+@pytest.mark.parametrize("bad,msg", [(512, "got 512"), (-1, "non-negative"),
                                      (True, "non-negative integer")])
 def test_bad_ids(bad, msg):
     with pytest.raises(RefModelError, match=msg):
