@@ -124,8 +124,8 @@ class EngineScenario:
             "inputs": {"kind": "engine", "model": "RefModel", "model_seed": self.model_seed,
                        "vocab_size": model.config.vocab_size,
                        "max_batch_size": self.max_batch_size, "max_new_tokens": self.max_new_tokens,
-                       "schedule": [[a.step, a.rid] for a in self.arrivals],
-                       "batch_rows_per_step": [list(s) for s in res.steps]},
+                       "schedule": [[a.step, a.rid] for a in self.arrivals]},
+            "batch_rows_per_step": [list(s) for s in res.steps],
             "requests": [{"rid": r.rid, "prompt_ids": r.prompt_ids, "params": r.params.to_dict()}
                          for r in reqs],
             "seeds": {r.rid: res[r.rid].seed for r in reqs},

@@ -19,6 +19,7 @@ through a store: what ``detsample golden`` and ``pytest --golden-update`` do.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -169,7 +170,7 @@ class GoldenStore:
         if not self.has_platform():
             return Verification(name, MISSING_PLATFORM, self.missing_platform_message())
         try:
-            golden, _ = self.load(name)
+            golden, manifest = self.load(name)
         except GoldenMissing as e:
             return Verification(name, MISSING_SCENARIO, f"{e}; {UPDATE_HINT}")
         except GoldenFormatError as e:
@@ -178,7 +179,7 @@ class GoldenStore:
         if diff.ok:
             self._remove_obtained(name)
             return Verification(name, OK, diff.summary(), diff)
-        msg = diff.report()
+        msg = diff.report() + "".join(f"\n  note: {n}" for n in input_changes(manifest, obtained.meta))
         if write_obtained:
             written = self._write_obtained(name, obtained)
             msg += f"\n  obtained files written beside the golden: {written}"
@@ -272,6 +273,19 @@ class GoldenStore:
     def stale(self, names: set[str] | list[str]) -> list[str]:
         """Stored scenarios that are no longer registered."""
         return [n for n in self.scenarios() if n not in set(names)]
+
+
+#: manifest fields that describe a scenario's inputs: when one differs, the outputs moved
+#: (also) because the scenario changed, not only the code under test.
+INPUT_FIELDS = ("inputs", "requests", "rng", "sampler")
+
+
+def input_changes(manifest: Mapping[str, Any], meta: Mapping[str, Any]) -> list[str]:
+    """Which input descriptions of a golden's manifest differ from an obtained run's."""
+    return [f"the scenario's {k!r} differ from the golden manifest's (the inputs or the "
+            "sampler configuration changed, not only the bits they produce)"
+            for k in INPUT_FIELDS if k in meta and k in manifest
+            and json.loads(json.dumps(meta[k])) != manifest[k]]
 
 
 def _stage(folder: Path, fname: str, text: str) -> Path:

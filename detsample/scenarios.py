@@ -236,6 +236,7 @@ class Scenario:
             if len(keep) != len(rows):
                 batch.filter(keep)
                 rows = [rows[j] for j in keep]
+        shas += [_sha(self.step_logits(s)) for s in range(len(shas), self.steps)]
         keys = sorted(got)
         return ScenarioOutput(
             rids=tuple(self.rid(r) for _, r in keys),

@@ -160,3 +160,14 @@ def test_hand_edited_golden_is_corrupt_and_still_compared(tmp_path):
     assert v.status == CORRUPT and not v.ok
     assert "sha256" in v.message and "first divergence: request r1 position 4" in v.message
     assert (s.scenario_dir("a") / (LOGPROBS + ".obtained")).is_file()
+
+
+def test_mismatch_notes_changed_inputs(tmp_path):
+    """Bug pinned: a golden moved by a changed input generator blamed on the sampler."""
+    s = store(tmp_path)
+    s.update({"a": make([1, 2], meta={"inputs": {"logits_sha256": ["aa"]}, "rng": "x"})})
+    v = s.verify("a", make([1, 3], meta={"inputs": {"logits_sha256": ["bb"]}, "rng": "x"}))
+    assert v.status == MISMATCH and "note: the scenario's 'inputs' differ" in v.message
+    assert "'rng'" not in v.message
+    v = s.verify("a", make([1, 3], meta={"inputs": {"logits_sha256": ["aa"]}, "rng": "x"}))
+    assert "note:" not in v.message

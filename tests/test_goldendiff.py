@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from detsample.goldendiff import compare, ulp_distance
 from tests.golden_helpers import make
@@ -70,3 +72,20 @@ def test_length_change_is_mismatch():
 def test_label_change_is_mismatch():
     d = compare("s", make([1, 2]), make([1, 2], positions=[3, 9]))
     assert not d.ok and d.label_mismatches == 1 and d.first.index == 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=30), st.data())
+def test_every_flip_is_found(bits, data):
+    """Property: flipping any set of bits in any entries is reported at exactly those
+    entries, the first divergence is the smallest of them, and nothing else moves."""
+    flips = data.draw(st.dictionaries(st.integers(0, len(bits) - 1), st.integers(0, 31), max_size=5))
+    moved = list(bits)
+    for i, b in flips.items():
+        moved[i] ^= 1 << b
+    d = compare("s", make(bits), make(moved))
+    assert d.logprob_mismatches == len(flips) and d.token_mismatches == 0
+    assert d.ok == (not flips)
+    if flips:
+        assert d.first.index == min(flips)
+        assert sum(d.ulp_histogram.values()) == len(flips)
