@@ -167,6 +167,7 @@ class SamplingBatch:
     _ROW_TENSORS = ("temperatures", "top_ks", "top_ps", "min_ps", "seeds", "greedy")
 
     def _append_rows(self, reqs: list[Request]) -> None:
+        grammars = grammar_hooks.build_row_grammars(reqs, self.vocab)  # issue 4 (may raise)
         new = self._row_tensors([r.params for r in reqs])
         for name in self._ROW_TENSORS:
             setattr(self, name, torch.cat([getattr(self, name), new[name]], dim=0))
@@ -177,7 +178,7 @@ class SamplingBatch:
         self.penalties = PenaltyState.extend(self.penalties, n_before, reqs,
                                              self.output_ids[n_before:])  # issue 3
         self._new_uids(len(reqs))  # issue 3
-        self.grammars.extend(grammar_hooks.build_row_grammars(reqs, self.vocab))  # issue 4
+        self.grammars.extend(grammars)  # issue 4
         self._changed()
 
     # -- issue 3 hooks ---------------------------------------------------------------

@@ -124,5 +124,5 @@ def _golden_result(fails: list[str], missing: int, n: int, store: GoldenStore,
             msg += " (allowed by --allow-missing-goldens)"
         return CheckResult("golden", allow_missing, msg, skipped=True)
     if fails:
-        return CheckResult("golden", False, f"{len(fails)} of {n} scenarios moved:\n" + "\n".join(fails))
+        return CheckResult("golden", False, f"{len(fails)} of {n} scenarios differ from their goldens:\n" + "\n".join(fails))
     return CheckResult("golden", True, f"{n} scenarios bit-identical to {store.platform_dir}")

@@ -89,7 +89,7 @@ def engine_prefill_decode_alignment(quick: bool = False, device: str = "cpu") ->
             reqs, res = sc.run(mode=m, model=model, sampler=sampler)
             for r in reqs:
                 rr = res[r.rid]
-                got = rescore(model, sampler, r.params, r.prompt_ids, rr.token_ids)
+                got = rescore(model, sampler, r.params, r.prompt_ids, rr.token_ids, vocab=sc.vocabulary())
                 want = rr.logprobs[m]
                 if got.shape != want.shape:
                     fails.append(f"{sc.name}: request {r.rid} mode {m}: the engine reported "

@@ -55,6 +55,7 @@ class EngineScenario:
     max_new_tokens: int = 8
     quick: bool = False
     devices: tuple[str, ...] = ("cpu",)  # the reference model is a CPU model
+    grammar: bool = False  # give the engine the default Vocabulary (grammar rows)
 
     def requests(self) -> list[Any]:
         from detsample import Request, SamplingParams
@@ -64,6 +65,13 @@ class EngineScenario:
             kw = {"logprobs_mode": MODES[i % 3], **a.params, "seed": (self.seed << 8) | i}
             out.append(Request(rid=a.rid, params=SamplingParams(**kw), prompt_ids=encode(a.prompt)))
         return out
+
+    def vocabulary(self) -> Any:
+        """The default :class:`~detsample.Vocabulary` when the scenario has grammar rows."""
+        if not self.grammar:
+            return None
+        from detsample.vocab import Vocabulary
+        return Vocabulary.default()
 
     def model(self) -> Any:
         from detsample.refmodel import RefModel, RefModelConfig
@@ -86,8 +94,10 @@ class EngineScenario:
             reqs = [Request(r.rid, with_mode(r.params, mode), r.prompt_ids, r.output_ids) for r in reqs]
         pairs = [(a, r) for a, r in zip(self.arrivals, reqs) if only is None or a.rid in only]
         script = list(reversed(pairs)) if reverse else pairs
+        vocab = self.vocabulary()
         engine = Engine(model if model is not None else self.model(), sampler,
-                        EngineConfig(max_batch_size=mbs, default_max_new_tokens=self.max_new_tokens))
+                        EngineConfig(max_batch_size=mbs, default_max_new_tokens=self.max_new_tokens,
+                                     vocab=vocab))
         return [r for _, r in pairs], engine.run(Schedule.of([(a.step, r) for a, r in script]))
 
     def produce(self, sampler: Any = None, device: str = "cpu") -> ScenarioOutput:
@@ -146,5 +156,13 @@ ENGINE_SCENARIOS: dict[str, EngineScenario] = {
             Arrive(0, "s1", "abc", dict(temperature=1.0, min_new_tokens=4, logit_bias={0: 12.0})),
             Arrive(3, "s2", "x", dict(temperature=2.0, top_p=0.95, max_new_tokens=10)),
         ), seed=103, max_new_tokens=12),
+        EngineScenario("engine.grammar", (
+            Arrive(0, "j", "JSON: ", dict(json_schema={
+                "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
+                temperature=0.8)),
+            Arrive(0, "x", "free ", dict(temperature=1.0)),
+            Arrive(1, "r", "word: ", dict(regex="[a-z]{3,6}", temperature=0.0)),
+            Arrive(2, "e", "answer: ", dict(ebnf='root ::= "yes" | "no"', top_p=0.9)),
+        ), seed=104, max_new_tokens=12, grammar=True),
     )
 }

@@ -31,7 +31,7 @@ from detsample.errors import DetsampleError
 from detsample.fingerprint import check_device, platform_fingerprint, platform_info
 from detsample.goldendiff import GoldenDiff, compare
 from detsample.goldenfmt import (FILES, MANIFEST, GoldenFormatError, ScenarioOutput,
-                                 decode, encode)
+                                 decode, decode_lenient, encode)
 
 ENV_ROOT = "DETSAMPLE_GOLDEN_DIR"
 OBTAINED_SUFFIX = ".obtained"
@@ -147,17 +147,21 @@ class GoldenStore:
         d = self.scenario_dir(name)
         if not (d / MANIFEST).is_file():
             raise GoldenMissing(f"no golden for scenario {name!r} on platform {self.fingerprint!r}")
+        out, manifest = decode(self._read_texts(name))
+        if manifest.get("scenario") != name:
+            raise GoldenFormatError(f"{d / MANIFEST}: scenario is {manifest.get('scenario')!r}, "
+                                    f"expected {name!r}")
+        return out, manifest
+
+    def _read_texts(self, name: str) -> dict[str, str]:
+        d = self.scenario_dir(name)
         texts = {}
         for f in FILES:
             try:
                 texts[f] = (d / f).read_text(encoding="utf-8")
             except FileNotFoundError:
                 raise GoldenFormatError(f"{d / f}: missing (manifest present)") from None
-        out, manifest = decode(texts)
-        if manifest.get("scenario") != name:
-            raise GoldenFormatError(f"{d / MANIFEST}: scenario is {manifest.get('scenario')!r}, "
-                                    f"expected {name!r}")
-        return out, manifest
+        return texts
 
     def verify(self, name: str, obtained: ScenarioOutput, write_obtained: bool = True) -> Verification:
         """Compare ``obtained`` with the golden on bits; on a mismatch write the
@@ -169,7 +173,7 @@ class GoldenStore:
         except GoldenMissing as e:
             return Verification(name, MISSING_SCENARIO, f"{e}; {UPDATE_HINT}")
         except GoldenFormatError as e:
-            return Verification(name, CORRUPT, f"{name}: golden files are corrupt: {e}")
+            return self._verify_corrupt(name, obtained, e, write_obtained)
         diff = compare(name, golden, obtained)
         if diff.ok:
             self._remove_obtained(name)
@@ -179,6 +183,24 @@ class GoldenStore:
             written = self._write_obtained(name, obtained)
             msg += f"\n  obtained files written beside the golden: {written}"
         return Verification(name, MISMATCH, msg, diff)
+
+    def _verify_corrupt(self, name: str, obtained: ScenarioOutput, err: GoldenFormatError,
+                        write_obtained: bool) -> Verification:
+        """A golden that fails its integrity checks: report why and, when the text still
+        parses, which entries the obtained output differs in."""
+        msg = f"{name}: golden files are corrupt: {err}"
+        diff = None
+        try:
+            golden, _, problems = decode_lenient(self._read_texts(name))
+        except GoldenFormatError:
+            problems = []
+        else:
+            diff = compare(name, golden, obtained)
+            msg += "".join(f"\n  also: {p}" for p in problems[1:4])
+            msg += "\n  compared entry by entry anyway: " + diff.report()
+        if write_obtained:
+            msg += f"\n  obtained files written beside the golden: {self._write_obtained(name, obtained)}"
+        return Verification(name, CORRUPT, msg, diff)
 
     # -- writing ---------------------------------------------------------------------
     def manifest_extra(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ row alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -96,12 +96,15 @@ def _ban(x: torch.Tensor, pairs: list[tuple[int, int]]) -> None:
         pen_ops.ban_tokens_(x, rc[:, 0], rc[:, 1])
 
 
-def apply_step3(x: torch.Tensor, batch: "SamplingBatch") -> torch.Tensor:
+def apply_step3(x: torch.Tensor, batch: "SamplingBatch",
+                scratch: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
     """Apply step 3 to ``x`` (B, V) float32, never writing into ``x``.
 
-    Returns ``x`` itself when no row needs anything this step, else a new tensor (the
-    Sampler re-sanitises it: an extreme penalty can overflow a logit to +inf, and a
-    constraint can leave a row without an admissible token).
+    Returns ``x`` itself when no row needs anything this step, else a new tensor: a
+    copy of ``x`` in ``scratch()`` (a reusable (B, V) float32 buffer, which spares the
+    page faults of a fresh 39 MB tensor per step) or in a fresh tensor. The Sampler
+    re-sanitises it: an extreme penalty can overflow a logit to +inf, and a constraint
+    can leave a row without an admissible token.
     """
     state = batch.penalties
     coo = state.coo(batch.device) if state is not None else None
@@ -111,7 +114,7 @@ def apply_step3(x: torch.Tensor, batch: "SamplingBatch") -> torch.Tensor:
     stops, bad = banned_entries(batch, rows)
     if coo is None and rows.allowed is None and not stops and not bad:
         return x
-    x = x.clone()
+    x = scratch().copy_(x) if scratch is not None else x.clone()
     if coo is not None:
         pen_ops.apply_penalties_coo_(x, *coo)
     _ban(x, stops)

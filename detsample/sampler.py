@@ -144,7 +144,7 @@ class Sampler:
         # Steps 3-5 never write into ``after_step2`` (it may alias the caller's logits):
         # a step that changes logits works on a copy, so ``x is after_step2`` means
         # "unchanged" and the row maxima of step 2 still hold.
-        x = apply_step3(x, batch)  # step 3 (issue 3: detsample.penalties; copies on change)
+        x = apply_step3(x, batch, lambda: self._buf("step3", x))  # step 3 (issue 3)
         x, status = grammar_hooks.grammar_step(  # step 4: grammar mask (issue 4)
             self.grammar_masker, batch, x, status)
         coo = batch.logit_bias_coo()  # step 5

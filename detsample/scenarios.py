@@ -32,6 +32,7 @@ from detsample.synthlogits import FAMILIES
 
 MODES = ("raw", "scaled", "processed")
 BIG_VOCAB = 152064
+GRAMMAR_VOCAB = 512  # detsample.vocab.DEFAULT_VOCAB_SIZE
 ParamFamily = Callable[[int, int], list[dict[str, Any]]]
 StepHook = Callable[..., None]
 
@@ -81,6 +82,23 @@ def combo_params(rows: int, vocab: int) -> list[dict[str, Any]]:
     return _cycle(base, rows)
 
 
+def grammar_params(rows: int, vocab: int) -> list[dict[str, Any]]:
+    """Grammar rows (JSON schema, regex, EBNF) next to free rows, over the default
+    512-token :class:`~detsample.Vocabulary` (the scenario passes it to the batch)."""
+    base = [
+        dict(json_schema={"type": "object", "properties": {"a": {"type": "integer"}},
+                          "required": ["a"]}),
+        dict(regex="[a-z]{2,8}", temperature=0.7),
+        dict(ebnf='root ::= "yes" | "no" | "maybe"'),
+        dict(temperature=1.0),
+        dict(regex="(cat|dog)s?", temperature=0.0),
+        dict(json_schema={"type": "string"}, top_k=5),
+        dict(temperature=0.0, repetition_penalty=1.3),
+        dict(regex="[0-9]+", top_p=0.9),
+    ]
+    return _cycle(base, rows)
+
+
 PARAM_FAMILIES: dict[str, ParamFamily] = {
     "greedy": greedy_params,
     "temperature": temperature_params,
@@ -88,7 +106,9 @@ PARAM_FAMILIES: dict[str, ParamFamily] = {
     "top_p": top_p_params,
     "min_p": min_p_params,
     "combo": combo_params,
+    "grammar": grammar_params,
 }
+GRAMMAR_FAMILIES = ("grammar",)
 
 
 def _sha(a: np.ndarray) -> str:
@@ -121,6 +141,16 @@ class Scenario:
                 raise ValueError(f"{f} must be >= 1, got {getattr(self, f)!r}")
         if not 0 <= self.seed < 2**54:
             raise ValueError(f"seed must be in [0, 2**54), got {self.seed!r}")
+        if self.params in GRAMMAR_FAMILIES and self.vocab != GRAMMAR_VOCAB:
+            raise ValueError(f"vocab must be {GRAMMAR_VOCAB} (the default Vocabulary) for "
+                             f"grammar params, got {self.vocab!r}")
+
+    def vocabulary(self) -> Any:
+        """The :class:`~detsample.Vocabulary` grammar rows need, or None."""
+        if self.params not in GRAMMAR_FAMILIES:
+            return None
+        from detsample.vocab import Vocabulary
+        return Vocabulary.default()
 
     # -- inputs ----------------------------------------------------------------------
     def rid(self, row: int) -> str:
@@ -159,8 +189,10 @@ class Scenario:
         ``split``: build ``order[:split]`` and ``order[split:]`` as two batches and
         ``merge`` them. ``shuffle_steps``: before each step after the first, permute the
         batch with ``filter`` (a seeded permutation). Entries come back in canonical
-        (step, row) order whatever the composition. ``on_step(step, rows, logits, batch,
-        positions, out)`` is called after each ``sample`` (before ``advance``).
+        (step, row) order whatever the composition. A row that finishes (grammar
+        terminated, no admissible token: ``batch.finished``) leaves the batch with
+        ``filter`` after its last entry. ``on_step(step, rows, logits, batch, positions,
+        out)`` is called after each ``sample`` (before ``advance``).
         """
         from detsample import Sampler, SamplingBatch
         sampler = sampler if sampler is not None else Sampler()
@@ -168,12 +200,13 @@ class Scenario:
         rows = list(range(self.rows)) if order is None else [int(i) for i in order]
         reqs = self.requests()
         cut = len(rows) if split is None else split
+        vocab = self.vocabulary()
         batch = SamplingBatch.from_requests([reqs[i] for i in rows[:cut]], vocab_size=self.vocab,
-                                            device=dev, eos_token_ids=(0,))
+                                            device=dev, eos_token_ids=(0,), vocab=vocab)
         if cut < len(rows):
             batch.merge(SamplingBatch.from_requests([reqs[i] for i in rows[cut:]],
                                                     vocab_size=self.vocab, device=dev,
-                                                    eos_token_ids=(0,)))
+                                                    eos_token_ids=(0,), vocab=vocab))
         got: dict[tuple[int, int], tuple[int, int, float]] = {}
         perm_rng = np.random.default_rng(self.seed)
         shas = []
@@ -195,6 +228,14 @@ class Scenario:
             for j, r in enumerate(rows):
                 got[(step, r)] = (self.position(r, step), int(toks[j]), lps[j])
             batch.advance(out.token_ids)
+            # Finished rows (grammar terminated, no admissible token) leave the batch, as
+            # in a serving engine; they are never sampled again.
+            keep = [j for j, f in enumerate(batch.finished) if f is None]
+            if not keep:
+                break
+            if len(keep) != len(rows):
+                batch.filter(keep)
+                rows = [rows[j] for j in keep]
         keys = sorted(got)
         return ScenarioOutput(
             rids=tuple(self.rid(r) for _, r in keys),
@@ -240,15 +281,19 @@ def _seed(name: str) -> int:
 
 
 QUICK = {"random.combo", "ties.top_k", "nan.greedy", "onehot.top_p", "neginf.min_p",
-         "huge.temperature", "big.top_p"}
+         "huge.temperature", "big.top_p", "random.grammar"}
+GRAMMAR_LOGITS = ("random", "ties", "neginf")
 
 
 def _build() -> dict[str, Scenario]:
     out: dict[str, Scenario] = {}
     for lf in FAMILIES:
         for pf in PARAM_FAMILIES:
+            if pf in GRAMMAR_FAMILIES and lf not in GRAMMAR_LOGITS:
+                continue
             name = f"{lf}.{pf}"
-            out[name] = Scenario(name, lf, pf, seed=_seed(name), quick=name in QUICK)
+            vocab = GRAMMAR_VOCAB if pf in GRAMMAR_FAMILIES else 1000
+            out[name] = Scenario(name, lf, pf, vocab=vocab, seed=_seed(name), quick=name in QUICK)
     for pf in ("top_p", "combo"):
         name = f"big.{pf}"
         out[name] = Scenario(name, "random", pf, vocab=BIG_VOCAB, rows=3, steps=2,

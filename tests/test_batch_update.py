@@ -67,6 +67,8 @@ def test_merge_adds_with_live_output_refs():
     a.advance([1, 2, 3, 4])
     assert upd.added[0].output_ids_ref == [2, 3]  # the live list advance appends to
     assert upd.added[0].output_ids_ref is a.output_ids[2]
+    index, params, prompt, out = upd.added[1]  # unpacks like vLLM's tuple
+    assert (index, params.seed, list(prompt), out) == (3, 3, [1], [2, 4])
 
 
 def test_update_since_composes_several_changes():

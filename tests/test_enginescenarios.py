@@ -35,9 +35,11 @@ def test_produce_is_reproducible_and_labelled(name):
 
 
 @needs_engine
-def test_stops_scenario_covers_finish_reasons():
-    out = enginescenarios.ENGINE_SCENARIOS["engine.stops"].produce()
-    assert {"stop", "length"} <= set(out.meta["finish_reasons"].values())
+@pytest.mark.parametrize("name,reasons", [("engine.stops", {"stop", "length"}),
+                                          ("engine.grammar", {"grammar_terminated"})])
+def test_scenarios_cover_finish_reasons(name, reasons):
+    out = enginescenarios.ENGINE_SCENARIOS[name].produce()
+    assert reasons <= set(out.meta["finish_reasons"].values())
 
 
 def test_engine_scenario_is_cpu_only():

@@ -147,3 +147,16 @@ def test_verify_all_and_update_all(tmp_path, monkeypatch):
     assert [v.status for v in verify_all(["random.greedy"], root=tmp_path)] == [MISSING_PLATFORM]
     assert [c.kind for c in update_all(["random.greedy"], root=tmp_path, force=True)] == ["new"]
     assert [v.status for v in verify_all(["random.greedy"], root=tmp_path)] == [OK]
+
+
+def test_hand_edited_golden_is_corrupt_and_still_compared(tmp_path):
+    """Bug pinned: a hand-edited golden reported only as "corrupt" without saying where
+    the obtained output differs from it."""
+    s = store(tmp_path)
+    s.update({"a": make([0x3F800000, 0x3F000000])})
+    p = s.scenario_dir("a") / LOGPROBS
+    p.write_text(p.read_text().replace("0x3f000000 0.5", "0x3f000001 0.50000006"))
+    v = s.verify("a", make([0x3F800000, 0x3F000000]))
+    assert v.status == CORRUPT and not v.ok
+    assert "sha256" in v.message and "first divergence: request r1 position 4" in v.message
+    assert (s.scenario_dir("a") / (LOGPROBS + ".obtained")).is_file()

@@ -153,7 +153,7 @@ def _check_rebuild(sampler, batch):
                 assert a[-1] is b[-1]
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_rows_equal_alone_through_random_filter_merge(data):
     """Random advance / filter (any order, dropping rows) / merge / new batch: each
@@ -199,9 +199,50 @@ def test_rows_equal_alone_through_random_filter_merge(data):
         assert solo.get(r.rid, []) == steps, r.rid
 
 
+def test_constraints_leaving_no_token_mark_only_that_row():
+    """allowed = {eos} while min_new_tokens blocks eos: row 0 has no admissible token
+    (-1, status flag); its neighbour samples as if alone."""
+    bad = SamplingParams(seed=1, allowed_token_ids=(0,), min_new_tokens=1)
+    good = SamplingParams(seed=2)
+    batch = _batch([Request("a", bad, [1], []), Request("b", good, [1], [])])
+    x = torch.stack([logits_for("a", 0), logits_for("b", 0)])
+    out = Sampler().sample(x, batch, torch.tensor([1, 1]))
+    alone = _batch([Request("b", good, [1], [])])
+    ref = Sampler().sample(x[1:], alone, torch.tensor([1]))
+    assert int(out.token_ids[0]) == -1 and int(out.status[0]) & 4
+    assert torch.equal(out.token_ids[1:], ref.token_ids)
+    assert torch.equal(out.logprobs[1:], ref.logprobs)
+
+
+def test_overflowing_penalty_is_sanitised_and_flagged():
+    """A huge negative frequency penalty overflows a logit to +inf: step 2's rule
+    (+inf -> largest float32, status bit 2) applies again after step 3."""
+    p = SamplingParams(seed=1, temperature=0.0, frequency_penalty=-3e38)
+    batch = _batch([Request("a", p, [], [7, 7])])
+    x = torch.zeros((1, V))
+    x[0, 7] = 3e38
+    out = Sampler().sample(x, batch, torch.tensor([2]))
+    assert int(out.token_ids[0]) == 7 and int(out.status[0]) & 2
+
+
 def test_row_tokens_grow_past_initial_capacity():
     """Regression: counting a 17th distinct token grew the arrays while indexing the old
     one (IndexError inside batch.advance in a long engine run)."""
     row = RowTokens(SamplingParams(frequency_penalty=0.5), [], list(range(40)) + [3, 3])
     snap = row.snapshot()
     assert len(snap) == 40 and snap[3] == 3 and snap[39] == 1
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 6).flatmap(lambda n: st.tuples(*[request_st(i) for i in range(n)])))
+def test_rescoring_path_sees_the_same_step3(reqs):
+    """compute_logprobs (prefill rescoring) equals the sampled logprobs bitwise for
+    rows with penalties and constraints, in every logprobs_mode."""
+    batch = _batch(list(reqs))
+    x = torch.stack([logits_for(r.rid, len(r.output_ids)) for r in reqs])
+    pos = torch.tensor([len(r.prompt_ids) + len(r.output_ids) for r in reqs])
+    s = _sampler()
+    out = s.sample(x, batch, pos)
+    ok = out.token_ids >= 0
+    lp = s.compute_logprobs(x, batch, out.token_ids.clamp(min=0))
+    assert torch.equal(lp[ok].view(torch.int32), out.logprobs[ok].view(torch.int32))

@@ -178,3 +178,20 @@ def test_slot_helper_matches_reference_application():
     upd = b.filter([3, 0, 2])
     rec.update_state(upd)
     assert rec.slots == apply_to_slots([0, 1, 2, 3], upd, None) == [3, 0, 2]
+
+
+def test_docs_user_processor_example_runs():
+    """The example of docs/sampling-penalties.md must keep working."""
+    import pathlib
+    import re
+    doc = pathlib.Path(__file__).parents[1] / "docs" / "sampling-penalties.md"
+    code = re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)[1]
+    ns: dict = {}
+    exec(code, ns)  # noqa: S102 - our own documentation
+    b = SamplingBatch.from_requests(
+        [Request("a", SamplingParams(seed=2, temperature=0.0), [1], [5]),
+         Request("b", SamplingParams(seed=3, temperature=0.0), [1], [5])], 10)
+    x = torch.zeros(2, 10)
+    x[:, 5] = 1.0
+    out = ns["sampler"].sample(x, b, torch.tensor([1, 1]))
+    assert out.token_ids.tolist() == [0, 5]  # row a (even seed) may not repeat 5

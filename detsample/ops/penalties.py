@@ -48,12 +48,23 @@ def _penalize_values(v: torch.Tensor, counts: torch.Tensor, freq: torch.Tensor,
     return torch.where(v > 0, v / rep, v * rep)
 
 
+def _flat(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x viewed as 1-D, flat indices). Entries are read and written through 1-D
+    ``index_select`` / ``index_copy_`` rather than 2-D advanced indexing: same bits,
+    but no intra-op thread fan-out for a few thousand entries (which costs a
+    scheduler quantum on a loaded machine; see docs/perf/penalties.md)."""
+    if not x.is_contiguous():
+        raise ValueError("x must be contiguous (a working copy owned by the caller)")
+    return x.view(-1), rows * x.shape[1] + cols
+
+
 def apply_penalties_coo_(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
                          counts: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor,
                          rep: torch.Tensor) -> torch.Tensor:
     """Frequency, presence and repetition penalties on listed entries, in place.
 
-    x: (B, V) float32, a working copy owned by the caller.
+    x: (B, V) float32, contiguous, a working copy owned by the caller.
     rows, cols: (nnz,) int64, no duplicate ``(row, col)`` pair: every token seen in a
     penalised row's output (and, for rows with ``r != 1``, its prompt).
     counts: (nnz,) int32 output count of the token (0 = seen in the prompt only).
@@ -62,8 +73,9 @@ def apply_penalties_coo_(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
     """
     if rows.numel() == 0:
         return x
-    v = x[rows, cols]
-    x.index_put_((rows, cols), _penalize_values(v, counts, freq, pres, rep))
+    flat, idx = _flat(x, rows, cols)
+    v = flat.index_select(0, idx)
+    flat.index_copy_(0, idx, _penalize_values(v, counts, freq, pres, rep))
     return x
 
 
@@ -83,11 +95,12 @@ def apply_penalties_dense_(x: torch.Tensor, counts: torch.Tensor, seen: torch.Te
 def ban_tokens_(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """``x[rows[j], cols[j]] = -inf`` in place (duplicates allowed); returns ``x``.
 
-    Used for min_new_tokens (stop ids) and bad_words. rows, cols: (n,) int64.
+    x: (B, V) float32, contiguous. Used for min_new_tokens (stop ids) and bad_words.
+    rows, cols: (n,) int64.
     """
     if rows.numel():
-        x.index_put_((rows, cols), torch.full((rows.numel(),), NEG_INF, dtype=x.dtype,
-                                              device=x.device))
+        flat, idx = _flat(x, rows, cols)
+        flat.index_fill_(0, idx, NEG_INF)
     return x
 
 
@@ -95,13 +108,14 @@ def restrict_to_allowed_(x: torch.Tensor, sel_rows: torch.Tensor, rows: torch.Te
                          cols: torch.Tensor) -> torch.Tensor:
     """Only ``(rows[j], cols[j])`` stay in the rows ``sel_rows``; the rest become -inf.
 
-    x: (B, V) float32 owned by the caller; sel_rows: (m,) int64 distinct rows having an
-    allowed list; rows, cols: (n,) int64 the allowed entries of those rows (no
-    duplicate pair). Values of allowed tokens are kept bit for bit. Returns ``x``.
+    x: (B, V) float32, contiguous, owned by the caller; sel_rows: (m,) int64 distinct
+    rows having an allowed list; rows, cols: (n,) int64 the allowed entries of those
+    rows (no duplicate pair). Values of allowed tokens are kept bit for bit. Returns x.
     """
     if sel_rows.numel() == 0:
         return x
-    keep = x[rows, cols]
+    flat, idx = _flat(x, rows, cols)
+    keep = flat.index_select(0, idx)
     x.index_fill_(0, sel_rows, NEG_INF)
-    x.index_put_((rows, cols), keep)
+    flat.index_copy_(0, idx, keep)
     return x

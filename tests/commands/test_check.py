@@ -91,3 +91,23 @@ def test_missing_goldens_fail_unless_allowed(capsys, tmp_path):
 
 def test_unknown_device_is_usage_error(capsys):
     assert main(["check", "--device", "tpu"]) == 2
+
+
+def test_edited_golden_file_fails_with_first_divergence(capsys, tmp_path):
+    """Bug pinned: a golden whose bits were changed on disk still passing the gate."""
+    import shutil
+
+    from detsample.golden import GoldenStore
+    real = GoldenStore()
+    copy = GoldenStore(tmp_path / "g")
+    shutil.copytree(real.scenario_dir(ONE[1]), copy.scenario_dir(ONE[1]))
+    p = copy.scenario_dir(ONE[1]) / "logprobs.txt"
+    lines = p.read_text().splitlines(True)
+    hexbits, _, label = lines[5].split()
+    bits = int(hexbits, 16) ^ 1
+    from detsample.goldenfmt import float_text
+    lines[5] = f"0x{bits:08x} {float_text(bits)} {label}\n"
+    p.write_text("".join(lines))
+    rc, out, doc = run_check(capsys, tmp_path, "--golden-dir", str(tmp_path / "g"))
+    assert rc == 1 and not statuses(doc)["golden"]
+    assert f"first divergence: request {label.split('@')[0]} position {label.split('@')[1]}" in out
