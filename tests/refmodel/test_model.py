@@ -69,13 +69,13 @@ def test_prefill_return_cache_and_plain_kvcache(model):
     seq = rand_seq(random.Random(11), 20)
     logits, cache = model.prefill(seq[:-1], return_cache=True)
     assert torch.equal(logits, reference(model, seq)[:-1]) and cache.token_ids == seq[:-1]
+    fork = cache.clone()
     assert torch.equal(model.decode([cache], [seq[-1]])[0], reference(model, seq)[-1])
+    assert torch.equal(model.decode([fork], [seq[-1]])[0], reference(model, seq)[-1])
+    assert len(cache) == len(fork) == 20
     fresh = KVCache()  # default config == the default model's
     model.prefill(seq[:5], fresh)
     assert len(fresh) == 5
-    fork = cache.clone()
-    assert torch.equal(model.decode([fork], [seq[-1]])[0], reference(model, seq)[-1])
-    assert len(cache) == 19 and len(fork) == 20
 
 
 def test_prefix_prefill_equals_full_prefill(model):
