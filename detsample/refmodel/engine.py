@@ -5,10 +5,10 @@ admitted; ONE ragged model call feeds every running row its last sampled token (
 and every admitted row its prompt, or its next chunk of it with ``prefill_chunk``; rows
 whose prefill completes join with ``SamplingBatch.merge``; every row samples one token
 with the ``Sampler`` (``positions`` = index of the row's last input token);
-``batch.advance`` records the tokens; finished rows leave with ``SamplingBatch.filter``. A request stops
-on EOS, one of its ``stop_token_ids``, ``max_new_tokens``, the model's ``max_seq_len``,
-or when the batch marks it finished (no admissible token, terminated grammar). The token
-that stops a request is part of its output.
+``batch.advance`` records the tokens; finished rows leave with ``SamplingBatch.filter``.
+A request stops on EOS, one of its ``stop_token_ids``, ``max_new_tokens``, the model's
+``max_seq_len``, or when the batch marks it finished (no admissible token, terminated
+grammar). The token that stops a request is part of its output.
 
 Guarantee (tested): a request's tokens, logprobs, seed and finish reason are bitwise
 the same alone or in any schedule, and its logprobs equal :func:`rescore` bitwise.
@@ -41,7 +41,8 @@ FINISH_MAX_SEQ_LEN = "max_seq_len"
 class EngineConfig:
     """Engine knobs (frozen, validated).
 
-    max_batch_size: rows decoded together (None = unlimited); extra arrivals wait FIFO.
+    max_batch_size: requests in flight, sampling or still prefilling (None = unlimited);
+    further arrivals wait, first come first served.
     prefill_chunk: prompt tokens a request prefills per step (None = all at once); the
     chunks run in the same ragged model call as the decode rows (chunked prefill).
     default_max_new_tokens: used when a request's ``params.max_new_tokens`` is None.
@@ -68,7 +69,12 @@ class EngineConfig:
         n = self.default_max_new_tokens
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise InvalidSamplingParams(f"default_max_new_tokens must be >= 1, got {n!r}")
-        object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
+        eos = tuple(self.eos_token_ids)
+        for e in eos:
+            if isinstance(e, bool) or not isinstance(e, int) or e < 0:
+                raise InvalidSamplingParams(
+                    f"eos_token_ids must hold non-negative token ids, got {e!r}")
+        object.__setattr__(self, "eos_token_ids", eos)
         modes = tuple(self.extra_logprobs_modes)
         for m in modes:
             if m not in LOGPROBS_MODES:

@@ -306,6 +306,7 @@ BAD_SCHEDULES = [
     (lambda: EngineConfig(extra_logprobs_modes=("logits",)), "got 'logits'"),
     (lambda: EngineConfig(default_max_new_tokens=0), "default_max_new_tokens must be >= 1"),
     (lambda: EngineConfig(prefill_chunk=0), "prefill_chunk must be None or >= 1, got 0"),
+    (lambda: EngineConfig(eos_token_ids=(0, -2)), "eos_token_ids must hold non-negative"),
 ]
 
 
