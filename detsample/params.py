@@ -212,7 +212,7 @@ class SamplingParams:
             v = getattr(self, kind)
             if v is not None:
                 if isinstance(v, (dict, bool)):
-                    v = json.dumps(v, sort_keys=True)
+                    v = json.dumps(v)  # key order kept: xgrammar emits properties in schema order
                 return kind, v
         return None
 

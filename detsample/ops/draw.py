@@ -18,6 +18,8 @@ from detsample.ops.filters import quantize_mass
 
 #: block width of the two-level search of the full-vocabulary path
 BLOCK = 1024
+#: exp(-87) = 1.6e-38 is the smallest normal float32 result we let exp produce
+EXP_FLOOR = -87.0
 
 
 def greedy_argmax(x: torch.Tensor) -> torch.Tensor:
@@ -61,7 +63,11 @@ def kept_mass(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int
     ``(z >= tau) & (exp(z) >= min_p)``. Returns (rows, V) int64 ``q`` (written into
     ``q_out`` when given; ``e_out`` is float32 scratch). Exact, element-wise.
     """
-    e = torch.exp(z, out=e_out) if e_out is not None else torch.exp(z)
+    # exp of values below EXP_FLOOR would be subnormal (or 0 from -inf), a slow path on
+    # x86; their fixed-point mass is 0 either way (exp(EXP_FLOOR) * 2**52 < 1), so
+    # clamping first changes no q while keeping exp on the fast path.
+    e = torch.clamp(z, min=EXP_FLOOR, out=e_out) if e_out is not None else z.clamp(min=EXP_FLOOR)
+    e.exp_()
     cut_tau = bool(torch.isfinite(tau).any())
     cut_mp = bool((min_p > 0).any())
     if cut_tau or cut_mp:

@@ -1,5 +1,7 @@
 """The seeded draw: compact == full path bitwise; chi-square goodness of fit."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -80,3 +82,14 @@ def test_every_request_has_its_own_stream():
     assert len(set(toks.tolist())) == 16
     stat = chisquare(np.bincount(toks.numpy(), minlength=16))
     assert stat.pvalue > ALPHA
+
+
+def test_exp_floor_changes_no_mass():
+    """kept_mass clamps z at EXP_FLOOR before exp (a subnormal exp is ~24x slower on
+    x86); every value below the floor must still get mass 0, as without the clamp."""
+    z = torch.tensor([[0.0, -1.0, -40.0, -86.9, -87.0, -87.5, -100.0, -1e30, float("-inf")]])
+    frac = F.frac_bits(152064)
+    q = D.kept_mass(z, torch.tensor([float("-inf")]), torch.zeros(1), frac)
+    ref = (torch.exp(z) * 2.0 ** frac).to(torch.int64)
+    assert torch.equal(q, ref)
+    assert math.exp(D.EXP_FLOOR) * 2.0 ** 52 < 1.0
