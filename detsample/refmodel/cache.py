@@ -14,7 +14,8 @@ class KVCache:
     ``token_ids`` are the tokens the cache holds, ``len(cache)`` their count.
     """
 
-    def __init__(self, config: RefModelConfig, capacity: int = 64) -> None:
+    def __init__(self, config: RefModelConfig | None = None, capacity: int = 64) -> None:
+        config = config if config is not None else RefModelConfig()
         self.config = config
         self.token_ids: list[int] = []
         shape = (max(1, min(capacity, config.max_seq_len)), config.n_heads, config.head_dim)

@@ -1,13 +1,14 @@
 """Continuous batching over the reference model, the way a serving engine does it.
 
 Every engine step: requests that arrive at this step (or wait for a free row) are
-prefilled together (one ragged model call) and joined with ``SamplingBatch.merge``; every
-row samples one token with the ``Sampler`` (``positions`` = index of the row's last input
-token); ``batch.advance`` records the tokens; finished rows leave with
-``SamplingBatch.filter``; the remaining rows run one batched decode step. A request stops
-on EOS, one of its ``stop_token_ids``, ``max_new_tokens``, the model's ``max_seq_len``,
-or when the batch marks it finished (no admissible token, terminated grammar). The token
-that stops a request is part of its output.
+admitted; ONE ragged model call feeds every running row its last sampled token (decode)
+and every admitted row its prompt, or its next chunk of it with ``prefill_chunk``; rows
+whose prefill completes join with ``SamplingBatch.merge``; every row samples one token
+with the ``Sampler`` (``positions`` = index of the row's last input token);
+``batch.advance`` records the tokens; finished rows leave with ``SamplingBatch.filter``.
+A request stops on EOS, one of its ``stop_token_ids``, ``max_new_tokens``, the model's
+``max_seq_len``, or when the batch marks it finished (no admissible token, terminated
+grammar). The token that stops a request is part of its output.
 
 Guarantee (tested): a request's tokens, logprobs, seed and finish reason are bitwise
 the same alone or in any schedule, and its logprobs equal :func:`rescore` bitwise.
@@ -40,7 +41,10 @@ FINISH_MAX_SEQ_LEN = "max_seq_len"
 class EngineConfig:
     """Engine knobs (frozen, validated).
 
-    max_batch_size: rows decoded together (None = unlimited); extra arrivals wait FIFO.
+    max_batch_size: requests in flight, sampling or still prefilling (None = unlimited);
+    further arrivals wait, first come first served.
+    prefill_chunk: prompt tokens a request prefills per step (None = all at once); the
+    chunks run in the same ragged model call as the decode rows (chunked prefill).
     default_max_new_tokens: used when a request's ``params.max_new_tokens`` is None.
     extra_logprobs_modes: modes reported besides each request's own ``logprobs_mode``
     (computed with ``Sampler.compute_logprobs`` on a lockstep batch in that mode).
@@ -50,6 +54,7 @@ class EngineConfig:
 
     max_batch_size: int | None = None
     default_max_new_tokens: int = 16
+    prefill_chunk: int | None = None
     eos_token_ids: tuple[int, ...] = (EOS_ID,)
     extra_logprobs_modes: tuple[str, ...] = ()
     vocab: Any = None
@@ -58,10 +63,18 @@ class EngineConfig:
         mb = self.max_batch_size
         if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or mb < 1):
             raise InvalidSamplingParams(f"max_batch_size must be None or >= 1, got {mb!r}")
+        pc = self.prefill_chunk
+        if pc is not None and (isinstance(pc, bool) or not isinstance(pc, int) or pc < 1):
+            raise InvalidSamplingParams(f"prefill_chunk must be None or >= 1, got {pc!r}")
         n = self.default_max_new_tokens
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise InvalidSamplingParams(f"default_max_new_tokens must be >= 1, got {n!r}")
-        object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
+        eos = tuple(self.eos_token_ids)
+        for e in eos:
+            if isinstance(e, bool) or not isinstance(e, int) or e < 0:
+                raise InvalidSamplingParams(
+                    f"eos_token_ids must hold non-negative token ids, got {e!r}")
+        object.__setattr__(self, "eos_token_ids", eos)
         modes = tuple(self.extra_logprobs_modes)
         for m in modes:
             if m not in LOGPROBS_MODES:
@@ -106,9 +119,22 @@ class _Row:
     arrival: Arrival
     cache: KVCache
     max_new: int
+    feed: list[int] = field(default_factory=list)   # prompt tokens not yet prefilled
     tokens: list[int] = field(default_factory=list)
     logprobs: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     top: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+
+@dataclass
+class _State:
+    """Scheduler state of one run: rows are aligned with ``batch`` (and ``extra``)."""
+
+    pending: deque
+    waiting: deque = field(default_factory=deque)
+    filling: list[_Row] = field(default_factory=list)
+    rows: list[_Row] = field(default_factory=list)
+    batch: SamplingBatch | None = None
+    extra: dict[str, SamplingBatch] = field(default_factory=dict)
 
 
 class Engine:
@@ -152,65 +178,88 @@ class Engine:
     def run(self, schedule: Schedule) -> EngineResult:
         """Run every request of ``schedule`` to completion."""
         self._check(schedule)
-        cfg, model, sampler = self.config, self.model, self.sampler
-        pending = deque(schedule.ordered())
-        waiting: deque[Arrival] = deque()
-        rows: list[_Row] = []
-        batch: SamplingBatch | None = None
-        extra: dict[str, SamplingBatch] = {}
-        logits = torch.empty((0, model.config.vocab_size), dtype=torch.float32)
+        cfg = self.config
+        st = _State(pending=deque(schedule.ordered()))
         out = EngineResult(results={})
         step = 0
-        while pending or waiting or rows:
-            if not rows and not waiting and pending[0].step > step:
-                step = pending[0].step  # idle until the next arrival
-            while pending and pending[0].step <= step:
-                waiting.append(pending.popleft())
-            room = len(waiting) if cfg.max_batch_size is None else \
-                min(len(waiting), cfg.max_batch_size - len(rows))
-            admitted = [waiting.popleft() for _ in range(room)]
-            if admitted:
-                reqs = [a.request for a in admitted]
-                new_rows = [_Row(a, model.new_cache(), a.request.params.max_new_tokens
-                                 or cfg.default_max_new_tokens) for a in admitted]
-                pre = model.forward([r.cache for r in new_rows],
-                                    [list(q.prompt_ids) + list(q.output_ids) for q in reqs])
-                logits = torch.cat([logits] + [p[-1:] for p in pre])
-                rows.extend(new_rows)
-                if batch is None:
-                    batch = self._batch(reqs)
-                    extra = {m: self._batch(reqs, m) for m in cfg.extra_logprobs_modes}
-                else:
-                    batch.merge(self._batch(reqs))
-                    for m, b in extra.items():
-                        b.merge(self._batch(reqs, m))
-            assert batch is not None and len(batch) == len(rows) == logits.shape[0]
-            out.steps.append(tuple(r.arrival.request.rid for r in rows))
-            positions = torch.tensor([len(r.cache) - 1 for r in rows], dtype=torch.int64)
-            s = sampler.sample(logits, batch, positions)
-            safe = s.token_ids.clamp(min=0)
-            extra_lp = {m: sampler.compute_logprobs(logits, b, safe) for m, b in extra.items()}
-            batch.advance(s.token_ids)
-            for b in extra.values():
-                b.advance(s.token_ids)
-            keep = []
-            for i, row in enumerate(rows):
-                reason = self._record(row, i, s, extra_lp, batch)
-                if reason is None:
-                    keep.append(i)
-                else:
-                    out.results[row.arrival.request.rid] = self._result(row, reason, step)
-            if len(keep) != len(rows):
-                batch.filter(keep)
-                for b in extra.values():
-                    b.filter(keep)
-                rows = [rows[i] for i in keep]
-            if rows:
-                logits = model.decode([r.cache for r in rows], [r.tokens[-1] for r in rows])
-            else:
-                logits = logits[:0]
+        while st.pending or st.waiting or st.rows or st.filling:
+            if not (st.rows or st.filling or st.waiting) and st.pending[0].step > step:
+                step = st.pending[0].step  # idle until the next arrival
+            while st.pending and st.pending[0].step <= step:
+                st.waiting.append(st.pending.popleft())
+            busy = len(st.rows) + len(st.filling)
+            room = len(st.waiting) if cfg.max_batch_size is None else \
+                max(0, min(len(st.waiting), cfg.max_batch_size - busy))
+            for _ in range(room):
+                a = st.waiting.popleft()
+                q = a.request
+                st.filling.append(_Row(a, self.model.new_cache(),
+                                       q.params.max_new_tokens or cfg.default_max_new_tokens,
+                                       feed=list(q.prompt_ids) + list(q.output_ids)))
+            logits = self._forward(st)
+            if st.rows:
+                out.steps.append(tuple(r.arrival.request.rid for r in st.rows))
+                self._sample(st, logits, out, step)
             step += 1
         return out
+
+    def _forward(self, st: "_State") -> torch.Tensor:
+        """One ragged model call: every sampling row feeds its last token, every filling
+        row its next prefill chunk. Rows whose prefill completes join the batch. Returns
+        the logits ``[len(st.rows), V]`` of the rows' last input tokens."""
+        chunk = self.config.prefill_chunk
+        caches = [r.cache for r in st.rows] + [r.cache for r in st.filling]
+        feeds = [[r.tokens[-1]] for r in st.rows]
+        for r in st.filling:
+            n = len(r.feed) if chunk is None else min(chunk, len(r.feed))
+            feeds.append(r.feed[:n])
+            r.feed = r.feed[n:]
+        outs = self.model.forward(caches, feeds) if caches else []
+        last = [o[-1] for o in outs]
+        n_rows = len(st.rows)
+        joined = [i for i, r in enumerate(st.filling) if not r.feed]
+        if joined:
+            new = [st.filling[i] for i in joined]
+            reqs = [r.arrival.request for r in new]
+            if st.batch is None:
+                st.batch = self._batch(reqs)
+                st.extra = {m: self._batch(reqs, m) for m in self.config.extra_logprobs_modes}
+            else:
+                st.batch.merge(self._batch(reqs))
+                for m, b in st.extra.items():
+                    b.merge(self._batch(reqs, m))
+            st.rows.extend(new)
+            last = last[:n_rows] + [last[n_rows + i] for i in joined]
+            st.filling = [r for r in st.filling if r.feed]
+        else:
+            last = last[:n_rows]
+        if not last:
+            return torch.empty((0, self.model.config.vocab_size), dtype=torch.float32)
+        return torch.stack(last)
+
+    def _sample(self, st: "_State", logits: torch.Tensor, out: EngineResult, step: int) -> None:
+        """Sample every row, record tokens and logprobs, drop finished rows."""
+        batch, rows, sampler = st.batch, st.rows, self.sampler
+        assert batch is not None and len(batch) == len(rows) == logits.shape[0]
+        positions = torch.tensor([len(r.cache) - 1 for r in rows], dtype=torch.int64)
+        s = sampler.sample(logits, batch, positions)
+        safe = s.token_ids.clamp(min=0)
+        extra_lp = {m: sampler.compute_logprobs(logits, b, safe) for m, b in st.extra.items()}
+        batch.advance(s.token_ids)
+        for b in st.extra.values():
+            b.advance(s.token_ids)
+        keep = []
+        for i, row in enumerate(rows):
+            reason = self._record(row, i, s, extra_lp, batch)
+            if reason is None:
+                keep.append(i)
+            else:
+                out.results[row.arrival.request.rid] = self._result(row, reason, step)
+        if len(keep) != len(rows):
+            batch.filter(keep)
+            for b in st.extra.values():
+                b.filter(keep)
+            st.rows = [rows[i] for i in keep]
 
     def _record(self, row: _Row, i: int, s: Any, extra_lp: dict[str, torch.Tensor],
                 batch: SamplingBatch) -> str | None:

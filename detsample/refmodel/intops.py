@@ -82,8 +82,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     s = torch.matmul(q, k.transpose(-1, -2))
     s = torch.where(mask, s, _MASKED_SCORE)
     m = s.amax(dim=-1, keepdim=True)
+    # a masked key's distance (m - s) >= 2**61 - 2**53 indexes past the table: its weight
+    # is the table's last entry, exactly 0
     idx = ((m - s) >> ATT_SHIFT).clamp(max=table.shape[0] - 1)
-    w = torch.where(mask, table[idx], 0)
+    w = table[idx]
     z = w.sum(dim=-1, keepdim=True)
     num = torch.matmul(w, v)
     return torch.div(2 * num + z, 2 * z, rounding_mode="floor")

@@ -74,13 +74,16 @@ class RefModel:
     def new_cache(self) -> KVCache:
         return KVCache(self.config)
 
-    def prefill(self, token_ids: Sequence[int], cache: KVCache | None = None) -> torch.Tensor:
+    def prefill(self, token_ids: Sequence[int], cache: KVCache | None = None, *,
+                return_cache: bool = False) -> torch.Tensor | tuple[torch.Tensor, KVCache]:
         """Logits ``[T, V]`` float32 of every position of ``token_ids``.
 
         With ``cache``, the tokens continue the sequence the cache holds (chunked prefill)
-        and are appended to it.
+        and are appended to it. ``return_cache=True`` returns ``(logits, cache)``.
         """
-        return self.forward([cache if cache is not None else self.new_cache()], [token_ids])[0]
+        cache = cache if cache is not None else self.new_cache()
+        logits = self.forward([cache], [token_ids])[0]
+        return (logits, cache) if return_cache else logits
 
     def decode(self, caches: Sequence[KVCache], token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """One step for B sequences: ``token_ids[b]`` is appended to ``caches[b]``.

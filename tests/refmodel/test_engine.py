@@ -159,6 +159,23 @@ def test_batch_composition_invariance(engine):
         assert same_result(split[r.rid], alone[r.rid]), r.rid
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 7])
+def test_chunked_prefill_invariance(model, engine, chunk):
+    """Prompts prefilled in chunks, in the same model call as other rows' decode tokens,
+    give every request bitwise its unchunked result; a request starts sampling only
+    after its last chunk."""
+    reqs = mixed_requests()
+    sched = Schedule.of([(i % 4, r) for i, r in enumerate(reqs)])
+    ref = engine.run(sched)
+    got = Engine(model, config=EngineConfig(prefill_chunk=chunk)).run(sched)
+    for r in reqs:
+        assert same_result(got[r.rid], ref[r.rid])
+        out = got[r.rid]
+        first_sample_step = out.finish_step - len(out.token_ids) + 1  # one token per step
+        chunks = -(-len(r.prompt_ids) // chunk)
+        assert first_sample_step == out.arrival_step + chunks - 1
+
+
 def test_run_to_run(model):
     reqs = mixed_requests()
     sched = Schedule.of([(i % 3, r) for i, r in enumerate(reqs)])
@@ -288,6 +305,8 @@ BAD_SCHEDULES = [
     (lambda: EngineConfig(max_batch_size=0), "max_batch_size must be None or >= 1, got 0"),
     (lambda: EngineConfig(extra_logprobs_modes=("logits",)), "got 'logits'"),
     (lambda: EngineConfig(default_max_new_tokens=0), "default_max_new_tokens must be >= 1"),
+    (lambda: EngineConfig(prefill_chunk=0), "prefill_chunk must be None or >= 1, got 0"),
+    (lambda: EngineConfig(eos_token_ids=(0, -2)), "eos_token_ids must hold non-negative"),
 ]
 
 
@@ -330,6 +349,7 @@ def test_property_random_schedules(model, data):
     steps = data.draw(st.lists(st.integers(0, 8), min_size=n, max_size=n))
     seeds = data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
     cap = data.draw(st.sampled_from([None, 1, 2, 5]), label="max_batch_size")
+    chunk = data.draw(st.sampled_from([None, 1, 4]), label="prefill_chunk")
     reqs = [make_request(f"{i}", f, s, m, max_new=6) for i, (f, s, m) in
             enumerate(zip(fams, seeds, modes))]
     # plus one request with arbitrary sampling parameters (any filter, bias, mode)
@@ -338,7 +358,7 @@ def test_property_random_schedules(model, data):
     reqs.append(Request("any", p, [3, 1, 4, 1, 5]))
     fams, seeds, modes = fams + ["any"], seeds + [p.seed], modes + [p.logprobs_mode]
     steps = steps + [data.draw(st.integers(0, 8))]
-    res = Engine(model, config=EngineConfig(max_batch_size=cap)).run(
+    res = Engine(model, config=EngineConfig(max_batch_size=cap, prefill_chunk=chunk)).run(
         Schedule.of(list(zip(steps, reqs))))
     for r, f, s, m in zip(reqs, fams, seeds, modes):
         key = (r.rid, f, s, m)

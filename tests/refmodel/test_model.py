@@ -14,7 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from detsample.refmodel import RefModel, RefModelConfig, RefModelError
+from detsample.refmodel import KVCache, RefModel, RefModelConfig, RefModelError
 from detsample.refmodel.checks import schedule_logits
 
 V = RefModelConfig().vocab_size
@@ -63,6 +63,19 @@ def test_decode_equals_prefill_at_every_position(model):
         row = model.decode([cache], [seq[t]])[0]
         assert torch.equal(row, ref[t]), f"position {t}"
     assert cache.token_ids == seq
+
+
+def test_prefill_return_cache_and_plain_kvcache(model):
+    seq = rand_seq(random.Random(11), 20)
+    logits, cache = model.prefill(seq[:-1], return_cache=True)
+    assert torch.equal(logits, reference(model, seq)[:-1]) and cache.token_ids == seq[:-1]
+    fork = cache.clone()
+    assert torch.equal(model.decode([cache], [seq[-1]])[0], reference(model, seq)[-1])
+    assert torch.equal(model.decode([fork], [seq[-1]])[0], reference(model, seq)[-1])
+    assert len(cache) == len(fork) == 20
+    fresh = KVCache()  # default config == the default model's
+    model.prefill(seq[:5], fresh)
+    assert len(fresh) == 5
 
 
 def test_prefix_prefill_equals_full_prefill(model):
