@@ -69,6 +69,8 @@ def _token_id(name: str, v: Any) -> int:
 def _normalise_bias(bias: Mapping[Any, Any] | None) -> tuple[tuple[int, float], ...] | None:
     if bias is None:
         return None
+    if isinstance(bias, tuple) and all(isinstance(kv, tuple) and len(kv) == 2 for kv in bias):
+        bias = dict(bias) if len({k for k, _ in bias}) == len(bias) else bias  # own form
     if not isinstance(bias, Mapping):
         _fail(f"logit_bias must be a mapping of token id to bias, got {type(bias).__name__}")
     out: dict[int, float] = {}

@@ -74,3 +74,11 @@ def test_request_validates_ids():
 def test_finite_floats_are_accepted():
     p = SamplingParams(temperature=2, frequency_penalty=-1.5, presence_penalty=2.0)
     assert p.temperature == 2.0 and not math.isnan(p.frequency_penalty)
+
+
+def test_replace_keeps_logit_bias():
+    """Bug pinned: replace() re-validated the stored (id, bias) tuple form and rejected
+    it ("logit_bias must be a mapping ... got tuple")."""
+    p = SamplingParams(logit_bias={"5": 1.0, 2: -1.0}, seed=3)
+    q = p.replace(temperature=0.5)
+    assert q.logit_bias == p.logit_bias and q.seed == 3

@@ -95,7 +95,9 @@ def advance_grammars(batch, tokens: Sequence[int]) -> None:
             continue
         if g.state == PENDING:
             g.resolve()
-        if g.is_active and t >= 0:
+        if g.is_active and t >= 0 and batch.finished[i] is None:
+            # a finished row is no longer masked (grammar_step), so its tokens are not
+            # the grammar's to judge: feeding them would fail the whole batch
             try:
                 g.accept_token(t)
             except GrammarError as e:

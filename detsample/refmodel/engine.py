@@ -271,7 +271,8 @@ class Engine:
         row.tokens.append(t)
         row.logprobs.setdefault(p.logprobs_mode, []).append(s.logprobs[i])
         for m, lp in extra_lp.items():
-            row.logprobs.setdefault(m, []).append(lp[i])
+            if m != p.logprobs_mode:  # the request's own mode is recorded above
+                row.logprobs.setdefault(m, []).append(lp[i])
         if p.logprobs > 0 and s.top_logprobs is not None:
             row.top.append((s.top_logprobs[0][i, : p.logprobs], s.top_logprobs[1][i, : p.logprobs]))
         if batch.finished[i] is not None:

@@ -258,3 +258,20 @@ def test_merge_rejects_grammar_rows_of_another_vocabulary_without_change():
     free = make_batch(["free-b"], None)
     a.merge(free)
     assert len(a) == 3 and a.vocab is vocab and a.grammars[2] is None
+
+
+def test_finished_grammar_row_sampled_again_does_not_break_the_batch():
+    """Bug pinned: a grammar row finished with no_valid_token is no longer masked; if the
+    caller samples it again before filtering it out, advance fed the unmasked token to
+    the matcher and raised GrammarError for the whole batch."""
+    vocab = Vocabulary.default()
+    batch = make_batch(["regex", "free-a"], vocab)
+    logits = torch.randn(2, 512)
+    for t in [vocab.encode("y")[0], vocab.encode("n")[0]]:
+        logits[0, t] = float("-inf")
+    out = Sampler().sample(logits, batch, torch.tensor([2, 2]))
+    batch.advance(out.token_ids)
+    assert batch.finished[0] == "no_valid_token"
+    again = Sampler().sample(torch.randn(2, 512), batch, torch.tensor([3, 3]))
+    batch.advance(again.token_ids)  # must not raise
+    assert batch.finished[0] == "no_valid_token" and batch.finished[1] is None

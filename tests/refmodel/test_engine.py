@@ -143,6 +143,15 @@ def test_extra_logprobs_modes_equal_rescore(model):
             assert torch.equal(bits(out.logprobs[mode]), bits(lp)), (r.rid, mode)
 
 
+def test_extra_mode_equal_to_own_mode_is_recorded_once(model):
+    """Bug pinned: a request whose own logprobs_mode is also an extra mode got that
+    mode's logprobs appended twice (8 values for 4 tokens)."""
+    eng = Engine(model, config=EngineConfig(extra_logprobs_modes=("raw",)))
+    r = mixed_requests("raw")[0]
+    out = eng.run(Schedule.of([(0, r)]))[r.rid]
+    assert len(out.logprobs["raw"]) == len(out.token_ids)
+
+
 def test_batch_composition_invariance(engine):
     """Mixed schedule == each request alone == permuted, differently split schedule."""
     reqs = mixed_requests()
