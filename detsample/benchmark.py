@@ -63,6 +63,29 @@ def make_inputs(case: Case, seed: int = 0):
     return logits, reqs, positions
 
 
+def exponential_race(logits: torch.Tensor, batch: SamplingBatch, generator: torch.Generator
+                     ) -> torch.Tensor:
+    """The conventional engine path, for comparison only (not batch-invariant): softmax
+    over the temperature-scaled logits, top-k/top-p by a sort (or a bounded topk), and
+    ``argmax(p / Exp(1))`` noise from one generator for the whole batch."""
+    z = logits / batch.temperatures.clamp(min=1e-6)
+    flags = batch.flags
+    ids = None
+    if flags.need_top_k or flags.need_top_p:
+        if flags.max_top_k is not None:
+            z, ids = torch.topk(z, flags.max_top_k, dim=-1)
+        else:
+            z, ids = torch.sort(z, dim=-1, descending=True)
+        pos = torch.arange(z.shape[1]).unsqueeze(0)
+        z = z.masked_fill(pos >= batch.top_ks.unsqueeze(1).long(), float("-inf"))
+    probs = torch.softmax(z, dim=-1)
+    if flags.need_top_p:
+        excl = probs.cumsum(-1) - probs
+        probs = probs.masked_fill(excl >= batch.top_ps.unsqueeze(1).float(), 0.0)
+    pick = (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(-1)
+    return pick if ids is None else ids.gather(1, pick.unsqueeze(1)).squeeze(1)
+
+
 def paths(case: Case) -> dict[str, Callable[[], object]]:
     """The measured paths of one case, keyed by name."""
     logits, reqs, pos = make_inputs(case)
@@ -80,13 +103,17 @@ def paths(case: Case) -> dict[str, Callable[[], object]]:
         "per-request loop": loop,
     }
     if case.config == "greedy":
+        lsm = torch.empty_like(logits)
         out["bare argmax+log_softmax"] = lambda: (torch.argmax(logits, -1),
-                                                  torch.log_softmax(logits, -1))
+                                                  torch.log_softmax(logits, -1, out=lsm))
+    else:
+        out["exponential race (engine-style)"] = lambda: exponential_race(
+            logits, batch, torch.Generator().manual_seed(0))
     return out
 
 
 def run(batches=(1, 8, 64), vocabs=(32000, 152064), configs=tuple(CONFIGS),
-        repeat: int = 7, n_threads: int | None = 2, skip_loop_above: int = 8) -> list[dict]:
+        repeat: int = 7, n_threads: int | None = 2, skip_loop_above: int = 64) -> list[dict]:
     rows = []
     with threads(n_threads):
         for V in vocabs:

@@ -8,8 +8,11 @@
 logprobs whatever the batch around it, the thread count or the run. It never sorts the
 full vocabulary when a bounded ``topk`` provably gives the same bits (see
 :mod:`detsample.ops.filters`); ``Sampler(filter_impl="sort")`` forces the full stable
-sort, the reference semantics. ``Sampler(deterministic=False)`` is the fast mode:
-statistically correct, seeded per batch, NOT batch-invariant.
+sort, the reference semantics. ``Sampler(deterministic=False)`` is the fast mode: the
+same pipeline without the tie-spill check of the bounded ``topk`` (a tie group that
+straddles the candidate bound is cut wherever ``topk`` cut it), so it is statistically
+correct but NOT guaranteed batch-invariant. Measured, it is no faster: the exact path
+costs nothing noticeable (docs/performance.md), which is why it is the default.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ from detsample.ops import logprobs as lp_ops
 from detsample.ops.bias import apply_logit_bias_
 from detsample.ops.sanitize import STATUS_NO_VALID_TOKEN, sanitize_rows
 from detsample.ops.temperature import scale_logits
-from detsample.fastpath import sample_fast
 from detsample.penalties import apply_step3  # issue 3
 from detsample.processors import ProcessorRunner  # issue 3
 from detsample.rng import RNG_NAME, row_uniforms
@@ -216,6 +218,8 @@ class Sampler:
         if cand:
             ci = torch.tensor(cand, dtype=torch.int64, device=dev)
             vals, ids, fits = filter_ops.topk_candidates(self._rows(z, cand), batch.top_ks[ci], k_max)
+            if not self.deterministic:  # fast mode: no fallback when ties spill past k_max
+                fits = torch.ones_like(fits)
             n = filter_ops.kept_prefix_length(vals, batch.top_ks[ci], batch.top_ps[ci],
                                               batch.min_ps[ci], frac)
             ok = fits.nonzero().flatten()
@@ -344,8 +348,6 @@ class Sampler:
         """
         positions = self._check_ids("positions", positions, batch, vocab=False)
         prep = self._prepare(logits, batch)
-        if not self.deterministic:
-            return sample_fast(self, prep, batch, positions)
         B = len(batch)
         valid = (prep.status & STATUS_NO_VALID_TOKEN) == 0
         greedy_tok = self._greedy_tokens(prep, batch)

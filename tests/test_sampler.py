@@ -240,8 +240,8 @@ def test_greedy_processed_is_one_hot_and_scaled_uses_t1():
 
 
 def test_fast_mode_is_seeded_and_valid():
-    """The fast mode is statistically correct and reproducible for the same batch, but
-    makes no batch-invariance promise."""
+    """The fast mode is statistically correct and reproducible for the same batch; it
+    only drops the tie-spill fallback of the bounded topk."""
     rng = np.random.default_rng(5)
     x = torch.from_numpy((rng.standard_normal((8, V))).astype(np.float32))
     ps = [SamplingParams(top_k=5, seed=i) for i in range(8)]
@@ -250,3 +250,16 @@ def test_fast_mode_is_seeded_and_valid():
     assert torch.equal(a.token_ids, b.token_ids)
     top5 = torch.topk(x, 5).indices
     assert all(int(a.token_ids[i]) in top5[i].tolist() for i in range(8))
+
+
+def test_fast_mode_cuts_spilling_ties_at_the_bound():
+    """With a tie group larger than the candidate bound, the deterministic mode keeps
+    the whole group (full-sort semantics) and the fast mode keeps what topk returned."""
+    x = torch.zeros(1, 64)
+    x[0, 0] = 5.0  # one clear winner, then 63 tied tokens
+    p = SamplingParams(top_k=2, temperature=1.0, seed=0, logprobs_mode="processed")
+    det = Sampler().sample(x, _batch([p], 64), torch.tensor([0]))
+    fast = Sampler(deterministic=False).sample(x, _batch([p], 64), torch.tensor([0]))
+    ref = Sampler(filter_impl="sort").sample(x, _batch([p], 64), torch.tensor([0]))
+    assert torch.equal(det.logprobs, ref.logprobs)
+    assert not torch.equal(fast.logprobs, ref.logprobs)  # renormalised over 2 tokens, not 64
