@@ -10,11 +10,12 @@ import contextlib
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
 from detsample.batch import SamplingBatch
+from detsample.checks import torch_threads
 from detsample.params import Request, SamplingParams
 from detsample.sampler import Sampler
 
@@ -25,16 +26,9 @@ CONFIGS: dict[str, dict] = {
 }
 
 
-@contextlib.contextmanager
-def threads(n: int | None) -> Iterator[None]:
+def threads(n: int | None):
     """Run with ``n`` torch intra-op threads (None: leave unchanged); restored after."""
-    old = torch.get_num_threads()
-    if n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
+    return torch_threads(n) if n else contextlib.nullcontext()
 
 
 def median_ms(fn: Callable[[], object], repeat: int) -> float:

@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import torch
 from hypothesis import strategies as st
 
 from detsample import Request, SamplingBatch, Sampler, SamplingParams
+from detsample.checks import torch_threads
 
 
-@contextlib.contextmanager
 def num_threads(n: int):
     """Temporarily run torch with ``n`` intra-op threads (restored in finally)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
+    return torch_threads(n)
 
 
 def params_strategy(vocab_size: int, with_bias: bool = True):

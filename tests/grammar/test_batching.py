@@ -233,15 +233,21 @@ def test_padded_model_vocab_never_picks_beyond_tokenizer():
     assert 0 < int(out.token_ids[0]) < 512
 
 
-def test_grammar_leaving_no_token_reports_no_valid_token():
-    """Bug pinned: when an earlier step removed every token the grammar allows (here the
-    model's logits are -inf on them), the row must yield -1, not an arbitrary token."""
+def _regex_row_left_without_tokens():
+    """A [regex, free] batch whose logits are -inf on every first token the regex allows;
+    returns (batch, sample output)."""
     vocab = Vocabulary.default()
     batch = make_batch(["regex", "free-a"], vocab)
     logits = torch.randn(2, 512)
     for t in [vocab.encode("y")[0], vocab.encode("n")[0]]:
         logits[0, t] = float("-inf")
-    out = Sampler().sample(logits, batch, torch.tensor([2, 2]))
+    return batch, Sampler().sample(logits, batch, torch.tensor([2, 2]))
+
+
+def test_grammar_leaving_no_token_reports_no_valid_token():
+    """Bug pinned: when an earlier step removed every token the grammar allows (here the
+    model's logits are -inf on them), the row must yield -1, not an arbitrary token."""
+    _, out = _regex_row_left_without_tokens()
     assert int(out.token_ids[0]) == -1 and int(out.token_ids[1]) >= 0
 
 
@@ -264,12 +270,7 @@ def test_finished_grammar_row_sampled_again_does_not_break_the_batch():
     """Bug pinned: a grammar row finished with no_valid_token is no longer masked; if the
     caller samples it again before filtering it out, advance fed the unmasked token to
     the matcher and raised GrammarError for the whole batch."""
-    vocab = Vocabulary.default()
-    batch = make_batch(["regex", "free-a"], vocab)
-    logits = torch.randn(2, 512)
-    for t in [vocab.encode("y")[0], vocab.encode("n")[0]]:
-        logits[0, t] = float("-inf")
-    out = Sampler().sample(logits, batch, torch.tensor([2, 2]))
+    batch, out = _regex_row_left_without_tokens()
     batch.advance(out.token_ids)
     assert batch.finished[0] == "no_valid_token"
     again = Sampler().sample(torch.randn(2, 512), batch, torch.tensor([3, 3]))
