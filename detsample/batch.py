@@ -60,9 +60,22 @@ def _check_ids(rid: str, field: str, ids: Iterable[int], vocab_size: int) -> Non
                   f"vocabulary [0, {vocab_size})")
 
 
+def _check_float32(rid: str, field: str, v: float, nonzero: bool = False) -> None:
+    """``v`` must stay finite (and non-zero if ``nonzero``) once rounded to float32."""
+    f = float(torch.tensor(v, dtype=torch.float32))
+    if f in (float("inf"), float("-inf")) or (nonzero and v != 0.0 and f == 0.0):
+        _fail(f"request {rid!r}: {field} must be {'0 or ' if nonzero else ''}"
+              f"representable in float32 (finite{', non-zero' if nonzero else ''}), got {v!r}")
+
+
 def validate_request(req: Request, vocab_size: int) -> None:
-    """Token ids of a request must lie inside the vocabulary (checked at batch build)."""
+    """Token ids of a request must lie inside the vocabulary (checked at batch build);
+    temperature and logit_bias values must survive the float32 rounding of the sampler
+    (1e-50 would become a temperature of 0, a bias of 1e39 an infinity)."""
     p = req.params
+    _check_float32(req.rid, "temperature", p.temperature, nonzero=True)
+    for k, b in p.logit_bias or ():
+        _check_float32(req.rid, f"logit_bias[{k}]", b)
     _check_ids(req.rid, "prompt_ids", req.prompt_ids, vocab_size)
     _check_ids(req.rid, "output_ids", req.output_ids, vocab_size)
     _check_ids(req.rid, "stop_token_ids", p.stop_token_ids, vocab_size)

@@ -48,7 +48,7 @@ class SampleOutput:
     logprobs: (B,) float32, the chosen token's logprob in the row's ``logprobs_mode``.
     top_logprobs: ``((B, n) float32, (B, n) int64)`` with n the largest ``logprobs`` of
     the batch, or None; row i's first ``params.logprobs`` entries are its answer, the
-    rest are ``-inf`` / ``-1``. seeds: (B,) int64 resolved seeds (for replay).
+    rest are ``-inf`` / ``-1`` (every entry of a row without an admissible token). seeds: (B,) int64 resolved seeds (for replay).
     status: (B,) int32 bit flags of :mod:`detsample.ops.sanitize`.
     """
 
@@ -115,7 +115,8 @@ class Sampler:
                 f"logits must be on the batch's device {batch.device}, got {logits.device}")
 
     @staticmethod
-    def _check_ids(name: str, t, batch: SamplingBatch, vocab: bool) -> torch.Tensor:
+    def _check_ids(name: str, t, batch: SamplingBatch, vocab: bool,
+                   lowest: int = 0) -> torch.Tensor:
         if not isinstance(t, torch.Tensor):
             t = torch.as_tensor(t)
         if t.dtype not in (torch.int64, torch.int32) or tuple(t.shape) != (len(batch),):
@@ -125,8 +126,8 @@ class Sampler:
         t = t.to(device=batch.device, dtype=torch.int64)
         if t.numel():
             lo, hi = int(t.min()), int(t.max())
-            if lo < 0:
-                raise InvalidSamplingParams(f"{name} must be >= 0, got {lo}")
+            if lo < lowest:
+                raise InvalidSamplingParams(f"{name} must be >= {lowest}, got {lo}")
             if vocab and hi >= batch.vocab_size:
                 raise InvalidSamplingParams(
                     f"{name} must be < vocab_size ({batch.vocab_size}), got {hi}")
@@ -313,8 +314,10 @@ class Sampler:
         vals = torch.full((B, n), float("-inf"), dtype=torch.float32, device=dev)
         ids = torch.full((B, n), -1, dtype=torch.int64, device=dev)
         params = batch.params
+        live = ((prep.status & STATUS_NO_VALID_TOKEN) == 0).tolist()
         for mode in sorted(batch.flags.modes):
-            rows = [i for i in batch.rows_with_mode(mode) if params[i].logprobs > 0]
+            rows = [i for i in batch.rows_with_mode(mode) if params[i].logprobs > 0
+                    and live[i]]
             if not rows:
                 continue
             ri = torch.tensor(rows, dtype=torch.int64, device=dev)
@@ -322,6 +325,7 @@ class Sampler:
             vals[ri] = v
             ids[ri] = i
         want = torch.tensor([p.logprobs for p in params], dtype=torch.int64, device=dev)
+        want = want * torch.tensor(live, dtype=torch.int64, device=dev)  # dead rows: none
         beyond = torch.arange(n, device=dev).unsqueeze(0) >= want.unsqueeze(1)
         return vals.masked_fill(beyond, float("-inf")), ids.masked_fill(beyond, -1)
 
@@ -372,10 +376,12 @@ class Sampler:
         """The rescoring (prefill) path: logprob of ``token_ids`` per row, in each row's
         ``logprobs_mode``, through the same steps 1-8 as :meth:`sample`.
 
-        logits: (B, V) float32; token_ids: (B,) int64. Returns (B,) float32, bitwise
-        equal to the ``logprobs`` that :meth:`sample` reported for the same inputs.
+        logits: (B, V) float32; token_ids: (B,) int64, -1 meaning "no token" (what
+        :meth:`sample` reports for a row without an admissible token; its logprob is
+        -inf). Returns (B,) float32, bitwise equal to the ``logprobs`` that
+        :meth:`sample` reported for the same inputs.
         """
-        token_ids = self._check_ids("token_ids", token_ids, batch, vocab=True)
+        token_ids = self._check_ids("token_ids", token_ids, batch, vocab=True, lowest=-1)
         prep = self._prepare(logits, batch)
         if len(batch) == 0:
             return torch.empty((0,), dtype=torch.float32, device=batch.device)

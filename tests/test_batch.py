@@ -106,3 +106,33 @@ def test_advance_records_tokens_and_no_valid_token():
         b.advance([V, 0])
     with pytest.raises(InvalidSamplingParams, match="entries"):
         b.advance([1])
+
+
+FLOAT32_OVERFLOW = [
+    (SamplingParams(temperature=1e-50), "temperature", "1e-50"),
+    (SamplingParams(temperature=1e-46), "temperature", "1e-46"),
+    (SamplingParams(temperature=1e39), "temperature", "1e+39"),
+    (SamplingParams(logit_bias={3: 1e39}), "logit_bias", "1e+39"),
+    (SamplingParams(logit_bias={"4": -1e300}), "logit_bias", "-1e+300"),
+]
+
+
+@pytest.mark.parametrize("p,field,value", FLOAT32_OVERFLOW)
+def test_values_that_leave_float32_rejected_at_build(p, field, value):
+    """Bug: a temperature that rounds to 0 (1e-50) or inf (1e39) in float32 crashed the
+    draw (index out of bounds) or gave NaN scaled logits and a positive "processed"
+    logprob; a logit_bias of 1e39 became +inf in float32, and ``-inf + inf = NaN`` was
+    then "sanitised" into a finite logit, unmasking a token that min_new_tokens, a
+    grammar or allowed_token_ids had set to -inf. Both are now rejected at batch build,
+    naming the field and the value (like the penalties)."""
+    with pytest.raises(InvalidSamplingParams, match=field) as e:
+        SamplingBatch.from_requests([Request("x", p)], V)
+    assert value in str(e.value)
+
+
+def test_extreme_but_float32_representable_values_accepted():
+    """The float32 check rejects only values that round to 0 / inf: a subnormal
+    temperature and a bias of 3e38 stay valid."""
+    ps = [SamplingParams(temperature=1e-40), SamplingParams(temperature=3e38),
+          SamplingParams(logit_bias={1: 3e38, 2: -3e38})]
+    assert len(SamplingBatch.from_requests(requests_from(ps), V)) == 3

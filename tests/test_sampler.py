@@ -263,3 +263,42 @@ def test_fast_mode_cuts_spilling_ties_at_the_bound():
     ref = Sampler(filter_impl="sort").sample(x, _batch([p], 64), torch.tensor([0]))
     assert torch.equal(det.logprobs, ref.logprobs)
     assert not torch.equal(fast.logprobs, ref.logprobs)  # renormalised over 2 tokens, not 64
+
+
+DEAD_ROW_MODES = [(mode, t) for mode in ("raw", "scaled", "processed") for t in (0.0, 1.0)]
+
+
+@pytest.mark.parametrize("mode,temperature", DEAD_ROW_MODES)
+def test_dead_row_top_logprobs_are_neg_inf_not_nan(mode, temperature):
+    """Bug: a row with no admissible token (all -inf) returned NaN top logprobs in raw and
+    scaled modes (log_softmax of an all -inf row) and, when greedy in processed mode, a
+    logprob of 0 for token 0 although its token is -1. Such a row now reports -inf / -1
+    in every top-logprob slot, like its token logprob; the neighbour is untouched."""
+    x = torch.randn(2, 10)
+    x[0] = float("-inf")
+    ps = [SamplingParams(temperature=temperature, seed=1, logprobs=2, logprobs_mode=mode),
+          SamplingParams(seed=2, logprobs=2, logprobs_mode=mode)]
+    out = Sampler().sample(x, _batch(ps, 10), torch.tensor([0, 0]))
+    assert int(out.token_ids[0]) == -1
+    assert out.top_logprobs[0][0].tolist() == [float("-inf")] * 2
+    assert out.top_logprobs[1][0].tolist() == [-1, -1]
+    alone = sample_alone(Sampler(), x[1], requests_from(ps)[1], 0, 10)
+    assert row_bits_equal(out, 1, alone)
+
+
+def test_compute_logprobs_accepts_the_no_token_id_of_sample():
+    """Bug: ``compute_logprobs(logits, batch, out.token_ids)`` raised for any batch with a
+    dead row (sample reports its token as -1), so one bad row broke the rescoring of its
+    neighbours. -1 now means "no token" and rescoring gives -inf, bitwise equal to the
+    sampling-time logprobs; ids below -1 are still rejected."""
+    x = torch.randn(3, 10)
+    x[1] = float("-inf")
+    ps = [SamplingParams(seed=1, logprobs_mode=m) for m in ("raw", "scaled", "processed")]
+    b = _batch(ps, 10)
+    s = Sampler()
+    out = s.sample(x, b, torch.tensor([4, 5, 6]))
+    assert int(out.token_ids[1]) == -1
+    lp = s.compute_logprobs(x, b, out.token_ids)
+    assert torch.equal(lp.view(torch.int32), out.logprobs.view(torch.int32))
+    with pytest.raises(InvalidSamplingParams, match="token_ids"):
+        s.compute_logprobs(x, b, torch.tensor([0, -2, 0]))
