@@ -144,7 +144,9 @@ class SamplingBatch:
         """
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
             _fail(f"vocab_size must be a positive integer, got {vocab_size!r}")
-        dev = torch.device(device)
+        # the device tensors actually report ("cuda" -> cuda:0, "cpu:0" -> cpu), so
+        # that logits made on it compare equal in Sampler's device check and in merge
+        dev = torch.empty(0, device=device).device
         eos = tuple(int(e) for e in eos_token_ids)
         for e in eos:
             if not 0 <= e < vocab_size:

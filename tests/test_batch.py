@@ -136,3 +136,21 @@ def test_extreme_but_float32_representable_values_accepted():
     ps = [SamplingParams(temperature=1e-40), SamplingParams(temperature=3e38),
           SamplingParams(logit_bias={1: 3e38, 2: -3e38})]
     assert len(SamplingBatch.from_requests(requests_from(ps), V)) == 3
+
+
+DEVICE_SPELLINGS = ["cpu", "cpu:0", torch.device("cpu", 0)]
+
+
+@pytest.mark.parametrize("device", DEVICE_SPELLINGS)
+def test_device_spelling_normalised(device):
+    """Bug: the batch kept ``torch.device(device)`` verbatim, so ``device="cpu:0"`` (and on
+    a GPU the usual ``device="cuda"``, whose tensors report cuda:0) made every
+    ``Sampler.sample`` fail its logits-device check and ``merge`` refuse a batch built
+    with ``"cpu"``. The batch now stores the device its tensors report."""
+    from detsample import Sampler
+    b = SamplingBatch.from_requests([Request("a", SamplingParams(seed=1))], V, device=device)
+    assert b.device == torch.zeros(1).device
+    out = Sampler().sample(torch.zeros(1, V), b, torch.tensor([0]))
+    assert 0 <= int(out.token_ids[0]) < V
+    b.merge(SamplingBatch.from_requests([Request("b")], V, device="cpu"))
+    assert len(b) == 2
