@@ -341,6 +341,7 @@ class Sampler:
         return out
 
     # -- public API ------------------------------------------------------------------
+    @torch.no_grad()  # not differentiable; logits may come from a training model
     def sample(self, logits: torch.Tensor, batch: SamplingBatch,
                positions: torch.Tensor) -> SampleOutput:
         """Sample one token per row.
@@ -371,6 +372,7 @@ class Sampler:
         return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
                             seeds=batch.seeds.clone(), status=prep.status)
 
+    @torch.no_grad()  # not differentiable; logits may come from a training model
     def compute_logprobs(self, logits: torch.Tensor, batch: SamplingBatch,
                          token_ids: torch.Tensor) -> torch.Tensor:
         """The rescoring (prefill) path: logprob of ``token_ids`` per row, in each row's

@@ -302,3 +302,24 @@ def test_compute_logprobs_accepts_the_no_token_id_of_sample():
     assert torch.equal(lp.view(torch.int32), out.logprobs.view(torch.int32))
     with pytest.raises(InvalidSamplingParams, match="token_ids"):
         s.compute_logprobs(x, b, torch.tensor([0, -2, 0]))
+
+
+def test_logits_that_require_grad_are_accepted():
+    """Bug: logits straight from a model in training mode (``requires_grad``, e.g. a
+    trainer rescoring with compute_logprobs) crashed with autograd's "functions with
+    out=... arguments don't support automatic differentiation". Sampling is not
+    differentiable: both entry points now run under no_grad and give the same bits as
+    for detached logits, leaving the caller's tensor untouched."""
+    rng = np.random.default_rng(5)
+    x = torch.from_numpy(logits_rows(rng, 3, V, "random"))
+    ps = [SamplingParams(seed=1, top_k=5, logprobs=2, logprobs_mode="processed"),
+          SamplingParams(temperature=0), SamplingParams(seed=3, logit_bias={2: 1.0})]
+    s = Sampler()
+    ref = s.sample(x, _batch(ps), torch.arange(3))
+    g = x.clone().requires_grad_(True)
+    out = s.sample(g, _batch(ps), torch.arange(3))
+    assert torch.equal(out.token_ids, ref.token_ids)
+    assert torch.equal(out.logprobs.view(torch.int32), ref.logprobs.view(torch.int32))
+    lp = s.compute_logprobs(g, _batch(ps), ref.token_ids)
+    assert torch.equal(lp.view(torch.int32), ref.logprobs.view(torch.int32))
+    assert g.grad is None and torch.equal(g.detach(), x)
