@@ -226,10 +226,11 @@ class Sampler:
             ok = fits.nonzero().flatten()
             okr = ci[ok]
             tau[okr] = vals.gather(1, (n - 1).unsqueeze(1)).squeeze(1)[ok]
-            if u is not None and ok.numel():
-                tokens[okr], total[okr] = draw_ops.draw_compact(vals[ok], ids[ok], n[ok], u[okr], frac)
-            elif ok.numel():
-                plain.extend(okr.tolist())  # kept mass only: computed below
+            if ok.numel():  # without u (rescoring), the same code gives the kept mass
+                uk = u[okr] if u is not None else torch.full(okr.shape, 0.5, dtype=torch.float64,
+                                                              device=dev)
+                tok, total[okr] = draw_ops.draw_compact(vals[ok], ids[ok], n[ok], uk, frac)
+                tokens[okr] = tok
             sort_rows.extend(ci[(~fits).nonzero().flatten()].tolist())
         if sort_rows:
             sort_rows.sort()

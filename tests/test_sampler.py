@@ -323,3 +323,18 @@ def test_logits_that_require_grad_are_accepted():
     lp = s.compute_logprobs(g, _batch(ps), ref.token_ids)
     assert torch.equal(lp.view(torch.int32), ref.logprobs.view(torch.int32))
     assert g.grad is None and torch.equal(g.detach(), x)
+
+
+def test_fast_mode_compute_logprobs_equals_its_sampling_logprobs():
+    """Bug: in fast mode a tie group spilling past the topk bound is cut at the bound
+    when drawing, but compute_logprobs measured the kept mass over the whole vocabulary,
+    so a "processed" rescoring differed from the logprob reported at sampling time.
+    Both paths now take the kept mass from the same candidates."""
+    x = torch.zeros(1, 400)
+    x[0, :50] = 3.0  # a 50-way tie at the top, top_k=10 -> bound 10 spills
+    p = SamplingParams(top_k=10, seed=3, logprobs_mode="processed")
+    b = _batch([p], 400)
+    s = Sampler(deterministic=False)
+    out = s.sample(x, b, torch.tensor([1]))
+    lp = s.compute_logprobs(x, b, out.token_ids)
+    assert torch.equal(lp.view(torch.int32), out.logprobs.view(torch.int32))
