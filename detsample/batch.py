@@ -25,6 +25,7 @@ no ``(B, V)`` tensor exists for it.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -34,7 +35,7 @@ from detsample import penalties as step3  # issue 3: penalties, constraints
 from detsample.batch_update import BatchUpdate, diff_update  # issue 3: processors
 from detsample.errors import InvalidSamplingParams
 from detsample.grammar import batching as grammar_hooks  # issue 4: grammar rows
-from detsample.params import Request, SamplingParams
+from detsample.params import Request, SamplingParams, _normalise_ids
 from detsample.penalty_state import PenaltyState  # issue 3
 
 FINISH_NO_VALID_TOKEN = "no_valid_token"
@@ -142,12 +143,14 @@ class SamplingBatch:
         Raises InvalidSamplingParams for a token id outside ``[0, vocab_size)`` in any
         request field, naming the request, the field and the id.
         """
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        if (isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral)
+                or vocab_size < 1):
             _fail(f"vocab_size must be a positive integer, got {vocab_size!r}")
+        vocab_size = int(vocab_size)
         # the device tensors actually report ("cuda" -> cuda:0, "cpu:0" -> cpu), so
         # that logits made on it compare equal in Sampler's device check and in merge
         dev = torch.empty(0, device=device).device
-        eos = tuple(int(e) for e in eos_token_ids)
+        eos = _normalise_ids("eos_token_ids", eos_token_ids)  # None: no EOS ids
         for e in eos:
             if not 0 <= e < vocab_size:
                 _fail(f"eos_token_ids contains {e}, outside the vocabulary [0, {vocab_size})")

@@ -118,7 +118,12 @@ class Sampler:
     def _check_ids(name: str, t, batch: SamplingBatch, vocab: bool,
                    lowest: int = 0) -> torch.Tensor:
         if not isinstance(t, torch.Tensor):
-            t = torch.as_tensor(t)
+            try:
+                t = torch.as_tensor(t)
+            except (TypeError, ValueError, OverflowError, RuntimeError) as e:
+                raise InvalidSamplingParams(
+                    f"{name} must be an int64 tensor of shape ({len(batch)},), got {t!r} "
+                    f"({e})") from None
         if t.dtype not in (torch.int64, torch.int32) or tuple(t.shape) != (len(batch),):
             raise InvalidSamplingParams(
                 f"{name} must be an int64 tensor of shape ({len(batch)},), got "

@@ -154,3 +154,34 @@ def test_device_spelling_normalised(device):
     assert 0 <= int(out.token_ids[0]) < V
     b.merge(SamplingBatch.from_requests([Request("b")], V, device="cpu"))
     assert len(b) == 2
+
+
+BUILD_ARG_ERRORS = [
+    (dict(eos_token_ids=5), "eos_token_ids"),
+    (dict(eos_token_ids=(1.5,)), "eos_token_ids"),  # was silently truncated to 1
+    (dict(eos_token_ids=(True,)), "eos_token_ids"),
+    (dict(eos_token_ids=(V,)), "eos_token_ids"),
+    (dict(vocab_size=0), "vocab_size"),
+    (dict(vocab_size=2.0), "vocab_size"),
+]
+
+
+@pytest.mark.parametrize("kw,field", BUILD_ARG_ERRORS)
+def test_bad_build_arguments_named(kw, field):
+    """Bug: ``eos_token_ids=5`` raised a bare TypeError and ``eos_token_ids=(1.5,)`` was
+    silently truncated to token 1; every bad argument of from_requests now raises
+    InvalidSamplingParams naming the argument."""
+    args = dict(vocab_size=V)
+    args.update(kw)
+    with pytest.raises(InvalidSamplingParams, match=field):
+        SamplingBatch.from_requests([Request("a")], **args)
+
+
+def test_integer_like_build_arguments_accepted():
+    """numpy integers (``logits.shape`` of an array, ids from numpy) are integers; None
+    eos ids mean none."""
+    import numpy as np
+    b = SamplingBatch.from_requests([Request("a")], vocab_size=np.int64(V),
+                                    eos_token_ids=np.array([0, 3]))
+    assert b.vocab_size == V and isinstance(b.vocab_size, int) and b.eos_token_ids == (0, 3)
+    assert SamplingBatch.from_requests([], vocab_size=V, eos_token_ids=None).eos_token_ids == ()

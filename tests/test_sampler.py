@@ -338,3 +338,13 @@ def test_fast_mode_compute_logprobs_equals_its_sampling_logprobs():
     out = s.sample(x, b, torch.tensor([1]))
     lp = s.compute_logprobs(x, b, out.token_ids)
     assert torch.equal(lp.view(torch.int32), out.logprobs.view(torch.int32))
+
+
+def test_position_beyond_int64_rejected_by_name():
+    """Bug: a position of 2**63 raised torch's bare "Overflow when unpacking long long"
+    instead of InvalidSamplingParams naming ``positions``."""
+    b = _batch([SamplingParams()])
+    with pytest.raises(InvalidSamplingParams, match="positions"):
+        Sampler().sample(torch.zeros(1, V), b, [2**63])
+    out = Sampler().sample(torch.zeros(1, V), b, [2**63 - 1])
+    assert 0 <= int(out.token_ids[0]) < V
