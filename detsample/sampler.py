@@ -120,6 +120,8 @@ class Sampler:
         if not isinstance(t, torch.Tensor):
             try:
                 t = torch.as_tensor(t)
+                if t.numel() == 0:  # [] is float32 to torch; empty ids are int64
+                    t = t.to(torch.int64)
             except (TypeError, ValueError, OverflowError, RuntimeError) as e:
                 raise InvalidSamplingParams(
                     f"{name} must be an int64 tensor of shape ({len(batch)},), got {t!r} "

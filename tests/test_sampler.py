@@ -348,3 +348,16 @@ def test_position_beyond_int64_rejected_by_name():
         Sampler().sample(torch.zeros(1, V), b, [2**63])
     out = Sampler().sample(torch.zeros(1, V), b, [2**63 - 1])
     assert 0 <= int(out.token_ids[0]) < V
+
+
+def test_empty_batch_accepts_empty_python_lists():
+    """Bug: with B = 0, ``positions=[]`` (or ``token_ids=[]``) was refused as a float32
+    tensor ("positions must be an int64 tensor ... got torch.float32 (0,)") because
+    ``torch.as_tensor([])`` is float32; an empty Python sequence is now the empty int64
+    vector. Non-integer values are still rejected."""
+    b = SamplingBatch.from_requests([], V)
+    out = Sampler().sample(torch.zeros(0, V), b, [])
+    assert out.token_ids.shape == (0,) and out.logprobs.shape == (0,)
+    assert Sampler().compute_logprobs(torch.zeros(0, V), b, []).shape == (0,)
+    with pytest.raises(InvalidSamplingParams, match="positions"):
+        Sampler().sample(torch.zeros(1, V), _batch([SamplingParams()]), [1.5])
