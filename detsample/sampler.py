@@ -48,7 +48,8 @@ class SampleOutput:
     logprobs: (B,) float32, the chosen token's logprob in the row's ``logprobs_mode``.
     top_logprobs: ``((B, n) float32, (B, n) int64)`` with n the largest ``logprobs`` of
     the batch, or None; row i's first ``params.logprobs`` entries are its answer, the
-    rest are ``-inf`` / ``-1`` (every entry of a row without an admissible token). seeds: (B,) int64 resolved seeds (for replay).
+    rest are ``-inf`` / ``-1`` (every entry, for a row without an admissible token).
+    seeds: (B,) int64 resolved seeds (for replay).
     status: (B,) int32 bit flags of :mod:`detsample.ops.sanitize`.
     """
 
@@ -237,7 +238,8 @@ class Sampler:
                 uk = u[okr] if u is not None else torch.full(okr.shape, 0.5, dtype=torch.float64,
                                                               device=dev)
                 tok, total[okr] = draw_ops.draw_compact(vals[ok], ids[ok], n[ok], uk, frac)
-                tokens[okr] = tok
+                if u is not None:
+                    tokens[okr] = tok
             sort_rows.extend(ci[(~fits).nonzero().flatten()].tolist())
         if sort_rows:
             sort_rows.sort()

@@ -67,7 +67,7 @@ def test_oracle_adds_bias_in_float32_like_the_library():
     from detsample import SamplingParams
     x = np.full((1, 8), np.nan, dtype=np.float32)
     p = SamplingParams(temperature=1e-6, logit_bias={0: 1e30}, seed=0)
-    out = Sampler().sample(torch.from_numpy(x), SamplingBatch.from_requests(requests_from([p]), 8),
-                           torch.tensor([0]))
+    batch = SamplingBatch.from_requests(requests_from([p]), 8)
+    out = Sampler().sample(torch.from_numpy(x), batch, torch.tensor([0]))
     r = osamp.sample_row(x[0], _row_params(p), 0)
     assert r.margin > MARGIN and int(out.token_ids[0]) == r.token
