@@ -74,7 +74,8 @@ def validate_request(req: Request, vocab_size: int) -> None:
     temperature and logit_bias values must survive the float32 rounding of the sampler
     (1e-50 would become a temperature of 0, a bias of 1e39 an infinity)."""
     p = req.params
-    _check_float32(req.rid, "temperature", p.temperature, nonzero=True)
+    if not p.is_greedy:  # a greedy row (top_k=1) never divides by its temperature
+        _check_float32(req.rid, "temperature", p.temperature, nonzero=True)
     for k, b in p.logit_bias or ():
         _check_float32(req.rid, f"logit_bias[{k}]", b)
     _check_ids(req.rid, "prompt_ids", req.prompt_ids, vocab_size)

@@ -134,8 +134,9 @@ def test_extreme_but_float32_representable_values_accepted():
     """The float32 check rejects only values that round to 0 / inf: a subnormal
     temperature and a bias of 3e38 stay valid."""
     ps = [SamplingParams(temperature=1e-40), SamplingParams(temperature=3e38),
-          SamplingParams(logit_bias={1: 3e38, 2: -3e38})]
-    assert len(SamplingBatch.from_requests(requests_from(ps), V)) == 3
+          SamplingParams(logit_bias={1: 3e38, 2: -3e38}),
+          SamplingParams(temperature=1e-50, top_k=1)]  # greedy: T is never used
+    assert len(SamplingBatch.from_requests(requests_from(ps), V)) == 4
 
 
 DEVICE_SPELLINGS = ["cpu", "cpu:0", torch.device("cpu", 0)]
