@@ -65,12 +65,18 @@ def table(results: list[CheckResult]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from detsample import scenarios
     from detsample.battery import run_battery
     from detsample.golden import GoldenStore
     try:
         store = GoldenStore(args.golden_dir, device=args.device)
+        for name in args.scenario or ():
+            scenarios.get(name)
     except (ValueError, RuntimeError) as e:
         print(f"detsample check: {e}", file=sys.stderr)
+        return 2
+    except KeyError as e:
+        print(f"detsample check: {e.args[0]}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     results = run_battery(quick=args.quick, device=args.device, store=store,

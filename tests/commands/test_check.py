@@ -111,3 +111,11 @@ def test_edited_golden_file_fails_with_first_divergence(capsys, tmp_path):
     rc, out, doc = run_check(capsys, tmp_path, "--golden-dir", str(tmp_path / "g"))
     assert rc == 1 and not statuses(doc)["golden"]
     assert f"first divergence: request {label.split('@')[0]} position {label.split('@')[1]}" in out
+
+
+def test_unknown_scenario_is_usage_error(capsys):
+    """Bug pinned: `check -k typo` ran the whole battery and reported five FAILs with
+    KeyError tracebacks (exit 1) instead of a usage error naming the scenario (exit 2)."""
+    assert main(["check", "-k", "no.such"]) == 2
+    err = capsys.readouterr().err
+    assert "detsample check:" in err and "'no.such'" in err and "Traceback" not in err
