@@ -102,3 +102,11 @@ def test_dtype_option(tmp_path, capsys):
                                 "trainer_logprobs": [-0.10000000149011612]}) + "\n")
     assert main(["audit", str(path), "--min-exact-match", "1"]) == 1
     assert main(["audit", str(path), "--min-exact-match", "1", "--dtype", "float32"]) == 0
+
+
+def test_json_into_a_new_folder(exact_file, tmp_path, capsys):
+    """Bug pinned: `--json out/a.json` with no `out/` crashed with a FileNotFoundError
+    traceback and exit 1 - the exit status of a failed gate."""
+    js = tmp_path / "new" / "deeper" / "a.json"
+    assert main(["audit", exact_file, "--json", str(js), "--quiet"]) == 0
+    assert json.loads(js.read_text())["sequences"] == 40

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from detsample.auditio import AuditInputError
 
@@ -74,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json == "-":
         sys.stdout.write(text)
     elif args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         with open(args.json, "w") as f:
             f.write(text)
     if not args.quiet:

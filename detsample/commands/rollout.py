@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"detsample rollout: error: {exc}", file=sys.stderr)
         return 2
     writer = {"jsonl": write_jsonl, "npz": write_npz, "parquet": write_parquet}[fmt]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     writer(from_records(records), args.out)
     tokens = sum(len(r["response_ids"]) for r in records)
     print(f"wrote {len(records)} sequences, {tokens} response tokens to {args.out}")
