@@ -93,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         doc = {"ok": ok, "platform": store.fingerprint, "checks": [r.to_json() for r in results]}
         path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        except OSError as e:
+            print(f"detsample check: cannot write the JSON report: {e}", file=sys.stderr)
+            return 2
     return 0 if ok else 1

@@ -119,3 +119,10 @@ def test_unknown_scenario_is_usage_error(capsys):
     assert main(["check", "-k", "no.such"]) == 2
     err = capsys.readouterr().err
     assert "detsample check:" in err and "'no.such'" in err and "Traceback" not in err
+
+
+def test_unwritable_json_exits_2(capsys, tmp_path):
+    """Bug pinned: `--json` naming a directory crashed with a traceback after the whole
+    battery ran (exit 1, indistinguishable from a failed check)."""
+    assert main(["check", *ONE, "--json", str(tmp_path)]) == 2
+    assert "cannot write" in capsys.readouterr().err
