@@ -347,8 +347,10 @@ class _NpzArray:
                 shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
             header_len = f.tell()
         if dtype.hasobject:
-            raise AuditInputError(f"{path}: {self.name}: object arrays are not supported; store "
-                                  f"flat values with '{self.name}_offsets' (see docs/audit.md)")
+            fix = ("store the ids as a string (dtype=str) or integer array" if self.name == "id"
+                   else f"store flat values with '{self.name}_offsets'")
+            raise AuditInputError(f"{path}: {self.name}: object arrays are not supported; "
+                                  f"{fix} (see docs/audit.md)")
         self.shape, self.dtype, self.fortran = tuple(shape), dtype, fortran
         self._zf, self._info, self._header_len = zf, info, header_len
         self._mm = None
