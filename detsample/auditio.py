@@ -191,6 +191,10 @@ class _ChunkBuilder:
 
 def _as_column(c: str, v: object) -> tuple[np.ndarray | None, str | None]:
     """One record's column as a 1-D array of the column's canonical dtype, or a problem."""
+    if c != "mask" and isinstance(v, list):  # numpy would coerce False -> 0.0, True -> 1
+        bad = next((x for x in v if x is True or x is False), None)
+        if bad is not None:
+            return None, f"values must be {_kind_words(c)}, got {bad!r}"
     try:
         a = np.asarray(v)
     except (ValueError, TypeError) as exc:  # ragged nested lists
