@@ -145,5 +145,5 @@ def sample_row(logits: np.ndarray, p: RowParams, position: int) -> RowResult:
     elif p.logprobs_mode == "scaled":
         lp = log_softmax(z)[tok]
     else:
-        lp = z[tok] - math.log(Q) + frac * math.log(2.0)
+        lp = z[tok] - math.log(Q * 2.0**-frac)
     return RowResult(tok, float(lp), kept, margin)

@@ -361,3 +361,14 @@ def test_empty_batch_accepts_empty_python_lists():
     assert Sampler().compute_logprobs(torch.zeros(0, V), b, []).shape == (0,)
     with pytest.raises(InvalidSamplingParams, match="positions"):
         Sampler().sample(torch.zeros(1, V), _batch([SamplingParams()]), [1.5])
+
+
+def test_certain_token_has_processed_logprob_exactly_zero():
+    """Bug pinned: with one kept token (Q == 2**F) the processed logprob was
+    log(2**F) - F*ln2 ~ -7e-15 for some vocabulary sizes instead of exactly 0."""
+    for V in (1500, 3000, 200_000):
+        x = torch.zeros(1, V)
+        x[0, 7] = 50.0  # every other token is far below: top_p keeps only token 7
+        p = SamplingParams(temperature=1.0, top_p=0.5, seed=1, logprobs_mode="processed")
+        out = Sampler().sample(x, _batch([p], V), torch.tensor([0]))
+        assert int(out.token_ids[0]) == 7 and out.logprobs[0].item() == 0.0, V

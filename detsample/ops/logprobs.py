@@ -10,8 +10,6 @@ log_softmax over the kept set whose normaliser is an exact (order-free) sum.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 NEG_INF = float("-inf")
@@ -28,14 +26,16 @@ def gather_rows(values: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
 
 
 def processed_logprob(z_tok: torch.Tensor, total_mass: torch.Tensor, frac: int) -> torch.Tensor:
-    """``float32(float64(z_tok) - log(float64(Q)) + frac * ln 2)``.
+    """``float32(float64(z_tok) - log(float64(Q) * 2**-frac))``.
 
     z_tok: (rows,) or (rows, n) float32 scaled logits (row max 0); total_mass: int64
     kept mass ``Q`` broadcastable to ``z_tok``. Bitwise identical whichever draw path
-    produced ``Q`` (it is exact).
+    produced ``Q`` (it is exact). The power-of-two scaling is exact, so a token that
+    carries all the kept mass (``Q == 2**frac``, ``z == 0``) gets exactly 0 (``log(Q) -
+    frac * ln 2`` would leave a ~1e-14 residue).
     """
-    lp = z_tok.to(torch.float64) - torch.log(total_mass.to(torch.float64)) + frac * math.log(2.0)
-    return lp.to(torch.float32)
+    norm = torch.log(total_mass.to(torch.float64) * (2.0 ** -frac))
+    return (z_tok.to(torch.float64) - norm).to(torch.float32)
 
 
 def topn(values: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
