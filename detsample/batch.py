@@ -260,7 +260,8 @@ class SamplingBatch:
         self.output_ids.extend(list(o) for o in other.output_ids)
         self.finished.extend(other.finished)
         self.vocab = vocab  # issue 4
-        self.grammars.extend(other.grammars)  # issue 4
+        self.grammars.extend(g.fork() if g is not None else None  # issue 4: never shared
+                             for g in other.grammars)
         self._changed()
         return self.update_since(old_uids)  # issue 3
 

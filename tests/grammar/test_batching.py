@@ -276,3 +276,38 @@ def test_finished_grammar_row_sampled_again_does_not_break_the_batch():
     again = Sampler().sample(torch.randn(2, 512), batch, torch.tensor([3, 3]))
     batch.advance(again.token_ids)  # must not raise
     assert batch.finished[0] == "no_valid_token" and batch.finished[1] is None
+
+
+def test_batch_merged_into_two_others_keeps_independent_matchers():
+    """Bug pinned: merge appended the other batch's RequestGrammar objects themselves, so
+    a batch merged into two others (or advanced after being merged) shared one matcher:
+    feeding 'y' in one batch made the other reject 'n' (GrammarError for a valid token)
+    and silently moved the source's grammar state."""
+    vocab = Vocabulary.default()
+    src = make_batch(["regex"], vocab)
+    a, b = make_batch([], vocab), make_batch([], vocab)
+    a.merge(src)
+    b.merge(src)
+    assert a.grammars[0] is not b.grammars[0] is not src.grammars[0]
+    y, n = vocab.encode("y")[0], vocab.encode("n")[0]
+    a.advance([y])
+    b.advance([n])  # raised GrammarError: the shared matcher had accepted 'y'
+    assert a.grammars[0].accepted == [y] and b.grammars[0].accepted == [n]
+    assert src.grammars[0].accepted == []
+    assert a.finished == b.finished == [None]
+
+
+def test_merge_forks_an_advanced_grammar_in_its_state():
+    """The merged row's grammar continues from the source row's accepted prefix."""
+    vocab = Vocabulary.default()
+    src = make_batch(["regex"], vocab)
+    for t in vocab.encode("no-4"):
+        src.advance([t])
+    dst = make_batch(["free-a"], vocab)
+    dst.merge(src)
+    g = dst.grammars[1]
+    assert g.accepted == src.grammars[0].accepted and g.is_active
+    for t in vocab.encode("2") + [0]:
+        dst.advance([1, t])
+    assert dst.finished == [None, FINISH_GRAMMAR_TERMINATED]
+    assert src.grammars[0].is_active and src.finished == [None]
