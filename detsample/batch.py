@@ -61,7 +61,9 @@ def _check_ids(rid: str, field: str, ids: Iterable[int], vocab_size: int) -> Non
 
 
 def validate_request(req: Request, vocab_size: int) -> None:
-    """Token ids of a request must lie inside the vocabulary (checked at batch build)."""
+    """Every check of a request done at batch build: token ids inside the vocabulary,
+    and the penalty / processor rules of :func:`detsample.penalties.validate_request`
+    (so that an engine validating up front rejects what the batch build would)."""
     p = req.params
     _check_ids(req.rid, "prompt_ids", req.prompt_ids, vocab_size)
     _check_ids(req.rid, "output_ids", req.output_ids, vocab_size)
@@ -75,6 +77,7 @@ def validate_request(req: Request, vocab_size: int) -> None:
     if p.logprobs > vocab_size:
         _fail(f"request {req.rid!r}: logprobs must be <= vocab_size ({vocab_size}), "
               f"got {p.logprobs}")
+    step3.validate_request(req)  # issue 3
 
 
 @dataclass(frozen=True)
@@ -144,7 +147,6 @@ class SamplingBatch:
             if not isinstance(r, Request):
                 _fail(f"requests must be Request objects, got {type(r).__name__}")
             validate_request(r, vocab_size)
-            step3.validate_request(r)  # issue 3
         batch._append_rows(reqs)
         return batch
 

@@ -169,6 +169,10 @@ class Engine:
         for a in schedule.arrivals:
             r = a.request
             validate_request(r, V)
+            if r.params.grammar is not None and self.vocab is None:
+                raise InvalidSamplingParams(
+                    f"request {r.rid!r}: {r.params.grammar[0]} needs a vocabulary; the "
+                    f"model has vocab_size={V}, so pass EngineConfig(vocab=...)")
             n = len(r.prompt_ids) + len(r.output_ids)
             if n >= S:
                 raise InvalidSamplingParams(
