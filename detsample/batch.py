@@ -249,6 +249,8 @@ class SamplingBatch:
             _fail(f"merge: vocab_size differs ({self.vocab_size} vs {other.vocab_size})")
         if other.device != self.device:
             _fail(f"merge: device differs ({self.device} vs {other.device})")
+        if set(other.eos_token_ids) != set(self.eos_token_ids):  # min_new_tokens' stop ids
+            _fail(f"merge: eos_token_ids differ ({self.eos_token_ids} vs {other.eos_token_ids})")
         if other is self:
             _fail("merge: a batch cannot be merged with itself")
         vocab = grammar_hooks.merged_vocab(self, other)  # issue 4: checked before any change
