@@ -25,6 +25,7 @@ no ``(B, V)`` tensor exists for it.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -42,6 +43,22 @@ FINISH_NO_VALID_TOKEN = "no_valid_token"
 
 def _fail(msg: str) -> None:
     raise InvalidSamplingParams(msg)
+
+
+def _int_list(what: str, values: Any) -> list[int]:
+    """Integers of ``values`` (a sequence or a tensor); a float or bool is an error,
+    never truncated."""
+    if isinstance(values, torch.Tensor):
+        values = values.tolist()
+    out = []
+    for v in values:
+        if isinstance(v, bool):
+            _fail(f"{what} must be integers, got {v!r}")
+        try:
+            out.append(operator.index(v))
+        except TypeError:
+            _fail(f"{what} must be integers, got {v!r}")
+    return out
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -216,7 +233,7 @@ class SamplingBatch:
         when nothing changed. Raises InvalidSamplingParams for an index out of range or
         repeated.
         """
-        idx = [int(i) for i in keep]
+        idx = _int_list("filter indices", keep)
         B = len(self)
         for i in idx:
             if not 0 <= i < B:
@@ -275,8 +292,7 @@ class SamplingBatch:
         token_ids: (B,) int. A token of -1 (the sampler's "no admissible token") is not
         recorded; the row is marked finished with reason ``"no_valid_token"``.
         """
-        toks = [int(t) for t in (token_ids.tolist() if isinstance(token_ids, torch.Tensor)
-                                 else token_ids)]
+        toks = _int_list("advance: token_ids", token_ids)
         if len(toks) != len(self):
             _fail(f"advance: token_ids has {len(toks)} entries for a batch of {len(self)} rows")
         for i, t in enumerate(toks):  # validate all first: a bad id changes no row

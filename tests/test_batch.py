@@ -80,7 +80,11 @@ def test_bias_is_sparse():
     assert SamplingBatch.from_requests(requests_from([SamplingParams()]), V).logit_bias_coo() is None
 
 
-FILTER_ERRORS = [([0, 0], "distinct"), ([5], "out of range"), ([-1], "out of range")]
+FILTER_ERRORS = [([0, 0], "distinct"), ([5], "out of range"), ([-1], "out of range"),
+                 # regression: floats and bools were truncated by int() (1.7 kept row 1)
+                 ([1.7, 0.2], "filter indices must be integers, got 1.7"),
+                 (torch.tensor([1.0, 0.0]), "filter indices must be integers, got 1.0"),
+                 ([True], "filter indices must be integers, got True")]
 
 
 @pytest.mark.parametrize("keep,msg", FILTER_ERRORS)
@@ -88,6 +92,20 @@ def test_filter_errors(keep, msg):
     b = SamplingBatch.from_requests(requests_from([SamplingParams()] * 2), V)
     with pytest.raises(InvalidSamplingParams, match=msg):
         b.filter(keep)
+
+
+ADVANCE_NON_INTEGERS = [([3.7, 1.0], "got 3.7"), (torch.tensor([2.5, 1.0]), "got 2.5"),
+                        ([True, False], "got True")]
+
+
+@pytest.mark.parametrize("tokens,msg", ADVANCE_NON_INTEGERS)
+def test_advance_rejects_non_integer_tokens_without_change(tokens, msg):
+    """Bug pinned: advance truncated float token ids with int() (3.7 recorded token 3)
+    and took True/False for tokens 1/0."""
+    b = SamplingBatch.from_requests(requests_from([SamplingParams(presence_penalty=1.0)] * 2), V)
+    with pytest.raises(InvalidSamplingParams, match=f"advance: token_ids must be integers, {msg}"):
+        b.advance(tokens)
+    assert b.output_ids == [[], []] and b.penalties.rows[0].snapshot() == {}
 
 
 def test_merge_errors():
