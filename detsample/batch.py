@@ -271,6 +271,8 @@ class SamplingBatch:
         if other is self:
             _fail("merge: a batch cannot be merged with itself")
         vocab = grammar_hooks.merged_vocab(self, other)  # issue 4: checked before any change
+        grammars = [g.fork() if g is not None else None  # issue 4: never shared
+                    for g in other.grammars]
         for name in self._ROW_TENSORS:
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)], 0))
         old_uids = list(self.row_uids)  # issue 3
@@ -281,8 +283,7 @@ class SamplingBatch:
         self.output_ids.extend(list(o) for o in other.output_ids)
         self.finished.extend(other.finished)
         self.vocab = vocab  # issue 4
-        self.grammars.extend(g.fork() if g is not None else None  # issue 4: never shared
-                             for g in other.grammars)
+        self.grammars.extend(grammars)  # issue 4
         self._changed()
         return self.update_since(old_uids)  # issue 3
 
