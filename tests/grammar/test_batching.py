@@ -311,3 +311,24 @@ def test_merge_forks_an_advanced_grammar_in_its_state():
         dst.advance([1, t])
     assert dst.finished == [None, FINISH_GRAMMAR_TERMINATED]
     assert src.grammars[0].is_active and src.finished == [None]
+
+
+def test_resumed_request_with_ended_grammar_yields_no_free_token():
+    """Bug pinned: a resumed request whose existing output already terminated its grammar
+    (here "no-42" + EOS) was not masked any more but not finished either, so it sampled
+    an unconstrained token that advance appended after the EOS. It must yield -1 and
+    finish as grammar_terminated, its output unchanged; its neighbour is unaffected."""
+    vocab = Vocabulary.default()
+    done = vocab.encode("no-42") + [0]
+    reqs = [Request("regex", ROWS["regex"], [5], done),
+            Request("free-a", ROWS["free-a"], [5, 6, 7])]
+    batch = SamplingBatch.from_requests(reqs, vocab_size=512, vocab=vocab)
+    logits = torch.stack([logits_for("regex", 6), logits_for("free-a", 0)])
+    out = Sampler().sample(logits, batch, torch.tensor([6, 2]))
+    assert int(out.token_ids[0]) == -1 and out.logprobs[0] == float("-inf")
+    alone = Sampler().sample(logits[1:], make_batch(["free-a"], vocab), torch.tensor([2]))
+    assert torch.equal(out.token_ids[1:], alone.token_ids)
+    assert torch.equal(out.logprobs[1:], alone.logprobs)
+    batch.advance(out.token_ids)
+    assert batch.finished == [FINISH_GRAMMAR_TERMINATED, None]
+    assert batch.output_ids[0] == done
