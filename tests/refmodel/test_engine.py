@@ -370,6 +370,28 @@ def test_late_arriving_bad_request_rejected_before_any_work(model, kw, msg):
     assert eng.forward_calls == 0
 
 
+class _RejectsTopK(_AllNegInf):
+    """A processor that serves no request with top_k set."""
+
+    def validate_params(self, params) -> None:
+        if params.top_k != -1:
+            raise InvalidSamplingParams(f"top_k must be -1, got {params.top_k}")
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def test_request_rejected_by_a_processor_before_any_work(model):
+    """Bug pinned: the engine never asked the Sampler's processors (validate_params) up
+    front, so a late request they reject raised at its admission step, mid-run."""
+    eng = _CountingEngine(model, Sampler(processors=(_RejectsTopK(),)))
+    good = make_request("g", "plain", 1)
+    bad = make_request("b", "hot_topk", 2)
+    with pytest.raises(InvalidSamplingParams, match="'b' rejected by _RejectsTopK: top_k"):
+        eng.run(Schedule.of([(0, good), (2, bad)]))
+    assert eng.forward_calls == 0
+
+
 def test_grammar_request_without_vocabulary_rejected_before_any_work():
     """Bug pinned: a grammar request on a model without the default vocabulary layout
     (and no EngineConfig.vocab) raised only when it joined the batch, mid-run."""
