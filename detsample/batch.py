@@ -137,6 +137,9 @@ class SamplingBatch:
         self._step3: step3.Step3Rows | None = None
         self.row_uids: list[int] = []
         self._next_uid = 0
+        # min_new_tokens' EOS ids per row: a row keeps those of the batch it was built in
+        # (eos_token_ids of from_requests), whatever batch it is merged into.
+        self.row_eos: list[tuple[int, ...]] = []
 
     # -- construction ----------------------------------------------------------------
     @classmethod
@@ -194,6 +197,7 @@ class SamplingBatch:
         self.requests.extend(reqs)
         self.output_ids.extend(list(r.output_ids) for r in reqs)
         self.finished.extend(None for _ in reqs)
+        self.row_eos.extend(self.eos_token_ids for _ in reqs)
         self.penalties = PenaltyState.extend(self.penalties, n_before, reqs,
                                              self.output_ids[n_before:])  # issue 3
         self._new_uids(len(reqs))  # issue 3
@@ -251,6 +255,7 @@ class SamplingBatch:
         self.requests = [self.requests[i] for i in idx]
         self.output_ids = [self.output_ids[i] for i in idx]
         self.finished = [self.finished[i] for i in idx]
+        self.row_eos = [self.row_eos[i] for i in idx]
         self.grammars = [self.grammars[i] for i in idx]  # issue 4
         self._changed()
         return self.update_since(old_uids)  # issue 3
@@ -266,8 +271,6 @@ class SamplingBatch:
             _fail(f"merge: vocab_size differs ({self.vocab_size} vs {other.vocab_size})")
         if other.device != self.device:
             _fail(f"merge: device differs ({self.device} vs {other.device})")
-        if set(other.eos_token_ids) != set(self.eos_token_ids):  # min_new_tokens' stop ids
-            _fail(f"merge: eos_token_ids differ ({self.eos_token_ids} vs {other.eos_token_ids})")
         if other is self:
             _fail("merge: a batch cannot be merged with itself")
         vocab = grammar_hooks.merged_vocab(self, other)  # issue 4: checked before any change
@@ -282,6 +285,7 @@ class SamplingBatch:
         self.requests.extend(other.requests)
         self.output_ids.extend(list(o) for o in other.output_ids)
         self.finished.extend(other.finished)
+        self.row_eos.extend(other.row_eos)
         self.vocab = vocab  # issue 4
         self.grammars.extend(grammars)  # issue 4
         self._changed()

@@ -116,22 +116,24 @@ def test_merge_errors():
         a.merge(a)
 
 
-def test_merge_rejects_other_eos_token_ids_without_change():
-    """Bug pinned: eos_token_ids are batch-level (min_new_tokens blocks them), and merge
-    silently gave the merged rows this batch's EOS ids: a greedy row with min_new_tokens
-    built with eos (5,) picked token 5 once merged into an eos (0,) batch."""
+def test_merged_rows_keep_their_own_eos_token_ids():
+    """Bug pinned: eos_token_ids (the ids min_new_tokens blocks) were batch-level, and
+    merge silently gave the merged rows this batch's EOS ids: a greedy row with
+    min_new_tokens built with eos (5,) picked token 5 once merged into an eos (0,) batch.
+    Each row keeps the EOS ids of the batch it was built in, through merge and filter."""
     p = SamplingParams(seed=1, temperature=0.0, min_new_tokens=3)
-    x = torch.zeros(1, V)
-    x[0, 5] = 9.0
-    alone = SamplingBatch.from_requests(requests_from([p]), V, eos_token_ids=(5,))
-    assert int(Sampler().sample(x, alone, torch.tensor([0])).token_ids) == 0
-    host = SamplingBatch.from_requests([], V, eos_token_ids=(0,))
-    with pytest.raises(InvalidSamplingParams, match=r"merge: eos_token_ids differ \(\(0,\) vs \(5,\)\)"):
-        host.merge(alone)
-    assert len(host) == 0 and host.temperatures.shape == (0, 1)
-    same = SamplingBatch.from_requests([], V, eos_token_ids=(5,))
-    same.merge(alone)
-    assert int(Sampler().sample(x, same, torch.tensor([0])).token_ids) == 0
+    x = torch.zeros(2, V)
+    x[:, 5] = 9.0
+    x[:, 0] = 8.0
+    five = SamplingBatch.from_requests(requests_from([p]), V, eos_token_ids=(5,))
+    zero = SamplingBatch.from_requests(requests_from([p]), V, eos_token_ids=(0,))
+    assert int(Sampler().sample(x[:1], five, torch.tensor([0])).token_ids) == 0
+    assert int(Sampler().sample(x[:1], zero, torch.tensor([0])).token_ids) == 5
+    zero.merge(five)
+    assert zero.eos_token_ids == (0,)
+    assert Sampler().sample(x, zero, torch.tensor([0, 0])).token_ids.tolist() == [5, 0]
+    zero.filter([1, 0])
+    assert Sampler().sample(x, zero, torch.tensor([0, 0])).token_ids.tolist() == [0, 5]
 
 
 def test_advance_records_tokens_and_no_valid_token():
