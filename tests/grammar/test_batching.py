@@ -13,12 +13,15 @@ import zlib
 import jsonschema
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from detsample import (GrammarError, InvalidSamplingParams, Request, Sampler, SamplingBatch,
                        SamplingParams, Vocabulary)
 from detsample.grammar import RequestGrammar
 from detsample.grammar.batching import (FINISH_GRAMMAR_ERROR, FINISH_GRAMMAR_TERMINATED,
                                         STATUS_GRAMMAR_ERROR, grammar_errors)
+from tests.penalty_cases import EOS, LowerNonMax, PenalizeLastToken, params_st
 
 SCHEMA = {"type": "object",
           "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999},
@@ -332,3 +335,80 @@ def test_resumed_request_with_ended_grammar_yields_no_free_token():
     batch.advance(out.token_ids)
     assert batch.finished == [FINISH_GRAMMAR_TERMINATED, None]
     assert batch.output_ids[0] == done
+
+
+@st.composite
+def _lineage_request(draw, i):
+    """A request from tests.penalty_cases.params_st, with a regex on some rows (a valid
+    resumed prefix included)."""
+    p = draw(params_st(seed=2000 + i))
+    out = draw(st.lists(st.integers(1, 39), max_size=3))
+    if draw(st.booleans()):  # (no allowed ids / bad words: they would end it at once)
+        p = p.replace(regex=REGEX, allowed_token_ids=None, bad_words=(),
+                      logit_bias=None if p.logit_bias is None else dict(p.logit_bias))
+        out = Vocabulary.default().encode(draw(st.sampled_from(["", "n", "yes-"])))
+    return Request(f"q{i}", p, draw(st.lists(st.integers(1, 39), max_size=4)), out)
+
+
+def _lineage_step(sampler, batch, hist, force=()):
+    x = torch.stack([logits_for(r.rid, len(o)) for r, o in zip(batch.requests, batch.output_ids)]) \
+        if len(batch) else torch.empty((0, 512))
+    pos = torch.tensor([len(r.prompt_ids) + len(o) for r, o in
+                        zip(batch.requests, batch.output_ids)], dtype=torch.int64)
+    out = sampler.sample(x, batch, pos)
+    toks = out.token_ids.clone()
+    for i in range(len(batch)):
+        hist[i].append((int(toks[i]), out.logprobs[i].view(torch.int32).item(), i in force))
+        if i in force:
+            toks[i] = -1  # the caller ends this row (advance with -1)
+    batch.advance(toks)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_rows_equal_alone_when_merged_into_several_batches(data):
+    """Bug pinned: merge shared the merged rows' grammar matchers with the source batch, so
+    a batch merged into two others (or advanced after a merge) fed one matcher twice.
+    Random steps (some rows ended with -1), filters (any order, to empty) and merges that
+    keep the source alive, with grammar, penalty, constraint and processor rows: every row
+    equals, bitwise, its own history replayed alone."""
+    vocab = Vocabulary.default()
+    pool = iter([data.draw(_lineage_request(i)) for i in range(data.draw(st.integers(3, 7)))])
+    mk = lambda reqs: SamplingBatch.from_requests(reqs, 512, eos_token_ids=EOS, vocab=vocab)  # noqa: E731
+    procs = lambda: Sampler(processors=(PenalizeLastToken(), LowerNonMax()))  # noqa: E731
+
+    def new():
+        reqs = [r for r in (next(pool, None) for _ in range(data.draw(st.integers(1, 3))))
+                if r is not None]
+        return [procs(), mk(reqs), [[] for _ in reqs]]
+
+    live, done = [new(), new()], []
+    for _ in range(data.draw(st.integers(4, 12))):
+        op = data.draw(st.sampled_from(["step", "step", "filter", "merge", "merge_keep",
+                                        "merge_keep", "new"]))
+        k = data.draw(st.integers(0, len(live) - 1))
+        s, b, h = live[k]
+        if op == "step":
+            force = set(data.draw(st.lists(st.integers(0, max(len(b) - 1, 0)), max_size=1))
+                        if len(b) else [])
+            _lineage_step(s, b, h, force)
+        elif op == "filter":
+            keep = data.draw(st.permutations(range(len(b))))[:data.draw(st.integers(0, len(b)))]
+            done += [(b.requests[i], h[i]) for i in range(len(b)) if i not in keep]
+            b.filter(keep)
+            live[k][2] = [h[i] for i in keep]
+        elif op.startswith("merge") and len(live) > 1:
+            j = data.draw(st.sampled_from([i for i in range(len(live)) if i != k]))
+            b.merge(live[j][1])
+            h.extend(list(x) for x in live[j][2])
+            if op == "merge":
+                del live[j]
+        elif op == "new":
+            live.append(new())
+    done += [(r, hist) for _, b, h in live for r, hist in zip(b.requests, h)]
+    for r, hist in done:
+        alone, solo = mk([r]), [[]]
+        s = procs()
+        for entry in hist:
+            _lineage_step(s, alone, solo, {0} if entry[2] else set())
+        assert solo[0] == hist, r.rid
