@@ -191,6 +191,10 @@ class _ChunkBuilder:
 
 def _as_column(c: str, v: object) -> tuple[np.ndarray | None, str | None]:
     """One record's column as a 1-D array of the column's canonical dtype, or a problem."""
+    if c != "mask" and isinstance(v, list):  # numpy would coerce False -> 0.0, True -> 1
+        bad = next((x for x in v if x is True or x is False), None)
+        if bad is not None:
+            return None, f"values must be {_kind_words(c)}, got {bad!r}"
     try:
         a = np.asarray(v)
     except (ValueError, TypeError) as exc:  # ragged nested lists
@@ -347,8 +351,10 @@ class _NpzArray:
                 shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
             header_len = f.tell()
         if dtype.hasobject:
-            raise AuditInputError(f"{path}: {self.name}: object arrays are not supported; store "
-                                  f"flat values with '{self.name}_offsets' (see docs/audit.md)")
+            fix = ("store the ids as a string (dtype=str) or integer array" if self.name == "id"
+                   else f"store flat values with '{self.name}_offsets'")
+            raise AuditInputError(f"{path}: {self.name}: object arrays are not supported; "
+                                  f"{fix} (see docs/audit.md)")
         self.shape, self.dtype, self.fortran = tuple(shape), dtype, fortran
         self._zf, self._info, self._header_len = zf, info, header_len
         self._mm = None

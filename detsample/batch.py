@@ -25,6 +25,7 @@ no ``(B, V)`` tensor exists for it.
 
 from __future__ import annotations
 
+import numbers
 import operator
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -35,7 +36,7 @@ from detsample import penalties as step3  # issue 3: penalties, constraints
 from detsample.batch_update import BatchUpdate, diff_update  # issue 3: processors
 from detsample.errors import InvalidSamplingParams
 from detsample.grammar import batching as grammar_hooks  # issue 4: grammar rows
-from detsample.params import Request, SamplingParams
+from detsample.params import Request, SamplingParams, _normalise_ids
 from detsample.penalty_state import PenaltyState  # issue 3
 
 FINISH_NO_VALID_TOKEN = "no_valid_token"
@@ -77,11 +78,25 @@ def _check_ids(rid: str, field: str, ids: Iterable[int], vocab_size: int) -> Non
                   f"vocabulary [0, {vocab_size})")
 
 
+def _check_float32(rid: str, field: str, v: float, nonzero: bool = False) -> None:
+    """``v`` must stay finite (and non-zero if ``nonzero``) once rounded to float32."""
+    f = float(torch.tensor(v, dtype=torch.float32))
+    if f in (float("inf"), float("-inf")) or (nonzero and v != 0.0 and f == 0.0):
+        _fail(f"request {rid!r}: {field} must be {'0 or ' if nonzero else ''}"
+              f"representable in float32 (finite{', non-zero' if nonzero else ''}), got {v!r}")
+
+
 def validate_request(req: Request, vocab_size: int) -> None:
-    """Every check of a request done at batch build: token ids inside the vocabulary,
-    and the penalty / processor rules of :func:`detsample.penalties.validate_request`
-    (so that an engine validating up front rejects what the batch build would)."""
+    """Every check of a request done at batch build: token ids inside the vocabulary;
+    temperature and logit_bias values must survive the float32 rounding of the sampler
+    (1e-50 would become a temperature of 0, a bias of 1e39 an infinity); and the
+    penalty / processor rules of :func:`detsample.penalties.validate_request` (so that
+    an engine validating up front rejects what the batch build would)."""
     p = req.params
+    if not p.is_greedy:  # a greedy row (top_k=1) never divides by its temperature
+        _check_float32(req.rid, "temperature", p.temperature, nonzero=True)
+    for k, b in p.logit_bias or ():
+        _check_float32(req.rid, f"logit_bias[{k}]", b)
     _check_ids(req.rid, "prompt_ids", req.prompt_ids, vocab_size)
     _check_ids(req.rid, "output_ids", req.output_ids, vocab_size)
     _check_ids(req.rid, "stop_token_ids", p.stop_token_ids, vocab_size)
@@ -152,10 +167,14 @@ class SamplingBatch:
         Raises InvalidSamplingParams for a token id outside ``[0, vocab_size)`` in any
         request field, naming the request, the field and the id.
         """
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        if (isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral)
+                or vocab_size < 1):
             _fail(f"vocab_size must be a positive integer, got {vocab_size!r}")
-        dev = torch.device(device)
-        eos = tuple(int(e) for e in eos_token_ids)
+        vocab_size = int(vocab_size)
+        # the device tensors actually report ("cuda" -> cuda:0, "cpu:0" -> cpu), so
+        # that logits made on it compare equal in Sampler's device check and in merge
+        dev = torch.empty(0, device=device).device
+        eos = _normalise_ids("eos_token_ids", eos_token_ids)  # None: no EOS ids
         for e in eos:
             if not 0 <= e < vocab_size:
                 _fail(f"eos_token_ids contains {e}, outside the vocabulary [0, {vocab_size})")

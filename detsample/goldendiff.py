@@ -93,6 +93,7 @@ class GoldenDiff:
     first: Divergence | None
     ulp_histogram: dict[str, int] = field(default_factory=dict)
     worst: tuple[Divergence, ...] = ()
+    unmatched: str | None = None  # the first entry beyond the shorter side, described
 
     @property
     def ok(self) -> bool:
@@ -119,6 +120,9 @@ class GoldenDiff:
             return lines[0]
         if self.first is not None:
             lines.append(f"  first divergence: {self.first.describe()}")
+        if self.unmatched is not None:
+            lines.append(f"  {'first divergence' if self.first is None else 'length'}: "
+                         f"{self.unmatched}")
         if self.ulp_histogram:
             hist = ", ".join(f"{k}: {v}" for k, v in self.ulp_histogram.items())
             lines.append(f"  logprob ULP histogram: {hist}")
@@ -159,4 +163,16 @@ def compare(scenario: str, golden: ScenarioOutput, obtained: ScenarioOutput,
         label_mismatches=int(label_bad.sum()),
         first=div(int(bad[0])) if bad.size else None,
         ulp_histogram=hist, worst=tuple(div(i) for i in order),
+        unmatched=_unmatched(golden, obtained, n),
     )
+
+
+def _unmatched(golden: ScenarioOutput, obtained: ScenarioOutput, n: int) -> str | None:
+    """Describe entry ``n``, the first one that only the longer output has (or None)."""
+    if len(golden.rids) == len(obtained.rids):
+        return None
+    side, out = ("golden", golden) if len(golden.rids) > n else ("obtained", obtained)
+    bits = int(out.bits()[n])
+    return (f"entry {n}: only the {side} has it: request {out.rids[n]} position "
+            f"{int(out.positions[n])}: token {int(out.tokens[n])}, "
+            f"logprob 0x{bits:08x} ({float_text(bits)})")

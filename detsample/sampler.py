@@ -48,7 +48,8 @@ class SampleOutput:
     logprobs: (B,) float32, the chosen token's logprob in the row's ``logprobs_mode``.
     top_logprobs: ``((B, n) float32, (B, n) int64)`` with n the largest ``logprobs`` of
     the batch, or None; row i's first ``params.logprobs`` entries are its answer, the
-    rest are ``-inf`` / ``-1``. seeds: (B,) int64 resolved seeds (for replay).
+    rest are ``-inf`` / ``-1`` (every entry, for a row without an admissible token).
+    seeds: (B,) int64 resolved seeds (for replay).
     status: (B,) int32 bit flags of :mod:`detsample.ops.sanitize`.
     """
 
@@ -115,9 +116,17 @@ class Sampler:
                 f"logits must be on the batch's device {batch.device}, got {logits.device}")
 
     @staticmethod
-    def _check_ids(name: str, t, batch: SamplingBatch, vocab: bool) -> torch.Tensor:
+    def _check_ids(name: str, t, batch: SamplingBatch, vocab: bool,
+                   lowest: int = 0) -> torch.Tensor:
         if not isinstance(t, torch.Tensor):
-            t = torch.as_tensor(t)
+            try:
+                t = torch.as_tensor(t)
+                if t.numel() == 0:  # [] is float32 to torch; empty ids are int64
+                    t = t.to(torch.int64)
+            except (TypeError, ValueError, OverflowError, RuntimeError) as e:
+                raise InvalidSamplingParams(
+                    f"{name} must be an int64 tensor of shape ({len(batch)},), got {t!r} "
+                    f"({e})") from None
         if t.dtype not in (torch.int64, torch.int32) or tuple(t.shape) != (len(batch),):
             raise InvalidSamplingParams(
                 f"{name} must be an int64 tensor of shape ({len(batch)},), got "
@@ -125,8 +134,8 @@ class Sampler:
         t = t.to(device=batch.device, dtype=torch.int64)
         if t.numel():
             lo, hi = int(t.min()), int(t.max())
-            if lo < 0:
-                raise InvalidSamplingParams(f"{name} must be >= 0, got {lo}")
+            if lo < lowest:
+                raise InvalidSamplingParams(f"{name} must be >= {lowest}, got {lo}")
             if vocab and hi >= batch.vocab_size:
                 raise InvalidSamplingParams(
                     f"{name} must be < vocab_size ({batch.vocab_size}), got {hi}")
@@ -225,10 +234,12 @@ class Sampler:
             ok = fits.nonzero().flatten()
             okr = ci[ok]
             tau[okr] = vals.gather(1, (n - 1).unsqueeze(1)).squeeze(1)[ok]
-            if u is not None and ok.numel():
-                tokens[okr], total[okr] = draw_ops.draw_compact(vals[ok], ids[ok], n[ok], u[okr], frac)
-            elif ok.numel():
-                plain.extend(okr.tolist())  # kept mass only: computed below
+            if ok.numel():  # without u (rescoring), the same code gives the kept mass
+                uk = u[okr] if u is not None else torch.full(okr.shape, 0.5, dtype=torch.float64,
+                                                              device=dev)
+                tok, total[okr] = draw_ops.draw_compact(vals[ok], ids[ok], n[ok], uk, frac)
+                if u is not None:
+                    tokens[okr] = tok
             sort_rows.extend(ci[(~fits).nonzero().flatten()].tolist())
         if sort_rows:
             sort_rows.sort()
@@ -313,8 +324,10 @@ class Sampler:
         vals = torch.full((B, n), float("-inf"), dtype=torch.float32, device=dev)
         ids = torch.full((B, n), -1, dtype=torch.int64, device=dev)
         params = batch.params
+        live = ((prep.status & STATUS_NO_VALID_TOKEN) == 0).tolist()
         for mode in sorted(batch.flags.modes):
-            rows = [i for i in batch.rows_with_mode(mode) if params[i].logprobs > 0]
+            rows = [i for i in batch.rows_with_mode(mode) if params[i].logprobs > 0
+                    and live[i]]
             if not rows:
                 continue
             ri = torch.tensor(rows, dtype=torch.int64, device=dev)
@@ -322,6 +335,7 @@ class Sampler:
             vals[ri] = v
             ids[ri] = i
         want = torch.tensor([p.logprobs for p in params], dtype=torch.int64, device=dev)
+        want = want * torch.tensor(live, dtype=torch.int64, device=dev)  # dead rows: none
         beyond = torch.arange(n, device=dev).unsqueeze(0) >= want.unsqueeze(1)
         return vals.masked_fill(beyond, float("-inf")), ids.masked_fill(beyond, -1)
 
@@ -337,6 +351,7 @@ class Sampler:
         return out
 
     # -- public API ------------------------------------------------------------------
+    @torch.no_grad()  # not differentiable; logits may come from a training model
     def sample(self, logits: torch.Tensor, batch: SamplingBatch,
                positions: torch.Tensor) -> SampleOutput:
         """Sample one token per row.
@@ -367,15 +382,18 @@ class Sampler:
         return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
                             seeds=batch.seeds.clone(), status=prep.status)
 
+    @torch.no_grad()  # not differentiable; logits may come from a training model
     def compute_logprobs(self, logits: torch.Tensor, batch: SamplingBatch,
                          token_ids: torch.Tensor) -> torch.Tensor:
         """The rescoring (prefill) path: logprob of ``token_ids`` per row, in each row's
         ``logprobs_mode``, through the same steps 1-8 as :meth:`sample`.
 
-        logits: (B, V) float32; token_ids: (B,) int64. Returns (B,) float32, bitwise
-        equal to the ``logprobs`` that :meth:`sample` reported for the same inputs.
+        logits: (B, V) float32; token_ids: (B,) int64, -1 meaning "no token" (what
+        :meth:`sample` reports for a row without an admissible token; its logprob is
+        -inf). Returns (B,) float32, bitwise equal to the ``logprobs`` that
+        :meth:`sample` reported for the same inputs.
         """
-        token_ids = self._check_ids("token_ids", token_ids, batch, vocab=True)
+        token_ids = self._check_ids("token_ids", token_ids, batch, vocab=True, lowest=-1)
         prep = self._prepare(logits, batch)
         if len(batch) == 0:
             return torch.empty((0,), dtype=torch.float32, device=batch.device)

@@ -74,8 +74,9 @@ def sample_row(logits: np.ndarray, p: RowParams, position: int) -> RowResult:
     V = len(logits)
     raw = sanitize(logits)
     x = raw.copy()
-    for tid, b in (p.logit_bias or {}).items():
-        x[int(tid)] += b
+    for tid, b in (p.logit_bias or {}).items():  # step 5 is a float32 add: round like it
+        with np.errstate(over="ignore"):  # an overflow to +inf is sanitised below
+            x[int(tid)] = float(np.float32(x[int(tid)]) + np.float32(b))
     x = np.where(x == math.inf, F32_MAX, x)
     if np.all(x == -math.inf):
         return RowResult(-1, -math.inf, [], math.inf)

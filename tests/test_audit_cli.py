@@ -102,3 +102,21 @@ def test_dtype_option(tmp_path, capsys):
                                 "trainer_logprobs": [-0.10000000149011612]}) + "\n")
     assert main(["audit", str(path), "--min-exact-match", "1"]) == 1
     assert main(["audit", str(path), "--min-exact-match", "1", "--dtype", "float32"]) == 0
+
+
+def test_json_into_a_new_folder(exact_file, tmp_path, capsys):
+    """Bug pinned: `--json out/a.json` with no `out/` crashed with a FileNotFoundError
+    traceback and exit 1 - the exit status of a failed gate."""
+    js = tmp_path / "new" / "deeper" / "a.json"
+    assert main(["audit", exact_file, "--json", str(js), "--quiet"]) == 0
+    assert json.loads(js.read_text())["sequences"] == 40
+
+
+@pytest.mark.parametrize("flag", ["--json", "--report"])
+def test_unwritable_output_exits_2(exact_file, tmp_path, capsys, flag):
+    """Bug pinned: an output path that cannot be written (here: a directory for --json,
+    a file for --report) crashed with a traceback and exit 1 - a failed gate's status."""
+    target = tmp_path / "taken"
+    target.mkdir() if flag == "--json" else target.write_text("x")
+    assert main(["audit", exact_file, flag, str(target), "--quiet"]) == 2
+    assert "cannot write the report" in capsys.readouterr().err

@@ -89,6 +89,11 @@ NPZ_FATAL = [
     ("last-offset", dict(trainer_logprobs=np.array([-1.0, -2.0, -3.0, -4.0])), "last offset"),
     ("string-values", dict(engine_logprobs=np.array(["a", "b", "c"])), "numbers"),
     ("2-d", dict(engine_logprobs=np.zeros((3, 1))), "flat"),
+    ("object-lists", dict(response_ids=np.array([[5, 6], [7]], dtype=object)),
+     "store flat values with 'response_ids_offsets'"),
+    # Bug pinned: pandas' object-dtype string ids were told to use a nonexistent 'id_offsets'.
+    ("object-ids", dict(id=np.array(["a", "b"], dtype=object)),
+     r"id: object arrays are not supported; store the ids as a string \(dtype=str\) or integer"),
 ]
 
 

@@ -76,3 +76,11 @@ def test_cli_rollout_then_audit_passes_exact_gates(tmp_path, capsys, ext):
 def test_cli_rollout_rejects_bad_arguments(tmp_path):
     assert main(["rollout", str(tmp_path / "r.csv")]) == 2
     assert main(["rollout", str(tmp_path / "r.jsonl"), "--num-sequences", "0"]) == 2
+
+
+def test_cli_rollout_into_a_new_folder(tmp_path, capsys):
+    """Bug pinned: `detsample rollout out/r.jsonl` with no `out/` crashed with a
+    FileNotFoundError traceback after sampling every sequence."""
+    path = tmp_path / "new" / "r.jsonl"
+    assert main(["rollout", str(path), "--num-sequences", "2", "--max-new-tokens", "2"]) == 0
+    assert len(path.read_text().splitlines()) == 2

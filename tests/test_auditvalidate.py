@@ -58,6 +58,11 @@ BAD_LINES = [
     ("negative-token", _with(response_ids=[3, -4]), "negative_token_id", "response_ids", "-4"),
     ("bad-mask", _with(mask=[1, 2]), "bad_mask", "mask", "mask[1] = 2"),
     ("null-logprob", _with(engine_logprobs=[-0.5, None]), "bad_type", "engine_logprobs", "None"),
+    # Bug pinned: a JSON boolean next to numbers was coerced by numpy (false -> logprob 0.0,
+    # true -> token id 1) and audited as if valid.
+    ("bool-logprob", _with(trainer_logprobs=[-0.5, False]), "bad_type", "trainer_logprobs",
+     "got False"),
+    ("bool-token", _with(response_ids=[True, 4]), "bad_type", "response_ids", "got True"),
 ]
 
 

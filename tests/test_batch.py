@@ -144,3 +144,83 @@ def test_advance_records_tokens_and_no_valid_token():
         b.advance([V, 0])
     with pytest.raises(InvalidSamplingParams, match="entries"):
         b.advance([1])
+
+
+FLOAT32_OVERFLOW = [
+    (SamplingParams(temperature=1e-50), "temperature", "1e-50"),
+    (SamplingParams(temperature=1e-46), "temperature", "1e-46"),
+    (SamplingParams(temperature=1e39), "temperature", "1e+39"),
+    (SamplingParams(logit_bias={3: 1e39}), "logit_bias", "1e+39"),
+    (SamplingParams(logit_bias={"4": -1e300}), "logit_bias", "-1e+300"),
+]
+
+
+@pytest.mark.parametrize("p,field,value", FLOAT32_OVERFLOW)
+def test_values_that_leave_float32_rejected_at_build(p, field, value):
+    """Bug: a temperature that rounds to 0 (1e-50) or inf (1e39) in float32 crashed the
+    draw (index out of bounds) or gave NaN scaled logits and a positive "processed"
+    logprob; a logit_bias of 1e39 became +inf in float32, and ``-inf + inf = NaN`` was
+    then "sanitised" into a finite logit, unmasking a token that min_new_tokens, a
+    grammar or allowed_token_ids had set to -inf. Both are now rejected at batch build,
+    naming the field and the value (like the penalties)."""
+    with pytest.raises(InvalidSamplingParams, match=field) as e:
+        SamplingBatch.from_requests([Request("x", p)], V)
+    assert value in str(e.value)
+
+
+def test_extreme_but_float32_representable_values_accepted():
+    """The float32 check rejects only values that round to 0 / inf: a subnormal
+    temperature and a bias of 3e38 stay valid."""
+    ps = [SamplingParams(temperature=1e-40), SamplingParams(temperature=3e38),
+          SamplingParams(logit_bias={1: 3e38, 2: -3e38}),
+          SamplingParams(temperature=1e-50, top_k=1)]  # greedy: T is never used
+    assert len(SamplingBatch.from_requests(requests_from(ps), V)) == 4
+
+
+DEVICE_SPELLINGS = ["cpu", "cpu:0", torch.device("cpu", 0)]
+
+
+@pytest.mark.parametrize("device", DEVICE_SPELLINGS)
+def test_device_spelling_normalised(device):
+    """Bug: the batch kept ``torch.device(device)`` verbatim, so ``device="cpu:0"`` (and on
+    a GPU the usual ``device="cuda"``, whose tensors report cuda:0) made every
+    ``Sampler.sample`` fail its logits-device check and ``merge`` refuse a batch built
+    with ``"cpu"``. The batch now stores the device its tensors report."""
+    from detsample import Sampler
+    b = SamplingBatch.from_requests([Request("a", SamplingParams(seed=1))], V, device=device)
+    assert b.device == torch.zeros(1).device
+    out = Sampler().sample(torch.zeros(1, V), b, torch.tensor([0]))
+    assert 0 <= int(out.token_ids[0]) < V
+    b.merge(SamplingBatch.from_requests([Request("b")], V, device="cpu"))
+    assert len(b) == 2
+
+
+BUILD_ARG_ERRORS = [
+    (dict(eos_token_ids=5), "eos_token_ids"),
+    (dict(eos_token_ids=(1.5,)), "eos_token_ids"),  # was silently truncated to 1
+    (dict(eos_token_ids=(True,)), "eos_token_ids"),
+    (dict(eos_token_ids=(V,)), "eos_token_ids"),
+    (dict(vocab_size=0), "vocab_size"),
+    (dict(vocab_size=2.0), "vocab_size"),
+]
+
+
+@pytest.mark.parametrize("kw,field", BUILD_ARG_ERRORS)
+def test_bad_build_arguments_named(kw, field):
+    """Bug: ``eos_token_ids=5`` raised a bare TypeError and ``eos_token_ids=(1.5,)`` was
+    silently truncated to token 1; every bad argument of from_requests now raises
+    InvalidSamplingParams naming the argument."""
+    args = dict(vocab_size=V)
+    args.update(kw)
+    with pytest.raises(InvalidSamplingParams, match=field):
+        SamplingBatch.from_requests([Request("a")], **args)
+
+
+def test_integer_like_build_arguments_accepted():
+    """numpy integers (``logits.shape`` of an array, ids from numpy) are integers; None
+    eos ids mean none."""
+    import numpy as np
+    b = SamplingBatch.from_requests([Request("a")], vocab_size=np.int64(V),
+                                    eos_token_ids=np.array([0, 3]))
+    assert b.vocab_size == V and isinstance(b.vocab_size, int) and b.eos_token_ids == (0, 3)
+    assert SamplingBatch.from_requests([], vocab_size=V, eos_token_ids=None).eos_token_ids == ()

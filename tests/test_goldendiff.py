@@ -69,6 +69,24 @@ def test_length_change_is_mismatch():
     assert not d.ok and "3 -> 2 entries" in d.summary()
 
 
+LENGTH_CASES = [  # (golden entries, obtained entries, the side that has the extra entry)
+    (3, 2, "golden"),
+    (2, 3, "obtained"),
+]
+
+
+@pytest.mark.parametrize("n_gold,n_obt,side", LENGTH_CASES)
+def test_length_change_names_first_unmatched_entry(n_gold, n_obt, side):
+    """Bug pinned: a request that generates one token more (or less) at the end, with the
+    common prefix equal, was reported as "3 -> 2 entries, 0 tokens differ" with no
+    request, position or token to look at."""
+    bits = [0x3F000000, 0x3F000001, 0x3F000002]
+    d = compare("s", make(bits[:n_gold]), make(bits[:n_obt]))
+    text = d.report()
+    assert "first divergence: entry 2: only the " + side in text
+    assert "request r0 position 5: token 14, logprob 0x3f000002" in text
+
+
 def test_label_change_is_mismatch():
     d = compare("s", make([1, 2]), make([1, 2], positions=[3, 9]))
     assert not d.ok and d.label_mismatches == 1 and d.first.index == 1

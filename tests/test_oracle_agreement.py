@@ -56,3 +56,18 @@ def test_oracle_checks_most_rows():
     compared = sum(osamp.sample_row(x[i], _row_params(p), i).margin > MARGIN
                    for i, p in enumerate(ps))
     assert compared >= 45
+
+
+def test_oracle_adds_bias_in_float32_like_the_library():
+    """Bug (oracle): the oracle added logit_bias in float64, so on an all-NaN row
+    (floored to the lowest float32, -3.4e38) a bias of 1e30 (below half an ulp there)
+    made token 0 the clear winner in the oracle while the library's float32 add leaves
+    the row uniform; the oracle reported a wide margin, so the agreement test failed
+    (hypothesis found it). Step 5 is a float32 add; the oracle now rounds it the same."""
+    from detsample import SamplingParams
+    x = np.full((1, 8), np.nan, dtype=np.float32)
+    p = SamplingParams(temperature=1e-6, logit_bias={0: 1e30}, seed=0)
+    batch = SamplingBatch.from_requests(requests_from([p]), 8)
+    out = Sampler().sample(torch.from_numpy(x), batch, torch.tensor([0]))
+    r = osamp.sample_row(x[0], _row_params(p), 0)
+    assert r.margin > MARGIN and int(out.token_ids[0]) == r.token

@@ -263,3 +263,101 @@ def test_fast_mode_cuts_spilling_ties_at_the_bound():
     ref = Sampler(filter_impl="sort").sample(x, _batch([p], 64), torch.tensor([0]))
     assert torch.equal(det.logprobs, ref.logprobs)
     assert not torch.equal(fast.logprobs, ref.logprobs)  # renormalised over 2 tokens, not 64
+
+
+DEAD_ROW_MODES = [(mode, t) for mode in ("raw", "scaled", "processed") for t in (0.0, 1.0)]
+
+
+@pytest.mark.parametrize("mode,temperature", DEAD_ROW_MODES)
+def test_dead_row_top_logprobs_are_neg_inf_not_nan(mode, temperature):
+    """Bug: a row with no admissible token (all -inf) returned NaN top logprobs in raw and
+    scaled modes (log_softmax of an all -inf row) and, when greedy in processed mode, a
+    logprob of 0 for token 0 although its token is -1. Such a row now reports -inf / -1
+    in every top-logprob slot, like its token logprob; the neighbour is untouched."""
+    x = torch.randn(2, 10)
+    x[0] = float("-inf")
+    ps = [SamplingParams(temperature=temperature, seed=1, logprobs=2, logprobs_mode=mode),
+          SamplingParams(seed=2, logprobs=2, logprobs_mode=mode)]
+    out = Sampler().sample(x, _batch(ps, 10), torch.tensor([0, 0]))
+    assert int(out.token_ids[0]) == -1
+    assert out.top_logprobs[0][0].tolist() == [float("-inf")] * 2
+    assert out.top_logprobs[1][0].tolist() == [-1, -1]
+    alone = sample_alone(Sampler(), x[1], requests_from(ps)[1], 0, 10)
+    assert row_bits_equal(out, 1, alone)
+
+
+def test_compute_logprobs_accepts_the_no_token_id_of_sample():
+    """Bug: ``compute_logprobs(logits, batch, out.token_ids)`` raised for any batch with a
+    dead row (sample reports its token as -1), so one bad row broke the rescoring of its
+    neighbours. -1 now means "no token" and rescoring gives -inf, bitwise equal to the
+    sampling-time logprobs; ids below -1 are still rejected."""
+    x = torch.randn(3, 10)
+    x[1] = float("-inf")
+    ps = [SamplingParams(seed=1, logprobs_mode=m) for m in ("raw", "scaled", "processed")]
+    b = _batch(ps, 10)
+    s = Sampler()
+    out = s.sample(x, b, torch.tensor([4, 5, 6]))
+    assert int(out.token_ids[1]) == -1
+    lp = s.compute_logprobs(x, b, out.token_ids)
+    assert torch.equal(lp.view(torch.int32), out.logprobs.view(torch.int32))
+    with pytest.raises(InvalidSamplingParams, match="token_ids"):
+        s.compute_logprobs(x, b, torch.tensor([0, -2, 0]))
+
+
+def test_logits_that_require_grad_are_accepted():
+    """Bug: logits straight from a model in training mode (``requires_grad``, e.g. a
+    trainer rescoring with compute_logprobs) crashed with autograd's "functions with
+    out=... arguments don't support automatic differentiation". Sampling is not
+    differentiable: both entry points now run under no_grad and give the same bits as
+    for detached logits, leaving the caller's tensor untouched."""
+    rng = np.random.default_rng(5)
+    x = torch.from_numpy(logits_rows(rng, 3, V, "random"))
+    ps = [SamplingParams(seed=1, top_k=5, logprobs=2, logprobs_mode="processed"),
+          SamplingParams(temperature=0), SamplingParams(seed=3, logit_bias={2: 1.0})]
+    s = Sampler()
+    ref = s.sample(x, _batch(ps), torch.arange(3))
+    g = x.clone().requires_grad_(True)
+    out = s.sample(g, _batch(ps), torch.arange(3))
+    assert torch.equal(out.token_ids, ref.token_ids)
+    assert torch.equal(out.logprobs.view(torch.int32), ref.logprobs.view(torch.int32))
+    lp = s.compute_logprobs(g, _batch(ps), ref.token_ids)
+    assert torch.equal(lp.view(torch.int32), ref.logprobs.view(torch.int32))
+    assert g.grad is None and torch.equal(g.detach(), x)
+
+
+def test_fast_mode_compute_logprobs_equals_its_sampling_logprobs():
+    """Bug: in fast mode a tie group spilling past the topk bound is cut at the bound
+    when drawing, but compute_logprobs measured the kept mass over the whole vocabulary,
+    so a "processed" rescoring differed from the logprob reported at sampling time.
+    Both paths now take the kept mass from the same candidates."""
+    x = torch.zeros(1, 400)
+    x[0, :50] = 3.0  # a 50-way tie at the top, top_k=10 -> bound 10 spills
+    p = SamplingParams(top_k=10, seed=3, logprobs_mode="processed")
+    b = _batch([p], 400)
+    s = Sampler(deterministic=False)
+    out = s.sample(x, b, torch.tensor([1]))
+    lp = s.compute_logprobs(x, b, out.token_ids)
+    assert torch.equal(lp.view(torch.int32), out.logprobs.view(torch.int32))
+
+
+def test_position_beyond_int64_rejected_by_name():
+    """Bug: a position of 2**63 raised torch's bare "Overflow when unpacking long long"
+    instead of InvalidSamplingParams naming ``positions``."""
+    b = _batch([SamplingParams()])
+    with pytest.raises(InvalidSamplingParams, match="positions"):
+        Sampler().sample(torch.zeros(1, V), b, [2**63])
+    out = Sampler().sample(torch.zeros(1, V), b, [2**63 - 1])
+    assert 0 <= int(out.token_ids[0]) < V
+
+
+def test_empty_batch_accepts_empty_python_lists():
+    """Bug: with B = 0, ``positions=[]`` (or ``token_ids=[]``) was refused as a float32
+    tensor ("positions must be an int64 tensor ... got torch.float32 (0,)") because
+    ``torch.as_tensor([])`` is float32; an empty Python sequence is now the empty int64
+    vector. Non-integer values are still rejected."""
+    b = SamplingBatch.from_requests([], V)
+    out = Sampler().sample(torch.zeros(0, V), b, [])
+    assert out.token_ids.shape == (0,) and out.logprobs.shape == (0,)
+    assert Sampler().compute_logprobs(torch.zeros(0, V), b, []).shape == (0,)
+    with pytest.raises(InvalidSamplingParams, match="positions"):
+        Sampler().sample(torch.zeros(1, V), _batch([SamplingParams()]), [1.5])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from detsample.auditio import AuditInputError
 
@@ -73,14 +74,17 @@ def run(args: argparse.Namespace) -> int:
     text = to_json(report)
     if args.json == "-":
         sys.stdout.write(text)
-    elif args.json:
-        with open(args.json, "w") as f:
-            f.write(text)
     if not args.quiet:
         (sys.stderr if args.json == "-" else sys.stdout).write(format_summary(report))
-    if args.report:
-        page = write_report(report, args.report)
-        print(f"report: {page}", file=sys.stderr)
+    try:  # an unwritable output is exit 2, never the traceback exit 1 of a failed gate
+        if args.json and args.json != "-":
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(text)
+        if args.report:
+            print(f"report: {write_report(report, args.report)}", file=sys.stderr)
+    except OSError as exc:
+        print(f"detsample audit: error: cannot write the report: {exc}", file=sys.stderr)
+        return 2
     failures = check_gates(report, args.max_abs_diff, args.min_exact_match)
     for f in failures:
         print(f"detsample audit: GATE FAILED: {f}", file=sys.stderr)

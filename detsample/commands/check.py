@@ -65,12 +65,18 @@ def table(results: list[CheckResult]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from detsample import scenarios
     from detsample.battery import run_battery
     from detsample.golden import GoldenStore
     try:
         store = GoldenStore(args.golden_dir, device=args.device)
+        for name in args.scenario or ():
+            scenarios.get(name)
     except (ValueError, RuntimeError) as e:
         print(f"detsample check: {e}", file=sys.stderr)
+        return 2
+    except KeyError as e:
+        print(f"detsample check: {e.args[0]}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     results = run_battery(quick=args.quick, device=args.device, store=store,
@@ -87,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         doc = {"ok": ok, "platform": store.fingerprint, "checks": [r.to_json() for r in results]}
         path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        except OSError as e:
+            print(f"detsample check: cannot write the JSON report: {e}", file=sys.stderr)
+            return 2
     return 0 if ok else 1

@@ -111,3 +111,18 @@ def test_edited_golden_file_fails_with_first_divergence(capsys, tmp_path):
     rc, out, doc = run_check(capsys, tmp_path, "--golden-dir", str(tmp_path / "g"))
     assert rc == 1 and not statuses(doc)["golden"]
     assert f"first divergence: request {label.split('@')[0]} position {label.split('@')[1]}" in out
+
+
+def test_unknown_scenario_is_usage_error(capsys):
+    """Bug pinned: `check -k typo` ran the whole battery and reported five FAILs with
+    KeyError tracebacks (exit 1) instead of a usage error naming the scenario (exit 2)."""
+    assert main(["check", "-k", "no.such"]) == 2
+    err = capsys.readouterr().err
+    assert "detsample check:" in err and "'no.such'" in err and "Traceback" not in err
+
+
+def test_unwritable_json_exits_2(capsys, tmp_path):
+    """Bug pinned: `--json` naming a directory crashed with a traceback after the whole
+    battery ran (exit 1, indistinguishable from a failed check)."""
+    assert main(["check", *ONE, "--json", str(tmp_path)]) == 2
+    assert "cannot write" in capsys.readouterr().err

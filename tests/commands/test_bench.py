@@ -1,0 +1,36 @@
+"""Tests of detsample/commands/bench.py: ``detsample bench`` arguments and output."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from detsample.cli import main
+
+TINY = ["--batch", "1", "--vocab", "64", "--repeat", "1", "--config", "greedy"]
+
+
+def test_tiny_run_prints_table_and_json(tmp_path, capsys):
+    path = tmp_path / "rows.json"
+    assert main(["bench", *TINY, "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| V | B | config | path | median ms |" in out and "| 64 | 1 | greedy | deterministic |" in out
+    rows = json.loads(path.read_text())
+    assert {r["path"] for r in rows} >= {"deterministic", "fast"}
+    assert all(r["B"] == 1 and r["V"] == 64 and r["median_ms"] >= 0 for r in rows)
+
+
+# Bug pinned: these crashed with a traceback (StatisticsError, InvalidSamplingParams,
+# RuntimeError), ran an empty batch, or silently ignored --threads 0.
+BAD = [["--repeat", "0"], ["--threads", "0"], ["--batch", "0"], ["--batch", "-1"],
+       ["--vocab", "0"], ["--config", "bogus"]]
+
+
+@pytest.mark.parametrize("args", BAD, ids=[" ".join(a) for a in BAD])
+def test_bad_arguments_are_usage_errors(args, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["bench", *TINY, *args])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert args[0] in err and args[1] in err
