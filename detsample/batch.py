@@ -26,6 +26,7 @@ no ``(B, V)`` tensor exists for it.
 from __future__ import annotations
 
 import numbers
+import operator
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -43,6 +44,22 @@ FINISH_NO_VALID_TOKEN = "no_valid_token"
 
 def _fail(msg: str) -> None:
     raise InvalidSamplingParams(msg)
+
+
+def _int_list(what: str, values: Any) -> list[int]:
+    """Integers of ``values`` (a sequence or a tensor); a float or bool is an error,
+    never truncated."""
+    if isinstance(values, torch.Tensor):
+        values = values.tolist()
+    out = []
+    for v in values:
+        if isinstance(v, bool):
+            _fail(f"{what} must be integers, got {v!r}")
+        try:
+            out.append(operator.index(v))
+        except TypeError:
+            _fail(f"{what} must be integers, got {v!r}")
+    return out
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -70,9 +87,11 @@ def _check_float32(rid: str, field: str, v: float, nonzero: bool = False) -> Non
 
 
 def validate_request(req: Request, vocab_size: int) -> None:
-    """Token ids of a request must lie inside the vocabulary (checked at batch build);
+    """Every check of a request done at batch build: token ids inside the vocabulary;
     temperature and logit_bias values must survive the float32 rounding of the sampler
-    (1e-50 would become a temperature of 0, a bias of 1e39 an infinity)."""
+    (1e-50 would become a temperature of 0, a bias of 1e39 an infinity); and the
+    penalty / processor rules of :func:`detsample.penalties.validate_request` (so that
+    an engine validating up front rejects what the batch build would)."""
     p = req.params
     if not p.is_greedy:  # a greedy row (top_k=1) never divides by its temperature
         _check_float32(req.rid, "temperature", p.temperature, nonzero=True)
@@ -90,6 +109,7 @@ def validate_request(req: Request, vocab_size: int) -> None:
     if p.logprobs > vocab_size:
         _fail(f"request {req.rid!r}: logprobs must be <= vocab_size ({vocab_size}), "
               f"got {p.logprobs}")
+    step3.validate_request(req)  # issue 3
 
 
 @dataclass(frozen=True)
@@ -132,6 +152,9 @@ class SamplingBatch:
         self._step3: step3.Step3Rows | None = None
         self.row_uids: list[int] = []
         self._next_uid = 0
+        # min_new_tokens' EOS ids per row: a row keeps those of the batch it was built in
+        # (eos_token_ids of from_requests), whatever batch it is merged into.
+        self.row_eos: list[tuple[int, ...]] = []
 
     # -- construction ----------------------------------------------------------------
     @classmethod
@@ -163,7 +186,6 @@ class SamplingBatch:
             if not isinstance(r, Request):
                 _fail(f"requests must be Request objects, got {type(r).__name__}")
             validate_request(r, vocab_size)
-            step3.validate_request(r)  # issue 3
         batch._append_rows(reqs)
         return batch
 
@@ -194,6 +216,7 @@ class SamplingBatch:
         self.requests.extend(reqs)
         self.output_ids.extend(list(r.output_ids) for r in reqs)
         self.finished.extend(None for _ in reqs)
+        self.row_eos.extend(self.eos_token_ids for _ in reqs)
         self.penalties = PenaltyState.extend(self.penalties, n_before, reqs,
                                              self.output_ids[n_before:])  # issue 3
         self._new_uids(len(reqs))  # issue 3
@@ -233,7 +256,7 @@ class SamplingBatch:
         when nothing changed. Raises InvalidSamplingParams for an index out of range or
         repeated.
         """
-        idx = [int(i) for i in keep]
+        idx = _int_list("filter indices", keep)
         B = len(self)
         for i in idx:
             if not 0 <= i < B:
@@ -251,6 +274,7 @@ class SamplingBatch:
         self.requests = [self.requests[i] for i in idx]
         self.output_ids = [self.output_ids[i] for i in idx]
         self.finished = [self.finished[i] for i in idx]
+        self.row_eos = [self.row_eos[i] for i in idx]
         self.grammars = [self.grammars[i] for i in idx]  # issue 4
         self._changed()
         return self.update_since(old_uids)  # issue 3
@@ -269,6 +293,8 @@ class SamplingBatch:
         if other is self:
             _fail("merge: a batch cannot be merged with itself")
         vocab = grammar_hooks.merged_vocab(self, other)  # issue 4: checked before any change
+        grammars = [g.fork() if g is not None else None  # issue 4: never shared
+                    for g in other.grammars]
         for name in self._ROW_TENSORS:
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)], 0))
         old_uids = list(self.row_uids)  # issue 3
@@ -278,8 +304,9 @@ class SamplingBatch:
         self.requests.extend(other.requests)
         self.output_ids.extend(list(o) for o in other.output_ids)
         self.finished.extend(other.finished)
+        self.row_eos.extend(other.row_eos)
         self.vocab = vocab  # issue 4
-        self.grammars.extend(other.grammars)  # issue 4
+        self.grammars.extend(grammars)  # issue 4
         self._changed()
         return self.update_since(old_uids)  # issue 3
 
@@ -289,8 +316,7 @@ class SamplingBatch:
         token_ids: (B,) int. A token of -1 (the sampler's "no admissible token") is not
         recorded; the row is marked finished with reason ``"no_valid_token"``.
         """
-        toks = [int(t) for t in (token_ids.tolist() if isinstance(token_ids, torch.Tensor)
-                                 else token_ids)]
+        toks = _int_list("advance: token_ids", token_ids)
         if len(toks) != len(self):
             _fail(f"advance: token_ids has {len(toks)} entries for a batch of {len(self)} rows")
         for i, t in enumerate(toks):  # validate all first: a bad id changes no row

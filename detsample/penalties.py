@@ -4,7 +4,8 @@ Order (part of the contract, DESIGN.md step 3 and docs/sampling-penalties.md):
 
 1. additive penalties (frequency, presence) and 2. scaling (repetition), one fused
    element rule (:func:`detsample.ops.penalties.apply_penalties_coo_`);
-3. min_new_tokens: -inf on ``params.stop_token_ids`` + ``batch.eos_token_ids`` while
+3. min_new_tokens: -inf on ``params.stop_token_ids`` + the row's EOS ids
+   (``batch.row_eos[i]``: the ``eos_token_ids`` of the batch it was built in) while
    ``len(output_ids) < min_new_tokens``;
 4. allowed_token_ids, then 5. bad_words.
 
@@ -54,11 +55,10 @@ class Step3Rows:
 
 
 def step3_rows(batch: "SamplingBatch") -> Step3Rows:
-    eos = batch.eos_token_ids
     mt, bw, sel, ar, ac = [], [], [], [], []
     for i, p in enumerate(batch.params):
         if p.min_new_tokens > 0:
-            stops = tuple(sorted(set(p.stop_token_ids) | set(eos)))
+            stops = tuple(sorted(set(p.stop_token_ids) | set(batch.row_eos[i])))
             if stops:
                 mt.append((i, p.min_new_tokens, stops))
         if p.allowed_token_ids is not None:

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from detsample import InvalidSamplingParams, Request, SamplingBatch, SamplingParams
+from detsample import InvalidSamplingParams, Request, Sampler, SamplingBatch, SamplingParams
 from tests.helpers import params_strategy, requests_from
 
 V = 50
@@ -80,7 +80,11 @@ def test_bias_is_sparse():
     assert SamplingBatch.from_requests(requests_from([SamplingParams()]), V).logit_bias_coo() is None
 
 
-FILTER_ERRORS = [([0, 0], "distinct"), ([5], "out of range"), ([-1], "out of range")]
+FILTER_ERRORS = [([0, 0], "distinct"), ([5], "out of range"), ([-1], "out of range"),
+                 # regression: floats and bools were truncated by int() (1.7 kept row 1)
+                 ([1.7, 0.2], "filter indices must be integers, got 1.7"),
+                 (torch.tensor([1.0, 0.0]), "filter indices must be integers, got 1.0"),
+                 ([True], "filter indices must be integers, got True")]
 
 
 @pytest.mark.parametrize("keep,msg", FILTER_ERRORS)
@@ -90,12 +94,46 @@ def test_filter_errors(keep, msg):
         b.filter(keep)
 
 
+ADVANCE_NON_INTEGERS = [([3.7, 1.0], "got 3.7"), (torch.tensor([2.5, 1.0]), "got 2.5"),
+                        ([True, False], "got True")]
+
+
+@pytest.mark.parametrize("tokens,msg", ADVANCE_NON_INTEGERS)
+def test_advance_rejects_non_integer_tokens_without_change(tokens, msg):
+    """Bug pinned: advance truncated float token ids with int() (3.7 recorded token 3)
+    and took True/False for tokens 1/0."""
+    b = SamplingBatch.from_requests(requests_from([SamplingParams(presence_penalty=1.0)] * 2), V)
+    with pytest.raises(InvalidSamplingParams, match=f"advance: token_ids must be integers, {msg}"):
+        b.advance(tokens)
+    assert b.output_ids == [[], []] and b.penalties.rows[0].snapshot() == {}
+
+
 def test_merge_errors():
     a = SamplingBatch.from_requests(requests_from([SamplingParams()]), V)
     with pytest.raises(InvalidSamplingParams, match="vocab_size"):
         a.merge(SamplingBatch.from_requests(requests_from([SamplingParams()]), V + 1))
     with pytest.raises(InvalidSamplingParams, match="itself"):
         a.merge(a)
+
+
+def test_merged_rows_keep_their_own_eos_token_ids():
+    """Bug pinned: eos_token_ids (the ids min_new_tokens blocks) were batch-level, and
+    merge silently gave the merged rows this batch's EOS ids: a greedy row with
+    min_new_tokens built with eos (5,) picked token 5 once merged into an eos (0,) batch.
+    Each row keeps the EOS ids of the batch it was built in, through merge and filter."""
+    p = SamplingParams(seed=1, temperature=0.0, min_new_tokens=3)
+    x = torch.zeros(2, V)
+    x[:, 5] = 9.0
+    x[:, 0] = 8.0
+    five = SamplingBatch.from_requests(requests_from([p]), V, eos_token_ids=(5,))
+    zero = SamplingBatch.from_requests(requests_from([p]), V, eos_token_ids=(0,))
+    assert int(Sampler().sample(x[:1], five, torch.tensor([0])).token_ids) == 0
+    assert int(Sampler().sample(x[:1], zero, torch.tensor([0])).token_ids) == 5
+    zero.merge(five)
+    assert zero.eos_token_ids == (0,)
+    assert Sampler().sample(x, zero, torch.tensor([0, 0])).token_ids.tolist() == [5, 0]
+    zero.filter([1, 0])
+    assert Sampler().sample(x, zero, torch.tensor([0, 0])).token_ids.tolist() == [0, 5]
 
 
 def test_advance_records_tokens_and_no_valid_token():

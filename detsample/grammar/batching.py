@@ -5,7 +5,9 @@
 * :func:`grammar_step` -- pipeline step 4 inside the Sampler: fill and apply the mask on
   rows with an active grammar; a row whose grammar failed (compile error or timeout) gets
   ``STATUS_NO_VALID_TOKEN | STATUS_GRAMMAR_ERROR`` so it yields token -1, while every
-  other row samples normally.
+  other row samples normally; an unfinished row whose grammar is already terminated (a
+  resumed request whose output ended it) gets ``STATUS_NO_VALID_TOKEN`` (token -1, and
+  ``advance`` finishes it as ``"grammar_terminated"``).
 * :func:`advance_grammars` -- inside ``batch.advance``: feed each matcher its token,
   finish terminated and failed rows, and raise (after every row was fed) when a
   matcher rejected a token.
@@ -27,6 +29,7 @@ STATUS_GRAMMAR_ERROR = 8
 #: ``batch.finished`` reasons set by grammars.
 FINISH_GRAMMAR_TERMINATED = "grammar_terminated"
 FINISH_GRAMMAR_ERROR = "grammar_error"
+_NO_VALID_TOKEN = "no_valid_token"  # detsample.batch.FINISH_NO_VALID_TOKEN (batch imports us)
 
 
 def build_row_grammars(requests: Sequence, vocab) -> list[RequestGrammar | None]:
@@ -74,10 +77,15 @@ def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, status: torch.Te
     if any(g is not None and (g.state == PENDING or g.is_active) for g in live):
         x, _ = masker.masked(x, live)
     failed = [i for i, g in enumerate(grammars) if g is not None and g.failed]
-    if failed:
-        status = status.clone()
-        idx = torch.tensor(failed, dtype=torch.int64, device=status.device)
-        status[idx] |= STATUS_NO_VALID_TOKEN | STATUS_GRAMMAR_ERROR
+    # A live row whose grammar is already terminated (a resumed request whose existing
+    # output ended the grammar) has nothing left to generate: token -1, never a free one.
+    ended = [i for i, g in enumerate(live) if g is not None and g.is_terminated()]
+    for rows, flags in ((failed, STATUS_NO_VALID_TOKEN | STATUS_GRAMMAR_ERROR),
+                        (ended, STATUS_NO_VALID_TOKEN)):
+        if rows:
+            status = status.clone()
+            idx = torch.tensor(rows, dtype=torch.int64, device=status.device)
+            status[idx] |= flags
     return x, status
 
 
@@ -105,7 +113,8 @@ def advance_grammars(batch, tokens: Sequence[int]) -> None:
                 errors.append(str(e))
         if g.failed:
             batch.finished[i] = FINISH_GRAMMAR_ERROR
-        elif g.is_terminated() and batch.finished[i] is None:
+        elif g.is_terminated() and batch.finished[i] in (None, _NO_VALID_TOKEN):
+            # (no_valid_token here: the -1 of a row whose grammar had already ended)
             batch.finished[i] = FINISH_GRAMMAR_TERMINATED
     if errors:
         raise GrammarError("; ".join(errors))

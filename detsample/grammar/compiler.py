@@ -91,7 +91,7 @@ class GrammarCompiler:
         key = self.key(kind, text)
         with self._lock:
             fut = self._cache.get(key)
-            if fut is not None:
+            if fut is not None and not fut.cancelled():  # close() cancels queued ones
                 self._stats.hits += 1
                 return fut
             self._stats.misses += 1

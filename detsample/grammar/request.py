@@ -103,6 +103,19 @@ class RequestGrammar:
         self.error = message
         self._matcher = None
 
+    def fork(self) -> "RequestGrammar":
+        """An independent copy in the same state (same compile future, a forked matcher):
+        feeding or rolling back either never changes the other. ``SamplingBatch.merge``
+        forks the merged rows' grammars, as it copies their outputs and penalty counts."""
+        c = RequestGrammar.__new__(RequestGrammar)
+        c.rid, c.kind, c.vocab, c.timeout_s = self.rid, self.kind, self.vocab, self.timeout_s
+        c._future = self._future
+        c._matcher = self._matcher.fork() if self._matcher is not None else None
+        c._initial = list(self._initial)
+        c.accepted = list(self.accepted)
+        c.state, c.error = self.state, self.error
+        return c
+
     def resolve(self, timeout: float | None = None) -> str:
         """Wait (at most ``timeout``, default ``timeout_s``) for the compilation and build
         the matcher. Never raises: failure or timeout becomes the ``"failed"`` state."""

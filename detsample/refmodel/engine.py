@@ -169,6 +169,11 @@ class Engine:
         for a in schedule.arrivals:
             r = a.request
             validate_request(r, V)
+            self.sampler.validate_request(r)  # the registered processors' validate_params
+            if r.params.grammar is not None and self.vocab is None:
+                raise InvalidSamplingParams(
+                    f"request {r.rid!r}: {r.params.grammar[0]} needs a vocabulary; the "
+                    f"model has vocab_size={V}, so pass EngineConfig(vocab=...)")
             n = len(r.prompt_ids) + len(r.output_ids)
             if n >= S:
                 raise InvalidSamplingParams(

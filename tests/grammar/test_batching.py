@@ -13,12 +13,15 @@ import zlib
 import jsonschema
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from detsample import (GrammarError, InvalidSamplingParams, Request, Sampler, SamplingBatch,
                        SamplingParams, Vocabulary)
 from detsample.grammar import RequestGrammar
 from detsample.grammar.batching import (FINISH_GRAMMAR_ERROR, FINISH_GRAMMAR_TERMINATED,
                                         STATUS_GRAMMAR_ERROR, grammar_errors)
+from tests.penalty_cases import EOS, LowerNonMax, PenalizeLastToken, params_st
 
 SCHEMA = {"type": "object",
           "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999},
@@ -276,3 +279,136 @@ def test_finished_grammar_row_sampled_again_does_not_break_the_batch():
     again = Sampler().sample(torch.randn(2, 512), batch, torch.tensor([3, 3]))
     batch.advance(again.token_ids)  # must not raise
     assert batch.finished[0] == "no_valid_token" and batch.finished[1] is None
+
+
+def test_batch_merged_into_two_others_keeps_independent_matchers():
+    """Bug pinned: merge appended the other batch's RequestGrammar objects themselves, so
+    a batch merged into two others (or advanced after being merged) shared one matcher:
+    feeding 'y' in one batch made the other reject 'n' (GrammarError for a valid token)
+    and silently moved the source's grammar state."""
+    vocab = Vocabulary.default()
+    src = make_batch(["regex"], vocab)
+    a, b = make_batch([], vocab), make_batch([], vocab)
+    a.merge(src)
+    b.merge(src)
+    assert a.grammars[0] is not b.grammars[0] is not src.grammars[0]
+    y, n = vocab.encode("y")[0], vocab.encode("n")[0]
+    a.advance([y])
+    b.advance([n])  # raised GrammarError: the shared matcher had accepted 'y'
+    assert a.grammars[0].accepted == [y] and b.grammars[0].accepted == [n]
+    assert src.grammars[0].accepted == []
+    assert a.finished == b.finished == [None]
+
+
+def test_merge_forks_an_advanced_grammar_in_its_state():
+    """The merged row's grammar continues from the source row's accepted prefix."""
+    vocab = Vocabulary.default()
+    src = make_batch(["regex"], vocab)
+    for t in vocab.encode("no-4"):
+        src.advance([t])
+    dst = make_batch(["free-a"], vocab)
+    dst.merge(src)
+    g = dst.grammars[1]
+    assert g.accepted == src.grammars[0].accepted and g.is_active
+    for t in vocab.encode("2") + [0]:
+        dst.advance([1, t])
+    assert dst.finished == [None, FINISH_GRAMMAR_TERMINATED]
+    assert src.grammars[0].is_active and src.finished == [None]
+
+
+def test_resumed_request_with_ended_grammar_yields_no_free_token():
+    """Bug pinned: a resumed request whose existing output already terminated its grammar
+    (here "no-42" + EOS) was not masked any more but not finished either, so it sampled
+    an unconstrained token that advance appended after the EOS. It must yield -1 and
+    finish as grammar_terminated, its output unchanged; its neighbour is unaffected."""
+    vocab = Vocabulary.default()
+    done = vocab.encode("no-42") + [0]
+    reqs = [Request("regex", ROWS["regex"], [5], done),
+            Request("free-a", ROWS["free-a"], [5, 6, 7])]
+    batch = SamplingBatch.from_requests(reqs, vocab_size=512, vocab=vocab)
+    logits = torch.stack([logits_for("regex", 6), logits_for("free-a", 0)])
+    out = Sampler().sample(logits, batch, torch.tensor([6, 2]))
+    assert int(out.token_ids[0]) == -1 and out.logprobs[0] == float("-inf")
+    alone = Sampler().sample(logits[1:], make_batch(["free-a"], vocab), torch.tensor([2]))
+    assert torch.equal(out.token_ids[1:], alone.token_ids)
+    assert torch.equal(out.logprobs[1:], alone.logprobs)
+    batch.advance(out.token_ids)
+    assert batch.finished == [FINISH_GRAMMAR_TERMINATED, None]
+    assert batch.output_ids[0] == done
+
+
+@st.composite
+def _lineage_request(draw, i):
+    """A request from tests.penalty_cases.params_st, with a regex on some rows (a valid
+    resumed prefix included)."""
+    p = draw(params_st(seed=2000 + i))
+    out = draw(st.lists(st.integers(1, 39), max_size=3))
+    if draw(st.booleans()):  # (no allowed ids / bad words: they would end it at once)
+        p = p.replace(regex=REGEX, allowed_token_ids=None, bad_words=(),
+                      logit_bias=None if p.logit_bias is None else dict(p.logit_bias))
+        out = Vocabulary.default().encode(draw(st.sampled_from(["", "n", "yes-"])))
+    return Request(f"q{i}", p, draw(st.lists(st.integers(1, 39), max_size=4)), out)
+
+
+def _lineage_step(sampler, batch, hist, force=()):
+    x = torch.stack([logits_for(r.rid, len(o)) for r, o in zip(batch.requests, batch.output_ids)]) \
+        if len(batch) else torch.empty((0, 512))
+    pos = torch.tensor([len(r.prompt_ids) + len(o) for r, o in
+                        zip(batch.requests, batch.output_ids)], dtype=torch.int64)
+    out = sampler.sample(x, batch, pos)
+    toks = out.token_ids.clone()
+    for i in range(len(batch)):
+        hist[i].append((int(toks[i]), out.logprobs[i].view(torch.int32).item(), i in force))
+        if i in force:
+            toks[i] = -1  # the caller ends this row (advance with -1)
+    batch.advance(toks)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_rows_equal_alone_when_merged_into_several_batches(data):
+    """Bug pinned: merge shared the merged rows' grammar matchers with the source batch, so
+    a batch merged into two others (or advanced after a merge) fed one matcher twice.
+    Random steps (some rows ended with -1), filters (any order, to empty) and merges that
+    keep the source alive, with grammar, penalty, constraint and processor rows: every row
+    equals, bitwise, its own history replayed alone."""
+    vocab = Vocabulary.default()
+    pool = iter([data.draw(_lineage_request(i)) for i in range(data.draw(st.integers(3, 7)))])
+    mk = lambda reqs: SamplingBatch.from_requests(reqs, 512, eos_token_ids=EOS, vocab=vocab)  # noqa: E731
+    procs = lambda: Sampler(processors=(PenalizeLastToken(), LowerNonMax()))  # noqa: E731
+
+    def new():
+        reqs = [r for r in (next(pool, None) for _ in range(data.draw(st.integers(1, 3))))
+                if r is not None]
+        return [procs(), mk(reqs), [[] for _ in reqs]]
+
+    live, done = [new(), new()], []
+    for _ in range(data.draw(st.integers(4, 12))):
+        op = data.draw(st.sampled_from(["step", "step", "filter", "merge", "merge_keep",
+                                        "merge_keep", "new"]))
+        k = data.draw(st.integers(0, len(live) - 1))
+        s, b, h = live[k]
+        if op == "step":
+            force = set(data.draw(st.lists(st.integers(0, max(len(b) - 1, 0)), max_size=1))
+                        if len(b) else [])
+            _lineage_step(s, b, h, force)
+        elif op == "filter":
+            keep = data.draw(st.permutations(range(len(b))))[:data.draw(st.integers(0, len(b)))]
+            done += [(b.requests[i], h[i]) for i in range(len(b)) if i not in keep]
+            b.filter(keep)
+            live[k][2] = [h[i] for i in keep]
+        elif op.startswith("merge") and len(live) > 1:
+            j = data.draw(st.sampled_from([i for i in range(len(live)) if i != k]))
+            b.merge(live[j][1])
+            h.extend(list(x) for x in live[j][2])
+            if op == "merge":
+                del live[j]
+        elif op == "new":
+            live.append(new())
+    done += [(r, hist) for _, b, h in live for r, hist in zip(b.requests, h)]
+    for r, hist in done:
+        alone, solo = mk([r]), [[]]
+        s = procs()
+        for entry in hist:
+            _lineage_step(s, alone, solo, {0} if entry[2] else set())
+        assert solo[0] == hist, r.rid

@@ -63,3 +63,27 @@ def test_user_owned_compiler_with_config():
         c.clear_cache()
         assert c.cache_size() == 0
     assert v.grammar_compiler is not c
+
+
+def test_grammar_cancelled_by_close_is_recompiled_on_next_submit(monkeypatch):
+    """Bug pinned: close() cancels queued compilations, and their cancelled futures
+    stayed in the cache, so every later request with that grammar failed ("compilation
+    was cancelled") although the compiler reopens its pool on the next submit."""
+    v = Vocabulary.default()
+    gate = threading.Event()
+    real = compiler_mod.compile_kind
+
+    def slow(*a):
+        gate.wait(30)
+        return real(*a)
+
+    monkeypatch.setattr(compiler_mod, "compile_kind", slow)
+    c = GrammarCompiler(v, GrammarConfig(max_workers=1))
+    running, queued = c.submit("regex", "a+"), c.submit("regex", "b+")
+    c.close()
+    gate.set()
+    assert running.result(30) is not None and queued.cancelled()
+    again = c.submit("regex", "b+")
+    assert again is not queued and again.result(30) is not None
+    assert c.submit("regex", "b+") is again  # cached from now on
+    c.close()

@@ -337,6 +337,73 @@ def test_bad_request_rejected_before_any_work(engine):
                        engine.run(Schedule.of([(0, good)]))["g"])
 
 
+class _CountingEngine(Engine):
+    """Counts model steps, to tell an up-front rejection from a mid-run one."""
+
+    forward_calls = 0
+
+    def _forward(self, st):
+        self.forward_calls += 1
+        return super()._forward(st)
+
+
+LATE_BAD = [  # a request that only the batch build (at its admission) used to reject
+    ("float32-underflow repetition", dict(repetition_penalty=1e-50),
+     "'b': repetition_penalty must be > 0 in float32"),
+    ("float32-overflow presence", dict(presence_penalty=1e39),
+     "'b': presence_penalty must be finite in float32"),
+    ("processor not callable", dict(logits_processor=7), "'b': logits_processor must be callable"),
+]
+
+
+@pytest.mark.parametrize("kw,msg", [b[1:] for b in LATE_BAD], ids=[b[0] for b in LATE_BAD])
+def test_late_arriving_bad_request_rejected_before_any_work(model, kw, msg):
+    """Bug pinned: Engine._check validated token ids only, so a request whose penalty is
+    invalid in float32 (or whose processor is not callable) passed the up-front check and
+    raised at its admission step, after the model had run and discarding every other
+    request's results."""
+    eng = _CountingEngine(model)
+    good = make_request("g", "plain", 1)
+    bad = Request("b", SamplingParams(seed=2, **kw), [3, 4])
+    with pytest.raises(InvalidSamplingParams, match=msg):
+        eng.run(Schedule.of([(0, good), (2, bad)]))
+    assert eng.forward_calls == 0
+
+
+class _RejectsTopK(_AllNegInf):
+    """A processor that serves no request with top_k set."""
+
+    def validate_params(self, params) -> None:
+        if params.top_k != -1:
+            raise InvalidSamplingParams(f"top_k must be -1, got {params.top_k}")
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def test_request_rejected_by_a_processor_before_any_work(model):
+    """Bug pinned: the engine never asked the Sampler's processors (validate_params) up
+    front, so a late request they reject raised at its admission step, mid-run."""
+    eng = _CountingEngine(model, Sampler(processors=(_RejectsTopK(),)))
+    good = make_request("g", "plain", 1)
+    bad = make_request("b", "hot_topk", 2)
+    with pytest.raises(InvalidSamplingParams, match="'b' rejected by _RejectsTopK: top_k"):
+        eng.run(Schedule.of([(0, good), (2, bad)]))
+    assert eng.forward_calls == 0
+
+
+def test_grammar_request_without_vocabulary_rejected_before_any_work():
+    """Bug pinned: a grammar request on a model without the default vocabulary layout
+    (and no EngineConfig.vocab) raised only when it joined the batch, mid-run."""
+    small = RefModel(RefModelConfig(vocab_size=300, n_layers=1, d_model=16, n_heads=2))
+    good = Request("g", SamplingParams(seed=1, max_new_tokens=2), [1, 2])
+    bad = Request("b", SamplingParams(seed=2, regex="a+"), [3])
+    eng = _CountingEngine(small)
+    with pytest.raises(InvalidSamplingParams, match="'b': regex needs a vocabulary"):
+        eng.run(Schedule.of([(0, good), (3, bad)]))
+    assert eng.forward_calls == 0
+
+
 def test_rescore_edge_cases(model):
     p = SamplingParams(seed=1)
     assert rescore(model, Sampler(), p, [1, 2], []).shape == (0,)
