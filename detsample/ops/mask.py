@@ -87,9 +87,10 @@ def _masked_sparse(logits: torch.Tensor, words: torch.Tensor) -> torch.Tensor | 
     32-token blocks whose word is nonzero. Identical bits to the dense select; None
     when too many words are nonzero for this to pay."""
     b, v = logits.shape
-    nz = (words != 0).nonzero()
-    if nz.shape[0] > SPARSE_MAX_FRACTION * words.numel():
-        return None
+    nonzero = words != 0
+    if int(torch.count_nonzero(nonzero)) > SPARSE_MAX_FRACTION * words.numel():
+        return None  # decided by a count: the index list is built only when it pays
+    nz = nonzero.nonzero()
     out = torch.full_like(logits, _NEG_INF)
     if nz.shape[0]:
         r, c = nz[:, 0].to(logits.device), nz[:, 1].to(logits.device)
