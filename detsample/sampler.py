@@ -157,7 +157,7 @@ class Sampler:
         # "unchanged" and the row maxima of step 2 still hold.
         x = apply_step3(x, batch, lambda: self._buf("step3", x))  # step 3 (issue 3)
         x, status = grammar_hooks.grammar_step(  # step 4: grammar mask (issue 4)
-            self.grammar_masker, batch, x, status)
+            self.grammar_masker, batch, x, status, lambda: self._buf("mask", x))
         coo = batch.logit_bias_coo()  # step 5
         if coo is not None:
             x = apply_logit_bias_(x.clone() if x is after_step2 else x, *coo)

@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -59,12 +59,14 @@ def merged_vocab(batch, other):
     return a
 
 
-def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, status: torch.Tensor
+def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, status: torch.Tensor,
+                 scratch: Callable[[], torch.Tensor] | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pipeline step 4: ``(x, status)`` after the grammar mask.
 
     ``x`` (B, V) float32 is never written: when a row has an active grammar a masked copy
-    replaces it (one pass, no separate clone); otherwise ``x`` itself is returned. Rows
+    replaces it (one pass, no separate clone), written into ``scratch()`` when given (a
+    reused (B, V) buffer that must not alias ``x``); otherwise ``x`` itself is returned. Rows
     without an active grammar keep their exact bits. Rows whose grammar failed get
     ``STATUS_NO_VALID_TOKEN | STATUS_GRAMMAR_ERROR``. A masked row left with no finite
     logit is flagged by the sampler's re-sanitising of the changed logits.
@@ -75,7 +77,7 @@ def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, status: torch.Te
     live = [g if g is not None and batch.finished[i] is None else None
             for i, g in enumerate(grammars)]
     if any(g is not None and (g.state == PENDING or g.is_active) for g in live):
-        x, _ = masker.masked(x, live)
+        x, _ = masker.masked(x, live, scratch() if scratch is not None else None)
     failed = [i for i, g in enumerate(grammars) if g is not None and g.failed]
     # A live row whose grammar is already terminated (a resumed request whose existing
     # output ended the grammar) has nothing left to generate: token -1, never a free one.

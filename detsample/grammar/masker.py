@@ -94,16 +94,16 @@ class GrammarMasker:
         bm, rows = self.fill(grammars, n)
         return bm, rows, n
 
-    def masked(self, logits: torch.Tensor, grammars: Sequence[RequestGrammar | None]
-               ) -> tuple[torch.Tensor, list[int]]:
+    def masked(self, logits: torch.Tensor, grammars: Sequence[RequestGrammar | None],
+               out: torch.Tensor | None = None) -> tuple[torch.Tensor, list[int]]:
         """``(masked copy of logits, masked rows)``; ``logits`` itself when no row has an
         active grammar. The bitmask covers the grammars' vocabulary (n tokens); when the
         model's V is larger (an embedding padded past the tokenizer), ids n..V-1 are -inf
-        on the masked rows."""
+        on the masked rows. ``out``: optional result buffer (must not alias ``logits``)."""
         bm, rows, n = self._fill_for(logits, grammars)
         if not rows:
             return logits, rows
-        return masked_logits(logits, bm, rows, limit=n), rows
+        return masked_logits(logits, bm, rows, limit=n, out=out), rows
 
     def apply_(self, logits: torch.Tensor, grammars: Sequence[RequestGrammar | None]
                ) -> list[int]:

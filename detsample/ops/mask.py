@@ -82,7 +82,8 @@ def _sparse_ok(logits: torch.Tensor, bitmask: torch.Tensor, limit: int | None) -
             and (limit is None or limit >= v))
 
 
-def _masked_sparse(logits: torch.Tensor, words: torch.Tensor) -> torch.Tensor | None:
+def _masked_sparse(logits: torch.Tensor, words: torch.Tensor,
+                   out: torch.Tensor | None = None) -> torch.Tensor | None:
     """Every row masked, V a multiple of 32: start from all -inf and copy only the
     32-token blocks whose word is nonzero. Identical bits to the dense select; None
     when too many words are nonzero for this to pay."""
@@ -91,7 +92,7 @@ def _masked_sparse(logits: torch.Tensor, words: torch.Tensor) -> torch.Tensor | 
     if int(torch.count_nonzero(nonzero)) > SPARSE_MAX_FRACTION * words.numel():
         return None  # decided by a count: the index list is built only when it pays
     nz = nonzero.nonzero()
-    out = torch.full_like(logits, _NEG_INF)
+    out = torch.full_like(logits, _NEG_INF) if out is None else out.fill_(_NEG_INF)
     if nz.shape[0]:
         r, c = nz[:, 0].to(logits.device), nz[:, 1].to(logits.device)
         blocks = logits.view(b, v // _BITS, _BITS)[r, c]
@@ -126,7 +127,7 @@ def _check(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
 
 def masked_logits(logits: torch.Tensor, bitmask: torch.Tensor,
                   rows: Sequence[int] | torch.Tensor | None = None,
-                  limit: int | None = None) -> torch.Tensor:
+                  limit: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """A new tensor: ``logits`` with ``-inf`` on the disallowed tokens of ``rows``.
 
     Args:
@@ -135,6 +136,8 @@ def masked_logits(logits: torch.Tensor, bitmask: torch.Tensor,
         rows: rows to mask (None = every row); other rows are copied bit for bit.
         limit: tokens ``>= limit`` are disallowed on masked rows (the grammar's vocabulary
             size when the logits are wider).
+        out: optional ``[B, V]`` result buffer that must not alias ``logits`` (a reused
+            buffer saves the page faults of a fresh tensor on every step).
     Returns: ``[B, V]``, same dtype/device. One pass when every row is masked (no
     separate clone).
     """
@@ -145,12 +148,14 @@ def masked_logits(logits: torch.Tensor, bitmask: torch.Tensor,
     bitmask = bitmask.to(logits.device)  # unpack where the logits live (small copy)
     if idx is None:
         if _sparse_ok(logits, bitmask, limit):
-            out = _masked_sparse(logits, bitmask[:b])
-            if out is not None:
-                return out
+            sparse = _masked_sparse(logits, bitmask[:b], out)
+            if sparse is not None:
+                return sparse
         allowed = unpack_bitmask(bitmask[:b], v, limit).to(logits.device)
-        return torch.where(allowed, logits, neg)
-    out = logits.clone()
+        if out is None:
+            return torch.where(allowed, logits, neg)
+        return torch.where(allowed, logits, neg, out=out)
+    out = logits.clone() if out is None else out.copy_(logits)
     if idx.numel():
         allowed = unpack_bitmask(bitmask.index_select(0, idx.to(bitmask.device)), v, limit)
         out.index_copy_(0, idx, torch.where(allowed.to(logits.device),
