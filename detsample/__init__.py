@@ -5,9 +5,11 @@ Public API (a contract, see DESIGN.md)::
     from detsample import SamplingParams, Request, SamplingBatch, Sampler, SampleOutput
 """
 
+from detsample.batch import SamplingBatch
 from detsample.errors import DetsampleError, GrammarError, InvalidSamplingParams
 from detsample.params import Request, SamplingParams
-from detsample.vocab import Vocabulary  # grammar branch
+from detsample.sampler import SampleOutput, Sampler
+from detsample.vocab import Vocabulary
 
 __version__ = "0.1.0"
 
@@ -16,12 +18,10 @@ __all__ = [
     "GrammarError",
     "InvalidSamplingParams",
     "Request",
+    "SampleOutput",
+    "Sampler",
+    "SamplingBatch",
     "SamplingParams",
     "Vocabulary",
     "__version__",
 ]
-
-from detsample.batch import SamplingBatch  # noqa: E402
-from detsample.sampler import SampleOutput, Sampler  # noqa: E402
-
-__all__ += ["SamplingBatch", "SampleOutput", "Sampler"]
