@@ -55,11 +55,6 @@ def _offsets(lengths: np.ndarray) -> np.ndarray:
     return out
 
 
-def _segment(values: np.ndarray, lengths: np.ndarray, i: int) -> np.ndarray:
-    off = _offsets(lengths)
-    return values[off[i]:off[i + 1]]
-
-
 def _rescore(raw: RawChunk, rescore: RescoreFn | None, bad: dict[int, Issue]) -> None:
     """Fill absent trainer_logprobs with ``rescore(prompt_ids, response_ids)`` (in place)."""
     lens = raw.lengths.get("trainer_logprobs")
@@ -74,12 +69,14 @@ def _rescore(raw: RawChunk, rescore: RescoreFn | None, bad: dict[int, Issue]) ->
         return
     old = raw.values.get("trainer_logprobs", np.empty(0, dtype=np.float64))
     old_off = _offsets(lens)
+    p_off = _offsets(raw.lengths["prompt_ids"])
+    r_off = _offsets(raw.lengths["response_ids"])
     parts, new_lens = [], lens.copy()
     needed = set(need)
     for i in range(len(raw)):
         if i in needed:
-            prompt = _segment(raw.values["prompt_ids"], raw.lengths["prompt_ids"], i)
-            resp = _segment(raw.values["response_ids"], raw.lengths["response_ids"], i)
+            prompt = raw.values["prompt_ids"][p_off[i]:p_off[i + 1]]
+            resp = raw.values["response_ids"][r_off[i]:r_off[i + 1]]
             try:
                 lp = np.asarray(rescore(prompt.tolist(), resp.tolist()))
             except Exception as exc:  # noqa: BLE001 - any rescoring failure names the sequence
