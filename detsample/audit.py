@@ -61,18 +61,16 @@ def plan_shards(paths: list[str], parts: int) -> list[Shard]:
         fmt = detect_format(path)
         if fmt == "jsonl":
             shards += [Shard(fmt, path, a, b, line) for a, b, line in split_jsonl(path, parts)]
-        elif fmt == "npz":
+            continue
+        if fmt == "npz":  # shards of rows
             src = NpzSource(path)
             n = src.num_sequences
             src.close()
-            cuts = sorted({n * k // parts for k in range(parts + 1)})
-            shards += [Shard(fmt, path, a, b) for a, b in zip(cuts[:-1], cuts[1:])] or \
-                [Shard(fmt, path, 0, 0)]
-        else:
-            g = len(ParquetSource(path).row_group_rows)
-            cuts = sorted({g * k // parts for k in range(parts + 1)})
-            shards += [Shard(fmt, path, a, b) for a, b in zip(cuts[:-1], cuts[1:])] or \
-                [Shard(fmt, path, 0, 0)]
+        else:  # shards of row groups
+            n = len(ParquetSource(path).row_group_rows)
+        cuts = sorted({n * k // parts for k in range(parts + 1)})
+        shards += [Shard(fmt, path, a, b) for a, b in zip(cuts[:-1], cuts[1:])] or \
+            [Shard(fmt, path, 0, 0)]
     return shards
 
 

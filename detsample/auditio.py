@@ -508,8 +508,6 @@ class ParquetSource:
 
     def iter_chunks(self, row_groups: list[int] | None = None,
                     chunk_rows: int = 2048) -> Iterator[RawChunk]:
-        import pyarrow.compute as pc
-
         groups = list(range(len(self.row_group_rows))) if row_groups is None else list(row_groups)
         if not groups:
             return

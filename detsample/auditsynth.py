@@ -12,6 +12,7 @@ import json
 import numpy as np
 
 from detsample.auditio import LIST_COLUMNS
+from detsample.auditvalidate import offsets_from_lengths
 
 
 def synth_rollouts(num_sequences: int, seed: int, *, mean_len: int = 64, prompt_len: int = 8,
@@ -30,10 +31,7 @@ def synth_rollouts(num_sequences: int, seed: int, *, mean_len: int = 64, prompt_
     hit = rng.random(t) < mismatch_rate
     noise = rng.normal(size=t) * np.asarray(scales)[rng.integers(0, len(scales), t)]
     trainer = np.minimum(engine.astype(np.float64) + np.where(hit, noise, 0.0), 0.0).astype(dtype)
-    off = np.zeros(num_sequences + 1, dtype=np.int64)
-    np.cumsum(lens, out=off[1:])
-    poff = np.zeros(num_sequences + 1, dtype=np.int64)
-    np.cumsum(plens, out=poff[1:])
+    off, poff = offsets_from_lengths(lens), offsets_from_lengths(plens)
     return {
         "id": [f"seq-{seed}-{i}" for i in range(num_sequences)],
         "prompt_ids": (rng.integers(0, vocab, int(plens.sum())), poff),
@@ -52,8 +50,7 @@ def from_records(records: list[dict]) -> dict:
         if not all(c in r for r in records):
             continue
         parts = [np.asarray(r[c]) for r in records]
-        off = np.zeros(len(parts) + 1, dtype=np.int64)
-        np.cumsum([p.size for p in parts], out=off[1:])
+        off = offsets_from_lengths(np.array([p.size for p in parts], dtype=np.int64))
         dtype = np.int64 if c.endswith("_ids") or c == "mask" else np.float64
         if dtype is np.float64 and parts and all(p.dtype == np.float32 for p in parts):
             dtype = np.float32

@@ -49,15 +49,12 @@ class AuditBatch:
         return len(self.ids)
 
 
-def _offsets(lengths: np.ndarray) -> np.ndarray:
+def offsets_from_lengths(lengths: np.ndarray) -> np.ndarray:
+    """int64 [S+1] offsets of S segments of ``lengths`` (a length < 0, an absent
+    column, counts as 0)."""
     out = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(np.maximum(lengths, 0), out=out[1:])
     return out
-
-
-def _segment(values: np.ndarray, lengths: np.ndarray, i: int) -> np.ndarray:
-    off = _offsets(lengths)
-    return values[off[i]:off[i + 1]]
 
 
 def _rescore(raw: RawChunk, rescore: RescoreFn | None, bad: dict[int, Issue]) -> None:
@@ -73,13 +70,15 @@ def _rescore(raw: RawChunk, rescore: RescoreFn | None, bad: dict[int, Issue]) ->
                            raw.unit)
         return
     old = raw.values.get("trainer_logprobs", np.empty(0, dtype=np.float64))
-    old_off = _offsets(lens)
+    old_off = offsets_from_lengths(lens)
+    p_off = offsets_from_lengths(raw.lengths["prompt_ids"])
+    r_off = offsets_from_lengths(raw.lengths["response_ids"])
     parts, new_lens = [], lens.copy()
     needed = set(need)
     for i in range(len(raw)):
         if i in needed:
-            prompt = _segment(raw.values["prompt_ids"], raw.lengths["prompt_ids"], i)
-            resp = _segment(raw.values["response_ids"], raw.lengths["response_ids"], i)
+            prompt = raw.values["prompt_ids"][p_off[i]:p_off[i + 1]]
+            resp = raw.values["response_ids"][r_off[i]:r_off[i + 1]]
             try:
                 lp = np.asarray(rescore(prompt.tolist(), resp.tolist()))
             except Exception as exc:  # noqa: BLE001 - any rescoring failure names the sequence
@@ -107,7 +106,7 @@ def _flag_values(raw: RawChunk, column: str, bad_tok: np.ndarray, kind: str, wha
     if not bad_tok.any():
         return
     lens = raw.lengths[column]
-    off = _offsets(lens)
+    off = offsets_from_lengths(lens)
     pos = np.flatnonzero(bad_tok)
     seq = np.searchsorted(off, pos, side="right") - 1
     first_seq, first_idx = np.unique(seq, return_index=True)
@@ -186,7 +185,7 @@ def _gather(raw: RawChunk, bad: dict[int, Issue]) -> AuditBatch:
         keep[list(bad)] = False
     resp_len = raw.lengths["response_ids"]
     kept_len = np.where(keep, resp_len, 0)
-    offsets = _offsets(kept_len[keep])
+    offsets = offsets_from_lengths(kept_len[keep])
     total = int(offsets[-1])
     if keep.any():
         response_ids = _take(raw, "response_ids", keep).astype(np.int64, copy=False)

@@ -19,6 +19,7 @@ Without :mod:`detsample.refmodel.engine` in the build, ``CHECKS`` is empty.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, Callable
 
 import torch
@@ -111,12 +112,10 @@ def engine_determinism(quick: bool = False, device: str = "cpu") -> CheckResult:
     scs = _scenarios(quick)
     for sc in scs:
         reqs, ref = sc.run()
-        for label, ctx in (("second run", None), ("1 thread", 1), ("2 threads", 2)):
-            if ctx is None:
+        for label, ctx in (("second run", nullcontext()), ("1 thread", torch_threads(1)),
+                           ("2 threads", torch_threads(2))):
+            with ctx:
                 _, got = sc.run()
-            else:
-                with torch_threads(ctx):
-                    _, got = sc.run()
             for r in reqs:
                 fails += result_differences(f"{sc.name} [{label}]", ref[r.rid], got[r.rid])
     return _result("engine_determinism", fails, "run-to-run and 1 vs 2 threads bitwise equal", len(scs))

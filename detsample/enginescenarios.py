@@ -20,8 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from detsample.goldenfmt import ScenarioOutput
-
-MODES = ("raw", "scaled", "processed")
+from detsample.scenarios import MODES, sampler_description
 
 
 def available() -> bool:
@@ -118,9 +117,7 @@ class EngineScenario:
                 toks.append(t)
                 lps.append(lp[i])
         meta = {
-            "rng": sampler.rng_name,
-            "sampler": {"class": type(sampler).__name__, "draw_method": sampler.draw_method,
-                        "deterministic": sampler.deterministic, "filter_impl": sampler.filter_impl},
+            **sampler_description(sampler),
             "inputs": {"kind": "engine", "model": "RefModel", "model_seed": self.model_seed,
                        "vocab_size": model.config.vocab_size,
                        "max_batch_size": self.max_batch_size, "max_new_tokens": self.max_new_tokens,

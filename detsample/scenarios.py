@@ -19,7 +19,6 @@ schedules of :mod:`detsample.enginescenarios` when the reference engine is prese
 
 from __future__ import annotations
 
-import hashlib
 import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -27,10 +26,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from detsample.goldenfmt import ScenarioOutput
+from detsample.goldenfmt import ScenarioOutput, sha256
+from detsample.params import LOGPROBS_MODES
 from detsample.synthlogits import FAMILIES
 
-MODES = ("raw", "scaled", "processed")
+MODES = LOGPROBS_MODES
 BIG_VOCAB = 152064
 GRAMMAR_VOCAB = 512  # detsample.vocab.DEFAULT_VOCAB_SIZE
 ParamFamily = Callable[[int, int], list[dict[str, Any]]]
@@ -111,15 +111,20 @@ PARAM_FAMILIES: dict[str, ParamFamily] = {
 GRAMMAR_FAMILIES = ("grammar",)
 
 
-def _sha(a: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+def sampler_description(sampler: Any) -> dict[str, Any]:
+    """The manifest's ``rng`` and ``sampler`` fields (inputs, see
+    :data:`detsample.golden.INPUT_FIELDS`) for a run with ``sampler``."""
+    return {"rng": sampler.rng_name,
+            "sampler": {"class": type(sampler).__name__, "draw_method": sampler.draw_method,
+                        "deterministic": sampler.deterministic,
+                        "filter_impl": sampler.filter_impl}}
 
 
 @dataclass(frozen=True)
 class Scenario:
     """One golden scenario: ``rows`` requests sampled for ``steps`` steps over logits of
     the family ``logits`` (vocabulary ``vocab``), with parameters of family ``params``.
-    Row i uses ``logprobs_mode = MODES[(i + mode_offset) % 3]`` and seed
+    Row i uses ``logprobs_mode = MODES[i % 3]`` (unless its params family sets one) and seed
     ``(seed << 8) | i``."""
 
     name: str
@@ -216,7 +221,7 @@ class Scenario:
                 batch.filter(perm)
                 rows = [rows[i] for i in perm]
             full = self.step_logits(step)
-            shas.append(_sha(full))
+            shas.append(sha256(full))
             logits = torch.from_numpy(full[rows]).to(dev)
             positions = torch.tensor([self.position(r, step) for r in rows], dtype=torch.int64,
                                      device=dev)
@@ -236,7 +241,7 @@ class Scenario:
             if len(keep) != len(rows):
                 batch.filter(keep)
                 rows = [rows[j] for j in keep]
-        shas += [_sha(self.step_logits(s)) for s in range(len(shas), self.steps)]
+        shas += [sha256(self.step_logits(s)) for s in range(len(shas), self.steps)]
         keys = sorted(got)
         return ScenarioOutput(
             rids=tuple(self.rid(r) for _, r in keys),
@@ -254,15 +259,12 @@ class Scenario:
         """The manifest's description of the inputs (params, seeds, rng, draw method,
         logits hashes) for a run with ``sampler`` (default ``Sampler()``)."""
         if logits_sha256 is None:
-            logits_sha256 = [_sha(self.step_logits(s)) for s in range(self.steps)]
+            logits_sha256 = [sha256(self.step_logits(s)) for s in range(self.steps)]
         from detsample import Sampler
         sampler = sampler if sampler is not None else Sampler()
         params = self.sampling_params()
         return {
-            "rng": sampler.rng_name,
-            "sampler": {"class": type(sampler).__name__, "draw_method": sampler.draw_method,
-                        "deterministic": sampler.deterministic,
-                        "filter_impl": sampler.filter_impl},
+            **sampler_description(sampler),
             "inputs": {
                 "logits_family": self.logits, "params_family": self.params,
                 "vocab_size": self.vocab, "rows": self.rows, "steps": self.steps,

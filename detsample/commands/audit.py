@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from detsample.auditio import AuditInputError
+from detsample.commands._argtypes import positive_int
 
 
 def _fraction(text: str) -> float:
@@ -26,13 +27,6 @@ def _nonneg(text: str) -> float:
     return v
 
 
-def _workers(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return v
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "audit", help="audit engine vs trainer logprobs of RL rollouts (JSONL/NPZ/Parquet)",
@@ -44,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--report", metavar="DIR", help="write index.html, PNG plots and report.json")
     p.add_argument("--strict", action="store_true",
                    help="fail (exit 2) at the first bad sequence instead of excluding it")
-    p.add_argument("--workers", type=_workers, default=1, metavar="N",
+    p.add_argument("--workers", type=positive_int, default=1, metavar="N",
                    help="processes to shard the files over (same report for every N)")
     p.add_argument("--max-abs-diff", type=_nonneg, metavar="T",
                    help="gate: exit 1 when max |d| > T")

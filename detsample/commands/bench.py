@@ -5,12 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-
-def _positive(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return v
+from detsample.commands._argtypes import positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,12 +15,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Time Sampler.sample (deterministic and fast mode) against "
                                    "baselines; prints a markdown table of median ms.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--batch", type=_positive, nargs="+", default=[1, 8, 64], help="batch sizes")
-    p.add_argument("--vocab", type=_positive, nargs="+", default=[32000, 152064], help="vocab sizes")
+    p.add_argument("--batch", type=positive_int, nargs="+", default=[1, 8, 64], help="batch sizes")
+    p.add_argument("--vocab", type=positive_int, nargs="+", default=[32000, 152064], help="vocab sizes")
     p.add_argument("--config", nargs="+", default=list(CONFIGS), choices=list(CONFIGS),
                    metavar="NAME", help=f"sampling configs: {', '.join(CONFIGS)}")
-    p.add_argument("--repeat", type=_positive, default=7, help="timed repeats per path")
-    p.add_argument("--threads", type=_positive, default=2, help="torch intra-op threads")
+    p.add_argument("--repeat", type=positive_int, default=7, help="timed repeats per path")
+    p.add_argument("--threads", type=positive_int, default=2, help="torch intra-op threads")
     p.add_argument("--quick", action="store_true", help="B=8, V=32000, 3 repeats (overrides --batch/--vocab/--repeat)")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     p.set_defaults(func=run)
