@@ -350,6 +350,17 @@ class Sampler:
                 draw_ops.greedy_argmax(self._rows(prep.x, rows))
         return out
 
+    def _decide(self, prep: _Prepared, batch: SamplingBatch
+                ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Shared by :meth:`sample` and :meth:`compute_logprobs`: ``(valid (B,) bool,
+        greedy tokens (B,) int64, sampling rows)``; a sampling row is a non-greedy row
+        with an admissible token."""
+        valid = (prep.status & STATUS_NO_VALID_TOKEN) == 0
+        greedy_tok = self._greedy_tokens(prep, batch)
+        valid_l = valid.tolist()
+        sampling = [i for i, p in enumerate(batch.params) if not p.is_greedy and valid_l[i]]
+        return valid, greedy_tok, sampling
+
     # -- public API ------------------------------------------------------------------
     @torch.no_grad()  # not differentiable; logits may come from a training model
     def sample(self, logits: torch.Tensor, batch: SamplingBatch,
@@ -364,11 +375,8 @@ class Sampler:
         positions = self._check_ids("positions", positions, batch, vocab=False)
         prep = self._prepare(logits, batch)
         B = len(batch)
-        valid = (prep.status & STATUS_NO_VALID_TOKEN) == 0
-        greedy_tok = self._greedy_tokens(prep, batch)
+        valid, greedy_tok, sampling = self._decide(prep, batch)
         tokens = torch.where(batch.greedy, greedy_tok, torch.full_like(greedy_tok, -1))
-        valid_l = valid.tolist()
-        sampling = [i for i, p in enumerate(batch.params) if not p.is_greedy and valid_l[i]]
         if sampling:
             u = row_uniforms(batch.seeds, positions)
             drawn = self._analyse(prep, batch, sampling, u)
@@ -397,10 +405,7 @@ class Sampler:
         prep = self._prepare(logits, batch)
         if len(batch) == 0:
             return torch.empty((0,), dtype=torch.float32, device=batch.device)
-        valid = (prep.status & STATUS_NO_VALID_TOKEN) == 0
-        greedy_tok = self._greedy_tokens(prep, batch)
-        valid_l = valid.tolist()
-        sampling = [i for i, p in enumerate(batch.params) if not p.is_greedy and valid_l[i]]
+        valid, greedy_tok, sampling = self._decide(prep, batch)
         if "processed" in batch.flags.modes and sampling:
             self._analyse(prep, batch, sampling, None)
         return self._token_logprobs(prep, batch, token_ids.masked_fill(~valid, -1), greedy_tok)
