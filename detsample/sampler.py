@@ -271,15 +271,24 @@ class Sampler:
         if mode == "scaled":
             return lp_ops.log_softmax_rows(z)
         ri = torch.tensor(rows, dtype=torch.int64, device=z.device)
-        frac = filter_ops.frac_bits(batch.vocab_size)
+        ids = torch.arange(batch.vocab_size, device=z.device).unsqueeze(0)
+        return self._processed(prep, batch, ri, z, ids, greedy_tok)
+
+    def _processed(self, prep: _Prepared, batch: SamplingBatch, ri: torch.Tensor,
+                   z: torch.Tensor, ids: torch.Tensor, greedy_tok: torch.Tensor) -> torch.Tensor:
+        """The "processed" logprob of scaled logits ``z`` with token ids ``ids`` of rows
+        ``ri``: either (n,) picked tokens, or (n, V) full rows with ``ids`` (1, V).
+        Kept entries get the renormalised logprob of the draw, others -inf; a greedy row
+        is one-hot on its greedy token."""
         self._no_sampling_rows(prep, len(batch))
-        keep = (z >= prep.tau[ri].unsqueeze(1)) & (torch.exp(z) >= batch.min_ps[ri].unsqueeze(1))
-        lp = lp_ops.processed_logprob(z, prep.total[ri].clamp(min=1).unsqueeze(1), frac)
+        col = (lambda t: t.unsqueeze(1)) if z.dim() == 2 else (lambda t: t)  # noqa: E731
+        frac = filter_ops.frac_bits(batch.vocab_size)
+        keep = (z >= col(prep.tau[ri])) & (torch.exp(z) >= col(batch.min_ps[ri]))
+        lp = lp_ops.processed_logprob(z, col(prep.total[ri].clamp(min=1)), frac)
         lp = lp.masked_fill(~keep, float("-inf"))
-        greedy = batch.greedy[ri]
-        onehot = torch.full_like(lp, float("-inf"))
-        onehot.scatter_(1, greedy_tok[ri].unsqueeze(1), 0.0)
-        return torch.where(greedy.unsqueeze(1), onehot, lp)
+        onehot = torch.where(ids == col(greedy_tok[ri]), torch.zeros_like(lp),
+                             torch.full_like(lp, float("-inf")))
+        return torch.where(col(batch.greedy[ri]), onehot, lp)
 
     @staticmethod
     def _no_sampling_rows(prep: _Prepared, B: int) -> None:
@@ -294,7 +303,6 @@ class Sampler:
         B = len(batch)
         out = torch.full((B,), float("-inf"), dtype=torch.float32, device=tokens.device)
         safe = tokens.clamp(min=0)
-        frac = filter_ops.frac_bits(batch.vocab_size)
         for mode in sorted(batch.flags.modes):
             rows = batch.rows_with_mode(mode)
             ri = torch.tensor(rows, dtype=torch.int64, device=tokens.device)
@@ -305,13 +313,7 @@ class Sampler:
                 vals = lp_ops.gather_rows(lsm, safe[ri])
             else:
                 ztok = lp_ops.gather_rows(self._rows(self._scaled(prep, batch), rows), safe[ri])
-                self._no_sampling_rows(prep, B)
-                kept = (ztok >= prep.tau[ri]) & (torch.exp(ztok) >= batch.min_ps[ri])
-                lp = lp_ops.processed_logprob(ztok, prep.total[ri].clamp(min=1), frac)
-                lp = lp.masked_fill(~kept, float("-inf"))
-                onehot = torch.where(safe[ri] == greedy_tok[ri], torch.zeros_like(lp),
-                                     torch.full_like(lp, float("-inf")))
-                vals = torch.where(batch.greedy[ri], onehot, lp)
+                vals = self._processed(prep, batch, ri, ztok, safe[ri], greedy_tok)
             out[ri] = vals
         return out.masked_fill(tokens < 0, float("-inf"))
 
