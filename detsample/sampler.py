@@ -182,11 +182,12 @@ class Sampler:
         return prep.z
 
     @staticmethod
-    def _rows(z: torch.Tensor, idx: list[int]) -> torch.Tensor:
-        """z restricted to rows ``idx`` (z itself when idx is every row)."""
-        if idx == list(range(z.shape[0])):
+    def _rows(z: torch.Tensor, rows: list[int], ri: torch.Tensor) -> torch.Tensor:
+        """z restricted to ``rows`` (``ri``: the same rows as an int64 index tensor,
+        built once by the caller); z itself when rows is every row."""
+        if rows == list(range(z.shape[0])):
             return z
-        return z[torch.tensor(idx, dtype=torch.int64, device=z.device)]
+        return z[ri]
 
     def _route(self, batch: SamplingBatch, rows: list[int]) -> tuple[list[int], list[int], list[int], int]:
         """Split sampling rows into (bounded topk, full sort, no sort) groups.
@@ -226,7 +227,8 @@ class Sampler:
         cand, sort_rows, plain, k_max = self._route(batch, rows)
         if cand:
             ci = torch.tensor(cand, dtype=torch.int64, device=dev)
-            vals, ids, fits = filter_ops.topk_candidates(self._rows(z, cand), batch.top_ks[ci], k_max)
+            vals, ids, fits = filter_ops.topk_candidates(self._rows(z, cand, ci),
+                                                         batch.top_ks[ci], k_max)
             if not self.deterministic:  # fast mode: no fallback when ties spill past k_max
                 fits = torch.ones_like(fits)
             n = filter_ops.kept_prefix_length(vals, batch.top_ks[ci], batch.top_ps[ci],
@@ -245,12 +247,13 @@ class Sampler:
             sort_rows.sort()
             si = torch.tensor(sort_rows, dtype=torch.int64, device=dev)
             tau[si] = filter_ops.thresholds_by_sort(
-                self._rows(z, sort_rows), batch.top_ks[si], batch.top_ps[si], batch.min_ps[si], frac)
+                self._rows(z, sort_rows, si), batch.top_ks[si], batch.top_ps[si],
+                batch.min_ps[si], frac)
             plain.extend(sort_rows)
         if plain:
             plain.sort()
             fi = torch.tensor(plain, dtype=torch.int64, device=dev)
-            zf = self._rows(z, plain)
+            zf = self._rows(z, plain, fi)
             w_buf, q_buf = self._buf("w", zf), self._buf("q", zf, torch.int64)
             if u is not None:
                 tokens[fi], total[fi] = draw_ops.draw_full(
@@ -263,14 +266,13 @@ class Sampler:
 
     # -- step 10 ---------------------------------------------------------------------
     def _mode_rows(self, prep: _Prepared, batch: SamplingBatch, mode: str,
-                   rows: list[int], greedy_tok: torch.Tensor) -> torch.Tensor:
-        """(len(rows), V) float32 logprobs of ``rows`` in ``mode`` (full rows)."""
+                   rows: list[int], ri: torch.Tensor, greedy_tok: torch.Tensor) -> torch.Tensor:
+        """(len(rows), V) float32 logprobs of ``rows`` (index ``ri``) in ``mode``."""
         if mode == "raw":
-            return lp_ops.log_softmax_rows(self._rows(prep.raw, rows))
-        z = self._rows(self._scaled(prep, batch), rows)
+            return lp_ops.log_softmax_rows(self._rows(prep.raw, rows, ri))
+        z = self._rows(self._scaled(prep, batch), rows, ri)
         if mode == "scaled":
             return lp_ops.log_softmax_rows(z)
-        ri = torch.tensor(rows, dtype=torch.int64, device=z.device)
         ids = torch.arange(batch.vocab_size, device=z.device).unsqueeze(0)
         return self._processed(prep, batch, ri, z, ids, greedy_tok)
 
@@ -308,11 +310,11 @@ class Sampler:
             ri = torch.tensor(rows, dtype=torch.int64, device=tokens.device)
             if mode in ("raw", "scaled"):
                 src = prep.raw if mode == "raw" else self._scaled(prep, batch)
-                sub = self._rows(src, rows)
+                sub = self._rows(src, rows, ri)
                 lsm = torch.log_softmax(sub, dim=-1, out=self._buf("lsm", sub))
                 vals = lp_ops.gather_rows(lsm, safe[ri])
             else:
-                ztok = lp_ops.gather_rows(self._rows(self._scaled(prep, batch), rows), safe[ri])
+                ztok = lp_ops.gather_rows(self._rows(self._scaled(prep, batch), rows, ri), safe[ri])
                 vals = self._processed(prep, batch, ri, ztok, safe[ri], greedy_tok)
             out[ri] = vals
         return out.masked_fill(tokens < 0, float("-inf"))
@@ -333,11 +335,11 @@ class Sampler:
             if not rows:
                 continue
             ri = torch.tensor(rows, dtype=torch.int64, device=dev)
-            v, i = lp_ops.topn(self._mode_rows(prep, batch, mode, rows, greedy_tok), n)
+            v, i = lp_ops.topn(self._mode_rows(prep, batch, mode, rows, ri, greedy_tok), n)
             vals[ri] = v
             ids[ri] = i
-        want = torch.tensor([p.logprobs for p in params], dtype=torch.int64, device=dev)
-        want = want * torch.tensor(live, dtype=torch.int64, device=dev)  # dead rows: none
+        want = torch.tensor([p.logprobs if ok else 0 for p, ok in zip(params, live)],
+                            dtype=torch.int64, device=dev)  # dead rows: none
         beyond = torch.arange(n, device=dev).unsqueeze(0) >= want.unsqueeze(1)
         return vals.masked_fill(beyond, float("-inf")), ids.masked_fill(beyond, -1)
 
@@ -348,8 +350,8 @@ class Sampler:
         rows = list(range(B)) if need_all else [i for i, p in enumerate(batch.params) if p.is_greedy]
         out = torch.full((B,), -1, dtype=torch.int64, device=batch.device)
         if rows:
-            out[torch.tensor(rows, dtype=torch.int64, device=batch.device)] = \
-                draw_ops.greedy_argmax(self._rows(prep.x, rows))
+            gi = torch.tensor(rows, dtype=torch.int64, device=batch.device)
+            out[gi] = draw_ops.greedy_argmax(self._rows(prep.x, rows, gi))
         return out
 
     def _decide(self, prep: _Prepared, batch: SamplingBatch
