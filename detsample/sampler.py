@@ -66,7 +66,7 @@ class _Prepared:
     x: torch.Tensor        # (B, V) after steps 1-5 (may alias ``raw``)
     status: torch.Tensor   # (B,) int32
     row_max: torch.Tensor  # (B, 1) float32 max of ``x``
-    z: torch.Tensor | None = None          # (B, V) scaled logits, rows in ``z_rows``
+    z: torch.Tensor | None = None          # (B, V) scaled logits, every row (set by _scaled)
     tau: torch.Tensor | None = None        # (B,) float32 kept threshold (sampling rows)
     total: torch.Tensor | None = None      # (B,) int64 kept mass (sampling rows)
 
