@@ -41,6 +41,11 @@ def validate_request(req: Request) -> None:
             f"{type(proc).__name__}")
 
 
+def min_tokens_stops(params, eos_token_ids) -> tuple[int, ...]:
+    """The ids min_new_tokens blocks: ``params.stop_token_ids`` and the EOS ids, sorted."""
+    return tuple(sorted(set(params.stop_token_ids) | set(eos_token_ids)))
+
+
 @dataclass(frozen=True)
 class Step3Rows:
     """Which rows need which constraint (recomputed when the batch composition changes)."""
@@ -58,7 +63,7 @@ def step3_rows(batch: "SamplingBatch") -> Step3Rows:
     mt, bw, sel, ar, ac = [], [], [], [], []
     for i, p in enumerate(batch.params):
         if p.min_new_tokens > 0:
-            stops = tuple(sorted(set(p.stop_token_ids) | set(batch.row_eos[i])))
+            stops = min_tokens_stops(p, batch.row_eos[i])
             if stops:
                 mt.append((i, p.min_new_tokens, stops))
         if p.allowed_token_ids is not None:
@@ -90,7 +95,8 @@ def banned_entries(batch: "SamplingBatch", rows: Step3Rows
     return stops, bad
 
 
-def _ban(x: torch.Tensor, pairs: list[tuple[int, int]]) -> None:
+def ban_pairs_(x: torch.Tensor, pairs: list[tuple[int, int]]) -> None:
+    """``x[r, c] = -inf`` in place for each ``(r, c)`` of ``pairs`` (a host list)."""
     if pairs:
         rc = torch.tensor(pairs, dtype=torch.int64, device=x.device)
         pen_ops.ban_tokens_(x, rc[:, 0], rc[:, 1])
@@ -117,8 +123,8 @@ def apply_step3(x: torch.Tensor, batch: "SamplingBatch",
     x = scratch().copy_(x) if scratch is not None else x.clone()
     if coo is not None:
         pen_ops.apply_penalties_coo_(x, *coo)
-    _ban(x, stops)
+    ban_pairs_(x, stops)
     if rows.allowed is not None:
         pen_ops.restrict_to_allowed_(x, *rows.allowed)
-    _ban(x, bad)
+    ban_pairs_(x, bad)
     return x

@@ -21,8 +21,8 @@ import torch
 
 from detsample.batch_update import AddedRequest
 from detsample.ops.bias import apply_logit_bias_
-from detsample.ops.penalties import ban_tokens_
 from detsample.ops.temperature import row_max, scale_logits
+from detsample.penalties import ban_pairs_, min_tokens_stops
 from detsample.processors import SlotProcessor
 
 
@@ -80,7 +80,7 @@ class MinTokensLogitsProcessor(SlotProcessor):
 
     def make_entry(self, added: AddedRequest):
         p = added.params
-        stops = tuple(sorted(set(p.stop_token_ids) | set(self.eos_token_ids)))
+        stops = min_tokens_stops(p, self.eos_token_ids)
         if p.min_new_tokens == 0 or not stops:
             return None
         return p.min_new_tokens, stops, added.output_ids_ref
@@ -88,9 +88,7 @@ class MinTokensLogitsProcessor(SlotProcessor):
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         pairs = [(i, t) for i, e in enumerate(self.slots)
                  if e is not None and len(e[2]) < e[0] for t in e[1]]
-        if pairs:
-            rc = torch.tensor(pairs, dtype=torch.int64, device=logits.device)
-            ban_tokens_(logits, rc[:, 0], rc[:, 1])
+        ban_pairs_(logits, pairs)
         return logits
 
 

@@ -66,7 +66,7 @@ class _Prepared:
     x: torch.Tensor        # (B, V) after steps 1-5 (may alias ``raw``)
     status: torch.Tensor   # (B,) int32
     row_max: torch.Tensor  # (B, 1) float32 max of ``x``
-    z: torch.Tensor | None = None          # (B, V) scaled logits, rows in ``z_rows``
+    z: torch.Tensor | None = None          # (B, V) scaled logits, every row (set by _scaled)
     tau: torch.Tensor | None = None        # (B,) float32 kept threshold (sampling rows)
     total: torch.Tensor | None = None      # (B,) int64 kept mass (sampling rows)
 
@@ -182,11 +182,12 @@ class Sampler:
         return prep.z
 
     @staticmethod
-    def _rows(z: torch.Tensor, idx: list[int]) -> torch.Tensor:
-        """z restricted to rows ``idx`` (z itself when idx is every row)."""
-        if idx == list(range(z.shape[0])):
+    def _rows(z: torch.Tensor, rows: list[int], ri: torch.Tensor) -> torch.Tensor:
+        """z restricted to ``rows`` (``ri``: the same rows as an int64 index tensor,
+        built once by the caller); z itself when rows is every row."""
+        if rows == list(range(z.shape[0])):
             return z
-        return z[torch.tensor(idx, dtype=torch.int64, device=z.device)]
+        return z[ri]
 
     def _route(self, batch: SamplingBatch, rows: list[int]) -> tuple[list[int], list[int], list[int], int]:
         """Split sampling rows into (bounded topk, full sort, no sort) groups.
@@ -226,7 +227,8 @@ class Sampler:
         cand, sort_rows, plain, k_max = self._route(batch, rows)
         if cand:
             ci = torch.tensor(cand, dtype=torch.int64, device=dev)
-            vals, ids, fits = filter_ops.topk_candidates(self._rows(z, cand), batch.top_ks[ci], k_max)
+            vals, ids, fits = filter_ops.topk_candidates(self._rows(z, cand, ci),
+                                                         batch.top_ks[ci], k_max)
             if not self.deterministic:  # fast mode: no fallback when ties spill past k_max
                 fits = torch.ones_like(fits)
             n = filter_ops.kept_prefix_length(vals, batch.top_ks[ci], batch.top_ps[ci],
@@ -245,12 +247,13 @@ class Sampler:
             sort_rows.sort()
             si = torch.tensor(sort_rows, dtype=torch.int64, device=dev)
             tau[si] = filter_ops.thresholds_by_sort(
-                self._rows(z, sort_rows), batch.top_ks[si], batch.top_ps[si], batch.min_ps[si], frac)
+                self._rows(z, sort_rows, si), batch.top_ks[si], batch.top_ps[si],
+                batch.min_ps[si], frac)
             plain.extend(sort_rows)
         if plain:
             plain.sort()
             fi = torch.tensor(plain, dtype=torch.int64, device=dev)
-            zf = self._rows(z, plain)
+            zf = self._rows(z, plain, fi)
             w_buf, q_buf = self._buf("w", zf), self._buf("q", zf, torch.int64)
             if u is not None:
                 tokens[fi], total[fi] = draw_ops.draw_full(
@@ -263,23 +266,31 @@ class Sampler:
 
     # -- step 10 ---------------------------------------------------------------------
     def _mode_rows(self, prep: _Prepared, batch: SamplingBatch, mode: str,
-                   rows: list[int], greedy_tok: torch.Tensor) -> torch.Tensor:
-        """(len(rows), V) float32 logprobs of ``rows`` in ``mode`` (full rows)."""
+                   rows: list[int], ri: torch.Tensor, greedy_tok: torch.Tensor) -> torch.Tensor:
+        """(len(rows), V) float32 logprobs of ``rows`` (index ``ri``) in ``mode``."""
         if mode == "raw":
-            return lp_ops.log_softmax_rows(self._rows(prep.raw, rows))
-        z = self._rows(self._scaled(prep, batch), rows)
+            return lp_ops.log_softmax_rows(self._rows(prep.raw, rows, ri))
+        z = self._rows(self._scaled(prep, batch), rows, ri)
         if mode == "scaled":
             return lp_ops.log_softmax_rows(z)
-        ri = torch.tensor(rows, dtype=torch.int64, device=z.device)
-        frac = filter_ops.frac_bits(batch.vocab_size)
+        ids = torch.arange(batch.vocab_size, device=z.device).unsqueeze(0)
+        return self._processed(prep, batch, ri, z, ids, greedy_tok)
+
+    def _processed(self, prep: _Prepared, batch: SamplingBatch, ri: torch.Tensor,
+                   z: torch.Tensor, ids: torch.Tensor, greedy_tok: torch.Tensor) -> torch.Tensor:
+        """The "processed" logprob of scaled logits ``z`` with token ids ``ids`` of rows
+        ``ri``: either (n,) picked tokens, or (n, V) full rows with ``ids`` (1, V).
+        Kept entries get the renormalised logprob of the draw, others -inf; a greedy row
+        is one-hot on its greedy token."""
         self._no_sampling_rows(prep, len(batch))
-        keep = (z >= prep.tau[ri].unsqueeze(1)) & (torch.exp(z) >= batch.min_ps[ri].unsqueeze(1))
-        lp = lp_ops.processed_logprob(z, prep.total[ri].clamp(min=1).unsqueeze(1), frac)
+        col = (lambda t: t.unsqueeze(1)) if z.dim() == 2 else (lambda t: t)  # noqa: E731
+        frac = filter_ops.frac_bits(batch.vocab_size)
+        keep = (z >= col(prep.tau[ri])) & (torch.exp(z) >= col(batch.min_ps[ri]))
+        lp = lp_ops.processed_logprob(z, col(prep.total[ri].clamp(min=1)), frac)
         lp = lp.masked_fill(~keep, float("-inf"))
-        greedy = batch.greedy[ri]
-        onehot = torch.full_like(lp, float("-inf"))
-        onehot.scatter_(1, greedy_tok[ri].unsqueeze(1), 0.0)
-        return torch.where(greedy.unsqueeze(1), onehot, lp)
+        onehot = torch.where(ids == col(greedy_tok[ri]), torch.zeros_like(lp),
+                             torch.full_like(lp, float("-inf")))
+        return torch.where(col(batch.greedy[ri]), onehot, lp)
 
     @staticmethod
     def _no_sampling_rows(prep: _Prepared, B: int) -> None:
@@ -294,24 +305,17 @@ class Sampler:
         B = len(batch)
         out = torch.full((B,), float("-inf"), dtype=torch.float32, device=tokens.device)
         safe = tokens.clamp(min=0)
-        frac = filter_ops.frac_bits(batch.vocab_size)
         for mode in sorted(batch.flags.modes):
             rows = batch.rows_with_mode(mode)
             ri = torch.tensor(rows, dtype=torch.int64, device=tokens.device)
             if mode in ("raw", "scaled"):
                 src = prep.raw if mode == "raw" else self._scaled(prep, batch)
-                sub = self._rows(src, rows)
+                sub = self._rows(src, rows, ri)
                 lsm = torch.log_softmax(sub, dim=-1, out=self._buf("lsm", sub))
                 vals = lp_ops.gather_rows(lsm, safe[ri])
             else:
-                ztok = lp_ops.gather_rows(self._rows(self._scaled(prep, batch), rows), safe[ri])
-                self._no_sampling_rows(prep, B)
-                kept = (ztok >= prep.tau[ri]) & (torch.exp(ztok) >= batch.min_ps[ri])
-                lp = lp_ops.processed_logprob(ztok, prep.total[ri].clamp(min=1), frac)
-                lp = lp.masked_fill(~kept, float("-inf"))
-                onehot = torch.where(safe[ri] == greedy_tok[ri], torch.zeros_like(lp),
-                                     torch.full_like(lp, float("-inf")))
-                vals = torch.where(batch.greedy[ri], onehot, lp)
+                ztok = lp_ops.gather_rows(self._rows(self._scaled(prep, batch), rows, ri), safe[ri])
+                vals = self._processed(prep, batch, ri, ztok, safe[ri], greedy_tok)
             out[ri] = vals
         return out.masked_fill(tokens < 0, float("-inf"))
 
@@ -331,11 +335,11 @@ class Sampler:
             if not rows:
                 continue
             ri = torch.tensor(rows, dtype=torch.int64, device=dev)
-            v, i = lp_ops.topn(self._mode_rows(prep, batch, mode, rows, greedy_tok), n)
+            v, i = lp_ops.topn(self._mode_rows(prep, batch, mode, rows, ri, greedy_tok), n)
             vals[ri] = v
             ids[ri] = i
-        want = torch.tensor([p.logprobs for p in params], dtype=torch.int64, device=dev)
-        want = want * torch.tensor(live, dtype=torch.int64, device=dev)  # dead rows: none
+        want = torch.tensor([p.logprobs if ok else 0 for p, ok in zip(params, live)],
+                            dtype=torch.int64, device=dev)  # dead rows: none
         beyond = torch.arange(n, device=dev).unsqueeze(0) >= want.unsqueeze(1)
         return vals.masked_fill(beyond, float("-inf")), ids.masked_fill(beyond, -1)
 
@@ -346,9 +350,20 @@ class Sampler:
         rows = list(range(B)) if need_all else [i for i, p in enumerate(batch.params) if p.is_greedy]
         out = torch.full((B,), -1, dtype=torch.int64, device=batch.device)
         if rows:
-            out[torch.tensor(rows, dtype=torch.int64, device=batch.device)] = \
-                draw_ops.greedy_argmax(self._rows(prep.x, rows))
+            gi = torch.tensor(rows, dtype=torch.int64, device=batch.device)
+            out[gi] = draw_ops.greedy_argmax(self._rows(prep.x, rows, gi))
         return out
+
+    def _decide(self, prep: _Prepared, batch: SamplingBatch
+                ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Shared by :meth:`sample` and :meth:`compute_logprobs`: ``(valid (B,) bool,
+        greedy tokens (B,) int64, sampling rows)``; a sampling row is a non-greedy row
+        with an admissible token."""
+        valid = (prep.status & STATUS_NO_VALID_TOKEN) == 0
+        greedy_tok = self._greedy_tokens(prep, batch)
+        valid_l = valid.tolist()
+        sampling = [i for i, p in enumerate(batch.params) if not p.is_greedy and valid_l[i]]
+        return valid, greedy_tok, sampling
 
     # -- public API ------------------------------------------------------------------
     @torch.no_grad()  # not differentiable; logits may come from a training model
@@ -364,11 +379,8 @@ class Sampler:
         positions = self._check_ids("positions", positions, batch, vocab=False)
         prep = self._prepare(logits, batch)
         B = len(batch)
-        valid = (prep.status & STATUS_NO_VALID_TOKEN) == 0
-        greedy_tok = self._greedy_tokens(prep, batch)
+        valid, greedy_tok, sampling = self._decide(prep, batch)
         tokens = torch.where(batch.greedy, greedy_tok, torch.full_like(greedy_tok, -1))
-        valid_l = valid.tolist()
-        sampling = [i for i, p in enumerate(batch.params) if not p.is_greedy and valid_l[i]]
         if sampling:
             u = row_uniforms(batch.seeds, positions)
             drawn = self._analyse(prep, batch, sampling, u)
@@ -397,10 +409,7 @@ class Sampler:
         prep = self._prepare(logits, batch)
         if len(batch) == 0:
             return torch.empty((0,), dtype=torch.float32, device=batch.device)
-        valid = (prep.status & STATUS_NO_VALID_TOKEN) == 0
-        greedy_tok = self._greedy_tokens(prep, batch)
-        valid_l = valid.tolist()
-        sampling = [i for i, p in enumerate(batch.params) if not p.is_greedy and valid_l[i]]
+        valid, greedy_tok, sampling = self._decide(prep, batch)
         if "processed" in batch.flags.modes and sampling:
             self._analyse(prep, batch, sampling, None)
         return self._token_logprobs(prep, batch, token_ids.masked_fill(~valid, -1), greedy_tok)
