@@ -1,6 +1,6 @@
 """detsample: a bitwise-reproducible batched LLM sampler and its reproducibility harness.
 
-Public API (a contract, see DESIGN.md)::
+Public API (a contract: docs/sampling.md and docs/architecture.md)::
 
     from detsample import SamplingParams, Request, SamplingBatch, Sampler, SampleOutput
 """
@@ -9,9 +9,9 @@ from detsample.batch import SamplingBatch
 from detsample.errors import DetsampleError, GrammarError, InvalidSamplingParams
 from detsample.params import Request, SamplingParams
 from detsample.sampler import SampleOutput, Sampler
+from detsample.version import __version__
 from detsample.vocab import Vocabulary
 
-__version__ = "0.1.0"
 
 __all__ = [
     "DetsampleError",

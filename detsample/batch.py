@@ -32,12 +32,12 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from detsample import penalties as step3  # issue 3: penalties, constraints
-from detsample.batch_update import BatchUpdate, diff_update  # issue 3: processors
+from detsample.processors import penalties as step3  # penalties, constraints
+from detsample.processors.batch_update import BatchUpdate, diff_update  # processors
 from detsample.errors import InvalidSamplingParams
-from detsample.grammar import batching as grammar_hooks  # issue 4: grammar rows
+from detsample.grammar import batching as grammar_hooks  # grammar rows
 from detsample.params import Request, SamplingParams, _normalise_ids
-from detsample.penalty_state import PenaltyState  # issue 3
+from detsample.processors.penalty_state import PenaltyState
 
 FINISH_NO_VALID_TOKEN = "no_valid_token"
 
@@ -90,7 +90,7 @@ def validate_request(req: Request, vocab_size: int) -> None:
     """Every check of a request done at batch build: token ids inside the vocabulary;
     temperature and logit_bias values must survive the float32 rounding of the sampler
     (1e-50 would become a temperature of 0, a bias of 1e39 an infinity); and the
-    penalty / processor rules of :func:`detsample.penalties.validate_request` (so that
+    penalty / processor rules of :func:`detsample.processors.penalties.validate_request` (so that
     an engine validating up front rejects what the batch build would)."""
     p = req.params
     if not p.is_greedy:  # a greedy row (top_k=1) never divides by its temperature
@@ -109,7 +109,7 @@ def validate_request(req: Request, vocab_size: int) -> None:
     if p.logprobs > vocab_size:
         _fail(f"request {req.rid!r}: logprobs must be <= vocab_size ({vocab_size}), "
               f"got {p.logprobs}")
-    step3.validate_request(req)  # issue 3
+    step3.validate_request(req)
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class SamplingBatch:
         self.requests: list[Request] = []
         self.output_ids: list[list[int]] = []
         self.finished: list[str | None] = []
-        self.grammars: list = []  # issue 4: RequestGrammar | None per row
+        self.grammars: list = []  # RequestGrammar | None per row
         self.temperatures = torch.empty((0, 1), dtype=torch.float32, device=device)
         self.top_ks = torch.empty((0,), dtype=torch.int32, device=device)
         self.top_ps = torch.empty((0,), dtype=torch.float64, device=device)
@@ -146,7 +146,7 @@ class SamplingBatch:
         self.greedy = torch.empty((0,), dtype=torch.bool, device=device)
         self._coo: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._flags: BatchFlags | None = None
-        # -- issue 3: penalty counts (None unless a row has a penalty), step-3 row
+        # -- penalty counts (None unless a row has a penalty), step-3 row
         # cache, and stable row identities from which processors' BatchUpdates derive.
         self.penalties: PenaltyState | None = None
         self._step3: step3.Step3Rows | None = None
@@ -208,7 +208,7 @@ class SamplingBatch:
     _ROW_TENSORS = ("temperatures", "top_ks", "top_ps", "min_ps", "seeds", "greedy")
 
     def _append_rows(self, reqs: list[Request]) -> None:
-        grammars = grammar_hooks.build_row_grammars(reqs, self.vocab)  # issue 4 (may raise)
+        grammars = grammar_hooks.build_row_grammars(reqs, self.vocab)  # may raise
         new = self._row_tensors([r.params for r in reqs])
         for name in self._ROW_TENSORS:
             setattr(self, name, torch.cat([getattr(self, name), new[name]], dim=0))
@@ -218,12 +218,12 @@ class SamplingBatch:
         self.finished.extend(None for _ in reqs)
         self.row_eos.extend(self.eos_token_ids for _ in reqs)
         self.penalties = PenaltyState.extend(self.penalties, n_before, reqs,
-                                             self.output_ids[n_before:])  # issue 3
-        self._new_uids(len(reqs))  # issue 3
-        self.grammars.extend(grammars)  # issue 4
+                                             self.output_ids[n_before:])
+        self._new_uids(len(reqs))
+        self.grammars.extend(grammars)
         self._changed()
 
-    # -- issue 3 hooks ---------------------------------------------------------------
+    # -- processor and penalty hooks ---------------------------------------------------------------
     def _new_uids(self, n: int) -> None:
         self.row_uids.extend(range(self._next_uid, self._next_uid + n))
         self._next_uid += n
@@ -243,7 +243,7 @@ class SamplingBatch:
     def _changed(self) -> None:
         self._coo = None
         self._flags = None
-        self._step3 = None  # issue 3
+        self._step3 = None
 
     # -- batch composition -----------------------------------------------------------
     def __len__(self) -> int:
@@ -265,7 +265,7 @@ class SamplingBatch:
             _fail(f"filter indices must be distinct, got {idx}")
         if idx == list(range(B)):
             return None
-        old_uids = self.row_uids  # issue 3
+        old_uids = self.row_uids
         self.row_uids = [old_uids[i] for i in idx]
         self.penalties = PenaltyState.filter(self.penalties, idx)
         sel = torch.tensor(idx, dtype=torch.int64, device=self.device)
@@ -275,9 +275,9 @@ class SamplingBatch:
         self.output_ids = [self.output_ids[i] for i in idx]
         self.finished = [self.finished[i] for i in idx]
         self.row_eos = [self.row_eos[i] for i in idx]
-        self.grammars = [self.grammars[i] for i in idx]  # issue 4
+        self.grammars = [self.grammars[i] for i in idx]
         self._changed()
-        return self.update_since(old_uids)  # issue 3
+        return self.update_since(old_uids)
 
     def merge(self, other: "SamplingBatch") -> BatchUpdate | None:
         """Append ``other``'s rows after this batch's rows (in place).
@@ -292,12 +292,12 @@ class SamplingBatch:
             _fail(f"merge: device differs ({self.device} vs {other.device})")
         if other is self:
             _fail("merge: a batch cannot be merged with itself")
-        vocab = grammar_hooks.merged_vocab(self, other)  # issue 4: checked before any change
-        grammars = [g.fork() if g is not None else None  # issue 4: never shared
+        vocab = grammar_hooks.merged_vocab(self, other)  # checked before any change
+        grammars = [g.fork() if g is not None else None  # never shared
                     for g in other.grammars]
         for name in self._ROW_TENSORS:
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)], 0))
-        old_uids = list(self.row_uids)  # issue 3
+        old_uids = list(self.row_uids)
         self.penalties = PenaltyState.merge(self.penalties, len(self), other.penalties,
                                             len(other))
         self._new_uids(len(other))
@@ -305,10 +305,10 @@ class SamplingBatch:
         self.output_ids.extend(list(o) for o in other.output_ids)
         self.finished.extend(other.finished)
         self.row_eos.extend(other.row_eos)
-        self.vocab = vocab  # issue 4
-        self.grammars.extend(grammars)  # issue 4
+        self.vocab = vocab
+        self.grammars.extend(grammars)
         self._changed()
-        return self.update_since(old_uids)  # issue 3
+        return self.update_since(old_uids)
 
     def advance(self, token_ids: torch.Tensor | Sequence[int]) -> None:
         """Record each row's sampled token (penalty counts, min_new_tokens, grammar).
@@ -328,9 +328,9 @@ class SamplingBatch:
                 self.finished[i] = FINISH_NO_VALID_TOKEN
                 continue
             self.output_ids[i].append(t)
-        if self.penalties is not None:  # issue 3
+        if self.penalties is not None:
             self.penalties.advance(toks)
-        grammar_hooks.advance_grammars(self, toks)  # issue 4: after every row is recorded
+        grammar_hooks.advance_grammars(self, toks)  # after every row is recorded
 
     # -- derived views ---------------------------------------------------------------
     @property

@@ -101,7 +101,7 @@ def _normalise_ids(name: str, ids: Any) -> tuple[int, ...]:
 class SamplingParams:
     """Sampling parameters of one request (frozen, validated at construction).
 
-    Field semantics follow DESIGN.md; ``docs/sampling.md`` gives each formula.
+    ``docs/sampling.md`` gives each field's semantics and formula.
     ``top_k=-1`` and ``top_p=1.0`` and ``min_p=0.0`` disable the filter;
     ``temperature=0`` (or ``top_k=1``) is greedy.
     """
@@ -123,7 +123,7 @@ class SamplingParams:
     regex: str | None = None
     ebnf: str | None = None
     structural_tag: Any = None
-    # Extensions beyond the DESIGN.md list (documented in docs/sampling.md).
+    # Extensions beyond the core list (documented in docs/sampling.md).
     max_new_tokens: int | None = None
     allowed_token_ids: tuple[int, ...] | None = None
     bad_words: tuple[tuple[int, ...], ...] = ()

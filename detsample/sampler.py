@@ -1,4 +1,4 @@
-"""The Sampler: composes the pure ops of :mod:`detsample.ops` in DESIGN.md's order.
+"""The Sampler: composes the pure ops of :mod:`detsample.ops` in the pipeline order of docs/sampling.md.
 
 1. user logits processors  2. non-finite sanitising  3. penalties  4. grammar mask
 5. logit_bias  6. greedy rows  7. temperature  8. top-k, top-p, min-p
@@ -23,16 +23,16 @@ import torch
 
 from detsample.batch import SamplingBatch
 from detsample.errors import InvalidSamplingParams
-from detsample.grammar import batching as grammar_hooks  # issue 4
-from detsample.grammar.masker import GrammarMasker  # issue 4
+from detsample.grammar import batching as grammar_hooks
+from detsample.grammar.masker import GrammarMasker
 from detsample.ops import draw as draw_ops
 from detsample.ops import filters as filter_ops
 from detsample.ops import logprobs as lp_ops
 from detsample.ops.bias import apply_logit_bias_
 from detsample.ops.sanitize import STATUS_NO_VALID_TOKEN, sanitize_rows
 from detsample.ops.temperature import scale_logits
-from detsample.penalties import apply_step3  # issue 3
-from detsample.processors import ProcessorRunner  # issue 3
+from detsample.processors.penalties import apply_step3
+from detsample.processors.base import ProcessorRunner
 from detsample.rng import RNG_NAME, row_uniforms
 from detsample.workspace import Workspace
 
@@ -93,12 +93,12 @@ class Sampler:
         self.filter_impl = filter_impl
         self.processors = tuple(processors)
         self._ws = Workspace()
-        self._runner = ProcessorRunner(self.processors)  # issue 3: step 1
-        self.grammar_masker = GrammarMasker()  # issue 4: one reused bitmask buffer
+        self._runner = ProcessorRunner(self.processors)  # step 1
+        self.grammar_masker = GrammarMasker()  # one reused bitmask buffer
 
     def validate_request(self, request) -> None:
         """Admission check against the registered processors' ``validate_params``
-        (issue 3); raises InvalidSamplingParams naming the request and the field."""
+       ; raises InvalidSamplingParams naming the request and the field."""
         self._runner.validate(request.rid, request.params)
 
     # -- input checks ----------------------------------------------------------------
@@ -144,7 +144,7 @@ class Sampler:
     # -- pipeline steps 1-5 ----------------------------------------------------------
     def _prepare(self, logits: torch.Tensor, batch: SamplingBatch) -> _Prepared:
         self._check_logits(logits, batch)
-        x = self._runner.run(logits, batch)  # step 1 (issue 3: detsample.processors)
+        x = self._runner.run(logits, batch)  # step 1 (detsample.processors.base)
         raw, status, m = sanitize_rows(logits)  # step 2 ("raw" = sanitised model logits)
         if x is logits:
             x = raw
@@ -155,8 +155,8 @@ class Sampler:
         # Steps 3-5 never write into ``after_step2`` (it may alias the caller's logits):
         # a step that changes logits works on a copy, so ``x is after_step2`` means
         # "unchanged" and the row maxima of step 2 still hold.
-        x = apply_step3(x, batch, lambda: self._buf("step3", x))  # step 3 (issue 3)
-        x, status = grammar_hooks.grammar_step(  # step 4: grammar mask (issue 4)
+        x = apply_step3(x, batch, lambda: self._buf("step3", x))  # step 3
+        x, status = grammar_hooks.grammar_step(  # step 4: grammar mask
             self.grammar_masker, batch, x, status, lambda: self._buf("mask", x))
         coo = batch.logit_bias_coo()  # step 5
         if coo is not None:

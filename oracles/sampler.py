@@ -1,6 +1,6 @@
 """The whole deterministic sampler, end to end, in float64 numpy with per-row loops.
 
-This is the readable specification of detsample's pipeline (DESIGN.md steps 2, 5-10;
+This is the readable specification of detsample's pipeline (docs/sampling.md steps 2, 5-10;
 penalties, processors and grammar masks have their own oracles). It never imports
 torch. Integer outcomes (kept sets, greedy ids, seeded draws) must match the library
 exactly away from near-ties; each row reports ``margin``, the smallest relative

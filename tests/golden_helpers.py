@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from detsample.goldenfmt import ScenarioOutput
+from detsample.golden.format import ScenarioOutput
 
 
 def make(bits, tokens=None, rids=None, positions=None, meta=None) -> ScenarioOutput:

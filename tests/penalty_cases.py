@@ -1,4 +1,4 @@
-"""Shared builders for the issue-3 tests: random requests using penalties, token
+"""Shared builders for the penalty and constraint tests: random requests using penalties, token
 constraints and processors, and deterministic per-(request, step) logits."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from hypothesis import strategies as st
 
 from detsample import Request, SamplingParams
-from detsample.processors import SlotProcessor
+from detsample.processors.base import SlotProcessor
 
 V = 40
 EOS = (0,)

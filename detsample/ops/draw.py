@@ -1,6 +1,6 @@
 """Pipeline steps 6 and 9: greedy argmax and the seeded draw.
 
-The draw is the exact inverse-CDF method of DESIGN.md step 9, one uniform per row:
+The draw is the exact inverse-CDF method of docs/sampling.md step 9, one uniform per row:
 over the kept tokens **in token-id order**, with exact fixed-point masses ``q`` (see
 :mod:`detsample.ops.filters`), ``Q = sum q``, ``t = floor(u * float64(Q))`` (at most
 ``Q - 1``) and the chosen token is the first id whose running sum of ``q`` exceeds ``t``.

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from detsample.audit import audit
-from detsample.auditsynth import synth_rollouts, write_jsonl, write_npz, write_parquet
+from detsample.audit.synth import synth_rollouts, write_jsonl, write_npz, write_parquet
 
 FORMATS = [("npz", write_npz), ("parquet", write_parquet), ("jsonl", write_jsonl)]
 MISMATCH_RATES = [0.0, 0.3, 1.0]

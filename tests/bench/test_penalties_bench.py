@@ -1,4 +1,4 @@
-"""Opt-in benchmark of penalties (issue 3): ``pytest tests/bench -m bench
+"""Opt-in benchmark of penalties: ``pytest tests/bench -m bench
 --benchmark-enable -k penalties``; ``python -m tests.bench.test_penalties_bench`` prints
 the markdown table of docs/perf/penalties.md.
 
@@ -14,10 +14,10 @@ import time
 import pytest
 import torch
 
-from detsample import benchmark as bm
+from detsample.benchmarks import sampler as bm
 from detsample import Request, Sampler, SamplingBatch, SamplingParams
 from detsample.ops import penalties as pen_ops
-from detsample.penalties import apply_step3
+from detsample.processors.penalties import apply_step3
 
 B, V, PROMPT, OUTPUT = 64, 152064, 512, 256
 PEN = dict(frequency_penalty=0.5, presence_penalty=0.3, repetition_penalty=1.2)

@@ -2,8 +2,7 @@
 
 import pytest
 
-from detsample import benchmark as bm
-
+from detsample.benchmarks import sampler as bm
 CASES = [bm.Case(B, V, cfg) for V in (32000, 152064) for B in (1, 8, 64)
          for cfg in bm.CONFIGS]
 

@@ -4,7 +4,6 @@ import concurrent.futures as cf
 import re
 
 import pytest
-import torch
 
 from detsample import GrammarError, Vocabulary
 from detsample.grammar import RequestGrammar

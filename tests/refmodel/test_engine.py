@@ -17,13 +17,11 @@ import re
 import pytest
 import torch
 
-from detsample.processors import LogitsProcessor
+from detsample.processors.base import LogitsProcessor
 from detsample.vocab import Vocabulary
 from hypothesis import given, settings, strategies as st
 
 from detsample import InvalidSamplingParams, Request, Sampler, SamplingParams
-from detsample.processors import LogitsProcessor
-from detsample.vocab import Vocabulary
 from detsample.refmodel import RefModel, RefModelConfig
 from detsample.refmodel.engine import Engine, EngineConfig, RequestResult, rescore, with_mode
 from detsample.refmodel.schedule import Schedule

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from detsample.refmodel import KVCache, RefModel, RefModelConfig, RefModelError
-from detsample.refmodel.checks import schedule_logits
+from detsample.checks.refmodel import schedule_logits
 
 V = RefModelConfig().vocab_size
 

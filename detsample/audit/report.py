@@ -1,0 +1,193 @@
+"""Human-facing audit output: the terminal summary table, an HTML page and PNG plots.
+
+Everything here reads the report dict of :func:`detsample.audit.audit` only. Plots use
+matplotlib's object API with the Agg canvas (no pyplot, no global backend switch), so
+importing or calling this module never changes the process's matplotlib state.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+
+from detsample.audit.metrics import QUANTILE_KEYS
+
+PLOTS = ("abs_diff_histogram.png", "diff_by_position.png", "diff_by_probability.png")
+
+
+def _fmt(v: object) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.4f} %"
+
+
+def summary_rows(report: dict) -> list[tuple[str, str]]:
+    """(label, value) rows of the summary table."""
+    r = report
+    ir = r["importance_ratio"]
+    sq = r["sequence"]
+    fd = sq["first_divergence"]
+    rows = [
+        ("sequences", f"{r['sequences']} audited, {r['excluded_sequences']} excluded "
+                      f"(of {r['sequences_seen']})"),
+        ("tokens", f"{r['tokens']} audited, {r['unmasked_tokens']} masked out"),
+        ("exact_match_fraction", f"{_pct(r['exact_match_fraction'])} "
+                                 f"({r['exact_matches']} / {r['tokens']})"),
+    ]
+    rows += [(f"mismatch |d| > {k}", f"{_pct(v)} ({r['mismatch_count'][k]})")
+             for k, v in r["mismatch_fraction"].items()]
+    rows += [
+        ("|d| mean / std / max", " / ".join(_fmt(r[k]) for k in
+                                            ("mean_abs_diff", "std_abs_diff", "max_abs_diff"))),
+        ("|d| " + " / ".join(QUANTILE_KEYS),
+         " / ".join(_fmt(r["abs_diff_quantiles"][k]) for k in QUANTILE_KEYS)),
+        ("d mean / min / max", " / ".join(_fmt(r[k]) for k in ("mean_diff", "min_diff", "max_diff"))),
+        ("KL k1 / k2 / k3 (mean)", " / ".join(_fmt(r[k]) for k in
+                                              ("k1_kl_mean", "k2_kl_mean", "k3_kl_mean"))),
+        ("ratio mean / std / min / max", " / ".join(_fmt(ir[k]) for k in
+                                                    ("mean", "std", "min", "max"))),
+        ("ratio ESS (fraction) / chi2", f"{_fmt(ir['ess'])} ({_fmt(ir['ess_fraction'])}) / "
+                                        f"{_fmt(ir['chi2'])}"),
+        ("sequences with a mismatch", f"{sq['sequences_with_mismatch']} "
+                                      f"({_pct(sq['mismatch_fraction'])})"),
+        ("seq sum d mean / |.| mean / |.| max", " / ".join(_fmt(sq[k]) for k in
+                                                         ("sum_diff_mean", "sum_diff_abs_mean",
+                                                          "sum_diff_abs_max"))),
+        ("seq log-ppl diff mean / |.| max", f"{_fmt(sq['log_ppl_diff_mean'])} / "
+                                            f"{_fmt(sq['log_ppl_diff_abs_max'])}"),
+        ("first divergence min / p50 / mean / max", " / ".join(_fmt(fd[k]) for k in
+                                                              ("min", "p50", "mean", "max"))),
+    ]
+    return rows
+
+
+def format_summary(report: dict, max_issues: int = 10) -> str:
+    """The terminal summary: a two-column table, then the first excluded sequences."""
+    rows = summary_rows(report)
+    width = max(len(k) for k, _ in rows)
+    lines = ["detsample audit: " + ", ".join(report["sources"] or ["<records>"])]
+    lines += [f"  {k:<{width}}  {v}" for k, v in rows]
+    if report["excluded_sequences"]:
+        kinds = ", ".join(f"{k}: {v}" for k, v in report["excluded_by_kind"].items())
+        lines.append(f"excluded sequences ({kinds}):")
+        for it in report["issues"][:max_issues]:
+            loc = f"line {it['line']}" if "line" in it else f"row {it['row']}"
+            lines.append(f"  {it['source']}:{loc}: {it['field']}: {it['message']}")
+        more = report["excluded_sequences"] - min(max_issues, len(report["issues"]))
+        if more > 0:
+            lines.append(f"  ... and {more} more (see the JSON report)")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------ plots
+
+
+def _figure():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _bucket_plot(rows: list[dict], title: str, xlabel: str, path: str) -> None:
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    labels = [r["bucket"] for r in rows]
+    x = list(range(len(rows)))
+    ax.plot(x, [r["mean_abs_diff"] for r in rows], "o-", label="mean |d|")
+    ax.plot(x, [r["max_abs_diff"] for r in rows], "s--", label="max |d|")
+    ax.plot(x, [abs(r["mean_diff"]) for r in rows], "^:", label="|mean d|")
+    ax.set_yscale("symlog", linthresh=1e-9)
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=7)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("d = trainer - engine (nats)")
+    ax2 = ax.twinx()
+    ax2.bar(x, [r["mismatch_fraction"] for r in rows], alpha=0.2, color="gray",
+            label="mismatch fraction")
+    ax2.set_ylim(0, 1)
+    ax2.set_ylabel("fraction of tokens with d != 0")
+    ax.set_title(title)
+    ax.legend(loc="upper left", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def write_plots(report: dict, out_dir: str) -> list[str]:
+    """Write the three PNG plots; returns their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [os.path.join(out_dir, p) for p in PLOTS]
+    h = report["abs_diff_histogram"]
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    edges = h["edges"]
+    ax.bar(edges[:-1], h["counts"], width=[b - a for a, b in zip(edges[:-1], edges[1:])],
+           align="edge", edgecolor="black")
+    ax.set_xscale("log")
+    ax.set_xlabel("|d| = |trainer - engine| (nats)")
+    ax.set_ylabel("tokens")
+    ax.set_title(f"|d| histogram ({h['zero']} tokens with d == 0 not shown; "
+                 f"{h['below_first_edge']} below, {h['at_or_above_last_edge']} above range)",
+                 fontsize=8)
+    fig.tight_layout()
+    fig.savefig(paths[0])
+    _bucket_plot(report["by_position"], "d against response position", "position", paths[1])
+    _bucket_plot(report["by_probability"], "d against engine probability",
+                 "engine probability bucket", paths[2])
+    return paths
+
+
+# ------------------------------------------------------------------------------ HTML
+
+
+def _table(header: list[str], rows: list[list[object]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>"
+                   for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def write_report(report: dict, out_dir: str) -> str:
+    """Write ``index.html``, the plots and ``report.json`` into out_dir; returns the page."""
+    from detsample.audit import to_json
+
+    write_plots(report, out_dir)
+    with open(os.path.join(out_dir, "report.json"), "w") as f:
+        f.write(to_json(report))
+    bucket_cols = ["bucket", "tokens", "exact_match_fraction", "mismatch_fraction",
+                   "mean_abs_diff", "mean_diff", "max_abs_diff"]
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>detsample audit</title>",
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style></head><body>",
+        "<h1>detsample audit</h1>",
+        f"<p>{html.escape(', '.join(report['sources']) or '<records>')}</p>",
+        "<h2>Summary</h2>", _table(["metric", "value"], [list(r) for r in summary_rows(report)]),
+        "<h2>|d| histogram</h2><img src='abs_diff_histogram.png'>",
+        "<h2>By response position</h2><img src='diff_by_position.png'>",
+        _table(bucket_cols, [[r[c] for c in bucket_cols] for r in report["by_position"]]),
+        "<h2>By engine probability</h2><img src='diff_by_probability.png'>",
+        _table(bucket_cols, [[r[c] for c in bucket_cols] for r in report["by_probability"]]),
+        "<h2>Worst sequences</h2>",
+        _table(["source", "location", "id", "max_abs_diff", "sum_diff", "first_divergence"],
+               [[w["source"], w.get("line", w.get("row")), w["id"], w["max_abs_diff"],
+                 w["sum_diff"], w["first_divergence"]] for w in report["worst_sequences"]]),
+        f"<h2>Excluded sequences ({report['excluded_sequences']})</h2>",
+        _table(["source", "location", "field", "kind", "message"],
+               [[i["source"], i.get("line", i.get("row")), i["field"], i["kind"], i["message"]]
+                for i in report["issues"]]),
+        "<p>Metric definitions: docs/audit.md. Full data: <a href='report.json'>report.json</a>"
+        "</p></body></html>",
+    ]
+    page = os.path.join(out_dir, "index.html")
+    with open(page, "w") as f:
+        f.write("\n".join(parts) + "\n")
+    return page

@@ -1,0 +1,70 @@
+"""Rescoring with the reference model: the trainer side of the audit loop.
+
+``RefModelRescorer()(prompt_ids, response_ids)`` returns the logprobs of
+``response_ids`` after ``prompt_ids`` computed by ONE prefill of the reference model
+(:func:`detsample.refmodel.engine.rescore`), i.e. what a trainer recomputes. The
+engine's sampling-time logprobs equal these bitwise (the prefill/decode alignment
+guarantee), so ``detsample rollout`` -> ``detsample audit --rescore refmodel`` audits to
+``exact_match_fraction == 1.0``.
+
+The object is picklable and builds the model lazily, so ``--workers`` can use it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from detsample.audit.readers import AuditInputError
+
+
+def _refmodel():
+    try:
+        from detsample.refmodel import RefModel
+        from detsample.refmodel.engine import rescore
+    except ImportError as exc:  # the reference model is a separate component
+        raise AuditInputError(f"the reference model (detsample.refmodel) is not available: {exc}") from exc
+    return RefModel, rescore
+
+
+class RefModelRescorer:
+    """Callable ``(prompt_ids, response_ids) -> float32 logprobs [len(response_ids)]``.
+
+    model_path: a safetensors file written by ``RefModel.save`` (None = the default
+    model, ``RefModel()``). logprobs_mode: the mode the engine reported ("raw" by default:
+    log_softmax of the model's logits, independent of the sampling parameters).
+    """
+
+    def __init__(self, model_path: str | None = None, logprobs_mode: str = "raw") -> None:
+        if logprobs_mode != "raw":
+            raise ValueError(f"logprobs_mode must be 'raw' for rescoring without the "
+                             f"request's sampling parameters, got {logprobs_mode!r}")
+        self.model_path = model_path
+        self.logprobs_mode = logprobs_mode
+        self._state = None
+
+    def __getstate__(self) -> dict:
+        return {"model_path": self.model_path, "logprobs_mode": self.logprobs_mode}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["model_path"], state["logprobs_mode"])
+
+    def _load(self):
+        if self._state is None:
+            from detsample.params import SamplingParams
+            from detsample.sampler import Sampler
+
+            RefModel, rescore = _refmodel()
+            model = RefModel() if self.model_path is None else RefModel.load(self.model_path)
+            params = SamplingParams(temperature=1.0, seed=0, logprobs_mode=self.logprobs_mode)
+            self._state = (model, Sampler(), params, rescore)
+        return self._state
+
+    def __call__(self, prompt_ids: list[int], response_ids: list[int]) -> np.ndarray:
+        model, sampler, params, rescore = self._load()
+        return rescore(model, sampler, params, prompt_ids, response_ids).numpy()
+
+
+def refmodel_rescorer(model_path: str | None = None) -> RefModelRescorer:
+    """The rescoring callable behind ``--rescore refmodel``."""
+    _refmodel()  # fail early, naming the missing component
+    return RefModelRescorer(model_path)

@@ -1,0 +1,214 @@
+"""Validation of parsed audit chunks: every bad sequence is named and excluded, never dropped.
+
+:func:`validate` turns a :class:`~detsample.audit.readers.RawChunk` into an :class:`AuditBatch`
+holding only the valid sequences, plus one :class:`~detsample.audit.readers.Issue` per excluded
+sequence (its first problem, in the order of the checks below). Checks, vectorised over
+the chunk's columns:
+
+1. parse issues from the reader (bad JSON, wrong types, nulls);
+2. required columns present (``prompt_ids``, ``response_ids``, ``engine_logprobs``);
+   ``trainer_logprobs`` present, or recomputed by the ``rescore`` callable;
+3. ``engine_logprobs`` / ``trainer_logprobs`` count == ``response_ids`` count
+   (kind ``count_mismatch``); ``mask`` count == ``response_ids`` count (kind ``ragged``);
+4. values: logprobs not NaN (``nan``), not infinite (``non_finite``), not > 0
+   (``positive_logprob``); mask only 0/1 (``bad_mask``); token ids >= 0
+   (``negative_token_id``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from detsample.audit.readers import Issue, RawChunk
+
+RescoreFn = Callable[[list[int], list[int]], "np.ndarray | list[float]"]
+
+
+@dataclass
+class AuditBatch:
+    """Valid sequences of one chunk, with one shared offsets array.
+
+    offsets: int64 [S+1]; response_ids: int64 [T]; engine, trainer: float [T] (their own
+    dtypes, compared after promotion to a common dtype); mask: bool [T]; lines: int64 [S].
+    """
+
+    source: str
+    unit: str
+    ids: list[str]
+    lines: np.ndarray
+    offsets: np.ndarray
+    response_ids: np.ndarray
+    engine: np.ndarray
+    trainer: np.ndarray
+    mask: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def offsets_from_lengths(lengths: np.ndarray) -> np.ndarray:
+    """int64 [S+1] offsets of S segments of ``lengths`` (a length < 0, an absent
+    column, counts as 0)."""
+    out = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(np.maximum(lengths, 0), out=out[1:])
+    return out
+
+
+def _rescore(raw: RawChunk, rescore: RescoreFn | None, bad: dict[int, Issue]) -> None:
+    """Fill absent trainer_logprobs with ``rescore(prompt_ids, response_ids)`` (in place)."""
+    lens = raw.lengths.get("trainer_logprobs")
+    if lens is None:
+        lens = np.full(len(raw), -1, dtype=np.int64)
+    need = [i for i in np.flatnonzero(lens < 0).tolist() if i not in bad]
+    if not need or rescore is None:
+        for i in need:
+            bad[i] = Issue(raw.source, int(raw.lines[i]), "trainer_logprobs", "missing_column",
+                           "missing column 'trainer_logprobs' (give a rescore model to compute it)",
+                           raw.unit)
+        return
+    old = raw.values.get("trainer_logprobs", np.empty(0, dtype=np.float64))
+    old_off = offsets_from_lengths(lens)
+    p_off = offsets_from_lengths(raw.lengths["prompt_ids"])
+    r_off = offsets_from_lengths(raw.lengths["response_ids"])
+    parts, new_lens = [], lens.copy()
+    needed = set(need)
+    for i in range(len(raw)):
+        if i in needed:
+            prompt = raw.values["prompt_ids"][p_off[i]:p_off[i + 1]]
+            resp = raw.values["response_ids"][r_off[i]:r_off[i + 1]]
+            try:
+                lp = np.asarray(rescore(prompt.tolist(), resp.tolist()))
+            except Exception as exc:  # noqa: BLE001 - any rescoring failure names the sequence
+                bad[i] = Issue(raw.source, int(raw.lines[i]), "trainer_logprobs", "rescore_failed",
+                               f"rescoring failed: {type(exc).__name__}: {exc}", raw.unit)
+                new_lens[i] = -1
+                continue
+            if lp.ndim != 1 or (lp.size and lp.dtype.kind not in "fiu"):
+                bad[i] = Issue(raw.source, int(raw.lines[i]), "trainer_logprobs", "bad_type",
+                               f"rescore returned shape {lp.shape} dtype {lp.dtype}", raw.unit)
+                new_lens[i] = -1
+                continue
+            parts.append(lp.astype(np.float64))
+            new_lens[i] = lp.size
+        elif lens[i] >= 0:
+            parts.append(old[old_off[i]:old_off[i + 1]])
+    raw.values["trainer_logprobs"] = (np.concatenate(parts) if parts
+                                      else np.empty(0, dtype=np.float64))
+    raw.lengths["trainer_logprobs"] = new_lens
+
+
+def _flag_values(raw: RawChunk, column: str, bad_tok: np.ndarray, kind: str, what: str,
+                 bad: dict[int, Issue]) -> None:
+    """Flag every sequence holding a True in ``bad_tok`` (token level, column layout)."""
+    if not bad_tok.any():
+        return
+    lens = raw.lengths[column]
+    off = offsets_from_lengths(lens)
+    pos = np.flatnonzero(bad_tok)
+    seq = np.searchsorted(off, pos, side="right") - 1
+    first_seq, first_idx = np.unique(seq, return_index=True)
+    vals = raw.values[column]
+    for s, k in zip(first_seq.tolist(), pos[first_idx].tolist()):
+        if s in bad:
+            continue
+        bad[s] = Issue(raw.source, int(raw.lines[s]), column, kind,
+                       f"{column}[{k - off[s]}] = {vals[k].item()!r} ({what})", raw.unit)
+
+
+def validate(raw: RawChunk, rescore: RescoreFn | None = None,
+             compare_dtype: str | None = None) -> tuple[AuditBatch, list[Issue]]:
+    """Check a parsed chunk; return its valid sequences and one issue per excluded one.
+    With ``compare_dtype``, logprobs must also stay finite when rounded to it."""
+    n = len(raw)
+    bad: dict[int, Issue] = dict(raw.flagged)
+    lengths = raw.lengths
+
+    def issue(i: int, col: str, kind: str, msg: str) -> None:
+        if i not in bad:
+            bad[i] = Issue(raw.source, int(raw.lines[i]), col, kind, msg, raw.unit)
+
+    for c in ("prompt_ids", "response_ids", "engine_logprobs"):
+        lens = lengths.get(c)
+        missing = np.arange(n) if lens is None else np.flatnonzero(lens < 0)
+        for i in missing.tolist():
+            issue(i, c, "missing_column", f"missing column '{c}'")
+    resp = lengths["response_ids"]
+
+    def check_logprobs(c: str, kind: str = "count_mismatch") -> None:
+        lens = lengths.get(c)
+        if lens is None:
+            return
+        for i in np.flatnonzero((lens >= 0) & (lens != resp)).tolist():
+            issue(i, c, kind, f"{lens[i]} values for {resp[i]} response_ids")
+        v = raw.values.get(c)
+        if c == "mask" or v is None or not v.size:
+            return
+        if v.dtype.kind == "f":
+            _flag_values(raw, c, np.isnan(v), "nan", "NaN logprob", bad)
+            _flag_values(raw, c, np.isinf(v), "non_finite", "infinite logprob", bad)
+        _flag_values(raw, c, v > 0, "positive_logprob", "a logprob must be <= 0", bad)
+        if compare_dtype is not None and v.dtype.kind == "f":
+            with np.errstate(over="ignore"):
+                out = np.isinf(v.astype(compare_dtype)) & np.isfinite(v)
+            _flag_values(raw, c, out, "non_finite", f"out of the {compare_dtype} range", bad)
+
+    check_logprobs("engine_logprobs")
+    check_logprobs("mask", "ragged")
+    _rescore(raw, rescore, bad)  # only for sequences still valid
+    check_logprobs("trainer_logprobs")
+    m = raw.values.get("mask")
+    if m is not None and m.size and m.dtype.kind != "b":
+        _flag_values(raw, "mask", (m != 0) & (m != 1), "bad_mask", "mask must be 0 or 1", bad)
+    for c in ("prompt_ids", "response_ids"):
+        v = raw.values.get(c)
+        if v is not None and v.size and v.dtype.kind in "if":
+            _flag_values(raw, c, v < 0, "negative_token_id", "token ids must be >= 0", bad)
+    return _gather(raw, bad), [bad[i] for i in sorted(bad)]
+
+
+def _take(raw: RawChunk, column: str, keep: np.ndarray) -> np.ndarray:
+    lens = raw.lengths[column]
+    vals = raw.values[column]
+    if keep.all() and (lens >= 0).all():
+        return vals
+    tok_keep = np.repeat(keep[lens >= 0], lens[lens >= 0])
+    return vals[tok_keep]
+
+
+def _gather(raw: RawChunk, bad: dict[int, Issue]) -> AuditBatch:
+    n = len(raw)
+    keep = np.ones(n, dtype=bool)
+    if bad:
+        keep[list(bad)] = False
+    resp_len = raw.lengths["response_ids"]
+    kept_len = np.where(keep, resp_len, 0)
+    offsets = offsets_from_lengths(kept_len[keep])
+    total = int(offsets[-1])
+    if keep.any():
+        response_ids = _take(raw, "response_ids", keep).astype(np.int64, copy=False)
+        engine = _take(raw, "engine_logprobs", keep)
+        trainer = _take(raw, "trainer_logprobs", keep)
+        mlens = raw.lengths.get("mask")
+        if mlens is None or not (mlens[keep] >= 0).any():
+            mask = np.ones(total, dtype=bool)
+        elif (mlens[keep] >= 0).all():
+            mask = _take(raw, "mask", keep).astype(bool, copy=False)
+        else:  # some kept sequences have a mask, others not (all tokens trained)
+            present = _take(raw, "mask", keep & (mlens >= 0)).astype(bool)
+            has = np.repeat((mlens >= 0)[keep], kept_len[keep])
+            mask = np.ones(total, dtype=bool)
+            mask[has] = present
+    else:
+        response_ids = np.empty(0, dtype=np.int64)
+        engine = trainer = np.empty(0, dtype=np.float64)
+        mask = np.empty(0, dtype=bool)
+    if engine.dtype.kind != "f":
+        engine = engine.astype(np.float64)
+    if trainer.dtype.kind != "f":
+        trainer = trainer.astype(np.float64)
+    ids = [raw.ids[i] for i in np.flatnonzero(keep).tolist()] if bad else raw.ids
+    return AuditBatch(raw.source, raw.unit, ids, raw.lines[keep], offsets, response_ids,
+                      engine, trainer, mask)

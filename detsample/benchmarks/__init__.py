@@ -1,0 +1,1 @@
+"""Benchmarks shared by ``detsample bench`` and ``tests/bench`` (pytest-benchmark)."""

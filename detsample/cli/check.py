@@ -1,0 +1,102 @@
+"""``detsample check``: the CI gate (goldens, invariances, alignment, external checks).
+
+Prints a progress bar on stderr and a summary table on stdout; ``--json PATH`` writes
+``{"ok": bool, "platform": str, "checks": [{"name", "ok", "detail"}]}``. Exit status 0
+only when every check holds, 1 otherwise (a platform without goldens is a failure unless
+``--allow-missing-goldens``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from detsample.checks.result import CheckResult
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("check", help="run the reproducibility battery (CI gate)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smoke run: the quick scenario subset")
+    p.add_argument("--json", metavar="PATH", default=None, help="write a JSON report to PATH")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--golden-dir", default=None, metavar="PATH", help="golden root (default: golden/)")
+    p.add_argument("--allow-missing-goldens", action="store_true",
+                   help="report a platform without goldens as skipped instead of failing")
+    p.add_argument("-k", "--scenario", action="append", default=None, metavar="NAME",
+                   help="only these scenarios (repeatable)")
+    p.set_defaults(func=run)
+
+
+class ProgressBar:
+    """A plain-text progress bar on ``stream`` (redrawn in place on a terminal)."""
+
+    def __init__(self, stream: TextIO | None = None, width: int = 30) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.width = width
+        stream = self.stream
+        self.tty = hasattr(stream, "isatty") and stream.isatty()
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        fill = self.width * done // max(total, 1)
+        line = f"[{'#' * fill}{'.' * (self.width - fill)}] {done}/{total} {label}"
+        if self.tty:
+            self.stream.write("\r\033[K" + line + ("\n" if done == total else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def table(results: list[CheckResult]) -> str:
+    """The summary table: one line per check, then the full detail of failures."""
+    w = max([len(r.name) for r in results] + [5])
+    lines = [f"{'CHECK':<{w}}  RESULT  DETAIL", f"{'-' * w}  ------  {'-' * 40}"]
+    for r in results:
+        status = "SKIP" if r.skipped else ("PASS" if r.ok else "FAIL")
+        lines.append(f"{r.name:<{w}}  {status:<6}  {r.detail.splitlines()[0] if r.detail else ''}")
+    for r in results:
+        if not r.ok and "\n" in r.detail:
+            lines += ["", f"== {r.name}: FAIL ==", r.detail]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from detsample.golden import registry
+    from detsample.checks.battery import run_battery
+    from detsample.golden.store import GoldenStore
+    try:
+        store = GoldenStore(args.golden_dir, device=args.device)
+        for name in args.scenario or ():
+            registry.get(name)
+    except (ValueError, RuntimeError) as e:
+        print(f"detsample check: {e}", file=sys.stderr)
+        return 2
+    except KeyError as e:
+        print(f"detsample check: {e.args[0]}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    results = run_battery(quick=args.quick, device=args.device, store=store,
+                          progress=ProgressBar(), names=args.scenario,
+                          allow_missing_goldens=args.allow_missing_goldens)
+    ok = all(r.ok for r in results)
+    print(f"detsample check  platform {store.fingerprint}  device {args.device}"
+          f"{'  (quick)' if args.quick else ''}  {time.perf_counter() - t0:.1f} s")
+    print(table(results))
+    n_bad = sum(not r.ok for r in results)
+    n_skip = sum(r.skipped for r in results)
+    note = f" ({n_skip} SKIPPED, see above)" if n_skip else ""
+    print(("ALL CHECKS PASSED" if ok else f"{n_bad} CHECK(S) FAILED") + note)
+    if args.json:
+        doc = {"ok": ok, "platform": store.fingerprint, "checks": [r.to_json() for r in results]}
+        path = Path(args.json)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        except OSError as e:
+            print(f"detsample check: cannot write the JSON report: {e}", file=sys.stderr)
+            return 2
+    return 0 if ok else 1

@@ -1,0 +1,104 @@
+"""``detsample golden verify|update|diff``: manage this platform's golden files.
+
+- ``verify``: run the scenarios and compare with the goldens on bits (exit 1 on any
+  difference, a corrupt golden, or a platform without goldens);
+- ``update``: regenerate the goldens atomically and print what moved (refused when the
+  ``CI`` variable is set, unless ``--force``); ``--prune`` deletes goldens of scenarios
+  that are no longer registered;
+- ``diff``: print a unified diff of the golden text files against what this build
+  produces (nothing is written; exit 1 when they differ).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import shutil
+import sys
+from typing import Any
+
+from detsample.golden.format import FILES
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("golden", help="verify, update or diff golden files",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("action", choices=("verify", "update", "diff"))
+    p.add_argument("-k", "--scenario", action="append", default=None, metavar="NAME",
+                   help="only these scenarios (repeatable; default: all)")
+    p.add_argument("--quick", action="store_true", help="only the quick subset")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--golden-dir", default=None, metavar="PATH", help="golden root (default: golden/)")
+    p.add_argument("--force", action="store_true", help="update even when CI is set")
+    p.add_argument("--prune", action="store_true", help="update: delete unregistered scenarios")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from detsample.golden import registry
+    from detsample.golden.store import GoldenStore
+    try:
+        store = GoldenStore(args.golden_dir, device=args.device)
+        selected = args.scenario or registry.names(quick=args.quick, device=args.device)
+        for n in selected:
+            registry.get(n)
+    except (ValueError, KeyError) as e:
+        print(f"detsample golden: {e}", file=sys.stderr)
+        return 2
+    return {"verify": _verify, "update": _update, "diff": _diff}[args.action](args, store, selected)
+
+
+def _verify(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
+    from detsample.golden.store import verify_all
+    if not store.has_platform():
+        print(store.missing_platform_message(), file=sys.stderr)
+        return 1
+    bad = 0
+    for v in verify_all(selected, args.device, store.root):
+        bad += not v.ok
+        print(f"[{'ok' if v.ok else v.status.upper()}] {v.message}")
+    print(f"{len(selected) - bad} of {len(selected)} scenarios bit-identical to {store.platform_dir}")
+    return 1 if bad else 0
+
+
+def _update(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
+    from detsample.golden import registry
+    from detsample.golden.store import GoldenUpdateRefused, update_all
+    try:
+        changes = update_all(selected, args.device, store.root, force=args.force)
+    except GoldenUpdateRefused as e:
+        print(f"detsample golden update: {e}", file=sys.stderr)
+        return 2
+    moved = [c for c in changes if c.kind != "unchanged"]
+    for c in moved:
+        print(f"[{c.kind}] {c.report}")
+    print(f"{len(changes)} scenarios written to {store.platform_dir}: {len(moved)} changed, "
+          f"{len(changes) - len(moved)} unchanged")
+    stale = store.stale(registry.names())
+    for name in stale:
+        if args.prune:
+            shutil.rmtree(store.scenario_dir(name))
+            print(f"[pruned] {name}")
+        else:
+            print(f"[stale] {name}: no longer registered (delete with --prune)")
+    if moved:
+        print("review with `git diff golden/` and commit the changes")
+    return 0
+
+
+def _diff(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
+    from detsample.golden import registry
+    differ = 0
+    for name, out in registry.produce_all(selected, args.device).items():
+        d = store.scenario_dir(name)
+        new = store.encode(name, out)
+        for f in FILES:
+            old = (d / f).read_text(encoding="utf-8") if (d / f).is_file() else ""
+            if old != new[f]:
+                differ += 1
+                sys.stdout.writelines(difflib.unified_diff(
+                    old.splitlines(True), new[f].splitlines(True),
+                    fromfile=f"golden/{store.fingerprint}/{name}/{f}",
+                    tofile=f"obtained/{store.fingerprint}/{name}/{f}"))
+    print(f"{differ} golden file(s) differ" if differ else "no differences")
+    return 1 if differ else 0

@@ -1,0 +1,57 @@
+"""``detsample rollout``: write RL rollouts from the reference model engine in the audit's
+input format (.jsonl, .npz or .parquet), so that ``detsample audit`` can be shown end to
+end: ``detsample rollout r.jsonl && detsample audit r.jsonl --rescore refmodel``.
+
+Exit codes: 0 ok, 2 bad arguments or the reference model unavailable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "rollout", help="write rollouts from the reference model engine (audit input)",
+        description="Sample sequences with the reference model's continuous-batching engine "
+                    "and write id, prompt_ids, response_ids, engine_logprobs, mask "
+                    "(and trainer_logprobs with --with-trainer).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("out", metavar="OUT", help="output file: .jsonl, .npz or .parquet")
+    p.add_argument("--num-sequences", type=int, default=8, metavar="N", help="sequences")
+    p.add_argument("--max-new-tokens", type=int, default=16, metavar="K",
+                   help="response length limit per sequence")
+    p.add_argument("--seed", type=int, default=0, help="request i uses seed SEED + i")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus filter")
+    p.add_argument("--top-k", type=int, default=-1, help="top-k filter (-1: off)")
+    p.add_argument("--max-batch-size", type=int, default=4, metavar="B",
+                   help="engine rows at a time")
+    p.add_argument("--with-trainer", action="store_true",
+                   help="also write trainer_logprobs, recomputed by prefill")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from detsample.audit.readers import AuditInputError, detect_format
+    from detsample.audit.rollout import generate_rollouts
+    from detsample.audit.synth import from_records, write_jsonl, write_npz, write_parquet
+    from detsample.errors import DetsampleError
+
+    try:
+        fmt = detect_format(args.out)
+        records = generate_rollouts(
+            args.num_sequences, max_new_tokens=args.max_new_tokens, seed=args.seed,
+            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+            max_batch_size=args.max_batch_size, with_trainer=args.with_trainer)
+    except (AuditInputError, DetsampleError, ValueError) as exc:
+        print(f"detsample rollout: error: {exc}", file=sys.stderr)
+        return 2
+    writer = {"jsonl": write_jsonl, "npz": write_npz, "parquet": write_parquet}[fmt]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    writer(from_records(records), args.out)
+    tokens = sum(len(r["response_ids"]) for r in records)
+    print(f"wrote {len(records)} sequences, {tokens} response tokens to {args.out}")
+    return 0

@@ -1,1 +1,0 @@
-"""Sub-commands of the ``detsample`` CLI: one module each, exposing ``register(subparsers)``."""

@@ -1,0 +1,178 @@
+"""Bitwise comparison of a scenario's obtained outputs with its golden outputs.
+
+Comparison is on bits, never on tolerances: a logprob "moved" when its uint32 pattern
+changed, so ``-0.0`` vs ``0.0`` and a NaN payload change count. The ULP histogram and the
+worst positions only help a human judge *how far* things moved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from detsample.golden.format import ScenarioOutput, float_text
+
+_SIGN = np.int64(0x80000000)
+_NAN_BUCKET = "NaN"
+_ZERO_BUCKET = "0 (sign of zero)"
+_MAX_POW = 16
+
+
+def _ordered(bits: np.ndarray) -> np.ndarray:
+    """Map float32 bit patterns to integers that are monotonic in the float value."""
+    b = bits.astype(np.int64)
+    return np.where(b & _SIGN, -(b & 0x7FFFFFFF), b)
+
+
+def _is_nan(bits: np.ndarray) -> np.ndarray:
+    b = bits.astype(np.int64)
+    return ((b & 0x7F800000) == 0x7F800000) & ((b & 0x007FFFFF) != 0)
+
+
+def ulp_distance(golden_bits: np.ndarray, obtained_bits: np.ndarray) -> np.ndarray:
+    """[N] int64 ULP distance between float32 bit patterns; -1 where either is NaN."""
+    d = np.abs(_ordered(golden_bits) - _ordered(obtained_bits))
+    return np.where(_is_nan(golden_bits) | _is_nan(obtained_bits), -1, d)
+
+
+def _bucket(d: int) -> str:
+    if d < 0:
+        return _NAN_BUCKET
+    if d == 0:
+        return _ZERO_BUCKET
+    if d <= 2:
+        return str(d)
+    for k in range(2, _MAX_POW + 1):
+        if d <= 2**k:
+            return f"{2**(k - 1) + 1}-{2**k}"
+    return f">{2**_MAX_POW}"
+
+
+def _bucket_key(name: str) -> int:
+    if name == _NAN_BUCKET:
+        return 1 << 40
+    if name == _ZERO_BUCKET:
+        return 0
+    return int(name.lstrip(">").split("-")[0]) + (1 if name.startswith(">") else 0)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """One entry whose token or logprob bits differ."""
+
+    index: int
+    rid: str
+    position: int
+    golden_token: int
+    obtained_token: int
+    golden_bits: int
+    obtained_bits: int
+    ulp: int  # -1 when a NaN is involved
+
+    def describe(self) -> str:
+        g, o = self.golden_bits, self.obtained_bits
+        tok = (f"token {self.golden_token}" if self.golden_token == self.obtained_token
+               else f"token {self.golden_token} -> {self.obtained_token}")
+        lp = (f"logprob 0x{g:08x} ({float_text(g)})" if g == o else
+              f"logprob 0x{g:08x} ({float_text(g)}) -> 0x{o:08x} ({float_text(o)}), "
+              f"{'NaN' if self.ulp < 0 else f'{self.ulp} ulp'}")
+        return f"request {self.rid} position {self.position} (entry {self.index}): {tok}; {lp}"
+
+
+@dataclass(frozen=True)
+class GoldenDiff:
+    """Result of comparing one scenario; ``ok`` iff every bit is equal."""
+
+    scenario: str
+    golden_n: int
+    obtained_n: int
+    token_mismatches: int
+    logprob_mismatches: int
+    label_mismatches: int
+    first: Divergence | None
+    ulp_histogram: dict[str, int] = field(default_factory=dict)
+    worst: tuple[Divergence, ...] = ()
+    unmatched: str | None = None  # the first entry beyond the shorter side, described
+
+    @property
+    def ok(self) -> bool:
+        return (self.golden_n == self.obtained_n and self.first is None
+                and self.label_mismatches == 0)
+
+    def summary(self) -> str:
+        """One line: what moved."""
+        if self.ok:
+            return f"{self.scenario}: unchanged ({self.golden_n} entries, all bits equal)"
+        parts = []
+        if self.golden_n != self.obtained_n:
+            parts.append(f"{self.golden_n} -> {self.obtained_n} entries")
+        if self.label_mismatches:
+            parts.append(f"{self.label_mismatches} request/position labels differ")
+        parts.append(f"{self.token_mismatches} tokens differ")
+        parts.append(f"{self.logprob_mismatches} logprobs differ in bits")
+        return f"{self.scenario}: " + ", ".join(parts)
+
+    def report(self) -> str:
+        """Multi-line human report: count, first divergence, ULP histogram, worst entries."""
+        lines = [self.summary()]
+        if self.ok:
+            return lines[0]
+        if self.first is not None:
+            lines.append(f"  first divergence: {self.first.describe()}")
+        if self.unmatched is not None:
+            lines.append(f"  {'first divergence' if self.first is None else 'length'}: "
+                         f"{self.unmatched}")
+        if self.ulp_histogram:
+            hist = ", ".join(f"{k}: {v}" for k, v in self.ulp_histogram.items())
+            lines.append(f"  logprob ULP histogram: {hist}")
+        if self.worst:
+            lines.append("  worst entries:")
+            lines.extend(f"    {d.describe()}" for d in self.worst)
+        return "\n".join(lines)
+
+
+def compare(scenario: str, golden: ScenarioOutput, obtained: ScenarioOutput,
+            worst: int = 5) -> GoldenDiff:
+    """Compare bits entry by entry over the common prefix; a length change is a mismatch."""
+    n = min(len(golden.rids), len(obtained.rids))
+    labels_g, labels_o = golden.labels[:n], obtained.labels[:n]
+    label_bad = np.array([a != b for a, b in zip(labels_g, labels_o)], dtype=bool)
+    gt, ot = golden.tokens[:n], obtained.tokens[:n]
+    gb, ob = golden.bits()[:n], obtained.bits()[:n]
+    tok_bad = gt != ot
+    bit_bad = gb != ob
+    bad = np.flatnonzero(tok_bad | bit_bad | label_bad)
+    ulps = ulp_distance(gb, ob)
+
+    def div(i: int) -> Divergence:
+        return Divergence(int(i), obtained.rids[i], int(obtained.positions[i]), int(gt[i]),
+                          int(ot[i]), int(gb[i]), int(ob[i]), int(ulps[i]))
+
+    hist: dict[str, int] = {}
+    for d in ulps[bit_bad]:
+        key = _bucket(int(d))
+        hist[key] = hist.get(key, 0) + 1
+    hist = dict(sorted(hist.items(), key=lambda kv: _bucket_key(kv[0])))
+    # Worst: token changes first, then NaN, then by ULP distance; ties by entry order.
+    severity = np.where(tok_bad, 1 << 62, np.where(ulps < 0, 1 << 61, ulps))
+    order = sorted(bad.tolist(), key=lambda i: (-int(severity[i]), i))[:worst]
+    return GoldenDiff(
+        scenario=scenario, golden_n=len(golden.rids), obtained_n=len(obtained.rids),
+        token_mismatches=int(tok_bad.sum()), logprob_mismatches=int(bit_bad.sum()),
+        label_mismatches=int(label_bad.sum()),
+        first=div(int(bad[0])) if bad.size else None,
+        ulp_histogram=hist, worst=tuple(div(i) for i in order),
+        unmatched=_unmatched(golden, obtained, n),
+    )
+
+
+def _unmatched(golden: ScenarioOutput, obtained: ScenarioOutput, n: int) -> str | None:
+    """Describe entry ``n``, the first one that only the longer output has (or None)."""
+    if len(golden.rids) == len(obtained.rids):
+        return None
+    side, out = ("golden", golden) if len(golden.rids) > n else ("obtained", obtained)
+    bits = int(out.bits()[n])
+    return (f"entry {n}: only the {side} has it: request {out.rids[n]} position "
+            f"{int(out.positions[n])}: token {int(out.tokens[n])}, "
+            f"logprob 0x{bits:08x} ({float_text(bits)})")

@@ -1,0 +1,122 @@
+"""``detsample audit`` command line: outputs, gates and exit codes
+(detsample/commands/audit.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from detsample.audit.synth import synth_rollouts, write_jsonl, write_npz
+from detsample.cli import main
+
+
+@pytest.fixture(scope="module")
+def exact_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "exact.npz"
+    write_npz(synth_rollouts(40, seed=1, mismatch_rate=0.0), str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def noisy_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "noisy.jsonl"
+    write_jsonl(synth_rollouts(40, seed=2, mismatch_rate=0.3), str(path))
+    return str(path)
+
+
+CASES = [
+    # (file fixture, extra args, exit code, text on stderr)
+    ("exact_file", [], 0, ""),
+    ("exact_file", ["--max-abs-diff", "0", "--min-exact-match", "1"], 0, ""),
+    ("noisy_file", [], 0, ""),
+    ("noisy_file", ["--max-abs-diff", "0"], 1, "GATE FAILED: max_abs_diff = "),
+    ("noisy_file", ["--min-exact-match", "0.99"], 1, "GATE FAILED: exact_match_fraction = "),
+    ("noisy_file", ["--max-abs-diff", "10", "--min-exact-match", "0.1"], 0, ""),
+]
+
+
+@pytest.mark.parametrize("fixture,args,code,text", CASES)
+def test_exit_codes_and_gates(request, capsys, fixture, args, code, text):
+    path = request.getfixturevalue(fixture)
+    assert main(["audit", path, *args]) == code
+    out, err = capsys.readouterr()
+    assert text in err
+    assert "exact_match_fraction" in out and "mismatch |d| > 0.001" in out
+
+
+def test_json_and_report_outputs(noisy_file, tmp_path, capsys):
+    js = tmp_path / "r.json"
+    assert main(["audit", noisy_file, "--json", str(js), "--report", str(tmp_path / "rep"),
+                 "--workers", "1"]) == 0
+    capsys.readouterr()
+    rep = json.loads(js.read_text())
+    assert rep["sequences"] == 40 and 0 < rep["exact_match_fraction"] < 1
+    for name in ("index.html", "abs_diff_histogram.png", "diff_by_position.png",
+                 "diff_by_probability.png", "report.json"):
+        assert (tmp_path / "rep" / name).stat().st_size > 0
+    assert main(["audit", noisy_file, "--json", "-", "--quiet"]) == 0
+    out, _ = capsys.readouterr()
+    assert json.loads(out) == rep
+
+
+def test_json_to_stdout_is_pure_json(noisy_file, capsys):
+    assert main(["audit", noisy_file, "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["sequences"] == 40
+    assert "exact_match_fraction" in err  # the table goes to stderr then
+
+
+def test_strict_bad_input_exits_2_naming_line_and_field(tmp_path, capsys):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"id": "a", "prompt_ids": [1], "response_ids": [1], '
+                    '"engine_logprobs": [0.5], "trainer_logprobs": [-1.0]}\n')
+    assert main(["audit", str(path)]) == 0  # excluded and counted
+    out, _ = capsys.readouterr()
+    assert "1 excluded" in out and f"{path}:line 1: engine_logprobs:" in out
+    assert main(["audit", str(path), "--strict"]) == 2
+    _, err = capsys.readouterr()
+    assert f"{path}:line 1: engine_logprobs:" in err
+    assert main(["audit", str(path), "--min-exact-match", "0.5"]) == 1  # no tokens left
+    _, err = capsys.readouterr()
+    assert "exact_match_fraction: no tokens audited" in err
+
+
+@pytest.mark.parametrize("args", [["--workers", "0"], ["--min-exact-match", "1.5"],
+                                  ["--max-abs-diff", "-1"], ["--rescore", "gpt2"]])
+def test_bad_arguments_are_usage_errors(noisy_file, args):
+    with pytest.raises(SystemExit) as info:
+        main(["audit", noisy_file, *args])
+    assert info.value.code == 2
+
+
+def test_missing_file_exits_2(tmp_path, capsys):
+    assert main(["audit", str(tmp_path / "nope.jsonl")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_dtype_option(tmp_path, capsys):
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps({"id": "a", "prompt_ids": [1], "response_ids": [1],
+                                "engine_logprobs": [-0.1],
+                                "trainer_logprobs": [-0.10000000149011612]}) + "\n")
+    assert main(["audit", str(path), "--min-exact-match", "1"]) == 1
+    assert main(["audit", str(path), "--min-exact-match", "1", "--dtype", "float32"]) == 0
+
+
+def test_json_into_a_new_folder(exact_file, tmp_path, capsys):
+    """Bug pinned: `--json out/a.json` with no `out/` crashed with a FileNotFoundError
+    traceback and exit 1 - the exit status of a failed gate."""
+    js = tmp_path / "new" / "deeper" / "a.json"
+    assert main(["audit", exact_file, "--json", str(js), "--quiet"]) == 0
+    assert json.loads(js.read_text())["sequences"] == 40
+
+
+@pytest.mark.parametrize("flag", ["--json", "--report"])
+def test_unwritable_output_exits_2(exact_file, tmp_path, capsys, flag):
+    """Bug pinned: an output path that cannot be written (here: a directory for --json,
+    a file for --report) crashed with a traceback and exit 1 - a failed gate's status."""
+    target = tmp_path / "taken"
+    target.mkdir() if flag == "--json" else target.write_text("x")
+    assert main(["audit", exact_file, flag, str(target), "--quiet"]) == 2
+    assert "cannot write the report" in capsys.readouterr().err

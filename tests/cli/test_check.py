@@ -1,0 +1,128 @@
+"""Tests of detsample/commands/check.py: ``detsample check`` exit status, table, JSON.
+
+Each failure mode is provoked with a monkeypatched perturbation of the sampler and must
+give exit 1 and a readable report naming the check that broke.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from detsample.checks import battery
+from detsample.threads import torch_threads
+from detsample.cli import main
+from detsample.checks.faults import perturbed_compute_logprobs, perturbed_sample
+
+ONE = ["-k", "random.temperature"]
+
+
+@pytest.fixture(autouse=True)
+def no_external(monkeypatch):
+    """Keep these tests to the synthetic battery (external checks have their own tests)."""
+    monkeypatch.setattr(battery, "EXTERNAL_CHECK_MODULES", ())
+    monkeypatch.setattr(battery.external_checks, "__defaults__", ((),))
+
+
+def run_check(capsys, tmp_path, *extra):
+    path = tmp_path / "report.json"
+    rc = main(["check", *ONE, "--json", str(path), *extra])
+    out = capsys.readouterr().out
+    return rc, out, json.loads(path.read_text())
+
+
+def statuses(doc):
+    return {c["name"]: c["ok"] for c in doc["checks"]}
+
+
+def test_clean_run_passes(capsys, tmp_path):
+    rc, out, doc = run_check(capsys, tmp_path)
+    assert rc == 0 and doc["ok"] is True
+    assert set(statuses(doc)) == set(battery.SCENARIO_CHECKS) and all(statuses(doc).values())
+    assert "ALL CHECKS PASSED" in out and "CHECK" in out and "RESULT" in out
+    assert doc["platform"] in out
+    assert all(set(c) >= {"name", "ok", "detail"} for c in doc["checks"])
+
+
+# (perturbation when(batch), the checks that must fail). A perturbed sample() also
+# disagrees with compute_logprobs, so alignment fails whenever the canonical run moved.
+BREAKS = [
+    ("golden bit", lambda b: True, "r0", {"golden", "logprob_alignment"}),
+    ("batch composition", lambda b: len(b) > 1, None,
+     {"golden", "batch_invariance", "logprob_alignment"}),
+    ("thread count", lambda b: torch.get_num_threads() == 1, None, {"threads_1_vs_2"}),
+]
+
+
+@pytest.mark.parametrize("name,when,rid,broken", BREAKS, ids=[b[0] for b in BREAKS])
+def test_perturbation_fails_with_report(capsys, tmp_path, name, when, rid, broken):
+    """Bug pinned: a gate that exits 0 while a bit moved."""
+    with perturbed_sample(when, rid), torch_threads(2):
+        rc, out, doc = run_check(capsys, tmp_path)
+    assert rc == 1 and doc["ok"] is False
+    assert {k for k, ok in statuses(doc).items() if not ok} == broken
+    assert "first divergence: request r0" in out and "FAIL" in out
+    if "golden" in broken:
+        assert "obtained files written" in out
+    assert main(["golden", "verify", *ONE]) == 0  # a passing verify removes the .obtained
+
+
+def test_alignment_break_fails(capsys, tmp_path):
+    """Bug pinned: sampling-time logprob != the rescoring path's (the p_vs_d check)."""
+    with perturbed_compute_logprobs():
+        rc, out, doc = run_check(capsys, tmp_path)
+    assert rc == 1
+    assert {k for k, ok in statuses(doc).items() if not ok} == {"logprob_alignment"}
+    assert "!= compute_logprobs" in out
+
+
+def test_missing_goldens_fail_unless_allowed(capsys, tmp_path):
+    """Bug pinned: a platform without goldens passing the gate."""
+    rc, out, doc = run_check(capsys, tmp_path, "--golden-dir", str(tmp_path / "none"))
+    assert rc == 1 and "SKIP" in out and "NOT a pass" in out
+    golden = [c for c in doc["checks"] if c["name"] == "golden"][0]
+    assert golden["ok"] is False and golden["skipped"] is True
+    rc, out, doc = run_check(capsys, tmp_path, "--golden-dir", str(tmp_path / "none"),
+                             "--allow-missing-goldens")
+    assert rc == 0 and "SKIP" in out
+
+
+def test_unknown_device_is_usage_error(capsys):
+    assert main(["check", "--device", "tpu"]) == 2
+
+
+def test_edited_golden_file_fails_with_first_divergence(capsys, tmp_path):
+    """Bug pinned: a golden whose bits were changed on disk still passing the gate."""
+    import shutil
+
+    from detsample.golden.store import GoldenStore
+    real = GoldenStore()
+    copy = GoldenStore(tmp_path / "g")
+    shutil.copytree(real.scenario_dir(ONE[1]), copy.scenario_dir(ONE[1]))
+    p = copy.scenario_dir(ONE[1]) / "logprobs.txt"
+    lines = p.read_text().splitlines(True)
+    hexbits, _, label = lines[5].split()
+    bits = int(hexbits, 16) ^ 1
+    from detsample.golden.format import float_text
+    lines[5] = f"0x{bits:08x} {float_text(bits)} {label}\n"
+    p.write_text("".join(lines))
+    rc, out, doc = run_check(capsys, tmp_path, "--golden-dir", str(tmp_path / "g"))
+    assert rc == 1 and not statuses(doc)["golden"]
+    assert f"first divergence: request {label.split('@')[0]} position {label.split('@')[1]}" in out
+
+
+def test_unknown_scenario_is_usage_error(capsys):
+    """Bug pinned: `check -k typo` ran the whole battery and reported five FAILs with
+    KeyError tracebacks (exit 1) instead of a usage error naming the scenario (exit 2)."""
+    assert main(["check", "-k", "no.such"]) == 2
+    err = capsys.readouterr().err
+    assert "detsample check:" in err and "'no.such'" in err and "Traceback" not in err
+
+
+def test_unwritable_json_exits_2(capsys, tmp_path):
+    """Bug pinned: `--json` naming a directory crashed with a traceback after the whole
+    battery ran (exit 1, indistinguishable from a failed check)."""
+    assert main(["check", *ONE, "--json", str(tmp_path)]) == 2
+    assert "cannot write" in capsys.readouterr().err

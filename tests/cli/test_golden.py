@@ -1,0 +1,59 @@
+"""Tests of detsample/commands/golden.py: ``detsample golden verify|update|diff``."""
+
+from __future__ import annotations
+
+import pytest
+
+from detsample.cli import main
+from detsample.golden.store import GoldenStore
+from detsample.checks.faults import perturbed_sample
+
+ONE = ["-k", "random.greedy"]
+
+
+def test_update_verify_diff_cycle(tmp_path, capsys, monkeypatch):
+    """Bug pinned: update/verify disagreeing on the file contents."""
+    monkeypatch.delenv("CI", raising=False)
+    root = ["--golden-dir", str(tmp_path)]
+    assert main(["golden", "verify", *ONE, *root]) == 1  # no goldens: not a pass
+    assert "NOT a pass" in capsys.readouterr().err
+    assert main(["golden", "update", *ONE, *root]) == 0
+    assert "[new] random.greedy" in capsys.readouterr().out
+    assert main(["golden", "verify", *ONE, *root]) == 0
+    assert main(["golden", "diff", *ONE, *root]) == 0
+    assert "no differences" in capsys.readouterr().out
+    with perturbed_sample(rid="r1"):
+        assert main(["golden", "diff", *ONE, *root]) == 1
+        out = capsys.readouterr().out
+        assert "--- golden/" in out and "+0x" in out and "r1@" in out
+        assert main(["golden", "verify", *ONE, *root]) == 1
+        assert "MISMATCH" in capsys.readouterr().out
+        assert main(["golden", "update", *ONE, *root]) == 0
+        assert "[moved]" in capsys.readouterr().out
+        assert main(["golden", "verify", *ONE, *root]) == 0
+    assert main(["golden", "verify", *ONE, *root]) == 1
+
+
+def test_update_refused_under_ci(tmp_path, capsys, monkeypatch):
+    """Bug pinned: CI silently rewriting the goldens it is meant to check."""
+    monkeypatch.setenv("CI", "true")
+    assert main(["golden", "update", *ONE, "--golden-dir", str(tmp_path)]) == 2
+    assert "CI is set" in capsys.readouterr().err and not any(tmp_path.iterdir())
+    assert main(["golden", "update", *ONE, "--golden-dir", str(tmp_path), "--force"]) == 0
+
+
+def test_stale_and_prune(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    store = GoldenStore(tmp_path)
+    (store.platform_dir / "gone.scenario").mkdir(parents=True)
+    (store.platform_dir / "gone.scenario" / "manifest.json").write_text("{}")
+    assert main(["golden", "update", *ONE, "--golden-dir", str(tmp_path)]) == 0
+    assert "[stale] gone.scenario" in capsys.readouterr().out
+    assert main(["golden", "update", *ONE, "--golden-dir", str(tmp_path), "--prune"]) == 0
+    assert not (store.platform_dir / "gone.scenario").exists()
+
+
+@pytest.mark.parametrize("argv", [["golden", "verify", "-k", "nope"], ["golden", "verify", "--device", "tpu"]])
+def test_bad_arguments(argv, capsys):
+    assert main(argv) == 2
+    assert "detsample golden:" in capsys.readouterr().err

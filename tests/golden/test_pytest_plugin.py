@@ -1,0 +1,81 @@
+"""Tests of detsample/pytest_plugin.py: ``pytest --golden-update`` and the ``golden``
+fixture, run by pytester (in process) on a throw-away project; the plugin is loaded
+through its ``pytest11`` entry point, as for any user."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest_plugins = ["pytester"]
+TEST_FILE = '''
+import os
+import numpy as np
+from detsample.golden.format import ScenarioOutput
+
+def test_demo(golden):
+    bits = int(os.environ.get("DEMO_BITS", "0x3f800000"), 16)
+    out = ScenarioOutput(rids=("a", "a"), positions=np.array([4, 5]),
+                         tokens=np.array([7, 9]),
+                         logprobs=np.array([bits, 0xbf000000], dtype=np.uint32).view(np.float32))
+    golden.check("demo", out)
+'''
+
+
+@pytest.fixture
+def child(pytester, monkeypatch):
+    """Run pytest on the demo test file; returns (returncode, stdout, stderr)."""
+    pytester.makepyfile(test_demo=TEST_FILE)
+
+    def run(*args: str, **env: str) -> SimpleNamespace:
+        monkeypatch.delenv("CI", raising=False)
+        monkeypatch.delenv("DEMO_BITS", raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        r = pytester.runpytest("-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "--golden-dir",
+                               str(pytester.path / "golden"), *args)
+        return SimpleNamespace(returncode=int(r.ret), stdout=r.stdout.str(), stderr=r.stderr.str())
+
+    return run
+
+
+def demo_dir(tmp_path: Path) -> Path:
+    (d,) = (tmp_path / "golden").glob("*/demo")
+    return d
+
+
+def test_missing_platform_is_loud_skip(child):
+    """Bug pinned: a fresh platform reporting green without any golden."""
+    r = child()
+    assert r.stdout.strip().splitlines()[-1].startswith("1 skipped")
+    assert "SKIPPED, NOT passed" in r.stdout and "--golden-update" in r.stdout
+
+
+def test_update_then_compare_then_move(child, pytester):
+    r = child("--golden-update")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[new] demo" in r.stdout
+    first = {p.name: p.read_bytes() for p in demo_dir(pytester.path).iterdir()}
+    r = child("--golden-update")
+    assert "0 changed, 1 unchanged" in r.stdout
+    assert {p.name: p.read_bytes() for p in demo_dir(pytester.path).iterdir()} == first
+    assert child().returncode == 0
+    r = child(DEMO_BITS="0x3f800001")  # one ulp
+    assert r.returncode == 1
+    assert "first divergence: request a position 4" in r.stdout and "1 ulp" in r.stdout
+    assert (demo_dir(pytester.path) / "logprobs.txt.obtained").is_file()
+    r = child("--golden-update", DEMO_BITS="0x3f800001")
+    assert "[moved] demo: 0 tokens differ, 1 logprobs differ in bits" in r.stdout
+    assert child(DEMO_BITS="0x3f800001").returncode == 0
+
+
+@pytest.mark.parametrize("force,rc", [(False, 4), (True, 0)])
+def test_ci_refuses_update_unless_forced(child, pytester, force, rc):
+    """Bug pinned: CI regenerating (and so blessing) the goldens it should check."""
+    args = ["--golden-update"] + (["--golden-force"] if force else [])
+    r = child(*args, CI="true")
+    assert r.returncode == rc, r.stdout + r.stderr
+    if not force:
+        assert "CI is set" in r.stderr and not (pytester.path / "golden").exists()

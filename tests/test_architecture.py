@@ -1,0 +1,140 @@
+"""The package's layering (docs/architecture.md): no import cycles, no upward imports.
+
+Pins: a module that imports a higher layer (the sampler core reaching into the golden
+harness, say) or two modules that import each other, even lazily inside a function or
+only for type checking. Both make the tree lie about the architecture.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "detsample"
+
+# Lowest first. A unit may import its own unit and any unit of a LOWER tier; units of one
+# tier are peers and never import each other. Keep in step with docs/architecture.md.
+TIERS: list[tuple[str, ...]] = [
+    ("errors", "version", "threads"),
+    ("rng", "params"),
+    ("ops", "kernels"),
+    ("processors", "grammar", "invariant"),
+    ("hf_tokenizer",),
+    ("vocab",),
+    ("workspace",),
+    ("batch",),
+    ("sampler",),
+    ("refmodel", "models"),
+    ("golden", "audit", "probe", "benchmarks"),
+    ("checks",),
+    ("testing",),
+    ("cli",),
+    ("__init__", "__main__"),
+]
+RANK = {unit: i for i, tier in enumerate(TIERS) for unit in tier}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def unit(mod: str) -> str:
+    parts = mod.split(".")
+    if len(parts) == 1:
+        return "__init__"
+    return parts[1]
+
+
+def resolve(name: str) -> str | None:
+    """The detsample module an import name refers to (a submodule, else its package)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports_of(mod: str) -> set[str]:
+    """Every detsample module ``mod`` imports: top level, lazy and TYPE_CHECKING alike."""
+    tree = ast.parse(MODULES[mod].read_text())
+    is_pkg = MODULES[mod].name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
+                     for a in node.names]
+        for n in names:
+            if n == "detsample" or n.startswith("detsample."):
+                target = resolve(n)
+                if target and target != mod:
+                    out.add(target)
+    return out
+
+
+GRAPH = {m: imports_of(m) for m in MODULES}
+
+
+def test_every_unit_has_a_tier():
+    missing = sorted({unit(m) for m in MODULES} - set(RANK))
+    assert not missing, f"add these to TIERS and docs/architecture.md: {missing}"
+
+
+@pytest.mark.parametrize("mod", sorted(MODULES))
+def test_no_upward_or_sideways_import(mod):
+    src = unit(mod)
+    bad = sorted(t for t in GRAPH[mod] if unit(t) != src and RANK[unit(t)] >= RANK[src])
+    assert not bad, f"{mod} (tier {RANK[src]}) imports {bad}"
+
+
+def test_no_import_cycles():
+    """Tarjan's strongly connected components over the module graph."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    cycles: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            # a package importing its own submodules (re-exports) is not a cycle unless
+            # a submodule imports the package back
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
