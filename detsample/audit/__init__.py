@@ -17,8 +17,10 @@ file order for the issue list and ties in the worst-sequence table): the chunk s
 ``workers`` cannot change a bit of it (docs/audit.md, "Exactness").
 """
 
+from detsample.audit.layout import PRESETS, Layout, make_layout
+from detsample.audit.options import AuditOptions
 from detsample.audit.run import (AuditInputError, Issue, Shard, audit, audit_accumulator,
                                  check_gates, plan_shards, to_json)
 
-__all__ = ["AuditInputError", "Issue", "Shard", "audit", "audit_accumulator", "check_gates",
-           "plan_shards", "to_json"]
+__all__ = ["PRESETS", "AuditInputError", "AuditOptions", "Issue", "Layout", "Shard", "audit",
+           "audit_accumulator", "check_gates", "make_layout", "plan_shards", "to_json"]

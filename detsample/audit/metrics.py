@@ -26,7 +26,7 @@ import numpy as np
 
 from detsample.audit.exact import (ValueCounts, exact_mean, exact_sums, fraction_to_float,
                                   to_fraction)
-from detsample.audit.readers import Issue
+from detsample.audit.issues import Issue
 from detsample.audit.validate import AuditBatch
 
 #: |d| > t mismatch thresholds, and their JSON keys

@@ -12,9 +12,11 @@ The object is picklable and builds the model lazily, so ``--workers`` can use it
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-from detsample.audit.readers import AuditInputError
+from detsample.audit.issues import AuditInputError
 
 
 def _refmodel():
@@ -68,3 +70,20 @@ def refmodel_rescorer(model_path: str | None = None) -> RefModelRescorer:
     """The rescoring callable behind ``--rescore refmodel``."""
     _refmodel()  # fail early, naming the missing component
     return RefModelRescorer(model_path)
+
+
+#: what ``rescore`` options accept: None, a callable, or a model name
+RescoreSpec = Callable[[list[int], list[int]], "np.ndarray | list[float]"] | str | None
+
+
+def resolve_rescorer(spec: RescoreSpec) -> Callable | None:
+    """The rescoring callable an option names (the one place model names are resolved).
+
+    None: no rescoring; a callable ``(prompt_ids, response_ids) -> logprobs``: itself;
+    ``"refmodel"``: the reference model (:func:`refmodel_rescorer`). Anything else is a
+    ValueError naming the value."""
+    if spec is None or callable(spec):
+        return spec
+    if spec == "refmodel":
+        return refmodel_rescorer()
+    raise ValueError(f"rescore must be a callable, 'refmodel' or None, got {spec!r}")

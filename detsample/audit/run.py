@@ -1,34 +1,41 @@
-"""The audit driver: plan shards, read, validate and accumulate them, merge, gate.
+"""The audit driver: plan shards, read, map, validate and accumulate them, merge, gate.
 
 The public names are re-exported by :mod:`detsample.audit`.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 
-from detsample.audit.readers import (DEFAULT_CHUNK_TOKENS, AuditInputError, Issue, NpzSource,
-                               ParquetSource, detect_format, iter_jsonl_chunks,
-                               iter_record_chunks, split_jsonl)
+from detsample.audit.assemble import assemble
+from detsample.audit.issues import AuditInputError, Issue
+from detsample.audit.layout import Layout, Resolved, resolve
 from detsample.audit.metrics import AuditAccumulator
+from detsample.audit.npz import NpzSource
+from detsample.audit.options import AuditOptions
+from detsample.audit.parquet import ParquetSource
+from detsample.audit.readers import (detect_format, iter_jsonl_chunks, iter_record_chunks,
+                                     peek_jsonl_keys, split_jsonl)
+from detsample.audit.rescore import resolve_rescorer
+from detsample.audit.table import TableChunk
+from detsample.audit.torchfile import TorchSource
 from detsample.audit.validate import RescoreFn, validate
 
-__all__ = ["AuditInputError", "Issue", "Shard", "audit", "audit_accumulator", "check_gates",
-           "plan_shards", "to_json"]
-
-Rescore = RescoreFn | str | None
+__all__ = ["AuditInputError", "AuditOptions", "Issue", "Shard", "audit", "audit_accumulator",
+           "check_gates", "consume", "plan_shards", "run_shard", "to_json"]
 
 
 @dataclass(frozen=True)
 class Shard:
     """A contiguous piece of one input file: JSONL bytes [start, stop) starting at line
-    ``first_line``; NPZ rows [start, stop); Parquet row groups [start, stop)."""
+    ``first_line``; NPZ and .pt rows [start, stop); Parquet row groups [start, stop)."""
 
     fmt: str
     path: str
@@ -37,74 +44,87 @@ class Shard:
     first_line: int = 1
 
 
-def plan_shards(paths: list[str], parts: int) -> list[Shard]:
+def open_source(path: str, layout: Layout):
+    """(reader, resolved layout) of one file; structural errors are fatal here, before any
+    shard runs. The reader is None for JSONL (read by byte ranges)."""
+    fmt = detect_format(path)
+    if fmt == "jsonl":
+        return None, resolve(layout, peek_jsonl_keys(path), path)
+    src = {"npz": NpzSource, "parquet": ParquetSource, "pt": TorchSource}[fmt](path)
+    try:
+        resolved = resolve(layout, src.columns(), path)
+        src.bind(resolved)
+    except BaseException:
+        if fmt == "npz":
+            src.close()
+        raise
+    return src, resolved
+
+
+def plan_shards(paths: list[str], parts: int, layout: Layout | None = None) -> list[Shard]:
     """Split every file into at most ``parts`` contiguous shards, in file order."""
+    layout = AuditOptions().layout if layout is None else layout
     shards: list[Shard] = []
     for path in paths:
         path = os.fspath(path)
         if not os.path.exists(path):
             raise AuditInputError(f"{path}: no such file")
         fmt = detect_format(path)
+        src, _ = open_source(path, layout)
         if fmt == "jsonl":
             shards += [Shard(fmt, path, a, b, line) for a, b, line in split_jsonl(path, parts)]
             continue
-        if fmt == "npz":  # shards of rows
-            src = NpzSource(path)
+        if fmt == "parquet":  # shards of row groups
+            n = len(src.row_group_rows)
+        else:  # shards of rows
             n = src.num_sequences
-            src.close()
-        else:  # shards of row groups
-            n = len(ParquetSource(path).row_group_rows)
+            if fmt == "npz":
+                src.close()
         cuts = sorted({n * k // parts for k in range(parts + 1)})
         shards += [Shard(fmt, path, a, b) for a, b in zip(cuts[:-1], cuts[1:])] or \
             [Shard(fmt, path, 0, 0)]
     return shards
 
 
-def _resolve_rescore(rescore: Rescore) -> RescoreFn | None:
-    if rescore is None or callable(rescore):
-        return rescore
-    if rescore == "refmodel":
-        from detsample.audit.rescore import refmodel_rescorer
-
-        return refmodel_rescorer()
-    raise ValueError(f"rescore must be a callable, 'refmodel' or None, got {rescore!r}")
-
-
-def _consume(acc: AuditAccumulator, chunks: Iterable, rescore: RescoreFn | None,
-             strict: bool) -> None:
-    for raw in chunks:
-        acc.add_source(raw.source)
-        batch, issues = validate(raw, rescore, acc.compare_dtype)
+def consume(acc: AuditAccumulator, chunks: Iterable[TableChunk], resolved: Resolved,
+            rescore: RescoreFn | None, strict: bool) -> None:
+    """Map, validate and accumulate table chunks (the one loop every entry point runs)."""
+    for tc in chunks:
+        acc.add_source(tc.source)
+        batch, issues = validate(assemble(tc, resolved), rescore, acc.compare_dtype)
         if issues and strict:
             raise AuditInputError(f"{issues[0]} (--strict)")
         acc.add_issues(issues)
         acc.update(batch)
 
 
-def _shard_chunks(shard: Shard, chunk_tokens: int, jsonl_parser: str) -> Iterable:
+def _shard_chunks(shard: Shard, opts: AuditOptions) -> tuple[Iterator[TableChunk], Resolved]:
+    src, resolved = open_source(shard.path, opts.layout)
     if shard.fmt == "jsonl":
-        yield from iter_jsonl_chunks(shard.path, shard.start, shard.stop, shard.first_line,
-                                     chunk_tokens, jsonl_parser)
-    elif shard.fmt == "npz":
-        src = NpzSource(shard.path)
+        return iter_jsonl_chunks(shard.path, resolved, shard.start, shard.stop, shard.first_line,
+                                 opts.chunk_tokens, opts.jsonl_parser), resolved
+
+    def chunks() -> Iterator[TableChunk]:
         try:
-            yield from src.iter_chunks(shard.start, shard.stop, chunk_tokens)
+            if shard.fmt == "parquet":
+                yield from src.iter_chunks(list(range(shard.start, shard.stop)),
+                                           chunk_rows=max(opts.chunk_tokens // 256, 64))
+            else:
+                yield from src.iter_chunks(shard.start, shard.stop, opts.chunk_tokens)
         finally:
-            src.close()
-    else:
-        src = ParquetSource(shard.path)
-        yield from src.iter_chunks(list(range(shard.start, shard.stop)),
-                                   chunk_rows=max(chunk_tokens // 256, 64))
+            if shard.fmt == "npz":
+                src.close()
+
+    return chunks(), resolved
 
 
-def run_shard(shard: Shard, rescore: Rescore = None, strict: bool = False,
-              chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-              jsonl_parser: str = "auto", compare_dtype: str | None = None) -> AuditAccumulator:
-    """Audit one shard (runs in a worker process when ``workers > 1``)."""
-    acc = AuditAccumulator(compare_dtype)
+def run_shard(shard: Shard, opts: AuditOptions | None = None) -> AuditAccumulator:
+    """Audit one shard (in this process, a worker process or a Ray task)."""
+    opts = AuditOptions() if opts is None else opts
+    acc = AuditAccumulator(opts.compare_dtype)
     acc.add_source(shard.path)
-    _consume(acc, _shard_chunks(shard, chunk_tokens, jsonl_parser), _resolve_rescore(rescore),
-             strict)
+    chunks, resolved = _shard_chunks(shard, opts)
+    consume(acc, chunks, resolved, resolve_rescorer(opts.rescore), opts.strict)
     return acc
 
 
@@ -115,64 +135,68 @@ def _is_paths(source: object) -> bool:
         isinstance(s, (str, os.PathLike)) for s in source)
 
 
-def audit_accumulator(source: object, *, rescore: Rescore = None, strict: bool = False,
-                      workers: int = 1, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-                      jsonl_parser: str = "auto",
-                      compare_dtype: str | None = None) -> AuditAccumulator:
-    """Like :func:`audit` but returns the merged accumulator (for custom reports)."""
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    if chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    if not _is_paths(source):
-        acc = AuditAccumulator(compare_dtype)
-        _consume(acc, iter_record_chunks(source, chunk_tokens=chunk_tokens),  # type: ignore[arg-type]
-                 _resolve_rescore(rescore), strict)
+def _records_accumulator(records: Iterable[object], opts: AuditOptions) -> AuditAccumulator:
+    acc = AuditAccumulator(opts.compare_dtype)
+    it = iter(records)
+    first = next(it, None)
+    if first is None:
         return acc
+    keys = list(first) if isinstance(first, Mapping) else []
+    resolved = resolve(opts.layout, keys, "<records>")
+    chunks = iter_record_chunks(itertools.chain([first], it), resolved,
+                                chunk_tokens=opts.chunk_tokens)
+    consume(acc, chunks, resolved, resolve_rescorer(opts.rescore), opts.strict)
+    return acc
+
+
+def audit_accumulator(source: object, options: AuditOptions | None = None,
+                      **kwargs: object) -> AuditAccumulator:
+    """Like :func:`audit` but returns the merged accumulator (for custom reports)."""
+    opts = options if options is not None and not kwargs else AuditOptions.make(base=options,
+                                                                                 **kwargs)
+    if isinstance(opts.rescore, str):
+        resolve_rescorer(opts.rescore)  # an unknown name fails before any file is read
+    if not _is_paths(source):
+        return _records_accumulator(source, opts)  # type: ignore[arg-type]
     paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
-    shards = plan_shards([os.fspath(p) for p in paths], workers)
-    total = AuditAccumulator(compare_dtype)
-    if workers == 1 or len(shards) == 1:
-        for shard in shards:
-            total.merge(run_shard(shard, rescore, strict, chunk_tokens, jsonl_parser,
-                                  compare_dtype))
+    shards = plan_shards([os.fspath(p) for p in paths], opts.workers, opts.layout)
+    total = AuditAccumulator(opts.compare_dtype)
+    if opts.ray is not None:
+        from detsample.audit.ray_runner import run_shards
+
+        for acc in run_shards(shards, opts):  # merged in file order
+            total.merge(acc)
         return total
-    if rescore is not None and not isinstance(rescore, str):
+    if opts.workers == 1 or len(shards) == 1:
+        for shard in shards:
+            total.merge(run_shard(shard, opts))
+        return total
+    if opts.rescore is not None and not isinstance(opts.rescore, str):
         try:
             import pickle
 
-            pickle.dumps(rescore)
+            pickle.dumps(opts.rescore)
         except Exception as exc:  # noqa: BLE001
             raise ValueError(f"rescore must be picklable to use workers > 1 ({exc})") from exc
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(run_shard, s, rescore, strict, chunk_tokens, jsonl_parser,
-                               compare_dtype) for s in shards]
+    with ProcessPoolExecutor(max_workers=opts.workers, mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(run_shard, s, opts) for s in shards]
         for fut in futures:  # merged in file order
             total.merge(fut.result())
     return total
 
 
-def audit(source: object, *, rescore: Rescore = None, strict: bool = False, workers: int = 1,
-          chunk_tokens: int = DEFAULT_CHUNK_TOKENS, jsonl_parser: str = "auto",
-          compare_dtype: str | None = None) -> dict:
+def audit(source: object, options: AuditOptions | None = None, **kwargs: object) -> dict:
     """Audit engine vs trainer logprobs and return the report (a JSON-ready dict).
 
-    source: a path (.jsonl/.npz/.parquet), a list of paths, or an iterable of records
+    source: a path (.jsonl/.npz/.parquet/.pt), a list of paths, or an iterable of records
     (mappings with id, prompt_ids, response_ids, engine_logprobs and optionally
-    trainer_logprobs and mask). rescore: None, a callable
-    ``(prompt_ids: list[int], response_ids: list[int]) -> logprobs [len(response_ids)]``
-    used for sequences without trainer_logprobs, or "refmodel". strict: raise
-    :class:`AuditInputError` at the first bad sequence instead of excluding it.
-    workers: processes for file inputs; the report is identical for every value.
-    jsonl_parser: "auto" (pyarrow blocks, :mod:`json` for blocks with bad lines) or
-    "python" (:mod:`json` only); the report is identical for both.
-    compare_dtype: None compares each pair in the promoted dtype of the two columns;
-    "float32" (or "float16"/"float64") rounds both logprobs to it first - e.g. when one
-    side wrote float32 values as short decimals and the other as float64 decimals.
+    trainer_logprobs and mask, or the columns a layout names). options: an
+    :class:`AuditOptions`; or keywords: its fields (rescore, strict, workers,
+    chunk_tokens, jsonl_parser, compare_dtype, layout, ray) and ``preset`` / ``columns``
+    / ``padding`` (keywords given with options override them). The report is identical
+    for every ``workers``, ``chunk_tokens``, ``jsonl_parser`` and ``ray``.
     """
-    return audit_accumulator(source, rescore=rescore, strict=strict, workers=workers,
-                             chunk_tokens=chunk_tokens, jsonl_parser=jsonl_parser,
-                             compare_dtype=compare_dtype).report()
+    return audit_accumulator(source, options, **kwargs).report()
 
 
 def _jsonable(x: object) -> object:
@@ -207,4 +231,3 @@ def check_gates(report: dict, max_abs_diff: float | None = None,
         elif not v >= min_exact_match:
             failures.append(f"exact_match_fraction = {v!r} < {min_exact_match!r}")
     return failures
-

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from detsample.audit.options import AuditOptions
 from detsample.audit.run import audit, check_gates, plan_shards, run_shard, to_json
 from detsample.audit.metrics import AuditAccumulator
 from detsample.audit.synth import (synth_rollouts, to_records, write_jsonl, write_npz,
@@ -49,7 +50,7 @@ def test_sharded_report_is_byte_equal(files, name, parts):
     assert len(shards) > 1
     total = AuditAccumulator()
     for shard in shards:
-        total.merge(run_shard(shard, chunk_tokens=97))
+        total.merge(run_shard(shard, AuditOptions(chunk_tokens=97)))
     assert to_json(total.report()) == one
 
 
