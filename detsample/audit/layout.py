@@ -66,6 +66,7 @@ MASK_COLUMNS = ("mask", "attention_mask", "prompt_attention_mask")
 #: a source that stands for the row number (0-based) when a file has no id column
 ROW_NUMBER = "<row>"
 PADDING_SIDES = ("auto", "left", "right")
+PRESET_NAMES = ("verl", "openrlhf", "trl", "slime")
 SPLITS = ("columns", "response_length", "first_mask")
 
 
@@ -130,7 +131,8 @@ class Layout:
 
     def describe(self) -> str:
         """How errors name the layout: "preset verl", "--columns", "preset verl, --columns"."""
-        parts = [] if self.name in ("default", "custom") else [f"preset {self.name}"]
+        parts = ([] if self.name in ("default", "custom")
+                 else [f"preset {self.name}"] if self.name in PRESET_NAMES else [self.name])
         if self.explicit:
             parts.append("--columns")
         return ", ".join(parts) or "default columns"

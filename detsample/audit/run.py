@@ -158,15 +158,19 @@ def audit_accumulator(source: object, options: AuditOptions | None = None,
         resolve_rescorer(opts.rescore)  # an unknown name fails before any file is read
     if not _is_paths(source):
         return _records_accumulator(source, opts)  # type: ignore[arg-type]
-    paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
-    shards = plan_shards([os.fspath(p) for p in paths], opts.workers, opts.layout)
+    paths = [os.fspath(p) for p in ([source] if isinstance(source, (str, os.PathLike))
+                                     else source)]
     total = AuditAccumulator(opts.compare_dtype)
     if opts.ray is not None:
-        from detsample.audit.ray_runner import run_shards
+        from detsample.audit.ray_runner import cluster_cpus, ray_session, run_tasks
 
-        for acc in run_shards(shards, opts):  # merged in file order
-            total.merge(acc)
+        with ray_session(opts.ray) as ray:
+            parts = opts.workers if opts.workers > 1 else cluster_cpus(ray)
+            shards = plan_shards(paths, parts, opts.layout)
+            for acc in run_tasks(ray, run_shard, shards, opts):  # merged in file order
+                total.merge(acc)
         return total
+    shards = plan_shards(paths, opts.workers, opts.layout)
     if opts.workers == 1 or len(shards) == 1:
         for shard in shards:
             total.merge(run_shard(shard, opts))

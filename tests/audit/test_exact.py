@@ -104,12 +104,37 @@ def test_value_counts_merge_is_exact(values, zeros, parts):
     assert merged.total == x.size
 
 
-def test_value_counts_reject_negative_and_fold_negative_zero():
+def test_value_counts_reject_nan_and_fold_negative_zero():
     vc = ValueCounts()
-    with pytest.raises(ValueError):
-        vc.add(np.array([-1.0]))
+    with pytest.raises(ValueError, match="NaN"):
+        vc.add(np.array([-1.0, np.nan]))
     vc.add(np.array([-0.0, 0.0]))
     assert vc.values().tolist() == [0.0] and vc.counts.tolist() == [2]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(min_value=-800, max_value=800, allow_nan=False).filter(bool),
+                min_size=1, max_size=300), st.integers(0, 20), st.integers(1, 5))
+def test_signed_value_counts_give_numpy_quantiles_of_values_abs_and_exp(values, zeros, parts):
+    """Pins the signed multiset: quantiles of d (zeros among them), of |d| (the two halves
+    merged) and of r = exp(d) are bit-equal to np.quantile of the full arrays."""
+    x = np.array(values)
+    vc = ValueCounts()
+    for p in np.array_split(x, parts):
+        part = ValueCounts()
+        part.add(p)
+        vc.merge(part)
+    full = np.r_[np.zeros(zeros), x]
+    qs = [0.0, 0.001, 0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 1.0]
+    assert vc.quantiles(qs, zeros) == [float(np.quantile(full, q)) for q in qs]
+    absolute = vc.absolute()
+    assert absolute.quantiles(qs, zeros) == [float(np.quantile(np.abs(full), q)) for q in qs]
+    with np.errstate(over="ignore"):
+        r = np.exp(full)
+        got = vc.quantiles(qs, zeros, transform=np.exp)
+        want = [float(np.quantile(r, q)) for q in qs]
+    assert np.array_equal(np.array(got), np.array(want), equal_nan=True)
+    assert absolute.total == vc.total == x.size
 
 
 def test_value_counts_histogram_and_pickle():
