@@ -18,11 +18,13 @@ file order for the issue list and ties in the worst-sequence table): the chunk s
 """
 
 from detsample.audit.layout import PRESETS, Layout, make_layout
+from detsample.audit.log import AuditLog, read_log
 from detsample.audit.options import AuditOptions
 from detsample.audit.run import (AuditInputError, Issue, Shard, audit, audit_accumulator,
                                  check_gates, plan_shards, to_json)
 from detsample.audit.tensors import from_tensors, tensors_accumulator
 
-__all__ = ["PRESETS", "AuditInputError", "AuditOptions", "Issue", "Layout", "Shard", "audit",
+__all__ = ["PRESETS", "AuditInputError", "AuditLog", "AuditOptions", "Issue", "Layout", "Shard",
+           "audit",
            "audit_accumulator", "check_gates", "from_tensors", "make_layout", "plan_shards",
-           "tensors_accumulator", "to_json"]
+           "read_log", "tensors_accumulator", "to_json"]

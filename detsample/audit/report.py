@@ -52,6 +52,8 @@ def summary_rows(report: dict) -> list[tuple[str, str]]:
                                               ("k1_kl_mean", "k2_kl_mean", "k3_kl_mean"))),
         ("ratio mean / std / min / max", " / ".join(_fmt(ir[k]) for k in
                                                     ("mean", "std", "min", "max"))),
+        ("ratio p1 / p50 / p99", " / ".join(_fmt((ir.get("quantiles") or {}).get(k))
+                                            for k in ("p1", "p50", "p99"))),
         ("ratio ESS (fraction) / chi2", f"{_fmt(ir['ess'])} ({_fmt(ir['ess_fraction'])}) / "
                                         f"{_fmt(ir['chi2'])}"),
         ("sequences with a mismatch", f"{sq['sequences_with_mismatch']} "
@@ -88,17 +90,18 @@ def format_summary(report: dict, max_issues: int = 10) -> str:
 # ------------------------------------------------------------------------------ plots
 
 
-def _figure():
+def figure(width: float = 7, height: float = 4):
+    """A matplotlib Figure on its own Agg canvas (no pyplot, no global backend switch)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7, 4), dpi=100)
+    fig = Figure(figsize=(width, height), dpi=100)
     FigureCanvasAgg(fig)
     return fig
 
 
 def _bucket_plot(rows: list[dict], title: str, xlabel: str, path: str) -> None:
-    fig = _figure()
+    fig = figure()
     ax = fig.add_subplot(1, 1, 1)
     labels = [r["bucket"] for r in rows]
     x = list(range(len(rows)))
@@ -126,7 +129,7 @@ def write_plots(report: dict, out_dir: str) -> list[str]:
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, p) for p in PLOTS]
     h = report["abs_diff_histogram"]
-    fig = _figure()
+    fig = figure()
     ax = fig.add_subplot(1, 1, 1)
     edges = h["edges"]
     ax.bar(edges[:-1], h["counts"], width=[b - a for a, b in zip(edges[:-1], edges[1:])],
