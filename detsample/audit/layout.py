@@ -325,6 +325,8 @@ class Resolved:
     def label(self, dst: str) -> str:
         """How errors name a column: "'rollout_log_probs' (engine_logprobs, preset verl)"."""
         spec = self.spec(dst) or dst
+        if self.layout.name == "from_tensors":
+            return f"argument {spec} of from_tensors"
         return f"column '{spec}' ({dst}, {self.layout.describe()})"
 
 

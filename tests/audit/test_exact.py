@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detsample.audit.exact import (SCALE_BITS, ValueCounts, exact_mean, exact_sum, exact_sums,
-                                  fraction_to_float, to_fraction)
+from detsample.audit.exact import (SCALE_BITS, ValueCounts, exact_marginal_sums, exact_mean,
+                                   exact_sum, exact_sums,
+                                   fraction_to_float, to_fraction)
 
 SPECIAL = [0.0, -0.0, 5e-324, -5e-324, 2.2250738585072014e-308, 1.7976931348623157e308,
            -1.7976931348623157e308, 1.0, -1.0, 1e-300, 3.0e-320]
@@ -51,6 +52,24 @@ def test_exact_sums_equal_rational_sums(values, ngroups, seed):
     except OverflowError:  # the exact sum exceeds the float range
         expected = math.inf if _fraction_sum(x) > 0 else -math.inf
     assert fraction_to_float(to_fraction(sum(sums))) == expected
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=300),
+       st.integers(0, 2**31))
+def test_marginal_sums_equal_rational_sums_per_axis(values, seed):
+    """Pins the joint binning of the audit's buckets: per-(axis index, last index) sums
+    of a (4, 3, 2) grid equal the rational sums of those values."""
+    x = np.array(values, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    a, b, c = rng.integers(0, 4, x.size), rng.integers(0, 3, x.size), rng.integers(0, 2, x.size)
+    first, second = exact_marginal_sums(x, (a * 3 + b) * 2 + c, (4, 3, 2))
+    for i in range(4):
+        for k in range(2):
+            assert to_fraction(first[i * 2 + k]) == _fraction_sum(x[(a == i) & (c == k)])
+    for j in range(3):
+        for k in range(2):
+            assert to_fraction(second[j * 2 + k]) == _fraction_sum(x[(b == j) & (c == k)])
 
 
 def test_exact_sum_is_order_independent_bitwise():
@@ -129,7 +148,7 @@ def test_signed_value_counts_give_numpy_quantiles_of_values_abs_and_exp(values, 
     assert vc.quantiles(qs, zeros) == [float(np.quantile(full, q)) for q in qs]
     absolute = vc.absolute()
     assert absolute.quantiles(qs, zeros) == [float(np.quantile(np.abs(full), q)) for q in qs]
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):
         r = np.exp(full)
         got = vc.quantiles(qs, zeros, transform=np.exp)
         want = [float(np.quantile(r, q)) for q in qs]
