@@ -50,6 +50,19 @@ class CausalLM(Protocol):
         ...
 
 
+class SeqCache:
+    """One sequence's keys/values as a float model keeps them: ``token_ids`` (the tokens
+    held, ``len(cache)``) and ``layers``, per layer a ``(keys, values)`` pair whose layout
+    the adapter that fills it defines."""
+
+    def __init__(self) -> None:
+        self.token_ids: list[int] = []
+        self.layers: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
 def prefill(model: CausalLM, token_ids: Sequence[int], cache: Any = None) -> torch.Tensor:
     """Logits ``(T, V)`` float32 of every position of ``token_ids`` in one call; with
     ``cache``, the tokens continue the sequence it holds (and are appended to it)."""

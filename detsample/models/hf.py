@@ -30,20 +30,13 @@ from typing import Any, Sequence
 
 import torch
 
-from detsample.models.base import ModelError, check_chunks
+from detsample.models.base import ModelError, SeqCache, check_chunks
 
 PADDINGS = ("left", "right")
 
 
-class HFSeqCache:
+class HFSeqCache(SeqCache):
     """One sequence's keys/values: per layer ``(1, kv_heads, len, head_dim)`` tensors."""
-
-    def __init__(self) -> None:
-        self.token_ids: list[int] = []
-        self.layers: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def __len__(self) -> int:
-        return len(self.token_ids)
 
 
 def _cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:

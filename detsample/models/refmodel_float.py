@@ -17,20 +17,13 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from detsample.models.base import ModelError, check_chunks
+from detsample.models.base import ModelError, SeqCache, check_chunks
 from detsample.refmodel import RefModel
 from detsample.refmodel.config import ACT_FRAC, GAIN_FRAC, W_FRAC
 
 
-class FloatSeqCache:
+class FloatSeqCache(SeqCache):
     """Per layer ``(n_heads, len, head_dim)`` float32 keys and values of one sequence."""
-
-    def __init__(self) -> None:
-        self.token_ids: list[int] = []
-        self.layers: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def __len__(self) -> int:
-        return len(self.token_ids)
 
 
 class RefModelFloat:
