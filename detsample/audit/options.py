@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 from detsample.audit.layout import DEFAULT_LAYOUT, Layout, make_layout
 from detsample.audit.metrics import COMPARE_DTYPES
 from detsample.audit.readers import DEFAULT_CHUNK_TOKENS
-from detsample.audit.rescore import RescoreSpec
+from detsample.audit.rescore import RescoreSpec, check_rescore_spec, resolve_rescorer
 
 JSONL_PARSERS = ("auto", "python")
 #: the ``ray`` option value that means "a local Ray" (or the one this process already joined)
@@ -26,8 +26,9 @@ class AuditOptions:
     ``chunk_tokens``, ``jsonl_parser`` or ``ray``).
 
     rescore: None, a callable ``(prompt_ids, response_ids) -> logprobs`` for sequences
-        without trainer logprobs, or a model name ("refmodel"); resolved by
-        :func:`detsample.audit.rescore.resolve_rescorer`.
+        without trainer logprobs, or a name of
+        :data:`~detsample.audit.rescore.RESCORERS` ("refmodel"); resolved by
+        :func:`detsample.audit.rescore.resolve_rescorer` (:meth:`rescorer`).
     strict: the first bad sequence is fatal instead of excluded.
     workers: shards (processes, or Ray tasks with ``ray``).
     chunk_tokens: tokens per chunk read at once (>= 1).
@@ -48,15 +49,13 @@ class AuditOptions:
     ray: str | None = None
 
     def __post_init__(self) -> None:
-        if not (self.rescore is None or callable(self.rescore) or isinstance(self.rescore, str)):
-            raise ValueError(f"rescore must be a callable, a model name or None, "
-                             f"got {self.rescore!r}")
+        check_rescore_spec(self.rescore)
         if not isinstance(self.strict, bool):
             raise ValueError(f"strict must be a bool, got {self.strict!r}")
         for name in ("workers", "chunk_tokens"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be >= 1, got {v!r}")
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         if self.jsonl_parser not in JSONL_PARSERS:
             raise ValueError(f"jsonl_parser must be one of {JSONL_PARSERS}, "
                              f"got {self.jsonl_parser!r}")
@@ -68,6 +67,10 @@ class AuditOptions:
         if self.ray is not None and (not isinstance(self.ray, str) or not self.ray):
             raise ValueError(f"ray must be None, {LOCAL_RAY!r} or a cluster address, "
                              f"got {self.ray!r}")
+
+    def rescorer(self):
+        """The rescoring callable (a named rescorer is built here, in the worker)."""
+        return resolve_rescorer(self.rescore)
 
     @classmethod
     def make(cls, *, preset: str | None = None, columns: str | Mapping[str, str] | None = None,
@@ -89,3 +92,15 @@ class AuditOptions:
                 raise ValueError("give layout, or preset/columns/padding, not both")
             values["layout"] = make_layout(preset, columns, padding)
         return replace(base, **values) if base is not None else cls(**values)  # type: ignore[arg-type]
+
+
+def options_of(options: AuditOptions | None, fields_: dict) -> AuditOptions:
+    """The options of an entry point called with ``options`` or with its fields as
+    keywords (plus preset / columns / padding), not both."""
+    if options is None:
+        return AuditOptions.make(**fields_)
+    if fields_:
+        raise ValueError(f"pass options or {sorted(fields_)}, not both")
+    if not isinstance(options, AuditOptions):
+        raise ValueError(f"options must be an AuditOptions, got {type(options).__name__}")
+    return options

@@ -160,7 +160,7 @@ def _table(header: list[str], rows: list[list[object]]) -> str:
 
 def write_report(report: dict, out_dir: str) -> str:
     """Write ``index.html``, the plots and ``report.json`` into out_dir; returns the page."""
-    from detsample.audit import to_json
+    from detsample.audit.run import to_json
 
     write_plots(report, out_dir)
     with open(os.path.join(out_dir, "report.json"), "w") as f:

@@ -19,11 +19,10 @@ from detsample.audit.issues import AuditInputError, Issue
 from detsample.audit.layout import Layout, Resolved, resolve
 from detsample.audit.metrics import AuditAccumulator
 from detsample.audit.npz import NpzSource
-from detsample.audit.options import AuditOptions
+from detsample.audit.options import AuditOptions, options_of
 from detsample.audit.parquet import ParquetSource
 from detsample.audit.readers import (detect_format, iter_jsonl_chunks, iter_record_chunks,
                                      peek_jsonl_keys, split_jsonl)
-from detsample.audit.rescore import resolve_rescorer
 from detsample.audit.table import TableChunk
 from detsample.audit.torchfile import TorchSource
 from detsample.audit.validate import RescoreFn, validate
@@ -124,7 +123,7 @@ def run_shard(shard: Shard, opts: AuditOptions | None = None) -> AuditAccumulato
     acc = AuditAccumulator(opts.compare_dtype)
     acc.add_source(shard.path)
     chunks, resolved = _shard_chunks(shard, opts)
-    consume(acc, chunks, resolved, resolve_rescorer(opts.rescore), opts.strict)
+    consume(acc, chunks, resolved, opts.rescorer(), opts.strict)
     return acc
 
 
@@ -145,17 +144,16 @@ def _records_accumulator(records: Iterable[object], opts: AuditOptions) -> Audit
     resolved = resolve(opts.layout, keys, "<records>")
     chunks = iter_record_chunks(itertools.chain([first], it), resolved,
                                 chunk_tokens=opts.chunk_tokens)
-    consume(acc, chunks, resolved, resolve_rescorer(opts.rescore), opts.strict)
+    consume(acc, chunks, resolved, opts.rescorer(), opts.strict)
     return acc
 
 
 def audit_accumulator(source: object, options: AuditOptions | None = None,
                       **kwargs: object) -> AuditAccumulator:
     """Like :func:`audit` but returns the merged accumulator (for custom reports)."""
-    opts = options if options is not None and not kwargs else AuditOptions.make(base=options,
-                                                                                 **kwargs)
+    opts = options_of(options, kwargs)
     if isinstance(opts.rescore, str):
-        resolve_rescorer(opts.rescore)  # an unknown name fails before any file is read
+        opts.rescorer()  # an unknown name fails before any file is read
     if not _is_paths(source):
         return _records_accumulator(source, opts)  # type: ignore[arg-type]
     paths = [os.fspath(p) for p in ([source] if isinstance(source, (str, os.PathLike))
@@ -197,7 +195,7 @@ def audit(source: object, options: AuditOptions | None = None, **kwargs: object)
     trainer_logprobs and mask, or the columns a layout names). options: an
     :class:`AuditOptions`; or keywords: its fields (rescore, strict, workers,
     chunk_tokens, jsonl_parser, compare_dtype, layout, ray) and ``preset`` / ``columns``
-    / ``padding`` (keywords given with options override them). The report is identical
+    / ``padding``, not both. The report is identical
     for every ``workers``, ``chunk_tokens``, ``jsonl_parser`` and ``ray``.
     """
     return audit_accumulator(source, options, **kwargs).report()

@@ -17,8 +17,7 @@ import numpy as np
 from detsample.audit.issues import AuditInputError
 from detsample.audit.layout import Layout, resolve
 from detsample.audit.metrics import AuditAccumulator
-from detsample.audit.options import AuditOptions
-from detsample.audit.rescore import resolve_rescorer
+from detsample.audit.options import AuditOptions, options_of
 from detsample.audit.run import consume
 from detsample.audit.table import Padded, PerRow, TableChunk
 
@@ -61,8 +60,7 @@ def tensors_accumulator(response_ids: object, engine_logprobs: object, trainer_l
                         options: AuditOptions | None = None,
                         **kwargs: object) -> AuditAccumulator:
     """Like :func:`from_tensors` but returns the accumulator (to merge several batches)."""
-    opts = options if options is not None and not kwargs else AuditOptions.make(base=options,
-                                                                                 **kwargs)
+    opts = options_of(options, kwargs)
     given = {"response_ids": response_ids, "engine_logprobs": engine_logprobs,
              "trainer_logprobs": trainer_logprobs, "mask": mask,
              "attention_mask": attention_mask, "prompt_ids": prompt_ids,
@@ -79,7 +77,7 @@ def tensors_accumulator(response_ids: object, engine_logprobs: object, trainer_l
     acc = AuditAccumulator(opts.compare_dtype)
     acc.add_source(source)
     consume(acc, _tables(arrays, ids, source, max(opts.chunk_tokens // max(width, 1), 1)),
-            resolved, resolve_rescorer(opts.rescore), opts.strict)
+            resolved, opts.rescorer(), opts.strict)
     return acc
 
 

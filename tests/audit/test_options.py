@@ -11,9 +11,9 @@ from detsample.audit.layout import PRESETS
 
 BAD = [
     # (kwargs, text)
-    (dict(workers=0), "workers must be >= 1"),
-    (dict(chunk_tokens=0), "chunk_tokens must be >= 1"),
-    (dict(workers=True), "workers must be >= 1"),
+    (dict(workers=0), "workers must be an integer >= 1"),
+    (dict(chunk_tokens=0), "chunk_tokens must be an integer >= 1"),
+    (dict(workers=True), "workers must be an integer >= 1"),
     (dict(jsonl_parser="fast"), "jsonl_parser"),
     (dict(compare_dtype="bfloat16"), "compare_dtype"),
     (dict(strict=1), "strict must be a bool"),
@@ -44,5 +44,7 @@ def test_make_builds_the_layout_and_is_frozen():
 
 
 def test_unknown_rescore_name_fails_before_reading():
-    with pytest.raises(ValueError, match="rescore must be a callable, 'refmodel' or None"):
+    with pytest.raises(ValueError, match=r"rescore must be a callable, one of \('refmodel',\) or None"):
         audit([{"id": "a"}], rescore="gpt")
+    with pytest.raises(ValueError, match="not both"):
+        audit([{"id": "a"}], AuditOptions(), strict=True)
