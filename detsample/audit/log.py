@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 from detsample.audit.issues import AuditInputError
 from detsample.audit.metrics import RATIO_QUANTILE_KEYS
-from detsample.audit.report import figure
+from detsample.audit.report import figure, fmt_value
 
 #: per-step scalars of a row, in the order the summary prints them
 LOG_METRICS = ("tokens", "exact_match_fraction", "mismatch_fraction", "mean_abs_diff",
@@ -169,19 +169,11 @@ def format_log_summary(rows: Sequence[dict]) -> str:
     lines = [f"detsample audit-log: {len(rows)} steps ({first['step']} .. {last['step']})",
              f"  {'metric':<22}{'step ' + str(first['step']):>16}{'step ' + str(last['step']):>16}"]
     for m in LOG_METRICS:
-        lines.append(f"  {m:<22}{_cell(first[m]):>16}{_cell(last[m]):>16}")
+        lines.append(f"  {m:<22}{fmt_value(first[m]):>16}{fmt_value(last[m]):>16}")
     for q in ("p1", "p50", "p99"):
-        lines.append(f"  {'ratio ' + q:<22}{_cell(first['ratio'].get(q)):>16}"
-                     f"{_cell(last['ratio'].get(q)):>16}")
+        lines.append(f"  {'ratio ' + q:<22}{fmt_value(first['ratio'].get(q)):>16}"
+                     f"{fmt_value(last['ratio'].get(q)):>16}")
     return "\n".join(lines) + "\n"
-
-
-def _cell(v: object) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return str(v)
 
 
 def _series(rows: Sequence[dict], key: str, sub: str | None = None) -> list[float]:
@@ -237,7 +229,7 @@ def write_log_report(rows: Sequence[dict], out_dir: str) -> str:
     write_log_plot(rows, os.path.join(out_dir, LOG_PLOT))
     cols = ["step"] + list(LOG_METRICS) + [f"ratio {q}" for q in ("p1", "p50", "p99")]
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in
+        "<tr>" + "".join(f"<td>{html.escape(fmt_value(v))}</td>" for v in
                          [r["step"]] + [r[m] for m in LOG_METRICS] +
                          [r["ratio"].get(q) for q in ("p1", "p50", "p99")]) + "</tr>"
         for r in rows)

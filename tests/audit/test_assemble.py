@@ -225,3 +225,19 @@ def test_response_length_longer_than_tokens_is_excluded_and_named(tmp_path):
     (issue,) = rep["issues"]
     assert issue["row"] == 1 and issue["field"] == "response_length"
     assert issue["kind"] == "count_mismatch" and "> " in issue["message"]
+
+
+def test_presets_read_jsonl_with_both_parsers(tmp_path):
+    """Pins renamed columns and the response_length split on JSONL: pyarrow blocks and
+    json line by line agree, and the report is the ragged one."""
+    import json
+
+    cols = _rollouts(seed=2, n=30, mismatch_rate=0.5)
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in slime_samples(cols)))
+    fast = audit(str(path), preset="slime", chunk_tokens=50)
+    slow = audit(str(path), preset="slime", jsonl_parser="python")
+    assert to_json(fast) == to_json(slow)
+    want = audit(to_records(cols))
+    for k in ("tokens", "mean_abs_diff", "abs_diff_quantiles", "importance_ratio", "sequence"):
+        assert fast[k] == want[k]

@@ -27,6 +27,16 @@ QUANTILE_CASES = [
 ]
 
 
+def _merged(x: np.ndarray, parts: int) -> ValueCounts:
+    """The multiset of x built as ``parts`` ValueCounts merged into one."""
+    merged = ValueCounts()
+    for p in np.array_split(x, parts):
+        vc = ValueCounts()
+        vc.add(p)
+        merged.merge(vc)
+    return merged
+
+
 def _fraction_sum(x) -> Fraction:
     return sum((Fraction(v) for v in np.asarray(x, dtype=np.float64).tolist()), Fraction(0))
 
@@ -112,11 +122,7 @@ def test_quantiles_match_numpy_bitwise(values, zeros):
 def test_value_counts_merge_is_exact(values, zeros, parts):
     """Pins merging: counts merged from any split give numpy's quantiles of the whole."""
     x = np.array(values)
-    merged = ValueCounts()
-    for p in np.array_split(x, parts):
-        vc = ValueCounts()
-        vc.add(p)
-        merged.merge(vc)
+    merged = _merged(x, parts)
     full = np.r_[np.zeros(zeros), x]
     qs = [0.5, 0.9, 0.99, 0.999]
     assert merged.quantiles(qs, zeros) == [float(np.quantile(full, q)) for q in qs]
@@ -138,11 +144,7 @@ def test_signed_value_counts_give_numpy_quantiles_of_values_abs_and_exp(values, 
     """Pins the signed multiset: quantiles of d (zeros among them), of |d| (the two halves
     merged) and of r = exp(d) are bit-equal to np.quantile of the full arrays."""
     x = np.array(values)
-    vc = ValueCounts()
-    for p in np.array_split(x, parts):
-        part = ValueCounts()
-        part.add(p)
-        vc.merge(part)
+    vc = _merged(x, parts)
     full = np.r_[np.zeros(zeros), x]
     qs = [0.0, 0.001, 0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 1.0]
     assert vc.quantiles(qs, zeros) == [float(np.quantile(full, q)) for q in qs]

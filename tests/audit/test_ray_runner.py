@@ -19,14 +19,6 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "audit_presets"
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("ray")
     cols = synth_rollouts(90, seed=21, mismatch_rate=0.5)
