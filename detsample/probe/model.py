@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from detsample.models.base import CausalLM, ModelError
-from detsample.ops.logprobs import gather_rows, log_softmax_rows
+from detsample.ops.logprobs import gather_rows, log_softmax
 from detsample.probe.compare import bits_equal, diff
 from detsample.probe.localize import Divergence, Side, first_divergence
 from detsample.probe.report import CheckResult, ModelReport
@@ -101,8 +101,8 @@ def _compare(subject: torch.Tensor, reference: torch.Tensor, seed: int) -> _Cmp:
     g = torch.Generator().manual_seed(seed)
     probs = torch.softmax(reference.detach().cpu().to(torch.float64), -1)
     tokens = torch.multinomial(probs, 1, generator=g).squeeze(1)
-    lp_s = gather_rows(log_softmax_rows(subject.cpu()), tokens)
-    lp_r = gather_rows(log_softmax_rows(reference.cpu()), tokens)
+    lp_s = gather_rows(log_softmax(subject.cpu()), tokens)
+    lp_r = gather_rows(log_softmax(reference.cpu()), tokens)
     lp_bad = int((lp_s.view(torch.int32) != lp_r.view(torch.int32)).sum())
     differing = tuple(i for i in range(subject.shape[0]) if not bits_equal(subject[i], reference[i]))
     d = diff(subject, reference)
