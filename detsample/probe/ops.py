@@ -47,9 +47,10 @@ _Pair = tuple[Outputs, Outputs, Outputs]
 @dataclass(frozen=True)
 class OpResult:
     """One op at one dtype. ``first_differing_sizes`` is ``[1, n]``: the first size whose
-    row 0 (query: last query) differs from the op alone, or None. ``max_ulp`` / ``max_abs``
-    are over every comparison made (0 when all hold). ``aten_ops``: the aten ops (no
-    views) the probe ran, as ``"aten::mm"``. ``threads`` is None when not measured."""
+    row 0 (for ``/decode``: the query length whose last query) differs from the op alone,
+    or None. ``max_ulp`` / ``max_abs`` are over every comparison made (0 when all hold).
+    ``aten_ops``: the aten ops (no views) the probe ran, named by :func:`aten_name`
+    (``"aten::mm"``, ``"aten::mean.dim"``). ``threads`` is None when not measured."""
 
     op: str
     dtype: str
@@ -245,8 +246,14 @@ OP_NAMES: tuple[str, ...] = tuple(p.name for p in _ROW_PROBES) + (
     "scaled_dot_product_attention", "scaled_dot_product_attention/decode")
 
 
+def aten_name(func: Any) -> str:
+    """``"aten::mm"`` for a default overload, ``"aten::mean.dim"`` otherwise."""
+    overload = func._overloadname
+    return func._schema.name if overload in ("default", "") else f"{func._schema.name}.{overload}"
+
+
 class _AtenNames(TorchDispatchMode):
-    """Collects the names of the non-view aten ops run under it."""
+    """Collects the :func:`aten_name` of the non-view aten ops run under it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -254,7 +261,7 @@ class _AtenNames(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         if not func.is_view:
-            self.names.add(func._schema.name)
+            self.names.add(aten_name(func))
         return func(*args, **(kwargs or {}))
 
 
