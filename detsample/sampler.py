@@ -13,11 +13,18 @@ same pipeline without the tie-spill check of the bounded ``topk`` (a tie group t
 straddles the candidate bound is cut wherever ``topk`` cut it), so it is statistically
 correct but NOT guaranteed batch-invariant. Measured, it is no faster: the exact path
 costs nothing noticeable (docs/performance.md), which is why it is the default.
+
+``Sampler(backend=...)`` picks who computes the hot steps (sanitising, temperature,
+filters, draw, uniforms, log_softmax): ``"torch"`` the ops of :mod:`detsample.ops`,
+``"triton"`` their kernel twins of :mod:`detsample.kernels.sampler_ops` (same semantics;
+on CPU tensors only under the Triton interpreter), ``"auto"`` Triton for CUDA tensors
+when triton is installed and torch otherwise. docs/gpu.md says what each guarantees.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 
@@ -25,6 +32,7 @@ from detsample.batch import SamplingBatch
 from detsample.errors import InvalidSamplingParams
 from detsample.grammar import batching as grammar_hooks
 from detsample.grammar.masker import GrammarMasker
+from detsample import kernels
 from detsample.ops import draw as draw_ops
 from detsample.ops import filters as filter_ops
 from detsample.ops import logprobs as lp_ops
@@ -37,6 +45,7 @@ from detsample.rng import RNG_NAME, row_uniforms
 from detsample.workspace import Workspace
 
 FILTER_IMPLS = ("auto", "sort")
+BACKENDS = ("auto", "torch", "triton")
 DRAW_METHOD = "inverse-cdf/token-id-order/fixed-point"
 
 
@@ -69,6 +78,7 @@ class _Prepared:
     z: torch.Tensor | None = None          # (B, V) scaled logits, every row (set by _scaled)
     tau: torch.Tensor | None = None        # (B,) float32 kept threshold (sampling rows)
     total: torch.Tensor | None = None      # (B,) int64 kept mass (sampling rows)
+    kernels: ModuleType | None = None      # detsample.kernels.sampler_ops, or None: torch ops
 
 
 class Sampler:
@@ -77,6 +87,9 @@ class Sampler:
     filter_impl: "auto" (bounded ``topk`` where it provably equals the full sort) or
     "sort" (always the full stable sort: the reference semantics).
     processors: batch-level logits processors run at pipeline step 1.
+    backend: "auto" (Triton kernels for CUDA tensors, torch ops otherwise), "torch" or
+    "triton" (the kernels also on CPU tensors, under the Triton interpreter). The Triton
+    backend is always exact (the ``deterministic`` flag does not change it).
     A Sampler keeps scratch buffers between calls (:class:`~detsample.workspace.Workspace`);
     use one instance per thread.
     """
@@ -85,10 +98,17 @@ class Sampler:
     draw_method = DRAW_METHOD
 
     def __init__(self, deterministic: bool = True, filter_impl: str = "auto",
-                 processors: tuple = ()) -> None:
+                 processors: tuple = (), backend: str = "auto") -> None:
         if filter_impl not in FILTER_IMPLS:
             raise InvalidSamplingParams(
                 f"filter_impl must be one of {FILTER_IMPLS}, got {filter_impl!r}")
+        if not isinstance(backend, str) or backend not in BACKENDS:
+            raise InvalidSamplingParams(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend == "triton" and not kernels.available():
+            raise InvalidSamplingParams(
+                "backend='triton' needs the triton package (pip install triton), "
+                "which is not installed")
+        self.backend = backend
         self.deterministic = bool(deterministic)
         self.filter_impl = filter_impl
         self.processors = tuple(processors)
@@ -144,12 +164,14 @@ class Sampler:
     # -- pipeline steps 1-5 ----------------------------------------------------------
     def _prepare(self, logits: torch.Tensor, batch: SamplingBatch) -> _Prepared:
         self._check_logits(logits, batch)
+        k = self._kernels(logits.device)
+        sanitize = k.sanitize_rows if k else sanitize_rows
         x = self._runner.run(logits, batch)  # step 1 (detsample.processors.base)
-        raw, status, m = sanitize_rows(logits)  # step 2 ("raw" = sanitised model logits)
+        raw, status, m = sanitize(logits)  # step 2 ("raw" = sanitised model logits)
         if x is logits:
             x = raw
         else:
-            x, st, m = sanitize_rows(x)
+            x, st, m = sanitize(x)
             status = status | st
         after_step2 = x
         # Steps 3-5 never write into ``after_step2`` (it may alias the caller's logits):
@@ -162,9 +184,21 @@ class Sampler:
         if coo is not None:
             x = apply_logit_bias_(x.clone() if x is after_step2 else x, *coo)
         if x is not after_step2:  # a penalty or a bias can overflow a finite logit to +inf
-            x, st, m = sanitize_rows(x)
+            x, st, m = sanitize(x)
             status = status | st
-        return _Prepared(raw=raw, x=x, status=status, row_max=m)
+        return _Prepared(raw=raw, x=x, status=status, row_max=m, kernels=k)
+
+    def _kernels(self, device: torch.device) -> ModuleType | None:
+        """The Triton kernel set for tensors on ``device``, or None for the torch ops."""
+        if self.backend == "torch" or (self.backend == "auto" and (
+                device.type != "cuda" or not kernels.available())):
+            return None
+        from detsample.kernels import sampler_ops
+        try:
+            sampler_ops.check_device(device)
+        except ValueError as e:
+            raise InvalidSamplingParams(f"backend={self.backend!r}: {e}") from None
+        return sampler_ops
 
     def _buf(self, name: str, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         return self._ws.get(name, tuple(like.shape), dtype or like.dtype, like.device)
@@ -178,7 +212,8 @@ class Sampler:
             m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # all -inf rows
             t = torch.where(batch.greedy.unsqueeze(1), torch.ones_like(batch.temperatures),
                             batch.temperatures)
-            prep.z = scale_logits(x, m, t, out=self._buf("z", x))
+            scale = prep.kernels.scale_logits if prep.kernels else scale_logits
+            prep.z = scale(x, m, t, out=self._buf("z", x))
         return prep.z
 
     @staticmethod
@@ -221,6 +256,12 @@ class Sampler:
         B, V = z.shape
         frac = filter_ops.frac_bits(V)
         dev = z.device
+        if prep.kernels:
+            rows_t = torch.tensor(rows, dtype=torch.int64, device=dev)
+            prep.tau, prep.total, tokens = prep.kernels.thresholds_and_draw(
+                z, rows_t, batch.top_ks, batch.top_ps, batch.min_ps, u, frac,
+                sort_only=self.filter_impl == "sort")
+            return tokens if u is not None else None
         tau = torch.full((B,), float("-inf"), dtype=torch.float32, device=dev)
         total = torch.zeros((B,), dtype=torch.int64, device=dev)
         tokens = torch.full((B,), -1, dtype=torch.int64, device=dev)
@@ -268,11 +309,12 @@ class Sampler:
     def _mode_rows(self, prep: _Prepared, batch: SamplingBatch, mode: str,
                    rows: list[int], ri: torch.Tensor, greedy_tok: torch.Tensor) -> torch.Tensor:
         """(len(rows), V) float32 logprobs of ``rows`` (index ``ri``) in ``mode``."""
+        log_softmax = prep.kernels.log_softmax_rows if prep.kernels else lp_ops.log_softmax_rows
         if mode == "raw":
-            return lp_ops.log_softmax_rows(self._rows(prep.raw, rows, ri))
+            return log_softmax(self._rows(prep.raw, rows, ri))
         z = self._rows(self._scaled(prep, batch), rows, ri)
         if mode == "scaled":
-            return lp_ops.log_softmax_rows(z)
+            return log_softmax(z)
         ids = torch.arange(batch.vocab_size, device=z.device).unsqueeze(0)
         return self._processed(prep, batch, ri, z, ids, greedy_tok)
 
@@ -285,7 +327,8 @@ class Sampler:
         self._no_sampling_rows(prep, len(batch))
         col = (lambda t: t.unsqueeze(1)) if z.dim() == 2 else (lambda t: t)  # noqa: E731
         frac = filter_ops.frac_bits(batch.vocab_size)
-        keep = (z >= col(prep.tau[ri])) & (torch.exp(z) >= col(batch.min_ps[ri]))
+        exp = prep.kernels.exp if prep.kernels else torch.exp
+        keep = (z >= col(prep.tau[ri])) & (exp(z) >= col(batch.min_ps[ri]))
         lp = lp_ops.processed_logprob(z, col(prep.total[ri].clamp(min=1)), frac)
         lp = lp.masked_fill(~keep, float("-inf"))
         onehot = torch.where(ids == col(greedy_tok[ri]), torch.zeros_like(lp),
@@ -311,7 +354,10 @@ class Sampler:
             if mode in ("raw", "scaled"):
                 src = prep.raw if mode == "raw" else self._scaled(prep, batch)
                 sub = self._rows(src, rows, ri)
-                lsm = torch.log_softmax(sub, dim=-1, out=self._buf("lsm", sub))
+                if prep.kernels:
+                    lsm = prep.kernels.log_softmax_rows(sub, out=self._buf("lsm", sub))
+                else:
+                    lsm = torch.log_softmax(sub, dim=-1, out=self._buf("lsm", sub))
                 vals = lp_ops.gather_rows(lsm, safe[ri])
             else:
                 ztok = lp_ops.gather_rows(self._rows(self._scaled(prep, batch), rows, ri), safe[ri])
@@ -382,7 +428,8 @@ class Sampler:
         valid, greedy_tok, sampling = self._decide(prep, batch)
         tokens = torch.where(batch.greedy, greedy_tok, torch.full_like(greedy_tok, -1))
         if sampling:
-            u = row_uniforms(batch.seeds, positions)
+            u = (prep.kernels.row_uniforms if prep.kernels else row_uniforms)(batch.seeds,
+                                                                              positions)
             drawn = self._analyse(prep, batch, sampling, u)
             tokens = torch.where(batch.greedy, tokens, drawn)
         tokens = tokens.masked_fill(~valid, -1)
