@@ -180,14 +180,13 @@ def _windows(ctx: _Ctx, dst: str, m: np.ndarray, side: str) -> tuple[np.ndarray,
     bad = np.flatnonzero(~ok)
     if bad.size:
         r = int(bad[0])
+        where = f"real tokens at positions {first[r]}..{last[r] - 1} of {width}"
         if not run[r]:
             why = "its 1s are not one contiguous run (padding inside the row)"
-        elif side:
-            pad = "right" if side == "right" else "left"
-            why = (f"not padded on the {pad} as {ctx.res.layout.describe()} reads it "
-                   f"(real tokens at positions {first[r]}..{last[r] - 1} of {width})")
+        elif not (right[r] or left[r]):
+            why = f"padded on both sides ({where})"
         else:
-            why = "padded on the left in one row and on the right in another"
+            why = f"not padded on the {side} as {ctx.res.layout.describe()} reads it ({where})"
         raise ctx.fail(dst, why, r)
     if not side:  # rows disagree: some left-padded, some right-padded
         r = int(np.flatnonzero(~right)[0])

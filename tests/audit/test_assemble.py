@@ -157,6 +157,8 @@ CONTRADICTIONS = [
     ("hole", _hole, "row 2: column 'attention_mask' (attention_mask, preset verl): its 1s are "
                     "not one contiguous run"),
     ("not-01", lambda a: _set(a, "attention_mask", 3, 0, 2), "padding masks hold 0/1, got 2"),
+    ("middle", lambda a: _set(a, "attention_mask", 2, a["prompts"].shape[1], 0),
+     "row 2: column 'attention_mask' (attention_mask, preset verl): padded on both sides"),
     ("mask-shape", lambda a: {**a, "response_mask": a["response_mask"][:, :-1]},
      "column 'response_mask' (mask, preset verl): shape"),
     ("attention-width", lambda a: {**a, "attention_mask": a["attention_mask"][:, 1:]},
