@@ -11,50 +11,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from detsample.golden import bits
 from detsample.golden.format import ScenarioOutput, float_text
-
-_SIGN = np.int64(0x80000000)
-_NAN_BUCKET = "NaN"
-_ZERO_BUCKET = "0 (sign of zero)"
-_MAX_POW = 16
-
-
-def _ordered(bits: np.ndarray) -> np.ndarray:
-    """Map float32 bit patterns to integers that are monotonic in the float value."""
-    b = bits.astype(np.int64)
-    return np.where(b & _SIGN, -(b & 0x7FFFFFFF), b)
-
-
-def _is_nan(bits: np.ndarray) -> np.ndarray:
-    b = bits.astype(np.int64)
-    return ((b & 0x7F800000) == 0x7F800000) & ((b & 0x007FFFFF) != 0)
 
 
 def ulp_distance(golden_bits: np.ndarray, obtained_bits: np.ndarray) -> np.ndarray:
     """[N] int64 ULP distance between float32 bit patterns; -1 where either is NaN."""
-    d = np.abs(_ordered(golden_bits) - _ordered(obtained_bits))
-    return np.where(_is_nan(golden_bits) | _is_nan(obtained_bits), -1, d)
-
-
-def _bucket(d: int) -> str:
-    if d < 0:
-        return _NAN_BUCKET
-    if d == 0:
-        return _ZERO_BUCKET
-    if d <= 2:
-        return str(d)
-    for k in range(2, _MAX_POW + 1):
-        if d <= 2**k:
-            return f"{2**(k - 1) + 1}-{2**k}"
-    return f">{2**_MAX_POW}"
-
-
-def _bucket_key(name: str) -> int:
-    if name == _NAN_BUCKET:
-        return 1 << 40
-    if name == _ZERO_BUCKET:
-        return 0
-    return int(name.lstrip(">").split("-")[0]) + (1 if name.startswith(">") else 0)
+    d = bits.distance(golden_bits, obtained_bits, bits.FLOAT32).astype(np.int64)
+    nan = bits.is_nan(golden_bits, bits.FLOAT32) | bits.is_nan(obtained_bits, bits.FLOAT32)
+    return np.where(nan, -1, d)
 
 
 @dataclass(frozen=True)
@@ -149,11 +114,8 @@ def compare(scenario: str, golden: ScenarioOutput, obtained: ScenarioOutput,
         return Divergence(int(i), obtained.rids[i], int(obtained.positions[i]), int(gt[i]),
                           int(ot[i]), int(gb[i]), int(ob[i]), int(ulps[i]))
 
-    hist: dict[str, int] = {}
-    for d in ulps[bit_bad]:
-        key = _bucket(int(d))
-        hist[key] = hist.get(key, 0) + 1
-    hist = dict(sorted(hist.items(), key=lambda kv: _bucket_key(kv[0])))
+    moved = ulps[bit_bad]
+    hist = bits.histogram(np.maximum(moved, 0).astype(np.uint64), moved < 0)
     # Worst: token changes first, then NaN, then by ULP distance; ties by entry order.
     severity = np.where(tok_bad, 1 << 62, np.where(ulps < 0, 1 << 61, ulps))
     order = sorted(bad.tolist(), key=lambda i: (-int(severity[i]), i))[:worst]

@@ -44,6 +44,9 @@ def test_clean_run_passes(capsys, tmp_path):
     assert "ALL CHECKS PASSED" in out and "CHECK" in out and "RESULT" in out
     assert doc["platform"] in out
     assert all(set(c) >= {"name", "ok", "detail"} for c in doc["checks"])
+    # which folder it compared against, and how this run dispatches (native / emulated)
+    assert doc["golden_dir"].endswith(doc["platform"])
+    assert f"goldens compared against {doc['golden_dir']}" in out and "this run: cpu ISA" in out
 
 
 # (perturbation when(batch), the checks that must fail). A perturbed sample() also
