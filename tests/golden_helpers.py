@@ -16,3 +16,14 @@ def make(bits, tokens=None, rids=None, positions=None, meta=None) -> ScenarioOut
         tokens=np.asarray(tokens if tokens is not None else np.arange(n) * 7, dtype=np.int64),
         logprobs=bits.view(np.float32), meta=meta or {"seeds": {"r0": 1}})
 
+
+
+def with_top(out: ScenarioOutput, counts, ids=None, bits=None) -> ScenarioOutput:
+    """``out`` with top logprobs: ``counts`` per entry, ids and float32 bits (defaults:
+    ids 0, 1, ... and bits 0xbf800000 + i)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    m = int(counts.sum())
+    ids = np.arange(m) if ids is None else np.asarray(ids)
+    bits = (np.arange(m) + 0xBF800000) if bits is None else np.asarray(bits)
+    return ScenarioOutput(out.rids, out.positions, out.tokens, out.logprobs, out.meta,
+                          counts, ids.astype(np.int64), bits.astype(np.uint32).view(np.float32))

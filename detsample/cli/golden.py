@@ -22,7 +22,7 @@ import shutil
 import sys
 from typing import Any
 
-from detsample.golden.format import FILES
+from detsample.golden.format import ALL_FILES
 
 
 def register(subparsers: Any) -> None:
@@ -120,12 +120,12 @@ def _diff(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
     for name, out in registry.produce_all(selected, args.device).items():
         d = store.scenario_dir(name)
         new = store.encode(name, out)
-        for f in FILES:
+        for f in ALL_FILES:
             old = (d / f).read_text(encoding="utf-8") if (d / f).is_file() else ""
-            if old != new[f]:
+            if old != new.get(f, ""):
                 differ += 1
                 sys.stdout.writelines(difflib.unified_diff(
-                    old.splitlines(True), new[f].splitlines(True),
+                    old.splitlines(True), new.get(f, "").splitlines(True),
                     fromfile=f"golden/{store.fingerprint}/{name}/{f}",
                     tofile=f"obtained/{store.fingerprint}/{name}/{f}"))
     print(f"{differ} golden file(s) differ" if differ else "no differences")

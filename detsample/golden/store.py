@@ -32,7 +32,7 @@ from detsample.errors import DetsampleError
 from detsample.golden import isa
 from detsample.golden.fingerprint import check_device, platform_fingerprint, platform_info
 from detsample.golden.diff import GoldenDiff, compare
-from detsample.golden.format import (FILES, MANIFEST, GoldenFormatError, ScenarioOutput,
+from detsample.golden.format import (ALL_FILES, FILES, MANIFEST, TOP_LOGPROBS, GoldenFormatError, ScenarioOutput,
                                  decode, decode_lenient, encode)
 
 ENV_ROOT = "DETSAMPLE_GOLDEN_DIR"
@@ -163,6 +163,8 @@ class GoldenStore:
                 texts[f] = (d / f).read_text(encoding="utf-8")
             except FileNotFoundError:
                 raise GoldenFormatError(f"{d / f}: missing (manifest present)") from None
+        if (d / TOP_LOGPROBS).is_file():  # only when some entry has top logprobs
+            texts[TOP_LOGPROBS] = (d / TOP_LOGPROBS).read_text(encoding="utf-8")
         return texts
 
     def verify(self, name: str, obtained: ScenarioOutput, write_obtained: bool = True) -> Verification:
@@ -226,7 +228,7 @@ class GoldenStore:
 
     def _remove_obtained(self, name: str) -> None:
         d = self.scenario_dir(name)
-        for f in FILES:
+        for f in ALL_FILES:
             (d / (f + OBTAINED_SUFFIX)).unlink(missing_ok=True)
 
     def update(self, outputs: Mapping[str, ScenarioOutput]) -> list[Change]:
@@ -241,15 +243,18 @@ class GoldenStore:
         for name in sorted(outputs):
             texts = self.encode(name, outputs[name])
             plans.append((name, texts, self._change(name, outputs[name], texts)))
-        replace_all([(self.scenario_dir(name), {f: texts[f] for f in FILES})  # manifest last
+        replace_all([(self.scenario_dir(name), texts)  # manifest last
                      for name, texts, change in plans if change.kind != "unchanged"])
-        for name, _, _ in plans:
+        for name, texts, _ in plans:
+            if TOP_LOGPROBS not in texts:  # no entry has top logprobs any more
+                (self.scenario_dir(name) / TOP_LOGPROBS).unlink(missing_ok=True)
             self._remove_obtained(name)
         return [c for _, _, c in plans]
 
     def _change(self, name: str, out: ScenarioOutput, texts: Mapping[str, str]) -> Change:
         d = self.scenario_dir(name)
-        if all((d / f).is_file() and (d / f).read_text(encoding="utf-8") == texts[f] for f in FILES):
+        if all((d / f).is_file() == (f in texts) and (f not in texts or
+               (d / f).read_text(encoding="utf-8") == texts[f]) for f in ALL_FILES):
             return Change(name, "unchanged", f"{name}: unchanged")
         try:
             old, _ = self.load(name)

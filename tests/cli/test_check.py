@@ -129,3 +129,22 @@ def test_unwritable_json_exits_2(capsys, tmp_path):
     battery ran (exit 1, indistinguishable from a failed check)."""
     assert main(["check", *ONE, "--json", str(tmp_path)]) == 2
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_top_logprob_kernel_swap_fails_check(capsys, tmp_path, monkeypatch):
+    """Bug pinned: a kernel change that moves only the top-n logprobs passing the gate
+    (goldens used to record only the sampled token's logprob). Swapping the log_softmax
+    behind top logprobs for log(softmax) moves no token and no sampled logprob."""
+    import detsample.ops.logprobs as lp_ops
+    monkeypatch.delenv("CI", raising=False)
+    args = ["-k", "random.top_logprobs", "--golden-dir", str(tmp_path)]
+    assert main(["golden", "update", *args]) == 0
+    assert main(["check", *args]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(lp_ops, "log_softmax_rows", lambda x: torch.log(torch.softmax(x, dim=-1)))
+    path = tmp_path / "report.json"
+    assert main(["check", *args, "--json", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "random.top_logprobs: 0 tokens differ, 0 logprobs differ in bits" in out
+    assert "top logprobs differ" in out and "first top-logprob divergence" in out
+    assert {k for k, ok in statuses(json.loads(path.read_text())).items() if not ok} == {"golden"}

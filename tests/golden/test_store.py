@@ -171,3 +171,21 @@ def test_mismatch_notes_changed_inputs(tmp_path):
     assert "'rng'" not in v.message
     v = s.verify("a", make([1, 3], meta={"inputs": {"logits_sha256": ["aa"]}, "rng": "x"}))
     assert "note:" not in v.message
+
+
+def test_top_logprobs_file_follows_the_output(tmp_path):
+    """top_logprobs.txt is written when an entry has top logprobs, compared, and removed
+    when none has any more (no stale file contradicting the manifest)."""
+    from detsample.golden.format import TOP_LOGPROBS
+    from tests.golden_helpers import with_top
+    s = store(tmp_path)
+    s.update({"a": with_top(make([1, 2]), [2, 0])})
+    assert (s.scenario_dir("a") / TOP_LOGPROBS).is_file()
+    assert s.verify("a", with_top(make([1, 2]), [2, 0])).status == OK
+    v = s.verify("a", with_top(make([1, 2]), [2, 0], bits=[0xBF800000, 0xBF800003]))
+    assert v.status == MISMATCH and "1 top logprobs differ" in v.message
+    assert (s.scenario_dir("a") / (TOP_LOGPROBS + ".obtained")).is_file()
+    assert s.update({"a": with_top(make([1, 2]), [2, 0])})[0].kind == "unchanged"
+    assert s.update({"a": make([1, 2])})[0].kind == "moved"
+    assert not (s.scenario_dir("a") / TOP_LOGPROBS).exists()
+    assert s.verify("a", make([1, 2])).status == OK and not list(s.scenario_dir("a").glob("*.obtained"))
