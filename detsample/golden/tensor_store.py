@@ -27,7 +27,7 @@ from detsample.errors import GoldenMismatch
 from detsample.golden import tensor_diff, tensor_format as tf
 from detsample.golden.format import MANIFEST, GoldenFormatError
 from detsample.golden.store import (CORRUPT, ENV_ROOT, MISMATCH, MISSING_PLATFORM, MISSING_SCENARIO,
-                                    OBTAINED_SUFFIX, OK, Change, GoldenMissing, GoldenStore,
+                                    OBTAINED_SUFFIX, OK, Change, ChangeKind, GoldenMissing, GoldenStore,
                                     GoldenUpdateRefused, Verification, atomic_write, replace_all,
                                     update_refusal)
 
@@ -149,7 +149,7 @@ class TensorGoldens:
         ours = {p.name for p in d.glob("*") if p.suffix in (".txt", ".bin", ".json")} if d.is_dir() else set()
         if ours == set(files) and all((d / f).read_bytes() == data for f, data in files.items()):
             self._remove_obtained(name)
-            return Change(name, "unchanged", f"{name}: unchanged")
+            return Change(name, ChangeKind.UNCHANGED, f"{name}: unchanged")
         change = self._change(name, obtained)
         replace_all([(d, {f: files[f] for f in sorted(files, key=lambda f: f == MANIFEST)})])
         for f in ours - set(files):
@@ -162,13 +162,13 @@ class TensorGoldens:
             old, _ = self.load(name)
         except GoldenMissing:
             n = sum(t.numel for t in obtained.values())
-            return Change(name, "new", f"{name}: new golden ({len(obtained)} tensors, {n} elements)")
+            return Change(name, ChangeKind.NEW, f"{name}: new golden ({len(obtained)} tensors, {n} elements)")
         except GoldenFormatError as e:
-            return Change(name, "moved", f"{name}: replaced corrupt golden ({e})")
+            return Change(name, ChangeKind.MOVED, f"{name}: replaced corrupt golden ({e})")
         diff = tensor_diff.compare(name, old, obtained)
         if diff.ok:
-            return Change(name, "metadata", f"{name}: bits unchanged, manifest metadata changed")
-        return Change(name, "moved", diff.report())
+            return Change(name, ChangeKind.METADATA, f"{name}: bits unchanged, manifest metadata changed")
+        return Change(name, ChangeKind.MOVED, diff.report())
 
 
 def script_root(root: str | os.PathLike[str] | None = None) -> Path:
