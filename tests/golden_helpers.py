@@ -27,3 +27,22 @@ def with_top(out: ScenarioOutput, counts, ids=None, bits=None) -> ScenarioOutput
     bits = (np.arange(m) + 0xBF800000) if bits is None else np.asarray(bits)
     return ScenarioOutput(out.rids, out.positions, out.tokens, out.logprobs, out.meta,
                           counts, ids.astype(np.int64), bits.astype(np.uint32).view(np.float32))
+
+
+def snapshot(root) -> dict:
+    """Every file under ``root``: relative path -> bytes."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def interrupt_staging_at(monkeypatch, n: int) -> None:
+    """Make the golden store's n-th staged file write raise KeyboardInterrupt."""
+    import detsample.golden.store as store_mod
+    real, calls = store_mod._stage, []
+
+    def flaky(folder, fname, data):
+        calls.append(fname)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(folder, fname, data)
+
+    monkeypatch.setattr(store_mod, "_stage", flaky)

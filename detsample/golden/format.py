@@ -246,17 +246,7 @@ def decode_lenient(texts: Mapping[str, str]) -> tuple[ScenarioOutput, dict[str, 
         if a != r[2]:
             raise GoldenFormatError(f"line {i}: {TOKENS} says {a!r} but {LOGPROBS} says {r[2]!r}")
     split = [_split_label(lab, f"{TOKENS}:{i}") for i, lab in enumerate(labels, 1)]
-    try:
-        tokens = np.array([int(r[0]) for r in trows], dtype="<i8")
-        bits = np.array([int(r[0], 16) for r in lrows], dtype=np.uint64)
-    except (ValueError, OverflowError) as e:
-        raise GoldenFormatError(f"non-integer value in golden text ({e})") from None
-    if bits.size and int(bits.max()) > 0xFFFFFFFF:
-        raise GoldenFormatError(f"{LOGPROBS}: bits must fit in uint32")
-    bits32 = bits.astype("<u4")
-    problems = [f"{LOGPROBS}:{i}: decimal {r[1]!r} disagrees with bits 0x{int(b):08x} "
-                f"(= {float_text(int(b))})"
-                for i, (b, r) in enumerate(zip(bits32, lrows), 1) if float_text(int(b)) != r[1]]
+    tokens, bits32, problems = _ids_and_bits(LOGPROBS, [r[0] for r in trows], lrows, 0)
     counts, top_ids, top_bits, top_problems = _decode_top(texts.get(TOP_LOGPROBS, ""), labels)
     out = ScenarioOutput(rids=tuple(s[0] for s in split),
                          positions=np.array([s[1] for s in split], dtype="<i8"),
@@ -281,18 +271,27 @@ def _decode_top(text: str, labels: list[str]) -> tuple[np.ndarray, np.ndarray, n
                                     f"{TOKENS}, in order, got {r[3]!r}")
         last = entry
         counts[entry] += 1
-    try:
-        ids = np.array([int(r[0]) for r in rows], dtype="<i8")
-        bits = np.array([int(r[1], 16) for r in rows], dtype=np.uint64)
-    except (ValueError, OverflowError) as e:
-        raise GoldenFormatError(f"{TOP_LOGPROBS}: non-integer value ({e})") from None
-    if bits.size and int(bits.max()) > 0xFFFFFFFF:
-        raise GoldenFormatError(f"{TOP_LOGPROBS}: bits must fit in uint32")
-    bits32 = bits.astype("<u4")
-    problems = [f"{TOP_LOGPROBS}:{i}: decimal {r[2]!r} disagrees with bits 0x{int(b):08x} "
-                f"(= {float_text(int(b))})"
-                for i, (b, r) in enumerate(zip(bits32, rows), 1) if float_text(int(b)) != r[2]]
+    ids, bits32, problems = _ids_and_bits(TOP_LOGPROBS, [r[0] for r in rows], rows, 1)
     return counts, ids, bits32, problems
+
+
+def _ids_and_bits(fname: str, ids: list[str], rows: list[list[str]], col: int
+                  ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Token ids (decimal text) -> int64, and the float32 bits of ``rows`` (hex in
+    column ``col``, its decimal in ``col + 1``) -> uint32, with a problem message per
+    decimal that disagrees with its bits."""
+    try:
+        tok = np.array([int(t) for t in ids], dtype="<i8")
+        bits = np.array([int(r[col], 16) for r in rows], dtype=np.uint64)
+    except (ValueError, OverflowError) as e:
+        raise GoldenFormatError(f"{fname}: non-integer value in golden text ({e})") from None
+    if bits.size and int(bits.max()) > 0xFFFFFFFF:
+        raise GoldenFormatError(f"{fname}: bits must fit in uint32")
+    bits32 = bits.astype("<u4")
+    problems = [f"{fname}:{i}: decimal {r[col + 1]!r} disagrees with bits 0x{int(b):08x} "
+                f"(= {float_text(int(b))})"
+                for i, (b, r) in enumerate(zip(bits32, rows), 1) if float_text(int(b)) != r[col + 1]]
+    return tok, bits32, problems
 
 
 def _manifest_problems(out: ScenarioOutput, manifest: Mapping[str, Any]) -> list[str]:

@@ -10,17 +10,13 @@ import detsample.golden.store as golden_mod
 from detsample.golden.store import (CORRUPT, MISMATCH, MISSING_PLATFORM, MISSING_SCENARIO, OK,
                                     ChangeKind, GoldenStore, golden_root)
 from detsample.golden.format import FILES, LOGPROBS, TOKENS
-from tests.golden_helpers import make
+from tests.golden_helpers import interrupt_staging_at, make, snapshot
 
 FP = "cpu-test-torch0"
 
 
 def store(tmp_path) -> GoldenStore:
     return GoldenStore(tmp_path, fingerprint=FP)
-
-
-def snapshot(root):
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def test_missing_platform_is_loud_skip_not_pass(tmp_path):
@@ -105,15 +101,7 @@ def test_interrupted_staging_leaves_old_files(tmp_path, monkeypatch):
     s = store(tmp_path)
     s.update({"a": make([1]), "b": make([2])})
     before = snapshot(tmp_path)
-    real, calls = golden_mod._stage, []
-
-    def flaky(folder, fname, text):
-        calls.append(fname)
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return real(folder, fname, text)
-
-    monkeypatch.setattr(golden_mod, "_stage", flaky)
+    interrupt_staging_at(monkeypatch, 4)
     with pytest.raises(KeyboardInterrupt):
         s.update({"a": make([10]), "b": make([20])})
     assert snapshot(tmp_path) == before  # no temp files left, old bytes intact

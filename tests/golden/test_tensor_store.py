@@ -7,22 +7,18 @@ import numpy as np
 import pytest
 import torch
 
-import detsample.golden.store as store_mod
 from detsample.errors import GoldenMismatch
 from detsample.golden import check_tensors
 from detsample.golden.store import (CORRUPT, MISMATCH, MISSING_PLATFORM, MISSING_SCENARIO, OK,
                                     GoldenMissing, GoldenStore, GoldenUpdateRefused)
 from detsample.golden.tensor_store import TensorGoldens, device_of
+from tests.golden_helpers import interrupt_staging_at, snapshot
 
 FP = "cpu-test-torch0"
 
 
 def goldens(tmp_path) -> TensorGoldens:
     return TensorGoldens(GoldenStore(tmp_path, fingerprint=FP))
-
-
-def snapshot(root):
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def kernel(bump: int = 0) -> dict:
@@ -95,15 +91,7 @@ def test_interrupted_update_leaves_old_files(tmp_path, monkeypatch):
     g = goldens(tmp_path)
     g.update("k", kernel())
     before = snapshot(tmp_path)
-    real, calls = store_mod._stage, []
-
-    def flaky(folder, fname, data):
-        calls.append(fname)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(folder, fname, data)
-
-    monkeypatch.setattr(store_mod, "_stage", flaky)
+    interrupt_staging_at(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
         g.update("k", kernel(bump=1))
     assert snapshot(tmp_path) == before
