@@ -5,7 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as hst
 
+from detsample.golden import bits as B
 from detsample.golden import tensor_format as tf
 from detsample.golden.tensor_diff import compare
 
@@ -84,3 +87,19 @@ def test_structure_changes(g, o, name, problem):
     d = compare("k", st(g), st(o))
     bad = {t.tensor: t.problem for t in d.moved}
     assert bad == {name: problem} and problem in d.report()
+
+
+@given(hst.lists(hst.tuples(hst.integers(0, 2**16 - 1), hst.integers(0, 2**16 - 1)), min_size=1, max_size=60),
+       hst.sampled_from(["float16", "bfloat16", "int16", "uint16"]))
+def test_counts_are_consistent(pairs, dtype):
+    """Property: every element whose bits differ is counted once, in the histogram and
+    (for floats) in at most one of the NaN / sign-of-zero tallies."""
+    g = np.array([a for a, _ in pairs], dtype=np.uint16)
+    o = np.array([b for _, b in pairs], dtype=np.uint16)
+    dt = B.dtype(dtype)
+    mk = lambda bits: {"t": tf.StoredTensor(dt, bits.shape, bits.astype(dt.storage))}  # noqa: E731
+    t = compare("k", mk(g), mk(o)).tensors[0]
+    assert t.moved == int((g != o).sum()) and t.ok == (t.moved == 0)
+    assert sum(t.histogram.values()) == t.moved
+    assert t.nan_payload + t.nan_changed == t.histogram.get("NaN", 0)
+    assert t.zero_sign == t.histogram.get("0 (sign of zero)", 0)
