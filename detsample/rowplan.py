@@ -56,12 +56,19 @@ class FilterRoute:
     """Sampling rows by how step 8 finds their threshold (all give the same bits):
 
     ``candidates``: top-k rows small enough for a bounded ``topk`` of ``k_max`` values;
-    ``sort``: rows with a top-k or top-p that take the full stable sort;
+    ``nucleus``: top-p rows without a small top-k: a growing bounded ``topk`` against
+    the row's exact total mass (:func:`detsample.ops.filters.nucleus_prefix`);
+    ``top_k_only``: a large top-k without top-p: the threshold is the k-th largest
+    value, found by selection;
+    ``sort``: rows with a top-k or top-p that take the full stable sort (``filter_impl
+    ="sort"``);
     ``plain``: rows without top-k / top-p (min-p alone is a value rule, no sort).
     """
 
     candidates: Rows
     k_max: int
+    nucleus: Rows
+    top_k_only: Rows
     sort: Rows
     plain: Rows
 
@@ -79,6 +86,9 @@ class RowPlan:
     max_top: int             # the largest ``logprobs`` of any row (0: no top logprobs)
     want_top: torch.Tensor   # (B,) int64 each row's ``logprobs``
     temperatures: torch.Tensor  # (B, 1) float32, 1 on greedy rows (the "scaled" rule)
+    argmax: Rows             # rows needing their argmax: greedy rows, or every row when
+    #                          "processed" logprobs are asked (one-hot on greedy rows)
+    any_min_p: bool          # some sampling row has min_p > 0
     excluded: frozenset[int] = field(default=frozenset())  # rows left out (no valid token)
 
     @property
@@ -97,20 +107,25 @@ def route(params: Sequence, rows: Sequence[int], vocab_size: int, filter_impl: s
     """Split sampling ``rows`` into the :class:`FilterRoute` groups, from each row's OWN
     parameters (never its neighbours')."""
     V, B = vocab_size, len(params)
-    cand, sort_rows, plain = [], [], []
+    cand, nucleus, top_k_only, sort_rows, plain = [], [], [], [], []
     k_max = 0
     for r in rows:
         p = params[r]
         has_k = p.top_k != -1 and p.top_k < V
-        if has_k and filter_impl == "auto" and p.top_k * CANDIDATE_RATIO <= V:
+        has_p = p.top_p < 1.0
+        if not (has_k or has_p):
+            plain.append(r)
+        elif filter_impl != "auto":
+            sort_rows.append(r)
+        elif has_k and p.top_k * CANDIDATE_RATIO <= V:
             cand.append(r)
             k_max = max(k_max, p.top_k)
-        elif has_k or p.top_p < 1.0:
-            sort_rows.append(r)
+        elif has_p:
+            nucleus.append(r)
         else:
-            plain.append(r)
-    return FilterRoute(Rows.of(cand, B, device), k_max, Rows.of(sort_rows, B, device),
-                       Rows.of(plain, B, device))
+            top_k_only.append(r)
+    return FilterRoute(*(Rows.of(g, B, device) for g in (cand,)), k_max,
+                       *(Rows.of(g, B, device) for g in (nucleus, top_k_only, sort_rows, plain)))
 
 
 def plan_rows(params: Sequence, vocab_size: int, filter_impl: str, device: torch.device,
@@ -133,6 +148,7 @@ def plan_rows(params: Sequence, vocab_size: int, filter_impl: str, device: torch
     want = [0 if i in excluded else p.logprobs for i, p in enumerate(params)]
     max_top = max((p.logprobs for p in params), default=0)  # the output's width: every row
     t_eff = torch.where(greedy.unsqueeze(1), torch.ones_like(temperatures), temperatures)
+    processed = "processed" in modes
     return RowPlan(
         size=B,
         greedy=Rows.of(greedy_rows, B, device),
@@ -143,5 +159,7 @@ def plan_rows(params: Sequence, vocab_size: int, filter_impl: str, device: torch
         max_top=max_top,
         want_top=host_tensor(want, torch.int64, device),
         temperatures=t_eff,
+        argmax=Rows.of(range(B) if processed else greedy_rows, B, device),
+        any_min_p=any(params[i].min_p > 0 for i in sampling),
         excluded=frozenset(excluded),
     )
