@@ -28,17 +28,27 @@ CANDIDATE_RATIO = 8
 @dataclass(frozen=True)
 class Rows:
     """A subset of a batch's rows: host list, (n,) int64 index tensor, and whether it is
-    every row of the batch in order (then gathers can be skipped)."""
+    every row of the batch in order (then gathers can be skipped). A filter route's rows
+    also carry their filter parameters, gathered once: ``filters`` = (top_ks (n,) int32,
+    top_ps (n,) float64, min_ps (n,) float32), and ``any_top_k``: some row's top-k is
+    active (< V)."""
 
     rows: tuple[int, ...]
     index: torch.Tensor
     every: bool
+    filters: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    any_top_k: bool = False
 
     @staticmethod
-    def of(rows: Sequence[int], B: int, device: torch.device) -> "Rows":
+    def of(rows: Sequence[int], B: int, device: torch.device,
+           filters: tuple[torch.Tensor, ...] | None = None, any_top_k: bool = False
+           ) -> "Rows":
         rows = tuple(rows)
-        return Rows(rows, host_tensor(list(rows), torch.int64, device),
-                    rows == tuple(range(B)))
+        index = host_tensor(list(rows), torch.int64, device)
+        every = rows == tuple(range(B))
+        if filters is not None:
+            filters = tuple(t if every else t.index_select(0, index) for t in filters)
+        return Rows(rows, index, every, filters, any_top_k)
 
     def __bool__(self) -> bool:
         return bool(self.rows)
@@ -103,9 +113,10 @@ class RowPlan:
 
 
 def route(params: Sequence, rows: Sequence[int], vocab_size: int, filter_impl: str,
-          device: torch.device) -> FilterRoute:
+          device: torch.device, filters: tuple[torch.Tensor, ...]) -> FilterRoute:
     """Split sampling ``rows`` into the :class:`FilterRoute` groups, from each row's OWN
-    parameters (never its neighbours')."""
+    parameters (never its neighbours'). ``filters``: the batch's (top_ks, top_ps,
+    min_ps) row tensors, gathered per group."""
     V, B = vocab_size, len(params)
     cand, nucleus, top_k_only, sort_rows, plain = [], [], [], [], []
     k_max = 0
@@ -124,17 +135,23 @@ def route(params: Sequence, rows: Sequence[int], vocab_size: int, filter_impl: s
             nucleus.append(r)
         else:
             top_k_only.append(r)
-    return FilterRoute(*(Rows.of(g, B, device) for g in (cand,)), k_max,
-                       *(Rows.of(g, B, device) for g in (nucleus, top_k_only, sort_rows, plain)))
+    def group(g: list[int]) -> Rows:
+        return Rows.of(g, B, device, filters, any(
+            params[r].top_k != -1 and params[r].top_k < V for r in g))
+
+    return FilterRoute(group(cand), k_max, group(nucleus), group(top_k_only), group(sort_rows),
+                       group(plain))
 
 
 def plan_rows(params: Sequence, vocab_size: int, filter_impl: str, device: torch.device,
               temperatures: torch.Tensor, greedy: torch.Tensor,
+              filters: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
               excluded: frozenset[int] = frozenset()) -> RowPlan:
     """The :class:`RowPlan` of rows with ``params``; ``excluded`` rows (no admissible
     token this step) are left out of the sampling and top-logprob rows.
 
-    temperatures: (B, 1) float32 and greedy: (B,) bool, the batch's row tensors.
+    temperatures: (B, 1) float32, greedy: (B,) bool and filters: (top_ks, top_ps,
+    min_ps), the batch's row tensors.
     """
     B = len(params)
     greedy_rows = [i for i, p in enumerate(params) if p.is_greedy]
@@ -153,7 +170,7 @@ def plan_rows(params: Sequence, vocab_size: int, filter_impl: str, device: torch
         size=B,
         greedy=Rows.of(greedy_rows, B, device),
         sampling=Rows.of(sampling, B, device),
-        route=route(params, sampling, vocab_size, filter_impl, device),
+        route=route(params, sampling, vocab_size, filter_impl, device, filters),
         modes={m: Rows.of(modes[m], B, device) for m in sorted(modes)},
         top={m: Rows.of(top[m], B, device) for m in sorted(top)},
         max_top=max_top,

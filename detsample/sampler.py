@@ -176,7 +176,8 @@ class Sampler:
         (rare: a fully masked row) get a plan of their own that leaves them out."""
         def build(excluded: frozenset[int] = frozenset()) -> RowPlan:
             return plan_rows(batch.params, batch.vocab_size, self.filter_impl, batch.device,
-                             batch.temperatures, batch.greedy, excluded)
+                             batch.temperatures, batch.greedy,
+                             (batch.top_ks, batch.top_ps, batch.min_ps), excluded)
 
         plan = batch.derived(("row_plan", self.filter_impl), build)
         if prep.all_valid:
@@ -242,13 +243,16 @@ class Sampler:
             fi = torch.cat(full_idx) if len(full_idx) > 1 else full_idx[0]
             every = len(full_idx) == 1 and fi.numel() == B and (
                 rt.plain.every or rt.top_k_only.every or rt.sort.every)
-            zf = z if every else z.index_select(0, fi)
-            q, bsum = draw_ops.block_cdf(zf, tau[fi], batch.min_ps[fi], frac,
-                                         out=self._buf("w", zf),
+            zf, tf, mf = (z, tau, batch.min_ps) if every else (
+                z.index_select(0, fi), tau[fi], batch.min_ps[fi])
+            q, bsum = draw_ops.block_cdf(zf, tf, mf, frac, out=self._buf("w", zf),
                                          q_out=self._buf("q", zf, torch.int64),
                                          cut_tau=len(full_idx) > bool(rt.plain),
                                          cut_min_p=None if plan.any_min_p else False)
-            total[fi] = bsum[:, -1]
+            if every:
+                total = bsum[:, -1]
+            else:
+                total[fi] = bsum[:, -1]
             blocks = (fi, q, bsum, every)
         return Cut(tau, total, tuple(compact), blocks)
 
@@ -257,20 +261,17 @@ class Sampler:
         """Rows with a small top-k: one bounded ``topk``; returns the rows whose tie group
         at the boundary spills past ``k_max`` (they need the sort)."""
         ci = rows.index
-        vals, ids, fits = filter_ops.topk_candidates(rows.take(z), batch.top_ks[ci], k_max)
-        n = filter_ops.kept_prefix_length(vals, batch.top_ks[ci], batch.top_ps[ci],
-                                          batch.min_ps[ci], frac)
-        spill = []
+        top_ks, top_ps, min_ps = rows.filters
+        vals, ids, fits = filter_ops.topk_candidates(rows.take(z), top_ks, k_max)
+        n = filter_ops.kept_prefix_length(vals, top_ks, top_ps, min_ps, frac)
         if not self.deterministic or bool(fits.all()):  # fast mode: never spills
-            okr = ci
-        else:
-            ok = fits.nonzero().flatten()
-            okr = ci[ok]
-            vals, ids, n = vals[ok], ids[ok], n[ok]
-            spill.append(ci[~fits])
-        if okr.numel():
-            self._keep_compact(okr, vals, ids, n, frac, tau, total, compact)
-        return spill
+            self._keep_compact(ci, rows.every, vals, ids, n, frac, tau, total, compact)
+            return []
+        ok = fits.nonzero().flatten()
+        if ok.numel():
+            self._keep_compact(ci[ok], False, vals[ok], ids[ok], n[ok], frac, tau, total,
+                               compact)
+        return [ci[~fits]]
 
     def _nucleus(self, z, batch, rows: Rows, frac: int, tau, total, compact
                  ) -> list[torch.Tensor]:
@@ -279,25 +280,29 @@ class Sampler:
         (:func:`~detsample.ops.filters.nucleus_prefix`); returns the rows whose nucleus
         outgrows ``V / CANDIDATE_RATIO`` candidates (they need the sort)."""
         V = z.shape[1]
-        idx = rows.index
+        idx, every = rows.index, rows.every
         zn = rows.take(z)
-        top_ks, top_ps, min_ps = batch.top_ks[idx], batch.top_ps[idx], batch.min_ps[idx]
-        thr = filter_ops.topk_threshold(zn, top_ks)
-        mass = filter_ops.survivor_mass(zn, thr, frac, out=self._buf("w", zn))
+        top_ks, top_ps, min_ps = rows.filters
+        thr = filter_ops.topk_threshold(zn, top_ks) if rows.any_top_k else None
+        mass = filter_ops.survivor_mass(zn, thr, frac, out=self._buf("w", zn),
+                                        q_out=self._buf("q", zn, torch.int64))
+        if thr is None:
+            thr = torch.full_like(min_ps, NEG_INF)
         cap = max(V // CANDIDATE_RATIO, 1)
         K = min(NUCLEUS_CANDIDATES, V)
         while True:
             vals, ids = torch.topk(zn, K, dim=-1, largest=True, sorted=True)
             n, decided = filter_ops.nucleus_prefix(vals, thr, mass, top_ps, min_ps, frac)
             if K == V or bool(decided.all()):
-                self._keep_compact(idx, vals, ids, n, frac, tau, total, compact)
+                self._keep_compact(idx, every, vals, ids, n, frac, tau, total, compact)
                 return []
+            every = False
             dec = decided.nonzero().flatten()
             if dec.numel():
-                self._keep_compact(idx[dec], vals[dec], ids[dec], n[dec], frac, tau, total,
-                                   compact)
+                self._keep_compact(idx[dec], False, vals[dec], ids[dec], n[dec], frac, tau,
+                                   total, compact)
             und = (~decided).nonzero().flatten()
-            plain = (~torch.isfinite(thr[und])) & (min_ps[und] == 0)  # the bound holds
+            plain = torch.isneginf(thr[und]) & (min_ps[und] == 0)  # the bound holds
             need = filter_ops.mass_needed_bound(vals[und], mass[und], top_ps[und], frac)
             grow = int(torch.where(plain, need, torch.zeros_like(need)).max()) + K + 1
             K = min(max(K * NUCLEUS_GROWTH, grow), V)
@@ -307,13 +312,13 @@ class Sampler:
             top_ps, min_ps = top_ps[und], min_ps[und]
 
     @staticmethod
-    def _keep_compact(idx, vals, ids, n, frac, tau, total, compact) -> None:
-        """Record rows ``idx`` decided on candidates: threshold, mass and CDF table."""
+    def _keep_compact(idx, every, vals, ids, n, frac, tau, total, compact) -> None:
+        """Record rows ``idx`` (``every``: all rows, in order) decided on candidates:
+        threshold, mass and CDF table."""
         tau[idx] = vals.gather(1, (n - 1).unsqueeze(1)).squeeze(1)
         sorted_ids, csum = draw_ops.compact_cdf(vals, ids, n, frac)
         total[idx] = csum[:, -1]
-        compact.append((idx, sorted_ids, csum, idx.numel() == tau.numel() and bool(
-            (idx == torch.arange(idx.numel(), device=idx.device)).all())))
+        compact.append((idx, sorted_ids, csum, every))
 
     # -- step 9 ----------------------------------------------------------------------
     @staticmethod

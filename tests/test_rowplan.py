@@ -22,7 +22,8 @@ def _batch(ps=PARAMS):
 
 
 def _plan(b, impl="auto"):
-    return plan_rows(b.params, V, impl, b.device, b.temperatures, b.greedy)
+    return plan_rows(b.params, V, impl, b.device, b.temperatures, b.greedy,
+                     (b.top_ks, b.top_ps, b.min_ps))
 
 
 def test_rows_routed_by_their_own_parameters():
@@ -30,6 +31,8 @@ def test_rows_routed_by_their_own_parameters():
     assert p.greedy.rows == (0,) and p.sampling.rows == (1, 2, 3, 4)
     assert p.route.candidates.rows == (1,) and p.route.k_max == 20
     assert p.route.top_k_only.rows == (2,) and p.route.nucleus.rows == (3,)
+    assert p.route.candidates.filters[0].tolist() == [20] and p.route.candidates.any_top_k
+    assert p.route.nucleus.filters[1].tolist() == [0.9] and not p.route.nucleus.any_top_k
     assert not p.route.sort and p.route.plain.rows == (4,)
     assert set(p.modes) == {"raw", "processed"} and p.top["processed"].rows == (4,)
     assert p.max_top == 2 and p.want_top.tolist() == [0, 0, 0, 0, 2]
@@ -42,7 +45,7 @@ def test_rows_routed_by_their_own_parameters():
 def test_excluded_rows_leave_sampling_and_top_rows_but_not_the_width():
     b = _batch()
     p = plan_rows(b.params, V, "auto", torch.device("cpu"), b.temperatures, b.greedy,
-                  frozenset({4}))
+                  (b.top_ks, b.top_ps, b.min_ps), frozenset({4}))
     assert p.sampling.rows == (1, 2, 3) and "processed" not in p.top and p.max_top == 2
 
 

@@ -474,3 +474,50 @@ def test_every_logprob_goes_through_the_one_log_softmax(monkeypatch):
     top_a, top_b = base.top_logprobs[0], moved.top_logprobs[0]
     finite = torch.isfinite(top_a) & ~constant.unsqueeze(1)
     assert bool(finite.any()) and bool((top_a != top_b)[finite].all())
+
+
+HOMOGENEOUS = {  # one batch-wide configuration each: the shortcuts of a homogeneous batch
+    "greedy": dict(temperature=0.0),
+    "greedy processed": dict(temperature=0.0, logprobs=2, logprobs_mode="processed"),
+    "temperature only": dict(temperature=0.8),
+    "temperature scaled": dict(temperature=0.8, logprobs=3, logprobs_mode="scaled"),
+    "top-k + top-p": dict(temperature=0.8, top_k=20, top_p=0.9),
+    "top-p only": dict(temperature=0.8, top_p=0.9, logprobs_mode="processed"),
+    "min-p": dict(temperature=0.8, min_p=0.1),
+    "large top-k": dict(temperature=1.1, top_k=900),
+}
+DISRUPTORS = [SamplingParams(temperature=0.0, seed=91), SamplingParams(top_k=3, seed=92),
+              SamplingParams(temperature=1.3, top_p=0.5, seed=93, logprobs=1,
+                             logprobs_mode="processed"),
+              SamplingParams(temperature=0.7, seed=94), SamplingParams(min_p=0.2, seed=95)]
+
+
+@pytest.mark.parametrize("name", sorted(HOMOGENEOUS))
+def test_homogeneous_batch_shortcuts_equal_the_general_path(name):
+    """A batch where every row has the same configuration takes shortcuts (no row
+    gathers or scatters, one CDF table drawn directly, no masking pass when every row is
+    valid); each of its rows gets the bits that the same row gets inside a mixed batch
+    (other routes, a fully masked row, a NaN row), where no shortcut applies."""
+    Vh = 1000
+    rng = np.random.default_rng(11)
+    ps = [SamplingParams(seed=i, **HOMOGENEOUS[name]) for i in range(6)]
+    x = torch.from_numpy(logits_rows(rng, 6, Vh, "peaked"))
+    pos = torch.arange(6) + 40
+    s = Sampler()
+    homo = s.sample(x, _batch(ps, Vh), pos)
+    extra = torch.from_numpy(logits_rows(rng, len(DISRUPTORS), Vh, "random"))
+    extra[1] = float("-inf")
+    extra[3, 5] = float("nan")
+    order = [0, 6, 1, 7, 2, 8, 3, 9, 4, 10, 5]
+    xm = torch.cat([x, extra])[order]
+    pm = (ps + DISRUPTORS)
+    pm = [pm[i] for i in order]
+    posm = torch.cat([pos, torch.arange(len(DISRUPTORS))])[order]
+    mixed = s.sample(xm, _batch(pm, Vh), posm)
+    for i in range(6):
+        j = order.index(i)
+        alone_like = s.sample(x[i:i + 1], _batch([ps[i]], Vh), pos[i:i + 1])
+        assert row_bits_equal(homo, i, alone_like), (name, i)
+        assert row_bits_equal(mixed, j, alone_like), (name, i)
+    lp = s.compute_logprobs(x, _batch(ps, Vh), homo.token_ids)
+    assert torch.equal(lp.view(torch.int32), homo.logprobs.view(torch.int32))

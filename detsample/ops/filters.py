@@ -123,19 +123,22 @@ def topk_threshold(z: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def survivor_mass(z: torch.Tensor, thr: torch.Tensor, frac: int, *,
-                  out: torch.Tensor | None = None) -> torch.Tensor:
+def survivor_mass(z: torch.Tensor, thr: torch.Tensor | None, frac: int, *,
+                  out: torch.Tensor | None = None, q_out: torch.Tensor | None = None
+                  ) -> torch.Tensor:
     """Exact fixed-point mass of the top-k survivors: ``sum(q_i for z_i >= thr)``.
 
     z: (rows, V) float32 scaled logits (row max 0); thr: (rows,) float32 (``-inf``: every
-    token); ``out``: optional (rows, V) float32 scratch. Returns (rows,) int64, the
-    ``total`` of :func:`kept_prefix_length` over the full sorted row, bit for bit (an
-    exact integer sum; ``exp`` is fed ``max(z, -87)``, which changes no mass: see
-    :mod:`detsample.ops.draw`)."""
+    token) or None (no row has a top-k); ``out`` / ``q_out``: optional (rows, V) float32 /
+    int64 scratch (reused buffers spare the page faults of fresh (rows, V) tensors).
+    Returns (rows,) int64, the ``total`` of :func:`kept_prefix_length` over the full
+    sorted row, bit for bit (an exact integer sum; ``exp`` is fed ``max(z, -87)``, which
+    changes no mass: see :mod:`detsample.ops.draw`)."""
     w = torch.clamp(z, min=-87.0, out=out) if out is not None else z.clamp(min=-87.0)
-    q = quantize_mass(w.exp_(), frac)
-    if bool(torch.isfinite(thr).any()):
-        q = q * (z >= thr.unsqueeze(1))
+    w.exp_().mul_(2.0 ** frac)  # exact power-of-two scaling: w = exp(z) * 2**frac
+    if thr is not None and bool(torch.isfinite(thr).any()):
+        w.masked_fill_(z < thr.unsqueeze(1), 0.0)
+    q = q_out.copy_(w) if q_out is not None else w.to(torch.int64)  # trunc, as quantize_mass
     return q.sum(-1)
 
 
