@@ -139,16 +139,29 @@ def _sorted_masked(probs: torch.Tensor, b: PeerBatch, min_p: bool
     return probs_sort, probs_idx
 
 
+def _sglang(logits: torch.Tensor, b: PeerBatch, draw: Callable
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """SGLang's sampling step: greedy batches apart, ``softmax(logits / T)``, then
+    ``draw(probs, V, (need top-k, top-p, min-p))``; logprob = log of the chosen prob."""
+    if b.all_greedy:
+        return greedy(logits, b)
+    V = logits.shape[1]
+    probs = torch.softmax(logits / b.temperatures, dim=-1)
+    tok = draw(probs, V, b.need(V))
+    return tok, torch.log(probs.gather(1, tok.unsqueeze(1)).squeeze(1))
+
+
 def sglang_deterministic(logits: torch.Tensor, b: PeerBatch,
                          multinomial: Callable = multinomial_with_seed
                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """SGLang with ``enable_deterministic_inference`` (PyTorch backend); ``multinomial``
     may be a ``torch.compile``-d :func:`multinomial_with_seed`, as SGLang runs it."""
-    if b.all_greedy:
-        return greedy(logits, b)
-    V = logits.shape[1]
-    probs = torch.softmax(logits / b.temperatures, dim=-1)
-    k, p, m = b.need(V)
+    return _sglang(logits, b, lambda probs, V, need: _seeded_draw(probs, b, need, multinomial))
+
+
+def _seeded_draw(probs: torch.Tensor, b: PeerBatch, need: tuple[bool, bool, bool],
+                 multinomial: Callable) -> torch.Tensor:
+    k, p, m = need
     if not (k or p or m):
         tok = multinomial(torch.log(probs), b.seeds, b.positions).view(-1)
     else:
@@ -157,17 +170,18 @@ def sglang_deterministic(logits: torch.Tensor, b: PeerBatch,
         probs_sort, probs_idx = _sorted_masked(probs, b, m)
         idx = multinomial(probs_sort.to(torch.float64).log_(), b.seeds, b.positions)
         tok = probs_idx.gather(1, idx).view(-1)
-    return tok, torch.log(probs.gather(1, tok.unsqueeze(1)).squeeze(1))
+    return tok
 
 
 def sglang_shortcut(logits: torch.Tensor, b: PeerBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """SGLang without a seed: the top-k shortcut when every row has a top-k, else the
     full sort; unseeded ``torch.multinomial`` (not reproducible)."""
-    if b.all_greedy:
-        return greedy(logits, b)
-    V = logits.shape[1]
-    probs = torch.softmax(logits / b.temperatures, dim=-1)
-    k, p, m = b.need(V)
+    return _sglang(logits, b, lambda probs, V, need: _unseeded_draw(probs, b, V, need))
+
+
+def _unseeded_draw(probs: torch.Tensor, b: PeerBatch, V: int,
+                   need: tuple[bool, bool, bool]) -> torch.Tensor:
+    k, p, m = need
     if not (k or p or m):
         tok = torch.multinomial(probs, num_samples=1).view(-1)
     elif bool((b.top_ks < V).all()):
@@ -181,7 +195,7 @@ def sglang_shortcut(logits: torch.Tensor, b: PeerBatch) -> tuple[torch.Tensor, t
     else:
         probs_sort, probs_idx = _sorted_masked(probs, b, m)
         tok = probs_idx.gather(1, torch.multinomial(probs_sort, num_samples=1)).view(-1)
-    return tok, torch.log(probs.gather(1, tok.unsqueeze(1)).squeeze(1))
+    return tok
 
 
 # -- vLLM -----------------------------------------------------------------------------
