@@ -10,6 +10,10 @@ Paths: ``detsample`` (``Sampler()``), ``detsample sort`` (``filter_impl="sort"``
 reference semantics; filtered configs only), the peers' algorithms of
 :mod:`detsample.benchmarks.peers`, and bare baselines (a stable sort of the scaled logits;
 ``argmax`` + ``log_softmax`` for greedy).
+
+On ``device="cuda"`` each call is bracketed by ``torch.cuda.synchronize``; the peers'
+CPU algorithms are left out, and the table gains the torch backend on the GPU and a bare
+``torch.log_softmax`` over the same logits (the yardstick of docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -49,20 +53,25 @@ def threads(n: int | None):
     return torch_threads(n) if n else contextlib.nullcontext()
 
 
-def median_ms(fn: Callable[[], object], repeat: int) -> float:
-    """Median wall time of ``fn`` in ms over ``repeat`` calls after one warm-up call."""
-    return round_robin_ms({"fn": fn}, repeat)["fn"]
+def median_ms(fn: Callable[[], object], repeat: int, device: str = "cpu") -> float:
+    """Median wall time of ``fn`` in ms over ``repeat`` calls after one warm-up call; on
+    CUDA each call is synchronised before and after."""
+    return round_robin_ms({"fn": fn}, repeat, device)["fn"]
 
 
-def round_robin_ms(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+def round_robin_ms(fns: dict[str, Callable[[], object]], repeat: int,
+                   device: str = "cpu") -> dict[str, float]:
     """Median ms of each function, timed round-robin after one warm-up call each."""
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeat):
         for k, fn in fns.items():
+            sync()
             t0 = time.perf_counter()
             fn()
+            sync()
             times[k].append(time.perf_counter() - t0)
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
@@ -92,7 +101,7 @@ class Case:
     logits: str = "peaked"
 
 
-def make_logits(case: Case, seed: int = 0) -> torch.Tensor:
+def make_logits(case: Case, seed: int = 0, device: str = "cpu") -> torch.Tensor:
     """(B, V) float32 logits of the case's family.
 
     ``gaussian``: N(0, 3^2) i.i.d. (a flat top: top-p 0.9 keeps thousands of tokens).
@@ -102,37 +111,43 @@ def make_logits(case: Case, seed: int = 0) -> torch.Tensor:
     """
     g = torch.Generator().manual_seed(seed)
     if case.logits == "gaussian":
-        return torch.randn(case.B, case.V, generator=g) * 3
+        return (torch.randn(case.B, case.V, generator=g) * 3).to(device)
     x = torch.randn(case.B, case.V, generator=g) * 2
     n = min(24, case.V)
     lift = 16.0 - 2.0 * torch.log2(torch.arange(n, dtype=torch.float32) + 1)
     for i in range(case.B):
         ids = torch.randperm(case.V, generator=g)[:n]
         x[i, ids] += lift
-    return x
+    return x.to(device)
 
 
-def make_inputs(case: Case, seed: int = 0):
-    logits = make_logits(case, seed)
+def make_inputs(case: Case, seed: int = 0, device: str = "cpu"):
+    logits = make_logits(case, seed, device)
     reqs = [Request(f"r{i}", SamplingParams(seed=i, **CONFIGS[case.config]))
             for i in range(case.B)]
-    positions = torch.arange(case.B, dtype=torch.int64) + 100
+    positions = torch.arange(case.B, dtype=torch.int64, device=device) + 100
     return logits, reqs, positions
 
 
 def paths(case: Case, sglang_multinomial: Callable | None = None,
-          fast: bool = False) -> dict[str, Callable[[], object]]:
+          fast: bool = False, device: str = "cpu") -> dict[str, Callable[[], object]]:
     """The measured paths of one case, keyed by name (see the module docstring).
     ``sglang_multinomial``: the seeded Gumbel-max SGLang deterministic path uses
     (:func:`peers.compiled_multinomial`; default the eager one). ``fast`` adds
     ``Sampler(deterministic=False)``."""
-    logits, reqs, pos = make_inputs(case)
-    batch = SamplingBatch.from_requests(reqs, case.V)
+    logits, reqs, pos = make_inputs(case, device=device)
+    batch = SamplingBatch.from_requests(reqs, case.V, device=device)
     det = Sampler()
     out = {"detsample": lambda: det.sample(logits, batch, pos)}
     if fast:
         quick = Sampler(deterministic=False)
         out["detsample fast"] = lambda: quick.sample(logits, batch, pos)
+    if torch.device(device).type == "cuda":  # "detsample" is the Triton backend there
+        torch_backend = Sampler(backend="torch")
+        out["torch backend"] = lambda: torch_backend.sample(logits, batch, pos)
+        lsm_only = torch.empty_like(logits)
+        out["bare log_softmax"] = lambda: torch.log_softmax(logits, -1, out=lsm_only)
+        return out
     pb = peers.PeerBatch.of([r.params for r in reqs], pos, case.V)
     if case.config == "greedy":
         lsm = torch.empty_like(logits)
@@ -157,21 +172,23 @@ def paths(case: Case, sglang_multinomial: Callable | None = None,
 
 def run(batches=(1, 8, 64), vocabs=(32000, 152064), configs=tuple(CONFIGS),
         repeat: int = 7, n_threads: int | None = 2, logits: str = "peaked",
-        compile_sglang: bool = True, fast: bool = False) -> list[dict]:
+        compile_sglang: bool = True, fast: bool = False, device: str = "cpu") -> list[dict]:
     """One row per (V, B, config, path): median ms and torch ops per call."""
     rows = []
+    cuda = torch.device(device).type == "cuda"
     with threads(n_threads):
-        multinomial, how = (peers.compiled_multinomial() if compile_sglang
+        multinomial, how = (peers.compiled_multinomial() if compile_sglang and not cuda
                             else (peers.multinomial_with_seed, "eager"))
         for V in vocabs:
             for B in batches:
                 for cfg in configs:
-                    fns = paths(Case(B, V, cfg, logits), multinomial, fast)
-                    ms = round_robin_ms(fns, repeat)
+                    fns = paths(Case(B, V, cfg, logits), multinomial, fast, device)
+                    ms = round_robin_ms(fns, repeat, device)
                     for name, fn in fns.items():
                         label = f"{name} ({how})" if name == "SGLang deterministic" else name
                         rows.append(dict(B=B, V=V, config=cfg, logits=logits, path=label,
-                                         median_ms=round(ms[name], 3), ops=count_ops(fn)))
+                                         device=device, median_ms=round(ms[name], 3),
+                                         ops=count_ops(fn)))
     return rows
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from detsample.cli._argtypes import positive_int, positive_int_list
 
@@ -33,6 +34,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run SGLang's seeded Gumbel-max eagerly instead of torch.compile-d")
     p.add_argument("--fast", action="store_true",
                    help="also time Sampler(deterministic=False)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where the logits live (cuda: the Triton backend, synchronised "
+                        "timings, no CPU peers)")
+    p.add_argument("--matmul", action="store_true",
+                   help="(cuda) also time the batch-invariant matmul against cuBLAS")
     p.add_argument("--quick", action="store_true",
                    help="B=8, V=32000, 3 repeats, no compile (overrides those options)")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
@@ -40,15 +46,32 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from detsample.benchmarks import sampler as benchmark
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("detsample bench: error: --device cuda needs CUDA (torch.cuda.is_available() "
+              "is False)", file=sys.stderr)
+        return 2
+    if args.matmul and args.device != "cuda":
+        print("detsample bench: error: --matmul needs --device cuda", file=sys.stderr)
+        return 2
     batches = [b for group in args.batch for b in group]
     vocabs = [v for group in args.vocab for v in group]
     if args.quick:
         batches, vocabs, args.repeat, args.no_compile = [8], [32000], 3, True
     rows = benchmark.run(tuple(batches), tuple(vocabs), tuple(args.config), args.repeat,
-                         args.threads, args.logits, not args.no_compile, args.fast)
+                         args.threads, args.logits, not args.no_compile, args.fast,
+                         device=args.device)
     print(benchmark.markdown(rows))
+    report: dict | list = rows
+    if args.matmul:
+        from detsample.benchmarks import kernels
+        mm_rows = kernels.matmul_rows(args.device)
+        print()
+        print(kernels.markdown(mm_rows))
+        report = {"sampler": rows, "matmul": mm_rows}
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump(report, f, indent=1)
     return 0
