@@ -30,7 +30,7 @@ FORMAT_PATTERNS: dict[str, str] = {
     "date": rf"^{_DATE}$",
     "time": rf"^{_TIME}$",
     "date-time": rf"^{_DATE}T{_TIME}$",
-    "email": rf"^{_ATEXT}+(?:\.{_ATEXT}+)*@{_LABEL}(?:\.{_LABEL})*$",
+    "email": rf"^{_ATEXT}{{1,32}}(?:\.{_ATEXT}{{1,32}}){{0,3}}@{_LABEL}(?:\.{_LABEL}){{0,3}}$",
     "ipv4": rf"^(?:{_OCTET}\.){{3}}{_OCTET}$",
     "ipv6": (rf"^(?:(?:{_H16}:){{7}}{_H16}|(?:{_H16}:){{1,7}}:|(?:{_H16}:){{1,6}}:{_H16}"
              rf"|(?:{_H16}:){{1,5}}(?::{_H16}){{1,2}}|(?:{_H16}:){{1,4}}(?::{_H16}){{1,3}}"

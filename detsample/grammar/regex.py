@@ -3,7 +3,7 @@
 jsonschema checks ``pattern`` with Python's ``re.search``. xgrammar compiles a pattern
 with its own regex engine into a JSON-string automaton, and that path is not reliable:
 
-* its automaton for some alternations and optional groups is wrong: ``a{0,2}|a``
+* its automaton for some alternations and optional groups is wrong: ``(?:a{0,2}|a)``
   accepts ``aaaa`` and ``a(cb*)?`` accepts ``ab`` (xgrammar 0.2.9);
 * ``.``, negated classes and ``\\S`` / ``\\W`` / ``\\D`` admit the UTF-16 surrogates
   U+D800-U+DFFF, whose UTF-8 spelling is not valid UTF-8; its ``\\W`` / ``\\D`` are

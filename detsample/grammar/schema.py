@@ -87,6 +87,11 @@ _TYPES = ("string", "number", "integer", "boolean", "null", "array", "object")
 _STRUCTURAL = frozenset({"$defs", "definitions"})
 
 
+def _seg(name: str) -> str:
+    """``name`` as one JSON-pointer segment."""
+    return str(name).replace("~", "~0").replace("/", "~1")
+
+
 def _json_type(v: Any) -> str:
     if v is None:
         return "null"
@@ -118,7 +123,7 @@ class _Walker:
     # -- errors and references -------------------------------------------------------
     @staticmethod
     def fail(ptr: str, keyword: str, why: str) -> None:
-        raise GrammarError(f"json_schema: keyword {keyword!r} at {ptr or '#'} is not supported "
+        raise GrammarError(f"json_schema: keyword {keyword!r} at #{ptr} is not supported "
                            f"by the grammar backend: {why}")
 
     def resolve(self, ref: Any, ptr: str) -> Any:
@@ -138,7 +143,7 @@ class _Walker:
         if isinstance(node, bool):
             return node
         if not isinstance(node, dict):
-            raise GrammarError(f"json_schema: the schema at {ptr or '#'} must be an object or a "
+            raise GrammarError(f"json_schema: the schema at #{ptr} must be an object or a "
                                f"boolean, got {type(node).__name__}")
         out = dict(node)  # key order kept: xgrammar emits properties in declared order
         for k, v in node.items():
@@ -152,7 +157,7 @@ class _Walker:
             defs = node[k]
             if not isinstance(defs, dict):
                 self.fail(ptr, k, f"must be an object, got {type(defs).__name__}")
-            out[k] = {n: self.visit(s, f"{ptr}/{k}/{n}") for n, s in defs.items()}
+            out[k] = {n: self.visit(s, f"{ptr}/{k}/{_seg(n)}") for n, s in defs.items()}
         present = [k for k in _COMBINATORS if k in node]
         if present:
             return self.combinator(node, out, ptr, present)
@@ -194,7 +199,9 @@ class _Walker:
         kw = present[0]
         if len(present) > 1:
             self.fail(ptr, present[1], f"next to {kw!r} it would be ignored")
-        allowed = ANNOTATIONS | _STRUCTURAL | {kw} | ({"type"} if kw in ("enum", "const") else set())
+        allowed = ANNOTATIONS | _STRUCTURAL | {kw}
+        if kw in ("enum", "const"):
+            allowed = allowed | {"type"}
         for k in node:
             if k not in allowed and (k in KEYWORDS or k in UNSUPPORTED):
                 self.fail(ptr, k, f"next to {kw!r} it would be ignored")
@@ -354,7 +361,8 @@ class _Walker:
         props = node.get("properties", {})
         if not isinstance(props, dict):
             self.fail(ptr, "properties", "must be an object")
-        out["properties"] = {n: self.visit(s, f"{ptr}/properties/{n}") for n, s in props.items()}
+        out["properties"] = {n: self.visit(s, f"{ptr}/properties/{_seg(n)}")
+                             for n, s in props.items()}
         if not out["properties"] and "properties" not in node:
             del out["properties"]
         required = node.get("required", [])
@@ -381,7 +389,8 @@ class _Walker:
             if clash:
                 self.fail(ptr, "patternProperties", f"declared properties {clash} match the "
                           "pattern, so their values would have to satisfy both schemas")
-            out["patternProperties"] = {rx: self.visit(sub, f"{ptr}/patternProperties/{pat}")}
+            out["patternProperties"] = {
+                rx: self.visit(sub, f"{ptr}/patternProperties/{_seg(pat)}")}
             free = True
         if "propertyNames" in node:
             names = node["propertyNames"]
