@@ -17,53 +17,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from detsample.refmodel import RefModel
-from detsample.refmodel.config import ACT_FRAC, GAIN_FRAC, W_FRAC
-
-
-class NaiveFloatModel:
-    """The reference architecture in float32 with the usual kernels (F.linear, softmax)."""
-
-    def __init__(self, m: RefModel) -> None:
-        self.cfg = m.config
-        f = lambda name, frac: m.weights[name].to(torch.float32) * 2.0**-frac  # noqa: E731
-        self.w = {k: f(k, GAIN_FRAC if "norm" in k else ACT_FRAC if "emb" in k else W_FRAC)
-                  for k in m.weights if k != "exp_table"}
-
-    def _norm(self, x, g):
-        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-5) * g
-
-    def run(self, cache: list, toks: list[int]) -> torch.Tensor:
-        """Append ``toks`` to ``cache`` (list of per-layer (K, V)); logits [T, V]."""
-        w, H = self.w, self.cfg.n_heads
-        start = cache[0][0].shape[1] if cache else 0
-        T = len(toks)
-        x = w["tok_emb"][toks] + w["pos_emb"][start:start + T]
-        for layer in range(self.cfg.n_layers):
-            p = f"layers.{layer}."
-            xn = self._norm(x, w[p + "attn_norm"])
-            q, k, v = (F.linear(xn, w[p + n].T).view(T, H, -1).transpose(0, 1)
-                       for n in ("wq", "wk", "wv"))
-            if len(cache) <= layer:
-                cache.append((k[:, :0], v[:, :0]))
-            K = torch.cat([cache[layer][0], k], 1)
-            V = torch.cat([cache[layer][1], v], 1)
-            cache[layer] = (K, V)
-            mask = torch.ones(T, start + T, dtype=torch.bool).tril(start)
-            att = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)
-            x = x + F.linear(att.transpose(0, 1).reshape(T, -1), w[p + "wo"].T)
-            hid = F.relu(F.linear(self._norm(x, w[p + "mlp_norm"]), w[p + "w1"].T))
-            x = x + F.linear(hid, w[p + "w2"].T)
-        return F.linear(self._norm(x, w["final_norm"]), w["lm_head"].T)
+from detsample.models import RefModelFloat, prefill
 
 
 def test_naive_float_model_decode_differs_from_prefill(model):
-    naive = NaiveFloatModel(model)
+    naive = RefModelFloat(model)
     seq = [random.Random(0).randrange(512) for _ in range(48)]
-    full = naive.run([], seq)
-    cache: list = []
-    naive.run(cache, seq[:1])
-    diff = [t for t in range(1, len(seq)) if not torch.equal(naive.run(cache, [seq[t]])[0], full[t])]
+    full = prefill(naive, seq)
+    cache = naive.new_cache()
+    prefill(naive, seq[:1], cache)
+    diff = [t for t in range(1, len(seq)) if not torch.equal(prefill(naive, [seq[t]], cache)[0], full[t])]
     assert diff, "naive float32 decode matched prefill everywhere (see module docstring)"
     # ... while the float model is not wrong, just not bitwise: same argmax almost always
     # and the integer model (same weights) is exact at every position.

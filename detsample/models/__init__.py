@@ -1,0 +1,102 @@
+"""Model adapters: the models detsample can drive, behind one protocol.
+
+``load_model(spec)`` resolves a model spec to a :class:`~detsample.models.base.CausalLM`:
+
+=====================  =====================================================================
+``refmodel``           the tiny int64 reference model (batch-invariant by construction)
+``refmodel-float``     its float32 twin on the usual kernels (a known-variant control)
+``hf-tiny-llama``      a 4-layer ``LlamaForCausalLM``, float32, seeded weights (offline)
+``hf-tiny-qwen2``      a 3-layer ``Qwen2ForCausalLM``, float32, seeded weights (offline)
+``pkg.module:factory`` ``factory()`` from the user's module: a Hugging Face causal LM (wrapped
+                       in :class:`~detsample.models.hf.HFCausalLM`), a ``RefModel``, or any
+                       object with ``new_cache`` / ``forward(caches, chunks)`` / ``vocab_size``
+=====================  =====================================================================
+
+Importing the user's module is the only code a spec runs, and only when asked.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from detsample.models.base import CausalLM, ModelError, prefill
+from detsample.models.hf import HFCausalLM, HFSeqCache
+from detsample.models.refmodel_float import RefModelFloat
+from detsample.models.tiny import TINY_CONFIGS, build_tiny
+from detsample.refmodel import RefModel
+
+MODEL_NAMES = ("hf-tiny-llama", "hf-tiny-qwen2", "refmodel", "refmodel-float")
+
+__all__ = ["CausalLM", "HFCausalLM", "HFSeqCache", "MODEL_NAMES", "ModelError", "RefModelLM",
+           "RefModelFloat", "adapt", "build_tiny", "load_model", "prefill"]
+
+
+class RefModelLM:
+    """The int64 :class:`~detsample.refmodel.RefModel` as a ``CausalLM`` (it already has
+    the ragged ``forward``; this names it and exposes ``vocab_size``)."""
+
+    def __init__(self, model: RefModel | None = None, name: str = "refmodel") -> None:
+        self.model = model if model is not None else RefModel()
+        self.name = name
+        self.vocab_size = self.model.config.vocab_size
+        self.max_seq_len = self.model.config.max_seq_len
+
+    def new_cache(self) -> Any:
+        return self.model.new_cache()
+
+    def forward(self, caches, chunks):
+        return self.model.forward(caches, chunks)
+
+
+def adapt(obj: Any, name: str, *, padding: str = "left") -> CausalLM:
+    """Wrap what a factory returned: RefModel, a Hugging Face model, or a CausalLM as is."""
+    if isinstance(obj, RefModel):
+        return RefModelLM(obj, name=name)
+    if hasattr(obj, "config") and callable(getattr(obj, "forward", None)) \
+            and hasattr(obj, "named_parameters"):
+        return HFCausalLM(obj, padding=padding, name=name)
+    missing = [a for a in ("new_cache", "forward", "vocab_size") if not hasattr(obj, a)]
+    if missing:
+        raise ModelError(f"model {name!r}: the factory returned a {type(obj).__name__}, which "
+                         f"is neither a Hugging Face causal LM nor a CausalLM (missing "
+                         f"{', '.join(missing)}); see docs/probe.md, 'Your own model'")
+    if not hasattr(obj, "name"):
+        obj.name = name
+    if not hasattr(obj, "max_seq_len"):
+        obj.max_seq_len = None
+    return obj
+
+
+def load_factory(spec: str) -> Any:
+    """Import ``pkg.module`` and call ``factory()`` for ``spec = "pkg.module:factory"``."""
+    mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr or not all(p.isidentifier() for p in mod_name.split(".")) \
+            or not attr.isidentifier():
+        raise ModelError(f"model spec must be one of {', '.join(MODEL_NAMES)} or "
+                         f"package.module:factory, got {spec!r}")
+    try:
+        module = importlib.import_module(mod_name)
+    except Exception as e:  # the user's import error, whatever it is, goes in the message
+        raise ModelError(f"cannot import {mod_name!r} for model {spec!r}: "
+                         f"{type(e).__name__}: {e}") from e
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ModelError(f"model {spec!r}: {mod_name} has no callable {attr!r}")
+    return factory()
+
+
+def load_model(spec: str, *, padding: str = "left", seed: int = 0) -> CausalLM:
+    """The model ``spec`` names (see the module docstring); ``padding`` for HF models."""
+    if not isinstance(spec, str) or not spec:
+        raise ModelError(f"model spec must be a non-empty string, got {spec!r}")
+    if spec == "refmodel":
+        return RefModelLM()
+    if spec == "refmodel-float":
+        return RefModelFloat()
+    if spec in TINY_CONFIGS:
+        return HFCausalLM(build_tiny(spec, seed), padding=padding, name=spec)
+    if ":" not in spec:
+        raise ModelError(f"unknown model {spec!r}; known: {', '.join(MODEL_NAMES)}, or "
+                         f"package.module:factory")
+    return adapt(load_factory(spec), spec, padding=padding)

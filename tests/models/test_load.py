@@ -1,0 +1,95 @@
+"""load_model: the names, user factories, and errors that name what went wrong.
+
+Pins: an unknown name or a factory that fails to import giving a bare traceback (or,
+worse, silently falling back to another model).
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from detsample.models import (MODEL_NAMES, HFCausalLM, ModelError, RefModelFloat, RefModelLM,
+                              load_model, prefill)
+
+KINDS = [("refmodel", RefModelLM), ("refmodel-float", RefModelFloat),
+         ("hf-tiny-llama", HFCausalLM), ("hf-tiny-qwen2", HFCausalLM)]
+
+
+@pytest.mark.parametrize("spec,cls", KINDS)
+def test_builtin_names(spec, cls):
+    m = load_model(spec)
+    assert isinstance(m, cls) and m.name == spec and m.vocab_size == 512
+    assert prefill(m, [1, 2, 3]).shape == (3, 512)
+    assert spec in MODEL_NAMES
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    (tmp_path / "usermodels.py").write_text(textwrap.dedent("""
+        from detsample.models import build_tiny
+        from detsample.refmodel import RefModel
+
+        class Mine:
+            vocab_size = 512
+            def new_cache(self):
+                return []
+            def forward(self, caches, chunks):
+                import torch
+                out = []
+                for c, ch in zip(caches, chunks):
+                    c.extend(ch)
+                    out.append(torch.zeros(len(ch), 512))
+                return out
+
+        def hf():
+            return build_tiny("hf-tiny-qwen2", seed=1)
+
+        def ref():
+            return RefModel()
+
+        def mine():
+            return Mine()
+
+        def junk():
+            return 42
+    """))
+    (tmp_path / "brokenmodels.py").write_text("import no_such_package_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    for m in ("usermodels", "brokenmodels"):
+        sys.modules.pop(m, None)
+
+
+FACTORIES = [("usermodels:hf", HFCausalLM), ("usermodels:ref", RefModelLM)]
+
+
+@pytest.mark.parametrize("spec,cls", FACTORIES)
+def test_factories_are_adapted(user_module, spec, cls):
+    m = load_model(spec)
+    assert isinstance(m, cls) and m.name == spec
+
+
+def test_a_factory_returning_a_causal_lm_is_used_as_is(user_module):
+    m = load_model("usermodels:mine")
+    assert m.name == "usermodels:mine" and m.max_seq_len is None
+    assert torch.equal(prefill(m, [1, 2]), torch.zeros(2, 512))
+
+
+BAD_SPECS = [
+    ("gpt-5", "unknown model 'gpt-5'"),
+    ("", "non-empty string"),
+    ("usermodels:", "package.module:factory"),
+    ("brokenmodels:f", "cannot import 'brokenmodels'.*ModuleNotFoundError.*no_such_package_xyz"),
+    ("usermodels:nope", "has no callable 'nope'"),
+    ("usermodels:junk", "neither a Hugging Face causal LM nor a CausalLM"),
+]
+
+
+@pytest.mark.parametrize("spec,message", BAD_SPECS)
+def test_bad_specs_name_the_problem(user_module, spec, message):
+    with pytest.raises(ModelError, match=message):
+        load_model(spec)
