@@ -44,30 +44,18 @@ _ESCAPE_DEF = f"{ESCAPE_RULE} ::= {_ESCAPE_BODY}"
 _CHAR_BODY = f'(([^{STRING_EXCLUDE}]) | ("\\\\" {ESCAPE_RULE}))'
 
 
-def _skip_literal(s: str, i: int) -> int:
-    """Index just past the string literal that starts at ``s[i] == '"'``."""
+def _closing(s: str, i: int, close: str) -> int:
+    """Index of the unescaped ``close`` that ends the literal or class opened at ``s[i]``."""
     j = i + 1
     while j < len(s):
         if s[j] == "\\":
             j += 2
-        elif s[j] == '"':
-            return j + 1
-        else:
-            j += 1
-    raise GrammarError(f"unterminated string literal in generated grammar: {s[i:i + 80]!r}")
-
-
-def _class_end(s: str, i: int) -> int:
-    """Index of the ``]`` that closes the class opened at ``s[i] == '['``."""
-    j = i + 1
-    while j < len(s):
-        if s[j] == "\\":
-            j += 2
-        elif s[j] == "]":
+        elif s[j] == close:
             return j
         else:
             j += 1
-    raise GrammarError(f"unterminated character class in generated grammar: {s[i:i + 80]!r}")
+    what = "character class" if close == "]" else "string literal"
+    raise GrammarError(f"unterminated {what} in generated grammar: {s[i:i + 80]!r}")
 
 
 def exclude_from_negated_classes(body: str) -> str:
@@ -76,11 +64,11 @@ def exclude_from_negated_classes(body: str) -> str:
     while i < len(body):
         c = body[i]
         if c == '"':
-            j = _skip_literal(body, i)
+            j = _closing(body, i, '"') + 1
             out.append(body[i:j])
             i = j
         elif c == "[":
-            j = _class_end(body, i)
+            j = _closing(body, i, "]")
             cls = body[i:j]
             out.append(cls + STRING_EXCLUDE + "]" if cls.startswith("[^") else cls + "]")
             i = j + 1
