@@ -26,90 +26,21 @@ no ``(B, V)`` tensor exists for it.
 from __future__ import annotations
 
 import numbers
-import operator
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
-from detsample.processors import penalties as step3  # penalties, constraints
+from detsample.processors import penalties as constraints  # penalties, constraints
 from detsample.processors.batch_update import BatchUpdate, diff_update  # processors
-from detsample.errors import InvalidSamplingParams
 from detsample.grammar import batching as grammar_hooks  # grammar rows
-from detsample.params import Request, SamplingParams, _normalise_ids
+from detsample.ops.bias import BiasCOO, bias_coo
+from detsample.ops.host import to_device
+from detsample.params import Request, SamplingParams
+from detsample.validation import check_request, fail, id_sequence, int_list
 from detsample.processors.penalty_state import PenaltyState
 
 FINISH_NO_VALID_TOKEN = "no_valid_token"
-
-
-def _fail(msg: str) -> None:
-    raise InvalidSamplingParams(msg)
-
-
-def _int_list(what: str, values: Any) -> list[int]:
-    """Integers of ``values`` (a sequence or a tensor); a float or bool is an error,
-    never truncated."""
-    if isinstance(values, torch.Tensor):
-        values = values.tolist()
-    out = []
-    for v in values:
-        if isinstance(v, bool):
-            _fail(f"{what} must be integers, got {v!r}")
-        try:
-            out.append(operator.index(v))
-        except TypeError:
-            _fail(f"{what} must be integers, got {v!r}")
-    return out
-
-
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host -> device copy through pinned memory where the platform has it."""
-    if device.type == "cpu":
-        return t
-    if device.type == "cuda" and torch.cuda.is_available():
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
-
-
-def _check_ids(rid: str, field: str, ids: Iterable[int], vocab_size: int) -> None:
-    for t in ids:
-        if not 0 <= t < vocab_size:
-            _fail(f"request {rid!r}: {field} contains token id {t}, outside the "
-                  f"vocabulary [0, {vocab_size})")
-
-
-def _check_float32(rid: str, field: str, v: float, nonzero: bool = False) -> None:
-    """``v`` must stay finite (and non-zero if ``nonzero``) once rounded to float32."""
-    f = float(torch.tensor(v, dtype=torch.float32))
-    if f in (float("inf"), float("-inf")) or (nonzero and v != 0.0 and f == 0.0):
-        _fail(f"request {rid!r}: {field} must be {'0 or ' if nonzero else ''}"
-              f"representable in float32 (finite{', non-zero' if nonzero else ''}), got {v!r}")
-
-
-def validate_request(req: Request, vocab_size: int) -> None:
-    """Every check of a request done at batch build: token ids inside the vocabulary;
-    temperature and logit_bias values must survive the float32 rounding of the sampler
-    (1e-50 would become a temperature of 0, a bias of 1e39 an infinity); and the
-    penalty / processor rules of :func:`detsample.processors.penalties.validate_request` (so that
-    an engine validating up front rejects what the batch build would)."""
-    p = req.params
-    if not p.is_greedy:  # a greedy row (top_k=1) never divides by its temperature
-        _check_float32(req.rid, "temperature", p.temperature, nonzero=True)
-    for k, b in p.logit_bias or ():
-        _check_float32(req.rid, f"logit_bias[{k}]", b)
-    _check_ids(req.rid, "prompt_ids", req.prompt_ids, vocab_size)
-    _check_ids(req.rid, "output_ids", req.output_ids, vocab_size)
-    _check_ids(req.rid, "stop_token_ids", p.stop_token_ids, vocab_size)
-    if p.logit_bias is not None:
-        _check_ids(req.rid, "logit_bias", (k for k, _ in p.logit_bias), vocab_size)
-    if p.allowed_token_ids is not None:
-        _check_ids(req.rid, "allowed_token_ids", p.allowed_token_ids, vocab_size)
-    for seq in p.bad_words:
-        _check_ids(req.rid, "bad_words", seq, vocab_size)
-    if p.logprobs > vocab_size:
-        _fail(f"request {req.rid!r}: logprobs must be <= vocab_size ({vocab_size}), "
-              f"got {p.logprobs}")
-    step3.validate_request(req)
 
 
 @dataclass(frozen=True)
@@ -144,12 +75,13 @@ class SamplingBatch:
         self.min_ps = torch.empty((0,), dtype=torch.float32, device=device)
         self.seeds = torch.empty((0,), dtype=torch.int64, device=device)
         self.greedy = torch.empty((0,), dtype=torch.bool, device=device)
-        self._coo: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._coo: BiasCOO | tuple[()] | None = None  # () = built, no bias
         self._flags: BatchFlags | None = None
+        self._derived: dict[Any, Any] = {}
         # -- penalty counts (None unless a row has a penalty), step-3 row
         # cache, and stable row identities from which processors' BatchUpdates derive.
         self.penalties: PenaltyState | None = None
-        self._step3: step3.Step3Rows | None = None
+        self._constraints: constraints.ConstraintRows | None = None
         self.row_uids: list[int] = []
         self._next_uid = 0
         # min_new_tokens' EOS ids per row: a row keeps those of the batch it was built in
@@ -169,23 +101,23 @@ class SamplingBatch:
         """
         if (isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral)
                 or vocab_size < 1):
-            _fail(f"vocab_size must be a positive integer, got {vocab_size!r}")
+            fail(f"vocab_size must be a positive integer, got {vocab_size!r}")
         vocab_size = int(vocab_size)
         # the device tensors actually report ("cuda" -> cuda:0, "cpu:0" -> cpu), so
         # that logits made on it compare equal in Sampler's device check and in merge
         dev = torch.empty(0, device=device).device
-        eos = _normalise_ids("eos_token_ids", eos_token_ids)  # None: no EOS ids
+        eos = id_sequence("eos_token_ids", eos_token_ids)  # None: no EOS ids
         for e in eos:
             if not 0 <= e < vocab_size:
-                _fail(f"eos_token_ids contains {e}, outside the vocabulary [0, {vocab_size})")
+                fail(f"eos_token_ids contains {e}, outside the vocabulary [0, {vocab_size})")
         if vocab is not None and getattr(vocab, "vocab_size", vocab_size) > vocab_size:
-            _fail(f"vocab has {vocab.vocab_size} tokens, more than vocab_size={vocab_size}")
+            fail(f"vocab has {vocab.vocab_size} tokens, more than vocab_size={vocab_size}")
         batch = cls(vocab_size=vocab_size, device=dev, eos_token_ids=eos, vocab=vocab)
         reqs = list(requests)
         for r in reqs:
             if not isinstance(r, Request):
-                _fail(f"requests must be Request objects, got {type(r).__name__}")
-            validate_request(r, vocab_size)
+                fail(f"requests must be Request objects, got {type(r).__name__}")
+            check_request(r, vocab_size)
         batch._append_rows(reqs)
         return batch
 
@@ -203,7 +135,7 @@ class SamplingBatch:
             "seeds": torch.tensor([p.seed for p in params], dtype=torch.int64),
             "greedy": torch.tensor([p.is_greedy for p in params], dtype=torch.bool),
         }
-        return {k: _to_device(v, self.device) for k, v in host.items()}
+        return {k: to_device(v, self.device) for k, v in host.items()}
 
     _ROW_TENSORS = ("temperatures", "top_ks", "top_ps", "min_ps", "seeds", "greedy")
 
@@ -234,16 +166,25 @@ class SamplingBatch:
         return diff_update(old_uids, self.row_uids, lambda j: (
             self.requests[j].params, self.requests[j].prompt_ids, self.output_ids[j]))
 
-    def step3_rows(self) -> "step3.Step3Rows":
+    def constraint_rows(self) -> "constraints.ConstraintRows":
         """Rows with min_new_tokens / allowed_token_ids / bad_words (cached)."""
-        if self._step3 is None:
-            self._step3 = step3.step3_rows(self)
-        return self._step3
+        if self._constraints is None:
+            self._constraints = constraints.constraint_rows(self)
+        return self._constraints
+
+    def derived(self, key: Any, build: Callable[[], Any]) -> Any:
+        """``build()``, a value derived from the rows' parameters (a Sampler's row plan),
+        cached under ``key`` until the next ``filter`` / ``merge``."""
+        v = self._derived.get(key)
+        if v is None:
+            v = self._derived[key] = build()
+        return v
 
     def _changed(self) -> None:
         self._coo = None
         self._flags = None
-        self._step3 = None
+        self._constraints = None
+        self._derived.clear()
 
     # -- batch composition -----------------------------------------------------------
     def __len__(self) -> int:
@@ -256,13 +197,13 @@ class SamplingBatch:
         when nothing changed. Raises InvalidSamplingParams for an index out of range or
         repeated.
         """
-        idx = _int_list("filter indices", keep)
+        idx = int_list("filter indices", keep)
         B = len(self)
         for i in idx:
             if not 0 <= i < B:
-                _fail(f"filter index {i} out of range for a batch of {B} rows")
+                fail(f"filter index {i} out of range for a batch of {B} rows")
         if len(set(idx)) != len(idx):
-            _fail(f"filter indices must be distinct, got {idx}")
+            fail(f"filter indices must be distinct, got {idx}")
         if idx == list(range(B)):
             return None
         old_uids = self.row_uids
@@ -285,13 +226,13 @@ class SamplingBatch:
         Returns the processors' BatchUpdate (``added`` only), None if ``other`` is empty.
         """
         if not isinstance(other, SamplingBatch):
-            _fail(f"merge expects a SamplingBatch, got {type(other).__name__}")
+            fail(f"merge expects a SamplingBatch, got {type(other).__name__}")
         if other.vocab_size != self.vocab_size:
-            _fail(f"merge: vocab_size differs ({self.vocab_size} vs {other.vocab_size})")
+            fail(f"merge: vocab_size differs ({self.vocab_size} vs {other.vocab_size})")
         if other.device != self.device:
-            _fail(f"merge: device differs ({self.device} vs {other.device})")
+            fail(f"merge: device differs ({self.device} vs {other.device})")
         if other is self:
-            _fail("merge: a batch cannot be merged with itself")
+            fail("merge: a batch cannot be merged with itself")
         vocab = grammar_hooks.merged_vocab(self, other)  # checked before any change
         grammars = [g.fork() if g is not None else None  # never shared
                     for g in other.grammars]
@@ -316,12 +257,12 @@ class SamplingBatch:
         token_ids: (B,) int. A token of -1 (the sampler's "no admissible token") is not
         recorded; the row is marked finished with reason ``"no_valid_token"``.
         """
-        toks = _int_list("advance: token_ids", token_ids)
+        toks = int_list("advance: token_ids", token_ids)
         if len(toks) != len(self):
-            _fail(f"advance: token_ids has {len(toks)} entries for a batch of {len(self)} rows")
+            fail(f"advance: token_ids has {len(toks)} entries for a batch of {len(self)} rows")
         for i, t in enumerate(toks):  # validate all first: a bad id changes no row
             if t != -1 and not 0 <= t < self.vocab_size:
-                _fail(f"advance: row {i} token id {t} outside the vocabulary "
+                fail(f"advance: row {i} token id {t} outside the vocabulary "
                       f"[0, {self.vocab_size})")
         for i, t in enumerate(toks):
             if t == -1:
@@ -376,23 +317,12 @@ class SamplingBatch:
     def max_top_k(self) -> int | None:
         return self.flags.max_top_k
 
-    def logit_bias_coo(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """Sparse logit bias as (rows int64, cols int64, values float32), or None."""
+    def logit_bias_coo(self) -> BiasCOO | None:
+        """Sparse logit bias as (rows int64, cols int64, values float32), or None; built
+        on the batch's device once per composition change."""
         if self._coo is None:
-            rows, cols, vals = [], [], []
-            for i, p in enumerate(self.params):
-                for tid, b in p.logit_bias or ():
-                    rows.append(i)
-                    cols.append(tid)
-                    vals.append(b)
-            if not rows:
-                return None
-            self._coo = (
-                _to_device(torch.tensor(rows, dtype=torch.int64), self.device),
-                _to_device(torch.tensor(cols, dtype=torch.int64), self.device),
-                _to_device(torch.tensor(vals, dtype=torch.float32), self.device),
-            )
-        return self._coo
+            self._coo = bias_coo([p.logit_bias for p in self.params], self.device) or ()
+        return self._coo or None
 
     def rows_with_mode(self, mode: str) -> list[int]:
         return [i for i, p in enumerate(self.params) if p.logprobs_mode == mode]

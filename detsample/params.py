@@ -13,88 +13,41 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import numbers
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
-from detsample.errors import InvalidSamplingParams
+from detsample.validation import fail, id_sequence, int_field, real_field, sequence_of, token_id_key
 
 LOGPROBS_MODES = ("raw", "scaled", "processed")
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 SEED_BITS = 63  # seeds are non-negative int64
 
 
-def _fail(msg: str) -> None:
-    raise InvalidSamplingParams(msg)
+def _bias_items(bias: Any) -> list[tuple[Any, Any]]:
+    """``(key, value)`` pairs of a logit_bias given as a mapping or in the normalised
+    form ``((token_id, bias), ...)`` that SamplingParams stores (so ``replace`` and
+    ``SamplingParams(**dataclasses.asdict(p))`` round-trip)."""
+    if isinstance(bias, Mapping):
+        return list(bias.items())
+    if isinstance(bias, (tuple, list)) and all(
+            isinstance(kv, (tuple, list)) and len(kv) == 2 for kv in bias):
+        return [tuple(kv) for kv in bias]
+    fail(f"logit_bias must be a mapping of token id to bias, got {type(bias).__name__}")
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def _check_float(name: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        _fail(f"{name} must be a real number, got {v!r}")
-    f = float(v)
-    if math.isnan(f) or math.isinf(f):
-        _fail(f"{name} must be finite, got {v!r}")
-    return f
-
-
-def _check_int(name: str, v: Any) -> int:
-    if not _is_int(v):
-        _fail(f"{name} must be an integer, got {v!r}")
-    return int(v)
-
-
-def _token_id(name: str, v: Any) -> int:
-    """An integer token id; strings such as "42" are accepted (JSON keys)."""
-    if _is_int(v):
-        tid = int(v)
-    elif isinstance(v, str):
-        s = v.strip()
-        try:
-            tid = int(s, 10)
-        except ValueError:
-            _fail(f"{name} keys must be integer token ids, got {v!r}")
-    else:
-        _fail(f"{name} keys must be integer token ids, got {v!r}")
-    if tid < 0:
-        _fail(f"{name} token ids must be >= 0, got {v!r}")
-    return tid
-
-
-def _normalise_bias(bias: Mapping[Any, Any] | None) -> tuple[tuple[int, float], ...] | None:
+def _normalise_bias(bias: Any) -> tuple[tuple[int, float], ...] | None:
     if bias is None:
         return None
-    if isinstance(bias, tuple) and all(isinstance(kv, tuple) and len(kv) == 2 for kv in bias):
-        bias = dict(bias) if len({k for k, _ in bias}) == len(bias) else bias  # own form
-    if not isinstance(bias, Mapping):
-        _fail(f"logit_bias must be a mapping of token id to bias, got {type(bias).__name__}")
     out: dict[int, float] = {}
     spelled: dict[int, Any] = {}
-    for k, v in bias.items():
-        tid = _token_id("logit_bias", k)
+    for k, v in _bias_items(bias):
+        tid = token_id_key("logit_bias", k)
         if tid in out:
-            _fail(f"logit_bias names token {tid} twice ({spelled[tid]!r} and {k!r})")
-        out[tid] = _check_float(f"logit_bias[{k!r}]", v)
+            fail(f"logit_bias names token {tid} twice ({spelled[tid]!r} and {k!r})")
+        out[tid] = real_field(f"logit_bias[{k!r}]", v)
         spelled[tid] = k
     return tuple(sorted(out.items()))
-
-
-def _normalise_ids(name: str, ids: Any) -> tuple[int, ...]:
-    if ids is None:
-        return ()
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence) and not hasattr(ids, "__iter__"):
-        _fail(f"{name} must be a sequence of token ids, got {ids!r}")
-    out = []
-    for v in ids:
-        if not _is_int(v) or int(v) < 0:
-            _fail(f"{name} must hold non-negative integer token ids, got {v!r}")
-        out.append(int(v))
-    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -131,75 +84,75 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
-        t = _check_float("temperature", self.temperature)
+        t = real_field("temperature", self.temperature)
         if t < 0:
-            _fail(f"temperature must be >= 0, got {self.temperature!r}")
+            fail(f"temperature must be >= 0, got {self.temperature!r}")
         set_("temperature", t)
-        k = _check_int("top_k", self.top_k)
+        k = int_field("top_k", self.top_k)
         if k == 0 or k < -1:
-            _fail(f"top_k must be -1 (disabled) or >= 1, got {self.top_k!r}")
+            fail(f"top_k must be -1 (disabled) or >= 1, got {self.top_k!r}")
         set_("top_k", k)
-        p = _check_float("top_p", self.top_p)
+        p = real_field("top_p", self.top_p)
         if not 0.0 < p <= 1.0:
-            _fail(f"top_p must be in (0, 1], got {self.top_p!r}")
+            fail(f"top_p must be in (0, 1], got {self.top_p!r}")
         set_("top_p", p)
-        mp = _check_float("min_p", self.min_p)
+        mp = real_field("min_p", self.min_p)
         if not 0.0 <= mp <= 1.0:
-            _fail(f"min_p must be in [0, 1], got {self.min_p!r}")
+            fail(f"min_p must be in [0, 1], got {self.min_p!r}")
         set_("min_p", mp)
-        rp = _check_float("repetition_penalty", self.repetition_penalty)
+        rp = real_field("repetition_penalty", self.repetition_penalty)
         if rp <= 0:
-            _fail(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+            fail(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
         set_("repetition_penalty", rp)
-        set_("frequency_penalty", _check_float("frequency_penalty", self.frequency_penalty))
-        set_("presence_penalty", _check_float("presence_penalty", self.presence_penalty))
-        mnt = _check_int("min_new_tokens", self.min_new_tokens)
+        set_("frequency_penalty", real_field("frequency_penalty", self.frequency_penalty))
+        set_("presence_penalty", real_field("presence_penalty", self.presence_penalty))
+        mnt = int_field("min_new_tokens", self.min_new_tokens)
         if mnt < 0:
-            _fail(f"min_new_tokens must be >= 0, got {self.min_new_tokens!r}")
+            fail(f"min_new_tokens must be >= 0, got {self.min_new_tokens!r}")
         set_("min_new_tokens", mnt)
         if self.max_new_tokens is not None:
-            mx = _check_int("max_new_tokens", self.max_new_tokens)
+            mx = int_field("max_new_tokens", self.max_new_tokens)
             if mx < 1:
-                _fail(f"max_new_tokens must be >= 1, got {self.max_new_tokens!r}")
+                fail(f"max_new_tokens must be >= 1, got {self.max_new_tokens!r}")
             set_("max_new_tokens", mx)
-        set_("stop_token_ids", _normalise_ids("stop_token_ids", self.stop_token_ids))
+        set_("stop_token_ids", id_sequence("stop_token_ids", self.stop_token_ids))
         set_("logit_bias", _normalise_bias(self.logit_bias))
         if self.allowed_token_ids is not None:
-            ids = _normalise_ids("allowed_token_ids", self.allowed_token_ids)
+            ids = id_sequence("allowed_token_ids", self.allowed_token_ids)
             if not ids:
-                _fail("allowed_token_ids must not be empty, got ()")
+                fail("allowed_token_ids must not be empty, got ()")
             set_("allowed_token_ids", tuple(sorted(set(ids))))
         bw = []
-        for seq in self.bad_words or ():
-            s = _normalise_ids("bad_words", seq)
+        for seq in sequence_of("bad_words", self.bad_words or ()):
+            s = id_sequence("bad_words", seq)
             if not s:
-                _fail(f"bad_words entries must be non-empty, got {seq!r}")
+                fail(f"bad_words entries must be non-empty, got {seq!r}")
             bw.append(s)
         set_("bad_words", tuple(bw))
-        lp = _check_int("logprobs", self.logprobs)
+        lp = int_field("logprobs", self.logprobs)
         if lp < 0:
-            _fail(f"logprobs must be >= 0, got {self.logprobs!r}")
+            fail(f"logprobs must be >= 0, got {self.logprobs!r}")
         set_("logprobs", lp)
         if self.logprobs_mode not in LOGPROBS_MODES:
-            _fail(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
+            fail(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
         if self.seed is None:
             set_("seed", secrets.randbits(SEED_BITS))
         else:
-            s = _check_int("seed", self.seed)
+            s = int_field("seed", self.seed)
             if not 0 <= s < 2**SEED_BITS:
-                _fail(f"seed must be in [0, 2**63), got {self.seed!r}")
+                fail(f"seed must be in [0, 2**63), got {self.seed!r}")
             set_("seed", s)
         kinds = [f for f in GRAMMAR_FIELDS if getattr(self, f) is not None]
         if len(kinds) > 1:
-            _fail(f"at most one of {GRAMMAR_FIELDS} may be set, got {kinds}")
+            fail(f"at most one of {GRAMMAR_FIELDS} may be set, got {kinds}")
         if self.json_schema is not None and not isinstance(self.json_schema, (str, dict, bool)):
-            _fail(f"json_schema must be a str or dict, got {type(self.json_schema).__name__}")
+            fail(f"json_schema must be a str or dict, got {type(self.json_schema).__name__}")
         for name in ("regex", "ebnf"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, str):
-                _fail(f"{name} must be a str, got {type(v).__name__}")
+                fail(f"{name} must be a str, got {type(v).__name__}")
         if self.structural_tag is not None and not isinstance(self.structural_tag, (str, dict)):
-            _fail(f"structural_tag must be a str or dict, got {type(self.structural_tag).__name__}")
+            fail(f"structural_tag must be a str or dict, got {type(self.structural_tag).__name__}")
 
     # -- derived ---------------------------------------------------------------------
     @property
@@ -257,9 +210,9 @@ class Request:
 
     def __post_init__(self) -> None:
         if not isinstance(self.params, SamplingParams):
-            _fail(f"params must be a SamplingParams, got {type(self.params).__name__}")
-        self.prompt_ids = list(_normalise_ids("prompt_ids", self.prompt_ids))
-        self.output_ids = list(_normalise_ids("output_ids", self.output_ids))
+            fail(f"params must be a SamplingParams, got {type(self.params).__name__}")
+        self.prompt_ids = list(id_sequence("prompt_ids", self.prompt_ids))
+        self.output_ids = list(id_sequence("output_ids", self.output_ids))
 
     @property
     def seed(self) -> int:

@@ -31,13 +31,16 @@ from detsample.ops import logprobs as lp_ops
 from detsample.ops.bias import apply_logit_bias_
 from detsample.ops.sanitize import STATUS_NO_VALID_TOKEN, sanitize_rows
 from detsample.ops.temperature import scale_logits
-from detsample.processors.penalties import apply_step3
 from detsample.processors.base import ProcessorRunner
+from detsample.processors.penalties import apply_penalties_and_constraints
 from detsample.rng import RNG_NAME, row_uniforms
+from detsample.rowplan import RowPlan, Rows, plan_rows
+from detsample.validation import check_logits, row_ids_tensor
 from detsample.workspace import Workspace
 
 FILTER_IMPLS = ("auto", "sort")
 DRAW_METHOD = "inverse-cdf/token-id-order/fixed-point"
+NEG_INF = float("-inf")
 
 
 @dataclass
@@ -60,15 +63,38 @@ class SampleOutput:
     status: torch.Tensor
 
 
-@dataclass
-class _Prepared:
+@dataclass(frozen=True)
+class Prepared:
+    """Steps 1-5 of one call (B rows, V tokens), all float32 unless noted."""
+
     raw: torch.Tensor      # (B, V) sanitised model logits (may alias the caller's)
     x: torch.Tensor        # (B, V) after steps 1-5 (may alias ``raw``)
-    status: torch.Tensor   # (B,) int32
-    row_max: torch.Tensor  # (B, 1) float32 max of ``x``
-    z: torch.Tensor | None = None          # (B, V) scaled logits, every row (set by _scaled)
-    tau: torch.Tensor | None = None        # (B,) float32 kept threshold (sampling rows)
-    total: torch.Tensor | None = None      # (B,) int64 kept mass (sampling rows)
+    status: torch.Tensor   # (B,) int32 STATUS_* flags
+    row_max: torch.Tensor  # (B, 1) max of ``x`` (-inf on a fully masked row)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Step 8, "thresholds and kept mass": what the filters keep in each row.
+
+    tau: (B,) float32, kept = ``(z >= tau) & (exp(z) >= min_p)`` (``-inf`` on rows
+    without a value threshold, and on non-sampling rows); total: (B,) int64, the exact
+    fixed-point kept mass ``Q`` (0 on non-sampling rows). The CDF tables the draw reads:
+    ``compact`` = (row index (n,), kept ids ascending (n, K), running mass (n, K)) for
+    rows whose kept tokens are all among their candidates; ``blocks`` = (row index (n,),
+    masses (n, V) int64, blocked running mass (n, nb)) for rows drawn over the vocabulary.
+    """
+
+    tau: torch.Tensor
+    total: torch.Tensor
+    compact: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    blocks: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    @staticmethod
+    def none(B: int, device: torch.device) -> "Cut":
+        """No sampling row: nothing is cut, no mass (processed logprobs are one-hot)."""
+        return Cut(torch.full((B,), NEG_INF, dtype=torch.float32, device=device),
+                   torch.zeros((B,), dtype=torch.int64, device=device))
 
 
 class Sampler:
@@ -77,6 +103,8 @@ class Sampler:
     filter_impl: "auto" (bounded ``topk`` where it provably equals the full sort) or
     "sort" (always the full stable sort: the reference semantics).
     processors: batch-level logits processors run at pipeline step 1.
+    Logits may be float32, bfloat16 or float16: they are upcast once to float32, and
+    every guarantee speaks of those float32 values (docs/sampling.md).
     A Sampler keeps scratch buffers between calls (:class:`~detsample.workspace.Workspace`);
     use one instance per thread.
     """
@@ -97,53 +125,19 @@ class Sampler:
         self.grammar_masker = GrammarMasker()  # one reused bitmask buffer
 
     def validate_request(self, request) -> None:
-        """Admission check against the registered processors' ``validate_params``
-       ; raises InvalidSamplingParams naming the request and the field."""
+        """Admission check against the registered processors' ``validate_params``;
+        raises InvalidSamplingParams naming the request and the field. (The rules every
+        batch applies are :func:`detsample.validation.check_request`.)"""
         self._runner.validate(request.rid, request.params)
 
-    # -- input checks ----------------------------------------------------------------
-    @staticmethod
-    def _check_logits(logits: torch.Tensor, batch: SamplingBatch) -> None:
-        if not isinstance(logits, torch.Tensor):
-            raise InvalidSamplingParams(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-        if logits.dtype != torch.float32:
-            raise InvalidSamplingParams(f"logits must be float32, got {logits.dtype}")
-        want = (len(batch), batch.vocab_size)
-        if tuple(logits.shape) != want:
-            raise InvalidSamplingParams(f"logits must have shape {want}, got {tuple(logits.shape)}")
-        if logits.device != batch.device:
-            raise InvalidSamplingParams(
-                f"logits must be on the batch's device {batch.device}, got {logits.device}")
+    def _buf(self, name: str, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return self._ws.get(name, tuple(like.shape), dtype or like.dtype, like.device)
 
-    @staticmethod
-    def _check_ids(name: str, t, batch: SamplingBatch, vocab: bool,
-                   lowest: int = 0) -> torch.Tensor:
-        if not isinstance(t, torch.Tensor):
-            try:
-                t = torch.as_tensor(t)
-                if t.numel() == 0:  # [] is float32 to torch; empty ids are int64
-                    t = t.to(torch.int64)
-            except (TypeError, ValueError, OverflowError, RuntimeError) as e:
-                raise InvalidSamplingParams(
-                    f"{name} must be an int64 tensor of shape ({len(batch)},), got {t!r} "
-                    f"({e})") from None
-        if t.dtype not in (torch.int64, torch.int32) or tuple(t.shape) != (len(batch),):
-            raise InvalidSamplingParams(
-                f"{name} must be an int64 tensor of shape ({len(batch)},), got "
-                f"{t.dtype} {tuple(t.shape)}")
-        t = t.to(device=batch.device, dtype=torch.int64)
-        if t.numel():
-            lo, hi = int(t.min()), int(t.max())
-            if lo < lowest:
-                raise InvalidSamplingParams(f"{name} must be >= {lowest}, got {lo}")
-            if vocab and hi >= batch.vocab_size:
-                raise InvalidSamplingParams(
-                    f"{name} must be < vocab_size ({batch.vocab_size}), got {hi}")
-        return t
-
-    # -- pipeline steps 1-5 ----------------------------------------------------------
-    def _prepare(self, logits: torch.Tensor, batch: SamplingBatch) -> _Prepared:
-        self._check_logits(logits, batch)
+    # -- steps 1-5 -------------------------------------------------------------------
+    def _prepare(self, logits: torch.Tensor, batch: SamplingBatch) -> Prepared:
+        check_logits(logits, len(batch), batch.vocab_size, batch.device)
+        if logits.dtype != torch.float32:  # bfloat16 / float16: upcast once, exactly
+            logits = logits.to(torch.float32)
         x = self._runner.run(logits, batch)  # step 1 (detsample.processors.base)
         raw, status, m = sanitize_rows(logits)  # step 2 ("raw" = sanitised model logits)
         if x is logits:
@@ -151,219 +145,176 @@ class Sampler:
         else:
             x, st, m = sanitize_rows(x)
             status = status | st
-        after_step2 = x
-        # Steps 3-5 never write into ``after_step2`` (it may alias the caller's logits):
-        # a step that changes logits works on a copy, so ``x is after_step2`` means
+        after_sanitize = x
+        # Steps 3-5 never write into ``after_sanitize`` (it may alias the caller's logits):
+        # a step that changes logits works on a copy, so ``x is after_sanitize`` means
         # "unchanged" and the row maxima of step 2 still hold.
-        x = apply_step3(x, batch, lambda: self._buf("step3", x))  # step 3
+        x = apply_penalties_and_constraints(  # step 3
+            x, batch, lambda: self._buf("constrained", x))
         x, status = grammar_hooks.grammar_step(  # step 4: grammar mask
             self.grammar_masker, batch, x, status, lambda: self._buf("mask", x))
         coo = batch.logit_bias_coo()  # step 5
         if coo is not None:
-            x = apply_logit_bias_(x.clone() if x is after_step2 else x, *coo)
-        if x is not after_step2:  # a penalty or a bias can overflow a finite logit to +inf
+            x = apply_logit_bias_(x.clone() if x is after_sanitize else x, *coo)
+        if x is not after_sanitize:  # a penalty or a bias can overflow a finite logit to +inf
             x, st, m = sanitize_rows(x)
             status = status | st
-        return _Prepared(raw=raw, x=x, status=status, row_max=m)
+        return Prepared(raw=raw, x=x, status=status, row_max=m)
 
-    def _buf(self, name: str, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-        return self._ws.get(name, tuple(like.shape), dtype or like.dtype, like.device)
+    def _plan(self, batch: SamplingBatch, status: torch.Tensor) -> RowPlan:
+        """The batch's cached :class:`RowPlan`; rows without an admissible token this step
+        (rare: a fully masked row) get a plan of their own that leaves them out."""
+        def build(excluded: frozenset[int] = frozenset()) -> RowPlan:
+            return plan_rows(batch.params, batch.vocab_size, self.filter_impl, batch.device,
+                             batch.temperatures, batch.greedy, excluded)
 
-    # -- steps 7-8 -------------------------------------------------------------------
-    def _scaled(self, prep: _Prepared, batch: SamplingBatch) -> torch.Tensor:
-        """z = (x - max) / T_eff for every row (T_eff = 1 on greedy rows)."""
-        if prep.z is None:
-            x = prep.x
-            m = prep.row_max
-            m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # all -inf rows
-            t = torch.where(batch.greedy.unsqueeze(1), torch.ones_like(batch.temperatures),
-                            batch.temperatures)
-            prep.z = scale_logits(x, m, t, out=self._buf("z", x))
-        return prep.z
+        plan = batch.derived(("row_plan", self.filter_impl), build)
+        dead = (status & STATUS_NO_VALID_TOKEN) != 0
+        if not bool(dead.any()):
+            return plan
+        return build(frozenset(dead.nonzero().flatten().tolist()))
 
-    @staticmethod
-    def _rows(z: torch.Tensor, rows: list[int], ri: torch.Tensor) -> torch.Tensor:
-        """z restricted to ``rows`` (``ri``: the same rows as an int64 index tensor,
-        built once by the caller); z itself when rows is every row."""
-        if rows == list(range(z.shape[0])):
-            return z
-        return z[ri]
-
-    def _route(self, batch: SamplingBatch, rows: list[int]) -> tuple[list[int], list[int], list[int], int]:
-        """Split sampling rows into (bounded topk, full sort, no sort) groups.
-
-        A host-side decision from each row's OWN parameters: it selects how work is
-        done, never what the result is (all routes give the same bits).
-        """
-        V = batch.vocab_size
-        cand, sort_rows, plain = [], [], []
-        k_max = 0
-        for r in rows:
-            p = batch.requests[r].params
-            has_k = p.top_k != -1 and p.top_k < V
-            if has_k and self.filter_impl == "auto" and p.top_k * 8 <= V:
-                cand.append(r)
-                k_max = max(k_max, p.top_k)
-            elif has_k or p.top_p < 1.0:
-                sort_rows.append(r)
-            else:
-                plain.append(r)
-        return cand, sort_rows, plain, k_max
-
-    def _analyse(self, prep: _Prepared, batch: SamplingBatch, rows: list[int],
-                 u: torch.Tensor | None) -> torch.Tensor | None:
-        """Step 8 (and step 9 when ``u`` is given) for the sampling ``rows``.
-
-        Sets prep.tau (kept threshold) and prep.total (exact kept mass) for those rows;
-        returns the drawn tokens (B,) when drawing.
-        """
-        z = self._scaled(prep, batch)
-        B, V = z.shape
-        frac = filter_ops.frac_bits(V)
-        dev = z.device
-        tau = torch.full((B,), float("-inf"), dtype=torch.float32, device=dev)
-        total = torch.zeros((B,), dtype=torch.int64, device=dev)
-        tokens = torch.full((B,), -1, dtype=torch.int64, device=dev)
-        cand, sort_rows, plain, k_max = self._route(batch, rows)
-        if cand:
-            ci = torch.tensor(cand, dtype=torch.int64, device=dev)
-            vals, ids, fits = filter_ops.topk_candidates(self._rows(z, cand, ci),
-                                                         batch.top_ks[ci], k_max)
-            if not self.deterministic:  # fast mode: no fallback when ties spill past k_max
-                fits = torch.ones_like(fits)
-            n = filter_ops.kept_prefix_length(vals, batch.top_ks[ci], batch.top_ps[ci],
-                                              batch.min_ps[ci], frac)
-            ok = fits.nonzero().flatten()
-            okr = ci[ok]
-            tau[okr] = vals.gather(1, (n - 1).unsqueeze(1)).squeeze(1)[ok]
-            if ok.numel():  # without u (rescoring), the same code gives the kept mass
-                uk = u[okr] if u is not None else torch.full(okr.shape, 0.5, dtype=torch.float64,
-                                                              device=dev)
-                tok, total[okr] = draw_ops.draw_compact(vals[ok], ids[ok], n[ok], uk, frac)
-                if u is not None:
-                    tokens[okr] = tok
-            sort_rows.extend(ci[(~fits).nonzero().flatten()].tolist())
-        if sort_rows:
-            sort_rows.sort()
-            si = torch.tensor(sort_rows, dtype=torch.int64, device=dev)
-            tau[si] = filter_ops.thresholds_by_sort(
-                self._rows(z, sort_rows, si), batch.top_ks[si], batch.top_ps[si],
-                batch.min_ps[si], frac)
-            plain.extend(sort_rows)
-        if plain:
-            plain.sort()
-            fi = torch.tensor(plain, dtype=torch.int64, device=dev)
-            zf = self._rows(z, plain, fi)
-            w_buf, q_buf = self._buf("w", zf), self._buf("q", zf, torch.int64)
-            if u is not None:
-                tokens[fi], total[fi] = draw_ops.draw_full(
-                    zf, tau[fi], batch.min_ps[fi], u[fi], frac, out=w_buf, q_out=q_buf)
-            else:
-                total[fi] = draw_ops.to_mass(draw_ops.kept_mass(
-                    zf, tau[fi], batch.min_ps[fi], frac, out=w_buf), q_buf).sum(-1)
-        prep.tau, prep.total = tau, total
-        return tokens if u is not None else None
-
-    # -- step 10 ---------------------------------------------------------------------
-    def _mode_rows(self, prep: _Prepared, batch: SamplingBatch, mode: str,
-                   rows: list[int], ri: torch.Tensor, greedy_tok: torch.Tensor) -> torch.Tensor:
-        """(len(rows), V) float32 logprobs of ``rows`` (index ``ri``) in ``mode``."""
-        if mode == "raw":
-            return lp_ops.log_softmax_rows(self._rows(prep.raw, rows, ri))
-        z = self._rows(self._scaled(prep, batch), rows, ri)
-        if mode == "scaled":
-            return lp_ops.log_softmax_rows(z)
-        ids = torch.arange(batch.vocab_size, device=z.device).unsqueeze(0)
-        return self._processed(prep, batch, ri, z, ids, greedy_tok)
-
-    def _processed(self, prep: _Prepared, batch: SamplingBatch, ri: torch.Tensor,
-                   z: torch.Tensor, ids: torch.Tensor, greedy_tok: torch.Tensor) -> torch.Tensor:
-        """The "processed" logprob of scaled logits ``z`` with token ids ``ids`` of rows
-        ``ri``: either (n,) picked tokens, or (n, V) full rows with ``ids`` (1, V).
-        Kept entries get the renormalised logprob of the draw, others -inf; a greedy row
-        is one-hot on its greedy token."""
-        self._no_sampling_rows(prep, len(batch))
-        col = (lambda t: t.unsqueeze(1)) if z.dim() == 2 else (lambda t: t)  # noqa: E731
-        frac = filter_ops.frac_bits(batch.vocab_size)
-        keep = (z >= col(prep.tau[ri])) & (torch.exp(z) >= col(batch.min_ps[ri]))
-        lp = lp_ops.processed_logprob(z, col(prep.total[ri].clamp(min=1)), frac)
-        lp = lp.masked_fill(~keep, float("-inf"))
-        onehot = torch.where(ids == col(greedy_tok[ri]), torch.zeros_like(lp),
-                             torch.full_like(lp, float("-inf")))
-        return torch.where(col(batch.greedy[ri]), onehot, lp)
-
-    @staticmethod
-    def _no_sampling_rows(prep: _Prepared, B: int) -> None:
-        """Without sampling rows step 8 never ran; processed mode is then one-hot only."""
-        if prep.tau is None:
-            prep.tau = torch.full((B,), float("-inf"), device=prep.x.device)
-            prep.total = torch.ones((B,), dtype=torch.int64, device=prep.x.device)
-
-    def _token_logprobs(self, prep: _Prepared, batch: SamplingBatch, tokens: torch.Tensor,
-                        greedy_tok: torch.Tensor) -> torch.Tensor:
-        """(B,) float32 logprob of ``tokens`` (-1 = none: -inf) in each row's mode."""
-        B = len(batch)
-        out = torch.full((B,), float("-inf"), dtype=torch.float32, device=tokens.device)
-        safe = tokens.clamp(min=0)
-        for mode in sorted(batch.flags.modes):
-            rows = batch.rows_with_mode(mode)
-            ri = torch.tensor(rows, dtype=torch.int64, device=tokens.device)
-            if mode in ("raw", "scaled"):
-                src = prep.raw if mode == "raw" else self._scaled(prep, batch)
-                sub = self._rows(src, rows, ri)
-                lsm = torch.log_softmax(sub, dim=-1, out=self._buf("lsm", sub))
-                vals = lp_ops.gather_rows(lsm, safe[ri])
-            else:
-                ztok = lp_ops.gather_rows(self._rows(self._scaled(prep, batch), rows, ri), safe[ri])
-                vals = self._processed(prep, batch, ri, ztok, safe[ri], greedy_tok)
-            out[ri] = vals
-        return out.masked_fill(tokens < 0, float("-inf"))
-
-    def _top_logprobs(self, prep: _Prepared, batch: SamplingBatch, greedy_tok: torch.Tensor
-                      ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        n = batch.flags.max_top_logprobs
-        if n == 0:
-            return None
-        B, dev = len(batch), batch.device
-        vals = torch.full((B, n), float("-inf"), dtype=torch.float32, device=dev)
-        ids = torch.full((B, n), -1, dtype=torch.int64, device=dev)
-        params = batch.params
-        live = ((prep.status & STATUS_NO_VALID_TOKEN) == 0).tolist()
-        for mode in sorted(batch.flags.modes):
-            rows = [i for i in batch.rows_with_mode(mode) if params[i].logprobs > 0
-                    and live[i]]
-            if not rows:
-                continue
-            ri = torch.tensor(rows, dtype=torch.int64, device=dev)
-            v, i = lp_ops.topn(self._mode_rows(prep, batch, mode, rows, ri, greedy_tok), n)
-            vals[ri] = v
-            ids[ri] = i
-        want = torch.tensor([p.logprobs if ok else 0 for p, ok in zip(params, live)],
-                            dtype=torch.int64, device=dev)  # dead rows: none
-        beyond = torch.arange(n, device=dev).unsqueeze(0) >= want.unsqueeze(1)
-        return vals.masked_fill(beyond, float("-inf")), ids.masked_fill(beyond, -1)
-
-    def _greedy_tokens(self, prep: _Prepared, batch: SamplingBatch) -> torch.Tensor:
-        """(B,) argmax of x on greedy rows (and on every row if a mode needs it), else -1."""
-        B = len(batch)
-        need_all = "processed" in batch.flags.modes
-        rows = list(range(B)) if need_all else [i for i, p in enumerate(batch.params) if p.is_greedy]
-        out = torch.full((B,), -1, dtype=torch.int64, device=batch.device)
+    # -- step 6 ----------------------------------------------------------------------
+    def _greedy_tokens(self, prep: Prepared, plan: RowPlan) -> torch.Tensor:
+        """(B,) argmax of x on greedy rows (on every row when "processed" logprobs need
+        it), -1 elsewhere."""
+        rows = Rows.of(range(plan.size), plan.size, prep.x.device) if plan.greedy_for_all \
+            else plan.greedy
+        if rows.every:
+            return draw_ops.greedy_argmax(prep.x)
+        out = torch.full((plan.size,), -1, dtype=torch.int64, device=prep.x.device)
         if rows:
-            gi = torch.tensor(rows, dtype=torch.int64, device=batch.device)
-            out[gi] = draw_ops.greedy_argmax(self._rows(prep.x, rows, gi))
+            out[rows.index] = draw_ops.greedy_argmax(rows.take(prep.x))
         return out
 
-    def _decide(self, prep: _Prepared, batch: SamplingBatch
-                ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """Shared by :meth:`sample` and :meth:`compute_logprobs`: ``(valid (B,) bool,
-        greedy tokens (B,) int64, sampling rows)``; a sampling row is a non-greedy row
-        with an admissible token."""
-        valid = (prep.status & STATUS_NO_VALID_TOKEN) == 0
-        greedy_tok = self._greedy_tokens(prep, batch)
-        valid_l = valid.tolist()
-        sampling = [i for i, p in enumerate(batch.params) if not p.is_greedy and valid_l[i]]
-        return valid, greedy_tok, sampling
+    # -- step 7 ----------------------------------------------------------------------
+    def _scaled(self, prep: Prepared, plan: RowPlan) -> torch.Tensor:
+        """z = (x - max) / T_eff for every row (T_eff = 1 on greedy rows)."""
+        m = prep.row_max
+        m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # all -inf rows
+        return scale_logits(prep.x, m, plan.temperatures, out=self._buf("z", prep.x))
+
+    # -- step 8 ----------------------------------------------------------------------
+    def _cut(self, z: torch.Tensor, batch: SamplingBatch, plan: RowPlan) -> Cut:
+        """Thresholds and exact kept mass of the sampling rows (a pure step: no draw)."""
+        B, V = z.shape
+        if not plan.sampling:
+            return Cut.none(B, z.device)
+        frac = filter_ops.frac_bits(V)
+        tau = torch.full((B,), NEG_INF, dtype=torch.float32, device=z.device)
+        total = torch.zeros((B,), dtype=torch.int64, device=z.device)
+        rt = plan.route
+        compact = None
+        sort_idx = [rt.sort.index] if rt.sort else []
+        if rt.candidates:
+            ci = rt.candidates.index
+            vals, ids, fits = filter_ops.topk_candidates(rt.candidates.take(z),
+                                                         batch.top_ks[ci], rt.k_max)
+            n = filter_ops.kept_prefix_length(vals, batch.top_ks[ci], batch.top_ps[ci],
+                                              batch.min_ps[ci], frac)
+            if not self.deterministic or bool(fits.all()):  # fast mode: never spills
+                okr = ci
+            else:  # a tie group spills past k_max: those rows take the full sort
+                ok = fits.nonzero().flatten()
+                okr = ci[ok]
+                vals, ids, n = vals[ok], ids[ok], n[ok]
+                sort_idx.append(ci[~fits])
+            if okr.numel():
+                tau[okr] = vals.gather(1, (n - 1).unsqueeze(1)).squeeze(1)
+                sorted_ids, csum = draw_ops.compact_cdf(vals, ids, n, frac)
+                total[okr] = csum[:, -1]
+                compact = (okr, sorted_ids, csum)
+        full_idx = list(sort_idx)
+        if sort_idx:
+            si = torch.cat(sort_idx)
+            tau[si] = filter_ops.thresholds_by_sort(
+                z.index_select(0, si), batch.top_ks[si], batch.top_ps[si], batch.min_ps[si],
+                frac)
+        if rt.plain:
+            full_idx.append(rt.plain.index)
+        blocks = None
+        if full_idx:
+            fi = torch.cat(full_idx) if len(full_idx) > 1 else full_idx[0]
+            every = rt.plain.every and len(full_idx) == 1
+            zf = z if every else z.index_select(0, fi)
+            q, bsum = draw_ops.block_cdf(zf, tau[fi], batch.min_ps[fi], frac,
+                                         out=self._buf("w", zf),
+                                         q_out=self._buf("q", zf, torch.int64))
+            total[fi] = bsum[:, -1]
+            blocks = (fi, q, bsum)
+        return Cut(tau, total, compact, blocks)
+
+    # -- step 9 ----------------------------------------------------------------------
+    @staticmethod
+    def _draw(cut: Cut, u: torch.Tensor) -> torch.Tensor:
+        """(B,) int64 drawn tokens of the rows in ``cut``'s CDF tables, -1 elsewhere.
+        u: (B,) float64 per-row uniforms."""
+        tokens = torch.full(u.shape, -1, dtype=torch.int64, device=u.device)
+        if cut.compact is not None:
+            idx, ids, csum = cut.compact
+            tokens[idx] = draw_ops.draw_by_cdf(ids, csum, u[idx])
+        if cut.blocks is not None:
+            idx, q, bsum = cut.blocks
+            tokens[idx] = draw_ops.draw_by_blocks(q, bsum, u[idx])
+        return tokens
+
+    # -- step 10 ---------------------------------------------------------------------
+    def _processed(self, cut: Cut, batch: SamplingBatch, rows: Rows, z: torch.Tensor,
+                   ids: torch.Tensor, greedy_tok: torch.Tensor) -> torch.Tensor:
+        """The "processed" logprob of scaled logits ``z`` with token ids ``ids`` of
+        ``rows``: either (n,) picked tokens, or (n, V) full rows with ``ids`` (1, V).
+        Kept entries get the renormalised logprob of the draw, others -inf; a greedy row
+        is one-hot on its greedy token."""
+        col = (lambda t: t.unsqueeze(1)) if z.dim() == 2 else (lambda t: t)  # noqa: E731
+        keep = (z >= col(rows.take(cut.tau))) & (torch.exp(z) >= col(rows.take(batch.min_ps)))
+        lp = lp_ops.log_softmax(z, kept_mass=col(rows.take(cut.total).clamp(min=1)),
+                                frac=filter_ops.frac_bits(batch.vocab_size))
+        lp = lp.masked_fill(~keep, NEG_INF)
+        onehot = torch.where(ids == col(rows.take(greedy_tok)), torch.zeros_like(lp),
+                             torch.full_like(lp, NEG_INF))
+        return torch.where(col(rows.take(batch.greedy)), onehot, lp)
+
+    def _token_logprobs(self, prep: Prepared, z: torch.Tensor | None, cut: Cut,
+                        batch: SamplingBatch, plan: RowPlan, tokens: torch.Tensor,
+                        greedy_tok: torch.Tensor) -> torch.Tensor:
+        """(B,) float32 logprob of ``tokens`` (-1 = none: -inf) in each row's mode."""
+        out = torch.full((plan.size,), NEG_INF, dtype=torch.float32, device=tokens.device)
+        safe = tokens.clamp(min=0)
+        for mode, rows in plan.modes.items():
+            picked = rows.take(safe)
+            if mode == "processed":
+                ztok = lp_ops.gather_rows(rows.take(z), picked)
+                vals = self._processed(cut, batch, rows, ztok, picked, greedy_tok)
+            else:
+                sub = rows.take(prep.raw if mode == "raw" else z)
+                lsm = lp_ops.log_softmax(sub, out=self._buf("lsm", sub))
+                vals = lp_ops.gather_rows(lsm, picked)
+            if rows.every:
+                out = vals
+            else:
+                out[rows.index] = vals
+        return out.masked_fill(tokens < 0, NEG_INF)
+
+    def _top_logprobs(self, prep: Prepared, z: torch.Tensor | None, cut: Cut,
+                      batch: SamplingBatch, plan: RowPlan, greedy_tok: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        n = plan.max_top
+        if n == 0:
+            return None
+        B, dev = plan.size, batch.device
+        vals = torch.full((B, n), NEG_INF, dtype=torch.float32, device=dev)
+        ids = torch.full((B, n), -1, dtype=torch.int64, device=dev)
+        for mode, rows in plan.top.items():
+            if mode == "processed":
+                full = torch.arange(batch.vocab_size, device=dev).unsqueeze(0)
+                lp = self._processed(cut, batch, rows, rows.take(z), full, greedy_tok)
+            else:
+                lp = lp_ops.log_softmax(rows.take(prep.raw if mode == "raw" else z))
+            v, i = lp_ops.topn(lp, n)
+            vals[rows.index] = v
+            ids[rows.index] = i
+        beyond = torch.arange(n, device=dev).unsqueeze(0) >= plan.want_top.unsqueeze(1)
+        return vals.masked_fill(beyond, NEG_INF), ids.masked_fill(beyond, -1)
 
     # -- public API ------------------------------------------------------------------
     @torch.no_grad()  # not differentiable; logits may come from a training model
@@ -371,26 +322,32 @@ class Sampler:
                positions: torch.Tensor) -> SampleOutput:
         """Sample one token per row.
 
-        logits: (B, V) float32 on the batch's device (never modified).
+        logits: (B, V) float32, bfloat16 or float16 on the batch's device (never
+        modified; a half-precision input is upcast once to float32).
         positions: (B,) int64, the position of each row's last input token; the row's
         random stream is keyed by (seed, position) only.
         Deterministic mode: bitwise batch-invariant and run-to-run reproducible.
         """
-        positions = self._check_ids("positions", positions, batch, vocab=False)
+        positions = row_ids_tensor("positions", positions, len(batch), batch.device)
         prep = self._prepare(logits, batch)
         B = len(batch)
-        valid, greedy_tok, sampling = self._decide(prep, batch)
-        tokens = torch.where(batch.greedy, greedy_tok, torch.full_like(greedy_tok, -1))
-        if sampling:
-            u = row_uniforms(batch.seeds, positions)
-            drawn = self._analyse(prep, batch, sampling, u)
-            tokens = torch.where(batch.greedy, tokens, drawn)
-        tokens = tokens.masked_fill(~valid, -1)
         if B == 0:
-            return SampleOutput(tokens, torch.empty((0,), dtype=torch.float32, device=batch.device),
+            return SampleOutput(torch.empty((0,), dtype=torch.int64, device=batch.device),
+                                torch.empty((0,), dtype=torch.float32, device=batch.device),
                                 None, batch.seeds.clone(), prep.status)
-        logprobs = self._token_logprobs(prep, batch, tokens, greedy_tok)
-        top = self._top_logprobs(prep, batch, greedy_tok)
+        plan = self._plan(batch, prep.status)
+        greedy_tok = self._greedy_tokens(prep, plan)
+        z = self._scaled(prep, plan) if plan.needs_scaled else None
+        cut = self._cut(z, batch, plan) if z is not None else Cut.none(B, batch.device)
+        if plan.sampling:
+            drawn = self._draw(cut, row_uniforms(batch.seeds, positions))
+            tokens = torch.where(batch.greedy, greedy_tok, drawn)
+        else:
+            tokens = torch.where(batch.greedy, greedy_tok, torch.full_like(greedy_tok, -1))
+        if plan.excluded:
+            tokens = tokens.masked_fill((prep.status & STATUS_NO_VALID_TOKEN) != 0, -1)
+        logprobs = self._token_logprobs(prep, z, cut, batch, plan, tokens, greedy_tok)
+        top = self._top_logprobs(prep, z, cut, batch, plan, greedy_tok)
         return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
                             seeds=batch.seeds.clone(), status=prep.status)
 
@@ -400,16 +357,22 @@ class Sampler:
         """The rescoring (prefill) path: logprob of ``token_ids`` per row, in each row's
         ``logprobs_mode``, through the same steps 1-8 as :meth:`sample`.
 
-        logits: (B, V) float32; token_ids: (B,) int64, -1 meaning "no token" (what
-        :meth:`sample` reports for a row without an admissible token; its logprob is
-        -inf). Returns (B,) float32, bitwise equal to the ``logprobs`` that
-        :meth:`sample` reported for the same inputs.
+        logits: (B, V) float32, bfloat16 or float16 (upcast once to float32);
+        token_ids: (B,) int64, -1 meaning "no token" (what :meth:`sample` reports for a
+        row without an admissible token; its logprob is -inf). Returns (B,) float32,
+        bitwise equal to the ``logprobs`` that :meth:`sample` reported for the same inputs.
         """
-        token_ids = self._check_ids("token_ids", token_ids, batch, vocab=True, lowest=-1)
+        token_ids = row_ids_tensor("token_ids", token_ids, len(batch), batch.device,
+                                   lowest=-1, upper=batch.vocab_size)
         prep = self._prepare(logits, batch)
-        if len(batch) == 0:
+        B = len(batch)
+        if B == 0:
             return torch.empty((0,), dtype=torch.float32, device=batch.device)
-        valid, greedy_tok, sampling = self._decide(prep, batch)
-        if "processed" in batch.flags.modes and sampling:
-            self._analyse(prep, batch, sampling, None)
-        return self._token_logprobs(prep, batch, token_ids.masked_fill(~valid, -1), greedy_tok)
+        plan = self._plan(batch, prep.status)
+        greedy_tok = self._greedy_tokens(prep, plan)
+        z = self._scaled(prep, plan) if plan.needs_scaled else None
+        processed = "processed" in plan.modes
+        cut = self._cut(z, batch, plan) if processed else Cut.none(B, batch.device)
+        if plan.excluded:
+            token_ids = token_ids.masked_fill((prep.status & STATUS_NO_VALID_TOKEN) != 0, -1)
+        return self._token_logprobs(prep, z, cut, batch, plan, token_ids, greedy_tok)

@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from detsample.errors import InvalidSamplingParams
+from detsample.validation import fail
 
 #: The 255 merged tokens of the default vocabulary (ids 257..511, in this order).
 #: Fixed forever: the reference model's embedding rows are laid out by these ids.
@@ -66,24 +66,19 @@ _EOS_NAMES = ("</s>", "<|endoftext|>", "<eos>", "<|eot_id|>", "<|end_of_text|>",
               "<|im_end|>", "<|end|>")
 
 
-def _fail(msg: str) -> None:
-    raise InvalidSamplingParams(msg)
-
-
 def _as_bytes(i: int, tok: Any) -> bytes:
     if isinstance(tok, bytes):
         return tok
     if isinstance(tok, str):
         return tok.encode("utf-8")
-    _fail(f"tokens[{i}] must be bytes or str, got {type(tok).__name__}")
-    raise AssertionError  # unreachable
+    fail(f"tokens[{i}] must be bytes or str, got {type(tok).__name__}")
 
 
 def _id_set(name: str, ids: Iterable[Any], n: int) -> tuple[int, ...]:
     out = []
     for v in ids:
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < n:
-            _fail(f"{name} must hold token ids in [0, {n}), got {v!r}")
+            fail(f"{name} must hold token ids in [0, {n}), got {v!r}")
         out.append(int(v))
     return tuple(sorted(set(out)))
 
@@ -107,14 +102,14 @@ class Vocabulary:
         toks = tuple(_as_bytes(i, t) for i, t in enumerate(tokens))
         n = len(toks)
         if n == 0:
-            _fail("tokens must not be empty, got 0 tokens")
+            fail("tokens must not be empty, got 0 tokens")
         eos = _id_set("eos_token_ids", eos_token_ids, n)
         if not eos:
-            _fail("eos_token_ids must name at least one token, got ()")
+            fail("eos_token_ids must name at least one token, got ()")
         special = frozenset(_id_set("special_ids", special_ids, n)) | frozenset(eos)
         for i, t in enumerate(toks):
             if not t and i not in special:
-                _fail(f"tokens[{i}] is empty but not special; empty tokens must be special")
+                fail(f"tokens[{i}] is empty but not special; empty tokens must be special")
         self._tokens = toks
         self._eos = eos
         self._special = special
@@ -170,7 +165,7 @@ class Vocabulary:
         if eos_token_ids is None:
             eos_token_ids = [i for i in sorted(special) if names.get(i) in _EOS_NAMES]
             if not eos_token_ids:
-                _fail(f"no EOS token found in {path}; pass eos_token_ids explicitly")
+                fail(f"no EOS token found in {path}; pass eos_token_ids explicitly")
         return cls(tokens, eos_token_ids, special)
 
     # -- properties ------------------------------------------------------------------
@@ -226,7 +221,7 @@ class Vocabulary:
                     i += ln
                     break
             else:
-                _fail(f"cannot encode byte {data[i:i + 1]!r} at offset {i}: no token spells it")
+                fail(f"cannot encode byte {data[i:i + 1]!r} at offset {i}: no token spells it")
         return out
 
     def decode(self, ids: Iterable[int]) -> bytes:
@@ -236,7 +231,7 @@ class Vocabulary:
         for v in ids:
             tid = int(v)
             if not 0 <= tid < n:
-                _fail(f"token id must be in [0, {n}), got {v!r}")
+                fail(f"token id must be in [0, {n}), got {v!r}")
             if tid not in self._special:
                 parts.append(self._tokens[tid])
         return b"".join(parts)

@@ -78,7 +78,7 @@ def bad_words_row(x: np.ndarray, output_ids: Sequence[int],
     return out
 
 
-def step3_row(x: np.ndarray, params, prompt_ids: Sequence[int], output_ids: Sequence[int],
+def penalties_and_constraints_row(x: np.ndarray, params, prompt_ids: Sequence[int], output_ids: Sequence[int],
               eos_token_ids: Sequence[int], dtype=np.float64) -> np.ndarray:
     """The whole step 3 for one row, in the contract's order: additive, scaling,
     min_new_tokens, then allowed_token_ids and bad_words. ``params`` is any object with
@@ -91,8 +91,8 @@ def step3_row(x: np.ndarray, params, prompt_ids: Sequence[int], output_ids: Sequ
     return bad_words_row(out, output_ids, params.bad_words)
 
 
-def step3(x: np.ndarray, rows: Sequence[tuple], eos_token_ids: Sequence[int],
+def penalties_and_constraints(x: np.ndarray, rows: Sequence[tuple], eos_token_ids: Sequence[int],
           dtype=np.float64) -> np.ndarray:
     """x: (B, V); rows[i] = (params, prompt_ids, output_ids). Per-row loop."""
-    return np.stack([step3_row(x[i], *rows[i], eos_token_ids, dtype) for i in range(len(rows))]) \
+    return np.stack([penalties_and_constraints_row(x[i], *rows[i], eos_token_ids, dtype) for i in range(len(rows))]) \
         if len(rows) else np.array(x, dtype=dtype)

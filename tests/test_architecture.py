@@ -18,12 +18,13 @@ PKG = Path(__file__).resolve().parents[1] / "detsample"
 # tier are peers and never import each other. Keep in step with docs/architecture.md.
 TIERS: list[tuple[str, ...]] = [
     ("errors", "version", "threads"),
+    ("validation",),
     ("rng", "params"),
     ("ops", "kernels"),
     ("processors", "grammar", "invariant"),
     ("hf_tokenizer",),
     ("vocab",),
-    ("workspace",),
+    ("workspace", "rowplan"),
     ("batch",),
     ("sampler",),
     ("refmodel",),

@@ -1,8 +1,11 @@
 """SamplingParams / Request validation: every rule names the field and the value."""
 
+import dataclasses
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from detsample import InvalidSamplingParams, Request, SamplingParams
 
@@ -82,3 +85,62 @@ def test_replace_keeps_logit_bias():
     p = SamplingParams(logit_bias={"5": 1.0, 2: -1.0}, seed=3)
     q = p.replace(temperature=0.5)
     assert q.logit_bias == p.logit_bias and q.seed == 3
+
+
+ROUND_TRIP_FIELDS = dict(  # one strategy per field, every field of SamplingParams
+    temperature=st.floats(0, 4), top_k=st.sampled_from([-1, 1, 7]),
+    top_p=st.sampled_from([1.0, 0.5]), min_p=st.sampled_from([0.0, 0.1]),
+    repetition_penalty=st.sampled_from([1.0, 1.3]), frequency_penalty=st.floats(-2, 2),
+    presence_penalty=st.floats(-2, 2), min_new_tokens=st.integers(0, 5),
+    stop_token_ids=st.lists(st.integers(0, 50), max_size=3),
+    logit_bias=st.one_of(st.none(), st.dictionaries(
+        st.one_of(st.integers(0, 50), st.integers(0, 50).map(str)), st.floats(-5, 5),
+        max_size=4).filter(lambda d: len({int(k) for k in d}) == len(d))),
+    seed=st.one_of(st.none(), st.integers(0, 2**63 - 1)), logprobs=st.integers(0, 3),
+    logprobs_mode=st.sampled_from(["raw", "scaled", "processed"]),
+    json_schema=st.sampled_from([None, {"type": "object"}]),
+    max_new_tokens=st.one_of(st.none(), st.integers(1, 9)),
+    allowed_token_ids=st.one_of(st.none(), st.lists(st.integers(0, 50), min_size=1, max_size=4)),
+    bad_words=st.lists(st.lists(st.integers(0, 50), min_size=1, max_size=3), max_size=2),
+    logits_processor=st.sampled_from([None, abs]),
+)
+
+
+def test_round_trip_strategies_cover_every_field():
+    assert set(ROUND_TRIP_FIELDS) | {"regex", "ebnf", "structural_tag"} == {
+        f.name for f in dataclasses.fields(SamplingParams)}
+
+
+@given(st.fixed_dictionaries(ROUND_TRIP_FIELDS), st.sampled_from(sorted(ROUND_TRIP_FIELDS)))
+def test_replace_and_asdict_round_trip_every_field(kw, changed):
+    """Bug pinned: ``replace`` / ``dataclasses.replace`` re-validated the normalised
+    ``logit_bias`` form and rejected it, so callers converted it back to a dict by hand.
+    All three copies now give an equal SamplingParams (same seed, same normalised
+    logit_bias), and every field's normalised value is accepted back by ``replace``."""
+    p = SamplingParams(**kw)
+    copies = [p.replace(), dataclasses.replace(p), SamplingParams(**dataclasses.asdict(p))]
+    for q in copies:
+        assert q == p
+        assert q.logit_bias == p.logit_bias and q.seed == p.seed
+    q = p.replace(**{changed: getattr(p, changed)})  # each normalised value is accepted back
+    assert q == p
+
+
+SEQUENCE_FIELDS_BAD = [
+    (dict(bad_words=1.5), "bad_words", "1.5"),
+    (dict(bad_words=[1.5]), "bad_words", "1.5"),
+    (dict(bad_words=[[1, "x"]]), "bad_words", "'x'"),
+    (dict(stop_token_ids=7), "stop_token_ids", "7"),
+    (dict(allowed_token_ids=2.0), "allowed_token_ids", "2.0"),
+    (dict(logit_bias=((1, 2.0), (1, 3.0))), "logit_bias", "token 1 twice"),
+    (dict(logit_bias=[1, 2]), "logit_bias", "list"),
+]
+
+
+@pytest.mark.parametrize("kwargs,field,value", SEQUENCE_FIELDS_BAD)
+def test_bad_sequence_fields_raise_invalid_params_naming_the_field(kwargs, field, value):
+    """Bug pinned: ``SamplingParams(bad_words=1.5)`` raised a bare ``TypeError`` ("'float'
+    object is not iterable") naming no field."""
+    with pytest.raises(InvalidSamplingParams) as ei:
+        SamplingParams(**kwargs)
+    assert field in str(ei.value) and value in str(ei.value)

@@ -199,7 +199,8 @@ def test_nan_and_masked_rows_do_not_touch_neighbours():
 
 
 LOGITS_ERRORS = [
-    (lambda: torch.zeros(2, V, dtype=torch.float64), "float32"),
+    (lambda: torch.zeros(2, V, dtype=torch.float64), "float32, bfloat16, float16, got torch.float64"),
+    (lambda: torch.zeros(2, V, dtype=torch.int32), "got torch.int32"),
     (lambda: torch.zeros(3, V), "shape"),
     (lambda: torch.zeros(2, V + 1), "shape"),
     (lambda: [[0.0] * V] * 2, "torch.Tensor"),
@@ -372,3 +373,73 @@ def test_certain_token_has_processed_logprob_exactly_zero():
         p = SamplingParams(temperature=1.0, top_p=0.5, seed=1, logprobs_mode="processed")
         out = Sampler().sample(x, _batch([p], V), torch.tensor([0]))
         assert int(out.token_ids[0]) == 7 and out.logprobs[0].item() == 0.0, V
+
+
+HALF_DTYPES = [torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@given(st.lists(params_strategy(V), min_size=1, max_size=12), st.sampled_from(FAMILIES),
+       st.integers(0, 2**32 - 1))
+def test_half_precision_logits_equal_their_float32_upcast(dtype, ps, family, seed):
+    """Serving engines emit bfloat16 / float16 logits, which the Sampler rejected. They
+    are upcast once to float32, and a row gives bitwise what its float32 upcast gives:
+    in the batch, alone, and on the rescoring path."""
+    rng = np.random.default_rng(seed)
+    half = torch.from_numpy(logits_rows(rng, len(ps), V, family)).to(dtype)
+    up = half.to(torch.float32)
+    pos = torch.from_numpy(rng.integers(0, 10_000, len(ps)))
+    reqs = requests_from(ps)
+    s = Sampler()
+    got = s.sample(half, SamplingBatch.from_requests(reqs, V), pos)
+    want = s.sample(up, SamplingBatch.from_requests(reqs, V), pos)
+    for i, r in enumerate(reqs):
+        assert row_bits_equal(got, i, sample_alone(s, up[i], r, int(pos[i]), V)), i
+        assert row_bits_equal(got, i, sample_alone(s, half[i], r, int(pos[i]), V)), i
+    assert torch.equal(got.token_ids, want.token_ids)
+    lp = s.compute_logprobs(half, SamplingBatch.from_requests(reqs, V), got.token_ids)
+    assert torch.equal(lp.view(torch.int32), want.logprobs.view(torch.int32))
+
+
+def test_half_precision_logits_are_never_modified():
+    x = torch.randn(3, V).to(torch.bfloat16)
+    before = x.clone()
+    Sampler().sample(x, _batch([SamplingParams(temperature=0.7, top_p=0.8)] * 3),
+                     torch.arange(3))
+    assert torch.equal(x.view(torch.int16), before.view(torch.int16))
+
+
+LOGPROB_MODES = ["raw", "scaled", "processed"]
+
+
+def test_every_logprob_goes_through_the_one_log_softmax(monkeypatch):
+    """Bug pinned: the sampled token's logprob called ``torch.log_softmax`` in the
+    Sampler while top logprobs went through ``ops.logprobs``, so a kernel swapped in one
+    place changed only half of the outputs. With ``ops.logprobs.log_softmax`` replaced by
+    a shifted one, every finite logprob moves: the sampled token's, the top-n and the
+    rescoring path's, in every mode (greedy "processed" rows are the constant one-hot
+    distribution, which no log_softmax computes; they are left out)."""
+    from detsample.ops import logprobs as lp_ops
+    ps = [SamplingParams(temperature=t, top_p=tp, top_k=k, logprobs=3, logprobs_mode=m, seed=i)
+          for i, (m, t, tp, k) in enumerate(
+              (m, t, tp, k) for m in LOGPROB_MODES for t in (0.0, 0.8)
+              for tp, k in ((1.0, -1), (0.9, -1), (1.0, 5)))]
+    x = torch.from_numpy(logits_rows(np.random.default_rng(0), len(ps), V, "random"))
+    pos = torch.arange(len(ps))
+    s = Sampler()
+
+    def run():
+        out = s.sample(x, _batch(ps), pos)
+        return out, s.compute_logprobs(x, _batch(ps), out.token_ids)
+
+    base, base_lp = run()
+    real = lp_ops.log_softmax
+    monkeypatch.setattr(lp_ops, "log_softmax", lambda *a, **kw: real(*a, **kw) - 0.25)
+    moved, moved_lp = run()
+    assert torch.equal(moved.token_ids, base.token_ids)  # the draw never reads logprobs
+    constant = torch.tensor([p.logprobs_mode == "processed" and p.is_greedy for p in ps])
+    for a, b in ((base.logprobs, moved.logprobs), (base_lp, moved_lp)):
+        assert bool((a != b)[~constant].all())
+    top_a, top_b = base.top_logprobs[0], moved.top_logprobs[0]
+    finite = torch.isfinite(top_a) & ~constant.unsqueeze(1)
+    assert bool(finite.any()) and bool((top_a != top_b)[finite].all())

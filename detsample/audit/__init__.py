@@ -17,8 +17,8 @@ file order for the issue list and ties in the worst-sequence table): the chunk s
 ``workers`` cannot change a bit of it (docs/audit.md, "Exactness").
 """
 
-from detsample.audit.run import (AuditInputError, Issue, Shard, audit, audit_accumulator,
-                                 check_gates, plan_shards, to_json)
+from detsample.audit.run import (AuditInputError, AuditOptions, Issue, Shard, audit,
+                                 audit_accumulator, check_gates, plan_shards, to_json)
 
-__all__ = ["AuditInputError", "Issue", "Shard", "audit", "audit_accumulator", "check_gates",
-           "plan_shards", "to_json"]
+__all__ = ["AuditInputError", "AuditOptions", "Issue", "Shard", "audit", "audit_accumulator",
+           "check_gates", "plan_shards", "to_json"]

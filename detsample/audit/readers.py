@@ -152,9 +152,8 @@ class _ChunkBuilder:
                     return
                 continue
             a, problem = _as_column(c, v)
-            if problem:
-                kind = "ragged" if "dimensions" in problem or "flat list" in problem else "bad_type"
-                self.add_bad(line, self._issue(line, c, kind, problem), str(rid))
+            if problem is not None:
+                self.add_bad(line, self._issue(line, c, *problem), str(rid))
                 return
             arrays[c] = a
         self.ids.append(str(rid))
@@ -189,23 +188,24 @@ class _ChunkBuilder:
         return chunk
 
 
-def _as_column(c: str, v: object) -> tuple[np.ndarray | None, str | None]:
-    """One record's column as a 1-D array of the column's canonical dtype, or a problem."""
+def _as_column(c: str, v: object) -> tuple[np.ndarray | None, tuple[str, str] | None]:
+    """One record's column as a 1-D array of the column's canonical dtype, or a problem
+    ``(kind, message)``: kind "ragged" (not a flat list) or "bad_type" (values)."""
     if c != "mask" and isinstance(v, list):  # numpy would coerce False -> 0.0, True -> 1
         bad = next((x for x in v if x is True or x is False), None)
         if bad is not None:
-            return None, f"values must be {_kind_words(c)}, got {bad!r}"
+            return None, ("bad_type", f"values must be {_kind_words(c)}, got {bad!r}")
     try:
         a = np.asarray(v)
     except (ValueError, TypeError) as exc:  # ragged nested lists
-        return None, f"not a flat list of numbers ({exc})"
+        return None, ("ragged", f"not a flat list of numbers ({exc})")
     if a.ndim != 1:
-        return None, f"must be a flat list, got {a.ndim} dimensions"
+        return None, ("ragged", f"must be a flat list, got {a.ndim} dimensions")
     if a.size and a.dtype.kind not in COLUMN_KINDS[c]:
-        return None, f"values must be {_kind_words(c)}, got {_first_bad(a)}"
+        return None, ("bad_type", f"values must be {_kind_words(c)}, got {_first_bad(a)}")
     if c in ("prompt_ids", "response_ids") and (a.size == 0 or a.dtype.kind == "u"):
         if a.size and a.max() > np.iinfo(np.int64).max:
-            return None, f"token id {a.max()} is out of the int64 range"
+            return None, ("bad_type", f"token id {a.max()} is out of the int64 range")
         return a.astype(np.int64), None  # [] is float64 for numpy; uint64 + int64 -> float64
     if "logprob" in c and (a.size == 0 or a.dtype.kind in "iu"):
         return a.astype(np.float64), None

@@ -1,6 +1,8 @@
 """``detsample check``: the CI gate (goldens, invariances, alignment, external checks).
 
-Prints a progress bar on stderr and a summary table on stdout; ``--json PATH`` writes
+Prints a progress bar on stderr when stderr is a terminal (redrawn in place; nothing
+when it is a file or a pipe, so CI logs stay clean) and a summary table on stdout;
+``--json PATH`` writes
 ``{"ok": bool, "platform": str, "checks": [{"name", "ok", "detail"}]}``. Exit status 0
 only when every check holds, 1 otherwise (a platform without goldens is a failure unless
 ``--allow-missing-goldens``).
@@ -33,21 +35,22 @@ def register(subparsers: Any) -> None:
 
 
 class ProgressBar:
-    """A plain-text progress bar on ``stream`` (redrawn in place on a terminal)."""
+    """A progress bar on ``stream``, redrawn in place, only when ``stream`` is a
+    terminal: a log file or a pipe gets no line per tick (the summary table on stdout
+    says everything)."""
 
     def __init__(self, stream: TextIO | None = None, width: int = 30) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.width = width
-        stream = self.stream
-        self.tty = hasattr(stream, "isatty") and stream.isatty()
+        isatty = getattr(self.stream, "isatty", None)
+        self.tty = bool(isatty is not None and isatty())
 
     def __call__(self, done: int, total: int, label: str) -> None:
+        if not self.tty:
+            return
         fill = self.width * done // max(total, 1)
         line = f"[{'#' * fill}{'.' * (self.width - fill)}] {done}/{total} {label}"
-        if self.tty:
-            self.stream.write("\r\033[K" + line + ("\n" if done == total else ""))
-        else:
-            self.stream.write(line + "\n")
+        self.stream.write("\r\033[K" + line + ("\n" if done == total else ""))
         self.stream.flush()
 
 

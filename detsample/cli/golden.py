@@ -63,13 +63,13 @@ def _verify(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
 
 def _update(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
     from detsample.golden import registry
-    from detsample.golden.store import GoldenUpdateRefused, update_all
+    from detsample.golden.store import ChangeKind, GoldenUpdateRefused, update_all
     try:
         changes = update_all(selected, args.device, store.root, force=args.force)
     except GoldenUpdateRefused as e:
         print(f"detsample golden update: {e}", file=sys.stderr)
         return 2
-    moved = [c for c in changes if c.kind != "unchanged"]
+    moved = [c for c in changes if c.kind is not ChangeKind.UNCHANGED]
     for c in moved:
         print(f"[{c.kind}] {c.report}")
     print(f"{len(changes)} scenarios written to {store.platform_dir}: {len(moved)} changed, "

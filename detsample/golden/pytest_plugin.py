@@ -96,7 +96,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         return
     tr = terminalreporter
     if gs.update:
-        moved = [c for c in gs.changes if c.kind != "unchanged"]
+        from detsample.golden.store import ChangeKind
+
+        moved = [c for c in gs.changes if c.kind is not ChangeKind.UNCHANGED]
         tr.write_sep("=", f"detsample golden update: {gs.store.platform_dir}")
         tr.write_line(f"{len(gs.changes)} scenarios written, {len(moved)} changed, "
                       f"{len(gs.changes) - len(moved)} unchanged")

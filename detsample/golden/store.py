@@ -19,6 +19,7 @@ through a store: what ``detsample golden`` and ``pytest --golden-update`` do.
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import tempfile
@@ -96,12 +97,24 @@ class Verification:
         return self.status == MISSING_PLATFORM
 
 
+class ChangeKind(str, enum.Enum):
+    """What an update did to one scenario's golden (the value is what reports print)."""
+
+    NEW = "new"              #: no golden before; written
+    MOVED = "moved"          #: token or logprob bits differ (or the old golden was corrupt)
+    METADATA = "metadata"    #: every bit equal; only the manifest's metadata changed
+    UNCHANGED = "unchanged"  #: byte-identical files; nothing written
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class Change:
-    """What an update did to one scenario: new / moved / unchanged (+ the diff report)."""
+    """What an update did to one scenario (:class:`ChangeKind`) and its report."""
 
     scenario: str
-    kind: str
+    kind: ChangeKind
     report: str
 
 
@@ -240,7 +253,7 @@ class GoldenStore:
         staged: list[tuple[Path, Path]] = []
         try:
             for name, texts, change in plans:
-                if change.kind == "unchanged":
+                if change.kind is ChangeKind.UNCHANGED:
                     continue
                 d = self.scenario_dir(name)
                 d.mkdir(parents=True, exist_ok=True)
@@ -258,17 +271,17 @@ class GoldenStore:
     def _change(self, name: str, out: ScenarioOutput, texts: Mapping[str, str]) -> Change:
         d = self.scenario_dir(name)
         if all((d / f).is_file() and (d / f).read_text(encoding="utf-8") == texts[f] for f in FILES):
-            return Change(name, "unchanged", f"{name}: unchanged")
+            return Change(name, ChangeKind.UNCHANGED, f"{name}: unchanged")
         try:
             old, _ = self.load(name)
         except GoldenMissing:
-            return Change(name, "new", f"{name}: new golden ({len(out.rids)} entries)")
+            return Change(name, ChangeKind.NEW, f"{name}: new golden ({len(out.rids)} entries)")
         except GoldenFormatError as e:
-            return Change(name, "moved", f"{name}: replaced corrupt golden ({e})")
+            return Change(name, ChangeKind.MOVED, f"{name}: replaced corrupt golden ({e})")
         diff = compare(name, old, out)
         if diff.ok:
-            return Change(name, "metadata", f"{name}: bits unchanged, manifest metadata changed")
-        return Change(name, "moved", diff.report())
+            return Change(name, ChangeKind.METADATA, f"{name}: bits unchanged, manifest metadata changed")
+        return Change(name, ChangeKind.MOVED, diff.report())
 
     def stale(self, names: set[str] | list[str]) -> list[str]:
         """Stored scenarios that are no longer registered."""

@@ -32,13 +32,15 @@ def _target(u: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
     return torch.minimum(t, total - 1)
 
 
-def draw_compact(vals: torch.Tensor, ids: torch.Tensor, n_kept: torch.Tensor,
-                 u: torch.Tensor, frac: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw from the first ``n_kept`` candidates of each row.
+def compact_cdf(vals: torch.Tensor, ids: torch.Tensor, n_kept: torch.Tensor,
+                frac: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kept tokens' CDF in token-id order, from a candidate set.
 
     vals: (rows, K) float32 scaled logits sorted descending; ids: (rows, K) int64 their
-    token ids; n_kept: (rows,) int64 in [1, K]; u: (rows,) float64 in (0, 1).
-    Returns ``(tokens (rows,) int64, total_mass (rows,) int64)``.
+    token ids; n_kept: (rows,) int64 in [1, K] (the kept prefix). Returns ``(sorted_ids,
+    csum)``, both (rows, K): the kept ids ascending (then a padding id larger than any
+    token) and the running int64 sum of their masses ``q``; ``csum[:, -1]`` is the exact
+    kept mass ``Q`` of the row.
     """
     K = vals.shape[-1]
     kept = torch.arange(K, device=vals.device).unsqueeze(0) < n_kept.unsqueeze(1)
@@ -46,11 +48,23 @@ def draw_compact(vals: torch.Tensor, ids: torch.Tensor, n_kept: torch.Tensor,
     key = torch.where(kept, ids, torch.full_like(ids, big))
     sorted_ids, order = torch.sort(key, dim=-1)
     q = quantize_mass(torch.exp(vals.gather(1, order)), frac) * (sorted_ids != big)
-    csum = q.cumsum(-1)
-    total = csum[:, -1]
-    t = _target(u, total)
+    return sorted_ids, q.cumsum(-1)
+
+
+def draw_by_cdf(sorted_ids: torch.Tensor, csum: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse CDF over :func:`compact_cdf`'s table: (rows,) int64 tokens for uniforms
+    ``u`` (rows,) float64 in (0, 1)."""
+    t = _target(u, csum[:, -1])
     j = torch.searchsorted(csum, t.unsqueeze(1), right=True)
-    return sorted_ids.gather(1, j).squeeze(1), total
+    return sorted_ids.gather(1, j).squeeze(1)
+
+
+def draw_compact(vals: torch.Tensor, ids: torch.Tensor, n_kept: torch.Tensor,
+                 u: torch.Tensor, frac: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw from the first ``n_kept`` candidates of each row (:func:`compact_cdf` then
+    :func:`draw_by_cdf`). Returns ``(tokens (rows,) int64, total_mass (rows,) int64)``."""
+    sorted_ids, csum = compact_cdf(vals, ids, n_kept, frac)
+    return draw_by_cdf(sorted_ids, csum, u), csum[:, -1]
 
 
 def kept_mass(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int, *,
@@ -86,17 +100,17 @@ def to_mass(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     return out.copy_(w) if out is not None else w.to(torch.int64)
 
 
-def draw_full(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor,
-              frac: int, *, out: torch.Tensor | None = None,
-              q_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw over the whole vocabulary with kept = ``(z >= tau) & (exp(z) >= min_p)``.
+def block_cdf(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int, *,
+              out: torch.Tensor | None = None, q_out: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kept tokens' masses over the whole vocabulary and their blocked CDF.
 
-    z: (rows, V) float32; tau: (rows,) float32; min_p: (rows,) float32; u: (rows,)
-    float64 in (0, 1); ``out`` / ``q_out``: optional (rows, V) float32 / int64 scratch.
-    Two-level search: exact int64 sums of blocks of BLOCK tokens (the last block may be
-    shorter), then a cumsum inside the chosen block. Exact integer sums make the
-    blocking irrelevant to the result.
-    Returns ``(tokens (rows,) int64, total_mass (rows,) int64)``.
+    z: (rows, V) float32; tau: (rows,) float32; min_p: (rows,) float32; kept =
+    ``(z >= tau) & (exp(z) >= min_p)``; ``out`` / ``q_out``: optional (rows, V) float32 /
+    int64 scratch. Returns ``(q, bsum)``: (rows, V) int64 masses (0 off the kept set) and
+    (rows, nb) int64 running sums of blocks of BLOCK tokens (the last block may be
+    shorter); ``bsum[:, -1]`` is the exact kept mass ``Q``. Exact integer sums make the
+    blocking irrelevant to every result.
     """
     rows, V = z.shape
     q = to_mass(kept_mass(z, tau, min_p, frac, out=out), q_out)
@@ -104,13 +118,28 @@ def draw_full(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, u: torch.
     sums = q[:, :nb * BLOCK].view(rows, nb, BLOCK).sum(-1)
     if V > nb * BLOCK:
         sums = torch.cat([sums, q[:, nb * BLOCK:].sum(-1, keepdim=True)], dim=1)
-    bsum = sums.cumsum(-1)
-    total = bsum[:, -1]
-    t = _target(u, total).unsqueeze(1)
+    return q, sums.cumsum(-1)
+
+
+def draw_by_blocks(q: torch.Tensor, bsum: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse CDF over :func:`block_cdf`'s table, in two levels: the block, then a cumsum
+    inside it. u: (rows,) float64 in (0, 1) -> (rows,) int64 tokens."""
+    V = q.shape[-1]
+    t = _target(u, bsum[:, -1]).unsqueeze(1)
     blk = torch.searchsorted(bsum, t, right=True)
     base = torch.where(blk > 0, bsum.gather(1, (blk - 1).clamp(min=0)), torch.zeros_like(blk))
-    idx = blk * BLOCK + torch.arange(BLOCK, device=z.device).unsqueeze(0)
+    idx = blk * BLOCK + torch.arange(BLOCK, device=q.device).unsqueeze(0)
     inside = idx < V
     inner = (q.gather(1, idx.clamp(max=V - 1)) * inside).cumsum(-1) + base
     j = torch.searchsorted(inner, t, right=True)
-    return (blk * BLOCK + j).squeeze(1), total
+    return (blk * BLOCK + j).squeeze(1)
+
+
+def draw_full(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor,
+              frac: int, *, out: torch.Tensor | None = None,
+              q_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw over the whole vocabulary with kept = ``(z >= tau) & (exp(z) >= min_p)``
+    (:func:`block_cdf` then :func:`draw_by_blocks`; arguments as there, ``u`` (rows,)
+    float64 in (0, 1)). Returns ``(tokens (rows,) int64, total_mass (rows,) int64)``."""
+    q, bsum = block_cdf(z, tau, min_p, frac, out=out, q_out=q_out)
+    return draw_by_blocks(q, bsum, u), bsum[:, -1]

@@ -1,5 +1,6 @@
-"""Pipeline step 10: logprobs, always through ``log_softmax`` (never ``log(softmax)``).
+"""Pipeline step 10: logprobs, always through :func:`log_softmax` (never ``log(softmax)``).
 
+:func:`log_softmax` is the one entry point of every logprob the Sampler returns.
 ``torch.log_softmax`` gives a row the same bits at every batch size and thread count on
 the platforms we test (tests/ops/test_logprobs.py keeps that measured), so the sampling
 path and the rescoring path (``Sampler.compute_logprobs``) agree bitwise.
@@ -15,27 +16,36 @@ import torch
 NEG_INF = float("-inf")
 
 
-def log_softmax_rows(x: torch.Tensor) -> torch.Tensor:
-    """x: (batch, vocab) float32 -> (batch, vocab) float32 log_softmax (row-invariant)."""
-    return torch.log_softmax(x, dim=-1)
+def log_softmax(x: torch.Tensor, *, kept_mass: torch.Tensor | None = None, frac: int = 0,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """THE log_softmax of detsample: every logprob it returns (the sampled token's, the
+    top-n, the rescoring path's, in every ``logprobs_mode``) is computed here, so a
+    kernel swapped in this one place changes all of them together.
+
+    x: (rows, n) float32 logits (n = vocab, or picked tokens when ``kept_mass`` is given).
+
+    * ``kept_mass`` None: ``torch.log_softmax`` over the last dimension (the normaliser
+      is the row's logsumexp), written into ``out`` (a (rows, n) float32 buffer) when
+      given. Row-invariant: a row gets the same bits at every batch size and thread count
+      (tests/ops/test_logprobs.py keeps that measured).
+    * ``kept_mass`` (int64, broadcastable to ``x``, >= 1): the "processed" normaliser, the
+      exact fixed-point mass ``Q`` of the kept set (``frac`` fraction bits):
+      ``float32(float64(x) - log(float64(Q) * 2**-frac))`` with ``x`` scaled logits (row
+      max 0). Bitwise identical whichever draw path produced ``Q`` (it is exact). The
+      power-of-two scaling is exact, so a token carrying all the kept mass (``Q ==
+      2**frac``, ``x == 0``) gets exactly 0 (``log(Q) - frac * ln 2`` would leave a
+      ~1e-14 residue).
+    """
+    if kept_mass is None:
+        return torch.log_softmax(x, dim=-1, out=out) if out is not None else \
+            torch.log_softmax(x, dim=-1)
+    norm = torch.log(kept_mass.to(torch.float64) * (2.0 ** -frac))
+    return (x.to(torch.float64) - norm).to(torch.float32)
 
 
 def gather_rows(values: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """values: (batch, vocab); token_ids: (batch,) int64 -> (batch,) picked values."""
     return values.gather(1, token_ids.unsqueeze(1)).squeeze(1)
-
-
-def processed_logprob(z_tok: torch.Tensor, total_mass: torch.Tensor, frac: int) -> torch.Tensor:
-    """``float32(float64(z_tok) - log(float64(Q) * 2**-frac))``.
-
-    z_tok: (rows,) or (rows, n) float32 scaled logits (row max 0); total_mass: int64
-    kept mass ``Q`` broadcastable to ``z_tok``. Bitwise identical whichever draw path
-    produced ``Q`` (it is exact). The power-of-two scaling is exact, so a token that
-    carries all the kept mass (``Q == 2**frac``, ``z == 0``) gets exactly 0 (``log(Q) -
-    frac * ln 2`` would leave a ~1e-14 residue).
-    """
-    norm = torch.log(total_mass.to(torch.float64) * (2.0 ** -frac))
-    return (z_tok.to(torch.float64) - norm).to(torch.float32)
 
 
 def topn(values: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,24 +20,27 @@ from typing import Sequence
 import torch
 
 from detsample.processors.batch_update import AddedRequest
-from detsample.ops.bias import apply_logit_bias_
+from detsample.ops.bias import apply_logit_bias_, bias_coo
+from detsample.ops.host import host_tensor
 from detsample.ops.temperature import row_max, scale_logits
 from detsample.processors.penalties import ban_pairs_, min_tokens_stops
 from detsample.processors.base import SlotProcessor
 
 
 class _CachedSlots(SlotProcessor):
-    """Caches tensors derived from the slots until the next non-None update."""
+    """Caches device tensors derived from the slots until the next non-None update (or a
+    call on another device): built once per batch change, not copied every step."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._cache_version = -1
+        self._cache_key: tuple | None = None
         self._cache = None
 
-    def cached(self, build):
-        if self._cache_version != self._version:
-            self._cache = build()
-            self._cache_version = self._version
+    def cached(self, build, device: torch.device):
+        key = (self._version, device)
+        if self._cache_key != key:
+            self._cache = build(device)
+            self._cache_key = key
         return self._cache
 
 
@@ -50,21 +53,11 @@ class LogitBiasLogitsProcessor(_CachedSlots):
     def make_entry(self, added: AddedRequest):
         return added.params.logit_bias or None
 
-    def _coo(self):
-        rows, cols, vals = [], [], []
-        for i, bias in enumerate(self.slots):
-            for t, b in bias or ():
-                rows.append(i), cols.append(t), vals.append(b)
-        if not rows:
-            return None
-        return (torch.tensor(rows, dtype=torch.int64), torch.tensor(cols, dtype=torch.int64),
-                torch.tensor(vals, dtype=torch.float32))
-
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        coo = self.cached(self._coo)
+        coo = self.cached(lambda dev: bias_coo(self.slots, dev), logits.device)
         if coo is None:
             return logits
-        return apply_logit_bias_(logits, *(t.to(logits.device) for t in coo))
+        return apply_logit_bias_(logits, *coo)
 
 
 class MinTokensLogitsProcessor(SlotProcessor):
@@ -106,19 +99,19 @@ class MinPLogitsProcessor(_CachedSlots):
             return None
         return p.min_p, p.temperature
 
-    def _rows(self):
+    def _rows(self, device: torch.device):
         rows = self.rows_with_entries()
         if not rows:
             return None
-        return (torch.tensor(rows, dtype=torch.int64),
-                torch.tensor([self.slots[i][0] for i in rows], dtype=torch.float32),
-                torch.tensor([[self.slots[i][1]] for i in rows], dtype=torch.float32))
+        return (host_tensor(rows, torch.int64, device),
+                host_tensor([self.slots[i][0] for i in rows], torch.float32, device),
+                host_tensor([[self.slots[i][1]] for i in rows], torch.float32, device))
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        cached = self.cached(self._rows)
+        cached = self.cached(self._rows, logits.device)
         if cached is None:
             return logits
-        rows, min_p, temps = (t.to(logits.device) for t in cached)
+        rows, min_p, temps = cached
         x = logits.index_select(0, rows)
         z = scale_logits(x, row_max(x), temps)
         drop = torch.exp(z) < min_p.unsqueeze(1)

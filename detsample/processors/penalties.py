@@ -22,20 +22,9 @@ from typing import Callable
 
 import torch
 
-from detsample.errors import InvalidSamplingParams
 from detsample.ops import penalties as pen_ops
-from detsample.params import Request
+from detsample.ops.host import host_tensor
 from detsample.processors.batch_update import BatchView
-from detsample.processors.penalty_state import validate_penalties
-
-def validate_request(req: Request) -> None:
-    """Step-3 and step-1 checks done at batch build (ids are checked by the batch)."""
-    validate_penalties(req.rid, req.params)
-    proc = req.params.logits_processor
-    if proc is not None and not callable(proc):
-        raise InvalidSamplingParams(
-            f"request {req.rid!r}: logits_processor must be callable, got "
-            f"{type(proc).__name__}")
 
 
 def min_tokens_stops(params, eos_token_ids) -> tuple[int, ...]:
@@ -44,7 +33,7 @@ def min_tokens_stops(params, eos_token_ids) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class Step3Rows:
+class ConstraintRows:
     """Which rows need which constraint (recomputed when the batch composition changes)."""
 
     min_tokens: tuple[tuple[int, int, tuple[int, ...]], ...]  # (row, min_new, stops)
@@ -56,7 +45,7 @@ class Step3Rows:
         return not self.min_tokens and self.allowed is None and not self.bad_words
 
 
-def step3_rows(batch: BatchView) -> Step3Rows:
+def constraint_rows(batch: BatchView) -> ConstraintRows:
     mt, bw, sel, ar, ac = [], [], [], [], []
     for i, p in enumerate(batch.params):
         if p.min_new_tokens > 0:
@@ -71,12 +60,11 @@ def step3_rows(batch: BatchView) -> Step3Rows:
             bw.append((i, p.bad_words))
     allowed = None
     if sel:
-        t = lambda v: torch.tensor(v, dtype=torch.int64, device=batch.device)  # noqa: E731
-        allowed = (t(sel), t(ar), t(ac))
-    return Step3Rows(tuple(mt), allowed, tuple(bw))
+        allowed = tuple(host_tensor(v, torch.int64, batch.device) for v in (sel, ar, ac))
+    return ConstraintRows(tuple(mt), allowed, tuple(bw))
 
 
-def banned_entries(batch: BatchView, rows: Step3Rows
+def banned_entries(batch: BatchView, rows: ConstraintRows
                    ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """``(row, col)`` pairs set to -inf this step: min_new_tokens stops, bad words."""
     outs = batch.output_ids
@@ -95,11 +83,11 @@ def banned_entries(batch: BatchView, rows: Step3Rows
 def ban_pairs_(x: torch.Tensor, pairs: list[tuple[int, int]]) -> None:
     """``x[r, c] = -inf`` in place for each ``(r, c)`` of ``pairs`` (a host list)."""
     if pairs:
-        rc = torch.tensor(pairs, dtype=torch.int64, device=x.device)
+        rc = host_tensor(pairs, torch.int64, x.device)
         pen_ops.ban_tokens_(x, rc[:, 0], rc[:, 1])
 
 
-def apply_step3(x: torch.Tensor, batch: BatchView,
+def apply_penalties_and_constraints(x: torch.Tensor, batch: BatchView,
                 scratch: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
     """Apply step 3 to ``x`` (B, V) float32, never writing into ``x``.
 
@@ -111,7 +99,7 @@ def apply_step3(x: torch.Tensor, batch: BatchView,
     """
     state = batch.penalties
     coo = state.coo(batch.device) if state is not None else None
-    rows = batch.step3_rows()
+    rows = batch.constraint_rows()
     if coo is None and rows.empty:
         return x
     stops, bad = banned_entries(batch, rows)

@@ -20,25 +20,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from detsample.errors import InvalidSamplingParams
+from detsample.ops.host import to_device
 from detsample.params import Request, SamplingParams
-
-_FIELDS = ("frequency_penalty", "presence_penalty", "repetition_penalty")
-
-
-def validate_penalties(rid: str, p: SamplingParams) -> None:
-    """Penalties must survive the float32 rounding the kernels use (field named)."""
-    for name in _FIELDS:
-        v = getattr(p, name)
-        with np.errstate(over="ignore"):
-            f = np.float32(v)
-        if not np.isfinite(f):
-            raise InvalidSamplingParams(
-                f"request {rid!r}: {name} must be finite in float32, got {v!r}")
-    if np.float32(p.repetition_penalty) <= 0:
-        raise InvalidSamplingParams(
-            f"request {rid!r}: repetition_penalty must be > 0 in float32, got "
-            f"{p.repetition_penalty!r}")
 
 
 class RowTokens:
@@ -154,7 +137,7 @@ class PenaltyState:
             counts = np.concatenate([r.counts[:r.n] for _, r in live])
             per = [np.repeat(np.array([getattr(r, a) for _, r in live], dtype=np.float32), ns)
                    for a in ("freq", "pres", "rep")]
-            self._coo = tuple(torch.from_numpy(a).to(device)
+            self._coo = tuple(to_device(torch.from_numpy(a), device)
                               for a in (rows, cols, counts, *per))
         return self._coo
 

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
-from detsample.batch import SamplingBatch, validate_request
+from detsample.batch import SamplingBatch
 from detsample.errors import InvalidSamplingParams
 from detsample.params import LOGPROBS_MODES, Request, SamplingParams
 from detsample.refmodel.cache import KVCache
@@ -30,6 +30,7 @@ from detsample.refmodel.model import RefModel
 from detsample.refmodel.schedule import Arrival, Schedule
 from detsample.refmodel.tokenizer import EOS_ID
 from detsample.sampler import Sampler
+from detsample.validation import check_request
 
 FINISH_EOS = "eos"
 FINISH_STOP = "stop"
@@ -168,7 +169,7 @@ class Engine:
         V, S = self.model.config.vocab_size, self.model.config.max_seq_len
         for a in schedule.arrivals:
             r = a.request
-            validate_request(r, V)
+            check_request(r, V)  # every rule of a batch build
             self.sampler.validate_request(r)  # the registered processors' validate_params
             if r.params.grammar is not None and self.vocab is None:
                 raise InvalidSamplingParams(
@@ -320,10 +321,7 @@ def default_vocab(model: RefModel) -> Any:
 
 def with_mode(params: SamplingParams, mode: str) -> SamplingParams:
     """``params`` (same seed) reporting logprobs in ``mode``, without top logprobs."""
-    # SamplingParams.replace re-validates logit_bias, which rejects its own normalised
-    # (tuple) form; hand it back as a mapping.
-    bias = None if params.logit_bias is None else dict(params.logit_bias)
-    return params.replace(logprobs_mode=mode, logprobs=0, logit_bias=bias)
+    return params.replace(logprobs_mode=mode, logprobs=0)
 
 
 def rescore(model: RefModel, sampler: Sampler, request_params: SamplingParams,

@@ -201,3 +201,23 @@ def test_arrow_jsonl_fast_path_is_taken_on_clean_blocks(rollouts, tmp_path):
     chunk = _arrow_jsonl_block(data, str(path), np.arange(1, 181))
     assert chunk is not None and len(chunk) == 180
     assert _arrow_jsonl_block(data.replace(b"[", b"[NaN, ", 1), str(path), np.arange(1, 181)) is None
+
+
+COLUMN_PROBLEMS = [  # (engine_logprobs value, issue kind)
+    ([[-1.0], [-2.0]], "ragged"),
+    ([[-1.0], [-2.0, -3.0]], "ragged"),
+    (["2 dimensions"], "bad_type"),
+    (["not a flat list"], "bad_type"),
+    ([True], "bad_type"),
+]
+
+
+@pytest.mark.parametrize("value,kind", COLUMN_PROBLEMS)
+def test_column_problem_kind_does_not_depend_on_message_wording(value, kind):
+    """Bug pinned: a column problem was classified "ragged" when its message contained
+    the words "dimensions" or "flat list", so a string value quoting those words was
+    reported as ragged. The reader now names the kind where it finds the problem."""
+    rec = {"id": "a", "prompt_ids": [1], "response_ids": [2], "engine_logprobs": value,
+           "trainer_logprobs": [-1.0]}
+    issues = audit([rec])["issues"]
+    assert [(i["field"], i["kind"]) for i in issues] == [("engine_logprobs", kind)]

@@ -17,7 +17,7 @@ import torch
 from detsample.benchmarks import sampler as bm
 from detsample import Request, Sampler, SamplingBatch, SamplingParams
 from detsample.ops import penalties as pen_ops
-from detsample.processors.penalties import apply_step3
+from detsample.processors.penalties import apply_penalties_and_constraints
 
 B, V, PROMPT, OUTPUT = 64, 152064, 512, 256
 PEN = dict(frequency_penalty=0.5, presence_penalty=0.3, repetition_penalty=1.2)
@@ -58,7 +58,7 @@ def paths():
     dense = _dense_state(b1)
     toks = torch.randint(0, V, (B,), generator=torch.Generator().manual_seed(1))
 
-    def dense_step3():
+    def dense_penalties():
         idx, counts, seen, f, p, r = dense
         x = lg1.clone()
         sub = x.index_select(0, idx)
@@ -73,17 +73,17 @@ def paths():
 
     scratch = torch.empty_like(lg1)
 
-    def sparse_step3():
+    def sparse_penalties():
         b1.penalties._coo = None  # rebuild the COO view as after an advance
-        return apply_step3(lg1, b1, lambda: scratch)
+        return apply_penalties_and_constraints(lg1, b1, lambda: scratch)
 
     tl = toks.tolist()
 
     return {
         "deterministic step, no penalties": lambda: s0.sample(lg0, b0, pos),
         "deterministic step, penalties on 32/64 rows": lambda: s1.sample(lg1, b1, pos),
-        "step 3 alone, sparse (COO rebuilt)": sparse_step3,
-        "step 3 alone, dense (n, V) layout": dense_step3,
+        "step 3 alone, sparse (COO rebuilt)": sparse_penalties,
+        "step 3 alone, dense (n, V) layout": dense_penalties,
         "copy of the logits into scratch (part of step 3)": lambda: scratch.copy_(lg1),
         "batch.advance, penalties on 32/64 rows": lambda: b1.advance(tl),
         "batch.advance, no penalties": lambda: b0.advance(tl),

@@ -6,6 +6,7 @@ give exit 1 and a readable report naming the check that broke.
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 from detsample.checks import battery
 from detsample.threads import torch_threads
 from detsample.cli import main
+from detsample.cli.check import ProgressBar
 from detsample.checks.faults import perturbed_compute_logprobs, perturbed_sample
 
 ONE = ["-k", "random.temperature"]
@@ -126,3 +128,33 @@ def test_unwritable_json_exits_2(capsys, tmp_path):
     battery ran (exit 1, indistinguishable from a failed check)."""
     assert main(["check", *ONE, "--json", str(tmp_path)]) == 2
     assert "cannot write" in capsys.readouterr().err
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self._tty = tty
+
+    def isatty(self) -> bool:
+        return self._tty
+
+
+def test_progress_bar_only_on_a_terminal():
+    """Bug pinned: with stderr redirected to a CI log, every progress tick was a line of
+    its own (49 lines of bars). Off a terminal the bar now writes nothing; on one it
+    redraws a single line in place and ends it once."""
+    log, tty = _Stream(False), _Stream(True)
+    for stream in (log, tty):
+        bar = ProgressBar(stream)
+        for i in range(6):
+            bar(i, 5, f"step {i}")
+    assert log.getvalue() == ""
+    text = tty.getvalue()
+    assert text.count("\r") == 6 and text.count("\n") == 1 and text.endswith("5/5 step 5\n")
+
+
+def test_check_output_off_a_terminal_has_no_progress_lines(capsys):
+    rc = main(["check", *ONE])
+    cap = capsys.readouterr()
+    assert rc == 0 and "ALL CHECKS PASSED" in cap.out
+    assert "[#" not in cap.err + cap.out and "[." not in cap.err + cap.out

@@ -8,7 +8,7 @@ import pytest
 
 import detsample.golden.store as golden_mod
 from detsample.golden.store import (CORRUPT, MISMATCH, MISSING_PLATFORM, MISSING_SCENARIO, OK,
-                              GoldenStore, golden_root)
+                                    ChangeKind, GoldenStore, golden_root)
 from detsample.golden.format import FILES, LOGPROBS, TOKENS
 from tests.golden_helpers import make
 
@@ -70,6 +70,25 @@ def test_update_reports_what_moved(tmp_path):
     s.update({"a": make([0x3F800000, 1])})
     (c,) = s.update({"a": make([0x3F800001, 1])})
     assert c.kind == "moved" and "1 logprobs differ in bits" in c.report and "1 ulp" in c.report
+
+
+CHANGE_KINDS = [  # (old output, new output, kind)
+    (None, make([1]), ChangeKind.NEW),
+    (make([1]), make([2]), ChangeKind.MOVED),
+    (make([1], meta={"note": "a"}), make([1], meta={"note": "b"}), ChangeKind.METADATA),
+    (make([1]), make([1]), ChangeKind.UNCHANGED),
+]
+
+
+@pytest.mark.parametrize("old,new,kind", CHANGE_KINDS)
+def test_update_change_kinds(tmp_path, old, new, kind):
+    """Bug pinned: ``Change.kind`` was a bare string with an undocumented "metadata"
+    value; it is a :class:`ChangeKind`, and reports print its value."""
+    s = store(tmp_path)
+    if old is not None:
+        s.update({"a": old})
+    (c,) = s.update({"a": new})
+    assert c.kind is kind and f"[{c.kind}]" == f"[{kind.value}]"
 
 
 def test_corrupt_golden_reported(tmp_path):

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detsample import Sampler, SamplingBatch
+from detsample import Request, Sampler, SamplingBatch, SamplingParams
 from detsample.ops.bias import apply_logit_bias_
 from detsample.ops.penalties import ban_tokens_
 from detsample.ops.temperature import row_max, scale_logits
@@ -38,7 +38,7 @@ def core_bias(x, batch):
 
 
 def core_min_tokens(x, batch):
-    stops, _ = banned_entries(batch, batch.step3_rows())
+    stops, _ = banned_entries(batch, batch.constraint_rows())
     if stops:
         rc = torch.tensor(stops)
         ban_tokens_(x, rc[:, 0], rc[:, 1])
@@ -85,3 +85,31 @@ def test_builtins_equal_core_ops_through_composition(data):
             fresh = cls()
             fresh.update_state(batch.update_since([]))
             assert fresh.slots == proc.slots, cls.__name__
+
+
+def test_cached_tensors_are_built_once_per_batch_change():
+    """Bug pinned: the built-in processors cached CPU tensors and copied them to the
+    logits' device on every ``apply``; the bias COO was a second copy of the batch's
+    loop. The device tensors are now cached until the batch changes, and both COO
+    forms come from one builder (``ops.bias.bias_coo``), with equal bits."""
+    ps = [SamplingParams(seed=i, logit_bias={i: 0.5, 3: -1.0}, min_p=0.1, temperature=0.8)
+          for i in range(3)]
+    batch = SamplingBatch.from_requests(
+        [Request(str(i), p) for i, p in enumerate(ps)], V, eos_token_ids=EOS)
+    procs = (LogitBiasLogitsProcessor(), MinPLogitsProcessor())
+    sampler = Sampler(processors=procs)
+    sampler._runner.sync(batch)
+    x = torch.zeros(3, V)
+    for p in procs:
+        p.apply(x.clone())
+    cached = [p._cache for p in procs]
+    for p in procs:
+        p.apply(x.clone())
+    assert all(p._cache is c for p, c in zip(procs, cached))
+    assert all(torch.equal(a, b) for a, b in zip(procs[0]._cache, batch.logit_bias_coo()))
+    assert batch.logit_bias_coo() is batch.logit_bias_coo()
+    batch.filter([2, 0])
+    sampler._runner.sync(batch)
+    procs[0].apply(torch.zeros(2, V))
+    assert procs[0]._cache is not cached[0]
+    assert all(torch.equal(a, b) for a, b in zip(procs[0]._cache, batch.logit_bias_coo()))

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detsample import InvalidSamplingParams, Request, Sampler, SamplingBatch, SamplingParams
-from detsample.processors.penalties import apply_step3
+from detsample.processors.penalties import apply_penalties_and_constraints
 from detsample.processors.penalty_state import RowTokens
 from detsample.processors.builtin import MinPLogitsProcessor
 from oracles import penalties as orc
@@ -29,14 +29,14 @@ def _batch(reqs):
 @settings(max_examples=30, deadline=None)
 @given(st.integers(1, 6).flatmap(lambda n: st.tuples(*[request_st(i) for i in range(n)])),
        st.integers(0, 999))
-def test_step3_matches_oracle_bitwise(reqs, seed):
+def test_penalties_and_constraints_match_oracle_bitwise(reqs, seed):
     """Every row of step 3 equals the float32 oracle of that row alone."""
     batch = _batch(list(reqs))
     x = torch.randn((len(reqs), V), generator=torch.Generator().manual_seed(seed)) * 3
-    got = apply_step3(x, batch)
+    got = apply_penalties_and_constraints(x, batch)
     assert torch.equal(x, torch.randn((len(reqs), V), generator=torch.Generator().manual_seed(seed)) * 3)
     for i, r in enumerate(reqs):
-        want = orc.step3_row(x[i].numpy(), r.params, r.prompt_ids, r.output_ids, EOS,
+        want = orc.penalties_and_constraints_row(x[i].numpy(), r.params, r.prompt_ids, r.output_ids, EOS,
                              dtype=np.float32)
         assert np.array_equal(got[i].numpy().view(np.int32), want.view(np.int32)), r
 
@@ -62,7 +62,7 @@ def test_order_additive_before_scaling():
     batch = _batch([Request("a", p, [], [3])])
     x = torch.zeros((1, V))
     x[0, 3] = 4.0
-    got = apply_step3(x, batch)
+    got = apply_penalties_and_constraints(x, batch)
     assert float(got[0, 3]) == 1.5
 
 
@@ -78,7 +78,7 @@ def test_no_penalty_batch_allocates_nothing():
     big = [k for k, v in vars(batch).items() if isinstance(v, torch.Tensor) and V in v.shape]
     assert big == []
     x = torch.randn((len(batch), V))
-    assert apply_step3(x, batch) is x
+    assert apply_penalties_and_constraints(x, batch) is x
 
 
 def test_penalty_state_dropped_when_last_penalised_row_leaves():
@@ -235,7 +235,7 @@ def test_row_tokens_grow_past_initial_capacity():
 
 @settings(max_examples=15, deadline=None)
 @given(st.integers(1, 6).flatmap(lambda n: st.tuples(*[request_st(i) for i in range(n)])))
-def test_rescoring_path_sees_the_same_step3(reqs):
+def test_rescoring_path_sees_the_same_penalties_and_constraints(reqs):
     """compute_logprobs (prefill rescoring) equals the sampled logprobs bitwise for
     rows with penalties and constraints, in every logprobs_mode."""
     batch = _batch(list(reqs))

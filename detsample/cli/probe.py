@@ -1,0 +1,151 @@
+"""``detsample probe``: where a model or its kernels break batch invariance (docs/probe.md).
+
+``detsample probe ops`` probes single ops; ``detsample probe model MODEL`` probes a causal
+LM. Exit codes: 0 every check holds, 1 a check fails, 2 usage error (unknown model, a
+factory that does not import, an unavailable device or mode, an unwritable --json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from detsample.cli._argtypes import positive_int
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+def _dtypes(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",")]
+    bad = [n for n in names if n not in DTYPE_NAMES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"must be a comma list of {', '.join(DTYPE_NAMES)}, "
+                                         f"got {text!r}")
+    return names
+
+
+def _threads(text: str) -> list[int]:
+    try:
+        return [positive_int(t.strip()) for t in text.split(",")]
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"must be a comma list of ints >= 1, got {text!r}") from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("probe", help="find where a model or its kernels break batch invariance",
+                       description="Probe ops or a model for batch invariance, prefill/decode "
+                                   "alignment, run-to-run and thread-count determinism "
+                                   "(docs/probe.md). Exit 0 all hold, 1 a check fails, 2 usage.")
+    kinds = p.add_subparsers(dest="probe_kind", metavar="KIND")
+    ops = kinds.add_parser("ops", help="micro-probes of the ops transformers run",
+                           description="Per op and dtype: batch-invariant (row alone vs in a "
+                                       "batch), run to run, 1 vs N threads.")
+    ops.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ops.add_argument("--dtype", type=_dtypes, default=["float32"], metavar="LIST",
+                     help="comma list of float32, bfloat16, float16 (default float32)")
+    ops.add_argument("--threads", type=_threads, default=[1, 2], metavar="LIST",
+                     help="CPU thread counts to measure at and compare (default 1,2)")
+    ops.add_argument("--op", type=lambda s: [o.strip() for o in s.split(",")], default=None,
+                     metavar="LIST", help="only these ops (comma list; default all)")
+    ops.add_argument("--batch-invariant", action="store_true",
+                     help="run the probes under detsample.batch_invariant()")
+    ops.add_argument("--json", metavar="PATH", help="write the JSON report here ('-' = stdout)")
+    ops.set_defaults(func=run_ops)
+    model = kinds.add_parser("model", help="probe a causal LM",
+                             description="Checks batch_invariance, prefill_decode, "
+                                         "chunked_prefill, run_to_run, threads, bitwise; a "
+                                         "failed check names the first module and aten op "
+                                         "that differ.")
+    model.add_argument("model", metavar="MODEL",
+                       help="hf-tiny-llama, hf-tiny-qwen2, refmodel, refmodel-float or "
+                            "package.module:factory")
+    model.add_argument("--batch-invariant", action="store_true",
+                       help="run the model under the batch-invariant mode")
+    model.add_argument("--json", metavar="PATH", help="write the JSON report here ('-' = stdout)")
+    model.set_defaults(func=run_model)
+    p.set_defaults(func=lambda args: _usage(p))
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _error(msg: str) -> int:
+    print(f"detsample probe: error: {msg}", file=sys.stderr)
+    return 2
+
+
+_NO_MODE = ("the batch-invariant mode is not available in this detsample "
+            "(detsample.invariant is not installed)")
+
+
+def _invariant_mode() -> Callable[[], Any] | None:
+    """``detsample.invariant.batch_invariant`` when this build has the mode, else None."""
+    try:
+        mod = importlib.import_module("detsample.invariant")
+    except ModuleNotFoundError as e:
+        if e.name in ("detsample.invariant", "detsample"):
+            return None
+        raise
+    return getattr(mod, "batch_invariant", None)
+
+
+def _emit(report: Any, path: str | None) -> int | None:
+    """Print the table and write ``--json``; 2 when the JSON cannot be written."""
+    from detsample.probe.report import dumps
+    text = dumps(report)
+    (sys.stderr if path == "-" else sys.stdout).write(report.table())
+    if path == "-":
+        sys.stdout.write(text)
+    elif path:
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text)
+        except OSError as e:
+            return _error(f"cannot write --json {path}: {e}")
+    return None
+
+
+def run_ops(args: argparse.Namespace) -> int:
+    from detsample.golden.fingerprint import platform_fingerprint
+    from detsample.probe.ops import probe_ops
+    from detsample.probe.report import OpsReport
+
+    mode = None
+    if args.batch_invariant:
+        mode = _invariant_mode()
+        if mode is None:
+            return _error(f"--batch-invariant: {_NO_MODE}")
+    try:
+        platform = platform_fingerprint(args.device)
+        results = probe_ops(args.device, args.dtype, args.threads, ops=args.op, mode=mode)
+    except ValueError as e:
+        return _error(str(e))
+    report = OpsReport(platform, tuple(results))
+    failed = _emit(report, args.json)
+    return failed if failed is not None else (0 if report.ok else 1)
+
+
+def run_model(args: argparse.Namespace) -> int:
+    from detsample.golden.fingerprint import platform_fingerprint
+    from detsample.models import ModelError, load_model
+    from detsample.probe.model import probe_model
+
+    kw: dict[str, Any] = {}
+    if args.batch_invariant:
+        if "batch_invariant" not in inspect.signature(load_model).parameters:
+            return _error(f"--batch-invariant: {_NO_MODE}")
+        kw["batch_invariant"] = True
+    try:
+        model = load_model(args.model, **kw)
+        device = getattr(model, "device", "cpu")
+        report = probe_model(model, platform=platform_fingerprint(device), target=args.model)
+    except ModelError as e:
+        return _error(str(e))
+    failed = _emit(report, args.json)
+    return failed if failed is not None else (0 if report.ok else 1)

@@ -1,0 +1,147 @@
+"""Which rows take which path through the Sampler, derived once per batch composition.
+
+A :class:`RowPlan` is a pure function of the rows' :class:`~detsample.params.SamplingParams`
+(and the Sampler's ``filter_impl``): greedy and sampling rows, the filter route of each
+sampling row, the rows of each ``logprobs_mode`` and of top logprobs, with their row-index
+tensors and gathered per-row parameters already on the batch's device. ``SamplingBatch``
+caches it until the next ``filter`` / ``merge`` (:meth:`SamplingBatch.derived`), so a
+decode step spends no Python loop over rows on it.
+
+A plan chooses how work is done, never what any row's result is: every route gives the
+same bits (tests/test_sampler.py proves each route equal to the full sort and each
+homogeneous-batch shortcut equal to the general path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from detsample.ops.host import host_tensor
+
+#: a top-k small enough for bounded ``topk`` candidates: ``top_k * CANDIDATE_RATIO <= V``
+CANDIDATE_RATIO = 8
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A subset of a batch's rows: host list, (n,) int64 index tensor, and whether it is
+    every row of the batch in order (then gathers can be skipped)."""
+
+    rows: tuple[int, ...]
+    index: torch.Tensor
+    every: bool
+
+    @staticmethod
+    def of(rows: Sequence[int], B: int, device: torch.device) -> "Rows":
+        rows = tuple(rows)
+        return Rows(rows, host_tensor(list(rows), torch.int64, device),
+                    rows == tuple(range(B)))
+
+    def __bool__(self) -> bool:
+        return bool(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def take(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` restricted to these rows (``t`` itself when they are every row)."""
+        return t if self.every else t.index_select(0, self.index)
+
+
+@dataclass(frozen=True)
+class FilterRoute:
+    """Sampling rows by how step 8 finds their threshold (all give the same bits):
+
+    ``candidates``: top-k rows small enough for a bounded ``topk`` of ``k_max`` values;
+    ``sort``: rows with a top-k or top-p that take the full stable sort;
+    ``plain``: rows without top-k / top-p (min-p alone is a value rule, no sort).
+    """
+
+    candidates: Rows
+    k_max: int
+    sort: Rows
+    plain: Rows
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """The per-composition routing of one batch; see the module docstring."""
+
+    size: int
+    greedy: Rows             # temperature 0 or top_k 1
+    sampling: Rows           # every other row
+    route: FilterRoute       # of the sampling rows
+    modes: dict[str, Rows]   # logprobs_mode -> rows, modes in sorted order
+    top: dict[str, Rows]     # logprobs_mode -> rows asking logprobs=n > 0
+    max_top: int             # the largest ``logprobs`` of any row (0: no top logprobs)
+    want_top: torch.Tensor   # (B,) int64 each row's ``logprobs``
+    temperatures: torch.Tensor  # (B, 1) float32, 1 on greedy rows (the "scaled" rule)
+    excluded: frozenset[int] = field(default=frozenset())  # rows left out (no valid token)
+
+    @property
+    def greedy_for_all(self) -> bool:
+        """Whether every row needs its argmax ("processed" logprobs are one-hot on it)."""
+        return "processed" in self.modes
+
+    @property
+    def needs_scaled(self) -> bool:
+        """Whether step 7's scaled logits are needed by some row."""
+        return bool(self.sampling) or "scaled" in self.modes or "processed" in self.modes
+
+
+def route(params: Sequence, rows: Sequence[int], vocab_size: int, filter_impl: str,
+          device: torch.device) -> FilterRoute:
+    """Split sampling ``rows`` into the :class:`FilterRoute` groups, from each row's OWN
+    parameters (never its neighbours')."""
+    V, B = vocab_size, len(params)
+    cand, sort_rows, plain = [], [], []
+    k_max = 0
+    for r in rows:
+        p = params[r]
+        has_k = p.top_k != -1 and p.top_k < V
+        if has_k and filter_impl == "auto" and p.top_k * CANDIDATE_RATIO <= V:
+            cand.append(r)
+            k_max = max(k_max, p.top_k)
+        elif has_k or p.top_p < 1.0:
+            sort_rows.append(r)
+        else:
+            plain.append(r)
+    return FilterRoute(Rows.of(cand, B, device), k_max, Rows.of(sort_rows, B, device),
+                       Rows.of(plain, B, device))
+
+
+def plan_rows(params: Sequence, vocab_size: int, filter_impl: str, device: torch.device,
+              temperatures: torch.Tensor, greedy: torch.Tensor,
+              excluded: frozenset[int] = frozenset()) -> RowPlan:
+    """The :class:`RowPlan` of rows with ``params``; ``excluded`` rows (no admissible
+    token this step) are left out of the sampling and top-logprob rows.
+
+    temperatures: (B, 1) float32 and greedy: (B,) bool, the batch's row tensors.
+    """
+    B = len(params)
+    greedy_rows = [i for i, p in enumerate(params) if p.is_greedy]
+    sampling = [i for i, p in enumerate(params) if not p.is_greedy and i not in excluded]
+    modes: dict[str, list[int]] = {}
+    top: dict[str, list[int]] = {}
+    for i, p in enumerate(params):
+        modes.setdefault(p.logprobs_mode, []).append(i)
+        if p.logprobs > 0 and i not in excluded:
+            top.setdefault(p.logprobs_mode, []).append(i)
+    want = [0 if i in excluded else p.logprobs for i, p in enumerate(params)]
+    max_top = max((p.logprobs for p in params), default=0)  # the output's width: every row
+    t_eff = torch.where(greedy.unsqueeze(1), torch.ones_like(temperatures), temperatures)
+    return RowPlan(
+        size=B,
+        greedy=Rows.of(greedy_rows, B, device),
+        sampling=Rows.of(sampling, B, device),
+        route=route(params, sampling, vocab_size, filter_impl, device),
+        modes={m: Rows.of(modes[m], B, device) for m in sorted(modes)},
+        top={m: Rows.of(top[m], B, device) for m in sorted(top)},
+        max_top=max_top,
+        want_top=host_tensor(want, torch.int64, device),
+        temperatures=t_eff,
+        excluded=frozenset(excluded),
+    )

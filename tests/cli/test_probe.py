@@ -1,0 +1,156 @@
+"""``detsample probe`` command line (detsample/cli/probe.py): exit codes, JSON contract.
+
+Pins: a failing probe exiting 0 (a CI gate that never fails), a usage error (unknown
+model, a factory whose import fails, an unavailable mode or device) giving a traceback or
+exit 1 instead of 2 with the cause in the message, and the JSON keys or check names
+drifting from docs/probe.md.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from detsample.cli import main
+
+MODEL_KEYS = {"ok", "platform", "target", "checks"}
+CHECK_KEYS = {"name", "ok", "detail", "first_divergence"}
+DIVERGENCE_KEYS = {"module", "op", "shapes", "max_ulp"}
+OP_KEYS = {"op", "dtype", "batch_invariant", "run_to_run", "threads", "first_differing_sizes",
+           "max_ulp"}
+CHECKS = ["batch_invariance", "prefill_decode", "chunked_prefill", "run_to_run", "threads"]
+
+
+@pytest.fixture(scope="module")
+def platform():
+    from detsample.golden.fingerprint import platform_fingerprint
+    return platform_fingerprint("cpu")
+
+
+def test_refmodel_passes_with_json(tmp_path, capsys, platform):
+    path = tmp_path / "out" / "probe.json"
+    assert main(["probe", "model", "refmodel", "--json", str(path)]) == 0
+    assert "ok: every check holds bitwise" in capsys.readouterr().out
+    data = json.loads(path.read_text())
+    assert set(data) == MODEL_KEYS and data["ok"] is True
+    assert data["platform"] == platform and data["target"] == "refmodel"
+    assert [c["name"] for c in data["checks"]] == CHECKS
+    assert all(set(c) == CHECK_KEYS and c["ok"] and c["first_divergence"] is None
+               for c in data["checks"])
+
+
+def test_refmodel_float_fails_with_exit_1(tmp_path, capsys):
+    path = tmp_path / "probe.json"
+    assert main(["probe", "model", "refmodel-float", "--json", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "first divergence: refmodel-float -> aten::" in out
+    data = json.loads(path.read_text())
+    assert data["ok"] is False
+    failed = [c for c in data["checks"] if not c["ok"]]
+    assert "prefill_decode" in {c["name"] for c in failed}
+    for c in failed:
+        fd = c["first_divergence"]
+        assert set(fd) == DIVERGENCE_KEYS and fd["op"].startswith("aten::")
+        assert isinstance(fd["max_ulp"], int) and fd["max_ulp"] >= 1 and " vs " in fd["shapes"]
+
+
+@pytest.fixture
+def factories(tmp_path, monkeypatch):
+    (tmp_path / "probe_factories.py").write_text(textwrap.dedent("""
+        from detsample.refmodel import RefModel
+
+        def ref():
+            return RefModel()
+    """))
+    (tmp_path / "probe_broken.py").write_text("import no_such_package_for_probe\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    for name in ("probe_factories", "probe_broken"):
+        sys.modules.pop(name, None)
+
+
+def test_user_factory(factories, capsys):
+    assert main(["probe", "model", "probe_factories:ref", "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert data["target"] == "probe_factories:ref" and data["ok"] is True
+    assert "detsample probe model probe_factories:ref" in captured.err   # the table
+
+
+USAGE = [
+    (["model", "no-such-model"], "unknown model 'no-such-model'"),
+    (["model", "probe_broken:make"],
+     "cannot import 'probe_broken' for model 'probe_broken:make': ModuleNotFoundError: "
+     "No module named 'no_such_package_for_probe'"),
+    (["model", "probe_factories:nothing"], "has no callable 'nothing'"),
+]
+
+
+@pytest.mark.parametrize("args,message", USAGE, ids=[a[1] for a, _ in USAGE])
+def test_usage_errors_exit_2(factories, capsys, args, message):
+    assert main(["probe", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def _mode_available() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("detsample.invariant") is not None
+
+
+@pytest.mark.skipif(_mode_available(), reason="the mode exists: tested with it")
+@pytest.mark.parametrize("kind", [["model", "refmodel"], ["ops", "--op", "mm"]])
+def test_batch_invariant_flag_without_the_mode(capsys, kind):
+    assert main(["probe", *kind, "--batch-invariant"]) == 2
+    assert "the batch-invariant mode is not available" in capsys.readouterr().err
+
+
+def test_ops_subset_json_and_exit_1(tmp_path, capsys, platform):
+    """mm is variant on this CPU, so the command fails (exit 1); log_softmax holds."""
+    path = tmp_path / "ops.json"
+    assert main(["probe", "ops", "--op", "mm,log_softmax", "--json", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "variant: mm (float32)" in out
+    data = json.loads(path.read_text())
+    assert set(data) == {"ok", "platform", "ops"} and data["ok"] is False
+    assert data["platform"] == platform
+    by_op = {r["op"]: r for r in data["ops"]}
+    assert all(set(r) == OP_KEYS for r in data["ops"])
+    assert by_op["mm"]["batch_invariant"] is False and by_op["log_softmax"]["batch_invariant"]
+
+
+def test_ops_that_hold_exit_0(capsys):
+    assert main(["probe", "ops", "--op", "log_softmax", "--dtype", "float32",
+                 "--threads", "1"]) == 0
+    assert "ok: every op holds bitwise" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args", [["--dtype", "float8"], ["--threads", "0"],
+                                  ["--threads", "x"], ["--device", "tpu"]])
+def test_bad_ops_arguments_are_argparse_errors(capsys, args):
+    with pytest.raises(SystemExit) as info:
+        main(["probe", "ops", *args])
+    assert info.value.code == 2 and args[0] in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the no-CUDA message")
+def test_cuda_without_cuda_exit_2(capsys):
+    assert main(["probe", "ops", "--device", "cuda", "--op", "mm"]) == 2
+    assert "no CUDA" in capsys.readouterr().err
+
+
+def test_unknown_op_and_missing_kind(capsys):
+    assert main(["probe", "ops", "--op", "conv9d"]) == 2
+    assert "unknown op 'conv9d'" in capsys.readouterr().err
+    assert main(["probe"]) == 2
+
+
+def test_unwritable_json_exit_2(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["probe", "ops", "--op", "log_softmax", "--threads", "1",
+                 "--json", str(blocker / "x.json")]) == 2
+    assert "cannot write --json" in capsys.readouterr().err

@@ -1,0 +1,60 @@
+"""detsample/rowplan.py: routing derived once per batch composition, from each row's own
+parameters."""
+
+from __future__ import annotations
+
+import torch
+
+from detsample import Request, SamplingBatch, Sampler, SamplingParams
+from detsample.rowplan import plan_rows
+
+V = 400
+PARAMS = [SamplingParams(temperature=0.0, seed=0),                       # greedy
+          SamplingParams(temperature=0.7, top_k=20, seed=1),             # candidates
+          SamplingParams(temperature=0.7, top_k=200, seed=2),            # large k: sort
+          SamplingParams(temperature=0.7, top_p=0.9, seed=3),            # top-p only
+          SamplingParams(temperature=0.7, min_p=0.1, seed=4, logprobs=2,  # plain
+                         logprobs_mode="processed")]
+
+
+def _batch(ps=PARAMS):
+    return SamplingBatch.from_requests([Request(str(i), p) for i, p in enumerate(ps)], V)
+
+
+def _plan(b, impl="auto"):
+    return plan_rows(b.params, V, impl, b.device, b.temperatures, b.greedy)
+
+
+def test_rows_routed_by_their_own_parameters():
+    p = _plan(_batch())
+    assert p.greedy.rows == (0,) and p.sampling.rows == (1, 2, 3, 4)
+    assert p.route.candidates.rows == (1,) and p.route.k_max == 20
+    assert p.route.sort.rows == (2, 3) and p.route.plain.rows == (4,)
+    assert set(p.modes) == {"raw", "processed"} and p.top["processed"].rows == (4,)
+    assert p.max_top == 2 and p.want_top.tolist() == [0, 0, 0, 0, 2]
+    assert p.temperatures[0, 0] == 1.0 and p.temperatures[1, 0] == torch.tensor(0.7)
+    s = _plan(_batch(), "sort")
+    assert not s.route.candidates and s.route.sort.rows == (1, 2, 3)
+
+
+def test_excluded_rows_leave_sampling_and_top_rows_but_not_the_width():
+    p = plan_rows(_batch().params, V, "auto", torch.device("cpu"), _batch().temperatures,
+                  _batch().greedy, frozenset({4}))
+    assert p.sampling.rows == (1, 2, 3) and "processed" not in p.top and p.max_top == 2
+
+
+def test_plan_is_derived_once_per_composition():
+    """Bug pinned: the routing, the per-mode row lists and their index tensors were
+    rebuilt from the parameters (a Python loop over rows) on every ``sample`` call."""
+    b, s = _batch(), Sampler()
+    x, pos = torch.randn(len(PARAMS), V), torch.arange(len(PARAMS))
+    s.sample(x, b, pos)
+    first = b.derived(("row_plan", "auto"), lambda: None)
+    s.sample(x, b, pos)
+    assert b.derived(("row_plan", "auto"), lambda: None) is first
+    b.advance(s.sample(x, b, pos).token_ids)  # tokens do not change the plan
+    assert b.derived(("row_plan", "auto"), lambda: None) is first
+    b.filter([4, 0, 1])
+    assert b.derived(("row_plan", "auto"), lambda: "rebuilt") == "rebuilt"
+    b.merge(_batch(PARAMS[:1]))
+    assert b.derived(("row_plan", "auto"), lambda: "again") == "again"
