@@ -13,14 +13,22 @@ same pipeline without the tie-spill check of the bounded ``topk`` (a tie group t
 straddles the candidate bound is cut wherever ``topk`` cut it), so it is statistically
 correct but NOT guaranteed batch-invariant. Measured, it is no faster: the exact path
 costs nothing noticeable (docs/performance.md), which is why it is the default.
+
+``Sampler(backend=...)`` picks who computes the hot steps (sanitising, temperature,
+filters and draw, uniforms, log_softmax): ``"torch"`` the ops of :mod:`detsample.ops`,
+``"triton"`` their kernel twins of :mod:`detsample.kernels.sampler_ops` (same semantics;
+on CPU tensors only under the Triton interpreter), ``"auto"`` Triton for CUDA tensors
+when triton is installed, torch otherwise. docs/gpu.md says what each guarantees.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 
+from detsample import kernels
 from detsample.batch import SamplingBatch
 from detsample.errors import InvalidSamplingParams
 from detsample.grammar import batching as grammar_hooks
@@ -39,6 +47,7 @@ from detsample.validation import check_logits, row_ids_tensor
 from detsample.workspace import Workspace
 
 FILTER_IMPLS = ("auto", "sort")
+BACKENDS = ("auto", "torch", "triton")
 DRAW_METHOD = "inverse-cdf/token-id-order/fixed-point"
 NEG_INF = float("-inf")
 
@@ -71,6 +80,7 @@ class Prepared:
     x: torch.Tensor        # (B, V) after steps 1-5 (may alias ``raw``)
     status: torch.Tensor   # (B,) int32 STATUS_* flags
     row_max: torch.Tensor  # (B, 1) max of ``x`` (-inf on a fully masked row)
+    kernels: ModuleType | None = None  # detsample.kernels.sampler_ops, or None: torch ops
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,7 @@ class Cut:
     total: torch.Tensor
     compact: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     blocks: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    drawn: torch.Tensor | None = None  # (B,) tokens a fused Triton kernel already drew
 
     @staticmethod
     def none(B: int, device: torch.device) -> "Cut":
@@ -103,6 +114,9 @@ class Sampler:
     filter_impl: "auto" (bounded ``topk`` where it provably equals the full sort) or
     "sort" (always the full stable sort: the reference semantics).
     processors: batch-level logits processors run at pipeline step 1.
+    backend: "auto" (Triton kernels for CUDA tensors, torch ops otherwise), "torch" or
+    "triton" (the kernels also on CPU tensors, under the Triton interpreter). The Triton
+    backend is always exact (``deterministic`` does not change it).
     Logits may be float32, bfloat16 or float16: they are upcast once to float32, and
     every guarantee speaks of those float32 values (docs/sampling.md).
     A Sampler keeps scratch buffers between calls (:class:`~detsample.workspace.Workspace`);
@@ -113,10 +127,17 @@ class Sampler:
     draw_method = DRAW_METHOD
 
     def __init__(self, deterministic: bool = True, filter_impl: str = "auto",
-                 processors: tuple = ()) -> None:
+                 processors: tuple = (), backend: str = "auto") -> None:
         if filter_impl not in FILTER_IMPLS:
             raise InvalidSamplingParams(
                 f"filter_impl must be one of {FILTER_IMPLS}, got {filter_impl!r}")
+        if not isinstance(backend, str) or backend not in BACKENDS:
+            raise InvalidSamplingParams(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend == "triton" and not kernels.available():
+            raise InvalidSamplingParams(
+                "backend='triton' needs the triton package (pip install triton), "
+                "which is not installed")
+        self.backend = backend
         self.deterministic = bool(deterministic)
         self.filter_impl = filter_impl
         self.processors = tuple(processors)
@@ -130,6 +151,18 @@ class Sampler:
         batch applies are :func:`detsample.validation.check_request`.)"""
         self._runner.validate(request.rid, request.params)
 
+    def _kernels(self, device: torch.device) -> ModuleType | None:
+        """The Triton kernel set for tensors on ``device``, or None for the torch ops."""
+        if self.backend == "torch" or (self.backend == "auto" and (
+                device.type != "cuda" or not kernels.available())):
+            return None
+        from detsample.kernels import sampler_ops
+        try:
+            sampler_ops.check_device(device)
+        except ValueError as e:
+            raise InvalidSamplingParams(f"backend={self.backend!r}: {e}") from None
+        return sampler_ops
+
     def _buf(self, name: str, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         return self._ws.get(name, tuple(like.shape), dtype or like.dtype, like.device)
 
@@ -138,12 +171,14 @@ class Sampler:
         check_logits(logits, len(batch), batch.vocab_size, batch.device)
         if logits.dtype != torch.float32:  # bfloat16 / float16: upcast once, exactly
             logits = logits.to(torch.float32)
+        k = self._kernels(logits.device)
+        sanitize = k.sanitize_rows if k else sanitize_rows
         x = self._runner.run(logits, batch)  # step 1 (detsample.processors.base)
-        raw, status, m = sanitize_rows(logits)  # step 2 ("raw" = sanitised model logits)
+        raw, status, m = sanitize(logits)  # step 2 ("raw" = sanitised model logits)
         if x is logits:
             x = raw
         else:
-            x, st, m = sanitize_rows(x)
+            x, st, m = sanitize(x)
             status = status | st
         after_sanitize = x
         # Steps 3-5 never write into ``after_sanitize`` (it may alias the caller's logits):
@@ -157,9 +192,9 @@ class Sampler:
         if coo is not None:
             x = apply_logit_bias_(x.clone() if x is after_sanitize else x, *coo)
         if x is not after_sanitize:  # a penalty or a bias can overflow a finite logit to +inf
-            x, st, m = sanitize_rows(x)
+            x, st, m = sanitize(x)
             status = status | st
-        return Prepared(raw=raw, x=x, status=status, row_max=m)
+        return Prepared(raw=raw, x=x, status=status, row_max=m, kernels=k)
 
     def _plan(self, batch: SamplingBatch, status: torch.Tensor) -> RowPlan:
         """The batch's cached :class:`RowPlan`; rows without an admissible token this step
@@ -192,15 +227,24 @@ class Sampler:
         """z = (x - max) / T_eff for every row (T_eff = 1 on greedy rows)."""
         m = prep.row_max
         m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # all -inf rows
-        return scale_logits(prep.x, m, plan.temperatures, out=self._buf("z", prep.x))
+        scale = prep.kernels.scale_logits if prep.kernels else scale_logits
+        return scale(prep.x, m, plan.temperatures, out=self._buf("z", prep.x))
 
     # -- step 8 ----------------------------------------------------------------------
-    def _cut(self, z: torch.Tensor, batch: SamplingBatch, plan: RowPlan) -> Cut:
-        """Thresholds and exact kept mass of the sampling rows (a pure step: no draw)."""
+    def _cut(self, z: torch.Tensor, batch: SamplingBatch, plan: RowPlan,
+             k: ModuleType | None = None, u: torch.Tensor | None = None) -> Cut:
+        """Thresholds and exact kept mass of the sampling rows (a pure step: no draw).
+        With Triton kernels ``k`` the same step runs fused with the draw when the
+        uniforms ``u`` are given (``Cut.drawn``)."""
         B, V = z.shape
         if not plan.sampling:
             return Cut.none(B, z.device)
         frac = filter_ops.frac_bits(V)
+        if k is not None:
+            tau, total, drawn = k.thresholds_and_draw(
+                z, plan.sampling.index, batch.top_ks, batch.top_ps, batch.min_ps, u, frac,
+                sort_only=self.filter_impl == "sort")
+            return Cut(tau, total, drawn=drawn if u is not None else None)
         tau = torch.full((B,), NEG_INF, dtype=torch.float32, device=z.device)
         total = torch.zeros((B,), dtype=torch.int64, device=z.device)
         rt = plan.route
@@ -249,6 +293,8 @@ class Sampler:
     def _draw(cut: Cut, u: torch.Tensor) -> torch.Tensor:
         """(B,) int64 drawn tokens of the rows in ``cut``'s CDF tables, -1 elsewhere.
         u: (B,) float64 per-row uniforms."""
+        if cut.drawn is not None:
+            return cut.drawn
         tokens = torch.full(u.shape, -1, dtype=torch.int64, device=u.device)
         if cut.compact is not None:
             idx, ids, csum = cut.compact
@@ -260,13 +306,16 @@ class Sampler:
 
     # -- step 10 ---------------------------------------------------------------------
     def _processed(self, cut: Cut, batch: SamplingBatch, rows: Rows, z: torch.Tensor,
-                   ids: torch.Tensor, greedy_tok: torch.Tensor) -> torch.Tensor:
+                   ids: torch.Tensor, greedy_tok: torch.Tensor,
+                   k: ModuleType | None = None) -> torch.Tensor:
         """The "processed" logprob of scaled logits ``z`` with token ids ``ids`` of
         ``rows``: either (n,) picked tokens, or (n, V) full rows with ``ids`` (1, V).
         Kept entries get the renormalised logprob of the draw, others -inf; a greedy row
-        is one-hot on its greedy token."""
+        is one-hot on its greedy token. (The min-p test uses the backend's own exp, the
+        one its draw used.)"""
         col = (lambda t: t.unsqueeze(1)) if z.dim() == 2 else (lambda t: t)  # noqa: E731
-        keep = (z >= col(rows.take(cut.tau))) & (torch.exp(z) >= col(rows.take(batch.min_ps)))
+        exp = k.exp if k else torch.exp
+        keep = (z >= col(rows.take(cut.tau))) & (exp(z) >= col(rows.take(batch.min_ps)))
         lp = lp_ops.log_softmax(z, kept_mass=col(rows.take(cut.total).clamp(min=1)),
                                 frac=filter_ops.frac_bits(batch.vocab_size))
         lp = lp.masked_fill(~keep, NEG_INF)
@@ -284,10 +333,12 @@ class Sampler:
             picked = rows.take(safe)
             if mode == "processed":
                 ztok = lp_ops.gather_rows(rows.take(z), picked)
-                vals = self._processed(cut, batch, rows, ztok, picked, greedy_tok)
+                vals = self._processed(cut, batch, rows, ztok, picked, greedy_tok, prep.kernels)
             else:
                 sub = rows.take(prep.raw if mode == "raw" else z)
-                lsm = lp_ops.log_softmax(sub, out=self._buf("lsm", sub))
+                log_softmax = prep.kernels.log_softmax_rows if prep.kernels else \
+                    lp_ops.log_softmax
+                lsm = log_softmax(sub, out=self._buf("lsm", sub))
                 vals = lp_ops.gather_rows(lsm, picked)
             if rows.every:
                 out = vals
@@ -307,9 +358,12 @@ class Sampler:
         for mode, rows in plan.top.items():
             if mode == "processed":
                 full = torch.arange(batch.vocab_size, device=dev).unsqueeze(0)
-                lp = self._processed(cut, batch, rows, rows.take(z), full, greedy_tok)
+                lp = self._processed(cut, batch, rows, rows.take(z), full, greedy_tok,
+                                     prep.kernels)
             else:
-                lp = lp_ops.log_softmax(rows.take(prep.raw if mode == "raw" else z))
+                log_softmax = prep.kernels.log_softmax_rows if prep.kernels else \
+                    lp_ops.log_softmax
+                lp = log_softmax(rows.take(prep.raw if mode == "raw" else z))
             v, i = lp_ops.topn(lp, n)
             vals[rows.index] = v
             ids[rows.index] = i
@@ -338,9 +392,14 @@ class Sampler:
         plan = self._plan(batch, prep.status)
         greedy_tok = self._greedy_tokens(prep, plan)
         z = self._scaled(prep, plan) if plan.needs_scaled else None
-        cut = self._cut(z, batch, plan) if z is not None else Cut.none(B, batch.device)
+        u = None
         if plan.sampling:
-            drawn = self._draw(cut, row_uniforms(batch.seeds, positions))
+            u = (prep.kernels.row_uniforms if prep.kernels else row_uniforms)(batch.seeds,
+                                                                              positions)
+        cut = self._cut(z, batch, plan, prep.kernels, u) if z is not None else \
+            Cut.none(B, batch.device)
+        if plan.sampling:
+            drawn = self._draw(cut, u)
             tokens = torch.where(batch.greedy, greedy_tok, drawn)
         else:
             tokens = torch.where(batch.greedy, greedy_tok, torch.full_like(greedy_tok, -1))
@@ -372,7 +431,8 @@ class Sampler:
         greedy_tok = self._greedy_tokens(prep, plan)
         z = self._scaled(prep, plan) if plan.needs_scaled else None
         processed = "processed" in plan.modes
-        cut = self._cut(z, batch, plan) if processed else Cut.none(B, batch.device)
+        cut = self._cut(z, batch, plan, prep.kernels) if processed else \
+            Cut.none(B, batch.device)
         if plan.excluded:
             token_ids = token_ids.masked_fill((prep.status & STATUS_NO_VALID_TOKEN) != 0, -1)
         return self._token_logprobs(prep, z, cut, batch, plan, token_ids, greedy_tok)

@@ -2,6 +2,9 @@
 
 Median wall time over repeats, after a warm-up call, with an explicit torch thread
 count (set and restored by :func:`threads`). Never used by tests as an assertion.
+On ``device="cuda"`` each call is bracketed by ``torch.cuda.synchronize`` and the table
+gains the torch backend on the GPU and a bare ``torch.log_softmax`` over the same
+logits (the yardstick of docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -31,12 +34,17 @@ def threads(n: int | None):
     return torch_threads(n) if n else contextlib.nullcontext()
 
 
-def median_ms(fn: Callable[[], object], repeat: int) -> float:
+def median_ms(fn: Callable[[], object], repeat: int, device: str = "cpu") -> float:
+    """Median ms of ``fn`` over ``repeat`` calls after one warm-up; on CUDA each call is
+    synchronised before and after."""
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     fn()
     times = []
     for _ in range(repeat):
+        sync()
         t0 = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
 
@@ -48,12 +56,12 @@ class Case:
     config: str
 
 
-def make_inputs(case: Case, seed: int = 0):
+def make_inputs(case: Case, seed: int = 0, device: str = "cpu"):
     g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(case.B, case.V, generator=g) * 3
+    logits = (torch.randn(case.B, case.V, generator=g) * 3).to(device)
     reqs = [Request(f"r{i}", SamplingParams(seed=i, **CONFIGS[case.config]))
             for i in range(case.B)]
-    positions = torch.arange(case.B, dtype=torch.int64) + 100
+    positions = torch.arange(case.B, dtype=torch.int64, device=device) + 100
     return logits, reqs, positions
 
 
@@ -80,12 +88,12 @@ def exponential_race(logits: torch.Tensor, batch: SamplingBatch, generator: torc
     return pick if ids is None else ids.gather(1, pick.unsqueeze(1)).squeeze(1)
 
 
-def paths(case: Case) -> dict[str, Callable[[], object]]:
+def paths(case: Case, device: str = "cpu") -> dict[str, Callable[[], object]]:
     """The measured paths of one case, keyed by name."""
-    logits, reqs, pos = make_inputs(case)
-    batch = SamplingBatch.from_requests(reqs, case.V)
+    logits, reqs, pos = make_inputs(case, device=device)
+    batch = SamplingBatch.from_requests(reqs, case.V, device=device)
     det, fast = Sampler(), Sampler(deterministic=False)
-    alone = [SamplingBatch.from_requests([r], case.V) for r in reqs]
+    alone = [SamplingBatch.from_requests([r], case.V, device=device) for r in reqs]
 
     def loop():
         for i, b in enumerate(alone):
@@ -96,29 +104,37 @@ def paths(case: Case) -> dict[str, Callable[[], object]]:
         "fast": lambda: fast.sample(logits, batch, pos),
         "per-request loop": loop,
     }
+    if torch.device(device).type == "cuda":  # "deterministic" is the Triton backend there
+        torch_backend = Sampler(backend="torch")
+        out["torch backend"] = lambda: torch_backend.sample(logits, batch, pos)
+        lsm_only = torch.empty_like(logits)
+        out["bare log_softmax"] = lambda: torch.log_softmax(logits, -1, out=lsm_only)
     if case.config == "greedy":
         lsm = torch.empty_like(logits)
         out["bare argmax+log_softmax"] = lambda: (torch.argmax(logits, -1),
                                                   torch.log_softmax(logits, -1, out=lsm))
     else:
         out["exponential race (engine-style)"] = lambda: exponential_race(
-            logits, batch, torch.Generator().manual_seed(0))
+            logits, batch, torch.Generator(device=device).manual_seed(0))
     return out
 
 
 def run(batches=(1, 8, 64), vocabs=(32000, 152064), configs=tuple(CONFIGS),
-        repeat: int = 7, n_threads: int | None = 2, skip_loop_above: int = 64) -> list[dict]:
+        repeat: int = 7, n_threads: int | None = 2, skip_loop_above: int = 64,
+        device: str = "cpu") -> list[dict]:
     rows = []
+    digits = 3 if torch.device(device).type == "cuda" else 2
     with threads(n_threads):
         for V in vocabs:
             for B in batches:
                 for cfg in configs:
                     case = Case(B, V, cfg)
-                    for name, fn in paths(case).items():
+                    for name, fn in paths(case, device).items():
                         if name == "per-request loop" and B > skip_loop_above:
                             continue
-                        rows.append(dict(B=B, V=V, config=cfg, path=name,
-                                         median_ms=round(median_ms(fn, repeat), 2)))
+                        rows.append(dict(B=B, V=V, config=cfg, path=name, device=device,
+                                         median_ms=round(median_ms(fn, repeat, device),
+                                                         digits)))
     return rows
 
 

@@ -1,9 +1,10 @@
 """``detsample check``: the CI gate (goldens, invariances, alignment, external checks).
 
 Prints a progress bar on stderr when stderr is a terminal (redrawn in place; nothing
-when it is a file or a pipe, so CI logs stay clean) and a summary table on stdout;
-``--json PATH`` writes
-``{"ok": bool, "platform": str, "checks": [{"name", "ok", "detail"}]}``. Exit status 0
+when it is a file or a pipe, so CI logs stay clean) and a summary table on stdout, headed
+by the golden folder it compared against and how this run dispatches (the CPU ISA,
+native or emulated through ``ATEN_CPU_CAPABILITY``); ``--json PATH`` writes ``{"ok": bool,
+"platform": str, "golden_dir": str, "checks": [{"name", "ok", "detail"}]}``. Exit status 0
 only when every check holds, 1 otherwise (a platform without goldens is a failure unless
 ``--allow-missing-goldens``).
 """
@@ -67,6 +68,21 @@ def table(results: list[CheckResult]) -> str:
     return "\n".join(lines)
 
 
+def golden_source(store: Any) -> str:
+    """How this process dispatches (the ISA, native or emulated) and, when the folder's
+    manifests say it, how its goldens were produced."""
+    from detsample.golden import isa
+    here = isa.describe() if store.device.type == "cpu" else f"{store.device.type} {store.fingerprint}"
+    modes = set()
+    for man in sorted(store.platform_dir.glob("*/manifest.json")):
+        try:
+            modes.add(json.loads(man.read_text(encoding="utf-8")).get("cpu_dispatch", {}).get("mode"))
+        except (OSError, ValueError, AttributeError):
+            continue
+    made = ", ".join(sorted(m for m in modes if m)) or "not recorded"
+    return f"this run: {here}; goldens produced: {made}"
+
+
 def run(args: argparse.Namespace) -> int:
     from detsample.golden import registry
     from detsample.checks.battery import run_battery
@@ -88,13 +104,15 @@ def run(args: argparse.Namespace) -> int:
     ok = all(r.ok for r in results)
     print(f"detsample check  platform {store.fingerprint}  device {args.device}"
           f"{'  (quick)' if args.quick else ''}  {time.perf_counter() - t0:.1f} s")
+    print(f"goldens compared against {store.platform_dir}  ({golden_source(store)})")
     print(table(results))
     n_bad = sum(not r.ok for r in results)
     n_skip = sum(r.skipped for r in results)
     note = f" ({n_skip} SKIPPED, see above)" if n_skip else ""
     print(("ALL CHECKS PASSED" if ok else f"{n_bad} CHECK(S) FAILED") + note)
     if args.json:
-        doc = {"ok": ok, "platform": store.fingerprint, "checks": [r.to_json() for r in results]}
+        doc = {"ok": ok, "platform": store.fingerprint, "golden_dir": str(store.platform_dir),
+               "checks": [r.to_json() for r in results]}
         path = Path(args.json)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,11 @@
   that are no longer registered;
 - ``diff``: print a unified diff of the golden text files against what this build
   produces (nothing is written; exit 1 when they differ).
+
+``--isa all`` (CPU) runs ``verify`` or ``update`` once per instruction set this CPU
+supports (default, avx2, avx512), each in a subprocess under ``ATEN_CPU_CAPABILITY``, so
+one machine regenerates or checks every CPU ISA folder; each manifest records whether
+its set ran natively or emulated. ``--isa avx2`` (a comma-separated list) picks sets.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import shutil
 import sys
 from typing import Any
 
-from detsample.golden.format import FILES
+from detsample.golden.format import ALL_FILES
 
 
 def register(subparsers: Any) -> None:
@@ -31,21 +36,44 @@ def register(subparsers: Any) -> None:
     p.add_argument("--golden-dir", default=None, metavar="PATH", help="golden root (default: golden/)")
     p.add_argument("--force", action="store_true", help="update even when CI is set")
     p.add_argument("--prune", action="store_true", help="update: delete unregistered scenarios")
+    p.add_argument("--isa", default="current", metavar="ISA",
+                   help="cpu: 'all' (every instruction set this CPU supports, each in a subprocess "
+                        "under ATEN_CPU_CAPABILITY), a comma-separated list, or 'current' (default)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from detsample.golden import registry
+    from detsample.golden import isa, registry
     from detsample.golden.store import GoldenStore
     try:
         store = GoldenStore(args.golden_dir, device=args.device)
         selected = args.scenario or registry.names(quick=args.quick, device=args.device)
         for n in selected:
             registry.get(n)
+        if args.isa != "current":
+            if store.device.type != "cpu":
+                raise ValueError(f"--isa applies to cpu goldens, got --device {args.device!r}")
+            if args.action == "diff":
+                raise ValueError("--isa applies to verify and update, got diff")
+            isas = isa.resolve(args.isa)
     except (ValueError, KeyError) as e:
         print(f"detsample golden: {e}", file=sys.stderr)
         return 2
+    if args.isa != "current":
+        results = isa.run_per_isa(isas, _child_argv(args), print)
+        return max(rc for _, rc in results)
     return {"verify": _verify, "update": _update, "diff": _diff}[args.action](args, store, selected)
+
+
+def _child_argv(args: argparse.Namespace) -> list[str]:
+    """This command for one instruction set (the same arguments, without ``--isa``)."""
+    argv = [sys.executable, "-m", "detsample", "golden", args.action, "--device", args.device]
+    for n in args.scenario or ():
+        argv += ["-k", n]
+    argv += ["--quick"] * args.quick + ["--force"] * args.force + ["--prune"] * args.prune
+    if args.golden_dir:
+        argv += ["--golden-dir", str(args.golden_dir)]
+    return argv
 
 
 def _verify(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
@@ -92,12 +120,12 @@ def _diff(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
     for name, out in registry.produce_all(selected, args.device).items():
         d = store.scenario_dir(name)
         new = store.encode(name, out)
-        for f in FILES:
+        for f in ALL_FILES:
             old = (d / f).read_text(encoding="utf-8") if (d / f).is_file() else ""
-            if old != new[f]:
+            if old != new.get(f, ""):
                 differ += 1
                 sys.stdout.writelines(difflib.unified_diff(
-                    old.splitlines(True), new[f].splitlines(True),
+                    old.splitlines(True), new.get(f, "").splitlines(True),
                     fromfile=f"golden/{store.fingerprint}/{name}/{f}",
                     tofile=f"obtained/{store.fingerprint}/{name}/{f}"))
     print(f"{differ} golden file(s) differ" if differ else "no differences")

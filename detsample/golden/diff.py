@@ -11,50 +11,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from detsample.golden import bits
 from detsample.golden.format import ScenarioOutput, float_text
-
-_SIGN = np.int64(0x80000000)
-_NAN_BUCKET = "NaN"
-_ZERO_BUCKET = "0 (sign of zero)"
-_MAX_POW = 16
-
-
-def _ordered(bits: np.ndarray) -> np.ndarray:
-    """Map float32 bit patterns to integers that are monotonic in the float value."""
-    b = bits.astype(np.int64)
-    return np.where(b & _SIGN, -(b & 0x7FFFFFFF), b)
-
-
-def _is_nan(bits: np.ndarray) -> np.ndarray:
-    b = bits.astype(np.int64)
-    return ((b & 0x7F800000) == 0x7F800000) & ((b & 0x007FFFFF) != 0)
 
 
 def ulp_distance(golden_bits: np.ndarray, obtained_bits: np.ndarray) -> np.ndarray:
     """[N] int64 ULP distance between float32 bit patterns; -1 where either is NaN."""
-    d = np.abs(_ordered(golden_bits) - _ordered(obtained_bits))
-    return np.where(_is_nan(golden_bits) | _is_nan(obtained_bits), -1, d)
-
-
-def _bucket(d: int) -> str:
-    if d < 0:
-        return _NAN_BUCKET
-    if d == 0:
-        return _ZERO_BUCKET
-    if d <= 2:
-        return str(d)
-    for k in range(2, _MAX_POW + 1):
-        if d <= 2**k:
-            return f"{2**(k - 1) + 1}-{2**k}"
-    return f">{2**_MAX_POW}"
-
-
-def _bucket_key(name: str) -> int:
-    if name == _NAN_BUCKET:
-        return 1 << 40
-    if name == _ZERO_BUCKET:
-        return 0
-    return int(name.lstrip(">").split("-")[0]) + (1 if name.startswith(">") else 0)
+    d = bits.distance(golden_bits, obtained_bits, bits.FLOAT32).astype(np.int64)
+    nan = bits.is_nan(golden_bits, bits.FLOAT32) | bits.is_nan(obtained_bits, bits.FLOAT32)
+    return np.where(nan, -1, d)
 
 
 @dataclass(frozen=True)
@@ -81,6 +46,67 @@ class Divergence:
 
 
 @dataclass(frozen=True)
+class TopDiff:
+    """The top logprobs of the common entries compared: ``mismatches`` counts the
+    (entry, rank) pairs whose token id or bits differ, plus ranks only one side has."""
+
+    mismatches: int
+    golden_total: int
+    obtained_total: int
+    first: str | None = None
+    ulp_histogram: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatches == 0
+
+    def lines(self) -> list[str]:
+        if self.ok:
+            return []
+        out = [f"  first top-logprob divergence: {self.first}"]
+        if self.ulp_histogram:
+            out.append("  top logprob ULP histogram: "
+                       + ", ".join(f"{k}: {v}" for k, v in self.ulp_histogram.items()))
+        if self.golden_total == 0:
+            out.append(f"  note: the golden records no top logprobs but {self.obtained_total} "
+                       "were obtained (a golden written before top logprobs were recorded, or "
+                       "whose rows did not ask for them): regenerate it")
+        return out
+
+
+def _describe_top(out: ScenarioOutput, j: int) -> str:
+    b = int(out.top_logprobs.view("<u4")[j])
+    return f"id {int(out.top_ids[j])} 0x{b:08x} ({float_text(b)})"
+
+
+def compare_top(golden: ScenarioOutput, obtained: ScenarioOutput, n: int) -> TopDiff:
+    """Compare the top logprobs of the first ``n`` entries, rank by rank, on bits."""
+    go, oo = golden.top_offsets, obtained.top_offsets
+    gbits, obits = golden.top_logprobs.view("<u4"), obtained.top_logprobs.view("<u4")
+    mismatches, first, dists = 0, None, []
+    for i in range(n):
+        gc, oc = int(golden.top_counts[i]), int(obtained.top_counts[i])
+        k = min(gc, oc)
+        gs, os_ = slice(go[i], go[i] + k), slice(oo[i], oo[i] + k)
+        bad_bits = gbits[gs] != obits[os_]
+        bad = (golden.top_ids[gs] != obtained.top_ids[os_]) | bad_bits
+        mismatches += int(bad.sum()) + abs(gc - oc)
+        d = ulp_distance(gbits[gs][bad_bits], obits[os_][bad_bits])
+        dists.extend(d.tolist())
+        where = f"request {obtained.rids[i]} position {int(obtained.positions[i])}"
+        if first is None and bad.any():
+            r = int(np.argmax(bad))
+            first = (f"{where} rank {r}: {_describe_top(golden, go[i] + r)} -> "
+                     f"{_describe_top(obtained, oo[i] + r)}"
+                     + (f", {'NaN' if d[0] < 0 else f'{int(d[0])} ulp'}" if bad_bits[r] else ""))
+        elif first is None and gc != oc:
+            first = f"{where}: {gc} top logprobs in the golden, {oc} obtained"
+    arr = np.array(dists, dtype=np.int64)
+    return TopDiff(mismatches, int(golden.top_counts[:n].sum()), int(obtained.top_counts[:n].sum()),
+                   first, bits.histogram(np.maximum(arr, 0).astype(np.uint64), arr < 0))
+
+
+@dataclass(frozen=True)
 class GoldenDiff:
     """Result of comparing one scenario; ``ok`` iff every bit is equal."""
 
@@ -94,11 +120,12 @@ class GoldenDiff:
     ulp_histogram: dict[str, int] = field(default_factory=dict)
     worst: tuple[Divergence, ...] = ()
     unmatched: str | None = None  # the first entry beyond the shorter side, described
+    top: TopDiff | None = None
 
     @property
     def ok(self) -> bool:
         return (self.golden_n == self.obtained_n and self.first is None
-                and self.label_mismatches == 0)
+                and self.label_mismatches == 0 and (self.top is None or self.top.ok))
 
     def summary(self) -> str:
         """One line: what moved."""
@@ -111,6 +138,8 @@ class GoldenDiff:
             parts.append(f"{self.label_mismatches} request/position labels differ")
         parts.append(f"{self.token_mismatches} tokens differ")
         parts.append(f"{self.logprob_mismatches} logprobs differ in bits")
+        if self.top is not None and not self.top.ok:
+            parts.append(f"{self.top.mismatches} top logprobs differ")
         return f"{self.scenario}: " + ", ".join(parts)
 
     def report(self) -> str:
@@ -129,6 +158,8 @@ class GoldenDiff:
         if self.worst:
             lines.append("  worst entries:")
             lines.extend(f"    {d.describe()}" for d in self.worst)
+        if self.top is not None:
+            lines.extend(self.top.lines())
         return "\n".join(lines)
 
 
@@ -149,11 +180,8 @@ def compare(scenario: str, golden: ScenarioOutput, obtained: ScenarioOutput,
         return Divergence(int(i), obtained.rids[i], int(obtained.positions[i]), int(gt[i]),
                           int(ot[i]), int(gb[i]), int(ob[i]), int(ulps[i]))
 
-    hist: dict[str, int] = {}
-    for d in ulps[bit_bad]:
-        key = _bucket(int(d))
-        hist[key] = hist.get(key, 0) + 1
-    hist = dict(sorted(hist.items(), key=lambda kv: _bucket_key(kv[0])))
+    moved = ulps[bit_bad]
+    hist = bits.histogram(np.maximum(moved, 0).astype(np.uint64), moved < 0)
     # Worst: token changes first, then NaN, then by ULP distance; ties by entry order.
     severity = np.where(tok_bad, 1 << 62, np.where(ulps < 0, 1 << 61, ulps))
     order = sorted(bad.tolist(), key=lambda i: (-int(severity[i]), i))[:worst]
@@ -163,7 +191,7 @@ def compare(scenario: str, golden: ScenarioOutput, obtained: ScenarioOutput,
         label_mismatches=int(label_bad.sum()),
         first=div(int(bad[0])) if bad.size else None,
         ulp_histogram=hist, worst=tuple(div(i) for i in order),
-        unmatched=_unmatched(golden, obtained, n),
+        unmatched=_unmatched(golden, obtained, n), top=compare_top(golden, obtained, n),
     )
 
 

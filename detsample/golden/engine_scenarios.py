@@ -4,8 +4,9 @@ An :class:`EngineScenario` is a scripted schedule (arrivals at given steps, a ro
 so that requests wait, finish at different steps and leave with ``filter``) over the
 seeded reference model (:mod:`detsample.refmodel`). ``produce()`` returns a
 :class:`~detsample.golden.format.ScenarioOutput` with, per request in script order, every
-generated token at position ``len(prompt) - 1 + i`` and its sampling-time logprob in the
-request's own ``logprobs_mode``; finish reasons and seeds go to the manifest.
+generated token at position ``len(prompt) - 1 + i``, its sampling-time logprob in the
+request's own ``logprobs_mode`` and, for requests with ``logprobs = n > 0``, its n top
+logprobs; finish reasons and seeds go to the manifest.
 
 These scenarios exist only where :mod:`detsample.refmodel.engine` does
 (:func:`available`); :mod:`detsample.golden.scenarios` registers them then.
@@ -109,6 +110,7 @@ class EngineScenario:
         model = self.model()
         reqs, res = self.run(sampler=sampler, model=model)
         rids, pos, toks, lps = [], [], [], []
+        counts, top_ids, top_lps = [], [np.zeros(0, np.int64)], [np.zeros(0, np.float32)]
         for r in reqs:
             rr = res[r.rid]
             lp = rr.logprobs[r.params.logprobs_mode].cpu().numpy().astype(np.float32, copy=False)
@@ -117,6 +119,10 @@ class EngineScenario:
                 pos.append(len(r.prompt_ids) - 1 + i)
                 toks.append(t)
                 lps.append(lp[i])
+                counts.append(r.params.logprobs if rr.top_logprobs is not None else 0)
+                if rr.top_logprobs is not None:
+                    top_lps.append(rr.top_logprobs[0][i].cpu().numpy().astype(np.float32, copy=False))
+                    top_ids.append(rr.top_logprobs[1][i].cpu().numpy().astype(np.int64, copy=False))
         meta = {
             **sampler_description(sampler),
             "inputs": {"kind": "engine", "model": "RefModel", "model_seed": self.model_seed,
@@ -130,7 +136,9 @@ class EngineScenario:
             "finish_reasons": {r.rid: res[r.rid].finish_reason for r in reqs},
         }
         return ScenarioOutput(tuple(rids), np.array(pos, dtype=np.int64), np.array(toks, dtype=np.int64),
-                              np.array(lps, dtype=np.float32).reshape(-1), meta)
+                              np.array(lps, dtype=np.float32).reshape(-1), meta,
+                              top_counts=np.array(counts, dtype=np.int64),
+                              top_ids=np.concatenate(top_ids), top_logprobs=np.concatenate(top_lps))
 
 
 def _mixed() -> tuple[Arrive, ...]:

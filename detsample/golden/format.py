@@ -1,15 +1,19 @@
 """Golden file format: one scenario's outputs <-> ``manifest.json``, ``tokens.txt``,
-``logprobs.txt`` (schema version 1, see docs/golden.md).
+``logprobs.txt`` and, when some row asks for them, ``top_logprobs.txt`` (schema version
+1, see docs/golden.md).
 
 Each text file has one entry per line, in the order the scenario produced them::
 
-    tokens.txt     <token id> <request>@<position>
-    logprobs.txt   0x<uint32 bits, 8 hex digits> <shortest float32 decimal> <request>@<position>
+    tokens.txt        <token id> <request>@<position>
+    logprobs.txt      0x<uint32 bits, 8 hex digits> <shortest float32 decimal> <request>@<position>
+    top_logprobs.txt  <token id> 0x<uint32 bits> <decimal> <request>@<position>#<rank>
 
-The hex bits are authoritative (so ``-0.0`` vs ``0.0`` and NaN payloads are visible);
-the decimal is for humans and is checked against the bits on load. The manifest holds
-the dtypes (``<i8`` / ``<f4``), shapes and the sha256 of each array's raw little-endian
-bytes, which detects any edit or truncation of the text files.
+``top_logprobs.txt`` holds, for the entries of rows with ``logprobs = n > 0``, their n
+top logprobs (rank 0 first); entries of other rows have none. The hex bits are
+authoritative (so ``-0.0`` vs ``0.0`` and NaN payloads are visible); the decimal is for
+humans and is checked against the bits on load. The manifest holds the dtypes (``<i8`` /
+``<f4``), shapes and the sha256 of each array's raw little-endian bytes, which detects
+any edit or truncation of the text files.
 
 Everything here is a pure function of its inputs: serialising the same record twice
 gives byte-identical text (sorted JSON keys, no timestamps).
@@ -31,8 +35,11 @@ SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 TOKENS = "tokens.txt"
 LOGPROBS = "logprobs.txt"
-FILES = (TOKENS, LOGPROBS, MANIFEST)
+TOP_LOGPROBS = "top_logprobs.txt"
+FILES = (TOKENS, LOGPROBS, MANIFEST)  # always present
+ALL_FILES = (TOKENS, LOGPROBS, TOP_LOGPROBS, MANIFEST)  # write order: manifest last
 ARRAY_SPECS = {"tokens": (TOKENS, "<i8"), "logprobs": (LOGPROBS, "<f4")}
+TOP_SPECS = {"top_ids": (TOP_LOGPROBS, "<i8"), "top_logprobs": (TOP_LOGPROBS, "<f4")}
 _RID = re.compile(r"^[A-Za-z0-9_.:-]+$")
 
 
@@ -42,12 +49,16 @@ class GoldenFormatError(DetsampleError):
 
 @dataclass(frozen=True)
 class ScenarioOutput:
-    """What a scenario produced: N entries, each (request, position, token, logprob).
+    """What a scenario produced: N entries, each (request, position, token, logprob),
+    and the top logprobs of the entries whose row asks for them.
 
     - ``rids``: N request ids (no whitespace, no ``@``);
     - ``positions``: [N] int64, the position the token was sampled at;
     - ``tokens``: [N] int64 sampled token ids;
     - ``logprobs``: [N] float32 sampling-time logprobs;
+    - ``top_counts``: [N] int64, how many top logprobs entry i has (0 when its row asks
+      for none; default all 0); ``top_ids`` [M] int64 and ``top_logprobs`` [M] float32,
+      M = ``top_counts.sum()``, entry by entry, rank 0 first;
     - ``meta``: JSON-serialisable description (params, seeds, rng, inputs).
     """
 
@@ -56,6 +67,9 @@ class ScenarioOutput:
     tokens: np.ndarray
     logprobs: np.ndarray
     meta: Mapping[str, Any] = field(default_factory=dict)
+    top_counts: np.ndarray | None = None
+    top_ids: np.ndarray | None = None
+    top_logprobs: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rids", tuple(str(r) for r in self.rids))
@@ -74,17 +88,51 @@ class ScenarioOutput:
         for r in set(self.rids):
             if not _RID.match(r) or "@" in r:
                 raise GoldenFormatError(f"request ids must match {_RID.pattern}, got {r!r}")
+        self._init_top(n)
+
+    def _init_top(self, n: int) -> None:
+        counts = np.zeros(n, "<i8") if self.top_counts is None else self.top_counts
+        counts = np.ascontiguousarray(counts, dtype="<i8")
+        if counts.shape != (n,) or (counts < 0).any():
+            raise GoldenFormatError(f"top_counts must be {n} non-negative counts, got {counts!r}")
+        m = int(counts.sum())
+        ids = np.zeros(0, "<i8") if self.top_ids is None else self.top_ids
+        if np.asarray(ids).dtype.kind not in "iu":
+            raise GoldenFormatError(f"top_ids must be integers, got dtype {np.asarray(ids).dtype}")
+        vals = np.zeros(0, "<f4") if self.top_logprobs is None else self.top_logprobs
+        if np.asarray(vals).dtype != np.float32:
+            raise GoldenFormatError(f"top_logprobs must be float32, got dtype {np.asarray(vals).dtype}")
+        object.__setattr__(self, "top_counts", counts)
+        object.__setattr__(self, "top_ids", np.ascontiguousarray(ids, dtype="<i8"))
+        object.__setattr__(self, "top_logprobs", np.ascontiguousarray(vals, dtype="<f4"))
+        for name in ("top_ids", "top_logprobs"):
+            if getattr(self, name).shape != (m,):
+                raise GoldenFormatError(f"{name} must have shape ({m},) (the sum of top_counts), "
+                                        f"got {getattr(self, name).shape}")
 
     @property
     def labels(self) -> list[str]:
         """``"<request>@<position>"`` per entry."""
         return [f"{r}@{int(p)}" for r, p in zip(self.rids, self.positions)]
 
+    @property
+    def top_offsets(self) -> np.ndarray:
+        """[N + 1] int64: entry i's top logprobs are ``top_*[off[i]:off[i + 1]]``."""
+        return np.concatenate([[0], np.cumsum(self.top_counts)]).astype(np.int64)
+
+    def top_labels(self) -> list[str]:
+        """``"<request>@<position>#<rank>"`` per top logprob."""
+        return [f"{lab}#{k}" for lab, c in zip(self.labels, self.top_counts.tolist()) for k in range(c)]
+
     def take(self, indices: Sequence[int] | np.ndarray) -> "ScenarioOutput":
-        """The entries at ``indices`` (in that order), same meta."""
+        """The entries at ``indices`` (in that order), with their top logprobs, same meta."""
         idx = np.asarray(indices, dtype=np.int64)
+        off = self.top_offsets
+        sel = np.concatenate([np.arange(off[i], off[i + 1]) for i in idx.tolist()] or
+                             [np.zeros(0, np.int64)]).astype(np.int64)
         return ScenarioOutput(tuple(self.rids[i] for i in idx.tolist()), self.positions[idx],
-                              self.tokens[idx], self.logprobs[idx], self.meta)
+                              self.tokens[idx], self.logprobs[idx], self.meta,
+                              self.top_counts[idx], self.top_ids[sel], self.top_logprobs[sel])
 
     def of_request(self, rid: str) -> "ScenarioOutput":
         """The entries of request ``rid``, in order."""
@@ -114,21 +162,34 @@ def encode_logprobs(out: ScenarioOutput) -> str:
                    for b, lab in zip(out.bits(), out.labels))
 
 
+def encode_top_logprobs(out: ScenarioOutput) -> str:
+    return "".join(f"{int(t)} 0x{int(b):08x} {float_text(int(b))} {lab}\n" for t, b, lab in
+                   zip(out.top_ids, out.top_logprobs.view("<u4"), out.top_labels()))
+
+
 def encode_manifest(out: ScenarioOutput, scenario: str, extra: Mapping[str, Any]) -> str:
     """The manifest text. ``extra`` holds platform and version facts."""
-    n = len(out.rids)
+    n, m = len(out.rids), int(out.top_counts.sum())
     arrays = {}
-    for name, (fname, dtype) in ARRAY_SPECS.items():
-        arrays[name] = {"file": fname, "dtype": dtype, "shape": [n], "sha256": sha256(getattr(out, name))}
+    specs = {**ARRAY_SPECS, **(TOP_SPECS if m else {})}
+    for name, (fname, dtype) in specs.items():
+        arrays[name] = {"file": fname, "dtype": dtype, "shape": [m if name in TOP_SPECS else n],
+                        "sha256": sha256(getattr(out, name))}
     doc = {"schema_version": SCHEMA_VERSION, "scenario": scenario, "arrays": arrays,
            "positions_sha256": sha256(out.positions), **dict(extra), **dict(out.meta)}
+    if m:
+        doc["top_counts_sha256"] = sha256(out.top_counts)
     return json.dumps(doc, sort_keys=True, indent=1, allow_nan=False) + "\n"
 
 
 def encode(out: ScenarioOutput, scenario: str, extra: Mapping[str, Any]) -> dict[str, str]:
-    """File name -> text of the three golden files."""
-    return {TOKENS: encode_tokens(out), LOGPROBS: encode_logprobs(out),
-            MANIFEST: encode_manifest(out, scenario, extra)}
+    """File name -> text of the golden files (``top_logprobs.txt`` only when an entry
+    has top logprobs), in write order (manifest last)."""
+    texts = {TOKENS: encode_tokens(out), LOGPROBS: encode_logprobs(out)}
+    if int(out.top_counts.sum()):
+        texts[TOP_LOGPROBS] = encode_top_logprobs(out)
+    texts[MANIFEST] = encode_manifest(out, scenario, extra)
+    return texts
 
 
 def _split_label(lab: str, where: str) -> tuple[str, int]:
@@ -185,21 +246,52 @@ def decode_lenient(texts: Mapping[str, str]) -> tuple[ScenarioOutput, dict[str, 
         if a != r[2]:
             raise GoldenFormatError(f"line {i}: {TOKENS} says {a!r} but {LOGPROBS} says {r[2]!r}")
     split = [_split_label(lab, f"{TOKENS}:{i}") for i, lab in enumerate(labels, 1)]
-    try:
-        tokens = np.array([int(r[0]) for r in trows], dtype="<i8")
-        bits = np.array([int(r[0], 16) for r in lrows], dtype=np.uint64)
-    except (ValueError, OverflowError) as e:
-        raise GoldenFormatError(f"non-integer value in golden text ({e})") from None
-    if bits.size and int(bits.max()) > 0xFFFFFFFF:
-        raise GoldenFormatError(f"{LOGPROBS}: bits must fit in uint32")
-    bits32 = bits.astype("<u4")
-    problems = [f"{LOGPROBS}:{i}: decimal {r[1]!r} disagrees with bits 0x{int(b):08x} "
-                f"(= {float_text(int(b))})"
-                for i, (b, r) in enumerate(zip(bits32, lrows), 1) if float_text(int(b)) != r[1]]
+    tokens, bits32, problems = _ids_and_bits(LOGPROBS, [r[0] for r in trows], lrows, 0)
+    counts, top_ids, top_bits, top_problems = _decode_top(texts.get(TOP_LOGPROBS, ""), labels)
     out = ScenarioOutput(rids=tuple(s[0] for s in split),
                          positions=np.array([s[1] for s in split], dtype="<i8"),
-                         tokens=tokens, logprobs=bits32.view("<f4"))
-    return out, manifest, problems + _manifest_problems(out, manifest)
+                         tokens=tokens, logprobs=bits32.view("<f4"), top_counts=counts,
+                         top_ids=top_ids, top_logprobs=top_bits.view("<f4"))
+    return out, manifest, problems + top_problems + _manifest_problems(out, manifest)
+
+
+def _decode_top(text: str, labels: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """``top_logprobs.txt`` -> (counts [N], ids [M], uint32 bits [M], problems). Its lines
+    must follow the entries' order with ranks 0, 1, ... per entry (else it raises)."""
+    rows = _parse_lines(text, TOP_LOGPROBS, 4)
+    where = {lab: i for i, lab in enumerate(labels)}
+    counts = np.zeros(len(labels), dtype="<i8")
+    last = -1
+    problems = []
+    for i, r in enumerate(rows, 1):
+        lab, sep, rank = r[3].rpartition("#")
+        entry = where.get(lab, -1) if sep else -1
+        if entry < last or entry < 0 or rank != str(counts[entry]):
+            raise GoldenFormatError(f"{TOP_LOGPROBS}:{i}: expected the next rank of an entry of "
+                                    f"{TOKENS}, in order, got {r[3]!r}")
+        last = entry
+        counts[entry] += 1
+    ids, bits32, problems = _ids_and_bits(TOP_LOGPROBS, [r[0] for r in rows], rows, 1)
+    return counts, ids, bits32, problems
+
+
+def _ids_and_bits(fname: str, ids: list[str], rows: list[list[str]], col: int
+                  ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Token ids (decimal text) -> int64, and the float32 bits of ``rows`` (hex in
+    column ``col``, its decimal in ``col + 1``) -> uint32, with a problem message per
+    decimal that disagrees with its bits."""
+    try:
+        tok = np.array([int(t) for t in ids], dtype="<i8")
+        bits = np.array([int(r[col], 16) for r in rows], dtype=np.uint64)
+    except (ValueError, OverflowError) as e:
+        raise GoldenFormatError(f"{fname}: non-integer value in golden text ({e})") from None
+    if bits.size and int(bits.max()) > 0xFFFFFFFF:
+        raise GoldenFormatError(f"{fname}: bits must fit in uint32")
+    bits32 = bits.astype("<u4")
+    problems = [f"{fname}:{i}: decimal {r[col + 1]!r} disagrees with bits 0x{int(b):08x} "
+                f"(= {float_text(int(b))})"
+                for i, (b, r) in enumerate(zip(bits32, rows), 1) if float_text(int(b)) != r[col + 1]]
+    return tok, bits32, problems
 
 
 def _manifest_problems(out: ScenarioOutput, manifest: Mapping[str, Any]) -> list[str]:
@@ -220,6 +312,20 @@ def _manifest_problems(out: ScenarioOutput, manifest: Mapping[str, Any]) -> list
                             "(edited or truncated by hand?)")
     if manifest.get("positions_sha256") != sha256(out.positions):
         problems.append(f"{TOKENS}: positions differ from {MANIFEST}")
+    m = int(out.top_counts.sum())
+    for name, (fname, dtype) in TOP_SPECS.items():
+        spec = arrays.get(name) if isinstance(arrays, dict) else None
+        if spec is None:
+            if m:
+                problems.append(f"{fname}: present but {MANIFEST} has no arrays.{name}")
+            continue
+        arr = getattr(out, name)
+        if not isinstance(spec, dict) or spec.get("dtype") != dtype:
+            problems.append(f"{MANIFEST}: arrays.{name} must have dtype {dtype!r}")
+        elif list(spec.get("shape", [])) != [m] or spec.get("sha256") != sha256(arr):
+            problems.append(f"{fname}: {name} differ from {MANIFEST} (edited, truncated or missing?)")
+    if m and manifest.get("top_counts_sha256") != sha256(out.top_counts):
+        problems.append(f"{TOP_LOGPROBS}: entries or ranks differ from {MANIFEST}")
     return problems
 
 
@@ -233,4 +339,7 @@ def concat(outputs: Sequence[ScenarioOutput], meta: Mapping[str, Any] | None = N
         tokens=np.concatenate([o.tokens for o in outputs]),
         logprobs=np.concatenate([o.logprobs for o in outputs]),
         meta=dict(meta or {}),
+        top_counts=np.concatenate([o.top_counts for o in outputs]),
+        top_ids=np.concatenate([o.top_ids for o in outputs]),
+        top_logprobs=np.concatenate([o.top_logprobs for o in outputs]),
     )

@@ -4,12 +4,18 @@
   written to a temporary name and renamed; see docs/golden.md) instead of comparing,
   and prints what moved at the end of the session. It refuses to run when the ``CI``
   environment variable is set, unless ``--golden-force`` is given.
-- ``--golden-dir PATH`` reads/writes goldens under PATH (default: the repository's
-  ``golden/``; also ``$DETSAMPLE_GOLDEN_DIR``).
+- ``--golden-dir PATH`` reads/writes goldens under PATH (default:
+  ``$DETSAMPLE_GOLDEN_DIR``, else ``golden/`` under the pytest rootdir).
+- ``--golden-isa all`` (or a list such as ``default,avx2``) runs the whole session once
+  per CPU instruction set this machine supports, each in a child pytest under
+  ``ATEN_CPU_CAPABILITY`` (:mod:`detsample.golden.isa`): with ``--golden-update`` it
+  regenerates every CPU ISA folder from one machine.
 - The ``golden`` fixture: ``golden.check(name, output)`` compares a
-  :class:`~detsample.golden.format.ScenarioOutput` with its golden on bits (``pytest.fail``
-  with the readable report on a mismatch), or records it in update mode. A platform
-  without goldens is a loud skip naming the command that creates them, never a pass.
+  :class:`~detsample.golden.format.ScenarioOutput` with its golden on bits, and
+  ``golden.check_tensors(name, {tensor name: tensor})`` does the same for any tensors a
+  kernel produced (:mod:`detsample.golden.tensor_store`); both ``pytest.fail`` with the
+  readable report on a mismatch, or record in update mode. A platform without goldens
+  is a loud skip naming the command that creates them, never a pass.
 - ``golden_update`` fixture: the flag, for tests that need it.
 
 The plugin does nothing unless a test uses these fixtures or the options are given.
@@ -17,8 +23,11 @@ The plugin does nothing unless a test uses these fixtures or the options are giv
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Mapping
 
 import pytest
 
@@ -32,51 +41,121 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--golden-force", action="store_true", default=False,
                     help="allow --golden-update when the CI variable is set")
     group.addoption("--golden-dir", default=None, metavar="PATH",
-                    help="root of the detsample golden files (default: the repository's golden/)")
+                    help="root of the golden files (default: $DETSAMPLE_GOLDEN_DIR, else "
+                         "golden/ under the pytest rootdir)")
+    group.addoption("--golden-isa", default="current", metavar="ISA",
+                    help="run the session once per CPU instruction set, each in a subprocess "
+                         "under ATEN_CPU_CAPABILITY: 'all' (every set this CPU supports), "
+                         "a comma-separated list (default,avx2,avx512), or 'current' (default)")
 
 
-def pytest_configure(config: pytest.Config) -> None:
+def _refuse(config: pytest.Config) -> None:
+    """UsageError for ``--golden-update`` under CI (unless forced) or a bad ``--golden-isa``."""
     if config.getoption("--golden-update"):
         from detsample.golden.store import update_refusal
         why = update_refusal(force=bool(config.getoption("--golden-force")))
         if why:
             raise pytest.UsageError("--golden-update " + why)
+    spec = config.getoption("--golden-isa")
+    if spec != "current":
+        from detsample.golden import isa
+        try:
+            isa.resolve(spec)
+        except ValueError as e:
+            raise pytest.UsageError(f"--golden-isa: {e}") from None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _refuse(config)
+
+
+def _without_isa(args: tuple[str, ...]) -> list[str]:
+    """The session's arguments without ``--golden-isa X`` / ``--golden-isa=X``."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--golden-isa":
+            skip = True
+        elif not a.startswith("--golden-isa="):
+            out.append(a)
+    return out
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    """``--golden-isa all|<list>``: run this session once per instruction set, each in a
+    child pytest under ``ATEN_CPU_CAPABILITY``; the exit status is the worst child's."""
+    spec = config.getoption("--golden-isa")
+    if spec == "current":
+        return None
+    _refuse(config)
+    from detsample.golden import isa
+    argv = [sys.executable, "-m", "pytest", *_without_isa(config.invocation_params.args)]
+
+    def echo(line: str) -> None:
+        print(line, flush=True)
+
+    results = isa.run_per_isa(isa.resolve(spec), argv, echo, cwd=str(config.invocation_params.dir))
+    return next((rc for _, rc in results if rc != 0), 0)
 
 
 @dataclass
 class GoldenSession:
-    """Per-session golden state: the store, the mode, and what happened."""
+    """Per-session golden state: the stores (one per device), the mode, what happened."""
 
     update: bool
-    root: str | None
+    root: str | os.PathLike[str] | None
     changes: list[Any] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
-    _store: Any = None
+    _stores: dict[str, Any] = field(default_factory=dict)
+
+    def store_for(self, device: str = "cpu") -> Any:
+        if device not in self._stores:
+            from detsample.golden.store import GoldenStore
+            self._stores[device] = GoldenStore(self.root, device=device)
+        return self._stores[device]
 
     @property
     def store(self) -> Any:
-        if self._store is None:
-            from detsample.golden.store import GoldenStore
-            self._store = GoldenStore(self.root)
-        return self._store
+        return self.store_for("cpu")
 
-    def check(self, name: str, output: Any) -> None:
-        """Compare ``output`` with golden ``name`` (or record it in update mode)."""
-        if self.update:
-            self.changes.extend(self.store.update({name: output}))
-            return
-        v = self.store.verify(name, output)
+    def _outcome(self, v: Any) -> None:
         if v.skipped:
-            self.skipped.append(name)
+            self.skipped.append(v.message)
             pytest.skip(v.message)
         if not v.ok:
             pytest.fail(v.message, pytrace=False)
+
+    def check(self, name: str, output: Any) -> None:
+        """Compare ``output`` (a ScenarioOutput) with golden ``name`` (or record it in
+        update mode)."""
+        if self.update:
+            self.changes.extend(self.store.update({name: output}))
+            return
+        self._outcome(self.store.verify(name, output))
+
+    def check_tensors(self, name: str, tensors: Mapping[str, Any], device: Any = None) -> None:
+        """Compare ``tensors`` (names -> torch tensors or numpy arrays) with tensor golden
+        ``name`` of this platform on bits (or record them in update mode). ``device``
+        (whose fingerprint applies) defaults to the GPU of the first CUDA tensor, else cpu."""
+        from detsample.golden.tensor_store import TensorGoldens, device_of
+        goldens = TensorGoldens(self.store_for(str(device) if device is not None else device_of(tensors)))
+        if self.update:
+            self.changes.append(goldens.update(name, tensors))
+            return
+        self._outcome(goldens.verify(name, tensors))
+
+
+def _root(config: pytest.Config) -> str | os.PathLike[str]:
+    from detsample.golden.store import ENV_ROOT
+    return config.getoption("--golden-dir") or os.environ.get(ENV_ROOT) or Path(config.rootpath) / "golden"
 
 
 def _session(config: pytest.Config) -> GoldenSession:
     if _KEY not in config.stash:
         config.stash[_KEY] = GoldenSession(update=bool(config.getoption("--golden-update")),
-                                           root=config.getoption("--golden-dir"))
+                                           root=_root(config))
     return config.stash[_KEY]
 
 
@@ -100,7 +179,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
         moved = [c for c in gs.changes if c.kind is not ChangeKind.UNCHANGED]
         tr.write_sep("=", f"detsample golden update: {gs.store.platform_dir}")
-        tr.write_line(f"{len(gs.changes)} scenarios written, {len(moved)} changed, "
+        tr.write_line(f"{len(gs.changes)} goldens written, {len(moved)} changed, "
                       f"{len(gs.changes) - len(moved)} unchanged")
         for c in moved:
             tr.write_line(f"[{c.kind}] {c.report}")
@@ -108,5 +187,6 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             tr.write_line("review with `git diff golden/` and commit the changes")
     if gs.skipped:
         tr.write_sep("!", "detsample goldens MISSING for this platform", red=True, bold=True)
-        tr.write_line(f"{len(gs.skipped)} golden comparisons were SKIPPED, NOT passed: "
-                      + gs.store.missing_platform_message(), red=True)
+        tr.write_line(f"{len(gs.skipped)} golden comparisons were SKIPPED, NOT passed:", red=True)
+        for msg in dict.fromkeys(gs.skipped):
+            tr.write_line("  " + msg, red=True)

@@ -5,7 +5,8 @@ A :class:`Scenario` is fully determined by its fields (explicit seeds; no global
 :class:`detsample.SamplingBatch` for ``steps`` decode steps and returns a
 :class:`~detsample.golden.format.ScenarioOutput`: entries ordered by (step, row), each the
 request id, its position, the sampled token id (int64) and its sampling-time logprob
-(float32), plus metadata for the manifest (params, seeds, RNG name, input hashes).
+(float32), the top logprobs of rows that ask for them, plus metadata for the manifest
+(params, seeds, RNG name, input hashes).
 
 ``run(order=..., split=..., shuffle_steps=...)`` runs the same requests under another
 batch composition (a subset, a permutation, two batches merged, a permuting ``filter``
@@ -99,6 +100,17 @@ def grammar_params(rows: int, vocab: int) -> list[dict[str, Any]]:
     return _cycle(base, rows)
 
 
+def top_logprobs_params(rows: int, vocab: int) -> list[dict[str, Any]]:
+    """Rows asking for 1 to 20 top logprobs, greedy and sampled, filtered and penalised;
+    with the raw / scaled / processed cycle of modes every mode is covered, so a change
+    to the top-n path (its log_softmax, the top-n selection, the tie order) moves bits."""
+    base = [dict(logprobs=1), dict(logprobs=5, temperature=0.7), dict(logprobs=20, top_k=10),
+            dict(temperature=0.0, logprobs=4), dict(logprobs=3, top_p=0.9, temperature=1.3),
+            dict(logprobs=8, min_p=0.1), dict(logprobs=2, repetition_penalty=1.2, presence_penalty=0.5),
+            dict(logprobs=6, top_k=1)]
+    return _cycle(base, rows)
+
+
 PARAM_FAMILIES: dict[str, ParamFamily] = {
     "greedy": greedy_params,
     "temperature": temperature_params,
@@ -107,6 +119,7 @@ PARAM_FAMILIES: dict[str, ParamFamily] = {
     "min_p": min_p_params,
     "combo": combo_params,
     "grammar": grammar_params,
+    "top_logprobs": top_logprobs_params,
 }
 GRAMMAR_FAMILIES = ("grammar",)
 
@@ -213,7 +226,8 @@ class Scenario:
             batch.merge(SamplingBatch.from_requests([reqs[i] for i in rows[cut:]],
                                                     vocab_size=self.vocab, device=dev,
                                                     eos_token_ids=(0,), vocab=vocab))
-        got: dict[tuple[int, int], tuple[int, int, float]] = {}
+        got: dict[tuple[int, int], tuple[int, int, float, np.ndarray, np.ndarray]] = {}
+        asks = [r.params.logprobs for r in reqs]
         perm_rng = np.random.default_rng(self.seed)
         shas = []
         for step in range(self.steps):
@@ -231,8 +245,10 @@ class Scenario:
                 on_step(step, rows, logits, batch, positions, out)
             toks = out.token_ids.cpu().numpy()
             lps = out.logprobs.cpu().numpy()
+            top_v, top_i = _top_arrays(out, len(rows))
             for j, r in enumerate(rows):
-                got[(step, r)] = (self.position(r, step), int(toks[j]), lps[j])
+                got[(step, r)] = (self.position(r, step), int(toks[j]), lps[j],
+                                  top_i[j, :asks[r]], top_v[j, :asks[r]])
             batch.advance(out.token_ids)
             # Finished rows (grammar terminated, no admissible token) leave the batch, as
             # in a serving engine; they are never sampled again.
@@ -250,6 +266,9 @@ class Scenario:
             tokens=np.array([got[k][1] for k in keys], dtype=np.int64),
             logprobs=np.array([got[k][2] for k in keys], dtype=np.float32),
             meta=self.metadata(sampler, shas),
+            top_counts=np.array([got[k][3].size for k in keys], dtype=np.int64),
+            top_ids=np.concatenate([got[k][3] for k in keys] + [np.zeros(0, np.int64)]),
+            top_logprobs=np.concatenate([got[k][4] for k in keys] + [np.zeros(0, np.float32)]),
         )
 
     def produce(self, sampler: Any = None, device: str | torch.device = "cpu") -> ScenarioOutput:
@@ -280,12 +299,21 @@ class Scenario:
         }
 
 
+def _top_arrays(out: Any, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """``out.top_logprobs`` as numpy ((rows, n) float32, (rows, n) int64); n = 0 when no
+    row asks for top logprobs."""
+    if out.top_logprobs is None:
+        return np.zeros((rows, 0), np.float32), np.zeros((rows, 0), np.int64)
+    vals, ids = out.top_logprobs
+    return vals.cpu().numpy(), ids.cpu().numpy()
+
+
 def _seed(name: str) -> int:
     return zlib.crc32(name.encode("utf-8"))
 
 
 QUICK = {"random.combo", "ties.top_k", "nan.greedy", "onehot.top_p", "neginf.min_p",
-         "huge.temperature", "big.top_p", "random.grammar"}
+         "huge.temperature", "big.top_p", "random.grammar", "random.top_logprobs"}
 GRAMMAR_LOGITS = ("random", "ties", "neginf")
 
 

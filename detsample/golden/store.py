@@ -30,10 +30,11 @@ from typing import Any, Mapping
 import torch
 
 from detsample.errors import DetsampleError
+from detsample.golden import isa
 from detsample.golden.fingerprint import check_device, platform_fingerprint, platform_info
 from detsample.golden.diff import GoldenDiff, compare
-from detsample.golden.format import (FILES, MANIFEST, GoldenFormatError, ScenarioOutput,
-                                 decode, decode_lenient, encode)
+from detsample.golden.format import (ALL_FILES, FILES, MANIFEST, TOP_LOGPROBS, GoldenFormatError,
+                                     ScenarioOutput, decode, decode_lenient, encode)
 
 ENV_ROOT = "DETSAMPLE_GOLDEN_DIR"
 OBTAINED_SUFFIX = ".obtained"
@@ -175,6 +176,8 @@ class GoldenStore:
                 texts[f] = (d / f).read_text(encoding="utf-8")
             except FileNotFoundError:
                 raise GoldenFormatError(f"{d / f}: missing (manifest present)") from None
+        if (d / TOP_LOGPROBS).is_file():  # only when some entry has top logprobs
+            texts[TOP_LOGPROBS] = (d / TOP_LOGPROBS).read_text(encoding="utf-8")
         return texts
 
     def verify(self, name: str, obtained: ScenarioOutput, write_obtained: bool = True) -> Verification:
@@ -219,8 +222,11 @@ class GoldenStore:
     # -- writing ---------------------------------------------------------------------
     def manifest_extra(self) -> dict[str, Any]:
         from detsample.version import __version__
-        return {"platform": self.fingerprint, "platform_info": platform_info(self.device),
-                "library_version": __version__}
+        extra = {"platform": self.fingerprint, "platform_info": platform_info(self.device),
+                 "library_version": __version__}
+        if self.device.type == "cpu":
+            extra["cpu_dispatch"] = isa.dispatch_info()  # native or emulated ISA
+        return extra
 
     def encode(self, name: str, out: ScenarioOutput) -> dict[str, str]:
         """File name -> text that a golden of ``out`` would have on this platform."""
@@ -230,12 +236,12 @@ class GoldenStore:
         d = self.scenario_dir(name)
         d.mkdir(parents=True, exist_ok=True)
         for f, text in self.encode(name, out).items():
-            _atomic_write(d / (f + OBTAINED_SUFFIX), text)
+            atomic_write(d / (f + OBTAINED_SUFFIX), text)
         return str(d / ("*" + OBTAINED_SUFFIX))
 
     def _remove_obtained(self, name: str) -> None:
         d = self.scenario_dir(name)
-        for f in FILES:
+        for f in ALL_FILES:
             (d / (f + OBTAINED_SUFFIX)).unlink(missing_ok=True)
 
     def update(self, outputs: Mapping[str, ScenarioOutput]) -> list[Change]:
@@ -250,27 +256,18 @@ class GoldenStore:
         for name in sorted(outputs):
             texts = self.encode(name, outputs[name])
             plans.append((name, texts, self._change(name, outputs[name], texts)))
-        staged: list[tuple[Path, Path]] = []
-        try:
-            for name, texts, change in plans:
-                if change.kind is ChangeKind.UNCHANGED:
-                    continue
-                d = self.scenario_dir(name)
-                d.mkdir(parents=True, exist_ok=True)
-                for f in FILES:  # manifest last
-                    staged.append((_stage(d, f, texts[f]), d / f))
-            for tmp, final in staged:
-                os.replace(tmp, final)
-        finally:
-            for tmp, _ in staged:
-                tmp.unlink(missing_ok=True)
-        for name, _, _ in plans:
+        replace_all([(self.scenario_dir(name), texts)  # manifest last
+                     for name, texts, change in plans if change.kind is not ChangeKind.UNCHANGED])
+        for name, texts, _ in plans:
+            if TOP_LOGPROBS not in texts:  # no entry has top logprobs any more
+                (self.scenario_dir(name) / TOP_LOGPROBS).unlink(missing_ok=True)
             self._remove_obtained(name)
         return [c for _, _, c in plans]
 
     def _change(self, name: str, out: ScenarioOutput, texts: Mapping[str, str]) -> Change:
         d = self.scenario_dir(name)
-        if all((d / f).is_file() and (d / f).read_text(encoding="utf-8") == texts[f] for f in FILES):
+        if all((d / f).is_file() == (f in texts) and (f not in texts or
+               (d / f).read_text(encoding="utf-8") == texts[f]) for f in ALL_FILES):
             return Change(name, ChangeKind.UNCHANGED, f"{name}: unchanged")
         try:
             old, _ = self.load(name)
@@ -301,13 +298,14 @@ def input_changes(manifest: Mapping[str, Any], meta: Mapping[str, Any]) -> list[
             and json.loads(json.dumps(meta[k])) != manifest[k]]
 
 
-def _stage(folder: Path, fname: str, text: str) -> Path:
-    """Write ``text`` to a fresh temporary file in ``folder`` (fsynced); return its path."""
+def _stage(folder: Path, fname: str, data: str | bytes) -> Path:
+    """Write ``data`` (text as UTF-8) to a fresh temporary file in ``folder`` (fsynced);
+    return its path."""
     fd, tmp = tempfile.mkstemp(prefix=f".{fname}.", suffix=".tmp", dir=folder)
     try:
         os.fchmod(fd, 0o644)  # mkstemp's 0600 would make goldens private to one user
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
             fh.flush()
             os.fsync(fh.fileno())
     except BaseException:
@@ -316,12 +314,30 @@ def _stage(folder: Path, fname: str, text: str) -> Path:
     return Path(tmp)
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = _stage(path.parent, path.name, text)
+def atomic_write(path: Path, data: str | bytes) -> None:
+    tmp = _stage(path.parent, path.name, data)
     try:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def replace_all(plans: list[tuple[Path, dict[str, str | bytes]]]) -> None:
+    """Write every ``(folder, {file name: data})`` atomically per file: all files are
+    staged under temporary names first (folders created), then moved into place with
+    ``os.replace`` in the order given (put the manifest last). If anything fails before
+    the moves, nothing changes; temporary files are always removed."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for folder, files in plans:
+            folder.mkdir(parents=True, exist_ok=True)
+            for f, data in files.items():
+                staged.append((_stage(folder, f, data), folder / f))
+        for tmp, final in staged:
+            os.replace(tmp, final)
+    finally:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
 
 
 def verify_all(names: list[str] | None = None, device: str = "cpu",

@@ -34,3 +34,14 @@ def test_bad_arguments_are_usage_errors(args, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert args[0] in err and args[1] in err
+
+
+def test_cuda_without_cuda_and_matmul_without_cuda_are_errors(capsys, monkeypatch):
+    """--device cuda on a machine without CUDA, and --matmul on CPU, exit 2 with the reason
+    (instead of a traceback from deep inside torch)."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", *TINY, "--device", "cuda"]) == 2
+    assert "--device cuda needs CUDA" in capsys.readouterr().err
+    assert main(["bench", *TINY, "--matmul"]) == 2
+    assert "--matmul needs --device cuda" in capsys.readouterr().err

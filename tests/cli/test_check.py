@@ -46,6 +46,9 @@ def test_clean_run_passes(capsys, tmp_path):
     assert "ALL CHECKS PASSED" in out and "CHECK" in out and "RESULT" in out
     assert doc["platform"] in out
     assert all(set(c) >= {"name", "ok", "detail"} for c in doc["checks"])
+    # which folder it compared against, and how this run dispatches (native / emulated)
+    assert doc["golden_dir"].endswith(doc["platform"])
+    assert f"goldens compared against {doc['golden_dir']}" in out and "this run: cpu ISA" in out
 
 
 # (perturbation when(batch), the checks that must fail). A perturbed sample() also
@@ -128,6 +131,33 @@ def test_unwritable_json_exits_2(capsys, tmp_path):
     battery ran (exit 1, indistinguishable from a failed check)."""
     assert main(["check", *ONE, "--json", str(tmp_path)]) == 2
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_top_logprob_kernel_swap_fails_check(capsys, tmp_path, monkeypatch):
+    """Bug pinned: a kernel change that moves only the top-n logprobs passing the gate
+    (goldens used to record only the sampled token's logprob). The log_softmax behind
+    the top logprobs (the one call made without an output buffer) is swapped for
+    log(softmax): no token and no sampled logprob moves, and only the golden check fails."""
+    import detsample.ops.logprobs as lp_ops
+    monkeypatch.delenv("CI", raising=False)
+    args = ["-k", "random.top_logprobs", "--golden-dir", str(tmp_path)]
+    assert main(["golden", "update", *args]) == 0
+    assert main(["check", *args]) == 0
+    capsys.readouterr()
+    real = lp_ops.log_softmax
+
+    def swapped(x, *, kept_mass=None, frac=0, out=None):
+        if kept_mass is None and out is None:
+            return torch.log(torch.softmax(x, dim=-1))
+        return real(x, kept_mass=kept_mass, frac=frac, out=out)
+
+    monkeypatch.setattr(lp_ops, "log_softmax", swapped)
+    path = tmp_path / "report.json"
+    assert main(["check", *args, "--json", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "random.top_logprobs: 0 tokens differ, 0 logprobs differ in bits" in out
+    assert "top logprobs differ" in out and "first top-logprob divergence" in out
+    assert {k for k, ok in statuses(json.loads(path.read_text())).items() if not ok} == {"golden"}
 
 
 class _Stream(io.StringIO):

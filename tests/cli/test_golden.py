@@ -57,3 +57,32 @@ def test_stale_and_prune(tmp_path, capsys, monkeypatch):
 def test_bad_arguments(argv, capsys):
     assert main(argv) == 2
     assert "detsample golden:" in capsys.readouterr().err
+
+
+def test_update_isa_all_writes_every_cpu_folder(tmp_path, capsys, monkeypatch):
+    """--isa all: one subprocess per ISA this CPU supports, each writing its folder and
+    recording native or emulated; this process's ISA verifies against its folder."""
+    import json
+
+    from detsample.golden import isa
+    monkeypatch.delenv("CI", raising=False)
+    root = ["--golden-dir", str(tmp_path)]
+    assert main(["golden", "update", "--isa", "all", *ONE, *root]) == 0
+    out = capsys.readouterr().out
+    for name in isa.supported_isas():
+        (man,) = tmp_path.glob(f"cpu-{name}-*/random.greedy/manifest.json")
+        doc = json.loads(man.read_text())
+        assert doc["platform_info"]["isa"] == name
+        assert doc["cpu_dispatch"]["mode"] == ("native" if name == isa.native_isa() else "emulated")
+        assert f"ATEN_CPU_CAPABILITY={name}" in out
+    assert "FAILED" not in out
+    assert main(["golden", "verify", *ONE, *root]) == 0  # this process's ISA, in process
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["golden", "diff", "--isa", "all"], "--isa applies to verify and update"),
+    (["golden", "update", "--isa", "avx9000"], "sets this CPU supports"),
+])
+def test_isa_usage_errors(argv, msg, capsys):
+    assert main([*argv, *ONE]) == 2
+    assert msg in capsys.readouterr().err

@@ -107,3 +107,30 @@ def test_every_flip_is_found(bits, data):
     if flips:
         assert d.first.index == min(flips)
         assert sum(d.ulp_histogram.values()) == len(flips)
+
+
+TOP_CASES = [  # (obtained counts, ids, bits) vs golden [2, 0, 1] ids [5, 9, 4] bits [a, b, c]
+    ([2, 0, 1], [5, 9, 4], [0xBF800000, 0xBF800001, 0xBF800002], 0, None),
+    ([2, 0, 1], [5, 9, 4], [0xBF800000, 0xBF800002, 0xBF800002], 1, "position 3 rank 1: id 9 0xbf800001"),
+    ([2, 0, 1], [5, 8, 4], [0xBF800000, 0xBF800001, 0xBF800002], 1, "rank 1: id 9 0xbf800001 (-1.0000001) -> id 8"),
+    ([2, 0, 0], [5, 9], [0xBF800000, 0xBF800001], 1, "position 5: 1 top logprobs in the golden, 0 obtained"),
+]
+
+
+@pytest.mark.parametrize("counts,ids,bits,n_bad,first", TOP_CASES)
+def test_top_logprobs_compared_on_bits(counts, ids, bits, n_bad, first):
+    """Bug pinned: goldens that record only the sampled logprob, so a kernel change that
+    moves only the top-n logprobs passes."""
+    from tests.golden_helpers import with_top
+    gold = with_top(make([1, 2, 3]), [2, 0, 1], ids=[5, 9, 4])
+    d = compare("s", gold, with_top(make([1, 2, 3]), counts, ids=ids, bits=bits))
+    assert d.ok == (n_bad == 0) and d.top.mismatches == n_bad
+    assert d.token_mismatches == 0 and d.logprob_mismatches == 0
+    if first:
+        assert first in d.top.first and f"{n_bad} top logprobs differ" in d.summary()
+
+
+def test_golden_without_top_logprobs_says_regenerate():
+    from tests.golden_helpers import with_top
+    d = compare("s", make([1, 2]), with_top(make([1, 2]), [3, 0]))
+    assert not d.ok and "the golden records no top logprobs but 3 were obtained" in d.report()

@@ -107,3 +107,43 @@ def test_concat_keeps_order():
     c = concat([a, b])
     assert c.bits().tolist() == [1, 2, 3]
     assert concat([]).tokens.shape == (0,)
+
+
+def test_top_logprobs_round_trip_and_file():
+    """Entries of rows asking for top logprobs get them in top_logprobs.txt (rank 0
+    first, labelled <request>@<position>#<rank>); other entries have none."""
+    from detsample.golden.format import TOP_LOGPROBS
+    from tests.golden_helpers import with_top
+    out = with_top(make([1, 2, 3]), [2, 0, 1], ids=[5, 9, 4], bits=[0x80000000, 0xBF800000, 0x7FC00001])
+    texts = encode(out, "s", {})
+    assert texts[TOP_LOGPROBS].splitlines() == ["5 0x80000000 -0.0 r0@3#0", "9 0xbf800000 -1.0 r0@3#1",
+                                                "4 0x7fc00001 nan r0@5#0"]
+    assert list(texts) == [TOKENS, LOGPROBS, TOP_LOGPROBS, MANIFEST]  # manifest written last
+    back, manifest = decode(texts)
+    assert back.top_counts.tolist() == [2, 0, 1] and back.top_ids.tolist() == [5, 9, 4]
+    assert back.top_logprobs.view(np.uint32).tolist() == [0x80000000, 0xBF800000, 0x7FC00001]
+    assert manifest["arrays"]["top_logprobs"]["shape"] == [3]
+    assert back.take([2, 0]).top_ids.tolist() == [4, 5, 9]
+    assert TOP_LOGPROBS not in encode(make([1]), "s", {})  # no row asks: no file
+
+
+TOP_DAMAGE = [
+    (lambda t: t.replace("r0@3#1", "r0@3#2"), GoldenFormatError, "next rank"),
+    (lambda t: "\n".join(reversed(t.splitlines())) + "\n", GoldenFormatError, "next rank"),
+    (lambda t: t.replace("9 0xbf800001", "8 0xbf800001"), None, "top_ids differ"),
+    (lambda t: "", None, "differ from manifest.json"),
+]
+
+
+@pytest.mark.parametrize("edit,exc,msg", TOP_DAMAGE, ids=["rank", "order", "id", "deleted"])
+def test_top_logprobs_damage_detected(edit, exc, msg):
+    from detsample.golden.format import TOP_LOGPROBS, decode_lenient
+    from tests.golden_helpers import with_top
+    texts = encode(with_top(make([1, 2, 3]), [2, 0, 1], ids=[5, 9, 4]), "s", {})
+    texts[TOP_LOGPROBS] = edit(texts[TOP_LOGPROBS])
+    if exc is not None:
+        with pytest.raises(exc, match=msg):
+            decode(texts)
+    else:
+        _, _, problems = decode_lenient(texts)
+        assert any(msg in p for p in problems), problems

@@ -4,6 +4,7 @@ through its ``pytest11`` entry point, as for any user."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -79,3 +80,68 @@ def test_ci_refuses_update_unless_forced(child, pytester, force, rc):
     assert r.returncode == rc, r.stdout + r.stderr
     if not force:
         assert "CI is set" in r.stderr and not (pytester.path / "golden").exists()
+
+
+TENSOR_TEST = '''
+import os
+import torch
+
+def test_kernel(golden):
+    out = torch.linspace(0, 1, 8)
+    bump = int(os.environ.get("DEMO_BUMP", "0"))
+    out = out.view(torch.int32).add(bump).view(torch.float32)
+    golden.check_tensors("toy", {"out": out, "idx": torch.arange(3)})
+'''
+
+
+@pytest.fixture
+def tensor_child(pytester, monkeypatch):
+    """Run pytest on a test file that golden-checks tensors."""
+    pytester.makepyfile(test_toy=TENSOR_TEST)
+
+    def run(*args: str, **env: str) -> SimpleNamespace:
+        for k in ("CI", "DEMO_BUMP", "DETSAMPLE_GOLDEN_DIR"):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        r = pytester.runpytest("-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", *args)
+        return SimpleNamespace(returncode=int(r.ret), stdout=r.stdout.str() + r.stderr.str())
+
+    return run
+
+
+def test_check_tensors_fixture_cycle(tensor_child, pytester):
+    """golden.check_tensors: skip without goldens, record, pass, fail on one ulp with
+    the report, accept with --golden-update; goldens default to <rootdir>/golden."""
+    r = tensor_child()
+    assert "1 skipped" in r.stdout and "NO TENSOR GOLDENS" in r.stdout
+    r = tensor_child("--golden-update")
+    assert r.returncode == 0 and "[new] toy: new golden (2 tensors, 11 elements)" in r.stdout
+    (toy,) = (pytester.path / "golden").glob("*/tensors/toy")
+    assert tensor_child().returncode == 0
+    r = tensor_child(DEMO_BUMP="1")
+    assert r.returncode == 1
+    assert "out: float32 [8]: 8 of 8 elements moved" in r.stdout and "1 ulp" in r.stdout
+    assert (toy / "out.txt.obtained").is_file()
+    r = tensor_child("--golden-update", DEMO_BUMP="1")
+    assert "[moved] toy: 1 of 2 tensors differ" in r.stdout
+    assert tensor_child(DEMO_BUMP="1").returncode == 0
+
+
+def test_golden_isa_all_regenerates_every_cpu_folder(tensor_child, pytester):
+    """--golden-isa all: one child session per ISA this CPU runs, each writing its own
+    folder, its manifest saying native or emulated."""
+    from detsample.golden import isa
+    r = tensor_child("--golden-update", "--golden-isa", "all")
+    assert r.returncode == 0, r.stdout
+    for name in isa.supported_isas():
+        (man,) = (pytester.path / "golden").glob(f"cpu-{name}-*/tensors/toy/manifest.json")
+        mode = json.loads(man.read_text())["cpu_dispatch"]["mode"]
+        assert mode == ("native" if name == isa.native_isa() else "emulated")
+        assert f"ATEN_CPU_CAPABILITY={name}" in r.stdout
+    assert "==> per ISA: " in r.stdout and "FAILED" not in r.stdout
+
+
+def test_golden_isa_rejects_unsupported(tensor_child):
+    r = tensor_child("--golden-isa", "avx9000")
+    assert r.returncode == 4 and "isa must be 'all', 'current' or sets this CPU supports" in r.stdout

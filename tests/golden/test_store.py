@@ -10,17 +10,13 @@ import detsample.golden.store as golden_mod
 from detsample.golden.store import (CORRUPT, MISMATCH, MISSING_PLATFORM, MISSING_SCENARIO, OK,
                                     ChangeKind, GoldenStore, golden_root)
 from detsample.golden.format import FILES, LOGPROBS, TOKENS
-from tests.golden_helpers import make
+from tests.golden_helpers import interrupt_staging_at, make, snapshot
 
 FP = "cpu-test-torch0"
 
 
 def store(tmp_path) -> GoldenStore:
     return GoldenStore(tmp_path, fingerprint=FP)
-
-
-def snapshot(root):
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def test_missing_platform_is_loud_skip_not_pass(tmp_path):
@@ -105,15 +101,7 @@ def test_interrupted_staging_leaves_old_files(tmp_path, monkeypatch):
     s = store(tmp_path)
     s.update({"a": make([1]), "b": make([2])})
     before = snapshot(tmp_path)
-    real, calls = golden_mod._stage, []
-
-    def flaky(folder, fname, text):
-        calls.append(fname)
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return real(folder, fname, text)
-
-    monkeypatch.setattr(golden_mod, "_stage", flaky)
+    interrupt_staging_at(monkeypatch, 4)
     with pytest.raises(KeyboardInterrupt):
         s.update({"a": make([10]), "b": make([20])})
     assert snapshot(tmp_path) == before  # no temp files left, old bytes intact
@@ -190,3 +178,21 @@ def test_mismatch_notes_changed_inputs(tmp_path):
     assert "'rng'" not in v.message
     v = s.verify("a", make([1, 3], meta={"inputs": {"logits_sha256": ["aa"]}, "rng": "x"}))
     assert "note:" not in v.message
+
+
+def test_top_logprobs_file_follows_the_output(tmp_path):
+    """top_logprobs.txt is written when an entry has top logprobs, compared, and removed
+    when none has any more (no stale file contradicting the manifest)."""
+    from detsample.golden.format import TOP_LOGPROBS
+    from tests.golden_helpers import with_top
+    s = store(tmp_path)
+    s.update({"a": with_top(make([1, 2]), [2, 0])})
+    assert (s.scenario_dir("a") / TOP_LOGPROBS).is_file()
+    assert s.verify("a", with_top(make([1, 2]), [2, 0])).status == OK
+    v = s.verify("a", with_top(make([1, 2]), [2, 0], bits=[0xBF800000, 0xBF800003]))
+    assert v.status == MISMATCH and "1 top logprobs differ" in v.message
+    assert (s.scenario_dir("a") / (TOP_LOGPROBS + ".obtained")).is_file()
+    assert s.update({"a": with_top(make([1, 2]), [2, 0])})[0].kind == "unchanged"
+    assert s.update({"a": make([1, 2])})[0].kind == "moved"
+    assert not (s.scenario_dir("a") / TOP_LOGPROBS).exists()
+    assert s.verify("a", make([1, 2])).status == OK and not list(s.scenario_dir("a").glob("*.obtained"))

@@ -1,0 +1,119 @@
+"""CPU instruction sets: which ones this machine can run, and commands run under each.
+
+torch picks its CPU kernels by instruction set (``default``, ``avx2``, ``avx512`` on
+x86-64) and rounds differently per set, so CPU goldens have one folder per set
+(:mod:`detsample.golden.fingerprint`). ``ATEN_CPU_CAPABILITY=<isa>`` makes torch
+dispatch exactly that set's kernels (and report it, hence the fingerprint) on any CPU
+that supports it, so one machine can regenerate the folders of every set up to its own:
+the folder of the machine's own best set is produced **natively**, the others are
+**emulated**. A set the CPU lacks is never run: torch would accept the variable and
+die on an illegal instruction.
+
+On x86-64 the sets are ``default < avx2 < avx512``; on other CPUs only ``default`` and
+the set torch picks there by itself.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from typing import Callable, Sequence
+
+import torch
+
+ENV = "ATEN_CPU_CAPABILITY"
+X86_ORDER = ("default", "avx2", "avx512")
+Echo = Callable[[str], None]
+
+
+def current_isa() -> str:
+    """The set torch dispatches to in this process, lower case (``avx2``)."""
+    return torch.backends.cpu.get_cpu_capability().strip().lower()
+
+
+def _is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+def supported_isas() -> list[str]:
+    """Every set this CPU can run, lowest first (``['default', 'avx2']`` on an AVX2
+    machine). On x86-64 from the CPU's own flags, whatever ``ATEN_CPU_CAPABILITY`` says."""
+    if _is_x86():
+        flags = {"default": True, "avx2": bool(torch.cpu._is_avx2_supported()),
+                 "avx512": bool(torch.cpu._is_avx512_supported())}
+        return [i for i in X86_ORDER if flags[i]]
+    forced = os.environ.get(ENV)
+    cur = current_isa()
+    return ["default"] + ([cur] if cur != "default" and not forced else [])
+
+
+def native_isa() -> str:
+    """The set torch picks on this CPU when nothing forces it (the best supported)."""
+    return supported_isas()[-1]
+
+
+def dispatch_info() -> dict[str, str]:
+    """For CPU golden manifests: ``mode`` native (this process runs the CPU's own best
+    set) or emulated (a lower set forced by ``ATEN_CPU_CAPABILITY``), and
+    ``machine_isa``, the CPU's own best set."""
+    cur, nat = current_isa(), native_isa()
+    return {"mode": "native" if cur == nat else "emulated", "machine_isa": nat}
+
+
+def describe() -> str:
+    """One line: which set runs and how (``avx2, native`` / ``default, emulated with
+    ATEN_CPU_CAPABILITY=default on an avx2 CPU``)."""
+    d = dispatch_info()
+    if d["mode"] == "native":
+        return f"cpu ISA {current_isa()}, native"
+    return (f"cpu ISA {current_isa()}, emulated with {ENV}={os.environ.get(ENV)} on an "
+            f"{d['machine_isa']} CPU")
+
+
+def resolve(spec: str) -> list[str]:
+    """ISAs named by ``spec``: ``all`` (every supported set), ``current`` (this process's),
+    or a comma-separated list of supported sets. ValueError for an unknown or
+    unsupported set (running it would crash on an illegal instruction)."""
+    ok = supported_isas()
+    if spec == "all":
+        return ok
+    if spec == "current":
+        return [current_isa()]
+    out = []
+    for name in (s.strip().lower() for s in spec.split(",")):
+        if name not in ok:
+            raise ValueError(f"isa must be 'all', 'current' or sets this CPU supports "
+                             f"({', '.join(ok)}), got {name!r}")
+        out.append(name)
+    return out
+
+
+def run_under(isa: str, argv: Sequence[str], echo: Echo, cwd: str | None = None) -> int:
+    """Run ``argv`` with ``ATEN_CPU_CAPABILITY=isa``, passing every output line (stdout
+    and stderr merged) to ``echo``; return its exit status."""
+    env = {**os.environ, ENV: isa}
+    proc = subprocess.Popen(list(argv), env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+    assert proc.stdout is not None
+    with proc.stdout:
+        for line in proc.stdout:
+            echo(line.rstrip("\n"))
+    return proc.wait()
+
+
+def run_per_isa(isas: Sequence[str], argv: Sequence[str], echo: Echo,
+                cwd: str | None = None) -> list[tuple[str, int]]:
+    """:func:`run_under` for each set in turn (one at a time: goldens are CPU work);
+    a header line per set and a closing summary go to ``echo``. Returns
+    ``[(isa, exit status)]``."""
+    nat = native_isa()
+    results = []
+    for isa in isas:
+        how = "native" if isa == nat else f"emulated on an {nat} CPU"
+        echo(f"==> {ENV}={isa} ({how}): {' '.join(argv)}")
+        results.append((isa, run_under(isa, argv, echo, cwd)))
+    echo("==> per ISA: " + ", ".join(f"{i} {'ok' if rc == 0 else f'FAILED (exit {rc})'}"
+                                      for i, rc in results))
+    return results
+

@@ -1,0 +1,274 @@
+"""Pipeline steps 8 and 9 in Triton: top-k / top-p / min-p thresholds and the draw.
+
+The same semantics as :mod:`detsample.ops.filters` and :mod:`detsample.ops.draw`, decided
+by VALUES with exact int64 fixed-point masses ``q = trunc(exp(z) * 2**F)``:
+
+* top-k keeps ``z >= s_{k-1}`` (the k-th largest value, ties at the boundary kept);
+* top-p keeps a survivor when the mass strictly above its value is
+  ``float64(above) < top_p * float64(Z)`` (``Z`` = survivors' mass);
+* min-p keeps ``exp(z) >= min_p``;
+* the draw takes ``t = min(floor(u * float64(Q)), Q - 1)`` over the kept mass ``Q`` and
+  returns the first token id, **in token-id order**, whose running mass exceeds ``t``.
+
+Three kernels, one program per row each, chosen per row by a host-side route that
+selects how the work is done, never the result (every route computes the same ``q``
+with the same ``tl.exp`` and exact integer sums):
+
+* ``_topk_draw_kernel`` (rows with ``top_k <= CAND_MAX``): a 4-pass radix select finds
+  the exact k-th largest value; the survivors ``z >= s_{k-1}`` are compacted in token-id
+  order into a buffer of ``KP`` slots, sorted by value in registers for top-p, and the
+  draw runs over the buffer. The tie-spill proof: the radix select also counts the
+  survivors, and a row whose survivors (ties included) do not fit in ``KP`` slots is
+  flagged and falls back to the sort route, alone.
+* ``_sorted_threshold_kernel`` (top-p without a small top-k, and spilled rows): the
+  row's values sorted by ``torch.sort`` (values only: ordering is exact and needs no
+  exp) are scanned for the kept threshold, then
+* ``_draw_full_kernel`` (every row not drawn from a buffer): exact block sums of the kept
+  mass over the whole vocabulary, then a search inside the chosen block.
+
+Bitwise batch-invariant on one device; tokens equal the torch backend's outside the
+near-tie margin of docs/gpu.md (``exp`` differs between implementations).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from detsample.kernels.common import ID_PAD, OPTS, check_device, fq_mass, order_key, row_block
+
+#: rows whose top_k is at most this use the radix-select candidate kernel
+CAND_MAX = 1024
+
+
+@triton.jit
+def _kth_largest_key(zrow, V, k, BLOCK: tl.constexpr):
+    """(key of the k-th largest value of the row, number of values >= it): radix
+    select over the 32-bit order keys, 8 bits per pass, counts by histogram."""
+    offs = tl.arange(0, BLOCK)
+    bins = tl.arange(0, 256)
+    prefix = tl.full([], 0, tl.uint32)
+    pmask = tl.full([], 0, tl.uint32)
+    kk = k
+    hd = k * 0
+    for p in tl.static_range(4):
+        shift = 24 - 8 * p
+        hist = tl.zeros((256,), tl.int32)
+        for start in range(0, V, BLOCK):
+            idx = start + offs
+            key = order_key(tl.load(zrow + idx, mask=idx < V, other=0.0))
+            match = (idx < V) & ((key & pmask) == prefix)
+            hist += tl.histogram(((key >> shift) & 0xFF).to(tl.int32), 256, mask=match)
+        ge = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # count with digit >= bin
+        d = tl.max(tl.where(ge >= kk, bins, -1), 0)
+        hd = tl.sum(tl.where(bins == d, hist, 0), 0)
+        kk = kk - (tl.sum(tl.where(bins == d, ge, 0), 0) - hd)
+        prefix = prefix | (d.to(tl.uint32) << shift)
+        pmask = pmask | (tl.full([], 0xFF, tl.uint32) << shift)
+    return prefix, k - kk + hd
+
+
+@triton.jit
+def _topk_draw_kernel(z_ptr, stride, V, rows_ptr, k_ptr, p_ptr, minp_ptr, u_ptr,
+                      bufv_ptr, bufi_ptr, tau_ptr, total_ptr, tok_ptr, spill_ptr,
+                      FRAC: tl.constexpr, BLOCK: tl.constexpr, KP: tl.constexpr,
+                      CH: tl.constexpr, DRAW: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64)
+    row = tl.load(rows_ptr + i)
+    zrow = z_ptr + row * stride
+    k = tl.load(k_ptr + row).to(tl.int32)
+    thr, c = _kth_largest_key(zrow, V, k, BLOCK)
+    if c > KP:
+        tl.store(spill_ptr + i, 1)
+    else:
+        tl.store(spill_ptr + i, 0)
+        offs = tl.arange(0, BLOCK)
+        bufv = bufv_ptr + i * KP
+        bufi = bufi_ptr + i * KP
+        running = c * 0
+        for start in range(0, V, BLOCK):  # survivors, compacted in token-id order
+            idx = start + offs
+            z = tl.load(zrow + idx, mask=idx < V, other=0.0)
+            surv = (idx < V) & (order_key(z) >= thr)
+            pos = running + tl.cumsum(surv.to(tl.int32), 0) - 1
+            tl.store(bufv + pos, z, mask=surv)
+            tl.store(bufi + pos, idx.to(tl.int64), mask=surv)
+            running += tl.sum(surv.to(tl.int32), 0)
+        tl.debug_barrier()
+        j = tl.arange(0, KP)
+        valid = j < c
+        v = tl.load(bufv + j, mask=valid, other=float("-inf"))
+        ids = tl.load(bufi + j, mask=valid, other=ID_PAD)
+        top_p = tl.load(p_ptr + row)
+        min_p = tl.load(minp_ptr + row)
+        e = tl.exp(v)
+        q = tl.where(valid, fq_mass(e, FRAC), 0)
+        # top-p: the exact mass strictly above each survivor's value, by comparing it
+        # with every survivor (chunks of CH), so no sort and no order enters
+        above = tl.zeros((KP,), tl.int64)
+        for cs in range(0, c, CH):
+            jc = cs + tl.arange(0, CH)
+            vc = tl.load(bufv + jc, mask=jc < c, other=float("-inf"))
+            qc = tl.where(jc < c, fq_mass(tl.exp(vc), FRAC), 0)
+            above += tl.sum(tl.where(vc[None, :] > v[:, None], qc[None, :], 0), 1)
+        limit = tl.where(top_p >= 1.0, float("inf"), top_p * tl.sum(q, 0).to(tl.float64))
+        # each rule keeps every value above a threshold, so the kept set is z >= tau
+        kept = valid & (above.to(tl.float64) < limit) & (e >= min_p)
+        tau = tl.min(tl.where(kept, v, float("inf")), 0)
+        q = tl.where(kept, q, 0)
+        total = tl.sum(q, 0)
+        tl.store(tau_ptr + row, tau)
+        tl.store(total_ptr + row, total)
+        if DRAW:
+            u = tl.load(u_ptr + row)
+            t = tl.minimum(tl.floor(u * total.to(tl.float64)).to(tl.int64), total - 1)
+            tok = tl.min(tl.where(tl.cumsum(q, 0) > t, ids, ID_PAD), 0)
+            tl.store(tok_ptr + row, tok)
+
+
+@triton.jit
+def _sorted_threshold_kernel(s_ptr, stride, V, rows_ptr, k_ptr, p_ptr, minp_ptr, tau_ptr,
+                             FRAC: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64)
+    row = tl.load(rows_ptr + i)
+    srow = s_ptr + i * stride
+    kth = tl.load(srow + tl.load(k_ptr + row).to(tl.int64) - 1)
+    top_p = tl.load(p_ptr + row)
+    min_p = tl.load(minp_ptr + row)
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK,), tl.int64)
+    for start in range(0, V, BLOCK):  # Z: mass of the top-k survivors
+        idx = start + offs
+        s = tl.load(srow + idx, mask=idx < V, other=float("-inf"))
+        acc += tl.where((idx < V) & (s >= kth), fq_mass(tl.exp(s), FRAC), 0)
+    limit = tl.where(top_p >= 1.0, float("inf"), top_p * tl.sum(acc, 0).to(tl.float64))
+    # top-p: the mass above a value is the exclusive running sum at the first element of
+    # its run of ties; that sum is non-decreasing, so the kept values are those >= s[G]
+    # with G the last position whose exclusive running sum is below the limit
+    g = tl.sum(acc * 0, 0)
+    base = g
+    for start in range(0, V, BLOCK):
+        idx = start + offs
+        s = tl.load(srow + idx, mask=idx < V, other=float("-inf"))
+        q = tl.where((idx < V) & (s >= kth), fq_mass(tl.exp(s), FRAC), 0)
+        excl = base + tl.cumsum(q, 0) - q
+        g += tl.sum(((idx < V) & (excl.to(tl.float64) < limit)).to(tl.int64), 0)
+        base += tl.sum(q, 0)
+    floor = tl.maximum(kth, tl.load(srow + g - 1))
+    tau = tl.full([], float("inf"), tl.float32)
+    for start in range(0, V, BLOCK):  # min-p, and the smallest value kept by all three
+        idx = start + offs
+        s = tl.load(srow + idx, mask=idx < V, other=float("-inf"))
+        kept = (idx < V) & (s >= floor) & (tl.exp(s) >= min_p)
+        tau = tl.minimum(tau, tl.min(tl.where(kept, s, float("inf")), 0))
+    tl.store(tau_ptr + row, tau)
+
+
+@triton.jit
+def _draw_full_kernel(z_ptr, stride, V, rows_ptr, tau_ptr, minp_ptr, u_ptr, total_ptr,
+                      tok_ptr, FRAC: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr,
+                      DRAW: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64)
+    row = tl.load(rows_ptr + i)
+    zrow = z_ptr + row * stride
+    tau = tl.load(tau_ptr + row)
+    min_p = tl.load(minp_ptr + row)
+    offs = tl.arange(0, BLOCK)
+    nb = tl.arange(0, NB)
+    sums = tl.zeros((NB,), tl.int64)
+    for b in range(0, tl.cdiv(V, BLOCK)):  # exact kept mass per block
+        idx = b * BLOCK + offs
+        z = tl.load(zrow + idx, mask=idx < V, other=float("-inf"))
+        e = tl.exp(z)
+        q = tl.where((idx < V) & (z >= tau) & (e >= min_p), fq_mass(e, FRAC), 0)
+        sums = tl.where(nb == b, tl.sum(q, 0), sums)
+    total = tl.sum(sums, 0)
+    tl.store(total_ptr + row, total)
+    if DRAW:
+        u = tl.load(u_ptr + row)
+        t = tl.minimum(tl.floor(u * total.to(tl.float64)).to(tl.int64), total - 1)
+        bc = tl.cumsum(sums, 0)
+        blk = tl.sum((bc <= t).to(tl.int32), 0)  # the first block whose running sum > t
+        base = tl.sum(tl.where(nb == blk - 1, bc, 0), 0)
+        idx = blk * BLOCK + offs
+        z = tl.load(zrow + idx, mask=idx < V, other=float("-inf"))
+        e = tl.exp(z)
+        q = tl.where((idx < V) & (z >= tau) & (e >= min_p), fq_mass(e, FRAC), 0)
+        j = tl.sum(((base + tl.cumsum(q, 0)) <= t).to(tl.int32), 0)
+        tl.store(tok_ptr + row, blk.to(tl.int64) * BLOCK + j)
+
+
+def _route(top_k: list[int], top_p: list[float], V: int, sort_only: bool
+           ) -> tuple[list[int], list[int], list[int]]:
+    """Positions of (candidate, sort, plain) rows from each row's own parameters."""
+    cand, sort, plain = [], [], []
+    for j, (k, p) in enumerate(zip(top_k, top_p)):
+        if k < V and k <= CAND_MAX and not sort_only:
+            cand.append(j)
+        elif k < V or p < 1.0:
+            sort.append(j)
+        else:
+            plain.append(j)
+    return cand, sort, plain
+
+
+def thresholds_and_draw(z: torch.Tensor, rows: torch.Tensor, top_k: torch.Tensor,
+                        top_p: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor | None,
+                        frac: int, sort_only: bool = False
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Steps 8-9 for the sampling ``rows`` of scaled logits ``z``.
+
+    z: (B, V) float32, each sampled row's max exactly 0 (:func:`scale_logits`); rows:
+    (n,) int64 row indices; top_k: (B,) int (``V`` when disabled), top_p: (B,) float64,
+    min_p: (B,) float32; u: (B,) float64 uniforms, or None to compute only the
+    thresholds and masses (the rescoring path); frac: fixed-point bits
+    (:func:`detsample.ops.filters.frac_bits`); sort_only: route every filtered row
+    through the sort (the reference route; same bits).
+    Returns ``(tau, total, tokens)``, each (B,): the kept threshold (float32, -inf
+    elsewhere), the exact kept mass (int64, 0 elsewhere) and the drawn token (int64,
+    -1 elsewhere or without ``u``), the same quantities as the torch sampler's step 8.
+    """
+    check_device(z.device)
+    z = z if z.stride(-1) == 1 else z.contiguous()
+    B, V = z.shape
+    dev = z.device
+    tau = torch.full((B,), float("-inf"), dtype=torch.float32, device=dev)
+    total = torch.zeros((B,), dtype=torch.int64, device=dev)
+    tokens = torch.full((B,), -1, dtype=torch.int64, device=dev)
+    if rows.numel() == 0:
+        return tau, total, tokens
+    top_k = top_k.to(torch.int64).contiguous()
+    top_p = top_p.to(torch.float64).contiguous()
+    min_p = min_p.to(torch.float32).contiguous()
+    uu = (u.to(torch.float64).contiguous() if u is not None
+          else torch.zeros((B,), dtype=torch.float64, device=dev))
+    draw = u is not None
+    rl = rows.tolist()
+    cand, sort, plain = _route(top_k[rows].tolist(), top_p[rows].tolist(), V, sort_only)
+    blk = row_block(V)
+    full: list[int] = [rl[j] for j in plain]
+    if cand:
+        ci = torch.tensor([rl[j] for j in cand], dtype=torch.int64, device=dev)
+        kp = max(16, triton.next_power_of_2(int(top_k[ci].max()) + 1))
+        n = len(cand)
+        bufv = torch.empty((n, kp), dtype=torch.float32, device=dev)
+        bufi = torch.empty((n, kp), dtype=torch.int64, device=dev)
+        spill = torch.empty((n,), dtype=torch.int32, device=dev)
+        _topk_draw_kernel[(n,)](z, z.stride(0), V, ci, top_k, top_p, min_p, uu, bufv, bufi,
+                                tau, total, tokens, spill, FRAC=frac, BLOCK=blk, KP=kp,
+                                CH=min(kp, 16), DRAW=draw, **OPTS)
+        sort = sort + [cand[j] for j in spill.nonzero().flatten().tolist()]
+    if sort:
+        si = torch.tensor(sorted(rl[j] for j in sort), dtype=torch.int64, device=dev)
+        sz = torch.sort(z.index_select(0, si), dim=-1, descending=True).values
+        _sorted_threshold_kernel[(len(si),)](sz, sz.stride(0), V, si, top_k, top_p, min_p,
+                                             tau, FRAC=frac, BLOCK=blk, **OPTS)
+        full.extend(si.tolist())
+    if full:
+        fi = torch.tensor(sorted(full), dtype=torch.int64, device=dev)
+        nb = triton.next_power_of_2(triton.cdiv(V, blk))
+        _draw_full_kernel[(len(fi),)](z, z.stride(0), V, fi, tau, min_p, uu, total, tokens,
+                                      FRAC=frac, BLOCK=blk, NB=nb, DRAW=draw,
+                                      **OPTS)
+    return tau, total, tokens

@@ -1,0 +1,136 @@
+"""The batch-invariant mode's CUDA implementations, keyed by aten op name.
+
+``CUDA_IMPLS[name]`` takes the aten op's arguments (same names, same defaults) and
+returns what the aten op returns, computed by the fixed-order kernels of
+:mod:`detsample.kernels.matmul` (fixed tiles, no split-K) and
+:mod:`detsample.kernels.rowwise` (one program per row). The mode registers them for the
+CUDA dispatch key; each is a plain function of its tensors (no state).
+``ATTENTION`` is the transformers ``AttentionInterface`` function with a fixed KV split
+(:func:`detsample.kernels.attention.hf_attention`).
+
+On CPU tensors the same functions run under the Triton interpreter, which is how the
+tests check them; they are not meant as the CPU implementation of the mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from detsample.kernels import matmul, rowwise
+from detsample.kernels.attention import attention, hf_attention
+
+
+def _softmax_like(x: torch.Tensor, dim: int, half_to_float: bool, log: bool) -> torch.Tensor:
+    if x.dim() == 0:
+        x = x.reshape(1)
+        return _softmax_like(x, 0, half_to_float, log).reshape(())
+    dim = dim % x.dim()
+    out_dtype = torch.float32 if half_to_float else x.dtype
+    moved = x.movedim(dim, -1).contiguous()
+    y = rowwise.softmax_rows(moved.reshape(-1, moved.shape[-1]), log=log, out_dtype=out_dtype)
+    return y.reshape(moved.shape).movedim(-1, dim).contiguous()
+
+
+def softmax(self: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
+    """aten ``_softmax(self, dim, half_to_float)``: one program per slice along ``dim``."""
+    return _softmax_like(self, dim, half_to_float, log=False)
+
+
+def log_softmax(self: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
+    """aten ``_log_softmax(self, dim, half_to_float)``: one program per slice."""
+    return _softmax_like(self, dim, half_to_float, log=True)
+
+
+def mean_dim(self: torch.Tensor, dim: Sequence[int] | int | None, keepdim: bool = False, *,
+             dtype: torch.dtype | None = None) -> torch.Tensor:
+    """aten ``mean.dim(self, dim, keepdim=False, *, dtype=None)``: the reduced dims are
+    moved last and each remaining index is one program (fixed block order)."""
+    x = self if dtype is None else self.to(dtype)
+    if not x.dtype.is_floating_point:
+        raise ValueError(f"mean needs a floating dtype, got {x.dtype}")
+    nd = x.dim()
+    if dim is None:
+        dims = list(range(nd))
+    elif isinstance(dim, int):
+        dims = [dim]
+    else:
+        dims = list(dim) or list(range(nd))  # aten: an empty list reduces every dim
+    dims = sorted({d % nd for d in dims}) if nd else []
+    keep = [d for d in range(nd) if d not in dims]
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    rows = x.permute(keep + dims).contiguous().reshape(-1, n) if nd else x.reshape(1, 1)
+    out = rowwise.mean_rows(rows).reshape([x.shape[d] for d in keep])
+    if keepdim:
+        out = out.reshape([1 if d in dims else x.shape[d] for d in range(nd)])
+    return out
+
+
+def _rms_setup(input: torch.Tensor, normalized_shape: Sequence[int], eps: float | None
+               ) -> tuple[torch.Tensor, int, float]:
+    k = len(normalized_shape)
+    if tuple(input.shape[input.dim() - k:]) != tuple(normalized_shape):
+        raise ValueError(f"normalized_shape {tuple(normalized_shape)} does not match the "
+                         f"trailing dims of input {tuple(input.shape)}")
+    n = 1
+    for s in normalized_shape:
+        n *= s
+    if eps is None:  # aten: the epsilon of the compute (opmath) dtype
+        eps = torch.finfo(torch.float64 if input.dtype == torch.float64 else torch.float32).eps
+    return input.contiguous().reshape(-1, n), n, float(eps)
+
+
+def rms_norm(input: torch.Tensor, normalized_shape: Sequence[int],
+             weight: torch.Tensor | None = None, eps: float | None = None) -> torch.Tensor:
+    """aten ``rms_norm(input, normalized_shape, weight=None, eps=None)``: one program per
+    row of the trailing ``normalized_shape``; ``eps=None`` is the compute dtype's epsilon."""
+    x2, _, e = _rms_setup(input, normalized_shape, eps)
+    return rowwise.rms_norm_rows(x2, weight, e)[0].reshape(input.shape)
+
+
+def fused_rms_norm(input: torch.Tensor, normalized_shape: Sequence[int],
+                   weight: torch.Tensor | None, eps: float | None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """aten ``_fused_rms_norm``: ``(output, rstd)`` with rstd shaped like input with the
+    normalised dims kept as 1."""
+    x2, _, e = _rms_setup(input, normalized_shape, eps)
+    out, rstd = rowwise.rms_norm_rows(x2, weight, e)
+    k = len(normalized_shape)
+    return (out.reshape(input.shape),
+            rstd.reshape(tuple(input.shape[:input.dim() - k]) + (1,) * k))
+
+
+def mm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
+    """aten ``mm(self, mat2)``: fixed tiles, no split-K."""
+    return matmul.mm(self, mat2)
+
+
+def addmm(self: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta=1,
+          alpha=1) -> torch.Tensor:
+    """aten ``addmm(self, mat1, mat2, *, beta=1, alpha=1)``."""
+    return matmul.addmm(self, mat1, mat2, beta=beta, alpha=alpha)
+
+
+def bmm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
+    """aten ``bmm(self, mat2)``."""
+    return matmul.bmm(self, mat2)
+
+
+CUDA_IMPLS: dict[str, Callable] = {
+    "mm": mm,
+    "addmm": addmm,
+    "bmm": bmm,
+    "_softmax": softmax,
+    "_log_softmax": log_softmax,
+    "mean.dim": mean_dim,
+    "rms_norm": rms_norm,
+    "_fused_rms_norm": fused_rms_norm,
+}
+
+#: transformers AttentionInterface function (register as "detsample")
+ATTENTION: Callable = hf_attention
+
+__all__ = ["ATTENTION", "CUDA_IMPLS", "attention"]

@@ -1,0 +1,150 @@
+"""Row-wise reductions with a fixed order: softmax, log_softmax, mean, RMSNorm.
+
+Every kernel here runs ONE program per row and walks the row in blocks of
+:func:`~detsample.kernels.common.row_block` (a function of the row length only),
+accumulating per lane in block order and reducing the lanes once by a fixed tree. No
+row is ever split across programs, and nothing depends on the number of rows: a row's
+result is bitwise the same alone or in any batch (batch-invariant), and the same on
+every run of one device. Inputs of any float dtype are computed in float32 (float64
+inputs in float64) and written in the requested output dtype.
+
+The functions take 2-D ``(rows, n)`` views; :mod:`detsample.kernels.invariant_ops` maps
+the aten signatures (``dim``, ``keepdim``, ``normalized_shape``...) onto them.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from detsample.kernels.common import OPTS, check_device, row_block
+
+
+@triton.jit
+def _softmax_kernel(x_ptr, out_ptr, stride_x, stride_o, N, LOG: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    m = tl.full((BLOCK,), float("-inf"), tl.float32)
+    for start in range(0, N, BLOCK):
+        idx = start + offs
+        x = tl.load(x_ptr + row * stride_x + idx, mask=idx < N, other=float("-inf"))
+        m = tl.maximum(m, x.to(tl.float32))
+    mx = tl.max(m, 0)
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, N, BLOCK):
+        idx = start + offs
+        x = tl.load(x_ptr + row * stride_x + idx, mask=idx < N, other=float("-inf"))
+        acc += tl.where(idx < N, tl.exp(x.to(tl.float32) - mx), 0.0)
+    s = tl.sum(acc, 0)
+    lse = tl.log(s)
+    for start in range(0, N, BLOCK):
+        idx = start + offs
+        x = tl.load(x_ptr + row * stride_x + idx, mask=idx < N, other=0.0).to(tl.float32)
+        if LOG:
+            y = (x - mx) - lse
+        else:
+            y = tl.div_rn(tl.exp(x - mx), s)
+        tl.store(out_ptr + row * stride_o + idx, y.to(out_ptr.dtype.element_ty), mask=idx < N)
+
+
+@triton.jit
+def _mean_kernel(x_ptr, out_ptr, stride_x, N, ACC: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK,), ACC)
+    for start in range(0, N, BLOCK):
+        idx = start + offs
+        acc += tl.load(x_ptr + row * stride_x + idx, mask=idx < N, other=0.0).to(ACC)
+    total = tl.sum(acc, 0)
+    tl.store(out_ptr + row, (total / N).to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, rstd_ptr, stride_x, stride_o, N, eps,
+                     HAS_W: tl.constexpr, ACC: tl.constexpr, F64: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK,), ACC)
+    for start in range(0, N, BLOCK):
+        idx = start + offs
+        x = tl.load(x_ptr + row * stride_x + idx, mask=idx < N, other=0.0).to(ACC)
+        acc += x * x
+    ms = tl.sum(acc, 0) / N + eps
+    if F64:
+        inv = 1.0 / tl.sqrt(ms)
+    else:
+        inv = tl.div_rn(1.0, tl.sqrt_rn(ms))
+    tl.store(rstd_ptr + row, inv)
+    for start in range(0, N, BLOCK):
+        idx = start + offs
+        x = tl.load(x_ptr + row * stride_x + idx, mask=idx < N, other=0.0).to(ACC)
+        y = x * inv
+        if HAS_W:
+            y = y * tl.load(w_ptr + idx, mask=idx < N, other=0.0).to(ACC)
+        tl.store(out_ptr + row * stride_o + idx, y.to(out_ptr.dtype.element_ty), mask=idx < N)
+
+
+def _acc_dtype(dtype: torch.dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _rows(x: torch.Tensor, name: str = "x") -> torch.Tensor:
+    if x.dim() != 2 or not x.dtype.is_floating_point:
+        raise ValueError(f"{name} must be a 2-D floating tensor, got {x.dtype} "
+                         f"{tuple(x.shape)}")
+    check_device(x.device)
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def softmax_rows(x: torch.Tensor, log: bool = False, out_dtype: torch.dtype | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """(log_)softmax of each row of ``x`` (rows, n), computed in float32, written in
+    ``out_dtype`` (default: x's dtype) or into ``out`` (a (rows, n) tensor with unit
+    last stride). Three passes per row: max, ``sum exp(x - max)``, output. Bitwise
+    batch-invariant (one program per row, fixed block order)."""
+    x = _rows(x)
+    R, N = x.shape
+    if out is None:
+        out = torch.empty((R, N), dtype=out_dtype or x.dtype, device=x.device)
+    if R and N:
+        _softmax_kernel[(R,)](x, out, x.stride(0), out.stride(0), N, LOG=bool(log),
+                              BLOCK=row_block(N), **OPTS)
+    return out
+
+
+def mean_rows(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Mean of each row of ``x`` (rows, n) -> (rows,), accumulated in float32 (float64
+    for float64 input) lane-wise in block order, then one fixed tree; written in
+    ``out_dtype`` (default: x's dtype). Bitwise batch-invariant."""
+    x = _rows(x)
+    R, N = x.shape
+    out = torch.empty((R,), dtype=out_dtype or x.dtype, device=x.device)
+    if R:
+        _mean_kernel[(R,)](x, out, x.stride(0), N, ACC=_acc_dtype(x.dtype),
+                           BLOCK=row_block(N), **OPTS)
+    return out
+
+
+def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor | None, eps: float
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x * 1/sqrt(mean(x**2) + eps) [* weight]`` per row of ``x`` (rows, n); weight:
+    (n,) or None. Computed in float32 (float64 for float64 input). Returns ``(out
+    (rows, n) in x's dtype, rstd (rows,) = 1/sqrt(mean(x**2) + eps) in the compute
+    dtype)``. Bitwise batch-invariant."""
+    x = _rows(x)
+    R, N = x.shape
+    out = torch.empty_like(x)
+    rstd = torch.empty((R,), dtype=torch.float64 if x.dtype == torch.float64 else torch.float32,
+                       device=x.device)
+    w = x if weight is None else weight.reshape(-1).contiguous()
+    if weight is not None and w.numel() != N:
+        raise ValueError(f"weight must have {N} elements, got {tuple(weight.shape)}")
+    if R and N:
+        _rms_norm_kernel[(R,)](x, w, out, rstd, x.stride(0), out.stride(0), N, float(eps),
+                               HAS_W=weight is not None, ACC=_acc_dtype(x.dtype),
+                               F64=x.dtype == torch.float64,
+                               BLOCK=row_block(N), **OPTS)
+    return out, rstd

@@ -1,0 +1,113 @@
+"""Every kernel compiles for an sm_90 GPU (H100/H200) ahead of time, with no GPU here.
+
+Triton lowers a kernel to PTX and assembles it with the ``ptxas`` its wheel ships, so a
+CPU machine can check that the kernels the interpreter runs are also valid GPU programs
+(types, loop-carried values, scalar control flow, layouts of sort/histogram/dot). The
+signatures and constants are those the launchers use. Compiled in this process (where
+triton is imported without the interpreter) into a temporary cache directory.
+"""
+
+import inspect
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+I32, F32, P32, PI32, PI64, P64 = "i32", "fp32", "*fp32", "*i32", "*i64", "*fp64"
+
+
+def _sampler_kernels():
+    from detsample.kernels import filters, logprobs, prepare, rng
+    return [
+        ("topk_draw", filters._topk_draw_kernel,
+         dict(z_ptr=P32, stride=I32, V=I32, rows_ptr=PI64, k_ptr=PI64, p_ptr=P64,
+              minp_ptr=P32, u_ptr=P64, bufv_ptr=P32, bufi_ptr=PI64, tau_ptr=P32,
+              total_ptr=PI64, tok_ptr=PI64, spill_ptr=PI32),
+         dict(FRAC=44, BLOCK=1024, KP=64, CH=16, DRAW=True), {}),
+        ("sorted_threshold", filters._sorted_threshold_kernel,
+         dict(s_ptr=P32, stride=I32, V=I32, rows_ptr=PI64, k_ptr=PI64, p_ptr=P64,
+              minp_ptr=P32, tau_ptr=P32), dict(FRAC=44, BLOCK=1024), {}),
+        ("draw_full", filters._draw_full_kernel,
+         dict(z_ptr=P32, stride=I32, V=I32, rows_ptr=PI64, tau_ptr=P32, minp_ptr=P32,
+              u_ptr=P64, total_ptr=PI64, tok_ptr=PI64),
+         dict(FRAC=44, BLOCK=1024, NB=256, DRAW=True), {}),
+        ("row_stats", prepare._row_stats_kernel,
+         dict(x_ptr=P32, stride=I32, V=I32, m_ptr=P32, status_ptr=PI32), dict(BLOCK=1024), {}),
+        ("sanitize", prepare._sanitize_kernel,
+         dict(x_ptr=P32, out_ptr=P32, stride_x=I32, stride_o=I32, V=I32), dict(BLOCK=1024), {}),
+        ("scale", prepare._scale_kernel,
+         dict(x_ptr=P32, m_ptr=P32, t_ptr=P32, out_ptr=P32, stride_x=I32, stride_o=I32,
+              V=I32), dict(BLOCK=1024), {}),
+        ("exp", logprobs._exp_kernel, dict(x_ptr=P32, out_ptr=P32, N=I32), dict(BLOCK=1024), {}),
+        ("uniforms", rng._uniforms_kernel,
+         dict(seed_ptr=PI64, pos_ptr=PI64, out_ptr=P64, N=I32), dict(STREAM=0, BLOCK=128), {}),
+    ]
+
+
+def _invariant_kernels():
+    import triton.language as tl
+
+    from detsample.kernels import attention, matmul, rowwise
+    mm = {n: I32 for n in "M N K BATCH PROGRAMS s_ab s_am s_ak s_bb s_bk s_bn s_cb s_cm s_cn "
+                          "s_xb s_xm s_xn".split()}
+    at = {n: I32 for n in "H GROUP Lq Lk D q_off s_qb s_qh s_qm s_qd s_kb s_kh s_kn s_kd s_vb "
+                          "s_vh s_vn s_vd s_mb s_mh s_mm s_mn s_ob s_oh s_om s_od".split()}
+    out = [
+        ("softmax", rowwise._softmax_kernel,
+         dict(x_ptr="*bf16", out_ptr=P32, stride_x=I32, stride_o=I32, N=I32),
+         dict(LOG=True, BLOCK=1024), {}),
+        ("mean", rowwise._mean_kernel, dict(x_ptr="*bf16", out_ptr="*bf16", stride_x=I32, N=I32),
+         dict(ACC=tl.float32, BLOCK=1024), {}),
+        ("rms_norm", rowwise._rms_norm_kernel,
+         dict(x_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16", rstd_ptr=P32, stride_x=I32,
+              stride_o=I32, N=I32, eps=F32),
+         dict(HAS_W=True, ACC=tl.float32, F64=False, BLOCK=1024), {}),
+    ]
+    for dt, (bm, bn, bk, warps) in matmul.TILES.items():
+        name = str(dt).replace("torch.", "")
+        ty = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[name]
+        out.append((f"matmul_{name}", matmul._matmul_kernel,
+                    dict(mm, a_ptr=f"*{ty}", b_ptr=f"*{ty}", c_ptr=f"*{ty}", bias_ptr=f"*{ty}",
+                         alpha=F32, beta=F32),
+                    dict(HAS_BIAS=True, IEEE=ty == "fp32", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk),
+                    {"num_warps": warps}))
+    for ty, mask, mty in (("bf16", 1, "*i8"), ("fp32", 2, P32)):
+        out.append((f"attention_{ty}", attention._attn_kernel,
+                    dict(at, q_ptr=f"*{ty}", k_ptr=f"*{ty}", v_ptr=f"*{ty}", m_ptr=mty,
+                         o_ptr=f"*{ty}", scale=F32),
+                    dict(CAUSAL=True, MASK=mask, IEEE=ty == "fp32", BLOCK_M=attention.BLOCK_M,
+                         BLOCK_N=attention.BLOCK_N, BLOCK_D=64), {}))
+    return out
+
+
+def compile_for_sm90(kernel, types, consts, options, cache_dir):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from detsample.kernels.common import OPTS
+    if not hasattr(kernel, "fn") or type(kernel).__name__ == "InterpretedFunction":
+        pytest.skip("this process runs the Triton interpreter")
+    names = list(inspect.signature(kernel.fn).parameters)
+    sig = {n: "constexpr" if n in consts else types[n] for n in names}
+    opts = dict(OPTS, **options)
+    with triton.knobs.cache.scope():
+        triton.knobs.cache.dir = str(cache_dir)
+        compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts),
+                                  target=GPUTarget("cuda", 90, 32), options=opts)
+    return compiled.asm
+
+
+def test_sampler_kernels_compile_for_sm90(tmp_path):
+    """The kernels of Sampler(backend="triton") are valid sm_90 programs (PTX and
+    cubin). Bug it pins: an interpreter-only construct (a Python-level loop-carried type
+    change, a constexpr reassigned in a static loop) that fails only on a real GPU."""
+    for name, kernel, types, consts, options in _sampler_kernels():
+        asm = compile_for_sm90(kernel, types, consts, options, tmp_path)
+        assert "cubin" in asm and len(asm["ptx"]) > 100, name
+
+
+@pytest.mark.triton_full
+def test_invariant_kernels_compile_for_sm90(tmp_path):
+    for name, kernel, types, consts, options in _invariant_kernels():
+        asm = compile_for_sm90(kernel, types, consts, options, tmp_path)
+        assert "cubin" in asm and len(asm["ptx"]) > 100, name
