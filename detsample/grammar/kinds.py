@@ -6,6 +6,8 @@ import json
 
 from detsample.errors import GrammarError
 from detsample.grammar.config import GRAMMAR_KINDS, GrammarConfig
+from detsample.grammar.ebnf import correct_json_grammar
+from detsample.grammar.schema import prepare_json_schema
 
 
 def check_kind(kind: str) -> str:
@@ -26,13 +28,25 @@ def grammar_text(kind: str, value: object) -> str:
     return value
 
 
+def json_schema_grammar(text: str, config: GrammarConfig):
+    """The ``xgrammar.Grammar`` detsample compiles for a JSON schema: the schema checked
+    and rewritten (:func:`~detsample.grammar.schema.prepare_json_schema`), lowered by
+    xgrammar, then corrected (:func:`~detsample.grammar.ebnf.correct_json_grammar`)."""
+    import xgrammar as xgr
+
+    prepared = prepare_json_schema(text, strict=config.strict_mode)
+    kw = {"max_whitespace_cnt": config.max_whitespace_cnt} if config.any_whitespace else {}
+    raw = xgr.Grammar.from_json_schema(json.dumps(prepared.schema),
+                                       any_whitespace=config.any_whitespace,
+                                       strict_mode=config.strict_mode, **kw)
+    return xgr.Grammar.from_ebnf(correct_json_grammar(str(raw), prepared.patterns))
+
+
 def compile_kind(xgr_compiler, kind: str, text: str, config: GrammarConfig):
     """Compile ``text`` as ``kind`` with an ``xgrammar.GrammarCompiler`` (may raise)."""
     check_kind(kind)
     if kind == "json_schema":
-        kw = {"max_whitespace_cnt": config.max_whitespace_cnt} if config.any_whitespace else {}
-        return xgr_compiler.compile_json_schema(
-            text, any_whitespace=config.any_whitespace, strict_mode=config.strict_mode, **kw)
+        return xgr_compiler.compile_grammar(json_schema_grammar(text, config))
     if kind == "regex":
         return xgr_compiler.compile_regex(text)
     if kind == "ebnf":

@@ -39,3 +39,17 @@ def submit(vocab):
     def _submit(kind, value, rid="r", **kw):
         return RequestGrammar.submit(rid, kind, value, vocab, **kw)
     return _submit
+
+
+def string_acceptor(grammar):
+    """``accepts(data) -> bool``: whether ``grammar`` (an ``xgrammar.Grammar``) accepts
+    the whole string or bytes ``data``. Compiled once, one fresh matcher per call."""
+    import xgrammar as xgr
+
+    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo([]), cache_enabled=False
+                                   ).compile_grammar(grammar)
+
+    def accepts(data) -> bool:
+        m = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+        return m.accept_string(data) and m.is_terminated()
+    return accepts
