@@ -53,15 +53,21 @@ def _softmax_kernel(x_ptr, out_ptr, stride_x, stride_o, N, LOG: tl.constexpr,
 
 
 @triton.jit
-def _sum_kernel(x_ptr, out_ptr, stride_x, N, MEAN: tl.constexpr, ACC: tl.constexpr,
-                BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _row_total(x_ptr, row, stride_x, N, ACC: tl.constexpr, BLOCK: tl.constexpr):
+    """Sum of one row in ``ACC``: lane-wise in block order, then one fixed tree."""
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros((BLOCK,), ACC)
     for start in range(0, N, BLOCK):
         idx = start + offs
         acc += tl.load(x_ptr + row * stride_x + idx, mask=idx < N, other=0.0).to(ACC)
-    total = tl.sum(acc, 0)
+    return tl.sum(acc, 0)
+
+
+@triton.jit
+def _sum_kernel(x_ptr, out_ptr, stride_x, N, MEAN: tl.constexpr, ACC: tl.constexpr,
+                BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    total = _row_total(x_ptr, row, stride_x, N, ACC, BLOCK)
     if MEAN:
         total = total / N
     tl.store(out_ptr + row, total.to(out_ptr.dtype.element_ty))
@@ -73,11 +79,7 @@ def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, mean_ptr, rstd_ptr, stride_
                        BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
-    acc = tl.zeros((BLOCK,), ACC)
-    for start in range(0, N, BLOCK):
-        idx = start + offs
-        acc += tl.load(x_ptr + row * stride_x + idx, mask=idx < N, other=0.0).to(ACC)
-    mean = tl.sum(acc, 0) / N
+    mean = _row_total(x_ptr, row, stride_x, N, ACC, BLOCK) / N
     acc = tl.zeros((BLOCK,), ACC)
     for start in range(0, N, BLOCK):
         idx = start + offs
