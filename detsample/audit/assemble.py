@@ -158,8 +158,8 @@ def _as_2d(ctx: _Ctx, dst: str, col) -> np.ndarray:
 
 
 def _check_01(ctx: _Ctx, dst: str, m: np.ndarray) -> None:
-    if m.dtype.kind == "b":
-        return
+    if m.dtype.kind == "b" or not m.size or (m.min() >= 0 and m.max() <= 1):
+        return  # two reductions, no temporaries; the slow path only names the entry
     bad = (m != 0) & (m != 1)
     if bad.any():
         r, j = np.argwhere(bad)[0]
@@ -200,15 +200,17 @@ def _mask_windows(m: np.ndarray, side: str) -> tuple[np.ndarray, np.ndarray]:
     """Windows from a loss mask alone: right padding ends after its last 1, left padding
     starts at its first 1 (masked tokens past the last 1 are taken for padding)."""
     width = m.shape[1]
-    count, first, last, _ = ones_run(m)
+    count, first, last, _ = ones_run(m != 0)
     if side == "left":
         return np.where(count > 0, first, width), np.where(count > 0, width - first, 0)
     return np.zeros_like(last), last
 
 
-def _check_mask_inside(ctx: _Ctx, mask: np.ndarray, keep: np.ndarray | None, by: str) -> None:
-    """A loss mask may be 1 only where the padding mask says real token."""
-    if keep is None:
+def _check_mask_inside(ctx: _Ctx, mask: np.ndarray, kept: np.ndarray, keep: np.ndarray | None,
+                       by: str) -> None:
+    """A loss mask may be 1 only where the padding mask says real token: its non-zero
+    entries all lie inside the windows (``kept``: the mask's entries there)."""
+    if keep is None or np.count_nonzero(mask) == np.count_nonzero(kept):
         return
     bad = (mask != 0) & ~keep
     if bad.any():
@@ -264,12 +266,11 @@ def _unpad_all(ctx: _Ctx, cols: dict, n: int) -> dict:
     out[main] = Ragged(unpad(tokens, keep), counts)
     tok_counts = np.maximum(counts - 1, 0) if res.split == "first_mask" else counts
     tok_keep = window_mask(per_token, starts, tok_counts)
-    if mask is not None and att is not None and res.spec("mask") != res.spec("attention_mask"):
-        _check_mask_inside(ctx, mask, tok_keep if tok_keep is not None else None,
-                           "attention_mask")
     for d in _RESPONSE_TOKEN_COLUMNS:
         if d in arrays:
             out[d] = Ragged(unpad(arrays[d], tok_keep), tok_counts)
+    if mask is not None and att is not None and res.spec("mask") != res.spec("attention_mask"):
+        _check_mask_inside(ctx, mask, out["mask"].values, tok_keep, "attention_mask")
     if prompt is not None:
         if patt is not None:
             if patt.shape != prompt.shape:

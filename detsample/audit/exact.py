@@ -22,9 +22,10 @@ from fractions import Fraction
 import numpy as np
 
 SCALE_BITS = 1074  # every finite float64 is an integer multiple of 2**-1074
-#: elements per pass: each bin's float64 partial sum of <= 2**14 integers below 2**27
-#: stays an exact integer, and the temporaries stay small (cache-resident, no page faults)
-_BLOCK = 1 << 14
+#: elements per pass: a (group, exponent) bin then sums <= 2**16 integers of magnitude
+#: <= 2**27, and a marginal adds <= 2**10 such bins: every float64 partial sum stays an
+#: exact integer (<= 2**53), and the temporaries stay small
+_BLOCK = 1 << 16
 _HI = 2.0 ** 27  # a frexp mantissa m in [0.5, 1): m * 2**27 = hi + lo * 2**-26, both integers
 _LO = 2.0 ** 26
 
@@ -55,7 +56,7 @@ def exact_marginal_sums(x: np.ndarray, groups: np.ndarray | None, shape: tuple[i
     2**27) and ``lo = (t - hi) * 2**26`` (an integer in [0, 2**26)), so
     ``x = (hi * 2**26 + lo) * 2**(exp - 53)``. Both parts are summed per (group,
     exponent) with ``np.bincount`` and then over the other axes; every partial sum stays
-    below ``2**53`` (2**14 values per block, 2**10 grid cells at most), so the float64
+    within ``2**53`` (2**16 values per block, 2**10 grid cells at most), so the float64
     totals are exact integers. Only the few non-empty (group, exponent) totals are
     combined in Python integers.
     """
@@ -130,115 +131,135 @@ def exact_mean(scaled: int, count: int) -> float | None:
     return fraction_to_float(to_fraction(scaled, count))
 
 
-_SIGN = np.uint64(1 << 63)
+def _lerp(a: np.ndarray, b: np.ndarray, gamma: np.ndarray) -> np.ndarray:
+    """numpy's quantile interpolation (its _lerp, including the t >= 0.5 branch)."""
+    with np.errstate(over="ignore", invalid="ignore"):  # r = exp(d) may overflow
+        diff = b - a
+        res = a + diff * gamma
+        return np.where(gamma >= 0.5, b - diff * (1 - gamma), res)
 
 
-def _order_keys(v: np.ndarray) -> np.ndarray:
-    """uint64 keys whose unsigned order is the numeric order of float64 ``v`` (no NaN;
-    -0.0 must already be folded into +0.0)."""
-    bits = v.view(np.uint64)
-    return np.where(bits >= _SIGN, ~bits, bits | _SIGN)
-
-
-def _from_keys(k: np.ndarray) -> np.ndarray:
-    return np.where(k >= _SIGN, k & ~_SIGN, ~k).view(np.float64)
+def _virtual_ranks(qs: list[float], n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(floor rank, next rank, gamma) of numpy's "linear" quantiles of n values."""
+    virtual = (n - 1) * np.asarray(qs, dtype=np.float64)
+    prev = np.floor(virtual)
+    prev_i = prev.astype(np.int64)
+    return prev_i, np.minimum(prev_i + 1, n - 1), virtual - prev
 
 
 class ValueCounts:
-    """Exact multiset of float64 values: sorted distinct values and their counts.
+    """Exact multiset of float64 values (no NaN; -0.0 counted as +0.0).
 
-    Mergeable exactly (a multiset union, independent of order) and exact for quantiles.
-    Values are kept as order-preserving uint64 keys of their bits; :meth:`add` only
-    appends, and every ``_COMPACT_AT`` pending values are sorted and counted at once.
-    Memory: 16 bytes per distinct value (8 per pending one).
+    :meth:`add` only appends (no work per value); the values are sorted once, when a
+    quantile, a histogram or the distinct values are first asked for (``np.sort``, a
+    vectorised quicksort). Mergeable exactly (a multiset union, independent of order).
+    Memory: 8 bytes per value; past ``_COMPACT_AT`` values they are sorted and counted
+    (16 bytes per *distinct* value).
     """
 
-    _COMPACT_AT = 1 << 21
+    _COMPACT_AT = 1 << 24
 
     def __init__(self) -> None:
-        self.keys = np.empty(0, dtype=np.uint64)
-        self.counts = np.empty(0, dtype=np.int64)
-        self._raw: list[np.ndarray] = []  # pending keys, each counted once
+        self._raw: list[np.ndarray] = []  # values, each counted once (unsorted)
         self._raw_size = 0
-        self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # pending (keys, counts)
+        self._sorted_raw: np.ndarray | None = None  # the raw values, sorted (a cache)
+        self._distinct: list[tuple[np.ndarray, np.ndarray]] = []  # sorted (values, counts)
 
-    def add(self, values: np.ndarray) -> None:
-        """Add float64 values (no NaN; negative zero is folded into +0)."""
+    def add(self, values: np.ndarray, check: bool = True) -> None:
+        """Add float64 values. ``check=False``: the caller guarantees no NaN and no -0.0
+        (the array is kept as is, not copied)."""
         v = np.asarray(values, dtype=np.float64).ravel()
         if v.size == 0:
             return
-        if np.isnan(v).any():
-            raise ValueError("ValueCounts holds numbers, got NaN")
-        self._raw.append(_order_keys(v + 0.0))  # + 0.0 turns -0.0 into +0.0
+        if check:
+            if np.isnan(v).any():
+                raise ValueError("ValueCounts holds numbers, got NaN")
+            v = v + 0.0  # + 0.0 turns -0.0 into +0.0
+        self._raw.append(v)
         self._raw_size += v.size
+        self._sorted_raw = None
         if self._raw_size >= self._COMPACT_AT:
             self._compact()
 
     def merge(self, other: "ValueCounts") -> None:
-        other._compact()
-        self._pending.append((other.keys, other.counts))
-        if sum(k.size for k, _ in self._pending) >= self._COMPACT_AT:
+        self._raw += other._raw
+        self._raw_size += other._raw_size
+        self._distinct += other._distinct
+        self._sorted_raw = None
+        if self._raw_size >= self._COMPACT_AT:
             self._compact()
 
+    def _raw_sorted(self) -> np.ndarray:
+        if self._sorted_raw is None:
+            raw = np.concatenate(self._raw) if len(self._raw) != 1 else self._raw[0].copy()
+            raw.sort()
+            self._raw, self._sorted_raw = [raw], raw
+        return self._sorted_raw
+
     def _compact(self) -> None:
-        if not self._raw and not self._pending:
-            return
-        parts = [(self.keys, self.counts)] + self._pending
+        """Everything as one sorted (distinct values, counts) pair."""
+        parts = list(self._distinct)
         if self._raw:
-            raw = np.concatenate(self._raw) if len(self._raw) > 1 else self._raw[0]
-            raw.sort()  # our own keys: sorted in place
+            raw = self._raw_sorted()
             starts = np.flatnonzero(np.r_[True, raw[1:] != raw[:-1]])
             parts.append((raw[starts], np.diff(np.r_[starts, raw.size]).astype(np.int64)))
-        self._raw, self._raw_size, self._pending = [], 0, []
-        keys = np.concatenate([k for k, _ in parts])
+        self._raw, self._raw_size, self._sorted_raw = [], 0, None
+        if len(parts) <= 1:
+            self._distinct = parts
+            return
+        vals = np.concatenate([v for v, _ in parts])
         counts = np.concatenate([c for _, c in parts])
-        order = np.argsort(keys, kind="stable")  # merges the sorted runs
-        keys, counts = keys[order], counts[order]
-        if keys.size:
-            starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-            self.keys = keys[starts]
-            self.counts = np.add.reduceat(counts, starts)
-        else:
-            self.keys, self.counts = keys, counts
+        order = np.argsort(vals, kind="stable")  # merges the sorted runs
+        vals, counts = vals[order], counts[order]
+        starts = np.flatnonzero(np.r_[True, vals[1:] != vals[:-1]])
+        self._distinct = [(vals[starts], np.add.reduceat(counts, starts))] if vals.size else []
+
+    def _state(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """(sorted values, their counts or None for one each)."""
+        if not self._distinct:
+            return (self._raw_sorted() if self._raw else np.empty(0)), None
+        self._compact()
+        if not self._distinct:
+            return np.empty(0), None
+        return self._distinct[0]
 
     def __getstate__(self) -> dict:
-        self._compact()
-        return {"keys": self.keys, "counts": self.counts}
+        raw = np.concatenate(self._raw) if self._raw else np.empty(0)
+        return {"raw": raw, "distinct": self._distinct}
 
     def __setstate__(self, state: dict) -> None:
-        self.keys, self.counts = state["keys"], state["counts"]
-        self._raw, self._raw_size, self._pending = [], 0, []
+        self.__init__()
+        if state["raw"].size:
+            self._raw, self._raw_size = [state["raw"]], state["raw"].size
+        self._distinct = list(state["distinct"])
 
     @property
     def total(self) -> int:
-        self._compact()
-        return int(self.counts.sum())
+        return self._raw_size + sum(int(c.sum()) for _, c in self._distinct)
 
     def values(self) -> np.ndarray:
         """The distinct values, ascending (float64)."""
         self._compact()
-        return _from_keys(self.keys)
+        return self._distinct[0][0] if self._distinct else np.empty(0)
 
-    def absolute(self) -> "ValueCounts":
-        """The multiset of the absolute values (a new object)."""
-        vals, counts = self.values(), self.counts
-        out = ValueCounts()
-        neg = vals < 0
-        out._pending = [(_order_keys(-vals[neg][::-1] + 0.0), counts[neg][::-1]),
-                        (_order_keys(vals[~neg]), counts[~neg])]
-        out._compact()
-        return out
+    @property
+    def counts(self) -> np.ndarray:
+        """How often each of :meth:`values` occurs."""
+        self._compact()
+        return self._distinct[0][1] if self._distinct else np.empty(0, dtype=np.int64)
 
     def value_at_ranks(self, ranks: np.ndarray, zeros: int = 0) -> np.ndarray:
         """The values at 0-based ``ranks`` of the sorted multiset plus ``zeros`` extra
         zeros (placed after the negative values)."""
-        self._compact()
+        vals, counts = self._state()
         ranks = np.asarray(ranks, dtype=np.int64)
-        vals = self.values()
-        nneg = int(self.counts[vals < 0].sum())
-        cum = np.cumsum(self.counts)
+        nneg = int(np.searchsorted(vals, 0.0)) if counts is None else \
+            int(counts[vals < 0].sum())
         shifted = np.where(ranks >= nneg, ranks - zeros, ranks)
-        idx = np.searchsorted(cum, shifted, side="right")
+        if counts is None:
+            idx = np.clip(shifted, 0, max(vals.size - 1, 0))
+        else:
+            idx = np.searchsorted(np.cumsum(counts), shifted, side="right")
         out = np.zeros(ranks.shape, dtype=np.float64)
         hit = (ranks < nneg) | (ranks >= nneg + zeros)
         out[hit] = vals[idx[hit]]
@@ -252,26 +273,83 @@ class ValueCounts:
         n = self.total + zeros
         if n == 0:
             return [None for _ in qs]
-        q = np.asarray(qs, dtype=np.float64)
-        virtual = (n - 1) * q  # numpy's _compute_virtual_index for "linear"
-        prev = np.floor(virtual)
-        gamma = virtual - prev
-        prev_i = prev.astype(np.int64)
-        next_i = np.minimum(prev_i + 1, n - 1)
+        prev_i, next_i, gamma = _virtual_ranks(qs, n)
         a = self.value_at_ranks(prev_i, zeros)
         b = self.value_at_ranks(next_i, zeros)
-        with np.errstate(over="ignore", invalid="ignore"):  # r = exp(d) may overflow
-            if transform is not None:
+        if transform is not None:
+            with np.errstate(over="ignore"):
                 a, b = transform(a), transform(b)
-            diff = b - a  # numpy's _lerp, including its t >= 0.5 branch
-            res = a + diff * gamma
-            res = np.where(gamma >= 0.5, b - diff * (1 - gamma), res)
-        return [float(v) for v in res]
+        return [float(v) for v in _lerp(a, b, gamma)]
+
+    def _halves(self):
+        """The absolute values as two ascending runs with cumulative counts:
+        (negatives reversed, their cumulative counts, non-negatives, theirs)."""
+        vals, counts = self._state()
+        k = int(np.searchsorted(vals, 0.0))
+        ones = np.ones(vals.size, dtype=np.int64) if counts is None else counts
+        a, ca = -vals[:k][::-1], np.cumsum(ones[:k][::-1])
+        b, cb = vals[k:], np.cumsum(ones[k:])
+        return a, ca, b, cb
+
+    def abs_quantiles(self, qs: list[float], zeros: int = 0) -> list[float | None]:
+        """:meth:`quantiles` of the absolute values (plus ``zeros`` zeros), from the two
+        sorted halves without re-sorting: bit-equal to ``np.quantile(abs(values), q)``."""
+        n = self.total + zeros
+        if n == 0:
+            return [None for _ in qs]
+        a, ca, b, cb = self._halves()
+        prev_i, next_i, gamma = _virtual_ranks(qs, n)
+
+        def at(ranks: np.ndarray) -> np.ndarray:
+            out = np.zeros(ranks.shape, dtype=np.float64)
+            for j, r in enumerate((ranks - zeros).tolist()):
+                if r >= 0:
+                    out[j] = _kth_of_union(a, ca, b, cb, r)
+            return out
+
+        return [float(v) for v in _lerp(at(prev_i), at(next_i), gamma)]
+
+    def abs_histogram(self, edges: np.ndarray) -> np.ndarray:
+        """Exact counts of absolute values in [edges[i], edges[i+1]) (the last closed)."""
+        a, ca, b, cb = self._halves()
+
+        def below(v: np.ndarray, x: np.ndarray, c: np.ndarray, side: str) -> np.ndarray:
+            idx = np.searchsorted(v, x, side=side)
+            return np.where(idx > 0, c[np.maximum(idx - 1, 0)] if c.size else 0, 0)
+
+        lo = below(a, edges, ca, "left") + below(b, edges, cb, "left")
+        le_last = below(a, edges[-1:], ca, "right") + below(b, edges[-1:], cb, "right")
+        counts = np.diff(lo)
+        counts[-1] += int(le_last[0] - lo[-1])
+        return counts.astype(np.int64)
 
     def histogram(self, edges: np.ndarray) -> np.ndarray:
         """Exact counts of values in [edges[i], edges[i+1]) (the last bin closed)."""
-        vals = self.values()
+        vals, counts = self._state()
+        c = np.ones(vals.size, dtype=np.int64) if counts is None else counts
         idx = np.searchsorted(edges, vals, side="right") - 1
         idx = np.where(vals == edges[-1], len(edges) - 2, idx)
         ok = (idx >= 0) & (idx < len(edges) - 1)
-        return np.bincount(idx[ok], weights=self.counts[ok], minlength=len(edges) - 1).astype(np.int64)
+        return np.bincount(idx[ok], weights=c[ok], minlength=len(edges) - 1).astype(np.int64)
+
+
+def _kth_of_union(a: np.ndarray, ca: np.ndarray, b: np.ndarray, cb: np.ndarray,
+                  k: int) -> float:
+    """The k-th smallest (0-based) of two sorted runs with cumulative counts ca, cb."""
+
+    def count_le(x: float) -> int:
+        i, j = np.searchsorted(a, x, side="right"), np.searchsorted(b, x, side="right")
+        return (int(ca[i - 1]) if i else 0) + (int(cb[j - 1]) if j else 0)
+
+    best = np.inf
+    for run in (a, b):  # the answer is the smallest value of either run with count_le > k
+        lo, hi = 0, run.size
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if count_le(run[mid]) > k:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo < run.size:
+            best = min(best, float(run[lo]))
+    return best

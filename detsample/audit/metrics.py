@@ -106,16 +106,11 @@ class _Groups:
         self.sum_d = [0] * n
         self.max_abs = np.zeros(n, dtype=np.float64)
 
-    def add_counts(self, g: np.ndarray, exact: np.ndarray, nz: np.ndarray) -> None:
-        """Token, exact-match and mismatch counts per bucket (one bincount)."""
-        n = self.tokens.size
-        code = g.astype(np.int64) * 4
-        code += exact
-        code += nz * 2
-        c = np.bincount(code, minlength=4 * n).reshape(n, 4)
-        self.tokens += c.sum(axis=1)
-        self.exact += c[:, 1] + c[:, 3]
-        self.mismatch += c[:, 2] + c[:, 3]
+    def add_counts(self, c: np.ndarray) -> None:
+        """Token counts per (bucket, d != 0, exact match): c is int [n, 2, 2]."""
+        self.tokens += c.sum(axis=(1, 2))
+        self.exact += c[:, :, 1].sum(axis=1)
+        self.mismatch += c[:, 1, :].sum(axis=1)
 
     def add_sums(self, sums: list[int], gn: np.ndarray, absn: np.ndarray) -> None:
         """Exact sums per (bucket, sign of d) -> sum |d| and sum d; max |d| per bucket."""
@@ -220,9 +215,10 @@ class AuditAccumulator:
             ntok = lens
         else:
             e, t, pos = e[m], t[m], pos[m]
-            cm = np.zeros(total + 1, dtype=np.int64)
-            np.cumsum(m, out=cm[1:])
-            ntok = cm[b.offsets[1:]] - cm[b.offsets[:-1]]
+            ntok = np.zeros(nseq, dtype=np.int64)  # audited tokens per sequence
+            full = lens > 0  # non-empty sequences: strictly increasing starts < total
+            if total:
+                ntok[full] = np.add.reduceat(m, b.offsets[:-1][full], dtype=np.int64)
         n = e.size
         self.tokens += n
         if self.compare_dtype is not None:  # both rounded to one dtype (validated finite)
@@ -236,8 +232,14 @@ class AuditAccumulator:
         nz = d != 0
         gp = prob_buckets(e64)
         gq = _position_bucket_table(int(lens.max()))[pos]
-        self.by_prob.add_counts(gp, exact, nz)
-        self.by_pos.add_counts(gq, exact, nz)
+        npb, nqb = self.by_prob.tokens.size, self.by_pos.tokens.size
+        code = gp.astype(np.int16) * (nqb * 4)  # (probability, position, d != 0, exact)
+        code += gq * 4
+        code += nz * 2
+        code += exact
+        c = np.bincount(code, minlength=npb * nqb * 4).reshape(npb, nqb, 2, 2)
+        self.by_prob.add_counts(c.sum(axis=1))
+        self.by_pos.add_counts(c.sum(axis=0))
         nzi = np.flatnonzero(nz)
         self.zero_d += n - nzi.size
         self.mismatch[0] += nzi.size
@@ -253,7 +255,6 @@ class AuditAccumulator:
         for k, thr in enumerate(THRESHOLDS[1:], start=1):
             self.mismatch[k] += int(np.count_nonzero(absn > thr))
         gpn, gqn = gp[nzi], gq[nzi]
-        npb, nqb = self.by_prob.tokens.size, self.by_pos.tokens.size
         joint = gpn.astype(np.int64) * (2 * nqb)  # (probability, position, sign of d)
         joint += gqn * 2
         joint += neg
@@ -278,7 +279,7 @@ class AuditAccumulator:
         self.max_d = max(self.max_d, max_d)
         self.min_r = min(self.min_r, float(r_ext[0]))  # exp is monotone: min r = exp(min d)
         self.max_r = max(self.max_r, float(r_ext[1]))
-        self.diff_values.add(dn)
+        self.diff_values.add(dn, check=False)  # d != 0 here: no NaN, no -0.0
         seq_nz = np.repeat(np.arange(nseq, dtype=np.int64), ntok)[nzi]
         self._update_sequences(b, ntok, seq_nz, pos[nzi], dn, absn, nseq)
 
@@ -378,8 +379,7 @@ class AuditAccumulator:
                      "ess": None, "ess_fraction": None, "chi2": math.inf}
         else:
             ratio = {k: None for k in ("mean", "std", "min", "max", "ess", "ess_fraction", "chi2")}
-        abs_values = self.diff_values.absolute()
-        quant = abs_values.quantiles(list(QUANTILES), zeros=self.zero_d)
+        quant = self.diff_values.abs_quantiles(list(QUANTILES), zeros=self.zero_d)
         ratio["quantiles"] = dict(zip(RATIO_QUANTILE_KEYS, self.diff_values.quantiles(
             list(RATIO_QUANTILES), zeros=self.zero_d, transform=np.exp)))
         fd_total = sum(self.first_div.values())
@@ -392,7 +392,7 @@ class AuditAccumulator:
                       mean=fraction_to_float(Fraction(sum(k * c for k, c in self.first_div.items()),
                                                       fd_total)))
         ns = self.seq_with_tokens
-        hist = abs_values.histogram(np.r_[0.0, HIST_EDGES, np.inf])
+        hist = self.diff_values.abs_histogram(np.r_[0.0, HIST_EDGES, np.inf])
         pos_labels = position_bucket_labels()
         return {
             "sources": list(self.sources),

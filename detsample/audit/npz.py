@@ -61,10 +61,11 @@ class _NpzArray:
         return self.shape[0] if self.shape else 1
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        """Rows [start, stop) as an in-memory array (elements, for a 1-D member)."""
+        """Rows [start, stop) (elements, for a 1-D member): a read-only view of the
+        mapped file for stored members, an in-memory copy for compressed ones."""
         a, b = start * self.row_size, stop * self.row_size
         if self._mm is not None:
-            out = np.array(self._mm[a:b])
+            out = self._mm[a:b].view(np.ndarray)  # read-only view of the mapped file
         else:
             if self._stream is None:
                 self._stream = self._zf.open(self._info)

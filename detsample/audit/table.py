@@ -106,9 +106,11 @@ def slice_rows(values: np.ndarray, lengths: np.ndarray, starts: np.ndarray,
 def window_mask(width: int, starts: np.ndarray, counts: np.ndarray) -> np.ndarray | None:
     """bool [n, width]: True on ``[starts[i], starts[i] + counts[i])``, or None when every
     row is whole (start 0, count width)."""
-    if bool((starts == 0).all()) and bool((counts == width).all()):
+    if bool((counts == width).all()):
         return None
     col = np.arange(width, dtype=np.int64)
+    if not starts.any():  # right padding: one compare
+        return col < counts[:, None]
     return (col >= starts[:, None]) & (col < (starts + counts)[:, None])
 
 
@@ -120,12 +122,13 @@ def unpad(array: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
 
 
 def ones_run(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """For a 0/1 matrix [n, W]: (count of ones, first one, last one + 1, is one run).
+    """For a 0/1 matrix [n, W] (bool or integers 0 and 1 only): (count of ones, first
+    one, last one + 1, is one run).
 
     Rows without a one have first = last = 0. ``is one run``: the ones are contiguous."""
-    m = mask.astype(bool, copy=False)
+    m = mask  # 0/1 (checked by the caller): argmax finds the first 1 without a bool copy
     n, w = m.shape
-    count = m.sum(axis=1, dtype=np.int64)
+    count = np.count_nonzero(m, axis=1).astype(np.int64)
     has = count > 0
     first = np.where(has, m.argmax(axis=1), 0).astype(np.int64)
     last = np.where(has, w - m[:, ::-1].argmax(axis=1), 0).astype(np.int64)

@@ -148,14 +148,16 @@ def test_signed_value_counts_give_numpy_quantiles_of_values_abs_and_exp(values, 
     full = np.r_[np.zeros(zeros), x]
     qs = [0.0, 0.001, 0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 1.0]
     assert vc.quantiles(qs, zeros) == [float(np.quantile(full, q)) for q in qs]
-    absolute = vc.absolute()
-    assert absolute.quantiles(qs, zeros) == [float(np.quantile(np.abs(full), q)) for q in qs]
+    assert vc.abs_quantiles(qs, zeros) == [float(np.quantile(np.abs(full), q)) for q in qs]
     with np.errstate(over="ignore", invalid="ignore"):
         r = np.exp(full)
         got = vc.quantiles(qs, zeros, transform=np.exp)
         want = [float(np.quantile(r, q)) for q in qs]
     assert np.array_equal(np.array(got), np.array(want), equal_nan=True)
-    assert absolute.total == vc.total == x.size
+    assert vc.total == x.size
+    edges = np.array([0.0, 1e-3, 0.5, 1.0, 10.0, np.inf])
+    want_hist = np.histogram(np.abs(x), bins=edges)[0]
+    assert vc.abs_histogram(edges).tolist() == want_hist.tolist()
 
 
 def test_value_counts_histogram_and_pickle():
@@ -165,3 +167,39 @@ def test_value_counts_histogram_and_pickle():
     vc.add(np.array([1e-5, 2e-5, 0.5, 1.0, 10.0]))
     vc2 = pickle.loads(pickle.dumps(vc))
     assert vc2.histogram(np.array([0.0, 1e-4, 1.0, 10.0])).tolist() == [2, 1, 2]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.sampled_from([-2.0, -0.5, 0.25, 0.5, 3.0]) | st.floats(-5, 5),
+                min_size=1, max_size=200), st.integers(0, 5))
+def test_compacted_and_raw_multisets_agree(values, zeros):
+    """Pins compaction: past the threshold the values are kept as distinct values with
+    counts; quantiles, |d| quantiles, histograms and pickling give the same bits."""
+    import pickle
+
+    x = np.array(values) + 0.0
+    raw = ValueCounts()
+    raw.add(x)
+    small = ValueCounts()
+    small._COMPACT_AT = 7  # compacts every 7 values
+    for p in np.array_split(x, 5):
+        small.add(p)
+    small = pickle.loads(pickle.dumps(small))
+    qs = [0.0, 0.1, 0.5, 0.9, 1.0]
+    edges = np.array([0.0, 0.3, 1.0, np.inf])
+    assert small.quantiles(qs, zeros) == raw.quantiles(qs, zeros)
+    assert small.abs_quantiles(qs, zeros) == raw.abs_quantiles(qs, zeros)
+    assert small.abs_histogram(edges).tolist() == raw.abs_histogram(edges).tolist()
+    assert small.values().tolist() == np.unique(x).tolist() and small.total == x.size
+
+
+@pytest.mark.parametrize("value", [1 - 2.0**-53, -(1 - 2.0**-53), -0.5, 2.0**-1060])
+def test_full_blocks_of_extreme_mantissas_stay_exact(value):
+    """Pins the block bound: 2**17 values whose split parts are the largest possible,
+    all in one cell of the largest grid (1024 cells), sum exactly."""
+    x = np.full(1 << 17, value)
+    groups = np.zeros(x.size, dtype=np.int64)
+    first, second = exact_marginal_sums(x, groups, (16, 32, 2))
+    want = Fraction(value) * x.size
+    assert to_fraction(first[0]) == want and to_fraction(second[0]) == want
+    assert to_fraction(exact_sum(x)) == want

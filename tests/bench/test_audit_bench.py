@@ -87,11 +87,18 @@ def test_from_tensors_256x4096(benchmark, rate):
 
     ids, e, t, m = tensor_batch(rate)
     rep = from_tensors(ids, e, t, m, attention_mask=m)
-    benchmark.pedantic(lambda: from_tensors(ids, e, t, m, attention_mask=m), rounds=7,
-                       iterations=1, warmup_rounds=1)
+    cpu = []
+
+    def run():
+        c = time.process_time()
+        from_tensors(ids, e, t, m, attention_mask=m)
+        cpu.append(time.process_time() - c)
+
+    benchmark.pedantic(run, rounds=7, iterations=1, warmup_rounds=1)
     benchmark.extra_info["tokens"] = rep["tokens"]
+    benchmark.extra_info["ms_cpu"] = min(cpu) * 1e3
     if benchmark.stats is not None:
-        benchmark.extra_info["ms"] = benchmark.stats["min"] * 1e3
+        benchmark.extra_info["ms_wall"] = benchmark.stats["min"] * 1e3
 
 
 @pytest.mark.bench
