@@ -30,25 +30,29 @@ class Rows:
     """A subset of a batch's rows: host list, (n,) int64 index tensor, and whether it is
     every row of the batch in order (then gathers can be skipped). A filter route's rows
     also carry their filter parameters, gathered once: ``filters`` = (top_ks (n,) int32,
-    top_ps (n,) float64, min_ps (n,) float32), and ``any_top_k``: some row's top-k is
-    active (< V)."""
+    top_ps (n,) float64, min_ps (n,) float32), and which filters some row of the group
+    uses: ``active`` = (top-k < V, top-p < 1, min-p > 0)."""
 
     rows: tuple[int, ...]
     index: torch.Tensor
     every: bool
     filters: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-    any_top_k: bool = False
+    active: tuple[bool, bool, bool] = (False, False, False)
+
+    @property
+    def any_top_k(self) -> bool:
+        return self.active[0]
 
     @staticmethod
     def of(rows: Sequence[int], B: int, device: torch.device,
-           filters: tuple[torch.Tensor, ...] | None = None, any_top_k: bool = False
-           ) -> "Rows":
+           filters: tuple[torch.Tensor, ...] | None = None,
+           active: tuple[bool, bool, bool] = (False, False, False)) -> "Rows":
         rows = tuple(rows)
         index = host_tensor(list(rows), torch.int64, device)
         every = rows == tuple(range(B))
         if filters is not None:
             filters = tuple(t if every else t.index_select(0, index) for t in filters)
-        return Rows(rows, index, every, filters, any_top_k)
+        return Rows(rows, index, every, filters, active)
 
     def __bool__(self) -> bool:
         return bool(self.rows)
@@ -136,8 +140,9 @@ def route(params: Sequence, rows: Sequence[int], vocab_size: int, filter_impl: s
         else:
             top_k_only.append(r)
     def group(g: list[int]) -> Rows:
-        return Rows.of(g, B, device, filters, any(
-            params[r].top_k != -1 and params[r].top_k < V for r in g))
+        return Rows.of(g, B, device, filters, (
+            any(params[r].top_k != -1 and params[r].top_k < V for r in g),
+            any(params[r].top_p < 1.0 for r in g), any(params[r].min_p > 0.0 for r in g)))
 
     return FilterRoute(group(cand), k_max, group(nucleus), group(top_k_only), group(sort_rows),
                        group(plain))

@@ -307,8 +307,10 @@ class Sampler:
         at the boundary spills past ``k_max`` (they need the sort)."""
         ci = rows.index
         top_ks, top_ps, min_ps = rows.filters
+        _, use_p, use_m = rows.active
         vals, ids, fits = filter_ops.topk_candidates(rows.take(z), top_ks, k_max)
-        n = filter_ops.kept_prefix_length(vals, top_ks, top_ps, min_ps, frac)
+        n = filter_ops.kept_prefix_length(vals, top_ks, top_ps if use_p else None,
+                                          min_ps if use_m else None, frac)
         if not self.deterministic or bool(fits.all()):  # fast mode: never spills
             self._keep_compact(ci, rows.every, vals, ids, n, frac, tau, total, compact)
             return []
@@ -337,7 +339,8 @@ class Sampler:
         K = min(NUCLEUS_CANDIDATES, V)
         while True:
             vals, ids = torch.topk(zn, K, dim=-1, largest=True, sorted=True)
-            n, decided = filter_ops.nucleus_prefix(vals, thr, mass, top_ps, min_ps, frac)
+            n, decided = filter_ops.nucleus_prefix(vals, thr, mass, top_ps,
+                                                   min_ps if rows.active[2] else None, frac)
             if K == V or bool(decided.all()):
                 self._keep_compact(idx, every, vals, ids, n, frac, tau, total, compact)
                 return []
