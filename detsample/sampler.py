@@ -225,15 +225,16 @@ class Sampler:
         return build(frozenset(dead.nonzero().flatten().tolist()))
 
     # -- step 6 ----------------------------------------------------------------------
-    def _greedy_tokens(self, prep: Prepared, plan: RowPlan) -> torch.Tensor:
+    def _greedy_tokens(self, prep: Prepared, plan: RowPlan) -> torch.Tensor | None:
         """(B,) argmax of x on greedy rows (on every row when "processed" logprobs need
-        it), -1 elsewhere."""
+        it), -1 elsewhere; None when no row needs one."""
         rows = plan.argmax
         if rows.every:
             return draw_ops.greedy_argmax(prep.x)
+        if not rows:
+            return None
         out = torch.full((plan.size,), -1, dtype=torch.int64, device=prep.x.device)
-        if rows:
-            out[rows.index] = draw_ops.greedy_argmax(rows.take(prep.x))
+        out[rows.index] = draw_ops.greedy_argmax(rows.take(prep.x))
         return out
 
     # -- step 7 ----------------------------------------------------------------------
@@ -490,7 +491,8 @@ class Sampler:
             drawn = self._draw(cut, u)
             tokens = torch.where(batch.greedy, greedy_tok, drawn) if plan.greedy else drawn
         else:  # greedy rows and rows without an admissible token only
-            tokens = torch.where(batch.greedy, greedy_tok, torch.full_like(greedy_tok, -1))
+            none = torch.full((B,), -1, dtype=torch.int64, device=batch.device)
+            tokens = none if greedy_tok is None else torch.where(batch.greedy, greedy_tok, none)
         if plan.excluded:
             tokens = tokens.masked_fill((prep.status & STATUS_NO_VALID_TOKEN) != 0, -1)
         logprobs = self._token_logprobs(prep, z, cut, batch, plan, tokens, greedy_tok,
