@@ -194,8 +194,8 @@ def run(batches=(1, 8, 64), vocabs=(32000, 152064), configs=tuple(CONFIGS),
                         label = f"{name} ({how})" if name == "SGLang deterministic" else name
                         med, low = both[name]
                         rows.append(dict(B=B, V=V, config=cfg, logits=logits, path=label,
-                                         device=device, median_ms=round(med * 1e3, 4),
-                                         min_ms=round(low * 1e3, 4), ops=count_ops(fn)))
+                                         device=device, median_ms=round(med, 4),
+                                         min_ms=round(low, 4), ops=count_ops(fn)))
     return rows
 
 
