@@ -103,6 +103,8 @@ class RowPlan:
     argmax: Rows             # rows needing their argmax: greedy rows, or every row when
     #                          "processed" logprobs are asked (one-hot on greedy rows)
     any_min_p: bool          # some sampling row has min_p > 0
+    untouched: bool          # no row uses a per-request processor, penalties,
+    #                          min_new_tokens, allowed ids, bad words, a grammar or a bias
     excluded: frozenset[int] = field(default=frozenset())  # rows left out (no valid token)
 
     @property
@@ -183,5 +185,9 @@ def plan_rows(params: Sequence, vocab_size: int, filter_impl: str, device: torch
         temperatures=t_eff,
         argmax=Rows.of(range(B) if processed else greedy_rows, B, device),
         any_min_p=any(params[i].min_p > 0 for i in sampling),
+        untouched=not any(
+            p.logits_processor is not None or p.has_penalties or p.min_new_tokens > 0
+            or p.allowed_token_ids is not None or p.bad_words or p.logit_bias
+            or p.grammar is not None for p in params),
         excluded=frozenset(excluded),
     )

@@ -23,6 +23,7 @@ when triton is installed, torch otherwise. docs/gpu.md says what each guarantees
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -208,21 +209,48 @@ class Sampler:
                 status, valid = status | st, False
         return Prepared(raw=raw, x=x, status=status, row_max=m, all_valid=valid, kernels=k)
 
+    def _build_plan(self, batch: SamplingBatch,
+                    excluded: frozenset[int] = frozenset()) -> RowPlan:
+        return plan_rows(batch.params, batch.vocab_size, self.filter_impl, batch.device,
+                         batch.temperatures, batch.greedy,
+                         (batch.top_ks, batch.top_ps, batch.min_ps), excluded)
+
     def _plan(self, batch: SamplingBatch, prep: Prepared) -> RowPlan:
         """The batch's cached :class:`RowPlan`; rows without an admissible token this step
         (rare: a fully masked row) get a plan of their own that leaves them out."""
-        def build(excluded: frozenset[int] = frozenset()) -> RowPlan:
-            return plan_rows(batch.params, batch.vocab_size, self.filter_impl, batch.device,
-                             batch.temperatures, batch.greedy,
-                             (batch.top_ks, batch.top_ps, batch.min_ps), excluded)
-
-        plan = batch.derived(("row_plan", self.filter_impl), build)
+        plan = batch.derived(("row_plan", self.filter_impl), lambda: self._build_plan(batch))
         if prep.all_valid:
             return plan
         dead = (prep.status & STATUS_NO_VALID_TOKEN) != 0
         if not bool(dead.any()):
             return plan
-        return build(frozenset(dead.nonzero().flatten().tolist()))
+        return self._build_plan(batch, frozenset(dead.nonzero().flatten().tolist()))
+
+    def _plain_greedy(self, logits: torch.Tensor, batch: SamplingBatch
+                      ) -> SampleOutput | None:
+        """The all-greedy shortcut: every row greedy with "raw" logprobs, and nothing of
+        steps 1-5 in the batch, so the logits reach step 6 unchanged. The argmax comes
+        first; the values it picks are the row maxima (argmax returns a NaN when a row
+        has one), so when they are all finite the sanitising pass has nothing to do and
+        is skipped. Returns None (the general path) otherwise. Same bits as the general
+        path (tests/test_sampler.py)."""
+        plan = batch.derived(("row_plan", self.filter_impl), lambda: self._build_plan(batch))
+        if not (plan.greedy.every and plan.untouched and tuple(plan.modes) == ("raw",)
+                and not self.processors and self._kernels(batch.device) is None):
+            return None
+        check_logits(logits, len(batch), batch.vocab_size, batch.device)
+        x = logits if logits.dtype == torch.float32 else logits.to(torch.float32)
+        tokens = draw_ops.greedy_argmax(x)
+        peak = x.gather(1, tokens.unsqueeze(1))
+        if not math.isfinite(float(peak.sum())):
+            return None
+        status = torch.zeros((plan.size,), dtype=torch.int32, device=x.device)
+        prep = Prepared(raw=x, x=x, status=status, row_max=peak, all_valid=True)
+        logprobs = self._token_logprobs(prep, None, None, batch, plan, tokens, tokens,
+                                        some_none=False)
+        top = self._top_logprobs(prep, None, None, batch, plan, tokens)
+        return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
+                            seeds=batch.seeds.clone(), status=status)
 
     # -- step 6 ----------------------------------------------------------------------
     def _greedy_tokens(self, prep: Prepared, plan: RowPlan) -> torch.Tensor | None:
@@ -470,8 +498,11 @@ class Sampler:
         Deterministic mode: bitwise batch-invariant and run-to-run reproducible.
         """
         positions = row_ids_tensor("positions", positions, len(batch), batch.device)
-        prep = self._prepare(logits, batch)
         B = len(batch)
+        out = self._plain_greedy(logits, batch) if B else None
+        if out is not None:
+            return out
+        prep = self._prepare(logits, batch)
         if B == 0:
             return SampleOutput(torch.empty((0,), dtype=torch.int64, device=batch.device),
                                 torch.empty((0,), dtype=torch.float32, device=batch.device),

@@ -89,11 +89,10 @@ def kept_mass(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int
     cut_tau = bool(torch.isfinite(tau).any()) if cut_tau is None else cut_tau
     cut_mp = bool((min_p > 0).any()) if cut_min_p is None else cut_min_p
     if cut_tau or cut_mp:
-        drop = torch.zeros(z.shape, dtype=torch.bool, device=z.device)
-        if cut_tau:
-            drop |= z < tau.unsqueeze(1)
+        drop = z < tau.unsqueeze(1) if cut_tau else None
         if cut_mp:
-            drop |= w < min_p.unsqueeze(1)
+            below = w < min_p.unsqueeze(1)
+            drop = below if drop is None else drop.logical_or_(below)
         w.masked_fill_(drop, 0.0)
     return w.mul_(2.0 ** frac)  # exact power-of-two scaling
 
