@@ -1,0 +1,197 @@
+"""Grammar benchmarks: what JSON-schema rows add to a sampling step.
+
+Shared by ``tests/bench/test_grammar_bench.py`` (opt-in) and scripts. The figure of merit
+is the *added* cost per step: median wall time of ``Sampler.sample`` + ``batch.advance``
+with a JSON schema on every row minus the same without, measured on the same logits,
+steps of the two batches interleaved (so load drift hits both alike), against a bare
+``log_softmax`` over the same (B, V) logits (into a reused buffer) measured in the same
+run. A finished grammar row is replaced by a fresh request outside the timed region, so
+B stays constant.
+
+Two synthetic vocabularies of any size V (seeded, built from the default 512 tokens):
+``bpe_like`` (mostly word pieces, 5% digit runs, 3% punctuation) and ``digit_heavy``
+(half digit runs, many with punctuation attached: the shape that makes xgrammar's bitmask
+fill slow inside numbers). Never used by tests as an assertion.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from detsample.batch import SamplingBatch
+from detsample.params import Request, SamplingParams
+from detsample.sampler import Sampler
+from detsample.threads import torch_threads
+from detsample.vocab import Vocabulary
+
+SCHEMAS: dict[str, dict] = {
+    "int_array": {"type": "array", "items": {"type": "integer"}},
+    "tool_call": {"type": "object", "properties": {
+        "name": {"type": "string", "enum": ["search", "lookup", "finish"]},
+        "query": {"type": "string", "maxLength": 40},
+        "limit": {"type": "integer", "minimum": 1, "maximum": 100},
+        "exact": {"type": "boolean"}}, "required": ["name", "query", "limit"]},
+}
+_CONS, _VOW = "bcdfghjklmnprstvwz", "aeiou"
+_PUNCT = list(",.;:!?()[]{}\"'-_/\\@#$%&*+=<>|`~")
+
+
+def _distinct(v: int, seed: int, draw) -> Vocabulary:
+    rng = random.Random(seed)
+    toks = list(Vocabulary.default().tokens)
+    seen = set(toks)
+    while len(toks) < v:
+        t = draw(rng).encode()
+        if t not in seen:
+            seen.add(t)
+            toks.append(t)
+    return Vocabulary.from_tokens(toks, eos_token_ids=[0], special_ids=[0])
+
+
+def _bpe_token(rng: random.Random) -> str:
+    r = rng.random()
+    if r < 0.05:
+        return "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 3)))
+    if r < 0.08:
+        t = "".join(rng.choice(_PUNCT) for _ in range(rng.randint(1, 3)))
+        return " " + t if rng.random() < 0.3 else t
+    t = "".join(rng.choice(_CONS) + rng.choice(_VOW) for _ in range(rng.randint(1, 4)))
+    if rng.random() < 0.3:
+        t += rng.choice(_CONS)
+    t = " " + t if rng.random() < 0.5 else t
+    return t.capitalize() if rng.random() < 0.1 else t
+
+
+def _digit_token(rng: random.Random) -> str:
+    r = rng.random()
+    if r < 0.5:
+        t = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 5)))
+        if rng.random() < 0.2:
+            t = rng.choice([" ", ",", ", ", "-", "."]) + t
+        if rng.random() < 0.2:
+            t += rng.choice([",", ", ", ".", "]"])
+        return t
+    if r < 0.8:
+        return "".join(rng.choice(_PUNCT + list("0123456789 ")) for _ in range(rng.randint(1, 4)))
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 6)))
+
+
+def bpe_like(v: int, seed: int = 0) -> Vocabulary:
+    """A V-token vocabulary shaped like a BPE one (word pieces, some digits/punctuation)."""
+    return _distinct(v, seed, _bpe_token)
+
+
+def digit_heavy(v: int, seed: int = 0) -> Vocabulary:
+    """A V-token vocabulary of mostly digit runs and punctuation."""
+    return _distinct(v, seed, _digit_token)
+
+
+VOCABS = {"bpe_like": bpe_like, "digit_heavy": digit_heavy}
+
+
+@dataclass
+class StepCost:
+    """Medians (ms) of one grammar step-cost run."""
+
+    B: int
+    V: int
+    vocab: str
+    schema: str
+    threads: int
+    free_ms: float
+    grammar_ms: float
+    log_softmax_ms: float
+    forward_ms: float
+
+    @property
+    def added_ms(self) -> float:
+        return self.grammar_ms - self.free_ms
+
+    @property
+    def ratio(self) -> float:
+        """Added cost over a bare log_softmax of the same logits."""
+        return self.added_ms / self.log_softmax_ms
+
+    def row(self) -> str:
+        return (f"| {self.vocab} | {self.schema} | {self.B} | {self.threads} | "
+                f"{self.forward_ms:g} | {self.free_ms:.2f} | {self.grammar_ms:.2f} | "
+                f"{self.added_ms:+.2f} | {self.log_softmax_ms:.2f} | {self.ratio:.2f} |")
+
+
+HEADER = ("| vocab | schema | B | threads | forward ms | free step | grammar step | added | "
+          "log_softmax | added / log_softmax |\n|---|---|---|---|---|---|---|---|---|---|")
+
+
+def _batch(vocab: Vocabulary, schema: dict | None, b: int, tag: str) -> SamplingBatch:
+    reqs = [Request(rid=f"{tag}{i}", params=SamplingParams(seed=i, json_schema=schema),
+                    prompt_ids=[1]) for i in range(b)]
+    return SamplingBatch.from_requests(reqs, vocab_size=vocab.vocab_size, vocab=vocab)
+
+
+def step_cost(vocab: Vocabulary, vocab_name: str, schema_name: str, b: int, *,
+              steps: int = 30, threads: int = 2, forward_ms: float = 0.0,
+              prefetch: bool = False, seed: int = 0) -> StepCost:
+    """Median ``sample`` + ``advance`` with and without the schema on all ``b`` rows.
+
+    ``prefetch``: the grammar batch calls ``Sampler.prefetch_grammar`` after ``advance``;
+    then ``forward_ms`` of idle CPU stand for the model's forward pass on an accelerator,
+    and the time still spent waiting for the fill after it is added to the grammar
+    step (an engine's next ``sample`` would wait that long). Nothing else runs while a
+    fill is in flight, so the overlap is never larger than the stated forward pass.
+    """
+    schema = SCHEMAS[schema_name]
+    vocab.grammar_compiler.compile("json_schema", _text(schema), timeout=600)
+    gen = torch.Generator().manual_seed(seed)
+    with torch_threads(threads):
+        free, gram = _batch(vocab, None, b, "f"), _batch(vocab, schema, b, "g")
+        s_free, s_gram = Sampler(), Sampler()
+        out = torch.empty(b, vocab.vocab_size)
+        lsm, t_free, t_gram = [], [], []
+        for step in range(steps + 2):  # two warm-up steps
+            logits = torch.randn(b, vocab.vocab_size, generator=gen)
+            t0 = time.perf_counter()
+            torch.log_softmax(logits, dim=-1, out=out)
+            lsm.append(time.perf_counter() - t0)
+            t_free.append(_timed_step(s_free, free, logits))
+            t = _timed_step(s_gram, gram, logits, prefetch)
+            if prefetch:
+                time.sleep(forward_ms / 1e3)
+                t0 = time.perf_counter()
+                s_gram.grammar_masker.wait_prefetched(gram.grammars)
+                t += time.perf_counter() - t0
+            t_gram.append(t)
+            _refill(free, vocab, None, step)
+            _refill(gram, vocab, schema, step)
+        s_gram.grammar_masker.close()
+    med = [statistics.median(x[2:]) * 1e3 for x in (t_free, t_gram, lsm)]
+    return StepCost(b, vocab.vocab_size, vocab_name, schema_name, threads, med[0], med[1],
+                    med[2], forward_ms if prefetch else 0.0)
+
+
+def _timed_step(sampler: Sampler, batch: SamplingBatch, logits: torch.Tensor,
+                prefetch: bool = False) -> float:
+    pos = torch.tensor([len(o) for o in batch.output_ids])
+    t0 = time.perf_counter()
+    batch.advance(sampler.sample(logits, batch, pos).token_ids)
+    if prefetch:
+        sampler.prefetch_grammar(batch)
+    return time.perf_counter() - t0
+
+
+def _text(schema: dict) -> str:
+    import json
+
+    return json.dumps(schema)
+
+
+def _refill(batch: SamplingBatch, vocab: Vocabulary, schema: dict, step: int) -> None:
+    """Replace finished rows by fresh requests (keeps B constant)."""
+    done = [i for i, f in enumerate(batch.finished) if f is not None]
+    if done:
+        batch.filter([i for i in range(len(batch)) if i not in done])
+        batch.merge(_batch(vocab, schema, len(done), f"s{step}_"))
