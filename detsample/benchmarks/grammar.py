@@ -10,8 +10,9 @@ B stays constant.
 
 Two synthetic vocabularies of any size V (seeded, built from the default 512 tokens):
 ``bpe_like`` (mostly word pieces, 5% digit runs, 3% punctuation) and ``digit_heavy``
-(half digit runs, many with punctuation attached: the shape that makes xgrammar's bitmask
-fill slow inside numbers). Never used by tests as an assertion.
+(30% digit runs, 10% digits with punctuation attached, 25% punctuation runs, the rest
+word pieces: the shape that makes xgrammar's bitmask fill slow inside numbers). Never
+used by tests as an assertion.
 """
 
 from __future__ import annotations
@@ -69,16 +70,15 @@ def _bpe_token(rng: random.Random) -> str:
 
 def _digit_token(rng: random.Random) -> str:
     r = rng.random()
-    if r < 0.5:
-        t = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 5)))
-        if rng.random() < 0.2:
-            t = rng.choice([" ", ",", ", ", "-", "."]) + t
-        if rng.random() < 0.2:
-            t += rng.choice([",", ", ", ".", "]"])
-        return t
-    if r < 0.8:
-        return "".join(rng.choice(_PUNCT + list("0123456789 ")) for _ in range(rng.randint(1, 4)))
-    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 6)))
+    if r < 0.3:
+        return "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 4)))
+    if r < 0.4:
+        t = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 3)))
+        return rng.choice([" ", ",", ", ", "-", ".", "["]) + t if rng.random() < 0.5 \
+            else t + rng.choice([",", ", ", ".", "]", "}"])
+    if r < 0.65:
+        return "".join(rng.choice(_PUNCT + [" "]) for _ in range(rng.randint(1, 4)))
+    return _bpe_token(rng)
 
 
 def bpe_like(v: int, seed: int = 0) -> Vocabulary:
@@ -107,6 +107,9 @@ class StepCost:
     grammar_ms: float
     log_softmax_ms: float
     forward_ms: float
+    fill_ms: float = 0.0
+    mask_ms: float = 0.0
+    paired_ms: float = 0.0  # median over steps of (grammar step - free step), same logits
 
     @property
     def added_ms(self) -> float:
@@ -119,12 +122,14 @@ class StepCost:
 
     def row(self) -> str:
         return (f"| {self.vocab} | {self.schema} | {self.B} | {self.threads} | "
-                f"{self.forward_ms:g} | {self.free_ms:.2f} | {self.grammar_ms:.2f} | "
-                f"{self.added_ms:+.2f} | {self.log_softmax_ms:.2f} | {self.ratio:.2f} |")
+                f"{self.forward_ms:g} | {self.fill_ms:.2f} | {self.mask_ms:.2f} | "
+                f"{self.free_ms:.2f} | {self.grammar_ms:.2f} | {self.added_ms:+.2f} | "
+                f"{self.paired_ms:+.2f} | {self.log_softmax_ms:.2f} | {self.ratio:+.2f} |")
 
 
-HEADER = ("| vocab | schema | B | threads | forward ms | free step | grammar step | added | "
-          "log_softmax | added / log_softmax |\n|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| vocab | schema | B | threads | prefetch: forward ms | fill | mask | free step | "
+          "grammar step | added | paired added | log_softmax | added / log_softmax |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def _batch(vocab: Vocabulary, schema: dict | None, b: int, tag: str) -> SamplingBatch:
@@ -150,6 +155,7 @@ def step_cost(vocab: Vocabulary, vocab_name: str, schema_name: str, b: int, *,
     with torch_threads(threads):
         free, gram = _batch(vocab, None, b, "f"), _batch(vocab, schema, b, "g")
         s_free, s_gram = Sampler(), Sampler()
+        parts = _instrument(s_gram)
         out = torch.empty(b, vocab.vocab_size)
         lsm, t_free, t_gram = [], [], []
         for step in range(steps + 2):  # two warm-up steps
@@ -169,8 +175,30 @@ def step_cost(vocab: Vocabulary, vocab_name: str, schema_name: str, b: int, *,
             _refill(gram, vocab, schema, step)
         s_gram.grammar_masker.close()
     med = [statistics.median(x[2:]) * 1e3 for x in (t_free, t_gram, lsm)]
+    fill, step = (statistics.median(parts[k][2:]) * 1e3 for k in ("fill", "step"))
+    paired = statistics.median(g - f for f, g in zip(t_free[2:], t_gram[2:])) * 1e3
     return StepCost(b, vocab.vocab_size, vocab_name, schema_name, threads, med[0], med[1],
-                    med[2], forward_ms if prefetch else 0.0)
+                    med[2], forward_ms if prefetch else 0.0, fill, step - fill, paired)
+
+
+def _instrument(sampler: Sampler) -> dict[str, list[float]]:
+    """Time the grammar step (``masked_step``) and its bitmask fill on this sampler's
+    masker (instance attributes: nothing global is patched)."""
+    parts: dict[str, list[float]] = {"fill": [], "step": []}
+    masker = sampler.grammar_masker
+    fill, step = masker.fill, masker.masked_step
+
+    def timed(fn, key):
+        def run(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                parts[key].append(time.perf_counter() - t0)
+        return run
+
+    masker.fill, masker.masked_step = timed(fill, "fill"), timed(step, "step")
+    return parts
 
 
 def _timed_step(sampler: Sampler, batch: SamplingBatch, logits: torch.Tensor,
