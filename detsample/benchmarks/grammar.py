@@ -96,40 +96,46 @@ VOCABS = {"bpe_like": bpe_like, "digit_heavy": digit_heavy}
 
 @dataclass
 class StepCost:
-    """Medians (ms) of one grammar step-cost run."""
+    """Medians (ms) of one grammar step-cost run: wall time and process CPU time (all
+    threads; steadier than wall time on a shared host, where a busy scheduler adds whole
+    time slices to any step)."""
 
     B: int
     V: int
     vocab: str
     schema: str
     threads: int
-    free_ms: float
-    grammar_ms: float
-    log_softmax_ms: float
     forward_ms: float
-    fill_ms: float = 0.0
-    mask_ms: float = 0.0
-    paired_ms: float = 0.0  # median over steps of (grammar step - free step), same logits
+    wall: dict[str, float]  # free, grammar, log_softmax, paired, fill, mask
+    cpu: dict[str, float]  # free, grammar, log_softmax, paired
 
     @property
     def added_ms(self) -> float:
-        return self.grammar_ms - self.free_ms
+        return self.wall["grammar"] - self.wall["free"]
 
     @property
     def ratio(self) -> float:
-        """Added cost over a bare log_softmax of the same logits."""
-        return self.added_ms / self.log_softmax_ms
+        """Added wall time over a bare log_softmax of the same logits."""
+        return self.added_ms / self.wall["log_softmax"]
+
+    @property
+    def cpu_ratio(self) -> float:
+        return (self.cpu["grammar"] - self.cpu["free"]) / self.cpu["log_softmax"]
 
     def row(self) -> str:
+        w, c = self.wall, self.cpu
         return (f"| {self.vocab} | {self.schema} | {self.B} | {self.threads} | "
-                f"{self.forward_ms:g} | {self.fill_ms:.2f} | {self.mask_ms:.2f} | "
-                f"{self.free_ms:.2f} | {self.grammar_ms:.2f} | {self.added_ms:+.2f} | "
-                f"{self.paired_ms:+.2f} | {self.log_softmax_ms:.2f} | {self.ratio:+.2f} |")
+                f"{self.forward_ms:g} | {w['fill']:.2f} | {w['mask']:.2f} | {w['free']:.2f} | "
+                f"{w['grammar']:.2f} | {self.added_ms:+.2f} | {w['paired']:+.2f} | "
+                f"{w['log_softmax']:.2f} | {self.ratio:+.2f} | "
+                f"{c['grammar'] - c['free']:+.2f} | {c['log_softmax']:.2f} | "
+                f"{self.cpu_ratio:+.2f} |")
 
 
 HEADER = ("| vocab | schema | B | threads | prefetch: forward ms | fill | mask | free step | "
-          "grammar step | added | paired added | log_softmax | added / log_softmax |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "grammar step | added | paired added | log_softmax | added / log_softmax | "
+          "CPU added | CPU log_softmax | CPU added / log_softmax |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def _batch(vocab: Vocabulary, schema: dict | None, b: int, tag: str) -> SamplingBatch:
@@ -152,33 +158,52 @@ def step_cost(vocab: Vocabulary, vocab_name: str, schema_name: str, b: int, *,
     schema = SCHEMAS[schema_name]
     vocab.grammar_compiler.compile("json_schema", _text(schema), timeout=600)
     gen = torch.Generator().manual_seed(seed)
+    t: dict[str, list[tuple[float, float]]] = {"free": [], "grammar": [], "log_softmax": []}
     with torch_threads(threads):
         free, gram = _batch(vocab, None, b, "f"), _batch(vocab, schema, b, "g")
         s_free, s_gram = Sampler(), Sampler()
         parts = _instrument(s_gram)
         out = torch.empty(b, vocab.vocab_size)
-        lsm, t_free, t_gram = [], [], []
         for step in range(steps + 2):  # two warm-up steps
             logits = torch.randn(b, vocab.vocab_size, generator=gen)
-            t0 = time.perf_counter()
-            torch.log_softmax(logits, dim=-1, out=out)
-            lsm.append(time.perf_counter() - t0)
-            t_free.append(_timed_step(s_free, free, logits))
-            t = _timed_step(s_gram, gram, logits, prefetch)
+            t["log_softmax"].append(_clock(lambda: torch.log_softmax(logits, -1, out=out)))
+            t["free"].append(_clock(lambda: _step(s_free, free, logits)))
+            wall, cpu = _clock(lambda: _step(s_gram, gram, logits, prefetch))
             if prefetch:
                 time.sleep(forward_ms / 1e3)
-                t0 = time.perf_counter()
-                s_gram.grammar_masker.wait_prefetched(gram.grammars)
-                t += time.perf_counter() - t0
-            t_gram.append(t)
+                w2, c2 = _clock(lambda: s_gram.grammar_masker.wait_prefetched(gram.grammars))
+                wall, cpu = wall + w2, cpu + c2
+            t["grammar"].append((wall, cpu))
             _refill(free, vocab, None, step)
             _refill(gram, vocab, schema, step)
         s_gram.grammar_masker.close()
-    med = [statistics.median(x[2:]) * 1e3 for x in (t_free, t_gram, lsm)]
-    fill, step = (statistics.median(parts[k][2:]) * 1e3 for k in ("fill", "step"))
-    paired = statistics.median(g - f for f, g in zip(t_free[2:], t_gram[2:])) * 1e3
-    return StepCost(b, vocab.vocab_size, vocab_name, schema_name, threads, med[0], med[1],
-                    med[2], forward_ms if prefetch else 0.0, fill, step - fill, paired)
+
+    def med(xs):
+        return statistics.median(xs[2:]) * 1e3
+
+    wall = {k: med([w for w, _ in v]) for k, v in t.items()}
+    cpu = {k: med([c for _, c in v]) for k, v in t.items()}
+    for d, i in ((wall, 0), (cpu, 1)):
+        d["paired"] = med([g[i] - f[i] for f, g in zip(t["free"], t["grammar"])])
+    wall["fill"] = med(parts["fill"])
+    wall["mask"] = med(parts["step"]) - wall["fill"]
+    return StepCost(b, vocab.vocab_size, vocab_name, schema_name, threads,
+                    forward_ms if prefetch else 0.0, wall, cpu)
+
+
+def _clock(fn) -> tuple[float, float]:
+    """(wall, process CPU) seconds of ``fn()``."""
+    w0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - w0, time.process_time() - c0
+
+
+def _step(sampler: Sampler, batch: SamplingBatch, logits: torch.Tensor,
+          prefetch: bool = False) -> None:
+    pos = torch.tensor([len(o) for o in batch.output_ids])
+    batch.advance(sampler.sample(logits, batch, pos).token_ids)
+    if prefetch:
+        sampler.prefetch_grammar(batch)
 
 
 def _instrument(sampler: Sampler) -> dict[str, list[float]]:
@@ -199,16 +224,6 @@ def _instrument(sampler: Sampler) -> dict[str, list[float]]:
 
     masker.fill, masker.masked_step = timed(fill, "fill"), timed(step, "step")
     return parts
-
-
-def _timed_step(sampler: Sampler, batch: SamplingBatch, logits: torch.Tensor,
-                prefetch: bool = False) -> float:
-    pos = torch.tensor([len(o) for o in batch.output_ids])
-    t0 = time.perf_counter()
-    batch.advance(sampler.sample(logits, batch, pos).token_ids)
-    if prefetch:
-        sampler.prefetch_grammar(batch)
-    return time.perf_counter() - t0
 
 
 def _text(schema: dict) -> str:

@@ -64,6 +64,22 @@ class ColumnCache:
                 1, 2**62, size=w, dtype=np.int64)
         return words.astype(np.int64) @ self._weights
 
+    def lookup_rows(self, words: np.ndarray, rows: list[int], n: int) -> dict[int, _Entry]:
+        """``{row: entry}`` for bitmask ``words[row]`` of each row: one lookup per distinct
+        mask (rows in one grammar state share it), confirmed for every row at once."""
+        if not rows:
+            return {}
+        sub = words[rows]
+        fps = self.fingerprints(sub)
+        out: dict[int, _Entry] = {}
+        for fp in np.unique(fps):
+            group = np.flatnonzero(fps == fp)
+            e = self.lookup(fp, sub[group[0]], n)
+            same = (sub[group] == e.words).all(axis=1)
+            for g, ok in zip(group.tolist(), same.tolist()):
+                out[rows[g]] = e if ok else self.lookup(fp, sub[g], n)
+        return out
+
     def lookup(self, fp: int, row: np.ndarray, n: int) -> _Entry:
         key = (int(fp), n)
         bucket = self._map.get(key)
@@ -125,10 +141,7 @@ class MaskedLogitsBuffer:
         out = self._rows(b, v)
         o, x = out.numpy(), logits.numpy()
         words = bitmask[:b].numpy()
-        entries = {}
-        if rows:
-            fps = self.cache.fingerprints(words[rows])
-            entries = {r: self.cache.lookup(fp, words[r], n) for r, fp in zip(rows, fps)}
+        entries = self.cache.lookup_rows(words, rows, n)
         sparse = [r for r in rows if entries[r].sparse]
         copied = [r for r in range(b) if r not in entries or not entries[r].sparse]
         _copy_rows(o, x, copied)

@@ -45,7 +45,6 @@ def test_grammar_step_cost(vocab, schema, b, prefetch, benchmark):
     if (vocab, schema, b, prefetch) == CASES[0]:
         print("\n" + HEADER)
     print(f"{cost.row()}  (load {os.getloadavg()[0]:.1f})")
-    benchmark.extra_info.update(free_ms=cost.free_ms, grammar_ms=cost.grammar_ms,
-                                log_softmax_ms=cost.log_softmax_ms, fill_ms=cost.fill_ms,
-                                mask_ms=cost.mask_ms, ratio=cost.ratio)
+    benchmark.extra_info.update(wall=cost.wall, cpu=cost.cpu, ratio=cost.ratio,
+                                cpu_ratio=cost.cpu_ratio)
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)

@@ -105,3 +105,13 @@ def test_unmasked_rows_are_copied_and_buffer_is_reused():
     assert bits_equal(first, logits)
     second, _ = buf.apply(logits * 2, bm, [], 64)
     assert second.data_ptr() == first.data_ptr() and bits_equal(second, logits * 2)
+
+
+def test_rows_sharing_a_fingerprint_are_confirmed_one_by_one():
+    """A fingerprint collision inside one step: each row still gets its own columns."""
+    cache = ColumnCache()
+    cache.fingerprints = lambda words: np.zeros(words.shape[0], dtype=np.int64)
+    words = pack(np.array([[1, 0, 0, 0, 1], [0, 1, 0, 0, 0], [1, 0, 0, 0, 1]],
+                          dtype=np.bool_)).numpy()
+    got = cache.lookup_rows(words, [0, 1, 2], 5)
+    assert [list(got[r].cols) for r in (0, 1, 2)] == [[0, 4], [1], [0, 4]]
