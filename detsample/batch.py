@@ -275,8 +275,15 @@ class SamplingBatch:
 
     # -- derived views ---------------------------------------------------------------
     @property
-    def params(self) -> list[SamplingParams]:
-        return [r.params for r in self.requests]
+    def params(self) -> tuple[SamplingParams, ...]:
+        """The rows' parameters in row order (derived once per composition)."""
+        return self.derived("params", lambda: tuple(r.params for r in self.requests))
+
+    @property
+    def has_grammars(self) -> bool:
+        """Whether any row carries a grammar (derived once per composition)."""
+        return self.derived("has_grammars",
+                            lambda: any(g is not None for g in self.grammars))
 
     @property
     def flags(self) -> BatchFlags:

@@ -18,11 +18,16 @@ The sampler draws ONE uniform per row, keyed only by ``(seed, position)``::
 sorted rank enters the key.
 
 All arithmetic is done on int64 tensors holding uint32 values; products of two uint32
-values wrap in int64 exactly like uint64, so the high and low words are exact.
+values wrap in int64 exactly like uint64, so the high and low words are exact. For CPU
+tensors :func:`row_uniforms` runs the same integer rounds on numpy ``uint64`` arrays
+(about 150 tensor operations become 150 numpy operations on a few values, a fraction of
+the per-call cost at small batch sizes); integer arithmetic is exact in both, so the bits
+are the same (tests/test_rng.py).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 PHILOX_KEY_A = 0x9E3779B9
@@ -69,12 +74,36 @@ def philox4x32(seed: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor,
     return c0, c1, c2, c3
 
 
+def _philox_words01_host(seed: np.ndarray, c0: np.ndarray, c1: np.ndarray) -> tuple:
+    """Words 0 and 1 of ``philox4x32(seed, c0, c1, STREAM_DRAW, 0)`` on numpy uint64
+    arrays holding uint32 values (``seed``: the 64-bit key)."""
+    m = np.uint64(MASK32)
+    k0, k1 = seed & m, seed >> np.uint64(32)
+    c2 = np.full_like(c0, STREAM_DRAW)
+    c3 = np.zeros_like(c0)
+    ra, rb = np.uint64(PHILOX_ROUND_A), np.uint64(PHILOX_ROUND_B)
+    ka, kb, s32 = np.uint64(PHILOX_KEY_A), np.uint64(PHILOX_KEY_B), np.uint64(32)
+    for _ in range(PHILOX_ROUNDS):
+        pb, pa = c2 * rb, c0 * ra  # < 2**64: exact in uint64
+        c0, c2, c1, c3 = (pb >> s32) ^ c1 ^ k0, (pa >> s32) ^ c3 ^ k1, pb & m, pa & m
+        k0, k1 = (k0 + ka) & m, (k1 + kb) & m
+    return c0, c1
+
+
 def row_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """One uniform per row, keyed only by ``(seed, position)``.
 
     seeds: (batch,) int64 (non-negative). positions: (batch,) int64 (non-negative).
-    Returns (batch,) float64 in the open interval (0, 1), bitwise reproducible.
+    Returns (batch,) float64 in the open interval (0, 1), bitwise reproducible, the same
+    bits on every device (CPU tensors take the numpy rounds, others the tensor rounds).
     """
+    if seeds.device.type == "cpu" and positions.device.type == "cpu":
+        s = seeds.to(torch.int64).numpy().astype(np.uint64)
+        p = positions.to(torch.int64).numpy().astype(np.uint64)
+        m = np.uint64(MASK32)
+        w0, w1 = _philox_words01_host(s, p & m, (p >> np.uint64(32)) & m)
+        n = (w0 << np.uint64(20)) | (w1 >> np.uint64(12))
+        return torch.from_numpy((n.astype(np.float64) + 0.5) * _TWO_POW_M52)
     seeds = seeds.to(torch.int64)
     positions = positions.to(torch.int64)
     zero = torch.zeros_like(positions)

@@ -28,17 +28,27 @@ CANDIDATE_RATIO = 8
 @dataclass(frozen=True)
 class Rows:
     """A subset of a batch's rows: host list, (n,) int64 index tensor, and whether it is
-    every row of the batch in order (then gathers can be skipped)."""
+    every row of the batch in order (then gathers can be skipped). A filter route's rows
+    also carry their filter parameters, gathered once: ``filters`` = (top_ks (n,) int32,
+    top_ps (n,) float64, min_ps (n,) float32), and ``any_top_k``: some row's top-k is
+    active (< V)."""
 
     rows: tuple[int, ...]
     index: torch.Tensor
     every: bool
+    filters: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    any_top_k: bool = False
 
     @staticmethod
-    def of(rows: Sequence[int], B: int, device: torch.device) -> "Rows":
+    def of(rows: Sequence[int], B: int, device: torch.device,
+           filters: tuple[torch.Tensor, ...] | None = None, any_top_k: bool = False
+           ) -> "Rows":
         rows = tuple(rows)
-        return Rows(rows, host_tensor(list(rows), torch.int64, device),
-                    rows == tuple(range(B)))
+        index = host_tensor(list(rows), torch.int64, device)
+        every = rows == tuple(range(B))
+        if filters is not None:
+            filters = tuple(t if every else t.index_select(0, index) for t in filters)
+        return Rows(rows, index, every, filters, any_top_k)
 
     def __bool__(self) -> bool:
         return bool(self.rows)
@@ -56,12 +66,19 @@ class FilterRoute:
     """Sampling rows by how step 8 finds their threshold (all give the same bits):
 
     ``candidates``: top-k rows small enough for a bounded ``topk`` of ``k_max`` values;
-    ``sort``: rows with a top-k or top-p that take the full stable sort;
+    ``nucleus``: top-p rows without a small top-k: a growing bounded ``topk`` against
+    the row's exact total mass (:func:`detsample.ops.filters.nucleus_prefix`);
+    ``top_k_only``: a large top-k without top-p: the threshold is the k-th largest
+    value, found by selection;
+    ``sort``: rows with a top-k or top-p that take the full stable sort (``filter_impl
+    ="sort"``);
     ``plain``: rows without top-k / top-p (min-p alone is a value rule, no sort).
     """
 
     candidates: Rows
     k_max: int
+    nucleus: Rows
+    top_k_only: Rows
     sort: Rows
     plain: Rows
 
@@ -79,6 +96,9 @@ class RowPlan:
     max_top: int             # the largest ``logprobs`` of any row (0: no top logprobs)
     want_top: torch.Tensor   # (B,) int64 each row's ``logprobs``
     temperatures: torch.Tensor  # (B, 1) float32, 1 on greedy rows (the "scaled" rule)
+    argmax: Rows             # rows needing their argmax: greedy rows, or every row when
+    #                          "processed" logprobs are asked (one-hot on greedy rows)
+    any_min_p: bool          # some sampling row has min_p > 0
     excluded: frozenset[int] = field(default=frozenset())  # rows left out (no valid token)
 
     @property
@@ -93,33 +113,45 @@ class RowPlan:
 
 
 def route(params: Sequence, rows: Sequence[int], vocab_size: int, filter_impl: str,
-          device: torch.device) -> FilterRoute:
+          device: torch.device, filters: tuple[torch.Tensor, ...]) -> FilterRoute:
     """Split sampling ``rows`` into the :class:`FilterRoute` groups, from each row's OWN
-    parameters (never its neighbours')."""
+    parameters (never its neighbours'). ``filters``: the batch's (top_ks, top_ps,
+    min_ps) row tensors, gathered per group."""
     V, B = vocab_size, len(params)
-    cand, sort_rows, plain = [], [], []
+    cand, nucleus, top_k_only, sort_rows, plain = [], [], [], [], []
     k_max = 0
     for r in rows:
         p = params[r]
         has_k = p.top_k != -1 and p.top_k < V
-        if has_k and filter_impl == "auto" and p.top_k * CANDIDATE_RATIO <= V:
+        has_p = p.top_p < 1.0
+        if not (has_k or has_p):
+            plain.append(r)
+        elif filter_impl != "auto":
+            sort_rows.append(r)
+        elif has_k and p.top_k * CANDIDATE_RATIO <= V:
             cand.append(r)
             k_max = max(k_max, p.top_k)
-        elif has_k or p.top_p < 1.0:
-            sort_rows.append(r)
+        elif has_p:
+            nucleus.append(r)
         else:
-            plain.append(r)
-    return FilterRoute(Rows.of(cand, B, device), k_max, Rows.of(sort_rows, B, device),
-                       Rows.of(plain, B, device))
+            top_k_only.append(r)
+    def group(g: list[int]) -> Rows:
+        return Rows.of(g, B, device, filters, any(
+            params[r].top_k != -1 and params[r].top_k < V for r in g))
+
+    return FilterRoute(group(cand), k_max, group(nucleus), group(top_k_only), group(sort_rows),
+                       group(plain))
 
 
 def plan_rows(params: Sequence, vocab_size: int, filter_impl: str, device: torch.device,
               temperatures: torch.Tensor, greedy: torch.Tensor,
+              filters: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
               excluded: frozenset[int] = frozenset()) -> RowPlan:
     """The :class:`RowPlan` of rows with ``params``; ``excluded`` rows (no admissible
     token this step) are left out of the sampling and top-logprob rows.
 
-    temperatures: (B, 1) float32 and greedy: (B,) bool, the batch's row tensors.
+    temperatures: (B, 1) float32, greedy: (B,) bool and filters: (top_ks, top_ps,
+    min_ps), the batch's row tensors.
     """
     B = len(params)
     greedy_rows = [i for i, p in enumerate(params) if p.is_greedy]
@@ -133,15 +165,18 @@ def plan_rows(params: Sequence, vocab_size: int, filter_impl: str, device: torch
     want = [0 if i in excluded else p.logprobs for i, p in enumerate(params)]
     max_top = max((p.logprobs for p in params), default=0)  # the output's width: every row
     t_eff = torch.where(greedy.unsqueeze(1), torch.ones_like(temperatures), temperatures)
+    processed = "processed" in modes
     return RowPlan(
         size=B,
         greedy=Rows.of(greedy_rows, B, device),
         sampling=Rows.of(sampling, B, device),
-        route=route(params, sampling, vocab_size, filter_impl, device),
+        route=route(params, sampling, vocab_size, filter_impl, device, filters),
         modes={m: Rows.of(modes[m], B, device) for m in sorted(modes)},
         top={m: Rows.of(top[m], B, device) for m in sorted(top)},
         max_top=max_top,
         want_top=host_tensor(want, torch.int64, device),
         temperatures=t_eff,
+        argmax=Rows.of(range(B) if processed else greedy_rows, B, device),
+        any_min_p=any(params[i].min_p > 0 for i in sampling),
         excluded=frozenset(excluded),
     )

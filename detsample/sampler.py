@@ -37,17 +37,20 @@ from detsample.ops import draw as draw_ops
 from detsample.ops import filters as filter_ops
 from detsample.ops import logprobs as lp_ops
 from detsample.ops.bias import apply_logit_bias_
-from detsample.ops.sanitize import STATUS_NO_VALID_TOKEN, sanitize_rows
+from detsample.ops.sanitize import STATUS_NO_VALID_TOKEN, sanitize_rows_flagged
 from detsample.ops.temperature import scale_logits
 from detsample.processors.base import ProcessorRunner
 from detsample.processors.penalties import apply_penalties_and_constraints
 from detsample.rng import RNG_NAME, row_uniforms
-from detsample.rowplan import RowPlan, Rows, plan_rows
+from detsample.rowplan import CANDIDATE_RATIO, RowPlan, Rows, plan_rows
 from detsample.validation import check_logits, row_ids_tensor
 from detsample.workspace import Workspace
 
 FILTER_IMPLS = ("auto", "sort")
 BACKENDS = ("auto", "torch", "triton")
+#: first candidate count of a top-p row, and the growth factor while undecided
+NUCLEUS_CANDIDATES = 64
+NUCLEUS_GROWTH = 8
 DRAW_METHOD = "inverse-cdf/token-id-order/fixed-point"
 NEG_INF = float("-inf")
 
@@ -80,6 +83,7 @@ class Prepared:
     x: torch.Tensor        # (B, V) after steps 1-5 (may alias ``raw``)
     status: torch.Tensor   # (B,) int32 STATUS_* flags
     row_max: torch.Tensor  # (B, 1) max of ``x`` (-inf on a fully masked row)
+    all_valid: bool        # host flag: every row finite, status all zero (the common case)
     kernels: ModuleType | None = None  # detsample.kernels.sampler_ops, or None: torch ops
 
 
@@ -90,15 +94,16 @@ class Cut:
     tau: (B,) float32, kept = ``(z >= tau) & (exp(z) >= min_p)`` (``-inf`` on rows
     without a value threshold, and on non-sampling rows); total: (B,) int64, the exact
     fixed-point kept mass ``Q`` (0 on non-sampling rows). The CDF tables the draw reads:
-    ``compact`` = (row index (n,), kept ids ascending (n, K), running mass (n, K)) for
-    rows whose kept tokens are all among their candidates; ``blocks`` = (row index (n,),
-    masses (n, V) int64, blocked running mass (n, nb)) for rows drawn over the vocabulary.
+    ``compact`` = tables (row index (n,), kept ids ascending (n, K), running mass (n, K),
+    every) for rows whose kept tokens are all among their candidates; ``blocks`` = (row
+    index (n,), masses (n, V) int64, blocked running mass (n, nb), every) for rows drawn
+    over the vocabulary; ``every``: the table holds every row of the batch, in order.
     """
 
     tau: torch.Tensor
     total: torch.Tensor
-    compact: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-    blocks: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    compact: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool], ...] = ()
+    blocks: tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool] | None = None
     drawn: torch.Tensor | None = None  # (B,) tokens a fused Triton kernel already drew
 
     @staticmethod
@@ -158,6 +163,9 @@ class Sampler:
         batch applies are :func:`detsample.validation.check_request`.)"""
         self._runner.validate(request.rid, request.params)
 
+    def _buf(self, name: str, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return self._ws.get(name, tuple(like.shape), dtype or like.dtype, like.device)
+
     def _kernels(self, device: torch.device) -> ModuleType | None:
         """The Triton kernel set for tensors on ``device``, or None for the torch ops."""
         if self.backend == "torch" or (self.backend == "auto" and (
@@ -170,23 +178,23 @@ class Sampler:
             raise InvalidSamplingParams(f"backend={self.backend!r}: {e}") from None
         return sampler_ops
 
-    def _buf(self, name: str, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-        return self._ws.get(name, tuple(like.shape), dtype or like.dtype, like.device)
-
     # -- steps 1-5 -------------------------------------------------------------------
     def _prepare(self, logits: torch.Tensor, batch: SamplingBatch) -> Prepared:
         check_logits(logits, len(batch), batch.vocab_size, batch.device)
         if logits.dtype != torch.float32:  # bfloat16 / float16: upcast once, exactly
             logits = logits.to(torch.float32)
         k = self._kernels(logits.device)
-        sanitize = k.sanitize_rows if k else sanitize_rows
+
+        def sanitize(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+            return (*k.sanitize_rows(t), False) if k else sanitize_rows_flagged(t)
+
         x = self._runner.run(logits, batch)  # step 1 (detsample.processors.base)
-        raw, status, m = sanitize(logits)  # step 2 ("raw" = sanitised model logits)
+        raw, status, m, valid = sanitize(logits)  # step 2 ("raw" = sanitised model logits)
         if x is logits:
             x = raw
         else:
-            x, st, m = sanitize(x)
-            status = status | st
+            x, st, m, fine = sanitize(x)
+            status, valid = (status, valid) if fine and valid else (status | st, False)
         after_sanitize = x
         # Steps 3-5 never write into ``after_sanitize`` (it may alias the caller's logits):
         # a step that changes logits works on a copy, so ``x is after_sanitize`` means
@@ -194,9 +202,13 @@ class Sampler:
         x = apply_penalties_and_constraints(  # step 3
             x, batch, lambda: self._buf("constrained", x))
         unchanged = x is after_sanitize
-        x, status, mask_max = grammar_hooks.grammar_step(  # step 4: grammar mask
-            self.grammar_masker, batch, x, status, lambda: self._buf("mask", x),
-            row_max=m if unchanged else None)
+        mask_max = None
+        if batch.has_grammars:  # step 4: grammar mask
+            before = status
+            x, status, mask_max = grammar_hooks.grammar_step(
+                self.grammar_masker, batch, x, status, lambda: self._buf("mask", x),
+                row_max=m if unchanged else None)
+            valid = valid and status is before
         coo = batch.logit_bias_coo()  # step 5
         if coo is not None:
             x = apply_logit_bias_(x.clone() if x is after_sanitize else x, *coo)
@@ -204,19 +216,23 @@ class Sampler:
             if unchanged and coo is None and mask_max is not None:
                 m = mask_max  # only the mask changed x: its exact maxima (no +inf, no NaN)
             else:
-                x, st, m = sanitize(x)
-                status = status | st
-        return Prepared(raw=raw, x=x, status=status, row_max=m, kernels=k)
+                x, st, m, fine = sanitize(x)
+                if not fine:
+                    status, valid = status | st, False
+        return Prepared(raw=raw, x=x, status=status, row_max=m, all_valid=valid, kernels=k)
 
-    def _plan(self, batch: SamplingBatch, status: torch.Tensor) -> RowPlan:
+    def _plan(self, batch: SamplingBatch, prep: Prepared) -> RowPlan:
         """The batch's cached :class:`RowPlan`; rows without an admissible token this step
         (rare: a fully masked row) get a plan of their own that leaves them out."""
         def build(excluded: frozenset[int] = frozenset()) -> RowPlan:
             return plan_rows(batch.params, batch.vocab_size, self.filter_impl, batch.device,
-                             batch.temperatures, batch.greedy, excluded)
+                             batch.temperatures, batch.greedy,
+                             (batch.top_ks, batch.top_ps, batch.min_ps), excluded)
 
         plan = batch.derived(("row_plan", self.filter_impl), build)
-        dead = (status & STATUS_NO_VALID_TOKEN) != 0
+        if prep.all_valid:
+            return plan
+        dead = (prep.status & STATUS_NO_VALID_TOKEN) != 0
         if not bool(dead.any()):
             return plan
         return build(frozenset(dead.nonzero().flatten().tolist()))
@@ -225,8 +241,7 @@ class Sampler:
     def _greedy_tokens(self, prep: Prepared, plan: RowPlan) -> torch.Tensor:
         """(B,) argmax of x on greedy rows (on every row when "processed" logprobs need
         it), -1 elsewhere."""
-        rows = Rows.of(range(plan.size), plan.size, prep.x.device) if plan.greedy_for_all \
-            else plan.greedy
+        rows = plan.argmax
         if rows.every:
             return draw_ops.greedy_argmax(prep.x)
         out = torch.full((plan.size,), -1, dtype=torch.int64, device=prep.x.device)
@@ -238,7 +253,8 @@ class Sampler:
     def _scaled(self, prep: Prepared, plan: RowPlan) -> torch.Tensor:
         """z = (x - max) / T_eff for every row (T_eff = 1 on greedy rows)."""
         m = prep.row_max
-        m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # all -inf rows
+        if not prep.all_valid:
+            m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # all -inf rows
         scale = prep.kernels.scale_logits if prep.kernels else scale_logits
         return scale(prep.x, m, plan.temperatures, out=self._buf("z", prep.x))
 
@@ -246,8 +262,9 @@ class Sampler:
     def _cut(self, z: torch.Tensor, batch: SamplingBatch, plan: RowPlan,
              k: ModuleType | None = None, u: torch.Tensor | None = None) -> Cut:
         """Thresholds and exact kept mass of the sampling rows (a pure step: no draw).
-        With Triton kernels ``k`` the same step runs fused with the draw when the
-        uniforms ``u`` are given (``Cut.drawn``)."""
+        Each route of the plan gives a row the bits of the full sort; rows that a bounded
+        route cannot decide join the sort. With Triton kernels ``k`` the same step runs
+        fused with the draw when the uniforms ``u`` are given (``Cut.drawn``)."""
         B, V = z.shape
         if not plan.sampling:
             return Cut.none(B, z.device)
@@ -260,45 +277,106 @@ class Sampler:
         tau = torch.full((B,), NEG_INF, dtype=torch.float32, device=z.device)
         total = torch.zeros((B,), dtype=torch.int64, device=z.device)
         rt = plan.route
-        compact = None
+        compact: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]] = []
         sort_idx = [rt.sort.index] if rt.sort else []
         if rt.candidates:
-            ci = rt.candidates.index
-            vals, ids, fits = filter_ops.topk_candidates(rt.candidates.take(z),
-                                                         batch.top_ks[ci], rt.k_max)
-            n = filter_ops.kept_prefix_length(vals, batch.top_ks[ci], batch.top_ps[ci],
-                                              batch.min_ps[ci], frac)
-            if not self.deterministic or bool(fits.all()):  # fast mode: never spills
-                okr = ci
-            else:  # a tie group spills past k_max: those rows take the full sort
-                ok = fits.nonzero().flatten()
-                okr = ci[ok]
-                vals, ids, n = vals[ok], ids[ok], n[ok]
-                sort_idx.append(ci[~fits])
-            if okr.numel():
-                tau[okr] = vals.gather(1, (n - 1).unsqueeze(1)).squeeze(1)
-                sorted_ids, csum = draw_ops.compact_cdf(vals, ids, n, frac)
-                total[okr] = csum[:, -1]
-                compact = (okr, sorted_ids, csum)
+            sort_idx += self._small_top_k(z, batch, rt.candidates, rt.k_max, frac, tau,
+                                          total, compact)
+        if rt.nucleus:
+            sort_idx += self._nucleus(z, batch, rt.nucleus, frac, tau, total, compact)
         full_idx = list(sort_idx)
         if sort_idx:
-            si = torch.cat(sort_idx)
+            si = torch.cat(sort_idx) if len(sort_idx) > 1 else sort_idx[0]
             tau[si] = filter_ops.thresholds_by_sort(
                 z.index_select(0, si), batch.top_ks[si], batch.top_ps[si], batch.min_ps[si],
                 frac)
+        if rt.top_k_only:
+            ti = rt.top_k_only.index
+            tau[ti] = filter_ops.topk_threshold(rt.top_k_only.take(z), batch.top_ks[ti])
+            full_idx.append(ti)
         if rt.plain:
             full_idx.append(rt.plain.index)
         blocks = None
         if full_idx:
             fi = torch.cat(full_idx) if len(full_idx) > 1 else full_idx[0]
-            every = rt.plain.every and len(full_idx) == 1
-            zf = z if every else z.index_select(0, fi)
-            q, bsum = draw_ops.block_cdf(zf, tau[fi], batch.min_ps[fi], frac,
-                                         out=self._buf("w", zf),
-                                         q_out=self._buf("q", zf, torch.int64))
-            total[fi] = bsum[:, -1]
-            blocks = (fi, q, bsum)
-        return Cut(tau, total, compact, blocks)
+            every = len(full_idx) == 1 and fi.numel() == B and (
+                rt.plain.every or rt.top_k_only.every or rt.sort.every)
+            zf, tf, mf = (z, tau, batch.min_ps) if every else (
+                z.index_select(0, fi), tau[fi], batch.min_ps[fi])
+            q, bsum = draw_ops.block_cdf(zf, tf, mf, frac, out=self._buf("w", zf),
+                                         q_out=self._buf("q", zf, torch.int64),
+                                         cut_tau=len(full_idx) > bool(rt.plain),
+                                         cut_min_p=None if plan.any_min_p else False)
+            if every:
+                total = bsum[:, -1]
+            else:
+                total[fi] = bsum[:, -1]
+            blocks = (fi, q, bsum, every)
+        return Cut(tau, total, tuple(compact), blocks)
+
+    def _small_top_k(self, z, batch, rows: Rows, k_max: int, frac: int, tau, total,
+                     compact) -> list[torch.Tensor]:
+        """Rows with a small top-k: one bounded ``topk``; returns the rows whose tie group
+        at the boundary spills past ``k_max`` (they need the sort)."""
+        ci = rows.index
+        top_ks, top_ps, min_ps = rows.filters
+        vals, ids, fits = filter_ops.topk_candidates(rows.take(z), top_ks, k_max)
+        n = filter_ops.kept_prefix_length(vals, top_ks, top_ps, min_ps, frac)
+        if not self.deterministic or bool(fits.all()):  # fast mode: never spills
+            self._keep_compact(ci, rows.every, vals, ids, n, frac, tau, total, compact)
+            return []
+        ok = fits.nonzero().flatten()
+        if ok.numel():
+            self._keep_compact(ci[ok], False, vals[ok], ids[ok], n[ok], frac, tau, total,
+                               compact)
+        return [ci[~fits]]
+
+    def _nucleus(self, z, batch, rows: Rows, frac: int, tau, total, compact
+                 ) -> list[torch.Tensor]:
+        """Top-p rows without a small top-k: the exact mass of the top-k survivors, then
+        a bounded ``topk`` that grows until the nucleus ends inside it
+        (:func:`~detsample.ops.filters.nucleus_prefix`); returns the rows whose nucleus
+        outgrows ``V / CANDIDATE_RATIO`` candidates (they need the sort)."""
+        V = z.shape[1]
+        idx, every = rows.index, rows.every
+        zn = rows.take(z)
+        top_ks, top_ps, min_ps = rows.filters
+        thr = filter_ops.topk_threshold(zn, top_ks) if rows.any_top_k else None
+        mass = filter_ops.survivor_mass(zn, thr, frac, out=self._buf("w", zn),
+                                        q_out=self._buf("q", zn, torch.int64))
+        if thr is None:
+            thr = torch.full_like(min_ps, NEG_INF)
+        cap = max(V // CANDIDATE_RATIO, 1)
+        K = min(NUCLEUS_CANDIDATES, V)
+        while True:
+            vals, ids = torch.topk(zn, K, dim=-1, largest=True, sorted=True)
+            n, decided = filter_ops.nucleus_prefix(vals, thr, mass, top_ps, min_ps, frac)
+            if K == V or bool(decided.all()):
+                self._keep_compact(idx, every, vals, ids, n, frac, tau, total, compact)
+                return []
+            every = False
+            dec = decided.nonzero().flatten()
+            if dec.numel():
+                self._keep_compact(idx[dec], False, vals[dec], ids[dec], n[dec], frac, tau,
+                                   total, compact)
+            und = (~decided).nonzero().flatten()
+            plain = torch.isneginf(thr[und]) & (min_ps[und] == 0)  # the bound holds
+            need = filter_ops.mass_needed_bound(vals[und], mass[und], top_ps[und], frac)
+            grow = int(torch.where(plain, need, torch.zeros_like(need)).max()) + K + 1
+            K = min(max(K * NUCLEUS_GROWTH, grow), V)
+            if K > cap:
+                return [idx[und]]
+            idx, zn, thr, mass = idx[und], zn[und], thr[und], mass[und]
+            top_ps, min_ps = top_ps[und], min_ps[und]
+
+    @staticmethod
+    def _keep_compact(idx, every, vals, ids, n, frac, tau, total, compact) -> None:
+        """Record rows ``idx`` (``every``: all rows, in order) decided on candidates:
+        threshold, mass and CDF table."""
+        tau[idx] = vals.gather(1, (n - 1).unsqueeze(1)).squeeze(1)
+        sorted_ids, csum = draw_ops.compact_cdf(vals, ids, n, frac)
+        total[idx] = csum[:, -1]
+        compact.append((idx, sorted_ids, csum, every))
 
     # -- step 9 ----------------------------------------------------------------------
     @staticmethod
@@ -307,13 +385,17 @@ class Sampler:
         u: (B,) float64 per-row uniforms."""
         if cut.drawn is not None:
             return cut.drawn
-        tokens = torch.full(u.shape, -1, dtype=torch.int64, device=u.device)
-        if cut.compact is not None:
-            idx, ids, csum = cut.compact
-            tokens[idx] = draw_ops.draw_by_cdf(ids, csum, u[idx])
+        tables = [(draw_ops.draw_by_cdf, ids, csum, idx, every)
+                  for idx, ids, csum, every in cut.compact]
         if cut.blocks is not None:
-            idx, q, bsum = cut.blocks
-            tokens[idx] = draw_ops.draw_by_blocks(q, bsum, u[idx])
+            idx, q, bsum, every = cut.blocks
+            tables.append((draw_ops.draw_by_blocks, q, bsum, idx, every))
+        if len(tables) == 1 and tables[0][4]:  # one table for every row, in order
+            fn, a, b, _, _ = tables[0]
+            return fn(a, b, u)
+        tokens = torch.full(u.shape, -1, dtype=torch.int64, device=u.device)
+        for fn, a, b, idx, _ in tables:
+            tokens[idx] = fn(a, b, u[idx])
         return tokens
 
     # -- step 10 ---------------------------------------------------------------------
@@ -337,10 +419,12 @@ class Sampler:
 
     def _token_logprobs(self, prep: Prepared, z: torch.Tensor | None, cut: Cut,
                         batch: SamplingBatch, plan: RowPlan, tokens: torch.Tensor,
-                        greedy_tok: torch.Tensor) -> torch.Tensor:
-        """(B,) float32 logprob of ``tokens`` (-1 = none: -inf) in each row's mode."""
-        out = torch.full((plan.size,), NEG_INF, dtype=torch.float32, device=tokens.device)
-        safe = tokens.clamp(min=0)
+                        greedy_tok: torch.Tensor, some_none: bool) -> torch.Tensor:
+        """(B,) float32 logprob of ``tokens`` (-1 = none: -inf) in each row's mode;
+        ``some_none``: whether any token may be -1."""
+        out = torch.full((plan.size,), NEG_INF, dtype=torch.float32, device=tokens.device) \
+            if len(plan.modes) > 1 else None
+        safe = tokens.clamp(min=0) if some_none else tokens
         for mode, rows in plan.modes.items():
             picked = rows.take(safe)
             if mode == "processed":
@@ -352,11 +436,11 @@ class Sampler:
                     lp_ops.log_softmax
                 lsm = log_softmax(sub, out=self._buf("lsm", sub))
                 vals = lp_ops.gather_rows(lsm, picked)
-            if rows.every:
+            if out is None:
                 out = vals
             else:
                 out[rows.index] = vals
-        return out.masked_fill(tokens < 0, NEG_INF)
+        return out.masked_fill(tokens < 0, NEG_INF) if some_none else out
 
     def _top_logprobs(self, prep: Prepared, z: torch.Tensor | None, cut: Cut,
                       batch: SamplingBatch, plan: RowPlan, greedy_tok: torch.Tensor
@@ -401,7 +485,7 @@ class Sampler:
             return SampleOutput(torch.empty((0,), dtype=torch.int64, device=batch.device),
                                 torch.empty((0,), dtype=torch.float32, device=batch.device),
                                 None, batch.seeds.clone(), prep.status)
-        plan = self._plan(batch, prep.status)
+        plan = self._plan(batch, prep)
         greedy_tok = self._greedy_tokens(prep, plan)
         z = self._scaled(prep, plan) if plan.needs_scaled else None
         u = None
@@ -410,14 +494,17 @@ class Sampler:
                                                                               positions)
         cut = self._cut(z, batch, plan, prep.kernels, u) if z is not None else \
             Cut.none(B, batch.device)
-        if plan.sampling:
+        if plan.greedy.every:
+            tokens = greedy_tok
+        elif plan.sampling:
             drawn = self._draw(cut, u)
-            tokens = torch.where(batch.greedy, greedy_tok, drawn)
-        else:
+            tokens = torch.where(batch.greedy, greedy_tok, drawn) if plan.greedy else drawn
+        else:  # greedy rows and rows without an admissible token only
             tokens = torch.where(batch.greedy, greedy_tok, torch.full_like(greedy_tok, -1))
         if plan.excluded:
             tokens = tokens.masked_fill((prep.status & STATUS_NO_VALID_TOKEN) != 0, -1)
-        logprobs = self._token_logprobs(prep, z, cut, batch, plan, tokens, greedy_tok)
+        logprobs = self._token_logprobs(prep, z, cut, batch, plan, tokens, greedy_tok,
+                                        some_none=bool(plan.excluded))
         top = self._top_logprobs(prep, z, cut, batch, plan, greedy_tok)
         return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
                             seeds=batch.seeds.clone(), status=prep.status)
@@ -439,7 +526,7 @@ class Sampler:
         B = len(batch)
         if B == 0:
             return torch.empty((0,), dtype=torch.float32, device=batch.device)
-        plan = self._plan(batch, prep.status)
+        plan = self._plan(batch, prep)
         greedy_tok = self._greedy_tokens(prep, plan)
         z = self._scaled(prep, plan) if plan.needs_scaled else None
         processed = "processed" in plan.modes
@@ -447,4 +534,6 @@ class Sampler:
             Cut.none(B, batch.device)
         if plan.excluded:
             token_ids = token_ids.masked_fill((prep.status & STATUS_NO_VALID_TOKEN) != 0, -1)
-        return self._token_logprobs(prep, z, cut, batch, plan, token_ids, greedy_tok)
+        some_none = bool(plan.excluded) or bool((token_ids < 0).any())
+        return self._token_logprobs(prep, z, cut, batch, plan, token_ids, greedy_tok,
+                                    some_none)

@@ -181,11 +181,15 @@ def row_ids_tensor(name: str, t: Any, rows: int, device: torch.device, *, lowest
              f"{t.dtype} {tuple(t.shape)}")
     t = t.to(device=device, dtype=torch.int64)
     if t.numel():
-        lo, hi = torch.aminmax(t)
-        if int(lo) < lowest:
-            fail(f"{name} must be >= {lowest}, got {int(lo)}")
-        if upper is not None and int(hi) >= upper:
-            fail(f"{name} must be < vocab_size ({upper}), got {int(hi)}")
+        if t.device.type == "cpu":  # host values: no tensor operations for two numbers
+            a = t.numpy()
+            lo, hi = int(a.min()), int(a.max())
+        else:
+            lo, hi = (int(v) for v in torch.aminmax(t))
+        if lo < lowest:
+            fail(f"{name} must be >= {lowest}, got {lo}")
+        if upper is not None and hi >= upper:
+            fail(f"{name} must be < vocab_size ({upper}), got {hi}")
     return t
 
 

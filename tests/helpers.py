@@ -36,9 +36,19 @@ def params_strategy(vocab_size: int, with_bias: bool = True):
 
 
 def logits_rows(rng: np.random.Generator, B: int, V: int, family: str) -> np.ndarray:
-    """Synthetic logits families: random, ties, onehot, neginf, nan, huge, mixed."""
+    """Synthetic logits families: random, ties, onehot, neginf, nan, huge, mixed, peaked
+    (a language-model-like head of a dozen lifted tokens), bf16 (random values rounded to
+    bfloat16, so many ties)."""
     x = rng.standard_normal((B, V)).astype(np.float32) * 3
-    if family == "ties":
+    if family == "peaked":
+        x = rng.standard_normal((B, V)).astype(np.float32) * 2
+        n = min(12, V)
+        for i in range(B):
+            x[i, rng.choice(V, n, replace=False)] += (14.0 - 2.0 * np.log2(np.arange(n) + 1)
+                                                      ).astype(np.float32)
+    elif family == "bf16":
+        x = torch.from_numpy(x).to(torch.bfloat16).to(torch.float32).numpy()
+    elif family == "ties":
         x = np.round(x).astype(np.float32)
     elif family == "onehot":
         x = np.full((B, V), -5.0, np.float32)

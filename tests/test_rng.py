@@ -88,3 +88,21 @@ def test_same_bits_as_triton_philox():
     r = subprocess.run([sys.executable, "-c", TRITON_SCRIPT], env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+@given(st.lists(st.tuples(st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1)), min_size=1,
+                max_size=64))
+def test_host_rounds_equal_tensor_rounds(pairs):
+    """CPU tensors take numpy rounds (a few operations instead of ~150 tensor operations
+    per call); the bits equal the tensor rounds (the form a GPU runs) and the oracle."""
+    import numpy as np
+    from detsample.rng import MASK32, STREAM_DRAW, _TWO_POW_M52
+    seeds = torch.tensor([s for s, _ in pairs])
+    pos = torch.tensor([p for _, p in pairs])
+    w0, w1, _, _ = philox4x32(seeds, pos & MASK32, (pos >> 32) & MASK32,
+                              torch.full_like(pos, STREAM_DRAW), torch.zeros_like(pos))
+    want = (((w0 << 20) | (w1 >> 12)).to(torch.float64) + 0.5) * _TWO_POW_M52
+    got = row_uniforms(seeds, pos)
+    assert got.dtype == torch.float64 and torch.equal(got, want)
+    assert got.tolist() == [orng.row_uniform(s, p) for s, p in pairs]
+    assert np.all((got.numpy() > 0) & (got.numpy() < 1))

@@ -11,8 +11,8 @@ from detsample.rowplan import plan_rows
 V = 400
 PARAMS = [SamplingParams(temperature=0.0, seed=0),                       # greedy
           SamplingParams(temperature=0.7, top_k=20, seed=1),             # candidates
-          SamplingParams(temperature=0.7, top_k=200, seed=2),            # large k: sort
-          SamplingParams(temperature=0.7, top_p=0.9, seed=3),            # top-p only
+          SamplingParams(temperature=0.7, top_k=200, seed=2),            # large k only
+          SamplingParams(temperature=0.7, top_p=0.9, seed=3),            # nucleus
           SamplingParams(temperature=0.7, min_p=0.1, seed=4, logprobs=2,  # plain
                          logprobs_mode="processed")]
 
@@ -22,24 +22,30 @@ def _batch(ps=PARAMS):
 
 
 def _plan(b, impl="auto"):
-    return plan_rows(b.params, V, impl, b.device, b.temperatures, b.greedy)
+    return plan_rows(b.params, V, impl, b.device, b.temperatures, b.greedy,
+                     (b.top_ks, b.top_ps, b.min_ps))
 
 
 def test_rows_routed_by_their_own_parameters():
     p = _plan(_batch())
     assert p.greedy.rows == (0,) and p.sampling.rows == (1, 2, 3, 4)
     assert p.route.candidates.rows == (1,) and p.route.k_max == 20
-    assert p.route.sort.rows == (2, 3) and p.route.plain.rows == (4,)
+    assert p.route.top_k_only.rows == (2,) and p.route.nucleus.rows == (3,)
+    assert p.route.candidates.filters[0].tolist() == [20] and p.route.candidates.any_top_k
+    assert p.route.nucleus.filters[1].tolist() == [0.9] and not p.route.nucleus.any_top_k
+    assert not p.route.sort and p.route.plain.rows == (4,)
     assert set(p.modes) == {"raw", "processed"} and p.top["processed"].rows == (4,)
     assert p.max_top == 2 and p.want_top.tolist() == [0, 0, 0, 0, 2]
     assert p.temperatures[0, 0] == 1.0 and p.temperatures[1, 0] == torch.tensor(0.7)
     s = _plan(_batch(), "sort")
-    assert not s.route.candidates and s.route.sort.rows == (1, 2, 3)
+    assert not s.route.candidates and not s.route.nucleus and not s.route.top_k_only
+    assert s.route.sort.rows == (1, 2, 3) and s.route.plain.rows == (4,)
 
 
 def test_excluded_rows_leave_sampling_and_top_rows_but_not_the_width():
-    p = plan_rows(_batch().params, V, "auto", torch.device("cpu"), _batch().temperatures,
-                  _batch().greedy, frozenset({4}))
+    b = _batch()
+    p = plan_rows(b.params, V, "auto", torch.device("cpu"), b.temperatures, b.greedy,
+                  (b.top_ks, b.top_ps, b.min_ps), frozenset({4}))
     assert p.sampling.rows == (1, 2, 3) and "processed" not in p.top and p.max_top == 2
 
 

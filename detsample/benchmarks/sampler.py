@@ -1,10 +1,19 @@
 """Sampler benchmarks shared by ``detsample bench`` and tests/bench (pytest-benchmark).
 
-Median wall time over repeats, after a warm-up call, with an explicit torch thread
-count (set and restored by :func:`threads`). Never used by tests as an assertion.
-On ``device="cuda"`` each call is bracketed by ``torch.cuda.synchronize`` and the table
-gains the torch backend on the GPU and a bare ``torch.log_softmax`` over the same
-logits (the yardstick of docs/gpu.md).
+One case is (B, V, config, logits family). Every path of a case is timed in the same run,
+round-robin (repeat r of every path before repeat r + 1 of any), after a warm-up call, with
+an explicit torch thread count (set and restored by :func:`threads`), so their ratios hold
+even on a loaded machine. The median wall time is reported, and the number of torch
+operator calls of one call (:func:`count_ops`). Never used by tests as an assertion.
+
+Paths: ``detsample`` (``Sampler()``), ``detsample sort`` (``filter_impl="sort"``, the
+reference semantics; filtered configs only), the peers' algorithms of
+:mod:`detsample.benchmarks.peers`, and bare baselines (a stable sort of the scaled logits;
+``argmax`` + ``log_softmax`` for greedy).
+
+On ``device="cuda"`` each call is bracketed by ``torch.cuda.synchronize``; the peers'
+CPU algorithms are left out, and the table gains the torch backend on the GPU and a bare
+``torch.log_softmax`` over the same logits (the yardstick of docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -16,17 +25,27 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from detsample.batch import SamplingBatch
-from detsample.threads import torch_threads
+from detsample.benchmarks import peers
 from detsample.params import Request, SamplingParams
 from detsample.sampler import Sampler
+from detsample.threads import torch_threads
 
 CONFIGS: dict[str, dict] = {
     "topk50_topp0.9_T0.8": dict(temperature=0.8, top_k=50, top_p=0.9),
+    "topp0.9_T0.8": dict(temperature=0.8, top_p=0.9),
+    "minp0.1_T0.8": dict(temperature=0.8, min_p=0.1),
     "T0.8": dict(temperature=0.8),
     "greedy": dict(temperature=0.0),
 }
+LOGITS = ("peaked", "gaussian")
+
+#: deterministic peers (reproducible for a seed) and non-reproducible shortcuts
+DETERMINISTIC_PEERS = ("SGLang deterministic", "vLLM seeded")
+SHORTCUT_PEERS = ("SGLang shortcut", "vLLM unseeded")
+GREEDY_PEER = "SGLang / vLLM greedy"
 
 
 def threads(n: int | None):
@@ -35,18 +54,43 @@ def threads(n: int | None):
 
 
 def median_ms(fn: Callable[[], object], repeat: int, device: str = "cpu") -> float:
-    """Median ms of ``fn`` over ``repeat`` calls after one warm-up; on CUDA each call is
-    synchronised before and after."""
+    """Median wall time of ``fn`` in ms over ``repeat`` calls after one warm-up call; on
+    CUDA each call is synchronised before and after."""
+    return round_robin_ms({"fn": fn}, repeat, device)["fn"]
+
+
+def round_robin_ms(fns: dict[str, Callable[[], object]], repeat: int,
+                   device: str = "cpu") -> dict[str, float]:
+    """Median ms of each function, timed round-robin after one warm-up call each."""
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-    fn()
-    times = []
-    for _ in range(repeat):
-        sync()
-        t0 = time.perf_counter()
+    for fn in fns.values():
         fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
+class _OpCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(fn: Callable[[], object]) -> int:
+    """The number of torch operator calls (aten ops, as dispatched) of one call of ``fn``."""
+    with _OpCounter() as c:
+        fn()
+    return c.count
 
 
 @dataclass(frozen=True)
@@ -54,92 +98,123 @@ class Case:
     B: int
     V: int
     config: str
+    logits: str = "peaked"
+
+
+def make_logits(case: Case, seed: int = 0, device: str = "cpu") -> torch.Tensor:
+    """(B, V) float32 logits of the case's family.
+
+    ``gaussian``: N(0, 3^2) i.i.d. (a flat top: top-p 0.9 keeps thousands of tokens).
+    ``peaked``: N(0, 2^2) plus 24 random tokens per row lifted by 16 - 2 log2(rank + 1),
+    a language-model-like head (the top token holds roughly half the mass; top-p 0.9 at
+    T = 0.8 keeps a few to a few dozen tokens).
+    """
+    g = torch.Generator().manual_seed(seed)
+    if case.logits == "gaussian":
+        return (torch.randn(case.B, case.V, generator=g) * 3).to(device)
+    x = torch.randn(case.B, case.V, generator=g) * 2
+    n = min(24, case.V)
+    lift = 16.0 - 2.0 * torch.log2(torch.arange(n, dtype=torch.float32) + 1)
+    for i in range(case.B):
+        ids = torch.randperm(case.V, generator=g)[:n]
+        x[i, ids] += lift
+    return x.to(device)
 
 
 def make_inputs(case: Case, seed: int = 0, device: str = "cpu"):
-    g = torch.Generator().manual_seed(seed)
-    logits = (torch.randn(case.B, case.V, generator=g) * 3).to(device)
+    logits = make_logits(case, seed, device)
     reqs = [Request(f"r{i}", SamplingParams(seed=i, **CONFIGS[case.config]))
             for i in range(case.B)]
     positions = torch.arange(case.B, dtype=torch.int64, device=device) + 100
     return logits, reqs, positions
 
 
-def exponential_race(logits: torch.Tensor, batch: SamplingBatch, generator: torch.Generator
-                     ) -> torch.Tensor:
-    """The conventional engine path, for comparison only (not batch-invariant): softmax
-    over the temperature-scaled logits, top-k/top-p by a sort (or a bounded topk), and
-    ``argmax(p / Exp(1))`` noise from one generator for the whole batch."""
-    z = logits / batch.temperatures.clamp(min=1e-6)
-    flags = batch.flags
-    ids = None
-    if flags.need_top_k or flags.need_top_p:
-        if flags.max_top_k is not None:
-            z, ids = torch.topk(z, flags.max_top_k, dim=-1)
-        else:
-            z, ids = torch.sort(z, dim=-1, descending=True)
-        pos = torch.arange(z.shape[1]).unsqueeze(0)
-        z = z.masked_fill(pos >= batch.top_ks.unsqueeze(1).long(), float("-inf"))
-    probs = torch.softmax(z, dim=-1)
-    if flags.need_top_p:
-        excl = probs.cumsum(-1) - probs
-        probs = probs.masked_fill(excl >= batch.top_ps.unsqueeze(1).float(), 0.0)
-    pick = (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(-1)
-    return pick if ids is None else ids.gather(1, pick.unsqueeze(1)).squeeze(1)
-
-
-def paths(case: Case, device: str = "cpu") -> dict[str, Callable[[], object]]:
-    """The measured paths of one case, keyed by name."""
+def paths(case: Case, sglang_multinomial: Callable | None = None,
+          fast: bool = False, device: str = "cpu") -> dict[str, Callable[[], object]]:
+    """The measured paths of one case, keyed by name (see the module docstring).
+    ``sglang_multinomial``: the seeded Gumbel-max SGLang deterministic path uses
+    (:func:`peers.compiled_multinomial`; default the eager one). ``fast`` adds
+    ``Sampler(deterministic=False)``."""
     logits, reqs, pos = make_inputs(case, device=device)
     batch = SamplingBatch.from_requests(reqs, case.V, device=device)
-    det, fast = Sampler(), Sampler(deterministic=False)
-    alone = [SamplingBatch.from_requests([r], case.V, device=device) for r in reqs]
-
-    def loop():
-        for i, b in enumerate(alone):
-            det.sample(logits[i:i + 1], b, pos[i:i + 1])
-
-    out = {
-        "deterministic": lambda: det.sample(logits, batch, pos),
-        "fast": lambda: fast.sample(logits, batch, pos),
-        "per-request loop": loop,
-    }
-    if torch.device(device).type == "cuda":  # "deterministic" is the Triton backend there
+    det = Sampler()
+    out = {"detsample": lambda: det.sample(logits, batch, pos)}
+    if fast:
+        quick = Sampler(deterministic=False)
+        out["detsample fast"] = lambda: quick.sample(logits, batch, pos)
+    if torch.device(device).type == "cuda":  # "detsample" is the Triton backend there
         torch_backend = Sampler(backend="torch")
         out["torch backend"] = lambda: torch_backend.sample(logits, batch, pos)
         lsm_only = torch.empty_like(logits)
         out["bare log_softmax"] = lambda: torch.log_softmax(logits, -1, out=lsm_only)
+        return out
+    pb = peers.PeerBatch.of([r.params for r in reqs], pos, case.V)
     if case.config == "greedy":
         lsm = torch.empty_like(logits)
+        out[GREEDY_PEER] = lambda: peers.greedy(logits, pb)
         out["bare argmax+log_softmax"] = lambda: (torch.argmax(logits, -1),
                                                   torch.log_softmax(logits, -1, out=lsm))
-    else:
-        out["exponential race (engine-style)"] = lambda: exponential_race(
-            logits, batch, torch.Generator(device=device).manual_seed(0))
+        return out
+    filtered = any(k in CONFIGS[case.config] for k in ("top_k", "top_p", "min_p"))
+    if filtered:
+        ref = Sampler(filter_impl="sort")
+        out["detsample sort"] = lambda: ref.sample(logits, batch, pos)
+    multinomial = sglang_multinomial or peers.multinomial_with_seed
+    out["SGLang deterministic"] = lambda: peers.sglang_deterministic(logits, pb, multinomial)
+    out["SGLang shortcut"] = lambda: peers.sglang_shortcut(logits, pb)
+    out["vLLM seeded"] = lambda: peers.vllm_seeded(logits, pb)
+    out["vLLM unseeded"] = lambda: peers.vllm_unseeded(logits, pb)
+    if filtered:
+        z = logits / pb.temperatures
+        out["bare stable sort"] = lambda: torch.sort(z, dim=-1, descending=True, stable=True)
     return out
 
 
 def run(batches=(1, 8, 64), vocabs=(32000, 152064), configs=tuple(CONFIGS),
-        repeat: int = 7, n_threads: int | None = 2, skip_loop_above: int = 64,
-        device: str = "cpu") -> list[dict]:
+        repeat: int = 7, n_threads: int | None = 2, logits: str = "peaked",
+        compile_sglang: bool = True, fast: bool = False, device: str = "cpu") -> list[dict]:
+    """One row per (V, B, config, path): median ms and torch ops per call."""
     rows = []
-    digits = 3 if torch.device(device).type == "cuda" else 2
+    cuda = torch.device(device).type == "cuda"
     with threads(n_threads):
+        multinomial, how = (peers.compiled_multinomial() if compile_sglang and not cuda
+                            else (peers.multinomial_with_seed, "eager"))
         for V in vocabs:
             for B in batches:
                 for cfg in configs:
-                    case = Case(B, V, cfg)
-                    for name, fn in paths(case, device).items():
-                        if name == "per-request loop" and B > skip_loop_above:
-                            continue
-                        rows.append(dict(B=B, V=V, config=cfg, path=name, device=device,
-                                         median_ms=round(median_ms(fn, repeat, device),
-                                                         digits)))
+                    fns = paths(Case(B, V, cfg, logits), multinomial, fast, device)
+                    ms = round_robin_ms(fns, repeat, device)
+                    for name, fn in fns.items():
+                        label = f"{name} ({how})" if name == "SGLang deterministic" else name
+                        rows.append(dict(B=B, V=V, config=cfg, logits=logits, path=label,
+                                         device=device, median_ms=round(ms[name], 3),
+                                         ops=count_ops(fn)))
     return rows
 
 
+def _cell(r: dict | None) -> str:
+    return "" if r is None else f"{r['median_ms']:.3g}"
+
+
 def markdown(rows: list[dict]) -> str:
-    lines = ["| V | B | config | path | median ms |", "|---|---|---|---|---|"]
+    """One line per (V, B, config): every path's median ms, detsample's op count, and
+    detsample's time over the best deterministic peer and the best shortcut peer."""
+    order: list[str] = []
     for r in rows:
-        lines.append(f"| {r['V']} | {r['B']} | {r['config']} | {r['path']} | {r['median_ms']} |")
+        if r["path"] not in order:
+            order.append(r["path"])
+    head = ["V", "B", "config", "detsample ops"] + order + [
+        "detsample / best deterministic peer", "detsample / best shortcut peer"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    cases: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        cases.setdefault((r["V"], r["B"], r["config"]), {})[r["path"]] = r
+    for (V, B, cfg), by in cases.items():
+        det = by.get("detsample")
+        cells = [str(V), str(B), cfg, str(det["ops"]) if det else ""]
+        cells += [_cell(by.get(p)) for p in order]
+        for group in (DETERMINISTIC_PEERS + (GREEDY_PEER,), SHORTCUT_PEERS + (GREEDY_PEER,)):
+            best = [r["median_ms"] for p, r in by.items() if p.split(" (")[0] in group]
+            cells.append(f"{det['median_ms'] / min(best):.2f}x" if det and best else "")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

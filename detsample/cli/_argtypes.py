@@ -12,3 +12,15 @@ def positive_int(text: str) -> int:
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
     return v
+
+
+def positive_int_list(text: str) -> list[int]:
+    """Comma-separated ints >= 1 ("1,8,64"), else an argparse error naming the value."""
+    try:
+        values = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be integers separated by commas, got {text}") \
+            from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return values

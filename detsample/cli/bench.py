@@ -1,4 +1,5 @@
-"""``detsample bench``: sampler timings (median ms) as a markdown table or JSON."""
+"""``detsample bench``: sampler timings against the peers' algorithms (median ms, torch
+ops per call) as a markdown table or JSON."""
 
 from __future__ import annotations
 
@@ -6,28 +7,40 @@ import argparse
 import json
 import sys
 
-from detsample.cli._argtypes import positive_int
+from detsample.cli._argtypes import positive_int, positive_int_list
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from detsample.benchmarks.sampler import CONFIGS
+    from detsample.benchmarks.sampler import CONFIGS, LOGITS
 
-    p = sub.add_parser("bench", help="benchmark the sampler (median ms per step)",
-                       description="Time Sampler.sample (deterministic and fast mode) against "
-                                   "baselines; prints a markdown table of median ms.",
+    p = sub.add_parser("bench", help="benchmark the sampler against the peers (median ms)",
+                       description="Time Sampler.sample against re-implementations of the "
+                                   "peers' CPU sampling algorithms (SGLang deterministic and "
+                                   "shortcut, vLLM seeded and unseeded) and bare baselines, "
+                                   "round-robin in one run; prints a markdown table of median "
+                                   "ms with detsample's torch op count per call.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--batch", type=positive_int, nargs="+", default=[1, 8, 64], help="batch sizes")
-    p.add_argument("--vocab", type=positive_int, nargs="+", default=[32000, 152064], help="vocab sizes")
+    p.add_argument("--batch", type=positive_int_list, nargs="+", default=[[1, 8, 64]],
+                   metavar="B[,B...]", help="batch sizes, e.g. 1,8,64")
+    p.add_argument("--vocab", type=positive_int_list, nargs="+", default=[[32000, 152064]],
+                   metavar="V[,V...]", help="vocab sizes")
     p.add_argument("--config", nargs="+", default=list(CONFIGS), choices=list(CONFIGS),
                    metavar="NAME", help=f"sampling configs: {', '.join(CONFIGS)}")
+    p.add_argument("--logits", default="peaked", choices=LOGITS,
+                   help="logits family: peaked (language-model-like) or gaussian (flat)")
     p.add_argument("--repeat", type=positive_int, default=7, help="timed repeats per path")
     p.add_argument("--threads", type=positive_int, default=2, help="torch intra-op threads")
-    p.add_argument("--quick", action="store_true", help="B=8, V=32000, 3 repeats (overrides --batch/--vocab/--repeat)")
+    p.add_argument("--no-compile", action="store_true",
+                   help="run SGLang's seeded Gumbel-max eagerly instead of torch.compile-d")
+    p.add_argument("--fast", action="store_true",
+                   help="also time Sampler(deterministic=False)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="where the logits live (cuda: the Triton backend, synchronised "
-                        "timings)")
+                        "timings, no CPU peers)")
     p.add_argument("--matmul", action="store_true",
                    help="(cuda) also time the batch-invariant matmul against cuBLAS")
+    p.add_argument("--quick", action="store_true",
+                   help="B=8, V=32000, 3 repeats, no compile (overrides those options)")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     p.set_defaults(func=run)
 
@@ -43,10 +56,13 @@ def run(args: argparse.Namespace) -> int:
     if args.matmul and args.device != "cuda":
         print("detsample bench: error: --matmul needs --device cuda", file=sys.stderr)
         return 2
+    batches = [b for group in args.batch for b in group]
+    vocabs = [v for group in args.vocab for v in group]
     if args.quick:
-        args.batch, args.vocab, args.repeat = [8], [32000], 3
-    rows = benchmark.run(tuple(args.batch), tuple(args.vocab), tuple(args.config), args.repeat,
-                         args.threads, device=args.device)
+        batches, vocabs, args.repeat, args.no_compile = [8], [32000], 3, True
+    rows = benchmark.run(tuple(batches), tuple(vocabs), tuple(args.config), args.repeat,
+                         args.threads, args.logits, not args.no_compile, args.fast,
+                         device=args.device)
     print(benchmark.markdown(rows))
     report: dict | list = rows
     if args.matmul:

@@ -2,17 +2,15 @@
 
 ``detsample probe ops`` probes single ops; ``detsample probe model MODEL`` probes a causal
 LM. Exit codes: 0 every check holds, 1 a check fails, 2 usage error (unknown model, a
-factory that does not import, an unavailable device or mode, an unwritable --json).
+factory that does not import, an unavailable device, an unwritable --json).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import inspect
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from detsample.cli._argtypes import positive_int
 
@@ -80,21 +78,6 @@ def _error(msg: str) -> int:
     return 2
 
 
-_NO_MODE = ("the batch-invariant mode is not available in this detsample "
-            "(detsample.invariant is not installed)")
-
-
-def _invariant_mode() -> Callable[[], Any] | None:
-    """``detsample.invariant.batch_invariant`` when this build has the mode, else None."""
-    try:
-        mod = importlib.import_module("detsample.invariant")
-    except ModuleNotFoundError as e:
-        if e.name in ("detsample.invariant", "detsample"):
-            return None
-        raise
-    return getattr(mod, "batch_invariant", None)
-
-
 def _emit(report: Any, path: str | None) -> int | None:
     """Print the table and write ``--json``; 2 when the JSON cannot be written."""
     from detsample.probe.report import dumps
@@ -116,11 +99,9 @@ def run_ops(args: argparse.Namespace) -> int:
     from detsample.probe.ops import probe_ops
     from detsample.probe.report import OpsReport
 
-    mode = None
-    if args.batch_invariant:
-        mode = _invariant_mode()
-        if mode is None:
-            return _error(f"--batch-invariant: {_NO_MODE}")
+    from detsample.invariant import batch_invariant
+
+    mode = batch_invariant if args.batch_invariant else None
     try:
         platform = platform_fingerprint(args.device)
         results = probe_ops(args.device, args.dtype, args.threads, ops=args.op, mode=mode)
@@ -136,13 +117,8 @@ def run_model(args: argparse.Namespace) -> int:
     from detsample.models import ModelError, load_model
     from detsample.probe.model import probe_model
 
-    kw: dict[str, Any] = {}
-    if args.batch_invariant:
-        if "batch_invariant" not in inspect.signature(load_model).parameters:
-            return _error(f"--batch-invariant: {_NO_MODE}")
-        kw["batch_invariant"] = True
     try:
-        model = load_model(args.model, **kw)
+        model = load_model(args.model, batch_invariant=args.batch_invariant)
         device = getattr(model, "device", "cpu")
         report = probe_model(model, platform=platform_fingerprint(device), target=args.model)
     except ModelError as e:

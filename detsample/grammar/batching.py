@@ -87,7 +87,9 @@ def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, status: torch.Te
         x, rows, maxima = masker.masked_step(x, live, row_max,
                                              scratch() if scratch is not None else None)
         if rows and maxima is not None:
-            status = status | torch.isneginf(maxima[:, 0]).to(status.dtype) * STATUS_NO_VALID_TOKEN
+            dead = torch.isneginf(maxima[:, 0])
+            if bool(dead.any()):  # (status stays the same object when nothing changed)
+                status = status | dead.to(status.dtype) * STATUS_NO_VALID_TOKEN
     failed = [i for i, g in enumerate(grammars) if g is not None and g.failed]
     # A live row whose grammar is already terminated (a resumed request whose existing
     # output ended the grammar) has nothing left to generate: token -1, never a free one.

@@ -43,13 +43,20 @@ def log_softmax(self: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tens
     return _softmax_like(self, dim, half_to_float, log=True)
 
 
-def mean_dim(self: torch.Tensor, dim: Sequence[int] | int | None, keepdim: bool = False, *,
-             dtype: torch.dtype | None = None) -> torch.Tensor:
-    """aten ``mean.dim(self, dim, keepdim=False, *, dtype=None)``: the reduced dims are
-    moved last and each remaining index is one program (fixed block order)."""
+def safe_softmax(self: torch.Tensor, dim: int, dtype: torch.dtype | None = None
+                 ) -> torch.Tensor:
+    """aten ``_safe_softmax(self, dim, dtype=None)``: softmax, zeros for a slice of only
+    ``-inf`` (the attention masks' fully masked rows)."""
     x = self if dtype is None else self.to(dtype)
-    if not x.dtype.is_floating_point:
-        raise ValueError(f"mean needs a floating dtype, got {x.dtype}")
+    dim = dim % max(x.dim(), 1)
+    moved = x.movedim(dim, -1).contiguous() if x.dim() else x.reshape(1)
+    y = rowwise.softmax_rows(moved.reshape(-1, moved.shape[-1]), safe=True)
+    return y.reshape(moved.shape).movedim(-1, dim).contiguous() if x.dim() else y.reshape(())
+
+
+def _reduce(x: torch.Tensor, dim: Sequence[int] | int | None, keepdim: bool,
+            mean: bool) -> torch.Tensor:
+    """Sum or mean over ``dim`` (None or []: every dim), one program per kept index."""
     nd = x.dim()
     if dim is None:
         dims = list(range(nd))
@@ -63,10 +70,43 @@ def mean_dim(self: torch.Tensor, dim: Sequence[int] | int | None, keepdim: bool 
     for d in dims:
         n *= x.shape[d]
     rows = x.permute(keep + dims).contiguous().reshape(-1, n) if nd else x.reshape(1, 1)
-    out = rowwise.mean_rows(rows).reshape([x.shape[d] for d in keep])
+    out = rowwise.sum_rows(rows, mean=mean).reshape([x.shape[d] for d in keep])
     if keepdim:
         out = out.reshape([1 if d in dims else x.shape[d] for d in range(nd)])
     return out
+
+
+def mean_dim(self: torch.Tensor, dim: Sequence[int] | int | None, keepdim: bool = False, *,
+             dtype: torch.dtype | None = None) -> torch.Tensor:
+    """aten ``mean.dim(self, dim, keepdim=False, *, dtype=None)``: the reduced dims are
+    moved last and each remaining index is one program (fixed block order)."""
+    x = self if dtype is None else self.to(dtype)
+    if not x.dtype.is_floating_point:
+        raise ValueError(f"mean needs a floating dtype, got {x.dtype}")
+    return _reduce(x, dim, keepdim, mean=True)
+
+
+def mean(self: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """aten ``mean(self, *, dtype=None)``: every element, as one row."""
+    return mean_dim(self, None, False, dtype=dtype)
+
+
+def sum_dim(self: torch.Tensor, dim: Sequence[int] | int | None, keepdim: bool = False, *,
+            dtype: torch.dtype | None = None) -> torch.Tensor:
+    """aten ``sum.dim_IntList(self, dim, keepdim=False, *, dtype=None)``: floating sums by
+    one program per kept index; integer and bool tensors (exact sums) by the native
+    ``sum.IntList_out`` kernel, which the mode does not override."""
+    if not (self.dtype if dtype is None else dtype).is_floating_point:
+        dims = [] if dim is None else ([dim] if isinstance(dim, int) else list(dim))
+        out_dtype = dtype or (torch.int64 if not self.dtype.is_floating_point else self.dtype)
+        ref = torch.empty((0,), dtype=out_dtype, device=self.device)
+        return torch.ops.aten.sum.IntList_out(self, dims, keepdim, dtype=dtype, out=ref)
+    return _reduce(self if dtype is None else self.to(dtype), dim, keepdim, mean=False)
+
+
+def sum_all(self: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """aten ``sum(self, *, dtype=None)``: every element, as one row."""
+    return sum_dim(self, None, False, dtype=dtype)
 
 
 def _rms_setup(input: torch.Tensor, normalized_shape: Sequence[int], eps: float | None
@@ -114,6 +154,34 @@ def addmm(self: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta=1,
     return matmul.addmm(self, mat1, mat2, beta=beta, alpha=alpha)
 
 
+def baddbmm(self: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta=1,
+            alpha=1) -> torch.Tensor:
+    """aten ``baddbmm(self, batch1, batch2, *, beta=1, alpha=1)``."""
+    return matmul.baddbmm(self, batch1, batch2, beta=beta, alpha=alpha)
+
+
+def mv(self: torch.Tensor, vec: torch.Tensor) -> torch.Tensor:
+    """aten ``mv(self (M, K), vec (K,)) -> (M,)``: a one-column ``mm``."""
+    return matmul.mm(self, vec.unsqueeze(1)).squeeze(1)
+
+
+def dot(self: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+    """aten ``dot(self (K,), tensor (K,)) -> ()``: a one-row, one-column ``mm``."""
+    return matmul.mm(self.unsqueeze(0), tensor.unsqueeze(1)).reshape(())
+
+
+def native_layer_norm(input: torch.Tensor, normalized_shape: Sequence[int],
+                      weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """aten ``native_layer_norm -> (out, mean, rstd)``; mean and rstd shaped like input
+    with the normalised dims kept as 1, in the compute dtype."""
+    x2, _, e = _rms_setup(input, normalized_shape, eps)
+    out, mu, rstd = rowwise.layer_norm_rows(x2, weight, bias, e)
+    k = len(normalized_shape)
+    stat = tuple(input.shape[:input.dim() - k]) + (1,) * k
+    return out.reshape(input.shape), mu.reshape(stat), rstd.reshape(stat)
+
+
 def bmm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
     """aten ``bmm(self, mat2)``."""
     return matmul.bmm(self, mat2)
@@ -123,11 +191,19 @@ CUDA_IMPLS: dict[str, Callable] = {
     "mm": mm,
     "addmm": addmm,
     "bmm": bmm,
+    "baddbmm": baddbmm,
+    "mv": mv,
+    "dot": dot,
+    "sum": sum_all,
+    "sum.dim_IntList": sum_dim,
+    "mean": mean,
+    "mean.dim": mean_dim,
     "_softmax": softmax,
     "_log_softmax": log_softmax,
-    "mean.dim": mean_dim,
+    "_safe_softmax": safe_softmax,
     "rms_norm": rms_norm,
     "_fused_rms_norm": fused_rms_norm,
+    "native_layer_norm": native_layer_norm,
 }
 
 #: transformers AttentionInterface function (register as "detsample")

@@ -10,7 +10,8 @@ of rows: bitwise batch-invariant (a row gives the same bits alone or inside any 
 strides over the tiles; which program computes a tile never changes its bits.
 
 Signatures mirror aten: ``mm(a, b)``, ``addmm(bias, a, b, beta=1, alpha=1)``,
-``bmm(a, b)``; output dtype = input dtype. Inputs: float32, bfloat16, float16.
+``bmm(a, b)``, ``baddbmm(bias, a, b, beta=1, alpha=1)``; output dtype = input
+dtype. Inputs: float32, bfloat16, float16.
 """
 
 from __future__ import annotations
@@ -124,6 +125,17 @@ def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float =
     M, N = a.shape[0], b.shape[1]
     x = None if beta == 0 else bias.expand(M, N).unsqueeze(0)
     return _launch(a.unsqueeze(0), b.unsqueeze(0), x, alpha, beta)[0]
+
+
+def baddbmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float = 1,
+            alpha: float = 1) -> torch.Tensor:
+    """aten ``baddbmm``: ``beta * bias + alpha * bmm(a, b)``; bias broadcastable to
+    (batch, M, N) (not read when beta == 0). Bitwise batch-invariant."""
+    if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
+        raise ValueError(f"baddbmm needs (batch, M, K) @ (batch, K, N), got {tuple(a.shape)} "
+                         f"@ {tuple(b.shape)}")
+    x = None if beta == 0 else bias.expand(a.shape[0], a.shape[1], b.shape[2])
+    return _launch(a, b, x, alpha, beta)
 
 
 def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

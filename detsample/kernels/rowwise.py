@@ -1,4 +1,5 @@
-"""Row-wise reductions with a fixed order: softmax, log_softmax, mean, RMSNorm.
+"""Row-wise reductions with a fixed order: softmax, log_softmax, sum, mean, RMSNorm,
+LayerNorm.
 
 Every kernel here runs ONE program per row and walks the row in blocks of
 :func:`~detsample.kernels.common.row_block` (a function of the row length only),
@@ -23,7 +24,7 @@ from detsample.kernels.common import OPTS, check_device, row_block
 
 @triton.jit
 def _softmax_kernel(x_ptr, out_ptr, stride_x, stride_o, N, LOG: tl.constexpr,
-                    BLOCK: tl.constexpr):
+                    SAFE: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     m = tl.full((BLOCK,), float("-inf"), tl.float32)
@@ -46,19 +47,56 @@ def _softmax_kernel(x_ptr, out_ptr, stride_x, stride_o, N, LOG: tl.constexpr,
             y = (x - mx) - lse
         else:
             y = tl.div_rn(tl.exp(x - mx), s)
+            if SAFE:  # a row of only -inf: zeros, not NaN
+                y = tl.where(mx == float("-inf"), 0.0, y)
         tl.store(out_ptr + row * stride_o + idx, y.to(out_ptr.dtype.element_ty), mask=idx < N)
 
 
 @triton.jit
-def _mean_kernel(x_ptr, out_ptr, stride_x, N, ACC: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _row_total(x_ptr, row, stride_x, N, ACC: tl.constexpr, BLOCK: tl.constexpr):
+    """Sum of one row in ``ACC``: lane-wise in block order, then one fixed tree."""
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros((BLOCK,), ACC)
     for start in range(0, N, BLOCK):
         idx = start + offs
         acc += tl.load(x_ptr + row * stride_x + idx, mask=idx < N, other=0.0).to(ACC)
-    total = tl.sum(acc, 0)
-    tl.store(out_ptr + row, (total / N).to(out_ptr.dtype.element_ty))
+    return tl.sum(acc, 0)
+
+
+@triton.jit
+def _sum_kernel(x_ptr, out_ptr, stride_x, N, MEAN: tl.constexpr, ACC: tl.constexpr,
+                BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    total = _row_total(x_ptr, row, stride_x, N, ACC, BLOCK)
+    if MEAN:
+        total = total / N
+    tl.store(out_ptr + row, total.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, mean_ptr, rstd_ptr, stride_x, stride_o,
+                       N, eps, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACC: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mean = _row_total(x_ptr, row, stride_x, N, ACC, BLOCK) / N
+    acc = tl.zeros((BLOCK,), ACC)
+    for start in range(0, N, BLOCK):
+        idx = start + offs
+        d = tl.load(x_ptr + row * stride_x + idx, mask=idx < N, other=0.0).to(ACC) - mean
+        acc += tl.where(idx < N, d * d, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, 0) / N + eps)
+    tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+    for start in range(0, N, BLOCK):
+        idx = start + offs
+        y = (tl.load(x_ptr + row * stride_x + idx, mask=idx < N, other=0.0).to(ACC) - mean) \
+            * rstd
+        if HAS_W:
+            y = y * tl.load(w_ptr + idx, mask=idx < N, other=0.0).to(ACC)
+        if HAS_B:
+            y = y + tl.load(b_ptr + idx, mask=idx < N, other=0.0).to(ACC)
+        tl.store(out_ptr + row * stride_o + idx, y.to(out_ptr.dtype.element_ty), mask=idx < N)
 
 
 @triton.jit
@@ -100,10 +138,11 @@ def _rows(x: torch.Tensor, name: str = "x") -> torch.Tensor:
 
 
 def softmax_rows(x: torch.Tensor, log: bool = False, out_dtype: torch.dtype | None = None,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, safe: bool = False) -> torch.Tensor:
     """(log_)softmax of each row of ``x`` (rows, n), computed in float32, written in
     ``out_dtype`` (default: x's dtype) or into ``out`` (a (rows, n) tensor with unit
-    last stride). Three passes per row: max, ``sum exp(x - max)``, output. Bitwise
+    last stride). Three passes per row: max, ``sum exp(x - max)``, output. ``safe``
+    (softmax only): a row of only ``-inf`` gives zeros (aten ``_safe_softmax``). Bitwise
     batch-invariant (one program per row, fixed block order)."""
     x = _rows(x)
     R, N = x.shape
@@ -111,21 +150,51 @@ def softmax_rows(x: torch.Tensor, log: bool = False, out_dtype: torch.dtype | No
         out = torch.empty((R, N), dtype=out_dtype or x.dtype, device=x.device)
     if R and N:
         _softmax_kernel[(R,)](x, out, x.stride(0), out.stride(0), N, LOG=bool(log),
-                              BLOCK=row_block(N), **OPTS)
+                              SAFE=bool(safe), BLOCK=row_block(N), **OPTS)
     return out
 
 
-def mean_rows(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Mean of each row of ``x`` (rows, n) -> (rows,), accumulated in float32 (float64
-    for float64 input) lane-wise in block order, then one fixed tree; written in
-    ``out_dtype`` (default: x's dtype). Bitwise batch-invariant."""
+def sum_rows(x: torch.Tensor, out_dtype: torch.dtype | None = None,
+             mean: bool = False) -> torch.Tensor:
+    """Sum (``mean``: the mean) of each row of ``x`` (rows, n) -> (rows,), accumulated in
+    float32 (float64 for float64 input) lane-wise in block order, then one fixed tree;
+    written in ``out_dtype`` (default: x's dtype). Bitwise batch-invariant."""
     x = _rows(x)
     R, N = x.shape
     out = torch.empty((R,), dtype=out_dtype or x.dtype, device=x.device)
     if R:
-        _mean_kernel[(R,)](x, out, x.stride(0), N, ACC=_acc_dtype(x.dtype),
-                           BLOCK=row_block(N), **OPTS)
+        _sum_kernel[(R,)](x, out, x.stride(0), N, MEAN=bool(mean), ACC=_acc_dtype(x.dtype),
+                          BLOCK=row_block(N), **OPTS)
     return out
+
+
+def mean_rows(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Mean of each row of ``x`` (rows, n) -> (rows,): :func:`sum_rows` divided by n."""
+    return sum_rows(x, out_dtype, mean=True)
+
+
+def layer_norm_rows(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                    eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """LayerNorm of each row of ``x`` (rows, n): two-pass mean and variance in float32
+    (float64 for float64 input), ``(x - mean) * rstd [* weight] [+ bias]``. Returns
+    ``(out (rows, n) in x's dtype, mean (rows,), rstd (rows,))`` in the compute dtype.
+    Bitwise batch-invariant."""
+    x = _rows(x)
+    R, N = x.shape
+    ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+    out = torch.empty_like(x)
+    mean = torch.empty((R,), dtype=ct, device=x.device)
+    rstd = torch.empty((R,), dtype=ct, device=x.device)
+    w = x if weight is None else weight.reshape(-1).contiguous()
+    b = x if bias is None else bias.reshape(-1).contiguous()
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.numel() != N:
+            raise ValueError(f"{name} must have {N} elements, got {tuple(t.shape)}")
+    if R and N:
+        _layer_norm_kernel[(R,)](x, w, b, out, mean, rstd, x.stride(0), out.stride(0), N,
+                                 float(eps), HAS_W=weight is not None, HAS_B=bias is not None,
+                                 ACC=_acc_dtype(x.dtype), BLOCK=row_block(N), **OPTS)
+    return out, mean, rstd
 
 
 def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor | None, eps: float

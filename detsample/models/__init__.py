@@ -12,6 +12,10 @@
                        object with ``new_cache`` / ``forward(caches, chunks)`` / ``vocab_size``
 =====================  =====================================================================
 
+``load_model(spec, batch_invariant=True)`` returns the same model with every forward under
+``detsample.batch_invariant()`` (Hugging Face models also switch to the ``"detsample"``
+attention; docs/batch-invariant.md).
+
 Importing the user's module is the only code a spec runs, and only when asked.
 """
 
@@ -22,13 +26,14 @@ from typing import Any
 
 from detsample.models.base import CausalLM, ModelError, prefill
 from detsample.models.hf import HFCausalLM, HFSeqCache
+from detsample.models.invariant import BatchInvariantLM
 from detsample.models.refmodel_float import RefModelFloat
 from detsample.models.tiny import TINY_CONFIGS, build_tiny
 from detsample.refmodel import RefModel
 
 MODEL_NAMES = ("hf-tiny-llama", "hf-tiny-qwen2", "refmodel", "refmodel-float")
 
-__all__ = ["CausalLM", "HFCausalLM", "HFSeqCache", "MODEL_NAMES", "ModelError", "RefModelLM",
+__all__ = ["BatchInvariantLM", "CausalLM", "HFCausalLM", "HFSeqCache", "MODEL_NAMES", "ModelError", "RefModelLM",
            "RefModelFloat", "adapt", "build_tiny", "load_model", "prefill"]
 
 
@@ -49,13 +54,15 @@ class RefModelLM:
         return self.model.forward(caches, chunks)
 
 
-def adapt(obj: Any, name: str, *, padding: str = "left") -> CausalLM:
-    """Wrap what a factory returned: RefModel, a Hugging Face model, or a CausalLM as is."""
+def adapt(obj: Any, name: str, *, padding: str = "left", batch_invariant: bool = False) -> CausalLM:
+    """Wrap what a factory returned: RefModel, a Hugging Face model, or a CausalLM as is
+    (with ``batch_invariant``, its forwards under the batch-invariant mode)."""
     if isinstance(obj, RefModel):
-        return RefModelLM(obj, name=name)
+        lm = RefModelLM(obj, name=name)
+        return BatchInvariantLM(lm) if batch_invariant else lm
     if hasattr(obj, "config") and callable(getattr(obj, "forward", None)) \
             and hasattr(obj, "named_parameters"):
-        return HFCausalLM(obj, padding=padding, name=name)
+        return HFCausalLM(obj, padding=padding, name=name, batch_invariant=batch_invariant)
     missing = [a for a in ("new_cache", "forward", "vocab_size") if not hasattr(obj, a)]
     if missing:
         raise ModelError(f"model {name!r}: the factory returned a {type(obj).__name__}, which "
@@ -65,7 +72,7 @@ def adapt(obj: Any, name: str, *, padding: str = "left") -> CausalLM:
         obj.name = name
     if not hasattr(obj, "max_seq_len"):
         obj.max_seq_len = None
-    return obj
+    return BatchInvariantLM(obj) if batch_invariant else obj
 
 
 def load_factory(spec: str) -> Any:
@@ -86,17 +93,20 @@ def load_factory(spec: str) -> Any:
     return factory()
 
 
-def load_model(spec: str, *, padding: str = "left", seed: int = 0) -> CausalLM:
-    """The model ``spec`` names (see the module docstring); ``padding`` for HF models."""
+def load_model(spec: str, *, padding: str = "left", seed: int = 0,
+               batch_invariant: bool = False) -> CausalLM:
+    """The model ``spec`` names (see the module docstring); ``padding`` for HF models;
+    ``batch_invariant``: every forward under the batch-invariant mode."""
     if not isinstance(spec, str) or not spec:
         raise ModelError(f"model spec must be a non-empty string, got {spec!r}")
     if spec == "refmodel":
-        return RefModelLM()
+        return BatchInvariantLM(RefModelLM()) if batch_invariant else RefModelLM()
     if spec == "refmodel-float":
-        return RefModelFloat()
+        return BatchInvariantLM(RefModelFloat()) if batch_invariant else RefModelFloat()
     if spec in TINY_CONFIGS:
-        return HFCausalLM(build_tiny(spec, seed), padding=padding, name=spec)
+        return HFCausalLM(build_tiny(spec, seed), padding=padding, name=spec,
+                          batch_invariant=batch_invariant)
     if ":" not in spec:
         raise ModelError(f"unknown model {spec!r}; known: {', '.join(MODEL_NAMES)}, or "
                          f"package.module:factory")
-    return adapt(load_factory(spec), spec, padding=padding)
+    return adapt(load_factory(spec), spec, padding=padding, batch_invariant=batch_invariant)

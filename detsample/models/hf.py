@@ -26,10 +26,12 @@ model's signature.
 from __future__ import annotations
 
 import inspect
+from contextlib import nullcontext
 from typing import Any, Sequence
 
 import torch
 
+from detsample.invariant import ATTENTION_NAME, batch_invariant, register_attention
 from detsample.models.base import ModelError, SeqCache, check_chunks
 
 PADDINGS = ("left", "right")
@@ -46,15 +48,33 @@ def _cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return list(zip(cache.key_cache, cache.value_cache))  # transformers 4.4x
 
 
+def use_invariant_attention(model: Any) -> None:
+    """Select the ``"detsample"`` attention on a transformers model (registering it)."""
+    if not register_attention():
+        raise ModelError("the batch-invariant attention needs transformers' "
+                         "AttentionInterface (transformers >= 4.48)")
+    if callable(getattr(model, "set_attn_implementation", None)):
+        model.set_attn_implementation(ATTENTION_NAME)
+    else:
+        model.config._attn_implementation = ATTENTION_NAME
+    if getattr(model.config, "_attn_implementation", None) != ATTENTION_NAME:
+        raise ModelError(f"{type(model).__name__} does not take a custom attention "
+                         f"function (AttentionInterface); it cannot run batch-invariant")
+
+
 class HFCausalLM:
     """A ``transformers`` causal LM (``model(input_ids, attention_mask, position_ids,
     cache) -> .logits``) as a :class:`~detsample.models.base.CausalLM`.
 
     ``model`` is put in eval mode; forwards run under ``torch.no_grad()``. Logits are
     returned as float32 (upcast once when the model computes in bf16/fp16).
+    ``batch_invariant=True`` switches the module to the ``"detsample"`` attention
+    (``set_attn_implementation``) and runs every forward under
+    ``detsample.batch_invariant()`` (docs/batch-invariant.md).
     """
 
-    def __init__(self, model: Any, *, padding: str = "left", name: str | None = None) -> None:
+    def __init__(self, model: Any, *, padding: str = "left", name: str | None = None,
+                 batch_invariant: bool = False) -> None:
         if padding not in PADDINGS:
             raise ModelError(f"padding must be one of {PADDINGS}, got {padding!r}")
         cfg = getattr(model, "config", None)
@@ -68,6 +88,9 @@ class HFCausalLM:
         self.max_seq_len = getattr(cfg, "max_position_embeddings", None)
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.batch_invariant = bool(batch_invariant)
+        if self.batch_invariant:
+            use_invariant_attention(model)
 
     @property
     def device(self) -> torch.device:
@@ -78,7 +101,8 @@ class HFCausalLM:
 
     def with_padding(self, padding: str) -> "HFCausalLM":
         """The same module behind an adapter that pads on the other side."""
-        return HFCausalLM(self.module, padding=padding, name=self.name)
+        return HFCausalLM(self.module, padding=padding, name=self.name,
+                          batch_invariant=self.batch_invariant)
 
     # -- the ragged forward ------------------------------------------------------------
     def forward(self, caches: Sequence[HFSeqCache], chunks: Sequence[Sequence[int]]) -> list[torch.Tensor]:
@@ -119,7 +143,8 @@ class HFCausalLM:
                         k[b, :, p0[b]: p0[b] + past[b]] = c.layers[layer][0][0]
                         v[b, :, p0[b]: p0[b] + past[b]] = c.layers[layer][1][0]
                 cache.update(k, v, layer)
-        with torch.no_grad():
+        mode = batch_invariant() if self.batch_invariant else nullcontext()
+        with torch.no_grad(), mode:
             out = self.module(input_ids=tok.to(dev), attention_mask=mask.to(dev),
                               position_ids=pos.to(dev), use_cache=True,
                               **{self._cache_kw: cache})

@@ -68,22 +68,25 @@ def draw_compact(vals: torch.Tensor, ids: torch.Tensor, n_kept: torch.Tensor,
 
 
 def kept_mass(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int, *,
-              out: torch.Tensor | None = None) -> torch.Tensor:
+              out: torch.Tensor | None = None, cut_tau: bool | None = None,
+              cut_min_p: bool | None = None) -> torch.Tensor:
     """Fixed-point masses of the kept tokens, zero elsewhere, as float32 ``w``.
 
     z: (rows, V) float32 scaled logits (row max exactly 0); tau: (rows,) float32 kept
     threshold (``-inf`` keeps everything); min_p: (rows,) float32. kept =
     ``(z >= tau) & (exp(z) >= min_p)``. Returns (rows, V) float32 ``w = exp(z) * 2**frac``
     on kept tokens and 0 elsewhere (written into ``out`` when given). The mass of a
-    token is ``q = int64(w)`` (truncation), see :func:`to_mass`.
+    token is ``q = int64(w)`` (truncation), see :func:`to_mass`. ``cut_tau`` /
+    ``cut_min_p``: whether some ``tau`` is finite / some ``min_p`` positive, when the
+    caller knows (None: look; a wrong False would keep too much, so only pass what holds).
     """
     # exp of values below EXP_FLOOR would be subnormal (or 0 from -inf), a slow path on
     # x86; their fixed-point mass is 0 either way (exp(EXP_FLOOR) * 2**52 < 1), so
     # clamping first changes no q while keeping exp on the fast path.
     w = torch.clamp(z, min=EXP_FLOOR, out=out) if out is not None else z.clamp(min=EXP_FLOOR)
     w.exp_()
-    cut_tau = bool(torch.isfinite(tau).any())
-    cut_mp = bool((min_p > 0).any())
+    cut_tau = bool(torch.isfinite(tau).any()) if cut_tau is None else cut_tau
+    cut_mp = bool((min_p > 0).any()) if cut_min_p is None else cut_min_p
     if cut_tau or cut_mp:
         drop = torch.zeros(z.shape, dtype=torch.bool, device=z.device)
         if cut_tau:
@@ -101,19 +104,22 @@ def to_mass(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
 
 
 def block_cdf(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int, *,
-              out: torch.Tensor | None = None, q_out: torch.Tensor | None = None
+              out: torch.Tensor | None = None, q_out: torch.Tensor | None = None,
+              cut_tau: bool | None = None, cut_min_p: bool | None = None
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kept tokens' masses over the whole vocabulary and their blocked CDF.
 
     z: (rows, V) float32; tau: (rows,) float32; min_p: (rows,) float32; kept =
     ``(z >= tau) & (exp(z) >= min_p)``; ``out`` / ``q_out``: optional (rows, V) float32 /
-    int64 scratch. Returns ``(q, bsum)``: (rows, V) int64 masses (0 off the kept set) and
-    (rows, nb) int64 running sums of blocks of BLOCK tokens (the last block may be
+    int64 scratch; ``cut_tau`` / ``cut_min_p`` as in :func:`kept_mass`. Returns
+    ``(q, bsum)``: (rows, V) int64 masses (0 off the kept set) and (rows, nb) int64
+    running sums of blocks of BLOCK tokens (the last block may be
     shorter); ``bsum[:, -1]`` is the exact kept mass ``Q``. Exact integer sums make the
     blocking irrelevant to every result.
     """
     rows, V = z.shape
-    q = to_mass(kept_mass(z, tau, min_p, frac, out=out), q_out)
+    q = to_mass(kept_mass(z, tau, min_p, frac, out=out, cut_tau=cut_tau, cut_min_p=cut_min_p),
+                q_out)
     nb = V // BLOCK
     sums = q[:, :nb * BLOCK].view(rows, nb, BLOCK).sum(-1)
     if V > nb * BLOCK:

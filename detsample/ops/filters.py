@@ -51,10 +51,20 @@ def kept_prefix_length(sorted_z: torch.Tensor, top_k: torch.Tensor, top_p: torch
     K = sorted_z.shape[-1]
     k = top_k.to(torch.int64).clamp(1, K).unsqueeze(1)
     thr = sorted_z.gather(1, k - 1)
+    return _prefix(sorted_z, thr, None, top_p, min_p, frac)
+
+
+def _prefix(sorted_z: torch.Tensor, thr: torch.Tensor, total: torch.Tensor | None,
+            top_p: torch.Tensor, min_p: torch.Tensor, frac: int) -> torch.Tensor:
+    """Kept prefix length of descending ``sorted_z`` (rows, K) given the top-k threshold
+    value ``thr`` (rows, 1) and the top-k survivors' exact mass ``total`` (rows, 1)
+    int64 (None: the survivors are all in ``sorted_z``, sum them). One rule for every
+    caller, so every path computes the same bits."""
     kept = sorted_z >= thr
     e = torch.exp(sorted_z)
     q = quantize_mass(e, frac) * kept
-    total = q.sum(-1, keepdim=True)
+    if total is None:
+        total = q.sum(-1, keepdim=True)
     excl = q.cumsum(-1) - q
     is_start = torch.ones_like(kept)
     is_start[:, 1:] = sorted_z[:, 1:] != sorted_z[:, :-1]
@@ -94,3 +104,74 @@ def topk_candidates(z: torch.Tensor, top_k: torch.Tensor, k_max: int
     else:
         fits = vals[:, k_max] < thr
     return vals[:, :k_max], ids[:, :k_max], fits
+
+
+def topk_threshold(z: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """The top-k threshold VALUE of each row: its k-th largest value, ``-inf`` where
+    ``top_k >= V`` (top-k disabled). z: (rows, V) float32; top_k: (rows,) int. Returns
+    (rows,) float32; the top-k survivors are ``z >= threshold`` (ties kept). A selection
+    (``kthvalue``) per distinct k, never a sort; the value does not depend on how ties
+    are ordered."""
+    rows, V = z.shape
+    out = torch.full((rows,), float("-inf"), dtype=z.dtype, device=z.device)
+    ks = top_k.to(torch.int64)
+    for k in sorted(set(ks.tolist())):
+        if k >= V:
+            continue
+        sel = (ks == k).nonzero().flatten()
+        out[sel] = torch.kthvalue(z.index_select(0, sel), V - k + 1, dim=-1).values
+    return out
+
+
+def survivor_mass(z: torch.Tensor, thr: torch.Tensor | None, frac: int, *,
+                  out: torch.Tensor | None = None, q_out: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+    """Exact fixed-point mass of the top-k survivors: ``sum(q_i for z_i >= thr)``.
+
+    z: (rows, V) float32 scaled logits (row max 0); thr: (rows,) float32 (``-inf``: every
+    token) or None (no row has a top-k); ``out`` / ``q_out``: optional (rows, V) float32 /
+    int64 scratch (reused buffers spare the page faults of fresh (rows, V) tensors).
+    Returns (rows,) int64, the ``total`` of :func:`kept_prefix_length` over the full
+    sorted row, bit for bit (an exact integer sum; ``exp`` is fed ``max(z, -87)``, which
+    changes no mass: see :mod:`detsample.ops.draw`)."""
+    w = torch.clamp(z, min=-87.0, out=out) if out is not None else z.clamp(min=-87.0)
+    w.exp_().mul_(2.0 ** frac)  # exact power-of-two scaling: w = exp(z) * 2**frac
+    if thr is not None and bool(torch.isfinite(thr).any()):
+        w.masked_fill_(z < thr.unsqueeze(1), 0.0)
+    q = q_out.copy_(w) if q_out is not None else w.to(torch.int64)  # trunc, as quantize_mass
+    return q.sum(-1)
+
+
+def nucleus_prefix(vals: torch.Tensor, thr: torch.Tensor, total: torch.Tensor,
+                   top_p: torch.Tensor, min_p: torch.Tensor, frac: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k / top-p / min-p on a ``topk`` candidate set, without the rest of the row.
+
+    vals: (rows, K) float32, the K largest values of each row, descending; thr: (rows,)
+    top-k threshold value (:func:`topk_threshold`); total: (rows,) int64 exact mass of
+    the top-k survivors of the FULL row (:func:`survivor_mass`); top_p (rows,) float64;
+    min_p (rows,) float32. Returns ``(n, decided)``: (rows,) int64 kept prefix length
+    and (rows,) bool.
+
+    Every value greater than a candidate is a candidate, so each candidate's "mass
+    strictly above" is exact, and the kept set is a prefix (each filter is monotone in
+    the value). When the prefix ends inside the candidates (``n < K``) the first dropped
+    candidate is strictly below the last kept one and every other token is at most that
+    value, so ``n`` and ``vals[n - 1]`` are exactly those of the full sort
+    (:func:`thresholds_by_sort`) and every kept token is a candidate. ``decided`` is
+    ``n < K`` (or ``K == V``); undecided rows need more candidates.
+    """
+    K = vals.shape[-1]
+    n = _prefix(vals, thr.unsqueeze(1), total.unsqueeze(1), top_p, min_p, frac)
+    return n, n < K
+
+
+def mass_needed_bound(vals: torch.Tensor, total: torch.Tensor, top_p: torch.Tensor,
+                      frac: int) -> torch.Tensor:
+    """A lower bound on how many more tokens an undecided row's nucleus holds beyond its
+    K candidates: the mass still short of ``top_p * total`` divided by the largest mass a
+    non-candidate can have (the last candidate's). (rows,) float64; used only to decide
+    how far to grow the candidate set, never a result."""
+    q = quantize_mass(torch.exp(vals), frac)
+    short = top_p.to(torch.float64) * total.to(torch.float64) - q.sum(-1).to(torch.float64)
+    return short.clamp(min=0) / q[:, -1].clamp(min=1).to(torch.float64)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 #: NaN logits become this finite floor (the lowest float32), i.e. "never chosen unless
@@ -17,16 +19,26 @@ STATUS_NO_VALID_TOKEN = 4
 
 
 def sanitize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`sanitize_rows_flagged` without the flag."""
+    return sanitize_rows_flagged(x)[:3]
+
+
+def sanitize_rows_flagged(x: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
     """Replace NaN by ``NAN_FLOOR`` and +inf by ``POSINF_CEIL``; -inf stays (a mask).
 
-    x: (batch, vocab) float32 (not modified). Returns ``(clean, status, row_max)``:
+    x: (batch, vocab) float32 (not modified). Returns ``(clean, status, row_max, finite)``:
     ``clean`` is ``x`` itself when every row is finite-or--inf (no copy), else a copy;
     ``status`` is (batch,) int32 of STATUS_* bit flags; ``row_max`` is (batch, 1) float32,
     the maximum of each clean row (-inf for a fully masked row). Only rows whose max is NaN or +inf are touched,
     so the result of a row depends on that row alone (bitwise batch-invariant).
+    The fourth value is a host bool: True when every row maximum was finite (then
+    ``clean is x`` and ``status`` is all zero: the common case costs four operations).
     """
     m = torch.amax(x, dim=-1)  # propagates NaN
     status = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
+    if math.isfinite(float(m.sum())):  # the common case: nothing to fix, no masked row
+        return x, status, m.unsqueeze(1), True  # (a finite sum: every maximum is finite)
     bad = torch.isnan(m) | torch.isposinf(m)
     if bool(bad.any()):
         rows = bad.nonzero().flatten()
@@ -41,4 +53,4 @@ def sanitize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
         m = m.clone()
         m.index_copy_(0, rows, torch.amax(fixed, dim=-1))
     status |= torch.isneginf(m).to(torch.int32) * STATUS_NO_VALID_TOKEN
-    return x, status, m.unsqueeze(1)
+    return x, status, m.unsqueeze(1), False

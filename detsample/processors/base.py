@@ -32,6 +32,7 @@ import torch
 from detsample.processors.batch_update import (AddedRequest, BatchUpdate,  # noqa: F401 (re-export)
                                                BatchView, MoveDirectionality, apply_to_slots)
 from detsample.errors import InvalidSamplingParams
+from detsample.ops.host import host_tensor
 from detsample.params import SamplingParams
 
 class LogitsProcessor(abc.ABC):
@@ -93,6 +94,17 @@ def _check_out(name: str, out: Any, shape: tuple[int, int], dev: torch.device) -
                if isinstance(out, torch.Tensor) else type(out).__name__)
         raise InvalidSamplingParams(
             f"logits processor {name} must return float32 {shape} on {dev}, got {got}")
+
+
+def _request_groups(batch: BatchView) -> tuple[tuple[Any, list[int], torch.Tensor], ...]:
+    """``(processor, rows, row index tensor)`` per distinct per-request processor, in
+    batch order (derived once per batch composition)."""
+    groups: dict[int, tuple[Any, list[int]]] = {}
+    for i, p in enumerate(batch.params):
+        if p.logits_processor is not None:
+            groups.setdefault(id(p.logits_processor), (p.logits_processor, []))[1].append(i)
+    return tuple((proc, rows, host_tensor(rows, torch.int64, batch.device))
+                 for proc, rows in groups.values())
 
 
 class ProcessorRunner:
@@ -159,12 +171,8 @@ class ProcessorRunner:
                 if keep is not None:
                     out = out.index_copy(0, g_rows, keep)
                 x = out
-        groups: dict[int, tuple[Any, list[int]]] = {}
-        for i, p in enumerate(batch.params):
-            if p.logits_processor is not None:
-                groups.setdefault(id(p.logits_processor), (p.logits_processor, []))[1].append(i)
-        for proc, rows in groups.values():
-            idx = torch.tensor(rows, dtype=torch.int64, device=dev)
+        groups = batch.derived("request_processors", lambda: _request_groups(batch))
+        for proc, rows, idx in groups:
             info = [RowInfo(batch.requests[i].rid, batch.requests[i].params,
                             batch.requests[i].prompt_ids, batch.output_ids[i]) for i in rows]
             out = proc(x.index_select(0, idx), info)

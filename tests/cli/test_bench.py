@@ -1,4 +1,4 @@
-"""Tests of detsample/commands/bench.py: ``detsample bench`` arguments and output."""
+"""Tests of detsample/cli/bench.py: ``detsample bench`` arguments and output."""
 
 from __future__ import annotations
 
@@ -8,23 +8,36 @@ import pytest
 
 from detsample.cli import main
 
-TINY = ["--batch", "1", "--vocab", "64", "--repeat", "1", "--config", "greedy"]
+TINY = ["--batch", "1", "--vocab", "64", "--repeat", "1", "--config", "greedy", "--no-compile"]
 
 
 def test_tiny_run_prints_table_and_json(tmp_path, capsys):
     path = tmp_path / "rows.json"
     assert main(["bench", *TINY, "--json", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "| V | B | config | path | median ms |" in out and "| 64 | 1 | greedy | deterministic |" in out
+    assert "| V | B | config | detsample ops | detsample |" in out and "| 64 | 1 | greedy |" in out
     rows = json.loads(path.read_text())
-    assert {r["path"] for r in rows} >= {"deterministic", "fast"}
-    assert all(r["B"] == 1 and r["V"] == 64 and r["median_ms"] >= 0 for r in rows)
+    assert {r["path"] for r in rows} >= {"detsample", "SGLang / vLLM greedy"}
+    assert all(r["B"] == 1 and r["V"] == 64 and r["median_ms"] >= 0 and r["ops"] > 0
+               for r in rows)
+
+
+def test_comma_separated_batches_and_peer_columns(tmp_path, capsys):
+    """``--batch 1,2`` (the issue's spelling) and the peers' columns in one run."""
+    path = tmp_path / "rows.json"
+    assert main(["bench", "--batch", "1,2", "--vocab", "64", "--repeat", "1", "--config",
+                 "topp0.9_T0.8", "--no-compile", "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())
+    assert {r["B"] for r in rows} == {1, 2}
+    assert {r["path"] for r in rows} >= {"detsample", "detsample sort",
+                                         "SGLang deterministic (eager)", "SGLang shortcut",
+                                         "vLLM seeded", "vLLM unseeded", "bare stable sort"}
 
 
 # Bug pinned: these crashed with a traceback (StatisticsError, InvalidSamplingParams,
 # RuntimeError), ran an empty batch, or silently ignored --threads 0.
 BAD = [["--repeat", "0"], ["--threads", "0"], ["--batch", "0"], ["--batch", "-1"],
-       ["--vocab", "0"], ["--config", "bogus"]]
+       ["--batch", "1,x"], ["--vocab", "0"], ["--config", "bogus"], ["--logits", "flat"]]
 
 
 @pytest.mark.parametrize("args", BAD, ids=[" ".join(a) for a in BAD])

@@ -12,6 +12,11 @@ ATEN = {
     "_log_softmax": torch.ops.aten._log_softmax.default, "mean.dim": torch.ops.aten.mean.dim,
     "rms_norm": torch.ops.aten.rms_norm.default,
     "_fused_rms_norm": torch.ops.aten._fused_rms_norm.default,
+    "baddbmm": torch.ops.aten.baddbmm.default, "mv": torch.ops.aten.mv.default,
+    "dot": torch.ops.aten.dot.default, "sum": torch.ops.aten.sum.default,
+    "sum.dim_IntList": torch.ops.aten.sum.dim_IntList, "mean": torch.ops.aten.mean.default,
+    "_safe_softmax": torch.ops.aten._safe_softmax.default,
+    "native_layer_norm": torch.ops.aten.native_layer_norm.default,
 }
 
 
@@ -37,17 +42,51 @@ def test_keys_and_argument_names_mirror_aten(interp):
     assert att[:5] == ["module", "query", "key", "value", "attention_mask"]
 
 
-CASES = [  # (name, args builder) on CPU tensors, compared with the aten op itself
-    ("_softmax", lambda x: (x, 1, False)),
-    ("_softmax", lambda x: (x.to(torch.bfloat16), -1, True)),
-    ("_log_softmax", lambda x: (x, 0, False)),
-    ("mean.dim", lambda x: (x, [1, 2], True)),
-    ("mean.dim", lambda x: (x, [0], False)),
-    ("mean.dim", lambda x: (x, None, False)),
-    ("mean.dim", lambda x: (x.to(torch.bfloat16), [-1], False)),
-    ("rms_norm", lambda x: (x, [x.shape[-1]], torch.linspace(0.5, 1.5, x.shape[-1]), None)),
-    ("rms_norm", lambda x: (x.to(torch.bfloat16), [x.shape[-2], x.shape[-1]], None, 1e-3)),
-    ("_fused_rms_norm", lambda x: (x, [x.shape[-1]], None, 1e-6)),
+FULL = pytest.mark.triton_full
+
+
+def case(name, build, id, full=False):
+    return pytest.param(name, build, id=id, marks=[FULL] if full else [])
+
+
+def masked(x):
+    """Every fifth column -inf, and the slices x[:, 2] entirely -inf."""
+    x = x.masked_fill(torch.arange(x.shape[-1]) % 5 == 0, float("-inf"))
+    return x.index_fill(1, torch.tensor([2]), float("-inf"))
+
+
+def ramp(x, lo, hi):
+    return torch.linspace(lo, hi, x.shape[-1])
+
+
+# (aten op name, args builder) on CPU tensors x (3, 4, 24), compared with the aten op
+# itself; one or two cases per op in the default run, the rest with -m triton_full
+CASES = [
+    case("_softmax", lambda x: (x, 1, False), "softmax-dim1"),
+    case("_softmax", lambda x: (x.to(torch.bfloat16), -1, True), "softmax-half-to-float"),
+    case("_log_softmax", lambda x: (x, 0, False), "log_softmax-dim0", full=True),
+    case("mean.dim", lambda x: (x, [1, 2], True), "mean-dims-keepdim"),
+    case("mean.dim", lambda x: (x, [0], False), "mean-dim0"),
+    case("mean.dim", lambda x: (x, None, False), "mean-all", full=True),
+    case("mean.dim", lambda x: (x.to(torch.bfloat16), [-1], False), "mean-bf16", full=True),
+    case("rms_norm", lambda x: (x, [24], ramp(x, 0.5, 1.5), None), "rms_norm"),
+    case("rms_norm", lambda x: (x.to(torch.bfloat16), [4, 24], None, 1e-3), "rms_norm-bf16",
+         full=True),
+    case("_fused_rms_norm", lambda x: (x, [24], None, 1e-6), "fused_rms_norm", full=True),
+    case("sum.dim_IntList", lambda x: (x, [0, 2], True), "sum-dims", full=True),
+    case("sum.dim_IntList", lambda x: (x.to(torch.bfloat16), [-1], False, torch.float32),
+         "sum-bf16-dtype"),
+    case("sum.dim_IntList", lambda x: ((x * 4).to(torch.int32), [1], False), "sum-int-native"),
+    case("sum", lambda x: (x,), "sum-all", full=True),
+    case("mean", lambda x: (x,), "mean-all-elements", full=True),
+    case("_safe_softmax", lambda x: (masked(x), -1), "safe_softmax"),
+    case("native_layer_norm", lambda x: (x, [24], ramp(x, 0.5, 1.5), ramp(x, -1, 1), 1e-5),
+         "layer_norm"),
+    case("native_layer_norm", lambda x: (x.to(torch.bfloat16), [4, 24], None, None, 1e-5),
+         "layer_norm-bf16", full=True),
+    case("baddbmm", lambda x: (x[:, :1, :8], x[:, :, :12], x.reshape(3, 12, 8)), "baddbmm"),
+    case("mv", lambda x: (x[0], x[1, 0]), "mv"),
+    case("dot", lambda x: (x[0, 0], x[1, 1]), "dot", full=True),
 ]
 
 
@@ -56,22 +95,33 @@ def _run_case(name, args, kwargs):
     return CUDA_IMPLS[name](*args, **kwargs)
 
 
-@pytest.mark.parametrize("case", range(len(CASES)))
-def test_semantics_match_the_aten_op(interp, case):
+def _kwargs_of(name, args):
+    """sum.dim_IntList's fourth case argument is its keyword-only dtype."""
+    if name == "sum.dim_IntList" and len(args) == 4:
+        return args[:3], {"dtype": args[3]}
+    return args, {}
+
+
+@pytest.mark.parametrize("name,build", CASES)
+def test_semantics_match_the_aten_op(interp, name, build):
     """dims, keepdim, half_to_float, dtype, eps=None (the compute dtype's epsilon) and
     the output shapes/dtypes follow the aten op. Bug it pins: a mapping that reduces the
     wrong dim or returns the wrong dtype under the mode."""
-    name, build = CASES[case]
-    x = torch.randn(3, 4, 24, generator=torch.Generator().manual_seed(case))
-    args = build(x)
-    got = interp(_run_case, name, args, {})
+    x = torch.randn(3, 4, 24, generator=torch.Generator().manual_seed(len(name)))
+    args, kwargs = _kwargs_of(name, build(x))
+    got = interp(_run_case, name, args, kwargs)
     if name == "_softmax" and args[2]:  # aten on CPU refuses half_to_float: its meaning
         want = torch.softmax(args[0].float(), args[1])
     else:
-        want = ATEN[name](*args)
-    for g, w in zip(got if isinstance(got, tuple) else (got,),
-                    want if isinstance(want, tuple) else (want,)):
+        want = ATEN[name](*args, **kwargs)
+    want = want if isinstance(want, tuple) else (want,)
+    if name == "native_layer_norm":  # CUDA keeps mean/rstd in the accumulate type (CPU not)
+        want = (want[0],) + ATEN[name](args[0].float(), *args[1:])[1:]
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want):
         assert g.shape == w.shape and g.dtype == w.dtype, (name, g.shape, w.shape)
+        if not w.dtype.is_floating_point:
+            assert torch.equal(g, w), name
+            continue
         assert float((g.double() - w.double()).abs().max()) <= 4 * TOL[w.dtype] * (
             1 + float(w.double().abs().max())), name
 

@@ -35,10 +35,13 @@ def user_module(tmp_path, monkeypatch):
 
         class Mine:
             vocab_size = 512
+            seen_mode = None
             def new_cache(self):
                 return []
             def forward(self, caches, chunks):
                 import torch
+                from detsample.invariant import is_enabled
+                Mine.seen_mode = is_enabled()
                 out = []
                 for c, ch in zip(caches, chunks):
                     c.extend(ch)
@@ -93,3 +96,21 @@ BAD_SPECS = [
 def test_bad_specs_name_the_problem(user_module, spec, message):
     with pytest.raises(ModelError, match=message):
         load_model(spec)
+
+
+INVARIANT_SPECS = ["refmodel", "refmodel-float", "hf-tiny-qwen2", "usermodels:hf", "usermodels:ref",
+                   "usermodels:mine"]
+
+
+@pytest.mark.parametrize("spec", INVARIANT_SPECS)
+def test_batch_invariant_runs_every_forward_under_the_mode(user_module, spec):
+    from detsample.invariant import ATTENTION_NAME, is_enabled
+
+    m = load_model(spec, batch_invariant=True)
+    assert m.name == spec and m.vocab_size == 512 and m.batch_invariant
+    assert prefill(m, [1, 2, 3]).shape == (3, 512) and not is_enabled()
+    if isinstance(m, HFCausalLM):
+        assert m.module.config._attn_implementation == ATTENTION_NAME
+    if spec == "usermodels:mine":
+        assert sys.modules["usermodels"].Mine.seen_mode is True
+    assert not getattr(load_model(spec), "batch_invariant", False)

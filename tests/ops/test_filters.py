@@ -73,3 +73,57 @@ def test_frac_bits_keeps_sums_in_int64():
     for V in [2, 512, 32000, 152064, 256000, 1 << 20]:
         f = F.frac_bits(V)
         assert V * 2**f <= 2**62 and f <= 52  # sums of q stay below 2**63
+
+
+NUCLEUS_FAMILIES = ["peaked", "flat", "ties", "neginf", "bf16"]
+
+
+def _family(rng, rows, V, family):
+    z = rng.standard_normal((rows, V)).astype(np.float32) * 3
+    if family == "peaked":
+        for r in range(rows):
+            z[r, rng.choice(V, 10, replace=False)] += np.linspace(14, 4, 10).astype(np.float32)
+    elif family == "ties":
+        z = np.round(z).astype(np.float32)
+    elif family == "neginf":
+        z[rng.random((rows, V)) < 0.7] = -np.inf
+        z[:, 0] = 1.0
+    elif family == "bf16":
+        z = torch.from_numpy(z).to(torch.bfloat16).float().numpy()
+    z = torch.from_numpy(z)
+    return z - z.amax(1, keepdim=True)
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from(NUCLEUS_FAMILIES),
+       st.sampled_from([-1, 700, 1500]), st.sampled_from([0.3, 0.9, 0.99]),
+       st.sampled_from([0.0, 0.05]), st.sampled_from([8, 64, 2000]))
+def test_nucleus_on_candidates_equals_full_sort(seed, family, k, p, mp, K):
+    """Top-p (with or without a large top-k, with min-p) decided on a bounded ``topk``
+    against the exact survivor mass gives the full sort's kept prefix and threshold,
+    ties included, for every row it calls decided; K = V decides every row."""
+    rng = np.random.default_rng(seed)
+    V, rows = 2000, 6
+    z = _family(rng, rows, V, family)
+    frac = F.frac_bits(V)
+    kk = torch.full((rows,), V if k == -1 else k)
+    pp, mm = torch.full((rows,), p, dtype=torch.float64), torch.full((rows,), mp)
+    tau_sort = F.thresholds_by_sort(z, kk, pp, mm, frac)
+    sz, _ = torch.sort(z, dim=-1, descending=True, stable=True)
+    thr = F.topk_threshold(z, kk)
+    assert torch.equal(thr, torch.where(kk < V, sz.gather(1, (kk - 1)[:, None]).squeeze(1),
+                                        torch.tensor(float("-inf"))))
+    mass = F.survivor_mass(z, thr, frac)
+    want_mass = (F.quantize_mass(torch.exp(sz), frac) * (sz >= thr[:, None])).sum(-1)
+    assert torch.equal(mass, want_mass)
+    vals, ids = torch.topk(z, K, dim=-1)
+    n, decided = F.nucleus_prefix(vals, thr, mass, pp, mm, frac)
+    if K == V:
+        assert bool(decided[n < K].all())
+        decided = torch.ones_like(decided)
+    tau = vals.gather(1, (n - 1)[:, None]).squeeze(1)
+    assert torch.equal(tau[decided], tau_sort[decided])
+    for r in decided.nonzero().flatten().tolist():  # every kept token is a candidate
+        kept = set((z[r] >= tau_sort[r]).nonzero().flatten().tolist())
+        assert set(ids[r, : int(n[r])].tolist()) == kept
+    if family == "peaked" and p <= 0.9 and K >= 64:
+        assert bool(decided.all())  # a peaked nucleus fits in 64 candidates

@@ -1,0 +1,265 @@
+"""Batch-invariant attention, and its registration with transformers as ``"detsample"``.
+
+:func:`attention` computes ``softmax(q k^T * scale + mask) v`` so that a query's output
+depends only on its own ``q`` and the keys/values it may attend to: not on the number of
+queries, the batch, the padding (left or right) or how long the cache is.
+
+How: each batch row's keys are **compacted** first (the slots some query of the row may
+attend, in slot order: padding slots drop out, the row's first key becomes key 0), then
+every query walks the compacted keys in blocks of :data:`KEY_BLOCK` from key 0, in the
+same order, with an online softmax (running max ``m``, running output and sum ``acc``)
+in float32:
+
+* scores of a block: one product ``q @ K_block^T`` per (batch row, KV head), the queries
+  of the KV head's query group as rows (at least 16: the measured-invariant matmul of
+  :mod:`detsample.invariant.cpu`), so a score's bits depend on its q and k only;
+* keys a query may not attend get ``-inf``: ``exp`` gives exactly 0, so a block that is
+  partly or wholly out of a query's reach (future keys of a prefill, zero padding of a
+  decode, trailing blocks of a longer neighbour) adds exact zeros and rescales by
+  ``exp(0) == 1``;
+* ``p @ [V | 1]`` gives the weighted values and the softmax denominator in one product.
+
+A query's blocks therefore hold the same keys at the same offsets whether it is decoded
+one token at a time against a KV cache, prefilled with the rest of its prompt, chunked,
+or batched with rows of any length. Queries that may attend no key output zeros. The
+guarantee covers masks whose allowed keys, per query, are a prefix of its row's keys
+(causal attention with any padding); other masks are computed exactly but a key's block
+offset then depends on the row's keys before the query's window.
+
+:func:`hf_attention` is the transformers ``AttentionInterface`` function and
+:func:`hf_mask` its ``AttentionMaskInterface`` mask (the sdpa boolean mask, always
+materialised); :func:`register_attention` registers both under :data:`ATTENTION_NAME`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+from detsample.invariant import cpu
+from detsample.invariant.backends import cuda_attention
+
+ATTENTION_NAME = "detsample"
+KEY_BLOCK = 64   # keys per block (a multiple of cpu.MIN_COLS), counted from the row's key 0
+
+
+def _causal(T: int, L: int, B: int, device: torch.device) -> torch.Tensor:
+    """Query t (the last T of L positions) may attend keys ``<= L - T + t``."""
+    q = torch.arange(T, device=device)[:, None] + (L - T)
+    return (torch.arange(L, device=device)[None, :] <= q).expand(B, T, L)
+
+
+def _allowed(mask: torch.Tensor | None, B: int, T: int, L: int,
+             device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(allowed bool (B, T, L), additive float bias (B, T, L) or None) from an sdpa-style
+    mask: bool (True = attend) or float (added to the scores; ``-inf`` / the dtype's
+    minimum = masked), shaped (B or 1, 1, T, L) or (T, L)."""
+    if mask is None:
+        return _causal(T, L, B, device), None
+    if mask.dim() == 4:
+        if mask.shape[1] != 1:
+            raise ValueError(f"attention_mask must have one head (B, 1, T, L), got "
+                             f"{tuple(mask.shape)}")
+        mask = mask[:, 0]
+    mask = mask.expand(B, T, L)
+    if mask.dtype == torch.bool:
+        return mask, None
+    lowest = torch.finfo(mask.dtype).min
+    allowed = mask > lowest
+    return allowed, torch.where(allowed, mask, 0).to(torch.float32)
+
+
+def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              mask: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+    """Invariant attention (see the module docstring).
+
+    query (B, H, T, D); key, value (B, Hkv, L, D) with ``H % Hkv == 0`` (query head h
+    uses KV head ``h // (H // Hkv)``); ``mask``: None (causal, the queries being the last
+    T of the L positions), bool (True = may attend) or additive float, shaped
+    (B or 1, 1, T, L) or (T, L). ``scale`` defaults to ``D ** -0.5``. Returns (B, H, T, D)
+    in query's dtype; computed in float32. Guarantee: bitwise batch-invariant per query
+    (CPU; thread counts 1 and 2).
+    """
+    return attend(query, key, value, mask, scale)[0].to(query.dtype)
+
+
+def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+           mask: torch.Tensor | None = None,
+           scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`attention` in float32, with the log-sum-exp of each query's scaled scores:
+    ``((B, H, T, D), (B, H, T))``; ``-inf`` for a query that may attend no key."""
+    if query.dim() != 4 or key.dim() != 4 or value.shape != key.shape:
+        raise ValueError(f"query must be (B, H, T, D) and key/value (B, Hkv, L, D), got "
+                         f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+    B, H, T, D = query.shape
+    Hkv, L = key.shape[1], key.shape[2]
+    if H % Hkv or key.shape[0] != B or key.shape[3] != D:
+        raise ValueError(f"key/value {tuple(key.shape)} do not match query {tuple(query.shape)}"
+                         f" (heads must divide, batch and head_dim must agree)")
+    dev = query.device
+    scale = D ** -0.5 if scale is None else float(scale)
+    allowed, bias = _allowed(mask, B, T, L, dev)
+    real = allowed.any(dim=1)                                     # (B, L): the row's keys
+    lc = int(real.sum(dim=1).max()) if B and L else 0
+    if lc == 0 or T == 0:
+        return (torch.zeros((B, H, T, D), dtype=torch.float32, device=dev),
+                torch.full((B, H, T), -math.inf, dtype=torch.float32, device=dev))
+    # compaction: the row's keys first, in slot order (a stable sort of "not real")
+    order = torch.sort((~real).to(torch.uint8), dim=1, stable=True).indices[:, :lc]
+    nb = -(-lc // KEY_BLOCK)
+    lp = nb * KEY_BLOCK
+    G = H // Hkv
+    f32 = torch.float32
+    idx = order[:, None, :, None].expand(B, Hkv, lc, D)
+    keys = torch.zeros((B, Hkv, lp, D), dtype=f32, device=dev)
+    keys[:, :, :lc] = key.gather(2, idx)
+    dv = max(D + 1, cpu.MIN_COLS)
+    vals = torch.zeros((B, Hkv, lp, dv), dtype=f32, device=dev)
+    vals[:, :, :lc, :D] = value.gather(2, idx)
+    vals[:, :, :lc, D] = 1.0                                      # the softmax denominator
+    rows = G * T
+    mp = max(rows, cpu.MIN_ROWS)
+    q = torch.zeros((B * Hkv, mp, D), dtype=f32, device=dev)
+    q[:, :rows] = query.reshape(B * Hkv, rows, D)
+    ok = torch.zeros((B, T, lp), dtype=torch.bool, device=dev)
+    ok[:, :, :lc] = allowed.gather(2, order[:, None, :].expand(B, T, lc))
+    okq = torch.zeros((B * Hkv, mp, lp), dtype=torch.bool, device=dev)
+    okq[:, :rows] = ok[:, None, None].expand(B, Hkv, G, T, lp).reshape(B * Hkv, rows, lp)
+    add = None
+    if bias is not None:
+        bc = torch.zeros((B, T, lp), dtype=f32, device=dev)
+        bc[:, :, :lc] = bias.gather(2, order[:, None, :].expand(B, T, lc))
+        add = torch.zeros((B * Hkv, mp, lp), dtype=f32, device=dev)
+        add[:, :rows] = bc[:, None, None].expand(B, Hkv, G, T, lp).reshape(B * Hkv, rows, lp)
+    keys = keys.reshape(B * Hkv, lp, D)
+    vals = vals.reshape(B * Hkv, lp, dv)
+    m = torch.full((B * Hkv, mp), -math.inf, dtype=f32, device=dev)
+    acc = torch.zeros((B * Hkv, mp, dv), dtype=f32, device=dev)
+    for i in range(nb):
+        blk = slice(i * KEY_BLOCK, (i + 1) * KEY_BLOCK)
+        s = cpu.product(q, keys[:, blk].transpose(1, 2), batched=True) * scale
+        if add is not None:
+            s = s + add[:, :, blk]
+        s = s.masked_fill(~okq[:, :, blk], -math.inf)
+        m_new = torch.maximum(m, s.amax(dim=2))
+        m_safe = torch.where(m_new == -math.inf, 0.0, m_new)
+        p = cpu.pointwise(torch.ops.aten.exp.out, s - m_safe[:, :, None])
+        corr = cpu.pointwise(torch.ops.aten.exp.out, m - m_safe)
+        acc = acc * corr[:, :, None] + cpu.product(p, vals[:, blk], batched=True)
+        m = m_new
+    den = acc[:, :rows, D: D + 1]
+    res = torch.where(den > 0, acc[:, :rows, :D] / den, 0.0)
+    lse = m[:, :rows] + cpu.pointwise(torch.ops.aten.log.out, den[..., 0])
+    return res.reshape(B, H, T, D), lse.reshape(B, H, T)
+
+
+def _top_left_causal(T: int, L: int, device: torch.device) -> torch.Tensor:
+    """torch SDPA's ``is_causal``: query t may attend keys ``<= t``."""
+    return torch.ones((T, L), dtype=torch.bool, device=device).tril()
+
+
+def _sdpa_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attn_mask: torch.Tensor | None, dropout_p: float, is_causal: bool):
+    if dropout_p:
+        raise ValueError(f"the batch-invariant attention has no dropout, got dropout_p={dropout_p}")
+    if is_causal:
+        if attn_mask is not None:
+            raise ValueError("scaled_dot_product_attention takes attn_mask or is_causal, not both")
+        attn_mask = _top_left_causal(query.shape[-2], key.shape[-2], query.device)
+    elif attn_mask is None:
+        attn_mask = torch.ones((query.shape[-2], key.shape[-2]), dtype=torch.bool,
+                               device=query.device)
+    squeeze = query.dim() == 3
+    if squeeze:
+        query, key, value = query[None], key[None], value[None]
+        if attn_mask.dim() == 3:
+            attn_mask = attn_mask[None]
+    if attn_mask.dim() == 4 and attn_mask.shape[1] != 1:
+        raise ValueError(f"the batch-invariant attention takes one mask for all heads, got "
+                         f"attn_mask of shape {tuple(attn_mask.shape)}")
+    return query, key, value, attn_mask, squeeze
+
+
+def sdpa_flash_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   dropout_p: float = 0.0, is_causal: bool = False, *,
+                   attn_mask: torch.Tensor | None = None,
+                   scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """aten ``_scaled_dot_product_flash_attention_for_cpu -> (output, logsumexp)``, by
+    :func:`attend` (torch's ``is_causal`` is top-left: query t sees keys ``<= t``)."""
+    q, k, v, mask, _ = _sdpa_inputs(query, key, value, attn_mask, dropout_p, is_causal)
+    out, lse = attend(q, k, v, mask, scale)
+    return out.to(query.dtype), lse
+
+
+def sdpa_math(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+              is_causal: bool = False, dropout_mask: torch.Tensor | None = None, *,
+              scale: float | None = None,
+              enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """aten ``_scaled_dot_product_attention_math -> (output, attention weights)``; the
+    weights are not materialised (an empty tensor: nothing in inference reads them)."""
+    if dropout_mask is not None:
+        raise ValueError("the batch-invariant attention has no dropout, got a dropout_mask")
+    q, k, v, mask, squeeze = _sdpa_inputs(query, key, value, attn_mask, dropout_p, is_causal)
+    out = attend(q, k, v, mask, scale)[0].to(query.dtype)
+    return (out[0] if squeeze else out), query.new_empty((0,))
+
+
+def _device_attention(device: torch.device) -> Callable[..., torch.Tensor]:
+    if device.type == "cpu":
+        return attention
+    fn = cuda_attention() if device.type == "cuda" else None
+    if fn is None:
+        raise NotImplementedError(
+            f"no batch-invariant attention for device {device.type!r}: the CPU one is "
+            f"built in; CUDA needs detsample.kernels.invariant_ops (Triton)")
+    return fn
+
+
+def hf_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                 value: torch.Tensor, attention_mask: torch.Tensor | None,
+                 dropout: float = 0.0, scaling: float | None = None,
+                 **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers ``AttentionInterface`` function: query (B, H, T, D), key/value
+    (B, Hkv, L, D) -> ((B, T, H, D), None)."""
+    if dropout and module.training:
+        raise ValueError(f"the detsample attention has no dropout, got dropout={dropout} "
+                         f"in training mode")
+    for unsupported in ("softcap", "position_bias", "s_aux", "sinks"):
+        if kwargs.get(unsupported) is not None:
+            raise ValueError(f"the detsample attention does not support {unsupported!r}")
+    if query.device.type != "cpu":
+        fn = _device_attention(query.device)
+        return fn(module, query, key, value, attention_mask, dropout=dropout,
+                  scaling=scaling, **kwargs)
+    out = attention(query, key, value, attention_mask, scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def hf_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+    """transformers ``AttentionMaskInterface`` function: the sdpa boolean mask
+    (B, 1, T, L), never skipped (no ``is_causal`` shortcut: the attention needs it)."""
+    from transformers.masking_utils import sdpa_mask
+
+    kwargs["allow_is_causal_skip"] = False
+    kwargs["allow_is_bidirectional_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
+def register_attention() -> bool:
+    """Register :func:`hf_attention` (and :func:`hf_mask` where this transformers has an
+    ``AttentionMaskInterface``) as ``"detsample"``; idempotent. False when transformers
+    has no ``AttentionInterface`` (too old) or is not installed."""
+    try:
+        from transformers import AttentionInterface
+    except ImportError:
+        return False
+    AttentionInterface.register(ATTENTION_NAME, hf_attention)
+    try:
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError:  # older transformers build the mask without an interface
+        return True
+    AttentionMaskInterface.register(ATTENTION_NAME, hf_mask)
+    return True

@@ -1,0 +1,83 @@
+"""Coverage: every op the tiny models run under the mode is overridden or exact.
+
+Pins: a model op the mode forgot (a new transformers release calling ``aten::bmm`` for
+RoPE, say) silently staying on torch's batch-variant kernel, and an op listed as exact
+whose vector and scalar loops in fact round differently.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from detsample.invariant.coverage import EXACT_OPS, OpRecorder, op_name, uncovered
+from detsample.models import load_model
+from detsample.threads import torch_threads
+
+MODELS = ["hf-tiny-llama", "hf-tiny-qwen2"]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_op_of_the_tiny_models_is_covered(name):
+    m = load_model(name, batch_invariant=True)
+    caches = [m.new_cache(), m.new_cache()]
+    with OpRecorder() as rec:
+        m.forward(caches, [[1, 2, 3, 4, 5], [6, 7]])        # prefill, padded
+        m.forward(caches, [[8], [9, 10]])                   # decode and a chunk
+    assert "aten::mm" in rec.ops and "aten::mean.dim" in rec.ops
+    assert uncovered(rec.ops) == []
+
+
+def test_an_op_outside_the_table_is_reported():
+    x = torch.randn(4, 6)
+    with OpRecorder() as rec:
+        torch.cumsum(torch.mm(x, x.t()), -1).relu()
+    assert "aten::mm" in rec.ops
+    assert uncovered(rec.ops) == ["aten::cumsum", "aten::relu"]
+
+
+def test_a_measured_table_covers_ops_by_name_with_or_without_overload():
+    assert uncovered(["aten::topk", "aten::sort.stable", "aten::mm"]) == ["aten::sort.stable", "aten::topk"]
+    assert uncovered(["aten::topk", "aten::sort.stable"], measured={"aten::topk", "aten::sort"}) == []
+    assert op_name(torch.ops.aten.mean.dim) == "aten::mean.dim"
+    assert op_name(torch.ops.aten.mm.default) == "aten::mm"
+
+
+# Every arithmetic op of EXACT_OPS, and a call of it: (name, fn(x, y) with x, y float32).
+ARITHMETIC = [
+    ("aten::add.Tensor", lambda x, y: x + y),
+    ("aten::sub.Tensor", lambda x, y: x - y),
+    ("aten::mul.Tensor", lambda x, y: x * y),
+    ("aten::div.Tensor", lambda x, y: x / y),
+    ("aten::add.Scalar", lambda x, y: torch.ops.aten.add.Scalar(x, 0.3)),
+    ("aten::mul.Scalar", lambda x, y: torch.ops.aten.mul.Scalar(x, 1.7)),
+    ("aten::div.Scalar", lambda x, y: torch.ops.aten.div.Scalar(x, 1.7)),
+    ("aten::neg", lambda x, y: -x),
+    ("aten::reciprocal", lambda x, y: torch.reciprocal(y)),
+    ("aten::sqrt", lambda x, y: torch.sqrt(x.abs())),
+    ("aten::maximum", torch.maximum),
+    ("aten::minimum", torch.minimum),
+    ("aten::_to_copy", lambda x, y: x.to(torch.bfloat16)),
+    ("aten::masked_fill.Scalar", lambda x, y: x.masked_fill(y > 0, -1.5)),
+    ("aten::where.self", lambda x, y: torch.where(x > y, x, y)),
+]
+
+
+def test_the_arithmetic_exact_ops_are_all_measured():
+    listed = {name for name, _ in ARITHMETIC}
+    assert listed <= EXACT_OPS
+    assert {"aten::add.Tensor", "aten::mul.Tensor", "aten::div.Tensor"} <= listed
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("name,fn", ARITHMETIC, ids=[a[0] for a in ARITHMETIC])
+def test_exact_ops_give_an_element_the_same_bits_on_every_loop(name, fn, threads):
+    """Element i alone (scalar loop) vs inside long tensors (vector loop, thread chunks)."""
+    g = torch.Generator().manual_seed(len(name))
+    x, y = torch.randn(70001, generator=g) * 3, torch.randn(70001, generator=g) + 0.5
+    with torch_threads(threads):
+        whole = fn(x, y)
+        for s, n in [(0, 1), (5, 15), (100, 33), (69990, 11)]:
+            assert torch.equal(fn(x[s: s + n], y[s: s + n]), whole[s: s + n]), (s, n)
+        rows = fn(x[:69989].view(-1, 23), y[:69989].view(-1, 23))
+        assert torch.equal(rows.reshape(-1), whole[:69989])
