@@ -6,8 +6,12 @@ same grammar state comes back step after step. :class:`MaskedLogitsBuffer` keeps
 persistent (B, V) float32 result buffer and, for each of its rows, the columns that hold
 a finite value; the rest of a sparse row is already ``-inf`` from the previous step:
 
-* a sparse row resets last step's columns to ``-inf`` and copies its allowed columns;
-* a dense row copies the logits row and writes ``-inf`` on its disallowed columns;
+* a sparse row (<= 2% allowed) resets last step's columns to ``-inf`` and copies its
+  allowed columns;
+* a dense row (<= 2% disallowed) copies the logits row and writes ``-inf`` on its
+  disallowed columns;
+* any other masked row copies the logits row and blanks it with one streaming
+  ``copyto(where=)`` (scattered writes cost a cache miss each);
 * a row without a grammar copies the logits row.
 
 The column lists come from a small cache keyed by the bitmask words themselves (a cheap
@@ -32,16 +36,27 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-#: A row is "sparse" when at most this fraction of its tokens is allowed.
-SPARSE_MAX = 0.5
+#: A row is "sparse" when at most this fraction of its tokens is allowed, "dense" when at
+#: most this fraction is disallowed; in between it is a "select" row (a streaming
+#: ``copyto(where=)``): scattered writes cost a cache miss each, so they only pay for a
+#: few thousand columns (a row copy streams 600 KB at V=152k in the time of ~2000 misses).
+SPARSE_MAX = 0.02
 _NEG_INF = float("-inf")
 
 
 class _Entry:
-    __slots__ = ("words", "sparse", "cols")
+    """One bitmask row: ``kind`` "sparse" (``cols`` allowed), "dense" (``cols``
+    disallowed) or "select" (``blocked``: the disallowed columns as a bool row)."""
 
-    def __init__(self, words: np.ndarray, sparse: bool, cols: np.ndarray) -> None:
-        self.words, self.sparse, self.cols = words, sparse, cols
+    __slots__ = ("words", "kind", "cols", "blocked")
+
+    def __init__(self, words: np.ndarray, kind: str, cols: np.ndarray | None,
+                 blocked: np.ndarray | None = None) -> None:
+        self.words, self.kind, self.cols, self.blocked = words, kind, cols, blocked
+
+    @property
+    def sparse(self) -> bool:
+        return self.kind == "sparse"
 
 
 class ColumnCache:
@@ -91,8 +106,13 @@ class ColumnCache:
                     return e
         self.misses += 1
         bits = np.unpackbits(row.view(np.uint8), bitorder="little")[:n].view(np.bool_)
-        sparse = int(np.count_nonzero(bits)) <= SPARSE_MAX * n
-        e = _Entry(row.copy(), sparse, np.flatnonzero(bits if sparse else ~bits))
+        allowed = int(np.count_nonzero(bits))
+        if allowed <= SPARSE_MAX * n:
+            e = _Entry(row.copy(), "sparse", np.flatnonzero(bits))
+        elif n - allowed <= SPARSE_MAX * n:
+            e = _Entry(row.copy(), "dense", np.flatnonzero(~bits))
+        else:
+            e = _Entry(row.copy(), "select", None, ~bits)
         self._map.setdefault(key, []).append(e)
         self._map.move_to_end(key)
         while len(self._map) > self.capacity:
@@ -144,12 +164,17 @@ class MaskedLogitsBuffer:
         entries = self.cache.lookup_rows(words, rows, n)
         sparse = [r for r in rows if entries[r].sparse]
         copied = [r for r in range(b) if r not in entries or not entries[r].sparse]
-        _copy_rows(o, x, copied)
-        dense = [r for r in copied if r in entries]
+        _copy_rows(out, logits, copied)
+        dense = [r for r in copied if r in entries and entries[r].kind == "dense"]
         if dense:
             o.reshape(-1)[np.concatenate([entries[r].cols + r * v for r in dense])] = _NEG_INF
-            if n < v:
-                o[dense, n:] = _NEG_INF
+        for r in copied:
+            if r in entries and entries[r].kind == "select":
+                np.copyto(o[r, :n], _NEG_INF, where=entries[r].blocked)
+        if n < v:
+            masked_copies = [r for r in copied if r in entries]
+            if masked_copies:
+                o[masked_copies, n:] = _NEG_INF
         vals = self._sparse_rows(o, x, sparse, entries, v)
         for r in copied:
             self._finite[r] = None
@@ -185,14 +210,15 @@ class MaskedLogitsBuffer:
         return out
 
 
-def _copy_rows(o: np.ndarray, x: np.ndarray, rows: list[int]) -> None:
-    """``o[rows] = x[rows]``, one slice copy per run of consecutive rows."""
+def _copy_rows(out: torch.Tensor, logits: torch.Tensor, rows: list[int]) -> None:
+    """``out[rows] = logits[rows]``, one slice copy per run of consecutive rows (torch's
+    copy, which uses the intra-op threads on a large run)."""
     start = 0
     while start < len(rows):
         end = start
         while end + 1 < len(rows) and rows[end + 1] == rows[end] + 1:
             end += 1
-        np.copyto(o[rows[start]:rows[end] + 1], x[rows[start]:rows[end] + 1])
+        out[rows[start]:rows[end] + 1].copy_(logits[rows[start]:rows[end] + 1])
         start = end + 1
 
 
@@ -205,14 +231,19 @@ def _maxima(out: torch.Tensor, logits: torch.Tensor, row_max: torch.Tensor, entr
         if r in vals:  # sparse: the max of what was copied
             got = vals[r].max() if vals[r].size else np.float32(_NEG_INF)
             exact = bool(got != 0)
+        elif e.kind == "select":
+            got, exact = None, False
         else:  # dense: unchanged when every disallowed logit is below the max
             got = mn[r, 0]
             bad = x[r, e.cols]
             worst = max(bad.max() if bad.size else _NEG_INF,
                         x[r, n:].max() if n < x.shape[1] else _NEG_INF)
             exact = bool(got != 0) and bool(worst < got)
+        if not exact:  # a select row, a disallowed maximum: reduce the masked row
+            got = out.numpy()[r].max()
+            exact = bool(got != 0)
         if exact:
             mn[r, 0] = got
-        else:  # a zero maximum (+0.0 vs -0.0) or a disallowed maximum: reduce
+        else:  # a zero maximum: +0.0 or -0.0 is amax's choice
             m[r] = torch.amax(out[r:r + 1], dim=-1)
     return m

@@ -20,7 +20,7 @@ from detsample.grammar.config import GrammarConfig
 from detsample.grammar.ebnf import (STRING_EXCLUDE, correct_json_grammar,
                                     exclude_from_negated_classes)
 from detsample.grammar.kinds import json_schema_grammar
-from tests.grammar.conftest import string_acceptor
+from tests.grammar.conftest import generate, string_acceptor
 
 BOUNDED = {"type": "string", "minLength": 1, "maxLength": 5}
 BYTES = Vocabulary.from_tokens([b""] + [bytes([b]) for b in range(256)], eos_token_ids=[0])
@@ -152,3 +152,30 @@ def test_pattern_placeholders_are_inlined_and_none_survive():
         correct_json_grammar(ebnf.replace('Regex("PH0Z", json_string=true)',
                                           'Regex("PH0Z", json_string=false)'),
                              {"PH0Z": '"ab"'})
+
+
+ODD = 'a"b\\c\nd\te\x01é😀'
+# enum, const and property names: xgrammar spells them as JSON escapes (checked, no fix)
+LITERAL_SCHEMAS = [
+    {"enum": [ODD, "plain"]},
+    {"const": {ODD: [ODD]}},
+    {"type": "object", "properties": {ODD: {"type": "integer"}}, "required": [ODD]},
+]
+
+
+@pytest.mark.parametrize("schema", LITERAL_SCHEMAS)
+def test_enum_const_and_property_names_are_escaped(schema):
+    """The other string paths: the escaped spelling is accepted, a raw control character
+    or quote is not, and random byte-level sampling ends in strict, valid JSON."""
+    import jsonschema
+
+    acc = string_acceptor(ours(schema))
+    kind = next(iter(schema))
+    value = {"enum": ODD, "const": {ODD: [ODD]}}.get(kind, {ODD: 7})
+    seps = (",", ":") if kind == "const" else (", ", ": ")  # a const is spelled compactly
+    good = json.dumps(value, ensure_ascii=False, separators=seps).encode()
+    assert acc(good)
+    assert not acc(good.replace(b"\\t", b"\t"))
+    g = RequestGrammar.submit("r", "json_schema", schema, BYTES)
+    toks = generate(BYTES, [g], seed=3, max_steps=300)[0]
+    jsonschema.validate(json.loads(BYTES.decode(toks).decode("utf-8")), schema)

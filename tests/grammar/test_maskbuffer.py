@@ -39,15 +39,20 @@ def step_sequences(draw):
     prev = None
     for _ in range(draw(st.integers(1, 5))):
         rows = sorted(draw(st.sets(st.integers(0, b - 1))))
-        kinds = [draw(st.sampled_from(["sparse", "dense", "random", "same", "none"]))
-                 for _ in range(b)]
+        kinds = [draw(st.sampled_from(["few", "most", "sparse", "dense", "random", "same",
+                                       "none"])) for _ in range(b)]
         rng = np.random.default_rng(draw(st.integers(0, 2**31)))
         allowed = np.zeros((b, n), dtype=np.bool_)
         for r, k in enumerate(kinds):
             if k == "same" and prev is not None:
                 allowed[r] = prev[r]
+            elif k in ("few", "most"):  # the sparse and dense paths even at small n
+                allowed[r, rng.choice(n, size=min(n, int(rng.integers(0, 3))),
+                                      replace=False)] = True
+                if k == "most":
+                    allowed[r] = ~allowed[r]
             elif k != "none":
-                p = {"sparse": 0.05, "dense": 0.95, "random": 0.5, "same": 0.3}[k]
+                p = {"sparse": 0.01, "dense": 0.99, "random": 0.5, "same": 0.3}[k]
                 allowed[r] = rng.random(n) < p
         prev = allowed
         logits = torch.from_numpy(rng.standard_normal((b, v)).astype(np.float32))
@@ -60,7 +65,7 @@ def step_sequences(draw):
     return n, steps
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(step_sequences())
 def test_buffer_equals_plain_select_every_step(seq):
     """Property: at every step of any sequence of masks (repeated or not, with a finite
@@ -87,13 +92,21 @@ def test_zero_maximum_keeps_amax_sign():
     assert bits_equal(m, torch.amax(ref, -1, keepdim=True))
 
 
+def allowed_of(entry, n):
+    if entry.kind == "sparse":
+        return sorted(entry.cols.tolist())
+    if entry.kind == "dense":
+        return sorted(set(range(n)) - set(entry.cols.tolist()))
+    return np.flatnonzero(~entry.blocked).tolist()
+
+
 def test_cache_never_serves_another_mask():
     """Two bitmasks forced onto one fingerprint are told apart by the exact check."""
     cache = ColumnCache()
     a = pack(np.array([[1, 0, 0, 0, 1]], dtype=np.bool_)).numpy()[0]
     b = pack(np.array([[0, 1, 0, 0, 0]], dtype=np.bool_)).numpy()[0]
     ea, eb = cache.lookup(7, a, 5), cache.lookup(7, b, 5)
-    assert list(ea.cols) == [0, 4] and list(eb.cols) == [1]
+    assert allowed_of(ea, 5) == [0, 4] and allowed_of(eb, 5) == [1]
     assert cache.lookup(7, a, 5) is ea and cache.hits == 1
 
 
@@ -114,4 +127,4 @@ def test_rows_sharing_a_fingerprint_are_confirmed_one_by_one():
     words = pack(np.array([[1, 0, 0, 0, 1], [0, 1, 0, 0, 0], [1, 0, 0, 0, 1]],
                           dtype=np.bool_)).numpy()
     got = cache.lookup_rows(words, [0, 1, 2], 5)
-    assert [list(got[r].cols) for r in (0, 1, 2)] == [[0, 4], [1], [0, 4]]
+    assert [allowed_of(got[r], 5) for r in (0, 1, 2)] == [[0, 4], [1], [0, 4]]
