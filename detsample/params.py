@@ -177,7 +177,13 @@ class SamplingParams:
                 or self.presence_penalty != 0.0)
 
     def replace(self, **changes: Any) -> "SamplingParams":
-        """A validated copy with some fields changed (the seed is kept unless given)."""
+        """A validated copy with some fields changed (the seed is kept unless given).
+
+        Every field round-trips, the normalised ``logit_bias`` included: ``p.replace()``,
+        ``dataclasses.replace(p)`` and ``SamplingParams(**dataclasses.asdict(p))`` all equal
+        ``p`` (``asdict`` deep-copies a ``logits_processor`` object, and per-request
+        processors are grouped by identity, so pass the original object back if several
+        requests must share one call)."""
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:

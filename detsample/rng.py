@@ -19,9 +19,9 @@ sorted rank enters the key.
 
 All arithmetic is done on int64 tensors holding uint32 values; products of two uint32
 values wrap in int64 exactly like uint64, so the high and low words are exact. For CPU
-tensors :func:`row_uniforms` runs the same integer rounds on numpy ``uint64`` arrays
-(about 150 tensor operations become 150 numpy operations on a few values, a fraction of
-the per-call cost at small batch sizes); integer arithmetic is exact in both, so the bits
+tensors :func:`row_uniforms` runs the same integer rounds on the host: Python ints for a
+few rows, numpy ``uint64`` arrays for more (about 150 tensor operations per call become
+microseconds of host arithmetic); integer arithmetic is exact in every form, so the bits
 are the same (tests/test_rng.py).
 """
 
@@ -74,20 +74,26 @@ def philox4x32(seed: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor,
     return c0, c1, c2, c3
 
 
-def _philox_words01_host(seed: np.ndarray, c0: np.ndarray, c1: np.ndarray) -> tuple:
-    """Words 0 and 1 of ``philox4x32(seed, c0, c1, STREAM_DRAW, 0)`` on numpy uint64
-    arrays holding uint32 values (``seed``: the 64-bit key)."""
-    m = np.uint64(MASK32)
-    k0, k1 = seed & m, seed >> np.uint64(32)
-    c2 = np.full_like(c0, STREAM_DRAW)
-    c3 = np.zeros_like(c0)
-    ra, rb = np.uint64(PHILOX_ROUND_A), np.uint64(PHILOX_ROUND_B)
-    ka, kb, s32 = np.uint64(PHILOX_KEY_A), np.uint64(PHILOX_KEY_B), np.uint64(32)
+def _philox_words01_host(seed, c0, c1, const=np.uint64):
+    """Words 0 and 1 of ``philox4x32(seed, c0, c1, STREAM_DRAW, 0)`` on the host: numpy
+    uint64 arrays (``const=np.uint64``) or Python ints (``const=int``) holding uint32
+    values, ``seed`` the 64-bit key. Products of two uint32 values fit in 64 bits, so
+    both forms are exact."""
+    m, s32 = const(MASK32), const(32)
+    k0, k1 = seed & m, seed >> s32
+    c3 = c0 & const(0)
+    c2 = c3 | const(STREAM_DRAW)
+    ra, rb = const(PHILOX_ROUND_A), const(PHILOX_ROUND_B)
+    ka, kb = const(PHILOX_KEY_A), const(PHILOX_KEY_B)
     for _ in range(PHILOX_ROUNDS):
-        pb, pa = c2 * rb, c0 * ra  # < 2**64: exact in uint64
+        pb, pa = c2 * rb, c0 * ra
         c0, c2, c1, c3 = (pb >> s32) ^ c1 ^ k0, (pa >> s32) ^ c3 ^ k1, pb & m, pa & m
         k0, k1 = (k0 + ka) & m, (k1 + kb) & m
     return c0, c1
+
+
+#: up to this many rows, CPU uniforms are computed on Python ints, above on numpy arrays
+HOST_INT_ROWS = 16
 
 
 def row_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -95,9 +101,16 @@ def row_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
     seeds: (batch,) int64 (non-negative). positions: (batch,) int64 (non-negative).
     Returns (batch,) float64 in the open interval (0, 1), bitwise reproducible, the same
-    bits on every device (CPU tensors take the numpy rounds, others the tensor rounds).
+    bits on every device (CPU tensors take host rounds: Python ints for a few rows,
+    numpy arrays for more; other devices the tensor rounds).
     """
     if seeds.device.type == "cpu" and positions.device.type == "cpu":
+        if seeds.numel() <= HOST_INT_ROWS:
+            out = []
+            for s, p in zip(seeds.tolist(), positions.tolist()):
+                w0, w1 = _philox_words01_host(s, p & MASK32, (p >> 32) & MASK32, int)
+                out.append((((w0 << 20) | (w1 >> 12)) + 0.5) * _TWO_POW_M52)  # exact
+            return torch.tensor(out, dtype=torch.float64)
         s = seeds.to(torch.int64).numpy().astype(np.uint64)
         p = positions.to(torch.int64).numpy().astype(np.uint64)
         m = np.uint64(MASK32)

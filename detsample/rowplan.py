@@ -30,25 +30,29 @@ class Rows:
     """A subset of a batch's rows: host list, (n,) int64 index tensor, and whether it is
     every row of the batch in order (then gathers can be skipped). A filter route's rows
     also carry their filter parameters, gathered once: ``filters`` = (top_ks (n,) int32,
-    top_ps (n,) float64, min_ps (n,) float32), and ``any_top_k``: some row's top-k is
-    active (< V)."""
+    top_ps (n,) float64, min_ps (n,) float32), and which filters some row of the group
+    uses: ``active`` = (top-k < V, top-p < 1, min-p > 0)."""
 
     rows: tuple[int, ...]
     index: torch.Tensor
     every: bool
     filters: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-    any_top_k: bool = False
+    active: tuple[bool, bool, bool] = (False, False, False)
+
+    @property
+    def any_top_k(self) -> bool:
+        return self.active[0]
 
     @staticmethod
     def of(rows: Sequence[int], B: int, device: torch.device,
-           filters: tuple[torch.Tensor, ...] | None = None, any_top_k: bool = False
-           ) -> "Rows":
+           filters: tuple[torch.Tensor, ...] | None = None,
+           active: tuple[bool, bool, bool] = (False, False, False)) -> "Rows":
         rows = tuple(rows)
         index = host_tensor(list(rows), torch.int64, device)
         every = rows == tuple(range(B))
         if filters is not None:
             filters = tuple(t if every else t.index_select(0, index) for t in filters)
-        return Rows(rows, index, every, filters, any_top_k)
+        return Rows(rows, index, every, filters, active)
 
     def __bool__(self) -> bool:
         return bool(self.rows)
@@ -99,6 +103,8 @@ class RowPlan:
     argmax: Rows             # rows needing their argmax: greedy rows, or every row when
     #                          "processed" logprobs are asked (one-hot on greedy rows)
     any_min_p: bool          # some sampling row has min_p > 0
+    untouched: bool          # no row uses a per-request processor, penalties,
+    #                          min_new_tokens, allowed ids, bad words, a grammar or a bias
     excluded: frozenset[int] = field(default=frozenset())  # rows left out (no valid token)
 
     @property
@@ -136,8 +142,9 @@ def route(params: Sequence, rows: Sequence[int], vocab_size: int, filter_impl: s
         else:
             top_k_only.append(r)
     def group(g: list[int]) -> Rows:
-        return Rows.of(g, B, device, filters, any(
-            params[r].top_k != -1 and params[r].top_k < V for r in g))
+        return Rows.of(g, B, device, filters, (
+            any(params[r].top_k != -1 and params[r].top_k < V for r in g),
+            any(params[r].top_p < 1.0 for r in g), any(params[r].min_p > 0.0 for r in g)))
 
     return FilterRoute(group(cand), k_max, group(nucleus), group(top_k_only), group(sort_rows),
                        group(plain))
@@ -178,5 +185,9 @@ def plan_rows(params: Sequence, vocab_size: int, filter_impl: str, device: torch
         temperatures=t_eff,
         argmax=Rows.of(range(B) if processed else greedy_rows, B, device),
         any_min_p=any(params[i].min_p > 0 for i in sampling),
+        untouched=not any(
+            p.logits_processor is not None or p.has_penalties or p.min_new_tokens > 0
+            or p.allowed_token_ids is not None or p.bad_words or p.logit_bias
+            or p.grammar is not None for p in params),
         excluded=frozenset(excluded),
     )

@@ -23,6 +23,7 @@ when triton is installed, torch otherwise. docs/gpu.md says what each guarantees
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -150,6 +151,13 @@ class Sampler:
         self._runner = ProcessorRunner(self.processors)  # step 1
         self.grammar_masker = GrammarMasker()  # one reused bitmask buffer
 
+    def prefetch_grammar(self, batch: SamplingBatch) -> int:
+        """Start the next step's grammar bitmask fill in the background; call right after
+        ``batch.advance`` so it overlaps the model's forward pass. The next
+        :meth:`sample` waits for it; results are bitwise the same without it. Returns
+        the number of rows being filled (docs/grammar.md)."""
+        return grammar_hooks.prefetch_grammars(self.grammar_masker, batch)
+
     def validate_request(self, request) -> None:
         """Admission check against the registered processors' ``validate_params``;
         raises InvalidSamplingParams naming the request and the field. (The rules every
@@ -194,46 +202,80 @@ class Sampler:
         # "unchanged" and the row maxima of step 2 still hold.
         x = apply_penalties_and_constraints(  # step 3
             x, batch, lambda: self._buf("constrained", x))
+        unchanged = x is after_sanitize
+        mask_max = None
         if batch.has_grammars:  # step 4: grammar mask
             before = status
-            x, status = grammar_hooks.grammar_step(
-                self.grammar_masker, batch, x, status, lambda: self._buf("mask", x))
+            x, status, mask_max = grammar_hooks.grammar_step(
+                self.grammar_masker, batch, x, status, lambda: self._buf("mask", x),
+                row_max=m if unchanged else None)
             valid = valid and status is before
         coo = batch.logit_bias_coo()  # step 5
         if coo is not None:
             x = apply_logit_bias_(x.clone() if x is after_sanitize else x, *coo)
         if x is not after_sanitize:  # a penalty or a bias can overflow a finite logit to +inf
-            x, st, m, fine = sanitize(x)
-            if not fine:
-                status, valid = status | st, False
+            if unchanged and coo is None and mask_max is not None:
+                m = mask_max  # only the mask changed x: its exact maxima (no +inf, no NaN)
+            else:
+                x, st, m, fine = sanitize(x)
+                if not fine:
+                    status, valid = status | st, False
         return Prepared(raw=raw, x=x, status=status, row_max=m, all_valid=valid, kernels=k)
+
+    def _build_plan(self, batch: SamplingBatch,
+                    excluded: frozenset[int] = frozenset()) -> RowPlan:
+        return plan_rows(batch.params, batch.vocab_size, self.filter_impl, batch.device,
+                         batch.temperatures, batch.greedy,
+                         (batch.top_ks, batch.top_ps, batch.min_ps), excluded)
 
     def _plan(self, batch: SamplingBatch, prep: Prepared) -> RowPlan:
         """The batch's cached :class:`RowPlan`; rows without an admissible token this step
         (rare: a fully masked row) get a plan of their own that leaves them out."""
-        def build(excluded: frozenset[int] = frozenset()) -> RowPlan:
-            return plan_rows(batch.params, batch.vocab_size, self.filter_impl, batch.device,
-                             batch.temperatures, batch.greedy,
-                             (batch.top_ks, batch.top_ps, batch.min_ps), excluded)
-
-        plan = batch.derived(("row_plan", self.filter_impl), build)
+        plan = batch.derived(("row_plan", self.filter_impl), lambda: self._build_plan(batch))
         if prep.all_valid:
             return plan
         dead = (prep.status & STATUS_NO_VALID_TOKEN) != 0
         if not bool(dead.any()):
             return plan
-        return build(frozenset(dead.nonzero().flatten().tolist()))
+        return self._build_plan(batch, frozenset(dead.nonzero().flatten().tolist()))
+
+    def _plain_greedy(self, logits: torch.Tensor, batch: SamplingBatch
+                      ) -> SampleOutput | None:
+        """The all-greedy shortcut: every row greedy with "raw" logprobs, and nothing of
+        steps 1-5 in the batch, so the logits reach step 6 unchanged. The argmax comes
+        first; the values it picks are the row maxima (argmax returns a NaN when a row
+        has one), so when they are all finite the sanitising pass has nothing to do and
+        is skipped. Returns None (the general path) otherwise. Same bits as the general
+        path (tests/test_sampler.py)."""
+        plan = batch.derived(("row_plan", self.filter_impl), lambda: self._build_plan(batch))
+        if not (plan.greedy.every and plan.untouched and tuple(plan.modes) == ("raw",)
+                and not self.processors and self._kernels(batch.device) is None):
+            return None
+        check_logits(logits, len(batch), batch.vocab_size, batch.device)
+        x = logits if logits.dtype == torch.float32 else logits.to(torch.float32)
+        tokens = draw_ops.greedy_argmax(x)
+        peak = x.gather(1, tokens.unsqueeze(1))
+        if not math.isfinite(float(peak.sum())):
+            return None
+        status = torch.zeros((plan.size,), dtype=torch.int32, device=x.device)
+        prep = Prepared(raw=x, x=x, status=status, row_max=peak, all_valid=True)
+        logprobs = self._token_logprobs(prep, None, None, batch, plan, tokens, tokens,
+                                        some_none=False)
+        top = self._top_logprobs(prep, None, None, batch, plan, tokens)
+        return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
+                            seeds=batch.seeds.clone(), status=status)
 
     # -- step 6 ----------------------------------------------------------------------
-    def _greedy_tokens(self, prep: Prepared, plan: RowPlan) -> torch.Tensor:
+    def _greedy_tokens(self, prep: Prepared, plan: RowPlan) -> torch.Tensor | None:
         """(B,) argmax of x on greedy rows (on every row when "processed" logprobs need
-        it), -1 elsewhere."""
+        it), -1 elsewhere; None when no row needs one."""
         rows = plan.argmax
         if rows.every:
             return draw_ops.greedy_argmax(prep.x)
+        if not rows:
+            return None
         out = torch.full((plan.size,), -1, dtype=torch.int64, device=prep.x.device)
-        if rows:
-            out[rows.index] = draw_ops.greedy_argmax(rows.take(prep.x))
+        out[rows.index] = draw_ops.greedy_argmax(rows.take(prep.x))
         return out
 
     # -- step 7 ----------------------------------------------------------------------
@@ -307,8 +349,10 @@ class Sampler:
         at the boundary spills past ``k_max`` (they need the sort)."""
         ci = rows.index
         top_ks, top_ps, min_ps = rows.filters
+        _, use_p, use_m = rows.active
         vals, ids, fits = filter_ops.topk_candidates(rows.take(z), top_ks, k_max)
-        n = filter_ops.kept_prefix_length(vals, top_ks, top_ps, min_ps, frac)
+        n = filter_ops.kept_prefix_length(vals, top_ks, top_ps if use_p else None,
+                                          min_ps if use_m else None, frac)
         if not self.deterministic or bool(fits.all()):  # fast mode: never spills
             self._keep_compact(ci, rows.every, vals, ids, n, frac, tau, total, compact)
             return []
@@ -337,7 +381,8 @@ class Sampler:
         K = min(NUCLEUS_CANDIDATES, V)
         while True:
             vals, ids = torch.topk(zn, K, dim=-1, largest=True, sorted=True)
-            n, decided = filter_ops.nucleus_prefix(vals, thr, mass, top_ps, min_ps, frac)
+            n, decided = filter_ops.nucleus_prefix(vals, thr, mass, top_ps,
+                                                   min_ps if rows.active[2] else None, frac)
             if K == V or bool(decided.all()):
                 self._keep_compact(idx, every, vals, ids, n, frac, tau, total, compact)
                 return []
@@ -466,8 +511,11 @@ class Sampler:
         Deterministic mode: bitwise batch-invariant and run-to-run reproducible.
         """
         positions = row_ids_tensor("positions", positions, len(batch), batch.device)
-        prep = self._prepare(logits, batch)
         B = len(batch)
+        out = self._plain_greedy(logits, batch) if B else None
+        if out is not None:
+            return out
+        prep = self._prepare(logits, batch)
         if B == 0:
             return SampleOutput(torch.empty((0,), dtype=torch.int64, device=batch.device),
                                 torch.empty((0,), dtype=torch.float32, device=batch.device),
@@ -487,7 +535,8 @@ class Sampler:
             drawn = self._draw(cut, u)
             tokens = torch.where(batch.greedy, greedy_tok, drawn) if plan.greedy else drawn
         else:  # greedy rows and rows without an admissible token only
-            tokens = torch.where(batch.greedy, greedy_tok, torch.full_like(greedy_tok, -1))
+            none = torch.full((B,), -1, dtype=torch.int64, device=batch.device)
+            tokens = none if greedy_tok is None else torch.where(batch.greedy, greedy_tok, none)
         if plan.excluded:
             tokens = tokens.masked_fill((prep.status & STATUS_NO_VALID_TOKEN) != 0, -1)
         logprobs = self._token_logprobs(prep, z, cut, batch, plan, tokens, greedy_tok,

@@ -179,11 +179,12 @@ def row_ids_tensor(name: str, t: Any, rows: int, device: torch.device, *, lowest
     if t.dtype not in (torch.int64, torch.int32) or tuple(t.shape) != (rows,):
         fail(f"{name} must be an int64 tensor of shape ({rows},), got "
              f"{t.dtype} {tuple(t.shape)}")
-    t = t.to(device=device, dtype=torch.int64)
+    if t.dtype != torch.int64 or t.device != device:
+        t = t.to(device=device, dtype=torch.int64)
     if t.numel():
         if t.device.type == "cpu":  # host values: no tensor operations for two numbers
-            a = t.numpy()
-            lo, hi = int(a.min()), int(a.max())
+            values = t.tolist()
+            lo, hi = min(values), max(values)
         else:
             lo, hi = (int(v) for v in torch.aminmax(t))
         if lo < lowest:

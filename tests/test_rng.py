@@ -93,8 +93,9 @@ def test_same_bits_as_triton_philox():
 @given(st.lists(st.tuples(st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1)), min_size=1,
                 max_size=64))
 def test_host_rounds_equal_tensor_rounds(pairs):
-    """CPU tensors take numpy rounds (a few operations instead of ~150 tensor operations
-    per call); the bits equal the tensor rounds (the form a GPU runs) and the oracle."""
+    """CPU tensors take host rounds (Python ints up to HOST_INT_ROWS rows, numpy arrays
+    above, instead of ~150 tensor operations per call); the bits equal the tensor rounds
+    (the form a GPU runs) and the oracle, for batches on either side of the switch."""
     import numpy as np
     from detsample.rng import MASK32, STREAM_DRAW, _TWO_POW_M52
     seeds = torch.tensor([s for s, _ in pairs])
@@ -106,3 +107,13 @@ def test_host_rounds_equal_tensor_rounds(pairs):
     assert got.dtype == torch.float64 and torch.equal(got, want)
     assert got.tolist() == [orng.row_uniform(s, p) for s, p in pairs]
     assert np.all((got.numpy() > 0) & (got.numpy() < 1))
+
+
+@pytest.mark.parametrize("n", [1, 16, 17, 64])
+def test_both_host_forms_at_the_switch(n):
+    from detsample.rng import HOST_INT_ROWS
+    assert HOST_INT_ROWS == 16
+    seeds = torch.tensor([(2**63 - 1 - 977 * i) for i in range(n)])
+    pos = torch.tensor([2**40 + 3 * i for i in range(n)])
+    got = row_uniforms(seeds, pos)
+    assert got.tolist() == [orng.row_uniform(int(s), int(p)) for s, p in zip(seeds, pos)]

@@ -60,8 +60,9 @@ def median_ms(fn: Callable[[], object], repeat: int, device: str = "cpu") -> flo
 
 
 def round_robin_ms(fns: dict[str, Callable[[], object]], repeat: int,
-                   device: str = "cpu") -> dict[str, float]:
-    """Median ms of each function, timed round-robin after one warm-up call each."""
+                   device: str = "cpu", stat: Callable = statistics.median) -> dict[str, float]:
+    """``stat`` (median) ms of each function, timed round-robin after one warm-up call
+    each."""
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     for fn in fns.values():
         fn()
@@ -73,7 +74,11 @@ def round_robin_ms(fns: dict[str, Callable[[], object]], repeat: int,
             fn()
             sync()
             times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    return {k: _scaled_ms(stat(v)) for k, v in times.items()}
+
+
+def _scaled_ms(v):
+    return tuple(x * 1e3 for x in v) if isinstance(v, tuple) else v * 1e3
 
 
 class _OpCounter(TorchDispatchMode):
@@ -183,22 +188,25 @@ def run(batches=(1, 8, 64), vocabs=(32000, 152064), configs=tuple(CONFIGS),
             for B in batches:
                 for cfg in configs:
                     fns = paths(Case(B, V, cfg, logits), multinomial, fast, device)
-                    ms = round_robin_ms(fns, repeat, device)
+                    both = round_robin_ms(fns, repeat, device, lambda v: (
+                        statistics.median(v), min(v)))
                     for name, fn in fns.items():
                         label = f"{name} ({how})" if name == "SGLang deterministic" else name
+                        med, low = both[name]
                         rows.append(dict(B=B, V=V, config=cfg, logits=logits, path=label,
-                                         device=device, median_ms=round(ms[name], 3),
-                                         ops=count_ops(fn)))
+                                         device=device, median_ms=round(med, 4),
+                                         min_ms=round(low, 4), ops=count_ops(fn)))
     return rows
 
 
-def _cell(r: dict | None) -> str:
-    return "" if r is None else f"{r['median_ms']:.3g}"
+def _cell(r: dict | None, stat: str) -> str:
+    return "" if r is None else f"{r[stat]:.3g}"
 
 
-def markdown(rows: list[dict]) -> str:
-    """One line per (V, B, config): every path's median ms, detsample's op count, and
-    detsample's time over the best deterministic peer and the best shortcut peer."""
+def markdown(rows: list[dict], stat: str = "median_ms") -> str:
+    """One line per (V, B, config): every path's ``stat`` ("median_ms" or "min_ms"),
+    detsample's op count, and detsample's time over the best deterministic peer and the
+    best shortcut peer."""
     order: list[str] = []
     for r in rows:
         if r["path"] not in order:
@@ -212,9 +220,9 @@ def markdown(rows: list[dict]) -> str:
     for (V, B, cfg), by in cases.items():
         det = by.get("detsample")
         cells = [str(V), str(B), cfg, str(det["ops"]) if det else ""]
-        cells += [_cell(by.get(p)) for p in order]
+        cells += [_cell(by.get(p), stat) for p in order]
         for group in (DETERMINISTIC_PEERS + (GREEDY_PEER,), SHORTCUT_PEERS + (GREEDY_PEER,)):
-            best = [r["median_ms"] for p, r in by.items() if p.split(" (")[0] in group]
-            cells.append(f"{det['median_ms'] / min(best):.2f}x" if det and best else "")
+            best = [r[stat] for p, r in by.items() if p.split(" (")[0] in group]
+            cells.append(f"{det[stat] / min(best):.2f}x" if det and best else "")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -13,6 +13,7 @@ ids only) and the full-vocabulary path return the same token, bit for bit.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from detsample.ops.filters import quantize_mass
 
@@ -88,11 +89,10 @@ def kept_mass(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int
     cut_tau = bool(torch.isfinite(tau).any()) if cut_tau is None else cut_tau
     cut_mp = bool((min_p > 0).any()) if cut_min_p is None else cut_min_p
     if cut_tau or cut_mp:
-        drop = torch.zeros(z.shape, dtype=torch.bool, device=z.device)
-        if cut_tau:
-            drop |= z < tau.unsqueeze(1)
+        drop = z < tau.unsqueeze(1) if cut_tau else None
         if cut_mp:
-            drop |= w < min_p.unsqueeze(1)
+            below = w < min_p.unsqueeze(1)
+            drop = below if drop is None else drop.logical_or_(below)
         w.masked_fill_(drop, 0.0)
     return w.mul_(2.0 ** frac)  # exact power-of-two scaling
 
@@ -129,16 +129,21 @@ def block_cdf(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int
 
 def draw_by_blocks(q: torch.Tensor, bsum: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse CDF over :func:`block_cdf`'s table, in two levels: the block, then a cumsum
-    inside it. u: (rows,) float64 in (0, 1) -> (rows,) int64 tokens."""
+    inside it. u: (rows,) float64 in (0, 1) -> (rows,) int64 tokens.
+
+    The last block may be shorter than BLOCK: its missing entries read the last token's
+    mass again, which only raises the running sum after every real entry, and the target
+    lies below the block's real total, so the search never lands on them.
+    """
     V = q.shape[-1]
     t = _target(u, bsum[:, -1]).unsqueeze(1)
     blk = torch.searchsorted(bsum, t, right=True)
-    base = torch.where(blk > 0, bsum.gather(1, (blk - 1).clamp(min=0)), torch.zeros_like(blk))
-    idx = blk * BLOCK + torch.arange(BLOCK, device=q.device).unsqueeze(0)
-    inside = idx < V
-    inner = (q.gather(1, idx.clamp(max=V - 1)) * inside).cumsum(-1) + base
+    base = F.pad(bsum, (1, 0)).gather(1, blk)  # mass of the blocks before ``blk``
+    start = blk * BLOCK
+    idx = torch.arange(BLOCK, device=q.device).unsqueeze(0).add(start).clamp_(max=V - 1)
+    inner = q.gather(1, idx).cumsum_(-1).add_(base)
     j = torch.searchsorted(inner, t, right=True)
-    return (blk * BLOCK + j).squeeze(1)
+    return (start + j).squeeze(1)
 
 
 def draw_full(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor,

@@ -38,14 +38,16 @@ def quantize_mass(e: torch.Tensor, frac: int) -> torch.Tensor:
     return (e * (2.0 ** frac)).to(torch.int64)
 
 
-def kept_prefix_length(sorted_z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                       min_p: torch.Tensor, frac: int) -> torch.Tensor:
+def kept_prefix_length(sorted_z: torch.Tensor, top_k: torch.Tensor,
+                       top_p: torch.Tensor | None, min_p: torch.Tensor | None,
+                       frac: int) -> torch.Tensor:
     """Length of the kept prefix of each row of ``sorted_z``.
 
     sorted_z: (rows, K) float32, each row sorted descending, holding at least every
     top-k survivor of the row (the full row, or a ``topk`` candidate set containing all
     values ``>= s_{k-1}``). top_k: (rows,) int, 1 <= top_k <= K; top_p: (rows,) float64;
-    min_p: (rows,) float32. Returns (rows,) int64 in [1, K]. Depends only on the values,
+    min_p: (rows,) float32; None for either when no row uses that filter (the same result
+    with fewer operations). Returns (rows,) int64 in [1, K]. Depends only on the values,
     not on the order of equal values: bitwise the same for a full sort and a topk.
     """
     K = sorted_z.shape[-1]
@@ -55,24 +57,27 @@ def kept_prefix_length(sorted_z: torch.Tensor, top_k: torch.Tensor, top_p: torch
 
 
 def _prefix(sorted_z: torch.Tensor, thr: torch.Tensor, total: torch.Tensor | None,
-            top_p: torch.Tensor, min_p: torch.Tensor, frac: int) -> torch.Tensor:
+            top_p: torch.Tensor | None, min_p: torch.Tensor | None, frac: int) -> torch.Tensor:
     """Kept prefix length of descending ``sorted_z`` (rows, K) given the top-k threshold
     value ``thr`` (rows, 1) and the top-k survivors' exact mass ``total`` (rows, 1)
     int64 (None: the survivors are all in ``sorted_z``, sum them). One rule for every
-    caller, so every path computes the same bits."""
+    caller, so every path computes the same bits. ``top_p`` / ``min_p`` None: no row
+    uses that filter (``top_p == 1`` keeps everything, and so does ``exp(z) >= 0``)."""
     kept = sorted_z >= thr
-    e = torch.exp(sorted_z)
-    q = quantize_mass(e, frac) * kept
-    if total is None:
-        total = q.sum(-1, keepdim=True)
-    excl = q.cumsum(-1) - q
-    is_start = torch.ones_like(kept)
-    is_start[:, 1:] = sorted_z[:, 1:] != sorted_z[:, :-1]
-    above = torch.where(is_start, excl, torch.zeros_like(excl)).cummax(-1).values
-    tp = top_p.to(torch.float64).unsqueeze(1)
-    keep_p = (above.to(torch.float64) < tp * total.to(torch.float64)) | (tp >= 1.0)
-    keep_m = e >= min_p.to(torch.float32).unsqueeze(1)
-    return (kept & keep_p & keep_m).sum(-1)
+    e = torch.exp(sorted_z) if top_p is not None or min_p is not None else None
+    if top_p is not None:
+        q = quantize_mass(e, frac) * kept
+        if total is None:
+            total = q.sum(-1, keepdim=True)
+        excl = q.cumsum(-1) - q
+        is_start = torch.ones_like(kept)
+        is_start[:, 1:] = sorted_z[:, 1:] != sorted_z[:, :-1]
+        above = torch.where(is_start, excl, torch.zeros_like(excl)).cummax(-1).values
+        tp = top_p.to(torch.float64).unsqueeze(1)
+        kept &= (above.to(torch.float64) < tp * total.to(torch.float64)) | (tp >= 1.0)
+    if min_p is not None:
+        kept &= e >= min_p.to(torch.float32).unsqueeze(1)
+    return kept.sum(-1)
 
 
 def thresholds_by_sort(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -143,14 +148,14 @@ def survivor_mass(z: torch.Tensor, thr: torch.Tensor | None, frac: int, *,
 
 
 def nucleus_prefix(vals: torch.Tensor, thr: torch.Tensor, total: torch.Tensor,
-                   top_p: torch.Tensor, min_p: torch.Tensor, frac: int
+                   top_p: torch.Tensor, min_p: torch.Tensor | None, frac: int
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k / top-p / min-p on a ``topk`` candidate set, without the rest of the row.
 
     vals: (rows, K) float32, the K largest values of each row, descending; thr: (rows,)
     top-k threshold value (:func:`topk_threshold`); total: (rows,) int64 exact mass of
     the top-k survivors of the FULL row (:func:`survivor_mass`); top_p (rows,) float64;
-    min_p (rows,) float32. Returns ``(n, decided)``: (rows,) int64 kept prefix length
+    min_p (rows,) float32 or None (no row has min-p). Returns ``(n, decided)``: (rows,) int64 kept prefix length
     and (rows,) bool.
 
     Every value greater than a candidate is a candidate, so each candidate's "mass
