@@ -4,7 +4,8 @@
 Pins what docs/probe.md shows for this CPU: the tiny Llama fails ``prefill_decode`` at its
 first q_proj matmul (1 row vs the 40-row prefill), the tiny Qwen2 likewise at its addmm
 (q_proj has a bias), the int64 refmodel passes every check, and the op table marks
-``mm``/``linear`` variant and ``log_softmax`` invariant at full sizes.
+``mm``/``linear`` variant and ``log_softmax`` invariant at full sizes; under the
+batch-invariant mode every op and both tiny models hold.
 """
 
 from __future__ import annotations
@@ -43,3 +44,12 @@ def test_full_op_table_pins(tmp_path):
     by_op = {r["op"]: r for r in json.loads(path.read_text())["ops"]}
     assert not by_op["mm"]["batch_invariant"] and not by_op["linear"]["batch_invariant"]
     assert by_op["log_softmax"]["batch_invariant"] and by_op["log_softmax"]["threads"]
+
+
+@pytest.mark.parametrize("model", sorted(FIRST))
+def test_tiny_hf_models_pass_under_the_mode(model):
+    assert main(["probe", "model", model, "--batch-invariant"]) == 0
+
+
+def test_full_op_table_holds_under_the_mode():
+    assert main(["probe", "ops", "--batch-invariant"]) == 0
