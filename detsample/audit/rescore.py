@@ -64,6 +64,59 @@ class RefModelRescorer:
         return rescore(model, sampler, params, prompt_ids, response_ids).numpy()
 
 
+class ModelRescorer:
+    """Callable ``(prompt_ids, response_ids) -> float32 logprobs [len(response_ids)]`` by
+    one prefill of ``model``, a :func:`detsample.models.load_model` spec (``refmodel``,
+    ``hf-tiny-llama``, ``pkg.module:factory``, ...), under the batch-invariant mode with
+    ``batch_invariant``; ``model_path``: a saved reference model (``model="refmodel"``).
+    Picklable; the model is built on the first call (in the worker)."""
+
+    def __init__(self, model: str = "refmodel", *, batch_invariant: bool = False,
+                 model_path: str | None = None) -> None:
+        if model_path is not None and model != "refmodel":
+            raise ValueError(f"model_path is for model 'refmodel', got model={model!r}")
+        self.model = model
+        self.batch_invariant = bool(batch_invariant)
+        self.model_path = model_path
+        self._state = None
+
+    def __getstate__(self) -> dict:
+        return {"model": self.model, "batch_invariant": self.batch_invariant,
+                "model_path": self.model_path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["model"], batch_invariant=state["batch_invariant"],
+                      model_path=state["model_path"])
+
+    def build_model(self):
+        """The model this rescorer prefills with (built once)."""
+        return self._load()[0]
+
+    def _load(self):
+        if self._state is None:
+            from detsample.models import ModelError, adapt, load_model
+            from detsample.params import SamplingParams
+            from detsample.refmodel.engine import rescore
+            from detsample.sampler import Sampler
+
+            try:
+                if self.model_path is not None:
+                    RefModel, _ = _refmodel()
+                    lm = adapt(RefModel.load(self.model_path), "refmodel",
+                               batch_invariant=self.batch_invariant)
+                else:
+                    lm = load_model(self.model, batch_invariant=self.batch_invariant)
+            except ModelError as exc:
+                raise AuditInputError(f"rescore model: {exc}") from exc
+            params = SamplingParams(temperature=1.0, seed=0, logprobs_mode="raw")
+            self._state = (lm, Sampler(), params, rescore)
+        return self._state
+
+    def __call__(self, prompt_ids: list[int], response_ids: list[int]) -> np.ndarray:
+        model, sampler, params, rescore = self._load()
+        return rescore(model, sampler, params, prompt_ids, response_ids).numpy()
+
+
 def refmodel_rescorer(model_path: str | None = None) -> RefModelRescorer:
     """The rescoring callable behind ``--rescore refmodel``."""
     _refmodel()  # fail early, naming the missing component

@@ -126,7 +126,7 @@ class EngineScenario:
         meta = {
             **sampler_description(sampler),
             "inputs": {"kind": "engine", "model": "RefModel", "model_seed": self.model_seed,
-                       "vocab_size": model.config.vocab_size,
+                       "vocab_size": model.vocab_size,
                        "max_batch_size": self.max_batch_size, "max_new_tokens": self.max_new_tokens,
                        "schedule": [[a.step, a.rid] for a in self.arrivals]},
             "batch_rows_per_step": [list(s) for s in res.steps],
