@@ -17,8 +17,14 @@ file order for the issue list and ties in the worst-sequence table): the chunk s
 ``workers`` cannot change a bit of it (docs/audit.md, "Exactness").
 """
 
-from detsample.audit.run import (AuditInputError, AuditOptions, Issue, Shard, audit,
-                                 audit_accumulator, check_gates, plan_shards, to_json)
+from detsample.audit.layout import PRESETS, Layout, make_layout
+from detsample.audit.log import AuditLog, read_log
+from detsample.audit.options import AuditOptions
+from detsample.audit.run import (AuditInputError, Issue, Shard, audit, audit_accumulator,
+                                 check_gates, plan_shards, to_json)
+from detsample.audit.tensors import from_tensors, tensors_accumulator
 
-__all__ = ["AuditInputError", "AuditOptions", "Issue", "Shard", "audit", "audit_accumulator",
-           "check_gates", "plan_shards", "to_json"]
+__all__ = ["PRESETS", "AuditInputError", "AuditLog", "AuditOptions", "Issue", "Layout", "Shard",
+           "audit",
+           "audit_accumulator", "check_gates", "from_tensors", "make_layout", "plan_shards",
+           "read_log", "tensors_accumulator", "to_json"]

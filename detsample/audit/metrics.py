@@ -24,9 +24,9 @@ from fractions import Fraction
 
 import numpy as np
 
-from detsample.audit.exact import (ValueCounts, exact_mean, exact_sums, fraction_to_float,
-                                  to_fraction)
-from detsample.audit.readers import Issue
+from detsample.audit.exact import (ValueCounts, exact_marginal_sums, exact_mean, exact_sums,
+                                   fraction_to_float, to_fraction)
+from detsample.audit.issues import Issue
 from detsample.audit.validate import AuditBatch
 
 #: |d| > t mismatch thresholds, and their JSON keys
@@ -34,6 +34,9 @@ THRESHOLDS = (0.0, 1e-6, 1e-3, 1e-2, 0.1)
 THRESHOLD_KEYS = tuple(f"{t:g}" for t in THRESHOLDS)
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
 QUANTILE_KEYS = ("p50", "p90", "p99", "p99.9")
+#: quantiles of the importance ratio r = exp(d) (both tails), and their JSON keys
+RATIO_QUANTILES = (0.001, 0.01, 0.1, 0.5, 0.9, 0.99, 0.999)
+RATIO_QUANTILE_KEYS = ("p0.1", "p1", "p10", "p50", "p90", "p99", "p99.9")
 #: engine-probability bucket edges: bucket k holds p in [edge_k, edge_k+1), the last closed
 PROB_EDGES = (0.0, 1e-6, 1e-4, 1e-3, 1e-2, 0.1, 0.5, 0.9, 0.99, 1.0)
 _LOG_INNER_EDGES = np.log(np.asarray(PROB_EDGES[1:-1]))
@@ -66,17 +69,26 @@ def position_buckets(pos: np.ndarray) -> np.ndarray:
     return np.minimum(exp, NUM_POSITION_BUCKETS - 1).astype(np.int64)
 
 
+def _position_bucket_table(longest: int) -> np.ndarray:
+    """position_buckets(arange(longest)) as int8, for a gather instead of a frexp."""
+    return position_buckets(np.arange(max(longest, 1), dtype=np.int64)).astype(np.int8)
+
+
 def prob_buckets(engine_lp: np.ndarray) -> np.ndarray:
-    """Bucket of each engine probability exp(lp), compared in log space."""
-    return np.searchsorted(_LOG_INNER_EDGES, engine_lp, side="right").astype(np.int64)
+    """Bucket of each engine probability exp(lp), compared in log space: the number of
+    inner edges log(edge) <= lp (one vectorised compare per edge)."""
+    out = np.zeros(engine_lp.shape, dtype=np.int8)
+    for edge in _LOG_INNER_EDGES:
+        out += engine_lp >= edge
+    return out
 
 
 def _sum_with_inf(x: np.ndarray) -> tuple[int, int]:
     """(exact sum of the finite values, count of +inf); x has no NaN and no -inf."""
     fin = np.isfinite(x)
     if fin.all():
-        return exact_sums(x)[0], 0
-    return exact_sums(x[fin])[0], int((~fin).sum())
+        return exact_sums(x, check=False)[0], 0
+    return exact_sums(x[fin], check=False)[0], int((~fin).sum())
 
 
 def _uint_view(a: np.ndarray) -> np.ndarray:
@@ -94,20 +106,24 @@ class _Groups:
         self.sum_d = [0] * n
         self.max_abs = np.zeros(n, dtype=np.float64)
 
-    def add(self, g: np.ndarray, exact: np.ndarray, nz: np.ndarray, absn: np.ndarray,
-            neg: np.ndarray) -> None:
+    def add_counts(self, g: np.ndarray, exact: np.ndarray, nz: np.ndarray) -> None:
+        """Token, exact-match and mismatch counts per bucket (one bincount)."""
         n = self.tokens.size
-        self.tokens += np.bincount(g, minlength=n)
-        self.exact += np.bincount(g[exact], minlength=n)
-        gn = g[nz]
-        self.mismatch += np.bincount(gn, minlength=n)
-        if absn.size:
-            sums = exact_sums(absn, gn * 2 + neg, 2 * n)
-            for k in range(n):
-                p, q = sums[2 * k], sums[2 * k + 1]
-                self.sum_abs[k] += p + q
-                self.sum_d[k] += p - q
-            np.maximum.at(self.max_abs, gn, absn)
+        code = g.astype(np.int64) * 4
+        code += exact
+        code += nz * 2
+        c = np.bincount(code, minlength=4 * n).reshape(n, 4)
+        self.tokens += c.sum(axis=1)
+        self.exact += c[:, 1] + c[:, 3]
+        self.mismatch += c[:, 2] + c[:, 3]
+
+    def add_sums(self, sums: list[int], gn: np.ndarray, absn: np.ndarray) -> None:
+        """Exact sums per (bucket, sign of d) -> sum |d| and sum d; max |d| per bucket."""
+        for k in range(self.tokens.size):
+            p, q = sums[2 * k], sums[2 * k + 1]
+            self.sum_abs[k] += p + q
+            self.sum_d[k] += p - q
+        np.maximum.at(self.max_abs, gn, absn)
 
     def merge(self, o: "_Groups") -> None:
         self.tokens += o.tokens
@@ -152,7 +168,6 @@ class AuditAccumulator:
         self.exact = 0
         self.mismatch = [0] * len(THRESHOLDS)
         self.s_d2, self.inf_d2 = 0, 0
-        self.s_k3, self.inf_k3 = 0, 0
         self.s_u, self.inf_u = 0, 0  # u = r - 1 = expm1(d): no cancellation near r = 1
         self.s_u2, self.inf_u2 = 0, 0
         self.zero_d = 0
@@ -161,7 +176,7 @@ class AuditAccumulator:
         self.max_d = -math.inf
         self.min_r = math.inf
         self.max_r = -math.inf
-        self.abs_values = ValueCounts()
+        self.diff_values = ValueCounts()  # the non-zero d (signed)
         self.by_prob = _Groups(len(PROB_EDGES) - 1)
         self.by_pos = _Groups(NUM_POSITION_BUCKETS)
         self.seq_with_tokens = 0
@@ -198,87 +213,106 @@ class AuditAccumulator:
         total = int(b.offsets[-1])
         self.response_tokens += total
         m = b.mask
-        seq = np.repeat(np.arange(nseq, dtype=np.int64), lens)
-        pos = np.arange(total, dtype=np.int64) - np.repeat(b.offsets[:-1], lens)
+        pos = np.arange(total, dtype=np.int64)
+        pos -= np.repeat(b.offsets[:-1], lens)
         e, t = b.engine, b.trainer
-        if not m.all():
-            e, t, seq, pos = e[m], t[m], seq[m], pos[m]
+        if m.all():
+            ntok = lens
+        else:
+            e, t, pos = e[m], t[m], pos[m]
+            cm = np.zeros(total + 1, dtype=np.int64)
+            np.cumsum(m, out=cm[1:])
+            ntok = cm[b.offsets[1:]] - cm[b.offsets[:-1]]
         n = e.size
         self.tokens += n
         if self.compare_dtype is not None:  # both rounded to one dtype (validated finite)
             e, t = e.astype(self.compare_dtype), t.astype(self.compare_dtype)
         common = np.result_type(e.dtype, t.dtype)
         exact = _uint_view(e.astype(common, copy=False)) == _uint_view(t.astype(common, copy=False))
-        self.exact += int(exact.sum())
+        self.exact += int(np.count_nonzero(exact))
         e64 = e.astype(np.float64, copy=False)
-        d = t.astype(np.float64) - e64
+        d = t.astype(np.float64)
+        d -= e64
         nz = d != 0
-        dn = d[nz]
-        absn = np.abs(dn)
-        neg = (dn < 0).astype(np.int64)
-        self.zero_d += n - dn.size
-        self.mismatch[0] += dn.size
-        for k, thr in enumerate(THRESHOLDS[1:], start=1):
-            self.mismatch[k] += int(np.count_nonzero(absn > thr))
-        self.by_prob.add(prob_buckets(e64), exact, nz, absn, neg)
-        self.by_pos.add(position_buckets(pos), exact, nz, absn, neg)
-        if dn.size:
-            with np.errstate(over="ignore"):
-                s2, inf2 = _sum_with_inf(dn * dn)  # |d| > 1.3e154 overflows d^2
-                self.s_d2 += s2
-                self.inf_d2 += inf2
-                r = np.exp(dn)
-                u = np.expm1(dn)
-                k3 = u - dn
-                u2 = u * u
-            for name, x in (("k3", k3), ("u", u), ("u2", u2)):
-                s, inf = _sum_with_inf(x)
-                setattr(self, f"s_{name}", getattr(self, f"s_{name}") + s)
-                setattr(self, f"inf_{name}", getattr(self, f"inf_{name}") + inf)
-            self.max_abs = max(self.max_abs, float(absn.max()))
-            self.min_d = min(self.min_d, float(dn.min()))
-            self.max_d = max(self.max_d, float(dn.max()))
-            self.min_r = min(self.min_r, float(r.min()))
-            self.max_r = max(self.max_r, float(r.max()))
-            self.abs_values.add(absn)
-        if n > dn.size:  # d == 0 exactly: r = 1
+        gp = prob_buckets(e64)
+        gq = _position_bucket_table(int(lens.max()))[pos]
+        self.by_prob.add_counts(gp, exact, nz)
+        self.by_pos.add_counts(gq, exact, nz)
+        nzi = np.flatnonzero(nz)
+        self.zero_d += n - nzi.size
+        self.mismatch[0] += nzi.size
+        if n > nzi.size:  # d == 0 exactly: r = 1
             self.min_d, self.max_d = min(self.min_d, 0.0), max(self.max_d, 0.0)
             self.min_r, self.max_r = min(self.min_r, 1.0), max(self.max_r, 1.0)
-        self._update_sequences(b, seq, pos, nz, dn, absn, nseq)
+        if nzi.size == 0:
+            self.seq_with_tokens += int(np.count_nonzero(ntok))
+            return
+        dn = d[nzi]
+        absn = np.abs(dn)
+        neg = dn < 0
+        for k, thr in enumerate(THRESHOLDS[1:], start=1):
+            self.mismatch[k] += int(np.count_nonzero(absn > thr))
+        gpn, gqn = gp[nzi], gq[nzi]
+        npb, nqb = self.by_prob.tokens.size, self.by_pos.tokens.size
+        joint = gpn.astype(np.int64) * (2 * nqb)  # (probability, position, sign of d)
+        joint += gqn * 2
+        joint += neg
+        sp, sq = exact_marginal_sums(absn, joint, (npb, nqb, 2), check=False)
+        self.by_prob.add_sums(sp, gpn, absn)
+        self.by_pos.add_sums(sq, gqn, absn)
+        max_abs, min_d, max_d = float(absn.max()), float(dn.min()), float(dn.max())
+        with np.errstate(over="ignore"):
+            u = np.expm1(dn)  # u = r - 1: no cancellation near r = 1
+            u2 = u * u
+            d2 = dn * dn
+            r_ext = np.exp(np.array([min_d, max_d]))
+        if max_abs <= 300.0:  # nothing overflows (d^2, u^2 < 1e261): skip the inf checks
+            sums = [(exact_sums(x, check=False)[0], 0) for x in (d2, u, u2)]
+        else:  # |d| > 1.3e154 overflows d^2; d > 709 overflows r
+            sums = [_sum_with_inf(x) for x in (d2, u, u2)]
+        for name, (sm, inf) in zip(("d2", "u", "u2"), sums):
+            setattr(self, f"s_{name}", getattr(self, f"s_{name}") + sm)
+            setattr(self, f"inf_{name}", getattr(self, f"inf_{name}") + inf)
+        self.max_abs = max(self.max_abs, max_abs)
+        self.min_d = min(self.min_d, min_d)
+        self.max_d = max(self.max_d, max_d)
+        self.min_r = min(self.min_r, float(r_ext[0]))  # exp is monotone: min r = exp(min d)
+        self.max_r = max(self.max_r, float(r_ext[1]))
+        self.diff_values.add(dn)
+        seq_nz = np.repeat(np.arange(nseq, dtype=np.int64), ntok)[nzi]
+        self._update_sequences(b, ntok, seq_nz, pos[nzi], dn, absn, nseq)
 
-    def _update_sequences(self, b: AuditBatch, seq: np.ndarray, pos: np.ndarray,
-                          nz: np.ndarray, dn: np.ndarray, absn: np.ndarray, nseq: int) -> None:
-        ntok = np.bincount(seq, minlength=nseq)
+    def _update_sequences(self, b: AuditBatch, ntok: np.ndarray, seq_nz: np.ndarray,
+                          pos_nz: np.ndarray, dn: np.ndarray, absn: np.ndarray,
+                          nseq: int) -> None:
         has = ntok > 0
         self.seq_with_tokens += int(has.sum())
-        seq_nz = seq[nz]
         # per-sequence float64 sum of d, sequential in token order (zeros skipped: adding
         # +-0 never changes a running sum that starts at +0)
         full_sum = np.bincount(seq_nz, weights=dn, minlength=nseq)
         seq_sum = full_sum[has]
         lppl = -seq_sum / ntok[has]
-        if seq_nz.size:
-            self.s_seq_sum += exact_sums(seq_sum)[0]
-            self.s_seq_abs += exact_sums(np.abs(seq_sum))[0]
-            self.max_seq_abs = max(self.max_seq_abs, float(np.abs(seq_sum).max()))
-            self.s_lppl += exact_sums(lppl)[0]
-            self.s_lppl_abs += exact_sums(np.abs(lppl))[0]
-            self.max_lppl_abs = max(self.max_lppl_abs, float(np.abs(lppl).max()))
-            starts = np.flatnonzero(np.r_[True, seq_nz[1:] != seq_nz[:-1]])
-            div_seq = seq_nz[starts]
-            self.seq_mismatch += div_seq.size
-            first = pos[nz][starts]
-            fp, fc = np.unique(first, return_counts=True)
-            for p, c in zip(fp.tolist(), fc.tolist()):
-                self.first_div[p] = self.first_div.get(p, 0) + c
-            self.first_div_buckets += np.bincount(position_buckets(first),
-                                                  minlength=NUM_POSITION_BUCKETS)
-            seq_max = np.maximum.reduceat(absn, starts)
-            top = np.lexsort((b.lines[div_seq], -seq_max))[:MAX_WORST]
-            cand = [(-float(seq_max[k]), b.source, int(b.lines[div_seq[k]]), b.unit,
-                     b.ids[div_seq[k]], float(full_sum[div_seq[k]]), int(first[k]))
-                    for k in top.tolist()]
-            self.worst = sorted(self.worst + cand)[:MAX_WORST]
+        self.s_seq_sum += exact_sums(seq_sum)[0]
+        self.s_seq_abs += exact_sums(np.abs(seq_sum))[0]
+        self.max_seq_abs = max(self.max_seq_abs, float(np.abs(seq_sum).max()))
+        self.s_lppl += exact_sums(lppl)[0]
+        self.s_lppl_abs += exact_sums(np.abs(lppl))[0]
+        self.max_lppl_abs = max(self.max_lppl_abs, float(np.abs(lppl).max()))
+        starts = np.flatnonzero(np.r_[True, seq_nz[1:] != seq_nz[:-1]])
+        div_seq = seq_nz[starts]
+        self.seq_mismatch += div_seq.size
+        first = pos_nz[starts]
+        fp, fc = np.unique(first, return_counts=True)
+        for p, c in zip(fp.tolist(), fc.tolist()):
+            self.first_div[p] = self.first_div.get(p, 0) + c
+        self.first_div_buckets += np.bincount(position_buckets(first),
+                                              minlength=NUM_POSITION_BUCKETS)
+        seq_max = np.maximum.reduceat(absn, starts)
+        top = np.lexsort((b.lines[div_seq], -seq_max))[:MAX_WORST]
+        cand = [(-float(seq_max[k]), b.source, int(b.lines[div_seq[k]]), b.unit,
+                 b.ids[div_seq[k]], float(full_sum[div_seq[k]]), int(first[k]))
+                for k in top.tolist()]
+        self.worst = sorted(self.worst + cand)[:MAX_WORST]
 
     def merge(self, o: "AuditAccumulator") -> None:
         """Add another accumulator (the shard that comes after this one in file order)."""
@@ -292,7 +326,7 @@ class AuditAccumulator:
         for k, v in o.excluded_by_kind.items():
             self.excluded_by_kind[k] = self.excluded_by_kind.get(k, 0) + v
         self.issues = (self.issues + o.issues)[:MAX_ISSUES]
-        for name in ("response_tokens", "tokens", "exact", "s_d2", "inf_d2", "s_k3", "inf_k3", "s_u",
+        for name in ("response_tokens", "tokens", "exact", "s_d2", "inf_d2", "s_u",
                      "inf_u", "s_u2", "inf_u2", "zero_d", "seq_with_tokens", "seq_mismatch",
                      "s_seq_sum", "s_seq_abs", "s_lppl", "s_lppl_abs"):
             setattr(self, name, getattr(self, name) + getattr(o, name))
@@ -301,7 +335,7 @@ class AuditAccumulator:
             setattr(self, name, max(getattr(self, name), getattr(o, name)))
         for name in ("min_d", "min_r"):
             setattr(self, name, min(getattr(self, name), getattr(o, name)))
-        self.abs_values.merge(o.abs_values)
+        self.diff_values.merge(o.diff_values)
         self.by_prob.merge(o.by_prob)
         self.by_pos.merge(o.by_pos)
         for p, c in o.first_div.items():
@@ -344,7 +378,10 @@ class AuditAccumulator:
                      "ess": None, "ess_fraction": None, "chi2": math.inf}
         else:
             ratio = {k: None for k in ("mean", "std", "min", "max", "ess", "ess_fraction", "chi2")}
-        quant = self.abs_values.quantiles(list(QUANTILES), zeros=self.zero_d)
+        abs_values = self.diff_values.absolute()
+        quant = abs_values.quantiles(list(QUANTILES), zeros=self.zero_d)
+        ratio["quantiles"] = dict(zip(RATIO_QUANTILE_KEYS, self.diff_values.quantiles(
+            list(RATIO_QUANTILES), zeros=self.zero_d, transform=np.exp)))
         fd_total = sum(self.first_div.values())
         fd = {"sequences": fd_total, "min": None, "p50": None, "mean": None, "max": None}
         if fd_total:
@@ -355,7 +392,7 @@ class AuditAccumulator:
                       mean=fraction_to_float(Fraction(sum(k * c for k, c in self.first_div.items()),
                                                       fd_total)))
         ns = self.seq_with_tokens
-        hist = self.abs_values.histogram(np.r_[0.0, HIST_EDGES, np.inf])
+        hist = abs_values.histogram(np.r_[0.0, HIST_EDGES, np.inf])
         pos_labels = position_bucket_labels()
         return {
             "sources": list(self.sources),
@@ -382,7 +419,9 @@ class AuditAccumulator:
             "k1_kl_mean": exact_mean(-s_d, n),
             "k2_kl_mean": None if not n else (math.inf if self.inf_d2
                                               else exact_mean(self.s_d2, 2 * n)),
-            "k3_kl_mean": None if not n else (math.inf if self.inf_k3 else exact_mean(self.s_k3, n)),
+            # k3 = (r - 1) - d = u - d: sum u - sum d, both exact (no per-token rounding)
+            "k3_kl_mean": None if not n else (math.inf if self.inf_u
+                                              else exact_mean(self.s_u - s_d, n)),
             "importance_ratio": ratio,
             "sequence": {
                 "sequences_with_tokens": ns,

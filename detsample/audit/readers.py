@@ -1,96 +1,46 @@
-"""Readers of audit inputs (JSONL, NPZ, Parquet, in-memory records), streamed in chunks.
+"""Readers of record-shaped audit inputs (JSONL files, in-memory records), streamed in chunks.
 
-Every reader yields :class:`RawChunk` objects: a run of consecutive sequences stored
-column by column (flat values + per-sequence lengths). Readers only parse; the value
+Every reader yields :class:`~detsample.audit.table.TableChunk` objects: a run of
+consecutive sequences, column by column, under the file's own column names (the ones a
+:class:`~detsample.audit.layout.Resolved` layout asks for). Readers only parse; the value
 checks (NaN, positive logprobs, count mismatches...) live in :mod:`detsample.audit.validate`
 and are the same for every format. A sequence a reader cannot parse (bad JSON, a field of
 the wrong type) is kept in the chunk with a parse issue, so it is excluded and counted.
 
-Formats (the same columns everywhere):
+Formats (default column names; ``--columns`` / ``--preset`` rename them):
 
 * JSONL: one JSON object per line with ``id``, ``prompt_ids``, ``response_ids``,
   ``engine_logprobs`` and optionally ``trainer_logprobs`` and ``mask`` (1 = trained).
-* NPZ: ``id`` [S], and for each list column ``C`` a flat 1-D array ``C`` with
-  ``C_offsets`` [S+1] (sequence i is ``C[C_offsets[i]:C_offsets[i+1]]``). Uncompressed
-  members are memory-mapped, compressed ones streamed, so files larger than memory work.
-* Parquet: columns ``id`` and list columns of the same names (pyarrow), read in batches.
+* NPZ, Parquet, torch ``.pt``: :mod:`detsample.audit.npz`, :mod:`detsample.audit.parquet`,
+  :mod:`detsample.audit.torchfile`.
 
-Locations: JSONL issues name the 1-based line; NPZ and Parquet the 0-based row.
+Locations: JSONL issues name the 1-based line; the other formats the 0-based row.
 """
 
 from __future__ import annotations
 
 import json
-import struct
-import zipfile
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from detsample.errors import DetsampleError
+from detsample.audit.issues import AuditInputError, Issue
+from detsample.audit.layout import (COLUMN_KINDS, LIST_COLUMNS, REQUIRED_COLUMNS, ROLES,
+                                    Resolved)
+from detsample.audit.table import PerRow, Ragged, RawChunk, TableChunk
 
-LIST_COLUMNS = ("prompt_ids", "response_ids", "engine_logprobs", "trainer_logprobs", "mask")
-REQUIRED_COLUMNS = ("id", "prompt_ids", "response_ids", "engine_logprobs")
-OPTIONAL_COLUMNS = ("trainer_logprobs", "mask")
-#: numpy dtype kinds accepted per column
-COLUMN_KINDS = {
-    "prompt_ids": "iu",
-    "response_ids": "iu",
-    "engine_logprobs": "fiu",
-    "trainer_logprobs": "fiu",
-    "mask": "biu",
-}
+__all__ = ["AuditInputError", "COLUMN_KINDS", "DEFAULT_CHUNK_TOKENS", "Issue", "LIST_COLUMNS",
+           "REQUIRED_COLUMNS", "RawChunk", "arrow_to_table", "detect_format",
+           "iter_jsonl_chunks", "iter_record_chunks", "peek_jsonl_keys", "split_jsonl"]
+
 DEFAULT_CHUNK_TOKENS = 1 << 18
-
-
-class AuditInputError(DetsampleError, ValueError):
-    """An audit input is malformed (file, line/row and field named)."""
-
-
-@dataclass(frozen=True)
-class Issue:
-    """One rejected sequence: where it is, which field, what is wrong."""
-
-    source: str
-    line: int
-    field: str
-    kind: str
-    message: str
-    unit: str = "line"  # "line" (1-based, JSONL) or "row" (0-based, NPZ/Parquet/records)
-
-    def __str__(self) -> str:
-        return f"{self.source}:{self.unit} {self.line}: {self.field}: {self.message}"
-
-    def to_json(self) -> dict:
-        return {"source": self.source, self.unit: self.line, "field": self.field,
-                "kind": self.kind, "message": self.message}
-
-
-@dataclass
-class RawChunk:
-    """Consecutive sequences, column-major, as parsed (not yet validated).
-
-    ids: S ids (str). lines: int64 [S] locations. values[c]: flat values of column c over
-    the sequences that have it; lengths[c]: int64 [S], -1 where the sequence lacks c (a
-    column absent from the whole chunk may be missing from both dicts).
-    flagged: sequence index -> parse issue (those sequences are excluded).
-    """
-
-    source: str
-    unit: str
-    ids: list[str]
-    lines: np.ndarray
-    values: dict[str, np.ndarray]
-    lengths: dict[str, np.ndarray]
-    flagged: dict[int, Issue] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.ids)
+#: the response-side columns whose sizes measure a chunk (tokens per chunk)
+_SIZE_COLUMNS = ("response_ids", "input_ids")
 
 
 def detect_format(path: str) -> str:
-    """"jsonl", "npz" or "parquet" from the file name (".json"/".jsonl"/".ndjson" -> jsonl)."""
+    """"jsonl", "npz", "parquet" or "pt" from the file name (".json"/".jsonl"/".ndjson" ->
+    jsonl; ".pt"/".pth" -> a torch file, read with ``weights_only=True``)."""
     low = str(path).lower()
     if low.endswith((".jsonl", ".ndjson", ".json", ".jsonl.txt")):
         return "jsonl"
@@ -98,24 +48,36 @@ def detect_format(path: str) -> str:
         return "npz"
     if low.endswith((".parquet", ".pq")):
         return "parquet"
-    raise AuditInputError(f"{path}: unknown input format (expected .jsonl, .npz or .parquet)")
+    if low.endswith((".pt", ".pth")):
+        return "pt"
+    raise AuditInputError(f"{path}: unknown input format (expected .jsonl, .npz, .parquet or .pt)")
+
+
+def kind_words(column: str) -> str:
+    """What a canonical column holds, for messages: "integers", "numbers", "0/1 or booleans"."""
+    return {"iu": "integers", "fiu": "numbers", "biu": "0/1 or booleans"}[COLUMN_KINDS[column]]
 
 
 # --------------------------------------------------------------------------- records / JSONL
 
 
 class _ChunkBuilder:
-    """Accumulates parsed records (dicts) into RawChunks of about ``chunk_tokens`` tokens."""
+    """Accumulates parsed records (mappings) into TableChunks of about ``chunk_tokens``
+    response tokens, reading the file columns that ``resolved`` asks for."""
 
-    def __init__(self, source: str, unit: str, chunk_tokens: int) -> None:
+    def __init__(self, source: str, unit: str, chunk_tokens: int, resolved: Resolved) -> None:
         self.source, self.unit, self.chunk_tokens = source, unit, chunk_tokens
+        self.id_col = resolved.id_column
+        self.wants = [(c, d) for c, d in resolved.wants() if c != self.id_col]
+        self.required = set(resolved.required())
+        self.size_cols = [c for c, d in self.wants if d in _SIZE_COLUMNS]
         self._reset()
 
     def _reset(self) -> None:
         self.ids: list[str] = []
         self.lines: list[int] = []
-        self.parts: dict[str, list[np.ndarray]] = {c: [] for c in LIST_COLUMNS}
-        self.lens: dict[str, list[int]] = {c: [] for c in LIST_COLUMNS}
+        self.parts: dict[str, list[np.ndarray]] = {c: [] for c, _ in self.wants}
+        self.lens: dict[str, list[int]] = {c: [] for c, _ in self.wants}
         self.flagged: dict[int, Issue] = {}
         self.tokens = 0
 
@@ -126,7 +88,7 @@ class _ChunkBuilder:
         self.flagged[len(self.ids)] = issue
         self.ids.append(rid)
         self.lines.append(line)
-        for c in LIST_COLUMNS:
+        for c, _ in self.wants:
             self.lens[c].append(-1)
 
     def add(self, line: int, rec: object) -> None:
@@ -134,88 +96,123 @@ class _ChunkBuilder:
             self.add_bad(line, self._issue(line, "<record>", "bad_type",
                                            f"expected a JSON object, got {type(rec).__name__}"))
             return
-        rid = rec.get("id")
-        if rid is None:
-            self.add_bad(line, self._issue(line, "id", "missing_column", "missing column 'id'"))
-            return
-        if not isinstance(rid, (str, int)) or isinstance(rid, bool):
-            self.add_bad(line, self._issue(line, "id", "bad_type",
-                                           f"id must be a string or an integer, got {rid!r:.60}"))
-            return
-        arrays: dict[str, np.ndarray] = {}
-        for c in LIST_COLUMNS:
+        if self.id_col is None:
+            rid: object = line
+        else:
+            rid = rec.get(self.id_col)
+            if rid is None:
+                self.add_bad(line, self._issue(line, self.id_col, "missing_column",
+                                               f"missing column '{self.id_col}'"))
+                return
+            rid = _as_id(rid)
+            if rid is None:
+                self.add_bad(line, self._issue(line, self.id_col, "bad_type",
+                                               f"{self.id_col} must be a string or an integer, "
+                                               f"got {rec.get(self.id_col)!r:.60}"))
+                return
+        arrays: dict[str, np.ndarray | int] = {}
+        for c, dst in self.wants:
             v = rec.get(c)
             if v is None:
-                if c in REQUIRED_COLUMNS:
+                if c in self.required:
                     self.add_bad(line, self._issue(line, c, "missing_column",
                                                    f"missing column '{c}'"), str(rid))
                     return
                 continue
-            a, problem = _as_column(c, v)
-            if problem is not None:
-                self.add_bad(line, self._issue(line, c, *problem), str(rid))
+            if ROLES[dst] == "row":
+                a, kind, problem = _as_count(v)
+            else:
+                a, kind, problem = _as_column(dst, v)
+            if problem:
+                self.add_bad(line, self._issue(line, c, kind, problem), str(rid))
                 return
             arrays[c] = a
         self.ids.append(str(rid))
         self.lines.append(line)
-        for c in LIST_COLUMNS:
+        for c, _ in self.wants:
             a = arrays.get(c)
             if a is None:
                 self.lens[c].append(-1)
-            else:
+            elif isinstance(a, np.ndarray):
                 self.parts[c].append(a)
                 self.lens[c].append(a.size)
-        self.tokens += arrays["response_ids"].size + 1
+            else:  # a per-row count
+                self.lens[c].append(a)
+        self.tokens += 1 + sum(arrays[c].size for c in self.size_cols  # type: ignore[union-attr]
+                               if c in arrays)
 
     def full(self) -> bool:
         return self.tokens >= self.chunk_tokens
 
-    def take(self) -> RawChunk | None:
+    def take(self) -> TableChunk | None:
         if not self.ids:
             return None
-        values = {}
-        lengths = {}
-        for c in LIST_COLUMNS:
-            lengths[c] = np.asarray(self.lens[c], dtype=np.int64)
+        cols: dict = {}
+        if self.id_col is not None:
+            cols[self.id_col] = PerRow(self.ids)
+        for c, dst in self.wants:
+            lengths = np.asarray(self.lens[c], dtype=np.int64)
+            if ROLES[dst] == "row":
+                cols[c] = PerRow(lengths)
+                continue
             parts = self.parts[c]
             if parts:
-                values[c] = np.concatenate(parts) if len(parts) > 1 else parts[0]
+                values = np.concatenate(parts) if len(parts) > 1 else parts[0]
             else:
-                values[c] = np.empty(0, dtype=np.float64 if "logprob" in c else np.int64)
-        chunk = RawChunk(self.source, self.unit, self.ids, np.asarray(self.lines, dtype=np.int64),
-                         values, lengths, self.flagged)
+                values = np.empty(0, dtype=np.float64 if "logprob" in dst else np.int64)
+            cols[c] = Ragged(values, lengths)
+        chunk = TableChunk(self.source, self.unit, np.asarray(self.lines, dtype=np.int64), cols,
+                           self.flagged)
         self._reset()
         return chunk
 
 
-def _as_column(c: str, v: object) -> tuple[np.ndarray | None, tuple[str, str] | None]:
-    """One record's column as a 1-D array of the column's canonical dtype, or a problem
-    ``(kind, message)``: kind "ragged" (not a flat list) or "bad_type" (values)."""
-    if c != "mask" and isinstance(v, list):  # numpy would coerce False -> 0.0, True -> 1
+def _as_id(rid: object) -> str | None:
+    if isinstance(rid, bool):
+        return None
+    if isinstance(rid, (str, int)):
+        return str(rid)
+    if isinstance(rid, np.generic) or (hasattr(rid, "ndim") and getattr(rid, "ndim") == 0):
+        item = rid.item()  # type: ignore[attr-defined]
+        return str(item) if isinstance(item, (str, int)) and not isinstance(item, bool) else None
+    return None
+
+
+def _as_count(v: object) -> tuple[int, str, str | None]:
+    """A per-row count (response_length): a non-negative integer."""
+    if hasattr(v, "ndim") and getattr(v, "ndim") == 0:
+        v = v.item()  # type: ignore[attr-defined]
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        return 0, "bad_type", f"must be an integer, got {v!r:.40}"
+    if v < 0:
+        return 0, "bad_type", f"must be >= 0, got {v}"
+    return int(v), "", None
+
+
+def _as_column(c: str, v: object) -> tuple[np.ndarray | None, str, str | None]:
+    """One record's column as a 1-D array of the canonical column ``c``'s dtype, or
+    (None, kind, problem)."""
+    if "mask" not in c and isinstance(v, list):  # numpy would coerce False -> 0.0, True -> 1
         bad = next((x for x in v if x is True or x is False), None)
         if bad is not None:
-            return None, ("bad_type", f"values must be {_kind_words(c)}, got {bad!r}")
+            return None, "bad_type", f"values must be {kind_words(c)}, got {bad!r}"
     try:
         a = np.asarray(v)
     except (ValueError, TypeError) as exc:  # ragged nested lists
-        return None, ("ragged", f"not a flat list of numbers ({exc})")
+        return None, "ragged", f"not a flat list of numbers ({exc})"
     if a.ndim != 1:
-        return None, ("ragged", f"must be a flat list, got {a.ndim} dimensions")
+        return None, "ragged", f"must be a flat list, got {a.ndim} dimensions"
     if a.size and a.dtype.kind not in COLUMN_KINDS[c]:
-        return None, ("bad_type", f"values must be {_kind_words(c)}, got {_first_bad(a)}")
-    if c in ("prompt_ids", "response_ids") and (a.size == 0 or a.dtype.kind == "u"):
+        return None, "bad_type", f"values must be {kind_words(c)}, got {_first_bad(a)}"
+    if COLUMN_KINDS[c] == "iu" and (a.size == 0 or a.dtype.kind == "u"):
         if a.size and a.max() > np.iinfo(np.int64).max:
-            return None, ("bad_type", f"token id {a.max()} is out of the int64 range")
-        return a.astype(np.int64), None  # [] is float64 for numpy; uint64 + int64 -> float64
+            return None, "bad_type", f"token id {a.max()} is out of the int64 range"
+        return a.astype(np.int64), "", None  # [] is float64 for numpy; uint64 + int64 -> float64
     if "logprob" in c and (a.size == 0 or a.dtype.kind in "iu"):
-        return a.astype(np.float64), None
-    if c == "mask" and a.size == 0:
-        return a.astype(bool), None
-    return a, None
-
-
-def _kind_words(column: str) -> str:
-    return {"iu": "integers", "fiu": "numbers", "biu": "0/1 or booleans"}[COLUMN_KINDS[column]]
+        return a.astype(np.float64), "", None
+    if "mask" in c and a.size == 0:
+        return a.astype(bool), "", None
+    return a, "", None
 
 
 def _first_bad(a: np.ndarray) -> str:
@@ -228,14 +225,16 @@ def _first_bad(a: np.ndarray) -> str:
     return f"dtype {a.dtype}"
 
 
-def iter_record_chunks(records: Iterable[object], source: str = "<records>",
-                       chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Iterator[RawChunk]:
-    """Chunks from in-memory records (mappings with the JSONL fields; lists or arrays).
-    Locations are 0-based record indices (unit "row")."""
-    yield from _build_chunks(_ChunkBuilder(source, "row", chunk_tokens), enumerate(records))
+def iter_record_chunks(records: Iterable[object], resolved: Resolved,
+                       source: str = "<records>", chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                       first_row: int = 0) -> Iterator[TableChunk]:
+    """Chunks from in-memory records (mappings; values lists or arrays). Locations are
+    0-based record indices (unit "row"), counted from ``first_row``."""
+    yield from _build_chunks(_ChunkBuilder(source, "row", chunk_tokens, resolved),
+                             enumerate(records, start=first_row))
 
 
-def _build_chunks(b: _ChunkBuilder, items: Iterable[tuple[int, object]]) -> Iterator[RawChunk]:
+def _build_chunks(b: _ChunkBuilder, items: Iterable[tuple[int, object]]) -> Iterator[TableChunk]:
     """Feed (location, record or parse Issue) pairs to a builder; yield its chunks."""
     for loc, rec in items:
         if isinstance(rec, Issue):
@@ -260,9 +259,23 @@ def _parse_json_lines(path: str, lines: list[tuple[int, bytes]]) -> Iterator[tup
             yield k, Issue(path, k, "<line>", "bad_json", msg, "line")
 
 
-def iter_jsonl_chunks(path: str, start: int = 0, end: int | None = None, first_line: int = 1,
-                      chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-                      parser: str = "auto") -> Iterator[RawChunk]:
+def peek_jsonl_keys(path: str) -> list[str]:
+    """The keys of the first JSON object of a JSONL file (what a layout resolves against);
+    [] when the first non-blank line is not a JSON object."""
+    with open(path, "rb") as f:
+        for ln in f:
+            if ln.strip():
+                try:
+                    rec = json.loads(ln)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    return []
+                return list(rec) if isinstance(rec, dict) else []
+    return []
+
+
+def iter_jsonl_chunks(path: str, resolved: Resolved, start: int = 0, end: int | None = None,
+                      first_line: int = 1, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                      parser: str = "auto") -> Iterator[TableChunk]:
     """Chunks of the JSONL lines whose first byte lies in [start, end) (start must be the
     beginning of a line, ``first_line`` its 1-based number). Blank lines are skipped.
 
@@ -292,11 +305,12 @@ def iter_jsonl_chunks(path: str, start: int = 0, end: int | None = None, first_l
             if not nonblank:
                 continue
             lines = np.array([k for k, _ in nonblank], dtype=np.int64)
-            chunk = _arrow_jsonl_block(buf, str(path), lines) if parser == "auto" else None
+            chunk = (_arrow_jsonl_block(buf, str(path), lines, resolved) if parser == "auto"
+                     else None)
             if chunk is not None:
                 yield chunk
                 continue
-            yield from _build_chunks(_ChunkBuilder(str(path), "line", chunk_tokens),
+            yield from _build_chunks(_ChunkBuilder(str(path), "line", chunk_tokens, resolved),
                                      _parse_json_lines(str(path), nonblank))
 
 
@@ -334,197 +348,11 @@ def _count_newlines(f, start: int, end: int, block: int = 1 << 24) -> int:
     return n
 
 
-# --------------------------------------------------------------------------- NPZ
+# --------------------------------------------------------------------------- Arrow
 
 
-class _NpzArray:
-    """A 1-D array member of an NPZ file, read by slices without loading it whole:
-    memory-mapped when stored uncompressed, streamed through zipfile when compressed."""
-
-    def __init__(self, path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
-        self.path, self.name = path, info.filename[:-4]
-        with zf.open(info) as f:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            else:
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-            header_len = f.tell()
-        if dtype.hasobject:
-            fix = ("store the ids as a string (dtype=str) or integer array" if self.name == "id"
-                   else f"store flat values with '{self.name}_offsets'")
-            raise AuditInputError(f"{path}: {self.name}: object arrays are not supported; "
-                                  f"{fix} (see docs/audit.md)")
-        self.shape, self.dtype, self.fortran = tuple(shape), dtype, fortran
-        self._zf, self._info, self._header_len = zf, info, header_len
-        self._mm = None
-        self._stream = None
-        if info.compress_type == zipfile.ZIP_STORED:
-            with open(path, "rb") as raw:
-                raw.seek(info.header_offset)
-                local = raw.read(30)
-                name_len, extra_len = struct.unpack("<HH", local[26:30])
-            offset = info.header_offset + 30 + name_len + extra_len + header_len
-            n = int(np.prod(shape)) if shape else 1
-            self._mm = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(n,)) if n else \
-                np.empty(0, dtype=dtype)
-
-    def __len__(self) -> int:
-        return self.shape[0] if self.shape else 1
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        """Elements [start, stop) as an in-memory array."""
-        if self._mm is not None:
-            return np.array(self._mm[start:stop])
-        if self._stream is None:
-            self._stream = self._zf.open(self._info)
-        item = self.dtype.itemsize
-        self._stream.seek(self._header_len + start * item)
-        buf = self._stream.read((stop - start) * item)
-        return np.frombuffer(buf, dtype=self.dtype).copy()
-
-    def all(self) -> np.ndarray:
-        return self.read(0, len(self))
-
-
-class NpzSource:
-    """An NPZ audit input: column directory, offsets validated at open."""
-
-    def __init__(self, path: str) -> None:
-        self.path = str(path)
-        try:
-            self._zf = zipfile.ZipFile(self.path)
-        except (zipfile.BadZipFile, OSError) as exc:
-            raise AuditInputError(f"{self.path}: not a readable NPZ file ({exc})") from exc
-        members = {i.filename[:-4]: i for i in self._zf.infolist() if i.filename.endswith(".npy")}
-        self.arrays = {k: _NpzArray(self.path, self._zf, v) for k, v in members.items()}
-        if "id" not in self.arrays:
-            raise AuditInputError(f"{self.path}: missing column 'id'")
-        ids = self.arrays["id"]
-        if len(ids.shape) != 1:
-            raise AuditInputError(f"{self.path}: id must be 1-D, got shape {ids.shape}")
-        self.num_sequences = len(ids)
-        self.offsets: dict[str, np.ndarray] = {}
-        self.missing = [c for c in REQUIRED_COLUMNS[1:] if c not in self.arrays]
-        for c in LIST_COLUMNS:
-            if c not in self.arrays:
-                continue
-            arr = self.arrays[c]
-            if len(arr.shape) != 1:
-                raise AuditInputError(f"{self.path}: {c}: must be flat (1-D) with {c}_offsets, "
-                                      f"got shape {arr.shape}")
-            if arr.dtype.kind not in COLUMN_KINDS[c]:
-                raise AuditInputError(f"{self.path}: {c}: values must be {_kind_words(c)}, "
-                                      f"got dtype {arr.dtype}")
-            if f"{c}_offsets" not in self.arrays:
-                raise AuditInputError(f"{self.path}: {c}: missing column '{c}_offsets'")
-            off = self.arrays[f"{c}_offsets"].all()
-            self.offsets[c] = _check_offsets(self.path, c, off, self.num_sequences, len(arr))
-
-    def close(self) -> None:
-        self._zf.close()
-
-    def iter_chunks(self, start: int = 0, stop: int | None = None,
-                    chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Iterator[RawChunk]:
-        """Chunks of sequences [start, stop) (0-based rows)."""
-        stop = self.num_sequences if stop is None else stop
-        resp = self.offsets.get("response_ids")
-        i = start
-        while i < stop:
-            if resp is not None:  # about chunk_tokens response tokens per chunk
-                j = int(np.searchsorted(resp, resp[i] + chunk_tokens, side="right")) - 1
-                j = min(max(j, i + 1), stop)
-            else:
-                j = min(i + 4096, stop)
-            yield self._chunk(i, j)
-            i = j
-
-    def _chunk(self, i: int, j: int) -> RawChunk:
-        ids = [x if isinstance(x, str) else (x.decode() if isinstance(x, bytes) else str(x))
-               for x in self.arrays["id"].read(i, j).tolist()]
-        values, lengths = {}, {}
-        for c, off in self.offsets.items():
-            o = off[i:j + 1]
-            values[c] = self.arrays[c].read(int(o[0]), int(o[-1]))
-            lengths[c] = np.diff(o)
-        for c in self.missing:
-            lengths[c] = np.full(j - i, -1, dtype=np.int64)
-        return RawChunk(self.path, "row", ids, np.arange(i, j, dtype=np.int64), values, lengths)
-
-
-def _check_offsets(path: str, column: str, off: np.ndarray, nseq: int, nvalues: int) -> np.ndarray:
-    name = f"{column}_offsets"
-    if off.ndim != 1 or off.size != nseq + 1:
-        raise AuditInputError(f"{path}: {name}: must have len(id) + 1 = {nseq + 1} entries, "
-                              f"got shape {off.shape}")
-    if off.dtype.kind not in "iu":
-        raise AuditInputError(f"{path}: {name}: must be integers, got dtype {off.dtype}")
-    off = off.astype(np.int64)
-    if off[0] != 0:
-        raise AuditInputError(f"{path}: {name}: must start at 0, got {off[0]}")
-    bad = np.flatnonzero(np.diff(off) < 0)
-    if bad.size:
-        raise AuditInputError(f"{path}: {name}: ragged offsets, decreasing at row {bad[0]} "
-                              f"({off[bad[0]]} -> {off[bad[0] + 1]})")
-    if off[-1] != nvalues:
-        raise AuditInputError(f"{path}: {name}: last offset {off[-1]} != number of values "
-                              f"{nvalues} in '{column}'")
-    return off
-
-
-# --------------------------------------------------------------------------- Parquet
-
-_PARQUET_VALUE_TYPES = {"iu": "integer", "fiu": "floating point or integer", "biu": "bool or integer"}
-
-
-class ParquetSource:
-    """A Parquet audit input, read in record batches (optionally a subset of row groups)."""
-
-    def __init__(self, path: str) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        self.path = str(path)
-        try:
-            self._pf = pq.ParquetFile(self.path)
-        except (OSError, pa.ArrowException) as exc:
-            raise AuditInputError(f"{self.path}: not a readable Parquet file ({exc})") from exc
-        schema = self._pf.schema_arrow
-        names = set(schema.names)
-        if "id" not in names:
-            raise AuditInputError(f"{self.path}: missing column 'id'")
-        self.columns = [c for c in LIST_COLUMNS if c in names]
-        self.missing = [c for c in REQUIRED_COLUMNS[1:] if c not in names]
-        for c in self.columns:
-            t = schema.field(c).type
-            if not _arrow_is_list(t):
-                raise AuditInputError(f"{self.path}: {c}: must be a list column, got {t}")
-            if not _arrow_value_type_ok(c, t.value_type):
-                raise AuditInputError(f"{self.path}: {c}: values must be "
-                                      f"{_PARQUET_VALUE_TYPES[COLUMN_KINDS[c]]}, got {t.value_type}")
-        md = self._pf.metadata
-        self.row_group_rows = [md.row_group(k).num_rows for k in range(md.num_row_groups)]
-        self.num_sequences = md.num_rows
-
-    def iter_chunks(self, row_groups: list[int] | None = None,
-                    chunk_rows: int = 2048) -> Iterator[RawChunk]:
-        groups = list(range(len(self.row_group_rows))) if row_groups is None else list(row_groups)
-        if not groups:
-            return
-        row = sum(self.row_group_rows[:groups[0]])
-        if groups != list(range(groups[0], groups[0] + len(groups))):
-            raise ValueError("row_groups must be consecutive")
-        for batch in self._pf.iter_batches(batch_size=chunk_rows, row_groups=groups,
-                                           columns=["id"] + self.columns, use_threads=False):
-            n = batch.num_rows
-            chunk = arrow_to_chunk(batch, self.path, "row", np.arange(row, row + n, dtype=np.int64))
-            for c in self.missing:
-                chunk.lengths[c] = np.full(n, -1, dtype=np.int64)
-            yield chunk
-            row += n
-
-
-def _arrow_value_type_ok(column: str, vt) -> bool:
+def arrow_value_type_ok(column: str, vt) -> bool:
+    """Whether an Arrow list's value type suits canonical column ``column``."""
     import pyarrow as pa
 
     kinds = COLUMN_KINDS[column]
@@ -532,32 +360,40 @@ def _arrow_value_type_ok(column: str, vt) -> bool:
             or ("b" in kinds and pa.types.is_boolean(vt)))
 
 
-def _arrow_is_list(t) -> bool:
+def arrow_is_list(t) -> bool:
     import pyarrow as pa
 
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
-def arrow_to_chunk(table, source: str, unit: str, lines: np.ndarray) -> RawChunk:
-    """A RawChunk from an Arrow table or record batch with the audit's columns (types
-    already checked). Null ids and nulls inside lists flag their row; a null list is an
-    absent column for that row (length -1)."""
+def arrow_to_table(table, source: str, unit: str, lines: np.ndarray,
+                   resolved: Resolved) -> TableChunk:
+    """A TableChunk from an Arrow table or record batch holding the columns ``resolved``
+    asks for (types already checked). Null ids and nulls inside lists flag their row; a
+    null list is an absent column for that row (length -1); a per-row count column
+    (response_length) is read as int64 (-1 where null)."""
     import pyarrow.compute as pc
 
     n = table.num_rows
     names = table.schema.names
-    ids_col = table.column("id")
-    ids = ["" if x is None else str(x) for x in ids_col.to_pylist()]
     flagged: dict[int, Issue] = {}
-    if ids_col.null_count:
-        for k in np.flatnonzero(np.asarray(ids_col.is_null())).tolist():
-            flagged[k] = Issue(source, int(lines[k]), "id", "missing_column",
-                               "missing column 'id'", unit)
-    values, lengths = {}, {}
-    for c in LIST_COLUMNS:
-        if c not in names:
+    cols: dict = {}
+    id_col = resolved.id_column
+    if id_col is not None and id_col in names:
+        col = table.column(id_col)
+        cols[id_col] = PerRow(["" if x is None else str(x) for x in col.to_pylist()])
+        if col.null_count:
+            for k in np.flatnonzero(np.asarray(col.is_null())).tolist():
+                flagged[k] = Issue(source, int(lines[k]), id_col, "missing_column",
+                                   f"missing column '{id_col}'", unit)
+    for c, dst in resolved.wants():
+        if c == id_col or c not in names:
             continue
         col = table.column(c)
+        if ROLES[dst] == "row":
+            cols[c] = PerRow(pc.fill_null(col, -1).to_numpy(zero_copy_only=False)
+                             .astype(np.int64))
+            continue
         lens = pc.fill_null(pc.list_value_length(col), -1).to_numpy(zero_copy_only=False)
         flat = pc.list_flatten(col)
         if flat.null_count:
@@ -566,11 +402,12 @@ def arrow_to_chunk(table, source: str, unit: str, lines: np.ndarray) -> RawChunk
                 flagged.setdefault(k, Issue(source, int(lines[k]), c, "bad_type",
                                             "null value inside the list", unit))
             flat = pc.fill_null(flat, 0)
-        values[c], lengths[c] = flat.to_numpy(zero_copy_only=False), lens.astype(np.int64)
-    return RawChunk(source, unit, ids, np.asarray(lines, dtype=np.int64), values, lengths, flagged)
+        cols[c] = Ragged(flat.to_numpy(zero_copy_only=False), lens.astype(np.int64))
+    return TableChunk(source, unit, np.asarray(lines, dtype=np.int64), cols, flagged)
 
 
-def _arrow_jsonl_block(block: bytes, source: str, lines: np.ndarray) -> RawChunk | None:
+def _arrow_jsonl_block(block: bytes, source: str, lines: np.ndarray,
+                       resolved: Resolved) -> TableChunk | None:
     """Parse a block of complete JSONL lines with pyarrow's JSON reader (C++, one thread).
 
     Returns None unless the block is clean: one object per non-blank line, ids strings or
@@ -587,21 +424,28 @@ def _arrow_jsonl_block(block: bytes, source: str, lines: np.ndarray) -> RawChunk
     except (pa.ArrowException, ValueError):
         return None
     schema = table.schema
-    if table.num_rows != len(lines) or "id" not in schema.names:
+    id_col = resolved.id_column
+    if table.num_rows != len(lines) or (id_col is not None and id_col not in schema.names):
         return None
-    idt = schema.field("id").type
-    if not (pa.types.is_string(idt) or pa.types.is_integer(idt)) or table.column("id").null_count:
-        return None
-    for c in LIST_COLUMNS:
-        if c not in schema.names:
+    if id_col is not None:
+        idt = schema.field(id_col).type
+        if (not (pa.types.is_string(idt) or pa.types.is_integer(idt))
+                or table.column(id_col).null_count):
+            return None
+    drop = []
+    for c, dst in resolved.wants():
+        if c == id_col or c not in schema.names:
             continue
         t = schema.field(c).type
         if pa.types.is_null(t):  # only nulls: absent everywhere in this block
+            drop.append(c)
             continue
-        if not _arrow_is_list(t) or not _arrow_value_type_ok(c, t.value_type):
+        if ROLES[dst] == "row":
+            if not pa.types.is_integer(t) or pc.min(table.column(c)).as_py() < 0:
+                return None
+            continue
+        if not arrow_is_list(t) or not arrow_value_type_ok(dst, t.value_type):
             return None
         if pc.list_flatten(table.column(c)).null_count:
             return None
-    table = table.drop_columns([c for c in schema.names
-                                if c in LIST_COLUMNS and pa.types.is_null(schema.field(c).type)])
-    return arrow_to_chunk(table, source, "line", lines)
+    return arrow_to_table(table.drop_columns(drop), source, "line", lines, resolved)

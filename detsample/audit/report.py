@@ -15,7 +15,8 @@ from detsample.audit.metrics import QUANTILE_KEYS
 PLOTS = ("abs_diff_histogram.png", "diff_by_position.png", "diff_by_probability.png")
 
 
-def _fmt(v: object) -> str:
+def fmt_value(v: object) -> str:
+    """A report value for a table cell: "-" for None, 6 significant digits for floats."""
     if v is None:
         return "-"
     if isinstance(v, float):
@@ -43,25 +44,27 @@ def summary_rows(report: dict) -> list[tuple[str, str]]:
     rows += [(f"mismatch |d| > {k}", f"{_pct(v)} ({r['mismatch_count'][k]})")
              for k, v in r["mismatch_fraction"].items()]
     rows += [
-        ("|d| mean / std / max", " / ".join(_fmt(r[k]) for k in
+        ("|d| mean / std / max", " / ".join(fmt_value(r[k]) for k in
                                             ("mean_abs_diff", "std_abs_diff", "max_abs_diff"))),
         ("|d| " + " / ".join(QUANTILE_KEYS),
-         " / ".join(_fmt(r["abs_diff_quantiles"][k]) for k in QUANTILE_KEYS)),
-        ("d mean / min / max", " / ".join(_fmt(r[k]) for k in ("mean_diff", "min_diff", "max_diff"))),
-        ("KL k1 / k2 / k3 (mean)", " / ".join(_fmt(r[k]) for k in
+         " / ".join(fmt_value(r["abs_diff_quantiles"][k]) for k in QUANTILE_KEYS)),
+        ("d mean / min / max", " / ".join(fmt_value(r[k]) for k in ("mean_diff", "min_diff", "max_diff"))),
+        ("KL k1 / k2 / k3 (mean)", " / ".join(fmt_value(r[k]) for k in
                                               ("k1_kl_mean", "k2_kl_mean", "k3_kl_mean"))),
-        ("ratio mean / std / min / max", " / ".join(_fmt(ir[k]) for k in
+        ("ratio mean / std / min / max", " / ".join(fmt_value(ir[k]) for k in
                                                     ("mean", "std", "min", "max"))),
-        ("ratio ESS (fraction) / chi2", f"{_fmt(ir['ess'])} ({_fmt(ir['ess_fraction'])}) / "
-                                        f"{_fmt(ir['chi2'])}"),
+        ("ratio p1 / p50 / p99", " / ".join(fmt_value((ir.get("quantiles") or {}).get(k))
+                                            for k in ("p1", "p50", "p99"))),
+        ("ratio ESS (fraction) / chi2", f"{fmt_value(ir['ess'])} ({fmt_value(ir['ess_fraction'])}) / "
+                                        f"{fmt_value(ir['chi2'])}"),
         ("sequences with a mismatch", f"{sq['sequences_with_mismatch']} "
                                       f"({_pct(sq['mismatch_fraction'])})"),
-        ("seq sum d mean / |.| mean / |.| max", " / ".join(_fmt(sq[k]) for k in
+        ("seq sum d mean / |.| mean / |.| max", " / ".join(fmt_value(sq[k]) for k in
                                                          ("sum_diff_mean", "sum_diff_abs_mean",
                                                           "sum_diff_abs_max"))),
-        ("seq log-ppl diff mean / |.| max", f"{_fmt(sq['log_ppl_diff_mean'])} / "
-                                            f"{_fmt(sq['log_ppl_diff_abs_max'])}"),
-        ("first divergence min / p50 / mean / max", " / ".join(_fmt(fd[k]) for k in
+        ("seq log-ppl diff mean / |.| max", f"{fmt_value(sq['log_ppl_diff_mean'])} / "
+                                            f"{fmt_value(sq['log_ppl_diff_abs_max'])}"),
+        ("first divergence min / p50 / mean / max", " / ".join(fmt_value(fd[k]) for k in
                                                               ("min", "p50", "mean", "max"))),
     ]
     return rows
@@ -88,17 +91,18 @@ def format_summary(report: dict, max_issues: int = 10) -> str:
 # ------------------------------------------------------------------------------ plots
 
 
-def _figure():
+def figure(width: float = 7, height: float = 4):
+    """A matplotlib Figure on its own Agg canvas (no pyplot, no global backend switch)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7, 4), dpi=100)
+    fig = Figure(figsize=(width, height), dpi=100)
     FigureCanvasAgg(fig)
     return fig
 
 
 def _bucket_plot(rows: list[dict], title: str, xlabel: str, path: str) -> None:
-    fig = _figure()
+    fig = figure()
     ax = fig.add_subplot(1, 1, 1)
     labels = [r["bucket"] for r in rows]
     x = list(range(len(rows)))
@@ -126,7 +130,7 @@ def write_plots(report: dict, out_dir: str) -> list[str]:
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, p) for p in PLOTS]
     h = report["abs_diff_histogram"]
-    fig = _figure()
+    fig = figure()
     ax = fig.add_subplot(1, 1, 1)
     edges = h["edges"]
     ax.bar(edges[:-1], h["counts"], width=[b - a for a, b in zip(edges[:-1], edges[1:])],
@@ -150,14 +154,14 @@ def write_plots(report: dict, out_dir: str) -> list[str]:
 
 def _table(header: list[str], rows: list[list[object]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>"
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt_value(c))}</td>" for c in row) + "</tr>"
                    for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def write_report(report: dict, out_dir: str) -> str:
     """Write ``index.html``, the plots and ``report.json`` into out_dir; returns the page."""
-    from detsample.audit import to_json
+    from detsample.audit.run import to_json
 
     write_plots(report, out_dir)
     with open(os.path.join(out_dir, "report.json"), "w") as f:

@@ -12,9 +12,11 @@ The object is picklable and builds the model lazily, so ``--workers`` can use it
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-from detsample.audit.readers import AuditInputError
+from detsample.audit.issues import AuditInputError
 
 
 def _refmodel():
@@ -121,3 +123,27 @@ def refmodel_rescorer(model_path: str | None = None) -> RefModelRescorer:
     """The rescoring callable behind ``--rescore refmodel``."""
     _refmodel()  # fail early, naming the missing component
     return RefModelRescorer(model_path)
+
+
+#: the named rescorers ``rescore`` accepts besides a callable
+RESCORERS = ("refmodel",)
+#: what ``rescore`` options accept: None, a callable, or a name of :data:`RESCORERS`
+RescoreSpec = Callable[[list[int], list[int]], "np.ndarray | list[float]"] | str | None
+
+
+def check_rescore_spec(spec: object) -> None:
+    """ValueError naming the value unless ``spec`` is None, a callable or a known name
+    (cheap: builds nothing; :func:`resolve_rescorer` builds)."""
+    if not (spec is None or callable(spec) or (isinstance(spec, str) and spec in RESCORERS)):
+        raise ValueError(f"rescore must be a callable, one of {RESCORERS} or None, got {spec!r}")
+
+
+def resolve_rescorer(spec: RescoreSpec) -> Callable | None:
+    """The rescoring callable an option names (the one place names are resolved).
+
+    None: no rescoring; a callable ``(prompt_ids, response_ids) -> logprobs``: itself;
+    ``"refmodel"``: the reference model (:func:`refmodel_rescorer`)."""
+    check_rescore_spec(spec)
+    if spec is None or callable(spec):
+        return spec
+    return refmodel_rescorer()  # "refmodel", the one name so far

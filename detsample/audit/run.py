@@ -1,81 +1,40 @@
-"""The audit driver: plan shards, read, validate and accumulate them, merge, gate.
+"""The audit driver: plan shards, read, map, validate and accumulate them, merge, gate.
 
 The public names are re-exported by :mod:`detsample.audit`.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
-from typing import Literal
 
-from detsample.audit.readers import (DEFAULT_CHUNK_TOKENS, AuditInputError, Issue, NpzSource,
-                               ParquetSource, detect_format, iter_jsonl_chunks,
-                               iter_record_chunks, split_jsonl)
-from detsample.audit.metrics import COMPARE_DTYPES, AuditAccumulator
+from detsample.audit.assemble import assemble
+from detsample.audit.issues import AuditInputError, Issue
+from detsample.audit.layout import Layout, Resolved, resolve
+from detsample.audit.metrics import AuditAccumulator
+from detsample.audit.npz import NpzSource
+from detsample.audit.options import AuditOptions, options_of
+from detsample.audit.parquet import ParquetSource
+from detsample.audit.readers import (detect_format, iter_jsonl_chunks, iter_record_chunks,
+                                     peek_jsonl_keys, split_jsonl)
+from detsample.audit.table import TableChunk
+from detsample.audit.torchfile import TorchSource
 from detsample.audit.validate import RescoreFn, validate
 
 __all__ = ["AuditInputError", "AuditOptions", "Issue", "Shard", "audit", "audit_accumulator",
-           "check_gates", "plan_shards", "to_json"]
-
-#: the named rescorers (``rescore="refmodel"``: the bundled reference model)
-RESCORERS = ("refmodel",)
-Rescore = RescoreFn | Literal["refmodel"] | None
-JSONL_PARSERS = ("auto", "python")
-
-
-@dataclass(frozen=True)
-class AuditOptions:
-    """How an audit reads, validates and compares (validated at construction).
-
-    rescore: None, a callable ``(prompt_ids, response_ids) -> logprobs`` used for
-    sequences without trainer_logprobs, or a name of :data:`RESCORERS`. strict: raise
-    :class:`AuditInputError` at the first bad sequence instead of excluding it.
-    chunk_tokens: tokens per chunk (memory bound; never changes the report).
-    jsonl_parser: "auto" (pyarrow blocks, :mod:`json` for blocks with bad lines) or
-    "python" (:mod:`json` only). compare_dtype: None (the promoted dtype of the two
-    columns) or a dtype both logprobs are rounded to first.
-    """
-
-    rescore: Rescore = None
-    strict: bool = False
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS
-    jsonl_parser: str = "auto"
-    compare_dtype: str | None = None
-
-    def __post_init__(self) -> None:
-        r = self.rescore
-        if not (r is None or callable(r) or (isinstance(r, str) and r in RESCORERS)):
-            raise ValueError(f"rescore must be a callable, one of {RESCORERS} or None, "
-                             f"got {r!r}")
-        if isinstance(self.chunk_tokens, bool) or not isinstance(self.chunk_tokens, int) \
-                or self.chunk_tokens < 1:
-            raise ValueError(f"chunk_tokens must be an integer >= 1, got {self.chunk_tokens!r}")
-        if self.jsonl_parser not in JSONL_PARSERS:
-            raise ValueError(f"jsonl_parser must be one of {JSONL_PARSERS}, "
-                             f"got {self.jsonl_parser!r}")
-        if self.compare_dtype not in COMPARE_DTYPES:
-            raise ValueError(f"compare_dtype must be one of {COMPARE_DTYPES}, "
-                             f"got {self.compare_dtype!r}")
-
-    def rescorer(self) -> RescoreFn | None:
-        """The rescoring callable (a named rescorer is built here, in the worker)."""
-        if isinstance(self.rescore, str):  # "refmodel", the one name
-            from detsample.audit.rescore import refmodel_rescorer
-
-            return refmodel_rescorer()
-        return self.rescore
+           "check_gates", "consume", "plan_shards", "run_shard", "to_json"]
 
 
 @dataclass(frozen=True)
 class Shard:
     """A contiguous piece of one input file: JSONL bytes [start, stop) starting at line
-    ``first_line``; NPZ rows [start, stop); Parquet row groups [start, stop)."""
+    ``first_line``; NPZ and .pt rows [start, stop); Parquet row groups [start, stop)."""
 
     fmt: str
     path: str
@@ -84,61 +43,87 @@ class Shard:
     first_line: int = 1
 
 
-def plan_shards(paths: list[str], parts: int) -> list[Shard]:
+def open_source(path: str, layout: Layout):
+    """(reader, resolved layout) of one file; structural errors are fatal here, before any
+    shard runs. The reader is None for JSONL (read by byte ranges)."""
+    fmt = detect_format(path)
+    if fmt == "jsonl":
+        return None, resolve(layout, peek_jsonl_keys(path), path)
+    src = {"npz": NpzSource, "parquet": ParquetSource, "pt": TorchSource}[fmt](path)
+    try:
+        resolved = resolve(layout, src.columns(), path)
+        src.bind(resolved)
+    except BaseException:
+        if fmt == "npz":
+            src.close()
+        raise
+    return src, resolved
+
+
+def plan_shards(paths: list[str], parts: int, layout: Layout | None = None) -> list[Shard]:
     """Split every file into at most ``parts`` contiguous shards, in file order."""
+    layout = AuditOptions().layout if layout is None else layout
     shards: list[Shard] = []
     for path in paths:
         path = os.fspath(path)
         if not os.path.exists(path):
             raise AuditInputError(f"{path}: no such file")
         fmt = detect_format(path)
+        src, _ = open_source(path, layout)
         if fmt == "jsonl":
             shards += [Shard(fmt, path, a, b, line) for a, b, line in split_jsonl(path, parts)]
             continue
-        if fmt == "npz":  # shards of rows
-            src = NpzSource(path)
+        if fmt == "parquet":  # shards of row groups
+            n = len(src.row_group_rows)
+        else:  # shards of rows
             n = src.num_sequences
-            src.close()
-        else:  # shards of row groups
-            n = len(ParquetSource(path).row_group_rows)
+            if fmt == "npz":
+                src.close()
         cuts = sorted({n * k // parts for k in range(parts + 1)})
         shards += [Shard(fmt, path, a, b) for a, b in zip(cuts[:-1], cuts[1:])] or \
             [Shard(fmt, path, 0, 0)]
     return shards
 
 
-def _consume(acc: AuditAccumulator, chunks: Iterable, rescore: RescoreFn | None,
-             strict: bool) -> None:
-    for raw in chunks:
-        acc.add_source(raw.source)
-        batch, issues = validate(raw, rescore, acc.compare_dtype)
+def consume(acc: AuditAccumulator, chunks: Iterable[TableChunk], resolved: Resolved,
+            rescore: RescoreFn | None, strict: bool) -> None:
+    """Map, validate and accumulate table chunks (the one loop every entry point runs)."""
+    for tc in chunks:
+        acc.add_source(tc.source)
+        batch, issues = validate(assemble(tc, resolved), rescore, acc.compare_dtype)
         if issues and strict:
             raise AuditInputError(f"{issues[0]} (--strict)")
         acc.add_issues(issues)
         acc.update(batch)
 
 
-def _shard_chunks(shard: Shard, opts: AuditOptions) -> Iterable:
+def _shard_chunks(shard: Shard, opts: AuditOptions) -> tuple[Iterator[TableChunk], Resolved]:
+    src, resolved = open_source(shard.path, opts.layout)
     if shard.fmt == "jsonl":
-        yield from iter_jsonl_chunks(shard.path, shard.start, shard.stop, shard.first_line,
-                                     opts.chunk_tokens, opts.jsonl_parser)
-    elif shard.fmt == "npz":
-        src = NpzSource(shard.path)
+        return iter_jsonl_chunks(shard.path, resolved, shard.start, shard.stop, shard.first_line,
+                                 opts.chunk_tokens, opts.jsonl_parser), resolved
+
+    def chunks() -> Iterator[TableChunk]:
         try:
-            yield from src.iter_chunks(shard.start, shard.stop, opts.chunk_tokens)
+            if shard.fmt == "parquet":
+                yield from src.iter_chunks(list(range(shard.start, shard.stop)),
+                                           chunk_rows=max(opts.chunk_tokens // 256, 64))
+            else:
+                yield from src.iter_chunks(shard.start, shard.stop, opts.chunk_tokens)
         finally:
-            src.close()
-    else:
-        src = ParquetSource(shard.path)
-        yield from src.iter_chunks(list(range(shard.start, shard.stop)),
-                                   chunk_rows=max(opts.chunk_tokens // 256, 64))
+            if shard.fmt == "npz":
+                src.close()
+
+    return chunks(), resolved
 
 
-def run_shard(shard: Shard, options: AuditOptions = AuditOptions()) -> AuditAccumulator:
-    """Audit one shard (runs in a worker process when ``workers > 1``)."""
-    acc = AuditAccumulator(options.compare_dtype)
+def run_shard(shard: Shard, opts: AuditOptions | None = None) -> AuditAccumulator:
+    """Audit one shard (in this process, a worker process or a Ray task)."""
+    opts = AuditOptions() if opts is None else opts
+    acc = AuditAccumulator(opts.compare_dtype)
     acc.add_source(shard.path)
-    _consume(acc, _shard_chunks(shard, options), options.rescorer(), options.strict)
+    chunks, resolved = _shard_chunks(shard, opts)
+    consume(acc, chunks, resolved, opts.rescorer(), opts.strict)
     return acc
 
 
@@ -149,58 +134,71 @@ def _is_paths(source: object) -> bool:
         isinstance(s, (str, os.PathLike)) for s in source)
 
 
-def audit_accumulator(source: object, *, workers: int = 1,
-                      options: AuditOptions | None = None, **option_fields) -> AuditAccumulator:
-    """Like :func:`audit` but returns the merged accumulator (for custom reports).
-    ``options`` (an :class:`AuditOptions`) or its fields as keywords, not both."""
-    if options is None:
-        options = AuditOptions(**option_fields)
-    elif option_fields:
-        raise ValueError(f"pass options or {sorted(option_fields)}, not both")
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
-    if not _is_paths(source):
-        acc = AuditAccumulator(options.compare_dtype)
-        _consume(acc, iter_record_chunks(source, chunk_tokens=options.chunk_tokens),  # type: ignore[arg-type]
-                 options.rescorer(), options.strict)
+def _records_accumulator(records: Iterable[object], opts: AuditOptions) -> AuditAccumulator:
+    acc = AuditAccumulator(opts.compare_dtype)
+    it = iter(records)
+    first = next(it, None)
+    if first is None:
         return acc
-    paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
-    shards = plan_shards([os.fspath(p) for p in paths], workers)
-    total = AuditAccumulator(options.compare_dtype)
-    if workers == 1 or len(shards) == 1:
-        for shard in shards:
-            total.merge(run_shard(shard, options))
+    keys = list(first) if isinstance(first, Mapping) else []
+    resolved = resolve(opts.layout, keys, "<records>")
+    chunks = iter_record_chunks(itertools.chain([first], it), resolved,
+                                chunk_tokens=opts.chunk_tokens)
+    consume(acc, chunks, resolved, opts.rescorer(), opts.strict)
+    return acc
+
+
+def audit_accumulator(source: object, options: AuditOptions | None = None,
+                      **kwargs: object) -> AuditAccumulator:
+    """Like :func:`audit` but returns the merged accumulator (for custom reports)."""
+    opts = options_of(options, kwargs)
+    if isinstance(opts.rescore, str):
+        opts.rescorer()  # an unknown name fails before any file is read
+    if not _is_paths(source):
+        return _records_accumulator(source, opts)  # type: ignore[arg-type]
+    paths = [os.fspath(p) for p in ([source] if isinstance(source, (str, os.PathLike))
+                                     else source)]
+    total = AuditAccumulator(opts.compare_dtype)
+    if opts.ray is not None:
+        from detsample.audit.ray_runner import cluster_cpus, ray_session, run_tasks
+
+        with ray_session(opts.ray) as ray:
+            parts = opts.workers if opts.workers > 1 else cluster_cpus(ray)
+            shards = plan_shards(paths, parts, opts.layout)
+            for acc in run_tasks(ray, run_shard, shards, opts):  # merged in file order
+                total.merge(acc)
         return total
-    if callable(options.rescore):
+    shards = plan_shards(paths, opts.workers, opts.layout)
+    if opts.workers == 1 or len(shards) == 1:
+        for shard in shards:
+            total.merge(run_shard(shard, opts))
+        return total
+    if opts.rescore is not None and not isinstance(opts.rescore, str):
         try:
             import pickle
 
-            pickle.dumps(options.rescore)
+            pickle.dumps(opts.rescore)
         except Exception as exc:  # noqa: BLE001
             raise ValueError(f"rescore must be picklable to use workers > 1 ({exc})") from exc
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(run_shard, s, options) for s in shards]
+    with ProcessPoolExecutor(max_workers=opts.workers, mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(run_shard, s, opts) for s in shards]
         for fut in futures:  # merged in file order
             total.merge(fut.result())
     return total
 
 
-def audit(source: object, *, rescore: Rescore = None, strict: bool = False, workers: int = 1,
-          chunk_tokens: int = DEFAULT_CHUNK_TOKENS, jsonl_parser: str = "auto",
-          compare_dtype: str | None = None) -> dict:
+def audit(source: object, options: AuditOptions | None = None, **kwargs: object) -> dict:
     """Audit engine vs trainer logprobs and return the report (a JSON-ready dict).
 
-    source: a path (.jsonl/.npz/.parquet), a list of paths, or an iterable of records
+    source: a path (.jsonl/.npz/.parquet/.pt), a list of paths, or an iterable of records
     (mappings with id, prompt_ids, response_ids, engine_logprobs and optionally
-    trainer_logprobs and mask). workers: processes for file inputs; the report is
-    identical for every value. The other arguments are the fields of
-    :class:`AuditOptions` (rescore, strict, chunk_tokens, jsonl_parser, compare_dtype);
-    e.g. compare_dtype="float32" rounds both logprobs to float32 first, for one side
-    that wrote float32 values as short decimals and the other as float64 decimals.
+    trainer_logprobs and mask, or the columns a layout names). options: an
+    :class:`AuditOptions`; or keywords: its fields (rescore, strict, workers,
+    chunk_tokens, jsonl_parser, compare_dtype, layout, ray) and ``preset`` / ``columns``
+    / ``padding``, not both. The report is identical
+    for every ``workers``, ``chunk_tokens``, ``jsonl_parser`` and ``ray``.
     """
-    options = AuditOptions(rescore=rescore, strict=strict, chunk_tokens=chunk_tokens,
-                           jsonl_parser=jsonl_parser, compare_dtype=compare_dtype)
-    return audit_accumulator(source, workers=workers, options=options).report()
+    return audit_accumulator(source, options, **kwargs).report()
 
 
 def _jsonable(x: object) -> object:
@@ -235,4 +233,3 @@ def check_gates(report: dict, max_abs_diff: float | None = None,
         elif not v >= min_exact_match:
             failures.append(f"exact_match_fraction = {v!r} < {min_exact_match!r}")
     return failures
-

@@ -1,7 +1,7 @@
 """Validation of parsed audit chunks: every bad sequence is named and excluded, never dropped.
 
-:func:`validate` turns a :class:`~detsample.audit.readers.RawChunk` into an :class:`AuditBatch`
-holding only the valid sequences, plus one :class:`~detsample.audit.readers.Issue` per excluded
+:func:`validate` turns a :class:`~detsample.audit.table.RawChunk` into an :class:`AuditBatch`
+holding only the valid sequences, plus one :class:`~detsample.audit.issues.Issue` per excluded
 sequence (its first problem, in the order of the checks below). Checks, vectorised over
 the chunk's columns:
 
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detsample.audit.readers import Issue, RawChunk
+from detsample.audit.issues import Issue
+from detsample.audit.table import RawChunk, offsets_from_lengths
 
 RescoreFn = Callable[[list[int], list[int]], "np.ndarray | list[float]"]
 
@@ -47,14 +48,6 @@ class AuditBatch:
 
     def __len__(self) -> int:
         return len(self.ids)
-
-
-def offsets_from_lengths(lengths: np.ndarray) -> np.ndarray:
-    """int64 [S+1] offsets of S segments of ``lengths`` (a length < 0, an absent
-    column, counts as 0)."""
-    out = np.zeros(lengths.size + 1, dtype=np.int64)
-    np.cumsum(np.maximum(lengths, 0), out=out[1:])
-    return out
 
 
 def _rescore(raw: RawChunk, rescore: RescoreFn | None, bad: dict[int, Issue]) -> None:

@@ -14,6 +14,22 @@ def positive_int(text: str) -> int:
     return v
 
 
+def nonneg_float(text: str) -> float:
+    """A float >= 0 (NaN refused), else an argparse error naming the value."""
+    v = float(text)
+    if not v >= 0.0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
+def fraction(text: str) -> float:
+    """A float in [0, 1], else an argparse error naming the value."""
+    v = float(text)
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return v
+
+
 def positive_int_list(text: str) -> list[int]:
     """Comma-separated ints >= 1 ("1,8,64"), else an argparse error naming the value."""
     try:

@@ -9,22 +9,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from detsample.audit.readers import AuditInputError
-from detsample.cli._argtypes import positive_int
-
-
-def _fraction(text: str) -> float:
-    v = float(text)
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
-    return v
-
-
-def _nonneg(text: str) -> float:
-    v = float(text)
-    if not v >= 0.0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return v
+from detsample.audit.layout import PRESET_NAMES
+from detsample.cli._argtypes import fraction, nonneg_float, positive_int
+from detsample.errors import DetsampleError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,16 +20,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Compare the logprobs an inference engine reported at sampling time with "
                     "the logprobs a trainer recomputes (d = trainer - engine, over the mask). "
                     "Metrics are defined in docs/audit.md.")
-    p.add_argument("files", nargs="+", metavar="FILE", help=".jsonl, .npz or .parquet rollouts")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help=".jsonl, .npz, .parquet or .pt rollouts (ragged or padded)")
     p.add_argument("--json", metavar="PATH", help="write the JSON report here ('-' = stdout)")
     p.add_argument("--report", metavar="DIR", help="write index.html, PNG plots and report.json")
     p.add_argument("--strict", action="store_true",
                    help="fail (exit 2) at the first bad sequence instead of excluding it")
     p.add_argument("--workers", type=positive_int, default=1, metavar="N",
                    help="processes to shard the files over (same report for every N)")
-    p.add_argument("--max-abs-diff", type=_nonneg, metavar="T",
+    p.add_argument("--max-abs-diff", type=nonneg_float, metavar="T",
                    help="gate: exit 1 when max |d| > T")
-    p.add_argument("--min-exact-match", type=_fraction, metavar="F",
+    p.add_argument("--min-exact-match", type=fraction, metavar="F",
                    help="gate: exit 1 when the bitwise exact-match fraction < F")
     p.add_argument("--rescore", choices=["refmodel"],
                    help="recompute missing trainer_logprobs by prefill with this model")
@@ -50,19 +38,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    default="promoted",
                    help="round both logprob columns to this dtype before comparing "
                         "(default: the promoted dtype of the two columns)")
+    p.add_argument("--preset", choices=list(PRESET_NAMES),
+                   help="read a framework's own column names, padding and prompt boundary "
+                        "(docs/audit.md, Presets)")
+    p.add_argument("--columns", metavar="DST=SRC,...",
+                   help="map the audit's columns to the file's, e.g. "
+                        "engine_logprobs=rollout_log_probs,trainer_logprobs=old_log_probs "
+                        "(on top of --preset)")
+    p.add_argument("--padding", choices=["auto", "left", "right"],
+                   help="side the padded responses are padded on (default: the preset's, "
+                        "else found from the attention mask)")
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="run the shards as Ray tasks: a local Ray, or the cluster at ADDRESS "
+                        "(same report; needs pip install 'detsample[ray]')")
     p.add_argument("--quiet", action="store_true", help="no summary table")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from detsample.audit import audit, check_gates, to_json
+    from detsample.audit import AuditOptions, audit, check_gates, to_json
     from detsample.audit.report import format_summary, write_report
 
     try:
-        report = audit(args.files, rescore=args.rescore, strict=args.strict,
-                       workers=args.workers,
-                       compare_dtype=None if args.dtype == "promoted" else args.dtype)
-    except (AuditInputError, OSError) as exc:
+        opts = AuditOptions.make(rescore=args.rescore, strict=args.strict, workers=args.workers,
+                                 compare_dtype=None if args.dtype == "promoted" else args.dtype,
+                                 preset=args.preset, columns=args.columns,
+                                 padding=args.padding, ray=args.ray)
+        report = audit(args.files, opts)
+    except (DetsampleError, OSError, ValueError) as exc:
         print(f"detsample audit: error: {exc}", file=sys.stderr)
         return 2
     text = to_json(report)

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detsample.audit.exact import (SCALE_BITS, ValueCounts, exact_mean, exact_sum, exact_sums,
-                                  fraction_to_float, to_fraction)
+from detsample.audit.exact import (SCALE_BITS, ValueCounts, exact_marginal_sums, exact_mean,
+                                   exact_sum, exact_sums,
+                                   fraction_to_float, to_fraction)
 
 SPECIAL = [0.0, -0.0, 5e-324, -5e-324, 2.2250738585072014e-308, 1.7976931348623157e308,
            -1.7976931348623157e308, 1.0, -1.0, 1e-300, 3.0e-320]
@@ -24,6 +25,16 @@ QUANTILE_CASES = [
     ([1e-9, 1e-9, 1e-9, 2e-3, 0.7], 5),
     ([3.0, 1.0, 2.0, 2.0, 2.0, 9.0, 1e-300], 1),
 ]
+
+
+def _merged(x: np.ndarray, parts: int) -> ValueCounts:
+    """The multiset of x built as ``parts`` ValueCounts merged into one."""
+    merged = ValueCounts()
+    for p in np.array_split(x, parts):
+        vc = ValueCounts()
+        vc.add(p)
+        merged.merge(vc)
+    return merged
 
 
 def _fraction_sum(x) -> Fraction:
@@ -51,6 +62,24 @@ def test_exact_sums_equal_rational_sums(values, ngroups, seed):
     except OverflowError:  # the exact sum exceeds the float range
         expected = math.inf if _fraction_sum(x) > 0 else -math.inf
     assert fraction_to_float(to_fraction(sum(sums))) == expected
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=300),
+       st.integers(0, 2**31))
+def test_marginal_sums_equal_rational_sums_per_axis(values, seed):
+    """Pins the joint binning of the audit's buckets: per-(axis index, last index) sums
+    of a (4, 3, 2) grid equal the rational sums of those values."""
+    x = np.array(values, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    a, b, c = rng.integers(0, 4, x.size), rng.integers(0, 3, x.size), rng.integers(0, 2, x.size)
+    first, second = exact_marginal_sums(x, (a * 3 + b) * 2 + c, (4, 3, 2))
+    for i in range(4):
+        for k in range(2):
+            assert to_fraction(first[i * 2 + k]) == _fraction_sum(x[(a == i) & (c == k)])
+    for j in range(3):
+        for k in range(2):
+            assert to_fraction(second[j * 2 + k]) == _fraction_sum(x[(b == j) & (c == k)])
 
 
 def test_exact_sum_is_order_independent_bitwise():
@@ -93,23 +122,40 @@ def test_quantiles_match_numpy_bitwise(values, zeros):
 def test_value_counts_merge_is_exact(values, zeros, parts):
     """Pins merging: counts merged from any split give numpy's quantiles of the whole."""
     x = np.array(values)
-    merged = ValueCounts()
-    for p in np.array_split(x, parts):
-        vc = ValueCounts()
-        vc.add(p)
-        merged.merge(vc)
+    merged = _merged(x, parts)
     full = np.r_[np.zeros(zeros), x]
     qs = [0.5, 0.9, 0.99, 0.999]
     assert merged.quantiles(qs, zeros) == [float(np.quantile(full, q)) for q in qs]
     assert merged.total == x.size
 
 
-def test_value_counts_reject_negative_and_fold_negative_zero():
+def test_value_counts_reject_nan_and_fold_negative_zero():
     vc = ValueCounts()
-    with pytest.raises(ValueError):
-        vc.add(np.array([-1.0]))
+    with pytest.raises(ValueError, match="NaN"):
+        vc.add(np.array([-1.0, np.nan]))
     vc.add(np.array([-0.0, 0.0]))
     assert vc.values().tolist() == [0.0] and vc.counts.tolist() == [2]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(min_value=-800, max_value=800, allow_nan=False).filter(bool),
+                min_size=1, max_size=300), st.integers(0, 20), st.integers(1, 5))
+def test_signed_value_counts_give_numpy_quantiles_of_values_abs_and_exp(values, zeros, parts):
+    """Pins the signed multiset: quantiles of d (zeros among them), of |d| (the two halves
+    merged) and of r = exp(d) are bit-equal to np.quantile of the full arrays."""
+    x = np.array(values)
+    vc = _merged(x, parts)
+    full = np.r_[np.zeros(zeros), x]
+    qs = [0.0, 0.001, 0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 1.0]
+    assert vc.quantiles(qs, zeros) == [float(np.quantile(full, q)) for q in qs]
+    absolute = vc.absolute()
+    assert absolute.quantiles(qs, zeros) == [float(np.quantile(np.abs(full), q)) for q in qs]
+    with np.errstate(over="ignore", invalid="ignore"):
+        r = np.exp(full)
+        got = vc.quantiles(qs, zeros, transform=np.exp)
+        want = [float(np.quantile(r, q)) for q in qs]
+    assert np.array_equal(np.array(got), np.array(want), equal_nan=True)
+    assert absolute.total == vc.total == x.size
 
 
 def test_value_counts_histogram_and_pickle():

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from detsample.audit import audit
-from detsample.audit.metrics import PROB_EDGES, THRESHOLD_KEYS, THRESHOLDS
+from detsample.audit.metrics import (PROB_EDGES, RATIO_QUANTILE_KEYS, RATIO_QUANTILES,
+                                    THRESHOLD_KEYS, THRESHOLDS)
 from detsample.audit.synth import synth_rollouts, to_records
 
 REL = 1e-9  # float sums here are plain numpy (rounding in another order); counts are exact
@@ -62,7 +63,9 @@ def reference(records: list[dict]) -> dict:
         "k1_kl_mean": (-d).mean(), "k2_kl_mean": (d ** 2 / 2).mean(),
         "k3_kl_mean": ((r - 1) - d).mean(),
         "ratio": {"mean": r.mean(), "std": r.std(), "min": r.min(), "max": r.max(),
-                  "ess": r.sum() ** 2 / (r ** 2).sum(), "chi2": math.fsum(r * r) / n - 1},
+                  "ess": r.sum() ** 2 / (r ** 2).sum(), "chi2": math.fsum(r * r) / n - 1,
+                  "quantiles": {k: float(np.quantile(r, q))
+                                for k, q in zip(RATIO_QUANTILE_KEYS, RATIO_QUANTILES)}},
         "seq_mismatch": sum(1 for x in ds if x.size and (x != 0).any()),
         "seq_with_tokens": sum(1 for x in ds if x.size),
         "sum_diff_mean": np.mean(seq_sums), "sum_diff_abs_max": np.max(np.abs(seq_sums)),
@@ -97,6 +100,7 @@ def test_metrics_match_reference(name, kwargs):
         _close(ir[k], ref["ratio"][k])
     assert ir["chi2"] == pytest.approx(ref["ratio"]["chi2"], abs=1e-13)  # cancellation near 0
     assert (ir["min"], ir["max"]) == (ref["ratio"]["min"], ref["ratio"]["max"])
+    assert ir["quantiles"] == ref["ratio"]["quantiles"]  # bitwise: np.quantile of exp(d)
     sq = rep["sequence"]
     assert sq["sequences_with_mismatch"] == ref["seq_mismatch"]
     assert sq["sequences_with_tokens"] == ref["seq_with_tokens"]

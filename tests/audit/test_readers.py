@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from detsample.audit import AuditInputError, audit, to_json
-from detsample.audit.readers import NpzSource, split_jsonl
+from detsample.audit.npz import NpzSource
+from detsample.audit.readers import split_jsonl
 from detsample.audit.synth import synth_rollouts, write_jsonl, write_npz, write_parquet
 
 WRITERS = [
@@ -193,14 +194,17 @@ def test_arrow_and_python_jsonl_parsers_agree(rollouts, tmp_path):
 
 
 def test_arrow_jsonl_fast_path_is_taken_on_clean_blocks(rollouts, tmp_path):
-    from detsample.audit.readers import _arrow_jsonl_block
+    from detsample.audit.layout import DEFAULT_LAYOUT, resolve
+    from detsample.audit.readers import _arrow_jsonl_block, peek_jsonl_keys
 
     path = tmp_path / "r.jsonl"
     write_jsonl(rollouts, str(path))
     data = path.read_bytes()
-    chunk = _arrow_jsonl_block(data, str(path), np.arange(1, 181))
+    res = resolve(DEFAULT_LAYOUT, peek_jsonl_keys(str(path)), str(path))
+    chunk = _arrow_jsonl_block(data, str(path), np.arange(1, 181), res)
     assert chunk is not None and len(chunk) == 180
-    assert _arrow_jsonl_block(data.replace(b"[", b"[NaN, ", 1), str(path), np.arange(1, 181)) is None
+    assert _arrow_jsonl_block(data.replace(b"[", b"[NaN, ", 1), str(path), np.arange(1, 181),
+                              res) is None
 
 
 COLUMN_PROBLEMS = [  # (engine_logprobs value, issue kind)

@@ -1,0 +1,245 @@
+"""The audit across a training run: one row of metrics per step, plotted over steps.
+
+``AuditLog(path)`` appends one JSON line per training step (from a report of
+:func:`detsample.audit.from_tensors` or :func:`detsample.audit.audit`);
+``detsample audit-log PATH --report DIR`` (:func:`write_log_report`) draws the metrics
+over steps and gates on the latest step: the question RL teams ask is "does the mismatch
+between engine and trainer grow over training?".
+
+A row (docs/audit.md, "Over a training run")::
+
+    {"step": 12, "sequences": 256, "excluded_sequences": 0, "tokens": 501234,
+     "exact_match_fraction": 0.71, "mismatch_fraction": 0.29, "mean_abs_diff": 0.011,
+     "max_abs_diff": 0.9, "k3_kl_mean": 6e-5, "abs_diff_p99": 0.08,
+     "ratio": {"mean": 1.0, "min": 0.4, "max": 2.4, "p0.1": ..., "p50": 1.0, ...}}
+
+Only one process of a run should write the log (rank 0); rows are appended and flushed
+one line at a time, so a crash loses at most the step being written.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+from collections.abc import Sequence
+
+from detsample.audit.issues import AuditInputError
+from detsample.audit.metrics import RATIO_QUANTILE_KEYS
+from detsample.audit.report import figure, fmt_value
+
+#: per-step scalars of a row, in the order the summary prints them
+LOG_METRICS = ("tokens", "exact_match_fraction", "mismatch_fraction", "mean_abs_diff",
+               "max_abs_diff", "k3_kl_mean", "abs_diff_p99")
+LOG_PLOT = "metrics_over_steps.png"
+
+
+def _finite(v: object) -> object:
+    """JSON-safe: non-finite floats as the strings "inf" / "-inf" / "nan"."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return v
+
+
+def _number(v: object) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return float(v)  # "inf", "-inf", "nan"
+    return float(v)  # type: ignore[arg-type]
+
+
+def log_row(report: dict, step: int) -> dict:
+    """The row :class:`AuditLog` writes for ``report`` at ``step``."""
+    ir = report["importance_ratio"]
+    ratio = {k: _finite(ir[k]) for k in ("mean", "min", "max")}
+    ratio.update({k: _finite(v) for k, v in (ir.get("quantiles") or {}).items()})
+    return {
+        "step": step,
+        "sequences": report["sequences"],
+        "excluded_sequences": report["excluded_sequences"],
+        "tokens": report["tokens"],
+        "exact_match_fraction": report["exact_match_fraction"],
+        "mismatch_fraction": report["mismatch_fraction"]["0"],
+        "mean_abs_diff": _finite(report["mean_abs_diff"]),
+        "max_abs_diff": _finite(report["max_abs_diff"]),
+        "k3_kl_mean": _finite(report["k3_kl_mean"]),
+        "abs_diff_p99": _finite(report["abs_diff_quantiles"]["p99"]),
+        "ratio": ratio,
+    }
+
+
+class AuditLog:
+    """Append-only log of per-step audit metrics (JSON lines at ``path``).
+
+    ``log.append(report, step=None)`` writes one row; ``step`` defaults to one more than
+    the last step in the file (0 for a new file). ``log.audit_tensors(response_ids,
+    engine_logprobs, trainer_logprobs, mask, step=None, **kwargs)`` audits a padded batch
+    with :func:`detsample.audit.from_tensors` and logs it; it returns the report.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = os.fspath(path)
+        parent = os.path.dirname(self.path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        rows = read_log(self.path) if os.path.exists(self.path) else []
+        self._next = rows[-1]["step"] + 1 if rows else 0
+
+    def append(self, report: dict, step: int | None = None) -> dict:
+        """Write the row of ``report`` (flushed at once); returns it."""
+        if step is None:
+            step = self._next
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise ValueError(f"step must be an int, got {step!r}")
+        row = log_row(report, step)
+        line = json.dumps(row, allow_nan=False)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+            f.flush()
+        self._next = step + 1
+        return row
+
+    def audit_tensors(self, response_ids: object, engine_logprobs: object,
+                      trainer_logprobs: object, mask: object = None, *, step: int | None = None,
+                      **kwargs: object) -> dict:
+        """Audit one padded batch (:func:`detsample.audit.from_tensors`) and log it."""
+        from detsample.audit.tensors import from_tensors
+
+        report = from_tensors(response_ids, engine_logprobs, trainer_logprobs, mask, **kwargs)
+        self.append(report, step)
+        return report
+
+
+def read_log(path: str) -> list[dict]:
+    """The rows of an audit log, in file order (a bad line is an AuditInputError naming
+    it; blank lines are skipped)."""
+    rows = []
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as exc:
+        raise AuditInputError(f"{path}: cannot read the audit log ({exc.strerror})") from exc
+    with f:
+        for k, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise AuditInputError(f"{path}:line {k}: invalid JSON ({exc.msg})") from exc
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                raise AuditInputError(f"{path}:line {k}: not an audit-log row (no integer step)")
+            missing = [m for m in LOG_METRICS if m not in row]
+            if missing or not isinstance(row.get("ratio"), dict):
+                raise AuditInputError(f"{path}:line {k}: missing {', '.join(missing or ['ratio'])}")
+            rows.append(row)
+    return rows
+
+
+def check_log_gates(rows: Sequence[dict], max_abs_diff: float | None = None,
+                    min_exact_match: float | None = None, max_k3: float | None = None,
+                    max_mismatch: float | None = None) -> list[str]:
+    """Failed gates on the latest row (the last one written), each naming the step and
+    the metric; empty when every gate passes."""
+    if not rows:
+        return ["no steps logged"]
+    last = rows[-1]
+    step = last["step"]
+    failures = []
+    for key, limit, above in (("max_abs_diff", max_abs_diff, True),
+                              ("k3_kl_mean", max_k3, True),
+                              ("mismatch_fraction", max_mismatch, True),
+                              ("exact_match_fraction", min_exact_match, False)):
+        if limit is None:
+            continue
+        v = _number(last[key])
+        if v is None:
+            failures.append(f"step {step}: {key}: no tokens audited")
+        elif (not v <= limit) if above else (not v >= limit):
+            failures.append(f"step {step}: {key} = {v!r} {'>' if above else '<'} {limit!r}")
+    return failures
+
+
+def format_log_summary(rows: Sequence[dict]) -> str:
+    """First and latest step side by side, per metric."""
+    if not rows:
+        return "detsample audit-log: no steps logged\n"
+    first, last = rows[0], rows[-1]
+    lines = [f"detsample audit-log: {len(rows)} steps ({first['step']} .. {last['step']})",
+             f"  {'metric':<22}{'step ' + str(first['step']):>16}{'step ' + str(last['step']):>16}"]
+    for m in LOG_METRICS:
+        lines.append(f"  {m:<22}{fmt_value(first[m]):>16}{fmt_value(last[m]):>16}")
+    for q in ("p1", "p50", "p99"):
+        lines.append(f"  {'ratio ' + q:<22}{fmt_value(first['ratio'].get(q)):>16}"
+                     f"{fmt_value(last['ratio'].get(q)):>16}")
+    return "\n".join(lines) + "\n"
+
+
+def _series(rows: Sequence[dict], key: str, sub: str | None = None) -> list[float]:
+    out = []
+    for r in rows:
+        v = r[key] if sub is None else r[key].get(sub)
+        x = _number(v)
+        out.append(math.nan if x is None else x)
+    return out
+
+
+def write_log_plot(rows: Sequence[dict], path: str) -> str:
+    """One PNG, four panels over steps: |d| (mean, p99, max), k3 KL, mismatch fraction,
+    importance-ratio quantiles."""
+    rows = sorted(rows, key=lambda r: r["step"])  # stable: re-logged steps keep file order
+    steps = [r["step"] for r in rows]
+    fig = figure(9, 8)
+    ax = fig.subplots(2, 2)
+    for key, style in (("mean_abs_diff", "o-"), ("abs_diff_p99", "^:"), ("max_abs_diff", "s--")):
+        ax[0, 0].plot(steps, _series(rows, key), style, markersize=3, label=key)
+    ax[0, 0].set_yscale("symlog", linthresh=1e-9)
+    ax[0, 0].set_title("|d| = |trainer - engine| (nats)")
+    ax[0, 0].legend(fontsize=7)
+    ax[0, 1].plot(steps, _series(rows, "k3_kl_mean"), "o-", markersize=3)
+    ax[0, 1].set_yscale("symlog", linthresh=1e-12)
+    ax[0, 1].set_title("k3 KL(engine || trainer), mean per token")
+    ax[1, 0].plot(steps, _series(rows, "mismatch_fraction"), "o-", markersize=3,
+                  label="d != 0")
+    ax[1, 0].plot(steps, [1 - x for x in _series(rows, "exact_match_fraction")], "x:",
+                  markersize=3, label="not bitwise equal")
+    ax[1, 0].set_ylim(-0.02, 1.02)
+    ax[1, 0].set_title("mismatching token fraction")
+    ax[1, 0].legend(fontsize=7)
+    lo_hi = (("p0.1", "p99.9", 0.15), ("p1", "p99", 0.25), ("p10", "p90", 0.4))
+    for lo, hi, alpha in lo_hi:
+        if lo in RATIO_QUANTILE_KEYS and hi in RATIO_QUANTILE_KEYS:
+            ax[1, 1].fill_between(steps, _series(rows, "ratio", lo), _series(rows, "ratio", hi),
+                                  alpha=alpha, color="tab:blue", label=f"{lo}..{hi}")
+    ax[1, 1].plot(steps, _series(rows, "ratio", "p50"), "k-", linewidth=1, label="p50")
+    ax[1, 1].axhline(1.0, color="gray", linewidth=0.5)
+    ax[1, 1].set_title("importance ratio r = p_trainer / p_engine")
+    ax[1, 1].legend(fontsize=7)
+    for a in ax.ravel():
+        a.set_xlabel("training step")
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def write_log_report(rows: Sequence[dict], out_dir: str) -> str:
+    """``index.html`` with the plot and a table of every step; returns the page."""
+    os.makedirs(out_dir, exist_ok=True)
+    write_log_plot(rows, os.path.join(out_dir, LOG_PLOT))
+    cols = ["step"] + list(LOG_METRICS) + [f"ratio {q}" for q in ("p1", "p50", "p99")]
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(fmt_value(v))}</td>" for v in
+                         [r["step"]] + [r[m] for m in LOG_METRICS] +
+                         [r["ratio"].get(q) for q in ("p1", "p50", "p99")]) + "</tr>"
+        for r in rows)
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    page = os.path.join(out_dir, "index.html")
+    with open(page, "w", encoding="utf-8") as f:
+        f.write("<!doctype html><html><head><meta charset='utf-8'><title>detsample audit-log"
+                "</title><style>body{font-family:sans-serif;margin:2em}table{border-collapse:"
+                "collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style>"
+                f"</head><body><h1>detsample audit-log</h1><img src='{LOG_PLOT}'>"
+                f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+                "<p>Metric definitions: docs/audit.md.</p></body></html>\n")
+    return page

@@ -1,0 +1,90 @@
+"""Parquet audit inputs, read in record batches (optionally a subset of row groups).
+
+Per-token columns are list columns: ragged, or padded (every row the same length, the
+layout's masks saying which entries are real; ``fixed_size_list`` columns are read as
+2-D arrays directly). Per-sequence columns (``id``, ``response_length``) are scalars.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from detsample.audit.issues import AuditInputError
+from detsample.audit.layout import COLUMN_KINDS, ROLES, Resolved
+from detsample.audit.readers import arrow_is_list, arrow_to_table, arrow_value_type_ok
+from detsample.audit.table import Padded, Ragged, TableChunk
+
+_VALUE_TYPES = {"iu": "integer", "fiu": "floating point or integer", "biu": "bool or integer"}
+
+
+class ParquetSource:
+    """A Parquet audit input: schema checked at :meth:`bind`, read by row groups."""
+
+    def __init__(self, path: str) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.path = str(path)
+        try:
+            self._pf = pq.ParquetFile(self.path)
+        except (OSError, pa.ArrowException) as exc:
+            raise AuditInputError(f"{self.path}: not a readable Parquet file ({exc})") from exc
+        md = self._pf.metadata
+        self.row_group_rows = [md.row_group(k).num_rows for k in range(md.num_row_groups)]
+        self.num_sequences = md.num_rows
+        self.resolved: Resolved | None = None
+
+    def columns(self) -> list[str]:
+        return list(self._pf.schema_arrow.names)
+
+    def bind(self, resolved: Resolved) -> "ParquetSource":
+        """Check the types of the columns ``resolved`` reads (fatal errors name the file
+        and the column)."""
+        import pyarrow as pa
+
+        schema = self._pf.schema_arrow
+        id_col = resolved.id_column
+        if id_col is not None and id_col not in schema.names:
+            raise AuditInputError(f"{self.path}: missing column '{id_col}'")
+        for c, dst in resolved.wants():
+            if c == id_col or c not in schema.names:
+                continue
+            t = schema.field(c).type
+            if ROLES[dst] == "row":
+                if not pa.types.is_integer(t):
+                    raise AuditInputError(f"{self.path}: {c}: must be an integer column, got {t}")
+                continue
+            if not arrow_is_list(t):
+                raise AuditInputError(f"{self.path}: {c}: must be a list column, got {t}")
+            if not arrow_value_type_ok(dst, t.value_type):
+                raise AuditInputError(f"{self.path}: {c}: values must be "
+                                      f"{_VALUE_TYPES[COLUMN_KINDS[dst]]}, got {t.value_type}")
+        self.resolved = resolved
+        self._columns = ([id_col] if id_col is not None else []) + [
+            c for c, _ in resolved.wants() if c != id_col and c in schema.names]
+        self._fixed = {c for c in self._columns
+                       if pa.types.is_fixed_size_list(schema.field(c).type)}
+        return self
+
+    def iter_chunks(self, row_groups: list[int] | None = None,
+                    chunk_rows: int = 2048) -> Iterator[TableChunk]:
+        assert self.resolved is not None
+        groups = list(range(len(self.row_group_rows))) if row_groups is None else list(row_groups)
+        if not groups:
+            return
+        row = sum(self.row_group_rows[:groups[0]])
+        if groups != list(range(groups[0], groups[0] + len(groups))):
+            raise ValueError("row_groups must be consecutive")
+        for batch in self._pf.iter_batches(batch_size=chunk_rows, row_groups=groups,
+                                           columns=self._columns, use_threads=False):
+            n = batch.num_rows
+            chunk = arrow_to_table(batch, self.path, "row", np.arange(row, row + n, dtype=np.int64),
+                                   self.resolved)
+            for c in self._fixed:  # fixed-size lists are padded 2-D arrays
+                col = chunk.cols.get(c)
+                if isinstance(col, Ragged) and col.lengths.size and (col.lengths >= 0).all():
+                    chunk.cols[c] = Padded(col.values.reshape(n, -1))
+            yield chunk
+            row += n

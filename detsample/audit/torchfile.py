@@ -1,0 +1,182 @@
+"""torch ``.pt`` audit inputs, loaded with ``torch.load(weights_only=True, mmap=True)``:
+only tensors, lists, dicts, strings and numbers are read, never arbitrary objects.
+
+Two shapes of file:
+
+* a dict of columns (what ``torch.save({k: batch[k] ...})`` writes from a training step):
+  a 2-D tensor is a padded per-token column [S, W]; a list of 1-D tensors or lists is a
+  ragged per-token column; a 1-D tensor or a list of numbers / strings is a per-sequence
+  column (``id``, ``response_length``);
+* records: a list of dicts, or a dict whose ``"samples"`` entry is one (slime's debug
+  dumps), one dict per sequence.
+
+bfloat16 tensors are widened to float32 (exactly); the other dtypes are kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
+from detsample.audit.issues import AuditInputError
+from detsample.audit.layout import COLUMN_KINDS, ROLES, Resolved
+from detsample.audit.readers import DEFAULT_CHUNK_TOKENS, iter_record_chunks, kind_words
+from detsample.audit.table import Padded, PerRow, Ragged, TableChunk
+
+
+def to_numpy(t) -> np.ndarray:
+    """A tensor (any device) as a numpy array; bfloat16 widened to float32 (exact)."""
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        t = t.float()
+    return t.detach().cpu().numpy()
+
+
+def _plain(v: object) -> object:
+    """Tensors inside a record as numpy arrays; everything else unchanged."""
+    import torch
+
+    return to_numpy(v) if isinstance(v, torch.Tensor) else v
+
+
+class TorchSource:
+    """A ``.pt`` audit input (columns or records), checked at :meth:`bind`."""
+
+    def __init__(self, path: str) -> None:
+        import pickle
+
+        import torch
+
+        self.path = str(path)
+        try:
+            obj = torch.load(self.path, map_location="cpu", weights_only=True, mmap=True)
+        except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError) as exc:
+            raise AuditInputError(
+                f"{self.path}: not a readable torch file with weights_only=True (only tensors, "
+                f"lists, dicts, strings and numbers are read): {str(exc).splitlines()[0]}"
+            ) from exc
+        if isinstance(obj, Mapping) and isinstance(obj.get("samples"), list):
+            obj = obj["samples"]
+        self.records: list | None = None
+        self.data: dict = {}
+        if isinstance(obj, list):
+            self.records = obj
+            self.num_sequences = len(obj)
+        elif isinstance(obj, Mapping):
+            self.data = dict(obj)
+            self.num_sequences = 0
+        else:
+            raise AuditInputError(f"{self.path}: expected a dict of columns or a list of "
+                                  f"records, got {type(obj).__name__}")
+        self.resolved: Resolved | None = None
+
+    def columns(self) -> list[str]:
+        if self.records is not None:
+            first = next((r for r in self.records if isinstance(r, Mapping)), {})
+            return [str(k) for k in first]
+        return [str(k) for k in self.data]
+
+    def bind(self, resolved: Resolved) -> "TorchSource":
+        """Check the columns ``resolved`` reads (fatal errors name file and column)."""
+        import torch
+
+        self.resolved = resolved
+        if self.records is not None:
+            return self
+        rows: dict[str, int] = {}
+        id_col = resolved.id_column
+        if id_col is not None and id_col not in self.data:
+            raise AuditInputError(f"{self.path}: missing column '{id_col}'")
+        for c, dst in ([(id_col, "id")] if id_col else []) + list(resolved.wants()):
+            if c not in self.data or (dst != "id" and c == id_col):
+                continue
+            v = self.data[c]
+            if isinstance(v, torch.Tensor):
+                want = 1 if ROLES[dst] == "row" else 2
+                if v.dim() != want:
+                    what = "one value per sequence (1-D)" if want == 1 else \
+                        "a padded 2-D tensor, or a list of 1-D tensors"
+                    raise AuditInputError(f"{self.path}: {c}: expected {what}, got shape "
+                                          f"{tuple(v.shape)}")
+                kind = np.dtype(to_numpy(v[:0]).dtype).kind
+                if dst != "id" and kind not in COLUMN_KINDS[dst]:
+                    raise AuditInputError(f"{self.path}: {c}: values must be {kind_words(dst)}, "
+                                          f"got dtype {v.dtype}")
+                rows[c] = int(v.shape[0])
+            elif isinstance(v, (list, tuple)):
+                rows[c] = len(v)
+            else:
+                raise AuditInputError(f"{self.path}: {c}: expected a tensor or a list, got "
+                                      f"{type(v).__name__}")
+        if not rows:
+            raise AuditInputError(f"{self.path}: none of the columns "
+                                  f"{resolved.layout.describe()} reads is in the file")
+        first = id_col if id_col is not None else next(iter(rows))
+        self.num_sequences = rows[first]
+        for c, n in rows.items():
+            if n != self.num_sequences:
+                raise AuditInputError(f"{self.path}: column '{c}' has {n} rows, '{first}' has "
+                                      f"{self.num_sequences} ({resolved.layout.describe()})")
+        return self
+
+    def iter_chunks(self, start: int = 0, stop: int | None = None,
+                    chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Iterator[TableChunk]:
+        """Chunks of sequences [start, stop) (0-based rows)."""
+        assert self.resolved is not None
+        stop = self.num_sequences if stop is None else stop
+        if self.records is not None:
+            wanted = {c for c, _ in self.resolved.wants()} | {self.resolved.id_column}
+            recs = ({k: _plain(v) for k, v in r.items() if k in wanted}
+                    if isinstance(r, Mapping) else r for r in self.records[start:stop])
+            yield from iter_record_chunks(recs, self.resolved, self.path, chunk_tokens, start)
+            return
+        width = max([self.data[c].shape[1] for c, _ in self.resolved.wants()
+                     if c in self.data and getattr(self.data[c], "dim", lambda: 0)() == 2] or [64])
+        step = max(chunk_tokens // width, 1)
+        for i in range(start, stop, step):
+            yield self._chunk(i, min(i + step, stop))
+
+    def _chunk(self, i: int, j: int) -> TableChunk:
+        import torch
+
+        assert self.resolved is not None
+        cols: dict = {}
+        lines = np.arange(i, j, dtype=np.int64)
+        id_col = self.resolved.id_column
+        if id_col is not None:
+            v = self.data[id_col]
+            vals = to_numpy(v[i:j]).tolist() if isinstance(v, torch.Tensor) else list(v[i:j])
+            cols[id_col] = PerRow([str(x) for x in vals])
+        for c, dst in self.resolved.wants():
+            if c == id_col or c not in self.data:
+                continue
+            v = self.data[c]
+            if isinstance(v, torch.Tensor):
+                a = to_numpy(v[i:j])
+                cols[c] = PerRow(a.astype(np.int64)) if ROLES[dst] == "row" else Padded(a)
+            elif ROLES[dst] == "row":
+                cols[c] = PerRow(np.array([-1 if x is None else int(x) for x in v[i:j]],
+                                          dtype=np.int64))
+            else:
+                cols[c] = _ragged(self.path, c, dst, v[i:j], i)
+        return TableChunk(self.path, "row", lines, cols)
+
+
+def _ragged(path: str, c: str, dst: str, items: list, first_row: int) -> Ragged:
+    """A ragged column from a list of 1-D tensors / lists / None (absent); rows are
+    numbered from ``first_row`` in errors."""
+    parts, lens = [], []
+    for k, x in enumerate(items):
+        if x is None:
+            lens.append(-1)
+            continue
+        a = np.asarray(_plain(x))
+        if a.ndim != 1 or (a.size and a.dtype.kind not in COLUMN_KINDS[dst]):
+            raise AuditInputError(f"{path}: row {first_row + k}: {c}: expected a flat list of "
+                                  f"{kind_words(dst)}, got shape {a.shape} dtype {a.dtype}")
+        parts.append(a)
+        lens.append(a.size)
+    values = np.concatenate(parts) if parts else np.empty(0, dtype=np.float64)
+    return Ragged(values, np.asarray(lens, dtype=np.int64))
