@@ -13,6 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from detsample.cli._argtypes import model_spec
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -31,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=-1, help="top-k filter (-1: off)")
     p.add_argument("--max-batch-size", type=int, default=4, metavar="B",
                    help="engine rows at a time")
-    p.add_argument("--model", default="refmodel", metavar="MODEL",
+    p.add_argument("--model", default="refmodel", metavar="MODEL", type=model_spec,
                    help="refmodel, refmodel-float, hf-tiny-llama, hf-tiny-qwen2 or "
                         "package.module:factory")
     p.add_argument("--batch-invariant", action="store_true",
