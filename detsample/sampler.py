@@ -150,6 +150,13 @@ class Sampler:
         self._runner = ProcessorRunner(self.processors)  # step 1
         self.grammar_masker = GrammarMasker()  # one reused bitmask buffer
 
+    def prefetch_grammar(self, batch: SamplingBatch) -> int:
+        """Start the next step's grammar bitmask fill in the background; call right after
+        ``batch.advance`` so it overlaps the model's forward pass. The next
+        :meth:`sample` waits for it; results are bitwise the same without it. Returns
+        the number of rows being filled (docs/grammar.md)."""
+        return grammar_hooks.prefetch_grammars(self.grammar_masker, batch)
+
     def validate_request(self, request) -> None:
         """Admission check against the registered processors' ``validate_params``;
         raises InvalidSamplingParams naming the request and the field. (The rules every
@@ -194,18 +201,24 @@ class Sampler:
         # "unchanged" and the row maxima of step 2 still hold.
         x = apply_penalties_and_constraints(  # step 3
             x, batch, lambda: self._buf("constrained", x))
+        unchanged = x is after_sanitize
+        mask_max = None
         if batch.has_grammars:  # step 4: grammar mask
             before = status
-            x, status = grammar_hooks.grammar_step(
-                self.grammar_masker, batch, x, status, lambda: self._buf("mask", x))
+            x, status, mask_max = grammar_hooks.grammar_step(
+                self.grammar_masker, batch, x, status, lambda: self._buf("mask", x),
+                row_max=m if unchanged else None)
             valid = valid and status is before
         coo = batch.logit_bias_coo()  # step 5
         if coo is not None:
             x = apply_logit_bias_(x.clone() if x is after_sanitize else x, *coo)
         if x is not after_sanitize:  # a penalty or a bias can overflow a finite logit to +inf
-            x, st, m, fine = sanitize(x)
-            if not fine:
-                status, valid = status | st, False
+            if unchanged and coo is None and mask_max is not None:
+                m = mask_max  # only the mask changed x: its exact maxima (no +inf, no NaN)
+            else:
+                x, st, m, fine = sanitize(x)
+                if not fine:
+                    status, valid = status | st, False
         return Prepared(raw=raw, x=x, status=status, row_max=m, all_valid=valid, kernels=k)
 
     def _plan(self, batch: SamplingBatch, prep: Prepared) -> RowPlan:

@@ -60,24 +60,36 @@ def merged_vocab(batch, other):
 
 
 def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, status: torch.Tensor,
-                 scratch: Callable[[], torch.Tensor] | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pipeline step 4: ``(x, status)`` after the grammar mask.
+                 scratch: Callable[[], torch.Tensor] | None = None,
+                 row_max: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Pipeline step 4: ``(x, status, maxima)`` after the grammar mask.
 
     ``x`` (B, V) float32 is never written: when a row has an active grammar a masked copy
-    replaces it (one pass, no separate clone), written into ``scratch()`` when given (a
-    reused (B, V) buffer that must not alias ``x``); otherwise ``x`` itself is returned. Rows
-    without an active grammar keep their exact bits. Rows whose grammar failed get
-    ``STATUS_NO_VALID_TOKEN | STATUS_GRAMMAR_ERROR``. A masked row left with no finite
-    logit is flagged by the sampler's re-sanitising of the changed logits.
+    replaces it (the masker's persistent buffer on CPU, see
+    :meth:`GrammarMasker.masked_step`; else ``scratch()`` when given, a reused (B, V)
+    buffer that must not alias ``x``); otherwise ``x`` itself is returned. Rows without an
+    active grammar keep their exact bits. Rows whose grammar failed get
+    ``STATUS_NO_VALID_TOKEN | STATUS_GRAMMAR_ERROR``.
+
+    ``row_max``: (B, 1) maxima of ``x`` when the caller knows them. ``maxima`` is then
+    ``torch.amax`` of the returned logits (and a masked row left with no finite logit
+    gets ``STATUS_NO_VALID_TOKEN`` here), so the caller need not reduce again; None when
+    not known (the caller re-sanitises the changed logits, which flags such rows).
     """
     grammars = batch.grammars
     if not any(g is not None for g in grammars):
-        return x, status
+        return x, status, row_max
     live = [g if g is not None and batch.finished[i] is None else None
             for i, g in enumerate(grammars)]
+    maxima = row_max
     if any(g is not None and (g.state == PENDING or g.is_active) for g in live):
-        x, _ = masker.masked(x, live, scratch() if scratch is not None else None)
+        x, rows, maxima = masker.masked_step(x, live, row_max,
+                                             scratch() if scratch is not None else None)
+        if rows and maxima is not None:
+            dead = torch.isneginf(maxima[:, 0])
+            if bool(dead.any()):  # (status stays the same object when nothing changed)
+                status = status | dead.to(status.dtype) * STATUS_NO_VALID_TOKEN
     failed = [i for i, g in enumerate(grammars) if g is not None and g.failed]
     # A live row whose grammar is already terminated (a resumed request whose existing
     # output ended the grammar) has nothing left to generate: token -1, never a free one.
@@ -88,7 +100,14 @@ def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, status: torch.Te
             status = status.clone()
             idx = torch.tensor(rows, dtype=torch.int64, device=status.device)
             status[idx] |= flags
-    return x, status
+    return x, status, maxima
+
+
+def prefetch_grammars(masker: GrammarMasker, batch) -> int:
+    """Start the next step's bitmask fill of the batch's live grammar rows in the
+    background (call right after ``batch.advance``); returns how many rows."""
+    return masker.prefetch([g if g is not None and batch.finished[i] is None else None
+                            for i, g in enumerate(batch.grammars)])
 
 
 def advance_grammars(batch, tokens: Sequence[int]) -> None:

@@ -4,6 +4,18 @@ One :class:`GrammarMasker` (owned by a Sampler) keeps one bitmask buffer, grown 
 larger batch or vocabulary arrives, and an ``xgrammar.BatchGrammarMatcher`` that fills
 the active rows in parallel. Only rows whose grammar is active are filled and masked;
 every other row's logits are untouched, bit for bit.
+
+Two things keep the step cheap at large batch:
+
+* :meth:`GrammarMasker.masked_step` writes the masked logits into a persistent buffer
+  (:class:`~detsample.grammar.maskbuffer.MaskedLogitsBuffer`) at the cost of the columns
+  that change, and returns the rows' maxima so the sampler need not reduce again;
+* :meth:`GrammarMasker.prefetch` starts the next step's bitmask fill in a background
+  thread right after ``batch.advance`` (``Sampler.prefetch_grammar``), so it overlaps
+  the model's forward pass; the next fill takes the prefetched rows (waiting for them)
+  and fills only what is missing. The bits are the same either way: a fill is a pure
+  function of the matcher state, and a matcher that changed since its prefetch started
+  (rollback, another token) is filled again.
 """
 
 from __future__ import annotations
@@ -14,6 +26,7 @@ from typing import Sequence
 import torch
 
 from detsample.errors import GrammarError
+from detsample.grammar.maskbuffer import MaskedLogitsBuffer
 from detsample.grammar.request import PENDING, RequestGrammar
 from detsample.ops.mask import (allocate_token_bitmask, apply_token_bitmask_, bitmask_width,
                                 masked_logits)
@@ -31,7 +44,7 @@ def resolve_all(grammars: Sequence[RequestGrammar | None]) -> None:
 
 
 class GrammarMasker:
-    """Reusable bitmask buffer + parallel fill + apply.
+    """Reusable bitmask buffer + parallel fill + apply (+ background prefetch).
 
     Args:
         max_threads: threads xgrammar's batch matcher uses to fill rows ("auto" = half
@@ -45,6 +58,9 @@ class GrammarMasker:
         self.parallel_min_rows = parallel_min_rows
         self._bitmask: torch.Tensor | None = None
         self._batch_matcher = None
+        self._prefetch_matcher = None
+        self._pool: cf.ThreadPoolExecutor | None = None
+        self.buffer = MaskedLogitsBuffer()
 
     def bitmask(self, batch: int, vocab_size: int) -> torch.Tensor:
         """The reused buffer, as a ``[batch, ceil(V/32)]`` view (contents stale)."""
@@ -55,29 +71,75 @@ class GrammarMasker:
             self._bitmask = bm
         return bm[:batch]
 
+    def _matcher(self, attr: str):
+        if getattr(self, attr) is None:
+            import xgrammar as xgr
+
+            setattr(self, attr, xgr.BatchGrammarMatcher(self.max_threads))
+        return getattr(self, attr)
+
+    def _fill_rows(self, matcher_attr: str, grammars: list, bm: torch.Tensor,
+                   rows: list[int]) -> None:
+        if len(rows) < self.parallel_min_rows:
+            for r in rows:
+                grammars[r].matcher.fill_next_token_bitmask(bm, r)
+        else:
+            self._matcher(matcher_attr).batch_fill_next_token_bitmask(
+                [grammars[r].matcher for r in rows], bm, rows)
+
     def fill(self, grammars: Sequence[RequestGrammar | None], vocab_size: int
              ) -> tuple[torch.Tensor, list[int]]:
         """Fill the bitmask rows of the active grammars; ``(bitmask, filled_rows)``.
 
         ``grammars[r]`` is row r's grammar or None. Pending grammars are waited for
-        (bounded); failed/terminated ones are skipped.
+        (bounded); failed/terminated ones are skipped. Rows prefetched for the current
+        matcher state are copied (after waiting for their fill); the others are filled.
         """
         resolve_all(grammars)
         bm = self.bitmask(len(grammars), vocab_size)
         rows = [r for r, g in enumerate(grammars) if g is not None and g.is_active]
-        if not rows:
-            return bm, rows
-        if len(rows) < self.parallel_min_rows:
-            for r in rows:
-                grammars[r].fill_bitmask(bm, r)
-        else:
-            if self._batch_matcher is None:
-                import xgrammar as xgr
-
-                self._batch_matcher = xgr.BatchGrammarMatcher(self.max_threads)
-            self._batch_matcher.batch_fill_next_token_bitmask(
-                [grammars[r].matcher for r in rows], bm, rows)
+        todo = []
+        for r in rows:
+            pre = grammars[r].take_prefetched()
+            if pre is not None and pre.shape[0] == bm.shape[1]:
+                bm[r].copy_(pre)
+            else:
+                todo.append(r)
+        if todo:
+            self._fill_rows("_batch_matcher", list(grammars), bm, todo)
         return bm, rows
+
+    def prefetch(self, grammars: Sequence[RequestGrammar | None]) -> int:
+        """Start filling the next bitmask row of every active grammar in a background
+        thread; returns how many. The next :meth:`fill` (or :meth:`masked_step`) uses
+        them. Pending, terminated and failed grammars are left to that fill."""
+        active = [g for g in grammars if g is not None and g.is_active]
+        if not active:
+            return 0
+        w = bitmask_width(active[0].vocab.vocab_size)
+        rows = torch.empty((len(active), w), dtype=torch.int32)
+        for g in active:
+            g._settle()  # an earlier prefetch of the same matcher must finish first
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(max_workers=1,
+                                               thread_name_prefix="detsample-bitmask")
+        fut = self._pool.submit(self._fill_rows, "_prefetch_matcher", active, rows,
+                                list(range(len(active))))
+        for i, g in enumerate(active):
+            g.set_prefetch(fut, rows, i)
+        return len(active)
+
+    def wait_prefetched(self, grammars: Sequence[RequestGrammar | None]) -> None:
+        """Block until the background fills of ``grammars`` are done (benchmarks)."""
+        for g in grammars:
+            if g is not None:
+                g._settle()
+
+    def close(self) -> None:
+        """Stop the prefetch thread (a running fill finishes)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def _fill_for(self, logits: torch.Tensor, grammars: Sequence[RequestGrammar | None]
                   ) -> tuple[torch.Tensor | None, list[int], int]:
@@ -104,6 +166,25 @@ class GrammarMasker:
         if not rows:
             return logits, rows
         return masked_logits(logits, bm, rows, limit=n, out=out), rows
+
+    def masked_step(self, logits: torch.Tensor, grammars: Sequence[RequestGrammar | None],
+                    row_max: torch.Tensor | None = None, out: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, list[int], torch.Tensor | None]:
+        """:meth:`masked` for the sampler: ``(masked, rows, maxima)``.
+
+        On CPU float32 the result is the masker's persistent buffer (valid until the
+        next call; finite values may be added to it in place, nothing else written) and,
+        when ``row_max`` ((B, 1) maxima of ``logits``) is given, ``maxima`` are
+        ``torch.amax(masked, -1)`` without a pass over the whole batch. Elsewhere
+        :meth:`masked` (into ``out``) and ``maxima`` None. Same bits either way.
+        """
+        bm, rows, n = self._fill_for(logits, grammars)
+        if not rows:
+            return logits, rows, row_max
+        if not self.buffer.supports(logits):
+            return masked_logits(logits, bm, rows, limit=n, out=out), rows, None
+        x, m = self.buffer.apply(logits, bm, rows, n, row_max)
+        return x, rows, m
 
     def apply_(self, logits: torch.Tensor, grammars: Sequence[RequestGrammar | None]
                ) -> list[int]:

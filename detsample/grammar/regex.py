@@ -16,7 +16,8 @@ with its own regex engine into a JSON-string automaton, and that path is not rel
 validator's parse) and lowers it to an EBNF expression for the *JSON spelling* of the
 matching strings: each character class is an explicit list of code-point ranges, minus
 the surrogates, where a quote, a backslash or a control character is spelled as its JSON
-escape. ``\\d`` / ``\\w`` / ``\\s`` become their ASCII parts; ``\\D`` / ``\\W`` / ``\\S``
+escape (inside a bounded repetition ``{m,n}`` a class that has other characters keeps
+only those: fast masks, still a subset). ``\\d`` / ``\\w`` / ``\\s`` become their ASCII parts; ``\\D`` / ``\\W`` / ``\\S``
 and negated classes the exact complement of Python's Unicode sets; anchors at the ends
 are dropped (a grammar matches the whole string). Every string the expression spells
 therefore decodes to one that ``re.search(pattern, s)`` accepts. Constructs with no
@@ -133,19 +134,28 @@ def literal(text: str) -> str:
 
 
 def class_text(ranges) -> str:
-    """An EBNF class ``[...]`` of explicit code-point ranges."""
-    return "[" + "".join(_cp(lo) if lo == hi else f"{_cp(lo)}-{_cp(hi)}"
-                         for lo, hi in ranges) + "]"
+    """An EBNF class of exactly the code points ``ranges``, always written negated
+    (``[^complement]``): xgrammar compiles a negated class ~100x faster than the same
+    set written positively when it is repeated (``[a-z ]{0,40}``: 4 s against 0.06 s at
+    V=152k) and fills its masks faster. ``ranges`` must leave something out."""
+    rest = complement(ranges)
+    if not rest:
+        raise GrammarError("a character class of every code point cannot be written")
+    return "[^" + "".join(_cp(lo) if lo == hi else f"{_cp(lo)}-{_cp(hi)}"
+                          for lo, hi in rest) + "]"
 
 
-def json_chars(ranges) -> str | None:
+def json_chars(ranges, escapes: bool = True) -> str | None:
     """EBNF for one character of ``ranges`` in a JSON string: the characters a string
-    may hold raw as a class, the others as their JSON escapes; None when empty."""
+    may hold raw as a class, the others as their JSON escapes (only when ``escapes``, or
+    when no raw character is left); None when empty."""
     ranges = subtract(ranges, (SURROGATES,))
     alts = []
     raw = subtract(ranges, _JSON_FORBIDDEN)
     if raw:
         alts.append(class_text(raw))
+        if not escapes:
+            return alts[0]
     for lo, hi in _intersect(ranges, _JSON_FORBIDDEN):
         if (lo, hi) == _JSON_FORBIDDEN[0]:  # every control character: \u0000-\u001f
             alts.append('("\\\\u00" [01] [0-9A-Fa-f])')
@@ -158,15 +168,21 @@ def json_chars(ranges) -> str | None:
 
 
 class _Lowering:
+    """Lowers a parse tree. ``bounded`` > 0 inside a bounded repetition: there a class
+    keeps only its raw characters (xgrammar precomputes masks for a bounded repetition
+    of a plain class, but checks every token at run time, ~300 ms a fill at V=152k, when
+    the repeated item also has multi-character escapes)."""
+
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
+        self.bounded = 0
 
     def fail(self, what: str) -> None:
         raise GrammarError(f"pattern {self.pattern!r}: {what} is not supported by the grammar "
                            "backend")
 
     def chars(self, ranges) -> str:
-        out = json_chars(ranges)
+        out = json_chars(ranges, escapes=not self.bounded)
         if out is None:
             self.fail("a character class that matches no character")
         return out
@@ -204,10 +220,15 @@ class _Lowering:
             return self.chars(_category(str(av), False))
         if name in ("MAX_REPEAT", "MIN_REPEAT"):  # lazy or greedy: the same language
             lo, hi, sub = av
-            body = self.seq(sub, False, False)
             if hi == _sre_c.MAXREPEAT:
+                body = self.seq(sub, False, False)
                 return f"{body}*" if lo == 0 else (f"{body}+" if lo == 1 else
                                                      f"{body}{{{lo},}}")
+            self.bounded += 1
+            try:
+                body = self.seq(sub, False, False)
+            finally:
+                self.bounded -= 1
             return f"{body}{{{lo},{hi}}}"
         if name == "SUBPATTERN":
             _group, add_flags, del_flags, sub = av

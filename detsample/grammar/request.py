@@ -51,6 +51,8 @@ class RequestGrammar:
         self.accepted: list[int] = []
         self.state = PENDING
         self.error: str | None = None
+        self._prefetch = None  # (future, (n, W) int32 rows, row, version) of a background fill
+        self._version = 0  # bumped on every matcher change: a prefetched row is for one version
 
     @classmethod
     def from_params(cls, rid: str, params, vocab, *, output_ids: Sequence[int] = (),
@@ -99,6 +101,7 @@ class RequestGrammar:
 
     def fail(self, message: str) -> None:
         """Enter the error state (stops masking; the request finishes with ``message``)."""
+        self._settle()
         self.state = FAILED
         self.error = message
         self._matcher = None
@@ -107,8 +110,10 @@ class RequestGrammar:
         """An independent copy in the same state (same compile future, a forked matcher):
         feeding or rolling back either never changes the other. ``SamplingBatch.merge``
         forks the merged rows' grammars, as it copies their outputs and penalty counts."""
+        self._settle()
         c = RequestGrammar.__new__(RequestGrammar)
         c.rid, c.kind, c.vocab, c.timeout_s = self.rid, self.kind, self.vocab, self.timeout_s
+        c._prefetch, c._version = None, 0
         c._future = self._future
         c._matcher = self._matcher.fork() if self._matcher is not None else None
         c._initial = list(self._initial)
@@ -169,6 +174,36 @@ class RequestGrammar:
         return (f"request {self.rid!r}: {self.kind} grammar rejected {what} {tid} ({tok!r}) "
                 f"after accepted prefix {shown!r} ({len(self.accepted)} tokens)")
 
+    # -- background fill (prefetch) --------------------------------------------------
+    def set_prefetch(self, future: cf.Future, rows, row: int) -> None:
+        """A background fill writes this request's next bitmask into ``rows[row]``
+        (``future`` completes when it has). Every matcher change waits for it first."""
+        self._settle()
+        self._prefetch = (future, rows, row, self._version)
+
+    def take_prefetched(self):
+        """The prefetched bitmask row for the current state (waiting for the fill), or
+        None when there is none or the matcher changed since it was started."""
+        pre, self._prefetch = self._prefetch, None
+        if pre is None:
+            return None
+        future, rows, row, version = pre
+        try:
+            future.result()
+        except Exception:  # noqa: BLE001 -- the caller fills the row itself
+            return None
+        return rows[row] if version == self._version and self.state == ACTIVE else None
+
+    def _settle(self) -> None:
+        """Wait for an in-flight background fill of this matcher (it must not change
+        under the fill)."""
+        if self._prefetch is not None:
+            cf.wait([self._prefetch[0]])
+
+    def _changed(self) -> None:
+        self._settle()
+        self._version += 1
+
     # -- per step --------------------------------------------------------------------
     def fill_bitmask(self, bitmask, row: int) -> bool:
         """Write this request's allowed-token bits into ``bitmask[row]``.
@@ -178,6 +213,7 @@ class RequestGrammar:
         """
         if self.resolve() != ACTIVE:
             return False
+        self._settle()
         self._matcher.fill_next_token_bitmask(bitmask, row)
         return True
 
@@ -193,6 +229,7 @@ class RequestGrammar:
         if self.state != ACTIVE:
             raise GrammarError(f"request {self.rid!r}: grammar already terminated; cannot "
                                f"accept token {tid}")
+        self._changed()
         if not 0 <= tid < self.vocab.vocab_size or not m.accept_token(tid):
             raise GrammarError(self._reject_message(tid))
         self.accepted.append(tid)
@@ -207,6 +244,7 @@ class RequestGrammar:
                                f"[0, {len(self.accepted)}], got {k!r}")
         if k == 0:
             return
+        self._changed()
         m.rollback(k)
         del self.accepted[-k:]
         self.state = ACTIVE
@@ -225,6 +263,7 @@ class RequestGrammar:
         m = self._require_matcher("jump forward")
         if self.state != ACTIVE:
             return 0, []
+        self._settle()
         forced = m.find_jump_forward_string()
         if not forced:
             return 0, []

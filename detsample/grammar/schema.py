@@ -53,7 +53,7 @@ KEYWORDS: dict[str, str] = {
     "minimum": "integers and numbers", "maximum": "integers and numbers",
     "exclusiveMinimum": "numeric form", "exclusiveMaximum": "numeric form",
     "multipleOf": "integers only (positive integer)",
-    "minLength": "code points; escapes count as one", "maxLength": "as `minLength`",
+    "minLength": "code points (the string holds no escapes)", "maxLength": "as `minLength`",
     "pattern": "Python `re` syntax without backreferences, lookarounds, inline flags",
     "format": ", ".join(sorted(FORMAT_PATTERNS)),
 }

@@ -57,7 +57,7 @@ def test_sampled_format_strings_pass_the_checker(fmt, vocab, submit):
     """Random logits through the format's grammar: every finished string conforms."""
     grammars = [submit("json_schema", {"type": "string", "format": fmt}, rid=f"{fmt}{i}")
                 for i in range(12)]
-    outs = generate(vocab, grammars, seed=7, max_steps=300)
+    outs = generate(vocab, grammars, seed=7, max_steps=2000)
     for toks in outs:
         value = json.loads(vocab.decode(toks).decode("utf-8"))
         assert re.search(FORMAT_PATTERNS[fmt], value) and _checked(fmt, value), value

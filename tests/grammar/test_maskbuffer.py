@@ -1,0 +1,117 @@
+"""Tests of detsample/grammar/maskbuffer.py: the persistent masked-logits buffer gives the
+bits of the plain select, step after step, and exact row maxima.
+
+Pins what an incremental buffer can get wrong: a sparse row keeping last step's finite
+values, a cached column list served for a different bitmask, padding columns beyond the
+grammar's vocabulary left finite, a zero maximum with the wrong sign, a bias added in
+place leaking into the next step.
+"""
+
+import numpy as np
+import torch
+from hypothesis import given, settings, strategies as st
+
+from detsample.grammar.maskbuffer import ColumnCache, MaskedLogitsBuffer
+from detsample.ops.mask import bitmask_width, masked_logits
+
+NEG = float("-inf")
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.int32),
+                                              b.contiguous().view(torch.int32))
+
+
+def pack(allowed: np.ndarray) -> torch.Tensor:
+    """(R, n) bool -> (R, ceil(n/32)) int32 in xgrammar's layout."""
+    w = bitmask_width(allowed.shape[1])
+    padded = np.zeros((allowed.shape[0], w * 32), dtype=np.bool_)
+    padded[:, :allowed.shape[1]] = allowed
+    return torch.from_numpy(np.packbits(padded, axis=-1, bitorder="little").view(np.int32).copy())
+
+
+@st.composite
+def step_sequences(draw):
+    b = draw(st.integers(1, 5))
+    n = draw(st.integers(1, 150))
+    v = n + draw(st.sampled_from([0, 0, 7, 40]))
+    steps = []
+    prev = None
+    for _ in range(draw(st.integers(1, 5))):
+        rows = sorted(draw(st.sets(st.integers(0, b - 1))))
+        kinds = [draw(st.sampled_from(["sparse", "dense", "random", "same", "none"]))
+                 for _ in range(b)]
+        rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+        allowed = np.zeros((b, n), dtype=np.bool_)
+        for r, k in enumerate(kinds):
+            if k == "same" and prev is not None:
+                allowed[r] = prev[r]
+            elif k != "none":
+                p = {"sparse": 0.05, "dense": 0.95, "random": 0.5, "same": 0.3}[k]
+                allowed[r] = rng.random(n) < p
+        prev = allowed
+        logits = torch.from_numpy(rng.standard_normal((b, v)).astype(np.float32))
+        specials = rng.integers(0, 4, size=(b, v))  # sprinkle +-0.0 and -inf
+        logits[torch.from_numpy(specials == 0) & (torch.rand(b, v) < 0.1)] = 0.0
+        logits[torch.from_numpy(specials == 1) & (torch.rand(b, v) < 0.1)] = -0.0
+        logits[torch.from_numpy(specials == 2) & (torch.rand(b, v) < 0.05)] = NEG
+        bias = draw(st.booleans())
+        steps.append((logits, pack(allowed), rows, bias))
+    return n, steps
+
+
+@settings(max_examples=60, deadline=None)
+@given(step_sequences())
+def test_buffer_equals_plain_select_every_step(seq):
+    """Property: at every step of any sequence of masks (repeated or not, with a finite
+    bias added in place between steps) the buffer holds ``masked_logits`` bit for bit
+    and its maxima are ``torch.amax`` bit for bit."""
+    n, steps = seq
+    buf = MaskedLogitsBuffer()
+    for logits, bm, rows, bias in steps:
+        ref = masked_logits(logits, bm, rows, limit=n)
+        got, m = buf.apply(logits, bm, rows, n, torch.amax(logits, dim=-1, keepdim=True))
+        assert bits_equal(got, ref)
+        assert bits_equal(m, torch.amax(ref, dim=-1, keepdim=True))
+        if bias:
+            got.add_(torch.randn(got.shape))  # what an in-place logit bias may do
+
+
+def test_zero_maximum_keeps_amax_sign():
+    """A row whose allowed maximum is a zero of either sign takes amax's choice."""
+    logits = torch.tensor([[-0.0, 0.0, -1.0, 5.0], [0.0, -0.0, -2.0, 7.0]])
+    bm = pack(np.array([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=np.bool_))
+    got, m = MaskedLogitsBuffer().apply(logits, bm, [0, 1], 4,
+                                        torch.amax(logits, -1, keepdim=True))
+    ref = masked_logits(logits, bm, [0, 1], limit=4)
+    assert bits_equal(m, torch.amax(ref, -1, keepdim=True))
+
+
+def test_cache_never_serves_another_mask():
+    """Two bitmasks forced onto one fingerprint are told apart by the exact check."""
+    cache = ColumnCache()
+    a = pack(np.array([[1, 0, 0, 0, 1]], dtype=np.bool_)).numpy()[0]
+    b = pack(np.array([[0, 1, 0, 0, 0]], dtype=np.bool_)).numpy()[0]
+    ea, eb = cache.lookup(7, a, 5), cache.lookup(7, b, 5)
+    assert list(ea.cols) == [0, 4] and list(eb.cols) == [1]
+    assert cache.lookup(7, a, 5) is ea and cache.hits == 1
+
+
+def test_unmasked_rows_are_copied_and_buffer_is_reused():
+    buf = MaskedLogitsBuffer()
+    logits = torch.randn(3, 64)
+    bm = pack(np.ones((3, 64), dtype=np.bool_))
+    first, _ = buf.apply(logits, bm, [1], 64)
+    assert bits_equal(first, logits)
+    second, _ = buf.apply(logits * 2, bm, [], 64)
+    assert second.data_ptr() == first.data_ptr() and bits_equal(second, logits * 2)
+
+
+def test_rows_sharing_a_fingerprint_are_confirmed_one_by_one():
+    """A fingerprint collision inside one step: each row still gets its own columns."""
+    cache = ColumnCache()
+    cache.fingerprints = lambda words: np.zeros(words.shape[0], dtype=np.int64)
+    words = pack(np.array([[1, 0, 0, 0, 1], [0, 1, 0, 0, 0], [1, 0, 0, 0, 1]],
+                          dtype=np.bool_)).numpy()
+    got = cache.lookup_rows(words, [0, 1, 2], 5)
+    assert [list(got[r].cols) for r in (0, 1, 2)] == [[0, 4], [1], [0, 4]]
