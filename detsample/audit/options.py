@@ -26,8 +26,9 @@ class AuditOptions:
     ``chunk_tokens``, ``jsonl_parser`` or ``ray``).
 
     rescore: None, a callable ``(prompt_ids, response_ids) -> logprobs`` for sequences
-        without trainer logprobs, or a name of
-        :data:`~detsample.audit.rescore.RESCORERS` ("refmodel"); resolved by
+        without trainer logprobs (``detsample.audit.rescore.ModelRescorer(spec,
+        batch_invariant=True)`` for a model under the batch-invariant mode), or a model
+        spec ("refmodel", "hf-tiny-llama", "pkg.module:factory", ...); resolved by
         :func:`detsample.audit.rescore.resolve_rescorer` (:meth:`rescorer`).
     strict: the first bad sequence is fatal instead of excluded.
     workers: shards (processes, or Ray tasks with ``ray``).

@@ -1,13 +1,20 @@
-"""Rescoring with the reference model: the trainer side of the audit loop.
+"""Rescoring: the trainer side of the audit loop, with any model detsample can load.
 
-``RefModelRescorer()(prompt_ids, response_ids)`` returns the logprobs of
-``response_ids`` after ``prompt_ids`` computed by ONE prefill of the reference model
-(:func:`detsample.refmodel.engine.rescore`), i.e. what a trainer recomputes. The
-engine's sampling-time logprobs equal these bitwise (the prefill/decode alignment
-guarantee), so ``detsample rollout`` -> ``detsample audit --rescore refmodel`` audits to
-``exact_match_fraction == 1.0``.
+``ModelRescorer("refmodel")(prompt_ids, response_ids)`` returns the logprobs of
+``response_ids`` after ``prompt_ids`` computed by ONE prefill of the model
+(:func:`detsample.refmodel.engine.rescore`), i.e. what a trainer recomputes. The model is
+a :func:`detsample.models.load_model` spec: ``refmodel``, ``refmodel-float``,
+``hf-tiny-llama``, ``hf-tiny-qwen2`` or ``package.module:factory``, and with
+``batch_invariant=True`` it runs under the batch-invariant mode. The engine's
+sampling-time logprobs equal these bitwise when the model is batch-invariant (the
+reference model; a float model under the mode), so ``detsample rollout`` ->
+``detsample audit --rescore refmodel`` audits to ``exact_match_fraction == 1.0``, and so
+does ``--model hf-tiny-llama --batch-invariant`` on both sides; without the mode the
+audit reports the real mismatch.
 
-The object is picklable and builds the model lazily, so ``--workers`` can use it.
+:func:`resolve_rescorer` is the one place a ``rescore`` option becomes a callable. The
+rescorer is picklable and builds its model lazily (in the worker), so ``--workers`` and
+Ray can use it.
 """
 
 from __future__ import annotations
@@ -17,48 +24,63 @@ from collections.abc import Callable
 import numpy as np
 
 from detsample.audit.issues import AuditInputError
+from detsample.models import MODEL_NAMES, is_model_spec
+
+#: what ``rescore`` options accept: None, a callable, or a model spec (:func:`is_model_spec`)
+RescoreSpec = Callable[[list[int], list[int]], "np.ndarray | list[float]"] | str | None
 
 
-def _refmodel():
-    try:
-        from detsample.refmodel import RefModel
-        from detsample.refmodel.engine import rescore
-    except ImportError as exc:  # the reference model is a separate component
-        raise AuditInputError(f"the reference model (detsample.refmodel) is not available: {exc}") from exc
-    return RefModel, rescore
+class ModelRescorer:
+    """Callable ``(prompt_ids, response_ids) -> float32 logprobs [len(response_ids)]`` in
+    the "raw" mode (log_softmax of the model's logits), by one prefill of ``model``.
 
-
-class RefModelRescorer:
-    """Callable ``(prompt_ids, response_ids) -> float32 logprobs [len(response_ids)]``.
-
-    model_path: a safetensors file written by ``RefModel.save`` (None = the default
-    model, ``RefModel()``). logprobs_mode: the mode the engine reported ("raw" by default:
-    log_softmax of the model's logits, independent of the sampling parameters).
+    model: a :func:`detsample.models.load_model` spec. batch_invariant: its forwards under
+    the batch-invariant mode. model_path: a saved reference model (``RefModel.save``),
+    with ``model="refmodel"`` only.
     """
 
-    def __init__(self, model_path: str | None = None, logprobs_mode: str = "raw") -> None:
-        if logprobs_mode != "raw":
-            raise ValueError(f"logprobs_mode must be 'raw' for rescoring without the "
-                             f"request's sampling parameters, got {logprobs_mode!r}")
+    def __init__(self, model: str = "refmodel", *, batch_invariant: bool = False,
+                 model_path: str | None = None) -> None:
+        check_rescore_spec(model)
+        if not isinstance(model, str):
+            raise ValueError(f"model must be a model spec string, got {model!r}")
+        if model_path is not None and model != "refmodel":
+            raise ValueError(f"model_path is for model 'refmodel', got model={model!r}")
+        self.model = model
+        self.batch_invariant = bool(batch_invariant)
         self.model_path = model_path
-        self.logprobs_mode = logprobs_mode
         self._state = None
 
     def __getstate__(self) -> dict:
-        return {"model_path": self.model_path, "logprobs_mode": self.logprobs_mode}
+        return {"model": self.model, "batch_invariant": self.batch_invariant,
+                "model_path": self.model_path}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["model_path"], state["logprobs_mode"])
+        self.__init__(state["model"], batch_invariant=state["batch_invariant"],
+                      model_path=state["model_path"])
+
+    def build_model(self):
+        """The model this rescorer prefills with (built once)."""
+        return self._load()[0]
 
     def _load(self):
         if self._state is None:
+            from detsample.models import ModelError, adapt, load_model
             from detsample.params import SamplingParams
+            from detsample.refmodel import RefModel
+            from detsample.refmodel.engine import rescore
             from detsample.sampler import Sampler
 
-            RefModel, rescore = _refmodel()
-            model = RefModel() if self.model_path is None else RefModel.load(self.model_path)
-            params = SamplingParams(temperature=1.0, seed=0, logprobs_mode=self.logprobs_mode)
-            self._state = (model, Sampler(), params, rescore)
+            try:
+                if self.model_path is not None:
+                    lm = adapt(RefModel.load(self.model_path), "refmodel",
+                               batch_invariant=self.batch_invariant)
+                else:
+                    lm = load_model(self.model, batch_invariant=self.batch_invariant)
+            except ModelError as exc:
+                raise AuditInputError(f"rescore model: {exc}") from exc
+            params = SamplingParams(temperature=1.0, seed=0, logprobs_mode="raw")
+            self._state = (lm, Sampler(), params, rescore)
         return self._state
 
     def __call__(self, prompt_ids: list[int], response_ids: list[int]) -> np.ndarray:
@@ -66,31 +88,21 @@ class RefModelRescorer:
         return rescore(model, sampler, params, prompt_ids, response_ids).numpy()
 
 
-def refmodel_rescorer(model_path: str | None = None) -> RefModelRescorer:
-    """The rescoring callable behind ``--rescore refmodel``."""
-    _refmodel()  # fail early, naming the missing component
-    return RefModelRescorer(model_path)
-
-
-#: the named rescorers ``rescore`` accepts besides a callable
-RESCORERS = ("refmodel",)
-#: what ``rescore`` options accept: None, a callable, or a name of :data:`RESCORERS`
-RescoreSpec = Callable[[list[int], list[int]], "np.ndarray | list[float]"] | str | None
-
-
 def check_rescore_spec(spec: object) -> None:
-    """ValueError naming the value unless ``spec`` is None, a callable or a known name
-    (cheap: builds nothing; :func:`resolve_rescorer` builds)."""
-    if not (spec is None or callable(spec) or (isinstance(spec, str) and spec in RESCORERS)):
-        raise ValueError(f"rescore must be a callable, one of {RESCORERS} or None, got {spec!r}")
+    """ValueError naming the value unless ``spec`` is None, a callable or a model spec
+    (cheap: imports and builds nothing; :func:`resolve_rescorer` builds)."""
+    if not (spec is None or callable(spec) or is_model_spec(spec)):
+        raise ValueError(f"rescore must be a callable, a model ({', '.join(MODEL_NAMES)} or "
+                         f"package.module:factory) or None, got {spec!r}")
 
 
 def resolve_rescorer(spec: RescoreSpec) -> Callable | None:
     """The rescoring callable an option names (the one place names are resolved).
 
-    None: no rescoring; a callable ``(prompt_ids, response_ids) -> logprobs``: itself;
-    ``"refmodel"``: the reference model (:func:`refmodel_rescorer`)."""
+    None: no rescoring; a callable ``(prompt_ids, response_ids) -> logprobs``: itself; a
+    model spec: :class:`ModelRescorer` of it (default kernels; pass a
+    ``ModelRescorer(spec, batch_invariant=True)`` for the mode)."""
     check_rescore_spec(spec)
     if spec is None or callable(spec):
         return spec
-    return refmodel_rescorer()  # "refmodel", the one name so far
+    return ModelRescorer(spec)

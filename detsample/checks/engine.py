@@ -69,7 +69,7 @@ def engine_batch_invariance(quick: bool = False, device: str = "cpu") -> CheckRe
     fails: list[str] = []
     scs = _scenarios(quick)
     for sc in scs:
-        model = sc.model()
+        model = sc.build_model()
         reqs, mixed = sc.run(model=model)
         for r in reqs:
             _, alone = sc.run(only=[r.rid], model=model)
@@ -86,7 +86,7 @@ def engine_prefill_decode_alignment(quick: bool = False, device: str = "cpu") ->
     fails: list[str] = []
     scs = _scenarios(quick)
     for sc in scs:
-        model, sampler = sc.model(), Sampler()
+        model, sampler = sc.build_model(), Sampler()
         for m in ALIGN_MODES:
             reqs, res = sc.run(mode=m, model=model, sampler=sampler)
             for r in reqs:

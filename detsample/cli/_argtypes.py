@@ -40,3 +40,14 @@ def positive_int_list(text: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
     return values
+
+
+def model_spec(text: str) -> str:
+    """A model detsample can load (``refmodel``, ``hf-tiny-llama``, ``pkg.module:factory``,
+    ...; the syntax only, nothing imported), else an argparse error naming the value."""
+    from detsample.models import MODEL_NAMES, is_model_spec
+
+    if not is_model_spec(text):
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(MODEL_NAMES)} or "
+                                         f"package.module:factory, got {text!r}")
+    return text

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from detsample.audit.layout import PRESET_NAMES
-from detsample.cli._argtypes import fraction, nonneg_float, positive_int
+from detsample.cli._argtypes import fraction, model_spec, nonneg_float, positive_int
 from detsample.errors import DetsampleError
 
 
@@ -32,8 +32,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="gate: exit 1 when max |d| > T")
     p.add_argument("--min-exact-match", type=fraction, metavar="F",
                    help="gate: exit 1 when the bitwise exact-match fraction < F")
-    p.add_argument("--rescore", choices=["refmodel"],
-                   help="recompute missing trainer_logprobs by prefill with this model")
+    p.add_argument("--rescore", metavar="MODEL", type=model_spec,
+                   help="recompute missing trainer_logprobs by one prefill with this model: "
+                        "refmodel, refmodel-float, hf-tiny-llama, hf-tiny-qwen2 or "
+                        "package.module:factory")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="run the --rescore model under the batch-invariant mode "
+                        "(docs/batch-invariant.md)")
     p.add_argument("--dtype", choices=["promoted", "float16", "float32", "float64"],
                    default="promoted",
                    help="round both logprob columns to this dtype before comparing "
@@ -57,10 +62,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from detsample.audit import AuditOptions, audit, check_gates, to_json
+    from detsample.audit.rescore import ModelRescorer
     from detsample.audit.report import format_summary, write_report
 
     try:
-        opts = AuditOptions.make(rescore=args.rescore, strict=args.strict, workers=args.workers,
+        rescore = args.rescore
+        if args.batch_invariant:
+            if rescore is None:
+                raise ValueError("--batch-invariant applies to the --rescore model; give --rescore MODEL")
+            rescore = ModelRescorer(rescore, batch_invariant=True)
+        opts = AuditOptions.make(rescore=rescore, strict=args.strict, workers=args.workers,
                                  compare_dtype=None if args.dtype == "promoted" else args.dtype,
                                  preset=args.preset, columns=args.columns,
                                  padding=args.padding, ray=args.ray)

@@ -1,8 +1,10 @@
-"""``detsample rollout``: write RL rollouts from the reference model engine in the audit's
-input format (.jsonl, .npz or .parquet), so that ``detsample audit`` can be shown end to
-end: ``detsample rollout r.jsonl && detsample audit r.jsonl --rescore refmodel``.
+"""``detsample rollout``: write RL rollouts from the continuous-batching engine in the
+audit's input format (.jsonl, .npz or .parquet), so that ``detsample audit`` can be shown
+end to end: ``detsample rollout r.jsonl && detsample audit r.jsonl --rescore refmodel``,
+or with a float model ``detsample rollout r.jsonl --model hf-tiny-llama --batch-invariant``
+then ``detsample audit r.jsonl --rescore hf-tiny-llama --batch-invariant``.
 
-Exit codes: 0 ok, 2 bad arguments or the reference model unavailable.
+Exit codes: 0 ok, 2 bad arguments or a model that cannot be loaded.
 """
 
 from __future__ import annotations
@@ -11,13 +13,15 @@ import argparse
 import sys
 from pathlib import Path
 
+from detsample.cli._argtypes import model_spec
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "rollout", help="write rollouts from the reference model engine (audit input)",
-        description="Sample sequences with the reference model's continuous-batching engine "
-                    "and write id, prompt_ids, response_ids, engine_logprobs, mask "
-                    "(and trainer_logprobs with --with-trainer).",
+        "rollout", help="write rollouts from the continuous-batching engine (audit input)",
+        description="Sample sequences with the continuous-batching engine and write id, "
+                    "prompt_ids, response_ids, engine_logprobs, mask (and trainer_logprobs "
+                    "with --with-trainer).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("out", metavar="OUT", help="output file: .jsonl, .npz or .parquet")
     p.add_argument("--num-sequences", type=int, default=8, metavar="N", help="sequences")
@@ -29,6 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=-1, help="top-k filter (-1: off)")
     p.add_argument("--max-batch-size", type=int, default=4, metavar="B",
                    help="engine rows at a time")
+    p.add_argument("--model", default="refmodel", metavar="MODEL", type=model_spec,
+                   help="refmodel, refmodel-float, hf-tiny-llama, hf-tiny-qwen2 or "
+                        "package.module:factory")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="run the model under the batch-invariant mode (docs/batch-invariant.md)")
     p.add_argument("--with-trainer", action="store_true",
                    help="also write trainer_logprobs, recomputed by prefill")
     p.set_defaults(func=run)
@@ -45,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
         records = generate_rollouts(
             args.num_sequences, max_new_tokens=args.max_new_tokens, seed=args.seed,
             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-            max_batch_size=args.max_batch_size, with_trainer=args.with_trainer)
+            max_batch_size=args.max_batch_size, with_trainer=args.with_trainer,
+            model=args.model, batch_invariant=args.batch_invariant)
     except (AuditInputError, DetsampleError, ValueError) as exc:
         print(f"detsample rollout: error: {exc}", file=sys.stderr)
         return 2

@@ -44,8 +44,10 @@ class Arrive:
 
 @dataclass(frozen=True)
 class EngineScenario:
-    """A schedule over ``RefModel(RefModelConfig(seed=model_seed))``; request i gets seed
-    ``(seed << 8) | i`` and (unless given) ``logprobs_mode = MODES[i % 3]``."""
+    """A schedule over ``RefModel(RefModelConfig(seed=model_seed))`` (or, with ``model``, the
+    :func:`detsample.models.load_model` model of that name and seed, under the
+    batch-invariant mode with ``batch_invariant``); request i gets seed ``(seed << 8) | i``
+    and (unless given) ``logprobs_mode = MODES[i % 3]``."""
 
     name: str
     arrivals: tuple[Arrive, ...]
@@ -56,6 +58,8 @@ class EngineScenario:
     quick: bool = False
     devices: tuple[str, ...] = ("cpu",)  # the reference model is a CPU model
     grammar: bool = False  # give the engine the default Vocabulary (grammar rows)
+    model: str = "refmodel"
+    batch_invariant: bool = False
 
     def requests(self) -> list[Any]:
         from detsample.params import Request, SamplingParams
@@ -73,9 +77,12 @@ class EngineScenario:
         from detsample.vocab import Vocabulary
         return Vocabulary.default()
 
-    def model(self) -> Any:
-        from detsample.refmodel import RefModel, RefModelConfig
-        return RefModel(RefModelConfig(seed=self.model_seed))
+    def build_model(self) -> Any:
+        if self.model == "refmodel":
+            from detsample.refmodel import RefModel, RefModelConfig
+            return RefModel(RefModelConfig(seed=self.model_seed))
+        from detsample.models import load_model
+        return load_model(self.model, seed=self.model_seed, batch_invariant=self.batch_invariant)
 
     def run(self, only: Sequence[str] | None = None, reverse: bool = False,
             max_batch_size: Any = "default", mode: str | None = None,
@@ -96,7 +103,7 @@ class EngineScenario:
         pairs = [(a, r) for a, r in zip(self.arrivals, reqs) if only is None or a.rid in only]
         script = list(reversed(pairs)) if reverse else pairs
         vocab = self.vocabulary()
-        engine = Engine(model if model is not None else self.model(), sampler,
+        engine = Engine(model if model is not None else self.build_model(), sampler,
                         EngineConfig(max_batch_size=mbs, default_max_new_tokens=self.max_new_tokens,
                                      vocab=vocab))
         return [r for _, r in pairs], engine.run(Schedule.of([(a.step, r) for a, r in script]))
@@ -107,7 +114,7 @@ class EngineScenario:
             raise ValueError(f"device must be 'cpu' for engine scenarios, got {str(device)!r}")
         from detsample.sampler import Sampler
         sampler = sampler if sampler is not None else Sampler()
-        model = self.model()
+        model = self.build_model()
         reqs, res = self.run(sampler=sampler, model=model)
         rids, pos, toks, lps = [], [], [], []
         counts, top_ids, top_lps = [], [np.zeros(0, np.int64)], [np.zeros(0, np.float32)]
@@ -125,8 +132,9 @@ class EngineScenario:
                     top_ids.append(rr.top_logprobs[1][i].cpu().numpy().astype(np.int64, copy=False))
         meta = {
             **sampler_description(sampler),
-            "inputs": {"kind": "engine", "model": "RefModel", "model_seed": self.model_seed,
-                       "vocab_size": model.config.vocab_size,
+            "inputs": {"kind": "engine", "model": "RefModel" if self.model == "refmodel" else self.model,
+                       "batch_invariant": self.batch_invariant, "model_seed": self.model_seed,
+                       "vocab_size": model.vocab_size,
                        "max_batch_size": self.max_batch_size, "max_new_tokens": self.max_new_tokens,
                        "schedule": [[a.step, a.rid] for a in self.arrivals]},
             "batch_rows_per_step": [list(s) for s in res.steps],
@@ -170,5 +178,9 @@ ENGINE_SCENARIOS: dict[str, EngineScenario] = {
             Arrive(1, "r", "word: ", dict(regex="[a-z]{3,6}", temperature=0.0)),
             Arrive(2, "e", "answer: ", dict(ebnf='root ::= "yes" | "no"', top_p=0.9)),
         ), seed=104, max_new_tokens=12, grammar=True),
+        # a real transformers model under the batch-invariant mode: its bits move when an
+        # overriding kernel or the invariant attention changes
+        EngineScenario("engine.hf-tiny-llama.invariant", _mixed(), seed=105, max_batch_size=4,
+                       max_new_tokens=6, model="hf-tiny-llama", batch_invariant=True),
     )
 }

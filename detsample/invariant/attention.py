@@ -11,13 +11,15 @@ same order, with an online softmax (running max ``m``, running output and sum ``
 in float32:
 
 * scores of a block: one product ``q @ K_block^T`` per (batch row, KV head), the queries
-  of the KV head's query group as rows (at least 16: the measured-invariant matmul of
-  :mod:`detsample.invariant.cpu`), so a score's bits depend on its q and k only;
+  of the KV head's query group as rows (the measured-invariant matmul of
+  :mod:`detsample.invariant.cpu`: a score's bits depend on its q and k only);
 * keys a query may not attend get ``-inf``: ``exp`` gives exactly 0, so a block that is
   partly or wholly out of a query's reach (future keys of a prefill, zero padding of a
   decode, trailing blocks of a longer neighbour) adds exact zeros and rescales by
   ``exp(0) == 1``;
-* ``p @ [V | 1]`` gives the weighted values and the softmax denominator in one product.
+* ``p @ [V | 1]`` (KEY_BLOCK terms) gives the weighted values and the softmax denominator
+  in one product; the rows of queries that have seen all their keys before a block skip
+  it (they would only add exact zeros).
 
 A query's blocks therefore hold the same keys at the same offsets whether it is decoded
 one token at a time against a KV cache, prefilled with the rest of its prompt, chunked,
@@ -42,7 +44,7 @@ from detsample.invariant import cpu
 from detsample.invariant.backends import cuda_attention
 
 ATTENTION_NAME = "detsample"
-KEY_BLOCK = 64   # keys per block (a multiple of cpu.MIN_COLS), counted from the row's key 0
+KEY_BLOCK = 128  # keys per block (a multiple of cpu.MIN_COLS), counted from the row's key 0
 
 
 def _causal(T: int, L: int, B: int, device: torch.device) -> torch.Tensor:
@@ -98,61 +100,95 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if H % Hkv or key.shape[0] != B or key.shape[3] != D:
         raise ValueError(f"key/value {tuple(key.shape)} do not match query {tuple(query.shape)}"
                          f" (heads must divide, batch and head_dim must agree)")
-    dev = query.device
+    dev, f32 = query.device, torch.float32
     scale = D ** -0.5 if scale is None else float(scale)
     allowed, bias = _allowed(mask, B, T, L, dev)
     real = allowed.any(dim=1)                                     # (B, L): the row's keys
-    lc = int(real.sum(dim=1).max()) if B and L else 0
+    lens = real.sum(dim=1)
+    lc = int(lens.max()) if B and L else 0
     if lc == 0 or T == 0:
-        return (torch.zeros((B, H, T, D), dtype=torch.float32, device=dev),
-                torch.full((B, H, T), -math.inf, dtype=torch.float32, device=dev))
-    # compaction: the row's keys first, in slot order (a stable sort of "not real")
-    order = torch.sort((~real).to(torch.uint8), dim=1, stable=True).indices[:, :lc]
-    nb = -(-lc // KEY_BLOCK)
-    lp = nb * KEY_BLOCK
-    G = H // Hkv
-    f32 = torch.float32
-    idx = order[:, None, :, None].expand(B, Hkv, lc, D)
-    keys = torch.zeros((B, Hkv, lp, D), dtype=f32, device=dev)
-    keys[:, :, :lc] = key.gather(2, idx)
-    dv = max(D + 1, cpu.MIN_COLS)
-    vals = torch.zeros((B, Hkv, lp, dv), dtype=f32, device=dev)
-    vals[:, :, :lc, :D] = value.gather(2, idx)
-    vals[:, :, :lc, D] = 1.0                                      # the softmax denominator
-    rows = G * T
-    mp = max(rows, cpu.MIN_ROWS)
+        return (torch.zeros((B, H, T, D), dtype=f32, device=dev),
+                torch.full((B, H, T), -math.inf, dtype=f32, device=dev))
+    G, nb = H // Hkv, -(-lc // KEY_BLOCK)
+    rows = T * G
+    mp = cpu.padded_rows(rows)
+    valid = torch.arange(lc, device=dev)[None, :] < lens[:, None]          # (B, lc)
+    # compaction: the row's keys first, in slot order (a view when they already are)
+    if torch.equal(real, torch.arange(L, device=dev)[None, :] < lens[:, None]):
+        k_c, v_c, a_c = key[:, :, :lc], value[:, :, :lc], allowed[:, :, :lc]
+        b_c = None if bias is None else bias[:, :, :lc]
+    else:
+        order = torch.sort((~real).to(torch.uint8), dim=1, stable=True).indices[:, :lc]
+        flat = (order + torch.arange(B, device=dev)[:, None] * L).reshape(-1)
+        k_c, v_c = (t.transpose(1, 2).reshape(B * L, Hkv * D).index_select(0, flat)
+                    .view(B, lc, Hkv, D).transpose(1, 2) for t in (key, value))
+        a_c = allowed.gather(2, order[:, None, :].expand(B, T, lc))
+        b_c = None if bias is None else bias.gather(2, order[:, None, :].expand(B, T, lc))
+    k_c, v_c = (t.to(f32).reshape(B * Hkv, lc, D) for t in (k_c, v_c))
+    # queries of one KV head as rows, position-major (row = t * G + g), padded_rows of them
     q = torch.zeros((B * Hkv, mp, D), dtype=f32, device=dev)
-    q[:, :rows] = query.reshape(B * Hkv, rows, D)
-    ok = torch.zeros((B, T, lp), dtype=torch.bool, device=dev)
-    ok[:, :, :lc] = allowed.gather(2, order[:, None, :].expand(B, T, lc))
-    okq = torch.zeros((B * Hkv, mp, lp), dtype=torch.bool, device=dev)
-    okq[:, :rows] = ok[:, None, None].expand(B, Hkv, G, T, lp).reshape(B * Hkv, rows, lp)
+    q[:, :rows] = query.reshape(B, Hkv, G, T, D).transpose(2, 3).reshape(B * Hkv, rows, D)
+    okq = torch.zeros((B * Hkv, mp, lc), dtype=torch.bool, device=dev)
+    okq[:, :rows] = a_c[:, None, :, None].expand(B, Hkv, T, G, lc).reshape(B * Hkv, rows, lc)
     add = None
-    if bias is not None:
-        bc = torch.zeros((B, T, lp), dtype=f32, device=dev)
-        bc[:, :, :lc] = bias.gather(2, order[:, None, :].expand(B, T, lc))
-        add = torch.zeros((B * Hkv, mp, lp), dtype=f32, device=dev)
-        add[:, :rows] = bc[:, None, None].expand(B, Hkv, G, T, lp).reshape(B * Hkv, rows, lp)
-    keys = keys.reshape(B * Hkv, lp, D)
-    vals = vals.reshape(B * Hkv, lp, dv)
+    if b_c is not None:
+        add = torch.zeros((B * Hkv, mp, lc), dtype=f32, device=dev)
+        add[:, :rows] = b_c[:, None, :, None].expand(B, Hkv, T, G, lc).reshape(B * Hkv, rows, lc)
+    # block i needs the rows from the first position some row attends past key i * KEY_BLOCK
+    # (earlier rows have seen all their keys: the later blocks would add exact zeros)
+    seen = a_c.sum(dim=2).amax(dim=0).cummax(dim=0).values        # (T,) non-decreasing
+    lows = torch.arange(0, lc, KEY_BLOCK, device=dev)
+    firsts = (torch.searchsorted(seen, lows, right=True) * G).tolist()
+    masked = ~okq
+    dv = max(D + 1, cpu.MIN_COLS)
+    full = bool(valid.all())
     m = torch.full((B * Hkv, mp), -math.inf, dtype=f32, device=dev)
     acc = torch.zeros((B * Hkv, mp, dv), dtype=f32, device=dev)
-    for i in range(nb):
-        blk = slice(i * KEY_BLOCK, (i + 1) * KEY_BLOCK)
-        s = cpu.product(q, keys[:, blk].transpose(1, 2), batched=True) * scale
+    exp = torch.ops.aten.exp.out
+    for i, first in enumerate(firsts):
+        lo, hi = i * KEY_BLOCK, min((i + 1) * KEY_BLOCK, lc)
+        r = slice(mp - cpu.padded_rows(mp - min(first, rows)), mp)
+        kb, vb = _blocks(k_c, v_c, lo, hi, None if full else valid, dv)
+        s = cpu.product(q[:, r], kb.transpose(1, 2), batched=True).mul_(scale)
         if add is not None:
-            s = s + add[:, :, blk]
-        s = s.masked_fill(~okq[:, :, blk], -math.inf)
-        m_new = torch.maximum(m, s.amax(dim=2))
+            s[:, :, : hi - lo].add_(add[:, r, lo:hi])
+        s[:, :, : hi - lo].masked_fill_(masked[:, r, lo:hi], -math.inf)
+        if hi - lo < KEY_BLOCK:                                   # keys past lc: never allowed
+            s[:, :, hi - lo:] = -math.inf
+        m_old = m[:, r]
+        m_new = torch.maximum(m_old, s.amax(dim=2))
         m_safe = torch.where(m_new == -math.inf, 0.0, m_new)
-        p = cpu.pointwise(torch.ops.aten.exp.out, s - m_safe[:, :, None])
-        corr = cpu.pointwise(torch.ops.aten.exp.out, m - m_safe)
-        acc = acc * corr[:, :, None] + cpu.product(p, vals[:, blk], batched=True)
-        m = m_new
+        p = cpu.pointwise(exp, s.sub_(m_safe[:, :, None]))
+        corr = cpu.pointwise(exp, m_old - m_safe)
+        acc[:, r] = acc[:, r].mul_(corr[:, :, None]).add_(cpu.product(p, vb, batched=True))
+        m[:, r] = m_new
     den = acc[:, :rows, D: D + 1]
     res = torch.where(den > 0, acc[:, :rows, :D] / den, 0.0)
     lse = m[:, :rows] + cpu.pointwise(torch.ops.aten.log.out, den[..., 0])
-    return res.reshape(B, H, T, D), lse.reshape(B, H, T)
+    res = res.reshape(B, Hkv, T, G, D).transpose(2, 3).reshape(B, H, T, D)
+    return res, lse.reshape(B, Hkv, T, G).transpose(2, 3).reshape(B, H, T)
+
+
+def _blocks(k: torch.Tensor, v: torch.Tensor, lo: int, hi: int, valid: torch.Tensor | None,
+            dv: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys ``lo:hi`` of ``k`` (B * Hkv, lc, D) as a full KEY_BLOCK, and the values with a
+    column of ones (the softmax denominator) as ``[V | 1 | 0]`` (KEY_BLOCK, dv): zeros past
+    ``hi`` and, with ``valid`` (B, lc), at slots a row does not have, so no garbage value
+    ever meets a weight of 0."""
+    n, D = hi - lo, k.shape[2]
+    kb = k[:, lo:hi]
+    if n < KEY_BLOCK or valid is not None:
+        kb = k.new_zeros((k.shape[0], KEY_BLOCK, D))
+        kb[:, :n] = k[:, lo:hi]
+    vb = v.new_zeros((v.shape[0], KEY_BLOCK, dv))
+    vb[:, :n, :D] = v[:, lo:hi]
+    vb[:, :n, D] = 1.0
+    if valid is not None:
+        bad = ~valid[:, lo:hi]
+        for t in (kb, vb):
+            t.view(bad.shape[0], -1, KEY_BLOCK, t.shape[2])[:, :, :n].masked_fill_(
+                bad[:, None, :, None], 0)
+    return kb, vb
 
 
 def _top_left_causal(T: int, L: int, device: torch.device) -> torch.Tensor:

@@ -9,14 +9,14 @@ What each family relies on, all measured on this machine class and pinned by
 tests/invariant/test_cpu.py (a kernel change that breaks one fails there first):
 
 * matmul (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``mv``, ``dot``): MKL's sgemm gives a
-  row of ``A @ B`` the same bits for every ``M >= 16`` rows when ``B`` has ``N >= 16``
-  columns, whatever the row's position, its neighbours, the row alignment, B's layout
-  and the thread count (1 or 2). Below 16 rows it switches to other kernels (1-3-row
-  batches round differently from 4+, and 2 threads split a 5-9-row batch into parts
-  that do), and with fewer than 12 columns its result depends on A's address. So every
-  product runs with at least :data:`MIN_ROWS` rows and :data:`MIN_COLS` columns, zero
-  rows / columns padding the rest. ``addmm`` is ``beta * self + alpha * (A @ B)`` with
-  the bias added once, after the product.
+  row of ``A @ B`` the same bits for every row count M in {4, 8} or >= 12 when ``B`` has
+  ``N >= 16`` columns, whatever the row's position, its neighbours, the row alignment,
+  B's layout and the thread count (1 to 4). 1-3-row products take another kernel, and
+  2 threads split a 5-7 or 9-11-row product into parts of which one has 1-3 rows; with
+  fewer than 12 columns the result even depends on A's address. So every product runs
+  with :func:`padded_rows` rows (M rounded up to a multiple of 4 below 12) and at least
+  :data:`MIN_COLS` columns, zero rows / columns padding the rest. ``addmm`` is
+  ``beta * self + alpha * (A @ B)`` with the bias added once, after the product.
 * reductions (``sum.dim_IntList``, ``mean.dim``): torch reduces a contiguous row with
   the same vectorised loop whatever the row count, unless one call holds
   ``GRAIN_SIZE`` (32768) elements or more, where 2 threads may split a row. Rows are
@@ -45,7 +45,8 @@ import torch
 
 aten = torch.ops.aten
 
-MIN_ROWS = 16     # matmul rows per call, at least
+ROW_STEP = 4      # matmul rows below ALL_ROWS are padded to a multiple of this
+ALL_ROWS = 12     # from here on every row count is invariant (measured)
 MIN_COLS = 16     # matmul output columns per call, at least
 GRAIN = 32768     # torch's at::internal::GRAIN_SIZE: calls below it run one serial loop
 CHUNK = 8192      # longest row reduced in one piece; longer rows in chunks from column 0
@@ -77,14 +78,21 @@ def _pad_to(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
     return out
 
 
+def padded_rows(m: int) -> int:
+    """The row count a product of ``m`` rows runs with: ``m`` from ALL_ROWS on, else ``m``
+    rounded up to a multiple of ROW_STEP (1-3 -> 4, 5-7 -> 8, 9-11 -> 12)."""
+    return m if m >= ALL_ROWS else max(ROW_STEP, -(-m // ROW_STEP) * ROW_STEP)
+
+
 def product(a: torch.Tensor, b: torch.Tensor, batched: bool) -> torch.Tensor:
-    """``a @ b`` (``(M, K) x (K, N)``, or batched) with at least MIN_ROWS x MIN_COLS, in
-    the compute dtype (float32 for reduced-precision inputs: the caller rounds once)."""
+    """``a @ b`` (``(M, K) x (K, N)``, or batched) with :func:`padded_rows` rows and at
+    least MIN_COLS columns, in the compute dtype (float32 for reduced-precision inputs:
+    the caller rounds once)."""
     ct = _compute_dtype(a.dtype)
     if ct != a.dtype:
         a, b = a.to(ct), b.to(ct)
     M, N = a.shape[-2], b.shape[-1]
-    ap = _pad_to(a, 1 if batched else 0, MIN_ROWS)
+    ap = _pad_to(a, 1 if batched else 0, padded_rows(M))
     bp = _pad_to(b, 2 if batched else 1, MIN_COLS)
     shape = (ap.shape[0], ap.shape[1], bp.shape[2]) if batched else (ap.shape[0], bp.shape[1])
     out = ap.new_empty(shape)
@@ -265,12 +273,15 @@ def pointwise(out_op: Callable[..., torch.Tensor], x: torch.Tensor, *args: Any,
     is contiguous, shaped and typed like ``x``.
     """
     n = x.numel()
-    if x.is_contiguous() and n % PAD == 0 and n <= BLOCK:
-        return out_op(x, *args, out=torch.empty_like(x), **kwargs)
-    npad = -(-n // PAD) * PAD
-    buf = x.new_zeros((npad,))
-    buf[:n].copy_(x.reshape(-1))
-    out = torch.empty_like(buf)
+    if x.is_contiguous() and n % PAD == 0:
+        if n <= BLOCK:
+            return out_op(x, *args, out=torch.empty_like(x), **kwargs)
+        buf, npad = x.view(-1), n
+    else:
+        npad = -(-n // PAD) * PAD
+        buf = x.new_zeros((npad,))
+        buf[:n].copy_(x.reshape(-1))
+    out = torch.empty((npad,), dtype=x.dtype, device=x.device)
     for s in range(0, npad, BLOCK):
         out_op(buf[s: s + BLOCK], *args, out=out[s: s + BLOCK], **kwargs)
     return out[:n].view(x.shape)

@@ -34,7 +34,7 @@ from detsample.refmodel import RefModel
 MODEL_NAMES = ("hf-tiny-llama", "hf-tiny-qwen2", "refmodel", "refmodel-float")
 
 __all__ = ["BatchInvariantLM", "CausalLM", "HFCausalLM", "HFSeqCache", "MODEL_NAMES", "ModelError", "RefModelLM",
-           "RefModelFloat", "adapt", "build_tiny", "load_model", "prefill"]
+           "RefModelFloat", "adapt", "build_tiny", "is_model_spec", "load_model", "prefill"]
 
 
 class RefModelLM:
@@ -75,11 +75,22 @@ def adapt(obj: Any, name: str, *, padding: str = "left", batch_invariant: bool =
     return BatchInvariantLM(obj) if batch_invariant else obj
 
 
+def is_model_spec(spec: object) -> bool:
+    """Whether ``spec`` names a model: one of :data:`MODEL_NAMES` or the syntax
+    ``pkg.module:factory`` (checked without importing anything)."""
+    if not isinstance(spec, str):
+        return False
+    if spec in MODEL_NAMES:
+        return True
+    mod_name, _, attr = spec.partition(":")
+    return bool(mod_name) and attr.isidentifier() and all(
+        p.isidentifier() for p in mod_name.split("."))
+
+
 def load_factory(spec: str) -> Any:
     """Import ``pkg.module`` and call ``factory()`` for ``spec = "pkg.module:factory"``."""
     mod_name, _, attr = spec.partition(":")
-    if not mod_name or not attr or not all(p.isidentifier() for p in mod_name.split(".")) \
-            or not attr.isidentifier():
+    if not is_model_spec(spec):
         raise ModelError(f"model spec must be one of {', '.join(MODEL_NAMES)} or "
                          f"package.module:factory, got {spec!r}")
     try:

@@ -1,4 +1,9 @@
-"""Continuous batching over the reference model, the way a serving engine does it.
+"""Continuous batching over a causal LM, the way a serving engine does it.
+
+The model is any model adapter: the int64 :class:`~detsample.refmodel.model.RefModel`, or
+a :class:`detsample.models.CausalLM` (a Hugging Face model behind ``HFCausalLM``, a user's
+``module:factory``): ``new_cache()``, the ragged ``forward(caches, chunks)``,
+``vocab_size`` and ``max_seq_len`` (None: no limit) are all the engine uses.
 
 Every engine step: requests that arrive at this step (or wait for a free row) are
 admitted; ONE ragged model call feeds every running row its last sampled token (decode)
@@ -10,8 +15,11 @@ A request stops on EOS, one of its ``stop_token_ids``, ``max_new_tokens``, the m
 ``max_seq_len``, or when the batch marks it finished (no admissible token, terminated
 grammar). The token that stops a request is part of its output.
 
-Guarantee (tested): a request's tokens, logprobs, seed and finish reason are bitwise
-the same alone or in any schedule, and its logprobs equal :func:`rescore` bitwise.
+Guarantee (tested): with a batch-invariant model (the reference model; a float model
+under ``detsample.batch_invariant()``) a request's tokens, logprobs, seed and finish
+reason are bitwise the same alone or in any schedule, and its logprobs equal
+:func:`rescore` bitwise. With torch's default kernels they are not (decode rows and
+prefill rows round differently): that is what the audit reports.
 """
 
 from __future__ import annotations
@@ -26,7 +34,6 @@ from detsample.batch import SamplingBatch
 from detsample.errors import InvalidSamplingParams
 from detsample.params import LOGPROBS_MODES, Request, SamplingParams
 from detsample.refmodel.cache import KVCache
-from detsample.refmodel.model import RefModel
 from detsample.refmodel.schedule import Arrival, Schedule
 from detsample.refmodel.tokenizer import EOS_ID
 from detsample.sampler import Sampler
@@ -139,9 +146,10 @@ class _State:
 
 
 class Engine:
-    """Runs a :class:`Schedule` against a :class:`RefModel` with a :class:`Sampler`."""
+    """Runs a :class:`Schedule` against a causal LM adapter (module docstring) with a
+    :class:`Sampler`."""
 
-    def __init__(self, model: RefModel, sampler: Sampler | None = None,
+    def __init__(self, model: Any, sampler: Sampler | None = None,
                  config: EngineConfig | None = None) -> None:
         self.model = model
         self.sampler = sampler if sampler is not None else Sampler()
@@ -159,14 +167,14 @@ class Engine:
         if mode is not None:
             requests = [Request(r.rid, with_mode(r.params, mode), r.prompt_ids, r.output_ids)
                         for r in requests]
-        return SamplingBatch.from_requests(requests, vocab_size=self.model.config.vocab_size,
+        return SamplingBatch.from_requests(requests, vocab_size=self.model.vocab_size,
                                            eos_token_ids=self.config.eos_token_ids,
                                            vocab=self.vocab)
 
     def _check(self, schedule: Schedule) -> None:
         if not isinstance(schedule, Schedule):
             raise InvalidSamplingParams(f"schedule must be a Schedule, got {type(schedule).__name__}")
-        V, S = self.model.config.vocab_size, self.model.config.max_seq_len
+        V, S = self.model.vocab_size, self.model.max_seq_len
         for a in schedule.arrivals:
             r = a.request
             check_request(r, V)  # every rule of a batch build
@@ -176,7 +184,7 @@ class Engine:
                     f"request {r.rid!r}: {r.params.grammar[0]} needs a vocabulary; the "
                     f"model has vocab_size={V}, so pass EngineConfig(vocab=...)")
             n = len(r.prompt_ids) + len(r.output_ids)
-            if n >= S:
+            if S is not None and n >= S:
                 raise InvalidSamplingParams(
                     f"request {r.rid!r}: prompt_ids + output_ids has {n} tokens, the model's "
                     f"max_seq_len={S} leaves no room to generate")
@@ -240,7 +248,7 @@ class Engine:
         else:
             last = last[:n_rows]
         if not last:
-            return torch.empty((0, self.model.config.vocab_size), dtype=torch.float32)
+            return torch.empty((0, self.model.vocab_size), dtype=torch.float32)
         return torch.stack(last)
 
     def _sample(self, st: "_State", logits: torch.Tensor, out: EngineResult, step: int) -> None:
@@ -289,7 +297,8 @@ class Engine:
             return FINISH_STOP
         if len(row.tokens) >= row.max_new:
             return FINISH_LENGTH
-        if len(row.cache) + 1 > self.model.config.max_seq_len:
+        limit = self.model.max_seq_len
+        if limit is not None and len(row.cache) + 1 > limit:
             return FINISH_MAX_SEQ_LEN
         return None
 
@@ -312,11 +321,11 @@ class Engine:
                              finish_step=step)
 
 
-def default_vocab(model: RefModel) -> Any:
+def default_vocab(model: Any) -> Any:
     """``Vocabulary.default()`` when the model has its 512-token layout, else None."""
     from detsample.vocab import DEFAULT_VOCAB_SIZE, Vocabulary
 
-    return Vocabulary.default() if model.config.vocab_size == DEFAULT_VOCAB_SIZE else None
+    return Vocabulary.default() if model.vocab_size == DEFAULT_VOCAB_SIZE else None
 
 
 def with_mode(params: SamplingParams, mode: str) -> SamplingParams:
@@ -324,7 +333,7 @@ def with_mode(params: SamplingParams, mode: str) -> SamplingParams:
     return params.replace(logprobs_mode=mode, logprobs=0)
 
 
-def rescore(model: RefModel, sampler: Sampler, request_params: SamplingParams,
+def rescore(model: Any, sampler: Sampler, request_params: SamplingParams,
             prompt_ids: Sequence[int], output_ids: Sequence[int], *,
             eos_token_ids: Sequence[int] = (EOS_ID,), vocab: Any = None) -> torch.Tensor:
     """Logprobs of ``output_ids`` after ``prompt_ids`` by ONE prefill (the trainer's path).
@@ -340,11 +349,12 @@ def rescore(model: RefModel, sampler: Sampler, request_params: SamplingParams,
         raise InvalidSamplingParams("rescore: prompt_ids must not be empty, got []")
     if not output:
         return torch.empty(0, dtype=torch.float32)
-    logits = model.prefill(prompt + output)[len(prompt) - 1: len(prompt) + len(output) - 1]
+    full = model.forward([model.new_cache()], [prompt + output])[0]
+    logits = full[len(prompt) - 1: len(prompt) + len(output) - 1]
     reqs = [Request(f"rescore/{i}", request_params, prompt, output[:i]) for i in range(len(output))]
     if vocab is None and request_params.grammar is not None:
         vocab = default_vocab(model)
-    batch = SamplingBatch.from_requests(reqs, vocab_size=model.config.vocab_size,
+    batch = SamplingBatch.from_requests(reqs, vocab_size=model.vocab_size,
                                         eos_token_ids=tuple(eos_token_ids), vocab=vocab)
     return sampler.compute_logprobs(logits.contiguous(), batch,
                                     torch.tensor(output, dtype=torch.int64))

@@ -70,6 +70,17 @@ class RefModel:
         config, weights = _weights.load(path)
         return cls(config, weights)
 
+    # -- the model-adapter protocol (detsample.models.CausalLM) -------------------------
+    name = "refmodel"
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.config.max_seq_len
+
     # -- inference ---------------------------------------------------------------------
     def new_cache(self) -> KVCache:
         return KVCache(self.config)

@@ -15,7 +15,6 @@ import torch
 
 from detsample.params import Request
 from detsample.refmodel.engine import Engine, EngineResult, RequestResult, rescore, with_mode
-from detsample.refmodel.model import RefModel
 from detsample.refmodel.schedule import Schedule
 from detsample.sampler import Sampler
 
@@ -87,7 +86,7 @@ def result_diff(a: RequestResult, b: RequestResult) -> Mismatch | None:
     return None
 
 
-def alignment_mismatches(model: RefModel, sampler: Sampler, requests: Sequence[Request],
+def alignment_mismatches(model: Any, sampler: Sampler, requests: Sequence[Request],
                          result: EngineResult, vocab: Any = None) -> list[Mismatch]:
     """Every mode each result reports == :func:`rescore` of its tokens, at every position.
 

@@ -12,7 +12,7 @@ pytest.importorskip("detsample.refmodel.engine",
                     reason="the reference model engine is not in this build")
 
 from detsample.audit import audit  # noqa: E402
-from detsample.audit.rescore import RefModelRescorer  # noqa: E402
+from detsample.audit.rescore import ModelRescorer  # noqa: E402
 from detsample.audit.rollout import generate_rollouts  # noqa: E402
 from detsample.cli import main  # noqa: E402
 
@@ -27,7 +27,7 @@ ROLLOUT_CASES = [
 
 @pytest.fixture(scope="module")
 def rescorer():
-    return RefModelRescorer()
+    return ModelRescorer()
 
 
 @pytest.mark.parametrize("kwargs", ROLLOUT_CASES)
@@ -84,3 +84,62 @@ def test_cli_rollout_into_a_new_folder(tmp_path, capsys):
     path = tmp_path / "new" / "r.jsonl"
     assert main(["rollout", str(path), "--num-sequences", "2", "--max-new-tokens", "2"]) == 0
     assert len(path.read_text().splitlines()) == 2
+
+
+def _audit_json(path: str, *flags: str, tmp_path) -> tuple[int, dict]:
+    import json
+    out = tmp_path / f"audit{len(flags)}.json"
+    rc = main(["audit", path, "--json", str(out), "--quiet", *flags])
+    return rc, json.loads(out.read_text())
+
+
+def test_cli_hf_model_under_the_mode_audits_to_exact_match(tmp_path):
+    """The loop with a real transformers model: the engine's sampling-time logprobs
+    (continuous batching, decode) equal a one-prefill rescoring bitwise under the mode."""
+    path = str(tmp_path / "r.jsonl")
+    assert main(["rollout", path, "--model", "hf-tiny-llama", "--batch-invariant",
+                 "--num-sequences", "4", "--max-new-tokens", "6"]) == 0
+    rc, rep = _audit_json(path, "--rescore", "hf-tiny-llama", "--batch-invariant",
+                          "--max-abs-diff", "0", "--min-exact-match", "1", tmp_path=tmp_path)
+    assert rc == 0 and rep["exact_match_fraction"] == 1.0 and rep["max_abs_diff"] == 0.0
+
+
+def test_cli_hf_model_on_default_kernels_reports_the_mismatch(tmp_path, capsys):
+    """Negative control: the same loop on torch's default kernels fails the exact gate."""
+    path = str(tmp_path / "r.jsonl")
+    assert main(["rollout", path, "--model", "hf-tiny-llama", "--num-sequences", "4",
+                 "--max-new-tokens", "6"]) == 0
+    rc, rep = _audit_json(path, "--rescore", "hf-tiny-llama", "--max-abs-diff", "0",
+                          "--min-exact-match", "1", tmp_path=tmp_path)
+    assert rc == 1 and rep["exact_match_fraction"] < 1.0 and 0.0 < rep["max_abs_diff"] < 1e-4
+    assert "GATE FAILED" in capsys.readouterr().err
+
+
+def test_rescore_takes_a_module_factory(tmp_path, monkeypatch):
+    (tmp_path / "rescoremodels.py").write_text(
+        "from detsample.models import build_tiny\n"
+        "def qwen():\n    return build_tiny('hf-tiny-qwen2')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    records = generate_rollouts(num_sequences=2, max_new_tokens=4, model="hf-tiny-qwen2",
+                                batch_invariant=True)
+    rep = audit(records, rescore=ModelRescorer("rescoremodels:qwen", batch_invariant=True))
+    assert rep["exact_match_fraction"] == 1.0
+    path = str(tmp_path / "r.jsonl")
+    from detsample.audit.synth import from_records, write_jsonl
+    write_jsonl(from_records(records), path)
+    assert main(["audit", path, "--rescore", "rescoremodels:qwen", "--batch-invariant",
+                 "--quiet", "--min-exact-match", "1"]) == 0
+
+
+def test_rescore_arguments_are_checked(tmp_path, capsys):
+    path = str(tmp_path / "r.jsonl")
+    assert main(["rollout", path, "--num-sequences", "1", "--max-new-tokens", "2"]) == 0
+    assert main(["audit", path, "--batch-invariant"]) == 2
+    assert "give --rescore MODEL" in capsys.readouterr().err
+    assert main(["rollout", path, "--model", "nope:missing"]) == 2
+    with pytest.raises(SystemExit):
+        main(["audit", path, "--rescore", "gpt-5"])
+    with pytest.raises(ValueError, match="model_path is for model 'refmodel'"):
+        ModelRescorer("hf-tiny-llama", model_path="x.safetensors")
+    clone = pickle.loads(pickle.dumps(ModelRescorer("hf-tiny-qwen2", batch_invariant=True)))
+    assert (clone.model, clone.batch_invariant, clone._state) == ("hf-tiny-qwen2", True, None)

@@ -19,7 +19,7 @@ from detsample.threads import torch_threads
 
 THREADS = [1, 2]
 MM_SHAPES = [(256, 688), (688, 256), (37, 53), (160, 7), (33, 1), (5, 3), (64, 11), (1, 40)]
-ROW_COUNTS = [1, 2, 3, 4, 5, 7, 9, 16, 17, 40]
+ROW_COUNTS = [1, 2, 3, 4, 5, 6, 8, 9, 11, 12, 13, 17, 40]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
@@ -56,6 +56,12 @@ def test_mm_rows_do_not_depend_on_the_batch(k, n, threads):
         # the row's address does not matter either (MKL's narrow-output path it avoids)
         for off in (1, 3, 5):
             _rows_alone_equal(lambda a: cpu.mm(_misaligned(a, off), w.t()), x, counts=[5, 17])
+
+
+def test_padded_rows_skip_the_row_counts_mkl_splits():
+    """1-3 rows take MKL's small kernel; 2 threads split 5-7 and 9-11 rows into a part of
+    1-3; every other count gives a row the same bits (the sweep above)."""
+    assert [cpu.padded_rows(m) for m in range(1, 15)] == [4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 13, 14]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
