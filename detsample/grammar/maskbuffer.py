@@ -37,6 +37,7 @@ else into it.
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 
 import numpy as np
@@ -56,11 +57,11 @@ class _Entry:
     """One bitmask row: ``kind`` "sparse" (``cols`` allowed), "dense" (``cols``
     disallowed) or "select" (``add``: (n,) float32, ``-0.0`` allowed, ``-inf`` not)."""
 
-    __slots__ = ("words", "kind", "cols", "add")
+    __slots__ = ("words", "kind", "cols", "add", "n")
 
     def __init__(self, words: np.ndarray, kind: str, cols: np.ndarray | None,
-                 add: torch.Tensor | None = None) -> None:
-        self.words, self.kind, self.cols, self.add = words, kind, cols, add
+                 add: torch.Tensor | None = None, n: int = 0) -> None:
+        self.words, self.kind, self.cols, self.add, self.n = words, kind, cols, add, n
 
     @property
     def sparse(self) -> bool:
@@ -87,6 +88,7 @@ class ColumnCache:
         self.max_bytes = max_bytes
         self._map: OrderedDict[tuple[int, int], list[_Entry]] = OrderedDict()
         self._weights: np.ndarray | None = None
+        self._scratch: np.ndarray | None = None
         self._bytes = 0
         self.hits = 0
         self.misses = 0
@@ -100,28 +102,68 @@ class ColumnCache:
         if self._weights is None or self._weights.shape[0] != w:
             self._weights = np.random.default_rng(0x5EED).integers(
                 0, 2**63, size=w, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-        return (v * self._weights).sum(axis=1, dtype=np.uint64)
+        if self._scratch is None or self._scratch.shape[1] != w or \
+                self._scratch.shape[0] < v.shape[0]:  # reused: no page faults per step
+            self._scratch = np.empty((v.shape[0], w), dtype=np.uint64)
+        prod = np.multiply(v, self._weights, out=self._scratch[:v.shape[0]])
+        return prod.sum(axis=1, dtype=np.uint64)
 
-    def lookup_rows(self, words: np.ndarray, rows: list[int], n: int) -> dict[int, _Entry]:
+    def lookup_rows(self, words: np.ndarray, rows: list[int], n: int,
+                    guess: list | None = None) -> dict[int, _Entry]:
         """``{row: entry}`` for bitmask ``words[row]`` of each row: one lookup per distinct
-        mask (rows in one grammar state share it), confirmed for every row at once."""
+        mask (rows in one grammar state share it), confirmed for every row at once.
+
+        ``guess[row]``: an entry the row probably has (its last step's: grammar states
+        repeat), or None. Rows whose words equal their guess's skip the fingerprint; the
+        others are looked up. Any guess is safe (the comparison is exact).
+        """
         if not rows:
             return {}
         every = len(rows) == words.shape[0]  # rows ascending and distinct: all of them
         sub = words if every else words[rows]
-        groups: dict[int, list[int]] = {}
-        for g, fp in enumerate(self.fingerprints(sub).tolist()):
-            groups.setdefault(fp, []).append(g)
         out: dict[int, _Entry] = {}
+        left = list(range(len(rows)))
+        if guess is not None:
+            left = self._confirm_guesses(sub, rows, n, guess, out)
+            if not left:
+                return out
+        part = sub if len(left) == len(rows) else sub[left]
+        groups: dict[int, list[int]] = {}
+        for i, fp in enumerate(self.fingerprints(part).tolist()):
+            groups.setdefault(fp, []).append(i)
         for fp, group in groups.items():
-            e = self.lookup(fp, sub[group[0]], n)
+            e = self.lookup(fp, part[group[0]], n)
             if len(group) == 1:
-                out[rows[group[0]]] = e
+                out[rows[left[group[0]]]] = e
                 continue
-            same = ((sub if len(group) == len(rows) else sub[group]) == e.words).all(axis=1)
-            for g, ok in zip(group, same.tolist()):
-                out[rows[g]] = e if ok else self.lookup(fp, sub[g], n)
+            same = ((part if len(group) == len(left) else part[group]) == e.words).all(axis=1)
+            for i, ok in zip(group, same.tolist()):
+                out[rows[left[i]]] = e if ok else self.lookup(fp, part[i], n)
         return out
+
+    def _confirm_guesses(self, sub: np.ndarray, rows: list[int], n: int, guess: list,
+                         out: dict[int, _Entry]) -> list[int]:
+        """Rows (positions in ``rows``) whose words equal their guess go into ``out``; the
+        others are returned."""
+        by_entry: dict[int, list[int]] = {}
+        left = []
+        for i, r in enumerate(rows):
+            e = guess[r] if r < len(guess) else None
+            if e is None or e.n != n or e.words.shape[0] != sub.shape[1]:
+                left.append(i)
+            else:
+                by_entry.setdefault(id(e), []).append(i)
+        for members in by_entry.values():
+            e = guess[rows[members[0]]]
+            part = sub if len(members) == len(rows) else sub[members]
+            for i, ok in zip(members, (part == e.words).all(axis=1).tolist()):
+                if ok:
+                    out[rows[i]] = e
+                    self.hits += 1
+                else:
+                    left.append(i)
+        left.sort()
+        return left
 
     def lookup(self, fp: int, row: np.ndarray, n: int) -> _Entry:
         key = (int(fp), n)
@@ -133,15 +175,7 @@ class ColumnCache:
                     self.hits += 1
                     return e
         self.misses += 1
-        bits = np.unpackbits(row.view(np.uint8), bitorder="little")[:n].view(np.bool_)
-        allowed = int(np.count_nonzero(bits))
-        if allowed <= SPARSE_MAX * n:
-            e = _Entry(row.copy(), "sparse", np.flatnonzero(bits))
-        elif n - allowed <= SPARSE_MAX * n:
-            e = _Entry(row.copy(), "dense", np.flatnonzero(~bits))
-        else:
-            add = np.where(bits, np.float32(-0.0), np.float32(_NEG_INF)).astype(np.float32)
-            e = _Entry(row.copy(), "select", None, torch.from_numpy(add))
+        e = _classify(row, n)
         self._map.setdefault(key, []).append(e)
         self._map.move_to_end(key)
         self._bytes += e.nbytes
@@ -150,6 +184,34 @@ class ColumnCache:
             _, dropped = self._map.popitem(last=False)
             self._bytes -= sum(d.nbytes for d in dropped)
         return e
+
+
+def _set_bits(words: np.ndarray, n: int, most: float) -> np.ndarray | None:
+    """Sorted columns < n of the set bits of ``words`` (int32 row), or None when there
+    are more than ``most`` (decided from the nonzero words first: no full unpack)."""
+    nz = np.flatnonzero(words)
+    if nz.size > most:
+        return None
+    bits = np.unpackbits(words[nz].view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")
+    i, b = np.nonzero(bits)
+    cols = nz[i].astype(np.int64) * 32 + b
+    cols = cols[cols < n]
+    return cols if cols.size <= most else None
+
+
+def _classify(row: np.ndarray, n: int) -> _Entry:
+    """The cache entry of one bitmask row (sparse and dense found without unpacking the
+    whole row)."""
+    most = SPARSE_MAX * n
+    cols = _set_bits(row, n, most)
+    if cols is not None:
+        return _Entry(row.copy(), "sparse", cols, n=n)
+    cols = _set_bits(~row, n, most)
+    if cols is not None:
+        return _Entry(row.copy(), "dense", cols, n=n)
+    bits = np.unpackbits(row.view(np.uint8), bitorder="little")[:n].view(np.bool_)
+    add = np.where(bits, np.float32(-0.0), np.float32(_NEG_INF)).astype(np.float32)
+    return _Entry(row.copy(), "select", None, torch.from_numpy(add), n=n)
 
 
 class MaskedLogitsBuffer:
@@ -163,12 +225,14 @@ class MaskedLogitsBuffer:
     def __init__(self) -> None:
         self._buf: torch.Tensor | None = None
         self._finite: list[np.ndarray | None] = []  # per row: columns not -inf, or None
+        self._last: list[_Entry | None] = []  # per row: last step's entry (a lookup guess)
         self.cache = ColumnCache()
 
     @staticmethod
     def supports(logits: torch.Tensor) -> bool:
         return (logits.device.type == "cpu" and logits.dtype == torch.float32
-                and logits.dim() == 2 and logits.is_contiguous())
+                and logits.dim() == 2 and logits.is_contiguous()
+                and sys.byteorder == "little")  # (bitmask words read as bytes)
 
     def _rows(self, b: int, v: int) -> torch.Tensor:
         buf = self._buf
@@ -176,6 +240,7 @@ class MaskedLogitsBuffer:
             buf = torch.empty((max(b, 1), v), dtype=torch.float32)
             self._buf = buf
             self._finite = [None] * buf.shape[0]
+            self._last = [None] * buf.shape[0]
         return buf[:b]
 
     def apply(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int], n: int,
@@ -193,19 +258,35 @@ class MaskedLogitsBuffer:
         b, v = logits.shape
         out = self._rows(b, v)
         o, x = out.numpy(), logits.numpy()
-        entries = self.cache.lookup_rows(bitmask[:b].numpy(), rows, n)
+        words = bitmask[:b].numpy()
+        few, rest = _few_bits(words, rows, n, v)
+        entries = self.cache.lookup_rows(words, rest, n, self._last)
+        for r in few[0]:
+            self._last[r] = None
+        for r, e in entries.items():
+            self._last[r] = e
         kinds: dict[str, list[int]] = {"sparse": [], "dense": [], "select": []}
-        for r in rows:
+        for r in rest:
             kinds[entries[r].kind].append(r)
         dense, select = kinds["dense"], kinds["select"]
-        copied = [r for r in range(b) if r not in entries or entries[r].kind == "dense"]
+        masked = set(rows)
+        copied = [r for r in range(b) if r not in masked or r in entries and
+                  entries[r].kind == "dense"]
         _copy_rows(out, logits, copied)
         if dense:
             o.reshape(-1)[np.concatenate([entries[r].cols + r * v for r in dense])] = _NEG_INF
         peaks = self._select_rows(out, logits, select, entries, n)
         if n < v and (dense or select):
             o[dense + select, n:] = _NEG_INF
-        peaks.update(self._sparse_rows(o, x, kinds["sparse"], entries, v))
+        blocks = [few] if few[0] else []
+        groups: dict[int, list[int]] = {}
+        for r in kinds["sparse"]:
+            groups.setdefault(id(entries[r]), []).append(r)
+        for members in groups.values():
+            cols = entries[members[0]].cols
+            blocks.append((members, [cols] * len(members),
+                           (np.asarray(members, dtype=np.int64)[:, None] * v + cols).ravel()))
+        peaks.update(self._sparse_rows(o, x, blocks, v))
         for r in copied + select:
             self._finite[r] = None
         if row_max is None:
@@ -232,37 +313,79 @@ class MaskedLogitsBuffer:
                 peaks[r] = m
         return peaks
 
-    def _sparse_rows(self, o: np.ndarray, x: np.ndarray, sparse: list[int], entries: dict,
-                     v: int) -> dict[int, float]:
-        """Sparse rows: last step's finite columns back to -inf (or the whole row when
-        unknown), then the allowed columns copied, one gather and scatter per state.
-        Returns each row's maximum (-inf without allowed columns)."""
-        if not sparse:
+    def _sparse_rows(self, o: np.ndarray, x: np.ndarray, blocks: list, v: int
+                     ) -> dict[int, float]:
+        """Sparse rows, in blocks ``(rows, columns per row, flat index of all of them)``:
+        last step's finite columns back to -inf (or the whole row when unknown), then
+        the allowed columns copied, one gather and scatter per block. Returns each row's
+        maximum (-inf without allowed columns)."""
+        if not blocks:
             return {}
         flat_o, flat_x = o.reshape(-1), x.reshape(-1)
         stale = []
-        groups: dict[int, list[int]] = {}
-        for r in sparse:
-            prev = self._finite[r]
-            if prev is None:
-                o[r].fill(_NEG_INF)
-            elif prev is not entries[r].cols:  # the same state again: nothing to reset
-                stale.append(prev + r * v)
-            groups.setdefault(id(entries[r]), []).append(r)
+        for members, cols, _ in blocks:
+            for r, c in zip(members, cols):
+                prev = self._finite[r]
+                if prev is None:
+                    o[r].fill(_NEG_INF)
+                elif prev is not c:  # the same state again: nothing to reset
+                    stale.append(prev + r * v)
         if stale:
             flat_o[np.concatenate(stale)] = _NEG_INF
         peaks: dict[int, float] = {}
-        for members in groups.values():
-            cols = entries[members[0]].cols
-            idx = (np.asarray(members, dtype=np.int64)[:, None] * v + cols).ravel()
+        for members, cols, idx in blocks:
             vals = flat_x[idx]
             flat_o[idx] = vals
-            top = vals.reshape(len(members), -1).max(axis=1).tolist() if cols.size else \
-                [_NEG_INF] * len(members)
-            for r, m in zip(members, top):
+            sizes = np.array([c.size for c in cols])
+            if sizes[0] and (sizes == sizes[0]).all():  # one state: one reduce
+                top = vals.reshape(len(members), -1).max(axis=1).tolist()
+            else:  # one segmented reduce over the rows that have columns
+                top = np.full(len(members), _NEG_INF, dtype=np.float32)
+                some = sizes > 0
+                if some.any():
+                    starts = (np.cumsum(sizes) - sizes)[some]
+                    top[some] = np.maximum.reduceat(vals, starts)
+                top = top.tolist()
+            for r, c, m in zip(members, cols, top):
                 peaks[r] = m
-                self._finite[r] = cols
+                self._finite[r] = c
         return peaks
+
+
+def _few_bits(words: np.ndarray, rows: list[int], n: int, v: int
+              ) -> tuple[tuple[list[int], list[np.ndarray], np.ndarray], list[int]]:
+    """Split ``rows`` into those whose bitmask has only a few nonzero words (a structural
+    position: a handful of allowed tokens, at most ``SPARSE_MAX`` of n) and the rest.
+    The first come back as one sparse block ``(rows, allowed columns per row, flat
+    index into a (B, v) buffer)``, read from the nonzero words of all of them at once
+    (no per-row lookup: their states rarely repeat step after step); the rest go to the
+    cache."""
+    empty = ([], [], np.empty(0, dtype=np.int64))
+    if not rows:
+        return empty, []
+    sub = words if len(rows) == words.shape[0] else words[rows]
+    unit = 64 if sub.shape[1] % 2 == 0 else 32
+    u = sub.view(np.uint64 if unit == 64 else np.uint32)
+    nonzero = u != 0
+    few = np.count_nonzero(nonzero, axis=1) * unit <= SPARSE_MAX * n
+    pos = np.flatnonzero(few)
+    if not pos.size:
+        return empty, rows
+    rest = [rows[i] for i in np.flatnonzero(~few).tolist()]
+    ri, wi = np.divmod(np.flatnonzero(nonzero if pos.size == len(rows) else nonzero[pos]),
+                       u.shape[1])
+    vals = u[pos[ri], wi]
+    bi, bj = np.nonzero(np.unpackbits(vals.view(np.uint8).reshape(-1, unit // 8), axis=1,
+                                      bitorder="little"))
+    cols = wi[bi].astype(np.int64) * unit + bj
+    ri = ri[bi]
+    keep = cols < n
+    if not keep.all():
+        cols, ri = cols[keep], ri[keep]
+    frows = [rows[i] for i in pos.tolist()]
+    ends = np.cumsum(np.bincount(ri, minlength=pos.size)).tolist()
+    per_row = [cols[a:z] for a, z in zip([0] + ends[:-1], ends)]
+    return (frows, per_row, np.asarray(frows, dtype=np.int64)[ri] * v + cols), rest
 
 
 def _runs(rows: list[int], key) -> list[tuple[int, int]]:
@@ -287,14 +410,15 @@ def _copy_rows(out: torch.Tensor, logits: torch.Tensor, rows: list[int]) -> None
 def _maxima(out: torch.Tensor, logits: torch.Tensor, row_max: torch.Tensor, entries: dict,
             peaks: dict, n: int) -> torch.Tensor:
     """(B, 1) ``torch.amax(out, -1)``, from what the mask step already knows: ``peaks``
-    holds the maxima of the sparse and select rows."""
+    holds the maxima of the sparse and select rows, ``entries`` the dense rows'
+    disallowed columns."""
     m = row_max.clone()
     mn, x = m.numpy(), logits.numpy()
-    for r, e in entries.items():
-        if r in peaks:  # sparse: the max of what was copied; select: reduced once
-            got = peaks[r]
-            exact = bool(got != 0)
-        else:  # dense: unchanged when every disallowed logit is below the max
+    dense = [(r, e) for r, e in entries.items() if r not in peaks]
+    for r, got in list(peaks.items()) + [(r, None) for r, _ in dense]:
+        exact = got is not None and bool(got != 0)
+        if got is None:  # dense: unchanged when every disallowed logit is below the max
+            e = entries[r]
             got = mn[r, 0]
             bad = x[r, e.cols]
             worst = max(bad.max() if bad.size else _NEG_INF,

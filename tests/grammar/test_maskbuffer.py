@@ -159,6 +159,50 @@ def test_cache_drops_least_recent_entries_beyond_its_byte_bound():
         masks[0].view(np.uint8), bitorder="little")[:n].astype(bool))
 
 
+@st.composite
+def wide_steps(draw):
+    """Masks over a few thousand tokens (odd and even bitmask widths), rows switching
+    between a handful of allowed tokens (read from the nonzero words), cached sparse,
+    select and dense states, and no mask."""
+    b = draw(st.integers(1, 6))
+    n = draw(st.sampled_from([2048, 2080, 3000, 4093]))
+    v = n + draw(st.sampled_from([0, 5]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    states = {"few": lambda: rng.choice(n, size=int(rng.integers(0, 4)), replace=False),
+              "edge": lambda: np.array([0, n - 1]),  # first and last token
+              "sparse": lambda: np.flatnonzero(rng.random(n) < 0.02),
+              "select": lambda: np.flatnonzero(rng.random(n) < 0.3),
+              "dense": lambda: np.flatnonzero(rng.random(n) < 0.995)}
+    shared = {k: f() for k, f in states.items()}  # one state reached by several rows
+    steps = []
+    for _ in range(draw(st.integers(1, 6))):
+        rows = sorted(draw(st.sets(st.integers(0, b - 1))))
+        allowed = np.zeros((b, n), dtype=np.bool_)
+        for r in range(b):
+            kind = draw(st.sampled_from(sorted(states)))
+            allowed[r, shared[kind] if draw(st.booleans()) else states[kind]()] = True
+        logits = torch.from_numpy(rng.standard_normal((b, v)).astype(np.float32))
+        logits[torch.rand(b, v) < 0.01] = -0.0
+        steps.append((logits, pack(allowed), rows))
+    return n, steps
+
+
+@settings(max_examples=60, deadline=None)
+@given(wide_steps())
+def test_wide_masks_equal_plain_select_every_step(seq):
+    """Property: over masks of thousands of tokens, whatever way each row's mask is
+    applied (a few allowed tokens read from the words, a cached column list, a
+    streaming add, a copy and blank) and however rows move between them, the buffer
+    holds ``masked_logits`` bit for bit and its maxima are ``torch.amax``."""
+    n, steps = seq
+    buf = MaskedLogitsBuffer()
+    for logits, bm, rows in steps:
+        ref = masked_logits(logits, bm, rows, limit=n)
+        got, m = buf.apply(logits, bm, rows, n, torch.amax(logits, dim=-1, keepdim=True))
+        assert bits_equal(got, ref)
+        assert bits_equal(m, torch.amax(ref, dim=-1, keepdim=True))
+
+
 def test_zero_maximum_keeps_amax_sign():
     """A row whose allowed maximum is a zero of either sign takes amax's choice."""
     logits = torch.tensor([[-0.0, 0.0, -1.0, 5.0], [0.0, -0.0, -2.0, 7.0]])
