@@ -83,8 +83,53 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     (B or 1, 1, T, L) or (T, L). ``scale`` defaults to ``D ** -0.5``. Returns (B, H, T, D)
     in query's dtype; computed in float32. Guarantee: bitwise batch-invariant per query
     (CPU; thread counts 1 and 2).
+
+    Differentiable: when autograd records (a trainer's forward), the output is the same
+    bits and the backward pass recomputes the attention weights from the saved
+    log-sum-exp (:class:`_Attention`); gradients are exact math, not batch-invariant.
     """
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        return _Attention.apply(query, key, value, mask, scale).to(query.dtype)
     return attend(query, key, value, mask, scale)[0].to(query.dtype)
+
+
+class _Attention(torch.autograd.Function):
+    """:func:`attend` with a backward: the forward runs the invariant kernel unrecorded
+    (same bits as without autograd); the backward recomputes the weights
+    ``P = exp(s - lse)`` of the allowed keys (``s = q k^T * scale + bias``) and returns
+    ``dq = (P * (dP - rowsum(dO * O))) k * scale``, ``dk``, ``dv = P^T dO``, summed over
+    each KV head's query group; queries that may attend no key get zero gradients."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, mask, scale):  # type: ignore[override]
+        out, lse = attend(query, key, value, mask, scale)
+        ctx.save_for_backward(query, key, value, out, lse,
+                              mask if isinstance(mask, torch.Tensor) else None)
+        ctx.scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):  # type: ignore[override]
+        query, key, value, out, lse, mask = ctx.saved_tensors
+        B, H, T, D = query.shape
+        Hkv, L = key.shape[1], key.shape[2]
+        G, f32 = H // Hkv, torch.float32
+        allowed, bias = _allowed(mask, B, T, L, query.device)
+        q = query.to(f32)
+        k, v = (t.to(f32).repeat_interleave(G, dim=1) for t in (key, value))
+        s = torch.matmul(q, k.transpose(-1, -2)) * ctx.scale
+        if bias is not None:
+            s = s + bias[:, None]
+        ok = allowed[:, None] & torch.isfinite(lse)[..., None]
+        p = torch.where(ok, torch.exp(s - torch.where(ok, lse[..., None], 0.0)), 0.0)
+        do = dout.to(f32)
+        dv = torch.matmul(p.transpose(-1, -2), do)
+        dp = torch.matmul(do, v.transpose(-1, -2))
+        ds = p * (dp - (do * out).sum(dim=-1, keepdim=True))
+        dq = torch.matmul(ds, k) * ctx.scale
+        dk = torch.matmul(ds.transpose(-1, -2), q) * ctx.scale
+        dk, dv = (t.view(B, Hkv, G, L, D).sum(dim=2) for t in (dk, dv))
+        return (dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype), None, None)
 
 
 def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

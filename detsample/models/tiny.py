@@ -65,7 +65,11 @@ def seeded_init_(model: torch.nn.Module, seed: int) -> torch.nn.Module:
 
 def build_hf(family: str, seed: int = 0, *, attn_implementation: str | None = None,
              dtype: torch.dtype = torch.float32, **config: Any) -> torch.nn.Module:
-    """A ``family`` ("llama" | "qwen2") causal LM from ``config`` with seeded weights."""
+    """A ``family`` ("llama" | "qwen2") causal LM from ``config`` with seeded weights.
+
+    ``config``: the transformers config fields; every field left out takes the library's
+    default, which is a full-size model (LlamaConfig: 32 layers of 4096). For a small
+    model start from :data:`TINY_CONFIGS` (or :func:`build_tiny`)."""
     config_cls, model_cls = _classes(family)
     cfg = config_cls(**config)
     if attn_implementation is not None:

@@ -158,3 +158,74 @@ def test_the_mode_routes_torch_sdpa_to_the_invariant_attention():
             F.scaled_dot_product_attention(q, kr, vr, dropout_p=0.5)
     ref = F.scaled_dot_product_attention(q, kr, vr, is_causal=True)
     assert torch.allclose(attention(q, kr, vr, causal), ref, atol=1e-5)
+
+
+def _grads(fn, q, k, v, seed=9):
+    """fn's output bits and the gradients of a random weighting of it."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves)
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
+    (out * w).sum().backward()
+    return out.detach(), [t.grad for t in leaves]
+
+
+def _masks(B, T, L):
+    causal = torch.ones(T, L, dtype=torch.bool).tril(L - T)
+    pad = causal[None, None].repeat(B, 1, 1, 1)
+    pad[-1, :, :, :3] = False                               # the last row: 3 padding slots
+    pad[-1, :, :, 3] |= torch.arange(T) < 3                 # its first queries see one key
+    bias = torch.where(pad, torch.randn(pad.shape, generator=torch.Generator().manual_seed(2)),
+                       torch.finfo(torch.float32).min)
+    return {"causal": None, "padded": pad, "additive": bias}
+
+
+@pytest.mark.parametrize("mask_kind", ["causal", "padded", "additive"])
+@pytest.mark.parametrize("h,hkv", HEADS)
+def test_differentiable_with_the_same_forward_bits(h, hkv, mask_kind):
+    """A trainer's forward records autograd: the attention used to call out= kernels
+    (``bmm(): functions with out=... don't support automatic differentiation``). Now the
+    forward is the same bits with and without autograd, and the gradients are those of
+    the same softmax attention computed by torch's SDPA (GQA groups summed)."""
+    B, T, L = 2, 7, 7 + 2 * KEY_BLOCK // 3
+    q, k, v = _qkv(B, h, hkv, T, L, D=24, seed=6)
+    mask = _masks(B, T, L)[mask_kind]
+    with torch.no_grad():
+        plain = attention(q, k, v, mask)
+    out, grads = _grads(lambda a, b, c: attention(a, b, c, mask), q, k, v)
+    assert torch.equal(out, plain)
+    ref_mask = torch.ones(T, L, dtype=torch.bool).tril(L - T) if mask is None else mask
+    ref_out, ref = _grads(lambda a, b, c: _sdpa(a, b, c, ref_mask), q, k, v)
+    assert torch.allclose(out, ref_out, atol=1e-5)
+    for ours, theirs in zip(grads, ref):
+        assert ours.shape == theirs.shape
+        assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_queries_that_may_attend_nothing_get_zero_gradients():
+    q, k, v = _qkv(2, 2, 1, 3, 4, seed=3)
+    mask = torch.ones(2, 1, 3, 4, dtype=torch.bool)
+    mask[0, 0, 1] = False
+    mask[1] = False
+    _, (dq, dk, dv) = _grads(lambda a, b, c: attention(a, b, c, mask), q, k, v)
+    assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
+    assert torch.equal(dq[0, :, 1], torch.zeros(2, 16)) and torch.equal(dq[1], torch.zeros(2, 3, 16))
+    assert torch.equal(dk[1], torch.zeros(1, 4, 16)) and torch.equal(dv[1], torch.zeros(1, 4, 16))
+
+
+def test_a_trainer_forward_under_the_mode_backpropagates():
+    """The RL trainer's side: a transformers model with the "detsample" attention under
+    the mode, autograd on, gives the no-grad logits bit for bit and finite gradients."""
+    from detsample.models import build_tiny
+
+    model = build_tiny("hf-tiny-llama")
+    register_attention()
+    model.set_attn_implementation(ATTENTION_NAME)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with batch_invariant():
+        with torch.no_grad():
+            ref = model(input_ids=ids).logits
+        logits = model(input_ids=ids).logits
+        torch.log_softmax(logits, dim=-1)[0, :-1].gather(1, ids[0, 1:, None]).sum().backward()
+    assert torch.equal(logits.detach(), ref)
+    grad = model.model.layers[0].self_attn.q_proj.weight.grad
+    assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
