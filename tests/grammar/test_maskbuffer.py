@@ -70,6 +70,18 @@ def step_sequences(draw, nonfinite=False):
     return n, steps
 
 
+def apply_and_check(buf: MaskedLogitsBuffer, logits, bm, rows, n) -> torch.Tensor:
+    """One step: the buffer equals ``masked_logits`` bit for bit and its maxima are
+    ``torch.amax`` of it (NaN where that is NaN). Returns the buffer's view."""
+    ref = masked_logits(logits, bm, rows, limit=n)
+    got, m = buf.apply(logits, bm, rows, n, torch.amax(logits, dim=-1, keepdim=True))
+    assert bits_equal(got, ref)
+    want = torch.amax(ref, dim=-1, keepdim=True)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(m), nan) and bits_equal(m[~nan], want[~nan])
+    return got
+
+
 @settings(max_examples=80, deadline=None)
 @given(step_sequences())
 def test_buffer_equals_plain_select_every_step(seq):
@@ -79,10 +91,7 @@ def test_buffer_equals_plain_select_every_step(seq):
     n, steps = seq
     buf = MaskedLogitsBuffer()
     for logits, bm, rows, bias in steps:
-        ref = masked_logits(logits, bm, rows, limit=n)
-        got, m = buf.apply(logits, bm, rows, n, torch.amax(logits, dim=-1, keepdim=True))
-        assert bits_equal(got, ref)
-        assert bits_equal(m, torch.amax(ref, dim=-1, keepdim=True))
+        got = apply_and_check(buf, logits, bm, rows, n)
         if bias:
             got.add_(torch.randn(got.shape))  # what an in-place logit bias may do
 
@@ -96,12 +105,7 @@ def test_nan_and_posinf_logits_get_the_select_bits(seq):
     n, steps = seq
     buf = MaskedLogitsBuffer()
     for logits, bm, rows, _ in steps:
-        ref = masked_logits(logits, bm, rows, limit=n)
-        got, m = buf.apply(logits, bm, rows, n, torch.amax(logits, dim=-1, keepdim=True))
-        assert bits_equal(got, ref)
-        want = torch.amax(ref, dim=-1, keepdim=True)
-        nan = torch.isnan(want)
-        assert torch.equal(torch.isnan(m), nan) and bits_equal(m[~nan], want[~nan])
+        apply_and_check(buf, logits, bm, rows, n)
 
 
 def test_select_row_blanks_disallowed_nan_and_posinf():
@@ -135,10 +139,7 @@ def test_rows_of_one_state_keep_their_own_values():
     buf = MaskedLogitsBuffer()
     for step in range(3):
         logits = torch.from_numpy(rng.standard_normal((b, v)).astype(np.float32))
-        got, m = buf.apply(logits, bm, rows, n, torch.amax(logits, -1, keepdim=True))
-        ref = masked_logits(logits, bm, rows, limit=n)
-        assert bits_equal(got, ref)
-        assert bits_equal(m, torch.amax(ref, -1, keepdim=True))
+        apply_and_check(buf, logits, bm, rows, n)
     kinds = {e.kind for e in buf.cache.lookup_rows(bm.numpy(), rows, n).values()}
     assert kinds == {"sparse", "select"}
 
@@ -197,10 +198,7 @@ def test_wide_masks_equal_plain_select_every_step(seq):
     n, steps = seq
     buf = MaskedLogitsBuffer()
     for logits, bm, rows in steps:
-        ref = masked_logits(logits, bm, rows, limit=n)
-        got, m = buf.apply(logits, bm, rows, n, torch.amax(logits, dim=-1, keepdim=True))
-        assert bits_equal(got, ref)
-        assert bits_equal(m, torch.amax(ref, dim=-1, keepdim=True))
+        apply_and_check(buf, logits, bm, rows, n)
 
 
 def test_zero_maximum_keeps_amax_sign():
