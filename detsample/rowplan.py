@@ -19,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from detsample.ops.draw import argmax_block
 from detsample.ops.host import host_tensor
 
 #: a top-k small enough for bounded ``topk`` candidates: ``top_k * CANDIDATE_RATIO <= V``
@@ -66,6 +67,36 @@ class Rows:
 
 
 @dataclass(frozen=True)
+class CandidateFilters:
+    """The bounded top-k rows' filters, shaped once for
+    :func:`detsample.ops.filters.candidate_cut` (n rows):
+
+    ``k_index``: (n, 1) int64, ``min(top_k, k_max) - 1``, the top-k boundary's position
+    among the candidates; ``cut_k``: some row's top-k is below ``k_max`` (otherwise the
+    k_max candidates are exactly the top-k survivors); ``top_p``: (n, 1) float64, the
+    row's top_p with ``+inf`` where it is 1 (disabled), None when no row uses top-p;
+    ``min_p``: (n, 1) float32, None when no row uses min-p.
+    """
+
+    k_index: torch.Tensor
+    cut_k: bool
+    top_p: torch.Tensor | None
+    min_p: torch.Tensor | None
+
+    @staticmethod
+    def of(rows: "Rows", k_max: int) -> "CandidateFilters | None":
+        if not rows:
+            return None
+        top_ks, top_ps, min_ps = rows.filters
+        _, use_p, use_m = rows.active
+        k = top_ks.to(torch.int64).clamp(1, k_max)
+        tp = torch.where(top_ps >= 1.0, torch.full_like(top_ps, float("inf")), top_ps)
+        return CandidateFilters(k.sub(1).unsqueeze(1), bool((k < k_max).any()),
+                                tp.unsqueeze(1) if use_p else None,
+                                min_ps.to(torch.float32).unsqueeze(1) if use_m else None)
+
+
+@dataclass(frozen=True)
 class FilterRoute:
     """Sampling rows by how step 8 finds their threshold (all give the same bits):
 
@@ -85,6 +116,7 @@ class FilterRoute:
     top_k_only: Rows
     sort: Rows
     plain: Rows
+    candidate_filters: CandidateFilters | None = None  # of ``candidates``
 
 
 @dataclass(frozen=True)
@@ -106,6 +138,7 @@ class RowPlan:
     untouched: bool          # no row uses a per-request processor, penalties,
     #                          min_new_tokens, allowed ids, bad words, a grammar or a bias
     excluded: frozenset[int] = field(default=frozenset())  # rows left out (no valid token)
+    argmax_block: int = 0    # block width of the two-level argmax (ops.draw.argmax_block)
 
     @property
     def greedy_for_all(self) -> bool:
@@ -146,8 +179,9 @@ def route(params: Sequence, rows: Sequence[int], vocab_size: int, filter_impl: s
             any(params[r].top_k != -1 and params[r].top_k < V for r in g),
             any(params[r].top_p < 1.0 for r in g), any(params[r].min_p > 0.0 for r in g)))
 
-    return FilterRoute(group(cand), k_max, group(nucleus), group(top_k_only), group(sort_rows),
-                       group(plain))
+    candidates = group(cand)
+    return FilterRoute(candidates, k_max, group(nucleus), group(top_k_only), group(sort_rows),
+                       group(plain), CandidateFilters.of(candidates, k_max))
 
 
 def plan_rows(params: Sequence, vocab_size: int, filter_impl: str, device: torch.device,
@@ -190,4 +224,5 @@ def plan_rows(params: Sequence, vocab_size: int, filter_impl: str, device: torch
             or p.allowed_token_ids is not None or p.bad_words or p.logit_bias
             or p.grammar is not None for p in params),
         excluded=frozenset(excluded),
+        argmax_block=argmax_block(vocab_size),
     )

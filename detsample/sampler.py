@@ -242,26 +242,30 @@ class Sampler:
     def _plain_greedy(self, logits: torch.Tensor, batch: SamplingBatch
                       ) -> SampleOutput | None:
         """The all-greedy shortcut: every row greedy with "raw" logprobs, and nothing of
-        steps 1-5 in the batch, so the logits reach step 6 unchanged. The argmax comes
-        first; the values it picks are the row maxima (argmax returns a NaN when a row
-        has one), so when they are all finite the sanitising pass has nothing to do and
-        is skipped. Returns None (the general path) otherwise. Same bits as the general
-        path (tests/test_sampler.py)."""
+        steps 1-5 in the batch, so the logits reach step 6 unchanged. The argmax and the
+        chosen token's log_softmax come first, on the unsanitised logits; the logprob of
+        a row's argmax is finite exactly when the row is valid (a NaN anywhere is the
+        argmax and gives NaN, a +inf gives ``inf - inf``, a fully masked row
+        ``-inf - -inf``; a finite maximum gives ``-log(sum)`` with ``1 <= sum <= V``), so
+        when they are all finite the sanitising pass has nothing to do and is skipped.
+        Returns None (the general path) otherwise. Same bits as the general path
+        (tests/test_sampler.py)."""
         plan = batch.derived(("row_plan", self.filter_impl), lambda: self._build_plan(batch))
-        if not (plan.greedy.every and plan.untouched and tuple(plan.modes) == ("raw",)
-                and not self.processors and self._kernels(batch.device) is None):
+        if not (plan.greedy.every and plan.untouched and len(plan.modes) == 1
+                and "raw" in plan.modes and not self.processors
+                and self._kernels(batch.device) is None):
             return None
         check_logits(logits, len(batch), batch.vocab_size, batch.device)
         x = logits if logits.dtype == torch.float32 else logits.to(torch.float32)
-        tokens = draw_ops.greedy_argmax(x)
-        peak = x.gather(1, tokens.unsqueeze(1))
-        if not math.isfinite(float(peak.sum())):
+        tokens = draw_ops.greedy_argmax(x, plan.argmax_block)
+        logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._buf("lsm", x)), tokens)
+        if not math.isfinite(float(logprobs.sum())):  # each is in [-log V, 0] when finite
             return None
         status = torch.zeros((plan.size,), dtype=torch.int32, device=x.device)
-        prep = Prepared(raw=x, x=x, status=status, row_max=peak, all_valid=True)
-        logprobs = self._token_logprobs(prep, None, None, batch, plan, tokens, tokens,
-                                        some_none=False)
-        top = self._top_logprobs(prep, None, None, batch, plan, tokens)
+        top = None
+        if plan.max_top:
+            prep = Prepared(raw=x, x=x, status=status, row_max=x.gather(1, tokens.unsqueeze(1)), all_valid=True)
+            top = self._top_logprobs(prep, None, None, batch, plan, tokens)
         return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
                             seeds=batch.seeds.clone(), status=status)
 
@@ -271,46 +275,68 @@ class Sampler:
         it), -1 elsewhere; None when no row needs one."""
         rows = plan.argmax
         if rows.every:
-            return draw_ops.greedy_argmax(prep.x)
+            return draw_ops.greedy_argmax(prep.x, plan.argmax_block)
         if not rows:
             return None
         out = torch.full((plan.size,), -1, dtype=torch.int64, device=prep.x.device)
-        out[rows.index] = draw_ops.greedy_argmax(rows.take(prep.x))
+        out[rows.index] = draw_ops.greedy_argmax(rows.take(prep.x), plan.argmax_block)
         return out
 
     # -- step 7 ----------------------------------------------------------------------
-    def _scaled(self, prep: Prepared, plan: RowPlan) -> torch.Tensor:
-        """z = (x - max) / T_eff for every row (T_eff = 1 on greedy rows)."""
+    @staticmethod
+    def _shift(prep: Prepared) -> torch.Tensor:
+        """(B, 1) the maxima subtracted by step 7 (0 on a fully masked row)."""
         m = prep.row_max
         if not prep.all_valid:
             m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # all -inf rows
+        return m
+
+    def _scaled(self, prep: Prepared, plan: RowPlan) -> torch.Tensor:
+        """z = (x - max) / T_eff for every row (T_eff = 1 on greedy rows)."""
         scale = prep.kernels.scale_logits if prep.kernels else scale_logits
-        return scale(prep.x, m, plan.temperatures, out=self._buf("z", prep.x))
+        return scale(prep.x, self._shift(prep), plan.temperatures, out=self._buf("z", prep.x))
+
+    @staticmethod
+    def _needs_full_z(plan: RowPlan, prep: Prepared) -> bool:
+        """Whether some consumer needs step 7's z over the whole vocabulary: every one
+        but the bounded top-k candidates, which scale only their candidates
+        (:func:`~detsample.ops.filters.logit_candidates`)."""
+        if not plan.needs_scaled:
+            return False
+        rt = plan.route
+        return (prep.kernels is not None or "scaled" in plan.modes or "processed" in plan.modes
+                or bool(rt.nucleus or rt.top_k_only or rt.sort or rt.plain))
 
     # -- step 8 ----------------------------------------------------------------------
-    def _cut(self, z: torch.Tensor, batch: SamplingBatch, plan: RowPlan,
-             k: ModuleType | None = None, u: torch.Tensor | None = None) -> Cut:
+    def _cut(self, z: torch.Tensor | None, batch: SamplingBatch, plan: RowPlan,
+             k: ModuleType | None = None, u: torch.Tensor | None = None,
+             prep: Prepared | None = None) -> Cut:
         """Thresholds and exact kept mass of the sampling rows (a pure step: no draw).
         Each route of the plan gives a row the bits of the full sort; rows that a bounded
         route cannot decide join the sort. With Triton kernels ``k`` the same step runs
-        fused with the draw when the uniforms ``u`` are given (``Cut.drawn``)."""
-        B, V = z.shape
+        fused with the draw when the uniforms ``u`` are given (``Cut.drawn``). ``z``
+        None (only bounded top-k rows): their candidates come from ``prep``'s logits,
+        and z is computed only if a row spills into the sort."""
+        B, V = prep.x.shape if z is None else z.shape
+        device = batch.device
         if not plan.sampling:
-            return Cut.none(B, z.device)
+            return Cut.none(B, device)
         frac = filter_ops.frac_bits(V)
         if k is not None:
             tau, total, drawn = k.thresholds_and_draw(
                 z, plan.sampling.index, batch.top_ks, batch.top_ps, batch.min_ps, u, frac,
                 sort_only=self.filter_impl == "sort")
             return Cut(tau, total, drawn=drawn if u is not None else None)
-        tau = torch.full((B,), NEG_INF, dtype=torch.float32, device=z.device)
-        total = torch.zeros((B,), dtype=torch.int64, device=z.device)
+        tau = torch.full((B,), NEG_INF, dtype=torch.float32, device=device)
+        total = torch.zeros((B,), dtype=torch.int64, device=device)
         rt = plan.route
         compact: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]] = []
         sort_idx = [rt.sort.index] if rt.sort else []
         if rt.candidates:
             sort_idx += self._small_top_k(z, batch, rt.candidates, rt.k_max, frac, tau,
-                                          total, compact)
+                                          total, compact, plan, prep)
+        if sort_idx and z is None:  # a tie group spilled past the candidates
+            z = self._scaled(prep, plan)
         if rt.nucleus:
             sort_idx += self._nucleus(z, batch, rt.nucleus, frac, tau, total, compact)
         full_idx = list(sort_idx)
@@ -344,22 +370,27 @@ class Sampler:
         return Cut(tau, total, tuple(compact), blocks)
 
     def _small_top_k(self, z, batch, rows: Rows, k_max: int, frac: int, tau, total,
-                     compact) -> list[torch.Tensor]:
-        """Rows with a small top-k: one bounded ``topk``; returns the rows whose tie group
-        at the boundary spills past ``k_max`` (they need the sort)."""
+                     compact, plan: RowPlan, prep: Prepared) -> list[torch.Tensor]:
+        """Rows with a small top-k: one bounded ``topk`` (of z, or of the logits when
+        ``z`` is None); returns the rows whose tie group at the boundary spills past
+        ``k_max`` (they need the sort)."""
         ci = rows.index
-        top_ks, top_ps, min_ps = rows.filters
-        _, use_p, use_m = rows.active
-        vals, ids, fits = filter_ops.topk_candidates(rows.take(z), top_ks, k_max)
-        n = filter_ops.kept_prefix_length(vals, top_ks, top_ps if use_p else None,
-                                          min_ps if use_m else None, frac)
+        cf = plan.route.candidate_filters
+        if z is None:
+            vals, ids, fits = filter_ops.logit_candidates(
+                rows.take(prep.x), rows.take(self._shift(prep)), rows.take(plan.temperatures),
+                cf.k_index, k_max)
+        else:
+            vals, ids, fits = filter_ops.topk_candidates(rows.take(z), rows.filters[0], k_max)
+        n, kept, q = filter_ops.candidate_cut(vals, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
+                                              frac)
         if not self.deterministic or bool(fits.all()):  # fast mode: never spills
-            self._keep_compact(ci, rows.every, vals, ids, n, frac, tau, total, compact)
+            self._keep_kept(ci, rows.every, vals, ids, n, kept, q, tau, total, compact)
             return []
         ok = fits.nonzero().flatten()
         if ok.numel():
-            self._keep_compact(ci[ok], False, vals[ok], ids[ok], n[ok], frac, tau, total,
-                               compact)
+            self._keep_kept(ci[ok], False, vals[ok], ids[ok], n[ok], kept[ok], q[ok], tau,
+                            total, compact)
         return [ci[~fits]]
 
     def _nucleus(self, z, batch, rows: Rows, frac: int, tau, total, compact
@@ -407,6 +438,14 @@ class Sampler:
         threshold, mass and CDF table."""
         tau[idx] = vals.gather(1, (n - 1).unsqueeze(1)).squeeze(1)
         sorted_ids, csum = draw_ops.compact_cdf(vals, ids, n, frac)
+        total[idx] = csum[:, -1]
+        compact.append((idx, sorted_ids, csum, every))
+
+    @staticmethod
+    def _keep_kept(idx, every, vals, ids, n, kept, q, tau, total, compact) -> None:
+        """:meth:`_keep_compact` from ``filters.candidate_cut``'s kept mask and masses."""
+        tau[idx] = vals.gather(1, (n - 1).unsqueeze(1)).squeeze(1)
+        sorted_ids, csum = draw_ops.kept_cdf(ids, q, kept)
         total[idx] = csum[:, -1]
         compact.append((idx, sorted_ids, csum, every))
 
@@ -522,12 +561,12 @@ class Sampler:
                                 None, batch.seeds.clone(), prep.status)
         plan = self._plan(batch, prep)
         greedy_tok = self._greedy_tokens(prep, plan)
-        z = self._scaled(prep, plan) if plan.needs_scaled else None
+        z = self._scaled(prep, plan) if self._needs_full_z(plan, prep) else None
         u = None
         if plan.sampling:
             u = (prep.kernels.row_uniforms if prep.kernels else row_uniforms)(batch.seeds,
                                                                               positions)
-        cut = self._cut(z, batch, plan, prep.kernels, u) if z is not None else \
+        cut = self._cut(z, batch, plan, prep.kernels, u, prep) if plan.needs_scaled else \
             Cut.none(B, batch.device)
         if plan.greedy.every:
             tokens = greedy_tok
@@ -564,9 +603,9 @@ class Sampler:
             return torch.empty((0,), dtype=torch.float32, device=batch.device)
         plan = self._plan(batch, prep)
         greedy_tok = self._greedy_tokens(prep, plan)
-        z = self._scaled(prep, plan) if plan.needs_scaled else None
+        z = self._scaled(prep, plan) if self._needs_full_z(plan, prep) else None
         processed = "processed" in plan.modes
-        cut = self._cut(z, batch, plan, prep.kernels) if processed else \
+        cut = self._cut(z, batch, plan, prep.kernels, prep=prep) if processed else \
             Cut.none(B, batch.device)
         if plan.excluded:
             token_ids = token_ids.masked_fill((prep.status & STATUS_NO_VALID_TOKEN) != 0, -1)

@@ -64,3 +64,19 @@ def test_plan_is_derived_once_per_composition():
     assert b.derived(("row_plan", "auto"), lambda: "rebuilt") == "rebuilt"
     b.merge(_batch(PARAMS[:1]))
     assert b.derived(("row_plan", "auto"), lambda: "again") == "again"
+
+
+def test_candidate_filters_shaped_once_per_composition():
+    """The bounded top-k rows' filters are gathered and shaped in the plan: the top-k
+    boundary index, whether any top-k cuts inside the candidates, top_p with +inf where
+    disabled (a row without top-p never cuts by mass), min_p only when a row uses it."""
+    ps = [SamplingParams(temperature=0.7, top_k=20, seed=1),
+          SamplingParams(temperature=0.7, top_k=8, top_p=0.5, seed=2),
+          SamplingParams(temperature=0.0, seed=3)]
+    cf = _plan(_batch(ps)).route.candidate_filters
+    assert cf.k_index.tolist() == [[19], [7]] and cf.cut_k
+    assert cf.top_p.tolist() == [[float("inf")], [0.5]] and cf.min_p is None
+    same = _plan(_batch(ps[:1] * 2)).route.candidate_filters
+    assert not same.cut_k and same.top_p is None
+    assert _plan(_batch(ps[2:])).route.candidate_filters is None
+    assert _plan(_batch(ps)).argmax_block == 0  # V = 400: too short to block

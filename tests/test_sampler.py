@@ -521,3 +521,34 @@ def test_homogeneous_batch_shortcuts_equal_the_general_path(name):
         assert row_bits_equal(mixed, j, alone_like), (name, i)
     lp = s.compute_logprobs(x, _batch(ps, Vh), homo.token_ids)
     assert torch.equal(lp.view(torch.int32), homo.logprobs.view(torch.int32))
+
+
+LONG_V = 16384  # long enough for the two-level argmax (ops.draw.argmax_block)
+
+
+@pytest.mark.parametrize("family", ["random", "ties", "nan", "huge", "neginf", "bf16"])
+def test_greedy_rows_of_a_long_vocabulary_take_torch_argmax(family):
+    """Greedy rows of a vocabulary long enough for the blocked argmax: in an all-greedy
+    batch (the shortcut, or the general path when a row is invalid) and next to a
+    sampling row (the general path), each row's token is ``torch.argmax`` of its
+    sanitised logits and its logprob the one log_softmax's, bit for bit."""
+    from detsample.ops.sanitize import sanitize_rows
+    rng = np.random.default_rng(5)
+    x = torch.from_numpy(logits_rows(rng, 4, LONG_V, family))
+    clean = sanitize_rows(x)[0]
+    want_tok = torch.argmax(clean, dim=-1)
+    want_lp = torch.log_softmax(clean, -1).gather(1, want_tok[:, None]).squeeze(1)
+    valid = torch.isfinite(clean.amax(-1))
+    greedy = [SamplingParams(temperature=0.0, seed=i) for i in range(4)]
+    s = Sampler()
+    pos = torch.arange(5)
+    alone = s.sample(x, _batch(greedy, LONG_V), pos[:4])
+    mixed = s.sample(torch.cat([x, x[:1]]),
+                     _batch(greedy + [SamplingParams(temperature=0.9, top_k=5, seed=9)], LONG_V),
+                     pos)
+    for out in (alone, mixed):
+        assert torch.equal(out.token_ids[:4][valid], want_tok[valid])
+        assert torch.equal(out.logprobs[:4][valid].view(torch.int32),
+                           want_lp[valid].view(torch.int32))
+        assert torch.equal(out.token_ids[:4], alone.token_ids)
+        assert torch.equal(out.logprobs[:4].view(torch.int32), alone.logprobs.view(torch.int32))

@@ -27,6 +27,8 @@ import math
 
 import torch
 
+from detsample.ops.temperature import scale_logits
+
 
 def frac_bits(vocab_size: int) -> int:
     """Fixed-point fraction bits so that ``vocab_size * 2**F < 2**62`` (F <= 52)."""
@@ -103,7 +105,73 @@ def topk_candidates(z: torch.Tensor, top_k: torch.Tensor, k_max: int
     V = z.shape[-1]
     vals, ids = torch.topk(z, min(k_max + 1, V), dim=-1, largest=True, sorted=True)
     k = top_k.to(torch.int64).clamp(1, k_max).unsqueeze(1)
-    thr = vals.gather(1, k - 1).squeeze(1)
+    return _fitting(vals, ids, k - 1, k_max, V)
+
+
+def candidate_cut(vals: torch.Tensor, k_index: torch.Tensor, cut_k: bool,
+                  top_p: torch.Tensor | None, min_p: torch.Tensor | None, frac: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-k, top-p and min-p on a candidate set holding every top-k survivor, in few
+    operations: :func:`kept_prefix_length`'s ``n``, bit for bit, with the kept mask and
+    the candidates' masses for the draw's table (``draw.kept_cdf``).
+
+    vals: (rows, K) float32 scaled logits sorted descending, every top-k survivor among
+    them (:func:`topk_candidates` with ``fits``); k_index: (rows, 1) int64, ``min(top_k,
+    K) - 1``; cut_k: whether some row's top-k is below K (else all K candidates survive
+    it); top_p: (rows, 1) float64, ``+inf`` where disabled, or None (no row); min_p:
+    (rows, 1) float32 or None. Returns ``(n (rows,) int64, kept (rows, K) bool, q (rows,
+    K) int64)``: kept = the first ``n`` candidates, q = every candidate's fixed-point mass.
+
+    The top-p rule keeps ``s_i`` when the mass strictly above its value is below
+    ``P = top_p * Z``. That mass is the exclusive running sum at the start of ``s_i``'s
+    tie group, and the exclusive running sum never decreases, so the positions with
+    ``float64(excl) < P`` are a prefix of length ``c`` (``c >= 1``: ``excl_0 = 0 < P``),
+    and ``s_i`` is kept exactly when its group starts inside it: ``s_i >= s_{c-1}``. No
+    tie-group bookkeeping is needed; the float64 roundings are those of the rule.
+    """
+    e = torch.exp(vals)
+    q = quantize_mass(e, frac)
+    kept = vals >= vals.gather(1, k_index) if cut_k else None
+    if top_p is not None:
+        qk = q * kept if kept is not None else q
+        csum = qk.cumsum(-1)
+        z_mass = csum[:, -1:].to(torch.float64)
+        c = (csum.sub_(qk).to(torch.float64) < top_p * z_mass).sum(-1, keepdim=True)
+        keep_p = vals >= vals.gather(1, c - 1)
+        kept = keep_p if kept is None else kept.logical_and_(keep_p)
+    if min_p is not None:
+        above = e >= min_p
+        kept = above if kept is None else kept.logical_and_(above)
+    if kept is None:
+        kept = torch.ones_like(vals, dtype=torch.bool)
+    return kept.sum(-1), kept, q
+
+
+def logit_candidates(x: torch.Tensor, row_max: torch.Tensor, temperatures: torch.Tensor,
+                     k_index: torch.Tensor, k_max: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`topk_candidates` of the scaled logits ``z = scale_logits(x, row_max, T)``
+    (:mod:`detsample.ops.temperature`) without computing ``z`` over the vocabulary.
+
+    x: (rows, V) float32 logits; row_max: (rows, 1) float32 finite; temperatures:
+    (rows, 1) float32 > 0; k_index: (rows, 1) int64 ``min(top_k, k_max) - 1``; k_max as
+    there. The ``topk`` is taken over ``x`` and
+    only the candidates are scaled: ``z = (x - m) / T`` is monotone (non-decreasing) in
+    ``x``, so the k_max + 1 largest ``x`` carry the k_max + 1 largest ``z`` values, and
+    element-wise IEEE operations give each candidate the bits it has in ``z``. Returns
+    the same ``vals`` and ``fits`` as :func:`topk_candidates` on ``z``, bit for bit, and
+    the same ids up to the order inside a group of equal values (every consumer reads
+    whole tie groups: :func:`kept_prefix_length`, ``draw.compact_cdf``).
+    """
+    V = x.shape[-1]
+    vals, ids = torch.topk(x, min(k_max + 1, V), dim=-1, largest=True, sorted=True)
+    vals = scale_logits(vals, row_max, temperatures)
+    return _fitting(vals, ids, k_index, k_max, V)
+
+
+def _fitting(vals: torch.Tensor, ids: torch.Tensor, k_index: torch.Tensor, k_max: int,
+             V: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    thr = vals.gather(1, k_index).squeeze(1)
     if V <= k_max:
         fits = torch.ones_like(thr, dtype=torch.bool)
     else:

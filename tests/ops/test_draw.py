@@ -93,3 +93,90 @@ def test_exp_floor_changes_no_mass():
     ref = (torch.exp(z) * 2.0 ** frac).to(torch.int64)
     assert torch.equal(q, ref)
     assert math.exp(D.EXP_FLOOR) * 2.0 ** 52 < 1.0
+
+
+def _argmax_rows(rng, B, V, family):
+    """Rows that stress the two-level argmax: maxima tied across blocks, NaN before or
+    after the maximum, +inf, a fully masked row, huge magnitudes, signed zeros."""
+    x = rng.standard_normal((B, V)).astype(np.float32)
+    if family == "coarse":  # a handful of values: the maximum is tied in many blocks
+        x = np.round(x).astype(np.float32)
+    elif family == "nan":
+        x[:, rng.integers(0, V)] = np.nan
+        x[0, V - 1] = np.nan
+    elif family == "posinf":
+        x[:, rng.integers(0, V)] = np.inf
+        x[:, V - 2] = np.inf
+    elif family == "neginf":
+        x[:] = -np.inf
+        x[1:, rng.integers(0, V, 3)] = 2.0
+    elif family == "huge":  # finite, near the float32 limits
+        x = rng.uniform(-3.4e38, 3.4e38, (B, V)).astype(np.float32)
+    elif family == "zeros":  # maxima are +0.0 and -0.0, equal in value
+        x = -np.abs(x)
+        x[:, rng.integers(0, V, 4)] = -0.0
+        x[:, rng.integers(0, V, 4)] = 0.0
+    return torch.from_numpy(x)
+
+
+ARGMAX_FAMILIES = ["random", "coarse", "nan", "posinf", "neginf", "huge", "zeros"]
+ARGMAX_VOCABS = [(16384, 1024), (32000, 1000), (152064, 1056), (50257, 0), (4096, 0)]
+
+
+@pytest.mark.parametrize("V,block", ARGMAX_VOCABS)
+def test_argmax_block_is_a_divisor_near_1024(V, block):
+    """The block of the two-level argmax divides the row (no short block) and gives at
+    least MIN_ARGMAX_BLOCKS blocks; a prime-ish or short vocabulary gets 0 (plain
+    argmax)."""
+    assert D.argmax_block(V) == block
+    if block:
+        assert V % block == 0 and V // block >= D.MIN_ARGMAX_BLOCKS
+
+
+@pytest.mark.parametrize("family", ARGMAX_FAMILIES)
+@pytest.mark.parametrize("B", [1, 3])
+def test_blocked_argmax_equals_torch_argmax(family, B):
+    """Bug it would catch: a two-level argmax that returns a later copy of a tied
+    maximum, skips a NaN (torch.argmax returns the first NaN), or lands on the wrong
+    block when the maximum is +inf or the row is -inf everywhere."""
+    rng = np.random.default_rng(7)
+    for V in (16384, 32000):
+        x = _argmax_rows(rng, B, V, family)
+        got = D.greedy_argmax(x, D.argmax_block(V))
+        assert torch.equal(got, torch.argmax(x, dim=-1)), (family, V)
+
+
+@given(st.integers(0, 2**32 - 1), st.integers(1, 5), st.sampled_from(ARGMAX_FAMILIES),
+       st.sampled_from([8192, 9216, 16000]))
+def test_blocked_argmax_property(seed, B, family, V):
+    """Any rows, any vocabulary with a block: the tokens of ``torch.argmax``."""
+    x = _argmax_rows(np.random.default_rng(seed), B, V, family)
+    assert torch.equal(D.greedy_argmax(x, D.argmax_block(V)), torch.argmax(x, dim=-1))
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["random", "ties", "neginf"]),
+       st.sampled_from([1.0, 0.5, 0.9]), st.sampled_from([0.0, 0.1]))
+def test_kept_cdf_equals_compact_cdf(seed, family, p, mp):
+    """The table built from ``candidate_cut``'s kept mask and masses is the table of
+    ``compact_cdf``, bit for bit, and draws the same tokens."""
+    rng = np.random.default_rng(seed)
+    V, rows, K = 600, 5, 40
+    z = rng.standard_normal((rows, V)).astype(np.float32) * 3
+    if family == "ties":
+        z = np.round(z).astype(np.float32)
+    elif family == "neginf":
+        z[:, 3:] = -np.inf
+    z = torch.from_numpy(z)
+    z = z - z.amax(1, keepdim=True)
+    frac = F.frac_bits(V)
+    kk = torch.tensor([2, 5, 40, 17, 40])
+    vals, ids, fits = F.topk_candidates(z, kk, K)
+    pp = torch.full((rows, 1), p if p < 1 else float("inf"), dtype=torch.float64)
+    mm = torch.full((rows, 1), mp)
+    n, kept, q = F.candidate_cut(vals, (kk - 1)[:, None], True, pp, mm, frac)
+    s1, c1 = D.compact_cdf(vals, ids, n, frac)
+    s2, c2 = D.kept_cdf(ids, q, kept)
+    assert torch.equal(c1, c2) and torch.equal(s1.gather(1, (n - 1)[:, None]),
+                                               s2.gather(1, (n - 1)[:, None]))
+    u = row_uniforms(torch.arange(rows) + seed % 1000, torch.arange(rows))
+    assert torch.equal(D.draw_by_cdf(s1, c1, u), D.draw_by_cdf(s2, c2, u))

@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from detsample.ops import filters as F
+from detsample.ops.temperature import scale_logits
 from oracles import sampler as osamp
 
 CASES = [
@@ -127,3 +128,79 @@ def test_nucleus_on_candidates_equals_full_sort(seed, family, k, p, mp, K):
         assert set(ids[r, : int(n[r])].tolist()) == kept
     if family == "peaked" and p <= 0.9 and K >= 64:
         assert bool(decided.all())  # a peaked nucleus fits in 64 candidates
+
+
+CUT_FAMILIES = ["peaked", "ties", "neginf", "bf16", "flat"]
+
+
+def _cut_inputs(rng, family, rows=6, V=800):
+    z = _family(rng, rows, V, family) if family != "flat" else torch.zeros(rows, V)
+    return z, torch.from_numpy(rng.integers(2, 41, rows)), V
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from(CUT_FAMILIES),
+       st.lists(st.sampled_from([1.0, 0.95, 0.6, 0.2]), min_size=6, max_size=6),
+       st.lists(st.sampled_from([0.0, 0.0, 0.3]), min_size=6, max_size=6))
+def test_candidate_cut_equals_kept_prefix_length(seed, family, ps, mps):
+    """``candidate_cut`` (top-p from the exclusive running sum, no tie-group pass) keeps
+    the prefix ``kept_prefix_length`` keeps, bit for bit, with per-row top-k, top-p and
+    min-p mixed in one batch (a row without top-p next to rows with it, whose top-k
+    still cuts). Bug it would catch: a disabled top-p (``+inf``) undoing the top-k."""
+    rng = np.random.default_rng(seed)
+    z, kk, V = _cut_inputs(rng, family)
+    frac = F.frac_bits(V)
+    K = 40
+    pp = torch.tensor(ps, dtype=torch.float64)
+    mm = torch.tensor(mps, dtype=torch.float32)
+    vals, ids, fits = F.topk_candidates(z, kk, K)
+    want = F.kept_prefix_length(vals, kk, pp, mm, frac)
+    tp = torch.where(pp >= 1, torch.tensor(float("inf"), dtype=torch.float64), pp)[:, None]
+    for use_p, use_m in ((True, True), (True, False), (False, True), (False, False)):
+        ref = F.kept_prefix_length(vals, kk, pp if use_p else None, mm if use_m else None,
+                                   frac)
+        n, kept, q = F.candidate_cut(vals, (kk - 1)[:, None], True, tp if use_p else None,
+                                     mm[:, None] if use_m else None, frac)
+        assert torch.equal(n, ref), (use_p, use_m)
+        assert torch.equal(kept, torch.arange(K)[None, :] < n[:, None])
+        assert torch.equal(q, F.quantize_mass(torch.exp(vals), frac))
+    tau = vals.gather(1, (want - 1)[:, None]).squeeze(1)
+    tau_sort = F.thresholds_by_sort(z, kk, pp, mm, frac)
+    assert torch.equal(tau[fits], tau_sort[fits])
+
+
+def test_candidate_cut_without_a_top_k_cut():
+    """Every row's top-k is the candidate count (``cut_k`` False): nothing is cut by it."""
+    z = _family(np.random.default_rng(3), 4, 500, "peaked")
+    kk = torch.full((4,), 30)
+    vals, _, fits = F.topk_candidates(z, kk, 30)
+    pp = torch.full((4,), 0.8, dtype=torch.float64)
+    n, _, _ = F.candidate_cut(vals, (kk - 1)[:, None], False, pp[:, None], None, 12)
+    assert bool(fits.all())
+    want = F.kept_prefix_length(vals, kk, pp, None, 12)
+    assert torch.equal(n, want)
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from(CUT_FAMILIES + ["huge"]),
+       st.sampled_from([0.3, 0.8, 1.0, 1.7]))
+def test_logit_candidates_equal_candidates_of_scaled_logits(seed, family, T):
+    """The candidates taken from the logits and scaled afterwards carry the bits of the
+    candidates of the scaled logits: the same values, the same ``fits``, the same id set
+    in every kept prefix (ids may be ordered differently inside a tie group)."""
+    rng = np.random.default_rng(seed)
+    rows, V = 5, 700
+    if family == "huge":
+        # finite, but x - max overflows to -inf for half the row (a -inf tie group)
+        x = torch.from_numpy(rng.uniform(-3e38, 3e38, (rows, V)).astype(np.float32))
+    else:
+        x = _family(rng, rows, V, family) * 1.7 + 3.0
+    m = x.amax(1, keepdim=True)
+    temps = torch.full((rows, 1), T)
+    kk = torch.from_numpy(rng.integers(2, 41, rows))
+    z = scale_logits(x, m, temps)
+    v1, i1, f1 = F.topk_candidates(z, kk, 40)
+    v2, i2, f2 = F.logit_candidates(x, m, temps, (kk - 1)[:, None], 40)
+    assert torch.equal(v1.view(torch.int32), v2.view(torch.int32)) and torch.equal(f1, f2)
+    for r in range(rows):
+        ends = [j for j in range(1, 40) if v1[r, j] != v1[r, j - 1]] + [40]
+        for e in ends[:-1]:  # every prefix ending at a tie-group boundary
+            assert set(i1[r, :e].tolist()) == set(i2[r, :e].tolist())
