@@ -7,12 +7,20 @@ native or emulated through ``ATEN_CPU_CAPABILITY``); ``--json PATH`` writes ``{"
 "platform": str, "golden_dir": str, "checks": [{"name", "ok", "detail"}]}``. Exit status 0
 only when every check holds, 1 otherwise (a platform without goldens is a failure unless
 ``--allow-missing-goldens``).
+
+On a CPU whose instruction set has no golden folder (an AVX-512 machine where only the
+``cpu-avx2-*`` goldens are committed) and nothing forces the set, the check says so and
+runs again in a subprocess under ``ATEN_CPU_CAPABILITY`` set to the best lower set that has
+goldens: torch's kernels of that set are real kernels of this machine, compared bit for bit
+against their own goldens (``--no-isa-fallback`` turns this off; ``detsample golden update``
+creates the native folder, docs/golden.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,6 +40,9 @@ def register(subparsers: Any) -> None:
                    help="report a platform without goldens as skipped instead of failing")
     p.add_argument("-k", "--scenario", action="append", default=None, metavar="NAME",
                    help="only these scenarios (repeatable)")
+    p.add_argument("--no-isa-fallback", action="store_true",
+                   help="on a CPU whose instruction set has no goldens, fail instead of "
+                        "re-running under the best lower set that has them")
     p.set_defaults(func=run)
 
 
@@ -83,6 +94,38 @@ def golden_source(store: Any) -> str:
     return f"this run: {here}; goldens produced: {made}"
 
 
+def lower_isa_with_goldens(store: Any) -> str | None:
+    """On CPU, when this platform has no goldens and ``ATEN_CPU_CAPABILITY`` forces
+    nothing: the best lower instruction set this CPU runs whose folder (this platform's
+    name with the set swapped) holds goldens; else None."""
+    from detsample.golden import isa
+    if store.device.type != "cpu" or os.environ.get(isa.ENV) or store.has_platform():
+        return None
+    cur = isa.current_isa()
+    prefix = f"cpu-{cur}-"
+    if not store.fingerprint.startswith(prefix):
+        return None
+    supported = isa.supported_isas()
+    lower = supported[:supported.index(cur)] if cur in supported else []
+    for name in reversed(lower):
+        folder = store.root / (f"cpu-{name}-" + store.fingerprint[len(prefix):])
+        if folder.is_dir() and any(folder.glob("*/manifest.json")):
+            return name
+    return None
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    """``args`` as a ``detsample check`` command line (for the re-run under another set)."""
+    argv = ["check", "--device", args.device, "--no-isa-fallback"]
+    argv += ["--quick"] if args.quick else []
+    argv += ["--json", args.json] if args.json else []
+    argv += ["--golden-dir", args.golden_dir] if args.golden_dir else []
+    argv += ["--allow-missing-goldens"] if args.allow_missing_goldens else []
+    for name in args.scenario or ():
+        argv += ["-k", name]
+    return argv
+
+
 def run(args: argparse.Namespace) -> int:
     from detsample.golden import registry
     from detsample.checks.battery import run_battery
@@ -97,6 +140,15 @@ def run(args: argparse.Namespace) -> int:
     except KeyError as e:
         print(f"detsample check: {e.args[0]}", file=sys.stderr)
         return 2
+    fallback = None if args.no_isa_fallback else lower_isa_with_goldens(store)
+    if fallback is not None:
+        from detsample.golden import isa
+        print(f"detsample check: no goldens for {store.fingerprint} under {store.root}; "
+              f"running torch's {fallback} kernels ({isa.ENV}={fallback}) against their "
+              f"goldens instead (`detsample golden update` creates this CPU's own folder; "
+              f"docs/golden.md)", flush=True)
+        return isa.run_under(fallback, [sys.executable, "-m", "detsample", *_argv(args)],
+                             lambda line: print(line, flush=True))
     t0 = time.perf_counter()
     results = run_battery(quick=args.quick, device=args.device, store=store,
                           progress=ProgressBar(), names=args.scenario,

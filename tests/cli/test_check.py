@@ -188,3 +188,72 @@ def test_check_output_off_a_terminal_has_no_progress_lines(capsys):
     cap = capsys.readouterr()
     assert rc == 0 and "ALL CHECKS PASSED" in cap.out
     assert "[#" not in cap.err + cap.out and "[." not in cap.err + cap.out
+
+
+def _store(tmp_path, fingerprint="cpu-avx512-torch2.13.0+cpu", has=False):
+    from types import SimpleNamespace
+    return SimpleNamespace(device=torch.device("cpu"), fingerprint=fingerprint, root=tmp_path,
+                           has_platform=lambda: has)
+
+
+def _goldens(root, folder):
+    (root / folder / "s").mkdir(parents=True)
+    (root / folder / "s" / "manifest.json").write_text("{}")
+
+
+FALLBACKS = [  # (folders with goldens, ISA forced in the environment, has own folder, expected)
+    (["cpu-avx2-torch2.13.0+cpu", "cpu-default-torch2.13.0+cpu"], None, False, "avx2"),
+    (["cpu-default-torch2.13.0+cpu"], None, False, "default"),
+    (["cpu-avx2-torch2.12.0+cpu"], None, False, None),          # another torch: not ours
+    ([], None, False, None),
+    (["cpu-avx2-torch2.13.0+cpu"], "avx512", False, None),      # a forced set stays forced
+    (["cpu-avx2-torch2.13.0+cpu"], None, True, None),           # native goldens exist
+]
+
+
+@pytest.mark.parametrize("folders,forced,has,expected", FALLBACKS)
+def test_lower_isa_with_goldens(tmp_path, monkeypatch, folders, forced, has, expected):
+    """Bug pinned: on an AVX-512 machine `detsample check` (the README's first command)
+    failed for want of a cpu-avx512 folder although the AVX2 goldens it can run exist."""
+    from detsample.cli.check import lower_isa_with_goldens
+    from detsample.golden import isa
+
+    monkeypatch.setattr(isa, "current_isa", lambda: "avx512")
+    monkeypatch.setattr(isa, "supported_isas", lambda: ["default", "avx2", "avx512"])
+    monkeypatch.delenv(isa.ENV, raising=False)
+    if forced:
+        monkeypatch.setenv(isa.ENV, forced)
+    for f in folders:
+        _goldens(tmp_path, f)
+    assert lower_isa_with_goldens(_store(tmp_path, has=has)) == expected
+
+
+def test_check_runs_a_lower_isa_when_this_one_has_no_goldens(tmp_path):
+    """End to end, in a subprocess: only the `default` folder exists, so the check re-runs
+    under ATEN_CPU_CAPABILITY=default, says so, and passes against those goldens."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from detsample.golden import isa
+    from detsample.golden.fingerprint import platform_fingerprint
+
+    repo = Path(__file__).resolve().parents[2]
+    here = platform_fingerprint("cpu").split("-", 2)
+    if here[1] == "default":
+        pytest.skip("this CPU runs only the default set: there is no lower set to fall back to")
+    folder = f"cpu-default-{here[2]}"
+    if not (repo / "golden" / folder).is_dir():
+        pytest.skip(f"no committed {folder} goldens for this torch")
+    shutil.copytree(repo / "golden" / folder, tmp_path / folder)
+    env = {k: v for k, v in os.environ.items() if k != isa.ENV}
+    env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-m", "detsample", "check", "--quick", *ONE,
+                           "--golden-dir", str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{isa.ENV}=default" in proc.stdout
+    assert f"goldens compared against {tmp_path / folder}" in proc.stdout
+    assert "ALL CHECKS PASSED" in proc.stdout

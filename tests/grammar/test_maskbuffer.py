@@ -4,7 +4,9 @@ bits of the plain select, step after step, and exact row maxima.
 Pins what an incremental buffer can get wrong: a sparse row keeping last step's finite
 values, a cached column list served for a different bitmask, padding columns beyond the
 grammar's vocabulary left finite, a zero maximum with the wrong sign, a bias added in
-place leaking into the next step.
+place leaking into the next step, an additive mask turning a disallowed NaN or ``+inf``
+logit into NaN instead of ``-inf``, rows of one state sharing one gather or add mixing up
+their values.
 """
 
 import numpy as np
@@ -31,7 +33,7 @@ def pack(allowed: np.ndarray) -> torch.Tensor:
 
 
 @st.composite
-def step_sequences(draw):
+def step_sequences(draw, nonfinite=False):
     b = draw(st.integers(1, 5))
     n = draw(st.integers(1, 150))
     v = n + draw(st.sampled_from([0, 0, 7, 40]))
@@ -60,9 +62,24 @@ def step_sequences(draw):
         logits[torch.from_numpy(specials == 0) & (torch.rand(b, v) < 0.1)] = 0.0
         logits[torch.from_numpy(specials == 1) & (torch.rand(b, v) < 0.1)] = -0.0
         logits[torch.from_numpy(specials == 2) & (torch.rand(b, v) < 0.05)] = NEG
+        if nonfinite:  # what reaches the mask when no sanitising ran before it
+            logits[torch.from_numpy(specials == 3) & (torch.rand(b, v) < 0.05)] = float("inf")
+            logits[torch.from_numpy(specials == 3) & (torch.rand(b, v) < 0.05)] = float("nan")
         bias = draw(st.booleans())
         steps.append((logits, pack(allowed), rows, bias))
     return n, steps
+
+
+def apply_and_check(buf: MaskedLogitsBuffer, logits, bm, rows, n) -> torch.Tensor:
+    """One step: the buffer equals ``masked_logits`` bit for bit and its maxima are
+    ``torch.amax`` of it (NaN where that is NaN). Returns the buffer's view."""
+    ref = masked_logits(logits, bm, rows, limit=n)
+    got, m = buf.apply(logits, bm, rows, n, torch.amax(logits, dim=-1, keepdim=True))
+    assert bits_equal(got, ref)
+    want = torch.amax(ref, dim=-1, keepdim=True)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(m), nan) and bits_equal(m[~nan], want[~nan])
+    return got
 
 
 @settings(max_examples=80, deadline=None)
@@ -74,12 +91,114 @@ def test_buffer_equals_plain_select_every_step(seq):
     n, steps = seq
     buf = MaskedLogitsBuffer()
     for logits, bm, rows, bias in steps:
-        ref = masked_logits(logits, bm, rows, limit=n)
-        got, m = buf.apply(logits, bm, rows, n, torch.amax(logits, dim=-1, keepdim=True))
-        assert bits_equal(got, ref)
-        assert bits_equal(m, torch.amax(ref, dim=-1, keepdim=True))
+        got = apply_and_check(buf, logits, bm, rows, n)
         if bias:
             got.add_(torch.randn(got.shape))  # what an in-place logit bias may do
+
+
+@settings(max_examples=40, deadline=None)
+@given(step_sequences(nonfinite=True))
+def test_nan_and_posinf_logits_get_the_select_bits(seq):
+    """Property: with NaN and ``+inf`` logits the buffer still holds ``masked_logits`` bit
+    for bit (a disallowed one is ``-inf``, an allowed one kept); maxima match amax (NaN
+    where amax is NaN)."""
+    n, steps = seq
+    buf = MaskedLogitsBuffer()
+    for logits, bm, rows, _ in steps:
+        apply_and_check(buf, logits, bm, rows, n)
+
+
+def test_select_row_blanks_disallowed_nan_and_posinf():
+    """A row with half its tokens allowed (the streaming-add kind): a disallowed ``+inf``
+    or NaN logit becomes ``-inf``, an allowed NaN stays NaN, ``-0.0`` keeps its sign."""
+    n = 64
+    allowed = np.zeros((1, n), dtype=np.bool_)
+    allowed[0, ::2] = True
+    logits = torch.randn(1, n)
+    logits[0, 1], logits[0, 3], logits[0, 4], logits[0, 6] = float("inf"), float("nan"), \
+        float("nan"), -0.0
+    bm = pack(allowed)
+    buf = MaskedLogitsBuffer()
+    got, m = buf.apply(logits, bm, [0], n, torch.amax(logits, -1, keepdim=True))
+    assert buf.cache.lookup_rows(bm.numpy(), [0], n)[0].kind == "select"
+    assert bits_equal(got, masked_logits(logits, bm, [0], limit=n))
+    assert torch.isneginf(got[0, 1]) and torch.isneginf(got[0, 3]) and torch.isnan(got[0, 4])
+    assert torch.isnan(m).all()
+
+
+def test_rows_of_one_state_keep_their_own_values():
+    """Many rows in one sparse state and one select state (one gather and one broadcast
+    add each), interleaved with unmasked rows and padding past the grammar's vocabulary."""
+    n, v, b = 3000, 3010, 12
+    rng = np.random.default_rng(3)
+    few = rng.random(n) < 0.01
+    half = rng.random(n) < 0.5
+    allowed = np.array([few if r % 3 == 0 else half for r in range(b)])
+    bm = pack(allowed)
+    rows = [r for r in range(b) if r % 4 != 3]
+    buf = MaskedLogitsBuffer()
+    for step in range(3):
+        logits = torch.from_numpy(rng.standard_normal((b, v)).astype(np.float32))
+        apply_and_check(buf, logits, bm, rows, n)
+    kinds = {e.kind for e in buf.cache.lookup_rows(bm.numpy(), rows, n).values()}
+    assert kinds == {"sparse", "select"}
+
+
+def test_cache_drops_least_recent_entries_beyond_its_byte_bound():
+    """The byte bound holds (the additive rows of select entries are large) and a dropped
+    entry is rebuilt on its next use."""
+    n = 4096
+    cache = ColumnCache(max_bytes=3 * (n * 4 + n // 8) + 100)
+    rng = np.random.default_rng(0)
+    masks = [pack((rng.random((1, n)) < 0.5)).numpy()[0] for _ in range(5)]
+    for w in masks:
+        cache.lookup(int(cache.fingerprints(w[None])[0]), w, n)
+    assert cache._bytes <= cache.max_bytes and len(cache._map) == 3
+    again = cache.lookup(int(cache.fingerprints(masks[0][None])[0]), masks[0], n)
+    assert again.kind == "select" and cache.misses == 6
+    assert np.array_equal(~again.blocked, np.unpackbits(
+        masks[0].view(np.uint8), bitorder="little")[:n].astype(bool))
+
+
+@st.composite
+def wide_steps(draw):
+    """Masks over a few thousand tokens (odd and even bitmask widths), rows switching
+    between a handful of allowed tokens (read from the nonzero words), cached sparse,
+    select and dense states, and no mask."""
+    b = draw(st.integers(1, 6))
+    n = draw(st.sampled_from([2048, 2080, 3000, 4093]))
+    v = n + draw(st.sampled_from([0, 5]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    states = {"few": lambda: rng.choice(n, size=int(rng.integers(0, 4)), replace=False),
+              "edge": lambda: np.array([0, n - 1]),  # first and last token
+              "sparse": lambda: np.flatnonzero(rng.random(n) < 0.02),
+              "select": lambda: np.flatnonzero(rng.random(n) < 0.3),
+              "dense": lambda: np.flatnonzero(rng.random(n) < 0.995)}
+    shared = {k: f() for k, f in states.items()}  # one state reached by several rows
+    steps = []
+    for _ in range(draw(st.integers(1, 6))):
+        rows = sorted(draw(st.sets(st.integers(0, b - 1))))
+        allowed = np.zeros((b, n), dtype=np.bool_)
+        for r in range(b):
+            kind = draw(st.sampled_from(sorted(states)))
+            allowed[r, shared[kind] if draw(st.booleans()) else states[kind]()] = True
+        logits = torch.from_numpy(rng.standard_normal((b, v)).astype(np.float32))
+        logits[torch.rand(b, v) < 0.01] = -0.0
+        steps.append((logits, pack(allowed), rows))
+    return n, steps
+
+
+@settings(max_examples=60, deadline=None)
+@given(wide_steps())
+def test_wide_masks_equal_plain_select_every_step(seq):
+    """Property: over masks of thousands of tokens, whatever way each row's mask is
+    applied (a few allowed tokens read from the words, a cached column list, a
+    streaming add, a copy and blank) and however rows move between them, the buffer
+    holds ``masked_logits`` bit for bit and its maxima are ``torch.amax``."""
+    n, steps = seq
+    buf = MaskedLogitsBuffer()
+    for logits, bm, rows in steps:
+        apply_and_check(buf, logits, bm, rows, n)
 
 
 def test_zero_maximum_keeps_amax_sign():
