@@ -11,6 +11,7 @@ from detsample.ops import draw as D
 from detsample.ops import filters as F
 from detsample.ops import hostcut as H
 from detsample.rng import row_uniforms
+from tests.helpers import logits_rows
 
 FAMILIES = ["peaked", "ties", "neginf", "bf16", "flat", "huge", "boundary"]
 K = 24
@@ -19,23 +20,17 @@ K = 24
 def _scaled_candidates(rng, family, rows, V, k_max):
     """(rows, k_max + 1) descending scaled candidates and ids, as the Sampler takes
     them: a topk of logits, then (x - max) / T."""
-    x = rng.standard_normal((rows, V)).astype(np.float32) * 3
-    if family == "peaked":
-        for r in range(rows):
-            x[r, rng.choice(V, 8, replace=False)] += np.linspace(12, 3, 8).astype(np.float32)
-    elif family == "ties":
-        x = np.round(x).astype(np.float32)
-    elif family == "neginf":  # fewer finite values than candidates: -inf candidates
-        x[:, 5:] = -np.inf
-    elif family == "bf16":
-        x = torch.from_numpy(x).to(torch.bfloat16).float().numpy()
-    elif family == "flat":
-        x[:] = 0.0
-    elif family == "huge":  # x - max overflows to -inf for part of the row
+    if family == "huge":  # x - max overflows to -inf for part of the row
         x = rng.uniform(-3.4e38, 3.4e38, (rows, V)).astype(np.float32)
-    elif family == "boundary":  # a tie group straddling the candidate bound
-        x[:, :k_max + 4] = 1.0
-        x[:, 0] = 2.0
+    elif family in ("flat", "boundary"):
+        x = np.zeros((rows, V), np.float32)
+        if family == "boundary":  # a tie group straddling the candidate bound
+            x[:, k_max + 4:] = -1.0
+            x[:, 0] = 2.0
+    else:
+        x = logits_rows(rng, rows, V, family)
+        if family == "neginf":  # fewer finite values than candidates: -inf candidates
+            x[:, 5:] = -np.inf
     xt = torch.from_numpy(x)
     temps = torch.from_numpy(rng.choice([0.5, 0.8, 1.3], rows).astype(np.float32))[:, None]
     return F.logit_topk(xt, xt.amax(1, keepdim=True), temps, k_max)
