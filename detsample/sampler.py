@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 from types import ModuleType
 
+import numpy as np
 import torch
 
 from detsample import kernels
@@ -36,6 +37,7 @@ from detsample.grammar import batching as grammar_hooks
 from detsample.grammar.masker import GrammarMasker
 from detsample.ops import draw as draw_ops
 from detsample.ops import filters as filter_ops
+from detsample.ops import hostcut
 from detsample.ops import logprobs as lp_ops
 from detsample.ops.bias import apply_logit_bias_
 from detsample.ops.sanitize import STATUS_NO_VALID_TOKEN, sanitize_rows_flagged
@@ -105,7 +107,8 @@ class Cut:
     total: torch.Tensor
     compact: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool], ...] = ()
     blocks: tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool] | None = None
-    drawn: torch.Tensor | None = None  # (B,) tokens a fused Triton kernel already drew
+    drawn: torch.Tensor | None = None  # (B,) tokens already drawn with the cut (a fused
+    #                                    Triton kernel, or the host tables of ops.hostcut)
 
     @staticmethod
     def none(B: int, device: torch.device) -> "Cut":
@@ -250,10 +253,8 @@ class Sampler:
         when they are all finite the sanitising pass has nothing to do and is skipped.
         Returns None (the general path) otherwise. Same bits as the general path
         (tests/test_sampler.py)."""
-        plan = batch.derived(("row_plan", self.filter_impl), lambda: self._build_plan(batch))
-        if not (plan.greedy.every and plan.untouched and len(plan.modes) == 1
-                and "raw" in plan.modes and not self.processors
-                and self._kernels(batch.device) is None):
+        plan = self._shortcut_plan(batch)
+        if plan is None or not plan.greedy.every:
             return None
         check_logits(logits, len(batch), batch.vocab_size, batch.device)
         x = logits if logits.dtype == torch.float32 else logits.to(torch.float32)
@@ -266,6 +267,55 @@ class Sampler:
         if plan.max_top:
             prep = Prepared(raw=x, x=x, status=status, row_max=x.gather(1, tokens.unsqueeze(1)), all_valid=True)
             top = self._top_logprobs(prep, None, None, batch, plan, tokens)
+        return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
+                            seeds=batch.seeds.clone(), status=status)
+
+    def _shortcut_plan(self, batch: SamplingBatch) -> RowPlan | None:
+        """The batch's plan when a homogeneous-batch shortcut may apply: nothing of steps
+        1-5 in the batch (so the logits reach step 6 unchanged), "raw" logprobs only and
+        the torch ops; None otherwise."""
+        plan = batch.derived(("row_plan", self.filter_impl), lambda: self._build_plan(batch))
+        if (plan.untouched and len(plan.modes) == 1 and "raw" in plan.modes
+                and not self.processors and self._kernels(batch.device) is None):
+            return plan
+        return None
+
+    def _plain_top_k(self, logits: torch.Tensor, batch: SamplingBatch,
+                     positions: torch.Tensor) -> SampleOutput | None:
+        """The small top-k shortcut of a CPU batch: every row samples with a small top-k
+        (any top-p / min-p), "raw" logprobs, nothing of steps 1-5. One ``topk`` of the
+        logits comes first; its largest value is the row maximum (``topk`` ranks NaN
+        above everything, so a row with a NaN, a +inf or nothing but -inf shows a
+        non-finite top value), so when they are all finite the sanitising pass has
+        nothing to do and is skipped, and the candidates are scaled by that maximum
+        (the value ``amax`` gives; a zero maximum may differ in sign, which changes only
+        the sign of zero scaled values: no mass, threshold test or output). The host
+        tables of :mod:`detsample.ops.hostcut` decide and draw every row. Returns None
+        (the general path) for an invalid row or a tie group spilling past the
+        candidates. Same bits as the general path (tests/test_sampler.py)."""
+        plan = self._shortcut_plan(batch)
+        if plan is None or not plan.route.candidates.every or batch.device.type != "cpu":
+            return None
+        check_logits(logits, len(batch), batch.vocab_size, batch.device)
+        x = logits if logits.dtype == torch.float32 else logits.to(torch.float32)
+        k_max, cf = plan.route.k_max, plan.route.candidate_filters
+        vals, ids = torch.topk(x, min(k_max + 1, x.shape[1]), dim=-1)
+        if not np.isfinite(vals.numpy()[:, 0]).all():
+            return None
+        vals = scale_logits(vals, vals[:, :1], plan.temperatures)
+        t = hostcut.candidate_tables(vals, ids, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
+                                     filter_ops.frac_bits(x.shape[1]), k_max,
+                                     row_uniforms(batch.seeds, positions).numpy())
+        if self.deterministic and not t.fits.all():
+            return None
+        tokens = torch.from_numpy(t.tokens)
+        logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._buf("lsm", x)), tokens)
+        status = torch.zeros((plan.size,), dtype=torch.int32, device=x.device)
+        top = None
+        if plan.max_top:
+            prep = Prepared(raw=x, x=x, status=status, row_max=x.amax(-1, keepdim=True),
+                            all_valid=True)
+            top = self._top_logprobs(prep, None, None, batch, plan, None)
         return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
                             seeds=batch.seeds.clone(), status=status)
 
@@ -327,9 +377,13 @@ class Sampler:
                 z, plan.sampling.index, batch.top_ks, batch.top_ps, batch.min_ps, u, frac,
                 sort_only=self.filter_impl == "sort")
             return Cut(tau, total, drawn=drawn if u is not None else None)
+        rt = plan.route
+        if rt.candidates.every and device.type == "cpu":
+            cut = self._every_small_top_k(z, plan, prep, frac, u)
+            if cut is not None:
+                return cut
         tau = torch.full((B,), NEG_INF, dtype=torch.float32, device=device)
         total = torch.zeros((B,), dtype=torch.int64, device=device)
-        rt = plan.route
         compact: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]] = []
         sort_idx = [rt.sort.index] if rt.sort else []
         if rt.candidates:
@@ -377,11 +431,22 @@ class Sampler:
         ci = rows.index
         cf = plan.route.candidate_filters
         if z is None:
-            vals, ids, fits = filter_ops.logit_candidates(
-                rows.take(prep.x), rows.take(self._shift(prep)), rows.take(plan.temperatures),
-                cf.k_index, k_max)
+            vals, ids = filter_ops.logit_topk(rows.take(prep.x), rows.take(self._shift(prep)),
+                                              rows.take(plan.temperatures), k_max)
         else:
-            vals, ids, fits = filter_ops.topk_candidates(rows.take(z), rows.filters[0], k_max)
+            vals, ids = torch.topk(rows.take(z), min(k_max + 1, z.shape[1]), dim=-1)
+        if vals.device.type == "cpu":  # a few dozen values a row: host arithmetic
+            t = hostcut.candidate_tables(vals, ids, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
+                                         frac, k_max)
+            if not self.deterministic or bool(t.fits.all()):  # fast mode: never spills
+                self._keep_host(ci, rows.every, t, None, tau, total, compact)
+                return []
+            ok = np.flatnonzero(t.fits)
+            if ok.size:
+                self._keep_host(ci, False, t, ok, tau, total, compact)
+            return [ci[torch.from_numpy(~t.fits)]]
+        vals, ids, fits = filter_ops.cut_candidates(vals, ids, cf.k_index, k_max,
+                                                    batch.vocab_size)
         n, kept, q = filter_ops.candidate_cut(vals, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
                                               frac)
         if not self.deterministic or bool(fits.all()):  # fast mode: never spills
@@ -392,6 +457,42 @@ class Sampler:
             self._keep_kept(ci[ok], False, vals[ok], ids[ok], n[ok], kept[ok], q[ok], tau,
                             total, compact)
         return [ci[~fits]]
+
+    def _every_small_top_k(self, z, plan: RowPlan, prep: Prepared, frac: int,
+                           u: torch.Tensor | None) -> Cut | None:
+        """Step 8 when every row of a CPU batch has a small top-k (a homogeneous batch):
+        the host tables become the Cut as they are (no per-row scatter), and with the
+        uniforms ``u`` the draw is done with them (``Cut.drawn``); None when a row
+        spills past the candidates (the general path then sorts it)."""
+        rows, k_max, cf = plan.route.candidates, plan.route.k_max, plan.route.candidate_filters
+        if z is None:
+            vals, ids = filter_ops.logit_topk(prep.x, self._shift(prep), plan.temperatures,
+                                              k_max)
+        else:
+            vals, ids = torch.topk(z, min(k_max + 1, z.shape[1]), dim=-1)
+        t = hostcut.candidate_tables(vals, ids, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
+                                     frac, k_max, None if u is None else u.numpy())
+        if self.deterministic and not bool(t.fits.all()):
+            return None
+        if t.tokens is not None:
+            return Cut(torch.from_numpy(t.tau), torch.from_numpy(t.total),
+                       drawn=torch.from_numpy(t.tokens))
+        return Cut(torch.from_numpy(t.tau), torch.from_numpy(t.total),
+                   ((rows.index, torch.from_numpy(t.sorted_ids), torch.from_numpy(t.csum),
+                     True),))
+
+    @staticmethod
+    def _keep_host(ci, every, t: hostcut.CandidateTables, ok, tau, total, compact) -> None:
+        """Record the rows of host tables ``t`` (``ok``: those of its row positions, None:
+        all): threshold, mass and CDF table (tensors sharing the host arrays' memory)."""
+        if ok is not None:
+            sel = torch.from_numpy(ok)
+            ci = ci[sel]
+            t = hostcut.CandidateTables(*(a[ok] for a in (t.fits, t.n, t.tau, t.total,
+                                                           t.sorted_ids, t.csum)))
+        tau[ci] = torch.from_numpy(t.tau)
+        total[ci] = torch.from_numpy(t.total)
+        compact.append((ci, torch.from_numpy(t.sorted_ids), torch.from_numpy(t.csum), every))
 
     def _nucleus(self, z, batch, rows: Rows, frac: int, tau, total, compact
                  ) -> list[torch.Tensor]:
@@ -551,7 +652,8 @@ class Sampler:
         """
         positions = row_ids_tensor("positions", positions, len(batch), batch.device)
         B = len(batch)
-        out = self._plain_greedy(logits, batch) if B else None
+        out = (self._plain_greedy(logits, batch)
+               or self._plain_top_k(logits, batch, positions)) if B else None
         if out is not None:
             return out
         prep = self._prepare(logits, batch)

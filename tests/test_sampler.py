@@ -552,3 +552,59 @@ def test_greedy_rows_of_a_long_vocabulary_take_torch_argmax(family):
                            want_lp[valid].view(torch.int32))
         assert torch.equal(out.token_ids[:4], alone.token_ids)
         assert torch.equal(out.logprobs[:4].view(torch.int32), alone.logprobs.view(torch.int32))
+
+
+TOP_K_ROWS = [dict(temperature=0.8, top_k=20, top_p=0.9), dict(temperature=1.2, top_k=5),
+              dict(temperature=0.5, top_k=12, min_p=0.1, logprobs=3),
+              dict(temperature=0.9, top_k=8, top_p=0.3, min_p=0.05),
+              dict(temperature=0.7, top_k=20, top_p=1.0), dict(temperature=2.0, top_k=3)]
+SHORTCUT_FAMILIES = FAMILIES + ["zeros", "spill"]
+
+
+def _shortcut_logits(rng, family, B, V):
+    if family == "zeros":  # the row maximum is 0 with both signs present
+        x = -np.abs(logits_rows(rng, B, V, "random"))
+        x[:, [5, 300]] = -0.0
+        x[:, 200] = 0.0
+        return torch.from_numpy(x)
+    if family == "spill":  # a tie group straddles every row's candidate bound
+        x = logits_rows(rng, B, V, "random")
+        x[:, :40] = 50.0
+        return torch.from_numpy(x)
+    return torch.from_numpy(logits_rows(rng, B, V, family))
+
+
+@pytest.mark.parametrize("family", SHORTCUT_FAMILIES)
+def test_small_top_k_shortcut_equals_the_general_path(family, monkeypatch):
+    """A batch where every row has a small top-k (any top-p / min-p, "raw" logprobs)
+    skips the sanitising pass and decides every row on host tables; each row gets the
+    bits it gets inside a batch that takes the general path (a greedy neighbour), and
+    ``compute_logprobs`` agrees. Invalid rows (NaN, +inf, all -inf) and tie groups
+    spilling past the candidates fall back to the general path, with the same bits.
+    Bug it would catch: a row maximum taken from ``topk`` that let a NaN row through,
+    or a zero maximum of the other sign changing a bit."""
+    Vs = 1000
+    rng = np.random.default_rng(21)
+    ps = [SamplingParams(seed=i, **TOP_K_ROWS[i % len(TOP_K_ROWS)]) for i in range(9)]
+    x = _shortcut_logits(rng, family, len(ps), Vs)
+    pos = torch.arange(len(ps)) + 7
+    s = Sampler()
+    general = []
+    monkeypatch.setattr(Sampler, "_prepare", lambda self, *a, real=Sampler._prepare:
+                        general.append(1) or real(self, *a))
+    homo = s.sample(x, _batch(ps, Vs), pos)
+    took_shortcut = not general
+    mixed = s.sample(torch.cat([x, x[:1]]),
+                     _batch(ps + [SamplingParams(temperature=0.0, seed=99)], Vs),
+                     torch.cat([pos, pos[:1]]))
+    for i in range(len(ps)):
+        assert row_bits_equal(mixed, i, s.sample(x[i:i + 1], _batch([ps[i]], Vs),
+                                                 pos[i:i + 1])), (family, i)
+        assert row_bits_equal(homo, i, s.sample(x[i:i + 1], _batch([ps[i]], Vs),
+                                                pos[i:i + 1])), (family, i)
+    lp = s.compute_logprobs(x, _batch(ps, Vs), homo.token_ids)
+    assert torch.equal(lp.view(torch.int32), homo.logprobs.view(torch.int32))
+    if family in ("random", "peaked", "zeros", "huge"):
+        assert took_shortcut, family
+    if family in ("nan", "mixed", "spill"):  # an invalid row, a spilling tie group
+        assert not took_shortcut, family

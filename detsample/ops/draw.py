@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from detsample.ops import hostcut
 from detsample.ops.filters import quantize_mass
 
 #: block width of the two-level search of the full-vocabulary path
@@ -102,7 +103,17 @@ def kept_cdf(ids: torch.Tensor, q: torch.Tensor, kept: torch.Tensor
 
 def draw_by_cdf(sorted_ids: torch.Tensor, csum: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse CDF over :func:`compact_cdf`'s table: (rows,) int64 tokens for uniforms
-    ``u`` (rows,) float64 in (0, 1)."""
+    ``u`` (rows,) float64 in (0, 1). CPU tensors take the host arithmetic of
+    :func:`detsample.ops.hostcut.draw_by_cdf` (the same bits in fewer calls)."""
+    if csum.device.type == "cpu" and u.device.type == "cpu":
+        return torch.from_numpy(hostcut.draw_by_cdf(sorted_ids.numpy(), csum.numpy(),
+                                                    u.to(torch.float64).numpy()))
+    return draw_by_cdf_torch(sorted_ids, csum, u)
+
+
+def draw_by_cdf_torch(sorted_ids: torch.Tensor, csum: torch.Tensor, u: torch.Tensor
+                      ) -> torch.Tensor:
+    """:func:`draw_by_cdf` in torch operations (any device)."""
     t = _target(u, csum[:, -1])
     j = torch.searchsorted(csum, t.unsqueeze(1), right=True)
     return sorted_ids.gather(1, j).squeeze(1)

@@ -105,7 +105,7 @@ def topk_candidates(z: torch.Tensor, top_k: torch.Tensor, k_max: int
     V = z.shape[-1]
     vals, ids = torch.topk(z, min(k_max + 1, V), dim=-1, largest=True, sorted=True)
     k = top_k.to(torch.int64).clamp(1, k_max).unsqueeze(1)
-    return _fitting(vals, ids, k - 1, k_max, V)
+    return cut_candidates(vals, ids, k - 1, k_max, V)
 
 
 def candidate_cut(vals: torch.Tensor, k_index: torch.Tensor, cut_k: bool,
@@ -163,14 +163,23 @@ def logit_candidates(x: torch.Tensor, row_max: torch.Tensor, temperatures: torch
     the same ids up to the order inside a group of equal values (every consumer reads
     whole tie groups: :func:`kept_prefix_length`, ``draw.compact_cdf``).
     """
-    V = x.shape[-1]
-    vals, ids = torch.topk(x, min(k_max + 1, V), dim=-1, largest=True, sorted=True)
-    vals = scale_logits(vals, row_max, temperatures)
-    return _fitting(vals, ids, k_index, k_max, V)
+    vals, ids = logit_topk(x, row_max, temperatures, k_max)
+    return cut_candidates(vals, ids, k_index, k_max, x.shape[-1])
 
 
-def _fitting(vals: torch.Tensor, ids: torch.Tensor, k_index: torch.Tensor, k_max: int,
-             V: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def logit_topk(x: torch.Tensor, row_max: torch.Tensor, temperatures: torch.Tensor,
+               k_max: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``min(k_max + 1, V)`` largest scaled logits of each row, descending, and their
+    ids (:func:`logit_candidates` before its cut; arguments as there)."""
+    vals, ids = torch.topk(x, min(k_max + 1, x.shape[-1]), dim=-1, largest=True, sorted=True)
+    return scale_logits(vals, row_max, temperatures), ids
+
+
+def cut_candidates(vals: torch.Tensor, ids: torch.Tensor, k_index: torch.Tensor, k_max: int,
+                   V: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ``(vals, ids, fits)`` of :func:`topk_candidates` from the ``min(k_max + 1, V)``
+    largest values ``vals`` (rows, K1) and their ``ids``; k_index: (rows, 1) int64
+    ``min(top_k, k_max) - 1``; V: the vocabulary size."""
     thr = vals.gather(1, k_index).squeeze(1)
     if V <= k_max:
         fits = torch.ones_like(thr, dtype=torch.bool)
