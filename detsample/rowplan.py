@@ -19,7 +19,6 @@ from typing import Sequence
 
 import torch
 
-from detsample.ops.draw import argmax_block
 from detsample.ops.host import host_tensor
 
 #: a top-k small enough for bounded ``topk`` candidates: ``top_k * CANDIDATE_RATIO <= V``
@@ -138,7 +137,6 @@ class RowPlan:
     untouched: bool          # no row uses a per-request processor, penalties,
     #                          min_new_tokens, allowed ids, bad words, a grammar or a bias
     excluded: frozenset[int] = field(default=frozenset())  # rows left out (no valid token)
-    argmax_block: int = 0    # block width of the two-level argmax (ops.draw.argmax_block)
 
     @property
     def greedy_for_all(self) -> bool:
@@ -224,5 +222,4 @@ def plan_rows(params: Sequence, vocab_size: int, filter_impl: str, device: torch
             or p.allowed_token_ids is not None or p.bad_words or p.logit_bias
             or p.grammar is not None for p in params),
         excluded=frozenset(excluded),
-        argmax_block=argmax_block(vocab_size),
     )

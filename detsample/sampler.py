@@ -117,6 +117,13 @@ class Cut:
                    torch.zeros((B,), dtype=torch.int64, device=device))
 
 
+def _zero_status(B: int, device: torch.device) -> torch.Tensor:
+    """(B,) int32 all-zero status (a host array on the CPU: one call, not an operator)."""
+    if device.type == "cpu":
+        return torch.from_numpy(np.zeros(B, dtype=np.int32))
+    return torch.zeros((B,), dtype=torch.int32, device=device)
+
+
 class Sampler:
     """Batched sampler. ``deterministic=True`` (default) is bitwise batch-invariant.
 
@@ -258,11 +265,12 @@ class Sampler:
             return None
         check_logits(logits, len(batch), batch.vocab_size, batch.device)
         x = logits if logits.dtype == torch.float32 else logits.to(torch.float32)
-        tokens = draw_ops.greedy_argmax(x, plan.argmax_block)
+        tokens = draw_ops.greedy_argmax(x)
         logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._buf("lsm", x)), tokens)
-        if not math.isfinite(float(logprobs.sum())):  # each is in [-log V, 0] when finite
+        if not math.isfinite(float(logprobs.sum() if len(logprobs) > 1 else logprobs)):
+            # (each is in [-log V, 0] when finite)
             return None
-        status = torch.zeros((plan.size,), dtype=torch.int32, device=x.device)
+        status = _zero_status(plan.size, x.device)
         top = None
         if plan.max_top:
             prep = Prepared(raw=x, x=x, status=status, row_max=x.gather(1, tokens.unsqueeze(1)), all_valid=True)
@@ -300,9 +308,13 @@ class Sampler:
         x = logits if logits.dtype == torch.float32 else logits.to(torch.float32)
         k_max, cf = plan.route.k_max, plan.route.candidate_filters
         vals, ids = torch.topk(x, min(k_max + 1, x.shape[1]), dim=-1)
-        if not np.isfinite(vals.numpy()[:, 0]).all():
+        v = vals.numpy()
+        top = v[:, :1]
+        if not np.isfinite(top).all():
             return None
-        vals = scale_logits(vals, vals[:, :1], plan.temperatures)
+        with np.errstate(over="ignore"):  # x - max may overflow to -inf, as in torch
+            # scale_logits on the host: the same IEEE float32 subtraction, then division
+            vals = torch.from_numpy((v - top) / plan.temperatures.numpy())
         t = hostcut.candidate_tables(vals, ids, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
                                      filter_ops.frac_bits(x.shape[1]), k_max,
                                      row_uniforms(batch.seeds, positions).numpy())
@@ -310,7 +322,7 @@ class Sampler:
             return None
         tokens = torch.from_numpy(t.tokens)
         logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._buf("lsm", x)), tokens)
-        status = torch.zeros((plan.size,), dtype=torch.int32, device=x.device)
+        status = _zero_status(plan.size, x.device)
         top = None
         if plan.max_top:
             prep = Prepared(raw=x, x=x, status=status, row_max=x.amax(-1, keepdim=True),
@@ -325,11 +337,11 @@ class Sampler:
         it), -1 elsewhere; None when no row needs one."""
         rows = plan.argmax
         if rows.every:
-            return draw_ops.greedy_argmax(prep.x, plan.argmax_block)
+            return draw_ops.greedy_argmax(prep.x)
         if not rows:
             return None
         out = torch.full((plan.size,), -1, dtype=torch.int64, device=prep.x.device)
-        out[rows.index] = draw_ops.greedy_argmax(rows.take(prep.x), plan.argmax_block)
+        out[rows.index] = draw_ops.greedy_argmax(rows.take(prep.x))
         return out
 
     # -- step 7 ----------------------------------------------------------------------

@@ -79,4 +79,3 @@ def test_candidate_filters_shaped_once_per_composition():
     same = _plan(_batch(ps[:1] * 2)).route.candidate_filters
     assert not same.cut_k and same.top_p is None
     assert _plan(_batch(ps[2:])).route.candidate_filters is None
-    assert _plan(_batch(ps)).argmax_block == 0  # V = 400: too short to block

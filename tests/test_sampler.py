@@ -1,6 +1,8 @@
 """Sampler guarantees: batch-composition invariance, run-to-run and thread-count
 determinism, sample/compute_logprobs alignment, input errors, regression stories."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -523,12 +525,12 @@ def test_homogeneous_batch_shortcuts_equal_the_general_path(name):
     assert torch.equal(lp.view(torch.int32), homo.logprobs.view(torch.int32))
 
 
-LONG_V = 16384  # long enough for the two-level argmax (ops.draw.argmax_block)
+LONG_V = 16384  # a vocabulary-sized row for the CPU argmax
 
 
 @pytest.mark.parametrize("family", ["random", "ties", "nan", "huge", "neginf", "bf16"])
 def test_greedy_rows_of_a_long_vocabulary_take_torch_argmax(family):
-    """Greedy rows of a vocabulary long enough for the blocked argmax: in an all-greedy
+    """Greedy rows of a vocabulary-sized row (the CPU argmax is numpy's): in an all-greedy
     batch (the shortcut, or the general path when a row is invalid) and next to a
     sampling row (the general path), each row's token is ``torch.argmax`` of its
     sanitised logits and its logprob the one log_softmax's, bit for bit."""
@@ -558,10 +560,12 @@ TOP_K_ROWS = [dict(temperature=0.8, top_k=20, top_p=0.9), dict(temperature=1.2, 
               dict(temperature=0.5, top_k=12, min_p=0.1, logprobs=3),
               dict(temperature=0.9, top_k=8, top_p=0.3, min_p=0.05),
               dict(temperature=0.7, top_k=20, top_p=1.0), dict(temperature=2.0, top_k=3)]
-SHORTCUT_FAMILIES = FAMILIES + ["zeros", "spill"]
+SHORTCUT_FAMILIES = FAMILIES + ["zeros", "spill", "overflow"]
 
 
 def _shortcut_logits(rng, family, B, V):
+    if family == "overflow":  # finite, but x - max overflows to -inf
+        return torch.from_numpy(rng.uniform(-3.4e38, 3.4e38, (B, V)).astype(np.float32))
     if family == "zeros":  # the row maximum is 0 with both signs present
         x = -np.abs(logits_rows(rng, B, V, "random"))
         x[:, [5, 300]] = -0.0
@@ -592,7 +596,9 @@ def test_small_top_k_shortcut_equals_the_general_path(family, monkeypatch):
     general = []
     monkeypatch.setattr(Sampler, "_prepare", lambda self, *a, real=Sampler._prepare:
                         general.append(1) or real(self, *a))
-    homo = s.sample(x, _batch(ps, Vs), pos)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no floating-point warning escapes to the user
+        homo = s.sample(x, _batch(ps, Vs), pos)
     took_shortcut = not general
     mixed = s.sample(torch.cat([x, x[:1]]),
                      _batch(ps + [SamplingParams(temperature=0.0, seed=99)], Vs),
@@ -604,7 +610,7 @@ def test_small_top_k_shortcut_equals_the_general_path(family, monkeypatch):
                                                 pos[i:i + 1])), (family, i)
     lp = s.compute_logprobs(x, _batch(ps, Vs), homo.token_ids)
     assert torch.equal(lp.view(torch.int32), homo.logprobs.view(torch.int32))
-    if family in ("random", "peaked", "zeros", "huge"):
+    if family in ("random", "peaked", "zeros", "huge", "overflow"):
         assert took_shortcut, family
     if family in ("nan", "mixed", "spill"):  # an invalid row, a spilling tie group
         assert not took_shortcut, family
