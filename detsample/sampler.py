@@ -651,7 +651,6 @@ class Sampler:
         return vals.masked_fill(beyond, NEG_INF), ids.masked_fill(beyond, -1)
 
     # -- public API ------------------------------------------------------------------
-    @torch.no_grad()  # not differentiable; logits may come from a training model
     def sample(self, logits: torch.Tensor, batch: SamplingBatch,
                positions: torch.Tensor) -> SampleOutput:
         """Sample one token per row.
@@ -663,11 +662,20 @@ class Sampler:
         Deterministic mode: bitwise batch-invariant and run-to-run reproducible.
         """
         positions = row_ids_tensor("positions", positions, len(batch), batch.device)
+        if len(batch) and isinstance(logits, torch.Tensor) and not logits.requires_grad:
+            # no input requires grad, so no operation records a graph: the shortcuts run
+            # without entering a no_grad context
+            out = self._plain_greedy(logits, batch) or \
+                self._plain_top_k(logits, batch, positions)
+            if out is not None:
+                return out
+        return self._sample(logits, batch, positions)
+
+    @torch.no_grad()  # not differentiable; logits may come from a training model
+    def _sample(self, logits: torch.Tensor, batch: SamplingBatch,
+                positions: torch.Tensor) -> SampleOutput:
+        """:meth:`sample` after its shortcuts (positions validated)."""
         B = len(batch)
-        out = (self._plain_greedy(logits, batch)
-               or self._plain_top_k(logits, batch, positions)) if B else None
-        if out is not None:
-            return out
         prep = self._prepare(logits, batch)
         if B == 0:
             return SampleOutput(torch.empty((0,), dtype=torch.int64, device=batch.device),

@@ -614,3 +614,17 @@ def test_small_top_k_shortcut_equals_the_general_path(family, monkeypatch):
         assert took_shortcut, family
     if family in ("nan", "mixed", "spill"):  # an invalid row, a spilling tie group
         assert not took_shortcut, family
+
+
+@pytest.mark.parametrize("params", [dict(temperature=0.0), dict(temperature=0.8, top_k=20)])
+def test_logits_that_require_grad_give_the_same_bits_and_no_graph(params):
+    """The homogeneous shortcuts skip the no_grad context only when no input requires
+    grad; logits from a training model (``requires_grad``) take the general path under
+    no_grad: the same bits, and nothing in the output holds a graph."""
+    x = torch.from_numpy(logits_rows(np.random.default_rng(2), 3, 500, "peaked"))
+    ps = [SamplingParams(seed=i, **params) for i in range(3)]
+    plain = Sampler().sample(x, _batch(ps, 500), torch.arange(3))
+    graded = Sampler().sample(x.clone().requires_grad_(True), _batch(ps, 500), torch.arange(3))
+    assert torch.equal(plain.token_ids, graded.token_ids)
+    assert torch.equal(plain.logprobs.view(torch.int32), graded.logprobs.view(torch.int32))
+    assert not graded.logprobs.requires_grad
