@@ -16,7 +16,7 @@ the rest of a sparse row is already ``-inf`` from the previous step:
   on allowed and ``-inf`` on disallowed columns: ``x + (-0.0)`` is ``x`` bit for bit
   (``-0.0`` included) and ``x + (-inf)`` is ``-inf`` for every ``x`` but ``+inf`` and
   NaN, which the row maximum of the result reveals (a NaN); such a row is redone with
-  the plain select. Rows in one state share one broadcast add;
+  the plain select. Runs of rows in one state share one broadcast add;
 * a row without a grammar copies the logits row.
 
 The entries come from a small cache keyed by the bitmask words themselves (a cheap
@@ -60,7 +60,7 @@ class _Entry:
     __slots__ = ("words", "kind", "cols", "add", "n")
 
     def __init__(self, words: np.ndarray, kind: str, cols: np.ndarray | None,
-                 add: torch.Tensor | None = None, n: int = 0) -> None:
+                 add: np.ndarray | None = None, n: int = 0) -> None:
         self.words, self.kind, self.cols, self.add, self.n = words, kind, cols, add, n
 
     @property
@@ -70,12 +70,12 @@ class _Entry:
     @property
     def blocked(self) -> np.ndarray | None:
         """A select row's disallowed columns as a bool row (None for other kinds)."""
-        return None if self.add is None else np.isneginf(self.add.numpy())
+        return None if self.add is None else np.isneginf(self.add)
 
     @property
     def nbytes(self) -> int:
         return (self.words.nbytes + (self.cols.nbytes if self.cols is not None else 0)
-                + (self.add.numel() * 4 if self.add is not None else 0))
+                + (self.add.nbytes if self.add is not None else 0))
 
 
 class ColumnCache:
@@ -211,15 +211,15 @@ def _classify(row: np.ndarray, n: int) -> _Entry:
         return _Entry(row.copy(), "dense", cols, n=n)
     bits = np.unpackbits(row.view(np.uint8), bitorder="little")[:n].view(np.bool_)
     add = np.where(bits, np.float32(-0.0), np.float32(_NEG_INF)).astype(np.float32)
-    return _Entry(row.copy(), "select", None, torch.from_numpy(add), n=n)
+    return _Entry(row.copy(), "select", None, add, n=n)
 
 
 class MaskedLogitsBuffer:
     """The persistent result buffer of the grammar mask (CPU, float32, contiguous).
 
-    Gathers and scatters run in numpy: single-threaded, so no OpenMP barrier (a
-    2-thread ``index_fill_`` of 64k entries costs 50x a 1-thread one on a busy host);
-    row copies and the select rows' adds are streaming torch ops (intra-op threads).
+    Everything runs in numpy: single-threaded, so no OpenMP barrier (on a busy 2-core
+    host a 2-thread ``index_fill_`` of 64k entries costs 50x a 1-thread one, and 64
+    2-thread row adds 100x 64 numpy ones).
     """
 
     def __init__(self) -> None:
@@ -304,7 +304,8 @@ class MaskedLogitsBuffer:
         for start, stop in _runs(select, lambda r: entries[r]):
             e = entries[select[start]]
             a, z = select[start], select[stop - 1] + 1
-            torch.add(logits[a:z, :n], e.add, out=out[a:z, :n])
+            with np.errstate(invalid="ignore"):  # +inf + -inf: a NaN, redone below
+                np.add(x[a:z, :n], e.add, out=o[a:z, :n])
             for r, m in zip(range(a, z), o[a:z, :n].max(axis=1).tolist()):
                 if m != m:  # NaN: the add is not the select here
                     np.copyto(o[r, :n], x[r, :n])
@@ -400,11 +401,11 @@ def _runs(rows: list[int], key) -> list[tuple[int, int]]:
 
 
 def _copy_rows(out: torch.Tensor, logits: torch.Tensor, rows: list[int]) -> None:
-    """``out[rows] = logits[rows]``, one slice copy per run of consecutive rows (torch's
-    copy, which uses the intra-op threads on a large run)."""
+    """``out[rows] = logits[rows]``, one slice copy per run of consecutive rows."""
+    o, x = out.numpy(), logits.numpy()
     for start, stop in _runs(rows, lambda r: None):
         a, z = rows[start], rows[stop - 1] + 1
-        out[a:z].copy_(logits[a:z])
+        np.copyto(o[a:z], x[a:z])
 
 
 def _maxima(out: torch.Tensor, logits: torch.Tensor, row_max: torch.Tensor, entries: dict,

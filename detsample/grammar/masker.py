@@ -47,18 +47,24 @@ class GrammarMasker:
     """Reusable bitmask buffer + parallel fill + apply (+ background prefetch).
 
     Args:
-        max_threads: threads xgrammar's batch matcher uses to fill rows ("auto" = half
-            the hardware threads).
+        max_threads: threads xgrammar's batch matcher uses to fill rows. "auto": inside
+            a step, xgrammar's own choice (half the hardware threads: a second thread
+            would fight torch's spinning worker threads); for a prefetched fill, torch's
+            intra-op thread count when it starts (the sampler's CPU budget, idle while
+            the model's forward runs).
         parallel_min_rows: fill sequentially below this many active rows (thread hand-off
             costs more than it saves for one row).
     """
 
     def __init__(self, max_threads: int | str = "auto", parallel_min_rows: int = 2) -> None:
+        if max_threads != "auto" and (isinstance(max_threads, bool) or
+                                      not isinstance(max_threads, int) or max_threads < 1):
+            raise ValueError(f"max_threads must be 'auto' or an integer >= 1, got "
+                             f"{max_threads!r}")
         self.max_threads = max_threads
         self.parallel_min_rows = parallel_min_rows
         self._bitmask: torch.Tensor | None = None
-        self._batch_matcher = None
-        self._prefetch_matcher = None
+        self._matchers: dict[tuple[str, int | str], object] = {}  # (role, threads) -> matcher
         self._pool: cf.ThreadPoolExecutor | None = None
         self.buffer = MaskedLogitsBuffer()
 
@@ -71,20 +77,28 @@ class GrammarMasker:
             self._bitmask = bm
         return bm[:batch]
 
-    def _matcher(self, attr: str):
-        if getattr(self, attr) is None:
+    def _threads(self, role: str) -> int | str:
+        if self.max_threads != "auto":
+            return self.max_threads
+        return torch.get_num_threads() if role == "prefetch" else "auto"
+
+    def _matcher(self, role: str, threads: int | str):
+        """One ``xgrammar.BatchGrammarMatcher`` per role ("step" or "prefetch": they may
+        run at the same time) and thread count."""
+        key = (role, threads)
+        if key not in self._matchers:
             import xgrammar as xgr
 
-            setattr(self, attr, xgr.BatchGrammarMatcher(self.max_threads))
-        return getattr(self, attr)
+            self._matchers[key] = xgr.BatchGrammarMatcher(threads)
+        return self._matchers[key]
 
-    def _fill_rows(self, matcher_attr: str, grammars: list, bm: torch.Tensor,
+    def _fill_rows(self, role: str, threads: int | str, grammars: list, bm: torch.Tensor,
                    rows: list[int]) -> None:
         if len(rows) < self.parallel_min_rows:
             for r in rows:
                 grammars[r].matcher.fill_next_token_bitmask(bm, r)
         else:
-            self._matcher(matcher_attr).batch_fill_next_token_bitmask(
+            self._matcher(role, threads).batch_fill_next_token_bitmask(
                 [grammars[r].matcher for r in rows], bm, rows)
 
     def fill(self, grammars: Sequence[RequestGrammar | None], vocab_size: int
@@ -106,7 +120,7 @@ class GrammarMasker:
             else:
                 todo.append(r)
         if todo:
-            self._fill_rows("_batch_matcher", list(grammars), bm, todo)
+            self._fill_rows("step", self._threads("step"), list(grammars), bm, todo)
         return bm, rows
 
     def prefetch(self, grammars: Sequence[RequestGrammar | None]) -> int:
@@ -123,7 +137,7 @@ class GrammarMasker:
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(max_workers=1,
                                                thread_name_prefix="detsample-bitmask")
-        fut = self._pool.submit(self._fill_rows, "_prefetch_matcher", active, rows,
+        fut = self._pool.submit(self._fill_rows, "prefetch", self._threads("prefetch"), active, rows,
                                 list(range(len(active))))
         for i, g in enumerate(active):
             g.set_prefetch(fut, rows, i)

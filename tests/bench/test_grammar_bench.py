@@ -39,7 +39,7 @@ def test_grammar_step_cost(vocab, schema, b, prefetch, benchmark):
     if vocab not in _VOCABS:
         _VOCABS[vocab] = VOCABS[vocab](V)
     threads = int(os.environ.get("DETSAMPLE_BENCH_THREADS", "2"))
-    steps = 30 if vocab == "bpe_like" else 12
+    steps = 30 if vocab == "bpe_like" else 20
     cost = step_cost(_VOCABS[vocab], vocab, schema, b, steps=steps, threads=threads,
                      prefetch=prefetch, forward_ms=20.0 if prefetch else 0.0)
     if (vocab, schema, b, prefetch) == CASES[0]:

@@ -10,6 +10,7 @@ import torch
 
 from detsample.grammar import GrammarMasker
 from detsample.ops.mask import allocate_token_bitmask
+from detsample.threads import torch_threads
 
 from .conftest import generate
 
@@ -102,6 +103,32 @@ def test_parallel_fill_equals_sequential_fill(vocab, submit):
         gs[r].fill_bitmask(bm_seq, r)
     assert rows == [3, 4, 5]  # rows 0, 1 terminated, row 2 has no grammar
     assert torch.equal(bm_par[rows], bm_seq[rows])
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "all"])
+def test_bad_max_threads_is_refused_by_name(bad):
+    with pytest.raises(ValueError, match="max_threads"):
+        GrammarMasker(max_threads=bad)
+
+
+def test_auto_threads_prefetch_follows_torch_and_gives_the_same_bits(vocab, submit):
+    """"auto": a step's fill uses xgrammar's own thread choice, a prefetched fill torch's
+    intra-op thread count of the moment; the bits are the same either way."""
+    gs = [submit("json_schema", SCHEMAS[0], rid=f"t{i}") for i in range(4)]
+    for g in gs:
+        g.resolve()
+    masker = GrammarMasker()
+    got = {}
+    for n in (1, 2):
+        with torch_threads(n):
+            assert masker.prefetch(gs) == 4
+            bm, rows = masker.fill(gs, vocab.vocab_size)  # takes the prefetched rows
+            got[n] = bm[rows].clone()
+    bm, rows = masker.fill(gs, vocab.vocab_size)  # nothing prefetched: filled in the step
+    masker.close()
+    assert sorted(masker._matchers, key=str) == [("prefetch", 1), ("prefetch", 2),
+                                                 ("step", "auto")]
+    assert torch.equal(got[1], got[2]) and torch.equal(got[1], bm[rows])
 
 
 def test_free_and_failed_rows_untouched_and_buffer_reused(vocab, submit):
