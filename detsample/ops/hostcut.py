@@ -1,4 +1,4 @@
-"""Step 8 and 9 of the bounded top-k route on host arrays, for CPU tensors.
+"""Pipeline steps 8 and 9 (filters, draw) of the bounded top-k route on host arrays, for CPU tensors.
 
 The candidate arithmetic of a row with a small top-k touches a few dozen values, so on
 the CPU its cost is the number of torch operator calls (microseconds each), not the
