@@ -238,10 +238,14 @@ class Sampler:
                          batch.temperatures, batch.greedy,
                          (batch.top_ks, batch.top_ps, batch.min_ps), excluded)
 
+    def _cached_plan(self, batch: SamplingBatch) -> RowPlan:
+        """The batch's :class:`RowPlan`, built once per batch composition."""
+        return batch.derived(("row_plan", self.filter_impl), lambda: self._build_plan(batch))
+
     def _plan(self, batch: SamplingBatch, prep: Prepared) -> RowPlan:
         """The batch's cached :class:`RowPlan`; rows without an admissible token this step
         (rare: a fully masked row) get a plan of their own that leaves them out."""
-        plan = batch.derived(("row_plan", self.filter_impl), lambda: self._build_plan(batch))
+        plan = self._cached_plan(batch)
         if prep.all_valid:
             return plan
         dead = (prep.status & STATUS_NO_VALID_TOKEN) != 0
@@ -282,7 +286,7 @@ class Sampler:
         """The batch's plan when a homogeneous-batch shortcut may apply: nothing of steps
         1-5 in the batch (so the logits reach step 6 unchanged), "raw" logprobs only and
         the torch ops; None otherwise."""
-        plan = batch.derived(("row_plan", self.filter_impl), lambda: self._build_plan(batch))
+        plan = self._cached_plan(batch)
         if (plan.untouched and len(plan.modes) == 1 and "raw" in plan.modes
                 and not self.processors and self._kernels(batch.device) is None):
             return plan
@@ -442,11 +446,7 @@ class Sampler:
         ``k_max`` (they need the sort)."""
         ci = rows.index
         cf = plan.route.candidate_filters
-        if z is None:
-            vals, ids = filter_ops.logit_topk(rows.take(prep.x), rows.take(self._shift(prep)),
-                                              rows.take(plan.temperatures), k_max)
-        else:
-            vals, ids = torch.topk(rows.take(z), min(k_max + 1, z.shape[1]), dim=-1)
+        vals, ids = self._candidate_topk(z, prep, plan, rows)
         if vals.device.type == "cpu":  # a few dozen values a row: host arithmetic
             t = hostcut.candidate_tables(vals, ids, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
                                          frac, k_max)
@@ -470,6 +470,17 @@ class Sampler:
                             total, compact)
         return [ci[~fits]]
 
+    def _candidate_topk(self, z: torch.Tensor | None, prep: Prepared, plan: RowPlan,
+                        rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``min(k_max + 1, V)`` largest scaled logits of ``rows``, descending, and
+        their ids: a ``topk`` of ``z``, or (``z`` None) of the logits with only the
+        candidates scaled (:func:`~detsample.ops.filters.logit_topk`)."""
+        k_max = plan.route.k_max
+        if z is None:
+            return filter_ops.logit_topk(rows.take(prep.x), rows.take(self._shift(prep)),
+                                         rows.take(plan.temperatures), k_max)
+        return torch.topk(rows.take(z), min(k_max + 1, z.shape[1]), dim=-1)
+
     def _every_small_top_k(self, z, plan: RowPlan, prep: Prepared, frac: int,
                            u: torch.Tensor | None) -> Cut | None:
         """Step 8 when every row of a CPU batch has a small top-k (a homogeneous batch):
@@ -477,11 +488,7 @@ class Sampler:
         uniforms ``u`` the draw is done with them (``Cut.drawn``); None when a row
         spills past the candidates (the general path then sorts it)."""
         rows, k_max, cf = plan.route.candidates, plan.route.k_max, plan.route.candidate_filters
-        if z is None:
-            vals, ids = filter_ops.logit_topk(prep.x, self._shift(prep), plan.temperatures,
-                                              k_max)
-        else:
-            vals, ids = torch.topk(z, min(k_max + 1, z.shape[1]), dim=-1)
+        vals, ids = self._candidate_topk(z, prep, plan, rows)
         t = hostcut.candidate_tables(vals, ids, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
                                      frac, k_max, None if u is None else u.numpy())
         if self.deterministic and not bool(t.fits.all()):
