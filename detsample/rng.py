@@ -92,6 +92,13 @@ def _philox_words01_host(seed, c0, c1, const=np.uint64):
     return c0, c1
 
 
+def host_uniform(seed: int, position: int) -> float:
+    """:func:`row_uniforms` of one row on Python ints: the same float64 bits (seed and
+    position non-negative Python ints)."""
+    w0, w1 = _philox_words01_host(seed, position & MASK32, (position >> 32) & MASK32, int)
+    return (((w0 << 20) | (w1 >> 12)) + 0.5) * _TWO_POW_M52  # exact
+
+
 #: up to this many rows, CPU uniforms are computed on Python ints, above on numpy arrays
 HOST_INT_ROWS = 16
 
@@ -106,11 +113,8 @@ def row_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """
     if seeds.device.type == "cpu" and positions.device.type == "cpu":
         if seeds.numel() <= HOST_INT_ROWS:
-            out = []
-            for s, p in zip(seeds.tolist(), positions.tolist()):
-                w0, w1 = _philox_words01_host(s, p & MASK32, (p >> 32) & MASK32, int)
-                out.append((((w0 << 20) | (w1 >> 12)) + 0.5) * _TWO_POW_M52)  # exact
-            return torch.tensor(out, dtype=torch.float64)
+            return torch.tensor([host_uniform(s, p) for s, p in
+                                 zip(seeds.tolist(), positions.tolist())], dtype=torch.float64)
         s = seeds.to(torch.int64).numpy().astype(np.uint64)
         p = positions.to(torch.int64).numpy().astype(np.uint64)
         m = np.uint64(MASK32)

@@ -14,6 +14,7 @@ homogeneous-batch shortcut equal to the general path).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -81,6 +82,15 @@ class CandidateFilters:
     cut_k: bool
     top_p: torch.Tensor | None
     min_p: torch.Tensor | None
+
+    @functools.cached_property
+    def host(self) -> list[tuple[int, float | None, float | None]]:
+        """Each row's ``(k_index, top_p, min_p)`` as Python scalars (the same values),
+        for :func:`detsample.ops.hostcut.draw_one_row`; computed once per plan."""
+        n = len(self.k_index)
+        ps = self.top_p.flatten().tolist() if self.top_p is not None else [None] * n
+        ms = self.min_p.flatten().tolist() if self.min_p is not None else [None] * n
+        return list(zip(self.k_index.flatten().tolist(), ps, ms))
 
     @staticmethod
     def of(rows: "Rows", k_max: int) -> "CandidateFilters | None":

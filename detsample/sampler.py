@@ -46,7 +46,7 @@ from detsample.ops.sanitize import STATUS_NO_VALID_TOKEN, sanitize_rows_flagged
 from detsample.ops.temperature import scale_logits
 from detsample.processors.base import ProcessorRunner
 from detsample.processors.penalties import apply_penalties_and_constraints
-from detsample.rng import RNG_NAME, row_uniforms
+from detsample.rng import RNG_NAME, host_uniform, row_uniforms
 from detsample.rowplan import CANDIDATE_RATIO, RowPlan, Rows, plan_rows
 from detsample.validation import check_logits, row_ids_tensor
 from detsample.workspace import Workspace
@@ -294,7 +294,7 @@ class Sampler:
         x = logits if logits.dtype == torch.float32 else logits.to(torch.float32)
         tokens = draw_ops.greedy_argmax(x)
         logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._buf("lsm", x)), tokens)
-        if not math.isfinite(float(logprobs.sum() if len(logprobs) > 1 else logprobs)):
+        if not math.isfinite(float(logprobs.sum() if plan.size > 1 else logprobs)):
             # (each is in [-log V, 0] when finite)
             return None
         status = _zero_status(plan.size, x.device)
@@ -325,7 +325,8 @@ class Sampler:
         nothing to do and is skipped, and the candidates are scaled by that maximum
         (the value ``amax`` gives; a zero maximum may differ in sign, which changes only
         the sign of zero scaled values: no mass, threshold test or output). The host
-        tables of :mod:`detsample.ops.hostcut` decide and draw every row. Returns None
+        tables of :mod:`detsample.ops.hostcut` decide and draw every row (up to
+        ``hostcut.SCALAR_ROWS`` rows on Python scalars, one row at a time). Returns None
         (the general path) for an invalid row or a tie group spilling past the
         candidates. Same bits as the general path (tests/test_sampler.py)."""
         plan = self._shortcut_plan(batch)
@@ -342,12 +343,23 @@ class Sampler:
         with np.errstate(over="ignore"):  # x - max may overflow to -inf, as in torch
             # scale_logits on the host: the same IEEE float32 subtraction, then division
             vals = torch.from_numpy((v - top) / plan.temperatures.numpy())
-        t = hostcut.candidate_tables(vals, ids, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
-                                     filter_ops.frac_bits(x.shape[1]), k_max,
-                                     row_uniforms(batch.seeds, positions).numpy())
-        if self.deterministic and not t.fits.all():
-            return None
-        tokens = torch.from_numpy(t.tokens)
+        frac = filter_ops.frac_bits(x.shape[1])
+        if len(batch) <= hostcut.SCALAR_ROWS:  # a few rows: Python scalars (same bits)
+            e, vl, il = torch.exp(vals).tolist(), vals.tolist(), ids.tolist()
+            drawn = [hostcut.draw_one_row(vl[r], e[r], il[r], k, cf.cut_k, p, m, frac, k_max,
+                                          host_uniform(s, pos))
+                     for r, ((k, p, m), s, pos) in enumerate(
+                         zip(cf.host, batch.seeds.tolist(), positions.tolist()))]
+            if self.deterministic and not all(f for f, _ in drawn):
+                return None
+            tokens = torch.tensor([tok for _, tok in drawn], dtype=torch.int64)
+        else:
+            t = hostcut.candidate_tables(vals, ids, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
+                                         frac, k_max,
+                                         row_uniforms(batch.seeds, positions).numpy())
+            if self.deterministic and not t.fits.all():
+                return None
+            tokens = torch.from_numpy(t.tokens)
         logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._buf("lsm", x)), tokens)
         status = _zero_status(plan.size, x.device)
         top = None

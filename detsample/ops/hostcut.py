@@ -8,13 +8,15 @@ reproduce bit for bit), then integer sums, comparisons and float64 products, whi
 exact or correctly rounded IEEE operations and give the same bits in numpy as in torch.
 Each function returns what its torch counterpart returns
 (:func:`detsample.ops.filters.candidate_cut` with ``draw.kept_cdf``, and
-``draw.draw_by_cdf``); tests/ops/test_hostcut.py proves them bitwise equal, ties,
-``-inf`` candidates and huge magnitudes included. Bitwise batch-invariant: every
-operation is row-local.
+``draw.draw_by_cdf``), and :func:`draw_one_row` does a single row's decision and draw
+on Python scalars (cheaper than the arrays for a few rows); tests/ops/test_hostcut.py
+proves them bitwise equal, ties, ``-inf`` candidates and huge magnitudes included.
+Bitwise batch-invariant: every operation is row-local.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +24,9 @@ import torch
 
 #: the padding id of a CDF table (larger than any token id)
 PAD_ID = np.iinfo(np.int64).max
+#: up to this many rows, :func:`draw_one_row` per row costs less than the array form
+#: (measured at one thread: ~13 us a row against ~90 us for the arrays at any small R)
+SCALAR_ROWS = 4
 
 
 @dataclass(frozen=True)
@@ -98,3 +103,60 @@ def draw_by_cdf(sorted_ids: np.ndarray, csum: np.ndarray, u: np.ndarray) -> np.n
     t = np.minimum(np.floor(u * total.astype(np.float64)).astype(np.int64), total - 1)
     j = (csum <= t[:, None]).sum(1)
     return sorted_ids[np.arange(len(j)), j]
+
+
+def draw_one_row(v: list[float], e: list[float], ids: list[int], k_index: int, cut_k: bool,
+                 top_p: float | None, min_p: float | None, frac: int, k_max: int,
+                 u: float) -> tuple[bool, int]:
+    """:func:`candidate_tables` with its draw for ONE row, on Python scalars: ``(fits,
+    token)``.
+
+    v: the row's K1 scaled candidates (Python floats holding float32 values, descending,
+    no NaN: ``torch.topk`` order); e: their float32 ``torch.exp`` (at least ``k_max``);
+    ids: their token ids; k_index, top_p (float64, ``inf`` when disabled), min_p (a
+    float32 value): the row's entries of the :class:`~detsample.rowplan.CandidateFilters`
+    tensors (None: no row of the batch uses that filter); u: the row's float64 uniform.
+
+    At a batch of one, the ~35 numpy calls of the array form cost more than its
+    arithmetic. Here each filter's kept set is found as the prefix it is (``v`` and so
+    ``e`` are non-increasing: ``v >= thr``, ``v >= cut`` and ``e >= min_p`` hold on a
+    prefix, and their conjunction on the shortest one), and every value is the same IEEE
+    operation on the same values (a float32 product by a power of two is exact in
+    float64, masses are exact Python ints, ``int -> float64`` rounds to nearest in both
+    forms), so ``fits`` and the token are :func:`candidate_tables`' bit for bit
+    (tests/ops/test_hostcut.py).
+    """
+    thr = v[k_index] if cut_k else v[k_max - 1]
+    fits = v[k_max] < thr if len(v) > k_max else True
+    n = k_max
+    if cut_k:  # v >= thr: up to k_index, then the tie group at it
+        n = k_index + 1
+        while n < k_max and v[n] >= thr:
+            n += 1
+    scale = float(2 ** frac)
+    q = [int(x * scale) for x in e[:n]]  # exact scaling, then truncation
+    if top_p is not None:
+        limit = top_p * float(sum(q))
+        c, before = 0, 0  # the candidates whose preceding kept mass is below the limit
+        while c < k_max and float(before) < limit:
+            before += q[c] if c < n else 0
+            c += 1
+        cut = v[c - 1]  # c = 0 reads the last candidate, as the array form does
+        m = 0
+        while m < n and v[m] >= cut:
+            m += 1
+        n = m
+    if min_p is not None:
+        m = 0
+        while m < n and e[m] >= min_p:
+            m += 1
+        n = m
+    chosen = sorted(zip(ids[:n], q[:n]))  # token-id order
+    total = sum(q[:n])
+    t = min(math.floor(u * float(total)), total - 1)
+    run = 0
+    for i, m in chosen:  # the first running mass above t
+        run += m
+        if run > t:
+            return fits, i
+    return fits, PAD_ID  # nothing kept (never from the sampler: the top candidate is)

@@ -74,6 +74,52 @@ def test_host_tables_equal_the_torch_route(seed, family, use_p, use_m, cut_k, ro
     assert np.array_equal(t.n, ref.numpy())  # the specification's kept prefix
 
 
+@given(st.integers(0, 2**32 - 1), st.sampled_from(FAMILIES), st.booleans(), st.booleans(),
+       st.booleans(), st.sampled_from([1, 2, 5]))
+def test_one_row_scalars_equal_the_host_tables(seed, family, use_p, use_m, cut_k, rows):
+    """``draw_one_row`` (Python scalars, the kept sets found as prefixes) gives each row
+    the ``fits`` and token of ``candidate_tables``, whatever the filters, ties, ``-inf``
+    candidates, huge magnitudes and spills. Bug it would catch: a prefix walk that stops
+    inside a tie group, or a top-p count that differs from the array form's when the
+    limit is ``inf`` (top-p disabled) or NaN."""
+    rng = np.random.default_rng(seed)
+    V = 300
+    vals, ids = _scaled_candidates(rng, family, rows, V, K)
+    kk, pp, mm, k_index, tp, mp = _filters(rng, rows, K, use_p, use_m)
+    if not cut_k:
+        k_index = torch.full((rows, 1), K - 1)
+    frac = F.frac_bits(V)
+    u = row_uniforms(torch.arange(rows) + seed % 997, torch.arange(rows) + 3).numpy()
+    t = H.candidate_tables(vals, ids, k_index, cut_k, tp, mp, frac, K, u)
+    e = torch.exp(vals).tolist()
+    for r in range(rows):
+        fits, token = H.draw_one_row(
+            vals[r].tolist(), e[r], ids[r].tolist(), int(k_index[r, 0]), cut_k,
+            None if tp is None else float(tp[r, 0]), None if mp is None else float(mp[r, 0]),
+            frac, K, float(u[r]))
+        assert fits == bool(t.fits[r]) and token == int(t.tokens[r]), (family, r)
+
+
+def test_one_row_scalars_at_the_table_edges():
+    """Uniforms at the ends of (0, 1), a row whose whole mass is on one candidate and a
+    row whose candidates are all ``-inf`` but the first: the scalar draw lands where the
+    array draw does."""
+    K1 = 6
+    vals = torch.tensor([[0.0, -1.0, -1.0, -200.0, -np.inf, -np.inf, -np.inf],
+                         [0.0] + [-np.inf] * K1], dtype=torch.float32)
+    ids = torch.tensor([[9, 4, 7, 1, 2, 3, 5], [6, 0, 1, 2, 3, 4, 5]])
+    for uu in (2.0**-53, 0.5, 1 - 2.0**-53):
+        u = np.array([uu, uu])
+        for tp in (None, torch.tensor([[0.5], [np.inf]], dtype=torch.float64)):
+            t = H.candidate_tables(vals, ids, torch.tensor([[4], [2]]), True, tp, None, 20,
+                                   K1, u)
+            e = torch.exp(vals).tolist()
+            for r in range(2):
+                got = H.draw_one_row(vals[r].tolist(), e[r], ids[r].tolist(), (4, 2)[r], True,
+                                     None if tp is None else float(tp[r, 0]), None, 20, K1, uu)
+                assert got == (bool(t.fits[r]), int(t.tokens[r])), (uu, r)
+
+
 def test_host_draw_equals_torch_draw_at_the_table_edges():
     """Uniforms at the ends of (0, 1) and a table whose mass sits on one token: the
     target is clamped to ``Q - 1`` and the search lands on a kept id, as in torch."""
