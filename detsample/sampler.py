@@ -253,7 +253,7 @@ class Sampler:
             return plan
         return self._build_plan(batch, frozenset(dead.nonzero().flatten().tolist()))
 
-    def _plain_greedy(self, logits: torch.Tensor, batch: SamplingBatch
+    def _plain_greedy(self, logits: torch.Tensor, batch: SamplingBatch, plan: RowPlan
                       ) -> SampleOutput | None:
         """The all-greedy shortcut: every row greedy with "raw" logprobs, and nothing of
         steps 1-5 in the batch, so the logits reach step 6 unchanged. The argmax and the
@@ -263,10 +263,8 @@ class Sampler:
         ``-inf - -inf``; a finite maximum gives ``-log(sum)`` with ``1 <= sum <= V``), so
         when they are all finite the sanitising pass has nothing to do and is skipped.
         Returns None (the general path) otherwise. Same bits as the general path
-        (tests/test_sampler.py)."""
-        plan = self._shortcut_plan(batch)
-        if plan is None or not plan.greedy.every:
-            return None
+        (tests/test_sampler.py). ``plan``: the batch's :meth:`_shortcut_plan`, every row
+        greedy."""
         check_logits(logits, len(batch), batch.vocab_size, batch.device)
         x = logits if logits.dtype == torch.float32 else logits.to(torch.float32)
         tokens = draw_ops.greedy_argmax(x)
@@ -292,7 +290,7 @@ class Sampler:
             return plan
         return None
 
-    def _plain_top_k(self, logits: torch.Tensor, batch: SamplingBatch,
+    def _plain_top_k(self, logits: torch.Tensor, batch: SamplingBatch, plan: RowPlan,
                      positions: torch.Tensor) -> SampleOutput | None:
         """The small top-k shortcut of a CPU batch: every row samples with a small top-k
         (any top-p / min-p), "raw" logprobs, nothing of steps 1-5. One ``topk`` of the
@@ -305,9 +303,9 @@ class Sampler:
         tables of :mod:`detsample.ops.hostcut` decide and draw every row (up to
         ``hostcut.SCALAR_ROWS`` rows on Python scalars, one row at a time). Returns None
         (the general path) for an invalid row or a tie group spilling past the
-        candidates. Same bits as the general path (tests/test_sampler.py)."""
-        plan = self._shortcut_plan(batch)
-        if plan is None or not plan.route.candidates.every or batch.device.type != "cpu":
+        candidates. Same bits as the general path (tests/test_sampler.py). ``plan``: the
+        batch's :meth:`_shortcut_plan`."""
+        if not plan.route.candidates.every or batch.device.type != "cpu":
             return None
         check_logits(logits, len(batch), batch.vocab_size, batch.device)
         x = logits if logits.dtype == torch.float32 else logits.to(torch.float32)
@@ -684,8 +682,10 @@ class Sampler:
         if len(batch) and isinstance(logits, torch.Tensor) and not logits.requires_grad:
             # no input requires grad, so no operation records a graph: the shortcuts run
             # without entering a no_grad context
-            out = self._plain_greedy(logits, batch) or \
-                self._plain_top_k(logits, batch, positions)
+            plan = self._shortcut_plan(batch)
+            out = None if plan is None else (
+                self._plain_greedy(logits, batch, plan) if plan.greedy.every else
+                self._plain_top_k(logits, batch, plan, positions))
             if out is not None:
                 return out
         return self._sample(logits, batch, positions)
