@@ -35,11 +35,13 @@ from detsample.batch import SamplingBatch
 from detsample.errors import InvalidSamplingParams
 from detsample.grammar import batching as grammar_hooks
 from detsample.grammar.masker import GrammarMasker
+from detsample.ops import colcdf
 from detsample.ops import draw as draw_ops
 from detsample.ops import filters as filter_ops
 from detsample.ops import hostcut
 from detsample.ops import logprobs as lp_ops
 from detsample.ops.bias import apply_logit_bias_
+from detsample.ops.host import host_tensor
 from detsample.ops.sanitize import STATUS_NO_VALID_TOKEN, sanitize_rows_flagged
 from detsample.ops.temperature import scale_logits
 from detsample.processors.base import ProcessorRunner
@@ -54,6 +56,9 @@ BACKENDS = ("auto", "torch", "triton")
 #: first candidate count of a top-p row, and the growth factor while undecided
 NUCLEUS_CANDIDATES = 64
 NUCLEUS_GROWTH = 8
+#: a plain grammar row is drawn over its allowed columns when they are at most this
+#: fraction of the vocabulary (beyond it the gather costs about what the full pass does)
+COLUMN_DRAW_MAX = 0.25
 DRAW_METHOD = "inverse-cdf/token-id-order/fixed-point"
 NEG_INF = float("-inf")
 
@@ -88,6 +93,20 @@ class Prepared:
     row_max: torch.Tensor  # (B, 1) max of ``x`` (-inf on a fully masked row)
     all_valid: bool        # host flag: every row finite, status all zero (the common case)
     kernels: ModuleType | None = None  # detsample.kernels.sampler_ops, or None: torch ops
+    columns: dict | None = None  # {row: int64 numpy columns, ascending}: grammar rows of
+    #                              ``x`` that are -inf outside them (step 4)
+
+
+@dataclass(frozen=True)
+class ColumnRows:
+    """Plain sampling rows (no top-k / top-p) drawn over their allowed columns alone
+    (:mod:`detsample.ops.colcdf`): ``rows`` (host list), ``index`` (n,) int64, ``every``
+    (all rows of the batch, in order); ``rest``: the other plain rows (full pass)."""
+
+    rows: list[int]
+    index: torch.Tensor
+    every: bool
+    rest: Rows
 
 
 @dataclass(frozen=True)
@@ -98,7 +117,8 @@ class Cut:
     without a value threshold, and on non-sampling rows); total: (B,) int64, the exact
     fixed-point kept mass ``Q`` (0 on non-sampling rows). The CDF tables the draw reads:
     ``compact`` = tables (row index (n,), kept ids ascending (n, K), running mass (n, K),
-    every) for rows whose kept tokens are all among their candidates; ``blocks`` = (row
+    every) for rows whose kept tokens are all among their candidates (or their allowed
+    columns: plain grammar rows, :mod:`detsample.ops.colcdf`); ``blocks`` = (row
     index (n,), masses (n, V) int64, blocked running mass (n, nb), every) for rows drawn
     over the vocabulary; ``every``: the table holds every row of the batch, in order.
     """
@@ -213,10 +233,10 @@ class Sampler:
         x = apply_penalties_and_constraints(  # step 3
             x, batch, lambda: self._buf("constrained", x))
         unchanged = x is after_sanitize
-        mask_max = None
+        mask_max = columns = None
         if batch.has_grammars:  # step 4: grammar mask
             before = status
-            x, status, mask_max = grammar_hooks.grammar_step(
+            x, status, mask_max, columns = grammar_hooks.grammar_step(
                 self.grammar_masker, batch, x, status, lambda: self._buf("mask", x),
                 row_max=m if unchanged else None)
             valid = valid and status is before
@@ -230,7 +250,10 @@ class Sampler:
                 x, st, m, fine = sanitize(x)
                 if not fine:
                     status, valid = status | st, False
-        return Prepared(raw=raw, x=x, status=status, row_max=m, all_valid=valid, kernels=k)
+        # (a bias adds finite values and re-sanitising keeps -inf: rows stay -inf outside
+        # their columns)
+        return Prepared(raw=raw, x=x, status=status, row_max=m, all_valid=valid, kernels=k,
+                        columns=columns or None)
 
     def _build_plan(self, batch: SamplingBatch,
                     excluded: frozenset[int] = frozenset()) -> RowPlan:
@@ -373,26 +396,50 @@ class Sampler:
         return scale(prep.x, self._shift(prep), plan.temperatures, out=self._buf("z", prep.x))
 
     @staticmethod
-    def _needs_full_z(plan: RowPlan, prep: Prepared) -> bool:
+    def _needs_full_z(plan: RowPlan, prep: Prepared, by_columns: ColumnRows | None = None
+                      ) -> bool:
         """Whether some consumer needs step 7's z over the whole vocabulary: every one
         but the bounded top-k candidates, which scale only their candidates
-        (:func:`~detsample.ops.filters.logit_candidates`)."""
+        (:func:`~detsample.ops.filters.logit_candidates`), and the plain rows drawn over
+        their allowed columns (``by_columns``)."""
         if not plan.needs_scaled:
             return False
         rt = plan.route
+        plain = rt.plain if by_columns is None else by_columns.rest
         return (prep.kernels is not None or "scaled" in plan.modes or "processed" in plan.modes
-                or bool(rt.nucleus or rt.top_k_only or rt.sort or rt.plain))
+                or bool(rt.nucleus or rt.top_k_only or rt.sort or plain))
+
+    @staticmethod
+    def _by_columns(plan: RowPlan, prep: Prepared) -> ColumnRows | None:
+        """The plain sampling rows of grammar rows whose logits are ``-inf`` outside at
+        most ``COLUMN_DRAW_MAX`` of the vocabulary (step 4's ``columns``): drawn over
+        those columns alone, with the same bits (:mod:`detsample.ops.colcdf`). None
+        when there is none (or the Triton kernels run step 8)."""
+        cols, plain = prep.columns, plan.route.plain
+        if not cols or not plain or prep.kernels is not None:
+            return None
+        most = COLUMN_DRAW_MAX * prep.x.shape[1]
+        rows, rest = [], []
+        for r in plain.rows:
+            c = cols.get(r)
+            (rows if c is not None and c.size <= most else rest).append(r)
+        if not rows:
+            return None
+        B, dev = plan.size, prep.x.device
+        return ColumnRows(rows, host_tensor(rows, torch.int64, dev), len(rows) == B,
+                          Rows.of(rest, B, dev))
 
     # -- step 8 ----------------------------------------------------------------------
     def _cut(self, z: torch.Tensor | None, batch: SamplingBatch, plan: RowPlan,
              k: ModuleType | None = None, u: torch.Tensor | None = None,
-             prep: Prepared | None = None) -> Cut:
+             prep: Prepared | None = None, by_columns: ColumnRows | None = None) -> Cut:
         """Thresholds and exact kept mass of the sampling rows (a pure step: no draw).
         Each route of the plan gives a row the bits of the full sort; rows that a bounded
         route cannot decide join the sort. With Triton kernels ``k`` the same step runs
         fused with the draw when the uniforms ``u`` are given (``Cut.drawn``). ``z``
-        None (only bounded top-k rows): their candidates come from ``prep``'s logits,
-        and z is computed only if a row spills into the sort."""
+        None (only bounded top-k rows and ``by_columns``): candidates come from
+        ``prep``'s logits, and z is computed only if a row spills into the sort. The
+        plain rows of ``by_columns`` get a compact table over their allowed columns."""
         B, V = prep.x.shape if z is None else z.shape
         device = batch.device
         if not plan.sampling:
@@ -429,18 +476,22 @@ class Sampler:
             ti = rt.top_k_only.index
             tau[ti] = filter_ops.topk_threshold(rt.top_k_only.take(z), batch.top_ks[ti])
             full_idx.append(ti)
-        if rt.plain:
-            full_idx.append(rt.plain.index)
+        plain = rt.plain
+        if by_columns is not None:
+            self._column_cut(by_columns, batch, plan, prep, frac, total, compact)
+            plain = by_columns.rest
+        if plain:
+            full_idx.append(plain.index)
         blocks = None
         if full_idx:
             fi = torch.cat(full_idx) if len(full_idx) > 1 else full_idx[0]
             every = len(full_idx) == 1 and fi.numel() == B and (
-                rt.plain.every or rt.top_k_only.every or rt.sort.every)
+                plain.every or rt.top_k_only.every or rt.sort.every)
             zf, tf, mf = (z, tau, batch.min_ps) if every else (
                 z.index_select(0, fi), tau[fi], batch.min_ps[fi])
             q, bsum = draw_ops.block_cdf(zf, tf, mf, frac, out=self._buf("w", zf),
                                          q_out=self._buf("q", zf, torch.int64),
-                                         cut_tau=len(full_idx) > bool(rt.plain),
+                                         cut_tau=len(full_idx) > bool(plain),
                                          cut_min_p=None if plan.any_min_p else False)
             if every:
                 total = bsum[:, -1]
@@ -448,6 +499,24 @@ class Sampler:
                 total[fi] = bsum[:, -1]
             blocks = (fi, q, bsum, every)
         return Cut(tau, total, tuple(compact), blocks)
+
+    def _column_cut(self, cr: ColumnRows, batch: SamplingBatch, plan: RowPlan,
+                    prep: Prepared, frac: int, total: torch.Tensor, compact: list) -> None:
+        """Plain rows drawn over their allowed columns: their exact mass and compact CDF
+        table (their threshold stays ``-inf``, as on the full pass)."""
+        vals, ids = colcdf.gather_columns(prep.x, cr.rows, [prep.columns[r] for r in cr.rows])
+        ri = cr.index
+        shift, temps = self._shift(prep), plan.temperatures
+        if not cr.every:
+            shift, temps = shift.index_select(0, ri), temps.index_select(0, ri)
+        ids, csum = colcdf.column_cdf(vals, ids, shift, temps,
+                                      batch.min_ps if cr.every else batch.min_ps[ri], frac,
+                                      cut_min_p=None if plan.any_min_p else False)
+        if cr.every:
+            total.copy_(csum[:, -1])
+        else:
+            total[ri] = csum[:, -1]
+        compact.append((ri, ids, csum, cr.every))
 
     def _small_top_k(self, z, batch, rows: Rows, k_max: int, frac: int, tau, total,
                      compact, plan: RowPlan, prep: Prepared) -> list[torch.Tensor]:
@@ -702,13 +771,14 @@ class Sampler:
                                 None, batch.seeds.clone(), prep.status)
         plan = self._plan(batch, prep)
         greedy_tok = self._greedy_tokens(prep, plan)
-        z = self._scaled(prep, plan) if self._needs_full_z(plan, prep) else None
+        by_columns = self._by_columns(plan, prep)
+        z = self._scaled(prep, plan) if self._needs_full_z(plan, prep, by_columns) else None
         u = None
         if plan.sampling:
             u = (prep.kernels.row_uniforms if prep.kernels else row_uniforms)(batch.seeds,
                                                                               positions)
-        cut = self._cut(z, batch, plan, prep.kernels, u, prep) if plan.needs_scaled else \
-            Cut.none(B, batch.device)
+        cut = self._cut(z, batch, plan, prep.kernels, u, prep, by_columns) \
+            if plan.needs_scaled else Cut.none(B, batch.device)
         if plan.greedy.every:
             tokens = greedy_tok
         elif plan.sampling:
@@ -744,10 +814,11 @@ class Sampler:
             return torch.empty((0,), dtype=torch.float32, device=batch.device)
         plan = self._plan(batch, prep)
         greedy_tok = self._greedy_tokens(prep, plan)
-        z = self._scaled(prep, plan) if self._needs_full_z(plan, prep) else None
+        by_columns = self._by_columns(plan, prep)
+        z = self._scaled(prep, plan) if self._needs_full_z(plan, prep, by_columns) else None
         processed = "processed" in plan.modes
-        cut = self._cut(z, batch, plan, prep.kernels, prep=prep) if processed else \
-            Cut.none(B, batch.device)
+        cut = self._cut(z, batch, plan, prep.kernels, prep=prep, by_columns=by_columns) \
+            if processed else Cut.none(B, batch.device)
         if plan.excluded:
             token_ids = token_ids.masked_fill((prep.status & STATUS_NO_VALID_TOKEN) != 0, -1)
         some_none = bool(plan.excluded) or bool((token_ids < 0).any())

@@ -55,13 +55,15 @@ _NEG_INF = float("-inf")
 
 class _Entry:
     """One bitmask row: ``kind`` "sparse" (``cols`` allowed), "dense" (``cols``
-    disallowed) or "select" (``add``: (n,) float32, ``-0.0`` allowed, ``-inf`` not)."""
+    disallowed) or "select" (``add``: (n,) float32, ``-0.0`` allowed, ``-inf`` not;
+    ``allowed``: its allowed columns, ascending)."""
 
-    __slots__ = ("words", "kind", "cols", "add", "n")
+    __slots__ = ("words", "kind", "cols", "add", "n", "allowed")
 
     def __init__(self, words: np.ndarray, kind: str, cols: np.ndarray | None,
                  add: np.ndarray | None = None, n: int = 0) -> None:
         self.words, self.kind, self.cols, self.add, self.n = words, kind, cols, add, n
+        self.allowed = None if add is None else np.flatnonzero(~np.isneginf(add))
 
     @property
     def sparse(self) -> bool:
@@ -74,8 +76,8 @@ class _Entry:
 
     @property
     def nbytes(self) -> int:
-        return (self.words.nbytes + (self.cols.nbytes if self.cols is not None else 0)
-                + (self.add.nbytes if self.add is not None else 0))
+        return sum(a.nbytes for a in (self.words, self.cols, self.add, self.allowed)
+                   if a is not None)
 
 
 class ColumnCache:
@@ -227,6 +229,10 @@ class MaskedLogitsBuffer:
         self._finite: list[np.ndarray | None] = []  # per row: columns not -inf, or None
         self._last: list[_Entry | None] = []  # per row: last step's entry (a lookup guess)
         self.cache = ColumnCache()
+        #: of the last :meth:`apply`: ``{row: allowed columns}`` (int64, ascending) of the
+        #: masked rows outside of which the result row is all ``-inf`` (every masked row
+        #: but the dense ones, whose allowed columns are not listed)
+        self.columns: dict[int, np.ndarray] = {}
 
     @staticmethod
     def supports(logits: torch.Tensor) -> bool:
@@ -253,7 +259,8 @@ class MaskedLogitsBuffer:
         >= n are disallowed on masked rows. ``masked`` is this buffer's (B, V) view: the
         masked rows as ``where(allowed, logits, -inf)``, the others copied. ``maxima``
         (B, 1) float32 are ``torch.amax(masked, -1)`` when ``row_max`` (the (B, 1) maxima
-        of ``logits``) is given, else None.
+        of ``logits``) is given, else None. :attr:`columns` lists the allowed columns of
+        the sparse and select rows (the rest of such a row is ``-inf``).
         """
         b, v = logits.shape
         out = self._rows(b, v)
@@ -289,6 +296,12 @@ class MaskedLogitsBuffer:
         peaks.update(self._sparse_rows(o, x, blocks, v))
         for r in copied + select:
             self._finite[r] = None
+        columns = dict(zip(few[0], few[1]))
+        for r in kinds["sparse"]:
+            columns[r] = entries[r].cols
+        for r in select:
+            columns[r] = entries[r].allowed
+        self.columns = columns
         if row_max is None:
             return out, None
         return out, _maxima(out, logits, row_max, entries, peaks, n)

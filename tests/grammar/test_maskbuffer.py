@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from hypothesis import given, settings, strategies as st
 
-from detsample.grammar.maskbuffer import ColumnCache, MaskedLogitsBuffer
+from detsample.grammar.maskbuffer import ColumnCache, MaskedLogitsBuffer, _classify
 from detsample.ops.mask import bitmask_width, masked_logits
 
 NEG = float("-inf")
@@ -79,6 +79,13 @@ def apply_and_check(buf: MaskedLogitsBuffer, logits, bm, rows, n) -> torch.Tenso
     want = torch.amax(ref, dim=-1, keepdim=True)
     nan = torch.isnan(want)
     assert torch.equal(torch.isnan(m), nan) and bits_equal(m[~nan], want[~nan])
+    for r, cols in buf.columns.items():  # listed rows are -inf outside their columns
+        assert r in rows and cols.dtype == np.int64
+        assert bool((np.diff(cols) > 0).all())
+        assert cols.size == 0 or 0 <= cols[0] <= cols[-1] < n
+        outside = np.ones(got.shape[1], dtype=bool)
+        outside[cols] = False
+        assert bool(np.isneginf(got[r].numpy()[outside]).all())
     return got
 
 
@@ -145,12 +152,14 @@ def test_rows_of_one_state_keep_their_own_values():
 
 
 def test_cache_drops_least_recent_entries_beyond_its_byte_bound():
-    """The byte bound holds (the additive rows of select entries are large) and a dropped
-    entry is rebuilt on its next use."""
+    """The byte bound holds (the additive rows and column lists of select entries are
+    large) and a dropped entry is rebuilt on its next use."""
     n = 4096
-    cache = ColumnCache(max_bytes=3 * (n * 4 + n // 8) + 100)
     rng = np.random.default_rng(0)
     masks = [pack((rng.random((1, n)) < 0.5)).numpy()[0] for _ in range(5)]
+    size = max(_classify(w, n).nbytes for w in masks)  # ~ n * 4 + n // 8 + n / 2 * 8
+    assert size > n * 4 + n // 8
+    cache = ColumnCache(max_bytes=3 * size + 100)
     for w in masks:
         cache.lookup(int(cache.fingerprints(w[None])[0]), w, n)
     assert cache._bytes <= cache.max_bytes and len(cache._map) == 3

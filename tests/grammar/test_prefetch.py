@@ -1,16 +1,22 @@
 """Tests of the cheap grammar step end to end (detsample/grammar/masker.py masked_step and
-prefetch, Sampler.prefetch_grammar): bitwise the same outputs as the plain select with
-re-sanitising, with and without a background bitmask fill.
+prefetch, Sampler.prefetch_grammar, the Sampler's draw of plain grammar rows over their
+allowed columns): bitwise the same outputs as the plain select with re-sanitising and
+the full-vocabulary draw, with and without a background bitmask fill.
 
 Pins a prefetched bitmask used for a matcher that changed after the fill started
 (another token, a rollback, a merge's fork), a prefetch racing a matcher update, and
 the sampler trusting mask maxima where a penalty or a bias may have overflowed.
 """
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from detsample import Request, Sampler, SamplingBatch, SamplingParams
+from detsample import Request, Sampler, SamplingBatch, SamplingParams, Vocabulary
+from detsample import sampler as sampler_module
+from tests.helpers import logits_rows, params_strategy
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"},
@@ -108,3 +114,64 @@ def test_prefetch_waits_before_the_matcher_changes(vocab):
     g.rollback(1)
     assert fut.done() and g.take_prefetched() is None  # stale after the change
     sampler.grammar_masker.close()
+
+
+GRAMMARS = [None, ("json_schema", SCHEMA), ("json_schema", {"type": "array", "items": {
+    "type": "integer"}}), ("regex", "[a-z]{2,9}( [0-9]{1,3})?"), ("regex", "[0-9]{1,6}")]
+_VOCAB = []
+
+
+def _default_vocab():
+    if not _VOCAB:
+        _VOCAB.append(Vocabulary.default())
+    return _VOCAB[0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(params_strategy(512), st.sampled_from(range(len(GRAMMARS))),
+                          st.booleans()), min_size=1, max_size=6),
+       st.sampled_from(["random", "peaked", "ties", "neginf", "nan", "huge", "mixed"]),
+       st.integers(0, 2**32 - 1), st.sampled_from([0.25, 1.0]))
+def test_column_draw_is_bitwise_the_full_pass(rows, family, seed, most):
+    """Property: a session of grammar and free rows with any sampling parameters (plain
+    rows with min-p and temperatures, filtered, greedy, biased rows, every logprobs mode
+    and top logprobs) gives the same token ids, logprobs, top logprobs, status and
+    ``compute_logprobs`` bit for bit whether plain grammar rows are drawn over their
+    allowed columns or over the whole vocabulary (``most`` 1.0: dense select rows too)."""
+    vocab = _default_vocab()
+    assert vocab.vocab_size == 512
+    reqs = []
+    for i, (p, g, plain) in enumerate(rows):
+        if plain:  # no top-k / top-p: the rows drawn over their columns
+            p = p.replace(top_k=-1, top_p=1.0)
+        if GRAMMARS[g] is not None:
+            kind, value = GRAMMARS[g]
+            p = p.replace(**{kind: value})
+        reqs.append(Request(f"r{i}", p, prompt_ids=[1]))
+    fast, full = Sampler(), Sampler()
+    full._by_columns = lambda plan, prep: None  # the full-vocabulary draw
+    got, ref, used = [], [], []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sampler_module, "COLUMN_DRAW_MAX", most)
+        for sampler, seen in ((fast, got), (full, ref)):
+            batch = SamplingBatch.from_requests(reqs, vocab_size=512, vocab=vocab)
+            step_rng = np.random.default_rng(seed)
+            if sampler is fast:
+                by_columns = sampler._by_columns
+                sampler._by_columns = lambda plan, prep: used.append(
+                    by_columns(plan, prep)) or used[-1]
+            for step in range(6):
+                if all(f is not None for f in batch.finished):
+                    break
+                x = torch.from_numpy(logits_rows(step_rng, len(batch), 512, family))
+                pos = torch.tensor([len(o) for o in batch.output_ids])
+                out = sampler.sample(x, batch, pos)
+                lp = sampler.compute_logprobs(x, batch, out.token_ids)
+                seen.append((out.token_ids, out.logprobs, out.status, lp,
+                             None if out.top_logprobs is None else out.top_logprobs[0]))
+                batch.advance(out.token_ids)
+    _same(got, ref)
+    if family not in ("mixed", "neginf") and any(  # (no row without a finite allowed logit)
+            GRAMMARS[g] is not None and p.temperature > 0 and (plain or (
+                p.top_k in (-1, 517) and p.top_p == 1.0)) for p, g, plain in rows):
+        assert any(u is not None for u in used)  # the column draw did run

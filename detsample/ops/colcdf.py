@@ -1,0 +1,82 @@
+"""Pipeline steps 7-9 over a row's known finite columns (a grammar row's allowed tokens).
+
+A grammar-masked row is ``-inf`` outside its allowed columns, and a ``-inf`` logit has
+no mass: its scaled logit is ``-inf``, its fixed-point mass ``q`` is 0 and it never
+holds the target of the inverse CDF. So the draw of such a row over its allowed columns
+alone -- the same element-wise arithmetic of steps 7 and 8 (``z = (x - max) / T``,
+``q = trunc(exp(max(z, EXP_FLOOR)) * 2**F)``, min-p) on those columns, then the exact
+running sum in token-id order -- gives the same kept mass ``Q`` and the same token as the
+pass over the whole vocabulary (:func:`detsample.ops.draw.block_cdf` and
+:func:`~detsample.ops.draw.draw_by_blocks`), at the cost of the allowed columns instead
+of V. It applies to rows without a top-k or top-p (their threshold search ranks values
+across the row); the table it returns is the compact CDF table that
+:func:`~detsample.ops.draw.draw_by_cdf` reads.
+
+Guarantee: bitwise the full-vocabulary result (every operation is element-wise IEEE
+arithmetic, torch's ``exp``, or an exact integer sum; tests/ops/test_colcdf.py), and
+row-local, hence bitwise batch-invariant.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from detsample.ops.draw import kept_mass, to_mass
+from detsample.ops.hostcut import PAD_ID
+from detsample.ops.temperature import scale_logits
+
+_NEG_INF = float("-inf")
+
+
+def gather_columns(x: torch.Tensor, rows: Sequence[int], columns: Sequence[np.ndarray]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The values of ``x`` at each row's columns, padded to one width.
+
+    x: (B, V) float32 CPU contiguous; rows: n row indices; columns: n int64 arrays of
+    ascending distinct column ids < V (may be empty). Returns ``(vals, ids)``, both
+    (n, K) with K the longest list (at least 1): ``vals[i, j] = x[rows[i],
+    columns[i][j]]`` then ``-inf``, ``ids`` the column ids then ``PAD_ID`` (larger than
+    any token).
+    """
+    v = x.shape[1]
+    flat = x.numpy().reshape(-1)
+    n = len(rows)
+    sizes = np.fromiter((c.size for c in columns), dtype=np.int64, count=n)
+    k = max(int(sizes.max()) if n else 0, 1)
+    r = np.asarray(rows, dtype=np.int64)
+    if n and (sizes == k).all():  # every row as long: no padding
+        ids = np.stack(columns) if n > 1 else columns[0].reshape(1, k)
+        ids = ids.astype(np.int64, copy=False)
+        vals = flat[r[:, None] * v + ids]
+    else:
+        ids = np.full((n, k), PAD_ID, dtype=np.int64)
+        vals = np.full((n, k), _NEG_INF, dtype=np.float32)
+        real = np.arange(k)[None, :] < sizes[:, None]
+        if real.any():
+            cat = np.concatenate(columns).astype(np.int64, copy=False)
+            ids[real] = cat
+            vals[real] = flat[np.repeat(r, sizes) * v + cat]
+    return torch.from_numpy(vals), torch.from_numpy(ids)
+
+
+def column_cdf(vals: torch.Tensor, ids: torch.Tensor, shift: torch.Tensor,
+               temperatures: torch.Tensor, min_p: torch.Tensor, frac: int, *,
+               cut_min_p: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The compact CDF table of rows drawn over their finite columns (no top-k/top-p).
+
+    vals, ids: (n, K) from :func:`gather_columns` (every finite logit of each row is
+    among its columns); shift: (n, 1) float32, the row maxima that step 7 subtracts;
+    temperatures: (n, 1) float32 > 0; min_p: (n,) float32; frac: fixed-point bits;
+    ``cut_min_p`` as in :func:`detsample.ops.draw.kept_mass`. Returns ``(ids, csum)``:
+    the ids unchanged and the (n, K) int64 running mass in id order, ``csum[:, -1]``
+    the exact kept mass ``Q``: the ``(sorted_ids, csum)`` table of
+    :func:`detsample.ops.draw.compact_cdf`, with the token, ``Q`` and (``-inf``)
+    threshold of the full-vocabulary path bit for bit.
+    """
+    z = scale_logits(vals, shift, temperatures)
+    tau = torch.full((vals.shape[0],), _NEG_INF, dtype=torch.float32, device=vals.device)
+    q = to_mass(kept_mass(z, tau, min_p, frac, out=z, cut_tau=False, cut_min_p=cut_min_p))
+    return ids, q.cumsum_(-1)
