@@ -368,6 +368,39 @@ class Sampler:
         return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
                             seeds=batch.seeds.clone(), status=status)
 
+    def _plain_full(self, logits: torch.Tensor, batch: SamplingBatch, plan: RowPlan,
+                    positions: torch.Tensor) -> SampleOutput | None:
+        """The temperature-only shortcut: every row samples without top-k / top-p (a
+        temperature, maybe a min-p), "raw" logprobs, nothing of steps 1-5, CPU or GPU
+        torch ops. The general path's own steps, without its bookkeeping: the row maxima
+        (when they are all finite the sanitising pass has nothing to do: a NaN, +inf or
+        fully masked row sends the batch to the general path), ``z`` over the vocabulary,
+        the blocked masses and the draw, the one ``log_softmax``. Returns None (the
+        general path) for an invalid row or another route. Same bits as the general path
+        (tests/test_sampler.py). ``plan``: the batch's :meth:`_shortcut_plan`."""
+        if not plan.route.plain.every:
+            return None
+        check_logits(logits, len(batch), batch.vocab_size, batch.device)
+        x = logits if logits.dtype == torch.float32 else logits.to(torch.float32)
+        m = torch.amax(x, dim=-1, keepdim=True)  # sanitize_rows_flagged's maxima
+        if not (np.isfinite(m.numpy()).all() if x.device.type == "cpu" else
+                bool(torch.isfinite(m).all())):
+            return None
+        z = scale_logits(x, m, plan.temperatures, out=self._buf("z", x))
+        tau = torch.full((plan.size,), NEG_INF, dtype=torch.float32, device=x.device)
+        q, bsum = draw_ops.block_cdf(z, tau, batch.min_ps, filter_ops.frac_bits(x.shape[1]),
+                                     out=self._buf("w", z), q_out=self._buf("q", z, torch.int64),
+                                     cut_tau=False, cut_min_p=None if plan.any_min_p else False)
+        tokens = draw_ops.draw_by_blocks(q, bsum, row_uniforms(batch.seeds, positions))
+        logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._buf("lsm", x)), tokens)
+        status = _zero_status(plan.size, x.device)
+        top = None
+        if plan.max_top:
+            prep = Prepared(raw=x, x=x, status=status, row_max=m, all_valid=True)
+            top = self._top_logprobs(prep, None, None, batch, plan, None)
+        return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
+                            seeds=batch.seeds.clone(), status=status)
+
     # -- step 6 ----------------------------------------------------------------------
     def _greedy_tokens(self, prep: Prepared, plan: RowPlan) -> torch.Tensor | None:
         """(B,) argmax of x on greedy rows (on every row when "processed" logprobs need
@@ -754,7 +787,9 @@ class Sampler:
             plan = self._shortcut_plan(batch)
             out = None if plan is None else (
                 self._plain_greedy(logits, batch, plan) if plan.greedy.every else
-                self._plain_top_k(logits, batch, plan, positions))
+                self._plain_top_k(logits, batch, plan, positions)
+                if plan.route.candidates.every else
+                self._plain_full(logits, batch, plan, positions))
             if out is not None:
                 return out
         return self._sample(logits, batch, positions)
