@@ -113,8 +113,9 @@ def row_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """
     if seeds.device.type == "cpu" and positions.device.type == "cpu":
         if seeds.numel() <= HOST_INT_ROWS:
-            return torch.tensor([host_uniform(s, p) for s, p in
-                                 zip(seeds.tolist(), positions.tolist())], dtype=torch.float64)
+            return torch.from_numpy(np.array([host_uniform(s, p) for s, p in
+                                              zip(seeds.tolist(), positions.tolist())],
+                                             dtype=np.float64))
         s = seeds.to(torch.int64).numpy().astype(np.uint64)
         p = positions.to(torch.int64).numpy().astype(np.uint64)
         m = np.uint64(MASK32)

@@ -276,7 +276,7 @@ class Sampler:
             return plan
         return self._build_plan(batch, frozenset(dead.nonzero().flatten().tolist()))
 
-    def _plain_greedy(self, logits: torch.Tensor, batch: SamplingBatch
+    def _plain_greedy(self, logits: torch.Tensor, batch: SamplingBatch, plan: RowPlan
                       ) -> SampleOutput | None:
         """The all-greedy shortcut: every row greedy with "raw" logprobs, and nothing of
         steps 1-5 in the batch, so the logits reach step 6 unchanged. The argmax and the
@@ -286,10 +286,8 @@ class Sampler:
         ``-inf - -inf``; a finite maximum gives ``-log(sum)`` with ``1 <= sum <= V``), so
         when they are all finite the sanitising pass has nothing to do and is skipped.
         Returns None (the general path) otherwise. Same bits as the general path
-        (tests/test_sampler.py)."""
-        plan = self._shortcut_plan(batch)
-        if plan is None or not plan.greedy.every:
-            return None
+        (tests/test_sampler.py). ``plan``: the batch's :meth:`_shortcut_plan`, every row
+        greedy."""
         check_logits(logits, len(batch), batch.vocab_size, batch.device)
         x = logits if logits.dtype == torch.float32 else logits.to(torch.float32)
         tokens = draw_ops.greedy_argmax(x)
@@ -315,7 +313,7 @@ class Sampler:
             return plan
         return None
 
-    def _plain_top_k(self, logits: torch.Tensor, batch: SamplingBatch,
+    def _plain_top_k(self, logits: torch.Tensor, batch: SamplingBatch, plan: RowPlan,
                      positions: torch.Tensor) -> SampleOutput | None:
         """The small top-k shortcut of a CPU batch: every row samples with a small top-k
         (any top-p / min-p), "raw" logprobs, nothing of steps 1-5. One ``topk`` of the
@@ -328,9 +326,9 @@ class Sampler:
         tables of :mod:`detsample.ops.hostcut` decide and draw every row (up to
         ``hostcut.SCALAR_ROWS`` rows on Python scalars, one row at a time). Returns None
         (the general path) for an invalid row or a tie group spilling past the
-        candidates. Same bits as the general path (tests/test_sampler.py)."""
-        plan = self._shortcut_plan(batch)
-        if plan is None or not plan.route.candidates.every or batch.device.type != "cpu":
+        candidates. Same bits as the general path (tests/test_sampler.py). ``plan``: the
+        batch's :meth:`_shortcut_plan`."""
+        if not plan.route.candidates.every or batch.device.type != "cpu":
             return None
         check_logits(logits, len(batch), batch.vocab_size, batch.device)
         x = logits if logits.dtype == torch.float32 else logits.to(torch.float32)
@@ -366,6 +364,39 @@ class Sampler:
         if plan.max_top:
             prep = Prepared(raw=x, x=x, status=status, row_max=x.amax(-1, keepdim=True),
                             all_valid=True)
+            top = self._top_logprobs(prep, None, None, batch, plan, None)
+        return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
+                            seeds=batch.seeds.clone(), status=status)
+
+    def _plain_full(self, logits: torch.Tensor, batch: SamplingBatch, plan: RowPlan,
+                    positions: torch.Tensor) -> SampleOutput | None:
+        """The temperature-only shortcut: every row samples without top-k / top-p (a
+        temperature, maybe a min-p), "raw" logprobs, nothing of steps 1-5, CPU or GPU
+        torch ops. The general path's own steps, without its bookkeeping: the row maxima
+        (when they are all finite the sanitising pass has nothing to do: a NaN, +inf or
+        fully masked row sends the batch to the general path), ``z`` over the vocabulary,
+        the blocked masses and the draw, the one ``log_softmax``. Returns None (the
+        general path) for an invalid row or another route. Same bits as the general path
+        (tests/test_sampler.py). ``plan``: the batch's :meth:`_shortcut_plan`."""
+        if not plan.route.plain.every:
+            return None
+        check_logits(logits, len(batch), batch.vocab_size, batch.device)
+        x = logits if logits.dtype == torch.float32 else logits.to(torch.float32)
+        m = torch.amax(x, dim=-1, keepdim=True)  # sanitize_rows_flagged's maxima
+        if not (np.isfinite(m.numpy()).all() if x.device.type == "cpu" else
+                bool(torch.isfinite(m).all())):
+            return None
+        z = scale_logits(x, m, plan.temperatures, out=self._buf("z", x))
+        tau = torch.full((plan.size,), NEG_INF, dtype=torch.float32, device=x.device)
+        q, bsum = draw_ops.block_cdf(z, tau, batch.min_ps, filter_ops.frac_bits(x.shape[1]),
+                                     out=self._buf("w", z), q_out=self._buf("q", z, torch.int64),
+                                     cut_tau=False, cut_min_p=None if plan.any_min_p else False)
+        tokens = draw_ops.draw_by_blocks(q, bsum, row_uniforms(batch.seeds, positions))
+        logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._buf("lsm", x)), tokens)
+        status = _zero_status(plan.size, x.device)
+        top = None
+        if plan.max_top:
+            prep = Prepared(raw=x, x=x, status=status, row_max=m, all_valid=True)
             top = self._top_logprobs(prep, None, None, batch, plan, None)
         return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
                             seeds=batch.seeds.clone(), status=status)
@@ -753,8 +784,12 @@ class Sampler:
         if len(batch) and isinstance(logits, torch.Tensor) and not logits.requires_grad:
             # no input requires grad, so no operation records a graph: the shortcuts run
             # without entering a no_grad context
-            out = self._plain_greedy(logits, batch) or \
-                self._plain_top_k(logits, batch, positions)
+            plan = self._shortcut_plan(batch)
+            out = None if plan is None else (
+                self._plain_greedy(logits, batch, plan) if plan.greedy.every else
+                self._plain_top_k(logits, batch, plan, positions)
+                if plan.route.candidates.every else
+                self._plain_full(logits, batch, plan, positions))
             if out is not None:
                 return out
         return self._sample(logits, batch, positions)

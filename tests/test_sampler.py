@@ -587,9 +587,30 @@ def test_small_top_k_shortcut_equals_the_general_path(family, monkeypatch):
     spilling past the candidates fall back to the general path, with the same bits.
     Bug it would catch: a row maximum taken from ``topk`` that let a NaN row through,
     or a zero maximum of the other sign changing a bit."""
+    _check_shortcut(family, TOP_K_ROWS, 9, monkeypatch)
+
+
+PLAIN_ROWS = [dict(temperature=0.8), dict(temperature=1.3, logprobs=2),
+              dict(temperature=0.6, min_p=0.1), dict(temperature=2.0, min_p=0.3, logprobs=1),
+              dict(temperature=0.05)]
+
+
+@pytest.mark.parametrize("family", SHORTCUT_FAMILIES)
+@pytest.mark.parametrize("rows", [1, 3, 7])
+def test_temperature_only_shortcut_equals_the_general_path(family, rows, monkeypatch):
+    """A batch where every row samples with a temperature and no top-k / top-p (min-p
+    allowed, "raw" logprobs) skips the general path's bookkeeping and its sanitising
+    pass; each row gets the bits it gets inside a batch that takes the general path,
+    whether its few rows are drawn on the host or many rows in torch. Invalid rows fall
+    back to the general path with the same bits. Bug it would catch: a shortcut that
+    drew a NaN row, or lost the min-p cut when only some rows use it."""
+    _check_shortcut(family, PLAIN_ROWS, rows, monkeypatch)
+
+
+def _check_shortcut(family, configs, rows, monkeypatch):
     Vs = 1000
     rng = np.random.default_rng(21)
-    ps = [SamplingParams(seed=i, **TOP_K_ROWS[i % len(TOP_K_ROWS)]) for i in range(9)]
+    ps = [SamplingParams(seed=i, **configs[i % len(configs)]) for i in range(rows)]
     x = _shortcut_logits(rng, family, len(ps), Vs)
     pos = torch.arange(len(ps)) + 7
     s = Sampler()
@@ -612,8 +633,11 @@ def test_small_top_k_shortcut_equals_the_general_path(family, monkeypatch):
     assert torch.equal(lp.view(torch.int32), homo.logprobs.view(torch.int32))
     if family in ("random", "peaked", "zeros", "huge", "overflow"):
         assert took_shortcut, family
-    if family in ("nan", "mixed", "spill"):  # an invalid row, a spilling tie group
+    valid = bool(torch.isfinite(x.amax(-1)).all())  # no NaN, +inf or all -inf row
+    if not valid or (family == "spill" and configs is TOP_K_ROWS):  # or a spilling tie
         assert not took_shortcut, family
+    elif configs is PLAIN_ROWS:  # nothing else sends plain rows to the general path
+        assert took_shortcut, family
 
 
 @pytest.mark.parametrize("params", [dict(temperature=0.0), dict(temperature=0.8, top_k=20)])

@@ -1,7 +1,10 @@
 """Sampler benchmarks shared by ``detsample bench`` and tests/bench (pytest-benchmark).
 
 One case is (B, V, config, logits family). Every path of a case is timed in the same run,
-round-robin (repeat r of every path before repeat r + 1 of any), after a warm-up call, with
+round-robin (repeat r of every path before repeat r + 1 of any; each repeat in its own
+shuffled order, seeded by r, so that no path always runs right after the same other path:
+what ran just before a call, a sort that evicted the caches or a compiled kernel's
+spinning threads, moves a sub-millisecond call by up to 1.5x), after a warm-up call, with
 an explicit torch thread count (set and restored by :func:`threads`), so their ratios hold
 even on a loaded machine. The median wall time is reported, and the number of torch
 operator calls of one call (:func:`count_ops`). Never used by tests as an assertion.
@@ -19,6 +22,7 @@ CPU algorithms are left out, and the table gains the torch backend on the GPU an
 from __future__ import annotations
 
 import contextlib
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -62,13 +66,17 @@ def median_ms(fn: Callable[[], object], repeat: int, device: str = "cpu") -> flo
 def round_robin_ms(fns: dict[str, Callable[[], object]], repeat: int,
                    device: str = "cpu", stat: Callable = statistics.median) -> dict[str, float]:
     """``stat`` (median) ms of each function, timed round-robin after one warm-up call
-    each."""
+    each; repeat ``r`` runs the functions in the order of ``random.Random(r)``'s shuffle
+    (the same orders in every run)."""
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeat):
-        for k, fn in fns.items():
+    for r in range(repeat):
+        order = list(fns)
+        random.Random(r).shuffle(order)
+        for k in order:
+            fn = fns[k]
             sync()
             t0 = time.perf_counter()
             fn()

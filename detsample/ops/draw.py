@@ -12,6 +12,7 @@ ids only) and the full-vocabulary path return the same token, bit for bit.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -146,11 +147,15 @@ def block_cdf(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int
     ``(q, bsum)``: (rows, V) int64 masses (0 off the kept set) and (rows, nb) int64
     running sums of blocks of BLOCK tokens (the last block may be
     shorter); ``bsum[:, -1]`` is the exact kept mass ``Q``. Exact integer sums make the
-    blocking irrelevant to every result.
+    blocking irrelevant to every result (and the summing order: a few CPU rows are summed
+    by one numpy ``add.reduceat``).
     """
     rows, V = z.shape
     q = to_mass(kept_mass(z, tau, min_p, frac, out=out, cut_tau=cut_tau, cut_min_p=cut_min_p),
                 q_out)
+    if q.device.type == "cpu" and rows <= hostcut.SCALAR_ROWS:  # one host call, same sums
+        return q, torch.from_numpy(np.cumsum(np.add.reduceat(
+            q.numpy(), np.arange(0, V, BLOCK), axis=1), axis=1))
     nb = V // BLOCK
     sums = q[:, :nb * BLOCK].view(rows, nb, BLOCK).sum(-1)
     if V > nb * BLOCK:
@@ -164,8 +169,18 @@ def draw_by_blocks(q: torch.Tensor, bsum: torch.Tensor, u: torch.Tensor) -> torc
 
     The last block may be shorter than BLOCK: its missing entries read the last token's
     mass again, which only raises the running sum after every real entry, and the target
-    lies below the block's real total, so the search never lands on them.
+    lies below the block's real total, so the search never lands on them. A few rows of
+    CPU tensors take the host arithmetic of :func:`detsample.ops.hostcut.draw_by_blocks`
+    (exact integer sums and counts: the same tokens without a dozen torch operators).
     """
+    if q.device.type == "cpu" and u.device.type == "cpu" and len(u) <= hostcut.SCALAR_ROWS:
+        return torch.from_numpy(hostcut.draw_by_blocks(q.numpy(), bsum.numpy(),
+                                                       u.to(torch.float64).numpy(), BLOCK))
+    return draw_by_blocks_torch(q, bsum, u)
+
+
+def draw_by_blocks_torch(q: torch.Tensor, bsum: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """:func:`draw_by_blocks` in torch operations (any device)."""
     V = q.shape[-1]
     t = _target(u, bsum[:, -1]).unsqueeze(1)
     blk = torch.searchsorted(bsum, t, right=True)

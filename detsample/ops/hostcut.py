@@ -160,3 +160,28 @@ def draw_one_row(v: list[float], e: list[float], ids: list[int], k_index: int, c
         if run > t:
             return fits, i
     return fits, PAD_ID  # nothing kept (never from the sampler: the top candidate is)
+
+
+def draw_by_blocks(q: np.ndarray, bsum: np.ndarray, u: np.ndarray, block: int) -> np.ndarray:
+    """``draw.draw_by_blocks`` on host arrays, a row at a time (for a few rows):
+    (R,) int64 tokens.
+
+    q: (R, V) int64 masses; bsum: (R, nb) int64 running sums of blocks of ``block``
+    tokens (the last may be shorter); u: (R,) float64 in (0, 1). The same target as
+    :func:`draw_by_cdf`; the block is the count of running block sums ``<= t`` (what
+    ``searchsorted(right=True)`` finds on a non-decreasing row), the token the count of
+    running sums ``<= t`` inside it. The torch form pads a short last block with the
+    last token's mass; that count never reaches the padding (``t`` is below the row's
+    total), so the block's real entries alone give the same count.
+    """
+    out = np.empty(len(u), dtype=np.int64)
+    for r in range(len(u)):
+        row = bsum[r]
+        total = int(row[-1])
+        t = min(math.floor(float(u[r]) * float(total)), total - 1)
+        blk = int(np.searchsorted(row, t, side="right"))
+        base = int(row[blk - 1]) if blk else 0
+        start = blk * block
+        inner = np.cumsum(q[r, start:start + block])
+        out[r] = start + int(np.searchsorted(inner, t - base, side="right"))
+    return out

@@ -13,6 +13,7 @@ from detsample import Request, SamplingBatch, Sampler, SamplingParams
 from detsample.ops import draw as D
 from detsample.ops import filters as F
 from detsample.rng import row_uniforms
+from tests.helpers import logits_rows
 
 ALPHA = 1e-3  # chi-square significance level (fixed seeds: the outcome is reproducible)
 
@@ -170,3 +171,21 @@ def test_kept_cdf_equals_compact_cdf(seed, family, p, mp):
                                                s2.gather(1, (n - 1)[:, None]))
     u = row_uniforms(torch.arange(rows) + seed % 1000, torch.arange(rows))
     assert torch.equal(D.draw_by_cdf(s1, c1, u), D.draw_by_cdf(s2, c2, u))
+
+
+@pytest.mark.parametrize("V", [D.BLOCK - 3, 3 * D.BLOCK, 3 * D.BLOCK + 100])
+def test_block_sums_of_a_few_rows_equal_the_batched_sums(V):
+    """``block_cdf`` sums a few CPU rows on the host (one ``add.reduceat``) and more rows
+    with torch; a row's masses and running block sums are the same either way, short last
+    block included. Bug it would catch: a host sum that drops or doubles the tail."""
+    rng = np.random.default_rng(V)
+    z = torch.from_numpy(logits_rows(rng, 6, V, "peaked"))
+    z = z - z.amax(-1, keepdim=True)
+    tau = torch.full((6,), float("-inf"))
+    min_p = torch.zeros(6)
+    q6, b6 = D.block_cdf(z, tau, min_p, 20)
+    assert b6.shape == (6, -(-V // D.BLOCK))
+    for r in range(6):
+        q1, b1 = D.block_cdf(z[r:r + 1], tau[r:r + 1], min_p[r:r + 1], 20)
+        assert torch.equal(q1, q6[r:r + 1]) and torch.equal(b1, b6[r:r + 1]), r
+    assert torch.equal(b6[:, -1], q6.sum(-1))

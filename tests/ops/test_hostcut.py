@@ -131,3 +131,36 @@ def test_host_draw_equals_torch_draw_at_the_table_edges():
         assert torch.equal(D.draw_by_cdf(sorted_ids, csum, u), want)
         assert torch.equal(torch.from_numpy(H.draw_by_cdf(sorted_ids.numpy(), csum.numpy(),
                                                           u.numpy())), want)
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["spread", "sparse", "one", "tail"]),
+       st.integers(1, 5))
+def test_host_block_draw_equals_torch_block_draw(seed, family, rows):
+    """The host block draw (a row at a time) lands on the token of the torch block draw
+    (padded last block, searchsorted), for masses spread over the row, mostly zero, on
+    one token, or in the short last block, and for uniforms at the ends of (0, 1). Bug
+    it would catch: a count inside the block that reads past the row's last token, or a
+    block base taken from the wrong running sum."""
+    rng = np.random.default_rng(seed)
+    V = 3 * D.BLOCK + 100  # a short last block
+    q = rng.integers(0, 2**40, (rows, V))
+    if family == "sparse":
+        q[rng.random((rows, V)) < 0.995] = 0
+        q[:, rng.integers(0, V)] = 1
+    elif family == "one":
+        q[:] = 0
+        q[np.arange(rows), rng.integers(0, V, rows)] = 2**52
+    elif family == "tail":
+        q[:, :3 * D.BLOCK] = 0
+        q[:, -1] = 7
+    qt = torch.from_numpy(q)
+    nb = V // D.BLOCK
+    sums = torch.cat([qt[:, :nb * D.BLOCK].view(rows, nb, D.BLOCK).sum(-1),
+                      qt[:, nb * D.BLOCK:].sum(-1, keepdim=True)], dim=1)
+    bsum = sums.cumsum(-1)
+    for u in (torch.from_numpy(rng.random(rows)), torch.full((rows,), 2.0**-53),
+              torch.full((rows,), 1 - 2.0**-53)):
+        want = D.draw_by_blocks_torch(qt, bsum, u)
+        got = H.draw_by_blocks(q, bsum.numpy(), u.numpy(), D.BLOCK)
+        assert np.array_equal(got, want.numpy()), (family, u)
+        assert torch.equal(D.draw_by_blocks(qt, bsum, u), want)
