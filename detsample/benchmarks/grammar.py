@@ -199,9 +199,11 @@ def step_cost(vocab: Vocabulary, vocab_name: str, schema_name: str, b: int, *,
 
 
 #: the stages of :func:`stage_costs`: function names as cProfile sees them ("fill" runs
-#: inside "masked_step"; "_scaled" and "block_cdf" are the full-vocabulary steps 7-9
-#: that a row drawn over its allowed columns, "_column_cut", skips)
-STAGES = ("fill", "masked_step", "_column_cut", "advance_grammars", "_scaled", "block_cdf")
+#: inside "masked_step"; "scale_logits" and "block_cdf" are the steps 7-9 that a row
+#: drawn over its allowed columns, "_column_cut", runs on those columns only (its
+#: "scale_logits" included), "_scaled" the general path's full-vocabulary scaling)
+STAGES = ("fill", "masked_step", "_column_cut", "advance_grammars", "_scaled", "scale_logits",
+          "block_cdf")
 
 
 def stage_costs(vocab: Vocabulary, schema_name: str, b: int, *, steps: int = 16,
