@@ -93,9 +93,11 @@ def test_same_bits_as_triton_philox():
 @given(st.lists(st.tuples(st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1)), min_size=1,
                 max_size=64))
 def test_host_rounds_equal_tensor_rounds(pairs):
-    """CPU tensors take host rounds (Python ints up to HOST_INT_ROWS rows, numpy arrays
-    above, instead of ~150 tensor operations per call); the bits equal the tensor rounds
-    (the form a GPU runs) and the oracle, for batches on either side of the switch."""
+    """CPU tensors take host rounds (Python ints for one row, rows packed in the 64-bit
+    lanes of Python ints up to HOST_LANE_ROWS rows, numpy arrays above, instead of ~150
+    tensor operations per call); the bits equal the tensor rounds (the form a GPU runs)
+    and the oracle, whatever the seeds and positions (the full 63 bits: a carry or a
+    shift crossing lanes would show)."""
     import numpy as np
     from detsample.rng import MASK32, STREAM_DRAW, _TWO_POW_M52
     seeds = torch.tensor([s for s, _ in pairs])
@@ -109,10 +111,13 @@ def test_host_rounds_equal_tensor_rounds(pairs):
     assert np.all((got.numpy() > 0) & (got.numpy() < 1))
 
 
-@pytest.mark.parametrize("n", [1, 16, 17, 64])
-def test_both_host_forms_at_the_switch(n):
-    from detsample.rng import HOST_INT_ROWS
-    assert HOST_INT_ROWS == 16
+@pytest.mark.parametrize("n", [1, 2, 17, 64, 256, 257, 300])
+def test_every_host_form_at_the_switches(n):
+    """One row (Python ints), 2 to 256 rows (lanes of one Python int), more (numpy): the
+    oracle's bits on either side of each switch, with seeds and positions using all 63
+    bits."""
+    from detsample.rng import HOST_INT_ROWS, HOST_LANE_ROWS
+    assert (HOST_INT_ROWS, HOST_LANE_ROWS) == (1, 256)
     seeds = torch.tensor([(2**63 - 1 - 977 * i) for i in range(n)])
     pos = torch.tensor([2**40 + 3 * i for i in range(n)])
     got = row_uniforms(seeds, pos)
