@@ -95,6 +95,8 @@ class Prepared:
     kernels: ModuleType | None = None  # detsample.kernels.sampler_ops, or None: torch ops
     columns: dict | None = None  # {row: int64 numpy columns, ascending}: grammar rows of
     #                              ``x`` that are -inf outside them (step 4)
+    column_values: dict | None = None  # {row: float32 numpy}: ``x`` at those columns, when
+    #                                    nothing changed ``x`` after the mask (else None)
 
 
 @dataclass(frozen=True)
@@ -233,10 +235,10 @@ class Sampler:
         x = apply_penalties_and_constraints(  # step 3
             x, batch, lambda: self._buf("constrained", x))
         unchanged = x is after_sanitize
-        mask_max = columns = None
+        mask_max = allowed = None
         if batch.has_grammars:  # step 4: grammar mask
             before = status
-            x, status, mask_max, columns = grammar_hooks.grammar_step(
+            x, status, mask_max, allowed = grammar_hooks.grammar_step(
                 self.grammar_masker, batch, x, status, lambda: self._buf("mask", x),
                 row_max=m if unchanged else None)
             valid = valid and status is before
@@ -251,9 +253,12 @@ class Sampler:
                 if not fine:
                     status, valid = status | st, False
         # (a bias adds finite values and re-sanitising keeps -inf: rows stay -inf outside
-        # their columns)
+        # their columns; the mask's values at them hold when only the mask changed x)
+        columns, values = allowed if allowed is not None else (None, None)
+        only_mask = unchanged and coo is None and mask_max is not None
         return Prepared(raw=raw, x=x, status=status, row_max=m, all_valid=valid, kernels=k,
-                        columns=columns or None)
+                        columns=columns or None,
+                        column_values=values if only_mask and columns else None)
 
     def _build_plan(self, batch: SamplingBatch,
                     excluded: frozenset[int] = frozenset()) -> RowPlan:
@@ -537,7 +542,10 @@ class Sampler:
                     prep: Prepared, frac: int, total: torch.Tensor, compact: list) -> None:
         """Plain rows drawn over their allowed columns: their exact mass and compact CDF
         table (their threshold stays ``-inf``, as on the full pass)."""
-        vals, ids = colcdf.gather_columns(prep.x, cr.rows, [prep.columns[r] for r in cr.rows])
+        known = prep.column_values
+        vals, ids = colcdf.gather_columns(prep.x, cr.rows, [prep.columns[r] for r in cr.rows],
+                                          None if known is None else
+                                          [known.get(r) for r in cr.rows])
         ri = cr.index
         shift, temps = self._shift(prep), plan.temperatures
         if not cr.every:

@@ -62,8 +62,8 @@ def merged_vocab(batch, other):
 def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, status: torch.Tensor,
                  scratch: Callable[[], torch.Tensor] | None = None,
                  row_max: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict | None]:
-    """Pipeline step 4: ``(x, status, maxima, columns)`` after the grammar mask.
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, tuple | None]:
+    """Pipeline step 4: ``(x, status, maxima, allowed)`` after the grammar mask.
 
     ``x`` (B, V) float32 is never written: when a row has an active grammar a masked copy
     replaces it (the masker's persistent buffer on CPU, see
@@ -77,18 +77,19 @@ def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, status: torch.Te
     gets ``STATUS_NO_VALID_TOKEN`` here), so the caller need not reduce again; None when
     not known (the caller re-sanitises the changed logits, which flags such rows).
 
-    ``columns``: ``{row: allowed columns}`` (int64 numpy, ascending) of masked rows whose
-    returned logits are ``-inf`` outside those columns, or None
-    (:meth:`GrammarMasker.masked_step`); the sampler draws such rows over them alone.
+    ``allowed``: ``(columns, values)``, ``{row: allowed columns}`` (int64 numpy,
+    ascending) of masked rows whose returned logits are ``-inf`` outside those columns
+    and ``{row: the returned logits there}``, or None (:meth:`GrammarMasker.masked_step`);
+    the sampler draws such rows over them alone.
     """
     grammars = batch.grammars
     if not any(g is not None for g in grammars):
         return x, status, row_max, None
     live = [g if g is not None and batch.finished[i] is None else None
             for i, g in enumerate(grammars)]
-    maxima, columns = row_max, None
+    maxima, allowed = row_max, None
     if any(g is not None and (g.state == PENDING or g.is_active) for g in live):
-        x, rows, maxima, columns = masker.masked_step(
+        x, rows, maxima, allowed = masker.masked_step(
             x, live, row_max, scratch() if scratch is not None else None)
         if rows and maxima is not None:
             dead = torch.isneginf(maxima[:, 0])
@@ -104,7 +105,7 @@ def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, status: torch.Te
             status = status.clone()
             idx = torch.tensor(rows, dtype=torch.int64, device=status.device)
             status[idx] |= flags
-    return x, status, maxima, columns
+    return x, status, maxima, allowed
 
 
 def prefetch_grammars(masker: GrammarMasker, batch) -> int:

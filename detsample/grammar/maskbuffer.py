@@ -231,8 +231,10 @@ class MaskedLogitsBuffer:
         self.cache = ColumnCache()
         #: of the last :meth:`apply`: ``{row: allowed columns}`` (int64, ascending) of the
         #: masked rows outside of which the result row is all ``-inf`` (every masked row
-        #: but the dense ones, whose allowed columns are not listed)
+        #: but the dense ones, whose allowed columns are not listed), and ``{row: the
+        #: result's float32 values at those columns}`` (read while they were in cache)
         self.columns: dict[int, np.ndarray] = {}
+        self.values: dict[int, np.ndarray] = {}
 
     @staticmethod
     def supports(logits: torch.Tensor) -> bool:
@@ -260,7 +262,8 @@ class MaskedLogitsBuffer:
         masked rows as ``where(allowed, logits, -inf)``, the others copied. ``maxima``
         (B, 1) float32 are ``torch.amax(masked, -1)`` when ``row_max`` (the (B, 1) maxima
         of ``logits``) is given, else None. :attr:`columns` lists the allowed columns of
-        the sparse and select rows (the rest of such a row is ``-inf``).
+        the sparse and select rows (the rest of such a row is ``-inf``), :attr:`values`
+        the values ``masked`` holds there.
         """
         b, v = logits.shape
         out = self._rows(b, v)
@@ -282,7 +285,8 @@ class MaskedLogitsBuffer:
         _copy_rows(out, logits, copied)
         if dense:
             o.reshape(-1)[np.concatenate([entries[r].cols + r * v for r in dense])] = _NEG_INF
-        peaks = self._select_rows(out, logits, select, entries, n)
+        values: dict[int, np.ndarray] = {}
+        peaks = self._select_rows(out, logits, select, entries, n, values)
         if n < v and (dense or select):
             o[dense + select, n:] = _NEG_INF
         blocks = [few] if few[0] else []
@@ -293,7 +297,7 @@ class MaskedLogitsBuffer:
             cols = entries[members[0]].cols
             blocks.append((members, [cols] * len(members),
                            (np.asarray(members, dtype=np.int64)[:, None] * v + cols).ravel()))
-        peaks.update(self._sparse_rows(o, x, blocks, v))
+        peaks.update(self._sparse_rows(o, x, blocks, v, values))
         for r in copied + select:
             self._finite[r] = None
         columns = dict(zip(few[0], few[1]))
@@ -301,34 +305,35 @@ class MaskedLogitsBuffer:
             columns[r] = entries[r].cols
         for r in select:
             columns[r] = entries[r].allowed
-        self.columns = columns
+        self.columns, self.values = columns, values
         if row_max is None:
             return out, None
         return out, _maxima(out, logits, row_max, entries, peaks, n)
 
     def _select_rows(self, out: torch.Tensor, logits: torch.Tensor, select: list[int],
-                     entries: dict, n: int) -> dict[int, float]:
-        """Select rows: ``logits + add`` over the first n columns (one broadcast add per
-        run of consecutive rows in one state). Returns each row's maximum over those
-        columns; a row whose sum holds a NaN (a NaN or ``+inf`` logit) is redone with the
-        plain select."""
+                     entries: dict, n: int, values: dict) -> dict[int, float]:
+        """Select rows: ``logits + add`` over the first n columns, a row at a time so
+        that its maximum and its values at the allowed columns (into ``values``) are read
+        while the row is in cache. Returns each row's maximum over those columns; a row
+        whose sum holds a NaN (a NaN or ``+inf`` logit) is redone with the plain select."""
         o, x = out.numpy(), logits.numpy()
         peaks: dict[int, float] = {}
-        for start, stop in _runs(select, lambda r: entries[r]):
-            e = entries[select[start]]
-            a, z = select[start], select[stop - 1] + 1
-            with np.errstate(invalid="ignore"):  # +inf + -inf: a NaN, redone below
-                np.add(x[a:z, :n], e.add, out=o[a:z, :n])
-            for r, m in zip(range(a, z), o[a:z, :n].max(axis=1).tolist()):
+        with np.errstate(invalid="ignore"):  # +inf + -inf: a NaN, redone below
+            for r in select:
+                e = entries[r]
+                row = o[r, :n]
+                np.add(x[r, :n], e.add, out=row)
+                m = row.max()
                 if m != m:  # NaN: the add is not the select here
-                    np.copyto(o[r, :n], x[r, :n])
-                    np.copyto(o[r, :n], _NEG_INF, where=e.blocked)
-                    m = o[r, :n].max()
-                peaks[r] = m
+                    np.copyto(row, x[r, :n])
+                    np.copyto(row, _NEG_INF, where=e.blocked)
+                    m = row.max()
+                peaks[r] = float(m)
+                values[r] = row.take(e.allowed)
         return peaks
 
-    def _sparse_rows(self, o: np.ndarray, x: np.ndarray, blocks: list, v: int
-                     ) -> dict[int, float]:
+    def _sparse_rows(self, o: np.ndarray, x: np.ndarray, blocks: list, v: int,
+                     values: dict) -> dict[int, float]:
         """Sparse rows, in blocks ``(rows, columns per row, flat index of all of them)``:
         last step's finite columns back to -inf (or the whole row when unknown), then
         the allowed columns copied, one gather and scatter per block. Returns each row's
@@ -352,17 +357,20 @@ class MaskedLogitsBuffer:
             flat_o[idx] = vals
             sizes = np.array([c.size for c in cols])
             if sizes[0] and (sizes == sizes[0]).all():  # one state: one reduce
-                top = vals.reshape(len(members), -1).max(axis=1).tolist()
+                per_row = vals.reshape(len(members), -1)
+                top = per_row.max(axis=1).tolist()
             else:  # one segmented reduce over the rows that have columns
                 top = np.full(len(members), _NEG_INF, dtype=np.float32)
                 some = sizes > 0
+                starts = np.cumsum(sizes) - sizes
                 if some.any():
-                    starts = (np.cumsum(sizes) - sizes)[some]
-                    top[some] = np.maximum.reduceat(vals, starts)
+                    top[some] = np.maximum.reduceat(vals, starts[some])
                 top = top.tolist()
-            for r, c, m in zip(members, cols, top):
+                per_row = [vals[a:a + k] for a, k in zip(starts.tolist(), sizes.tolist())]
+            for r, c, m, val in zip(members, cols, top, per_row):
                 peaks[r] = m
                 self._finite[r] = c
+                values[r] = val
         return peaks
 
 

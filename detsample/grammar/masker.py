@@ -183,17 +183,18 @@ class GrammarMasker:
 
     def masked_step(self, logits: torch.Tensor, grammars: Sequence[RequestGrammar | None],
                     row_max: torch.Tensor | None = None, out: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, list[int], torch.Tensor | None, dict | None]:
-        """:meth:`masked` for the sampler: ``(masked, rows, maxima, columns)``.
+                    ) -> tuple[torch.Tensor, list[int], torch.Tensor | None, tuple | None]:
+        """:meth:`masked` for the sampler: ``(masked, rows, maxima, allowed)``.
 
         On CPU float32 the result is the masker's persistent buffer (valid until the
         next call; finite values may be added to it in place, nothing else written) and,
         when ``row_max`` ((B, 1) maxima of ``logits``) is given, ``maxima`` are
-        ``torch.amax(masked, -1)`` without a pass over the whole batch; ``columns`` is
-        ``{row: allowed columns}`` (int64 numpy, ascending) of masked rows whose result
-        is ``-inf`` outside them (the sparse and select rows, see
-        :attr:`MaskedLogitsBuffer.columns`). Elsewhere :meth:`masked` (into ``out``),
-        ``maxima`` and ``columns`` None. Same bits either way.
+        ``torch.amax(masked, -1)`` without a pass over the whole batch; ``allowed`` is
+        ``(columns, values)``: ``{row: allowed columns}`` (int64 numpy, ascending) of
+        masked rows whose result is ``-inf`` outside them (the sparse and select rows)
+        and ``{row: masked's float32 values there}`` (:attr:`MaskedLogitsBuffer.columns`,
+        :attr:`~MaskedLogitsBuffer.values`). Elsewhere :meth:`masked` (into ``out``),
+        ``maxima`` and ``allowed`` None. Same bits either way.
         """
         bm, rows, n = self._fill_for(logits, grammars)
         if not rows:
@@ -201,7 +202,7 @@ class GrammarMasker:
         if not self.buffer.supports(logits):
             return masked_logits(logits, bm, rows, limit=n, out=out), rows, None, None
         x, m = self.buffer.apply(logits, bm, rows, n, row_max)
-        return x, rows, m, self.buffer.columns
+        return x, rows, m, (self.buffer.columns, self.buffer.values)
 
     def apply_(self, logits: torch.Tensor, grammars: Sequence[RequestGrammar | None]
                ) -> list[int]:

@@ -31,24 +31,35 @@ from detsample.ops.temperature import scale_logits
 _NEG_INF = float("-inf")
 
 
-def gather_columns(x: torch.Tensor, rows: Sequence[int], columns: Sequence[np.ndarray]
+def gather_columns(x: torch.Tensor, rows: Sequence[int], columns: Sequence[np.ndarray],
+                   known: Sequence[np.ndarray | None] | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """The values of ``x`` at each row's columns, padded to one width.
 
     x: (B, V) float32 CPU contiguous; rows: n row indices; columns: n int64 arrays of
-    ascending distinct column ids < V (may be empty). Returns ``(vals, ids)``, both
-    (n, K) with K the longest list (at least 1): ``vals[i, j] = x[rows[i],
-    columns[i][j]]`` then ``-inf``, ``ids`` the column ids then ``PAD_ID`` (larger than
-    any token).
+    ascending distinct column ids < V (may be empty); known: per row, None or the
+    float32 values ``x[rows[i], columns[i]]`` already read (taken as they are: the
+    caller vouches for them). Returns ``(vals, ids)``, both (n, K) with K the longest
+    list (at least 1): ``vals[i, j] = x[rows[i], columns[i][j]]`` then ``-inf``, ``ids``
+    the column ids then ``PAD_ID`` (larger than any token).
     """
     xs = x.numpy()
     n = len(rows)
     k = max(max((c.size for c in columns), default=0), 1)
-    groups: dict[int, tuple[np.ndarray, list[int]]] = {}  # rows sharing one column array
-    for i, c in enumerate(columns):  # (rows in one grammar state share it)
-        groups.setdefault(id(c), (c, []))[1].append(i)
     vals = np.empty((n, k), dtype=np.float32)
     ids = np.empty((n, k), dtype=np.int64)
+    groups: dict[int, tuple[np.ndarray, list[int]]] = {}  # rows sharing one column array
+    for i, c in enumerate(columns):  # (rows in one grammar state share it)
+        got = None if known is None else known[i]
+        if got is None:
+            groups.setdefault(id(c), (c, []))[1].append(i)
+            continue
+        s = c.size
+        vals[i, :s] = got
+        ids[i, :s] = c
+        if s < k:
+            vals[i, s:] = _NEG_INF
+            ids[i, s:] = PAD_ID
     for c, pos in groups.values():
         s = c.size
         src = [rows[i] for i in pos]

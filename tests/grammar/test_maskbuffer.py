@@ -83,6 +83,7 @@ def apply_and_check(buf: MaskedLogitsBuffer, logits, bm, rows, n) -> torch.Tenso
         assert r in rows and cols.dtype == np.int64
         assert bool((np.diff(cols) > 0).all())
         assert cols.size == 0 or 0 <= cols[0] <= cols[-1] < n
+        assert bits_equal(torch.from_numpy(buf.values[r]), got[r, torch.from_numpy(cols)])
         outside = np.ones(got.shape[1], dtype=bool)
         outside[cols] = False
         assert bool(np.isneginf(got[r].numpy()[outside]).all())

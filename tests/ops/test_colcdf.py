@@ -68,7 +68,8 @@ def test_column_draw_equals_the_full_pass(seed, family, B, V):
     q, total, tokens = _full_pass(x, shift, temps, min_p, frac, u)
     rows = rng.permutation(B)[:int(rng.integers(1, B + 1))].tolist()
     ri = torch.tensor(rows)
-    vals, ids = C.gather_columns(x, rows, [cols[r] for r in rows])
+    known = [xm[r, cols[r]] if rng.random() < 0.5 else None for r in rows]  # already read
+    vals, ids = C.gather_columns(x, rows, [cols[r] for r in rows], known)
     ids, csum = C.column_cdf(vals, ids, shift[ri], temps[ri], min_p[ri], frac,
                              cut_min_p=None if rng.random() < 0.5 else bool((min_p > 0).any()))
     assert torch.equal(csum[:, -1], total[ri])
