@@ -16,8 +16,13 @@ the rest of a sparse row is already ``-inf`` from the previous step:
   on allowed and ``-inf`` on disallowed columns: ``x + (-0.0)`` is ``x`` bit for bit
   (``-0.0`` included) and ``x + (-inf)`` is ``-inf`` for every ``x`` but ``+inf`` and
   NaN, which the row maximum of the result reveals (a NaN); such a row is redone with
-  the plain select. Runs of rows in one state share one broadcast add;
+  the plain select. A row at a time: its maximum and its values at the allowed
+  columns are read right after the add, while the row is in cache;
 * a row without a grammar copies the logits row.
+
+Each sparse and select row's allowed columns and the values the result holds there are
+reported (:attr:`MaskedLogitsBuffer.columns`, :attr:`MaskedLogitsBuffer.values`): the
+sampler draws such rows over those columns alone (:mod:`detsample.ops.colcdf`).
 
 The entries come from a small cache keyed by the bitmask words themselves (a cheap
 fingerprint, confirmed by an exact comparison), so an unchanged grammar state costs a
