@@ -291,7 +291,8 @@ class Sampler:
         check_logits(logits, len(batch), batch.vocab_size, batch.device)
         x = logits if logits.dtype == torch.float32 else logits.to(torch.float32)
         tokens = draw_ops.greedy_argmax(x)
-        logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._buf("lsm", x)), tokens)
+        logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._buf("lsm", x)), tokens,
+                                      in_range=True)
         if not math.isfinite(float(logprobs.sum() if plan.size > 1 else logprobs)):
             # (each is in [-log V, 0] when finite)
             return None
@@ -358,7 +359,8 @@ class Sampler:
             if self.deterministic and not t.fits.all():
                 return None
             tokens = torch.from_numpy(t.tokens)
-        logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._buf("lsm", x)), tokens)
+        logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._buf("lsm", x)), tokens,
+                                      in_range=True)
         status = _zero_status(plan.size, x.device)
         top = None
         if plan.max_top:
@@ -392,7 +394,8 @@ class Sampler:
                                      out=self._buf("w", z), q_out=self._buf("q", z, torch.int64),
                                      cut_tau=False, cut_min_p=None if plan.any_min_p else False)
         tokens = draw_ops.draw_by_blocks(q, bsum, row_uniforms(batch.seeds, positions))
-        logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._buf("lsm", x)), tokens)
+        logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._buf("lsm", x)), tokens,
+                                      in_range=True)
         status = _zero_status(plan.size, x.device)
         top = None
         if plan.max_top:
