@@ -198,6 +198,51 @@ def step_cost(vocab: Vocabulary, vocab_name: str, schema_name: str, b: int, *,
                     forward_ms if prefetch else 0.0, wall, cpu)
 
 
+#: the stages of :func:`stage_costs`: function names as cProfile sees them ("fill" runs
+#: inside "masked_step"; "scale_logits" and "block_cdf" are the steps 7-9 that a row
+#: drawn over its allowed columns, "_column_cut", runs on those columns only (its
+#: "scale_logits" included), "_scaled" the general path's full-vocabulary scaling)
+STAGES = ("fill", "masked_step", "_column_cut", "advance_grammars", "_scaled", "scale_logits",
+          "block_cdf")
+
+
+def stage_costs(vocab: Vocabulary, schema_name: str, b: int, *, steps: int = 16,
+                seed: int = 0) -> dict[str, dict[str, float]]:
+    """Per-stage process CPU time (ms per step, 1 thread, ``cProfile`` cumulative time
+    of :data:`STAGES` over ``steps`` steps after 4 warm-up steps) of ``sample`` +
+    ``advance`` without (``"free"``) and with (``"grammar"``) the schema on all ``b``
+    rows, same logits; each dict also holds ``"step"``, the median step."""
+    import cProfile
+    import pstats
+
+    schema = SCHEMAS[schema_name]
+    vocab.grammar_compiler.compile("json_schema", _text(schema), timeout=600)
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, dict[str, float]] = {}
+    with torch_threads(1):
+        batches = {"free": _batch(vocab, None, b, "f"), "grammar": _batch(vocab, schema, b, "g")}
+        samplers = {k: Sampler() for k in batches}
+        prof = {k: cProfile.Profile() for k in batches}
+        times: dict[str, list[float]] = {k: [] for k in batches}
+        for step in range(steps + 4):
+            logits = torch.randn(b, vocab.vocab_size, generator=gen)
+            for k, batch in batches.items():
+                t0 = time.process_time()
+                if step >= 4:
+                    prof[k].enable()
+                _step(samplers[k], batch, logits)
+                if step >= 4:
+                    prof[k].disable()
+                    times[k].append(time.process_time() - t0)
+                _refill(batch, vocab, schema if k == "grammar" else None, step)
+    for k, p in prof.items():
+        stats = pstats.Stats(p).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
+        out[k] = {name: sum(v[3] for key, v in stats.items() if key[2] == name) / steps * 1e3
+                  for name in STAGES}
+        out[k]["step"] = statistics.median(times[k]) * 1e3
+    return out
+
+
 def _clock(fn) -> tuple[float, float]:
     """(wall, process CPU) seconds of ``fn()``."""
     w0, c0 = time.perf_counter(), time.process_time()

@@ -41,24 +41,23 @@ def gather_columns(x: torch.Tensor, rows: Sequence[int], columns: Sequence[np.nd
     columns[i][j]]`` then ``-inf``, ``ids`` the column ids then ``PAD_ID`` (larger than
     any token).
     """
-    v = x.shape[1]
-    flat = x.numpy().reshape(-1)
+    xs = x.numpy()
     n = len(rows)
-    sizes = np.fromiter((c.size for c in columns), dtype=np.int64, count=n)
-    k = max(int(sizes.max()) if n else 0, 1)
-    r = np.asarray(rows, dtype=np.int64)
-    if n and (sizes == k).all():  # every row as long: no padding
-        ids = np.stack(columns) if n > 1 else columns[0].reshape(1, k)
-        ids = ids.astype(np.int64, copy=False)
-        vals = flat[r[:, None] * v + ids]
-    else:
-        ids = np.full((n, k), PAD_ID, dtype=np.int64)
-        vals = np.full((n, k), _NEG_INF, dtype=np.float32)
-        real = np.arange(k)[None, :] < sizes[:, None]
-        if real.any():
-            cat = np.concatenate(columns).astype(np.int64, copy=False)
-            ids[real] = cat
-            vals[real] = flat[np.repeat(r, sizes) * v + cat]
+    k = max(max((c.size for c in columns), default=0), 1)
+    groups: dict[int, tuple[np.ndarray, list[int]]] = {}  # rows sharing one column array
+    for i, c in enumerate(columns):  # (rows in one grammar state share it)
+        groups.setdefault(id(c), (c, []))[1].append(i)
+    vals = np.empty((n, k), dtype=np.float32)
+    ids = np.empty((n, k), dtype=np.int64)
+    for c, pos in groups.values():
+        s = c.size
+        src = [rows[i] for i in pos]
+        whole = len(pos) == n and src == list(range(xs.shape[0]))  # every row, in order
+        vals[pos, :s] = np.take(xs, c, axis=1) if whole else xs[np.ix_(src, c)]
+        ids[pos, :s] = c
+        if s < k:
+            vals[pos, s:] = _NEG_INF
+            ids[pos, s:] = PAD_ID
     return torch.from_numpy(vals), torch.from_numpy(ids)
 
 

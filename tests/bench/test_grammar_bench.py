@@ -4,6 +4,8 @@ Opt-in: ``DETSAMPLE_BENCH_THREADS=2 python -m pytest tests/bench/test_grammar_be
 --benchmark-enable -s``. Prints markdown rows (copied into docs/perf/grammar.md and
 docs/performance.md). No timed assertions.
 
+``test_grammar_stage_costs`` prints the per-stage CPU time of each case at 1 thread.
+
 Per case: two vocabularies of V = 152064 tokens (BPE-like; digit/punctuation-heavy), two
 schemas (an array of integers; a tool call with an enum, a bounded string, a bounded
 integer and a boolean), B in (16, 64); the grammar batch with and without
@@ -17,7 +19,7 @@ import os
 
 import pytest
 
-from detsample.benchmarks.grammar import HEADER, VOCABS, step_cost
+from detsample.benchmarks.grammar import HEADER, STAGES, VOCABS, stage_costs, step_cost
 
 pytestmark = pytest.mark.bench
 
@@ -47,4 +49,18 @@ def test_grammar_step_cost(vocab, schema, b, prefetch, benchmark):
     print(f"{cost.row()}  (load {os.getloadavg()[0]:.1f})")
     benchmark.extra_info.update(wall=cost.wall, cpu=cost.cpu, ratio=cost.ratio,
                                 cpu_ratio=cost.cpu_ratio)
+    benchmark.pedantic(lambda: None, rounds=1, iterations=1)
+
+
+@pytest.mark.parametrize("vocab,schema,b", sorted({c[:3] for c in CASES}))
+def test_grammar_stage_costs(vocab, schema, b, benchmark):
+    """Per-stage CPU time at 1 thread (cProfile): what the grammar rows spend and what
+    the full-vocabulary steps they skip cost the free rows."""
+    if vocab not in _VOCABS:
+        _VOCABS[vocab] = VOCABS[vocab](V)
+    cost = stage_costs(_VOCABS[vocab], schema, b)
+    cells = " ".join(f"{k}: step {d['step']:.2f}, " + ", ".join(
+        f"{s} {d[s]:.2f}" for s in STAGES if d[s]) for k, d in cost.items())
+    print(f"\nstages {vocab} {schema} B={b}: {cells}  (load {os.getloadavg()[0]:.1f})")
+    benchmark.extra_info.update(stages=cost)
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)

@@ -82,7 +82,10 @@ def test_column_draw_equals_the_full_pass(seed, family, B, V):
         assert int(q[r].sum()) == int(total[r])  # nothing outside the columns
 
 
+_SHARED = np.array([1, 4, 8])  # one grammar state's columns, shared by several rows
 GATHER_CASES = [
+    ([2, 0, 1], [_SHARED, np.array([3]), _SHARED]),  # a shared array, rows out of order
+    ([0, 1, 2], [_SHARED, _SHARED, _SHARED]),  # every row, in order, one state
     ([0], [np.array([3, 7])]),  # one row
     ([2, 0], [np.array([1, 2, 3]), np.array([0])]),  # padded, rows out of order
     ([1, 2], [np.array([4, 5]), np.array([6, 9])]),  # one width: no padding
