@@ -296,17 +296,13 @@ class Sampler:
         check_logits(logits, len(batch), batch.vocab_size, batch.device)
         x = logits if logits.dtype == torch.float32 else logits.to(torch.float32)
         tokens = draw_ops.greedy_argmax(x)
-        logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._buf("lsm", x)), tokens)
+        logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._buf("lsm", x)), tokens,
+                                      in_range=True)
         if not math.isfinite(float(logprobs.sum() if plan.size > 1 else logprobs)):
             # (each is in [-log V, 0] when finite)
             return None
-        status = _zero_status(plan.size, x.device)
-        top = None
-        if plan.max_top:
-            prep = Prepared(raw=x, x=x, status=status, row_max=x.gather(1, tokens.unsqueeze(1)), all_valid=True)
-            top = self._top_logprobs(prep, None, None, batch, plan, tokens)
-        return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
-                            seeds=batch.seeds.clone(), status=status)
+        return self._shortcut_output(x, lambda: x.gather(1, tokens.unsqueeze(1)), tokens,
+                                     logprobs, batch, plan, greedy_tok=tokens)
 
     def _shortcut_plan(self, batch: SamplingBatch) -> RowPlan | None:
         """The batch's plan when a homogeneous-batch shortcut may apply: nothing of steps
@@ -363,15 +359,10 @@ class Sampler:
             if self.deterministic and not t.fits.all():
                 return None
             tokens = torch.from_numpy(t.tokens)
-        logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._buf("lsm", x)), tokens)
-        status = _zero_status(plan.size, x.device)
-        top = None
-        if plan.max_top:
-            prep = Prepared(raw=x, x=x, status=status, row_max=x.amax(-1, keepdim=True),
-                            all_valid=True)
-            top = self._top_logprobs(prep, None, None, batch, plan, None)
-        return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
-                            seeds=batch.seeds.clone(), status=status)
+        logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._buf("lsm", x)), tokens,
+                                      in_range=True)
+        return self._shortcut_output(x, lambda: x.amax(-1, keepdim=True), tokens, logprobs,
+                                     batch, plan)
 
     def _plain_full(self, logits: torch.Tensor, batch: SamplingBatch, plan: RowPlan,
                     positions: torch.Tensor) -> SampleOutput | None:
@@ -397,12 +388,21 @@ class Sampler:
                                      out=self._buf("w", z), q_out=self._buf("q", z, torch.int64),
                                      cut_tau=False, cut_min_p=None if plan.any_min_p else False)
         tokens = draw_ops.draw_by_blocks(q, bsum, row_uniforms(batch.seeds, positions))
-        logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._buf("lsm", x)), tokens)
+        logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._buf("lsm", x)), tokens,
+                                      in_range=True)
+        return self._shortcut_output(x, lambda: m, tokens, logprobs, batch, plan)
+
+    def _shortcut_output(self, x: torch.Tensor, row_max, tokens: torch.Tensor,
+                         logprobs: torch.Tensor, batch: SamplingBatch, plan: RowPlan,
+                         greedy_tok: torch.Tensor | None = None) -> SampleOutput:
+        """A shortcut's :class:`SampleOutput`: every row valid (status all zero), the top
+        logprobs ("raw") of the float32 logits ``x`` when a row asks for them
+        (``row_max``: a callable giving (B, 1) maxima, called only then)."""
         status = _zero_status(plan.size, x.device)
         top = None
         if plan.max_top:
-            prep = Prepared(raw=x, x=x, status=status, row_max=m, all_valid=True)
-            top = self._top_logprobs(prep, None, None, batch, plan, None)
+            prep = Prepared(raw=x, x=x, status=status, row_max=row_max(), all_valid=True)
+            top = self._top_logprobs(prep, None, None, batch, plan, greedy_tok)
         return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
                             seeds=batch.seeds.clone(), status=status)
 

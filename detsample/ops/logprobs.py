@@ -43,8 +43,16 @@ def log_softmax(x: torch.Tensor, *, kept_mass: torch.Tensor | None = None, frac:
     return (x.to(torch.float64) - norm).to(torch.float32)
 
 
-def gather_rows(values: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """values: (batch, vocab); token_ids: (batch,) int64 -> (batch,) picked values."""
+def gather_rows(values: torch.Tensor, token_ids: torch.Tensor, *,
+                in_range: bool = False) -> torch.Tensor:
+    """values: (batch, vocab); token_ids: (batch,) int64 -> (batch,) picked values.
+
+    ``in_range``: the caller guarantees ``0 <= token_ids < vocab`` (an argmax, a drawn
+    token); a single row then costs one ``take`` instead of three operator calls (the
+    same value; ``take`` would wrap a negative id where ``gather`` raises, hence the
+    flag)."""
+    if in_range and values.shape[0] == 1:
+        return torch.take(values, token_ids)
     return values.gather(1, token_ids.unsqueeze(1)).squeeze(1)
 
 

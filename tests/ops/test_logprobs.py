@@ -6,6 +6,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from detsample.ops import logprobs as L
 from detsample.ops.logprobs import topn
 from tests.helpers import num_threads
 
@@ -46,3 +47,17 @@ def test_topn_orders_by_value_then_id(seed, n):
         ref = sorted(range(40), key=lambda i: (-float(v[r, i]), i))[:n]
         assert ids[r].tolist() == ref
         assert torch.equal(vals[r], v[r, ref])
+
+
+def test_gather_rows_of_one_row_in_range_equals_gather():
+    """A single row with ids known to be in range is picked by one ``take``: the same
+    value as ``gather`` for every id, first and last included; without the flag a
+    negative id still raises (``take`` would wrap it to the last token)."""
+    x = torch.from_numpy(np.random.default_rng(3).standard_normal((1, 50)).astype(np.float32))
+    for t in (0, 7, 49):
+        ids = torch.tensor([t])
+        want = x.gather(1, ids.unsqueeze(1)).squeeze(1)
+        got = L.gather_rows(x, ids, in_range=True)
+        assert got.shape == (1,) and torch.equal(got.view(torch.int32), want.view(torch.int32))
+    with pytest.raises(RuntimeError):
+        L.gather_rows(x, torch.tensor([-1]))
