@@ -4,7 +4,8 @@ One case is (B, V, config, logits family). Every path of a case is timed in the 
 round-robin (repeat r of every path before repeat r + 1 of any; each repeat in its own
 shuffled order, seeded by r, so that no path always runs right after the same other path:
 what ran just before a call, a sort that evicted the caches or a compiled kernel's
-spinning threads, moves a sub-millisecond call by up to 1.5x), after a warm-up call, with
+spinning threads, moves a sub-millisecond call by up to 1.5x; short cases get more
+rounds, see :func:`round_robin_ms`), after a warm-up call, with
 an explicit torch thread count (set and restored by :func:`threads`), so their ratios hold
 even on a loaded machine. The median wall time is reported, and the number of torch
 operator calls of one call (:func:`count_ops`). Never used by tests as an assertion.
@@ -22,6 +23,7 @@ CPU algorithms are left out, and the table gains the torch backend on the GPU an
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import statistics
 import time
@@ -63,14 +65,26 @@ def median_ms(fn: Callable[[], object], repeat: int, device: str = "cpu") -> flo
     return round_robin_ms({"fn": fn}, repeat, device)["fn"]
 
 
+#: the most rounds ``min_seconds`` may ask for
+MAX_REPEAT = 500
+
+
 def round_robin_ms(fns: dict[str, Callable[[], object]], repeat: int,
-                   device: str = "cpu", stat: Callable = statistics.median) -> dict[str, float]:
+                   device: str = "cpu", stat: Callable = statistics.median,
+                   min_seconds: float = 0.0) -> dict[str, float]:
     """``stat`` (median) ms of each function, timed round-robin after one warm-up call
     each; repeat ``r`` runs the functions in the order of ``random.Random(r)``'s shuffle
-    (the same orders in every run)."""
+    (the same orders in every run). At least ``repeat`` rounds, more when a round is
+    short: enough for about ``min_seconds`` of timed calls (at most ``MAX_REPEAT``
+    rounds), so sub-millisecond calls get hundreds of samples instead of a handful."""
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    t0 = time.perf_counter()
     for fn in fns.values():
         fn()
+    sync()
+    one_round = time.perf_counter() - t0
+    if min_seconds > 0 and one_round > 0:
+        repeat = max(repeat, min(MAX_REPEAT, math.ceil(min_seconds / one_round)))
     times: dict[str, list[float]] = {k: [] for k in fns}
     for r in range(repeat):
         order = list(fns)
@@ -185,8 +199,10 @@ def paths(case: Case, sglang_multinomial: Callable | None = None,
 
 def run(batches=(1, 8, 64), vocabs=(32000, 152064), configs=tuple(CONFIGS),
         repeat: int = 7, n_threads: int | None = 2, logits: str = "peaked",
-        compile_sglang: bool = True, fast: bool = False, device: str = "cpu") -> list[dict]:
-    """One row per (V, B, config, path): median ms and torch ops per call."""
+        compile_sglang: bool = True, fast: bool = False, device: str = "cpu",
+        min_seconds: float = 0.0) -> list[dict]:
+    """One row per (V, B, config, path): median ms and torch ops per call
+    (``repeat``, ``min_seconds``: as in :func:`round_robin_ms`)."""
     rows = []
     cuda = torch.device(device).type == "cuda"
     with threads(n_threads):
@@ -197,7 +213,7 @@ def run(batches=(1, 8, 64), vocabs=(32000, 152064), configs=tuple(CONFIGS),
                 for cfg in configs:
                     fns = paths(Case(B, V, cfg, logits), multinomial, fast, device)
                     both = round_robin_ms(fns, repeat, device, lambda v: (
-                        statistics.median(v), min(v)))
+                        statistics.median(v), min(v)), min_seconds)
                     for name, fn in fns.items():
                         label = f"{name} ({how})" if name == "SGLang deterministic" else name
                         med, low = both[name]

@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from detsample.cli._argtypes import positive_int, positive_int_list
+from detsample.cli._argtypes import nonneg_float, positive_int, positive_int_list
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +28,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    metavar="NAME", help=f"sampling configs: {', '.join(CONFIGS)}")
     p.add_argument("--logits", default="peaked", choices=LOGITS,
                    help="logits family: peaked (language-model-like) or gaussian (flat)")
-    p.add_argument("--repeat", type=positive_int, default=7, help="timed repeats per path")
+    p.add_argument("--repeat", type=positive_int, default=7,
+                   help="timed repeats per path (at least; see --min-seconds)")
+    p.add_argument("--min-seconds", type=nonneg_float, default=1.0,
+                   help="repeat a case's round until about this many seconds of calls are "
+                        "timed (at most 500 rounds): a sub-millisecond row gets hundreds "
+                        "of samples; 0: exactly --repeat")
     p.add_argument("--threads", type=positive_int, default=2, help="torch intra-op threads")
     p.add_argument("--no-compile", action="store_true",
                    help="run SGLang's seeded Gumbel-max eagerly instead of torch.compile-d")
@@ -43,7 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--matmul", action="store_true",
                    help="(cuda) also time the batch-invariant matmul against cuBLAS")
     p.add_argument("--quick", action="store_true",
-                   help="B=8, V=32000, 3 repeats, no compile (overrides those options)")
+                   help="B=8, V=32000, 3 repeats, no compile, --min-seconds 0 (overrides "
+                        "those options)")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     p.set_defaults(func=run)
 
@@ -63,9 +69,10 @@ def run(args: argparse.Namespace) -> int:
     vocabs = [v for group in args.vocab for v in group]
     if args.quick:
         batches, vocabs, args.repeat, args.no_compile = [8], [32000], 3, True
+        args.min_seconds = 0.0
     rows = benchmark.run(tuple(batches), tuple(vocabs), tuple(args.config), args.repeat,
                          args.threads, args.logits, not args.no_compile, args.fast,
-                         device=args.device)
+                         device=args.device, min_seconds=args.min_seconds)
     print(benchmark.markdown(rows, f"{args.stat}_ms"))
     report: dict | list = rows
     if args.matmul:

@@ -8,7 +8,8 @@ import pytest
 
 from detsample.cli import main
 
-TINY = ["--batch", "1", "--vocab", "64", "--repeat", "1", "--config", "greedy", "--no-compile"]
+TINY = ["--batch", "1", "--vocab", "64", "--repeat", "1", "--config", "greedy", "--no-compile",
+        "--min-seconds", "0"]
 
 
 def test_tiny_run_prints_table_and_json(tmp_path, capsys):
@@ -26,7 +27,8 @@ def test_comma_separated_batches_and_peer_columns(tmp_path, capsys):
     """``--batch 1,2`` (the issue's spelling) and the peers' columns in one run."""
     path = tmp_path / "rows.json"
     assert main(["bench", "--batch", "1,2", "--vocab", "64", "--repeat", "1", "--config",
-                 "topp0.9_T0.8", "--no-compile", "--json", str(path)]) == 0
+                 "topp0.9_T0.8", "--no-compile", "--min-seconds", "0", "--json",
+                 str(path)]) == 0
     rows = json.loads(path.read_text())
     assert {r["B"] for r in rows} == {1, 2}
     assert {r["path"] for r in rows} >= {"detsample", "detsample sort",
@@ -37,7 +39,8 @@ def test_comma_separated_batches_and_peer_columns(tmp_path, capsys):
 # Bug pinned: these crashed with a traceback (StatisticsError, InvalidSamplingParams,
 # RuntimeError), ran an empty batch, or silently ignored --threads 0.
 BAD = [["--repeat", "0"], ["--threads", "0"], ["--batch", "0"], ["--batch", "-1"],
-       ["--batch", "1,x"], ["--vocab", "0"], ["--config", "bogus"], ["--logits", "flat"]]
+       ["--batch", "1,x"], ["--vocab", "0"], ["--config", "bogus"], ["--logits", "flat"],
+       ["--min-seconds", "-1"], ["--min-seconds", "nan"]]
 
 
 @pytest.mark.parametrize("args", BAD, ids=[" ".join(a) for a in BAD])
@@ -58,3 +61,24 @@ def test_cuda_without_cuda_and_matmul_without_cuda_are_errors(capsys, monkeypatc
     assert "--device cuda needs CUDA" in capsys.readouterr().err
     assert main(["bench", *TINY, "--matmul"]) == 2
     assert "--matmul needs --device cuda" in capsys.readouterr().err
+
+
+def test_min_seconds_adds_rounds_to_short_cases():
+    """A round shorter than ``min_seconds`` is repeated until about that much time is
+    timed (capped at MAX_REPEAT), never fewer than ``repeat`` rounds; 0 keeps ``repeat``."""
+    import time
+
+    from detsample.benchmarks import sampler as bench
+    calls = {"a": 0, "b": 0}
+
+    def fn(k):
+        def run():
+            calls[k] += 1
+            time.sleep(0.001)
+        return run
+    bench.round_robin_ms({k: fn(k) for k in calls}, 3, min_seconds=0.0)
+    assert calls == {"a": 4, "b": 4}  # a warm-up call and 3 rounds
+    calls.update(a=0, b=0)
+    bench.round_robin_ms({k: fn(k) for k in calls}, 3, min_seconds=0.1)
+    # ~0.1 s / ~2 ms a round (fewer when the machine stalls a sleep), + the warm-up
+    assert 4 < calls["a"] == calls["b"] <= 1 + bench.MAX_REPEAT
