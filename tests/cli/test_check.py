@@ -135,23 +135,33 @@ def test_unwritable_json_exits_2(capsys, tmp_path):
 
 def test_top_logprob_kernel_swap_fails_check(capsys, tmp_path, monkeypatch):
     """Bug pinned: a kernel change that moves only the top-n logprobs passing the gate
-    (goldens used to record only the sampled token's logprob). The log_softmax behind
-    the top logprobs (the one call made without an output buffer) is swapped for
-    log(softmax): no token and no sampled logprob moves, and only the golden check fails."""
+    (goldens used to record only the sampled token's logprob). The log_softmax called
+    while the Sampler computes top logprobs is swapped for log(softmax): no token and no
+    sampled logprob moves, and only the golden check fails."""
     import detsample.ops.logprobs as lp_ops
+    from detsample.sampler import Sampler
     monkeypatch.delenv("CI", raising=False)
     args = ["-k", "random.top_logprobs", "--golden-dir", str(tmp_path)]
     assert main(["golden", "update", *args]) == 0
     assert main(["check", *args]) == 0
     capsys.readouterr()
-    real = lp_ops.log_softmax
+    real, real_top = lp_ops.log_softmax, Sampler._top_logprobs
+    in_top = []
 
     def swapped(x, *, kept_mass=None, frac=0, out=None):
-        if kept_mass is None and out is None:
+        if kept_mass is None and in_top:
             return torch.log(torch.softmax(x, dim=-1))
         return real(x, kept_mass=kept_mass, frac=frac, out=out)
 
+    def top_logprobs(self, *a, **kw):
+        in_top.append(1)
+        try:
+            return real_top(self, *a, **kw)
+        finally:
+            in_top.pop()
+
     monkeypatch.setattr(lp_ops, "log_softmax", swapped)
+    monkeypatch.setattr(Sampler, "_top_logprobs", top_logprobs)
     path = tmp_path / "report.json"
     assert main(["check", *args, "--json", str(path)]) == 1
     out = capsys.readouterr().out
