@@ -141,7 +141,7 @@ def draw_one_row(v: list[float], e: list[float], ids: list[int], k_index: int, c
         while c < k_max and float(before) < limit:
             before += q[c] if c < n else 0
             c += 1
-        cut = v[c - 1]  # c = 0 reads the last candidate, as the array form does
+        cut = v[c - 1] if c else v[k_max - 1]  # c = 0: the array form's v[:k_max][-1]
         m = 0
         while m < n and v[m] >= cut:
             m += 1

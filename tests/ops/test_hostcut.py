@@ -101,21 +101,26 @@ def test_one_row_scalars_equal_the_host_tables(seed, family, use_p, use_m, cut_k
 
 
 def test_one_row_scalars_at_the_table_edges():
-    """Uniforms at the ends of (0, 1), a row whose whole mass is on one candidate and a
-    row whose candidates are all ``-inf`` but the first: the scalar draw lands where the
-    array draw does."""
+    """Uniforms at the ends of (0, 1), a row whose whole mass is on one candidate, a row
+    whose candidates are all ``-inf`` but the first, and a row without any mass (its
+    top-p limit ``inf * 0`` is NaN, so no candidate counts): the scalar draw lands where
+    the array draw does."""
     K1 = 6
     vals = torch.tensor([[0.0, -1.0, -1.0, -200.0, -np.inf, -np.inf, -np.inf],
-                         [0.0] + [-np.inf] * K1], dtype=torch.float32)
-    ids = torch.tensor([[9, 4, 7, 1, 2, 3, 5], [6, 0, 1, 2, 3, 4, 5]])
+                         [0.0] + [-np.inf] * K1,
+                         [-200.0] * K1 + [-300.0]], dtype=torch.float32)
+    ids = torch.tensor([[9, 4, 7, 1, 2, 3, 5], [6, 0, 1, 2, 3, 4, 5], [3, 1, 4, 0, 5, 9, 2]])
+    k_index = (4, 2, 1)
     for uu in (2.0**-53, 0.5, 1 - 2.0**-53):
-        u = np.array([uu, uu])
-        for tp in (None, torch.tensor([[0.5], [np.inf]], dtype=torch.float64)):
-            t = H.candidate_tables(vals, ids, torch.tensor([[4], [2]]), True, tp, None, 20,
-                                   K1, u)
+        u = np.array([uu] * 3)
+        for tp in (None, torch.tensor([[0.5], [np.inf], [np.inf]], dtype=torch.float64)):
+            with np.errstate(invalid="ignore"):  # the massless row's inf * 0 (never from
+                # the sampler: its top candidate, z = 0, has mass 2**frac)
+                t = H.candidate_tables(vals, ids, torch.tensor(k_index)[:, None], True, tp,
+                                       None, 20, K1, u)
             e = torch.exp(vals).tolist()
-            for r in range(2):
-                got = H.draw_one_row(vals[r].tolist(), e[r], ids[r].tolist(), (4, 2)[r], True,
+            for r in range(3):
+                got = H.draw_one_row(vals[r].tolist(), e[r], ids[r].tolist(), k_index[r], True,
                                      None if tp is None else float(tp[r, 0]), None, 20, K1, uu)
                 assert got == (bool(t.fits[r]), int(t.tokens[r])), (uu, r)
 
