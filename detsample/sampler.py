@@ -296,7 +296,7 @@ class Sampler:
             return plan
         return self._build_plan(batch, frozenset(dead.nonzero().flatten().tolist()))
 
-    def _plain_greedy(self, logits: torch.Tensor, batch: SamplingBatch, plan: RowPlan
+    def _plain_greedy(self, x: torch.Tensor, batch: SamplingBatch, plan: RowPlan
                       ) -> SampleOutput | None:
         """The all-greedy shortcut: every row greedy with "raw" logprobs, and nothing of
         steps 1-5 in the batch, so the logits reach step 6 unchanged. The argmax and the
@@ -308,8 +308,6 @@ class Sampler:
         Returns None (the general path) otherwise. Same bits as the general path
         (tests/test_sampler.py). ``plan``: the batch's :meth:`_shortcut_plan`, every row
         greedy."""
-        check_logits(logits, len(batch), batch.vocab_size, batch.device)
-        x = logits if logits.dtype == torch.float32 else logits.to(torch.float32)
         tokens = draw_ops.greedy_argmax(x)
         logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._lsm_out(x)), tokens,
                                       in_range=True)
@@ -329,7 +327,7 @@ class Sampler:
             return plan
         return None
 
-    def _plain_top_k(self, logits: torch.Tensor, batch: SamplingBatch, plan: RowPlan,
+    def _plain_top_k(self, x: torch.Tensor, batch: SamplingBatch, plan: RowPlan,
                      positions: torch.Tensor) -> SampleOutput | None:
         """The small top-k shortcut of a CPU batch: every row samples with a small top-k
         (any top-p / min-p), "raw" logprobs, nothing of steps 1-5. One ``topk`` of the
@@ -346,8 +344,6 @@ class Sampler:
         batch's :meth:`_shortcut_plan`."""
         if not plan.route.candidates.every or batch.device.type != "cpu":
             return None
-        check_logits(logits, len(batch), batch.vocab_size, batch.device)
-        x = logits if logits.dtype == torch.float32 else logits.to(torch.float32)
         k_max, cf = plan.route.k_max, plan.route.candidate_filters
         vals, ids = torch.topk(x, min(k_max + 1, x.shape[1]), dim=-1)
         v = vals.numpy()
@@ -379,7 +375,7 @@ class Sampler:
         return self._shortcut_output(x, lambda: x.amax(-1, keepdim=True), tokens, logprobs,
                                      batch, plan)
 
-    def _plain_full(self, logits: torch.Tensor, batch: SamplingBatch, plan: RowPlan,
+    def _plain_full(self, x: torch.Tensor, batch: SamplingBatch, plan: RowPlan,
                     positions: torch.Tensor) -> SampleOutput | None:
         """The temperature-only shortcut: every row samples without top-k / top-p (a
         temperature, maybe a min-p), "raw" logprobs, nothing of steps 1-5, CPU or GPU
@@ -391,8 +387,6 @@ class Sampler:
         (tests/test_sampler.py). ``plan``: the batch's :meth:`_shortcut_plan`."""
         if not plan.route.plain.every:
             return None
-        check_logits(logits, len(batch), batch.vocab_size, batch.device)
-        x = logits if logits.dtype == torch.float32 else logits.to(torch.float32)
         m = torch.amax(x, dim=-1, keepdim=True)  # sanitize_rows_flagged's maxima
         if not (np.isfinite(m.numpy()).all() if x.device.type == "cpu" else
                 bool(torch.isfinite(m).all())):
@@ -808,13 +802,16 @@ class Sampler:
             # no input requires grad, so no operation records a graph: the shortcuts run
             # without entering a no_grad context
             plan = self._shortcut_plan(batch)
-            out = None if plan is None else (
-                self._plain_greedy(logits, batch, plan) if plan.greedy.every else
-                self._plain_top_k(logits, batch, plan, positions)
-                if plan.route.candidates.every else
-                self._plain_full(logits, batch, plan, positions))
-            if out is not None:
-                return out
+            if plan is not None:
+                check_logits(logits, len(batch), batch.vocab_size, batch.device)
+                if logits.dtype != torch.float32:  # upcast once: the general path takes it
+                    logits = logits.to(torch.float32)
+                out = (self._plain_greedy(logits, batch, plan) if plan.greedy.every else
+                       self._plain_top_k(logits, batch, plan, positions)
+                       if plan.route.candidates.every else
+                       self._plain_full(logits, batch, plan, positions))
+                if out is not None:
+                    return out
         return self._sample(logits, batch, positions)
 
     @torch.no_grad()  # not differentiable; logits may come from a training model
