@@ -16,7 +16,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from detsample.grammar.config import GrammarConfig
-from detsample.grammar.kinds import check_kind, compile_kind
+from detsample.grammar.kinds import check_kind, compile_kind, grammar_source
+from detsample.grammar.statekeys import StateKeys
 
 
 @dataclass
@@ -54,6 +55,7 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._init_lock = threading.Lock()
         self._cache: dict[tuple[str, str, str], Future] = {}
+        self._keys: dict[tuple[str, str, str], StateKeys | None] = {}
         self._stats = CompileStats()
         self._pool: ThreadPoolExecutor | None = None
         self._xgr = None
@@ -105,7 +107,11 @@ class GrammarCompiler:
     def _compile(self, kind: str, text: str):
         t0 = time.perf_counter()
         try:
-            return compile_kind(self._xgr_compiler(), kind, text, self.config)
+            compiled = compile_kind(self._xgr_compiler(), kind, text, self.config)
+            keys = self._build_keys(kind, text) if self.config.mask_cache else None
+            with self._lock:
+                self._keys[self.key(kind, text)] = keys
+            return compiled
         except BaseException:
             with self._lock:
                 self._stats.failures += 1
@@ -114,6 +120,23 @@ class GrammarCompiler:
             dt = time.perf_counter() - t0
             with self._lock:
                 self._stats.compile_seconds.append(dt)
+
+    def _build_keys(self, kind: str, text: str) -> StateKeys | None:
+        """The state names of a grammar that compiled (None when not expandable)."""
+        source = grammar_source(kind, text, self.config)
+        if source is None:
+            return None
+        info = self.vocab.xgrammar_tokenizer_info()
+        return StateKeys.build(source, info.decoded_vocab, info.stop_token_ids,
+                               (self.vocab.vocab_size + 31) // 32,
+                               verify=self.config.verify_mask_cache)
+
+    def state_keys(self, kind: str, text: str) -> StateKeys | None:
+        """The :class:`~detsample.grammar.statekeys.StateKeys` of a grammar once it
+        compiled (None before, on failure, with ``mask_cache`` off, or when the grammar
+        is not expandable: its rows are then filled by xgrammar every step)."""
+        with self._lock:
+            return self._keys.get(self.key(kind, text))
 
     def compile(self, kind: str, text: str, timeout: float | None = None):
         """Blocking convenience: ``submit(kind, text).result(timeout)``."""
@@ -133,3 +156,4 @@ class GrammarCompiler:
     def clear_cache(self) -> None:
         with self._lock:
             self._cache.clear()
+            self._keys.clear()

@@ -25,6 +25,12 @@ class GrammarConfig:
             that request fails with a timeout error.
         max_workers: threads of the compile pool.
         xgrammar_threads: threads xgrammar itself may use per compilation.
+        mask_cache: name matcher states (:mod:`detsample.grammar.statekeys`) and fill a
+            state's bitmask row once; later rows in that state copy it. Same bits as
+            filling every row (the masks are a function of the state).
+        verify_mask_cache: also fill every cached row with xgrammar and raise
+            :class:`~detsample.errors.GrammarError` on a difference (tests; costs the
+            fills the cache saves).
     """
 
     any_whitespace: bool = False
@@ -33,6 +39,8 @@ class GrammarConfig:
     compile_timeout_s: float = 30.0
     max_workers: int = 2
     xgrammar_threads: int = 1
+    mask_cache: bool = True
+    verify_mask_cache: bool = False
 
     def __post_init__(self) -> None:
         t = self.compile_timeout_s
@@ -42,6 +50,10 @@ class GrammarConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidSamplingParams(f"{name} must be an integer >= 1, got {v!r}")
+        for name in ("any_whitespace", "strict_mode", "mask_cache", "verify_mask_cache"):
+            v = getattr(self, name)
+            if not isinstance(v, bool):
+                raise InvalidSamplingParams(f"{name} must be a bool, got {v!r}")
         w = self.max_whitespace_cnt
         if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
             raise InvalidSamplingParams(f"max_whitespace_cnt must be None or >= 1, got {w!r}")

@@ -42,6 +42,21 @@ def json_schema_grammar(text: str, config: GrammarConfig):
     return xgr.Grammar.from_ebnf(correct_json_grammar(str(raw), prepared.patterns))
 
 
+def grammar_source(kind: str, text: str, config: GrammarConfig) -> str | None:
+    """The grammar of ``kind``/``text`` as xgrammar prints it before compiling (the text
+    :class:`~detsample.grammar.statekeys.StateKeys` reads), or None for structural tags."""
+    import xgrammar as xgr
+
+    check_kind(kind)
+    if kind == "json_schema":
+        return str(json_schema_grammar(text, config))
+    if kind == "regex":
+        return str(xgr.Grammar.from_regex(text))
+    if kind == "ebnf":
+        return str(xgr.Grammar.from_ebnf(text))
+    return None
+
+
 def compile_kind(xgr_compiler, kind: str, text: str, config: GrammarConfig):
     """Compile ``text`` as ``kind`` with an ``xgrammar.GrammarCompiler`` (may raise)."""
     check_kind(kind)

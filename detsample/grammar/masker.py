@@ -5,7 +5,11 @@ larger batch or vocabulary arrives, and an ``xgrammar.BatchGrammarMatcher`` that
 the active rows in parallel. Only rows whose grammar is active are filled and masked;
 every other row's logits are untouched, bit for bit.
 
-Two things keep the step cheap at large batch:
+Three things keep the step cheap at large batch:
+
+* a matcher state's bitmask row is filled once: rows whose grammar names its states
+  (:mod:`~detsample.grammar.statekeys`) copy the row filled for their state, and rows
+  of one step in one state are filled once;
 
 * :meth:`GrammarMasker.masked_step` writes the masked logits into a persistent buffer
   (:class:`~detsample.grammar.maskbuffer.MaskedLogitsBuffer`) at the cost of the columns
@@ -107,21 +111,61 @@ class GrammarMasker:
 
         ``grammars[r]`` is row r's grammar or None. Pending grammars are waited for
         (bounded); failed/terminated ones are skipped. Rows prefetched for the current
-        matcher state are copied (after waiting for their fill); the others are filled.
+        matcher state are copied (after waiting for their fill); so are rows whose named
+        state has a cached row, and rows in the state of an earlier row of this call;
+        the others are filled by xgrammar (and cached under their state's name).
         """
         resolve_all(grammars)
         bm = self.bitmask(len(grammars), vocab_size)
         rows = [r for r, g in enumerate(grammars) if g is not None and g.is_active]
-        todo = []
+        todo, first, copies, store, cached = [], {}, [], [], []
         for r in rows:
-            pre = grammars[r].take_prefetched()
+            g = grammars[r]
+            named = g.mask_state()
+            pre = g.take_prefetched()
             if pre is not None and pre.shape[0] == bm.shape[1]:
                 bm[r].copy_(pre)
-            else:
-                todo.append(r)
+                if named is not None:
+                    named[0].store(named[1], bm[r])
+                    cached.append(r)
+                continue
+            if named is not None:
+                keys, sid = named
+                hit = keys.mask(sid)
+                if hit is not None:
+                    bm[r].copy_(hit)
+                    cached.append(r)
+                    continue
+                src = first.setdefault((id(keys), sid), r)
+                if src != r:
+                    copies.append((r, src))
+                    continue
+                store.append(r)
+            todo.append(r)
         if todo:
             self._fill_rows("step", self._threads("step"), list(grammars), bm, todo)
+        for r in store:
+            keys, sid = grammars[r].mask_state()
+            keys.store(sid, bm[r])
+        for r, src in copies:
+            bm[r].copy_(bm[src])
+        self._verify(grammars, bm, cached + [r for r, _ in copies])
         return bm, rows
+
+    def _verify(self, grammars, bm: torch.Tensor, rows: list[int]) -> None:
+        """With ``verify_mask_cache``: fill the rows whose bits were copied again with
+        xgrammar and raise on any difference."""
+        rows = [r for r in rows if grammars[r].mask_state()[0].verify]
+        if not rows:
+            return
+        fresh = torch.empty((len(grammars), bm.shape[1]), dtype=torch.int32)
+        self._fill_rows("step", self._threads("step"), list(grammars), fresh, rows)
+        for r in rows:
+            if not torch.equal(fresh[r], bm[r]):
+                g = grammars[r]
+                raise GrammarError(
+                    f"request {g.rid!r}: cached bitmask row of state {g.mask_state()[1]} "
+                    f"differs from xgrammar's fill after {len(g.accepted)} tokens")
 
     def prefetch(self, grammars: Sequence[RequestGrammar | None]) -> int:
         """Start filling the next bitmask row of every active grammar in a background
@@ -134,14 +178,41 @@ class GrammarMasker:
         rows = torch.empty((len(active), w), dtype=torch.int32)
         for g in active:
             g._settle()  # an earlier prefetch of the same matcher must finish first
+        todo, hits, copies, first = [], [], [], {}
+        for i, g in enumerate(active):
+            named = g.mask_state()
+            if named is not None:
+                keys, sid = named
+                hit = keys.mask(sid)
+                if hit is not None:
+                    hits.append((i, hit))
+                    continue
+                src = first.setdefault((id(keys), sid), i)
+                if src != i:
+                    copies.append((i, src))
+                    continue
+            todo.append(i)
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(max_workers=1,
                                                thread_name_prefix="detsample-bitmask")
-        fut = self._pool.submit(self._fill_rows, "prefetch", self._threads("prefetch"), active, rows,
-                                list(range(len(active))))
+        fut = self._pool.submit(self._prefetch_rows, self._threads("prefetch"), active, rows,
+                                todo, hits, copies)
         for i, g in enumerate(active):
             g.set_prefetch(fut, rows, i)
         return len(active)
+
+    def _prefetch_rows(self, threads: int | str, active: list, rows: torch.Tensor,
+                       todo: list[int],
+                       hits: list[tuple[int, torch.Tensor]], copies: list[tuple[int, int]]
+                       ) -> None:
+        """The background part of :meth:`prefetch`: cached rows copied, the others
+        filled (one per state), rows sharing a state copied from the filled one."""
+        for i, hit in hits:
+            rows[i].copy_(hit)
+        if todo:
+            self._fill_rows("prefetch", threads, active, rows, todo)
+        for i, src in copies:
+            rows[i].copy_(rows[src])
 
     def wait_prefetched(self, grammars: Sequence[RequestGrammar | None]) -> None:
         """Block until the background fills of ``grammars`` are done (benchmarks)."""

@@ -17,7 +17,7 @@ compiled grammar.
 from __future__ import annotations
 
 import concurrent.futures as cf
-from typing import Sequence
+from typing import Callable, Sequence
 
 from detsample.errors import GrammarError
 from detsample.grammar.kinds import check_kind, grammar_text
@@ -37,10 +37,15 @@ class RequestGrammar:
         output_ids: tokens the request already generated; fed to the matcher when it is
             built (a rejected one fails the request).
         timeout_s: bound on one wait for the compilation.
+        state_keys: returns the grammar's
+            :class:`~detsample.grammar.statekeys.StateKeys` (or None) once it compiled;
+            with keys the request names its matcher states, and the masker fills a
+            state's bitmask row once (:meth:`mask_state`).
     """
 
     def __init__(self, rid: str, kind: str, future: cf.Future, vocab, *,
-                 output_ids: Sequence[int] = (), timeout_s: float = 30.0) -> None:
+                 output_ids: Sequence[int] = (), timeout_s: float = 30.0,
+                 state_keys: Callable[[], object] | None = None) -> None:
         self.rid = rid
         self.kind = check_kind(kind)
         self.vocab = vocab
@@ -53,6 +58,9 @@ class RequestGrammar:
         self.error: str | None = None
         self._prefetch = None  # (future, (n, W) int32 rows, row, version) of a background fill
         self._version = 0  # bumped on every matcher change: a prefetched row is for one version
+        self._state_keys = state_keys
+        self._keys = None  # StateKeys once active
+        self._sids: list[int] = []  # state name after each accepted token (and before all)
 
     @classmethod
     def from_params(cls, rid: str, params, vocab, *, output_ids: Sequence[int] = (),
@@ -78,9 +86,11 @@ class RequestGrammar:
         if compiler.vocab.fingerprint != vocab.fingerprint:
             raise GrammarError(f"request {rid!r}: the grammar compiler belongs to another "
                                "vocabulary")
-        fut = compiler.submit(kind, grammar_text(kind, value))
+        text = grammar_text(kind, value)
+        fut = compiler.submit(kind, text)
         return cls(rid, kind, fut, vocab, output_ids=output_ids,
-                   timeout_s=compiler.config.compile_timeout_s)
+                   timeout_s=compiler.config.compile_timeout_s,
+                   state_keys=lambda: compiler.state_keys(kind, text))
 
     # -- state -----------------------------------------------------------------------
     @property
@@ -105,6 +115,7 @@ class RequestGrammar:
         self.state = FAILED
         self.error = message
         self._matcher = None
+        self._keys, self._sids = None, []
 
     def fork(self) -> "RequestGrammar":
         """An independent copy in the same state (same compile future, a forked matcher):
@@ -116,6 +127,7 @@ class RequestGrammar:
         c._prefetch, c._version = None, 0
         c._future = self._future
         c._matcher = self._matcher.fork() if self._matcher is not None else None
+        c._state_keys, c._keys, c._sids = self._state_keys, self._keys, list(self._sids)
         c._initial = list(self._initial)
         c.accepted = list(self.accepted)
         c.state, c.error = self.state, self.error
@@ -144,11 +156,13 @@ class RequestGrammar:
 
         self._matcher = xgr.GrammarMatcher(compiled)
         self.state = ACTIVE
+        self._keys = self._state_keys() if self._state_keys is not None else None
+        self._sids = [self._keys.start] if self._keys is not None else []
         for tid in self._initial:
             if not self._matcher.accept_token(tid):
                 self.fail(self._reject_message(tid, "existing output token"))
                 break
-            self.accepted.append(tid)
+            self._accepted(tid)
             if self._matcher.is_terminated():
                 self.state = TERMINATED
                 break
@@ -166,6 +180,20 @@ class RequestGrammar:
     def matcher(self):
         """The xgrammar ``GrammarMatcher`` (resolving the compilation first)."""
         return self._require_matcher("use the matcher")
+
+    def _accepted(self, tid: int) -> None:
+        self.accepted.append(tid)
+        if self._keys is not None:
+            self._sids.append(self._keys.step(self._sids[-1], tid))
+
+    def mask_state(self):
+        """``(StateKeys, state id)`` naming the matcher's current state when the grammar
+        has keys and the state is named (its bitmask row may be cached), else None."""
+        keys = self._keys
+        if keys is None or self.state != ACTIVE:
+            return None
+        sid = self._sids[-1]
+        return (keys, sid) if keys.named(sid) else None
 
     def _reject_message(self, tid: int, what: str = "token") -> str:
         prefix = self.vocab.decode(self.accepted)
@@ -232,7 +260,7 @@ class RequestGrammar:
         self._changed()
         if not 0 <= tid < self.vocab.vocab_size or not m.accept_token(tid):
             raise GrammarError(self._reject_message(tid))
-        self.accepted.append(tid)
+        self._accepted(tid)
         if m.is_terminated():
             self.state = TERMINATED
 
@@ -247,6 +275,8 @@ class RequestGrammar:
         self._changed()
         m.rollback(k)
         del self.accepted[-k:]
+        if self._keys is not None:
+            del self._sids[-k:]
         self.state = ACTIVE
 
     def jump_forward(self) -> tuple[int, list[int]]:

@@ -5,6 +5,15 @@ import torch
 
 from detsample import Vocabulary
 from detsample.grammar import GrammarMasker, RequestGrammar
+from detsample.grammar.compiler import GrammarCompiler
+from detsample.grammar.config import GrammarConfig
+
+
+def verifying(vocab):
+    """``vocab`` with a grammar compiler whose mask cache is checked against a fresh
+    xgrammar fill on every copied row (a difference raises GrammarError)."""
+    vocab._compiler = GrammarCompiler(vocab, GrammarConfig(verify_mask_cache=True))
+    return vocab
 
 
 def generate(vocab, grammars, *, seed=0, max_steps=400, scale=3.0):
@@ -29,7 +38,7 @@ def generate(vocab, grammars, *, seed=0, max_steps=400, scale=3.0):
 
 @pytest.fixture
 def vocab():
-    v = Vocabulary.default()
+    v = verifying(Vocabulary.default())
     yield v
     v.grammar_compiler.close()
 
