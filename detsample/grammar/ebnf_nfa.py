@@ -24,7 +24,7 @@ import re
 
 #: Expansion bound (nodes); a grammar needing more is not named (its masks are filled
 #: as before).
-MAX_NODES = 200_000
+MAX_NODES = 100_000
 _MAX_CP = 0x10FFFF
 
 
@@ -252,6 +252,28 @@ class NFA:
             else:
                 stack.extend(self.eps[n])
         return frozenset(out)
+
+
+    def step(self, nodes: frozenset[int], cp: int) -> frozenset[int]:
+        """The node set after codepoint ``cp`` (empty: no derivation continues)."""
+        return self.closure([self.succ[n] for n in nodes if _in(cp, self.label[n])])
+
+    def matches(self, start: int, text: str) -> bool:
+        """Whether the grammar derives ``text`` (a str of codepoints)."""
+        nodes = self.closure([start])
+        for ch in text:
+            nodes = self.step(nodes, ord(ch))
+        return self.final in nodes
+
+
+def _in(cp: int, ranges: tuple) -> bool:
+    """Whether ``cp`` lies in the sorted inclusive ``ranges``."""
+    for lo, hi in ranges:
+        if cp < lo:
+            return False
+        if cp <= hi:
+            return True
+    return False
 
 
 def build_nfa(text: str, root: str = "root") -> tuple[NFA, int]:

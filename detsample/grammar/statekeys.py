@@ -38,7 +38,7 @@ UNNAMED = -1
 MAX_STATES = 100_000
 #: Bytes of bitmask rows kept per grammar (least recently used dropped first).
 MASK_CACHE_BYTES = 16 << 20
-_TOKEN_MEMO = 1 << 20  # (state, token) transitions kept before the memo is cleared
+_BYTE_MEMO = 1 << 20  # (state, byte) transitions kept before the memo is cleared
 
 
 def _utf8_length(lead: int) -> int:
@@ -51,15 +51,6 @@ def _utf8_length(lead: int) -> int:
     if 0xF0 <= lead <= 0xF4:
         return 4
     return 0
-
-
-def _in(cp: int, ranges: tuple) -> bool:
-    for lo, hi in ranges:
-        if cp < lo:
-            return False
-        if cp <= hi:
-            return True
-    return False
 
 
 class StateKeys:
@@ -87,7 +78,6 @@ class StateKeys:
         self._ids: dict[tuple[frozenset, bytes], int] = {}
         self._states: list[tuple[frozenset, bytes]] = []
         self._byte: dict[tuple[int, int], int] = {}
-        self._tok: dict[tuple[int, int], int] = {}
         self._masks: OrderedDict[int, torch.Tensor] = OrderedDict()
         self.max_masks = max(16, MASK_CACHE_BYTES // (4 * width))
         self.hits = 0
@@ -124,7 +114,10 @@ class StateKeys:
     def _step_byte(self, sid: int, b: int) -> int:
         nxt = self._byte.get((sid, b))
         if nxt is None:
-            nxt = self._byte[(sid, b)] = self._advance(sid, b)
+            nxt = self._advance(sid, b)
+            if len(self._byte) >= _BYTE_MEMO:
+                self._byte.clear()
+            self._byte[(sid, b)] = nxt
         return nxt
 
     def _advance(self, sid: int, b: int) -> int:
@@ -139,28 +132,18 @@ class StateKeys:
             cp = ord(part.decode("utf-8"))
         except UnicodeDecodeError:
             return UNNAMED
-        nfa = self._nfa
-        nxt = [nfa.succ[n] for n in nodes if _in(cp, nfa.label[n])]
-        if not nxt:
-            return UNNAMED
-        return self._intern(nfa.closure(nxt), b"")
+        nxt = self._nfa.step(nodes, cp)
+        return self._intern(nxt, b"") if nxt else UNNAMED
 
     def step(self, sid: int, tid: int) -> int:
         """The name after accepting token ``tid`` in state ``sid``."""
-        if sid == UNNAMED or tid in self._stop:
+        if tid in self._stop:
             return sid
-        key = (sid, tid)
-        nxt = self._tok.get(key)
-        if nxt is None:
-            nxt = sid
-            for b in self._tokens[tid]:
-                nxt = self._step_byte(nxt, b)
-                if nxt == UNNAMED:
-                    break
-            if len(self._tok) >= _TOKEN_MEMO:
-                self._tok.clear()
-            self._tok[key] = nxt
-        return nxt
+        for b in self._tokens[tid]:
+            if sid == UNNAMED:
+                break
+            sid = self._step_byte(sid, b)
+        return sid
 
     def named(self, sid: int) -> bool:
         """True when ``sid`` names a state whose bitmask row may be cached."""

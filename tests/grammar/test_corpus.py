@@ -21,7 +21,7 @@ from detsample import Request, Sampler, SamplingBatch, SamplingParams, Vocabular
 from detsample.grammar import RequestGrammar
 from detsample.grammar.batching import grammar_errors
 from detsample.threads import torch_threads
-from tests.grammar.conftest import generate
+from tests.grammar.conftest import generate, verifying
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "json_schemas"
 SCHEMAS = {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(DATA.glob("*.json"))}
@@ -51,7 +51,7 @@ def test_corpus_is_large_and_covers_the_keywords():
 
 @pytest.fixture(scope="module", params=sorted(VOCABS))
 def corpus_vocab(request):
-    v = VOCABS[request.param]()
+    v = verifying(VOCABS[request.param]())  # every cached bitmask row checked
     yield v
     v.grammar_compiler.close()
 
@@ -99,7 +99,7 @@ def _sample_with_sampler(vocab, names, seed):
 
 def test_sampler_end_to_end_on_a_slice_of_the_corpus():
     """The full Sampler (penalty-free, temperature 1) on every fifth schema."""
-    vocab = Vocabulary.default()
+    vocab = verifying(Vocabulary.default())
     _sample_with_sampler(vocab, list(SCHEMAS)[::5], seed=3)
 
 

@@ -14,6 +14,9 @@ BAD_CONFIGS = [
     ({"max_workers": 0}, "max_workers must be an integer >= 1, got 0"),
     ({"xgrammar_threads": 1.5}, "xgrammar_threads must be an integer >= 1, got 1.5"),
     ({"max_whitespace_cnt": 0}, "max_whitespace_cnt must be None or >= 1, got 0"),
+    ({"mask_cache": 1}, "mask_cache must be a bool, got 1"),
+    ({"verify_mask_cache": "yes"}, "verify_mask_cache must be a bool, got 'yes'"),
+    ({"strict_mode": None}, "strict_mode must be a bool, got None"),
 ]
 
 
