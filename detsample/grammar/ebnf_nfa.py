@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import re
 
+from detsample.grammar.regex import complement, normalize
 #: Expansion bound (nodes); a grammar needing more is not named (its masks are filled
 #: as before).
 MAX_NODES = 100_000
-_MAX_CP = 0x10FFFF
 
 
 class Unsupported(Exception):
@@ -53,6 +53,11 @@ def _escape(s: str, i: int) -> tuple[int, int]:
     return ord(c), i + 2
 
 
+def _char(s: str, i: int) -> tuple[int, int]:
+    """The codepoint at ``s[i]`` (an escape or a plain character) and the index after."""
+    return _escape(s, i) if s[i] == "\\" else (ord(s[i]), i + 1)
+
+
 def _tokens(text: str) -> list[tuple[str, object]]:
     out: list[tuple[str, object]] = []
     i, n = 0, len(text)
@@ -63,10 +68,7 @@ def _tokens(text: str) -> list[tuple[str, object]]:
         elif c == '"':
             cps, i = [], i + 1
             while i < n and text[i] != '"':
-                if text[i] == "\\":
-                    cp, i = _escape(text, i)
-                else:
-                    cp, i = ord(text[i]), i + 1
+                cp, i = _char(text, i)
                 cps.append(cp)
             if i >= n:
                 raise Unsupported("unterminated string literal")
@@ -78,16 +80,10 @@ def _tokens(text: str) -> list[tuple[str, object]]:
             i += neg
             items: list[int] = []
             while i < n and text[i] != "]":
-                if text[i] == "\\":
-                    cp, i = _escape(text, i)
-                else:
-                    cp, i = ord(text[i]), i + 1
+                cp, i = _char(text, i)
                 items.append(cp)
                 if i + 1 < n and text[i] == "-" and text[i + 1] != "]":
-                    if text[i + 1] == "\\":
-                        hi, i = _escape(text, i + 1)
-                    else:
-                        hi, i = ord(text[i + 1]), i + 2
+                    hi, i = _char(text, i + 1)
                     items[-1] = (items[-1], hi)
             if i >= n:
                 raise Unsupported("unterminated character class")
@@ -121,25 +117,11 @@ def _tokens(text: str) -> list[tuple[str, object]]:
 
 def _ranges(items: list, negated: bool) -> tuple[tuple[int, int], ...]:
     """Sorted disjoint inclusive codepoint ranges of a class."""
-    rs = sorted((x, x) if isinstance(x, int) else x for x in items)
-    merged: list[list[int]] = []
+    rs = [(x, x) if isinstance(x, int) else x for x in items]
     for lo, hi in rs:
         if lo > hi:
             raise Unsupported(f"empty class range {lo:#x}-{hi:#x}")
-        if merged and lo <= merged[-1][1] + 1:
-            merged[-1][1] = max(merged[-1][1], hi)
-        else:
-            merged.append([lo, hi])
-    if negated:
-        out, prev = [], 0
-        for lo, hi in merged:
-            if lo > prev:
-                out.append((prev, lo - 1))
-            prev = hi + 1
-        if prev <= _MAX_CP:
-            out.append((prev, _MAX_CP))
-        return tuple(out)
-    return tuple((lo, hi) for lo, hi in merged)
+    return complement(rs) if negated else normalize(rs)
 
 
 # -- parsing ------------------------------------------------------------------------

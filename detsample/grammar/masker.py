@@ -47,6 +47,26 @@ def resolve_all(grammars: Sequence[RequestGrammar | None]) -> None:
         g.resolve(timeout=0.0)
 
 
+def _by_state(grammars: Sequence, rows) -> tuple[list, list, list]:
+    """Split ``rows`` by their grammar's named state: ``(to fill, [(row, cached bits)],
+    [(row, an earlier row of the same state to copy once it is filled)])``."""
+    todo, hits, copies, first = [], [], [], {}
+    for r in rows:
+        named = grammars[r].mask_state()
+        if named is not None:
+            keys, sid = named
+            hit = keys.mask(sid)
+            if hit is not None:
+                hits.append((r, hit))
+                continue
+            src = first.setdefault((id(keys), sid), r)
+            if src != r:
+                copies.append((r, src))
+                continue
+        todo.append(r)
+    return todo, hits, copies
+
+
 class GrammarMasker:
     """Reusable bitmask buffer + parallel fill + apply (+ background prefetch).
 
@@ -118,38 +138,30 @@ class GrammarMasker:
         resolve_all(grammars)
         bm = self.bitmask(len(grammars), vocab_size)
         rows = [r for r, g in enumerate(grammars) if g is not None and g.is_active]
-        todo, first, copies, store, cached = [], {}, [], [], []
+        rest, cached = [], []
         for r in rows:
             g = grammars[r]
-            named = g.mask_state()
             pre = g.take_prefetched()
-            if pre is not None and pre.shape[0] == bm.shape[1]:
-                bm[r].copy_(pre)
-                if named is not None:
-                    named[0].store(named[1], bm[r])
-                    cached.append(r)
+            if pre is None or pre.shape[0] != bm.shape[1]:
+                rest.append(r)
                 continue
+            bm[r].copy_(pre)
+            named = g.mask_state()
             if named is not None:
-                keys, sid = named
-                hit = keys.mask(sid)
-                if hit is not None:
-                    bm[r].copy_(hit)
-                    cached.append(r)
-                    continue
-                src = first.setdefault((id(keys), sid), r)
-                if src != r:
-                    copies.append((r, src))
-                    continue
-                store.append(r)
-            todo.append(r)
+                named[0].store(named[1], bm[r])
+                cached.append(r)
+        todo, hits, copies = _by_state(grammars, rest)
+        for r, hit in hits:
+            bm[r].copy_(hit)
         if todo:
             self._fill_rows("step", self._threads("step"), list(grammars), bm, todo)
-        for r in store:
-            keys, sid = grammars[r].mask_state()
-            keys.store(sid, bm[r])
+        for r in todo:
+            named = grammars[r].mask_state()
+            if named is not None:
+                named[0].store(named[1], bm[r])
         for r, src in copies:
             bm[r].copy_(bm[src])
-        self._verify(grammars, bm, cached + [r for r, _ in copies])
+        self._verify(grammars, bm, cached + [r for r, _ in hits + copies])
         return bm, rows
 
     def _verify(self, grammars, bm: torch.Tensor, rows: list[int]) -> None:
@@ -178,20 +190,7 @@ class GrammarMasker:
         rows = torch.empty((len(active), w), dtype=torch.int32)
         for g in active:
             g._settle()  # an earlier prefetch of the same matcher must finish first
-        todo, hits, copies, first = [], [], [], {}
-        for i, g in enumerate(active):
-            named = g.mask_state()
-            if named is not None:
-                keys, sid = named
-                hit = keys.mask(sid)
-                if hit is not None:
-                    hits.append((i, hit))
-                    continue
-                src = first.setdefault((id(keys), sid), i)
-                if src != i:
-                    copies.append((i, src))
-                    continue
-            todo.append(i)
+        todo, hits, copies = _by_state(active, range(len(active)))
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(max_workers=1,
                                                thread_name_prefix="detsample-bitmask")

@@ -54,7 +54,8 @@ _FLAG_UNICODE = _sre_c.SRE_FLAG_UNICODE
 Ranges = tuple[tuple[int, int], ...]
 
 
-def _norm(ranges) -> Ranges:
+def normalize(ranges) -> Ranges:
+    """Sorted, disjoint, non-adjacent inclusive ranges covering the same code points."""
     out: list[list[int]] = []
     for lo, hi in sorted(ranges):
         if out and lo <= out[-1][1] + 1:
@@ -67,7 +68,7 @@ def _norm(ranges) -> Ranges:
 def complement(ranges) -> Ranges:
     """The code points of [0, U+10FFFF] not in ``ranges``."""
     out, nxt = [], 0
-    for lo, hi in _norm(ranges):
+    for lo, hi in normalize(ranges):
         if lo > nxt:
             out.append((nxt, lo - 1))
         nxt = hi + 1
@@ -78,12 +79,12 @@ def complement(ranges) -> Ranges:
 
 def subtract(a, b) -> Ranges:
     """``a`` minus ``b``."""
-    return _norm(_intersect(a, complement(b)))
+    return normalize(_intersect(a, complement(b)))
 
 
 def _intersect(a, b) -> list[tuple[int, int]]:
     out, i, j = [], 0, 0
-    a, b = _norm(a), _norm(b)
+    a, b = normalize(a), normalize(b)
     while i < len(a) and j < len(b):
         lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
         if lo <= hi:
