@@ -122,14 +122,19 @@ class GrammarCompiler:
                 self._stats.compile_seconds.append(dt)
 
     def _build_keys(self, kind: str, text: str) -> StateKeys | None:
-        """The state names of a grammar that compiled (None when not expandable)."""
-        source = grammar_source(kind, text, self.config)
-        if source is None:
+        """The state names of a grammar that compiled (None when not expandable). Never
+        raises: naming states only saves fills, so it must not fail a grammar that
+        compiled (its rows are then filled by xgrammar every step)."""
+        try:
+            source = grammar_source(kind, text, self.config)
+            if source is None:
+                return None
+            info = self.vocab.xgrammar_tokenizer_info()
+            return StateKeys.build(source, info.decoded_vocab, info.stop_token_ids,
+                                   (self.vocab.vocab_size + 31) // 32,
+                                   verify=self.config.verify_mask_cache)
+        except Exception:  # noqa: BLE001 -- see the docstring
             return None
-        info = self.vocab.xgrammar_tokenizer_info()
-        return StateKeys.build(source, info.decoded_vocab, info.stop_token_ids,
-                               (self.vocab.vocab_size + 31) // 32,
-                               verify=self.config.verify_mask_cache)
 
     def state_keys(self, kind: str, text: str) -> StateKeys | None:
         """The :class:`~detsample.grammar.statekeys.StateKeys` of a grammar once it

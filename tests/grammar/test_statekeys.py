@@ -201,3 +201,18 @@ def test_sessions_are_bitwise_the_same_with_and_without_the_cache(rows, family, 
     for a, b in zip(seen[True], seen[False]):
         for x, y in zip(a, b):
             assert (x is None and y is None) or torch.equal(x, y)
+
+
+def test_a_naming_failure_never_fails_the_grammar(monkeypatch):
+    """Bug pinned: an exception while naming states (here a broken reader) failed the
+    compilation, so the request, although xgrammar compiled its grammar."""
+    from detsample.grammar import compiler as compiler_mod
+
+    def broken(*a, **k):
+        raise ValueError("reader bug")
+    monkeypatch.setattr(compiler_mod, "grammar_source", broken)
+    vocab = Vocabulary.default()
+    g = RequestGrammar.submit("n", "json_schema", OBJ, vocab)
+    out = generate(vocab, [g], seed=0, max_steps=300)
+    assert not g.failed and g._keys is None and out[0]
+    vocab.grammar_compiler.close()
