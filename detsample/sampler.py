@@ -40,6 +40,7 @@ from detsample.ops import draw as draw_ops
 from detsample.ops import filters as filter_ops
 from detsample.ops import hostcut
 from detsample.ops import logprobs as lp_ops
+from detsample.ops import radix
 from detsample.ops.bias import apply_logit_bias_
 from detsample.ops.host import host_tensor
 from detsample.ops.sanitize import STATUS_NO_VALID_TOKEN, sanitize_rows_flagged
@@ -59,6 +60,9 @@ NUCLEUS_GROWTH = 8
 #: a plain grammar row is drawn over its allowed columns when they are at most this
 #: fraction of the vocabulary (beyond it the gather costs about what the full pass does)
 COLUMN_DRAW_MAX = 0.25
+#: rows that need the full sort's threshold get it by radix select (ops.radix) from this
+#: vocabulary size on (CPU, filter_impl "auto"); below it the sort is as fast
+SELECT_MIN_V = 4096
 DRAW_METHOD = "inverse-cdf/token-id-order/fixed-point"
 NEG_INF = float("-inf")
 
@@ -516,9 +520,11 @@ class Sampler:
         full_idx = list(sort_idx)
         if sort_idx:
             si = torch.cat(sort_idx) if len(sort_idx) > 1 else sort_idx[0]
-            tau[si] = filter_ops.thresholds_by_sort(
-                z.index_select(0, si), batch.top_ks[si], batch.top_ps[si], batch.min_ps[si],
-                frac)
+            by = radix.thresholds_by_select if (
+                self.filter_impl == "auto" and V >= SELECT_MIN_V and z.device.type == "cpu"
+            ) else filter_ops.thresholds_by_sort
+            tau[si] = by(z.index_select(0, si), batch.top_ks[si], batch.top_ps[si],
+                         batch.min_ps[si], frac)
         if rt.top_k_only:
             ti = rt.top_k_only.index
             tau[ti] = filter_ops.topk_threshold(rt.top_k_only.take(z), batch.top_ks[ti])

@@ -46,7 +46,7 @@ CONFIGS: dict[str, dict] = {
     "T0.8": dict(temperature=0.8),
     "greedy": dict(temperature=0.0),
 }
-LOGITS = ("peaked", "gaussian")
+LOGITS = ("peaked", "gaussian", "flat")
 
 #: deterministic peers (reproducible for a seed) and non-reproducible shortcuts
 DETERMINISTIC_PEERS = ("SGLang deterministic", "vLLM seeded")
@@ -132,13 +132,16 @@ def make_logits(case: Case, seed: int = 0, device: str = "cpu") -> torch.Tensor:
     """(B, V) float32 logits of the case's family.
 
     ``gaussian``: N(0, 3^2) i.i.d. (a flat top: top-p 0.9 keeps thousands of tokens).
+    ``flat``: N(0, 1) i.i.d. (a flat distribution, as at a high temperature: top-p 0.9 at
+    T = 0.8 keeps about half the vocabulary).
     ``peaked``: N(0, 2^2) plus 24 random tokens per row lifted by 16 - 2 log2(rank + 1),
     a language-model-like head (the top token holds roughly half the mass; top-p 0.9 at
     T = 0.8 keeps a few to a few dozen tokens).
     """
     g = torch.Generator().manual_seed(seed)
-    if case.logits == "gaussian":
-        return (torch.randn(case.B, case.V, generator=g) * 3).to(device)
+    if case.logits in ("gaussian", "flat"):
+        std = 3.0 if case.logits == "gaussian" else 1.0
+        return (torch.randn(case.B, case.V, generator=g) * std).to(device)
     x = torch.randn(case.B, case.V, generator=g) * 2
     n = min(24, case.V)
     lift = 16.0 - 2.0 * torch.log2(torch.arange(n, dtype=torch.float32) + 1)

@@ -27,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", nargs="+", default=list(CONFIGS), choices=list(CONFIGS),
                    metavar="NAME", help=f"sampling configs: {', '.join(CONFIGS)}")
     p.add_argument("--logits", default="peaked", choices=LOGITS,
-                   help="logits family: peaked (language-model-like) or gaussian (flat)")
+                   help="logits family: peaked (language-model-like), gaussian (a flat top) "
+                        "or flat (a flat distribution)")
     p.add_argument("--repeat", type=positive_int, default=7,
                    help="timed repeats per path (at least; see --min-seconds)")
     p.add_argument("--min-seconds", type=nonneg_float, default=1.0,

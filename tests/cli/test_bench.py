@@ -39,7 +39,7 @@ def test_comma_separated_batches_and_peer_columns(tmp_path, capsys):
 # Bug pinned: these crashed with a traceback (StatisticsError, InvalidSamplingParams,
 # RuntimeError), ran an empty batch, or silently ignored --threads 0.
 BAD = [["--repeat", "0"], ["--threads", "0"], ["--batch", "0"], ["--batch", "-1"],
-       ["--batch", "1,x"], ["--vocab", "0"], ["--config", "bogus"], ["--logits", "flat"],
+       ["--batch", "1,x"], ["--vocab", "0"], ["--config", "bogus"], ["--logits", "uniform"],
        ["--min-seconds", "-1"], ["--min-seconds", "nan"]]
 
 
