@@ -63,6 +63,9 @@ COLUMN_DRAW_MAX = 0.25
 #: rows that need the full sort's threshold get it by radix select (ops.radix) from this
 #: vocabulary size on (CPU, filter_impl "auto"); below it the sort is as fast
 SELECT_MIN_V = 4096
+#: ... and a top-p row stops growing its candidates once its nucleus is known to hold
+#: more than V / SELECT_RATIO tokens
+SELECT_RATIO = 64
 DRAW_METHOD = "inverse-cdf/token-id-order/fixed-point"
 NEG_INF = float("-inf")
 
@@ -515,14 +518,13 @@ class Sampler:
                                           total, compact, plan, prep)
         if sort_idx and z is None:  # a tie group spilled past the candidates
             z = self._scaled(prep, plan)
+        select = self.filter_impl == "auto" and V >= SELECT_MIN_V and device.type == "cpu"
         if rt.nucleus:
-            sort_idx += self._nucleus(z, batch, rt.nucleus, frac, tau, total, compact)
+            sort_idx += self._nucleus(z, batch, rt.nucleus, frac, tau, total, compact, select)
         full_idx = list(sort_idx)
         if sort_idx:
             si = torch.cat(sort_idx) if len(sort_idx) > 1 else sort_idx[0]
-            by = radix.thresholds_by_select if (
-                self.filter_impl == "auto" and V >= SELECT_MIN_V and z.device.type == "cpu"
-            ) else filter_ops.thresholds_by_sort
+            by = radix.thresholds_by_select if select else filter_ops.thresholds_by_sort
             tau[si] = by(z.index_select(0, si), batch.top_ks[si], batch.top_ps[si],
                          batch.min_ps[si], frac)
         if rt.top_k_only:
@@ -648,12 +650,15 @@ class Sampler:
         total[ci] = torch.from_numpy(t.total)
         compact.append((ci, torch.from_numpy(t.sorted_ids), torch.from_numpy(t.csum), every))
 
-    def _nucleus(self, z, batch, rows: Rows, frac: int, tau, total, compact
-                 ) -> list[torch.Tensor]:
+    def _nucleus(self, z, batch, rows: Rows, frac: int, tau, total, compact,
+                 select: bool = False) -> list[torch.Tensor]:
         """Top-p rows without a small top-k: the exact mass of the top-k survivors, then
         a bounded ``topk`` that grows until the nucleus ends inside it
         (:func:`~detsample.ops.filters.nucleus_prefix`); returns the rows whose nucleus
-        outgrows ``V / CANDIDATE_RATIO`` candidates (they need the sort)."""
+        outgrows ``V / CANDIDATE_RATIO`` candidates (they need the sort's threshold).
+        ``select``: that threshold comes from the radix select, so rows stop growing as
+        soon as a nucleus is known to hold more than ``V / SELECT_RATIO`` tokens (a
+        larger ``topk`` would cost more than the select)."""
         V = z.shape[1]
         idx, every = rows.index, rows.every
         zn = rows.take(z)
@@ -680,9 +685,9 @@ class Sampler:
             und = (~decided).nonzero().flatten()
             plain = torch.isneginf(thr[und]) & (min_ps[und] == 0)  # the bound holds
             need = filter_ops.mass_needed_bound(vals[und], mass[und], top_ps[und], frac)
-            grow = int(torch.where(plain, need, torch.zeros_like(need)).max()) + K + 1
-            K = min(max(K * NUCLEUS_GROWTH, grow), V)
-            if K > cap:
+            bound = int(torch.where(plain, need, torch.zeros_like(need)).max())
+            K = min(max(K * NUCLEUS_GROWTH, bound + K + 1), V)
+            if K > cap or (select and bound > V // SELECT_RATIO):
                 return [idx[und]]
             idx, zn, thr, mass = idx[und], zn[und], thr[und], mass[und]
             top_ps, min_ps = top_ps[und], min_ps[und]
