@@ -15,8 +15,8 @@ reads only *the mass strictly above a value*, so the threshold can be found by v
   ``2**11`` bins of ``m >> 20``; the exclusive running sum over bins is the mass strictly
   above the largest value of each bin, so the threshold lies in the last bin whose
   running sum passes ``float64(above) < top_p * float64(Z)``;
-* three more levels do the same over the next 8, 8 and 4 bits of the elements of that
-  bin only; at the last, one bin is one value.
+* two more levels do the same over the next 10 and the last 10 bits of the elements of
+  that bin only; at the last, one bin is one value.
 
 Sums are exact integers (order-free), the comparison is the one of the sort path, and
 min-p and top-k are value thresholds of their own (their kept sets are upward closed
@@ -31,7 +31,7 @@ from detsample.ops.filters import quantize_mass, thresholds_by_sort, topk_thresh
 
 _HI_SHIFT = 20  # level 1 bins m >> 20 (2**11 bins: the exponent and 3 mantissa bits)
 _HI_BINS = 1 << (31 - _HI_SHIFT)
-_LEVELS = ((12, 0xFF), (4, 0xFF), (0, 0xF))  # then 8, 8 and 4 bits inside the chosen bin
+_LEVELS = ((10, 0x3FF), (0, 0x3FF))  # then 10 and 10 bits inside the chosen bin
 
 
 def thresholds_by_select(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -89,8 +89,8 @@ def _nucleus_value(m: torch.Tensor, q: torch.Tensor, limit: torch.Tensor) -> tor
     above it, which never passes (``float64(Z) < top_p * float64(Z)`` is false), so the
     top-k casualties need no exclusion.
 
-    Level 1 bins the whole rows by ``m >> 20``; the next levels bin only the elements of
-    the chosen bin, by the next 8, 8 and 4 bits (at the last, one bin is one value)."""
+    Level 1 bins the whole rows by ``m >> 20``; the next two bin only the elements of
+    the chosen bin, by the next 10 and the last 10 bits (there one bin is one value)."""
     r = m.shape[0]
     hi = m >> _HI_SHIFT
     flat = (hi + (torch.arange(r, dtype=torch.int32, device=m.device) * _HI_BINS).unsqueeze(1))
@@ -105,9 +105,9 @@ def _nucleus_value(m: torch.Tensor, q: torch.Tensor, limit: torch.Tensor) -> tor
     value = b << _HI_SHIFT
     for shift, mask in _LEVELS:  # over the chosen bin's elements only
         digit = ((mm >> shift) & mask).to(torch.int64)
-        mass = torch.zeros(r * 256, dtype=torch.int64, device=m.device)
-        mass.index_add_(0, ri * 256 + digit, qq)
-        mass = mass.view(r, 256)
+        mass = torch.zeros(r * (mask + 1), dtype=torch.int64, device=m.device)
+        mass.index_add_(0, ri * (mask + 1) + digit, qq)
+        mass = mass.view(r, mask + 1)
         above = mass.cumsum(-1).sub_(mass).add_(base.unsqueeze(1))
         d = _last_passing(above, limit)
         base = above.gather(1, d.unsqueeze(1)).squeeze(1)
