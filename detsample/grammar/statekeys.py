@@ -19,7 +19,8 @@ step both ways over the schema corpus (``GrammarConfig(verify_mask_cache=True)``
 
 What is left unnamed (filled by xgrammar every time, as before): a text that ends
 inside a multi-byte UTF-8 character, text that is not valid UTF-8, grammars this reader
-does not expand (``Unsupported``), and states past ``MAX_STATES``.
+does not expand (``Unsupported``), and states past ``MAX_STATES`` or of more than
+``MAX_STATE_NODES`` nodes.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ from detsample.grammar.ebnf_nfa import NFA, Unsupported, build_nfa
 UNNAMED = -1
 #: Bound on the named states of one grammar; later states are unnamed.
 MAX_STATES = 100_000
+#: Bound on the NFA nodes of one state (a highly ambiguous grammar); larger ones are
+#: unnamed, so following a text never costs more than this many nodes a byte.
+MAX_STATE_NODES = 4096
 #: Bytes of bitmask rows kept per grammar (least recently used dropped first).
 MASK_CACHE_BYTES = 16 << 20
 _BYTE_MEMO = 1 << 20  # (state, byte) transitions kept before the memo is cleared
@@ -133,7 +137,7 @@ class StateKeys:
         except UnicodeDecodeError:
             return UNNAMED
         nxt = self._nfa.step(nodes, cp)
-        return self._intern(nxt, b"") if nxt else UNNAMED
+        return self._intern(nxt, b"") if 0 < len(nxt) <= MAX_STATE_NODES else UNNAMED
 
     def step(self, sid: int, tid: int) -> int:
         """The name after accepting token ``tid`` in state ``sid``."""

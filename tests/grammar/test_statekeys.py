@@ -118,13 +118,19 @@ def test_texts_inside_or_outside_utf8_are_not_named():
     compiler.close()
 
 
-def test_state_bound_leaves_later_states_unnamed(monkeypatch):
-    monkeypatch.setattr(statekeys, "MAX_STATES", 3)
+@pytest.mark.parametrize("bound", ["MAX_STATES", "MAX_STATE_NODES"])
+def test_state_bounds_leave_states_unnamed(monkeypatch, bound):
+    """A grammar past either bound still samples, its rows filled by xgrammar."""
+    monkeypatch.setattr(statekeys, bound, 3 if bound == "MAX_STATES" else 1)
     vocab = _with_config(Vocabulary.default(), verify_mask_cache=True)
     g = RequestGrammar.submit("b", "json_schema", OBJ, vocab)
     generate(vocab, [g], seed=2, max_steps=300)
-    assert g._keys.num_states == 3 and UNNAMED in g._sids
-    assert g.is_terminated()
+    keys = g._keys
+    assert UNNAMED in g._sids and g.is_terminated()
+    if bound == "MAX_STATES":
+        assert keys.num_states == 3
+    else:  # (the start state is interned before any bound applies)
+        assert all(len(keys._states[s][0]) <= 1 for s in g._sids[1:] if s != UNNAMED)
 
 
 def test_mask_cache_keeps_at_most_max_masks(vocab, submit):
