@@ -1,12 +1,14 @@
 """Shared helpers for grammar tests: seeded random-logit generation under grammars."""
 
+import numpy as np
 import pytest
 import torch
 
-from detsample import Vocabulary
+from detsample import Request, Vocabulary
 from detsample.grammar import GrammarMasker, RequestGrammar
 from detsample.grammar.compiler import GrammarCompiler
 from detsample.grammar.config import GrammarConfig
+from tests.helpers import logits_rows
 
 
 def verifying(vocab):
@@ -34,6 +36,55 @@ def generate(vocab, grammars, *, seed=0, max_steps=400, scale=3.0):
             grammars[r].accept_token(int(toks[r]))
             outs[r].append(int(toks[r]))
     raise AssertionError(f"grammars still active after {max_steps} steps: {grammars}")
+
+
+def grammar_requests(rows, grammars) -> list:
+    """Requests ``r0, r1, ...`` from ``(params, i)`` pairs: ``grammars[i]`` is None (a free
+    row) or the ``(kind, value)`` set on the params."""
+    reqs = []
+    for i, (p, g) in enumerate(rows):
+        if grammars[g] is not None:
+            kind, value = grammars[g]
+            p = p.replace(**{kind: value})
+        reqs.append(Request(f"r{i}", p, prompt_ids=[1]))
+    return reqs
+
+
+def random_session(sampler, batch, vocab_size: int, seed: int, family: str, steps: int, *,
+                   rescore: bool = False, prefetch: bool = False) -> list[tuple]:
+    """Sample and advance ``batch`` on seeded ``logits_rows`` of ``family`` until every row
+    finished or ``steps`` steps. Returns each step's ``(token_ids, logprobs, status)``,
+    with ``rescore`` also ``compute_logprobs`` of the tokens and the top-logprob values;
+    ``prefetch``: ``sampler.prefetch_grammar`` after each advance."""
+    rng, seen = np.random.default_rng(seed), []
+    for _ in range(steps):
+        if all(f is not None for f in batch.finished):
+            break
+        x = torch.from_numpy(logits_rows(rng, len(batch), vocab_size, family))
+        pos = torch.tensor([len(o) for o in batch.output_ids])
+        out = sampler.sample(x, batch, pos)
+        step = (out.token_ids, out.logprobs, out.status)
+        if rescore:
+            step += (sampler.compute_logprobs(x, batch, out.token_ids),
+                     None if out.top_logprobs is None else out.top_logprobs[0])
+        seen.append(step)
+        batch.advance(out.token_ids)
+        if prefetch:
+            sampler.prefetch_grammar(batch)
+    return seen
+
+
+def same_steps(a, b) -> None:
+    """Assert two sessions' step outputs are the same bits (floats compared as int32)."""
+    assert len(a) == len(b)
+    for step, (x, y) in enumerate(zip(a, b)):
+        for u, v in zip(x, y):
+            if u is None or v is None:
+                assert u is v, step
+            elif u.dtype.is_floating_point:
+                assert torch.equal(u.view(torch.int32), v.view(torch.int32)), step
+            else:
+                assert torch.equal(u, v), step
 
 
 @pytest.fixture

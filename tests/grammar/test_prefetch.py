@@ -8,7 +8,6 @@ Pins a prefetched bitmask used for a matcher that changed after the fill started
 the sampler trusting mask maxima where a penalty or a bias may have overflowed.
 """
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -16,7 +15,9 @@ from hypothesis import strategies as st
 
 from detsample import Request, Sampler, SamplingBatch, SamplingParams, Vocabulary
 from detsample import sampler as sampler_module
-from tests.helpers import logits_rows, params_strategy
+from tests.helpers import params_strategy
+
+from .conftest import grammar_requests, random_session, same_steps
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"},
@@ -80,24 +81,12 @@ def _run(vocab, mix, *, reference: bool, prefetch: bool, steps: int = 24):
     return seen
 
 
-def _same(a, b):
-    assert len(a) == len(b)
-    for step, (x, y) in enumerate(zip(a, b)):
-        for u, v in zip(x, y):
-            if u is None or v is None:
-                assert u is v, step
-            elif u.dtype.is_floating_point:
-                assert torch.equal(u.view(torch.int32), v.view(torch.int32)), step
-            else:
-                assert torch.equal(u, v), step
-
-
 @pytest.mark.parametrize("mix,prefetch", [("all", True), ("bias", False), ("mask", True)])
 def test_cheap_mask_step_is_bitwise_the_reference(vocab, mix, prefetch):
     """Token ids, logprobs, top logprobs and status: bit for bit the plain select with
     re-sanitising, with and without the background fill."""
     ref = _run(vocab, mix, reference=True, prefetch=False)
-    _same(_run(vocab, mix, reference=False, prefetch=prefetch), ref)
+    same_steps(_run(vocab, mix, reference=False, prefetch=prefetch), ref)
 
 
 def test_prefetch_waits_before_the_matcher_changes(vocab):
@@ -140,14 +129,9 @@ def test_column_draw_is_bitwise_the_full_pass(rows, family, seed, most):
     allowed columns or over the whole vocabulary (``most`` 1.0: dense select rows too)."""
     vocab = _default_vocab()
     assert vocab.vocab_size == 512
-    reqs = []
-    for i, (p, g, plain) in enumerate(rows):
-        if plain:  # no top-k / top-p: the rows drawn over their columns
-            p = p.replace(top_k=-1, top_p=1.0)
-        if GRAMMARS[g] is not None:
-            kind, value = GRAMMARS[g]
-            p = p.replace(**{kind: value})
-        reqs.append(Request(f"r{i}", p, prompt_ids=[1]))
+    # plain: no top-k / top-p, the rows drawn over their columns
+    reqs = grammar_requests([(p.replace(top_k=-1, top_p=1.0) if plain else p, g)
+                             for p, g, plain in rows], GRAMMARS)
     fast, full = Sampler(), Sampler()
     full._by_columns = lambda plan, prep: None  # the full-vocabulary draw
     got, ref, used = [], [], []
@@ -155,22 +139,12 @@ def test_column_draw_is_bitwise_the_full_pass(rows, family, seed, most):
         mp.setattr(sampler_module, "COLUMN_DRAW_MAX", most)
         for sampler, seen in ((fast, got), (full, ref)):
             batch = SamplingBatch.from_requests(reqs, vocab_size=512, vocab=vocab)
-            step_rng = np.random.default_rng(seed)
             if sampler is fast:
                 by_columns = sampler._by_columns
                 sampler._by_columns = lambda plan, prep: used.append(
                     by_columns(plan, prep)) or used[-1]
-            for step in range(6):
-                if all(f is not None for f in batch.finished):
-                    break
-                x = torch.from_numpy(logits_rows(step_rng, len(batch), 512, family))
-                pos = torch.tensor([len(o) for o in batch.output_ids])
-                out = sampler.sample(x, batch, pos)
-                lp = sampler.compute_logprobs(x, batch, out.token_ids)
-                seen.append((out.token_ids, out.logprobs, out.status, lp,
-                             None if out.top_logprobs is None else out.top_logprobs[0]))
-                batch.advance(out.token_ids)
-    _same(got, ref)
+            seen.extend(random_session(sampler, batch, 512, seed, family, 6, rescore=True))
+    same_steps(got, ref)
     if family not in ("mixed", "neginf") and any(  # (no row without a finite allowed logit)
             GRAMMARS[g] is not None and p.temperature > 0 and (plain or (
                 p.top_k in (-1, 517) and p.top_p == 1.0)) for p, g, plain in rows):

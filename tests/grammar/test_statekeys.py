@@ -12,21 +12,20 @@ the cache on and off (with and without prefetch).
 
 import json
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detsample import Request, Sampler, SamplingBatch, SamplingParams, Vocabulary
+from detsample import Sampler, SamplingBatch, Vocabulary
 from detsample.errors import GrammarError
 from detsample.grammar import GrammarMasker, RequestGrammar, statekeys
 from detsample.grammar.compiler import GrammarCompiler
 from detsample.grammar.config import GrammarConfig
 from detsample.grammar.statekeys import UNNAMED, StateKeys
-from tests.helpers import logits_rows, params_strategy
+from tests.helpers import params_strategy
 
-from .conftest import generate
+from .conftest import generate, grammar_requests, random_session, same_steps
 
 INT_ARRAY = {"type": "array", "items": {"type": "integer"}, "maxItems": 6}
 OBJ = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
@@ -183,30 +182,13 @@ def test_sessions_are_bitwise_the_same_with_and_without_the_cache(rows, family, 
     seen = {}
     for cache in (True, False):
         vocab = _session_vocab(cache)
-        reqs = []
-        for i, (p, g) in enumerate(rows):
-            if GRAMMARS[g] is not None:
-                kind, value = GRAMMARS[g]
-                p = p.replace(**{kind: value})
-            reqs.append(Request(f"r{i}", p, prompt_ids=[1]))
-        batch = SamplingBatch.from_requests(reqs, vocab_size=512, vocab=vocab)
-        sampler, step_rng, got = Sampler(), np.random.default_rng(seed), []
-        for _ in range(8):
-            if all(f is not None for f in batch.finished):
-                break
-            x = torch.from_numpy(logits_rows(step_rng, len(batch), 512, family))
-            pos = torch.tensor([len(o) for o in batch.output_ids])
-            out = sampler.sample(x, batch, pos)
-            got.append((out.token_ids, out.logprobs, out.status))
-            batch.advance(out.token_ids)
-            if prefetch and cache:
-                sampler.prefetch_grammar(batch)
+        batch = SamplingBatch.from_requests(grammar_requests(rows, GRAMMARS), vocab_size=512,
+                                            vocab=vocab)
+        sampler = Sampler()
+        seen[cache] = random_session(sampler, batch, 512, seed, family, 8,
+                                     prefetch=prefetch and cache)
         sampler.grammar_masker.close()
-        seen[cache] = got
-    assert len(seen[True]) == len(seen[False])
-    for a, b in zip(seen[True], seen[False]):
-        for x, y in zip(a, b):
-            assert (x is None and y is None) or torch.equal(x, y)
+    same_steps(seen[True], seen[False])
 
 
 def test_a_naming_failure_never_fails_the_grammar(monkeypatch):
