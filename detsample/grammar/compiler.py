@@ -16,7 +16,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from detsample.grammar.config import GrammarConfig
-from detsample.grammar.kinds import check_kind, compile_kind, grammar_source
+from detsample.grammar.kinds import (check_kind, compile_kind, grammar_source,
+                                     json_schema_grammar)
 from detsample.grammar.statekeys import StateKeys
 
 
@@ -107,8 +108,10 @@ class GrammarCompiler:
     def _compile(self, kind: str, text: str):
         t0 = time.perf_counter()
         try:
-            compiled = compile_kind(self._xgr_compiler(), kind, text, self.config)
-            keys = self._build_keys(kind, text) if self.config.mask_cache else None
+            # a JSON schema is checked, lowered and corrected once, for both uses
+            grammar = json_schema_grammar(text, self.config) if kind == "json_schema" else None
+            compiled = compile_kind(self._xgr_compiler(), kind, text, self.config, grammar)
+            keys = self._build_keys(kind, text, grammar) if self.config.mask_cache else None
             with self._lock:
                 self._keys[self.key(kind, text)] = keys
             return compiled
@@ -121,12 +124,12 @@ class GrammarCompiler:
             with self._lock:
                 self._stats.compile_seconds.append(dt)
 
-    def _build_keys(self, kind: str, text: str) -> StateKeys | None:
+    def _build_keys(self, kind: str, text: str, grammar=None) -> StateKeys | None:
         """The state names of a grammar that compiled (None when not expandable). Never
         raises: naming states only saves fills, so it must not fail a grammar that
         compiled (its rows are then filled by xgrammar every step)."""
         try:
-            source = grammar_source(kind, text, self.config)
+            source = grammar_source(kind, text, self.config, grammar)
             if source is None:
                 return None
             info = self.vocab.xgrammar_tokenizer_info()

@@ -42,14 +42,15 @@ def json_schema_grammar(text: str, config: GrammarConfig):
     return xgr.Grammar.from_ebnf(correct_json_grammar(str(raw), prepared.patterns))
 
 
-def grammar_source(kind: str, text: str, config: GrammarConfig) -> str | None:
+def grammar_source(kind: str, text: str, config: GrammarConfig, grammar=None) -> str | None:
     """The grammar of ``kind``/``text`` as xgrammar prints it before compiling (the text
-    :class:`~detsample.grammar.statekeys.StateKeys` reads), or None for structural tags."""
+    :class:`~detsample.grammar.statekeys.StateKeys` reads), or None for structural tags.
+    ``grammar``: a JSON schema's :func:`json_schema_grammar` when the caller has it."""
     import xgrammar as xgr
 
     check_kind(kind)
     if kind == "json_schema":
-        return str(json_schema_grammar(text, config))
+        return str(grammar if grammar is not None else json_schema_grammar(text, config))
     if kind == "regex":
         return str(xgr.Grammar.from_regex(text))
     if kind == "ebnf":
@@ -57,11 +58,13 @@ def grammar_source(kind: str, text: str, config: GrammarConfig) -> str | None:
     return None
 
 
-def compile_kind(xgr_compiler, kind: str, text: str, config: GrammarConfig):
-    """Compile ``text`` as ``kind`` with an ``xgrammar.GrammarCompiler`` (may raise)."""
+def compile_kind(xgr_compiler, kind: str, text: str, config: GrammarConfig, grammar=None):
+    """Compile ``text`` as ``kind`` with an ``xgrammar.GrammarCompiler`` (may raise).
+    ``grammar``: a JSON schema's :func:`json_schema_grammar` when the caller has it."""
     check_kind(kind)
     if kind == "json_schema":
-        return xgr_compiler.compile_grammar(json_schema_grammar(text, config))
+        return xgr_compiler.compile_grammar(
+            grammar if grammar is not None else json_schema_grammar(text, config))
     if kind == "regex":
         return xgr_compiler.compile_regex(text)
     if kind == "ebnf":

@@ -84,8 +84,6 @@ class StateKeys:
         self._byte: dict[tuple[int, int], int] = {}
         self._masks: OrderedDict[int, torch.Tensor] = OrderedDict()
         self.max_masks = max(16, MASK_CACHE_BYTES // (4 * width))
-        self.hits = 0
-        self.misses = 0
         self.start = self._intern(nfa.closure([start]), b"")
 
     @classmethod
@@ -162,9 +160,7 @@ class StateKeys:
         """The cached bitmask row of state ``sid`` ((W,) int32), or None."""
         row = self._masks.get(sid) if self.named(sid) else None
         if row is None:
-            self.misses += 1
             return None
-        self.hits += 1
         try:
             self._masks.move_to_end(sid)
         except KeyError:  # dropped by another thread meanwhile

@@ -59,8 +59,10 @@ def thresholds_by_select(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tens
     off = ((top_k.to(torch.int64) >= V) & ~nucleus).nonzero().flatten()
     if off.numel():
         tau[off] = z.index_select(0, off).amin(-1)
-    e = torch.exp(z)
     pr = nucleus.nonzero().flatten()
+    mp = min_p.to(torch.float32)
+    min_p_rows = bool((mp > 0).any())
+    e = torch.exp(z) if pr.numel() or min_p_rows else None  # (a top-k spill alone: no mass)
     if pr.numel():
         every = pr.numel() == rows
         q = quantize_mass(e if every else e.index_select(0, pr), frac)
@@ -69,8 +71,7 @@ def thresholds_by_select(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tens
         limit = tp[pr] * q.sum(-1).to(torch.float64)
         m = (bits if every else bits.index_select(0, pr)) & 0x7FFFFFFF
         tau[pr] = torch.maximum(tau[pr], _nucleus_value(m, q, limit))
-    mp = min_p.to(torch.float32)
-    if bool((mp > 0).any()):
+    if min_p_rows:
         lowest = torch.where(e >= mp.unsqueeze(1), z, torch.full_like(z, float("inf")))
         tau = torch.maximum(tau, lowest.amin(-1))
     zero = (tau == 0).nonzero().flatten()
