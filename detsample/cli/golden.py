@@ -12,12 +12,18 @@
 supports (default, avx2, avx512), each in a subprocess under ``ATEN_CPU_CAPABILITY``, so
 one machine regenerates or checks every CPU ISA folder; each manifest records whether
 its set ran natively or emulated. ``--isa avx2`` (a comma-separated list) picks sets.
+
+CPU goldens are produced with MKL pinned to SSE4.2 (``MKL_ENABLE_INSTRUCTIONS``: torch's
+``exp`` and ``log`` are MKL's vector math, whose bits follow its code path), so ``update``
+runs in a subprocess under that level unless the variable is already set, and ``verify``
+does when this process's MKL vector math differs from the goldens' (docs/golden.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import shutil
 import sys
 from typing import Any
@@ -59,10 +65,27 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, KeyError) as e:
         print(f"detsample golden: {e}", file=sys.stderr)
         return 2
+    mkl = _mkl_pin(args, store)
     if args.isa != "current":
-        results = isa.run_per_isa(isas, _child_argv(args), print)
+        results = isa.run_per_isa(isas, _child_argv(args), print, mkl=mkl)
         return max(rc for _, rc in results)
+    if mkl is not None:
+        print(f"==> {isa.MKL_ENV}={mkl} (the goldens' MKL level): {' '.join(_child_argv(args))}",
+              flush=True)
+        return isa.run_under(None, _child_argv(args), lambda line: print(line, flush=True), mkl=mkl)
     return {"verify": _verify, "update": _update, "diff": _diff}[args.action](args, store, selected)
+
+
+def _mkl_pin(args: argparse.Namespace, store: Any) -> str | None:
+    """The MKL level this command must run under (None: as it is): CPU updates always
+    produce goldens at GOLDEN_MKL; verify and diff re-run there when this process's
+    vector math differs from the goldens'."""
+    from detsample.golden import isa
+    if store.device.type != "cpu" or os.environ.get(isa.MKL_ENV):
+        return None
+    if args.action == "update":
+        return isa.GOLDEN_MKL
+    return isa.mkl_pin(isa.recorded_dispatch(store.platform_dir))
 
 
 def _child_argv(args: argparse.Namespace) -> list[str]:
