@@ -71,41 +71,55 @@ def _as_f32(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float32) if x.dtype in _REDUCED else x
 
 
-@dataclass(frozen=True)
+@dataclass
 class Fixed:
     """One operand in fixed point: ``ints`` (float64 holding integers) with ``exps`` the
-    power-of-two exponent of each row (A) / column (B), ``bad`` where a row / column held
-    a non-finite value (or None), and ``norms``, the Euclidean norm of each row / column
-    of ``ints`` (the exactness bound)."""
+    power-of-two exponent of each row (A) / column (B) (``dim`` the axis reduced), ``bad``
+    where a row / column held a non-finite value (or None); :attr:`norms`, the Euclidean
+    norm of each row / column of ``ints`` (the exactness bound), is computed when first
+    asked for (only products over more than K_CHUNK terms need it)."""
 
     ints: torch.Tensor
     exps: torch.Tensor
     bad: torch.Tensor | None
-    norms: torch.Tensor
+    dim: int
+    _norms: torch.Tensor | None = None
+
+    @property
+    def norms(self) -> torch.Tensor:
+        if self._norms is None:
+            self._norms = _sq_norm(self.ints, self.dim)
+        return self._norms
 
 
 def to_fixed(x: torch.Tensor, dim: int, bits: int) -> Fixed:
     """``x`` (float32 / bf16 / f16, any leading batch dims) in fixed point along ``dim``
     (-1: per row of A; -2: per column of B), ``bits`` bits below each slice's maximum."""
-    x = _as_f32(x)
-    finite = torch.isfinite(x)
+    xd = _as_f32(x).to(torch.float64)
+    top = xd.abs().amax(dim=dim, keepdim=True)        # NaN / inf show in the maxima
     bad = None
-    if not bool(finite.all()):
+    if not bool(torch.isfinite(top).all()):
+        finite = torch.isfinite(xd)
         bad = ~finite.all(dim=dim, keepdim=True)
-        x = torch.where(finite, x, 0.0)
-    xd = x.to(torch.float64)
-    e = torch.frexp(xd.abs().amax(dim=dim, keepdim=True))[1]
-    ints = torch.round(xd * pow2(bits - e))
-    norms = _sq_norm(ints, dim)
-    return Fixed(ints, e, bad, norms)
+        xd = torch.where(finite, xd, 0.0)
+        top = xd.abs().amax(dim=dim, keepdim=True)
+    e = torch.frexp(top)[1]
+    ints = torch.round(xd.mul_(pow2(bits - e)) if xd is not x else xd * pow2(bits - e))
+    return Fixed(ints, e, bad, dim)
+
+
+def _bound(a: Fixed, b: Fixed) -> float:
+    """Cauchy-Schwarz: no partial sum of any row-column product exceeds this."""
+    if not a.norms.numel() or not b.norms.numel():
+        return 0.0
+    return float(a.norms.max()) * float(b.norms.max())
 
 
 def exact_dot(a: Fixed, b: Fixed) -> torch.Tensor:
     """``S = a.ints @ b.ints`` exactly: float64 (integers) when one product is provably
     exact, else int64 from K_CHUNK-term chunks. Batched when the operands are."""
     k = a.ints.shape[-1]
-    bound = float(a.norms.max()) * float(b.norms.max()) if a.norms.numel() and b.norms.numel() else 0.0
-    if k <= K_CHUNK or bound <= _EXACT_BOUND:
+    if k <= K_CHUNK or _bound(a, b) <= _EXACT_BOUND:
         return _matmul(a.ints, b.ints)
     s = None
     for k0 in range(0, k, K_CHUNK):
@@ -154,7 +168,7 @@ def weighted_sum(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     vf = to_fixed(v, -1, B_BITS)                                   # exps: (..., K, 1)
     fa = to_fixed(p.to(torch.float64) * pow2(vf.exps.transpose(-1, -2)), -1, A_BITS)
     zero = vf.exps.new_zeros(vf.exps.shape[:-2] + (1, v.shape[-1]))
-    fb = Fixed(vf.ints, zero, None, _sq_norm(vf.ints, -2))
+    fb = Fixed(vf.ints, zero, None, -2)
     c = combine(exact_dot(fa, fb), fa, fb, torch.float32)
     if vf.bad is not None:
         touched = ((p != 0) & vf.bad.transpose(-1, -2)).any(dim=-1, keepdim=True)

@@ -88,8 +88,8 @@ def test_a_k_split_adds_up_exactly():
     whole = fp.combine(fp.exact_dot(fa, fb), fa, fb, torch.float32)
     parts = torch.zeros(5, 6, dtype=torch.int64)
     for lo, hi in ((0, 123), (123, 500), (500, 1000)):
-        sa = fp.Fixed(fa.ints[:, lo:hi], fa.exps, None, fa.norms)
-        sb = fp.Fixed(fb.ints[lo:hi], fb.exps, None, fb.norms)
+        sa = fp.Fixed(fa.ints[:, lo:hi], fa.exps, None, -1)
+        sb = fp.Fixed(fb.ints[lo:hi], fb.exps, None, -2)
         parts += fp.exact_dot(sa, sb).to(torch.int64)
     assert torch.equal(fp.combine(parts, fa, fb, torch.float32), whole)
     assert torch.equal(whole, fp.matmul(a, b))
