@@ -51,3 +51,12 @@ def model_spec(text: str) -> str:
         raise argparse.ArgumentTypeError(f"must be one of {', '.join(MODEL_NAMES)} or "
                                          f"package.module:factory, got {text!r}")
     return text
+
+
+PORTABLE_NEEDS_MODE = ("--portable selects the batch-invariant mode's portable kernels; "
+                       "give --batch-invariant too")
+
+
+def portable_without_mode(args: object) -> bool:
+    """Whether ``--portable`` was given without ``--batch-invariant`` (a usage error)."""
+    return bool(getattr(args, "portable", False)) and not getattr(args, "batch_invariant", False)

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from detsample.audit.layout import PRESET_NAMES
-from detsample.cli._argtypes import fraction, model_spec, nonneg_float, positive_int
+from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, fraction, model_spec, nonneg_float,
+                                     portable_without_mode, positive_int)
 from detsample.errors import DetsampleError
 
 
@@ -39,6 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-invariant", action="store_true",
                    help="run the --rescore model under the batch-invariant mode "
                         "(docs/batch-invariant.md)")
+    p.add_argument("--portable", action="store_true",
+                   help="with --batch-invariant: the mode's portable kernels (the same bits "
+                        "on every CPU; use it on both sides of a rollout -> audit loop)")
     p.add_argument("--dtype", choices=["promoted", "float16", "float32", "float64"],
                    default="promoted",
                    help="round both logprob columns to this dtype before comparing "
@@ -67,10 +71,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         rescore = args.rescore
+        if portable_without_mode(args):
+            raise ValueError(PORTABLE_NEEDS_MODE)
         if args.batch_invariant:
             if rescore is None:
                 raise ValueError("--batch-invariant applies to the --rescore model; give --rescore MODEL")
-            rescore = ModelRescorer(rescore, batch_invariant=True)
+            rescore = ModelRescorer(rescore, batch_invariant=True, portable=args.portable)
         opts = AuditOptions.make(rescore=rescore, strict=args.strict, workers=args.workers,
                                  compare_dtype=None if args.dtype == "promoted" else args.dtype,
                                  preset=args.preset, columns=args.columns,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from detsample.invariant import fixedpoint, tiles
+from detsample.invariant.state import note_portable
 from detsample.invariant.verify import layout, matmul_plan
 from detsample.invariant.weights import derived
 
@@ -63,9 +64,11 @@ def product(a: torch.Tensor, b: torch.Tensor, portable: bool, keyed: bool = Fals
     ct = compute_dtype(a.dtype)
     a = a.to(ct) if a.dtype != ct else a
     b = _as(b, ct)
-    if portable:
-        return _portable(a, b, keyed).to(ct)
     kind = "bmm" if a.dim() == 3 else "mm"
+    if portable:
+        note_portable(("matmul", kind, a.shape[-1], b.shape[-1], "keyed" if keyed else "any", ct,
+                       "portable"), "portable fixed-point product")
+        return _portable(a, b, keyed).to(ct)
     lay = layout(b)
     if lay == "nn" and not b.is_contiguous():
         b = _contiguous(b)

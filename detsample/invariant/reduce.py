@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from detsample.invariant.state import note_portable
 from detsample.invariant.tree import tree_sum
 from detsample.invariant.verify import SUM_CHUNK, sum_plan, torch_row_sum
 
@@ -28,6 +29,7 @@ def row_sum(x: torch.Tensor, portable: bool) -> torch.Tensor:
     if r == 0:
         return x.new_empty((0,))
     if portable:
+        note_portable(("sum", n, x.dtype, "portable"), "fixed-tree sum")
         return tree_sum(x)
     if n > SUM_CHUNK:
         parts = [row_sum(x[:, c: c + SUM_CHUNK], portable) for c in range(0, n, SUM_CHUNK)]

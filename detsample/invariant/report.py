@@ -18,10 +18,10 @@ def _describe(key: Hashable) -> tuple[str, str, int]:
     kind = key[0]
     if kind == "matmul":
         _, op, k, n, lay, dtype, threads = key
-        return op, f"K={k} N={n} {lay} {str(dtype).removeprefix('torch.')}", threads
+        return op, f"K={k} N={n} {lay} {str(dtype).removeprefix('torch.')}", _threads(threads)
     if kind == "sum":
         _, n, dtype, threads = key
-        return "sum", f"row of {n} {str(dtype).removeprefix('torch.')}", threads
+        return "sum", f"row of {n} {str(dtype).removeprefix('torch.')}", _threads(threads)
     if kind == "pointwise":
         _, name, dtype, args, kwargs, threads = key
         extra = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs)])
@@ -29,10 +29,18 @@ def _describe(key: Hashable) -> tuple[str, str, int]:
     return str(kind), repr(key[1:]), -1
 
 
-def kernel_rows() -> list[dict[str, Any]]:
-    """``[{"op", "shape", "threads", "kernel", "rests_on", "reason"}]``, sorted."""
+def _threads(t: Any) -> int:
+    """A plan's thread count; -1 for a portable kernel (any thread count)."""
+    return t if isinstance(t, int) else -1
+
+
+def kernel_rows(keys: set | None = None) -> list[dict[str, Any]]:
+    """``[{"op", "shape", "threads", "kernel", "rests_on", "reason"}]``, sorted: of every
+    plan, or of the plans of ``keys`` (``plans().recording()`` collects a block's)."""
     rows = []
     for key, plan in plans().items():
+        if keys is not None and key not in keys:
+            continue
         op, shape, threads = _describe(key)
         rows.append(_row(op, shape, threads, plan))
     return sorted(rows, key=lambda r: (r["op"], r["shape"], r["threads"]))
@@ -49,7 +57,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "kernels: none used\n"
     head = ("op", "shape", "threads", "kernel", "rests on")
-    body = [(r["op"], r["shape"], str(r["threads"]), r["kernel"], r["rests_on"]) for r in rows]
+    body = [(r["op"], r["shape"], "any" if r["threads"] < 0 else str(r["threads"]), r["kernel"],
+             r["rests_on"]) for r in rows]
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
     out = ["kernels the mode took on this machine:"]
     out += ["  " + "  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *body]]

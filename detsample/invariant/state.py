@@ -18,6 +18,7 @@ Nothing here touches torch's dispatcher; :mod:`detsample.invariant.mode` does.
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterator, TypeVar
 
@@ -75,8 +76,11 @@ class Plans:
 
     lock: threading.RLock = field(default_factory=threading.RLock)
     table: dict[Hashable, Plan] = field(default_factory=dict)
+    recorders: list[set] = field(default_factory=list)
 
     def get(self, key: Hashable, decide: Callable[[], Plan]) -> Plan:
+        for used in self.recorders:
+            used.add(key)
         plan = self.table.get(key)
         if plan is None:
             with self.lock:
@@ -89,6 +93,18 @@ class Plans:
     def items(self) -> Iterator[tuple[Hashable, Plan]]:
         with self.lock:
             return iter(list(self.table.items()))
+
+    @contextmanager
+    def recording(self) -> Iterator[set]:
+        """The set of keys used inside the block (decided now or before)."""
+        used: set = set()
+        with self.lock:
+            self.recorders.append(used)
+        try:
+            yield used
+        finally:
+            with self.lock:
+                self.recorders.remove(used)
 
 
 class _State:
@@ -114,6 +130,12 @@ def config() -> ModeConfig:
 
 def plans() -> Plans:
     return STATE.plans
+
+
+def note_portable(key: Hashable, kernel: str) -> None:
+    """Record that ``key`` ran a portable kernel (reports list it beside the verified
+    ones; nothing is checked: its bits are detsample's arithmetic)."""
+    STATE.plans.get(key, lambda: Plan(kernel, ARITHMETIC, "portable=True: defined by detsample's order"))
 
 
 def reset_plans() -> None:
