@@ -3,14 +3,20 @@
 Workloads (docs/performance.md, "Batch-invariant mode"): a prefill of ``prefill_len``
 tokens at batch 1, and one decode step at batch ``decode_batch`` over caches of
 ``cache_len`` tokens, through :class:`~detsample.models.hf.HFCausalLM` (one padded
-forward, as the engine runs it). The default side is the model as loaded (SDPA attention,
-torch's kernels); the mode side is ``load_model(..., batch_invariant=True)`` (the
-``"detsample"`` attention under ``detsample.batch_invariant()``). Both sides alternate
-round by round in one process, so a loaded machine slows both alike; each figure is the
-best (minimum) wall time over ``rounds``, the least disturbed by other processes. Models: ``hf-tiny-llama`` and ``wide``, a Llama of hidden 1024 and
-8 layers (16 heads, 4 KV heads, MLP 2752, the 512-token vocabulary).
+forward, as the engine runs it). Three sides: ``default`` (the model as loaded: SDPA
+attention, torch's kernels), ``verified`` (``load_model(..., batch_invariant=True)``: the
+``"detsample"`` attention and the verified kernels) and ``portable``
+(``batch_invariant=True, portable=True``). The sides alternate round by round in one
+process, so a loaded machine slows them alike; each figure is the best (minimum) wall time
+over ``rounds``, the least disturbed by other processes; the one-time verification is
+done by a warm-up before the rounds. Models: ``hf-tiny-llama`` and ``wide``, a Llama of
+hidden 1024 and 8 layers (16 heads, 4 KV heads, MLP 2752, the 512-token vocabulary).
 
-Run: ``python -m detsample.benchmarks.invariant [--rounds N] [--threads N]``.
+:func:`verification_cost` times the on-machine checks for the product shapes of a
+1B-parameter Llama (Llama 3.2 1B: hidden 2048, MLP 8192, 32 / 8 heads of 64, 128,256-token
+vocabulary), from an empty plan registry.
+
+Run: ``python -m detsample.benchmarks.invariant [--rounds N] [--threads N] [--verification]``.
 """
 
 from __future__ import annotations
@@ -30,29 +36,30 @@ WIDE = dict(vocab_size=512, hidden_size=1024, intermediate_size=2752, num_hidden
 MODELS = ("hf-tiny-llama", "wide")
 
 
+SIDES = ("default", "verified", "portable")
+
+
 @dataclass(frozen=True)
 class Timing:
-    """Best seconds of one workload on both sides, and their ratio (mode / default)."""
+    """Best seconds of one workload per side, and the ratios to the default side."""
 
     model: str
     workload: str
-    default_s: float
-    mode_s: float
+    seconds: dict
 
-    @property
-    def ratio(self) -> float:
-        return self.mode_s / self.default_s
+    def ratio(self, side: str) -> float:
+        return self.seconds[side] / self.seconds["default"]
 
 
-def build(name: str, batch_invariant: bool, seed: int = 0) -> Any:
-    """``name`` of :data:`MODELS` as an ``HFCausalLM`` (default kernels or the mode)."""
+def build(name: str, side: str, seed: int = 0) -> Any:
+    """``name`` of :data:`MODELS` as an ``HFCausalLM`` on ``side`` (one of :data:`SIDES`)."""
     from detsample.models import HFCausalLM, load_model
     from detsample.models.tiny import build_hf
 
+    mode = dict(batch_invariant=side != "default", portable=side == "portable")
     if name == "wide":
-        return HFCausalLM(build_hf("llama", seed, **WIDE), name=name,
-                          batch_invariant=batch_invariant)
-    return load_model(name, seed=seed, batch_invariant=batch_invariant)
+        return HFCausalLM(build_hf("llama", seed, **WIDE), name=name, **mode)
+    return load_model(name, seed=seed, **mode)
 
 
 def _clone(cache: Any) -> Any:
@@ -62,54 +69,88 @@ def _clone(cache: Any) -> Any:
     return out
 
 
-def _best_pair(first: Callable[[], Any], second: Callable[[], Any], rounds: int,
-                 setup: Callable[[], Any] = lambda: None) -> tuple[float, float]:
-    a, b = [], []
+def _best(fns: dict[str, Callable[[Any], Any]], rounds: int,
+          setup: Callable[[], Any] = lambda: None) -> dict[str, float]:
+    best = {k: float("inf") for k in fns}
     for _ in range(rounds):
-        for fn, acc in ((first, a), (second, b)):
+        for side, fn in fns.items():
             state = setup()
             t = time.perf_counter()
             fn(state)
-            acc.append(time.perf_counter() - t)
-    return min(a), min(b)
+            best[side] = min(best[side], time.perf_counter() - t)
+    return best
 
 
 def measure(name: str, *, prefill_len: int = 512, decode_batch: int = 8, cache_len: int = 256,
-            rounds: int = 5, threads: int = 2, seed: int = 0) -> list[Timing]:
-    """Prefill and decode timings of model ``name``, default kernels vs the mode."""
-    default, mode = build(name, False, seed), build(name, True, seed)
+            rounds: int = 5, threads: int = 2, seed: int = 0,
+            sides: tuple[str, ...] = SIDES) -> list[Timing]:
+    """Prefill and decode timings of model ``name`` on each side."""
+    models = {side: build(name, side, seed) for side in sides}
     g = torch.Generator().manual_seed(seed)
-    vocab = default.vocab_size
+    vocab = models[sides[0]].vocab_size
     prompt = torch.randint(0, vocab, (prefill_len,), generator=g).tolist()
     rows = [torch.randint(0, vocab, (cache_len,), generator=g).tolist() for _ in range(decode_batch)]
     step = [[int(t)] for t in torch.randint(0, vocab, (decode_batch,), generator=g)]
     out = []
     with torch_threads(threads):
         caches = {}
-        for label, m in (("default", default), ("mode", mode)):
+        for side, m in models.items():
             cs = [m.new_cache() for _ in rows]
             m.forward(cs, rows)                                  # caches, and a warm-up
-            m.forward([m.new_cache()], [prompt[:32]])
-            caches[label] = cs
-        d, b = _best_pair(lambda _: default.forward([default.new_cache()], [prompt]),
-                            lambda _: mode.forward([mode.new_cache()], [prompt]), rounds)
-        out.append(Timing(name, f"prefill {prefill_len} x 1", d, b))
-        fresh = {k: [_clone(c) for c in v] for k, v in caches.items()}
-        d, b = _best_pair(lambda s: default.forward(s["default"], step),
-                            lambda s: mode.forward(s["mode"], step), rounds,
-                            setup=lambda: {k: [_clone(c) for c in v] for k, v in fresh.items()})
-        out.append(Timing(name, f"decode {decode_batch} x cache {cache_len}", d, b))
+            m.forward([m.new_cache()], [prompt])                 # (verifies every shape)
+            m.forward([_clone(c) for c in cs], step)
+            caches[side] = cs
+        best = _best({side: (lambda _, m=m: m.forward([m.new_cache()], [prompt]))
+                      for side, m in models.items()}, rounds)
+        out.append(Timing(name, f"prefill {prefill_len} x 1", best))
+        best = _best({side: (lambda s, side=side, m=m: m.forward(s[side], step))
+                      for side, m in models.items()}, rounds,
+                     setup=lambda: {k: [_clone(c) for c in v] for k, v in caches.items()})
+        out.append(Timing(name, f"decode {decode_batch} x cache {cache_len}", best))
     return out
 
 
 def table(timings: list[Timing]) -> str:
-    """Markdown: model, workload, default ms, mode ms, ratio."""
-    lines = ["| model | workload | default kernels (ms) | batch-invariant mode (ms) | ratio |",
-             "|---|---|---|---|---|"]
+    """Markdown: model, workload, ms per side, ratios to the default kernels."""
+    sides = [s for s in SIDES if s in timings[0].seconds]
+    lines = ["| model | workload | " + " | ".join(f"{s} (ms)" for s in sides) + " | "
+             + " | ".join(f"{s} / default" for s in sides[1:]) + " |",
+             "|---|---|" + "---|" * (2 * len(sides) - 1)]
     for t in timings:
-        lines.append(f"| {t.model} | {t.workload} | {1e3 * t.default_s:.1f} | "
-                     f"{1e3 * t.mode_s:.1f} | {t.ratio:.2f}x |")
+        lines.append(f"| {t.model} | {t.workload} | "
+                     + " | ".join(f"{1e3 * t.seconds[s]:.1f}" for s in sides) + " | "
+                     + " | ".join(f"{t.ratio(s):.2f}x" for s in sides[1:]) + " |")
     return "\n".join(lines)
+
+
+#: (K, N) of every product of a Llama 3.2 1B forward: q/o, k/v, gate/up, down, lm_head
+#: (the 8192- and 128256-wide outputs run in 4096-column blocks, 128256 = 31 * 4096 + 1280)
+LLAMA_1B_PRODUCTS = ((2048, 2048), (2048, 512), (2048, 4096), (8192, 2048), (2048, 1280))
+#: the invariant attention's two batched products at head dim 64: scores, values (+1 column)
+LLAMA_1B_ATTENTION = ((64, 128, "nt"), (128, 65, "nn"))
+
+
+def verification_cost(threads: int = 2) -> tuple[float, list[tuple[str, float, str]]]:
+    """Seconds the on-machine checks take for a 1B Llama's product shapes (weights in
+    ``F.linear``'s transposed layout), from an empty registry; and per shape (label,
+    seconds, the kernel chosen)."""
+    from detsample.invariant import state, verify
+
+    state.reset_plans()
+    rows = []
+    with torch_threads(threads):
+        t0 = time.perf_counter()
+        for k, n in LLAMA_1B_PRODUCTS:
+            t = time.perf_counter()
+            plan = verify.matmul_plan("mm", k, n, "nt", torch.float32)
+            rows.append((f"mm K={k} N={n}", time.perf_counter() - t, plan.kernel))
+        for k, n, lay in LLAMA_1B_ATTENTION:
+            t = time.perf_counter()
+            plan = verify.matmul_plan("bmm", k, n, lay, torch.float32)
+            rows.append((f"bmm K={k} N={n} {lay}", time.perf_counter() - t, plan.kernel))
+        total = time.perf_counter() - t0
+    state.reset_plans()
+    return total, rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,7 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--verification", action="store_true",
+                   help="only time the on-machine checks for a 1B Llama's shapes")
     args = p.parse_args(argv)
+    if args.verification:
+        total, rows = verification_cost(args.threads)
+        for label, sec, kernel in rows:
+            print(f"{label:<22} {1e3 * sec:8.1f} ms  {kernel}")
+        print(f"total {total:.2f} s")
+        return 0
     timings = []
     for name in args.models:
         timings += measure(name, rounds=args.rounds, threads=args.threads)

@@ -36,6 +36,7 @@ varies: ATen's ISA and torch's version).
 from __future__ import annotations
 
 import warnings
+from contextlib import nullcontext
 from typing import Any, Callable, Sequence
 
 import torch
@@ -46,6 +47,7 @@ from detsample.invariant.reduce import row_sum
 from detsample.invariant.state import config, plans
 from detsample.ops.vector import pointwise
 from detsample.invariant.verify import FallbackWarning, NotInvariantError, pointwise_plan
+from detsample.threads import torch_threads
 
 aten = torch.ops.aten
 
@@ -221,9 +223,13 @@ _PMATH: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 def _require(name: str, out_op: Callable[..., torch.Tensor], dtype: torch.dtype,
              args: tuple = (), kwargs: dict | None = None,
-             domain: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> bool:
-    """Whether op ``name`` passed its on-machine check (False: refused)."""
-    return pointwise_plan(name, out_op, dtype, args, kwargs, domain).kernel != "refused"
+             domain: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> Any:
+    """None when op ``name`` failed its on-machine check (refused), else the context to
+    run it in (1 thread where its check at this thread count failed)."""
+    plan = pointwise_plan(name, out_op, dtype, args, kwargs, domain)
+    if plan.kernel == "refused":
+        return None
+    return torch_threads(1) if plan.data[0] else nullcontext()
 
 
 def _refusal(name: str, dtype: torch.dtype) -> NotInvariantError:
@@ -237,9 +243,11 @@ def _refusal(name: str, dtype: torch.dtype) -> NotInvariantError:
 def _mkl_free(name: str, x: torch.Tensor) -> torch.Tensor:
     """``libm``'s ``name`` of ``x`` in ``x``'s dtype, after checking the ATen kernel it uses."""
     op, out_op, domain = _PMATH_OPS[name]
-    if not _require(op, out_op, torch.float64, domain=domain):
+    ctx = _require(op, out_op, torch.float64, domain=domain)
+    if ctx is None:
         raise _refusal(op, torch.float64)
-    return _PMATH[name](x).to(x.dtype)
+    with ctx:
+        return _PMATH[name](x).to(x.dtype)
 
 
 def _unary(name: str, out_op: Callable[..., torch.Tensor], native: Callable[..., torch.Tensor],
@@ -249,8 +257,10 @@ def _unary(name: str, out_op: Callable[..., torch.Tensor], native: Callable[...,
             return out_op(self, *args, out=native(self, *args, **kwargs), **kwargs)
         if name in _PMATH and config().portable:
             return _mkl_free(name, self)
-        if _require(name, out_op, self.dtype, args, kwargs, domain):
-            return pointwise(out_op, self, *args, **kwargs)
+        ctx = _require(name, out_op, self.dtype, args, kwargs, domain)
+        if ctx is not None:
+            with ctx:
+                return pointwise(out_op, self, *args, **kwargs)
         if name in _PMATH:
             warnings.warn(f"batch-invariant mode: torch's {name} is not invariant on this machine; "
                           f"it takes the MKL-free {name} instead", FallbackWarning, stacklevel=2)
@@ -291,9 +301,11 @@ def pow_scalar(self: torch.Tensor, exponent: Any) -> torch.Tensor:
         return aten.pow.Tensor_Scalar_out(
             self, exponent, out=torch.empty_like(self, dtype=torch.result_type(self, exponent)))
     domain = (lambda t: t) if float(exponent).is_integer() else _positive
-    if not _require("pow", aten.pow.Tensor_Scalar_out, self.dtype, (exponent,), None, domain):
+    ctx = _require("pow", aten.pow.Tensor_Scalar_out, self.dtype, (exponent,), None, domain)
+    if ctx is None:
         raise _refusal("pow", self.dtype)
-    return pointwise(aten.pow.Tensor_Scalar_out, self, exponent)
+    with ctx:
+        return pointwise(aten.pow.Tensor_Scalar_out, self, exponent)
 
 
 # -- softmax and normalisation ------------------------------------------------------------

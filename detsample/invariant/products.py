@@ -8,8 +8,9 @@
 * ``portable=False``: ``B``'s columns in blocks (:func:`~detsample.invariant.tiles.col_blocks`),
   each block with the plan the on-machine verification gave it
   (:func:`~detsample.invariant.verify.matmul_plan`): row tiles of the verified ladder, ``B``
-  in its own layout or as a contiguous copy, or, where the BLAS failed its check, the
-  portable product for that block.
+  in its own layout or as a contiguous copy, at the process's thread count or at 1 thread
+  (a BLAS that splits K across threads), or, where the BLAS failed its check, the portable
+  product for that block.
 
 Either way a row's bits depend on that row of ``A`` and on ``B`` only. Reduced-precision
 operands (bfloat16, float16) are computed in float32; the result is in the compute dtype
@@ -18,12 +19,15 @@ operands (bfloat16, float16) are computed in float32; the result is in the compu
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from detsample.invariant import fixedpoint, tiles
 from detsample.invariant.state import note_portable
 from detsample.invariant.verify import layout, matmul_plan
 from detsample.invariant.weights import derived
+from detsample.threads import torch_threads
 
 _REDUCED = (torch.bfloat16, torch.float16)
 
@@ -82,7 +86,8 @@ def product(a: torch.Tensor, b: torch.Tensor, portable: bool, keyed: bool = Fals
         if plan.portable:
             parts.append(_portable(a, bb, keyed).to(ct))
             continue
-        form, ladder = plan.data
-        parts.append(tiles.run(a, _contiguous(bb) if form == "contiguous" else bb, ladder))
+        form, ladder, single = plan.data
+        with torch_threads(1) if single else nullcontext():
+            parts.append(tiles.run(a, _contiguous(bb) if form == "contiguous" else bb, ladder))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 

@@ -14,11 +14,14 @@ softmax denominators, layer norm's moments) sums with:
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from detsample.invariant.state import note_portable
 from detsample.invariant.tree import tree_sum
 from detsample.invariant.verify import SUM_CHUNK, sum_plan, torch_row_sum
+from detsample.threads import torch_threads
 
 
 def row_sum(x: torch.Tensor, portable: bool) -> torch.Tensor:
@@ -36,6 +39,8 @@ def row_sum(x: torch.Tensor, portable: bool) -> torch.Tensor:
         return row_sum(torch.stack(parts, dim=1), portable)
     if n == 0:
         return x.new_zeros((r,))
-    if sum_plan(n, x.dtype).portable:
+    plan = sum_plan(n, x.dtype)
+    if plan.portable:
         return tree_sum(x)
-    return torch_row_sum(x)
+    with torch_threads(1) if plan.data[0] else nullcontext():
+        return torch_row_sum(x)

@@ -4,23 +4,31 @@ The verified (non-portable) kernels of the mode lean on torch's and MKL's kernel
 choices depend on the CPU, ``MKL_ENABLE_INSTRUCTIONS``, the thread count and the operands'
 shapes and layouts. None of that is assumed: at the first use of each key, the property
 the kernel needs is checked on this machine with random data, and the decision is kept
-in the plan registry (:mod:`detsample.invariant.state`):
+in the plan registry (:mod:`detsample.invariant.state`).
 
-``matmul_plan(kind, k, n, layout, dtype, threads)``
+Every decision is made **at 1 thread** (the canonical plan) and then **checked at each
+other thread count** the process uses: where the same kernel gives the 1-thread bits there
+(at every position, next to fresh or zero neighbours), it runs at that count; where it
+does not (MKL splits K across threads for large K), it runs at 1 thread. So every thread
+count gives the canonical plan's bits, by construction. Ladders are chosen by a static
+cost (:func:`~detsample.invariant.tiles.ladder_cost`), never by timing, so two runs of one
+machine always choose alike.
+
+``matmul_plan(kind, k, n, layout, dtype)``
     a row of a tiled product (:mod:`detsample.invariant.tiles`) has the same bits in every
     tile size of a ladder, at every position of a tile, next to random or zero neighbours,
-    and (``bmm``) in a batch of 1, 3 or 8 matrices, at this thread count as at 1 thread.
-    Tried: ``B`` in its own layout and (for a transposed ``B``) as a contiguous copy; the
-    passing ladder of least estimated cost wins. None passes: the portable fixed-point
-    product (:mod:`detsample.invariant.fixedpoint`), with a warning.
-``sum_plan(n, dtype, threads)``
+    and (``bmm``) in a batch of 1, 3 or 8 matrices; a column keeps its bits when B's other
+    columns change. Tried: ``B`` in its own layout and (for a transposed ``B``) as a
+    contiguous copy; the passing ladder of least cost wins. None passes: the portable
+    fixed-point product (:mod:`detsample.invariant.fixedpoint`), with a warning.
+``sum_plan(n, dtype)``
     a row summed by torch's ``sum`` alone, or in calls of 2, 3 or many rows (at any
-    position), or at 1 thread, has the same bits. Else: the fixed tree
-    (:mod:`detsample.invariant.tree`), with a warning.
-``pointwise_plan(op, dtype, threads, args)``
-    an element's bits under :func:`detsample.ops.vector.pointwise` do not depend on
-    its position, the buffer's length or the thread count. Else: the op is refused
-    (:class:`NotInvariantError`), or, where one exists, a fallback is named by the caller.
+    position), has the same bits. Else: the fixed tree (:mod:`detsample.invariant.tree`),
+    with a warning.
+``pointwise_plan(op, dtype, args)``
+    an element's bits under :func:`detsample.ops.vector.pointwise` do not depend on its
+    position or the buffer's length. Else: the op is refused (:class:`NotInvariantError`),
+    or, where one exists, a fallback is named by the caller.
 
 Every check compares bits (``torch.equal``); its random data are seeded by the key, so a
 decision is reproducible. A plan records what it rests on and why
@@ -88,78 +96,120 @@ def layout(b: torch.Tensor) -> str:
 
 
 def _run(a: torch.Tensor, b: torch.Tensor, size: int) -> torch.Tensor:
-    """``a``'s rows (at most ``size``) in ONE tile of ``size`` rows."""
+    """``a``'s rows in tiles of ``size`` rows only."""
     return tiles.run(a, b, (size,))
 
 
-def _matmul_candidate(a: torch.Tensor, b: torch.Tensor, nbs: Sequence[int],
-                      threads: int) -> tuple[tuple[int, ...] | None, str]:
-    """(the best ladder that passes, or None; why) for operands ``a`` ``(nb, 2*TILE, K)``
-    and ``b`` ``(nb, K, N)`` (``nbs == (1,)``: a 2-D ``mm``).
+MIN_VALUES = 2048   # output values compared per tile size (a narrow B: more rows)
 
-    A tile size is *valid* when its rows at this thread count equal its rows at 1 thread
-    (each matrix alone), and a row keeps its bits at another position among fresh rows
-    and alone among zeros. Valid sizes whose rows agree with each other form a ladder;
-    the cheapest ladder (:func:`~detsample.invariant.tiles.ladder_cost`) whose largest
-    tile also keeps a column's bits when the other columns of B change (the attention's
-    future keys) wins."""
+
+def compared_rows(size: int, n: int) -> int:
+    """Rows of A compared for tile size ``size`` when B has ``n`` columns: at least the
+    tile and at least MIN_VALUES / n rows (in whole tiles, at most TILE): a 1-row tile of a
+    3-column product must not pass on 3 values that happen to agree (measured: it did)."""
+    want = -(-MIN_VALUES // max(n, 1))
+    return max(size, min(tiles.TILE, -(-want // size) * size))
+
+
+def _refs(a: torch.Tensor, b: torch.Tensor, nbs: Sequence[int]) -> dict:
+    """``{(nb, size): rows}``: each matrix alone, at 1 thread, :func:`compared_rows` rows in
+    tiles of each size: the bits every call of a passing plan must give (batched:
+    concatenated per nb)."""
+    two_d = nbs == (1,)
+    n = b.shape[-1]
+    with torch_threads(1):
+        per = {s: [_run((a[i] if two_d else a[i: i + 1])[..., :compared_rows(s, n), :],
+                        b[i] if two_d else b[i: i + 1], s)
+                   for i in range(max(nbs))] for s in tiles.SIZES}
+    return {(nb, s): per[s][0] if two_d else torch.cat(per[s][:nb]) for nb in nbs for s in tiles.SIZES}
+
+
+def _matmul_candidate(a: torch.Tensor, b: torch.Tensor, nbs: Sequence[int], threads: int,
+                      ref: dict, only: tuple[int, ...] | None = None
+                      ) -> tuple[tuple[int, ...] | None, str]:
+    """(the cheapest ladder that passes, or None; why) for operands ``a`` ``(nb, 2*TILE, K)``
+    and ``b`` ``(nb, K, N)`` (``nbs == (1,)``: a 2-D ``mm``) run at ``threads`` threads,
+    against the 1-thread references ``ref`` (:func:`_refs`).
+
+    A tile size qualifies when its rows (in a batch of 1, 3 or 8 matrices for ``bmm``)
+    equal the references (at 1 thread the references themselves). Qualifying sizes whose
+    rows agree with each other (row p of a small tile = row p of the largest) form a
+    ladder; ladders are tried cheapest first (:func:`~detsample.invariant.tiles.ladder_cost`):
+    its largest and smallest tiles must keep a row's bits at another position among fresh
+    and zero rows (with the agreement across sizes, every size then does), and its largest
+    tile a column's bits when the other columns of B change (the attention's future keys).
+    ``only``: check just these sizes, as one ladder (a canonical plan at another thread
+    count)."""
     T = tiles.TILE
     two_d = nbs == (1,)
 
     def sub(x: torch.Tensor, nb: int) -> torch.Tensor:
         return x[0] if two_d else x[:nb]
 
-    def alone(x: torch.Tensor, i: int) -> torch.Tensor:
-        return x[i] if two_d else x[i: i + 1]
-
-    with torch_threads(1):   # each matrix alone, at 1 thread: the bits every call must give
-        refs = {s: [_run(alone(a, i)[..., :s, :], alone(b, i), s) for i in range(max(nbs))]
-                for s in tiles.SIZES}
-    ref = {(nb, s): refs[s][0] if two_d else torch.cat(refs[s][:nb]) for nb in nbs for s in tiles.SIZES}
     bad: dict[int, str] = {}
-    for s in tiles.SIZES:
-        for nb in nbs:
-            aa, bb, want = sub(a, nb), sub(b, nb), ref[(nb, s)]
-            if not torch.equal(_run(aa[..., :s, :], bb, s), want):
-                bad[s] = (f"{threads} thread(s) differ from 1 thread"
-                          + ("" if two_d else f" or {nb} matrices from one"))
+    sizes = only if only is not None else tiles.SIZES
+    with torch_threads(threads):
+        n = b.shape[-1]
+        for s in sizes if threads > 1 or not two_d else ():
+            for nb in nbs:
+                if not torch.equal(_run(sub(a, nb)[..., :compared_rows(s, n), :], sub(b, nb), s),
+                                   ref[(nb, s)]):
+                    bad[s] = (f"{threads} thread(s) differ from 1 thread"
+                              + ("" if two_d else f" or {nb} matrices from one"))
+                    break
+
+        def placed(s: int) -> str | None:
+            """Why a row's bits depend on its place in an s-row tile (None: they do not):
+            the reference rows reversed at odd positions, fresh rows and zero rows
+            alternating at even ones (a 1-row tile: the row is its own reference)."""
+            if s == 1:
+                return None
+            for nb in nbs:
+                aa, bb, want = sub(a, nb), sub(b, nb), ref[(nb, s)][..., :s, :]
+                mixed = aa[..., T: T + s, :].clone()
+                mixed[..., 0::4, :] = 0
+                mixed[..., 1::2, :] = aa[..., :s, :].flip(-2)[..., 1::2, :]
+                if not torch.equal(_run(mixed, bb, s)[..., 1::2, :], want.flip(-2)[..., 1::2, :]):
+                    return "a row's bits depend on its position or neighbours"
+            return None
+
+        def columns_free(top: int) -> bool:
+            for nb in nbs:
+                aa, bb = sub(a, nb), sub(b, nb)
+                other = bb.flip(-1) * 0.5
+                other[..., :1] = bb[..., :1]
+                if not torch.equal(_run(aa[..., :top, :], _like_layout(other, bb), top)[..., :1],
+                                   ref[(nb, top)][..., :top, :1]):
+                    return False
+            return True
+
+        while True:
+            valid = [s for s in sizes if s not in bad]
+            if only is not None and len(valid) < len(only):
                 break
-            mixed = aa[..., T: T + s, :].clone()
-            mixed[..., 1::2, :] = aa[..., :s, :].flip(-2)[..., 1::2, :]
-            if not torch.equal(_run(mixed, bb, s)[..., 1::2, :], want.flip(-2)[..., 1::2, :]):
-                bad[s] = "a row's bits depend on its position or neighbours"
+            ladders: list[list[int]] = []
+            for s in reversed(valid):            # group sizes whose rows agree (largest first)
+                for lad in ladders:
+                    m = ref[(nbs[0], s)].shape[-2]
+                    if all(torch.equal(ref[(nb, s)], ref[(nb, lad[0])][..., :m, :]) for nb in nbs):
+                        lad.insert(0, s)
+                        break
+                else:
+                    ladders.append([s])
+            if not ladders or (only is not None and len(ladders) > 1):
                 break
-            lone = torch.zeros_like(aa[..., :s, :])
-            lone[..., s - 1, :] = aa[..., 0, :]
-            if not torch.equal(_run(lone, bb, s)[..., s - 1: s, :], want[..., :1, :]):
-                bad[s] = "a row's bits depend on zero neighbours"
-                break
-    valid = [s for s in tiles.SIZES if s not in bad]
-    ladders: list[list[int]] = []
-    for s in reversed(valid):            # group sizes whose rows agree (largest first)
-        for lad in ladders:
-            if all(torch.equal(ref[(nb, s)], ref[(nb, lad[0])][..., :s, :]) for nb in nbs):
-                lad.insert(0, s)
-                break
-        else:
-            ladders.append([s])
-    why = "; ".join(f"{s} rows: {w}" for s, w in sorted(bad.items()))
-    for lad in sorted(ladders, key=lambda lad: tiles.ladder_cost(tuple(lad))):
-        top = lad[-1]
-        ok = True
-        for nb in nbs:
-            aa, bb, want = sub(a, nb), sub(b, nb), ref[(nb, top)]
-            other = bb.flip(-1) * 0.5
-            other[..., :1] = bb[..., :1]
-            if not torch.equal(_run(aa[..., :top, :], _like_layout(other, bb), top)[..., :1],
-                               want[..., :1]):
-                ok = False
-                why = (why + "; " if why else "") + f"{top} rows: a column depends on the other columns"
-                break
-        if ok:
-            sizes = "/".join(map(str, lad))
-            return tuple(lad), f"rows agree in tiles of {sizes}" + (f" (not: {why})" if why else "")
-    return None, why or "no tile size passed"
+            lad = min(ladders, key=lambda la: tiles.ladder_cost(tuple(la)))
+            why_not = {s: w for s in lad if (w := placed(s)) is not None}
+            if why_not:
+                bad.update(why_not)
+                continue
+            if not columns_free(lad[-1]):
+                bad[lad[-1]] = "a column depends on the other columns"
+                continue
+            why = "; ".join(f"{s} rows: {w}" for s, w in sorted(bad.items()))
+            return tuple(lad), (f"rows agree in tiles of {'/'.join(map(str, lad))}"
+                                + (f" (not: {why})" if why else ""))
+    return None, "; ".join(f"{s} rows: {w}" for s, w in sorted(bad.items())) or "no tile size passed"
 
 
 def _like_layout(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -167,41 +217,85 @@ def _like_layout(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return x.transpose(-1, -2).contiguous().transpose(-1, -2) if _layout(like) == "nt" else x.contiguous()
 
 
-def _decide_matmul(kind: str, k: int, n: int, lay: str, dtype: torch.dtype,
-                   threads: int) -> Plan:
-    key = (kind, k, n, lay, dtype, threads)
-    g = _gen(key)
+class _RefCache(dict):
+    """The last few canonical decisions' 1-thread reference rows, so that checking the
+    plan at another thread count does not recompute them (bounded: 8 entries)."""
+
+    def __setitem__(self, key, value) -> None:
+        while len(self) >= 8:
+            del self[next(iter(self))]
+        super().__setitem__(key, value)
+
+
+_REFS = _RefCache()
+
+
+def _operands(kind: str, k: int, n: int, lay: str, dtype: torch.dtype
+              ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+    """Seeded random operands of a key: ``a (nb, 2*TILE, k)``, ``b (nb, k, n)`` of layout
+    ``lay``, and the batch sizes compared (``(1,)`` for mm)."""
+    g = _gen((kind, k, n, lay, dtype))
     nbs = (1,) if kind == "mm" else BATCHES
-    nb = max(nbs)
-    a = _values((nb, 2 * tiles.TILE, k), g, dtype)
-    w = _values((nb, n, k), g, dtype)
-    b = w.transpose(1, 2) if lay == "nt" else w.transpose(1, 2).contiguous()
+    a = _values((max(nbs), 2 * tiles.TILE, k), g, dtype)
+    w = _values((max(nbs), n, k), g, dtype)
+    return a, (w.transpose(1, 2) if lay == "nt" else w.transpose(1, 2).contiguous()), nbs
+
+
+def _decide_matmul(kind: str, k: int, n: int, lay: str, dtype: torch.dtype) -> Plan:
+    """The canonical plan (decided at 1 thread, so that every thread count gives its bits):
+    B in its own layout and (transposed B) as a contiguous copy; the cheapest passing
+    ladder wins (a static cost: the choice, hence the bits, never depends on timing)."""
+    a, b, nbs = _operands(kind, k, n, lay, dtype)
     tried = []
-    best: tuple[int, str, str] | None = None
+    best: tuple[float, tuple[int, ...], str, str] | None = None
+    ideal = tiles.ladder_cost(tiles.SIZES)
     for form in ("native", "contiguous") if lay == "nt" else ("native",):
+        if best is not None and best[0] <= 1.1 * ideal:
+            break                   # within 10% of every size agreeing: no weight copy
         bb = b if form == "native" else b.contiguous()
-        ladder, why = _matmul_candidate(a, bb, nbs, threads)
+        ref = _refs(a, bb, nbs)
+        _REFS[(kind, k, n, lay, dtype, form)] = ref
+        ladder, why = _matmul_candidate(a, bb, nbs, 1, ref)
         tried.append(f"{form} layout: {why}")
-        if ladder is not None and (best is None or tiles.ladder_cost(ladder) < tiles.ladder_cost(best[0])):
-            best = (ladder, form, why)
+        # a contiguous copy costs the weight's memory again: it must save 10%
+        factor = 1.0 if form == "native" else 1.1
+        if ladder is not None and (best is None or factor * tiles.ladder_cost(ladder) < best[0]):
+            best = (tiles.ladder_cost(ladder), ladder, form, why)
     if best is not None:
-        ladder, form, why = best
-        return Plan(f"torch/BLAS {kind} in row tiles of {'/'.join(map(str, ladder))}, {form} B", VERIFIED,
-                    f"{why} ({'; '.join(tried)})", (form, ladder))
+        _, ladder, form, why = best
+        return Plan(f"torch/BLAS {kind} in row tiles of {'/'.join(map(str, ladder))}, {form} B",
+                    VERIFIED, f"{why} ({'; '.join(tried)})", (form, ladder, False))
     reason = "; ".join(tried)
-    warnings.warn(f"batch-invariant mode: {kind} with K={k}, N={n} ({lay} B, {dtype}, {threads} "
-                  f"threads) is not invariant on this machine's BLAS ({reason}); it takes the "
-                  f"portable fixed-point product instead", FallbackWarning, stacklevel=4)
+    warnings.warn(f"batch-invariant mode: {kind} with K={k}, N={n} ({lay} B, {dtype}) is not "
+                  f"invariant on this machine's BLAS ({reason}); it takes the portable "
+                  f"fixed-point product instead", FallbackWarning, stacklevel=5)
     return Plan("portable fixed-point product", ARITHMETIC, f"BLAS check failed: {reason}")
+
+
+def _at_threads(canon: Plan, kind: str, k: int, n: int, lay: str, dtype: torch.dtype,
+                threads: int) -> Plan:
+    """The canonical plan at ``threads`` threads: as is where each of its tile sizes gives
+    the 1-thread bits there (at every position, among fresh or zero rows), else the same
+    tiles run at 1 thread (the same bits by construction)."""
+    form, ladder, _ = canon.data
+    a, b, nbs = _operands(kind, k, n, lay, dtype)
+    bb = b if form == "native" else b.contiguous()
+    ref = _REFS.get((kind, k, n, lay, dtype, form)) or _refs(a, bb, nbs)
+    got, why = _matmul_candidate(a, bb, nbs, threads, ref, only=ladder)
+    if got == ladder:
+        return Plan(canon.kernel, VERIFIED, f"at {threads} threads: {why}", canon.data)
+    return Plan(canon.kernel + ", at 1 thread", VERIFIED,
+                f"at {threads} threads the tiles differ from 1 thread ({why}); they run at 1 thread",
+                (form, ladder, True))
 
 
 def matmul_plan(kind: str, k: int, n: int, lay: str, dtype: torch.dtype) -> Plan:
     """The plan of a product (``kind`` "mm" or "bmm") with ``K = k`` and a column block of
     ``n`` columns, B of layout ``lay`` ("nn" / "nt"), in compute dtype ``dtype``, at the
-    current thread count."""
-    threads = torch.get_num_threads()
-    key = ("matmul", kind, k, n, lay, dtype, threads)
-    return plans().get(key, lambda: _decide_matmul(kind, k, n, lay, dtype, threads))
+    current thread count: the canonical (1-thread) plan, checked at this thread count."""
+    return _threaded(("matmul", kind, k, n, lay, dtype),
+                     lambda: _decide_matmul(kind, k, n, lay, dtype),
+                     lambda canon, t: _at_threads(canon, kind, k, n, lay, dtype, t))
 
 
 # -- reductions ----------------------------------------------------------------------------
@@ -217,32 +311,65 @@ def torch_row_sum(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _decide_sum(n: int, dtype: torch.dtype, threads: int) -> Plan:
-    key = ("sum", n, dtype, threads)
-    g = _gen(key)
+def _sum_rows(n: int, dtype: torch.dtype) -> torch.Tensor:
     step = max(1, (SUM_GRAIN - 1) // max(n, 1))
-    rows = min(max(step, 4), 64)
-    x = _values((rows, n), g, dtype)
-    with torch_threads(1):
-        alone = torch.cat([torch_row_sum(x[i: i + 1]) for i in range(rows)])
+    return _values((min(max(step, 4), 64), n), _gen(("sum", n, dtype)), dtype)
+
+
+def _sum_differs(x: torch.Tensor, alone: torch.Tensor) -> str | None:
+    """Why a row summed among others differs from ``alone`` (None: it does not)."""
+    rows = x.shape[0]
     for count in sorted({2, 3, rows}):
         for start in (0, rows - count):
-            got = torch_row_sum(x[start: start + count].contiguous())
-            if not torch.equal(got, alone[start: start + count]):
-                reason = (f"a row summed among {count} rows differs from the row alone "
-                          f"({n} columns, {threads} threads)")
-                warnings.warn(f"batch-invariant mode: torch's sum is not row-invariant here "
-                              f"({reason}); rows take the fixed-tree sum", FallbackWarning,
-                              stacklevel=4)
-                return Plan("fixed-tree sum", ARITHMETIC, f"torch's sum check failed: {reason}")
+            if not torch.equal(torch_row_sum(x[start: start + count].contiguous()),
+                               alone[start: start + count]):
+                return f"a row summed among {count} rows differs from the row alone"
+    return None
+
+
+def _decide_sum(n: int, dtype: torch.dtype) -> Plan:
+    """The canonical plan, at 1 thread: torch's sum where a row's bits do not depend on
+    the call's other rows, else the fixed tree."""
+    x = _sum_rows(n, dtype)
+    alone = torch.cat([torch_row_sum(x[i: i + 1]) for i in range(x.shape[0])])
+    why = _sum_differs(x, alone)
+    if why is not None:
+        warnings.warn(f"batch-invariant mode: torch's sum is not row-invariant here ({why}, "
+                      f"{n} columns); rows take the fixed-tree sum", FallbackWarning, stacklevel=5)
+        return Plan("fixed-tree sum", ARITHMETIC, f"torch's sum check failed: {why}")
     return Plan("torch sum (serial vector loop per call)", VERIFIED,
-                f"rows agree alone and in calls of 2, 3 and {rows} rows, at {threads} and 1 threads")
+                f"rows agree alone and in calls of 2, 3 and {x.shape[0]} rows", (False,))
+
+
+def _sum_at_threads(canon: Plan, n: int, dtype: torch.dtype, threads: int) -> Plan:
+    x = _sum_rows(n, dtype)
+    with torch_threads(1):
+        alone = torch.cat([torch_row_sum(x[i: i + 1]) for i in range(x.shape[0])])
+    why = _sum_differs(x, alone)
+    if why is None:
+        return Plan(canon.kernel, VERIFIED, f"at {threads} threads: the 1-thread bits", (False,))
+    return Plan(canon.kernel + ", at 1 thread", VERIFIED,
+                f"at {threads} threads {why}; the sums run at 1 thread", (True,))
 
 
 def sum_plan(n: int, dtype: torch.dtype) -> Plan:
-    """The plan of a row sum of ``n <= SUM_CHUNK`` columns in ``dtype``."""
+    """The plan of a row sum of ``n <= SUM_CHUNK`` columns in ``dtype`` at the current
+    thread count (``data[0]``: run it at 1 thread)."""
+    return _threaded(("sum", n, dtype), lambda: _decide_sum(n, dtype),
+                     lambda canon, t: _sum_at_threads(canon, n, dtype, t))
+
+
+def _threaded(key: tuple, decide: Callable[[], Plan],
+              at: Callable[[Plan, int], Plan]) -> Plan:
+    """The canonical plan of ``key`` (decided at 1 thread: every thread count then gives
+    its bits) and, at another thread count, ``at(canon, threads)``: the same kernel, run
+    at that count where its check holds there, else at 1 thread."""
     threads = torch.get_num_threads()
-    return plans().get(("sum", n, dtype, threads), lambda: _decide_sum(n, dtype, threads))
+    with torch_threads(1):
+        canon = plans().get(key + (1,), decide)
+    if threads == 1 or not canon.data:
+        return canon
+    return plans().get(key + (threads,), lambda: at(canon, threads))
 
 
 # -- pointwise -----------------------------------------------------------------------------
@@ -250,41 +377,61 @@ def sum_plan(n: int, dtype: torch.dtype) -> Plan:
 _SPECIALS = (0.0, -0.0, 1.0, -1.0, 1e-30, -1e-30, 88.0, -88.0, 20.0, -20.0)
 
 
+def _pw_values(name: str, dtype: torch.dtype, args: tuple, kwargs: tuple,
+               domain: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    g = _gen(("pointwise", name, dtype, args, kwargs))
+    return domain(torch.cat([torch.randn(4096 - len(_SPECIALS), generator=g, dtype=torch.float64) * 8,
+                             torch.tensor(_SPECIALS, dtype=torch.float64)])).to(dtype)
+
+
+def _pw_differs(out_op: Callable[..., torch.Tensor], x: torch.Tensor, ref: torch.Tensor,
+                args: tuple, kw: dict) -> str | None:
+    """Why an element's bits depend on its place (None: they do not)."""
+    for shift in (0, 1, 7, 16, 33):
+        y = torch.cat([x[-shift:], x[:-shift]]) if shift else x
+        got = pointwise(out_op, y, *args, **kw)
+        if not torch.equal(torch.cat([got[shift:], got[:shift]]), ref):
+            return f"an element's bits depend on its position (shifted by {shift})"
+    if not torch.equal(pointwise(out_op, x[:PAD].clone(), *args, **kw), ref[:PAD]):
+        return f"a {PAD}-element buffer differs from a 4096-element one"
+    return None
+
+
 def _decide_pointwise(name: str, out_op: Callable[..., torch.Tensor], dtype: torch.dtype,
-                      args: tuple, kwargs: tuple, threads: int,
+                      args: tuple, kwargs: tuple,
                       domain: Callable[[torch.Tensor], torch.Tensor]) -> Plan:
-    g = _gen(("pointwise", name, dtype, args, kwargs, threads))
-    x = domain(torch.cat([torch.randn(4096 - len(_SPECIALS), generator=g, dtype=torch.float64) * 8,
-                          torch.tensor(_SPECIALS, dtype=torch.float64)])).to(dtype)
+    x = _pw_values(name, dtype, args, kwargs, domain)
+    kw = dict(kwargs)
+    why = _pw_differs(out_op, x, pointwise(out_op, x, *args, **kw), args, kw)
+    if why is not None:
+        return Plan("refused", VERIFIED, f"{name} ({dtype}): {why}")
+    return Plan(f"torch {name} on the vector loop", VERIFIED,
+                "elements agree at 5 positions and 2 buffer lengths", (False,))
+
+
+def _pointwise_at_threads(canon: Plan, name: str, out_op: Callable[..., torch.Tensor],
+                          dtype: torch.dtype, args: tuple, kwargs: tuple,
+                          domain: Callable[[torch.Tensor], torch.Tensor], threads: int) -> Plan:
+    x = _pw_values(name, dtype, args, kwargs, domain)
     kw = dict(kwargs)
     with torch_threads(1):
         ref = pointwise(out_op, x, *args, **kw)
-    checks = [("the whole buffer", x, 0)]
-    for shift in (1, 7, 16, 33):
-        checks.append((f"shifted by {shift}", torch.cat([x[-shift:], x[:-shift]]), shift))
-    for label, y, shift in checks:
-        got = pointwise(out_op, y, *args, **kw)
-        if not torch.equal(torch.cat([got[shift:], got[:shift]]), ref):
-            return _refuse(name, dtype, threads, f"an element's bits depend on its position ({label})")
-    small = pointwise(out_op, x[:PAD].clone(), *args, **kw)
-    if not torch.equal(small, ref[:PAD]):
-        return _refuse(name, dtype, threads, f"a {PAD}-element buffer differs from a 4096-element one")
-    return Plan(f"torch {name} on the vector loop", VERIFIED,
-                f"elements agree at 5 positions, 2 buffer lengths, {threads} and 1 threads")
-
-
-def _refuse(name: str, dtype: torch.dtype, threads: int, why: str) -> Plan:
-    return Plan("refused", VERIFIED, f"{name} ({dtype}, {threads} threads): {why}")
+    why = _pw_differs(out_op, x, ref, args, kw)
+    if why is None:
+        return Plan(canon.kernel, VERIFIED, f"at {threads} threads: the 1-thread bits", (False,))
+    return Plan(canon.kernel + ", at 1 thread", VERIFIED,
+                f"at {threads} threads {why}; it runs at 1 thread", (True,))
 
 
 def pointwise_plan(name: str, out_op: Callable[..., torch.Tensor], dtype: torch.dtype,
                    args: tuple = (), kwargs: dict[str, Any] | None = None,
                    domain: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> Plan:
     """The plan of elementwise op ``name`` (its ``.out`` overload ``out_op``) in ``dtype``
-    with extra arguments ``args`` / ``kwargs``; ``domain`` maps test values into the op's
-    domain. A ``"refused"`` plan: the caller raises :class:`NotInvariantError` or takes a
-    fallback."""
-    threads = torch.get_num_threads()
+    with extra arguments ``args`` / ``kwargs`` at the current thread count; ``domain`` maps
+    test values into the op's domain. A ``"refused"`` plan: the caller raises
+    :class:`NotInvariantError` or takes a fallback; ``data[0]``: run it at 1 thread."""
     kw = tuple(sorted((kwargs or {}).items()))
-    key = ("pointwise", name, dtype, args, kw, threads)
-    return plans().get(key, lambda: _decide_pointwise(name, out_op, dtype, args, kw, threads, domain))
+    return _threaded(("pointwise", name, dtype, args, kw),
+                     lambda: _decide_pointwise(name, out_op, dtype, args, kw, domain),
+                     lambda canon, t: _pointwise_at_threads(canon, name, out_op, dtype, args, kw,
+                                                            domain, t))
