@@ -76,6 +76,9 @@ class GrammarCompiler:
         self._token_bytes: list[bytes] | None = None
         #: the byte budget of the compiled grammars, names and rows of this vocabulary
         self.budget = CacheBudget(self.config.cache_bytes)
+        #: bumped whenever names are published (a request without names looks again
+        #: only then: :meth:`names_getter`)
+        self.names_version = 0
 
     # -- lifecycle -------------------------------------------------------------------
     def _xgr_compiler(self):
@@ -205,9 +208,12 @@ class GrammarCompiler:
 
     def _schedule_names(self, key: tuple, kind: str, text: str, fut: Future,
                         building: Future) -> None:
+        if not fut.cancelled() and fut.exception() is not None:
+            self._store_names(key, building, None)  # a failure has no names (kept)
+            return
         with self._lock:
             pool = self._pool
-            ok = pool is not None and not fut.cancelled() and fut.exception() is None
+            ok = pool is not None and not fut.cancelled()
             if ok:
                 try:
                     pool.submit(self._store_names, key, building, None, kind, text)
@@ -222,9 +228,10 @@ class GrammarCompiler:
                      kind: str | None = None, text: str | None = None) -> None:
         """Publish a grammar's names (None: not expandable) and charge them to the
         budget. ``building``: the future a recurring grammar's entry holds while the
-        names are built here (from ``kind`` and ``text``); nothing is published when the
-        entry changed meanwhile (cleared). None: eager names built with the grammar."""
-        if building is not None:
+        names are built here (from ``kind`` and ``text``; without them, ``keys`` is
+        published); nothing is published when the entry changed meanwhile (cleared).
+        None: eager names built with the grammar."""
+        if building is not None and kind is not None:
             keys = self._build_keys(kind, text)
         with self._lock:
             old = self._names.get(key)
@@ -232,6 +239,7 @@ class GrammarCompiler:
             if current:
                 self._names[key] = keys
                 self._stats.named += keys is not None
+                self.names_version += 1
         if building is not None:
             building.set_result(keys if current else None)
         if not current:
@@ -278,6 +286,20 @@ class GrammarCompiler:
         with self._lock:
             keys = self._names.get(self.key(kind, text))
         return keys if isinstance(keys, StateKeys) else None
+
+    def names_getter(self, kind: str, text: str):
+        """A callable returning :meth:`state_keys` -- or None at once when no names were
+        published since its last call (a request without names asks every step; this
+        keeps that to an integer compare)."""
+        seen = [-1]
+
+        def get() -> StateKeys | None:
+            version = self.names_version
+            if version == seen[0]:
+                return None
+            seen[0] = version
+            return self.state_keys(kind, text)
+        return get
 
     def wait_names(self, kind: str, text: str, timeout: float | None = None
                    ) -> StateKeys | None:

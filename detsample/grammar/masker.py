@@ -8,8 +8,9 @@ every other row's logits are untouched, bit for bit.
 Three things keep the step cheap at large batch:
 
 * a matcher state's bitmask row is filled once: rows whose grammar names its states
-  (:mod:`~detsample.grammar.statekeys`) copy the row filled for their state, and rows
-  of one step in one state are filled once;
+  (:mod:`~detsample.grammar.statekeys`; by default a grammar that recurs) copy the row
+  kept for their state (by default once the state recurs, in the vocabulary's byte
+  budget), and rows of one step in one state are filled once;
 
 * :meth:`GrammarMasker.masked_step` writes the masked logits into a persistent buffer
   (:class:`~detsample.grammar.maskbuffer.MaskedLogitsBuffer`) at the cost of the columns
@@ -169,7 +170,7 @@ class GrammarMasker:
             ns = g.mask_state()
             if ns is not None:
                 pre_named.setdefault((id(ns[0]), ns[1]), []).append((r, ns))
-                checked.append((r, ns[0]))
+                checked.append((r, ns))
         for members in pre_named.values():
             for r, (keys, sid) in members:
                 keys.offer(sid, bm[r], recurs=len(members) > 1)
@@ -181,14 +182,15 @@ class GrammarMasker:
         _offer(named, bm, todo, copies)
         for r, src in copies:
             bm[r].copy_(bm[src])
-        checked += [(r, named[r][0]) for r, _ in hits + copies]
+        checked += [(r, named[r]) for r, _ in hits + copies]
         self._verify(grammars, bm, checked)
         return bm, rows
 
-    def _verify(self, grammars, bm: torch.Tensor, rows: list[tuple[int, object]]) -> None:
+    def _verify(self, grammars, bm: torch.Tensor, checked: list[tuple[int, tuple]]) -> None:
         """With ``verify_mask_cache``: fill the rows whose bits were copied (``(row,
-        StateKeys)`` pairs) again with xgrammar and raise on any difference."""
-        rows = [r for r, keys in rows if keys is not None and keys.verify]
+        (StateKeys, state id))`` pairs) again with xgrammar and raise on any difference."""
+        sids = {r: ns[1] for r, ns in checked if ns[0].verify}
+        rows = sorted(sids)
         if not rows:
             return
         fresh = torch.empty((len(grammars), bm.shape[1]), dtype=torch.int32)
@@ -197,7 +199,7 @@ class GrammarMasker:
             if not torch.equal(fresh[r], bm[r]):
                 g = grammars[r]
                 raise GrammarError(
-                    f"request {g.rid!r}: cached bitmask row of state {g._sids[-1]} "
+                    f"request {g.rid!r}: cached bitmask row of state {sids[r]} "
                     f"differs from xgrammar's fill after {len(g.accepted)} tokens")
 
     def prefetch(self, grammars: Sequence[RequestGrammar | None]) -> int:

@@ -90,7 +90,7 @@ class RequestGrammar:
         fut = compiler.submit(kind, text)
         return cls(rid, kind, fut, vocab, output_ids=output_ids,
                    timeout_s=compiler.config.compile_timeout_s,
-                   state_keys=lambda: compiler.state_keys(kind, text))
+                   state_keys=compiler.names_getter(kind, text))
 
     # -- state -----------------------------------------------------------------------
     @property

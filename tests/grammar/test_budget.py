@@ -146,10 +146,17 @@ def test_compiled_grammars_are_charged_and_recompiled_after_eviction():
 
 
 def test_failures_are_charged_too():
+    """A cached failure is charged; when it recurs, its (absent) names are recorded
+    once, charged too, instead of being looked for again at every hit."""
     c = _compiler()
     with pytest.raises(Exception):
         c.compile("regex", "(")
-    assert c.budget.stats().entries["compiled"] == 1
+    assert c.budget.stats().entries == {"compiled": 1, "names": 0, "row": 0}
+    for _ in range(3):
+        c.submit("regex", "(")
+    assert c.wait_names("regex", "(", timeout=30) is None
+    assert c.budget.stats().entries == {"compiled": 1, "names": 1, "row": 0}
+    assert c.stats.named == 0
     c.close()
 
 
