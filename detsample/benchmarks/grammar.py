@@ -169,15 +169,15 @@ def step_cost(vocab: Vocabulary, vocab_name: str, schema_name: str, b: int, *,
         out = torch.empty(b, vocab.vocab_size)
         for step in range(steps + 2):  # two warm-up steps
             logits = torch.randn(b, vocab.vocab_size, generator=gen)
-            t["log_softmax"].append(_clock(lambda: torch.log_softmax(logits, -1, out=out)))
+            t["log_softmax"].append(clock(lambda: torch.log_softmax(logits, -1, out=out)))
             for which in ("free", "grammar") if step % 2 == 0 else ("grammar", "free"):
                 if which == "free":
-                    t["free"].append(_clock(lambda: _step(s_free, free, logits)))
+                    t["free"].append(clock(lambda: sample_step(s_free, free, logits)))
                     continue
-                wall, cpu = _clock(lambda: _step(s_gram, gram, logits, prefetch))
+                wall, cpu = clock(lambda: sample_step(s_gram, gram, logits, prefetch))
                 if prefetch:
                     time.sleep(forward_ms / 1e3)
-                    w2, c2 = _clock(lambda: s_gram.grammar_masker.wait_prefetched(
+                    w2, c2 = clock(lambda: s_gram.grammar_masker.wait_prefetched(
                         gram.grammars))
                     wall, cpu = wall + w2, cpu + c2
                 t["grammar"].append((wall, cpu))
@@ -230,7 +230,7 @@ def stage_costs(vocab: Vocabulary, schema_name: str, b: int, *, steps: int = 16,
                 t0 = time.process_time()
                 if step >= 4:
                     prof[k].enable()
-                _step(samplers[k], batch, logits)
+                sample_step(samplers[k], batch, logits)
                 if step >= 4:
                     prof[k].disable()
                     times[k].append(time.process_time() - t0)
@@ -243,19 +243,23 @@ def stage_costs(vocab: Vocabulary, schema_name: str, b: int, *, steps: int = 16,
     return out
 
 
-def _clock(fn) -> tuple[float, float]:
+def clock(fn) -> tuple[float, float]:
     """(wall, process CPU) seconds of ``fn()``."""
     w0, c0 = time.perf_counter(), time.process_time()
     fn()
     return time.perf_counter() - w0, time.process_time() - c0
 
 
-def _step(sampler: Sampler, batch: SamplingBatch, logits: torch.Tensor,
-          prefetch: bool = False) -> None:
+def sample_step(sampler: Sampler, batch: SamplingBatch, logits: torch.Tensor,
+                prefetch: bool = False) -> torch.Tensor:
+    """One engine step: ``sample`` at each row's next position, ``advance`` (and,
+    with ``prefetch``, ``prefetch_grammar``); returns the token ids."""
     pos = torch.tensor([len(o) for o in batch.output_ids])
-    batch.advance(sampler.sample(logits, batch, pos).token_ids)
+    tokens = sampler.sample(logits, batch, pos).token_ids
+    batch.advance(tokens)
     if prefetch:
         sampler.prefetch_grammar(batch)
+    return tokens
 
 
 def _instrument(sampler: Sampler) -> dict[str, list[float]]:

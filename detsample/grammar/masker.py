@@ -8,8 +8,9 @@ every other row's logits are untouched, bit for bit.
 Three things keep the step cheap at large batch:
 
 * a matcher state's bitmask row is filled once: rows whose grammar names its states
-  (:mod:`~detsample.grammar.statekeys`) copy the row filled for their state, and rows
-  of one step in one state are filled once;
+  (:mod:`~detsample.grammar.statekeys`; by default a grammar that recurs) copy the row
+  kept for their state (by default once the state recurs, in the vocabulary's byte
+  budget), and rows of one step in one state are filled once;
 
 * :meth:`GrammarMasker.masked_step` writes the masked logits into a persistent buffer
   (:class:`~detsample.grammar.maskbuffer.MaskedLogitsBuffer`) at the cost of the columns
@@ -47,24 +48,43 @@ def resolve_all(grammars: Sequence[RequestGrammar | None]) -> None:
         g.resolve(timeout=0.0)
 
 
-def _by_state(grammars: Sequence, rows) -> tuple[list, list, list]:
-    """Split ``rows`` by their grammar's named state: ``(to fill, [(row, cached bits)],
-    [(row, an earlier row of the same state to copy once it is filled)])``."""
-    todo, hits, copies, first = [], [], [], {}
+def _by_state(grammars: Sequence, rows) -> tuple[list, list, list, dict]:
+    """Split ``rows`` by their grammar's named state: ``(to fill, [(row, cached words)],
+    [(row, an earlier row of the same state to copy once it is filled)], {row:
+    (StateKeys, state id)} of every named row)``. One cache lookup per state; each
+    grammar's names are marked used once."""
+    todo, hits, copies, first, named, looked, used = [], [], [], {}, {}, {}, set()
     for r in rows:
-        named = grammars[r].mask_state()
-        if named is not None:
-            keys, sid = named
-            hit = keys.mask(sid)
+        ns = grammars[r].mask_state()
+        if ns is not None:
+            named[r] = ns
+            keys, sid = ns
+            k = (id(keys), sid)
+            if k not in looked:
+                if id(keys) not in used:
+                    used.add(id(keys))
+                    keys.touch()
+                looked[k] = keys.mask(sid)
+            hit = looked[k]
             if hit is not None:
                 hits.append((r, hit))
                 continue
-            src = first.setdefault((id(keys), sid), r)
+            src = first.setdefault(k, r)
             if src != r:
                 copies.append((r, src))
                 continue
         todo.append(r)
-    return todo, hits, copies
+    return todo, hits, copies, named
+
+
+def _offer(named: dict, bm: torch.Tensor, rows, copies: list) -> None:
+    """Offer the rows xgrammar filled for named states to their cache (a state with a
+    copy in this call recurs)."""
+    again = {src for _, src in copies}
+    for r in rows:
+        ns = named.get(r)
+        if ns is not None:
+            ns[0].offer(ns[1], bm[r], recurs=r in again)
 
 
 class GrammarMasker:
@@ -137,8 +157,9 @@ class GrammarMasker:
         """
         resolve_all(grammars)
         bm = self.bitmask(len(grammars), vocab_size)
+        bmn = bm.numpy()
         rows = [r for r, g in enumerate(grammars) if g is not None and g.is_active]
-        rest, cached = [], []
+        rest, checked, pre_named = [], [], {}
         for r in rows:
             g = grammars[r]
             pre = g.take_prefetched()
@@ -146,28 +167,30 @@ class GrammarMasker:
                 rest.append(r)
                 continue
             bm[r].copy_(pre)
-            named = g.mask_state()
-            if named is not None:
-                named[0].store(named[1], bm[r])
-                cached.append(r)
-        todo, hits, copies = _by_state(grammars, rest)
+            ns = g.mask_state()
+            if ns is not None:
+                pre_named.setdefault((id(ns[0]), ns[1]), []).append((r, ns))
+                checked.append((r, ns))
+        for members in pre_named.values():
+            for r, (keys, sid) in members:
+                keys.offer(sid, bm[r], recurs=len(members) > 1)
+        todo, hits, copies, named = _by_state(grammars, rest)
         for r, hit in hits:
-            bm[r].copy_(hit)
+            bmn[r] = hit
         if todo:
             self._fill_rows("step", self._threads("step"), list(grammars), bm, todo)
-        for r in todo:
-            named = grammars[r].mask_state()
-            if named is not None:
-                named[0].store(named[1], bm[r])
+        _offer(named, bm, todo, copies)
         for r, src in copies:
             bm[r].copy_(bm[src])
-        self._verify(grammars, bm, cached + [r for r, _ in hits + copies])
+        checked += [(r, named[r]) for r, _ in hits + copies]
+        self._verify(grammars, bm, checked)
         return bm, rows
 
-    def _verify(self, grammars, bm: torch.Tensor, rows: list[int]) -> None:
-        """With ``verify_mask_cache``: fill the rows whose bits were copied again with
-        xgrammar and raise on any difference."""
-        rows = [r for r in rows if grammars[r].mask_state()[0].verify]
+    def _verify(self, grammars, bm: torch.Tensor, checked: list[tuple[int, tuple]]) -> None:
+        """With ``verify_mask_cache``: fill the rows whose bits were copied (``(row,
+        (StateKeys, state id))`` pairs) again with xgrammar and raise on any difference."""
+        sids = {r: ns[1] for r, ns in checked if ns[0].verify}
+        rows = sorted(sids)
         if not rows:
             return
         fresh = torch.empty((len(grammars), bm.shape[1]), dtype=torch.int32)
@@ -176,7 +199,7 @@ class GrammarMasker:
             if not torch.equal(fresh[r], bm[r]):
                 g = grammars[r]
                 raise GrammarError(
-                    f"request {g.rid!r}: cached bitmask row of state {g.mask_state()[1]} "
+                    f"request {g.rid!r}: cached bitmask row of state {sids[r]} "
                     f"differs from xgrammar's fill after {len(g.accepted)} tokens")
 
     def prefetch(self, grammars: Sequence[RequestGrammar | None]) -> int:
@@ -190,7 +213,7 @@ class GrammarMasker:
         rows = torch.empty((len(active), w), dtype=torch.int32)
         for g in active:
             g._settle()  # an earlier prefetch of the same matcher must finish first
-        todo, hits, copies = _by_state(active, range(len(active)))
+        todo, hits, copies, _ = _by_state(active, range(len(active)))
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(max_workers=1,
                                                thread_name_prefix="detsample-bitmask")
@@ -202,12 +225,13 @@ class GrammarMasker:
 
     def _prefetch_rows(self, threads: int | str, active: list, rows: torch.Tensor,
                        todo: list[int],
-                       hits: list[tuple[int, torch.Tensor]], copies: list[tuple[int, int]]
+                       hits: list[tuple[int, object]], copies: list[tuple[int, int]]
                        ) -> None:
         """The background part of :meth:`prefetch`: cached rows copied, the others
         filled (one per state), rows sharing a state copied from the filled one."""
+        words = rows.numpy()
         for i, hit in hits:
-            rows[i].copy_(hit)
+            words[i] = hit
         if todo:
             self._fill_rows("prefetch", threads, active, rows, todo)
         for i, src in copies:

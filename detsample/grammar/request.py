@@ -38,9 +38,9 @@ class RequestGrammar:
             built (a rejected one fails the request).
         timeout_s: bound on one wait for the compilation.
         state_keys: returns the grammar's
-            :class:`~detsample.grammar.statekeys.StateKeys` (or None) once it compiled;
-            with keys the request names its matcher states, and the masker fills a
-            state's bitmask row once (:meth:`mask_state`).
+            :class:`~detsample.grammar.statekeys.StateKeys`, or None while it has none
+            (never waits); with keys the request names its matcher states, and the
+            masker fills a state's bitmask row once (:meth:`mask_state`).
     """
 
     def __init__(self, rid: str, kind: str, future: cf.Future, vocab, *,
@@ -90,7 +90,7 @@ class RequestGrammar:
         fut = compiler.submit(kind, text)
         return cls(rid, kind, fut, vocab, output_ids=output_ids,
                    timeout_s=compiler.config.compile_timeout_s,
-                   state_keys=lambda: compiler.state_keys(kind, text))
+                   state_keys=compiler.names_getter(kind, text))
 
     # -- state -----------------------------------------------------------------------
     @property
@@ -156,8 +156,7 @@ class RequestGrammar:
 
         self._matcher = xgr.GrammarMatcher(compiled)
         self.state = ACTIVE
-        self._keys = self._state_keys() if self._state_keys is not None else None
-        self._sids = [self._keys.start] if self._keys is not None else []
+        self._adopt_keys()
         for tid in self._initial:
             if not self._matcher.accept_token(tid):
                 self.fail(self._reject_message(tid, "existing output token"))
@@ -186,12 +185,33 @@ class RequestGrammar:
         if self._keys is not None:
             self._sids.append(self._keys.step(self._sids[-1], tid))
 
+    def _adopt_keys(self):
+        """Take the grammar's names if they are ready (never waits) and name the
+        accepted text by replaying it; None (and no names held) when there are none."""
+        self._keys, self._sids = None, []
+        keys = self._state_keys() if self._state_keys is not None else None
+        if keys is None or keys.retired:
+            return None
+        sids = [keys.start]
+        for tid in self.accepted:
+            sids.append(keys.step(sids[-1], tid))
+        self._keys, self._sids = keys, sids
+        return keys
+
     def mask_state(self):
         """``(StateKeys, state id)`` naming the matcher's current state when the grammar
-        has keys and the state is named (its bitmask row may be cached), else None."""
-        keys = self._keys
-        if keys is None or self.state != ACTIVE:
+        has keys and the state is named (its bitmask row may be cached), else None.
+
+        Names built after this request became active (the ``"recurring"`` policy names a
+        grammar in the background) are adopted here; retired ones (evicted from the
+        budget) are dropped, and the grammar's new names adopted when there are some."""
+        if self.state != ACTIVE:
             return None
+        keys = self._keys
+        if keys is None or keys.retired:
+            keys = self._adopt_keys()
+            if keys is None:
+                return None
         sid = self._sids[-1]
         return (keys, sid) if keys.named(sid) else None
 

@@ -17,6 +17,19 @@ accepted text, which the node set fixes. So two matchers with one name get the s
 bits; the first fill of a name is xgrammar's, later ones copy it. The tests fill every
 step both ways over the schema corpus (``GrammarConfig(verify_mask_cache=True)``).
 
+Memory: the names (the NFA, the interned states, a transition memo) and every cached
+row are entries of the vocabulary's :class:`~detsample.grammar.budget.CacheBudget`;
+:attr:`StateKeys.nbytes` estimates the first (an upper bound of what Python allocates
+for them, checked by the tests), each row costs its words plus ``ROW_OVERHEAD``. When
+the budget evicts the names they are retired (:meth:`~StateKeys.retire`): their rows are
+dropped, and requests holding them stop naming (their rows are filled by xgrammar
+until the grammar is named again).
+
+Which rows are kept: with ``keep_first`` (``mask_cache_policy="eager"``) every named
+state's first fill; otherwise (``"recurring"``) a state's row is kept the second time
+the state is filled -- a later step, or a second row in it in one step
+(:meth:`StateKeys.offer`): a state seen once costs a set entry, not a row.
+
 What is left unnamed (filled by xgrammar every time, as before): a text that ends
 inside a multi-byte UTF-8 character, text that is not valid UTF-8, grammars this reader
 does not expand (``Unsupported``), and states past ``MAX_STATES`` or of more than
@@ -25,12 +38,13 @@ does not expand (``Unsupported``), and states past ``MAX_STATES`` or of more tha
 
 from __future__ import annotations
 
+import sys
 import threading
-from collections import OrderedDict
 from typing import Sequence
 
-import torch
+import numpy as np
 
+from detsample.grammar.budget import ROW_OVERHEAD, CacheBudget
 from detsample.grammar.ebnf_nfa import NFA, Unsupported, build_nfa
 
 #: The state of a text that has no name (see the module docstring); stays unnamed.
@@ -40,9 +54,15 @@ MAX_STATES = 100_000
 #: Bound on the NFA nodes of one state (a highly ambiguous grammar); larger ones are
 #: unnamed, so following a text never costs more than this many nodes a byte.
 MAX_STATE_NODES = 4096
-#: Bytes of bitmask rows kept per grammar (least recently used dropped first).
-MASK_CACHE_BYTES = 16 << 20
-_BYTE_MEMO = 1 << 20  # (state, byte) transitions kept before the memo is cleared
+#: (state, byte) transitions kept before the memo is cleared.
+BYTE_MEMO = 1 << 16
+#: Estimated bytes of one interned state besides its node set (the key tuple, the sid,
+#: the dict and list slots), of one memo entry and of one once-filled state's set entry.
+STATE_OVERHEAD = 256
+MEMO_ENTRY = 128
+ONCE_ENTRY = 96
+#: The names report their growth to the budget in steps of this many bytes.
+_REPORT_STEP = 64 << 10
 
 
 def _utf8_length(lead: int) -> int:
@@ -57,6 +77,19 @@ def _utf8_length(lead: int) -> int:
     return 0
 
 
+def nfa_bytes(nfa: NFA) -> int:
+    """An upper estimate of the bytes an :class:`~detsample.grammar.ebnf_nfa.NFA` holds
+    (its three node lists, their entries, the labels' tuples and ints)."""
+    size = sum(sys.getsizeof(x) for x in (nfa.label, nfa.succ, nfa.eps))
+    seen: set[int] = set()
+    for lab, eps in zip(nfa.label, nfa.eps):
+        size += sys.getsizeof(eps) + 32 * (len(eps) + 1)  # (+1: the successor's int)
+        if lab is not None and id(lab) not in seen:
+            seen.add(id(lab))
+            size += sys.getsizeof(lab) + sum(sys.getsizeof(r) + 64 for r in lab)
+    return size
+
+
 class StateKeys:
     """The state names of one compiled grammar and the bitmask rows filled for them.
 
@@ -65,37 +98,82 @@ class StateKeys:
     Args:
         nfa, start: from :func:`~detsample.grammar.ebnf_nfa.build_nfa`.
         token_bytes: each token's bytes as xgrammar decodes them (``TokenizerInfo
-            .decoded_vocab``).
+            .decoded_vocab``; one list shared by every grammar of a vocabulary).
         stop_ids: tokens that end the grammar (accepting one leaves the name as it is).
         width: int32 words of a bitmask row.
         verify: the masker fills named rows with xgrammar too and raises on a difference.
+        keep_first: keep a state's row at its first fill (else at its second, see
+            :meth:`offer`).
+        budget, budget_key: the budget the names (under ``budget_key``, a ``("names",
+            ...)`` key its owner adds) and the rows (``("row", self, sid)``) charge;
+            None: unbounded (tests).
     """
 
     def __init__(self, nfa: NFA, start: int, token_bytes: Sequence[bytes],
-                 stop_ids: Sequence[int], width: int, verify: bool = False) -> None:
+                 stop_ids: Sequence[int], width: int, verify: bool = False, *,
+                 keep_first: bool = True, budget: CacheBudget | None = None,
+                 budget_key: tuple | None = None) -> None:
         self._nfa = nfa
         self._tokens = token_bytes
         self._stop = frozenset(int(t) for t in stop_ids)
         self.width = width
         self.verify = verify
+        self.keep_first = keep_first
+        self.retired = False
+        self._budget, self._budget_key = budget, budget_key
         self._lock = threading.Lock()
         self._ids: dict[tuple[frozenset, bytes], int] = {}
         self._states: list[tuple[frozenset, bytes]] = []
-        self._byte: dict[tuple[int, int], int] = {}
-        self._masks: OrderedDict[int, torch.Tensor] = OrderedDict()
-        self.max_masks = max(16, MASK_CACHE_BYTES // (4 * width))
+        self._byte: dict[int, int] = {}  # sid << 8 | byte -> sid
+        self._masks: dict[int, np.ndarray] = {}
+        self._once: set[int] = set()  # named states filled once, their row not kept
+        self._bytes = sys.getsizeof(self) + nfa_bytes(nfa)
+        self._reported = 0
         self.start = self._intern(nfa.closure([start]), b"")
 
     @classmethod
     def build(cls, grammar_text: str, token_bytes: Sequence[bytes], stop_ids: Sequence[int],
-              width: int, verify: bool = False) -> "StateKeys | None":
+              width: int, verify: bool = False, **kw) -> "StateKeys | None":
         """Keys of a printed grammar (``str(xgrammar.Grammar)``), or None when the reader
-        does not expand it."""
+        does not expand it. ``kw``: the keyword arguments of the constructor."""
         try:
             nfa, start = build_nfa(grammar_text)
         except (Unsupported, RecursionError):
             return None
-        return cls(nfa, start, token_bytes, stop_ids, width, verify)
+        return cls(nfa, start, token_bytes, stop_ids, width, verify, **kw)
+
+    # -- memory ---------------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        """Estimated bytes of the names (NFA, states, memo; rows not included)."""
+        return self._bytes
+
+    def reported(self, nbytes: int) -> None:
+        """The owner charged the budget ``nbytes`` for the names (when adding them)."""
+        self._reported = nbytes
+
+    def touch(self) -> None:
+        """Mark the names used in the budget (the masker does, once a step)."""
+        if self._budget is not None:
+            self._budget.touch(self._budget_key)
+
+    def _report(self) -> None:
+        """Charge the budget for the names' growth (in steps of ``_REPORT_STEP``)."""
+        if self._budget is not None and abs(self._bytes - self._reported) >= _REPORT_STEP:
+            self._reported = self._bytes
+            self._budget.resize(self._budget_key, self._bytes)
+
+    def retire(self, _token: object = None) -> None:
+        """Drop the rows and the memo and stop naming new states (evicted from the
+        budget): requests holding these keys drop them (``RequestGrammar.mask_state``)."""
+        with self._lock:
+            self.retired = True
+            rows, self._masks = list(self._masks), {}
+            self._byte.clear()
+            self._once.clear()
+        if self._budget is not None:
+            for sid in rows:
+                self._budget.discard(("row", self, sid))
 
     # -- names ----------------------------------------------------------------------
     def _intern(self, nodes: frozenset, partial: bytes) -> int:
@@ -106,20 +184,26 @@ class StateKeys:
         with self._lock:
             sid = self._ids.get(key)
             if sid is None:
-                if len(self._states) >= MAX_STATES:
+                if len(self._states) >= MAX_STATES or self.retired:
                     return UNNAMED
                 sid = len(self._states)
                 self._states.append(key)
                 self._ids[key] = sid
-            return sid
+                self._bytes += STATE_OVERHEAD + sys.getsizeof(nodes) + (
+                    sys.getsizeof(partial) if partial else 0)
+        self._report()
+        return sid
 
     def _step_byte(self, sid: int, b: int) -> int:
-        nxt = self._byte.get((sid, b))
+        k = sid << 8 | b
+        nxt = self._byte.get(k)
         if nxt is None:
             nxt = self._advance(sid, b)
-            if len(self._byte) >= _BYTE_MEMO:
+            if len(self._byte) >= BYTE_MEMO:
+                self._bytes -= MEMO_ENTRY * len(self._byte)
                 self._byte.clear()
-            self._byte[(sid, b)] = nxt
+            self._byte[k] = nxt
+            self._bytes += MEMO_ENTRY
         return nxt
 
     def _advance(self, sid: int, b: int) -> int:
@@ -156,24 +240,54 @@ class StateKeys:
         return len(self._states)
 
     # -- bitmask rows ---------------------------------------------------------------
-    def mask(self, sid: int) -> torch.Tensor | None:
-        """The cached bitmask row of state ``sid`` ((W,) int32), or None."""
-        row = self._masks.get(sid) if self.named(sid) else None
-        if row is None:
-            return None
-        try:
-            self._masks.move_to_end(sid)
-        except KeyError:  # dropped by another thread meanwhile
-            pass
+    def mask(self, sid: int) -> np.ndarray | None:
+        """The cached bitmask row of state ``sid`` ((W,) int32, read only), or None.
+        Marks the row (and the names) used in the budget."""
+        row = self._masks.get(sid)
+        if row is not None and self._budget is not None:
+            self._budget.touch(("row", self, sid))
         return row
 
-    def store(self, sid: int, row: torch.Tensor) -> None:
-        """Keep a copy of the bitmask row xgrammar filled in state ``sid`` (kept as it
-        is when one is cached already)."""
-        if not self.named(sid) or row.shape != (self.width,) or sid in self._masks:
-            return
-        copy = row.clone()
+    def offer(self, sid: int, row, recurs: bool = False) -> bool:
+        """xgrammar filled ``row`` ((W,) int32, torch or numpy) for state ``sid``: keep a
+        copy when the state recurs -- ``recurs`` (another row is in it in this step), or
+        it was filled before, or ``keep_first`` -- and none is kept yet. Returns whether
+        a row is kept for ``sid`` now."""
+        if not self.named(sid) or self.retired:
+            return False
+        if sid in self._masks:
+            return True
+        if not (recurs or self.keep_first or sid in self._once):
+            with self._lock:
+                if sid not in self._once:
+                    self._once.add(sid)
+                    self._bytes += ONCE_ENTRY
+            return False
+        words = np.asarray(row)
+        if words.shape != (self.width,):
+            return False
+        copy = np.array(words, dtype=np.int32, copy=True)
+        copy.flags.writeable = False
         with self._lock:
+            if self.retired or sid in self._masks:
+                return not self.retired
             self._masks[sid] = copy
-            while len(self._masks) > self.max_masks:
-                self._masks.popitem(last=False)
+            if sid in self._once:
+                self._once.discard(sid)
+                self._bytes -= ONCE_ENTRY
+        if self._budget is not None:
+            self._budget.add(("row", self, sid), copy.nbytes + ROW_OVERHEAD, self._drop_row,
+                             (sid, copy))
+        return True
+
+    def _drop_row(self, token: tuple[int, np.ndarray]) -> None:
+        """Budget eviction of one row (only if it is still the row kept for its state)."""
+        sid, row = token
+        with self._lock:
+            if self._masks.get(sid) is row:
+                del self._masks[sid]
+
+    @property
+    def num_rows(self) -> int:
+        """Rows kept now."""
+        return len(self._masks)

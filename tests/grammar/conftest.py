@@ -11,17 +11,21 @@ from detsample.grammar.config import GrammarConfig
 from tests.helpers import logits_rows
 
 
-def verifying(vocab):
+def verifying(vocab, **kw):
     """``vocab`` with a grammar compiler whose mask cache is checked against a fresh
-    xgrammar fill on every copied row (a difference raises GrammarError)."""
-    vocab._compiler = GrammarCompiler(vocab, GrammarConfig(verify_mask_cache=True))
+    xgrammar fill on every copied row (a difference raises GrammarError). Names are
+    built with the compilation and every named state's first row is kept
+    (``mask_cache_policy="eager"``) unless ``kw`` says otherwise, so every step after
+    a state's first is a checked copy."""
+    kw = {"verify_mask_cache": True, "mask_cache_policy": "eager", **kw}
+    vocab._compiler = GrammarCompiler(vocab, GrammarConfig(**kw))
     return vocab
 
 
-def generate(vocab, grammars, *, seed=0, max_steps=400, scale=3.0):
+def generate(vocab, grammars, *, seed=0, max_steps=400, scale=3.0, until_done=True):
     """Sample from seeded random logits masked by each grammar until every grammar
     terminates (or fails). Returns the token lists; a grammar still active after
-    ``max_steps`` is a test failure."""
+    ``max_steps`` is a test failure (``until_done=False``: just ``max_steps`` steps)."""
     gen = torch.Generator().manual_seed(seed)
     masker = GrammarMasker()
     outs = [[] for _ in grammars]
@@ -35,6 +39,8 @@ def generate(vocab, grammars, *, seed=0, max_steps=400, scale=3.0):
         for r in rows:
             grammars[r].accept_token(int(toks[r]))
             outs[r].append(int(toks[r]))
+    if not until_done:
+        return outs
     raise AssertionError(f"grammars still active after {max_steps} steps: {grammars}")
 
 

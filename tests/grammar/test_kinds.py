@@ -1,6 +1,7 @@
 """Tests of detsample/grammar/kinds.py and config.py: kind dispatch and options."""
 
 import json
+import re
 
 import pytest
 
@@ -17,6 +18,11 @@ BAD_CONFIGS = [
     ({"mask_cache": 1}, "mask_cache must be a bool, got 1"),
     ({"verify_mask_cache": "yes"}, "verify_mask_cache must be a bool, got 'yes'"),
     ({"strict_mode": None}, "strict_mode must be a bool, got None"),
+    ({"mask_cache_policy": "lazy"},
+     "mask_cache_policy must be one of ('recurring', 'eager'), got 'lazy'"),
+    ({"cache_bytes": -1}, "cache_bytes must be an integer >= 0, got -1"),
+    ({"cache_bytes": 1.5}, "cache_bytes must be an integer >= 0, got 1.5"),
+    ({"cache_bytes": True}, "cache_bytes must be an integer >= 0, got True"),
 ]
 
 
@@ -39,5 +45,5 @@ def test_non_str_regex_rejected():
 
 @pytest.mark.parametrize("kwargs,msg", BAD_CONFIGS)
 def test_bad_config(kwargs, msg):
-    with pytest.raises(InvalidSamplingParams, match=msg):
+    with pytest.raises(InvalidSamplingParams, match=re.escape(msg)):
         GrammarConfig(**kwargs)

@@ -22,6 +22,7 @@ from detsample.errors import GrammarError
 from detsample.grammar import GrammarMasker, RequestGrammar, statekeys
 from detsample.grammar.compiler import GrammarCompiler
 from detsample.grammar.config import GrammarConfig
+from detsample.grammar.kinds import grammar_source
 from detsample.grammar.statekeys import UNNAMED, StateKeys
 from tests.helpers import params_strategy
 
@@ -33,7 +34,8 @@ OBJ = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 
 
 
 def _with_config(vocab, **kw):
-    vocab._compiler = GrammarCompiler(vocab, GrammarConfig(**kw))
+    vocab._compiler = GrammarCompiler(vocab, GrammarConfig(**{"mask_cache_policy": "eager",
+                                                              **kw}))
     return vocab
 
 
@@ -100,7 +102,7 @@ def test_names_follow_rollback_fork_and_jump_forward(vocab, submit):
 def test_texts_inside_or_outside_utf8_are_not_named():
     vocab = _bytes_vocab()
     tid = {t: i for i, t in enumerate(vocab.tokens)}
-    compiler = GrammarCompiler(vocab)
+    compiler = GrammarCompiler(vocab, GrammarConfig(mask_cache_policy="eager"))
     compiler.compile("regex", "[a-zé]+")
     keys = compiler.state_keys("regex", "[a-zé]+")
     a, e = keys.step(keys.start, tid[b"a"]), keys.step(keys.start, tid[b"\xc3\xa9"])
@@ -132,17 +134,105 @@ def test_state_bounds_leave_states_unnamed(monkeypatch, bound):
         assert all(len(keys._states[s][0]) <= 1 for s in g._sids[1:] if s != UNNAMED)
 
 
-def test_mask_cache_keeps_at_most_max_masks(vocab, submit):
-    g = submit("json_schema", OBJ, rid="m")
-    g.resolve()
-    keys = g._keys
-    keys.max_masks = 2
-    row = torch.zeros(keys.width, dtype=torch.int32)
-    sids = [keys.start] + [keys.step(keys.start, t) for t in range(1, 200)]
-    named = [s for s in dict.fromkeys(sids) if keys.named(s)][:4]
-    for s in named:
-        keys.store(s, row)
-    assert list(keys._masks) == named[-2:]  # least recently used dropped first
+def test_every_grammar_shares_one_token_list():
+    """Bug pinned (issue 27): each grammar's names read ``TokenizerInfo.decoded_vocab``,
+    which builds a new list of V bytes objects per read (~250 ms and ~18 MB at V = 128k,
+    held by every grammar for good): the first step of every new schema paid it."""
+    vocab = Vocabulary.from_tokens([b"", b"<|sp|>"] + [bytes([b]) for b in range(256)],
+                                   eos_token_ids=[0], special_ids=[1])
+    compiler = GrammarCompiler(vocab, GrammarConfig(mask_cache_policy="eager"))
+    assert compiler.token_bytes() == vocab.xgrammar_tokenizer_info().decoded_vocab
+    for text in ("[a-z]+", "[0-9]+"):
+        compiler.compile("regex", text)
+        assert compiler.state_keys("regex", text)._tokens is compiler.token_bytes()
+    compiler.close()
+
+
+def test_names_estimate_bounds_what_python_allocates():
+    """The budget charges ``StateKeys.nbytes`` for a grammar's names: it must not be
+    below what building them and naming states allocates (tracemalloc), nor far above."""
+    import tracemalloc
+
+    vocab = Vocabulary.default()
+    compiler = GrammarCompiler(vocab, GrammarConfig(mask_cache_policy="eager"))
+    texts = [json.dumps(OBJ), json.dumps(INT_ARRAY), "[a-z]{0,40}"]
+    kinds = ["json_schema", "json_schema", "regex"]
+    for k, t in zip(kinds, texts):  # warm up: imports, the token list, xgrammar's info
+        compiler._build_keys(k, t)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        built = [compiler._build_keys(k, t) for k, t in zip(kinds, texts)]
+        for keys in built:
+            sid = keys.start
+            for tid in vocab.encode('{"name": "abcdef", "n": 123}[1, 22, 333]' + "a" * 40):
+                sid = keys.step(sid, tid) if sid != UNNAMED else keys.start
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    traced = sum(d.size_diff for d in after.compare_to(before, "filename"))
+    estimate = sum(k.nbytes for k in built)
+    assert traced <= estimate <= 3 * traced, (traced, estimate)
+    compiler.close()
+
+
+def test_a_grammar_seen_once_is_never_named():
+    """The default policy: a grammar that does not recur costs xgrammar's own path (no
+    NFA, no names, no rows), so a new schema's first step is not slower (issue 27)."""
+    vocab = Vocabulary.default()
+    g = RequestGrammar.submit("once", "json_schema", OBJ, vocab)
+    out = generate(vocab, [g], seed=1, max_steps=300)
+    c = vocab.grammar_compiler
+    assert out[0] and c.stats.named == 0 and g._keys is None
+    assert c.state_keys("json_schema", json.dumps(OBJ)) is None
+    assert c.budget.stats().entries == {"compiled": 1, "names": 0, "row": 0}
+    c.close()
+
+
+def test_a_recurring_grammar_is_named_in_the_pool_and_adopted(monkeypatch):
+    """A second request of a grammar names it, in a pool thread; a request that was
+    already sampling adopts the names, its accepted text replayed through them, and from
+    then on its copied rows are checked against xgrammar's fill."""
+    threads = []
+    real = StateKeys.build
+
+    def spy(*a, **k):
+        import threading
+
+        threads.append(threading.current_thread().name)
+        return real(*a, **k)
+    monkeypatch.setattr(StateKeys, "build", spy)
+    vocab = _with_config(Vocabulary.default(), verify_mask_cache=True,
+                         mask_cache_policy="recurring")
+    a = RequestGrammar.submit("a", "json_schema", OBJ, vocab)
+    generate(vocab, [a], seed=0, max_steps=3, until_done=False)
+    assert a._keys is None and not threads
+    b = RequestGrammar.submit("b", "json_schema", OBJ, vocab)
+    keys = vocab.grammar_compiler.wait_names("json_schema", json.dumps(OBJ), timeout=30)
+    assert keys is not None and threads and threads[0].startswith("detsample-grammar")
+    ns = a.mask_state()
+    assert ns is not None and ns[0] is keys
+    sids = [keys.start]
+    for tid in a.accepted:
+        sids.append(keys.step(sids[-1], tid))
+    assert a._sids == sids
+    generate(vocab, [a, b], seed=0, max_steps=300)  # (verify_mask_cache on)
+    assert keys.num_rows > 0
+    vocab.grammar_compiler.close()
+
+
+def test_rows_are_kept_only_for_states_that_recur():
+    vocab = Vocabulary.default()
+    width = (vocab.vocab_size + 31) // 32
+    keys = StateKeys.build(grammar_source("regex", "[a-z]{0,10}", GrammarConfig()),
+                           vocab.tokens, vocab.eos_token_ids, width, keep_first=False)
+    s1 = keys.step(keys.start, ord("a") + 1)
+    row = torch.arange(width, dtype=torch.int32)
+    assert not keys.offer(keys.start, row) and keys.mask(keys.start) is None  # once
+    assert keys.offer(keys.start, row)  # filled again: kept
+    assert torch.equal(torch.from_numpy(keys.mask(keys.start).copy()), row)
+    assert keys.offer(s1, row, recurs=True)  # two rows in it in one step: kept at once
+    assert keys.num_rows == 2
 
 
 def test_unexpandable_or_disabled_grammars_have_no_names(vocab):
