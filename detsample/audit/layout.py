@@ -48,7 +48,8 @@ ROLES = {
 }
 #: the per-token columns of a validated sequence (what readers deliver after the layout)
 LIST_COLUMNS = ("prompt_ids", "response_ids", "engine_logprobs", "trainer_logprobs", "mask")
-REQUIRED_COLUMNS = ("id", "prompt_ids", "response_ids", "engine_logprobs")
+#: what every sequence needs; ``prompt_ids`` only where a sequence is rescored
+REQUIRED_COLUMNS = ("id", "response_ids", "engine_logprobs")
 #: numpy dtype kinds accepted per column
 COLUMN_KINDS = {
     "prompt_ids": "iu",
@@ -208,7 +209,7 @@ PRESETS: dict[str, Layout] = {
     "verl": Layout(
         "verl",
         (("id", _src("uid", ROW_NUMBER)),
-         ("prompt_ids", _src("prompts", required=True)),
+         ("prompt_ids", _src("prompts")),
          ("response_ids", _src("responses", required=True)),
          ("engine_logprobs", _src("rollout_log_probs", required=True)),
          ("trainer_logprobs", _src("old_log_probs")),
@@ -235,7 +236,7 @@ PRESETS: dict[str, Layout] = {
     "trl": Layout(
         "trl",
         (("id", _src("id", ROW_NUMBER)),
-         ("prompt_ids", _src("prompt_ids", required=True)),
+         ("prompt_ids", _src("prompt_ids")),
          ("prompt_attention_mask", _src("prompt_mask")),
          ("response_ids", _src("completion_ids", required=True)),
          ("attention_mask", _src("completion_mask")),
@@ -317,7 +318,7 @@ class Resolved:
 
     def required(self) -> tuple[str, ...]:
         """File columns every record must have (the rest may be absent per row)."""
-        need = ("prompt_ids", "response_ids", "engine_logprobs", "input_ids", "response_length")
+        need = ("response_ids", "engine_logprobs", "input_ids", "response_length")
         if self.split == "first_mask":
             need += ("mask",)  # it marks where the prompt ends
         return tuple(spec for dst, spec in self.specs if dst in need)

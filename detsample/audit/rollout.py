@@ -47,7 +47,8 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
         raise InvalidSamplingParams(f"num_sequences must be >= 1, got {num_sequences}")
     if stagger < 0:
         raise InvalidSamplingParams(f"stagger must be >= 0, got {stagger}")
-    rescorer = ModelRescorer(model, batch_invariant=batch_invariant, model_path=model_path)
+    rescorer = ModelRescorer(model, batch_invariant=batch_invariant, model_path=model_path,
+                             label="--model")
     lm = rescorer.build_model()
     requests = []
     for i in range(num_sequences):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 
 from detsample.audit.assemble import assemble
+from detsample.audit.gates import check_gates
 from detsample.audit.issues import AuditInputError, Issue
 from detsample.audit.layout import Layout, Resolved, resolve
 from detsample.audit.metrics import AuditAccumulator
@@ -214,22 +215,3 @@ def _jsonable(x: object) -> object:
 def to_json(report: dict) -> str:
     """Deterministic JSON text of a report (non-finite floats as "inf"/"-inf" strings)."""
     return json.dumps(_jsonable(report), indent=2, allow_nan=False) + "\n"
-
-
-def check_gates(report: dict, max_abs_diff: float | None = None,
-                min_exact_match: float | None = None) -> list[str]:
-    """Failed gates, each naming its metric; empty when every gate passes."""
-    failures = []
-    if max_abs_diff is not None:
-        v = report["max_abs_diff"]
-        if v is None:
-            failures.append("max_abs_diff: no tokens audited")
-        elif not v <= max_abs_diff:
-            failures.append(f"max_abs_diff = {v!r} > {max_abs_diff!r}")
-    if min_exact_match is not None:
-        v = report["exact_match_fraction"]
-        if v is None:
-            failures.append("exact_match_fraction: no tokens audited")
-        elif not v >= min_exact_match:
-            failures.append(f"exact_match_fraction = {v!r} < {min_exact_match!r}")
-    return failures

@@ -6,8 +6,9 @@ sequence (its first problem, in the order of the checks below). Checks, vectoris
 the chunk's columns:
 
 1. parse issues from the reader (bad JSON, wrong types, nulls);
-2. required columns present (``prompt_ids``, ``response_ids``, ``engine_logprobs``);
-   ``trainer_logprobs`` present, or recomputed by the ``rescore`` callable;
+2. required columns present (``response_ids``, ``engine_logprobs``); ``trainer_logprobs``
+   present, or recomputed by the ``rescore`` callable (which needs ``prompt_ids``: only
+   a sequence to rescore requires a prompt);
 3. ``engine_logprobs`` / ``trainer_logprobs`` count == ``response_ids`` count
    (kind ``count_mismatch``); ``mask`` count == ``response_ids`` count (kind ``ragged``);
 4. values: logprobs not NaN (``nan``), not infinite (``non_finite``), not > 0
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from detsample.audit.issues import Issue
+from detsample.audit.rescore import RescoreModelError
 from detsample.audit.table import RawChunk, offsets_from_lengths
 
 RescoreFn = Callable[[list[int], list[int]], "np.ndarray | list[float]"]
@@ -62,9 +64,19 @@ def _rescore(raw: RawChunk, rescore: RescoreFn | None, bad: dict[int, Issue]) ->
                            "missing column 'trainer_logprobs' (give a rescore model to compute it)",
                            raw.unit)
         return
+    p_lens = raw.lengths.get("prompt_ids")
+    if p_lens is None:
+        p_lens = np.full(len(raw), -1, dtype=np.int64)
+    for i in [i for i in need if p_lens[i] < 0]:  # rescoring needs the prompt
+        bad[i] = Issue(raw.source, int(raw.lines[i]), "prompt_ids", "missing_column",
+                       "missing column 'prompt_ids' (needed to rescore trainer_logprobs)",
+                       raw.unit)
+    need = [i for i in need if p_lens[i] >= 0]
+    if not need:
+        return
     old = raw.values.get("trainer_logprobs", np.empty(0, dtype=np.float64))
     old_off = offsets_from_lengths(lens)
-    p_off = offsets_from_lengths(raw.lengths["prompt_ids"])
+    p_off = offsets_from_lengths(p_lens)
     r_off = offsets_from_lengths(raw.lengths["response_ids"])
     parts, new_lens = [], lens.copy()
     needed = set(need)
@@ -74,6 +86,8 @@ def _rescore(raw: RawChunk, rescore: RescoreFn | None, bad: dict[int, Issue]) ->
             resp = raw.values["response_ids"][r_off[i]:r_off[i + 1]]
             try:
                 lp = np.asarray(rescore(prompt.tolist(), resp.tolist()))
+            except RescoreModelError:
+                raise  # the model cannot rescore at all: fatal, named once
             except Exception as exc:  # noqa: BLE001 - any rescoring failure names the sequence
                 bad[i] = Issue(raw.source, int(raw.lines[i]), "trainer_logprobs", "rescore_failed",
                                f"rescoring failed: {type(exc).__name__}: {exc}", raw.unit)
@@ -123,7 +137,7 @@ def validate(raw: RawChunk, rescore: RescoreFn | None = None,
         if i not in bad:
             bad[i] = Issue(raw.source, int(raw.lines[i]), col, kind, msg, raw.unit)
 
-    for c in ("prompt_ids", "response_ids", "engine_logprobs"):
+    for c in ("response_ids", "engine_logprobs"):  # prompt_ids: only to rescore (below)
         lens = lengths.get(c)
         missing = np.arange(n) if lens is None else np.flatnonzero(lens < 0)
         for i in missing.tolist():

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from detsample.audit.layout import PRESET_NAMES
-from detsample.cli._argtypes import fraction, model_spec, nonneg_float, positive_int
+from detsample.cli._argtypes import fraction, max_excluded, model_spec, nonneg_float, positive_int
+from detsample.cli._outputs import output_problems
 from detsample.errors import DetsampleError
 
 
@@ -32,6 +33,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="gate: exit 1 when max |d| > T")
     p.add_argument("--min-exact-match", type=fraction, metavar="F",
                    help="gate: exit 1 when the bitwise exact-match fraction < F")
+    p.add_argument("--max-excluded", type=max_excluded, metavar="N|FRACTION",
+                   help="under a gate, allow at most N excluded sequences (an integer) or "
+                        "this fraction of those read (0.05); default 0: a gate never passes "
+                        "on rows it did not audit")
     p.add_argument("--rescore", metavar="MODEL", type=model_spec,
                    help="recompute missing trainer_logprobs by one prefill with this model: "
                         "refmodel, refmodel-float, hf-tiny-llama, hf-tiny-qwen2 or "
@@ -65,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
     from detsample.audit.rescore import ModelRescorer
     from detsample.audit.report import format_summary, write_report
 
+    problems = output_problems((args.json, "--json", "file"), (args.report, "--report", "dir"))
+    if problems:  # before any file is read: a long audit never ends in an unwritable path
+        print(f"detsample audit: error: {problems[0]}", file=sys.stderr)
+        return 2
     try:
         rescore = args.rescore
         if args.batch_invariant:
@@ -93,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"detsample audit: error: cannot write the report: {exc}", file=sys.stderr)
         return 2
-    failures = check_gates(report, args.max_abs_diff, args.min_exact_match)
+    failures = check_gates(report, args.max_abs_diff, args.min_exact_match, args.max_excluded)
     for f in failures:
         print(f"detsample audit: GATE FAILED: {f}", file=sys.stderr)
     return 1 if failures else 0

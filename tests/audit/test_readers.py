@@ -123,10 +123,10 @@ def test_npz_row_errors_are_excluded_with_row(tmp_path):
     assert [(i["row"], i["field"], i["kind"]) for i in rep["issues"]] == [
         (0, "trainer_logprobs", "count_mismatch"), (1, "engine_logprobs", "nan")]
     arrays = _good_npz_arrays()
-    arrays.pop("prompt_ids"), arrays.pop("prompt_ids_offsets")
+    arrays.pop("engine_logprobs"), arrays.pop("engine_logprobs_offsets")
     rep = audit(_npz(tmp_path, **arrays))
     assert rep["excluded_by_kind"] == {"missing_column": 2}
-    with pytest.raises(AuditInputError, match="row 0: prompt_ids: missing column"):
+    with pytest.raises(AuditInputError, match="row 0: engine_logprobs: missing column"):
         audit(_npz(tmp_path, **arrays), strict=True)
 
 

@@ -30,7 +30,6 @@ BAD_LINES = [
     ("bad-json", '{"id": "x", "prompt_ids": [1', "bad_json", "<line>", "invalid JSON"),
     ("not-object", "[1, 2, 3]", "bad_type", "<record>", "JSON object"),
     ("missing-id", _with(id=_DROP), "missing_column", "id", "'id'"),
-    ("missing-prompt", _with(prompt_ids=_DROP), "missing_column", "prompt_ids", "prompt_ids"),
     ("missing-response", _with(response_ids=_DROP), "missing_column", "response_ids", ""),
     ("missing-engine", _with(engine_logprobs=_DROP), "missing_column", "engine_logprobs", ""),
     ("missing-trainer", _with(trainer_logprobs=_DROP), "missing_column", "trainer_logprobs",
@@ -142,3 +141,22 @@ def test_values_out_of_the_compare_dtype_range_are_excluded():
     assert rep["excluded_by_kind"] == {"non_finite": 1}
     assert "out of the float32 range" in rep["issues"][0]["message"]
     assert audit([GOOD, rec])["excluded_sequences"] == 0  # fine in float64
+
+
+def test_prompt_is_required_only_to_rescore(tmp_path):
+    """Bug pinned (issue 26): a file without prompt_ids audited 0 of its sequences, each
+    excluded for `missing column 'prompt_ids'`, though comparing two logprob columns needs
+    no prompt. Now the prompt is read when present and required only where a sequence is
+    rescored (and then that sequence is excluded, naming why)."""
+    no_prompt = dict(GOOD)
+    no_prompt.pop("prompt_ids")
+    rep = audit([no_prompt, no_prompt])
+    assert rep["sequences"] == 2 and rep["excluded_sequences"] == 0 and rep["tokens"] == 4
+    to_rescore = dict(no_prompt)
+    to_rescore.pop("trainer_logprobs")
+    rep = audit([no_prompt, to_rescore, dict(GOOD)],
+                rescore=lambda prompt, resp: [-0.5] * len(resp))
+    assert rep["sequences"] == 2 and rep["excluded_by_kind"] == {"missing_column": 1}
+    (issue,) = rep["issues"]
+    assert issue["row"] == 1 and issue["field"] == "prompt_ids"
+    assert "needed to rescore" in issue["message"]
