@@ -57,9 +57,9 @@ COLUMN_KINDS = {
     "input_ids": "iu",
     "engine_logprobs": "fiu",
     "trainer_logprobs": "fiu",
-    "mask": "biu",
-    "attention_mask": "biu",
-    "prompt_attention_mask": "biu",
+    "mask": "bfiu",  # floats too: a float mask of 0.0 / 1.0 is a mask (others are bad_mask)
+    "attention_mask": "bfiu",
+    "prompt_attention_mask": "bfiu",
     "response_length": "iu",
 }
 #: columns whose source may be a product of 0/1 columns ("completion_mask*tool_mask")

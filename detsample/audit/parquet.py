@@ -12,12 +12,9 @@ from collections.abc import Iterator
 import numpy as np
 
 from detsample.audit.issues import AuditInputError
-from detsample.audit.layout import COLUMN_KINDS, ROLES, Resolved
-from detsample.audit.readers import arrow_is_list, arrow_to_table, arrow_value_type_ok
+from detsample.audit.layout import ROLES, Resolved
+from detsample.audit.readers import arrow_is_list, arrow_to_table
 from detsample.audit.table import Padded, Ragged, TableChunk
-
-_VALUE_TYPES = {"iu": "integer", "fiu": "floating point or integer", "biu": "bool or integer"}
-
 
 class ParquetSource:
     """A Parquet audit input: schema checked at :meth:`bind`, read by row groups."""
@@ -58,9 +55,8 @@ class ParquetSource:
                 continue
             if not arrow_is_list(t):
                 raise AuditInputError(f"{self.path}: {c}: must be a list column, got {t}")
-            if not arrow_value_type_ok(dst, t.value_type):
-                raise AuditInputError(f"{self.path}: {c}: values must be "
-                                      f"{_VALUE_TYPES[COLUMN_KINDS[dst]]}, got {t.value_type}")
+            # values of the wrong kind (list<string> logprobs, ...) exclude their rows, as in
+            # every format (detsample.audit.values); only the shape of the column is fatal
         self.resolved = resolved
         self._columns = ([id_col] if id_col is not None else []) + [
             c for c, _ in resolved.wants() if c != id_col and c in schema.names]

@@ -11,9 +11,11 @@ the chunk's columns:
    a sequence to rescore requires a prompt);
 3. ``engine_logprobs`` / ``trainer_logprobs`` count == ``response_ids`` count
    (kind ``count_mismatch``); ``mask`` count == ``response_ids`` count (kind ``ragged``);
-4. values: logprobs not NaN (``nan``), not infinite (``non_finite``), not > 0
-   (``positive_logprob``); mask only 0/1 (``bad_mask``); token ids >= 0
-   (``negative_token_id``).
+4. values: of the column's kind in every format (``bad_type``,
+   :mod:`detsample.audit.values`: token ids integers in the int64 range, logprobs
+   numbers, masks 0/1 or bools); logprobs not NaN (``nan``), not infinite
+   (``non_finite``), not > 0 (``positive_logprob``); mask only 0/1 (``bad_mask``); token
+   ids >= 0 (``negative_token_id``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 from detsample.audit.issues import Issue
 from detsample.audit.rescore import RescoreModelError
 from detsample.audit.table import RawChunk, offsets_from_lengths
+from detsample.audit.values import kind_problems, value_message
 
 RescoreFn = Callable[[list[int], list[int]], "np.ndarray | list[float]"]
 
@@ -101,7 +104,9 @@ def _rescore(raw: RawChunk, rescore: RescoreFn | None, bad: dict[int, Issue]) ->
             parts.append(lp.astype(np.float64))
             new_lens[i] = lp.size
         elif lens[i] >= 0:
-            parts.append(old[old_off[i]:old_off[i + 1]])
+            seg = old[old_off[i]:old_off[i + 1]]
+            # a row of non-numbers is excluded already (bad_type): keep its place only
+            parts.append(seg if seg.dtype.kind in "fiu" else np.zeros(seg.size))
     raw.values["trainer_logprobs"] = (np.concatenate(parts) if parts
                                       else np.empty(0, dtype=np.float64))
     raw.lengths["trainer_logprobs"] = new_lens
@@ -122,7 +127,20 @@ def _flag_values(raw: RawChunk, column: str, bad_tok: np.ndarray, kind: str, wha
         if s in bad:
             continue
         bad[s] = Issue(raw.source, int(raw.lines[s]), column, kind,
-                       f"{column}[{k - off[s]}] = {vals[k].item()!r} ({what})", raw.unit)
+                       value_message(column, k - int(off[s]), vals[k], what), raw.unit)
+
+
+def _flag_kinds(raw: RawChunk, column: str, bad: dict[int, Issue]) -> bool:
+    """Flag the sequences holding a value of the wrong kind for ``column`` (one rule for
+    every format, :func:`detsample.audit.values.kind_problems`); True when the column's
+    values are numbers the later checks can compare."""
+    v = raw.values.get(column)
+    if v is None or not v.size:
+        return False
+    wrong, why = kind_problems(column, v)
+    if wrong is not None:
+        _flag_values(raw, column, wrong, "bad_type", why, bad)
+    return v.dtype.kind in "biuf"
 
 
 def validate(raw: RawChunk, rescore: RescoreFn | None = None,
@@ -143,6 +161,7 @@ def validate(raw: RawChunk, rescore: RescoreFn | None = None,
         for i in missing.tolist():
             issue(i, c, "missing_column", f"missing column '{c}'")
     resp = lengths["response_ids"]
+    numeric = {c: _flag_kinds(raw, c, bad) for c in ("prompt_ids", "response_ids")}
 
     def check_logprobs(c: str, kind: str = "count_mismatch") -> None:
         lens = lengths.get(c)
@@ -150,8 +169,9 @@ def validate(raw: RawChunk, rescore: RescoreFn | None = None,
             return
         for i in np.flatnonzero((lens >= 0) & (lens != resp)).tolist():
             issue(i, c, kind, f"{lens[i]} values for {resp[i]} response_ids")
+        numeric[c] = _flag_kinds(raw, c, bad)
         v = raw.values.get(c)
-        if c == "mask" or v is None or not v.size:
+        if c == "mask" or not numeric[c]:
             return
         if v.dtype.kind == "f":
             _flag_values(raw, c, np.isnan(v), "nan", "NaN logprob", bad)
@@ -164,14 +184,15 @@ def validate(raw: RawChunk, rescore: RescoreFn | None = None,
 
     check_logprobs("engine_logprobs")
     check_logprobs("mask", "ragged")
+    _flag_kinds(raw, "trainer_logprobs", bad)
     _rescore(raw, rescore, bad)  # only for sequences still valid
     check_logprobs("trainer_logprobs")
     m = raw.values.get("mask")
-    if m is not None and m.size and m.dtype.kind != "b":
+    if numeric.get("mask") and m.dtype.kind != "b":
         _flag_values(raw, "mask", (m != 0) & (m != 1), "bad_mask", "mask must be 0 or 1", bad)
     for c in ("prompt_ids", "response_ids"):
         v = raw.values.get(c)
-        if v is not None and v.size and v.dtype.kind in "if":
+        if numeric[c] and v.dtype.kind in "if":
             _flag_values(raw, c, v < 0, "negative_token_id", "token ids must be >= 0", bad)
     return _gather(raw, bad), [bad[i] for i in sorted(bad)]
 

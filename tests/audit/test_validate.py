@@ -29,6 +29,9 @@ _DROP = object()
 BAD_LINES = [
     ("bad-json", '{"id": "x", "prompt_ids": [1', "bad_json", "<line>", "invalid JSON"),
     ("not-object", "[1, 2, 3]", "bad_type", "<record>", "JSON object"),
+    # Bug pinned (issue 26): "invalid JSON: Unterminated string starting at at column 7"
+    ("unterminated", '{"id": "x', "bad_json", "<line>",
+     "invalid JSON: Unterminated string starting at (column 8)"),
     ("missing-id", _with(id=_DROP), "missing_column", "id", "'id'"),
     ("missing-response", _with(response_ids=_DROP), "missing_column", "response_ids", ""),
     ("missing-engine", _with(engine_logprobs=_DROP), "missing_column", "engine_logprobs", ""),
@@ -60,8 +63,27 @@ BAD_LINES = [
     # Bug pinned: a JSON boolean next to numbers was coerced by numpy (false -> logprob 0.0,
     # true -> token id 1) and audited as if valid.
     ("bool-logprob", _with(trainer_logprobs=[-0.5, False]), "bad_type", "trainer_logprobs",
-     "got False"),
-    ("bool-token", _with(response_ids=[True, 4]), "bad_type", "response_ids", "got True"),
+     "trainer_logprobs[1] = False (values must be numbers)"),
+    ("bool-token", _with(response_ids=[True, 4]), "bad_type", "response_ids",
+     "response_ids[0] = True (values must be integers)"),
+    # Bugs pinned (issue 26): token id 2**63 was "got dtype float64" without the value (and
+    # accepted as a uint64 in NPZ); a null id was missing_column, where the docs say bad_type
+    ("big-token", _with(response_ids=[3, 2**63]), "bad_type", "response_ids",
+     "response_ids[1] = 9223372036854775808 (out of the int64 range)"),
+    ("bigger-token", _with(response_ids=[2**64, 3]), "bad_type", "response_ids",
+     "response_ids[0] = 18446744073709551616 (out of the int64 range)"),
+    ("null-id", _with(id=None), "bad_type", "id", "id is null"),
+    ("float-id", _with(id=1.5), "bad_type", "id", "got 1.5"),
+    ("float-token-whole", _with(response_ids=[3.0, 4.0]), "bad_type", "response_ids",
+     "response_ids[0] = 3.0 (values must be integers)"),
+    ("null-token", _with(prompt_ids=[1, None]), "bad_type", "prompt_ids",
+     "prompt_ids[1] = None (values must be integers)"),
+    ("float-mask", _with(mask=[1, 0.5]), "bad_mask", "mask", "mask[1] = 0.5 (mask must be 0 or 1)"),
+    ("string-mask", _with(mask=[1, "1"]), "bad_type", "mask",
+     "mask[1] = '1' (values must be 0/1 or booleans)"),
+    ("huge-mask", _with(mask=[1, 2**70]), "bad_mask", "mask", "mask[1] = 1180591620717411303424"),
+    ("huge-logprob", _with(engine_logprobs=[-0.5, -10**400]), "non_finite", "engine_logprobs",
+     "engine_logprobs[1] = -inf"),  # as the float -1e400 is
 ]
 
 
