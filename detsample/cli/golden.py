@@ -115,18 +115,37 @@ def _update(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
 
 
 def _diff(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
+    """Unified diffs of the golden files against this build's, and the same verdict as
+    ``verify``: a scenario differs when verify would fail it (bits, or a corrupt golden);
+    a manifest whose bits-defining fields are equal is shown as metadata, not counted."""
     from detsample.golden import registry
-    differ = 0
+    if not store.has_platform():
+        print(store.missing_platform_message(), file=sys.stderr)
+        return 1
+    differ, files = 0, 0
     for name, out in registry.produce_all(selected, args.device).items():
+        verdict = store.verify(name, out, write_obtained=False)
         d = store.scenario_dir(name)
         new = store.encode(name, out)
+        changed = []
         for f in ALL_FILES:
-            old = (d / f).read_text(encoding="utf-8") if (d / f).is_file() else ""
+            old = (d / f).read_bytes().decode("utf-8", errors="replace") if (d / f).is_file() \
+                else ""
             if old != new.get(f, ""):
-                differ += 1
-                sys.stdout.writelines(difflib.unified_diff(
-                    old.splitlines(True), new.get(f, "").splitlines(True),
-                    fromfile=f"golden/{store.fingerprint}/{name}/{f}",
-                    tofile=f"obtained/{store.fingerprint}/{name}/{f}"))
-    print(f"{differ} golden file(s) differ" if differ else "no differences")
+                changed.append((f, old))
+        if verdict.ok and not changed:
+            continue
+        differ += not verdict.ok
+        print(f"[{'ok' if verdict.ok else verdict.status.upper()}] {verdict.message.splitlines()[0]}")
+        for f, old in changed:
+            if verdict.ok:
+                print(f"# {name}/{f}: metadata only, every bit equal (not a difference)")
+            else:
+                files += 1
+            sys.stdout.writelines(difflib.unified_diff(
+                old.splitlines(True), new.get(f, "").splitlines(True),
+                fromfile=f"golden/{store.fingerprint}/{name}/{f}",
+                tofile=f"obtained/{store.fingerprint}/{name}/{f}"))
+    print(f"{differ} of {len(selected)} scenarios differ ({files} golden file(s))" if differ
+          else f"no differences in the bits of {len(selected)} scenarios")
     return 1 if differ else 0
