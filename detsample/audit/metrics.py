@@ -26,6 +26,7 @@ import numpy as np
 
 from detsample.audit.exact import (ValueCounts, exact_marginal_sums, exact_mean, exact_sums,
                                    fraction_to_float, to_fraction)
+from detsample.audit.frameworks import FrameworkAccumulator, FrameworkOptions
 from detsample.audit.issues import Issue
 from detsample.audit.validate import AuditBatch
 
@@ -149,10 +150,12 @@ class _Groups:
 class AuditAccumulator:
     """Every audit statistic, updated chunk by chunk and merged exactly across shards."""
 
-    def __init__(self, compare_dtype: str | None = None) -> None:
+    def __init__(self, compare_dtype: str | None = None,
+                 frameworks: FrameworkOptions | None = None) -> None:
         if compare_dtype not in COMPARE_DTYPES:
             raise ValueError(f"compare_dtype must be one of {COMPARE_DTYPES}, got {compare_dtype!r}")
         self.compare_dtype = compare_dtype
+        self.frameworks = FrameworkAccumulator(frameworks)  # verl / NeMo-RL metrics
         self.sources: list[str] = []
         self.sequences_seen = 0
         self.sequences = 0
@@ -241,6 +244,7 @@ class AuditAccumulator:
         self.by_prob.add_counts(c.sum(axis=1))
         self.by_pos.add_counts(c.sum(axis=0))
         nzi = np.flatnonzero(nz)
+        self.frameworks.update(ntok, e64, t, d, nzi)
         self.zero_d += n - nzi.size
         self.mismatch[0] += nzi.size
         if n > nzi.size:  # d == 0 exactly: r = 1
@@ -343,6 +347,7 @@ class AuditAccumulator:
             self.first_div[p] = self.first_div.get(p, 0) + c
         self.first_div_buckets += o.first_div_buckets
         self.worst = sorted(self.worst + o.worst)[:MAX_WORST]
+        self.frameworks.merge(o.frameworks)
 
     # ------------------------------------------------------------------ the report
 
@@ -450,4 +455,5 @@ class AuditAccumulator:
                 {"source": src, unit: line, "id": rid, "max_abs_diff": -neg_max,
                  "sum_diff": sd, "first_divergence": fdp}
                 for neg_max, src, line, unit, rid, sd, fdp in self.worst],
+            "frameworks": self.frameworks.report(),
         }

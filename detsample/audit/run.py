@@ -121,7 +121,7 @@ def _shard_chunks(shard: Shard, opts: AuditOptions) -> tuple[Iterator[TableChunk
 def run_shard(shard: Shard, opts: AuditOptions | None = None) -> AuditAccumulator:
     """Audit one shard (in this process, a worker process or a Ray task)."""
     opts = AuditOptions() if opts is None else opts
-    acc = AuditAccumulator(opts.compare_dtype)
+    acc = AuditAccumulator(opts.compare_dtype, opts.frameworks)
     acc.add_source(shard.path)
     chunks, resolved = _shard_chunks(shard, opts)
     consume(acc, chunks, resolved, opts.rescorer(), opts.strict)
@@ -136,7 +136,7 @@ def _is_paths(source: object) -> bool:
 
 
 def _records_accumulator(records: Iterable[object], opts: AuditOptions) -> AuditAccumulator:
-    acc = AuditAccumulator(opts.compare_dtype)
+    acc = AuditAccumulator(opts.compare_dtype, opts.frameworks)
     it = iter(records)
     first = next(it, None)
     if first is None:
@@ -159,7 +159,7 @@ def audit_accumulator(source: object, options: AuditOptions | None = None,
         return _records_accumulator(source, opts)  # type: ignore[arg-type]
     paths = [os.fspath(p) for p in ([source] if isinstance(source, (str, os.PathLike))
                                      else source)]
-    total = AuditAccumulator(opts.compare_dtype)
+    total = AuditAccumulator(opts.compare_dtype, opts.frameworks)
     if opts.ray is not None:
         from detsample.audit.ray_runner import cluster_cpus, ray_session, run_tasks
 

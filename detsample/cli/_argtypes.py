@@ -51,6 +51,27 @@ def sampling_field(name: str, convert=float):
     return parse
 
 
+def positive_finite(text: str) -> float:
+    """A finite float > 0, else an argparse error naming the value."""
+    v = float(text)
+    if not 0.0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return v
+
+
+def rollout_rs(text: str) -> str | None:
+    """verl's rollout_rs options (comma-separated; 'none' for none), checked at parse time."""
+    if text.strip().lower() == "none":
+        return None
+    from detsample.audit.frameworks import parse_rollout_rs
+
+    try:
+        parse_rollout_rs(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def fraction(text: str) -> float:
     """A float in [0, 1], else an argparse error naming the value."""
     v = float(text)

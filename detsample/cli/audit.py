@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from detsample.audit.layout import PRESET_NAMES
-from detsample.cli._argtypes import fraction, max_excluded, model_spec, nonneg_float, positive_int
+from detsample.cli._argtypes import (fraction, max_excluded, model_spec, nonneg_float,
+                                    positive_finite, positive_int, rollout_rs)
 from detsample.cli._outputs import output_problems
 from detsample.errors import DetsampleError
 
@@ -58,6 +59,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--padding", choices=["auto", "left", "right"],
                    help="side the padded responses are padded on (default: the preset's, "
                         "else found from the attention mask)")
+    p.add_argument("--rollout-is-threshold", type=positive_finite, default=2.0, metavar="T",
+                   help="verl's truncated-IS threshold for the rollout-correction metrics "
+                        "(default 2.0, verl's)")
+    p.add_argument("--rollout-rs", type=rollout_rs, default="token_k1", metavar="OPTS",
+                   help="verl's rejection options for the rejection metrics, comma-separated "
+                        "(token_k1..3, seq_sum_k1..3, seq_mean_k1..3, seq_max_k2/3; 'none': no "
+                        "rejection metrics; default token_k1)")
+    p.add_argument("--rollout-rs-threshold", default="2.0", metavar="SPEC",
+                   help="verl's rollout_rs_threshold: one for every option or one per option, "
+                        "comma-separated; lower_upper ratio bounds for k1 options (default 2.0)")
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                    help="run the shards as Ray tasks: a local Ray, or the cluster at ADDRESS "
                         "(same report; needs pip install 'detsample[ray]')")
@@ -67,6 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from detsample.audit import AuditOptions, audit, check_gates, to_json
+    from detsample.audit.frameworks import FrameworkOptions
     from detsample.audit.rescore import ModelRescorer
     from detsample.audit.report import format_summary, write_report
 
@@ -80,7 +92,10 @@ def run(args: argparse.Namespace) -> int:
             if rescore is None:
                 raise ValueError("--batch-invariant applies to the --rescore model; give --rescore MODEL")
             rescore = ModelRescorer(rescore, batch_invariant=True)
+        frameworks = FrameworkOptions(args.rollout_is_threshold, args.rollout_rs,
+                                      args.rollout_rs_threshold)
         opts = AuditOptions.make(rescore=rescore, strict=args.strict, workers=args.workers,
+                                 frameworks=frameworks,
                                  compare_dtype=None if args.dtype == "promoted" else args.dtype,
                                  preset=args.preset, columns=args.columns,
                                  padding=args.padding, ray=args.ray)
