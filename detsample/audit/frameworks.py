@@ -15,16 +15,22 @@ tokens, ``eps = 1e-8`` (both frameworks divide by ``count + 1e-8``):
   rollout perplexities, ``log_ppl_diff``, ``ppl_ratio``, ``chi2_token``, ``chi2_seq``);
 * **NeMo-RL** ``ClippedPGLossFn`` (``nemo_rl/algorithms/loss_functions.py``, NVIDIA-NeMo/RL):
   ``token_mult_prob_error`` = masked mean of ``exp(|d|)``, ``gen_kl_error`` and
-  ``policy_kl_error`` (k3), ``js_divergence_error``.
+  ``policy_kl_error`` (its k3 KL estimators, unclamped).
 
-Exactness: every sum over tokens or sequences is an exact integer sum (as in
-:mod:`detsample.audit.metrics`), every per-sequence value uses only that sequence's tokens,
-and the means are rounded once, so chunks, workers and Ray give the same bits. Tokens with
-``d == 0`` contribute the constants they would (``exp(0) = 1``) without being visited.
+Chunks, workers and Ray give the same bits:
+
+* per-sequence values use only that sequence's tokens (one chunk), and their sums over
+  sequences are exact integer sums (as in :mod:`detsample.audit.metrics`), rounded once;
+* token-level sums are functions of ``d`` alone: they are summed once, when the report is
+  made, over the audit's exact multiset of the non-zero ``d`` (sorted distinct values
+  times their counts, :meth:`detsample.audit.exact.ValueCounts.items`), a canonical order
+  whatever the chunking, plus the constant a token with ``d == 0`` contributes
+  (``exp(0) = 1``); ``kl`` and the k3 KLs use the audit's exact sums of ``d`` and
+  ``expm1(d)``. No token is visited twice for these metrics.
+
 The formulas are the frameworks' own (clamps, truncation, ``+ 1e-8`` denominators, the
-unbiased ``torch.std`` of per-sequence values); the float sums they round as they go are
-exact here, so values agree with theirs to rounding (tests/audit/test_frameworks.py
-re-implements both in torch and compares).
+unbiased ``torch.std`` of per-sequence values), so values agree with theirs to rounding
+(tests/audit/test_frameworks.py re-implements both in torch and compares).
 """
 
 from __future__ import annotations
@@ -135,39 +141,58 @@ class FrameworkOptions:
 
 
 class _Sum:
-    """An exact sum of float64 values that may hold +inf (counted apart)."""
+    """An exact sum of float64 values that may hold +inf (counted apart). Values are
+    queued by :meth:`add` and summed by :func:`_flush`, many sums in one pass."""
 
-    __slots__ = ("s", "inf")
+    __slots__ = ("s", "inf", "pending")
 
     def __init__(self) -> None:
         self.s, self.inf = 0, 0
+        self.pending: list[np.ndarray] = []
 
-    def add(self, x: np.ndarray, const: float | None = None, times: int = 0) -> None:
-        """Add ``x`` (finite or +inf; NaN or -inf is a bug of the caller) and ``times``
-        copies of ``const``."""
+    def add(self, x: np.ndarray) -> None:
+        """Queue ``x`` (finite or +inf; NaN or -inf is a bug of the caller)."""
         x = np.asarray(x, dtype=np.float64)
-        if x.size:
-            fin = np.isfinite(x)
-            if fin.all():
-                self.s += exact_sums(x, check=False)[0]
-            else:
-                if not (x[~fin] > 0).all():
-                    raise ValueError("framework metrics: a NaN or -inf term")
-                self.s += exact_sums(x[fin], check=False)[0]
-                self.inf += int(np.count_nonzero(~fin))
-        if times and const is not None:
-            if math.isinf(const):
-                self.inf += times
-            else:
-                self.s += exact_sums(np.array([const]), check=False)[0] * times
+        if not x.size:
+            return
+        fin = np.isfinite(x)
+        if not fin.all():
+            if not (x[~fin] > 0).all():
+                raise ValueError("framework metrics: a NaN or -inf term")
+            self.inf += int(np.count_nonzero(~fin))
+            x = x[fin]
+        self.pending.append(x)
 
     def merge(self, o: "_Sum") -> None:
+        assert not self.pending and not o.pending
         self.s += o.s
         self.inf += o.inf
 
     def exact(self) -> Fraction | None:
         """The sum as a rational; None when infinite."""
+        assert not self.pending
         return None if self.inf else to_fraction(self.s)
+
+    def __getstate__(self):
+        assert not self.pending
+        return (self.s, self.inf)
+
+    def __setstate__(self, state) -> None:
+        self.s, self.inf = state
+        self.pending = []
+
+
+def _flush(sums: list["_Sum"]) -> None:
+    """Sum every queued value of ``sums`` exactly, in one grouped pass."""
+    busy = [(k, x) for k, sm in enumerate(sums) for x in sm.pending]
+    if not busy:
+        return
+    vals = np.concatenate([x for _, x in busy])
+    groups = np.repeat(np.array([k for k, _ in busy], dtype=np.int64),
+                       [x.size for _, x in busy])
+    for sm, total in zip(sums, exact_sums(vals, groups, len(sums), check=False)):
+        sm.s += total
+        sm.pending = []
 
 
 _SPLIT = 134217729.0  # 2**27 + 1: Veltkamp's split of a float64 into two 26-bit halves
@@ -179,14 +204,25 @@ def _square_parts(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     or near it, where a variance means nothing anyway)."""
     with np.errstate(over="ignore", invalid="ignore"):
         big = np.abs(x) > 1e150
-        t = _SPLIT * np.where(big, 0.0, x)
-        h = t - (t - np.where(big, 0.0, x))
-        lo = np.where(big, 0.0, x) - h
+        small = np.where(big, 0.0, x)
+        t = _SPLIT * small
+        h = t - (t - small)
+        lo = small - h
         return np.where(big, x * x, h * h), 2.0 * h * lo, lo * lo
 
 
+def _hi(x: np.ndarray, cur: float) -> float:
+    return max(cur, float(x.max()) + 0.0) if x.size else cur  # + 0.0: -0.0 is 0.0
+
+
+def _lo(x: np.ndarray, cur: float) -> float:
+    return min(cur, float(x.min()) + 0.0) if x.size else cur
+
+
 class _Stats:
-    """Sum, sum of squares, max and min of a stream of values (exact, mergeable)."""
+    """Per-sequence values (or a per-sequence value on each of its tokens, ``weights``):
+    exact sum, sum of squares (exact for unweighted values: a variance of close values
+    cancels), max, min and count; exactly mergeable."""
 
     __slots__ = ("sum", "sq", "hi", "lo", "count")
 
@@ -194,48 +230,88 @@ class _Stats:
         self.sum, self.sq = _Sum(), _Sum()
         self.hi, self.lo, self.count = -math.inf, math.inf, 0
 
-    def add(self, x: np.ndarray, const: float | None = None, times: int = 0,
-            weights: np.ndarray | None = None) -> None:
-        """Values ``x`` (each counted ``weights`` times), plus ``const`` ``times`` times."""
+    def add(self, x: np.ndarray, weights: np.ndarray | None = None) -> None:
         x = np.asarray(x, dtype=np.float64)
-        if weights is not None:  # each value on each of its tokens
-            x = np.repeat(x, np.asarray(weights, dtype=np.int64))
-        self.sum.add(x, const, times)
-        for part, cpart in zip(_square_parts(x), _square_parts(np.array([const or 0.0]))):
-            self.sq.add(part, float(cpart[0]) if const is not None else None, times)
-        if x.size:  # + 0.0: -0.0 and 0.0 are one value, whatever the order they come in
-            self.hi = max(self.hi, float(x.max()) + 0.0)
-            self.lo = min(self.lo, float(x.min()) + 0.0)
-        if times and const is not None:
-            self.hi, self.lo = max(self.hi, const + 0.0), min(self.lo, const + 0.0)
-        self.count += int(x.size) + times
+        with np.errstate(over="ignore", invalid="ignore"):
+            if weights is not None:  # x * w and x * x * w, rounded per sequence
+                w = np.asarray(weights, dtype=np.float64)
+                x, w = x[w != 0], w[w != 0]
+                self.sum.add(x * w)
+                self.sq.add(np.where(np.isinf(x), np.inf, x * x * w))
+                self.count += int(w.sum())
+            else:
+                self.sum.add(x)
+                for part in _square_parts(x):
+                    self.sq.add(part)
+                self.count += int(x.size)
+        self.hi, self.lo = _hi(x, self.hi), _lo(x, self.lo)
 
     def merge(self, o: "_Stats") -> None:
         self.sum.merge(o.sum)
         self.sq.merge(o.sq)
         self.hi, self.lo, self.count = max(self.hi, o.hi), min(self.lo, o.lo), self.count + o.count
 
+    def totals(self) -> "_Totals":
+        return _Totals(self.sum.exact(), self.sq.exact(), self.hi, self.lo)
 
-def _over(value: Fraction | None, denom: Fraction) -> float | None:
+
+@dataclass(frozen=True)
+class _Totals:
+    """Sum, sum of squares (None: infinite), max and min of values over tokens or rows."""
+
+    s1: Fraction | None
+    s2: Fraction | None
+    hi: float
+    lo: float
+
+
+def _multiset_totals(f: np.ndarray, counts: np.ndarray, zero_value: float, zeros: int,
+                     squares: bool = True) -> _Totals:
+    """Totals of a function of d over the audited tokens: ``f`` at the distinct non-zero
+    d (ascending), ``counts`` of each, and ``zero_value`` on each of the ``zeros`` tokens
+    with d == 0. Summed in this canonical order (the same bits for every chunking);
+    ``squares=False`` skips the sum of squares (None)."""
+
+    cf = counts.astype(np.float64)
+
+    def total(t: float, c: float) -> Fraction | None:
+        if math.isnan(t):
+            raise ValueError("framework metrics: a NaN term")
+        if math.isinf(t) or math.isinf(c):
+            return None
+        return Fraction(t) + Fraction(c) * zeros
+
+    hi = _hi(f, -math.inf)
+    lo = _lo(f, math.inf)
+    if zeros:
+        hi, lo = max(hi, zero_value + 0.0), min(lo, zero_value + 0.0)
+    with np.errstate(over="ignore", invalid="ignore"):  # einsum: one fixed order, no temporary
+        s1 = total(float(np.einsum("i,i->", f, cf)), zero_value)
+        s2 = total(float(np.einsum("i,i,i->", f, f, cf)), zero_value * zero_value) \
+            if squares else None
+    return _Totals(s1, s2, hi, lo)
+
+
+def _count(mask: np.ndarray, counts: np.ndarray, zero_hit: bool, zeros: int) -> int:
+    """How many audited tokens satisfy a condition: ``mask`` at the distinct non-zero d,
+    ``zero_hit`` for the tokens with d == 0."""
+    return int(counts.sum(where=mask)) + (zeros if zero_hit else 0)
+
+
+def _over(value: Fraction | None, denom: Fraction) -> float:
     """``value / denom`` rounded once; inf when the sum was infinite."""
     if value is None:
         return math.inf
     return fraction_to_float(value / denom)
 
 
-def _masked_mean(s: _Sum, n: int) -> float:
-    """verl_F.masked_mean / NeMo-RL masked_mean: sum / (count + 1e-8)."""
-    return _over(s.exact(), n + _F_EPS)
-
-
-def _std_eps(st: _Stats, n: int) -> float:
+def _std_eps(t: _Totals, n: int) -> float:
     """verl's std: sqrt(max(E[x^2] - E[x]^2, 0)) with E = masked_mean; 0 for n <= 1."""
     if n <= 1:
         return 0.0
-    m1, m2 = st.sum.exact(), st.sq.exact()
-    if m1 is None or m2 is None:
+    if t.s1 is None or t.s2 is None:
         return math.inf
-    var = m2 / (n + _F_EPS) - (m1 / (n + _F_EPS)) ** 2
+    var = t.s2 / (n + _F_EPS) - (t.s1 / (n + _F_EPS)) ** 2
     return math.sqrt(max(fraction_to_float(var), 0.0))
 
 
@@ -250,77 +326,89 @@ def _std_unbiased(st: _Stats) -> float:
     return math.sqrt(max(fraction_to_float((s2 - s1 * s1 / m) / (m - 1)), 0.0))
 
 
-def _ess(st: _Stats, n: int) -> float:
+def _ess(t: _Totals, n: int) -> float:
     """verl's ESS: 1 / masked_mean((w / (masked_mean(w) + 1e-8))^2)
     = (n + eps) (mean + 1e-8)^2 / sum w^2."""
-    s1, s2 = st.sum.exact(), st.sq.exact()
-    if s1 is None or s2 is None or s2 == 0:
-        return math.nan if s2 == 0 else math.inf
-    mean = s1 / (n + _F_EPS)
-    return fraction_to_float((n + _F_EPS) * (mean + _F_EPS) ** 2 / s2)
+    if t.s1 is None or t.s2 is None:
+        return math.inf
+    if t.s2 == 0:
+        return math.nan
+    mean = t.s1 / (n + _F_EPS)
+    return fraction_to_float((n + _F_EPS) * (mean + _F_EPS) ** 2 / t.s2)
 
 
-class _IS:
-    """verl compute_is_metrics for one aggregation level (token or sequence)."""
+class _RowStats:
+    """Per-row statistics verl reports as ``*_seq_*``: values, max |value - center|, and
+    the rows above ``hi`` / below ``lo`` (exactly mergeable)."""
 
     def __init__(self) -> None:
-        self.w = _Stats()         # truncated weights, per token (max/min: token level)
-        self.hi_tok = 0           # token level: raw weight > T
-        self.lo_tok = 0           # token level: raw weight < 1/T
-        self.seq_log_hi = -math.inf  # sequence level: max / min of the log weights (all rows)
-        self.seq_log_lo = math.inf
-        self.hi_seq = 0           # sequence level: log weight > log T (all rows)
-        self.lo_seq = 0
-        self.seq = _Stats()       # per-row mean truncated weight
-        self.seq_dev = 0.0        # max |seq mean - 1|
-        self.seq_hi = 0           # per-row raw mean weight > T
-        self.seq_lo = 0
+        self.values = _Stats()
+        self.dev = 0.0
+        self.above = 0
+        self.below = 0
 
-    def merge(self, o: "_IS") -> None:
+    def add(self, v: np.ndarray, center: float, hi: float, lo: float | None,
+            raw: np.ndarray | None = None) -> None:
+        """``raw``: the values the thresholds are read on, when not ``v`` itself."""
+        self.values.add(v)
+        if v.size:
+            self.dev = max(self.dev, float(np.abs(v - center).max()))
+        r = v if raw is None else raw
+        self.above += int(np.count_nonzero(r > hi))
+        if lo is not None:
+            self.below += int(np.count_nonzero(r < lo))
+
+    def merge(self, o: "_RowStats") -> None:
+        self.values.merge(o.values)
+        self.dev = max(self.dev, o.dev)
+        self.above += o.above
+        self.below += o.below
+
+
+class _SeqIS:
+    """What verl's compute_is_metrics needs beyond the token totals, per level."""
+
+    def __init__(self) -> None:
+        self.rows = _RowStats()      # per-row mean truncated weight (raw for the fractions)
+        self.w = _Stats()            # sequence level: the row weight on each of its tokens
+        self.log_hi = -math.inf      # sequence level: max / min log weight over all rows
+        self.log_lo = math.inf
+        self.above = 0               # sequence level: rows with log weight > log T
+        self.below = 0
+
+    def merge(self, o: "_SeqIS") -> None:
+        self.rows.merge(o.rows)
         self.w.merge(o.w)
-        self.seq.merge(o.seq)
-        self.hi_tok += o.hi_tok
-        self.lo_tok += o.lo_tok
-        self.seq_log_hi, self.seq_log_lo = max(self.seq_log_hi, o.seq_log_hi), \
-            min(self.seq_log_lo, o.seq_log_lo)
-        self.hi_seq += o.hi_seq
-        self.lo_seq += o.lo_seq
-        self.seq_dev = max(self.seq_dev, o.seq_dev)
-        self.seq_hi += o.seq_hi
-        self.seq_lo += o.seq_lo
+        self.log_hi, self.log_lo = max(self.log_hi, o.log_hi), min(self.log_lo, o.log_lo)
+        self.above += o.above
+        self.below += o.below
 
-    def add_rows(self, seq_w: np.ndarray, seq_raw: np.ndarray, thr: float) -> None:
-        self.seq.add(seq_w)
-        if seq_w.size:
-            self.seq_dev = max(self.seq_dev, float(np.abs(seq_w - 1.0).max()))
-        self.seq_hi += int(np.count_nonzero(seq_raw > thr))
-        self.seq_lo += int(np.count_nonzero(seq_raw < 1.0 / thr))
 
-    def report(self, level: str, n: int, rows: int) -> dict:
-        if n == 0:
-            return {}
-        p = "rollout_corr/rollout_is"
-        out = {f"{p}_mean": _masked_mean(self.w.sum, n)}
-        if level == "sequence":
-            out[f"{p}_max"] = math.exp(min(self.seq_log_hi, SAFETY_BOUND))
-            out[f"{p}_min"] = math.exp(self.seq_log_lo) if self.seq_log_lo < 709 else math.inf
-            out[f"{p}_ratio_fraction_high"] = self.hi_seq / rows
-            out[f"{p}_ratio_fraction_low"] = self.lo_seq / rows
-        else:
-            out[f"{p}_ratio_fraction_high"] = _over(Fraction(self.hi_tok), n + _F_EPS)
-            out[f"{p}_ratio_fraction_low"] = _over(Fraction(self.lo_tok), n + _F_EPS)
-            out[f"{p}_max"] = self.w.hi
-            out[f"{p}_min"] = self.w.lo
-        out[f"{p}_std"] = _std_eps(self.w, n)
-        out[f"{p}_eff_sample_size"] = _ess(self.w, n)
-        out[f"{p}_seq_mean"] = _over(self.seq.sum.exact(), Fraction(rows))
-        out[f"{p}_seq_std"] = _std_unbiased(self.seq)
-        out[f"{p}_seq_max"] = self.seq.hi
-        out[f"{p}_seq_min"] = self.seq.lo
-        out[f"{p}_seq_max_deviation"] = self.seq_dev
-        out[f"{p}_seq_fraction_high"] = self.seq_hi / rows
-        out[f"{p}_seq_fraction_low"] = self.seq_lo / rows
-        return out
+def _is_report(level: str, tok: _Totals, hi: float, lo: float, seq: _SeqIS, n: int,
+               rows: int) -> dict:
+    """verl compute_is_metrics' keys. ``tok``: totals of the truncated weights over the
+    tokens; ``hi`` / ``lo``: (token level) the fractions' numerators."""
+    p = "rollout_corr/rollout_is"
+    out = {f"{p}_mean": _over(tok.s1, n + _F_EPS)}
+    if level == "sequence":
+        out[f"{p}_max"] = math.exp(min(seq.log_hi, SAFETY_BOUND))
+        out[f"{p}_min"] = math.exp(seq.log_lo) if seq.log_lo < 709 else math.inf
+        out[f"{p}_ratio_fraction_high"] = seq.above / rows
+        out[f"{p}_ratio_fraction_low"] = seq.below / rows
+    else:
+        out[f"{p}_ratio_fraction_high"] = _over(Fraction(hi), n + _F_EPS)
+        out[f"{p}_ratio_fraction_low"] = _over(Fraction(lo), n + _F_EPS)
+        out[f"{p}_max"], out[f"{p}_min"] = tok.hi, tok.lo
+    out[f"{p}_std"] = _std_eps(tok, n)
+    out[f"{p}_eff_sample_size"] = _ess(tok, n)
+    r = seq.rows
+    out[f"{p}_seq_mean"] = _over(r.values.sum.exact(), Fraction(rows))
+    out[f"{p}_seq_std"] = _std_unbiased(r.values)
+    out[f"{p}_seq_max"], out[f"{p}_seq_min"] = r.values.hi, r.values.lo
+    out[f"{p}_seq_max_deviation"] = r.dev
+    out[f"{p}_seq_fraction_high"] = r.above / rows
+    out[f"{p}_seq_fraction_low"] = r.below / rows
+    return out
 
 
 class _RS:
@@ -335,55 +423,59 @@ class _RS:
         self.upper = upper
         self.thr_hi = self.upper_log if self.k1 else upper      # metrics_upper_threshold
         self.thr_lo = self.lower_log if self.k1 else 0.0        # metrics_lower_threshold
-        self.stat = _Stats()       # the statistic per token (a row's value on each of its tokens)
-        self.clamped = _Stats()    # clamped to [clamp_min, thr_hi], per token (std)
-        self.tok_hi = 0            # token level: stat > thr_hi
-        self.tok_lo = 0
-        self.rejected = 0          # tokens rejected
-        self.seq = _Stats()        # per valid row: its statistic (or mean token statistic)
-        self.seq_dev = 0.0         # max |row value|
-        self.seq_hi = 0
-        self.seq_lo = 0
-        self.seq_rejected = 0      # valid rows with a rejected token
+        self.stat = _Stats()       # sequence options: the row statistic on each token
+        self.clamped = _Stats()
+        self.rejected = 0          # sequence options: tokens rejected
+        self.rows = _RowStats()    # per valid row: its statistic (or mean token statistic)
+        self.rows_rejected = 0     # valid rows with a rejected token
 
-    def keep(self, stat: np.ndarray | float):
+    def keep(self, stat):
         if self.k1:
             return (stat >= self.lower_log) & (stat <= self.upper_log)
         return stat <= self.upper
 
     def clamp(self, stat):
-        return np.clip(stat, self.thr_lo if self.k1 else 0.0, self.thr_hi)
+        return np.clip(stat, self.thr_lo, self.thr_hi)
 
     def merge(self, o: "_RS") -> None:
-        for name in ("stat", "clamped", "seq"):
+        for name in ("stat", "clamped", "rows"):
             getattr(self, name).merge(getattr(o, name))
-        for name in ("tok_hi", "tok_lo", "rejected", "seq_hi", "seq_lo", "seq_rejected"):
-            setattr(self, name, getattr(self, name) + getattr(o, name))
-        self.seq_dev = max(self.seq_dev, o.seq_dev)
+        self.rejected += o.rejected
+        self.rows_rejected += o.rows_rejected
 
-    def report(self, n: int, valid: int) -> dict:
+    def report(self, vals: np.ndarray, counts: np.ndarray, zeros: int, n: int,
+               valid: int) -> dict:
         p = f"rollout_corr/rollout_rs_{self.option}"
-        out = {f"{p}_mean": _masked_mean(self.stat.sum, n)}
-        if self.level == "sequence" and valid:
-            out[f"{p}_max"], out[f"{p}_min"] = self.seq.hi, self.seq.lo
-            out[f"{p}_fraction_high"] = self.seq_hi / valid
-            out[f"{p}_fraction_low"] = self.seq_lo / valid if self.k1 else 0.0
+        if self.level == "token":
+            stat = _token_stat(self.option, np.clip(vals, -SAFETY_BOUND, SAFETY_BOUND))
+            tok = _multiset_totals(stat, counts, 0.0, zeros)
+            clamped = _multiset_totals(self.clamp(stat), counts, float(self.clamp(0.0)), zeros)
+            rejected = _count(~self.keep(stat), counts, not bool(self.keep(0.0)), zeros)
         else:
-            out[f"{p}_max"], out[f"{p}_min"] = self.stat.hi, self.stat.lo
-            out[f"{p}_fraction_high"] = _over(Fraction(self.tok_hi), n + _F_EPS)
-            out[f"{p}_fraction_low"] = _over(Fraction(self.tok_lo), n + _F_EPS) if self.k1 \
-                else 0.0
-        out[f"{p}_std"] = _std_eps(self.clamped, n)
+            tok, clamped, rejected = self.stat.totals(), self.clamped.totals(), self.rejected
+        out = {f"{p}_mean": _over(tok.s1, n + _F_EPS)}
+        rv = self.rows.values
+        if self.level == "sequence" and valid:
+            out[f"{p}_max"], out[f"{p}_min"] = rv.hi, rv.lo
+            out[f"{p}_fraction_high"] = self.rows.above / valid
+            out[f"{p}_fraction_low"] = self.rows.below / valid if self.k1 else 0.0
+        else:
+            out[f"{p}_max"], out[f"{p}_min"] = tok.hi, tok.lo
+            hi = _count(stat > self.thr_hi, counts, 0.0 > self.thr_hi, zeros)
+            out[f"{p}_fraction_high"] = _over(Fraction(hi), n + _F_EPS)
+            lo = _count(stat < self.thr_lo, counts, 0.0 < self.thr_lo, zeros) if self.k1 else 0
+            out[f"{p}_fraction_low"] = _over(Fraction(lo), n + _F_EPS) if self.k1 else 0.0
+        out[f"{p}_std"] = _std_eps(clamped, n)
         if valid:
-            out[f"{p}_seq_mean"] = _over(self.seq.sum.exact(), Fraction(valid))
-            out[f"{p}_seq_std"] = _std_unbiased(self.seq)
-            out[f"{p}_seq_max"], out[f"{p}_seq_min"] = self.seq.hi, self.seq.lo
-            out[f"{p}_seq_max_deviation"] = self.seq_dev
-            out[f"{p}_seq_fraction_high"] = self.seq_hi / valid
+            out[f"{p}_seq_mean"] = _over(rv.sum.exact(), Fraction(valid))
+            out[f"{p}_seq_std"] = _std_unbiased(rv)
+            out[f"{p}_seq_max"], out[f"{p}_seq_min"] = rv.hi, rv.lo
+            out[f"{p}_seq_max_deviation"] = self.rows.dev
+            out[f"{p}_seq_fraction_high"] = self.rows.above / valid
             if self.k1:
-                out[f"{p}_seq_fraction_low"] = self.seq_lo / valid
-        out[f"{p}_masked_fraction"] = _over(Fraction(self.rejected), n + _F_EPS)
-        out[f"{p}_seq_masked_fraction"] = self.seq_rejected / valid if valid else 0.0
+                out[f"{p}_seq_fraction_low"] = self.rows.below / valid
+        out[f"{p}_masked_fraction"] = _over(Fraction(rejected), n + _F_EPS)
+        out[f"{p}_seq_masked_fraction"] = self.rows_rejected / valid if valid else 0.0
         return out
 
 
@@ -397,145 +489,126 @@ def _token_stat(option: str, cd: np.ndarray) -> np.ndarray:
     return np.exp(cd) - 1.0 - cd
 
 
+_PPL_KEYS = ("training_ppl", "training_log_ppl", "rollout_ppl", "rollout_log_ppl",
+             "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "chi2_seq")
+
+
 class FrameworkAccumulator:
-    """The verl and NeMo-RL metrics of the audited tokens, updated chunk by chunk and
-    merged exactly (see the module docstring)."""
+    """The verl and NeMo-RL metrics of the audited tokens: per-sequence parts updated
+    chunk by chunk and merged exactly; token-level parts read off the audit's multiset of
+    d when the report is made (see the module docstring)."""
 
     def __init__(self, options: FrameworkOptions | None = None) -> None:
         self.options = options or FrameworkOptions()
         self.n = 0                # audited tokens
         self.rows = 0             # valid sequences (B)
         self.valid = 0            # valid sequences with an audited token
-        t = self.options.rollout_is_threshold
-        self.is_token, self.is_seq = _IS(), _IS()
+        self.is_token, self.is_seq = _SeqIS(), _SeqIS()
         self.rs = [_RS(o, lo, up) for o, lo, up in self.options.rs]
         self.rs_rejected = 0      # tokens rejected by some option
         self.rs_rows = 0          # rows with a rejected token
-        self.d = _Sum()           # sum d (kl = -mean d)
-        self.k3 = _Sum()          # exp(d) - 1 - d  (verl k3_kl, NeMo-RL gen_kl_error)
-        self.k3_rev = _Sum()      # exp(-d) - 1 + d (NeMo-RL policy_kl_error)
-        self.mult = _Sum()        # exp(|d|) - 1    (NeMo-RL token_mult_prob_error - 1)
-        self.js = _Sum()          # NeMo-RL js_divergence_error
-        self.rho2 = _Sum()        # exp(clamp d)^2 - 1 (chi2_token)
-        self.ppl = {k: _Sum() for k in ("training_ppl", "training_log_ppl", "rollout_ppl",
-                                       "rollout_log_ppl", "log_ppl_diff", "log_ppl_abs_diff",
-                                       "ppl_ratio", "chi2_seq")}
+        self.ppl = {k: _Sum() for k in _PPL_KEYS}
         self.diff_hi, self.diff_lo = -math.inf, math.inf
-        self._thr = t
 
     # -------------------------------------------------------------- updating
 
-    def update(self, ntok: np.ndarray, e: np.ndarray, t: np.ndarray, d: np.ndarray,
-               nzi: np.ndarray) -> None:
-        """One chunk: ``ntok`` [S] audited tokens per valid sequence, ``e`` / ``t`` [n]
-        the audited logprobs (compare dtype), ``d`` [n] float64 ``t - e``, ``nzi`` the
-        indices where d != 0."""
+    def update(self, ntok: np.ndarray, e: np.ndarray, t: np.ndarray, dn: np.ndarray,
+               seq_nz: np.ndarray, seq_d: np.ndarray) -> None:
+        """One chunk: ``ntok`` [S] audited tokens per valid sequence; ``e`` / ``t`` [n]
+        the audited logprobs (as compared); ``dn`` [K] the non-zero d in token order and
+        ``seq_nz`` [K] their sequences; ``seq_d`` [S] the sum of d per sequence."""
         nseq = int(ntok.size)
-        n = int(d.size)
         self.rows += nseq
-        self.n += n
+        self.n += int(ntok.sum())
         self.valid += int(np.count_nonzero(ntok))
         if nseq == 0:
             return
         has = ntok > 0
         starts = np.zeros(nseq, dtype=np.int64)
         np.cumsum(ntok[:-1], out=starts[1:])
-        sum_t = np.zeros(nseq)
-        sum_e = np.zeros(nseq)
-        if n:
+        sum_t, sum_e = np.zeros(nseq), np.zeros(nseq)
+        if has.any():
             sum_t[has] = np.add.reduceat(t, starts[has], dtype=np.float64)
             sum_e[has] = np.add.reduceat(e, starts[has], dtype=np.float64)
-        dn = d[nzi]
-        seq_nz = np.repeat(np.arange(nseq, dtype=np.int64), ntok)[nzi]
-        nz_per_seq = np.bincount(seq_nz, minlength=nseq)
-        zeros = ntok - nz_per_seq
-        z = int(n - dn.size)
-        seq_d = np.bincount(seq_nz, weights=dn, minlength=nseq)  # S_s (token order)
+        zeros = ntok - np.bincount(seq_nz, minlength=nseq)
+        cd = np.clip(dn, -SAFETY_BOUND, SAFETY_BOUND)
         with np.errstate(over="ignore", invalid="ignore"):
-            self._update_token_level(dn, e[nzi].astype(np.float64), t[nzi].astype(np.float64), z)
-            self._update_is(dn, seq_nz, seq_d, ntok, zeros, z, nseq)
-            self._update_rs(dn, seq_nz, seq_d, ntok, zeros, z, nseq)
+            self._update_is(cd, seq_nz, seq_d, ntok, zeros)
+            clamped = cd.size and (dn.max() > SAFETY_BOUND or dn.min() < -SAFETY_BOUND)
+            self._update_rs(cd, seq_nz, ntok, zeros, has, None if clamped else seq_d)
             self._update_offpolicy(sum_t, sum_e, seq_d, ntok)
+        _flush(self._sums())
 
-    def _update_token_level(self, dn: np.ndarray, en: np.ndarray, tn: np.ndarray, z: int) -> None:
-        self.d.add(dn)
-        self.k3.add(np.exp(dn) - 1.0 - dn)
-        self.k3_rev.add(np.exp(-dn) - 1.0 + dn)
-        self.mult.add(np.expm1(np.abs(dn)))
-        lm = np.log(0.5 * np.exp(tn) + 0.5 * np.exp(en))
-        js = 0.5 * (np.exp(tn - lm) - (tn - lm) - 1) + 0.5 * (np.exp(en - lm) - (en - lm) - 1)
-        self.js.add(np.where(np.isfinite(js), js, np.inf))
-        rho = np.exp(np.clip(dn, -SAFETY_BOUND, SAFETY_BOUND))
-        self.rho2.add(rho * rho - 1.0)
+    def _sums(self) -> list[_Sum]:
+        """Every exact sum this accumulator keeps (for :func:`_flush`)."""
+        stats = [self.is_token.rows.values, self.is_seq.rows.values, self.is_seq.w]
+        for r in self.rs:
+            stats += [r.stat, r.clamped, r.rows.values]
+        return [x for st in stats for x in (st.sum, st.sq)] + list(self.ppl.values())
 
-    def _update_is(self, dn, seq_nz, seq_d, ntok, zeros, z, nseq) -> None:
-        thr = self._thr
+    def _update_is(self, cd, seq_nz, seq_d, ntok, zeros) -> None:
+        thr = self.options.rollout_is_threshold
+        nseq = ntok.size
+        raw = np.exp(cd)
         w1 = min(1.0, thr)  # the truncated weight of a token with d == 0
-        # token level: w = min(exp(clamp(d)), T)
-        raw = np.exp(np.clip(dn, -SAFETY_BOUND, SAFETY_BOUND))
-        w = np.minimum(raw, thr)
-        it = self.is_token
-        it.w.add(w, w1, z)
-        it.hi_tok += int(np.count_nonzero(raw > thr)) + (z if 1.0 > thr else 0)
-        it.lo_tok += int(np.count_nonzero(raw < 1.0 / thr)) + (z if 1.0 < 1.0 / thr else 0)
-        seq_w = np.bincount(seq_nz, weights=w, minlength=nseq) + zeros * w1
         seq_raw = np.bincount(seq_nz, weights=raw, minlength=nseq) + zeros * 1.0
-        it.add_rows(seq_w / (ntok + EPS), seq_raw / (ntok + EPS), thr)
-        # sequence level: one weight exp(clamp(S_s)) per row, on each of its tokens
-        iq = self.is_seq
+        if (raw > thr).any():
+            seq_w = np.bincount(seq_nz, weights=np.minimum(raw, thr), minlength=nseq) + zeros * w1
+        else:  # nothing truncated: the same sums
+            seq_w = seq_raw if w1 == 1.0 else seq_raw - zeros * (1.0 - w1)
+        self.is_token.rows.add(seq_w / (ntok + EPS), 1.0, thr, 1.0 / thr, seq_raw / (ntok + EPS))
+        iq = self.is_seq  # one weight exp(clamp(S_s)) per row, on each of its tokens
         raw_s = np.exp(np.clip(seq_d, -SAFETY_BOUND, SAFETY_BOUND))
         w_s = np.minimum(raw_s, thr)
         iq.w.add(w_s, weights=ntok)
-        iq.seq_log_hi = max(iq.seq_log_hi, float(seq_d.max()) + 0.0)
-        iq.seq_log_lo = min(iq.seq_log_lo, float(seq_d.min()) + 0.0)
-        iq.hi_seq += int(np.count_nonzero(seq_d > math.log(thr)))
-        iq.lo_seq += int(np.count_nonzero(seq_d < math.log(1.0 / thr)))
-        iq.add_rows(ntok * w_s / (ntok + EPS), ntok * raw_s / (ntok + EPS), thr)
+        iq.log_hi, iq.log_lo = _hi(seq_d, iq.log_hi), _lo(seq_d, iq.log_lo)
+        iq.above += int(np.count_nonzero(seq_d > math.log(thr)))
+        iq.below += int(np.count_nonzero(seq_d < math.log(1.0 / thr)))
+        iq.rows.add(ntok * w_s / (ntok + EPS), 1.0, thr, 1.0 / thr, ntok * raw_s / (ntok + EPS))
 
-    def _update_rs(self, dn, seq_nz, seq_d, ntok, zeros, z, nseq) -> None:
+    def _update_rs(self, cd, seq_nz, ntok, zeros, has, seq_d) -> None:
+        """``seq_d``: the rows' sums of d when no d was clamped (then -seq_d is token_k1's
+        row sum, the same bits as summing -clamp(d)), else None."""
         if not self.rs:
             return
-        cd = np.clip(dn, -SAFETY_BOUND, SAFETY_BOUND)
-        has = ntok > 0
-        rejected_tok = np.zeros(dn.size, dtype=bool)   # nonzero tokens rejected by some option
-        rejected_zero = False                          # tokens with d == 0 rejected (token options)
-        rejected_seq = np.zeros(nseq, dtype=bool)      # rows rejected whole (sequence options)
+        nseq = ntok.size
+        rejected_tok = np.zeros(cd.size, dtype=bool)   # non-zero d rejected by a token option
+        rejected_zero = False                          # d == 0 rejected by a token option
+        rejected_seq = np.zeros(nseq, dtype=bool)      # rows rejected whole
+        bounds = np.flatnonzero(np.r_[True, seq_nz[1:] != seq_nz[:-1]]) if seq_nz.size else \
+            np.zeros(0, dtype=np.int64)
         for r in self.rs:
             stat = _token_stat(r.option, cd)
             if r.level == "token":
                 keep = r.keep(stat)
                 keep0 = bool(r.keep(0.0))
-                r.stat.add(stat, 0.0, z)
-                r.clamped.add(r.clamp(stat), float(r.clamp(0.0)), z)
-                r.tok_hi += int(np.count_nonzero(stat > r.thr_hi)) + (z if 0.0 > r.thr_hi else 0)
-                r.tok_lo += int(np.count_nonzero(stat < r.thr_lo)) + (z if 0.0 < r.thr_lo else 0)
-                rej = np.bincount(seq_nz, weights=~keep, minlength=nseq) + (0 if keep0 else zeros)
-                r.rejected += int(rej.sum())
-                seq_val = (np.bincount(seq_nz, weights=stat, minlength=nseq)) / (ntok + EPS)
+                rej = np.bincount(seq_nz[~keep], minlength=nseq) + (0 if keep0 else zeros)
+                if r.option == "token_k1" and seq_d is not None:  # -sum(d), as summed
+                    row_val = -seq_d / (ntok + EPS)
+                else:
+                    row_val = np.bincount(seq_nz, weights=stat, minlength=nseq) / (ntok + EPS)
                 rejected_tok |= ~keep
                 rejected_zero |= not keep0
             else:
-                per = np.bincount(seq_nz, weights=stat, minlength=nseq)
-                if r.option.startswith("seq_mean"):
-                    per = per / (ntok + EPS)
-                elif r.option.startswith("seq_max"):
-                    top = np.where(zeros > 0, 0.0, -np.inf)
-                    np.maximum.at(top, seq_nz, stat)
-                    per = np.where(np.isneginf(top), 0.0, top)
+                if r.option.startswith("seq_max"):
+                    per = np.where(zeros > 0, 0.0, -np.inf)  # a token with d == 0 has stat 0
+                    if bounds.size:
+                        rows = seq_nz[bounds]
+                        per[rows] = np.maximum(per[rows], np.maximum.reduceat(stat, bounds))
+                    per = np.where(np.isneginf(per), 0.0, per)
+                else:
+                    per = np.bincount(seq_nz, weights=stat, minlength=nseq)
+                    if r.option.startswith("seq_mean"):
+                        per = per / (ntok + EPS)
                 keep_s = r.keep(per)
                 r.stat.add(per, weights=ntok)
                 r.clamped.add(r.clamp(per), weights=ntok)
                 rej = np.where(keep_s, 0, ntok)
                 r.rejected += int(rej.sum())
-                seq_val = per
+                row_val = per
                 rejected_seq |= ~keep_s & has
-            v = seq_val[has]
-            r.seq.add(v)
-            if v.size:
-                r.seq_dev = max(r.seq_dev, float(np.abs(v).max()))
-            r.seq_hi += int(np.count_nonzero(v > r.thr_hi))
-            r.seq_lo += int(np.count_nonzero(v < r.thr_lo)) if r.k1 else 0
-            r.seq_rejected += int(np.count_nonzero(rej[has] > 0))
+            r.rows.add(row_val[has], 0.0, r.thr_hi, r.thr_lo if r.k1 else None)
+            r.rows_rejected += int(np.count_nonzero(rej[has] > 0))
         per_row = np.bincount(seq_nz, weights=rejected_tok, minlength=nseq) + \
             (zeros if rejected_zero else 0)
         per_row = np.where(rejected_seq, ntok, per_row)
@@ -552,9 +625,7 @@ class FrameworkAccumulator:
                        ("ppl_ratio", np.exp(diff)),
                        ("chi2_seq", np.exp(2.0 * np.clip(seq_d, -SAFETY_BOUND, SAFETY_BOUND)))):
             self.ppl[key].add(x)
-        if diff.size:
-            self.diff_hi = max(self.diff_hi, float(diff.max()) + 0.0)
-            self.diff_lo = min(self.diff_lo, float(diff.min()) + 0.0)
+        self.diff_hi, self.diff_lo = _hi(diff, self.diff_hi), _lo(diff, self.diff_lo)
 
     def merge(self, o: "FrameworkAccumulator") -> None:
         if o.options != self.options:
@@ -568,43 +639,59 @@ class FrameworkAccumulator:
             a.merge(b)
         self.rs_rejected += o.rs_rejected
         self.rs_rows += o.rs_rows
-        for name in ("d", "k3", "k3_rev", "mult", "js", "rho2"):
-            getattr(self, name).merge(getattr(o, name))
         for k, v in o.ppl.items():
             self.ppl[k].merge(v)
         self.diff_hi, self.diff_lo = max(self.diff_hi, o.diff_hi), min(self.diff_lo, o.diff_lo)
 
     # -------------------------------------------------------------- the report
 
-    def report(self) -> dict:
+    def report(self, d_values, zeros: int, sum_d: int, sum_u: int | None) -> dict:
         """{"verl": {...}, "nemo_rl": {...}}: each framework's metrics under its own names
-        (None where nothing was audited)."""
+        (None where nothing was audited). ``d_values``: the audit's ValueCounts of the
+        non-zero d; ``zeros``: its tokens with d == 0; ``sum_d`` / ``sum_u``: its exact
+        sums of d and expm1(d) (scaled integers; ``sum_u`` None when infinite)."""
         n, rows = self.n, self.rows
         opts = self.options
         config = {"rollout_is_threshold": opts.rollout_is_threshold,
-                  "rollout_rs": opts.rollout_rs, "rollout_rs_threshold": str(opts.rollout_rs_threshold)}
+                  "rollout_rs": opts.rollout_rs,
+                  "rollout_rs_threshold": str(opts.rollout_rs_threshold)}
+        verl = {"source": VERL_SOURCE, "config": config}
+        nemo = {"source": NEMO_SOURCE}
         if n == 0:
-            return {"verl": {"source": VERL_SOURCE, "config": config, "rollout_is_token": None,
-                             "rollout_is_sequence": None, "rollout_rs": None, "offpolicy": None},
-                    "nemo_rl": {"source": NEMO_SOURCE, "token_mult_prob_error": None,
-                                "gen_kl_error": None, "policy_kl_error": None,
-                                "js_divergence_error": None}}
+            verl.update(rollout_is_token=None, rollout_is_sequence=None, rollout_rs=None,
+                        offpolicy=None)
+            nemo.update(token_mult_prob_error=None, gen_kl_error=None, policy_kl_error=None)
+            return {"verl": verl, "nemo_rl": nemo}
+        vals, counts = d_values.items()
         denom = n + _F_EPS
+        thr = opts.rollout_is_threshold
+        with np.errstate(over="ignore", invalid="ignore"):
+            raw = np.exp(np.clip(vals, -SAFETY_BOUND, SAFETY_BOUND))
+            w = _multiset_totals(np.minimum(raw, thr), counts, min(1.0, thr), zeros)
+            hi = _count(raw > thr, counts, 1.0 > thr, zeros)
+            lo = _count(raw < 1.0 / thr, counts, 1.0 < 1.0 / thr, zeros)
+            rho2 = _multiset_totals(raw * raw - 1.0, counts, 0.0, zeros, False).s1
+            mult = _multiset_totals(np.expm1(np.abs(vals)), counts, 0.0, zeros, False).s1
+            rev = _multiset_totals(np.expm1(-vals), counts, 0.0, zeros, False).s1
+        d = to_fraction(sum_d)
+        k3 = None if sum_u is None else to_fraction(sum_u) - d  # sum (expm1(d) - d)
+        verl["rollout_is_token"] = _is_report("token", w, hi, lo, self.is_token, n, rows)
+        verl["rollout_is_sequence"] = _is_report("sequence", self.is_seq.w.totals(), 0, 0,
+                                                 self.is_seq, n, rows)
         rs = None
         if self.rs:
             rs = {}
             for r in self.rs:
-                rs.update(r.report(n, self.valid))
+                rs.update(r.report(vals, counts, zeros, n, self.valid))
             rs["rollout_corr/rollout_rs_masked_fraction"] = _over(Fraction(self.rs_rejected), denom)
             rs["rollout_corr/rollout_rs_seq_masked_fraction"] = self.rs_rows / rows
+        verl["rollout_rs"] = rs
         fr = Fraction(rows)
-        d = self.d.exact()
-        k3 = self.k3.exact()
-        rho2 = self.rho2.exact()
-        off = {
+        chi2_seq = self.ppl["chi2_seq"].exact()
+        verl["offpolicy"] = {
             "rollout_corr/training_ppl": _over(self.ppl["training_ppl"].exact(), fr),
             "rollout_corr/training_log_ppl": _over(self.ppl["training_log_ppl"].exact(), fr),
-            "rollout_corr/kl": _over(-d, denom),  # type: ignore[operator]
+            "rollout_corr/kl": _over(-d, denom),
             "rollout_corr/k3_kl": _over(k3, denom),
             "rollout_corr/rollout_ppl": _over(self.ppl["rollout_ppl"].exact(), fr),
             "rollout_corr/rollout_log_ppl": _over(self.ppl["rollout_log_ppl"].exact(), fr),
@@ -613,26 +700,13 @@ class FrameworkAccumulator:
             "rollout_corr/log_ppl_diff_max": self.diff_hi,
             "rollout_corr/log_ppl_diff_min": self.diff_lo,
             "rollout_corr/ppl_ratio": _over(self.ppl["ppl_ratio"].exact(), fr),
-            "rollout_corr/chi2_token": None if rho2 is None else
+            "rollout_corr/chi2_token": math.inf if rho2 is None else
             fraction_to_float((n + rho2) / denom - 1),
-            "rollout_corr/chi2_seq": None if self.ppl["chi2_seq"].exact() is None else
-            fraction_to_float(self.ppl["chi2_seq"].exact() / fr - 1),  # type: ignore[operator]
+            "rollout_corr/chi2_seq": math.inf if chi2_seq is None else
+            fraction_to_float(chi2_seq / fr - 1),
         }
-        for key in ("rollout_corr/chi2_token", "rollout_corr/chi2_seq"):
-            if off[key] is None:
-                off[key] = math.inf
-        mult = self.mult.exact()
-        return {
-            "verl": {"source": VERL_SOURCE, "config": config,
-                     "rollout_is_token": self.is_token.report("token", n, rows),
-                     "rollout_is_sequence": self.is_seq.report("sequence", n, rows),
-                     "rollout_rs": rs, "offpolicy": off},
-            "nemo_rl": {
-                "source": NEMO_SOURCE,
-                "token_mult_prob_error": math.inf if mult is None else
-                fraction_to_float((n + mult) / denom),
-                "gen_kl_error": _over(k3, denom),
-                "policy_kl_error": _over(self.k3_rev.exact(), denom),
-                "js_divergence_error": _over(self.js.exact(), denom),
-            },
-        }
+        nemo["token_mult_prob_error"] = math.inf if mult is None else \
+            fraction_to_float((n + mult) / denom)
+        nemo["gen_kl_error"] = _over(k3, denom)
+        nemo["policy_kl_error"] = _over(None if rev is None else rev + d, denom)
+        return {"verl": verl, "nemo_rl": nemo}

@@ -244,7 +244,14 @@ class AuditAccumulator:
         self.by_prob.add_counts(c.sum(axis=1))
         self.by_pos.add_counts(c.sum(axis=0))
         nzi = np.flatnonzero(nz)
-        self.frameworks.update(ntok, e64, t, d, nzi)
+        dn = d[nzi]
+        starts = np.zeros(nseq, dtype=np.int64)
+        np.cumsum(ntok[:-1], out=starts[1:])
+        seq_nz = np.searchsorted(starts, nzi, side="right") - 1  # the row of each d != 0
+        # per-sequence float64 sum of d, sequential in token order (zeros skipped: adding
+        # +-0 never changes a running sum that starts at +0)
+        seq_d = np.bincount(seq_nz, weights=dn, minlength=nseq)
+        self.frameworks.update(ntok, e64, t, dn, seq_nz, seq_d)
         self.zero_d += n - nzi.size
         self.mismatch[0] += nzi.size
         if n > nzi.size:  # d == 0 exactly: r = 1
@@ -253,7 +260,6 @@ class AuditAccumulator:
         if nzi.size == 0:
             self.seq_with_tokens += int(np.count_nonzero(ntok))
             return
-        dn = d[nzi]
         absn = np.abs(dn)
         neg = dn < 0
         for k, thr in enumerate(THRESHOLDS[1:], start=1):
@@ -284,17 +290,12 @@ class AuditAccumulator:
         self.min_r = min(self.min_r, float(r_ext[0]))  # exp is monotone: min r = exp(min d)
         self.max_r = max(self.max_r, float(r_ext[1]))
         self.diff_values.add(dn, check=False)  # d != 0 here: no NaN, no -0.0
-        seq_nz = np.repeat(np.arange(nseq, dtype=np.int64), ntok)[nzi]
-        self._update_sequences(b, ntok, seq_nz, pos[nzi], dn, absn, nseq)
+        self._update_sequences(b, ntok, seq_nz, pos[nzi], seq_d, absn)
 
     def _update_sequences(self, b: AuditBatch, ntok: np.ndarray, seq_nz: np.ndarray,
-                          pos_nz: np.ndarray, dn: np.ndarray, absn: np.ndarray,
-                          nseq: int) -> None:
+                          pos_nz: np.ndarray, full_sum: np.ndarray, absn: np.ndarray) -> None:
         has = ntok > 0
         self.seq_with_tokens += int(has.sum())
-        # per-sequence float64 sum of d, sequential in token order (zeros skipped: adding
-        # +-0 never changes a running sum that starts at +0)
-        full_sum = np.bincount(seq_nz, weights=dn, minlength=nseq)
         seq_sum = full_sum[has]
         lppl = -seq_sum / ntok[has]
         self.s_seq_sum += exact_sums(seq_sum)[0]
@@ -455,5 +456,6 @@ class AuditAccumulator:
                 {"source": src, unit: line, "id": rid, "max_abs_diff": -neg_max,
                  "sum_diff": sd, "first_divergence": fdp}
                 for neg_max, src, line, unit, rid, sd, fdp in self.worst],
-            "frameworks": self.frameworks.report(),
+            "frameworks": self.frameworks.report(
+                self.diff_values, self.zero_d, s_d, None if self.inf_u else self.s_u),
         }

@@ -3,7 +3,7 @@ re-implementation: the frameworks' own formulas written here in torch on the pad
 the way verl (verl/trainer/ppo/rollout_corr_helper.py: compute_is_metrics,
 compute_rollout_rejection_mask + compute_rs_metrics, compute_offpolicy_metrics) and
 NeMo-RL (nemo_rl/algorithms/loss_functions.py, ClippedPGLossFn: token_mult_prob_error,
-gen_kl_error, policy_kl_error, js_divergence_error) compute them, including verl's
+gen_kl_error, policy_kl_error) compute them, including verl's
 ``count + 1e-8`` denominators, ``exp(clamp(., -20, 20))`` and unbiased ``torch.std``.
 
 The audit reads the same batch through ``from_tensors`` (unpadding, validation, exact
@@ -184,11 +184,8 @@ def nemo_metrics(prev, gen, mask):
         logr = reference - logprobs
         return torch.exp(logr) - 1 - logr
 
-    lm = torch.log(0.5 * torch.exp(prev) + 0.5 * torch.exp(gen))
-    js = 0.5 * (torch.exp(prev - lm) - (prev - lm) - 1) + 0.5 * (torch.exp(gen - lm) - (gen - lm) - 1)
     return {"token_mult_prob_error": mm(torch.exp(torch.abs(gen - prev) * mask)),
-            "gen_kl_error": mm(k3(gen, prev)), "policy_kl_error": mm(k3(prev, gen)),
-            "js_divergence_error": mm(js)}
+            "gen_kl_error": mm(k3(gen, prev)), "policy_kl_error": mm(k3(prev, gen))}
 
 
 def _close(ours, theirs, key):
