@@ -67,7 +67,9 @@ MASK_COLUMNS = ("mask", "attention_mask", "prompt_attention_mask")
 #: a source that stands for the row number (0-based) when a file has no id column
 ROW_NUMBER = "<row>"
 PADDING_SIDES = ("auto", "left", "right")
-PRESET_NAMES = ("verl", "openrlhf", "trl", "slime")
+PRESET_NAMES = ("verl", "openrlhf", "trl", "slime", "openai")
+#: how a file's records are read: as they are, or as OpenAI-compatible responses
+RECORD_FORMATS = ("plain", "openai")
 SPLITS = ("columns", "response_length", "first_mask")
 
 
@@ -100,6 +102,8 @@ class Layout:
         response; per-token columns have one entry fewer, entry j describing token j + 1,
         and the response starts at the first token with mask 1).
     explicit: canonical columns named by ``--columns`` (their source must exist).
+    records: "plain" (records hold the columns), or "openai" (each JSONL record is an
+        OpenAI-compatible completion response, :mod:`detsample.audit.openai`).
     """
 
     name: str = "default"
@@ -109,6 +113,7 @@ class Layout:
     prompt_padding: str = "auto"
     split: str = "columns"
     explicit: frozenset[str] = frozenset()
+    records: str = "plain"
 
     def __post_init__(self) -> None:
         for dst, src in self.sources:
@@ -123,6 +128,8 @@ class Layout:
                                  f"got {getattr(self, field)!r}")
         if self.split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
+        if self.records not in RECORD_FORMATS:
+            raise ValueError(f"records must be one of {RECORD_FORMATS}, got {self.records!r}")
 
     def source(self, dst: str) -> Source:
         for name, src in self.sources:
@@ -150,7 +157,8 @@ class Layout:
             sources[dst] = Source((spec,), required=True)
         name = self.name if self.name != "default" else "custom"
         return Layout(name, tuple(sources.items()), self.padded, self.response_padding,
-                      self.prompt_padding, self.split, self.explicit | frozenset(mapping))
+                      self.prompt_padding, self.split, self.explicit | frozenset(mapping),
+                      self.records)
 
 
 def _check_spec(dst: str, spec: str) -> None:
@@ -256,6 +264,9 @@ PRESETS: dict[str, Layout] = {
          ("engine_logprobs", _src("rollout_log_probs", required=True)),
          ("trainer_logprobs", _src("log_probs"))),
         padded=False, split="response_length"),
+    # OpenAI-compatible /v1/completions and /v1/chat/completions responses with logprobs
+    # (vLLM, SGLang), one per JSONL line: read into the audit's own columns.
+    "openai": Layout("openai", padded=False, records="openai"),
 }
 
 DEFAULT_LAYOUT = Layout()
@@ -277,7 +288,7 @@ def make_layout(preset: str | None = None, columns: str | Mapping[str, str] | No
         if padding not in PADDING_SIDES:
             raise ValueError(f"padding must be one of {PADDING_SIDES}, got {padding!r}")
         layout = Layout(layout.name, layout.sources, layout.padded, padding,
-                        layout.prompt_padding, layout.split, layout.explicit)
+                        layout.prompt_padding, layout.split, layout.explicit, layout.records)
     return layout
 
 

@@ -176,8 +176,23 @@ def iter_record_chunks(records: Iterable[object], resolved: Resolved,
                        first_row: int = 0) -> Iterator[TableChunk]:
     """Chunks from in-memory records (mappings; values lists or arrays). Locations are
     0-based record indices (unit "row"), counted from ``first_row``."""
-    yield from _build_chunks(_ChunkBuilder(source, "row", chunk_tokens, resolved),
-                             enumerate(records, start=first_row))
+    items: Iterable[tuple[int, object]] = enumerate(records, start=first_row)
+    if resolved.layout.records == "openai":
+        items = _openai_items(source, "row", items)
+    yield from _build_chunks(_ChunkBuilder(source, "row", chunk_tokens, resolved), items)
+
+
+def _openai_items(source: str, unit: str, items: Iterable[tuple[int, object]]
+                  ) -> Iterator[tuple[int, object]]:
+    """OpenAI-compatible responses -> one record (or a located Issue) per choice."""
+    from detsample.audit.openai import records_of
+
+    for loc, obj in items:
+        if isinstance(obj, Issue):
+            yield loc, obj
+            continue
+        for rec in records_of(obj):
+            yield loc, (rec if isinstance(rec, dict) else Issue(source, loc, *rec, unit))
 
 
 def _build_chunks(b: _ChunkBuilder, items: Iterable[tuple[int, object]]) -> Iterator[TableChunk]:
@@ -251,13 +266,17 @@ def iter_jsonl_chunks(path: str, resolved: Resolved, start: int = 0, end: int | 
             if not nonblank:
                 continue
             lines = np.array([k for k, _ in nonblank], dtype=np.int64)
-            chunk = (_arrow_jsonl_block(buf, str(path), lines, resolved) if parser == "auto"
-                     else None)
+            openai = resolved.layout.records == "openai"  # nested responses: json only
+            chunk = (_arrow_jsonl_block(buf, str(path), lines, resolved)
+                     if parser == "auto" and not openai else None)
             if chunk is not None:
                 yield chunk
                 continue
+            items = _parse_json_lines(str(path), nonblank)
+            if openai:
+                items = _openai_items(str(path), "line", items)
             yield from _build_chunks(_ChunkBuilder(str(path), "line", chunk_tokens, resolved),
-                                     _parse_json_lines(str(path), nonblank))
+                                     items)
 
 
 def split_jsonl(path: str, parts: int) -> list[tuple[int, int, int]]:

@@ -17,7 +17,7 @@ from multiprocessing import get_context
 from detsample.audit.assemble import assemble
 from detsample.audit.gates import check_gates
 from detsample.audit.issues import AuditInputError, Issue
-from detsample.audit.layout import Layout, Resolved, resolve
+from detsample.audit.layout import LIST_COLUMNS, Layout, Resolved, resolve
 from detsample.audit.metrics import AuditAccumulator
 from detsample.audit.npz import NpzSource
 from detsample.audit.options import AuditOptions, options_of
@@ -48,6 +48,11 @@ def open_source(path: str, layout: Layout):
     """(reader, resolved layout) of one file; structural errors are fatal here, before any
     shard runs. The reader is None for JSONL (read by byte ranges)."""
     fmt = detect_format(path)
+    if layout.records == "openai":
+        if fmt != "jsonl":
+            raise AuditInputError(f"{path}: preset openai reads JSONL (one OpenAI-compatible "
+                                  f"response per line), got a .{fmt} file")
+        return None, resolve(layout, ("id",) + LIST_COLUMNS, path)
     if fmt == "jsonl":
         return None, resolve(layout, peek_jsonl_keys(path), path)
     src = {"npz": NpzSource, "parquet": ParquetSource, "pt": TorchSource}[fmt](path)
@@ -142,6 +147,8 @@ def _records_accumulator(records: Iterable[object], opts: AuditOptions) -> Audit
     if first is None:
         return acc
     keys = list(first) if isinstance(first, Mapping) else []
+    if opts.layout.records == "openai":
+        keys = ["id", *LIST_COLUMNS]
     resolved = resolve(opts.layout, keys, "<records>")
     chunks = iter_record_chunks(itertools.chain([first], it), resolved,
                                 chunk_tokens=opts.chunk_tokens)
