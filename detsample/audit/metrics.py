@@ -371,13 +371,15 @@ class AuditAccumulator:
             # r = 1 + u: sum r = n + U1, sum r^2 = n + 2 U1 + U2 (exact rationals)
             u1, u2 = to_fraction(self.s_u), to_fraction(self.s_u2)
             sr, sr2 = n + u1, n + 2 * u1 + u2
-            ess_f = sr * sr / sr2
+            # sum r^2 from the rounded u^2 can reach 0 when every r is tiny (d < -18):
+            # then there is no ESS to report (bug pinned by tests/audit/test_fuzz.py)
+            ess_f = sr * sr / sr2 if sr2 > 0 else None
             ratio = {
                 "mean": fraction_to_float(sr / n),
                 "std": math.sqrt(max(fraction_to_float(u2 / n - (u1 / n) ** 2), 0.0)),
                 "min": self.min_r, "max": self.max_r,
-                "ess": fraction_to_float(ess_f),
-                "ess_fraction": fraction_to_float(ess_f / n),
+                "ess": None if ess_f is None else fraction_to_float(ess_f),
+                "ess_fraction": None if ess_f is None else fraction_to_float(ess_f / n),
                 "chi2": fraction_to_float((2 * u1 + u2) / n),
             }
         elif n:

@@ -23,6 +23,12 @@ from detsample.audit.values import kind_words
 from detsample.audit.table import Padded, PerRow, Ragged, TableChunk
 
 
+#: what zipfile, zlib and numpy's header parser raise on a damaged NPZ (an encrypted or
+#: unsupported member, a bad CRC, a truncated stream, a malformed .npy header)
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, KeyError,
+               NotImplementedError, RuntimeError, struct.error, SyntaxError, TypeError)
+
+
 class _NpzArray:
     """An array member of an NPZ file, read by rows without loading it whole:
     memory-mapped when stored uncompressed, streamed through zipfile when compressed."""
@@ -75,7 +81,7 @@ class _NpzArray:
                     self._stream = self._zf.open(self._info)
                 self._stream.seek(self._header_len + a * item)
                 data = self._stream.read((b - a) * item)
-            except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error) as exc:
+            except _ZIP_ERRORS as exc:
                 raise AuditInputError(f"{self.path}: {self.name}: cannot read the compressed "
                                       f"member ({type(exc).__name__}: {exc})") from exc
             if len(data) != (b - a) * item:
@@ -109,7 +115,7 @@ class _Members:
                 self._open[name] = _NpzArray(self.path, self._zf, self._infos[name])
             except AuditInputError:
                 raise
-            except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+            except _ZIP_ERRORS as exc:
                 raise AuditInputError(f"{self.path}: {name}: not a readable .npy member "
                                       f"({type(exc).__name__}: {exc})") from exc
         return self._open[name]
@@ -122,7 +128,7 @@ class NpzSource:
         self.path = str(path)
         try:
             self._zf = zipfile.ZipFile(self.path)
-        except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError) as exc:
+        except _ZIP_ERRORS as exc:
             raise AuditInputError(f"{self.path}: not a readable NPZ file ({exc})") from exc
         members = {i.filename[:-4]: i for i in self._zf.infolist() if i.filename.endswith(".npy")}
         self.arrays = _Members(self.path, self._zf, members)

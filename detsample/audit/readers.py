@@ -373,6 +373,10 @@ def arrow_to_table(table, source: str, unit: str, lines: np.ndarray,
             continue
         lens = pc.fill_null(pc.list_value_length(col), -1).to_numpy(zero_copy_only=False)
         flat = pc.list_flatten(col)
+        if len(flat) != int(np.maximum(lens, 0).sum()):
+            raise AuditInputError(f"{source}: {c}: the list column's values do not match its "
+                                  f"lengths ({len(flat)} values for "
+                                  f"{int(np.maximum(lens, 0).sum())})")
         if flat.null_count:
             owner = np.repeat(np.arange(n), np.maximum(lens, 0))
             starts = np.concatenate([[0], np.cumsum(np.maximum(lens, 0))])
@@ -403,6 +407,20 @@ def ids_column(values: list, id_col: str, source: str, unit: str, lines: np.ndar
 
 def _arrow_jsonl_block(block: bytes, source: str, lines: np.ndarray,
                        resolved: Resolved) -> TableChunk | None:
+    """:func:`_arrow_jsonl_block_of`, or None (the line-by-line path, which names the bad
+    line) for any block pyarrow reads into something it cannot then describe (a key that
+    is not UTF-8, say)."""
+    import pyarrow as pa
+
+    try:
+        return _arrow_jsonl_block_of(block, source, lines, resolved)
+    except (pa.ArrowException, UnicodeDecodeError, ValueError, TypeError, KeyError,
+            IndexError, OverflowError):
+        return None
+
+
+def _arrow_jsonl_block_of(block: bytes, source: str, lines: np.ndarray,
+                          resolved: Resolved) -> TableChunk | None:
     """Parse a block of complete JSONL lines with pyarrow's JSON reader (C++, one thread).
 
     Returns None unless the block is clean: one object per non-blank line, ids strings or
@@ -443,6 +461,10 @@ def _arrow_jsonl_block(block: bytes, source: str, lines: np.ndarray,
             return None
         if "mask" in dst and pa.types.is_floating(t.value_type):
             return None  # JSON integers pyarrow widened to double: json names them exactly
-        if pc.list_flatten(table.column(c)).null_count:
+        col = table.column(c)
+        flat = pc.list_flatten(col)
+        if flat.null_count or len(flat) != (pc.sum(pc.list_value_length(col)).as_py() or 0):
+            # a null in a list; or pyarrow's JSON reader dropping a leading null from a list
+            # while keeping its length ([null, 4] read as [4, 0]): json reads it as written
             return None
     return arrow_to_table(table.drop_columns(drop), source, "line", lines, resolved)

@@ -150,15 +150,17 @@ def validate(raw: RawChunk, rescore: RescoreFn | None = None,
     n = len(raw)
     bad: dict[int, Issue] = dict(raw.flagged)
     lengths = raw.lengths
+    for c in ("response_ids", "engine_logprobs"):  # absent from the whole chunk: every row
+        if c not in lengths:                       # lacks it (missing_column, below)
+            lengths[c] = np.full(n, -1, dtype=np.int64)
+            raw.values[c] = np.empty(0, dtype=np.int64 if c == "response_ids" else np.float64)
 
     def issue(i: int, col: str, kind: str, msg: str) -> None:
         if i not in bad:
             bad[i] = Issue(raw.source, int(raw.lines[i]), col, kind, msg, raw.unit)
 
     for c in ("response_ids", "engine_logprobs"):  # prompt_ids: only to rescore (below)
-        lens = lengths.get(c)
-        missing = np.arange(n) if lens is None else np.flatnonzero(lens < 0)
-        for i in missing.tolist():
+        for i in np.flatnonzero(lengths[c] < 0).tolist():
             issue(i, c, "missing_column", f"missing column '{c}'")
     resp = lengths["response_ids"]
     numeric = {c: _flag_kinds(raw, c, bad) for c in ("prompt_ids", "response_ids")}

@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
                                  padding=args.padding, ray=args.ray)
         report = audit(args.files, opts)
     except (DetsampleError, OSError, ValueError) as exc:
-        print(f"detsample audit: error: {exc}", file=sys.stderr)
+        why = "; ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
+        print(f"detsample audit: error: {why}", file=sys.stderr)  # one line
         return 2
     text = to_json(report)
     if args.json == "-":

@@ -60,6 +60,10 @@ BAD_LINES = [
     ("negative-token", _with(response_ids=[3, -4]), "negative_token_id", "response_ids", "-4"),
     ("bad-mask", _with(mask=[1, 2]), "bad_mask", "mask", "mask[1] = 2"),
     ("null-logprob", _with(engine_logprobs=[-0.5, None]), "bad_type", "engine_logprobs", "None"),
+    # Bug pinned (issue 26, found by tests/audit/test_fuzz.py): pyarrow's JSON reader reads
+    # a list starting with null, [null, -1.0], as [-1.0, 0.0]; the fast path took it
+    ("leading-null", _with(engine_logprobs=[None, -1.0]), "bad_type", "engine_logprobs",
+     "engine_logprobs[0] = None"),
     # Bug pinned: a JSON boolean next to numbers was coerced by numpy (false -> logprob 0.0,
     # true -> token id 1) and audited as if valid.
     ("bool-logprob", _with(trainer_logprobs=[-0.5, False]), "bad_type", "trainer_logprobs",

@@ -10,9 +10,17 @@ deleted manifests was a skipped platform).
 
 from __future__ import annotations
 
+import os
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+#: examples per fuzz test: a fixed, bounded set in the default suite; set
+#: DETSAMPLE_FUZZ_EXAMPLES=2000 for a longer, randomised local run
+FUZZ_EXAMPLES = int(os.environ.get("DETSAMPLE_FUZZ_EXAMPLES", 60))
+FUZZ_FIXED = "DETSAMPLE_FUZZ_EXAMPLES" not in os.environ
 
 from detsample.cli import main
 from detsample.golden.store import CORRUPT, OK, GoldenStore
@@ -161,3 +169,65 @@ def test_tensor_goldens_are_untrusted_too(tmp_path, monkeypatch):
     v = goldens.verify("k", tensors, write_obtained=False)
     assert v.status == CORRUPT and "manifest.json: missing while the tensor files" in v.message
     assert goldens.verify("other", tensors, write_obtained=False).status == MISSING_SCENARIO
+
+
+@pytest.fixture(scope="module")
+def one_golden(tmp_path_factory):
+    import os
+
+    from detsample.golden import registry
+
+    old = os.environ.pop("CI", None)
+    try:
+        root = tmp_path_factory.mktemp("golden_fuzz")
+        out = registry.produce_all(["random.greedy"])
+        GoldenStore(root).update(out)
+    finally:
+        if old is not None:
+            os.environ["CI"] = old
+    return root, out["random.greedy"]
+
+
+_FILES = ["tokens.txt", "logprobs.txt", "manifest.json"]
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=FUZZ_FIXED,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=st.lists(st.tuples(st.sampled_from(_FILES), st.integers(0, 10**6),
+                                st.sampled_from(["flip", "cut", "insert", "drop"]),
+                                st.integers(0, 255)), min_size=1, max_size=3))
+def test_fuzzed_goldens_are_verified_never_crash(one_golden, tmp_path_factory, edits):
+    """Random byte edits of a golden's files: verify never raises and never reports a
+    status it does not define; a golden whose token or logprob text lost a byte, or any
+    file a non-UTF-8 byte, is never ok."""
+    import shutil
+
+    src, out = one_golden
+    root = tmp_path_factory.mktemp("g")
+    shutil.copytree(src, root, dirs_exist_ok=True)
+    store = GoldenStore(root)
+    d = store.scenario_dir("random.greedy")
+    must_fail = False
+    for fname, at, how, byte in edits:
+        if not (d / fname).exists():
+            continue
+        data = (d / fname).read_bytes()
+        at %= max(len(data), 1)
+        if how == "flip":
+            data = data[:at] + bytes([byte]) + data[at + 1:]
+            must_fail |= byte >= 0x80
+        elif how == "cut":
+            must_fail |= fname != "manifest.json" and at < len(data) - 1
+            data = data[:at]
+        elif how == "insert":
+            data = data[:at] + bytes([byte]) + data[at:]
+            must_fail |= byte >= 0x80
+        else:
+            (d / fname).unlink()
+            must_fail = True
+            continue
+        (d / fname).write_bytes(data)
+    v = store.verify("random.greedy", out, write_obtained=False)
+    assert v.status in {"ok", "mismatch", "corrupt", "missing-scenario"}, v
+    if must_fail:
+        assert not v.ok, (edits, v.message)
