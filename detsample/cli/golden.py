@@ -5,8 +5,13 @@
 - ``update``: regenerate the goldens atomically and print what moved (refused when the
   ``CI`` variable is set, unless ``--force``); ``--prune`` deletes goldens of scenarios
   that are no longer registered;
-- ``diff``: print a unified diff of the golden text files against what this build
-  produces (nothing is written; exit 1 when they differ).
+- ``diff``: print a unified diff of the golden files against what this build produces,
+  with ``verify``'s verdict per scenario (nothing is written; exit 1 exactly when
+  ``verify`` would: bits differ or a golden is corrupt; metadata is shown, not counted).
+
+Golden files are untrusted input: a bad byte, invalid JSON, a manifest naming a file
+outside the golden, a deleted manifest are ``[CORRUPT]`` lines naming file and line, and
+one bad scenario never hides the others (docs/golden.md).
 
 ``--isa all`` (CPU) runs ``verify`` or ``update`` once per instruction set this CPU
 supports (default, avx2, avx512), each in a subprocess under ``ATEN_CPU_CAPABILITY``, so
@@ -22,7 +27,7 @@ import shutil
 import sys
 from typing import Any
 
-from detsample.golden.format import ALL_FILES
+from detsample.golden.format import ALL_FILES, MANIFEST
 
 
 def register(subparsers: Any) -> None:
@@ -139,7 +144,8 @@ def _diff(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
         print(f"[{'ok' if verdict.ok else verdict.status.upper()}] {verdict.message.splitlines()[0]}")
         for f, old in changed:
             if verdict.ok:
-                print(f"# {name}/{f}: metadata only, every bit equal (not a difference)")
+                what = "metadata" if f == MANIFEST else "formatting"
+                print(f"# {name}/{f}: {what} only, every bit equal (not a difference)")
             else:
                 files += 1
             sys.stdout.writelines(difflib.unified_diff(
