@@ -528,8 +528,11 @@ class FrameworkAccumulator:
         np.cumsum(ntok[:-1], out=starts[1:])
         sum_t, sum_e = np.zeros(nseq), np.zeros(nseq)
         if has.any():
-            sum_t[has] = np.add.reduceat(t, starts[has], dtype=np.float64)
             sum_e[has] = np.add.reduceat(e, starts[has], dtype=np.float64)
+            if dn.size:
+                sum_t[has] = np.add.reduceat(t, starts[has], dtype=np.float64)
+            else:  # every d == 0: t equals e value for value, so do the row sums
+                sum_t = sum_e.copy()
         zeros = ntok - np.bincount(seq_nz, minlength=nseq)
         cd = np.clip(dn, -SAFETY_BOUND, SAFETY_BOUND)
         with np.errstate(over="ignore", invalid="ignore"):
