@@ -40,31 +40,37 @@ class ModelRescorer:
     the "raw" mode (log_softmax of the model's logits), by one prefill of ``model``.
 
     model: a :func:`detsample.models.load_model` spec. batch_invariant: its forwards under
-    the batch-invariant mode. model_path: a saved reference model (``RefModel.save``),
-    with ``model="refmodel"`` only. label: how errors name the option that gave the model
-    ("--rescore" for the audit, "--model" for ``detsample rollout``).
+    the batch-invariant mode (``portable``: its portable kernels). model_path: a saved
+    reference model (``RefModel.save``), with ``model="refmodel"`` only. label: how errors
+    name the option that gave the model ("--rescore" for the audit, "--model" for
+    ``detsample rollout``).
     """
 
     def __init__(self, model: str = "refmodel", *, batch_invariant: bool = False,
-                 model_path: str | None = None, label: str = "--rescore") -> None:
+                 portable: bool = False, model_path: str | None = None,
+                 label: str = "--rescore") -> None:
         check_rescore_spec(model)
         if not isinstance(model, str):
             raise ValueError(f"model must be a model spec string, got {model!r}")
         if model_path is not None and model != "refmodel":
             raise ValueError(f"model_path is for model 'refmodel', got model={model!r}")
         self.model = model
+        if portable and not batch_invariant:
+            raise ValueError("portable=True needs batch_invariant=True (the mode's portable kernels)")
         self.batch_invariant = bool(batch_invariant)
+        self.portable = bool(portable)
         self.model_path = model_path
         self.label = str(label)
         self._state = None
 
     def __getstate__(self) -> dict:
         return {"model": self.model, "batch_invariant": self.batch_invariant,
-                "model_path": self.model_path, "label": self.label}
+                "portable": self.portable, "model_path": self.model_path, "label": self.label}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["model"], batch_invariant=state["batch_invariant"],
-                      model_path=state["model_path"], label=state.get("label", "--rescore"))
+                      portable=state.get("portable", False), model_path=state["model_path"],
+                      label=state.get("label", "--rescore"))
 
     def build_model(self):
         """The model this rescorer prefills with (built once)."""
@@ -81,9 +87,10 @@ class ModelRescorer:
             try:
                 if self.model_path is not None:
                     lm = adapt(RefModel.load(self.model_path), "refmodel",
-                               batch_invariant=self.batch_invariant)
+                               batch_invariant=self.batch_invariant, portable=self.portable)
                 else:
-                    lm = load_model(self.model, batch_invariant=self.batch_invariant)
+                    lm = load_model(self.model, batch_invariant=self.batch_invariant,
+                                    portable=self.portable)
             except ModelError as exc:
                 raise RescoreModelError(f"{self.label}: {exc}") from exc
             params = SamplingParams(temperature=1.0, seed=0, logprobs_mode="raw")

@@ -32,7 +32,8 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
                       temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
                       max_batch_size: int | None = 4, stagger: int = 1,
                       with_trainer: bool = False, model_path: str | None = None,
-                      model: str = "refmodel", batch_invariant: bool = False) -> list[dict]:
+                      model: str = "refmodel", batch_invariant: bool = False,
+                      portable: bool = False) -> list[dict]:
     """Generate ``num_sequences`` rollouts (request i has seed ``seed + i`` and arrives at
     engine step ``i * stagger``) with ``model`` (a :func:`~detsample.models.load_model`
     spec; ``model_path``: a saved reference model, for ``model="refmodel"`` only)."""
@@ -47,8 +48,8 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
         raise InvalidSamplingParams(f"num_sequences must be >= 1, got {num_sequences}")
     if stagger < 0:
         raise InvalidSamplingParams(f"stagger must be >= 0, got {stagger}")
-    rescorer = ModelRescorer(model, batch_invariant=batch_invariant, model_path=model_path,
-                             label="--model")
+    rescorer = ModelRescorer(model, batch_invariant=batch_invariant, portable=portable,
+                             model_path=model_path, label="--model")
     lm = rescorer.build_model()
     requests = []
     for i in range(num_sequences):

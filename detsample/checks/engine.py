@@ -2,7 +2,9 @@
 
 Registered in :data:`detsample.checks.battery.EXTERNAL_CHECK_MODULES`; each check is
 ``fn(quick, device) -> CheckResult`` and runs the engine scenarios of
-:mod:`detsample.golden.engine_scenarios` (CPU; the reference model is a CPU model):
+:mod:`detsample.golden.engine_scenarios` (CPU; the reference model is a CPU model), the
+golden ones and the check-only ``CHECK_SCENARIOS`` (the verified batch-invariant mode,
+whose bits rest on this machine's BLAS and so have no committed goldens):
 
 - ``engine_batch_invariance``: every request run alone, and the whole schedule in
   reversed script order with a different row limit, report bitwise the same tokens,
@@ -32,7 +34,8 @@ ALIGN_MODES = ("raw", "scaled")
 
 
 def _scenarios(quick: bool) -> list[enginescenarios.EngineScenario]:
-    return [s for s in enginescenarios.ENGINE_SCENARIOS.values() if s.quick or not quick]
+    every = [*enginescenarios.ENGINE_SCENARIOS.values(), *enginescenarios.CHECK_SCENARIOS.values()]
+    return [s for s in every if s.quick or not quick]
 
 
 def _bits(t: torch.Tensor) -> bytes:

@@ -112,3 +112,12 @@ def max_excluded(text: str):
         return ExclusionLimit.of(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+PORTABLE_NEEDS_MODE = ("--portable selects the batch-invariant mode's portable kernels; "
+                       "give --batch-invariant too")
+
+
+def portable_without_mode(args: object) -> bool:
+    """Whether ``--portable`` was given without ``--batch-invariant`` (a usage error)."""
+    return bool(getattr(args, "portable", False)) and not getattr(args, "batch_invariant", False)

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 from detsample.audit.layout import PRESET_NAMES
-from detsample.cli._argtypes import (fraction, max_excluded, model_spec, nonneg_float,
-                                    positive_finite, positive_int, rollout_rs)
+from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, fraction, max_excluded, model_spec,
+                                     nonneg_float, portable_without_mode, positive_finite,
+                                     positive_int, rollout_rs)
 from detsample.cli._outputs import output_problems
 from detsample.errors import DetsampleError
 
@@ -45,6 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-invariant", action="store_true",
                    help="run the --rescore model under the batch-invariant mode "
                         "(docs/batch-invariant.md)")
+    p.add_argument("--portable", action="store_true",
+                   help="with --batch-invariant: the mode's portable kernels (the same bits "
+                        "on every CPU; use it on both sides of a rollout -> audit loop)")
     p.add_argument("--dtype", choices=["promoted", "float16", "float32", "float64"],
                    default="promoted",
                    help="round both logprob columns to this dtype before comparing "
@@ -88,10 +92,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         rescore = args.rescore
+        if portable_without_mode(args):
+            raise ValueError(PORTABLE_NEEDS_MODE)
         if args.batch_invariant:
             if rescore is None:
                 raise ValueError("--batch-invariant applies to the --rescore model; give --rescore MODEL")
-            rescore = ModelRescorer(rescore, batch_invariant=True)
+            rescore = ModelRescorer(rescore, batch_invariant=True, portable=args.portable)
         frameworks = FrameworkOptions(args.rollout_is_threshold, args.rollout_rs,
                                       args.rollout_rs_threshold)
         opts = AuditOptions.make(rescore=rescore, strict=args.strict, workers=args.workers,

@@ -12,8 +12,10 @@ On a CPU whose instruction set has no golden folder (an AVX-512 machine where on
 ``cpu-avx2-*`` goldens are committed) and nothing forces the set, the check says so and
 runs again in a subprocess under ``ATEN_CPU_CAPABILITY`` set to the best lower set that has
 goldens: torch's kernels of that set are real kernels of this machine, compared bit for bit
-against their own goldens (``--no-isa-fallback`` turns this off; ``detsample golden update``
-creates the native folder, docs/golden.md).
+against their own goldens (``detsample golden update`` creates the native folder,
+docs/golden.md). Likewise, when this process's MKL vector math (its probe hash) differs
+from the one the goldens were produced with and ``MKL_ENABLE_INSTRUCTIONS`` is unset, the
+run repeats under the goldens' MKL level (SSE4.2). ``--no-isa-fallback`` turns both off.
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("-k", "--scenario", action="append", default=None, metavar="NAME",
                    help="only these scenarios (repeatable)")
     p.add_argument("--no-isa-fallback", action="store_true",
-                   help="on a CPU whose instruction set has no goldens, fail instead of "
-                        "re-running under the best lower set that has them")
+                   help="run here as is: no re-run under the best lower instruction set that "
+                        "has goldens, nor under the goldens' MKL level")
     p.set_defaults(func=run)
 
 
@@ -114,6 +116,19 @@ def lower_isa_with_goldens(store: Any) -> str | None:
     return None
 
 
+def mkl_to_pin(store: Any, fallback: str | None) -> str | None:
+    """On CPU: the MKL level to re-run under to reproduce the goldens this run compares
+    against (the fallback set's folder when there is one), or None."""
+    from detsample.golden import isa
+    if store.device.type != "cpu":
+        return None
+    folder = store.platform_dir
+    if fallback is not None:
+        prefix = f"cpu-{isa.current_isa()}-"
+        folder = store.root / (f"cpu-{fallback}-" + store.fingerprint[len(prefix):])
+    return isa.mkl_pin(isa.recorded_dispatch(folder))
+
+
 def _argv(args: argparse.Namespace) -> list[str]:
     """``args`` as a ``detsample check`` command line (for the re-run under another set)."""
     argv = ["check", "--device", args.device, "--no-isa-fallback"]
@@ -146,14 +161,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"detsample check: {e.args[0]}", file=sys.stderr)
         return 2
     fallback = None if args.no_isa_fallback else lower_isa_with_goldens(store)
-    if fallback is not None:
+    mkl = None if args.no_isa_fallback else mkl_to_pin(store, fallback)
+    if fallback is not None or mkl is not None:
         from detsample.golden import isa
-        print(f"detsample check: no goldens for {store.fingerprint} under {store.root}; "
-              f"running torch's {fallback} kernels ({isa.ENV}={fallback}) against their "
-              f"goldens instead (`detsample golden update` creates this CPU's own folder; "
-              f"docs/golden.md)", flush=True)
+        if fallback is not None:
+            print(f"detsample check: no goldens for {store.fingerprint} under {store.root}; "
+                  f"running torch's {fallback} kernels ({isa.ENV}={fallback}) against their "
+                  f"goldens instead (`detsample golden update` creates this CPU's own folder; "
+                  f"docs/golden.md)", flush=True)
+        if mkl is not None:
+            print(f"detsample check: this process's MKL vector math differs from the one the "
+                  f"goldens were produced with; running under {isa.MKL_ENV}={mkl}, their "
+                  f"level (docs/golden.md)", flush=True)
         return isa.run_under(fallback, [sys.executable, "-m", "detsample", *_argv(args)],
-                             lambda line: print(line, flush=True))
+                             lambda line: print(line, flush=True), mkl=mkl)
     t0 = time.perf_counter()
     results = run_battery(quick=args.quick, device=args.device, store=store,
                           progress=ProgressBar(), names=args.scenario,

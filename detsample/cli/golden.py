@@ -17,12 +17,20 @@ one bad scenario never hides the others (docs/golden.md).
 supports (default, avx2, avx512), each in a subprocess under ``ATEN_CPU_CAPABILITY``, so
 one machine regenerates or checks every CPU ISA folder; each manifest records whether
 its set ran natively or emulated. ``--isa avx2`` (a comma-separated list) picks sets.
+
+CPU goldens are produced with MKL pinned to SSE4.2 (``MKL_ENABLE_INSTRUCTIONS=SSE4_2``:
+torch's ``exp`` and ``log`` are MKL's vector math, whose bits follow its code path); each
+manifest records the level and a probe of the vector math. ``update`` warns when MKL is
+not pinned; ``verify`` and ``diff`` name the difference when this process's vector math
+is not the goldens' (``detsample check`` re-runs under their level by itself;
+docs/golden.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import shutil
 import sys
 from typing import Any
@@ -67,7 +75,31 @@ def run(args: argparse.Namespace) -> int:
     if args.isa != "current":
         results = isa.run_per_isa(isas, _child_argv(args), print)
         return max(rc for _, rc in results)
-    return {"verify": _verify, "update": _update, "diff": _diff}[args.action](args, store, selected)
+    rc = {"verify": _verify, "update": _update, "diff": _diff}[args.action](args, store, selected)
+    note = _mkl_note(args, store)
+    if note:
+        print(note, file=sys.stderr)
+    return rc
+
+
+def _mkl_note(args: argparse.Namespace, store: Any) -> str | None:
+    """Why the bits may not be the goldens' MKL vector math (None: they are)."""
+    from detsample.golden import isa
+    if store.device.type != "cpu":
+        return None
+    level = os.environ.get(isa.MKL_ENV)
+    if args.action == "update":
+        if level == isa.GOLDEN_MKL:
+            return None
+        return (f"detsample golden: note: these goldens were produced with {isa.MKL_ENV}="
+                f"{level or 'unset'}; the committed ones are produced under {isa.MKL_ENV}="
+                f"{isa.GOLDEN_MKL} (torch's exp/log are MKL's vector math, docs/golden.md)")
+    pin = isa.mkl_pin(isa.recorded_dispatch(store.platform_dir))
+    if pin is None:
+        return None
+    return (f"detsample golden: note: this process's MKL vector math differs from the one the "
+            f"goldens were produced with; rerun under {isa.MKL_ENV}={pin} to compare on theirs "
+            f"(`detsample check` does so by itself)")
 
 
 def _child_argv(args: argparse.Namespace) -> list[str]:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from detsample.cli._argtypes import positive_int
+from detsample.cli._argtypes import PORTABLE_NEEDS_MODE, portable_without_mode, positive_int
 from detsample.cli._outputs import output_problem
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
@@ -63,7 +63,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="hf-tiny-llama, hf-tiny-qwen2, refmodel, refmodel-float or "
                             "package.module:factory")
     model.add_argument("--batch-invariant", action="store_true",
-                       help="run the model under the batch-invariant mode")
+                       help="run the model under the batch-invariant mode (verified kernels)")
+    model.add_argument("--portable", action="store_true",
+                       help="with --batch-invariant: the mode's portable kernels (the same "
+                            "bits on every CPU, docs/batch-invariant.md)")
     model.add_argument("--json", metavar="PATH", help="write the JSON report here ('-' = stdout)")
     model.set_defaults(func=run_model)
     p.set_defaults(func=lambda args: _usage(p))
@@ -124,8 +127,11 @@ def run_model(args: argparse.Namespace) -> int:
     from detsample.models import ModelError, load_model
     from detsample.probe.model import probe_model
 
+    if portable_without_mode(args):
+        return _error(PORTABLE_NEEDS_MODE)
     try:
-        model = load_model(args.model, batch_invariant=args.batch_invariant)
+        model = load_model(args.model, batch_invariant=args.batch_invariant,
+                           portable=args.portable)
         device = getattr(model, "device", "cpu")
         report = probe_model(model, platform=platform_fingerprint(device), target=args.model)
     except ModelError as e:

@@ -13,12 +13,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from detsample.cli._argtypes import model_spec, positive_int, sampling_field
+from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, model_spec, portable_without_mode,
+                                     positive_int, sampling_field)
 from detsample.cli._outputs import output_problem
 
 #: what ``detsample rollout`` writes (the audit also reads .pt, which rollout cannot write)
-ROLLOUT_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".npz": "npz", ".parquet": "parquet",
-                   ".pq": "parquet"}
+ROLLOUT_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".npz": "npz",
+                   ".parquet": "parquet", ".pq": "parquet"}
 
 
 def rollout_path(text: str) -> str:
@@ -55,6 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "package.module:factory")
     p.add_argument("--batch-invariant", action="store_true",
                    help="run the model under the batch-invariant mode (docs/batch-invariant.md)")
+    p.add_argument("--portable", action="store_true",
+                   help="with --batch-invariant: the mode's portable kernels (the same bits "
+                        "on every CPU)")
     p.add_argument("--with-trainer", action="store_true",
                    help="also write trainer_logprobs, recomputed by prefill")
     p.set_defaults(func=run)
@@ -66,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
     from detsample.audit.synth import from_records, write_jsonl, write_npz, write_parquet
     from detsample.errors import DetsampleError
 
+    if portable_without_mode(args):
+        print(f"detsample rollout: error: {PORTABLE_NEEDS_MODE}", file=sys.stderr)
+        return 2
     problem = output_problem(args.out, "OUT")
     if problem:  # before the engine runs
         print(f"detsample rollout: error: {problem}", file=sys.stderr)
@@ -76,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             args.num_sequences, max_new_tokens=args.max_new_tokens, seed=args.seed,
             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
             max_batch_size=args.max_batch_size, with_trainer=args.with_trainer,
-            model=args.model, batch_invariant=args.batch_invariant)
+            model=args.model, batch_invariant=args.batch_invariant, portable=args.portable)
     except (AuditInputError, DetsampleError, ValueError) as exc:
         print(f"detsample rollout: error: {exc}", file=sys.stderr)
         return 2

@@ -46,8 +46,9 @@ class Arrive:
 class EngineScenario:
     """A schedule over ``RefModel(RefModelConfig(seed=model_seed))`` (or, with ``model``, the
     :func:`detsample.models.load_model` model of that name and seed, under the
-    batch-invariant mode with ``batch_invariant``); request i gets seed ``(seed << 8) | i``
-    and (unless given) ``logprobs_mode = MODES[i % 3]``."""
+    batch-invariant mode with ``batch_invariant``, its portable kernels with ``portable``);
+    request i gets seed ``(seed << 8) | i`` and (unless given)
+    ``logprobs_mode = MODES[i % 3]``."""
 
     name: str
     arrivals: tuple[Arrive, ...]
@@ -60,6 +61,7 @@ class EngineScenario:
     grammar: bool = False  # give the engine the default Vocabulary (grammar rows)
     model: str = "refmodel"
     batch_invariant: bool = False
+    portable: bool = False
 
     def requests(self) -> list[Any]:
         from detsample.params import Request, SamplingParams
@@ -82,7 +84,8 @@ class EngineScenario:
             from detsample.refmodel import RefModel, RefModelConfig
             return RefModel(RefModelConfig(seed=self.model_seed))
         from detsample.models import load_model
-        return load_model(self.model, seed=self.model_seed, batch_invariant=self.batch_invariant)
+        return load_model(self.model, seed=self.model_seed, batch_invariant=self.batch_invariant,
+                          portable=self.portable)
 
     def run(self, only: Sequence[str] | None = None, reverse: bool = False,
             max_batch_size: Any = "default", mode: str | None = None,
@@ -133,7 +136,8 @@ class EngineScenario:
         meta = {
             **sampler_description(sampler),
             "inputs": {"kind": "engine", "model": "RefModel" if self.model == "refmodel" else self.model,
-                       "batch_invariant": self.batch_invariant, "model_seed": self.model_seed,
+                       "batch_invariant": self.batch_invariant, "portable": self.portable,
+                       "model_seed": self.model_seed,
                        "vocab_size": model.vocab_size,
                        "max_batch_size": self.max_batch_size, "max_new_tokens": self.max_new_tokens,
                        "schedule": [[a.step, a.rid] for a in self.arrivals]},
@@ -178,9 +182,20 @@ ENGINE_SCENARIOS: dict[str, EngineScenario] = {
             Arrive(1, "r", "word: ", dict(regex="[a-z]{3,6}", temperature=0.0)),
             Arrive(2, "e", "answer: ", dict(ebnf='root ::= "yes" | "no"', top_p=0.9)),
         ), seed=104, max_new_tokens=12, grammar=True),
-        # a real transformers model under the batch-invariant mode: its bits move when an
-        # overriding kernel or the invariant attention changes
+        # a real transformers model under the batch-invariant mode's portable kernels: its
+        # bits move when an overriding kernel or the invariant attention changes, not with
+        # the machine's BLAS (the verified kernels' bits do: CHECK_SCENARIOS)
         EngineScenario("engine.hf-tiny-llama.invariant", _mixed(), seed=105, max_batch_size=4,
+                       max_new_tokens=6, model="hf-tiny-llama", batch_invariant=True,
+                       portable=True),
+    )
+}
+
+#: scenarios the engine checks run (invariance, alignment, determinism on THIS machine) but
+#: that have no goldens: their bits rest on the machine's BLAS kernels (the verified mode)
+CHECK_SCENARIOS: dict[str, EngineScenario] = {
+    s.name: s for s in (
+        EngineScenario("engine.hf-tiny-llama.verified", _mixed(), seed=106, max_batch_size=4,
                        max_new_tokens=6, model="hf-tiny-llama", batch_invariant=True),
     )
 }

@@ -11,18 +11,32 @@ die on an illegal instruction.
 
 On x86-64 the sets are ``default < avx2 < avx512``; on other CPUs only ``default`` and
 the set torch picks there by itself.
+
+**MKL's vector math.** torch computes ``exp`` and ``log`` with MKL's vector math library,
+whose bits follow MKL's own code path (``MKL_ENABLE_INSTRUCTIONS``: SSE4.2, AVX2 and
+AVX-512 give different results for the same input), and the sampler's integer masses
+rest on ``exp``. So CPU goldens are produced, and compared, with MKL pinned to
+:data:`GOLDEN_MKL` (SSE4.2, a level every x86-64 CPU of this project's kind runs), and
+each manifest records the level and :func:`vml_probe`, a hash of what ``exp`` and ``log``
+give on fixed inputs. :func:`mkl_pin` tells whether this process must re-run under the
+goldens' level (its probe differs from theirs and ``MKL_ENABLE_INSTRUCTIONS`` is not set);
+:func:`run_under` sets both variables.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
 ENV = "ATEN_CPU_CAPABILITY"
+MKL_ENV = "MKL_ENABLE_INSTRUCTIONS"
+GOLDEN_MKL = "SSE4_2"
 X86_ORDER = ("default", "avx2", "avx512")
 Echo = Callable[[str], None]
 
@@ -53,12 +67,61 @@ def native_isa() -> str:
     return supported_isas()[-1]
 
 
+def mkl_instructions() -> str:
+    """``MKL_ENABLE_INSTRUCTIONS`` as this process was started with (``"native"``: unset,
+    MKL picks its best path for the CPU)."""
+    return os.environ.get(MKL_ENV, "").strip().upper() or "native"
+
+
+def vml_probe() -> str:
+    """12 hex digits: a hash of torch's float32 ``exp`` and ``log`` on 65,536 fixed
+    inputs, which tells MKL vector-math code paths apart (measured: SSE4.2, AVX2 and
+    AVX-512 on one Xeon give three hashes)."""
+    import hashlib
+
+    g = torch.Generator().manual_seed(20261201)
+    x = torch.randn(1 << 16, generator=g) * 6
+    h = hashlib.sha256(torch.exp(x).numpy().tobytes())
+    h.update(torch.log(x.abs() + 1e-3).numpy().tobytes())
+    return h.hexdigest()[:12]
+
+
 def dispatch_info() -> dict[str, str]:
     """For CPU golden manifests: ``mode`` native (this process runs the CPU's own best
-    set) or emulated (a lower set forced by ``ATEN_CPU_CAPABILITY``), and
-    ``machine_isa``, the CPU's own best set."""
+    set) or emulated (a lower set forced by ``ATEN_CPU_CAPABILITY``), ``machine_isa``, the
+    CPU's own best set, ``mkl`` the MKL level (:func:`mkl_instructions`) and ``vml`` its
+    vector-math probe (:func:`vml_probe`)."""
     cur, nat = current_isa(), native_isa()
-    return {"mode": "native" if cur == nat else "emulated", "machine_isa": nat}
+    return {"mode": "native" if cur == nat else "emulated", "machine_isa": nat,
+            "mkl": mkl_instructions(), "vml": vml_probe()}
+
+
+def recorded_dispatch(platform_dir: Path) -> list[dict]:
+    """The ``cpu_dispatch`` of every readable manifest under ``platform_dir`` (a golden
+    platform folder); unreadable manifests are skipped (verify reports them)."""
+    out = []
+    for man in sorted(Path(platform_dir).glob("*/manifest.json")):
+        try:
+            d = json.loads(man.read_text(encoding="utf-8")).get("cpu_dispatch")
+        except (OSError, ValueError, AttributeError, UnicodeDecodeError):
+            continue
+        if isinstance(d, dict):
+            out.append(d)
+    return out
+
+
+def mkl_pin(recorded: Sequence[dict]) -> str | None:
+    """The MKL level this process must re-run under to reproduce goldens whose manifests'
+    ``cpu_dispatch`` are ``recorded``: their common pinned level when their common probe
+    differs from this process's and ``MKL_ENABLE_INSTRUCTIONS`` is unset; else None."""
+    levels = {d.get("mkl") for d in recorded}
+    probes = {d.get("vml") for d in recorded}
+    if os.environ.get(MKL_ENV) or len(levels) != 1 or len(probes) != 1:
+        return None
+    (level,), (probe,) = levels, probes
+    if level in (None, "native") or probe is None or probe == vml_probe():
+        return None
+    return level
 
 
 def describe() -> str:
@@ -89,10 +152,16 @@ def resolve(spec: str) -> list[str]:
     return out
 
 
-def run_under(isa: str, argv: Sequence[str], echo: Echo, cwd: str | None = None) -> int:
-    """Run ``argv`` with ``ATEN_CPU_CAPABILITY=isa``, passing every output line (stdout
-    and stderr merged) to ``echo``; return its exit status."""
-    env = {**os.environ, ENV: isa}
+def run_under(isa: str | None, argv: Sequence[str], echo: Echo, cwd: str | None = None,
+              mkl: str | None = None) -> int:
+    """Run ``argv`` with ``ATEN_CPU_CAPABILITY=isa`` (None: as this process has it) and,
+    with ``mkl``, ``MKL_ENABLE_INSTRUCTIONS=mkl``, passing every output line (stdout and
+    stderr merged) to ``echo``; return its exit status."""
+    env = dict(os.environ)
+    if isa is not None:
+        env[ENV] = isa
+    if mkl is not None:
+        env[MKL_ENV] = mkl
     proc = subprocess.Popen(list(argv), env=env, cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1)
     assert proc.stdout is not None
@@ -103,7 +172,7 @@ def run_under(isa: str, argv: Sequence[str], echo: Echo, cwd: str | None = None)
 
 
 def run_per_isa(isas: Sequence[str], argv: Sequence[str], echo: Echo,
-                cwd: str | None = None) -> list[tuple[str, int]]:
+                cwd: str | None = None, mkl: str | None = None) -> list[tuple[str, int]]:
     """:func:`run_under` for each set in turn (one at a time: goldens are CPU work);
     a header line per set and a closing summary go to ``echo``. Returns
     ``[(isa, exit status)]``."""
@@ -111,8 +180,9 @@ def run_per_isa(isas: Sequence[str], argv: Sequence[str], echo: Echo,
     results = []
     for isa in isas:
         how = "native" if isa == nat else f"emulated on an {nat} CPU"
-        echo(f"==> {ENV}={isa} ({how}): {' '.join(argv)}")
-        results.append((isa, run_under(isa, argv, echo, cwd)))
+        pin = f" {MKL_ENV}={mkl}" if mkl else ""
+        echo(f"==> {ENV}={isa}{pin} ({how}): {' '.join(argv)}")
+        results.append((isa, run_under(isa, argv, echo, cwd, mkl=mkl)))
     echo("==> per ISA: " + ", ".join(f"{i} {'ok' if rc == 0 else f'FAILED (exit {rc})'}"
                                       for i, rc in results))
     return results

@@ -42,9 +42,11 @@ import torch
 
 from detsample.invariant import cpu
 from detsample.invariant.backends import cuda_attention
+from detsample.invariant.products import product
+from detsample.invariant.state import config
 
 ATTENTION_NAME = "detsample"
-KEY_BLOCK = 128  # keys per block (a multiple of cpu.MIN_COLS), counted from the row's key 0
+KEY_BLOCK = 128  # keys per block, counted from the row's key 0
 
 
 def _causal(T: int, L: int, B: int, device: torch.device) -> torch.Tensor:
@@ -154,9 +156,9 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if lc == 0 or T == 0:
         return (torch.zeros((B, H, T, D), dtype=f32, device=dev),
                 torch.full((B, H, T), -math.inf, dtype=f32, device=dev))
-    G, nb = H // Hkv, -(-lc // KEY_BLOCK)
+    G = H // Hkv
     rows = T * G
-    mp = cpu.padded_rows(rows)
+    portable = config().portable
     valid = torch.arange(lc, device=dev)[None, :] < lens[:, None]          # (B, lc)
     # compaction: the row's keys first, in slot order (a view when they already are)
     if torch.equal(real, torch.arange(L, device=dev)[None, :] < lens[:, None]):
@@ -170,31 +172,27 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         a_c = allowed.gather(2, order[:, None, :].expand(B, T, lc))
         b_c = None if bias is None else bias.gather(2, order[:, None, :].expand(B, T, lc))
     k_c, v_c = (t.to(f32).reshape(B * Hkv, lc, D) for t in (k_c, v_c))
-    # queries of one KV head as rows, position-major (row = t * G + g), padded_rows of them
-    q = torch.zeros((B * Hkv, mp, D), dtype=f32, device=dev)
-    q[:, :rows] = query.reshape(B, Hkv, G, T, D).transpose(2, 3).reshape(B * Hkv, rows, D)
-    okq = torch.zeros((B * Hkv, mp, lc), dtype=torch.bool, device=dev)
-    okq[:, :rows] = a_c[:, None, :, None].expand(B, Hkv, T, G, lc).reshape(B * Hkv, rows, lc)
+    # queries of one KV head as rows, position-major (row = t * G + g)
+    q = query.to(f32).reshape(B, Hkv, G, T, D).transpose(2, 3).reshape(B * Hkv, rows, D)
+    masked = ~a_c[:, None, :, None].expand(B, Hkv, T, G, lc).reshape(B * Hkv, rows, lc)
     add = None
     if b_c is not None:
-        add = torch.zeros((B * Hkv, mp, lc), dtype=f32, device=dev)
-        add[:, :rows] = b_c[:, None, :, None].expand(B, Hkv, T, G, lc).reshape(B * Hkv, rows, lc)
+        add = b_c[:, None, :, None].expand(B, Hkv, T, G, lc).reshape(B * Hkv, rows, lc)
     # block i needs the rows from the first position some row attends past key i * KEY_BLOCK
     # (earlier rows have seen all their keys: the later blocks would add exact zeros)
     seen = a_c.sum(dim=2).amax(dim=0).cummax(dim=0).values        # (T,) non-decreasing
     lows = torch.arange(0, lc, KEY_BLOCK, device=dev)
     firsts = (torch.searchsorted(seen, lows, right=True) * G).tolist()
-    masked = ~okq
-    dv = max(D + 1, cpu.MIN_COLS)
     full = bool(valid.all())
-    m = torch.full((B * Hkv, mp), -math.inf, dtype=f32, device=dev)
-    acc = torch.zeros((B * Hkv, mp, dv), dtype=f32, device=dev)
-    exp = torch.ops.aten.exp.out
+    m = torch.full((B * Hkv, rows), -math.inf, dtype=f32, device=dev)
+    acc = torch.zeros((B * Hkv, rows, D + 1), dtype=f32, device=dev)
     for i, first in enumerate(firsts):
         lo, hi = i * KEY_BLOCK, min((i + 1) * KEY_BLOCK, lc)
-        r = slice(mp - cpu.padded_rows(mp - min(first, rows)), mp)
-        kb, vb = _blocks(k_c, v_c, lo, hi, None if full else valid, dv)
-        s = cpu.product(q[:, r], kb.transpose(1, 2), batched=True).mul_(scale)
+        r = slice(min(first, rows), rows)
+        if r.start == rows:
+            continue
+        kb, vb = _blocks(k_c, v_c, lo, hi, None if full else valid)
+        s = product(q[:, r], kb.transpose(1, 2), portable).mul_(scale)
         if add is not None:
             s[:, :, : hi - lo].add_(add[:, r, lo:hi])
         s[:, :, : hi - lo].masked_fill_(masked[:, r, lo:hi], -math.inf)
@@ -203,21 +201,21 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         m_old = m[:, r]
         m_new = torch.maximum(m_old, s.amax(dim=2))
         m_safe = torch.where(m_new == -math.inf, 0.0, m_new)
-        p = cpu.pointwise(exp, s.sub_(m_safe[:, :, None]))
-        corr = cpu.pointwise(exp, m_old - m_safe)
-        acc[:, r] = acc[:, r].mul_(corr[:, :, None]).add_(cpu.product(p, vb, batched=True))
+        p = cpu.exp(s.sub_(m_safe[:, :, None]))
+        corr = cpu.exp(m_old - m_safe)
+        acc[:, r] = acc[:, r].mul_(corr[:, :, None]).add_(product(p, vb, portable, keyed=True))
         m[:, r] = m_new
-    den = acc[:, :rows, D: D + 1]
-    res = torch.where(den > 0, acc[:, :rows, :D] / den, 0.0)
-    lse = m[:, :rows] + cpu.pointwise(torch.ops.aten.log.out, den[..., 0])
+    den = acc[:, :, D: D + 1]
+    res = torch.where(den > 0, acc[:, :, :D] / den, 0.0)
+    lse = m + cpu.log(den[..., 0])
     res = res.reshape(B, Hkv, T, G, D).transpose(2, 3).reshape(B, H, T, D)
     return res, lse.reshape(B, Hkv, T, G).transpose(2, 3).reshape(B, H, T)
 
 
-def _blocks(k: torch.Tensor, v: torch.Tensor, lo: int, hi: int, valid: torch.Tensor | None,
-            dv: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _blocks(k: torch.Tensor, v: torch.Tensor, lo: int, hi: int,
+            valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys ``lo:hi`` of ``k`` (B * Hkv, lc, D) as a full KEY_BLOCK, and the values with a
-    column of ones (the softmax denominator) as ``[V | 1 | 0]`` (KEY_BLOCK, dv): zeros past
+    column of ones (the softmax denominator) as ``[V | 1]`` (KEY_BLOCK, D + 1): zeros past
     ``hi`` and, with ``valid`` (B, lc), at slots a row does not have, so no garbage value
     ever meets a weight of 0."""
     n, D = hi - lo, k.shape[2]
@@ -225,7 +223,7 @@ def _blocks(k: torch.Tensor, v: torch.Tensor, lo: int, hi: int, valid: torch.Ten
     if n < KEY_BLOCK or valid is not None:
         kb = k.new_zeros((k.shape[0], KEY_BLOCK, D))
         kb[:, :n] = k[:, lo:hi]
-    vb = v.new_zeros((v.shape[0], KEY_BLOCK, dv))
+    vb = v.new_zeros((v.shape[0], KEY_BLOCK, D + 1))
     vb[:, :n, :D] = v[:, lo:hi]
     vb[:, :n, D] = 1.0
     if valid is not None:

@@ -4,56 +4,50 @@ Every function here takes the arguments of the aten op it replaces (same names, 
 defaults) and returns what that op returns, so the mode can register it for the CPU
 dispatch key. They call only aten ops the mode does NOT override (``mm.out``,
 ``sum.IntList_out``, ``silu.out``, ...), so a registered kernel never re-enters itself.
+Each kernel follows the active configuration (:func:`detsample.invariant.state.config`):
 
-What each family relies on, all measured on this machine class and pinned by
-tests/invariant/test_cpu.py (a kernel change that breaks one fails there first):
+===============  =============================================  ==============================================
+family           verified (default)                             portable (``portable=True``)
+===============  =============================================  ==============================================
+matmul           BLAS in fixed row tiles, per column block,     fixed-point product (exact integer sums):
+                 the ladder verified on this machine            :mod:`~detsample.invariant.fixedpoint`
+                 (:mod:`~detsample.invariant.products`)
+reduction        torch's serial sum where verified, else the    the fixed tree (:mod:`~detsample.invariant.tree`)
+                 fixed tree (:mod:`~detsample.invariant.reduce`)
+exp, log, tanh   torch's (MKL's vector math) on the vector      MKL-free compositions of ATen's exp2 / log1p /
+                 loop, where verified; else the MKL-free ones   expm1 (:mod:`~detsample.ops.libm`)
+other pointwise  torch's vector loop (silu, sigmoid, gelu,      the same (ATen's own kernels: bits fixed by
+                 cos, sin, rsqrt, pow), where verified          ATen's ISA and torch's version)
+softmax, norm    composed of the above (max is exact)           composed of the above
+===============  =============================================  ==============================================
 
-* matmul (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``mv``, ``dot``): MKL's sgemm gives a
-  row of ``A @ B`` the same bits for every row count M in {4, 8} or >= 12 when ``B`` has
-  ``N >= 16`` columns, whatever the row's position, its neighbours, the row alignment,
-  B's layout and the thread count (1 to 4). 1-3-row products take another kernel, and
-  2 threads split a 5-7 or 9-11-row product into parts of which one has 1-3 rows; with
-  fewer than 12 columns the result even depends on A's address. So every product runs
-  with :func:`padded_rows` rows (M rounded up to a multiple of 4 below 12) and at least
-  :data:`MIN_COLS` columns, zero rows / columns padding the rest. ``addmm`` is
-  ``beta * self + alpha * (A @ B)`` with the bias added once, after the product.
-* reductions (``sum.dim_IntList``, ``mean.dim``): torch reduces a contiguous row with
-  the same vectorised loop whatever the row count, unless one call holds
-  ``GRAIN_SIZE`` (32768) elements or more, where 2 threads may split a row. Rows are
-  therefore reduced in calls of fewer than :data:`GRAIN` elements (one serial loop
-  each), and rows longer than :data:`CHUNK` in fixed column chunks from column 0,
-  whose partial sums are reduced again. ``mean`` is that sum divided by the count, as
-  torch's CPU mean is.
-* pointwise transcendental ops (``silu``, ``exp``, ``cos``, ...): torch runs a
-  contiguous tensor through a vector loop and its last ``numel % 16`` elements (and each
-  thread's chunk's tail) through a scalar loop whose formula rounds differently (silu,
-  sigmoid, tanh-gelu, pow measured here). The input is copied into a buffer padded to
-  a multiple of :data:`PAD` elements and run in blocks of :data:`BLOCK` elements, so
-  every element takes the vector path.
-* softmax, log_softmax, layer_norm: composed from the above (max is exact).
+What each verified kernel rests on is checked at its first use on the running machine
+(:mod:`detsample.invariant.verify`); a pointwise op that fails its check and has no
+MKL-free twin raises :class:`~detsample.invariant.verify.NotInvariantError`.
 
 Reduced precision (bfloat16, float16) is computed in float32 and rounded once to the
-input's dtype; integer and complex tensors take the native kernel (exact or out of
-scope). Guarantee: bitwise batch-invariant (rows), thread-count-invariant (1, 2).
+input's dtype (pointwise ops: torch's own reduced-precision loop); integer and complex
+tensors take the native kernel (exact or out of scope). Guarantee: bitwise
+batch-invariant (rows) and thread-count-invariant; portable: the same bits on every
+CPU, MKL instruction level and thread count (docs/batch-invariant.md says what still
+varies: ATen's ISA and torch's version).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Sequence
 
 import torch
 
+from detsample.ops import libm
+from detsample.invariant.products import compute_dtype, product
+from detsample.invariant.reduce import row_sum
+from detsample.invariant.state import config, plans
+from detsample.ops.vector import pointwise
+from detsample.invariant.verify import FallbackWarning, NotInvariantError, pointwise_plan
+
 aten = torch.ops.aten
-
-ROW_STEP = 4      # matmul rows below ALL_ROWS are padded to a multiple of this
-ALL_ROWS = 12     # from here on every row count is invariant (measured)
-MIN_COLS = 16     # matmul output columns per call, at least
-GRAIN = 32768     # torch's at::internal::GRAIN_SIZE: calls below it run one serial loop
-CHUNK = 8192      # longest row reduced in one piece; longer rows in chunks from column 0
-PAD = 64          # pointwise buffers: a multiple of every vector loop's step
-BLOCK = 16384     # pointwise elements per call (a multiple of PAD, below GRAIN)
-
-_REDUCED = (torch.bfloat16, torch.float16)
 
 
 def _native(t: torch.Tensor) -> bool:
@@ -61,45 +55,10 @@ def _native(t: torch.Tensor) -> bool:
     return t.device.type != "cpu" or not t.dtype.is_floating_point
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in _REDUCED else dtype
-
-
 # -- matmul -------------------------------------------------------------------------------
 
-def _pad_to(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
-    """``t`` with zeros appended along ``dim`` up to ``size`` (``t`` itself if long enough)."""
-    if t.shape[dim] >= size:
-        return t
-    shape = list(t.shape)
-    shape[dim] = size
-    out = t.new_zeros(shape)
-    out.narrow(dim, 0, t.shape[dim]).copy_(t)
-    return out
-
-
-def padded_rows(m: int) -> int:
-    """The row count a product of ``m`` rows runs with: ``m`` from ALL_ROWS on, else ``m``
-    rounded up to a multiple of ROW_STEP (1-3 -> 4, 5-7 -> 8, 9-11 -> 12)."""
-    return m if m >= ALL_ROWS else max(ROW_STEP, -(-m // ROW_STEP) * ROW_STEP)
-
-
-def product(a: torch.Tensor, b: torch.Tensor, batched: bool) -> torch.Tensor:
-    """``a @ b`` (``(M, K) x (K, N)``, or batched) with :func:`padded_rows` rows and at
-    least MIN_COLS columns, in the compute dtype (float32 for reduced-precision inputs:
-    the caller rounds once)."""
-    ct = _compute_dtype(a.dtype)
-    if ct != a.dtype:
-        a, b = a.to(ct), b.to(ct)
-    M, N = a.shape[-2], b.shape[-1]
-    ap = _pad_to(a, 1 if batched else 0, padded_rows(M))
-    bp = _pad_to(b, 2 if batched else 1, MIN_COLS)
-    shape = (ap.shape[0], ap.shape[1], bp.shape[2]) if batched else (ap.shape[0], bp.shape[1])
-    out = ap.new_empty(shape)
-    (aten.bmm.out if batched else aten.mm.out)(ap, bp, out=out)
-    if ap is not a or bp is not b:
-        out = out[..., :M, :N].contiguous()
-    return out
+def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return product(a, b, config().portable)
 
 
 def mm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
@@ -108,7 +67,7 @@ def mm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
     if _native(self) or _native(mat2) or self.dtype != mat2.dtype:
         out = self.new_empty((self.shape[0], mat2.shape[1]))
         return aten.mm.out(self, mat2, out=out)
-    return product(self, mat2, batched=False).to(self.dtype)
+    return _product(self, mat2).to(self.dtype)
 
 
 def bmm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
@@ -117,7 +76,7 @@ def bmm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
     if _native(self) or _native(mat2) or self.dtype != mat2.dtype:
         out = self.new_empty((self.shape[0], self.shape[1], mat2.shape[2]))
         return aten.bmm.out(self, mat2, out=out)
-    return product(self, mat2, batched=True).to(self.dtype)
+    return _product(self, mat2).to(self.dtype)
 
 
 def _add_scaled(prod: torch.Tensor, bias: torch.Tensor, beta: Any, alpha: Any) -> torch.Tensor:
@@ -133,21 +92,21 @@ def addmm(self: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: A
           alpha: Any = 1) -> torch.Tensor:
     """aten ``addmm``: ``beta * self + alpha * mm(mat1, mat2)``, the bias added after the
     whole product (one rounding), so a row depends on its own row only."""
-    if _native(mat1) or _native(mat2):
+    if _native(mat1) or _native(mat2) or mat1.dtype != mat2.dtype:
         return aten.addmm.out(self, mat1, mat2, beta=beta, alpha=alpha,
                               out=mat1.new_empty((mat1.shape[0], mat2.shape[1])))
-    prod = product(mat1, mat2, batched=False)
+    prod = _product(mat1, mat2)
     return _add_scaled(prod, self.to(prod.dtype), beta, alpha).to(mat1.dtype)
 
 
 def baddbmm(self: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta: Any = 1,
             alpha: Any = 1) -> torch.Tensor:
     """aten ``baddbmm``: ``beta * self + alpha * bmm(batch1, batch2)``."""
-    if _native(batch1) or _native(batch2):
+    if _native(batch1) or _native(batch2) or batch1.dtype != batch2.dtype:
         shape = (batch1.shape[0], batch1.shape[1], batch2.shape[2])
         return aten.baddbmm.out(self, batch1, batch2, beta=beta, alpha=alpha,
                                 out=batch1.new_empty(shape))
-    prod = product(batch1, batch2, batched=True)
+    prod = _product(batch1, batch2)
     return _add_scaled(prod, self.to(prod.dtype), beta, alpha).to(batch1.dtype)
 
 
@@ -167,27 +126,8 @@ def dot(self: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
 
 # -- reductions ---------------------------------------------------------------------------
 
-def row_sum(x: torch.Tensor) -> torch.Tensor:
-    """Sum of each row of a 2-D floating tensor ``(R, N) -> (R,)`` in the tensor's dtype.
-
-    Row r's bits depend on ``x[r]`` only: rows are summed by calls of fewer than GRAIN
-    elements (torch's serial vectorised loop), rows longer than CHUNK in chunks from
-    column 0 whose partial sums are summed again the same way.
-    """
-    R, N = x.shape
-    if N > CHUNK:
-        parts = [row_sum(x[:, c: c + CHUNK].contiguous()) for c in range(0, N, CHUNK)]
-        return row_sum(torch.stack(parts, dim=1))
-    x = x.contiguous()
-    out = x.new_empty((R,))
-    if R == 0:
-        return out
-    if N == 0:
-        return out.zero_()
-    step = max(1, (GRAIN - 1) // N)
-    for r in range(0, R, step):
-        aten.sum.IntList_out(x[r: r + step], [1], out=out[r: r + step])
-    return out
+def _row_sum(x: torch.Tensor) -> torch.Tensor:
+    return row_sum(x, config().portable)
 
 
 def _reduce_dims(x: torch.Tensor, dim: Sequence[int] | int | None) -> list[int]:
@@ -208,7 +148,7 @@ def _sum_over(x: torch.Tensor, dims: list[int], keepdim: bool) -> torch.Tensor:
     for d in dims:
         n *= x.shape[d]
     rows = x.permute(keep + dims).reshape(-1, n) if nd else x.reshape(1, 1)
-    out = row_sum(rows).reshape([x.shape[d] for d in keep])
+    out = _row_sum(rows).reshape([x.shape[d] for d in keep])
     if keepdim:
         out = out.reshape([1 if d in dims else x.shape[d] for d in range(nd)])
     return out
@@ -226,14 +166,14 @@ def _sum_dtype(x: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
 
 def sum_dim(self: torch.Tensor, dim: Sequence[int] | None, keepdim: bool = False, *,
             dtype: torch.dtype | None = None) -> torch.Tensor:
-    """aten ``sum.dim_IntList``: each output element is one row's fixed-order sum
+    """aten ``sum.dim_IntList``: each output element is one row's invariant sum
     (integer and complex tensors: the native kernel)."""
     dims = _reduce_dims(self, dim)
     out_dtype = _sum_dtype(self, dtype)
     if _native(self) or not out_dtype.is_floating_point:
         out = self.new_empty(_reduced_shape(self, dims, keepdim), dtype=out_dtype)
         return aten.sum.IntList_out(self, dims, keepdim, dtype=dtype, out=out)
-    ct = _compute_dtype(out_dtype)
+    ct = compute_dtype(out_dtype)
     return _sum_over(self.to(ct), dims, keepdim).to(out_dtype)
 
 
@@ -254,7 +194,7 @@ def mean_dim(self: torch.Tensor, dim: Sequence[int] | None, keepdim: bool = Fals
     n = 1
     for d in dims:
         n *= self.shape[d]
-    ct = _compute_dtype(out_dtype)
+    ct = compute_dtype(out_dtype)
     return (_sum_over(self.to(ct), dims, keepdim) / n).to(out_dtype)
 
 
@@ -265,36 +205,61 @@ def mean_all(self: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.T
 
 # -- pointwise ----------------------------------------------------------------------------
 
-def pointwise(out_op: Callable[..., torch.Tensor], x: torch.Tensor, *args: Any,
-              **kwargs: Any) -> torch.Tensor:
-    """``out_op(x, *args, out=..., **kwargs)`` with every element on the vector path.
-
-    ``out_op`` is an elementwise aten ``.out`` overload (``aten.silu.out``). The result
-    is contiguous, shaped and typed like ``x``.
-    """
-    n = x.numel()
-    if x.is_contiguous() and n % PAD == 0:
-        if n <= BLOCK:
-            return out_op(x, *args, out=torch.empty_like(x), **kwargs)
-        buf, npad = x.view(-1), n
-    else:
-        npad = -(-n // PAD) * PAD
-        buf = x.new_zeros((npad,))
-        buf[:n].copy_(x.reshape(-1))
-    out = torch.empty((npad,), dtype=x.dtype, device=x.device)
-    for s in range(0, npad, BLOCK):
-        out_op(buf[s: s + BLOCK], *args, out=out[s: s + BLOCK], **kwargs)
-    return out[:n].view(x.shape)
+def _positive(t: torch.Tensor) -> torch.Tensor:
+    return t.abs() + 1e-3
 
 
-def _unary(out_op: Callable[..., torch.Tensor], native: Callable[..., torch.Tensor]):
+#: the ops of each MKL-free function of :mod:`~detsample.ops.libm` (float64)
+_PMATH_OPS: dict[str, tuple[str, Callable[..., torch.Tensor], Callable]] = {
+    "exp": ("exp2", aten.exp2.out, lambda t: t.clamp(-150, 150)),
+    "log": ("log1p", aten.log1p.out, lambda t: t.abs().clamp(max=0.5) - 0.3),
+    "tanh": ("expm1", aten.expm1.out, lambda t: t.abs().clamp(max=40.0)),
+}
+_PMATH: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "exp": libm.exp, "log": libm.log, "tanh": libm.tanh}
+
+
+def _require(name: str, out_op: Callable[..., torch.Tensor], dtype: torch.dtype,
+             args: tuple = (), kwargs: dict | None = None,
+             domain: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> bool:
+    """Whether op ``name`` passed its on-machine check (False: refused)."""
+    return pointwise_plan(name, out_op, dtype, args, kwargs, domain).kernel != "refused"
+
+
+def _refusal(name: str, dtype: torch.dtype) -> NotInvariantError:
+    why = [p.reason for k, p in plans().items()
+           if k[0] == "pointwise" and p.kernel == "refused"]
+    return NotInvariantError(f"batch-invariant mode: the elementwise op {name!r} ({dtype}) is not "
+                             f"invariant on this machine and the mode has no constructed kernel "
+                             f"for it: {'; '.join(why) or 'its check failed'}")
+
+
+def _mkl_free(name: str, x: torch.Tensor) -> torch.Tensor:
+    """``libm``'s ``name`` of ``x`` in ``x``'s dtype, after checking the ATen kernel it uses."""
+    op, out_op, domain = _PMATH_OPS[name]
+    if not _require(op, out_op, torch.float64, domain=domain):
+        raise _refusal(op, torch.float64)
+    return _PMATH[name](x).to(x.dtype)
+
+
+def _unary(name: str, out_op: Callable[..., torch.Tensor], native: Callable[..., torch.Tensor],
+           domain: Callable[[torch.Tensor], torch.Tensor] = lambda t: t):
     def impl(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if _native(self):
             return out_op(self, *args, out=native(self, *args, **kwargs), **kwargs)
-        return pointwise(out_op, self, *args, **kwargs)
-    impl.__name__ = out_op.__name__.split(".")[0]
-    impl.__doc__ = (f"aten ``{impl.__name__}``: elementwise, every element computed by the "
-                    f"vector loop (see :func:`pointwise`).")
+        if name in _PMATH and config().portable:
+            return _mkl_free(name, self)
+        if _require(name, out_op, self.dtype, args, kwargs, domain):
+            return pointwise(out_op, self, *args, **kwargs)
+        if name in _PMATH:
+            warnings.warn(f"batch-invariant mode: torch's {name} is not invariant on this machine; "
+                          f"it takes the MKL-free {name} instead", FallbackWarning, stacklevel=2)
+            return _mkl_free(name, self)
+        raise _refusal(name, self.dtype)
+    impl.__name__ = name
+    impl.__doc__ = (f"aten ``{name}``: elementwise, every element computed by the vector "
+                    f"loop (:func:`~detsample.ops.vector.pointwise`), verified here"
+                    + ("; MKL-free under ``portable``" if name in _PMATH else "") + ".")
     return impl
 
 
@@ -309,22 +274,25 @@ def _float_like(self: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
     return torch.empty_like(self, dtype=torch.get_default_dtype())
 
 
-silu = _unary(aten.silu.out, _like)
-sigmoid = _unary(aten.sigmoid.out, _float_like)
-gelu = _unary(aten.gelu.out, _like)
-tanh = _unary(aten.tanh.out, _float_like)
-exp = _unary(aten.exp.out, _float_like)
-log = _unary(aten.log.out, _float_like)
-cos = _unary(aten.cos.out, _float_like)
-sin = _unary(aten.sin.out, _float_like)
-rsqrt = _unary(aten.rsqrt.out, _float_like)
+silu = _unary("silu", aten.silu.out, _like)
+sigmoid = _unary("sigmoid", aten.sigmoid.out, _float_like)
+gelu = _unary("gelu", aten.gelu.out, _like)
+tanh = _unary("tanh", aten.tanh.out, _float_like)
+exp = _unary("exp", aten.exp.out, _float_like)
+log = _unary("log", aten.log.out, _float_like, _positive)
+cos = _unary("cos", aten.cos.out, _float_like)
+sin = _unary("sin", aten.sin.out, _float_like)
+rsqrt = _unary("rsqrt", aten.rsqrt.out, _float_like, _positive)
 
 
 def pow_scalar(self: torch.Tensor, exponent: Any) -> torch.Tensor:
-    """aten ``pow.Tensor_Scalar``: elementwise on the vector path."""
+    """aten ``pow.Tensor_Scalar``: elementwise on the vector path (verified here)."""
     if _native(self):
-        return torch.ops.aten.pow.Tensor_Scalar_out(
+        return aten.pow.Tensor_Scalar_out(
             self, exponent, out=torch.empty_like(self, dtype=torch.result_type(self, exponent)))
+    domain = (lambda t: t) if float(exponent).is_integer() else _positive
+    if not _require("pow", aten.pow.Tensor_Scalar_out, self.dtype, (exponent,), None, domain):
+        raise _refusal("pow", self.dtype)
     return pointwise(aten.pow.Tensor_Scalar_out, self, exponent)
 
 
@@ -340,11 +308,11 @@ def _softmax_like(x: torch.Tensor, dim: int, half_to_float: bool, log_: bool) ->
     if x.numel() == 0:
         return torch.empty_like(x, dtype=out_dtype)
     dim = dim % x.dim() if x.dim() else 0
-    rows, moved_shape = _rows_last(x.to(_compute_dtype(x.dtype)), dim)
+    rows, moved_shape = _rows_last(x.to(compute_dtype(x.dtype)), dim)
     z = rows - rows.amax(dim=1, keepdim=True)          # max is exact: order-free
-    e = pointwise(aten.exp.out, z)
-    s = row_sum(e).unsqueeze(1)
-    y = z - pointwise(aten.log.out, s) if log_ else e / s
+    e = exp(z)
+    s = _row_sum(e).unsqueeze(1)
+    y = z - log(s) if log_ else e / s
     y = y.reshape(moved_shape).movedim(-1, dim) if x.dim() else y.reshape(())
     return y.to(out_dtype).contiguous()
 
@@ -376,8 +344,8 @@ def safe_softmax(self: torch.Tensor, dim: int, dtype: torch.dtype | None = None)
 def native_layer_norm(input: torch.Tensor, normalized_shape: Sequence[int],
                       weight: torch.Tensor | None, bias: torch.Tensor | None,
                       eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """aten ``native_layer_norm -> (out, mean, rstd)``: two-pass mean and variance by
-    :func:`row_sum`, per row of the trailing ``normalized_shape``."""
+    """aten ``native_layer_norm -> (out, mean, rstd)``: two-pass mean and variance by the
+    invariant row sum, per row of the trailing ``normalized_shape``."""
     k = len(normalized_shape)
     if tuple(input.shape[input.dim() - k:]) != tuple(normalized_shape):
         raise RuntimeError(f"normalized_shape {tuple(normalized_shape)} does not match the "
@@ -385,12 +353,12 @@ def native_layer_norm(input: torch.Tensor, normalized_shape: Sequence[int],
     n = 1
     for s in normalized_shape:
         n *= s
-    ct = _compute_dtype(input.dtype)
+    ct = compute_dtype(input.dtype)
     x = input.to(ct).reshape(-1, n)
-    mean = (row_sum(x) / n).unsqueeze(1)
+    mean = (_row_sum(x) / n).unsqueeze(1)
     xc = x - mean
-    var = (row_sum(xc * xc) / n).unsqueeze(1)
-    rstd = pointwise(aten.rsqrt.out, var + eps)
+    var = (_row_sum(xc * xc) / n).unsqueeze(1)
+    rstd = rsqrt(var + eps)
     out = xc * rstd
     if weight is not None:
         out = out * weight.to(ct).reshape(1, n)

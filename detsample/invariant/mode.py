@@ -6,14 +6,18 @@ and destroys that library on exit, also on an exception, which restores torch's 
 kernels. Entering registers the ``"detsample"`` attention with transformers (idempotent:
 the name stays registered, and the function is invariant with or without the mode).
 
+``batch_invariant(portable=True)`` runs the same overrides with the portable kernels
+(bits defined by detsample's arithmetic; docs/batch-invariant.md); ``strict=False`` makes
+an op the mode does not cover a warning instead of an error at a model's first forward.
+
 Nesting is counted: only the outermost ``enable()`` installs and only the matching
-outermost ``disable()`` uninstalls. The overrides are process-wide while installed (torch's
+outermost ``disable()`` uninstalls; while blocks nest, the kernels follow the innermost
+block's configuration. The overrides are process-wide while installed (torch's
 dispatcher is), so they apply to every thread.
 """
 
 from __future__ import annotations
 
-import threading
 import warnings
 from contextlib import contextmanager
 from typing import ContextManager, Iterator
@@ -21,19 +25,8 @@ from typing import ContextManager, Iterator
 import torch
 
 from detsample.invariant.attention import register_attention
+from detsample.invariant.state import STATE, ModeConfig
 from detsample.invariant.table import kernels_by_key
-
-
-class _Installed:
-    """The one installed library and the nesting depth (guarded by ``lock``)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.depth = 0
-        self.library: torch.library.Library | None = None
-
-
-_INSTALLED = _Installed()
 
 
 def _install() -> torch.library.Library:
@@ -50,36 +43,38 @@ def _install() -> torch.library.Library:
     return lib
 
 
-def enable() -> None:
-    """Install the overrides (or deepen the nesting when they already are)."""
-    with _INSTALLED.lock:
-        if _INSTALLED.depth == 0:
+def enable(portable: bool = False, strict: bool = True) -> None:
+    """Install the overrides (or deepen the nesting when they already are); the kernels
+    follow this configuration until the matching :func:`disable`."""
+    cfg = ModeConfig(portable=portable, strict=strict)
+    with STATE.lock:
+        if not STATE.configs:
             register_attention()
-            _INSTALLED.library = _install()
-        _INSTALLED.depth += 1
+            STATE.library = _install()
+        STATE.configs.append(cfg)
 
 
 def disable() -> None:
     """Undo one :func:`enable`; the outermost restores torch's kernels."""
-    with _INSTALLED.lock:
-        if _INSTALLED.depth == 0:
+    with STATE.lock:
+        if not STATE.configs:
             raise RuntimeError("detsample.disable() without a matching enable(): the "
                                "batch-invariant mode is not enabled")
-        _INSTALLED.depth -= 1
-        if _INSTALLED.depth == 0:
-            lib, _INSTALLED.library = _INSTALLED.library, None
+        STATE.configs.pop()
+        if not STATE.configs:
+            lib, STATE.library = STATE.library, None
             if lib is not None:
                 lib._destroy()
 
 
 def is_enabled() -> bool:
     """Whether the overrides are installed now."""
-    return _INSTALLED.depth > 0
+    return bool(STATE.configs)
 
 
 @contextmanager
-def _scope() -> Iterator[None]:
-    enable()
+def _scope(portable: bool, strict: bool) -> Iterator[None]:
+    enable(portable=portable, strict=strict)
     try:
         yield
     finally:
@@ -87,17 +82,18 @@ def _scope() -> Iterator[None]:
 
 
 class _BatchInvariant:
-    """``batch_invariant()``: a context manager running its block with the batch-invariant
-    kernels (torch's own are back on exit, also on an exception; blocks nest).
-    ``batch_invariant.enable()`` / ``.disable()`` / ``.is_enabled()`` are the same switch
-    without a block."""
+    """``batch_invariant(portable=False, strict=True)``: a context manager running its
+    block with the batch-invariant kernels (torch's own are back on exit, also on an
+    exception; blocks nest). ``batch_invariant.enable()`` / ``.disable()`` /
+    ``.is_enabled()`` are the same switch without a block."""
 
     enable = staticmethod(enable)
     disable = staticmethod(disable)
     is_enabled = staticmethod(is_enabled)
 
-    def __call__(self) -> ContextManager[None]:
-        return _scope()
+    def __call__(self, portable: bool = False, strict: bool = True) -> ContextManager[None]:
+        ModeConfig(portable=portable, strict=strict)   # validate before entering
+        return _scope(portable, strict)
 
     def __repr__(self) -> str:
         return "detsample.batch_invariant"

@@ -14,7 +14,8 @@
 
 ``load_model(spec, batch_invariant=True)`` returns the same model with every forward under
 ``detsample.batch_invariant()`` (Hugging Face models also switch to the ``"detsample"``
-attention; docs/batch-invariant.md).
+attention; docs/batch-invariant.md); ``portable=True`` as well selects the mode's portable
+kernels.
 
 Importing the user's module is the only code a spec runs, and only when asked.
 """
@@ -25,7 +26,7 @@ import importlib
 import inspect
 from typing import Any
 
-from detsample.models.base import CausalLM, ModelError, prefill
+from detsample.models.base import CausalLM, ModelError, check_mode, prefill
 from detsample.models.checked import CheckedLM, ModelOutputError
 from detsample.models.hf import HFCausalLM, HFSeqCache
 from detsample.models.invariant import BatchInvariantLM
@@ -57,15 +58,19 @@ class RefModelLM:
         return self.model.forward(caches, chunks)
 
 
-def adapt(obj: Any, name: str, *, padding: str = "left", batch_invariant: bool = False) -> CausalLM:
+def adapt(obj: Any, name: str, *, padding: str = "left", batch_invariant: bool = False,
+          portable: bool = False) -> CausalLM:
     """Wrap what a factory returned: RefModel, a Hugging Face model, or a CausalLM as is
-    (with ``batch_invariant``, its forwards under the batch-invariant mode)."""
+    (with ``batch_invariant``, its forwards under the batch-invariant mode; ``portable``:
+    its portable kernels)."""
+    check_mode(batch_invariant, portable)
     if isinstance(obj, RefModel):
         lm = RefModelLM(obj, name=name)
-        return BatchInvariantLM(lm) if batch_invariant else lm
+        return BatchInvariantLM(lm, portable) if batch_invariant else lm
     if hasattr(obj, "config") and callable(getattr(obj, "forward", None)) \
             and hasattr(obj, "named_parameters"):
-        return HFCausalLM(obj, padding=padding, name=name, batch_invariant=batch_invariant)
+        return HFCausalLM(obj, padding=padding, name=name, batch_invariant=batch_invariant,
+                          portable=portable)
     missing = [a for a in ("new_cache", "forward", "vocab_size") if not hasattr(obj, a)]
     if missing:
         raise ModelError(f"model {name!r}: the factory returned a {type(obj).__name__}, which "
@@ -75,7 +80,7 @@ def adapt(obj: Any, name: str, *, padding: str = "left", batch_invariant: bool =
         obj.name = name
     if not hasattr(obj, "max_seq_len"):
         obj.max_seq_len = None
-    return BatchInvariantLM(obj) if batch_invariant else obj
+    return BatchInvariantLM(obj, portable) if batch_invariant else obj
 
 
 def is_model_spec(spec: object) -> bool:
@@ -122,20 +127,23 @@ def load_factory(spec: str) -> Any:
 
 
 def load_model(spec: str, *, padding: str = "left", seed: int = 0,
-               batch_invariant: bool = False) -> CausalLM:
+               batch_invariant: bool = False, portable: bool = False) -> CausalLM:
     """The model ``spec`` names (see the module docstring); ``padding`` for HF models;
-    ``batch_invariant``: every forward under the batch-invariant mode."""
+    ``batch_invariant``: every forward under the batch-invariant mode (``portable``: its
+    portable kernels)."""
     if not isinstance(spec, str) or not spec:
         raise ModelError(f"model spec must be a non-empty string, got {spec!r}")
+    check_mode(batch_invariant, portable)
     if spec == "refmodel":
-        return BatchInvariantLM(RefModelLM()) if batch_invariant else RefModelLM()
+        return BatchInvariantLM(RefModelLM(), portable) if batch_invariant else RefModelLM()
     if spec == "refmodel-float":
-        return BatchInvariantLM(RefModelFloat()) if batch_invariant else RefModelFloat()
+        return BatchInvariantLM(RefModelFloat(), portable) if batch_invariant else RefModelFloat()
     if spec in TINY_CONFIGS:
         return HFCausalLM(build_tiny(spec, seed), padding=padding, name=spec,
-                          batch_invariant=batch_invariant)
+                          batch_invariant=batch_invariant, portable=portable)
     if ":" not in spec:
         raise ModelError(f"unknown model {spec!r}; known: {', '.join(MODEL_NAMES)}, or "
                          f"package.module:factory")
-    lm = adapt(load_factory(spec), spec, padding=padding, batch_invariant=batch_invariant)
+    lm = adapt(load_factory(spec), spec, padding=padding, batch_invariant=batch_invariant,
+               portable=portable)
     return CheckedLM(lm, spec)

@@ -70,6 +70,16 @@ def prefill(model: CausalLM, token_ids: Sequence[int], cache: Any = None) -> tor
     return model.forward([cache], [list(token_ids)])[0]
 
 
+def check_mode(batch_invariant: object, portable: object) -> None:
+    """ModelError unless both are bools and ``portable`` comes with ``batch_invariant``."""
+    for name, v in (("batch_invariant", batch_invariant), ("portable", portable)):
+        if not isinstance(v, bool):
+            raise ModelError(f"{name} must be a bool, got {v!r}")
+    if portable and not batch_invariant:
+        raise ModelError("portable=True needs batch_invariant=True (it selects the mode's "
+                         "portable kernels)")
+
+
 def check_chunks(caches: Sequence[Any], chunks: Sequence[Sequence[int]], vocab_size: int,
                  max_seq_len: int | None) -> list[list[int]]:
     """Validate a ragged batch; returns the chunks as lists of ints (errors name the row)."""

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import torch
 
 from detsample.invariant import ATTENTION_NAME, batch_invariant, register_attention
-from detsample.models.base import ModelError, SeqCache, check_chunks
+from detsample.models.base import ModelError, SeqCache, check_chunks, check_mode
 
 PADDINGS = ("left", "right")
 
@@ -70,13 +70,14 @@ class HFCausalLM:
     returned as float32 (upcast once when the model computes in bf16/fp16).
     ``batch_invariant=True`` switches the module to the ``"detsample"`` attention
     (``set_attn_implementation``) and runs every forward under
-    ``detsample.batch_invariant()`` (docs/batch-invariant.md).
+    ``detsample.batch_invariant(portable=portable)`` (docs/batch-invariant.md).
     """
 
     def __init__(self, model: Any, *, padding: str = "left", name: str | None = None,
-                 batch_invariant: bool = False) -> None:
+                 batch_invariant: bool = False, portable: bool = False) -> None:
         if padding not in PADDINGS:
             raise ModelError(f"padding must be one of {PADDINGS}, got {padding!r}")
+        check_mode(batch_invariant, portable)
         cfg = getattr(model, "config", None)
         if cfg is None or not hasattr(cfg, "vocab_size"):
             raise ModelError(f"model must be a Hugging Face causal LM with a config, got "
@@ -89,6 +90,7 @@ class HFCausalLM:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.batch_invariant = bool(batch_invariant)
+        self.portable = bool(portable)
         if self.batch_invariant:
             use_invariant_attention(model)
 
@@ -102,7 +104,7 @@ class HFCausalLM:
     def with_padding(self, padding: str) -> "HFCausalLM":
         """The same module behind an adapter that pads on the other side."""
         return HFCausalLM(self.module, padding=padding, name=self.name,
-                          batch_invariant=self.batch_invariant)
+                          batch_invariant=self.batch_invariant, portable=self.portable)
 
     # -- the ragged forward ------------------------------------------------------------
     def forward(self, caches: Sequence[HFSeqCache], chunks: Sequence[Sequence[int]]) -> list[torch.Tensor]:
@@ -143,7 +145,7 @@ class HFCausalLM:
                         k[b, :, p0[b]: p0[b] + past[b]] = c.layers[layer][0][0]
                         v[b, :, p0[b]: p0[b] + past[b]] = c.layers[layer][1][0]
                 cache.update(k, v, layer)
-        mode = batch_invariant() if self.batch_invariant else nullcontext()
+        mode = batch_invariant(portable=self.portable) if self.batch_invariant else nullcontext()
         with torch.no_grad(), mode:
             out = self.module(input_ids=tok.to(dev), attention_mask=mask.to(dev),
                               position_ids=pos.to(dev), use_cache=True,

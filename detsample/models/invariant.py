@@ -18,12 +18,14 @@ from detsample.models.base import CausalLM
 
 
 class BatchInvariantLM:
-    """``model`` (a CausalLM) whose every forward runs under the batch-invariant mode."""
+    """``model`` (a CausalLM) whose every forward runs under the batch-invariant mode
+    (``portable``: its portable kernels)."""
 
     batch_invariant = True
 
-    def __init__(self, model: CausalLM) -> None:
+    def __init__(self, model: CausalLM, portable: bool = False) -> None:
         self.inner = model
+        self.portable = bool(portable)
         self.name = model.name
         self.vocab_size = model.vocab_size
         self.max_seq_len = getattr(model, "max_seq_len", None)
@@ -32,7 +34,7 @@ class BatchInvariantLM:
         return self.inner.new_cache()
 
     def forward(self, caches: Sequence[Any], chunks: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        with batch_invariant():
+        with batch_invariant(portable=self.portable):
             return self.inner.forward(caches, chunks)
 
     def __getattr__(self, attr: str) -> Any:  # module, padding, with_padding, ... of the inner model
@@ -40,5 +42,5 @@ class BatchInvariantLM:
             raise AttributeError(attr)
         value = getattr(self.inner, attr)
         if attr == "with_padding" and callable(value):
-            return lambda padding: BatchInvariantLM(value(padding))
+            return lambda padding: BatchInvariantLM(value(padding), self.portable)
         return value

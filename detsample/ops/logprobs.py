@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from detsample.ops import libm
+
 NEG_INF = float("-inf")
 
 
@@ -31,7 +33,8 @@ def log_softmax(x: torch.Tensor, *, kept_mass: torch.Tensor | None = None, frac:
     * ``kept_mass`` (int64, broadcastable to ``x``, >= 1): the "processed" normaliser, the
       exact fixed-point mass ``Q`` of the kept set (``frac`` fraction bits):
       ``float32(float64(x) - log(float64(Q) * 2**-frac))`` with ``x`` scaled logits (row
-      max 0). Bitwise identical whichever draw path produced ``Q`` (it is exact). The
+      max 0), the ``log`` MKL-free (:mod:`detsample.ops.libm`: torch's own ``log`` is MKL's
+      vector math, whose bits follow ``MKL_ENABLE_INSTRUCTIONS``). Bitwise identical whichever draw path produced ``Q`` (it is exact). The
       power-of-two scaling is exact, so a token carrying all the kept mass (``Q ==
       2**frac``, ``x == 0``) gets exactly 0 (``log(Q) - frac * ln 2`` would leave a
       ~1e-14 residue).
@@ -39,7 +42,7 @@ def log_softmax(x: torch.Tensor, *, kept_mass: torch.Tensor | None = None, frac:
     if kept_mass is None:
         return torch.log_softmax(x, dim=-1, out=out) if out is not None else \
             torch.log_softmax(x, dim=-1)
-    norm = torch.log(kept_mass.to(torch.float64) * (2.0 ** -frac))
+    norm = libm.log(kept_mass.to(torch.float64) * (2.0 ** -frac))
     return (x.to(torch.float64) - norm).to(torch.float32)
 
 

@@ -25,6 +25,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from detsample.invariant.report import kernel_rows
+from detsample.invariant.state import plans
 from detsample.models.base import CausalLM, ModelError
 from detsample.ops.logprobs import gather_rows, log_softmax
 from detsample.probe.compare import bits_equal, diff
@@ -346,5 +348,7 @@ def probe_model(model: CausalLM, config: ProbeConfig | None = None, *, platform:
     if bad:
         raise ValueError(f"unknown check {bad[0]!r}; known: {', '.join(CHECK_NAMES)}")
     p = _Probe(model, config or ProbeConfig())
-    results = tuple(CHECKS[name](p) for name in CHECK_NAMES if name in checks)
-    return ModelReport(target or model.name, platform, results)
+    with plans().recording() as used:
+        results = tuple(CHECKS[name](p) for name in CHECK_NAMES if name in checks)
+    kernels = tuple(kernel_rows(used)) if getattr(model, "batch_invariant", False) else ()
+    return ModelReport(target or model.name, platform, results, kernels)

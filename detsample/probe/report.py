@@ -3,7 +3,10 @@
 JSON shapes (a contract; docs/probe.md):
 
 * model: ``{"ok", "platform", "target", "checks": [{"name", "ok", "detail",
-  "first_divergence": {"module", "op", "shapes", "max_ulp"} | null}]}``
+  "first_divergence": {"module", "op", "shapes", "max_ulp"} | null}]}``, plus, for a model
+  under the batch-invariant mode, ``"kernels": [{"op", "shape", "threads", "kernel",
+  "rests_on", "reason"}]`` (which kernel each shape took and why,
+  :mod:`detsample.invariant.report`)
 * ops: ``{"ok", "platform", "ops": [{"op", "dtype", "batch_invariant", "run_to_run",
   "threads", "first_differing_sizes", "max_ulp"}]}``
 
@@ -45,14 +48,18 @@ class ModelReport:
     target: str
     platform: str
     checks: tuple[CheckResult, ...]
+    kernels: tuple[dict[str, Any], ...] = ()
 
     @property
     def ok(self) -> bool:
         return all(c.ok for c in self.checks)
 
     def to_json(self) -> dict[str, Any]:
-        return {"ok": self.ok, "platform": self.platform, "target": self.target,
-                "checks": [c.to_json() for c in self.checks]}
+        doc = {"ok": self.ok, "platform": self.platform, "target": self.target,
+               "checks": [c.to_json() for c in self.checks]}
+        if self.kernels:
+            doc["kernels"] = [dict(k) for k in self.kernels]
+        return doc
 
     def table(self) -> str:
         lines = [f"detsample probe model {self.target}  [{self.platform}]", ""]
@@ -61,6 +68,9 @@ class ModelReport:
             lines.append(f"{c.name:<{width}}  {'ok  ' if c.ok else 'FAIL'}  {c.detail}")
             if c.first_divergence is not None:
                 lines.append(f"{'':<{width}}        {c.first_divergence.describe()}")
+        if self.kernels:
+            from detsample.invariant.report import table
+            lines += ["", table(list(self.kernels)).rstrip("\n")]
         lines += ["", "ok: every check holds bitwise" if self.ok else
                   f"FAILED: {', '.join(c.name for c in self.checks if not c.ok)}"]
         return "\n".join(lines) + "\n"

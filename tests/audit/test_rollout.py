@@ -104,6 +104,30 @@ def test_cli_hf_model_under_the_mode_audits_to_exact_match(tmp_path):
     assert rc == 0 and rep["exact_match_fraction"] == 1.0 and rep["max_abs_diff"] == 0.0
 
 
+def test_portable_rollout_on_another_mkl_path_audits_exactly(tmp_path, capsys):
+    """The portable loop across machines: a rollout written under MKL's SSE4.2 code path
+    at 1 thread (another "machine") audits exactly against a rescoring here, with the
+    portable kernels on both sides; the verified kernels here do not promise it (their
+    bits are this machine's BLAS: the audit reports the mismatch)."""
+    import os
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "r.jsonl")
+    env = {**os.environ, "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "detsample", "rollout", path, "--model", "hf-tiny-llama",
+                    "--batch-invariant", "--portable", "--num-sequences", "3",
+                    "--max-new-tokens", "6"], env=env, check=True, capture_output=True)
+    rc, rep = _audit_json(path, "--rescore", "hf-tiny-llama", "--batch-invariant", "--portable",
+                          "--max-abs-diff", "0", "--min-exact-match", "1", tmp_path=tmp_path)
+    assert rc == 0 and rep["exact_match_fraction"] == 1.0 and rep["max_abs_diff"] == 0.0
+    rc, rep = _audit_json(path, "--rescore", "hf-tiny-llama", "--batch-invariant",
+                          "--max-abs-diff", "0", "--min-exact-match", "1", tmp_path=tmp_path)
+    assert rc == 1 and rep["exact_match_fraction"] < 1.0
+    assert main(["rollout", path, "--portable"]) == 2
+    assert "give --batch-invariant too" in capsys.readouterr().err
+
+
 def test_cli_hf_model_on_default_kernels_reports_the_mismatch(tmp_path, capsys):
     """Negative control: the same loop on torch's default kernels fails the exact gate."""
     path = str(tmp_path / "r.jsonl")

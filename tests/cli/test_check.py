@@ -19,6 +19,7 @@ from detsample.cli.check import ProgressBar
 from detsample.checks.faults import perturbed_compute_logprobs, perturbed_sample
 
 ONE = ["-k", "random.temperature"]
+CHECK = [*ONE, "--no-isa-fallback"]   # in process: no re-run under another ISA / MKL level
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +31,7 @@ def no_external(monkeypatch):
 
 def run_check(capsys, tmp_path, *extra):
     path = tmp_path / "report.json"
-    rc = main(["check", *ONE, "--json", str(path), *extra])
+    rc = main(["check", *CHECK, "--json", str(path), *extra])
     out = capsys.readouterr().out
     return rc, out, json.loads(path.read_text())
 
@@ -129,7 +130,7 @@ def test_unknown_scenario_is_usage_error(capsys):
 def test_unwritable_json_exits_2(capsys, tmp_path):
     """Bug pinned: `--json` naming a directory crashed with a traceback after the whole
     battery ran (exit 1, indistinguishable from a failed check)."""
-    assert main(["check", *ONE, "--json", str(tmp_path)]) == 2
+    assert main(["check", *CHECK, "--json", str(tmp_path)]) == 2
     assert "cannot write" in capsys.readouterr().err
 
 
@@ -205,7 +206,7 @@ def test_progress_bar_only_on_a_terminal():
 
 
 def test_check_output_off_a_terminal_has_no_progress_lines(capsys):
-    rc = main(["check", *ONE])
+    rc = main(["check", *CHECK])
     cap = capsys.readouterr()
     assert rc == 0 and "ALL CHECKS PASSED" in cap.out
     assert "[#" not in cap.err + cap.out and "[." not in cap.err + cap.out

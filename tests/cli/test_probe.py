@@ -194,3 +194,23 @@ def test_unwritable_json_exit_2(tmp_path, capsys):
     assert main(["probe", "ops", "--op", "log_softmax", "--threads", "1",
                  "--json", str(blocker / "x.json")]) == 2
     assert "cannot write --json" in capsys.readouterr().err
+
+
+def test_portable_needs_the_mode_and_lists_its_kernels(tmp_path, capsys):
+    """--portable: the probe passes on the tiny Qwen2, its JSON names each kernel
+    and what it rests on (products and sums: detsample's arithmetic); the verified mode
+    names what it checked on this machine; --portable alone is a usage error."""
+    assert main(["probe", "model", "hf-tiny-llama", "--portable"]) == 2
+    assert "give --batch-invariant too" in capsys.readouterr().err
+    for flags, mm_rests_on in ((["--portable"], "detsample's arithmetic"),
+                               ([], "verified on this machine")):
+        path = tmp_path / f"p{len(flags)}.json"
+        assert main(["probe", "model", "hf-tiny-qwen2", "--batch-invariant", *flags,
+                     "--json", str(path)]) == 0
+        doc = json.loads(path.read_text())
+        mms = [k for k in doc["kernels"] if k["op"] == "mm"]
+        assert mms and all(k["rests_on"] == mm_rests_on for k in mms), mms
+        assert set(doc["kernels"][0]) == {"op", "shape", "threads", "kernel", "rests_on", "reason"}
+        assert "kernels the mode took on this machine" in capsys.readouterr().out
+    assert main(["probe", "model", "refmodel", "--json", str(path)]) == 0
+    assert "kernels" not in json.loads(path.read_text())       # outside the mode: as before

@@ -35,6 +35,9 @@ CASES = [
 def _checked(fmt, value):
     if fmt == "hostname":  # jsonschema checks hostnames only with the fqdn package
         return all(0 < len(x) <= 63 and not x.startswith("-") for x in value.split("."))
+    # jsonschema checks time / date-time only with rfc3339-validator (a test dependency):
+    # without it every string would "conform" and the rejections below would be vacuous
+    assert fmt in CHECKER.checkers, f"jsonschema cannot check format {fmt!r} here"
     return CHECKER.conforms(value, fmt)
 
 

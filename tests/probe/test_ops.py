@@ -15,6 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detsample.probe.ops import OP_NAMES, invariant_aten_ops, probe_ops, sdpa_backends
+from detsample.threads import torch_threads
 
 SMALL = dict(sizes=(1, 2, 3, 4, 8), query_lengths=(1, 2, 3, 33))
 JSON_KEYS = {"op", "dtype", "batch_invariant", "run_to_run", "threads",
@@ -53,17 +54,18 @@ def test_json_keys_and_aten_ops(float32_results):
 
 
 class RowWiseMatmul(TorchDispatchMode):
-    """Every mm/addmm row computed as its own 1-row product: batch-invariant by
-    construction (a stand-in for a batch-invariant mode)."""
+    """Every mm/addmm row computed as its own 1-row product at 1 thread: batch- and
+    thread-invariant by construction (a stand-in for a batch-invariant mode)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.ops.aten.mm.default:
-            a, b = args
-            return torch.cat([torch.mm(a[i:i + 1], b) for i in range(a.shape[0])])
-        if func is torch.ops.aten.addmm.default:
-            c, a, b = args[:3]
-            return torch.cat([torch.addmm(c, a[i:i + 1], b, **kwargs) for i in range(a.shape[0])])
+        with torch_threads(1):
+            if func is torch.ops.aten.mm.default:
+                a, b = args
+                return torch.cat([torch.mm(a[i:i + 1], b) for i in range(a.shape[0])])
+            if func is torch.ops.aten.addmm.default:
+                c, a, b = args[:3]
+                return torch.cat([torch.addmm(c, a[i:i + 1], b, **kwargs) for i in range(a.shape[0])])
         return func(*args, **kwargs)
 
 

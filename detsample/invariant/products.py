@@ -1,0 +1,88 @@
+"""The mode's matrix products: verified BLAS tiles, or the portable fixed-point product.
+
+:func:`product` is what every matmul-family kernel of the mode (``mm``, ``addmm``,
+``bmm``, ``baddbmm``, ``mv``, ``dot``) and the invariant attention compute with:
+
+* ``portable=True``: :func:`detsample.invariant.fixedpoint.matmul`, bits defined by
+  detsample's arithmetic (any CPU, BLAS path, thread count, K split);
+* ``portable=False``: ``B``'s columns in blocks (:func:`~detsample.invariant.tiles.col_blocks`),
+  each block with the plan the on-machine verification gave it
+  (:func:`~detsample.invariant.verify.matmul_plan`): row tiles of the verified ladder, ``B``
+  in its own layout or as a contiguous copy, or, where the BLAS failed its check, the
+  portable product for that block.
+
+Either way a row's bits depend on that row of ``A`` and on ``B`` only. Reduced-precision
+operands (bfloat16, float16) are computed in float32; the result is in the compute dtype
+(float32, or float64 for float64 operands) and the caller rounds once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from detsample.invariant import fixedpoint, tiles
+from detsample.invariant.state import note_portable
+from detsample.invariant.verify import layout, matmul_plan
+from detsample.invariant.weights import derived
+
+_REDUCED = (torch.bfloat16, torch.float16)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for reduced precision, else the dtype itself."""
+    return torch.float32 if dtype in _REDUCED else dtype
+
+
+def _as(t: torch.Tensor, ct: torch.dtype) -> torch.Tensor:
+    if t.dtype == ct:
+        return t
+    return derived(t, f"as-{ct}", lambda x: x.to(ct))
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else derived(t, "contiguous", lambda x: x.contiguous())
+
+
+def _fixed(t: torch.Tensor) -> fixedpoint.Fixed:
+    return derived(t, "fixed", fixedpoint.fixed_b)
+
+
+def _portable(a: torch.Tensor, b: torch.Tensor, keyed: bool) -> torch.Tensor:
+    if keyed:
+        return fixedpoint.weighted_sum(a, b)
+    return fixedpoint.matmul(a, b, _fixed(b))
+
+
+def product(a: torch.Tensor, b: torch.Tensor, portable: bool, keyed: bool = False) -> torch.Tensor:
+    """``a @ b``: ``(M, K) x (K, N)`` or batched ``(nb, M, K) x (nb, K, N)``, floating, on
+    CPU, in the compute dtype (see the module docstring). Guarantee: row ``i`` of the
+    result is a function of ``a``'s row ``i`` and ``b`` (bitwise); with ``portable``, of
+    the values alone. ``keyed``: ``a`` weighs the rows of ``b`` and a zero weight must
+    leave a result row unchanged whatever that row of ``b`` holds (the attention's value
+    product): the portable form then scales ``b`` per row
+    (:func:`~detsample.invariant.fixedpoint.weighted_sum`)."""
+    ct = compute_dtype(a.dtype)
+    a = a.to(ct) if a.dtype != ct else a
+    b = _as(b, ct)
+    kind = "bmm" if a.dim() == 3 else "mm"
+    if portable:
+        note_portable(("matmul", kind, a.shape[-1], b.shape[-1], "keyed" if keyed else "any", ct,
+                       "portable"), "portable fixed-point product")
+        return _portable(a, b, keyed).to(ct)
+    lay = layout(b)
+    if lay == "nn" and not b.is_contiguous():
+        b = _contiguous(b)
+    k, blocks = a.shape[-1], tiles.col_blocks(b.shape[-1])
+    parts = []
+    for c0, c1 in blocks:
+        bb = b[..., c0:c1] if len(blocks) > 1 else b
+        if lay == "nn" and len(blocks) > 1:
+            bb = _contiguous(bb)
+        plan = matmul_plan(kind, k, c1 - c0, lay, ct)
+        if plan.portable:
+            parts.append(_portable(a, bb, keyed).to(ct))
+            continue
+        form, ladder = plan.data
+        parts.append(tiles.run(a, _contiguous(bb) if form == "contiguous" else bb, ladder))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+

@@ -1,0 +1,63 @@
+"""Derived forms of a model's weights, computed once per weight and kept beside it.
+
+A product's ``B`` is usually a view of an ``nn.Parameter`` (``F.linear`` hands ``mm`` the
+weight transposed). The mode sometimes needs ``B`` in another form: a contiguous copy
+(when the verified plan for its layout says so), float32 (a bfloat16 weight), or in the
+fixed point of :mod:`detsample.invariant.fixedpoint` (the portable product). Recomputing
+that at every call would cost a pass over the weight per token; :func:`derived` keeps one
+per (weight, view, form) instead.
+
+The cache holds the parameter weakly (``torch.utils.weak.WeakTensorKeyDictionary``): the
+derived forms go when the model does. An entry is keyed by the view's storage offset,
+shape, strides and dtype and by the weight's version counter, so an in-place update of the
+weight (an optimizer step) is never served a stale form. Only views of ``nn.Parameter``s
+are cached; other operands (activations) are converted at each call.
+
+Memory: a contiguous copy costs the weight's size again, a fixed-point form twice it
+(float64): docs/batch-invariant.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import torch
+from torch.utils.weak import WeakTensorKeyDictionary
+
+_LOCK = threading.Lock()
+_CACHE: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+
+
+def _owner(t: torch.Tensor) -> torch.Tensor | None:
+    """The parameter ``t`` is (a view of), or None."""
+    base = t._base if t._base is not None else t
+    return base if isinstance(base, torch.nn.Parameter) else None
+
+
+def derived(t: torch.Tensor, form: str, make: Callable[[torch.Tensor], Any]) -> Any:
+    """``make(t)``, cached per parameter view and ``form`` when ``t`` views a parameter."""
+    owner = _owner(t)
+    if owner is None:
+        return make(t)
+    key = (form, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, owner._version)
+    with _LOCK:
+        forms = _CACHE.get(owner)
+        if forms is None:
+            forms = _CACHE[owner] = {}
+        hit = forms.get(key)
+    if hit is not None:
+        return hit
+    value = make(t)
+    with _LOCK:
+        stale = [k for k in forms if k[0] == form and k[1:5] == key[1:5] and k[5] != key[5]]
+        for k in stale:            # forms of an older version of the weight
+            del forms[k]
+        forms[key] = value
+    return value
+
+
+def clear() -> None:
+    """Drop every derived form (tests; memory)."""
+    with _LOCK:
+        _CACHE.clear()
