@@ -113,6 +113,11 @@ def _flag_missing(tc: TableChunk, res: Resolved, flagged: dict[int, Issue]) -> N
 
 def _product(ctx: _Ctx, dst: str, parts: list, flagged: dict[int, Issue]):
     """Entry-by-entry product of 0/1 columns (both padded, or both ragged)."""
+    for p in parts:
+        vals = p.array if isinstance(p, Padded) else getattr(p, "values", None)
+        if isinstance(vals, np.ndarray) and vals.size and vals.dtype.kind not in "biuf":
+            raise ctx.fail(dst, f"the factors of a mask product hold 0/1 numbers or booleans, "
+                                f"got dtype {vals.dtype}")
     if all(isinstance(p, Padded) for p in parts):
         out = parts[0].array
         for p in parts[1:]:
@@ -158,6 +163,8 @@ def _as_2d(ctx: _Ctx, dst: str, col) -> np.ndarray:
 
 
 def _check_01(ctx: _Ctx, dst: str, m: np.ndarray) -> None:
+    if m.dtype.kind not in "biuf":
+        raise ctx.fail(dst, f"padding masks hold 0/1 numbers or booleans, got dtype {m.dtype}")
     if m.dtype.kind == "b" or not m.size or (m.min() >= 0 and m.max() <= 1):
         return  # two reductions, no temporaries; the slow path only names the entry
     bad = (m != 0) & (m != 1)
@@ -248,6 +255,9 @@ def _unpad_all(ctx: _Ctx, cols: dict, n: int) -> dict:
                                          f"{tokens.shape}: expected width {want}")
     per_token = width - 1 if res.split == "first_mask" else width
     mask = arrays.get("mask")
+    if mask is not None and mask.size and mask.dtype.kind not in "biuf":
+        raise ctx.fail("mask", f"a padded mask holds 0/1 numbers or booleans (it gives the rows' "
+                               f"windows), got dtype {mask.dtype}")
     for d in _RESPONSE_TOKEN_COLUMNS:
         a = arrays.get(d)
         if a is not None and a.shape[1] != per_token:
@@ -316,7 +326,8 @@ def _split_at_first_mask(cols: dict) -> None:
     total = inp.lengths
     mlen = mask.lengths
     first = np.maximum(mlen, 0).copy()
-    nz = np.flatnonzero(mask.values != 0)
+    numeric = mask.values.dtype.kind in "biuf"  # else validation excludes the rows (bad_type)
+    nz = np.flatnonzero(mask.values != 0) if numeric else np.zeros(0, dtype=np.int64)
     if nz.size:
         off = np.zeros(mlen.size + 1, dtype=np.int64)
         np.cumsum(np.maximum(mlen, 0), out=off[1:])

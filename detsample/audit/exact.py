@@ -233,6 +233,18 @@ class ValueCounts:
             self._raw, self._raw_size = [state["raw"]], state["raw"].size
         self._distinct = list(state["distinct"])
 
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the distinct values ascending, how often each occurs): one form whatever the
+        history of adds and merges, so a function summed over it in this order gives the
+        same bits for every chunking."""
+        vals, counts = self._state()
+        if counts is None:
+            starts = np.flatnonzero(np.r_[True, vals[1:] != vals[:-1]]) if vals.size else \
+                np.zeros(0, dtype=np.int64)
+            counts = np.diff(np.r_[starts, vals.size]).astype(np.int64)
+            vals = vals[starts]
+        return vals, counts
+
     @property
     def total(self) -> int:
         return self._raw_size + sum(int(c.sum()) for _, c in self._distinct)

@@ -48,7 +48,8 @@ ROLES = {
 }
 #: the per-token columns of a validated sequence (what readers deliver after the layout)
 LIST_COLUMNS = ("prompt_ids", "response_ids", "engine_logprobs", "trainer_logprobs", "mask")
-REQUIRED_COLUMNS = ("id", "prompt_ids", "response_ids", "engine_logprobs")
+#: what every sequence needs; ``prompt_ids`` only where a sequence is rescored
+REQUIRED_COLUMNS = ("id", "response_ids", "engine_logprobs")
 #: numpy dtype kinds accepted per column
 COLUMN_KINDS = {
     "prompt_ids": "iu",
@@ -56,9 +57,9 @@ COLUMN_KINDS = {
     "input_ids": "iu",
     "engine_logprobs": "fiu",
     "trainer_logprobs": "fiu",
-    "mask": "biu",
-    "attention_mask": "biu",
-    "prompt_attention_mask": "biu",
+    "mask": "bfiu",  # floats too: a float mask of 0.0 / 1.0 is a mask (others are bad_mask)
+    "attention_mask": "bfiu",
+    "prompt_attention_mask": "bfiu",
     "response_length": "iu",
 }
 #: columns whose source may be a product of 0/1 columns ("completion_mask*tool_mask")
@@ -66,7 +67,9 @@ MASK_COLUMNS = ("mask", "attention_mask", "prompt_attention_mask")
 #: a source that stands for the row number (0-based) when a file has no id column
 ROW_NUMBER = "<row>"
 PADDING_SIDES = ("auto", "left", "right")
-PRESET_NAMES = ("verl", "openrlhf", "trl", "slime")
+PRESET_NAMES = ("verl", "openrlhf", "trl", "slime", "openai")
+#: how a file's records are read: as they are, or as OpenAI-compatible responses
+RECORD_FORMATS = ("plain", "openai")
 SPLITS = ("columns", "response_length", "first_mask")
 
 
@@ -99,6 +102,8 @@ class Layout:
         response; per-token columns have one entry fewer, entry j describing token j + 1,
         and the response starts at the first token with mask 1).
     explicit: canonical columns named by ``--columns`` (their source must exist).
+    records: "plain" (records hold the columns), or "openai" (each JSONL record is an
+        OpenAI-compatible completion response, :mod:`detsample.audit.openai`).
     """
 
     name: str = "default"
@@ -108,6 +113,7 @@ class Layout:
     prompt_padding: str = "auto"
     split: str = "columns"
     explicit: frozenset[str] = frozenset()
+    records: str = "plain"
 
     def __post_init__(self) -> None:
         for dst, src in self.sources:
@@ -122,6 +128,8 @@ class Layout:
                                  f"got {getattr(self, field)!r}")
         if self.split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
+        if self.records not in RECORD_FORMATS:
+            raise ValueError(f"records must be one of {RECORD_FORMATS}, got {self.records!r}")
 
     def source(self, dst: str) -> Source:
         for name, src in self.sources:
@@ -149,7 +157,8 @@ class Layout:
             sources[dst] = Source((spec,), required=True)
         name = self.name if self.name != "default" else "custom"
         return Layout(name, tuple(sources.items()), self.padded, self.response_padding,
-                      self.prompt_padding, self.split, self.explicit | frozenset(mapping))
+                      self.prompt_padding, self.split, self.explicit | frozenset(mapping),
+                      self.records)
 
 
 def _check_spec(dst: str, spec: str) -> None:
@@ -208,7 +217,7 @@ PRESETS: dict[str, Layout] = {
     "verl": Layout(
         "verl",
         (("id", _src("uid", ROW_NUMBER)),
-         ("prompt_ids", _src("prompts", required=True)),
+         ("prompt_ids", _src("prompts")),
          ("response_ids", _src("responses", required=True)),
          ("engine_logprobs", _src("rollout_log_probs", required=True)),
          ("trainer_logprobs", _src("old_log_probs")),
@@ -235,7 +244,7 @@ PRESETS: dict[str, Layout] = {
     "trl": Layout(
         "trl",
         (("id", _src("id", ROW_NUMBER)),
-         ("prompt_ids", _src("prompt_ids", required=True)),
+         ("prompt_ids", _src("prompt_ids")),
          ("prompt_attention_mask", _src("prompt_mask")),
          ("response_ids", _src("completion_ids", required=True)),
          ("attention_mask", _src("completion_mask")),
@@ -255,6 +264,9 @@ PRESETS: dict[str, Layout] = {
          ("engine_logprobs", _src("rollout_log_probs", required=True)),
          ("trainer_logprobs", _src("log_probs"))),
         padded=False, split="response_length"),
+    # OpenAI-compatible /v1/completions and /v1/chat/completions responses with logprobs
+    # (vLLM, SGLang), one per JSONL line: read into the audit's own columns.
+    "openai": Layout("openai", padded=False, records="openai"),
 }
 
 DEFAULT_LAYOUT = Layout()
@@ -276,7 +288,7 @@ def make_layout(preset: str | None = None, columns: str | Mapping[str, str] | No
         if padding not in PADDING_SIDES:
             raise ValueError(f"padding must be one of {PADDING_SIDES}, got {padding!r}")
         layout = Layout(layout.name, layout.sources, layout.padded, padding,
-                        layout.prompt_padding, layout.split, layout.explicit)
+                        layout.prompt_padding, layout.split, layout.explicit, layout.records)
     return layout
 
 
@@ -317,7 +329,7 @@ class Resolved:
 
     def required(self) -> tuple[str, ...]:
         """File columns every record must have (the rest may be absent per row)."""
-        need = ("prompt_ids", "response_ids", "engine_logprobs", "input_ids", "response_length")
+        need = ("response_ids", "engine_logprobs", "input_ids", "response_length")
         if self.split == "first_mask":
             need += ("mask",)  # it marks where the prompt ends
         return tuple(spec for dst, spec in self.specs if dst in need)

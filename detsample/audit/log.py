@@ -25,6 +25,7 @@ import math
 import os
 from collections.abc import Sequence
 
+from detsample.audit.gates import ExclusionLimit, exclusion_failure, no_tokens_failure
 from detsample.audit.issues import AuditInputError
 from detsample.audit.metrics import RATIO_QUANTILE_KEYS
 from detsample.audit.report import figure, fmt_value
@@ -139,14 +140,29 @@ def read_log(path: str) -> list[dict]:
 
 def check_log_gates(rows: Sequence[dict], max_abs_diff: float | None = None,
                     min_exact_match: float | None = None, max_k3: float | None = None,
-                    max_mismatch: float | None = None) -> list[str]:
+                    max_mismatch: float | None = None,
+                    max_excluded: "ExclusionLimit | int | float | str | None" = None
+                    ) -> list[str]:
     """Failed gates on the latest row (the last one written), each naming the step and
-    the metric; empty when every gate passes."""
+    the metric; empty when every gate passes. The rules of
+    :func:`detsample.audit.gates.check_gates` apply: a step that audited no token fails,
+    and under any gate more excluded sequences than ``max_excluded`` (default 0) fail."""
     if not rows:
         return ["no steps logged"]
     last = rows[-1]
     step = last["step"]
     failures = []
+    excluded = int(last.get("excluded_sequences") or 0)
+    seen = int(last.get("sequences") or 0) + excluded
+    empty = no_tokens_failure({"tokens": last["tokens"], "sequences_seen": seen,
+                               "excluded_sequences": excluded})
+    if empty:
+        failures.append(f"step {step}: {empty}")
+    limits = (max_abs_diff, min_exact_match, max_k3, max_mismatch, max_excluded)
+    if any(v is not None for v in limits):
+        bad = exclusion_failure(excluded, seen, ExclusionLimit.of(max_excluded))
+        if bad:
+            failures.append(f"step {step}: {bad}")
     for key, limit, above in (("max_abs_diff", max_abs_diff, True),
                               ("k3_kl_mean", max_k3, True),
                               ("mismatch_fraction", max_mismatch, True),

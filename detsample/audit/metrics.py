@@ -26,6 +26,7 @@ import numpy as np
 
 from detsample.audit.exact import (ValueCounts, exact_marginal_sums, exact_mean, exact_sums,
                                    fraction_to_float, to_fraction)
+from detsample.audit.frameworks import FrameworkAccumulator, FrameworkOptions
 from detsample.audit.issues import Issue
 from detsample.audit.validate import AuditBatch
 
@@ -149,10 +150,12 @@ class _Groups:
 class AuditAccumulator:
     """Every audit statistic, updated chunk by chunk and merged exactly across shards."""
 
-    def __init__(self, compare_dtype: str | None = None) -> None:
+    def __init__(self, compare_dtype: str | None = None,
+                 frameworks: FrameworkOptions | None = None) -> None:
         if compare_dtype not in COMPARE_DTYPES:
             raise ValueError(f"compare_dtype must be one of {COMPARE_DTYPES}, got {compare_dtype!r}")
         self.compare_dtype = compare_dtype
+        self.frameworks = FrameworkAccumulator(frameworks)  # verl / NeMo-RL metrics
         self.sources: list[str] = []
         self.sequences_seen = 0
         self.sequences = 0
@@ -241,6 +244,14 @@ class AuditAccumulator:
         self.by_prob.add_counts(c.sum(axis=1))
         self.by_pos.add_counts(c.sum(axis=0))
         nzi = np.flatnonzero(nz)
+        dn = d[nzi]
+        starts = np.zeros(nseq, dtype=np.int64)
+        np.cumsum(ntok[:-1], out=starts[1:])
+        seq_nz = np.searchsorted(starts, nzi, side="right") - 1  # the row of each d != 0
+        # per-sequence float64 sum of d, sequential in token order (zeros skipped: adding
+        # +-0 never changes a running sum that starts at +0)
+        seq_d = np.bincount(seq_nz, weights=dn, minlength=nseq)
+        self.frameworks.update(ntok, e64, t, dn, seq_nz, seq_d)
         self.zero_d += n - nzi.size
         self.mismatch[0] += nzi.size
         if n > nzi.size:  # d == 0 exactly: r = 1
@@ -249,7 +260,6 @@ class AuditAccumulator:
         if nzi.size == 0:
             self.seq_with_tokens += int(np.count_nonzero(ntok))
             return
-        dn = d[nzi]
         absn = np.abs(dn)
         neg = dn < 0
         for k, thr in enumerate(THRESHOLDS[1:], start=1):
@@ -280,17 +290,12 @@ class AuditAccumulator:
         self.min_r = min(self.min_r, float(r_ext[0]))  # exp is monotone: min r = exp(min d)
         self.max_r = max(self.max_r, float(r_ext[1]))
         self.diff_values.add(dn, check=False)  # d != 0 here: no NaN, no -0.0
-        seq_nz = np.repeat(np.arange(nseq, dtype=np.int64), ntok)[nzi]
-        self._update_sequences(b, ntok, seq_nz, pos[nzi], dn, absn, nseq)
+        self._update_sequences(b, ntok, seq_nz, pos[nzi], seq_d, absn)
 
     def _update_sequences(self, b: AuditBatch, ntok: np.ndarray, seq_nz: np.ndarray,
-                          pos_nz: np.ndarray, dn: np.ndarray, absn: np.ndarray,
-                          nseq: int) -> None:
+                          pos_nz: np.ndarray, full_sum: np.ndarray, absn: np.ndarray) -> None:
         has = ntok > 0
         self.seq_with_tokens += int(has.sum())
-        # per-sequence float64 sum of d, sequential in token order (zeros skipped: adding
-        # +-0 never changes a running sum that starts at +0)
-        full_sum = np.bincount(seq_nz, weights=dn, minlength=nseq)
         seq_sum = full_sum[has]
         lppl = -seq_sum / ntok[has]
         self.s_seq_sum += exact_sums(seq_sum)[0]
@@ -343,6 +348,7 @@ class AuditAccumulator:
             self.first_div[p] = self.first_div.get(p, 0) + c
         self.first_div_buckets += o.first_div_buckets
         self.worst = sorted(self.worst + o.worst)[:MAX_WORST]
+        self.frameworks.merge(o.frameworks)
 
     # ------------------------------------------------------------------ the report
 
@@ -365,13 +371,15 @@ class AuditAccumulator:
             # r = 1 + u: sum r = n + U1, sum r^2 = n + 2 U1 + U2 (exact rationals)
             u1, u2 = to_fraction(self.s_u), to_fraction(self.s_u2)
             sr, sr2 = n + u1, n + 2 * u1 + u2
-            ess_f = sr * sr / sr2
+            # sum r^2 from the rounded u^2 can reach 0 when every r is tiny (d < -18):
+            # then there is no ESS to report (bug pinned by tests/audit/test_fuzz.py)
+            ess_f = sr * sr / sr2 if sr2 > 0 else None
             ratio = {
                 "mean": fraction_to_float(sr / n),
                 "std": math.sqrt(max(fraction_to_float(u2 / n - (u1 / n) ** 2), 0.0)),
                 "min": self.min_r, "max": self.max_r,
-                "ess": fraction_to_float(ess_f),
-                "ess_fraction": fraction_to_float(ess_f / n),
+                "ess": None if ess_f is None else fraction_to_float(ess_f),
+                "ess_fraction": None if ess_f is None else fraction_to_float(ess_f / n),
                 "chi2": fraction_to_float((2 * u1 + u2) / n),
             }
         elif n:
@@ -450,4 +458,6 @@ class AuditAccumulator:
                 {"source": src, unit: line, "id": rid, "max_abs_diff": -neg_max,
                  "sum_diff": sd, "first_divergence": fdp}
                 for neg_max, src, line, unit, rid, sd, fdp in self.worst],
+            "frameworks": self.frameworks.report(
+                self.diff_values, self.zero_d, s_d, None if self.inf_u else self.s_u),
         }

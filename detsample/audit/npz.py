@@ -11,14 +11,22 @@ from __future__ import annotations
 
 import struct
 import zipfile
+import zlib
 from collections.abc import Iterator
 
 import numpy as np
 
 from detsample.audit.issues import AuditInputError
 from detsample.audit.layout import COLUMN_KINDS, ROLES, Resolved
-from detsample.audit.readers import DEFAULT_CHUNK_TOKENS, kind_words
+from detsample.audit.readers import DEFAULT_CHUNK_TOKENS, ids_column
+from detsample.audit.values import kind_words
 from detsample.audit.table import Padded, PerRow, Ragged, TableChunk
+
+
+#: what zipfile, zlib and numpy's header parser raise on a damaged NPZ (an encrypted or
+#: unsupported member, a bad CRC, a truncated stream, a malformed .npy header)
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, KeyError,
+               NotImplementedError, RuntimeError, struct.error, SyntaxError, TypeError)
 
 
 class _NpzArray:
@@ -67,15 +75,50 @@ class _NpzArray:
         if self._mm is not None:
             out = self._mm[a:b].view(np.ndarray)  # read-only view of the mapped file
         else:
-            if self._stream is None:
-                self._stream = self._zf.open(self._info)
             item = self.dtype.itemsize
-            self._stream.seek(self._header_len + a * item)
-            out = np.frombuffer(self._stream.read((b - a) * item), dtype=self.dtype).copy()
+            try:
+                if self._stream is None:
+                    self._stream = self._zf.open(self._info)
+                self._stream.seek(self._header_len + a * item)
+                data = self._stream.read((b - a) * item)
+            except _ZIP_ERRORS as exc:
+                raise AuditInputError(f"{self.path}: {self.name}: cannot read the compressed "
+                                      f"member ({type(exc).__name__}: {exc})") from exc
+            if len(data) != (b - a) * item:
+                raise AuditInputError(f"{self.path}: {self.name}: truncated member ({len(data)} "
+                                      f"bytes where {(b - a) * item} were expected)")
+            out = np.frombuffer(data, dtype=self.dtype).copy()
         return out.reshape((stop - start,) + self.shape[1:]) if len(self.shape) > 1 else out
 
     def all(self) -> np.ndarray:
         return self.read(0, len(self))
+
+
+class _Members:
+    """The NPZ members by column name, each parsed on first use: a member the layout does
+    not read (an object array, a malformed header) is never opened, so it cannot make the
+    file fatal."""
+
+    def __init__(self, path: str, zf: zipfile.ZipFile, infos: dict[str, zipfile.ZipInfo]) -> None:
+        self.path, self._zf, self._infos = path, zf, infos
+        self._open: dict[str, _NpzArray] = {}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._infos
+
+    def __iter__(self):
+        return iter(self._infos)
+
+    def __getitem__(self, name: str) -> "_NpzArray":
+        if name not in self._open:
+            try:
+                self._open[name] = _NpzArray(self.path, self._zf, self._infos[name])
+            except AuditInputError:
+                raise
+            except _ZIP_ERRORS as exc:
+                raise AuditInputError(f"{self.path}: {name}: not a readable .npy member "
+                                      f"({type(exc).__name__}: {exc})") from exc
+        return self._open[name]
 
 
 class NpzSource:
@@ -85,10 +128,10 @@ class NpzSource:
         self.path = str(path)
         try:
             self._zf = zipfile.ZipFile(self.path)
-        except (zipfile.BadZipFile, OSError) as exc:
+        except _ZIP_ERRORS as exc:
             raise AuditInputError(f"{self.path}: not a readable NPZ file ({exc})") from exc
         members = {i.filename[:-4]: i for i in self._zf.infolist() if i.filename.endswith(".npy")}
-        self.arrays = {k: _NpzArray(self.path, self._zf, v) for k, v in members.items()}
+        self.arrays = _Members(self.path, self._zf, members)
         self.offsets: dict[str, np.ndarray] = {}
         self.resolved: Resolved | None = None
         self.num_sequences = 0
@@ -117,7 +160,7 @@ class NpzSource:
             if c == id_col or c not in self.arrays:
                 continue
             arr = self.arrays[c]
-            if arr.dtype.kind not in COLUMN_KINDS[dst]:
+            if ROLES[dst] == "row" and arr.dtype.kind not in COLUMN_KINDS[dst]:
                 raise AuditInputError(f"{self.path}: {c}: values must be {kind_words(dst)}, "
                                       f"got dtype {arr.dtype}")
             if ROLES[dst] == "row":
@@ -184,11 +227,12 @@ class NpzSource:
     def _chunk(self, i: int, j: int) -> TableChunk:
         assert self.resolved is not None
         cols: dict = {}
+        lines = np.arange(i, j, dtype=np.int64)
+        flagged: dict = {}
         id_col = self.resolved.id_column
         if id_col is not None:
-            cols[id_col] = PerRow(
-                [x if isinstance(x, str) else (x.decode() if isinstance(x, bytes) else str(x))
-                 for x in self.arrays[id_col].read(i, j).tolist()])
+            cols[id_col] = PerRow(ids_column(self.arrays[id_col].read(i, j).tolist(), id_col,
+                                             self.path, "row", lines, flagged))
         for c, dst in self.resolved.wants():
             if c == id_col or c not in self.arrays:
                 continue
@@ -200,7 +244,7 @@ class NpzSource:
                 cols[c] = PerRow(arr.read(i, j).astype(np.int64))
             else:
                 cols[c] = Padded(arr.read(i, j))
-        return TableChunk(self.path, "row", np.arange(i, j, dtype=np.int64), cols)
+        return TableChunk(self.path, "row", lines, cols, flagged)
 
 
 def _check_offsets(path: str, column: str, off: np.ndarray, nseq: int, nvalues: int) -> np.ndarray:

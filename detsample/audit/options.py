@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
+from detsample.audit.frameworks import FrameworkOptions
 from detsample.audit.layout import DEFAULT_LAYOUT, Layout, make_layout
 from detsample.audit.metrics import COMPARE_DTYPES
 from detsample.audit.readers import DEFAULT_CHUNK_TOKENS
@@ -38,6 +39,8 @@ class AuditOptions:
         "float64": both logprobs rounded to it before comparing.
     layout: how the files' columns map onto the audit's (presets, ``--columns``, padding).
     ray: None (no Ray), :data:`LOCAL_RAY`, or a Ray cluster address.
+    frameworks: the thresholds of the RL frameworks' metrics (verl's rollout_is_threshold,
+        rollout_rs, rollout_rs_threshold), :class:`detsample.audit.frameworks.FrameworkOptions`.
     """
 
     rescore: RescoreSpec = None
@@ -48,6 +51,7 @@ class AuditOptions:
     compare_dtype: str | None = None
     layout: Layout = DEFAULT_LAYOUT
     ray: str | None = None
+    frameworks: FrameworkOptions = FrameworkOptions()
 
     def __post_init__(self) -> None:
         check_rescore_spec(self.rescore)
@@ -65,6 +69,9 @@ class AuditOptions:
                              f"got {self.compare_dtype!r}")
         if not isinstance(self.layout, Layout):
             raise ValueError(f"layout must be a Layout, got {type(self.layout).__name__}")
+        if not isinstance(self.frameworks, FrameworkOptions):
+            raise ValueError(f"frameworks must be a FrameworkOptions, got "
+                             f"{type(self.frameworks).__name__}")
         if self.ray is not None and (not isinstance(self.ray, str) or not self.ray):
             raise ValueError(f"ray must be None, {LOCAL_RAY!r} or a cluster address, "
                              f"got {self.ray!r}")

@@ -12,12 +12,9 @@ from collections.abc import Iterator
 import numpy as np
 
 from detsample.audit.issues import AuditInputError
-from detsample.audit.layout import COLUMN_KINDS, ROLES, Resolved
-from detsample.audit.readers import arrow_is_list, arrow_to_table, arrow_value_type_ok
+from detsample.audit.layout import ROLES, Resolved
+from detsample.audit.readers import arrow_is_list, arrow_to_table
 from detsample.audit.table import Padded, Ragged, TableChunk
-
-_VALUE_TYPES = {"iu": "integer", "fiu": "floating point or integer", "biu": "bool or integer"}
-
 
 class ParquetSource:
     """A Parquet audit input: schema checked at :meth:`bind`, read by row groups."""
@@ -29,27 +26,31 @@ class ParquetSource:
         self.path = str(path)
         try:
             self._pf = pq.ParquetFile(self.path)
-        except (OSError, pa.ArrowException) as exc:
-            raise AuditInputError(f"{self.path}: not a readable Parquet file ({exc})") from exc
-        md = self._pf.metadata
-        self.row_group_rows = [md.row_group(k).num_rows for k in range(md.num_row_groups)]
-        self.num_sequences = md.num_rows
+            md = self._pf.metadata
+            self.row_group_rows = [md.row_group(k).num_rows for k in range(md.num_row_groups)]
+            self.num_sequences = md.num_rows
+            self._names = list(self._pf.schema_arrow.names)
+            self._schema = self._pf.schema_arrow
+        except (OSError, pa.ArrowException, ValueError, UnicodeDecodeError, IndexError,
+                KeyError, TypeError) as exc:
+            why = "; ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
+            raise AuditInputError(f"{self.path}: not a readable Parquet file ({why})") from exc
         self.resolved: Resolved | None = None
 
     def columns(self) -> list[str]:
-        return list(self._pf.schema_arrow.names)
+        return list(self._names)
 
     def bind(self, resolved: Resolved) -> "ParquetSource":
         """Check the types of the columns ``resolved`` reads (fatal errors name the file
         and the column)."""
         import pyarrow as pa
 
-        schema = self._pf.schema_arrow
+        schema = self._schema
         id_col = resolved.id_column
-        if id_col is not None and id_col not in schema.names:
+        if id_col is not None and id_col not in self._names:
             raise AuditInputError(f"{self.path}: missing column '{id_col}'")
         for c, dst in resolved.wants():
-            if c == id_col or c not in schema.names:
+            if c == id_col or c not in self._names:
                 continue
             t = schema.field(c).type
             if ROLES[dst] == "row":
@@ -58,15 +59,32 @@ class ParquetSource:
                 continue
             if not arrow_is_list(t):
                 raise AuditInputError(f"{self.path}: {c}: must be a list column, got {t}")
-            if not arrow_value_type_ok(dst, t.value_type):
-                raise AuditInputError(f"{self.path}: {c}: values must be "
-                                      f"{_VALUE_TYPES[COLUMN_KINDS[dst]]}, got {t.value_type}")
+            # values of the wrong kind (list<string> logprobs, ...) exclude their rows, as in
+            # every format (detsample.audit.values); only the shape of the column is fatal
         self.resolved = resolved
         self._columns = ([id_col] if id_col is not None else []) + [
-            c for c, _ in resolved.wants() if c != id_col and c in schema.names]
+            c for c, _ in resolved.wants() if c != id_col and c in self._names]
         self._fixed = {c for c in self._columns
                        if pa.types.is_fixed_size_list(schema.field(c).type)}
         return self
+
+    def _batches(self, chunk_rows: int, groups: list[int]) -> Iterator:
+        """The record batches; a page that cannot be decoded is an AuditInputError naming
+        the file."""
+        import pyarrow as pa
+
+        it = self._pf.iter_batches(batch_size=chunk_rows, row_groups=groups,
+                                   columns=self._columns, use_threads=False)
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            except (pa.ArrowException, OSError, ValueError) as exc:
+                why = "; ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
+                raise AuditInputError(f"{self.path}: not a readable Parquet file ({why})") \
+                    from exc
+            yield batch
 
     def iter_chunks(self, row_groups: list[int] | None = None,
                     chunk_rows: int = 2048) -> Iterator[TableChunk]:
@@ -77,11 +95,14 @@ class ParquetSource:
         row = sum(self.row_group_rows[:groups[0]])
         if groups != list(range(groups[0], groups[0] + len(groups))):
             raise ValueError("row_groups must be consecutive")
-        for batch in self._pf.iter_batches(batch_size=chunk_rows, row_groups=groups,
-                                           columns=self._columns, use_threads=False):
+        for batch in self._batches(chunk_rows, groups):
             n = batch.num_rows
-            chunk = arrow_to_table(batch, self.path, "row", np.arange(row, row + n, dtype=np.int64),
-                                   self.resolved)
+            try:
+                chunk = arrow_to_table(batch, self.path, "row",
+                                       np.arange(row, row + n, dtype=np.int64), self.resolved)
+            except UnicodeDecodeError as exc:  # a string that is not UTF-8
+                raise AuditInputError(f"{self.path}: rows {row}..{row + n - 1}: not UTF-8 text "
+                                      f"({exc})") from exc
             for c in self._fixed:  # fixed-size lists are padded 2-D arrays
                 col = chunk.cols.get(c)
                 if isinstance(col, Ragged) and col.lengths.size and (col.lengths >= 0).all():

@@ -28,6 +28,7 @@ from detsample.audit.issues import AuditInputError, Issue
 from detsample.audit.layout import (COLUMN_KINDS, LIST_COLUMNS, REQUIRED_COLUMNS, ROLES,
                                     Resolved)
 from detsample.audit.table import PerRow, Ragged, RawChunk, TableChunk
+from detsample.audit.values import column_array, id_of, kind_words, value_message
 
 __all__ = ["AuditInputError", "COLUMN_KINDS", "DEFAULT_CHUNK_TOKENS", "Issue", "LIST_COLUMNS",
            "REQUIRED_COLUMNS", "RawChunk", "arrow_to_table", "detect_format",
@@ -51,11 +52,6 @@ def detect_format(path: str) -> str:
     if low.endswith((".pt", ".pth")):
         return "pt"
     raise AuditInputError(f"{path}: unknown input format (expected .jsonl, .npz, .parquet or .pt)")
-
-
-def kind_words(column: str) -> str:
-    """What a canonical column holds, for messages: "integers", "numbers", "0/1 or booleans"."""
-    return {"iu": "integers", "fiu": "numbers", "biu": "0/1 or booleans"}[COLUMN_KINDS[column]]
 
 
 # --------------------------------------------------------------------------- records / JSONL
@@ -99,16 +95,13 @@ class _ChunkBuilder:
         if self.id_col is None:
             rid: object = line
         else:
-            rid = rec.get(self.id_col)
-            if rid is None:
+            if self.id_col not in rec:
                 self.add_bad(line, self._issue(line, self.id_col, "missing_column",
                                                f"missing column '{self.id_col}'"))
                 return
-            rid = _as_id(rid)
-            if rid is None:
-                self.add_bad(line, self._issue(line, self.id_col, "bad_type",
-                                               f"{self.id_col} must be a string or an integer, "
-                                               f"got {rec.get(self.id_col)!r:.60}"))
+            rid, why = id_of(rec[self.id_col])
+            if why is not None:
+                self.add_bad(line, self._issue(line, self.id_col, "bad_type", why))
                 return
         arrays: dict[str, np.ndarray | int] = {}
         for c, dst in self.wants:
@@ -120,9 +113,9 @@ class _ChunkBuilder:
                     return
                 continue
             if ROLES[dst] == "row":
-                a, kind, problem = _as_count(v)
+                a, kind, problem = count_of(v)
             else:
-                a, kind, problem = _as_column(dst, v)
+                a, kind, problem = column_array(dst, v)
             if problem:
                 self.add_bad(line, self._issue(line, c, kind, problem), str(rid))
                 return
@@ -167,18 +160,7 @@ class _ChunkBuilder:
         return chunk
 
 
-def _as_id(rid: object) -> str | None:
-    if isinstance(rid, bool):
-        return None
-    if isinstance(rid, (str, int)):
-        return str(rid)
-    if isinstance(rid, np.generic) or (hasattr(rid, "ndim") and getattr(rid, "ndim") == 0):
-        item = rid.item()  # type: ignore[attr-defined]
-        return str(item) if isinstance(item, (str, int)) and not isinstance(item, bool) else None
-    return None
-
-
-def _as_count(v: object) -> tuple[int, str, str | None]:
+def count_of(v: object) -> tuple[int, str, str | None]:
     """A per-row count (response_length): a non-negative integer."""
     if hasattr(v, "ndim") and getattr(v, "ndim") == 0:
         v = v.item()  # type: ignore[attr-defined]
@@ -189,49 +171,28 @@ def _as_count(v: object) -> tuple[int, str, str | None]:
     return int(v), "", None
 
 
-def _as_column(c: str, v: object) -> tuple[np.ndarray | None, str, str | None]:
-    """One record's column as a 1-D array of the canonical column ``c``'s dtype, or
-    (None, kind, problem)."""
-    if "mask" not in c and isinstance(v, list):  # numpy would coerce False -> 0.0, True -> 1
-        bad = next((x for x in v if x is True or x is False), None)
-        if bad is not None:
-            return None, "bad_type", f"values must be {kind_words(c)}, got {bad!r}"
-    try:
-        a = np.asarray(v)
-    except (ValueError, TypeError) as exc:  # ragged nested lists
-        return None, "ragged", f"not a flat list of numbers ({exc})"
-    if a.ndim != 1:
-        return None, "ragged", f"must be a flat list, got {a.ndim} dimensions"
-    if a.size and a.dtype.kind not in COLUMN_KINDS[c]:
-        return None, "bad_type", f"values must be {kind_words(c)}, got {_first_bad(a)}"
-    if COLUMN_KINDS[c] == "iu" and (a.size == 0 or a.dtype.kind == "u"):
-        if a.size and a.max() > np.iinfo(np.int64).max:
-            return None, "bad_type", f"token id {a.max()} is out of the int64 range"
-        return a.astype(np.int64), "", None  # [] is float64 for numpy; uint64 + int64 -> float64
-    if "logprob" in c and (a.size == 0 or a.dtype.kind in "iu"):
-        return a.astype(np.float64), "", None
-    if "mask" in c and a.size == 0:
-        return a.astype(bool), "", None
-    return a, "", None
-
-
-def _first_bad(a: np.ndarray) -> str:
-    if a.dtype.kind == "O":
-        for x in a.tolist():
-            if not isinstance(x, (int, float)) or isinstance(x, bool):
-                return f"{x!r:.40}"
-    if a.dtype.kind in "US":
-        return f"{a.tolist()[0]!r:.40} ({a.dtype})"
-    return f"dtype {a.dtype}"
-
-
 def iter_record_chunks(records: Iterable[object], resolved: Resolved,
                        source: str = "<records>", chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                        first_row: int = 0) -> Iterator[TableChunk]:
     """Chunks from in-memory records (mappings; values lists or arrays). Locations are
     0-based record indices (unit "row"), counted from ``first_row``."""
-    yield from _build_chunks(_ChunkBuilder(source, "row", chunk_tokens, resolved),
-                             enumerate(records, start=first_row))
+    items: Iterable[tuple[int, object]] = enumerate(records, start=first_row)
+    if resolved.layout.records == "openai":
+        items = _openai_items(source, "row", items)
+    yield from _build_chunks(_ChunkBuilder(source, "row", chunk_tokens, resolved), items)
+
+
+def _openai_items(source: str, unit: str, items: Iterable[tuple[int, object]]
+                  ) -> Iterator[tuple[int, object]]:
+    """OpenAI-compatible responses -> one record (or a located Issue) per choice."""
+    from detsample.audit.openai import records_of
+
+    for loc, obj in items:
+        if isinstance(obj, Issue):
+            yield loc, obj
+            continue
+        for rec in records_of(obj):
+            yield loc, (rec if isinstance(rec, dict) else Issue(source, loc, *rec, unit))
 
 
 def _build_chunks(b: _ChunkBuilder, items: Iterable[tuple[int, object]]) -> Iterator[TableChunk]:
@@ -254,7 +215,7 @@ def _parse_json_lines(path: str, lines: list[tuple[int, bytes]]) -> Iterator[tup
         try:
             yield k, json.loads(ln)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            msg = (f"invalid JSON: {exc.msg} at column {exc.colno}"
+            msg = (f"invalid JSON: {exc.msg} (column {exc.colno})"
                    if isinstance(exc, json.JSONDecodeError) else f"invalid UTF-8: {exc}")
             yield k, Issue(path, k, "<line>", "bad_json", msg, "line")
 
@@ -305,13 +266,17 @@ def iter_jsonl_chunks(path: str, resolved: Resolved, start: int = 0, end: int | 
             if not nonblank:
                 continue
             lines = np.array([k for k, _ in nonblank], dtype=np.int64)
-            chunk = (_arrow_jsonl_block(buf, str(path), lines, resolved) if parser == "auto"
-                     else None)
+            openai = resolved.layout.records == "openai"  # nested responses: json only
+            chunk = (_arrow_jsonl_block(buf, str(path), lines, resolved)
+                     if parser == "auto" and not openai else None)
             if chunk is not None:
                 yield chunk
                 continue
+            items = _parse_json_lines(str(path), nonblank)
+            if openai:
+                items = _openai_items(str(path), "line", items)
             yield from _build_chunks(_ChunkBuilder(str(path), "line", chunk_tokens, resolved),
-                                     _parse_json_lines(str(path), nonblank))
+                                     items)
 
 
 def split_jsonl(path: str, parts: int) -> list[tuple[int, int, int]]:
@@ -360,6 +325,22 @@ def arrow_value_type_ok(column: str, vt) -> bool:
             or ("b" in kinds and pa.types.is_boolean(vt)))
 
 
+def _fill_nulls(flat):
+    """Nulls (their rows are flagged already) replaced by a value of the array's own type,
+    so the column keeps its dtype for the rows that are read."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = flat.type
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return pc.fill_null(flat, pa.scalar(0, type=t))
+    if pa.types.is_boolean(t):
+        return pc.fill_null(flat, False)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return pc.fill_null(flat, "")
+    return flat
+
+
 def arrow_is_list(t) -> bool:
     import pyarrow as pa
 
@@ -380,12 +361,8 @@ def arrow_to_table(table, source: str, unit: str, lines: np.ndarray,
     cols: dict = {}
     id_col = resolved.id_column
     if id_col is not None and id_col in names:
-        col = table.column(id_col)
-        cols[id_col] = PerRow(["" if x is None else str(x) for x in col.to_pylist()])
-        if col.null_count:
-            for k in np.flatnonzero(np.asarray(col.is_null())).tolist():
-                flagged[k] = Issue(source, int(lines[k]), id_col, "missing_column",
-                                   f"missing column '{id_col}'", unit)
+        cols[id_col] = PerRow(ids_column(table.column(id_col).to_pylist(), id_col, source,
+                                         unit, lines, flagged))
     for c, dst in resolved.wants():
         if c == id_col or c not in names:
             continue
@@ -396,18 +373,54 @@ def arrow_to_table(table, source: str, unit: str, lines: np.ndarray,
             continue
         lens = pc.fill_null(pc.list_value_length(col), -1).to_numpy(zero_copy_only=False)
         flat = pc.list_flatten(col)
+        if len(flat) != int(np.maximum(lens, 0).sum()):
+            raise AuditInputError(f"{source}: {c}: the list column's values do not match its "
+                                  f"lengths ({len(flat)} values for "
+                                  f"{int(np.maximum(lens, 0).sum())})")
         if flat.null_count:
             owner = np.repeat(np.arange(n), np.maximum(lens, 0))
-            for k in np.unique(owner[np.asarray(flat.is_null())]).tolist():
-                flagged.setdefault(k, Issue(source, int(lines[k]), c, "bad_type",
-                                            "null value inside the list", unit))
-            flat = pc.fill_null(flat, 0)
+            starts = np.concatenate([[0], np.cumsum(np.maximum(lens, 0))])
+            nulls = np.flatnonzero(np.asarray(flat.is_null()))
+            for pos in nulls[np.unique(owner[nulls], return_index=True)[1]].tolist():
+                k = int(owner[pos])
+                flagged.setdefault(k, Issue(source, int(lines[k]), c, "bad_type", value_message(
+                    c, pos - int(starts[k]), None, f"values must be {kind_words(dst)}"), unit))
+            flat = _fill_nulls(flat)
         cols[c] = Ragged(flat.to_numpy(zero_copy_only=False), lens.astype(np.int64))
     return TableChunk(source, unit, np.asarray(lines, dtype=np.int64), cols, flagged)
 
 
+def ids_column(values: list, id_col: str, source: str, unit: str, lines: np.ndarray,
+               flagged: dict[int, Issue]) -> list[str]:
+    """The ids of a typed column (Parquet, NPZ, tensors, lists) by :func:`id_of`, the rule
+    JSONL follows too: a null, a float or a bool excludes its row (``bad_type``), recorded
+    in ``flagged``."""
+    out = []
+    for k, x in enumerate(values):
+        rid, why = id_of(x)
+        if why is not None:
+            flagged.setdefault(k, Issue(source, int(lines[k]), id_col, "bad_type", why, unit))
+            rid = ""
+        out.append(rid)
+    return out
+
+
 def _arrow_jsonl_block(block: bytes, source: str, lines: np.ndarray,
                        resolved: Resolved) -> TableChunk | None:
+    """:func:`_arrow_jsonl_block_of`, or None (the line-by-line path, which names the bad
+    line) for any block pyarrow reads into something it cannot then describe (a key that
+    is not UTF-8, say)."""
+    import pyarrow as pa
+
+    try:
+        return _arrow_jsonl_block_of(block, source, lines, resolved)
+    except (pa.ArrowException, UnicodeDecodeError, ValueError, TypeError, KeyError,
+            IndexError, OverflowError):
+        return None
+
+
+def _arrow_jsonl_block_of(block: bytes, source: str, lines: np.ndarray,
+                          resolved: Resolved) -> TableChunk | None:
     """Parse a block of complete JSONL lines with pyarrow's JSON reader (C++, one thread).
 
     Returns None unless the block is clean: one object per non-blank line, ids strings or
@@ -446,6 +459,12 @@ def _arrow_jsonl_block(block: bytes, source: str, lines: np.ndarray,
             continue
         if not arrow_is_list(t) or not arrow_value_type_ok(dst, t.value_type):
             return None
-        if pc.list_flatten(table.column(c)).null_count:
+        if "mask" in dst and pa.types.is_floating(t.value_type):
+            return None  # JSON integers pyarrow widened to double: json names them exactly
+        col = table.column(c)
+        flat = pc.list_flatten(col)
+        if flat.null_count or len(flat) != (pc.sum(pc.list_value_length(col)).as_py() or 0):
+            # a null in a list; or pyarrow's JSON reader dropping a leading null from a list
+            # while keeping its length ([null, 4] read as [4, 0]): json reads it as written
             return None
     return arrow_to_table(table.drop_columns(drop), source, "line", lines, resolved)

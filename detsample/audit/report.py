@@ -67,6 +67,35 @@ def summary_rows(report: dict) -> list[tuple[str, str]]:
         ("first divergence min / p50 / mean / max", " / ".join(fmt_value(fd[k]) for k in
                                                               ("min", "p50", "mean", "max"))),
     ]
+    return rows + framework_rows(r.get("frameworks"))
+
+
+def framework_rows(fw: dict | None) -> list[tuple[str, str]]:
+    """The summary's lines of the RL frameworks' metrics (docs/audit.md, "Framework metrics")."""
+    if not fw:
+        return []
+    verl, nemo = fw["verl"], fw["nemo_rl"]
+    tok = verl["rollout_is_token"] or {}
+    seq = verl["rollout_is_sequence"] or {}
+    off = verl["offpolicy"] or {}
+    rs = verl["rollout_rs"] or {}
+    pre = "rollout_corr/"
+    thr = verl["config"]["rollout_is_threshold"]
+    rows = [
+        (f"verl rollout_is mean token / seq (T={thr:g})",
+         f"{fmt_value(tok.get(pre + 'rollout_is_mean'))} / "
+         f"{fmt_value(seq.get(pre + 'rollout_is_mean'))}"),
+        ("verl is fraction_high / low (token)",
+         f"{fmt_value(tok.get(pre + 'rollout_is_ratio_fraction_high'))} / "
+         f"{fmt_value(tok.get(pre + 'rollout_is_ratio_fraction_low'))}"),
+        ("verl kl / k3_kl / ppl_ratio", " / ".join(fmt_value(off.get(pre + k)) for k in
+                                                   ("kl", "k3_kl", "ppl_ratio"))),
+    ]
+    if verl["config"]["rollout_rs"]:
+        rows.append((f"verl rs masked tokens / seqs ({verl['config']['rollout_rs']})",
+                     f"{fmt_value(rs.get(pre + 'rollout_rs_masked_fraction'))} / "
+                     f"{fmt_value(rs.get(pre + 'rollout_rs_seq_masked_fraction'))}"))
+    rows.append(("NeMo-RL token_mult_prob_error", fmt_value(nemo["token_mult_prob_error"])))
     return rows
 
 

@@ -30,17 +30,25 @@ from detsample.models import MODEL_NAMES, is_model_spec
 RescoreSpec = Callable[[list[int], list[int]], "np.ndarray | list[float]"] | str | None
 
 
+class RescoreModelError(AuditInputError):
+    """The rescoring model cannot be built, or answers outside the model protocol: fatal
+    for the whole audit (never a per-sequence exclusion repeated on every row)."""
+
+
 class ModelRescorer:
     """Callable ``(prompt_ids, response_ids) -> float32 logprobs [len(response_ids)]`` in
     the "raw" mode (log_softmax of the model's logits), by one prefill of ``model``.
 
     model: a :func:`detsample.models.load_model` spec. batch_invariant: its forwards under
     the batch-invariant mode (``portable``: its portable kernels). model_path: a saved
-    reference model (``RefModel.save``), with ``model="refmodel"`` only.
+    reference model (``RefModel.save``), with ``model="refmodel"`` only. label: how errors
+    name the option that gave the model ("--rescore" for the audit, "--model" for
+    ``detsample rollout``).
     """
 
     def __init__(self, model: str = "refmodel", *, batch_invariant: bool = False,
-                 portable: bool = False, model_path: str | None = None) -> None:
+                 portable: bool = False, model_path: str | None = None,
+                 label: str = "--rescore") -> None:
         check_rescore_spec(model)
         if not isinstance(model, str):
             raise ValueError(f"model must be a model spec string, got {model!r}")
@@ -52,15 +60,17 @@ class ModelRescorer:
         self.batch_invariant = bool(batch_invariant)
         self.portable = bool(portable)
         self.model_path = model_path
+        self.label = str(label)
         self._state = None
 
     def __getstate__(self) -> dict:
         return {"model": self.model, "batch_invariant": self.batch_invariant,
-                "portable": self.portable, "model_path": self.model_path}
+                "portable": self.portable, "model_path": self.model_path, "label": self.label}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["model"], batch_invariant=state["batch_invariant"],
-                      portable=state.get("portable", False), model_path=state["model_path"])
+                      portable=state.get("portable", False), model_path=state["model_path"],
+                      label=state.get("label", "--rescore"))
 
     def build_model(self):
         """The model this rescorer prefills with (built once)."""
@@ -82,14 +92,19 @@ class ModelRescorer:
                     lm = load_model(self.model, batch_invariant=self.batch_invariant,
                                     portable=self.portable)
             except ModelError as exc:
-                raise AuditInputError(f"rescore model: {exc}") from exc
+                raise RescoreModelError(f"{self.label}: {exc}") from exc
             params = SamplingParams(temperature=1.0, seed=0, logprobs_mode="raw")
             self._state = (lm, Sampler(), params, rescore)
         return self._state
 
     def __call__(self, prompt_ids: list[int], response_ids: list[int]) -> np.ndarray:
+        from detsample.models import ModelOutputError
+
         model, sampler, params, rescore = self._load()
-        return rescore(model, sampler, params, prompt_ids, response_ids).numpy()
+        try:
+            return rescore(model, sampler, params, prompt_ids, response_ids).numpy()
+        except ModelOutputError as exc:  # the model, not this sequence, is at fault
+            raise RescoreModelError(f"{self.label}: {exc}") from exc
 
 
 def check_rescore_spec(spec: object) -> None:

@@ -49,7 +49,7 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
     if stagger < 0:
         raise InvalidSamplingParams(f"stagger must be >= 0, got {stagger}")
     rescorer = ModelRescorer(model, batch_invariant=batch_invariant, portable=portable,
-                             model_path=model_path)
+                             model_path=model_path, label="--model")
     lm = rescorer.build_model()
     requests = []
     for i in range(num_sequences):

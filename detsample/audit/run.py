@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 
 from detsample.audit.assemble import assemble
+from detsample.audit.gates import check_gates
 from detsample.audit.issues import AuditInputError, Issue
-from detsample.audit.layout import Layout, Resolved, resolve
+from detsample.audit.layout import LIST_COLUMNS, Layout, Resolved, resolve
 from detsample.audit.metrics import AuditAccumulator
 from detsample.audit.npz import NpzSource
 from detsample.audit.options import AuditOptions, options_of
@@ -47,6 +48,11 @@ def open_source(path: str, layout: Layout):
     """(reader, resolved layout) of one file; structural errors are fatal here, before any
     shard runs. The reader is None for JSONL (read by byte ranges)."""
     fmt = detect_format(path)
+    if layout.records == "openai":
+        if fmt != "jsonl":
+            raise AuditInputError(f"{path}: preset openai reads JSONL (one OpenAI-compatible "
+                                  f"response per line), got a .{fmt} file")
+        return None, resolve(layout, ("id",) + LIST_COLUMNS, path)
     if fmt == "jsonl":
         return None, resolve(layout, peek_jsonl_keys(path), path)
     src = {"npz": NpzSource, "parquet": ParquetSource, "pt": TorchSource}[fmt](path)
@@ -120,7 +126,7 @@ def _shard_chunks(shard: Shard, opts: AuditOptions) -> tuple[Iterator[TableChunk
 def run_shard(shard: Shard, opts: AuditOptions | None = None) -> AuditAccumulator:
     """Audit one shard (in this process, a worker process or a Ray task)."""
     opts = AuditOptions() if opts is None else opts
-    acc = AuditAccumulator(opts.compare_dtype)
+    acc = AuditAccumulator(opts.compare_dtype, opts.frameworks)
     acc.add_source(shard.path)
     chunks, resolved = _shard_chunks(shard, opts)
     consume(acc, chunks, resolved, opts.rescorer(), opts.strict)
@@ -135,12 +141,14 @@ def _is_paths(source: object) -> bool:
 
 
 def _records_accumulator(records: Iterable[object], opts: AuditOptions) -> AuditAccumulator:
-    acc = AuditAccumulator(opts.compare_dtype)
+    acc = AuditAccumulator(opts.compare_dtype, opts.frameworks)
     it = iter(records)
     first = next(it, None)
     if first is None:
         return acc
     keys = list(first) if isinstance(first, Mapping) else []
+    if opts.layout.records == "openai":
+        keys = ["id", *LIST_COLUMNS]
     resolved = resolve(opts.layout, keys, "<records>")
     chunks = iter_record_chunks(itertools.chain([first], it), resolved,
                                 chunk_tokens=opts.chunk_tokens)
@@ -158,7 +166,7 @@ def audit_accumulator(source: object, options: AuditOptions | None = None,
         return _records_accumulator(source, opts)  # type: ignore[arg-type]
     paths = [os.fspath(p) for p in ([source] if isinstance(source, (str, os.PathLike))
                                      else source)]
-    total = AuditAccumulator(opts.compare_dtype)
+    total = AuditAccumulator(opts.compare_dtype, opts.frameworks)
     if opts.ray is not None:
         from detsample.audit.ray_runner import cluster_cpus, ray_session, run_tasks
 
@@ -214,22 +222,3 @@ def _jsonable(x: object) -> object:
 def to_json(report: dict) -> str:
     """Deterministic JSON text of a report (non-finite floats as "inf"/"-inf" strings)."""
     return json.dumps(_jsonable(report), indent=2, allow_nan=False) + "\n"
-
-
-def check_gates(report: dict, max_abs_diff: float | None = None,
-                min_exact_match: float | None = None) -> list[str]:
-    """Failed gates, each naming its metric; empty when every gate passes."""
-    failures = []
-    if max_abs_diff is not None:
-        v = report["max_abs_diff"]
-        if v is None:
-            failures.append("max_abs_diff: no tokens audited")
-        elif not v <= max_abs_diff:
-            failures.append(f"max_abs_diff = {v!r} > {max_abs_diff!r}")
-    if min_exact_match is not None:
-        v = report["exact_match_fraction"]
-        if v is None:
-            failures.append("exact_match_fraction: no tokens audited")
-        elif not v >= min_exact_match:
-            failures.append(f"exact_match_fraction = {v!r} < {min_exact_match!r}")
-    return failures

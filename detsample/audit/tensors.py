@@ -74,7 +74,7 @@ def tensors_accumulator(response_ids: object, engine_logprobs: object, trainer_l
     layout = Layout("from_tensors", padded=True, response_padding=padding,
                     prompt_padding=prompt_padding)
     resolved = resolve(layout, list(arrays) + (["id"] if ids is not None else []), source)
-    acc = AuditAccumulator(opts.compare_dtype)
+    acc = AuditAccumulator(opts.compare_dtype, opts.frameworks)
     acc.add_source(source)
     consume(acc, _tables(arrays, ids, source, max(opts.chunk_tokens // max(width, 1), 1)),
             resolved, opts.rescorer(), opts.strict)

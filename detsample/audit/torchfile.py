@@ -15,13 +15,17 @@ bfloat16 tensors are widened to float32 (exactly); the other dtypes are kept.
 
 from __future__ import annotations
 
+import pickle
+import re
 from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from detsample.audit.issues import AuditInputError
+from detsample.audit.issues import AuditInputError, Issue
 from detsample.audit.layout import COLUMN_KINDS, ROLES, Resolved
-from detsample.audit.readers import DEFAULT_CHUNK_TOKENS, iter_record_chunks, kind_words
+from detsample.audit.readers import (DEFAULT_CHUNK_TOKENS, count_of, ids_column,
+                                     iter_record_chunks)
+from detsample.audit.values import column_array, kind_words
 from detsample.audit.table import Padded, PerRow, Ragged, TableChunk
 
 
@@ -32,6 +36,35 @@ def to_numpy(t) -> np.ndarray:
     if t.dtype == torch.bfloat16:
         t = t.float()
     return t.detach().cpu().numpy()
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def refusal_message(path: str, exc: BaseException) -> str:
+    """Why ``torch.load(path, weights_only=True)`` refused, in one sentence: the Python
+    globals the file would need (a weights-only load never runs them), else the first
+    line of torch's reason, without its terminal colour codes."""
+    import torch
+
+    needed: list[str] = []
+    if isinstance(exc, pickle.UnpicklingError):
+        try:
+            needed = sorted(set(torch.serialization.get_unsafe_globals_in_checkpoint(path)))
+        except Exception:  # noqa: BLE001 - not a zip checkpoint: read torch's message
+            needed = sorted(set(_GLOBAL.findall(_ANSI.sub("", str(exc)))))
+    if needed:
+        return (f"{path}: refused: loading it would run the Python global(s) "
+                f"{', '.join(needed)}, which a weights_only load never does; the audit reads "
+                f"tensors, lists, dicts, strings and numbers only (save the columns as tensors "
+                f"or lists, docs/audit.md)")
+    lines = [ln.strip() for ln in _ANSI.sub("", str(exc)).splitlines() if ln.strip()]
+    boiler = ("Weights only load failed", "Please file an issue", "Check the documentation")
+    why = next((ln for ln in lines if not ln.startswith(boiler)),
+               lines[0] if lines else type(exc).__name__)
+    return (f"{path}: not a readable torch file with weights_only=True "
+            f"({type(exc).__name__}: {why})")
 
 
 def _plain(v: object) -> object:
@@ -45,18 +78,19 @@ class TorchSource:
     """A ``.pt`` audit input (columns or records), checked at :meth:`bind`."""
 
     def __init__(self, path: str) -> None:
-        import pickle
-
         import torch
 
         self.path = str(path)
         try:
-            obj = torch.load(self.path, map_location="cpu", weights_only=True, mmap=True)
-        except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError) as exc:
-            raise AuditInputError(
-                f"{self.path}: not a readable torch file with weights_only=True (only tensors, "
-                f"lists, dicts, strings and numbers are read): {str(exc).splitlines()[0]}"
-            ) from exc
+            try:
+                obj = torch.load(self.path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as exc:  # a legacy (non-zip) file cannot be mapped: load it
+                if "mmap" not in str(exc):
+                    raise
+                obj = torch.load(self.path, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError,
+                KeyError, TypeError, AttributeError, IndexError, UnicodeDecodeError) as exc:
+            raise AuditInputError(refusal_message(self.path, exc)) from exc
         if isinstance(obj, Mapping) and isinstance(obj.get("samples"), list):
             obj = obj["samples"]
         self.records: list | None = None
@@ -101,7 +135,7 @@ class TorchSource:
                     raise AuditInputError(f"{self.path}: {c}: expected {what}, got shape "
                                           f"{tuple(v.shape)}")
                 kind = np.dtype(to_numpy(v[:0]).dtype).kind
-                if dst != "id" and kind not in COLUMN_KINDS[dst]:
+                if ROLES[dst] == "row" and dst != "id" and kind not in COLUMN_KINDS[dst]:
                     raise AuditInputError(f"{self.path}: {c}: values must be {kind_words(dst)}, "
                                           f"got dtype {v.dtype}")
                 rows[c] = int(v.shape[0])
@@ -144,11 +178,12 @@ class TorchSource:
         assert self.resolved is not None
         cols: dict = {}
         lines = np.arange(i, j, dtype=np.int64)
+        flagged: dict[int, Issue] = {}
         id_col = self.resolved.id_column
         if id_col is not None:
             v = self.data[id_col]
             vals = to_numpy(v[i:j]).tolist() if isinstance(v, torch.Tensor) else list(v[i:j])
-            cols[id_col] = PerRow([str(x) for x in vals])
+            cols[id_col] = PerRow(ids_column(vals, id_col, self.path, "row", lines, flagged))
         for c, dst in self.resolved.wants():
             if c == id_col or c not in self.data:
                 continue
@@ -157,25 +192,44 @@ class TorchSource:
                 a = to_numpy(v[i:j])
                 cols[c] = PerRow(a.astype(np.int64)) if ROLES[dst] == "row" else Padded(a)
             elif ROLES[dst] == "row":
-                cols[c] = PerRow(np.array([-1 if x is None else int(x) for x in v[i:j]],
-                                          dtype=np.int64))
+                cols[c] = PerRow(_counts(self.path, c, v[i:j], lines, flagged))
             else:
-                cols[c] = _ragged(self.path, c, dst, v[i:j], i)
-        return TableChunk(self.path, "row", lines, cols)
+                cols[c] = _ragged(self.path, c, dst, v[i:j], lines, flagged)
+        return TableChunk(self.path, "row", lines, cols, flagged)
 
 
-def _ragged(path: str, c: str, dst: str, items: list, first_row: int) -> Ragged:
-    """A ragged column from a list of 1-D tensors / lists / None (absent); rows are
-    numbered from ``first_row`` in errors."""
+def _counts(path: str, c: str, items: list, lines: np.ndarray,
+            flagged: dict[int, Issue]) -> np.ndarray:
+    """A per-row count column from a list (None: absent, -1); a value that is not a
+    non-negative integer excludes its row (the rule JSONL records follow)."""
+    out = np.full(len(items), -1, dtype=np.int64)
+    for k, x in enumerate(items):
+        if x is None:
+            continue
+        n, kind, problem = count_of(_plain(x))
+        if problem:
+            flagged.setdefault(k, Issue(path, int(lines[k]), c, kind, problem, "row"))
+        else:
+            out[k] = n
+    return out
+
+
+def _ragged(path: str, c: str, dst: str, items: list, lines: np.ndarray,
+            flagged: dict[int, Issue]) -> Ragged:
+    """A ragged column from a list of 1-D tensors / lists / None (absent). Each row goes
+    through :func:`detsample.audit.values.column_array`, the rule of every format: a row
+    of the wrong shape or kind is excluded and named (``flagged``), its neighbours read."""
     parts, lens = [], []
     for k, x in enumerate(items):
         if x is None:
             lens.append(-1)
             continue
-        a = np.asarray(_plain(x))
-        if a.ndim != 1 or (a.size and a.dtype.kind not in COLUMN_KINDS[dst]):
-            raise AuditInputError(f"{path}: row {first_row + k}: {c}: expected a flat list of "
-                                  f"{kind_words(dst)}, got shape {a.shape} dtype {a.dtype}")
+        a, kind, problem = column_array(dst, _plain(x) if not isinstance(x, (list, tuple))
+                                        else [_plain(e) for e in x])
+        if problem:
+            flagged.setdefault(k, Issue(path, int(lines[k]), c, kind, problem, "row"))
+            lens.append(-1)
+            continue
         parts.append(a)
         lens.append(a.size)
     values = np.concatenate(parts) if parts else np.empty(0, dtype=np.float64)

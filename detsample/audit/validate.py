@@ -6,13 +6,16 @@ sequence (its first problem, in the order of the checks below). Checks, vectoris
 the chunk's columns:
 
 1. parse issues from the reader (bad JSON, wrong types, nulls);
-2. required columns present (``prompt_ids``, ``response_ids``, ``engine_logprobs``);
-   ``trainer_logprobs`` present, or recomputed by the ``rescore`` callable;
+2. required columns present (``response_ids``, ``engine_logprobs``); ``trainer_logprobs``
+   present, or recomputed by the ``rescore`` callable (which needs ``prompt_ids``: only
+   a sequence to rescore requires a prompt);
 3. ``engine_logprobs`` / ``trainer_logprobs`` count == ``response_ids`` count
    (kind ``count_mismatch``); ``mask`` count == ``response_ids`` count (kind ``ragged``);
-4. values: logprobs not NaN (``nan``), not infinite (``non_finite``), not > 0
-   (``positive_logprob``); mask only 0/1 (``bad_mask``); token ids >= 0
-   (``negative_token_id``).
+4. values: of the column's kind in every format (``bad_type``,
+   :mod:`detsample.audit.values`: token ids integers in the int64 range, logprobs
+   numbers, masks 0/1 or bools); logprobs not NaN (``nan``), not infinite
+   (``non_finite``), not > 0 (``positive_logprob``); mask only 0/1 (``bad_mask``); token
+   ids >= 0 (``negative_token_id``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from detsample.audit.issues import Issue
+from detsample.audit.rescore import RescoreModelError
 from detsample.audit.table import RawChunk, offsets_from_lengths
+from detsample.audit.values import kind_problems, value_message
 
 RescoreFn = Callable[[list[int], list[int]], "np.ndarray | list[float]"]
 
@@ -62,9 +67,19 @@ def _rescore(raw: RawChunk, rescore: RescoreFn | None, bad: dict[int, Issue]) ->
                            "missing column 'trainer_logprobs' (give a rescore model to compute it)",
                            raw.unit)
         return
+    p_lens = raw.lengths.get("prompt_ids")
+    if p_lens is None:
+        p_lens = np.full(len(raw), -1, dtype=np.int64)
+    for i in [i for i in need if p_lens[i] < 0]:  # rescoring needs the prompt
+        bad[i] = Issue(raw.source, int(raw.lines[i]), "prompt_ids", "missing_column",
+                       "missing column 'prompt_ids' (needed to rescore trainer_logprobs)",
+                       raw.unit)
+    need = [i for i in need if p_lens[i] >= 0]
+    if not need:
+        return
     old = raw.values.get("trainer_logprobs", np.empty(0, dtype=np.float64))
     old_off = offsets_from_lengths(lens)
-    p_off = offsets_from_lengths(raw.lengths["prompt_ids"])
+    p_off = offsets_from_lengths(p_lens)
     r_off = offsets_from_lengths(raw.lengths["response_ids"])
     parts, new_lens = [], lens.copy()
     needed = set(need)
@@ -74,6 +89,8 @@ def _rescore(raw: RawChunk, rescore: RescoreFn | None, bad: dict[int, Issue]) ->
             resp = raw.values["response_ids"][r_off[i]:r_off[i + 1]]
             try:
                 lp = np.asarray(rescore(prompt.tolist(), resp.tolist()))
+            except RescoreModelError:
+                raise  # the model cannot rescore at all: fatal, named once
             except Exception as exc:  # noqa: BLE001 - any rescoring failure names the sequence
                 bad[i] = Issue(raw.source, int(raw.lines[i]), "trainer_logprobs", "rescore_failed",
                                f"rescoring failed: {type(exc).__name__}: {exc}", raw.unit)
@@ -87,7 +104,9 @@ def _rescore(raw: RawChunk, rescore: RescoreFn | None, bad: dict[int, Issue]) ->
             parts.append(lp.astype(np.float64))
             new_lens[i] = lp.size
         elif lens[i] >= 0:
-            parts.append(old[old_off[i]:old_off[i + 1]])
+            seg = old[old_off[i]:old_off[i + 1]]
+            # a row of non-numbers is excluded already (bad_type): keep its place only
+            parts.append(seg if seg.dtype.kind in "fiu" else np.zeros(seg.size))
     raw.values["trainer_logprobs"] = (np.concatenate(parts) if parts
                                       else np.empty(0, dtype=np.float64))
     raw.lengths["trainer_logprobs"] = new_lens
@@ -108,7 +127,20 @@ def _flag_values(raw: RawChunk, column: str, bad_tok: np.ndarray, kind: str, wha
         if s in bad:
             continue
         bad[s] = Issue(raw.source, int(raw.lines[s]), column, kind,
-                       f"{column}[{k - off[s]}] = {vals[k].item()!r} ({what})", raw.unit)
+                       value_message(column, k - int(off[s]), vals[k], what), raw.unit)
+
+
+def _flag_kinds(raw: RawChunk, column: str, bad: dict[int, Issue]) -> bool:
+    """Flag the sequences holding a value of the wrong kind for ``column`` (one rule for
+    every format, :func:`detsample.audit.values.kind_problems`); True when the column's
+    values are numbers the later checks can compare."""
+    v = raw.values.get(column)
+    if v is None or not v.size:
+        return False
+    wrong, why = kind_problems(column, v)
+    if wrong is not None:
+        _flag_values(raw, column, wrong, "bad_type", why, bad)
+    return v.dtype.kind in "biuf"
 
 
 def validate(raw: RawChunk, rescore: RescoreFn | None = None,
@@ -118,17 +150,20 @@ def validate(raw: RawChunk, rescore: RescoreFn | None = None,
     n = len(raw)
     bad: dict[int, Issue] = dict(raw.flagged)
     lengths = raw.lengths
+    for c in ("response_ids", "engine_logprobs"):  # absent from the whole chunk: every row
+        if c not in lengths:                       # lacks it (missing_column, below)
+            lengths[c] = np.full(n, -1, dtype=np.int64)
+            raw.values[c] = np.empty(0, dtype=np.int64 if c == "response_ids" else np.float64)
 
     def issue(i: int, col: str, kind: str, msg: str) -> None:
         if i not in bad:
             bad[i] = Issue(raw.source, int(raw.lines[i]), col, kind, msg, raw.unit)
 
-    for c in ("prompt_ids", "response_ids", "engine_logprobs"):
-        lens = lengths.get(c)
-        missing = np.arange(n) if lens is None else np.flatnonzero(lens < 0)
-        for i in missing.tolist():
+    for c in ("response_ids", "engine_logprobs"):  # prompt_ids: only to rescore (below)
+        for i in np.flatnonzero(lengths[c] < 0).tolist():
             issue(i, c, "missing_column", f"missing column '{c}'")
     resp = lengths["response_ids"]
+    numeric = {c: _flag_kinds(raw, c, bad) for c in ("prompt_ids", "response_ids")}
 
     def check_logprobs(c: str, kind: str = "count_mismatch") -> None:
         lens = lengths.get(c)
@@ -136,8 +171,9 @@ def validate(raw: RawChunk, rescore: RescoreFn | None = None,
             return
         for i in np.flatnonzero((lens >= 0) & (lens != resp)).tolist():
             issue(i, c, kind, f"{lens[i]} values for {resp[i]} response_ids")
+        numeric[c] = _flag_kinds(raw, c, bad)
         v = raw.values.get(c)
-        if c == "mask" or v is None or not v.size:
+        if c == "mask" or not numeric[c]:
             return
         if v.dtype.kind == "f":
             _flag_values(raw, c, np.isnan(v), "nan", "NaN logprob", bad)
@@ -150,14 +186,15 @@ def validate(raw: RawChunk, rescore: RescoreFn | None = None,
 
     check_logprobs("engine_logprobs")
     check_logprobs("mask", "ragged")
+    _flag_kinds(raw, "trainer_logprobs", bad)
     _rescore(raw, rescore, bad)  # only for sequences still valid
     check_logprobs("trainer_logprobs")
     m = raw.values.get("mask")
-    if m is not None and m.size and m.dtype.kind != "b":
+    if numeric.get("mask") and m.dtype.kind != "b":
         _flag_values(raw, "mask", (m != 0) & (m != 1), "bad_mask", "mask must be 0 or 1", bad)
     for c in ("prompt_ids", "response_ids"):
         v = raw.values.get(c)
-        if v is not None and v.size and v.dtype.kind in "if":
+        if numeric[c] and v.dtype.kind in "if":
             _flag_values(raw, c, v < 0, "negative_token_id", "token ids must be >= 0", bad)
     return _gather(raw, bad), [bad[i] for i in sorted(bad)]
 

@@ -22,6 +22,56 @@ def nonneg_float(text: str) -> float:
     return v
 
 
+def finite_nonneg_float(text: str) -> float:
+    """A finite float >= 0 (NaN and infinity refused), else an argparse error naming it."""
+    v = float(text)
+    if not 0.0 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return v
+
+
+def sampling_field(name: str, convert=float):
+    """An argparse type for the SamplingParams field ``name``: the value is converted and
+    checked by SamplingParams itself (the one place its rules live), at parse time."""
+    def parse(text: str):
+        from detsample.errors import InvalidSamplingParams
+        from detsample.params import SamplingParams
+
+        try:
+            v = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        try:
+            SamplingParams(**{name: v})
+        except InvalidSamplingParams as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return v
+
+    parse.__name__ = name
+    return parse
+
+
+def positive_finite(text: str) -> float:
+    """A finite float > 0, else an argparse error naming the value."""
+    v = float(text)
+    if not 0.0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return v
+
+
+def rollout_rs(text: str) -> str | None:
+    """verl's rollout_rs options (comma-separated; 'none' for none), checked at parse time."""
+    if text.strip().lower() == "none":
+        return None
+    from detsample.audit.frameworks import parse_rollout_rs
+
+    try:
+        parse_rollout_rs(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def fraction(text: str) -> float:
     """A float in [0, 1], else an argparse error naming the value."""
     v = float(text)
@@ -51,6 +101,17 @@ def model_spec(text: str) -> str:
         raise argparse.ArgumentTypeError(f"must be one of {', '.join(MODEL_NAMES)} or "
                                          f"package.module:factory, got {text!r}")
     return text
+
+
+def max_excluded(text: str):
+    """``--max-excluded``: an integer count ("3") or a fraction in [0, 1] ("0.05"), as a
+    :class:`detsample.audit.gates.ExclusionLimit`; else an argparse error naming the value."""
+    from detsample.audit.gates import ExclusionLimit
+
+    try:
+        return ExclusionLimit.of(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 PORTABLE_NEEDS_MODE = ("--portable selects the batch-invariant mode's portable kernels; "

@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 
 from detsample.audit.layout import PRESET_NAMES
-from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, fraction, model_spec, nonneg_float,
-                                     portable_without_mode, positive_int)
+from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, fraction, max_excluded, model_spec,
+                                     nonneg_float, portable_without_mode, positive_finite,
+                                     positive_int, rollout_rs)
+from detsample.cli._outputs import output_problems
 from detsample.errors import DetsampleError
 
 
@@ -33,6 +35,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="gate: exit 1 when max |d| > T")
     p.add_argument("--min-exact-match", type=fraction, metavar="F",
                    help="gate: exit 1 when the bitwise exact-match fraction < F")
+    p.add_argument("--max-excluded", type=max_excluded, metavar="N|FRACTION",
+                   help="under a gate, allow at most N excluded sequences (an integer) or "
+                        "this fraction of those read (0.05); default 0: a gate never passes "
+                        "on rows it did not audit")
     p.add_argument("--rescore", metavar="MODEL", type=model_spec,
                    help="recompute missing trainer_logprobs by one prefill with this model: "
                         "refmodel, refmodel-float, hf-tiny-llama, hf-tiny-qwen2 or "
@@ -57,6 +63,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--padding", choices=["auto", "left", "right"],
                    help="side the padded responses are padded on (default: the preset's, "
                         "else found from the attention mask)")
+    p.add_argument("--rollout-is-threshold", type=positive_finite, default=2.0, metavar="T",
+                   help="verl's truncated-IS threshold for the rollout-correction metrics "
+                        "(default 2.0, verl's)")
+    p.add_argument("--rollout-rs", type=rollout_rs, default="token_k1", metavar="OPTS",
+                   help="verl's rejection options for the rejection metrics, comma-separated "
+                        "(token_k1..3, seq_sum_k1..3, seq_mean_k1..3, seq_max_k2/3; 'none': no "
+                        "rejection metrics; default token_k1)")
+    p.add_argument("--rollout-rs-threshold", default="2.0", metavar="SPEC",
+                   help="verl's rollout_rs_threshold: one for every option or one per option, "
+                        "comma-separated; lower_upper ratio bounds for k1 options (default 2.0)")
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                    help="run the shards as Ray tasks: a local Ray, or the cluster at ADDRESS "
                         "(same report; needs pip install 'detsample[ray]')")
@@ -66,9 +82,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from detsample.audit import AuditOptions, audit, check_gates, to_json
+    from detsample.audit.frameworks import FrameworkOptions
     from detsample.audit.rescore import ModelRescorer
     from detsample.audit.report import format_summary, write_report
 
+    problems = output_problems((args.json, "--json", "file"), (args.report, "--report", "dir"))
+    if problems:  # before any file is read: a long audit never ends in an unwritable path
+        print(f"detsample audit: error: {problems[0]}", file=sys.stderr)
+        return 2
     try:
         rescore = args.rescore
         if portable_without_mode(args):
@@ -77,13 +98,17 @@ def run(args: argparse.Namespace) -> int:
             if rescore is None:
                 raise ValueError("--batch-invariant applies to the --rescore model; give --rescore MODEL")
             rescore = ModelRescorer(rescore, batch_invariant=True, portable=args.portable)
+        frameworks = FrameworkOptions(args.rollout_is_threshold, args.rollout_rs,
+                                      args.rollout_rs_threshold)
         opts = AuditOptions.make(rescore=rescore, strict=args.strict, workers=args.workers,
+                                 frameworks=frameworks,
                                  compare_dtype=None if args.dtype == "promoted" else args.dtype,
                                  preset=args.preset, columns=args.columns,
                                  padding=args.padding, ray=args.ray)
         report = audit(args.files, opts)
     except (DetsampleError, OSError, ValueError) as exc:
-        print(f"detsample audit: error: {exc}", file=sys.stderr)
+        why = "; ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
+        print(f"detsample audit: error: {why}", file=sys.stderr)  # one line
         return 2
     text = to_json(report)
     if args.json == "-":
@@ -99,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"detsample audit: error: cannot write the report: {exc}", file=sys.stderr)
         return 2
-    failures = check_gates(report, args.max_abs_diff, args.min_exact_match)
+    failures = check_gates(report, args.max_abs_diff, args.min_exact_match, args.max_excluded)
     for f in failures:
         print(f"detsample audit: GATE FAILED: {f}", file=sys.stderr)
     return 1 if failures else 0

@@ -11,7 +11,8 @@ import argparse
 import json
 import sys
 
-from detsample.cli._argtypes import fraction, nonneg_float
+from detsample.cli._argtypes import fraction, max_excluded, nonneg_float
+from detsample.cli._outputs import output_problems
 from detsample.errors import DetsampleError
 
 
@@ -33,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="gate: exit 1 when the latest step's mean k3 KL > K")
     p.add_argument("--max-mismatch", type=fraction, metavar="F",
                    help="gate: exit 1 when the latest step's fraction of tokens with d != 0 > F")
+    p.add_argument("--max-excluded", type=max_excluded, metavar="N|FRACTION",
+                   help="under a gate, allow at most N excluded sequences in the latest step "
+                        "(an integer) or this fraction of them (default 0)")
     p.add_argument("--quiet", action="store_true", help="no summary table")
     p.set_defaults(func=run)
 
@@ -41,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
     from detsample.audit.log import (check_log_gates, format_log_summary, read_log,
                                      write_log_report)
 
+    problems = output_problems((args.json, "--json", "file"), (args.report, "--report", "dir"))
+    if problems:
+        print(f"detsample audit-log: error: {problems[0]}", file=sys.stderr)
+        return 2
     try:
         rows = read_log(args.log)
     except DetsampleError as exc:
@@ -64,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"detsample audit-log: error: cannot write the report: {exc}", file=sys.stderr)
         return 2
     failures = check_log_gates(rows, args.max_abs_diff, args.min_exact_match, args.max_k3,
-                               args.max_mismatch)
+                               args.max_mismatch, args.max_excluded)
     for f in failures:
         print(f"detsample audit-log: GATE FAILED: {f}", file=sys.stderr)
     return 1 if failures else 0

@@ -7,7 +7,8 @@ import argparse
 import json
 import sys
 
-from detsample.cli._argtypes import nonneg_float, positive_int, positive_int_list
+from detsample.cli._argtypes import finite_nonneg_float, positive_int, positive_int_list
+from detsample.cli._outputs import output_problem
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "or flat (a flat distribution)")
     p.add_argument("--repeat", type=positive_int, default=7,
                    help="timed repeats per path (at least; see --min-seconds)")
-    p.add_argument("--min-seconds", type=nonneg_float, default=1.0,
+    p.add_argument("--min-seconds", type=finite_nonneg_float, default=1.0,
                    help="repeat a case's round until about this many seconds of calls are "
                         "timed (at most 500 rounds): a sub-millisecond row gets hundreds "
                         "of samples; 0: exactly --repeat")
@@ -59,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from detsample.benchmarks import sampler as benchmark
+    problem = output_problem(args.json, "--json")
+    if problem:  # before the timings, not after them
+        print(f"detsample bench: error: {problem}", file=sys.stderr)
+        return 2
     if args.device == "cuda" and not torch.cuda.is_available():
         print("detsample bench: error: --device cuda needs CUDA (torch.cuda.is_available() "
               "is False)", file=sys.stderr)
@@ -83,6 +88,11 @@ def run(args: argparse.Namespace) -> int:
         print(kernels.markdown(mm_rows))
         report = {"sampler": rows, "matmul": mm_rows}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        try:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
+        except OSError as exc:
+            print(f"detsample bench: error: cannot write --json {args.json}: {exc}",
+                  file=sys.stderr)
+            return 2
     return 0

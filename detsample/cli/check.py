@@ -144,7 +144,12 @@ def _argv(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from detsample.golden import registry
     from detsample.checks.battery import run_battery
+    from detsample.cli._outputs import output_problem
     from detsample.golden.store import GoldenStore
+    problem = output_problem(args.json, "--json")
+    if problem:  # before the battery runs, not after it
+        print(f"detsample check: {problem}", file=sys.stderr)
+        return 2
     try:
         store = GoldenStore(args.golden_dir, device=args.device)
         for name in args.scenario or ():

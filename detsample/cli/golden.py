@@ -5,8 +5,13 @@
 - ``update``: regenerate the goldens atomically and print what moved (refused when the
   ``CI`` variable is set, unless ``--force``); ``--prune`` deletes goldens of scenarios
   that are no longer registered;
-- ``diff``: print a unified diff of the golden text files against what this build
-  produces (nothing is written; exit 1 when they differ).
+- ``diff``: print a unified diff of the golden files against what this build produces,
+  with ``verify``'s verdict per scenario (nothing is written; exit 1 exactly when
+  ``verify`` would: bits differ or a golden is corrupt; metadata is shown, not counted).
+
+Golden files are untrusted input: a bad byte, invalid JSON, a manifest naming a file
+outside the golden, a deleted manifest are ``[CORRUPT]`` lines naming file and line, and
+one bad scenario never hides the others (docs/golden.md).
 
 ``--isa all`` (CPU) runs ``verify`` or ``update`` once per instruction set this CPU
 supports (default, avx2, avx512), each in a subprocess under ``ATEN_CPU_CAPABILITY``, so
@@ -30,7 +35,7 @@ import shutil
 import sys
 from typing import Any
 
-from detsample.golden.format import ALL_FILES
+from detsample.golden.format import ALL_FILES, MANIFEST
 
 
 def register(subparsers: Any) -> None:
@@ -147,18 +152,38 @@ def _update(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
 
 
 def _diff(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
+    """Unified diffs of the golden files against this build's, and the same verdict as
+    ``verify``: a scenario differs when verify would fail it (bits, or a corrupt golden);
+    a manifest whose bits-defining fields are equal is shown as metadata, not counted."""
     from detsample.golden import registry
-    differ = 0
+    if not store.has_platform():
+        print(store.missing_platform_message(), file=sys.stderr)
+        return 1
+    differ, files = 0, 0
     for name, out in registry.produce_all(selected, args.device).items():
+        verdict = store.verify(name, out, write_obtained=False)
         d = store.scenario_dir(name)
         new = store.encode(name, out)
+        changed = []
         for f in ALL_FILES:
-            old = (d / f).read_text(encoding="utf-8") if (d / f).is_file() else ""
+            old = (d / f).read_bytes().decode("utf-8", errors="replace") if (d / f).is_file() \
+                else ""
             if old != new.get(f, ""):
-                differ += 1
-                sys.stdout.writelines(difflib.unified_diff(
-                    old.splitlines(True), new.get(f, "").splitlines(True),
-                    fromfile=f"golden/{store.fingerprint}/{name}/{f}",
-                    tofile=f"obtained/{store.fingerprint}/{name}/{f}"))
-    print(f"{differ} golden file(s) differ" if differ else "no differences")
+                changed.append((f, old))
+        if verdict.ok and not changed:
+            continue
+        differ += not verdict.ok
+        print(f"[{'ok' if verdict.ok else verdict.status.upper()}] {verdict.message.splitlines()[0]}")
+        for f, old in changed:
+            if verdict.ok:
+                what = "metadata" if f == MANIFEST else "formatting"
+                print(f"# {name}/{f}: {what} only, every bit equal (not a difference)")
+            else:
+                files += 1
+            sys.stdout.writelines(difflib.unified_diff(
+                old.splitlines(True), new.get(f, "").splitlines(True),
+                fromfile=f"golden/{store.fingerprint}/{name}/{f}",
+                tofile=f"obtained/{store.fingerprint}/{name}/{f}"))
+    print(f"{differ} of {len(selected)} scenarios differ ({files} golden file(s))" if differ
+          else f"no differences in the bits of {len(selected)} scenarios")
     return 1 if differ else 0

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from detsample.cli._argtypes import PORTABLE_NEEDS_MODE, portable_without_mode, positive_int
+from detsample.cli._outputs import output_problem
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
@@ -98,6 +99,9 @@ def _emit(report: Any, path: str | None) -> int | None:
 
 
 def run_ops(args: argparse.Namespace) -> int:
+    problem = output_problem(args.json, "--json")
+    if problem:  # before the probes run
+        return _error(problem)
     from detsample.golden.fingerprint import platform_fingerprint
     from detsample.probe.ops import probe_ops
     from detsample.probe.report import OpsReport
@@ -116,6 +120,9 @@ def run_ops(args: argparse.Namespace) -> int:
 
 
 def run_model(args: argparse.Namespace) -> int:
+    problem = output_problem(args.json, "--json")
+    if problem:  # before the model is built and probed
+        return _error(problem)
     from detsample.golden.fingerprint import platform_fingerprint
     from detsample.models import ModelError, load_model
     from detsample.probe.model import probe_model

@@ -13,7 +13,21 @@ import argparse
 import sys
 from pathlib import Path
 
-from detsample.cli._argtypes import PORTABLE_NEEDS_MODE, model_spec, portable_without_mode
+from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, model_spec, portable_without_mode,
+                                     positive_int, sampling_field)
+from detsample.cli._outputs import output_problem
+
+#: what ``detsample rollout`` writes (the audit also reads .pt, which rollout cannot write)
+ROLLOUT_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".npz": "npz",
+                   ".parquet": "parquet", ".pq": "parquet"}
+
+
+def rollout_path(text: str) -> str:
+    """OUT: a path ending in one of :data:`ROLLOUT_FORMATS`, else an argparse error."""
+    if not any(text.lower().endswith(ext) for ext in ROLLOUT_FORMATS):
+        raise argparse.ArgumentTypeError(f"{text}: unknown output format (rollout writes "
+                                         f"{', '.join(ROLLOUT_FORMATS)})")
+    return text
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,15 +37,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "prompt_ids, response_ids, engine_logprobs, mask (and trainer_logprobs "
                     "with --with-trainer).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("out", metavar="OUT", help="output file: .jsonl, .npz or .parquet")
-    p.add_argument("--num-sequences", type=int, default=8, metavar="N", help="sequences")
-    p.add_argument("--max-new-tokens", type=int, default=16, metavar="K",
-                   help="response length limit per sequence")
-    p.add_argument("--seed", type=int, default=0, help="request i uses seed SEED + i")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus filter")
-    p.add_argument("--top-k", type=int, default=-1, help="top-k filter (-1: off)")
-    p.add_argument("--max-batch-size", type=int, default=4, metavar="B",
+    p.add_argument("out", metavar="OUT", type=rollout_path,
+                   help="output file: .jsonl, .npz or .parquet")
+    p.add_argument("--num-sequences", type=positive_int, default=8, metavar="N", help="sequences")
+    p.add_argument("--max-new-tokens", type=sampling_field("max_new_tokens", int), default=16,
+                   metavar="K", help="response length limit per sequence")
+    p.add_argument("--seed", type=sampling_field("seed", int), default=0,
+                   help="request i uses seed SEED + i")
+    p.add_argument("--temperature", type=sampling_field("temperature"), default=1.0,
+                   help="sampling temperature")
+    p.add_argument("--top-p", type=sampling_field("top_p"), default=1.0, help="nucleus filter")
+    p.add_argument("--top-k", type=sampling_field("top_k", int), default=-1,
+                   help="top-k filter (-1: off)")
+    p.add_argument("--max-batch-size", type=positive_int, default=4, metavar="B",
                    help="engine rows at a time")
     p.add_argument("--model", default="refmodel", metavar="MODEL", type=model_spec,
                    help="refmodel, refmodel-float, hf-tiny-llama, hf-tiny-qwen2 or "
@@ -47,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from detsample.audit.readers import AuditInputError, detect_format
+    from detsample.audit.readers import AuditInputError
     from detsample.audit.rollout import generate_rollouts
     from detsample.audit.synth import from_records, write_jsonl, write_npz, write_parquet
     from detsample.errors import DetsampleError
@@ -55,8 +73,12 @@ def run(args: argparse.Namespace) -> int:
     if portable_without_mode(args):
         print(f"detsample rollout: error: {PORTABLE_NEEDS_MODE}", file=sys.stderr)
         return 2
+    problem = output_problem(args.out, "OUT")
+    if problem:  # before the engine runs
+        print(f"detsample rollout: error: {problem}", file=sys.stderr)
+        return 2
+    fmt = ROLLOUT_FORMATS[next(e for e in ROLLOUT_FORMATS if args.out.lower().endswith(e))]
     try:
-        fmt = detect_format(args.out)
         records = generate_rollouts(
             args.num_sequences, max_new_tokens=args.max_new_tokens, seed=args.seed,
             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
@@ -66,8 +88,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"detsample rollout: error: {exc}", file=sys.stderr)
         return 2
     writer = {"jsonl": write_jsonl, "npz": write_npz, "parquet": write_parquet}[fmt]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    writer(from_records(records), args.out)
+    try:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        writer(from_records(records), args.out)
+    except OSError as exc:
+        print(f"detsample rollout: error: cannot write {args.out}: {exc}", file=sys.stderr)
+        return 2
     tokens = sum(len(r["response_ids"]) for r in records)
     print(f"wrote {len(records)} sequences, {tokens} response tokens to {args.out}")
     return 0

@@ -47,6 +47,42 @@ class GoldenFormatError(DetsampleError):
     """A golden file is malformed, inconsistent with its manifest, or of another schema."""
 
 
+def text_of(data: bytes, where: str) -> str:
+    """``data`` as UTF-8 text; a byte that is not UTF-8 is a GoldenFormatError naming the
+    file, the line and the column (golden files are untrusted input)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise GoldenFormatError(f"{where}:{line}: not UTF-8 (byte 0x{data[e.start]:02x} at "
+                                f"column {col})") from None
+
+
+def load_json(text: str, where: str) -> Any:
+    """JSON text -> object; invalid JSON is a GoldenFormatError naming file and line."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise GoldenFormatError(f"{where}:{e.lineno}: invalid JSON: {e.msg} "
+                                f"(column {e.colno})") from None
+    except RecursionError:
+        raise GoldenFormatError(f"{where}: invalid JSON: nested too deeply") from None
+
+
+def file_reference_problem(key: str, named: Any, expected: str) -> str | None:
+    """Why a manifest's ``file`` entry for ``key`` is not ``expected`` (a golden names
+    only its own files, inside its own folder), or None."""
+    if named == expected:
+        return None
+    if not isinstance(named, str) or not named:
+        return f"{MANIFEST}: {key}.file must be {expected!r}, got {named!r}"
+    if "/" in named or "\\" in named or named in (".", "..") or named.startswith("~"):
+        return (f"{MANIFEST}: {key}.file {named!r} points outside the scenario folder (a "
+                f"golden names only its own files: {expected!r})")
+    return f"{MANIFEST}: {key}.file names {named!r}; the format keeps it in {expected!r}"
+
+
 @dataclass(frozen=True)
 class ScenarioOutput:
     """What a scenario produced: N entries, each (request, position, token, logprob),
@@ -230,10 +266,7 @@ def decode_lenient(texts: Mapping[str, str]) -> tuple[ScenarioOutput, dict[str, 
     an array that disagrees with the manifest) are returned as messages instead of raised,
     so that a hand-edited golden can still be compared entry by entry. Syntax errors
     (unparseable files, other schema, mismatched labels) still raise."""
-    try:
-        manifest = json.loads(texts[MANIFEST])
-    except json.JSONDecodeError as e:
-        raise GoldenFormatError(f"{MANIFEST}: invalid JSON ({e})") from None
+    manifest = load_json(texts[MANIFEST], MANIFEST)
     if not isinstance(manifest, dict) or manifest.get("schema_version") != SCHEMA_VERSION:
         got = manifest.get("schema_version") if isinstance(manifest, dict) else manifest
         raise GoldenFormatError(f"{MANIFEST}: schema_version must be {SCHEMA_VERSION}, got {got!r}")
@@ -303,9 +336,12 @@ def _manifest_problems(out: ScenarioOutput, manifest: Mapping[str, Any]) -> list
             problems.append(f"{MANIFEST}: missing arrays.{name}")
             continue
         arr = getattr(out, name)
-        if spec.get("dtype") != dtype:
+        ref = file_reference_problem(f"arrays.{name}", spec.get("file"), fname)
+        if ref:
+            problems.append(ref)
+        elif spec.get("dtype") != dtype:
             problems.append(f"{MANIFEST}: arrays.{name}.dtype must be {dtype!r}, got {spec.get('dtype')!r}")
-        elif list(spec.get("shape", [])) != list(arr.shape):
+        elif spec.get("shape") != list(arr.shape):
             problems.append(f"{fname}: shape {list(arr.shape)} but {MANIFEST} says {spec.get('shape')}")
         elif spec.get("sha256") != sha256(arr):
             problems.append(f"{fname}: sha256 of its values differs from {MANIFEST} "
@@ -320,9 +356,13 @@ def _manifest_problems(out: ScenarioOutput, manifest: Mapping[str, Any]) -> list
                 problems.append(f"{fname}: present but {MANIFEST} has no arrays.{name}")
             continue
         arr = getattr(out, name)
-        if not isinstance(spec, dict) or spec.get("dtype") != dtype:
+        ref = file_reference_problem(f"arrays.{name}", spec.get("file"), fname) \
+            if isinstance(spec, dict) else None
+        if ref:
+            problems.append(ref)
+        elif not isinstance(spec, dict) or spec.get("dtype") != dtype:
             problems.append(f"{MANIFEST}: arrays.{name} must have dtype {dtype!r}")
-        elif list(spec.get("shape", [])) != [m] or spec.get("sha256") != sha256(arr):
+        elif spec.get("shape") != [m] or spec.get("sha256") != sha256(arr):
             problems.append(f"{fname}: {name} differ from {MANIFEST} (edited, truncated or missing?)")
     if m and manifest.get("top_counts_sha256") != sha256(out.top_counts):
         problems.append(f"{TOP_LOGPROBS}: entries or ranks differ from {MANIFEST}")

@@ -34,7 +34,7 @@ from detsample.golden import isa
 from detsample.golden.fingerprint import check_device, platform_fingerprint, platform_info
 from detsample.golden.diff import GoldenDiff, compare
 from detsample.golden.format import (ALL_FILES, FILES, MANIFEST, TOP_LOGPROBS, GoldenFormatError,
-                                     ScenarioOutput, decode, decode_lenient, encode)
+                                     ScenarioOutput, decode, decode_lenient, encode, text_of)
 
 ENV_ROOT = "DETSAMPLE_GOLDEN_DIR"
 OBTAINED_SUFFIX = ".obtained"
@@ -139,14 +139,16 @@ class GoldenStore:
         return self.platform_dir / name
 
     def has_platform(self) -> bool:
-        """True when this platform has at least one golden scenario."""
-        return self.platform_dir.is_dir() and any(self.platform_dir.glob(f"*/{MANIFEST}"))
+        """True when this platform has at least one golden scenario (a folder holding any
+        golden file: one whose manifest was deleted still counts, and is corrupt)."""
+        return bool(self.scenarios())
 
     def scenarios(self) -> list[str]:
-        """Names of the scenarios stored for this platform (sorted)."""
+        """Names of the scenarios stored for this platform (sorted): the folders holding
+        any golden file."""
         if not self.platform_dir.is_dir():
             return []
-        return sorted(p.parent.name for p in self.platform_dir.glob(f"*/{MANIFEST}"))
+        return sorted({p.parent.name for f in ALL_FILES for p in self.platform_dir.glob(f"*/{f}")})
 
     def missing_platform_message(self) -> str:
         return (f"NO GOLDEN FILES for platform {self.fingerprint!r} under {self.root} - "
@@ -160,24 +162,38 @@ class GoldenStore:
         files are malformed or disagree with the manifest.
         """
         d = self.scenario_dir(name)
-        if not (d / MANIFEST).is_file():
+        if not (d / MANIFEST).exists():
+            present = [f for f in ALL_FILES if (d / f).exists()]
+            if present:  # a deleted manifest: the golden is broken, not absent
+                raise GoldenFormatError(f"{d / MANIFEST}: missing while {', '.join(present)} "
+                                        f"{'is' if len(present) == 1 else 'are'} present: restore "
+                                        f"it (`git checkout {d}`) or regenerate the golden "
+                                        f"(`detsample golden update -k {name}`)")
             raise GoldenMissing(f"no golden for scenario {name!r} on platform {self.fingerprint!r}")
-        out, manifest = decode(self._read_texts(name))
+        try:
+            out, manifest = decode(self._read_texts(name))
+        except GoldenFormatError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError) as e:
+            raise GoldenFormatError(f"{d}: malformed golden ({type(e).__name__}: {e})") from None
         if manifest.get("scenario") != name:
             raise GoldenFormatError(f"{d / MANIFEST}: scenario is {manifest.get('scenario')!r}, "
                                     f"expected {name!r}")
         return out, manifest
 
     def _read_texts(self, name: str) -> dict[str, str]:
+        """The golden's files as text: a missing, unreadable or non-UTF-8 file is a
+        GoldenFormatError naming the file (and the line of a bad byte)."""
         d = self.scenario_dir(name)
         texts = {}
-        for f in FILES:
+        for f in FILES + ((TOP_LOGPROBS,) if (d / TOP_LOGPROBS).exists() else ()):
             try:
-                texts[f] = (d / f).read_text(encoding="utf-8")
+                data = (d / f).read_bytes()
             except FileNotFoundError:
                 raise GoldenFormatError(f"{d / f}: missing (manifest present)") from None
-        if (d / TOP_LOGPROBS).is_file():  # only when some entry has top logprobs
-            texts[TOP_LOGPROBS] = (d / TOP_LOGPROBS).read_text(encoding="utf-8")
+            except OSError as e:
+                raise GoldenFormatError(f"{d / f}: cannot be read ({e.strerror or e})") from None
+            texts[f] = text_of(data, f)
         return texts
 
     def verify(self, name: str, obtained: ScenarioOutput, write_obtained: bool = True) -> Verification:
@@ -209,7 +225,8 @@ class GoldenStore:
         diff = None
         try:
             golden, _, problems = decode_lenient(self._read_texts(name))
-        except GoldenFormatError:
+        except (GoldenFormatError, ValueError, TypeError, KeyError, AttributeError, IndexError,
+                OverflowError):
             problems = []
         else:
             diff = compare(name, golden, obtained)
@@ -267,7 +284,7 @@ class GoldenStore:
     def _change(self, name: str, out: ScenarioOutput, texts: Mapping[str, str]) -> Change:
         d = self.scenario_dir(name)
         if all((d / f).is_file() == (f in texts) and (f not in texts or
-               (d / f).read_text(encoding="utf-8") == texts[f]) for f in ALL_FILES):
+               (d / f).read_bytes() == texts[f].encode("utf-8")) for f in ALL_FILES):
             return Change(name, ChangeKind.UNCHANGED, f"{name}: unchanged")
         try:
             old, _ = self.load(name)

@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from detsample.golden import bits as B
-from detsample.golden.format import MANIFEST, SCHEMA_VERSION, GoldenFormatError, sha256
+from detsample.golden.format import (MANIFEST, SCHEMA_VERSION, GoldenFormatError, load_json, sha256,
+                                     text_of)
 
 KIND = "tensors"
 TEXT_MAX_ELEMENTS = 1024
@@ -159,10 +160,7 @@ def encode(name: str, tensors: Mapping[str, StoredTensor], extra: Mapping[str, A
 
 def parse_manifest(data: bytes) -> dict[str, Any]:
     """The manifest of a tensor golden, its structure checked (GoldenFormatError)."""
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise GoldenFormatError(f"{MANIFEST}: invalid JSON ({e})") from None
+    doc = load_json(text_of(data, MANIFEST), MANIFEST)
     if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION or doc.get("kind") != KIND:
         raise GoldenFormatError(f"{MANIFEST}: must be a tensor golden of schema_version "
                                 f"{SCHEMA_VERSION} (kind {KIND!r})")
@@ -198,7 +196,7 @@ def _spec_problem(tn: str, spec: Any) -> str | None:
 def _decode_text(tn: str, data: bytes, dt: B.DType, shape: tuple[int, ...]
                  ) -> tuple[np.ndarray, list[str]]:
     fname = tn + _EXT[TEXT]
-    lines = data.decode("utf-8").splitlines()
+    lines = text_of(data, fname).splitlines()
     head = _header(tn, StoredTensor(dt, shape, np.zeros(0, dt.storage))).rstrip("\n")
     if not lines or lines[0] != head:
         raise GoldenFormatError(f"{fname}:1: header must be {head!r}, got {(lines or [''])[0]!r}")

@@ -61,8 +61,13 @@ class TensorGoldens:
         return self.root / tf.check_name("golden name", name)
 
     def names(self) -> list[str]:
-        """Names of the tensor goldens stored for this platform (sorted)."""
-        return sorted(p.parent.name for p in self.root.glob(f"*/{MANIFEST}")) if self.root.is_dir() else []
+        """Names of the tensor goldens stored for this platform (sorted): the folders
+        holding a golden file (one whose manifest was deleted still counts, and is corrupt)."""
+        if not self.root.is_dir():
+            return []
+        return sorted({p.parent.name for p in self.root.glob("*/*")
+                       if p.is_file() and not p.name.endswith(OBTAINED_SUFFIX)
+                       and p.suffix in (".txt", ".bin", ".json")})
 
     def has_platform(self) -> bool:
         return bool(self.names())
@@ -74,10 +79,13 @@ class TensorGoldens:
     # -- reading ---------------------------------------------------------------------
     def _read(self, name: str) -> dict[str, bytes]:
         d = self.golden_dir(name)
-        files = {MANIFEST: (d / MANIFEST).read_bytes()}
-        for spec in tf.parse_manifest(files[MANIFEST])["tensors"].values():
-            if (d / spec["file"]).is_file():
-                files[spec["file"]] = (d / spec["file"]).read_bytes()
+        try:
+            files = {MANIFEST: (d / MANIFEST).read_bytes()}
+            for spec in tf.parse_manifest(files[MANIFEST])["tensors"].values():
+                if (d / spec["file"]).is_file():  # a plain name (tensor_format checks it)
+                    files[spec["file"]] = (d / spec["file"]).read_bytes()
+        except OSError as e:
+            raise GoldenFormatError(f"{d}: cannot be read ({e.strerror or e})") from None
         return files
 
     def load(self, name: str) -> tuple[dict[str, tf.StoredTensor], dict[str, Any]]:
@@ -89,7 +97,12 @@ class TensorGoldens:
         return tensors, manifest
 
     def _load_lenient(self, name: str) -> tuple[dict[str, tf.StoredTensor], dict[str, Any], list[str]]:
-        if not (self.golden_dir(name) / MANIFEST).is_file():
+        d = self.golden_dir(name)
+        if not (d / MANIFEST).exists():
+            if name in self.names():  # a deleted manifest: broken, not absent
+                raise GoldenFormatError(f"{d / MANIFEST}: missing while the tensor files are "
+                                        f"present: restore it (`git checkout {d}`) or record "
+                                        f"the golden again")
             raise GoldenMissing(f"no tensor golden {name!r} on platform {self.store.fingerprint!r}")
         tensors, manifest, problems = tf.decode(self._read(name))
         if manifest.get("name") != name:

@@ -23,9 +23,11 @@ Importing the user's module is the only code a spec runs, and only when asked.
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 from detsample.models.base import CausalLM, ModelError, check_mode, prefill
+from detsample.models.checked import CheckedLM, ModelOutputError
 from detsample.models.hf import HFCausalLM, HFSeqCache
 from detsample.models.invariant import BatchInvariantLM
 from detsample.models.refmodel_float import RefModelFloat
@@ -34,8 +36,9 @@ from detsample.refmodel import RefModel
 
 MODEL_NAMES = ("hf-tiny-llama", "hf-tiny-qwen2", "refmodel", "refmodel-float")
 
-__all__ = ["BatchInvariantLM", "CausalLM", "HFCausalLM", "HFSeqCache", "MODEL_NAMES", "ModelError", "RefModelLM",
-           "RefModelFloat", "adapt", "build_tiny", "is_model_spec", "load_model", "prefill"]
+__all__ = ["BatchInvariantLM", "CausalLM", "CheckedLM", "HFCausalLM", "HFSeqCache", "MODEL_NAMES",
+           "ModelError", "ModelOutputError", "RefModelLM", "RefModelFloat", "adapt", "build_tiny",
+           "is_model_spec", "load_model", "prefill"]
 
 
 class RefModelLM:
@@ -93,7 +96,11 @@ def is_model_spec(spec: object) -> bool:
 
 
 def load_factory(spec: str) -> Any:
-    """Import ``pkg.module`` and call ``factory()`` for ``spec = "pkg.module:factory"``."""
+    """Import ``pkg.module`` and call ``factory()`` for ``spec = "pkg.module:factory"``.
+
+    Every failure of the user's code is a :class:`ModelError` naming ``spec`` and what
+    went wrong: the import, a missing or non-callable attribute, a factory that needs
+    arguments, a factory that raises."""
     mod_name, _, attr = spec.partition(":")
     if not is_model_spec(spec):
         raise ModelError(f"model spec must be one of {', '.join(MODEL_NAMES)} or "
@@ -106,7 +113,17 @@ def load_factory(spec: str) -> Any:
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ModelError(f"model {spec!r}: {mod_name} has no callable {attr!r}")
-    return factory()
+    try:
+        inspect.signature(factory).bind()
+    except TypeError as e:
+        raise ModelError(f"model {spec!r}: the factory must be callable without arguments "
+                         f"({attr}{inspect.signature(factory)}: {e})") from None
+    except ValueError:  # no signature (a builtin): call it and see
+        pass
+    try:
+        return factory()
+    except Exception as e:  # the user's factory failed: named, never a bare traceback
+        raise ModelError(f"model {spec!r}: {attr}() raised {type(e).__name__}: {e}") from e
 
 
 def load_model(spec: str, *, padding: str = "left", seed: int = 0,
@@ -127,5 +144,6 @@ def load_model(spec: str, *, padding: str = "left", seed: int = 0,
     if ":" not in spec:
         raise ModelError(f"unknown model {spec!r}; known: {', '.join(MODEL_NAMES)}, or "
                          f"package.module:factory")
-    return adapt(load_factory(spec), spec, padding=padding, batch_invariant=batch_invariant,
-                 portable=portable)
+    lm = adapt(load_factory(spec), spec, padding=padding, batch_invariant=batch_invariant,
+               portable=portable)
+    return CheckedLM(lm, spec)

@@ -88,7 +88,6 @@ NPZ_FATAL = [
                                 engine_logprobs=np.array([-1.0, -2.0])), "ragged offsets"),
     ("short-offsets", dict(trainer_logprobs_offsets=np.array([0, 3])), r"len\(id\) \+ 1"),
     ("last-offset", dict(trainer_logprobs=np.array([-1.0, -2.0, -3.0, -4.0])), "last offset"),
-    ("string-values", dict(engine_logprobs=np.array(["a", "b", "c"])), "numbers"),
     ("2-d", dict(engine_logprobs=np.zeros((3, 1))), "flat"),
     ("object-lists", dict(response_ids=np.array([[5, 6], [7]], dtype=object)),
      "store flat values with 'response_ids_offsets'"),
@@ -123,15 +122,17 @@ def test_npz_row_errors_are_excluded_with_row(tmp_path):
     assert [(i["row"], i["field"], i["kind"]) for i in rep["issues"]] == [
         (0, "trainer_logprobs", "count_mismatch"), (1, "engine_logprobs", "nan")]
     arrays = _good_npz_arrays()
-    arrays.pop("prompt_ids"), arrays.pop("prompt_ids_offsets")
+    arrays.pop("engine_logprobs"), arrays.pop("engine_logprobs_offsets")
     rep = audit(_npz(tmp_path, **arrays))
     assert rep["excluded_by_kind"] == {"missing_column": 2}
-    with pytest.raises(AuditInputError, match="row 0: prompt_ids: missing column"):
+    with pytest.raises(AuditInputError, match="row 0: engine_logprobs: missing column"):
         audit(_npz(tmp_path, **arrays), strict=True)
 
 
 def test_parquet_errors(tmp_path):
-    """Pins Parquet checks: wrong list type is fatal; nulls and count mismatches exclude."""
+    """Pins Parquet checks: a scalar where a list belongs and a missing id column are fatal;
+    nulls, values of the wrong kind (list<string> logprobs) and count mismatches exclude
+    their rows (the rule of every format, tests/audit/test_values.py)."""
     t = pa.table({"id": ["a", "b", "c"], "prompt_ids": [[1], [1], [1]],
                   "response_ids": [[5, 6], [7], [8]],
                   "engine_logprobs": [[-1.0, -2.0], [-1.0], [-1.0]],
@@ -143,7 +144,11 @@ def test_parquet_errors(tmp_path):
         (0, "trainer_logprobs", "bad_type"), (1, "trainer_logprobs", "count_mismatch"),
         (2, "trainer_logprobs", "missing_column")]
     pq.write_table(t.set_column(3, "engine_logprobs", pa.array([["x"], ["y"], ["z"]])), path)
-    with pytest.raises(AuditInputError, match="engine_logprobs: values must be"):
+    rep = audit(path)
+    assert rep["excluded_by_kind"] == {"bad_type": 3} and rep["issues"][1]["message"] == \
+        "engine_logprobs[0] = 'y' (values must be numbers)"
+    pq.write_table(t.set_column(3, "engine_logprobs", pa.array([1.0, 2.0, 3.0])), path)
+    with pytest.raises(AuditInputError, match="engine_logprobs: must be a list column"):
         audit(path)
     pq.write_table(t.drop(["id"]), path)
     with pytest.raises(AuditInputError, match="missing column 'id'"):

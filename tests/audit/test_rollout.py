@@ -74,8 +74,12 @@ def test_cli_rollout_then_audit_passes_exact_gates(tmp_path, capsys, ext):
 
 
 def test_cli_rollout_rejects_bad_arguments(tmp_path):
-    assert main(["rollout", str(tmp_path / "r.csv")]) == 2
-    assert main(["rollout", str(tmp_path / "r.jsonl"), "--num-sequences", "0"]) == 2
+    """Usage errors (exit 2), now found when the arguments are parsed (issue 26)."""
+    for argv in (["rollout", str(tmp_path / "r.csv")],
+                 ["rollout", str(tmp_path / "r.jsonl"), "--num-sequences", "0"]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
 
 
 def test_cli_rollout_into_a_new_folder(tmp_path, capsys):

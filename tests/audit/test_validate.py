@@ -29,8 +29,10 @@ _DROP = object()
 BAD_LINES = [
     ("bad-json", '{"id": "x", "prompt_ids": [1', "bad_json", "<line>", "invalid JSON"),
     ("not-object", "[1, 2, 3]", "bad_type", "<record>", "JSON object"),
+    # Bug pinned (issue 26): "invalid JSON: Unterminated string starting at at column 7"
+    ("unterminated", '{"id": "x', "bad_json", "<line>",
+     "invalid JSON: Unterminated string starting at (column 8)"),
     ("missing-id", _with(id=_DROP), "missing_column", "id", "'id'"),
-    ("missing-prompt", _with(prompt_ids=_DROP), "missing_column", "prompt_ids", "prompt_ids"),
     ("missing-response", _with(response_ids=_DROP), "missing_column", "response_ids", ""),
     ("missing-engine", _with(engine_logprobs=_DROP), "missing_column", "engine_logprobs", ""),
     ("missing-trainer", _with(trainer_logprobs=_DROP), "missing_column", "trainer_logprobs",
@@ -58,11 +60,34 @@ BAD_LINES = [
     ("negative-token", _with(response_ids=[3, -4]), "negative_token_id", "response_ids", "-4"),
     ("bad-mask", _with(mask=[1, 2]), "bad_mask", "mask", "mask[1] = 2"),
     ("null-logprob", _with(engine_logprobs=[-0.5, None]), "bad_type", "engine_logprobs", "None"),
+    # Bug pinned (issue 26, found by tests/audit/test_fuzz.py): pyarrow's JSON reader reads
+    # a list starting with null, [null, -1.0], as [-1.0, 0.0]; the fast path took it
+    ("leading-null", _with(engine_logprobs=[None, -1.0]), "bad_type", "engine_logprobs",
+     "engine_logprobs[0] = None"),
     # Bug pinned: a JSON boolean next to numbers was coerced by numpy (false -> logprob 0.0,
     # true -> token id 1) and audited as if valid.
     ("bool-logprob", _with(trainer_logprobs=[-0.5, False]), "bad_type", "trainer_logprobs",
-     "got False"),
-    ("bool-token", _with(response_ids=[True, 4]), "bad_type", "response_ids", "got True"),
+     "trainer_logprobs[1] = False (values must be numbers)"),
+    ("bool-token", _with(response_ids=[True, 4]), "bad_type", "response_ids",
+     "response_ids[0] = True (values must be integers)"),
+    # Bugs pinned (issue 26): token id 2**63 was "got dtype float64" without the value (and
+    # accepted as a uint64 in NPZ); a null id was missing_column, where the docs say bad_type
+    ("big-token", _with(response_ids=[3, 2**63]), "bad_type", "response_ids",
+     "response_ids[1] = 9223372036854775808 (out of the int64 range)"),
+    ("bigger-token", _with(response_ids=[2**64, 3]), "bad_type", "response_ids",
+     "response_ids[0] = 18446744073709551616 (out of the int64 range)"),
+    ("null-id", _with(id=None), "bad_type", "id", "id is null"),
+    ("float-id", _with(id=1.5), "bad_type", "id", "got 1.5"),
+    ("float-token-whole", _with(response_ids=[3.0, 4.0]), "bad_type", "response_ids",
+     "response_ids[0] = 3.0 (values must be integers)"),
+    ("null-token", _with(prompt_ids=[1, None]), "bad_type", "prompt_ids",
+     "prompt_ids[1] = None (values must be integers)"),
+    ("float-mask", _with(mask=[1, 0.5]), "bad_mask", "mask", "mask[1] = 0.5 (mask must be 0 or 1)"),
+    ("string-mask", _with(mask=[1, "1"]), "bad_type", "mask",
+     "mask[1] = '1' (values must be 0/1 or booleans)"),
+    ("huge-mask", _with(mask=[1, 2**70]), "bad_mask", "mask", "mask[1] = 1180591620717411303424"),
+    ("huge-logprob", _with(engine_logprobs=[-0.5, -10**400]), "non_finite", "engine_logprobs",
+     "engine_logprobs[1] = -inf"),  # as the float -1e400 is
 ]
 
 
@@ -142,3 +167,22 @@ def test_values_out_of_the_compare_dtype_range_are_excluded():
     assert rep["excluded_by_kind"] == {"non_finite": 1}
     assert "out of the float32 range" in rep["issues"][0]["message"]
     assert audit([GOOD, rec])["excluded_sequences"] == 0  # fine in float64
+
+
+def test_prompt_is_required_only_to_rescore(tmp_path):
+    """Bug pinned (issue 26): a file without prompt_ids audited 0 of its sequences, each
+    excluded for `missing column 'prompt_ids'`, though comparing two logprob columns needs
+    no prompt. Now the prompt is read when present and required only where a sequence is
+    rescored (and then that sequence is excluded, naming why)."""
+    no_prompt = dict(GOOD)
+    no_prompt.pop("prompt_ids")
+    rep = audit([no_prompt, no_prompt])
+    assert rep["sequences"] == 2 and rep["excluded_sequences"] == 0 and rep["tokens"] == 4
+    to_rescore = dict(no_prompt)
+    to_rescore.pop("trainer_logprobs")
+    rep = audit([no_prompt, to_rescore, dict(GOOD)],
+                rescore=lambda prompt, resp: [-0.5] * len(resp))
+    assert rep["sequences"] == 2 and rep["excluded_by_kind"] == {"missing_column": 1}
+    (issue,) = rep["issues"]
+    assert issue["row"] == 1 and issue["field"] == "prompt_ids"
+    assert "needed to rescore" in issue["message"]

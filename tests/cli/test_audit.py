@@ -71,9 +71,10 @@ def test_strict_bad_input_exits_2_naming_line_and_field(tmp_path, capsys):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"id": "a", "prompt_ids": [1], "response_ids": [1], '
                     '"engine_logprobs": [0.5], "trainer_logprobs": [-1.0]}\n')
-    assert main(["audit", str(path)]) == 0  # excluded and counted
-    out, _ = capsys.readouterr()
+    assert main(["audit", str(path)]) == 1  # excluded and counted; nothing left to audit
+    out, err = capsys.readouterr()
     assert "1 excluded" in out and f"{path}:line 1: engine_logprobs:" in out
+    assert "no tokens audited: all 1 sequences were excluded (positive_logprob: 1)" in err
     assert main(["audit", str(path), "--strict"]) == 2
     _, err = capsys.readouterr()
     assert f"{path}:line 1: engine_logprobs:" in err
@@ -119,4 +120,16 @@ def test_unwritable_output_exits_2(exact_file, tmp_path, capsys, flag):
     target = tmp_path / "taken"
     target.mkdir() if flag == "--json" else target.write_text("x")
     assert main(["audit", exact_file, flag, str(target), "--quiet"]) == 2
-    assert "cannot write the report" in capsys.readouterr().err
+    assert f"cannot write {flag} {target}" in capsys.readouterr().err
+
+
+def test_outputs_are_checked_before_any_file_is_read(tmp_path, capsys, monkeypatch):
+    """Bug pinned (issue 26): an unwritable --json/--report was found after the audit."""
+    import detsample.audit as audit_pkg
+
+    monkeypatch.setattr(audit_pkg, "audit", lambda *a, **k: pytest.fail("audited first"))
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    for flag in ("--json", "--report"):
+        assert main(["audit", str(tmp_path / "r.jsonl"), flag, str(blocker / "x")]) == 2
+        assert f"cannot write {flag}" in capsys.readouterr().err

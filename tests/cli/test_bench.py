@@ -82,3 +82,23 @@ def test_min_seconds_adds_rounds_to_short_cases():
     bench.round_robin_ms({k: fn(k) for k in calls}, 3, min_seconds=0.1)
     # ~0.1 s / ~2 ms a round (fewer when the machine stalls a sleep), + the warm-up
     assert 4 < calls["a"] == calls["b"] <= 1 + bench.MAX_REPEAT
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "1e400"])
+def test_min_seconds_must_be_finite(capsys, value):
+    """Bug pinned (issue 26): --min-seconds inf ended in an OverflowError traceback."""
+    with pytest.raises(SystemExit) as info:
+        main(["bench", *TINY[:-2], "--min-seconds", value])
+    assert info.value.code == 2 and "--min-seconds" in capsys.readouterr().err
+
+
+def test_unwritable_json_is_refused_before_the_timings(tmp_path, capsys, monkeypatch):
+    """Bug pinned (issue 26): bench --json DIR/not-a-dir/x.json ran the whole benchmark
+    and then failed writing."""
+    from detsample.benchmarks import sampler
+
+    monkeypatch.setattr(sampler, "run", lambda *a, **k: pytest.fail("timed before checking"))
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    assert main(["bench", *TINY, "--json", str(blocker / "x.json")]) == 2
+    assert "cannot write --json" in capsys.readouterr().err

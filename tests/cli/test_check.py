@@ -134,6 +134,17 @@ def test_unwritable_json_exits_2(capsys, tmp_path):
     assert "cannot write" in capsys.readouterr().err
 
 
+def test_unwritable_json_is_refused_before_the_battery(capsys, tmp_path, monkeypatch):
+    """Bug pinned (issue 26): the --json path was found unwritable only after the run."""
+    import detsample.checks.battery as battery
+
+    monkeypatch.setattr(battery, "run_battery", lambda *a, **k: pytest.fail("battery ran"))
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    assert main(["check", *ONE, "--json", str(blocker / "x.json")]) == 2
+    assert f"{blocker} is not a directory" in capsys.readouterr().err
+
+
 def test_top_logprob_kernel_swap_fails_check(capsys, tmp_path, monkeypatch):
     """Bug pinned: a kernel change that moves only the top-n logprobs passing the gate
     (goldens used to record only the sampled token's logprob). The log_softmax called

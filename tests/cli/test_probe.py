@@ -61,9 +61,33 @@ def test_refmodel_float_fails_with_exit_1(tmp_path, capsys):
 @pytest.fixture
 def factories(tmp_path, monkeypatch):
     (tmp_path / "probe_factories.py").write_text(textwrap.dedent("""
+        import os
+
         from detsample.refmodel import RefModel
 
         def ref():
+            return RefModel()
+
+        def fails():
+            raise OSError("no checkpoint at /models/x")
+
+        def needs(path):
+            return RefModel()
+
+        class Chatty:
+            vocab_size = 512
+
+            def new_cache(self):
+                return []
+
+            def forward(self, caches, chunks):
+                return "logits, honest"
+
+        def chatty():
+            return Chatty()
+
+        def marks():
+            open(os.environ["PROBE_MARK"], "w").close()
             return RefModel()
     """))
     (tmp_path / "probe_broken.py").write_text("import no_such_package_for_probe\n")
@@ -87,13 +111,34 @@ USAGE = [
      "cannot import 'probe_broken' for model 'probe_broken:make': ModuleNotFoundError: "
      "No module named 'no_such_package_for_probe'"),
     (["model", "probe_factories:nothing"], "has no callable 'nothing'"),
+    # Bugs pinned (issue 26): these were the factory's traceback and exit 1
+    (["model", "probe_factories:fails"],
+     "model 'probe_factories:fails': fails() raised OSError: no checkpoint at /models/x"),
+    (["model", "probe_factories:needs"],
+     "model 'probe_factories:needs': the factory must be callable without arguments"),
+    (["model", "probe_factories:chatty"],
+     "model 'probe_factories:chatty': forward returned a str"),
 ]
 
 
 @pytest.mark.parametrize("args,message", USAGE, ids=[a[1] for a, _ in USAGE])
 def test_usage_errors_exit_2(factories, capsys, args, message):
     assert main(["probe", *args]) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_json_path_is_checked_before_the_model_is_built(factories, tmp_path, monkeypatch,
+                                                        capsys):
+    """Bug pinned (issue 26): an unwritable --json failed only after the whole run."""
+    mark = tmp_path / "built"
+    monkeypatch.setenv("PROBE_MARK", str(mark))
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["probe", "model", "probe_factories:marks", "--json",
+                 str(blocker / "x.json")]) == 2
+    assert "cannot write --json" in capsys.readouterr().err and not mark.exists()
 
 
 def test_batch_invariant_flag_runs_under_the_mode(capsys):

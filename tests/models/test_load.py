@@ -59,6 +59,41 @@ def user_module(tmp_path, monkeypatch):
 
         def junk():
             return 42
+
+        def fails():
+            raise RuntimeError("weights not found")
+
+        def needs_args(path, dtype):
+            return Mine()
+
+        class Talker(Mine):
+            def forward(self, caches, chunks):
+                return "hello"
+
+        def talker():
+            return Talker()
+
+        class Short(Mine):
+            def forward(self, caches, chunks):
+                import torch
+                return [torch.zeros(1, 7) for _ in chunks]
+
+        def short():
+            return Short()
+
+        import torch
+
+        class StringHF(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.config = type("Config", (), {"vocab_size": 512})()
+                self.lin = torch.nn.Linear(2, 2)
+
+            def forward(self, *args, **kwargs):
+                return "a string"
+
+        def string_hf():
+            return StringHF()
     """))
     (tmp_path / "brokenmodels.py").write_text("import no_such_package_xyz\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -89,6 +124,11 @@ BAD_SPECS = [
     ("brokenmodels:f", "cannot import 'brokenmodels'.*ModuleNotFoundError.*no_such_package_xyz"),
     ("usermodels:nope", "has no callable 'nope'"),
     ("usermodels:junk", "neither a Hugging Face causal LM nor a CausalLM"),
+    # Bugs pinned (issue 26): a factory that raises or needs arguments ended in the user's
+    # traceback (exit 1) instead of one message naming module:factory (exit 2).
+    ("usermodels:fails", r"'usermodels:fails': fails\(\) raised RuntimeError: weights not found"),
+    ("usermodels:needs_args", r"'usermodels:needs_args': the factory must be callable without "
+                              r"arguments \(needs_args\(path, dtype\)"),
 ]
 
 
@@ -114,3 +154,26 @@ def test_batch_invariant_runs_every_forward_under_the_mode(user_module, spec):
     if spec == "usermodels:mine":
         assert sys.modules["usermodels"].Mine.seen_mode is True
     assert not getattr(load_model(spec), "batch_invariant", False)
+
+
+FORWARD_DEFECTS = [
+    # (factory, text): a model whose forward answers outside the protocol is named at the
+    # first forward (issue 26: a forward returning a string crashed deep in the probe)
+    ("usermodels:talker", r"'usermodels:talker': forward returned a str; expected a list of 1"),
+    ("usermodels:short", r"forward returned a torch.float32 tensor of shape \[1, 7\] for row 0"),
+    ("usermodels:string_hf", r"'usermodels:string_hf': forward raised AttributeError"),
+]
+
+
+@pytest.mark.parametrize("spec,message", FORWARD_DEFECTS)
+def test_a_forward_outside_the_protocol_is_a_named_error(user_module, spec, message):
+    m = load_model(spec)
+    with pytest.raises(ModelError, match=message):
+        prefill(m, [1, 2])
+
+
+def test_checked_models_keep_their_adapter_class(user_module):
+    from detsample.models import CheckedLM
+
+    m = load_model("usermodels:hf")
+    assert type(m) is CheckedLM and isinstance(m, HFCausalLM) and m.module is m.inner.module

@@ -1,0 +1,77 @@
+"""``detsample rollout`` arguments (detsample/cli/rollout.py): every numeric option checked
+at parse time by the rule of the field it sets, the output checked before the engine runs,
+and a user's model that fails named once.
+
+Bugs pinned (issue 26): a bad --temperature or --top-p reached the engine; the format
+error listed .pt, which rollout cannot write; a failing --model factory read
+"rescore model: ..."; an unwritable OUT was found after sampling.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from detsample.cli import main
+
+BAD_ARGS = [
+    (["--temperature", "nan"], "temperature must be finite"),
+    (["--temperature", "-1"], "temperature must be"),
+    (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["--top-k", "0"], "top_k must be -1 (disabled) or >= 1"),
+    (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+    (["--seed", "-3"], "seed must be in [0, 2**63)"),
+    (["--num-sequences", "0"], "must be >= 1"),
+    (["--max-batch-size", "0"], "must be >= 1"),
+    (["--temperature", "warm"], "temperature must be a number"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD_ARGS)
+def test_numeric_options_are_checked_at_parse_time(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as info:
+        main(["rollout", str(tmp_path / "r.jsonl"), *args])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_format_error_names_what_rollout_writes(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["rollout", str(tmp_path / "r.pt")])
+    err = capsys.readouterr().err
+    assert "rollout writes .jsonl" in err and ".npz" in err and ".parquet" in err
+    assert ".pt" not in err.split("rollout writes")[1]
+
+
+def test_unwritable_out_is_refused_before_sampling(tmp_path, capsys, monkeypatch):
+    import detsample.audit.rollout as rollout
+
+    monkeypatch.setattr(rollout, "generate_rollouts",
+                        lambda *a, **k: pytest.fail("the engine ran before OUT was checked"))
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["rollout", str(blocker / "r.jsonl")]) == 2
+    assert f"{blocker} is not a directory" in capsys.readouterr().err
+
+
+def test_a_failing_model_factory_is_one_named_error(tmp_path, capsys, monkeypatch):
+    (tmp_path / "rollout_models.py").write_text(textwrap.dedent("""
+        def broken():
+            raise RuntimeError("no weights")
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert main(["rollout", str(tmp_path / "r.jsonl"), "--model",
+                     "rollout_models:broken"]) == 2
+    finally:
+        sys.modules.pop("rollout_models", None)
+    err = capsys.readouterr().err
+    assert err.strip() == ("detsample rollout: error: --model: model 'rollout_models:broken': "
+                           "broken() raised RuntimeError: no weights")
+
+
+def test_small_rollout_is_written(tmp_path, capsys):
+    out = tmp_path / "deep" / "r.jsonl"
+    assert main(["rollout", str(out), "--num-sequences", "2", "--max-new-tokens", "3"]) == 0
+    assert len(out.read_text().splitlines()) == 2

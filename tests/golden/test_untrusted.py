@@ -1,0 +1,233 @@
+"""Golden files are untrusted input (detsample/golden/store.py, format.py, cli/golden.py).
+
+Bugs pinned (issue 26): a manifest whose ``file`` named a missing file or
+``../random.top_k/logprobs.txt`` verified ``[ok]``; a non-UTF-8 byte ended ``golden verify``
+and ``golden diff`` in a UnicodeDecodeError traceback and the other scenarios went
+unreported; ``golden diff`` exited 1 on untouched goldens where ``verify`` exited 0 (it
+counted manifest metadata); a deleted manifest read ``[MISSING-SCENARIO]`` (and a folder of
+deleted manifests was a skipped platform).
+"""
+
+from __future__ import annotations
+
+import os
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+#: examples per fuzz test: a fixed, bounded set in the default suite; set
+#: DETSAMPLE_FUZZ_EXAMPLES=2000 for a longer, randomised local run
+FUZZ_EXAMPLES = int(os.environ.get("DETSAMPLE_FUZZ_EXAMPLES", 60))
+FUZZ_FIXED = "DETSAMPLE_FUZZ_EXAMPLES" not in os.environ
+
+from detsample.cli import main
+from detsample.golden.store import CORRUPT, OK, GoldenStore
+from detsample.golden.tensor_store import TensorGoldens
+
+NAMES = ["random.greedy", "random.min_p", "random.top_k"]
+SEL = [a for n in NAMES for a in ("-k", n)]
+
+
+@pytest.fixture
+def goldens(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("CI", raising=False)
+    assert main(["golden", "update", *SEL, "--golden-dir", str(tmp_path)]) == 0
+    capsys.readouterr()
+    return tmp_path, GoldenStore(tmp_path)
+
+
+def _edit_manifest(store, name, edit):
+    path = store.scenario_dir(name) / "manifest.json"
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc, sort_keys=True, indent=1) + "\n")
+
+
+def _spoil(store, name, fname, at=10, junk=b"\xff\xfe"):
+    path = store.scenario_dir(name) / fname
+    data = path.read_bytes()
+    path.write_bytes(data[:at] + junk + data[at + len(junk):])
+
+
+def _run(capsys, action, root):
+    rc = main(["golden", action, *SEL, "--golden-dir", str(root)])
+    return rc, capsys.readouterr().out
+
+
+FILE_REFS = [
+    ("../random.top_k/logprobs.txt", "points outside the scenario folder"),
+    ("/etc/passwd", "points outside the scenario folder"),
+    ("missing.txt", "names 'missing.txt'; the format keeps it in 'logprobs.txt'"),
+    ("tokens.txt", "names 'tokens.txt'; the format keeps it in 'logprobs.txt'"),
+    (None, "arrays.logprobs.file must be 'logprobs.txt', got None"),
+]
+
+
+@pytest.mark.parametrize("ref,text", FILE_REFS)
+def test_manifest_file_references_stay_in_the_folder(goldens, capsys, ref, text):
+    root, store = goldens
+    _edit_manifest(store, "random.min_p", lambda d: d["arrays"]["logprobs"].__setitem__("file", ref))
+    for action in ("verify", "diff"):
+        rc, out = _run(capsys, action, root)
+        assert rc == 1, action
+        assert "[CORRUPT] random.min_p: golden files are corrupt: manifest.json: " in out
+        assert text in out
+        if action == "verify":
+            assert "[ok] random.greedy" in out and "[ok] random.top_k" in out
+
+
+SPOILS = [
+    ("tokens.txt", 10, "tokens.txt:"),
+    ("logprobs.txt", 40, "logprobs.txt:"),
+    ("manifest.json", 30, "manifest.json:"),
+]
+
+
+@pytest.mark.parametrize("fname,at,where", SPOILS)
+def test_a_bad_byte_is_a_corrupt_line_naming_file_and_line(goldens, capsys, fname, at, where):
+    root, store = goldens
+    _spoil(store, "random.min_p", fname, at)
+    data = (store.scenario_dir("random.min_p") / fname).read_bytes()
+    line = data[:at].count(b"\n") + 1
+    for action in ("verify", "diff"):
+        rc, out = _run(capsys, action, root)
+        assert rc == 1
+        assert f"[CORRUPT] random.min_p: golden files are corrupt: {where}{line}: not UTF-8 " \
+               f"(byte 0xff at column" in out, out
+    rc, out = _run(capsys, "verify", root)  # the others are still reported
+    assert "[ok] random.greedy" in out and "[ok] random.top_k" in out
+    assert "2 of 3 scenarios bit-identical" in out
+
+
+def test_invalid_json_names_the_line(goldens, capsys):
+    root, store = goldens
+    path = store.scenario_dir("random.top_k") / "manifest.json"
+    path.write_text(path.read_text().replace('"arrays"', '"arrays" "', 1))
+    rc, out = _run(capsys, "verify", root)
+    assert rc == 1 and "[CORRUPT] random.top_k: golden files are corrupt: manifest.json:2: " \
+                       "invalid JSON: Expecting ':' delimiter (column" in out
+
+
+def test_verify_and_diff_agree_metadata_is_shown_not_counted(goldens, capsys):
+    root, store = goldens
+    _edit_manifest(store, "random.greedy", lambda d: d.update(
+        cpu_dispatch={"machine_isa": "elsewhere", "mode": "emulated"}, library_version="0.0"))
+    rc_v, _ = _run(capsys, "verify", root)
+    rc_d, out = _run(capsys, "diff", root)
+    assert rc_v == rc_d == 0
+    assert "# random.greedy/manifest.json: metadata only, every bit equal" in out
+    assert '-  "machine_isa": "elsewhere"' in out
+    assert "no differences in the bits of 3 scenarios" in out
+    _edit_manifest(store, "random.greedy", lambda d: d["arrays"]["tokens"].__setitem__(
+        "dtype", "<i4"))  # a field that gives the bits their meaning: a difference
+    assert _run(capsys, "verify", root)[0] == 1 and _run(capsys, "diff", root)[0] == 1
+
+
+def test_a_deleted_manifest_is_corrupt_not_missing(goldens, capsys):
+    root, store = goldens
+    (store.scenario_dir("random.top_k") / "manifest.json").unlink()
+    for action in ("verify", "diff"):
+        rc, out = _run(capsys, action, root)
+        assert rc == 1 and "[CORRUPT] random.top_k:" in out and "MISSING" not in out
+        assert "manifest.json: missing while tokens.txt, logprobs.txt are present" in out
+    for n in NAMES:  # every manifest gone: still this platform's (broken) goldens, no skip
+        (store.scenario_dir(n) / "manifest.json").unlink(missing_ok=True)
+    assert store.has_platform()
+    rc, out = _run(capsys, "verify", root)
+    assert rc == 1 and out.count("[CORRUPT]") == 3
+
+
+def test_verify_api_reports_corrupt(goldens):
+    _, store = goldens
+    _spoil(store, "random.top_k", "logprobs.txt")
+    from detsample.golden import registry
+
+    out = registry.produce_all(["random.top_k", "random.greedy"])
+    assert store.verify("random.top_k", out["random.top_k"], write_obtained=False).status == CORRUPT
+    assert store.verify("random.greedy", out["random.greedy"], write_obtained=False).status == OK
+
+
+def test_tensor_goldens_are_untrusted_too(tmp_path, monkeypatch):
+    import numpy as np
+
+    from detsample.golden.store import MISSING_SCENARIO
+
+    monkeypatch.delenv("CI", raising=False)
+    goldens = TensorGoldens(GoldenStore(tmp_path))
+    tensors = {"x": np.arange(4, dtype=np.float32)}
+    goldens.update("k", tensors)
+    assert goldens.verify("k", tensors).ok
+    d = goldens.golden_dir("k")
+    data = (d / "x.txt").read_bytes()
+    (d / "x.txt").write_bytes(data[:-5] + b"\xff" + data[-4:])
+    v = goldens.verify("k", tensors, write_obtained=False)
+    assert v.status == CORRUPT and "x.txt:5: not UTF-8 (byte 0xff" in v.message
+    goldens.update("k", tensors)
+    (d / "manifest.json").unlink()
+    v = goldens.verify("k", tensors, write_obtained=False)
+    assert v.status == CORRUPT and "manifest.json: missing while the tensor files" in v.message
+    assert goldens.verify("other", tensors, write_obtained=False).status == MISSING_SCENARIO
+
+
+@pytest.fixture(scope="module")
+def one_golden(tmp_path_factory):
+    import os
+
+    from detsample.golden import registry
+
+    old = os.environ.pop("CI", None)
+    try:
+        root = tmp_path_factory.mktemp("golden_fuzz")
+        out = registry.produce_all(["random.greedy"])
+        GoldenStore(root).update(out)
+    finally:
+        if old is not None:
+            os.environ["CI"] = old
+    return root, out["random.greedy"]
+
+
+_FILES = ["tokens.txt", "logprobs.txt", "manifest.json"]
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=FUZZ_FIXED,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=st.lists(st.tuples(st.sampled_from(_FILES), st.integers(0, 10**6),
+                                st.sampled_from(["flip", "cut", "insert", "drop"]),
+                                st.integers(0, 255)), min_size=1, max_size=3))
+def test_fuzzed_goldens_are_verified_never_crash(one_golden, tmp_path_factory, edits):
+    """Random byte edits of a golden's files: verify never raises and never reports a
+    status it does not define; a golden whose token or logprob text lost a byte, or any
+    file a non-UTF-8 byte, is never ok."""
+    import shutil
+
+    src, out = one_golden
+    root = tmp_path_factory.mktemp("g")
+    shutil.copytree(src, root, dirs_exist_ok=True)
+    store = GoldenStore(root)
+    d = store.scenario_dir("random.greedy")
+    must_fail = False
+    for fname, at, how, byte in edits:
+        if not (d / fname).exists():
+            continue
+        data = (d / fname).read_bytes()
+        at %= max(len(data), 1)
+        if how == "flip":
+            data = data[:at] + bytes([byte]) + data[at + 1:]
+            must_fail |= byte >= 0x80
+        elif how == "cut":
+            must_fail |= fname != "manifest.json" and at < len(data) - 1
+            data = data[:at]
+        elif how == "insert":
+            data = data[:at] + bytes([byte]) + data[at:]
+            must_fail |= byte >= 0x80
+        else:
+            (d / fname).unlink()
+            must_fail = True
+            continue
+        (d / fname).write_bytes(data)
+    v = store.verify("random.greedy", out, write_obtained=False)
+    assert v.status in {"ok", "mismatch", "corrupt", "missing-scenario"}, v
+    if must_fail:
+        assert not v.ok, (edits, v.message)
