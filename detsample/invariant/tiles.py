@@ -57,13 +57,20 @@ def col_blocks(n: int) -> list[tuple[int, int]]:
 
 
 def _aligned_rows(a: torch.Tensor, rows: int) -> torch.Tensor:
-    """A zero ``(..., rows, K)`` view whose rows start on 64-byte boundaries, ``a`` copied
-    into its first rows."""
-    k = a.shape[-1]
-    step = max(1, _ALIGN // a.element_size())
+    """A ``(..., rows, K)`` tensor whose rows start on 64-byte boundaries, ``a`` in its
+    first rows and zeros after: ``a`` itself when it already is one (contiguous, no padding
+    rows, aligned start and row stride), else a copy."""
+    k, m = a.shape[-1], a.shape[-2]
+    esize = a.element_size()
+    if (rows == m and a.is_contiguous() and a.data_ptr() % _ALIGN == 0
+            and (k * esize) % _ALIGN == 0):
+        return a
+    step = max(1, _ALIGN // esize)
     kp = -(-k // step) * step if k else step
-    buf = a.new_zeros(a.shape[:-2] + (rows, kp))[..., :k]
-    buf[..., : a.shape[-2], :].copy_(a)
+    buf = a.new_empty(a.shape[:-2] + (rows, kp))[..., :k]
+    buf[..., :m, :].copy_(a)
+    if rows > m:
+        buf[..., m:, :].zero_()
     return buf
 
 

@@ -1,21 +1,35 @@
 """The invariant-mode benchmark's plumbing (detsample/benchmarks/invariant.py), on sizes
 small enough for the default suite.
 
-Pins: a benchmark that times the wrong side (both default, or a cache that grows between
-rounds) or whose table drops a workload.
+Pins: a benchmark that times the wrong side (two sides on the same kernels, or a cache
+that grows between rounds), whose table drops a workload or a side, and a verification
+timer that leaves its decisions behind.
 """
 
 from __future__ import annotations
 
-from detsample.benchmarks.invariant import build, measure, table
+from detsample.benchmarks.invariant import SIDES, build, measure, table
+from detsample.invariant import state
 
 
-def test_both_sides_are_timed_with_their_own_kernels():
-    assert build("hf-tiny-llama", True).batch_invariant
-    assert not build("hf-tiny-llama", False).batch_invariant
+def test_each_side_is_timed_with_its_own_kernels():
+    models = {side: build("hf-tiny-llama", side) for side in SIDES}
+    assert not models["default"].batch_invariant
+    assert models["verified"].batch_invariant and not models["verified"].portable
+    assert models["portable"].batch_invariant and models["portable"].portable
     timings = measure("hf-tiny-llama", prefill_len=6, decode_batch=2, cache_len=5, rounds=1,
                       threads=1)
     assert [t.workload for t in timings] == ["prefill 6 x 1", "decode 2 x cache 5"]
-    assert all(t.default_s > 0 and t.mode_s > 0 for t in timings)
+    assert all(set(t.seconds) == set(SIDES) and min(t.seconds.values()) > 0 for t in timings)
     text = table(timings)
-    assert text.count("\n") == 3 and "hf-tiny-llama" in text and "x |" in text
+    assert text.count("\n") == 3 and "hf-tiny-llama" in text and "portable / default" in text
+
+
+def test_verification_cost_starts_and_ends_with_an_empty_registry(monkeypatch):
+    from detsample.benchmarks import invariant as bench
+    monkeypatch.setattr(bench, "LLAMA_1B_PRODUCTS", ((64, 32),))
+    monkeypatch.setattr(bench, "LLAMA_1B_ATTENTION", ((16, 32, "nt"),))
+    state.plans().get(("marker",), lambda: state.Plan("x", state.VERIFIED, "y"))
+    total, rows = bench.verification_cost(threads=1)
+    assert total > 0 and [r[0] for r in rows] == ["mm K=64 N=32", "bmm K=16 N=32 nt"]
+    assert not dict(state.plans().items())
