@@ -36,6 +36,7 @@ materialised); :func:`register_attention` registers both under :data:`ATTENTION_
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -46,6 +47,7 @@ from detsample.invariant.products import product
 from detsample.invariant.state import config
 
 ATTENTION_NAME = "detsample"
+KEYS_ATTR = "_detsample_keys"   # the padding mask rides on the 4-D mask hf_mask returns
 KEY_BLOCK = 128  # keys per block, counted from the row's key 0
 
 
@@ -75,24 +77,50 @@ def _allowed(mask: torch.Tensor | None, B: int, T: int, L: int,
     return allowed, torch.where(allowed, mask, 0).to(torch.float32)
 
 
+@dataclass(frozen=True)
+class Extras:
+    """What some architectures add to softmax attention.
+
+    ``softcap``: scores become ``softcap * tanh(s / softcap)`` (Gemma 2) before masking;
+    ``sinks``: (H,) a learned logit per query head that joins every query's softmax
+    denominator with no value (GPT-OSS ``s_aux``); ``keys``: (B, L) bool, the slots of each
+    row that hold a token (the padding mask): keys are placed by it, so a query's blocks
+    do not depend on which earlier keys its window leaves out (sliding windows)."""
+
+    softcap: float | None = None
+    sinks: torch.Tensor | None = None
+    keys: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.softcap is not None and not float(self.softcap) > 0:
+            raise ValueError(f"softcap must be > 0, got {self.softcap!r}")
+
+
+NONE = Extras()
+
+
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-              mask: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+              mask: torch.Tensor | None = None, scale: float | None = None,
+              extras: Extras = NONE) -> torch.Tensor:
     """Invariant attention (see the module docstring).
 
-    query (B, H, T, D); key, value (B, Hkv, L, D) with ``H % Hkv == 0`` (query head h
-    uses KV head ``h // (H // Hkv)``); ``mask``: None (causal, the queries being the last
-    T of the L positions), bool (True = may attend) or additive float, shaped
-    (B or 1, 1, T, L) or (T, L). ``scale`` defaults to ``D ** -0.5``. Returns (B, H, T, D)
-    in query's dtype; computed in float32. Guarantee: bitwise batch-invariant per query
-    (CPU; thread counts 1 and 2).
+    query (B, H, T, D); key (B, Hkv, L, D), value (B, Hkv, L, Dv) with ``H % Hkv == 0``
+    (query head h uses KV head ``h // (H // Hkv)``; ``Dv`` may differ from ``D``, as in
+    MLA); ``mask``: None (causal, the queries being the last T of the L positions), bool
+    (True = may attend) or additive float, shaped (B or 1, 1, T, L) or (T, L). ``scale``
+    defaults to ``D ** -0.5``; ``extras``: soft-capping, sinks, the padding mask
+    (:class:`Extras`). Returns (B, H, T, Dv) in query's dtype; computed in float32.
+    Guarantee: bitwise batch-invariant per query (CPU; any thread count).
 
     Differentiable: when autograd records (a trainer's forward), the output is the same
-    bits and the backward pass recomputes the attention weights from the saved
-    log-sum-exp (:class:`_Attention`); gradients are exact math, not batch-invariant.
+    bits and the backward pass recomputes the attention weights (:class:`_Attention`);
+    gradients are exact math, not batch-invariant.
     """
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
-        return _Attention.apply(query, key, value, mask, scale).to(query.dtype)
-    return attend(query, key, value, mask, scale)[0].to(query.dtype)
+    grads = [t for t in (query, key, value, extras.sinks) if t is not None]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in grads):
+        return _Attention.apply(query, key, value, mask, scale, extras,
+                                extras.sinks).to(query.dtype)
+    return attend(query, key, value, mask, scale, extras)[0].to(query.dtype)
 
 
 class _Attention(torch.autograd.Function):
@@ -103,16 +131,19 @@ class _Attention(torch.autograd.Function):
     each KV head's query group; queries that may attend no key get zero gradients."""
 
     @staticmethod
-    def forward(ctx, query, key, value, mask, scale):  # type: ignore[override]
-        out, lse = attend(query, key, value, mask, scale)
+    def forward(ctx, query, key, value, mask, scale, extras, sinks):  # type: ignore[override]
+        out, lse = attend(query, key, value, mask, scale, extras)
         ctx.save_for_backward(query, key, value, out, lse,
-                              mask if isinstance(mask, torch.Tensor) else None)
+                              mask if isinstance(mask, torch.Tensor) else None, sinks)
         ctx.scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
+        ctx.softcap = extras.softcap
         return out
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
-        query, key, value, out, lse, mask = ctx.saved_tensors
+        query, key, value, out, lse, mask, sinks = ctx.saved_tensors
+        if ctx.softcap is not None or sinks is not None or value.shape[-1] != key.shape[-1]:
+            return _dense_backward(ctx, dout, query, key, value, mask, sinks)
         B, H, T, D = query.shape
         Hkv, L = key.shape[1], key.shape[2]
         G, f32 = H // Hkv, torch.float32
@@ -131,31 +162,67 @@ class _Attention(torch.autograd.Function):
         dq = torch.matmul(ds, k) * ctx.scale
         dk = torch.matmul(ds.transpose(-1, -2), q) * ctx.scale
         dk, dv = (t.view(B, Hkv, G, L, D).sum(dim=2) for t in (dk, dv))
-        return (dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype), None, None)
+        return (dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype), None, None, None, None)
+
+
+def _dense_backward(ctx, dout, query, key, value, mask, sinks):  # noqa: ANN001
+    """Gradients of soft-capped / sink / unequal-dim attention: autograd through a dense
+    float32 recomputation of the same function (exact math, not batch-invariant)."""
+    B, H, T, D = query.shape
+    Hkv, L = key.shape[1], key.shape[2]
+    G, f32 = H // Hkv, torch.float32
+    allowed, bias = _allowed(mask, B, T, L, query.device)
+    with torch.enable_grad():
+        leaves = [t.detach().to(f32).requires_grad_() for t in (query, key, value)]
+        sk = sinks.detach().to(f32).requires_grad_() if sinks is not None else None
+        q, k, v = leaves
+        k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
+        s = torch.matmul(q, k.transpose(-1, -2)) * ctx.scale
+        if ctx.softcap is not None:
+            s = torch.tanh(s / ctx.softcap) * ctx.softcap
+        if bias is not None:
+            s = s + bias[:, None]
+        s = s.masked_fill(~allowed[:, None], -math.inf)
+        if sk is not None:
+            s = torch.cat([s, sk.view(1, H, 1, 1).expand(B, H, T, 1)], dim=-1)
+        p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+        o = torch.matmul(p[..., :L], v)
+        wrt = leaves + ([sk] if sk is not None else [])
+        grads = torch.autograd.grad(o, wrt, dout.to(f32), allow_unused=True)
+    dq, dk, dv = (g.to(t.dtype) for g, t in zip(grads[:3], (query, key, value)))
+    dsk = grads[3].to(sinks.dtype) if sk is not None else None
+    return dq, dk, dv, None, None, None, dsk
 
 
 def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-           mask: torch.Tensor | None = None,
-           scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`attention` in float32, with the log-sum-exp of each query's scaled scores:
-    ``((B, H, T, D), (B, H, T))``; ``-inf`` for a query that may attend no key."""
-    if query.dim() != 4 or key.dim() != 4 or value.shape != key.shape:
-        raise ValueError(f"query must be (B, H, T, D) and key/value (B, Hkv, L, D), got "
-                         f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+           mask: torch.Tensor | None = None, scale: float | None = None,
+           extras: Extras = NONE) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`attention` in float32, with the log-sum-exp of each query's scaled scores
+    (sinks included): ``((B, H, T, Dv), (B, H, T))``; ``-inf`` for a query that may
+    attend no key (and has no sink)."""
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or value.shape[:3] != key.shape[:3]:
+        raise ValueError(f"query must be (B, H, T, D), key (B, Hkv, L, D) and value "
+                         f"(B, Hkv, L, Dv), got {tuple(query.shape)}, {tuple(key.shape)}, "
+                         f"{tuple(value.shape)}")
     B, H, T, D = query.shape
-    Hkv, L = key.shape[1], key.shape[2]
+    Hkv, L, Dv = key.shape[1], key.shape[2], value.shape[3]
     if H % Hkv or key.shape[0] != B or key.shape[3] != D:
         raise ValueError(f"key/value {tuple(key.shape)} do not match query {tuple(query.shape)}"
                          f" (heads must divide, batch and head_dim must agree)")
+    if extras.sinks is not None and tuple(extras.sinks.shape) != (H,):
+        raise ValueError(f"sinks must have one logit per query head ({H},), got "
+                         f"{tuple(extras.sinks.shape)}")
     dev, f32 = query.device, torch.float32
     scale = D ** -0.5 if scale is None else float(scale)
     allowed, bias = _allowed(mask, B, T, L, dev)
-    real = allowed.any(dim=1)                                     # (B, L): the row's keys
+    real = _row_keys(allowed, extras.keys)                          # (B, L): the row's keys
     lens = real.sum(dim=1)
     lc = int(lens.max()) if B and L else 0
     if lc == 0 or T == 0:
-        return (torch.zeros((B, H, T, D), dtype=f32, device=dev),
-                torch.full((B, H, T), -math.inf, dtype=f32, device=dev))
+        lse = torch.full((B, H, T), -math.inf, dtype=f32, device=dev)
+        if extras.sinks is not None:
+            lse = extras.sinks.to(f32)[None, :, None].expand(B, H, T).clone()
+        return torch.zeros((B, H, T, Dv), dtype=f32, device=dev), lse
     G = H // Hkv
     rows = T * G
     portable = config().portable
@@ -167,25 +234,31 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     else:
         order = torch.sort((~real).to(torch.uint8), dim=1, stable=True).indices[:, :lc]
         flat = (order + torch.arange(B, device=dev)[:, None] * L).reshape(-1)
-        k_c, v_c = (t.transpose(1, 2).reshape(B * L, Hkv * D).index_select(0, flat)
-                    .view(B, lc, Hkv, D).transpose(1, 2) for t in (key, value))
+        k_c, v_c = (t.transpose(1, 2).reshape(B * L, Hkv * t.shape[3]).index_select(0, flat)
+                    .view(B, lc, Hkv, t.shape[3]).transpose(1, 2) for t in (key, value))
         a_c = allowed.gather(2, order[:, None, :].expand(B, T, lc))
         b_c = None if bias is None else bias.gather(2, order[:, None, :].expand(B, T, lc))
-    k_c, v_c = (t.to(f32).reshape(B * Hkv, lc, D) for t in (k_c, v_c))
+    k_c, v_c = (t.to(f32).reshape(B * Hkv, lc, t.shape[3]) for t in (k_c, v_c))
     # queries of one KV head as rows, position-major (row = t * G + g)
     q = query.to(f32).reshape(B, Hkv, G, T, D).transpose(2, 3).reshape(B * Hkv, rows, D)
     masked = ~a_c[:, None, :, None].expand(B, Hkv, T, G, lc).reshape(B * Hkv, rows, lc)
     add = None
     if b_c is not None:
         add = b_c[:, None, :, None].expand(B, Hkv, T, G, lc).reshape(B * Hkv, rows, lc)
-    # block i needs the rows from the first position some row attends past key i * KEY_BLOCK
-    # (earlier rows have seen all their keys: the later blocks would add exact zeros)
-    seen = a_c.sum(dim=2).amax(dim=0).cummax(dim=0).values        # (T,) non-decreasing
+    # block i needs the rows from the first position some row attends a key at or past
+    # i * KEY_BLOCK (earlier rows attend only earlier keys: the block would add exact zeros);
+    # seen[t] = 1 + the last key any row's query t attends (windows attend fewer than that)
+    last = torch.where(a_c, torch.arange(1, lc + 1, device=dev), 0).amax(dim=2)   # (B, T)
+    seen = last.amax(dim=0).cummax(dim=0).values                   # (T,) non-decreasing
     lows = torch.arange(0, lc, KEY_BLOCK, device=dev)
     firsts = (torch.searchsorted(seen, lows, right=True) * G).tolist()
     full = bool(valid.all())
     m = torch.full((B * Hkv, rows), -math.inf, dtype=f32, device=dev)
-    acc = torch.zeros((B * Hkv, rows, D + 1), dtype=f32, device=dev)
+    acc = torch.zeros((B * Hkv, rows, Dv + 1), dtype=f32, device=dev)
+    if extras.sinks is not None:      # the sink: a key of logit `sink` and value 0, first
+        m = extras.sinks.to(f32).view(Hkv, G)[None, :, None, :].expand(B, Hkv, T, G) \
+            .reshape(B * Hkv, rows).clone()
+        acc[:, :, Dv] = 1.0
     for i, first in enumerate(firsts):
         lo, hi = i * KEY_BLOCK, min((i + 1) * KEY_BLOCK, lc)
         r = slice(min(first, rows), rows)
@@ -193,6 +266,8 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             continue
         kb, vb = _blocks(k_c, v_c, lo, hi, None if full else valid)
         s = product(q[:, r], kb.transpose(1, 2), portable).mul_(scale)
+        if extras.softcap is not None:
+            s = cpu.tanh(s / extras.softcap).mul_(extras.softcap)
         if add is not None:
             s[:, :, : hi - lo].add_(add[:, r, lo:hi])
         s[:, :, : hi - lo].masked_fill_(masked[:, r, lo:hi], -math.inf)
@@ -205,33 +280,45 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         corr = cpu.exp(m_old - m_safe)
         acc[:, r] = acc[:, r].mul_(corr[:, :, None]).add_(product(p, vb, portable, keyed=True))
         m[:, r] = m_new
-    den = acc[:, :, D: D + 1]
-    res = torch.where(den > 0, acc[:, :, :D] / den, 0.0)
+    den = acc[:, :, Dv: Dv + 1]
+    res = torch.where(den > 0, acc[:, :, :Dv] / den, 0.0)
     lse = m + cpu.log(den[..., 0])
-    res = res.reshape(B, Hkv, T, G, D).transpose(2, 3).reshape(B, H, T, D)
+    res = res.reshape(B, Hkv, T, G, Dv).transpose(2, 3).reshape(B, H, T, Dv)
     return res, lse.reshape(B, Hkv, T, G).transpose(2, 3).reshape(B, H, T)
 
 
 def _blocks(k: torch.Tensor, v: torch.Tensor, lo: int, hi: int,
             valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys ``lo:hi`` of ``k`` (B * Hkv, lc, D) as a full KEY_BLOCK, and the values with a
-    column of ones (the softmax denominator) as ``[V | 1]`` (KEY_BLOCK, D + 1): zeros past
-    ``hi`` and, with ``valid`` (B, lc), at slots a row does not have, so no garbage value
-    ever meets a weight of 0."""
-    n, D = hi - lo, k.shape[2]
+    """Keys ``lo:hi`` of ``k`` (B * Hkv, lc, D) as a full KEY_BLOCK, and the values
+    (B * Hkv, lc, Dv) with a column of ones (the softmax denominator) as ``[V | 1]``
+    (KEY_BLOCK, Dv + 1): zeros past ``hi`` and, with ``valid`` (B, lc), at slots a row does
+    not have, so no garbage value ever meets a weight of 0."""
+    n, D, Dv = hi - lo, k.shape[2], v.shape[2]
     kb = k[:, lo:hi]
     if n < KEY_BLOCK or valid is not None:
         kb = k.new_zeros((k.shape[0], KEY_BLOCK, D))
         kb[:, :n] = k[:, lo:hi]
-    vb = v.new_zeros((v.shape[0], KEY_BLOCK, D + 1))
-    vb[:, :n, :D] = v[:, lo:hi]
-    vb[:, :n, D] = 1.0
+    vb = v.new_zeros((v.shape[0], KEY_BLOCK, Dv + 1))
+    vb[:, :n, :Dv] = v[:, lo:hi]
+    vb[:, :n, Dv] = 1.0
     if valid is not None:
         bad = ~valid[:, lo:hi]
         for t in (kb, vb):
             t.view(bad.shape[0], -1, KEY_BLOCK, t.shape[2])[:, :, :n].masked_fill_(
                 bad[:, None, :, None], 0)
     return kb, vb
+
+
+def _row_keys(allowed: torch.Tensor, keys: torch.Tensor | None) -> torch.Tensor:
+    """(B, L) bool: the slots of each row that hold a token. From the padding mask when the
+    mask came with one (and it is consistent with the mask: every attended slot holds a
+    token), else the slots some query may attend (exact for causal attention without a
+    window: the last query attends every earlier token)."""
+    some = allowed.any(dim=1)
+    if keys is None or tuple(keys.shape) != tuple(some.shape):
+        return some
+    keys = keys.to(some.device)
+    return keys if bool((keys | ~some).all()) else some
 
 
 def _top_left_causal(T: int, L: int, device: torch.device) -> torch.Tensor:
@@ -306,14 +393,20 @@ def hf_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     if dropout and module.training:
         raise ValueError(f"the detsample attention has no dropout, got dropout={dropout} "
                          f"in training mode")
-    for unsupported in ("softcap", "position_bias", "s_aux", "sinks"):
-        if kwargs.get(unsupported) is not None:
-            raise ValueError(f"the detsample attention does not support {unsupported!r}")
+    if kwargs.get("position_bias") is not None:
+        raise ValueError("the detsample attention does not support 'position_bias'")
     if query.device.type != "cpu":
+        for unsupported in ("softcap", "s_aux", "sinks"):
+            if kwargs.get(unsupported) is not None:
+                raise ValueError(f"the detsample attention does not support {unsupported!r} "
+                                 f"on {query.device.type}")
         fn = _device_attention(query.device)
         return fn(module, query, key, value, attention_mask, dropout=dropout,
                   scaling=scaling, **kwargs)
-    out = attention(query, key, value, attention_mask, scaling)
+    sinks = kwargs.get("s_aux", kwargs.get("sinks"))
+    extras = Extras(softcap=kwargs.get("softcap"), sinks=sinks,
+                    keys=getattr(attention_mask, KEYS_ATTR, None))
+    out = attention(query, key, value, attention_mask, scaling, extras)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -324,7 +417,12 @@ def hf_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
 
     kwargs["allow_is_causal_skip"] = False
     kwargs["allow_is_bidirectional_skip"] = False
-    return sdpa_mask(*args, **kwargs)
+    mask = sdpa_mask(*args, **kwargs)
+    pad, offset, length = kwargs.get("attention_mask"), kwargs.get("kv_offset", 0), kwargs.get("kv_length")
+    if isinstance(mask, torch.Tensor) and isinstance(pad, torch.Tensor) and pad.dim() == 2 \
+            and length is not None and pad.shape[1] >= offset + length:
+        setattr(mask, KEYS_ATTR, pad[:, offset: offset + length].to(torch.bool))
+    return mask
 
 
 def register_attention() -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Iterable
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detsample.invariant.attention import attend
@@ -41,7 +42,60 @@ EXACT_OPS = frozenset({
     "aten::sub.Tensor", "aten::sub.Scalar", "aten::mul.Tensor", "aten::mul_.Tensor",
     "aten::mul.Scalar", "aten::div.Tensor", "aten::div.Scalar", "aten::neg",
     "aten::reciprocal", "aten::sqrt", "aten::maximum", "aten::minimum",
+    # orderings, counts, selections and elementwise exact ops (MoE routing, masks)
+    "aten::sort", "aten::sort.stable", "aten::argsort", "aten::argsort.stable", "aten::histc",
+    "aten::one_hot", "aten::nonzero", "aten::repeat_interleave.self_int",
+    "aten::repeat_interleave.self_Tensor", "aten::repeat_interleave.Tensor", "aten::gather",
+    "aten::scatter.src", "aten::scatter.value", "aten::scatter_.src", "aten::scatter_.value",
+    "aten::masked_fill_.Scalar", "aten::masked_fill.Tensor", "aten::masked_fill_.Tensor",
+    "aten::flip", "aten::roll", "aten::triu", "aten::tril", "aten::clamp", "aten::clamp_",
+    "aten::clamp_min", "aten::clamp_max", "aten::abs", "aten::sign", "aten::floor", "aten::ceil",
+    "aten::round", "aten::trunc", "aten::relu", "aten::logical_and", "aten::logical_or",
+    "aten::logical_not", "aten::any", "aten::any.dim", "aten::all", "aten::all.dim",
+    "aten::isinf", "aten::isnan", "aten::isfinite", "aten::max", "aten::max.dim",
+    "aten::min", "aten::min.dim", "aten::amax", "aten::amin", "aten::argmax", "aten::argmin",
+    "aten::stack", "aten::expand", "aten::index_copy", "aten::index_copy_", "aten::div.Tensor_mode",
+    "aten::div.Scalar_mode", "aten::mul_.Scalar", "aten::div_.Tensor", "aten::div_.Scalar",
+    "aten::sub_.Tensor", "aten::neg_", "aten::square", "aten::where.ScalarOther",
+    "aten::where.ScalarSelf", "aten::where.Scalar", "aten::logical_xor", "aten::bitwise_xor.Tensor",
+    "aten::rsub.Scalar", "aten::rsub.Tensor", "aten::detach", "aten::alias", "aten::_local_scalar_dense",
+    "aten::item", "aten::equal", "aten::sym_size.int", "aten::empty_strided",
+    "aten::full_like", "aten::new_full", "aten::masked_scatter", "aten::masked_select",
+    "aten::searchsorted.Tensor", "aten::bucketize.Tensor", "aten::view_as_real", "aten::view_as_complex", "aten::bitwise_and.Scalar",
+    "aten::bitwise_or.Scalar", "aten::__and__.Tensor", "aten::__or__.Tensor",
 })
+
+
+def _integral(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and not (t.dtype.is_floating_point or t.dtype.is_complex)
+
+
+def _unique(index: Any) -> bool:
+    return isinstance(index, torch.Tensor) and index.numel() == int(torch.unique(index).numel())
+
+
+#: ops exact only for some arguments: name -> predicate(args, kwargs). Integer prefix sums
+#: and divisions are exact; an indexed write or accumulation is exact when it adds nothing
+#: (accumulate=False) or each destination is written once per call.
+CONDITIONAL: dict[str, Any] = {
+    "aten::cumsum": lambda a, k: _integral(a[0]) or (k.get("dtype") is not None
+                                                     and not k["dtype"].is_floating_point),
+    "aten::cumsum_": lambda a, k: _integral(a[0]),
+    "aten::floor_divide": lambda a, k: _integral(a[0]),
+    "aten::floor_divide.Scalar": lambda a, k: _integral(a[0]),
+    "aten::remainder.Scalar": lambda a, k: _integral(a[0]),
+    "aten::remainder.Tensor": lambda a, k: _integral(a[0]),
+    "aten::index_put_": lambda a, k: not (a[3] if len(a) > 3 else k.get("accumulate", False))
+                                     or _integral(a[0]),
+    "aten::index_put": lambda a, k: not (a[3] if len(a) > 3 else k.get("accumulate", False))
+                                    or _integral(a[0]),
+    "aten::_index_put_impl_": lambda a, k: not (a[3] if len(a) > 3 else k.get("accumulate", False))
+                                           or _integral(a[0]),
+    "aten::index_add_": lambda a, k: _integral(a[0]) or _unique(a[2]),
+    "aten::index_add": lambda a, k: _integral(a[0]) or _unique(a[2]),
+    "aten::scatter_add_": lambda a, k: _integral(a[0]) or _unique(a[2]),
+    "aten::scatter_add": lambda a, k: _integral(a[0]) or _unique(a[2]),
+}
 
 
 def op_name(func: Any) -> str:
@@ -72,8 +126,16 @@ class OpRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         if not _inside_attention():
-            (self.views if func.is_view else self.ops).add(op_name(func))
+            name = op_name(func)
+            if name in CONDITIONAL and CONDITIONAL[name](args, kwargs or {}):
+                return func(*args, **(kwargs or {}))       # exact for these arguments
+            (self.views if func.is_view else self.ops).add(name)
+            if not func.is_view:
+                self.record(name, args)
         return func(*args, **(kwargs or {}))
+
+    def record(self, name: str, args: tuple) -> None:
+        """Hook for subclasses: called with every recorded (non-view) op."""
 
 
 def _base(name: str) -> str:

@@ -25,6 +25,7 @@ from typing import ContextManager, Iterator
 import torch
 
 from detsample.invariant.attention import register_attention
+from detsample.invariant.guard import GUARD
 from detsample.invariant.state import STATE, ModeConfig
 from detsample.invariant.table import kernels_by_key
 
@@ -51,6 +52,7 @@ def enable(portable: bool = False, strict: bool = True) -> None:
         if not STATE.configs:
             register_attention()
             STATE.library = _install()
+            GUARD.install()
         STATE.configs.append(cfg)
 
 
@@ -63,6 +65,7 @@ def disable() -> None:
         STATE.configs.pop()
         if not STATE.configs:
             lib, STATE.library = STATE.library, None
+            GUARD.uninstall()
             if lib is not None:
                 lib._destroy()
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from detsample.invariant import cpu
+from detsample.invariant import cpu, moe
 from detsample.invariant.attention import sdpa_flash_cpu, sdpa_math
 from detsample.invariant.backends import cuda_kernels
 
-FAMILIES = ("matmul", "reduction", "softmax", "norm", "pointwise", "attention")
+FAMILIES = ("matmul", "reduction", "softmax", "norm", "pointwise", "moe", "attention")
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,8 @@ OVERRIDES: tuple[Override, ...] = (
     Override("sin", "pointwise", cpu.sin),
     Override("rsqrt", "pointwise", cpu.rsqrt),
     Override("pow.Tensor_Scalar", "pointwise", cpu.pow_scalar),
+    Override("topk", "moe", moe.topk),
+    Override("_grouped_mm", "moe", moe.grouped_mm),
     Override("_scaled_dot_product_flash_attention_for_cpu", "attention", sdpa_flash_cpu),
     Override("_scaled_dot_product_attention_math", "attention", sdpa_math),
 )

@@ -1,0 +1,196 @@
+"""Never silently variant: the coverage check at a model's first forward under the mode.
+
+While the mode is installed, two process-wide module hooks watch every ``nn.Module`` call
+(:class:`Guard`). The first time a model (the outermost module of a call) runs under the
+mode:
+
+* a layer the mode cannot make invariant (:data:`REFUSED`: linear-attention and
+  state-space mixers, whose chunked prefill scan and recurrent decode step sum in
+  different orders) raises :class:`RefusedLayerError` before the forward, naming the
+  layer's path and class;
+* the forward runs under an op recorder (:class:`~detsample.invariant.coverage.OpRecorder`
+  with module paths and shapes); every aten op it ran that is neither overridden by the
+  mode nor exact by construction (:func:`~detsample.invariant.coverage.uncovered`) is an
+  :class:`UncoveredOpError` naming op, module and shapes, raised when the forward returns
+  (``batch_invariant(strict=False)``: a :class:`UncoveredOpWarning` instead).
+
+The verdict is kept per model (weakly) and never recomputed; :func:`findings` gives it
+(``detsample probe model`` reports it). Later forwards run without the recorder.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from detsample.invariant.coverage import OpRecorder, uncovered
+from detsample.invariant.state import config
+from detsample.invariant.verify import NotInvariantError
+
+#: (class-name fragment, why) of layers the mode refuses by name
+REFUSED: tuple[tuple[str, str], ...] = (
+    ("GatedDeltaNet", "a gated delta-net linear-attention layer: its chunked scan (prefill) "
+                      "and its recurrent step (decode) sum the state in different orders"),
+    ("Mamba", "a state-space (Mamba) mixer: its chunked scan (prefill) and its recurrent step "
+              "(decode) sum the state in different orders"),
+    ("LinearAttention", "a linear-attention layer: prefill and decode sum its state in "
+                        "different orders"),
+    ("ShortConv", "a short-convolution mixer whose prefill and decode paths differ"),
+    ("Rwkv", "an RWKV time-mixing layer: prefill and decode sum its state in different orders"),
+)
+
+
+class RefusedLayerError(NotInvariantError):
+    """A model holds a layer the batch-invariant mode cannot make invariant."""
+
+
+class UncoveredOpError(NotInvariantError):
+    """A model's first forward under the mode ran ops the mode neither overrides nor
+    knows to be exact."""
+
+
+class UncoveredOpWarning(UserWarning):
+    """:class:`UncoveredOpError` under ``strict=False``."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One uncovered op of a first forward: the aten op, the module it ran in, shapes."""
+
+    op: str
+    module: str
+    shapes: tuple
+
+    def text(self) -> str:
+        shapes = ", ".join("x".join(map(str, s)) if isinstance(s, tuple) else str(s)
+                           for s in self.shapes)
+        return f"{self.op} in {self.module or '<model>'} [{shapes}]"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "module": self.module, "shapes": [list(s) if isinstance(s, tuple)
+                                                                 else s for s in self.shapes]}
+
+
+def refused_layers(model: torch.nn.Module) -> list[str]:
+    """``"path (Class): why"`` for every layer of ``model`` in :data:`REFUSED`."""
+    out = []
+    for name, mod in model.named_modules():
+        cls = type(mod).__name__
+        for frag, why in REFUSED:
+            if frag.lower() in cls.lower():
+                out.append(f"{name or '<model>'} ({cls}): {why}")
+                break
+    return out
+
+
+class _Recorder(OpRecorder):
+    """:class:`OpRecorder` that also keeps, per op, the innermost module running and the
+    argument shapes of its first call."""
+
+    def __init__(self, guard: "Guard") -> None:
+        super().__init__()
+        self.guard = guard
+        self.where: dict[str, tuple[str, tuple]] = {}
+
+    def record(self, name: str, args: tuple) -> None:
+        if name not in self.where:
+            shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+            self.where[name] = (self.guard.current(), shapes)
+
+
+class Guard:
+    """The hooks' state (one per process while the mode is installed)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.local = threading.local()
+        self.verdicts: "weakref.WeakKeyDictionary[torch.nn.Module, list[Finding]]" = \
+            weakref.WeakKeyDictionary()
+        self.handles: list[Any] = []
+
+    # -- install -----------------------------------------------------------------------
+    def install(self) -> None:
+        with self.lock:
+            if not self.handles:
+                reg = torch.nn.modules.module
+                self.handles = [reg.register_module_forward_pre_hook(self._pre),
+                                reg.register_module_forward_hook(self._post, always_call=True)]
+
+    def uninstall(self) -> None:
+        with self.lock:
+            for h in self.handles:
+                h.remove()
+            self.handles = []
+
+    # -- per-thread call stack ---------------------------------------------------------
+    def _frame(self) -> dict:
+        f = getattr(self.local, "frame", None)
+        if f is None:
+            f = self.local.frame = {"depth": 0, "stack": [], "names": {}, "rec": None, "root": None}
+        return f
+
+    def current(self) -> str:
+        stack = self._frame()["stack"]
+        return stack[-1] if stack else ""
+
+    def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        f = self._frame()
+        if f["depth"] == 0 and self.verdicts.get(module) and config().strict:
+            raise UncoveredOpError(_message(self.verdicts[module]))   # every forward, not once
+        if f["depth"] == 0 and module not in self.verdicts:
+            bad = refused_layers(module)
+            if bad:
+                raise RefusedLayerError(
+                    "batch-invariant mode: this model cannot run invariant: "
+                    + "; ".join(bad) + " (docs/batch-invariant.md, 'Architectures')")
+            f["names"] = {id(m): n for n, m in module.named_modules()}
+            f["root"] = module
+            f["rec"] = _Recorder(self)
+            f["rec"].__enter__()
+        f["depth"] += 1
+        if f["rec"] is not None:
+            f["stack"].append(f["names"].get(id(module), type(module).__name__))
+
+    def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        f = self._frame()
+        if f["depth"] == 0:            # a module entered before the hooks were installed
+            return
+        f["depth"] -= 1
+        if f["rec"] is not None and f["stack"]:
+            f["stack"].pop()
+        if f["depth"] or f["rec"] is None:
+            return
+        rec, root = f["rec"], f["root"]
+        f["rec"] = f["root"] = None
+        f["stack"].clear()
+        rec.__exit__(None, None, None)
+        if sys.exc_info()[0] is not None:   # the forward raised: no verdict, its error stands
+            return
+        missing = uncovered(rec.ops)
+        found = [Finding(op, *rec.where.get(op, ("", ()))) for op in missing]
+        self.verdicts[root] = found
+        if found:
+            if config().strict:
+                raise UncoveredOpError(_message(found))
+            warnings.warn(_message(found), UncoveredOpWarning, stacklevel=2)
+
+
+def _message(found: list[Finding]) -> str:
+    return ("batch-invariant mode: the model's first forward ran ops the mode does not cover, "
+            "so its logits may depend on the batch: " + "; ".join(x.text() for x in found)
+            + " (add them to the override table, or run with strict=False to be warned only; "
+              "docs/batch-invariant.md)")
+
+
+GUARD = Guard()
+
+
+def findings(model: torch.nn.Module) -> list[Finding] | None:
+    """The uncovered ops of ``model``'s first forward under the mode (None: not run yet)."""
+    return GUARD.verdicts.get(model)
