@@ -229,3 +229,113 @@ def test_a_trainer_forward_under_the_mode_backpropagates():
     assert torch.equal(logits.detach(), ref)
     grad = model.model.layers[0].self_attn.q_proj.weight.grad
     assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
+
+
+# -- architectures' additions: soft-capping, sinks, unequal value dims, sliding windows ----
+
+def _dense(q, k, v, allowed, softcap=None, sinks=None):
+    """float64 reference of the attention with its extras."""
+    G = q.shape[1] // k.shape[1]
+    q, k, v = q.double(), k.double().repeat_interleave(G, 1), v.double().repeat_interleave(G, 1)
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    s = s.masked_fill(~allowed, float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.double().view(1, -1, 1, 1).expand(*s.shape[:3], 1)], -1)
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return p[..., : k.shape[2]] @ v
+
+
+def _window(T, L, w):
+    """Causal with a sliding window of w keys: query t (the last T of L) sees (t-w, t]."""
+    t = torch.arange(T)[:, None] + (L - T)
+    j = torch.arange(L)[None, :]
+    return (j <= t) & (j > t - w)
+
+
+EXTRAS = [
+    ("softcap", dict(softcap=5.0)),
+    ("sinks", dict(sinks=torch.tensor([0.5, -1.0, 2.0, 0.0]))),
+    ("both", dict(softcap=3.0, sinks=torch.tensor([1.0, 1.0, -2.0, 0.5]))),
+]
+
+
+@pytest.mark.parametrize("name,kw", EXTRAS, ids=[e[0] for e in EXTRAS])
+def test_softcap_and_sinks_match_the_reference_and_stay_invariant(name, kw):
+    from detsample.invariant.attention import Extras
+
+    L = 2 * KEY_BLOCK + 7
+    q, k, v = _qkv(1, 4, 2, L, L, seed=4)
+    q = q * 3                                   # scores large enough for the cap to bite
+    ex = Extras(**kw)
+    full = attention(q, k, v, None, None, ex)
+    ref = _dense(q, k, v, torch.ones(L, L, dtype=torch.bool).tril(), **kw)
+    assert torch.allclose(full.double(), ref, atol=1e-5)
+    plain = attention(q, k, v)
+    assert not torch.allclose(full, plain, atol=1e-3)          # the extra changed something
+    for n in (1, 2, KEY_BLOCK, KEY_BLOCK + 1, L):
+        assert torch.equal(attention(q[:, :, n - 1: n], k[:, :, :n], v[:, :, :n], None, None, ex),
+                           full[:, :, n - 1: n]), n
+
+
+def test_value_head_dim_may_differ_from_the_query_one():
+    """MLA (DeepSeek-V3): q/k of 24, v of 16."""
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(1, 4, 30, 24, generator=g), torch.randn(1, 4, 30, 24, generator=g)
+    v = torch.randn(1, 4, 30, 16, generator=g)
+    full = attention(q, k, v)
+    assert full.shape == (1, 4, 30, 16)
+    assert torch.allclose(full.double(), _dense(q, k, v, torch.ones(30, 30, dtype=torch.bool).tril()),
+                          atol=1e-5)
+    assert torch.equal(attention(q[:, :, 29:], k, v), full[:, :, 29:])
+
+
+@pytest.mark.parametrize("w", [8, KEY_BLOCK + 5])
+def test_a_sliding_window_past_a_key_block_is_exact_and_invariant(w):
+    """Bug pinned: block skipping assumed each query attends a prefix of the keys, so with
+    a window every block after the first was skipped (logits off by ~10 on Gemma 3 at 300
+    tokens). And a decode step whose window leaves early keys out must still place keys
+    where the prefill does: the padding mask (``Extras.keys``) says which slots hold keys."""
+    from detsample.invariant.attention import Extras
+
+    L = 3 * KEY_BLOCK + 11
+    q, k, v = _qkv(1, 4, 2, L, L, seed=6)
+    full = attention(q, k, v, _window(L, L, w))
+    assert torch.allclose(full.double(), _dense(q, k, v, _window(L, L, w)), atol=1e-5)
+    keys = torch.ones(1, L, dtype=torch.bool)
+    for n in (w + 1, KEY_BLOCK + 3, 2 * KEY_BLOCK + 1, L):
+        step = attention(q[:, :, n - 1: n], k[:, :, :n], v[:, :, :n], _window(1, n, w), None,
+                         Extras(keys=keys[:, :n]))
+        assert torch.equal(step, full[:, :, n - 1: n]), n
+
+
+def test_the_transformers_function_takes_softcap_sinks_and_the_padding_mask():
+    from detsample.invariant.attention import KEYS_ATTR, hf_attention
+
+    q, k, v = _qkv(1, 4, 2, 12, 12, seed=7)
+    mask = torch.ones(1, 1, 12, 12, dtype=torch.bool).tril()
+    setattr(mask, KEYS_ATTR, torch.ones(1, 12, dtype=torch.bool))
+    mod = torch.nn.Module()
+    sinks = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    out, _ = hf_attention(mod, q, k, v, mask, scaling=None, softcap=4.0, s_aux=sinks)
+    ref = _dense(q, k, v, mask[0, 0], softcap=4.0, sinks=sinks).transpose(1, 2)
+    assert torch.allclose(out.double(), ref, atol=1e-5)
+    with pytest.raises(ValueError, match="position_bias"):
+        hf_attention(mod, q, k, v, mask, position_bias=torch.zeros(1))
+
+
+def test_gradients_through_softcap_and_sinks_are_exact_math():
+    from detsample.invariant.attention import Extras
+
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 4, 2, 9, 9, seed=8))
+    sinks = torch.tensor([0.5, -0.5, 1.0, 0.0], requires_grad=True)
+    out = attention(q, k, v, None, None, Extras(softcap=4.0, sinks=sinks))
+    out.square().sum().backward()
+    got = [t.grad.clone() for t in (q, k, v, sinks)]
+    for t in (q, k, v, sinks):
+        t.grad = None
+    causal = torch.ones(9, 9, dtype=torch.bool).tril()
+    _dense(q, k, v, causal, softcap=4.0, sinks=sinks).float().square().sum().backward()
+    for a, b in zip(got, (q.grad, k.grad, v.grad, sinks.grad)):
+        assert torch.allclose(a, b, atol=1e-4)

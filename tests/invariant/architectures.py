@@ -1,0 +1,121 @@
+"""The architecture panel: tiny configs of transformers architectures RL teams train, with
+seeded random weights (no hub), and the bitwise checks run on each.
+
+Every config is small (hidden 64, 2 layers, a 512-token vocabulary) but keeps what makes
+its architecture different: MoE routing (softmax / sigmoid, top-k, grouped top-k, shared
+experts), MLA's unequal head dims, attention sinks, soft-capping, sliding windows, partial
+rotary, QK-norm, and a linear-attention hybrid (refused by name).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from detsample.models import HFCausalLM, prefill
+from detsample.models.tiny import seeded_init_
+
+BASE = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+            pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str
+    config: str
+    model: str
+    extra: dict[str, Any] = field(default_factory=dict)
+    features: str = ""
+    moe: bool = False
+    refused: bool = False     # the mode must refuse it by name
+
+
+PANEL: tuple[Arch, ...] = (
+    Arch("llama", "LlamaConfig", "LlamaForCausalLM", features="dense, GQA"),
+    Arch("qwen3", "Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16), "QK-norm"),
+    Arch("mistral", "MistralConfig", "MistralForCausalLM", features="dense"),
+    Arch("gemma2", "Gemma2Config", "Gemma2ForCausalLM",
+         dict(head_dim=16, attn_logit_softcapping=0.5, final_logit_softcapping=3.0,
+              sliding_window=8), "soft-capping, sliding window"),
+    Arch("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM", dict(head_dim=16, sliding_window=8),
+         "sliding window, QK-norm"),
+    Arch("phi3", "Phi3Config", "Phi3ForCausalLM", features="fused qkv, partial rotary"),
+    Arch("olmo2", "Olmo2Config", "Olmo2ForCausalLM", features="QK-norm"),
+    Arch("granite", "GraniteConfig", "GraniteForCausalLM", features="scaled residuals"),
+    Arch("starcoder2", "Starcoder2Config", "Starcoder2ForCausalLM", features="biases, LayerNorm"),
+    Arch("gpt2", "GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=1024),
+         "learned positions, gelu_new"),
+    Arch("gptneox", "GPTNeoXConfig", "GPTNeoXForCausalLM", features="parallel residual, partial rotary"),
+    Arch("stablelm", "StableLmConfig", "StableLmForCausalLM", features="partial rotary"),
+    Arch("phi", "PhiConfig", "PhiForCausalLM", features="partial rotary, gelu"),
+    Arch("smollm3", "SmolLM3Config", "SmolLM3ForCausalLM", features="NoPE layers"),
+    Arch("cohere2", "Cohere2Config", "Cohere2ForCausalLM", dict(sliding_window=8),
+         "sliding window, LayerNorm"),
+    Arch("qwen3moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+         dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+         "MoE (softmax top-k)", moe=True),
+    Arch("qwen2moe", "Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+         dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+              shared_expert_intermediate_size=48), "MoE + shared expert", moe=True),
+    Arch("mixtral", "MixtralConfig", "MixtralForCausalLM",
+         dict(num_local_experts=4, num_experts_per_tok=2), "MoE", moe=True),
+    Arch("olmoe", "OlmoeConfig", "OlmoeForCausalLM", dict(num_experts=4, num_experts_per_tok=2),
+         "MoE, QK-norm", moe=True),
+    Arch("deepseekv3", "DeepseekV3Config", "DeepseekV3ForCausalLM",
+         dict(q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
+              v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+              n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+              num_key_value_heads=4), "MLA (qk 24, v 16), MoE (sigmoid, grouped top-k)", moe=True),
+    Arch("gptoss", "GptOssConfig", "GptOssForCausalLM",
+         dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8),
+         "attention sinks, MoE, sliding window", moe=True),
+    Arch("qwen3next", "Qwen3NextConfig", "Qwen3NextForCausalLM",
+         dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+              shared_expert_intermediate_size=32, linear_num_value_heads=4, linear_num_key_heads=2,
+              linear_key_head_dim=16, linear_value_head_dim=16, full_attention_interval=2),
+         "gated delta-net linear attention + MoE hybrid", moe=True, refused=True),
+)
+BY_NAME = {a.name: a for a in PANEL}
+
+
+def build(arch: Arch, seed: int = 3, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """``arch`` with seeded weights (the caller's global RNG untouched)."""
+    import transformers
+
+    cfg = getattr(transformers, arch.config)(**{**BASE, **arch.extra})
+    with torch.random.fork_rng(devices=[]):
+        model = getattr(transformers, arch.model)(cfg)
+    return seeded_init_(model, seed).to(dtype).eval()
+
+
+def failures(lm: Any, tokens: list[int]) -> tuple[list[str], torch.Tensor]:
+    """What breaks, bitwise, for ``lm``: decode vs prefill, chunked prefill, a row among
+    shorter and longer neighbours with left and right padding; and the prefill logits."""
+    bad = []
+    full = prefill(lm, tokens)
+    cache = lm.new_cache()
+    steps = [prefill(lm, tokens[:1], cache)] + [lm.forward([cache], [[t]])[0] for t in tokens[1:]]
+    if not torch.equal(torch.cat(steps), full):
+        bad.append("decode != prefill")
+    cache, parts, i = lm.new_cache(), [], 0
+    for n in (3, 7, 100):
+        parts.append(lm.forward([cache], [tokens[i: i + n]])[0])
+        i += n
+        if i >= len(tokens):
+            break
+    if not torch.equal(torch.cat(parts), full):
+        bad.append("chunked prefill != prefill")
+    for side in ("left", "right"):
+        padded = lm.with_padding(side)
+        rows = padded.forward([padded.new_cache() for _ in range(3)],
+                              [tokens[:4], tokens, tokens + tokens[:5]])
+        if not torch.equal(rows[1], full):
+            bad.append(f"{side}-padded batch != alone")
+    return bad, full
+
+
+def adapter(model: torch.nn.Module, mode: bool, portable: bool = False) -> HFCausalLM:
+    return HFCausalLM(model, batch_invariant=mode, portable=portable)
