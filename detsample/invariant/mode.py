@@ -8,7 +8,8 @@ the name stays registered, and the function is invariant with or without the mod
 
 ``batch_invariant(portable=True)`` runs the same overrides with the portable kernels
 (bits defined by detsample's arithmetic; docs/batch-invariant.md); ``strict=False`` makes
-an op the mode does not cover a warning instead of an error at a model's first forward.
+an op the mode does not cover a warning instead of an error at a model's first forward
+(:mod:`detsample.invariant.guard`); an inner block that does not say inherits it.
 
 Nesting is counted: only the outermost ``enable()`` installs and only the matching
 outermost ``disable()`` uninstalls; while blocks nest, the kernels follow the innermost
@@ -44,11 +45,15 @@ def _install() -> torch.library.Library:
     return lib
 
 
-def enable(portable: bool = False, strict: bool = True) -> None:
+def enable(portable: bool = False, strict: bool | None = None) -> None:
     """Install the overrides (or deepen the nesting when they already are); the kernels
-    follow this configuration until the matching :func:`disable`."""
-    cfg = ModeConfig(portable=portable, strict=strict)
+    follow this configuration until the matching :func:`disable`. ``strict`` None: as the
+    enclosing block has it (True outermost), so a ``strict=False`` block holds for the
+    blocks a model adapter opens inside it."""
     with STATE.lock:
+        if strict is None:
+            strict = STATE.configs[-1].strict if STATE.configs else True
+        cfg = ModeConfig(portable=portable, strict=strict)
         if not STATE.configs:
             register_attention()
             STATE.library = _install()
@@ -76,7 +81,7 @@ def is_enabled() -> bool:
 
 
 @contextmanager
-def _scope(portable: bool, strict: bool) -> Iterator[None]:
+def _scope(portable: bool, strict: bool | None) -> Iterator[None]:
     enable(portable=portable, strict=strict)
     try:
         yield
@@ -94,8 +99,8 @@ class _BatchInvariant:
     disable = staticmethod(disable)
     is_enabled = staticmethod(is_enabled)
 
-    def __call__(self, portable: bool = False, strict: bool = True) -> ContextManager[None]:
-        ModeConfig(portable=portable, strict=strict)   # validate before entering
+    def __call__(self, portable: bool = False, strict: bool | None = None) -> ContextManager[None]:
+        ModeConfig(portable=portable, strict=True if strict is None else strict)   # validate
         return _scope(portable, strict)
 
     def __repr__(self) -> str:

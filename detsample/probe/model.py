@@ -20,11 +20,15 @@ position: the first module and aten op where the two forwards part ways.
 
 from __future__ import annotations
 
+import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 
+from detsample.invariant import batch_invariant
+from detsample.invariant.guard import RefusedLayerError, UncoveredOpWarning, findings
 from detsample.invariant.report import kernel_rows
 from detsample.invariant.state import plans
 from detsample.models.base import CausalLM, ModelError
@@ -348,7 +352,32 @@ def probe_model(model: CausalLM, config: ProbeConfig | None = None, *, platform:
     if bad:
         raise ValueError(f"unknown check {bad[0]!r}; known: {', '.join(CHECK_NAMES)}")
     p = _Probe(model, config or ProbeConfig())
-    with plans().recording() as used:
-        results = tuple(CHECKS[name](p) for name in CHECK_NAMES if name in checks)
-    kernels = tuple(kernel_rows(used)) if getattr(model, "batch_invariant", False) else ()
+    mode_on = bool(getattr(model, "batch_invariant", False))
+    scope = batch_invariant(portable=bool(getattr(model, "portable", False)), strict=False) \
+        if mode_on else nullcontext()
+    with plans().recording() as used, scope, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UncoveredOpWarning)   # reported as the coverage check
+        try:
+            results = tuple(CHECKS[name](p) for name in CHECK_NAMES if name in checks)
+        except RefusedLayerError as e:
+            results = (CheckResult("coverage", False, str(e)),)
+            return ModelReport(target or model.name, platform, results, ())
+    if mode_on:
+        results += _coverage(model)
+    kernels = tuple(kernel_rows(used)) if mode_on else ()
     return ModelReport(target or model.name, platform, results, kernels)
+
+
+def _coverage(model: CausalLM) -> tuple[CheckResult, ...]:
+    """The ``coverage`` check of a model under the mode: the ops its first forward ran
+    that the mode does not cover (:mod:`detsample.invariant.guard`); none for a model the
+    guard could not watch (not an ``nn.Module``)."""
+    module = getattr(model, "module", None)
+    found = findings(module) if isinstance(module, torch.nn.Module) else None
+    if found is None:
+        return ()
+    if not found:
+        return (CheckResult("coverage", True, "every op of the first forward is overridden by "
+                                              "the mode or exact"),)
+    return (CheckResult("coverage", False, "ops the mode does not cover (the logits may depend "
+                                           "on the batch): " + "; ".join(f.text() for f in found)),)

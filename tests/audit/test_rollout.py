@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import pickle
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -171,3 +173,28 @@ def test_rescore_arguments_are_checked(tmp_path, capsys):
         ModelRescorer("hf-tiny-llama", model_path="x.safetensors")
     clone = pickle.loads(pickle.dumps(ModelRescorer("hf-tiny-qwen2", batch_invariant=True)))
     assert (clone.model, clone.batch_invariant, clone._state) == ("hf-tiny-qwen2", True, None)
+
+
+def test_moe_model_rollout_audits_exactly_under_the_mode(tmp_path, monkeypatch):
+    """The loop on a mixture-of-experts model (a tiny Qwen3-MoE from a user factory):
+    exact 1.0 under the mode, the mismatch without it."""
+    (tmp_path / "moe_models.py").write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
+        "from tests.invariant.architectures import BY_NAME, build\n"
+        "def qwen3moe():\n    return build(BY_NAME['qwen3moe'])\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = str(tmp_path / "r.jsonl")
+    try:
+        assert main(["rollout", path, "--model", "moe_models:qwen3moe", "--batch-invariant",
+                     "--num-sequences", "4", "--max-new-tokens", "6"]) == 0
+        rc, rep = _audit_json(path, "--rescore", "moe_models:qwen3moe", "--batch-invariant",
+                              "--max-abs-diff", "0", "--min-exact-match", "1", tmp_path=tmp_path)
+        assert rc == 0 and rep["exact_match_fraction"] == 1.0
+        assert main(["rollout", path, "--model", "moe_models:qwen3moe", "--num-sequences", "4",
+                     "--max-new-tokens", "6"]) == 0
+        rc, rep = _audit_json(path, "--rescore", "moe_models:qwen3moe", "--max-abs-diff", "0",
+                              tmp_path=tmp_path)
+        assert rc == 1 and rep["exact_match_fraction"] < 1.0
+    finally:
+        sys.modules.pop("moe_models", None)

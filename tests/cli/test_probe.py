@@ -214,3 +214,47 @@ def test_portable_needs_the_mode_and_lists_its_kernels(tmp_path, capsys):
         assert "kernels the mode took on this machine" in capsys.readouterr().out
     assert main(["probe", "model", "refmodel", "--json", str(path)]) == 0
     assert "kernels" not in json.loads(path.read_text())       # outside the mode: as before
+
+
+def test_coverage_check_names_uncovered_ops_and_refused_layers(tmp_path, monkeypatch, capsys):
+    """Under the mode the probe adds a `coverage` check: an op of the model the mode does
+    not cover (erf) fails it by op, module and shape; a linear-attention layer fails it by
+    name, before any forward; a covered model passes it."""
+    (tmp_path / "cov_models.py").write_text(textwrap.dedent("""
+        import torch
+        from detsample.models import build_tiny
+
+        class Erf(torch.nn.Module):
+            def forward(self, x):
+                return torch.erf(x)
+
+        class FakeGatedDeltaNet(torch.nn.Module):
+            def forward(self, x):
+                return x
+
+        def erf_llama():
+            m = build_tiny("hf-tiny-llama")
+            m.model.layers[0].mlp.act_fn = Erf()
+            return m
+
+        def hybrid():
+            m = build_tiny("hf-tiny-llama")
+            m.model.layers[1].mixer = FakeGatedDeltaNet()
+            return m
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "r.json"
+    try:
+        assert main(["probe", "model", "cov_models:erf_llama", "--batch-invariant", "--json", str(path)]) == 1
+        cov = {c["name"]: c for c in json.loads(path.read_text())["checks"]}["coverage"]
+        assert not cov["ok"] and "aten::erf in model.layers.0.mlp.act_fn [1x40x688]" in cov["detail"]
+        assert main(["probe", "model", "cov_models:hybrid", "--batch-invariant", "--json", str(path)]) == 1
+        doc = json.loads(path.read_text())
+        assert [c["name"] for c in doc["checks"]] == ["coverage"]
+        assert "model.layers.1.mixer (FakeGatedDeltaNet)" in doc["checks"][0]["detail"]
+        assert main(["probe", "model", "hf-tiny-qwen2", "--batch-invariant", "--json", str(path)]) == 0
+        cov = {c["name"]: c for c in json.loads(path.read_text())["checks"]}["coverage"]
+        assert cov["ok"]
+    finally:
+        sys.modules.pop("cov_models", None)
+    capsys.readouterr()
