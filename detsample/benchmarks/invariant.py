@@ -33,7 +33,19 @@ from detsample.threads import torch_threads
 WIDE = dict(vocab_size=512, hidden_size=1024, intermediate_size=2752, num_hidden_layers=8,
             num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=1024,
             rms_norm_eps=1e-5, tie_word_embeddings=False)
-MODELS = ("hf-tiny-llama", "wide")
+#: a small MoE: 8 experts, top-2, hidden 512, 4 layers (Qwen3-MoE)
+MOE = dict(vocab_size=512, hidden_size=512, intermediate_size=1024, moe_intermediate_size=512,
+           num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+           num_experts=8, num_experts_per_tok=2, max_position_embeddings=1024,
+           pad_token_id=0, bos_token_id=1, eos_token_id=2)
+#: a small MLA model: DeepSeek-V3 attention (q/kv low-rank, qk 96 = 64 + 32 rope, v 64),
+#: dense MLPs (every layer below first_k_dense_replace), hidden 512, 4 layers
+MLA = dict(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+           num_attention_heads=8, num_key_value_heads=8, q_lora_rank=256, kv_lora_rank=128,
+           qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64, first_k_dense_replace=4,
+           n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
+           max_position_embeddings=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+MODELS = ("hf-tiny-llama", "wide", "moe", "mla")
 
 
 SIDES = ("default", "verified", "portable")
@@ -59,7 +71,20 @@ def build(name: str, side: str, seed: int = 0) -> Any:
     mode = dict(batch_invariant=side != "default", portable=side == "portable")
     if name == "wide":
         return HFCausalLM(build_hf("llama", seed, **WIDE), name=name, **mode)
+    if name in ("moe", "mla"):
+        return HFCausalLM(_build_arch(name, seed), name=name, **mode)
     return load_model(name, seed=seed, **mode)
+
+
+def _build_arch(name: str, seed: int) -> Any:
+    import transformers
+
+    from detsample.models.tiny import seeded_init_
+    cfg_cls, model_cls, cfg = (("Qwen3MoeConfig", "Qwen3MoeForCausalLM", MOE) if name == "moe"
+                               else ("DeepseekV3Config", "DeepseekV3ForCausalLM", MLA))
+    with torch.random.fork_rng(devices=[]):
+        model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**cfg))
+    return seeded_init_(model, seed).eval()
 
 
 def _clone(cache: Any) -> Any:
