@@ -24,6 +24,7 @@ import torch
 from detsample.invariant.products import product
 from detsample.invariant.state import config
 from detsample.invariant.verify import NotInvariantError
+from detsample.invariant.weights import owner
 
 aten = torch.ops.aten
 
@@ -55,16 +56,17 @@ def grouped_mm(self: torch.Tensor, mat2: torch.Tensor, offs: torch.Tensor | None
                                 f"is not covered")
     dtype = out_dtype or self.dtype
     portable = config().portable
+    of = owner(mat2)              # the experts' parameter: its slices' forms are cached
     if self.dim() == 2 and mat2.dim() == 3 and offs is not None:
         ends = [int(e) for e in offs.tolist()]
         out = torch.zeros((self.shape[0], mat2.shape[2]), dtype=dtype, device=self.device)
         start = 0
         for i, end in enumerate(ends):
             if end > start:
-                out[start:end] = product(self[start:end], mat2[i], portable).to(dtype)
+                out[start:end] = product(self[start:end], mat2[i], portable, of=of).to(dtype)
             start = max(start, end)
     elif self.dim() == 3 and mat2.dim() == 3 and offs is None:
-        out = product(self, mat2, portable).to(dtype)
+        out = product(self, mat2, portable, of=of).to(dtype)
     else:
         raise NotInvariantError(
             f"batch-invariant mode: _grouped_mm of a {self.dim()}-D by a {mat2.dim()}-D operand "

@@ -26,7 +26,7 @@ import torch
 from detsample.invariant import fixedpoint, tiles
 from detsample.invariant.state import note_portable
 from detsample.invariant.verify import layout, matmul_plan
-from detsample.invariant.weights import derived
+from detsample.invariant.weights import derived, owner
 from detsample.threads import torch_threads
 
 _REDUCED = (torch.bfloat16, torch.float16)
@@ -37,57 +37,56 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in _REDUCED else dtype
 
 
-def _as(t: torch.Tensor, ct: torch.dtype) -> torch.Tensor:
+def _as(t: torch.Tensor, ct: torch.dtype, of: torch.Tensor | None) -> torch.Tensor:
     if t.dtype == ct:
         return t
-    return derived(t, f"as-{ct}", lambda x: x.to(ct))
+    return derived(t, f"as-{ct}", lambda x: x.to(ct), of)
 
 
-def _contiguous(t: torch.Tensor) -> torch.Tensor:
-    return t if t.is_contiguous() else derived(t, "contiguous", lambda x: x.contiguous())
+def _contiguous(t: torch.Tensor, of: torch.Tensor | None) -> torch.Tensor:
+    return t if t.is_contiguous() else derived(t, "contiguous", lambda x: x.contiguous(), of)
 
 
-def _fixed(t: torch.Tensor) -> fixedpoint.Fixed:
-    return derived(t, "fixed", fixedpoint.fixed_b)
-
-
-def _portable(a: torch.Tensor, b: torch.Tensor, keyed: bool) -> torch.Tensor:
+def _portable(a: torch.Tensor, b: torch.Tensor, keyed: bool, of: torch.Tensor | None) -> torch.Tensor:
     if keyed:
         return fixedpoint.weighted_sum(a, b)
-    return fixedpoint.matmul(a, b, _fixed(b))
+    return fixedpoint.matmul(a, b, derived(b, "fixed", fixedpoint.fixed_b, of))
 
 
-def product(a: torch.Tensor, b: torch.Tensor, portable: bool, keyed: bool = False) -> torch.Tensor:
+def product(a: torch.Tensor, b: torch.Tensor, portable: bool, keyed: bool = False,
+            of: torch.Tensor | None = None) -> torch.Tensor:
     """``a @ b``: ``(M, K) x (K, N)`` or batched ``(nb, M, K) x (nb, K, N)``, floating, on
     CPU, in the compute dtype (see the module docstring). Guarantee: row ``i`` of the
     result is a function of ``a``'s row ``i`` and ``b`` (bitwise); with ``portable``, of
     the values alone. ``keyed``: ``a`` weighs the rows of ``b`` and a zero weight must
     leave a result row unchanged whatever that row of ``b`` holds (the attention's value
     product): the portable form then scales ``b`` per row
-    (:func:`~detsample.invariant.fixedpoint.weighted_sum`)."""
+    (:func:`~detsample.invariant.fixedpoint.weighted_sum`). ``of``: the parameter ``b`` is
+    a slice of when ``b`` was cut inside a kernel (its derived forms are then cached)."""
     ct = compute_dtype(a.dtype)
     a = a.to(ct) if a.dtype != ct else a
-    b = _as(b, ct)
+    of = of if of is not None else owner(b)
+    b = _as(b, ct, of)
     kind = "bmm" if a.dim() == 3 else "mm"
     if portable:
         note_portable(("matmul", kind, a.shape[-1], b.shape[-1], "keyed" if keyed else "any", ct,
                        "portable"), "portable fixed-point product")
-        return _portable(a, b, keyed).to(ct)
+        return _portable(a, b, keyed, of).to(ct)
     lay = layout(b)
     if lay == "nn" and not b.is_contiguous():
-        b = _contiguous(b)
+        b = _contiguous(b, of)
     k, blocks = a.shape[-1], tiles.col_blocks(b.shape[-1])
     parts = []
     for c0, c1 in blocks:
         bb = b[..., c0:c1] if len(blocks) > 1 else b
         if lay == "nn" and len(blocks) > 1:
-            bb = _contiguous(bb)
+            bb = _contiguous(bb, of)
         plan = matmul_plan(kind, k, c1 - c0, lay, ct)
         if plan.portable:
-            parts.append(_portable(a, bb, keyed).to(ct))
+            parts.append(_portable(a, bb, keyed, of).to(ct))
             continue
         form, ladder, single = plan.data
         with torch_threads(1) if single else nullcontext():
-            parts.append(tiles.run(a, _contiguous(bb) if form == "contiguous" else bb, ladder))
+            parts.append(tiles.run(a, _contiguous(bb, of) if form == "contiguous" else bb, ladder))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 

@@ -29,22 +29,29 @@ _LOCK = threading.Lock()
 _CACHE: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
 
 
-def _owner(t: torch.Tensor) -> torch.Tensor | None:
-    """The parameter ``t`` is (a view of), or None."""
+def owner(t: torch.Tensor) -> torch.Tensor | None:
+    """The parameter ``t`` is (a view of), or None. (Inside a kernel, below autograd, a
+    view made there does not record its base: take the owner of the argument the kernel
+    received and pass it to :func:`derived` for its slices.)"""
     base = t._base if t._base is not None else t
     return base if isinstance(base, torch.nn.Parameter) else None
 
 
-def derived(t: torch.Tensor, form: str, make: Callable[[torch.Tensor], Any]) -> Any:
-    """``make(t)``, cached per parameter view and ``form`` when ``t`` views a parameter."""
-    owner = _owner(t)
-    if owner is None:
+def derived(t: torch.Tensor, form: str, make: Callable[[torch.Tensor], Any],
+            of: torch.Tensor | None = None) -> Any:
+    """``make(t)``, cached per parameter view and ``form`` when ``t`` views a parameter
+    (``of``: that parameter, when ``t`` cannot tell: a slice made inside a kernel; ``t``
+    must then lie in its storage)."""
+    owner_ = of if of is not None else owner(t)
+    if owner_ is not None and t.untyped_storage().data_ptr() != owner_.untyped_storage().data_ptr():
+        owner_ = None                       # not a view of it after all: no caching
+    if owner_ is None:
         return make(t)
-    key = (form, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, owner._version)
+    key = (form, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, owner_._version)
     with _LOCK:
-        forms = _CACHE.get(owner)
+        forms = _CACHE.get(owner_)
         if forms is None:
-            forms = _CACHE[owner] = {}
+            forms = _CACHE[owner_] = {}
         hit = forms.get(key)
     if hit is not None:
         return hit
