@@ -1,11 +1,11 @@
 """Row-aligned batch state: the analogue of SGLang's ``SamplingBatchInfo``.
 
 ``SamplingBatch.from_requests`` turns per-request scalars into row-aligned tensors in
-one pass and keeps host-side flags that let the sampler skip work. Every row-aligned
-tensor and every per-row host list follows the rows through :meth:`filter` (any order,
-so it can permute) and :meth:`merge`. The flags are recomputed from the per-row
-parameters after each change, so they are always exact bounds; **a flag may make the
-batch skip work but never changes any row's result** (each op is row-local).
+one pass. Every row-aligned tensor and every per-row host list follows the rows
+through :meth:`filter` (any order, so it can permute) and :meth:`merge`. What is derived
+from the rows (:meth:`derived`: the sampler's row plan, ``is_all_greedy``, ...) is
+rebuilt after each change; **a derived summary may make the sampler skip work but never
+changes any row's result** (each op is row-local).
 
 Tensors (B rows, V vocabulary):
 
@@ -26,7 +26,6 @@ no ``(B, V)`` tensor exists for it.
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -37,23 +36,10 @@ from detsample.grammar import batching as grammar_hooks  # grammar rows
 from detsample.ops.bias import BiasCOO, bias_coo
 from detsample.ops.host import to_device
 from detsample.params import Request, SamplingParams
-from detsample.validation import check_request, fail, id_sequence, int_list
+from detsample.params.validation import check_request, fail, id_sequence, int_list
 from detsample.processors.penalty_state import PenaltyState
 
 FINISH_NO_VALID_TOKEN = "no_valid_token"
-
-
-@dataclass(frozen=True)
-class BatchFlags:
-    """Host-side summaries that let the sampler skip work (never change results)."""
-
-    is_all_greedy: bool
-    need_top_k: bool
-    need_top_p: bool
-    need_min_p: bool
-    max_top_k: int | None  # upper bound on every sampling row's top_k; None = full vocab
-    max_top_logprobs: int
-    modes: frozenset[str]
 
 
 class SamplingBatch:
@@ -76,7 +62,6 @@ class SamplingBatch:
         self.seeds = torch.empty((0,), dtype=torch.int64, device=device)
         self.greedy = torch.empty((0,), dtype=torch.bool, device=device)
         self._coo: BiasCOO | tuple[()] | None = None  # () = built, no bias
-        self._flags: BatchFlags | None = None
         self._derived: dict[Any, Any] = {}
         # -- penalty counts (None unless a row has a penalty), step-3 row
         # cache, and stable row identities from which processors' BatchUpdates derive.
@@ -182,7 +167,6 @@ class SamplingBatch:
 
     def _changed(self) -> None:
         self._coo = None
-        self._flags = None
         self._constraints = None
         self._derived.clear()
 
@@ -286,43 +270,9 @@ class SamplingBatch:
                             lambda: any(g is not None for g in self.grammars))
 
     @property
-    def flags(self) -> BatchFlags:
-        if self._flags is None:
-            ps = self.params
-            sampling = [p for p in ps if not p.is_greedy]
-            ks = [p.top_k for p in sampling]
-            need_k = any(k != -1 and k < self.vocab_size for k in ks)
-            self._flags = BatchFlags(
-                is_all_greedy=not sampling,
-                need_top_k=need_k,
-                need_top_p=any(p.top_p != 1.0 for p in sampling),
-                need_min_p=any(p.min_p != 0.0 for p in sampling),
-                max_top_k=(max(min(k, self.vocab_size) for k in ks)
-                           if ks and all(k != -1 for k in ks) else None),
-                max_top_logprobs=max((p.logprobs for p in ps), default=0),
-                modes=frozenset(p.logprobs_mode for p in ps),
-            )
-        return self._flags
-
-    @property
     def is_all_greedy(self) -> bool:
-        return self.flags.is_all_greedy
-
-    @property
-    def need_top_k(self) -> bool:
-        return self.flags.need_top_k
-
-    @property
-    def need_top_p(self) -> bool:
-        return self.flags.need_top_p
-
-    @property
-    def need_min_p(self) -> bool:
-        return self.flags.need_min_p
-
-    @property
-    def max_top_k(self) -> int | None:
-        return self.flags.max_top_k
+        """Whether every row is greedy (derived once per composition)."""
+        return self.derived("is_all_greedy", lambda: all(p.is_greedy for p in self.params))
 
     def logit_bias_coo(self) -> BiasCOO | None:
         """Sparse logit bias as (rows int64, cols int64, values float32), or None; built

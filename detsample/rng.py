@@ -31,6 +31,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from detsample import rules
+
 PHILOX_KEY_A = 0x9E3779B9
 PHILOX_KEY_B = 0xBB67AE85
 PHILOX_ROUND_A = 0xD2511F53
@@ -42,8 +44,6 @@ MASK32 = 0xFFFFFFFF
 STREAM_DRAW = 0
 #: name recorded in golden files
 RNG_NAME = "philox4x32-10/u52(seed,pos)"
-
-_TWO_POW_M52 = 2.0**-52
 
 
 def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,7 +97,7 @@ def host_uniform(seed: int, position: int) -> float:
     """:func:`row_uniforms` of one row on Python ints: the same float64 bits (seed and
     position non-negative Python ints)."""
     w0, w1 = _philox_words01_host(seed, position & MASK32, (position >> 32) & MASK32, int)
-    return (((w0 << 20) | (w1 >> 12)) + 0.5) * _TWO_POW_M52  # exact
+    return rules.uniform(rules.u52(w0, w1))  # exact
 
 
 def _uniforms_in_lanes(seeds: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -122,9 +122,9 @@ def _uniforms_in_lanes(seeds: np.ndarray, positions: np.ndarray) -> np.ndarray:
         pb, pa = c2 * PHILOX_ROUND_B, c0 * PHILOX_ROUND_A
         c0, c2, c1, c3 = ((pb >> 32) & m) ^ c1 ^ k0, ((pa >> 32) & m) ^ c3 ^ k1, pb & m, pa & m
         k0, k1 = (k0 + ka) & m, (k1 + kb) & m
-    n = (c0 << 20) | ((c1 >> 12) & (0xFFFFF * one))  # 52 random bits in every lane
-    words = np.frombuffer(n.to_bytes(8 * R, "little"), dtype="<u8")
-    return (words.astype(np.float64) + 0.5) * _TWO_POW_M52
+    # rules.u52 in every lane (the shift's bits that cross into the lane below dropped)
+    n = (c0 << 20) | ((c1 >> 12) & (((1 << (rules.U_BITS - 32)) - 1) * one))
+    return rules.uniform(np.frombuffer(n.to_bytes(8 * R, "little"), dtype="<u8"))
 
 
 #: CPU uniforms: one row on Python ints, up to HOST_LANE_ROWS rows packed in the 64-bit
@@ -152,12 +152,10 @@ def row_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         p = positions.to(torch.int64).numpy().astype(np.uint64)
         m = np.uint64(MASK32)
         w0, w1 = _philox_words01_host(s, p & m, (p >> np.uint64(32)) & m)
-        n = (w0 << np.uint64(20)) | (w1 >> np.uint64(12))
-        return torch.from_numpy((n.astype(np.float64) + 0.5) * _TWO_POW_M52)
+        return torch.from_numpy(rules.uniform(rules.u52(w0, w1)))
     seeds = seeds.to(torch.int64)
     positions = positions.to(torch.int64)
     zero = torch.zeros_like(positions)
     w0, w1, _, _ = philox4x32(seeds, positions & MASK32, (positions >> 32) & MASK32,
                               zero + STREAM_DRAW, zero)
-    n = (w0 << 20) | (w1 >> 12)
-    return (n.to(torch.float64) + 0.5) * _TWO_POW_M52
+    return rules.uniform(rules.u52(w0, w1))

@@ -43,14 +43,16 @@ from detsample.ops import logprobs as lp_ops
 from detsample.ops import radix
 from detsample.ops.bias import apply_logit_bias_
 from detsample.ops.host import host_tensor
-from detsample.ops.sanitize import STATUS_NO_VALID_TOKEN, sanitize_rows_flagged
+from detsample.ops.sanitize import sanitize_rows_flagged
 from detsample.ops.temperature import scale_logits
 from detsample.processors.base import ProcessorRunner
+from detsample import rules
+from detsample.rules import STATUS_NO_VALID_TOKEN
 from detsample.processors.penalties import apply_penalties_and_constraints
 from detsample.rng import RNG_NAME, host_uniform, row_uniforms
-from detsample.rowplan import CANDIDATE_RATIO, RowPlan, Rows, plan_rows
-from detsample.validation import check_logits, row_ids_tensor
-from detsample.workspace import Workspace
+from detsample.sampling.rowplan import CANDIDATE_RATIO, RowPlan, Rows, plan_rows
+from detsample.params.validation import check_logits, row_ids_tensor
+from detsample.sampling.workspace import Workspace
 
 FILTER_IMPLS = ("auto", "sort")
 BACKENDS = ("auto", "torch", "triton")
@@ -119,22 +121,80 @@ class ColumnRows:
 
 
 @dataclass(frozen=True)
+class Table:
+    """One compact CDF table of step 8, for n rows decided on their candidates (or their
+    allowed columns): ``index`` (n,) int64 rows of the batch (``every``: all of them, in
+    order); ``ids`` (n, K) int64 kept ids ascending, then ``rules.PAD_ID``; ``csum`` (n, K)
+    int64 running mass in that order (``csum[:, -1]`` the exact kept mass ``Q``); ``tau``
+    (n,) float32 kept thresholds, or None (no value threshold: ``-inf``)."""
+
+    index: torch.Tensor
+    ids: torch.Tensor
+    csum: torch.Tensor
+    every: bool
+    tau: torch.Tensor | None = None
+
+    @staticmethod
+    def of_prefix(idx: torch.Tensor, every: bool, vals: torch.Tensor, ids: torch.Tensor,
+                  n: torch.Tensor, frac: int) -> "Table":
+        """Rows whose kept set is the first ``n`` of their descending candidates
+        ``vals`` / ``ids`` (``draw.compact_cdf``)."""
+        sorted_ids, csum = draw_ops.compact_cdf(vals, ids, n, frac)
+        return Table(idx, sorted_ids, csum, every, _prefix_tau(vals, n))
+
+    @staticmethod
+    def of_kept(idx: torch.Tensor, every: bool, cand: tuple[torch.Tensor, torch.Tensor],
+                n: torch.Tensor, kept: torch.Tensor, q: torch.Tensor) -> "Table":
+        """:meth:`of_prefix` from ``filters.candidate_cut``'s kept mask and masses
+        (``draw.kept_cdf``); ``cand`` = (vals, ids)."""
+        vals, ids = cand
+        sorted_ids, csum = draw_ops.kept_cdf(ids, q, kept)
+        return Table(idx, sorted_ids, csum, every, _prefix_tau(vals, n))
+
+    @staticmethod
+    def of_host(idx: torch.Tensor, every: bool, t: hostcut.CandidateTables,
+                ok: np.ndarray | None = None) -> "Table":
+        """The rows of host tables ``t`` (``ok``: those of its row positions, None: all),
+        as tensors sharing the host arrays' memory."""
+        if ok is not None:
+            idx = idx[torch.from_numpy(ok)]
+            t = hostcut.CandidateTables(*(a[ok] for a in (t.fits, t.n, t.tau, t.total,
+                                                           t.sorted_ids, t.csum)))
+        return Table(idx, torch.from_numpy(t.sorted_ids), torch.from_numpy(t.csum), every,
+                     torch.from_numpy(t.tau))
+
+
+def _prefix_tau(vals: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """(n,) the last kept value of descending candidates ``vals`` with kept prefix ``n``."""
+    return vals.gather(1, (n - 1).unsqueeze(1)).squeeze(1)
+
+
+@dataclass(frozen=True)
+class RouteResult:
+    """What a route of step 8 decided: the CDF tables of its decided rows, and the rows
+    it could not decide (``spilled``: they need the sort's threshold)."""
+
+    tables: tuple[Table, ...] = ()
+    spilled: tuple[torch.Tensor, ...] = ()
+
+
+@dataclass(frozen=True)
 class Cut:
     """Step 8, "thresholds and kept mass": what the filters keep in each row.
 
     tau: (B,) float32, kept = ``(z >= tau) & (exp(z) >= min_p)`` (``-inf`` on rows
     without a value threshold, and on non-sampling rows); total: (B,) int64, the exact
     fixed-point kept mass ``Q`` (0 on non-sampling rows). The CDF tables the draw reads:
-    ``compact`` = tables (row index (n,), kept ids ascending (n, K), running mass (n, K),
-    every) for rows whose kept tokens are all among their candidates (or their allowed
-    columns: plain grammar rows, :mod:`detsample.ops.colcdf`); ``blocks`` = (row
+    ``compact`` = :class:`Table` s for rows whose kept tokens are all among their
+    candidates (or their allowed columns: plain grammar rows,
+    :mod:`detsample.ops.colcdf`); ``blocks`` = (row
     index (n,), masses (n, V) int64, blocked running mass (n, nb), every) for rows drawn
     over the vocabulary; ``every``: the table holds every row of the batch, in order.
     """
 
     tau: torch.Tensor
     total: torch.Tensor
-    compact: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool], ...] = ()
+    compact: tuple[Table, ...] = ()
     blocks: tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool] | None = None
     drawn: torch.Tensor | None = None  # (B,) tokens already drawn with the cut (a fused
     #                                    Triton kernel, or the host tables of ops.hostcut)
@@ -171,7 +231,7 @@ class Sampler:
     backend is always exact (``deterministic`` does not change it).
     Logits may be float32, bfloat16 or float16: they are upcast once to float32, and
     every guarantee speaks of those float32 values (docs/sampling.md).
-    A Sampler keeps scratch buffers between calls (:class:`~detsample.workspace.Workspace`);
+    A Sampler keeps scratch buffers between calls (:class:`~detsample.sampling.workspace.Workspace`);
     use one instance per thread.
     """
 
@@ -207,7 +267,7 @@ class Sampler:
     def validate_request(self, request) -> None:
         """Admission check against the registered processors' ``validate_params``;
         raises InvalidSamplingParams naming the request and the field. (The rules every
-        batch applies are :func:`detsample.validation.check_request`.)"""
+        batch applies are :func:`detsample.params.validation.check_request`.)"""
         self._runner.validate(request.rid, request.params)
 
     def _buf(self, name: str, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -234,10 +294,15 @@ class Sampler:
         return sampler_ops
 
     # -- steps 1-5 -------------------------------------------------------------------
-    def _prepare(self, logits: torch.Tensor, batch: SamplingBatch) -> Prepared:
+    @staticmethod
+    def _checked_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """The call's logits validated (once per call) and as float32 (a bfloat16 /
+        float16 input upcast once, exactly)."""
         check_logits(logits, len(batch), batch.vocab_size, batch.device)
-        if logits.dtype != torch.float32:  # bfloat16 / float16: upcast once, exactly
-            logits = logits.to(torch.float32)
+        return logits if logits.dtype == torch.float32 else logits.to(torch.float32)
+
+    def _prepare(self, logits: torch.Tensor, batch: SamplingBatch) -> Prepared:
+        """Steps 1-5 of float32 logits already checked (:meth:`_checked_logits`)."""
         k = self._kernels(logits.device)
 
         def sanitize(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
@@ -322,7 +387,7 @@ class Sampler:
             # (each is in [-log V, 0] when finite)
             return None
         return self._shortcut_output(x, lambda: x.gather(1, tokens.unsqueeze(1)), tokens,
-                                     logprobs, batch, plan, greedy_tok=tokens)
+                                     logprobs, batch, plan=plan, greedy_tok=tokens)
 
     def _shortcut_plan(self, batch: SamplingBatch) -> RowPlan | None:
         """The batch's plan when a homogeneous-batch shortcut may apply: nothing of steps
@@ -360,11 +425,11 @@ class Sampler:
         with np.errstate(over="ignore"):  # x - max may overflow to -inf, as in torch
             # scale_logits on the host: the same IEEE float32 subtraction, then division
             vals = torch.from_numpy((v - top) / plan.temperatures.numpy())
-        frac = filter_ops.frac_bits(x.shape[1])
+        frac = rules.frac_bits(x.shape[1])
         if len(batch) <= hostcut.SCALAR_ROWS:  # a few rows: Python scalars (same bits)
             e, vl, il = torch.exp(vals).tolist(), vals.tolist(), ids.tolist()
-            drawn = [hostcut.draw_one_row(vl[r], e[r], il[r], k, cf.cut_k, p, m, frac, k_max,
-                                          host_uniform(s, pos))
+            drawn = [hostcut.draw_one_row(vl[r], e[r], il[r], (k, cf.cut_k, p, m), frac=frac,
+                                          k_max=k_max, u=host_uniform(s, pos))
                      for r, ((k, p, m), s, pos) in enumerate(
                          zip(cf.host, batch.seeds.tolist(), positions.tolist()))]
             if self.deterministic and not all(f for f, _ in drawn):
@@ -372,15 +437,15 @@ class Sampler:
             tokens = torch.tensor([tok for _, tok in drawn], dtype=torch.int64)
         else:
             t = hostcut.candidate_tables(vals, ids, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
-                                         frac, k_max,
-                                         row_uniforms(batch.seeds, positions).numpy())
+                                         frac=frac, k_max=k_max,
+                                         u=row_uniforms(batch.seeds, positions).numpy())
             if self.deterministic and not t.fits.all():
                 return None
             tokens = torch.from_numpy(t.tokens)
         logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._lsm_out(x)), tokens,
                                       in_range=True)
         return self._shortcut_output(x, lambda: x.amax(-1, keepdim=True), tokens, logprobs,
-                                     batch, plan)
+                                     batch, plan=plan)
 
     def _plain_full(self, x: torch.Tensor, batch: SamplingBatch, plan: RowPlan,
                     positions: torch.Tensor) -> SampleOutput | None:
@@ -400,16 +465,16 @@ class Sampler:
             return None
         z = scale_logits(x, m, plan.temperatures, out=self._buf("z", x))
         tau = torch.full((plan.size,), NEG_INF, dtype=torch.float32, device=x.device)
-        q, bsum = draw_ops.block_cdf(z, tau, batch.min_ps, filter_ops.frac_bits(x.shape[1]),
+        q, bsum = draw_ops.block_cdf(z, tau, batch.min_ps, rules.frac_bits(x.shape[1]),
                                      out=self._buf("w", z), q_out=self._buf("q", z, torch.int64),
                                      cut_tau=False, cut_min_p=None if plan.any_min_p else False)
         tokens = draw_ops.draw_by_blocks(q, bsum, row_uniforms(batch.seeds, positions))
         logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._lsm_out(x)), tokens,
                                       in_range=True)
-        return self._shortcut_output(x, lambda: m, tokens, logprobs, batch, plan)
+        return self._shortcut_output(x, lambda: m, tokens, logprobs, batch, plan=plan)
 
     def _shortcut_output(self, x: torch.Tensor, row_max, tokens: torch.Tensor,
-                         logprobs: torch.Tensor, batch: SamplingBatch, plan: RowPlan,
+                         logprobs: torch.Tensor, batch: SamplingBatch, *, plan: RowPlan,
                          greedy_tok: torch.Tensor | None = None) -> SampleOutput:
         """A shortcut's :class:`SampleOutput`: every row valid (status all zero), the top
         logprobs ("raw") of the float32 logits ``x`` when a row asks for them
@@ -485,8 +550,8 @@ class Sampler:
 
     # -- step 8 ----------------------------------------------------------------------
     def _cut(self, z: torch.Tensor | None, batch: SamplingBatch, plan: RowPlan,
-             k: ModuleType | None = None, u: torch.Tensor | None = None,
-             prep: Prepared | None = None, by_columns: ColumnRows | None = None) -> Cut:
+             prep: Prepared, *, u: torch.Tensor | None = None,
+             by_columns: ColumnRows | None = None) -> Cut:
         """Thresholds and exact kept mass of the sampling rows (a pure step: no draw).
         Each route of the plan gives a row the bits of the full sort; rows that a bounded
         route cannot decide join the sort. With Triton kernels ``k`` the same step runs
@@ -494,11 +559,12 @@ class Sampler:
         None (only bounded top-k rows and ``by_columns``): candidates come from
         ``prep``'s logits, and z is computed only if a row spills into the sort. The
         plain rows of ``by_columns`` get a compact table over their allowed columns."""
+        k = prep.kernels
         B, V = prep.x.shape if z is None else z.shape
         device = batch.device
         if not plan.sampling:
             return Cut.none(B, device)
-        frac = filter_ops.frac_bits(V)
+        frac = rules.frac_bits(V)
         if k is not None:
             tau, total, drawn = k.thresholds_and_draw(
                 z, plan.sampling.index, batch.top_ks, batch.top_ps, batch.min_ps, u, frac,
@@ -511,16 +577,27 @@ class Sampler:
                 return cut
         tau = torch.full((B,), NEG_INF, dtype=torch.float32, device=device)
         total = torch.zeros((B,), dtype=torch.int64, device=device)
-        compact: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]] = []
-        sort_idx = [rt.sort.index] if rt.sort else []
+        results: list[RouteResult] = []
         if rt.candidates:
-            sort_idx += self._small_top_k(z, batch, rt.candidates, rt.k_max, frac, tau,
-                                          total, compact, plan, prep)
-        if sort_idx and z is None:  # a tie group spilled past the candidates
-            z = self._scaled(prep, plan)
+            results.append(self._small_top_k(z, rt.candidates, plan, prep, frac))
+        if any(r.spilled for r in results) and z is None:  # a tie group spilled past the
+            z = self._scaled(prep, plan)                     # candidates
         select = self.filter_impl == "auto" and V >= SELECT_MIN_V and device.type == "cpu"
         if rt.nucleus:
-            sort_idx += self._nucleus(z, batch, rt.nucleus, frac, tau, total, compact, select)
+            results.append(self._nucleus(z, rt.nucleus, frac, select))
+        if by_columns is not None:
+            results.append(self._column_cut(by_columns, batch, plan, prep, frac))
+        compact = [t for r in results for t in r.tables]
+        for t in compact:
+            if t.every:
+                total.copy_(t.csum[:, -1])
+                if t.tau is not None:
+                    tau.copy_(t.tau)
+            else:
+                total[t.index] = t.csum[:, -1]
+                if t.tau is not None:
+                    tau[t.index] = t.tau
+        sort_idx = ([rt.sort.index] if rt.sort else []) + [i for r in results for i in r.spilled]
         full_idx = list(sort_idx)
         if sort_idx:
             si = torch.cat(sort_idx) if len(sort_idx) > 1 else sort_idx[0]
@@ -531,10 +608,7 @@ class Sampler:
             ti = rt.top_k_only.index
             tau[ti] = filter_ops.topk_threshold(rt.top_k_only.take(z), batch.top_ks[ti])
             full_idx.append(ti)
-        plain = rt.plain
-        if by_columns is not None:
-            self._column_cut(by_columns, batch, plan, prep, frac, total, compact)
-            plain = by_columns.rest
+        plain = rt.plain if by_columns is None else by_columns.rest
         if plain:
             full_idx.append(plain.index)
         blocks = None
@@ -556,9 +630,9 @@ class Sampler:
         return Cut(tau, total, tuple(compact), blocks)
 
     def _column_cut(self, cr: ColumnRows, batch: SamplingBatch, plan: RowPlan,
-                    prep: Prepared, frac: int, total: torch.Tensor, compact: list) -> None:
-        """Plain rows drawn over their allowed columns: their exact mass and compact CDF
-        table (their threshold stays ``-inf``, as on the full pass)."""
+                    prep: Prepared, frac: int) -> RouteResult:
+        """Plain rows drawn over their allowed columns: their compact CDF table (their
+        threshold stays ``-inf``, as on the full pass)."""
         known = prep.column_values
         vals, ids = colcdf.gather_columns(prep.x, cr.rows, [prep.columns[r] for r in cr.rows],
                                           None if known is None else
@@ -570,42 +644,34 @@ class Sampler:
         ids, csum = colcdf.column_cdf(vals, ids, shift, temps,
                                       batch.min_ps if cr.every else batch.min_ps[ri], frac,
                                       cut_min_p=None if plan.any_min_p else False)
-        if cr.every:
-            total.copy_(csum[:, -1])
-        else:
-            total[ri] = csum[:, -1]
-        compact.append((ri, ids, csum, cr.every))
+        return RouteResult((Table(ri, ids, csum, cr.every),))
 
-    def _small_top_k(self, z, batch, rows: Rows, k_max: int, frac: int, tau, total,
-                     compact, plan: RowPlan, prep: Prepared) -> list[torch.Tensor]:
+    def _small_top_k(self, z: torch.Tensor | None, rows: Rows, plan: RowPlan,
+                     prep: Prepared, frac: int) -> RouteResult:
         """Rows with a small top-k: one bounded ``topk`` (of z, or of the logits when
-        ``z`` is None); returns the rows whose tie group at the boundary spills past
-        ``k_max`` (they need the sort)."""
+        ``z`` is None); the rows whose tie group at the boundary spills past ``k_max``
+        are left to the sort."""
         ci = rows.index
-        cf = plan.route.candidate_filters
+        k_max, cf = plan.route.k_max, plan.route.candidate_filters
         vals, ids = self._candidate_topk(z, prep, plan, rows)
         if vals.device.type == "cpu":  # a few dozen values a row: host arithmetic
             t = hostcut.candidate_tables(vals, ids, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
-                                         frac, k_max)
+                                         frac=frac, k_max=k_max)
             if not self.deterministic or bool(t.fits.all()):  # fast mode: never spills
-                self._keep_host(ci, rows.every, t, None, tau, total, compact)
-                return []
+                return RouteResult((Table.of_host(ci, rows.every, t),))
             ok = np.flatnonzero(t.fits)
-            if ok.size:
-                self._keep_host(ci, False, t, ok, tau, total, compact)
-            return [ci[torch.from_numpy(~t.fits)]]
-        vals, ids, fits = filter_ops.cut_candidates(vals, ids, cf.k_index, k_max,
-                                                    batch.vocab_size)
+            return RouteResult((Table.of_host(ci, False, t, ok),) if ok.size else (),
+                               (ci[torch.from_numpy(~t.fits)],))
+        V = (prep.x if z is None else z).shape[1]
+        vals, ids, fits = filter_ops.cut_candidates(vals, ids, cf.k_index, k_max, V)
         n, kept, q = filter_ops.candidate_cut(vals, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
                                               frac)
         if not self.deterministic or bool(fits.all()):  # fast mode: never spills
-            self._keep_kept(ci, rows.every, vals, ids, n, kept, q, tau, total, compact)
-            return []
+            return RouteResult((Table.of_kept(ci, rows.every, (vals, ids), n, kept, q),))
         ok = fits.nonzero().flatten()
-        if ok.numel():
-            self._keep_kept(ci[ok], False, vals[ok], ids[ok], n[ok], kept[ok], q[ok], tau,
-                            total, compact)
-        return [ci[~fits]]
+        tables = (Table.of_kept(ci[ok], False, (vals[ok], ids[ok]), n[ok], kept[ok], q[ok]),
+                  ) if ok.numel() else ()
+        return RouteResult(tables, (ci[~fits],))
 
     def _candidate_topk(self, z: torch.Tensor | None, prep: Prepared, plan: RowPlan,
                         rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
@@ -627,35 +693,21 @@ class Sampler:
         rows, k_max, cf = plan.route.candidates, plan.route.k_max, plan.route.candidate_filters
         vals, ids = self._candidate_topk(z, prep, plan, rows)
         t = hostcut.candidate_tables(vals, ids, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
-                                     frac, k_max, None if u is None else u.numpy())
+                                     frac=frac, k_max=k_max, u=None if u is None else u.numpy())
         if self.deterministic and not bool(t.fits.all()):
             return None
         if t.tokens is not None:
             return Cut(torch.from_numpy(t.tau), torch.from_numpy(t.total),
                        drawn=torch.from_numpy(t.tokens))
         return Cut(torch.from_numpy(t.tau), torch.from_numpy(t.total),
-                   ((rows.index, torch.from_numpy(t.sorted_ids), torch.from_numpy(t.csum),
-                     True),))
+                   (Table.of_host(rows.index, True, t),))
 
-    @staticmethod
-    def _keep_host(ci, every, t: hostcut.CandidateTables, ok, tau, total, compact) -> None:
-        """Record the rows of host tables ``t`` (``ok``: those of its row positions, None:
-        all): threshold, mass and CDF table (tensors sharing the host arrays' memory)."""
-        if ok is not None:
-            sel = torch.from_numpy(ok)
-            ci = ci[sel]
-            t = hostcut.CandidateTables(*(a[ok] for a in (t.fits, t.n, t.tau, t.total,
-                                                           t.sorted_ids, t.csum)))
-        tau[ci] = torch.from_numpy(t.tau)
-        total[ci] = torch.from_numpy(t.total)
-        compact.append((ci, torch.from_numpy(t.sorted_ids), torch.from_numpy(t.csum), every))
-
-    def _nucleus(self, z, batch, rows: Rows, frac: int, tau, total, compact,
-                 select: bool = False) -> list[torch.Tensor]:
+    def _nucleus(self, z: torch.Tensor, rows: Rows, frac: int,
+                 select: bool = False) -> RouteResult:
         """Top-p rows without a small top-k: the exact mass of the top-k survivors, then
         a bounded ``topk`` that grows until the nucleus ends inside it
-        (:func:`~detsample.ops.filters.nucleus_prefix`); returns the rows whose nucleus
-        outgrows ``V / CANDIDATE_RATIO`` candidates (they need the sort's threshold).
+        (:func:`~detsample.ops.filters.nucleus_prefix`); the rows whose nucleus outgrows
+        ``V / CANDIDATE_RATIO`` candidates are left to the sort's threshold.
         ``select``: that threshold comes from the radix select, so rows stop growing as
         soon as a nucleus is known to hold more than ``V / SELECT_RATIO`` tokens (a
         larger ``topk`` would cost more than the select)."""
@@ -670,44 +722,28 @@ class Sampler:
             thr = torch.full_like(min_ps, NEG_INF)
         cap = max(V // CANDIDATE_RATIO, 1)
         K = min(NUCLEUS_CANDIDATES, V)
+        tables: list[Table] = []
         while True:
             vals, ids = torch.topk(zn, K, dim=-1, largest=True, sorted=True)
             n, decided = filter_ops.nucleus_prefix(vals, thr, mass, top_ps,
                                                    min_ps if rows.active[2] else None, frac)
             if K == V or bool(decided.all()):
-                self._keep_compact(idx, every, vals, ids, n, frac, tau, total, compact)
-                return []
+                tables.append(Table.of_prefix(idx, every, vals, ids, n, frac))
+                return RouteResult(tuple(tables))
             every = False
             dec = decided.nonzero().flatten()
             if dec.numel():
-                self._keep_compact(idx[dec], False, vals[dec], ids[dec], n[dec], frac, tau,
-                                   total, compact)
+                tables.append(Table.of_prefix(idx[dec], False, vals[dec], ids[dec], n[dec],
+                                              frac))
             und = (~decided).nonzero().flatten()
             plain = torch.isneginf(thr[und]) & (min_ps[und] == 0)  # the bound holds
             need = filter_ops.mass_needed_bound(vals[und], mass[und], top_ps[und], frac)
             bound = int(torch.where(plain, need, torch.zeros_like(need)).max())
             K = min(max(K * NUCLEUS_GROWTH, bound + K + 1), V)
             if K > cap or (select and bound > V // SELECT_RATIO):
-                return [idx[und]]
+                return RouteResult(tuple(tables), (idx[und],))
             idx, zn, thr, mass = idx[und], zn[und], thr[und], mass[und]
             top_ps, min_ps = top_ps[und], min_ps[und]
-
-    @staticmethod
-    def _keep_compact(idx, every, vals, ids, n, frac, tau, total, compact) -> None:
-        """Record rows ``idx`` (``every``: all rows, in order) decided on candidates:
-        threshold, mass and CDF table."""
-        tau[idx] = vals.gather(1, (n - 1).unsqueeze(1)).squeeze(1)
-        sorted_ids, csum = draw_ops.compact_cdf(vals, ids, n, frac)
-        total[idx] = csum[:, -1]
-        compact.append((idx, sorted_ids, csum, every))
-
-    @staticmethod
-    def _keep_kept(idx, every, vals, ids, n, kept, q, tau, total, compact) -> None:
-        """:meth:`_keep_compact` from ``filters.candidate_cut``'s kept mask and masses."""
-        tau[idx] = vals.gather(1, (n - 1).unsqueeze(1)).squeeze(1)
-        sorted_ids, csum = draw_ops.kept_cdf(ids, q, kept)
-        total[idx] = csum[:, -1]
-        compact.append((idx, sorted_ids, csum, every))
 
     # -- step 9 ----------------------------------------------------------------------
     @staticmethod
@@ -716,8 +752,8 @@ class Sampler:
         u: (B,) float64 per-row uniforms."""
         if cut.drawn is not None:
             return cut.drawn
-        tables = [(draw_ops.draw_by_cdf, ids, csum, idx, every)
-                  for idx, ids, csum, every in cut.compact]
+        tables = [(draw_ops.draw_by_cdf, t.ids, t.csum, t.index, t.every)
+                  for t in cut.compact]
         if cut.blocks is not None:
             idx, q, bsum, every = cut.blocks
             tables.append((draw_ops.draw_by_blocks, q, bsum, idx, every))
@@ -731,7 +767,7 @@ class Sampler:
 
     # -- step 10 ---------------------------------------------------------------------
     def _processed(self, cut: Cut, batch: SamplingBatch, rows: Rows, z: torch.Tensor,
-                   ids: torch.Tensor, greedy_tok: torch.Tensor,
+                   ids: torch.Tensor, greedy_tok: torch.Tensor, *,
                    k: ModuleType | None = None) -> torch.Tensor:
         """The "processed" logprob of scaled logits ``z`` with token ids ``ids`` of
         ``rows``: either (n,) picked tokens, or (n, V) full rows with ``ids`` (1, V).
@@ -740,16 +776,17 @@ class Sampler:
         one its draw used.)"""
         col = (lambda t: t.unsqueeze(1)) if z.dim() == 2 else (lambda t: t)  # noqa: E731
         exp = k.exp if k else torch.exp
-        keep = (z >= col(rows.take(cut.tau))) & (exp(z) >= col(rows.take(batch.min_ps)))
+        keep = (z >= col(rows.take(cut.tau))) & rules.min_p_keeps(exp(z),
+                                                                  col(rows.take(batch.min_ps)))
         lp = lp_ops.log_softmax(z, kept_mass=col(rows.take(cut.total).clamp(min=1)),
-                                frac=filter_ops.frac_bits(batch.vocab_size))
+                                frac=rules.frac_bits(batch.vocab_size))
         lp = lp.masked_fill(~keep, NEG_INF)
         onehot = torch.where(ids == col(rows.take(greedy_tok)), torch.zeros_like(lp),
                              torch.full_like(lp, NEG_INF))
         return torch.where(col(rows.take(batch.greedy)), onehot, lp)
 
     def _token_logprobs(self, prep: Prepared, z: torch.Tensor | None, cut: Cut,
-                        batch: SamplingBatch, plan: RowPlan, tokens: torch.Tensor,
+                        batch: SamplingBatch, plan: RowPlan, tokens: torch.Tensor, *,
                         greedy_tok: torch.Tensor, some_none: bool) -> torch.Tensor:
         """(B,) float32 logprob of ``tokens`` (-1 = none: -inf) in each row's mode;
         ``some_none``: whether any token may be -1."""
@@ -760,7 +797,8 @@ class Sampler:
             picked = rows.take(safe)
             if mode == "processed":
                 ztok = lp_ops.gather_rows(rows.take(z), picked)
-                vals = self._processed(cut, batch, rows, ztok, picked, greedy_tok, prep.kernels)
+                vals = self._processed(cut, batch, rows, ztok, picked, greedy_tok,
+                                       k=prep.kernels)
             else:
                 sub = rows.take(prep.raw if mode == "raw" else z)
                 log_softmax = prep.kernels.log_softmax_rows if prep.kernels else \
@@ -786,7 +824,7 @@ class Sampler:
             if mode == "processed":
                 full = torch.arange(batch.vocab_size, device=dev).unsqueeze(0)
                 lp = self._processed(cut, batch, rows, rows.take(z), full, greedy_tok,
-                                     prep.kernels)
+                                     k=prep.kernels)
             else:
                 log_softmax = prep.kernels.log_softmax_rows if prep.kernels else \
                     lp_ops.log_softmax
@@ -809,14 +847,12 @@ class Sampler:
         Deterministic mode: bitwise batch-invariant and run-to-run reproducible.
         """
         positions = row_ids_tensor("positions", positions, len(batch), batch.device)
-        if len(batch) and isinstance(logits, torch.Tensor) and not logits.requires_grad:
+        logits = self._checked_logits(logits, batch)
+        if len(batch) and not logits.requires_grad:
             # no input requires grad, so no operation records a graph: the shortcuts run
             # without entering a no_grad context
             plan = self._shortcut_plan(batch)
             if plan is not None:
-                check_logits(logits, len(batch), batch.vocab_size, batch.device)
-                if logits.dtype != torch.float32:  # upcast once: the general path takes it
-                    logits = logits.to(torch.float32)
                 out = (self._plain_greedy(logits, batch, plan) if plan.greedy.every else
                        self._plain_top_k(logits, batch, plan, positions)
                        if plan.route.candidates.every else
@@ -843,7 +879,7 @@ class Sampler:
         if plan.sampling:
             u = (prep.kernels.row_uniforms if prep.kernels else row_uniforms)(batch.seeds,
                                                                               positions)
-        cut = self._cut(z, batch, plan, prep.kernels, u, prep, by_columns) \
+        cut = self._cut(z, batch, plan, prep, u=u, by_columns=by_columns) \
             if plan.needs_scaled else Cut.none(B, batch.device)
         if plan.greedy.every:
             tokens = greedy_tok
@@ -855,8 +891,8 @@ class Sampler:
             tokens = none if greedy_tok is None else torch.where(batch.greedy, greedy_tok, none)
         if plan.excluded:
             tokens = tokens.masked_fill((prep.status & STATUS_NO_VALID_TOKEN) != 0, -1)
-        logprobs = self._token_logprobs(prep, z, cut, batch, plan, tokens, greedy_tok,
-                                        some_none=bool(plan.excluded))
+        logprobs = self._token_logprobs(prep, z, cut, batch, plan, tokens,
+                                        greedy_tok=greedy_tok, some_none=bool(plan.excluded))
         top = self._top_logprobs(prep, z, cut, batch, plan, greedy_tok)
         return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
                             seeds=batch.seeds.clone(), status=prep.status)
@@ -874,7 +910,7 @@ class Sampler:
         """
         token_ids = row_ids_tensor("token_ids", token_ids, len(batch), batch.device,
                                    lowest=-1, upper=batch.vocab_size)
-        prep = self._prepare(logits, batch)
+        prep = self._prepare(self._checked_logits(logits, batch), batch)
         B = len(batch)
         if B == 0:
             return torch.empty((0,), dtype=torch.float32, device=batch.device)
@@ -883,10 +919,10 @@ class Sampler:
         by_columns = self._by_columns(plan, prep)
         z = self._scaled(prep, plan) if self._needs_full_z(plan, prep, by_columns) else None
         processed = "processed" in plan.modes
-        cut = self._cut(z, batch, plan, prep.kernels, prep=prep, by_columns=by_columns) \
+        cut = self._cut(z, batch, plan, prep, by_columns=by_columns) \
             if processed else Cut.none(B, batch.device)
         if plan.excluded:
             token_ids = token_ids.masked_fill((prep.status & STATUS_NO_VALID_TOKEN) != 0, -1)
         some_none = bool(plan.excluded) or bool((token_ids < 0).any())
-        return self._token_logprobs(prep, z, cut, batch, plan, token_ids, greedy_tok,
-                                    some_none)
+        return self._token_logprobs(prep, z, cut, batch, plan, token_ids,
+                                    greedy_tok=greedy_tok, some_none=some_none)

@@ -7,7 +7,7 @@ import torch
 from hypothesis import strategies as st
 
 from detsample import Request, SamplingBatch, Sampler, SamplingParams
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 
 
 def num_threads(n: int):

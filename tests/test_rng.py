@@ -99,12 +99,13 @@ def test_host_rounds_equal_tensor_rounds(pairs):
     and the oracle, whatever the seeds and positions (the full 63 bits: a carry or a
     shift crossing lanes would show)."""
     import numpy as np
-    from detsample.rng import MASK32, STREAM_DRAW, _TWO_POW_M52
+    from detsample.rng import MASK32, STREAM_DRAW
+    from detsample.rules import U_SCALE
     seeds = torch.tensor([s for s, _ in pairs])
     pos = torch.tensor([p for _, p in pairs])
     w0, w1, _, _ = philox4x32(seeds, pos & MASK32, (pos >> 32) & MASK32,
                               torch.full_like(pos, STREAM_DRAW), torch.zeros_like(pos))
-    want = (((w0 << 20) | (w1 >> 12)).to(torch.float64) + 0.5) * _TWO_POW_M52
+    want = (((w0 << 20) | (w1 >> 12)).to(torch.float64) + 0.5) * U_SCALE
     got = row_uniforms(seeds, pos)
     assert got.dtype == torch.float64 and torch.equal(got, want)
     assert got.tolist() == [orng.row_uniform(s, p) for s, p in pairs]

@@ -30,7 +30,7 @@ import torch
 from detsample.batch import SamplingBatch
 from detsample.params import Request, SamplingParams
 from detsample.sampler import Sampler
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 from detsample.vocab import Vocabulary
 
 SCHEMAS: dict[str, dict] = {

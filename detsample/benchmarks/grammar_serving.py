@@ -43,7 +43,7 @@ from detsample.grammar.compiler import GrammarCompiler
 from detsample.grammar.config import GrammarConfig
 from detsample.params import Request, SamplingParams
 from detsample.sampler import Sampler
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 from detsample.vocab import Vocabulary
 
 WORKLOADS = ("reuse", "fresh", "mix")

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 
 WIDE = dict(vocab_size=512, hidden_size=1024, intermediate_size=2752, num_hidden_layers=8,
             num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=1024,

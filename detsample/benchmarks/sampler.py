@@ -37,7 +37,7 @@ from detsample.batch import SamplingBatch
 from detsample.benchmarks import peers
 from detsample.params import Request, SamplingParams
 from detsample.sampler import Sampler
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 
 CONFIGS: dict[str, dict] = {
     "topk50_topp0.9_T0.8": dict(temperature=0.8, top_k=50, top_p=0.9),

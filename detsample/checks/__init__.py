@@ -9,6 +9,6 @@
 """
 
 from detsample.checks.result import CheckResult, as_result
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 
 __all__ = ["CheckResult", "as_result", "torch_threads"]

@@ -28,7 +28,7 @@ import torch
 
 from detsample.golden import engine_scenarios as enginescenarios
 from detsample.checks.result import CheckResult
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 
 ALIGN_MODES = ("raw", "scaled")
 

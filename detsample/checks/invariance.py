@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 from detsample.golden.diff import compare
 from detsample.golden.format import ScenarioOutput, float_text
 from detsample.golden.scenarios import Scenario

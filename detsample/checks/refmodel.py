@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import torch
 
 from detsample.checks.result import CheckResult
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 from detsample.refmodel.model import RefModel
 
 Rows = dict[tuple[int, int], torch.Tensor]

@@ -22,10 +22,8 @@ import torch
 from detsample.errors import GrammarError, InvalidSamplingParams
 from detsample.grammar.masker import GrammarMasker
 from detsample.grammar.request import PENDING, RequestGrammar
-from detsample.ops.sanitize import STATUS_NO_VALID_TOKEN
+from detsample.rules import STATUS_GRAMMAR_ERROR, STATUS_NO_VALID_TOKEN
 
-#: SampleOutput.status bit: the row's grammar failed (see ``grammar_errors``).
-STATUS_GRAMMAR_ERROR = 8
 #: ``batch.finished`` reasons set by grammars.
 FINISH_GRAMMAR_TERMINATED = "grammar_terminated"
 FINISH_GRAMMAR_ERROR = "grammar_error"

@@ -47,7 +47,7 @@ from detsample.invariant.reduce import row_sum
 from detsample.invariant.state import config, plans
 from detsample.ops.vector import pointwise
 from detsample.invariant.verify import FallbackWarning, NotInvariantError, pointwise_plan
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 
 aten = torch.ops.aten
 

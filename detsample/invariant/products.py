@@ -27,7 +27,7 @@ from detsample.invariant import fixedpoint, tiles
 from detsample.invariant.state import note_portable
 from detsample.invariant.verify import layout, matmul_plan
 from detsample.invariant.weights import derived, owner
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 
 _REDUCED = (torch.bfloat16, torch.float16)
 

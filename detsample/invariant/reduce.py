@@ -21,7 +21,7 @@ import torch
 from detsample.invariant.state import note_portable
 from detsample.invariant.tree import tree_sum
 from detsample.invariant.verify import SUM_CHUNK, sum_plan, torch_row_sum
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 
 
 def row_sum(x: torch.Tensor, portable: bool) -> torch.Tensor:

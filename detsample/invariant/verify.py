@@ -47,7 +47,7 @@ from detsample.errors import DetsampleError
 from detsample.invariant import tiles
 from detsample.invariant.state import ARITHMETIC, VERIFIED, Plan, plans
 from detsample.ops.vector import PAD, pointwise
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 
 aten = torch.ops.aten
 

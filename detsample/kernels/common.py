@@ -1,5 +1,10 @@
 """Shared pieces of the Triton kernels: block sizes, device checks, jit helpers.
 
+The sampling rules' constants come from :mod:`detsample.rules`; the formulas a kernel
+needs are spelled here once each as ``@triton.jit`` helpers (the Triton spelling of the
+rule of the same name there), and tests/kernels/test_rules.py runs them on the table
+that tests/test_rules.py runs the Python spellings on.
+
 Block sizes are functions of the row length only (never of the batch size), and every
 launch uses the same ``num_warps``, so the order of each in-row reduction is fixed by
 the row length alone: a row gives the same bits in any batch.
@@ -11,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from detsample import rules
+
 #: elements per block of the row-streaming kernels (a reduction tree of this width)
 ROW_BLOCK = 1024
 #: warps of every row kernel (part of the reduction order: never tuned per batch)
@@ -19,10 +26,14 @@ NUM_WARPS = 4
 #: the bits do not follow Triton's default, which changes in Triton 3.10)
 OPTS = {"num_warps": NUM_WARPS, "enable_fp_fusion": False}
 
-F32_MIN: tl.constexpr = tl.constexpr(-3.4028234663852886e38)
-F32_MAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)
+NAN_FLOOR: tl.constexpr = tl.constexpr(rules.NAN_FLOOR)
+POSINF_CEIL: tl.constexpr = tl.constexpr(rules.POSINF_CEIL)
 #: larger than any token id (padding of id buffers)
-ID_PAD: tl.constexpr = tl.constexpr(2**62)
+PAD_ID: tl.constexpr = tl.constexpr(rules.PAD_ID)
+STATUS_HAD_NAN: tl.constexpr = tl.constexpr(rules.STATUS_HAD_NAN)
+STATUS_HAD_POSINF: tl.constexpr = tl.constexpr(rules.STATUS_HAD_POSINF)
+STATUS_NO_VALID_TOKEN: tl.constexpr = tl.constexpr(rules.STATUS_NO_VALID_TOKEN)
+U_SCALE: tl.constexpr = tl.constexpr(rules.U_SCALE)
 
 
 def row_block(n: int) -> int:
@@ -52,8 +63,46 @@ def check_device(device: torch.device) -> None:
 
 @triton.jit
 def fq_mass(e, FRAC: tl.constexpr):
-    """Fixed-point mass ``trunc(e * 2**FRAC)`` of float32 ``e`` in [0, 1] (exact scaling)."""
+    """:func:`detsample.rules.mass`: ``trunc(e * 2**FRAC)`` of float32 ``e`` in [0, 1]."""
     return (e * (2.0 ** FRAC)).to(tl.int64)
+
+
+@triton.jit
+def top_p_limit(top_p, total):
+    """:func:`detsample.rules.top_p_limit`: ``top_p * float64(Z)``, ``+inf`` at top_p >= 1."""
+    return tl.where(top_p >= 1.0, float("inf"), top_p * total.to(tl.float64))
+
+
+@triton.jit
+def top_p_keeps(above, limit):
+    """:func:`detsample.rules.top_p_keeps`: ``float64(above) < limit``."""
+    return above.to(tl.float64) < limit
+
+
+@triton.jit
+def min_p_keeps(e, min_p):
+    """:func:`detsample.rules.min_p_keeps`: ``exp(z) >= min_p``."""
+    return e >= min_p
+
+
+@triton.jit
+def draw_target(u, total):
+    """:func:`detsample.rules.draw_target`: ``min(floor(u * float64(Q)), Q - 1)``."""
+    return tl.minimum(tl.floor(u * total.to(tl.float64)).to(tl.int64), total - 1)
+
+
+@triton.jit
+def first_above(csum, t):
+    """:func:`detsample.rules.first_above`: the count of running masses ``<= t``."""
+    return tl.sum((csum <= t).to(tl.int32), 0)
+
+
+@triton.jit
+def uniform(w0, w1):
+    """:func:`detsample.rules.uniform` of :func:`detsample.rules.u52`: ``(n + 0.5) *
+    2**-52`` of the 52 bits ``(w0 << 20) | (w1 >> 12)`` of two uint32 Philox words."""
+    n = (w0.to(tl.uint64) << 20) | (w1.to(tl.uint64) >> 12)
+    return (n.to(tl.float64) + 0.5) * U_SCALE
 
 
 @triton.jit

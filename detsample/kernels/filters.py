@@ -36,7 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
-from detsample.kernels.common import ID_PAD, OPTS, check_device, fq_mass, order_key, row_block
+from detsample.kernels.common import (OPTS, PAD_ID, check_device, draw_target, first_above,
+                                      fq_mass, min_p_keeps, order_key, row_block, top_p_keeps,
+                                      top_p_limit)
 
 #: rows whose top_k is at most this use the radix-select candidate kernel
 CAND_MAX = 1024
@@ -99,7 +101,7 @@ def _topk_draw_kernel(z_ptr, stride, V, rows_ptr, k_ptr, p_ptr, minp_ptr, u_ptr,
         j = tl.arange(0, KP)
         valid = j < c
         v = tl.load(bufv + j, mask=valid, other=float("-inf"))
-        ids = tl.load(bufi + j, mask=valid, other=ID_PAD)
+        ids = tl.load(bufi + j, mask=valid, other=PAD_ID)
         top_p = tl.load(p_ptr + row)
         min_p = tl.load(minp_ptr + row)
         e = tl.exp(v)
@@ -112,18 +114,18 @@ def _topk_draw_kernel(z_ptr, stride, V, rows_ptr, k_ptr, p_ptr, minp_ptr, u_ptr,
             vc = tl.load(bufv + jc, mask=jc < c, other=float("-inf"))
             qc = tl.where(jc < c, fq_mass(tl.exp(vc), FRAC), 0)
             above += tl.sum(tl.where(vc[None, :] > v[:, None], qc[None, :], 0), 1)
-        limit = tl.where(top_p >= 1.0, float("inf"), top_p * tl.sum(q, 0).to(tl.float64))
+        limit = top_p_limit(top_p, tl.sum(q, 0))
         # each rule keeps every value above a threshold, so the kept set is z >= tau
-        kept = valid & (above.to(tl.float64) < limit) & (e >= min_p)
+        kept = valid & top_p_keeps(above, limit) & min_p_keeps(e, min_p)
         tau = tl.min(tl.where(kept, v, float("inf")), 0)
         q = tl.where(kept, q, 0)
         total = tl.sum(q, 0)
         tl.store(tau_ptr + row, tau)
         tl.store(total_ptr + row, total)
         if DRAW:
-            u = tl.load(u_ptr + row)
-            t = tl.minimum(tl.floor(u * total.to(tl.float64)).to(tl.int64), total - 1)
-            tok = tl.min(tl.where(tl.cumsum(q, 0) > t, ids, ID_PAD), 0)
+            t = draw_target(tl.load(u_ptr + row), total)
+            # the first running mass above t, in token-id order: ids[first_above(...)]
+            tok = tl.min(tl.where(tl.cumsum(q, 0) > t, ids, PAD_ID), 0)
             tl.store(tok_ptr + row, tok)
 
 
@@ -142,7 +144,7 @@ def _sorted_threshold_kernel(s_ptr, stride, V, rows_ptr, k_ptr, p_ptr, minp_ptr,
         idx = start + offs
         s = tl.load(srow + idx, mask=idx < V, other=float("-inf"))
         acc += tl.where((idx < V) & (s >= kth), fq_mass(tl.exp(s), FRAC), 0)
-    limit = tl.where(top_p >= 1.0, float("inf"), top_p * tl.sum(acc, 0).to(tl.float64))
+    limit = top_p_limit(top_p, tl.sum(acc, 0))
     # top-p: the mass above a value is the exclusive running sum at the first element of
     # its run of ties; that sum is non-decreasing, so the kept values are those >= s[G]
     # with G the last position whose exclusive running sum is below the limit
@@ -153,14 +155,14 @@ def _sorted_threshold_kernel(s_ptr, stride, V, rows_ptr, k_ptr, p_ptr, minp_ptr,
         s = tl.load(srow + idx, mask=idx < V, other=float("-inf"))
         q = tl.where((idx < V) & (s >= kth), fq_mass(tl.exp(s), FRAC), 0)
         excl = base + tl.cumsum(q, 0) - q
-        g += tl.sum(((idx < V) & (excl.to(tl.float64) < limit)).to(tl.int64), 0)
+        g += tl.sum(((idx < V) & top_p_keeps(excl, limit)).to(tl.int64), 0)
         base += tl.sum(q, 0)
     floor = tl.maximum(kth, tl.load(srow + g - 1))
     tau = tl.full([], float("inf"), tl.float32)
     for start in range(0, V, BLOCK):  # min-p, and the smallest value kept by all three
         idx = start + offs
         s = tl.load(srow + idx, mask=idx < V, other=float("-inf"))
-        kept = (idx < V) & (s >= floor) & (tl.exp(s) >= min_p)
+        kept = (idx < V) & (s >= floor) & min_p_keeps(tl.exp(s), min_p)
         tau = tl.minimum(tau, tl.min(tl.where(kept, s, float("inf")), 0))
     tl.store(tau_ptr + row, tau)
 
@@ -181,21 +183,20 @@ def _draw_full_kernel(z_ptr, stride, V, rows_ptr, tau_ptr, minp_ptr, u_ptr, tota
         idx = b * BLOCK + offs
         z = tl.load(zrow + idx, mask=idx < V, other=float("-inf"))
         e = tl.exp(z)
-        q = tl.where((idx < V) & (z >= tau) & (e >= min_p), fq_mass(e, FRAC), 0)
+        q = tl.where((idx < V) & (z >= tau) & min_p_keeps(e, min_p), fq_mass(e, FRAC), 0)
         sums = tl.where(nb == b, tl.sum(q, 0), sums)
     total = tl.sum(sums, 0)
     tl.store(total_ptr + row, total)
     if DRAW:
-        u = tl.load(u_ptr + row)
-        t = tl.minimum(tl.floor(u * total.to(tl.float64)).to(tl.int64), total - 1)
+        t = draw_target(tl.load(u_ptr + row), total)
         bc = tl.cumsum(sums, 0)
-        blk = tl.sum((bc <= t).to(tl.int32), 0)  # the first block whose running sum > t
+        blk = first_above(bc, t)  # the first block whose running sum > t
         base = tl.sum(tl.where(nb == blk - 1, bc, 0), 0)
         idx = blk * BLOCK + offs
         z = tl.load(zrow + idx, mask=idx < V, other=float("-inf"))
         e = tl.exp(z)
-        q = tl.where((idx < V) & (z >= tau) & (e >= min_p), fq_mass(e, FRAC), 0)
-        j = tl.sum(((base + tl.cumsum(q, 0)) <= t).to(tl.int32), 0)
+        q = tl.where((idx < V) & (z >= tau) & min_p_keeps(e, min_p), fq_mass(e, FRAC), 0)
+        j = first_above(base + tl.cumsum(q, 0), t)
         tl.store(tok_ptr + row, blk.to(tl.int64) * BLOCK + j)
 
 
@@ -223,7 +224,7 @@ def thresholds_and_draw(z: torch.Tensor, rows: torch.Tensor, top_k: torch.Tensor
     (n,) int64 row indices; top_k: (B,) int (``V`` when disabled), top_p: (B,) float64,
     min_p: (B,) float32; u: (B,) float64 uniforms, or None to compute only the
     thresholds and masses (the rescoring path); frac: fixed-point bits
-    (:func:`detsample.ops.filters.frac_bits`); sort_only: route every filtered row
+    (:func:`detsample.rules.frac_bits`); sort_only: route every filtered row
     through the sort (the reference route; same bits).
     Returns ``(tau, total, tokens)``, each (B,): the kept threshold (float32, -inf
     elsewhere), the exact kept mass (int64, 0 elsewhere) and the drawn token (int64,

@@ -13,16 +13,16 @@ import torch
 import triton
 import triton.language as tl
 
-from detsample.kernels.common import F32_MAX, F32_MIN, OPTS, check_device, row_block
+from detsample import rules
 
-STATUS_HAD_NAN = 1
-STATUS_HAD_POSINF = 2
-STATUS_NO_VALID_TOKEN = 4
+from detsample.kernels.common import (NAN_FLOOR, OPTS, POSINF_CEIL, STATUS_HAD_NAN,
+                                      STATUS_HAD_POSINF, STATUS_NO_VALID_TOKEN, check_device,
+                                      row_block)
 
 
 @triton.jit
 def _clean(x):
-    return tl.where(x != x, F32_MIN, tl.where(x == float("inf"), F32_MAX, x))
+    return tl.where(x != x, NAN_FLOOR, tl.where(x == float("inf"), POSINF_CEIL, x))
 
 
 @triton.jit
@@ -39,8 +39,8 @@ def _row_stats_kernel(x_ptr, stride, V, m_ptr, status_ptr, BLOCK: tl.constexpr):
         nan = nan | (x != x).to(tl.int32)
         pinf = pinf | (x == float("inf")).to(tl.int32)
     mx = tl.max(m, 0)
-    status = (tl.max(nan, 0) * 1 + tl.max(pinf, 0) * 2
-              + (mx == float("-inf")).to(tl.int32) * 4)
+    status = (tl.max(nan, 0) * STATUS_HAD_NAN + tl.max(pinf, 0) * STATUS_HAD_POSINF
+              + (mx == float("-inf")).to(tl.int32) * STATUS_NO_VALID_TOKEN)
     tl.store(m_ptr + row, mx)
     tl.store(status_ptr + row, status)
 
@@ -87,7 +87,7 @@ def sanitize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
         return x, status, m.unsqueeze(1)
     blk = row_block(V)
     _row_stats_kernel[(B,)](x, x.stride(0), V, m, status, BLOCK=blk, **OPTS)
-    if bool(((status & (STATUS_HAD_NAN | STATUS_HAD_POSINF)) != 0).any()):
+    if bool(((status & (rules.STATUS_HAD_NAN | rules.STATUS_HAD_POSINF)) != 0).any()):
         clean = torch.empty_like(x)
         _sanitize_kernel[(B,)](x, clean, x.stride(0), clean.stride(0), V, BLOCK=blk,
                                **OPTS)

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from detsample.kernels.common import OPTS, check_device
+from detsample.kernels.common import OPTS, check_device, uniform
 from detsample.rng import STREAM_DRAW
 
 _BLOCK = 128
@@ -28,9 +28,7 @@ def _uniforms_kernel(seed_ptr, pos_ptr, out_ptr, N, STREAM: tl.constexpr,
     c1 = ((pos >> 32) & 0xFFFFFFFF).to(tl.uint32)
     zero = c0 * 0
     w0, w1, _, _ = tl.philox(seed, c0, c1, zero + STREAM, zero)
-    n = (w0.to(tl.uint64) << 20) | (w1.to(tl.uint64) >> 12)
-    u = (n.to(tl.float64) + 0.5) * (2.0 ** -52)
-    tl.store(out_ptr + idx, u, mask=idx < N)
+    tl.store(out_ptr + idx, uniform(w0, w1), mask=idx < N)
 
 
 def row_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ A grammar-masked row is ``-inf`` outside its allowed columns, and a ``-inf`` log
 no mass: its scaled logit is ``-inf``, its fixed-point mass ``q`` is 0 and it never
 holds the target of the inverse CDF. So the draw of such a row over its allowed columns
 alone -- the same element-wise arithmetic of steps 7 and 8 (``z = (x - max) / T``,
-``q = trunc(exp(max(z, EXP_FLOOR)) * 2**F)``, min-p) on those columns, then the exact
+``q = trunc(exp(max(z, EXP_FLOOR)) * 2**F)``, :mod:`detsample.rules`, min-p) on those columns, then the exact
 running sum in token-id order -- gives the same kept mass ``Q`` and the same token as the
 pass over the whole vocabulary (:func:`detsample.ops.draw.block_cdf` and
 :func:`~detsample.ops.draw.draw_by_blocks`), at the cost of the allowed columns instead
@@ -24,8 +24,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from detsample.ops.draw import kept_mass, to_mass
-from detsample.ops.hostcut import PAD_ID
+from detsample.ops.draw import kept_mass
+from detsample.rules import PAD_ID
 from detsample.ops.temperature import scale_logits
 
 _NEG_INF = float("-inf")
@@ -88,5 +88,5 @@ def column_cdf(vals: torch.Tensor, ids: torch.Tensor, shift: torch.Tensor,
     """
     z = scale_logits(vals, shift, temperatures)
     tau = torch.full((vals.shape[0],), _NEG_INF, dtype=torch.float32, device=vals.device)
-    q = to_mass(kept_mass(z, tau, min_p, frac, out=z, cut_tau=False, cut_min_p=cut_min_p))
+    q = kept_mass(z, tau, min_p, frac, out=z, cut_tau=False, cut_min_p=cut_min_p)
     return ids, q.cumsum_(-1)

@@ -16,13 +16,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from detsample import rules
 from detsample.ops import hostcut
-from detsample.ops.filters import quantize_mass
 
 #: block width of the two-level search of the full-vocabulary path
 BLOCK = 1024
-#: exp(-87) = 1.6e-38 is the smallest normal float32 result we let exp produce
-EXP_FLOOR = -87.0
 
 
 def greedy_argmax(x: torch.Tensor) -> torch.Tensor:
@@ -39,11 +37,6 @@ def greedy_argmax(x: torch.Tensor) -> torch.Tensor:
     return torch.argmax(x, dim=-1)
 
 
-def _target(u: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
-    t = torch.floor(u.to(torch.float64) * total.to(torch.float64)).to(torch.int64)
-    return torch.minimum(t, total - 1)
-
-
 def compact_cdf(vals: torch.Tensor, ids: torch.Tensor, n_kept: torch.Tensor,
                 frac: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The kept tokens' CDF in token-id order, from a candidate set.
@@ -56,10 +49,9 @@ def compact_cdf(vals: torch.Tensor, ids: torch.Tensor, n_kept: torch.Tensor,
     """
     K = vals.shape[-1]
     kept = torch.arange(K, device=vals.device).unsqueeze(0) < n_kept.unsqueeze(1)
-    big = torch.iinfo(torch.int64).max
-    key = torch.where(kept, ids, torch.full_like(ids, big))
+    key = torch.where(kept, ids, torch.full_like(ids, rules.PAD_ID))
     sorted_ids, order = torch.sort(key, dim=-1)
-    q = quantize_mass(torch.exp(vals.gather(1, order)), frac) * (sorted_ids != big)
+    q = rules.mass(torch.exp(vals.gather(1, order)), frac) * (sorted_ids != rules.PAD_ID)
     return sorted_ids, q.cumsum(-1)
 
 
@@ -69,7 +61,7 @@ def kept_cdf(ids: torch.Tensor, q: torch.Tensor, kept: torch.Tensor
     ``filters.candidate_cut`` returns): ids (rows, K) int64, q (rows, K) int64, kept
     (rows, K) bool. Returns the same ``(sorted_ids, csum)`` as :func:`compact_cdf`, bit
     for bit (the same masses summed in the same id order)."""
-    key = torch.where(kept, ids, torch.iinfo(torch.int64).max)
+    key = torch.where(kept, ids, rules.PAD_ID)
     sorted_ids, order = torch.sort(key, dim=-1)
     return sorted_ids, (q * kept).gather(1, order).cumsum_(-1)
 
@@ -87,9 +79,8 @@ def draw_by_cdf(sorted_ids: torch.Tensor, csum: torch.Tensor, u: torch.Tensor) -
 def draw_by_cdf_torch(sorted_ids: torch.Tensor, csum: torch.Tensor, u: torch.Tensor
                       ) -> torch.Tensor:
     """:func:`draw_by_cdf` in torch operations (any device)."""
-    t = _target(u, csum[:, -1])
-    j = torch.searchsorted(csum, t.unsqueeze(1), right=True)
-    return sorted_ids.gather(1, j).squeeze(1)
+    t = rules.draw_target(u, csum[:, -1])
+    return sorted_ids.gather(1, rules.first_above(csum, t.unsqueeze(1))).squeeze(1)
 
 
 def draw_compact(vals: torch.Tensor, ids: torch.Tensor, n_kept: torch.Tensor,
@@ -101,38 +92,29 @@ def draw_compact(vals: torch.Tensor, ids: torch.Tensor, n_kept: torch.Tensor,
 
 
 def kept_mass(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int, *,
-              out: torch.Tensor | None = None, cut_tau: bool | None = None,
-              cut_min_p: bool | None = None) -> torch.Tensor:
-    """Fixed-point masses of the kept tokens, zero elsewhere, as float32 ``w``.
+              out: torch.Tensor | None = None, q_out: torch.Tensor | None = None,
+              cut_tau: bool | None = None, cut_min_p: bool | None = None) -> torch.Tensor:
+    """Fixed-point masses of the kept tokens (:func:`detsample.rules.mass`), zero elsewhere.
 
     z: (rows, V) float32 scaled logits (row max exactly 0); tau: (rows,) float32 kept
     threshold (``-inf`` keeps everything); min_p: (rows,) float32. kept =
-    ``(z >= tau) & (exp(z) >= min_p)``. Returns (rows, V) float32 ``w = exp(z) * 2**frac``
-    on kept tokens and 0 elsewhere (written into ``out`` when given). The mass of a
-    token is ``q = int64(w)`` (truncation), see :func:`to_mass`. ``cut_tau`` /
-    ``cut_min_p``: whether some ``tau`` is finite / some ``min_p`` positive, when the
-    caller knows (None: look; a wrong False would keep too much, so only pass what holds).
+    ``(z >= tau) & (exp(z) >= min_p)``. Returns (rows, V) int64 ``q`` (into ``q_out``
+    when given; ``out``: a (rows, V) float32 scratch for ``exp``, which may be ``z``
+    itself: preallocated buffers avoid the page faults of fresh (rows, V) tensors).
+    ``cut_tau`` / ``cut_min_p``: whether some ``tau`` is finite / some ``min_p``
+    positive, when the caller knows (None: look; a wrong False would keep too much, so
+    only pass what holds).
     """
-    # exp of values below EXP_FLOOR would be subnormal (or 0 from -inf), a slow path on
-    # x86; their fixed-point mass is 0 either way (exp(EXP_FLOOR) * 2**52 < 1), so
-    # clamping first changes no q while keeping exp on the fast path.
-    w = torch.clamp(z, min=EXP_FLOOR, out=out) if out is not None else z.clamp(min=EXP_FLOOR)
-    w.exp_()
     cut_tau = bool(torch.isfinite(tau).any()) if cut_tau is None else cut_tau
+    drop = z < tau.unsqueeze(1) if cut_tau else None  # (before ``out`` may overwrite z)
+    w = rules.floored_exp(z, out=out)  # (exp's fast path; the same masses)
     cut_mp = bool((min_p > 0).any()) if cut_min_p is None else cut_min_p
-    if cut_tau or cut_mp:
-        drop = z < tau.unsqueeze(1) if cut_tau else None
-        if cut_mp:
-            below = w < min_p.unsqueeze(1)
-            drop = below if drop is None else drop.logical_or_(below)
+    if cut_mp:
+        below = rules.min_p_drops(w, min_p.unsqueeze(1))
+        drop = below if drop is None else drop.logical_or_(below)
+    if drop is not None:
         w.masked_fill_(drop, 0.0)
-    return w.mul_(2.0 ** frac)  # exact power-of-two scaling
-
-
-def to_mass(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """w: float32 from :func:`kept_mass` -> int64 ``q = trunc(w)`` (into ``out`` if given;
-    a preallocated buffer avoids the page faults of a fresh (rows, V) int64 tensor)."""
-    return out.copy_(w) if out is not None else w.to(torch.int64)
+    return rules.mass_in_place(w, frac, q_out)
 
 
 def block_cdf(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int, *,
@@ -151,8 +133,8 @@ def block_cdf(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int
     by one numpy ``add.reduceat``).
     """
     rows, V = z.shape
-    q = to_mass(kept_mass(z, tau, min_p, frac, out=out, cut_tau=cut_tau, cut_min_p=cut_min_p),
-                q_out)
+    q = kept_mass(z, tau, min_p, frac, out=out, q_out=q_out, cut_tau=cut_tau,
+                  cut_min_p=cut_min_p)
     if q.device.type == "cpu" and rows <= hostcut.SCALAR_ROWS:  # one host call, same sums
         return q, torch.from_numpy(np.cumsum(np.add.reduceat(
             q.numpy(), np.arange(0, V, BLOCK), axis=1), axis=1))
@@ -182,14 +164,13 @@ def draw_by_blocks(q: torch.Tensor, bsum: torch.Tensor, u: torch.Tensor) -> torc
 def draw_by_blocks_torch(q: torch.Tensor, bsum: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """:func:`draw_by_blocks` in torch operations (any device)."""
     V = q.shape[-1]
-    t = _target(u, bsum[:, -1]).unsqueeze(1)
-    blk = torch.searchsorted(bsum, t, right=True)
+    t = rules.draw_target(u, bsum[:, -1]).unsqueeze(1)
+    blk = rules.first_above(bsum, t)
     base = F.pad(bsum, (1, 0)).gather(1, blk)  # mass of the blocks before ``blk``
     start = blk * BLOCK
     idx = torch.arange(BLOCK, device=q.device).unsqueeze(0).add(start).clamp_(max=V - 1)
     inner = q.gather(1, idx).cumsum_(-1).add_(base)
-    j = torch.searchsorted(inner, t, right=True)
-    return (start + j).squeeze(1)
+    return (start + rules.first_above(inner, t)).squeeze(1)
 
 
 def draw_full(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor,

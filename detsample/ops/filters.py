@@ -6,7 +6,7 @@ are kept or dropped together). That is what lets a bounded ``topk`` give exactly
 of the full stable sort: both see the same descending sequence of values.
 
 Probability mass is measured in exact fixed point: ``q_i = trunc(exp(z_i) * 2**F)``
-(int64, ``F = frac_bits(V)``), where ``z = (x - max) / T`` so ``exp(z) <= 1`` and the most
+(int64, ``F = frac_bits(V)``; every rule is defined in :mod:`detsample.rules`), where ``z = (x - max) / T`` so ``exp(z) <= 1`` and the most
 probable token has ``q = 2**F``. Sums of ``q`` are exact integers, hence independent of
 summation order, blocking, thread count or device.
 
@@ -23,21 +23,10 @@ Semantics on the sorted-descending values ``s`` of a row (the specification, mir
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from detsample import rules
 from detsample.ops.temperature import scale_logits
-
-
-def frac_bits(vocab_size: int) -> int:
-    """Fixed-point fraction bits so that ``vocab_size * 2**F < 2**62`` (F <= 52)."""
-    return min(52, 62 - max(1, math.ceil(math.log2(max(vocab_size, 2)))))
-
-
-def quantize_mass(e: torch.Tensor, frac: int) -> torch.Tensor:
-    """e: float32 in [0, 1] -> int64 ``trunc(e * 2**frac)`` (the scaling is exact)."""
-    return (e * (2.0 ** frac)).to(torch.int64)
 
 
 def kept_prefix_length(sorted_z: torch.Tensor, top_k: torch.Tensor,
@@ -68,17 +57,16 @@ def _prefix(sorted_z: torch.Tensor, thr: torch.Tensor, total: torch.Tensor | Non
     kept = sorted_z >= thr
     e = torch.exp(sorted_z) if top_p is not None or min_p is not None else None
     if top_p is not None:
-        q = quantize_mass(e, frac) * kept
+        q = rules.mass(e, frac) * kept
         if total is None:
             total = q.sum(-1, keepdim=True)
         excl = q.cumsum(-1) - q
         is_start = torch.ones_like(kept)
         is_start[:, 1:] = sorted_z[:, 1:] != sorted_z[:, :-1]
         above = torch.where(is_start, excl, torch.zeros_like(excl)).cummax(-1).values
-        tp = top_p.to(torch.float64).unsqueeze(1)
-        kept &= (above.to(torch.float64) < tp * total.to(torch.float64)) | (tp >= 1.0)
+        kept &= rules.top_p_keeps(above, rules.top_p_limit(top_p.unsqueeze(1), total))
     if min_p is not None:
-        kept &= e >= min_p.to(torch.float32).unsqueeze(1)
+        kept &= rules.min_p_keeps(e, min_p.to(torch.float32).unsqueeze(1))
     return kept.sum(-1)
 
 
@@ -130,17 +118,17 @@ def candidate_cut(vals: torch.Tensor, k_index: torch.Tensor, cut_k: bool,
     tie-group bookkeeping is needed; the float64 roundings are those of the rule.
     """
     e = torch.exp(vals)
-    q = quantize_mass(e, frac)
+    q = rules.mass(e, frac)
     kept = vals >= vals.gather(1, k_index) if cut_k else None
     if top_p is not None:
         qk = q * kept if kept is not None else q
         csum = qk.cumsum(-1)
-        z_mass = csum[:, -1:].to(torch.float64)
-        c = (csum.sub_(qk).to(torch.float64) < top_p * z_mass).sum(-1, keepdim=True)
+        limit = rules.top_p_limit(top_p, csum[:, -1:])
+        c = rules.top_p_keeps(csum.sub_(qk), limit).sum(-1, keepdim=True)
         keep_p = vals >= vals.gather(1, c - 1)
         kept = keep_p if kept is None else kept.logical_and_(keep_p)
     if min_p is not None:
-        above = e >= min_p
+        above = rules.min_p_keeps(e, min_p)
         kept = above if kept is None else kept.logical_and_(above)
     if kept is None:
         kept = torch.ones_like(vals, dtype=torch.bool)
@@ -214,14 +202,12 @@ def survivor_mass(z: torch.Tensor, thr: torch.Tensor | None, frac: int, *,
     token) or None (no row has a top-k); ``out`` / ``q_out``: optional (rows, V) float32 /
     int64 scratch (reused buffers spare the page faults of fresh (rows, V) tensors).
     Returns (rows,) int64, the ``total`` of :func:`kept_prefix_length` over the full
-    sorted row, bit for bit (an exact integer sum; ``exp`` is fed ``max(z, -87)``, which
-    changes no mass: see :mod:`detsample.ops.draw`)."""
-    w = torch.clamp(z, min=-87.0, out=out) if out is not None else z.clamp(min=-87.0)
-    w.exp_().mul_(2.0 ** frac)  # exact power-of-two scaling: w = exp(z) * 2**frac
+    sorted row, bit for bit (an exact integer sum; ``exp`` is fed
+    ``max(z, rules.EXP_FLOOR)``, which changes no mass)."""
+    w = rules.floored_exp(z, out=out)
     if thr is not None and bool(torch.isfinite(thr).any()):
         w.masked_fill_(z < thr.unsqueeze(1), 0.0)
-    q = q_out.copy_(w) if q_out is not None else w.to(torch.int64)  # trunc, as quantize_mass
-    return q.sum(-1)
+    return rules.mass_in_place(w, frac, q_out).sum(-1)
 
 
 def nucleus_prefix(vals: torch.Tensor, thr: torch.Tensor, total: torch.Tensor,
@@ -254,6 +240,6 @@ def mass_needed_bound(vals: torch.Tensor, total: torch.Tensor, top_p: torch.Tens
     K candidates: the mass still short of ``top_p * total`` divided by the largest mass a
     non-candidate can have (the last candidate's). (rows,) float64; used only to decide
     how far to grow the candidate set, never a result."""
-    q = quantize_mass(torch.exp(vals), frac)
+    q = rules.mass(torch.exp(vals), frac)
     short = top_p.to(torch.float64) * total.to(torch.float64) - q.sum(-1).to(torch.float64)
     return short.clamp(min=0) / q[:, -1].clamp(min=1).to(torch.float64)

@@ -16,14 +16,14 @@ Bitwise batch-invariant: every operation is row-local.
 
 from __future__ import annotations
 
-import math
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-#: the padding id of a CDF table (larger than any token id)
-PAD_ID = np.iinfo(np.int64).max
+from detsample import rules
+from detsample.rules import PAD_ID
 #: up to this many rows, :func:`draw_one_row` per row costs less than the array form
 #: (measured at one thread: ~13 us a row against ~90 us for the arrays at any small R)
 SCALAR_ROWS = 4
@@ -50,7 +50,7 @@ class CandidateTables:
 
 def candidate_tables(vals: torch.Tensor, ids: torch.Tensor, k_index: torch.Tensor,
                      cut_k: bool, top_p: torch.Tensor | None, min_p: torch.Tensor | None,
-                     frac: int, k_max: int, u: np.ndarray | None = None
+                     *, frac: int, k_max: int, u: np.ndarray | None = None
                      ) -> CandidateTables:
     """Top-k, top-p and min-p on a row's candidates, and its draw table.
 
@@ -70,17 +70,17 @@ def candidate_tables(vals: torch.Tensor, ids: torch.Tensor, k_index: torch.Tenso
     fits = v_all[:, k_max] < thr[:, 0] if v_all.shape[1] > k_max else \
         np.ones(v_all.shape[0], dtype=bool)
     v, i = v_all[:, :k_max], i_all[:, :k_max]
-    q = (e * np.float32(2.0 ** frac)).astype(np.int64)  # exact scaling, then truncation
+    q = rules.mass(e, frac)
     kept = v >= thr if cut_k else None
     if top_p is not None:
         qk = q * kept if kept is not None else q
         csum = np.cumsum(qk, axis=1)
-        z_mass = csum[:, -1:].astype(np.float64)
-        c = ((csum - qk).astype(np.float64) < top_p.numpy() * z_mass).sum(1, keepdims=True)
+        limit = rules.top_p_limit(top_p.numpy(), csum[:, -1:])
+        c = rules.top_p_keeps(csum - qk, limit).sum(1, keepdims=True)
         keep_p = v >= v[r, c - 1]
         kept = keep_p if kept is None else kept & keep_p
     if min_p is not None:
-        above = e >= min_p.numpy()
+        above = rules.min_p_keeps(e, min_p.numpy())
         kept = above if kept is None else kept & above
     if kept is None:
         kept = np.ones(v.shape, dtype=bool)
@@ -99,22 +99,20 @@ def draw_by_cdf(sorted_ids: np.ndarray, csum: np.ndarray, u: np.ndarray) -> np.n
     float64 in (0, 1). The target ``t = min(floor(u * float64(Q)), Q - 1)`` and the first
     running mass above it (``searchsorted(right=True)`` on a non-decreasing row is the
     count of entries ``<= t``)."""
-    total = csum[:, -1]
-    t = np.minimum(np.floor(u * total.astype(np.float64)).astype(np.int64), total - 1)
-    j = (csum <= t[:, None]).sum(1)
+    j = rules.first_above(csum, rules.draw_target(u, csum[:, -1]))
     return sorted_ids[np.arange(len(j)), j]
 
 
-def draw_one_row(v: list[float], e: list[float], ids: list[int], k_index: int, cut_k: bool,
-                 top_p: float | None, min_p: float | None, frac: int, k_max: int,
+def draw_one_row(v: list[float], e: list[float], ids: list[int],
+                 row: tuple[int, bool, float | None, float | None], *, frac: int, k_max: int,
                  u: float) -> tuple[bool, int]:
     """:func:`candidate_tables` with its draw for ONE row, on Python scalars: ``(fits,
     token)``.
 
     v: the row's K1 scaled candidates (Python floats holding float32 values, descending,
     no NaN: ``torch.topk`` order); e: their float32 ``torch.exp`` (at least ``k_max``);
-    ids: their token ids; k_index, top_p (float64, ``inf`` when disabled), min_p (a
-    float32 value): the row's entries of the :class:`~detsample.rowplan.CandidateFilters`
+    ids: their token ids; ``row`` = (k_index, cut_k, top_p (float64, ``inf`` when
+    disabled), min_p (a float32 value)): the row's entries of the :class:`~detsample.sampling.rowplan.CandidateFilters`
     tensors (None: no row of the batch uses that filter); u: the row's float64 uniform.
 
     At a batch of one, the ~35 numpy calls of the array form cost more than its
@@ -126,6 +124,7 @@ def draw_one_row(v: list[float], e: list[float], ids: list[int], k_index: int, c
     forms), so ``fits`` and the token are :func:`candidate_tables`' bit for bit
     (tests/ops/test_hostcut.py).
     """
+    k_index, cut_k, top_p, min_p = row
     thr = v[k_index] if cut_k else v[k_max - 1]
     fits = v[k_max] < thr if len(v) > k_max else True
     n = k_max
@@ -133,12 +132,12 @@ def draw_one_row(v: list[float], e: list[float], ids: list[int], k_index: int, c
         n = k_index + 1
         while n < k_max and v[n] >= thr:
             n += 1
-    scale = float(2 ** frac)
-    q = [int(x * scale) for x in e[:n]]  # exact scaling, then truncation
+    q = [rules.mass(x, frac) for x in e[:n]]
     if top_p is not None:
-        limit = top_p * float(sum(q))
+        limit = rules.top_p_limit(top_p, sum(q))
+        keeps = rules.top_p_keeps
         c, before = 0, 0  # the candidates whose preceding kept mass is below the limit
-        while c < k_max and float(before) < limit:
+        while c < k_max and keeps(before, limit):
             before += q[c] if c < n else 0
             c += 1
         cut = v[c - 1] if c else v[k_max - 1]  # c = 0: the array form's v[:k_max][-1]
@@ -148,18 +147,14 @@ def draw_one_row(v: list[float], e: list[float], ids: list[int], k_index: int, c
         n = m
     if min_p is not None:
         m = 0
-        while m < n and e[m] >= min_p:
+        while m < n and rules.min_p_keeps(e[m], min_p):
             m += 1
         n = m
     chosen = sorted(zip(ids[:n], q[:n]))  # token-id order
-    total = sum(q[:n])
-    t = min(math.floor(u * float(total)), total - 1)
-    run = 0
-    for i, m in chosen:  # the first running mass above t
-        run += m
-        if run > t:
-            return fits, i
-    return fits, PAD_ID  # nothing kept (never from the sampler: the top candidate is)
+    j = rules.first_above(itertools.accumulate(m for _, m in chosen),
+                          rules.draw_target(u, sum(q[:n])))
+    # (j == n: nothing kept, never from the sampler: the top candidate always is)
+    return fits, chosen[j][0] if j < n else PAD_ID
 
 
 def draw_by_blocks(q: np.ndarray, bsum: np.ndarray, u: np.ndarray, block: int) -> np.ndarray:
@@ -177,11 +172,9 @@ def draw_by_blocks(q: np.ndarray, bsum: np.ndarray, u: np.ndarray, block: int) -
     out = np.empty(len(u), dtype=np.int64)
     for r in range(len(u)):
         row = bsum[r]
-        total = int(row[-1])
-        t = min(math.floor(float(u[r]) * float(total)), total - 1)
-        blk = int(np.searchsorted(row, t, side="right"))
+        t = rules.draw_target(float(u[r]), int(row[-1]))
+        blk = rules.first_above(row, t)
         base = int(row[blk - 1]) if blk else 0
         start = blk * block
-        inner = np.cumsum(q[r, start:start + block])
-        out[r] = start + int(np.searchsorted(inner, t - base, side="right"))
+        out[r] = start + rules.first_above(np.cumsum(q[r, start:start + block]), t - base)
     return out

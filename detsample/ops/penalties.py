@@ -59,18 +59,17 @@ def _flat(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
     return x.view(-1), rows * x.shape[1] + cols
 
 
-def apply_penalties_coo_(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
-                         counts: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor,
-                         rep: torch.Tensor) -> torch.Tensor:
+def apply_penalties_coo_(x: torch.Tensor, coo: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """Frequency, presence and repetition penalties on listed entries, in place.
 
     x: (B, V) float32, contiguous, a working copy owned by the caller.
-    rows, cols: (nnz,) int64, no duplicate ``(row, col)`` pair: every token seen in a
+    coo = ``(rows, cols, counts, freq, pres, rep)`` (``PenaltyState.coo``): rows, cols: (nnz,) int64, no duplicate ``(row, col)`` pair: every token seen in a
     penalised row's output (and, for rows with ``r != 1``, its prompt).
     counts: (nnz,) int32 output count of the token (0 = seen in the prompt only).
     freq, pres, rep: (nnz,) float32, the entry's row values.
     Returns ``x``. Bitwise equal to :func:`apply_penalties_dense_` on the same state.
     """
+    rows, cols, counts, freq, pres, rep = coo
     if rows.numel() == 0:
         return x
     flat, idx = _flat(x, rows, cols)

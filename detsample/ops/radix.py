@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import torch
 
-from detsample.ops.filters import quantize_mass, thresholds_by_sort, topk_threshold
+from detsample import rules
+from detsample.ops.filters import thresholds_by_sort, topk_threshold
 
 _HI_SHIFT = 20  # level 1 bins m >> 20 (2**11 bins: the exponent and 3 mantissa bits)
 _HI_BINS = 1 << (31 - _HI_SHIFT)
@@ -65,14 +66,15 @@ def thresholds_by_select(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tens
     e = torch.exp(z) if pr.numel() or min_p_rows else None  # (a top-k spill alone: no mass)
     if pr.numel():
         every = pr.numel() == rows
-        q = quantize_mass(e if every else e.index_select(0, pr), frac)
+        q = rules.mass(e if every else e.index_select(0, pr), frac)
         if surv is not None:
             q.mul_(surv if every else surv.index_select(0, pr))
-        limit = tp[pr] * q.sum(-1).to(torch.float64)
+        limit = rules.top_p_limit(tp[pr], q.sum(-1))
         m = (bits if every else bits.index_select(0, pr)) & 0x7FFFFFFF
         tau[pr] = torch.maximum(tau[pr], _nucleus_value(m, q, limit))
     if min_p_rows:
-        lowest = torch.where(e >= mp.unsqueeze(1), z, torch.full_like(z, float("inf")))
+        lowest = torch.where(rules.min_p_keeps(e, mp.unsqueeze(1)), z,
+                             torch.full_like(z, float("inf")))
         tau = torch.maximum(tau, lowest.amin(-1))
     zero = (tau == 0).nonzero().flatten()
     if zero.numel():  # the sort's threshold is its row's last zero (-0.0 or 0.0: a stable
@@ -126,4 +128,4 @@ def _last_passing(above: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
     empty: an empty bin has the mass above the next nonempty bin (or all of ``Z``, which
     fails), so when it passes, so does that bin. The first bin always passes (nothing is
     above the row's largest value)."""
-    return (above.to(torch.float64) < limit.unsqueeze(1)).sum(-1) - 1
+    return rules.top_p_keeps(above, limit.unsqueeze(1)).sum(-1) - 1

@@ -6,16 +6,8 @@ import math
 
 import torch
 
-#: NaN logits become this finite floor (the lowest float32), i.e. "never chosen unless
-#: the whole row is NaN", in which case the row is uniform over its NaN tokens.
-NAN_FLOOR = torch.finfo(torch.float32).min
-#: +inf logits become the largest finite float32 (ties among them, ids ascending).
-POSINF_CEIL = torch.finfo(torch.float32).max
-
-STATUS_OK = 0
-STATUS_HAD_NAN = 1
-STATUS_HAD_POSINF = 2
-STATUS_NO_VALID_TOKEN = 4
+from detsample.rules import (NAN_FLOOR, POSINF_CEIL, STATUS_HAD_NAN, STATUS_HAD_POSINF,
+                             STATUS_NO_VALID_TOKEN)
 
 
 def sanitize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -36,7 +36,7 @@ from detsample.ops.logprobs import gather_rows, log_softmax
 from detsample.probe.compare import bits_equal, diff
 from detsample.probe.localize import Divergence, Side, first_divergence
 from detsample.probe.report import CheckResult, ModelReport
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 
 CHECK_NAMES = ("batch_invariance", "prefill_decode", "chunked_prefill", "run_to_run", "threads")
 

@@ -15,7 +15,7 @@ For every op of :data:`OP_NAMES` and every dtype asked, :func:`probe_ops` measur
 
 Inputs are seeded (one ``torch.Generator`` per probe, float32 normal values cast to the
 dtype), so two runs probe the same numbers. Nothing here changes global state except the
-scoped thread count (:func:`detsample.threads.torch_threads`).
+scoped thread count (:func:`detsample.probe.threads.torch_threads`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detsample.probe.compare import diff
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 
 ROW_SIZES = (1, 2, 3, 4, 8, 15, 16, 17, 64, 255, 256, 257)
 QUERY_LENGTHS = (1, 2, 3, 4, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 191, 192, 193, 255, 256, 257,

@@ -107,7 +107,7 @@ def apply_penalties_and_constraints(x: torch.Tensor, batch: BatchView,
         return x
     x = scratch().copy_(x) if scratch is not None else x.clone()
     if coo is not None:
-        pen_ops.apply_penalties_coo_(x, *coo)
+        pen_ops.apply_penalties_coo_(x, coo)
     ban_pairs_(x, stops)
     if rows.allowed is not None:
         pen_ops.restrict_to_allowed_(x, *rows.allowed)

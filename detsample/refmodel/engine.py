@@ -37,7 +37,7 @@ from detsample.refmodel.cache import KVCache
 from detsample.refmodel.schedule import Arrival, Schedule
 from detsample.refmodel.tokenizer import EOS_ID
 from detsample.sampler import Sampler
-from detsample.validation import check_request
+from detsample.params.validation import check_request
 
 FINISH_EOS = "eos"
 FINISH_STOP = "stop"

@@ -8,7 +8,7 @@ import torch
 
 from detsample.checks import engine as enginechecks
 from detsample.golden import engine_scenarios as enginescenarios
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 from detsample.checks.faults import perturbed_sample
 
 pytestmark = pytest.mark.skipif(not enginescenarios.available(),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from detsample.checks import invariance
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 from detsample.golden.scenarios import Scenario
 from detsample.checks.faults import perturbed_compute_logprobs, perturbed_sample
 

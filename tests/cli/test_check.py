@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from detsample.checks import battery
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 from detsample.cli import main
 from detsample.cli.check import ProgressBar
 from detsample.checks.faults import perturbed_compute_logprobs, perturbed_sample

@@ -20,7 +20,8 @@ from detsample import (GrammarError, InvalidSamplingParams, Request, Sampler, Sa
                        SamplingParams, Vocabulary)
 from detsample.grammar import RequestGrammar
 from detsample.grammar.batching import (FINISH_GRAMMAR_ERROR, FINISH_GRAMMAR_TERMINATED,
-                                        STATUS_GRAMMAR_ERROR, grammar_errors)
+                                        grammar_errors)
+from detsample.rules import STATUS_GRAMMAR_ERROR
 from tests.penalty_cases import EOS, LowerNonMax, PenalizeLastToken, params_st
 
 SCHEMA = {"type": "object",

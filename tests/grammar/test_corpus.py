@@ -20,7 +20,7 @@ import torch
 from detsample import Request, Sampler, SamplingBatch, SamplingParams, Vocabulary
 from detsample.grammar import RequestGrammar
 from detsample.grammar.batching import grammar_errors
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 from tests.grammar.conftest import generate, verifying
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "json_schemas"

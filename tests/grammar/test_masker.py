@@ -10,7 +10,7 @@ import torch
 
 from detsample.grammar import GrammarMasker, RequestGrammar
 from detsample.ops.mask import allocate_token_bitmask
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 
 from .conftest import generate
 

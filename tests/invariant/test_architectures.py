@@ -22,7 +22,7 @@ import torch
 
 from detsample.invariant import batch_invariant
 from detsample.invariant.guard import RefusedLayerError
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 from tests.invariant.architectures import PANEL, adapter, build, failures
 
 DEFAULT = ("llama", "gemma2", "gpt2", "qwen3moe", "deepseekv3", "gptoss", "qwen3next")

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from detsample.invariant import ATTENTION_NAME, attention, batch_invariant, register_attention
 from detsample.invariant.attention import KEY_BLOCK
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 
 LENGTHS = [1, 2, 15, 16, 17, KEY_BLOCK - 1, KEY_BLOCK, KEY_BLOCK + 1, 2 * KEY_BLOCK + 3]
 HEADS = [(4, 2), (5, 1), (3, 3)]

@@ -12,7 +12,7 @@ import torch
 
 from detsample.invariant.coverage import EXACT_OPS, OpRecorder, op_name, uncovered
 from detsample.models import load_model
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 
 MODELS = ["hf-tiny-llama", "hf-tiny-qwen2"]
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from detsample.invariant import batch_invariant, cpu, tiles
 from detsample.ops.vector import PAD
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 
 THREADS = [1, 2]
 VARIANTS = [False, True]

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from detsample.models import HFCausalLM
 from detsample.models.tiny import build_hf
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 
 
 @st.composite

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from detsample.models import load_model
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 
 MODELS = ["hf-tiny-llama", "hf-tiny-qwen2"]
 PADDINGS = ["left", "right"]

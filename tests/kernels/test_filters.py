@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from detsample.kernels import NEAR_TIE_MARGIN
-from detsample.ops.filters import frac_bits
+from detsample.rules import frac_bits
 from detsample.rng import row_uniforms
 from oracles import sampler as osamp
 
@@ -175,7 +175,9 @@ def test_kept_sets_and_tokens_match_the_oracle(interp):
 @settings(max_examples=15)
 @given(st.integers(0, 2**32 - 1), st.sampled_from([300, 4096]))
 def test_oracle_agreement_property(interp, seed, V):
-    oracle_agreement(interp, seed, V, 8)
+    """Pins a property run that compared nothing (every row inside the near-tie margin
+    would pass silently): most rows must be compared."""
+    assert oracle_agreement(interp, seed, V, 8) >= 4
 
 
 def run_draws(z, k, p, mp, seeds, positions):

@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 
 from detsample.ops import colcdf as C
 from detsample.ops import draw as D
-from detsample.ops.filters import frac_bits
-from detsample.ops.hostcut import PAD_ID
+from detsample.rules import PAD_ID, frac_bits
 from detsample.ops.temperature import scale_logits
 from detsample.rng import row_uniforms
 from tests.helpers import logits_rows

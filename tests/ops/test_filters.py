@@ -5,6 +5,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from detsample import rules
 from detsample.ops import filters as F
 from detsample.ops.temperature import scale_logits
 from oracles import sampler as osamp
@@ -24,7 +25,7 @@ def test_kept_prefix_cases():
     for vals, k, p, mp, want in CASES:
         z = torch.tensor([vals], dtype=torch.float32)
         n = F.kept_prefix_length(z, torch.tensor([k]), torch.tensor([p], dtype=torch.float64),
-                                 torch.tensor([mp]), F.frac_bits(len(vals)))
+                                 torch.tensor([mp]), rules.frac_bits(len(vals)))
         assert int(n) == want, (vals, k, p, mp)
 
 
@@ -38,7 +39,7 @@ def test_topk_candidates_equal_full_sort(seed, k, p, mp, family):
     elif family == "coarse":
         z = np.round(z * 4) / 4
     z = torch.from_numpy((z - z.max(1, keepdims=True)).astype(np.float32))
-    frac = F.frac_bits(300)
+    frac = rules.frac_bits(300)
     kk = torch.full((6,), k)
     pp = torch.full((6,), p, dtype=torch.float64)
     mm = torch.full((6,), mp)
@@ -63,7 +64,7 @@ def test_kept_set_matches_oracle(seed, k, p, mp):
     z = (z - z.max()) / torch.tensor(T, dtype=torch.float32)
     tau = F.thresholds_by_sort(z, torch.tensor([200 if k == -1 else k]),
                                torch.tensor([p], dtype=torch.float64), torch.tensor([mp]),
-                               F.frac_bits(200))
+                               rules.frac_bits(200))
     kept = (z[0] >= tau).logical_and(torch.exp(z[0]) >= torch.tensor(mp, dtype=torch.float32))
     r = osamp.sample_row(x, osamp.RowParams(temperature=T, top_k=k, top_p=p, min_p=mp, seed=1), 0)
     if r.margin > 1e-5:
@@ -72,7 +73,7 @@ def test_kept_set_matches_oracle(seed, k, p, mp):
 
 def test_frac_bits_keeps_sums_in_int64():
     for V in [2, 512, 32000, 152064, 256000, 1 << 20]:
-        f = F.frac_bits(V)
+        f = rules.frac_bits(V)
         assert V * 2**f <= 2**62 and f <= 52  # sums of q stay below 2**63
 
 
@@ -105,7 +106,7 @@ def test_nucleus_on_candidates_equals_full_sort(seed, family, k, p, mp, K):
     rng = np.random.default_rng(seed)
     V, rows = 2000, 6
     z = _family(rng, rows, V, family)
-    frac = F.frac_bits(V)
+    frac = rules.frac_bits(V)
     kk = torch.full((rows,), V if k == -1 else k)
     pp, mm = torch.full((rows,), p, dtype=torch.float64), torch.full((rows,), mp)
     tau_sort = F.thresholds_by_sort(z, kk, pp, mm, frac)
@@ -114,7 +115,7 @@ def test_nucleus_on_candidates_equals_full_sort(seed, family, k, p, mp, K):
     assert torch.equal(thr, torch.where(kk < V, sz.gather(1, (kk - 1)[:, None]).squeeze(1),
                                         torch.tensor(float("-inf"))))
     mass = F.survivor_mass(z, thr, frac)
-    want_mass = (F.quantize_mass(torch.exp(sz), frac) * (sz >= thr[:, None])).sum(-1)
+    want_mass = (rules.mass(torch.exp(sz), frac) * (sz >= thr[:, None])).sum(-1)
     assert torch.equal(mass, want_mass)
     vals, ids = torch.topk(z, K, dim=-1)
     n, decided = F.nucleus_prefix(vals, thr, mass, pp, mm, frac)
@@ -148,7 +149,7 @@ def test_candidate_cut_equals_kept_prefix_length(seed, family, ps, mps):
     still cuts). Bug it would catch: a disabled top-p (``+inf``) undoing the top-k."""
     rng = np.random.default_rng(seed)
     z, kk, V = _cut_inputs(rng, family)
-    frac = F.frac_bits(V)
+    frac = rules.frac_bits(V)
     K = 40
     pp = torch.tensor(ps, dtype=torch.float64)
     mm = torch.tensor(mps, dtype=torch.float32)
@@ -162,7 +163,7 @@ def test_candidate_cut_equals_kept_prefix_length(seed, family, ps, mps):
                                      mm[:, None] if use_m else None, frac)
         assert torch.equal(n, ref), (use_p, use_m)
         assert torch.equal(kept, torch.arange(K)[None, :] < n[:, None])
-        assert torch.equal(q, F.quantize_mass(torch.exp(vals), frac))
+        assert torch.equal(q, rules.mass(torch.exp(vals), frac))
     tau = vals.gather(1, (want - 1)[:, None]).squeeze(1)
     tau_sort = F.thresholds_by_sort(z, kk, pp, mm, frac)
     assert torch.equal(tau[fits], tau_sort[fits])

@@ -7,6 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from detsample import rules
 from detsample.ops import draw as D
 from detsample.ops import filters as F
 from detsample.ops import hostcut as H
@@ -58,9 +59,9 @@ def test_host_tables_equal_the_torch_route(seed, family, use_p, use_m, cut_k, ro
     if not cut_k:  # every row's top-k is the candidate count
         kk = torch.full((rows,), K)
         k_index = torch.full((rows, 1), K - 1)
-    frac = F.frac_bits(V)
+    frac = rules.frac_bits(V)
     u = row_uniforms(torch.arange(rows) + seed % 997, torch.arange(rows) + 3)
-    t = H.candidate_tables(vals, ids, k_index, cut_k, tp, mp, frac, K, u.numpy())
+    t = H.candidate_tables(vals, ids, k_index, cut_k, tp, mp, frac=frac, k_max=K, u=u.numpy())
     cv, ci, fits = F.cut_candidates(vals, ids, k_index, K, V)
     n, kept, q = F.candidate_cut(cv, k_index, cut_k, tp, mp, frac)
     sorted_ids, csum = D.kept_cdf(ci, q, kept)
@@ -88,23 +89,23 @@ def test_one_row_scalars_equal_the_host_tables(seed, family, use_p, use_m, cut_k
     kk, pp, mm, k_index, tp, mp = _filters(rng, rows, K, use_p, use_m)
     if not cut_k:
         k_index = torch.full((rows, 1), K - 1)
-    frac = F.frac_bits(V)
+    frac = rules.frac_bits(V)
     u = row_uniforms(torch.arange(rows) + seed % 997, torch.arange(rows) + 3).numpy()
-    t = H.candidate_tables(vals, ids, k_index, cut_k, tp, mp, frac, K, u)
+    t = H.candidate_tables(vals, ids, k_index, cut_k, tp, mp, frac=frac, k_max=K, u=u)
     e = torch.exp(vals).tolist()
     for r in range(rows):
         fits, token = H.draw_one_row(
-            vals[r].tolist(), e[r], ids[r].tolist(), int(k_index[r, 0]), cut_k,
-            None if tp is None else float(tp[r, 0]), None if mp is None else float(mp[r, 0]),
-            frac, K, float(u[r]))
+            vals[r].tolist(), e[r], ids[r].tolist(),
+            (int(k_index[r, 0]), cut_k, None if tp is None else float(tp[r, 0]),
+             None if mp is None else float(mp[r, 0])), frac=frac, k_max=K, u=float(u[r]))
         assert fits == bool(t.fits[r]) and token == int(t.tokens[r]), (family, r)
 
 
 def test_one_row_scalars_at_the_table_edges():
     """Uniforms at the ends of (0, 1), a row whose whole mass is on one candidate, a row
-    whose candidates are all ``-inf`` but the first, and a row without any mass (its
-    top-p limit ``inf * 0`` is NaN, so no candidate counts): the scalar draw lands where
-    the array draw does."""
+    whose candidates are all ``-inf`` but the first, and a row without any mass (never
+    from the sampler, whose top candidate has mass ``2**frac``): the scalar draw lands
+    where the array draw does."""
     K1 = 6
     vals = torch.tensor([[0.0, -1.0, -1.0, -200.0, -np.inf, -np.inf, -np.inf],
                          [0.0] + [-np.inf] * K1,
@@ -117,18 +118,19 @@ def test_one_row_scalars_at_the_table_edges():
             with np.errstate(invalid="ignore"):  # the massless row's inf * 0 (never from
                 # the sampler: its top candidate, z = 0, has mass 2**frac)
                 t = H.candidate_tables(vals, ids, torch.tensor(k_index)[:, None], True, tp,
-                                       None, 20, K1, u)
+                                       None, frac=20, k_max=K1, u=u)
             e = torch.exp(vals).tolist()
             for r in range(3):
-                got = H.draw_one_row(vals[r].tolist(), e[r], ids[r].tolist(), k_index[r], True,
-                                     None if tp is None else float(tp[r, 0]), None, 20, K1, uu)
+                got = H.draw_one_row(vals[r].tolist(), e[r], ids[r].tolist(),
+                                     (k_index[r], True, None if tp is None else float(tp[r, 0]),
+                                      None), frac=20, k_max=K1, u=uu)
                 assert got == (bool(t.fits[r]), int(t.tokens[r])), (uu, r)
 
 
 def test_host_draw_equals_torch_draw_at_the_table_edges():
     """Uniforms at the ends of (0, 1) and a table whose mass sits on one token: the
     target is clamped to ``Q - 1`` and the search lands on a kept id, as in torch."""
-    sorted_ids = torch.tensor([[3, 9, H.PAD_ID], [7, H.PAD_ID, H.PAD_ID]])
+    sorted_ids = torch.tensor([[3, 9, rules.PAD_ID], [7, rules.PAD_ID, rules.PAD_ID]])
     csum = torch.tensor([[5, 2**40, 2**40], [2**52, 2**52, 2**52]])
     for uu in (2.0**-53, 0.5, 1 - 2.0**-53):
         u = torch.tensor([uu, uu], dtype=torch.float64)

@@ -74,7 +74,7 @@ def _logits(B, seed=0):
 def test_penalties_match_oracle(name, prompt, output, f, p, r):
     """Bitwise against the float32 oracle, within 2 ulp of the float64 oracle."""
     x = _logits(1)
-    got = ops.apply_penalties_coo_(x.clone(), *_coo([(prompt, output, f, p, r)]))[0].numpy()
+    got = ops.apply_penalties_coo_(x.clone(), _coo([(prompt, output, f, p, r)]))[0].numpy()
     want32 = orc.penalize_row(x[0].numpy(), prompt, output, f, p, r, dtype=np.float32)
     assert np.array_equal(got.view(np.int32), want32.view(np.int32))
     want64 = orc.penalize_row(x[0].numpy(), prompt, output, f, p, r)
@@ -85,7 +85,7 @@ def test_dense_and_coo_layouts_bitwise_equal():
     """The sparse layout must not change a bit relative to vLLM's dense layout."""
     rows = [(pr, out, f, p, r) for _, pr, out, f, p, r in CASES]
     x = _logits(len(rows), seed=3)
-    a = ops.apply_penalties_coo_(x.clone(), *_coo(rows))
+    a = ops.apply_penalties_coo_(x.clone(), _coo(rows))
     b = ops.apply_penalties_dense_(x.clone(), *_dense(rows, len(rows)))
     assert torch.equal(a.view(torch.int32), b.view(torch.int32))
 
@@ -97,8 +97,8 @@ def test_repetition_is_a_true_division():
     cols = torch.arange(x.shape[1])
     rows = torch.zeros_like(cols)
     n = cols.numel()
-    got = ops.apply_penalties_coo_(x.clone(), rows, cols, torch.zeros(n, dtype=torch.int32),
-                                   torch.zeros(n), torch.zeros(n), r.expand(n).clone())
+    got = ops.apply_penalties_coo_(x.clone(), (rows, cols, torch.zeros(n, dtype=torch.int32),
+                                               torch.zeros(n), torch.zeros(n), r.expand(n).clone()))
     assert torch.equal(got, x / r)
     assert not torch.equal(got, x * (1.0 / r))  # the distinction is real
 
@@ -106,9 +106,9 @@ def test_repetition_is_a_true_division():
 def test_negative_logits_are_multiplied():
     x = torch.tensor([[-2.0, -0.0, 0.0, 3.0]])
     n = 4
-    got = ops.apply_penalties_coo_(x.clone(), torch.zeros(n, dtype=torch.int64), torch.arange(n),
-                                   torch.zeros(n, dtype=torch.int32), torch.zeros(n),
-                                   torch.zeros(n), torch.full((n,), 2.0))
+    got = ops.apply_penalties_coo_(x.clone(), (torch.zeros(n, dtype=torch.int64), torch.arange(n),
+                                               torch.zeros(n, dtype=torch.int32), torch.zeros(n),
+                                               torch.zeros(n), torch.full((n,), 2.0)))
     assert got.tolist() == [[-4.0, -0.0, 0.0, 1.5]]
     assert torch.signbit(got[0, 1]) and not torch.signbit(got[0, 2])
 
@@ -116,10 +116,10 @@ def test_negative_logits_are_multiplied():
 def test_masked_token_stays_masked_under_negative_penalty():
     """A -inf logit (a processor's mask) must not become finite or NaN."""
     x = torch.full((1, 4), float("-inf"))
-    got = ops.apply_penalties_coo_(x.clone(), torch.zeros(1, dtype=torch.int64),
-                                   torch.tensor([2]), torch.tensor([3], dtype=torch.int32),
-                                   torch.tensor([-3e38]), torch.tensor([-3e38]),
-                                   torch.tensor([0.5]))
+    got = ops.apply_penalties_coo_(x.clone(), (torch.zeros(1, dtype=torch.int64),
+                                               torch.tensor([2]), torch.tensor([3], dtype=torch.int32),
+                                               torch.tensor([-3e38]), torch.tensor([-3e38]),
+                                               torch.tensor([0.5])))
     assert torch.isneginf(got).all()
 
 
@@ -174,11 +174,11 @@ row_state = st.tuples(
 def test_penalties_property_oracle_and_row_locality(rows, seed):
     """Random rows: bitwise float32 oracle per row; each row equals itself alone."""
     x = _logits(len(rows), seed)
-    got = ops.apply_penalties_coo_(x.clone(), *_coo(rows))
+    got = ops.apply_penalties_coo_(x.clone(), _coo(rows))
     for i, (pr, out, f, p, r) in enumerate(rows):
         want = orc.penalize_row(x[i].numpy(), pr, out, f, p, r, dtype=np.float32)
         assert np.array_equal(got[i].numpy().view(np.int32), want.view(np.int32))
-        alone = ops.apply_penalties_coo_(x[i:i + 1].clone(), *_coo([rows[i]]))
+        alone = ops.apply_penalties_coo_(x[i:i + 1].clone(), _coo([rows[i]]))
         assert torch.equal(alone[0].view(torch.int32), got[i].view(torch.int32))
     dense = ops.apply_penalties_dense_(x.clone(), *_dense(rows, len(rows)))
     assert torch.equal(dense.view(torch.int32), got.view(torch.int32))

@@ -14,6 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from detsample import rules
 from detsample.ops import filters as F
 from detsample.ops.radix import thresholds_by_select
 
@@ -58,7 +59,7 @@ def test_select_is_bitwise_the_sort(seed, V, family, filters):
     kk = torch.tensor([V if k == -1 else k for k, _, _ in filters])
     pp = torch.tensor([p for _, p, _ in filters], dtype=torch.float64)
     mm = torch.tensor([m for _, _, m in filters], dtype=torch.float32)
-    frac = F.frac_bits(V)
+    frac = rules.frac_bits(V)
     want = F.thresholds_by_sort(z, kk, pp, mm, frac)
     got = thresholds_by_select(z, kk, pp, mm, frac)
     assert torch.equal(want.view(torch.int32), got.view(torch.int32)), (want, got)
@@ -77,7 +78,7 @@ CASES = [  # (row, top_k, top_p): hand-made edges
 def test_edge_rows(row, k, p):
     z = torch.tensor([row], dtype=torch.float32)
     args = (torch.tensor([k]), torch.tensor([p], dtype=torch.float64), torch.tensor([0.0]),
-            F.frac_bits(len(row)))
+            rules.frac_bits(len(row)))
     assert torch.equal(F.thresholds_by_sort(z, *args).view(torch.int32),
                        thresholds_by_select(z, *args).view(torch.int32))
 
@@ -85,7 +86,7 @@ def test_edge_rows(row, k, p):
 def test_rows_that_are_not_max_shifted_go_to_the_sort():
     z = torch.tensor([[2.0, 1.0, -3.0, 0.5]])
     args = (torch.tensor([4]), torch.tensor([0.6], dtype=torch.float64), torch.tensor([0.0]),
-            F.frac_bits(4))
+            rules.frac_bits(4))
     assert torch.equal(F.thresholds_by_sort(z, *args), thresholds_by_select(z, *args))
 
 

@@ -2,8 +2,9 @@
 
 import torch
 
-from detsample.ops.sanitize import (NAN_FLOOR, POSINF_CEIL, STATUS_HAD_NAN, STATUS_HAD_POSINF,
-                                    STATUS_NO_VALID_TOKEN, sanitize_rows)
+from detsample.ops.sanitize import sanitize_rows
+from detsample.rules import (NAN_FLOOR, POSINF_CEIL, STATUS_HAD_NAN, STATUS_HAD_POSINF,
+                             STATUS_NO_VALID_TOKEN)
 
 
 def test_sanitize_rows():

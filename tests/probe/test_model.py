@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from detsample.models import ModelError, RefModelLM, load_model
 from detsample.probe.model import CHECK_NAMES, ProbeConfig, _split, probe_model
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 
 SMALL = ProbeConfig(prompt_len=12, neighbours=(3, 17, 6), chunks=(3, 4))
 UNLOCALISED = ProbeConfig(prompt_len=12, neighbours=(3, 17, 6), chunks=(3, 4), localize=False)

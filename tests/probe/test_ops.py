@@ -15,7 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detsample.probe.ops import OP_NAMES, invariant_aten_ops, probe_ops, sdpa_backends
-from detsample.threads import torch_threads
+from detsample.probe.threads import torch_threads
 
 SMALL = dict(sizes=(1, 2, 3, 4, 8), query_lengths=(1, 2, 3, 33))
 JSON_KEYS = {"op", "dtype", "batch_invariant", "run_to_run", "threads",

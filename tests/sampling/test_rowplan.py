@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from detsample import Request, SamplingBatch, Sampler, SamplingParams
-from detsample.rowplan import plan_rows
+from detsample.sampling.rowplan import plan_rows
 
 V = 400
 PARAMS = [SamplingParams(temperature=0.0, seed=0),                       # greedy

@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from detsample.validation import fail
+from detsample.params.validation import fail
 
 #: The 255 merged tokens of the default vocabulary (ids 257..511, in this order).
 #: Fixed forever: the reference model's embedding rows are laid out by these ids.
@@ -159,7 +159,7 @@ class Vocabulary:
         EOS ids default to the special tokens spelled like an EOS (``</s>``,
         ``<|endoftext|>``, ...); pass ``eos_token_ids`` when there is none.
         """
-        from detsample.hf_tokenizer import read_tokenizer_json
+        from detsample.vocab.hf_tokenizer import read_tokenizer_json
 
         tokens, special, names = read_tokenizer_json(Path(path), vocab_size)
         if eos_token_ids is None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from detsample import workspace
-from detsample.workspace import Workspace
+from detsample.sampling import workspace
+from detsample.sampling.workspace import Workspace
 
 CPU = torch.device("cpu")
 

@@ -17,7 +17,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from detsample.validation import fail, id_sequence, int_field, real_field, sequence_of, token_id_key
+from detsample.params.validation import fail, id_sequence, int_field, real_field, sequence_of, token_id_key
 
 LOGPROBS_MODES = ("raw", "scaled", "processed")
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")

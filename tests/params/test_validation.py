@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from detsample import InvalidSamplingParams, Request, SamplingBatch, SamplingParams
-from detsample import validation as val
+from detsample.params import validation as val
 
 FIELD_ERRORS = [  # (call, expected message fragment)
     (lambda: val.real_field("top_p", True), "top_p must be a real number, got True"),

@@ -1,0 +1,195 @@
+"""Every constant and formula of the sampling semantics, defined once.
+
+The torch ops (:mod:`detsample.ops`), their host-array forms (:mod:`detsample.ops.hostcut`,
+:mod:`detsample.rng`) and the Triton kernels (:mod:`detsample.kernels`) import what is
+here; none writes a rule again. Each formula below takes a torch tensor, a numpy array
+or a Python scalar and applies the SAME IEEE operations to each (the spellings differ,
+the arithmetic does not), so a route may pick the cheapest container without changing
+a bit. A Triton kernel cannot call Python, so the few formulas it needs are spelled once
+more as ``@triton.jit`` helpers in :mod:`detsample.kernels.common`, built from the
+constants here; one test table (tests/rules_cases.py) drives both spellings
+(tests/test_rules.py, tests/kernels/test_rules.py).
+
+The rules (docs/sampling.md, step 8 and 9):
+
+* mass: ``q = trunc(exp(z) * 2**F)`` (int64) with ``F = frac_bits(V)``, scaled logits
+  ``z <= 0``; ``exp`` may be fed ``max(z, EXP_FLOOR)`` (no mass changes);
+* top-p: a value is kept when the mass strictly above it passes
+  ``float64(above) < top_p * float64(Z)`` (``Z`` = the top-k survivors' mass; top_p >= 1:
+  every value passes);
+* min-p: kept when ``exp(z) >= float32(min_p)``;
+* draw: ``t = min(floor(u * float64(Q)), Q - 1)`` over the kept mass ``Q``, and the token
+  is the first one, in token-id order, whose running mass exceeds ``t``;
+* uniform: ``u = (n + 0.5) * 2**-52`` of 52 random bits ``n`` (open interval (0, 1)).
+
+Guarantee: these are exact integer operations or single correctly rounded IEEE
+operations, so every container gives the same bits (tests/test_rules.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+# -- constants ----------------------------------------------------------------------------
+
+#: exp(-87) = 1.6e-38 is the smallest normal float32 result ``exp`` is let produce: below
+#: it ``exp`` is subnormal (a slow path on x86) and the mass is 0 anyway
+#: (``exp(EXP_FLOOR) * 2**52 < 1``), so clamping there first changes no ``q``
+EXP_FLOOR = -87.0
+#: the id padding a CDF table or a candidate buffer: larger than any token id
+PAD_ID = (1 << 63) - 1
+#: fixed-point masses: ``V * 2**F <= 2**MASS_BITS`` (exact int64 sums), ``F <= MAX_FRAC``
+MASS_BITS = 62
+MAX_FRAC = 52
+#: random bits of a uniform, and the scale of ``u = (n + 0.5) * U_SCALE``
+U_BITS = 52
+U_SCALE = 2.0 ** -U_BITS
+
+#: step 2: a NaN logit becomes this finite floor (the lowest float32: "never chosen unless
+#: the whole row is NaN", then the row is uniform over its NaN tokens), a +inf logit the
+#: largest finite float32 (ties among them, ids ascending)
+NAN_FLOOR = float(np.finfo(np.float32).min)
+POSINF_CEIL = float(np.finfo(np.float32).max)
+
+#: per-row status bit flags (``SampleOutput.status``)
+STATUS_OK = 0
+STATUS_HAD_NAN = 1          # a NaN logit was replaced by the finite floor
+STATUS_HAD_POSINF = 2       # a +inf logit was replaced by the float32 maximum
+STATUS_NO_VALID_TOKEN = 4   # nothing admissible: token -1, logprob -inf
+STATUS_GRAMMAR_ERROR = 8    # the row's grammar matcher failed (with NO_VALID_TOKEN)
+
+
+# -- mass -----------------------------------------------------------------------------
+
+def frac_bits(vocab_size: int) -> int:
+    """Fixed-point fraction bits ``F`` so that ``vocab_size * 2**F <= 2**62`` (F <= 52): a
+    row's mass, at most ``V * 2**F``, is an exact int64 sum."""
+    return min(MAX_FRAC, MASS_BITS - max(1, math.ceil(math.log2(max(vocab_size, 2)))))
+
+
+def mass_scale(frac: int) -> float:
+    """``2**frac``: the scaling of a mass (a power of two: exact in float32 and float64)."""
+    return 2.0 ** frac
+
+
+def mass(e: Any, frac: int) -> Any:
+    """``q = trunc(e * 2**frac)`` of ``e = exp(z)`` in [0, 1]: an int64 tensor for a float
+    tensor, an int64 array for a float array (float32 stays float32: the scaling is exact),
+    a Python int for a Python float."""
+    s = mass_scale(frac)
+    if isinstance(e, torch.Tensor):
+        return (e * s).to(torch.int64)
+    if isinstance(e, np.ndarray):
+        return (e * e.dtype.type(s)).astype(np.int64)
+    return int(e * s)
+
+
+def floored_exp(z: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``exp(max(z, EXP_FLOOR))`` of a float32 tensor (into ``out`` when given): the ``exp``
+    a full-vocabulary mass pass feeds :func:`mass` (the same ``q`` as ``exp(z)``)."""
+    w = torch.clamp(z, min=EXP_FLOOR, out=out) if out is not None else z.clamp(min=EXP_FLOOR)
+    return w.exp_()
+
+
+def mass_in_place(w: torch.Tensor, frac: int, q_out: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+    """:func:`mass` of a float32 tensor ``w = exp(z)`` that may be overwritten: ``w`` is
+    scaled in place, then truncated into ``q_out`` (an int64 buffer) when given (the same
+    bits as ``mass(w, frac)``; a reused buffer spares the page faults of a fresh one)."""
+    w.mul_(mass_scale(frac))
+    return q_out.copy_(w) if q_out is not None else w.to(torch.int64)
+
+
+# -- top-p and min-p ----------------------------------------------------------------------
+
+def _f64(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.to(torch.float64)
+    if isinstance(x, np.ndarray):
+        return x.astype(np.float64, copy=False)
+    return float(x)
+
+
+def top_p_limit(top_p: Any, total: Any) -> Any:
+    """The top-p limit ``top_p * float64(Z)``, ``+inf`` where ``top_p >= 1`` (disabled).
+    top_p: float64 (or ``+inf`` already where disabled); total: the int64 mass ``Z``."""
+    if isinstance(total, torch.Tensor):
+        tp = top_p.to(torch.float64) if isinstance(top_p, torch.Tensor) else top_p
+        return torch.where(torch.as_tensor(tp >= 1.0), math.inf, tp * _f64(total))
+    if isinstance(total, np.ndarray):
+        tp = np.asarray(top_p, dtype=np.float64)
+        return np.where(tp >= 1.0, math.inf, tp * _f64(total))
+    return math.inf if top_p >= 1.0 else top_p * float(total)
+
+
+def top_p_keeps(above: Any, limit: Any) -> Any:
+    """Whether a value whose mass strictly above it is ``above`` (int64) is kept by the
+    limit of :func:`top_p_limit`: ``float64(above) < limit``."""
+    return _f64(above) < limit
+
+
+def min_p_keeps(e: Any, min_p: Any) -> Any:
+    """Whether a token with ``e = exp(z)`` (float32) is kept by min-p: ``e >= min_p``
+    (``exp`` of the max is 1, so this is ``p >= min_p * p_max`` on any renormalisation)."""
+    return e >= min_p
+
+
+def min_p_drops(e: Any, min_p: Any) -> Any:
+    """The complement of :func:`min_p_keeps` (``e < min_p``; ``e`` is never NaN)."""
+    return e < min_p
+
+
+# -- draw -------------------------------------------------------------------------------
+
+def draw_target(u: Any, total: Any) -> Any:
+    """The inverse-CDF target ``t = min(floor(u * float64(Q)), Q - 1)`` (int64) of a
+    float64 uniform ``u`` in (0, 1) and the int64 kept mass ``Q >= 1``."""
+    if isinstance(total, torch.Tensor):
+        t = torch.floor(_f64(u) * _f64(total)).to(torch.int64)
+        return torch.minimum(t, total - 1)
+    if isinstance(total, np.ndarray):
+        return np.minimum(np.floor(u * _f64(total)).astype(np.int64), total - 1)
+    return min(math.floor(u * float(total)), total - 1)
+
+
+def first_above(csum: Any, t: Any) -> Any:
+    """The position of the first running mass above ``t``: the count of entries ``<= t``
+    of the non-decreasing int64 running sums ``csum``. Torch: ``csum`` (rows, K), ``t``
+    (rows, 1) -> (rows, 1); numpy: (R, K) and (R,) -> (R,), or one (K,) row and a scalar;
+    a Python sequence and an int -> an int."""
+    if isinstance(csum, torch.Tensor):
+        return torch.searchsorted(csum, t, right=True)
+    if isinstance(csum, np.ndarray):
+        if csum.ndim == 1:
+            return int(np.searchsorted(csum, t, side="right"))
+        return (csum <= t[:, None]).sum(1)
+    j = 0
+    for c in csum:
+        if c > t:
+            break
+        j += 1
+    return j
+
+
+# -- uniform ------------------------------------------------------------------------------
+
+def u52(w0: Any, w1: Any) -> Any:
+    """The 52 random bits ``(w0 << 20) | (w1 >> 12)`` of two uint32 Philox words (int64
+    tensors, uint64 arrays or Python ints)."""
+    if isinstance(w0, np.ndarray):
+        return (w0 << np.uint64(20)) | (w1 >> np.uint64(12))
+    return (w0 << 20) | (w1 >> 12)
+
+
+def uniform(n: Any) -> Any:
+    """``u = (n + 0.5) * 2**-52`` in float64 of 52 random bits ``n`` (an integer tensor,
+    an integer array or a Python int): exact, never 0 and never 1."""
+    if isinstance(n, torch.Tensor):
+        return (n.to(torch.float64) + 0.5) * U_SCALE
+    if isinstance(n, np.ndarray):
+        return (n.astype(np.float64) + 0.5) * U_SCALE
+    return (n + 0.5) * U_SCALE

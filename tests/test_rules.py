@@ -1,0 +1,107 @@
+"""detsample.rules: each rule gives the same bits in every container it takes (torch,
+numpy, Python scalars) and the exact value where one is defined, on tests/rules_cases.py
+(the table the Triton spellings are run on too, tests/kernels/test_rules.py).
+
+Bugs it pins: a spelling of the mass that scales in float64 for one container and float32
+for another, a top-p test compared as int < float (exact in Python, rounded in torch), a
+draw target without its clamp, a uniform off by the half-ulp.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from detsample import rules
+from tests import rules_cases as C
+
+F32 = np.float32
+
+
+@pytest.mark.parametrize("e,frac", C.MASS)
+def test_mass(e, frac):
+    want = math.floor(Fraction(e) * 2**frac)  # exact trunc(e * 2**frac)
+    assert rules.mass(torch.tensor([e], dtype=torch.float32), frac).tolist() == [want]
+    assert rules.mass(np.array([e], dtype=np.float32), frac).tolist() == [want]
+    assert rules.mass(e, frac) == want
+    w = torch.tensor([e], dtype=torch.float32)
+    assert rules.mass_in_place(w, frac, torch.empty(1, dtype=torch.int64)).tolist() == [want]
+
+
+def test_exp_floor_changes_no_mass():
+    z = torch.tensor([0.0, -86.9, -87.0, -87.5, -200.0, float("-inf")])
+    frac = rules.frac_bits(2)
+    assert torch.equal(rules.mass(rules.floored_exp(z), frac), rules.mass(torch.exp(z), frac))
+    assert math.exp(rules.EXP_FLOOR) * 2.0 ** rules.MAX_FRAC < 1.0
+
+
+@pytest.mark.parametrize("above,top_p,total", C.TOP_P)
+def test_top_p(above, top_p, total):
+    # the rule, in float64: float64(above) < top_p * float64(total)
+    want = top_p >= 1.0 or float(above) < top_p * float(total)
+    t_lim = rules.top_p_limit(torch.tensor([top_p], dtype=torch.float64),
+                              torch.tensor([total], dtype=torch.int64))
+    n_lim = rules.top_p_limit(np.array([top_p]), np.array([total], dtype=np.int64))
+    p_lim = rules.top_p_limit(top_p, total)
+    assert rules.top_p_keeps(torch.tensor([above]), t_lim).tolist() == [want]
+    assert rules.top_p_keeps(np.array([above], dtype=np.int64), n_lim).tolist() == [want]
+    assert rules.top_p_keeps(above, p_lim) is want
+
+
+def test_top_p_is_not_the_exact_integer_comparison():
+    """2**53 + 1 rounds to 2**53 in float64: the rule says 'not below 2**53' where the
+    exact comparison of a Python int says it is above."""
+    assert rules.top_p_keeps(2**53 + 1, float(2**53) + 2.0)
+    assert not rules.top_p_keeps(2**53 + 1, float(2**53))
+
+
+@pytest.mark.parametrize("e,min_p", C.MIN_P)
+def test_min_p(e, min_p):
+    want = F32(e) >= F32(min_p)
+    te, tm = torch.tensor([e], dtype=torch.float32), torch.tensor([min_p], dtype=torch.float32)
+    assert rules.min_p_keeps(te, tm).tolist() == [want]
+    assert rules.min_p_drops(te, tm).tolist() == [not want]
+    assert rules.min_p_keeps(np.float32(e), np.float32(min_p)) == want
+    assert rules.min_p_keeps(float(F32(e)), float(F32(min_p))) == want
+
+
+
+@pytest.mark.parametrize("u,total", C.DRAW)
+def test_draw_target(u, total):
+    want = min(math.floor(u * float(total)), total - 1)
+    assert 0 <= want <= total - 1
+    got_t = rules.draw_target(torch.tensor([u], dtype=torch.float64),
+                              torch.tensor([total], dtype=torch.int64))
+    got_n = rules.draw_target(np.array([u]), np.array([total], dtype=np.int64))
+    assert got_t.tolist() == [want] and got_n.tolist() == [want]
+    assert rules.draw_target(u, total) == want
+
+
+@pytest.mark.parametrize("csum,t", C.FIRST_ABOVE)
+def test_first_above(csum, t):
+    want = next((j for j, c in enumerate(csum) if c > t), len(csum))
+    got_t = rules.first_above(torch.tensor([csum]), torch.tensor([[t]]))
+    assert got_t.tolist() == [[want]]
+    assert rules.first_above(np.array([csum]), np.array([t])).tolist() == [want]
+    assert rules.first_above(np.array(csum), t) == want
+    assert rules.first_above(iter(csum), t) == want
+
+
+@pytest.mark.parametrize("w0,w1", C.UNIFORM)
+def test_uniform(w0, w1):
+    n = (w0 << 20) | (w1 >> 12)
+    want = float(Fraction(2 * n + 1, 2**53))  # exact in float64
+    assert 0.0 < want < 1.0
+    assert rules.uniform(rules.u52(w0, w1)) == want
+    tn = rules.u52(torch.tensor([w0]), torch.tensor([w1]))
+    assert rules.uniform(tn).tolist() == [want]
+    nn = rules.u52(np.array([w0], dtype=np.uint64), np.array([w1], dtype=np.uint64))
+    assert rules.uniform(nn).tolist() == [want]
+
+
+def test_pad_id_is_above_every_token_id():
+    assert rules.PAD_ID == torch.iinfo(torch.int64).max == np.iinfo(np.int64).max
