@@ -155,3 +155,23 @@ def test_no_import_cycles():
         if v not in index:
             visit(v)
     assert not cycles, f"import cycles: {cycles}"
+
+
+#: the most positional parameters a function of the sampler or of ops/ takes (more go in
+#: a frozen params object or behind ``*``)
+MAX_POSITIONAL = 6
+
+
+def test_sampler_and_ops_functions_take_few_positional_parameters():
+    """Pins a helper grown to ten positional arguments (a call site that swaps two of
+    them still runs)."""
+    paths = [PKG / "sampler.py", *sorted((PKG / "ops").glob("*.py"))]
+    wide = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                pos = [a.arg for a in node.args.posonlyargs + node.args.args
+                       if a.arg not in ("self", "cls")]
+                if len(pos) > MAX_POSITIONAL:
+                    wide.append(f"{path.name}:{node.name} ({len(pos)})")
+    assert not wide, wide
