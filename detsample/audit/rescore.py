@@ -133,15 +133,17 @@ class TPRescorer:
     :meth:`close`): the logprobs of a TP=``tp`` trainer. Under
     ``batch_invariant=True, portable=True`` they are TP=1's bitwise
     (docs/tensor-parallel.md). Holds processes, so it is not picklable: audits with it
-    run with ``workers=1``."""
+    run with ``workers=1``. ``start_method``: of the ranks
+    (:class:`~detsample.parallel.RankGroup`)."""
 
     def __init__(self, model: str, tp: int, *, batch_invariant: bool = False, portable: bool = False,
-                 label: str = "--rescore") -> None:
+                 label: str = "--rescore", start_method: str = "spawn") -> None:
         from detsample.parallel import TPModelSpec
 
         check_rescore_spec(model)
         self.spec = TPModelSpec(model, tp, batch_invariant, portable)
         self.label = str(label)
+        self.start_method = start_method
         self._group = None
 
     def _start(self):
@@ -152,7 +154,7 @@ class TPRescorer:
             check_spec(self.spec)
         except ModelError as exc:
             raise RescoreModelError(f"{self.label}: {exc}") from exc
-        self._group = tp_group(self.spec)
+        self._group = tp_group(self.spec, start_method=self.start_method)
         return self._group
 
     def __call__(self, prompt_ids: list[int], response_ids: list[int]) -> np.ndarray:

@@ -98,6 +98,10 @@ def scan(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.T
     held a non-finite value, or None). A slice split across tensor-parallel ranks takes
     the MAX of ``top`` and of ``bad`` over them (exact) before :func:`quantize`."""
     xd = _as_f32(x).to(torch.float64)
+    if xd.shape[dim] == 0:                            # an empty slice scales like a zero one
+        shape = list(xd.shape)
+        shape[dim] = 1
+        return xd, xd.new_zeros(shape), None
     top = xd.abs().amax(dim=dim, keepdim=True)        # NaN / inf show in the maxima
     bad = None
     if not bool(torch.isfinite(top).all()):

@@ -17,7 +17,10 @@ are read back with ``weights_only=True`` (tensors, lists, dicts, strings, number
 
 ``init`` and ``job`` must be importable module-level functions (``spawn`` pickles them by
 name). Each rank runs ``threads`` intra-op threads (default 1: ``world`` ranks on a
-machine of few cores oversubscribe it already).
+machine of few cores oversubscribe it already). ``start_method="fork"`` starts ranks
+without re-importing torch (about 1 s instead of several per rank; the tests use it):
+only from a process that holds no threads it needs in the children and is not inside a
+``batch_invariant`` block (the children would inherit it); ``spawn`` is always safe.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from detsample.parallel.comm import Comm
 
 DEFAULT_TIMEOUT = 300.0
 BACKENDS = ("gloo", "nccl")
+START_METHODS = ("spawn", "forkserver", "fork")
 
 
 class RankError(DetsampleError, RuntimeError):
@@ -76,7 +80,7 @@ def _worker(rank: int, world: int, store: str, backend: str, timeout: float, thr
         replies.put((rank, "ready", b""))
     except BaseException as e:  # noqa: BLE001 - reported to the parent, by name
         replies.put((rank, "error", _error(e)))
-        return
+        _exit(replies)
     try:
         while True:
             cmd = commands.get()
@@ -94,6 +98,15 @@ def _worker(rank: int, world: int, store: str, backend: str, timeout: float, thr
             dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - the group may be broken already
             pass
+    _exit(replies)
+
+
+def _exit(replies: Any) -> None:
+    """Leave a rank at once, once its replies are flushed (the interpreter's teardown of
+    torch and gloo takes seconds and has nothing left to do)."""
+    replies.close()
+    replies.join_thread()
+    os._exit(0)
 
 
 def _error(e: BaseException) -> bytes:
@@ -105,7 +118,7 @@ class RankGroup:
     """``world`` local rank processes in one process group (see the module docstring)."""
 
     def __init__(self, world: int, init: Callable, args: tuple = (), *, timeout: float = DEFAULT_TIMEOUT,
-                 threads: int = 1, backend: str = "gloo") -> None:
+                 threads: int = 1, backend: str = "gloo", start_method: str = "spawn") -> None:
         if isinstance(world, bool) or not isinstance(world, int) or world < 1:
             raise ValueError(f"world must be an int >= 1, got {world!r}")
         if not (isinstance(timeout, (int, float)) and timeout > 0):
@@ -114,27 +127,29 @@ class RankGroup:
             raise ValueError(f"threads must be an int >= 1, got {threads!r}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if start_method not in START_METHODS:
+            raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
         self.world, self.timeout = world, float(timeout)
         self._dir = tempfile.mkdtemp(prefix="detsample-tp-")
-        ctx = torch.multiprocessing.get_context("spawn")
+        ctx = torch.multiprocessing.get_context(start_method)
         self._replies = ctx.Queue()
         self._commands = [ctx.Queue() for _ in range(world)]
         store = os.path.join(self._dir, "store")
-        self._procs = [ctx.Process(target=_worker, daemon=True, name=f"detsample-tp-rank{r}",
+        self._procs = self._all = [ctx.Process(target=_worker, daemon=True, name=f"detsample-tp-rank{r}",
                                    args=(r, world, store, backend, self.timeout, threads, init,
                                          tuple(args), self._commands[r], self._replies))
                        for r in range(world)]
         try:
             for p in self._procs:
                 p.start()
-            self._collect("ready", "start")
+            self._collect("start", self.timeout)
         except BaseException:
             self.close()
             raise
 
     # -- replies -------------------------------------------------------------------------
-    def _collect(self, want: str, what: str) -> bytes:
-        deadline = time.monotonic() + self.timeout
+    def _collect(self, what: str, timeout: float) -> bytes:
+        deadline = time.monotonic() + timeout
         got: dict[int, bytes] = {}
         while len(got) < self.world:
             try:
@@ -143,32 +158,56 @@ class RankGroup:
                 dead = [r for r, p in enumerate(self._procs) if r not in got and not p.is_alive()]
                 if dead:
                     r = dead[0]
+                    self._procs[r].join(timeout=1.0)
                     self.close()
                     raise RankError(f"tensor-parallel rank {r} of {self.world} died during "
-                                    f"{what} (exit code {self._procs[r].exitcode})", r, "died")
+                                    f"{what} (exit code {self._exitcodes[r]})", r, "died")
                 if time.monotonic() > deadline:
                     missing = [r for r in range(self.world) if r not in got]
                     self.close()
                     raise RankError(f"tensor-parallel ranks {missing} of {self.world} did not "
-                                    f"finish {what} within {self.timeout:g} s (terminated)",
+                                    f"finish {what} within {timeout:g} s (terminated)",
                                     missing[0], "timeout")
                 continue
             if status == "error":
                 info = _load(payload)
+                died = self._dead_within(1.0)
                 self.close()
+                if died is not None:   # the others' errors follow from it: name the cause
+                    raise RankError(f"tensor-parallel rank {died} of {self.world} died during "
+                                    f"{what} (exit code {self._exitcodes[died]}); rank {rank} "
+                                    f"then raised {info['type']}: {info['message']}", died, "died")
                 raise RankError(f"tensor-parallel rank {rank} of {self.world} raised "
                                 f"{info['type']} during {what}: {info['message']}\n"
                                 f"{info['traceback']}".rstrip(), rank, info["type"])
             got[rank] = payload
         return got[0]
 
-    def call(self, job: Callable, *args: Any) -> Any:
-        """``job(state, comm, *args)`` on every rank; rank 0's result."""
+    def _dead_within(self, seconds: float) -> int | None:
+        """The first rank found dead (exited with a non-zero code: a rank that reported an
+        error leaves with 0) within ``seconds``, or None."""
+        end = time.monotonic() + seconds
+        while True:
+            for r, p in enumerate(self._procs):
+                if p.exitcode not in (None, 0):
+                    return r
+            if time.monotonic() > end:
+                return None
+            time.sleep(0.05)
+
+    @property
+    def _exitcodes(self) -> list[int | None]:
+        return [p.exitcode for p in self._all]
+
+    def call(self, job: Callable, *args: Any, timeout: float | None = None) -> Any:
+        """``job(state, comm, *args)`` on every rank; rank 0's result. ``timeout``: for
+        this call (default: the group's)."""
         if not self._procs:
             raise RankError("the tensor-parallel group is closed")
         for q in self._commands:
             q.put((job, tuple(args)))
-        return _load(self._collect("ok", getattr(job, "__name__", "a call")))
+        return _load(self._collect(getattr(job, "__name__", "a call"),
+                                   self.timeout if timeout is None else float(timeout)))
 
     # -- lifetime ------------------------------------------------------------------------
     def close(self) -> None:
@@ -204,7 +243,9 @@ class RankGroup:
 
 
 def launch(world: int, init: Callable, args: tuple, job: Callable, *more: Any,
-           timeout: float = DEFAULT_TIMEOUT, threads: int = 1, backend: str = "gloo") -> Any:
+           timeout: float = DEFAULT_TIMEOUT, threads: int = 1, backend: str = "gloo",
+           start_method: str = "spawn") -> Any:
     """One :meth:`RankGroup.call` on a fresh group, closed afterwards: rank 0's result."""
-    with RankGroup(world, init, args, timeout=timeout, threads=threads, backend=backend) as g:
+    with RankGroup(world, init, args, timeout=timeout, threads=threads, backend=backend,
+                   start_method=start_method) as g:
         return g.call(job, *more)

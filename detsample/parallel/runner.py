@@ -72,8 +72,8 @@ def check_spec(spec: TPModelSpec, model: Any = None) -> None:
 
 
 def tp_group(spec: TPModelSpec, *, timeout: float = DEFAULT_TIMEOUT, threads: int = 1,
-             backend: str = "gloo") -> RankGroup:
+             backend: str = "gloo", start_method: str = "spawn") -> RankGroup:
     """``spec.tp`` ranks, each holding its shards of ``spec.model`` (the state of every
     :meth:`~detsample.parallel.group.RankGroup.call`: the sharded adapter)."""
     return RankGroup(spec.tp, load_sharded, (spec,), timeout=timeout, threads=threads,
-                     backend=backend)
+                     backend=backend, start_method=start_method)

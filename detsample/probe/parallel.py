@@ -103,11 +103,12 @@ def _localize(reference: CausalLM, cfg: ProbeConfig, group: Any, part: str,
 def check_tensor_parallel(reference: CausalLM, spec: str, sizes: Sequence[int], *,
                           batch_invariant: bool = False, portable: bool = False,
                           config: ProbeConfig | None = None, seed: int = 0,
-                          timeout: float = DEFAULT_TIMEOUT) -> CheckResult:
+                          timeout: float = DEFAULT_TIMEOUT, start_method: str = "spawn") -> CheckResult:
     """The ``tensor_parallel`` check of model ``spec`` (``reference``: it loaded at TP=1,
     in this process) for every TP size of ``sizes`` (1 is the reference itself). Raises
     :class:`~detsample.parallel.TensorParallelError` for a size the layout refuses,
-    before any rank starts."""
+    before any rank starts. ``timeout`` / ``start_method``: of the rank groups
+    (:class:`~detsample.parallel.RankGroup`)."""
     cfg = config or ProbeConfig()
     sizes = sorted(set(sizes))
     specs = [TPModelSpec(spec, tp, batch_invariant, portable, seed=seed,
@@ -117,7 +118,7 @@ def check_tensor_parallel(reference: CausalLM, spec: str, sizes: Sequence[int], 
     ref = forwards(reference, cfg)
     parts, div, note, ok = [], None, "", True
     for s in specs:
-        with tp_group(s, timeout=timeout) as group:
+        with tp_group(s, timeout=timeout, start_method=start_method) as group:
             out = group.call(job_forwards, cfg)
             cmps = {k: _compare(out[k], ref[k], cfg.seed) for k in _PARTS}
             bad = [k for k in _PARTS if not cmps[k].ok]
