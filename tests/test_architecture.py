@@ -29,6 +29,7 @@ TIERS: list[tuple[str, ...]] = [
     ("sampler",),
     ("refmodel",),
     ("models",),
+    ("parallel",),
     ("golden", "audit", "probe", "benchmarks"),
     ("checks",),
     ("testing",),
