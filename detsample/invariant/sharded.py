@@ -9,9 +9,10 @@ partial integer sums are added exactly:
 1. each rank :func:`~detsample.invariant.fixedpoint.scan` s its slice: the maximum
    magnitude ``top`` of each row of A (and of each column of B) over its K-range, and
    where a non-finite value sat (``bad``);
-2. ``top`` and ``bad`` are all-reduced with MAX (exact: a maximum does not round, and
-   does not depend on the order of the ranks), so every rank quantises with the exponent
-   the single product takes (:func:`~detsample.invariant.fixedpoint.quantize`);
+2. ``top`` is all-reduced with MAX (exact: a maximum does not round, and does not
+   depend on the order of the ranks; a slice with a non-finite value sends +inf), so every
+   rank quantises with the exponent the single product takes
+   (:func:`~detsample.invariant.fixedpoint.quantize`) and knows the non-finite slices;
 3. each rank's partial sum ``S_r`` is an exact integer (:func:`~detsample.invariant.fixedpoint.exact_int`);
    the ``S_r`` are all-reduced with an int64 SUM (exact, order-free), giving the ``S`` of
    the single product;
@@ -52,13 +53,17 @@ class Reduce:
 
 
 def _global(x: torch.Tensor, dim: int, bits: int, reduce: Reduce) -> Fixed:
-    """``x``'s slice in fixed point at the scales of the whole (K split over the ranks)."""
+    """``x``'s slice in fixed point at the scales of the whole (K split over the ranks).
+    One MAX carries both the maxima and the non-finite flags: a slice that held a
+    non-finite value on any rank sends +inf, and its scale is then irrelevant (every
+    output element of that row / column is NaN, as at TP=1)."""
     xd, top, bad = fixedpoint.scan(x, dim)
-    top = top.contiguous()
+    top = top.contiguous() if bad is None else torch.where(bad, float("inf"), top)
     reduce.max_(top)
-    flag = torch.zeros_like(top, dtype=torch.int32) if bad is None else bad.to(torch.int32)
-    reduce.max_(flag)
-    bad = flag.bool() if bool(flag.any()) else None
+    flags = torch.isinf(top)
+    bad = flags if bool(flags.any()) else None
+    if bad is not None:
+        top = torch.where(bad, 1.0, top)
     return fixedpoint.quantize(xd, top, bad, dim, bits, owned=xd is not x)
 
 

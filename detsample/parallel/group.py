@@ -73,6 +73,8 @@ def _worker(rank: int, world: int, store: str, backend: str, timeout: float, thr
     torch.set_num_threads(threads)
     state = None
     try:
+        if backend == "nccl":   # one GPU per rank (written, not run by this project's tests)
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(backend, init_method=f"file://{store}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=timeout))
         comm = Comm.from_default_group()

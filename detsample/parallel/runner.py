@@ -58,7 +58,17 @@ def load_sharded(comm: Comm, spec: TPModelSpec) -> Any:
     lm = load_model(spec.model, padding=spec.padding, seed=spec.seed,
                     batch_invariant=spec.batch_invariant, portable=spec.portable)
     shard_model(lm, comm)
+    if comm.world > 1 and _backend() == "nccl":   # written, not run by this project's tests
+        import torch
+
+        lm.module.to(torch.device("cuda", torch.cuda.current_device()))
     return lm
+
+
+def _backend() -> str | None:
+    import torch.distributed as dist
+
+    return dist.get_backend() if dist.is_available() and dist.is_initialized() else None
 
 
 def check_spec(spec: TPModelSpec, model: Any = None) -> None:

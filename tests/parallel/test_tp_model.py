@@ -126,6 +126,8 @@ def test_tp2_rollout_equals_tp1_and_audits_exact_against_tp1(group2):
     tp1 = generate_rollouts(**RUN, model=models.UNSEEN, batch_invariant=True, portable=True)
     assert [r["response_ids"] for r in tp2] == [r["response_ids"] for r in tp1]
     assert [r["engine_logprobs"] for r in tp2] == [r["engine_logprobs"] for r in tp1]
+    # the TP=2 trainer (prefill on the ranks) scores the TP=1 engine's tokens to the bit
+    assert [r["trainer_logprobs"] for r in tp2] == [r["engine_logprobs"] for r in tp1]
     engine_only = [{k: v for k, v in r.items() if k != "trainer_logprobs"} for r in tp2]
     rep = audit(engine_only, rescore=ModelRescorer(models.UNSEEN, batch_invariant=True, portable=True))
     assert rep["exact_match_fraction"] == 1.0 and rep["max_abs_diff"] == 0.0
