@@ -123,20 +123,25 @@ def job_combine(lm: Any, comm: Any, rows: int, hidden: int, rounds: int) -> dict
 
 
 def steps(model: str, tp: int, side: str, *, prefill_len: int = 512, decode_batch: int = 8,
-          cache_len: int = 256, rounds: int = 3, seed: int = 0, timeout: float = 1800) -> dict[str, float]:
+          cache_len: int = 256, rounds: int = 3, seed: int = 0, timeout: float = 1800,
+          start_method: str = "spawn") -> dict[str, float]:
+    """Best prefill and decode seconds of ``model`` at ``tp`` ranks on ``side``."""
     from detsample.parallel import TPModelSpec, tp_group
 
+    if side not in SIDES:
+        raise ValueError(f"side must be one of {SIDES}, got {side!r}")
     portable = side == "portable"
     spec = TPModelSpec(MODELS[model], tp, batch_invariant=portable, portable=portable)
-    with tp_group(spec, timeout=timeout) as group:
+    with tp_group(spec, timeout=timeout, start_method=start_method) as group:
         return group.call(job_steps, prefill_len, decode_batch, cache_len, rounds, seed)
 
 
 def combine_cost(tp: int, *, rows: int = 512, hidden: int = 1024, rounds: int = 5,
-                 timeout: float = 900) -> dict[str, float]:
+                 timeout: float = 900, start_method: str = "spawn") -> dict[str, float]:
+    """Best seconds of each way to run one row-parallel layer (:func:`job_combine`)."""
     from detsample.parallel import RankGroup
 
-    with RankGroup(tp, _no_model, (), timeout=timeout) as group:
+    with RankGroup(tp, _no_model, (), timeout=timeout, start_method=start_method) as group:
         return group.call(job_combine, rows, hidden, rounds)
 
 
