@@ -69,10 +69,26 @@ def _gen(key: tuple) -> torch.Generator:
 
 
 def _values(shape: Sequence[int], g: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
-    """Normal values with row magnitudes spread over 2**-6 .. 2**6."""
-    x = torch.randn(tuple(shape), generator=g, dtype=torch.float64)
-    scale = torch.exp2(torch.randint(-6, 7, tuple(shape[:-1]) + (1,), generator=g).to(torch.float64))
-    return (x * scale).to(dtype)
+    """Normal values with row magnitudes spread over 2**-6 .. 2**6 (float32 normals times
+    exact powers of two, then cast to ``dtype``)."""
+    x = torch.randn(tuple(shape), generator=g, dtype=torch.float32)
+    scale = torch.exp2(torch.randint(-6, 7, tuple(shape[:-1]) + (1,), generator=g).to(torch.float32))
+    return x.mul_(scale).to(dtype)
+
+
+WEIGHT_ROWS = 521   # distinct random rows of a checked weight (a prime: no tile or block period)
+
+
+def _weight(shape: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    """A random ``(nb, n, k)`` weight whose rows repeat with period :data:`WEIGHT_ROWS`:
+    the call keeps its real shape (which decides the BLAS kernel) while only
+    ``WEIGHT_ROWS * k`` values are drawn (drawing all of a 2048 x 8192 weight was most of a
+    check's time); every output column is still compared."""
+    nb, n, k = shape
+    if n <= WEIGHT_ROWS:
+        return _values(shape, g, dtype)
+    base = _values((nb, WEIGHT_ROWS, k), g, dtype)
+    return base.index_select(1, torch.arange(n) % WEIGHT_ROWS)
 
 
 # -- matmul --------------------------------------------------------------------------------
@@ -230,15 +246,34 @@ class _RefCache(dict):
 _REFS = _RefCache()
 
 
+class _LastOperands(dict):
+    """The operands of the decision in progress, so that checking a canonical plan at
+    another thread count reuses the random values it was decided on (cleared when the
+    decision ends; bounded: a weight can be 64 MB)."""
+
+    def __setitem__(self, key, value) -> None:
+        while len(self) >= 2:
+            del self[next(iter(self))]
+        super().__setitem__(key, value)
+
+
+_OPERANDS = _LastOperands()
+
+
 def _operands(kind: str, k: int, n: int, lay: str, dtype: torch.dtype
               ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
     """Seeded random operands of a key: ``a (nb, 2*TILE, k)``, ``b (nb, k, n)`` of layout
     ``lay``, and the batch sizes compared (``(1,)`` for mm)."""
-    g = _gen((kind, k, n, lay, dtype))
+    key = (kind, k, n, lay, dtype)
+    if key in _OPERANDS:
+        return _OPERANDS[key]
+    g = _gen(key)
     nbs = (1,) if kind == "mm" else BATCHES
     a = _values((max(nbs), 2 * tiles.TILE, k), g, dtype)
-    w = _values((max(nbs), n, k), g, dtype)
-    return a, (w.transpose(1, 2) if lay == "nt" else w.transpose(1, 2).contiguous()), nbs
+    w = _weight((max(nbs), n, k), g, dtype)
+    out = a, (w.transpose(1, 2) if lay == "nt" else w.transpose(1, 2).contiguous()), nbs
+    _OPERANDS[key] = out
+    return out
 
 
 def _decide_matmul(kind: str, k: int, n: int, lay: str, dtype: torch.dtype) -> Plan:
@@ -365,11 +400,14 @@ def _threaded(key: tuple, decide: Callable[[], Plan],
     its bits) and, at another thread count, ``at(canon, threads)``: the same kernel, run
     at that count where its check holds there, else at 1 thread."""
     threads = torch.get_num_threads()
-    with torch_threads(1):
-        canon = plans().get(key + (1,), decide)
-    if threads == 1 or not canon.data:
-        return canon
-    return plans().get(key + (threads,), lambda: at(canon, threads))
+    try:
+        with torch_threads(1):
+            canon = plans().get(key + (1,), decide)
+        if threads == 1 or not canon.data:
+            return canon
+        return plans().get(key + (threads,), lambda: at(canon, threads))
+    finally:
+        _OPERANDS.clear()       # the random operands live only as long as one decision
 
 
 # -- pointwise -----------------------------------------------------------------------------
