@@ -53,7 +53,16 @@ aten = torch.ops.aten
 
 SUM_CHUNK = 8192          # widest row summed by one torch call (longer rows: chunks, then again)
 SUM_GRAIN = 32768         # torch's GRAIN_SIZE: calls below it run one serial loop
-BATCHES = (1, 3, 8)       # bmm batch sizes compared
+BATCHES = (1, 2, 3, 8)    # bmm batch sizes compared at 1 thread (see batches())
+
+
+def batches(threads: int) -> tuple[int, ...]:
+    """The bmm batch sizes compared at ``threads`` threads: :data:`BATCHES` and every count
+    up to ``threads + 1``. A BLAS gives each matrix of a batch with fewer matrices than
+    threads more than one thread, and that share decides its kernel: measured, under MKL's
+    AVX2 path at 4 threads a batch of 2 rounded its 64-row tiles unlike 1 thread while
+    batches of 1, 3 and 8 agreed (the attention's GQA groups made such a batch)."""
+    return tuple(sorted(set(BATCHES) | set(range(1, threads + 2))))
 
 
 class NotInvariantError(DetsampleError, RuntimeError):
@@ -137,7 +146,8 @@ def _refs(a: torch.Tensor, b: torch.Tensor, nbs: Sequence[int]) -> dict:
         per = {s: [_run((a[i] if two_d else a[i: i + 1])[..., :compared_rows(s, n), :],
                         b[i] if two_d else b[i: i + 1], s)
                    for i in range(max(nbs))] for s in tiles.SIZES}
-    return {(nb, s): per[s][0] if two_d else torch.cat(per[s][:nb]) for nb in nbs for s in tiles.SIZES}
+    return {(nb, s): per[s][0] if two_d else torch.cat(per[s][:nb])
+            for nb in range(1, max(nbs) + 1) for s in tiles.SIZES}
 
 
 def _matmul_candidate(a: torch.Tensor, b: torch.Tensor, nbs: Sequence[int], threads: int,
@@ -260,20 +270,19 @@ class _LastOperands(dict):
 _OPERANDS = _LastOperands()
 
 
-def _operands(kind: str, k: int, n: int, lay: str, dtype: torch.dtype
+def _operands(kind: str, k: int, n: int, lay: str, dtype: torch.dtype, threads: int = 1
               ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
     """Seeded random operands of a key: ``a (nb, 2*TILE, k)``, ``b (nb, k, n)`` of layout
-    ``lay``, and the batch sizes compared (``(1,)`` for mm)."""
-    key = (kind, k, n, lay, dtype)
-    if key in _OPERANDS:
-        return _OPERANDS[key]
-    g = _gen(key)
-    nbs = (1,) if kind == "mm" else BATCHES
-    a = _values((max(nbs), 2 * tiles.TILE, k), g, dtype)
-    w = _weight((max(nbs), n, k), g, dtype)
-    out = a, (w.transpose(1, 2) if lay == "nt" else w.transpose(1, 2).contiguous()), nbs
-    _OPERANDS[key] = out
-    return out
+    ``lay``, and the batch sizes compared at ``threads`` threads (``(1,)`` for mm;
+    :func:`batches` for bmm)."""
+    nbs = (1,) if kind == "mm" else batches(threads)
+    key = (kind, k, n, lay, dtype, max(nbs))
+    if key not in _OPERANDS:
+        g = _gen(key[:5])
+        a = _values((max(nbs), 2 * tiles.TILE, k), g, dtype)
+        w = _weight((max(nbs), n, k), g, dtype)
+        _OPERANDS[key] = a, w.transpose(1, 2) if lay == "nt" else w.transpose(1, 2).contiguous()
+    return _OPERANDS[key] + (nbs,)
 
 
 def _decide_matmul(kind: str, k: int, n: int, lay: str, dtype: torch.dtype) -> Plan:
@@ -289,7 +298,7 @@ def _decide_matmul(kind: str, k: int, n: int, lay: str, dtype: torch.dtype) -> P
             break                   # within 10% of every size agreeing: no weight copy
         bb = b if form == "native" else b.contiguous()
         ref = _refs(a, bb, nbs)
-        _REFS[(kind, k, n, lay, dtype, form)] = ref
+        _REFS[(kind, k, n, lay, dtype, form, a.shape[0])] = ref
         ladder, why = _matmul_candidate(a, bb, nbs, 1, ref)
         tried.append(f"{form} layout: {why}")
         # a contiguous copy costs the weight's memory again: it must save 10%
@@ -313,9 +322,9 @@ def _at_threads(canon: Plan, kind: str, k: int, n: int, lay: str, dtype: torch.d
     the 1-thread bits there (at every position, among fresh or zero rows), else the same
     tiles run at 1 thread (the same bits by construction)."""
     form, ladder, _ = canon.data
-    a, b, nbs = _operands(kind, k, n, lay, dtype)
+    a, b, nbs = _operands(kind, k, n, lay, dtype, threads)
     bb = b if form == "native" else b.contiguous()
-    ref = _REFS.get((kind, k, n, lay, dtype, form)) or _refs(a, bb, nbs)
+    ref = _REFS.get((kind, k, n, lay, dtype, form, a.shape[0])) or _refs(a, bb, nbs)
     got, why = _matmul_candidate(a, bb, nbs, threads, ref, only=ladder)
     if got == ladder:
         return Plan(canon.kernel, VERIFIED, f"at {threads} threads: {why}", canon.data)
