@@ -31,6 +31,7 @@ TIERS: list[tuple[str, ...]] = [
     ("sampler",),
     ("refmodel",),
     ("models",),
+    ("parallel",),
     ("golden", "audit", "probe", "benchmarks"),
     ("checks",),
     ("testing",),

@@ -79,7 +79,6 @@ class ModelRescorer:
     def _load(self):
         if self._state is None:
             from detsample.models import ModelError, adapt, load_model
-            from detsample.params import SamplingParams
             from detsample.refmodel import RefModel
             from detsample.refmodel.engine import rescore
             from detsample.sampler import Sampler
@@ -93,8 +92,7 @@ class ModelRescorer:
                                     portable=self.portable)
             except ModelError as exc:
                 raise RescoreModelError(f"{self.label}: {exc}") from exc
-            params = SamplingParams(temperature=1.0, seed=0, logprobs_mode="raw")
-            self._state = (lm, Sampler(), params, rescore)
+            self._state = (lm, Sampler(), rescore_params(), rescore)
         return self._state
 
     def __call__(self, prompt_ids: list[int], response_ids: list[int]) -> np.ndarray:
@@ -105,6 +103,79 @@ class ModelRescorer:
             return rescore(model, sampler, params, prompt_ids, response_ids).numpy()
         except ModelOutputError as exc:  # the model, not this sequence, is at fault
             raise RescoreModelError(f"{self.label}: {exc}") from exc
+
+
+def rescore_params():
+    """The parameters of every rescoring prefill: "raw" logprobs (log_softmax of the
+    model's logits), temperature 1, a fixed seed (nothing is drawn)."""
+    from detsample.params import SamplingParams
+
+    return SamplingParams(temperature=1.0, seed=0, logprobs_mode="raw")
+
+
+def rescore_with(lm, prompt_ids: list[int], response_ids: list[int]):
+    """The "raw" logprobs of ``response_ids`` after ``prompt_ids`` by one prefill of the
+    built model ``lm`` (a float32 tensor): what :class:`ModelRescorer` computes."""
+    from detsample.refmodel.engine import rescore
+    from detsample.sampler import Sampler
+
+    return rescore(lm, Sampler(), rescore_params(), prompt_ids, response_ids)
+
+
+def _rank_rescore(lm, comm, prompt_ids: list[int], response_ids: list[int]):
+    """A :class:`TPRescorer` call on one rank (every rank runs it; rank 0 answers)."""
+    return rescore_with(lm, prompt_ids, response_ids)
+
+
+class TPRescorer:
+    """:class:`ModelRescorer` with the model run tensor-parallel over ``tp`` local ranks
+    (:func:`detsample.parallel.tp_group`, started at the first call and kept until
+    :meth:`close`): the logprobs of a TP=``tp`` trainer. Under
+    ``batch_invariant=True, portable=True`` they are TP=1's bitwise
+    (docs/tensor-parallel.md). Holds processes, so it is not picklable: audits with it
+    run with ``workers=1``. ``start_method``: of the ranks
+    (:class:`~detsample.parallel.RankGroup`)."""
+
+    def __init__(self, model: str, tp: int, *, batch_invariant: bool = False, portable: bool = False,
+                 label: str = "--rescore", start_method: str = "spawn") -> None:
+        from detsample.parallel import TPModelSpec
+
+        check_rescore_spec(model)
+        self.spec = TPModelSpec(model, tp, batch_invariant, portable)
+        self.label = str(label)
+        self.start_method = start_method
+        self._group = None
+
+    def _start(self):
+        from detsample.models import ModelError
+        from detsample.parallel import check_spec, tp_group
+
+        try:
+            check_spec(self.spec)
+        except ModelError as exc:
+            raise RescoreModelError(f"{self.label}: {exc}") from exc
+        self._group = tp_group(self.spec, start_method=self.start_method)
+        return self._group
+
+    def __call__(self, prompt_ids: list[int], response_ids: list[int]) -> np.ndarray:
+        from detsample.parallel import RankError
+
+        group = self._group or self._start()
+        try:
+            return group.call(_rank_rescore, list(prompt_ids), list(response_ids)).numpy()
+        except RankError as exc:
+            self._group = None
+            raise RescoreModelError(f"{self.label} (tp={self.spec.tp}): {exc}") from exc
+
+    def close(self) -> None:
+        """Stop the ranks (a later call starts them again)."""
+        group, self._group = self._group, None
+        if group is not None:
+            group.close()
+
+    def __getstate__(self) -> dict:
+        raise TypeError("a tensor-parallel rescorer holds its rank processes and cannot be "
+                        "pickled: audit with --tp and --workers 1")
 
 
 def check_rescore_spec(spec: object) -> None:

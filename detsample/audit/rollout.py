@@ -33,24 +33,55 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
                       max_batch_size: int | None = 4, stagger: int = 1,
                       with_trainer: bool = False, model_path: str | None = None,
                       model: str = "refmodel", batch_invariant: bool = False,
-                      portable: bool = False) -> list[dict]:
+                      portable: bool = False, tp: int = 1) -> list[dict]:
     """Generate ``num_sequences`` rollouts (request i has seed ``seed + i`` and arrives at
     engine step ``i * stagger``) with ``model`` (a :func:`~detsample.models.load_model`
-    spec; ``model_path``: a saved reference model, for ``model="refmodel"`` only)."""
+    spec; ``model_path``: a saved reference model, for ``model="refmodel"`` only).
+    ``tp > 1``: the model tensor-parallel over ``tp`` local ranks (every rank runs the
+    engine on the gathered logits; ``trainer_logprobs`` are then the TP model's too;
+    docs/tensor-parallel.md)."""
     from detsample.audit.rescore import ModelRescorer
     from detsample.errors import InvalidSamplingParams
-    from detsample.params import Request, SamplingParams
-    from detsample.refmodel.engine import Engine, EngineConfig
-    from detsample.refmodel.schedule import Schedule
-    from detsample.refmodel.tokenizer import encode
 
     if num_sequences < 1:
         raise InvalidSamplingParams(f"num_sequences must be >= 1, got {num_sequences}")
     if stagger < 0:
         raise InvalidSamplingParams(f"stagger must be >= 0, got {stagger}")
+    run = dict(num_sequences=num_sequences, max_new_tokens=max_new_tokens, seed=seed,
+               temperature=temperature, top_p=top_p, top_k=top_k, max_batch_size=max_batch_size,
+               stagger=stagger, with_trainer=with_trainer)
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise InvalidSamplingParams(f"tp must be an int >= 1, got {tp!r}")
+    if tp > 1:
+        from detsample.parallel import TPModelSpec, check_spec, launch, load_sharded
+
+        if model_path is not None:
+            raise InvalidSamplingParams("model_path (a saved reference model) cannot run "
+                                        "tensor-parallel; give tp=1")
+        spec = TPModelSpec(model, tp, batch_invariant, portable)
+        check_spec(spec)
+        return launch(tp, load_sharded, (spec,), _rank_rollouts, run)
     rescorer = ModelRescorer(model, batch_invariant=batch_invariant, portable=portable,
                              model_path=model_path, label="--model")
-    lm = rescorer.build_model()
+    return _rollouts(rescorer.build_model(), rescorer, **run)
+
+
+def _rank_rollouts(lm, comm, run: dict) -> list[dict]:
+    """:func:`generate_rollouts` on one rank of a tensor-parallel group (every rank the
+    same engine on the same gathered logits; rank 0's records are the result)."""
+    from detsample.audit.rescore import rescore_with
+
+    return _rollouts(lm, lambda p, r: rescore_with(lm, p, r).numpy(), **run)
+
+
+def _rollouts(lm, rescorer, *, num_sequences: int, max_new_tokens: int, seed: int,
+              temperature: float, top_p: float, top_k: int, max_batch_size: int | None,
+              stagger: int, with_trainer: bool) -> list[dict]:
+    from detsample.params import Request, SamplingParams
+    from detsample.refmodel.engine import Engine, EngineConfig
+    from detsample.refmodel.schedule import Schedule
+    from detsample.refmodel.tokenizer import encode
+
     requests = []
     for i in range(num_sequences):
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,

@@ -121,3 +121,24 @@ PORTABLE_NEEDS_MODE = ("--portable selects the batch-invariant mode's portable k
 def portable_without_mode(args: object) -> bool:
     """Whether ``--portable`` was given without ``--batch-invariant`` (a usage error)."""
     return bool(getattr(args, "portable", False)) and not getattr(args, "batch_invariant", False)
+
+
+def tp_sizes(text: str) -> list[int]:
+    """``--tp`` of ``probe model``: a comma list of TP sizes (ints >= 1), else an argparse
+    error naming the value."""
+    try:
+        sizes = [positive_int(t.strip()) for t in text.split(",")]
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"must be a comma list of TP sizes (ints >= 1), "
+                                         f"got {text!r}") from None
+    return sizes
+
+
+def tp_needs_portable(args: argparse.Namespace, sizes: "list[int]") -> str | None:
+    """The usage error of a TP size > 1 under ``--batch-invariant`` without ``--portable``
+    (the verified kernels cannot give TP=1's bits), or None."""
+    if any(t > 1 for t in sizes) and getattr(args, "batch_invariant", False) \
+            and not getattr(args, "portable", False):
+        from detsample.parallel.layers import VERIFIED_REFUSED
+        return f"--tp {','.join(map(str, sizes))}: {VERIFIED_REFUSED}"
+    return None

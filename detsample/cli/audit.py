@@ -12,7 +12,7 @@ from pathlib import Path
 from detsample.audit.layout import PRESET_NAMES
 from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, fraction, max_excluded, model_spec,
                                      nonneg_float, portable_without_mode, positive_finite,
-                                     positive_int, rollout_rs)
+                                     positive_int, rollout_rs, tp_needs_portable)
 from detsample.cli._outputs import output_problems
 from detsample.errors import DetsampleError
 
@@ -49,6 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--portable", action="store_true",
                    help="with --batch-invariant: the mode's portable kernels (the same bits "
                         "on every CPU; use it on both sides of a rollout -> audit loop)")
+    p.add_argument("--tp", type=positive_int, default=1, metavar="M",
+                   help="run the --rescore model tensor-parallel over M local ranks (gloo; "
+                        "docs/tensor-parallel.md); M > 1 under --batch-invariant needs --portable")
     p.add_argument("--dtype", choices=["promoted", "float16", "float32", "float64"],
                    default="promoted",
                    help="round both logprob columns to this dtype before comparing "
@@ -83,20 +86,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from detsample.audit import AuditOptions, audit, check_gates, to_json
     from detsample.audit.frameworks import FrameworkOptions
-    from detsample.audit.rescore import ModelRescorer
+    from detsample.audit.rescore import ModelRescorer, TPRescorer
     from detsample.audit.report import format_summary, write_report
 
     problems = output_problems((args.json, "--json", "file"), (args.report, "--report", "dir"))
     if problems:  # before any file is read: a long audit never ends in an unwritable path
         print(f"detsample audit: error: {problems[0]}", file=sys.stderr)
         return 2
+    rescore = args.rescore
     try:
-        rescore = args.rescore
         if portable_without_mode(args):
             raise ValueError(PORTABLE_NEEDS_MODE)
-        if args.batch_invariant:
+        refused = tp_needs_portable(args, [args.tp])
+        if refused:
+            raise ValueError(refused)
+        if args.batch_invariant and rescore is None:
+            raise ValueError("--batch-invariant applies to the --rescore model; give --rescore MODEL")
+        if args.tp > 1:
             if rescore is None:
-                raise ValueError("--batch-invariant applies to the --rescore model; give --rescore MODEL")
+                raise ValueError(f"--tp {args.tp} applies to the --rescore model; give --rescore MODEL")
+            rescore = TPRescorer(rescore, args.tp, batch_invariant=args.batch_invariant,
+                                 portable=args.portable)
+        elif args.batch_invariant:
             rescore = ModelRescorer(rescore, batch_invariant=True, portable=args.portable)
         frameworks = FrameworkOptions(args.rollout_is_threshold, args.rollout_rs,
                                       args.rollout_rs_threshold)
@@ -110,6 +121,9 @@ def run(args: argparse.Namespace) -> int:
         why = "; ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
         print(f"detsample audit: error: {why}", file=sys.stderr)  # one line
         return 2
+    finally:
+        if isinstance(rescore, TPRescorer):
+            rescore.close()
     text = to_json(report)
     if args.json == "-":
         sys.stdout.write(text)

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from detsample.cli._argtypes import PORTABLE_NEEDS_MODE, portable_without_mode, positive_int
+from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, portable_without_mode, positive_int, tp_needs_portable,
+                                     tp_sizes)
 from detsample.cli._outputs import output_problem
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
@@ -67,6 +68,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     model.add_argument("--portable", action="store_true",
                        help="with --batch-invariant: the mode's portable kernels (the same "
                             "bits on every CPU, docs/batch-invariant.md)")
+    model.add_argument("--tp", type=tp_sizes, default=None, metavar="LIST",
+                       help="also run the model tensor-parallel at these sizes (comma list, "
+                            "e.g. 1,2,4) on a local gloo process group and add the check "
+                            "tensor_parallel: logits vs TP=1, bitwise (docs/tensor-parallel.md)")
     model.add_argument("--json", metavar="PATH", help="write the JSON report here ('-' = stdout)")
     model.set_defaults(func=run_model)
     p.set_defaults(func=lambda args: _usage(p))
@@ -129,12 +134,37 @@ def run_model(args: argparse.Namespace) -> int:
 
     if portable_without_mode(args):
         return _error(PORTABLE_NEEDS_MODE)
+    refused = tp_needs_portable(args, args.tp or [])
+    if refused:
+        return _error(refused)
     try:
         model = load_model(args.model, batch_invariant=args.batch_invariant,
                            portable=args.portable)
         device = getattr(model, "device", "cpu")
+        if args.tp:
+            from detsample.parallel import check_spec, TPModelSpec
+            for tp in args.tp:   # a refused size is a usage error, before any probe runs
+                check_spec(TPModelSpec(args.model, tp, args.batch_invariant, args.portable), model)
         report = probe_model(model, platform=platform_fingerprint(device), target=args.model)
+        if args.tp:
+            report = _with_tp(report, model, args)
     except ModelError as e:
         return _error(str(e))
     failed = _emit(report, args.json)
     return failed if failed is not None else (0 if report.ok else 1)
+
+
+def _with_tp(report: Any, model: Any, args: argparse.Namespace) -> Any:
+    """``report`` with the ``tensor_parallel`` check appended (docs/tensor-parallel.md)."""
+    from dataclasses import replace
+
+    from detsample.parallel import RankError
+    from detsample.probe.parallel import CHECK_NAME, check_tensor_parallel
+    from detsample.probe.report import CheckResult
+
+    try:
+        check = check_tensor_parallel(model, args.model, args.tp, batch_invariant=args.batch_invariant,
+                                      portable=args.portable)
+    except RankError as e:   # a rank failed: the check fails, saying how
+        check = CheckResult(CHECK_NAME, False, str(e))
+    return replace(report, checks=report.checks + (check,))

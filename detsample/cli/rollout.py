@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, model_spec, portable_without_mode,
-                                     positive_int, sampling_field)
+                                     positive_int, sampling_field, tp_needs_portable)
 from detsample.cli._outputs import output_problem
 
 #: what ``detsample rollout`` writes (the audit also reads .pt, which rollout cannot write)
@@ -59,6 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--portable", action="store_true",
                    help="with --batch-invariant: the mode's portable kernels (the same bits "
                         "on every CPU)")
+    p.add_argument("--tp", type=positive_int, default=1, metavar="N",
+                   help="run the model tensor-parallel over N local ranks (gloo; "
+                        "docs/tensor-parallel.md); N > 1 under --batch-invariant needs --portable")
     p.add_argument("--with-trainer", action="store_true",
                    help="also write trainer_logprobs, recomputed by prefill")
     p.set_defaults(func=run)
@@ -73,6 +76,10 @@ def run(args: argparse.Namespace) -> int:
     if portable_without_mode(args):
         print(f"detsample rollout: error: {PORTABLE_NEEDS_MODE}", file=sys.stderr)
         return 2
+    refused = tp_needs_portable(args, [args.tp])
+    if refused:
+        print(f"detsample rollout: error: {refused}", file=sys.stderr)
+        return 2
     problem = output_problem(args.out, "OUT")
     if problem:  # before the engine runs
         print(f"detsample rollout: error: {problem}", file=sys.stderr)
@@ -83,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
             args.num_sequences, max_new_tokens=args.max_new_tokens, seed=args.seed,
             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
             max_batch_size=args.max_batch_size, with_trainer=args.with_trainer,
-            model=args.model, batch_invariant=args.batch_invariant, portable=args.portable)
+            model=args.model, batch_invariant=args.batch_invariant, portable=args.portable,
+            tp=args.tp)
     except (AuditInputError, DetsampleError, ValueError) as exc:
         print(f"detsample rollout: error: {exc}", file=sys.stderr)
         return 2

@@ -7,8 +7,10 @@ nor exact by construction (:data:`EXACT_OPS`, views), nor in a measured-invarian
 caller passes (``detsample.probe.ops.invariant_aten_ops`` gives one, as ``"aten::op"``
 names). An empty list means every op of that forward is accounted for.
 
-Ops the invariant attention (:func:`detsample.invariant.attention.attend`) runs inside
-itself are not recorded: that function is one unit, tested as such.
+Ops the invariant attention (:func:`detsample.invariant.attention.attend`) and the
+tensor-parallel units (:data:`detsample.invariant.sharded.UNITS`: the split-K portable
+product, the exact embedding and concatenation collectives) run inside themselves are
+not recorded: each of those functions is one unit, tested as such.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detsample.invariant.attention import attend
+from detsample.invariant.sharded import UNITS
 from detsample.invariant.table import OVERRIDES
 
 #: ops that do no floating-point arithmetic (creation, copies, indexing, comparisons,
@@ -105,11 +108,13 @@ def op_name(func: Any) -> str:
     return name if overload in ("default", "") else f"{name}.{overload}"
 
 
-def _inside_attention() -> bool:
+_UNIT_CODES = frozenset(f.__code__ for f in (attend, *UNITS))
+
+
+def _inside_unit() -> bool:
     frame = sys._getframe(2)
-    code = attend.__code__
     while frame is not None:
-        if frame.f_code is code:
+        if frame.f_code in _UNIT_CODES:
             return True
         frame = frame.f_back
     return False
@@ -125,7 +130,7 @@ class OpRecorder(TorchDispatchMode):
         self.views: set[str] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        if not _inside_attention():
+        if not _inside_unit():
             name = op_name(func)
             if name in CONDITIONAL and CONDITIONAL[name](args, kwargs or {}):
                 return func(*args, **(kwargs or {}))       # exact for these arguments

@@ -92,10 +92,16 @@ class Fixed:
         return self._norms
 
 
-def to_fixed(x: torch.Tensor, dim: int, bits: int) -> Fixed:
-    """``x`` (float32 / bf16 / f16, any leading batch dims) in fixed point along ``dim``
-    (-1: per row of A; -2: per column of B), ``bits`` bits below each slice's maximum."""
+def scan(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The first half of :func:`to_fixed`: ``x`` in float64 with non-finite values set to
+    0, each slice's maximum magnitude ``top`` along ``dim`` (kept) and ``bad`` (slices that
+    held a non-finite value, or None). A slice split across tensor-parallel ranks takes
+    the MAX of ``top`` and of ``bad`` over them (exact) before :func:`quantize`."""
     xd = _as_f32(x).to(torch.float64)
+    if xd.shape[dim] == 0:                            # an empty slice scales like a zero one
+        shape = list(xd.shape)
+        shape[dim] = 1
+        return xd, xd.new_zeros(shape), None
     top = xd.abs().amax(dim=dim, keepdim=True)        # NaN / inf show in the maxima
     bad = None
     if not bool(torch.isfinite(top).all()):
@@ -103,9 +109,24 @@ def to_fixed(x: torch.Tensor, dim: int, bits: int) -> Fixed:
         bad = ~finite.all(dim=dim, keepdim=True)
         xd = torch.where(finite, xd, 0.0)
         top = xd.abs().amax(dim=dim, keepdim=True)
+    return xd, top, bad
+
+
+def quantize(xd: torch.Tensor, top: torch.Tensor, bad: torch.Tensor | None, dim: int, bits: int,
+             owned: bool = False) -> Fixed:
+    """The second half of :func:`to_fixed`: the integers of ``xd`` (float64, finite) at
+    ``bits`` bits below the exponent of ``top`` (each slice's maximum magnitude; broadcast
+    along ``dim``). ``owned``: ``xd`` may be scaled in place."""
     e = torch.frexp(top)[1]
-    ints = torch.round(xd.mul_(pow2(bits - e)) if xd is not x else xd * pow2(bits - e))
+    ints = torch.round(xd.mul_(pow2(bits - e)) if owned else xd * pow2(bits - e))
     return Fixed(ints, e, bad, dim)
+
+
+def to_fixed(x: torch.Tensor, dim: int, bits: int) -> Fixed:
+    """``x`` (float32 / bf16 / f16, any leading batch dims) in fixed point along ``dim``
+    (-1: per row of A; -2: per column of B), ``bits`` bits below each slice's maximum."""
+    xd, top, bad = scan(x, dim)
+    return quantize(xd, top, bad, dim, bits, owned=xd is not x)
 
 
 def _bound(a: Fixed, b: Fixed) -> float:
@@ -127,6 +148,14 @@ def exact_dot(a: Fixed, b: Fixed) -> torch.Tensor:
         part = part.to(torch.int64)
         s = part if s is None else s.add_(part)
     return s
+
+
+def exact_int(a: Fixed, b: Fixed) -> torch.Tensor:
+    """:func:`exact_dot` as int64 (a float64 sum holds an integer below ``2**53``: exact).
+    Partial sums over disjoint K-ranges of one product add in int64 to its ``S``, in any
+    order and grouping, bitwise (the tensor-parallel combine)."""
+    s = exact_dot(a, b)
+    return s if s.dtype == torch.int64 else s.to(torch.int64)
 
 
 def combine(s: torch.Tensor, a: Fixed, b: Fixed, dtype: torch.dtype) -> torch.Tensor:

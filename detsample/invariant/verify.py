@@ -53,7 +53,16 @@ aten = torch.ops.aten
 
 SUM_CHUNK = 8192          # widest row summed by one torch call (longer rows: chunks, then again)
 SUM_GRAIN = 32768         # torch's GRAIN_SIZE: calls below it run one serial loop
-BATCHES = (1, 3, 8)       # bmm batch sizes compared
+BATCHES = (1, 2, 3, 8)    # bmm batch sizes compared at 1 thread (see batches())
+
+
+def batches(threads: int) -> tuple[int, ...]:
+    """The bmm batch sizes compared at ``threads`` threads: :data:`BATCHES` and every count
+    up to ``threads + 1``. A BLAS gives each matrix of a batch with fewer matrices than
+    threads more than one thread, and that share decides its kernel: measured, under MKL's
+    AVX2 path at 4 threads a batch of 2 rounded its 64-row tiles unlike 1 thread while
+    batches of 1, 3 and 8 agreed (the attention's GQA groups made such a batch)."""
+    return tuple(sorted(set(BATCHES) | set(range(1, threads + 2))))
 
 
 class NotInvariantError(DetsampleError, RuntimeError):
@@ -69,10 +78,26 @@ def _gen(key: tuple) -> torch.Generator:
 
 
 def _values(shape: Sequence[int], g: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
-    """Normal values with row magnitudes spread over 2**-6 .. 2**6."""
-    x = torch.randn(tuple(shape), generator=g, dtype=torch.float64)
-    scale = torch.exp2(torch.randint(-6, 7, tuple(shape[:-1]) + (1,), generator=g).to(torch.float64))
-    return (x * scale).to(dtype)
+    """Normal values with row magnitudes spread over 2**-6 .. 2**6 (float32 normals times
+    exact powers of two, then cast to ``dtype``)."""
+    x = torch.randn(tuple(shape), generator=g, dtype=torch.float32)
+    scale = torch.exp2(torch.randint(-6, 7, tuple(shape[:-1]) + (1,), generator=g).to(torch.float32))
+    return x.mul_(scale).to(dtype)
+
+
+WEIGHT_ROWS = 521   # distinct random rows of a checked weight (a prime: no tile or block period)
+
+
+def _weight(shape: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    """A random ``(nb, n, k)`` weight whose rows repeat with period :data:`WEIGHT_ROWS`:
+    the call keeps its real shape (which decides the BLAS kernel) while only
+    ``WEIGHT_ROWS * k`` values are drawn (drawing all of a 2048 x 8192 weight was most of a
+    check's time); every output column is still compared."""
+    nb, n, k = shape
+    if n <= WEIGHT_ROWS:
+        return _values(shape, g, dtype)
+    base = _values((nb, WEIGHT_ROWS, k), g, dtype)
+    return base.index_select(1, torch.arange(n) % WEIGHT_ROWS)
 
 
 # -- matmul --------------------------------------------------------------------------------
@@ -121,7 +146,8 @@ def _refs(a: torch.Tensor, b: torch.Tensor, nbs: Sequence[int]) -> dict:
         per = {s: [_run((a[i] if two_d else a[i: i + 1])[..., :compared_rows(s, n), :],
                         b[i] if two_d else b[i: i + 1], s)
                    for i in range(max(nbs))] for s in tiles.SIZES}
-    return {(nb, s): per[s][0] if two_d else torch.cat(per[s][:nb]) for nb in nbs for s in tiles.SIZES}
+    return {(nb, s): per[s][0] if two_d else torch.cat(per[s][:nb])
+            for nb in range(1, max(nbs) + 1) for s in tiles.SIZES}
 
 
 def _matmul_candidate(a: torch.Tensor, b: torch.Tensor, nbs: Sequence[int], threads: int,
@@ -230,15 +256,33 @@ class _RefCache(dict):
 _REFS = _RefCache()
 
 
-def _operands(kind: str, k: int, n: int, lay: str, dtype: torch.dtype
+class _LastOperands(dict):
+    """The operands of the decision in progress, so that checking a canonical plan at
+    another thread count reuses the random values it was decided on (cleared when the
+    decision ends; bounded: a weight can be 64 MB)."""
+
+    def __setitem__(self, key, value) -> None:
+        while len(self) >= 2:
+            del self[next(iter(self))]
+        super().__setitem__(key, value)
+
+
+_OPERANDS = _LastOperands()
+
+
+def _operands(kind: str, k: int, n: int, lay: str, dtype: torch.dtype, threads: int = 1
               ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
     """Seeded random operands of a key: ``a (nb, 2*TILE, k)``, ``b (nb, k, n)`` of layout
-    ``lay``, and the batch sizes compared (``(1,)`` for mm)."""
-    g = _gen((kind, k, n, lay, dtype))
-    nbs = (1,) if kind == "mm" else BATCHES
-    a = _values((max(nbs), 2 * tiles.TILE, k), g, dtype)
-    w = _values((max(nbs), n, k), g, dtype)
-    return a, (w.transpose(1, 2) if lay == "nt" else w.transpose(1, 2).contiguous()), nbs
+    ``lay``, and the batch sizes compared at ``threads`` threads (``(1,)`` for mm;
+    :func:`batches` for bmm)."""
+    nbs = (1,) if kind == "mm" else batches(threads)
+    key = (kind, k, n, lay, dtype, max(nbs))
+    if key not in _OPERANDS:
+        g = _gen(key[:5])
+        a = _values((max(nbs), 2 * tiles.TILE, k), g, dtype)
+        w = _weight((max(nbs), n, k), g, dtype)
+        _OPERANDS[key] = a, w.transpose(1, 2) if lay == "nt" else w.transpose(1, 2).contiguous()
+    return _OPERANDS[key] + (nbs,)
 
 
 def _decide_matmul(kind: str, k: int, n: int, lay: str, dtype: torch.dtype) -> Plan:
@@ -254,7 +298,7 @@ def _decide_matmul(kind: str, k: int, n: int, lay: str, dtype: torch.dtype) -> P
             break                   # within 10% of every size agreeing: no weight copy
         bb = b if form == "native" else b.contiguous()
         ref = _refs(a, bb, nbs)
-        _REFS[(kind, k, n, lay, dtype, form)] = ref
+        _REFS[(kind, k, n, lay, dtype, form, a.shape[0])] = ref
         ladder, why = _matmul_candidate(a, bb, nbs, 1, ref)
         tried.append(f"{form} layout: {why}")
         # a contiguous copy costs the weight's memory again: it must save 10%
@@ -278,9 +322,9 @@ def _at_threads(canon: Plan, kind: str, k: int, n: int, lay: str, dtype: torch.d
     the 1-thread bits there (at every position, among fresh or zero rows), else the same
     tiles run at 1 thread (the same bits by construction)."""
     form, ladder, _ = canon.data
-    a, b, nbs = _operands(kind, k, n, lay, dtype)
+    a, b, nbs = _operands(kind, k, n, lay, dtype, threads)
     bb = b if form == "native" else b.contiguous()
-    ref = _REFS.get((kind, k, n, lay, dtype, form)) or _refs(a, bb, nbs)
+    ref = _REFS.get((kind, k, n, lay, dtype, form, a.shape[0])) or _refs(a, bb, nbs)
     got, why = _matmul_candidate(a, bb, nbs, threads, ref, only=ladder)
     if got == ladder:
         return Plan(canon.kernel, VERIFIED, f"at {threads} threads: {why}", canon.data)
@@ -365,11 +409,14 @@ def _threaded(key: tuple, decide: Callable[[], Plan],
     its bits) and, at another thread count, ``at(canon, threads)``: the same kernel, run
     at that count where its check holds there, else at 1 thread."""
     threads = torch.get_num_threads()
-    with torch_threads(1):
-        canon = plans().get(key + (1,), decide)
-    if threads == 1 or not canon.data:
-        return canon
-    return plans().get(key + (threads,), lambda: at(canon, threads))
+    try:
+        with torch_threads(1):
+            canon = plans().get(key + (1,), decide)
+        if threads == 1 or not canon.data:
+            return canon
+        return plans().get(key + (threads,), lambda: at(canon, threads))
+    finally:
+        _OPERANDS.clear()       # the random operands live only as long as one decision
 
 
 # -- pointwise -----------------------------------------------------------------------------

@@ -208,9 +208,27 @@ def _fmt(shapes: list[list[int]]) -> str:
     return "x".join("[" + ",".join(str(d) for d in s) + "]" for s in shapes)
 
 
-def _first(a: list[_Record], b: list[_Record]) -> tuple[_Record, _Record, Diff] | None:
+Align = Callable[[torch.Tensor, torch.Tensor], "torch.Tensor | None"]
+
+
+def shard_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+    """:data:`Align` for a tensor-parallel rank 0 against TP=1: where ``x`` (rank 0's
+    slice) is ``y``'s shape but for one dim that is a divisor of ``y``'s, the leading
+    block of ``y`` along it (rank 0 holds the first heads / features / vocabulary rows);
+    None when the shapes admit no such block."""
+    if x.dim() != y.dim():
+        return None
+    dims = [d for d in range(x.dim()) if x.shape[d] != y.shape[d]]
+    if len(dims) != 1 or x.shape[dims[0]] == 0 or y.shape[dims[0]] % x.shape[dims[0]]:
+        return None
+    return y.narrow(dims[0], 0, x.shape[dims[0]])
+
+
+def _first(a: list[_Record], b: list[_Record],
+           align: Align | None = None) -> tuple[_Record, _Record, Diff] | None:
     """The first record of ``a`` (execution order) whose slice differs from ``b``'s under
-    the same key, compared in every layout both admit with equal shapes."""
+    the same key, compared in every layout both admit with equal shapes (``align``: maps
+    ``b``'s slice onto ``a``'s shape where they differ, or None to skip it)."""
     other = {r.key: r for r in b}
     for r in a:
         o = other.get(r.key)
@@ -218,8 +236,42 @@ def _first(a: list[_Record], b: list[_Record]) -> tuple[_Record, _Record, Diff] 
             continue
         for layout in r.values.keys() & o.values.keys():
             x, y = r.values[layout], o.values[layout]
+            if align is not None and x.shape != y.shape:
+                y = align(x, y)
+                if y is None:
+                    continue
             if x.shape == y.shape and x.dtype == y.dtype and not bits_equal(x, y):
                 return r, o, diff(x, y)
+    return None
+
+
+def to_data(rec: Recorder) -> dict[str, list[dict[str, Any]]]:
+    """``rec``'s records as plain lists and dicts of tensors (to send from another
+    process; :func:`from_data` reads them back)."""
+    def one(r: _Record) -> dict[str, Any]:
+        return {"key": list(r.key), "values": dict(r.values), "shapes": r.shapes}
+    return {"ops": [one(r) for r in rec.ops], "modules": [one(r) for r in rec.modules]}
+
+
+def from_data(data: dict[str, list[dict[str, Any]]]) -> tuple[list[_Record], list[_Record]]:
+    def one(d: dict[str, Any]) -> _Record:
+        return _Record(tuple(d["key"]), dict(d["values"]), [list(s) for s in d["shapes"]])
+    return [one(d) for d in data["ops"]], [one(d) for d in data["modules"]]
+
+
+def divergence(a: tuple[list[_Record], list[_Record]], b: tuple[list[_Record], list[_Record]],
+               align: Align | None = None) -> Divergence | None:
+    """Where recorded forward ``a`` (ops, module outputs) first differs from ``b``: the
+    first differing op, else the first differing module output, else None."""
+    hit = _first(a[0], b[0], align)
+    if hit is not None:
+        x, y, d = hit
+        return Divergence(x.key[0], x.key[1], f"{_fmt(x.shapes)} vs {_fmt(y.shapes)}",
+                          d.max_ulp, d.max_abs)
+    hit = _first(a[1], b[1], align)
+    if hit is not None:
+        x, _, d = hit
+        return Divergence(x.key[0], None, None, d.max_ulp, d.max_abs)
     return None
 
 
@@ -229,13 +281,4 @@ def first_divergence(a: Side, b: Side, module: torch.nn.Module | None = None,
     when no followed tensor differs (then the difference arises outside what the
     recorder can follow: say so, do not guess)."""
     ra, rb = record(a, module, root), record(b, module, root)
-    hit = _first(ra.ops, rb.ops)
-    if hit is not None:
-        x, y, d = hit
-        return Divergence(x.key[0], x.key[1], f"{_fmt(x.shapes)} vs {_fmt(y.shapes)}",
-                          d.max_ulp, d.max_abs)
-    hit = _first(ra.modules, rb.modules)
-    if hit is not None:
-        x, _, d = hit
-        return Divergence(x.key[0], None, None, d.max_ulp, d.max_abs)
-    return None
+    return divergence((ra.ops, ra.modules), (rb.ops, rb.modules))

@@ -1,0 +1,63 @@
+"""Models for the tensor-parallel tests, as ``module:factory`` specs the rank processes import.
+
+None of these shapes is one the project ships: they are "a model the project never saw"
+(``unseen_llama``: hidden 64, intermediate 96, 4 heads, 2 KV heads), a Qwen2 with q/k/v
+biases and tied embeddings that TP=2 and TP=4 divide, a Llama with biases on every
+projection (the row-parallel bias path; also in bfloat16, where the order of the bias
+and the rounding matters), one with 8 heads for the opt-in TP=8 run, and a
+GPT-2 (an architecture the runner refuses by name).
+"""
+
+from __future__ import annotations
+
+from detsample.models.tiny import TINY_VOCAB, build_hf
+
+_SMALL = dict(vocab_size=TINY_VOCAB, max_position_embeddings=256, rms_norm_eps=1e-5,
+              num_hidden_layers=2)
+
+UNSEEN = "tests.parallel.models:unseen_llama"
+QWEN2 = "tests.parallel.models:qwen2_biased"
+BIASED = "tests.parallel.models:llama_biased"
+WIDE8 = "tests.parallel.models:llama_8_heads"
+BIASED_BF16 = "tests.parallel.models:llama_biased_bf16"
+GPT2 = "tests.parallel.models:gpt2"
+
+
+def unseen_llama():
+    return build_hf("llama", 11, hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                    num_key_value_heads=2, tie_word_embeddings=False, **_SMALL)
+
+
+def qwen2_biased():
+    return build_hf("qwen2", 12, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                    num_key_value_heads=2, tie_word_embeddings=True, use_sliding_window=False,
+                    **_SMALL)
+
+
+def llama_biased():
+    return build_hf("llama", 13, hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                    num_key_value_heads=4, attention_bias=True, mlp_bias=True,
+                    tie_word_embeddings=False, **_SMALL)
+
+
+def llama_biased_bf16():
+    import torch
+
+    return build_hf("llama", 13, dtype=torch.bfloat16, hidden_size=64, intermediate_size=96,
+                    num_attention_heads=4, num_key_value_heads=4, attention_bias=True,
+                    mlp_bias=True, tie_word_embeddings=False, **_SMALL)
+
+
+def llama_8_heads():
+    return build_hf("llama", 14, hidden_size=128, intermediate_size=128, num_attention_heads=8,
+                    num_key_value_heads=2, tie_word_embeddings=False, **_SMALL)
+
+
+def gpt2():
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return GPT2LMHeadModel(GPT2Config(vocab_size=TINY_VOCAB, n_embd=32, n_layer=1, n_head=2,
+                                          n_positions=64, bos_token_id=0, eos_token_id=0)).eval()
