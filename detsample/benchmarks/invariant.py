@@ -178,6 +178,26 @@ def verification_cost(threads: int = 2) -> tuple[float, list[tuple[str, float, s
     return total, rows
 
 
+def big_tile_cost(threads: int = 2) -> tuple[float, list[tuple[str, float, str]]]:
+    """Seconds the big-tile checks take for a 1B Llama's product shapes (paid once, at the
+    first call of each shape with at least 128 rows: the first long prefill), after their
+    verification; and per shape (label, seconds, the big tiles taken)."""
+    from detsample.invariant import state, verify
+
+    state.reset_plans()
+    rows = []
+    with torch_threads(threads):
+        total = 0.0
+        for k, n in LLAMA_1B_PRODUCTS:
+            canon = verify.matmul_plan("mm", k, n, "nt", torch.float32)
+            t = time.perf_counter()
+            plan = verify.big_plan(k, n, "nt", torch.float32, canon)
+            rows.append((f"mm K={k} N={n}", time.perf_counter() - t, plan.kernel))
+            total += rows[-1][1]
+    state.reset_plans()
+    return total, rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m detsample.benchmarks.invariant",
                                 description=__doc__.split("\n\n")[0])
@@ -189,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.verification:
         total, rows = verification_cost(args.threads)
+        for label, sec, kernel in rows:
+            print(f"{label:<22} {1e3 * sec:8.1f} ms  {kernel}")
+        print(f"total {total:.2f} s")
+        total, rows = big_tile_cost(args.threads)
+        print("big-tile checks (once, at the first call of a shape with >= 128 rows):")
         for label, sec, kernel in rows:
             print(f"{label:<22} {1e3 * sec:8.1f} ms  {kernel}")
         print(f"total {total:.2f} s")

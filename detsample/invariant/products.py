@@ -24,8 +24,8 @@ from contextlib import nullcontext
 import torch
 
 from detsample.invariant import fixedpoint, tiles
-from detsample.invariant.state import note_portable
-from detsample.invariant.verify import layout, matmul_plan
+from detsample.invariant.state import Plan, note_portable
+from detsample.invariant.verify import big_plan, layout, matmul_plan
 from detsample.invariant.weights import derived, owner
 from detsample.probe.threads import torch_threads
 
@@ -85,8 +85,22 @@ def product(a: torch.Tensor, b: torch.Tensor, portable: bool, keyed: bool = Fals
         if plan.portable:
             parts.append(_portable(a, bb, keyed, of).to(ct))
             continue
-        form, ladder, single = plan.data
-        with torch_threads(1) if single else nullcontext():
-            parts.append(tiles.run(a, _contiguous(bb, of) if form == "contiguous" else bb, ladder))
+        bb = _contiguous(bb, of) if plan.data[0] == "contiguous" else bb
+        big = (big_plan(k, c1 - c0, lay, ct, plan).data
+               if kind == "mm" and a.shape[0] >= tiles.BIG[0] else ())
+        parts.append(_tiled(a, bb, plan, big))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+def _tiled(a: torch.Tensor, b: torch.Tensor, plan: Plan, big: tuple[int, ...]) -> torch.Tensor:
+    """``a @ b`` by a verified plan: the leading rows in the qualifying ``big`` tiles (at
+    this thread count), the rest in the ladder's tiles (at 1 thread where the plan says)."""
+    _, ladder, single = plan.data
+    sizes, rest = tiles.big_split(a.shape[-2], big)
+    head = a.shape[-2] - rest
+    out = [tiles.run_sizes(a[:head], b, sizes)] if sizes else []
+    if rest:
+        with torch_threads(1) if single else nullcontext():
+            out.append(tiles.run(a[head:] if head else a, b, ladder))
+    return out[0] if len(out) == 1 else torch.cat(out)
 

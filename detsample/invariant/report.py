@@ -19,6 +19,9 @@ def _describe(key: Hashable) -> tuple[str, str, int]:
     if kind == "matmul":
         _, op, k, n, lay, dtype, threads = key
         return op, f"K={k} N={n} {lay} {str(dtype).removeprefix('torch.')}", _threads(threads)
+    if kind == "big":
+        _, k, n, lay, dtype, threads = key
+        return "mm", f"K={k} N={n} {lay} {str(dtype).removeprefix('torch.')} (>= 128 rows)", threads
     if kind == "sum":
         _, n, dtype, threads = key
         return "sum", f"row of {n} {str(dtype).removeprefix('torch.')}", _threads(threads)

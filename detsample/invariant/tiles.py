@@ -26,6 +26,7 @@ aten = torch.ops.aten
 
 TILE = 64                                  # the largest tile (rows per call)
 SIZES = (1, 2, 4, 8, 16, 32, 64)           # ladder candidates (powers of two up to TILE)
+BIG = (128, 256, 512)                      # big-tile candidates for long 2-D products
 COL_BLOCK = 4096                           # widest column block per call
 _ALIGN = 64                                # bytes: every row of a tile starts aligned
 
@@ -74,13 +75,29 @@ def _aligned_rows(a: torch.Tensor, rows: int) -> torch.Tensor:
     return buf
 
 
+def big_split(m: int, big: tuple[int, ...]) -> tuple[list[int], int]:
+    """``(big tile sizes, rows left)``: ``m`` rows taken greedily in the largest of ``big``
+    that fits (no padding), the rest (fewer rows than ``big[0]``) for the ladder."""
+    sizes = []
+    for size in sorted(big, reverse=True):
+        while m >= size:
+            sizes.append(size)
+            m -= size
+    return sizes, m
+
+
 def run(a: torch.Tensor, b: torch.Tensor, ladder: tuple[int, ...]) -> torch.Tensor:
     """``a @ b`` for ``a (M, K)``, ``b (K, N)`` (or batched ``(nb, M, K)``, ``(nb, K, N)``;
     ``N`` one column block) in tiles of ``ladder``; returns a contiguous ``(..., M, N)`` in
     ``a``'s dtype (the caller has made both operands the compute dtype)."""
+    return run_sizes(a, b, tile_sizes(a.shape[-2], ladder))
+
+
+def run_sizes(a: torch.Tensor, b: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """``a @ b`` in tiles of exactly ``sizes`` rows, in order (their sum at least ``a``'s
+    rows; zero rows pad the last): :func:`run` with the sizes spelled out."""
     batched = a.dim() == 3
     m, n = a.shape[-2], b.shape[-1]
-    sizes = tile_sizes(m, ladder)
     buf = _aligned_rows(a, sum(sizes))
     out = a.new_empty(a.shape[:-2] + (sum(sizes), n))
     op = aten.bmm.out if batched else aten.mm.out

@@ -344,6 +344,50 @@ def matmul_plan(kind: str, k: int, n: int, lay: str, dtype: torch.dtype) -> Plan
 
 # -- reductions ----------------------------------------------------------------------------
 
+def _decide_big(k: int, n: int, lay: str, dtype: torch.dtype, canon: Plan, threads: int) -> Plan:
+    """Which sizes of :data:`~detsample.invariant.tiles.BIG` may run a long 2-D product at
+    ``threads`` threads: a big tile qualifies when every row it holds has the canonical
+    bits -- the ladder's at 1 thread -- both among fresh rows and reversed among zero
+    rows. It changes no bit by construction of the check; it saves the calls (and, where
+    the ladder runs at 1 thread because MKL splits K across threads for short tiles, the
+    threads: a 512-row call there gives the 1-thread bits at 2 threads)."""
+    form, ladder, _ = canon.data
+    try:
+        _, b, _ = _operands("mm", k, n, lay, dtype)
+        bb = b[0] if form == "native" else b[0].contiguous()
+        a = _values((max(tiles.BIG), k), _gen(("big", k, n, lay, dtype)), dtype)
+        with torch_threads(1):
+            ref = tiles.run(a, bb, ladder)
+        ok, bad = [], []
+        with torch_threads(threads):
+            for s in tiles.BIG:
+                mixed = a[:s].flip(0).clone()
+                mixed[0::4] = 0
+                keep = torch.ones(s, dtype=torch.bool)
+                keep[0::4] = False
+                same = (torch.equal(tiles.run_sizes(a[:s], bb, [s]), ref[:s])
+                        and torch.equal(tiles.run_sizes(mixed, bb, [s])[keep], ref[:s].flip(0)[keep]))
+                (ok if same else bad).append(s)
+    finally:
+        _OPERANDS.clear()
+    why = (f"rows of {'/'.join(map(str, ok)) or 'no'}-row calls at {threads} thread(s) agree with "
+           f"the tiles of {'/'.join(map(str, ladder))} at 1 thread"
+           + (f" (not: {'/'.join(map(str, bad))})" if bad else ""))
+    if not ok:
+        return Plan("no big tiles", VERIFIED, why, ())
+    return Plan(f"big row tiles of {'/'.join(map(str, ok))} at {threads} thread(s)", VERIFIED, why,
+                tuple(ok))
+
+
+def big_plan(k: int, n: int, lay: str, dtype: torch.dtype, canon: Plan) -> Plan:
+    """The big tiles a 2-D product with ``K = k`` and ``n`` columns (canonical plan
+    ``canon``) may take at the current thread count (``data``: the qualifying sizes, maybe
+    none); decided at the first call with at least ``tiles.BIG[0]`` rows."""
+    threads = torch.get_num_threads()
+    return plans().get(("big", k, n, lay, dtype, threads),
+                       lambda: _decide_big(k, n, lay, dtype, canon, threads))
+
+
 def torch_row_sum(x: torch.Tensor) -> torch.Tensor:
     """Row sums of ``(R, n)`` (``n <= SUM_CHUNK``) by torch's ``sum``, in calls of fewer
     than SUM_GRAIN elements (one serial loop each)."""
