@@ -2,7 +2,8 @@
 reads MKL_ENABLE_INSTRUCTIONS when it loads): builds Llamas of shapes the project's own
 models do not have, runs each under the verified and the portable kernels, and prints one
 JSON line: whether prefill == decode == chunked prefill == left/right-padded batch held
-bitwise for every model and variant, and a hash of each model's portable logits.
+bitwise for every model and variant (and a 700-row product's rows under the verified kernels,
+whose big tiles a 24-token prompt never reaches), and a hash of each model's portable logits.
 
     python tests/invariant/matrix_child.py THREADS [SHAPE ...]
 """
@@ -55,6 +56,22 @@ def failures(m: HFCausalLM, toks: list[int]) -> tuple[list[str], torch.Tensor]:
     return bad, full
 
 
+def long_product_failures() -> list[str]:
+    """A prefill-length product (700 rows = 512 + 128 + 60, K = N = 1024: big tiles where
+    they pass their check) row for row against the rows alone, under the verified kernels."""
+    import torch.nn.functional as F
+
+    from detsample import batch_invariant
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(1024, 1024, generator=g) / 32
+    x = torch.randn(700, 1024, generator=g)
+    with batch_invariant():
+        out = F.linear(x, w)
+        bad = [r for r in (0, 511, 512, 600, 639, 640, 699)
+               if not torch.equal(out[r:r + 1], F.linear(x[r:r + 1], w))]
+    return [f"long product verified: row {r} of 700 != alone" for r in bad]
+
+
 def main() -> int:
     torch.set_num_threads(int(sys.argv[1]))
     toks = torch.randint(0, 512, (24,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -67,6 +84,7 @@ def main() -> int:
             out["failures"] += [f"{name} {'portable' if portable else 'verified'}: {b}" for b in bad]
             if portable:
                 out["hashes"][name] = hashlib.sha256(full.numpy().tobytes()).hexdigest()[:16]
+    out["failures"] += long_product_failures()
     out["isa"] = torch.backends.cpu.get_cpu_capability()
     print(json.dumps(out))
     return 0 if not out["failures"] else 1
