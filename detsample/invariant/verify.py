@@ -342,8 +342,6 @@ def matmul_plan(kind: str, k: int, n: int, lay: str, dtype: torch.dtype) -> Plan
                      lambda canon, t: _at_threads(canon, kind, k, n, lay, dtype, t))
 
 
-# -- reductions ----------------------------------------------------------------------------
-
 def _decide_big(k: int, n: int, lay: str, dtype: torch.dtype, canon: Plan, threads: int) -> Plan:
     """Which sizes of :data:`~detsample.invariant.tiles.BIG` may run a long 2-D product at
     ``threads`` threads: a big tile qualifies when every row it holds has the canonical
@@ -387,6 +385,8 @@ def big_plan(k: int, n: int, lay: str, dtype: torch.dtype, canon: Plan) -> Plan:
     return plans().get(("big", k, n, lay, dtype, threads),
                        lambda: _decide_big(k, n, lay, dtype, canon, threads))
 
+
+# -- reductions ----------------------------------------------------------------------------
 
 def torch_row_sum(x: torch.Tensor) -> torch.Tensor:
     """Row sums of ``(R, n)`` (``n <= SUM_CHUNK``) by torch's ``sum``, in calls of fewer
