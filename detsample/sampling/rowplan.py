@@ -14,7 +14,6 @@ homogeneous-batch shortcut equal to the general path).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -84,15 +83,6 @@ class CandidateFilters:
     top_p: torch.Tensor | None
     min_p: torch.Tensor | None
 
-    @functools.cached_property
-    def host(self) -> list[tuple[int, float | None, float | None]]:
-        """Each row's ``(k_index, top_p, min_p)`` as Python scalars (the same values),
-        for :func:`detsample.ops.hostcut.draw_one_row`; computed once per plan."""
-        n = len(self.k_index)
-        ps = self.top_p.flatten().tolist() if self.top_p is not None else [None] * n
-        ms = self.min_p.flatten().tolist() if self.min_p is not None else [None] * n
-        return list(zip(self.k_index.flatten().tolist(), ps, ms))
-
     @staticmethod
     def of(rows: "Rows", k_max: int) -> "CandidateFilters | None":
         if not rows:
@@ -150,14 +140,15 @@ class RowPlan:
     excluded: frozenset[int] = field(default=frozenset())  # rows left out (no valid token)
 
     @property
-    def greedy_for_all(self) -> bool:
-        """Whether every row needs its argmax ("processed" logprobs are one-hot on it)."""
+    def any_processed(self) -> bool:
+        """Whether some row asks a processed mode (step 8's kept sets are then needed,
+        and every row's argmax: processed logprobs are one-hot on greedy rows)."""
         return any(m in self.modes for m in PROCESSED_MODES)
 
     @property
     def needs_scaled(self) -> bool:
         """Whether step 7's scaled logits are needed by some row."""
-        return bool(self.sampling) or "scaled" in self.modes or self.greedy_for_all
+        return bool(self.sampling) or "scaled" in self.modes or self.any_processed
 
 
 def route(params: Sequence, rows: Sequence[int], vocab_size: int, filter_impl: str,
