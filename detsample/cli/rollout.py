@@ -16,6 +16,7 @@ from pathlib import Path
 from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, model_spec, portable_without_mode,
                                      positive_int, sampling_field, tp_needs_portable)
 from detsample.cli._outputs import output_problem
+from detsample.cli._progress import Progress
 from detsample.params import LOGPROBS_MODES
 
 #: what ``detsample rollout`` writes (the audit also reads .pt, which rollout cannot write)
@@ -105,12 +106,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         prompts = read_prompts(args.prompts, args.tokenizer) if args.prompts else None
-        records = generate_rollouts(
-            args.num_sequences, max_new_tokens=args.max_new_tokens, seed=args.seed,
-            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-            max_batch_size=args.max_batch_size, with_trainer=args.with_trainer,
-            model=args.model, batch_invariant=args.batch_invariant, portable=args.portable,
-            tp=args.tp, prompts=prompts, n=args.n, logprobs_mode=args.logprobs_mode)
+        with Progress("rollout: sampling") as progress:
+            progress(0, None)
+            records = generate_rollouts(
+                args.num_sequences, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                max_batch_size=args.max_batch_size, with_trainer=args.with_trainer,
+                model=args.model, batch_invariant=args.batch_invariant, portable=args.portable,
+                tp=args.tp, prompts=prompts, n=args.n, logprobs_mode=args.logprobs_mode)
     except (AuditInputError, DetsampleError, ValueError, OSError) as exc:
         print(f"detsample rollout: error: {exc}", file=sys.stderr)
         return 2
