@@ -16,7 +16,7 @@ from multiprocessing import get_context
 
 from detsample.audit.assemble import assemble
 from detsample.audit.gates import check_gates
-from detsample.audit.issues import AuditInputError, Issue
+from detsample.audit.issues import AuditInputError, Issue, audit_file
 from detsample.audit.layout import LIST_COLUMNS, Layout, Resolved, resolve
 from detsample.audit.metrics import AuditAccumulator
 from detsample.audit.npz import NpzSource
@@ -47,7 +47,7 @@ class Shard:
 def open_source(path: str, layout: Layout):
     """(reader, resolved layout) of one file; structural errors are fatal here, before any
     shard runs. The reader is None for JSONL (read by byte ranges)."""
-    fmt = detect_format(path)
+    fmt = detect_format(audit_file(path))  # a FIFO or a device would block or never end
     if layout.records == "openai":
         if fmt != "jsonl":
             raise AuditInputError(f"{path}: preset openai reads JSONL (one OpenAI-compatible "
@@ -72,9 +72,7 @@ def plan_shards(paths: list[str], parts: int, layout: Layout | None = None) -> l
     shards: list[Shard] = []
     for path in paths:
         path = os.fspath(path)
-        if not os.path.exists(path):
-            raise AuditInputError(f"{path}: no such file")
-        fmt = detect_format(path)
+        fmt = detect_format(audit_file(path))
         src, _ = open_source(path, layout)
         if fmt == "jsonl":
             shards += [Shard(fmt, path, a, b, line) for a, b, line in split_jsonl(path, parts)]
