@@ -5,10 +5,13 @@ The public names are re-exported by :mod:`detsample.audit`.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
 import os
+import signal
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -186,11 +189,34 @@ def audit_accumulator(source: object, options: AuditOptions | None = None,
             pickle.dumps(opts.rescore)
         except Exception as exc:  # noqa: BLE001
             raise ValueError(f"rescore must be picklable to use workers > 1 ({exc})") from exc
-    with ProcessPoolExecutor(max_workers=opts.workers, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(run_shard, s, opts) for s in shards]
+    pool = ProcessPoolExecutor(max_workers=opts.workers, mp_context=get_context("spawn"))
+    try:
+        with _sigint_ignored():  # the workers start ignoring Ctrl-C: the parent handles it
+            futures = [pool.submit(run_shard, s, opts) for s in shards]
         for fut in futures:  # merged in file order
             total.merge(fut.result())
+    except BaseException:  # an error or Ctrl-C: stop the other shards now, not at their end
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     return total
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored while worker processes start (a process started with SIGINT ignored
+    keeps it ignored: Ctrl-C reaches the parent only, with no worker tracebacks); only
+    in the main thread, where Python handles signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def audit(source: object, options: AuditOptions | None = None, **kwargs: object) -> dict:

@@ -85,12 +85,7 @@ def golden_source(store: Any) -> str:
     manifests say it, how its goldens were produced."""
     from detsample.golden import isa
     here = isa.describe() if store.device.type == "cpu" else f"{store.device.type} {store.fingerprint}"
-    modes = set()
-    for man in sorted(store.platform_dir.glob("*/manifest.json")):
-        try:
-            modes.add(json.loads(man.read_text(encoding="utf-8")).get("cpu_dispatch", {}).get("mode"))
-        except (OSError, ValueError, AttributeError):
-            continue
+    modes = {d.get("mode") for d in isa.recorded_dispatch(store.platform_dir)}  # validated
     made = ", ".join(sorted(m for m in modes if m)) or "not recorded"
     return f"this run: {here}; goldens produced: {made}"
 
