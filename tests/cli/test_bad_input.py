@@ -21,11 +21,11 @@ import json
 import os
 import sys
 import textwrap
-import threading
 
 import pytest
 
 from detsample.cli import main
+from tests.helpers import run_bounded
 
 GOOD = {"id": "a", "prompt_ids": [1, 2], "response_ids": [3, 4],
         "engine_logprobs": [-0.5, -0.25], "trainer_logprobs": [-0.5, -0.25], "mask": [1, 1]}
@@ -33,31 +33,6 @@ LOG_ROW = {"step": 0, "sequences": 1, "excluded_sequences": 0, "tokens": 2,
            "exact_match_fraction": 1.0, "mismatch_fraction": 0.0, "mean_abs_diff": 0.0,
            "max_abs_diff": 0.0, "k3_kl_mean": 0.0, "abs_diff_p99": 0.0,
            "ratio": {"mean": 1.0, "min": 1.0, "max": 1.0, "p50": 1.0}}
-
-
-def run_bounded(argv: list[str], unblock: list = (), seconds: float = 60.0) -> int:
-    """``main(argv)`` in a thread: a command still running after ``seconds`` is a hang
-    (the FIFOs of ``unblock`` are then opened for writing, so the thread ends)."""
-    box: dict = {}
-
-    def target():
-        try:
-            box["rc"] = main(argv)
-        except BaseException as exc:  # noqa: BLE001 - a traceback the user would see
-            box["exc"] = exc
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(seconds)
-    if t.is_alive():
-        for path in unblock:
-            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-            os.close(fd)
-        t.join(10)
-        pytest.fail(f"detsample {' '.join(argv)}: still running after {seconds} s (a hang)")
-    if "exc" in box:
-        raise AssertionError(f"an exception escaped main: {box['exc']!r}") from box["exc"]
-    return box["rc"]
 
 
 def one_error_line(err: str, command: str) -> str:
