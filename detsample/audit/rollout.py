@@ -12,6 +12,11 @@ kernels the audit reports the mismatch.
 
 Prompts are the reference tokenizer's byte-level ids of :data:`PROMPTS` (taken modulo
 the vocabulary size for a model with fewer than 512 tokens).
+
+With ``draft_model`` (a model spec, or ``"ngram"`` for prompt lookup) and
+``num_speculative_tokens`` the engine decodes speculatively
+(:mod:`detsample.refmodel.speculative`): the records are the same, byte for byte, and
+``on_speculative`` receives the run's counts (acceptance rate).
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
                       max_batch_size: int | None = 4, stagger: int = 1,
                       with_trainer: bool = False, model_path: str | None = None,
                       model: str = "refmodel", batch_invariant: bool = False,
-                      portable: bool = False, tp: int = 1) -> list[dict]:
+                      portable: bool = False, tp: int = 1, draft_model: str | None = None,
+                      num_speculative_tokens: int = 0, on_speculative=None) -> list[dict]:
     """Generate ``num_sequences`` rollouts (request i has seed ``seed + i`` and arrives at
     engine step ``i * stagger``) with ``model`` (a :func:`~detsample.models.load_model`
     spec; ``model_path``: a saved reference model, for ``model="refmodel"`` only).
@@ -50,6 +56,9 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
     run = dict(num_sequences=num_sequences, max_new_tokens=max_new_tokens, seed=seed,
                temperature=temperature, top_p=top_p, top_k=top_k, max_batch_size=max_batch_size,
                stagger=stagger, with_trainer=with_trainer)
+    if (draft_model is None) != (not num_speculative_tokens):
+        raise InvalidSamplingParams("draft_model and num_speculative_tokens go together, got "
+                                    f"{draft_model!r} and {num_speculative_tokens!r}")
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise InvalidSamplingParams(f"tp must be an int >= 1, got {tp!r}")
     if tp > 1:
@@ -58,12 +67,37 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
         if model_path is not None:
             raise InvalidSamplingParams("model_path (a saved reference model) cannot run "
                                         "tensor-parallel; give tp=1")
+        if draft_model is not None:
+            raise InvalidSamplingParams("speculative decoding (draft_model) runs with tp=1 only")
         spec = TPModelSpec(model, tp, batch_invariant, portable)
         check_spec(spec)
         return launch(tp, load_sharded, (spec,), _rank_rollouts, run)
     rescorer = ModelRescorer(model, batch_invariant=batch_invariant, portable=portable,
                              model_path=model_path, label="--model")
-    return _rollouts(rescorer.build_model(), rescorer, **run)
+    lm = rescorer.build_model()
+    if draft_model is not None:
+        run["speculative"] = _speculative(lm, draft_model, num_speculative_tokens,
+                                          batch_invariant, portable)
+        run["on_speculative"] = on_speculative
+    return _rollouts(lm, rescorer, **run)
+
+
+def _speculative(lm, draft_model: str, k: int, batch_invariant: bool, portable: bool):
+    """The engine's :class:`~detsample.refmodel.speculative.Speculative` for the CLI's
+    ``--draft-model`` (``ngram``: prompt lookup; else a model spec loaded in the target's
+    mode) and ``--num-speculative-tokens``."""
+    from detsample.errors import InvalidSamplingParams
+    from detsample.models import ModelError, load_model
+    from detsample.refmodel.speculative import DraftModel, NGram, Speculative, check_draft_model
+
+    if draft_model == "ngram":
+        return Speculative(NGram(), k)
+    try:
+        draft = load_model(draft_model, batch_invariant=batch_invariant, portable=portable)
+    except ModelError as exc:
+        raise InvalidSamplingParams(f"--draft-model: {exc}") from exc
+    check_draft_model(lm, draft)
+    return Speculative(DraftModel(draft), k)
 
 
 def _rank_rollouts(lm, comm, run: dict) -> list[dict]:
@@ -76,7 +110,8 @@ def _rank_rollouts(lm, comm, run: dict) -> list[dict]:
 
 def _rollouts(lm, rescorer, *, num_sequences: int, max_new_tokens: int, seed: int,
               temperature: float, top_p: float, top_k: int, max_batch_size: int | None,
-              stagger: int, with_trainer: bool) -> list[dict]:
+              stagger: int, with_trainer: bool, speculative=None,
+              on_speculative=None) -> list[dict]:
     from detsample.params import Request, SamplingParams
     from detsample.refmodel.engine import Engine, EngineConfig
     from detsample.refmodel.schedule import Schedule
@@ -89,8 +124,11 @@ def _rollouts(lm, rescorer, *, num_sequences: int, max_new_tokens: int, seed: in
                                 logprobs_mode="raw")
         prompt = [t % lm.vocab_size for t in encode(PROMPTS[i % len(PROMPTS)])]
         requests.append((i * stagger, Request(f"rollout-{seed}-{i}", params, prompt, [])))
-    engine = Engine(lm, config=EngineConfig(max_batch_size=max_batch_size))
+    engine = Engine(lm, config=EngineConfig(max_batch_size=max_batch_size),
+                    speculative=speculative)
     result = engine.run(Schedule.of(requests))
+    if on_speculative is not None and result.speculative is not None:
+        on_speculative(result.speculative)
     records = []
     for _, req in requests:
         res = result[req.rid]
