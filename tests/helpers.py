@@ -31,7 +31,7 @@ def params_strategy(vocab_size: int, with_bias: bool = True):
         logit_bias=bias,
         seed=st.integers(0, 2**63 - 1),
         logprobs=st.sampled_from([0, 0, 1, 3]),
-        logprobs_mode=st.sampled_from(["raw", "scaled", "processed"]),
+        logprobs_mode=st.sampled_from(["raw", "scaled", "processed", "processed_fixed"]),
     )
 
 

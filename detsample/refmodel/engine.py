@@ -436,6 +436,15 @@ def rescore(model: Any, sampler: Sampler, request_params: SamplingParams,
         return torch.empty(0, dtype=torch.float32)
     full = model.forward([model.new_cache()], [prompt + output])[0]
     logits = full[len(prompt) - 1: len(prompt) + len(output) - 1]
+    return score_logits(model, sampler, request_params, prompt, output, logits,
+                        eos_token_ids=eos_token_ids, vocab=vocab)
+
+
+def score_logits(model: Any, sampler: Sampler, request_params: SamplingParams,
+                 prompt: list[int], output: list[int], logits: torch.Tensor, *,
+                 eos_token_ids: Sequence[int] = (EOS_ID,), vocab: Any = None) -> torch.Tensor:
+    """:func:`rescore` after its prefill: ``logits`` [len(output), V] are the rows that
+    score ``output`` (row i: after ``prompt + output[:i]``); float32 [len(output)]."""
     reqs = [Request(f"rescore/{i}", request_params, prompt, output[:i]) for i in range(len(output))]
     if vocab is None and request_params.grammar is not None:
         vocab = default_vocab(model)
