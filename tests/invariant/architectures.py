@@ -54,6 +54,8 @@ PANEL: tuple[Arch, ...] = (
     Arch("smollm3", "SmolLM3Config", "SmolLM3ForCausalLM", features="NoPE layers"),
     Arch("cohere2", "Cohere2Config", "Cohere2ForCausalLM", dict(sliding_window=8),
          "sliding window, LayerNorm"),
+    Arch("apertus", "ApertusConfig", "ApertusForCausalLM", dict(head_dim=16),
+         "xIELU activation (expm1, softplus), QK-norm"),
     Arch("qwen3moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM",
          dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
          "MoE (softmax top-k)", moe=True),
