@@ -49,7 +49,7 @@ from detsample.processors.base import ProcessorRunner
 from detsample import rules
 from detsample.rules import STATUS_NO_VALID_TOKEN
 from detsample.processors.penalties import apply_penalties_and_constraints
-from detsample.rng import RNG_NAME, host_uniform, row_uniforms
+from detsample.rng import RNG_NAME, row_uniforms
 from detsample.sampling.rowplan import CANDIDATE_RATIO, RowPlan, Rows, plan_rows
 from detsample.params.validation import check_logits, row_ids_tensor
 from detsample.sampling.workspace import Workspace
@@ -197,7 +197,7 @@ class Cut:
     compact: tuple[Table, ...] = ()
     blocks: tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool] | None = None
     drawn: torch.Tensor | None = None  # (B,) tokens already drawn with the cut (a fused
-    #                                    Triton kernel, or the host tables of ops.hostcut)
+    #                                    Triton kernel)
 
     @staticmethod
     def none(B: int, device: torch.device) -> "Cut":
@@ -409,8 +409,8 @@ class Sampler:
         nothing to do and is skipped, and the candidates are scaled by that maximum
         (the value ``amax`` gives; a zero maximum may differ in sign, which changes only
         the sign of zero scaled values: no mass, threshold test or output). The host
-        tables of :mod:`detsample.ops.hostcut` decide and draw every row (up to
-        ``hostcut.SCALAR_ROWS`` rows on Python scalars, one row at a time). Returns None
+        tables of :mod:`detsample.ops.hostcut` decide every row, the CDF search draws
+        it. Returns None
         (the general path) for an invalid row or a tie group spilling past the
         candidates. Same bits as the general path (tests/test_sampler.py). ``plan``: the
         batch's :meth:`_shortcut_plan`."""
@@ -426,22 +426,12 @@ class Sampler:
             # scale_logits on the host: the same IEEE float32 subtraction, then division
             vals = torch.from_numpy((v - top) / plan.temperatures.numpy())
         frac = rules.frac_bits(x.shape[1])
-        if len(batch) <= hostcut.SCALAR_ROWS:  # a few rows: Python scalars (same bits)
-            e, vl, il = torch.exp(vals).tolist(), vals.tolist(), ids.tolist()
-            drawn = [hostcut.draw_one_row(vl[r], e[r], il[r], (k, cf.cut_k, p, m), frac=frac,
-                                          k_max=k_max, u=host_uniform(s, pos))
-                     for r, ((k, p, m), s, pos) in enumerate(
-                         zip(cf.host, batch.seeds.tolist(), positions.tolist()))]
-            if self.deterministic and not all(f for f, _ in drawn):
-                return None
-            tokens = torch.tensor([tok for _, tok in drawn], dtype=torch.int64)
-        else:
-            t = hostcut.candidate_tables(vals, ids, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
-                                         frac=frac, k_max=k_max,
-                                         u=row_uniforms(batch.seeds, positions).numpy())
-            if self.deterministic and not t.fits.all():
-                return None
-            tokens = torch.from_numpy(t.tokens)
+        t = hostcut.candidate_tables(vals, ids, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
+                                     frac=frac, k_max=k_max)
+        if self.deterministic and not t.fits.all():
+            return None
+        tokens = draw_ops.draw_by_cdf(torch.from_numpy(t.sorted_ids), torch.from_numpy(t.csum),
+                                      row_uniforms(batch.seeds, positions))
         logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._lsm_out(x)), tokens,
                                       in_range=True)
         return self._shortcut_output(x, lambda: x.amax(-1, keepdim=True), tokens, logprobs,
@@ -572,7 +562,7 @@ class Sampler:
             return Cut(tau, total, drawn=drawn if u is not None else None)
         rt = plan.route
         if rt.candidates.every and device.type == "cpu":
-            cut = self._every_small_top_k(z, plan, prep, frac, u)
+            cut = self._every_small_top_k(z, plan, prep, frac)
             if cut is not None:
                 return cut
         tau = torch.full((B,), NEG_INF, dtype=torch.float32, device=device)
@@ -684,21 +674,16 @@ class Sampler:
                                          rows.take(plan.temperatures), k_max)
         return torch.topk(rows.take(z), min(k_max + 1, z.shape[1]), dim=-1)
 
-    def _every_small_top_k(self, z, plan: RowPlan, prep: Prepared, frac: int,
-                           u: torch.Tensor | None) -> Cut | None:
+    def _every_small_top_k(self, z, plan: RowPlan, prep: Prepared, frac: int) -> Cut | None:
         """Step 8 when every row of a CPU batch has a small top-k (a homogeneous batch):
-        the host tables become the Cut as they are (no per-row scatter), and with the
-        uniforms ``u`` the draw is done with them (``Cut.drawn``); None when a row
+        the host tables become the Cut as they are (no per-row scatter); None when a row
         spills past the candidates (the general path then sorts it)."""
         rows, k_max, cf = plan.route.candidates, plan.route.k_max, plan.route.candidate_filters
         vals, ids = self._candidate_topk(z, prep, plan, rows)
         t = hostcut.candidate_tables(vals, ids, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
-                                     frac=frac, k_max=k_max, u=None if u is None else u.numpy())
+                                     frac=frac, k_max=k_max)
         if self.deterministic and not bool(t.fits.all()):
             return None
-        if t.tokens is not None:
-            return Cut(torch.from_numpy(t.tau), torch.from_numpy(t.total),
-                       drawn=torch.from_numpy(t.tokens))
         return Cut(torch.from_numpy(t.tau), torch.from_numpy(t.total),
                    (Table.of_host(rows.index, True, t),))
 

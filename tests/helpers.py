@@ -89,3 +89,14 @@ def row_bits_equal(out, i, alone) -> bool:
 
 def requests_from(params_list, prefix: str = "r"):
     return [Request(f"{prefix}{i}", p, prompt_ids=[1, 2, 3]) for i, p in enumerate(params_list)]
+
+
+def topk_candidates(z: torch.Tensor, top_k: torch.Tensor, k_max: int):
+    """The bounded candidates of rows with a small top-k, as the sampler takes them: a
+    ``topk`` of ``min(k_max + 1, V)`` values, then ``filters.cut_candidates``. Returns
+    ``(vals, ids, fits)``."""
+    from detsample.ops.filters import cut_candidates
+    V = z.shape[-1]
+    vals, ids = torch.topk(z, min(k_max + 1, V), dim=-1, largest=True, sorted=True)
+    k = top_k.to(torch.int64).clamp(1, k_max).unsqueeze(1)
+    return cut_candidates(vals, ids, k - 1, k_max, V)

@@ -14,7 +14,6 @@ homogeneous-batch shortcut equal to the general path).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -83,15 +82,6 @@ class CandidateFilters:
     top_p: torch.Tensor | None
     min_p: torch.Tensor | None
 
-    @functools.cached_property
-    def host(self) -> list[tuple[int, float | None, float | None]]:
-        """Each row's ``(k_index, top_p, min_p)`` as Python scalars (the same values),
-        for :func:`detsample.ops.hostcut.draw_one_row`; computed once per plan."""
-        n = len(self.k_index)
-        ps = self.top_p.flatten().tolist() if self.top_p is not None else [None] * n
-        ms = self.min_p.flatten().tolist() if self.min_p is not None else [None] * n
-        return list(zip(self.k_index.flatten().tolist(), ps, ms))
-
     @staticmethod
     def of(rows: "Rows", k_max: int) -> "CandidateFilters | None":
         if not rows:
@@ -147,11 +137,6 @@ class RowPlan:
     untouched: bool          # no row uses a per-request processor, penalties,
     #                          min_new_tokens, allowed ids, bad words, a grammar or a bias
     excluded: frozenset[int] = field(default=frozenset())  # rows left out (no valid token)
-
-    @property
-    def greedy_for_all(self) -> bool:
-        """Whether every row needs its argmax ("processed" logprobs are one-hot on it)."""
-        return "processed" in self.modes
 
     @property
     def needs_scaled(self) -> bool:

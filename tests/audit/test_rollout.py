@@ -76,7 +76,7 @@ def test_cli_rollout_then_audit_passes_exact_gates(tmp_path, capsys, ext):
 
 
 def test_cli_rollout_rejects_bad_arguments(tmp_path):
-    """Usage errors (exit 2), now found when the arguments are parsed (issue 26)."""
+    """Usage errors (exit 2), now found when the arguments are parsed."""
     for argv in (["rollout", str(tmp_path / "r.csv")],
                  ["rollout", str(tmp_path / "r.jsonl"), "--num-sequences", "0"]):
         with pytest.raises(SystemExit) as info:

@@ -2,7 +2,7 @@
 at parse time by the rule of the field it sets, the output checked before the engine runs,
 and a user's model that fails named once.
 
-Bugs pinned (issue 26): a bad --temperature or --top-p reached the engine; the format
+Bugs pinned: a bad --temperature or --top-p reached the engine; the format
 error listed .pt, which rollout cannot write; a failing --model factory read
 "rescore model: ..."; an unwritable OUT was found after sampling.
 """
