@@ -72,6 +72,9 @@ class SamplingBatch:
         # min_new_tokens' EOS ids per row: a row keeps those of the batch it was built in
         # (eos_token_ids of from_requests), whatever batch it is merged into.
         self.row_eos: list[tuple[int, ...]] = []
+        # per row, one entry per advance: (token, grammar tokens fed, finished before);
+        # what rollback undoes (speculative decoding rejects drafted tokens with it)
+        self.journal: list[list[tuple[int, int, str | None]]] = []
 
     # -- construction ----------------------------------------------------------------
     @classmethod
@@ -134,6 +137,7 @@ class SamplingBatch:
         self.output_ids.extend(list(r.output_ids) for r in reqs)
         self.finished.extend(None for _ in reqs)
         self.row_eos.extend(self.eos_token_ids for _ in reqs)
+        self.journal.extend([] for _ in reqs)
         self.penalties = PenaltyState.extend(self.penalties, n_before, reqs,
                                              self.output_ids[n_before:])
         self._new_uids(len(reqs))
@@ -200,6 +204,7 @@ class SamplingBatch:
         self.output_ids = [self.output_ids[i] for i in idx]
         self.finished = [self.finished[i] for i in idx]
         self.row_eos = [self.row_eos[i] for i in idx]
+        self.journal = [self.journal[i] for i in idx]
         self.grammars = [self.grammars[i] for i in idx]
         self._changed()
         return self.update_since(old_uids)
@@ -230,6 +235,7 @@ class SamplingBatch:
         self.output_ids.extend(list(o) for o in other.output_ids)
         self.finished.extend(other.finished)
         self.row_eos.extend(other.row_eos)
+        self.journal.extend(list(j) for j in other.journal)
         self.vocab = vocab
         self.grammars.extend(grammars)
         self._changed()
@@ -248,6 +254,8 @@ class SamplingBatch:
             if t != -1 and not 0 <= t < self.vocab_size:
                 fail(f"advance: row {i} token id {t} outside the vocabulary "
                       f"[0, {self.vocab_size})")
+        before = list(self.finished)
+        fed = grammar_hooks.grammar_lengths(self) if self.has_grammars else None
         for i, t in enumerate(toks):
             if t == -1:
                 self.finished[i] = FINISH_NO_VALID_TOKEN
@@ -255,7 +263,42 @@ class SamplingBatch:
             self.output_ids[i].append(t)
         if self.penalties is not None:
             self.penalties.advance(toks)
-        grammar_hooks.advance_grammars(self, toks)  # after every row is recorded
+        try:
+            grammar_hooks.advance_grammars(self, toks)  # after every row is recorded
+        finally:
+            after = grammar_hooks.grammar_lengths(self) if fed is not None else None
+            for i, t in enumerate(toks):
+                n = 0 if fed is None else after[i] - fed[i]
+                self.journal[i].append((t, n, before[i]))
+
+    def rollback(self, steps: Sequence[int]) -> None:
+        """Undo the last ``steps[i]`` :meth:`advance` calls of row i (in place): its output
+        ids, penalty counts, grammar matcher and finish state are those before them.
+
+        Speculative decoding advances every row by each drafted position and rolls back
+        what the target rejected. Raises InvalidSamplingParams for a count that is not an
+        integer in ``[0, advances recorded since the row joined this batch]``.
+        """
+        counts = int_list("rollback: steps", steps)
+        if len(counts) != len(self):
+            fail(f"rollback: steps has {len(counts)} entries for a batch of {len(self)} rows")
+        for i, k in enumerate(counts):
+            if not 0 <= k <= len(self.journal[i]):
+                fail(f"rollback: row {i} steps must be in [0, {len(self.journal[i])}], got {k}")
+        removed, fed = [], []
+        for i, k in enumerate(counts):
+            undone = self.journal[i][len(self.journal[i]) - k:][::-1]  # latest first
+            del self.journal[i][len(self.journal[i]) - k:]
+            toks = [t for t, _, _ in undone if t != -1]
+            if toks:
+                del self.output_ids[i][-len(toks):]
+            if undone:
+                self.finished[i] = undone[-1][2]
+            removed.append(toks)
+            fed.append(sum(n for _, n, _ in undone))
+        if self.penalties is not None:
+            self.penalties.rollback(removed)
+        grammar_hooks.rollback_grammars(self, fed)
 
     # -- derived views ---------------------------------------------------------------
     @property

@@ -49,7 +49,7 @@ from detsample.processors.base import ProcessorRunner
 from detsample import rules
 from detsample.rules import STATUS_NO_VALID_TOKEN
 from detsample.processors.penalties import apply_penalties_and_constraints
-from detsample.rng import RNG_NAME, host_uniform, row_uniforms
+from detsample.rng import RNG_NAME, row_uniforms
 from detsample.sampling.rowplan import CANDIDATE_RATIO, RowPlan, Rows, plan_rows
 from detsample.params.validation import check_logits, row_ids_tensor
 from detsample.sampling.workspace import Workspace
@@ -197,7 +197,7 @@ class Cut:
     compact: tuple[Table, ...] = ()
     blocks: tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool] | None = None
     drawn: torch.Tensor | None = None  # (B,) tokens already drawn with the cut (a fused
-    #                                    Triton kernel, or the host tables of ops.hostcut)
+    #                                    Triton kernel)
 
     @staticmethod
     def none(B: int, device: torch.device) -> "Cut":
@@ -409,8 +409,8 @@ class Sampler:
         nothing to do and is skipped, and the candidates are scaled by that maximum
         (the value ``amax`` gives; a zero maximum may differ in sign, which changes only
         the sign of zero scaled values: no mass, threshold test or output). The host
-        tables of :mod:`detsample.ops.hostcut` decide and draw every row (up to
-        ``hostcut.SCALAR_ROWS`` rows on Python scalars, one row at a time). Returns None
+        tables of :mod:`detsample.ops.hostcut` decide every row, the CDF search draws
+        it. Returns None
         (the general path) for an invalid row or a tie group spilling past the
         candidates. Same bits as the general path (tests/test_sampler.py). ``plan``: the
         batch's :meth:`_shortcut_plan`."""
@@ -426,22 +426,12 @@ class Sampler:
             # scale_logits on the host: the same IEEE float32 subtraction, then division
             vals = torch.from_numpy((v - top) / plan.temperatures.numpy())
         frac = rules.frac_bits(x.shape[1])
-        if len(batch) <= hostcut.SCALAR_ROWS:  # a few rows: Python scalars (same bits)
-            e, vl, il = torch.exp(vals).tolist(), vals.tolist(), ids.tolist()
-            drawn = [hostcut.draw_one_row(vl[r], e[r], il[r], (k, cf.cut_k, p, m), frac=frac,
-                                          k_max=k_max, u=host_uniform(s, pos))
-                     for r, ((k, p, m), s, pos) in enumerate(
-                         zip(cf.host, batch.seeds.tolist(), positions.tolist()))]
-            if self.deterministic and not all(f for f, _ in drawn):
-                return None
-            tokens = torch.tensor([tok for _, tok in drawn], dtype=torch.int64)
-        else:
-            t = hostcut.candidate_tables(vals, ids, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
-                                         frac=frac, k_max=k_max,
-                                         u=row_uniforms(batch.seeds, positions).numpy())
-            if self.deterministic and not t.fits.all():
-                return None
-            tokens = torch.from_numpy(t.tokens)
+        t = hostcut.candidate_tables(vals, ids, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
+                                     frac=frac, k_max=k_max)
+        if self.deterministic and not t.fits.all():
+            return None
+        tokens = draw_ops.draw_by_cdf(torch.from_numpy(t.sorted_ids), torch.from_numpy(t.csum),
+                                      row_uniforms(batch.seeds, positions))
         logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._lsm_out(x)), tokens,
                                       in_range=True)
         return self._shortcut_output(x, lambda: x.amax(-1, keepdim=True), tokens, logprobs,
@@ -525,7 +515,7 @@ class Sampler:
             return False
         rt = plan.route
         plain = rt.plain if by_columns is None else by_columns.rest
-        return (prep.kernels is not None or "scaled" in plan.modes or "processed" in plan.modes
+        return (prep.kernels is not None or "scaled" in plan.modes or plan.any_processed
                 or bool(rt.nucleus or rt.top_k_only or rt.sort or plain))
 
     @staticmethod
@@ -572,7 +562,7 @@ class Sampler:
             return Cut(tau, total, drawn=drawn if u is not None else None)
         rt = plan.route
         if rt.candidates.every and device.type == "cpu":
-            cut = self._every_small_top_k(z, plan, prep, frac, u)
+            cut = self._every_small_top_k(z, plan, prep, frac)
             if cut is not None:
                 return cut
         tau = torch.full((B,), NEG_INF, dtype=torch.float32, device=device)
@@ -684,21 +674,16 @@ class Sampler:
                                          rows.take(plan.temperatures), k_max)
         return torch.topk(rows.take(z), min(k_max + 1, z.shape[1]), dim=-1)
 
-    def _every_small_top_k(self, z, plan: RowPlan, prep: Prepared, frac: int,
-                           u: torch.Tensor | None) -> Cut | None:
+    def _every_small_top_k(self, z, plan: RowPlan, prep: Prepared, frac: int) -> Cut | None:
         """Step 8 when every row of a CPU batch has a small top-k (a homogeneous batch):
-        the host tables become the Cut as they are (no per-row scatter), and with the
-        uniforms ``u`` the draw is done with them (``Cut.drawn``); None when a row
+        the host tables become the Cut as they are (no per-row scatter); None when a row
         spills past the candidates (the general path then sorts it)."""
         rows, k_max, cf = plan.route.candidates, plan.route.k_max, plan.route.candidate_filters
         vals, ids = self._candidate_topk(z, prep, plan, rows)
         t = hostcut.candidate_tables(vals, ids, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
-                                     frac=frac, k_max=k_max, u=None if u is None else u.numpy())
+                                     frac=frac, k_max=k_max)
         if self.deterministic and not bool(t.fits.all()):
             return None
-        if t.tokens is not None:
-            return Cut(torch.from_numpy(t.tau), torch.from_numpy(t.total),
-                       drawn=torch.from_numpy(t.tokens))
         return Cut(torch.from_numpy(t.tau), torch.from_numpy(t.total),
                    (Table.of_host(rows.index, True, t),))
 
@@ -769,21 +754,47 @@ class Sampler:
     def _processed(self, cut: Cut, batch: SamplingBatch, rows: Rows, z: torch.Tensor,
                    ids: torch.Tensor, greedy_tok: torch.Tensor, *,
                    k: ModuleType | None = None) -> torch.Tensor:
-        """The "processed" logprob of scaled logits ``z`` with token ids ``ids`` of
+        """The "processed_fixed" logprob of scaled logits ``z`` with token ids ``ids`` of
         ``rows``: either (n,) picked tokens, or (n, V) full rows with ``ids`` (1, V).
         Kept entries get the renormalised logprob of the draw, others -inf; a greedy row
         is one-hot on its greedy token. (The min-p test uses the backend's own exp, the
         one its draw used.)"""
         col = (lambda t: t.unsqueeze(1)) if z.dim() == 2 else (lambda t: t)  # noqa: E731
-        exp = k.exp if k else torch.exp
-        keep = (z >= col(rows.take(cut.tau))) & rules.min_p_keeps(exp(z),
-                                                                  col(rows.take(batch.min_ps)))
+        keep = self._kept(cut, batch, rows, z, col, k)
         lp = lp_ops.log_softmax(z, kept_mass=col(rows.take(cut.total).clamp(min=1)),
                                 frac=rules.frac_bits(batch.vocab_size))
-        lp = lp.masked_fill(~keep, NEG_INF)
+        return self._one_hot_greedy(lp.masked_fill(~keep, NEG_INF), batch, rows, ids,
+                                    greedy_tok, col)
+
+    @staticmethod
+    def _kept(cut: Cut, batch: SamplingBatch, rows: Rows, z: torch.Tensor, col,
+              k: ModuleType | None) -> torch.Tensor:
+        """bool, z's shape: the kept set of step 8 (threshold, then min-p; the min-p test
+        with the backend's own exp, the one its draw used)."""
+        exp = k.exp if k else torch.exp
+        return (z >= col(rows.take(cut.tau))) & rules.min_p_keeps(exp(z),
+                                                                  col(rows.take(batch.min_ps)))
+
+    @staticmethod
+    def _one_hot_greedy(lp: torch.Tensor, batch: SamplingBatch, rows: Rows, ids: torch.Tensor,
+                        greedy_tok: torch.Tensor, col) -> torch.Tensor:
+        """``lp`` with greedy rows replaced by their one-hot distribution (0 on the greedy
+        token, -inf elsewhere)."""
         onehot = torch.where(ids == col(rows.take(greedy_tok)), torch.zeros_like(lp),
                              torch.full_like(lp, NEG_INF))
         return torch.where(col(rows.take(batch.greedy)), onehot, lp)
+
+    def _processed_rows(self, prep: Prepared, cut: Cut, batch: SamplingBatch, plan: RowPlan,
+                        rows: Rows, z: torch.Tensor, *, greedy_tok: torch.Tensor) -> torch.Tensor:
+        """(n, V) vLLM's "processed" logprobs of ``rows``: ``log_softmax`` of step 5's
+        logits divided by the temperature, -inf outside step 8's kept set
+        (:func:`~detsample.ops.logprobs.processed_log_softmax`); greedy rows one-hot."""
+        col = lambda t: t.unsqueeze(1)  # noqa: E731
+        zr = rows.take(z)
+        keep = self._kept(cut, batch, rows, zr, col, prep.kernels)
+        lp = lp_ops.processed_log_softmax(rows.take(prep.x), rows.take(plan.temperatures), keep)
+        full = torch.arange(batch.vocab_size, device=z.device).unsqueeze(0)
+        return self._one_hot_greedy(lp, batch, rows, full, greedy_tok, col)
 
     def _token_logprobs(self, prep: Prepared, z: torch.Tensor | None, cut: Cut,
                         batch: SamplingBatch, plan: RowPlan, tokens: torch.Tensor, *,
@@ -796,6 +807,9 @@ class Sampler:
         for mode, rows in plan.modes.items():
             picked = rows.take(safe)
             if mode == "processed":
+                vals = lp_ops.gather_rows(self._processed_rows(prep, cut, batch, plan, rows, z,
+                                                               greedy_tok=greedy_tok), picked)
+            elif mode == "processed_fixed":
                 ztok = lp_ops.gather_rows(rows.take(z), picked)
                 vals = self._processed(cut, batch, rows, ztok, picked, greedy_tok,
                                        k=prep.kernels)
@@ -822,6 +836,8 @@ class Sampler:
         ids = torch.full((B, n), -1, dtype=torch.int64, device=dev)
         for mode, rows in plan.top.items():
             if mode == "processed":
+                lp = self._processed_rows(prep, cut, batch, plan, rows, z, greedy_tok=greedy_tok)
+            elif mode == "processed_fixed":
                 full = torch.arange(batch.vocab_size, device=dev).unsqueeze(0)
                 lp = self._processed(cut, batch, rows, rows.take(z), full, greedy_tok,
                                      k=prep.kernels)
@@ -918,7 +934,7 @@ class Sampler:
         greedy_tok = self._greedy_tokens(prep, plan)
         by_columns = self._by_columns(plan, prep)
         z = self._scaled(prep, plan) if self._needs_full_z(plan, prep, by_columns) else None
-        processed = "processed" in plan.modes
+        processed = plan.any_processed  # a processed mode: step 8's kept sets
         cut = self._cut(z, batch, plan, prep, by_columns=by_columns) \
             if processed else Cut.none(B, batch.device)
         if plan.excluded:

@@ -46,3 +46,32 @@ def interrupt_staging_at(monkeypatch, n: int) -> None:
         return real(folder, fname, data)
 
     monkeypatch.setattr(store_mod, "_stage", flaky)
+
+
+def another_machine(monkeypatch) -> None:
+    """Make the golden store record another machine's provenance (ISA, MKL level, library
+    version: its ``PROVENANCE_FIELDS``) under the same platform fingerprint."""
+    import detsample.golden.store as store_mod
+    import detsample.version
+    monkeypatch.setattr(store_mod, "platform_info",
+                        lambda device="cpu": {"device": "cpu", "isa": "avx2", "torch": "other"})
+    monkeypatch.setattr(store_mod.isa, "dispatch_info",
+                        lambda: {"mode": "native", "machine_isa": "avx2", "mkl": "AVX2",
+                                 "vml": "0123456789ab"})
+    monkeypatch.setattr(detsample.version, "__version__", "9.9.9")
+
+
+def git_status(root) -> str:
+    """``git status --porcelain`` of a repository at ``root`` (what ``git diff`` would show,
+    untracked files included)."""
+    import subprocess
+    return subprocess.run(["git", "-C", str(root), "status", "--porcelain"], check=True,
+                          capture_output=True, text=True).stdout
+
+
+def git_commit_all(root) -> None:
+    """A repository at ``root`` with every file under it committed."""
+    import subprocess
+    for args in (["init", "-q"], ["add", "-A"],
+                 ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "goldens"]):
+        subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)

@@ -31,7 +31,7 @@ def params_strategy(vocab_size: int, with_bias: bool = True):
         logit_bias=bias,
         seed=st.integers(0, 2**63 - 1),
         logprobs=st.sampled_from([0, 0, 1, 3]),
-        logprobs_mode=st.sampled_from(["raw", "scaled", "processed"]),
+        logprobs_mode=st.sampled_from(["raw", "scaled", "processed", "processed_fixed"]),
     )
 
 
@@ -121,3 +121,14 @@ def run_bounded(argv: list[str], unblock: list = (), seconds: float = 60.0) -> i
     if "exc" in box:
         raise AssertionError(f"an exception escaped main: {box['exc']!r}") from box["exc"]
     return box["rc"]
+
+
+def topk_candidates(z: torch.Tensor, top_k: torch.Tensor, k_max: int):
+    """The bounded candidates of rows with a small top-k, as the sampler takes them: a
+    ``topk`` of ``min(k_max + 1, V)`` values, then ``filters.cut_candidates``. Returns
+    ``(vals, ids, fits)``."""
+    from detsample.ops.filters import cut_candidates
+    V = z.shape[-1]
+    vals, ids = torch.topk(z, min(k_max + 1, V), dim=-1, largest=True, sorted=True)
+    k = top_k.to(torch.int64).clamp(1, k_max).unsqueeze(1)
+    return cut_candidates(vals, ids, k - 1, k_max, V)

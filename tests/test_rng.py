@@ -93,11 +93,10 @@ def test_same_bits_as_triton_philox():
 @given(st.lists(st.tuples(st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1)), min_size=1,
                 max_size=64))
 def test_host_rounds_equal_tensor_rounds(pairs):
-    """CPU tensors take host rounds (Python ints for one row, rows packed in the 64-bit
-    lanes of Python ints up to HOST_LANE_ROWS rows, numpy arrays above, instead of ~150
-    tensor operations per call); the bits equal the tensor rounds (the form a GPU runs)
-    and the oracle, whatever the seeds and positions (the full 63 bits: a carry or a
-    shift crossing lanes would show)."""
+    """CPU tensors take the rounds on numpy uint64 arrays (instead of ~150 tensor
+    operations per call); the bits equal the tensor rounds (the form a GPU runs) and the
+    oracle, whatever the seeds and positions (the full 63 bits: a dropped carry or a
+    wrong shift would show)."""
     import numpy as np
     from detsample.rng import MASK32, STREAM_DRAW
     from detsample.rules import U_SCALE
@@ -113,12 +112,9 @@ def test_host_rounds_equal_tensor_rounds(pairs):
 
 
 @pytest.mark.parametrize("n", [1, 2, 17, 64, 256, 257, 300])
-def test_every_host_form_at_the_switches(n):
-    """One row (Python ints), 2 to 256 rows (lanes of one Python int), more (numpy): the
-    oracle's bits on either side of each switch, with seeds and positions using all 63
+def test_the_host_rounds_at_every_batch_size(n):
+    """One row to a few hundred: the oracle's bits, with seeds and positions using all 63
     bits."""
-    from detsample.rng import HOST_INT_ROWS, HOST_LANE_ROWS
-    assert (HOST_INT_ROWS, HOST_LANE_ROWS) == (1, 256)
     seeds = torch.tensor([(2**63 - 1 - 977 * i) for i in range(n)])
     pos = torch.tensor([2**40 + 3 * i for i in range(n)])
     got = row_uniforms(seeds, pos)

@@ -175,3 +175,33 @@ def tp_needs_portable(args: argparse.Namespace, sizes: "list[int]") -> str | Non
         from detsample.parallel.layers import VERIFIED_REFUSED
         return f"--tp {','.join(map(str, sizes))}: {VERIFIED_REFUSED}"
     return None
+
+
+def add_semantics_options(p: argparse.ArgumentParser, what: str) -> None:
+    """--logprobs-mode, --temperature, --top-k, --top-p, --min-p: the logprob semantics
+    ``what`` is computed in (None when not given: :func:`semantics_of` then means raw)."""
+    from detsample.params import LOGPROBS_MODES
+
+    p.add_argument("--logprobs-mode", choices=list(LOGPROBS_MODES), metavar="MODE",
+                   help=f"{what} in this mode: raw (log_softmax of the logits, temperature "
+                        f"1; default), processed (vLLM's: log_softmax over the kept set of "
+                        f"logits / T), scaled (logits / T, no filter) or processed_fixed "
+                        f"(detsample's exact form of processed, a few ulps away)")
+    for name, conv, hint in (("temperature", float, "temperature T"),
+                             ("top_k", int, "top-k filter K (-1: off)"),
+                             ("top_p", float, "top-p filter P"),
+                             ("min_p", float, "min-p filter M")):
+        p.add_argument(f"--{name.replace('_', '-')}", type=sampling_field(name, conv),
+                       metavar=name.split("_")[-1][0].upper() if name != "temperature" else "T",
+                       help=f"with --logprobs-mode processed: the engine's {hint}")
+
+
+def semantics_of(args: argparse.Namespace):
+    """The :class:`~detsample.audit.semantics.Semantics` of the options above, or None when
+    none was given; InvalidSamplingParams for filters given with raw logprobs."""
+    from detsample.audit.semantics import FILTER_DEFAULTS, Semantics
+
+    given = {n: getattr(args, n) for n, _ in FILTER_DEFAULTS if getattr(args, n) is not None}
+    if args.logprobs_mode is None and not given:
+        return None
+    return Semantics.of(args.logprobs_mode or "raw", **given)

@@ -9,9 +9,10 @@ import argparse
 import sys
 
 from detsample.audit.layout import PRESET_NAMES
-from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, fraction, max_excluded, model_spec,
-                                     nonneg_float, portable_without_mode, positive_finite,
-                                     positive_int, rollout_rs, tp_needs_portable)
+from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, add_semantics_options, fraction,
+                                     max_excluded, model_spec, nonneg_float,
+                                     portable_without_mode, positive_finite, positive_int,
+                                     rollout_rs, semantics_of, tp_needs_portable)
 from detsample.cli._outputs import output_problems, write_output
 from detsample.errors import DetsampleError
 
@@ -51,6 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tp", type=positive_int, default=1, metavar="M",
                    help="run the --rescore model tensor-parallel over M local ranks (gloo; "
                         "docs/tensor-parallel.md); M > 1 under --batch-invariant needs --portable")
+    add_semantics_options(p, "rescore (the engine's logprob semantics; docs/audit.md, "
+                             "'Logprob semantics')")
     p.add_argument("--dtype", choices=["promoted", "float16", "float32", "float64"],
                    default="promoted",
                    help="round both logprob columns to this dtype before comparing "
@@ -86,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from detsample.audit import AuditOptions, audit, check_gates, to_json
     from detsample.audit.frameworks import FrameworkOptions
     from detsample.audit.rescore import ModelRescorer, TPRescorer
+    from detsample.audit.semantics import RAW
     from detsample.audit.report import format_summary, write_report
 
     problems = output_problems((args.json, "--json", "file"), (args.report, "--report", "dir"))
@@ -101,13 +105,19 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(refused)
         if args.batch_invariant and rescore is None:
             raise ValueError("--batch-invariant applies to the --rescore model; give --rescore MODEL")
+        semantics = semantics_of(args)
+        if semantics is not None and rescore is None:
+            raise ValueError("--logprobs-mode and the filters describe the --rescore model's "
+                             "logprobs; give --rescore MODEL")
+        semantics = semantics or RAW
         if args.tp > 1:
             if rescore is None:
                 raise ValueError(f"--tp {args.tp} applies to the --rescore model; give --rescore MODEL")
             rescore = TPRescorer(rescore, args.tp, batch_invariant=args.batch_invariant,
-                                 portable=args.portable)
-        elif args.batch_invariant:
-            rescore = ModelRescorer(rescore, batch_invariant=True, portable=args.portable)
+                                 portable=args.portable, semantics=semantics)
+        elif rescore is not None:
+            rescore = ModelRescorer(rescore, batch_invariant=args.batch_invariant,
+                                    portable=args.portable, semantics=semantics)
         frameworks = FrameworkOptions(args.rollout_is_threshold, args.rollout_rs,
                                       args.rollout_rs_threshold)
         opts = AuditOptions.make(rescore=rescore, strict=args.strict, workers=args.workers,

@@ -104,8 +104,9 @@ class ChangeKind(str, enum.Enum):
 
     NEW = "new"              #: no golden before; written
     MOVED = "moved"          #: token or logprob bits differ (or the old golden was corrupt)
-    METADATA = "metadata"    #: every bit equal; only the manifest's metadata changed
-    UNCHANGED = "unchanged"  #: byte-identical files; nothing written
+    METADATA = "metadata"    #: every bit equal; the manifest's description changed
+    UNCHANGED = "unchanged"  #: byte-identical files, or only the producing machine's
+    #                          provenance differs (PROVENANCE_FIELDS); nothing written
 
     def __str__(self) -> str:
         return self.value
@@ -266,7 +267,9 @@ class GoldenStore:
         All texts are encoded first, then every changed file is written to a temporary
         name in its folder, then each is moved into place with ``os.replace`` (manifest
         last). If anything fails before the moves, no golden changes; temporary files are
-        removed. Unchanged files are not rewritten. Returns what moved per scenario.
+        removed. Unchanged goldens are not rewritten, nor those whose only difference is
+        the producing machine's provenance (:data:`PROVENANCE_FIELDS`: an update on
+        another machine leaves ``git diff`` empty). Returns what moved per scenario.
         """
         plans: list[tuple[str, dict[str, str], Change]] = []
         for name in sorted(outputs):
@@ -282,9 +285,10 @@ class GoldenStore:
 
     def _change(self, name: str, out: ScenarioOutput, texts: Mapping[str, str]) -> Change:
         d = self.scenario_dir(name)
-        if all((d / f).is_file() == (f in texts) and (f not in texts or
-               (d / f).read_bytes() == texts[f].encode("utf-8")) for f in ALL_FILES):
-            return Change(name, ChangeKind.UNCHANGED, f"{name}: unchanged")
+        if all((d / f).is_file() == (f in texts) for f in ALL_FILES):
+            kept = kept_as_recorded(name, d, texts)
+            if kept is not None:
+                return kept
         try:
             old, _ = self.load(name)
         except GoldenMissing:
@@ -299,6 +303,44 @@ class GoldenStore:
     def stale(self, names: set[str] | list[str]) -> list[str]:
         """Stored scenarios that are no longer registered."""
         return [n for n in self.scenarios() if n not in set(names)]
+
+
+#: manifest fields that record the producing machine (its ISA, MKL level, the library
+#: version), not what a golden holds: a golden whose every other byte is unchanged keeps
+#: the ones it was recorded with (an update on another machine rewrites nothing)
+PROVENANCE_FIELDS = ("cpu_dispatch", "library_version", "platform_info")
+
+
+def _without_provenance(manifest_bytes: bytes) -> Any:
+    try:
+        doc = json.loads(manifest_bytes)
+    except ValueError:
+        return None
+    return {k: v for k, v in doc.items() if k not in PROVENANCE_FIELDS} \
+        if isinstance(doc, dict) else None
+
+
+def kept_as_recorded(name: str, folder: Path, files: Mapping[str, str | bytes]) -> Change | None:
+    """An :data:`ChangeKind.UNCHANGED` change when the golden in ``folder`` already holds
+    ``files`` (file name -> new text or bytes; the caller checked that the folder holds
+    no other golden file): every file byte-equal, the manifest equal but for its
+    :data:`PROVENANCE_FIELDS`. None when something else differs (then write)."""
+    provenance = False
+    for f, data in files.items():
+        new = data.encode("utf-8") if isinstance(data, str) else data
+        try:
+            old = (folder / f).read_bytes()
+        except OSError:
+            return None
+        if old == new:
+            continue
+        if f != MANIFEST or _without_provenance(old) is None or \
+                _without_provenance(old) != _without_provenance(new):
+            return None
+        provenance = True
+    return Change(name, ChangeKind.UNCHANGED, f"{name}: unchanged" + (
+        " (bits equal; kept with the provenance of the machine that recorded it)"
+        if provenance else ""))
 
 
 #: manifest fields that describe a scenario's inputs: when one differs, the outputs moved

@@ -29,7 +29,7 @@ from detsample.golden.format import MANIFEST, GoldenFormatError, read_golden
 from detsample.golden.store import (CORRUPT, ENV_ROOT, MISMATCH, MISSING_PLATFORM, MISSING_SCENARIO,
                                     OBTAINED_SUFFIX, OK, Change, ChangeKind, GoldenMissing, GoldenStore,
                                     GoldenUpdateRefused, Verification, atomic_write, replace_all,
-                                    update_refusal)
+                                    kept_as_recorded, update_refusal)
 
 TENSORS = "tensors"
 ENV_UPDATE = "DETSAMPLE_GOLDEN_UPDATE"
@@ -160,9 +160,10 @@ class TensorGoldens:
         d = self.golden_dir(name)
         files = self.encode(name, obtained)
         ours = {p.name for p in d.glob("*") if p.suffix in (".txt", ".bin", ".json")} if d.is_dir() else set()
-        if ours == set(files) and all((d / f).read_bytes() == data for f, data in files.items()):
+        kept = kept_as_recorded(name, d, files) if ours == set(files) else None
+        if kept is not None:
             self._remove_obtained(name)
-            return Change(name, ChangeKind.UNCHANGED, f"{name}: unchanged")
+            return kept
         change = self._change(name, obtained)
         replace_all([(d, {f: files[f] for f in sorted(files, key=lambda f: f == MANIFEST)})])
         for f in ours - set(files):

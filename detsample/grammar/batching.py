@@ -144,6 +144,26 @@ def advance_grammars(batch, tokens: Sequence[int]) -> None:
         raise GrammarError("; ".join(errors))
 
 
+def grammar_lengths(batch) -> list[int]:
+    """Tokens each row's matcher holds (0 without a grammar); pending grammars are
+    resolved first, as :func:`advance_grammars` does, so that the difference across an
+    ``advance`` counts only the tokens that advance fed."""
+    out = []
+    for g in batch.grammars:
+        if g is not None and g.state == PENDING:
+            g.resolve()
+        out.append(len(g.accepted) if g is not None else 0)
+    return out
+
+
+def rollback_grammars(batch, counts: Sequence[int]) -> None:
+    """Undo the last ``counts[i]`` tokens of row i's matcher (a terminated grammar
+    becomes active again)."""
+    for g, k in zip(batch.grammars, counts):
+        if k:
+            g.rollback(int(k))
+
+
 def grammar_errors(batch) -> dict[str, str]:
     """``{request id: error message}`` of the rows whose grammar failed."""
     return {g.rid: g.error for g in batch.grammars if g is not None and g.failed}

@@ -1,6 +1,6 @@
 """Pipeline steps 2 and 7 in Triton: non-finite sanitising with the row max, temperature.
 
-Twins of :func:`detsample.ops.sanitize.sanitize_rows` and
+Twins of :func:`detsample.ops.sanitize.sanitize_rows_flagged` and
 :func:`detsample.ops.temperature.scale_logits` with the same contracts and the same bits
 (both steps are exact: a maximum, value replacements, one IEEE subtraction and one
 correctly rounded division per element). One program per row (sanitising) or per
@@ -75,8 +75,9 @@ def _rows2d(x: torch.Tensor) -> torch.Tensor:
 
 
 def sanitize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Triton twin of :func:`detsample.ops.sanitize.sanitize_rows` (same contract, same
-    bits): x (batch, vocab) float32, not modified. Returns ``(clean, status, row_max)``
+    """Triton twin of :func:`detsample.ops.sanitize.sanitize_rows_flagged` (same contract but
+    its flag, same bits): x (batch, vocab) float32, not modified. Returns ``(clean, status,
+    row_max)``
     with ``clean`` = ``x`` itself when no row has NaN or +inf, else a sanitised copy;
     status (batch,) int32 bit flags; row_max (batch, 1) float32."""
     x = _rows2d(x)

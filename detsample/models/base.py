@@ -53,7 +53,10 @@ class CausalLM(Protocol):
 class SeqCache:
     """One sequence's keys/values as a float model keeps them: ``token_ids`` (the tokens
     held, ``len(cache)``) and ``layers``, per layer a ``(keys, values)`` pair whose layout
-    the adapter that fills it defines."""
+    the adapter that fills it defines; a subclass names the tensors' sequence dimension in
+    ``length_dim`` so that :meth:`truncate` can cut them."""
+
+    length_dim: int | None = None
 
     def __init__(self) -> None:
         self.token_ids: list[int] = []
@@ -61,6 +64,17 @@ class SeqCache:
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens (speculative decoding drops rejected drafts)."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= len(self):
+            raise ModelError(f"truncate: n must be in [0, {len(self)}], got {n!r}")
+        if self.length_dim is None:
+            raise ModelError(f"{type(self).__name__} does not name its length_dim; it "
+                             "cannot be truncated")
+        d = self.length_dim
+        self.layers = [(k.narrow(d, 0, n), v.narrow(d, 0, n)) for k, v in self.layers]
+        del self.token_ids[n:]
 
 
 def prefill(model: CausalLM, token_ids: Sequence[int], cache: Any = None) -> torch.Tensor:

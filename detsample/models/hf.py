@@ -40,6 +40,8 @@ PADDINGS = ("left", "right")
 class HFSeqCache(SeqCache):
     """One sequence's keys/values: per layer ``(1, kv_heads, len, head_dim)`` tensors."""
 
+    length_dim = 2
+
 
 def _cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per-layer (keys, values) of a transformers cache, old or new API."""

@@ -25,6 +25,8 @@ from detsample.refmodel.config import ACT_FRAC, GAIN_FRAC, W_FRAC
 class FloatSeqCache(SeqCache):
     """Per layer ``(n_heads, len, head_dim)`` float32 keys and values of one sequence."""
 
+    length_dim = 1
+
 
 class RefModelFloat:
     """Float32 twin of a :class:`~detsample.refmodel.RefModel` (a ``CausalLM``)."""

@@ -12,12 +12,10 @@ ids only) and the full-vocabulary path return the same token, bit for bit.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from detsample import rules
-from detsample.ops import hostcut
 
 #: block width of the two-level search of the full-vocabulary path
 BLOCK = 1024
@@ -68,27 +66,9 @@ def kept_cdf(ids: torch.Tensor, q: torch.Tensor, kept: torch.Tensor
 
 def draw_by_cdf(sorted_ids: torch.Tensor, csum: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse CDF over :func:`compact_cdf`'s table: (rows,) int64 tokens for uniforms
-    ``u`` (rows,) float64 in (0, 1). CPU tensors take the host arithmetic of
-    :func:`detsample.ops.hostcut.draw_by_cdf` (the same bits in fewer calls)."""
-    if csum.device.type == "cpu" and u.device.type == "cpu":
-        return torch.from_numpy(hostcut.draw_by_cdf(sorted_ids.numpy(), csum.numpy(),
-                                                    u.to(torch.float64).numpy()))
-    return draw_by_cdf_torch(sorted_ids, csum, u)
-
-
-def draw_by_cdf_torch(sorted_ids: torch.Tensor, csum: torch.Tensor, u: torch.Tensor
-                      ) -> torch.Tensor:
-    """:func:`draw_by_cdf` in torch operations (any device)."""
+    ``u`` (rows,) float64 in (0, 1)."""
     t = rules.draw_target(u, csum[:, -1])
     return sorted_ids.gather(1, rules.first_above(csum, t.unsqueeze(1))).squeeze(1)
-
-
-def draw_compact(vals: torch.Tensor, ids: torch.Tensor, n_kept: torch.Tensor,
-                 u: torch.Tensor, frac: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw from the first ``n_kept`` candidates of each row (:func:`compact_cdf` then
-    :func:`draw_by_cdf`). Returns ``(tokens (rows,) int64, total_mass (rows,) int64)``."""
-    sorted_ids, csum = compact_cdf(vals, ids, n_kept, frac)
-    return draw_by_cdf(sorted_ids, csum, u), csum[:, -1]
 
 
 def kept_mass(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int, *,
@@ -129,15 +109,11 @@ def block_cdf(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int
     ``(q, bsum)``: (rows, V) int64 masses (0 off the kept set) and (rows, nb) int64
     running sums of blocks of BLOCK tokens (the last block may be
     shorter); ``bsum[:, -1]`` is the exact kept mass ``Q``. Exact integer sums make the
-    blocking irrelevant to every result (and the summing order: a few CPU rows are summed
-    by one numpy ``add.reduceat``).
+    blocking and the summing order irrelevant to every result.
     """
     rows, V = z.shape
     q = kept_mass(z, tau, min_p, frac, out=out, q_out=q_out, cut_tau=cut_tau,
                   cut_min_p=cut_min_p)
-    if q.device.type == "cpu" and rows <= hostcut.SCALAR_ROWS:  # one host call, same sums
-        return q, torch.from_numpy(np.cumsum(np.add.reduceat(
-            q.numpy(), np.arange(0, V, BLOCK), axis=1), axis=1))
     nb = V // BLOCK
     sums = q[:, :nb * BLOCK].view(rows, nb, BLOCK).sum(-1)
     if V > nb * BLOCK:
@@ -151,18 +127,8 @@ def draw_by_blocks(q: torch.Tensor, bsum: torch.Tensor, u: torch.Tensor) -> torc
 
     The last block may be shorter than BLOCK: its missing entries read the last token's
     mass again, which only raises the running sum after every real entry, and the target
-    lies below the block's real total, so the search never lands on them. A few rows of
-    CPU tensors take the host arithmetic of :func:`detsample.ops.hostcut.draw_by_blocks`
-    (exact integer sums and counts: the same tokens without a dozen torch operators).
+    lies below the block's real total, so the search never lands on them.
     """
-    if q.device.type == "cpu" and u.device.type == "cpu" and len(u) <= hostcut.SCALAR_ROWS:
-        return torch.from_numpy(hostcut.draw_by_blocks(q.numpy(), bsum.numpy(),
-                                                       u.to(torch.float64).numpy(), BLOCK))
-    return draw_by_blocks_torch(q, bsum, u)
-
-
-def draw_by_blocks_torch(q: torch.Tensor, bsum: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """:func:`draw_by_blocks` in torch operations (any device)."""
     V = q.shape[-1]
     t = rules.draw_target(u, bsum[:, -1]).unsqueeze(1)
     blk = rules.first_above(bsum, t)
@@ -171,13 +137,3 @@ def draw_by_blocks_torch(q: torch.Tensor, bsum: torch.Tensor, u: torch.Tensor) -
     idx = torch.arange(BLOCK, device=q.device).unsqueeze(0).add(start).clamp_(max=V - 1)
     inner = q.gather(1, idx).cumsum_(-1).add_(base)
     return (start + rules.first_above(inner, t)).squeeze(1)
-
-
-def draw_full(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor,
-              frac: int, *, out: torch.Tensor | None = None,
-              q_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw over the whole vocabulary with kept = ``(z >= tau) & (exp(z) >= min_p)``
-    (:func:`block_cdf` then :func:`draw_by_blocks`; arguments as there, ``u`` (rows,)
-    float64 in (0, 1)). Returns ``(tokens (rows,) int64, total_mass (rows,) int64)``."""
-    q, bsum = block_cdf(z, tau, min_p, frac, out=out, q_out=q_out)
-    return draw_by_blocks(q, bsum, u), bsum[:, -1]

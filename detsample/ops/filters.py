@@ -79,23 +79,6 @@ def thresholds_by_sort(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     return sz.gather(1, (n - 1).unsqueeze(1)).squeeze(1)
 
 
-def topk_candidates(z: torch.Tensor, top_k: torch.Tensor, k_max: int
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Bounded candidates for rows whose top-k survivors fit in ``k_max`` values.
-
-    z: (rows, V) float32; top_k: (rows,) int <= k_max. Returns ``(vals, ids, fits)``:
-    (rows, k_max) values sorted descending with their token ids, and (rows,) bool telling
-    whether every value ``>= s_{k-1}`` is among the candidates. One extra candidate
-    decides it: the survivors fit iff the (k_max+1)-th largest value is below
-    ``s_{k-1}`` (ties at the boundary can exceed ``k_max``; such rows must use
-    :func:`thresholds_by_sort`). No full-vocabulary count is needed.
-    """
-    V = z.shape[-1]
-    vals, ids = torch.topk(z, min(k_max + 1, V), dim=-1, largest=True, sorted=True)
-    k = top_k.to(torch.int64).clamp(1, k_max).unsqueeze(1)
-    return cut_candidates(vals, ids, k - 1, k_max, V)
-
-
 def candidate_cut(vals: torch.Tensor, k_index: torch.Tensor, cut_k: bool,
                   top_p: torch.Tensor | None, min_p: torch.Tensor | None, frac: int
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -104,7 +87,7 @@ def candidate_cut(vals: torch.Tensor, k_index: torch.Tensor, cut_k: bool,
     the candidates' masses for the draw's table (``draw.kept_cdf``).
 
     vals: (rows, K) float32 scaled logits sorted descending, every top-k survivor among
-    them (:func:`topk_candidates` with ``fits``); k_index: (rows, 1) int64, ``min(top_k,
+    them (:func:`cut_candidates` with ``fits``); k_index: (rows, 1) int64, ``min(top_k,
     K) - 1``; cut_k: whether some row's top-k is below K (else all K candidates survive
     it); top_p: (rows, 1) float64, ``+inf`` where disabled, or None (no row); min_p:
     (rows, 1) float32 or None. Returns ``(n (rows,) int64, kept (rows, K) bool, q (rows,
@@ -138,7 +121,7 @@ def candidate_cut(vals: torch.Tensor, k_index: torch.Tensor, cut_k: bool,
 def logit_candidates(x: torch.Tensor, row_max: torch.Tensor, temperatures: torch.Tensor,
                      k_index: torch.Tensor, k_max: int
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`topk_candidates` of the scaled logits ``z = scale_logits(x, row_max, T)``
+    """:func:`cut_candidates` of the scaled logits ``z = scale_logits(x, row_max, T)``
     (:mod:`detsample.ops.temperature`) without computing ``z`` over the vocabulary.
 
     x: (rows, V) float32 logits; row_max: (rows, 1) float32 finite; temperatures:
@@ -147,7 +130,8 @@ def logit_candidates(x: torch.Tensor, row_max: torch.Tensor, temperatures: torch
     only the candidates are scaled: ``z = (x - m) / T`` is monotone (non-decreasing) in
     ``x``, so the k_max + 1 largest ``x`` carry the k_max + 1 largest ``z`` values, and
     element-wise IEEE operations give each candidate the bits it has in ``z``. Returns
-    the same ``vals`` and ``fits`` as :func:`topk_candidates` on ``z``, bit for bit, and
+    the same ``vals`` and ``fits`` as :func:`cut_candidates` of a ``topk`` of ``z``, bit
+    for bit, and
     the same ids up to the order inside a group of equal values (every consumer reads
     whole tie groups: :func:`kept_prefix_length`, ``draw.compact_cdf``).
     """
@@ -165,9 +149,15 @@ def logit_topk(x: torch.Tensor, row_max: torch.Tensor, temperatures: torch.Tenso
 
 def cut_candidates(vals: torch.Tensor, ids: torch.Tensor, k_index: torch.Tensor, k_max: int,
                    V: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The ``(vals, ids, fits)`` of :func:`topk_candidates` from the ``min(k_max + 1, V)``
-    largest values ``vals`` (rows, K1) and their ``ids``; k_index: (rows, 1) int64
-    ``min(top_k, k_max) - 1``; V: the vocabulary size."""
+    """Bounded candidates for rows whose top-k survivors fit in ``k_max`` values.
+
+    vals: (rows, K1) the ``K1 = min(k_max + 1, V)`` largest values of each row, sorted
+    descending (a ``torch.topk``), ids: their token ids; k_index: (rows, 1) int64
+    ``min(top_k, k_max) - 1``; V: the vocabulary size. Returns ``(vals, ids, fits)``: the
+    (rows, k_max) candidates and (rows,) bool telling whether every value ``>= s_{k-1}``
+    is among them. The extra candidate decides it: the survivors fit iff the
+    (k_max+1)-th largest value is below ``s_{k-1}`` (ties at the boundary can exceed
+    ``k_max``; such rows must use :func:`thresholds_by_sort`)."""
     thr = vals.gather(1, k_index).squeeze(1)
     if V <= k_max:
         fits = torch.ones_like(thr, dtype=torch.bool)

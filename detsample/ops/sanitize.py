@@ -10,11 +10,6 @@ from detsample.rules import (NAN_FLOOR, POSINF_CEIL, STATUS_HAD_NAN, STATUS_HAD_
                              STATUS_NO_VALID_TOKEN)
 
 
-def sanitize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`sanitize_rows_flagged` without the flag."""
-    return sanitize_rows_flagged(x)[:3]
-
-
 def sanitize_rows_flagged(x: torch.Tensor
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
     """Replace NaN by ``NAN_FLOOR`` and +inf by ``POSINF_CEIL``; -inf stays (a mask).

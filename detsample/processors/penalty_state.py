@@ -32,7 +32,7 @@ class RowTokens:
     repetition penalty (other penalties ignore them).
     """
 
-    __slots__ = ("index", "cols", "counts", "n", "freq", "pres", "rep")
+    __slots__ = ("index", "cols", "counts", "n", "n_prompt", "freq", "pres", "rep")
 
     def __init__(self, params: SamplingParams, prompt_ids: Sequence[int],
                  output_ids: Sequence[int]) -> None:
@@ -47,6 +47,7 @@ class RowTokens:
         if self.rep != 1.0:
             for t in prompt_ids:
                 self._slot(int(t))
+        self.n_prompt = self.n  # slots below this index hold prompt tokens
         for t in output_ids:
             self.add(int(t))
 
@@ -66,6 +67,20 @@ class RowTokens:
         """Record one output token."""
         i = self._slot(t)  # may grow (replace) self.counts: index it only afterwards
         self.counts[i] += 1
+
+    def remove(self, t: int) -> None:
+        """Undo the last :meth:`add` of ``t`` (tokens are removed in the reverse order of
+        their adds, so a slot whose count drops to 0 and holds no prompt token is the
+        last slot, and dropping it restores the state before that add exactly)."""
+        i = self.index.get(t)
+        if i is None or self.counts[i] < 1:
+            raise ValueError(f"rollback: token {t} has no recorded output occurrence")
+        self.counts[i] -= 1
+        if self.counts[i] == 0 and i >= self.n_prompt:
+            if i != self.n - 1:
+                raise ValueError(f"rollback: token {t} is not the last token recorded")
+            del self.index[t]
+            self.n = i
 
     def snapshot(self) -> dict[int, int]:
         """token -> output count, over every tracked token (for tests)."""
@@ -124,6 +139,14 @@ class PenaltyState:
                 row.add(t)
         self._coo = None
 
+    def rollback(self, removed: Sequence[Sequence[int]]) -> None:
+        """Undo each row's last output tokens: ``removed[i]`` lists them, latest first."""
+        for row, toks in zip(self.rows, removed):
+            if row is not None:
+                for t in toks:
+                    row.remove(t)
+        self._coo = None
+
     # -- per-step view ---------------------------------------------------------------
     def coo(self, device: torch.device) -> tuple[torch.Tensor, ...] | None:
         """``(rows, cols, counts, freq, pres, rep)`` for apply_penalties_coo_, or None."""
@@ -146,7 +169,7 @@ def _copy_row(r: RowTokens | None) -> RowTokens | None:
     if r is None:
         return None
     c = RowTokens.__new__(RowTokens)
-    c.freq, c.pres, c.rep, c.n = r.freq, r.pres, r.rep, r.n
+    c.freq, c.pres, c.rep, c.n, c.n_prompt = r.freq, r.pres, r.rep, r.n, r.n_prompt
     c.index = dict(r.index)
     c.cols = r.cols.copy()
     c.counts = r.counts.copy()

@@ -31,6 +31,13 @@ class KVCache:
     def values(self, layer: int, upto: int | None = None) -> torch.Tensor:
         return self._v[layer][: len(self) if upto is None else upto]
 
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens (speculative decoding drops rejected drafts); the
+        slots after them are overwritten by the next forward."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= len(self):
+            raise ValueError(f"truncate: n must be in [0, {len(self)}], got {n!r}")
+        del self.token_ids[n:]
+
     def clone(self) -> "KVCache":
         """An independent copy (e.g. to fork a sequence)."""
         c = KVCache(self.config, capacity=len(self))

@@ -20,6 +20,11 @@ under ``detsample.batch_invariant()``) a request's tokens, logprobs, seed and fi
 reason are bitwise the same alone or in any schedule, and its logprobs equal
 :func:`rescore` bitwise. With torch's default kernels they are not (decode rows and
 prefill rows round differently): that is what the audit reports.
+
+With ``Engine(..., speculative=Speculative(proposer, k))`` a running row feeds its last
+token and up to ``k`` drafted ones in the same ragged call and keeps the drafts its own
+draws confirm (:mod:`detsample.refmodel.speculative`): the same tokens and logprobs as the
+plain run, bitwise, in fewer steps when the drafts agree.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from detsample.errors import InvalidSamplingParams
 from detsample.params import LOGPROBS_MODES, Request, SamplingParams
 from detsample.refmodel.cache import KVCache
 from detsample.refmodel.schedule import Arrival, Schedule
+from detsample.refmodel.speculative import (DraftRow, SpecStats, Speculative, check_drafts,
+                                            check_truncatable)
 from detsample.refmodel.tokenizer import EOS_ID
 from detsample.sampler import Sampler
 from detsample.params.validation import check_request
@@ -117,6 +124,7 @@ class EngineResult:
 
     results: dict[str, RequestResult]
     steps: list[tuple[str, ...]] = field(default_factory=list)
+    speculative: SpecStats | None = None  # drafted / accepted counts of a speculative run
 
     def __getitem__(self, rid: str) -> RequestResult:
         return self.results[rid]
@@ -150,11 +158,18 @@ class Engine:
     :class:`Sampler`."""
 
     def __init__(self, model: Any, sampler: Sampler | None = None,
-                 config: EngineConfig | None = None) -> None:
+                 config: EngineConfig | None = None,
+                 speculative: Speculative | None = None) -> None:
         self.model = model
         self.sampler = sampler if sampler is not None else Sampler()
         self.config = config if config is not None else EngineConfig()
         self._vocab = self.config.vocab
+        if speculative is not None:
+            if not isinstance(speculative, Speculative):
+                raise InvalidSamplingParams(f"speculative must be a Speculative, got "
+                                            f"{type(speculative).__name__}")
+            check_truncatable(model, "model")
+        self.speculative = speculative
 
     @property
     def vocab(self) -> Any:
@@ -195,6 +210,8 @@ class Engine:
         cfg = self.config
         st = _State(pending=deque(schedule.ordered()))
         out = EngineResult(results={})
+        if self.speculative is not None:
+            out.speculative = SpecStats()
         step = 0
         while st.pending or st.waiting or st.rows or st.filling:
             if not (st.rows or st.filling or st.waiting) and st.pending[0].step > step:
@@ -210,27 +227,34 @@ class Engine:
                 st.filling.append(_Row(a, self.model.new_cache(),
                                        q.params.max_new_tokens or cfg.default_max_new_tokens,
                                        feed=list(q.prompt_ids) + list(q.output_ids)))
-            logits = self._forward(st)
+            drafts = self._propose(st, out.speculative) if out.speculative else []
+            outs = self._forward(st, drafts)
             if st.rows:
                 out.steps.append(tuple(r.arrival.request.rid for r in st.rows))
-                self._sample(st, logits, out, step)
+                if out.speculative is not None:
+                    drafts += [[] for _ in range(len(st.rows) - len(drafts))]  # joined rows
+                    self._verify(st, outs, drafts, out, step)
+                else:
+                    self._sample(st, torch.stack([o[-1] for o in outs]), out, step)
             step += 1
         return out
 
-    def _forward(self, st: "_State") -> torch.Tensor:
-        """One ragged model call: every sampling row feeds its last token, every filling
-        row its next prefill chunk. Rows whose prefill completes join the batch. Returns
-        the logits ``[len(st.rows), V]`` of the rows' last input tokens."""
+    def _forward(self, st: "_State", drafts: Sequence[Sequence[int]] = ()) -> list[torch.Tensor]:
+        """One ragged model call: every sampling row feeds its last token (and its drafts),
+        every filling row its next prefill chunk. Rows whose prefill completes join the
+        batch. Returns per row of ``st.rows`` the logits ``[1 + drafts, V]`` of its last
+        input token and its drafts (a joined row: of its last prompt token)."""
         chunk = self.config.prefill_chunk
         caches = [r.cache for r in st.rows] + [r.cache for r in st.filling]
-        feeds = [[r.tokens[-1]] for r in st.rows]
+        feeds = [[r.tokens[-1]] + list(d) for r, d in zip(st.rows, drafts)]
+        feeds += [[r.tokens[-1]] for r in st.rows[len(feeds):]]
         for r in st.filling:
             n = len(r.feed) if chunk is None else min(chunk, len(r.feed))
             feeds.append(r.feed[:n])
             r.feed = r.feed[n:]
         outs = self.model.forward(caches, feeds) if caches else []
-        last = [o[-1] for o in outs]
         n_rows = len(st.rows)
+        last = [o if i < n_rows else o[-1:] for i, o in enumerate(outs)]
         joined = [i for i, r in enumerate(st.filling) if not r.feed]
         if joined:
             new = [st.filling[i] for i in joined]
@@ -247,24 +271,84 @@ class Engine:
             st.filling = [r for r in st.filling if r.feed]
         else:
             last = last[:n_rows]
-        if not last:
-            return torch.empty((0, self.model.vocab_size), dtype=torch.float32)
-        return torch.stack(last)
+        return last
 
     def _sample(self, st: "_State", logits: torch.Tensor, out: EngineResult, step: int) -> None:
         """Sample every row, record tokens and logprobs, drop finished rows."""
         batch, rows, sampler = st.batch, st.rows, self.sampler
         assert batch is not None and len(batch) == len(rows) == logits.shape[0]
         positions = torch.tensor([len(r.cache) - 1 for r in rows], dtype=torch.int64)
-        s = sampler.sample(logits, batch, positions)
+        s, extra_lp = self._draw(st, logits, positions)
+        reasons = [self._record(row, i, s, extra_lp, batch, len(row.cache))
+                   for i, row in enumerate(rows)]
+        self._finish(st, reasons, out, step)
+
+    def _propose(self, st: "_State", stats: SpecStats) -> list[list[int]]:
+        """Drafts of every running row, at most k and what its limits leave room for."""
+        if not st.rows:
+            return []
+        k, S = self.speculative.num_speculative_tokens, self.model.max_seq_len
+        rows = []
+        for r in st.rows:
+            q = r.arrival.request
+            room = min(k, r.max_new - len(r.tokens) - 1)
+            if S is not None:
+                room = min(room, S - len(r.cache) - 1)
+            seq = tuple(q.prompt_ids) + tuple(q.output_ids) + tuple(r.tokens)
+            rows.append(DraftRow(q, seq, tuple(r.tokens), max(0, room)))
+        drafts = check_drafts(self.speculative.proposer.propose(rows), rows,
+                              self.model.vocab_size)
+        stats.proposed += sum(len(d) for d in drafts)
+        return drafts
+
+    def _verify(self, st: "_State", outs: list[torch.Tensor], drafts: list[list[int]],
+                out: EngineResult, step: int) -> None:
+        """Draw every drafted position of every row in order; keep a row's draws while
+        they confirm its drafts (the first one that does not is kept in their place);
+        roll the batches back over the rest and truncate the caches to what was kept."""
+        rows, stats = st.rows, out.speculative
+        base = [len(r.cache) - len(d) for r, d in zip(rows, drafts)]  # plain run's cache
+        alive, kept = [True] * len(rows), [0] * len(rows)
+        reasons: list[str | None] = [None] * len(rows)
+        n = 0
+        while any(alive):
+            j = n
+            logits = torch.stack([o[min(j, o.shape[0] - 1)] for o in outs])
+            positions = torch.tensor([b - 1 + min(j, len(d)) for b, d in zip(base, drafts)],
+                                     dtype=torch.int64)
+            s, extra_lp = self._draw(st, logits, positions)
+            n += 1
+            for i in (i for i in range(len(rows)) if alive[i]):
+                kept[i] += 1
+                reasons[i] = self._record(rows[i], i, s, extra_lp, st.batch, base[i] + j)
+                hit = j < len(drafts[i]) and int(s.token_ids[i]) == drafts[i][j]
+                stats.accepted += int(hit)
+                alive[i] = reasons[i] is None and hit
+        back = [n - m for m in kept]
+        for b in (st.batch, *st.extra.values()):
+            b.rollback(back)
+        for r, b, m in zip(rows, base, kept):
+            r.cache.truncate(b - 1 + m)
+        stats.steps += 1
+        stats.emitted += sum(kept)
+        self._finish(st, reasons, out, step)
+
+    def _draw(self, st: "_State", logits: torch.Tensor, positions: torch.Tensor) -> tuple:
+        """Sample every row at ``positions``, score the extra modes, advance the batches."""
+        s = self.sampler.sample(logits, st.batch, positions)
         safe = s.token_ids.clamp(min=0)
-        extra_lp = {m: sampler.compute_logprobs(logits, b, safe) for m, b in st.extra.items()}
-        batch.advance(s.token_ids)
+        extra_lp = {m: self.sampler.compute_logprobs(logits, b, safe) for m, b in st.extra.items()}
+        st.batch.advance(s.token_ids)
         for b in st.extra.values():
             b.advance(s.token_ids)
+        return s, extra_lp
+
+    def _finish(self, st: "_State", reasons: Sequence[str | None], out: EngineResult,
+                step: int) -> None:
+        """Record the results of rows with a finish reason; filter them out."""
+        rows, batch = st.rows, st.batch
         keep = []
-        for i, row in enumerate(rows):
-            reason = self._record(row, i, s, extra_lp, batch)
+        for i, (row, reason) in enumerate(zip(rows, reasons)):
             if reason is None:
                 keep.append(i)
             else:
@@ -276,8 +360,9 @@ class Engine:
             st.rows = [rows[i] for i in keep]
 
     def _record(self, row: _Row, i: int, s: Any, extra_lp: dict[str, torch.Tensor],
-                batch: SamplingBatch) -> str | None:
-        """Store row i's sampled token; return its finish reason or None to continue."""
+                batch: SamplingBatch, held: int) -> str | None:
+        """Store row i's sampled token; return its finish reason or None to continue.
+        ``held``: tokens the row's cache holds in the plain run at this draw."""
         t = int(s.token_ids[i])
         p: SamplingParams = row.arrival.request.params
         if t < 0:
@@ -298,7 +383,7 @@ class Engine:
         if len(row.tokens) >= row.max_new:
             return FINISH_LENGTH
         limit = self.model.max_seq_len
-        if limit is not None and len(row.cache) + 1 > limit:
+        if limit is not None and held + 1 > limit:
             return FINISH_MAX_SEQ_LEN
         return None
 
@@ -351,6 +436,15 @@ def rescore(model: Any, sampler: Sampler, request_params: SamplingParams,
         return torch.empty(0, dtype=torch.float32)
     full = model.forward([model.new_cache()], [prompt + output])[0]
     logits = full[len(prompt) - 1: len(prompt) + len(output) - 1]
+    return score_logits(model, sampler, request_params, prompt, output, logits,
+                        eos_token_ids=eos_token_ids, vocab=vocab)
+
+
+def score_logits(model: Any, sampler: Sampler, request_params: SamplingParams,
+                 prompt: list[int], output: list[int], logits: torch.Tensor, *,
+                 eos_token_ids: Sequence[int] = (EOS_ID,), vocab: Any = None) -> torch.Tensor:
+    """:func:`rescore` after its prefill: ``logits`` [len(output), V] are the rows that
+    score ``output`` (row i: after ``prompt + output[:i]``); float32 [len(output)]."""
     reqs = [Request(f"rescore/{i}", request_params, prompt, output[:i]) for i in range(len(output))]
     if vocab is None and request_params.grammar is not None:
         vocab = default_vocab(model)

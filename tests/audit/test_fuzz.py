@@ -1,4 +1,4 @@
-"""Fuzzing the audit with malformed files of every format (issue 26, "every bad file a named
+"""Fuzzing the audit with malformed files of every format ("every bad file a named
 error"): random junk in random fields of JSONL, NPZ, Parquet and torch ``.pt`` files, dropped
 columns, wrong lengths, broken offsets, truncated and byte-flipped files. Whatever the
 file, ``detsample audit FILE --max-abs-diff 1e9`` must

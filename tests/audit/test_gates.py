@@ -1,7 +1,7 @@
 """Gates decide on what was checked (detsample/audit/gates.py): excluded sequences fail a
 gate unless allowed with ``--max-excluded``; an audit of no token always fails, naming why.
 
-Bugs pinned (issue 26): a JSONL of 4 sequences of which 3 were excluded passed
+Bugs pinned: a JSONL of 4 sequences of which 3 were excluded passed
 ``--max-abs-diff 0 --min-exact-match 1`` (exit 0) on the one left; a file whose every
 sequence was excluded exited 0 having audited nothing.
 """
@@ -117,7 +117,7 @@ def test_all_excluded_names_the_first_reason(tmp_path):
 
 
 def test_padded_npz_without_prompts_is_audited(tmp_path, capsys):
-    """Bug pinned (issue 26): a padded NPZ with framework names mapped by --columns and no
+    """Bug pinned: a padded NPZ with framework names mapped by --columns and no
     prompt column audited 0 of 40 sequences (each 'missing column prompt_ids') and exit 0."""
     s, r = 40, 5
     path = tmp_path / "v.npz"

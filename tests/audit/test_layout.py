@@ -95,7 +95,7 @@ def test_a_mapping_to_a_missing_column_names_file_column_and_preset(layout, colu
 def test_default_layout_keeps_absent_required_columns_for_per_row_issues():
     """Pins the default layout's behaviour: a file without engine_logprobs is audited
     with every sequence excluded as missing_column, not refused; prompt_ids is read
-    when present but required only to rescore (issue 26: a file without prompts audited
+    when present but required only to rescore (a file without prompts audited
     0 of 40 sequences though comparing two logprob columns needs no prompt)."""
     res = resolve(make_layout(), ["id", "response_ids", "trainer_logprobs"], "x.npz")
     assert res.spec("engine_logprobs") == "engine_logprobs"

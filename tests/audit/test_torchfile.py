@@ -49,7 +49,7 @@ def test_arbitrary_objects_are_refused_not_executed(tmp_path):
     with pytest.raises(AuditInputError, match="weights_only") as info:
         audit(str(tmp_path / "x.pt"))
     assert str(tmp_path / "x.pt") in str(info.value) and not EXECUTED
-    # Bug pinned (issue 26): the message was cut mid-sentence, carried ANSI colour codes
+    # Bug pinned: the message was cut mid-sentence, carried ANSI colour codes
     # and did not name the blocked global
     msg = str(info.value)
     assert f"{__name__}._run_on_load" in msg and "\x1b" not in msg and "\n" not in msg

@@ -29,7 +29,7 @@ _DROP = object()
 BAD_LINES = [
     ("bad-json", '{"id": "x", "prompt_ids": [1', "bad_json", "<line>", "invalid JSON"),
     ("not-object", "[1, 2, 3]", "bad_type", "<record>", "JSON object"),
-    # Bug pinned (issue 26): "invalid JSON: Unterminated string starting at at column 7"
+    # Bug pinned: "invalid JSON: Unterminated string starting at at column 7"
     ("unterminated", '{"id": "x', "bad_json", "<line>",
      "invalid JSON: Unterminated string starting at (column 8)"),
     ("missing-id", _with(id=_DROP), "missing_column", "id", "'id'"),
@@ -60,7 +60,7 @@ BAD_LINES = [
     ("negative-token", _with(response_ids=[3, -4]), "negative_token_id", "response_ids", "-4"),
     ("bad-mask", _with(mask=[1, 2]), "bad_mask", "mask", "mask[1] = 2"),
     ("null-logprob", _with(engine_logprobs=[-0.5, None]), "bad_type", "engine_logprobs", "None"),
-    # Bug pinned (issue 26, found by tests/audit/test_fuzz.py): pyarrow's JSON reader reads
+    # Bug pinned (found by tests/audit/test_fuzz.py): pyarrow's JSON reader reads
     # a list starting with null, [null, -1.0], as [-1.0, 0.0]; the fast path took it
     ("leading-null", _with(engine_logprobs=[None, -1.0]), "bad_type", "engine_logprobs",
      "engine_logprobs[0] = None"),
@@ -70,7 +70,7 @@ BAD_LINES = [
      "trainer_logprobs[1] = False (values must be numbers)"),
     ("bool-token", _with(response_ids=[True, 4]), "bad_type", "response_ids",
      "response_ids[0] = True (values must be integers)"),
-    # Bugs pinned (issue 26): token id 2**63 was "got dtype float64" without the value (and
+    # Bugs pinned: token id 2**63 was "got dtype float64" without the value (and
     # accepted as a uint64 in NPZ); a null id was missing_column, where the docs say bad_type
     ("big-token", _with(response_ids=[3, 2**63]), "bad_type", "response_ids",
      "response_ids[1] = 9223372036854775808 (out of the int64 range)"),
@@ -170,7 +170,7 @@ def test_values_out_of_the_compare_dtype_range_are_excluded():
 
 
 def test_prompt_is_required_only_to_rescore(tmp_path):
-    """Bug pinned (issue 26): a file without prompt_ids audited 0 of its sequences, each
+    """Bug pinned: a file without prompt_ids audited 0 of its sequences, each
     excluded for `missing column 'prompt_ids'`, though comparing two logprob columns needs
     no prompt. Now the prompt is read when present and required only where a sequence is
     rescored (and then that sequence is excluded, naming why)."""

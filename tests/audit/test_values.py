@@ -3,7 +3,7 @@ is accepted or rejected the same way, with the same kind and the same message na
 whether it comes from JSONL, NPZ, Parquet, a ``.pt`` of ragged lists, of records or of
 padded tensors.
 
-Bugs pinned (issue 26): token id 2**63 was "got dtype float64" in JSONL (no value named)
+Bugs pinned: token id 2**63 was "got dtype float64" in JSONL (no value named)
 and accepted as a uint64 in NPZ (then wrapped to a negative int64); a null id was
 ``missing_column`` although the docs said ``bad_type``; an object array in a column the
 audit does not read made the whole NPZ fatal.

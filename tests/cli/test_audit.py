@@ -124,7 +124,7 @@ def test_unwritable_output_exits_2(exact_file, tmp_path, capsys, flag):
 
 
 def test_outputs_are_checked_before_any_file_is_read(tmp_path, capsys, monkeypatch):
-    """Bug pinned (issue 26): an unwritable --json/--report was found after the audit."""
+    """Bug pinned: an unwritable --json/--report was found after the audit."""
     import detsample.audit as audit_pkg
 
     monkeypatch.setattr(audit_pkg, "audit", lambda *a, **k: pytest.fail("audited first"))

@@ -86,14 +86,14 @@ def test_min_seconds_adds_rounds_to_short_cases():
 
 @pytest.mark.parametrize("value", ["inf", "nan", "-1", "1e400"])
 def test_min_seconds_must_be_finite(capsys, value):
-    """Bug pinned (issue 26): --min-seconds inf ended in an OverflowError traceback."""
+    """Bug pinned: --min-seconds inf ended in an OverflowError traceback."""
     with pytest.raises(SystemExit) as info:
         main(["bench", *TINY[:-2], "--min-seconds", value])
     assert info.value.code == 2 and "--min-seconds" in capsys.readouterr().err
 
 
 def test_unwritable_json_is_refused_before_the_timings(tmp_path, capsys, monkeypatch):
-    """Bug pinned (issue 26): bench --json DIR/not-a-dir/x.json ran the whole benchmark
+    """Bug pinned: bench --json DIR/not-a-dir/x.json ran the whole benchmark
     and then failed writing."""
     from detsample.benchmarks import sampler
 

@@ -135,7 +135,7 @@ def test_unwritable_json_exits_2(capsys, tmp_path):
 
 
 def test_unwritable_json_is_refused_before_the_battery(capsys, tmp_path, monkeypatch):
-    """Bug pinned (issue 26): the --json path was found unwritable only after the run."""
+    """Bug pinned: the --json path was found unwritable only after the run."""
     import detsample.checks.battery as battery
 
     monkeypatch.setattr(battery, "run_battery", lambda *a, **k: pytest.fail("battery ran"))

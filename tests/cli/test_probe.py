@@ -111,7 +111,7 @@ USAGE = [
      "cannot import 'probe_broken' for model 'probe_broken:make': ModuleNotFoundError: "
      "No module named 'no_such_package_for_probe'"),
     (["model", "probe_factories:nothing"], "has no callable 'nothing'"),
-    # Bugs pinned (issue 26): these were the factory's traceback and exit 1
+    # Bugs pinned: these were the factory's traceback and exit 1
     (["model", "probe_factories:fails"],
      "model 'probe_factories:fails': fails() raised OSError: no checkpoint at /models/x"),
     (["model", "probe_factories:needs"],
@@ -131,7 +131,7 @@ def test_usage_errors_exit_2(factories, capsys, args, message):
 
 def test_json_path_is_checked_before_the_model_is_built(factories, tmp_path, monkeypatch,
                                                         capsys):
-    """Bug pinned (issue 26): an unwritable --json failed only after the whole run."""
+    """Bug pinned: an unwritable --json failed only after the whole run."""
     mark = tmp_path / "built"
     monkeypatch.setenv("PROBE_MARK", str(mark))
     blocker = tmp_path / "file"

@@ -10,7 +10,8 @@ import detsample.golden.store as golden_mod
 from detsample.golden.store import (CORRUPT, MISMATCH, MISSING_PLATFORM, MISSING_SCENARIO, OK,
                                     ChangeKind, GoldenStore, golden_root)
 from detsample.golden.format import FILES, LOGPROBS, TOKENS
-from tests.golden_helpers import interrupt_staging_at, make, snapshot
+from tests.golden_helpers import (another_machine, with_top, git_commit_all, git_status,
+                                  interrupt_staging_at, make, snapshot)
 
 FP = "cpu-test-torch0"
 
@@ -85,6 +86,24 @@ def test_update_change_kinds(tmp_path, old, new, kind):
         s.update({"a": old})
     (c,) = s.update({"a": new})
     assert c.kind is kind and f"[{c.kind}]" == f"[{kind.value}]"
+
+
+def test_an_update_on_another_machine_with_the_same_bits_rewrites_nothing(tmp_path, monkeypatch):
+    """Bug pinned: ``--golden-update`` on a machine other than the goldens' producer
+    rewrote every manifest (its ISA, MKL level and library version) although no bit
+    changed, so a kernel developer's change carried dozens of files of noise. Now
+    ``git diff`` stays empty; a golden whose bits move records the new machine."""
+    s = store(tmp_path)
+    s.update({"a": make([1, 2]), "b": with_top(make([3]), [1])})
+    git_commit_all(tmp_path)
+    another_machine(monkeypatch)
+    changes = s.update({"a": make([1, 2]), "b": with_top(make([3]), [1])})
+    assert [c.kind for c in changes] == [ChangeKind.UNCHANGED] * 2
+    assert "provenance" in changes[0].report
+    assert git_status(tmp_path) == ""
+    (c,) = s.update({"a": make([1, 5])})
+    assert c.kind is ChangeKind.MOVED
+    assert '"library_version": "9.9.9"' in (s.scenario_dir("a") / "manifest.json").read_text()
 
 
 def test_corrupt_golden_reported(tmp_path):

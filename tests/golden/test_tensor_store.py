@@ -12,7 +12,8 @@ from detsample.golden import check_tensors
 from detsample.golden.store import (CORRUPT, MISMATCH, MISSING_PLATFORM, MISSING_SCENARIO, OK,
                                     GoldenMissing, GoldenStore, GoldenUpdateRefused)
 from detsample.golden.tensor_store import TensorGoldens, device_of
-from tests.golden_helpers import interrupt_staging_at, snapshot
+from tests.golden_helpers import (another_machine, git_commit_all, git_status,
+                                  interrupt_staging_at, snapshot)
 
 FP = "cpu-test-torch0"
 
@@ -60,6 +61,19 @@ def test_regenerate_twice_byte_identical(tmp_path):
     first = snapshot(tmp_path)
     assert g.update("k", kernel()).kind == "unchanged"
     assert snapshot(tmp_path) == first
+
+
+def test_an_update_on_another_machine_with_the_same_bits_rewrites_nothing(tmp_path, monkeypatch):
+    """Bug pinned: an update on another machine rewrote a tensor golden's manifest (the
+    producer's ISA, MKL level, library version) although no bit changed."""
+    g = goldens(tmp_path)
+    g.update("k", kernel())
+    git_commit_all(tmp_path)
+    another_machine(monkeypatch)
+    assert g.update("k", kernel()).kind == "unchanged"
+    assert git_status(tmp_path) == ""
+    assert g.update("k", kernel(bump=1)).kind == "moved"
+    assert git_status(tmp_path) != ""
 
 
 def test_update_reports_moved_and_drops_old_files(tmp_path):

@@ -1,6 +1,6 @@
 """Golden files are untrusted input (detsample/golden/store.py, format.py, cli/golden.py).
 
-Bugs pinned (issue 26): a manifest whose ``file`` named a missing file or
+Bugs pinned: a manifest whose ``file`` named a missing file or
 ``../random.top_k/logprobs.txt`` verified ``[ok]``; a non-UTF-8 byte ended ``golden verify``
 and ``golden diff`` in a UnicodeDecodeError traceback and the other scenarios went
 unreported; ``golden diff`` exited 1 on untouched goldens where ``verify`` exited 0 (it

@@ -1,7 +1,7 @@
 """Tests of detsample/grammar/budget.py: one byte budget, least recently used first out.
 
 The budget is what keeps a worker's memory bounded when every request brings its own
-grammar (issue 27: ~21 MB per schema were never released). Here: the ledger alone
+grammar (~21 MB per schema were never released). Here: the ledger alone
 (against a reference model, property-tested), and the compiler's use of it -- compiled
 grammars, names and rows are charged, evicted least recently used first, and rebuilt
 on demand with the same bits.

