@@ -166,6 +166,23 @@ OPTIONS = [
 ]
 
 
+def test_audit_workers_are_bounded_by_the_machine(tmp_path, capsys):
+    """Bug pinned: ``--workers 100000`` on a file of many lines started a process per
+    shard, up to 100000 of them."""
+    path = tmp_path / "two.jsonl"
+    path.write_text("\n".join(json.dumps(dict(GOOD, id=k)) for k in range(2)) + "\n")
+    assert main(["audit", str(path), "--workers", "100000", "--quiet"]) == 2
+    line = one_error_line(capsys.readouterr().err, "audit")
+    assert "workers must be at most" in line and "got 100000" in line, line
+
+
+def test_tensor_parallel_rank_groups_are_bounded_by_the_machine():
+    from detsample.parallel.group import RankGroup
+
+    with pytest.raises(ValueError, match="tensor-parallel size .* must be at most .* got 100000"):
+        RankGroup(100000, init=print)
+
+
 @pytest.mark.parametrize("argv,command,names,value", OPTIONS,
                          ids=[" ".join(o[0][:2]) for o in OPTIONS])
 def test_out_of_range_options_are_named(tmp_path, capsys, argv, command, names, value):
