@@ -220,3 +220,14 @@ def test_check_never_prints_its_verdict_before_failing_to_write(capsys, monkeypa
     cap = capsys.readouterr()
     assert rc == 2 and "ALL CHECKS PASSED" not in cap.out, cap.out
     assert "cannot write --json /dev/full: No space left on device" in cap.err
+
+
+@pytest.mark.parametrize("row,rc,says", [(LOG_ROW, 0, ""),
+                                         (dict(LOG_ROW, tokens=-1), 2, "<stdin>:line 1: tokens")])
+def test_audit_log_reads_stdin_with_the_same_rules(capsys, monkeypatch, row, rc, says):
+    import io
+
+    data = (json.dumps(row) + "\n").encode()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    assert main(["audit-log", "-", "--quiet", "--max-abs-diff", "0"]) == rc
+    assert says in capsys.readouterr().err
