@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, model_spec, portable_without_mode,
-                                     positive_int, sampling_field, tp_needs_portable)
+                                     positive_int, sampling_field, seed_span_problem,
+                                     tp_needs_portable)
 from detsample.cli._outputs import output_problem
 from detsample.params import LOGPROBS_MODES
 
@@ -101,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     if portable_without_mode(args):
         print(f"detsample rollout: error: {PORTABLE_NEEDS_MODE}", file=sys.stderr)
         return 2
-    refused = tp_needs_portable(args, [args.tp])
+    refused = tp_needs_portable(args, [args.tp]) or seed_span_problem(args.seed,
+                                                                       args.num_sequences)
     if refused:
         print(f"detsample rollout: error: {refused}", file=sys.stderr)
         return 2
