@@ -65,6 +65,8 @@ class EngineConfig:
     (computed with ``Sampler.compute_logprobs`` on a lockstep batch in that mode).
     vocab: the :class:`~detsample.Vocabulary` grammars are compiled for; None = the
     default vocabulary when the model has its 512-token layout.
+    think_end_token_id: the end-of-thinking token after which the grammar of a
+    ``require_reasoning`` request starts.
     """
 
     max_batch_size: int | None = None
@@ -73,6 +75,7 @@ class EngineConfig:
     eos_token_ids: tuple[int, ...] = (EOS_ID,)
     extra_logprobs_modes: tuple[str, ...] = ()
     vocab: Any = None
+    think_end_token_id: int | None = None
 
     def __post_init__(self) -> None:
         mb = self.max_batch_size
@@ -187,7 +190,8 @@ class Engine:
                         for r in requests]
         return SamplingBatch.from_requests(requests, vocab_size=self.model.vocab_size,
                                            eos_token_ids=self.config.eos_token_ids,
-                                           vocab=self.vocab)
+                                           vocab=self.vocab,
+                                           think_end_token_id=self.config.think_end_token_id)
 
     def _check(self, schedule: Schedule) -> None:
         if not isinstance(schedule, Schedule):
@@ -439,14 +443,16 @@ def with_mode(params: SamplingParams, mode: str) -> SamplingParams:
 
 def rescore(model: Any, sampler: Sampler, request_params: SamplingParams,
             prompt_ids: Sequence[int], output_ids: Sequence[int], *,
-            eos_token_ids: Sequence[int] = (EOS_ID,), vocab: Any = None) -> torch.Tensor:
+            eos_token_ids: Sequence[int] = (EOS_ID,), vocab: Any = None,
+            think_end_token_id: int | None = None) -> torch.Tensor:
     """Logprobs of ``output_ids`` after ``prompt_ids`` by ONE prefill (the trainer's path).
 
     Row i of the rescoring batch is the request with ``output_ids[:i]`` already generated
     (penalty / min_new_tokens / grammar state replayed), scored with
     ``Sampler.compute_logprobs`` on the prefill logits of position ``len(prompt) + i - 1``.
     Returns float32 ``[len(output_ids)]`` in ``request_params.logprobs_mode``. ``vocab``
-    (grammars) defaults to :func:`default_vocab` for a request with a grammar.
+    (grammars) defaults to :func:`default_vocab` for a request with a grammar;
+    ``think_end_token_id`` is the engine's (``require_reasoning``).
     """
     prompt, output = list(prompt_ids), list(output_ids)
     if not prompt:
@@ -456,18 +462,21 @@ def rescore(model: Any, sampler: Sampler, request_params: SamplingParams,
     full = model.forward([model.new_cache()], [prompt + output])[0]
     logits = full[len(prompt) - 1: len(prompt) + len(output) - 1]
     return score_logits(model, sampler, request_params, prompt, output, logits,
-                        eos_token_ids=eos_token_ids, vocab=vocab)
+                        eos_token_ids=eos_token_ids, vocab=vocab,
+                        think_end_token_id=think_end_token_id)
 
 
 def score_logits(model: Any, sampler: Sampler, request_params: SamplingParams,
                  prompt: list[int], output: list[int], logits: torch.Tensor, *,
-                 eos_token_ids: Sequence[int] = (EOS_ID,), vocab: Any = None) -> torch.Tensor:
+                 eos_token_ids: Sequence[int] = (EOS_ID,), vocab: Any = None,
+            think_end_token_id: int | None = None) -> torch.Tensor:
     """:func:`rescore` after its prefill: ``logits`` [len(output), V] are the rows that
     score ``output`` (row i: after ``prompt + output[:i]``); float32 [len(output)]."""
     reqs = [Request(f"rescore/{i}", request_params, prompt, output[:i]) for i in range(len(output))]
     if vocab is None and request_params.grammar is not None:
         vocab = default_vocab(model)
     batch = SamplingBatch.from_requests(reqs, vocab_size=model.vocab_size,
-                                        eos_token_ids=tuple(eos_token_ids), vocab=vocab)
+                                        eos_token_ids=tuple(eos_token_ids), vocab=vocab,
+                                        think_end_token_id=think_end_token_id)
     return sampler.compute_logprobs(logits.contiguous(), batch,
                                     torch.tensor(output, dtype=torch.int64))
