@@ -312,6 +312,11 @@ class SamplingBatch:
         return self.derived("has_grammars",
                             lambda: any(g is not None for g in self.grammars))
 
+    def grammar_ready(self) -> list[bool]:
+        """Per row: False while its grammar is still compiling (sampling the row now would
+        wait for it), True otherwise (no grammar, compiled, or failed). Never waits."""
+        return [g is None or g.ready for g in self.grammars]
+
     @property
     def is_all_greedy(self) -> bool:
         """Whether every row is greedy (derived once per composition)."""

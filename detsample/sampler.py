@@ -46,6 +46,7 @@ from detsample.ops.host import host_tensor
 from detsample.ops.sanitize import sanitize_rows_flagged
 from detsample.ops.temperature import scale_logits
 from detsample.processors.base import ProcessorRunner
+from detsample.processors.loading import load_processors
 from detsample import rules
 from detsample.rules import STATUS_NO_VALID_TOKEN
 from detsample.processors.penalties import apply_penalties_and_constraints
@@ -225,7 +226,8 @@ class Sampler:
 
     filter_impl: "auto" (bounded ``topk`` where it provably equals the full sort) or
     "sort" (always the full stable sort: the reference semantics).
-    processors: batch-level logits processors run at pipeline step 1.
+    processors: batch-level logits processors run at pipeline step 1: instances, classes,
+    class names or entry-point names (:mod:`detsample.processors.loading`).
     backend: "auto" (Triton kernels for CUDA tensors, torch ops otherwise), "torch" or
     "triton" (the kernels also on CPU tensors, under the Triton interpreter). The Triton
     backend is always exact (``deterministic`` does not change it).
@@ -252,7 +254,7 @@ class Sampler:
         self.backend = backend
         self.deterministic = bool(deterministic)
         self.filter_impl = filter_impl
-        self.processors = tuple(processors)
+        self.processors = load_processors(processors)
         self._ws = Workspace()
         self._runner = ProcessorRunner(self.processors)  # step 1
         self.grammar_masker = GrammarMasker()  # one reused bitmask buffer

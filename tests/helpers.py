@@ -91,6 +91,38 @@ def requests_from(params_list, prefix: str = "r"):
     return [Request(f"{prefix}{i}", p, prompt_ids=[1, 2, 3]) for i, p in enumerate(params_list)]
 
 
+def run_bounded(argv: list[str], unblock: list = (), seconds: float = 60.0) -> int:
+    """``main(argv)`` in a thread: a command still running after ``seconds`` is a hang
+    (the FIFOs of ``unblock`` are then opened for writing, so the thread ends)."""
+    import os
+    import threading
+
+    import pytest
+
+    from detsample.cli import main
+
+    box: dict = {}
+
+    def target():
+        try:
+            box["rc"] = main(argv)
+        except BaseException as exc:  # noqa: BLE001 - a traceback the user would see
+            box["exc"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        for path in unblock:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            os.close(fd)
+        t.join(10)
+        pytest.fail(f"detsample {' '.join(argv)}: still running after {seconds} s (a hang)")
+    if "exc" in box:
+        raise AssertionError(f"an exception escaped main: {box['exc']!r}") from box["exc"]
+    return box["rc"]
+
+
 def topk_candidates(z: torch.Tensor, top_k: torch.Tensor, k_max: int):
     """The bounded candidates of rows with a small top-k, as the sampler takes them: a
     ``topk`` of ``min(k_max + 1, V)`` values, then ``filters.cut_candidates``. Returns

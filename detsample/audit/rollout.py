@@ -17,6 +17,11 @@ with fewer than 512 tokens). With ``n`` samples per prompt, prompt i's request h
 ``seed + i * n`` and its sample j uses that seed ``+ j`` (vLLM's child seeds), so the n
 responses of a prompt are n distinct streams; each record's ``group`` is its prompt's
 index (GRPO's group).
+
+With ``draft_model`` (a model spec, or ``"ngram"`` for prompt lookup) and
+``num_speculative_tokens`` the engine decodes speculatively
+(:mod:`detsample.refmodel.speculative`): the records are the same, byte for byte, and
+``on_speculative`` receives the run's counts (acceptance rate).
 """
 
 from __future__ import annotations
@@ -133,7 +138,8 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
                       with_trainer: bool = False, model_path: str | None = None,
                       model: str = "refmodel", batch_invariant: bool = False,
                       portable: bool = False, tp: int = 1, prompts: list[Prompt] | None = None,
-                      n: int = 1, logprobs_mode: str = "raw") -> list[dict]:
+                      n: int = 1, logprobs_mode: str = "raw", draft_model: str | None = None,
+                      num_speculative_tokens: int = 0, on_speculative=None) -> list[dict]:
     """Generate rollouts: ``n`` samples of each of ``prompts`` (default: ``num_sequences``
     built-in prompts; request k arrives at engine step ``k * stagger``; the seeds are in
     the module docstring) with ``model`` (a :func:`~detsample.models.load_model` spec;
@@ -158,6 +164,9 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
                temperature=temperature, top_p=top_p, top_k=top_k, max_batch_size=max_batch_size,
                stagger=stagger, with_trainer=with_trainer, prompts=prompts, n=n,
                semantics=semantics)
+    if (draft_model is None) != (not num_speculative_tokens):
+        raise InvalidSamplingParams("draft_model and num_speculative_tokens go together, got "
+                                    f"{draft_model!r} and {num_speculative_tokens!r}")
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise InvalidSamplingParams(f"tp must be an int >= 1, got {tp!r}")
     if tp > 1:
@@ -166,12 +175,37 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
         if model_path is not None:
             raise InvalidSamplingParams("model_path (a saved reference model) cannot run "
                                         "tensor-parallel; give tp=1")
+        if draft_model is not None:
+            raise InvalidSamplingParams("speculative decoding (draft_model) runs with tp=1 only")
         spec = TPModelSpec(model, tp, batch_invariant, portable)
         check_spec(spec)
         return launch(tp, load_sharded, (spec,), _rank_rollouts, run)
     rescorer = ModelRescorer(model, batch_invariant=batch_invariant, portable=portable,
                              model_path=model_path, label="--model", semantics=semantics)
-    return _rollouts(rescorer.build_model(), rescorer, **run)
+    lm = rescorer.build_model()
+    if draft_model is not None:
+        run["speculative"] = _speculative(lm, draft_model, num_speculative_tokens,
+                                          batch_invariant, portable)
+        run["on_speculative"] = on_speculative
+    return _rollouts(lm, rescorer, **run)
+
+
+def _speculative(lm, draft_model: str, k: int, batch_invariant: bool, portable: bool):
+    """The engine's :class:`~detsample.refmodel.speculative.Speculative` for the CLI's
+    ``--draft-model`` (``ngram``: prompt lookup; else a model spec loaded in the target's
+    mode) and ``--num-speculative-tokens``."""
+    from detsample.errors import InvalidSamplingParams
+    from detsample.models import ModelError, load_model
+    from detsample.refmodel.speculative import DraftModel, NGram, Speculative, check_draft_model
+
+    if draft_model == "ngram":
+        return Speculative(NGram(), k)
+    try:
+        draft = load_model(draft_model, batch_invariant=batch_invariant, portable=portable)
+    except ModelError as exc:
+        raise InvalidSamplingParams(f"--draft-model: {exc}") from exc
+    check_draft_model(lm, draft)
+    return Speculative(DraftModel(draft), k)
 
 
 def _rank_rollouts(lm, comm, run: dict) -> list[dict]:
@@ -213,14 +247,17 @@ def _requests(lm, *, num_sequences: int, max_new_tokens: int, seed: int, tempera
 
 
 def _rollouts(lm, rescorer, *, max_batch_size: int | None, with_trainer: bool,
-              **spec) -> list[dict]:
+              speculative=None, on_speculative=None, **spec) -> list[dict]:
     from detsample.refmodel.engine import Engine, EngineConfig
     from detsample.refmodel.schedule import Schedule
 
     planned = _requests(lm, **spec)
     mode = spec["semantics"].logprobs_mode
-    engine = Engine(lm, config=EngineConfig(max_batch_size=max_batch_size))
+    engine = Engine(lm, config=EngineConfig(max_batch_size=max_batch_size),
+                    speculative=speculative)
     result = engine.run(Schedule.of([(step, req) for step, req, _ in planned]))
+    if on_speculative is not None and result.speculative is not None:
+        on_speculative(result.speculative)
     records = []
     for _, req, group in planned:
         res = result[req.rid]

@@ -14,6 +14,39 @@ def positive_int(text: str) -> int:
     return v
 
 
+def thread_count(text: str) -> int:
+    """A thread count: an int >= 1 and at most :func:`detsample.inputs.max_threads` (a count
+    far beyond the machine's CPUs crashes OpenMP), else an argparse error naming it."""
+    from detsample.inputs import thread_problem
+
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    problem = thread_problem(v)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return v
+
+
+def thread_counts(text: str) -> list[int]:
+    """Comma-separated thread counts (:func:`thread_count` each), e.g. ``1,2``."""
+    return [thread_count(t.strip()) for t in text.split(",")]
+
+
+#: seeds are in [0, 2**63) (SamplingParams.seed)
+SEED_END = 1 << 63
+
+
+def seed_span_problem(seed: int, count: int) -> str | None:
+    """Why ``--seed SEED`` cannot give ``count`` requests the seeds SEED .. SEED + count - 1
+    (the last must stay below 2**63), naming both options; or None."""
+    if seed + count - 1 < SEED_END:
+        return None
+    return (f"--seed {seed} with --num-sequences {count}: request i uses seed SEED + i, so "
+            f"SEED must be at most {SEED_END - count} (seeds are in [0, 2**63))")
+
+
 def nonneg_float(text: str) -> float:
     """A float >= 0 (NaN refused), else an argparse error naming the value."""
     v = float(text)

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from detsample.audit.layout import PRESET_NAMES
 from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, add_semantics_options, fraction,
                                      max_excluded, model_spec, nonneg_float,
                                      portable_without_mode, positive_finite, positive_int,
                                      rollout_rs, semantics_of, tp_needs_portable)
-from detsample.cli._outputs import output_problems
+from detsample.cli._outputs import output_problems, write_output
 from detsample.errors import DetsampleError
 
 
@@ -139,14 +138,15 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     if not args.quiet:
         (sys.stderr if args.json == "-" else sys.stdout).write(format_summary(report))
-    try:  # an unwritable output is exit 2, never the traceback exit 1 of a failed gate
-        if args.json and args.json != "-":
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(text)
-        if args.report:
+    # an unwritable output is exit 2 naming the path, never a failed gate's exit 1
+    failed = write_output(args.json, text, "--json") if args.json not in (None, "-") else None
+    if not failed and args.report:
+        try:
             print(f"report: {write_report(report, args.report)}", file=sys.stderr)
-    except OSError as exc:
-        print(f"detsample audit: error: cannot write the report: {exc}", file=sys.stderr)
+        except OSError as exc:
+            failed = f"cannot write --report {args.report}: {exc.strerror or exc}"
+    if failed:
+        print(f"detsample audit: error: {failed}", file=sys.stderr)
         return 2
     failures = check_gates(report, args.max_abs_diff, args.min_exact_match, args.max_excluded)
     for f in failures:

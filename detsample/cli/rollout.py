@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, model_spec, portable_without_mode,
-                                     positive_int, sampling_field, tp_needs_portable)
+                                     positive_int, sampling_field, seed_span_problem,
+                                     tp_needs_portable)
 from detsample.cli._outputs import output_problem
 from detsample.params import LOGPROBS_MODES
 
@@ -29,6 +30,11 @@ def rollout_path(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text}: unknown output format (rollout writes "
                                          f"{', '.join(ROLLOUT_FORMATS)})")
     return text
+
+
+def draft_spec(text: str) -> str:
+    """``--draft-model``: ``ngram`` or a model spec (:func:`model_spec`)."""
+    return text if text == "ngram" else model_spec(text)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -76,6 +82,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tp", type=positive_int, default=1, metavar="N",
                    help="run the model tensor-parallel over N local ranks (gloo; "
                         "docs/tensor-parallel.md); N > 1 under --batch-invariant needs --portable")
+    p.add_argument("--draft-model", metavar="MODEL", type=draft_spec, default=None,
+                   help="decode speculatively with this draft (a model spec, loaded in the "
+                        "target's mode, or 'ngram' for prompt lookup): the same file, fewer "
+                        "engine steps (docs/sampling.md)")
+    p.add_argument("--num-speculative-tokens", type=positive_int, default=None, metavar="K",
+                   help="with --draft-model: drafted tokens per step")
     p.add_argument("--with-trainer", action="store_true",
                    help="also write trainer_logprobs, recomputed by prefill")
     p.set_defaults(func=run)
@@ -90,14 +102,20 @@ def run(args: argparse.Namespace) -> int:
     if portable_without_mode(args):
         print(f"detsample rollout: error: {PORTABLE_NEEDS_MODE}", file=sys.stderr)
         return 2
-    refused = tp_needs_portable(args, [args.tp])
+    refused = tp_needs_portable(args, [args.tp]) or seed_span_problem(args.seed,
+                                                                       args.num_sequences)
     if refused:
         print(f"detsample rollout: error: {refused}", file=sys.stderr)
+        return 2
+    if (args.draft_model is None) != (args.num_speculative_tokens is None):
+        print("detsample rollout: error: --draft-model and --num-speculative-tokens go "
+              "together", file=sys.stderr)
         return 2
     problem = output_problem(args.out, "OUT")
     if problem:  # before the engine runs
         print(f"detsample rollout: error: {problem}", file=sys.stderr)
         return 2
+    stats: list = []
     fmt = ROLLOUT_FORMATS[next(e for e in ROLLOUT_FORMATS if args.out.lower().endswith(e))]
     if args.tokenizer and not args.prompts:
         print("detsample rollout: error: --tokenizer encodes --prompts text; give --prompts FILE",
@@ -110,7 +128,9 @@ def run(args: argparse.Namespace) -> int:
             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
             max_batch_size=args.max_batch_size, with_trainer=args.with_trainer,
             model=args.model, batch_invariant=args.batch_invariant, portable=args.portable,
-            tp=args.tp, prompts=prompts, n=args.n, logprobs_mode=args.logprobs_mode)
+            tp=args.tp, prompts=prompts, n=args.n, logprobs_mode=args.logprobs_mode,
+            draft_model=args.draft_model,
+            num_speculative_tokens=args.num_speculative_tokens or 0, on_speculative=stats.append)
     except (AuditInputError, DetsampleError, ValueError, OSError) as exc:
         print(f"detsample rollout: error: {exc}", file=sys.stderr)
         return 2
@@ -123,4 +143,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     tokens = sum(len(r["response_ids"]) for r in records)
     print(f"wrote {len(records)} sequences, {tokens} response tokens to {args.out}")
+    for s in stats:
+        print(f"speculative: acceptance rate {s.acceptance_rate:.3f} ({s.accepted} of "
+              f"{s.proposed} drafted tokens), {s.steps} verification steps")
     return 0

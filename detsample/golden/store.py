@@ -34,6 +34,7 @@ from detsample.golden import isa
 from detsample.golden.fingerprint import check_device, platform_fingerprint, platform_info
 from detsample.golden.diff import GoldenDiff, compare
 from detsample.golden.format import (ALL_FILES, FILES, MANIFEST, TOP_LOGPROBS, GoldenFormatError,
+                                     read_golden,
                                      ScenarioOutput, decode, decode_lenient, encode, text_of)
 
 ENV_ROOT = "DETSAMPLE_GOLDEN_DIR"
@@ -189,11 +190,9 @@ class GoldenStore:
         texts = {}
         for f in FILES + ((TOP_LOGPROBS,) if (d / TOP_LOGPROBS).exists() else ()):
             try:
-                data = (d / f).read_bytes()
+                data = read_golden(d / f)
             except FileNotFoundError:
                 raise GoldenFormatError(f"{d / f}: missing (manifest present)") from None
-            except OSError as e:
-                raise GoldenFormatError(f"{d / f}: cannot be read ({e.strerror or e})") from None
             texts[f] = text_of(data, f)
         return texts
 

@@ -98,6 +98,11 @@ class RequestGrammar:
         return self.state == ACTIVE
 
     @property
+    def ready(self) -> bool:
+        """True unless the compilation is still running (never waits)."""
+        return self.state != PENDING or self._future.done()
+
+    @property
     def failed(self) -> bool:
         return self.state == FAILED
 

@@ -88,6 +88,8 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] | None = None
     bad_words: tuple[tuple[int, ...], ...] = ()
     logits_processor: Any = None  # per-request processor (grouped by identity)
+    # per-request arguments of logits processors (vLLM extra_args, SGLang custom_params)
+    extra_args: Any = None
 
     def __post_init__(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -149,6 +151,14 @@ class SamplingParams:
             if not 0 <= s < 2**SEED_BITS:
                 fail(f"seed must be in [0, 2**63), got {self.seed!r}")
             set_("seed", s)
+        if self.extra_args is not None:
+            if not isinstance(self.extra_args, Mapping):
+                fail(f"extra_args must be a mapping of str to values, got "
+                     f"{type(self.extra_args).__name__}")
+            bad = [k for k in self.extra_args if not isinstance(k, str)]
+            if bad:
+                fail(f"extra_args keys must be str, got {bad[0]!r}")
+            set_("extra_args", dict(self.extra_args))
         kinds = [f for f in GRAMMAR_FIELDS if getattr(self, f) is not None]
         if len(kinds) > 1:
             fail(f"at most one of {GRAMMAR_FIELDS} may be set, got {kinds}")
@@ -177,6 +187,11 @@ class SamplingParams:
                     v = json.dumps(v)  # key order kept: xgrammar emits properties in schema order
                 return kind, v
         return None
+
+    @property
+    def custom_params(self) -> dict | None:
+        """SGLang's name for :attr:`extra_args` (the processors' per-request arguments)."""
+        return self.extra_args
 
     @property
     def has_penalties(self) -> bool:

@@ -139,6 +139,8 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     top: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    compiling: SamplingBatch | None = None  # built at admission: its grammar compiles
+    held: torch.Tensor | None = None  # logits of the last prompt token while held
 
 
 @dataclass
@@ -149,6 +151,7 @@ class _State:
     waiting: deque = field(default_factory=deque)
     filling: list[_Row] = field(default_factory=list)
     rows: list[_Row] = field(default_factory=list)
+    held: list[_Row] = field(default_factory=list)  # prefilled, grammar still compiling
     batch: SamplingBatch | None = None
     extra: dict[str, SamplingBatch] = field(default_factory=dict)
 
@@ -213,12 +216,12 @@ class Engine:
         if self.speculative is not None:
             out.speculative = SpecStats()
         step = 0
-        while st.pending or st.waiting or st.rows or st.filling:
-            if not (st.rows or st.filling or st.waiting) and st.pending[0].step > step:
+        while st.pending or st.waiting or st.rows or st.filling or st.held:
+            if not (st.rows or st.filling or st.waiting or st.held) and st.pending[0].step > step:
                 step = st.pending[0].step  # idle until the next arrival
             while st.pending and st.pending[0].step <= step:
                 st.waiting.append(st.pending.popleft())
-            busy = len(st.rows) + len(st.filling)
+            busy = len(st.rows) + len(st.filling) + len(st.held)
             room = len(st.waiting) if cfg.max_batch_size is None else \
                 max(0, min(len(st.waiting), cfg.max_batch_size - busy))
             for _ in range(room):
@@ -226,7 +229,8 @@ class Engine:
                 q = a.request
                 st.filling.append(_Row(a, self.model.new_cache(),
                                        q.params.max_new_tokens or cfg.default_max_new_tokens,
-                                       feed=list(q.prompt_ids) + list(q.output_ids)))
+                                       feed=list(q.prompt_ids) + list(q.output_ids),
+                                       compiling=self._batch([q]) if q.params.grammar else None))
             drafts = self._propose(st, out.speculative) if out.speculative else []
             outs = self._forward(st, drafts)
             if st.rows:
@@ -255,23 +259,38 @@ class Engine:
         outs = self.model.forward(caches, feeds) if caches else []
         n_rows = len(st.rows)
         last = [o if i < n_rows else o[-1:] for i, o in enumerate(outs)]
-        joined = [i for i, r in enumerate(st.filling) if not r.feed]
-        if joined:
-            new = [st.filling[i] for i in joined]
-            reqs = [r.arrival.request for r in new]
-            if st.batch is None:
-                st.batch = self._batch(reqs)
-                st.extra = {m: self._batch(reqs, m) for m in self.config.extra_logprobs_modes}
-            else:
-                st.batch.merge(self._batch(reqs))
-                for m, b in st.extra.items():
-                    b.merge(self._batch(reqs, m))
-            st.rows.extend(new)
-            last = last[:n_rows] + [last[n_rows + i] for i in joined]
-            st.filling = [r for r in st.filling if r.feed]
+        for i, r in enumerate(st.filling):
+            if not r.feed:
+                r.held = last[n_rows + i]
+                st.held.append(r)
+        st.filling = [r for r in st.filling if r.feed]
+        return last[:n_rows] + self._join(st)
+
+    def _join(self, st: "_State") -> list[torch.Tensor]:
+        """Prefilled rows join the batch, except those whose grammar is still compiling:
+        they are held out (their last logits kept) and join at a later step, so no sample
+        waits for a compilation while other rows have work; when no other row has (none
+        running, filling or joining) they join at once and the sample waits as it must. A row's
+        tokens do not depend on the step it joins at. Returns the joined rows' logits."""
+        new = [r for r in st.held if r.compiling is None or all(r.compiling.grammar_ready())]
+        if not (new or st.rows or st.filling):
+            new = list(st.held)  # nothing else to run
+        if not new:
+            return []
+        st.held = [r for r in st.held if all(r is not n for n in new)]
+        reqs = [r.arrival.request for r in new]
+        if st.batch is None:
+            st.batch = self._batch(reqs)
+            st.extra = {m: self._batch(reqs, m) for m in self.config.extra_logprobs_modes}
         else:
-            last = last[:n_rows]
-        return last
+            st.batch.merge(self._batch(reqs))
+            for m, b in st.extra.items():
+                b.merge(self._batch(reqs, m))
+        st.rows.extend(new)
+        held = [r.held for r in new]
+        for r in new:
+            r.held, r.compiling = None, None
+        return held
 
     def _sample(self, st: "_State", logits: torch.Tensor, out: EngineResult, step: int) -> None:
         """Sample every row, record tokens and logprobs, drop finished rows."""

@@ -103,6 +103,8 @@ ROUND_TRIP_FIELDS = dict(  # one strategy per field, every field of SamplingPara
     allowed_token_ids=st.one_of(st.none(), st.lists(st.integers(0, 50), min_size=1, max_size=4)),
     bad_words=st.lists(st.lists(st.integers(0, 50), min_size=1, max_size=3), max_size=2),
     logits_processor=st.sampled_from([None, abs]),
+    extra_args=st.one_of(st.none(), st.dictionaries(st.text(max_size=4), st.integers(),
+                                                    max_size=3)),
 )
 
 
