@@ -30,6 +30,7 @@ from detsample.audit.readers import (detect_format, iter_jsonl_chunks, iter_reco
 from detsample.audit.table import TableChunk
 from detsample.audit.torchfile import TorchSource
 from detsample.audit.validate import RescoreFn, validate
+from detsample.inputs import thread_problem
 
 __all__ = ["AuditInputError", "AuditOptions", "Issue", "Shard", "audit", "audit_accumulator",
            "check_gates", "consume", "plan_shards", "run_shard", "to_json"]
@@ -189,6 +190,9 @@ def audit_accumulator(source: object, options: AuditOptions | None = None,
             pickle.dumps(opts.rescore)
         except Exception as exc:  # noqa: BLE001
             raise ValueError(f"rescore must be picklable to use workers > 1 ({exc})") from exc
+    too_many = thread_problem(opts.workers)  # local processes, one per worker
+    if too_many:
+        raise AuditInputError(f"workers {too_many}")
     pool = ProcessPoolExecutor(max_workers=opts.workers, mp_context=get_context("spawn"))
     try:
         with _sigint_ignored():  # the workers start ignoring Ctrl-C: the parent handles it
