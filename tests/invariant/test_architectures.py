@@ -29,6 +29,7 @@ from detsample.invariant import batch_invariant
 from detsample.invariant import guard
 from detsample.invariant.guard import RefusedLayerError
 from detsample.probe.threads import torch_threads
+from detsample.models.base import ModelError
 from detsample.models.hf import use_invariant_attention
 from tests.invariant.architectures import PANEL, adapter, build, failures, own_cache_failures
 
@@ -47,10 +48,8 @@ def _refused(arch, model: torch.nn.Module, monkeypatch) -> None:
     assert bad, f"{arch.name}: bitwise under the mode's kernels unguarded (no negative control)"
     with torch.no_grad(), batch_invariant(), pytest.raises(RefusedLayerError):
         model(ids)
-    # the adapter returns no logits: refused by name, or the model fails on the adapter's
-    # key/value cache (MiniMax: "uses a cache of its own"; Bamba, Falcon-H1: no state layer)
-    with pytest.raises(Exception):  # noqa: B017
-        failures(adapter(build(arch), True), TOKENS)
+    with pytest.raises(ModelError, match="keeps state beside keys and values .layer 0 "):
+        adapter(build(arch), True)                          # the adapter cannot carry it
     monkeypatch.setattr(guard, "REFUSED", ())
     for use_cache in (True, False):
         fresh = build(arch)
