@@ -46,6 +46,7 @@ from detsample.ops.host import host_tensor
 from detsample.ops.sanitize import sanitize_rows_flagged
 from detsample.ops.temperature import scale_logits
 from detsample.processors.base import ProcessorRunner
+from detsample.processors.loading import load_processors
 from detsample import rules
 from detsample.rules import STATUS_NO_VALID_TOKEN
 from detsample.processors.penalties import apply_penalties_and_constraints
@@ -225,7 +226,8 @@ class Sampler:
 
     filter_impl: "auto" (bounded ``topk`` where it provably equals the full sort) or
     "sort" (always the full stable sort: the reference semantics).
-    processors: batch-level logits processors run at pipeline step 1.
+    processors: batch-level logits processors run at pipeline step 1: instances, classes,
+    class names or entry-point names (:mod:`detsample.processors.loading`).
     backend: "auto" (Triton kernels for CUDA tensors, torch ops otherwise), "torch" or
     "triton" (the kernels also on CPU tensors, under the Triton interpreter). The Triton
     backend is always exact (``deterministic`` does not change it).
@@ -252,7 +254,7 @@ class Sampler:
         self.backend = backend
         self.deterministic = bool(deterministic)
         self.filter_impl = filter_impl
-        self.processors = tuple(processors)
+        self.processors = load_processors(processors)
         self._ws = Workspace()
         self._runner = ProcessorRunner(self.processors)  # step 1
         self.grammar_masker = GrammarMasker()  # one reused bitmask buffer
@@ -515,7 +517,7 @@ class Sampler:
             return False
         rt = plan.route
         plain = rt.plain if by_columns is None else by_columns.rest
-        return (prep.kernels is not None or "scaled" in plan.modes or "processed" in plan.modes
+        return (prep.kernels is not None or "scaled" in plan.modes or plan.any_processed
                 or bool(rt.nucleus or rt.top_k_only or rt.sort or plain))
 
     @staticmethod
@@ -754,21 +756,47 @@ class Sampler:
     def _processed(self, cut: Cut, batch: SamplingBatch, rows: Rows, z: torch.Tensor,
                    ids: torch.Tensor, greedy_tok: torch.Tensor, *,
                    k: ModuleType | None = None) -> torch.Tensor:
-        """The "processed" logprob of scaled logits ``z`` with token ids ``ids`` of
+        """The "processed_fixed" logprob of scaled logits ``z`` with token ids ``ids`` of
         ``rows``: either (n,) picked tokens, or (n, V) full rows with ``ids`` (1, V).
         Kept entries get the renormalised logprob of the draw, others -inf; a greedy row
         is one-hot on its greedy token. (The min-p test uses the backend's own exp, the
         one its draw used.)"""
         col = (lambda t: t.unsqueeze(1)) if z.dim() == 2 else (lambda t: t)  # noqa: E731
-        exp = k.exp if k else torch.exp
-        keep = (z >= col(rows.take(cut.tau))) & rules.min_p_keeps(exp(z),
-                                                                  col(rows.take(batch.min_ps)))
+        keep = self._kept(cut, batch, rows, z, col, k)
         lp = lp_ops.log_softmax(z, kept_mass=col(rows.take(cut.total).clamp(min=1)),
                                 frac=rules.frac_bits(batch.vocab_size))
-        lp = lp.masked_fill(~keep, NEG_INF)
+        return self._one_hot_greedy(lp.masked_fill(~keep, NEG_INF), batch, rows, ids,
+                                    greedy_tok, col)
+
+    @staticmethod
+    def _kept(cut: Cut, batch: SamplingBatch, rows: Rows, z: torch.Tensor, col,
+              k: ModuleType | None) -> torch.Tensor:
+        """bool, z's shape: the kept set of step 8 (threshold, then min-p; the min-p test
+        with the backend's own exp, the one its draw used)."""
+        exp = k.exp if k else torch.exp
+        return (z >= col(rows.take(cut.tau))) & rules.min_p_keeps(exp(z),
+                                                                  col(rows.take(batch.min_ps)))
+
+    @staticmethod
+    def _one_hot_greedy(lp: torch.Tensor, batch: SamplingBatch, rows: Rows, ids: torch.Tensor,
+                        greedy_tok: torch.Tensor, col) -> torch.Tensor:
+        """``lp`` with greedy rows replaced by their one-hot distribution (0 on the greedy
+        token, -inf elsewhere)."""
         onehot = torch.where(ids == col(rows.take(greedy_tok)), torch.zeros_like(lp),
                              torch.full_like(lp, NEG_INF))
         return torch.where(col(rows.take(batch.greedy)), onehot, lp)
+
+    def _processed_rows(self, prep: Prepared, cut: Cut, batch: SamplingBatch, plan: RowPlan,
+                        rows: Rows, z: torch.Tensor, *, greedy_tok: torch.Tensor) -> torch.Tensor:
+        """(n, V) vLLM's "processed" logprobs of ``rows``: ``log_softmax`` of step 5's
+        logits divided by the temperature, -inf outside step 8's kept set
+        (:func:`~detsample.ops.logprobs.processed_log_softmax`); greedy rows one-hot."""
+        col = lambda t: t.unsqueeze(1)  # noqa: E731
+        zr = rows.take(z)
+        keep = self._kept(cut, batch, rows, zr, col, prep.kernels)
+        lp = lp_ops.processed_log_softmax(rows.take(prep.x), rows.take(plan.temperatures), keep)
+        full = torch.arange(batch.vocab_size, device=z.device).unsqueeze(0)
+        return self._one_hot_greedy(lp, batch, rows, full, greedy_tok, col)
 
     def _token_logprobs(self, prep: Prepared, z: torch.Tensor | None, cut: Cut,
                         batch: SamplingBatch, plan: RowPlan, tokens: torch.Tensor, *,
@@ -781,6 +809,9 @@ class Sampler:
         for mode, rows in plan.modes.items():
             picked = rows.take(safe)
             if mode == "processed":
+                vals = lp_ops.gather_rows(self._processed_rows(prep, cut, batch, plan, rows, z,
+                                                               greedy_tok=greedy_tok), picked)
+            elif mode == "processed_fixed":
                 ztok = lp_ops.gather_rows(rows.take(z), picked)
                 vals = self._processed(cut, batch, rows, ztok, picked, greedy_tok,
                                        k=prep.kernels)
@@ -807,6 +838,8 @@ class Sampler:
         ids = torch.full((B, n), -1, dtype=torch.int64, device=dev)
         for mode, rows in plan.top.items():
             if mode == "processed":
+                lp = self._processed_rows(prep, cut, batch, plan, rows, z, greedy_tok=greedy_tok)
+            elif mode == "processed_fixed":
                 full = torch.arange(batch.vocab_size, device=dev).unsqueeze(0)
                 lp = self._processed(cut, batch, rows, rows.take(z), full, greedy_tok,
                                      k=prep.kernels)
@@ -903,7 +936,7 @@ class Sampler:
         greedy_tok = self._greedy_tokens(prep, plan)
         by_columns = self._by_columns(plan, prep)
         z = self._scaled(prep, plan) if self._needs_full_z(plan, prep, by_columns) else None
-        processed = "processed" in plan.modes
+        processed = plan.any_processed  # a processed mode: step 8's kept sets
         cut = self._cut(z, batch, plan, prep, by_columns=by_columns) \
             if processed else Cut.none(B, batch.device)
         if plan.excluded:

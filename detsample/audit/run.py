@@ -5,10 +5,13 @@ The public names are re-exported by :mod:`detsample.audit`.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
 import os
+import signal
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -16,7 +19,7 @@ from multiprocessing import get_context
 
 from detsample.audit.assemble import assemble
 from detsample.audit.gates import check_gates
-from detsample.audit.issues import AuditInputError, Issue
+from detsample.audit.issues import AuditInputError, Issue, audit_file
 from detsample.audit.layout import LIST_COLUMNS, Layout, Resolved, resolve
 from detsample.audit.metrics import AuditAccumulator
 from detsample.audit.npz import NpzSource
@@ -27,6 +30,7 @@ from detsample.audit.readers import (detect_format, iter_jsonl_chunks, iter_reco
 from detsample.audit.table import TableChunk
 from detsample.audit.torchfile import TorchSource
 from detsample.audit.validate import RescoreFn, validate
+from detsample.inputs import thread_problem
 
 __all__ = ["AuditInputError", "AuditOptions", "Issue", "Shard", "audit", "audit_accumulator",
            "check_gates", "consume", "plan_shards", "run_shard", "to_json"]
@@ -47,7 +51,7 @@ class Shard:
 def open_source(path: str, layout: Layout):
     """(reader, resolved layout) of one file; structural errors are fatal here, before any
     shard runs. The reader is None for JSONL (read by byte ranges)."""
-    fmt = detect_format(path)
+    fmt = detect_format(audit_file(path))  # a FIFO or a device would block or never end
     if layout.records == "openai":
         if fmt != "jsonl":
             raise AuditInputError(f"{path}: preset openai reads JSONL (one OpenAI-compatible "
@@ -72,9 +76,7 @@ def plan_shards(paths: list[str], parts: int, layout: Layout | None = None) -> l
     shards: list[Shard] = []
     for path in paths:
         path = os.fspath(path)
-        if not os.path.exists(path):
-            raise AuditInputError(f"{path}: no such file")
-        fmt = detect_format(path)
+        fmt = detect_format(audit_file(path))
         src, _ = open_source(path, layout)
         if fmt == "jsonl":
             shards += [Shard(fmt, path, a, b, line) for a, b, line in split_jsonl(path, parts)]
@@ -188,11 +190,37 @@ def audit_accumulator(source: object, options: AuditOptions | None = None,
             pickle.dumps(opts.rescore)
         except Exception as exc:  # noqa: BLE001
             raise ValueError(f"rescore must be picklable to use workers > 1 ({exc})") from exc
-    with ProcessPoolExecutor(max_workers=opts.workers, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(run_shard, s, opts) for s in shards]
+    too_many = thread_problem(opts.workers)  # local processes, one per worker
+    if too_many:
+        raise AuditInputError(f"workers {too_many}")
+    pool = ProcessPoolExecutor(max_workers=opts.workers, mp_context=get_context("spawn"))
+    try:
+        with _sigint_ignored():  # the workers start ignoring Ctrl-C: the parent handles it
+            futures = [pool.submit(run_shard, s, opts) for s in shards]
         for fut in futures:  # merged in file order
             total.merge(fut.result())
+    except BaseException:  # an error or Ctrl-C: stop the other shards now, not at their end
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     return total
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored while worker processes start (a process started with SIGINT ignored
+    keeps it ignored: Ctrl-C reaches the parent only, with no worker tracebacks); only
+    in the main thread, where Python handles signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def audit(source: object, options: AuditOptions | None = None, **kwargs: object) -> dict:
