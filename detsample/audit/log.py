@@ -24,7 +24,9 @@ import itertools
 import json
 import math
 import os
+import sys
 from collections.abc import Sequence
+from typing import BinaryIO
 
 from detsample.audit.gates import ExclusionLimit, exclusion_failure, no_tokens_failure
 from detsample.audit.issues import AuditInputError
@@ -151,8 +153,10 @@ def read_log(path: str) -> list[dict]:
     """The rows of an audit log, in file order. The file must be a regular file
     (:func:`detsample.inputs.input_file`), a line at most ``LOG_LINE_BYTES``; a bad line
     (invalid JSON, a missing field, a value out of its range: :func:`row_problem`) is an
-    AuditInputError naming the line, the field and the value. Blank lines are skipped."""
-    rows = []
+    AuditInputError naming the line, the field and the value. Blank lines are skipped.
+    ``path`` "-" reads stdin (named ``<stdin>``)."""
+    if path == "-":  # stdin: a pipe is read as it comes, line by line, each line bounded
+        return _read_rows(sys.stdin.buffer, "<stdin>")
     problem = file_problem(path)  # a FIFO would block, a device never end
     if problem:
         raise AuditInputError(f"{path}: cannot read the audit log: it {problem}"
@@ -163,23 +167,29 @@ def read_log(path: str) -> list[dict]:
     except OSError as exc:
         raise AuditInputError(f"{path}: cannot read the audit log ({exc.strerror})") from exc
     with f:
-        for k in itertools.count(1):
-            raw = read_line(f, LOG_LINE_BYTES, f"{path}:line {k}")
-            if not raw:
-                break
-            if not raw.strip():
-                continue
-            try:
-                row = loads(raw)
-            except UnicodeDecodeError as exc:
-                raise AuditInputError(f"{path}:line {k}: not UTF-8 ({exc.reason})") from None
-            except ValueError as exc:
-                why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-                raise AuditInputError(f"{path}:line {k}: invalid JSON: {why}") from None
-            problem = row_problem(row)
-            if problem:
-                raise AuditInputError(f"{path}:line {k}: {problem}")
-            rows.append(row)
+        return _read_rows(f, path)
+
+
+def _read_rows(f: BinaryIO, path: str) -> list[dict]:
+    """The rows of the open log ``f`` (named ``path`` in messages); see :func:`read_log`."""
+    rows = []
+    for k in itertools.count(1):
+        raw = read_line(f, LOG_LINE_BYTES, f"{path}:line {k}")
+        if not raw:
+            break
+        if not raw.strip():
+            continue
+        try:
+            row = loads(raw)
+        except UnicodeDecodeError as exc:
+            raise AuditInputError(f"{path}:line {k}: not UTF-8 ({exc.reason})") from None
+        except ValueError as exc:
+            why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+            raise AuditInputError(f"{path}:line {k}: invalid JSON: {why}") from None
+        problem = row_problem(row)
+        if problem:
+            raise AuditInputError(f"{path}:line {k}: {problem}")
+        rows.append(row)
     return rows
 
 

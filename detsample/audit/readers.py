@@ -368,8 +368,12 @@ def arrow_to_table(table, source: str, unit: str, lines: np.ndarray,
             continue
         col = table.column(c)
         if ROLES[dst] == "row":
-            cols[c] = PerRow(pc.fill_null(col, -1).to_numpy(zero_copy_only=False)
-                             .astype(np.int64))
+            counts = pc.fill_null(col, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+            nulls = np.asarray(col.is_null())
+            for k in np.flatnonzero((counts < 0) & ~nulls).tolist():  # the count rule
+                _, kind, problem = count_of(int(counts[k]))
+                flagged.setdefault(k, Issue(source, int(lines[k]), c, kind, problem, unit))
+            cols[c] = PerRow(counts)
             continue
         lens = pc.fill_null(pc.list_value_length(col), -1).to_numpy(zero_copy_only=False)
         flat = pc.list_flatten(col)

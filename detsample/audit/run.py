@@ -5,13 +5,10 @@ The public names are re-exported by :mod:`detsample.audit`.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import math
 import os
-import signal
-import threading
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -30,6 +27,8 @@ from detsample.audit.readers import (detect_format, iter_jsonl_chunks, iter_reco
 from detsample.audit.table import TableChunk
 from detsample.audit.torchfile import TorchSource
 from detsample.audit.validate import RescoreFn, validate
+from detsample.inputs import thread_problem
+from detsample.inputs.signals import children_ignore_ctrl_c
 
 __all__ = ["AuditInputError", "AuditOptions", "Issue", "Shard", "audit", "audit_accumulator",
            "check_gates", "consume", "plan_shards", "run_shard", "to_json"]
@@ -189,9 +188,12 @@ def audit_accumulator(source: object, options: AuditOptions | None = None,
             pickle.dumps(opts.rescore)
         except Exception as exc:  # noqa: BLE001
             raise ValueError(f"rescore must be picklable to use workers > 1 ({exc})") from exc
+    too_many = thread_problem(opts.workers)  # local processes, one per worker
+    if too_many:
+        raise AuditInputError(f"workers {too_many}")
     pool = ProcessPoolExecutor(max_workers=opts.workers, mp_context=get_context("spawn"))
     try:
-        with _sigint_ignored():  # the workers start ignoring Ctrl-C: the parent handles it
+        with children_ignore_ctrl_c():  # the parent alone handles Ctrl-C
             futures = [pool.submit(run_shard, s, opts) for s in shards]
         for fut in futures:  # merged in file order
             total.merge(fut.result())
@@ -202,21 +204,6 @@ def audit_accumulator(source: object, options: AuditOptions | None = None,
         raise
     pool.shutdown()
     return total
-
-
-@contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """SIGINT ignored while worker processes start (a process started with SIGINT ignored
-    keeps it ignored: Ctrl-C reaches the parent only, with no worker tracebacks); only
-    in the main thread, where Python handles signals."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def audit(source: object, options: AuditOptions | None = None, **kwargs: object) -> dict:

@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "per training step), print the first and latest step, draw mean |d|, "
                     "max |d|, k3 KL, mismatch fraction and importance-ratio quantiles over "
                     "steps, and gate on the latest step (docs/audit.md).")
-    p.add_argument("log", metavar="PATH", help="the audit log (JSON lines)")
+    p.add_argument("log", metavar="PATH", help="the audit log (JSON lines; '-' = stdin)")
     p.add_argument("--report", metavar="DIR", help="write index.html and the PNG plot here")
     p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list ('-' = stdout)")
     p.add_argument("--max-abs-diff", type=nonneg_float, metavar="T",

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 import torch
 
 from detsample.errors import DetsampleError
+from detsample.inputs import file_kind
 from detsample.golden import isa
 from detsample.golden.fingerprint import check_device, platform_fingerprint, platform_info
 from detsample.golden.diff import GoldenDiff, compare
@@ -127,6 +128,9 @@ class GoldenStore:
     def __init__(self, root: str | os.PathLike[str] | None = None,
                  fingerprint: str | None = None, device: str | torch.device = "cpu") -> None:
         self.root = golden_root(root)
+        if self.root.exists() and not self.root.is_dir():  # a file, a FIFO, /dev/zero
+            raise ValueError(f"golden root {self.root} is {file_kind(self.root)}, not a "
+                             f"directory")
         self.device = check_device(device)
         self.fingerprint = fingerprint or platform_fingerprint(self.device)
 

@@ -37,9 +37,21 @@ def file_problem(path: str | os.PathLike[str]) -> str | None:
         return f"cannot be read ({exc.strerror or exc})"
     if stat.S_ISREG(mode):
         return None
-    kind = next((k for test, k in _KINDS if test(mode)), "not a regular file")
+    return f"is {file_kind(path, mode)}; inputs must be regular files"
+
+
+def file_kind(path: str | os.PathLike[str], mode: int | None = None) -> str:
+    """What ``path`` is, in words: "a regular file", "a directory", "a FIFO (named pipe)",
+    "a character device (a symlink to /dev/zero)", ...; "missing" when it does not exist."""
+    if mode is None:
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            return "missing"
+    kind = "a regular file" if stat.S_ISREG(mode) else \
+        next((k for test, k in _KINDS if test(mode)), "not a regular file")
     via = f" (a symlink to {os.path.realpath(path)})" if os.path.islink(path) else ""
-    return f"is {kind}{via}; inputs must be regular files"
+    return kind + via
 
 
 def input_file(path: str | os.PathLike[str]) -> str:

@@ -90,6 +90,8 @@ class SamplingParams:
     logits_processor: Any = None  # per-request processor (grouped by identity)
     # per-request arguments of logits processors (vLLM extra_args, SGLang custom_params)
     extra_args: Any = None
+    # SGLang's require_reasoning: the grammar starts after the end-of-thinking token
+    require_reasoning: bool = False
 
     def __post_init__(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -151,6 +153,8 @@ class SamplingParams:
             if not 0 <= s < 2**SEED_BITS:
                 fail(f"seed must be in [0, 2**63), got {self.seed!r}")
             set_("seed", s)
+        if not isinstance(self.require_reasoning, bool):
+            fail(f"require_reasoning must be a bool, got {self.require_reasoning!r}")
         if self.extra_args is not None:
             if not isinstance(self.extra_args, Mapping):
                 fail(f"extra_args must be a mapping of str to values, got "

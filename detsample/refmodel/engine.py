@@ -65,6 +65,12 @@ class EngineConfig:
     (computed with ``Sampler.compute_logprobs`` on a lockstep batch in that mode).
     vocab: the :class:`~detsample.Vocabulary` grammars are compiled for; None = the
     default vocabulary when the model has its 512-token layout.
+    think_end_token_id: the end-of-thinking token after which the grammar of a
+    ``require_reasoning`` request starts.
+    hold_compiling_grammars: a prefilled request whose grammar still compiles waits
+    outside the batch (the other rows keep sampling) instead of its first sample waiting
+    for the compilation. Its tokens are the same bits either way; the step it joins at
+    (``EngineResult.steps``, ``finish_step``) then depends on the compilation's timing.
     """
 
     max_batch_size: int | None = None
@@ -73,6 +79,8 @@ class EngineConfig:
     eos_token_ids: tuple[int, ...] = (EOS_ID,)
     extra_logprobs_modes: tuple[str, ...] = ()
     vocab: Any = None
+    think_end_token_id: int | None = None
+    hold_compiling_grammars: bool = False
 
     def __post_init__(self) -> None:
         mb = self.max_batch_size
@@ -96,6 +104,13 @@ class EngineConfig:
                 raise InvalidSamplingParams(
                     f"extra_logprobs_modes must hold modes of {LOGPROBS_MODES}, got {m!r}")
         object.__setattr__(self, "extra_logprobs_modes", modes)
+        if not isinstance(self.hold_compiling_grammars, bool):
+            raise InvalidSamplingParams(f"hold_compiling_grammars must be a bool, got "
+                                        f"{self.hold_compiling_grammars!r}")
+        t = self.think_end_token_id
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 0):
+            raise InvalidSamplingParams(f"think_end_token_id must be None or a token id, "
+                                        f"got {t!r}")
 
 
 @dataclass(frozen=True)
@@ -187,7 +202,8 @@ class Engine:
                         for r in requests]
         return SamplingBatch.from_requests(requests, vocab_size=self.model.vocab_size,
                                            eos_token_ids=self.config.eos_token_ids,
-                                           vocab=self.vocab)
+                                           vocab=self.vocab,
+                                           think_end_token_id=self.config.think_end_token_id)
 
     def _check(self, schedule: Schedule) -> None:
         if not isinstance(schedule, Schedule):
@@ -272,7 +288,8 @@ class Engine:
         waits for a compilation while other rows have work; when no other row has (none
         running, filling or joining) they join at once and the sample waits as it must. A row's
         tokens do not depend on the step it joins at. Returns the joined rows' logits."""
-        new = [r for r in st.held if r.compiling is None or all(r.compiling.grammar_ready())]
+        new = [r for r in st.held if r.compiling is None or all(r.compiling.grammar_ready())
+               or not self.config.hold_compiling_grammars]
         if not (new or st.rows or st.filling):
             new = list(st.held)  # nothing else to run
         if not new:
@@ -439,14 +456,16 @@ def with_mode(params: SamplingParams, mode: str) -> SamplingParams:
 
 def rescore(model: Any, sampler: Sampler, request_params: SamplingParams,
             prompt_ids: Sequence[int], output_ids: Sequence[int], *,
-            eos_token_ids: Sequence[int] = (EOS_ID,), vocab: Any = None) -> torch.Tensor:
+            eos_token_ids: Sequence[int] = (EOS_ID,), vocab: Any = None,
+            think_end_token_id: int | None = None) -> torch.Tensor:
     """Logprobs of ``output_ids`` after ``prompt_ids`` by ONE prefill (the trainer's path).
 
     Row i of the rescoring batch is the request with ``output_ids[:i]`` already generated
     (penalty / min_new_tokens / grammar state replayed), scored with
     ``Sampler.compute_logprobs`` on the prefill logits of position ``len(prompt) + i - 1``.
     Returns float32 ``[len(output_ids)]`` in ``request_params.logprobs_mode``. ``vocab``
-    (grammars) defaults to :func:`default_vocab` for a request with a grammar.
+    (grammars) defaults to :func:`default_vocab` for a request with a grammar;
+    ``think_end_token_id`` is the engine's (``require_reasoning``).
     """
     prompt, output = list(prompt_ids), list(output_ids)
     if not prompt:
@@ -456,18 +475,21 @@ def rescore(model: Any, sampler: Sampler, request_params: SamplingParams,
     full = model.forward([model.new_cache()], [prompt + output])[0]
     logits = full[len(prompt) - 1: len(prompt) + len(output) - 1]
     return score_logits(model, sampler, request_params, prompt, output, logits,
-                        eos_token_ids=eos_token_ids, vocab=vocab)
+                        eos_token_ids=eos_token_ids, vocab=vocab,
+                        think_end_token_id=think_end_token_id)
 
 
 def score_logits(model: Any, sampler: Sampler, request_params: SamplingParams,
                  prompt: list[int], output: list[int], logits: torch.Tensor, *,
-                 eos_token_ids: Sequence[int] = (EOS_ID,), vocab: Any = None) -> torch.Tensor:
+                 eos_token_ids: Sequence[int] = (EOS_ID,), vocab: Any = None,
+            think_end_token_id: int | None = None) -> torch.Tensor:
     """:func:`rescore` after its prefill: ``logits`` [len(output), V] are the rows that
     score ``output`` (row i: after ``prompt + output[:i]``); float32 [len(output)]."""
     reqs = [Request(f"rescore/{i}", request_params, prompt, output[:i]) for i in range(len(output))]
     if vocab is None and request_params.grammar is not None:
         vocab = default_vocab(model)
     batch = SamplingBatch.from_requests(reqs, vocab_size=model.vocab_size,
-                                        eos_token_ids=tuple(eos_token_ids), vocab=vocab)
+                                        eos_token_ids=tuple(eos_token_ids), vocab=vocab,
+                                        think_end_token_id=think_end_token_id)
     return sampler.compute_logprobs(logits.contiguous(), batch,
                                     torch.tensor(output, dtype=torch.int64))

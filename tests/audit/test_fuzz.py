@@ -390,3 +390,36 @@ def test_usage_prompt_tokens_is_a_count(tmp_path, value, reads):
     assert rep["sequences"] == 0 and rep["excluded_sequences"] == 1, rep
     issue = rep["issues"][0]
     assert issue["field"] == "usage.prompt_tokens" and repr(value)[:3] in issue["message"], issue
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_negative_count_gets_the_same_verdict_in_every_format(tmp_path, fmt):
+    """Bug pinned: a negative response_length in Parquet read as an absent column
+    ("missing column 'response_length'") where JSONL named the value."""
+    from detsample.audit import audit
+
+    rows = [{"id": k, "input_ids": [1, 2, 3, 4], "response_length": n,
+             "engine_logprobs": [-0.5, -0.25], "trainer_logprobs": [-0.5, -0.25]}
+            for k, n in ((0, -2), (1, 2))]
+    path = tmp_path / f"x.{fmt}"
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    rep = audit(str(path), columns="input_ids=input_ids,response_length=response_length")
+    issue = rep["issues"][0]
+    assert rep["sequences"] == 1 and rep["excluded_sequences"] == 1, rep["issues"]
+    assert (issue["field"], issue["kind"], issue["message"]) == \
+        ("response_length", "bad_type", "must be >= 0, got -2"), issue
+
+
+def test_an_unreadable_tensor_inside_a_list_of_numbers_is_found(tmp_path, capsys):
+    """The walk's fast path (lists of plain values are not entered) still enters a list
+    that holds a tensor among numbers."""
+    rec = {"id": "a", "prompt_ids": [1], "response_ids": [3, 4],
+           "engine_logprobs": [-0.5, _sparse()]}
+    path = tmp_path / "x.pt"
+    torch.save([_good(0), rec], path)
+    assert main(["audit", str(path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "[1]['engine_logprobs'][1]: a sparse_coo tensor" in err, err

@@ -166,6 +166,23 @@ OPTIONS = [
 ]
 
 
+def test_audit_workers_are_bounded_by_the_machine(tmp_path, capsys):
+    """Bug pinned: ``--workers 100000`` on a file of many lines started a process per
+    shard, up to 100000 of them."""
+    path = tmp_path / "two.jsonl"
+    path.write_text("\n".join(json.dumps(dict(GOOD, id=k)) for k in range(2)) + "\n")
+    assert main(["audit", str(path), "--workers", "100000", "--quiet"]) == 2
+    line = one_error_line(capsys.readouterr().err, "audit")
+    assert "workers must be at most" in line and "got 100000" in line, line
+
+
+def test_tensor_parallel_rank_groups_are_bounded_by_the_machine():
+    from detsample.parallel.group import RankGroup
+
+    with pytest.raises(ValueError, match="tensor-parallel size .* must be at most .* got 100000"):
+        RankGroup(100000, init=print)
+
+
 @pytest.mark.parametrize("argv,command,names,value", OPTIONS,
                          ids=[" ".join(o[0][:2]) for o in OPTIONS])
 def test_out_of_range_options_are_named(tmp_path, capsys, argv, command, names, value):
@@ -203,3 +220,14 @@ def test_check_never_prints_its_verdict_before_failing_to_write(capsys, monkeypa
     cap = capsys.readouterr()
     assert rc == 2 and "ALL CHECKS PASSED" not in cap.out, cap.out
     assert "cannot write --json /dev/full: No space left on device" in cap.err
+
+
+@pytest.mark.parametrize("row,rc,says", [(LOG_ROW, 0, ""),
+                                         (dict(LOG_ROW, tokens=-1), 2, "<stdin>:line 1: tokens")])
+def test_audit_log_reads_stdin_with_the_same_rules(capsys, monkeypatch, row, rc, says):
+    import io
+
+    data = (json.dumps(row) + "\n").encode()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    assert main(["audit-log", "-", "--quiet", "--max-abs-diff", "0"]) == rc
+    assert says in capsys.readouterr().err

@@ -306,3 +306,22 @@ def test_check_s_readers_of_cpu_dispatch_skip_a_malformed_one(goldens, field, va
     assert all(isinstance(d.get(field, ""), str) for d in recorded)
     isa.mkl_pin(recorded)
     assert golden_source(store).startswith("this run: ")
+
+
+@pytest.mark.parametrize("how", ["file", "fifo", "device"])
+@pytest.mark.parametrize("command", [["golden", "verify", "-k", "random.greedy"], ["check"]])
+def test_a_golden_root_that_is_not_a_folder_is_a_usage_error(tmp_path, capsys, how, command):
+    """Bug pinned: ``--golden-dir`` naming a file, a FIFO or /dev/zero read as a platform
+    without goldens (exit 1, "NO GOLDEN FILES ... under /dev/zero")."""
+    from tests.helpers import run_bounded
+
+    root = tmp_path / "root"
+    if how == "file":
+        root.write_text("{}")
+    elif how == "fifo":
+        os.mkfifo(root)
+    else:
+        root.symlink_to("/dev/zero")
+    rc = run_bounded([*command, "--golden-dir", str(root)], [root] if how == "fifo" else [])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"golden root {root} is a" in err and "not a directory" in err, err

@@ -105,6 +105,7 @@ ROUND_TRIP_FIELDS = dict(  # one strategy per field, every field of SamplingPara
     logits_processor=st.sampled_from([None, abs]),
     extra_args=st.one_of(st.none(), st.dictionaries(st.text(max_size=4), st.integers(),
                                                     max_size=3)),
+    require_reasoning=st.booleans(),
 )
 
 
