@@ -34,7 +34,6 @@ from detsample.errors import InvalidSamplingParams
 from detsample.grammar import batching as grammar_hooks
 from detsample.grammar.masker import GrammarMasker
 from detsample.ops import draw as draw_ops
-from detsample.ops import hostcut
 from detsample.ops import logprobs as lp_ops
 from detsample.ops.bias import apply_logit_bias_
 from detsample.ops.temperature import scale_logits
@@ -155,7 +154,7 @@ class Sampler:
         return self._ws.get(name, tuple(like.shape), dtype or like.dtype, like.device)
 
     def _lsm_out(self, x: torch.Tensor) -> torch.Tensor | None:
-        """Where a shortcut writes the log_softmax of ``x``: a scratch buffer, or None (a
+        """Where the chosen tokens' log_softmax of ``x`` goes: a scratch buffer, or None (a
         fresh tensor) for a single row, whose allocation reuses memory the allocator has
         just freed and is still in cache (~10% faster for a 32000-token row after another
         kernel ran, the same in a tight loop); a (B, V) batch keeps the buffer (no page
@@ -265,70 +264,6 @@ class Sampler:
                 and not self.processors and self._backend.for_device(batch.device) is TORCH):
             return plan
         return None
-
-    def _plain_top_k(self, x: torch.Tensor, batch: SamplingBatch, plan: RowPlan,
-                     positions: torch.Tensor) -> SampleOutput | None:
-        """The small top-k shortcut of a CPU batch: every row samples with a small top-k
-        (any top-p / min-p), "raw" logprobs, nothing of steps 1-5. One ``topk`` of the
-        logits comes first; its largest value is the row maximum (``topk`` ranks NaN
-        above everything, so a row with a NaN, a +inf or nothing but -inf shows a
-        non-finite top value), so when they are all finite the sanitising pass has
-        nothing to do and is skipped, and the candidates are scaled by that maximum
-        (the value ``amax`` gives; a zero maximum may differ in sign, which changes only
-        the sign of zero scaled values: no mass, threshold test or output). The host
-        tables of :mod:`detsample.ops.hostcut` decide every row, the CDF search draws
-        it. Returns None
-        (the general path) for an invalid row or a tie group spilling past the
-        candidates. Same bits as the general path (tests/test_sampler.py). ``plan``: the
-        batch's :meth:`_shortcut_plan`."""
-        if not plan.route.candidates.every or batch.device.type != "cpu":
-            return None
-        k_max, cf = plan.route.k_max, plan.route.candidate_filters
-        vals, ids = torch.topk(x, min(k_max + 1, x.shape[1]), dim=-1)
-        v = vals.numpy()
-        top = v[:, :1]
-        if not np.isfinite(top).all():
-            return None
-        with np.errstate(over="ignore"):  # x - max may overflow to -inf, as in torch
-            # scale_logits on the host: the same IEEE float32 subtraction, then division
-            vals = torch.from_numpy((v - top) / plan.temperatures.numpy())
-        frac = rules.frac_bits(x.shape[1])
-        t = hostcut.candidate_tables(vals, ids, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
-                                     frac=frac, k_max=k_max)
-        if self.deterministic and not t.fits.all():
-            return None
-        tokens = draw_ops.draw_by_cdf(torch.from_numpy(t.sorted_ids), torch.from_numpy(t.csum),
-                                      row_uniforms(batch.seeds, positions))
-        logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._lsm_out(x)), tokens,
-                                      in_range=True)
-        return self._shortcut_output(x, lambda: x.amax(-1, keepdim=True), tokens, logprobs,
-                                     batch, plan=plan)
-
-    def _plain_full(self, x: torch.Tensor, batch: SamplingBatch, plan: RowPlan,
-                    positions: torch.Tensor) -> SampleOutput | None:
-        """The temperature-only shortcut: every row samples without top-k / top-p (a
-        temperature, maybe a min-p), "raw" logprobs, nothing of steps 1-5, CPU or GPU
-        torch ops. The general path's own steps, without its bookkeeping: the row maxima
-        (when they are all finite the sanitising pass has nothing to do: a NaN, +inf or
-        fully masked row sends the batch to the general path), ``z`` over the vocabulary,
-        the blocked masses and the draw, the one ``log_softmax``. Returns None (the
-        general path) for an invalid row or another route. Same bits as the general path
-        (tests/test_sampler.py). ``plan``: the batch's :meth:`_shortcut_plan`."""
-        if not plan.route.plain.every:
-            return None
-        m = torch.amax(x, dim=-1, keepdim=True)  # sanitize_rows_flagged's maxima
-        if not (np.isfinite(m.numpy()).all() if x.device.type == "cpu" else
-                bool(torch.isfinite(m).all())):
-            return None
-        z = scale_logits(x, m, plan.temperatures, out=self._buf("z", x))
-        tau = torch.full((plan.size,), NEG_INF, dtype=torch.float32, device=x.device)
-        q, bsum = draw_ops.block_cdf(z, tau, batch.min_ps, rules.frac_bits(x.shape[1]),
-                                     out=self._buf("w", z), q_out=self._buf("q", z, torch.int64),
-                                     cut_tau=False, cut_min_p=None if plan.any_min_p else False)
-        tokens = draw_ops.draw_by_blocks(q, bsum, row_uniforms(batch.seeds, positions))
-        logprobs = lp_ops.gather_rows(lp_ops.log_softmax(x, out=self._lsm_out(x)), tokens,
-                                      in_range=True)
-        return self._shortcut_output(x, lambda: m, tokens, logprobs, batch, plan=plan)
 
     def _shortcut_output(self, x: torch.Tensor, row_max, tokens: torch.Tensor,
                          logprobs: torch.Tensor, batch: SamplingBatch, *, plan: RowPlan,
@@ -446,8 +381,8 @@ class Sampler:
                                        exp=prep.backend.exp)
             else:
                 sub = rows.take(prep.raw if mode == "raw" else st.z)
-                lsm = prep.backend.log_softmax(sub, out=self._buf("lsm", sub))
-                vals = lp_ops.gather_rows(lsm, picked)
+                lsm = prep.backend.log_softmax(sub, out=self._lsm_out(sub))
+                vals = lp_ops.gather_rows(lsm, picked, in_range=not some_none)
             if out is None:
                 out = vals
             else:
@@ -511,11 +446,8 @@ class Sampler:
             # no input requires grad, so no operation records a graph: the shortcuts run
             # without entering a no_grad context
             plan = self._shortcut_plan(batch)
-            if plan is not None:
-                out = (self._plain_greedy(logits, batch, plan) if plan.greedy.every else
-                       self._plain_top_k(logits, batch, plan, positions)
-                       if plan.route.candidates.every else
-                       self._plain_full(logits, batch, plan, positions))
+            if plan is not None and plan.greedy.every:
+                out = self._plain_greedy(logits, batch, plan)
                 if out is not None:
                     return out
         return self._sample(logits, batch, positions)
@@ -544,7 +476,7 @@ class Sampler:
             tokens = tokens.masked_fill((st.prep.status & STATUS_NO_VALID_TOKEN) != 0, -1)
         return SampleOutput(token_ids=tokens,
                             logprobs=self._token_logprobs(st, tokens, bool(plan.excluded)),
-                            top_logprobs=self._top_logprobs(st), seeds=batch.seeds.clone(),
+                            top_logprobs=self._top_logprobs(st), seeds=_copy(batch.seeds),
                             status=st.prep.status)
 
     @torch.no_grad()  # not differentiable; logits may come from a training model

@@ -29,7 +29,6 @@ from detsample import rules
 from detsample.ops import colcdf
 from detsample.ops import draw as draw_ops
 from detsample.ops import filters as filter_ops
-from detsample.ops import hostcut
 from detsample.ops import radix
 from detsample.sampling.rowplan import CANDIDATE_RATIO, RowPlan, Rows
 
@@ -241,25 +240,14 @@ def _candidate_topk(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs,
 def _small_top_k(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs, frac: int
                  ) -> tuple[list[Table], torch.Tensor | None]:
     """Rows with a small top-k: one bounded ``topk`` (of z, or of the logits when ``z``
-    is None); the rows whose tie group at the boundary spills past ``k_max`` spill.
-    CPU candidates are decided on host arrays (:mod:`detsample.ops.hostcut`: a few dozen
-    values a row cost operator calls, not work), others by the torch ops."""
+    is None); the rows whose tie group at the boundary spills past ``k_max`` spill."""
     rows = plan.route.candidates
     k_max, cf = plan.route.k_max, plan.route.candidate_filters
     vals, ids = _candidate_topk(z, plan, inp, rows)
-    if vals.device.type == "cpu":
-        t = hostcut.candidate_tables(vals, ids, cf.k_index, cf.cut_k, cf.top_p, cf.min_p,
-                                     frac=frac, k_max=k_max)
-        table = Table(rows.index, rows.every, torch.from_numpy(t.csum),
-                      torch.from_numpy(t.sorted_ids), tau=torch.from_numpy(t.tau))
-        fits = torch.from_numpy(t.fits)
-    else:
-        vals, ids, fits = filter_ops.cut_candidates(vals, ids, cf.k_index, k_max,
-                                                    inp.x.shape[1])
-        n, kept, q = filter_ops.candidate_cut(vals, cf.k_index, cf.cut_k, cf.top_p,
-                                              cf.min_p, frac)
-        sorted_ids, csum = draw_ops.kept_cdf(ids, q, kept)
-        table = Table(rows.index, rows.every, csum, sorted_ids, tau=_prefix_tau(vals, n))
+    vals, ids, fits = filter_ops.cut_candidates(vals, ids, cf.k_index, k_max, inp.x.shape[1])
+    n, kept, q = filter_ops.candidate_cut(vals, cf.k_index, cf.cut_k, cf.top_p, cf.min_p, frac)
+    sorted_ids, csum = draw_ops.kept_cdf(ids, q, kept)
+    table = Table(rows.index, rows.every, csum, sorted_ids, tau=_prefix_tau(vals, n))
     if not inp.deterministic or bool(fits.all()):  # fast mode: never spills
         return [table], None
     ok = fits.nonzero().flatten()
