@@ -31,20 +31,18 @@ import torch
 
 from detsample.batch import SamplingBatch
 from detsample.errors import InvalidSamplingParams
-from detsample.grammar import batching as grammar_hooks
 from detsample.grammar.masker import GrammarMasker
 from detsample.ops import draw as draw_ops
 from detsample.ops import logprobs as lp_ops
-from detsample.ops.bias import apply_logit_bias_
 from detsample.ops.temperature import scale_logits
 from detsample.processors.base import ProcessorRunner
 from detsample import rules
 from detsample.rules import STATUS_NO_VALID_TOKEN
-from detsample.processors.penalties import apply_penalties_and_constraints
 from detsample.rng import RNG_NAME, row_uniforms
 from detsample.sampling import keptset
-from detsample.sampling.backend import BACKENDS, TORCH, Backend, resolve
+from detsample.sampling.backend import BACKENDS, TORCH, resolve
 from detsample.sampling.keptset import CutInputs, KeptCDF
+from detsample.sampling.prepare import Prepared, prepare
 from detsample.sampling.rowplan import RowPlan, Rows, plan_rows
 from detsample.params.validation import check_logits, row_ids_tensor
 from detsample.sampling.workspace import Workspace
@@ -73,22 +71,6 @@ class SampleOutput:
     top_logprobs: tuple[torch.Tensor, torch.Tensor] | None
     seeds: torch.Tensor
     status: torch.Tensor
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """Steps 1-5 of one call (B rows, V tokens), all float32 unless noted."""
-
-    raw: torch.Tensor      # (B, V) sanitised model logits (may alias the caller's)
-    x: torch.Tensor        # (B, V) after steps 1-5 (may alias ``raw``)
-    status: torch.Tensor   # (B,) int32 STATUS_* flags
-    row_max: torch.Tensor  # (B, 1) max of ``x`` (-inf on a fully masked row)
-    all_valid: bool        # host flag: every row finite, status all zero (the common case)
-    backend: Backend = TORCH  # who computes the hot steps (detsample.sampling.backend)
-    columns: dict | None = None  # {row: int64 numpy columns, ascending}: grammar rows of
-    #                              ``x`` that are -inf outside them (step 4)
-    column_values: dict | None = None  # {row: float32 numpy}: ``x`` at those columns, when
-    #                                    nothing changed ``x`` after the mask (else None)
 
 
 def _copy(t: torch.Tensor) -> torch.Tensor:
@@ -171,46 +153,8 @@ class Sampler:
 
     def _prepare(self, logits: torch.Tensor, batch: SamplingBatch) -> Prepared:
         """Steps 1-5 of float32 logits already checked (:meth:`_checked_logits`)."""
-        be = self._backend.for_device(logits.device)
-        sanitize = be.sanitize
-        x = self._runner.run(logits, batch)  # step 1 (detsample.processors.base)
-        raw, status, m, valid = sanitize(logits)  # step 2 ("raw" = sanitised model logits)
-        if x is logits:
-            x = raw
-        else:
-            x, st, m, fine = sanitize(x)
-            status, valid = (status, valid) if fine and valid else (status | st, False)
-        after_sanitize = x
-        # Steps 3-5 never write into ``after_sanitize`` (it may alias the caller's logits):
-        # a step that changes logits works on a copy, so ``x is after_sanitize`` means
-        # "unchanged" and the row maxima of step 2 still hold.
-        x = apply_penalties_and_constraints(  # step 3
-            x, batch, lambda: self._buf("constrained", x))
-        unchanged = x is after_sanitize
-        mask_max = allowed = None
-        if batch.has_grammars:  # step 4: grammar mask
-            before = status
-            x, status, mask_max, allowed = grammar_hooks.grammar_step(
-                self.grammar_masker, batch, x, status, lambda: self._buf("mask", x),
-                row_max=m if unchanged else None)
-            valid = valid and status is before
-        coo = batch.logit_bias_coo()  # step 5
-        if coo is not None:
-            x = apply_logit_bias_(x.clone() if x is after_sanitize else x, *coo)
-        if x is not after_sanitize:  # a penalty or a bias can overflow a finite logit to +inf
-            if unchanged and coo is None and mask_max is not None:
-                m = mask_max  # only the mask changed x: its exact maxima (no +inf, no NaN)
-            else:
-                x, st, m, fine = sanitize(x)
-                if not fine:
-                    status, valid = status | st, False
-        # (a bias adds finite values and re-sanitising keeps -inf: rows stay -inf outside
-        # their columns; the mask's values at them hold when only the mask changed x)
-        columns, values = allowed if allowed is not None else (None, None)
-        only_mask = unchanged and coo is None and mask_max is not None
-        return Prepared(raw=raw, x=x, status=status, row_max=m, all_valid=valid, backend=be,
-                        columns=columns or None,
-                        column_values=values if only_mask and columns else None)
+        return prepare(logits, batch, backend=self._backend.for_device(logits.device),
+                       runner=self._runner, masker=self.grammar_masker, scratch=self._buf)
 
     def _build_plan(self, batch: SamplingBatch,
                     excluded: frozenset[int] = frozenset()) -> RowPlan:
