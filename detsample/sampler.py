@@ -31,14 +31,14 @@ import torch
 
 from detsample.batch import SamplingBatch
 from detsample.errors import InvalidSamplingParams
+from detsample.grammar import batching as grammar_hooks
 from detsample.grammar.masker import GrammarMasker
 from detsample.ops import draw as draw_ops
 from detsample.ops import logprobs as lp_ops
-from detsample.ops.temperature import scale_logits
 from detsample.processors.base import ProcessorRunner
 from detsample import rules
 from detsample.rules import STATUS_NO_VALID_TOKEN
-from detsample.rng import RNG_NAME, row_uniforms
+from detsample.rng import RNG_NAME
 from detsample.sampling import keptset
 from detsample.sampling.backend import BACKENDS, TORCH, resolve
 from detsample.sampling.keptset import CutInputs, KeptCDF
