@@ -200,9 +200,9 @@ class Sampler:
                                      logprobs, batch, plan=plan, greedy_tok=tokens)
 
     def _shortcut_plan(self, batch: SamplingBatch) -> RowPlan | None:
-        """The batch's plan when a homogeneous-batch shortcut may apply: nothing of steps
-        1-5 in the batch (so the logits reach step 6 unchanged), "raw" logprobs only and
-        the torch ops; None otherwise."""
+        """The batch's plan when the all-greedy shortcut may apply: nothing of steps 1-5 in
+        the batch (so the logits reach step 6 unchanged), "raw" logprobs only and the
+        torch ops; None otherwise."""
         plan = self._cached_plan(batch)
         if (plan.untouched and len(plan.modes) == 1 and "raw" in plan.modes
                 and not self.processors and self._backend.for_device(batch.device) is TORCH):
