@@ -51,6 +51,7 @@ class SamplingBatch:
         self.device = device
         self.eos_token_ids = eos_token_ids
         self.vocab = vocab
+        self.think_end_token_id: int | None = None  # require_reasoning's end of thinking
         self.requests: list[Request] = []
         self.output_ids: list[list[int]] = []
         self.finished: list[str | None] = []
@@ -81,8 +82,12 @@ class SamplingBatch:
     def from_requests(cls, requests: Sequence[Request], vocab_size: int,
                       device: str | torch.device = "cpu",
                       eos_token_ids: Sequence[int] = (0,),
-                      vocab: Any = None) -> "SamplingBatch":
+                      vocab: Any = None,
+                      think_end_token_id: int | None = None) -> "SamplingBatch":
         """Build the row-aligned state of ``requests`` (row i = requests[i]).
+
+        ``think_end_token_id``: the end-of-thinking token after which the grammar of a
+        ``require_reasoning`` request starts (such a request with a grammar needs it).
 
         Raises InvalidSamplingParams for a token id outside ``[0, vocab_size)`` in any
         request field, naming the request, the field and the id.
@@ -100,7 +105,12 @@ class SamplingBatch:
                 fail(f"eos_token_ids contains {e}, outside the vocabulary [0, {vocab_size})")
         if vocab is not None and getattr(vocab, "vocab_size", vocab_size) > vocab_size:
             fail(f"vocab has {vocab.vocab_size} tokens, more than vocab_size={vocab_size}")
+        if think_end_token_id is not None:
+            think = int_list("think_end_token_id", [think_end_token_id])[0]
+            if not 0 <= think < vocab_size:
+                fail(f"think_end_token_id must be in [0, {vocab_size}), got {think}")
         batch = cls(vocab_size=vocab_size, device=dev, eos_token_ids=eos, vocab=vocab)
+        batch.think_end_token_id = think_end_token_id
         reqs = list(requests)
         for r in reqs:
             if not isinstance(r, Request):
@@ -128,7 +138,8 @@ class SamplingBatch:
     _ROW_TENSORS = ("temperatures", "top_ks", "top_ps", "min_ps", "seeds", "greedy")
 
     def _append_rows(self, reqs: list[Request]) -> None:
-        grammars = grammar_hooks.build_row_grammars(reqs, self.vocab)  # may raise
+        grammars = grammar_hooks.build_row_grammars(  # may raise
+            reqs, self.vocab, self.think_end_token_id)
         new = self._row_tensors([r.params for r in reqs])
         for name in self._ROW_TENSORS:
             setattr(self, name, torch.cat([getattr(self, name), new[name]], dim=0))
@@ -311,6 +322,11 @@ class SamplingBatch:
         """Whether any row carries a grammar (derived once per composition)."""
         return self.derived("has_grammars",
                             lambda: any(g is not None for g in self.grammars))
+
+    def grammar_ready(self) -> list[bool]:
+        """Per row: False while its grammar is still compiling (sampling the row now would
+        wait for it), True otherwise (no grammar, compiled, or failed). Never waits."""
+        return [g is None or g.dormant or g.ready for g in self.grammars]
 
     @property
     def is_all_greedy(self) -> bool:

@@ -21,3 +21,8 @@ class GrammarError(DetsampleError, ValueError):
 
 class GoldenMismatch(DetsampleError, AssertionError):
     """Obtained outputs differ from the golden files (bits, not tolerances)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) as the ``detsample`` command raises it: a real interrupt, told
+    apart from a ``KeyboardInterrupt`` that user code (a model factory) raises itself."""

@@ -36,7 +36,9 @@ from detsample.grammar.masker import GrammarMasker
 from detsample.ops import draw as draw_ops
 from detsample.ops import logprobs as lp_ops
 from detsample.processors.base import ProcessorRunner
+from detsample.processors.loading import load_processors
 from detsample import rules
+from detsample.ops.mask import pack_bitmask
 from detsample.rules import STATUS_NO_VALID_TOKEN
 from detsample.rng import RNG_NAME
 from detsample.sampling import keptset
@@ -92,7 +94,8 @@ class Sampler:
 
     filter_impl: "auto" (bounded ``topk`` where it provably equals the full sort) or
     "sort" (always the full stable sort: the reference semantics).
-    processors: batch-level logits processors run at pipeline step 1.
+    processors: batch-level logits processors run at pipeline step 1: instances, classes,
+    class names or entry-point names (:mod:`detsample.processors.loading`).
     backend: "auto" (Triton kernels for CUDA tensors, torch ops otherwise), "torch" or
     "triton" (the kernels also on CPU tensors, under the Triton interpreter). The Triton
     backend is always exact (``deterministic`` does not change it).
@@ -114,7 +117,7 @@ class Sampler:
         self.backend = backend
         self.deterministic = bool(deterministic)
         self.filter_impl = filter_impl
-        self.processors = tuple(processors)
+        self.processors = load_processors(processors)
         self._ws = Workspace()
         self._runner = ProcessorRunner(self.processors)  # step 1
         self.grammar_masker = GrammarMasker()  # one reused bitmask buffer
@@ -258,7 +261,7 @@ class Sampler:
         if not plan.needs_scaled:
             return False
         return (prep.backend is not TORCH or "scaled" in plan.modes
-                or "processed" in plan.modes or keptset.needs_full_z(plan, by_columns))
+                or plan.any_processed or keptset.needs_full_z(plan, by_columns))
 
     @staticmethod
     def _by_columns(plan: RowPlan, prep: Prepared):
@@ -294,20 +297,45 @@ class Sampler:
     # -- step 10 ---------------------------------------------------------------------
     def _processed(self, cdf: KeptCDF, batch: SamplingBatch, rows: Rows, z: torch.Tensor,
                    ids: torch.Tensor, greedy_tok: torch.Tensor, *, exp) -> torch.Tensor:
-        """The "processed" logprob of scaled logits ``z`` with token ids ``ids`` of
+        """The "processed_fixed" logprob of scaled logits ``z`` with token ids ``ids`` of
         ``rows``: either (n,) picked tokens, or (n, V) full rows with ``ids`` (1, V).
         Kept entries get the renormalised logprob of the draw, others -inf; a greedy row
-        is one-hot on its greedy token. (The min-p test uses the backend's own ``exp``,
-        the one its draw used.)"""
+        is one-hot on its greedy token."""
         col = (lambda t: t.unsqueeze(1)) if z.dim() == 2 else (lambda t: t)  # noqa: E731
-        keep = (z >= col(rows.take(cdf.tau))) & rules.min_p_keeps(exp(z),
-                                                                  col(rows.take(batch.min_ps)))
+        keep = self._kept(cdf, batch, rows, z, col, exp)
         lp = lp_ops.log_softmax(z, kept_mass=col(rows.take(cdf.total).clamp(min=1)),
                                 frac=rules.frac_bits(batch.vocab_size))
-        lp = lp.masked_fill(~keep, NEG_INF)
+        return self._one_hot_greedy(lp.masked_fill(~keep, NEG_INF), batch, rows, ids,
+                                    greedy_tok, col)
+
+    @staticmethod
+    def _kept(cdf: KeptCDF, batch: SamplingBatch, rows: Rows, z: torch.Tensor, col,
+              exp) -> torch.Tensor:
+        """bool, z's shape: the kept set of step 8 (threshold, then min-p; the min-p test
+        with the backend's own ``exp``, the one its draw used)."""
+        return (z >= col(rows.take(cdf.tau))) & rules.min_p_keeps(exp(z),
+                                                                  col(rows.take(batch.min_ps)))
+
+    @staticmethod
+    def _one_hot_greedy(lp: torch.Tensor, batch: SamplingBatch, rows: Rows, ids: torch.Tensor,
+                        greedy_tok: torch.Tensor, col) -> torch.Tensor:
+        """``lp`` with greedy rows replaced by their one-hot distribution (0 on the greedy
+        token, -inf elsewhere)."""
         onehot = torch.where(ids == col(rows.take(greedy_tok)), torch.zeros_like(lp),
                              torch.full_like(lp, NEG_INF))
         return torch.where(col(rows.take(batch.greedy)), onehot, lp)
+
+    def _processed_rows(self, st: "_Steps", rows: Rows) -> torch.Tensor:
+        """(n, V) vLLM's "processed" logprobs of ``rows``: ``log_softmax`` of step 5's
+        logits divided by the temperature, -inf outside step 8's kept set
+        (:func:`~detsample.ops.logprobs.processed_log_softmax`); greedy rows one-hot."""
+        col = lambda t: t.unsqueeze(1)  # noqa: E731
+        prep, batch = st.prep, st.batch
+        keep = self._kept(st.cdf, batch, rows, rows.take(st.z), col, prep.backend.exp)
+        lp = lp_ops.processed_log_softmax(rows.take(prep.x), rows.take(st.plan.temperatures),
+                                          keep)
+        full = torch.arange(batch.vocab_size, device=st.z.device).unsqueeze(0)
+        return self._one_hot_greedy(lp, batch, rows, full, st.greedy_tok, col)
 
     def _token_logprobs(self, st: "_Steps", tokens: torch.Tensor, some_none: bool
                         ) -> torch.Tensor:
@@ -320,6 +348,8 @@ class Sampler:
         for mode, rows in plan.modes.items():
             picked = rows.take(safe)
             if mode == "processed":
+                vals = lp_ops.gather_rows(self._processed_rows(st, rows), picked)
+            elif mode == "processed_fixed":
                 ztok = lp_ops.gather_rows(rows.take(st.z), picked)
                 vals = self._processed(st.cdf, st.batch, rows, ztok, picked, st.greedy_tok,
                                        exp=prep.backend.exp)
@@ -344,6 +374,8 @@ class Sampler:
         ids = torch.full((B, n), -1, dtype=torch.int64, device=dev)
         for mode, rows in plan.top.items():
             if mode == "processed":
+                lp = self._processed_rows(st, rows)
+            elif mode == "processed_fixed":
                 full = torch.arange(batch.vocab_size, device=dev).unsqueeze(0)
                 lp = self._processed(st.cdf, batch, rows, rows.take(st.z), full,
                                      st.greedy_tok, exp=prep.backend.exp)
@@ -369,7 +401,7 @@ class Sampler:
         z = self._scaled(prep, plan) if self._needs_full_z(plan, prep, by_columns) else None
         u = prep.backend.uniforms(batch.seeds, positions) \
             if positions is not None and plan.sampling else None
-        wants_cdf = plan.needs_scaled if positions is not None else "processed" in plan.modes
+        wants_cdf = plan.needs_scaled if positions is not None else plan.any_processed
         cdf = self._kept_cdf(z, batch, plan, prep, u=u, by_columns=by_columns) \
             if wants_cdf else KeptCDF.none(plan.size, batch.device)
         return _Steps(batch, prep, plan, greedy_tok, z, cdf, u)
@@ -446,6 +478,46 @@ class Sampler:
                 (st.prep.status & STATUS_NO_VALID_TOKEN) != 0, -1)
         some_none = bool(st.plan.excluded) or bool((token_ids < 0).any())
         return self._token_logprobs(st, token_ids, some_none)
+
+
+    @torch.no_grad()  # not differentiable; logits may come from a training model
+    def sampling_mask(self, logits: torch.Tensor, batch: SamplingBatch, *,
+                      bitmask: bool = False) -> torch.Tensor:
+        """The kept support of each row (SGLang's ``return_sampling_mask``): the tokens
+        :meth:`sample` may draw from these logits and this batch state.
+
+        Through the same steps 1-8 as :meth:`sample`: a token is in the support when step
+        8 keeps it (exactly where the "processed" logprob is finite; a -inf logit never
+        is); a greedy row's support is its greedy token; a row without an
+        admissible token has none. Returns (B, V) bool, or with ``bitmask`` (B, ceil(V /
+        32)) int32 words, token ``v`` at bit ``v % 32`` of word ``v // 32`` (xgrammar's
+        layout). Row-local, so bitwise batch-invariant like the tokens. A second pass
+        over the logits: :meth:`sample_with_mask` gives both.
+        """
+        prep = self._prepare(self._checked_logits(logits, batch), batch)
+        B, V = len(batch), batch.vocab_size
+        keep = torch.zeros((B, V), dtype=torch.bool, device=batch.device)
+        if B:
+            plan = self._plan(batch, prep)
+            z = self._scaled(prep, plan)
+            cdf = self._kept_cdf(z, batch, plan, prep) if plan.needs_scaled else \
+                KeptCDF.none(B, batch.device)
+            every = Rows.of(range(B), B, batch.device)
+            keep = self._kept(cdf, batch, every, z, lambda t: t.unsqueeze(1), prep.backend.exp)
+            greedy_tok = self._greedy_tokens(prep, plan)
+            if greedy_tok is not None:
+                onehot = torch.arange(V, device=batch.device).unsqueeze(0) == \
+                    greedy_tok.clamp(min=0).unsqueeze(1)
+                keep = torch.where(batch.greedy.unsqueeze(1), onehot, keep)
+            keep &= ((prep.status & STATUS_NO_VALID_TOKEN) == 0).unsqueeze(1)
+        return pack_bitmask(keep) if bitmask else keep
+
+    def sample_with_mask(self, logits: torch.Tensor, batch: SamplingBatch,
+                         positions: torch.Tensor, *, bitmask: bool = False
+                         ) -> tuple[SampleOutput, torch.Tensor]:
+        """:meth:`sample` and :meth:`sampling_mask` of the same inputs."""
+        return (self.sample(logits, batch, positions),
+                self.sampling_mask(logits, batch, bitmask=bitmask))
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ def params_strategy(vocab_size: int, with_bias: bool = True):
         logit_bias=bias,
         seed=st.integers(0, 2**63 - 1),
         logprobs=st.sampled_from([0, 0, 1, 3]),
-        logprobs_mode=st.sampled_from(["raw", "scaled", "processed"]),
+        logprobs_mode=st.sampled_from(["raw", "scaled", "processed", "processed_fixed"]),
     )
 
 
@@ -89,6 +89,38 @@ def row_bits_equal(out, i, alone) -> bool:
 
 def requests_from(params_list, prefix: str = "r"):
     return [Request(f"{prefix}{i}", p, prompt_ids=[1, 2, 3]) for i, p in enumerate(params_list)]
+
+
+def run_bounded(argv: list[str], unblock: list = (), seconds: float = 60.0) -> int:
+    """``main(argv)`` in a thread: a command still running after ``seconds`` is a hang
+    (the FIFOs of ``unblock`` are then opened for writing, so the thread ends)."""
+    import os
+    import threading
+
+    import pytest
+
+    from detsample.cli import main
+
+    box: dict = {}
+
+    def target():
+        try:
+            box["rc"] = main(argv)
+        except BaseException as exc:  # noqa: BLE001 - a traceback the user would see
+            box["exc"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        for path in unblock:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            os.close(fd)
+        t.join(10)
+        pytest.fail(f"detsample {' '.join(argv)}: still running after {seconds} s (a hang)")
+    if "exc" in box:
+        raise AssertionError(f"an exception escaped main: {box['exc']!r}") from box["exc"]
+    return box["rc"]
 
 
 def topk_candidates(z: torch.Tensor, top_k: torch.Tensor, k_max: int):

@@ -21,7 +21,7 @@ PKG = Path(__file__).resolve().parents[1] / "detsample"
 # probe/__init__ imports nothing), so every tier may use it.
 TIERS: list[tuple[str, ...]] = [
     ("errors", "version", "rules", "probe.threads"),
-    ("params",),
+    ("params", "inputs"),
     ("rng",),
     ("ops", "kernels"),
     ("processors", "grammar", "invariant"),

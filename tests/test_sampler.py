@@ -84,7 +84,7 @@ NUCLEUS_PARAMS = st.builds(
     SamplingParams, temperature=st.sampled_from([0.3, 0.8, 1.5]),
     top_k=st.sampled_from([-1, -1, 600, 3000, 7]), top_p=st.sampled_from([0.5, 0.9, 0.99, 1.0]),
     min_p=st.sampled_from([0.0, 0.0, 0.02]), seed=st.integers(0, 2**63 - 1),
-    logprobs=st.sampled_from([0, 3]), logprobs_mode=st.sampled_from(["raw", "scaled", "processed"]))
+    logprobs=st.sampled_from([0, 3]), logprobs_mode=st.sampled_from(["raw", "scaled", "processed", "processed_fixed"]))
 
 
 @given(st.lists(NUCLEUS_PARAMS, min_size=1, max_size=8),
@@ -318,10 +318,11 @@ def test_fast_mode_is_seeded_and_valid():
 
 def test_fast_mode_cuts_spilling_ties_at_the_bound():
     """With a tie group larger than the candidate bound, the deterministic mode keeps
-    the whole group (full-sort semantics) and the fast mode keeps what topk returned."""
+    the whole group (full-sort semantics) and the fast mode keeps what topk returned
+    (seen in "processed_fixed" logprobs, normalised by the draw's own kept mass)."""
     x = torch.zeros(1, 64)
     x[0, 0] = 5.0  # one clear winner, then 63 tied tokens
-    p = SamplingParams(top_k=2, temperature=1.0, seed=0, logprobs_mode="processed")
+    p = SamplingParams(top_k=2, temperature=1.0, seed=0, logprobs_mode="processed_fixed")
     det = Sampler().sample(x, _batch([p], 64), torch.tensor([0]))
     fast = Sampler(deterministic=False).sample(x, _batch([p], 64), torch.tensor([0]))
     ref = Sampler(filter_impl="sort").sample(x, _batch([p], 64), torch.tensor([0]))
@@ -329,7 +330,7 @@ def test_fast_mode_cuts_spilling_ties_at_the_bound():
     assert not torch.equal(fast.logprobs, ref.logprobs)  # renormalised over 2 tokens, not 64
 
 
-DEAD_ROW_MODES = [(mode, t) for mode in ("raw", "scaled", "processed") for t in (0.0, 1.0)]
+DEAD_ROW_MODES = [(mode, t) for mode in ("raw", "scaled", "processed", "processed_fixed") for t in (0.0, 1.0)]
 
 
 @pytest.mark.parametrize("mode,temperature", DEAD_ROW_MODES)
@@ -472,7 +473,7 @@ def test_half_precision_logits_are_never_modified():
     assert torch.equal(x.view(torch.int16), before.view(torch.int16))
 
 
-LOGPROB_MODES = ["raw", "scaled", "processed"]
+LOGPROB_MODES = ["raw", "scaled", "processed", "processed_fixed"]
 
 
 def test_every_logprob_goes_through_the_one_log_softmax(monkeypatch):
@@ -500,7 +501,7 @@ def test_every_logprob_goes_through_the_one_log_softmax(monkeypatch):
     monkeypatch.setattr(lp_ops, "log_softmax", lambda *a, **kw: real(*a, **kw) - 0.25)
     moved, moved_lp = run()
     assert torch.equal(moved.token_ids, base.token_ids)  # the draw never reads logprobs
-    constant = torch.tensor([p.logprobs_mode == "processed" and p.is_greedy for p in ps])
+    constant = torch.tensor([p.logprobs_mode.startswith("processed") and p.is_greedy for p in ps])
     for a, b in ((base.logprobs, moved.logprobs), (base_lp, moved_lp)):
         assert bool((a != b)[~constant].all())
     top_a, top_b = base.top_logprobs[0], moved.top_logprobs[0]

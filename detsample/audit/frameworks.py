@@ -100,6 +100,9 @@ def parse_rs_thresholds(options: tuple[str, ...], spec: str | float
             upper = _positive(f"rollout_rs_threshold for {opt}", up_text)
             lower = 1.0 / upper if not lo_text else _positive(f"rollout_rs_threshold for {opt}",
                                                              lo_text)
+            if not lower <= upper:  # an empty band: every token rejected
+                raise ValueError(f"rollout_rs_threshold for {opt}: lower_upper needs lower <= "
+                                 f"upper, got {p!r} ({lower:g} > {upper:g})")
             out.append((lower, upper))
         else:
             if "_" in p:

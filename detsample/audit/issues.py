@@ -6,11 +6,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from detsample.errors import DetsampleError
+from detsample.inputs import InputError, input_file
 
 
-class AuditInputError(DetsampleError, ValueError):
+class AuditInputError(InputError):
     """An audit input is malformed (file, line/row and field named)."""
+
+
+def audit_file(path: str) -> str:
+    """``path`` when it is a regular file (:func:`detsample.inputs.input_file`: a FIFO, a
+    device or a directory is refused before it is opened), else an AuditInputError."""
+    try:
+        return input_file(path)
+    except InputError as exc:
+        raise AuditInputError(str(exc)) from None
 
 
 @dataclass(frozen=True)

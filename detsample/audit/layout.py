@@ -342,6 +342,20 @@ class Resolved:
         return f"column '{spec}' ({dst}, {self.layout.describe()})"
 
 
+#: canonical columns that must come from different file columns: the two logprob sides
+#: (one column compared with itself passes every gate), and a prompt and its response
+DISTINCT_COLUMNS = (("engine_logprobs", "trainer_logprobs"), ("prompt_ids", "response_ids"))
+
+
+def _refuse_shared(specs: Mapping[str, str], path: str, layout: Layout) -> None:
+    """AuditInputError when a pair of :data:`DISTINCT_COLUMNS` reads one file column."""
+    for a, b in DISTINCT_COLUMNS:
+        if a in specs and specs.get(a) == specs.get(b):
+            raise AuditInputError(f"{path}: {a} and {b} both read column {specs[a]!r} "
+                                  f"({layout.describe()}): the audit would compare a column "
+                                  f"with itself; map them to different columns")
+
+
 def resolve(layout: Layout, available: Iterable[str], path: str) -> Resolved:
     """Pick each canonical column's source among the file's columns ``available``.
 
@@ -371,6 +385,7 @@ def resolve(layout: Layout, available: Iterable[str], path: str) -> Resolved:
                     f"has: {', '.join(sorted(names)) or 'no columns'}")
             continue
         specs.append((dst, chosen))
+    _refuse_shared(dict(specs), path, layout)
     got = {d for d, _ in specs}
     if split != "columns" and "input_ids" not in got:
         raise AuditInputError(f"{path}: column {layout.source('input_ids').candidates[0]!r} "

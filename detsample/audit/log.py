@@ -20,13 +20,18 @@ one line at a time, so a crash loses at most the step being written.
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import math
 import os
+import sys
 from collections.abc import Sequence
+from typing import BinaryIO
 
 from detsample.audit.gates import ExclusionLimit, exclusion_failure, no_tokens_failure
 from detsample.audit.issues import AuditInputError
+from detsample.audit.values import count_of, number_of
+from detsample.inputs import LOG_LINE_BYTES, file_problem, loads, read_line
 from detsample.audit.metrics import RATIO_QUANTILE_KEYS
 from detsample.audit.report import figure, fmt_value
 
@@ -113,28 +118,78 @@ class AuditLog:
         return report
 
 
+#: how each field of a row is read (the value rules of :mod:`detsample.audit.values`):
+#: counts, fractions in [0, 1], non-negative metrics (null: no token audited)
+_COUNTS = ("step", "sequences", "excluded_sequences", "tokens")
+_RANGES = {"exact_match_fraction": 1.0, "mismatch_fraction": 1.0, "mean_abs_diff": math.inf,
+           "max_abs_diff": math.inf, "k3_kl_mean": math.inf, "abs_diff_p99": math.inf}
+
+
+def row_problem(row: object) -> str | None:
+    """Why ``row`` is not an audit-log row, naming the field and the value, or None: every
+    field of :data:`LOG_METRICS` and ``ratio`` present, counts non-negative integers,
+    fractions in [0, 1], |d|, KL and ratios non-negative numbers (or null)."""
+    if not isinstance(row, dict) or "step" not in row:
+        return "not an audit-log row (no integer step)"
+    missing = [m for m in LOG_METRICS if m not in row]
+    if missing or not isinstance(row.get("ratio"), dict):
+        return f"missing {', '.join(missing or ['ratio'])}"
+    for key in _COUNTS:
+        if key in row:
+            _, _, problem = count_of(row[key])
+            if problem:
+                return f"{key} {problem}"
+    fields = [(k, row[k], hi) for k, hi in _RANGES.items()]
+    fields += [(f"ratio.{k}", v, math.inf) for k, v in row["ratio"].items()]
+    for key, v, hi in fields:
+        if v is not None:
+            _, _, problem = number_of(v, 0.0, hi)
+            if problem:
+                return f"{key} {problem}"
+    return None
+
+
 def read_log(path: str) -> list[dict]:
-    """The rows of an audit log, in file order (a bad line is an AuditInputError naming
-    it; blank lines are skipped)."""
-    rows = []
+    """The rows of an audit log, in file order. The file must be a regular file
+    (:func:`detsample.inputs.input_file`), a line at most ``LOG_LINE_BYTES``; a bad line
+    (invalid JSON, a missing field, a value out of its range: :func:`row_problem`) is an
+    AuditInputError naming the line, the field and the value. Blank lines are skipped.
+    ``path`` "-" reads stdin (named ``<stdin>``)."""
+    if path == "-":  # stdin: a pipe is read as it comes, line by line, each line bounded
+        return _read_rows(sys.stdin.buffer, "<stdin>")
+    problem = file_problem(path)  # a FIFO would block, a device never end
+    if problem:
+        raise AuditInputError(f"{path}: cannot read the audit log: it {problem}"
+                              if problem.startswith("is ") else
+                              f"{path}: cannot read the audit log: {problem}")
     try:
-        f = open(path, encoding="utf-8")
+        f = open(path, "rb")
     except OSError as exc:
         raise AuditInputError(f"{path}: cannot read the audit log ({exc.strerror})") from exc
     with f:
-        for k, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise AuditInputError(f"{path}:line {k}: invalid JSON ({exc.msg})") from exc
-            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-                raise AuditInputError(f"{path}:line {k}: not an audit-log row (no integer step)")
-            missing = [m for m in LOG_METRICS if m not in row]
-            if missing or not isinstance(row.get("ratio"), dict):
-                raise AuditInputError(f"{path}:line {k}: missing {', '.join(missing or ['ratio'])}")
-            rows.append(row)
+        return _read_rows(f, path)
+
+
+def _read_rows(f: BinaryIO, path: str) -> list[dict]:
+    """The rows of the open log ``f`` (named ``path`` in messages); see :func:`read_log`."""
+    rows = []
+    for k in itertools.count(1):
+        raw = read_line(f, LOG_LINE_BYTES, f"{path}:line {k}")
+        if not raw:
+            break
+        if not raw.strip():
+            continue
+        try:
+            row = loads(raw)
+        except UnicodeDecodeError as exc:
+            raise AuditInputError(f"{path}:line {k}: not UTF-8 ({exc.reason})") from None
+        except ValueError as exc:
+            why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+            raise AuditInputError(f"{path}:line {k}: invalid JSON: {why}") from None
+        problem = row_problem(row)
+        if problem:
+            raise AuditInputError(f"{path}:line {k}: {problem}")
+        rows.append(row)
     return rows
 
 

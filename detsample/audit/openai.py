@@ -30,6 +30,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from detsample.audit.values import count_of
+
 _TOKEN_ID = re.compile(r"^token_id:(-?[0-9]+)$")
 _IDS_HINT = ("the response gives token strings, not ids: ask the server for ids (vLLM: "
              "return_tokens_as_token_ids or return_token_ids)")
@@ -110,11 +112,13 @@ def _sequence(resp: Mapping, choice: Mapping, line: Mapping, index: int,
         return ("response_ids", "missing_column", _IDS_HINT)
     prompt = choice.get("prompt_token_ids", resp.get("prompt_token_ids", line.get("prompt_ids")))
     usage = resp.get("usage") if isinstance(resp.get("usage"), Mapping) else {}
-    if lps and lps[0] is None and isinstance(usage.get("prompt_tokens"), int) \
-            and len(lps) == len(ids) and len(ids) > usage["prompt_tokens"]:
-        p = usage["prompt_tokens"]  # echo: the prompt's tokens come first
-        prompt = prompt if isinstance(prompt, list) else ids[:p]
-        ids, lps = ids[p:], lps[p:]
+    if lps and lps[0] is None and "prompt_tokens" in usage:  # echo: the prompt comes first
+        p, kind, problem = count_of(usage["prompt_tokens"])  # never a negative slice
+        if problem:
+            return ("usage.prompt_tokens", kind, problem)
+        if len(lps) == len(ids) and len(ids) > p:
+            prompt = prompt if isinstance(prompt, list) else ids[:p]
+            ids, lps = ids[p:], lps[p:]
     rec: dict = {"response_ids": ids, "engine_logprobs": lps}
     if isinstance(prompt, list):
         rec["prompt_ids"] = prompt

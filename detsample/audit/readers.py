@@ -19,22 +19,25 @@ Locations: JSONL issues name the 1-based line; the other formats the 0-based row
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 
-from detsample.audit.issues import AuditInputError, Issue
+from detsample.audit.issues import AuditInputError, Issue, audit_file
 from detsample.audit.layout import (COLUMN_KINDS, LIST_COLUMNS, REQUIRED_COLUMNS, ROLES,
                                     Resolved)
 from detsample.audit.table import PerRow, Ragged, RawChunk, TableChunk
-from detsample.audit.values import column_array, id_of, kind_words, value_message
+from detsample.inputs import AUDIT_LINE_BYTES, loads, read_line
+from detsample.audit.values import column_array, count_of, id_of, kind_words, value_message
 
 __all__ = ["AuditInputError", "COLUMN_KINDS", "DEFAULT_CHUNK_TOKENS", "Issue", "LIST_COLUMNS",
            "REQUIRED_COLUMNS", "RawChunk", "arrow_to_table", "detect_format",
            "iter_jsonl_chunks", "iter_record_chunks", "peek_jsonl_keys", "split_jsonl"]
 
 DEFAULT_CHUNK_TOKENS = 1 << 18
+NEWLINE = b"\n"
 #: the response-side columns whose sizes measure a chunk (tokens per chunk)
 _SIZE_COLUMNS = ("response_ids", "input_ids")
 
@@ -89,8 +92,9 @@ class _ChunkBuilder:
 
     def add(self, line: int, rec: object) -> None:
         if not isinstance(rec, Mapping):
+            what = "a JSON object" if self.unit == "line" else "a record (a dict of columns)"
             self.add_bad(line, self._issue(line, "<record>", "bad_type",
-                                           f"expected a JSON object, got {type(rec).__name__}"))
+                                           f"expected {what}, got {type(rec).__name__}"))
             return
         if self.id_col is None:
             rid: object = line
@@ -160,17 +164,6 @@ class _ChunkBuilder:
         return chunk
 
 
-def count_of(v: object) -> tuple[int, str, str | None]:
-    """A per-row count (response_length): a non-negative integer."""
-    if hasattr(v, "ndim") and getattr(v, "ndim") == 0:
-        v = v.item()  # type: ignore[attr-defined]
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        return 0, "bad_type", f"must be an integer, got {v!r:.40}"
-    if v < 0:
-        return 0, "bad_type", f"must be >= 0, got {v}"
-    return int(v), "", None
-
-
 def iter_record_chunks(records: Iterable[object], resolved: Resolved,
                        source: str = "<records>", chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                        first_row: int = 0) -> Iterator[TableChunk]:
@@ -213,22 +206,27 @@ def _parse_json_lines(path: str, lines: list[tuple[int, bytes]]) -> Iterator[tup
     """(line number, parsed object or a bad_json Issue) for each line, with :mod:`json`."""
     for k, ln in lines:
         try:
-            yield k, json.loads(ln)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            yield k, loads(ln)
+        except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, JsonTooDeep
             msg = (f"invalid JSON: {exc.msg} (column {exc.colno})"
-                   if isinstance(exc, json.JSONDecodeError) else f"invalid UTF-8: {exc}")
+                   if isinstance(exc, json.JSONDecodeError) else
+                   f"invalid UTF-8: {exc}" if isinstance(exc, UnicodeDecodeError) else
+                   f"invalid JSON: {exc}")
             yield k, Issue(path, k, "<line>", "bad_json", msg, "line")
 
 
 def peek_jsonl_keys(path: str) -> list[str]:
     """The keys of the first JSON object of a JSONL file (what a layout resolves against);
     [] when the first non-blank line is not a JSON object."""
-    with open(path, "rb") as f:
-        for ln in f:
+    with open(audit_file(path), "rb") as f:
+        for k in itertools.count(1):
+            ln = read_line(f, AUDIT_LINE_BYTES, f"{path}:line {k}")
+            if not ln:
+                break
             if ln.strip():
                 try:
-                    rec = json.loads(ln)
-                except (json.JSONDecodeError, UnicodeDecodeError):
+                    rec = loads(ln)
+                except (ValueError, UnicodeDecodeError):  # named where the line is read
                     return []
                 return list(rec) if isinstance(rec, dict) else []
     return []
@@ -255,8 +253,9 @@ def iter_jsonl_chunks(path: str, resolved: Resolved, start: int = 0, end: int | 
             buf = f.read(min(block_bytes, end - pos))
             if not buf:
                 break
-            if not buf.endswith(b"\n") and pos + len(buf) < end:
-                buf += f.readline()  # complete the last line (end is a line boundary)
+            if not buf.endswith(b"\n") and pos + len(buf) < end:  # complete the last line
+                last = line_no + buf.count(NEWLINE)
+                buf += read_line(f, AUDIT_LINE_BYTES, f"{path}:line {last}")  # end: a boundary
             pos += len(buf)
             raw_lines = buf.split(b"\n")
             if buf.endswith(b"\n"):
@@ -288,8 +287,9 @@ def split_jsonl(path: str, parts: int) -> list[tuple[int, int, int]]:
         size = f.tell()
         cuts = [0]
         for k in range(1, parts):
-            f.seek(max(k * size // parts - 1, 0))
-            f.readline()  # to the end of the line holding the target byte
+            target = max(k * size // parts - 1, 0)
+            f.seek(target)  # to the end of the line holding the target byte
+            read_line(f, AUDIT_LINE_BYTES, f"{path}: the line holding byte {target}")
             pos = f.tell()
             if cuts[-1] < pos < size:
                 cuts.append(pos)
@@ -368,8 +368,12 @@ def arrow_to_table(table, source: str, unit: str, lines: np.ndarray,
             continue
         col = table.column(c)
         if ROLES[dst] == "row":
-            cols[c] = PerRow(pc.fill_null(col, -1).to_numpy(zero_copy_only=False)
-                             .astype(np.int64))
+            counts = pc.fill_null(col, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+            nulls = np.asarray(col.is_null())
+            for k in np.flatnonzero((counts < 0) & ~nulls).tolist():  # the count rule
+                _, kind, problem = count_of(int(counts[k]))
+                flagged.setdefault(k, Issue(source, int(lines[k]), c, kind, problem, unit))
+            cols[c] = PerRow(counts)
             continue
         lens = pc.fill_null(pc.list_value_length(col), -1).to_numpy(zero_copy_only=False)
         flat = pc.list_flatten(col)

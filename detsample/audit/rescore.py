@@ -24,6 +24,7 @@ from collections.abc import Callable
 import numpy as np
 
 from detsample.audit.issues import AuditInputError
+from detsample.audit.semantics import RAW, Semantics
 from detsample.models import MODEL_NAMES, is_model_spec
 
 #: what ``rescore`` options accept: None, a callable, or a model spec (:func:`is_model_spec`)
@@ -37,18 +38,20 @@ class RescoreModelError(AuditInputError):
 
 class ModelRescorer:
     """Callable ``(prompt_ids, response_ids) -> float32 logprobs [len(response_ids)]`` in
-    the "raw" mode (log_softmax of the model's logits), by one prefill of ``model``.
+    ``semantics`` (default "raw": log_softmax of the model's logits; "processed" at a
+    temperature and filters: vLLM's processed logprobs, :mod:`detsample.audit.semantics`),
+    by one prefill of ``model``.
 
     model: a :func:`detsample.models.load_model` spec. batch_invariant: its forwards under
     the batch-invariant mode (``portable``: its portable kernels). model_path: a saved
     reference model (``RefModel.save``), with ``model="refmodel"`` only. label: how errors
     name the option that gave the model ("--rescore" for the audit, "--model" for
-    ``detsample rollout``).
+    ``detsample rollout``). semantics: a :class:`~detsample.audit.semantics.Semantics`.
     """
 
     def __init__(self, model: str = "refmodel", *, batch_invariant: bool = False,
                  portable: bool = False, model_path: str | None = None,
-                 label: str = "--rescore") -> None:
+                 label: str = "--rescore", semantics: Semantics = RAW) -> None:
         check_rescore_spec(model)
         if not isinstance(model, str):
             raise ValueError(f"model must be a model spec string, got {model!r}")
@@ -61,16 +64,24 @@ class ModelRescorer:
         self.portable = bool(portable)
         self.model_path = model_path
         self.label = str(label)
+        if not isinstance(semantics, Semantics):
+            raise ValueError(f"semantics must be a Semantics, got {type(semantics).__name__}")
+        self.semantics = semantics
+        #: logits of the first ``keep`` sequences scored (prompt, response) -> [n, V]
+        self.keep = 0
+        self.kept: dict = {}
         self._state = None
 
     def __getstate__(self) -> dict:
         return {"model": self.model, "batch_invariant": self.batch_invariant,
-                "portable": self.portable, "model_path": self.model_path, "label": self.label}
+                "portable": self.portable, "model_path": self.model_path, "label": self.label,
+                "semantics": self.semantics}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["model"], batch_invariant=state["batch_invariant"],
                       portable=state.get("portable", False), model_path=state["model_path"],
-                      label=state.get("label", "--rescore"))
+                      label=state.get("label", "--rescore"),
+                      semantics=state.get("semantics", RAW))
 
     def build_model(self):
         """The model this rescorer prefills with (built once)."""
@@ -92,39 +103,71 @@ class ModelRescorer:
                                     portable=self.portable)
             except ModelError as exc:
                 raise RescoreModelError(f"{self.label}: {exc}") from exc
-            self._state = (lm, Sampler(), rescore_params(), rescore)
+            self._state = (lm, Sampler(), rescore)
         return self._state
 
     def __call__(self, prompt_ids: list[int], response_ids: list[int]) -> np.ndarray:
+        """float32 [len(response_ids)]: the logprobs in :attr:`semantics`, by one
+        prefill (its logits kept for :meth:`logits` while :attr:`keep` allows)."""
         from detsample.models import ModelOutputError
+        from detsample.refmodel.engine import score_logits
 
-        model, sampler, params, rescore = self._load()
+        model, sampler, _ = self._load()
+        prompt, response = list(prompt_ids), list(response_ids)
+        if not response:
+            return np.empty(0, dtype=np.float32)
+        logits = self.logits(prompt, response)
         try:
-            return rescore(model, sampler, params, prompt_ids, response_ids).numpy()
+            return score_logits(model, sampler, rescore_params(self.semantics), prompt,
+                                response, logits).numpy()
         except ModelOutputError as exc:  # the model, not this sequence, is at fault
             raise RescoreModelError(f"{self.label}: {exc}") from exc
 
+    def logits(self, prompt_ids: list[int], response_ids: list[int]):
+        """float32 [len(response_ids), V]: the logits that score each response token
+        (row i after ``prompt_ids + response_ids[:i]``), by one prefill; the first
+        :attr:`keep` sequences' are kept, so the diagnosis reuses the rescoring's forward."""
+        from detsample.errors import InvalidSamplingParams
+        from detsample.models import ModelOutputError
 
-def rescore_params():
-    """The parameters of every rescoring prefill: "raw" logprobs (log_softmax of the
-    model's logits), temperature 1, a fixed seed (nothing is drawn)."""
-    from detsample.params import SamplingParams
+        prompt, response = list(prompt_ids), list(response_ids)
+        key = (tuple(prompt), tuple(response))
+        if key in self.kept:
+            return self.kept[key]
+        if not prompt:
+            raise InvalidSamplingParams("rescore: prompt_ids must not be empty, got []")
+        model = self._load()[0]
+        try:
+            full = model.forward([model.new_cache()], [prompt + response])[0]
+        except ModelOutputError as exc:
+            raise RescoreModelError(f"{self.label}: {exc}") from exc
+        out = full[len(prompt) - 1: len(prompt) + len(response) - 1].contiguous()
+        if len(self.kept) < self.keep:
+            self.kept[key] = out
+        return out
 
-    return SamplingParams(temperature=1.0, seed=0, logprobs_mode="raw")
+
+def rescore_params(semantics: Semantics = RAW):
+    """The parameters of a rescoring prefill in ``semantics`` (default "raw": log_softmax
+    of the model's logits, temperature 1), a fixed seed (nothing is drawn)."""
+    return semantics.params()
 
 
-def rescore_with(lm, prompt_ids: list[int], response_ids: list[int]):
-    """The "raw" logprobs of ``response_ids`` after ``prompt_ids`` by one prefill of the
-    built model ``lm`` (a float32 tensor): what :class:`ModelRescorer` computes."""
+def rescore_with(lm, prompt_ids: list[int], response_ids: list[int],
+                 semantics: Semantics = RAW):
+    """The logprobs in ``semantics`` of ``response_ids`` after ``prompt_ids`` by one
+    prefill of the built model ``lm`` (a float32 tensor): what :class:`ModelRescorer`
+    computes."""
     from detsample.refmodel.engine import rescore
     from detsample.sampler import Sampler
 
-    return rescore(lm, Sampler(), rescore_params(), prompt_ids, response_ids)
+    return rescore(lm, Sampler(), rescore_params(semantics), prompt_ids, response_ids)
 
 
-def _rank_rescore(lm, comm, prompt_ids: list[int], response_ids: list[int]):
+def _rank_rescore(lm, comm, prompt_ids: list[int], response_ids: list[int],
+                  semantics: Semantics = RAW):
     """A :class:`TPRescorer` call on one rank (every rank runs it; rank 0 answers)."""
-    return rescore_with(lm, prompt_ids, response_ids)
+    return rescore_with(lm, prompt_ids, response_ids, semantics)
 
 
 class TPRescorer:
@@ -137,11 +180,13 @@ class TPRescorer:
     (:class:`~detsample.parallel.RankGroup`)."""
 
     def __init__(self, model: str, tp: int, *, batch_invariant: bool = False, portable: bool = False,
-                 label: str = "--rescore", start_method: str = "spawn") -> None:
+                 label: str = "--rescore", start_method: str = "spawn",
+                 semantics: Semantics = RAW) -> None:
         from detsample.parallel import TPModelSpec
 
         check_rescore_spec(model)
         self.spec = TPModelSpec(model, tp, batch_invariant, portable)
+        self.semantics = semantics
         self.label = str(label)
         self.start_method = start_method
         self._group = None
@@ -162,7 +207,8 @@ class TPRescorer:
 
         group = self._group or self._start()
         try:
-            return group.call(_rank_rescore, list(prompt_ids), list(response_ids)).numpy()
+            return group.call(_rank_rescore, list(prompt_ids), list(response_ids),
+                              self.semantics).numpy()
         except RankError as exc:
             self._group = None
             raise RescoreModelError(f"{self.label} (tp={self.spec.tp}): {exc}") from exc
@@ -191,7 +237,8 @@ def resolve_rescorer(spec: RescoreSpec) -> Callable | None:
 
     None: no rescoring; a callable ``(prompt_ids, response_ids) -> logprobs``: itself; a
     model spec: :class:`ModelRescorer` of it (default kernels; pass a
-    ``ModelRescorer(spec, batch_invariant=True)`` for the mode)."""
+    ``ModelRescorer(spec, batch_invariant=True)`` for the mode, ``semantics=`` for an
+    engine's processed logprobs)."""
     check_rescore_spec(spec)
     if spec is None or callable(spec):
         return spec

@@ -16,7 +16,7 @@ from multiprocessing import get_context
 
 from detsample.audit.assemble import assemble
 from detsample.audit.gates import check_gates
-from detsample.audit.issues import AuditInputError, Issue
+from detsample.audit.issues import AuditInputError, Issue, audit_file
 from detsample.audit.layout import LIST_COLUMNS, Layout, Resolved, resolve
 from detsample.audit.metrics import AuditAccumulator
 from detsample.audit.npz import NpzSource
@@ -27,6 +27,8 @@ from detsample.audit.readers import (detect_format, iter_jsonl_chunks, iter_reco
 from detsample.audit.table import TableChunk
 from detsample.audit.torchfile import TorchSource
 from detsample.audit.validate import RescoreFn, validate
+from detsample.inputs import thread_problem
+from detsample.inputs.signals import children_ignore_ctrl_c
 
 __all__ = ["AuditInputError", "AuditOptions", "Issue", "Shard", "audit", "audit_accumulator",
            "check_gates", "consume", "plan_shards", "run_shard", "to_json"]
@@ -47,7 +49,7 @@ class Shard:
 def open_source(path: str, layout: Layout):
     """(reader, resolved layout) of one file; structural errors are fatal here, before any
     shard runs. The reader is None for JSONL (read by byte ranges)."""
-    fmt = detect_format(path)
+    fmt = detect_format(audit_file(path))  # a FIFO or a device would block or never end
     if layout.records == "openai":
         if fmt != "jsonl":
             raise AuditInputError(f"{path}: preset openai reads JSONL (one OpenAI-compatible "
@@ -72,9 +74,7 @@ def plan_shards(paths: list[str], parts: int, layout: Layout | None = None) -> l
     shards: list[Shard] = []
     for path in paths:
         path = os.fspath(path)
-        if not os.path.exists(path):
-            raise AuditInputError(f"{path}: no such file")
-        fmt = detect_format(path)
+        fmt = detect_format(audit_file(path))
         src, _ = open_source(path, layout)
         if fmt == "jsonl":
             shards += [Shard(fmt, path, a, b, line) for a, b, line in split_jsonl(path, parts)]
@@ -188,10 +188,21 @@ def audit_accumulator(source: object, options: AuditOptions | None = None,
             pickle.dumps(opts.rescore)
         except Exception as exc:  # noqa: BLE001
             raise ValueError(f"rescore must be picklable to use workers > 1 ({exc})") from exc
-    with ProcessPoolExecutor(max_workers=opts.workers, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(run_shard, s, opts) for s in shards]
+    too_many = thread_problem(opts.workers)  # local processes, one per worker
+    if too_many:
+        raise AuditInputError(f"workers {too_many}")
+    pool = ProcessPoolExecutor(max_workers=opts.workers, mp_context=get_context("spawn"))
+    try:
+        with children_ignore_ctrl_c():  # the parent alone handles Ctrl-C
+            futures = [pool.submit(run_shard, s, opts) for s in shards]
         for fut in futures:  # merged in file order
             total.merge(fut.result())
+    except BaseException:  # an error or Ctrl-C: stop the other shards now, not at their end
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     return total
 
 

@@ -2,7 +2,9 @@
 audit's input formats (JSONL, NPZ, Parquet). Used by the tests, the benchmark and docs.
 
 A rollout set is column-major: ``{"id": [S] str, C: (values [T_C], offsets [S+1])}`` for
-C in prompt_ids, response_ids, engine_logprobs, trainer_logprobs, mask.
+C in prompt_ids, response_ids, engine_logprobs, trainer_logprobs, mask; and optionally
+the per-sequence integer columns of :data:`ROW_COLUMNS` (``group``: the prompt's index of
+a rollout with n samples per prompt; ``seed``), ``[S]`` int64 each.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ import numpy as np
 
 from detsample.audit.layout import LIST_COLUMNS
 from detsample.audit.table import offsets_from_lengths
+
+#: per-sequence integer columns a rollout set may carry (the audit reads them as data)
+ROW_COLUMNS = ("group", "seed")
 
 
 def synth_rollouts(num_sequences: int, seed: int, *, mean_len: int = 64, prompt_len: int = 8,
@@ -56,6 +61,9 @@ def from_records(records: list[dict]) -> dict:
             dtype = np.float32
         vals = np.concatenate(parts).astype(dtype) if parts else np.empty(0, dtype=dtype)
         cols[c] = (vals, off)
+    for c in ROW_COLUMNS:
+        if records and all(c in r for r in records):
+            cols[c] = np.asarray([int(r[c]) for r in records], dtype=np.int64)
     return cols
 
 
@@ -68,6 +76,9 @@ def to_records(cols: dict) -> list[dict]:
             if c in cols:
                 v, o = cols[c]
                 rec[c] = v[o[i]:o[i + 1]].tolist()
+        for c in ROW_COLUMNS:
+            if c in cols:
+                rec[c] = int(cols[c][i])
         out.append(rec)
     return out
 
@@ -83,6 +94,7 @@ def write_npz(cols: dict, path: str, compressed: bool = False) -> None:
     for c in LIST_COLUMNS:
         if c in cols:
             arrays[c], arrays[f"{c}_offsets"] = cols[c]
+    arrays.update({c: cols[c] for c in ROW_COLUMNS if c in cols})
     (np.savez_compressed if compressed else np.savez)(path, **arrays)
 
 
@@ -95,6 +107,7 @@ def write_parquet(cols: dict, path: str, row_group_size: int = 1024) -> None:
         if c in cols:
             v, o = cols[c]
             data[c] = pa.ListArray.from_arrays(pa.array(o.astype(np.int32)), pa.array(v))
+    data.update({c: pa.array(cols[c], type=pa.int64()) for c in ROW_COLUMNS if c in cols})
     pq.write_table(pa.table(data), path, row_group_size=row_group_size)
 
 

@@ -23,19 +23,71 @@ import numpy as np
 
 from detsample.audit.issues import AuditInputError, Issue
 from detsample.audit.layout import COLUMN_KINDS, ROLES, Resolved
-from detsample.audit.readers import (DEFAULT_CHUNK_TOKENS, count_of, ids_column,
-                                     iter_record_chunks)
-from detsample.audit.values import column_array, kind_words
+from detsample.audit.readers import DEFAULT_CHUNK_TOKENS, ids_column, iter_record_chunks
+from detsample.audit.values import column_array, count_of, kind_words
 from detsample.audit.table import Padded, PerRow, Ragged, TableChunk
 
 
 def to_numpy(t) -> np.ndarray:
-    """A tensor (any device) as a numpy array; bfloat16 widened to float32 (exact)."""
+    """A tensor (any device) as a numpy array; bfloat16 widened to float32 (exact). Only
+    for tensors :func:`tensor_problem` accepts (the file's were checked at load)."""
     import torch
 
     if t.dtype == torch.bfloat16:
         t = t.float()
     return t.detach().cpu().numpy()
+
+
+#: what the audit reads from a tensor
+READABLE = "dense tensors of a bool, integer or float dtype"
+
+
+def tensor_problem(t) -> str | None:
+    """Why tensor ``t`` cannot be read as audit values (a nested, sparse, quantized or
+    meta tensor; a dtype numpy has no twin of, like float8 or complex), or None."""
+    import torch
+
+    if t.is_nested:
+        return "a nested tensor"
+    if t.layout != torch.strided:
+        return f"a {str(t.layout).removeprefix('torch.')} tensor"
+    if t.is_quantized:
+        return f"a quantized tensor ({t.dtype})"
+    if t.device.type == "meta":
+        return "a meta tensor (it holds no values)"
+    if t.dtype not in _readable_dtypes():
+        return f"a tensor of dtype {t.dtype}"
+    return None
+
+
+def _readable_dtypes() -> frozenset:
+    import torch
+
+    names = ("bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
+             "float16", "bfloat16", "float32", "float64")
+    return frozenset(getattr(torch, n) for n in names if hasattr(torch, n))
+
+
+def unreadable_tensor(path: str, obj: object) -> str | None:
+    """The first tensor anywhere in the loaded ``obj`` (dicts, lists and tuples walked,
+    without recursion) that :func:`tensor_problem` refuses, as a message naming the file
+    and where the tensor sits (``samples[3]['engine_logprobs']``); None when all are
+    readable."""
+    import torch
+
+    stack: list[tuple[str, object]] = [("", obj)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, torch.Tensor):
+            problem = tensor_problem(v)
+            if problem:
+                return f"{path}: {where or 'the file'}: {problem}; the audit reads {READABLE}"
+        elif isinstance(v, Mapping):
+            stack.extend((f"{where}[{k!r}]", x) for k, x in reversed(list(v.items())))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((f"{where}[{k}]", x) for k, x in reversed(list(enumerate(v)))
+                         if isinstance(x, (torch.Tensor, Mapping, list, tuple)))
+    return None
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -89,12 +141,20 @@ class TorchSource:
                     raise
                 obj = torch.load(self.path, map_location="cpu", weights_only=True)
         except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError,
-                KeyError, TypeError, AttributeError, IndexError, UnicodeDecodeError) as exc:
+                KeyError, TypeError, AttributeError, IndexError, UnicodeDecodeError,
+                RecursionError, NotImplementedError) as exc:
             raise AuditInputError(refusal_message(self.path, exc)) from exc
+        problem = unreadable_tensor(self.path, obj)
+        if problem:
+            raise AuditInputError(problem)
         if isinstance(obj, Mapping) and isinstance(obj.get("samples"), list):
             obj = obj["samples"]
         self.records: list | None = None
         self.data: dict = {}
+        if isinstance(obj, list) and obj and not any(isinstance(r, Mapping) for r in obj):
+            kinds = sorted({type(r).__name__ for r in obj})
+            raise AuditInputError(f"{self.path}: expected a dict of columns or a list of "
+                                  f"records (dicts), got a list of {', '.join(kinds)}")
         if isinstance(obj, list):
             self.records = obj
             self.num_sequences = len(obj)

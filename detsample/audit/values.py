@@ -12,7 +12,11 @@ with the offending value in the message:
 * a **logprob** is a number (integers are widened to float64); a bool, a string or a null
   excludes its sequence (``bad_type``); NaN, infinities and values > 0 are validation's;
 * a **mask** entry is 0/1 (integer or float) or a bool; a string or a null is
-  ``bad_type``, another number ``bad_mask``.
+  ``bad_type``, another number ``bad_mask``;
+* a **count** (``response_length``, an OpenAI ``usage.prompt_tokens``, an audit log's
+  ``tokens``) is a non-negative integer, never a bool (:func:`count_of`);
+* a **metric** read back (an audit log's fractions, |d|, KL and ratios) is a number in
+  its range, infinity spelt ``"inf"`` allowed, NaN refused (:func:`number_of`).
 
 Lists read from records (JSONL lines, ``.pt`` records) go through :func:`column_array`,
 typed columns (NPZ, Parquet, tensors) keep their dtype; :func:`kind_problems` then finds
@@ -20,6 +24,8 @@ the values of the wrong kind in either, one rule for both.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -56,6 +62,42 @@ def id_of(value: object) -> tuple[str | None, str | None]:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         return None, f"id must be a string or an integer, got {value!r:.60}"
     return str(value), None
+
+
+def count_of(v: object) -> tuple[int, str, str | None]:
+    """A count (response_length, an OpenAI ``usage.prompt_tokens``, a log's tokens):
+    (the count, "", None) for a non-negative integer, else (0, "bad_type", why). A bool
+    is not a count (``True`` would be taken as 1), nor is a float or a string."""
+    if hasattr(v, "ndim") and getattr(v, "ndim") == 0:
+        v = v.item()  # type: ignore[attr-defined]
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        return 0, "bad_type", f"must be an integer, got {v!r:.40}"
+    if v < 0:
+        return 0, "bad_type", f"must be >= 0, got {v}"
+    return int(v), "", None
+
+
+def number_of(v: object, lo: float = 0.0, hi: float = math.inf
+              ) -> tuple[float, str, str | None]:
+    """A metric of a report or a log (a fraction, a |d|, a KL, a ratio quantile): (the
+    value, "", None) for a number in [lo, hi], else (nan, "bad_type", why). Infinity may
+    be spelt as JSON-safe reports spell it (the string "inf"); a bool, another string, a
+    null and NaN are refused, so a gate never compares against a value nobody measured."""
+    if isinstance(v, str) and v in ("inf", "-inf"):
+        x = float(v)
+    elif isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer,
+                                                               np.floating)):
+        return math.nan, "bad_type", f"must be a number, got {v!r:.40}"
+    else:
+        try:
+            x = float(v)
+        except OverflowError:
+            x = math.inf if v > 0 else -math.inf  # type: ignore[operator]
+    if math.isnan(x):
+        return math.nan, "bad_type", "must be a number, got NaN"
+    if not lo <= x <= hi:
+        return math.nan, "bad_type", f"must be in [{lo:g}, {hi:g}], got {v!r:.40}"
+    return x, "", None
 
 
 def column_array(column: str, v: object) -> tuple[np.ndarray | None, str, str | None]:

@@ -2,7 +2,16 @@
 
 Each sub-command lives in its own module of this package and exposes
 ``register(subparsers)``, which adds a parser whose ``func(args) -> int`` runs it. This
-file only discovers and dispatches them.
+file discovers and dispatches them, and holds the exit codes every command shares:
+
+* 0: done, every gate held; 1: a gate or check failed (named); 2: bad input or usage (one
+  ``detsample COMMAND: error:`` line naming the file, row, field or option and the value);
+* 130: interrupted by Ctrl-C (one line, no traceback).
+
+A :class:`~detsample.errors.DetsampleError` a command does not catch itself, a
+``SystemExit`` or ``KeyboardInterrupt`` raised by code the command ran (a user's model,
+never a real Ctrl-C) and running out of memory end here as exit 2 with one line: a
+command never exits 0 on work it did not do.
 """
 
 from __future__ import annotations
@@ -12,6 +21,11 @@ import importlib
 import pkgutil
 import sys
 
+from detsample.errors import DetsampleError, Interrupted
+from detsample.inputs.signals import sigint_handler
+
+#: the exit status of a command interrupted by Ctrl-C (128 + SIGINT, the shell's)
+EXIT_INTERRUPTED = 130
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,13 +45,53 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted()
+
+
+def _one_line(exc: BaseException) -> str:
+    return "; ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip()) \
+        or type(exc).__name__
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """``args.func(args)`` with the shared exit codes (module docstring)."""
+    name = f"detsample {args.command}"
+    try:
+        return int(args.func(args) or 0)
+    except Interrupted:
+        print(f"{name}: interrupted (Ctrl-C)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        why = f": {_one_line(exc)}" if str(exc) else ""
+        print(f"{name}: error: code run by this command raised KeyboardInterrupt{why} "
+              f"(not a Ctrl-C); nothing was completed", file=sys.stderr)
         return 2
-    return int(args.func(args) or 0)
+    except SystemExit as exc:
+        print(f"{name}: error: code run by this command called sys.exit({exc.code!r}); "
+              f"nothing was completed", file=sys.stderr)
+        return 2
+    except DetsampleError as exc:
+        print(f"{name}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"{name}: error: out of memory (an input or an option larger than this "
+              f"machine holds)", file=sys.stderr)
+        return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    with sigint_handler(_raise_interrupted):  # Ctrl-C told apart from code's interrupts
+        try:
+            parser = build_parser()
+            args = parser.parse_args(argv)
+        except Interrupted:
+            print("detsample: interrupted (Ctrl-C)", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        return run_command(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

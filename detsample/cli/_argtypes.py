@@ -14,6 +14,39 @@ def positive_int(text: str) -> int:
     return v
 
 
+def thread_count(text: str) -> int:
+    """A thread count: an int >= 1 and at most :func:`detsample.inputs.max_threads` (a count
+    far beyond the machine's CPUs crashes OpenMP), else an argparse error naming it."""
+    from detsample.inputs import thread_problem
+
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    problem = thread_problem(v)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return v
+
+
+def thread_counts(text: str) -> list[int]:
+    """Comma-separated thread counts (:func:`thread_count` each), e.g. ``1,2``."""
+    return [thread_count(t.strip()) for t in text.split(",")]
+
+
+#: seeds are in [0, 2**63) (SamplingParams.seed)
+SEED_END = 1 << 63
+
+
+def seed_span_problem(seed: int, count: int) -> str | None:
+    """Why ``--seed SEED`` cannot give ``count`` requests the seeds SEED .. SEED + count - 1
+    (the last must stay below 2**63), naming both options; or None."""
+    if seed + count - 1 < SEED_END:
+        return None
+    return (f"--seed {seed} with --num-sequences {count}: request i uses seed SEED + i, so "
+            f"SEED must be at most {SEED_END - count} (seeds are in [0, 2**63))")
+
+
 def nonneg_float(text: str) -> float:
     """A float >= 0 (NaN refused), else an argparse error naming the value."""
     v = float(text)
@@ -142,3 +175,33 @@ def tp_needs_portable(args: argparse.Namespace, sizes: "list[int]") -> str | Non
         from detsample.parallel.layers import VERIFIED_REFUSED
         return f"--tp {','.join(map(str, sizes))}: {VERIFIED_REFUSED}"
     return None
+
+
+def add_semantics_options(p: argparse.ArgumentParser, what: str) -> None:
+    """--logprobs-mode, --temperature, --top-k, --top-p, --min-p: the logprob semantics
+    ``what`` is computed in (None when not given: :func:`semantics_of` then means raw)."""
+    from detsample.params import LOGPROBS_MODES
+
+    p.add_argument("--logprobs-mode", choices=list(LOGPROBS_MODES), metavar="MODE",
+                   help=f"{what} in this mode: raw (log_softmax of the logits, temperature "
+                        f"1; default), processed (vLLM's: log_softmax over the kept set of "
+                        f"logits / T), scaled (logits / T, no filter) or processed_fixed "
+                        f"(detsample's exact form of processed, a few ulps away)")
+    for name, conv, hint in (("temperature", float, "temperature T"),
+                             ("top_k", int, "top-k filter K (-1: off)"),
+                             ("top_p", float, "top-p filter P"),
+                             ("min_p", float, "min-p filter M")):
+        p.add_argument(f"--{name.replace('_', '-')}", type=sampling_field(name, conv),
+                       metavar=name.split("_")[-1][0].upper() if name != "temperature" else "T",
+                       help=f"with --logprobs-mode processed: the engine's {hint}")
+
+
+def semantics_of(args: argparse.Namespace):
+    """The :class:`~detsample.audit.semantics.Semantics` of the options above, or None when
+    none was given; InvalidSamplingParams for filters given with raw logprobs."""
+    from detsample.audit.semantics import FILTER_DEFAULTS, Semantics
+
+    given = {n: getattr(args, n) for n, _ in FILTER_DEFAULTS if getattr(args, n) is not None}
+    if args.logprobs_mode is None and not given:
+        return None
+    return Semantics.of(args.logprobs_mode or "raw", **given)

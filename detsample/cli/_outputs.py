@@ -10,6 +10,7 @@ here (the command creates the missing folders when it writes).
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 
@@ -53,3 +54,20 @@ def output_problem(path: str | os.PathLike[str] | None, flag: str, kind: str = "
 def output_problems(*specs: tuple[str | os.PathLike[str] | None, str, str]) -> list[str]:
     """:func:`output_problem` of each ``(path, flag, kind)``; the problems found."""
     return [m for m in (output_problem(*s) for s in specs) if m]
+
+
+def write_output(path: str | os.PathLike[str], text: str, flag: str) -> str | None:
+    """Write ``text`` to ``path`` (``-``: stdout; missing folders created); the failure as
+    one message naming ``flag``, the path and the reason (a full disk, ``/dev/full``), or
+    None when written."""
+    try:
+        if str(path) == "-":
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            return None
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        return f"cannot write {flag} {path}: {exc.strerror or exc}"
+    return None

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from detsample.audit.layout import PRESET_NAMES
-from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, fraction, max_excluded, model_spec,
-                                     nonneg_float, portable_without_mode, positive_finite,
-                                     positive_int, rollout_rs, tp_needs_portable)
-from detsample.cli._outputs import output_problems
+from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, add_semantics_options, fraction,
+                                     max_excluded, model_spec, nonneg_float,
+                                     portable_without_mode, positive_finite, positive_int,
+                                     rollout_rs, semantics_of, tp_needs_portable)
+from detsample.cli._outputs import output_problems, write_output
 from detsample.errors import DetsampleError
 
 
@@ -52,6 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tp", type=positive_int, default=1, metavar="M",
                    help="run the --rescore model tensor-parallel over M local ranks (gloo; "
                         "docs/tensor-parallel.md); M > 1 under --batch-invariant needs --portable")
+    add_semantics_options(p, "rescore (the engine's logprob semantics; docs/audit.md, "
+                             "'Logprob semantics')")
     p.add_argument("--dtype", choices=["promoted", "float16", "float32", "float64"],
                    default="promoted",
                    help="round both logprob columns to this dtype before comparing "
@@ -87,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from detsample.audit import AuditOptions, audit, check_gates, to_json
     from detsample.audit.frameworks import FrameworkOptions
     from detsample.audit.rescore import ModelRescorer, TPRescorer
+    from detsample.audit.semantics import RAW
     from detsample.audit.report import format_summary, write_report
 
     problems = output_problems((args.json, "--json", "file"), (args.report, "--report", "dir"))
@@ -102,13 +105,19 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(refused)
         if args.batch_invariant and rescore is None:
             raise ValueError("--batch-invariant applies to the --rescore model; give --rescore MODEL")
+        semantics = semantics_of(args)
+        if semantics is not None and rescore is None:
+            raise ValueError("--logprobs-mode and the filters describe the --rescore model's "
+                             "logprobs; give --rescore MODEL")
+        semantics = semantics or RAW
         if args.tp > 1:
             if rescore is None:
                 raise ValueError(f"--tp {args.tp} applies to the --rescore model; give --rescore MODEL")
             rescore = TPRescorer(rescore, args.tp, batch_invariant=args.batch_invariant,
-                                 portable=args.portable)
-        elif args.batch_invariant:
-            rescore = ModelRescorer(rescore, batch_invariant=True, portable=args.portable)
+                                 portable=args.portable, semantics=semantics)
+        elif rescore is not None:
+            rescore = ModelRescorer(rescore, batch_invariant=args.batch_invariant,
+                                    portable=args.portable, semantics=semantics)
         frameworks = FrameworkOptions(args.rollout_is_threshold, args.rollout_rs,
                                       args.rollout_rs_threshold)
         opts = AuditOptions.make(rescore=rescore, strict=args.strict, workers=args.workers,
@@ -129,14 +138,15 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     if not args.quiet:
         (sys.stderr if args.json == "-" else sys.stdout).write(format_summary(report))
-    try:  # an unwritable output is exit 2, never the traceback exit 1 of a failed gate
-        if args.json and args.json != "-":
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(text)
-        if args.report:
+    # an unwritable output is exit 2 naming the path, never a failed gate's exit 1
+    failed = write_output(args.json, text, "--json") if args.json not in (None, "-") else None
+    if not failed and args.report:
+        try:
             print(f"report: {write_report(report, args.report)}", file=sys.stderr)
-    except OSError as exc:
-        print(f"detsample audit: error: cannot write the report: {exc}", file=sys.stderr)
+        except OSError as exc:
+            failed = f"cannot write --report {args.report}: {exc.strerror or exc}"
+    if failed:
+        print(f"detsample audit: error: {failed}", file=sys.stderr)
         return 2
     failures = check_gates(report, args.max_abs_diff, args.min_exact_match, args.max_excluded)
     for f in failures:

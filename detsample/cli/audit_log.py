@@ -12,7 +12,7 @@ import json
 import sys
 
 from detsample.cli._argtypes import fraction, max_excluded, nonneg_float
-from detsample.cli._outputs import output_problems
+from detsample.cli._outputs import output_problems, write_output
 from detsample.errors import DetsampleError
 
 
@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "per training step), print the first and latest step, draw mean |d|, "
                     "max |d|, k3 KL, mismatch fraction and importance-ratio quantiles over "
                     "steps, and gate on the latest step (docs/audit.md).")
-    p.add_argument("log", metavar="PATH", help="the audit log (JSON lines)")
+    p.add_argument("log", metavar="PATH", help="the audit log (JSON lines; '-' = stdin)")
     p.add_argument("--report", metavar="DIR", help="write index.html and the PNG plot here")
     p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list ('-' = stdout)")
     p.add_argument("--max-abs-diff", type=nonneg_float, metavar="T",
@@ -60,16 +60,14 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         (sys.stderr if args.json == "-" else sys.stdout).write(format_log_summary(rows))
     text = json.dumps(rows, indent=2) + "\n"
-    try:
-        if args.json == "-":
-            sys.stdout.write(text)
-        elif args.json:
-            with open(args.json, "w", encoding="utf-8") as f:
-                f.write(text)
-        if args.report:
+    failed = write_output(args.json, text, "--json") if args.json else None
+    if not failed and args.report:
+        try:
             print(f"report: {write_log_report(rows, args.report)}", file=sys.stderr)
-    except OSError as exc:
-        print(f"detsample audit-log: error: cannot write the report: {exc}", file=sys.stderr)
+        except OSError as exc:
+            failed = f"cannot write --report {args.report}: {exc.strerror or exc}"
+    if failed:
+        print(f"detsample audit-log: error: {failed}", file=sys.stderr)
         return 2
     failures = check_log_gates(rows, args.max_abs_diff, args.min_exact_match, args.max_k3,
                                args.max_mismatch, args.max_excluded)

@@ -7,8 +7,10 @@ import argparse
 import json
 import sys
 
-from detsample.cli._argtypes import finite_nonneg_float, positive_int, positive_int_list
-from detsample.cli._outputs import output_problem
+from detsample.cli._argtypes import (finite_nonneg_float, positive_int, positive_int_list,
+                                     thread_count)
+from detsample.cli._outputs import output_problem, write_output
+from detsample.inputs import memory_problem
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="repeat a case's round until about this many seconds of calls are "
                         "timed (at most 500 rounds): a sub-millisecond row gets hundreds "
                         "of samples; 0: exactly --repeat")
-    p.add_argument("--threads", type=positive_int, default=2, help="torch intra-op threads")
+    p.add_argument("--threads", type=thread_count, default=2,
+                   help="torch intra-op threads (at most 4 x this machine's CPUs)")
     p.add_argument("--no-compile", action="store_true",
                    help="run SGLang's seeded Gumbel-max eagerly instead of torch.compile-d")
     p.add_argument("--stat", default="median", choices=["median", "min"],
@@ -76,6 +79,11 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         batches, vocabs, args.repeat, args.no_compile = [8], [32000], 3, True
         args.min_seconds = 0.0
+    too_big = memory_problem(4 * max(batches) * max(vocabs),
+                             f"--batch {max(batches)} x --vocab {max(vocabs)} float32 logits")
+    if too_big:
+        print(f"detsample bench: error: {too_big}", file=sys.stderr)
+        return 2
     rows = benchmark.run(tuple(batches), tuple(vocabs), tuple(args.config), args.repeat,
                          args.threads, args.logits, not args.no_compile, args.fast,
                          device=args.device, min_seconds=args.min_seconds)
@@ -88,11 +96,8 @@ def run(args: argparse.Namespace) -> int:
         print(kernels.markdown(mm_rows))
         report = {"sampler": rows, "matmul": mm_rows}
     if args.json:
-        try:
-            with open(args.json, "w") as f:
-                json.dump(report, f, indent=1)
-        except OSError as exc:
-            print(f"detsample bench: error: cannot write --json {args.json}: {exc}",
-                  file=sys.stderr)
+        failed = write_output(args.json, json.dumps(report, indent=1), "--json")
+        if failed:
+            print(f"detsample bench: error: {failed}", file=sys.stderr)
             return 2
     return 0

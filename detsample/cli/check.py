@@ -25,7 +25,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any, TextIO
 
 from detsample.checks.result import CheckResult
@@ -86,12 +85,7 @@ def golden_source(store: Any) -> str:
     manifests say it, how its goldens were produced."""
     from detsample.golden import isa
     here = isa.describe() if store.device.type == "cpu" else f"{store.device.type} {store.fingerprint}"
-    modes = set()
-    for man in sorted(store.platform_dir.glob("*/manifest.json")):
-        try:
-            modes.add(json.loads(man.read_text(encoding="utf-8")).get("cpu_dispatch", {}).get("mode"))
-        except (OSError, ValueError, AttributeError):
-            continue
+    modes = {d.get("mode") for d in isa.recorded_dispatch(store.platform_dir)}  # validated
     made = ", ".join(sorted(m for m in modes if m)) or "not recorded"
     return f"this run: {here}; goldens produced: {made}"
 
@@ -144,7 +138,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from detsample.golden import registry
     from detsample.checks.battery import run_battery
-    from detsample.cli._outputs import output_problem
+    from detsample.cli._outputs import output_problem, write_output
     from detsample.golden.store import GoldenStore
     problem = output_problem(args.json, "--json")
     if problem:  # before the battery runs, not after it
@@ -187,15 +181,13 @@ def run(args: argparse.Namespace) -> int:
     n_bad = sum(not r.ok for r in results)
     n_skip = sum(r.skipped for r in results)
     note = f" ({n_skip} SKIPPED, see above)" if n_skip else ""
-    print(("ALL CHECKS PASSED" if ok else f"{n_bad} CHECK(S) FAILED") + note)
-    if args.json:
+    if args.json:  # before the verdict: never ALL CHECKS PASSED, then a failed write
         doc = {"ok": ok, "platform": store.fingerprint, "golden_dir": str(store.platform_dir),
                "checks": [r.to_json() for r in results]}
-        path = Path(args.json)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-        except OSError as e:
-            print(f"detsample check: cannot write the JSON report: {e}", file=sys.stderr)
+        failed = write_output(args.json, json.dumps(doc, indent=2) + "\n", "--json")
+        if failed:
+            print(f"detsample check: error: {failed} (no verdict: the checks ran, the report "
+                  f"is lost)", file=sys.stderr)
             return 2
+    print(("ALL CHECKS PASSED" if ok else f"{n_bad} CHECK(S) FAILED") + note)
     return 0 if ok else 1

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, portable_without_mode, positive_int, tp_needs_portable,
-                                     tp_sizes)
+from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, portable_without_mode, thread_counts,
+                                     tp_needs_portable, tp_sizes)
 from detsample.cli._outputs import output_problem
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
@@ -30,9 +30,10 @@ def _dtypes(text: str) -> list[str]:
 
 def _threads(text: str) -> list[int]:
     try:
-        return [positive_int(t.strip()) for t in text.split(",")]
-    except (ValueError, argparse.ArgumentTypeError):
-        raise argparse.ArgumentTypeError(f"must be a comma list of ints >= 1, got {text!r}") from None
+        return thread_counts(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"must be a comma list of thread counts, got "
+                                         f"{text!r}: {exc}") from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -25,11 +25,13 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from detsample.errors import DetsampleError
+from detsample.inputs import GOLDEN_FILE_BYTES, InputError, loads, read_bounded
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -47,6 +49,38 @@ class GoldenFormatError(DetsampleError):
     """A golden file is malformed, inconsistent with its manifest, or of another schema."""
 
 
+def read_golden(path: Path) -> bytes:
+    """The bytes of one golden file: a regular file of at most ``GOLDEN_FILE_BYTES``
+    (:mod:`detsample.inputs`: a FIFO would block, ``/dev/zero`` never end); anything else
+    is a GoldenFormatError naming the file (FileNotFoundError passes through)."""
+    if not path.exists() and not path.is_symlink():
+        raise FileNotFoundError(str(path))
+    try:
+        return read_bounded(path, GOLDEN_FILE_BYTES)
+    except InputError as e:
+        raise GoldenFormatError(str(e)) from None
+    except OSError as e:
+        raise GoldenFormatError(f"{path}: cannot be read ({e.strerror or e})") from None
+
+
+#: the ``cpu_dispatch`` fields of a CPU manifest (how its goldens were produced): strings
+DISPATCH_FIELDS = ("mode", "machine_isa", "mkl", "vml")
+
+
+def dispatch_problem(manifest: Mapping[str, Any]) -> str | None:
+    """Why a manifest's ``cpu_dispatch`` (when present) is malformed: not an object, or a
+    field of :data:`DISPATCH_FIELDS` that is not a string; None when well formed."""
+    d = manifest.get("cpu_dispatch")
+    if d is None:
+        return None
+    if not isinstance(d, dict):
+        return f"{MANIFEST}: cpu_dispatch must be an object, got {d!r:.60}"
+    for k in DISPATCH_FIELDS:
+        if k in d and not isinstance(d[k], str):
+            return f"{MANIFEST}: cpu_dispatch.{k} must be a string, got {d[k]!r:.60}"
+    return None
+
+
 def text_of(data: bytes, where: str) -> str:
     """``data`` as UTF-8 text; a byte that is not UTF-8 is a GoldenFormatError naming the
     file, the line and the column (golden files are untrusted input)."""
@@ -62,12 +96,12 @@ def text_of(data: bytes, where: str) -> str:
 def load_json(text: str, where: str) -> Any:
     """JSON text -> object; invalid JSON is a GoldenFormatError naming file and line."""
     try:
-        return json.loads(text)
+        return loads(text)
     except json.JSONDecodeError as e:
         raise GoldenFormatError(f"{where}:{e.lineno}: invalid JSON: {e.msg} "
                                 f"(column {e.colno})") from None
-    except RecursionError:
-        raise GoldenFormatError(f"{where}: invalid JSON: nested too deeply") from None
+    except ValueError as e:  # nested beyond the parser's limit
+        raise GoldenFormatError(f"{where}: invalid JSON: {e}") from None
 
 
 def file_reference_problem(key: str, named: Any, expected: str) -> str | None:
@@ -328,7 +362,7 @@ def _ids_and_bits(fname: str, ids: list[str], rows: list[list[str]], col: int
 
 
 def _manifest_problems(out: ScenarioOutput, manifest: Mapping[str, Any]) -> list[str]:
-    problems = []
+    problems = [p for p in [dispatch_problem(manifest)] if p]
     arrays = manifest.get("arrays", {})
     for name, (fname, dtype) in ARRAY_SPECS.items():
         spec = arrays.get(name) if isinstance(arrays, dict) else None

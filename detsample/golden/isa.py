@@ -25,7 +25,6 @@ goldens' level (its probe differs from theirs and ``MKL_ENABLE_INSTRUCTIONS`` is
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import subprocess
@@ -33,6 +32,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+
+from detsample.golden.format import (GoldenFormatError, dispatch_problem, load_json,
+                                     read_golden, text_of)
 
 ENV = "ATEN_CPU_CAPABILITY"
 MKL_ENV = "MKL_ENABLE_INSTRUCTIONS"
@@ -102,11 +104,12 @@ def recorded_dispatch(platform_dir: Path) -> list[dict]:
     out = []
     for man in sorted(Path(platform_dir).glob("*/manifest.json")):
         try:
-            d = json.loads(man.read_text(encoding="utf-8")).get("cpu_dispatch")
-        except (OSError, ValueError, AttributeError, UnicodeDecodeError):
+            doc = load_json(text_of(read_golden(man), str(man)), str(man))
+        except (OSError, GoldenFormatError):
             continue
-        if isinstance(d, dict):
-            out.append(d)
+        if isinstance(doc, dict) and isinstance(doc.get("cpu_dispatch"), dict) \
+                and dispatch_problem(doc) is None:  # a malformed one: verify names it
+            out.append(doc["cpu_dispatch"])
     return out
 
 

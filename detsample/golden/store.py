@@ -30,10 +30,12 @@ from typing import Any, Mapping
 import torch
 
 from detsample.errors import DetsampleError
+from detsample.inputs import file_kind
 from detsample.golden import isa
 from detsample.golden.fingerprint import check_device, platform_fingerprint, platform_info
 from detsample.golden.diff import GoldenDiff, compare
 from detsample.golden.format import (ALL_FILES, FILES, MANIFEST, TOP_LOGPROBS, GoldenFormatError,
+                                     read_golden,
                                      ScenarioOutput, decode, decode_lenient, encode, text_of)
 
 ENV_ROOT = "DETSAMPLE_GOLDEN_DIR"
@@ -126,6 +128,9 @@ class GoldenStore:
     def __init__(self, root: str | os.PathLike[str] | None = None,
                  fingerprint: str | None = None, device: str | torch.device = "cpu") -> None:
         self.root = golden_root(root)
+        if self.root.exists() and not self.root.is_dir():  # a file, a FIFO, /dev/zero
+            raise ValueError(f"golden root {self.root} is {file_kind(self.root)}, not a "
+                             f"directory")
         self.device = check_device(device)
         self.fingerprint = fingerprint or platform_fingerprint(self.device)
 
@@ -189,11 +194,9 @@ class GoldenStore:
         texts = {}
         for f in FILES + ((TOP_LOGPROBS,) if (d / TOP_LOGPROBS).exists() else ()):
             try:
-                data = (d / f).read_bytes()
+                data = read_golden(d / f)
             except FileNotFoundError:
                 raise GoldenFormatError(f"{d / f}: missing (manifest present)") from None
-            except OSError as e:
-                raise GoldenFormatError(f"{d / f}: cannot be read ({e.strerror or e})") from None
             texts[f] = text_of(data, f)
         return texts
 

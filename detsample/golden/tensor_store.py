@@ -25,7 +25,7 @@ import torch
 
 from detsample.errors import GoldenMismatch
 from detsample.golden import tensor_diff, tensor_format as tf
-from detsample.golden.format import MANIFEST, GoldenFormatError
+from detsample.golden.format import MANIFEST, GoldenFormatError, read_golden
 from detsample.golden.store import (CORRUPT, ENV_ROOT, MISMATCH, MISSING_PLATFORM, MISSING_SCENARIO,
                                     OBTAINED_SUFFIX, OK, Change, ChangeKind, GoldenMissing, GoldenStore,
                                     GoldenUpdateRefused, Verification, atomic_write, replace_all,
@@ -80,10 +80,10 @@ class TensorGoldens:
     def _read(self, name: str) -> dict[str, bytes]:
         d = self.golden_dir(name)
         try:
-            files = {MANIFEST: (d / MANIFEST).read_bytes()}
+            files = {MANIFEST: read_golden(d / MANIFEST)}
             for spec in tf.parse_manifest(files[MANIFEST])["tensors"].values():
-                if (d / spec["file"]).is_file():  # a plain name (tensor_format checks it)
-                    files[spec["file"]] = (d / spec["file"]).read_bytes()
+                if (d / spec["file"]).exists():  # a plain name (tensor_format checks it)
+                    files[spec["file"]] = read_golden(d / spec["file"])
         except OSError as e:
             raise GoldenFormatError(f"{d}: cannot be read ({e.strerror or e})") from None
         return files

@@ -30,8 +30,10 @@ FINISH_GRAMMAR_ERROR = "grammar_error"
 _NO_VALID_TOKEN = "no_valid_token"  # detsample.batch.FINISH_NO_VALID_TOKEN (batch imports us)
 
 
-def build_row_grammars(requests: Sequence, vocab) -> list[RequestGrammar | None]:
-    """A grammar per request (None for free rows); compilation starts in the pool."""
+def build_row_grammars(requests: Sequence, vocab,
+                       think_end: int | None = None) -> list[RequestGrammar | None]:
+    """A grammar per request (None for free rows); compilation starts in the pool.
+    ``think_end``: the end-of-thinking token of ``require_reasoning`` requests."""
     out: list[RequestGrammar | None] = []
     for r in requests:
         g = r.params.grammar
@@ -39,9 +41,21 @@ def build_row_grammars(requests: Sequence, vocab) -> list[RequestGrammar | None]
             raise InvalidSamplingParams(
                 f"request {r.rid!r}: {g[0]} needs a vocabulary; pass "
                 "vocab=detsample.Vocabulary(...) to SamplingBatch.from_requests")
-        out.append(RequestGrammar.from_params(r.rid, r.params, vocab, output_ids=r.output_ids)
+        if g is not None and r.params.require_reasoning and think_end is None:
+            raise InvalidSamplingParams(
+                f"request {r.rid!r}: require_reasoning needs the end-of-thinking token; "
+                "pass think_end_token_id to SamplingBatch.from_requests")
+        reasoning = think_end if r.params.require_reasoning else None
+        out.append(RequestGrammar.from_params(r.rid, r.params, vocab, output_ids=r.output_ids,
+                                              reasoning_end=reasoning)
                    if g is not None else None)
     return out
+
+
+def _live(batch) -> list[RequestGrammar | None]:
+    """The grammars that mask this step: unfinished rows, not still reasoning."""
+    return [g if g is not None and not g.dormant and batch.finished[i] is None else None
+            for i, g in enumerate(batch.grammars)]
 
 
 def merged_vocab(batch, other):
@@ -83,8 +97,7 @@ def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, status: torch.Te
     grammars = batch.grammars
     if not any(g is not None for g in grammars):
         return x, status, row_max, None
-    live = [g if g is not None and batch.finished[i] is None else None
-            for i, g in enumerate(grammars)]
+    live = _live(batch)
     maxima, allowed = row_max, None
     if any(g is not None and (g.state == PENDING or g.is_active) for g in live):
         x, rows, maxima, allowed = masker.masked_step(
@@ -109,8 +122,7 @@ def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, status: torch.Te
 def prefetch_grammars(masker: GrammarMasker, batch) -> int:
     """Start the next step's bitmask fill of the batch's live grammar rows in the
     background (call right after ``batch.advance``); returns how many rows."""
-    return masker.prefetch([g if g is not None and batch.finished[i] is None else None
-                            for i, g in enumerate(batch.grammars)])
+    return masker.prefetch(_live(batch))
 
 
 def advance_grammars(batch, tokens: Sequence[int]) -> None:
@@ -124,6 +136,10 @@ def advance_grammars(batch, tokens: Sequence[int]) -> None:
     errors = []
     for i, (g, t) in enumerate(zip(batch.grammars, tokens)):
         if g is None:
+            continue
+        if g.dormant:  # reasoning: the end-of-thinking token starts the grammar
+            if t >= 0 and batch.finished[i] is None:
+                g.see_reasoning_token(t)
             continue
         if g.state == PENDING:
             g.resolve()
@@ -150,9 +166,9 @@ def grammar_lengths(batch) -> list[int]:
     ``advance`` counts only the tokens that advance fed."""
     out = []
     for g in batch.grammars:
-        if g is not None and g.state == PENDING:
+        if g is not None and g.state == PENDING and not g.dormant:
             g.resolve()
-        out.append(len(g.accepted) if g is not None else 0)
+        out.append(g.progress if g is not None else 0)
     return out
 
 

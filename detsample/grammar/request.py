@@ -45,7 +45,8 @@ class RequestGrammar:
 
     def __init__(self, rid: str, kind: str, future: cf.Future, vocab, *,
                  output_ids: Sequence[int] = (), timeout_s: float = 30.0,
-                 state_keys: Callable[[], object] | None = None) -> None:
+                 state_keys: Callable[[], object] | None = None,
+                 reasoning_end: int | None = None) -> None:
         self.rid = rid
         self.kind = check_kind(kind)
         self.vocab = vocab
@@ -53,6 +54,16 @@ class RequestGrammar:
         self._future = future
         self._matcher = None
         self._initial = [int(t) for t in output_ids]
+        # require_reasoning: dormant (no mask, no tokens fed) until reasoning_end is seen;
+        # the tokens up to and including it are not the grammar's
+        self.reasoning_end = reasoning_end
+        self.dormant = reasoning_end is not None
+        self._woke_by_token = False
+        if self.dormant and reasoning_end in self._initial:
+            self._initial = self._initial[self._initial.index(reasoning_end) + 1:]
+            self.dormant = False
+        elif self.dormant:
+            self._initial = []
         self.accepted: list[int] = []
         self.state = PENDING
         self.error: str | None = None
@@ -64,7 +75,7 @@ class RequestGrammar:
 
     @classmethod
     def from_params(cls, rid: str, params, vocab, *, output_ids: Sequence[int] = (),
-                    compiler=None) -> "RequestGrammar | None":
+                    compiler=None, reasoning_end: int | None = None) -> "RequestGrammar | None":
         """The grammar of ``params`` (None when it has none), submitted for compilation."""
         g = params.grammar
         if g is None:
@@ -72,11 +83,11 @@ class RequestGrammar:
         kind = g[0]
         # The raw field value, not params.grammar's text: a dict keeps its key order.
         return cls.submit(rid, kind, getattr(params, kind), vocab, output_ids=output_ids,
-                          compiler=compiler)
+                          compiler=compiler, reasoning_end=reasoning_end)
 
     @classmethod
     def submit(cls, rid: str, kind: str, value, vocab, *, output_ids: Sequence[int] = (),
-               compiler=None) -> "RequestGrammar":
+               compiler=None, reasoning_end: int | None = None) -> "RequestGrammar":
         """Submit ``value`` (str, or dict for JSON kinds) to ``compiler`` (default: the
         vocabulary's) and wrap the future. An unknown kind raises :class:`GrammarError`."""
         if vocab is None:
@@ -90,12 +101,17 @@ class RequestGrammar:
         fut = compiler.submit(kind, text)
         return cls(rid, kind, fut, vocab, output_ids=output_ids,
                    timeout_s=compiler.config.compile_timeout_s,
-                   state_keys=compiler.names_getter(kind, text))
+                   state_keys=compiler.names_getter(kind, text), reasoning_end=reasoning_end)
 
     # -- state -----------------------------------------------------------------------
     @property
     def is_active(self) -> bool:
         return self.state == ACTIVE
+
+    @property
+    def ready(self) -> bool:
+        """True unless the compilation is still running (never waits)."""
+        return self.state != PENDING or self._future.done()
 
     @property
     def failed(self) -> bool:
@@ -131,6 +147,8 @@ class RequestGrammar:
         c._initial = list(self._initial)
         c.accepted = list(self.accepted)
         c.state, c.error = self.state, self.error
+        c.reasoning_end, c.dormant = self.reasoning_end, self.dormant
+        c._woke_by_token = self._woke_by_token
         return c
 
     def resolve(self, timeout: float | None = None) -> str:
@@ -284,8 +302,27 @@ class RequestGrammar:
         if m.is_terminated():
             self.state = TERMINATED
 
+    @property
+    def progress(self) -> int:
+        """Tokens this grammar has taken: the accepted ones, plus 1 once an end-of-thinking
+        token woke it (what :meth:`rollback` counts back over)."""
+        return len(self.accepted) + int(self._woke_by_token)
+
+    def see_reasoning_token(self, tid: int) -> None:
+        """While dormant (require_reasoning): the end-of-thinking token starts the grammar
+        (the tokens after it are the grammar's); any other token is reasoning."""
+        if self.dormant and int(tid) == self.reasoning_end:
+            self.dormant, self._woke_by_token = False, True
+
     def rollback(self, k: int) -> None:
-        """Undo the last ``k`` accepted tokens (a terminated grammar becomes active)."""
+        """Undo the last ``k`` accepted tokens (a terminated grammar becomes active);
+        past the first one, the end-of-thinking token that woke the grammar (it is
+        dormant again)."""
+        if self._woke_by_token and k == len(self.accepted) + 1:
+            if self.accepted:
+                self.rollback(len(self.accepted))
+            self.dormant, self._woke_by_token = True, False
+            return
         m = self._require_matcher("rollback")
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= len(self.accepted):
             raise GrammarError(f"request {self.rid!r}: rollback k must be in "

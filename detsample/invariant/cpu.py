@@ -14,10 +14,12 @@ matmul           BLAS in fixed row tiles, per column block,     fixed-point prod
                  (:mod:`~detsample.invariant.products`)
 reduction        torch's serial sum where verified, else the    the fixed tree (:mod:`~detsample.invariant.tree`)
                  fixed tree (:mod:`~detsample.invariant.reduce`)
-exp, log, tanh   torch's (MKL's vector math) on the vector      MKL-free compositions of ATen's exp2 / log1p /
-                 loop, where verified; else the MKL-free ones   expm1 (:mod:`~detsample.ops.libm`)
+exp, log, tanh,  torch's (MKL's vector math; expm1 ATen's) on    MKL-free compositions of ATen's exp2 / log1p /
+expm1            the vector loop, where verified; else the      expm1 in float64 (:mod:`~detsample.ops.libm`)
+                 MKL-free ones
 other pointwise  torch's vector loop (silu, sigmoid, gelu,      the same (ATen's own kernels: bits fixed by
-                 cos, sin, rsqrt, pow), where verified          ATen's ISA and torch's version)
+                 softplus, cos, sin, rsqrt, pow), where         ATen's ISA and torch's version)
+                 verified
 softmax, norm    composed of the above (max is exact)           composed of the above
 ===============  =============================================  ==============================================
 
@@ -216,9 +218,10 @@ _PMATH_OPS: dict[str, tuple[str, Callable[..., torch.Tensor], Callable]] = {
     "exp": ("exp2", aten.exp2.out, lambda t: t.clamp(-150, 150)),
     "log": ("log1p", aten.log1p.out, lambda t: t.abs().clamp(max=0.5) - 0.3),
     "tanh": ("expm1", aten.expm1.out, lambda t: t.abs().clamp(max=40.0)),
+    "expm1": ("expm1", aten.expm1.out, lambda t: t.clamp(-120.0, 80.0)),
 }
 _PMATH: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "exp": libm.exp, "log": libm.log, "tanh": libm.tanh}
+    "exp": libm.exp, "log": libm.log, "tanh": libm.tanh, "expm1": libm.expm1}
 
 
 def _require(name: str, out_op: Callable[..., torch.Tensor], dtype: torch.dtype,
@@ -287,8 +290,10 @@ def _float_like(self: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
 silu = _unary("silu", aten.silu.out, _like)
 sigmoid = _unary("sigmoid", aten.sigmoid.out, _float_like)
 gelu = _unary("gelu", aten.gelu.out, _like)
+softplus = _unary("softplus", aten.softplus.out, _like)
 tanh = _unary("tanh", aten.tanh.out, _float_like)
 exp = _unary("exp", aten.exp.out, _float_like)
+expm1 = _unary("expm1", aten.expm1.out, _float_like)
 log = _unary("log", aten.log.out, _float_like, _positive)
 cos = _unary("cos", aten.cos.out, _float_like)
 sin = _unary("sin", aten.sin.out, _float_like)

@@ -4,10 +4,13 @@ While the mode is installed, two process-wide module hooks watch every ``nn.Modu
 (:class:`Guard`). The first time a model (the outermost module of a call) runs under the
 mode:
 
-* a layer the mode cannot make invariant (:data:`REFUSED`: linear-attention and
-  state-space mixers, whose chunked prefill scan and recurrent decode step sum in
-  different orders) raises :class:`RefusedLayerError` before the forward, naming the
-  layer's path and class;
+* a layer the mode cannot make invariant raises :class:`RefusedLayerError` naming it.
+  Such a layer is found by what it keeps across calls (:mod:`detsample.invariant.recurrent`):
+  floating-point state beyond keys and values in a cache the forward took or returned
+  (checked after every forward; a first forward without a cache is run once more with
+  ``use_cache=True`` to see what its cache would hold), or a module whose tensors the
+  first forward replaced or wrote. The known linear-attention and state-space mixers
+  (:data:`REFUSED`) are refused by name before they run, as well;
 * the forward runs under an op recorder (:class:`~detsample.invariant.coverage.OpRecorder`
   with module paths and shapes); every aten op it ran that is neither overridden by the
   mode nor exact by construction (:func:`~detsample.invariant.coverage.uncovered`) is an
@@ -15,11 +18,13 @@ mode:
   (``batch_invariant(strict=False)``: a :class:`UncoveredOpWarning` instead).
 
 The verdict is kept per model (weakly) and never recomputed; :func:`findings` gives it
-(``detsample probe model`` reports it). Later forwards run without the recorder.
+(``detsample probe model`` reports it), :func:`refusal` the refusal. Later forwards run
+without the recorder; a refused model raises at every forward.
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 import warnings
@@ -30,6 +35,7 @@ from typing import Any
 import torch
 
 from detsample.invariant.coverage import OpRecorder, uncovered
+from detsample.invariant.recurrent import cache_state, describe, holders, mutated, snapshot
 from detsample.invariant.state import config
 from detsample.invariant.verify import NotInvariantError
 
@@ -112,6 +118,7 @@ class Guard:
         self.local = threading.local()
         self.verdicts: "weakref.WeakKeyDictionary[torch.nn.Module, list[Finding]]" = \
             weakref.WeakKeyDictionary()
+        self.refusals: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
         self.handles: list[Any] = []
 
     # -- install -----------------------------------------------------------------------
@@ -120,7 +127,8 @@ class Guard:
             if not self.handles:
                 reg = torch.nn.modules.module
                 self.handles = [reg.register_module_forward_pre_hook(self._pre),
-                                reg.register_module_forward_hook(self._post, always_call=True)]
+                                reg.register_module_forward_hook(self._post, with_kwargs=True,
+                                                                 always_call=True)]
 
     def uninstall(self) -> None:
         with self.lock:
@@ -132,7 +140,8 @@ class Guard:
     def _frame(self) -> dict:
         f = getattr(self.local, "frame", None)
         if f is None:
-            f = self.local.frame = {"depth": 0, "stack": [], "names": {}, "rec": None, "root": None}
+            f = self.local.frame = {"depth": 0, "stack": [], "names": {}, "rec": None, "root": None,
+                                    "snap": None, "probing": False}
         return f
 
     def current(self) -> str:
@@ -141,44 +150,93 @@ class Guard:
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
         f = self._frame()
-        if f["depth"] == 0 and self.verdicts.get(module) and config().strict:
-            raise UncoveredOpError(_message(self.verdicts[module]))   # every forward, not once
-        if f["depth"] == 0 and module not in self.verdicts:
-            bad = refused_layers(module)
-            if bad:
-                raise RefusedLayerError(
-                    "batch-invariant mode: this model cannot run invariant: "
-                    + "; ".join(bad) + " (docs/batch-invariant.md, 'Architectures')")
-            f["names"] = {id(m): n for n, m in module.named_modules()}
-            f["root"] = module
-            f["rec"] = _Recorder(self)
-            f["rec"].__enter__()
+        if f["probing"]:
+            return
+        if f["depth"] == 0:
+            self._first(f, module)
         f["depth"] += 1
         if f["rec"] is not None:
             f["stack"].append(f["names"].get(id(module), type(module).__name__))
 
-    def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+    def _first(self, f: dict, module: torch.nn.Module) -> None:
+        """At an outermost call: raise a standing refusal, or start the first forward's checks."""
+        if module in self.refusals:
+            raise RefusedLayerError(self.refusals[module])       # every forward, not once
+        if self.verdicts.get(module) and config().strict:
+            raise UncoveredOpError(_message(self.verdicts[module]))
+        if module not in self.verdicts:
+            bad = refused_layers(module)
+            if bad:
+                raise RefusedLayerError(_refused(bad))
+            f["names"] = {id(m): n for n, m in module.named_modules()}
+            f["root"] = module
+            f["snap"] = snapshot(module)
+            f["rec"] = _Recorder(self)
+            f["rec"].__enter__()
+
+    def _post(self, module: torch.nn.Module, args: Any, *rest: Any) -> None:
+        # (kwargs, output) normally; (output,) when the forward raised (torch's always_call)
         f = self._frame()
-        if f["depth"] == 0:            # a module entered before the hooks were installed
+        if f["probing"] or f["depth"] == 0:    # a probe, or a module entered before the hooks
             return
         f["depth"] -= 1
         if f["rec"] is not None and f["stack"]:
             f["stack"].pop()
-        if f["depth"] or f["rec"] is None:
+        if f["depth"]:
             return
-        rec, root = f["rec"], f["root"]
-        f["rec"] = f["root"] = None
+        rec, root, snap = f["rec"], f["root"], f["snap"]
+        f["rec"] = f["root"] = f["snap"] = None
         f["stack"].clear()
-        rec.__exit__(None, None, None)
-        if sys.exc_info()[0] is not None:   # the forward raised: no verdict, its error stands
+        if rec is not None:
+            rec.__exit__(None, None, None)
+        if sys.exc_info()[0] is not None or len(rest) != 2:   # the forward raised: its error stands
             return
+        kwargs, output = rest
+        states = [s for h in holders(args, kwargs, output) for s in cache_state(h)]
+        if rec is not None:
+            states += mutated(module, snap)
+            if not holders(args, kwargs, output):
+                states += self._probe(f, module, args, kwargs)
+        if states:
+            self.refusals[module] = _refused([describe(module, states)], kept=True)
+            raise RefusedLayerError(self.refusals[module])
+        if rec is not None:
+            self._verdict(rec, root)
+
+    def _probe(self, f: dict, root: torch.nn.Module, args: tuple, kwargs: dict) -> list:
+        """What a first forward that kept no cache would keep with one: the same call once
+        more with ``use_cache=True`` (a model whose forward takes no ``use_cache``, or that
+        fails so, is not probed)."""
+        try:
+            if "use_cache" not in inspect.signature(root.forward).parameters:
+                return []
+        except (TypeError, ValueError):
+            return []
+        f["probing"] = True
+        try:
+            with torch.no_grad():
+                out = root(*args, **{**kwargs, "use_cache": True})
+        except Exception:     # noqa: BLE001 -- a model that cannot cache has no decode path
+            return []
+        finally:
+            f["probing"] = False
+        return [s for h in holders((), {}, out) for s in cache_state(h)]
+
+    def _verdict(self, rec: "_Recorder", root: torch.nn.Module) -> None:
         missing = uncovered(rec.ops)
         found = [Finding(op, *rec.where.get(op, ("", ()))) for op in missing]
         self.verdicts[root] = found
         if found:
             if config().strict:
                 raise UncoveredOpError(_message(found))
-            warnings.warn(_message(found), UncoveredOpWarning, stacklevel=2)
+            warnings.warn(_message(found), UncoveredOpWarning, stacklevel=3)
+
+
+def _refused(bad: list[str], kept: bool = False) -> str:
+    why = ("it keeps state across calls beyond keys and values, so a decode step and a prefill "
+           "compute it by different algorithms: " if kept else "")
+    return ("batch-invariant mode: this model cannot run invariant: " + why + "; ".join(bad)
+            + " (docs/batch-invariant.md, 'Architectures')")
 
 
 def _message(found: list[Finding]) -> str:

@@ -11,6 +11,15 @@ and ``B``'s columns as blocks of at most :data:`COL_BLOCK` (fixed by ``N`` alone
 caller runs each block, with its own plan). Every call therefore has one of a few shapes,
 each a function of the ladder, K and the block's width only.
 
+Every operand address a call sees is detsample's, not the caller's: ``A``'s tile and the
+tile's output ``C`` start on a 64-byte boundary with a row stride that is a multiple of 64
+bytes (``C`` is scratch of that form, copied out when ``N`` is not a multiple of 16
+floats), and ``B`` starts on a 64-byte boundary (an aligned copy otherwise). A BLAS may
+round by an operand's alignment -- measured: MKL's AMD code path gives a 1-row product
+other bits when ``C`` starts 4 bytes past a 16-byte boundary -- so a call's alignment
+class is fixed by construction, the same in the check and in every real call, rather
+than sampled.
+
 That a row's bits are then the same in every tile size of the ladder, at every position
 and next to any neighbours (zeros included), and at every thread count, is a property of
 the BLAS on this machine: :func:`detsample.invariant.verify.matmul_plan` checks it with
@@ -57,6 +66,27 @@ def col_blocks(n: int) -> list[tuple[int, int]]:
     return [(c, min(c + COL_BLOCK, n)) for c in range(0, n, COL_BLOCK)] or [(0, 0)]
 
 
+def _padded(cols: int, esize: int) -> int:
+    """``cols`` rounded up to a whole number of 64-byte lines of ``esize``-byte elements."""
+    step = max(1, _ALIGN // esize)
+    return -(-cols // step) * step if cols else step
+
+
+def aligned_empty(lead: tuple[int, ...], rows: int, cols: int, like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised ``lead + (rows, cols)`` tensor of ``like``'s dtype and device whose
+    storage starts on a 64-byte boundary and whose rows (and matrices) are 64-byte
+    multiples apart: a view of a padded buffer (over-allocated when the allocator's start
+    is not aligned)."""
+    esize = like.element_size()
+    cp = _padded(cols, esize)
+    count = rows * cp
+    for d in lead:
+        count *= d
+    flat = like.new_empty((count + _ALIGN // esize,))
+    skip = (-flat.data_ptr() % _ALIGN) // esize
+    return flat[skip: skip + count].view(lead + (rows, cp))[..., :cols]
+
+
 def _aligned_rows(a: torch.Tensor, rows: int) -> torch.Tensor:
     """A ``(..., rows, K)`` tensor whose rows start on 64-byte boundaries, ``a`` in its
     first rows and zeros after: ``a`` itself when it already is one (contiguous, no padding
@@ -66,13 +96,22 @@ def _aligned_rows(a: torch.Tensor, rows: int) -> torch.Tensor:
     if (rows == m and a.is_contiguous() and a.data_ptr() % _ALIGN == 0
             and (k * esize) % _ALIGN == 0):
         return a
-    step = max(1, _ALIGN // esize)
-    kp = -(-k // step) * step if k else step
-    buf = a.new_empty(a.shape[:-2] + (rows, kp))[..., :k]
+    buf = aligned_empty(a.shape[:-2], rows, k, a)
     buf[..., :m, :].copy_(a)
     if rows > m:
         buf[..., m:, :].zero_()
     return buf
+
+
+def _aligned_b(b: torch.Tensor) -> torch.Tensor:
+    """``b`` itself when its first element is 64-byte aligned, else a copy in the same
+    layout (row- or column-major per matrix) that is."""
+    if b.data_ptr() % _ALIGN == 0:
+        return b
+    k, n = b.shape[-2:]
+    if b.stride(-2) == 1 and b.stride(-1) != 1:       # column-major matrices (a transposed B)
+        return _aligned_rows(b.transpose(-1, -2), n).transpose(-1, -2)
+    return _aligned_rows(b, k)
 
 
 def big_split(m: int, big: tuple[int, ...]) -> tuple[list[int], int]:
@@ -95,19 +134,24 @@ def run(a: torch.Tensor, b: torch.Tensor, ladder: tuple[int, ...]) -> torch.Tens
 
 def run_sizes(a: torch.Tensor, b: torch.Tensor, sizes: list[int]) -> torch.Tensor:
     """``a @ b`` in tiles of exactly ``sizes`` rows, in order (their sum at least ``a``'s
-    rows; zero rows pad the last): :func:`run` with the sizes spelled out."""
+    rows; zero rows pad the last): :func:`run` with the sizes spelled out. Every call's
+    ``A``, ``B`` and ``C`` are 64-byte aligned with 64-byte-multiple row strides (see the
+    module docstring); the result is contiguous."""
     batched = a.dim() == 3
     m, n = a.shape[-2], b.shape[-1]
-    buf = _aligned_rows(a, sum(sizes))
-    out = a.new_empty(a.shape[:-2] + (sum(sizes), n))
+    rows = sum(sizes)
+    buf = _aligned_rows(a, rows)
+    b = _aligned_b(b)
+    out = aligned_empty(a.shape[:-2], rows, n, a)
     op = aten.bmm.out if batched else aten.mm.out
     r0 = 0
     for size in sizes:
         if batched and len(sizes) > 1:
-            part = out.new_empty(out.shape[:-2] + (size, n))
+            part = aligned_empty(a.shape[:-2], size, n, a)
             op(buf[..., r0: r0 + size, :], b, out=part)
             out[..., r0: r0 + size, :] = part
         else:
             op(buf[..., r0: r0 + size, :], b, out=out[..., r0: r0 + size, :])
         r0 += size
-    return out if r0 == m else out[..., :m, :].contiguous()
+    out = out if r0 == m else out[..., :m, :]
+    return out if out.is_contiguous() else out.contiguous()

@@ -197,6 +197,24 @@ def _matmul_candidate(a: torch.Tensor, b: torch.Tensor, nbs: Sequence[int], thre
                 mixed[..., 1::2, :] = aa[..., :s, :].flip(-2)[..., 1::2, :]
                 if not torch.equal(_run(mixed, bb, s)[..., 1::2, :], want.flip(-2)[..., 1::2, :]):
                     return "a row's bits depend on its position or neighbours"
+                if (why := everywhere(aa, bb, want, s)) is not None:
+                    return why
+            return None
+
+        def everywhere(aa: torch.Tensor, bb: torch.Tensor, want: torch.Tensor, s: int) -> str | None:
+            """The tile's first and last rows at EVERY position of the tile: among copies
+            of themselves and among zero rows (odd positions), against their own bits at
+            their own position."""
+            for j in (0, s - 1):
+                row = aa[..., j: j + 1, :]
+                copies = row.expand(row.shape[:-2] + (s, row.shape[-1])).clone()
+                expect = want[..., j: j + 1, :]
+                if not torch.equal(_run(copies, bb, s), expect.expand(expect.shape[:-2] + (s, expect.shape[-1]))):
+                    return f"row {j} of a tile has other bits at another position"
+                copies[..., 0::2, :] = 0
+                got = _run(copies, bb, s)[..., 1::2, :]
+                if not torch.equal(got, expect.expand_as(got)):
+                    return f"row {j} of a tile has other bits among zero rows"
             return None
 
         def columns_free(top: int) -> bool:

@@ -26,6 +26,7 @@ import importlib
 import inspect
 from typing import Any
 
+from detsample.errors import Interrupted
 from detsample.models.base import CausalLM, ModelError, check_mode, prefill
 from detsample.models.checked import CheckedLM, ModelOutputError
 from detsample.models.hf import HFCausalLM, HFSeqCache
@@ -124,6 +125,14 @@ def load_factory(spec: str) -> Any:
         return factory()
     except Exception as e:  # the user's factory failed: named, never a bare traceback
         raise ModelError(f"model {spec!r}: {attr}() raised {type(e).__name__}: {e}") from e
+    except SystemExit as e:  # never a silent exit 0 with nothing done
+        raise ModelError(f"model {spec!r}: {attr}() called sys.exit({e.code!r}) instead of "
+                         f"returning a model") from None
+    except KeyboardInterrupt as e:
+        if isinstance(e, Interrupted):  # a real Ctrl-C: the command's to report
+            raise
+        raise ModelError(f"model {spec!r}: {attr}() raised KeyboardInterrupt instead of "
+                         f"returning a model") from None
 
 
 def load_model(spec: str, *, padding: str = "left", seed: int = 0,

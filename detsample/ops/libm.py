@@ -1,4 +1,4 @@
-"""MKL-free ``exp``, ``log`` and ``tanh``: the same bits on every MKL instruction level.
+"""MKL-free ``exp``, ``log``, ``tanh`` and ``expm1``: the same bits on every MKL instruction level.
 
 Why: on x86 torch computes ``exp``, ``log``, ``log2`` and ``tanh`` (float32 and float64)
 with MKL's vector math library, whose bits change with ``MKL_ENABLE_INSTRUCTIONS``
@@ -14,12 +14,15 @@ in float64, plus IEEE operations (multiplication, ``frexp``, division), run thro
 * ``log(x) = float32(e * ln2 + log1p(m - 1))`` with ``x = m * 2**e``, ``m`` in
   [sqrt(1/2), sqrt(2)) (``m - 1`` is exact);
 * ``tanh(x) = float32(t / (t + 2))`` with ``t = expm1(2|x|)``, the sign of ``x``
-  (``tanh(-0) = -0``), ``|x|`` clamped to 20 (where it is +-1 in float64).
+  (``tanh(-0) = -0``), ``|x|`` clamped to 20 (where it is +-1 in float64);
+* ``expm1(x) = float32(expm1(float64(x)))`` (the float32 kernel's bits would follow the
+  vector width of ATen's build; the float64 one, rounded once, is the correctly rounded
+  float32 value but at rare ties).
 
 Accuracy: the float64 value is within a few float64 ulps of the true one, so the float32
 result is the correctly rounded value except at inputs within ~1e-15 of a float32
 rounding tie (1 ulp at most; tests/ops/test_libm.py compares with numpy).
-Specials: NaN -> NaN; ``exp(-inf) = 0``, ``exp(inf) = inf``; ``log(0) = -inf``,
+Specials: NaN -> NaN; ``exp(-inf) = 0``, ``exp(inf) = inf``; ``expm1(-inf) = -1``, ``expm1(-0) = -0``; ``log(0) = -inf``,
 ``log(x < 0) = NaN``, ``log(inf) = inf``.
 
 Inputs: floating tensors of any shape; outputs float32 (float64 for a float64 input).
@@ -73,3 +76,8 @@ def tanh(x: torch.Tensor) -> torch.Tensor:
     xd = _f64(x)
     t = pointwise(aten.expm1.out, xd.abs().clamp_(max=TANH_BIG) * 2.0)
     return _out(torch.copysign(t / (t + 2.0), xd), x)
+
+
+def expm1(x: torch.Tensor) -> torch.Tensor:
+    """``exp(x) - 1`` without MKL and without cancellation: ATen's ``expm1`` in float64."""
+    return _out(pointwise(aten.expm1.out, _f64(x)), x)

@@ -46,6 +46,24 @@ def log_softmax(x: torch.Tensor, *, kept_mass: torch.Tensor | None = None, frac:
     return (x.to(torch.float64) - norm).to(torch.float32)
 
 
+def processed_log_softmax(x: torch.Tensor, temperature: torch.Tensor,
+                          keep: torch.Tensor) -> torch.Tensor:
+    """vLLM's "processed" logprobs: ``log_softmax`` over the kept set of the logits
+    divided by the temperature, -inf elsewhere (vLLM's sampler: ``logits.div_(temp)``,
+    top-k / top-p masked to ``-inf``, ``logits.log_softmax(-1)``).
+
+    x: (rows, V) float32 logits (before temperature); temperature: (rows, 1) float32
+    (> 0); keep: (rows, V) bool, the kept set. Returns (rows, V) float32. The division is
+    correctly rounded per element and :func:`log_softmax` is row-invariant, so a row gets
+    the same bits at every batch size and thread count; the bits equal vLLM's formula on
+    the same logits and kept set (tests/ops/test_logprobs.py re-implements vLLM's code
+    path). It differs from the fixed-point form (``kept_mass``) by a few ulps: the
+    normaliser here is a float logsumexp of ``x / T``, there the exact kept mass of
+    ``(x - max) / T``.
+    """
+    return log_softmax((x / temperature).masked_fill(~keep, NEG_INF))
+
+
 def gather_rows(values: torch.Tensor, token_ids: torch.Tensor, *,
                 in_range: bool = False) -> torch.Tensor:
     """values: (batch, vocab); token_ids: (batch,) int64 -> (batch,) picked values.

@@ -38,6 +38,8 @@ from typing import Any, Callable
 import torch
 
 from detsample.errors import DetsampleError
+from detsample.inputs import thread_problem
+from detsample.inputs.signals import children_ignore_ctrl_c
 from detsample.parallel.comm import Comm
 
 DEFAULT_TIMEOUT = 300.0
@@ -123,6 +125,9 @@ class RankGroup:
                  threads: int = 1, backend: str = "gloo", start_method: str = "spawn") -> None:
         if isinstance(world, bool) or not isinstance(world, int) or world < 1:
             raise ValueError(f"world must be an int >= 1, got {world!r}")
+        too_many = thread_problem(world)  # one process per rank, on this machine
+        if too_many:
+            raise ValueError(f"tensor-parallel size (local rank processes) {too_many}")
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
@@ -142,8 +147,9 @@ class RankGroup:
                                          tuple(args), self._commands[r], self._replies))
                        for r in range(world)]
         try:
-            for p in self._procs:
-                p.start()
+            with children_ignore_ctrl_c():  # the parent alone handles Ctrl-C
+                for p in self._procs:
+                    p.start()
             self._collect("start", self.timeout)
         except BaseException:
             self.close()

@@ -19,7 +19,14 @@ from typing import Any, Mapping
 
 from detsample.params.validation import fail, id_sequence, int_field, real_field, sequence_of, token_id_key
 
-LOGPROBS_MODES = ("raw", "scaled", "processed")
+#: "raw": log_softmax of the model's logits; "scaled": after steps 1-7 (temperature);
+#: "processed": vLLM's processed logprobs, log_softmax over the kept set of the logits
+#: divided by the temperature (-inf elsewhere); "processed_fixed": detsample's own exact
+#: form of the same distribution, z_i - log(Q 2**-F) with the draw's fixed-point kept mass
+#: Q (the two differ by a few ulps: docs/sampling.md, "Logprob modes")
+LOGPROBS_MODES = ("raw", "scaled", "processed", "processed_fixed")
+#: the modes of the final filtered, renormalised distribution (one-hot on greedy rows)
+PROCESSED_MODES = ("processed", "processed_fixed")
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 SEED_BITS = 63  # seeds are non-negative int64
 
@@ -81,6 +88,10 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] | None = None
     bad_words: tuple[tuple[int, ...], ...] = ()
     logits_processor: Any = None  # per-request processor (grouped by identity)
+    # per-request arguments of logits processors (vLLM extra_args, SGLang custom_params)
+    extra_args: Any = None
+    # SGLang's require_reasoning: the grammar starts after the end-of-thinking token
+    require_reasoning: bool = False
 
     def __post_init__(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -142,6 +153,16 @@ class SamplingParams:
             if not 0 <= s < 2**SEED_BITS:
                 fail(f"seed must be in [0, 2**63), got {self.seed!r}")
             set_("seed", s)
+        if not isinstance(self.require_reasoning, bool):
+            fail(f"require_reasoning must be a bool, got {self.require_reasoning!r}")
+        if self.extra_args is not None:
+            if not isinstance(self.extra_args, Mapping):
+                fail(f"extra_args must be a mapping of str to values, got "
+                     f"{type(self.extra_args).__name__}")
+            bad = [k for k in self.extra_args if not isinstance(k, str)]
+            if bad:
+                fail(f"extra_args keys must be str, got {bad[0]!r}")
+            set_("extra_args", dict(self.extra_args))
         kinds = [f for f in GRAMMAR_FIELDS if getattr(self, f) is not None]
         if len(kinds) > 1:
             fail(f"at most one of {GRAMMAR_FIELDS} may be set, got {kinds}")
@@ -170,6 +191,11 @@ class SamplingParams:
                     v = json.dumps(v)  # key order kept: xgrammar emits properties in schema order
                 return kind, v
         return None
+
+    @property
+    def custom_params(self) -> dict | None:
+        """SGLang's name for :attr:`extra_args` (the processors' per-request arguments)."""
+        return self.extra_args
 
     @property
     def has_penalties(self) -> bool:
@@ -201,6 +227,47 @@ class SamplingParams:
         return d
 
 
+#: fields other engines' SamplingParams have that detsample spells or places otherwise
+ELSEWHERE = {
+    "n": "a request is one sequence: ask n samples with detsample.params.child_requests("
+         "request, n) (sample j uses seed + j, vLLM's child seeds) or `detsample rollout --n N`",
+    "max_tokens": "detsample's field is max_new_tokens",
+    "min_tokens": "detsample's field is min_new_tokens",
+}
+
+
+def _reject_unknown(init):
+    """``init`` with unknown keywords (and extra positionals) raising
+    :class:`~detsample.errors.InvalidSamplingParams` naming them, not a bare TypeError."""
+    names = tuple(f.name for f in dataclasses.fields(SamplingParams))
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if len(args) > len(names):
+            fail(f"SamplingParams takes at most {len(names)} positional fields, got {len(args)}")
+        for key in kwargs:
+            if key not in names:
+                hint = ELSEWHERE.get(key, f"the fields are {', '.join(names)}")
+                fail(f"SamplingParams has no field {key!r} (got {key}={kwargs[key]!r}): {hint}")
+        init(self, *args, **kwargs)
+
+    __init__.__doc__, __init__.__wrapped__ = init.__doc__, init  # type: ignore[attr-defined]
+    return __init__
+
+
+SamplingParams.__init__ = _reject_unknown(SamplingParams.__init__)  # type: ignore[method-assign]
+
+
+def child_seed(seed: int, j: int) -> int:
+    """The seed of sample ``j`` (0-based) of a request with seed ``seed`` asking for n
+    samples: ``seed + j``, vLLM's child seeds (``_get_child_sampling_params``), so
+    detsample's n samples are the n requests a vLLM user would name; an error when it
+    leaves the seed range instead of wrapping."""
+    s = int_field("seed", seed) + int_field("j", j)
+    if j < 0 or not 0 <= s < 2**SEED_BITS:
+        fail(f"child seed {seed} + {j} must be in [0, 2**63)")
+    return s
+
+
 @dataclass
 class Request:
     """One request: its id, parameters, prompt and the tokens generated so far.
@@ -223,3 +290,13 @@ class Request:
     @property
     def seed(self) -> int:
         return self.params.seed  # type: ignore[return-value]
+
+
+def child_requests(request: "Request", n: int) -> list["Request"]:
+    """``n`` requests sampling ``request``'s prompt: sample j has rid ``"{rid}/{j}"`` and
+    seed :func:`child_seed` ``(seed, j)`` (vLLM's n > 1; every sample its own stream)."""
+    k = int_field("n", n)
+    if k < 1:
+        fail(f"n must be >= 1, got {n!r}")
+    return [Request(f"{request.rid}/{j}", request.params.replace(seed=child_seed(request.seed, j)),
+                    list(request.prompt_ids), list(request.output_ids)) for j in range(k)]

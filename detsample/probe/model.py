@@ -20,6 +20,8 @@ position: the first module and aten op where the two forwards part ways.
 
 from __future__ import annotations
 
+import math
+
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -106,6 +108,14 @@ def _compare(subject: torch.Tensor, reference: torch.Tensor, seed: int) -> _Cmp:
                          f"{list(reference.shape)} was expected")
     g = torch.Generator().manual_seed(seed)
     probs = torch.softmax(reference.detach().cpu().to(torch.float64), -1)
+    bad = torch.isnan(probs).any(-1).nonzero().flatten().tolist()
+    if bad:  # NaN or +inf logits, or a row of -inf: no distribution to draw the token from
+        row = reference[bad[0]].detach().cpu()
+        what = "NaN" if bool(row.isnan().any()) else "+inf" if bool((row == math.inf).any()) \
+            else "-inf everywhere"
+        raise ModelError(f"the model's logits are not a distribution at {len(bad)} of "
+                         f"{reference.shape[0]} positions (first: position {bad[0]}, {what}); "
+                         f"the probe scores a token drawn from them")
     tokens = torch.multinomial(probs, 1, generator=g).squeeze(1)
     lp_s = gather_rows(log_softmax(subject.cpu()), tokens)
     lp_r = gather_rows(log_softmax(reference.cpu()), tokens)

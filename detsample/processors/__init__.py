@@ -2,6 +2,7 @@
 
 * :mod:`detsample.processors.base` -- the :class:`LogitsProcessor` interface (vLLM v1 model)
   and the runner the Sampler calls;
+* :mod:`detsample.processors.loading` -- processors by class, class name or entry point;
 * :mod:`detsample.processors.builtin` -- min-p, logit bias and min-tokens as processors;
 * :mod:`detsample.processors.batch_update` -- how a batch's rows changed, as processors see it;
 * :mod:`detsample.processors.penalty_state` -- sparse per-row token counts;

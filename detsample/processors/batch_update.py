@@ -4,11 +4,13 @@ A :class:`BatchUpdate` describes how the rows of a batch changed since a process
 saw it. A processor applies it in this order:
 
 1. ``removed``: these row indices become empty;
-2. ``added``: ``AddedRequest(index, params, prompt_ids, output_ids_ref)`` fills the
-   (empty, or past-the-end) slot ``index``; ``output_ids_ref`` is the batch's live list,
+2. ``added``: ``AddedRequest(index, params, prompt_ids, output_ids_ref)`` fills slot
+   ``index`` (empty, past the end, or holding a finished row it replaces: vLLM's builder
+   adds over finished rows without removing them first); ``output_ids_ref`` is the batch's live list,
    which ``SamplingBatch.advance`` appends to;
-3. ``moved``: ``(src, dst, UNIDIRECTIONAL)`` moves the row at ``src`` into the empty
-   slot ``dst`` (``src`` becomes empty); ``(src, dst, SWAP)`` exchanges two rows;
+3. ``moved``: ``(src, dst, UNIDIRECTIONAL)`` moves the row at ``src`` into slot ``dst``
+   (``src`` becomes empty; a row at ``dst`` is dropped); ``(src, dst, SWAP)`` exchanges
+   two rows;
 
 after which rows ``0 .. batch_size - 1`` are exactly the batch's rows and every slot at
 or past ``batch_size`` is empty. :func:`diff_update` derives the update from the rows'
@@ -22,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import torch
+
+from detsample.errors import DetsampleError
 
 
 class MoveDirectionality(enum.Enum):
@@ -90,30 +94,44 @@ def diff_update(old_uids: Sequence[Any], new_uids: Sequence[Any],
                        moved=tuple(moved))
 
 
+class InvalidBatchUpdate(DetsampleError, ValueError):
+    """An update that names an empty slot where a row must be, or leaves the slots
+    other than rows ``0 .. batch_size - 1``."""
+
+
 def apply_to_slots(slots: list, update: BatchUpdate | None, make) -> list:
     """Reference application of ``update`` to a slot list (tests and simple
     processors): ``make(added)`` builds the entry of an added row. Returns the new
-    list of length ``update.batch_size``; raises AssertionError on an invalid update."""
+    list of length ``update.batch_size``.
+
+    As vLLM's persistent batch produces them: an add into an occupied slot replaces its
+    entry (the finished request there is dropped without a ``removed`` entry), and a
+    one-way move onto an occupied slot drops the entry there. Raises
+    :class:`InvalidBatchUpdate` for a removal or move of an empty slot, a swap with an
+    empty slot, or slots that are not exactly ``0 .. batch_size - 1`` afterwards."""
     if update is None:
         return slots
     s = dict(enumerate(slots))
     for i in update.removed:
-        assert i in s, f"removed slot {i} is empty"
+        _need(i in s, f"removed slot {i} is empty")
         del s[i]
     for a in update.added:
-        assert a.index not in s, f"added into occupied slot {a.index}"
-        s[a.index] = make(a)
+        s[a.index] = make(a)  # replaces an entry there (vLLM's add over a finished row)
     for src, dst, d in update.moved:
-        assert src in s, f"move from empty slot {src}"
+        _need(src in s, f"move from empty slot {src}")
         if d is MoveDirectionality.SWAP:
-            assert dst in s, f"swap with empty slot {dst}"
+            _need(dst in s, f"swap with empty slot {dst}")
             s[src], s[dst] = s[dst], s[src]
         else:
-            assert dst not in s, f"unidirectional move into occupied slot {dst}"
-            s[dst] = s.pop(src)
+            s[dst] = s.pop(src)  # drops an entry at dst
     n = update.batch_size
-    assert sorted(s) == list(range(n)), f"slots {sorted(s)} after update of size {n}"
+    _need(sorted(s) == list(range(n)), f"slots {sorted(s)} after an update of size {n}")
     return [s[i] for i in range(n)]
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidBatchUpdate(f"invalid BatchUpdate: {message}")
 
 
 class BatchView(Protocol):

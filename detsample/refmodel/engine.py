@@ -65,6 +65,8 @@ class EngineConfig:
     (computed with ``Sampler.compute_logprobs`` on a lockstep batch in that mode).
     vocab: the :class:`~detsample.Vocabulary` grammars are compiled for; None = the
     default vocabulary when the model has its 512-token layout.
+    think_end_token_id: the end-of-thinking token after which the grammar of a
+    ``require_reasoning`` request starts.
     """
 
     max_batch_size: int | None = None
@@ -73,6 +75,7 @@ class EngineConfig:
     eos_token_ids: tuple[int, ...] = (EOS_ID,)
     extra_logprobs_modes: tuple[str, ...] = ()
     vocab: Any = None
+    think_end_token_id: int | None = None
 
     def __post_init__(self) -> None:
         mb = self.max_batch_size
@@ -139,6 +142,8 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     top: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    compiling: SamplingBatch | None = None  # built at admission: its grammar compiles
+    held: torch.Tensor | None = None  # logits of the last prompt token while held
 
 
 @dataclass
@@ -149,6 +154,7 @@ class _State:
     waiting: deque = field(default_factory=deque)
     filling: list[_Row] = field(default_factory=list)
     rows: list[_Row] = field(default_factory=list)
+    held: list[_Row] = field(default_factory=list)  # prefilled, grammar still compiling
     batch: SamplingBatch | None = None
     extra: dict[str, SamplingBatch] = field(default_factory=dict)
 
@@ -184,7 +190,8 @@ class Engine:
                         for r in requests]
         return SamplingBatch.from_requests(requests, vocab_size=self.model.vocab_size,
                                            eos_token_ids=self.config.eos_token_ids,
-                                           vocab=self.vocab)
+                                           vocab=self.vocab,
+                                           think_end_token_id=self.config.think_end_token_id)
 
     def _check(self, schedule: Schedule) -> None:
         if not isinstance(schedule, Schedule):
@@ -213,12 +220,12 @@ class Engine:
         if self.speculative is not None:
             out.speculative = SpecStats()
         step = 0
-        while st.pending or st.waiting or st.rows or st.filling:
-            if not (st.rows or st.filling or st.waiting) and st.pending[0].step > step:
+        while st.pending or st.waiting or st.rows or st.filling or st.held:
+            if not (st.rows or st.filling or st.waiting or st.held) and st.pending[0].step > step:
                 step = st.pending[0].step  # idle until the next arrival
             while st.pending and st.pending[0].step <= step:
                 st.waiting.append(st.pending.popleft())
-            busy = len(st.rows) + len(st.filling)
+            busy = len(st.rows) + len(st.filling) + len(st.held)
             room = len(st.waiting) if cfg.max_batch_size is None else \
                 max(0, min(len(st.waiting), cfg.max_batch_size - busy))
             for _ in range(room):
@@ -226,7 +233,8 @@ class Engine:
                 q = a.request
                 st.filling.append(_Row(a, self.model.new_cache(),
                                        q.params.max_new_tokens or cfg.default_max_new_tokens,
-                                       feed=list(q.prompt_ids) + list(q.output_ids)))
+                                       feed=list(q.prompt_ids) + list(q.output_ids),
+                                       compiling=self._batch([q]) if q.params.grammar else None))
             drafts = self._propose(st, out.speculative) if out.speculative else []
             outs = self._forward(st, drafts)
             if st.rows:
@@ -255,23 +263,38 @@ class Engine:
         outs = self.model.forward(caches, feeds) if caches else []
         n_rows = len(st.rows)
         last = [o if i < n_rows else o[-1:] for i, o in enumerate(outs)]
-        joined = [i for i, r in enumerate(st.filling) if not r.feed]
-        if joined:
-            new = [st.filling[i] for i in joined]
-            reqs = [r.arrival.request for r in new]
-            if st.batch is None:
-                st.batch = self._batch(reqs)
-                st.extra = {m: self._batch(reqs, m) for m in self.config.extra_logprobs_modes}
-            else:
-                st.batch.merge(self._batch(reqs))
-                for m, b in st.extra.items():
-                    b.merge(self._batch(reqs, m))
-            st.rows.extend(new)
-            last = last[:n_rows] + [last[n_rows + i] for i in joined]
-            st.filling = [r for r in st.filling if r.feed]
+        for i, r in enumerate(st.filling):
+            if not r.feed:
+                r.held = last[n_rows + i]
+                st.held.append(r)
+        st.filling = [r for r in st.filling if r.feed]
+        return last[:n_rows] + self._join(st)
+
+    def _join(self, st: "_State") -> list[torch.Tensor]:
+        """Prefilled rows join the batch, except those whose grammar is still compiling:
+        they are held out (their last logits kept) and join at a later step, so no sample
+        waits for a compilation while other rows have work; when no other row has (none
+        running, filling or joining) they join at once and the sample waits as it must. A row's
+        tokens do not depend on the step it joins at. Returns the joined rows' logits."""
+        new = [r for r in st.held if r.compiling is None or all(r.compiling.grammar_ready())]
+        if not (new or st.rows or st.filling):
+            new = list(st.held)  # nothing else to run
+        if not new:
+            return []
+        st.held = [r for r in st.held if all(r is not n for n in new)]
+        reqs = [r.arrival.request for r in new]
+        if st.batch is None:
+            st.batch = self._batch(reqs)
+            st.extra = {m: self._batch(reqs, m) for m in self.config.extra_logprobs_modes}
         else:
-            last = last[:n_rows]
-        return last
+            st.batch.merge(self._batch(reqs))
+            for m, b in st.extra.items():
+                b.merge(self._batch(reqs, m))
+        st.rows.extend(new)
+        held = [r.held for r in new]
+        for r in new:
+            r.held, r.compiling = None, None
+        return held
 
     def _sample(self, st: "_State", logits: torch.Tensor, out: EngineResult, step: int) -> None:
         """Sample every row, record tokens and logprobs, drop finished rows."""
@@ -420,14 +443,16 @@ def with_mode(params: SamplingParams, mode: str) -> SamplingParams:
 
 def rescore(model: Any, sampler: Sampler, request_params: SamplingParams,
             prompt_ids: Sequence[int], output_ids: Sequence[int], *,
-            eos_token_ids: Sequence[int] = (EOS_ID,), vocab: Any = None) -> torch.Tensor:
+            eos_token_ids: Sequence[int] = (EOS_ID,), vocab: Any = None,
+            think_end_token_id: int | None = None) -> torch.Tensor:
     """Logprobs of ``output_ids`` after ``prompt_ids`` by ONE prefill (the trainer's path).
 
     Row i of the rescoring batch is the request with ``output_ids[:i]`` already generated
     (penalty / min_new_tokens / grammar state replayed), scored with
     ``Sampler.compute_logprobs`` on the prefill logits of position ``len(prompt) + i - 1``.
     Returns float32 ``[len(output_ids)]`` in ``request_params.logprobs_mode``. ``vocab``
-    (grammars) defaults to :func:`default_vocab` for a request with a grammar.
+    (grammars) defaults to :func:`default_vocab` for a request with a grammar;
+    ``think_end_token_id`` is the engine's (``require_reasoning``).
     """
     prompt, output = list(prompt_ids), list(output_ids)
     if not prompt:
@@ -436,10 +461,22 @@ def rescore(model: Any, sampler: Sampler, request_params: SamplingParams,
         return torch.empty(0, dtype=torch.float32)
     full = model.forward([model.new_cache()], [prompt + output])[0]
     logits = full[len(prompt) - 1: len(prompt) + len(output) - 1]
+    return score_logits(model, sampler, request_params, prompt, output, logits,
+                        eos_token_ids=eos_token_ids, vocab=vocab,
+                        think_end_token_id=think_end_token_id)
+
+
+def score_logits(model: Any, sampler: Sampler, request_params: SamplingParams,
+                 prompt: list[int], output: list[int], logits: torch.Tensor, *,
+                 eos_token_ids: Sequence[int] = (EOS_ID,), vocab: Any = None,
+            think_end_token_id: int | None = None) -> torch.Tensor:
+    """:func:`rescore` after its prefill: ``logits`` [len(output), V] are the rows that
+    score ``output`` (row i: after ``prompt + output[:i]``); float32 [len(output)]."""
     reqs = [Request(f"rescore/{i}", request_params, prompt, output[:i]) for i in range(len(output))]
     if vocab is None and request_params.grammar is not None:
         vocab = default_vocab(model)
     batch = SamplingBatch.from_requests(reqs, vocab_size=model.vocab_size,
-                                        eos_token_ids=tuple(eos_token_ids), vocab=vocab)
+                                        eos_token_ids=tuple(eos_token_ids), vocab=vocab,
+                                        think_end_token_id=think_end_token_id)
     return sampler.compute_logprobs(logits.contiguous(), batch,
                                     torch.tensor(output, dtype=torch.int64))

@@ -149,13 +149,15 @@ class DraftModel:
     is sampled with its own request's parameters and seed on a one-row batch that follows
     the row's generated tokens (rolled back to them before each proposal). ``vocab``
     (grammar rows) defaults to the default vocabulary when the model has its 512 tokens;
-    ``eos_token_ids`` should be the engine's (min_new_tokens). Neither can change a
-    kept token: they only make the drafts agree more or less often."""
+    ``eos_token_ids`` and ``think_end_token_id`` should be the engine's (min_new_tokens;
+    ``require_reasoning`` grammars). None of them can change a kept token: they only make
+    the drafts agree more or less often."""
 
     model: Any
     sampler: Sampler = field(default_factory=Sampler)
     eos_token_ids: tuple[int, ...] = (EOS_ID,)
     vocab: Any = None
+    think_end_token_id: int | None = None
     _states: dict[str, _DraftState] = field(default_factory=dict, repr=False)
 
     def propose(self, rows: Sequence[DraftRow]) -> list[list[int]]:
@@ -192,7 +194,8 @@ class DraftModel:
             if self.vocab is None and self.model.vocab_size == DEFAULT_VOCAB_SIZE:
                 self.vocab = Vocabulary.default()
             batch = SamplingBatch.from_requests([row.request], vocab_size=self.model.vocab_size,
-                                                eos_token_ids=self.eos_token_ids, vocab=self.vocab)
+                                                eos_token_ids=self.eos_token_ids, vocab=self.vocab,
+                                                think_end_token_id=self.think_end_token_id)
             st = self._states[row.request.rid] = _DraftState(self.model.new_cache(), batch)
         seq = list(row.sequence)
         st.cache.truncate(min(_common(st.cache.token_ids, seq), len(seq) - 1))

@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 
 from detsample.ops.host import host_tensor
+from detsample.params import PROCESSED_MODES
 
 #: a top-k small enough for bounded ``topk`` candidates: ``top_k * CANDIDATE_RATIO <= V``
 CANDIDATE_RATIO = 8
@@ -139,9 +140,15 @@ class RowPlan:
     excluded: frozenset[int] = field(default=frozenset())  # rows left out (no valid token)
 
     @property
+    def any_processed(self) -> bool:
+        """Whether some row asks a processed mode (step 8's kept sets are then needed,
+        and every row's argmax: processed logprobs are one-hot on greedy rows)."""
+        return any(m in self.modes for m in PROCESSED_MODES)
+
+    @property
     def needs_scaled(self) -> bool:
         """Whether step 7's scaled logits are needed by some row."""
-        return bool(self.sampling) or "scaled" in self.modes or "processed" in self.modes
+        return bool(self.sampling) or "scaled" in self.modes or self.any_processed
 
 
 def route(params: Sequence, rows: Sequence[int], vocab_size: int, filter_impl: str,
@@ -199,7 +206,7 @@ def plan_rows(params: Sequence, vocab_size: int, filter_impl: str, device: torch
     want = [0 if i in excluded else p.logprobs for i, p in enumerate(params)]
     max_top = max((p.logprobs for p in params), default=0)  # the output's width: every row
     t_eff = torch.where(greedy.unsqueeze(1), torch.ones_like(temperatures), temperatures)
-    processed = "processed" in modes
+    processed = any(m in modes for m in PROCESSED_MODES)
     return RowPlan(
         size=B,
         greedy=Rows.of(greedy_rows, B, device),

@@ -225,3 +225,189 @@ def test_a_clean_file_passes_the_gate(tmp_path, capsys, fmt):
     else:
         {"npz": write_npz, "parquet": write_parquet, "pt": write_pt}[fmt](recs, path, None)
     assert main(["audit", str(path), "--max-abs-diff", "0", "--quiet"]) == 0
+
+
+# --------------------------------------------------------------------------- input classes
+# Bugs pinned: JSON nested 100,000 levels deep raised RecursionError out of the audit (also
+# --preset openai) and audit-log; .pt files holding sparse, meta, float8, quantized or
+# nested tensors raised from to_numpy; a .pt holding a list of numbers was "expected a JSON
+# object"; audit-log passed its gates on max_abs_diff -1 or "-inf", an exact-match
+# fraction 2.0, negative counts, and raised on "abc"; an OpenAI response with
+# usage.prompt_tokens -2 (or true) moved a prompt token into the response and passed.
+
+
+def _nested(depth: int, opener: str) -> str:
+    closer = "]" if opener == "[" else "}"
+    return opener * depth + "1" + closer * depth
+
+
+@settings(max_examples=12, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(depth=st.integers(1, 100_000), opener=st.sampled_from(["[", '{"a":']),
+       where=st.sampled_from(["line", "field"]), preset=st.sampled_from([None, "openai"]))
+def test_any_nesting_depth_is_read_or_named(tmp_path, capsys, depth, opener, where, preset):
+    deep = _nested(depth, opener)
+    good = json.dumps(_good(0))
+    line = deep if where == "line" else good[:-1] + f', "response_ids": {deep}}}'
+    path = tmp_path / "x.jsonl"
+    path.write_text(good + "\n" + line + "\n")
+    args = ["--preset", preset] if preset else []
+    if preset:
+        _run_preset(str(path), args, capsys)
+    else:
+        _run(str(path), tmp_path, capsys)
+
+
+def _run_preset(path, args, capsys):
+    rc = main(["audit", path, "--quiet", *args])
+    err = capsys.readouterr().err
+    assert rc in (0, 1, 2), err
+    assert rc != 1 or "GATE FAILED" in err, err  # no token audited is a failed gate
+    if rc == 2:
+        assert err.startswith("detsample audit: error: ") and err.count("\n") == 1, err
+
+
+def _sparse():
+    return torch.tensor([[-1.0, 0.0], [0.0, -2.0]]).to_sparse()
+
+
+def _quantized():
+    return torch.quantize_per_tensor(torch.zeros(2, 2), 0.1, 0, torch.qint8)
+
+
+def _nested_tensor():
+    return torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
+
+
+#: tensors the audit cannot read as values, and the words naming them
+TENSOR_KINDS = [
+    (_sparse, "a sparse_coo tensor"),
+    (lambda: torch.tensor([[-1.0, 0.0], [0.0, -2.0]]).to_sparse_csr(), "a sparse_csr tensor"),
+    (lambda: torch.empty(2, 2, device="meta"), "a meta tensor"),
+    (lambda: torch.zeros(2, 2, dtype=torch.float8_e4m3fn), "dtype torch.float8_e4m3fn"),
+    (lambda: torch.zeros(2, 2, dtype=torch.complex64), "dtype torch.complex64"),
+    (_quantized, "a quantized tensor"),
+    (_nested_tensor, "a nested tensor"),
+]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("make,words", TENSOR_KINDS, ids=[w for _, w in TENSOR_KINDS])
+@pytest.mark.parametrize("records", [False, True], ids=["columns", "records"])
+def test_unreadable_tensor_kinds_are_named(tmp_path, capsys, make, words, records):
+    t = make()
+    cols = {"id": ["a", "b"], "prompt_ids": torch.tensor([[1], [2]]),
+            "response_ids": torch.tensor([[3, 4], [5, 6]]), "engine_logprobs": t,
+            "trainer_logprobs": torch.full((2, 2), -0.5)}
+    obj = ([{"id": "a", "prompt_ids": [1], "response_ids": [3, 4], "engine_logprobs": t}]
+           if records else cols)
+    path = tmp_path / "x.pt"
+    torch.save(obj, path)
+    rc = main(["audit", str(path), "--quiet", "--max-abs-diff", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert str(path) in err and "'engine_logprobs'" in err and words in err, err
+
+
+@pytest.mark.parametrize("obj,words", [([1, 2, 3], "a list of int"),
+                                       (["a", 1.5], "a list of float, str"),
+                                       (torch.zeros(3), "got Tensor")])
+def test_a_pt_file_of_another_shape_is_named(tmp_path, capsys, obj, words):
+    path = tmp_path / "x.pt"
+    torch.save(obj, path)
+    assert main(["audit", str(path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and words in err, err
+
+
+LOG_ROW = {"step": 3, "sequences": 2, "excluded_sequences": 0, "tokens": 4,
+           "exact_match_fraction": 1.0, "mismatch_fraction": 0.0, "mean_abs_diff": 0.0,
+           "max_abs_diff": 0.0, "k3_kl_mean": 0.0, "abs_diff_p99": 0.0,
+           "ratio": {"mean": 1.0, "min": 1.0, "max": 1.0, "p50": 1.0}}
+_LOG_COUNTS = ("step", "sequences", "excluded_sequences", "tokens")
+_LOG_FRACTIONS = ("exact_match_fraction", "mismatch_fraction")
+
+
+def _log_value_ok(key: str, v) -> bool:
+    """The documented rule (docs/audit.md), written out independently of the reader."""
+    if key in _LOG_COUNTS:
+        return type(v) is int and v >= 0
+    if v is None:
+        return True
+    if isinstance(v, str):
+        return v == "inf" and key not in _LOG_FRACTIONS
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+        return False
+    return 0 <= v <= (1 if key in _LOG_FRACTIONS else math.inf)
+
+
+LOG_JUNK = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
+                     st.floats(allow_nan=True, allow_infinity=True),
+                     st.sampled_from(["abc", "inf", "-inf", "nan", "", "1"]),
+                     st.just([1]), st.just({"a": 1}))
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=FUZZ_FIXED,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(_LOG_COUNTS + _LOG_FRACTIONS + (
+    "mean_abs_diff", "max_abs_diff", "k3_kl_mean", "abs_diff_p99", "ratio.p50")), value=LOG_JUNK)
+def test_audit_log_values_follow_the_value_rule(tmp_path, capsys, key, value):
+    row = json.loads(json.dumps(LOG_ROW))
+    if key.startswith("ratio."):
+        row["ratio"][key[6:]] = value
+    else:
+        row[key] = value
+    path = tmp_path / "log.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    rc = main(["audit-log", str(path), "--quiet", "--max-abs-diff", "1e9",
+               "--min-exact-match", "0", "--max-k3", "1e9", "--max-mismatch", "1"])
+    err = capsys.readouterr().err
+    if _log_value_ok(key.removeprefix("ratio."), value):
+        assert rc in (0, 1), err  # read; a null metric under its gate fails (exit 1)
+        return
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"{path}:line 1: {key}" in err, err
+
+
+PROMPT_TOKENS = [(-2, False), (True, False), (False, False), ("3", False), (2.0, False),
+                 (None, False), (3, True)]
+
+
+@pytest.mark.parametrize("value,reads", PROMPT_TOKENS, ids=[repr(v) for v, _ in PROMPT_TOKENS])
+def test_usage_prompt_tokens_is_a_count(tmp_path, value, reads):
+    from detsample.audit import audit
+
+    toks = [f"token_id:{t}" for t in (1, 2, 3, 7, 8)]
+    line = {"id": "e", "choices": [{"index": 0, "logprobs": {
+        "tokens": toks, "token_logprobs": [None, -0.5, -0.5, -0.5, -0.25]}}],
+        "usage": {"prompt_tokens": value}, "trainer_logprobs": [-0.5, -0.25]}
+    path = tmp_path / "x.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    rep = audit(str(path), preset="openai")
+    if reads:
+        assert rep["sequences"] == 1 and rep["tokens"] == 2 and rep["excluded_sequences"] == 0
+        return
+    assert rep["sequences"] == 0 and rep["excluded_sequences"] == 1, rep
+    issue = rep["issues"][0]
+    assert issue["field"] == "usage.prompt_tokens" and repr(value)[:3] in issue["message"], issue
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_negative_count_gets_the_same_verdict_in_every_format(tmp_path, fmt):
+    """Bug pinned: a negative response_length in Parquet read as an absent column
+    ("missing column 'response_length'") where JSONL named the value."""
+    from detsample.audit import audit
+
+    rows = [{"id": k, "input_ids": [1, 2, 3, 4], "response_length": n,
+             "engine_logprobs": [-0.5, -0.25], "trainer_logprobs": [-0.5, -0.25]}
+            for k, n in ((0, -2), (1, 2))]
+    path = tmp_path / f"x.{fmt}"
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    rep = audit(str(path), columns="input_ids=input_ids,response_length=response_length")
+    issue = rep["issues"][0]
+    assert rep["sequences"] == 1 and rep["excluded_sequences"] == 1, rep["issues"]
+    assert (issue["field"], issue["kind"], issue["message"]) == \
+        ("response_length", "bad_type", "must be >= 0, got -2"), issue

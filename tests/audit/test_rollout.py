@@ -198,3 +198,82 @@ def test_moe_model_rollout_audits_exactly_under_the_mode(tmp_path, monkeypatch):
         assert rc == 1 and rep["exact_match_fraction"] < 1.0
     finally:
         sys.modules.pop("moe_models", None)
+
+
+# -- the user's prompts, n samples each ---------------------------------------------------
+
+def _prompts_file(tmp_path, lines):
+    import json
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return str(path)
+
+
+def test_n_samples_per_prompt_are_distinct_and_reproducible(tmp_path):
+    """Bug pinned: four requests with one prompt and one seed gave four identical
+    responses, silently (a GRPO group with no variance). With --n, sample j of a prompt
+    uses its seed + j (vLLM's child seeds): 4 distinct responses, the same on a rerun."""
+    from detsample.audit.rollout import read_prompts
+
+    prompts = read_prompts(_prompts_file(tmp_path, [{"prompt_ids": [5, 6, 7]},
+                                                    {"prompt_ids": [9, 10], "id": "b"}]))
+    kw = dict(prompts=prompts, n=4, max_new_tokens=8, temperature=0.9, seed=10)
+    a, b = generate_rollouts(**kw), generate_rollouts(**kw)
+    assert a == b
+    assert [r["group"] for r in a] == [0] * 4 + [1] * 4
+    assert [r["seed"] for r in a] == list(range(10, 18))
+    assert [r["id"] for r in a][4:] == ["b/0", "b/1", "b/2", "b/3"]
+    for g in (0, 1):
+        responses = {tuple(r["response_ids"]) for r in a if r["group"] == g}
+        assert len(responses) == 4
+    assert all(r["prompt_ids"] == [5, 6, 7] for r in a[:4])
+
+
+def test_repeated_prompt_and_seed_warns(tmp_path):
+    from detsample.audit.rollout import read_prompts
+
+    prompts = read_prompts(_prompts_file(tmp_path, [{"prompt_ids": [5, 6], "seed": 3},
+                                                    {"prompt_ids": [5, 6], "seed": 3}]))
+    with pytest.warns(UserWarning, match=r"repeats a \(prompt, seed\) pair"):
+        records = generate_rollouts(prompts=prompts, max_new_tokens=4)
+    assert records[0]["response_ids"] == records[1]["response_ids"]
+
+
+BAD_PROMPT_LINES = [  # (line, words of the error)
+    ("not json", ["prompts.jsonl:1", "not JSON"]),
+    ('[1, 2]', ["prompts.jsonl:1", "JSON object"]),
+    ('{"ids": [1]}', ["prompts.jsonl:1", "missing field 'prompt_ids'"]),
+    ('{"prompt_ids": [1, -2]}', ["prompts.jsonl:1", "prompt_ids", "-2"]),
+    ('{"prompt_ids": []}', ["prompts.jsonl:1", "must not be empty"]),
+    ('{"prompt_ids": "1 2"}', ["prompts.jsonl:1", "prompt_ids must be a list"]),
+    ('{"prompt": "hi"}', ["prompts.jsonl:1", "tokenizer"]),
+    ('{"prompt_ids": [1], "seed": -1}', ["prompts.jsonl:1", "seed", "-1"]),
+]
+
+
+@pytest.mark.parametrize("line,words", BAD_PROMPT_LINES)
+def test_bad_prompt_lines_are_named(tmp_path, line, words):
+    from detsample.audit.rollout import read_prompts
+    from detsample.errors import InvalidSamplingParams
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(InvalidSamplingParams) as exc:
+        read_prompts(str(path))
+    assert all(w in str(exc.value) for w in words), str(exc.value)
+
+
+def test_text_prompts_are_encoded_with_the_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from detsample.audit.rollout import read_prompts
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(["the cat sat on the mat"] * 5, trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    prompts = read_prompts(_prompts_file(tmp_path, [{"prompt": "the cat"}]),
+                           str(tmp_path / "tokenizer.json"))
+    assert list(prompts[0].prompt_ids) == tok.encode("the cat").ids

@@ -231,3 +231,97 @@ def test_fuzzed_goldens_are_verified_never_crash(one_golden, tmp_path_factory, e
     assert v.status in {"ok", "mismatch", "corrupt", "missing-scenario"}, v
     if must_fail:
         assert not v.ok, (edits, v.message)
+
+
+# Bugs pinned: a manifest whose cpu_dispatch.mkl (or vml) was a list or an object crashed
+# `golden verify`, `golden diff` and `check` for every scenario (unhashable type in the MKL
+# pin); a golden file that was a FIFO blocked for ever, one symlinked to /dev/zero was read
+# until the machine ran out of memory.
+
+DISPATCH = [("mkl", ["x"]), ("vml", {"a": 1}), ("mode", 3), ("machine_isa", None)]
+
+
+@pytest.mark.parametrize("field,value", DISPATCH, ids=[f for f, _ in DISPATCH])
+def test_a_malformed_cpu_dispatch_is_that_scenario_s_corrupt_line(goldens, capsys, field,
+                                                                  value):
+    root, store = goldens
+    _edit_manifest(store, "random.min_p",
+                   lambda d: d.setdefault("cpu_dispatch", {}).__setitem__(field, value))
+    for action in ("verify", "diff"):
+        rc, out = _run(capsys, action, root)
+        assert rc == 1, out
+        assert f"[CORRUPT] random.min_p: golden files are corrupt: manifest.json: " \
+               f"cpu_dispatch.{field} must be a string, got {value!r}" in out, out
+    rc, out = _run(capsys, "verify", root)
+    assert "[ok] random.greedy" in out and "[ok] random.top_k" in out
+
+
+def test_a_cpu_dispatch_that_is_not_an_object_is_corrupt(goldens, capsys):
+    root, store = goldens
+    _edit_manifest(store, "random.top_k", lambda d: d.__setitem__("cpu_dispatch", [1]))
+    rc, out = _run(capsys, "verify", root)
+    assert rc == 1 and "cpu_dispatch must be an object, got [1]" in out
+    assert "[ok] random.greedy" in out and "[ok] random.min_p" in out
+
+
+def _replace(path, how):
+    path.unlink()
+    if how == "fifo":
+        os.mkfifo(path)
+        return "a FIFO (named pipe)"
+    if how == "device":
+        path.symlink_to("/dev/zero")
+        return "a character device (a symlink to /dev/zero)"
+    path.mkdir()
+    return "a directory"
+
+
+@pytest.mark.parametrize("fname", ["manifest.json", "logprobs.txt"])
+@pytest.mark.parametrize("how", ["fifo", "device", "directory"])
+def test_a_golden_file_that_is_not_a_regular_file_is_corrupt(goldens, capsys, fname, how):
+    from tests.helpers import run_bounded
+
+    root, store = goldens
+    path = store.scenario_dir("random.min_p") / fname
+    kind = _replace(path, how)
+    rc = run_bounded(["golden", "verify", *SEL, "--golden-dir", str(root)],
+                     [path] if how == "fifo" else [])
+    out = capsys.readouterr().out
+    assert rc == 1 and f"[CORRUPT] random.min_p: golden files are corrupt: {path}: is {kind}" \
+        in out, out
+    assert "[ok] random.greedy" in out and "[ok] random.top_k" in out
+
+
+@pytest.mark.parametrize("field,value", DISPATCH, ids=[f for f, _ in DISPATCH])
+def test_check_s_readers_of_cpu_dispatch_skip_a_malformed_one(goldens, field, value):
+    """What `check` reads before its battery (the MKL level to re-run under, the header
+    line) never raises on a malformed manifest; the battery's golden check names it."""
+    from detsample.cli.check import golden_source
+    from detsample.golden import isa
+
+    root, store = goldens
+    _edit_manifest(store, "random.min_p",
+                   lambda d: d.setdefault("cpu_dispatch", {}).__setitem__(field, value))
+    recorded = isa.recorded_dispatch(store.platform_dir)
+    assert all(isinstance(d.get(field, ""), str) for d in recorded)
+    isa.mkl_pin(recorded)
+    assert golden_source(store).startswith("this run: ")
+
+
+@pytest.mark.parametrize("how", ["file", "fifo", "device"])
+@pytest.mark.parametrize("command", [["golden", "verify", "-k", "random.greedy"], ["check"]])
+def test_a_golden_root_that_is_not_a_folder_is_a_usage_error(tmp_path, capsys, how, command):
+    """Bug pinned: ``--golden-dir`` naming a file, a FIFO or /dev/zero read as a platform
+    without goldens (exit 1, "NO GOLDEN FILES ... under /dev/zero")."""
+    from tests.helpers import run_bounded
+
+    root = tmp_path / "root"
+    if how == "file":
+        root.write_text("{}")
+    elif how == "fifo":
+        os.mkfifo(root)
+    else:
+        root.symlink_to("/dev/zero")
+    rc = run_bounded([*command, "--golden-dir", str(root)], [root] if how == "fifo" else [])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"golden root {root} is a" in err and "not a directory" in err, err

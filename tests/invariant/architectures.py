@@ -4,16 +4,19 @@ seeded random weights (no hub), and the bitwise checks run on each.
 Every config is small (hidden 64, 2 layers, a 512-token vocabulary) but keeps what makes
 its architecture different: MoE routing (softmax / sigmoid, top-k, grouped top-k, shared
 experts), MLA's unequal head dims, attention sinks, soft-capping, sliding windows, partial
-rotary, QK-norm, and a linear-attention hybrid (refused by name).
+rotary, QK-norm, and linear-attention hybrids (refused: they keep state beyond keys and
+values).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
+from detsample.invariant.guard import GUARD
 from detsample.models import HFCausalLM, prefill
 from detsample.models.tiny import seeded_init_
 
@@ -30,7 +33,7 @@ class Arch:
     extra: dict[str, Any] = field(default_factory=dict)
     features: str = ""
     moe: bool = False
-    refused: bool = False     # the mode must refuse it by name
+    refused: str = ""         # a regex the mode's RefusedLayerError must match ("": runs)
 
 
 PANEL: tuple[Arch, ...] = (
@@ -54,6 +57,8 @@ PANEL: tuple[Arch, ...] = (
     Arch("smollm3", "SmolLM3Config", "SmolLM3ForCausalLM", features="NoPE layers"),
     Arch("cohere2", "Cohere2Config", "Cohere2ForCausalLM", dict(sliding_window=8),
          "sliding window, LayerNorm"),
+    Arch("apertus", "ApertusConfig", "ApertusForCausalLM", dict(head_dim=16),
+         "xIELU activation (expm1, softplus), QK-norm"),
     Arch("qwen3moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM",
          dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
          "MoE (softmax top-k)", moe=True),
@@ -76,7 +81,14 @@ PANEL: tuple[Arch, ...] = (
          dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
               shared_expert_intermediate_size=32, linear_num_value_heads=4, linear_num_key_heads=2,
               linear_key_head_dim=16, linear_value_head_dim=16, full_attention_interval=2),
-         "gated delta-net linear attention + MoE hybrid", moe=True, refused=True),
+         "gated delta-net linear attention + MoE hybrid", moe=True,
+         refused=r"conv_states\[0\] .* kept by model.layers.0.linear_attn \(Qwen3NextGatedDeltaNet\)"),
+    Arch("minimax", "MiniMaxConfig", "MiniMaxForCausalLM",
+         dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, block_size=8,
+              layer_types=["linear_attention", "full_attention"]),
+         "lightning attention (linear, blocks of 8) + MoE hybrid", moe=True,
+         refused=r"MiniMaxCache.linear_cache\[0\] .* kept by model.layers.0.self_attn "
+                 r"\(MiniMaxLightningAttention\)"),
 )
 BY_NAME = {a.name: a for a in PANEL}
 
@@ -119,3 +131,13 @@ def failures(lm: Any, tokens: list[int]) -> tuple[list[str], torch.Tensor]:
 
 def adapter(model: torch.nn.Module, mode: bool, portable: bool = False) -> HFCausalLM:
     return HFCausalLM(model, batch_invariant=mode, portable=portable)
+
+
+@contextmanager
+def unguarded() -> Iterator[None]:
+    """Inside the mode: its kernels without the guard's hooks (negative controls only)."""
+    GUARD.uninstall()
+    try:
+        yield
+    finally:
+        GUARD.install()

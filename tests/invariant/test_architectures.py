@@ -5,11 +5,15 @@ For each: prefill == decode == chunked prefill == left- and right-padded batch, 
 1 and 2 threads (and the same bits at both), with the mode; the same checks fail without it
 (negative control); the mode's logits within 1e-4 of the default kernels'; the MoE ones in
 bfloat16 too. A linear-attention hybrid raises RefusedLayerError at its first forward
-instead of returning variant logits.
+instead of returning variant logits -- by name, and with the name list emptied by the
+state it keeps beyond keys and values (with a cache and without one) -- while under the
+mode's kernels with the guard off its decode bits differ from its prefill's (negative
+control).
 
 Pins: an MoE combine or router that follows the batch (the grouped expert product was not
 covered), an attention extra (soft-capping, sinks, MLA's value dim) that raised or was
-dropped, a sliding window that moved logits, and a variant architecture run silently.
+dropped, a sliding window that moved logits, and a variant architecture run silently
+(MiniMax's lightning attention, on no name list, did).
 
 The default suite runs a representative subset; ``pytest -m panel tests/invariant`` runs
 every architecture of the panel.
@@ -21,20 +25,22 @@ import pytest
 import torch
 
 from detsample.invariant import batch_invariant
+from detsample.invariant import guard
 from detsample.invariant.guard import RefusedLayerError
 from detsample.probe.threads import torch_threads
-from tests.invariant.architectures import PANEL, adapter, build, failures
+from tests.invariant.architectures import PANEL, adapter, build, failures, unguarded
 
-DEFAULT = ("llama", "gemma2", "gpt2", "qwen3moe", "deepseekv3", "gptoss", "qwen3next")
+DEFAULT = ("llama", "gemma2", "gpt2", "qwen3moe", "deepseekv3", "gptoss", "qwen3next", "minimax")
 CASES = [pytest.param(a, id=a.name, marks=() if a.name in DEFAULT else pytest.mark.panel)
          for a in PANEL]
 TOKENS = torch.randint(0, 512, (19,), generator=torch.Generator().manual_seed(11)).tolist()
 
 
 def _hf_decode_differs(model: torch.nn.Module) -> bool:
-    """transformers' own cache (a hybrid needs its state cache): decode vs one prefill."""
+    """Under the mode's kernels with the guard's hooks off, through transformers' own cache
+    (a hybrid's holds its state): decode vs one prefill."""
     ids = torch.tensor([TOKENS])
-    with torch.no_grad():
+    with torch.no_grad(), batch_invariant(), unguarded():
         full = model(ids).logits[0]
         out = model(ids[:, :1], use_cache=True)
         steps, past = [out.logits[0, -1]], out.past_key_values
@@ -45,15 +51,29 @@ def _hf_decode_differs(model: torch.nn.Module) -> bool:
     return not torch.equal(torch.stack(steps), full)
 
 
+def _refused(arch, model: torch.nn.Module, monkeypatch) -> None:
+    """Refused at its first forward, by name and, with no name list, by the state it keeps
+    (with a cache and without one); the adapter returns no logits either."""
+    ids = torch.tensor([TOKENS])
+    assert _hf_decode_differs(model), f"{arch.name}: decode matched prefill (no negative control)"
+    with torch.no_grad(), batch_invariant(), pytest.raises(RefusedLayerError):
+        model(ids)
+    with pytest.raises((RefusedLayerError, ValueError)):   # MiniMax: "uses a cache of its own"
+        failures(adapter(build(arch), True), TOKENS)
+    monkeypatch.setattr(guard, "REFUSED", ())
+    for use_cache in (True, False):
+        fresh = build(arch)
+        with torch.no_grad(), batch_invariant(), pytest.raises(RefusedLayerError, match=arch.refused):
+            fresh(ids, use_cache=use_cache)
+        with torch.no_grad(), batch_invariant(), pytest.raises(RefusedLayerError):
+            fresh(ids)                                      # and at every later forward
+
+
 @pytest.mark.parametrize("arch", CASES)
-def test_bitwise_under_the_mode_or_refused_by_name(arch):
+def test_bitwise_under_the_mode_or_refused(arch, monkeypatch):
     model = build(arch)
     if arch.refused:
-        assert _hf_decode_differs(model), f"{arch.name}: decode matched prefill (no negative control)"
-        with torch.no_grad(), batch_invariant(), pytest.raises(RefusedLayerError, match=arch.model[:8]):
-            model(torch.tensor([TOKENS]))
-        with pytest.raises(RefusedLayerError):
-            failures(adapter(model, True), TOKENS)
+        _refused(arch, model, monkeypatch)
         return
     with torch_threads(2):
         bad_default, ref = failures(adapter(model, False), TOKENS)

@@ -245,6 +245,8 @@ POINTWISE = [
     ("sigmoid", cpu.sigmoid, torch.sigmoid),
     ("gelu_tanh", lambda x: cpu.gelu(x, approximate="tanh"), lambda x: F.gelu(x, approximate="tanh")),
     ("exp", cpu.exp, torch.exp),
+    ("expm1", cpu.expm1, torch.expm1),
+    ("softplus", lambda x: cpu.softplus(x, 1, 20), F.softplus),
     ("tanh", cpu.tanh, torch.tanh),
     ("log", lambda x: cpu.log(x.abs() + 0.1), lambda x: torch.log(x.abs() + 0.1)),
     ("cos", cpu.cos, torch.cos),
@@ -274,7 +276,7 @@ def test_pointwise_is_torchs_vector_loop_or_the_mkl_free_twin(name, fn, native):
     with batch_invariant():
         assert torch.equal(fn(x), native(x))
     with batch_invariant(portable=True):
-        twin = {"exp": libm.exp, "tanh": libm.tanh,
+        twin = {"exp": libm.exp, "tanh": libm.tanh, "expm1": libm.expm1,
                 "log": lambda t: libm.log(t.abs() + 0.1)}.get(name)
         assert torch.equal(fn(x), (twin or native)(x))
 

@@ -1,4 +1,4 @@
-"""MKL-free exp, log and tanh (detsample/ops/libm.py): correctly rounded but for rare ties, and the same bits on
+"""MKL-free exp, log, tanh and expm1 (detsample/ops/libm.py): correctly rounded but for rare ties, and the same bits on
 every MKL instruction level.
 
 Pins: a reduction of the argument that loses bits (log near 1, tanh near 0), a special
@@ -26,7 +26,8 @@ def _inputs(name: str) -> torch.Tensor:
     return x.abs() * 3 if name == "log" else x
 
 
-@pytest.mark.parametrize("name,ref", [("exp", np.exp), ("log", np.log), ("tanh", np.tanh)])
+@pytest.mark.parametrize("name,ref", [("exp", np.exp), ("log", np.log), ("tanh", np.tanh),
+                                      ("expm1", np.expm1)])
 def test_within_one_ulp_of_numpy_and_specials_exact(name, ref):
     x = _inputs(name)
     with np.errstate(all="ignore"):
@@ -46,6 +47,8 @@ def test_signs_of_zero_and_float64_inputs():
                        torch.tensor([-0.0]).view(torch.int32))
     assert float(libm.exp(torch.tensor([-0.0]))) == 1.0
     assert float(libm.log(torch.tensor([-0.0]))) == float("-inf")
+    assert torch.equal(libm.expm1(torch.tensor([-0.0, float("-inf")])).view(torch.int32),
+                       torch.tensor([-0.0, -1.0]).view(torch.int32))
     x = torch.linspace(0.1, 5, 100, dtype=torch.float64)
     assert libm.exp(x).dtype == torch.float64
     assert torch.allclose(libm.log(x), torch.log(x), rtol=1e-15, atol=0)
@@ -53,6 +56,6 @@ def test_signs_of_zero_and_float64_inputs():
 
 def test_an_elements_bits_do_not_depend_on_its_neighbours():
     x = _inputs("exp")[:5000]
-    for f in (libm.exp, libm.tanh):
+    for f in (libm.exp, libm.tanh, libm.expm1):
         whole = f(x)
         assert torch.equal(torch.cat([f(x[i: i + 37]) for i in range(0, 5000, 37)]), whole)

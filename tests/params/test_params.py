@@ -103,6 +103,9 @@ ROUND_TRIP_FIELDS = dict(  # one strategy per field, every field of SamplingPara
     allowed_token_ids=st.one_of(st.none(), st.lists(st.integers(0, 50), min_size=1, max_size=4)),
     bad_words=st.lists(st.lists(st.integers(0, 50), min_size=1, max_size=3), max_size=2),
     logits_processor=st.sampled_from([None, abs]),
+    extra_args=st.one_of(st.none(), st.dictionaries(st.text(max_size=4), st.integers(),
+                                                    max_size=3)),
+    require_reasoning=st.booleans(),
 )
 
 
@@ -144,3 +147,39 @@ def test_bad_sequence_fields_raise_invalid_params_naming_the_field(kwargs, field
     with pytest.raises(InvalidSamplingParams) as ei:
         SamplingParams(**kwargs)
     assert field in str(ei.value) and value in str(ei.value)
+
+
+UNKNOWN_FIELDS = [  # (keyword, words the error must carry)
+    ("n", ["'n'", "child_requests", "seed + j"]),
+    ("max_tokens", ["'max_tokens'", "max_new_tokens"]),
+    ("temprature", ["'temprature'", "temperature"]),
+]
+
+
+@pytest.mark.parametrize("key,words", UNKNOWN_FIELDS)
+def test_unknown_field_is_the_named_error(key, words):
+    """Bug pinned: ``SamplingParams(n=4)`` was a bare TypeError from the dataclass, not the
+    project's InvalidSamplingParams naming the field (and ``replace`` alike)."""
+    for make in (lambda: SamplingParams(**{key: 4}), lambda: SamplingParams().replace(**{key: 4})):
+        with pytest.raises(InvalidSamplingParams) as exc:
+            make()
+        assert all(w in str(exc.value) for w in words), str(exc.value)
+
+
+@given(st.integers(0, 2**63 - 100), st.integers(1, 16))
+def test_child_requests_use_vllm_child_seeds(seed, n):
+    """Sample j of a request with seed s has seed s + j (vLLM's parallel sampling), so n
+    samples of one prompt are n distinct streams, never n copies of one."""
+    from detsample.params import Request, child_requests
+
+    kids = child_requests(Request("q", SamplingParams(seed=seed, top_p=0.9), [1, 2]), n)
+    assert [k.seed for k in kids] == [seed + j for j in range(n)]
+    assert [k.rid for k in kids] == [f"q/{j}" for j in range(n)]
+    assert all(k.params.top_p == 0.9 and k.prompt_ids == [1, 2] for k in kids)
+
+
+def test_child_seed_out_of_range_is_refused():
+    from detsample.params import child_seed
+
+    with pytest.raises(InvalidSamplingParams, match="child seed"):
+        child_seed(2**63 - 1, 1)

@@ -220,3 +220,21 @@ def test_hf_model_speculative_equals_plain_only_under_the_mode(batch_invariant):
         assert diffs == [], str(diffs[0])
     else:
         assert diffs, "default kernels gave the plain run's bits: the control proves nothing"
+
+
+def test_require_reasoning_rows_equal_the_plain_run_across_the_end_token(model):
+    """The end-of-thinking token (here the second token a free run draws) wakes the
+    grammar inside a verification; a rejected position after it rolls it back."""
+    free = Request("free", SamplingParams(seed=5, max_new_tokens=8), [3, 4, 5])
+    think_end = Engine(model).run(Schedule.of([(0, free)]))["free"].token_ids[1]
+    cfg = EngineConfig(think_end_token_id=think_end, max_batch_size=3)
+    reqs = [Request("think", SamplingParams(seed=5, max_new_tokens=8, regex="[a-c]{2,4}x",
+                                            require_reasoning=True), [3, 4, 5]),
+            make_request("other", "penalties", seed=2)]
+    sched = Schedule.of([(0, r) for r in reqs])
+    plain = Engine(model, config=cfg).run(sched)
+    assert plain["think"].token_ids[:2] == Engine(model).run(
+        Schedule.of([(0, free)]))["free"].token_ids[:2]
+    for prop in (DraftModel(model, think_end_token_id=think_end), RandomProposer(3)):
+        _assert_same(plain, Engine(model, config=cfg,
+                                   speculative=Speculative(prop, 3)).run(sched))

@@ -1,0 +1,100 @@
+"""The logprob semantics an engine reports in, as the audit's rescoring speaks them.
+
+An engine's sampling-time logprobs are "raw" (log_softmax of the model's logits, what a
+trainer computes at temperature 1) or "processed" (vLLM's meaning: log_softmax over the
+kept set of the logits divided by the temperature, after top-k / top-p / min-p). A
+:class:`Semantics` names one of them with its temperature and filters;
+``detsample audit --rescore MODEL --logprobs-mode processed --temperature 0.7 --top-p 0.9``
+rescores in it, so an engine's processed logprobs are compared with processed logprobs.
+
+Modes (:data:`detsample.params.LOGPROBS_MODES`): ``raw``; ``scaled`` (log_softmax of the
+logits divided by the temperature, no filter); ``processed`` (vLLM's, bit for bit on the
+same logits and kept set); ``processed_fixed`` (detsample's own exact form of the same
+distribution, a few ulps from vLLM's: docs/audit.md, "Logprob semantics").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from detsample.errors import InvalidSamplingParams
+from detsample.params import LOGPROBS_MODES, SamplingParams
+
+#: the fields of a semantics besides its mode, with their "off" values
+FILTER_DEFAULTS = (("temperature", 1.0), ("top_k", -1), ("top_p", 1.0), ("min_p", 0.0))
+
+
+@dataclass(frozen=True)
+class Semantics:
+    """One logprob semantics (frozen, validated at construction like SamplingParams:
+    ``top_p must be in (0, 1], got 1.5``).
+
+    logprobs_mode: one of :data:`~detsample.params.LOGPROBS_MODES`. temperature, top_k,
+    top_p, min_p: as in :class:`~detsample.params.SamplingParams`; they change nothing in
+    "raw" mode, so giving them there is an error (a file-wide option that would be
+    silently ignored), except through :meth:`with_row` (a file may record the sampling
+    temperature beside raw logprobs).
+    """
+
+    logprobs_mode: str = "raw"
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise InvalidSamplingParams(f"logprobs_mode must be one of {LOGPROBS_MODES}, "
+                                        f"got {self.logprobs_mode!r}")
+        p = self.params()  # every field rule, once
+        for name, _ in FILTER_DEFAULTS:
+            object.__setattr__(self, name, getattr(p, name))
+
+    @classmethod
+    def of(cls, logprobs_mode: str = "raw", **fields: object) -> "Semantics":
+        """A semantics from options: filters given with "raw" are refused (raw
+        logprobs are log_softmax at temperature 1; they would change nothing)."""
+        s = cls(logprobs_mode, **fields)  # type: ignore[arg-type]
+        given = [n for n, off in FILTER_DEFAULTS if getattr(s, n) != off]
+        if logprobs_mode == "raw" and given:
+            raise InvalidSamplingParams(
+                f"{', '.join(given)} describe processed logprobs, but logprobs_mode is 'raw' "
+                f"(log_softmax of the logits at temperature 1): give logprobs_mode "
+                f"'processed' (--logprobs-mode processed)")
+        return s
+
+    def params(self) -> SamplingParams:
+        """The rescoring request's parameters (a fixed seed: nothing is drawn)."""
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                              min_p=self.min_p, seed=0, logprobs_mode=self.logprobs_mode)
+
+    @property
+    def filters(self) -> tuple[tuple[str, object], ...]:
+        """(name, value) of the fields that are not off (temperature included)."""
+        if self.logprobs_mode == "raw":
+            return ()
+        return tuple((n, getattr(self, n)) for n, off in FILTER_DEFAULTS
+                     if getattr(self, n) != off)
+
+    def describe(self) -> str:
+        """'processed logprobs at temperature 0.7, top_p 0.9' / 'raw logprobs'."""
+        parts = [f"{n} {_fmt(v)}" for n, v in self.filters]
+        head = f"{self.logprobs_mode} logprobs"
+        return f"{head} at {', '.join(parts)}" if parts else head
+
+    def flags(self) -> str:
+        """The CLI options that select it: '--logprobs-mode processed --temperature 0.7'."""
+        out = [f"--logprobs-mode {self.logprobs_mode}"]
+        out += [f"--{n.replace('_', '-')} {_fmt(v)}" for n, v in self.filters]
+        return " ".join(out)
+
+    def to_dict(self) -> dict:
+        return {"logprobs_mode": self.logprobs_mode, "temperature": self.temperature,
+                "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p}
+
+
+def _fmt(v: object) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+RAW = Semantics()
