@@ -48,6 +48,7 @@ from detsample.ops.temperature import scale_logits
 from detsample.processors.base import ProcessorRunner
 from detsample.processors.loading import load_processors
 from detsample import rules
+from detsample.ops.mask import pack_bitmask
 from detsample.rules import STATUS_NO_VALID_TOKEN
 from detsample.processors.penalties import apply_penalties_and_constraints
 from detsample.rng import RNG_NAME, row_uniforms
@@ -944,3 +945,42 @@ class Sampler:
         some_none = bool(plan.excluded) or bool((token_ids < 0).any())
         return self._token_logprobs(prep, z, cut, batch, plan, token_ids,
                                     greedy_tok=greedy_tok, some_none=some_none)
+
+    @torch.no_grad()  # not differentiable; logits may come from a training model
+    def sampling_mask(self, logits: torch.Tensor, batch: SamplingBatch, *,
+                      bitmask: bool = False) -> torch.Tensor:
+        """The kept support of each row (SGLang's ``return_sampling_mask``): the tokens
+        :meth:`sample` may draw from these logits and this batch state.
+
+        Through the same steps 1-8 as :meth:`sample`: a token is in the support when step
+        8 keeps it (exactly where the "processed" logprob is finite; a -inf logit never
+        is); a greedy row's support is its greedy token; a row without an
+        admissible token has none. Returns (B, V) bool, or with ``bitmask`` (B, ceil(V /
+        32)) int32 words, token ``v`` at bit ``v % 32`` of word ``v // 32`` (xgrammar's
+        layout). Row-local, so bitwise batch-invariant like the tokens. A second pass
+        over the logits: :meth:`sample_with_mask` gives both.
+        """
+        prep = self._prepare(self._checked_logits(logits, batch), batch)
+        B, V = len(batch), batch.vocab_size
+        keep = torch.zeros((B, V), dtype=torch.bool, device=batch.device)
+        if B:
+            plan = self._plan(batch, prep)
+            z = self._scaled(prep, plan)
+            cut = self._cut(z, batch, plan, prep) if plan.needs_scaled else Cut.none(B, batch.device)
+            every = Rows.of(range(B), B, batch.device)
+            keep = self._kept(cut, batch, every, z, lambda t: t.unsqueeze(1), prep.kernels)
+            greedy_tok = self._greedy_tokens(prep, plan)
+            if greedy_tok is not None:
+                onehot = torch.arange(V, device=batch.device).unsqueeze(0) == \
+                    greedy_tok.clamp(min=0).unsqueeze(1)
+                keep = torch.where(batch.greedy.unsqueeze(1), onehot, keep)
+            keep &= ((prep.status & STATUS_NO_VALID_TOKEN) == 0).unsqueeze(1)
+        return pack_bitmask(keep) if bitmask else keep
+
+    def sample_with_mask(self, logits: torch.Tensor, batch: SamplingBatch,
+                         positions: torch.Tensor, *, bitmask: bool = False
+                         ) -> tuple[SampleOutput, torch.Tensor]:
+        """:meth:`sample` and :meth:`sampling_mask` of the same inputs."""
+        return (self.sample(logits, batch, positions),
+                self.sampling_mask(logits, batch, bitmask=bitmask))
+
