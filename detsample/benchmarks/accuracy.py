@@ -57,7 +57,7 @@ class Errors:
 def errors(scale: float, tokens: int = 48, seed: int = 3) -> Errors:
     """The logit errors of each side on :func:`massive_llama` ``(scale)`` for a seeded
     prompt of ``tokens`` tokens."""
-    from detsample import batch_invariant
+    from detsample.invariant import batch_invariant
     model = massive_llama(scale, seed)
     ids = torch.randint(0, CONFIG["vocab_size"], (1, tokens), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
