@@ -1,7 +1,7 @@
 """Every constant and formula of the sampling semantics, defined once.
 
-The torch ops (:mod:`detsample.ops`), their host-array forms (:mod:`detsample.ops.hostcut`,
-:mod:`detsample.rng`) and the Triton kernels (:mod:`detsample.kernels`) import what is
+The torch ops (:mod:`detsample.ops`), the host-array form of the uniforms
+(:mod:`detsample.rng`) and the Triton kernels (:mod:`detsample.kernels`) import what is
 here; none writes a rule again. Each formula below takes a torch tensor, a numpy array
 or a Python scalar and applies the SAME IEEE operations to each (the spellings differ,
 the arithmetic does not), so a route may pick the cheapest container without changing

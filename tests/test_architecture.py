@@ -163,12 +163,18 @@ def test_no_import_cycles():
 MAX_POSITIONAL = 6
 
 
+#: the sampler's modules: the pipeline, its pure ops and its internals
+SAMPLER_PATHS = [PKG / "sampler.py", *sorted((PKG / "ops").glob("*.py")),
+                 *sorted((PKG / "sampling").glob("*.py"))]
+#: the longest function of the sampler's modules, in lines (docstring included)
+MAX_FUNCTION_LINES = 60
+
+
 def test_sampler_and_ops_functions_take_few_positional_parameters():
     """Pins a helper grown to ten positional arguments (a call site that swaps two of
     them still runs)."""
-    paths = [PKG / "sampler.py", *sorted((PKG / "ops").glob("*.py"))]
     wide = []
-    for path in paths:
+    for path in SAMPLER_PATHS:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 pos = [a.arg for a in node.args.posonlyargs + node.args.args
@@ -176,3 +182,13 @@ def test_sampler_and_ops_functions_take_few_positional_parameters():
                 if len(pos) > MAX_POSITIONAL:
                     wide.append(f"{path.name}:{node.name} ({len(pos)})")
     assert not wide, wide
+
+
+def test_sampler_functions_are_short():
+    """Pins a step grown into one long function that mixes dispatch, early exits and
+    index bookkeeping (step 8 once took 79 lines in one method)."""
+    long = [f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1})"
+            for path in SAMPLER_PATHS for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, long

@@ -5,13 +5,10 @@ The public names are re-exported by :mod:`detsample.audit`.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import math
 import os
-import signal
-import threading
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -33,6 +30,7 @@ from detsample.audit.table import RawChunk, TableChunk, offsets_from_lengths
 from detsample.audit.torchfile import TorchSource
 from detsample.audit.validate import RescoreFn, validate
 from detsample.inputs import thread_problem
+from detsample.inputs.signals import children_ignore_ctrl_c
 
 __all__ = ["AuditInputError", "AuditOptions", "Issue", "Shard", "audit", "audit_accumulator",
            "check_gates", "consume", "plan_shards", "run_shard", "to_json"]
@@ -197,7 +195,7 @@ def audit_accumulator(source: object, options: AuditOptions | None = None,
         raise AuditInputError(f"workers {too_many}")
     pool = ProcessPoolExecutor(max_workers=opts.workers, mp_context=get_context("spawn"))
     try:
-        with _sigint_ignored():  # the workers start ignoring Ctrl-C: the parent handles it
+        with children_ignore_ctrl_c():  # the parent alone handles Ctrl-C
             futures = [pool.submit(run_shard, s, opts) for s in shards]
         for fut in futures:  # merged in file order
             total.merge(fut.result())
@@ -208,21 +206,6 @@ def audit_accumulator(source: object, options: AuditOptions | None = None,
         raise
     pool.shutdown()
     return total
-
-
-@contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """SIGINT ignored while worker processes start (a process started with SIGINT ignored
-    keeps it ignored: Ctrl-C reaches the parent only, with no worker tracebacks); only
-    in the main thread, where Python handles signals."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def audit(source: object, options: AuditOptions | None = None, **kwargs: object) -> dict:

@@ -84,10 +84,15 @@ def unreadable_tensor(path: str, obj: object) -> str | None:
                 return f"{path}: {where or 'the file'}: {problem}; the audit reads {READABLE}"
         elif isinstance(v, Mapping):
             stack.extend((f"{where}[{k!r}]", x) for k, x in reversed(list(v.items())))
-        elif isinstance(v, (list, tuple)):
+        elif isinstance(v, (list, tuple)) and not set(map(type, v)) <= _SCALARS:
             stack.extend((f"{where}[{k}]", x) for k, x in reversed(list(enumerate(v)))
                          if isinstance(x, (torch.Tensor, Mapping, list, tuple)))
     return None
+
+
+#: the types a list of values holds when nothing inside it needs walking (a fast path:
+#: ``set(map(type, v))`` runs in C, a Mapping check per element does not)
+_SCALARS = frozenset({int, float, str, bool, bytes, type(None)})
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

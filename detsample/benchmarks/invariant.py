@@ -10,13 +10,16 @@ attention, torch's kernels), ``verified`` (``load_model(..., batch_invariant=Tru
 process, so a loaded machine slows them alike; each figure is the best (minimum) wall time
 over ``rounds``, the least disturbed by other processes; the one-time verification is
 done by a warm-up before the rounds. Models: ``hf-tiny-llama`` and ``wide``, a Llama of
-hidden 1024 and 8 layers (16 heads, 4 KV heads, MLP 2752, the 512-token vocabulary).
+hidden 1024 and 8 layers (16 heads, 4 KV heads, MLP 2752, the 512-token vocabulary);
+``moe`` and ``mla`` (:data:`MOE`, :data:`MLA`); ``hybrid``, an LFM2 short-convolution
+hybrid of the same width (:data:`HYBRID`), run through transformers' own cache.
 
 :func:`verification_cost` times the on-machine checks for the product shapes of a
 1B-parameter Llama (Llama 3.2 1B: hidden 2048, MLP 8192, 32 / 8 heads of 64, 128,256-token
 vocabulary), from an empty plan registry.
 
-Run: ``python -m detsample.benchmarks.invariant [--rounds N] [--threads N] [--verification]``.
+Run: ``python -m detsample.benchmarks.invariant [--rounds N] [--threads N] [--verification]``;
+``--breakdown SIDE``: where one prefill's time goes on that side (torch's profiler, per op).
 """
 
 from __future__ import annotations
@@ -45,7 +48,14 @@ MLA = dict(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidden_l
            qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64, first_k_dense_replace=4,
            n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
            max_position_embeddings=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-MODELS = ("hf-tiny-llama", "wide", "moe", "mla")
+#: a short-convolution hybrid (LFM2): hidden 1024, 8 layers, 5 short convolutions (K 3)
+#: and 3 attention layers; run through transformers' own cache (:func:`measure_hybrid`)
+HYBRID = dict(vocab_size=512, hidden_size=1024, intermediate_size=2752, block_ff_dim=2752,
+              block_auto_adjust_ff_dim=False, num_hidden_layers=8, num_attention_heads=16,
+              num_key_value_heads=4, max_position_embeddings=1024,
+              layer_types=["conv", "conv", "full_attention"] * 2 + ["conv", "full_attention"],
+              pad_token_id=0, bos_token_id=1, eos_token_id=2)
+MODELS = ("hf-tiny-llama", "wide", "moe", "mla", "hybrid")
 
 
 SIDES = ("default", "verified", "portable")
@@ -135,6 +145,57 @@ def measure(name: str, *, prefill_len: int = 512, decode_batch: int = 8, cache_l
     return out
 
 
+def _hybrid_side(side: str, seed: int) -> Callable[..., Any]:
+    """The LFM2 hybrid called as transformers runs it (its own cache), on ``side``."""
+    import transformers
+
+    from detsample.invariant import batch_invariant
+    from detsample.models.hf import use_invariant_attention
+    from detsample.models.tiny import seeded_init_
+    with torch.random.fork_rng(devices=[]):
+        model = transformers.Lfm2ForCausalLM(transformers.Lfm2Config(**HYBRID))
+    model = seeded_init_(model, seed).eval()
+    if side != "default":
+        use_invariant_attention(model)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        mode = batch_invariant(portable=side == "portable") if side != "default" else None
+        with torch.no_grad():
+            if mode is None:
+                return model(*args, **kwargs)
+            with mode:
+                return model(*args, **kwargs)
+    return call
+
+
+def measure_hybrid(*, prefill_len: int = 512, decode_batch: int = 8, cache_len: int = 256,
+                   rounds: int = 5, threads: int = 2, seed: int = 0,
+                   sides: tuple[str, ...] = SIDES) -> list[Timing]:
+    """:func:`measure`'s workloads on the LFM2 hybrid through transformers' own cache
+    (detsample's adapter carries keys and values only): the decode batch is ``decode_batch``
+    rows of ``cache_len`` tokens prefilled together, then one step (the cache copied, not
+    timed, before each round: a step writes its convolution windows in place)."""
+    import copy
+
+    calls = {side: _hybrid_side(side, seed) for side in sides}
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(3, HYBRID["vocab_size"], (1, prefill_len), generator=g)
+    rows = torch.randint(3, HYBRID["vocab_size"], (decode_batch, cache_len), generator=g)
+    step = torch.randint(3, HYBRID["vocab_size"], (decode_batch, 1), generator=g)
+    with torch_threads(threads):
+        caches = {}
+        for side, call in calls.items():
+            caches[side] = call(rows, use_cache=True).past_key_values     # and a warm-up
+            call(prompt)
+            call(step, past_key_values=copy.deepcopy(caches[side]), use_cache=True)
+        pre = _best({side: (lambda _, c=c: c(prompt)) for side, c in calls.items()}, rounds)
+        dec = _best({side: (lambda s, side=side, c=c: c(step, past_key_values=s[side], use_cache=True))
+                     for side, c in calls.items()}, rounds,
+                    setup=lambda: {k: copy.deepcopy(v) for k, v in caches.items()})
+    return [Timing("hybrid", f"prefill {prefill_len} x 1", pre),
+            Timing("hybrid", f"decode {decode_batch} x cache {cache_len}", dec)]
+
+
 def table(timings: list[Timing]) -> str:
     """Markdown: model, workload, ms per side, ratios to the default kernels."""
     sides = [s for s in SIDES if s in timings[0].seconds]
@@ -146,6 +207,22 @@ def table(timings: list[Timing]) -> str:
                      + " | ".join(f"{1e3 * t.seconds[s]:.1f}" for s in sides) + " | "
                      + " | ".join(f"{t.ratio(s):.2f}x" for s in sides[1:]) + " |")
     return "\n".join(lines)
+
+
+def breakdown(name: str, side: str, *, prefill_len: int = 512, threads: int = 2,
+              top: int = 12) -> list[tuple[str, float, float]]:
+    """Where a prefill's time goes on ``side``: ``(op, ms, share)`` for the ``top`` ops
+    by self CPU time (torch's profiler, one prefill after a warm-up)."""
+    from torch.profiler import ProfilerActivity, profile
+    m = build(name, side)
+    prompt = torch.randint(0, m.vocab_size, (prefill_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    with torch_threads(threads):
+        m.forward([m.new_cache()], [prompt])
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            m.forward([m.new_cache()], [prompt])
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events) or 1.0
+    return [(e.key, e.self_cpu_time_total / 1e3, e.self_cpu_time_total / total) for e in events[:top]]
 
 
 #: (K, N) of every product of a Llama 3.2 1B forward: q/o, k/v, gate/up, down, lm_head
@@ -204,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--breakdown", choices=SIDES, default=None,
+                   help="only profile one prefill of each model on this side: time per op")
     p.add_argument("--verification", action="store_true",
                    help="only time the on-machine checks for a 1B Llama's shapes")
     args = p.parse_args(argv)
@@ -218,9 +297,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label:<22} {1e3 * sec:8.1f} ms  {kernel}")
         print(f"total {total:.2f} s")
         return 0
+    if args.breakdown:
+        for name in args.models:
+            print(f"{name}, {args.breakdown}: self CPU time per op, one prefill of 512")
+            for op, ms, share in breakdown(name, args.breakdown, threads=args.threads):
+                print(f"  {op:<40} {ms:9.1f} ms  {100 * share:5.1f}%")
+        return 0
     timings = []
     for name in args.models:
-        timings += measure(name, rounds=args.rounds, threads=args.threads)
+        run = measure_hybrid if name == "hybrid" else lambda **kw: measure(name, **kw)
+        timings += run(rounds=args.rounds, threads=args.threads)
     print(table(timings))
     return 0
 

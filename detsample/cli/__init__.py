@@ -17,15 +17,12 @@ command never exits 0 on work it did not do.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import pkgutil
-import signal
 import sys
-import threading
-from collections.abc import Iterator
 
 from detsample.errors import DetsampleError, Interrupted
+from detsample.inputs.signals import sigint_handler
 
 #: the exit status of a command interrupted by Ctrl-C (128 + SIGINT, the shell's)
 EXIT_INTERRUPTED = 130
@@ -48,23 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-@contextlib.contextmanager
-def _ctrl_c() -> Iterator[None]:
-    """While the command runs, Ctrl-C raises :class:`Interrupted` (told apart from a
-    ``KeyboardInterrupt`` raised by code); the previous handler comes back after. Only in
-    the main thread (where Python delivers signals)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise Interrupted()
-
-    previous = signal.signal(signal.SIGINT, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted()
 
 
 def _one_line(exc: BaseException) -> str:
@@ -99,7 +81,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    with _ctrl_c():
+    with sigint_handler(_raise_interrupted):  # Ctrl-C told apart from code's interrupts
         try:
             parser = build_parser()
             args = parser.parse_args(argv)

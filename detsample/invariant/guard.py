@@ -47,7 +47,6 @@ REFUSED: tuple[tuple[str, str], ...] = (
               "(decode) sum the state in different orders"),
     ("LinearAttention", "a linear-attention layer: prefill and decode sum its state in "
                         "different orders"),
-    ("ShortConv", "a short-convolution mixer whose prefill and decode paths differ"),
     ("Rwkv", "an RWKV time-mixing layer: prefill and decode sum its state in different orders"),
 )
 
@@ -205,12 +204,9 @@ class Guard:
 
     def _probe(self, f: dict, root: torch.nn.Module, args: tuple, kwargs: dict) -> list:
         """What a first forward that kept no cache would keep with one: the same call once
-        more with ``use_cache=True`` (a model whose forward takes no ``use_cache``, or that
-        fails so, is not probed)."""
-        try:
-            if "use_cache" not in inspect.signature(root.forward).parameters:
-                return []
-        except (TypeError, ValueError):
+        more with ``use_cache=True`` (a model that takes no ``use_cache``, or fails so, is
+        not probed)."""
+        if not _takes_use_cache(root, kwargs):
             return []
         f["probing"] = True
         try:
@@ -230,6 +226,21 @@ class Guard:
             if config().strict:
                 raise UncoveredOpError(_message(found))
             warnings.warn(_message(found), UncoveredOpWarning, stacklevel=3)
+
+
+def _takes_use_cache(root: torch.nn.Module, kwargs: dict) -> bool:
+    """Whether ``root``'s forward takes ``use_cache``: by name, as this call's argument, or
+    through ``**kwargs`` on a model whose config has it (transformers' hybrids)."""
+    if "use_cache" in kwargs:
+        return True
+    try:
+        params = inspect.signature(root.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    if "use_cache" in params:
+        return True
+    return (any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+            and hasattr(getattr(root, "config", None), "use_cache"))
 
 
 def _refused(bad: list[str], kept: bool = False) -> str:

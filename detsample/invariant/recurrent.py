@@ -10,8 +10,9 @@ layer until the mode covers it, and finds it by what it keeps, never by its name
 
 * **state held by a cache** (:func:`cache_state`): an object passed to the model's
   forward or returned by it (a transformers ``Cache``, or any object of the user's) that
-  holds floating-point tensors other than the per-layer key and value stores
-  (:data:`KV_STORES`); integer tensors (lengths, positions) are bookkeeping;
+  holds floating-point tensors other than stores of past inputs kept verbatim (keys and
+  values, a convolution's window: :data:`KV_STORES`); integer tensors (lengths,
+  positions) are bookkeeping;
 * **state held by a module** (:func:`snapshot` then :func:`mutated`): a module whose
   tensor attributes (parameters, buffers, plain attributes) are replaced or written in
   place during a forward.
@@ -27,9 +28,13 @@ from typing import Any, Iterator
 
 import torch
 
-#: attribute names of per-position key/value stores (transformers 5.x ``layers[i].keys``,
-#: 4.4x ``key_cache[i]``): read back as stored, summed by the invariant attention
-KV_STORES = frozenset({"keys", "values", "key_cache", "value_cache"})
+#: attribute names of stores that hold past inputs verbatim, no arithmetic done on them:
+#: per-position keys and values (transformers 5.x ``layers[i].keys``, 4.4x
+#: ``key_cache[i]``), read back as stored and summed by the invariant attention; and a
+#: convolution's window of its last K inputs (transformers' ``conv_states``, written by
+#: copying inputs), convolved by the mode's depthwise convolution, whose windows a decode
+#: step and a prefill share (:mod:`detsample.invariant.conv`)
+KV_STORES = frozenset({"keys", "values", "key_cache", "value_cache", "conv_states"})
 
 _MAX_DEPTH = 6
 _MAX_ITEMS = 20_000
@@ -168,5 +173,7 @@ def describe(model: torch.nn.Module, states: list[State]) -> str:
     for s in states:
         who = owners(model, s.layer)
         shape = "x".join(map(str, s.shape)) or "scalar"
-        parts.append(f"{s.where} [{shape}]" + (f" kept by {', '.join(who)}" if who else ""))
+        by = (f" kept by {who[0]}" if len(who) == 1 else
+              f" kept by one of {', '.join(who)}" if who else "")
+        parts.append(f"{s.where} [{shape}]{by}")
     return "; ".join(parts)

@@ -2,7 +2,8 @@
 
 Each :class:`Override` names one aten op overload as ``torch.library`` spells it (``"mm"``,
 ``"mean.dim"``), its family, and its CPU kernel (:mod:`detsample.invariant.cpu`; the SDPA
-kernels from :mod:`detsample.invariant.attention`).
+kernels from :mod:`detsample.invariant.attention`, the depthwise convolution from
+:mod:`detsample.invariant.conv`).
 :func:`kernels_by_key` turns the table into ``{op: {dispatch key: kernel}}``, the shape the
 mode registers; another backend plugs in as one more key per op: the CUDA kernels come
 from ``detsample.kernels.invariant_ops.CUDA_IMPLS`` (same op names, aten signatures) when
@@ -16,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from detsample.invariant import cpu, moe
+from detsample.invariant import conv, cpu, moe
 from detsample.invariant.attention import sdpa_flash_cpu, sdpa_math
 from detsample.invariant.backends import cuda_kernels
 
-FAMILIES = ("matmul", "reduction", "softmax", "norm", "pointwise", "moe", "attention")
+FAMILIES = ("matmul", "reduction", "softmax", "norm", "pointwise", "convolution", "moe", "attention")
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ OVERRIDES: tuple[Override, ...] = (
     Override("sin", "pointwise", cpu.sin),
     Override("rsqrt", "pointwise", cpu.rsqrt),
     Override("pow.Tensor_Scalar", "pointwise", cpu.pow_scalar),
+    Override("convolution", "convolution", conv.convolution),
     Override("topk", "moe", moe.topk),
     Override("_grouped_mm", "moe", moe.grouped_mm),
     Override("_scaled_dot_product_flash_attention_for_cpu", "attention", sdpa_flash_cpu),

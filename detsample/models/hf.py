@@ -18,6 +18,11 @@ Afterwards each row's real slots (past and new) are gathered back into its own
 and ``T`` only through the kernels: with batch-invariant kernels (``detsample.batch_invariant()``
 and the ``"detsample"`` attention) they do not.
 
+A model whose cache keeps state beside keys and values (a linear-attention, state-space
+or short-convolution hybrid: :func:`state_layers`) is refused at construction with a
+:class:`~detsample.models.base.ModelError`: its state cannot be split into rows and
+re-padded as keys and values can.
+
 Works with the cache API of transformers 4.4x (``key_cache``, ``past_key_values=``) and
 5.x (``layers[i].keys``, ``cache=``); the choice is made once per adapter from the
 model's signature.
@@ -64,6 +69,22 @@ def use_invariant_attention(model: Any) -> None:
                          f"function (AttentionInterface); it cannot run batch-invariant")
 
 
+def state_layers(model: Any) -> list[str]:
+    """``"layer i (Class)"`` for each layer whose transformers cache keeps state beside keys
+    and values (a hybrid's convolution windows and recurrent states: transformers'
+    ``LinearAttentionCacheLayerMixin``); [] for a key/value model or transformers 4.4x."""
+    try:
+        from transformers.cache_utils import DynamicCache, LinearAttentionCacheLayerMixin
+    except ImportError:
+        return []
+    try:
+        cache = DynamicCache(config=model.config)
+    except Exception:  # noqa: BLE001 -- a config it cannot read names no hybrid layer
+        return []
+    return [f"layer {i} ({type(layer).__name__})" for i, layer in enumerate(cache.layers)
+            if isinstance(layer, LinearAttentionCacheLayerMixin)]
+
+
 class HFCausalLM:
     """A ``transformers`` causal LM (``model(input_ids, attention_mask, position_ids,
     cache) -> .logits``) as a :class:`~detsample.models.base.CausalLM`.
@@ -84,6 +105,13 @@ class HFCausalLM:
         if cfg is None or not hasattr(cfg, "vocab_size"):
             raise ModelError(f"model must be a Hugging Face causal LM with a config, got "
                              f"{type(model).__name__}")
+        hybrid = state_layers(model)
+        if hybrid:
+            raise ModelError(
+                f"{name or type(model).__name__}: its cache keeps state beside keys and values "
+                f"({', '.join(hybrid)}); HFCausalLM carries only keys and values between its "
+                f"ragged calls, so it cannot run this model: call it with transformers' own "
+                f"cache (docs/batch-invariant.md, 'Architectures')")
         self.module = model.eval()
         self.padding = padding
         self.name = name or type(model).__name__

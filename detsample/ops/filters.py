@@ -60,14 +60,34 @@ def _prefix(sorted_z: torch.Tensor, thr: torch.Tensor, total: torch.Tensor | Non
         q = rules.mass(e, frac) * kept
         if total is None:
             total = q.sum(-1, keepdim=True)
-        excl = q.cumsum(-1) - q
-        is_start = torch.ones_like(kept)
-        is_start[:, 1:] = sorted_z[:, 1:] != sorted_z[:, :-1]
-        above = torch.where(is_start, excl, torch.zeros_like(excl)).cummax(-1).values
-        kept &= rules.top_p_keeps(above, rules.top_p_limit(top_p.unsqueeze(1), total))
+        kept &= sorted_z >= top_p_cut(sorted_z, q, rules.top_p_limit(top_p.unsqueeze(1), total))
     if min_p is not None:
         kept &= rules.min_p_keeps(e, min_p.to(torch.float32).unsqueeze(1))
     return kept.sum(-1)
+
+
+def passing_prefix(above: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
+    """THE kept-prefix search of top-p: the length of the prefix of ``above`` (rows, n)
+    int64 masses strictly above a value, non-decreasing along a row, that passes
+    ``float64(above) < limit`` (:func:`detsample.rules.top_p_keeps`); limit broadcastable
+    to ``above``. Returns (rows,) int64. Since ``above`` never decreases, the passing
+    entries are a prefix and their count is its length. Every torch caller (the sorted
+    rows, the candidates, the radix select's bins) counts here."""
+    return rules.top_p_keeps(above, limit).sum(-1)
+
+
+def top_p_cut(sorted_z: torch.Tensor, q: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
+    """(rows, 1) the smallest value top-p keeps in descending ``sorted_z`` (rows, K) with
+    masses ``q`` (rows, K) int64 (0 off the top-k survivors) and limit (rows, 1) float64
+    ``top_p * Z`` (:func:`detsample.rules.top_p_limit`; ``sorted_z`` holds every value
+    above its last entry). The rule keeps ``s_i`` when the mass strictly above its value
+    is below the limit; that mass is the exclusive running sum at the start of ``s_i``'s
+    tie group, and the exclusive running sum never decreases, so the positions where it
+    passes are a prefix of length ``c`` (``c >= 1``: ``excl_0 = 0`` passes) and ``s_i``
+    is kept exactly when its group starts inside it: ``s_i >= s_{c-1}``. No tie-group
+    bookkeeping is needed; the float64 roundings are those of the rule."""
+    c = passing_prefix(q.cumsum(-1).sub_(q), limit)
+    return sorted_z.gather(1, (c - 1).unsqueeze(1))
 
 
 def thresholds_by_sort(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -93,22 +113,15 @@ def candidate_cut(vals: torch.Tensor, k_index: torch.Tensor, cut_k: bool,
     (rows, 1) float32 or None. Returns ``(n (rows,) int64, kept (rows, K) bool, q (rows,
     K) int64)``: kept = the first ``n`` candidates, q = every candidate's fixed-point mass.
 
-    The top-p rule keeps ``s_i`` when the mass strictly above its value is below
-    ``P = top_p * Z``. That mass is the exclusive running sum at the start of ``s_i``'s
-    tie group, and the exclusive running sum never decreases, so the positions with
-    ``float64(excl) < P`` are a prefix of length ``c`` (``c >= 1``: ``excl_0 = 0 < P``),
-    and ``s_i`` is kept exactly when its group starts inside it: ``s_i >= s_{c-1}``. No
-    tie-group bookkeeping is needed; the float64 roundings are those of the rule.
+    The top-p rule is :func:`top_p_cut`'s.
     """
     e = torch.exp(vals)
     q = rules.mass(e, frac)
     kept = vals >= vals.gather(1, k_index) if cut_k else None
     if top_p is not None:
         qk = q * kept if kept is not None else q
-        csum = qk.cumsum(-1)
-        limit = rules.top_p_limit(top_p, csum[:, -1:])
-        c = rules.top_p_keeps(csum.sub_(qk), limit).sum(-1, keepdim=True)
-        keep_p = vals >= vals.gather(1, c - 1)
+        limit = rules.top_p_limit(top_p, qk.sum(-1, keepdim=True))
+        keep_p = vals >= top_p_cut(vals, qk, limit)
         kept = keep_p if kept is None else kept.logical_and_(keep_p)
     if min_p is not None:
         above = rules.min_p_keeps(e, min_p)

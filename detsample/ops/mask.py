@@ -72,6 +72,21 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int, limit: int | None = N
     return out
 
 
+def pack_bitmask(keep: torch.Tensor) -> torch.Tensor:
+    """``[R, V]`` bool -> ``[R, ceil(V/32)]`` int32, token v at bit ``v % 32`` of word
+    ``v // 32`` (the layout :func:`unpack_bitmask` reads; padding bits 0)."""
+    if keep.dtype != torch.bool or keep.dim() != 2:
+        raise ValueError(f"keep must be 2-D bool, got {keep.dtype} {tuple(keep.shape)}")
+    R, V = keep.shape
+    W = bitmask_width(V)
+    padded = torch.zeros((R, W * _BITS), dtype=torch.int64, device=keep.device)
+    padded[:, :V] = keep.to(torch.int64)
+    weights = torch.bitwise_left_shift(torch.ones(_BITS, dtype=torch.int64, device=keep.device),
+                                       torch.arange(_BITS, device=keep.device))
+    packed = (padded.view(R, W, _BITS) * weights).sum(-1)  # exact: < 2**32
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
 #: The word-sparse path runs when at most this fraction of the bitmask words is nonzero.
 SPARSE_MAX_FRACTION = 0.03
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from detsample import rules
-from detsample.ops.filters import thresholds_by_sort, topk_threshold
+from detsample.ops.filters import passing_prefix, thresholds_by_sort, topk_threshold
 
 _HI_SHIFT = 20  # level 1 bins m >> 20 (2**11 bins: the exponent and 3 mantissa bits)
 _HI_BINS = 1 << (31 - _HI_SHIFT)
@@ -128,4 +128,4 @@ def _last_passing(above: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
     empty: an empty bin has the mass above the next nonempty bin (or all of ``Z``, which
     fails), so when it passes, so does that bin. The first bin always passes (nothing is
     above the row's largest value)."""
-    return rules.top_p_keeps(above, limit.unsqueeze(1)).sum(-1) - 1
+    return passing_prefix(above, limit.unsqueeze(1)) - 1

@@ -39,6 +39,7 @@ import torch
 
 from detsample.errors import DetsampleError
 from detsample.inputs import thread_problem
+from detsample.inputs.signals import children_ignore_ctrl_c
 from detsample.parallel.comm import Comm
 
 DEFAULT_TIMEOUT = 300.0
@@ -146,8 +147,9 @@ class RankGroup:
                                          tuple(args), self._commands[r], self._replies))
                        for r in range(world)]
         try:
-            for p in self._procs:
-                p.start()
+            with children_ignore_ctrl_c():  # the parent alone handles Ctrl-C
+                for p in self._procs:
+                    p.start()
             self._collect("start", self.timeout)
         except BaseException:
             self.close()

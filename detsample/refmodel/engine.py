@@ -67,6 +67,10 @@ class EngineConfig:
     default vocabulary when the model has its 512-token layout.
     think_end_token_id: the end-of-thinking token after which the grammar of a
     ``require_reasoning`` request starts.
+    hold_compiling_grammars: a prefilled request whose grammar still compiles waits
+    outside the batch (the other rows keep sampling) instead of its first sample waiting
+    for the compilation. Its tokens are the same bits either way; the step it joins at
+    (``EngineResult.steps``, ``finish_step``) then depends on the compilation's timing.
     """
 
     max_batch_size: int | None = None
@@ -76,6 +80,7 @@ class EngineConfig:
     extra_logprobs_modes: tuple[str, ...] = ()
     vocab: Any = None
     think_end_token_id: int | None = None
+    hold_compiling_grammars: bool = False
 
     def __post_init__(self) -> None:
         mb = self.max_batch_size
@@ -99,6 +104,13 @@ class EngineConfig:
                 raise InvalidSamplingParams(
                     f"extra_logprobs_modes must hold modes of {LOGPROBS_MODES}, got {m!r}")
         object.__setattr__(self, "extra_logprobs_modes", modes)
+        if not isinstance(self.hold_compiling_grammars, bool):
+            raise InvalidSamplingParams(f"hold_compiling_grammars must be a bool, got "
+                                        f"{self.hold_compiling_grammars!r}")
+        t = self.think_end_token_id
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 0):
+            raise InvalidSamplingParams(f"think_end_token_id must be None or a token id, "
+                                        f"got {t!r}")
 
 
 @dataclass(frozen=True)
@@ -276,7 +288,8 @@ class Engine:
         waits for a compilation while other rows have work; when no other row has (none
         running, filling or joining) they join at once and the sample waits as it must. A row's
         tokens do not depend on the step it joins at. Returns the joined rows' logits."""
-        new = [r for r in st.held if r.compiling is None or all(r.compiling.grammar_ready())]
+        new = [r for r in st.held if r.compiling is None or all(r.compiling.grammar_ready())
+               or not self.config.hold_compiling_grammars]
         if not (new or st.rows or st.filling):
             new = list(st.held)  # nothing else to run
         if not new:

@@ -184,7 +184,7 @@ def route(params: Sequence, rows: Sequence[int], vocab_size: int, filter_impl: s
                        group(plain), CandidateFilters.of(candidates, k_max))
 
 
-def plan_rows(params: Sequence, vocab_size: int, filter_impl: str, device: torch.device,
+def plan_rows(params: Sequence, vocab_size: int, filter_impl: str, device: torch.device, *,
               temperatures: torch.Tensor, greedy: torch.Tensor,
               filters: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
               excluded: frozenset[int] = frozenset()) -> RowPlan:

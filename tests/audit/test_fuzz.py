@@ -411,3 +411,15 @@ def test_a_negative_count_gets_the_same_verdict_in_every_format(tmp_path, fmt):
     assert rep["sequences"] == 1 and rep["excluded_sequences"] == 1, rep["issues"]
     assert (issue["field"], issue["kind"], issue["message"]) == \
         ("response_length", "bad_type", "must be >= 0, got -2"), issue
+
+
+def test_an_unreadable_tensor_inside_a_list_of_numbers_is_found(tmp_path, capsys):
+    """The walk's fast path (lists of plain values are not entered) still enters a list
+    that holds a tensor among numbers."""
+    rec = {"id": "a", "prompt_ids": [1], "response_ids": [3, 4],
+           "engine_logprobs": [-0.5, _sparse()]}
+    path = tmp_path / "x.pt"
+    torch.save([_good(0), rec], path)
+    assert main(["audit", str(path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "[1]['engine_logprobs'][1]: a sparse_coo tensor" in err, err

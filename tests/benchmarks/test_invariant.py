@@ -33,3 +33,17 @@ def test_verification_cost_starts_and_ends_with_an_empty_registry(monkeypatch):
     total, rows = bench.verification_cost(threads=1)
     assert total > 0 and [r[0] for r in rows] == ["mm K=64 N=32", "bmm K=16 N=32 nt"]
     assert not dict(state.plans().items())
+
+
+def test_the_hybrid_runs_each_side_through_its_own_cache(monkeypatch):
+    from detsample.benchmarks import invariant as bench
+    small = dict(bench.HYBRID, hidden_size=64, intermediate_size=96, block_ff_dim=96,
+                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 layer_types=["conv", "full_attention"])
+    monkeypatch.setattr(bench, "HYBRID", small)
+    with state.plans().recording() as used:
+        timings = bench.measure_hybrid(prefill_len=6, decode_batch=2, cache_len=5, rounds=2,
+                                       threads=1)
+    assert [t.workload for t in timings] == ["prefill 6 x 1", "decode 2 x cache 5"]
+    assert all(set(t.seconds) == set(SIDES) and min(t.seconds.values()) > 0 for t in timings)
+    assert any(p.portable for k, p in state.plans().items() if k in used)    # the portable side ran

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detsample import Request, Sampler, SamplingBatch, SamplingParams, Vocabulary
-from detsample import sampler as sampler_module
+from detsample.sampling import keptset
 from tests.helpers import params_strategy
 
 from .conftest import grammar_requests, random_session, same_steps
@@ -136,7 +136,7 @@ def test_column_draw_is_bitwise_the_full_pass(rows, family, seed, most):
     full._by_columns = lambda plan, prep: None  # the full-vocabulary draw
     got, ref, used = [], [], []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sampler_module, "COLUMN_DRAW_MAX", most)
+        mp.setattr(keptset, "COLUMN_DRAW_MAX", most)
         for sampler, seen in ((fast, got), (full, ref)):
             batch = SamplingBatch.from_requests(reqs, vocab_size=512, vocab=vocab)
             if sampler is fast:

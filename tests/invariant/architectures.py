@@ -10,19 +10,30 @@ values).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
 
+from detsample.invariant import batch_invariant
 from detsample.invariant.guard import GUARD
 from detsample.models import HFCausalLM, prefill
 from detsample.models.tiny import seeded_init_
 
+def _kept(path: str, cls: str) -> str:
+    """The refusal of a layer-0 mixer keeping a recurrent state in its cache."""
+    return rf"recurrent_states\[0\] \[[0-9x]+\] kept by (one of )?model\.layers\.0\.{path} \({cls}\)"
+
+
 BASE = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
             pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+_LINEAR = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+               linear_value_head_dim=16)
+_MAMBA = dict(mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16, mamba_n_groups=1,
+              mamba_chunk_size=8)
 
 
 @dataclass(frozen=True)
@@ -34,6 +45,7 @@ class Arch:
     features: str = ""
     moe: bool = False
     refused: str = ""         # a regex the mode's RefusedLayerError must match ("": runs)
+    own_cache: bool = False   # checked through transformers' own cache (own_cache_failures)
 
 
 PANEL: tuple[Arch, ...] = (
@@ -77,12 +89,68 @@ PANEL: tuple[Arch, ...] = (
     Arch("gptoss", "GptOssConfig", "GptOssForCausalLM",
          dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8),
          "attention sinks, MoE, sliding window", moe=True),
+    Arch("glm4moe", "Glm4MoeConfig", "Glm4MoeForCausalLM",
+         dict(head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+              n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1),
+         "MoE (sigmoid, grouped top-k, shared expert), partial rotary", moe=True),
+    Arch("olmo3", "Olmo3Config", "Olmo3ForCausalLM", dict(sliding_window=8),
+         "sliding window, QK-norm"),
+    Arch("ernie45moe", "Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM",
+         dict(head_dim=16, moe_num_experts=4, moe_k=2, moe_intermediate_size=32,
+              moe_layer_start_index=1), "MoE (softmax, correction bias)", moe=True),
+    Arch("hunyuanmoe", "HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM",
+         dict(head_dim=16, num_experts=4, moe_topk=2), "MoE, QK-norm", moe=True),
+    Arch("seedoss", "SeedOssConfig", "SeedOssForCausalLM", dict(head_dim=16), "dense, biases"),
+    Arch("exaone4", "Exaone4Config", "Exaone4ForCausalLM", dict(head_dim=16, sliding_window=8),
+         "sliding window, QK-norm, post-norm"),
+    Arch("dots1", "Dots1Config", "Dots1ForCausalLM",
+         dict(head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+              n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1),
+         "MoE (sigmoid, grouped top-k)", moe=True),
+    Arch("minimaxm2", "MiniMaxM2Config", "MiniMaxM2ForCausalLM",
+         dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2), "MoE (sigmoid)", moe=True),
     Arch("qwen3next", "Qwen3NextConfig", "Qwen3NextForCausalLM",
          dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
               shared_expert_intermediate_size=32, linear_num_value_heads=4, linear_num_key_heads=2,
               linear_key_head_dim=16, linear_value_head_dim=16, full_attention_interval=2),
          "gated delta-net linear attention + MoE hybrid", moe=True,
-         refused=r"conv_states\[0\] .* kept by model.layers.0.linear_attn \(Qwen3NextGatedDeltaNet\)"),
+         refused=_kept("linear_attn", "Qwen3NextGatedDeltaNet")),
+    Arch("qwen35", "Qwen3_5TextConfig", "Qwen3_5ForCausalLM",
+         dict(head_dim=16, **_LINEAR,
+              layer_types=["linear_attention", "full_attention"]),
+         "gated delta-net linear attention hybrid",
+         refused=_kept("linear_attn", "Qwen3_5GatedDeltaNet")),
+    Arch("qwen35moe", "Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM",
+         dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+              shared_expert_intermediate_size=32, **_LINEAR,
+              layer_types=["linear_attention", "full_attention"]),
+         "gated delta-net + MoE hybrid", moe=True,
+         refused=_kept("linear_attn", "Qwen3_5MoeGatedDeltaNet")),
+    Arch("kimilinear", "KimiLinearConfig", "KimiLinearForCausalLM",
+         dict(layer_types=["linear_attention", "full_attention"], linear_head_dim=16,
+              linear_num_heads=4, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
+              qk_nope_head_dim=16, v_head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+              moe_intermediate_size=32, num_key_value_heads=4),
+         "Kimi delta attention + MLA + MoE hybrid", moe=True,
+         refused=_kept("self_attn", "KimiLinearDeltaAttention")),
+    Arch("nemotronh", "NemotronHConfig", "NemotronHForCausalLM",
+         dict(layers_block_type=["mamba", "attention"], head_dim=16, mamba_num_heads=4,
+              mamba_head_dim=16, ssm_state_size=16, n_groups=1, chunk_size=8),
+         "Mamba 2 hybrid",
+         refused=_kept("mixer", "NemotronHMamba2Mixer")),
+    Arch("granitehybrid", "GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
+         dict(layer_types=["mamba", "attention"], num_local_experts=4, num_experts_per_tok=2,
+              shared_intermediate_size=32, **_MAMBA),
+         "Mamba 2 + MoE hybrid (Granite 4)", moe=True,
+         refused=_kept("mamba", "GraniteMoeHybridMambaLayer")),
+    Arch("bamba", "BambaConfig", "BambaForCausalLM",
+         dict(attn_layer_indices=[1], **_MAMBA),
+         "Mamba 2 hybrid",
+         refused=_kept("mamba", "BambaMixer")),
+    Arch("lfm2", "Lfm2Config", "Lfm2ForCausalLM",
+         dict(layer_types=["conv", "full_attention"], block_ff_dim=96,
+              block_auto_adjust_ff_dim=False),
+         "short convolutions beside attention", own_cache=True),
     Arch("minimax", "MiniMaxConfig", "MiniMaxForCausalLM",
          dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, block_size=8,
               layer_types=["linear_attention", "full_attention"]),
@@ -141,3 +209,41 @@ def unguarded() -> Iterator[None]:
         yield
     finally:
         GUARD.install()
+
+
+def _padded_row(model: torch.nn.Module, tokens: list[int], side: str) -> torch.Tensor:
+    """``tokens``' logits as the middle row of a padded batch among a shorter and a longer
+    row (positions from the mask, as an engine gives them)."""
+    rows = [tokens[:4], tokens, tokens + tokens[:5]]
+    width = max(map(len, rows))
+    ids = torch.zeros((3, width), dtype=torch.int64)
+    mask = torch.zeros((3, width), dtype=torch.int64)
+    for i, r in enumerate(rows):
+        at = slice(width - len(r), width) if side == "left" else slice(0, len(r))
+        ids[i, at], mask[i, at] = torch.tensor(r), 1
+    logits = model(ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits[1]
+    return logits[width - len(tokens):] if side == "left" else logits[: len(tokens)]
+
+
+def own_cache_failures(model: torch.nn.Module, tokens: list[int], portable: bool | None,
+                       guarded: bool = True) -> tuple[list[str], torch.Tensor]:
+    """:func:`failures` through transformers' own cache (a hybrid's holds its convolution
+    windows, which the adapter's key/value cache cannot): decode, chunked prefill (3, 7,
+    rest), left- and right-padded batch; ``portable`` None runs the default kernels;
+    ``guarded`` False runs the mode's kernels without the guard (negative controls)."""
+    ids, bad = torch.tensor([tokens]), []
+    mode = nullcontext() if portable is None else batch_invariant(portable=portable)
+    with torch.no_grad(), mode, nullcontext() if guarded or portable is None else unguarded():
+        full = model(ids).logits[0]
+        for name, cuts in (("decode", range(1, len(tokens))), ("chunked prefill", (3, 10))):
+            bounds = [0, *cuts, len(tokens)]
+            out = model(ids[:, : bounds[1]], use_cache=True)
+            parts, cache = [out.logits[0]], out.past_key_values
+            for a, b in zip(bounds[1:], bounds[2:]):
+                parts.append(model(ids[:, a:b], past_key_values=cache, use_cache=True).logits[0])
+            if not torch.equal(torch.cat(parts), full):
+                bad.append(f"{name} != prefill")
+        for side in ("left", "right"):
+            if not torch.equal(_padded_row(model, tokens, side), full):
+                bad.append(f"{side}-padded batch != alone")
+    return bad, full

@@ -7,8 +7,9 @@ For each: prefill == decode == chunked prefill == left- and right-padded batch, 
 bfloat16 too. A linear-attention hybrid raises RefusedLayerError at its first forward
 instead of returning variant logits -- by name, and with the name list emptied by the
 state it keeps beyond keys and values (with a cache and without one) -- while under the
-mode's kernels with the guard off its decode bits differ from its prefill's (negative
-control).
+mode's kernels with the guard off, through transformers' own cache, some check fails
+(negative control). LFM2 (short convolutions, whose cache keeps a verbatim window) is
+checked bitwise through transformers' own cache, both variants.
 
 Pins: an MoE combine or router that follows the batch (the grouped expert product was not
 covered), an attention extra (soft-capping, sinks, MLA's value dim) that raised or was
@@ -28,38 +29,27 @@ from detsample.invariant import batch_invariant
 from detsample.invariant import guard
 from detsample.invariant.guard import RefusedLayerError
 from detsample.probe.threads import torch_threads
-from tests.invariant.architectures import PANEL, adapter, build, failures, unguarded
+from detsample.models.base import ModelError
+from detsample.models.hf import use_invariant_attention
+from tests.invariant.architectures import PANEL, adapter, build, failures, own_cache_failures
 
-DEFAULT = ("llama", "gemma2", "gpt2", "qwen3moe", "deepseekv3", "gptoss", "qwen3next", "minimax")
+DEFAULT = ("llama", "gemma2", "gpt2", "qwen3moe", "deepseekv3", "gptoss", "qwen3next", "minimax",
+           "lfm2")
 CASES = [pytest.param(a, id=a.name, marks=() if a.name in DEFAULT else pytest.mark.panel)
          for a in PANEL]
 TOKENS = torch.randint(0, 512, (19,), generator=torch.Generator().manual_seed(11)).tolist()
-
-
-def _hf_decode_differs(model: torch.nn.Module) -> bool:
-    """Under the mode's kernels with the guard's hooks off, through transformers' own cache
-    (a hybrid's holds its state): decode vs one prefill."""
-    ids = torch.tensor([TOKENS])
-    with torch.no_grad(), batch_invariant(), unguarded():
-        full = model(ids).logits[0]
-        out = model(ids[:, :1], use_cache=True)
-        steps, past = [out.logits[0, -1]], out.past_key_values
-        for t in range(1, ids.shape[1]):
-            out = model(ids[:, t: t + 1], past_key_values=past, use_cache=True)
-            steps.append(out.logits[0, -1])
-            past = out.past_key_values
-    return not torch.equal(torch.stack(steps), full)
 
 
 def _refused(arch, model: torch.nn.Module, monkeypatch) -> None:
     """Refused at its first forward, by name and, with no name list, by the state it keeps
     (with a cache and without one); the adapter returns no logits either."""
     ids = torch.tensor([TOKENS])
-    assert _hf_decode_differs(model), f"{arch.name}: decode matched prefill (no negative control)"
+    bad, _ = own_cache_failures(model, TOKENS, False, guarded=False)
+    assert bad, f"{arch.name}: bitwise under the mode's kernels unguarded (no negative control)"
     with torch.no_grad(), batch_invariant(), pytest.raises(RefusedLayerError):
         model(ids)
-    with pytest.raises((RefusedLayerError, ValueError)):   # MiniMax: "uses a cache of its own"
-        failures(adapter(build(arch), True), TOKENS)
+    with pytest.raises(ModelError, match="keeps state beside keys and values .layer 0 "):
+        adapter(build(arch), True)                          # the adapter cannot carry it
     monkeypatch.setattr(guard, "REFUSED", ())
     for use_cache in (True, False):
         fresh = build(arch)
@@ -69,11 +59,32 @@ def _refused(arch, model: torch.nn.Module, monkeypatch) -> None:
             fresh(ids)                                      # and at every later forward
 
 
+def _bitwise_through_own_cache(arch, model: torch.nn.Module) -> None:
+    """A hybrid the adapter cannot run (its cache holds convolution windows): the same
+    checks through transformers' own cache, both variants, 1 and 2 threads."""
+    with torch_threads(2):
+        bad_default, ref = own_cache_failures(model, TOKENS, None)
+    assert bad_default, f"{arch.name}: the default kernels passed every check (no negative control)"
+    use_invariant_attention(model)
+    for portable in (False, True):
+        results = {}
+        for threads in (1, 2):
+            with torch_threads(threads):
+                results[threads] = own_cache_failures(model, TOKENS, portable)
+        assert not results[1][0] and not results[2][0], \
+            f"{arch.name} portable={portable}: {results[1][0] + results[2][0]}"
+        assert torch.equal(results[1][1], results[2][1])
+        assert (results[2][1] - ref).abs().max() < 1e-4
+
+
 @pytest.mark.parametrize("arch", CASES)
 def test_bitwise_under_the_mode_or_refused(arch, monkeypatch):
     model = build(arch)
     if arch.refused:
         _refused(arch, model, monkeypatch)
+        return
+    if arch.own_cache:
+        _bitwise_through_own_cache(arch, model)
         return
     with torch_threads(2):
         bad_default, ref = failures(adapter(model, False), TOKENS)

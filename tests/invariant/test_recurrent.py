@@ -160,11 +160,24 @@ def test_state_kept_anywhere_is_refused_by_what_it_is(where, named):
             model(IDS, cache=None)
 
 
-def test_a_first_forward_without_a_cache_is_probed_with_one():
-    model = TinyLM("box")
+class KwargsLM(TinyLM):
+    """Takes ``use_cache`` through ``**kwargs`` only, with a config that has it (as
+    transformers' Granite 4 hybrid does)."""
+
+    def __init__(self) -> None:
+        super().__init__("box")
+        self.config = SimpleNamespace(use_cache=False)
+
+    def forward(self, ids, cache=None, **kwargs):
+        return super().forward(ids, cache, kwargs.get("use_cache", self.config.use_cache))
+
+
+@pytest.mark.parametrize("model,kwargs", [(TinyLM("box"), {"use_cache": False}), (KwargsLM(), {})],
+                         ids=["named", "through-kwargs"])
+def test_a_first_forward_without_a_cache_is_probed_with_one(model, kwargs):
     with torch.no_grad(), batch_invariant():
         with pytest.raises(RefusedLayerError, match="StateBox.states"):
-            model(IDS, use_cache=False)
+            model(IDS, **kwargs)
 
 
 def test_a_key_value_cache_and_a_stateless_model_pass():

@@ -206,3 +206,37 @@ def test_logit_candidates_equal_candidates_of_scaled_logits(seed, family, T):
         ends = [j for j in range(1, 40) if v1[r, j] != v1[r, j - 1]] + [40]
         for e in ends[:-1]:  # every prefix ending at a tie-group boundary
             assert set(i1[r, :e].tolist()) == set(i2[r, :e].tolist())
+
+
+def _boundary_row(V: int, frac: int):
+    """A descending row of distinct values and a top_p with ``top_p * float64(Z) ==
+    float64(q_0)`` exactly: the mass above the second value equals the limit."""
+    rng = np.random.default_rng(3)
+    for _ in range(1000):
+        z = np.sort(-rng.random(V).astype(np.float32) * 8)[::-1].copy()
+        z[0] = 0.0
+        zt = torch.from_numpy(z)
+        q = rules.mass(torch.exp(zt), frac)
+        Z = int(q.sum())
+        top_p = float(q[0]) / float(Z)
+        if top_p * float(Z) == float(q[0]) and len(set(z.tolist())) == V:
+            return zt, top_p
+    raise AssertionError("no boundary row found")
+
+
+def test_top_p_drops_a_value_whose_mass_above_equals_the_limit():
+    """The top-p test is strict: a value whose mass strictly above is exactly ``top_p *
+    Z`` is dropped, in every torch form of the kept-prefix search (the sorted row, the
+    candidates, the radix select's bins). Bug it would catch: ``<=`` for ``<`` in the
+    one search, keeping one token too many on an exact boundary."""
+    from detsample.ops.radix import thresholds_by_select
+    V = 64
+    frac = rules.frac_bits(V)
+    z, top_p = _boundary_row(V, frac)
+    tp = torch.tensor([top_p], dtype=torch.float64)
+    n = F.kept_prefix_length(z[None], torch.tensor([V]), tp, None, frac)
+    assert n.tolist() == [1]
+    n, _, _ = F.candidate_cut(z[None], torch.tensor([[V - 1]]), False, tp[:, None], None, frac)
+    assert n.tolist() == [1]
+    tau = thresholds_by_select(z[None], torch.tensor([V]), tp, torch.zeros(1), frac)
+    assert tau.tolist() == [0.0]

@@ -69,7 +69,8 @@ def _schedule():
 def test_a_compiling_grammar_is_held_out_and_joins_with_the_same_tokens(monkeypatch):
     gate = threading.Event()
     model = OpensGate(gate, n=5)
-    res = Engine(model, config=EngineConfig(vocab=gated_vocab(monkeypatch, gate))).run(_schedule())
+    cfg = EngineConfig(vocab=gated_vocab(monkeypatch, gate), hold_compiling_grammars=True)
+    res = Engine(model, config=cfg).run(_schedule())
     joined = next(i for i, rids in enumerate(res.steps) if "g" in rids)
     assert joined >= 4  # the other rows sampled meanwhile: no step waited for the grammar
     assert all({"r0", "r1"} <= set(rids) for rids in res.steps[:joined])
@@ -95,5 +96,6 @@ def test_grammar_ready_names_the_rows_still_compiling_without_waiting(monkeypatc
 def test_a_lone_held_row_joins_at_once(max_batch):
     """With nothing else to run, the row joins and its sample waits for the grammar."""
     sched = Schedule.of([(0, Request("g", SamplingParams(seed=3, regex=REGEX), [1, 2]))])
-    res = Engine(RefModel(), config=EngineConfig(max_batch_size=max_batch)).run(sched)
+    cfg = EngineConfig(max_batch_size=max_batch, hold_compiling_grammars=True)
+    res = Engine(RefModel(), config=cfg).run(sched)
     assert res["g"].finish_reason == "grammar_terminated" and res.steps[0] == ("g",)

@@ -22,8 +22,8 @@ def _batch(ps=PARAMS):
 
 
 def _plan(b, impl="auto"):
-    return plan_rows(b.params, V, impl, b.device, b.temperatures, b.greedy,
-                     (b.top_ks, b.top_ps, b.min_ps))
+    return plan_rows(b.params, V, impl, b.device, temperatures=b.temperatures,
+                     greedy=b.greedy, filters=(b.top_ks, b.top_ps, b.min_ps))
 
 
 def test_rows_routed_by_their_own_parameters():
@@ -44,8 +44,9 @@ def test_rows_routed_by_their_own_parameters():
 
 def test_excluded_rows_leave_sampling_and_top_rows_but_not_the_width():
     b = _batch()
-    p = plan_rows(b.params, V, "auto", torch.device("cpu"), b.temperatures, b.greedy,
-                  (b.top_ks, b.top_ps, b.min_ps), frozenset({4}))
+    p = plan_rows(b.params, V, "auto", torch.device("cpu"), temperatures=b.temperatures,
+                  greedy=b.greedy, filters=(b.top_ks, b.top_ps, b.min_ps),
+                  excluded=frozenset({4}))
     assert p.sampling.rows == (1, 2, 3) and "processed" not in p.top and p.max_top == 2
 
 
