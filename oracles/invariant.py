@@ -1,82 +1,76 @@
 """The portable batch-invariant arithmetic, per element in numpy: the specification of
-``detsample.invariant.fixedpoint`` (the portable product) and ``detsample.invariant.tree``
+``detsample.invariant.exact`` (the portable product) and ``detsample.invariant.tree``
 (the portable row sum). Never imports torch.
 
-Products are exact Python integers here (no BLAS, no float64 sums), so a bit-for-bit match
-shows that the torch implementation, whatever BLAS kernel, chunking or thread count it
-ran with, computed the exact integer sum the definition asks for.
+Products are exact rationals here (``fractions.Fraction``: no BLAS, no float64 sums, no
+error bounds), rounded to float32 by integer arithmetic, so a bit-for-bit match shows that
+the torch implementation, whatever BLAS kernel, chunking or thread count it ran with,
+returned the float32 nearest to the exact product.
 """
 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
-A_BITS = 21
-B_BITS = 24
+
+def round_f32(q: Fraction) -> np.float32:
+    """The float32 nearest to ``q`` (ties to even; past the largest float32 by half an
+    ulp or more: infinity; an exact zero: +0.0; a non-zero value that rounds to zero
+    keeps its sign)."""
+    if q == 0:
+        return np.float32(0.0)
+    sign = -1.0 if q < 0 else 1.0
+    x = abs(q)
+    e = x.numerator.bit_length() - x.denominator.bit_length()   # 2**e <= x < 2**(e+2)
+    while Fraction(2) ** e > x:
+        e -= 1
+    while Fraction(2) ** (e + 1) <= x:
+        e += 1
+    quantum = Fraction(2) ** (max(e, -126) - 23)                # float32 spacing at x
+    n, rest = divmod(x, quantum)
+    n = int(n)
+    if rest * 2 > quantum or (rest * 2 == quantum and n % 2 == 1):
+        n += 1
+    value = n * quantum
+    if value >= Fraction(2) ** 128:
+        return np.float32(sign * math.inf)
+    return np.float32(sign * float(value))
 
 
-def _exponent(x: float) -> int:
-    """``e`` with ``x = f * 2**e``, ``f`` in [0.5, 1) (0 for 0): C's ``frexp``."""
-    return math.frexp(x)[1]
-
-
-def _fixed(values: np.ndarray, bits: int) -> tuple[list[int], int]:
-    """Integers ``round_half_even(v * 2**(bits - e))`` of one row / column, and ``e``."""
-    e = _exponent(float(np.max(np.abs(values)))) if values.size else 0
-    scale = 2.0 ** (bits - e)
-    return [int(np.round(float(v) * scale)) for v in values], e
+def _dot(row: np.ndarray, col: np.ndarray) -> np.float32:
+    return round_f32(sum((Fraction(float(x)) * Fraction(float(y)) for x, y in zip(row, col)),
+                         Fraction(0)))
 
 
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The portable product of float32 ``a (M, K)`` and ``b (K, N)``, element by element.
-
-    Row scale ``e_m`` and integers ``a_int`` per row of ``a`` (A_BITS), column scale ``f_n``
-    and ``b_int`` per column of ``b`` (B_BITS); ``S = sum_k a_int * b_int`` exactly;
-    ``C = float32(float64(S) * 2**(e_m - A_BITS) * 2**(f_n - B_BITS))``. A row or column with
-    a non-finite value gives NaN where it meets."""
+    """The portable product of float32 ``a (M, K)`` and ``b (K, N)``, element by element:
+    ``C[m, n] = RN32(sum_k a[m, k] * b[k, n])`` with the sum exact and one rounding to
+    float32. A row or column with a non-finite value gives NaN where it meets."""
     a = np.asarray(a, dtype=np.float32)
     b = np.asarray(b, dtype=np.float32)
-    m, k = a.shape
-    n = b.shape[1]
-    out = np.empty((m, n), dtype=np.float32)
-    cols = []
-    for j in range(n):
-        col = b[:, j]
-        cols.append((bool(np.all(np.isfinite(col))), _fixed(np.where(np.isfinite(col), col, 0), B_BITS)))
-    for i in range(m):
-        row = a[i]
-        row_ok = bool(np.all(np.isfinite(row)))
-        ints, e = _fixed(np.where(np.isfinite(row), row, 0), A_BITS)
-        for j in range(n):
-            col_ok, (bints, f) = cols[j]
-            if not (row_ok and col_ok):
-                out[i, j] = np.nan
-                continue
-            s = sum(x * y for x, y in zip(ints, bints))
-            # the two power-of-two factors are applied one after the other, as in torch
-            out[i, j] = np.float32(float(s) * 2.0 ** (e - A_BITS) * 2.0 ** (f - B_BITS))
+    out = np.empty((a.shape[0], b.shape[1]), dtype=np.float32)
+    for i in range(a.shape[0]):
+        for j in range(b.shape[1]):
+            finite = bool(np.all(np.isfinite(a[i])) and np.all(np.isfinite(b[:, j])))
+            out[i, j] = _dot(a[i], b[:, j]) if finite else np.nan
     return out
 
 
 def weighted_sum(p: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """The portable ``p @ v`` with ``v`` scaled per row (key): ``g_k`` the exponent of
-    ``max_n |v[k, n]|``, ``v_int = round(v * 2**(B_BITS - g_k))``; ``p' = p * 2**g_k``
-    (exact), ``p_int`` per row of ``p'`` (A_BITS, exponent ``e_m``);
-    ``C = float32(float64(sum_k p_int v_int) * 2**(e_m - A_BITS) * 2**-B_BITS)``."""
+    """The portable ``p @ v`` (weights over keys): the same ``RN32`` of the exact sum;
+    NaN in a row with a non-finite weight, or with a non-zero weight on a key (row of
+    ``v``) holding a non-finite value; a zero weight ignores its key."""
     p = np.asarray(p, dtype=np.float32)
     v = np.asarray(v, dtype=np.float32)
-    m, k = p.shape
-    n = v.shape[1]
-    keys = [_fixed(v[r], B_BITS) for r in range(k)]
-    out = np.empty((m, n), dtype=np.float32)
-    for i in range(m):
-        scaled = np.array([float(p[i, r]) * 2.0 ** keys[r][1] for r in range(k)])
-        ints, e = _fixed(scaled, A_BITS)
-        for j in range(n):
-            s = sum(ints[r] * keys[r][0][j] for r in range(k))
-            out[i, j] = np.float32(float(s) * 2.0 ** (e - A_BITS) * 2.0 ** (-B_BITS))
+    out = np.empty((p.shape[0], v.shape[1]), dtype=np.float32)
+    for i in range(p.shape[0]):
+        used = [r for r in range(p.shape[1]) if p[i, r] != 0]
+        poisoned = (not np.all(np.isfinite(p[i]))) or any(not np.all(np.isfinite(v[r])) for r in used)
+        for j in range(v.shape[1]):
+            out[i, j] = np.nan if poisoned else _dot(p[i, used], v[used, j])
     return out
 
 

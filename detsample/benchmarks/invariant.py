@@ -18,7 +18,8 @@ hybrid of the same width (:data:`HYBRID`), run through transformers' own cache.
 1B-parameter Llama (Llama 3.2 1B: hidden 2048, MLP 8192, 32 / 8 heads of 64, 128,256-token
 vocabulary), from an empty plan registry.
 
-Run: ``python -m detsample.benchmarks.invariant [--rounds N] [--threads N] [--verification]``.
+Run: ``python -m detsample.benchmarks.invariant [--rounds N] [--threads N] [--verification]``;
+``--breakdown SIDE``: where one prefill's time goes on that side (torch's profiler, per op).
 """
 
 from __future__ import annotations
@@ -208,6 +209,22 @@ def table(timings: list[Timing]) -> str:
     return "\n".join(lines)
 
 
+def breakdown(name: str, side: str, *, prefill_len: int = 512, threads: int = 2,
+              top: int = 12) -> list[tuple[str, float, float]]:
+    """Where a prefill's time goes on ``side``: ``(op, ms, share)`` for the ``top`` ops
+    by self CPU time (torch's profiler, one prefill after a warm-up)."""
+    from torch.profiler import ProfilerActivity, profile
+    m = build(name, side)
+    prompt = torch.randint(0, m.vocab_size, (prefill_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    with torch_threads(threads):
+        m.forward([m.new_cache()], [prompt])
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            m.forward([m.new_cache()], [prompt])
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events) or 1.0
+    return [(e.key, e.self_cpu_time_total / 1e3, e.self_cpu_time_total / total) for e in events[:top]]
+
+
 #: (K, N) of every product of a Llama 3.2 1B forward: q/o, k/v, gate/up, down, lm_head
 #: (the 8192- and 128256-wide outputs run in 4096-column blocks, 128256 = 31 * 4096 + 1280)
 LLAMA_1B_PRODUCTS = ((2048, 2048), (2048, 512), (2048, 4096), (8192, 2048), (2048, 1280))
@@ -264,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--breakdown", choices=SIDES, default=None,
+                   help="only profile one prefill of each model on this side: time per op")
     p.add_argument("--verification", action="store_true",
                    help="only time the on-machine checks for a 1B Llama's shapes")
     args = p.parse_args(argv)
@@ -277,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
         for label, sec, kernel in rows:
             print(f"{label:<22} {1e3 * sec:8.1f} ms  {kernel}")
         print(f"total {total:.2f} s")
+        return 0
+    if args.breakdown:
+        for name in args.models:
+            print(f"{name}, {args.breakdown}: self CPU time per op, one prefill of 512")
+            for op, ms, share in breakdown(name, args.breakdown, threads=args.threads):
+                print(f"  {op:<40} {ms:9.1f} ms  {100 * share:5.1f}%")
         return 0
     timings = []
     for name in args.models:

@@ -110,7 +110,7 @@ def job_combine(lm: Any, comm: Any, rows: int, hidden: int, rounds: int) -> dict
     for name, fn in (("torch all_reduce (float32 partial)", float_reduce),
                      ("exact combine collectives (float64 MAX of the row maxima, int64 SUM)", exact_collectives),
                      ("default layer: BLAS partial + all_reduce", blas_plus_reduce),
-                     ("portable layer: split-K fixed point + exact combine", split_product)):
+                     ("portable layer: split-K correctly rounded product", split_product)):
         fn()
         best = float("inf")
         for _ in range(rounds):

@@ -9,8 +9,8 @@ Each kernel follows the active configuration (:func:`detsample.invariant.state.c
 ===============  =============================================  ==============================================
 family           verified (default)                             portable (``portable=True``)
 ===============  =============================================  ==============================================
-matmul           BLAS in fixed row tiles, per column block,     fixed-point product (exact integer sums):
-                 the ladder verified on this machine            :mod:`~detsample.invariant.fixedpoint`
+matmul           BLAS in fixed row tiles, per column block,     the float32 nearest to the exact product:
+                 the ladder verified on this machine            :mod:`~detsample.invariant.exact`
                  (:mod:`~detsample.invariant.products`)
 reduction        torch's serial sum where verified, else the    the fixed tree (:mod:`~detsample.invariant.tree`)
                  fixed tree (:mod:`~detsample.invariant.reduce`)

@@ -1,10 +1,10 @@
-"""The mode's matrix products: verified BLAS tiles, or the portable fixed-point product.
+"""The mode's matrix products: verified BLAS tiles, or the portable correctly rounded product.
 
 :func:`product` is what every matmul-family kernel of the mode (``mm``, ``addmm``,
 ``bmm``, ``baddbmm``, ``mv``, ``dot``) and the invariant attention compute with:
 
-* ``portable=True``: :func:`detsample.invariant.fixedpoint.matmul`, bits defined by
-  detsample's arithmetic (any CPU, BLAS path, thread count, K split);
+* ``portable=True``: :func:`detsample.invariant.exact.matmul`, every element the float32
+  nearest to the exact dot product (any CPU, BLAS path, thread count, K split);
 * ``portable=False``: ``B``'s columns in blocks (:func:`~detsample.invariant.tiles.col_blocks`),
   each block with the plan the on-machine verification gave it
   (:func:`~detsample.invariant.verify.matmul_plan`): row tiles of the verified ladder, ``B``
@@ -23,7 +23,7 @@ from contextlib import nullcontext
 
 import torch
 
-from detsample.invariant import fixedpoint, tiles
+from detsample.invariant import exact, tiles
 from detsample.invariant.state import Plan, note_portable
 from detsample.invariant.verify import big_plan, layout, matmul_plan
 from detsample.invariant.weights import derived, owner
@@ -49,8 +49,8 @@ def _contiguous(t: torch.Tensor, of: torch.Tensor | None) -> torch.Tensor:
 
 def _portable(a: torch.Tensor, b: torch.Tensor, keyed: bool, of: torch.Tensor | None) -> torch.Tensor:
     if keyed:
-        return fixedpoint.weighted_sum(a, b)
-    return fixedpoint.matmul(a, b, derived(b, "fixed", fixedpoint.fixed_b, of))
+        return exact.weighted_sum(a, b)
+    return exact.matmul(a, b, derived(b, "exact", exact.prepare_b, of))
 
 
 def product(a: torch.Tensor, b: torch.Tensor, portable: bool, keyed: bool = False,
@@ -61,7 +61,7 @@ def product(a: torch.Tensor, b: torch.Tensor, portable: bool, keyed: bool = Fals
     the values alone. ``keyed``: ``a`` weighs the rows of ``b`` and a zero weight must
     leave a result row unchanged whatever that row of ``b`` holds (the attention's value
     product): the portable form then scales ``b`` per row
-    (:func:`~detsample.invariant.fixedpoint.weighted_sum`). ``of``: the parameter ``b`` is
+    (:func:`~detsample.invariant.exact.weighted_sum`). ``of``: the parameter ``b`` is
     a slice of when ``b`` was cut inside a kernel (its derived forms are then cached)."""
     ct = compute_dtype(a.dtype)
     a = a.to(ct) if a.dtype != ct else a
@@ -70,7 +70,7 @@ def product(a: torch.Tensor, b: torch.Tensor, portable: bool, keyed: bool = Fals
     kind = "bmm" if a.dim() == 3 else "mm"
     if portable:
         note_portable(("matmul", kind, a.shape[-1], b.shape[-1], "keyed" if keyed else "any", ct,
-                       "portable"), "portable fixed-point product")
+                       "portable"), "portable correctly rounded product")
         return _portable(a, b, keyed, of).to(ct)
     lay = layout(b)
     if lay == "nn" and not b.is_contiguous():

@@ -2,32 +2,31 @@
 
 A row-parallel layer (``o_proj``, ``down_proj`` in the Megatron layout) holds a K-range of
 the weight on each rank and sees the matching K-range of the activations. The portable
-product (:mod:`detsample.invariant.fixedpoint`) is order-free in K, so the split keeps
-the bits of the single product when every rank uses the **global** scales and the
-partial integer sums are added exactly:
+product (:mod:`detsample.invariant.exact`) is the float32 nearest to the exact dot
+product, a value no split of K can change; the split computes it as the single product
+does, its three stages spread over the ranks:
 
-1. each rank :func:`~detsample.invariant.fixedpoint.scan` s its slice: the maximum
-   magnitude ``top`` of each row of A (and of each column of B) over its K-range, and
-   where a non-finite value sat (``bad``);
-2. ``top`` is all-reduced with MAX (exact: a maximum does not round, and does not
-   depend on the order of the ranks; a slice with a non-finite value sends +inf), so every
-   rank quantises with the exponent the single product takes
-   (:func:`~detsample.invariant.fixedpoint.quantize`) and knows the non-finite slices;
-3. each rank's partial sum ``S_r`` is an exact integer (:func:`~detsample.invariant.fixedpoint.exact_int`);
-   the ``S_r`` are all-reduced with an int64 SUM (exact, order-free), giving the ``S`` of
-   the single product;
-4. :func:`~detsample.invariant.fixedpoint.combine`, once, on every rank: the bits of TP=1.
+1. each rank's float64 GEMM ``D_r`` and magnitude bound (block norms) over its K-range;
+   every rank gathers them and adds them in rank order, so every rank holds the same
+   ``D`` and bound -- one summation of all ``K`` products, whose error the single
+   product's bound covers (a summation tree of ``K`` terms, whatever its shape) -- and so
+   settles the same elements in stage 1;
+2. for the elements left (the same on every rank), every rank gathers their exact
+   products from all ranks (zero-padded to the longest K-range: zeros add nothing) and
+   settles them exactly (stages 2 and 3) on the same data;
+3. non-finite rows / columns: one MAX of the flags.
 
-The collectives come in a :class:`Reduce` (``detsample.parallel`` gives one over a
-``torch.distributed`` process group); nothing here imports ``torch.distributed``.
+Every rank ends with the bits of TP=1, by construction. The collectives come in a
+:class:`Reduce` (``detsample.parallel`` gives one over a ``torch.distributed`` process
+group); nothing here imports ``torch.distributed``.
 
 :func:`owner_rows` (the vocab-parallel embedding) and :func:`concat_last` (the
 vocab-parallel head) are exact as well: a row is taken from the one rank that owns it
 (an integer sum of its bit pattern with zeros) and the shards are concatenated.
 
 The functions of :data:`UNITS` are single units for the coverage check
-(:mod:`detsample.invariant.coverage`): the ops they run inside (frexp, integer products,
-collectives) are this module's arithmetic, tested as such (tests/parallel/).
+(:mod:`detsample.invariant.coverage`): the ops they run inside (float64 products, block
+norms, collectives) are this module's arithmetic, tested as such (tests/parallel/).
 """
 
 from __future__ import annotations
@@ -37,8 +36,8 @@ from typing import Callable
 
 import torch
 
-from detsample.invariant import fixedpoint
-from detsample.invariant.fixedpoint import A_BITS, B_BITS, Fixed
+from detsample.invariant import exact
+from detsample.invariant.exact import Operand
 
 
 @dataclass(frozen=True)
@@ -52,36 +51,57 @@ class Reduce:
     gather: Callable[[torch.Tensor], list[torch.Tensor]]
 
 
-def _global(x: torch.Tensor, dim: int, bits: int, reduce: Reduce) -> Fixed:
-    """``x``'s slice in fixed point at the scales of the whole (K split over the ranks).
-    One MAX carries both the maxima and the non-finite flags: a slice that held a
-    non-finite value on any rank sends +inf, and its scale is then irrelevant (every
-    output element of that row / column is NaN, as at TP=1)."""
-    xd, top, bad = fixedpoint.scan(x, dim)
-    top = top.contiguous() if bad is None else torch.where(bad, float("inf"), top)
-    reduce.max_(top)
-    flags = torch.isinf(top)
-    bad = flags if bool(flags.any()) else None
-    if bad is not None:
-        top = torch.where(bad, 1.0, top)
-    return fixedpoint.quantize(xd, top, bad, dim, bits, owned=xd is not x)
+def _rank_sum(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The gathered tensors added in rank order (every rank: the same bits)."""
+    total = parts[0].clone()
+    for part in parts[1:]:
+        total.add_(part)
+    return total
 
 
-def split_k_fixed_b(b: torch.Tensor, reduce: Reduce) -> Fixed:
-    """This rank's rows ``(K_r, N)`` of a B operand split over K, in fixed point with the
-    column scales of the whole B (a collective: every rank calls it)."""
-    return _global(b, -2, B_BITS, reduce)
+def _global_bad(op: Operand, reduce: Reduce) -> Operand:
+    """``op`` with the non-finite flags of the whole K (one MAX over the ranks)."""
+    flags = op.values.new_zeros(op.blocks.shape[:-1] + (1,) if op.dim == -1
+                                else op.blocks.shape[:-2] + (1, op.blocks.shape[-1]))
+    if op.bad is not None:
+        flags = flags.masked_fill_(op.bad, 1.0)
+    reduce.max_(flags)
+    bad = flags > 0
+    return Operand(op.values, op.blocks, bad if bool(bad.any()) else None, op.dim)
 
 
-def split_k_matmul(a: torch.Tensor, fb: Fixed, reduce: Reduce) -> torch.Tensor:
+def split_k_fixed_b(b: torch.Tensor, reduce: Reduce) -> Operand:
+    """This rank's rows ``(K_r, N)`` of a B operand split over K, prepared for
+    :func:`split_k_matmul` (a collective: every rank calls it)."""
+    return _global_bad(exact.prepare_b(b), reduce)
+
+
+def _lengths(k: int, reduce: Reduce) -> list[int]:
+    parts = reduce.gather(torch.tensor([k], dtype=torch.int64))
+    return [int(p[0]) for p in parts]
+
+
+def split_k_matmul(a: torch.Tensor, fb: Operand, reduce: Reduce) -> torch.Tensor:
     """The portable ``A @ B`` for K split over the ranks: ``a (M, K_r)`` this rank's
     columns of A, ``fb`` its rows of B from :func:`split_k_fixed_b`. Returns ``(M, N)``
-    float32 on every rank, bitwise :func:`detsample.invariant.fixedpoint.matmul` of the
-    whole operands (a collective: every rank calls it)."""
-    fa = _global(a, -1, A_BITS, reduce)
-    s = fixedpoint.exact_int(fa, fb).contiguous()
-    reduce.sum_(s)
-    return fixedpoint.combine(s, fa, fb, torch.float32)
+    float32 on every rank, bitwise :func:`detsample.invariant.exact.matmul` of the whole
+    operands (a collective: every rank calls it)."""
+    fa = _global_bad(exact.prepare(a, -1), reduce)
+    lengths = _lengths(a.shape[-1], reduce)
+    d = _rank_sum(reduce.gather(exact.dot64(fa.values, fb.values).contiguous()))
+    mag = _rank_sum(reduce.gather(exact.magnitude(fa, fb).contiguous()))
+    c, unsettled = exact.first_pass(d, exact.inflate(mag, len(lengths)), sum(lengths))
+    local = exact.pair_products(fa.values, fb.values)
+    width = max(lengths)
+
+    def products(index: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        mine = local(index)
+        mine = torch.nn.functional.pad(mine, (0, width - mine.shape[1])).contiguous()
+        return torch.cat(reduce.gather(mine), dim=1)
+
+    c = exact.settle_at(c, unsettled, products, width * len(lengths))
+    bad = exact.either(fa.bad, fb.bad)
+    return c if bad is None else c.masked_fill_(bad, float("nan"))
 
 
 def _bit_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -52,7 +52,7 @@ DEFAULT = ModeConfig()
 @dataclass(frozen=True)
 class Plan:
     """One decision of the mode for one key: ``kernel`` names what runs (for a matmul
-    ``"mkl tiles 2..64, native layout"``, ``"portable fixed-point"``), ``rests_on`` what
+    ``"mkl tiles 2..64, native layout"``, ``"portable correctly rounded product"``), ``rests_on`` what
     its invariance rests on (``"verified on this machine"`` / ``"detsample's arithmetic"``)
     and ``reason`` why it was chosen; ``data`` is the kernel's parameters."""
 

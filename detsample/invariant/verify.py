@@ -20,7 +20,7 @@ machine always choose alike.
     and (``bmm``) in a batch of 1, 3 or 8 matrices; a column keeps its bits when B's other
     columns change. Tried: ``B`` in its own layout and (for a transposed ``B``) as a
     contiguous copy; the passing ladder of least cost wins. None passes: the portable
-    fixed-point product (:mod:`detsample.invariant.fixedpoint`), with a warning.
+    correctly rounded product (:mod:`detsample.invariant.exact`), with a warning.
 ``sum_plan(n, dtype)``
     a row summed by torch's ``sum`` alone, or in calls of 2, 3 or many rows (at any
     position), has the same bits. Else: the fixed tree (:mod:`detsample.invariant.tree`),
@@ -330,8 +330,8 @@ def _decide_matmul(kind: str, k: int, n: int, lay: str, dtype: torch.dtype) -> P
     reason = "; ".join(tried)
     warnings.warn(f"batch-invariant mode: {kind} with K={k}, N={n} ({lay} B, {dtype}) is not "
                   f"invariant on this machine's BLAS ({reason}); it takes the portable "
-                  f"fixed-point product instead", FallbackWarning, stacklevel=5)
-    return Plan("portable fixed-point product", ARITHMETIC, f"BLAS check failed: {reason}")
+                  f"correctly rounded product instead", FallbackWarning, stacklevel=5)
+    return Plan("portable correctly rounded product", ARITHMETIC, f"BLAS check failed: {reason}")
 
 
 def _at_threads(canon: Plan, kind: str, k: int, n: int, lay: str, dtype: torch.dtype,

@@ -3,7 +3,7 @@
 A product's ``B`` is usually a view of an ``nn.Parameter`` (``F.linear`` hands ``mm`` the
 weight transposed). The mode sometimes needs ``B`` in another form: a contiguous copy
 (when the verified plan for its layout says so), float32 (a bfloat16 weight), or in the
-fixed point of :mod:`detsample.invariant.fixedpoint` (the portable product). Recomputing
+float64 form with block norms of :mod:`detsample.invariant.exact` (the portable product). Recomputing
 that at every call would cost a pass over the weight per token; :func:`derived` keeps one
 per (weight, view, form) instead.
 
@@ -13,7 +13,7 @@ shape, strides and dtype and by the weight's version counter, so an in-place upd
 weight (an optimizer step) is never served a stale form. Only views of ``nn.Parameter``s
 are cached; other operands (activations) are converted at each call.
 
-Memory: a contiguous copy costs the weight's size again, a fixed-point form twice it
+Memory: a contiguous copy costs the weight's size again, the portable form twice it
 (float64): docs/batch-invariant.md.
 """
 

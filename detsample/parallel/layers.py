@@ -79,8 +79,8 @@ class RowParallelLinear(torch.nn.Module):
                 f"out_features={self.out_features}, bias={self.bias is not None}")
 
     def _fixed_b(self):
-        """This rank's weight in fixed point at the global column scales (a collective;
-        kept until the weight changes)."""
+        """This rank's weight prepared for the portable split product, with the whole
+        weight's non-finite flags (a collective; kept until the weight changes)."""
         key = (self.weight._version, self.weight.dtype)
         if self._fixed is None or self._fixed[0] != key:
             b = self.weight.t().to(torch.float32)

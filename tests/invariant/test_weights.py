@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from detsample.invariant import batch_invariant, fixedpoint
+from detsample.invariant import batch_invariant, exact
 from detsample.invariant.weights import derived
 
 
@@ -55,8 +55,8 @@ def test_slices_named_with_their_parameter_are_cached_and_others_refused():
 def test_the_grouped_expert_products_convert_each_expert_once(monkeypatch):
     w = torch.nn.Parameter(torch.randn(4, 8, 6))
     seen = []
-    real = fixedpoint.fixed_b
-    monkeypatch.setattr(fixedpoint, "fixed_b", lambda b: seen.append(1) or real(b))
+    real = exact.prepare_b
+    monkeypatch.setattr(exact, "prepare_b", lambda b: seen.append(1) or real(b))
     offs = torch.tensor([2, 4, 6, 8], dtype=torch.int32)
     with torch.no_grad(), batch_invariant(portable=True):
         for _ in range(3):

@@ -2,8 +2,8 @@
 
 :func:`detsample.invariant.sharded.split_k_matmul` over any split of K (uneven, random,
 empty shards included) gives bitwise the single product
-(:func:`detsample.invariant.fixedpoint.matmul`), zero and non-finite rows included; with
-local scales (no MAX) or a float sum of per-rank products it does not (the negative
+(:func:`detsample.invariant.exact.matmul`), zero and non-finite rows included; with
+shares rounded before the sum, or a float sum of per-rank products, it does not (the negative
 controls: what the exact combine is for). The rank processes themselves are tested in
 test_tp_model.py; here the arithmetic, fast, over many inputs.
 """
@@ -16,7 +16,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from detsample.invariant import fixedpoint
+from detsample.invariant import exact
 from detsample.invariant.sharded import Reduce, concat_last, owner_rows, split_k_fixed_b, split_k_matmul
 
 
@@ -92,7 +92,7 @@ def _operands(seed: int, m: int, k: int, n: int, scale: float):
 def test_any_k_split_equals_the_single_product_bitwise(seed, m, k, n, world, data):
     a, b = _operands(seed, m, k, n, 1.0)
     cuts = sorted(data.draw(st.lists(st.integers(0, k), min_size=world - 1, max_size=world - 1)))
-    want = fixedpoint.matmul(a, b)
+    want = exact.matmul(a, b)
     for got in _split_matmul(a, b, cuts):
         assert torch.equal(got.view(torch.int32), want.view(torch.int32)), cuts
 
@@ -102,25 +102,26 @@ def test_any_k_split_equals_the_single_product_bitwise(seed, m, k, n, world, dat
 def test_split_keeps_the_special_rows(case):
     a, b = _operands(3, 4, 600 if "chunk" in case else 64, 5, 1e6 if "chunk" in case else 1.0)
     k = a.shape[1]
-    if case == "zero row on one rank":       # frexp(0) = 0 would beat a negative exponent
+    if case == "zero row on one rank":       # a rank whose share is exactly zero
         a[1, : k // 2] = 0.0
         a[1] *= 1e-3
     elif case == "nan in one shard":
         a[2, 3] = float("nan")
     elif case == "inf in B":
         b[k - 1, 2] = float("inf")
-    want = fixedpoint.matmul(a, b)
+    want = exact.matmul(a, b)
     for got in _split_matmul(a, b, [k // 2]):
         assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
-def test_negative_control_local_scales_or_float_sums_differ():
-    """Without the global scales (each rank quantising on its own maximum) or with a float
-    sum of per-rank products, some element differs from the single product."""
+def test_negative_control_rounded_shares_or_float_sums_differ():
+    """Without the exact combination -- each rank rounding its share to float32 before
+    the sum, or float32 sums of per-rank products -- some element differs from the single
+    product."""
     a, b = _operands(5, 8, 256, 16, 1.0)
-    a[:, 128:] *= 1e-3     # the second rank's maximum is far below the row's
-    want = fixedpoint.matmul(a, b)
-    local = fixedpoint.matmul(a[:, :128], b[:128]).double() + fixedpoint.matmul(a[:, 128:], b[128:]).double()
+    a[:, 128:] *= 1e-3
+    want = exact.matmul(a, b)
+    local = exact.matmul(a[:, :128], b[:128]).double() + exact.matmul(a[:, 128:], b[128:]).double()
     assert not torch.equal(local.float(), want)
     floats = a[:, :128] @ b[:128] + a[:, 128:] @ b[128:]
     assert not torch.equal(floats, want)

@@ -17,6 +17,7 @@ from detsample import Request, Sampler, SamplingBatch, SamplingParams
 from detsample.audit import audit
 from detsample.audit.rescore import ModelRescorer, TPRescorer
 from detsample.audit.rollout import _rank_rollouts, generate_rollouts
+from detsample.audit.semantics import RAW
 from detsample.models import load_model
 from detsample.parallel import TPModelSpec, tp_group
 from detsample.parallel.sampling import compute_logprobs_sharded, sample_sharded
@@ -27,6 +28,8 @@ from tests.parallel import models
 CFG = ProbeConfig(prompt_len=12, neighbours=(5, 17, 3), chunks=(5,), localize=True)
 RUN = dict(num_sequences=3, max_new_tokens=5, seed=7, temperature=1.0, top_p=0.9, top_k=-1,
            max_batch_size=2, stagger=1, with_trainer=True)
+#: RUN as generate_rollouts hands it to each rank (built prompts, one sample each, raw logprobs)
+RANK_RUN = dict(RUN, prompts=None, n=1, semantics=RAW)
 V = 512
 START = "fork"   # ranks without re-importing torch (test_group.py covers the default, spawn)
 
@@ -122,7 +125,7 @@ def test_sampling_on_sharded_logits_equals_single_rank(tp, request):
 
 
 def test_tp2_rollout_equals_tp1_and_audits_exact_against_tp1(group2):
-    tp2 = group2.call(_rank_rollouts, RUN)
+    tp2 = group2.call(_rank_rollouts, RANK_RUN)
     tp1 = generate_rollouts(**RUN, model=models.UNSEEN, batch_invariant=True, portable=True)
     assert [r["response_ids"] for r in tp2] == [r["response_ids"] for r in tp1]
     assert [r["engine_logprobs"] for r in tp2] == [r["engine_logprobs"] for r in tp1]
