@@ -27,7 +27,9 @@ import numpy as np
 from detsample.audit.exact import (ValueCounts, exact_marginal_sums, exact_mean, exact_sums,
                                    fraction_to_float, to_fraction)
 from detsample.audit.frameworks import FrameworkAccumulator, FrameworkOptions
+from detsample.audit.diagnose import diagnose
 from detsample.audit.issues import Issue
+from detsample.audit.rows import RowTables
 from detsample.audit.validate import AuditBatch
 
 #: |d| > t mismatch thresholds, and their JSON keys
@@ -186,6 +188,7 @@ class AuditAccumulator:
         self.first_div: dict[int, int] = {}
         self.first_div_buckets = np.zeros(NUM_POSITION_BUCKETS, dtype=np.int64)
         self.worst: list[tuple] = []
+        self.rows = RowTables(self.compare_dtype)
 
     # ------------------------------------------------------------------ updating
 
@@ -202,6 +205,7 @@ class AuditAccumulator:
 
     def update(self, b: AuditBatch) -> None:
         """Add the valid sequences of one chunk."""
+        self.rows.update(b)
         nseq = len(b)
         self.sequences_seen += nseq
         self.sequences += nseq
@@ -348,6 +352,7 @@ class AuditAccumulator:
             self.first_div[p] = self.first_div.get(p, 0) + c
         self.first_div_buckets += o.first_div_buckets
         self.worst = sorted(self.worst + o.worst)[:MAX_WORST]
+        self.rows.merge(o.rows)
         self.frameworks.merge(o.frameworks)
 
     # ------------------------------------------------------------------ the report
@@ -402,7 +407,7 @@ class AuditAccumulator:
         ns = self.seq_with_tokens
         hist = self.diff_values.abs_histogram(np.r_[0.0, HIST_EDGES, np.inf])
         pos_labels = position_bucket_labels()
-        return {
+        rep = {
             "sources": list(self.sources),
             "compare_dtype": self.compare_dtype or "promoted",
             "sequences": self.sequences,
@@ -460,4 +465,7 @@ class AuditAccumulator:
                 for neg_max, src, line, unit, rid, sd, fdp in self.worst],
             "frameworks": self.frameworks.report(
                 self.diff_values, self.zero_d, s_d, None if self.inf_u else self.s_u),
+            **self.rows.report(),
         }
+        rep["diagnosis"] = diagnose(rep, None, [])  # the signature; a model's: audit()
+        return rep

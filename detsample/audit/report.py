@@ -105,6 +105,9 @@ def format_summary(report: dict, max_issues: int = 10) -> str:
     width = max(len(k) for k, _ in rows)
     lines = ["detsample audit: " + ", ".join(report["sources"] or ["<records>"])]
     lines += [f"  {k:<{width}}  {v}" for k, v in rows]
+    line = (report.get("diagnosis") or {}).get("line")
+    if line:
+        lines.append(line)
     if report["excluded_sequences"]:
         kinds = ", ".join(f"{k}: {v}" for k, v in report["excluded_by_kind"].items())
         lines.append(f"excluded sequences ({kinds}):")
@@ -130,19 +133,27 @@ def figure(width: float = 7, height: float = 4):
     return fig
 
 
+def bucket_series(rows: list[dict]) -> list[tuple[str, str, list]]:
+    """(label, line style, values) of a bucket plot: mean |d|, max |d| and the signed
+    mean d (its sign tells a sharper or flatter engine distribution from noise)."""
+    return [("mean |d|", "o-", [r["mean_abs_diff"] for r in rows]),
+            ("max |d|", "s--", [r["max_abs_diff"] for r in rows]),
+            ("mean d (signed)", "^:", [r["mean_diff"] for r in rows])]
+
+
 def _bucket_plot(rows: list[dict], title: str, xlabel: str, path: str) -> None:
     fig = figure()
     ax = fig.add_subplot(1, 1, 1)
     labels = [r["bucket"] for r in rows]
     x = list(range(len(rows)))
-    ax.plot(x, [r["mean_abs_diff"] for r in rows], "o-", label="mean |d|")
-    ax.plot(x, [r["max_abs_diff"] for r in rows], "s--", label="max |d|")
-    ax.plot(x, [abs(r["mean_diff"]) for r in rows], "^:", label="|mean d|")
+    for label, style, values in bucket_series(rows):
+        ax.plot(x, values, style, label=label)
+    ax.axhline(0.0, color="black", linewidth=0.5)
     ax.set_yscale("symlog", linthresh=1e-9)
     ax.set_xticks(x)
     ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=7)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("d = trainer - engine (nats)")
+    ax.set_ylabel("d = trainer - engine (nats; symlog)")
     ax2 = ax.twinx()
     ax2.bar(x, [r["mismatch_fraction"] for r in rows], alpha=0.2, color="gray",
             label="mismatch fraction")
@@ -203,12 +214,25 @@ def write_report(report: dict, out_dir: str) -> str:
         "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style></head><body>",
         "<h1>detsample audit</h1>",
         f"<p>{html.escape(', '.join(report['sources']) or '<records>')}</p>",
+        _verdict_html(report.get("gates")),
+        _diagnosis_html(report.get("diagnosis")),
         "<h2>Summary</h2>", _table(["metric", "value"], [list(r) for r in summary_rows(report)]),
         "<h2>|d| histogram</h2><img src='abs_diff_histogram.png'>",
         "<h2>By response position</h2><img src='diff_by_position.png'>",
         _table(bucket_cols, [[r[c] for c in bucket_cols] for r in report["by_position"]]),
         "<h2>By engine probability</h2><img src='diff_by_probability.png'>",
         _table(bucket_cols, [[r[c] for c in bucket_cols] for r in report["by_probability"]]),
+        f"<h2>First mismatching tokens ({len(report.get('first_mismatches', []))} shown)</h2>",
+        _table(["sequence id", "position", "token id", "engine logprob", "trainer logprob", "d"],
+               [[w["id"], w["position"],
+                 w["token_id"], w["engine_logprob"], w["trainer_logprob"], w["diff"]]
+                for w in report.get("first_mismatches", [])]),
+        f"<h2>Sequences (first {len(report.get('sequences_table', []))})</h2>",
+        _table(["sequence id", "tokens", "exact matches", "max |d|", "sum d",
+                "first divergence"],
+               [[w["id"], w["tokens"],
+                 w["exact_matches"], w["max_abs_diff"], w["sum_diff"], w["first_divergence"]]
+                for w in report.get("sequences_table", [])]),
         "<h2>Worst sequences</h2>",
         _table(["source", "location", "id", "max_abs_diff", "sum_diff", "first_divergence"],
                [[w["source"], w.get("line", w.get("row")), w["id"], w["max_abs_diff"],
@@ -217,10 +241,84 @@ def write_report(report: dict, out_dir: str) -> str:
         _table(["source", "location", "field", "kind", "message"],
                [[i["source"], i.get("line", i.get("row")), i["field"], i["kind"], i["message"]]
                 for i in report["issues"]]),
-        "<p>Metric definitions: docs/audit.md. Full data: <a href='report.json'>report.json</a>"
-        "</p></body></html>",
+        _provenance_html(report.get("provenance")),
+        "<h2>Metric definitions</h2>", _definitions_html(),
+        "<p>Full data: <a href='report.json'>report.json</a></p></body></html>",
     ]
     page = os.path.join(out_dir, "index.html")
     with open(page, "w") as f:
         f.write("\n".join(parts) + "\n")
     return page
+
+
+#: the metrics of the page, defined on the page (it must read without the docs)
+DEFINITIONS = (
+    ("d", "trainer logprob - engine logprob of one audited token (mask 1), in nats, after "
+          "both are rounded to the compare dtype"),
+    ("exact match", "the two logprobs have the same bits (d == 0 and the same sign of zero)"),
+    ("exact_match_fraction", "exact matches / audited tokens"),
+    ("mismatch |d| > x", "fraction (count) of audited tokens with |d| above x"),
+    ("|d| mean / std / max, quantiles", "over audited tokens, sums computed exactly"),
+    ("d mean / min / max", "the signed d: its sign tells a sharper (d > 0 on improbable "
+                           "tokens) from a flatter engine distribution, and from noise"),
+    ("KL k1 / k2 / k3", "means of -d, d^2 / 2 and (r - 1) - d: the estimators of "
+                        "KL(engine || trainer) from samples of the engine"),
+    ("importance ratio r", "exp(d) = p_trainer / p_engine per token; ESS = (sum r)^2 / "
+                           "sum r^2; chi2 = mean r^2 - 1"),
+    ("first divergence", "response position of a sequence's first token with d != 0"),
+    ("seq sum d, log-ppl diff", "per sequence: sum of d; -(sum of d) / audited tokens"),
+    ("by engine probability", "tokens bucketed by exp(engine logprob)"),
+    ("semantics", "which logprob semantics (raw or processed; temperature; top-k / top-p / "
+                  "min-p) explains the engine's numbers (the diagnosis)"),
+    ("gates", "--max-abs-diff, --min-exact-match, --max-excluded: the verdict is FAIL when "
+              "one is not met, or when no token was audited"),
+)
+
+
+def _definitions_html() -> str:
+    items = "".join(f"<dt><b>{html.escape(k)}</b></dt><dd>{html.escape(v)}</dd>"
+                    for k, v in DEFINITIONS)
+    return f"<dl>{items}</dl>"
+
+
+def _verdict_html(gates: dict | None) -> str:
+    if not gates:
+        return "<p><b>Gates: not checked</b> (a report of the Python API)</p>"
+    verdict = gates["verdict"]
+    color = {"pass": "#070", "fail": "#b00"}.get(verdict, "#555")
+    given = ", ".join(f"{k} {v}" for k, v in gates.items()
+                      if k in ("max_abs_diff", "min_exact_match", "max_excluded") and v is not None)
+    fails = "".join(f"<li>{html.escape(f)}</li>" for f in gates["failures"])
+    return (f"<h2 style='color:{color}'>Verdict: {html.escape(verdict.upper())}</h2>"
+            f"<p>gates: {html.escape(given or 'none given')}</p>"
+            + (f"<ul>{fails}</ul>" if fails else ""))
+
+
+def _diagnosis_html(dg: dict | None) -> str:
+    if not dg:
+        return ""
+    if not dg.get("needed"):
+        return (f"<p>semantics: max |d| is within kernel noise (&lt;= {dg['noise_bound']:g}); "
+                f"nothing to explain</p>")
+    sig = dg["signature"]
+    rows = [[b, d] for b, d in sig["by_probability"].items()]
+    return ("<h2>Why the numbers differ</h2>"
+            f"<p><b>{html.escape(dg['line'])}</b></p>"
+            f"<p>signature (signed mean d by engine probability; {html.escape(sig['pattern'])}): "
+            f"{html.escape(sig['suggests'])}</p>" + _table(["bucket", "mean d"], rows))
+
+
+def _provenance_html(prov: dict | None) -> str:
+    if not prov:
+        return ""
+    flat: list[list[object]] = []
+
+    def walk(prefix: str, v: object) -> None:
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), x)
+        else:
+            flat.append([prefix, v if not isinstance(v, (list, tuple)) else repr(v)])
+
+    walk("", prov)
+    return "<h2>Provenance</h2>" + _table(["what", "value"], flat)

@@ -70,6 +70,9 @@ class ModelRescorer:
         #: logits of the first ``keep`` sequences scored (prompt, response) -> [n, V]
         self.keep = 0
         self.kept: dict = {}
+        #: called ``(sequences scored, None, label)`` after each sequence (not pickled)
+        self.progress = None
+        self._scored = 0
         self._state = None
 
     def __getstate__(self) -> dict:
@@ -109,6 +112,15 @@ class ModelRescorer:
     def __call__(self, prompt_ids: list[int], response_ids: list[int]) -> np.ndarray:
         """float32 [len(response_ids)]: the logprobs in :attr:`semantics`, by one
         prefill (its logits kept for :meth:`logits` while :attr:`keep` allows)."""
+        out = self.score(prompt_ids, response_ids, self.semantics)
+        if self.progress is not None:
+            self._scored += 1
+            self.progress(self._scored, None, "sequences rescored")
+        return out
+
+    def score(self, prompt_ids: list[int], response_ids: list[int],
+              semantics: Semantics) -> np.ndarray:
+        """:meth:`__call__` in another ``semantics`` (the kept logits reused)."""
         from detsample.models import ModelOutputError
         from detsample.refmodel.engine import score_logits
 
@@ -118,10 +130,44 @@ class ModelRescorer:
             return np.empty(0, dtype=np.float32)
         logits = self.logits(prompt, response)
         try:
-            return score_logits(model, sampler, rescore_params(self.semantics), prompt,
+            return score_logits(model, sampler, rescore_params(semantics), prompt,
                                 response, logits).numpy()
         except ModelOutputError as exc:  # the model, not this sequence, is at fault
             raise RescoreModelError(f"{self.label}: {exc}") from exc
+
+    def prompt_logprobs(self, prompt_ids: list[int]) -> np.ndarray:
+        """float32 [len(prompt_ids) - 1]: the logprob of prompt token i + 1 after
+        ``prompt_ids[:i + 1]`` in :attr:`semantics`, by one prefill (vLLM's
+        ``prompt_logprobs`` without its leading None)."""
+        prompt = list(prompt_ids)
+        if len(prompt) < 2:
+            return np.empty(0, dtype=np.float32)
+        return self.score(prompt[:1], prompt[1:], self.semantics)
+
+    def token_logprobs(self, prompt_ids: list[int], response_ids: list[int],
+                       token_ids: list[int]) -> np.ndarray:
+        """float32 [len(response_ids), len(token_ids)]: at every response position, the
+        logprobs of the named ``token_ids`` in :attr:`semantics` (SGLang's
+        ``token_ids_logprob``), bitwise what the sampling path reports for those ids at
+        that position (as the chosen token, or among the top logprobs)."""
+        import torch
+
+        from detsample.batch import SamplingBatch
+        from detsample.params import Request
+
+        model, sampler, _ = self._load()
+        prompt, response = list(prompt_ids), list(response_ids)
+        ids = [int(t) for t in token_ids]
+        if not response or not ids:
+            return np.empty((len(response), len(ids)), dtype=np.float32)
+        logits = self.logits(prompt, response)
+        params = rescore_params(self.semantics)
+        reqs = [Request(f"named/{i}/{j}", params, prompt, response[:i])
+                for i in range(len(response)) for j in range(len(ids))]
+        batch = SamplingBatch.from_requests(reqs, vocab_size=model.vocab_size)
+        rows = logits.repeat_interleave(len(ids), dim=0).contiguous()
+        lp = sampler.compute_logprobs(rows, batch, torch.tensor(ids * len(response)))
+        return lp.view(len(response), len(ids)).numpy()
 
     def logits(self, prompt_ids: list[int], response_ids: list[int]):
         """float32 [len(response_ids), V]: the logits that score each response token

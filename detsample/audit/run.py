@@ -15,16 +15,18 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 
 from detsample.audit.assemble import assemble
+from detsample.audit.diagnose import MAX_TOKENS, Sequence, diagnose
 from detsample.audit.gates import check_gates
 from detsample.audit.issues import AuditInputError, Issue, audit_file
 from detsample.audit.layout import LIST_COLUMNS, Layout, Resolved, resolve
 from detsample.audit.metrics import AuditAccumulator
 from detsample.audit.npz import NpzSource
 from detsample.audit.options import AuditOptions, options_of
+from detsample.audit.rescore import ModelRescorer
 from detsample.audit.parquet import ParquetSource
 from detsample.audit.readers import (detect_format, iter_jsonl_chunks, iter_record_chunks,
                                      peek_jsonl_keys, split_jsonl)
-from detsample.audit.table import TableChunk
+from detsample.audit.table import RawChunk, TableChunk, offsets_from_lengths
 from detsample.audit.torchfile import TorchSource
 from detsample.audit.validate import RescoreFn, validate
 from detsample.inputs import thread_problem
@@ -216,8 +218,80 @@ def audit(source: object, options: AuditOptions | None = None, **kwargs: object)
     chunk_tokens, jsonl_parser, compare_dtype, layout, ray) and ``preset`` / ``columns``
     / ``padding``, not both. The report is identical
     for every ``workers``, ``chunk_tokens``, ``jsonl_parser`` and ``ray``.
+
+    When max |d| is beyond kernel noise the report's ``"diagnosis"`` says which logprob
+    semantics explains the engine's numbers (:mod:`detsample.audit.diagnose`; with a
+    model rescorer, searched over the logits of its forwards of the first sequences).
     """
-    return audit_accumulator(source, options, **kwargs).report()
+    opts = options_of(options, kwargs)
+    if isinstance(opts.rescore, str):  # one rescorer object: its kept logits are reused
+        opts = AuditOptions.make(base=opts, rescore=ModelRescorer(opts.rescore))
+    rescorer = opts.rescore if isinstance(opts.rescore, ModelRescorer) else None
+    if rescorer is not None and opts.workers == 1 and opts.ray is None:
+        rescorer.keep = DIAGNOSIS_SEQUENCES
+    report = audit_accumulator(source, opts).report()
+    if rescorer is not None:  # the search over the model's logits
+        report["diagnosis"] = diagnose(report, rescorer, first_sequences(source, opts))
+        rescorer.keep, rescorer.kept = 0, {}
+    return report
+
+
+#: sequences whose rescoring logits are kept for the diagnosis (it reads their tokens)
+DIAGNOSIS_SEQUENCES = 16
+
+
+def first_sequences(source: object, opts: AuditOptions) -> list[Sequence]:
+    """The first sequences of ``source`` (at most :data:`MAX_TOKENS` trained tokens, in
+    file order) with a prompt and engine logprobs that pass the per-sequence checks, for
+    the diagnosis. A one-shot iterator of records cannot be read twice: none."""
+    if _is_paths(source):
+        paths = [os.fspath(p) for p in ([source] if isinstance(source, (str, os.PathLike))
+                                         else source)]
+        chunks, resolved = _shard_chunks(plan_shards(paths[:1], 1, opts.layout)[0], opts)
+    elif isinstance(source, (list, tuple)) and source:
+        first = source[0]
+        keys = ["id", *LIST_COLUMNS] if opts.layout.records == "openai" else \
+            (list(first) if isinstance(first, Mapping) else [])
+        resolved = resolve(opts.layout, keys, "<records>")
+        chunks = iter_record_chunks(iter(source), resolved, chunk_tokens=opts.chunk_tokens)
+    else:
+        return []
+    out: list[Sequence] = []
+    tokens = 0
+    for tc in chunks:
+        for seq in _chunk_sequences(assemble(tc, resolved)):
+            out.append(seq)
+            tokens += sum(1 for m in seq.mask if m)
+            if tokens >= MAX_TOKENS or len(out) >= DIAGNOSIS_SEQUENCES:
+                return out
+    return out
+
+
+def _chunk_sequences(raw: RawChunk) -> Iterator[Sequence]:
+    """The sequences of one assembled chunk the diagnosis can read (a prompt, engine
+    logprobs of the response's length, finite, a 0/1 mask); the rest are skipped (the
+    audit itself names them)."""
+    need = ("prompt_ids", "response_ids", "engine_logprobs")
+    if any(c not in raw.lengths for c in need):
+        return
+    off = {c: offsets_from_lengths(raw.lengths[c]) for c in (*need, "mask") if c in raw.lengths}
+    for i in range(len(raw)):
+        if i in raw.flagged:
+            continue
+        seg = {c: raw.values[c][off[c][i]:off[c][i + 1]] for c in off
+               if raw.lengths[c][i] >= 0}
+        if any(c not in seg for c in need) or not seg["prompt_ids"].size:
+            continue
+        n = seg["response_ids"].size
+        mask = seg.get("mask", [1] * n)
+        if seg["engine_logprobs"].size != n or len(mask) != n or \
+                seg["engine_logprobs"].dtype.kind not in "fiu":
+            continue
+        eng = [float(v) for v in seg["engine_logprobs"]]
+        if not all(math.isfinite(v) for v in eng):
+            continue
+        yield Sequence([int(v) for v in seg["prompt_ids"]], [int(v) for v in seg["response_ids"]],
+                       eng, [1 if m else 0 for m in mask])
 
 
 def _jsonable(x: object) -> object:

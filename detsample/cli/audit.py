@@ -14,6 +14,7 @@ from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, add_semantics_options,
                                      portable_without_mode, positive_finite, positive_int,
                                      rollout_rs, semantics_of, tp_needs_portable)
 from detsample.cli._outputs import output_problems, write_output
+from detsample.cli._progress import Progress
 from detsample.errors import DetsampleError
 
 
@@ -86,7 +87,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from detsample.audit import AuditOptions, audit, check_gates, to_json
+    from detsample.audit import AuditOptions, audit, to_json
+    from detsample.audit.provenance import provenance, with_verdict
     from detsample.audit.frameworks import FrameworkOptions
     from detsample.audit.rescore import ModelRescorer, TPRescorer
     from detsample.audit.semantics import RAW
@@ -125,7 +127,10 @@ def run(args: argparse.Namespace) -> int:
                                  compare_dtype=None if args.dtype == "promoted" else args.dtype,
                                  preset=args.preset, columns=args.columns,
                                  padding=args.padding, ray=args.ray)
-        report = audit(args.files, opts)
+        with Progress("audit --rescore") as progress:
+            if isinstance(rescore, ModelRescorer) and args.workers == 1 and args.ray is None:
+                rescore.progress = progress
+            report = audit(args.files, opts)
     except (DetsampleError, OSError, ValueError) as exc:
         why = "; ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
         print(f"detsample audit: error: {why}", file=sys.stderr)  # one line
@@ -133,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if isinstance(rescore, TPRescorer):
             rescore.close()
+    failures = with_verdict(report, args.max_abs_diff, args.min_exact_match, args.max_excluded)
+    report["provenance"] = provenance(opts)
     text = to_json(report)
     if args.json == "-":
         sys.stdout.write(text)
@@ -148,7 +155,6 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         print(f"detsample audit: error: {failed}", file=sys.stderr)
         return 2
-    failures = check_gates(report, args.max_abs_diff, args.min_exact_match, args.max_excluded)
     for f in failures:
         print(f"detsample audit: GATE FAILED: {f}", file=sys.stderr)
     return 1 if failures else 0

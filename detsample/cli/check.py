@@ -1,7 +1,8 @@
 """``detsample check``: the CI gate (goldens, invariances, alignment, external checks).
 
-Prints a progress bar on stderr when stderr is a terminal (redrawn in place; nothing
-when it is a file or a pipe, so CI logs stay clean) and a summary table on stdout, headed
+Prints a progress bar on stderr when stderr is a terminal (``rich``,
+:mod:`detsample.cli._progress`; nothing when it is a file, a pipe or CI, so CI logs stay
+clean) and a summary table on stdout, headed
 by the golden folder it compared against and how this run dispatches (the CPU ISA,
 native or emulated through ``ATEN_CPU_CAPABILITY``); ``--json PATH`` writes ``{"ok": bool,
 "platform": str, "golden_dir": str, "checks": [{"name", "ok", "detail"}]}``. Exit status 0
@@ -25,9 +26,10 @@ import json
 import os
 import sys
 import time
-from typing import Any, TextIO
+from typing import Any
 
 from detsample.checks.result import CheckResult
+from detsample.cli._progress import Progress
 
 
 def register(subparsers: Any) -> None:
@@ -45,26 +47,6 @@ def register(subparsers: Any) -> None:
                    help="run here as is: no re-run under the best lower instruction set that "
                         "has goldens, nor under the goldens' MKL level")
     p.set_defaults(func=run)
-
-
-class ProgressBar:
-    """A progress bar on ``stream``, redrawn in place, only when ``stream`` is a
-    terminal: a log file or a pipe gets no line per tick (the summary table on stdout
-    says everything)."""
-
-    def __init__(self, stream: TextIO | None = None, width: int = 30) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.width = width
-        isatty = getattr(self.stream, "isatty", None)
-        self.tty = bool(isatty is not None and isatty())
-
-    def __call__(self, done: int, total: int, label: str) -> None:
-        if not self.tty:
-            return
-        fill = self.width * done // max(total, 1)
-        line = f"[{'#' * fill}{'.' * (self.width - fill)}] {done}/{total} {label}"
-        self.stream.write("\r\033[K" + line + ("\n" if done == total else ""))
-        self.stream.flush()
 
 
 def table(results: list[CheckResult]) -> str:
@@ -171,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
                              lambda line: print(line, flush=True), mkl=mkl)
     t0 = time.perf_counter()
     results = run_battery(quick=args.quick, device=args.device, store=store,
-                          progress=ProgressBar(), names=args.scenario,
+                          progress=Progress("check"), names=args.scenario,
                           allow_missing_goldens=args.allow_missing_goldens)
     ok = all(r.ok for r in results)
     print(f"detsample check  platform {store.fingerprint}  device {args.device}"

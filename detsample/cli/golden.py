@@ -35,6 +35,7 @@ import shutil
 import sys
 from typing import Any
 
+from detsample.cli._progress import Progress
 from detsample.golden.format import ALL_FILES, MANIFEST
 
 
@@ -130,7 +131,9 @@ def _update(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
     from detsample.golden import registry
     from detsample.golden.store import ChangeKind, GoldenUpdateRefused, update_all
     try:
-        changes = update_all(selected, args.device, store.root, force=args.force)
+        with Progress(f"golden update: {len(selected)} scenarios") as progress:
+            progress(0, None)
+            changes = update_all(selected, args.device, store.root, force=args.force)
     except GoldenUpdateRefused as e:
         print(f"detsample golden update: {e}", file=sys.stderr)
         return 2

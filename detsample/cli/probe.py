@@ -15,6 +15,7 @@ from typing import Any
 from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, portable_without_mode, thread_counts,
                                      tp_needs_portable, tp_sizes)
 from detsample.cli._outputs import output_problem
+from detsample.cli._progress import Progress
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
@@ -146,9 +147,11 @@ def run_model(args: argparse.Namespace) -> int:
             from detsample.parallel import check_spec, TPModelSpec
             for tp in args.tp:   # a refused size is a usage error, before any probe runs
                 check_spec(TPModelSpec(args.model, tp, args.batch_invariant, args.portable), model)
-        report = probe_model(model, platform=platform_fingerprint(device), target=args.model)
-        if args.tp:
-            report = _with_tp(report, model, args)
+        with Progress(f"probe model {args.model}") as progress:
+            progress(0, None)
+            report = probe_model(model, platform=platform_fingerprint(device), target=args.model)
+            if args.tp:
+                report = _with_tp(report, model, args)
     except ModelError as e:
         return _error(str(e))
     failed = _emit(report, args.json)

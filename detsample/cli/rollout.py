@@ -17,6 +17,7 @@ from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, model_spec, portable_w
                                      positive_int, sampling_field, seed_span_problem,
                                      tp_needs_portable)
 from detsample.cli._outputs import output_problem
+from detsample.cli._progress import Progress
 from detsample.params import LOGPROBS_MODES
 
 #: what ``detsample rollout`` writes (the audit also reads .pt, which rollout cannot write)
@@ -123,14 +124,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         prompts = read_prompts(args.prompts, args.tokenizer) if args.prompts else None
-        records = generate_rollouts(
-            args.num_sequences, max_new_tokens=args.max_new_tokens, seed=args.seed,
-            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-            max_batch_size=args.max_batch_size, with_trainer=args.with_trainer,
-            model=args.model, batch_invariant=args.batch_invariant, portable=args.portable,
-            tp=args.tp, prompts=prompts, n=args.n, logprobs_mode=args.logprobs_mode,
-            draft_model=args.draft_model,
-            num_speculative_tokens=args.num_speculative_tokens or 0, on_speculative=stats.append)
+        with Progress("rollout: sampling") as progress:
+            progress(0, None)
+            records = generate_rollouts(
+                args.num_sequences, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                max_batch_size=args.max_batch_size, with_trainer=args.with_trainer,
+                model=args.model, batch_invariant=args.batch_invariant, portable=args.portable,
+                tp=args.tp, prompts=prompts, n=args.n, logprobs_mode=args.logprobs_mode,
+                draft_model=args.draft_model,
+                num_speculative_tokens=args.num_speculative_tokens or 0,
+                on_speculative=stats.append)
     except (AuditInputError, DetsampleError, ValueError, OSError) as exc:
         print(f"detsample rollout: error: {exc}", file=sys.stderr)
         return 2

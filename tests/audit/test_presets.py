@@ -27,6 +27,8 @@ def metrics_only(report: dict) -> dict:
     rep["worst_sequences"] = [{k: v for k, v in w.items()
                                if k not in ("source", "line", "row", "id")}
                               for w in rep["worst_sequences"]]
+    for table in ("first_mismatches", "sequences_table"):
+        rep[table] = [{k: v for k, v in w.items() if k != "id"} for w in rep[table]]
     return rep
 
 

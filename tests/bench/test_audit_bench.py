@@ -111,3 +111,30 @@ def test_ray_overhead_on_1m_tokens(benchmark, local_ray, rollout_files, mode):
     kwargs = {} if mode == "one process" else {"ray": True, "workers": 2}
     audit(path, **kwargs)  # warm: workers started, modules imported
     benchmark.pedantic(lambda: audit(path, **kwargs), rounds=5, iterations=1)
+
+
+@pytest.mark.bench
+def test_diagnosis_cost_against_rescoring_alone(benchmark):
+    """The semantics diagnosis against the rescoring alone: 16 processed-logprob rollouts
+    (T = 0.7, top-p 0.9, 32 tokens each) of hf-tiny-llama audited with the right
+    semantics (no diagnosis runs) and as raw (the diagnosis runs and names them); best
+    CPU time of 5 rounds each, interleaved. Target: the ratio <= 2 (docs/performance.md)."""
+    from detsample.audit.rescore import ModelRescorer
+    from detsample.audit.rollout import generate_rollouts
+    from detsample.audit.semantics import RAW, Semantics
+
+    recs = generate_rollouts(num_sequences=16, max_new_tokens=32, seed=0, temperature=0.7,
+                             top_p=0.9, logprobs_mode="processed", model="hf-tiny-llama")
+    sides = {"rescoring alone": Semantics("processed", 0.7, -1, 0.9), "with diagnosis": RAW}
+    best = {}
+    for _ in range(5):
+        for name, sem in sides.items():
+            r = ModelRescorer("hf-tiny-llama", semantics=sem)
+            r.build_model()
+            t0 = time.process_time()
+            rep = audit(recs, rescore=r)
+            best[name] = min(best.get(name, float("inf")), time.process_time() - t0)
+            assert rep["diagnosis"]["needed"] == (sem is RAW)
+    benchmark.extra_info.update(best, ratio=best["with diagnosis"] / best["rescoring alone"])
+    benchmark.pedantic(lambda: None, rounds=1)
+    print(f"diagnosis: {best} ratio {best['with diagnosis'] / best['rescoring alone']:.2f}")

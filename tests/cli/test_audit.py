@@ -133,3 +133,56 @@ def test_outputs_are_checked_before_any_file_is_read(tmp_path, capsys, monkeypat
     for flag in ("--json", "--report"):
         assert main(["audit", str(tmp_path / "r.jsonl"), flag, str(blocker / "x")]) == 2
         assert f"cannot write {flag}" in capsys.readouterr().err
+
+
+class _Tty:
+    """A stream that says it is a terminal."""
+
+    def __init__(self) -> None:
+        import io
+
+        self.buf = io.StringIO()
+
+    def write(self, s: str) -> int:
+        return self.buf.write(s)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_rescore_progress_on_a_terminal_only(tmp_path, capsys, monkeypatch):
+    """On a terminal, `audit --rescore` draws progress on stderr; stdout (the --json
+    report) is byte-equal to the run without a terminal, and off a terminal stderr holds
+    no progress."""
+    import json as _json
+    import sys
+
+    from detsample.audit.rollout import generate_rollouts
+
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(_json.dumps(r) + "\n" for r in generate_rollouts(
+        num_sequences=3, max_new_tokens=4)))
+    monkeypatch.delenv("CI", raising=False)
+    args = ["audit", str(path), "--rescore", "refmodel", "--json", "-", "--quiet"]
+    assert main(args) == 0
+    plain = capsys.readouterr()
+    tty = _Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    assert main(args) == 0
+    drawn = capsys.readouterr()
+    assert _strip_volatile(drawn.out) == _strip_volatile(plain.out)
+    assert "sequences rescored" in tty.buf.getvalue() and "3/" in tty.buf.getvalue()
+    assert "sequences rescored" not in plain.err
+
+
+def _strip_volatile(text: str) -> str:
+    """The JSON report without the platform's thread count (the only field a second run
+    in one process may change)."""
+    import json as _json
+
+    rep = _json.loads(text)
+    rep.get("provenance", {}).get("platform", {}).pop("threads", None)
+    return _json.dumps(rep, sort_keys=True)

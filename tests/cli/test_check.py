@@ -15,7 +15,7 @@ import torch
 from detsample.checks import battery
 from detsample.probe.threads import torch_threads
 from detsample.cli import main
-from detsample.cli.check import ProgressBar
+from detsample.cli._progress import Progress
 from detsample.checks.faults import perturbed_compute_logprobs, perturbed_sample
 
 ONE = ["-k", "random.temperature"]
@@ -191,18 +191,30 @@ class _Stream(io.StringIO):
         return self._tty
 
 
-def test_progress_bar_only_on_a_terminal():
+PROGRESS_MODES = [  # (stream is a terminal, CI set, progress drawn)
+    (False, False, False),
+    (True, False, True),
+    (True, True, False),
+]
+
+
+@pytest.mark.parametrize("tty,ci,drawn", PROGRESS_MODES)
+def test_progress_only_on_a_terminal(monkeypatch, tty, ci, drawn):
     """Bug pinned: with stderr redirected to a CI log, every progress tick was a line of
-    its own (49 lines of bars). Off a terminal the bar now writes nothing; on one it
-    redraws a single line in place and ends it once."""
-    log, tty = _Stream(False), _Stream(True)
-    for stream in (log, tty):
-        bar = ProgressBar(stream)
-        for i in range(6):
-            bar(i, 5, f"step {i}")
-    assert log.getvalue() == ""
-    text = tty.getvalue()
-    assert text.count("\r") == 6 and text.count("\n") == 1 and text.endswith("5/5 step 5\n")
+    its own (49 lines of bars). Off a terminal, or under CI, progress writes nothing; on
+    one a rich bar ends at 5/5."""
+    monkeypatch.delenv("CI", raising=False)
+    if ci:
+        monkeypatch.setenv("CI", "1")
+    stream = _Stream(tty)
+    bar = Progress("check", stream)
+    for i in range(6):
+        bar(i, 5, f"step {i}")
+    bar.close()
+    text = stream.getvalue()
+    assert (text != "") == drawn
+    if drawn:
+        assert "5/5" in text and "step 5" in text
 
 
 def test_check_output_off_a_terminal_has_no_progress_lines(capsys):

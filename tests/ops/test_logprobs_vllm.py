@@ -20,38 +20,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from detsample import Request, SamplingBatch, SamplingParams, Sampler
-
-NEG_INF = float("-inf")
-
-
-def vllm_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
-    probs = torch.softmax(logits, dim=-1)
-    adjusted = torch.amax(probs, dim=-1, keepdim=True) * min_p
-    return logits.masked_fill(probs < adjusted, NEG_INF)
-
-
-def vllm_top_k_top_p(logits: torch.Tensor, k: int | None, p: float | None) -> torch.Tensor:
-    """vLLM's ``apply_top_k_top_p`` (the sort-based path) for one setting of k and p."""
-    if k is None and p is None:
-        return logits
-    logits_sort, logits_idx = logits.sort(dim=-1, descending=False)
-    if k is not None:
-        boundary = logits_sort.gather(1, torch.full((logits.shape[0], 1), logits.shape[1] - k))
-        logits_sort = logits_sort.masked_fill(logits_sort < boundary, NEG_INF)
-    if p is not None:
-        probs_sum = torch.cumsum(logits_sort.softmax(dim=-1), dim=-1)
-        top_p_mask = probs_sum <= 1 - torch.tensor(p, dtype=torch.float32)
-        top_p_mask[:, -1] = False
-        logits_sort = logits_sort.masked_fill(top_p_mask, NEG_INF)
-    return logits.scatter(dim=-1, index=logits_idx, src=logits_sort)
-
-
-def vllm_processed(logits: torch.Tensor, t: float, k: int, p: float, min_p: float) -> torch.Tensor:
-    x = logits.clone().div_(torch.tensor([[t]], dtype=torch.float32))
-    if min_p > 0:
-        x = vllm_min_p(x, min_p)
-    x = vllm_top_k_top_p(x, None if k == -1 else k, None if p == 1.0 else p)
-    return x.log_softmax(dim=-1)
+from tests.vllm_reference import vllm_processed
 
 
 def top_p_near_boundary(logits: torch.Tensor, t: float, p: float) -> bool:

@@ -1,0 +1,260 @@
+"""Why the engine's logprobs differ from the trainer's: the semantics diagnosis.
+
+The most common cause of a mismatch is semantics, not kernels: the engine reported
+processed logprobs (after temperature and top-k / top-p / min-p renormalisation) and the
+trainer computed raw ones. Two diagnoses, both in the report under ``"diagnosis"`` and
+printed as one line beginning ``semantics:``:
+
+* With a rescoring model (:func:`search`): over the logits of the rescoring's own
+  forward (a bounded sample of tokens), a 1-D search in temperature for every filter of a
+  small grid (:data:`FILTER_GRID`) finds the semantics whose logprobs are nearest the
+  engine's; the winner is then rescored exactly (the Sampler's processed path, as
+  ``--logprobs-mode processed ...`` would) and named when it is within
+  :data:`NOISE` -- else no semantics on the grid explains the numbers, and the model or
+  its kernels differ (``detsample probe``).
+* Without a model (:func:`signature`): the signed mean d = trainer - engine per engine
+  probability bucket. A sharper engine distribution (T < 1, or a filter's
+  renormalisation: processed logprobs) gives d > 0 on improbable tokens and d < 0 on
+  probable ones; a flatter one (T > 1) the reverse; a filter at T = 1 gives d < 0
+  everywhere (the kept mass, log M < 0).
+
+The search is exact about the kept set's shape: for T > 0 the order of a row's logits
+does not depend on T, so every filter keeps a prefix of the row sorted once, and the
+normaliser of a prefix is one ``logcumsumexp`` per temperature (float64), shared by every
+filter.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from detsample.audit.semantics import RAW, Semantics
+
+#: the largest max |d| a semantics may leave and still "explain" the engine's numbers:
+#: float32 kernel noise on one model is ~1e-6..1e-5 (bf16 models ~1e-2: their audits are
+#: beyond this bound, and the line then says no semantics explains them)
+NOISE = 1e-3
+#: tokens the search reads at most (the first sequences' trained tokens)
+MAX_TOKENS = 256
+#: temperatures of the coarse search (then refined to 0.01 around the best)
+T_GRID = tuple(round(0.05 * k, 2) for k in range(1, 41))
+#: the filter settings tried at every temperature (one filter each, and none)
+FILTER_GRID = ((("top_k", -1),),
+               *((("top_p", p),) for p in (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)),
+               *((("top_k", k),) for k in (1, 5, 10, 20, 40, 50, 100)),
+               *((("min_p", m),) for m in (0.01, 0.02, 0.05, 0.1, 0.2)))
+
+
+#: the grid as arrays: top-k values (-1: no filter), top-p values, min-p values
+_TOP_K = tuple(v for (n, v), in FILTER_GRID if n == "top_k")
+_TOP_P = tuple(v for (n, v), in FILTER_GRID if n == "top_p")
+_MIN_P = tuple(v for (n, v), in FILTER_GRID if n == "min_p")
+_ORDER = tuple((("top_k", v),) for v in _TOP_K) + tuple((("top_p", v),) for v in _TOP_P) \
+    + tuple((("min_p", v),) for v in _MIN_P)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The search's inputs, sorted once: x_sorted (N, V) float64 descending; x_tok (N,)
+    the token's logit; rank (N,) entries strictly above it; engine (N,) float64; kept_k
+    (N, len(_TOP_K)) the prefix each top-k keeps (ties at the boundary kept; T-free)."""
+
+    x_sorted: torch.Tensor
+    x_tok: torch.Tensor
+    rank: torch.Tensor
+    engine: torch.Tensor
+    kept_k: torch.Tensor
+
+    @classmethod
+    def of(cls, logits: torch.Tensor, tokens: torch.Tensor, engine: torch.Tensor) -> "_Rows":
+        x = logits.to(torch.float64)
+        xt = x.gather(1, tokens.view(-1, 1)).view(-1)
+        s = x.sort(dim=-1, descending=True).values
+        V = s.shape[1]
+        neg = (-s).contiguous()  # ascending: counts of s >= v by searchsorted
+        kth = torch.stack([s[:, min(k, V) - 1] if k != -1 else s[:, -1] for k in _TOP_K], 1)
+        kept_k = torch.searchsorted(neg, (-kth).contiguous(), right=True)
+        return cls(s, xt, (x > xt.view(-1, 1)).sum(dim=1), engine.to(torch.float64), kept_k)
+
+
+def _scores(r: _Rows, t: float) -> dict[tuple, float]:
+    """max |engine - lp| of every filter of :data:`FILTER_GRID` at temperature ``t``:
+    each filter keeps a prefix of the sorted row (top-p: while the mass strictly before
+    is < p; min-p: p_i >= min_p p_max), its normaliser one ``logcumsumexp`` entry."""
+    z = r.x_sorted / t
+    lcse = torch.logcumsumexp(z, dim=1)
+    total = lcse[:, -1:]
+    before = torch.cat([torch.zeros_like(total), torch.exp(lcse[:, :-1] - total)], dim=1)
+    n = z.shape[0]
+    ps = torch.tensor(_TOP_P, dtype=torch.float64).expand(n, -1).contiguous()
+    kept_p = torch.searchsorted(before.contiguous(), ps, right=False).clamp(min=1)
+    thr = z[:, :1] + torch.log(torch.tensor(_MIN_P, dtype=torch.float64))
+    kept_m = torch.searchsorted((-z).contiguous(), (-thr).contiguous(), right=True)
+    m = torch.cat([r.kept_k, kept_p, kept_m], dim=1)  # (N, F)
+    lp = r.x_tok.view(-1, 1) / t - lcse.gather(1, m - 1)
+    lp = torch.where(r.rank.view(-1, 1) < m, lp, torch.full_like(lp, -math.inf))
+    worst = (r.engine.view(-1, 1) - lp).abs().amax(dim=0)
+    return dict(zip(_ORDER, worst.tolist()))
+
+
+def _semantics(t: float, filt: tuple) -> Semantics:
+    (name, value), = filt
+    fields = {"temperature": t}
+    if not (name == "top_k" and value == -1):
+        fields[name] = value
+    if t == 1.0 and len(fields) == 1:
+        return RAW
+    return Semantics("processed", **fields)  # type: ignore[arg-type]
+
+
+def search(logits: torch.Tensor, tokens: torch.Tensor, engine: torch.Tensor
+           ) -> tuple[Semantics, float]:
+    """The semantics on the grid whose logprobs are nearest ``engine`` (max |d|, float64
+    search figure): logits (N, V) float32 that scored ``tokens`` (N,) int64; engine (N,)
+    the engine's logprobs of them. Temperatures on :data:`T_GRID`, then to 0.01 around
+    the best; the exact figure is the caller's (:func:`diagnose_model`)."""
+    r = _Rows.of(logits, tokens, engine)
+    best = (math.inf, 1.0, FILTER_GRID[0])
+    for t in T_GRID:
+        for filt, score in _scores(r, t).items():
+            best = min(best, (score, t, filt), key=lambda b: b[0])
+    _, t0, _ = best
+    for k in range(-4, 5):
+        t = round(t0 + 0.01 * k, 2)
+        if t > 0 and k:
+            for filt, score in _scores(r, t).items():
+                best = min(best, (score, t, filt), key=lambda b: b[0])
+    score, t, filt = best
+    return _semantics(t, filt), score
+
+
+def signature(report: dict) -> dict:
+    """The model-free diagnosis: signed mean d by engine-probability bucket, and the
+    pattern it shows (``sharper``, ``flatter``, ``renormalised``, ``noise`` or
+    ``none``) with what it suggests."""
+    rows = [b for b in report.get("by_probability", []) if b.get("tokens")]
+    low = [b for b in rows if _bucket_low(b["bucket"]) < 0.1]
+    high = [b for b in rows if _bucket_low(b["bucket"]) >= 0.1]
+    mean = lambda bs: (sum(b["mean_diff"] * b["tokens"] for b in bs) /  # noqa: E731
+                       sum(b["tokens"] for b in bs)) if bs else 0.0
+    lo, hi = mean(low), mean(high)
+    biggest = report.get("max_abs_diff") or 0.0
+    if biggest <= NOISE:
+        pattern, text = "noise", f"max |d| {biggest:.3g} is within kernel noise"
+    elif lo > NOISE and hi < -NOISE:
+        pattern, text = "sharper", (
+            "the engine's distribution is sharper than the trainer's (d > 0 on improbable "
+            "tokens, d < 0 on probable ones): it likely reported processed logprobs at a "
+            "temperature below 1 or after top-k / top-p / min-p; rescore with --rescore MODEL "
+            "to find which, or give --logprobs-mode processed and its sampling options")
+    elif lo < -NOISE and hi > NOISE:
+        pattern, text = "flatter", (
+            "the engine's distribution is flatter than the trainer's (d < 0 on improbable "
+            "tokens, d > 0 on probable ones): it likely reported logprobs at a temperature "
+            "above 1")
+    elif lo < -NOISE and hi < -NOISE:
+        pattern, text = "renormalised", (
+            "d < 0 in every probability bucket: the engine's logprobs are renormalised over "
+            "a kept set (processed logprobs after top-k / top-p / min-p at temperature 1)")
+    else:
+        pattern, text = "none", (
+            "no semantics pattern in the signed d: the model or its kernels likely differ "
+            "(run `detsample probe model MODEL`)")
+    return {"pattern": pattern, "mean_diff_below_0.1": lo, "mean_diff_from_0.1": hi,
+            "by_probability": {b["bucket"]: b["mean_diff"] for b in rows}, "suggests": text}
+
+
+def _bucket_low(label: str) -> float:
+    return float(label.strip("[(").split(",")[0])
+
+
+def model_line(current: Semantics, current_max: float, best: Semantics, best_max: float,
+               model: str) -> tuple[bool, str]:
+    """(explained, the ``semantics:`` line) of a model diagnosis."""
+    if best_max <= NOISE and best != current:
+        return True, (f"semantics: the engine's logprobs match {best.describe()} (max |d| "
+                      f"{best_max:.3g}; as {current.describe()} {current_max:.3g}): rescore "
+                      f"with {best.flags()}")
+    if best_max <= NOISE:
+        return True, (f"semantics: the engine's logprobs are {current.describe()} on the "
+                      f"sampled tokens (max |d| {best_max:.3g}); the rest of the mismatch "
+                      f"({current_max:.3g}) is in other sequences")
+    return False, (f"semantics: no semantics on the grid explains the engine's logprobs "
+                   f"(nearest: {best.describe()}, max |d| {best_max:.3g}; as "
+                   f"{current.describe()} {current_max:.3g}): the model or its kernels "
+                   f"differ; run `detsample probe model {model}`")
+
+
+def signature_line(sig: dict) -> str:
+    return f"semantics: {sig['suggests']} (mean d {sig['mean_diff_below_0.1']:+.3g} for " \
+           f"p < 0.1, {sig['mean_diff_from_0.1']:+.3g} for p >= 0.1)"
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """One sequence the model diagnosis reads: ids, the engine's logprobs, the mask."""
+
+    prompt_ids: list
+    response_ids: list
+    engine: list
+    mask: list
+
+
+def diagnose(report: dict, rescorer, sample: list[Sequence]) -> dict | None:
+    """The report's ``"diagnosis"``: None when nothing was audited; ``needed`` False
+    when max |d| is within :data:`NOISE`; else the :func:`signature` and, with a
+    :class:`~detsample.audit.rescore.ModelRescorer` and a ``sample`` of the first
+    sequences, the model search (``semantics``, ``max_abs_diff`` of the named semantics,
+    ``explained``), and the ``line``."""
+    if not report.get("tokens"):
+        return None
+    biggest = float(report["max_abs_diff"])
+    if biggest <= NOISE:
+        return {"needed": False, "line": None, "noise_bound": NOISE}
+    sig = signature(report)
+    out = {"needed": True, "noise_bound": NOISE, "signature": sig, "semantics": None,
+           "explained": None, "line": signature_line(sig)}
+    tokens = _tokens(rescorer, sample) if rescorer is not None else None
+    if not tokens:
+        return out
+    logits, ids, engine = tokens
+    best, _ = search(logits, ids, engine)
+    best_max = _exact_max(rescorer, sample, best)
+    explained, line = model_line(rescorer.semantics, biggest, best, best_max, rescorer.model)
+    out.update(semantics=best.to_dict(), semantics_flags=best.flags(), max_abs_diff=best_max,
+               explained=explained, line=line, tokens_searched=int(ids.numel()))
+    return out
+
+
+def _tokens(rescorer, sample: list[Sequence]):
+    """(logits (N, V), ids (N,), engine (N,)) of the trained tokens of ``sample``, at most
+    :data:`MAX_TOKENS`, from the rescorer's forwards (kept ones reused); None if empty."""
+    rows, ids, eng = [], [], []
+    for seq in sample:
+        lg = rescorer.logits(seq.prompt_ids, seq.response_ids)
+        keep = [i for i, m in enumerate(seq.mask) if m][:MAX_TOKENS - len(ids)]
+        rows += [lg[i] for i in keep]
+        ids += [seq.response_ids[i] for i in keep]
+        eng += [seq.engine[i] for i in keep]
+        if len(ids) >= MAX_TOKENS:
+            break
+    if not ids:
+        return None
+    return (torch.stack(rows).float(), torch.tensor(ids, dtype=torch.int64),
+            torch.tensor(eng, dtype=torch.float64))
+
+
+def _exact_max(rescorer, sample: list[Sequence], semantics: Semantics) -> float:
+    """max |engine - rescored| over the trained tokens of ``sample`` in ``semantics``,
+    by the rescoring path itself (the figure the named options would give)."""
+    worst, seen = 0.0, 0
+    for seq in sample:
+        lp = rescorer.score(seq.prompt_ids, seq.response_ids, semantics)
+        for i, m in enumerate(seq.mask):
+            if m and seen < MAX_TOKENS:
+                worst = max(worst, abs(float(lp[i]) - float(seq.engine[i])))
+                seen += 1
+    return worst

@@ -1,0 +1,120 @@
+"""The semantics diagnosis (detsample/audit/diagnose.py): the audit says why the
+engine's numbers differ.
+
+The BUG pinned: a file of processed logprobs (T = 0.7, top-p 0.9) audited against raw
+rescoring gave exact match 0 and max |d| ~1 with not a word about why, though the
+signature (signed d by probability bucket) was in the JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from detsample.audit import audit
+from detsample.audit.diagnose import NOISE, search, signature
+from detsample.audit.rescore import ModelRescorer
+from detsample.audit.rollout import generate_rollouts
+from detsample.audit.semantics import RAW, Semantics
+from detsample.cli import main
+from tests.vllm_reference import vllm_engine_rollouts, vllm_processed
+
+PROMPTS = [[1, 17, 33, 5], [2, 99, 4], [7, 8, 9, 10, 11], [300, 12]]
+
+
+@pytest.fixture(scope="module")
+def vllm_file(tmp_path_factory):
+    """Processed logprobs at T = 0.7, top-p 0.9 from an engine that is not detsample
+    (hf-tiny-llama's own transformers forward, vLLM's formula, torch.multinomial)."""
+    from detsample.models.tiny import build_tiny
+
+    model = build_tiny("hf-tiny-llama").eval()
+    records = vllm_engine_rollouts(model, PROMPTS, temperature=0.7, top_p=0.9,
+                                   max_new_tokens=12, seed=0)
+    path = tmp_path_factory.mktemp("vllm") / "vllm.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def test_foreign_processed_file_is_diagnosed_by_name_and_audits_within_noise(vllm_file):
+    raw = audit(vllm_file, rescore="hf-tiny-llama")
+    assert raw["max_abs_diff"] > 0.1
+    dg = raw["diagnosis"]
+    assert dg["explained"] is True
+    assert dg["semantics"] == {"logprobs_mode": "processed", "temperature": 0.7, "top_k": -1,
+                               "top_p": 0.9, "min_p": 0.0}
+    assert dg["line"].startswith("semantics: the engine's logprobs match processed logprobs "
+                                 "at temperature 0.7, top_p 0.9")
+    assert "--logprobs-mode processed --temperature 0.7 --top-p 0.9" in dg["line"]
+    given = audit(vllm_file, rescore=ModelRescorer(
+        "hf-tiny-llama", semantics=Semantics("processed", 0.7, -1, 0.9)))
+    assert given["max_abs_diff"] <= 1e-4  # kernel noise: a full forward per step vs one prefill
+    assert given["diagnosis"]["needed"] is False
+
+
+def test_cli_prints_the_semantics_line(vllm_file, capsys):
+    assert main(["audit", vllm_file, "--rescore", "hf-tiny-llama"]) == 0
+    out = capsys.readouterr().out
+    assert "semantics: the engine's logprobs match processed logprobs at temperature 0.7, " \
+           "top_p 0.9" in out
+
+
+def test_a_model_mismatch_is_not_explained_by_semantics():
+    """Negative control: engine logprobs from another model (the reference model's raw
+    logprobs against hf-tiny-llama) match no semantics on the grid; the line points to
+    ``detsample probe``."""
+    records = generate_rollouts(num_sequences=3, max_new_tokens=8, seed=4)
+    rep = audit(records, rescore="hf-tiny-llama")
+    assert rep["diagnosis"]["explained"] is False
+    assert "detsample probe model hf-tiny-llama" in rep["diagnosis"]["line"]
+
+
+SEARCH_CASES = [  # the semantics the engine used; the search must name it
+    Semantics("processed", 0.7, -1, 0.9),
+    Semantics("processed", 1.3),
+    Semantics("processed", 0.5, 20),
+    Semantics("processed", 1.0, -1, 1.0, 0.05),
+    RAW,
+]
+
+
+@pytest.mark.parametrize("truth", SEARCH_CASES, ids=lambda s: s.describe())
+def test_search_names_the_semantics_of_synthetic_logits(truth):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn((64, 200), generator=g) * 3
+    lp = vllm_processed(logits, truth.temperature, truth.top_k, truth.top_p, truth.min_p)
+    tokens = torch.multinomial(lp.exp(), 1, generator=g).view(-1)
+    engine = lp.gather(1, tokens.view(-1, 1)).view(-1).double()
+    found, score = search(logits, tokens, engine)
+    assert found == truth and score < NOISE
+
+
+SIGNATURES = [  # (mean d per probability bucket, max |d|, pattern)
+    ({"[0.001, 0.01)": 0.33, "[0.1, 0.5)": -0.7}, 0.95, "sharper"),
+    ({"[0.001, 0.01)": -0.2, "[0.1, 0.5)": 0.3}, 0.5, "flatter"),
+    ({"[0.001, 0.01)": -0.1, "[0.1, 0.5)": -0.1}, 0.2, "renormalised"),
+    ({"[0.001, 0.01)": 1e-7, "[0.1, 0.5)": -1e-7}, 4e-6, "noise"),
+    ({"[0.001, 0.01)": 0.02, "[0.1, 0.5)": 0.03}, 0.3, "none"),
+]
+
+
+@pytest.mark.parametrize("buckets,biggest,pattern", SIGNATURES)
+def test_signature_without_a_model(buckets, biggest, pattern):
+    report = {"max_abs_diff": biggest,
+              "by_probability": [{"bucket": b, "tokens": 10, "mean_diff": d}
+                                 for b, d in buckets.items()]}
+    assert signature(report)["pattern"] == pattern
+
+
+def test_trainer_logprobs_alone_report_the_signature():
+    records = generate_rollouts(num_sequences=4, max_new_tokens=10, seed=2, temperature=0.7,
+                                top_p=0.9, logprobs_mode="processed")
+    raw = generate_rollouts(num_sequences=4, max_new_tokens=10, seed=2, temperature=0.7,
+                            top_p=0.9, with_trainer=True)
+    for r, t in zip(records, raw):  # trainer: raw logprobs of the same tokens
+        assert r["response_ids"] == t["response_ids"]
+        r["trainer_logprobs"] = t["trainer_logprobs"]
+    dg = audit(records)["diagnosis"]
+    assert dg["semantics"] is None and dg["signature"]["pattern"] == "sharper"
+    assert dg["line"].startswith("semantics: the engine's distribution is sharper")
