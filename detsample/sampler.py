@@ -43,7 +43,9 @@ from detsample.rules import STATUS_NO_VALID_TOKEN
 from detsample.rng import RNG_NAME
 from detsample.sampling import keptset
 from detsample.sampling.backend import BACKENDS, TORCH, resolve
+from detsample.sampling import logprobs as lp_steps
 from detsample.sampling.keptset import CutInputs, KeptCDF
+from detsample.sampling.logprobs import Steps
 from detsample.sampling.prepare import Prepared, prepare
 from detsample.sampling.rowplan import RowPlan, Rows, plan_rows
 from detsample.params.validation import check_logits, row_ids_tensor
@@ -222,7 +224,7 @@ class Sampler:
         top = None
         if plan.max_top:
             prep = Prepared(raw=x, x=x, status=status, row_max=row_max(), all_valid=True)
-            top = self._top_logprobs(_Steps(batch, prep, plan, greedy_tok, None, None, None))
+            top = self._top_logprobs(Steps(batch, prep, plan, greedy_tok, None, None, None))
         return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
                             seeds=_copy(batch.seeds), status=status)
 
@@ -294,102 +296,17 @@ class Sampler:
                         self.filter_impl)
         return keptset.kept_cdf(z, plan, inp, by_columns)
 
-    # -- step 10 ---------------------------------------------------------------------
-    def _processed(self, cdf: KeptCDF, batch: SamplingBatch, rows: Rows, z: torch.Tensor,
-                   ids: torch.Tensor, greedy_tok: torch.Tensor, *, exp) -> torch.Tensor:
-        """The "processed_fixed" logprob of scaled logits ``z`` with token ids ``ids`` of
-        ``rows``: either (n,) picked tokens, or (n, V) full rows with ``ids`` (1, V).
-        Kept entries get the renormalised logprob of the draw, others -inf; a greedy row
-        is one-hot on its greedy token."""
-        col = (lambda t: t.unsqueeze(1)) if z.dim() == 2 else (lambda t: t)  # noqa: E731
-        keep = self._kept(cdf, batch, rows, z, col, exp)
-        lp = lp_ops.log_softmax(z, kept_mass=col(rows.take(cdf.total).clamp(min=1)),
-                                frac=rules.frac_bits(batch.vocab_size))
-        return self._one_hot_greedy(lp.masked_fill(~keep, NEG_INF), batch, rows, ids,
-                                    greedy_tok, col)
-
-    @staticmethod
-    def _kept(cdf: KeptCDF, batch: SamplingBatch, rows: Rows, z: torch.Tensor, col,
-              exp) -> torch.Tensor:
-        """bool, z's shape: the kept set of step 8 (threshold, then min-p; the min-p test
-        with the backend's own ``exp``, the one its draw used)."""
-        return (z >= col(rows.take(cdf.tau))) & rules.min_p_keeps(exp(z),
-                                                                  col(rows.take(batch.min_ps)))
-
-    @staticmethod
-    def _one_hot_greedy(lp: torch.Tensor, batch: SamplingBatch, rows: Rows, ids: torch.Tensor,
-                        greedy_tok: torch.Tensor, col) -> torch.Tensor:
-        """``lp`` with greedy rows replaced by their one-hot distribution (0 on the greedy
-        token, -inf elsewhere)."""
-        onehot = torch.where(ids == col(rows.take(greedy_tok)), torch.zeros_like(lp),
-                             torch.full_like(lp, NEG_INF))
-        return torch.where(col(rows.take(batch.greedy)), onehot, lp)
-
-    def _processed_rows(self, st: "_Steps", rows: Rows) -> torch.Tensor:
-        """(n, V) vLLM's "processed" logprobs of ``rows``: ``log_softmax`` of step 5's
-        logits divided by the temperature, -inf outside step 8's kept set
-        (:func:`~detsample.ops.logprobs.processed_log_softmax`); greedy rows one-hot."""
-        col = lambda t: t.unsqueeze(1)  # noqa: E731
-        prep, batch = st.prep, st.batch
-        keep = self._kept(st.cdf, batch, rows, rows.take(st.z), col, prep.backend.exp)
-        lp = lp_ops.processed_log_softmax(rows.take(prep.x), rows.take(st.plan.temperatures),
-                                          keep)
-        full = torch.arange(batch.vocab_size, device=st.z.device).unsqueeze(0)
-        return self._one_hot_greedy(lp, batch, rows, full, st.greedy_tok, col)
-
-    def _token_logprobs(self, st: "_Steps", tokens: torch.Tensor, some_none: bool
+    # -- step 10 (detsample.sampling.logprobs) ---------------------------------------
+    def _token_logprobs(self, st: Steps, tokens: torch.Tensor, some_none: bool
                         ) -> torch.Tensor:
-        """(B,) float32 logprob of ``tokens`` (-1 = none: -inf) in each row's mode;
-        ``some_none``: whether any token may be -1."""
-        prep, plan = st.prep, st.plan
-        out = torch.full((plan.size,), NEG_INF, dtype=torch.float32, device=tokens.device) \
-            if len(plan.modes) > 1 else None
-        safe = tokens.clamp(min=0) if some_none else tokens
-        for mode, rows in plan.modes.items():
-            picked = rows.take(safe)
-            if mode == "processed":
-                vals = lp_ops.gather_rows(self._processed_rows(st, rows), picked)
-            elif mode == "processed_fixed":
-                ztok = lp_ops.gather_rows(rows.take(st.z), picked)
-                vals = self._processed(st.cdf, st.batch, rows, ztok, picked, st.greedy_tok,
-                                       exp=prep.backend.exp)
-            else:
-                sub = rows.take(prep.raw if mode == "raw" else st.z)
-                lsm = prep.backend.log_softmax(sub, out=self._lsm_out(sub))
-                vals = lp_ops.gather_rows(lsm, picked, in_range=not some_none)
-            if out is None:
-                out = vals
-            else:
-                out[rows.index] = vals
-        return out.masked_fill(tokens < 0, NEG_INF) if some_none else out
+        return lp_steps.token_logprobs(st, tokens, some_none, lsm_out=self._lsm_out)
 
-    def _top_logprobs(self, st: "_Steps") -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The top-n logprobs of every row asking for them, in its mode (None: no row)."""
-        prep, plan, batch = st.prep, st.plan, st.batch
-        n = plan.max_top
-        if n == 0:
-            return None
-        B, dev = plan.size, batch.device
-        vals = torch.full((B, n), NEG_INF, dtype=torch.float32, device=dev)
-        ids = torch.full((B, n), -1, dtype=torch.int64, device=dev)
-        for mode, rows in plan.top.items():
-            if mode == "processed":
-                lp = self._processed_rows(st, rows)
-            elif mode == "processed_fixed":
-                full = torch.arange(batch.vocab_size, device=dev).unsqueeze(0)
-                lp = self._processed(st.cdf, batch, rows, rows.take(st.z), full,
-                                     st.greedy_tok, exp=prep.backend.exp)
-            else:
-                lp = prep.backend.log_softmax(rows.take(prep.raw if mode == "raw" else st.z))
-            v, i = lp_ops.topn(lp, n)
-            vals[rows.index] = v
-            ids[rows.index] = i
-        beyond = torch.arange(n, device=dev).unsqueeze(0) >= plan.want_top.unsqueeze(1)
-        return vals.masked_fill(beyond, NEG_INF), ids.masked_fill(beyond, -1)
+    def _top_logprobs(self, st: Steps) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return lp_steps.top_logprobs(st)
 
     # -- the pipeline ----------------------------------------------------------------
     def _steps(self, logits: torch.Tensor, batch: SamplingBatch,
-               positions: torch.Tensor | None) -> "_Steps":
+               positions: torch.Tensor | None) -> Steps:
         """Steps 1-8 of a non-empty batch (and the uniforms of step 9 when ``positions``
         are given: the Triton backend draws with its cut): prepare -> plan -> greedy ->
         temperature -> kept set. ``positions`` None: the rescoring path, which stops
@@ -404,7 +321,7 @@ class Sampler:
         wants_cdf = plan.needs_scaled if positions is not None else plan.any_processed
         cdf = self._kept_cdf(z, batch, plan, prep, u=u, by_columns=by_columns) \
             if wants_cdf else KeptCDF.none(plan.size, batch.device)
-        return _Steps(batch, prep, plan, greedy_tok, z, cdf, u)
+        return Steps(batch, prep, plan, greedy_tok, z, cdf, u)
 
     def sample(self, logits: torch.Tensor, batch: SamplingBatch,
                positions: torch.Tensor) -> SampleOutput:
@@ -503,7 +420,8 @@ class Sampler:
             cdf = self._kept_cdf(z, batch, plan, prep) if plan.needs_scaled else \
                 KeptCDF.none(B, batch.device)
             every = Rows.of(range(B), B, batch.device)
-            keep = self._kept(cdf, batch, every, z, lambda t: t.unsqueeze(1), prep.backend.exp)
+            keep = lp_steps.kept_mask(cdf, batch, every, z, lambda t: t.unsqueeze(1),
+                                      prep.backend.exp)
             greedy_tok = self._greedy_tokens(prep, plan)
             if greedy_tok is not None:
                 onehot = torch.arange(V, device=batch.device).unsqueeze(0) == \
@@ -518,17 +436,3 @@ class Sampler:
         """:meth:`sample` and :meth:`sampling_mask` of the same inputs."""
         return (self.sample(logits, batch, positions),
                 self.sampling_mask(logits, batch, bitmask=bitmask))
-
-
-@dataclass(frozen=True)
-class _Steps:
-    """Steps 1-8 of one call: the batch, steps 1-5 (``prep``), the plan, the greedy
-    tokens (or None), z (or None), the kept set and the uniforms (or None)."""
-
-    batch: SamplingBatch
-    prep: Prepared
-    plan: RowPlan
-    greedy_tok: torch.Tensor | None
-    z: torch.Tensor | None
-    cdf: KeptCDF
-    u: torch.Tensor | None
