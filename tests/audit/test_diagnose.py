@@ -118,3 +118,28 @@ def test_trainer_logprobs_alone_report_the_signature():
     dg = audit(records)["diagnosis"]
     assert dg["semantics"] is None and dg["signature"]["pattern"] == "sharper"
     assert dg["line"].startswith("semantics: the engine's distribution is sharper")
+
+
+def test_openai_preset_file_is_diagnosed(vllm_file, tmp_path, capsys):
+    """The same foreign engine's responses written as OpenAI chat completions (vLLM's
+    ``token_ids`` / ``prompt_token_ids``), read with ``--preset openai``: raw rescoring is
+    far off and the line names the semantics; given them, max |d| is kernel noise."""
+    lines = []
+    for r in map(json.loads, open(vllm_file).read().splitlines()):
+        content = [{"token": f"t{t}", "logprob": lp}
+                   for t, lp in zip(r["response_ids"], r["engine_logprobs"])]
+        lines.append({"id": r["id"], "object": "chat.completion",
+                      "prompt_token_ids": r["prompt_ids"],
+                      "choices": [{"index": 0, "token_ids": r["response_ids"],
+                                   "logprobs": {"content": content}}]})
+    path = tmp_path / "openai.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    base = ["audit", str(path), "--preset", "openai", "--rescore", "hf-tiny-llama",
+            "--json", str(tmp_path / "r.json")]
+    assert main(base) == 0
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["exact_match_fraction"] == 0.0 and rep["max_abs_diff"] > 0.1
+    assert "semantics: the engine's logprobs match processed logprobs at temperature 0.7, " \
+           "top_p 0.9" in capsys.readouterr().out
+    assert main(base + ["--logprobs-mode", "processed", "--temperature", "0.7", "--top-p", "0.9",
+                        "--max-abs-diff", "1e-4"]) == 0
