@@ -88,8 +88,8 @@ def prepare(x: torch.Tensor, dim: int) -> Operand:
     (Cauchy-Schwarz per block): a massive channel loosens its own block only."""
     xd = x.to(torch.float64)
     bad = None
-    finite = torch.isfinite(xd)
-    if not bool(finite.all()):
+    if not bool(torch.isfinite(x).all()):
+        finite = torch.isfinite(xd)
         bad = ~finite.all(dim=dim, keepdim=True)
         xd = torch.where(finite, xd, 0.0)
     sq = (xd * xd).movedim(dim, -1)
@@ -143,12 +143,12 @@ def magnitude(fa: Operand, fb: Operand) -> torch.Tensor:
 
 
 def _rounded(d: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(c, unsettled)``: for ``S`` within ``e`` of ``d`` (float64), ``c = RN32(S)`` where
-    ``RN32(d - e)`` and ``RN32(d + e)`` have the same bits (rounding is monotone), and a
-    mask of where they differ. ``e`` is widened by two float64 ulps of ``d``, which covers
-    the rounding of ``d - e`` and ``d + e`` themselves; ``d`` is made ``+0.0`` at zero."""
+    """``(c, unsettled)``: for ``S`` within ``e`` of ``d`` (float64, both consumed),
+    ``c = RN32(S)`` where ``RN32(d - e)`` and ``RN32(d + e)`` have the same bits (rounding
+    is monotone), and a mask of where they differ. ``e`` must already cover the rounding
+    of ``d - e`` and ``d + e`` themselves (half a float64 ulp of ``|d| + e`` each); ``d``
+    is made ``+0.0`` at zero."""
     d = d.add_(0.0)
-    e = e.add_(d.abs(), alpha=2 * _ULP)
     hi = torch.add(d, e).to(torch.float32)
     lo = d.sub_(e).to(torch.float32)
     return lo, lo.view(torch.int32) != hi.view(torch.int32)
@@ -158,7 +158,8 @@ def first_pass(d: torch.Tensor, mag: torch.Tensor, adds: int) -> tuple[torch.Ten
     """Stage 1: ``(c, unsettled)`` from ``d`` (a float64 sum of the products in which no
     product goes through more than ``adds`` additions, :func:`depth`; consumed) and
     ``mag`` (:func:`magnitude`; consumed)."""
-    return _rounded(d, mag.mul_(gamma(adds)))
+    # |d| <= mag (1 + gamma): three more float64 ulps of mag cover rounding d -+ e
+    return _rounded(d, mag.mul_(gamma(adds + 3)))
 
 
 def _two_sum_tree(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -183,8 +184,9 @@ def _second_pass(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 2 on exact products ``p (F, K)``: ``(c, unsettled)`` as :func:`_rounded`."""
     s, errs = _two_sum_tree(p)
     t = errs.sum(dim=1)
-    bound = errs.abs().sum(dim=1).mul_(gamma(errs.shape[1]))
-    return _rounded(s.add_(t), bound)
+    d = s.add_(t)
+    bound = errs.abs().sum(dim=1).mul_(gamma(errs.shape[1])).add_(d.abs(), alpha=2 * _ULP)
+    return _rounded(d, bound)
 
 
 def exact_f32(p: list[float]) -> float:
