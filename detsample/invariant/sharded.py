@@ -8,9 +8,9 @@ does, its three stages spread over the ranks:
 
 1. each rank's float64 GEMM ``D_r`` and magnitude bound (block norms) over its K-range;
    every rank gathers them and adds them in rank order, so every rank holds the same
-   ``D`` and bound -- one summation of all ``K`` products, whose error the single
-   product's bound covers (a summation tree of ``K`` terms, whatever its shape) -- and so
-   settles the same elements in stage 1;
+   ``D`` and bound -- one summation of all ``K`` products in which a product goes
+   through at most its rank's chunked depth plus one addition per rank, which the bound
+   takes -- and so settles the same elements in stage 1;
 2. for the elements left (the same on every rank), every rank gathers their exact
    products from all ranks (zero-padded to the longest K-range: zeros add nothing) and
    settles them exactly (stages 2 and 3) on the same data;
@@ -90,7 +90,8 @@ def split_k_matmul(a: torch.Tensor, fb: Operand, reduce: Reduce) -> torch.Tensor
     lengths = _lengths(a.shape[-1], reduce)
     d = _rank_sum(reduce.gather(exact.dot64(fa.values, fb.values).contiguous()))
     mag = _rank_sum(reduce.gather(exact.magnitude(fa, fb).contiguous()))
-    c, unsettled = exact.first_pass(d, exact.inflate(mag, len(lengths)), sum(lengths))
+    adds = exact.depth(max(lengths)) + len(lengths)        # the ranks' trees, then the rank sum
+    c, unsettled = exact.first_pass(d, exact.inflate(mag, len(lengths)), adds)
     local = exact.pair_products(fa.values, fb.values)
     width = max(lengths)
 
