@@ -19,8 +19,9 @@ activations, one channel 10^4 x the rest, included).
 How it is computed, in three stages, each exact in what it decides:
 
 1. ``D``, the float64 GEMM of the float32 values (each product is exact in float64),
-   K in chunks of 256 accumulated by the BLAS calls. In whatever order a BLAS sums, a
-   product goes through at most ``n = min(K, 256) + ceil(K / 256)`` additions, so
+   one BLAS call per 256-long K-chunk, the chunks' results added in order by detsample.
+   In whatever order a BLAS sums inside a call, a product goes through at most
+   ``n = min(K, 256) + ceil(K / 256)`` additions, so
    ``|D - S| <= gamma(n) * sum_k |a b|`` (the textbook bound of a summation tree of
    depth ``n``), with ``gamma(n) = (n + 2) * 2**-52`` (twice the textbook constant: it
    covers the rounding of the bound's own arithmetic) and ``sum_k |a b|`` bounded by
@@ -111,29 +112,29 @@ CHUNK = 256                       # K-chunk of the float64 GEMM (see :func:`dot6
 
 
 def depth(k: int) -> int:
-    """The most additions any of ``k`` products goes through in :func:`dot64`: within
-    its chunk (at most ``CHUNK - 1``, whatever order the BLAS takes), then one per later
-    chunk. The error bound of stage 1 is ``gamma(depth(k))``: the chunks make it ~10x
-    tighter than ``gamma(k)`` for K in the thousands, so ~10x fewer elements reach stage 2."""
+    """A bound on the additions any of ``k`` products goes through in :func:`dot64`:
+    within its chunk's BLAS call (a sum of at most ``CHUNK`` terms: at most ``CHUNK - 1``
+    additions, in whatever order or tree the BLAS takes), then one per later chunk (the
+    chunks' results are added by detsample, in order). The error bound of stage 1 is
+    ``gamma(depth(k))``: ~10x tighter than ``gamma(k)`` for K in the thousands, so ~10x
+    fewer elements reach stage 2."""
     return min(k, CHUNK) + -(-k // CHUNK)
 
 
 def dot64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` in float64 (2-D or batched), accumulated chunk by chunk over K
-    (:data:`CHUNK` columns of ``a`` per BLAS call, each added into the output by the
-    call itself: ``beta = 1``), by the ``.out`` overloads, which the mode never overrides
-    (this module runs inside the mode's kernels)."""
+    """``a @ b`` in float64 (2-D or batched): one BLAS call per :data:`CHUNK` columns of
+    ``a``, each into its own buffer (``beta = 0``), the chunks' results added in order by
+    detsample -- so the additions a product goes through are bounded by :func:`depth`
+    whatever the BLAS does inside a call. The ``.out`` overloads, which the mode never
+    overrides (this module runs inside the mode's kernels)."""
     k = a.shape[-1]
-    two_d = a.dim() == 2
+    mm = aten.mm.out if a.dim() == 2 else aten.bmm.out
     out = a.new_empty(a.shape[:-1] + (b.shape[-1],))
-    for k0 in range(0, max(k, 1), CHUNK):
-        aa, bb = a[..., k0: k0 + CHUNK], b[..., k0: k0 + CHUNK, :]
-        if k0 == 0:
-            (aten.mm.out if two_d else aten.bmm.out)(aa, bb, out=out)
-        elif two_d:
-            aten.addmm.out(out, aa, bb, out=out)
-        else:
-            aten.baddbmm.out(out, aa, bb, out=out)
+    mm(a[..., :CHUNK], b[..., :CHUNK, :], out=out)
+    part = out.new_empty(out.shape) if k > CHUNK else None
+    for k0 in range(CHUNK, k, CHUNK):
+        mm(a[..., k0: k0 + CHUNK], b[..., k0: k0 + CHUNK, :], out=part)
+        out.add_(part)
     return out
 
 
