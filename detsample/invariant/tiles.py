@@ -72,13 +72,14 @@ def _padded(cols: int, esize: int) -> int:
     return -(-cols // step) * step if cols else step
 
 
-def aligned_empty(lead: tuple[int, ...], rows: int, cols: int, like: torch.Tensor) -> torch.Tensor:
+def aligned_empty(lead: tuple[int, ...], rows: int, cols: int, like: torch.Tensor,
+                  pad: bool = True) -> torch.Tensor:
     """An uninitialised ``lead + (rows, cols)`` tensor of ``like``'s dtype and device whose
-    storage starts on a 64-byte boundary and whose rows (and matrices) are 64-byte
-    multiples apart: a view of a padded buffer (over-allocated when the allocator's start
-    is not aligned)."""
+    storage starts on a 64-byte boundary; ``pad``: its rows (and matrices) are 64-byte
+    multiples apart (a view of a padded buffer), else it is contiguous. Over-allocated
+    when the allocator's start is not aligned."""
     esize = like.element_size()
-    cp = _padded(cols, esize)
+    cp = _padded(cols, esize) if pad else cols
     count = rows * cp
     for d in lead:
         count *= d
@@ -104,14 +105,16 @@ def _aligned_rows(a: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def _aligned_b(b: torch.Tensor) -> torch.Tensor:
-    """``b`` itself when its first element is 64-byte aligned, else a copy in the same
-    layout (row- or column-major per matrix) that is."""
+    """``b`` itself when its first element is 64-byte aligned, else an aligned copy with
+    the strides the check's operand has: contiguous in its layout (row-major, or
+    column-major for a transposed B), no padding."""
     if b.data_ptr() % _ALIGN == 0:
         return b
-    k, n = b.shape[-2:]
-    if b.stride(-2) == 1 and b.stride(-1) != 1:       # column-major matrices (a transposed B)
-        return _aligned_rows(b.transpose(-1, -2), n).transpose(-1, -2)
-    return _aligned_rows(b, k)
+    col_major = b.stride(-2) == 1 and b.stride(-1) != 1       # a transposed B
+    src = b.transpose(-1, -2) if col_major else b
+    buf = aligned_empty(src.shape[:-2], src.shape[-2], src.shape[-1], src, pad=False)
+    buf.copy_(src)
+    return buf.transpose(-1, -2) if col_major else buf
 
 
 def big_split(m: int, big: tuple[int, ...]) -> tuple[list[int], int]:

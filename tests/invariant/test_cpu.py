@@ -347,3 +347,21 @@ def test_safe_softmax_zeroes_fully_masked_rows(mode):
     x[1] = float("-inf")
     y = cpu.safe_softmax(x, -1)
     assert torch.equal(y[1], torch.zeros(5)) and torch.equal(y[0], cpu.softmax(x[:1], -1, False)[0])
+
+
+@pytest.mark.parametrize("layout", ["nt", "nn"])
+def test_a_misaligned_b_is_copied_with_the_checked_strides(layout):
+    """MKL's AMD path rounds by an operand's alignment: a B that does not start on a
+    64-byte boundary is copied to one that does, keeping the strides the check's operand
+    has (a padded leading dimension would be one more input the check never saw)."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(7, 200, generator=g)
+    b = w.t() if layout == "nt" else w.t().contiguous()
+    odd = _misaligned(b.t().contiguous() if layout == "nt" else b, 1)
+    odd = odd.t() if layout == "nt" else odd
+    assert odd.data_ptr() % 64 != 0 and odd.stride() == b.stride()
+    got = tiles._aligned_b(odd)
+    assert got.data_ptr() % 64 == 0 and got.stride() == b.stride() and torch.equal(got, b)
+    x = torch.randn(9, 200, generator=g)
+    with batch_invariant(), torch_threads(2):
+        assert torch.equal(x @ odd, x @ b)
