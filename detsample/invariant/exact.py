@@ -240,7 +240,8 @@ def pair_products(a: torch.Tensor, b: torch.Tensor):
     return products
 
 
-def _nan_where(c: torch.Tensor, bad: torch.Tensor | None) -> torch.Tensor:
+def nan_where(c: torch.Tensor, bad: torch.Tensor | None) -> torch.Tensor:
+    """``c`` with NaN where ``bad`` (a broadcastable mask, or None: ``c`` as is)."""
     return c if bad is None else c.masked_fill_(bad, float("nan"))
 
 
@@ -248,6 +249,14 @@ def either(x: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor | Non
     if x is None or y is None:
         return y if x is None else x
     return x | y
+
+
+def _rounded_product(fa: Operand, fb: Operand) -> torch.Tensor:
+    """``RN32`` of every exact dot product of ``fa``'s rows and ``fb``'s columns (the
+    three stages; non-finite entries already zero): float32 ``(..., M, N)``."""
+    k = fa.values.shape[-1]
+    c, unsettled = first_pass(dot64(fa.values, fb.values), magnitude(fa, fb), depth(k))
+    return settle_at(c, unsettled, pair_products(fa.values, fb.values), k)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, fb: Operand | None = None) -> torch.Tensor:
@@ -258,9 +267,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, fb: Operand | None = None) -> torch
     CPU, BLAS and thread count."""
     fa = prepare(a, -1)
     fb = prepare_b(b) if fb is None else fb
-    c, unsettled = first_pass(dot64(fa.values, fb.values), magnitude(fa, fb), depth(a.shape[-1]))
-    c = settle_at(c, unsettled, pair_products(fa.values, fb.values), a.shape[-1])
-    c = _nan_where(c, either(fa.bad, fb.bad))
+    c = nan_where(_rounded_product(fa, fb), either(fa.bad, fb.bad))
     return c if a.dtype in (torch.float32, torch.float64) else c.to(a.dtype)
 
 
@@ -271,12 +278,10 @@ def weighted_sum(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     zero weight -- the attention's future and padded keys -- changes nothing), a
     non-finite weight its own row. Returns float32."""
     fa = prepare(p, -1)
-    fv = prepare(v, -2)
-    c, unsettled = first_pass(dot64(fa.values, fv.values), magnitude(fa, fv), depth(p.shape[-1]))
-    c = settle_at(c, unsettled, pair_products(fa.values, fv.values), p.shape[-1])
+    c = _rounded_product(fa, prepare(v, -2))
     finite_keys = torch.isfinite(v).all(dim=-1, keepdim=True)
     bad = fa.bad
     if not bool(finite_keys.all()):
         touched = ((p != 0) & ~finite_keys.transpose(-1, -2)).any(dim=-1, keepdim=True)
         bad = either(bad, touched)
-    return _nan_where(c, bad)
+    return nan_where(c, bad)

@@ -101,8 +101,7 @@ def split_k_matmul(a: torch.Tensor, fb: Operand, reduce: Reduce) -> torch.Tensor
         return torch.cat(reduce.gather(mine), dim=1)
 
     c = exact.settle_at(c, unsettled, products, width * len(lengths))
-    bad = exact.either(fa.bad, fb.bad)
-    return c if bad is None else c.masked_fill_(bad, float("nan"))
+    return exact.nan_where(c, exact.either(fa.bad, fb.bad))
 
 
 def _bit_dtype(dtype: torch.dtype) -> torch.dtype:
