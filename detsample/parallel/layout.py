@@ -5,7 +5,8 @@
 their shards (:mod:`detsample.parallel.layers`):
 
 =============================  =================================================================
-``embed_tokens``               vocab-parallel rows (:class:`~detsample.parallel.layers.VocabParallelEmbedding`)
+``embed_tokens``               vocab-parallel rows of the padded vocabulary (:func:`padded_vocab`;
+                               :class:`~detsample.parallel.layers.VocabParallelEmbedding`)
 ``self_attn.q_proj``           column-parallel: this rank's query heads (contiguous block)
 ``self_attn.k_proj / v_proj``  column-parallel: this rank's KV heads; when ``world`` exceeds
                                the KV heads, each KV head is replicated on the
@@ -14,15 +15,17 @@ their shards (:mod:`detsample.parallel.layers`):
 ``mlp.gate_proj / up_proj``    column-parallel: this rank's intermediate features
 ``mlp.down_proj``              row-parallel
 ``lm_head``                    vocab-parallel rows, logits gathered (concatenated) on every rank
+                               and cut to the real vocabulary
 norms, rotary, residuals       replicated (every rank computes them on the same full rows)
 =============================  =================================================================
 
 Refused, by name (:class:`~detsample.parallel.layers.TensorParallelError`): a model whose
 ``config.model_type`` is not in :data:`ARCHITECTURES` (Llama, Qwen2, Mistral: the
 dense decoder layout above), a model missing one of those modules, and a ``world`` that
-does not divide the attention heads, the intermediate size or the vocabulary, or neither
-divides nor is a multiple of the KV heads. The vocabulary is not padded: pick a TP size
-that divides it (or give the model a padded vocabulary yourself).
+does not divide the attention heads, the intermediate size or the padded vocabulary, or
+neither divides nor is a multiple of the KV heads. The vocabulary is padded as vLLM pads it
+(a multiple of 64, split in ``world`` equal parts; the padding rows are zeros and their
+logit columns are cut before anything reads the logits).
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ _MLP = ("gate_proj", "up_proj", "down_proj")
 class Layout:
     """How a model splits over ``world`` ranks: per-rank query ``heads`` and ``kv_heads``
     (``kv_repeat`` ranks share each KV head), ``head_dim``, ``intermediate`` features
-    and ``vocab`` rows per rank."""
+    and ``vocab`` rows per rank of the padded vocabulary (:func:`padded_vocab`), whose
+    first ``vocab_size`` rows are the model's."""
 
     world: int
     heads: int
@@ -56,6 +60,7 @@ class Layout:
     head_dim: int
     intermediate: int
     vocab: int
+    vocab_size: int
 
     def q_rows(self, rank: int) -> slice:
         n = self.heads * self.head_dim
@@ -71,6 +76,22 @@ class Layout:
 
     def vocab_rows(self, rank: int) -> slice:
         return slice(rank * self.vocab, (rank + 1) * self.vocab)
+
+
+#: vLLM's ``DEFAULT_VOCAB_PADDING_SIZE``: the vocabulary is padded to a multiple of it
+VOCAB_PADDING = 64
+
+
+def padded_vocab(vocab: int, world: int) -> int:
+    """vLLM's ``VocabParallelEmbedding`` rule: ``vocab`` rounded up to a multiple of
+    :data:`VOCAB_PADDING` (``pad_vocab_size``), then split in ``world`` equal parts
+    (``divide``: ``world`` must divide the padded size, else refused by name)."""
+    padded = -(-vocab // VOCAB_PADDING) * VOCAB_PADDING
+    if padded % world:
+        raise TensorParallelError(f"tensor parallel: tp={world} does not divide the padded "
+                                  f"vocabulary {padded} (config.vocab_size={vocab} rounded up "
+                                  f"to a multiple of {VOCAB_PADDING}, as vLLM pads it)")
+    return padded
 
 
 def hf_module(model: Any) -> torch.nn.Module:
@@ -116,13 +137,11 @@ def plan(model: Any, world: int) -> Layout:
     heads, kv = _field(cfg, "num_attention_heads"), _field(cfg, "num_key_value_heads")
     inter, vocab = _field(cfg, "intermediate_size"), _field(cfg, "vocab_size")
     head_dim = inner.layers[0].self_attn.head_dim if len(inner.layers) else cfg.hidden_size // heads
-    for name, value in (("num_attention_heads", heads), ("intermediate_size", inter),
-                        ("vocab_size", vocab)):
+    for name, value in (("num_attention_heads", heads), ("intermediate_size", inter)):
         if value % world:
-            hint = " (the vocabulary is not padded: pad it in the model or pick another TP size)" \
-                if name == "vocab_size" else ""
             raise TensorParallelError(f"tensor parallel: tp={world} does not divide "
-                                      f"config.{name}={value}{hint}")
+                                      f"config.{name}={value}")
+    padded = padded_vocab(vocab, world)
     if kv % world and world % kv:
         raise TensorParallelError(f"tensor parallel: tp={world} neither divides nor is a "
                                   f"multiple of config.num_key_value_heads={kv}")
@@ -130,7 +149,8 @@ def plan(model: Any, world: int) -> Layout:
         raise TensorParallelError(f"tensor parallel: num_attention_heads={heads} is not a "
                                   f"multiple of num_key_value_heads={kv}")
     kv_local, repeat = (kv // world, 1) if kv >= world else (1, world // kv)
-    return Layout(world, heads // world, kv_local, repeat, head_dim, inter // world, vocab // world)
+    return Layout(world, heads // world, kv_local, repeat, head_dim, inter // world,
+                  padded // world, vocab)
 
 
 def _get(obj: Any, path: str) -> Any:
@@ -153,7 +173,8 @@ def shard_model(model: Any, comm: Comm) -> Layout:
     inner = module.model
     with torch.no_grad():
         inner.embed_tokens = VocabParallelEmbedding(inner.embed_tokens, layout.vocab_rows(r), comm)
-        module.lm_head = VocabParallelHead(module.lm_head, layout.vocab_rows(r), comm)
+        module.lm_head = VocabParallelHead(module.lm_head, layout.vocab_rows(r), comm,
+                                           layout.vocab_size)
         for layer in inner.layers:
             att, mlp = layer.self_attn, layer.mlp
             att.q_proj = column_shard(att.q_proj, layout.q_rows(r))

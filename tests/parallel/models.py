@@ -2,7 +2,8 @@
 
 None of these shapes is one the project ships: they are "a model the project never saw"
 (``unseen_llama``: hidden 64, intermediate 96, 4 heads, 2 KV heads), a Qwen2 with q/k/v
-biases and tied embeddings that TP=2 and TP=4 divide, a Llama with biases on every
+biases and tied embeddings that TP=2 and TP=4 divide, a Llama with GPT-2's odd vocabulary (50257:
+padded to 50304 as vLLM pads it), a Llama with biases on every
 projection (the row-parallel bias path; also in bfloat16, where the order of the bias
 and the rounding matters), one with 8 heads for the opt-in TP=8 run, and a
 GPT-2 (an architecture the runner refuses by name).
@@ -21,6 +22,9 @@ BIASED = "tests.parallel.models:llama_biased"
 WIDE8 = "tests.parallel.models:llama_8_heads"
 BIASED_BF16 = "tests.parallel.models:llama_biased_bf16"
 GPT2 = "tests.parallel.models:gpt2"
+ODD_VOCAB = "tests.parallel.models:llama_gpt2_vocab"
+#: GPT-2's vocabulary: no TP size > 1 divides it
+GPT2_VOCAB = 50257
 
 
 def unseen_llama():
@@ -32,6 +36,12 @@ def qwen2_biased():
     return build_hf("qwen2", 12, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                     num_key_value_heads=2, tie_word_embeddings=True, use_sliding_window=False,
                     **_SMALL)
+
+
+def llama_gpt2_vocab():
+    return build_hf("llama", 15, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                    num_key_value_heads=2, tie_word_embeddings=False,
+                    **{**_SMALL, "vocab_size": GPT2_VOCAB, "num_hidden_layers": 1})
 
 
 def llama_biased():

@@ -47,13 +47,11 @@ def test_refusals_name_the_field_and_value(factory, tp, message):
         plan(load_model(factory), tp)
 
 
-def test_vocab_not_divisible_is_refused_not_padded():
+def test_vocab_not_divisible_is_padded_as_vllm_pads_it():
     m = build_tiny("hf-tiny-llama")
     m.config.vocab_size = 510
-    m.config.num_key_value_heads = 4
-    with pytest.raises(TensorParallelError, match=r"tp=4 does not divide config.vocab_size=510 "
-                                                  r"\(the vocabulary is not padded"):
-        plan(m, 4)
+    lay = plan(m, 4)
+    assert (lay.vocab, lay.vocab_size) == (128, 510)       # 510 -> 512 rows, 128 a rank
 
 
 def test_kv_heads_neither_divisor_nor_multiple():
