@@ -14,16 +14,23 @@ their shards (:mod:`detsample.parallel.layers`):
 ``self_attn.o_proj``           row-parallel (the exact combine under the portable mode)
 ``mlp.gate_proj / up_proj``    column-parallel: this rank's intermediate features
 ``mlp.down_proj``              row-parallel
+MoE ``mlp.gate`` (router)      replicated; ``mlp.experts``: placed on ranks, whole
+                               (:class:`~detsample.parallel.experts.ExpertParallel`);
+                               ``mlp.shared_experts``: a dense MLP as above
+MLA (DeepSeek-V3)              latent projections replicated, ``q_b_proj`` / ``kv_b_proj``
+                               column-parallel by heads, ``o_proj`` row-parallel
+                               (:mod:`detsample.parallel.blocks`)
 ``lm_head``                    vocab-parallel rows, logits gathered (concatenated) on every rank
                                and cut to the real vocabulary
 norms, rotary, residuals       replicated (every rank computes them on the same full rows)
 =============================  =================================================================
 
 Refused, by name (:class:`~detsample.parallel.layers.TensorParallelError`): a model whose
-``config.model_type`` is not in :data:`ARCHITECTURES` (Llama, Qwen2, Mistral: the
-dense decoder layout above), a model missing one of those modules, and a ``world`` that
-does not divide the attention heads, the intermediate size or the padded vocabulary, or
-neither divides nor is a multiple of the KV heads. The vocabulary is padded as vLLM pads it
+``config.model_type`` is not in :data:`ARCHITECTURES` (Llama, Qwen2, Mistral, Qwen3-MoE,
+Mixtral, DeepSeek-V3; :data:`REFUSED` says why for near misses), a model missing one of
+those modules, and a ``world`` that does not divide the attention heads, a dense MLP's
+intermediate features or the padded vocabulary, or neither divides nor is a multiple of the
+KV heads (GQA). The vocabulary is padded as vLLM pads it
 (a multiple of 64, split in ``world`` equal parts; the padding rows are zeros and their
 logit columns are cut before anything reads the logits).
 """
