@@ -25,6 +25,8 @@ class RawChunk:
     the sequences that have it; lengths[c]: int64 [S], -1 where the sequence lacks c (a
     column absent from the whole chunk may be missing from both dicts).
     flagged: sequence index -> parse issue (those sequences are excluded).
+    row_values[c]: object [S] of a per-row value column c (the stated logprob semantics,
+    :data:`~detsample.audit.layout.SEMANTICS_COLUMNS`; None where a row states none).
     """
 
     source: str
@@ -34,6 +36,7 @@ class RawChunk:
     values: dict[str, np.ndarray]
     lengths: dict[str, np.ndarray]
     flagged: dict[int, Issue] = field(default_factory=dict)
+    row_values: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.ids)
