@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from detsample.invariant.coverage import OpRecorder, uncovered
+from detsample.invariant.mixers import Patches, cover_of, covered
 from detsample.invariant.recurrent import cache_state, describe, holders, mutated, snapshot
 from detsample.invariant.state import config
 from detsample.invariant.verify import NotInvariantError
@@ -49,6 +50,13 @@ REFUSED: tuple[tuple[str, str], ...] = (
                         "different orders"),
     ("Rwkv", "an RWKV time-mixing layer: prefill and decode sum its state in different orders"),
 )
+
+
+#: classes a :data:`REFUSED` fragment names that keep no state beyond keys and values
+#: (the guard still checks what they keep at every forward)
+NOT_MIXERS: frozenset[str] = frozenset({
+    "KimiLinearAttention",      # Kimi-Linear's full attention (MLA) beside its delta attention
+})
 
 
 class RefusedLayerError(NotInvariantError):
@@ -83,10 +91,13 @@ class Finding:
 
 
 def refused_layers(model: torch.nn.Module) -> list[str]:
-    """``"path (Class): why"`` for every layer of ``model`` in :data:`REFUSED`."""
+    """``"path (Class): why"`` for every layer of ``model`` in :data:`REFUSED` that the
+    mode does not cover (:mod:`detsample.invariant.mixers`)."""
     out = []
     for name, mod in model.named_modules():
         cls = type(mod).__name__
+        if cls in NOT_MIXERS or any(cover_of(m) is not None for m in mod.modules()):
+            continue      # covered, or a layer holding a covered mixer
         for frag, why in REFUSED:
             if frag.lower() in cls.lower():
                 out.append(f"{name or '<model>'} ({cls}): {why}")
@@ -119,6 +130,11 @@ class Guard:
             weakref.WeakKeyDictionary()
         self.refusals: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
         self.handles: list[Any] = []
+        self.patches = Patches()
+        #: per model: its covered mixers' {layer: cache attributes}; the models whose
+        #: mixers' patches are in place in this installation
+        self.covers: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+        self.patched: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 
     # -- install -----------------------------------------------------------------------
     def install(self) -> None:
@@ -134,6 +150,8 @@ class Guard:
             for h in self.handles:
                 h.remove()
             self.handles = []
+            self.patches.undo()
+            self.patched = weakref.WeakSet()
 
     # -- per-thread call stack ---------------------------------------------------------
     def _frame(self) -> dict:
@@ -159,6 +177,7 @@ class Guard:
 
     def _first(self, f: dict, module: torch.nn.Module) -> None:
         """At an outermost call: raise a standing refusal, or start the first forward's checks."""
+        self._cover(module)
         if module in self.refusals:
             raise RefusedLayerError(self.refusals[module])       # every forward, not once
         if self.verdicts.get(module) and config().strict:
@@ -172,6 +191,20 @@ class Guard:
             f["snap"] = snapshot(module)
             f["rec"] = _Recorder(self)
             f["rec"].__enter__()
+
+    def _cover(self, root: torch.nn.Module) -> None:
+        """Put in place, once per installation, what ``root``'s covered mixers need."""
+        with self.lock:
+            if root not in self.covers:
+                self.covers[root] = covered(root)
+            if self.covers[root] and root not in self.patched:
+                self.patches.ensure(root)
+                self.patched.add(root)
+
+    def _kept(self, root: torch.nn.Module, states: list) -> list:
+        """``states`` less those of ``root``'s covered mixers (a function of position)."""
+        cov = self.covers.get(root) or {}
+        return [s for s in states if s.attr not in cov.get(s.layer, ())]
 
     def _post(self, module: torch.nn.Module, args: Any, *rest: Any) -> None:
         # (kwargs, output) normally; (output,) when the forward raised (torch's always_call)
@@ -196,6 +229,7 @@ class Guard:
             states += mutated(module, snap)
             if not holders(args, kwargs, output):
                 states += self._probe(f, module, args, kwargs)
+        states = self._kept(module, states)
         if states:
             self.refusals[module] = _refused([describe(module, states)], kept=True)
             raise RefusedLayerError(self.refusals[module])

@@ -51,6 +51,7 @@ class State:
     where: str
     shape: tuple[int, ...]
     layer: int | None = None
+    attr: str = ""            # the innermost attribute holding it ("recurrent_states")
 
 
 def _step(path: tuple, key: Any) -> tuple:
@@ -86,9 +87,10 @@ def _text(path: tuple) -> str:
     return out
 
 
-def _is_kv(path: tuple) -> bool:
+def _attr(path: tuple) -> str:
+    """The innermost attribute name on ``path`` ("" for none)."""
     names = [s[1:] for s in path if isinstance(s, str) and s.startswith(".")]
-    return bool(names) and names[-1] in KV_STORES
+    return names[-1] if names else ""
 
 
 def cache_state(holder: Any) -> list[State]:
@@ -96,9 +98,10 @@ def cache_state(holder: Any) -> list[State]:
     beyond key/value stores; [] for a plain key/value cache."""
     found = []
     for path, t in _walk(holder, (), _MAX_DEPTH, set(), [_MAX_ITEMS]):
-        if (t.is_floating_point() or t.is_complex()) and not _is_kv(path):
+        if (t.is_floating_point() or t.is_complex()) and _attr(path) not in KV_STORES:
             layer = next((s for s in path if isinstance(s, int) and not isinstance(s, bool)), None)
-            found.append(State(type(holder).__name__ + _text(path), tuple(t.shape), layer))
+            found.append(State(type(holder).__name__ + _text(path), tuple(t.shape), layer,
+                               _attr(path)))
     return found
 
 

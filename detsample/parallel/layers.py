@@ -12,11 +12,12 @@
   kernels: ``F.linear`` per rank and a floating-point all-reduce (the order of the
   backend): not TP=1's bits. Under the verified (non-portable) mode: refused
   (:class:`TensorParallelError`): its kernels' bits are a BLAS's, which depend on K.
-* :class:`VocabParallelEmbedding`: this rank's rows of the table; a token's row comes from
-  its owner exactly (:func:`~detsample.invariant.sharded.owner_rows`).
-* :class:`VocabParallelHead`: this rank's rows of ``lm_head`` (a column-parallel product),
-  the logit shards concatenated in rank order on every rank
-  (:func:`~detsample.invariant.sharded.concat_last`): the full ``[.., V]`` logits.
+* :class:`VocabParallelEmbedding`: this rank's rows of the (padded) table; a token's row
+  comes from its owner exactly (:func:`~detsample.invariant.sharded.owner_rows`).
+* :class:`VocabParallelHead`: this rank's rows of ``lm_head`` over the padded vocabulary
+  (a column-parallel product), the logit shards concatenated in rank order on every rank
+  (:func:`~detsample.invariant.sharded.concat_last`) and cut to the real vocabulary: the
+  full ``[.., V]`` logits.
 """
 
 from __future__ import annotations
@@ -41,15 +42,26 @@ VERIFIED_REFUSED = ("tensor parallelism under the batch-invariant mode needs its
                     "give TP=1's bits (docs/tensor-parallel.md)")
 
 
+def padded_rows(t: torch.Tensor, rows: slice) -> torch.Tensor:
+    """Rows ``rows`` of ``t`` (a copy); the rows of ``rows`` past ``len(t)`` (a padded
+    vocabulary's) are zeros, as vLLM's weight loader leaves them."""
+    part = t.detach()[rows].clone()
+    missing = (rows.stop - rows.start) - part.shape[0]
+    if missing <= 0:
+        return part
+    return torch.cat([part, part.new_zeros((missing,) + tuple(part.shape[1:]))])
+
+
 def column_shard(linear: torch.nn.Linear, rows: slice) -> torch.nn.Linear:
-    """A new ``nn.Linear`` holding ``rows`` of ``linear``'s output features (and bias)."""
-    w = linear.weight.detach()[rows].clone()
+    """A new ``nn.Linear`` holding ``rows`` of ``linear``'s output features (and bias);
+    rows past its features (a padded vocabulary) are zeros."""
+    w = padded_rows(linear.weight, rows)
     out = torch.nn.Linear(w.shape[1], w.shape[0], bias=linear.bias is not None,
                           device=w.device, dtype=w.dtype)
     with torch.no_grad():
         out.weight.copy_(w)
         if linear.bias is not None:
-            out.bias.copy_(linear.bias.detach()[rows])
+            out.bias.copy_(padded_rows(linear.bias, rows))
     return out.requires_grad_(False)
 
 
@@ -107,13 +119,13 @@ class RowParallelLinear(torch.nn.Module):
 
 
 class VocabParallelEmbedding(torch.nn.Module):
-    """This rank's rows ``[lo, lo + n)`` of an embedding table; output: every token's row
-    (bitwise the table's), on every rank."""
+    """This rank's rows ``[lo, lo + n)`` of the padded embedding table (rows past the
+    vocabulary: zeros, never looked up); output: every token's row (bitwise the
+    table's), on every rank."""
 
     def __init__(self, embedding: torch.nn.Embedding, rows: slice, comm: Comm) -> None:
         super().__init__()
-        self.weight = torch.nn.Parameter(embedding.weight.detach()[rows].clone(),
-                                         requires_grad=False)
+        self.weight = torch.nn.Parameter(padded_rows(embedding.weight, rows), requires_grad=False)
         self.lo = rows.start
         self.num_embeddings = embedding.num_embeddings
         self.embedding_dim = embedding.embedding_dim
@@ -128,17 +140,24 @@ class VocabParallelEmbedding(torch.nn.Module):
 
 
 class VocabParallelHead(torch.nn.Module):
-    """This rank's rows of ``lm_head`` (a column-parallel product over the vocabulary);
-    output: the full logits, the shards concatenated in rank order, on every rank."""
+    """This rank's rows of ``lm_head`` over the padded vocabulary (a column-parallel
+    product; padding rows are zeros); output: the full logits, the shards concatenated
+    in rank order and **cut to the ``vocab`` real columns**, on every rank: a padded
+    column never reaches the sampler or a logprob's normalisation."""
 
-    def __init__(self, linear: torch.nn.Linear, rows: slice, comm: Comm) -> None:
+    def __init__(self, linear: torch.nn.Linear, rows: slice, comm: Comm, vocab: int) -> None:
         super().__init__()
         self.shard = column_shard(linear, rows)
         self.comm = comm
+        self.vocab = vocab
+
+    def extra_repr(self) -> str:
+        return f"vocab={self.vocab} (rank {self.comm.rank} of {self.comm.world})"
 
     @property
     def weight(self) -> torch.nn.Parameter:
         return self.shard.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return concat_last(self.shard(x), self.comm.reduce)
+        full = concat_last(self.shard(x), self.comm.reduce)
+        return full if full.shape[-1] == self.vocab else full[..., :self.vocab].contiguous()

@@ -4,8 +4,9 @@ seeded random weights (no hub), and the bitwise checks run on each.
 Every config is small (hidden 64, 2 layers, a 512-token vocabulary) but keeps what makes
 its architecture different: MoE routing (softmax / sigmoid, top-k, grouped top-k, shared
 experts), MLA's unequal head dims, attention sinks, soft-capping, sliding windows, partial
-rotary, QK-norm, and linear-attention hybrids (refused: they keep state beyond keys and
-values).
+rotary, QK-norm, and linear-attention hybrids (bitwise where the mode runs their mixer by
+its recurrent update, detsample/invariant/mixers.py; refused by name otherwise: they keep
+state beyond keys and values).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Arch:
     moe: bool = False
     refused: str = ""         # a regex the mode's RefusedLayerError must match ("": runs)
     own_cache: bool = False   # checked through transformers' own cache (own_cache_failures)
+    covered: bool = False     # a recurrent mixer the mode runs by its recurrent update
 
 
 PANEL: tuple[Arch, ...] = (
@@ -114,25 +116,25 @@ PANEL: tuple[Arch, ...] = (
               shared_expert_intermediate_size=32, linear_num_value_heads=4, linear_num_key_heads=2,
               linear_key_head_dim=16, linear_value_head_dim=16, full_attention_interval=2),
          "gated delta-net linear attention + MoE hybrid", moe=True,
-         refused=_kept("linear_attn", "Qwen3NextGatedDeltaNet")),
+         own_cache=True, covered=True),
     Arch("qwen35", "Qwen3_5TextConfig", "Qwen3_5ForCausalLM",
          dict(head_dim=16, **_LINEAR,
               layer_types=["linear_attention", "full_attention"]),
          "gated delta-net linear attention hybrid",
-         refused=_kept("linear_attn", "Qwen3_5GatedDeltaNet")),
+         own_cache=True, covered=True),
     Arch("qwen35moe", "Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM",
          dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
               shared_expert_intermediate_size=32, **_LINEAR,
               layer_types=["linear_attention", "full_attention"]),
          "gated delta-net + MoE hybrid", moe=True,
-         refused=_kept("linear_attn", "Qwen3_5MoeGatedDeltaNet")),
+         own_cache=True, covered=True),
     Arch("kimilinear", "KimiLinearConfig", "KimiLinearForCausalLM",
          dict(layer_types=["linear_attention", "full_attention"], linear_head_dim=16,
               linear_num_heads=4, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
               qk_nope_head_dim=16, v_head_dim=16, num_local_experts=4, num_experts_per_tok=2,
               moe_intermediate_size=32, num_key_value_heads=4),
          "Kimi delta attention + MLA + MoE hybrid", moe=True,
-         refused=_kept("self_attn", "KimiLinearDeltaAttention")),
+         own_cache=True, covered=True),
     Arch("nemotronh", "NemotronHConfig", "NemotronHForCausalLM",
          dict(layers_block_type=["mamba", "attention"], head_dim=16, mamba_num_heads=4,
               mamba_head_dim=16, ssm_state_size=16, n_groups=1, chunk_size=8),

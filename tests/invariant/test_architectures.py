@@ -4,7 +4,11 @@ architecture bitwise, or refused by name.
 For each: prefill == decode == chunked prefill == left- and right-padded batch, bitwise, at
 1 and 2 threads (and the same bits at both), with the mode; the same checks fail without it
 (negative control); the mode's logits within 1e-4 of the default kernels'; the MoE ones in
-bfloat16 too. A linear-attention hybrid raises RefusedLayerError at its first forward
+bfloat16 too. A gated delta-net or Kimi delta-attention hybrid (Qwen3-Next, Qwen3.5,
+Qwen3.5-MoE, Kimi-Linear), whose mixer the mode runs by its recurrent update, is checked
+bitwise through transformers' own cache, both variants, with the mode's kernels alone
+(the mixer not covered) failing as a negative control. Any other linear-attention or
+state-space hybrid raises RefusedLayerError at its first forward
 instead of returning variant logits -- by name, and with the name list emptied by the
 state it keeps beyond keys and values (with a cache and without one) -- while under the
 mode's kernels with the guard off, through transformers' own cache, some check fails
@@ -29,11 +33,11 @@ from detsample.invariant import batch_invariant
 from detsample.invariant import guard
 from detsample.invariant.guard import RefusedLayerError
 from detsample.probe.threads import torch_threads
-from detsample.models.base import ModelError
+from detsample.models.base import ModelError, prefill
 from detsample.models.hf import use_invariant_attention
 from tests.invariant.architectures import PANEL, adapter, build, failures, own_cache_failures
 
-DEFAULT = ("llama", "gemma2", "gpt2", "qwen3moe", "deepseekv3", "gptoss", "qwen3next", "minimax",
+DEFAULT = ("llama", "gemma2", "gpt2", "qwen3moe", "deepseekv3", "gptoss", "qwen35", "minimax",
            "lfm2")
 CASES = [pytest.param(a, id=a.name, marks=() if a.name in DEFAULT else pytest.mark.panel)
          for a in PANEL]
@@ -48,8 +52,8 @@ def _refused(arch, model: torch.nn.Module, monkeypatch) -> None:
     assert bad, f"{arch.name}: bitwise under the mode's kernels unguarded (no negative control)"
     with torch.no_grad(), batch_invariant(), pytest.raises(RefusedLayerError):
         model(ids)
-    with pytest.raises(ModelError, match="keeps state beside keys and values .layer 0 "):
-        adapter(build(arch), True)                          # the adapter cannot carry it
+    with pytest.raises((ModelError, RefusedLayerError)):   # the adapter returns no logits either
+        prefill(adapter(build(arch), True), TOKENS)
     monkeypatch.setattr(guard, "REFUSED", ())
     for use_cache in (True, False):
         fresh = build(arch)
@@ -64,7 +68,10 @@ def _bitwise_through_own_cache(arch, model: torch.nn.Module) -> None:
     checks through transformers' own cache, both variants, 1 and 2 threads."""
     with torch_threads(2):
         bad_default, ref = own_cache_failures(model, TOKENS, None)
-    assert bad_default, f"{arch.name}: the default kernels passed every check (no negative control)"
+        assert bad_default, f"{arch.name}: the default kernels passed every check (no negative control)"
+        if arch.covered:      # the mode's kernels alone do not do it: its mixer's recurrent form does
+            assert own_cache_failures(model, TOKENS, False, guarded=False)[0], \
+                f"{arch.name}: bitwise under the mode's kernels without its mixer covered"
     use_invariant_attention(model)
     for portable in (False, True):
         results = {}
