@@ -8,8 +8,11 @@ one intra-op thread per rank). TP=1 is a group of one rank (the same code, no co
 Sides: ``default`` (torch's kernels, a float all-reduce in the row-parallel layers) and
 ``portable`` (``batch_invariant(portable=True)``: the exact split-K combine). Each figure is
 rank 0's best wall time over ``rounds`` (the ranks start each round together, after a
-barrier). Models: ``hf-tiny-llama`` and ``wide`` (the Llama of hidden 1024, 8 layers, of
-:data:`detsample.benchmarks.invariant.WIDE`).
+barrier). Models: ``hf-tiny-llama``, ``wide`` (the Llama of hidden 1024, 8 layers, of
+:data:`detsample.benchmarks.invariant.WIDE`) and ``moe`` (a tiny Qwen3-MoE, :data:`MOE`:
+its experts placed on ranks). ``--repeats R`` runs the TP sizes interleaved (1, 2, 1, 2, ...)
+R times, each in a fresh group, and prints every repeat: on a shared machine the spread
+between repeats is the noise of the figure.
 
 :func:`combine_cost` isolates one row-parallel layer of the wide model at the prefill's
 shape (``M = prefill_len`` rows, ``K = 1024 / tp`` per rank, ``N = 1024``): torch's
@@ -33,7 +36,12 @@ import torch
 
 from detsample.benchmarks.invariant import WIDE
 
-MODELS = {"hf-tiny-llama": "hf-tiny-llama", "wide": "detsample.benchmarks.tensor_parallel:wide_llama"}
+MODELS = {"hf-tiny-llama": "hf-tiny-llama", "wide": "detsample.benchmarks.tensor_parallel:wide_llama",
+          "moe": "detsample.benchmarks.tensor_parallel:tiny_moe"}
+#: the tiny Qwen3-MoE of ``moe``: 4 layers of width 256, 8 experts of 256 features, 2 a token
+MOE = dict(vocab_size=512, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+           num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
+           moe_intermediate_size=256, intermediate_size=512, max_position_embeddings=1024)
 SIDES = ("default", "portable")
 
 
@@ -42,6 +50,17 @@ def wide_llama() -> Any:
     from detsample.models.tiny import build_hf
 
     return build_hf("llama", 0, **WIDE)
+
+
+def tiny_moe() -> Any:
+    """The tiny Qwen3-MoE of :data:`MOE` with seeded weights (a ``module:factory``)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from detsample.models.tiny import seeded_init_
+
+    with torch.random.fork_rng(devices=[]):
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**MOE))
+    return seeded_init_(model, 0).eval()
 
 
 def _clone(cache: Any) -> Any:
@@ -156,24 +175,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tp", default="1,2,4", help="comma list of TP sizes")
     p.add_argument("--sides", nargs="+", default=list(SIDES), choices=list(SIDES))
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=1, help="the TP sizes run interleaved this many times")
     p.add_argument("--prefill-len", type=int, default=512)
     p.add_argument("--decode-batch", type=int, default=8)
     p.add_argument("--cache-len", type=int, default=256)
     p.add_argument("--no-combine", action="store_true", help="skip the combine micro-benchmark")
     args = p.parse_args(argv)
     sizes = [int(t) for t in args.tp.split(",")]
-    print("| model | side | TP | prefill ms | decode ms | prefill vs TP=1 | decode vs TP=1 |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | side | repeat | TP | prefill ms | decode ms | prefill vs TP=1 | decode vs TP=1 |")
+    print("|---|---|---|---|---|---|---|---|")
     for model in args.models:
         for side in args.sides:
-            base = None
-            for tp in sizes:
-                t = steps(model, tp, side, prefill_len=args.prefill_len, decode_batch=args.decode_batch,
-                          cache_len=args.cache_len, rounds=args.rounds)
-                base = base or t
-                print(f"| {model} | {side} | {tp} | {t['prefill'] * 1e3:.1f} | {t['decode'] * 1e3:.1f} | "
-                      f"{t['prefill'] / base['prefill']:.2f}x | {t['decode'] / base['decode']:.2f}x |",
-                      flush=True)
+            for rep in range(args.repeats):
+                base = None
+                for tp in sizes:
+                    t = steps(model, tp, side, prefill_len=args.prefill_len,
+                              decode_batch=args.decode_batch, cache_len=args.cache_len,
+                              rounds=args.rounds)
+                    base = base or t
+                    print(f"| {model} | {side} | {rep} | {tp} | {t['prefill'] * 1e3:.1f} | "
+                          f"{t['decode'] * 1e3:.1f} | {t['prefill'] / base['prefill']:.2f}x | "
+                          f"{t['decode'] / base['decode']:.2f}x |", flush=True)
     if not args.no_combine:
         print(f"\n| TP | row-parallel layer {args.prefill_len} x 1024/TP -> 1024 | ms |")
         print("|---|---|---|")

@@ -213,21 +213,12 @@ class Scenario:
         out)`` is called after each ``sample`` (before ``advance``).
         """
         from detsample.sampler import Sampler
-        from detsample.batch import SamplingBatch
         sampler = sampler if sampler is not None else Sampler()
         dev = torch.device(device)
         rows = list(range(self.rows)) if order is None else [int(i) for i in order]
-        reqs = self.requests()
-        cut = len(rows) if split is None else split
-        vocab = self.vocabulary()
-        batch = SamplingBatch.from_requests([reqs[i] for i in rows[:cut]], vocab_size=self.vocab,
-                                            device=dev, eos_token_ids=(0,), vocab=vocab)
-        if cut < len(rows):
-            batch.merge(SamplingBatch.from_requests([reqs[i] for i in rows[cut:]],
-                                                    vocab_size=self.vocab, device=dev,
-                                                    eos_token_ids=(0,), vocab=vocab))
+        batch = self._batch(rows, len(rows) if split is None else split, dev)
         got: dict[tuple[int, int], tuple[int, int, float, np.ndarray, np.ndarray]] = {}
-        asks = [r.params.logprobs for r in reqs]
+        asks = [r.params.logprobs for r in self.requests()]
         perm_rng = np.random.default_rng(self.seed)
         shas = []
         for step in range(self.steps):
@@ -243,12 +234,7 @@ class Scenario:
             out = sampler.sample(logits, batch, positions)
             if on_step is not None:
                 on_step(step, rows, logits, batch, positions, out)
-            toks = out.token_ids.cpu().numpy()
-            lps = out.logprobs.cpu().numpy()
-            top_v, top_i = _top_arrays(out, len(rows))
-            for j, r in enumerate(rows):
-                got[(step, r)] = (self.position(r, step), int(toks[j]), lps[j],
-                                  top_i[j, :asks[r]], top_v[j, :asks[r]])
+            self._record(got, step, rows, out, asks)
             batch.advance(out.token_ids)
             # Finished rows (grammar terminated, no admissible token) leave the batch, as
             # in a serving engine; they are never sampled again.
@@ -259,6 +245,32 @@ class Scenario:
                 batch.filter(keep)
                 rows = [rows[j] for j in keep]
         shas += [sha256(self.step_logits(s)) for s in range(len(shas), self.steps)]
+        return self._output(got, sampler, shas)
+
+    def _batch(self, rows: list[int], cut: int, dev: torch.device) -> Any:
+        """The batch of ``rows``: ``rows[:cut]`` built, ``rows[cut:]`` built and merged."""
+        from detsample.batch import SamplingBatch
+        reqs, vocab = self.requests(), self.vocabulary()
+
+        def build(part: list[int]) -> SamplingBatch:
+            return SamplingBatch.from_requests([reqs[i] for i in part], vocab_size=self.vocab,
+                                               device=dev, eos_token_ids=(0,), vocab=vocab)
+        batch = build(rows[:cut])
+        if cut < len(rows):
+            batch.merge(build(rows[cut:]))
+        return batch
+
+    def _record(self, got: dict, step: int, rows: list[int], out: Any, asks: list[int]) -> None:
+        """One step's entries, keyed (step, row): position, token, logprob, top ids, top logprobs."""
+        toks = out.token_ids.cpu().numpy()
+        lps = out.logprobs.cpu().numpy()
+        top_v, top_i = _top_arrays(out, len(rows))
+        for j, r in enumerate(rows):
+            got[(step, r)] = (self.position(r, step), int(toks[j]), lps[j],
+                              top_i[j, :asks[r]], top_v[j, :asks[r]])
+
+    def _output(self, got: dict, sampler: Any, shas: list[str]) -> ScenarioOutput:
+        """The entries in canonical (step, row) order."""
         keys = sorted(got)
         return ScenarioOutput(
             rids=tuple(self.rid(r) for _, r in keys),

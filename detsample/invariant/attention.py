@@ -200,18 +200,9 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """:func:`attention` in float32, with the log-sum-exp of each query's scaled scores
     (sinks included): ``((B, H, T, Dv), (B, H, T))``; ``-inf`` for a query that may
     attend no key (and has no sink)."""
-    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or value.shape[:3] != key.shape[:3]:
-        raise ValueError(f"query must be (B, H, T, D), key (B, Hkv, L, D) and value "
-                         f"(B, Hkv, L, Dv), got {tuple(query.shape)}, {tuple(key.shape)}, "
-                         f"{tuple(value.shape)}")
+    _check_shapes(query, key, value, extras)
     B, H, T, D = query.shape
     Hkv, L, Dv = key.shape[1], key.shape[2], value.shape[3]
-    if H % Hkv or key.shape[0] != B or key.shape[3] != D:
-        raise ValueError(f"key/value {tuple(key.shape)} do not match query {tuple(query.shape)}"
-                         f" (heads must divide, batch and head_dim must agree)")
-    if extras.sinks is not None and tuple(extras.sinks.shape) != (H,):
-        raise ValueError(f"sinks must have one logit per query head ({H},), got "
-                         f"{tuple(extras.sinks.shape)}")
     dev, f32 = query.device, torch.float32
     scale = D ** -0.5 if scale is None else float(scale)
     allowed, bias = _allowed(mask, B, T, L, dev)
@@ -227,17 +218,7 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     rows = T * G
     portable = config().portable
     valid = torch.arange(lc, device=dev)[None, :] < lens[:, None]          # (B, lc)
-    # compaction: the row's keys first, in slot order (a view when they already are)
-    if torch.equal(real, torch.arange(L, device=dev)[None, :] < lens[:, None]):
-        k_c, v_c, a_c = key[:, :, :lc], value[:, :, :lc], allowed[:, :, :lc]
-        b_c = None if bias is None else bias[:, :, :lc]
-    else:
-        order = torch.sort((~real).to(torch.uint8), dim=1, stable=True).indices[:, :lc]
-        flat = (order + torch.arange(B, device=dev)[:, None] * L).reshape(-1)
-        k_c, v_c = (t.transpose(1, 2).reshape(B * L, Hkv * t.shape[3]).index_select(0, flat)
-                    .view(B, lc, Hkv, t.shape[3]).transpose(1, 2) for t in (key, value))
-        a_c = allowed.gather(2, order[:, None, :].expand(B, T, lc))
-        b_c = None if bias is None else bias.gather(2, order[:, None, :].expand(B, T, lc))
+    k_c, v_c, a_c, b_c = _compact(key, value, allowed, bias, real, lens, lc)
     k_c, v_c = (t.to(f32).reshape(B * Hkv, lc, t.shape[3]) for t in (k_c, v_c))
     # queries of one KV head as rows, position-major (row = t * G + g)
     q = query.to(f32).reshape(B, Hkv, G, T, D).transpose(2, 3).reshape(B * Hkv, rows, D)
@@ -245,20 +226,9 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     add = None
     if b_c is not None:
         add = b_c[:, None, :, None].expand(B, Hkv, T, G, lc).reshape(B * Hkv, rows, lc)
-    # block i needs the rows from the first position some row attends a key at or past
-    # i * KEY_BLOCK (earlier rows attend only earlier keys: the block would add exact zeros);
-    # seen[t] = 1 + the last key any row's query t attends (windows attend fewer than that)
-    last = torch.where(a_c, torch.arange(1, lc + 1, device=dev), 0).amax(dim=2)   # (B, T)
-    seen = last.amax(dim=0).cummax(dim=0).values                   # (T,) non-decreasing
-    lows = torch.arange(0, lc, KEY_BLOCK, device=dev)
-    firsts = (torch.searchsorted(seen, lows, right=True) * G).tolist()
+    firsts = _first_rows(a_c, lc, G)
     full = bool(valid.all())
-    m = torch.full((B * Hkv, rows), -math.inf, dtype=f32, device=dev)
-    acc = torch.zeros((B * Hkv, rows, Dv + 1), dtype=f32, device=dev)
-    if extras.sinks is not None:      # the sink: a key of logit `sink` and value 0, first
-        m = extras.sinks.to(f32).view(Hkv, G)[None, :, None, :].expand(B, Hkv, T, G) \
-            .reshape(B * Hkv, rows).clone()
-        acc[:, :, Dv] = 1.0
+    m, acc = _start(extras.sinks, (B, Hkv, T, G, Dv), dev)
     for i, first in enumerate(firsts):
         lo, hi = i * KEY_BLOCK, min((i + 1) * KEY_BLOCK, lc)
         r = slice(min(first, rows), rows)
@@ -280,11 +250,78 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         corr = cpu.exp(m_old - m_safe)
         acc[:, r] = acc[:, r].mul_(corr[:, :, None]).add_(product(p, vb, portable, keyed=True))
         m[:, r] = m_new
+    return _finish(m, acc, (B, Hkv, T, G, Dv))
+
+
+def _start(sinks: torch.Tensor | None, dims: tuple[int, ...], dev: torch.device):
+    """The running max ``m`` (B*Hkv, T*G) and accumulator ``acc`` (B*Hkv, T*G, Dv + 1: the
+    weighted values, then the denominator) before any key; a sink is a first key of logit
+    ``sink`` and value 0."""
+    B, Hkv, T, G, Dv = dims
+    f32 = torch.float32
+    m = torch.full((B * Hkv, T * G), -math.inf, dtype=f32, device=dev)
+    acc = torch.zeros((B * Hkv, T * G, Dv + 1), dtype=f32, device=dev)
+    if sinks is not None:
+        m = sinks.to(f32).view(Hkv, G)[None, :, None, :].expand(B, Hkv, T, G) \
+            .reshape(B * Hkv, T * G).clone()
+        acc[:, :, Dv] = 1.0
+    return m, acc
+
+
+def _finish(m: torch.Tensor, acc: torch.Tensor, dims: tuple[int, ...]):
+    """(output (B, H, T, Dv), log-sum-exp (B, H, T)) from the running max and accumulator."""
+    B, Hkv, T, G, Dv = dims
     den = acc[:, :, Dv: Dv + 1]
     res = torch.where(den > 0, acc[:, :, :Dv] / den, 0.0)
     lse = m + cpu.log(den[..., 0])
-    res = res.reshape(B, Hkv, T, G, Dv).transpose(2, 3).reshape(B, H, T, Dv)
-    return res, lse.reshape(B, Hkv, T, G).transpose(2, 3).reshape(B, H, T)
+    res = res.reshape(B, Hkv, T, G, Dv).transpose(2, 3).reshape(B, Hkv * G, T, Dv)
+    return res, lse.reshape(B, Hkv, T, G).transpose(2, 3).reshape(B, Hkv * G, T)
+
+
+def _check_shapes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  extras: Extras) -> None:
+    """A ValueError naming the shapes unless query (B, H, T, D), key (B, Hkv, L, D), value
+    (B, Hkv, L, Dv), Hkv dividing H, and sinks (H,)."""
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or value.shape[:3] != key.shape[:3]:
+        raise ValueError(f"query must be (B, H, T, D), key (B, Hkv, L, D) and value "
+                         f"(B, Hkv, L, Dv), got {tuple(query.shape)}, {tuple(key.shape)}, "
+                         f"{tuple(value.shape)}")
+    B, H, _, D = query.shape
+    if H % key.shape[1] or key.shape[0] != B or key.shape[3] != D:
+        raise ValueError(f"key/value {tuple(key.shape)} do not match query {tuple(query.shape)}"
+                         f" (heads must divide, batch and head_dim must agree)")
+    if extras.sinks is not None and tuple(extras.sinks.shape) != (H,):
+        raise ValueError(f"sinks must have one logit per query head ({H},), got "
+                         f"{tuple(extras.sinks.shape)}")
+
+
+def _compact(key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
+             bias: torch.Tensor | None, real: torch.Tensor, lens: torch.Tensor, lc: int):
+    """Each row's keys first, in slot order (views when they already are): keys and values
+    ``(B, Hkv, lc, D|Dv)``, allowed ``(B, T, lc)`` and the additive mask alike (or None)."""
+    B, L, dev = key.shape[0], key.shape[2], key.device
+    if torch.equal(real, torch.arange(L, device=dev)[None, :] < lens[:, None]):
+        return (key[:, :, :lc], value[:, :, :lc], allowed[:, :, :lc],
+                None if bias is None else bias[:, :, :lc])
+    T, Hkv = allowed.shape[1], key.shape[1]
+    order = torch.sort((~real).to(torch.uint8), dim=1, stable=True).indices[:, :lc]
+    flat = (order + torch.arange(B, device=dev)[:, None] * L).reshape(-1)
+    k_c, v_c = (t.transpose(1, 2).reshape(B * L, Hkv * t.shape[3]).index_select(0, flat)
+                .view(B, lc, Hkv, t.shape[3]).transpose(1, 2) for t in (key, value))
+    pick = order[:, None, :].expand(B, T, lc)
+    return k_c, v_c, allowed.gather(2, pick), None if bias is None else bias.gather(2, pick)
+
+
+def _first_rows(a_c: torch.Tensor, lc: int, G: int) -> list[int]:
+    """Per key block, the first query row that needs it: block i needs the rows from the
+    first position some row attends a key at or past i * KEY_BLOCK (earlier rows attend
+    only earlier keys: the block would add exact zeros); seen[t] = 1 + the last key any
+    row's query t attends (windows attend fewer than that)."""
+    dev = a_c.device
+    last = torch.where(a_c, torch.arange(1, lc + 1, device=dev), 0).amax(dim=2)   # (B, T)
+    seen = last.amax(dim=0).cummax(dim=0).values                   # (T,) non-decreasing
+    lows = torch.arange(0, lc, KEY_BLOCK, device=dev)
+    return (torch.searchsorted(seen, lows, right=True) * G).tolist()
 
 
 def _blocks(k: torch.Tensor, v: torch.Tensor, lo: int, hi: int,

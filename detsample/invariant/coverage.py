@@ -2,7 +2,7 @@
 
 ``with OpRecorder() as rec: model(...)`` collects the aten ops the block dispatches
 (``rec.ops``: ``"aten::mm"``, ``"aten::mean.dim"``, ...). :func:`uncovered` returns those
-that are neither overridden by the mode (:data:`~detsample.invariant.table.OVERRIDES`),
+that are neither overridden by the mode (:data:`~detsample.invariant.overrides.OVERRIDES`),
 nor exact by construction (:data:`EXACT_OPS`, views), nor in a measured-invariant table the
 caller passes (``detsample.probe.ops.invariant_aten_ops`` gives one, as ``"aten::op"``
 names). An empty list means every op of that forward is accounted for.
@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from detsample.invariant.attention import attend
 from detsample.invariant.sharded import UNITS
-from detsample.invariant.table import OVERRIDES
+from detsample.invariant.overrides import OVERRIDES
 
 #: ops that do no floating-point arithmetic (creation, copies, indexing, comparisons,
 #: integer and boolean ops) or whose every output element is ONE correctly rounded IEEE

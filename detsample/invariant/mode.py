@@ -1,7 +1,7 @@
 """The batch-invariant mode switch: scoped ``torch.library`` overrides of aten kernels.
 
 ``with batch_invariant(): ...`` registers every kernel of the override table
-(:mod:`detsample.invariant.table`) for its dispatch key in one ``torch.library.Library``
+(:mod:`detsample.invariant.overrides`) for its dispatch key in one ``torch.library.Library``
 and destroys that library on exit, also on an exception, which restores torch's own
 kernels. Entering registers the ``"detsample"`` attention with transformers (idempotent:
 the name stays registered, and the function is invariant with or without the mode).
@@ -28,7 +28,7 @@ import torch
 from detsample.invariant.attention import register_attention
 from detsample.invariant.guard import GUARD
 from detsample.invariant.state import STATE, ModeConfig
-from detsample.invariant.table import kernels_by_key
+from detsample.invariant.overrides import kernels_by_key
 
 
 def _install() -> torch.library.Library:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import warnings
 import zlib
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -150,6 +151,86 @@ def _refs(a: torch.Tensor, b: torch.Tensor, nbs: Sequence[int]) -> dict:
             for nb in range(1, max(nbs) + 1) for s in tiles.SIZES}
 
 
+@dataclass(frozen=True)
+class _Operands:
+    """A product's check operands: ``a`` ``(nb, 2*TILE, K)``, ``b`` ``(nb, K, N)``, the batch
+    counts ``nbs`` (``(1,)``: a 2-D ``mm``) and the 1-thread references ``ref``
+    (:func:`_refs`)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    nbs: tuple[int, ...]
+    ref: dict
+
+    def sub(self, x: torch.Tensor, nb: int) -> torch.Tensor:
+        return x[0] if self.nbs == (1,) else x[:nb]
+
+    def threads_differ(self, s: int, threads: int) -> str | None:
+        """Why ``s``-row tiles at ``threads`` threads differ from the references (None: not)."""
+        n = self.b.shape[-1]
+        for nb in self.nbs:
+            a = self.sub(self.a, nb)[..., :compared_rows(s, n), :]
+            if not torch.equal(_run(a, self.sub(self.b, nb), s), self.ref[(nb, s)]):
+                return (f"{threads} thread(s) differ from 1 thread"
+                        + ("" if self.nbs == (1,) else f" or {nb} matrices from one"))
+        return None
+
+    def placed(self, s: int) -> str | None:
+        """Why a row's bits depend on its place in an s-row tile (None: they do not):
+        the reference rows reversed at odd positions, fresh rows and zero rows
+        alternating at even ones (a 1-row tile: the row is its own reference)."""
+        if s == 1:
+            return None
+        T = tiles.TILE
+        for nb in self.nbs:
+            aa, bb, want = self.sub(self.a, nb), self.sub(self.b, nb), self.ref[(nb, s)][..., :s, :]
+            mixed = aa[..., T: T + s, :].clone()
+            mixed[..., 0::4, :] = 0
+            mixed[..., 1::2, :] = aa[..., :s, :].flip(-2)[..., 1::2, :]
+            if not torch.equal(_run(mixed, bb, s)[..., 1::2, :], want.flip(-2)[..., 1::2, :]):
+                return "a row's bits depend on its position or neighbours"
+            if (why := _everywhere(aa, bb, want, s)) is not None:
+                return why
+        return None
+
+    def columns_free(self, top: int) -> bool:
+        """Whether a column's bits stay when the other columns of B change."""
+        for nb in self.nbs:
+            aa, bb = self.sub(self.a, nb), self.sub(self.b, nb)
+            other = bb.flip(-1) * 0.5
+            other[..., :1] = bb[..., :1]
+            if not torch.equal(_run(aa[..., :top, :], _like_layout(other, bb), top)[..., :1],
+                               self.ref[(nb, top)][..., :top, :1]):
+                return False
+        return True
+
+    def ladders(self, valid: list[int]) -> list[list[int]]:
+        """``valid`` sizes grouped by agreeing rows (row p of a small tile = row p of the
+        largest), each ladder smallest first."""
+        out: list[list[int]] = []
+        for s in reversed(valid):
+            for lad in out:
+                m = self.ref[(self.nbs[0], s)].shape[-2]
+                if all(torch.equal(self.ref[(nb, s)], self.ref[(nb, lad[0])][..., :m, :])
+                       for nb in self.nbs):
+                    lad.insert(0, s)
+                    break
+            else:
+                out.append([s])
+        return out
+
+
+def _everywhere(aa: torch.Tensor, bb: torch.Tensor, want: torch.Tensor, s: int) -> str | None:
+    """The tile's first row at EVERY position of the tile (a tile of its copies) against its
+    own bits at position 0 (:meth:`_Operands.placed` covers zero and fresh neighbours)."""
+    row = aa[..., :1, :]
+    copies = row.expand(row.shape[:-2] + (s, row.shape[-1])).contiguous()
+    expect = want[..., :1, :]
+    if not torch.equal(_run(copies, bb, s), expect.expand(expect.shape[:-2] + (s, expect.shape[-1]))):
+        return "row 0 of a tile has other bits at another position"
+    return None
+
+
 def _matmul_candidate(a: torch.Tensor, b: torch.Tensor, nbs: Sequence[int], threads: int,
                       ref: dict, only: tuple[int, ...] | None = None
                       ) -> tuple[tuple[int, ...] | None, str]:
@@ -166,83 +247,26 @@ def _matmul_candidate(a: torch.Tensor, b: torch.Tensor, nbs: Sequence[int], thre
     tile a column's bits when the other columns of B change (the attention's future keys).
     ``only``: check just these sizes, as one ladder (a canonical plan at another thread
     count)."""
-    T = tiles.TILE
-    two_d = nbs == (1,)
-
-    def sub(x: torch.Tensor, nb: int) -> torch.Tensor:
-        return x[0] if two_d else x[:nb]
-
+    ops = _Operands(a, b, tuple(nbs), ref)
     bad: dict[int, str] = {}
     sizes = only if only is not None else tiles.SIZES
     with torch_threads(threads):
-        n = b.shape[-1]
-        for s in sizes if threads > 1 or not two_d else ():
-            for nb in nbs:
-                if not torch.equal(_run(sub(a, nb)[..., :compared_rows(s, n), :], sub(b, nb), s),
-                                   ref[(nb, s)]):
-                    bad[s] = (f"{threads} thread(s) differ from 1 thread"
-                              + ("" if two_d else f" or {nb} matrices from one"))
-                    break
-
-        def placed(s: int) -> str | None:
-            """Why a row's bits depend on its place in an s-row tile (None: they do not):
-            the reference rows reversed at odd positions, fresh rows and zero rows
-            alternating at even ones (a 1-row tile: the row is its own reference)."""
-            if s == 1:
-                return None
-            for nb in nbs:
-                aa, bb, want = sub(a, nb), sub(b, nb), ref[(nb, s)][..., :s, :]
-                mixed = aa[..., T: T + s, :].clone()
-                mixed[..., 0::4, :] = 0
-                mixed[..., 1::2, :] = aa[..., :s, :].flip(-2)[..., 1::2, :]
-                if not torch.equal(_run(mixed, bb, s)[..., 1::2, :], want.flip(-2)[..., 1::2, :]):
-                    return "a row's bits depend on its position or neighbours"
-                if (why := everywhere(aa, bb, want, s)) is not None:
-                    return why
-            return None
-
-        def everywhere(aa: torch.Tensor, bb: torch.Tensor, want: torch.Tensor, s: int) -> str | None:
-            """The tile's first row at EVERY position of the tile (a tile of its copies)
-            against its own bits at position 0 (the check above covers zero and fresh
-            neighbours)."""
-            row = aa[..., :1, :]
-            copies = row.expand(row.shape[:-2] + (s, row.shape[-1])).contiguous()
-            expect = want[..., :1, :]
-            if not torch.equal(_run(copies, bb, s), expect.expand(expect.shape[:-2] + (s, expect.shape[-1]))):
-                return "row 0 of a tile has other bits at another position"
-            return None
-
-        def columns_free(top: int) -> bool:
-            for nb in nbs:
-                aa, bb = sub(a, nb), sub(b, nb)
-                other = bb.flip(-1) * 0.5
-                other[..., :1] = bb[..., :1]
-                if not torch.equal(_run(aa[..., :top, :], _like_layout(other, bb), top)[..., :1],
-                                   ref[(nb, top)][..., :top, :1]):
-                    return False
-            return True
-
+        for s in sizes if threads > 1 or ops.nbs != (1,) else ():
+            if (why := ops.threads_differ(s, threads)) is not None:
+                bad[s] = why
         while True:
             valid = [s for s in sizes if s not in bad]
             if only is not None and len(valid) < len(only):
                 break
-            ladders: list[list[int]] = []
-            for s in reversed(valid):            # group sizes whose rows agree (largest first)
-                for lad in ladders:
-                    m = ref[(nbs[0], s)].shape[-2]
-                    if all(torch.equal(ref[(nb, s)], ref[(nb, lad[0])][..., :m, :]) for nb in nbs):
-                        lad.insert(0, s)
-                        break
-                else:
-                    ladders.append([s])
+            ladders = ops.ladders(valid)
             if not ladders or (only is not None and len(ladders) > 1):
                 break
             lad = min(ladders, key=lambda la: tiles.ladder_cost(tuple(la)))
-            why_not = {s: w for s in lad if (w := placed(s)) is not None}
+            why_not = {s: w for s in lad if (w := ops.placed(s)) is not None}
             if why_not:
                 bad.update(why_not)
                 continue
-            if not columns_free(lad[-1]):
+            if not ops.columns_free(lad[-1]):
                 bad[lad[-1]] = "a column depends on the other columns"
                 continue
             why = "; ".join(f"{s} rows: {w}" for s, w in sorted(bad.items()))

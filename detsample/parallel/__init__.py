@@ -1,6 +1,8 @@
 """Tensor parallelism on ``torch.distributed`` whose bits are TP=1's (docs/tensor-parallel.md).
 
-* :mod:`.layout`: the Megatron layout of a Llama / Qwen2 / Mistral model and what is refused;
+* :mod:`.layout`: the Megatron layout of a Llama / Qwen2 / Mistral / Qwen3-MoE / Mixtral /
+  DeepSeek-V3 model (padded vocabulary) and what is refused; :mod:`.blocks`: one layer's
+  attention (GQA, MLA) and MLP (dense, MoE) cut; :mod:`.experts`: experts placed on ranks;
 * :mod:`.layers`: the column-, row- and vocab-parallel layers (the row-parallel combine is
   exact under ``batch_invariant(portable=True)``: :mod:`detsample.invariant.sharded`);
 * :mod:`.comm`: one group's collectives; :mod:`.group`: local rank processes, bounded;

@@ -15,7 +15,7 @@ import dataclasses
 import json
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from detsample.params.validation import fail, id_sequence, int_field, real_field, sequence_of, token_id_key
 
@@ -57,6 +57,21 @@ def _normalise_bias(bias: Any) -> tuple[tuple[int, float], ...] | None:
     return tuple(sorted(out.items()))
 
 
+#: (field, its type rule, the range it must be in, that range in words) of the scalar
+#: fields, in field order; logprobs last
+_SCALARS: tuple[tuple[str, Callable[[str, Any], Any], Callable[[Any], bool], str], ...] = (
+    ("temperature", real_field, lambda v: v >= 0, ">= 0"),
+    ("top_k", int_field, lambda v: v == -1 or v >= 1, "-1 (disabled) or >= 1"),
+    ("top_p", real_field, lambda v: 0.0 < v <= 1.0, "in (0, 1]"),
+    ("min_p", real_field, lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
+    ("repetition_penalty", real_field, lambda v: v > 0, "> 0"),
+    ("frequency_penalty", real_field, lambda v: True, "a real number"),
+    ("presence_penalty", real_field, lambda v: True, "a real number"),
+    ("min_new_tokens", int_field, lambda v: v >= 0, ">= 0"),
+    ("logprobs", int_field, lambda v: v >= 0, ">= 0"),
+)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Sampling parameters of one request (frozen, validated at construction).
@@ -94,75 +109,64 @@ class SamplingParams:
     require_reasoning: bool = False
 
     def __post_init__(self) -> None:
-        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
-        t = real_field("temperature", self.temperature)
-        if t < 0:
-            fail(f"temperature must be >= 0, got {self.temperature!r}")
-        set_("temperature", t)
-        k = int_field("top_k", self.top_k)
-        if k == 0 or k < -1:
-            fail(f"top_k must be -1 (disabled) or >= 1, got {self.top_k!r}")
-        set_("top_k", k)
-        p = real_field("top_p", self.top_p)
-        if not 0.0 < p <= 1.0:
-            fail(f"top_p must be in (0, 1], got {self.top_p!r}")
-        set_("top_p", p)
-        mp = real_field("min_p", self.min_p)
-        if not 0.0 <= mp <= 1.0:
-            fail(f"min_p must be in [0, 1], got {self.min_p!r}")
-        set_("min_p", mp)
-        rp = real_field("repetition_penalty", self.repetition_penalty)
-        if rp <= 0:
-            fail(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
-        set_("repetition_penalty", rp)
-        set_("frequency_penalty", real_field("frequency_penalty", self.frequency_penalty))
-        set_("presence_penalty", real_field("presence_penalty", self.presence_penalty))
-        mnt = int_field("min_new_tokens", self.min_new_tokens)
-        if mnt < 0:
-            fail(f"min_new_tokens must be >= 0, got {self.min_new_tokens!r}")
-        set_("min_new_tokens", mnt)
+        """Validate and normalise every field, in field order (the first bad one is named)."""
+        for name, read, ok, what in _SCALARS[:8]:
+            self._scalar(name, read, ok, what)
         if self.max_new_tokens is not None:
-            mx = int_field("max_new_tokens", self.max_new_tokens)
-            if mx < 1:
-                fail(f"max_new_tokens must be >= 1, got {self.max_new_tokens!r}")
-            set_("max_new_tokens", mx)
-        set_("stop_token_ids", id_sequence("stop_token_ids", self.stop_token_ids))
-        set_("logit_bias", _normalise_bias(self.logit_bias))
+            self._scalar("max_new_tokens", int_field, lambda v: v >= 1, ">= 1")
+        self._token_lists()
+        self._scalar(*_SCALARS[8])
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            fail(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
+        if self.seed is None:
+            self._set("seed", secrets.randbits(SEED_BITS))
+        else:
+            self._scalar("seed", int_field, lambda v: 0 <= v < 2**SEED_BITS, "in [0, 2**63)")
+        if not isinstance(self.require_reasoning, bool):
+            fail(f"require_reasoning must be a bool, got {self.require_reasoning!r}")
+        self._extra_args()
+        self._grammar_fields()
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+
+    def _scalar(self, name: str, read: Callable[[str, Any], Any], ok: Callable[[Any], bool],
+                what: str) -> None:
+        """``name`` read by ``read`` (its type rule), then ``ok`` or "<name> must be <what>"."""
+        raw = getattr(self, name)
+        value = read(name, raw)
+        if not ok(value):
+            fail(f"{name} must be {what}, got {raw!r}")
+        self._set(name, value)
+
+    def _token_lists(self) -> None:
+        self._set("stop_token_ids", id_sequence("stop_token_ids", self.stop_token_ids))
+        self._set("logit_bias", _normalise_bias(self.logit_bias))
         if self.allowed_token_ids is not None:
             ids = id_sequence("allowed_token_ids", self.allowed_token_ids)
             if not ids:
                 fail("allowed_token_ids must not be empty, got ()")
-            set_("allowed_token_ids", tuple(sorted(set(ids))))
+            self._set("allowed_token_ids", tuple(sorted(set(ids))))
         bw = []
         for seq in sequence_of("bad_words", self.bad_words or ()):
             s = id_sequence("bad_words", seq)
             if not s:
                 fail(f"bad_words entries must be non-empty, got {seq!r}")
             bw.append(s)
-        set_("bad_words", tuple(bw))
-        lp = int_field("logprobs", self.logprobs)
-        if lp < 0:
-            fail(f"logprobs must be >= 0, got {self.logprobs!r}")
-        set_("logprobs", lp)
-        if self.logprobs_mode not in LOGPROBS_MODES:
-            fail(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
-        if self.seed is None:
-            set_("seed", secrets.randbits(SEED_BITS))
-        else:
-            s = int_field("seed", self.seed)
-            if not 0 <= s < 2**SEED_BITS:
-                fail(f"seed must be in [0, 2**63), got {self.seed!r}")
-            set_("seed", s)
-        if not isinstance(self.require_reasoning, bool):
-            fail(f"require_reasoning must be a bool, got {self.require_reasoning!r}")
-        if self.extra_args is not None:
-            if not isinstance(self.extra_args, Mapping):
-                fail(f"extra_args must be a mapping of str to values, got "
-                     f"{type(self.extra_args).__name__}")
-            bad = [k for k in self.extra_args if not isinstance(k, str)]
-            if bad:
-                fail(f"extra_args keys must be str, got {bad[0]!r}")
-            set_("extra_args", dict(self.extra_args))
+        self._set("bad_words", tuple(bw))
+
+    def _extra_args(self) -> None:
+        if self.extra_args is None:
+            return
+        if not isinstance(self.extra_args, Mapping):
+            fail(f"extra_args must be a mapping of str to values, got "
+                 f"{type(self.extra_args).__name__}")
+        bad = [k for k in self.extra_args if not isinstance(k, str)]
+        if bad:
+            fail(f"extra_args keys must be str, got {bad[0]!r}")
+        self._set("extra_args", dict(self.extra_args))
+
+    def _grammar_fields(self) -> None:
         kinds = [f for f in GRAMMAR_FIELDS if getattr(self, f) is not None]
         if len(kinds) > 1:
             fail(f"at most one of {GRAMMAR_FIELDS} may be set, got {kinds}")

@@ -14,7 +14,9 @@ Tensors of any other layout (masks, caches, weights) are not followed. Each reco
 is keyed by ``(module, op name, occurrence within that module)``: the innermost
 ``nn.Module`` running when it ran (forward pre-hooks and hooks keep the stack, in
 execution order) and how many ops of that name the module had run before. Views and
-in-place ops are skipped (they compute nothing new). :func:`first_divergence` walks the
+in-place ops are skipped (they compute nothing new), and so are the ops that allocate
+without writing (:data:`UNWRITTEN`: their contents are whatever memory held, filled later
+in place -- MLA's key states are built so). :func:`first_divergence` walks the
 first forward's records in execution order and returns the first whose slice differs
 bitwise from the second forward's record under the same key.
 """
@@ -28,6 +30,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detsample.probe.compare import Diff, bits_equal, diff
+
+
+#: ops whose output is uninitialised memory (never compared)
+UNWRITTEN = frozenset({"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
+                       "aten::new_empty_strided"})
 
 
 @dataclass(frozen=True)
@@ -182,7 +189,7 @@ class Recorder(TorchDispatchMode):
     # -- ops (dispatch mode) ---------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         out = func(*args, **(kwargs or {}))
-        if self._busy or func.is_view or func._schema.is_mutable:
+        if self._busy or func.is_view or func._schema.is_mutable or func._schema.name in UNWRITTEN:
             return out
         t = _first_tensor(out)
         scope = self.stack[-1] if self.stack else self.root

@@ -114,6 +114,36 @@ class RefModel:
     def forward(self, caches: Sequence[KVCache], chunks: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """Ragged batch: appends ``chunks[b]`` to ``caches[b]``; returns logits ``[T_b, V]`` per b."""
         cfg, w = self.config, self.weights
+        ids = self._check(caches, chunks)
+        B = len(caches)
+        if B == 0:
+            return []
+        T = max(len(c) for c in ids)
+        starts = torch.tensor([len(c) for c in caches], dtype=torch.int64)
+        ends = starts + torch.tensor([len(c) for c in ids], dtype=torch.int64)
+        tok = torch.zeros((B, T), dtype=torch.int64)
+        for b, c in enumerate(ids):
+            tok[b, : len(c)] = torch.tensor(c, dtype=torch.int64)
+        offs = torch.arange(T, dtype=torch.int64)
+        pos = (starts[:, None] + offs).clamp(max=cfg.max_seq_len - 1)   # padding: any valid row
+        keys = torch.arange(int(ends.max()), dtype=torch.int64)
+        # mask[b, 0, i, j]: key j exists and is not after query i (padded queries see keys too)
+        mask = ((keys[None, None, :] < ends[:, None, None])
+                & (keys[None, None, :] <= (starts[:, None] + offs)[:, :, None]))[:, None]
+        for cache, e in zip(caches, ends.tolist()):
+            cache._reserve(e)
+        x = intops.clamp_act(w["tok_emb"][tok] + w["pos_emb"][pos])    # [B, T, D]
+        for layer in range(cfg.n_layers):
+            x = self._layer(layer, x, caches, ids, starts, mask)
+        xn = intops.rms_norm(x, w["final_norm"])
+        logits = round_logits(torch.matmul(xn, w["lm_head"])).to(torch.float32) * (2.0**-LOGIT_FRAC)
+        for cache, c in zip(caches, ids):
+            cache.token_ids.extend(c)
+        return [logits[b, : len(c)] for b, c in enumerate(ids)]
+
+    def _check(self, caches: Sequence[KVCache], chunks: Sequence[Sequence[int]]) -> list[list[int]]:
+        """The chunks as token-id lists, or RefModelError naming the cache or chunk at fault."""
+        cfg = self.config
         if len(caches) != len(chunks):
             raise RefModelError(f"chunks must have one entry per cache ({len(caches)}), "
                                 f"got {len(chunks)}")
@@ -128,54 +158,31 @@ class RefModel:
             if len(cache) + len(c) > cfg.max_seq_len:
                 raise RefModelError(f"sequence {b} would have {len(cache) + len(c)} tokens, "
                                     f"more than max_seq_len={cfg.max_seq_len}")
-        B = len(caches)
-        if B == 0:
-            return []
-        T = max(len(c) for c in ids)
-        starts = torch.tensor([len(c) for c in caches], dtype=torch.int64)
-        counts = torch.tensor([len(c) for c in ids], dtype=torch.int64)
-        ends = starts + counts
-        tok = torch.zeros((B, T), dtype=torch.int64)
-        for b, c in enumerate(ids):
-            tok[b, : len(c)] = torch.tensor(c, dtype=torch.int64)
-        offs = torch.arange(T, dtype=torch.int64)
-        pos = (starts[:, None] + offs).clamp(max=cfg.max_seq_len - 1)   # padding: any valid row
-        Lk = int(ends.max())
-        keys = torch.arange(Lk, dtype=torch.int64)
-        # mask[b, 0, i, j]: key j exists and is not after query i (padded queries see keys too)
-        mask = ((keys[None, None, :] < ends[:, None, None])
-                & (keys[None, None, :] <= (starts[:, None] + offs)[:, :, None]))[:, None]
-        for cache, e in zip(caches, ends.tolist()):
-            cache._reserve(e)
+        return ids
 
-        x = intops.clamp_act(w["tok_emb"][tok] + w["pos_emb"][pos])    # [B, T, D]
-        H, Dh = cfg.n_heads, cfg.head_dim
-        for layer in range(cfg.n_layers):
-            p = f"layers.{layer}."
-            xn = intops.rms_norm(x, w[p + "attn_norm"])
-            q = intops.linear(xn, w[p + "wq"], W_FRAC).view(B, T, H, Dh)
-            k = intops.linear(xn, w[p + "wk"], W_FRAC).view(B, T, H, Dh)
-            v = intops.linear(xn, w[p + "wv"], W_FRAC).view(B, T, H, Dh)
-            kk = torch.zeros((B, Lk, H, Dh), dtype=torch.int64)
-            vv = torch.zeros((B, Lk, H, Dh), dtype=torch.int64)
-            for b, cache in enumerate(caches):
-                s, n = int(starts[b]), len(ids[b])
-                cache._write(layer, s, k[b, :n], v[b, :n])
-                kk[b, : s + n] = cache.keys(layer, s + n)
-                vv[b, : s + n] = cache.values(layer, s + n)
-            att = intops.attention(q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2),
-                                   mask, w["exp_table"])                  # [B, H, T, Dh]
-            att = att.transpose(1, 2).reshape(B, T, H * Dh)
-            x = intops.clamp_act(x + intops.linear(att, w[p + "wo"], W_FRAC))
-            xn = intops.rms_norm(x, w[p + "mlp_norm"])
-            hid = intops.relu(intops.linear(xn, w[p + "w1"], W_FRAC))
-            x = intops.clamp_act(x + intops.linear(hid, w[p + "w2"], W_FRAC))
-        xn = intops.rms_norm(x, w["final_norm"])
-        li = round_logits(torch.matmul(xn, w["lm_head"]))
-        logits = li.to(torch.float32) * (2.0**-LOGIT_FRAC)
-        for cache, c in zip(caches, ids):
-            cache.token_ids.extend(c)
-        return [logits[b, : len(c)] for b, c in enumerate(ids)]
+    def _layer(self, layer: int, x: torch.Tensor, caches: Sequence[KVCache], ids: list[list[int]],
+               starts: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """One decoder layer on ``x`` [B, T, D] (int64): its keys and values written to the
+        caches, attention over each row's keys, the MLP."""
+        cfg, w, p = self.config, self.weights, f"layers.{layer}."
+        B, T = x.shape[:2]
+        H, Dh, Lk = cfg.n_heads, cfg.head_dim, mask.shape[-1]
+        xn = intops.rms_norm(x, w[p + "attn_norm"])
+        q, k, v = (intops.linear(xn, w[p + n], W_FRAC).view(B, T, H, Dh) for n in ("wq", "wk", "wv"))
+        kk = torch.zeros((B, Lk, H, Dh), dtype=torch.int64)
+        vv = torch.zeros((B, Lk, H, Dh), dtype=torch.int64)
+        for b, cache in enumerate(caches):
+            s, n = int(starts[b]), len(ids[b])
+            cache._write(layer, s, k[b, :n], v[b, :n])
+            kk[b, : s + n] = cache.keys(layer, s + n)
+            vv[b, : s + n] = cache.values(layer, s + n)
+        att = intops.attention(q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2),
+                               mask, w["exp_table"])                  # [B, H, T, Dh]
+        att = att.transpose(1, 2).reshape(B, T, H * Dh)
+        x = intops.clamp_act(x + intops.linear(att, w[p + "wo"], W_FRAC))
+        xn = intops.rms_norm(x, w[p + "mlp_norm"])
+        hid = intops.relu(intops.linear(xn, w[p + "w1"], W_FRAC))
+        return intops.clamp_act(x + intops.linear(hid, w[p + "w2"], W_FRAC))
 
 
 def round_logits(acc: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,9 @@ import transformers.models.llama.modeling_llama  # noqa: F401  (forked ranks inh
 from detsample.benchmarks.tensor_parallel import combine_cost, steps
 
 
-def test_steps_time_both_workloads():
-    t = steps("hf-tiny-llama", 2, "portable", prefill_len=6, decode_batch=2, cache_len=4,
+@pytest.mark.parametrize("model", ["hf-tiny-llama", "moe"])
+def test_steps_time_both_workloads(model):
+    t = steps(model, 2, "portable", prefill_len=6, decode_batch=2, cache_len=4,
               rounds=1, start_method="fork", timeout=120)
     assert set(t) == {"prefill", "decode"} and min(t.values()) > 0
 

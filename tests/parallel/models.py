@@ -6,12 +6,14 @@ biases and tied embeddings that TP=2 and TP=4 divide, a Llama with GPT-2's odd v
 padded to 50304 as vLLM pads it), a Llama with biases on every
 projection (the row-parallel bias path; also in bfloat16, where the order of the bias
 and the rounding matters), one with 8 heads for the opt-in TP=8 run, and a
-GPT-2 (an architecture the runner refuses by name).
+GPT-2 and an OLMoE (architectures the runner refuses by name, with why); the MoE models
+(Qwen3-MoE, Mixtral: 8 experts, 3 a token) and the MLA model (DeepSeek-V3) of
+test_moe.py and test_mla.py.
 """
 
 from __future__ import annotations
 
-from detsample.models.tiny import TINY_VOCAB, build_hf
+from detsample.models.tiny import TINY_VOCAB, build_hf, seeded_init_
 
 _SMALL = dict(vocab_size=TINY_VOCAB, max_position_embeddings=256, rms_norm_eps=1e-5,
               num_hidden_layers=2)
@@ -22,6 +24,11 @@ BIASED = "tests.parallel.models:llama_biased"
 WIDE8 = "tests.parallel.models:llama_8_heads"
 BIASED_BF16 = "tests.parallel.models:llama_biased_bf16"
 GPT2 = "tests.parallel.models:gpt2"
+QWEN3_MOE = "tests.parallel.models:qwen3_moe"
+MIXTRAL = "tests.parallel.models:mixtral"
+MIXTRAL_BATCHED = "tests.parallel.models:mixtral_batched"
+DEEPSEEK = "tests.parallel.models:deepseek_v3"
+OLMOE = "tests.parallel.models:olmoe"
 ODD_VOCAB = "tests.parallel.models:llama_gpt2_vocab"
 #: GPT-2's vocabulary: no TP size > 1 divides it
 GPT2_VOCAB = 50257
@@ -61,6 +68,57 @@ def llama_biased_bf16():
 def llama_8_heads():
     return build_hf("llama", 14, hidden_size=128, intermediate_size=128, num_attention_heads=8,
                     num_key_value_heads=2, tie_word_embeddings=False, **_SMALL)
+
+
+def _transformers(config: str, model: str, seed: int, **fields):
+    """``transformers.<model>(<config>(**fields))`` with seeded weights (the global RNG kept)."""
+    import torch
+    import transformers
+
+    cfg = getattr(transformers, config)(**{**_SMALL, "hidden_size": 64, "num_attention_heads": 4,
+                                           "pad_token_id": 0, "bos_token_id": 1,
+                                           "eos_token_id": 2, **fields})
+    with torch.random.fork_rng(devices=[]):
+        m = getattr(transformers, model)(cfg)
+    return seeded_init_(m, seed).eval()
+
+
+# MoE: 8 experts, 3 a token (with 2 a token any order of the sum gives the same bits: the
+# combine's order would go untested), more experts than ranks at TP=4
+
+def qwen3_moe():
+    return _transformers("Qwen3MoeConfig", "Qwen3MoeForCausalLM", 21, num_key_value_heads=2,
+                         head_dim=16, num_experts=8, num_experts_per_tok=3,
+                         moe_intermediate_size=32, intermediate_size=64, norm_topk_prob=True)
+
+
+def mixtral():
+    return _transformers("MixtralConfig", "MixtralForCausalLM", 22, num_key_value_heads=2,
+                         num_local_experts=8, num_experts_per_tok=3, intermediate_size=32)
+
+
+def mixtral_batched():
+    m = mixtral()
+    m.config._experts_implementation = "batched_mm"      # the pairs' products, one each
+    return m
+
+
+def deepseek_v3():
+    """MLA (q LoRA 32, KV LoRA 16, qk 16 + 8 rope, v 16), a dense first layer, then MoE
+    (sigmoid router, grouped top-k, a shared expert)."""
+    return _transformers("DeepseekV3Config", "DeepseekV3ForCausalLM", 23, num_key_value_heads=4,
+                         q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+                         qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8,
+                         num_experts_per_tok=3, moe_intermediate_size=32, n_shared_experts=1,
+                         first_k_dense_replace=1, n_group=2, topk_group=1, intermediate_size=64,
+                         rope_interleave=True, rope_parameters=dict(rope_type="default",
+                                                                    rope_theta=10000.0))
+
+
+def olmoe():
+    """Refused by name: its QK-norm spans all heads."""
+    return _transformers("OlmoeConfig", "OlmoeForCausalLM", 24, num_key_value_heads=2,
+                         num_experts=8, num_experts_per_tok=3, intermediate_size=32)
 
 
 def gpt2():

@@ -25,6 +25,8 @@ USAGE = [
     (["probe", "model", "hf-tiny-llama", "--tp", "1,0"], "must be a comma list of TP sizes"),
     (["probe", "model", "refmodel", "--tp", "2"], "tensor parallel runs Hugging Face causal LMs"),
     (["probe", "model", models.GPT2, "--tp", "2"], "model_type 'gpt2' (GPT2LMHeadModel) is not supported"),
+    (["probe", "model", models.OLMOE, "--tp", "2"],
+     "model_type 'olmoe' (OlmoeForCausalLM) is not supported (its QK-norm normalises all heads together"),
     (["rollout", "OUT.jsonl", "--model", "hf-tiny-llama", "--batch-invariant", "--tp", "2"],
      "needs its portable kernels"),
     (["rollout", "OUT.jsonl", "--model", "hf-tiny-qwen2", "--tp", "2"],
@@ -65,7 +67,8 @@ def _tp_check(path: Path) -> dict:
 
 
 @pytest.mark.tp_full
-@pytest.mark.parametrize("model", ["hf-tiny-llama", models.UNSEEN])
+@pytest.mark.parametrize("model", ["hf-tiny-llama", models.UNSEEN, models.QWEN3_MOE, models.DEEPSEEK,
+                                   models.ODD_VOCAB])
 def test_probe_passes_under_the_portable_mode_and_fails_without(tmp_path, model):
     on = _cli("probe", "model", model, "--batch-invariant", "--portable", "--tp", "1,2,4",
               "--json", str(tmp_path / "on.json"), cwd=tmp_path)

@@ -21,17 +21,15 @@ from detsample.audit.semantics import RAW
 from detsample.models import load_model
 from detsample.parallel import TPModelSpec, tp_group
 from detsample.parallel.sampling import compute_logprobs_sharded, sample_sharded
-from detsample.probe.model import ProbeConfig
 from detsample.probe.parallel import ROW_PARALLEL_OP, check_tensor_parallel, forwards, job_forwards
 from tests.parallel import models
+from tests.parallel.tp import CFG, START
 
-CFG = ProbeConfig(prompt_len=12, neighbours=(5, 17, 3), chunks=(5,), localize=True)
 RUN = dict(num_sequences=3, max_new_tokens=5, seed=7, temperature=1.0, top_p=0.9, top_k=-1,
            max_batch_size=2, stagger=1, with_trainer=True)
 #: RUN as generate_rollouts hands it to each rank (built prompts, one sample each, raw logprobs)
 RANK_RUN = dict(RUN, prompts=None, n=1, semantics=RAW)
 V = 512
-START = "fork"   # ranks without re-importing torch (test_group.py covers the default, spawn)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -20,13 +20,9 @@ from detsample.parallel import TensorParallelError, TPModelSpec, plan, tp_group
 from detsample.parallel.layout import VOCAB_PADDING, padded_vocab
 from detsample.probe.parallel import forwards, job_forwards
 from tests.parallel import models
-from tests.parallel.test_tp_model import CFG, START
+from tests.parallel.tp import CFG, START, assert_bitwise, bits, tp_runs
 
 PROMPT = [5, 300, 17, 42, 7, 511, 9]
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.int32)
 
 
 @pytest.fixture(scope="module")
@@ -94,22 +90,18 @@ def job_live_padding(lm, comm):
 
 
 def test_tp2_gpt2_vocab_logits_equal_tp1_bitwise(reference):
-    with tp_group(TPModelSpec(models.ODD_VOCAB, 2, True, True), timeout=180, start_method=START) as g:
-        got = g.call(job_forwards, CFG)
-        live = g.call(job_live_padding)
-    want = forwards(reference, CFG)
-    for part in ("prefill", "batch", "decode"):
-        assert got[part].shape[-1] == models.GPT2_VOCAB
-        assert torch.equal(_bits(got[part]), _bits(want[part])), part
+    want, got, live = tp_runs(models.ODD_VOCAB, 2, job_live_padding)
+    assert want["prefill"].shape[-1] == models.GPT2_VOCAB
+    assert_bitwise(got, want)
     tp1 = reference.forward([reference.new_cache()], [PROMPT])[0]
-    assert torch.equal(_bits(live["cut"]), _bits(tp1))
+    assert torch.equal(bits(live["cut"]), bits(tp1))
     want_s = _sample(tp1, models.GPT2_VOCAB)
     for k, v in want_s.items():
         assert torch.equal(live["cut_samples"][k], v), k
     assert int(live["cut_samples"]["top_ids"].max()) < models.GPT2_VOCAB
     # negative control: uncut, the live padding is drawn and the logprobs normalise over it
     assert live["uncut"].shape[-1] == 50304
-    assert torch.equal(_bits(live["uncut"][:, :models.GPT2_VOCAB]), _bits(tp1))
+    assert torch.equal(bits(live["uncut"][:, :models.GPT2_VOCAB]), bits(tp1))
     assert int(live["uncut_samples"]["tokens"][0]) >= models.GPT2_VOCAB
     assert not torch.equal(live["uncut_samples"]["logprobs"], want_s["logprobs"])
 
@@ -118,6 +110,4 @@ def test_tp2_gpt2_vocab_logits_equal_tp1_bitwise(reference):
 def test_tp4_gpt2_vocab_logits_equal_tp1_bitwise(reference):
     with tp_group(TPModelSpec(models.ODD_VOCAB, 4, True, True), timeout=300, start_method=START) as g:
         got = g.call(job_forwards, CFG)
-    want = forwards(reference, CFG)
-    for part in ("prefill", "batch", "decode"):
-        assert torch.equal(_bits(got[part]), _bits(want[part])), part
+    assert_bitwise(got, forwards(reference, CFG))
