@@ -19,7 +19,10 @@ is installed, ``target`` is replaced in that modeling module by ``step`` (adapte
 (:class:`Patches`). A :class:`BoundCover` replaces its functions by ones that read the
 mixer whose forward is running (:class:`Running`: its attributes, the cache it was
 given), and may replace ``step`` too: the state-space families (:mod:`detsample.invariant.ssm`),
-whose prefill function is not given all the decode step is. A mixer whose modeling module
+whose prefill function is not given all the decode step is. A :class:`SeededCover`
+replaces nothing: its mixer's forward already runs the recurrent update whenever its
+cache holds a state, and a forward pre-hook gives it a zero one (MiniMax's lightning
+attention). A mixer whose modeling module
 lacks either function, or lacks an attribute the cover reads (another transformers
 version, a kernel bound from the hub), is not covered: the guard refuses it by name, or by
 the state it keeps, as before. Cost: a prefill of ``T`` positions runs ``T`` recurrent steps
