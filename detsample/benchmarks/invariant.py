@@ -13,7 +13,8 @@ done by a warm-up before the rounds. Models: ``hf-tiny-llama`` and ``wide``, a L
 hidden 1024 and 8 layers (16 heads, 4 KV heads, MLP 2752, the 512-token vocabulary);
 ``moe`` and ``mla`` (:data:`MOE`, :data:`MLA`); ``hybrid``, an LFM2 short-convolution
 hybrid of the same width (:data:`HYBRID`), and ``ssm``, a Nemotron-H Mamba 2 hybrid
-(:data:`SSM`), run through transformers' own cache.
+(:data:`SSM`), run through transformers' own cache; ``qwen35``, a Qwen3.5-style gated
+delta-net hybrid (:data:`QWEN35`) through the adapter.
 
 :func:`verification_cost` times the on-machine checks for the product shapes of a
 1B-parameter Llama (Llama 3.2 1B: hidden 2048, MLP 8192, 32 / 8 heads of 64, 128,256-token
@@ -66,7 +67,16 @@ SSM = dict(vocab_size=512, hidden_size=1024, intermediate_size=2752, num_hidden_
 #: the models run through transformers' own cache: name -> (config class, model class)
 OWN_CACHE = {"hybrid": ("Lfm2Config", "Lfm2ForCausalLM"),
              "ssm": ("NemotronHConfig", "NemotronHForCausalLM")}
-MODELS = ("hf-tiny-llama", "wide", "moe", "mla", "hybrid", "ssm")
+#: a Qwen3.5-style gated delta-net hybrid: hidden 512, 4 layers (3 gated delta-net, 1 full
+#: attention, Qwen3.5's 3:1 pattern), 8 value / 4 key heads of 64 in the linear layers;
+#: through detsample's adapter (its per-row states). Under the mode a gated delta-net
+#: prefill is T recurrent steps (detsample/invariant/mixers.py): its cost grows with T
+QWEN35 = dict(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+              layer_types=["linear_attention"] * 3 + ["full_attention"], num_attention_heads=8,
+              num_key_value_heads=2, head_dim=64, linear_num_value_heads=8,
+              linear_num_key_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
+              max_position_embeddings=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+MODELS = ("hf-tiny-llama", "wide", "moe", "mla", "hybrid", "ssm", "qwen35")
 
 
 SIDES = ("default", "verified", "portable")
@@ -92,17 +102,22 @@ def build(name: str, side: str, seed: int = 0) -> Any:
     mode = dict(batch_invariant=side != "default", portable=side == "portable")
     if name == "wide":
         return HFCausalLM(build_hf("llama", seed, **WIDE), name=name, **mode)
-    if name in ("moe", "mla"):
+    if name in ARCHS:
         return HFCausalLM(_build_arch(name, seed), name=name, **mode)
     return load_model(name, seed=seed, **mode)
+
+
+#: the models of :data:`MODELS` built from a transformers config: (config, model, kwargs)
+ARCHS = {"moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", MOE),
+         "mla": ("DeepseekV3Config", "DeepseekV3ForCausalLM", MLA),
+         "qwen35": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", QWEN35)}
 
 
 def _build_arch(name: str, seed: int) -> Any:
     import transformers
 
     from detsample.models.tiny import seeded_init_
-    cfg_cls, model_cls, cfg = (("Qwen3MoeConfig", "Qwen3MoeForCausalLM", MOE) if name == "moe"
-                               else ("DeepseekV3Config", "DeepseekV3ForCausalLM", MLA))
+    cfg_cls, model_cls, cfg = ARCHS[name]
     with torch.random.fork_rng(devices=[]):
         model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**cfg))
     return seeded_init_(model, seed).eval()
@@ -112,6 +127,7 @@ def _clone(cache: Any) -> Any:
     out = type(cache)()
     out.token_ids = list(cache.token_ids)
     out.layers = list(cache.layers)   # tensors are replaced, never written, by a forward
+    out.states = dict(getattr(cache, "states", {}))   # likewise (stacked into a new batch)
     return out
 
 

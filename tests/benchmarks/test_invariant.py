@@ -9,6 +9,7 @@ timer that leaves its decisions behind.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from detsample.benchmarks.invariant import SIDES, build, measure, table
 from detsample.invariant import state
@@ -59,3 +60,23 @@ def test_the_hybrid_runs_each_side_through_its_own_cache(monkeypatch, name):
     assert [t.workload for t in timings] == ["prefill 6 x 1", "decode 2 x cache 5"]
     assert all(set(t.seconds) == set(SIDES) and min(t.seconds.values()) > 0 for t in timings)
     assert any(p.portable for k, p in state.plans().items() if k in used)    # the portable side ran
+
+
+def test_the_gated_delta_net_hybrid_runs_through_the_adapter(monkeypatch):
+    """The Qwen3.5-style row: HFCausalLM carrying per-row states; each decode round from
+    the same cached states (a clone's forward replaces, never writes, the states)."""
+    from detsample.benchmarks import invariant as bench
+    small = dict(bench.QWEN35, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                 layer_types=["linear_attention", "full_attention"], head_dim=16,
+                 linear_key_head_dim=16, linear_value_head_dim=16)
+    monkeypatch.setitem(bench.ARCHS, "qwen35", (*bench.ARCHS["qwen35"][:2], small))
+    m = build("qwen35", "verified")
+    c = m.new_cache()
+    m.forward([c], [[5, 6, 7]])
+    before = {k: v.clone() for k, v in c.states[0]["recurrent_states"].items()}
+    m.forward([bench._clone(c)], [[8]])
+    assert len(c) == 3 and all(torch.equal(c.states[0]["recurrent_states"][k], v)
+                               for k, v in before.items())
+    timings = measure("qwen35", prefill_len=6, decode_batch=2, cache_len=5, rounds=1, threads=1)
+    assert [t.workload for t in timings] == ["prefill 6 x 1", "decode 2 x cache 5"]
+    assert all(set(t.seconds) == set(SIDES) and min(t.seconds.values()) > 0 for t in timings)
