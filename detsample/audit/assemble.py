@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from detsample.audit.issues import AuditInputError, Issue
-from detsample.audit.layout import LIST_COLUMNS, Resolved
+from detsample.audit.layout import LIST_COLUMNS, SEMANTICS_COLUMNS, Resolved
 from detsample.audit.table import (Padded, PerRow, Ragged, RawChunk, TableChunk, ones_run,
                                    slice_rows, unpad, window_mask)
 
@@ -81,7 +81,9 @@ def assemble(tc: TableChunk, res: Resolved) -> RawChunk:
         col = ragged.get(c)
         if isinstance(col, Ragged):
             values[c], lengths[c] = col.values, col.lengths
-    return RawChunk(tc.source, tc.unit, _ids(tc, res), tc.lines, values, lengths, flagged)
+    stated = {c: cols[c].values for c in SEMANTICS_COLUMNS if isinstance(cols.get(c), PerRow)}
+    return RawChunk(tc.source, tc.unit, _ids(tc, res), tc.lines, values, lengths, flagged,
+                    stated)  # type: ignore[arg-type]
 
 
 def _ids(tc: TableChunk, res: Resolved) -> list[str]:

@@ -41,19 +41,31 @@ NOISE = 1e-3
 MAX_TOKENS = 256
 #: temperatures of the coarse search (then refined to 0.01 around the best)
 T_GRID = tuple(round(0.05 * k, 2) for k in range(1, 41))
-#: the filter settings tried at every temperature (one filter each, and none)
-FILTER_GRID = ((("top_k", -1),),
-               *((("top_p", p),) for p in (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)),
-               *((("top_k", k),) for k in (1, 5, 10, 20, 40, 50, 100)),
-               *((("min_p", m),) for m in (0.01, 0.02, 0.05, 0.1, 0.2)))
-
+#: the single filters tried at every temperature (and none)
+SINGLE_FILTERS = ((("top_k", -1),),
+                  *((("top_p", p),) for p in (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)),
+                  *((("top_k", k),) for k in (1, 5, 10, 20, 40, 50, 100)),
+                  *((("min_p", m),) for m in (0.01, 0.02, 0.05, 0.1, 0.2)))
 
 #: the grid as arrays: top-k values (-1: no filter), top-p values, min-p values
-_TOP_K = tuple(v for (n, v), in FILTER_GRID if n == "top_k")
-_TOP_P = tuple(v for (n, v), in FILTER_GRID if n == "top_p")
-_MIN_P = tuple(v for (n, v), in FILTER_GRID if n == "min_p")
-_ORDER = tuple((("top_k", v),) for v in _TOP_K) + tuple((("top_p", v),) for v in _TOP_P) \
-    + tuple((("min_p", v),) for v in _MIN_P)
+_TOP_K = tuple(v for (n, v), in SINGLE_FILTERS if n == "top_k")
+_TOP_P = tuple(v for (n, v), in SINGLE_FILTERS if n == "top_p")
+_MIN_P = tuple(v for (n, v), in SINGLE_FILTERS if n == "min_p")
+#: top-k values combined with every top-p (top-k 1 is greedy whatever top-p does)
+_COMBO_K = tuple(k for k in _TOP_K if k > 1)
+_COMBO_COLS = [_TOP_K.index(k) for k in _COMBO_K]
+_P = torch.tensor(_TOP_P, dtype=torch.float64)
+_LOG_MIN_P = torch.log(torch.tensor(_MIN_P, dtype=torch.float64))
+#: the combinations engines use: top-k with top-p (top-p over the top-k survivors, as
+#: vLLM and detsample apply them; e.g. Hugging Face's 50 / 0.95, Qwen's 20 / 0.8) and
+#: min-p with top-p in vLLM's order (top-p over the min-p survivors; detsample applies
+#: min-p after top-p, where the pair keeps what the stricter one keeps:
+#: :data:`ORDER_NOTE`)
+COMBINED_FILTERS = (tuple((("top_k", k), ("top_p", p)) for k in _COMBO_K for p in _TOP_P)
+                    + tuple((("min_p", m), ("top_p", p)) for m in _MIN_P for p in _TOP_P))
+#: every filter setting tried at every temperature, in the order of :func:`_scores`'s columns
+FILTER_GRID = (tuple((("top_k", v),) for v in _TOP_K) + tuple((("top_p", v),) for v in _TOP_P)
+               + tuple((("min_p", v),) for v in _MIN_P) + COMBINED_FILTERS)
 
 
 @dataclass(frozen=True)
@@ -83,31 +95,38 @@ class _Rows:
 def _scores(r: _Rows, t: float) -> dict[tuple, float]:
     """max |engine - lp| of every filter of :data:`FILTER_GRID` at temperature ``t``:
     each filter keeps a prefix of the sorted row (top-p: while the mass strictly before
-    is < p; min-p: p_i >= min_p p_max), its normaliser one ``logcumsumexp`` entry."""
+    is < p, of the whole row or of a top-k / min-p prefix; min-p: p_i >= min_p p_max),
+    its normaliser one ``logcumsumexp`` entry. Two ``searchsorted`` calls in all (the
+    min-p prefixes, then every top-p threshold at once)."""
     z = r.x_sorted / t
     lcse = torch.logcumsumexp(z, dim=1)
     total = lcse[:, -1:]
-    before = torch.cat([torch.zeros_like(total), torch.exp(lcse[:, :-1] - total)], dim=1)
+    before = torch.cat([torch.zeros_like(total), torch.exp(lcse[:, :-1] - total)],
+                       dim=1).contiguous()  # mass strictly before entry j, of the row
     n = z.shape[0]
-    ps = torch.tensor(_TOP_P, dtype=torch.float64).expand(n, -1).contiguous()
-    kept_p = torch.searchsorted(before.contiguous(), ps, right=False).clamp(min=1)
-    thr = z[:, :1] + torch.log(torch.tensor(_MIN_P, dtype=torch.float64))
-    kept_m = torch.searchsorted((-z).contiguous(), (-thr).contiguous(), right=True)
-    m = torch.cat([r.kept_k, kept_p, kept_m], dim=1)  # (N, F)
+    kept_m = torch.searchsorted((-z).contiguous(), (-(z[:, :1] + _LOG_MIN_P)).contiguous(),
+                                right=True)
+    prefix = torch.cat([r.kept_k[:, _COMBO_COLS], kept_m], dim=1)  # top-p runs within these
+    mass = torch.exp(lcse.gather(1, prefix - 1) - total)
+    thr = torch.cat([_P.expand(n, -1), (mass.unsqueeze(2) * _P).reshape(n, -1)], dim=1)
+    kept = torch.searchsorted(before, thr.contiguous(), right=False).clamp(min=1)
+    kept_p, within = kept[:, :len(_TOP_P)], kept[:, len(_TOP_P):]
+    within = torch.minimum(within, prefix.repeat_interleave(len(_TOP_P), dim=1))
+    m = torch.cat([r.kept_k, kept_p, kept_m, within], dim=1)  # (N, F)
     lp = r.x_tok.view(-1, 1) / t - lcse.gather(1, m - 1)
     lp = torch.where(r.rank.view(-1, 1) < m, lp, torch.full_like(lp, -math.inf))
     worst = (r.engine.view(-1, 1) - lp).abs().amax(dim=0)
-    return dict(zip(_ORDER, worst.tolist()))
+    return dict(zip(FILTER_GRID, worst.tolist()))
 
 
 def _semantics(t: float, filt: tuple) -> Semantics:
-    (name, value), = filt
-    fields = {"temperature": t}
-    if not (name == "top_k" and value == -1):
-        fields[name] = value
+    fields: dict = {"temperature": t}
+    for name, value in filt:
+        if not (name == "top_k" and value == -1):
+            fields[name] = value
     if t == 1.0 and len(fields) == 1:
         return RAW
-    return Semantics("processed", **fields)  # type: ignore[arg-type]
+    return Semantics("processed", **fields)
 
 
 def search(logits: torch.Tensor, tokens: torch.Tensor, engine: torch.Tensor
@@ -172,8 +191,16 @@ def _bucket_low(label: str) -> float:
 
 
 def model_line(current: Semantics, current_max: float, best: Semantics, best_max: float,
-               model: str) -> tuple[bool, str]:
-    """(explained, the ``semantics:`` line) of a model diagnosis."""
+               model: str, search_max: float | None = None) -> tuple[bool, str]:
+    """(explained, the ``semantics:`` line) of a model diagnosis. ``search_max``: the
+    search's own figure, which names a min-p + top-p pair in vLLM's order when detsample's
+    rescoring of it (min-p after top-p) is beyond noise (:data:`ORDER_NOTE`)."""
+    if best_max > NOISE and search_max is not None and search_max <= NOISE \
+            and best.min_p > 0 and best.top_p < 1:
+        return True, (f"semantics: the engine's logprobs match {best.describe()} with min-p "
+                      f"applied before top-p (vLLM's order; max |d| {search_max:.3g}; as "
+                      f"{current.describe()} {current_max:.3g}): {ORDER_NOTE}, so "
+                      f"rescoring with {best.flags()} leaves {best_max:.3g}")
     if best_max <= NOISE and best != current:
         return True, (f"semantics: the engine's logprobs match {best.describe()} (max |d| "
                       f"{best_max:.3g}; as {current.describe()} {current_max:.3g}): rescore "
@@ -188,6 +215,11 @@ def model_line(current: Semantics, current_max: float, best: Semantics, best_max
                    f"differ; run `detsample probe model {model}`")
 
 
+#: why a min-p + top-p pair of vLLM's cannot be rescored bit for bit
+ORDER_NOTE = ("detsample's processed logprobs apply min-p after top-p, where the pair keeps "
+              "what the stricter filter keeps")
+
+
 def signature_line(sig: dict) -> str:
     return f"semantics: {sig['suggests']} (mean d {sig['mean_diff_below_0.1']:+.3g} for " \
            f"p < 0.1, {sig['mean_diff_from_0.1']:+.3g} for p >= 0.1)"
@@ -195,20 +227,25 @@ def signature_line(sig: dict) -> str:
 
 @dataclass(frozen=True)
 class Sequence:
-    """One sequence the model diagnosis reads: ids, the engine's logprobs, the mask."""
+    """One sequence the model diagnosis reads: ids, the engine's logprobs, the mask, and
+    the semantics its row states (None: the rescoring's own)."""
 
     prompt_ids: list
     response_ids: list
     engine: list
     mask: list
+    semantics: Semantics | None = None
 
 
 def diagnose(report: dict, rescorer, sample: list[Sequence]) -> dict | None:
     """The report's ``"diagnosis"``: None when nothing was audited; ``needed`` False
-    when max |d| is within :data:`NOISE`; else the :func:`signature` and, with a
-    :class:`~detsample.audit.rescore.ModelRescorer` and a ``sample`` of the first
-    sequences, the model search (``semantics``, ``max_abs_diff`` of the named semantics,
-    ``explained``), and the ``line``."""
+    when max |d| is within :data:`NOISE`; else the :func:`signature` and, with a model
+    rescorer (:class:`~detsample.audit.rescore.ModelRescorer` or ``TPRescorer``: its
+    ``logits``, ``score``, ``semantics``) and a ``sample`` of the first sequences, the
+    model search (``semantics``, ``max_abs_diff`` of the named semantics, ``explained``),
+    and the ``line``. Rows stating different semantics (per-row columns) are searched
+    per group of equal stated semantics: ``groups``, one entry each, the line one line
+    per group."""
     if not report.get("tokens"):
         return None
     biggest = float(report["max_abs_diff"])
@@ -217,16 +254,50 @@ def diagnose(report: dict, rescorer, sample: list[Sequence]) -> dict | None:
     sig = signature(report)
     out = {"needed": True, "noise_bound": NOISE, "signature": sig, "semantics": None,
            "explained": None, "line": signature_line(sig)}
-    tokens = _tokens(rescorer, sample) if rescorer is not None else None
-    if not tokens:
+    if rescorer is None:
         return out
-    logits, ids, engine = tokens
-    best, _ = search(logits, ids, engine)
-    best_max = _exact_max(rescorer, sample, best)
-    explained, line = model_line(rescorer.semantics, biggest, best, best_max, rescorer.model)
-    out.update(semantics=best.to_dict(), semantics_flags=best.flags(), max_abs_diff=best_max,
-               explained=explained, line=line, tokens_searched=int(ids.numel()))
+    groups: dict[Semantics, list[Sequence]] = {}
+    for seq in sample:
+        groups.setdefault(seq.semantics or rescorer.semantics, []).append(seq)
+    found = [_group(rescorer, stated, seqs, biggest if len(groups) == 1 else None)
+             for stated, seqs in groups.items()]
+    found = [g for g in found if g is not None]
+    if len(found) == 1:
+        out.update({k: v for k, v in found[0].items() if k not in ("stated", "sequences")})
+    elif found:
+        for g in found:
+            g["line"] = g["line"].replace("semantics: ", f"semantics: rows stating "
+                                          f"{Semantics(**g['stated']).describe()} "
+                                          f"({g['sequences']} sequences): ", 1)
+        out.update(groups=found, explained=all(g["explained"] for g in found),
+                   line="\n".join(g["line"] for g in found),
+                   tokens_searched=sum(g["tokens_searched"] for g in found))
     return out
+
+
+def _group(rescorer, stated: Semantics, seqs: list[Sequence], biggest: float | None
+           ) -> dict | None:
+    """The search over one group of sequences stating ``stated``: its best semantics, the
+    exact figure, the line (None: no trained token). ``biggest``: the audit's max |d|
+    when this is the only group, else the group's own, measured here."""
+    tokens = _tokens(rescorer, seqs)
+    if not tokens:
+        return None
+    logits, ids, engine = tokens
+    current_max = _exact_max(rescorer, seqs, stated) if biggest is None else biggest
+    if current_max <= NOISE:  # this group is right as stated: nothing to search
+        best, best_max, search_max, explained = stated, current_max, current_max, True
+        line = (f"semantics: the engine's logprobs are {stated.describe()} (max |d| "
+                f"{current_max:.3g}, within kernel noise)")
+    else:
+        best, search_max = search(logits, ids, engine)
+        best_max = _exact_max(rescorer, seqs, best)
+        explained, line = model_line(stated, current_max, best, best_max, rescorer.model,
+                                     search_max)
+    return {"stated": stated.to_dict(), "sequences": len(seqs), "semantics": best.to_dict(),
+            "semantics_flags": best.flags(), "max_abs_diff": best_max,
+            "search_max_abs_diff": search_max, "explained": explained, "line": line,
+            "tokens_searched": int(ids.numel())}
 
 
 def _tokens(rescorer, sample: list[Sequence]):

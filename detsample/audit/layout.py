@@ -23,6 +23,9 @@ name                        per        meaning
 ``prompt_attention_mask``   token      padding mask of ``prompt_ids``
 ``input_ids``               token      prompt + response in one row (instead of the two)
 ``response_length``         row        response tokens at the end of ``input_ids``
+``logprobs_mode``,          value      the row's logprob semantics: they override the
+``temperature``, ``top_k``,            rescoring's options for this sequence (null: not
+``top_p``, ``min_p``                   stated; :meth:`~detsample.audit.semantics.Semantics.with_row`)
 ==========================  =========  ====================================================
 """
 
@@ -32,6 +35,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from detsample.audit.issues import AuditInputError
+from detsample.audit.semantics import ROW_FIELDS
 
 #: canonical column -> "row" (one value per sequence) or "token" (a list per sequence)
 ROLES = {
@@ -45,9 +49,15 @@ ROLES = {
     "prompt_attention_mask": "token",
     "input_ids": "token",
     "response_length": "row",
+    # per-row logprob semantics (role "value": one scalar per sequence, any type, null =
+    # not stated), checked by :meth:`detsample.audit.semantics.Semantics.with_row`
+    **{c: "value" for c in ROW_FIELDS},
 }
+SEMANTICS_COLUMNS = ROW_FIELDS
 #: the per-token columns of a validated sequence (what readers deliver after the layout)
 LIST_COLUMNS = ("prompt_ids", "response_ids", "engine_logprobs", "trainer_logprobs", "mask")
+#: the audit columns an OpenAI-compatible record (``--preset openai``) may give
+OPENAI_COLUMNS = ("id", *LIST_COLUMNS, *SEMANTICS_COLUMNS)
 #: what every sequence needs; ``prompt_ids`` only where a sequence is rescored
 REQUIRED_COLUMNS = ("id", "response_ids", "engine_logprobs")
 #: numpy dtype kinds accepted per column
@@ -377,6 +387,8 @@ def resolve(layout: Layout, available: Iterable[str], path: str) -> Resolved:
                        if c == ROW_NUMBER or all(p in names for p in c.split("*"))), None)
         if chosen is None and layout.name == "default" and dst in ("id",) + LIST_COLUMNS:
             chosen = dst  # absent: every sequence is excluded and counted (missing_column)
+        if chosen is None and dst in SEMANTICS_COLUMNS:  # optional in every row, so read
+            chosen = src.candidates[0]  # where any row has it (a JSONL's first may not)
         if chosen is None:
             if dst in layout.explicit or src.required:
                 want = " or ".join(repr(c) for c in src.candidates)

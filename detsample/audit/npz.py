@@ -19,7 +19,7 @@ import numpy as np
 from detsample.audit.issues import AuditInputError
 from detsample.audit.layout import COLUMN_KINDS, ROLES, Resolved
 from detsample.audit.readers import DEFAULT_CHUNK_TOKENS, ids_column
-from detsample.audit.values import kind_words
+from detsample.audit.values import kind_words, value_column
 from detsample.audit.table import Padded, PerRow, Ragged, TableChunk
 
 
@@ -160,10 +160,11 @@ class NpzSource:
             if c == id_col or c not in self.arrays:
                 continue
             arr = self.arrays[c]
-            if ROLES[dst] == "row" and arr.dtype.kind not in COLUMN_KINDS[dst]:
+            if ROLES[dst] == "row" and dst in COLUMN_KINDS and \
+                    arr.dtype.kind not in COLUMN_KINDS[dst]:
                 raise AuditInputError(f"{self.path}: {c}: values must be {kind_words(dst)}, "
                                       f"got dtype {arr.dtype}")
-            if ROLES[dst] == "row":
+            if ROLES[dst] in ("row", "value"):
                 if len(arr.shape) != 1:
                     raise AuditInputError(f"{self.path}: {c}: one value per sequence expected "
                                           f"(1-D), got shape {arr.shape}")
@@ -240,6 +241,8 @@ class NpzSource:
             if c in self.offsets:
                 o = self.offsets[c][i:j + 1]
                 cols[c] = Ragged(arr.read(int(o[0]), int(o[-1])), np.diff(o))
+            elif ROLES[dst] == "value":
+                cols[c] = PerRow(value_column(arr.read(i, j)))
             elif ROLES[dst] == "row":
                 cols[c] = PerRow(arr.read(i, j).astype(np.int64))
             else:

@@ -19,7 +19,10 @@ set. The prompt's ids come from ``prompt_token_ids`` (the choice's or the respon
 a ``prompt_ids`` field of the line; an echoed completion (``echo``, the first
 ``token_logprobs`` null) is split at ``usage.prompt_tokens``. A line may carry the
 trainer's side: ``trainer_logprobs`` (a list, or one list per choice) and ``mask``;
-otherwise ``--rescore MODEL`` computes it.
+otherwise ``--rescore MODEL`` computes it. The sampling options of a logged request
+(``{"request": {"temperature": 0.7, "top_p": 0.9, ...}, "response": ...}``: vLLM's
+``temperature``, ``top_p``, ``top_k``, ``min_p``), or the same fields of the line, are
+the choices' stated semantics (per-row columns: docs/audit.md, "Per-row semantics").
 
 :func:`records_of` maps one parsed line to audit records (the audit's own columns) or a
 reason per choice it cannot read; nothing is guessed.
@@ -30,6 +33,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from detsample.audit.semantics import ROW_FIELDS
 from detsample.audit.values import count_of
 
 _TOKEN_ID = re.compile(r"^token_id:(-?[0-9]+)$")
@@ -132,11 +136,28 @@ def _sequence(resp: Mapping, choice: Mapping, line: Mapping, index: int,
         rec["trainer_logprobs"] = trainer
     if "mask" in line:
         rec["mask"] = line["mask"]
+    rec.update(_stated(line))
     base = line.get("custom_id")
     if base is None:
         base = resp.get("id", "")
     rec["id"] = base if n_choices == 1 else f"{base}#{choice.get('index', index)}"
     return rec
+
+
+def _stated(line: Mapping) -> dict:
+    """The sampling options a line states (the audit's per-row semantics columns): those
+    of its request body (a ``{"request": ..., "response": ...}`` log; the request may be
+    a batch API input line, its body under ``"body"``), a field of the line itself
+    taking precedence. A request that does not say is not guessed at; a request's
+    ``top_k`` 0 is vLLM's "no top-k" (-1 here)."""
+    req = line.get("request")
+    if isinstance(req, Mapping) and isinstance(req.get("body"), Mapping):
+        req = req["body"]
+    out = {c: req[c] for c in ROW_FIELDS if isinstance(req, Mapping) and req.get(c) is not None}
+    if type(out.get("top_k")) is int and out["top_k"] == 0:
+        out["top_k"] = -1  # vLLM's requests disable top-k with 0 or -1; detsample with -1
+    out.update({c: line[c] for c in ROW_FIELDS if line.get(c) is not None})
+    return out
 
 
 def records_of(obj: object) -> list[dict | Problem]:

@@ -53,6 +53,11 @@ class ParquetSource:
             if c == id_col or c not in self._names:
                 continue
             t = schema.field(c).type
+            if ROLES[dst] == "value":  # one scalar per row, judged row by row
+                if arrow_is_list(t) or pa.types.is_struct(t) or pa.types.is_map(t):
+                    raise AuditInputError(f"{self.path}: {c}: one value per sequence expected, "
+                                          f"got a column of {t}")
+                continue
             if ROLES[dst] == "row":
                 if not pa.types.is_integer(t):
                     raise AuditInputError(f"{self.path}: {c}: must be an integer column, got {t}")

@@ -30,7 +30,8 @@ from detsample.audit.layout import (COLUMN_KINDS, LIST_COLUMNS, REQUIRED_COLUMNS
                                     Resolved)
 from detsample.audit.table import PerRow, Ragged, RawChunk, TableChunk
 from detsample.inputs import AUDIT_LINE_BYTES, loads, read_line
-from detsample.audit.values import column_array, count_of, id_of, kind_words, value_message
+from detsample.audit.values import (column_array, count_of, id_of, kind_words, plain_scalar,
+                                    value_column, value_message)
 
 __all__ = ["AuditInputError", "COLUMN_KINDS", "DEFAULT_CHUNK_TOKENS", "Issue", "LIST_COLUMNS",
            "REQUIRED_COLUMNS", "RawChunk", "arrow_to_table", "detect_format",
@@ -60,6 +61,15 @@ def detect_format(path: str) -> str:
 # --------------------------------------------------------------------------- records / JSONL
 
 
+class _Value:
+    """A record's stated per-row value (role "value"), kept as it is."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+
 class _ChunkBuilder:
     """Accumulates parsed records (mappings) into TableChunks of about ``chunk_tokens``
     response tokens, reading the file columns that ``resolved`` asks for."""
@@ -77,16 +87,22 @@ class _ChunkBuilder:
         self.lines: list[int] = []
         self.parts: dict[str, list[np.ndarray]] = {c: [] for c, _ in self.wants}
         self.lens: dict[str, list[int]] = {c: [] for c, _ in self.wants}
+        self.vals: dict[str, list] = {c: [] for c, d in self.wants if ROLES[d] == "value"}
         self.flagged: dict[int, Issue] = {}
         self.tokens = 0
 
     def _issue(self, line: int, fieldname: str, kind: str, message: str) -> Issue:
         return Issue(self.source, line, fieldname, kind, message, self.unit)
 
-    def add_bad(self, line: int, issue: Issue, rid: str = "") -> None:
-        self.flagged[len(self.ids)] = issue
+    def _row(self, rid: str, line: int) -> None:
         self.ids.append(rid)
         self.lines.append(line)
+        for v in self.vals.values():
+            v.append(None)  # not stated unless the record gives it
+
+    def add_bad(self, line: int, issue: Issue, rid: str = "") -> None:
+        self.flagged[len(self.ids)] = issue
+        self._row(rid, line)
         for c, _ in self.wants:
             self.lens[c].append(-1)
 
@@ -116,6 +132,9 @@ class _ChunkBuilder:
                                                    f"missing column '{c}'"), str(rid))
                     return
                 continue
+            if ROLES[dst] == "value":  # a stated semantics value: judged by validation
+                arrays[c] = _Value(plain_scalar(v))
+                continue
             if ROLES[dst] == "row":
                 a, kind, problem = count_of(v)
             else:
@@ -124,11 +143,12 @@ class _ChunkBuilder:
                 self.add_bad(line, self._issue(line, c, kind, problem), str(rid))
                 return
             arrays[c] = a
-        self.ids.append(str(rid))
-        self.lines.append(line)
+        self._row(str(rid), line)
         for c, _ in self.wants:
             a = arrays.get(c)
-            if a is None:
+            if isinstance(a, _Value):
+                self.vals[c][-1] = a.value
+            elif a is None:
                 self.lens[c].append(-1)
             elif isinstance(a, np.ndarray):
                 self.parts[c].append(a)
@@ -148,6 +168,9 @@ class _ChunkBuilder:
         if self.id_col is not None:
             cols[self.id_col] = PerRow(self.ids)
         for c, dst in self.wants:
+            if ROLES[dst] == "value":
+                cols[c] = PerRow(value_column(self.vals[c]))
+                continue
             lengths = np.asarray(self.lens[c], dtype=np.int64)
             if ROLES[dst] == "row":
                 cols[c] = PerRow(lengths)
@@ -367,6 +390,9 @@ def arrow_to_table(table, source: str, unit: str, lines: np.ndarray,
         if c == id_col or c not in names:
             continue
         col = table.column(c)
+        if ROLES[dst] == "value":
+            cols[c] = PerRow(value_column(col.to_pylist()))
+            continue
         if ROLES[dst] == "row":
             counts = pc.fill_null(col, -1).to_numpy(zero_copy_only=False).astype(np.int64)
             nulls = np.asarray(col.is_null())
@@ -407,6 +433,19 @@ def ids_column(values: list, id_col: str, source: str, unit: str, lines: np.ndar
             rid = ""
         out.append(rid)
     return out
+
+
+def _plain_value_type(column: str, t) -> bool:
+    """Whether pyarrow's JSON reader keeps per-row values of type ``t`` as :mod:`json`
+    reads them: strings for ``logprobs_mode``, integers for ``top_k`` (a block mixing 50
+    and 50.5 reads as doubles, and 50.0 is no top_k), numbers for the rest."""
+    import pyarrow as pa
+
+    if column == "logprobs_mode":
+        return pa.types.is_string(t)
+    if column == "top_k":
+        return pa.types.is_integer(t)
+    return pa.types.is_integer(t) or pa.types.is_floating(t)
 
 
 def _arrow_jsonl_block(block: bytes, source: str, lines: np.ndarray,
@@ -456,6 +495,10 @@ def _arrow_jsonl_block_of(block: bytes, source: str, lines: np.ndarray,
         t = schema.field(c).type
         if pa.types.is_null(t):  # only nulls: absent everywhere in this block
             drop.append(c)
+            continue
+        if ROLES[dst] == "value":
+            if not _plain_value_type(dst, t):
+                return None
             continue
         if ROLES[dst] == "row":
             if not pa.types.is_integer(t) or pc.min(table.column(c)).as_py() < 0:

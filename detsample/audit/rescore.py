@@ -109,10 +109,13 @@ class ModelRescorer:
             self._state = (lm, Sampler(), rescore)
         return self._state
 
-    def __call__(self, prompt_ids: list[int], response_ids: list[int]) -> np.ndarray:
-        """float32 [len(response_ids)]: the logprobs in :attr:`semantics`, by one
-        prefill (its logits kept for :meth:`logits` while :attr:`keep` allows)."""
-        out = self.score(prompt_ids, response_ids, self.semantics)
+    def __call__(self, prompt_ids: list[int], response_ids: list[int],
+                 semantics: Semantics | None = None) -> np.ndarray:
+        """float32 [len(response_ids)]: the logprobs in ``semantics`` (a row's stated
+        semantics; default :attr:`semantics`), by one prefill (its logits kept for
+        :meth:`logits` while :attr:`keep` allows)."""
+        out = self.score(prompt_ids, response_ids,
+                         self.semantics if semantics is None else semantics)
         if self.progress is not None:
             self._scored += 1
             self.progress(self._scored, None, "sequences rescored")
@@ -173,24 +176,31 @@ class ModelRescorer:
         """float32 [len(response_ids), V]: the logits that score each response token
         (row i after ``prompt_ids + response_ids[:i]``), by one prefill; the first
         :attr:`keep` sequences' are kept, so the diagnosis reuses the rescoring's forward."""
-        from detsample.errors import InvalidSamplingParams
         from detsample.models import ModelOutputError
 
         prompt, response = list(prompt_ids), list(response_ids)
         key = (tuple(prompt), tuple(response))
         if key in self.kept:
             return self.kept[key]
-        if not prompt:
-            raise InvalidSamplingParams("rescore: prompt_ids must not be empty, got []")
         model = self._load()[0]
         try:
-            full = model.forward([model.new_cache()], [prompt + response])[0]
+            out = prefill_logits(model, prompt, response)
         except ModelOutputError as exc:
             raise RescoreModelError(f"{self.label}: {exc}") from exc
-        out = full[len(prompt) - 1: len(prompt) + len(response) - 1].contiguous()
         if len(self.kept) < self.keep:
             self.kept[key] = out
         return out
+
+
+def prefill_logits(lm, prompt: list[int], response: list[int]):
+    """float32 [len(response), V]: the logits of the built model ``lm`` that score each
+    response token (row i after ``prompt + response[:i]``), by one prefill."""
+    from detsample.errors import InvalidSamplingParams
+
+    if not prompt:
+        raise InvalidSamplingParams("rescore: prompt_ids must not be empty, got []")
+    full = lm.forward([lm.new_cache()], [list(prompt) + list(response)])[0]
+    return full[len(prompt) - 1: len(prompt) + len(response) - 1].contiguous()
 
 
 def rescore_params(semantics: Semantics = RAW):
@@ -214,6 +224,11 @@ def _rank_rescore(lm, comm, prompt_ids: list[int], response_ids: list[int],
                   semantics: Semantics = RAW):
     """A :class:`TPRescorer` call on one rank (every rank runs it; rank 0 answers)."""
     return rescore_with(lm, prompt_ids, response_ids, semantics)
+
+
+def _rank_logits(lm, comm, prompt_ids: list[int], response_ids: list[int]):
+    """:meth:`TPRescorer.logits` on one rank: the gathered logits (rank 0 answers)."""
+    return prefill_logits(lm, prompt_ids, response_ids)
 
 
 class TPRescorer:
@@ -248,16 +263,37 @@ class TPRescorer:
         self._group = tp_group(self.spec, start_method=self.start_method)
         return self._group
 
-    def __call__(self, prompt_ids: list[int], response_ids: list[int]) -> np.ndarray:
+    def _call(self, fn, *args):
+        """``fn(lm, comm, *args)`` on every rank, rank 0's answer; a rank's failure is a
+        :class:`RescoreModelError` (the ranks restart at the next call)."""
         from detsample.parallel import RankError
 
         group = self._group or self._start()
         try:
-            return group.call(_rank_rescore, list(prompt_ids), list(response_ids),
-                              self.semantics).numpy()
+            return group.call(fn, *args)
         except RankError as exc:
             self._group = None
             raise RescoreModelError(f"{self.label} (tp={self.spec.tp}): {exc}") from exc
+
+    def __call__(self, prompt_ids: list[int], response_ids: list[int],
+                 semantics: Semantics | None = None) -> np.ndarray:
+        """As :meth:`ModelRescorer.__call__`, the model on ``tp`` ranks."""
+        return self._call(_rank_rescore, list(prompt_ids), list(response_ids),
+                          self.semantics if semantics is None else semantics).numpy()
+
+    @property
+    def model(self) -> str:
+        return self.spec.model
+
+    def score(self, prompt_ids: list[int], response_ids: list[int],
+              semantics: Semantics) -> np.ndarray:
+        """:meth:`__call__` in another ``semantics`` (the diagnosis's exact figure)."""
+        return self(prompt_ids, response_ids, semantics)
+
+    def logits(self, prompt_ids: list[int], response_ids: list[int]):
+        """As :meth:`ModelRescorer.logits`: the tensor-parallel model's gathered logits,
+        rank 0's (a forward of its own: the diagnosis's search reads them)."""
+        return self._call(_rank_logits, list(prompt_ids), list(response_ids))
 
     def close(self) -> None:
         """Stop the ranks (a later call starts them again)."""
@@ -268,6 +304,14 @@ class TPRescorer:
     def __getstate__(self) -> dict:
         raise TypeError("a tensor-parallel rescorer holds its rank processes and cannot be "
                         "pickled: audit with --tp and --workers 1")
+
+
+def semantics_of(rescore: object) -> Semantics | None:
+    """The semantics a rescorer scores in when it takes a row's own (``ModelRescorer``,
+    ``TPRescorer``: a ``semantics`` attribute, and ``semantics=`` on each call); None
+    for a plain callable ``(prompt_ids, response_ids)``."""
+    s = getattr(rescore, "semantics", None)
+    return s if isinstance(s, Semantics) else None
 
 
 def check_rescore_spec(spec: object) -> None:

@@ -18,17 +18,18 @@ from detsample.audit.assemble import assemble
 from detsample.audit.diagnose import MAX_TOKENS, Sequence, diagnose
 from detsample.audit.gates import check_gates
 from detsample.audit.issues import AuditInputError, Issue, audit_file
-from detsample.audit.layout import LIST_COLUMNS, Layout, Resolved, resolve
+from detsample.audit.layout import OPENAI_COLUMNS, Layout, Resolved, resolve
 from detsample.audit.metrics import AuditAccumulator
 from detsample.audit.npz import NpzSource
 from detsample.audit.options import AuditOptions, options_of
-from detsample.audit.rescore import ModelRescorer
+from detsample.audit.rescore import ModelRescorer, TPRescorer, semantics_of
+from detsample.audit.semantics import RAW, Semantics
 from detsample.audit.parquet import ParquetSource
 from detsample.audit.readers import (detect_format, iter_jsonl_chunks, iter_record_chunks,
                                      peek_jsonl_keys, split_jsonl)
 from detsample.audit.table import RawChunk, TableChunk, offsets_from_lengths
 from detsample.audit.torchfile import TorchSource
-from detsample.audit.validate import RescoreFn, validate
+from detsample.audit.validate import RescoreFn, stated_semantics, validate
 from detsample.inputs import thread_problem
 from detsample.inputs.signals import children_ignore_ctrl_c
 
@@ -56,7 +57,7 @@ def open_source(path: str, layout: Layout):
         if fmt != "jsonl":
             raise AuditInputError(f"{path}: preset openai reads JSONL (one OpenAI-compatible "
                                   f"response per line), got a .{fmt} file")
-        return None, resolve(layout, ("id",) + LIST_COLUMNS, path)
+        return None, resolve(layout, OPENAI_COLUMNS, path)
     if fmt == "jsonl":
         return None, resolve(layout, peek_jsonl_keys(path), path)
     src = {"npz": NpzSource, "parquet": ParquetSource, "pt": TorchSource}[fmt](path)
@@ -150,7 +151,7 @@ def _records_accumulator(records: Iterable[object], opts: AuditOptions) -> Audit
         return acc
     keys = list(first) if isinstance(first, Mapping) else []
     if opts.layout.records == "openai":
-        keys = ["id", *LIST_COLUMNS]
+        keys = list(OPENAI_COLUMNS)
     resolved = resolve(opts.layout, keys, "<records>")
     chunks = iter_record_chunks(itertools.chain([first], it), resolved,
                                 chunk_tokens=opts.chunk_tokens)
@@ -226,7 +227,7 @@ def audit(source: object, options: AuditOptions | None = None, **kwargs: object)
     opts = options_of(options, kwargs)
     if isinstance(opts.rescore, str):  # one rescorer object: its kept logits are reused
         opts = AuditOptions.make(base=opts, rescore=ModelRescorer(opts.rescore))
-    rescorer = opts.rescore if isinstance(opts.rescore, ModelRescorer) else None
+    rescorer = opts.rescore if isinstance(opts.rescore, (ModelRescorer, TPRescorer)) else None
     if rescorer is not None and opts.workers == 1 and opts.ray is None:
         rescorer.keep = DIAGNOSIS_SEQUENCES
     report = audit_accumulator(source, opts).report()
@@ -250,7 +251,7 @@ def first_sequences(source: object, opts: AuditOptions) -> list[Sequence]:
         chunks, resolved = _shard_chunks(plan_shards(paths[:1], 1, opts.layout)[0], opts)
     elif isinstance(source, (list, tuple)) and source:
         first = source[0]
-        keys = ["id", *LIST_COLUMNS] if opts.layout.records == "openai" else \
+        keys = list(OPENAI_COLUMNS) if opts.layout.records == "openai" else \
             (list(first) if isinstance(first, Mapping) else [])
         resolved = resolve(opts.layout, keys, "<records>")
         chunks = iter_record_chunks(iter(source), resolved, chunk_tokens=opts.chunk_tokens)
@@ -258,8 +259,9 @@ def first_sequences(source: object, opts: AuditOptions) -> list[Sequence]:
         return []
     out: list[Sequence] = []
     tokens = 0
+    base = semantics_of(opts.rescore) or RAW
     for tc in chunks:
-        for seq in _chunk_sequences(assemble(tc, resolved)):
+        for seq in _chunk_sequences(assemble(tc, resolved), base):
             out.append(seq)
             tokens += sum(1 for m in seq.mask if m)
             if tokens >= MAX_TOKENS or len(out) >= DIAGNOSIS_SEQUENCES:
@@ -267,16 +269,19 @@ def first_sequences(source: object, opts: AuditOptions) -> list[Sequence]:
     return out
 
 
-def _chunk_sequences(raw: RawChunk) -> Iterator[Sequence]:
+def _chunk_sequences(raw: RawChunk, base: Semantics) -> Iterator[Sequence]:
     """The sequences of one assembled chunk the diagnosis can read (a prompt, engine
-    logprobs of the response's length, finite, a 0/1 mask); the rest are skipped (the
-    audit itself names them)."""
+    logprobs of the response's length, finite, a 0/1 mask, good stated semantics over
+    ``base``), with the semantics they state; the rest are skipped (the audit itself
+    names them)."""
     need = ("prompt_ids", "response_ids", "engine_logprobs")
     if any(c not in raw.lengths for c in need):
         return
+    bad = dict(raw.flagged)
+    stated = stated_semantics(raw, base, bad)
     off = {c: offsets_from_lengths(raw.lengths[c]) for c in (*need, "mask") if c in raw.lengths}
     for i in range(len(raw)):
-        if i in raw.flagged:
+        if i in bad:
             continue
         seg = {c: raw.values[c][off[c][i]:off[c][i + 1]] for c in off
                if raw.lengths[c][i] >= 0}
@@ -291,7 +296,7 @@ def _chunk_sequences(raw: RawChunk) -> Iterator[Sequence]:
         if not all(math.isfinite(v) for v in eng):
             continue
         yield Sequence([int(v) for v in seg["prompt_ids"]], [int(v) for v in seg["response_ids"]],
-                       eng, [1 if m else 0 for m in mask])
+                       eng, [1 if m else 0 for m in mask], stated.get(i))
 
 
 def _jsonable(x: object) -> object:

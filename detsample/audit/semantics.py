@@ -15,13 +15,17 @@ distribution, a few ulps from vLLM's: docs/audit.md, "Logprob semantics").
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from detsample.errors import InvalidSamplingParams
 from detsample.params import LOGPROBS_MODES, SamplingParams
 
 #: the fields of a semantics besides its mode, with their "off" values
 FILTER_DEFAULTS = (("temperature", 1.0), ("top_k", -1), ("top_p", 1.0), ("min_p", 0.0))
+#: the fields a row may state (its per-row columns, in the order they are checked)
+ROW_FIELDS = ("logprobs_mode", *(n for n, _ in FILTER_DEFAULTS))
+#: vLLM's names of its logprob modes (``LLM(logprobs_mode=...)``), accepted in a row
+VLLM_MODES = {"raw_logprobs": "raw", "processed_logprobs": "processed"}
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,27 @@ class Semantics:
                 f"'processed' (--logprobs-mode processed)")
         return s
 
+    def with_row(self, **stated: object) -> "Semantics":
+        """This semantics with one row's stated fields (``logprobs_mode``, ``temperature``,
+        ``top_k``, ``top_p``, ``min_p``; None: not stated) taking precedence, field by
+        field; :class:`InvalidSamplingParams` naming the field and the value when one is
+        bad (the rule of :class:`~detsample.params.SamplingParams`). A row's
+        ``logprobs_mode`` may also be spelt as vLLM spells it (:data:`VLLM_MODES`). Unlike
+        :meth:`of`, filters beside "raw" logprobs are accepted (a file may record the
+        sampling temperature beside raw logprobs): they change nothing, so the result is
+        then :data:`RAW`."""
+        unknown = sorted(set(stated) - set(ROW_FIELDS))
+        if unknown:
+            raise InvalidSamplingParams(f"unknown semantics field(s): {', '.join(unknown)}")
+        given = {k: _number(k, v) for k, v in stated.items() if v is not None}
+        mode = given.pop("logprobs_mode", self.logprobs_mode)
+        mode = VLLM_MODES.get(mode, mode) if isinstance(mode, str) else mode
+        if not isinstance(mode, str) or mode not in LOGPROBS_MODES:
+            raise InvalidSamplingParams(f"logprobs_mode must be one of {LOGPROBS_MODES} (or "
+                                        f"vLLM's {', '.join(VLLM_MODES)}), got {mode!r}")
+        out = replace(self, logprobs_mode=mode, **given)  # every field rule, once
+        return RAW if out.logprobs_mode == "raw" else out
+
     def params(self) -> SamplingParams:
         """The rescoring request's parameters (a fixed seed: nothing is drawn)."""
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
@@ -91,6 +116,16 @@ class Semantics:
     def to_dict(self) -> dict:
         return {"logprobs_mode": self.logprobs_mode, "temperature": self.temperature,
                 "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p}
+
+
+def _number(name: str, v: object) -> object:
+    """A stated temperature / top_p / min_p given as an integer, as the float it means (a
+    JSON reader may hand either for 1 and 1.0: both name the same value, in messages
+    too); everything else as it is."""
+    if name in ("temperature", "top_p", "min_p") and isinstance(v, int) and \
+            not isinstance(v, bool) and abs(v) < 2 ** 53:
+        return float(v)
+    return v
 
 
 def _fmt(v: object) -> str:

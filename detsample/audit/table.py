@@ -25,6 +25,8 @@ class RawChunk:
     the sequences that have it; lengths[c]: int64 [S], -1 where the sequence lacks c (a
     column absent from the whole chunk may be missing from both dicts).
     flagged: sequence index -> parse issue (those sequences are excluded).
+    row_values[c]: object [S] of a per-row value column c (the stated logprob semantics,
+    :data:`~detsample.audit.layout.SEMANTICS_COLUMNS`; None where a row states none).
     """
 
     source: str
@@ -34,6 +36,7 @@ class RawChunk:
     values: dict[str, np.ndarray]
     lengths: dict[str, np.ndarray]
     flagged: dict[int, Issue] = field(default_factory=dict)
+    row_values: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -125,10 +128,14 @@ def ones_run(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     """For a 0/1 matrix [n, W] (bool or integers 0 and 1 only): (count of ones, first
     one, last one + 1, is one run).
 
-    Rows without a one have first = last = 0. ``is one run``: the ones are contiguous."""
+    Rows without a one have first = last = 0 (every row of a width-0 matrix: an empty
+    row is one run of no ones). ``is one run``: the ones are contiguous."""
     m = mask  # 0/1 (checked by the caller): argmax finds the first 1 without a bool copy
     n, w = m.shape
     count = np.count_nonzero(m, axis=1).astype(np.int64)
+    if w == 0:  # argmax has no answer on an empty row
+        zero = np.zeros(n, dtype=np.int64)
+        return count, zero, zero.copy(), np.ones(n, dtype=bool)
     has = count > 0
     first = np.where(has, m.argmax(axis=1), 0).astype(np.int64)
     last = np.where(has, w - m[:, ::-1].argmax(axis=1), 0).astype(np.int64)

@@ -24,7 +24,7 @@ import numpy as np
 from detsample.audit.issues import AuditInputError, Issue
 from detsample.audit.layout import COLUMN_KINDS, ROLES, Resolved
 from detsample.audit.readers import DEFAULT_CHUNK_TOKENS, ids_column, iter_record_chunks
-from detsample.audit.values import column_array, count_of, kind_words
+from detsample.audit.values import column_array, count_of, kind_words, value_column
 from detsample.audit.table import Padded, PerRow, Ragged, TableChunk
 
 
@@ -193,14 +193,14 @@ class TorchSource:
                 continue
             v = self.data[c]
             if isinstance(v, torch.Tensor):
-                want = 1 if ROLES[dst] == "row" else 2
+                want = 1 if ROLES[dst] in ("row", "value") else 2
                 if v.dim() != want:
                     what = "one value per sequence (1-D)" if want == 1 else \
                         "a padded 2-D tensor, or a list of 1-D tensors"
                     raise AuditInputError(f"{self.path}: {c}: expected {what}, got shape "
                                           f"{tuple(v.shape)}")
                 kind = np.dtype(to_numpy(v[:0]).dtype).kind
-                if ROLES[dst] == "row" and dst != "id" and kind not in COLUMN_KINDS[dst]:
+                if ROLES[dst] == "row" and dst in COLUMN_KINDS and kind not in COLUMN_KINDS[dst]:
                     raise AuditInputError(f"{self.path}: {c}: values must be {kind_words(dst)}, "
                                           f"got dtype {v.dtype}")
                 rows[c] = int(v.shape[0])
@@ -253,7 +253,11 @@ class TorchSource:
             if c == id_col or c not in self.data:
                 continue
             v = self.data[c]
-            if isinstance(v, torch.Tensor):
+            if ROLES[dst] == "value":  # a tensor [S] or a list of scalars
+                vals = to_numpy(v[i:j]) if isinstance(v, torch.Tensor) else \
+                    [_plain(x) for x in v[i:j]]
+                cols[c] = PerRow(value_column(vals))
+            elif isinstance(v, torch.Tensor):
                 a = to_numpy(v[i:j])
                 cols[c] = PerRow(a.astype(np.int64)) if ROLES[dst] == "row" else Padded(a)
             elif ROLES[dst] == "row":

@@ -8,7 +8,10 @@ the chunk's columns:
 1. parse issues from the reader (bad JSON, wrong types, nulls);
 2. required columns present (``response_ids``, ``engine_logprobs``); ``trainer_logprobs``
    present, or recomputed by the ``rescore`` callable (which needs ``prompt_ids``: only
-   a sequence to rescore requires a prompt);
+   a sequence to rescore requires a prompt) in the row's stated logprob semantics (the
+   per-row columns ``logprobs_mode``, ``temperature``, ``top_k``, ``top_p``, ``min_p``,
+   judged first by the rule of a sampling option: ``bad_semantics``, ``top_p must be in
+   (0, 1], got 1.5``);
 3. ``engine_logprobs`` / ``trainer_logprobs`` count == ``response_ids`` count
    (kind ``count_mismatch``); ``mask`` count == ``response_ids`` count (kind ``ragged``);
 4. values: of the column's kind in every format (``bad_type``,
@@ -26,7 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from detsample.audit.issues import Issue
-from detsample.audit.rescore import RescoreModelError
+from detsample.audit.layout import SEMANTICS_COLUMNS
+from detsample.audit.rescore import RescoreModelError, semantics_of
+from detsample.audit.semantics import RAW, Semantics
+from detsample.errors import InvalidSamplingParams
 from detsample.audit.table import RawChunk, offsets_from_lengths
 from detsample.audit.values import kind_problems, value_message
 
@@ -55,8 +61,67 @@ class AuditBatch:
         return len(self.ids)
 
 
-def _rescore(raw: RawChunk, rescore: RescoreFn | None, bad: dict[int, Issue]) -> None:
-    """Fill absent trainer_logprobs with ``rescore(prompt_ids, response_ids)`` (in place)."""
+def stated_semantics(raw: RawChunk, base: Semantics, bad: dict[int, Issue]
+                     ) -> dict[int, Semantics]:
+    """Row -> its semantics (``base`` with the row's stated fields,
+    :meth:`~detsample.audit.semantics.Semantics.with_row`) for the rows of ``raw`` that
+    state any; a bad value excludes its row (``bad_semantics``, the field and the value
+    named; recorded in ``bad``). Rows already excluded are skipped."""
+    cols = [(c, raw.row_values[c]) for c in SEMANTICS_COLUMNS if c in raw.row_values]
+    out: dict[int, Semantics] = {}
+    if not cols:
+        return out
+    memo: dict[tuple, Semantics | Issue] = {}
+    for i in range(len(raw)):
+        fields = {c: v[i] for c, v in cols if v[i] is not None}
+        if i in bad or not fields:
+            continue
+        key = tuple((c, type(v).__name__, v) for c, v in fields.items())
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = _row_semantics(base, fields)
+        if isinstance(got, Semantics):
+            out[i] = got
+        else:
+            bad[i] = Issue(raw.source, int(raw.lines[i]), got.field, got.kind, got.message,
+                           raw.unit)
+    return out
+
+
+def _row_semantics(base: Semantics, fields: dict) -> Semantics | Issue:
+    """``base.with_row(**fields)``, or an Issue (its location filled by the caller) naming
+    the first bad field, fields checked one at a time in column order."""
+    for c, v in fields.items():
+        try:
+            RAW.with_row(**{c: v})
+        except InvalidSamplingParams as exc:
+            return Issue("", 0, c, "bad_semantics", str(exc))
+    return base.with_row(**fields)
+
+
+def _rescore_row(rescore: RescoreFn, prompt: list, resp: list, stated: Semantics | None):
+    """One rescoring: in the row's stated semantics when it states any (a model rescorer
+    takes them; a plain callable only rows whose semantics are raw logprobs)."""
+    if stated is None:
+        return rescore(prompt, resp)
+    if semantics_of(rescore) is not None:
+        return rescore(prompt, resp, semantics=stated)  # type: ignore[call-arg]
+    if stated != RAW:
+        raise _NoSemantics(f"the row states {stated.describe()}, but the rescore callable takes "
+                           f"no logprob semantics: rescore with a model (--rescore MODEL, "
+                           f"ModelRescorer) or give trainer_logprobs")
+    return rescore(prompt, resp)
+
+
+class _NoSemantics(Exception):
+    """A row's stated semantics that a plain rescore callable cannot follow."""
+
+
+def _rescore(raw: RawChunk, rescore: RescoreFn | None, bad: dict[int, Issue],
+             stated: dict[int, Semantics] | None = None) -> None:
+    """Fill absent trainer_logprobs with ``rescore(prompt_ids, response_ids)`` (in place),
+    in each row's ``stated`` semantics where it states them."""
+    stated = stated or {}
     lens = raw.lengths.get("trainer_logprobs")
     if lens is None:
         lens = np.full(len(raw), -1, dtype=np.int64)
@@ -88,9 +153,15 @@ def _rescore(raw: RawChunk, rescore: RescoreFn | None, bad: dict[int, Issue]) ->
             prompt = raw.values["prompt_ids"][p_off[i]:p_off[i + 1]]
             resp = raw.values["response_ids"][r_off[i]:r_off[i + 1]]
             try:
-                lp = np.asarray(rescore(prompt.tolist(), resp.tolist()))
+                lp = np.asarray(_rescore_row(rescore, prompt.tolist(), resp.tolist(),
+                                             stated.get(i)))
             except RescoreModelError:
                 raise  # the model cannot rescore at all: fatal, named once
+            except _NoSemantics as exc:
+                bad[i] = Issue(raw.source, int(raw.lines[i]), "trainer_logprobs",
+                               "rescore_failed", str(exc), raw.unit)
+                new_lens[i] = -1
+                continue
             except Exception as exc:  # noqa: BLE001 - any rescoring failure names the sequence
                 bad[i] = Issue(raw.source, int(raw.lines[i]), "trainer_logprobs", "rescore_failed",
                                f"rescoring failed: {type(exc).__name__}: {exc}", raw.unit)
@@ -187,7 +258,8 @@ def validate(raw: RawChunk, rescore: RescoreFn | None = None,
     check_logprobs("engine_logprobs")
     check_logprobs("mask", "ragged")
     _flag_kinds(raw, "trainer_logprobs", bad)
-    _rescore(raw, rescore, bad)  # only for sequences still valid
+    stated = stated_semantics(raw, semantics_of(rescore) or RAW, bad)
+    _rescore(raw, rescore, bad, stated)  # only for sequences still valid
     check_logprobs("trainer_logprobs")
     m = raw.values.get("mask")
     if numeric.get("mask") and m.dtype.kind != "b":

@@ -15,6 +15,10 @@ with the offending value in the message:
   ``bad_type``, another number ``bad_mask``;
 * a **count** (``response_length``, an OpenAI ``usage.prompt_tokens``, an audit log's
   ``tokens``) is a non-negative integer, never a bool (:func:`count_of`);
+* a **per-row semantics value** (``temperature``, ``top_k``, ``top_p``, ``min_p``,
+  ``logprobs_mode``) is kept as the plain Python scalar it is (:func:`value_column`;
+  null: not stated) and judged by the rule of a sampling option
+  (:meth:`detsample.audit.semantics.Semantics.with_row`);
 * a **metric** read back (an audit log's fractions, |d|, KL and ratios) is a number in
   its range, infinity spelt ``"inf"`` allowed, NaN refused (:func:`number_of`).
 
@@ -49,9 +53,7 @@ def value_message(column: str, index: int, value: object, why: str) -> str:
 
 def id_of(value: object) -> tuple[str | None, str | None]:
     """(the id as a string, None) or (None, why it is not an id)."""
-    if isinstance(value, np.generic) or (hasattr(value, "ndim") and getattr(value, "ndim") == 0
-                                         and hasattr(value, "item")):
-        value = value.item()  # type: ignore[union-attr]
+    value = plain_scalar(value)
     if isinstance(value, bytes):
         try:
             return value.decode("utf-8"), None
@@ -68,8 +70,7 @@ def count_of(v: object) -> tuple[int, str, str | None]:
     """A count (response_length, an OpenAI ``usage.prompt_tokens``, a log's tokens):
     (the count, "", None) for a non-negative integer, else (0, "bad_type", why). A bool
     is not a count (``True`` would be taken as 1), nor is a float or a string."""
-    if hasattr(v, "ndim") and getattr(v, "ndim") == 0:
-        v = v.item()  # type: ignore[attr-defined]
+    v = plain_scalar(v)
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         return 0, "bad_type", f"must be an integer, got {v!r:.40}"
     if v < 0:
@@ -98,6 +99,25 @@ def number_of(v: object, lo: float = 0.0, hi: float = math.inf
     if not lo <= x <= hi:
         return math.nan, "bad_type", f"must be in [{lo:g}, {hi:g}], got {v!r:.40}"
     return x, "", None
+
+
+def plain_scalar(v: object) -> object:
+    """A numpy / 0-d array scalar as the Python scalar it holds (str, int, float, bool);
+    anything else as it is."""
+    if isinstance(v, np.generic) or (hasattr(v, "ndim") and getattr(v, "ndim") == 0
+                                     and hasattr(v, "item")):
+        return v.item()  # type: ignore[union-attr]
+    return v
+
+
+def value_column(values: object) -> np.ndarray:
+    """A per-row value column (a list, or a 1-D array of any dtype) as an object array
+    [S] of plain Python scalars (None: the row states no value)."""
+    items = values.tolist() if isinstance(values, np.ndarray) else list(values)  # type: ignore[call-overload]
+    out = np.empty(len(items), dtype=object)
+    for k, x in enumerate(items):  # one by one: numpy would unpack a list held as a value
+        out[k] = plain_scalar(x)
+    return out
 
 
 def column_array(column: str, v: object) -> tuple[np.ndarray | None, str, str | None]:

@@ -226,6 +226,10 @@ def check_draft_model(target: Any, draft: Any) -> None:
 
 def check_truncatable(model: Any, what: str) -> None:
     """Speculative decoding drops rejected tokens from caches: ``cache.truncate(n)``."""
-    if not callable(getattr(model.new_cache(), "truncate", None)):
+    cache = model.new_cache()
+    why = ("" if not callable(getattr(cache, "truncate", None)) else
+           "; its caches keep state beside keys and values (a hybrid's recurrent states), "
+           "which cannot go back" if not getattr(cache, "truncatable", True) else None)
+    if why is not None:
         raise InvalidSamplingParams(f"{what} {getattr(model, 'name', type(model).__name__)!r}: "
-                                    "speculative decoding needs caches with truncate(n)")
+                                    f"speculative decoding needs caches with truncate(n){why}")

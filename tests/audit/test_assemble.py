@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from detsample.audit import AuditInputError, audit, to_json
@@ -98,8 +98,11 @@ def test_slime_records_give_the_ragged_report(ragged, tmp_path):
 @settings(max_examples=20, deadline=None)
 @given(st.integers(1, 30), st.integers(0, 2**16), st.sampled_from(["left", "right"]),
        st.integers(0, 5), st.integers(1, 400))
+@example(1, 23, "left", 0, 10)  # one empty response, no extra padding: a width-0 column
+@example(1, 23, "right", 0, 10)
 def test_any_padding_gives_the_ragged_report(n, seed, side, extra, chunk_tokens):
-    """Pins padding invariance: any batch, padding side, pad width and chunk size."""
+    """Pins padding invariance: any batch, padding side, pad width and chunk size --
+    a width-0 padded column included (numpy's argmax once raised on its empty rows)."""
     cols = _rollouts(seed=seed, n=n, mean_len=6, prompt_len=3, mismatch_rate=0.5)
     recs = to_records(cols)
     want = to_json(audit(recs))
@@ -243,3 +246,16 @@ def test_presets_read_jsonl_with_both_parsers(tmp_path):
     want = audit(to_records(cols))
     for k in ("tokens", "mean_abs_diff", "abs_diff_quantiles", "importance_ratio", "sequence"):
         assert fast[k] == want[k]
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_width_0_padded_batch_reads_as_empty_sequences(tmp_path, side):
+    """Pins width-0 padded columns (every response empty, no padding): numpy's argmax
+    raised on their empty rows; they read as empty sequences (the report of their ragged twin: the @example above)."""
+    cols = _rollouts(seed=23, n=1, mean_len=6, prompt_len=3)
+    assert cols["response_ids"][1][-1] == 0  # the one response is empty
+    arrays = padded_twin(cols, "default", response_side=side, prompt_side=side, extra=0, seed=1)
+    assert arrays["response_ids"].shape == (1, 0) and "attention_mask" in arrays
+    write_columns(arrays, str(tmp_path / "r.npz"))
+    got = audit(str(tmp_path / "r.npz"))
+    assert got["sequences"] == 1 and got["tokens"] == 0

@@ -14,7 +14,7 @@ import torch
 
 from detsample.audit import audit
 from detsample.audit.diagnose import NOISE, search, signature
-from detsample.audit.rescore import ModelRescorer
+from detsample.audit.rescore import ModelRescorer, TPRescorer
 from detsample.audit.rollout import generate_rollouts
 from detsample.audit.semantics import RAW, Semantics
 from detsample.cli import main
@@ -76,6 +76,8 @@ SEARCH_CASES = [  # the semantics the engine used; the search must name it
     Semantics("processed", 0.5, 20),
     Semantics("processed", 1.0, -1, 1.0, 0.05),
     RAW,
+    Semantics("processed", 1.3, 5, 0.9),  # the combinations engines use: top-k + top-p
+    Semantics("processed", 1.8, -1, 0.7, 0.02),  # min-p then top-p (vLLM's order)
 ]
 
 
@@ -88,6 +90,88 @@ def test_search_names_the_semantics_of_synthetic_logits(truth):
     engine = lp.gather(1, tokens.view(-1, 1)).view(-1).double()
     found, score = search(logits, tokens, engine)
     assert found == truth and score < NOISE
+
+
+@pytest.mark.parametrize("truth", SEARCH_CASES[-2:], ids=lambda s: s.describe())
+def test_a_combination_is_needed_no_single_filter_explains_it(truth):
+    """The two combinations above bind both filters: at the true temperature the best
+    single filter (or none) is far off, so naming them needs the combined grid."""
+    from detsample.audit.diagnose import SINGLE_FILTERS, _Rows, _scores
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn((64, 200), generator=g) * 3
+    lp = vllm_processed(logits, truth.temperature, truth.top_k, truth.top_p, truth.min_p)
+    tokens = torch.multinomial(lp.exp(), 1, generator=g).view(-1)
+    engine = lp.gather(1, tokens.view(-1, 1)).view(-1).double()
+    scores = _scores(_Rows.of(logits, tokens, engine), truth.temperature)
+    assert min(v for f, v in scores.items() if f in SINGLE_FILTERS) > 0.01
+
+
+def test_rows_stating_different_semantics_are_diagnosed_per_group():
+    """Pins the per-group diagnosis: rows stating processed at T 0.7 (right) and rows
+    stating processed at T 1.3 (the engine sampled them at T 0.5): one line per group,
+    the first within noise, the second naming temperature 0.5."""
+    right = generate_rollouts(num_sequences=2, max_new_tokens=6, seed=1, temperature=0.7,
+                              logprobs_mode="processed")
+    wrong = generate_rollouts(num_sequences=2, max_new_tokens=6, seed=5, temperature=0.5,
+                              logprobs_mode="processed")
+    for r in right:
+        r.update(logprobs_mode="processed", temperature=0.7)
+    for r in wrong:
+        r.update(id=r["id"] + "w", logprobs_mode="processed", temperature=1.3)
+    dg = audit(right + wrong, rescore="refmodel")["diagnosis"]
+    first, second = dg["groups"]
+    assert first["stated"]["temperature"] == 0.7 and first["max_abs_diff"] == 0.0
+    assert second["semantics"] == Semantics("processed", 0.5).to_dict() and second["explained"]
+    lines = dg["line"].splitlines()
+    assert lines[0].startswith("semantics: rows stating processed logprobs at temperature 0.7 "
+                               "(2 sequences): the engine's logprobs are processed")
+    assert lines[1].startswith("semantics: rows stating processed logprobs at temperature 1.3 "
+                               "(2 sequences): the engine's logprobs match processed logprobs "
+                               "at temperature 0.5")
+
+
+class _OneRank:
+    """A rank group of one, in this process: ``call(fn, *args)`` runs ``fn(lm, None,
+    *args)`` as every rank of a TPRescorer's group does (rank 0's answer)."""
+
+    def __init__(self, model: str) -> None:
+        from detsample.models import load_model
+
+        self.lm = load_model(model)
+
+    def call(self, fn, *args):
+        return fn(self.lm, None, *args)
+
+    def close(self) -> None:
+        pass
+
+
+def _tp_diagnosis(rescorer) -> dict:
+    records = generate_rollouts(num_sequences=2, max_new_tokens=6, seed=3, temperature=0.7,
+                                top_p=0.9, logprobs_mode="processed", model=rescorer.model)
+    try:
+        return audit(records, rescore=rescorer)["diagnosis"]
+    finally:
+        rescorer.close()
+
+
+def test_the_tensor_parallel_rescorer_runs_the_same_search():
+    """Pins the TP diagnosis (it gave the signature only): TPRescorer's logits, rank 0's
+    answer, go through the same search, which names the engine's processed semantics
+    (here its ranks are one in-process group; the opt-in test below runs two)."""
+    rescorer = TPRescorer("refmodel", 2)
+    rescorer._group = _OneRank("refmodel")
+    dg = _tp_diagnosis(rescorer)
+    assert dg["semantics"] == Semantics("processed", 0.7, -1, 0.9).to_dict()
+    assert dg["explained"] and dg["max_abs_diff"] <= 1e-4
+
+
+@pytest.mark.tp_full
+def test_the_tensor_parallel_rescorer_diagnoses_on_two_ranks():
+    dg = _tp_diagnosis(TPRescorer("hf-tiny-llama", 2, start_method="fork"))
+    assert dg["semantics"] == Semantics("processed", 0.7, -1, 0.9).to_dict()
+    assert dg["explained"] and dg["max_abs_diff"] <= 1e-4
 
 
 SIGNATURES = [  # (mean d per probability bucket, max |d|, pattern)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from detsample.audit.issues import AuditInputError
-from detsample.audit.layout import (PRESETS, ROLES, ROW_NUMBER, Layout, Source, make_layout,
-                                    parse_columns, resolve)
+from detsample.audit.layout import (PRESETS, ROLES, ROW_NUMBER, SEMANTICS_COLUMNS, Layout,
+                                    Source, make_layout, parse_columns, resolve)
 
 BAD_COLUMNS = [
     # (text, message)
@@ -61,7 +61,9 @@ def test_verl_preset_resolves_its_names():
     assert dict(res.specs) == {
         "id": "uid", "prompt_ids": "prompts", "response_ids": "responses",
         "engine_logprobs": "rollout_log_probs", "trainer_logprobs": "old_log_probs",
-        "mask": "response_mask", "attention_mask": "attention_mask"}
+        "mask": "response_mask", "attention_mask": "attention_mask",
+        # the per-row semantics columns, optional in every row: read where present
+        **{c: c for c in SEMANTICS_COLUMNS}}
     # without uid, ids are row numbers
     res = resolve(PRESETS["verl"], [c for c in VERL_COLUMNS if c != "uid"], "b.parquet")
     assert res.spec("id") == ROW_NUMBER and res.id_column is None

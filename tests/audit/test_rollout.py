@@ -175,29 +175,48 @@ def test_rescore_arguments_are_checked(tmp_path, capsys):
     assert (clone.model, clone.batch_invariant, clone._state) == ("hf-tiny-qwen2", True, None)
 
 
-def test_moe_model_rollout_audits_exactly_under_the_mode(tmp_path, monkeypatch):
-    """The loop on a mixture-of-experts model (a tiny Qwen3-MoE from a user factory):
-    exact 1.0 under the mode, the mismatch without it."""
-    (tmp_path / "moe_models.py").write_text(
+def _panel_factory(tmp_path, monkeypatch, arch: str) -> str:
+    """``panel_models:ARCH``, a user factory building the panel's seeded tiny ``arch``."""
+    (tmp_path / "panel_models.py").write_text(
         "import sys\n"
         f"sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
         "from tests.invariant.architectures import BY_NAME, build\n"
-        "def qwen3moe():\n    return build(BY_NAME['qwen3moe'])\n")
+        f"def {arch}():\n    return build(BY_NAME[{arch!r}])\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    return f"panel_models:{arch}"
+
+
+LOOP_CASES = [
+    # (panel architecture, the mode's flags): exact 1.0 with them, the mismatch without
+    pytest.param("qwen3moe", ["--batch-invariant"], id="moe"),
+    pytest.param("qwen35", ["--batch-invariant"], id="qwen35-hybrid"),
+    pytest.param("qwen35", ["--batch-invariant", "--portable"], id="qwen35-hybrid-portable",
+                 marks=pytest.mark.panel),
+    pytest.param("lfm2", ["--batch-invariant"], id="lfm2-shortconv", marks=pytest.mark.panel),
+]
+
+
+@pytest.mark.parametrize("arch,mode", LOOP_CASES)
+def test_panel_model_rollout_audits_exactly_under_the_mode(tmp_path, monkeypatch, arch, mode):
+    """The loop on a user factory's model: a mixture-of-experts model (a tiny Qwen3-MoE)
+    and hybrids through the adapter's per-row states (a Qwen3.5-style gated delta-net
+    hybrid, LFM2's short convolutions): the engine's sampling-time logprobs (continuous
+    batching, ragged prefill and decode) == a one-prefill rescoring, exact 1.0 under the
+    mode; the mismatch on the default kernels (negative control)."""
+    spec = _panel_factory(tmp_path, monkeypatch, arch)
     path = str(tmp_path / "r.jsonl")
     try:
-        assert main(["rollout", path, "--model", "moe_models:qwen3moe", "--batch-invariant",
+        assert main(["rollout", path, "--model", spec, *mode,
                      "--num-sequences", "4", "--max-new-tokens", "6"]) == 0
-        rc, rep = _audit_json(path, "--rescore", "moe_models:qwen3moe", "--batch-invariant",
+        rc, rep = _audit_json(path, "--rescore", spec, *mode,
                               "--max-abs-diff", "0", "--min-exact-match", "1", tmp_path=tmp_path)
-        assert rc == 0 and rep["exact_match_fraction"] == 1.0
-        assert main(["rollout", path, "--model", "moe_models:qwen3moe", "--num-sequences", "4",
+        assert rc == 0 and rep["exact_match_fraction"] == 1.0 and rep["max_abs_diff"] == 0.0
+        assert main(["rollout", path, "--model", spec, "--num-sequences", "4",
                      "--max-new-tokens", "6"]) == 0
-        rc, rep = _audit_json(path, "--rescore", "moe_models:qwen3moe", "--max-abs-diff", "0",
-                              tmp_path=tmp_path)
+        rc, rep = _audit_json(path, "--rescore", spec, "--max-abs-diff", "0", tmp_path=tmp_path)
         assert rc == 1 and rep["exact_match_fraction"] < 1.0
     finally:
-        sys.modules.pop("moe_models", None)
+        sys.modules.pop("panel_models", None)
 
 
 # -- the user's prompts, n samples each ---------------------------------------------------

@@ -1,11 +1,11 @@
 """HFCausalLM: one padded forward for a ragged batch, cache gathered back per row.
 
 Pins: a padding or position bug (a row attending to a neighbour's or a pad slot, RoPE
-positions counted from the padded slot, a cache row gathered from the wrong slots); a
-hybrid model (state beside keys and values in its cache) failing inside the model. Such
+positions counted from the padded slot, a cache row gathered from the wrong slots). Such
 a bug moves logits by O(1); the kernels' batch variance moves them by ~1e-6. So these
 tests compare against the plain Hugging Face forward within 1e-4 (numerics), and the
-bitwise claims live in the batch-invariant mode's tests.
+bitwise claims live in the batch-invariant mode's tests. Hybrids (state beside keys and
+values in their cache): tests/models/test_hybrid.py.
 """
 
 from __future__ import annotations
@@ -90,14 +90,3 @@ BAD_CALLS = [
 def test_bad_input_is_named(llama, call, message):
     with pytest.raises(ModelError, match=message.replace("[", r"\[").replace(")", r"\)")):
         call(HFCausalLM(llama))
-
-
-@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
-def test_a_hybrid_whose_cache_keeps_state_is_refused_at_construction(arch):
-    """Its convolution windows / recurrent states cannot be split into rows and re-padded
-    as keys and values are: a named error, not an IndexError inside the model."""
-    from tests.invariant.architectures import BY_NAME, build
-
-    with pytest.raises(ModelError, match=r"keeps state beside keys and values "
-                                         r"\(layer 0 \(LinearAttentionLayer\)\)"):
-        HFCausalLM(build(BY_NAME[arch]))
