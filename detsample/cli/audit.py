@@ -8,11 +8,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from detsample.audit.layout import PRESET_NAMES
+from detsample.audit.inputs.layout import PRESET_NAMES
 from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, add_semantics_options, fraction,
-                                     max_excluded, model_spec, nonneg_float,
-                                     portable_without_mode, positive_finite, positive_int,
-                                     rollout_rs, semantics_of, tp_needs_portable)
+                                     max_excluded, model_spec, nonneg_float, portable_without_mode,
+                                     positive_finite, positive_int, rollout_rs, semantics_of,
+                                     tp_needs_portable)
 from detsample.cli._outputs import output_problems, write_output
 from detsample.cli._progress import Progress
 from detsample.errors import DetsampleError
@@ -88,11 +88,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from detsample.audit import AuditOptions, audit, to_json
-    from detsample.audit.provenance import provenance, with_verdict
-    from detsample.audit.frameworks import FrameworkOptions
-    from detsample.audit.rescore import ModelRescorer, TPRescorer
-    from detsample.audit.semantics import RAW
-    from detsample.audit.report import format_summary, write_report
+    from detsample.audit.reports.provenance import provenance, with_verdict
+    from detsample.audit.inputs.frameworks import FrameworkOptions
+    from detsample.audit.running.rescore import ModelRescorer, TPRescorer
+    from detsample.audit.analysis.semantics import RAW
+    from detsample.audit.reports.report import format_summary, write_report
 
     problems = output_problems((args.json, "--json", "file"), (args.report, "--report", "dir"))
     if problems:  # before any file is read: a long audit never ends in an unwritable path

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from detsample.audit.synth import from_records, padded_twin, slime_samples, write_columns
+from tests.audit.synth import from_records, padded_twin, slime_samples, write_columns
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,15 +1,15 @@
 """Audit metrics as exact, mergeable accumulators (see docs/audit.md for every formula).
 
 Token level, over the mask: ``d = trainer - engine`` (float64), ``r = exp(d)``.
-:class:`AuditAccumulator` consumes validated :class:`~detsample.audit.validate.AuditBatch`
+:class:`AuditAccumulator` consumes validated :class:`~detsample.audit.inputs.validate.AuditBatch`
 chunks with whole-column numpy operations and merges with other accumulators *exactly*:
 
 * counts are integers;
-* sums are exact (:func:`detsample.audit.exact.exact_sums`, integers scaled by 2**1074),
+* sums are exact (:func:`detsample.audit.analysis.exact.exact_sums`, integers scaled by 2**1074),
   so the chunking and the merge order cannot change a bit of the result;
 * per-sequence quantities use only that sequence's tokens, in token order;
 * |d| quantiles come from an exact multiset of the non-zero |d| values
-  (:class:`~detsample.audit.exact.ValueCounts`) plus a count of zeros;
+  (:class:`~detsample.audit.analysis.exact.ValueCounts`) plus a count of zeros;
 * max/min are order-independent; kept issue lists and the worst-sequence table are sorted
   by location before truncation.
 
@@ -24,13 +24,13 @@ from fractions import Fraction
 
 import numpy as np
 
-from detsample.audit.exact import (ValueCounts, exact_marginal_sums, exact_mean, exact_sums,
-                                   fraction_to_float, to_fraction)
-from detsample.audit.frameworks import FrameworkAccumulator, FrameworkOptions
-from detsample.audit.diagnose import diagnose
-from detsample.audit.issues import Issue
-from detsample.audit.rows import RowTables
-from detsample.audit.validate import AuditBatch
+from detsample.audit.analysis.exact import (ValueCounts, exact_marginal_sums, exact_mean,
+                                            exact_sums, fraction_to_float, to_fraction)
+from detsample.audit.inputs.frameworks import FrameworkAccumulator, FrameworkOptions
+from detsample.audit.analysis.diagnose import diagnose
+from detsample.audit.reports.issues import Issue
+from detsample.audit.inputs.rows import RowTables
+from detsample.audit.inputs.validate import AuditBatch
 
 #: |d| > t mismatch thresholds, and their JSON keys
 THRESHOLDS = (0.0, 1e-6, 1e-3, 1e-2, 0.1)
