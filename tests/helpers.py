@@ -7,6 +7,7 @@ import torch
 from hypothesis import strategies as st
 
 from detsample import Request, SamplingBatch, Sampler, SamplingParams
+from detsample import rules as _rules
 from detsample.probe.threads import torch_threads
 
 
@@ -124,11 +125,31 @@ def run_bounded(argv: list[str], unblock: list = (), seconds: float = 60.0) -> i
 
 
 def topk_candidates(z: torch.Tensor, top_k: torch.Tensor, k_max: int):
-    """The bounded candidates of rows with a small top-k, as the sampler takes them: a
-    ``topk`` of ``min(k_max + 1, V)`` values, then ``filters.cut_candidates``. Returns
-    ``(vals, ids, fits)``."""
-    from detsample.ops.filters import cut_candidates
+    """The bounded candidates of rows with a small top-k, as the sampler takes them
+    first: a ``topk`` of ``K = min(k_max + 1, V)`` values. Returns ``(vals, ids, fits)``,
+    ``fits`` (rows,) bool: every top-k survivor is a candidate (the last candidate is
+    below the k-th value, or K = V)."""
     V = z.shape[-1]
     vals, ids = torch.topk(z, min(k_max + 1, V), dim=-1, largest=True, sorted=True)
     k = top_k.to(torch.int64).clamp(1, k_max).unsqueeze(1)
-    return cut_candidates(vals, ids, k - 1, k_max, V)
+    fits = vals[:, -1] < vals.gather(1, k - 1).squeeze(1)
+    return vals, ids, fits | (vals.shape[-1] == V)
+
+
+def compact_cdf(vals: torch.Tensor, ids: torch.Tensor, n_kept: torch.Tensor,
+                frac: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A reference for ``draw.kept_cdf``: the kept tokens' CDF in token-id order from
+    the kept prefix length (the kept set written a second, independent way).
+
+    vals: (rows, K) float32 scaled logits sorted descending; ids: (rows, K) int64 their
+    token ids; n_kept: (rows,) int64 in [1, K] (the kept prefix). Returns ``(sorted_ids,
+    csum)``, both (rows, K): the kept ids ascending (then a padding id larger than any
+    token) and the running int64 sum of their masses ``q``; ``csum[:, -1]`` is the exact
+    kept mass ``Q`` of the row.
+    """
+    K = vals.shape[-1]
+    kept = torch.arange(K, device=vals.device).unsqueeze(0) < n_kept.unsqueeze(1)
+    key = torch.where(kept, ids, torch.full_like(ids, _rules.PAD_ID))
+    sorted_ids, order = torch.sort(key, dim=-1)
+    q = _rules.mass(torch.exp(vals.gather(1, order)), frac) * (sorted_ids != _rules.PAD_ID)
+    return sorted_ids, q.cumsum(-1)

@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from detsample.ops.draw import kept_mass
+from detsample.ops.filters import CandidateCut, kept_prefix
 from detsample.rules import PAD_ID
 from detsample.ops.temperature import scale_logits
 
@@ -80,13 +80,16 @@ def column_cdf(vals: torch.Tensor, ids: torch.Tensor, shift: torch.Tensor,
     vals, ids: (n, K) from :func:`gather_columns` (every finite logit of each row is
     among its columns); shift: (n, 1) float32, the row maxima that step 7 subtracts;
     temperatures: (n, 1) float32 > 0; min_p: (n,) float32; frac: fixed-point bits;
-    ``cut_min_p`` as in :func:`detsample.ops.draw.kept_mass`. Returns ``(ids, csum)``:
-    the ids unchanged and the (n, K) int64 running mass in id order, ``csum[:, -1]``
-    the exact kept mass ``Q``: the ``(sorted_ids, csum)`` table of
-    :func:`detsample.ops.draw.compact_cdf`, with the token, ``Q`` and (``-inf``)
-    threshold of the full-vocabulary path bit for bit.
+    ``cut_min_p``: whether some ``min_p`` is positive, when the caller knows (None:
+    look). The kept set is the one function of the candidates,
+    :func:`~detsample.ops.filters.kept_prefix` (here min-p only: any order). Returns
+    ``(ids, csum)``: the ids unchanged and the (n, K) int64 running kept mass in id
+    order (a dropped column adds 0, so the draw never lands on it), ``csum[:, -1]`` the
+    exact kept mass ``Q``: the token, ``Q`` and (``-inf``) threshold of the
+    full-vocabulary path bit for bit.
     """
     z = scale_logits(vals, shift, temperatures)
-    tau = torch.full((vals.shape[0],), _NEG_INF, dtype=torch.float32, device=vals.device)
-    q = kept_mass(z, tau, min_p, frac, out=z, cut_tau=False, cut_min_p=cut_min_p)
-    return ids, q.cumsum_(-1)
+    use = bool((min_p > 0).any()) if cut_min_p is None else cut_min_p
+    cut = CandidateCut(min_p=min_p.to(torch.float32).unsqueeze(1) if use else None)
+    _, kept, q, _ = kept_prefix(z, cut, frac)
+    return ids, (q.mul_(kept) if use else q).cumsum_(-1)

@@ -35,37 +35,20 @@ def greedy_argmax(x: torch.Tensor) -> torch.Tensor:
     return torch.argmax(x, dim=-1)
 
 
-def compact_cdf(vals: torch.Tensor, ids: torch.Tensor, n_kept: torch.Tensor,
-                frac: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kept tokens' CDF in token-id order, from a candidate set.
-
-    vals: (rows, K) float32 scaled logits sorted descending; ids: (rows, K) int64 their
-    token ids; n_kept: (rows,) int64 in [1, K] (the kept prefix). Returns ``(sorted_ids,
-    csum)``, both (rows, K): the kept ids ascending (then a padding id larger than any
-    token) and the running int64 sum of their masses ``q``; ``csum[:, -1]`` is the exact
-    kept mass ``Q`` of the row.
-    """
-    K = vals.shape[-1]
-    kept = torch.arange(K, device=vals.device).unsqueeze(0) < n_kept.unsqueeze(1)
-    key = torch.where(kept, ids, torch.full_like(ids, rules.PAD_ID))
-    sorted_ids, order = torch.sort(key, dim=-1)
-    q = rules.mass(torch.exp(vals.gather(1, order)), frac) * (sorted_ids != rules.PAD_ID)
-    return sorted_ids, q.cumsum(-1)
-
-
 def kept_cdf(ids: torch.Tensor, q: torch.Tensor, kept: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`compact_cdf` from a kept mask and the candidates' masses (what
-    ``filters.candidate_cut`` returns): ids (rows, K) int64, q (rows, K) int64, kept
-    (rows, K) bool. Returns the same ``(sorted_ids, csum)`` as :func:`compact_cdf`, bit
-    for bit (the same masses summed in the same id order)."""
+    """The kept tokens' CDF in token-id order, from candidates: ids (rows, K) int64,
+    their masses q (rows, K) int64 and the kept mask (rows, K) bool (what
+    ``filters.kept_prefix`` returns). Returns ``(sorted_ids, csum)``, both (rows, K): the
+    kept ids ascending (then ``rules.PAD_ID``, larger than any token) and the running
+    int64 sum of their masses; ``csum[:, -1]`` is the exact kept mass ``Q`` of the row."""
     key = torch.where(kept, ids, rules.PAD_ID)
     sorted_ids, order = torch.sort(key, dim=-1)
     return sorted_ids, (q * kept).gather(1, order).cumsum_(-1)
 
 
 def draw_by_cdf(sorted_ids: torch.Tensor, csum: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Inverse CDF over :func:`compact_cdf`'s table: (rows,) int64 tokens for uniforms
+    """Inverse CDF over :func:`kept_cdf`'s table: (rows,) int64 tokens for uniforms
     ``u`` (rows,) float64 in (0, 1)."""
     t = rules.draw_target(u, csum[:, -1])
     return sorted_ids.gather(1, rules.first_above(csum, t.unsqueeze(1))).squeeze(1)

@@ -23,47 +23,93 @@ Semantics on the sorted-descending values ``s`` of a row (the specification, mir
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from detsample import rules
 from detsample.ops.temperature import scale_logits
 
 
+@dataclass(frozen=True)
+class CandidateCut:
+    """The filters of n rows cut on candidates (:func:`kept_prefix`).
+
+    k_index: (n, 1) int64, the top-k boundary's position among the candidates of the rows
+    whose top-k survivors are all candidates (``min(top_k, K) - 1``), or None (no such
+    row); small: (n, 1) bool, which rows those are, or None (all of them when
+    ``k_index`` is given, else none); thr: (n, 1) float32 top-k threshold VALUE of the
+    other rows (found over the full row, ``-inf`` without a top-k), or None (no such row);
+    total: (n, 1) int64 exact mass of the other rows' top-k survivors over the FULL row
+    (:func:`survivor_mass`), or None (every survivor is a candidate: summed there);
+    top_p: (n, 1) float64, ``+inf`` (or ``>= 1``) where disabled, or None (no row);
+    min_p: (n, 1) float32, or None (no row)."""
+
+    k_index: torch.Tensor | None = None
+    small: torch.Tensor | None = None
+    thr: torch.Tensor | None = None
+    total: torch.Tensor | None = None
+    top_p: torch.Tensor | None = None
+    min_p: torch.Tensor | None = None
+
+    def rows(self, sel: torch.Tensor) -> "CandidateCut":
+        """The cut of the rows at positions ``sel`` (m,)."""
+        return CandidateCut(*(None if t is None else t[sel] for t in (
+            self.k_index, self.small, self.thr, self.total, self.top_p, self.min_p)))
+
+
+def kept_prefix(vals: torch.Tensor, cut: CandidateCut, frac: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """THE kept set of candidates: top-k, top-p and min-p by value on a candidate set.
+
+    vals: (rows, K) float32 scaled logits sorted descending, every value above a
+    candidate being a candidate (a ``topk``); with no top-k and no top-p (``cut.k_index``,
+    ``cut.thr`` and ``cut.top_p`` None) any order (a grammar row's allowed columns).
+    Returns ``(n, kept, q, thr)``: (rows,) int64 the kept count, (rows, K) bool the kept
+    mask (the first ``n`` candidates: each filter keeps an upper set of values), (rows, K)
+    int64 every candidate's fixed-point mass, and (rows, 1) float32 the top-k threshold
+    value used (None: no top-k). The top-p rule is :func:`top_p_cut`'s. Depends only on
+    the values, not on the order of equal values: bitwise the full sort's prefix when
+    the prefix ends inside the candidates (the caller checks, see
+    ``sampling.keptset``)."""
+    e = torch.exp(vals)
+    q = rules.mass(e, frac)
+    thr = cut.thr
+    if cut.k_index is not None:
+        tk = vals.gather(1, cut.k_index)
+        thr = tk if cut.small is None else torch.where(cut.small, tk, thr)
+    kept = vals >= thr if thr is not None else None
+    if cut.top_p is not None:
+        qk = q * kept if kept is not None else q
+        total = cut.total
+        if total is None or cut.small is not None:
+            here = qk.sum(-1, keepdim=True)
+            total = here if total is None else torch.where(cut.small, here, total)
+        keep_p = vals >= top_p_cut(vals, qk, rules.top_p_limit(cut.top_p, total))
+        kept = keep_p if kept is None else kept.logical_and_(keep_p)
+    if cut.min_p is not None:
+        above = rules.min_p_keeps(e, cut.min_p)
+        kept = above if kept is None else kept.logical_and_(above)
+    if kept is None:
+        kept = torch.ones_like(vals, dtype=torch.bool)
+    return kept.sum(-1), kept, q, thr
+
+
 def kept_prefix_length(sorted_z: torch.Tensor, top_k: torch.Tensor,
                        top_p: torch.Tensor | None, min_p: torch.Tensor | None,
                        frac: int) -> torch.Tensor:
-    """Length of the kept prefix of each row of ``sorted_z``.
+    """Length of the kept prefix of each row of ``sorted_z`` (:func:`kept_prefix` of the
+    full sorted row, or of candidates holding every top-k survivor).
 
-    sorted_z: (rows, K) float32, each row sorted descending, holding at least every
-    top-k survivor of the row (the full row, or a ``topk`` candidate set containing all
-    values ``>= s_{k-1}``). top_k: (rows,) int, 1 <= top_k <= K; top_p: (rows,) float64;
-    min_p: (rows,) float32; None for either when no row uses that filter (the same result
-    with fewer operations). Returns (rows,) int64 in [1, K]. Depends only on the values,
-    not on the order of equal values: bitwise the same for a full sort and a topk.
-    """
+    sorted_z: (rows, K) float32, each row sorted descending; top_k: (rows,) int, 1 <=
+    top_k <= K; top_p: (rows,) float64; min_p: (rows,) float32; None for either when no
+    row uses that filter. Returns (rows,) int64 in [1, K]."""
     K = sorted_z.shape[-1]
     k = top_k.to(torch.int64).clamp(1, K).unsqueeze(1)
-    thr = sorted_z.gather(1, k - 1)
-    return _prefix(sorted_z, thr, None, top_p, min_p, frac)
-
-
-def _prefix(sorted_z: torch.Tensor, thr: torch.Tensor, total: torch.Tensor | None,
-            top_p: torch.Tensor | None, min_p: torch.Tensor | None, frac: int) -> torch.Tensor:
-    """Kept prefix length of descending ``sorted_z`` (rows, K) given the top-k threshold
-    value ``thr`` (rows, 1) and the top-k survivors' exact mass ``total`` (rows, 1)
-    int64 (None: the survivors are all in ``sorted_z``, sum them). One rule for every
-    caller, so every path computes the same bits. ``top_p`` / ``min_p`` None: no row
-    uses that filter (``top_p == 1`` keeps everything, and so does ``exp(z) >= 0``)."""
-    kept = sorted_z >= thr
-    e = torch.exp(sorted_z) if top_p is not None or min_p is not None else None
-    if top_p is not None:
-        q = rules.mass(e, frac) * kept
-        if total is None:
-            total = q.sum(-1, keepdim=True)
-        kept &= sorted_z >= top_p_cut(sorted_z, q, rules.top_p_limit(top_p.unsqueeze(1), total))
-    if min_p is not None:
-        kept &= rules.min_p_keeps(e, min_p.to(torch.float32).unsqueeze(1))
-    return kept.sum(-1)
+    cut = CandidateCut(k_index=k - 1,
+                       top_p=None if top_p is None else top_p.to(torch.float64).unsqueeze(1),
+                       min_p=None if min_p is None else min_p.to(torch.float32).unsqueeze(1))
+    return kept_prefix(sorted_z, cut, frac)[0]
 
 
 def passing_prefix(above: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
@@ -99,84 +145,21 @@ def thresholds_by_sort(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     return sz.gather(1, (n - 1).unsqueeze(1)).squeeze(1)
 
 
-def candidate_cut(vals: torch.Tensor, k_index: torch.Tensor, cut_k: bool,
-                  top_p: torch.Tensor | None, min_p: torch.Tensor | None, frac: int
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Top-k, top-p and min-p on a candidate set holding every top-k survivor, in few
-    operations: :func:`kept_prefix_length`'s ``n``, bit for bit, with the kept mask and
-    the candidates' masses for the draw's table (``draw.kept_cdf``).
-
-    vals: (rows, K) float32 scaled logits sorted descending, every top-k survivor among
-    them (:func:`cut_candidates` with ``fits``); k_index: (rows, 1) int64, ``min(top_k,
-    K) - 1``; cut_k: whether some row's top-k is below K (else all K candidates survive
-    it); top_p: (rows, 1) float64, ``+inf`` where disabled, or None (no row); min_p:
-    (rows, 1) float32 or None. Returns ``(n (rows,) int64, kept (rows, K) bool, q (rows,
-    K) int64)``: kept = the first ``n`` candidates, q = every candidate's fixed-point mass.
-
-    The top-p rule is :func:`top_p_cut`'s.
-    """
-    e = torch.exp(vals)
-    q = rules.mass(e, frac)
-    kept = vals >= vals.gather(1, k_index) if cut_k else None
-    if top_p is not None:
-        qk = q * kept if kept is not None else q
-        limit = rules.top_p_limit(top_p, qk.sum(-1, keepdim=True))
-        keep_p = vals >= top_p_cut(vals, qk, limit)
-        kept = keep_p if kept is None else kept.logical_and_(keep_p)
-    if min_p is not None:
-        above = rules.min_p_keeps(e, min_p)
-        kept = above if kept is None else kept.logical_and_(above)
-    if kept is None:
-        kept = torch.ones_like(vals, dtype=torch.bool)
-    return kept.sum(-1), kept, q
-
-
-def logit_candidates(x: torch.Tensor, row_max: torch.Tensor, temperatures: torch.Tensor,
-                     k_index: torch.Tensor, k_max: int
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`cut_candidates` of the scaled logits ``z = scale_logits(x, row_max, T)``
-    (:mod:`detsample.ops.temperature`) without computing ``z`` over the vocabulary.
-
-    x: (rows, V) float32 logits; row_max: (rows, 1) float32 finite; temperatures:
-    (rows, 1) float32 > 0; k_index: (rows, 1) int64 ``min(top_k, k_max) - 1``; k_max as
-    there. The ``topk`` is taken over ``x`` and
-    only the candidates are scaled: ``z = (x - m) / T`` is monotone (non-decreasing) in
-    ``x``, so the k_max + 1 largest ``x`` carry the k_max + 1 largest ``z`` values, and
-    element-wise IEEE operations give each candidate the bits it has in ``z``. Returns
-    the same ``vals`` and ``fits`` as :func:`cut_candidates` of a ``topk`` of ``z``, bit
-    for bit, and
-    the same ids up to the order inside a group of equal values (every consumer reads
-    whole tie groups: :func:`kept_prefix_length`, ``draw.compact_cdf``).
-    """
-    vals, ids = logit_topk(x, row_max, temperatures, k_max)
-    return cut_candidates(vals, ids, k_index, k_max, x.shape[-1])
-
-
 def logit_topk(x: torch.Tensor, row_max: torch.Tensor, temperatures: torch.Tensor,
-               k_max: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``min(k_max + 1, V)`` largest scaled logits of each row, descending, and their
-    ids (:func:`logit_candidates` before its cut; arguments as there)."""
-    vals, ids = torch.topk(x, min(k_max + 1, x.shape[-1]), dim=-1, largest=True, sorted=True)
+               k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``min(k, V)`` largest scaled logits ``z = scale_logits(x, row_max, T)`` of
+    each row (:mod:`detsample.ops.temperature`), descending, and their ids, without
+    computing ``z`` over the vocabulary.
+
+    x: (rows, V) float32 logits; row_max: (rows, 1) float32 finite; temperatures: (rows,
+    1) float32 > 0. The ``topk`` is taken over ``x`` and only the candidates are scaled:
+    ``z = (x - m) / T`` is monotone (non-decreasing) in ``x``, so the k largest ``x``
+    carry the k largest ``z`` values, and element-wise IEEE operations give each
+    candidate the bits it has in ``z``. Returns the values of a ``topk`` of ``z``, bit for
+    bit, and the same ids up to the order inside a group of equal values (every consumer
+    reads whole tie groups: :func:`kept_prefix`, ``draw.kept_cdf``)."""
+    vals, ids = torch.topk(x, min(k, x.shape[-1]), dim=-1, largest=True, sorted=True)
     return scale_logits(vals, row_max, temperatures), ids
-
-
-def cut_candidates(vals: torch.Tensor, ids: torch.Tensor, k_index: torch.Tensor, k_max: int,
-                   V: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Bounded candidates for rows whose top-k survivors fit in ``k_max`` values.
-
-    vals: (rows, K1) the ``K1 = min(k_max + 1, V)`` largest values of each row, sorted
-    descending (a ``torch.topk``), ids: their token ids; k_index: (rows, 1) int64
-    ``min(top_k, k_max) - 1``; V: the vocabulary size. Returns ``(vals, ids, fits)``: the
-    (rows, k_max) candidates and (rows,) bool telling whether every value ``>= s_{k-1}``
-    is among them. The extra candidate decides it: the survivors fit iff the
-    (k_max+1)-th largest value is below ``s_{k-1}`` (ties at the boundary can exceed
-    ``k_max``; such rows must use :func:`thresholds_by_sort`)."""
-    thr = vals.gather(1, k_index).squeeze(1)
-    if V <= k_max:
-        fits = torch.ones_like(thr, dtype=torch.bool)
-    else:
-        fits = vals[:, k_max] < thr
-    return vals[:, :k_max], ids[:, :k_max], fits
 
 
 def topk_threshold(z: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
@@ -211,30 +194,6 @@ def survivor_mass(z: torch.Tensor, thr: torch.Tensor | None, frac: int, *,
     if thr is not None and bool(torch.isfinite(thr).any()):
         w.masked_fill_(z < thr.unsqueeze(1), 0.0)
     return rules.mass_in_place(w, frac, q_out).sum(-1)
-
-
-def nucleus_prefix(vals: torch.Tensor, thr: torch.Tensor, total: torch.Tensor,
-                   top_p: torch.Tensor, min_p: torch.Tensor | None, frac: int
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k / top-p / min-p on a ``topk`` candidate set, without the rest of the row.
-
-    vals: (rows, K) float32, the K largest values of each row, descending; thr: (rows,)
-    top-k threshold value (:func:`topk_threshold`); total: (rows,) int64 exact mass of
-    the top-k survivors of the FULL row (:func:`survivor_mass`); top_p (rows,) float64;
-    min_p (rows,) float32 or None (no row has min-p). Returns ``(n, decided)``: (rows,) int64 kept prefix length
-    and (rows,) bool.
-
-    Every value greater than a candidate is a candidate, so each candidate's "mass
-    strictly above" is exact, and the kept set is a prefix (each filter is monotone in
-    the value). When the prefix ends inside the candidates (``n < K``) the first dropped
-    candidate is strictly below the last kept one and every other token is at most that
-    value, so ``n`` and ``vals[n - 1]`` are exactly those of the full sort
-    (:func:`thresholds_by_sort`) and every kept token is a candidate. ``decided`` is
-    ``n < K`` (or ``K == V``); undecided rows need more candidates.
-    """
-    K = vals.shape[-1]
-    n = _prefix(vals, thr.unsqueeze(1), total.unsqueeze(1), top_p, min_p, frac)
-    return n, n < K
 
 
 def mass_needed_bound(vals: torch.Tensor, total: torch.Tensor, top_p: torch.Tensor,

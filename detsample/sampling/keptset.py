@@ -1,12 +1,14 @@
 """Pipeline step 8, "thresholds and kept mass": the kept set of every sampling row and the
 CDF table its draw reads, by one function (:func:`kept_cdf`) with two strategies.
 
-* **bounded**: the row's kept set lies among a few candidates of a ``topk`` -- a small
-  top-k's ``k_max + 1`` largest values (:func:`~detsample.ops.filters.cut_candidates`:
-  the extra candidate proves no tie group spills past them), a top-p row's ``topk``
-  grown until its nucleus ends inside it (:func:`~detsample.ops.filters.nucleus_prefix`),
-  or a plain grammar row's allowed columns (:mod:`detsample.ops.colcdf`). Its table is
-  compact: the kept ids in token-id order and their running mass.
+* **bounded**: the row's kept set lies among candidates, and ONE function of them,
+  :func:`~detsample.ops.filters.kept_prefix`, finds it: a ``topk`` grown until the kept
+  prefix provably ends inside it (small top-k rows start at ``k_max + 1`` candidates,
+  the extra one proving that no tie group spills past them; top-p rows, with or without
+  a top-k or min-p, at ``NUCLEUS_CANDIDATES``, against their exact mass over the full
+  row), or, given as candidates, a plain grammar row's allowed columns
+  (:mod:`detsample.ops.colcdf`). Its table is compact: the kept ids in token-id order
+  and their running mass.
 * **full**: the threshold over the whole row -- the sort's (``filter_impl="sort"``), its
   radix select (:mod:`detsample.ops.radix`), a top-k's k-th value, or none (plain rows)
   -- then the blocked CDF of the kept masses over the vocabulary.
@@ -157,7 +159,8 @@ def needs_full_z(plan: RowPlan, by_columns: tuple[Rows, Rows] | None) -> bool:
     small top-k candidates (scaled from the logits) and the allowed-columns rows."""
     rt = plan.route
     plain = rt.plain if by_columns is None else by_columns[1]
-    return bool(rt.nucleus or rt.top_k_only or rt.sort or plain)
+    wide = rt.filters is not None and rt.filters.wide is not None
+    return bool(wide or rt.top_k_only or rt.sort or plain)
 
 
 def kept_cdf(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs,
@@ -207,100 +210,145 @@ def _bounded(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs,
              ) -> tuple[list[Table], list[torch.Tensor]]:
     """The compact tables of the rows decided on candidates, and the row indices that
     spill to the full strategy."""
-    rt = plan.route
     tables: list[Table] = []
     spilled: list[torch.Tensor] = []
-    if rt.candidates:
-        _add(tables, spilled, _small_top_k(z, plan, inp, frac))
-    if rt.nucleus:  # (z is given: :func:`needs_full_z`)
-        _add(tables, spilled, _nucleus(z, rt.nucleus, inp, frac))
+    if plan.route.bounded:
+        got, spill = _grown(z, plan, inp, frac)
+        tables.extend(got)
+        if spill is not None:
+            spilled.append(spill)
     if by_columns is not None:
         tables.append(_columns(by_columns[0], plan, inp, frac))
     return tables, spilled
 
 
-def _add(tables: list, spilled: list, got: tuple[list[Table], torch.Tensor | None]) -> None:
-    tables.extend(got[0])
-    if got[1] is not None:
-        spilled.append(got[1])
+@dataclass(frozen=True)
+class _Pending:
+    """The bounded rows still undecided (n of them): their batch rows ``idx``
+    (``every``: all rows of the batch, in order), the (n, V) tensor their candidates come
+    from (``z``, or the logits ``x`` with ``scale`` = (shift, temperatures), n rows each:
+    only the candidates are scaled) and their :class:`~detsample.ops.filters.CandidateCut`."""
+
+    idx: torch.Tensor
+    every: bool
+    src: torch.Tensor
+    scale: tuple[torch.Tensor, torch.Tensor] | None
+    cut: filter_ops.CandidateCut
+
+    def topk(self, K: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K largest scaled logits of each row, descending, and their ids."""
+        if self.scale is not None:
+            return filter_ops.logit_topk(self.src, *self.scale, K)
+        return torch.topk(self.src, K, dim=-1, largest=True, sorted=True)
+
+    def rows(self, sel: torch.Tensor) -> "_Pending":
+        return _Pending(self.idx[sel], False, self.src[sel],
+                        None if self.scale is None else (self.scale[0][sel], self.scale[1][sel]),
+                        self.cut.rows(sel))
 
 
-def _candidate_topk(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs,
-                    rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``min(k_max + 1, V)`` largest scaled logits of ``rows``, descending, and their
-    ids: a ``topk`` of ``z``, or (``z`` None) of the logits with only the candidates
-    scaled (:func:`~detsample.ops.filters.logit_topk`)."""
-    k_max = plan.route.k_max
-    if z is None:
-        return filter_ops.logit_topk(rows.take(inp.x), rows.take(inp.shift),
-                                     rows.take(plan.temperatures), k_max)
-    return torch.topk(rows.take(z), min(k_max + 1, z.shape[1]), dim=-1)
+def _pending(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs, frac: int) -> _Pending:
+    """The bounded rows' first state: the rows without a small top-k get their top-k
+    threshold and survivors' exact mass over the full row (so ``z`` is given when there
+    are some: :func:`needs_full_z`)."""
+    rows, bf = plan.route.bounded, plan.route.filters
+    thr = total = None
+    if bf.wide is not None:
+        every = bf.k_index is None  # every bounded row is wide
+        zw = rows.take(z) if every else z.index_select(0, rows.index[bf.wide])
+        top_ks = rows.filters[0] if every else rows.filters[0][bf.wide]
+        tw = filter_ops.topk_threshold(zw, top_ks) if bf.wide_k else None
+        mw = filter_ops.survivor_mass(zw, tw, frac, out=inp.scratch("w", zw),
+                                      q_out=inp.scratch("q", zw, torch.int64))
+        if every:
+            thr, total = (None if tw is None else tw.unsqueeze(1)), mw.unsqueeze(1)
+        else:
+            n = len(rows)
+            thr = torch.full((n, 1), NEG_INF, dtype=torch.float32, device=zw.device)
+            total = torch.zeros((n, 1), dtype=torch.int64, device=zw.device)
+            if tw is not None:
+                thr[bf.wide] = tw.unsqueeze(1)
+            total[bf.wide] = mw.unsqueeze(1)
+    cut = filter_ops.CandidateCut(bf.k_index, bf.small, thr, total, bf.top_p, bf.min_p)
+    if z is None:  # small top-k rows only: candidates from the logits
+        return _Pending(rows.index, rows.every, rows.take(inp.x), (
+            rows.take(inp.shift), rows.take(plan.temperatures)), cut)
+    return _Pending(rows.index, rows.every, rows.take(z), None, cut)
 
 
-def _small_top_k(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs, frac: int
-                 ) -> tuple[list[Table], torch.Tensor | None]:
-    """Rows with a small top-k: one bounded ``topk`` (of z, or of the logits when ``z``
-    is None); the rows whose tie group at the boundary spills past ``k_max`` spill."""
-    rows = plan.route.candidates
-    k_max, cf = plan.route.k_max, plan.route.candidate_filters
-    vals, ids = _candidate_topk(z, plan, inp, rows)
-    vals, ids, fits = filter_ops.cut_candidates(vals, ids, cf.k_index, k_max, inp.x.shape[1])
-    n, kept, q = filter_ops.candidate_cut(vals, cf.k_index, cf.cut_k, cf.top_p, cf.min_p, frac)
-    sorted_ids, csum = draw_ops.kept_cdf(ids, q, kept)
-    table = Table(rows.index, rows.every, csum, sorted_ids, tau=_prefix_tau(vals, n))
-    if not inp.deterministic or bool(fits.all()):  # fast mode: never spills
-        return [table], None
-    ok = fits.nonzero().flatten()
-    return ([table.rows(ok)] if ok.numel() else []), rows.index[~fits]
+def _decided(vals: torch.Tensor, n: torch.Tensor, thr: torch.Tensor | None,
+             cut: filter_ops.CandidateCut, fast: bool) -> torch.Tensor:
+    """(n,) bool: the rows whose kept prefix provably ends inside their K candidates.
+    A row with a small top-k: its survivors are all candidates (the last candidate is
+    below its top-k threshold; the fast mode skips this tie-spill check); another: its
+    prefix ends before the last candidate (its mass is the full row's)."""
+    if cut.k_index is None:
+        return n < vals.shape[-1]
+    fits = torch.ones_like(n, dtype=torch.bool) if fast else vals[:, -1] < thr.squeeze(1)
+    if cut.small is None:
+        return fits
+    return torch.where(cut.small.squeeze(1), fits, n < vals.shape[-1])
 
 
-def _prefix_tau(vals: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-    """(n,) the last kept value of descending candidates ``vals`` with kept prefix ``n``."""
-    return vals.gather(1, (n - 1).unsqueeze(1)).squeeze(1)
+def _growth(vals: torch.Tensor, p: _Pending, frac: int) -> int:
+    """How many more candidates the undecided rows at least need: for a top-p row
+    without top-k and min-p, its mass still short of the limit over the largest mass a
+    non-candidate can have (0 for the others; a bound, never a result)."""
+    c = p.cut
+    if c.total is None or c.top_p is None:
+        return 0
+    plain = (c.top_p.squeeze(1) < 1.0) & (c.total.squeeze(1) > 0)
+    if c.thr is not None:
+        plain &= torch.isneginf(c.thr.squeeze(1))
+    if c.min_p is not None:
+        plain &= c.min_p.squeeze(1) == 0
+    if c.small is not None:
+        plain &= ~c.small.squeeze(1)
+    if not bool(plain.any()):
+        return 0
+    need = filter_ops.mass_needed_bound(vals, c.total.squeeze(1), c.top_p.squeeze(1), frac)
+    return int(torch.where(plain, need, torch.zeros_like(need)).max())
 
 
-def _prefix_table(idx: torch.Tensor, every: bool, vals: torch.Tensor, ids: torch.Tensor,
-                  n: torch.Tensor, frac: int) -> Table:
-    """The rows whose kept set is the first ``n`` of their descending candidates."""
-    sorted_ids, csum = draw_ops.compact_cdf(vals, ids, n, frac)
-    return Table(idx, every, csum, sorted_ids, tau=_prefix_tau(vals, n))
-
-
-def _nucleus(z: torch.Tensor, rows: Rows, inp: CutInputs, frac: int
-             ) -> tuple[list[Table], torch.Tensor | None]:
-    """Top-p rows without a small top-k: the exact mass of the top-k survivors, then a
-    bounded ``topk`` that grows until the nucleus ends inside it
-    (:func:`~detsample.ops.filters.nucleus_prefix`); the rows whose nucleus outgrows
-    ``V / CANDIDATE_RATIO`` candidates spill (with the radix select, as soon as a
-    nucleus is known to hold more than ``V / SELECT_RATIO`` tokens: a larger ``topk``
+def _grown(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs, frac: int
+           ) -> tuple[list[Table], torch.Tensor | None]:
+    """The bounded strategy: a ``topk`` of K candidates (first ``k_max + 1`` for small
+    top-k rows, at least ``NUCLEUS_CANDIDATES`` with top-p rows), the kept set by
+    :func:`~detsample.ops.filters.kept_prefix`, and for the undecided rows a ``topk``
+    ``NUCLEUS_GROWTH`` times larger, until every row is decided; the rows that would need
+    more than ``V / CANDIDATE_RATIO`` candidates spill (with the radix select, as soon as
+    a nucleus is known to hold more than ``V / SELECT_RATIO`` tokens: a larger ``topk``
     would cost more than the select)."""
-    V = z.shape[1]
-    idx, every, zn = rows.index, rows.every, rows.take(z)
-    top_ks, top_ps, min_ps = rows.filters
-    thr = filter_ops.topk_threshold(zn, top_ks) if rows.any_top_k else None
-    mass = filter_ops.survivor_mass(zn, thr, frac, out=inp.scratch("w", zn),
-                                    q_out=inp.scratch("q", zn, torch.int64))
-    if thr is None:
-        thr = torch.full_like(min_ps, NEG_INF)
-    cap, K, tables = max(V // CANDIDATE_RATIO, 1), min(NUCLEUS_CANDIDATES, V), []
+    V, bf = inp.x.shape[1], plan.route.filters
+    p = _pending(z, plan, inp, frac)
+    K = min(max(plan.route.k_max + 1 if bf.k_index is not None else 0,
+                NUCLEUS_CANDIDATES if bf.wide is not None else 0), V)
+    cap, tables = max(V // CANDIDATE_RATIO, 1), []
     while True:
-        vals, ids = torch.topk(zn, K, dim=-1, largest=True, sorted=True)
-        n, decided = filter_ops.nucleus_prefix(vals, thr, mass, top_ps,
-                                               min_ps if rows.active[2] else None, frac)
+        vals, ids = p.topk(K)
+        n, kept, q, thr = filter_ops.kept_prefix(vals, p.cut, frac)
+        decided = _decided(vals, n, thr, p.cut, not inp.deterministic)
         if K == V or bool(decided.all()):
-            return tables + [_prefix_table(idx, every, vals, ids, n, frac)], None
+            return tables + [_table(p.idx, p.every, vals, ids, (n, kept, q))], None
         dec, und = decided.nonzero().flatten(), (~decided).nonzero().flatten()
         if dec.numel():
-            tables.append(_prefix_table(idx[dec], False, vals[dec], ids[dec], n[dec], frac))
-        every = False
-        plain = torch.isneginf(thr[und]) & (min_ps[und] == 0)  # the bound holds
-        need = filter_ops.mass_needed_bound(vals[und], mass[und], top_ps[und], frac)
-        bound = int(torch.where(plain, need, torch.zeros_like(need)).max())
+            tables.append(_table(p.idx[dec], False, vals[dec], ids[dec],
+                                 (n[dec], kept[dec], q[dec])))
+        p = p.rows(und)
+        bound = _growth(vals[und], p, frac)
         K = min(max(K * NUCLEUS_GROWTH, bound + K + 1), V)
         if K > cap or (inp.select and bound > V // SELECT_RATIO):
-            return tables, idx[und]
-        idx, zn, thr, mass = idx[und], zn[und], thr[und], mass[und]
-        top_ps, min_ps = top_ps[und], min_ps[und]
+            return tables, p.idx
+
+
+def _table(idx: torch.Tensor, every: bool, vals: torch.Tensor, ids: torch.Tensor,
+           cut: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> Table:
+    """The compact table of rows whose kept set is the first ``n`` of their descending
+    candidates; ``cut`` = (n, kept, q) of :func:`~detsample.ops.filters.kept_prefix`."""
+    n, kept, q = cut
+    sorted_ids, csum = draw_ops.kept_cdf(ids, q, kept)
+    return Table(idx, every, csum, sorted_ids,
+                 tau=vals.gather(1, (n - 1).unsqueeze(1)).squeeze(1))
 
 
 def _columns(rows: Rows, plan: RowPlan, inp: CutInputs, frac: int) -> Table:

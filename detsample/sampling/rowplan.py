@@ -67,42 +67,58 @@ class Rows:
 
 
 @dataclass(frozen=True)
-class CandidateFilters:
-    """The bounded top-k rows' filters, shaped once for
-    :func:`detsample.ops.filters.candidate_cut` (n rows):
+class BoundedFilters:
+    """The bounded rows' filters, shaped once for
+    :class:`~detsample.ops.filters.CandidateCut` (n rows).
 
-    ``k_index``: (n, 1) int64, ``min(top_k, k_max) - 1``, the top-k boundary's position
-    among the candidates; ``cut_k``: some row's top-k is below ``k_max`` (otherwise the
-    k_max candidates are exactly the top-k survivors); ``top_p``: (n, 1) float64, the
-    row's top_p with ``+inf`` where it is 1 (disabled), None when no row uses top-p;
-    ``min_p``: (n, 1) float32, None when no row uses min-p.
+    ``k_index``: (n, 1) int64 ``min(top_k, k_max) - 1`` (0 on other rows), None when no
+    row has a small top-k; ``small``: (n, 1) bool the rows with a small top-k (their
+    survivors fit in the candidates), None when all rows or none have one; ``wide``:
+    (m,) int64 positions of the other rows (a top-p without a small top-k: their top-k
+    threshold and survivors' mass come from the full row), None when there is none;
+    ``wide_k``: some of those has a (large) top-k; ``top_p``: (n, 1) float64 with
+    ``+inf`` where disabled, None when no row uses top-p; ``min_p``: (n, 1) float32,
+    None when no row uses min-p.
     """
 
-    k_index: torch.Tensor
-    cut_k: bool
+    k_index: torch.Tensor | None
+    small: torch.Tensor | None
+    wide: torch.Tensor | None
+    wide_k: bool
     top_p: torch.Tensor | None
     min_p: torch.Tensor | None
 
     @staticmethod
-    def of(rows: "Rows", k_max: int) -> "CandidateFilters | None":
+    def of(rows: "Rows", small: Sequence[bool], k_max: int, V: int) -> "BoundedFilters | None":
         if not rows:
             return None
         top_ks, top_ps, min_ps = rows.filters
         _, use_p, use_m = rows.active
-        k = top_ks.to(torch.int64).clamp(1, k_max)
+        dev = top_ks.device
+        k_index = small_t = wide = None
+        if any(small):
+            k_index = top_ks.to(torch.int64).clamp(1, k_max).sub(1).unsqueeze(1)
+            if not all(small):
+                small_t = host_tensor(list(small), torch.bool, dev).unsqueeze(1)
+        wide_pos = [i for i, s in enumerate(small) if not s]
+        if wide_pos:
+            wide = host_tensor(wide_pos, torch.int64, dev)
+        wide_k = wide is not None and bool((top_ks.index_select(0, wide) < V).any())
         tp = torch.where(top_ps >= 1.0, torch.full_like(top_ps, float("inf")), top_ps)
-        return CandidateFilters(k.sub(1).unsqueeze(1), bool((k < k_max).any()),
-                                tp.unsqueeze(1) if use_p else None,
-                                min_ps.to(torch.float32).unsqueeze(1) if use_m else None)
+        return BoundedFilters(k_index, small_t, wide, wide_k,
+                              tp.unsqueeze(1) if use_p else None,
+                              min_ps.to(torch.float32).unsqueeze(1) if use_m else None)
 
 
 @dataclass(frozen=True)
 class FilterRoute:
-    """Sampling rows by how step 8 finds their threshold (all give the same bits):
+    """Sampling rows by the strategy of step 8 that finds their kept set (all give the
+    same bits):
 
-    ``candidates``: top-k rows small enough for a bounded ``topk`` of ``k_max`` values;
-    ``nucleus``: top-p rows without a small top-k: a growing bounded ``topk`` against
-    the row's exact total mass (:func:`detsample.ops.filters.nucleus_prefix`);
+    ``bounded``: rows whose kept set is looked for among a ``topk`` of candidates grown
+    until the kept prefix ends inside it (:mod:`detsample.sampling.keptset`): a small
+    top-k (``top_k * CANDIDATE_RATIO <= V``; first ``k_max + 1`` candidates) or a top-p
+    (first ``NUCLEUS_CANDIDATES``), with ``filters`` their :class:`BoundedFilters`;
     ``top_k_only``: a large top-k without top-p: the threshold is the k-th largest
     value, found by selection;
     ``sort``: rows with a top-k or top-p that take the full stable sort (``filter_impl
@@ -110,13 +126,12 @@ class FilterRoute:
     ``plain``: rows without top-k / top-p (min-p alone is a value rule, no sort).
     """
 
-    candidates: Rows
+    bounded: Rows
     k_max: int
-    nucleus: Rows
     top_k_only: Rows
     sort: Rows
     plain: Rows
-    candidate_filters: CandidateFilters | None = None  # of ``candidates``
+    filters: BoundedFilters | None = None  # of ``bounded``
 
 
 @dataclass(frozen=True)
@@ -157,7 +172,7 @@ def route(params: Sequence, rows: Sequence[int], vocab_size: int, filter_impl: s
     parameters (never its neighbours'). ``filters``: the batch's (top_ks, top_ps,
     min_ps) row tensors, gathered per group."""
     V, B = vocab_size, len(params)
-    cand, nucleus, top_k_only, sort_rows, plain = [], [], [], [], []
+    bounded, small, top_k_only, sort_rows, plain = [], [], [], [], []
     k_max = 0
     for r in rows:
         p = params[r]
@@ -167,21 +182,21 @@ def route(params: Sequence, rows: Sequence[int], vocab_size: int, filter_impl: s
             plain.append(r)
         elif filter_impl != "auto":
             sort_rows.append(r)
-        elif has_k and p.top_k * CANDIDATE_RATIO <= V:
-            cand.append(r)
-            k_max = max(k_max, p.top_k)
-        elif has_p:
-            nucleus.append(r)
+        elif has_p or p.top_k * CANDIDATE_RATIO <= V:
+            bounded.append(r)
+            small.append(has_k and p.top_k * CANDIDATE_RATIO <= V)
+            k_max = max(k_max, p.top_k if small[-1] else 0)
         else:
             top_k_only.append(r)
+
     def group(g: list[int]) -> Rows:
         return Rows.of(g, B, device, filters, (
             any(params[r].top_k != -1 and params[r].top_k < V for r in g),
             any(params[r].top_p < 1.0 for r in g), any(params[r].min_p > 0.0 for r in g)))
 
-    candidates = group(cand)
-    return FilterRoute(candidates, k_max, group(nucleus), group(top_k_only), group(sort_rows),
-                       group(plain), CandidateFilters.of(candidates, k_max))
+    b = group(bounded)
+    return FilterRoute(b, k_max, group(top_k_only), group(sort_rows), group(plain),
+                       BoundedFilters.of(b, small, k_max, V))
 
 
 def plan_rows(params: Sequence, vocab_size: int, filter_impl: str, device: torch.device, *,

@@ -14,7 +14,7 @@ from detsample import Request, SamplingBatch, Sampler, SamplingParams
 from detsample.ops import draw as D
 from detsample.ops import filters as F
 from detsample.rng import row_uniforms
-from tests.helpers import logits_rows, topk_candidates
+from tests.helpers import compact_cdf, logits_rows, topk_candidates
 
 ALPHA = 1e-3  # chi-square significance level (fixed seeds: the outcome is reproducible)
 
@@ -32,7 +32,7 @@ def test_compact_and_full_draw_agree(seed, k, p):
     vals, ids, fits = topk_candidates(z, kk, 40)
     n = F.kept_prefix_length(vals, kk, pp, mm, frac)
     u = row_uniforms(torch.arange(5) + seed, torch.arange(5))
-    sorted_ids, csum = D.compact_cdf(vals, ids, n, frac)
+    sorted_ids, csum = compact_cdf(vals, ids, n, frac)
     t1, q1 = D.draw_by_cdf(sorted_ids, csum, u), csum[:, -1]
     tau = vals.gather(1, (n - 1)[:, None]).squeeze(1)
     q, bsum = D.block_cdf(z, tau, mm, frac)
@@ -151,7 +151,7 @@ def test_greedy_argmax_property(seed, B, family, V):
 @given(st.integers(0, 2**32 - 1), st.sampled_from(["random", "ties", "neginf"]),
        st.sampled_from([1.0, 0.5, 0.9]), st.sampled_from([0.0, 0.1]))
 def test_kept_cdf_equals_compact_cdf(seed, family, p, mp):
-    """The table built from ``candidate_cut``'s kept mask and masses is the table of
+    """The table built from ``kept_prefix``'s kept mask and masses is the table of
     ``compact_cdf``, bit for bit, and draws the same tokens."""
     rng = np.random.default_rng(seed)
     V, rows, K = 600, 5, 40
@@ -167,8 +167,9 @@ def test_kept_cdf_equals_compact_cdf(seed, family, p, mp):
     vals, ids, fits = topk_candidates(z, kk, K)
     pp = torch.full((rows, 1), p if p < 1 else float("inf"), dtype=torch.float64)
     mm = torch.full((rows, 1), mp)
-    n, kept, q = F.candidate_cut(vals, (kk - 1)[:, None], True, pp, mm, frac)
-    s1, c1 = D.compact_cdf(vals, ids, n, frac)
+    n, kept, q, _ = F.kept_prefix(vals, F.CandidateCut(k_index=(kk - 1)[:, None], top_p=pp,
+                                                       min_p=mm), frac)
+    s1, c1 = compact_cdf(vals, ids, n, frac)
     s2, c2 = D.kept_cdf(ids, q, kept)
     assert torch.equal(c1, c2) and torch.equal(s1.gather(1, (n - 1)[:, None]),
                                                s2.gather(1, (n - 1)[:, None]))

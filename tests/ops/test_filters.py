@@ -119,7 +119,9 @@ def test_nucleus_on_candidates_equals_full_sort(seed, family, k, p, mp, K):
     want_mass = (rules.mass(torch.exp(sz), frac) * (sz >= thr[:, None])).sum(-1)
     assert torch.equal(mass, want_mass)
     vals, ids = torch.topk(z, K, dim=-1)
-    n, decided = F.nucleus_prefix(vals, thr, mass, pp, mm, frac)
+    n, _, _, _ = F.kept_prefix(vals, F.CandidateCut(thr=thr[:, None], total=mass[:, None],
+                                                    top_p=pp[:, None], min_p=mm[:, None]), frac)
+    decided = n < K
     if K == V:
         assert bool(decided[n < K].all())
         decided = torch.ones_like(decided)
@@ -143,8 +145,8 @@ def _cut_inputs(rng, family, rows=6, V=800):
 @given(st.integers(0, 2**32 - 1), st.sampled_from(CUT_FAMILIES),
        st.lists(st.sampled_from([1.0, 0.95, 0.6, 0.2]), min_size=6, max_size=6),
        st.lists(st.sampled_from([0.0, 0.0, 0.3]), min_size=6, max_size=6))
-def test_candidate_cut_equals_kept_prefix_length(seed, family, ps, mps):
-    """``candidate_cut`` (top-p from the exclusive running sum, no tie-group pass) keeps
+def test_kept_prefix_on_candidates_equals_kept_prefix_length(seed, family, ps, mps):
+    """``kept_prefix`` (top-p from the exclusive running sum, no tie-group pass) keeps
     the prefix ``kept_prefix_length`` keeps, bit for bit, with per-row top-k, top-p and
     min-p mixed in one batch (a row without top-p next to rows with it, whose top-k
     still cuts). Bug it would catch: a disabled top-p (``+inf``) undoing the top-k."""
@@ -160,34 +162,52 @@ def test_candidate_cut_equals_kept_prefix_length(seed, family, ps, mps):
     for use_p, use_m in ((True, True), (True, False), (False, True), (False, False)):
         ref = F.kept_prefix_length(vals, kk, pp if use_p else None, mm if use_m else None,
                                    frac)
-        n, kept, q = F.candidate_cut(vals, (kk - 1)[:, None], True, tp if use_p else None,
-                                     mm[:, None] if use_m else None, frac)
+        n, kept, q, _ = F.kept_prefix(vals, F.CandidateCut(
+            k_index=(kk - 1)[:, None], top_p=tp if use_p else None,
+            min_p=mm[:, None] if use_m else None), frac)
         assert torch.equal(n, ref), (use_p, use_m)
-        assert torch.equal(kept, torch.arange(K)[None, :] < n[:, None])
+        assert torch.equal(kept, torch.arange(K + 1)[None, :] < n[:, None])
         assert torch.equal(q, rules.mass(torch.exp(vals), frac))
     tau = vals.gather(1, (want - 1)[:, None]).squeeze(1)
     tau_sort = F.thresholds_by_sort(z, kk, pp, mm, frac)
     assert torch.equal(tau[fits], tau_sort[fits])
 
 
-def test_candidate_cut_without_a_top_k_cut():
-    """Every row's top-k is the candidate count (``cut_k`` False): nothing is cut by it."""
-    z = _family(np.random.default_rng(3), 4, 500, "peaked")
-    kk = torch.full((4,), 30)
-    vals, _, fits = topk_candidates(z, kk, 30)
-    pp = torch.full((4,), 0.8, dtype=torch.float64)
-    n, _, _ = F.candidate_cut(vals, (kk - 1)[:, None], False, pp[:, None], None, 12)
-    assert bool(fits.all())
-    want = F.kept_prefix_length(vals, kk, pp, None, 12)
-    assert torch.equal(n, want)
+@given(st.integers(0, 2**32 - 1), st.sampled_from(CUT_FAMILIES),
+       st.lists(st.booleans(), min_size=6, max_size=6))
+def test_kept_prefix_of_small_top_k_rows_beside_top_p_rows(seed, family, small):
+    """One call cuts a group mixing rows whose top-k survivors are all candidates (their
+    mass summed there) and top-p rows with a large or no top-k (their threshold and mass
+    from the full row): each row keeps the full sort's prefix whenever the sampler would
+    call it decided. Bug it would catch: a top-p row's limit taken from the candidates'
+    mass, or a small row's from a neighbour's full-row mass."""
+    rng = np.random.default_rng(seed)
+    z, kk, V = _cut_inputs(rng, family)
+    frac, K = rules.frac_bits(V), 64
+    sm = torch.tensor(small)
+    kk = torch.where(sm, kk, torch.tensor(V))  # the other rows: no top-k
+    pp = torch.full((6,), 0.8, dtype=torch.float64)
+    mm = torch.zeros(6)
+    thr = F.topk_threshold(z, kk)
+    total = F.survivor_mass(z, thr, frac)
+    vals, ids = torch.topk(z, K + 1, dim=-1)
+    cut = F.CandidateCut(k_index=(kk.clamp(max=K) - 1)[:, None], small=sm[:, None],
+                         thr=thr[:, None], total=total[:, None], top_p=pp[:, None])
+    n, kept, _, t = F.kept_prefix(vals, cut, frac)
+    fits = torch.where(sm, vals[:, -1] < t.squeeze(1), n < K + 1)
+    tau = vals.gather(1, (n - 1)[:, None]).squeeze(1)
+    tau_sort = F.thresholds_by_sort(z, kk, pp, mm, frac)
+    assert torch.equal(tau[fits].view(torch.int32), tau_sort[fits].view(torch.int32))
+    if family == "peaked":
+        assert bool(fits.all())
 
 
 @given(st.integers(0, 2**32 - 1), st.sampled_from(CUT_FAMILIES + ["huge"]),
        st.sampled_from([0.3, 0.8, 1.0, 1.7]))
-def test_logit_candidates_equal_candidates_of_scaled_logits(seed, family, T):
+def test_logit_topk_equals_topk_of_scaled_logits(seed, family, T):
     """The candidates taken from the logits and scaled afterwards carry the bits of the
-    candidates of the scaled logits: the same values, the same ``fits``, the same id set
-    in every kept prefix (ids may be ordered differently inside a tie group)."""
+    candidates of the scaled logits: the same values, the same id set in every prefix
+    ending at a tie-group boundary (ids may be ordered differently inside a tie group)."""
     rng = np.random.default_rng(seed)
     rows, V = 5, 700
     if family == "huge":
@@ -197,13 +217,12 @@ def test_logit_candidates_equal_candidates_of_scaled_logits(seed, family, T):
         x = _family(rng, rows, V, family) * 1.7 + 3.0
     m = x.amax(1, keepdim=True)
     temps = torch.full((rows, 1), T)
-    kk = torch.from_numpy(rng.integers(2, 41, rows))
     z = scale_logits(x, m, temps)
-    v1, i1, f1 = topk_candidates(z, kk, 40)
-    v2, i2, f2 = F.logit_candidates(x, m, temps, (kk - 1)[:, None], 40)
-    assert torch.equal(v1.view(torch.int32), v2.view(torch.int32)) and torch.equal(f1, f2)
+    v1, i1 = torch.topk(z, 41, dim=-1)
+    v2, i2 = F.logit_topk(x, m, temps, 41)
+    assert torch.equal(v1.view(torch.int32), v2.view(torch.int32))
     for r in range(rows):
-        ends = [j for j in range(1, 40) if v1[r, j] != v1[r, j - 1]] + [40]
+        ends = [j for j in range(1, 41) if v1[r, j] != v1[r, j - 1]] + [41]
         for e in ends[:-1]:  # every prefix ending at a tie-group boundary
             assert set(i1[r, :e].tolist()) == set(i2[r, :e].tolist())
 
@@ -236,7 +255,7 @@ def test_top_p_drops_a_value_whose_mass_above_equals_the_limit():
     tp = torch.tensor([top_p], dtype=torch.float64)
     n = F.kept_prefix_length(z[None], torch.tensor([V]), tp, None, frac)
     assert n.tolist() == [1]
-    n, _, _ = F.candidate_cut(z[None], torch.tensor([[V - 1]]), False, tp[:, None], None, frac)
+    n, _, _, _ = F.kept_prefix(z[None], F.CandidateCut(top_p=tp[:, None]), frac)
     assert n.tolist() == [1]
     tau = thresholds_by_select(z[None], torch.tensor([V]), tp, torch.zeros(1), frac)
     assert tau.tolist() == [0.0]

@@ -29,16 +29,17 @@ def _plan(b, impl="auto"):
 def test_rows_routed_by_their_own_parameters():
     p = _plan(_batch())
     assert p.greedy.rows == (0,) and p.sampling.rows == (1, 2, 3, 4)
-    assert p.route.candidates.rows == (1,) and p.route.k_max == 20
-    assert p.route.top_k_only.rows == (2,) and p.route.nucleus.rows == (3,)
-    assert p.route.candidates.filters[0].tolist() == [20] and p.route.candidates.any_top_k
-    assert p.route.nucleus.filters[1].tolist() == [0.9] and not p.route.nucleus.any_top_k
+    assert p.route.bounded.rows == (1, 3) and p.route.k_max == 20
+    assert p.route.top_k_only.rows == (2,)
+    assert p.route.bounded.filters[0].tolist() == [20, V] and p.route.bounded.any_top_k
+    assert p.route.bounded.filters[1].tolist() == [1.0, 0.9]
+    assert p.route.filters.wide.tolist() == [1] and not p.route.filters.wide_k
     assert not p.route.sort and p.route.plain.rows == (4,)
     assert set(p.modes) == {"raw", "processed"} and p.top["processed"].rows == (4,)
     assert p.max_top == 2 and p.want_top.tolist() == [0, 0, 0, 0, 2]
     assert p.temperatures[0, 0] == 1.0 and p.temperatures[1, 0] == torch.tensor(0.7)
     s = _plan(_batch(), "sort")
-    assert not s.route.candidates and not s.route.nucleus and not s.route.top_k_only
+    assert not s.route.bounded and not s.route.top_k_only and s.route.filters is None
     assert s.route.sort.rows == (1, 2, 3) and s.route.plain.rows == (4,)
 
 
@@ -67,16 +68,22 @@ def test_plan_is_derived_once_per_composition():
     assert b.derived(("row_plan", "auto"), lambda: "again") == "again"
 
 
-def test_candidate_filters_shaped_once_per_composition():
-    """The bounded top-k rows' filters are gathered and shaped in the plan: the top-k
-    boundary index, whether any top-k cuts inside the candidates, top_p with +inf where
-    disabled (a row without top-p never cuts by mass), min_p only when a row uses it."""
+def test_bounded_filters_shaped_once_per_composition():
+    """The bounded rows' filters are gathered and shaped in the plan: the top-k boundary
+    index of the small top-k rows, which rows those are (None when all are), the rows
+    whose threshold and mass come from the full row (a top-p without a small top-k, with
+    or without a large top-k), top_p with +inf where disabled (a row without top-p never
+    cuts by mass), min_p only when a row uses it."""
     ps = [SamplingParams(temperature=0.7, top_k=20, seed=1),
           SamplingParams(temperature=0.7, top_k=8, top_p=0.5, seed=2),
           SamplingParams(temperature=0.0, seed=3)]
-    cf = _plan(_batch(ps)).route.candidate_filters
-    assert cf.k_index.tolist() == [[19], [7]] and cf.cut_k
-    assert cf.top_p.tolist() == [[float("inf")], [0.5]] and cf.min_p is None
-    same = _plan(_batch(ps[:1] * 2)).route.candidate_filters
-    assert not same.cut_k and same.top_p is None
-    assert _plan(_batch(ps[2:])).route.candidate_filters is None
+    bf = _plan(_batch(ps)).route.filters
+    assert bf.k_index.tolist() == [[19], [7]] and bf.small is None and bf.wide is None
+    assert bf.top_p.tolist() == [[float("inf")], [0.5]] and bf.min_p is None
+    mixed = ps[:2] + [SamplingParams(temperature=0.7, top_k=300, top_p=0.9, min_p=0.1, seed=4)]
+    bf = _plan(_batch(mixed)).route.filters
+    assert bf.small.flatten().tolist() == [True, True, False] and bf.wide.tolist() == [2]
+    assert bf.wide_k and bf.min_p.flatten().tolist() == [0.0, 0.0, torch.tensor(0.1).item()]
+    same = _plan(_batch(ps[:1] * 2)).route.filters
+    assert same.top_p is None and same.wide is None
+    assert _plan(_batch(ps[2:])).route.filters is None

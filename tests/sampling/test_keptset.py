@@ -1,0 +1,106 @@
+"""detsample/sampling/keptset.py: the one kept-set function, its two strategies and the
+spill between them, against the full stable sort (bits) and the float64 oracle
+(oracles/sampler.py: kept sets away from near-ties)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from detsample import Request, SamplingBatch, Sampler, SamplingParams
+from detsample.sampling import keptset
+from oracles import sampler as osamp
+from tests.helpers import logits_rows
+
+V = 4096  # V / 8 = 512 candidates at most: small top-k rows fit, nuclei grow (64, 512) or spill
+MARGIN = 1e-5
+FILTER_MIXES = st.builds(
+    SamplingParams, temperature=st.sampled_from([0.5, 1.0, 1.7]),
+    top_k=st.sampled_from([-1, -1, 2, 20, 100, 500, 3000]),
+    top_p=st.sampled_from([1.0, 1.0, 0.3, 0.9, 0.999]),
+    min_p=st.sampled_from([0.0, 0.0, 0.05, 0.5]), seed=st.integers(0, 2**31))
+FAMILIES = ["random", "ties", "neginf", "huge", "peaked", "bf16", "onehot"]
+#: rows every batch holds, one per route: a nucleus alone, small top-k with top-p, a
+#: large top-k with top-p and min-p, a small top-k alone, min-p alone
+EVERY_ROUTE = [SamplingParams(top_p=0.9, temperature=1.3, seed=1),
+               SamplingParams(top_k=20, top_p=0.9, seed=2),
+               SamplingParams(top_k=3000, top_p=0.95, min_p=0.01, seed=3),
+               SamplingParams(top_k=2, seed=4), SamplingParams(min_p=0.1, seed=5)]
+
+
+def _batch(ps, vocab=V):
+    return SamplingBatch.from_requests([Request(str(i), p) for i, p in enumerate(ps)], vocab)
+
+
+def _masks(ps, x, vocab=V):
+    """The kept sets of the default Sampler and of the full stable sort."""
+    got = Sampler().sampling_mask(torch.from_numpy(x), _batch(ps, vocab))
+    return got, Sampler(filter_impl="sort").sampling_mask(torch.from_numpy(x), _batch(ps, vocab))
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(FILTER_MIXES, min_size=0, max_size=6), st.sampled_from(FAMILIES),
+       st.integers(0, 2**32 - 1), st.randoms(use_true_random=False))
+def test_kept_sets_equal_the_full_sort(ps, family, seed, order):
+    """Random batches mixing small and large top-k, top-p and min-p rows (so the bounded
+    strategy, its growth and the spill to the full strategy all run): every row's kept
+    set is the full sort's, bit for bit. Bug it would catch: a row decided on candidates
+    whose prefix did not end inside them (a kept token missing, or a tie group split)."""
+    ps = EVERY_ROUTE + ps
+    order.shuffle(ps)
+    got, ref = _masks(ps, logits_rows(np.random.default_rng(seed), len(ps), V, family))
+    assert torch.equal(got, ref)
+
+
+VO = 256  # the float64 oracle is quadratic in V
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(FILTER_MIXES, min_size=1, max_size=8), st.sampled_from(FAMILIES),
+       st.integers(0, 2**32 - 1))
+def test_kept_sets_equal_the_float64_oracle(ps, family, seed):
+    """The same mixes on a short vocabulary: every row's kept set is the float64
+    oracle's wherever the oracle's decision margin is clear (and the sort's, bit for
+    bit, everywhere)."""
+    ps = [p.replace(top_k=min(p.top_k, 2 * VO)) for p in ps] + [
+        SamplingParams(top_p=0.9, seed=1), SamplingParams(top_k=20, top_p=0.8, seed=2)]
+    x = logits_rows(np.random.default_rng(seed), len(ps), VO, family)
+    got, ref = _masks(ps, x, VO)
+    assert torch.equal(got, ref)
+    for i, p in enumerate(ps):
+        if p.is_greedy:
+            continue
+        r = osamp.sample_row(x[i], osamp.RowParams(temperature=p.temperature, top_k=p.top_k,
+                                                   top_p=p.top_p, min_p=p.min_p), 0)
+        if r.margin > MARGIN:
+            assert got[i].nonzero().flatten().tolist() == r.kept, i
+
+
+@pytest.mark.parametrize("top_k,top_p,spills", [
+    (2, 1.0, True),     # 1 winner then 63 ties: the tie group spills past k_max + 1
+    (-1, 0.5, True),    # a flat nucleus outgrows V / 8 candidates
+    (20, 0.9, False),   # a peaked row ends inside its first candidates
+])
+def test_a_row_spills_from_bounded_to_full_only_when_undecided(monkeypatch, top_k, top_p,
+                                                               spills):
+    """The only hand-off: a row the bounded strategy cannot decide goes to the full
+    strategy (spied), and keeps the sort's bits there."""
+    x = torch.zeros(1, V)
+    if spills and top_k == 2:
+        x[0, 0] = 5.0
+    elif not spills:
+        x = torch.from_numpy(logits_rows(np.random.default_rng(1), 1, V, "peaked"))
+    calls = []
+    real = keptset._full
+    monkeypatch.setattr(keptset, "_full", lambda z, plan, inp, plain, spilled, **kw: (
+        calls.append(sum(int(s.numel()) for s in spilled)) or real(z, plan, inp, plain,
+                                                                   spilled, **kw)))
+    p = SamplingParams(top_k=top_k, top_p=top_p, seed=3, logprobs_mode="processed")
+    a = Sampler().sample(x, _batch([p]), torch.tensor([7]))
+    assert sum(calls) == (1 if spills else 0)  # (no full strategy at all when none spills)
+    b = Sampler(filter_impl="sort").sample(x, _batch([p]), torch.tensor([7]))
+    assert torch.equal(a.token_ids, b.token_ids)
+    assert torch.equal(a.logprobs.view(torch.int32), b.logprobs.view(torch.int32))
