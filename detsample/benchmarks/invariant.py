@@ -12,8 +12,9 @@ over ``rounds``, the least disturbed by other processes; the one-time verificati
 done by a warm-up before the rounds. Models: ``hf-tiny-llama`` and ``wide``, a Llama of
 hidden 1024 and 8 layers (16 heads, 4 KV heads, MLP 2752, the 512-token vocabulary);
 ``moe`` and ``mla`` (:data:`MOE`, :data:`MLA`); ``hybrid``, an LFM2 short-convolution
-hybrid of the same width (:data:`HYBRID`), run through transformers' own cache; ``qwen35``,
-a Qwen3.5-style gated delta-net hybrid (:data:`QWEN35`) through the adapter.
+hybrid of the same width (:data:`HYBRID`), and ``ssm``, a Nemotron-H Mamba 2 hybrid
+(:data:`SSM`), run through transformers' own cache; ``qwen35``, a Qwen3.5-style gated
+delta-net hybrid (:data:`QWEN35`) through the adapter.
 
 :func:`verification_cost` times the on-machine checks for the product shapes of a
 1B-parameter Llama (Llama 3.2 1B: hidden 2048, MLP 8192, 32 / 8 heads of 64, 128,256-token
@@ -56,6 +57,16 @@ HYBRID = dict(vocab_size=512, hidden_size=1024, intermediate_size=2752, block_ff
               num_key_value_heads=4, max_position_embeddings=1024,
               layer_types=["conv", "conv", "full_attention"] * 2 + ["conv", "full_attention"],
               pad_token_id=0, bos_token_id=1, eos_token_id=2)
+#: a Mamba 2 hybrid (Nemotron-H): hidden 1024, 8 blocks (3 Mamba 2 mixers of 32 heads of
+#: 64, state 128, 8 groups; 1 attention; 4 MLPs); run through transformers' own cache
+SSM = dict(vocab_size=512, hidden_size=1024, intermediate_size=2752, num_hidden_layers=8,
+           num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+           layers_block_type=["mamba", "mlp", "mamba", "mlp", "attention", "mlp", "mamba", "mlp"],
+           mamba_num_heads=32, mamba_head_dim=64, ssm_state_size=128, n_groups=8, chunk_size=128,
+           max_position_embeddings=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+#: the models run through transformers' own cache: name -> (config class, model class)
+OWN_CACHE = {"hybrid": ("Lfm2Config", "Lfm2ForCausalLM"),
+             "ssm": ("NemotronHConfig", "NemotronHForCausalLM")}
 #: a Qwen3.5-style gated delta-net hybrid: hidden 512, 4 layers (3 gated delta-net, 1 full
 #: attention, Qwen3.5's 3:1 pattern), 8 value / 4 key heads of 64 in the linear layers;
 #: through detsample's adapter (its per-row states). Under the mode a gated delta-net
@@ -65,7 +76,7 @@ QWEN35 = dict(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidde
               num_key_value_heads=2, head_dim=64, linear_num_value_heads=8,
               linear_num_key_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
               max_position_embeddings=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-MODELS = ("hf-tiny-llama", "wide", "moe", "mla", "hybrid", "qwen35")
+MODELS = ("hf-tiny-llama", "wide", "moe", "mla", "hybrid", "ssm", "qwen35")
 
 
 SIDES = ("default", "verified", "portable")
@@ -161,15 +172,17 @@ def measure(name: str, *, prefill_len: int = 512, decode_batch: int = 8, cache_l
     return out
 
 
-def _hybrid_side(side: str, seed: int) -> Callable[..., Any]:
-    """The LFM2 hybrid called as transformers runs it (its own cache), on ``side``."""
+def _hybrid_side(side: str, seed: int, name: str = "hybrid") -> Callable[..., Any]:
+    """The hybrid ``name`` of :data:`OWN_CACHE` called as transformers runs it (its own
+    cache), on ``side``."""
     import transformers
 
     from detsample.invariant import batch_invariant
     from detsample.models.hf import use_invariant_attention
     from detsample.models.tiny import seeded_init_
+    config, cls = OWN_CACHE[name]
     with torch.random.fork_rng(devices=[]):
-        model = transformers.Lfm2ForCausalLM(transformers.Lfm2Config(**HYBRID))
+        model = getattr(transformers, cls)(getattr(transformers, config)(**_config(name)))
     model = seeded_init_(model, seed).eval()
     if side != "default":
         use_invariant_attention(model)
@@ -184,20 +197,26 @@ def _hybrid_side(side: str, seed: int) -> Callable[..., Any]:
     return call
 
 
+def _config(name: str) -> dict:
+    return HYBRID if name == "hybrid" else SSM
+
+
 def measure_hybrid(*, prefill_len: int = 512, decode_batch: int = 8, cache_len: int = 256,
                    rounds: int = 5, threads: int = 2, seed: int = 0,
-                   sides: tuple[str, ...] = SIDES) -> list[Timing]:
-    """:func:`measure`'s workloads on the LFM2 hybrid through transformers' own cache
-    (detsample's adapter carries keys and values only): the decode batch is ``decode_batch``
-    rows of ``cache_len`` tokens prefilled together, then one step (the cache copied, not
-    timed, before each round: a step writes its convolution windows in place)."""
+                   sides: tuple[str, ...] = SIDES, name: str = "hybrid") -> list[Timing]:
+    """:func:`measure`'s workloads on the hybrid ``name`` (:data:`OWN_CACHE`: LFM2, or the
+    Nemotron-H Mamba 2 hybrid) through transformers' own cache (detsample's adapter carries
+    keys and values only): the decode batch is ``decode_batch`` rows of ``cache_len``
+    tokens prefilled together, then one step (the cache copied, not timed, before each
+    round: a step writes its convolution windows and recurrent states in place)."""
     import copy
 
-    calls = {side: _hybrid_side(side, seed) for side in sides}
+    calls = {side: _hybrid_side(side, seed, name) for side in sides}
     g = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(3, HYBRID["vocab_size"], (1, prefill_len), generator=g)
-    rows = torch.randint(3, HYBRID["vocab_size"], (decode_batch, cache_len), generator=g)
-    step = torch.randint(3, HYBRID["vocab_size"], (decode_batch, 1), generator=g)
+    vocab = _config(name)["vocab_size"]
+    prompt = torch.randint(3, vocab, (1, prefill_len), generator=g)
+    rows = torch.randint(3, vocab, (decode_batch, cache_len), generator=g)
+    step = torch.randint(3, vocab, (decode_batch, 1), generator=g)
     with torch_threads(threads):
         caches = {}
         for side, call in calls.items():
@@ -208,8 +227,8 @@ def measure_hybrid(*, prefill_len: int = 512, decode_batch: int = 8, cache_len: 
         dec = _best({side: (lambda s, side=side, c=c: c(step, past_key_values=s[side], use_cache=True))
                      for side, c in calls.items()}, rounds,
                     setup=lambda: {k: copy.deepcopy(v) for k, v in caches.items()})
-    return [Timing("hybrid", f"prefill {prefill_len} x 1", pre),
-            Timing("hybrid", f"decode {decode_batch} x cache {cache_len}", dec)]
+    return [Timing(name, f"prefill {prefill_len} x 1", pre),
+            Timing(name, f"decode {decode_batch} x cache {cache_len}", dec)]
 
 
 def table(timings: list[Timing]) -> str:
@@ -321,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     timings = []
     for name in args.models:
-        run = measure_hybrid if name == "hybrid" else lambda **kw: measure(name, **kw)
+        run = ((lambda **kw: measure_hybrid(name=name, **kw)) if name in OWN_CACHE
+               else lambda **kw: measure(name, **kw))
         timings += run(rounds=args.rounds, threads=args.threads)
     print(table(timings))
     return 0

@@ -56,6 +56,9 @@ REFUSED: tuple[tuple[str, str], ...] = (
 #: (the guard still checks what they keep at every forward)
 NOT_MIXERS: frozenset[str] = frozenset({
     "KimiLinearAttention",      # Kimi-Linear's full attention (MLA) beside its delta attention
+    # the RMS norms of the Mamba models (a row norm each, no state)
+    "MambaRMSNorm", "Mamba2RMSNorm", "MambaRMSNormGated", "FalconMambaRMSNorm",
+    "FalconMambaWeightlessRMSNorm",
 })
 
 

@@ -16,9 +16,16 @@ the modeling module's global function its prefill calls (``target``) and the one
 decode step calls (``step``), and the cache attributes its state is kept in. While the mode
 is installed, ``target`` is replaced in that modeling module by ``step`` (adapted to
 ``target``'s signature, :attr:`Cover.adapt`); on the mode's exit the original is restored
-(:class:`Patches`). A mixer whose modeling module lacks either function (another
-transformers version, a kernel bound from the hub) is not covered: the guard refuses it by
-name, as before. Cost: a prefill of ``T`` positions runs ``T`` recurrent steps
+(:class:`Patches`). A :class:`BoundCover` replaces its functions by ones that read the
+mixer whose forward is running (:class:`Running`: its attributes, the cache it was
+given), and may replace ``step`` too: the state-space families (:mod:`detsample.invariant.ssm`),
+whose prefill function is not given all the decode step is. A :class:`SeededCover`
+replaces nothing: its mixer's forward already runs the recurrent update whenever its
+cache holds a state, and a forward pre-hook gives it a zero one (MiniMax's lightning
+attention). A mixer whose modeling module
+lacks either function, or lacks an attribute the cover reads (another transformers
+version, a kernel bound from the hub), is not covered: the guard refuses it by name, or by
+the state it keeps, as before. Cost: a prefill of ``T`` positions runs ``T`` recurrent steps
 (docs/performance.md, "Hybrid models").
 """
 
@@ -26,10 +33,13 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+
+from detsample.invariant import ssm
 
 
 def _without_chunk_size(step: Callable) -> Callable:
@@ -56,22 +66,164 @@ class Cover:
     step: str
     states: frozenset[str]
     adapt: Callable[[Callable], Callable] = _without_chunk_size
+    #: attributes the mixer must have (those the replacements read)
+    attrs: frozenset[str] = frozenset()
+    #: the class name must be ``fragment`` itself (``MambaMixer``, not ``ZambaMambaMixer``,
+    #: whose heads call the functions with other arguments)
+    exact: bool = False
+
+    def named(self, module: torch.nn.Module) -> bool:
+        """Whether ``module``'s class name is of this family and it has :attr:`attrs`."""
+        name = type(module).__name__
+        return ((name == self.fragment if self.exact else self.fragment in name)
+                and all(hasattr(module, a) for a in self.attrs))
 
     def matches(self, module: torch.nn.Module) -> bool:
-        """Whether ``module`` is of this family and its modeling module has both functions."""
-        if self.fragment not in type(module).__name__:
+        """Whether ``module`` is of this family (:meth:`named`) and its modeling module has
+        both functions."""
+        if not self.named(module):
             return False
         home = sys.modules.get(type(module).__module__)
         return callable(getattr(home, self.target, None)) and callable(getattr(home, self.step, None))
 
+    def replacements(self, home: Any, running: "Running") -> dict[str, Callable]:
+        """``{global: replacement}`` for ``home``, the modeling module (its originals)."""
+        return {self.target: self.adapt(getattr(home, self.step))}
 
-#: the families the mode covers: gated delta-net (Qwen3-Next, Qwen3.5, Qwen3.5-MoE) and
-#: Kimi delta attention (Kimi-Linear)
+    def hook(self, module: torch.nn.Module, running: "Running") -> list[Any]:
+        """Put on ``module`` the hooks its replacements need; their handles."""
+        return []
+
+
+@dataclass(frozen=True)
+class Call:
+    """A covered mixer's forward in progress: the module, and the cache it was given (the
+    argument with ``get_recurrent_state``; None: none)."""
+
+    module: torch.nn.Module
+    cache: Any
+
+
+class Running:
+    """The covered mixer whose forward each thread is in (innermost first), kept by forward
+    hooks :class:`Patches` puts on the covered mixers while the mode is installed."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+
+    def _stack(self) -> list[Call]:
+        if not hasattr(self.local, "stack"):
+            self.local.stack = []
+        return self.local.stack
+
+    def enter(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        cache = next((a for a in (*args, *kwargs.values()) if hasattr(a, "get_recurrent_state")), None)
+        self._stack().append(Call(module, cache))
+
+    def leave(self, module: torch.nn.Module, *rest: Any) -> None:
+        stack = self._stack()
+        if stack and stack[-1].module is module:
+            stack.pop()
+
+    def __call__(self) -> Call:
+        """The innermost running covered mixer; RuntimeError outside any."""
+        stack = self._stack()
+        if not stack:
+            raise RuntimeError("batch-invariant mode: a covered mixer's function was called "
+                               "outside its mixer's forward, so the mixer it serves is unknown")
+        return stack[-1]
+
+
+@dataclass(frozen=True)
+class BoundCover(Cover):
+    """A :class:`Cover` whose replacements read the running mixer (:class:`Running`).
+
+    prefill: ``(original step, running) -> replacement of target``.
+    decode: ``(original step, running) -> replacement of step``, or None to keep ``step``.
+    """
+
+    prefill: Callable[[Callable, Callable[[], Call]], Callable] = ssm.mamba2_prefill
+    decode: Callable[[Callable, Callable[[], Call]], Callable] | None = None
+
+    def replacements(self, home: Any, running: Running) -> dict[str, Callable]:
+        step = getattr(home, self.step)
+        out = {self.target: self.prefill(step, running)}
+        if self.decode is not None:
+            out[self.step] = self.decode(step, running)
+        return out
+
+    def hook(self, module: torch.nn.Module, running: Running) -> list[Any]:
+        return [module.register_forward_pre_hook(running.enter, with_kwargs=True),
+                module.register_forward_hook(running.leave, always_call=True)]
+
+
+@dataclass(frozen=True)
+class SeededCover(Cover):
+    """A mixer whose forward runs its recurrent update, for any number of positions,
+    whenever its cache holds a state for its layer, and a blocked prefill otherwise:
+    MiniMax's lightning attention (``MiniMaxLightningAttention.forward`` in transformers
+    5.24: ``get_linear_cache(layer)`` None -> blocks of ``block_size`` from the call's first
+    token; a state -> ``state = exp(-slope) * state + k^T v``, ``out = q state``, position by
+    position, the same function of the positions). While the mode is installed a forward
+    pre-hook gives the mixer a zero state when its cache has none -- in a throwaway cache
+    of the modeling module's ``target`` class when the call brings no cache -- so a prefill
+    runs the recurrent update too. Nothing is replaced in the modeling module; ``step``
+    names the cache's getter (the setter is ``set_`` + its name after ``get_``).
+    """
+
+    def matches(self, module: torch.nn.Module) -> bool:
+        if not self.named(module):
+            return False
+        cache = getattr(sys.modules.get(type(module).__module__), self.target, None)
+        setter = "set_" + self.step.removeprefix("get_")
+        return isinstance(cache, type) and all(callable(getattr(cache, f, None)) for f in (self.step, setter))
+
+    def replacements(self, home: Any, running: Running) -> dict[str, Callable]:
+        return {}
+
+    def hook(self, module: torch.nn.Module, running: Running) -> list[Any]:
+        return [module.register_forward_pre_hook(self._seed, with_kwargs=True)]
+
+    def _seed(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """A zero state (B, heads, head_dim, head_dim) in the hidden states' dtype for
+        ``module``'s layer, in the call's cache or a throwaway one."""
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        cache = next((a for a in (*args, *kwargs.values()) if hasattr(a, self.step)), None)
+        if cache is None:
+            cache = getattr(sys.modules[type(module).__module__], self.target)()
+            kwargs = {**kwargs, "cache": cache}
+        if getattr(cache, self.step)(module.layer_idx) is None:
+            d = module.head_dim
+            getattr(cache, "set_" + self.step.removeprefix("get_"))(
+                module.layer_idx, hidden.new_zeros(hidden.shape[0], module.num_attention_heads, d, d))
+        return args, kwargs
+
+
+_RECURRENT = frozenset({"recurrent_states"})
+
+
+def _mamba2(fragment: str) -> BoundCover:
+    return BoundCover(fragment, "mamba2_chunk_scan", "mamba2_selective_state_update", _RECURRENT,
+                      attrs=frozenset({"time_step_limit"}), prefill=ssm.mamba2_prefill,
+                      decode=ssm.mamba2_decode)
+
+
+#: the families the mode covers: gated delta-net (Qwen3-Next, Qwen3.5, Qwen3.5-MoE), Kimi
+#: delta attention (Kimi-Linear), Mamba 2 (Mamba2, Nemotron-H, Granite-4 hybrid, Bamba,
+#: Falcon-H1), Mamba (Mamba, FalconMamba, Jamba) and lightning attention (MiniMax)
 COVERS: tuple[Cover, ...] = (
     Cover("GatedDeltaNet", "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
-          frozenset({"recurrent_states"})),
+          _RECURRENT),
     Cover("KimiLinearDeltaAttention", "chunk_kimi_delta_attention", "recurrent_kimi_delta_attention",
-          frozenset({"recurrent_states"})),
+          _RECURRENT),
+    *(_mamba2(f) for f in ("Mamba2Mixer", "GraniteMoeHybridMambaLayer", "BambaMixer",
+                           "FalconH1Mixer")),
+    *(BoundCover(f, "mamba_selective_scan", "mamba_selective_state_update", _RECURRENT,
+                 attrs=frozenset({"D", "layer_idx"}), prefill=ssm.mamba_prefill, exact=True)
+      for f in ("MambaMixer", "FalconMambaMixer", "JambaMambaMixer")),
+    SeededCover("MiniMaxLightningAttention", "MiniMaxCache", "get_linear_cache",
+                frozenset({"linear_cache"}),
+                attrs=frozenset({"layer_idx", "head_dim", "num_attention_heads", "slope_rate"})),
 )
 
 
@@ -99,24 +251,35 @@ class Patches:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.saved: dict[tuple[str, str], Any] = {}
+        self.running = Running()
+        #: mixer -> its hook handles
+        self.hooks: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = weakref.WeakKeyDictionary()
 
     def ensure(self, model: torch.nn.Module) -> None:
-        """Replace, once, ``target`` by ``step`` in the modeling module of every covered
-        mixer of ``model``."""
+        """Replace, once, the :meth:`Cover.replacements` in the modeling module of every
+        covered mixer of ``model``, and hook the mixers whose replacements read them."""
         for mod in model.modules():
             c = cover_of(mod)
             if c is None:
                 continue
             name = type(mod).__module__
             with self.lock:
-                if (name, c.target) not in self.saved:
-                    home = sys.modules[name]
-                    self.saved[(name, c.target)] = getattr(home, c.target)
-                    setattr(home, c.target, c.adapt(getattr(home, c.step)))
+                home = sys.modules[name]
+                new = c.replacements(home, self.running)     # from the originals
+                for attr, fn in new.items():
+                    if (name, attr) not in self.saved:
+                        self.saved[(name, attr)] = getattr(home, attr)
+                        setattr(home, attr, fn)
+                if mod not in self.hooks:
+                    self.hooks[mod] = c.hook(mod, self.running)
 
     def undo(self) -> None:
-        """Restore every replaced global."""
+        """Restore every replaced global and remove the mixers' hooks."""
         with self.lock:
             for (name, attr), original in self.saved.items():
                 setattr(sys.modules[name], attr, original)
             self.saved.clear()
+            for handles in list(self.hooks.values()):
+                for h in handles:
+                    h.remove()
+            self.hooks.clear()

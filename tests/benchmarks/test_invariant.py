@@ -8,6 +8,7 @@ timer that leaves its decisions behind.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from detsample.benchmarks.invariant import SIDES, build, measure, table
@@ -37,15 +38,25 @@ def test_verification_cost_starts_and_ends_with_an_empty_registry(monkeypatch):
     assert not dict(state.plans().items())
 
 
-def test_the_hybrid_runs_each_side_through_its_own_cache(monkeypatch):
+_SMALL = {
+    "hybrid": ("HYBRID", dict(hidden_size=64, intermediate_size=96, block_ff_dim=96,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                              layer_types=["conv", "full_attention"])),
+    "ssm": ("SSM", dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        layers_block_type=["mamba", "attention"], mamba_num_heads=4,
+                        mamba_head_dim=16, ssm_state_size=16, n_groups=1, chunk_size=8)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SMALL))
+def test_the_hybrid_runs_each_side_through_its_own_cache(monkeypatch, name):
     from detsample.benchmarks import invariant as bench
-    small = dict(bench.HYBRID, hidden_size=64, intermediate_size=96, block_ff_dim=96,
-                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 layer_types=["conv", "full_attention"])
-    monkeypatch.setattr(bench, "HYBRID", small)
+    attr, small = _SMALL[name]
+    monkeypatch.setattr(bench, attr, dict(getattr(bench, attr), **small))
     with state.plans().recording() as used:
         timings = bench.measure_hybrid(prefill_len=6, decode_batch=2, cache_len=5, rounds=2,
-                                       threads=1)
+                                       threads=1, name=name)
     assert [t.workload for t in timings] == ["prefill 6 x 1", "decode 2 x cache 5"]
     assert all(set(t.seconds) == set(SIDES) and min(t.seconds.values()) > 0 for t in timings)
     assert any(p.portable for k, p in state.plans().items() if k in used)    # the portable side ran

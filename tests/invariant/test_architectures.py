@@ -4,16 +4,18 @@ architecture bitwise, or refused by name.
 For each: prefill == decode == chunked prefill == left- and right-padded batch, bitwise, at
 1 and 2 threads (and the same bits at both), with the mode; the same checks fail without it
 (negative control); the mode's logits within 1e-4 of the default kernels'; the MoE ones in
-bfloat16 too. A gated delta-net or Kimi delta-attention hybrid (Qwen3-Next, Qwen3.5,
-Qwen3.5-MoE, Kimi-Linear), whose mixer the mode runs by its recurrent update, is checked
-bitwise through transformers' own cache, both variants, with the mode's kernels alone
-(the mixer not covered) failing as a negative control. Any other linear-attention or
-state-space hybrid raises RefusedLayerError at its first forward
-instead of returning variant logits -- by name, and with the name list emptied by the
-state it keeps beyond keys and values (with a cache and without one) -- while under the
-mode's kernels with the guard off, through transformers' own cache, some check fails
-(negative control). LFM2 (short convolutions, whose cache keeps a verbatim window) is
-checked bitwise through transformers' own cache, both variants.
+bfloat16 too. A linear-attention or state-space hybrid whose mixer the mode runs by its
+recurrent update (gated delta-net: Qwen3-Next, Qwen3.5, Qwen3.5-MoE; Kimi delta attention:
+Kimi-Linear; Mamba 2: Nemotron-H, Granite-4 hybrid, Bamba, Falcon-H1, Mamba2; Mamba: Jamba,
+Mamba, FalconMamba; lightning attention: MiniMax) is checked bitwise through transformers'
+own cache, both variants, with the mode's kernels alone (the mixer not covered) failing as
+a negative control; MiniMax's chunked prefill, which transformers masks wrongly, raises
+under the mode instead. A row the mode cannot run (``Arch.refused``; none at present)
+raises RefusedLayerError at its first forward instead of returning variant logits -- by
+name, and with the name list emptied by the state it keeps beyond keys and values (with a
+cache and without one) -- while under the mode's kernels with the guard off some check
+fails (negative control). LFM2 (short convolutions, whose cache keeps a verbatim window)
+is checked bitwise through transformers' own cache, both variants.
 
 Pins: an MoE combine or router that follows the batch (the grouped expert product was not
 covered), an attention extra (soft-capping, sinks, MLA's value dim) that raised or was
@@ -38,7 +40,7 @@ from detsample.models.hf import use_invariant_attention
 from tests.invariant.architectures import PANEL, adapter, build, failures, own_cache_failures
 
 DEFAULT = ("llama", "gemma2", "gpt2", "qwen3moe", "deepseekv3", "gptoss", "qwen35", "minimax",
-           "lfm2")
+           "lfm2", "nemotronh")
 CASES = [pytest.param(a, id=a.name, marks=() if a.name in DEFAULT else pytest.mark.panel)
          for a in PANEL]
 TOKENS = torch.randint(0, 512, (19,), generator=torch.Generator().manual_seed(11)).tolist()
@@ -64,24 +66,40 @@ def _refused(arch, model: torch.nn.Module, monkeypatch) -> None:
 
 
 def _bitwise_through_own_cache(arch, model: torch.nn.Module) -> None:
-    """A hybrid the adapter cannot run (its cache holds convolution windows): the same
-    checks through transformers' own cache, both variants, 1 and 2 threads."""
+    """A hybrid the adapter cannot run (its cache holds convolution windows or a recurrent
+    state): the same checks through transformers' own cache, both variants, 1 and 2
+    threads; a chunked prefill transformers gets wrong (``arch.unchunked``) raises under
+    the mode instead."""
+    chunked = not arch.unchunked
     with torch_threads(2):
-        bad_default, ref = own_cache_failures(model, TOKENS, None)
+        bad_default, ref = own_cache_failures(model, TOKENS, None, chunked=chunked)
         assert bad_default, f"{arch.name}: the default kernels passed every check (no negative control)"
         if arch.covered:      # the mode's kernels alone do not do it: its mixer's recurrent form does
-            assert own_cache_failures(model, TOKENS, False, guarded=False)[0], \
+            assert own_cache_failures(model, TOKENS, False, guarded=False, chunked=chunked)[0], \
                 f"{arch.name}: bitwise under the mode's kernels without its mixer covered"
     use_invariant_attention(model)
+    if not chunked:
+        _chunked_prefill_raises(model)
     for portable in (False, True):
         results = {}
         for threads in (1, 2):
             with torch_threads(threads):
-                results[threads] = own_cache_failures(model, TOKENS, portable)
+                results[threads] = own_cache_failures(model, TOKENS, portable, chunked=chunked)
         assert not results[1][0] and not results[2][0], \
             f"{arch.name} portable={portable}: {results[1][0] + results[2][0]}"
         assert torch.equal(results[1][1], results[2][1])
         assert (results[2][1] - ref).abs().max() < 1e-4
+
+
+def _chunked_prefill_raises(model: torch.nn.Module) -> None:
+    """A second chunk whose attention mask leaves out the cached keys: an error under the
+    mode, never logits."""
+    ids = torch.tensor([TOKENS])
+    with torch.no_grad(), batch_invariant():
+        cache = model(ids[:, :3], use_cache=True).past_key_values
+        with pytest.raises(RuntimeError):
+            model(ids[:, 3:10], past_key_values=cache, use_cache=True,
+                  position_ids=torch.arange(3, 10)[None])
 
 
 @pytest.mark.parametrize("arch", CASES)

@@ -13,7 +13,7 @@ beside rows with state started from anything but zeros, a cache truncated past a
 cannot undo, a model keeping its state in a cache class of its own run silently.
 
 Qwen3.5 (gated delta-net) in the default suite; LFM2 (short convolutions), Qwen3-Next,
-Qwen3.5-MoE and Kimi-Linear with ``-m panel``.
+Qwen3.5-MoE, Kimi-Linear, Nemotron-H (Mamba 2) and Jamba (Mamba) with ``-m panel``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ ROWS = [(5, 7), (0, 12), (9, 1), (3, 3)]
 SEQS = [torch.randint(3, 512, (p + n,), generator=GEN).tolist() for p, n in ROWS]
 MODELS = [pytest.param("qwen35", id="qwen35")] + [
     pytest.param(name, id=name, marks=pytest.mark.panel)
-    for name in ("lfm2", "qwen3next", "qwen35moe", "kimilinear")]
+    for name in ("lfm2", "qwen3next", "qwen35moe", "kimilinear", "nemotronh", "jamba")]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
