@@ -192,3 +192,22 @@ def test_sampler_functions_are_short():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
             and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
     assert not long, long
+
+
+#: where a step-8 filter need not appear: the harness around the sampler
+FILTER_HARNESS = ("audit", "benchmarks", "cli", "golden", "processors", "checks", "parallel")
+
+
+def test_the_files_a_new_threshold_filter_touches_are_listed():
+    """docs/architecture.md lists the files a fourth threshold filter touches as the files
+    of the package where min-p's name appears (its harness left out). Pins the list
+    drifting from the code: a strategy that starts reading ``min_p`` without the page
+    saying so, or a page naming a file that no longer does."""
+    import re
+    doc = (PKG.parent / "docs" / "architecture.md").read_text()
+    section = doc[doc.index("A fourth threshold filter"):doc.index("## Token paths")]
+    listed = set(re.findall(r"`(detsample/[\w/]+\.py)`", section))
+    word = re.compile(r"\bmin_ps?\b")
+    found = {str(p.relative_to(PKG.parent)) for p in PKG.rglob("*.py")
+             if p.relative_to(PKG).parts[0] not in FILTER_HARNESS and word.search(p.read_text())}
+    assert listed == found, (sorted(listed - found), sorted(found - listed))

@@ -70,9 +70,22 @@ def _clone(cache: Any) -> Any:
     return out
 
 
+def _timed(comm: Any, fn: Any) -> tuple[float, float]:
+    """``(wall, cpu)`` seconds of ``fn()`` started with the other ranks: rank-local wall
+    time, and the CPU time of every rank's process summed over the ranks (all threads;
+    on a loaded machine the CPU time is the steadier measure of the work)."""
+    comm.barrier()
+    t, c = time.perf_counter(), time.process_time()
+    fn()
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    total = sum(float(x) for x in comm.gather(torch.tensor([cpu], dtype=torch.float64)))
+    return wall, total
+
+
 def job_steps(lm: Any, comm: Any, prefill_len: int, decode_batch: int, cache_len: int,
               rounds: int, seed: int) -> dict[str, float]:
-    """Best prefill and decode seconds on this rank (rank 0's are the result)."""
+    """Best prefill and decode seconds on this rank (rank 0's are the result), and the
+    best ``cpu_prefill`` / ``cpu_decode``: CPU seconds summed over the ranks."""
     g = torch.Generator().manual_seed(seed)
     V = lm.vocab_size
     prompt = torch.randint(0, V, (prefill_len,), generator=g).tolist()
@@ -81,17 +94,15 @@ def job_steps(lm: Any, comm: Any, prefill_len: int, decode_batch: int, cache_len
     caches = [lm.new_cache() for _ in rows]
     lm.forward(caches, rows)                               # caches and a warm-up
     lm.forward([lm.new_cache()], [prompt])
-    best = {"prefill": float("inf"), "decode": float("inf")}
+    best = dict.fromkeys(("prefill", "decode", "cpu_prefill", "cpu_decode"), float("inf"))
     for _ in range(rounds):
-        comm.barrier()
-        t = time.perf_counter()
-        lm.forward([lm.new_cache()], [prompt])
-        best["prefill"] = min(best["prefill"], time.perf_counter() - t)
+        runs = {"prefill": lambda: lm.forward([lm.new_cache()], [prompt])}
         cs = [_clone(c) for c in caches]
-        comm.barrier()
-        t = time.perf_counter()
-        lm.forward(cs, step)
-        best["decode"] = min(best["decode"], time.perf_counter() - t)
+        runs["decode"] = lambda: lm.forward(cs, step)
+        for name, fn in runs.items():
+            wall, cpu = _timed(comm, fn)
+            best[name] = min(best[name], wall)
+            best[f"cpu_{name}"] = min(best[f"cpu_{name}"], cpu)
     return best
 
 
@@ -182,8 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-combine", action="store_true", help="skip the combine micro-benchmark")
     args = p.parse_args(argv)
     sizes = [int(t) for t in args.tp.split(",")]
-    print("| model | side | repeat | TP | prefill ms | decode ms | prefill vs TP=1 | decode vs TP=1 |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | side | repeat | TP | prefill ms | decode ms | prefill vs TP=1 | decode vs TP=1 "
+          "| prefill CPU ms (all ranks) | decode CPU ms | CPU prefill vs TP=1 | CPU decode vs TP=1 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for model in args.models:
         for side in args.sides:
             for rep in range(args.repeats):
@@ -193,9 +205,11 @@ def main(argv: list[str] | None = None) -> int:
                               decode_batch=args.decode_batch, cache_len=args.cache_len,
                               rounds=args.rounds)
                     base = base or t
-                    print(f"| {model} | {side} | {rep} | {tp} | {t['prefill'] * 1e3:.1f} | "
-                          f"{t['decode'] * 1e3:.1f} | {t['prefill'] / base['prefill']:.2f}x | "
-                          f"{t['decode'] / base['decode']:.2f}x |", flush=True)
+                    cells = [f"{t[k] * 1e3:.1f}" for k in ("prefill", "decode")]
+                    cells += [f"{t[k] / base[k]:.2f}x" for k in ("prefill", "decode")]
+                    cells += [f"{t[k] * 1e3:.1f}" for k in ("cpu_prefill", "cpu_decode")]
+                    cells += [f"{t[k] / base[k]:.2f}x" for k in ("cpu_prefill", "cpu_decode")]
+                    print(f"| {model} | {side} | {rep} | {tp} | " + " | ".join(cells) + " |", flush=True)
     if not args.no_combine:
         print(f"\n| TP | row-parallel layer {args.prefill_len} x 1024/TP -> 1024 | ms |")
         print("|---|---|---|")

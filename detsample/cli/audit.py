@@ -8,11 +8,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from detsample.audit.layout import PRESET_NAMES
+from detsample.audit.inputs.layout import PRESET_NAMES
 from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, add_semantics_options, fraction,
-                                     max_excluded, model_spec, nonneg_float,
-                                     portable_without_mode, positive_finite, positive_int,
-                                     rollout_rs, semantics_of, tp_needs_portable)
+                                     max_excluded, model_spec, nonneg_float, portable_without_mode,
+                                     positive_finite, positive_int, rollout_rs, semantics_of,
+                                     tp_needs_portable)
 from detsample.cli._outputs import output_problems, write_output
 from detsample.cli._progress import Progress
 from detsample.errors import DetsampleError
@@ -40,6 +40,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="under a gate, allow at most N excluded sequences (an integer) or "
                         "this fraction of those read (0.05); default 0: a gate never passes "
                         "on rows it did not audit")
+    _add_rescore_options(p)
+    _add_layout_options(p)
+    _add_framework_options(p)
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="run the shards as Ray tasks: a local Ray, or the cluster at ADDRESS "
+                        "(same report; needs pip install 'detsample[ray]')")
+    p.add_argument("--quiet", action="store_true", help="no summary table")
+    p.set_defaults(func=run)
+
+
+
+
+def _add_rescore_options(p: argparse.ArgumentParser) -> None:
+    """--rescore MODEL and how it runs (mode, TP, the engine's logprob semantics)."""
     p.add_argument("--rescore", metavar="MODEL", type=model_spec,
                    help="recompute missing trainer_logprobs by one prefill with this model: "
                         "refmodel, refmodel-float, hf-tiny-llama, hf-tiny-qwen2 or "
@@ -55,6 +69,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "docs/tensor-parallel.md); M > 1 under --batch-invariant needs --portable")
     add_semantics_options(p, "rescore (the engine's logprob semantics; docs/audit.md, "
                              "'Logprob semantics')")
+
+
+def _add_layout_options(p: argparse.ArgumentParser) -> None:
+    """How the files are read: compare dtype, preset, column mapping, padding side."""
     p.add_argument("--dtype", choices=["promoted", "float16", "float32", "float64"],
                    default="promoted",
                    help="round both logprob columns to this dtype before comparing "
@@ -69,6 +87,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--padding", choices=["auto", "left", "right"],
                    help="side the padded responses are padded on (default: the preset's, "
                         "else found from the attention mask)")
+
+
+def _add_framework_options(p: argparse.ArgumentParser) -> None:
+    """verl's knobs of the RL frameworks' metrics."""
     p.add_argument("--rollout-is-threshold", type=positive_finite, default=2.0, metavar="T",
                    help="verl's truncated-IS threshold for the rollout-correction metrics "
                         "(default 2.0, verl's)")
@@ -79,54 +101,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rollout-rs-threshold", default="2.0", metavar="SPEC",
                    help="verl's rollout_rs_threshold: one for every option or one per option, "
                         "comma-separated; lower_upper ratio bounds for k1 options (default 2.0)")
-    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                   help="run the shards as Ray tasks: a local Ray, or the cluster at ADDRESS "
-                        "(same report; needs pip install 'detsample[ray]')")
-    p.add_argument("--quiet", action="store_true", help="no summary table")
-    p.set_defaults(func=run)
-
 
 def run(args: argparse.Namespace) -> int:
-    from detsample.audit import AuditOptions, audit, to_json
-    from detsample.audit.provenance import provenance, with_verdict
-    from detsample.audit.frameworks import FrameworkOptions
-    from detsample.audit.rescore import ModelRescorer, TPRescorer
-    from detsample.audit.semantics import RAW
-    from detsample.audit.report import format_summary, write_report
+    from detsample.audit import audit, to_json
+    from detsample.audit.reports.provenance import provenance, with_verdict
+    from detsample.audit.reports.report import format_summary
+    from detsample.audit.running.rescore import ModelRescorer, TPRescorer
 
     problems = output_problems((args.json, "--json", "file"), (args.report, "--report", "dir"))
     if problems:  # before any file is read: a long audit never ends in an unwritable path
         print(f"detsample audit: error: {problems[0]}", file=sys.stderr)
         return 2
-    rescore = args.rescore
+    rescore = None
     try:
-        if portable_without_mode(args):
-            raise ValueError(PORTABLE_NEEDS_MODE)
-        refused = tp_needs_portable(args, [args.tp])
-        if refused:
-            raise ValueError(refused)
-        if args.batch_invariant and rescore is None:
-            raise ValueError("--batch-invariant applies to the --rescore model; give --rescore MODEL")
-        semantics = semantics_of(args)
-        if semantics is not None and rescore is None:
-            raise ValueError("--logprobs-mode and the filters describe the --rescore model's "
-                             "logprobs; give --rescore MODEL")
-        semantics = semantics or RAW
-        if args.tp > 1:
-            if rescore is None:
-                raise ValueError(f"--tp {args.tp} applies to the --rescore model; give --rescore MODEL")
-            rescore = TPRescorer(rescore, args.tp, batch_invariant=args.batch_invariant,
-                                 portable=args.portable, semantics=semantics)
-        elif rescore is not None:
-            rescore = ModelRescorer(rescore, batch_invariant=args.batch_invariant,
-                                    portable=args.portable, semantics=semantics)
-        frameworks = FrameworkOptions(args.rollout_is_threshold, args.rollout_rs,
-                                      args.rollout_rs_threshold)
-        opts = AuditOptions.make(rescore=rescore, strict=args.strict, workers=args.workers,
-                                 frameworks=frameworks,
-                                 compare_dtype=None if args.dtype == "promoted" else args.dtype,
-                                 preset=args.preset, columns=args.columns,
-                                 padding=args.padding, ray=args.ray)
+        rescore = _rescorer(args)
+        opts = _options(args, rescore)
         with Progress("audit --rescore") as progress:
             if isinstance(rescore, ModelRescorer) and args.workers == 1 and args.ray is None:
                 rescore.progress = progress
@@ -145,16 +134,67 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     if not args.quiet:
         (sys.stderr if args.json == "-" else sys.stdout).write(format_summary(report))
-    # an unwritable output is exit 2 naming the path, never a failed gate's exit 1
-    failed = write_output(args.json, text, "--json") if args.json not in (None, "-") else None
-    if not failed and args.report:
-        try:
-            print(f"report: {write_report(report, args.report)}", file=sys.stderr)
-        except OSError as exc:
-            failed = f"cannot write --report {args.report}: {exc.strerror or exc}"
+    failed = _write_outputs(args, report, text)
     if failed:
         print(f"detsample audit: error: {failed}", file=sys.stderr)
         return 2
     for f in failures:
         print(f"detsample audit: GATE FAILED: {f}", file=sys.stderr)
     return 1 if failures else 0
+
+
+def _rescorer(args: argparse.Namespace):
+    """The --rescore model as a rescorer in the given semantics (ModelRescorer, TPRescorer
+    with --tp), or None; ValueError naming a combination of options that cannot run."""
+    from detsample.audit.analysis.semantics import RAW
+    from detsample.audit.running.rescore import ModelRescorer, TPRescorer
+
+    rescore = args.rescore
+    if portable_without_mode(args):
+        raise ValueError(PORTABLE_NEEDS_MODE)
+    refused = tp_needs_portable(args, [args.tp])
+    if refused:
+        raise ValueError(refused)
+    if args.batch_invariant and rescore is None:
+        raise ValueError("--batch-invariant applies to the --rescore model; give --rescore MODEL")
+    semantics = semantics_of(args)
+    if semantics is not None and rescore is None:
+        raise ValueError("--logprobs-mode and the filters describe the --rescore model's "
+                         "logprobs; give --rescore MODEL")
+    semantics = semantics or RAW
+    if args.tp > 1:
+        if rescore is None:
+            raise ValueError(f"--tp {args.tp} applies to the --rescore model; give --rescore MODEL")
+        return TPRescorer(rescore, args.tp, batch_invariant=args.batch_invariant,
+                          portable=args.portable, semantics=semantics)
+    if rescore is not None:
+        return ModelRescorer(rescore, batch_invariant=args.batch_invariant,
+                             portable=args.portable, semantics=semantics)
+    return None
+
+
+def _options(args: argparse.Namespace, rescore):
+    from detsample.audit import AuditOptions
+    from detsample.audit.inputs.frameworks import FrameworkOptions
+
+    frameworks = FrameworkOptions(args.rollout_is_threshold, args.rollout_rs,
+                                  args.rollout_rs_threshold)
+    return AuditOptions.make(rescore=rescore, strict=args.strict, workers=args.workers,
+                             frameworks=frameworks,
+                             compare_dtype=None if args.dtype == "promoted" else args.dtype,
+                             preset=args.preset, columns=args.columns,
+                             padding=args.padding, ray=args.ray)
+
+
+def _write_outputs(args: argparse.Namespace, report: dict, text: str) -> str | None:
+    """Write --json (a file) and --report; the first failure's message, or None (an
+    unwritable output is exit 2 naming the path, never a failed gate's exit 1)."""
+    from detsample.audit.reports.report import write_report
+
+    failed = write_output(args.json, text, "--json") if args.json not in (None, "-") else None
+    if not failed and args.report:
+        try:
+            print(f"report: {write_report(report, args.report)}", file=sys.stderr)
+        except OSError as exc:
+            failed = f"cannot write --report {args.report}: {exc.strerror or exc}"
+    return failed

@@ -95,9 +95,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from detsample.audit.readers import AuditInputError
-    from detsample.audit.rollout import generate_rollouts, read_prompts
-    from detsample.audit.synth import from_records, write_jsonl, write_npz, write_parquet
+    from detsample.audit.inputs.readers import AuditInputError
+    from detsample.audit.running.rollout import generate_rollouts, read_prompts
+    from detsample.audit.inputs.writers import from_records, write_jsonl, write_npz, write_parquet
     from detsample.errors import DetsampleError
 
     if portable_without_mode(args):

@@ -61,7 +61,7 @@ REFUSED = {
                  "expert-parallel layout does not handle",
     "gpt_oss": "its experts carry biases and interleaved gate/up rows, and its attention sinks "
                "are per head",
-    "gpt2": "its attention is one fused c_attn Conv1D (q, k, v interleaved by feature)",
+    "gpt2": "its q, k and v come from one fused c_attn Conv1D (and its MLP is c_fc / c_proj)",
 }
 
 

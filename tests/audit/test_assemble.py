@@ -1,5 +1,5 @@
 """Padded rows and their ragged twins: same validation, same report byte for byte; layout
-contradictions are fatal and named (detsample/audit/assemble.py)."""
+contradictions are fatal and named (detsample/audit/running/assemble.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from detsample.audit import AuditInputError, audit, to_json
-from detsample.audit.synth import (padded_twin, slime_samples, synth_rollouts, to_records,
-                                   write_columns, write_npz)
+from tests.audit.synth import (padded_twin, slime_samples, synth_rollouts, to_records,
+                               write_columns, write_npz)
 
 FORMATS = ["npz", "parquet", "pt"]
 # (layout in padded_twin, audit keywords, response side, prompt side)
@@ -66,7 +66,7 @@ def ragged(tmp_path_factory):
                             [torch.from_numpy(v[0][v[1][i]:v[1][i + 1]]) for i in range(40)])
                         for k, v in cols.items()}, d / name)
         else:
-            from detsample.audit.synth import write_parquet
+            from tests.audit.synth import write_parquet
 
             write_parquet(cols, str(d / name))
         reports[fmt] = _audit_in(d, name)

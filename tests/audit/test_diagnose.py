@@ -1,4 +1,4 @@
-"""The semantics diagnosis (detsample/audit/diagnose.py): the audit says why the
+"""The semantics diagnosis (detsample/audit/analysis/diagnose.py): the audit says why the
 engine's numbers differ.
 
 The BUG pinned: a file of processed logprobs (T = 0.7, top-p 0.9) audited against raw
@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from detsample.audit import audit
-from detsample.audit.diagnose import NOISE, search, signature
-from detsample.audit.rescore import ModelRescorer, TPRescorer
-from detsample.audit.rollout import generate_rollouts
-from detsample.audit.semantics import RAW, Semantics
+from detsample.audit.analysis.diagnose import NOISE, search, signature
+from detsample.audit.running.rescore import ModelRescorer, TPRescorer
+from detsample.audit.running.rollout import generate_rollouts
+from detsample.audit.analysis.semantics import RAW, Semantics
 from detsample.cli import main
 from tests.vllm_reference import vllm_engine_rollouts, vllm_processed
 
@@ -96,7 +96,7 @@ def test_search_names_the_semantics_of_synthetic_logits(truth):
 def test_a_combination_is_needed_no_single_filter_explains_it(truth):
     """The two combinations above bind both filters: at the true temperature the best
     single filter (or none) is far off, so naming them needs the combined grid."""
-    from detsample.audit.diagnose import SINGLE_FILTERS, _Rows, _scores
+    from detsample.audit.analysis.diagnose import SINGLE_FILTERS, _Rows, _scores
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn((64, 200), generator=g) * 3

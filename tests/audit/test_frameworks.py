@@ -1,4 +1,4 @@
-"""The RL frameworks' metrics (detsample/audit/frameworks.py) against an independent
+"""The RL frameworks' metrics (detsample/audit/inputs/frameworks.py) against an independent
 re-implementation: the frameworks' own formulas written here in torch on the padded batch,
 the way verl (verl/trainer/ppo/rollout_corr_helper.py: compute_is_metrics,
 compute_rollout_rejection_mask + compute_rs_metrics, compute_offpolicy_metrics) and
@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from detsample.audit import audit, from_tensors
-from detsample.audit.frameworks import RS_OPTIONS, FrameworkOptions, parse_rs_thresholds
+from detsample.audit.inputs.frameworks import RS_OPTIONS, FrameworkOptions, parse_rs_thresholds
 
 SAFETY = 20.0
 
@@ -264,7 +264,7 @@ def test_clamps_and_overflow_follow_the_frameworks():
 
 def test_the_report_does_not_depend_on_chunks_or_workers(tmp_path):
     from detsample.audit import to_json
-    from detsample.audit.synth import synth_rollouts, write_npz
+    from tests.audit.synth import synth_rollouts, write_npz
 
     path = tmp_path / "r.npz"
     write_npz(synth_rollouts(60, seed=3, mismatch_rate=0.4), str(path))

@@ -1,4 +1,4 @@
-"""Gates decide on what was checked (detsample/audit/gates.py): excluded sequences fail a
+"""Gates decide on what was checked (detsample/audit/running/gates.py): excluded sequences fail a
 gate unless allowed with ``--max-excluded``; an audit of no token always fails, naming why.
 
 Bugs pinned: a JSONL of 4 sequences of which 3 were excluded passed
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from detsample.audit import audit, check_gates
-from detsample.audit.gates import ExclusionLimit
-from detsample.audit.log import check_log_gates
+from detsample.audit.running.gates import ExclusionLimit
+from detsample.audit.running.log import check_log_gates
 from detsample.cli import main
 
 GOOD = {"id": "a", "prompt_ids": [1], "response_ids": [1, 2],

@@ -1,13 +1,13 @@
 """Column layouts: --columns parsing, presets, resolution against a file's columns
-(detsample/audit/layout.py)."""
+(detsample/audit/inputs/layout.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from detsample.audit.issues import AuditInputError
-from detsample.audit.layout import (PRESETS, ROLES, ROW_NUMBER, SEMANTICS_COLUMNS, Layout,
-                                    Source, make_layout, parse_columns, resolve)
+from detsample.audit.reports.issues import AuditInputError
+from detsample.audit.inputs.layout import (PRESETS, ROLES, ROW_NUMBER, SEMANTICS_COLUMNS, Layout,
+                                           Source, make_layout, parse_columns, resolve)
 
 BAD_COLUMNS = [
     # (text, message)

@@ -1,4 +1,4 @@
-"""``--preset openai`` (detsample/audit/openai.py): JSONL of OpenAI-compatible completion and
+"""``--preset openai`` (detsample/audit/inputs/openai.py): JSONL of OpenAI-compatible completion and
 chat-completion responses with logprobs, as vLLM and SGLang return them."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from detsample.audit import AuditInputError, audit
-from detsample.audit.rollout import generate_rollouts
+from detsample.audit.running.rollout import generate_rollouts
 from detsample.cli import main
 
 

@@ -1,4 +1,4 @@
-"""AuditOptions: one frozen object, validated at construction (detsample/audit/options.py)."""
+"""AuditOptions: one frozen object, validated at construction (detsample/audit/running/options.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 import pytest
 
 from detsample.audit import AuditOptions, audit, audit_accumulator
-from detsample.audit.layout import PRESETS
+from detsample.audit.inputs.layout import PRESETS
 
 BAD_OPTIONS = [
     (dict(rescore="hf"), "rescore must be a callable, a model (hf-tiny-llama, hf-tiny-qwen2, "

@@ -1,5 +1,5 @@
 """The preset example files (tests/data/audit_presets, written from each framework's own
-batch layout) audit to the report of their ragged twin (detsample/audit/layout.py)."""
+batch layout) audit to the report of their ragged twin (detsample/audit/inputs/layout.py)."""
 
 from __future__ import annotations
 

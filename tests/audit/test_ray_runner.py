@@ -1,5 +1,5 @@
 """--ray: the shards as Ray tasks on a local Ray with 2 CPUs give the one-process report
-byte for byte; without Ray the flag says how to get it (detsample/audit/ray_runner.py)."""
+byte for byte; without Ray the flag says how to get it (detsample/audit/running/ray_runner.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from detsample.audit import AuditInputError, audit, to_json
-from detsample.audit.ray_runner import INSTALL_HINT, RayUnavailable, ray_session
-from detsample.audit.synth import (padded_twin, synth_rollouts, write_columns, write_jsonl,
-                                   write_npz, write_parquet)
+from detsample.audit.running.ray_runner import INSTALL_HINT, RayUnavailable, ray_session
+from tests.audit.synth import (padded_twin, synth_rollouts, write_columns, write_jsonl, write_npz,
+                               write_parquet)
 from detsample.cli import main
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "audit_presets"

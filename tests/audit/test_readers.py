@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from detsample.audit import AuditInputError, audit, to_json
-from detsample.audit.npz import NpzSource
-from detsample.audit.readers import split_jsonl
-from detsample.audit.synth import synth_rollouts, write_jsonl, write_npz, write_parquet
+from detsample.audit.inputs.npz import NpzSource
+from detsample.audit.inputs.readers import split_jsonl
+from tests.audit.synth import synth_rollouts, write_jsonl, write_npz, write_parquet
 
 WRITERS = [
     ("jsonl", "r.jsonl", write_jsonl),
@@ -199,8 +199,8 @@ def test_arrow_and_python_jsonl_parsers_agree(rollouts, tmp_path):
 
 
 def test_arrow_jsonl_fast_path_is_taken_on_clean_blocks(rollouts, tmp_path):
-    from detsample.audit.layout import DEFAULT_LAYOUT, resolve
-    from detsample.audit.readers import _arrow_jsonl_block, peek_jsonl_keys
+    from detsample.audit.inputs.layout import DEFAULT_LAYOUT, resolve
+    from detsample.audit.inputs.readers import _arrow_jsonl_block, peek_jsonl_keys
 
     path = tmp_path / "r.jsonl"
     write_jsonl(rollouts, str(path))

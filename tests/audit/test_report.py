@@ -6,8 +6,8 @@ import matplotlib
 import pytest
 
 from detsample.audit import audit
-from detsample.audit.report import PLOTS, format_summary, write_report
-from detsample.audit.synth import synth_rollouts, to_records
+from detsample.audit.reports.report import PLOTS, format_summary, write_report
+from tests.audit.synth import synth_rollouts, to_records
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -44,7 +44,7 @@ def test_summary_lists_excluded_sequences():
 def _cli_report(tmp_path, *gate):
     import json
 
-    from detsample.audit.synth import write_jsonl, synth_rollouts as synth
+    from tests.audit.synth import write_jsonl, synth_rollouts as synth
     from detsample.cli import main
 
     path = tmp_path / "r.jsonl"
@@ -80,7 +80,7 @@ def test_report_carries_the_verdict_and_provenance(tmp_path, gate, rc, verdict):
 def test_rescore_provenance_names_model_and_semantics(tmp_path):
     import json
 
-    from detsample.audit.rollout import generate_rollouts
+    from detsample.audit.running.rollout import generate_rollouts
     from detsample.cli import main
 
     path = tmp_path / "r.jsonl"
@@ -113,7 +113,7 @@ def test_first_mismatches_and_sequence_tables():
 def test_signed_mean_d_is_plotted():
     """Bug pinned: the plots showed |mean d|, hiding the sign that tells a temperature from
     noise; the probability plot's series carry the signed mean d."""
-    from detsample.audit.report import bucket_series
+    from detsample.audit.reports.report import bucket_series
 
     rows = [{"mean_abs_diff": 0.3, "max_abs_diff": 0.5, "mean_diff": 0.3},
             {"mean_abs_diff": 0.7, "max_abs_diff": 0.9, "mean_diff": -0.7}]

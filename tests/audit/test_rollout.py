@@ -14,8 +14,8 @@ pytest.importorskip("detsample.refmodel.engine",
                     reason="the reference model engine is not in this build")
 
 from detsample.audit import audit  # noqa: E402
-from detsample.audit.rescore import ModelRescorer  # noqa: E402
-from detsample.audit.rollout import generate_rollouts  # noqa: E402
+from detsample.audit.running.rescore import ModelRescorer  # noqa: E402
+from detsample.audit.running.rollout import generate_rollouts  # noqa: E402
 from detsample.cli import main  # noqa: E402
 
 ROLLOUT_CASES = [
@@ -155,7 +155,7 @@ def test_rescore_takes_a_module_factory(tmp_path, monkeypatch):
     rep = audit(records, rescore=ModelRescorer("rescoremodels:qwen", batch_invariant=True))
     assert rep["exact_match_fraction"] == 1.0
     path = str(tmp_path / "r.jsonl")
-    from detsample.audit.synth import from_records, write_jsonl
+    from tests.audit.synth import from_records, write_jsonl
     write_jsonl(from_records(records), path)
     assert main(["audit", path, "--rescore", "rescoremodels:qwen", "--batch-invariant",
                  "--quiet", "--min-exact-match", "1"]) == 0
@@ -233,7 +233,7 @@ def test_n_samples_per_prompt_are_distinct_and_reproducible(tmp_path):
     """Bug pinned: four requests with one prompt and one seed gave four identical
     responses, silently (a GRPO group with no variance). With --n, sample j of a prompt
     uses its seed + j (vLLM's child seeds): 4 distinct responses, the same on a rerun."""
-    from detsample.audit.rollout import read_prompts
+    from detsample.audit.running.rollout import read_prompts
 
     prompts = read_prompts(_prompts_file(tmp_path, [{"prompt_ids": [5, 6, 7]},
                                                     {"prompt_ids": [9, 10], "id": "b"}]))
@@ -250,7 +250,7 @@ def test_n_samples_per_prompt_are_distinct_and_reproducible(tmp_path):
 
 
 def test_repeated_prompt_and_seed_warns(tmp_path):
-    from detsample.audit.rollout import read_prompts
+    from detsample.audit.running.rollout import read_prompts
 
     prompts = read_prompts(_prompts_file(tmp_path, [{"prompt_ids": [5, 6], "seed": 3},
                                                     {"prompt_ids": [5, 6], "seed": 3}]))
@@ -273,7 +273,7 @@ BAD_PROMPT_LINES = [  # (line, words of the error)
 
 @pytest.mark.parametrize("line,words", BAD_PROMPT_LINES)
 def test_bad_prompt_lines_are_named(tmp_path, line, words):
-    from detsample.audit.rollout import read_prompts
+    from detsample.audit.running.rollout import read_prompts
     from detsample.errors import InvalidSamplingParams
 
     path = tmp_path / "prompts.jsonl"
@@ -286,7 +286,7 @@ def test_bad_prompt_lines_are_named(tmp_path, line, words):
 def test_text_prompts_are_encoded_with_the_tokenizer(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    from detsample.audit.rollout import read_prompts
+    from detsample.audit.running.rollout import read_prompts
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -1,5 +1,5 @@
 """from_tensors: the audit of a padded training batch equals the file audit of the same
-rows, from numpy or torch on any device (detsample/audit/tensors.py)."""
+rows, from numpy or torch on any device (detsample/audit/inputs/tensors.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from detsample.audit import AuditInputError, audit, from_tensors, to_json
-from detsample.audit.synth import padded_twin, synth_rollouts, to_records, write_npz
+from tests.audit.synth import padded_twin, synth_rollouts, to_records, write_npz
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

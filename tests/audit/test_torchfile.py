@@ -1,5 +1,5 @@
 """torch .pt audit inputs: loaded with weights_only=True, columns or records, errors named
-(detsample/audit/torchfile.py)."""
+(detsample/audit/inputs/torchfile.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from detsample.audit import AuditInputError, audit, to_json
-from detsample.audit.synth import synth_rollouts, to_records
+from tests.audit.synth import synth_rollouts, to_records
 
 
 def _records():

@@ -1,4 +1,4 @@
-"""One rule for ids and values in every format (detsample/audit/values.py): the same value
+"""One rule for ids and values in every format (detsample/audit/inputs/values.py): the same value
 is accepted or rejected the same way, with the same kind and the same message naming it,
 whether it comes from JSONL, NPZ, Parquet, a ``.pt`` of ragged lists, of records or of
 padded tensors.

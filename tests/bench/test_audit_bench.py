@@ -14,8 +14,8 @@ import time
 import pytest
 
 from detsample.audit import audit
-from detsample.audit.synth import (padded_twin, synth_rollouts, write_columns, write_jsonl,
-                                   write_npz, write_parquet)
+from tests.audit.synth import (padded_twin, synth_rollouts, write_columns, write_jsonl, write_npz,
+                               write_parquet)
 
 FORMATS = [("npz", write_npz), ("parquet", write_parquet), ("jsonl", write_jsonl)]
 MISMATCH_RATES = [0.0, 0.3, 1.0]
@@ -119,9 +119,9 @@ def test_diagnosis_cost_against_rescoring_alone(benchmark):
     (T = 0.7, top-p 0.9, 32 tokens each) of hf-tiny-llama audited with the right
     semantics (no diagnosis runs) and as raw (the diagnosis runs and names them); best
     CPU time of 5 rounds each, interleaved. Target: the ratio <= 2 (docs/performance.md)."""
-    from detsample.audit.rescore import ModelRescorer
-    from detsample.audit.rollout import generate_rollouts
-    from detsample.audit.semantics import RAW, Semantics
+    from detsample.audit.running.rescore import ModelRescorer
+    from detsample.audit.running.rollout import generate_rollouts
+    from detsample.audit.analysis.semantics import RAW, Semantics
 
     recs = generate_rollouts(num_sequences=16, max_new_tokens=32, seed=0, temperature=0.7,
                              top_p=0.9, logprobs_mode="processed", model="hf-tiny-llama")

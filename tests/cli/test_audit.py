@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from detsample.audit.synth import synth_rollouts, write_jsonl, write_npz
+from tests.audit.synth import synth_rollouts, write_jsonl, write_npz
 from detsample.cli import main
 
 
@@ -160,7 +160,7 @@ def test_rescore_progress_on_a_terminal_only(tmp_path, capsys, monkeypatch):
     import json as _json
     import sys
 
-    from detsample.audit.rollout import generate_rollouts
+    from detsample.audit.running.rollout import generate_rollouts
 
     path = tmp_path / "r.jsonl"
     path.write_text("".join(_json.dumps(r) + "\n" for r in generate_rollouts(

@@ -45,7 +45,7 @@ def test_format_error_names_what_rollout_writes(tmp_path, capsys):
 
 
 def test_unwritable_out_is_refused_before_sampling(tmp_path, capsys, monkeypatch):
-    import detsample.audit.rollout as rollout
+    import detsample.audit.running.rollout as rollout
 
     monkeypatch.setattr(rollout, "generate_rollouts",
                         lambda *a, **k: pytest.fail("the engine ran before OUT was checked"))

@@ -39,8 +39,8 @@ def test_tiny_llama_layout(tiny_llama, tp, heads, kv, repeat, inter, vocab):
     ("hf-tiny-llama", 8, "tp=8 does not divide config.num_attention_heads=4"),
     ("hf-tiny-llama", 3, "tp=3 does not divide config.num_attention_heads=4"),
     (models.WIDE8, 3, "tp=3 does not divide config.num_attention_heads=8"),
-    (models.GPT2, 2, "model_type 'gpt2' (GPT2LMHeadModel) is not supported (its attention is one fused "
-                     "c_attn Conv1D (q, k, v interleaved by feature)); supported: llama, qwen2, mistral, "
+    (models.GPT2, 2, "model_type 'gpt2' (GPT2LMHeadModel) is not supported (its q, k and v come from one "
+                     "fused c_attn Conv1D (and its MLP is c_fc / c_proj)); supported: llama, qwen2, mistral, "
                      "qwen3_moe, mixtral, deepseek_v3"),
     ("refmodel", 2, "got 'refmodel' (RefModelLM)"),
 ])

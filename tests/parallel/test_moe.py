@@ -10,8 +10,12 @@ all-reduce), run under the same mode, gives other bits.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from detsample.models import load_model
 from detsample.parallel import TensorParallelError, plan
@@ -77,3 +81,43 @@ def test_more_moe_models_pass_the_check(model, tp):
     check = check_tensor_parallel(ref, model, [tp], batch_invariant=True, portable=True, config=CFG,
                                   timeout=300, start_method=START)
     assert check.ok, check.detail
+
+
+# -- in one process: the combine is transformers' own, op for op ------------------------
+
+@functools.lru_cache(maxsize=None)
+def _mixtral(impl: str):
+    model = models.mixtral()
+    model.config._experts_implementation = impl
+    return model
+
+
+def _one_rank(impl: str, t: int, seed: int, roll: bool = False):
+    """(TP=1's experts output, ExpertParallel's on one rank) for ``t`` random tokens;
+    ``roll``: the latter sums each token's slots rotated by one (a wrong combine: the
+    mode's fixed tree adds slots 0 and 2 first, so a reversal would be the same sum)."""
+    from detsample.invariant import batch_invariant
+    from detsample.parallel import Comm
+
+    model = _mixtral(impl)
+    block = model.model.layers[0].mlp
+    x = torch.randn(t, model.config.hidden_size, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad(), batch_invariant(portable=True):
+        _, weights, index = block.gate(x)
+        want = block.experts(x, index, weights)
+        if roll:
+            index, weights = index.roll(1, -1), weights.roll(1, -1)
+        return want, ExpertParallel(block.experts, Comm.single()).exact(x, index, weights)
+
+
+@pytest.mark.parametrize("impl", ["grouped_mm", "batched_mm"])
+@settings(max_examples=3, deadline=None)
+@given(t=st.integers(1, 9), seed=st.integers(0, 2**16))
+def test_one_rank_expert_parallel_equals_transformers_experts_bitwise(impl, t, seed):
+    want, got = _one_rank(impl, t, seed)
+    assert torch.equal(bits(got), bits(want))
+
+
+def test_negative_control_slots_summed_in_another_order_differ():
+    want, got = _one_rank("grouped_mm", 32, 0, roll=True)
+    assert not torch.equal(bits(got), bits(want))

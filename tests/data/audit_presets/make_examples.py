@@ -1,5 +1,6 @@
 """Writes the preset example files next to this script (run it from the repository root:
-``python tests/data/audit_presets/make_examples.py``). The files are committed; the tests
+``python -m tests.data.audit_presets.make_examples``: it reads the test-data generator
+``tests/audit/synth.py``). The files are committed; the tests
 read them, they never regenerate them.
 
 One small batch of 8 rollouts (2 prompts x 4 samples, GRPO-style), float32 logprobs, a
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from detsample.audit.synth import from_records, padded_twin, slime_samples, write_columns
+from tests.audit.synth import from_records, padded_twin, slime_samples, write_columns
 
 HERE = Path(__file__).resolve().parent
 

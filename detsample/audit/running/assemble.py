@@ -1,8 +1,8 @@
 """From a file's own columns to the audit's: rename, unpad, split (pure numpy, vectorised).
 
-:func:`assemble` turns a :class:`~detsample.audit.table.TableChunk` (the file's columns)
-into a :class:`~detsample.audit.table.RawChunk` (the audit's ragged columns), following a
-:class:`~detsample.audit.layout.Resolved` layout:
+:func:`assemble` turns a :class:`~detsample.audit.inputs.table.TableChunk` (the file's columns)
+into a :class:`~detsample.audit.inputs.table.RawChunk` (the audit's ragged columns), following a
+:class:`~detsample.audit.inputs.layout.Resolved` layout:
 
 1. **rename**: each canonical column takes its source (a product ``a*b`` of 0/1 columns
    is multiplied entry by entry);
@@ -19,7 +19,7 @@ into a :class:`~detsample.audit.table.RawChunk` (the audit's ragged columns), fo
 A padded row and its ragged twin give the same :class:`RawChunk`, so validation and every
 metric are the same (tested byte for byte on the JSON report). Structural contradictions
 (a column of the wrong shape, a mask that is 1 on padding, padding on both sides) are
-fatal :class:`~detsample.audit.issues.AuditInputError` naming the file, the column, the
+fatal :class:`~detsample.audit.reports.issues.AuditInputError` naming the file, the column, the
 layout and the row; bad values stay per-sequence issues, found by validation.
 """
 
@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from detsample.audit.issues import AuditInputError, Issue
-from detsample.audit.layout import LIST_COLUMNS, SEMANTICS_COLUMNS, Resolved
-from detsample.audit.table import (Padded, PerRow, Ragged, RawChunk, TableChunk, ones_run,
-                                   slice_rows, unpad, window_mask)
+from detsample.audit.reports.issues import AuditInputError, Issue
+from detsample.audit.inputs.layout import LIST_COLUMNS, SEMANTICS_COLUMNS, Resolved
+from detsample.audit.inputs.table import (Padded, PerRow, Ragged, RawChunk, TableChunk, ones_run,
+                                          slice_rows, unpad, window_mask)
 
 _RESPONSE_TOKEN_COLUMNS = ("engine_logprobs", "trainer_logprobs", "mask")
 _MASKS = ("attention_mask", "prompt_attention_mask")

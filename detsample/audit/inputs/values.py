@@ -18,7 +18,7 @@ with the offending value in the message:
 * a **per-row semantics value** (``temperature``, ``top_k``, ``top_p``, ``min_p``,
   ``logprobs_mode``) is kept as the plain Python scalar it is (:func:`value_column`;
   null: not stated) and judged by the rule of a sampling option
-  (:meth:`detsample.audit.semantics.Semantics.with_row`);
+  (:meth:`detsample.audit.analysis.semantics.Semantics.with_row`);
 * a **metric** read back (an audit log's fractions, |d|, KL and ratios) is a number in
   its range, infinity spelt ``"inf"`` allowed, NaN refused (:func:`number_of`).
 
@@ -33,7 +33,7 @@ import math
 
 import numpy as np
 
-from detsample.audit.layout import COLUMN_KINDS
+from detsample.audit.inputs.layout import COLUMN_KINDS
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 OUT_OF_INT64 = "out of the int64 range"
@@ -113,7 +113,7 @@ def plain_scalar(v: object) -> object:
 def value_column(values: object) -> np.ndarray:
     """A per-row value column (a list, or a 1-D array of any dtype) as an object array
     [S] of plain Python scalars (None: the row states no value)."""
-    items = values.tolist() if isinstance(values, np.ndarray) else list(values)  # type: ignore[call-overload]
+    items = values.tolist() if isinstance(values, np.ndarray) else list(values)  # type: ignore
     out = np.empty(len(items), dtype=object)
     for k, x in enumerate(items):  # one by one: numpy would unpack a list held as a value
         out[k] = plain_scalar(x)

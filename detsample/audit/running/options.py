@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
-from detsample.audit.frameworks import FrameworkOptions
-from detsample.audit.layout import DEFAULT_LAYOUT, Layout, make_layout
-from detsample.audit.metrics import COMPARE_DTYPES
-from detsample.audit.readers import DEFAULT_CHUNK_TOKENS
-from detsample.audit.rescore import RescoreSpec, check_rescore_spec, resolve_rescorer
+from detsample.audit.inputs.frameworks import FrameworkOptions
+from detsample.audit.inputs.layout import DEFAULT_LAYOUT, Layout, make_layout
+from detsample.audit.analysis.metrics import COMPARE_DTYPES
+from detsample.audit.inputs.readers import DEFAULT_CHUNK_TOKENS
+from detsample.audit.running.rescore import RescoreSpec, check_rescore_spec, resolve_rescorer
 
 JSONL_PARSERS = ("auto", "python")
 #: the ``ray`` option value that means "a local Ray" (or the one this process already joined)
@@ -27,10 +27,10 @@ class AuditOptions:
     ``chunk_tokens``, ``jsonl_parser`` or ``ray``).
 
     rescore: None, a callable ``(prompt_ids, response_ids) -> logprobs`` for sequences
-        without trainer logprobs (``detsample.audit.rescore.ModelRescorer(spec,
+        without trainer logprobs (``detsample.audit.running.rescore.ModelRescorer(spec,
         batch_invariant=True)`` for a model under the batch-invariant mode), or a model
         spec ("refmodel", "hf-tiny-llama", "pkg.module:factory", ...); resolved by
-        :func:`detsample.audit.rescore.resolve_rescorer` (:meth:`rescorer`).
+        :func:`detsample.audit.running.rescore.resolve_rescorer` (:meth:`rescorer`).
     strict: the first bad sequence is fatal instead of excluded.
     workers: shards (processes, or Ray tasks with ``ray``).
     chunk_tokens: tokens per chunk read at once (>= 1).
@@ -40,7 +40,7 @@ class AuditOptions:
     layout: how the files' columns map onto the audit's (presets, ``--columns``, padding).
     ray: None (no Ray), :data:`LOCAL_RAY`, or a Ray cluster address.
     frameworks: the thresholds of the RL frameworks' metrics (verl's rollout_is_threshold,
-        rollout_rs, rollout_rs_threshold), :class:`detsample.audit.frameworks.FrameworkOptions`.
+        rollout_rs, rollout_rs_threshold), :class:`detsample.audit.inputs.frameworks.FrameworkOptions`.
     """
 
     rescore: RescoreSpec = None
@@ -85,7 +85,7 @@ class AuditOptions:
              padding: str | None = None, base: "AuditOptions | None" = None,
              **values: object) -> "AuditOptions":
         """Options from keywords: the fields above, plus ``preset`` / ``columns`` /
-        ``padding`` (which build the layout, see :func:`detsample.audit.layout.make_layout`);
+        ``padding`` (which build the layout, see :func:`detsample.audit.inputs.layout.make_layout`);
         ``base`` supplies the fields not given. Unknown keywords are a TypeError."""
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - names)

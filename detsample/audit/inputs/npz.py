@@ -16,11 +16,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from detsample.audit.issues import AuditInputError
-from detsample.audit.layout import COLUMN_KINDS, ROLES, Resolved
-from detsample.audit.readers import DEFAULT_CHUNK_TOKENS, ids_column
-from detsample.audit.values import kind_words, value_column
-from detsample.audit.table import Padded, PerRow, Ragged, TableChunk
+from detsample.audit.reports.issues import AuditInputError
+from detsample.audit.inputs.layout import COLUMN_KINDS, ROLES, Resolved
+from detsample.audit.inputs.readers import DEFAULT_CHUNK_TOKENS, ids_column
+from detsample.audit.inputs.values import kind_words, value_column
+from detsample.audit.inputs.table import Padded, PerRow, Ragged, TableChunk
 
 
 #: what zipfile, zlib and numpy's header parser raise on a damaged NPZ (an encrypted or

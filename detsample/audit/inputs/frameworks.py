@@ -20,10 +20,10 @@ tokens, ``eps = 1e-8`` (both frameworks divide by ``count + 1e-8``):
 Chunks, workers and Ray give the same bits:
 
 * per-sequence values use only that sequence's tokens (one chunk), and their sums over
-  sequences are exact integer sums (as in :mod:`detsample.audit.metrics`), rounded once;
+  sequences are exact integer sums (as in :mod:`detsample.audit.analysis.metrics`), rounded once;
 * token-level sums are functions of ``d`` alone: they are summed once, when the report is
   made, over the audit's exact multiset of the non-zero ``d`` (sorted distinct values
-  times their counts, :meth:`detsample.audit.exact.ValueCounts.items`), a canonical order
+  times their counts, :meth:`detsample.audit.analysis.exact.ValueCounts.items`), a canonical order
   whatever the chunking, plus the constant a token with ``d == 0`` contributes
   (``exp(0) = 1``); ``kl`` and the k3 KLs use the audit's exact sums of ``d`` and
   ``expm1(d)``. No token is visited twice for these metrics.
@@ -41,7 +41,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from detsample.audit.exact import exact_sums, fraction_to_float, to_fraction
+from detsample.audit.analysis.exact import exact_sums, fraction_to_float, to_fraction
 
 SAFETY_BOUND = 20.0  # verl's SAFETY_BOUND: exp is taken of log ratios clamped to [-20, 20]
 EPS = 1e-8  # verl_F.masked_mean and NeMo-RL masked_mean divide by (count + 1e-8)

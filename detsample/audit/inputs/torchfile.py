@@ -21,11 +21,11 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from detsample.audit.issues import AuditInputError, Issue
-from detsample.audit.layout import COLUMN_KINDS, ROLES, Resolved
-from detsample.audit.readers import DEFAULT_CHUNK_TOKENS, ids_column, iter_record_chunks
-from detsample.audit.values import column_array, count_of, kind_words, value_column
-from detsample.audit.table import Padded, PerRow, Ragged, TableChunk
+from detsample.audit.reports.issues import AuditInputError, Issue
+from detsample.audit.inputs.layout import COLUMN_KINDS, ROLES, Resolved
+from detsample.audit.inputs.readers import DEFAULT_CHUNK_TOKENS, ids_column, iter_record_chunks
+from detsample.audit.inputs.values import column_array, count_of, kind_words, value_column
+from detsample.audit.inputs.table import Padded, PerRow, Ragged, TableChunk
 
 
 def to_numpy(t) -> np.ndarray:
@@ -286,7 +286,7 @@ def _counts(path: str, c: str, items: list, lines: np.ndarray,
 def _ragged(path: str, c: str, dst: str, items: list, lines: np.ndarray,
             flagged: dict[int, Issue]) -> Ragged:
     """A ragged column from a list of 1-D tensors / lists / None (absent). Each row goes
-    through :func:`detsample.audit.values.column_array`, the rule of every format: a row
+    through :func:`detsample.audit.inputs.values.column_array`, the rule of every format: a row
     of the wrong shape or kind is excluded and named (``flagged``), its neighbours read."""
     parts, lens = [], []
     for k, x in enumerate(items):

@@ -3,7 +3,7 @@ file order by the caller, so the report is byte-equal to the one-process run.
 
 Ray is an optional extra (``pip install 'detsample[ray]'``). :func:`ray_session` joins the
 Ray instance this process is already connected to, or starts a local one
-(:data:`~detsample.audit.options.LOCAL_RAY`), or connects to a cluster address; it shuts
+(:data:`~detsample.audit.running.options.LOCAL_RAY`), or connects to a cluster address; it shuts
 down only what it started. On a cluster every node must be able to import detsample and
 read the input paths (a shared filesystem): tasks receive paths and options, never data.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
-from detsample.audit.issues import AuditInputError
-from detsample.audit.options import LOCAL_RAY, AuditOptions
+from detsample.audit.reports.issues import AuditInputError
+from detsample.audit.running.options import LOCAL_RAY, AuditOptions
 from detsample.errors import DetsampleError
 
 INSTALL_HINT = "pip install 'detsample[ray]'"

@@ -1,23 +1,20 @@
-"""Synthetic RL rollouts with known engine/trainer perturbations, and writers for the
-audit's input formats (JSONL, NPZ, Parquet). Used by the tests, the benchmark and docs.
-
-A rollout set is column-major: ``{"id": [S] str, C: (values [T_C], offsets [S+1])}`` for
-C in prompt_ids, response_ids, engine_logprobs, trainer_logprobs, mask; and optionally
-the per-sequence integer columns of :data:`ROW_COLUMNS` (``group``: the prompt's index of
-a rollout with n samples per prompt; ``seed``), ``[S]`` int64 each.
+"""Synthetic RL rollouts with known engine/trainer perturbations, their padded twins under
+each framework's layout, and a writer of padded column arrays: test data for the audit's
+tests, benchmark and docs (the writers of the audit's own columns are
+:mod:`detsample.audit.inputs.writers`, re-exported here).
 """
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
-from detsample.audit.layout import LIST_COLUMNS
-from detsample.audit.table import offsets_from_lengths
+from detsample.audit.inputs.table import offsets_from_lengths
+from detsample.audit.inputs.writers import (ROW_COLUMNS, from_records, to_records, write_jsonl,
+                                            write_npz, write_parquet)
 
-#: per-sequence integer columns a rollout set may carry (the audit reads them as data)
-ROW_COLUMNS = ("group", "seed")
+__all__ = ["ROW_COLUMNS", "from_records", "pad_rows", "padded_twin", "slime_samples",
+           "synth_rollouts", "to_records", "write_columns", "write_jsonl", "write_npz",
+           "write_parquet"]
 
 
 def synth_rollouts(num_sequences: int, seed: int, *, mean_len: int = 64, prompt_len: int = 8,
@@ -45,73 +42,6 @@ def synth_rollouts(num_sequences: int, seed: int, *, mean_len: int = 64, prompt_
         "trainer_logprobs": (trainer, off),
         "mask": ((rng.random(t) < mask_rate).astype(np.int8), off),
     }
-
-
-def from_records(records: list[dict]) -> dict:
-    """Column-major rollout set from records (the inverse of :func:`to_records`); the
-    float columns keep float64 unless every value is a float32 array."""
-    cols: dict = {"id": [str(r["id"]) for r in records]}
-    for c in LIST_COLUMNS:
-        if not all(c in r for r in records):
-            continue
-        parts = [np.asarray(r[c]) for r in records]
-        off = offsets_from_lengths(np.array([p.size for p in parts], dtype=np.int64))
-        dtype = np.int64 if c.endswith("_ids") or c == "mask" else np.float64
-        if dtype is np.float64 and parts and all(p.dtype == np.float32 for p in parts):
-            dtype = np.float32
-        vals = np.concatenate(parts).astype(dtype) if parts else np.empty(0, dtype=dtype)
-        cols[c] = (vals, off)
-    for c in ROW_COLUMNS:
-        if records and all(c in r for r in records):
-            cols[c] = np.asarray([int(r[c]) for r in records], dtype=np.int64)
-    return cols
-
-
-def to_records(cols: dict) -> list[dict]:
-    """Row-major records (lists of Python numbers) of a rollout set."""
-    out = []
-    for i, rid in enumerate(cols["id"]):
-        rec: dict = {"id": rid}
-        for c in LIST_COLUMNS:
-            if c in cols:
-                v, o = cols[c]
-                rec[c] = v[o[i]:o[i + 1]].tolist()
-        for c in ROW_COLUMNS:
-            if c in cols:
-                rec[c] = int(cols[c][i])
-        out.append(rec)
-    return out
-
-
-def write_jsonl(cols: dict, path: str) -> None:
-    with open(path, "w") as f:
-        for rec in to_records(cols):
-            f.write(json.dumps(rec) + "\n")
-
-
-def write_npz(cols: dict, path: str, compressed: bool = False) -> None:
-    arrays = {"id": np.asarray(cols["id"])}
-    for c in LIST_COLUMNS:
-        if c in cols:
-            arrays[c], arrays[f"{c}_offsets"] = cols[c]
-    arrays.update({c: cols[c] for c in ROW_COLUMNS if c in cols})
-    (np.savez_compressed if compressed else np.savez)(path, **arrays)
-
-
-def write_parquet(cols: dict, path: str, row_group_size: int = 1024) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    data = {"id": pa.array(cols["id"], type=pa.string())}
-    for c in LIST_COLUMNS:
-        if c in cols:
-            v, o = cols[c]
-            data[c] = pa.ListArray.from_arrays(pa.array(o.astype(np.int32)), pa.array(v))
-    data.update({c: pa.array(cols[c], type=pa.int64()) for c in ROW_COLUMNS if c in cols})
-    pq.write_table(pa.table(data), path, row_group_size=row_group_size)
-
-
-# --------------------------------------------------------------------------- padded twins
 
 
 def pad_rows(values: np.ndarray, offsets: np.ndarray, width: int, side: str,

@@ -4,7 +4,7 @@
 tensors (any device; bfloat16 widened to float32 exactly) or numpy arrays of shape
 [B, R], and returns the same report :func:`detsample.audit.audit` gives for the same rows
 in a file: the batch goes through the same unpadding, validation and exact accumulators
-(:mod:`detsample.audit.assemble`). Nothing is copied into Python lists: each argument is
+(:mod:`detsample.audit.running.assemble`). Nothing is copied into Python lists: each argument is
 copied once to host memory as an array, in blocks of rows.
 """
 
@@ -14,12 +14,12 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from detsample.audit.issues import AuditInputError
-from detsample.audit.layout import Layout, resolve
-from detsample.audit.metrics import AuditAccumulator
-from detsample.audit.options import AuditOptions, options_of
-from detsample.audit.run import consume
-from detsample.audit.table import Padded, PerRow, TableChunk
+from detsample.audit.reports.issues import AuditInputError
+from detsample.audit.inputs.layout import Layout, resolve
+from detsample.audit.analysis.metrics import AuditAccumulator
+from detsample.audit.running.options import AuditOptions, options_of
+from detsample.audit.running.run import consume
+from detsample.audit.inputs.table import Padded, PerRow, TableChunk
 
 #: the arguments, by the audit's column names
 _ARGS = ("response_ids", "engine_logprobs", "trainer_logprobs", "mask", "attention_mask",
@@ -30,7 +30,7 @@ def _host(name: str, x: object) -> np.ndarray:
     """A tensor or array as a 2-D numpy array (a torch tensor on any device is copied to
     host once; bfloat16 becomes float32)."""
     if hasattr(x, "detach") and hasattr(x, "dtype"):
-        from detsample.audit.torchfile import to_numpy
+        from detsample.audit.inputs.torchfile import to_numpy
 
         a = to_numpy(x)
     else:
@@ -91,7 +91,7 @@ def from_tensors(response_ids: object, engine_logprobs: object, trainer_logprobs
     prompt_ids ([B, P], needed only to rescore) and prompt_attention_mask; ids (one per
     row; default the row numbers); padding / prompt_padding ("auto", "left", "right");
     source (the name reports use, default "<tensors>"); options (an
-    :class:`~detsample.audit.options.AuditOptions`) or its fields as keywords.
+    :class:`~detsample.audit.running.options.AuditOptions`) or its fields as keywords.
 
     Without an attention mask a row ends at its last mask 1 (right padding) or starts at
     its first (left padding): pass ``attention_mask`` to keep trailing masked tokens.

@@ -149,8 +149,8 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
     rank runs the engine on the gathered logits; ``trainer_logprobs`` are then the TP
     model's too; docs/tensor-parallel.md). A (prompt, seed) pair that repeats (two
     identical responses) is warned about."""
-    from detsample.audit.rescore import ModelRescorer
-    from detsample.audit.semantics import Semantics
+    from detsample.audit.running.rescore import ModelRescorer
+    from detsample.audit.analysis.semantics import Semantics
     from detsample.errors import InvalidSamplingParams
 
     if num_sequences < 1:
@@ -211,7 +211,7 @@ def _speculative(lm, draft_model: str, k: int, batch_invariant: bool, portable: 
 def _rank_rollouts(lm, comm, run: dict) -> list[dict]:
     """:func:`generate_rollouts` on one rank of a tensor-parallel group (every rank the
     same engine on the same gathered logits; rank 0's records are the result)."""
-    from detsample.audit.rescore import rescore_with
+    from detsample.audit.running.rescore import rescore_with
 
     return _rollouts(lm, lambda p, r: rescore_with(lm, p, r, run["semantics"]).numpy(), **run)
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from detsample.audit.semantics import RAW, Semantics
+from detsample.audit.analysis.semantics import RAW, Semantics
 
 #: the largest max |d| a semantics may leave and still "explain" the engine's numbers:
 #: float32 kernel noise on one model is ~1e-6..1e-5 (bf16 models ~1e-2: their audits are
@@ -240,7 +240,7 @@ class Sequence:
 def diagnose(report: dict, rescorer, sample: list[Sequence]) -> dict | None:
     """The report's ``"diagnosis"``: None when nothing was audited; ``needed`` False
     when max |d| is within :data:`NOISE`; else the :func:`signature` and, with a model
-    rescorer (:class:`~detsample.audit.rescore.ModelRescorer` or ``TPRescorer``: its
+    rescorer (:class:`~detsample.audit.running.rescore.ModelRescorer` or ``TPRescorer``: its
     ``logits``, ``score``, ``semantics``) and a ``sample`` of the first sequences, the
     model search (``semantics``, ``max_abs_diff`` of the named semantics, ``explained``),
     and the ``line``. Rows stating different semantics (per-row columns) are searched

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from detsample.audit.issues import AuditInputError
-from detsample.audit.layout import ROLES, Resolved
-from detsample.audit.readers import arrow_is_list, arrow_to_table
-from detsample.audit.table import Padded, Ragged, TableChunk
+from detsample.audit.reports.issues import AuditInputError
+from detsample.audit.inputs.layout import ROLES, Resolved
+from detsample.audit.inputs.readers import arrow_is_list, arrow_to_table
+from detsample.audit.inputs.table import Padded, Ragged, TableChunk
 
 class ParquetSource:
     """A Parquet audit input: schema checked at :meth:`bind`, read by row groups."""
@@ -65,7 +65,7 @@ class ParquetSource:
             if not arrow_is_list(t):
                 raise AuditInputError(f"{self.path}: {c}: must be a list column, got {t}")
             # values of the wrong kind (list<string> logprobs, ...) exclude their rows, as in
-            # every format (detsample.audit.values); only the shape of the column is fatal
+            # every format (detsample.audit.inputs.values); only the shape of the column is fatal
         self.resolved = resolved
         self._columns = ([id_col] if id_col is not None else []) + [
             c for c, _ in resolved.wants() if c != id_col and c in self._names]

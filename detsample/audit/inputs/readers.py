@@ -1,9 +1,9 @@
 """Readers of record-shaped audit inputs (JSONL files, in-memory records), streamed in chunks.
 
-Every reader yields :class:`~detsample.audit.table.TableChunk` objects: a run of
+Every reader yields :class:`~detsample.audit.inputs.table.TableChunk` objects: a run of
 consecutive sequences, column by column, under the file's own column names (the ones a
-:class:`~detsample.audit.layout.Resolved` layout asks for). Readers only parse; the value
-checks (NaN, positive logprobs, count mismatches...) live in :mod:`detsample.audit.validate`
+:class:`~detsample.audit.inputs.layout.Resolved` layout asks for). Readers only parse; the value
+checks (NaN, positive logprobs, count mismatches...) live in :mod:`detsample.audit.inputs.validate`
 and are the same for every format. A sequence a reader cannot parse (bad JSON, a field of
 the wrong type) is kept in the chunk with a parse issue, so it is excluded and counted.
 
@@ -11,8 +11,8 @@ Formats (default column names; ``--columns`` / ``--preset`` rename them):
 
 * JSONL: one JSON object per line with ``id``, ``prompt_ids``, ``response_ids``,
   ``engine_logprobs`` and optionally ``trainer_logprobs`` and ``mask`` (1 = trained).
-* NPZ, Parquet, torch ``.pt``: :mod:`detsample.audit.npz`, :mod:`detsample.audit.parquet`,
-  :mod:`detsample.audit.torchfile`.
+* NPZ, Parquet, torch ``.pt``: :mod:`detsample.audit.inputs.npz`, :mod:`detsample.audit.inputs.parquet`,
+  :mod:`detsample.audit.inputs.torchfile`.
 
 Locations: JSONL issues name the 1-based line; the other formats the 0-based row.
 """
@@ -25,13 +25,13 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 
-from detsample.audit.issues import AuditInputError, Issue, audit_file
-from detsample.audit.layout import (COLUMN_KINDS, LIST_COLUMNS, REQUIRED_COLUMNS, ROLES,
-                                    Resolved)
-from detsample.audit.table import PerRow, Ragged, RawChunk, TableChunk
+from detsample.audit.reports.issues import AuditInputError, Issue, audit_file
+from detsample.audit.inputs.layout import (COLUMN_KINDS, LIST_COLUMNS, REQUIRED_COLUMNS, ROLES,
+                                           Resolved)
+from detsample.audit.inputs.table import PerRow, Ragged, RawChunk, TableChunk
 from detsample.inputs import AUDIT_LINE_BYTES, loads, read_line
-from detsample.audit.values import (column_array, count_of, id_of, kind_words, plain_scalar,
-                                    value_column, value_message)
+from detsample.audit.inputs.values import (column_array, count_of, id_of, kind_words, plain_scalar,
+                                           value_column, value_message)
 
 __all__ = ["AuditInputError", "COLUMN_KINDS", "DEFAULT_CHUNK_TOKENS", "Issue", "LIST_COLUMNS",
            "REQUIRED_COLUMNS", "RawChunk", "arrow_to_table", "detect_format",
@@ -201,7 +201,7 @@ def iter_record_chunks(records: Iterable[object], resolved: Resolved,
 def _openai_items(source: str, unit: str, items: Iterable[tuple[int, object]]
                   ) -> Iterator[tuple[int, object]]:
     """OpenAI-compatible responses -> one record (or a located Issue) per choice."""
-    from detsample.audit.openai import records_of
+    from detsample.audit.inputs.openai import records_of
 
     for loc, obj in items:
         if isinstance(obj, Issue):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import os
 
-from detsample.audit.metrics import QUANTILE_KEYS
+from detsample.audit.analysis.metrics import QUANTILE_KEYS
 
 PLOTS = ("abs_diff_histogram.png", "diff_by_position.png", "diff_by_probability.png")
 
@@ -201,7 +201,7 @@ def _table(header: list[str], rows: list[list[object]]) -> str:
 
 def write_report(report: dict, out_dir: str) -> str:
     """Write ``index.html``, the plots and ``report.json`` into out_dir; returns the page."""
-    from detsample.audit.run import to_json
+    from detsample.audit.running.run import to_json
 
     write_plots(report, out_dir)
     with open(os.path.join(out_dir, "report.json"), "w") as f:

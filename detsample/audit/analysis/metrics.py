@@ -1,15 +1,15 @@
 """Audit metrics as exact, mergeable accumulators (see docs/audit.md for every formula).
 
 Token level, over the mask: ``d = trainer - engine`` (float64), ``r = exp(d)``.
-:class:`AuditAccumulator` consumes validated :class:`~detsample.audit.validate.AuditBatch`
+:class:`AuditAccumulator` consumes validated :class:`~detsample.audit.inputs.validate.AuditBatch`
 chunks with whole-column numpy operations and merges with other accumulators *exactly*:
 
 * counts are integers;
-* sums are exact (:func:`detsample.audit.exact.exact_sums`, integers scaled by 2**1074),
+* sums are exact (:func:`detsample.audit.analysis.exact.exact_sums`, integers scaled by 2**1074),
   so the chunking and the merge order cannot change a bit of the result;
 * per-sequence quantities use only that sequence's tokens, in token order;
 * |d| quantiles come from an exact multiset of the non-zero |d| values
-  (:class:`~detsample.audit.exact.ValueCounts`) plus a count of zeros;
+  (:class:`~detsample.audit.analysis.exact.ValueCounts`) plus a count of zeros;
 * max/min are order-independent; kept issue lists and the worst-sequence table are sorted
   by location before truncation.
 
@@ -24,13 +24,13 @@ from fractions import Fraction
 
 import numpy as np
 
-from detsample.audit.exact import (ValueCounts, exact_marginal_sums, exact_mean, exact_sums,
-                                   fraction_to_float, to_fraction)
-from detsample.audit.frameworks import FrameworkAccumulator, FrameworkOptions
-from detsample.audit.diagnose import diagnose
-from detsample.audit.issues import Issue
-from detsample.audit.rows import RowTables
-from detsample.audit.validate import AuditBatch
+from detsample.audit.analysis.exact import (ValueCounts, exact_marginal_sums, exact_mean,
+                                            exact_sums, fraction_to_float, to_fraction)
+from detsample.audit.inputs.frameworks import FrameworkAccumulator, FrameworkOptions
+from detsample.audit.analysis.diagnose import diagnose
+from detsample.audit.reports.issues import Issue
+from detsample.audit.inputs.rows import RowTables
+from detsample.audit.inputs.validate import AuditBatch
 
 #: |d| > t mismatch thresholds, and their JSON keys
 THRESHOLDS = (0.0, 1e-6, 1e-3, 1e-2, 0.1)
@@ -212,20 +212,7 @@ class AuditAccumulator:
         if nseq == 0:
             return
         lens = np.diff(b.offsets)
-        total = int(b.offsets[-1])
-        self.response_tokens += total
-        m = b.mask
-        pos = np.arange(total, dtype=np.int64)
-        pos -= np.repeat(b.offsets[:-1], lens)
-        e, t = b.engine, b.trainer
-        if m.all():
-            ntok = lens
-        else:
-            e, t, pos = e[m], t[m], pos[m]
-            ntok = np.zeros(nseq, dtype=np.int64)  # audited tokens per sequence
-            full = lens > 0  # non-empty sequences: strictly increasing starts < total
-            if total:
-                ntok[full] = np.add.reduceat(m, b.offsets[:-1][full], dtype=np.int64)
+        e, t, pos, ntok = self._audited(b, lens)
         n = e.size
         self.tokens += n
         if self.compare_dtype is not None:  # both rounded to one dtype (validated finite)
@@ -239,14 +226,7 @@ class AuditAccumulator:
         nz = d != 0
         gp = prob_buckets(e64)
         gq = _position_bucket_table(int(lens.max()))[pos]
-        npb, nqb = self.by_prob.tokens.size, self.by_pos.tokens.size
-        code = gp.astype(np.int16) * (nqb * 4)  # (probability, position, d != 0, exact)
-        code += gq * 4
-        code += nz * 2
-        code += exact
-        c = np.bincount(code, minlength=npb * nqb * 4).reshape(npb, nqb, 2, 2)
-        self.by_prob.add_counts(c.sum(axis=1))
-        self.by_pos.add_counts(c.sum(axis=0))
+        self._count_buckets(gp, gq, nz, exact)
         nzi = np.flatnonzero(nz)
         dn = d[nzi]
         starts = np.zeros(nseq, dtype=np.int64)
@@ -265,16 +245,55 @@ class AuditAccumulator:
             self.seq_with_tokens += int(np.count_nonzero(ntok))
             return
         absn = np.abs(dn)
-        neg = dn < 0
-        for k, thr in enumerate(THRESHOLDS[1:], start=1):
-            self.mismatch[k] += int(np.count_nonzero(absn > thr))
-        gpn, gqn = gp[nzi], gq[nzi]
+        self._update_buckets(dn, absn, gp[nzi], gq[nzi])
+        self._update_tokens(dn, absn)
+        self._update_sequences(b, ntok, seq_nz, pos[nzi], seq_d, absn)
+
+    def _audited(self, b: AuditBatch, lens: np.ndarray) -> tuple:
+        """(engine, trainer, response position) of the audited tokens (mask 1) of a
+        chunk, and the audited tokens per sequence; counts its response tokens."""
+        total = int(b.offsets[-1])
+        self.response_tokens += total
+        m = b.mask
+        pos = np.arange(total, dtype=np.int64)
+        pos -= np.repeat(b.offsets[:-1], lens)
+        if m.all():
+            return b.engine, b.trainer, pos, lens
+        ntok = np.zeros(len(b), dtype=np.int64)  # audited tokens per sequence
+        full = lens > 0  # non-empty sequences: strictly increasing starts < total
+        if total:
+            ntok[full] = np.add.reduceat(m, b.offsets[:-1][full], dtype=np.int64)
+        return b.engine[m], b.trainer[m], pos[m], ntok
+
+    def _count_buckets(self, gp: np.ndarray, gq: np.ndarray, nz: np.ndarray,
+                       exact: np.ndarray) -> None:
+        """Token, mismatch and exact counts per probability and position bucket, by one
+        joint ``bincount`` marginalised."""
+        npb, nqb = self.by_prob.tokens.size, self.by_pos.tokens.size
+        code = gp.astype(np.int16) * (nqb * 4)  # (probability, position, d != 0, exact)
+        code += gq * 4
+        code += nz * 2
+        code += exact
+        c = np.bincount(code, minlength=npb * nqb * 4).reshape(npb, nqb, 2, 2)
+        self.by_prob.add_counts(c.sum(axis=1))
+        self.by_pos.add_counts(c.sum(axis=0))
+
+    def _update_buckets(self, dn: np.ndarray, absn: np.ndarray, gpn: np.ndarray,
+                        gqn: np.ndarray) -> None:
+        """Exact sums of |d| and d per bucket, over the non-zero d (one joint binning)."""
+        npb, nqb = self.by_prob.tokens.size, self.by_pos.tokens.size
         joint = gpn.astype(np.int64) * (2 * nqb)  # (probability, position, sign of d)
         joint += gqn * 2
-        joint += neg
+        joint += dn < 0
         sp, sq = exact_marginal_sums(absn, joint, (npb, nqb, 2), check=False)
         self.by_prob.add_sums(sp, gpn, absn)
         self.by_pos.add_sums(sq, gqn, absn)
+
+    def _update_tokens(self, dn: np.ndarray, absn: np.ndarray) -> None:
+        """The token-level statistics of the non-zero d: thresholds, exact sums of d^2,
+        u = r - 1 and u^2 (infinities counted apart), extremes, the exact multiset."""
+        for k, thr in enumerate(THRESHOLDS[1:], start=1):
+            self.mismatch[k] += int(np.count_nonzero(absn > thr))
         max_abs, min_d, max_d = float(absn.max()), float(dn.min()), float(dn.max())
         with np.errstate(over="ignore"):
             u = np.expm1(dn)  # u = r - 1: no cancellation near r = 1
@@ -294,7 +313,6 @@ class AuditAccumulator:
         self.min_r = min(self.min_r, float(r_ext[0]))  # exp is monotone: min r = exp(min d)
         self.max_r = max(self.max_r, float(r_ext[1]))
         self.diff_values.add(dn, check=False)  # d != 0 here: no NaN, no -0.0
-        self._update_sequences(b, ntok, seq_nz, pos[nzi], seq_d, absn)
 
     def _update_sequences(self, b: AuditBatch, ntok: np.ndarray, seq_nz: np.ndarray,
                           pos_nz: np.ndarray, full_sum: np.ndarray, absn: np.ndarray) -> None:
@@ -359,19 +377,70 @@ class AuditAccumulator:
 
     def report(self) -> dict:
         """The JSON-ready report (see docs/audit.md for every key)."""
+        pos_labels = position_bucket_labels()
+        rep = {
+            "sources": list(self.sources),
+            "compare_dtype": self.compare_dtype or "promoted",
+            "sequences": self.sequences,
+            "sequences_seen": self.sequences_seen,
+            "excluded_sequences": self.sequences_seen - self.sequences,
+            "excluded_by_kind": dict(sorted(self.excluded_by_kind.items())),
+            "issues": [it.to_json() for it in self.issues],
+            **self._token_report(),
+            "importance_ratio": self._ratio_report(),
+            "sequence": self._sequence_report(pos_labels),
+            "by_probability": self.by_prob.rows(prob_bucket_labels()),
+            "by_position": self.by_pos.rows(pos_labels),
+            "abs_diff_histogram": self._histogram_report(),
+            "worst_sequences": [
+                {"source": src, unit: line, "id": rid, "max_abs_diff": -neg_max,
+                 "sum_diff": sd, "first_divergence": fdp}
+                for neg_max, src, line, unit, rid, sd, fdp in self.worst],
+            "frameworks": self.frameworks.report(
+                self.diff_values, self.zero_d, sum(self.by_prob.sum_d),
+                None if self.inf_u else self.s_u),
+            **self.rows.report(),
+        }
+        rep["diagnosis"] = diagnose(rep, None, [])  # the signature; a model's: audit()
+        return rep
+
+    def _token_report(self) -> dict:
+        """The token-level keys: counts, exact matches, mismatch fractions, |d| and d
+        statistics, the KL estimators (every mean from exact sums, rounded once)."""
         n = self.tokens
-        s_abs = sum(self.by_prob.sum_abs)
-        s_d = sum(self.by_prob.sum_d)
+        s_abs, s_d = sum(self.by_prob.sum_abs), sum(self.by_prob.sum_d)
+        frac = lambda k: k / n if n else None  # noqa: E731
+        quant = self.diff_values.abs_quantiles(list(QUANTILES), zeros=self.zero_d)
+        std = None
+        if n:
+            v = to_fraction(self.s_d2, n) - to_fraction(s_abs, n) ** 2
+            std = math.inf if self.inf_d2 else math.sqrt(max(fraction_to_float(v), 0.0))
+        return {
+            "tokens": n,
+            "response_tokens": self.response_tokens,
+            "unmasked_tokens": self.response_tokens - n,
+            "exact_matches": self.exact,
+            "exact_match_fraction": frac(self.exact),
+            "mismatch_fraction": {k: frac(c) for k, c in zip(THRESHOLD_KEYS, self.mismatch)},
+            "mismatch_count": dict(zip(THRESHOLD_KEYS, self.mismatch)),
+            "max_abs_diff": self.max_abs if n else None,
+            "mean_abs_diff": exact_mean(s_abs, n),
+            "std_abs_diff": std,
+            "abs_diff_quantiles": dict(zip(QUANTILE_KEYS, quant)),
+            "mean_diff": exact_mean(s_d, n),
+            "min_diff": self.min_d if n else None,
+            "max_diff": self.max_d if n else None,
+            "k1_kl_mean": exact_mean(-s_d, n),
+            "k2_kl_mean": None if not n else (math.inf if self.inf_d2
+                                              else exact_mean(self.s_d2, 2 * n)),
+            # k3 = (r - 1) - d = u - d: sum u - sum d, both exact (no per-token rounding)
+            "k3_kl_mean": None if not n else (math.inf if self.inf_u
+                                              else exact_mean(self.s_u - s_d, n)),
+        }
 
-        def frac(k: int) -> float | None:
-            return k / n if n else None
-
-        def exact_var(s1: int, s2: int) -> float | None:
-            if not n:
-                return None
-            v = to_fraction(s2, n) - to_fraction(s1, n) ** 2
-            return math.sqrt(max(fraction_to_float(v), 0.0))
-
+    def _ratio_report(self) -> dict:
+        """The importance ratio r = exp(d): mean, std, extremes, ESS, chi^2, quantiles."""
+        n = self.tokens
         if n and not (self.inf_u or self.inf_u2):
             # r = 1 + u: sum r = n + U1, sum r^2 = n + 2 U1 + U2 (exact rationals)
             u1, u2 = to_fraction(self.s_u), to_fraction(self.s_u2)
@@ -392,9 +461,14 @@ class AuditAccumulator:
                      "ess": None, "ess_fraction": None, "chi2": math.inf}
         else:
             ratio = {k: None for k in ("mean", "std", "min", "max", "ess", "ess_fraction", "chi2")}
-        quant = self.diff_values.abs_quantiles(list(QUANTILES), zeros=self.zero_d)
         ratio["quantiles"] = dict(zip(RATIO_QUANTILE_KEYS, self.diff_values.quantiles(
             list(RATIO_QUANTILES), zeros=self.zero_d, transform=np.exp)))
+        return ratio
+
+    def _sequence_report(self, pos_labels: list[str]) -> dict:
+        """The sequence-level keys (sums of d, log-perplexity differences, first
+        divergence), over the sequences with an audited token."""
+        ns = self.seq_with_tokens
         fd_total = sum(self.first_div.values())
         fd = {"sequences": fd_total, "min": None, "p50": None, "mean": None, "max": None}
         if fd_total:
@@ -404,68 +478,24 @@ class AuditAccumulator:
                       p50=keys[int(np.searchsorted(cum, (fd_total - 1) // 2, side="right"))],
                       mean=fraction_to_float(Fraction(sum(k * c for k, c in self.first_div.items()),
                                                       fd_total)))
-        ns = self.seq_with_tokens
-        hist = self.diff_values.abs_histogram(np.r_[0.0, HIST_EDGES, np.inf])
-        pos_labels = position_bucket_labels()
-        rep = {
-            "sources": list(self.sources),
-            "compare_dtype": self.compare_dtype or "promoted",
-            "sequences": self.sequences,
-            "sequences_seen": self.sequences_seen,
-            "excluded_sequences": self.sequences_seen - self.sequences,
-            "excluded_by_kind": dict(sorted(self.excluded_by_kind.items())),
-            "issues": [it.to_json() for it in self.issues],
-            "tokens": n,
-            "response_tokens": self.response_tokens,
-            "unmasked_tokens": self.response_tokens - n,
-            "exact_matches": self.exact,
-            "exact_match_fraction": frac(self.exact),
-            "mismatch_fraction": {k: frac(c) for k, c in zip(THRESHOLD_KEYS, self.mismatch)},
-            "mismatch_count": dict(zip(THRESHOLD_KEYS, self.mismatch)),
-            "max_abs_diff": self.max_abs if n else None,
-            "mean_abs_diff": exact_mean(s_abs, n),
-            "std_abs_diff": math.inf if self.inf_d2 else exact_var(s_abs, self.s_d2),
-            "abs_diff_quantiles": dict(zip(QUANTILE_KEYS, quant)),
-            "mean_diff": exact_mean(s_d, n),
-            "min_diff": self.min_d if n else None,
-            "max_diff": self.max_d if n else None,
-            "k1_kl_mean": exact_mean(-s_d, n),
-            "k2_kl_mean": None if not n else (math.inf if self.inf_d2
-                                              else exact_mean(self.s_d2, 2 * n)),
-            # k3 = (r - 1) - d = u - d: sum u - sum d, both exact (no per-token rounding)
-            "k3_kl_mean": None if not n else (math.inf if self.inf_u
-                                              else exact_mean(self.s_u - s_d, n)),
-            "importance_ratio": ratio,
-            "sequence": {
-                "sequences_with_tokens": ns,
-                "sequences_with_mismatch": self.seq_mismatch,
-                "mismatch_fraction": self.seq_mismatch / ns if ns else None,
-                "sum_diff_mean": exact_mean(self.s_seq_sum, ns),
-                "sum_diff_abs_mean": exact_mean(self.s_seq_abs, ns),
-                "sum_diff_abs_max": self.max_seq_abs if ns else None,
-                "log_ppl_diff_mean": exact_mean(self.s_lppl, ns),
-                "log_ppl_diff_abs_mean": exact_mean(self.s_lppl_abs, ns),
-                "log_ppl_diff_abs_max": self.max_lppl_abs if ns else None,
-                "first_divergence": fd,
-                "first_divergence_by_position": {
-                    pos_labels[k]: int(c) for k, c in enumerate(self.first_div_buckets) if c},
-            },
-            "by_probability": self.by_prob.rows(prob_bucket_labels()),
-            "by_position": self.by_pos.rows(pos_labels),
-            "abs_diff_histogram": {
-                "zero": self.zero_d,
-                "edges": [float(x) for x in HIST_EDGES],
-                "counts": [int(c) for c in hist[1:-1]],
-                "below_first_edge": int(hist[0]),
-                "at_or_above_last_edge": int(hist[-1]),
-            },
-            "worst_sequences": [
-                {"source": src, unit: line, "id": rid, "max_abs_diff": -neg_max,
-                 "sum_diff": sd, "first_divergence": fdp}
-                for neg_max, src, line, unit, rid, sd, fdp in self.worst],
-            "frameworks": self.frameworks.report(
-                self.diff_values, self.zero_d, s_d, None if self.inf_u else self.s_u),
-            **self.rows.report(),
+        return {
+            "sequences_with_tokens": ns,
+            "sequences_with_mismatch": self.seq_mismatch,
+            "mismatch_fraction": self.seq_mismatch / ns if ns else None,
+            "sum_diff_mean": exact_mean(self.s_seq_sum, ns),
+            "sum_diff_abs_mean": exact_mean(self.s_seq_abs, ns),
+            "sum_diff_abs_max": self.max_seq_abs if ns else None,
+            "log_ppl_diff_mean": exact_mean(self.s_lppl, ns),
+            "log_ppl_diff_abs_mean": exact_mean(self.s_lppl_abs, ns),
+            "log_ppl_diff_abs_max": self.max_lppl_abs if ns else None,
+            "first_divergence": fd,
+            "first_divergence_by_position": {
+                pos_labels[k]: int(c) for k, c in enumerate(self.first_div_buckets) if c},
         }
-        rep["diagnosis"] = diagnose(rep, None, [])  # the signature; a model's: audit()
-        return rep
+
+    def _histogram_report(self) -> dict:
+        """Exact counts of |d| per decade, the zeros and both tails apart."""
+        hist = self.diff_values.abs_histogram(np.r_[0.0, HIST_EDGES, np.inf])
+        return {"zero": self.zero_d, "edges": [float(x) for x in HIST_EDGES],
+                "counts": [int(c) for c in hist[1:-1]], "below_first_edge": int(hist[0]),
+                "at_or_above_last_edge": int(hist[-1])}

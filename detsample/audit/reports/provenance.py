@@ -13,9 +13,9 @@ from __future__ import annotations
 import platform as _platform
 from collections.abc import Mapping
 
-from detsample.audit.gates import ExclusionLimit, check_gates
-from detsample.audit.options import AuditOptions
-from detsample.audit.rescore import ModelRescorer, TPRescorer
+from detsample.audit.running.gates import ExclusionLimit, check_gates
+from detsample.audit.running.options import AuditOptions
+from detsample.audit.running.rescore import ModelRescorer, TPRescorer
 from detsample.version import __version__
 
 

@@ -1,7 +1,7 @@
 """Validation of parsed audit chunks: every bad sequence is named and excluded, never dropped.
 
-:func:`validate` turns a :class:`~detsample.audit.table.RawChunk` into an :class:`AuditBatch`
-holding only the valid sequences, plus one :class:`~detsample.audit.issues.Issue` per excluded
+:func:`validate` turns a :class:`~detsample.audit.inputs.table.RawChunk` into an :class:`AuditBatch`
+holding only the valid sequences, plus one :class:`~detsample.audit.reports.issues.Issue` per excluded
 sequence (its first problem, in the order of the checks below). Checks, vectorised over
 the chunk's columns:
 
@@ -15,7 +15,7 @@ the chunk's columns:
 3. ``engine_logprobs`` / ``trainer_logprobs`` count == ``response_ids`` count
    (kind ``count_mismatch``); ``mask`` count == ``response_ids`` count (kind ``ragged``);
 4. values: of the column's kind in every format (``bad_type``,
-   :mod:`detsample.audit.values`: token ids integers in the int64 range, logprobs
+   :mod:`detsample.audit.inputs.values`: token ids integers in the int64 range, logprobs
    numbers, masks 0/1 or bools); logprobs not NaN (``nan``), not infinite
    (``non_finite``), not > 0 (``positive_logprob``); mask only 0/1 (``bad_mask``); token
    ids >= 0 (``negative_token_id``).
@@ -28,13 +28,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detsample.audit.issues import Issue
-from detsample.audit.layout import SEMANTICS_COLUMNS
-from detsample.audit.rescore import RescoreModelError, semantics_of
-from detsample.audit.semantics import RAW, Semantics
+from detsample.audit.reports.issues import Issue
+from detsample.audit.inputs.layout import SEMANTICS_COLUMNS
+from detsample.audit.running.rescore import RescoreModelError, semantics_of
+from detsample.audit.analysis.semantics import RAW, Semantics
 from detsample.errors import InvalidSamplingParams
-from detsample.audit.table import RawChunk, offsets_from_lengths
-from detsample.audit.values import kind_problems, value_message
+from detsample.audit.inputs.table import RawChunk, offsets_from_lengths
+from detsample.audit.inputs.values import kind_problems, value_message
 
 RescoreFn = Callable[[list[int], list[int]], "np.ndarray | list[float]"]
 
@@ -64,7 +64,7 @@ class AuditBatch:
 def stated_semantics(raw: RawChunk, base: Semantics, bad: dict[int, Issue]
                      ) -> dict[int, Semantics]:
     """Row -> its semantics (``base`` with the row's stated fields,
-    :meth:`~detsample.audit.semantics.Semantics.with_row`) for the rows of ``raw`` that
+    :meth:`~detsample.audit.analysis.semantics.Semantics.with_row`) for the rows of ``raw`` that
     state any; a bad value excludes its row (``bad_semantics``, the field and the value
     named; recorded in ``bad``). Rows already excluded are skipped."""
     cols = [(c, raw.row_values[c]) for c in SEMANTICS_COLUMNS if c in raw.row_values]
@@ -203,7 +203,7 @@ def _flag_values(raw: RawChunk, column: str, bad_tok: np.ndarray, kind: str, wha
 
 def _flag_kinds(raw: RawChunk, column: str, bad: dict[int, Issue]) -> bool:
     """Flag the sequences holding a value of the wrong kind for ``column`` (one rule for
-    every format, :func:`detsample.audit.values.kind_problems`); True when the column's
+    every format, :func:`detsample.audit.inputs.values.kind_problems`); True when the column's
     values are numbers the later checks can compare."""
     v = raw.values.get(column)
     if v is None or not v.size:

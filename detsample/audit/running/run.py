@@ -14,22 +14,22 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 
-from detsample.audit.assemble import assemble
-from detsample.audit.diagnose import MAX_TOKENS, Sequence, diagnose
-from detsample.audit.gates import check_gates
-from detsample.audit.issues import AuditInputError, Issue, audit_file
-from detsample.audit.layout import OPENAI_COLUMNS, Layout, Resolved, resolve
-from detsample.audit.metrics import AuditAccumulator
-from detsample.audit.npz import NpzSource
-from detsample.audit.options import AuditOptions, options_of
-from detsample.audit.rescore import ModelRescorer, TPRescorer, semantics_of
-from detsample.audit.semantics import RAW, Semantics
-from detsample.audit.parquet import ParquetSource
-from detsample.audit.readers import (detect_format, iter_jsonl_chunks, iter_record_chunks,
-                                     peek_jsonl_keys, split_jsonl)
-from detsample.audit.table import RawChunk, TableChunk, offsets_from_lengths
-from detsample.audit.torchfile import TorchSource
-from detsample.audit.validate import RescoreFn, stated_semantics, validate
+from detsample.audit.running.assemble import assemble
+from detsample.audit.analysis.diagnose import MAX_TOKENS, Sequence, diagnose
+from detsample.audit.running.gates import check_gates
+from detsample.audit.reports.issues import AuditInputError, Issue, audit_file
+from detsample.audit.inputs.layout import OPENAI_COLUMNS, Layout, Resolved, resolve
+from detsample.audit.analysis.metrics import AuditAccumulator
+from detsample.audit.inputs.npz import NpzSource
+from detsample.audit.running.options import AuditOptions, options_of
+from detsample.audit.running.rescore import ModelRescorer, TPRescorer, semantics_of
+from detsample.audit.analysis.semantics import RAW, Semantics
+from detsample.audit.inputs.parquet import ParquetSource
+from detsample.audit.inputs.readers import (detect_format, iter_jsonl_chunks, iter_record_chunks,
+                                            peek_jsonl_keys, split_jsonl)
+from detsample.audit.inputs.table import RawChunk, TableChunk, offsets_from_lengths
+from detsample.audit.inputs.torchfile import TorchSource
+from detsample.audit.inputs.validate import RescoreFn, stated_semantics, validate
 from detsample.inputs import thread_problem
 from detsample.inputs.signals import children_ignore_ctrl_c
 
@@ -171,7 +171,7 @@ def audit_accumulator(source: object, options: AuditOptions | None = None,
                                      else source)]
     total = AuditAccumulator(opts.compare_dtype, opts.frameworks)
     if opts.ray is not None:
-        from detsample.audit.ray_runner import cluster_cpus, ray_session, run_tasks
+        from detsample.audit.running.ray_runner import cluster_cpus, ray_session, run_tasks
 
         with ray_session(opts.ray) as ray:
             parts = opts.workers if opts.workers > 1 else cluster_cpus(ray)
@@ -221,7 +221,7 @@ def audit(source: object, options: AuditOptions | None = None, **kwargs: object)
     for every ``workers``, ``chunk_tokens``, ``jsonl_parser`` and ``ray``.
 
     When max |d| is beyond kernel noise the report's ``"diagnosis"`` says which logprob
-    semantics explains the engine's numbers (:mod:`detsample.audit.diagnose`; with a
+    semantics explains the engine's numbers (:mod:`detsample.audit.analysis.diagnose`; with a
     model rescorer, searched over the logits of its forwards of the first sequences).
     """
     opts = options_of(options, kwargs)

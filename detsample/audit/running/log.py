@@ -28,12 +28,12 @@ import sys
 from collections.abc import Sequence
 from typing import BinaryIO
 
-from detsample.audit.gates import ExclusionLimit, exclusion_failure, no_tokens_failure
-from detsample.audit.issues import AuditInputError
-from detsample.audit.values import count_of, number_of
+from detsample.audit.running.gates import ExclusionLimit, exclusion_failure, no_tokens_failure
+from detsample.audit.reports.issues import AuditInputError
+from detsample.audit.inputs.values import count_of, number_of
 from detsample.inputs import LOG_LINE_BYTES, file_problem, loads, read_line
-from detsample.audit.metrics import RATIO_QUANTILE_KEYS
-from detsample.audit.report import figure, fmt_value
+from detsample.audit.analysis.metrics import RATIO_QUANTILE_KEYS
+from detsample.audit.reports.report import figure, fmt_value
 
 #: per-step scalars of a row, in the order the summary prints them
 LOG_METRICS = ("tokens", "exact_match_fraction", "mismatch_fraction", "mean_abs_diff",
@@ -111,14 +111,14 @@ class AuditLog:
                       trainer_logprobs: object, mask: object = None, *, step: int | None = None,
                       **kwargs: object) -> dict:
         """Audit one padded batch (:func:`detsample.audit.from_tensors`) and log it."""
-        from detsample.audit.tensors import from_tensors
+        from detsample.audit.inputs.tensors import from_tensors
 
         report = from_tensors(response_ids, engine_logprobs, trainer_logprobs, mask, **kwargs)
         self.append(report, step)
         return report
 
 
-#: how each field of a row is read (the value rules of :mod:`detsample.audit.values`):
+#: how each field of a row is read (the value rules of :mod:`detsample.audit.inputs.values`):
 #: counts, fractions in [0, 1], non-negative metrics (null: no token audited)
 _COUNTS = ("step", "sequences", "excluded_sequences", "tokens")
 _RANGES = {"exact_match_fraction": 1.0, "mismatch_fraction": 1.0, "mean_abs_diff": math.inf,
@@ -200,7 +200,7 @@ def check_log_gates(rows: Sequence[dict], max_abs_diff: float | None = None,
                     ) -> list[str]:
     """Failed gates on the latest row (the last one written), each naming the step and
     the metric; empty when every gate passes. The rules of
-    :func:`detsample.audit.gates.check_gates` apply: a step that audited no token fails,
+    :func:`detsample.audit.running.gates.check_gates` apply: a step that audited no token fails,
     and under any gate more excluded sequences than ``max_excluded`` (default 0) fail."""
     if not rows:
         return ["no steps logged"]

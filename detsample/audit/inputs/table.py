@@ -4,8 +4,8 @@ padded index arithmetic they share (pure numpy, no I/O).
 A reader turns a run of consecutive rows of a file into a :class:`TableChunk`: the file's
 own columns, each :class:`Ragged` (flat values + per-row lengths), :class:`Padded` (a 2-D
 array, one row per sequence) or :class:`PerRow` (one value per sequence).
-:mod:`detsample.audit.assemble` then maps them onto the audit's columns, giving a
-:class:`RawChunk`, which :mod:`detsample.audit.validate` checks.
+:mod:`detsample.audit.running.assemble` then maps them onto the audit's columns, giving a
+:class:`RawChunk`, which :mod:`detsample.audit.inputs.validate` checks.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from detsample.audit.issues import Issue
+from detsample.audit.reports.issues import Issue
 
 
 @dataclass
@@ -26,7 +26,7 @@ class RawChunk:
     column absent from the whole chunk may be missing from both dicts).
     flagged: sequence index -> parse issue (those sequences are excluded).
     row_values[c]: object [S] of a per-row value column c (the stated logprob semantics,
-    :data:`~detsample.audit.layout.SEMANTICS_COLUMNS`; None where a row states none).
+    :data:`~detsample.audit.inputs.layout.SEMANTICS_COLUMNS`; None where a row states none).
     """
 
     source: str
