@@ -201,6 +201,12 @@ def _config(name: str) -> dict:
     return HYBRID if name == "hybrid" else SSM
 
 
+def measure_model(name: str, **kw: Any) -> list[Timing]:
+    """:func:`measure` of any model of :data:`MODELS`: the :data:`OWN_CACHE` hybrids through
+    transformers' own cache (:func:`measure_hybrid`), the others through the adapter."""
+    return measure_hybrid(name=name, **kw) if name in OWN_CACHE else measure(name, **kw)
+
+
 def measure_hybrid(*, prefill_len: int = 512, decode_batch: int = 8, cache_len: int = 256,
                    rounds: int = 5, threads: int = 2, seed: int = 0,
                    sides: tuple[str, ...] = SIDES, name: str = "hybrid") -> list[Timing]:
@@ -340,9 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     timings = []
     for name in args.models:
-        run = ((lambda **kw: measure_hybrid(name=name, **kw)) if name in OWN_CACHE
-               else lambda **kw: measure(name, **kw))
-        timings += run(rounds=args.rounds, threads=args.threads)
+        timings += measure_model(name, rounds=args.rounds, threads=args.threads)
     print(table(timings))
     return 0
 

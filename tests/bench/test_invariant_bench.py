@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import pytest
 
-from detsample.benchmarks.invariant import MODELS, measure, verification_cost
+from detsample.benchmarks.invariant import MODELS, measure_model, verification_cost
 
 
 @pytest.mark.bench
 @pytest.mark.parametrize("name", MODELS)
 def test_mode_vs_default_kernels(benchmark, name):
-    timings = benchmark.pedantic(lambda: measure(name, rounds=3), rounds=1, iterations=1)
+    timings = benchmark.pedantic(lambda: measure_model(name, rounds=3), rounds=1, iterations=1)
     for t in timings:
         for side, sec in t.seconds.items():
             benchmark.extra_info[f"{t.workload}: {side} ms"] = round(1e3 * sec, 2)

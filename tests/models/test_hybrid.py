@@ -97,10 +97,17 @@ def test_padding_fed_to_the_state_layers_gives_other_bits():
     assert not torch.equal(nxt, lm.forward([alone[0][1]], [[7]])[0])
 
 
-def test_default_kernels_run_a_hybrid_close_to_the_plain_forward():
-    """Without the mode the adapter runs a hybrid (variant bits allowed): each row within
-    1e-4 of transformers' own one-sequence forward."""
-    model = build(BY_NAME["qwen35"])
+DEFAULT_KERNEL_MODELS = [pytest.param("qwen35", id="qwen35")] + [
+    pytest.param(name, id=name, marks=pytest.mark.panel)
+    for name in ("lfm2", "kimilinear", "nemotronh", "bamba", "granitehybrid")]
+
+
+@pytest.mark.parametrize("name", DEFAULT_KERNEL_MODELS)
+def test_default_kernels_run_a_hybrid_close_to_the_plain_forward(name):
+    """Without the mode the adapter runs a hybrid (variant bits allowed), the Mamba 2 ones
+    the mode refuses included: each row of the ragged calls within 1e-4 of transformers'
+    own one-sequence forward (a state carried to the wrong row, or lost, is O(1))."""
+    model = build(BY_NAME[name])
     for padding in ("left", "right"):
         news, caches = _ragged(HFCausalLM(model, padding=padding))
         for s, (p, _), got in zip(SEQS, ROWS, news):
