@@ -470,15 +470,21 @@ class _RS:
             out[f"{p}_fraction_low"] = _over(Fraction(lo), n + _F_EPS) if self.k1 else 0.0
         out[f"{p}_std"] = _std_eps(clamped, n)
         if valid:
-            out[f"{p}_seq_mean"] = _over(rv.sum.exact(), Fraction(valid))
-            out[f"{p}_seq_std"] = _std_unbiased(rv)
-            out[f"{p}_seq_max"], out[f"{p}_seq_min"] = rv.hi, rv.lo
-            out[f"{p}_seq_max_deviation"] = self.rows.dev
-            out[f"{p}_seq_fraction_high"] = self.rows.above / valid
-            if self.k1:
-                out[f"{p}_seq_fraction_low"] = self.rows.below / valid
+            out.update(self._seq_stats(p, valid))
         out[f"{p}_masked_fraction"] = _over(Fraction(rejected), n + _F_EPS)
         out[f"{p}_seq_masked_fraction"] = self.rows_rejected / valid if valid else 0.0
+        return out
+
+
+    def _seq_stats(self, p: str, valid: int) -> dict:
+        """The per-sequence statistics (``valid`` > 0 sequences), under prefix ``p``."""
+        rv = self.rows.values
+        out = {f"{p}_seq_mean": _over(rv.sum.exact(), Fraction(valid)),
+               f"{p}_seq_std": _std_unbiased(rv), f"{p}_seq_max": rv.hi, f"{p}_seq_min": rv.lo,
+               f"{p}_seq_max_deviation": self.rows.dev,
+               f"{p}_seq_fraction_high": self.rows.above / valid}
+        if self.k1:
+            out[f"{p}_seq_fraction_low"] = self.rows.below / valid
         return out
 
 
@@ -651,6 +657,29 @@ class FrameworkAccumulator:
 
     # -------------------------------------------------------------- the report
 
+    def _offpolicy(self, d: Fraction, k3: Fraction | None, rho2: Fraction | None) -> dict:
+        """verl's off-policy diagnostics (rollout_corr/...): ``d`` the exact sum of d, ``k3``
+        of expm1(d) - d, ``rho2`` of rho^2 - 1 (None: infinite)."""
+        n, denom, fr = self.n, self.n + _F_EPS, Fraction(self.rows)
+        chi2_seq = self.ppl["chi2_seq"].exact()
+        return {
+            "rollout_corr/training_ppl": _over(self.ppl["training_ppl"].exact(), fr),
+            "rollout_corr/training_log_ppl": _over(self.ppl["training_log_ppl"].exact(), fr),
+            "rollout_corr/kl": _over(-d, denom),
+            "rollout_corr/k3_kl": _over(k3, denom),
+            "rollout_corr/rollout_ppl": _over(self.ppl["rollout_ppl"].exact(), fr),
+            "rollout_corr/rollout_log_ppl": _over(self.ppl["rollout_log_ppl"].exact(), fr),
+            "rollout_corr/log_ppl_diff": _over(self.ppl["log_ppl_diff"].exact(), fr),
+            "rollout_corr/log_ppl_abs_diff": _over(self.ppl["log_ppl_abs_diff"].exact(), fr),
+            "rollout_corr/log_ppl_diff_max": self.diff_hi,
+            "rollout_corr/log_ppl_diff_min": self.diff_lo,
+            "rollout_corr/ppl_ratio": _over(self.ppl["ppl_ratio"].exact(), fr),
+            "rollout_corr/chi2_token": math.inf if rho2 is None else
+            fraction_to_float((n + rho2) / denom - 1),
+            "rollout_corr/chi2_seq": math.inf if chi2_seq is None else
+            fraction_to_float(chi2_seq / fr - 1),
+        }
+
     def report(self, d_values, zeros: int, sum_d: int, sum_u: int | None) -> dict:
         """{"verl": {...}, "nemo_rl": {...}}: each framework's metrics under its own names
         (None where nothing was audited). ``d_values``: the audit's ValueCounts of the
@@ -692,25 +721,7 @@ class FrameworkAccumulator:
             rs["rollout_corr/rollout_rs_masked_fraction"] = _over(Fraction(self.rs_rejected), denom)
             rs["rollout_corr/rollout_rs_seq_masked_fraction"] = self.rs_rows / rows
         verl["rollout_rs"] = rs
-        fr = Fraction(rows)
-        chi2_seq = self.ppl["chi2_seq"].exact()
-        verl["offpolicy"] = {
-            "rollout_corr/training_ppl": _over(self.ppl["training_ppl"].exact(), fr),
-            "rollout_corr/training_log_ppl": _over(self.ppl["training_log_ppl"].exact(), fr),
-            "rollout_corr/kl": _over(-d, denom),
-            "rollout_corr/k3_kl": _over(k3, denom),
-            "rollout_corr/rollout_ppl": _over(self.ppl["rollout_ppl"].exact(), fr),
-            "rollout_corr/rollout_log_ppl": _over(self.ppl["rollout_log_ppl"].exact(), fr),
-            "rollout_corr/log_ppl_diff": _over(self.ppl["log_ppl_diff"].exact(), fr),
-            "rollout_corr/log_ppl_abs_diff": _over(self.ppl["log_ppl_abs_diff"].exact(), fr),
-            "rollout_corr/log_ppl_diff_max": self.diff_hi,
-            "rollout_corr/log_ppl_diff_min": self.diff_lo,
-            "rollout_corr/ppl_ratio": _over(self.ppl["ppl_ratio"].exact(), fr),
-            "rollout_corr/chi2_token": math.inf if rho2 is None else
-            fraction_to_float((n + rho2) / denom - 1),
-            "rollout_corr/chi2_seq": math.inf if chi2_seq is None else
-            fraction_to_float(chi2_seq / fr - 1),
-        }
+        verl["offpolicy"] = self._offpolicy(d, k3, rho2)
         nemo["token_mult_prob_error"] = math.inf if mult is None else \
             fraction_to_float((n + mult) / denom)
         nemo["gen_kl_error"] = _over(k3, denom)

@@ -117,6 +117,29 @@ class _NoSemantics(Exception):
     """A row's stated semantics that a plain rescore callable cannot follow."""
 
 
+def _rescored_row(raw: RawChunk, i: int, rescore: RescoreFn, stated: Semantics | None,
+                  offsets: tuple[np.ndarray, np.ndarray]) -> np.ndarray | Issue:
+    """Row ``i``'s rescored logprobs (float64), or the Issue that excludes it; a model that
+    cannot rescore at all (RescoreModelError) is fatal, raised as it is."""
+    p_off, r_off = offsets
+    prompt = raw.values["prompt_ids"][p_off[i]:p_off[i + 1]]
+    resp = raw.values["response_ids"][r_off[i]:r_off[i + 1]]
+
+    def issue(kind: str, text: str) -> Issue:
+        return Issue(raw.source, int(raw.lines[i]), "trainer_logprobs", kind, text, raw.unit)
+    try:
+        lp = np.asarray(_rescore_row(rescore, prompt.tolist(), resp.tolist(), stated))
+    except RescoreModelError:
+        raise  # the model cannot rescore at all: fatal, named once
+    except _NoSemantics as exc:
+        return issue("rescore_failed", str(exc))
+    except Exception as exc:  # noqa: BLE001 - any rescoring failure names the sequence
+        return issue("rescore_failed", f"rescoring failed: {type(exc).__name__}: {exc}")
+    if lp.ndim != 1 or (lp.size and lp.dtype.kind not in "fiu"):
+        return issue("bad_type", f"rescore returned shape {lp.shape} dtype {lp.dtype}")
+    return lp.astype(np.float64)
+
+
 def _rescore(raw: RawChunk, rescore: RescoreFn | None, bad: dict[int, Issue],
              stated: dict[int, Semantics] | None = None) -> None:
     """Fill absent trainer_logprobs with ``rescore(prompt_ids, response_ids)`` (in place),
@@ -150,30 +173,12 @@ def _rescore(raw: RawChunk, rescore: RescoreFn | None, bad: dict[int, Issue],
     needed = set(need)
     for i in range(len(raw)):
         if i in needed:
-            prompt = raw.values["prompt_ids"][p_off[i]:p_off[i + 1]]
-            resp = raw.values["response_ids"][r_off[i]:r_off[i + 1]]
-            try:
-                lp = np.asarray(_rescore_row(rescore, prompt.tolist(), resp.tolist(),
-                                             stated.get(i)))
-            except RescoreModelError:
-                raise  # the model cannot rescore at all: fatal, named once
-            except _NoSemantics as exc:
-                bad[i] = Issue(raw.source, int(raw.lines[i]), "trainer_logprobs",
-                               "rescore_failed", str(exc), raw.unit)
-                new_lens[i] = -1
+            got = _rescored_row(raw, i, rescore, stated.get(i), (p_off, r_off))
+            if isinstance(got, Issue):
+                bad[i], new_lens[i] = got, -1
                 continue
-            except Exception as exc:  # noqa: BLE001 - any rescoring failure names the sequence
-                bad[i] = Issue(raw.source, int(raw.lines[i]), "trainer_logprobs", "rescore_failed",
-                               f"rescoring failed: {type(exc).__name__}: {exc}", raw.unit)
-                new_lens[i] = -1
-                continue
-            if lp.ndim != 1 or (lp.size and lp.dtype.kind not in "fiu"):
-                bad[i] = Issue(raw.source, int(raw.lines[i]), "trainer_logprobs", "bad_type",
-                               f"rescore returned shape {lp.shape} dtype {lp.dtype}", raw.unit)
-                new_lens[i] = -1
-                continue
-            parts.append(lp.astype(np.float64))
-            new_lens[i] = lp.size
+            parts.append(got)
+            new_lens[i] = got.size
         elif lens[i] >= 0:
             seg = old[old_off[i]:old_off[i + 1]]
             # a row of non-numbers is excluded already (bad_type): keep its place only

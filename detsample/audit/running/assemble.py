@@ -231,7 +231,6 @@ def _check_mask_inside(ctx: _Ctx, mask: np.ndarray, kept: np.ndarray, keep: np.n
 def _unpad_all(ctx: _Ctx, cols: dict, n: int) -> dict:
     """Ragged columns of a padded chunk."""
     res = ctx.res
-    side = res.layout.response_padding
     main = "input_ids" if res.split != "columns" else "response_ids"
     out: dict = {d: c for d, c in cols.items() if isinstance(c, PerRow)}
     if main not in cols:
@@ -244,17 +243,7 @@ def _unpad_all(ctx: _Ctx, cols: dict, n: int) -> dict:
         if a.shape[0] != n:
             raise ctx.fail(d, f"has {a.shape[0]} rows, {res.label(main)} has {n}")
     prompt = arrays.get("prompt_ids")
-    att = arrays.get("attention_mask")
-    patt = arrays.get("prompt_attention_mask")
-    if att is not None and res.split == "columns" and prompt is not None and \
-            att.shape[1] == prompt.shape[1] + width and att.shape[1] != width:
-        patt = att[:, :prompt.shape[1]] if patt is None else patt
-        att = att[:, prompt.shape[1]:]
-    if att is not None and att.shape[1] != width:
-        want = f"{width}" if prompt is None or res.split != "columns" else \
-            f"{width} (response) or {prompt.shape[1] + width} (prompt + response)"
-        raise ctx.fail("attention_mask", f"shape {att.shape} does not match {res.label(main)} "
-                                         f"{tokens.shape}: expected width {want}")
+    att, patt = _attention_masks(ctx, arrays, main, tokens.shape)
     per_token = width - 1 if res.split == "first_mask" else width
     mask = arrays.get("mask")
     if mask is not None and mask.size and mask.dtype.kind not in "biuf":
@@ -266,14 +255,7 @@ def _unpad_all(ctx: _Ctx, cols: dict, n: int) -> dict:
             shift = " (one entry per token after the first)" if res.split == "first_mask" else ""
             raise ctx.fail(d, f"shape {a.shape} does not match {res.label(main)} {tokens.shape}; "
                               f"expected ({n}, {per_token}){shift}")
-    if att is not None:
-        starts, counts = _windows(ctx, "attention_mask", att, side)
-    elif mask is not None:
-        starts, counts = _mask_windows(mask, side)
-        if res.split == "first_mask":
-            counts = np.where(counts > 0, counts + 1, 0)
-    else:
-        starts, counts = np.zeros(n, np.int64), np.full(n, width, np.int64)
+    starts, counts = _response_windows(ctx, att, mask, n, width)
     keep = window_mask(width, starts, counts)
     out[main] = Ragged(unpad(tokens, keep), counts)
     tok_counts = np.maximum(counts - 1, 0) if res.split == "first_mask" else counts
@@ -284,17 +266,54 @@ def _unpad_all(ctx: _Ctx, cols: dict, n: int) -> dict:
     if mask is not None and att is not None and res.spec("mask") != res.spec("attention_mask"):
         _check_mask_inside(ctx, mask, out["mask"].values, tok_keep, "attention_mask")
     if prompt is not None:
-        if patt is not None:
-            if patt.shape != prompt.shape:
-                raise ctx.fail("prompt_attention_mask", f"shape {patt.shape} does not match "
-                                                        f"{res.label('prompt_ids')} {prompt.shape}")
-            p_starts, p_counts = _windows(ctx, "prompt_attention_mask", patt,
-                                          res.layout.prompt_padding)
-            p_keep = window_mask(prompt.shape[1], p_starts, p_counts)
-        else:
-            p_counts, p_keep = np.full(n, prompt.shape[1], np.int64), None
-        out["prompt_ids"] = Ragged(unpad(prompt, p_keep), p_counts)
+        out["prompt_ids"] = _unpad_prompt(ctx, prompt, patt)
     return out
+
+
+def _attention_masks(ctx: _Ctx, arrays: dict, main: str, shape: tuple) -> tuple:
+    """(response attention mask, prompt attention mask), either None: a prompt + response
+    wide mask split at the prompt's width; a response mask of another width than the
+    tokens' is a named failure."""
+    res, width = ctx.res, shape[1]
+    prompt = arrays.get("prompt_ids")
+    att = arrays.get("attention_mask")
+    patt = arrays.get("prompt_attention_mask")
+    if att is not None and res.split == "columns" and prompt is not None and \
+            att.shape[1] == prompt.shape[1] + width and att.shape[1] != width:
+        patt = att[:, :prompt.shape[1]] if patt is None else patt
+        att = att[:, prompt.shape[1]:]
+    if att is not None and att.shape[1] != width:
+        want = f"{width}" if prompt is None or res.split != "columns" else \
+            f"{width} (response) or {prompt.shape[1] + width} (prompt + response)"
+        raise ctx.fail("attention_mask", f"shape {att.shape} does not match {res.label(main)} "
+                                         f"{shape}: expected width {want}")
+    return att, patt
+
+
+def _response_windows(ctx: _Ctx, att, mask, n: int, width: int) -> tuple:
+    """(starts, counts) of each row's response tokens: from the attention mask, else the
+    mask, else the whole width."""
+    side = ctx.res.layout.response_padding
+    if att is not None:
+        return _windows(ctx, "attention_mask", att, side)
+    if mask is not None:
+        starts, counts = _mask_windows(mask, side)
+        if ctx.res.split == "first_mask":
+            counts = np.where(counts > 0, counts + 1, 0)
+        return starts, counts
+    return np.zeros(n, np.int64), np.full(n, width, np.int64)
+
+
+def _unpad_prompt(ctx: _Ctx, prompt: np.ndarray, patt) -> Ragged:
+    """The prompts' ragged ids, windowed by their attention mask where there is one."""
+    res = ctx.res
+    if patt is None:
+        return Ragged(unpad(prompt, None), np.full(prompt.shape[0], prompt.shape[1], np.int64))
+    if patt.shape != prompt.shape:
+        raise ctx.fail("prompt_attention_mask", f"shape {patt.shape} does not match "
+                                                f"{res.label('prompt_ids')} {prompt.shape}")
+    p_starts, p_counts = _windows(ctx, "prompt_attention_mask", patt, res.layout.prompt_padding)
+    return Ragged(unpad(prompt, window_mask(prompt.shape[1], p_starts, p_counts)), p_counts)
 
 
 def _split_by_length(ctx: _Ctx, cols: dict, flagged: dict[int, Issue]) -> None:
