@@ -9,14 +9,19 @@ changes any row's result** (each op is row-local).
 
 Tensors (B rows, V vocabulary):
 
-==================  =================  ==============================================
-``temperatures``    (B, 1) float32     0 for greedy rows
-``top_ks``          (B,) int32         ``min(top_k, V)``; ``V`` when disabled
-``top_ps``          (B,) float64       1.0 when disabled (float64: the exact user value)
-``min_ps``          (B,) float32       0.0 when disabled
-``seeds``           (B,) int64         resolved seeds (never shared defaults)
-``greedy``          (B,) bool          temperature 0 or top_k 1
-==================  =================  ==============================================
+===================  =================  ==============================================
+``temperatures``     (B, 1) float32     0 for greedy rows
+``top_ks``           (B,) int32         ``min(top_k, V)``; ``V`` when disabled
+``top_ps``           (B,) float64       1.0 when disabled (float64: the exact user value)
+``element_filters``  (B, F) float32     the element-wise filters' parameters, column j
+                                        of ``rules.ELEMENT_FILTERS[j]`` (its neutral
+                                        value when disabled)
+``seeds``            (B,) int64         resolved seeds (never shared defaults)
+``greedy``           (B,) bool          temperature 0 or top_k 1
+===================  =================  ==============================================
+
+``batch.<name>s`` is the (B,) float32 column of the element-wise filter ``<name>`` (a
+view of ``element_filters``; min-p's is ``batch.<name>s`` with its field's name).
 
 logit bias is sparse: ``logit_bias_coo()`` returns ``(rows, cols, values)`` with no
 duplicate (row, col) pair (keys are deduplicated by integer value in SamplingParams), and
@@ -30,6 +35,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from detsample import rules
 from detsample.processors import penalties as constraints  # penalties, constraints
 from detsample.processors.batch_update import BatchUpdate, diff_update  # processors
 from detsample.grammar import batching as grammar_hooks  # grammar rows
@@ -59,7 +65,8 @@ class SamplingBatch:
         self.temperatures = torch.empty((0, 1), dtype=torch.float32, device=device)
         self.top_ks = torch.empty((0,), dtype=torch.int32, device=device)
         self.top_ps = torch.empty((0,), dtype=torch.float64, device=device)
-        self.min_ps = torch.empty((0,), dtype=torch.float32, device=device)
+        self.element_filters = torch.empty((0, len(rules.ELEMENT_FILTERS)),
+                                           dtype=torch.float32, device=device)
         self.seeds = torch.empty((0,), dtype=torch.int64, device=device)
         self.greedy = torch.empty((0,), dtype=torch.bool, device=device)
         self._coo: BiasCOO | tuple[()] | None = None  # () = built, no bias
@@ -129,13 +136,25 @@ class SamplingBatch:
             "temperatures": temps,
             "top_ks": top_ks,
             "top_ps": torch.tensor([p.top_p for p in params], dtype=torch.float64),
-            "min_ps": torch.tensor([p.min_p for p in params], dtype=torch.float32),
+            "element_filters": torch.tensor([rules.element_values(p) for p in params],
+                                            dtype=torch.float32
+                                            ).reshape(-1, len(rules.ELEMENT_FILTERS)),
             "seeds": torch.tensor([p.seed for p in params], dtype=torch.int64),
             "greedy": torch.tensor([p.is_greedy for p in params], dtype=torch.bool),
         }
         return {k: to_device(v, self.device) for k, v in host.items()}
 
-    _ROW_TENSORS = ("temperatures", "top_ks", "top_ps", "min_ps", "seeds", "greedy")
+    _ROW_TENSORS = ("temperatures", "top_ks", "top_ps", "element_filters", "seeds", "greedy")
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        """``<filter>s``: the (B,) float32 column of ``element_filters`` of the element-wise
+        filter ``<filter>`` (a view). Called only for names that are not attributes."""
+        ef = self.__dict__.get("element_filters")
+        if ef is not None and name.endswith("s"):
+            for j, f in enumerate(rules.ELEMENT_FILTERS):
+                if f.name == name[:-1]:
+                    return ef[:, j]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _append_rows(self, reqs: list[Request]) -> None:
         grammars = grammar_hooks.build_row_grammars(  # may raise

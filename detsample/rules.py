@@ -17,7 +17,9 @@ The rules (docs/sampling.md, step 8 and 9):
 * top-p: a value is kept when the mass strictly above it passes
   ``float64(above) < top_p * float64(Z)`` (``Z`` = the top-k survivors' mass; top_p >= 1:
   every value passes);
-* min-p: kept when ``exp(z) >= float32(min_p)``;
+* min-p: kept when ``exp(z) >= float32(min_p)``: the one element-wise filter, an entry of
+  :data:`ELEMENT_FILTERS` (the registry every strategy and the Triton kernel read: a
+  new element-wise filter is its parameter field, its entry here, its Triton spelling);
 * draw: ``t = min(floor(u * float64(Q)), Q - 1)`` over the kept mass ``Q``, and the token
   is the first one, in token-id order, whose running mass exceeds ``t``;
 * uniform: ``u = (n + 0.5) * 2**-52`` of 52 random bits ``n`` (open interval (0, 1)).
@@ -29,7 +31,8 @@ operations, so every container gives the same bits (tests/test_rules.py).
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -141,6 +144,86 @@ def min_p_keeps(e: Any, min_p: Any) -> Any:
 def min_p_drops(e: Any, min_p: Any) -> Any:
     """The complement of :func:`min_p_keeps` (``e < min_p``; ``e`` is never NaN)."""
     return e < min_p
+
+
+# -- the element-wise filters -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ElementFilter:
+    """A step-8 filter that keeps or drops each token by its own value: row-local and
+    element-wise, unlike top-k (a rank) and top-p (a mass).
+
+    ``name``: the :class:`~detsample.params.SamplingParams` field holding the row's
+    parameter (carried as float32); ``neutral``: the parameter value that disables the
+    filter (it keeps every token); ``keeps(e, value)``: whether a token with ``e =
+    exp(z)`` (float32, the max-shifted scaled logit's ``exp``: 1 at the row's maximum) is
+    kept, for the float32 parameter ``value`` (broadcastable to ``e``). The test must keep
+    an upper set of ``e`` (a kept value keeps every larger one: the kept set stays ``z >=
+    tau``) and keep ``e = 1`` for every admissible parameter (a row never loses its
+    maximum); it may be applied to torch tensors, numpy arrays or Python floats."""
+
+    name: str
+    neutral: float
+    keeps: Callable[[Any, Any], Any]
+
+
+#: the element-wise filters of step 8, in their column order of the ``(B, F)`` float32
+#: parameter tensor every strategy reads (``SamplingBatch.element_filters``); a filter is
+#: applied after top-k and top-p, the filters among themselves in this order (an AND:
+#: the order changes nothing). The Triton spelling of each test is
+#: ``kernels.common.element_keeps``.
+ELEMENT_FILTERS: tuple[ElementFilter, ...] = (
+    ElementFilter("min_p", 0.0, min_p_keeps),
+)
+
+
+def element_values(params: Any) -> list[float]:
+    """The element-wise filters' parameters of one row (an object with the fields, a
+    :class:`~detsample.params.SamplingParams`), in :data:`ELEMENT_FILTERS` order."""
+    return [float(getattr(params, f.name)) for f in ELEMENT_FILTERS]
+
+
+def element_in_use(params: Any) -> bool:
+    """Whether some element-wise filter of a row's ``params`` is not at its neutral
+    value (a bound on the work: a neutral parameter keeps every token anyway)."""
+    return any(getattr(params, f.name) != f.neutral for f in ELEMENT_FILTERS)
+
+
+def element_tensor(rows: int, device: Any = "cpu", **columns: Any) -> torch.Tensor:
+    """A ``(rows, F)`` float32 element-wise filter tensor: the named filters' columns
+    from ``columns`` (a (rows,) tensor or a scalar each), every other filter neutral.
+    Raises ValueError for a name that is not a registered filter."""
+    names = [f.name for f in ELEMENT_FILTERS]
+    unknown = sorted(set(columns) - set(names))
+    if unknown:
+        raise ValueError(f"not an element-wise filter: {unknown} (registered: {names})")
+    out = torch.empty((rows, len(names)), dtype=torch.float32, device=device)
+    for j, f in enumerate(ELEMENT_FILTERS):
+        out[:, j] = columns.get(f.name, f.neutral)
+    return out
+
+
+def element_active(values: torch.Tensor) -> torch.Tensor:
+    """(rows,) bool: the rows of a ``(rows, F)`` parameter tensor with some element-wise
+    filter not at its neutral value."""
+    active = None
+    for j, f in enumerate(ELEMENT_FILTERS):
+        a = values[:, j] != f.neutral
+        active = a if active is None else active.logical_or_(a)
+    if active is None:
+        return torch.zeros(values.shape[:1], dtype=torch.bool, device=values.device)
+    return active
+
+
+def element_keeps(e: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """bool, ``e``'s shape: whether every element-wise filter keeps each token. e: (rows,
+    K) float32 ``exp(z)``; values: (rows, F) float32 the rows' parameters (column j:
+    ``ELEMENT_FILTERS[j]``). With no filter registered, every token is kept."""
+    kept = None
+    for j, f in enumerate(ELEMENT_FILTERS):
+        k = f.keeps(e, values[:, j:j + 1])
+        kept = k if kept is None else kept.logical_and_(k)
+    return torch.ones_like(e, dtype=torch.bool) if kept is None else kept
 
 
 # -- draw -------------------------------------------------------------------------------

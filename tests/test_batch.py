@@ -26,6 +26,7 @@ def test_tensors_shapes_dtypes():
     b = SamplingBatch.from_requests(requests_from([SamplingParams(top_k=3), SamplingParams()]), V)
     assert b.temperatures.shape == (2, 1) and b.temperatures.dtype == torch.float32
     assert b.top_ks.dtype == torch.int32 and b.seeds.dtype == torch.int64
+    assert b.element_filters.shape == (2, 1) and b.element_filters.dtype == torch.float32
     assert len(b) == 2
 
 

@@ -69,6 +69,35 @@ def test_min_p(e, min_p):
     assert rules.min_p_keeps(float(F32(e)), float(F32(min_p))) == want
 
 
+def test_min_p_is_the_element_filter_registry_entry():
+    """The registry holds min-p as its one element-wise filter (field, neutral value,
+    keep-test); ``element_keeps`` over a (rows, F) tensor is that test, column by
+    column. Pins a strategy's registry reading min-p's column with another rule."""
+    assert [(f.name, f.neutral, f.keeps) for f in rules.ELEMENT_FILTERS] == [
+        ("min_p", 0.0, rules.min_p_keeps)]
+    e = torch.tensor([[F32(a) for a, _ in C.MIN_P]], dtype=torch.float32)
+    m = torch.tensor([F32(b) for _, b in C.MIN_P], dtype=torch.float32)
+    got = torch.stack([rules.element_keeps(e[:, i:i + 1], rules.element_tensor(1, min_p=m[i]))
+                       for i in range(len(C.MIN_P))], 1).flatten()
+    assert got.tolist() == [bool(F32(a) >= F32(b)) for a, b in C.MIN_P]
+
+
+def test_element_tensor_and_active_rows():
+    """``element_tensor`` fills unnamed filters with their neutral value and refuses an
+    unknown name; ``element_active`` flags exactly the rows off neutral;
+    ``element_values`` reads a row's fields in registry order."""
+    t = rules.element_tensor(3, min_p=torch.tensor([0.0, 0.25, 0.0]))
+    assert t.shape == (3, len(rules.ELEMENT_FILTERS)) and t.dtype == torch.float32
+    assert rules.element_active(t).tolist() == [False, True, False]
+    assert rules.element_active(rules.element_tensor(2)).tolist() == [False, False]
+    with pytest.raises(ValueError, match="not an element-wise filter: \\['epsilon'\\]"):
+        rules.element_tensor(1, epsilon=0.1)
+    from detsample import SamplingParams
+    assert rules.element_values(SamplingParams(min_p=0.5)) == [0.5]
+    assert rules.element_in_use(SamplingParams(min_p=0.5))
+    assert not rules.element_in_use(SamplingParams())
+
+
 
 @pytest.mark.parametrize("u,total", C.DRAW)
 def test_draw_target(u, total):
