@@ -5,8 +5,8 @@ CDF table its draw reads, by one function (:func:`kept_cdf`) with two strategies
   :func:`~detsample.ops.filters.kept_prefix`, finds it: a ``topk`` grown until the kept
   prefix provably ends inside it (small top-k rows start at ``k_max + 1`` candidates,
   the extra one proving that no tie group spills past them; top-p rows, with or without
-  a top-k or min-p, at ``NUCLEUS_CANDIDATES``, against their exact mass over the full
-  row), or, given as candidates, a plain grammar row's allowed columns
+  a top-k or an element-wise filter, at ``NUCLEUS_CANDIDATES``, against their exact mass
+  over the full row), or, given as candidates, a plain grammar row's allowed columns
   (:mod:`detsample.ops.colcdf`). Its table is compact: the kept ids in token-id order
   and their running mass.
 * **full**: the threshold over the whole row -- the sort's (``filter_impl="sort"``), its
@@ -81,10 +81,11 @@ class Table:
 @dataclass(frozen=True)
 class KeptCDF:
     """Step 8's result for a batch of B rows: ``tau`` (B,) float32, kept = ``(z >= tau) &
-    (exp(z) >= min_p)`` (``-inf`` on rows without a value threshold and on non-sampling
-    rows); ``total`` (B,) int64 the exact kept mass ``Q`` (0 on non-sampling rows);
-    ``tables`` the draw's tables of the sampling rows; ``drawn`` (B,) int64 tokens
-    already drawn with the cut (the Triton kernel fusing steps 8 and 9), else None."""
+    rules.element_keeps(exp(z), element_filters)`` (``-inf`` on rows without a value
+    threshold and on non-sampling rows); ``total`` (B,) int64 the exact kept mass ``Q`` (0
+    on non-sampling rows); ``tables`` the draw's tables of the sampling rows; ``drawn``
+    (B,) int64 tokens already drawn with the cut (the Triton kernel fusing steps 8 and 9),
+    else None."""
 
     tau: torch.Tensor
     total: torch.Tensor
@@ -114,8 +115,8 @@ class CutInputs:
     """What step 8 reads besides the scaled logits and the plan (B rows, V tokens).
 
     x: (B, V) float32 logits after steps 1-5; shift: (B, 1) float32 the maxima step 7
-    subtracts; filters: the batch's (top_ks, top_ps, min_ps) row tensors; columns /
-    column_values: step 4's allowed columns of grammar rows (see the Sampler's
+    subtracts; filters: the batch's (top_ks, top_ps, element_filters) row tensors;
+    columns / column_values: step 4's allowed columns of grammar rows (see the Sampler's
     ``Prepared``), or None; scaled: a callable giving step 7's z over the vocabulary
     (called only when a row needs it); scratch: ``(name, like, dtype) -> tensor``, a
     reused buffer; deterministic / filter_impl: the Sampler's settings."""
@@ -269,7 +270,7 @@ def _pending(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs, frac: int) -
             if tw is not None:
                 thr[bf.wide] = tw.unsqueeze(1)
             total[bf.wide] = mw.unsqueeze(1)
-    cut = filter_ops.CandidateCut(bf.k_index, bf.small, thr, total, bf.top_p, bf.min_p)
+    cut = filter_ops.CandidateCut(bf.k_index, bf.small, thr, total, bf.top_p, bf.element)
     if z is None:  # small top-k rows only: candidates from the logits
         return _Pending(rows.index, rows.every, rows.take(inp.x), (
             rows.take(inp.shift), rows.take(plan.temperatures)), cut)
@@ -292,16 +293,16 @@ def _decided(vals: torch.Tensor, n: torch.Tensor, thr: torch.Tensor | None,
 
 def _growth(vals: torch.Tensor, p: _Pending, frac: int) -> int:
     """How many more candidates the undecided rows at least need: for a top-p row
-    without top-k and min-p, its mass still short of the limit over the largest mass a
-    non-candidate can have (0 for the others; a bound, never a result)."""
+    without top-k and element-wise filters, its mass still short of the limit over the
+    largest mass a non-candidate can have (0 for the others; a bound, never a result)."""
     c = p.cut
     if c.total is None or c.top_p is None:
         return 0
     plain = (c.top_p.squeeze(1) < 1.0) & (c.total.squeeze(1) > 0)
     if c.thr is not None:
         plain &= torch.isneginf(c.thr.squeeze(1))
-    if c.min_p is not None:
-        plain &= c.min_p.squeeze(1) == 0
+    if c.element is not None:
+        plain &= ~rules.element_active(c.element)
     if c.small is not None:
         plain &= ~c.small.squeeze(1)
     if not bool(plain.any()):
@@ -360,7 +361,7 @@ def _columns(rows: Rows, plan: RowPlan, inp: CutInputs, frac: int) -> Table:
                                       [known.get(r) for r in rows.rows])
     ids, csum = colcdf.column_cdf(vals, ids, rows.take(inp.shift),
                                   rows.take(plan.temperatures), rows.take(inp.filters[2]),
-                                  frac, cut_min_p=None if plan.any_min_p else False)
+                                  frac, cut_element=None if plan.any_element else False)
     return Table(rows.index, rows.every, csum, ids)
 
 
@@ -372,13 +373,13 @@ def _full(z: torch.Tensor, plan: RowPlan, inp: CutInputs, plain: Rows,
     spilled ones (the sort's threshold, or its radix select), the large top-k rows (the
     k-th value) and the plain rows (no threshold); their thresholds land in ``tau``."""
     rt = plan.route
-    top_ks, top_ps, min_ps = inp.filters
+    top_ks, top_ps, element = inp.filters
     sort_idx = ([rt.sort.index] if rt.sort else []) + spilled
     full_idx = list(sort_idx)
     if sort_idx:
         si = torch.cat(sort_idx) if len(sort_idx) > 1 else sort_idx[0]
         by = radix.thresholds_by_select if inp.select else filter_ops.thresholds_by_sort
-        tau[si] = by(z.index_select(0, si), top_ks[si], top_ps[si], min_ps[si], frac)
+        tau[si] = by(z.index_select(0, si), top_ks[si], top_ps[si], element[si], frac)
     if rt.top_k_only:
         ti = rt.top_k_only.index
         tau[ti] = filter_ops.topk_threshold(rt.top_k_only.take(z), top_ks[ti])
@@ -390,9 +391,9 @@ def _full(z: torch.Tensor, plan: RowPlan, inp: CutInputs, plain: Rows,
     fi = torch.cat(full_idx) if len(full_idx) > 1 else full_idx[0]
     every = len(full_idx) == 1 and fi.numel() == plan.size and (
         plain.every or rt.top_k_only.every or rt.sort.every)
-    zf, tf, mf = (z, tau, min_ps) if every else (z.index_select(0, fi), tau[fi], min_ps[fi])
-    q, bsum = draw_ops.block_cdf(zf, tf, mf, frac, out=inp.scratch("w", zf),
+    zf, tf, ef = (z, tau, element) if every else (z.index_select(0, fi), tau[fi], element[fi])
+    q, bsum = draw_ops.block_cdf(zf, tf, ef, frac, out=inp.scratch("w", zf),
                                  q_out=inp.scratch("q", zf, torch.int64),
                                  cut_tau=len(full_idx) > bool(plain),
-                                 cut_min_p=None if plan.any_min_p else False)
+                                 cut_element=None if plan.any_element else False)
     return Table(fi, every, bsum, q=q)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from detsample.kernels import NEAR_TIE_MARGIN
+from detsample import rules
 from detsample.rules import frac_bits
 from detsample.rng import row_uniforms
 from oracles import sampler as osamp
@@ -35,7 +36,8 @@ def scaled(x: np.ndarray, temps: np.ndarray) -> torch.Tensor:
 def row_tensors(params, V):
     k = torch.tensor([V if k == -1 else min(k, V) for k, _, _ in params], dtype=torch.int32)
     p = torch.tensor([p for _, p, _ in params], dtype=torch.float64)
-    mp = torch.tensor([m for _, _, m in params], dtype=torch.float32)
+    mp = rules.element_tensor(len(params), min_p=torch.tensor([m for _, _, m in params],
+                                                              dtype=torch.float32))
     return k, p, mp
 
 
