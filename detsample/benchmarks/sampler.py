@@ -13,6 +13,7 @@ operator calls of one call (:func:`count_ops`). Never used by tests as an assert
 Paths: ``detsample`` (``Sampler()``), ``detsample sort`` (``filter_impl="sort"``, the
 reference semantics; filtered configs only), the peers' algorithms of
 :mod:`detsample.benchmarks.peers`, and bare baselines (a stable sort of the scaled logits;
+a bare ``log_softmax``, the yardstick of the bound "within 3x a log_softmax";
 ``argmax`` + ``log_softmax`` for greedy).
 
 On ``device="cuda"`` each call is bracketed by ``torch.cuda.synchronize``; the peers'
@@ -52,6 +53,9 @@ LOGITS = ("peaked", "gaussian", "flat")
 DETERMINISTIC_PEERS = ("SGLang deterministic", "vLLM seeded")
 SHORTCUT_PEERS = ("SGLang shortcut", "vLLM unseeded")
 GREEDY_PEER = "SGLang / vLLM greedy"
+#: the yardstick of the full strategy's bound: one pass that every sampler must beat a
+#: few times over (a bare ``log_softmax`` of the same logits, into a reused buffer)
+BARE_LOG_SOFTMAX = "bare log_softmax"
 
 
 def threads(n: int | None):
@@ -176,7 +180,7 @@ def paths(case: Case, sglang_multinomial: Callable | None = None,
         torch_backend = Sampler(backend="torch")
         out["torch backend"] = lambda: torch_backend.sample(logits, batch, pos)
         lsm_only = torch.empty_like(logits)
-        out["bare log_softmax"] = lambda: torch.log_softmax(logits, -1, out=lsm_only)
+        out[BARE_LOG_SOFTMAX] = lambda: torch.log_softmax(logits, -1, out=lsm_only)
         return out
     pb = peers.PeerBatch.of([r.params for r in reqs], pos, case.V)
     if case.config == "greedy":
@@ -197,6 +201,8 @@ def paths(case: Case, sglang_multinomial: Callable | None = None,
     if filtered:
         z = logits / pb.temperatures
         out["bare stable sort"] = lambda: torch.sort(z, dim=-1, descending=True, stable=True)
+    lsm_only = torch.empty_like(logits)
+    out[BARE_LOG_SOFTMAX] = lambda: torch.log_softmax(logits, -1, out=lsm_only)
     return out
 
 
@@ -239,7 +245,8 @@ def markdown(rows: list[dict], stat: str = "median_ms") -> str:
         if r["path"] not in order:
             order.append(r["path"])
     head = ["V", "B", "config", "detsample ops"] + order + [
-        "detsample / best deterministic peer", "detsample / best shortcut peer"]
+        "detsample / best deterministic peer", "detsample / best shortcut peer",
+        "detsample / bare log_softmax"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     cases: dict[tuple, dict[str, dict]] = {}
     for r in rows:
@@ -251,5 +258,7 @@ def markdown(rows: list[dict], stat: str = "median_ms") -> str:
         for group in (DETERMINISTIC_PEERS + (GREEDY_PEER,), SHORTCUT_PEERS + (GREEDY_PEER,)):
             best = [r[stat] for p, r in by.items() if p.split(" (")[0] in group]
             cells.append(f"{det[stat] / min(best):.2f}x" if det and best else "")
+        bare = by.get(BARE_LOG_SOFTMAX) or by.get("bare argmax+log_softmax")
+        cells.append(f"{det[stat] / bare[stat]:.2f}x" if det and bare else "")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -199,14 +199,3 @@ def survivor_mass(z: torch.Tensor, thr: torch.Tensor | None, frac: int, *,
     if thr is not None and bool(torch.isfinite(thr).any()):
         w.masked_fill_(z < thr.unsqueeze(1), 0.0)
     return rules.mass_in_place(w, frac, q_out).sum(-1)
-
-
-def mass_needed_bound(vals: torch.Tensor, total: torch.Tensor, top_p: torch.Tensor,
-                      frac: int) -> torch.Tensor:
-    """A lower bound on how many more tokens an undecided row's nucleus holds beyond its
-    K candidates: the mass still short of ``top_p * total`` divided by the largest mass a
-    non-candidate can have (the last candidate's). (rows,) float64; used only to decide
-    how far to grow the candidate set, never a result."""
-    q = rules.mass(torch.exp(vals), frac)
-    short = top_p.to(torch.float64) * total.to(torch.float64) - q.sum(-1).to(torch.float64)
-    return short.clamp(min=0) / q[:, -1].clamp(min=1).to(torch.float64)

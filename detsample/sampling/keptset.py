@@ -2,26 +2,28 @@
 CDF table its draw reads, by one function (:func:`kept_cdf`) with two strategies.
 
 * **bounded**: the row's kept set lies among candidates, and ONE function of them,
-  :func:`~detsample.ops.filters.kept_prefix`, finds it: a ``topk`` grown until the kept
-  prefix provably ends inside it (small top-k rows start at ``k_max + 1`` candidates,
-  the extra one proving that no tie group spills past them; top-p rows, with or without
-  a top-k or an element-wise filter, at ``NUCLEUS_CANDIDATES``, against their exact mass
-  over the full row), or, given as candidates, a plain grammar row's allowed columns
-  (:mod:`detsample.ops.colcdf`). Its table is compact: the kept ids in token-id order
-  and their running mass.
+  :func:`~detsample.ops.filters.kept_prefix`, finds it. The candidates are an upper set
+  of the row's values: for a small top-k row a ``topk`` of ``k_max + 1`` (grown while the
+  extra one cannot prove that no tie group spills past them); for a top-p row (with or
+  without a top-k or an element-wise filter) the elements above a value ``L`` below its
+  threshold, found from its column-group maxima (:mod:`detsample.ops.nucleus`), checked
+  by their own mass against the exact mass of the full row; for a plain grammar row its
+  allowed columns (:mod:`detsample.ops.colcdf`). Its table is compact: the kept ids in
+  token-id order and their running mass.
 * **full**: the threshold over the whole row -- the sort's (``filter_impl="sort"``), its
   radix select (:mod:`detsample.ops.radix`), a top-k's k-th value, or none (plain rows)
   -- then the blocked CDF of the kept masses over the vocabulary.
 
 A row the bounded strategy cannot decide (a tie group spilling past its candidates, a
-nucleus outgrowing them) *spills* to the full strategy: that is the only hand-off. Every
-strategy keeps, for every row, the full stable sort's kept set and exact fixed-point mass
-bit for bit (tests/test_sampler.py holds each to ``filter_impl="sort"``); the result is
-one :class:`KeptCDF`.
+nucleus whose group maxima never reach the limit: most of the row) *spills* to the full
+strategy: that is the only hand-off. Every strategy keeps, for every row, the full stable
+sort's kept set and exact fixed-point mass bit for bit (tests/test_sampler.py holds each
+to ``filter_impl="sort"``); the result is one :class:`KeptCDF`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -31,21 +33,18 @@ from detsample import rules
 from detsample.ops import colcdf
 from detsample.ops import draw as draw_ops
 from detsample.ops import filters as filter_ops
+from detsample.ops import nucleus
 from detsample.ops import radix
 from detsample.sampling.rowplan import CANDIDATE_RATIO, RowPlan, Rows
 
-#: first candidate count of a top-p row, and the growth factor while undecided
-NUCLEUS_CANDIDATES = 64
-NUCLEUS_GROWTH = 8
+#: how much a small top-k row's ``topk`` grows while a tie group may spill past it
+TOPK_GROWTH = 8
 #: a plain grammar row is drawn over its allowed columns when they are at most this
 #: fraction of the vocabulary (beyond it the gather costs about what the full pass does)
 COLUMN_DRAW_MAX = 0.25
 #: rows that need the full sort's threshold get it by radix select (ops.radix) from this
 #: vocabulary size on (CPU, filter_impl "auto"); below it the sort is as fast
 SELECT_MIN_V = 4096
-#: ... and a top-p row stops growing its candidates once its nucleus is known to hold
-#: more than V / SELECT_RATIO tokens
-SELECT_RATIO = 64
 NEG_INF = float("-inf")
 
 
@@ -82,10 +81,10 @@ class Table:
 class KeptCDF:
     """Step 8's result for a batch of B rows: ``tau`` (B,) float32, kept = ``(z >= tau) &
     rules.element_keeps(exp(z), element_filters)`` (``-inf`` on rows without a value
-    threshold and on non-sampling rows); ``total`` (B,) int64 the exact kept mass ``Q`` (0
-    on non-sampling rows); ``tables`` the draw's tables of the sampling rows; ``drawn``
-    (B,) int64 tokens already drawn with the cut (the Triton kernel fusing steps 8 and 9),
-    else None."""
+    threshold and on non-sampling rows); ``total`` (B,) int64 the exact kept mass ``Q``
+    (0 on non-sampling rows); ``tables`` the draw's tables of the sampling rows;
+    ``drawn`` (B,) int64 tokens already drawn with the cut (the Triton kernel fusing
+    steps 8 and 9), else None."""
 
     tau: torch.Tensor
     total: torch.Tensor
@@ -210,14 +209,18 @@ def _bounded(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs,
              by_columns: tuple[Rows, Rows] | None, frac: int
              ) -> tuple[list[Table], list[torch.Tensor]]:
     """The compact tables of the rows decided on candidates, and the row indices that
-    spill to the full strategy."""
+    spill to the full strategy: small top-k rows on a grown ``topk`` (:func:`_grown`),
+    top-p rows on the elements above a bound of their threshold (:func:`_nucleus`)."""
     tables: list[Table] = []
     spilled: list[torch.Tensor] = []
-    if plan.route.bounded:
-        got, spill = _grown(z, plan, inp, frac)
-        tables.extend(got)
-        if spill is not None:
-            spilled.append(spill)
+    bf = plan.route.filters
+    for some, part in ((bf is not None and bf.k_index is not None, _grown),
+                       (bf is not None and bf.wide is not None, _nucleus)):
+        if some:
+            got, spill = part(z, plan, inp, frac)
+            tables.extend(got)
+            if spill is not None:
+                spilled.append(spill)
     if by_columns is not None:
         tables.append(_columns(by_columns[0], plan, inp, frac))
     return tables, spilled
@@ -225,7 +228,7 @@ def _bounded(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs,
 
 @dataclass(frozen=True)
 class _Pending:
-    """The bounded rows still undecided (n of them): their batch rows ``idx``
+    """The small top-k rows still undecided (n of them): their batch rows ``idx``
     (``every``: all rows of the batch, in order), the (n, V) tensor their candidates come
     from (``z``, or the logits ``x`` with ``scale`` = (shift, temperatures), n rows each:
     only the candidates are scaled) and their :class:`~detsample.ops.filters.CandidateCut`."""
@@ -248,87 +251,52 @@ class _Pending:
                         self.cut.rows(sel))
 
 
-def _pending(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs, frac: int) -> _Pending:
-    """The bounded rows' first state: the rows without a small top-k get their top-k
-    threshold and survivors' exact mass over the full row (so ``z`` is given when there
-    are some: :func:`needs_full_z`)."""
+def _part(plan: RowPlan, wide: bool) -> tuple[torch.Tensor | None, torch.Tensor, bool]:
+    """The bounded rows with a small top-k (``wide`` False) or without (True): their
+    positions among the bounded rows (None: all of them), batch rows, and whether those
+    are every row of the batch in order."""
     rows, bf = plan.route.bounded, plan.route.filters
-    thr = total = None
-    if bf.wide is not None:
-        every = bf.k_index is None  # every bounded row is wide
-        zw = rows.take(z) if every else z.index_select(0, rows.index[bf.wide])
-        top_ks = rows.filters[0] if every else rows.filters[0][bf.wide]
-        tw = filter_ops.topk_threshold(zw, top_ks) if bf.wide_k else None
-        mw = filter_ops.survivor_mass(zw, tw, frac, out=inp.scratch("w", zw),
-                                      q_out=inp.scratch("q", zw, torch.int64))
-        if every:
-            thr, total = (None if tw is None else tw.unsqueeze(1)), mw.unsqueeze(1)
-        else:
-            n = len(rows)
-            thr = torch.full((n, 1), NEG_INF, dtype=torch.float32, device=zw.device)
-            total = torch.zeros((n, 1), dtype=torch.int64, device=zw.device)
-            if tw is not None:
-                thr[bf.wide] = tw.unsqueeze(1)
-            total[bf.wide] = mw.unsqueeze(1)
-    cut = filter_ops.CandidateCut(bf.k_index, bf.small, thr, total, bf.top_p, bf.element)
-    if z is None:  # small top-k rows only: candidates from the logits
-        return _Pending(rows.index, rows.every, rows.take(inp.x), (
-            rows.take(inp.shift), rows.take(plan.temperatures)), cut)
-    return _Pending(rows.index, rows.every, rows.take(z), None, cut)
+    if (bf.wide is None) if wide else (bf.k_index is None):
+        raise ValueError("no such bounded rows")  # pragma: no cover - callers check
+    if bf.wide is None or bf.k_index is None:
+        return None, rows.index, rows.every
+    pos = bf.wide if wide else bf.small.squeeze(1).nonzero().flatten()
+    return pos, rows.index[pos], False
 
 
-def _decided(vals: torch.Tensor, n: torch.Tensor, thr: torch.Tensor | None,
-             cut: filter_ops.CandidateCut, fast: bool) -> torch.Tensor:
-    """(n,) bool: the rows whose kept prefix provably ends inside their K candidates.
-    A row with a small top-k: its survivors are all candidates (the last candidate is
-    below its top-k threshold; the fast mode skips this tie-spill check); another: its
-    prefix ends before the last candidate (its mass is the full row's)."""
-    if cut.k_index is None:
-        return n < vals.shape[-1]
-    fits = torch.ones_like(n, dtype=torch.bool) if fast else vals[:, -1] < thr.squeeze(1)
-    if cut.small is None:
-        return fits
-    return torch.where(cut.small.squeeze(1), fits, n < vals.shape[-1])
-
-
-def _growth(vals: torch.Tensor, p: _Pending, frac: int) -> int:
-    """How many more candidates the undecided rows at least need: for a top-p row
-    without top-k and element-wise filters, its mass still short of the limit over the
-    largest mass a non-candidate can have (0 for the others; a bound, never a result)."""
-    c = p.cut
-    if c.total is None or c.top_p is None:
-        return 0
-    plain = (c.top_p.squeeze(1) < 1.0) & (c.total.squeeze(1) > 0)
-    if c.thr is not None:
-        plain &= torch.isneginf(c.thr.squeeze(1))
-    if c.element is not None:
-        plain &= ~rules.element_active(c.element)
-    if c.small is not None:
-        plain &= ~c.small.squeeze(1)
-    if not bool(plain.any()):
-        return 0
-    need = filter_ops.mass_needed_bound(vals, c.total.squeeze(1), c.top_p.squeeze(1), frac)
-    return int(torch.where(plain, need, torch.zeros_like(need)).max())
+def _pending(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs) -> _Pending:
+    """The small top-k rows' first state: candidates from ``z``, or, when it is not
+    computed (only such rows need it), from the logits, scaled on the candidates."""
+    bf = plan.route.filters
+    pos, idx, every = _part(plan, wide=False)
+    pick = (lambda t: t) if pos is None else (lambda t: t[pos])  # noqa: E731
+    cut = filter_ops.CandidateCut(
+        pick(bf.k_index), None, None, None,
+        None if bf.top_p is None else pick(bf.top_p),
+        None if bf.element is None else pick(bf.element))
+    take = (lambda t: t) if every else (lambda t: t.index_select(0, idx))  # noqa: E731
+    if z is None:
+        return _Pending(idx, every, take(inp.x), (take(inp.shift), take(plan.temperatures)), cut)
+    return _Pending(idx, every, take(z), None, cut)
 
 
 def _grown(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs, frac: int
            ) -> tuple[list[Table], torch.Tensor | None]:
-    """The bounded strategy: a ``topk`` of K candidates (first ``k_max + 1`` for small
-    top-k rows, at least ``NUCLEUS_CANDIDATES`` with top-p rows), the kept set by
-    :func:`~detsample.ops.filters.kept_prefix`, and for the undecided rows a ``topk``
-    ``NUCLEUS_GROWTH`` times larger, until every row is decided; the rows that would need
-    more than ``V / CANDIDATE_RATIO`` candidates spill (with the radix select, as soon as
-    a nucleus is known to hold more than ``V / SELECT_RATIO`` tokens: a larger ``topk``
-    would cost more than the select)."""
-    V, bf = inp.x.shape[1], plan.route.filters
-    p = _pending(z, plan, inp, frac)
-    K = min(max(plan.route.k_max + 1 if bf.k_index is not None else 0,
-                NUCLEUS_CANDIDATES if bf.wide is not None else 0), V)
+    """The small top-k rows: a ``topk`` of ``k_max + 1`` candidates, the kept set by
+    :func:`~detsample.ops.filters.kept_prefix`, and for the rows whose top-k tie group
+    may spill past the candidates (their last candidate equals their k-th value; the
+    fast mode skips this check) a ``topk`` ``TOPK_GROWTH`` times larger, until every
+    row is decided; the rows that would need more than ``V / CANDIDATE_RATIO``
+    candidates spill."""
+    V = inp.x.shape[1]
+    p = _pending(z, plan, inp)
+    K = min(plan.route.k_max + 1, V)
     cap, tables = max(V // CANDIDATE_RATIO, 1), []
     while True:
         vals, ids = p.topk(K)
         n, kept, q, thr = filter_ops.kept_prefix(vals, p.cut, frac)
-        decided = _decided(vals, n, thr, p.cut, not inp.deterministic)
+        decided = (torch.ones_like(n, dtype=torch.bool) if not inp.deterministic
+                   else vals[:, -1] < thr.squeeze(1))
         if K == V or bool(decided.all()):
             return tables + [_table(p.idx, p.every, vals, ids, (n, kept, q))], None
         dec, und = decided.nonzero().flatten(), (~decided).nonzero().flatten()
@@ -336,10 +304,88 @@ def _grown(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs, frac: int
             tables.append(_table(p.idx[dec], False, vals[dec], ids[dec],
                                  (n[dec], kept[dec], q[dec])))
         p = p.rows(und)
-        bound = _growth(vals[und], p, frac)
-        K = min(max(K * NUCLEUS_GROWTH, bound + K + 1), V)
-        if K > cap or (inp.select and bound > V // SELECT_RATIO):
+        K = min(K * TOPK_GROWTH, V)
+        if K > cap:
             return tables, p.idx
+
+
+def _nucleus(z: torch.Tensor, plan: RowPlan, inp: CutInputs, frac: int
+             ) -> tuple[list[Table], torch.Tensor | None]:
+    """The top-p rows without a small top-k: the candidates ``z > L`` with ``L`` below
+    the top-p threshold (:mod:`detsample.ops.nucleus`), the kept set by
+    :func:`~detsample.ops.filters.kept_prefix` under both ends of the bracket of the
+    full row's mass ``Z`` (a row whose kept set differs between them takes its exact
+    ``Z``). A row is decided when its candidates' survivor mass fails the top-p test
+    (so no element at or below ``L`` is kept); a row without such an ``L`` (its nucleus
+    spans most of the row) or failing that check spills."""
+    pos, idx, every = _part(plan, wide=True)
+    zw = z if every else z.index_select(0, idx)
+    cut, lo = _nucleus_cut(zw, plan, pos, inp, frac)
+    limit = rules.top_p_limit(cut.top_p.squeeze(1), cut.total.squeeze(1))
+    maxima = nucleus.group_maxima(zw)
+    L, found = nucleus.lower_bound(maxima, cut.thr, limit, frac)
+    spill = None
+    if not bool(found.all()):
+        sel, spill = found.nonzero().flatten(), idx[~found]
+        if not sel.numel():
+            return [], spill
+        zw, idx, every, L, cut, lo, limit, maxima = (
+            zw.index_select(0, sel), idx[sel], False, L[sel], cut.rows(sel), lo[sel],
+            limit[sel], maxima[sel])
+    vals, ids = nucleus.above(zw, L, maxima)
+    n, kept, q, _ = filter_ops.kept_prefix(vals, cut, frac)
+    mass = (q if cut.thr is None else q * (vals >= cut.thr)).sum(-1)
+    holds = ~rules.top_p_keeps(mass, limit)  # no element at or below L is kept
+    if not bool(holds.all()):
+        ok, bad = holds.nonzero().flatten(), (~holds).nonzero().flatten()
+        spill = idx[bad] if spill is None else torch.cat([spill, idx[bad]])
+        vals, ids, n, kept, q, idx, every, zw, cut, lo = (
+            vals[ok], ids[ok], n[ok], kept[ok], q[ok], idx[ok], False, zw[ok],
+            cut.rows(ok), lo[ok])
+    n, kept = _settle(vals, zw, cut, lo, (n, kept), frac)
+    return [_table(idx, every, vals, ids, (n, kept, q))], spill
+
+
+def _nucleus_cut(zw: torch.Tensor, plan: RowPlan, pos: torch.Tensor | None,
+                 inp: CutInputs, frac: int) -> tuple[filter_ops.CandidateCut, torch.Tensor]:
+    """The top-p rows' cut with the upper end of their mass bracket as ``total``, and
+    the lower end (n,) int64: the exact survivor mass (both ends) for rows of a batch
+    with a large top-k, else :func:`~detsample.ops.nucleus.mass_bounds`."""
+    rows, bf = plan.route.bounded, plan.route.filters
+    pick = (lambda t: t) if pos is None else (lambda t: t[pos])  # noqa: E731
+    thr = None
+    if bf.wide_k:
+        thr = filter_ops.topk_threshold(zw, pick(rows.filters[0]))
+        lo = hi = filter_ops.survivor_mass(zw, thr, frac, out=inp.scratch("w", zw),
+                                           q_out=inp.scratch("q", zw, torch.int64))
+        thr = thr.unsqueeze(1)
+    else:
+        lo, hi = nucleus.mass_bounds(zw, frac, out=inp.scratch("w", zw))
+    return filter_ops.CandidateCut(None, None, thr, hi.unsqueeze(1), pick(bf.top_p),
+                                   None if bf.element is None else pick(bf.element)), lo
+
+
+def _settle(vals: torch.Tensor, zw: torch.Tensor, cut: filter_ops.CandidateCut,
+            lo: torch.Tensor, got: tuple[torch.Tensor, torch.Tensor], frac: int
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kept count and mask of candidates ``vals`` cut with the upper end of the mass
+    bracket (``got``), checked against its lower end ``lo``: equal counts mean every
+    ``Z`` in the bracket, the exact one included, keeps the same set; the other rows
+    are cut again with their exact mass (a full-row pass over those rows only)."""
+    n, kept = got
+    if torch.equal(lo, cut.total.squeeze(1)):
+        return n, kept
+    n_lo = filter_ops.kept_prefix(vals, dataclasses.replace(cut, total=lo.unsqueeze(1)),
+                                  frac)[0]
+    amb = (n_lo != n).nonzero().flatten()
+    if not amb.numel():
+        return n, kept
+    exact = filter_ops.survivor_mass(zw.index_select(0, amb), None, frac)
+    sub = dataclasses.replace(cut.rows(amb), total=exact.unsqueeze(1))
+    n2, kept2, _, _ = filter_ops.kept_prefix(vals[amb], sub, frac)
+    n, kept = n.clone(), kept.clone()
+    n[amb], kept[amb] = n2, kept2
+    return n, kept
 
 
 def _table(idx: torch.Tensor, every: bool, vals: torch.Tensor, ids: torch.Tensor,

@@ -117,10 +117,11 @@ class FilterRoute:
     """Sampling rows by the strategy of step 8 that finds their kept set (all give the
     same bits):
 
-    ``bounded``: rows whose kept set is looked for among a ``topk`` of candidates grown
-    until the kept prefix ends inside it (:mod:`detsample.sampling.keptset`): a small
-    top-k (``top_k * CANDIDATE_RATIO <= V``; first ``k_max + 1`` candidates) or a top-p
-    (first ``NUCLEUS_CANDIDATES``), with ``filters`` their :class:`BoundedFilters`;
+    ``bounded``: rows whose kept set is looked for among candidates
+    (:mod:`detsample.sampling.keptset`): a small top-k (``top_k * CANDIDATE_RATIO <=
+    V``; a ``topk`` of ``k_max + 1``, grown while a tie group may spill) or a top-p (the
+    elements above a bound of its threshold), with ``filters`` their
+    :class:`BoundedFilters`;
     ``top_k_only``: a large top-k without top-p: the threshold is the k-th largest
     value, found by selection;
     ``sort``: rows with a top-k or top-p that take the full stable sort (``filter_impl

@@ -28,13 +28,17 @@ def test_markdown_has_one_line_per_case_with_ratios():
     rows = [dict(B=1, V=64, config="T0.8", logits="peaked", path=p, median_ms=ms,
                  min_ms=ms / 2, ops=7)
             for p, ms in (("detsample", 1.0), ("SGLang deterministic (eager)", 4.0),
-                          ("vLLM seeded", 2.0), ("SGLang shortcut", 0.5), ("vLLM unseeded", 1.0))]
+                          ("vLLM seeded", 2.0), ("SGLang shortcut", 0.5), ("vLLM unseeded", 1.0),
+                          (bm.BARE_LOG_SOFTMAX, 0.25))]
     text = bm.markdown(rows)
+    assert text.splitlines()[0].endswith("| detsample / bare log_softmax |")
     line = text.splitlines()[2]
-    assert line.startswith("| 64 | 1 | T0.8 | 7 | 1 | 4 | 2 | 0.5 | 1 |")
-    assert line.endswith("| 0.50x | 2.00x |")
+    assert line.startswith("| 64 | 1 | T0.8 | 7 | 1 | 4 | 2 | 0.5 | 1 | 0.25 |")
+    assert line.endswith("| 0.50x | 2.00x | 4.00x |")
     low = bm.markdown(rows, "min_ms").splitlines()[2]
     assert low.startswith("| 64 | 1 | T0.8 | 7 | 0.5 | 2 | 1 | 0.25 | 0.5 |")
+    no_bare = bm.markdown([r for r in rows if r["path"] != bm.BARE_LOG_SOFTMAX])
+    assert no_bare.splitlines()[2].endswith("| 0.50x | 2.00x |  |")
 
 
 def test_run_reports_milliseconds(monkeypatch):

@@ -104,3 +104,69 @@ def test_a_row_spills_from_bounded_to_full_only_when_undecided(monkeypatch, top_
     b = Sampler(filter_impl="sort").sample(x, _batch([p]), torch.tensor([7]))
     assert torch.equal(a.token_ids, b.token_ids)
     assert torch.equal(a.logprobs.view(torch.int32), b.logprobs.view(torch.int32))
+
+
+def _equal_to_sort(ps, x, positions=None):
+    positions = torch.arange(len(ps)) + 7 if positions is None else positions
+    a = Sampler().sample(x, _batch(ps), positions)
+    b = Sampler(filter_impl="sort").sample(x, _batch(ps), positions)
+    assert torch.equal(a.token_ids, b.token_ids)
+    assert torch.equal(a.logprobs.view(torch.int32), b.logprobs.view(torch.int32))
+
+
+NUCLEI = [SamplingParams(top_p=p, temperature=t, seed=s, logprobs_mode="processed")
+          for s, (p, t) in enumerate([(0.9, 1.0), (0.5, 0.7), (0.99, 1.3), (0.3, 1.0)])]
+
+
+def test_nucleus_rows_cut_with_a_wide_mass_bracket_take_their_exact_mass(monkeypatch):
+    """A top-p row's candidates are cut with both ends of the bracket of its full-row
+    mass; where the two ends keep different sets, the row's exact mass decides. Widened
+    to 20% of the mass, the bracket leaves most rows ambiguous, and every row still gets
+    the sort's bits. Bug it would catch: a row cut with one end of the bracket only (its
+    nucleus a few tokens too long or short)."""
+    real = keptset.nucleus.mass_bounds
+    calls = []
+
+    def wide(z, frac, **kw):
+        lo, hi = real(z, frac, **kw)
+        calls.append(1)
+        return lo - lo // 5, hi + hi // 5
+
+    monkeypatch.setattr(keptset.nucleus, "mass_bounds", wide)
+    x = torch.from_numpy(logits_rows(np.random.default_rng(3), len(NUCLEI), V, "random"))
+    _equal_to_sort(NUCLEI, x)
+    assert calls
+
+
+@pytest.mark.parametrize("family", ["random", "peaked", "ties"])
+def test_nucleus_rows_whose_bound_is_not_below_the_threshold_spill(monkeypatch, family):
+    """The bounded strategy checks its own premise: the candidates' survivor mass must
+    fail the top-p test (else a kept token could lie at or below L). A bound placed too
+    high (here just below the row's maximum) fails the check, and the row spills to the
+    full strategy and keeps the sort's bits. Bug it would catch: candidates trusted
+    without the check (the nucleus cut to the few tokens above the bound)."""
+    real = keptset.nucleus.lower_bound
+
+    def too_high(maxima, thr, limit, frac):
+        L, found = real(maxima, thr, limit, frac)
+        return torch.full_like(L, -1e-30), torch.ones_like(found)
+
+    monkeypatch.setattr(keptset.nucleus, "lower_bound", too_high)
+    spilled = []
+    full = keptset._full
+    monkeypatch.setattr(keptset, "_full", lambda z, plan, inp, plain, sp, **kw: (
+        spilled.append(sum(int(s.numel()) for s in sp)) or full(z, plan, inp, plain, sp, **kw)))
+    x = torch.from_numpy(logits_rows(np.random.default_rng(4), len(NUCLEI), V, family))
+    _equal_to_sort(NUCLEI, x)
+    assert sum(spilled) >= 1
+
+
+def test_flat_and_peaked_nuclei_in_one_batch():
+    """Rows whose group maxima never reach the limit (flat: the nucleus spans most of
+    the row) spill, their neighbours are decided on candidates, all with the sort's
+    bits."""
+    rng = np.random.default_rng(5)
+    x = np.concatenate([logits_rows(rng, 2, V, "peaked"), np.zeros((1, V), np.float32),
+                        rng.standard_normal((2, V)).astype(np.float32) * 0.1])
+    ps = [SamplingParams(top_p=0.95, seed=i, logprobs_mode="processed") for i in range(5)]
+    _equal_to_sort(ps, torch.from_numpy(x))
