@@ -165,7 +165,7 @@ class Sampler:
                     excluded: frozenset[int] = frozenset()) -> RowPlan:
         return plan_rows(batch.params, batch.vocab_size, self.filter_impl, batch.device,
                          temperatures=batch.temperatures, greedy=batch.greedy,
-                         filters=(batch.top_ks, batch.top_ps, batch.min_ps),
+                         filters=(batch.top_ks, batch.top_ps, batch.element_filters),
                          excluded=excluded)
 
     def _cached_plan(self, batch: SamplingBatch) -> RowPlan:
@@ -284,7 +284,7 @@ class Sampler:
         (``KeptCDF.drawn``). ``z`` None: step 8 computes it only if a row needs it."""
         if not plan.sampling:
             return KeptCDF.none(plan.size, batch.device)
-        filters = (batch.top_ks, batch.top_ps, batch.min_ps)
+        filters = (batch.top_ks, batch.top_ps, batch.element_filters)
         fused = prep.backend.fused_cut
         if fused is not None:
             tau, total, drawn = fused(z, plan.sampling.index, *filters, u,

@@ -85,6 +85,21 @@ def min_p_keeps(e, min_p):
     return e >= min_p
 
 
+#: the element-wise filters :func:`element_keeps` spells, in its column order: the names of
+#: :data:`detsample.rules.ELEMENT_FILTERS` (tests/kernels/test_rules.py holds the two equal;
+#: the kernels refuse a registry they do not spell)
+ELEMENT_FILTERS = ("min_p",)
+
+
+@triton.jit
+def element_keeps(e, params):
+    """:func:`detsample.rules.element_keeps` of one row: whether every element-wise filter
+    keeps ``e = exp(z)``; ``params`` points at the row's (F,) float32 parameters, column j
+    of filter j of :data:`ELEMENT_FILTERS` (a new filter: its test ANDed here, reading
+    ``params + j``)."""
+    return min_p_keeps(e, tl.load(params))
+
+
 @triton.jit
 def draw_target(u, total):
     """:func:`detsample.rules.draw_target`: ``min(floor(u * float64(Q)), Q - 1)``."""

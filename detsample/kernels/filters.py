@@ -1,4 +1,4 @@
-"""Pipeline steps 8 and 9 in Triton: top-k / top-p / min-p thresholds and the draw.
+"""Pipeline steps 8 and 9 in Triton: top-k / top-p / element-wise thresholds and the draw.
 
 The same semantics as :mod:`detsample.ops.filters` and :mod:`detsample.ops.draw`, decided
 by VALUES with exact int64 fixed-point masses ``q = trunc(exp(z) * 2**F)``:
@@ -6,7 +6,9 @@ by VALUES with exact int64 fixed-point masses ``q = trunc(exp(z) * 2**F)``:
 * top-k keeps ``z >= s_{k-1}`` (the k-th largest value, ties at the boundary kept);
 * top-p keeps a survivor when the mass strictly above its value is
   ``float64(above) < top_p * float64(Z)`` (``Z`` = survivors' mass);
-* min-p keeps ``exp(z) >= min_p``;
+* the element-wise filters (:data:`detsample.rules.ELEMENT_FILTERS`: min-p keeps
+  ``exp(z)`` at least its parameter) keep what
+  :func:`~detsample.kernels.common.element_keeps` keeps;
 * the draw takes ``t = min(floor(u * float64(Q)), Q - 1)`` over the kept mass ``Q`` and
   returns the first token id, **in token-id order**, whose running mass exceeds ``t``.
 
@@ -36,9 +38,10 @@ import torch
 import triton
 import triton.language as tl
 
-from detsample.kernels.common import (OPTS, PAD_ID, check_device, draw_target, first_above,
-                                      fq_mass, min_p_keeps, order_key, row_block, top_p_keeps,
-                                      top_p_limit)
+from detsample import rules
+from detsample.kernels.common import (ELEMENT_FILTERS, OPTS, PAD_ID, check_device, draw_target,
+                                      element_keeps, first_above, fq_mass, order_key, row_block,
+                                      top_p_keeps, top_p_limit)
 
 #: rows whose top_k is at most this use the radix-select candidate kernel
 CAND_MAX = 1024
@@ -72,7 +75,7 @@ def _kth_largest_key(zrow, V, k, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _topk_draw_kernel(z_ptr, stride, V, rows_ptr, k_ptr, p_ptr, minp_ptr, u_ptr,
+def _topk_draw_kernel(z_ptr, stride, V, rows_ptr, k_ptr, p_ptr, el_ptr, el_stride, u_ptr,
                       bufv_ptr, bufi_ptr, tau_ptr, total_ptr, tok_ptr, spill_ptr,
                       FRAC: tl.constexpr, BLOCK: tl.constexpr, KP: tl.constexpr,
                       CH: tl.constexpr, DRAW: tl.constexpr):
@@ -103,7 +106,6 @@ def _topk_draw_kernel(z_ptr, stride, V, rows_ptr, k_ptr, p_ptr, minp_ptr, u_ptr,
         v = tl.load(bufv + j, mask=valid, other=float("-inf"))
         ids = tl.load(bufi + j, mask=valid, other=PAD_ID)
         top_p = tl.load(p_ptr + row)
-        min_p = tl.load(minp_ptr + row)
         e = tl.exp(v)
         q = tl.where(valid, fq_mass(e, FRAC), 0)
         # top-p: the exact mass strictly above each survivor's value, by comparing it
@@ -116,7 +118,7 @@ def _topk_draw_kernel(z_ptr, stride, V, rows_ptr, k_ptr, p_ptr, minp_ptr, u_ptr,
             above += tl.sum(tl.where(vc[None, :] > v[:, None], qc[None, :], 0), 1)
         limit = top_p_limit(top_p, tl.sum(q, 0))
         # each rule keeps every value above a threshold, so the kept set is z >= tau
-        kept = valid & top_p_keeps(above, limit) & min_p_keeps(e, min_p)
+        kept = valid & top_p_keeps(above, limit) & element_keeps(e, el_ptr + row * el_stride)
         tau = tl.min(tl.where(kept, v, float("inf")), 0)
         q = tl.where(kept, q, 0)
         total = tl.sum(q, 0)
@@ -130,14 +132,13 @@ def _topk_draw_kernel(z_ptr, stride, V, rows_ptr, k_ptr, p_ptr, minp_ptr, u_ptr,
 
 
 @triton.jit
-def _sorted_threshold_kernel(s_ptr, stride, V, rows_ptr, k_ptr, p_ptr, minp_ptr, tau_ptr,
-                             FRAC: tl.constexpr, BLOCK: tl.constexpr):
+def _sorted_threshold_kernel(s_ptr, stride, V, rows_ptr, k_ptr, p_ptr, el_ptr, el_stride,
+                             tau_ptr, FRAC: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64)
     row = tl.load(rows_ptr + i)
     srow = s_ptr + i * stride
     kth = tl.load(srow + tl.load(k_ptr + row).to(tl.int64) - 1)
     top_p = tl.load(p_ptr + row)
-    min_p = tl.load(minp_ptr + row)
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros((BLOCK,), tl.int64)
     for start in range(0, V, BLOCK):  # Z: mass of the top-k survivors
@@ -159,23 +160,23 @@ def _sorted_threshold_kernel(s_ptr, stride, V, rows_ptr, k_ptr, p_ptr, minp_ptr,
         base += tl.sum(q, 0)
     floor = tl.maximum(kth, tl.load(srow + g - 1))
     tau = tl.full([], float("inf"), tl.float32)
-    for start in range(0, V, BLOCK):  # min-p, and the smallest value kept by all three
+    for start in range(0, V, BLOCK):  # the element-wise filters, and the smallest value kept
         idx = start + offs
         s = tl.load(srow + idx, mask=idx < V, other=float("-inf"))
-        kept = (idx < V) & (s >= floor) & min_p_keeps(tl.exp(s), min_p)
+        kept = (idx < V) & (s >= floor) & element_keeps(tl.exp(s), el_ptr + row * el_stride)
         tau = tl.minimum(tau, tl.min(tl.where(kept, s, float("inf")), 0))
     tl.store(tau_ptr + row, tau)
 
 
 @triton.jit
-def _draw_full_kernel(z_ptr, stride, V, rows_ptr, tau_ptr, minp_ptr, u_ptr, total_ptr,
+def _draw_full_kernel(z_ptr, stride, V, rows_ptr, tau_ptr, el_ptr, el_stride, u_ptr, total_ptr,
                       tok_ptr, FRAC: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr,
                       DRAW: tl.constexpr):
     i = tl.program_id(0).to(tl.int64)
     row = tl.load(rows_ptr + i)
     zrow = z_ptr + row * stride
     tau = tl.load(tau_ptr + row)
-    min_p = tl.load(minp_ptr + row)
+    el = el_ptr + row * el_stride
     offs = tl.arange(0, BLOCK)
     nb = tl.arange(0, NB)
     sums = tl.zeros((NB,), tl.int64)
@@ -183,7 +184,7 @@ def _draw_full_kernel(z_ptr, stride, V, rows_ptr, tau_ptr, minp_ptr, u_ptr, tota
         idx = b * BLOCK + offs
         z = tl.load(zrow + idx, mask=idx < V, other=float("-inf"))
         e = tl.exp(z)
-        q = tl.where((idx < V) & (z >= tau) & min_p_keeps(e, min_p), fq_mass(e, FRAC), 0)
+        q = tl.where((idx < V) & (z >= tau) & element_keeps(e, el), fq_mass(e, FRAC), 0)
         sums = tl.where(nb == b, tl.sum(q, 0), sums)
     total = tl.sum(sums, 0)
     tl.store(total_ptr + row, total)
@@ -195,7 +196,7 @@ def _draw_full_kernel(z_ptr, stride, V, rows_ptr, tau_ptr, minp_ptr, u_ptr, tota
         idx = blk * BLOCK + offs
         z = tl.load(zrow + idx, mask=idx < V, other=float("-inf"))
         e = tl.exp(z)
-        q = tl.where((idx < V) & (z >= tau) & min_p_keeps(e, min_p), fq_mass(e, FRAC), 0)
+        q = tl.where((idx < V) & (z >= tau) & element_keeps(e, el), fq_mass(e, FRAC), 0)
         j = first_above(base + tl.cumsum(q, 0), t)
         tl.store(tok_ptr + row, blk.to(tl.int64) * BLOCK + j)
 
@@ -215,14 +216,16 @@ def _route(top_k: list[int], top_p: list[float], V: int, sort_only: bool
 
 
 def thresholds_and_draw(z: torch.Tensor, rows: torch.Tensor, top_k: torch.Tensor,
-                        top_p: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor | None,
+                        top_p: torch.Tensor, element: torch.Tensor, u: torch.Tensor | None,
                         frac: int, sort_only: bool = False
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Steps 8-9 for the sampling ``rows`` of scaled logits ``z``.
 
     z: (B, V) float32, each sampled row's max exactly 0 (:func:`scale_logits`); rows:
     (n,) int64 row indices; top_k: (B,) int (``V`` when disabled), top_p: (B,) float64,
-    min_p: (B,) float32; u: (B,) float64 uniforms, or None to compute only the
+    element: (B, F) float32 the element-wise filters' parameters (the registry's filters
+    must be those the kernels spell: ``kernels.common.ELEMENT_FILTERS``, else
+    NotImplementedError); u: (B,) float64 uniforms, or None to compute only the
     thresholds and masses (the rescoring path); frac: fixed-point bits
     (:func:`detsample.rules.frac_bits`); sort_only: route every filtered row
     through the sort (the reference route; same bits).
@@ -231,6 +234,12 @@ def thresholds_and_draw(z: torch.Tensor, rows: torch.Tensor, top_k: torch.Tensor
     -1 elsewhere or without ``u``), the same quantities as the torch sampler's step 8.
     """
     check_device(z.device)
+    names = tuple(f.name for f in rules.ELEMENT_FILTERS)
+    if names != ELEMENT_FILTERS or element.shape[-1] != len(names):
+        raise NotImplementedError(
+            f"the Triton kernels spell the element-wise filters {ELEMENT_FILTERS}, the registry "
+            f"holds {names} ({element.shape[-1]} columns given): a new filter's test is spelled "
+            f"in detsample.kernels.common.element_keeps")
     z = z if z.stride(-1) == 1 else z.contiguous()
     B, V = z.shape
     dev = z.device
@@ -241,7 +250,7 @@ def thresholds_and_draw(z: torch.Tensor, rows: torch.Tensor, top_k: torch.Tensor
         return tau, total, tokens
     top_k = top_k.to(torch.int64).contiguous()
     top_p = top_p.to(torch.float64).contiguous()
-    min_p = min_p.to(torch.float32).contiguous()
+    element = element.to(torch.float32).contiguous()
     uu = (u.to(torch.float64).contiguous() if u is not None
           else torch.zeros((B,), dtype=torch.float64, device=dev))
     draw = u is not None
@@ -256,20 +265,22 @@ def thresholds_and_draw(z: torch.Tensor, rows: torch.Tensor, top_k: torch.Tensor
         bufv = torch.empty((n, kp), dtype=torch.float32, device=dev)
         bufi = torch.empty((n, kp), dtype=torch.int64, device=dev)
         spill = torch.empty((n,), dtype=torch.int32, device=dev)
-        _topk_draw_kernel[(n,)](z, z.stride(0), V, ci, top_k, top_p, min_p, uu, bufv, bufi,
-                                tau, total, tokens, spill, FRAC=frac, BLOCK=blk, KP=kp,
-                                CH=min(kp, 16), DRAW=draw, **OPTS)
+        _topk_draw_kernel[(n,)](z, z.stride(0), V, ci, top_k, top_p, element,
+                                element.stride(0), uu, bufv, bufi, tau, total, tokens, spill,
+                                FRAC=frac, BLOCK=blk, KP=kp, CH=min(kp, 16), DRAW=draw,
+                                **OPTS)
         sort = sort + [cand[j] for j in spill.nonzero().flatten().tolist()]
     if sort:
         si = torch.tensor(sorted(rl[j] for j in sort), dtype=torch.int64, device=dev)
         sz = torch.sort(z.index_select(0, si), dim=-1, descending=True).values
-        _sorted_threshold_kernel[(len(si),)](sz, sz.stride(0), V, si, top_k, top_p, min_p,
-                                             tau, FRAC=frac, BLOCK=blk, **OPTS)
+        _sorted_threshold_kernel[(len(si),)](sz, sz.stride(0), V, si, top_k, top_p, element,
+                                             element.stride(0), tau, FRAC=frac, BLOCK=blk,
+                                             **OPTS)
         full.extend(si.tolist())
     if full:
         fi = torch.tensor(sorted(full), dtype=torch.int64, device=dev)
         nb = triton.next_power_of_2(triton.cdiv(V, blk))
-        _draw_full_kernel[(len(fi),)](z, z.stride(0), V, fi, tau, min_p, uu, total, tokens,
-                                      FRAC=frac, BLOCK=blk, NB=nb, DRAW=draw,
-                                      **OPTS)
+        _draw_full_kernel[(len(fi),)](z, z.stride(0), V, fi, tau, element, element.stride(0),
+                                      uu, total, tokens, FRAC=frac, BLOCK=blk, NB=nb,
+                                      DRAW=draw, **OPTS)
     return tau, total, tokens

@@ -4,7 +4,8 @@ A grammar-masked row is ``-inf`` outside its allowed columns, and a ``-inf`` log
 no mass: its scaled logit is ``-inf``, its fixed-point mass ``q`` is 0 and it never
 holds the target of the inverse CDF. So the draw of such a row over its allowed columns
 alone -- the same element-wise arithmetic of steps 7 and 8 (``z = (x - max) / T``,
-``q = trunc(exp(max(z, EXP_FLOOR)) * 2**F)``, :mod:`detsample.rules`, min-p) on those columns, then the exact
+``q = trunc(exp(max(z, EXP_FLOOR)) * 2**F)``, :mod:`detsample.rules`, the element-wise
+filters) on those columns, then the exact
 running sum in token-id order -- gives the same kept mass ``Q`` and the same token as the
 pass over the whole vocabulary (:func:`detsample.ops.draw.block_cdf` and
 :func:`~detsample.ops.draw.draw_by_blocks`), at the cost of the allowed columns instead
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from detsample.ops.filters import CandidateCut, kept_prefix
-from detsample.rules import PAD_ID
+from detsample.rules import PAD_ID, element_active
 from detsample.ops.temperature import scale_logits
 
 _NEG_INF = float("-inf")
@@ -73,23 +74,25 @@ def gather_columns(x: torch.Tensor, rows: Sequence[int], columns: Sequence[np.nd
 
 
 def column_cdf(vals: torch.Tensor, ids: torch.Tensor, shift: torch.Tensor,
-               temperatures: torch.Tensor, min_p: torch.Tensor, frac: int, *,
-               cut_min_p: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               temperatures: torch.Tensor, element: torch.Tensor, frac: int, *,
+               cut_element: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The compact CDF table of rows drawn over their finite columns (no top-k/top-p).
 
     vals, ids: (n, K) from :func:`gather_columns` (every finite logit of each row is
     among its columns); shift: (n, 1) float32, the row maxima that step 7 subtracts;
-    temperatures: (n, 1) float32 > 0; min_p: (n,) float32; frac: fixed-point bits;
-    ``cut_min_p``: whether some ``min_p`` is positive, when the caller knows (None:
-    look). The kept set is the one function of the candidates,
-    :func:`~detsample.ops.filters.kept_prefix` (here min-p only: any order). Returns
+    temperatures: (n, 1) float32 > 0; element: (n, F) float32 the element-wise filters'
+    parameters (:data:`detsample.rules.ELEMENT_FILTERS`); frac: fixed-point bits;
+    ``cut_element``: whether some element-wise filter is active, when the caller knows
+    (None: look). The kept set is the one function of the candidates,
+    :func:`~detsample.ops.filters.kept_prefix` (here the element-wise filters only: any
+    order). Returns
     ``(ids, csum)``: the ids unchanged and the (n, K) int64 running kept mass in id
     order (a dropped column adds 0, so the draw never lands on it), ``csum[:, -1]`` the
     exact kept mass ``Q``: the token, ``Q`` and (``-inf``) threshold of the
     full-vocabulary path bit for bit.
     """
     z = scale_logits(vals, shift, temperatures)
-    use = bool((min_p > 0).any()) if cut_min_p is None else cut_min_p
-    cut = CandidateCut(min_p=min_p.to(torch.float32).unsqueeze(1) if use else None)
+    use = bool(element_active(element).any()) if cut_element is None else cut_element
+    cut = CandidateCut(element=element.to(torch.float32) if use else None)
     _, kept, q, _ = kept_prefix(z, cut, frac)
     return ids, (q.mul_(kept) if use else q).cumsum_(-1)

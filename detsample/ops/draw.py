@@ -54,49 +54,49 @@ def draw_by_cdf(sorted_ids: torch.Tensor, csum: torch.Tensor, u: torch.Tensor) -
     return sorted_ids.gather(1, rules.first_above(csum, t.unsqueeze(1))).squeeze(1)
 
 
-def kept_mass(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int, *,
+def kept_mass(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: int, *,
               out: torch.Tensor | None = None, q_out: torch.Tensor | None = None,
-              cut_tau: bool | None = None, cut_min_p: bool | None = None) -> torch.Tensor:
+              cut_tau: bool | None = None, cut_element: bool | None = None) -> torch.Tensor:
     """Fixed-point masses of the kept tokens (:func:`detsample.rules.mass`), zero elsewhere.
 
     z: (rows, V) float32 scaled logits (row max exactly 0); tau: (rows,) float32 kept
-    threshold (``-inf`` keeps everything); min_p: (rows,) float32. kept =
-    ``(z >= tau) & (exp(z) >= min_p)``. Returns (rows, V) int64 ``q`` (into ``q_out``
+    threshold (``-inf`` keeps everything); element: (rows, F) float32 the element-wise
+    filters' parameters (:data:`detsample.rules.ELEMENT_FILTERS`). kept = ``(z >= tau) &
+    rules.element_keeps(exp(z), element)``. Returns (rows, V) int64 ``q`` (into ``q_out``
     when given; ``out``: a (rows, V) float32 scratch for ``exp``, which may be ``z``
     itself: preallocated buffers avoid the page faults of fresh (rows, V) tensors).
-    ``cut_tau`` / ``cut_min_p``: whether some ``tau`` is finite / some ``min_p``
-    positive, when the caller knows (None: look; a wrong False would keep too much, so
-    only pass what holds).
+    ``cut_tau`` / ``cut_element``: whether some ``tau`` is finite / some element-wise
+    filter active, when the caller knows (None: look; a wrong False would keep too much,
+    so only pass what holds).
     """
     cut_tau = bool(torch.isfinite(tau).any()) if cut_tau is None else cut_tau
-    drop = z < tau.unsqueeze(1) if cut_tau else None  # (before ``out`` may overwrite z)
+    keep = z >= tau.unsqueeze(1) if cut_tau else None  # (before ``out`` may overwrite z)
     w = rules.floored_exp(z, out=out)  # (exp's fast path; the same masses)
-    cut_mp = bool((min_p > 0).any()) if cut_min_p is None else cut_min_p
-    if cut_mp:
-        below = rules.min_p_drops(w, min_p.unsqueeze(1))
-        drop = below if drop is None else drop.logical_or_(below)
-    if drop is not None:
-        w.masked_fill_(drop, 0.0)
+    if bool(rules.element_active(element).any()) if cut_element is None else cut_element:
+        by_value = rules.element_keeps(w, element)
+        keep = by_value if keep is None else keep.logical_and_(by_value)
+    if keep is not None:
+        w.masked_fill_(keep.logical_not_(), 0.0)
     return rules.mass_in_place(w, frac, q_out)
 
 
-def block_cdf(z: torch.Tensor, tau: torch.Tensor, min_p: torch.Tensor, frac: int, *,
+def block_cdf(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: int, *,
               out: torch.Tensor | None = None, q_out: torch.Tensor | None = None,
-              cut_tau: bool | None = None, cut_min_p: bool | None = None
+              cut_tau: bool | None = None, cut_element: bool | None = None
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kept tokens' masses over the whole vocabulary and their blocked CDF.
 
-    z: (rows, V) float32; tau: (rows,) float32; min_p: (rows,) float32; kept =
-    ``(z >= tau) & (exp(z) >= min_p)``; ``out`` / ``q_out``: optional (rows, V) float32 /
-    int64 scratch; ``cut_tau`` / ``cut_min_p`` as in :func:`kept_mass`. Returns
+    z: (rows, V) float32; tau: (rows,) float32; element: (rows, F) float32; kept as in
+    :func:`kept_mass`; ``out`` / ``q_out``: optional (rows, V) float32 / int64 scratch;
+    ``cut_tau`` / ``cut_element`` as in :func:`kept_mass`. Returns
     ``(q, bsum)``: (rows, V) int64 masses (0 off the kept set) and (rows, nb) int64
     running sums of blocks of BLOCK tokens (the last block may be
     shorter); ``bsum[:, -1]`` is the exact kept mass ``Q``. Exact integer sums make the
     blocking and the summing order irrelevant to every result.
     """
     rows, V = z.shape
-    q = kept_mass(z, tau, min_p, frac, out=out, q_out=q_out, cut_tau=cut_tau,
-                  cut_min_p=cut_min_p)
+    q = kept_mass(z, tau, element, frac, out=out, q_out=q_out, cut_tau=cut_tau,
+                  cut_element=cut_element)
     nb = V // BLOCK
     sums = q[:, :nb * BLOCK].view(rows, nb, BLOCK).sum(-1)
     if V > nb * BLOCK:

@@ -1,6 +1,6 @@
-"""Pipeline step 8: top-k, top-p and min-p, with value semantics.
+"""Pipeline step 8: top-k, top-p and the element-wise filters (min-p), with value semantics.
 
-All three filters are decided by VALUES, never by positions in a sort, so the kept set
+All filters are decided by VALUES, never by positions in a sort, so the kept set
 of a row is always ``{i : z_i >= tau}`` for a per-row threshold ``tau`` (whole tie groups
 are kept or dropped together). That is what lets a bounded ``topk`` give exactly the bits
 of the full stable sort: both see the same descending sequence of values.
@@ -17,8 +17,10 @@ Semantics on the sorted-descending values ``s`` of a row (the specification, mir
 * top-p, on the top-k survivors: ``Z = sum q``; ``above_i`` = sum of ``q_j`` with
   ``s_j > s_i``; keep when ``float64(above_i) < top_p * float64(Z)``. ``top_p == 1``
   disables it.
-* min-p: keep ``exp(s_i) >= float32(min_p)`` (``exp(s_max) == 1``, so this is
-  ``p_i >= min_p * p_max`` on any renormalisation).
+* the element-wise filters of :data:`detsample.rules.ELEMENT_FILTERS`, each keeping
+  ``s_i`` by its own test of ``exp(s_i)`` and the row's parameter (min-p: ``exp(s_i) >=
+  float32(min-p)``; ``exp(s_max) == 1``, so this is ``p_i >= min-p * p_max`` on any
+  renormalisation).
 """
 
 from __future__ import annotations
@@ -43,24 +45,26 @@ class CandidateCut:
     total: (n, 1) int64 exact mass of the other rows' top-k survivors over the FULL row
     (:func:`survivor_mass`), or None (every survivor is a candidate: summed there);
     top_p: (n, 1) float64, ``+inf`` (or ``>= 1``) where disabled, or None (no row);
-    min_p: (n, 1) float32, or None (no row)."""
+    element: (n, F) float32 the element-wise filters' parameters
+    (:data:`detsample.rules.ELEMENT_FILTERS`), or None (no row uses one)."""
 
     k_index: torch.Tensor | None = None
     small: torch.Tensor | None = None
     thr: torch.Tensor | None = None
     total: torch.Tensor | None = None
     top_p: torch.Tensor | None = None
-    min_p: torch.Tensor | None = None
+    element: torch.Tensor | None = None
 
     def rows(self, sel: torch.Tensor) -> "CandidateCut":
         """The cut of the rows at positions ``sel`` (m,)."""
         return CandidateCut(*(None if t is None else t[sel] for t in (
-            self.k_index, self.small, self.thr, self.total, self.top_p, self.min_p)))
+            self.k_index, self.small, self.thr, self.total, self.top_p, self.element)))
 
 
 def kept_prefix(vals: torch.Tensor, cut: CandidateCut, frac: int
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """THE kept set of candidates: top-k, top-p and min-p by value on a candidate set.
+    """THE kept set of candidates: top-k, top-p and the element-wise filters by value on a
+    candidate set.
 
     vals: (rows, K) float32 scaled logits sorted descending, every value above a
     candidate being a candidate (a ``topk``); with no top-k and no top-p (``cut.k_index``,
@@ -87,28 +91,28 @@ def kept_prefix(vals: torch.Tensor, cut: CandidateCut, frac: int
             total = here if total is None else torch.where(cut.small, here, total)
         keep_p = vals >= top_p_cut(vals, qk, rules.top_p_limit(cut.top_p, total))
         kept = keep_p if kept is None else kept.logical_and_(keep_p)
-    if cut.min_p is not None:
-        above = rules.min_p_keeps(e, cut.min_p)
-        kept = above if kept is None else kept.logical_and_(above)
+    if cut.element is not None:
+        by_value = rules.element_keeps(e, cut.element)
+        kept = by_value if kept is None else kept.logical_and_(by_value)
     if kept is None:
         kept = torch.ones_like(vals, dtype=torch.bool)
     return kept.sum(-1), kept, q, thr
 
 
 def kept_prefix_length(sorted_z: torch.Tensor, top_k: torch.Tensor,
-                       top_p: torch.Tensor | None, min_p: torch.Tensor | None,
+                       top_p: torch.Tensor | None, element: torch.Tensor | None,
                        frac: int) -> torch.Tensor:
     """Length of the kept prefix of each row of ``sorted_z`` (:func:`kept_prefix` of the
     full sorted row, or of candidates holding every top-k survivor).
 
     sorted_z: (rows, K) float32, each row sorted descending; top_k: (rows,) int, 1 <=
-    top_k <= K; top_p: (rows,) float64; min_p: (rows,) float32; None for either when no
-    row uses that filter. Returns (rows,) int64 in [1, K]."""
+    top_k <= K; top_p: (rows,) float64; element: (rows, F) float32 the element-wise
+    filters' parameters; None for either when no row uses that filter. Returns (rows,) int64 in [1, K]."""
     K = sorted_z.shape[-1]
     k = top_k.to(torch.int64).clamp(1, K).unsqueeze(1)
     cut = CandidateCut(k_index=k - 1,
                        top_p=None if top_p is None else top_p.to(torch.float64).unsqueeze(1),
-                       min_p=None if min_p is None else min_p.to(torch.float32).unsqueeze(1))
+                       element=None if element is None else element.to(torch.float32))
     return kept_prefix(sorted_z, cut, frac)[0]
 
 
@@ -137,11 +141,12 @@ def top_p_cut(sorted_z: torch.Tensor, q: torch.Tensor, limit: torch.Tensor) -> t
 
 
 def thresholds_by_sort(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                       min_p: torch.Tensor, frac: int) -> torch.Tensor:
+                       element: torch.Tensor, frac: int) -> torch.Tensor:
     """Reference semantics ("full-sort top-k"): per-row threshold tau from a full
-    stable descending sort. z: (rows, V) float32 -> (rows,) float32; kept = z >= tau."""
+    stable descending sort. z: (rows, V) float32, top_k: (rows,) int, top_p: (rows,)
+    float64, element: (rows, F) float32 -> (rows,) float32; kept = z >= tau."""
     sz, _ = torch.sort(z, dim=-1, descending=True, stable=True)
-    n = kept_prefix_length(sz, top_k, top_p, min_p, frac)
+    n = kept_prefix_length(sz, top_k, top_p, element, frac)
     return sz.gather(1, (n - 1).unsqueeze(1)).squeeze(1)
 
 

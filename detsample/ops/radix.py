@@ -19,8 +19,9 @@ reads only *the mass strictly above a value*, so the threshold can be found by v
   that bin only; at the last, one bin is one value.
 
 Sums are exact integers (order-free), the comparison is the one of the sort path, and
-min-p and top-k are value thresholds of their own (their kept sets are upward closed
-too), so the result is the sort's threshold, bit for bit (tests/ops/test_radix.py).
+the element-wise filters (:data:`detsample.rules.ELEMENT_FILTERS`) and top-k are value
+thresholds of their own (their kept sets are upward closed too), so the result is the
+sort's threshold, bit for bit (tests/ops/test_radix.py).
 """
 
 from __future__ import annotations
@@ -36,12 +37,13 @@ _LEVELS = ((10, 0x3FF), (0, 0x3FF))  # then 10 and 10 bits inside the chosen bin
 
 
 def thresholds_by_select(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                         min_p: torch.Tensor, frac: int) -> torch.Tensor:
+                         element: torch.Tensor, frac: int) -> torch.Tensor:
     """:func:`~detsample.ops.filters.thresholds_by_sort`, bit for bit, without sorting.
 
     z: (rows, V) float32 max-shifted scaled logits (every value ``<= 0`` or ``-inf``; a
     row with a positive value is handed to the sort); top_k: (rows,) int; top_p: (rows,)
-    float; min_p: (rows,) float; frac: fixed-point fraction bits. Returns (rows,)
+    float; element: (rows, F) float32 the element-wise filters' parameters; frac:
+    fixed-point fraction bits. Returns (rows,)
     float32 thresholds: the kept set of row r is ``z[r] >= tau[r]``. Bitwise
     batch-invariant: each row's threshold depends on that row alone.
     """
@@ -50,7 +52,7 @@ def thresholds_by_select(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tens
         return torch.empty(0, dtype=z.dtype, device=z.device)
     bits = z.view(torch.int32)
     if bool((bits > 0).any()):  # not max-shifted (a positive value): the reference path
-        return thresholds_by_sort(z, top_k, top_p, min_p, frac)
+        return thresholds_by_sort(z, top_k, top_p, element, frac)
     tau = topk_threshold(z, top_k)  # the smallest top-k survivor ...
     surv = z >= tau.unsqueeze(1) if bool(torch.isfinite(tau).any()) else None
     tp = top_p.to(torch.float64)
@@ -61,9 +63,9 @@ def thresholds_by_select(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tens
     if off.numel():
         tau[off] = z.index_select(0, off).amin(-1)
     pr = nucleus.nonzero().flatten()
-    mp = min_p.to(torch.float32)
-    min_p_rows = bool((mp > 0).any())
-    e = torch.exp(z) if pr.numel() or min_p_rows else None  # (a top-k spill alone: no mass)
+    el = element.to(torch.float32)
+    by_value = bool(rules.element_active(el).any())
+    e = torch.exp(z) if pr.numel() or by_value else None  # (a top-k spill alone: no mass)
     if pr.numel():
         every = pr.numel() == rows
         q = rules.mass(e if every else e.index_select(0, pr), frac)
@@ -72,9 +74,8 @@ def thresholds_by_select(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tens
         limit = rules.top_p_limit(tp[pr], q.sum(-1))
         m = (bits if every else bits.index_select(0, pr)) & 0x7FFFFFFF
         tau[pr] = torch.maximum(tau[pr], _nucleus_value(m, q, limit))
-    if min_p_rows:
-        lowest = torch.where(rules.min_p_keeps(e, mp.unsqueeze(1)), z,
-                             torch.full_like(z, float("inf")))
+    if by_value:  # the smallest value every element-wise filter keeps
+        lowest = torch.where(rules.element_keeps(e, el), z, torch.full_like(z, float("inf")))
         tau = torch.maximum(tau, lowest.amin(-1))
     zero = (tau == 0).nonzero().flatten()
     if zero.numel():  # the sort's threshold is its row's last zero (-0.0 or 0.0: a stable

@@ -5,11 +5,11 @@ CDF table its draw reads, by one function (:func:`kept_cdf`) with two strategies
   :func:`~detsample.ops.filters.kept_prefix`, finds it. The candidates are an upper set
   of the row's values: for a small top-k row a ``topk`` of ``k_max + 1`` (grown while the
   extra one cannot prove that no tie group spills past them); for a top-p row (with or
-  without a top-k or min-p) the elements above a value ``L`` below its threshold, found
-  from its column-group maxima (:mod:`detsample.ops.nucleus`), checked by their own
-  mass against the exact mass of the full row; for a plain grammar row its allowed
-  columns (:mod:`detsample.ops.colcdf`). Its table is compact: the kept ids in token-id
-  order and their running mass.
+  without a top-k or an element-wise filter) the elements above a value ``L`` below its
+  threshold, found from its column-group maxima (:mod:`detsample.ops.nucleus`), checked
+  by their own mass against the exact mass of the full row; for a plain grammar row its
+  allowed columns (:mod:`detsample.ops.colcdf`). Its table is compact: the kept ids in
+  token-id order and their running mass.
 * **full**: the threshold over the whole row -- the sort's (``filter_impl="sort"``), its
   radix select (:mod:`detsample.ops.radix`), a top-k's k-th value, or none (plain rows)
   -- then the blocked CDF of the kept masses over the vocabulary.
@@ -80,10 +80,11 @@ class Table:
 @dataclass(frozen=True)
 class KeptCDF:
     """Step 8's result for a batch of B rows: ``tau`` (B,) float32, kept = ``(z >= tau) &
-    (exp(z) >= min_p)`` (``-inf`` on rows without a value threshold and on non-sampling
-    rows); ``total`` (B,) int64 the exact kept mass ``Q`` (0 on non-sampling rows);
-    ``tables`` the draw's tables of the sampling rows; ``drawn`` (B,) int64 tokens
-    already drawn with the cut (the Triton kernel fusing steps 8 and 9), else None."""
+    rules.element_keeps(exp(z), element_filters)`` (``-inf`` on rows without a value
+    threshold and on non-sampling rows); ``total`` (B,) int64 the exact kept mass ``Q``
+    (0 on non-sampling rows); ``tables`` the draw's tables of the sampling rows;
+    ``drawn`` (B,) int64 tokens already drawn with the cut (the Triton kernel fusing
+    steps 8 and 9), else None."""
 
     tau: torch.Tensor
     total: torch.Tensor
@@ -113,8 +114,8 @@ class CutInputs:
     """What step 8 reads besides the scaled logits and the plan (B rows, V tokens).
 
     x: (B, V) float32 logits after steps 1-5; shift: (B, 1) float32 the maxima step 7
-    subtracts; filters: the batch's (top_ks, top_ps, min_ps) row tensors; columns /
-    column_values: step 4's allowed columns of grammar rows (see the Sampler's
+    subtracts; filters: the batch's (top_ks, top_ps, element_filters) row tensors;
+    columns / column_values: step 4's allowed columns of grammar rows (see the Sampler's
     ``Prepared``), or None; scaled: a callable giving step 7's z over the vocabulary
     (called only when a row needs it); scratch: ``(name, like, dtype) -> tensor``, a
     reused buffer; deterministic / filter_impl: the Sampler's settings."""
@@ -271,7 +272,8 @@ def _pending(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs) -> _Pending:
     pick = (lambda t: t) if pos is None else (lambda t: t[pos])  # noqa: E731
     cut = filter_ops.CandidateCut(
         pick(bf.k_index), None, None, None,
-        None if bf.top_p is None else pick(bf.top_p), None if bf.min_p is None else pick(bf.min_p))
+        None if bf.top_p is None else pick(bf.top_p),
+        None if bf.element is None else pick(bf.element))
     take = (lambda t: t) if every else (lambda t: t.index_select(0, idx))  # noqa: E731
     if z is None:
         return _Pending(idx, every, take(inp.x), (take(inp.shift), take(plan.temperatures)), cut)
@@ -360,7 +362,7 @@ def _nucleus_cut(zw: torch.Tensor, plan: RowPlan, pos: torch.Tensor | None,
     else:
         lo, hi = nucleus.mass_bounds(zw, frac, out=inp.scratch("w", zw))
     return filter_ops.CandidateCut(None, None, thr, hi.unsqueeze(1), pick(bf.top_p),
-                                   None if bf.min_p is None else pick(bf.min_p)), lo
+                                   None if bf.element is None else pick(bf.element)), lo
 
 
 def _settle(vals: torch.Tensor, zw: torch.Tensor, cut: filter_ops.CandidateCut,
@@ -405,7 +407,7 @@ def _columns(rows: Rows, plan: RowPlan, inp: CutInputs, frac: int) -> Table:
                                       [known.get(r) for r in rows.rows])
     ids, csum = colcdf.column_cdf(vals, ids, rows.take(inp.shift),
                                   rows.take(plan.temperatures), rows.take(inp.filters[2]),
-                                  frac, cut_min_p=None if plan.any_min_p else False)
+                                  frac, cut_element=None if plan.any_element else False)
     return Table(rows.index, rows.every, csum, ids)
 
 
@@ -417,13 +419,13 @@ def _full(z: torch.Tensor, plan: RowPlan, inp: CutInputs, plain: Rows,
     spilled ones (the sort's threshold, or its radix select), the large top-k rows (the
     k-th value) and the plain rows (no threshold); their thresholds land in ``tau``."""
     rt = plan.route
-    top_ks, top_ps, min_ps = inp.filters
+    top_ks, top_ps, element = inp.filters
     sort_idx = ([rt.sort.index] if rt.sort else []) + spilled
     full_idx = list(sort_idx)
     if sort_idx:
         si = torch.cat(sort_idx) if len(sort_idx) > 1 else sort_idx[0]
         by = radix.thresholds_by_select if inp.select else filter_ops.thresholds_by_sort
-        tau[si] = by(z.index_select(0, si), top_ks[si], top_ps[si], min_ps[si], frac)
+        tau[si] = by(z.index_select(0, si), top_ks[si], top_ps[si], element[si], frac)
     if rt.top_k_only:
         ti = rt.top_k_only.index
         tau[ti] = filter_ops.topk_threshold(rt.top_k_only.take(z), top_ks[ti])
@@ -435,9 +437,9 @@ def _full(z: torch.Tensor, plan: RowPlan, inp: CutInputs, plain: Rows,
     fi = torch.cat(full_idx) if len(full_idx) > 1 else full_idx[0]
     every = len(full_idx) == 1 and fi.numel() == plan.size and (
         plain.every or rt.top_k_only.every or rt.sort.every)
-    zf, tf, mf = (z, tau, min_ps) if every else (z.index_select(0, fi), tau[fi], min_ps[fi])
-    q, bsum = draw_ops.block_cdf(zf, tf, mf, frac, out=inp.scratch("w", zf),
+    zf, tf, ef = (z, tau, element) if every else (z.index_select(0, fi), tau[fi], element[fi])
+    q, bsum = draw_ops.block_cdf(zf, tf, ef, frac, out=inp.scratch("w", zf),
                                  q_out=inp.scratch("q", zf, torch.int64),
                                  cut_tau=len(full_idx) > bool(plain),
-                                 cut_min_p=None if plan.any_min_p else False)
+                                 cut_element=None if plan.any_element else False)
     return Table(fi, every, bsum, q=q)

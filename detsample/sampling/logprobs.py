@@ -49,10 +49,12 @@ def processed_fixed(cdf: KeptCDF, batch, rows: Rows, z: torch.Tensor, ids: torch
 
 
 def kept_mask(cdf: KeptCDF, batch, rows: Rows, z: torch.Tensor, col, exp) -> torch.Tensor:
-    """bool, z's shape: the kept set of step 8 (threshold, then min-p; the min-p test
-    with the backend's own ``exp``, the one its draw used)."""
-    return (z >= col(rows.take(cdf.tau))) & rules.min_p_keeps(exp(z),
-                                                              col(rows.take(batch.min_ps)))
+    """bool, z's shape: the kept set of step 8 (the threshold, then the element-wise
+    filters, tested on the backend's own ``exp``, the one its draw used)."""
+    e = exp(z)
+    by_value = rules.element_keeps(e if z.dim() == 2 else e.unsqueeze(1),
+                                   rows.take(batch.element_filters))
+    return (z >= col(rows.take(cdf.tau))) & (by_value if z.dim() == 2 else by_value.squeeze(1))
 
 
 def one_hot_greedy(lp: torch.Tensor, batch, rows: Rows, ids: torch.Tensor,

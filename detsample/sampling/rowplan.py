@@ -19,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from detsample import rules
 from detsample.ops.host import host_tensor
 from detsample.params import PROCESSED_MODES
 
@@ -31,8 +32,9 @@ class Rows:
     """A subset of a batch's rows: host list, (n,) int64 index tensor, and whether it is
     every row of the batch in order (then gathers can be skipped). A filter route's rows
     also carry their filter parameters, gathered once: ``filters`` = (top_ks (n,) int32,
-    top_ps (n,) float64, min_ps (n,) float32), and which filters some row of the group
-    uses: ``active`` = (top-k < V, top-p < 1, min-p > 0)."""
+    top_ps (n,) float64, element (n, F) float32 the element-wise filters'), and which
+    filters some row of the group uses: ``active`` = (top-k < V, top-p < 1, an
+    element-wise filter off its neutral value)."""
 
     rows: tuple[int, ...]
     index: torch.Tensor
@@ -77,8 +79,8 @@ class BoundedFilters:
     (m,) int64 positions of the other rows (a top-p without a small top-k: their top-k
     threshold and survivors' mass come from the full row), None when there is none;
     ``wide_k``: some of those has a (large) top-k; ``top_p``: (n, 1) float64 with
-    ``+inf`` where disabled, None when no row uses top-p; ``min_p``: (n, 1) float32,
-    None when no row uses min-p.
+    ``+inf`` where disabled, None when no row uses top-p; ``element``: (n, F) float32
+    the element-wise filters' parameters, None when no row uses one.
     """
 
     k_index: torch.Tensor | None
@@ -86,14 +88,14 @@ class BoundedFilters:
     wide: torch.Tensor | None
     wide_k: bool
     top_p: torch.Tensor | None
-    min_p: torch.Tensor | None
+    element: torch.Tensor | None
 
     @staticmethod
     def of(rows: "Rows", small: Sequence[bool], k_max: int, V: int) -> "BoundedFilters | None":
         if not rows:
             return None
-        top_ks, top_ps, min_ps = rows.filters
-        _, use_p, use_m = rows.active
+        top_ks, top_ps, element = rows.filters
+        _, use_p, use_e = rows.active
         dev = top_ks.device
         k_index = small_t = wide = None
         if any(small):
@@ -107,7 +109,7 @@ class BoundedFilters:
         tp = torch.where(top_ps >= 1.0, torch.full_like(top_ps, float("inf")), top_ps)
         return BoundedFilters(k_index, small_t, wide, wide_k,
                               tp.unsqueeze(1) if use_p else None,
-                              min_ps.to(torch.float32).unsqueeze(1) if use_m else None)
+                              element if use_e else None)
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,8 @@ class FilterRoute:
     value, found by selection;
     ``sort``: rows with a top-k or top-p that take the full stable sort (``filter_impl
     ="sort"``);
-    ``plain``: rows without top-k / top-p (min-p alone is a value rule, no sort).
+    ``plain``: rows without top-k / top-p (the element-wise filters alone are value
+    rules, no sort).
     """
 
     bounded: Rows
@@ -150,7 +153,7 @@ class RowPlan:
     temperatures: torch.Tensor  # (B, 1) float32, 1 on greedy rows (the "scaled" rule)
     argmax: Rows             # rows needing their argmax: greedy rows, or every row when
     #                          "processed" logprobs are asked (one-hot on greedy rows)
-    any_min_p: bool          # some sampling row has min_p > 0
+    any_element: bool        # some sampling row uses an element-wise filter
     untouched: bool          # no row uses a per-request processor, penalties,
     #                          min_new_tokens, allowed ids, bad words, a grammar or a bias
     excluded: frozenset[int] = field(default=frozenset())  # rows left out (no valid token)
@@ -171,7 +174,7 @@ def route(params: Sequence, rows: Sequence[int], vocab_size: int, filter_impl: s
           device: torch.device, filters: tuple[torch.Tensor, ...]) -> FilterRoute:
     """Split sampling ``rows`` into the :class:`FilterRoute` groups, from each row's OWN
     parameters (never its neighbours'). ``filters``: the batch's (top_ks, top_ps,
-    min_ps) row tensors, gathered per group."""
+    element_filters) row tensors, gathered per group."""
     V, B = vocab_size, len(params)
     bounded, small, top_k_only, sort_rows, plain = [], [], [], [], []
     k_max = 0
@@ -193,7 +196,8 @@ def route(params: Sequence, rows: Sequence[int], vocab_size: int, filter_impl: s
     def group(g: list[int]) -> Rows:
         return Rows.of(g, B, device, filters, (
             any(params[r].top_k != -1 and params[r].top_k < V for r in g),
-            any(params[r].top_p < 1.0 for r in g), any(params[r].min_p > 0.0 for r in g)))
+            any(params[r].top_p < 1.0 for r in g),
+            any(rules.element_in_use(params[r]) for r in g)))
 
     b = group(bounded)
     return FilterRoute(b, k_max, group(top_k_only), group(sort_rows), group(plain),
@@ -208,7 +212,7 @@ def plan_rows(params: Sequence, vocab_size: int, filter_impl: str, device: torch
     token this step) are left out of the sampling and top-logprob rows.
 
     temperatures: (B, 1) float32, greedy: (B,) bool and filters: (top_ks, top_ps,
-    min_ps), the batch's row tensors.
+    element_filters), the batch's row tensors.
     """
     B = len(params)
     greedy_rows = [i for i, p in enumerate(params) if p.is_greedy]
@@ -234,7 +238,7 @@ def plan_rows(params: Sequence, vocab_size: int, filter_impl: str, device: torch
         want_top=host_tensor(want, torch.int64, device),
         temperatures=t_eff,
         argmax=Rows.of(range(B) if processed else greedy_rows, B, device),
-        any_min_p=any(params[i].min_p > 0 for i in sampling),
+        any_element=any(rules.element_in_use(params[i]) for i in sampling),
         untouched=not any(
             p.logits_processor is not None or p.has_penalties or p.min_new_tokens > 0
             or p.allowed_token_ids is not None or p.bad_words or p.logit_bias

@@ -7,8 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
-from detsample.kernels.common import (OPTS, PAD_ID, draw_target, first_above, fq_mass,
-                                      min_p_keeps, top_p_keeps, top_p_limit, uniform)
+from detsample.kernels.common import (OPTS, PAD_ID, draw_target, element_keeps, first_above,
+                                      fq_mass, min_p_keeps, top_p_keeps, top_p_limit, uniform)
 
 _B = 16  # a block wider than every table
 
@@ -35,6 +35,13 @@ def _min_p_kernel(e_ptr, m_ptr, out_ptr, N, B: tl.constexpr):
     e = tl.load(e_ptr + i, mask=i < N, other=0.0)
     m = tl.load(m_ptr + i, mask=i < N, other=0.0)
     tl.store(out_ptr + i, min_p_keeps(e, m).to(tl.int32), mask=i < N)
+
+
+@triton.jit
+def _element_kernel(e_ptr, p_ptr, F, out_ptr, N):
+    i = tl.program_id(0)  # one element a program, its (F,) parameters at p_ptr + i * F
+    e = tl.load(e_ptr + i)
+    tl.store(out_ptr + i, element_keeps(e, p_ptr + i * F).to(tl.int32))
 
 
 @triton.jit
@@ -75,6 +82,14 @@ def top_p(above: torch.Tensor, p: torch.Tensor, total: torch.Tensor) -> torch.Te
 def min_p(e: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     out = torch.empty(e.shape, dtype=torch.int32)
     _min_p_kernel[(1,)](e, m, out, e.numel(), B=_B, **OPTS)
+    return out.bool()
+
+
+def element(e: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    """e: (N,) float32, params: (N, F) float32 -> (N,) bool ``element_keeps``."""
+    out = torch.empty(e.shape, dtype=torch.int32)
+    params = params.contiguous()
+    _element_kernel[(e.numel(),)](e, params, params.shape[1], out, e.numel(), **OPTS)
     return out.bool()
 
 

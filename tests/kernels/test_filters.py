@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from detsample.kernels import NEAR_TIE_MARGIN
+from detsample import rules
 from detsample.rules import frac_bits
 from detsample.rng import row_uniforms
 from oracles import sampler as osamp
@@ -35,7 +36,8 @@ def scaled(x: np.ndarray, temps: np.ndarray) -> torch.Tensor:
 def row_tensors(params, V):
     k = torch.tensor([V if k == -1 else min(k, V) for k, _, _ in params], dtype=torch.int32)
     p = torch.tensor([p for _, p, _ in params], dtype=torch.float64)
-    mp = torch.tensor([m for _, _, m in params], dtype=torch.float32)
+    mp = rules.element_tensor(len(params), min_p=torch.tensor([m for _, _, m in params],
+                                                              dtype=torch.float32))
     return k, p, mp
 
 
@@ -204,3 +206,29 @@ def test_draws_follow_the_filtered_distribution(interp, params):
     res = stats.chisquare(counts.numpy(), (w / w.sum() * n).numpy())
     assert res.pvalue > ALPHA, res
     assert math.isfinite(res.statistic)
+
+
+def run_unspelled_filter():
+    """``thresholds_and_draw`` under a registry extended by a filter the kernels do not
+    spell (an ``epsilon`` cut), in the worker; returns the error message, or None."""
+    from detsample.kernels.filters import thresholds_and_draw
+    saved = rules.ELEMENT_FILTERS
+    rules.ELEMENT_FILTERS = saved + (rules.ElementFilter("epsilon", 0.0, lambda e, v: e >= v),)
+    try:
+        thresholds_and_draw(torch.zeros((1, 8)), torch.tensor([0]), torch.tensor([8]),
+                            torch.tensor([1.0], dtype=torch.float64), rules.element_tensor(1),
+                            None, frac_bits(8))
+    except NotImplementedError as e:
+        return str(e)
+    finally:
+        rules.ELEMENT_FILTERS = saved
+    return None
+
+
+def test_a_filter_the_kernels_do_not_spell_is_refused(interp):
+    """A Triton kernel is compiled from its source, so a filter registered in ``rules``
+    alone cannot reach it: the kernels refuse such a registry, naming where the filter's
+    Triton spelling goes, instead of drawing without it."""
+    msg = interp(run_unspelled_filter)
+    assert msg is not None and "('min_p', 'epsilon')" in msg
+    assert "detsample.kernels.common.element_keeps" in msg

@@ -34,6 +34,26 @@ def run_table():
     return masses, top, minp, draws, firsts, unis
 
 
+def run_element_table():
+    """The element-wise filters' Triton spelling on the min-p table, with the names it
+    spells (runs in the interpreter worker)."""
+    from detsample.kernels.common import ELEMENT_FILTERS
+    from tests.kernels import rules_kernels as K
+    e, m = (torch.tensor(c, dtype=torch.float32) for c in zip(*C.MIN_P))
+    return ELEMENT_FILTERS, K.element(e, rules.element_tensor(len(C.MIN_P), min_p=m)).tolist()
+
+
+def test_triton_spells_every_registered_element_filter(interp):
+    """``kernels.common.element_keeps`` spells exactly the registry's filters, in its
+    column order, and keeps what ``rules.element_keeps`` keeps. Bug it pins: a filter
+    registered in ``rules`` that the Triton kernels silently do not apply."""
+    names, got = interp(run_element_table)
+    assert names == tuple(f.name for f in rules.ELEMENT_FILTERS)
+    e, m = (torch.tensor(c, dtype=torch.float32) for c in zip(*C.MIN_P))
+    want = rules.element_keeps(e[:, None], rules.element_tensor(len(C.MIN_P), min_p=m))
+    assert got == want[:, 0].tolist()
+
+
 def test_triton_rules_equal_the_python_rules(interp):
     masses, top, minp, draws, firsts, unis = interp(run_table)
     for frac, got in masses.items():

@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from detsample import rules
 from detsample.ops import colcdf as C
 from detsample.ops import draw as D
 from detsample.rules import PAD_ID, frac_bits
@@ -61,7 +62,7 @@ def test_column_draw_equals_the_full_pass(seed, family, B, V):
     x = torch.from_numpy(xm)
     shift = x.amax(1, keepdim=True)
     temps = torch.from_numpy(rng.choice(TEMPERATURES, (B, 1)).astype(np.float32))
-    min_p = torch.from_numpy(rng.choice(MIN_PS, B).astype(np.float32))
+    min_p = rules.element_tensor(B, min_p=torch.from_numpy(rng.choice(MIN_PS, B).astype(np.float32)))
     frac = frac_bits(V)
     u = row_uniforms(torch.from_numpy(rng.integers(0, 2**62, B)), torch.arange(B))
     q, total, tokens = _full_pass(x, shift, temps, min_p, frac, u)
@@ -70,7 +71,7 @@ def test_column_draw_equals_the_full_pass(seed, family, B, V):
     known = [xm[r, cols[r]] if rng.random() < 0.5 else None for r in rows]  # already read
     vals, ids = C.gather_columns(x, rows, [cols[r] for r in rows], known)
     ids, csum = C.column_cdf(vals, ids, shift[ri], temps[ri], min_p[ri], frac,
-                             cut_min_p=None if rng.random() < 0.5 else bool((min_p > 0).any()))
+                             cut_element=None if rng.random() < 0.5 else bool((min_p > 0).any()))
     assert torch.equal(csum[:, -1], total[ri])
     assert torch.equal(D.draw_by_cdf(ids, csum, u[ri]), tokens[ri])
     for i, r in enumerate(rows):  # the masses themselves, column by column

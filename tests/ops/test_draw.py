@@ -28,7 +28,7 @@ def test_compact_and_full_draw_agree(seed, k, p):
     z = rng.standard_normal((5, V)) * 3
     z = torch.from_numpy((z - z.max(1, keepdims=True)).astype(np.float32))
     frac = rules.frac_bits(V)
-    kk, pp, mm = torch.full((5,), k), torch.full((5,), p, dtype=torch.float64), torch.zeros(5)
+    kk, pp, mm = torch.full((5,), k), torch.full((5,), p, dtype=torch.float64), rules.element_tensor(5)
     vals, ids, fits = topk_candidates(z, kk, 40)
     n = F.kept_prefix_length(vals, kk, pp, mm, frac)
     u = row_uniforms(torch.arange(5) + seed, torch.arange(5))
@@ -93,7 +93,7 @@ def test_exp_floor_changes_no_mass():
     x86); every value below the floor must still get mass 0, as without the clamp."""
     z = torch.tensor([[0.0, -1.0, -40.0, -86.9, -87.0, -87.5, -100.0, -1e30, float("-inf")]])
     frac = rules.frac_bits(152064)
-    q = D.kept_mass(z, torch.tensor([float("-inf")]), torch.zeros(1), frac)
+    q = D.kept_mass(z, torch.tensor([float("-inf")]), rules.element_tensor(1), frac)
     ref = (torch.exp(z) * 2.0 ** frac).to(torch.int64)
     assert torch.equal(q, ref)
     assert math.exp(rules.EXP_FLOOR) * 2.0 ** 52 < 1.0
@@ -166,9 +166,9 @@ def test_kept_cdf_equals_compact_cdf(seed, family, p, mp):
     kk = torch.tensor([2, 5, 40, 17, 40])
     vals, ids, fits = topk_candidates(z, kk, K)
     pp = torch.full((rows, 1), p if p < 1 else float("inf"), dtype=torch.float64)
-    mm = torch.full((rows, 1), mp)
+    mm = rules.element_tensor(rows, min_p=mp)
     n, kept, q, _ = F.kept_prefix(vals, F.CandidateCut(k_index=(kk - 1)[:, None], top_p=pp,
-                                                       min_p=mm), frac)
+                                                       element=mm), frac)
     s1, c1 = compact_cdf(vals, ids, n, frac)
     s2, c2 = D.kept_cdf(ids, q, kept)
     assert torch.equal(c1, c2) and torch.equal(s1.gather(1, (n - 1)[:, None]),
@@ -185,7 +185,7 @@ def test_block_sums_of_a_row_alone_equal_the_batched_sums(V):
     z = torch.from_numpy(logits_rows(rng, 6, V, "peaked"))
     z = z - z.amax(-1, keepdim=True)
     tau = torch.full((6,), float("-inf"))
-    min_p = torch.zeros(6)
+    min_p = rules.element_tensor(6)
     q6, b6 = D.block_cdf(z, tau, min_p, 20)
     assert b6.shape == (6, -(-V // D.BLOCK))
     for r in range(6):

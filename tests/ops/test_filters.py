@@ -26,7 +26,7 @@ def test_kept_prefix_cases():
     for vals, k, p, mp, want in CASES:
         z = torch.tensor([vals], dtype=torch.float32)
         n = F.kept_prefix_length(z, torch.tensor([k]), torch.tensor([p], dtype=torch.float64),
-                                 torch.tensor([mp]), rules.frac_bits(len(vals)))
+                                 rules.element_tensor(1, min_p=mp), rules.frac_bits(len(vals)))
         assert int(n) == want, (vals, k, p, mp)
 
 
@@ -43,7 +43,7 @@ def test_topk_candidates_equal_full_sort(seed, k, p, mp, family):
     frac = rules.frac_bits(300)
     kk = torch.full((6,), k)
     pp = torch.full((6,), p, dtype=torch.float64)
-    mm = torch.full((6,), mp)
+    mm = rules.element_tensor(6, min_p=mp)
     tau_sort = F.thresholds_by_sort(z, kk, pp, mm, frac)
     vals, ids, fits = topk_candidates(z, kk, max(k, 40))
     n = F.kept_prefix_length(vals, kk, pp, mm, frac)
@@ -64,7 +64,7 @@ def test_kept_set_matches_oracle(seed, k, p, mp):
     z = torch.from_numpy(x)[None]
     z = (z - z.max()) / torch.tensor(T, dtype=torch.float32)
     tau = F.thresholds_by_sort(z, torch.tensor([200 if k == -1 else k]),
-                               torch.tensor([p], dtype=torch.float64), torch.tensor([mp]),
+                               torch.tensor([p], dtype=torch.float64), rules.element_tensor(1, min_p=mp),
                                rules.frac_bits(200))
     kept = (z[0] >= tau).logical_and(torch.exp(z[0]) >= torch.tensor(mp, dtype=torch.float32))
     r = osamp.sample_row(x, osamp.RowParams(temperature=T, top_k=k, top_p=p, min_p=mp, seed=1), 0)
@@ -109,7 +109,7 @@ def test_nucleus_on_candidates_equals_full_sort(seed, family, k, p, mp, K):
     z = _family(rng, rows, V, family)
     frac = rules.frac_bits(V)
     kk = torch.full((rows,), V if k == -1 else k)
-    pp, mm = torch.full((rows,), p, dtype=torch.float64), torch.full((rows,), mp)
+    pp, mm = torch.full((rows,), p, dtype=torch.float64), rules.element_tensor(rows, min_p=mp)
     tau_sort = F.thresholds_by_sort(z, kk, pp, mm, frac)
     sz, _ = torch.sort(z, dim=-1, descending=True, stable=True)
     thr = F.topk_threshold(z, kk)
@@ -120,7 +120,7 @@ def test_nucleus_on_candidates_equals_full_sort(seed, family, k, p, mp, K):
     assert torch.equal(mass, want_mass)
     vals, ids = torch.topk(z, K, dim=-1)
     n, _, _, _ = F.kept_prefix(vals, F.CandidateCut(thr=thr[:, None], total=mass[:, None],
-                                                    top_p=pp[:, None], min_p=mm[:, None]), frac)
+                                                    top_p=pp[:, None], element=mm), frac)
     decided = n < K
     if K == V:
         assert bool(decided[n < K].all())
@@ -155,7 +155,7 @@ def test_kept_prefix_on_candidates_equals_kept_prefix_length(seed, family, ps, m
     frac = rules.frac_bits(V)
     K = 40
     pp = torch.tensor(ps, dtype=torch.float64)
-    mm = torch.tensor(mps, dtype=torch.float32)
+    mm = rules.element_tensor(len(mps), min_p=torch.tensor(mps, dtype=torch.float32))
     vals, ids, fits = topk_candidates(z, kk, K)
     want = F.kept_prefix_length(vals, kk, pp, mm, frac)
     tp = torch.where(pp >= 1, torch.tensor(float("inf"), dtype=torch.float64), pp)[:, None]
@@ -164,7 +164,7 @@ def test_kept_prefix_on_candidates_equals_kept_prefix_length(seed, family, ps, m
                                    frac)
         n, kept, q, _ = F.kept_prefix(vals, F.CandidateCut(
             k_index=(kk - 1)[:, None], top_p=tp if use_p else None,
-            min_p=mm[:, None] if use_m else None), frac)
+            element=mm if use_m else None), frac)
         assert torch.equal(n, ref), (use_p, use_m)
         assert torch.equal(kept, torch.arange(K + 1)[None, :] < n[:, None])
         assert torch.equal(q, rules.mass(torch.exp(vals), frac))
@@ -187,7 +187,7 @@ def test_kept_prefix_of_small_top_k_rows_beside_top_p_rows(seed, family, small):
     sm = torch.tensor(small)
     kk = torch.where(sm, kk, torch.tensor(V))  # the other rows: no top-k
     pp = torch.full((6,), 0.8, dtype=torch.float64)
-    mm = torch.zeros(6)
+    mm = rules.element_tensor(6)
     thr = F.topk_threshold(z, kk)
     total = F.survivor_mass(z, thr, frac)
     vals, ids = torch.topk(z, K + 1, dim=-1)
@@ -257,5 +257,5 @@ def test_top_p_drops_a_value_whose_mass_above_equals_the_limit():
     assert n.tolist() == [1]
     n, _, _, _ = F.kept_prefix(z[None], F.CandidateCut(top_p=tp[:, None]), frac)
     assert n.tolist() == [1]
-    tau = thresholds_by_select(z[None], torch.tensor([V]), tp, torch.zeros(1), frac)
+    tau = thresholds_by_select(z[None], torch.tensor([V]), tp, rules.element_tensor(1), frac)
     assert tau.tolist() == [0.0]

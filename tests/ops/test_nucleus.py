@@ -71,7 +71,7 @@ def test_lower_bound_is_below_the_threshold(seed, family, k, p, V):
     limit = rules.top_p_limit(pp, total)
     maxima = N.group_maxima(z)
     L, found = N.lower_bound(maxima, thr.unsqueeze(1), limit, frac)
-    tau = F.thresholds_by_sort(z, kk, pp, torch.zeros(rows), frac)
+    tau = F.thresholds_by_sort(z, kk, pp, rules.element_tensor(rows), frac)
     a = _above_exact(z, thr, L, frac)
     assert bool((~rules.top_p_keeps(a[found], limit[found])).all())
     assert bool((L[found] < tau[found]).all())

@@ -58,7 +58,8 @@ def test_select_is_bitwise_the_sort(seed, V, family, filters):
     z = _rows(rng, len(filters), V, family)
     kk = torch.tensor([V if k == -1 else k for k, _, _ in filters])
     pp = torch.tensor([p for _, p, _ in filters], dtype=torch.float64)
-    mm = torch.tensor([m for _, _, m in filters], dtype=torch.float32)
+    mm = rules.element_tensor(len(filters), min_p=torch.tensor([m for _, _, m in filters],
+                                                               dtype=torch.float32))
     frac = rules.frac_bits(V)
     want = F.thresholds_by_sort(z, kk, pp, mm, frac)
     got = thresholds_by_select(z, kk, pp, mm, frac)
@@ -77,7 +78,7 @@ CASES = [  # (row, top_k, top_p): hand-made edges
 @pytest.mark.parametrize("row,k,p", CASES)
 def test_edge_rows(row, k, p):
     z = torch.tensor([row], dtype=torch.float32)
-    args = (torch.tensor([k]), torch.tensor([p], dtype=torch.float64), torch.tensor([0.0]),
+    args = (torch.tensor([k]), torch.tensor([p], dtype=torch.float64), rules.element_tensor(1),
             rules.frac_bits(len(row)))
     assert torch.equal(F.thresholds_by_sort(z, *args).view(torch.int32),
                        thresholds_by_select(z, *args).view(torch.int32))
@@ -85,7 +86,7 @@ def test_edge_rows(row, k, p):
 
 def test_rows_that_are_not_max_shifted_go_to_the_sort():
     z = torch.tensor([[2.0, 1.0, -3.0, 0.5]])
-    args = (torch.tensor([4]), torch.tensor([0.6], dtype=torch.float64), torch.tensor([0.0]),
+    args = (torch.tensor([4]), torch.tensor([0.6], dtype=torch.float64), rules.element_tensor(1),
             rules.frac_bits(4))
     assert torch.equal(F.thresholds_by_sort(z, *args), thresholds_by_select(z, *args))
 
@@ -93,4 +94,4 @@ def test_rows_that_are_not_max_shifted_go_to_the_sort():
 def test_no_rows():
     z = torch.empty(0, 10)
     e = torch.empty(0)
-    assert thresholds_by_select(z, e.long(), e.double(), e, 4).shape == (0,)
+    assert thresholds_by_select(z, e.long(), e.double(), rules.element_tensor(0), 4).shape == (0,)

@@ -23,7 +23,7 @@ def _batch(ps=PARAMS):
 
 def _plan(b, impl="auto"):
     return plan_rows(b.params, V, impl, b.device, temperatures=b.temperatures,
-                     greedy=b.greedy, filters=(b.top_ks, b.top_ps, b.min_ps))
+                     greedy=b.greedy, filters=(b.top_ks, b.top_ps, b.element_filters))
 
 
 def test_rows_routed_by_their_own_parameters():
@@ -46,7 +46,7 @@ def test_rows_routed_by_their_own_parameters():
 def test_excluded_rows_leave_sampling_and_top_rows_but_not_the_width():
     b = _batch()
     p = plan_rows(b.params, V, "auto", torch.device("cpu"), temperatures=b.temperatures,
-                  greedy=b.greedy, filters=(b.top_ks, b.top_ps, b.min_ps),
+                  greedy=b.greedy, filters=(b.top_ks, b.top_ps, b.element_filters),
                   excluded=frozenset({4}))
     assert p.sampling.rows == (1, 2, 3) and "processed" not in p.top and p.max_top == 2
 
@@ -73,17 +73,17 @@ def test_bounded_filters_shaped_once_per_composition():
     index of the small top-k rows, which rows those are (None when all are), the rows
     whose threshold and mass come from the full row (a top-p without a small top-k, with
     or without a large top-k), top_p with +inf where disabled (a row without top-p never
-    cuts by mass), min_p only when a row uses it."""
+    cuts by mass), the element-wise filters only when a row uses one."""
     ps = [SamplingParams(temperature=0.7, top_k=20, seed=1),
           SamplingParams(temperature=0.7, top_k=8, top_p=0.5, seed=2),
           SamplingParams(temperature=0.0, seed=3)]
     bf = _plan(_batch(ps)).route.filters
     assert bf.k_index.tolist() == [[19], [7]] and bf.small is None and bf.wide is None
-    assert bf.top_p.tolist() == [[float("inf")], [0.5]] and bf.min_p is None
+    assert bf.top_p.tolist() == [[float("inf")], [0.5]] and bf.element is None
     mixed = ps[:2] + [SamplingParams(temperature=0.7, top_k=300, top_p=0.9, min_p=0.1, seed=4)]
     bf = _plan(_batch(mixed)).route.filters
     assert bf.small.flatten().tolist() == [True, True, False] and bf.wide.tolist() == [2]
-    assert bf.wide_k and bf.min_p.flatten().tolist() == [0.0, 0.0, torch.tensor(0.1).item()]
+    assert bf.wide_k and bf.element.flatten().tolist() == [0.0, 0.0, torch.tensor(0.1).item()]
     same = _plan(_batch(ps[:1] * 2)).route.filters
     assert same.top_p is None and same.wide is None
     assert _plan(_batch(ps[2:])).route.filters is None
