@@ -46,11 +46,19 @@ def group_maxima(z: torch.Tensor) -> torch.Tensor:
     entry ``j < W`` is the largest of columns ``j, j + W, ..., j + (GROUP - 1) W``, the
     others are the last ``V % GROUP`` columns themselves. Each entry is an element of its
     row (``amax`` selects, it does not compute)."""
-    rows, V = z.shape
+    return _fold(z, torch.amax)
+
+
+def _fold(t: torch.Tensor, reduce) -> torch.Tensor:
+    """``reduce`` (``torch.amax`` or ``torch.sum``) over each row's strided groups of
+    ``GROUP`` columns (see :func:`group_maxima`), the last ``V % GROUP`` columns kept
+    as they are: (rows, V) -> (rows, V // GROUP + V % GROUP). Each output reduces at
+    most ``GROUP`` inputs."""
+    rows, V = t.shape
     W = V // GROUP
-    parts = [z[:, :GROUP * W].unflatten(1, (GROUP, W)).amax(1)] if W else []
+    parts = [reduce(t[:, :GROUP * W].unflatten(1, (GROUP, W)), 1)] if W else []
     if V > GROUP * W:
-        parts.append(z[:, GROUP * W:])
+        parts.append(t[:, GROUP * W:])
     return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 
@@ -67,12 +75,12 @@ def lower_bound(maxima: torch.Tensor, thr: torch.Tensor | None, limit: torch.Ten
     ``L``) have a mass that fails the top-p test, so ``L < tau``; elsewhere ``L`` is
     meaningless (the maxima's whole mass passes)."""
     rows = maxima.shape[0]
-    q = rules.mass(torch.exp(maxima), frac)
+    q = rules.mass_in_place(torch.exp(maxima), frac)
     if thr is not None:
         q.masked_fill_(maxima < thr, 0)  # a top-k casualty carries no survivor mass
     # larger value, smaller key: the low 31 bits of a value <= 0 grow with its magnitude
-    key = ((maxima.view(torch.int32) & 0x7FFFFFFF) >> BIN_SHIFT).to(torch.int64)
-    key += (torch.arange(rows, dtype=torch.int64, device=maxima.device) * BINS).unsqueeze(1)
+    key = (maxima.view(torch.int32) & 0x7FFFFFFF).bitwise_right_shift_(BIN_SHIFT)
+    key += (torch.arange(rows, dtype=torch.int32, device=maxima.device) * BINS).unsqueeze(1)
     hist = torch.zeros(rows * BINS, dtype=torch.int64, device=maxima.device)
     hist = hist.index_add_(0, key.flatten(), q.flatten()).view(rows, BINS)
     above = hist.cumsum(-1).sub_(hist)  # the maxima mass strictly above each bin's values
@@ -88,23 +96,22 @@ def mass_bounds(z: torch.Tensor, frac: int, *, out: torch.Tensor | None = None
     without the int64 pass: ``lo <= Z <= hi``.
 
     z: (rows, V) float32 (values ``<= 0`` or ``-inf``); ``out``: an optional (rows, V)
-    float32 scratch. Returns (rows,) int64 ``lo`` and ``hi``. The exps are the rule's
-    (:func:`detsample.rules.floored_exp`); their strided groups of ``GROUP`` are summed
-    in float32 (``GROUP - 1`` additions in whatever order the library takes: at most
-    ``(GROUP - 1) u / (1 - (GROUP - 1) u)`` relative error, ``u = 2**-24``), the group
-    sums in float64 (relative error at most ``(m - 1) 2**-53 / (1 - ...)``), and each
-    truncation takes less than 1. These are bounds of any summation order, so the
+    float32 scratch. Returns (rows,) int64 ``lo`` and ``hi``. The exps are torch's, as
+    the rule's (:func:`detsample.rules.mass`; the rule's floor only changes values
+    without mass); their strided groups of ``GROUP`` are summed in float32, twice
+    (``GROUP - 1`` additions in whatever order the library takes: at most ``(GROUP - 1)
+    u / (1 - (GROUP - 1) u)`` relative error each time, ``u = 2**-24``), the remaining
+    ``m`` sums in float64 (at most ``(m - 1) 2**-53 / (1 - ...)``), and each truncation
+    takes less than 1. These are bounds of any summation order, so the
     bracket holds whatever kernels run; it is about ``1e-6`` of ``Z`` wide."""
     rows, V = z.shape
-    e = rules.floored_exp(z, out=out)
-    W = V // GROUP
-    parts = [e[:, :GROUP * W].unflatten(1, (GROUP, W)).sum(1)] if W else []
-    if V > GROUP * W:
-        parts.append(e[:, GROUP * W:])
-    g = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+    # exp(z) < 2**-F has no mass, floored or not: the same integers as the rule's
+    g = _fold(_fold(torch.exp(z, out=out) if out is not None else torch.exp(z), torch.sum),
+              torch.sum)
     s = g.sum(-1, dtype=torch.float64) * rules.mass_scale(frac)  # exact scaling
     u32, u64 = 2.0 ** -24, 2.0 ** -53
-    rel = _gamma(GROUP - 1, u32) + _gamma(g.shape[1] - 1, u64) * (1 + _gamma(GROUP - 1, u32))
+    g7 = _gamma(GROUP - 1, u32)
+    rel = (1 + g7) ** 2 * (1 + _gamma(g.shape[1] - 1, u64)) - 1
     # S / (1 + rel) >= s (1 - 2 rel) and S / (1 - rel) <= s (1 + 2 rel) (rel < 1/2), with
     # one more unit for the bound's own float64 roundings
     lo = torch.floor(s * (1 - 2 * rel) - V - 1).clamp_(min=0)
@@ -132,11 +139,13 @@ def above(z: torch.Tensor, L: torch.Tensor, maxima: torch.Tensor
     W, dev = V // GROUP, z.device
     gr, gj = (maxima > L.unsqueeze(1)).nonzero(as_tuple=True)
     cols = gj.unsqueeze(1) + torch.arange(GROUP, device=dev) * W  # (n, GROUP)
-    tail = gj >= W  # a last column of its own: member 0 only
-    cols = torch.where(tail.unsqueeze(1), (gj + (GROUP - 1) * W).unsqueeze(1), cols)
+    tail = gj >= W if V > GROUP * W else None  # a last column of its own: member 0 only
+    if tail is not None:
+        cols = torch.where(tail.unsqueeze(1), (gj + (GROUP - 1) * W).unsqueeze(1), cols)
     vals = torch.take(z, gr.unsqueeze(1) * V + cols)
     keep = vals > L[gr].unsqueeze(1)
-    keep[:, 1:] &= ~tail.unsqueeze(1)
+    if tail is not None:
+        keep[:, 1:] &= ~tail.unsqueeze(1)
     i, k = keep.nonzero(as_tuple=True)
     r = gr[i]  # ascending: nonzero is row-major
     count = torch.bincount(r, minlength=rows)
