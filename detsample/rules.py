@@ -160,11 +160,15 @@ class ElementFilter:
     kept, for the float32 parameter ``value`` (broadcastable to ``e``). The test must keep
     an upper set of ``e`` (a kept value keeps every larger one: the kept set stays ``z >=
     tau``) and keep ``e = 1`` for every admissible parameter (a row never loses its
-    maximum); it may be applied to torch tensors, numpy arrays or Python floats."""
+    maximum); it may be applied to torch tensors, numpy arrays or Python floats.
+    ``least(value)``: the smallest kept ``e`` as a float32-representable Python float, when
+    the test is ``e >= least(value)`` (then a strategy may drop tokens with one select
+    pass, ``ops.draw.kept_mass``), or None (the test is evaluated as a mask)."""
 
     name: str
     neutral: float
     keeps: Callable[[Any, Any], Any]
+    least: Callable[[float], float] | None = None
 
 
 #: the element-wise filters of step 8, in their column order of the ``(B, F)`` float32
@@ -173,7 +177,7 @@ class ElementFilter:
 #: the order changes nothing). The Triton spelling of each test is
 #: ``kernels.common.element_keeps``.
 ELEMENT_FILTERS: tuple[ElementFilter, ...] = (
-    ElementFilter("min_p", 0.0, min_p_keeps),
+    ElementFilter("min_p", 0.0, min_p_keeps, least=float),
 )
 
 

@@ -12,6 +12,7 @@ ids only) and the full-vocabulary path return the same token, bit for bit.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -73,11 +74,35 @@ def kept_mass(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: i
     keep = z >= tau.unsqueeze(1) if cut_tau else None  # (before ``out`` may overwrite z)
     w = rules.floored_exp(z, out=out)  # (exp's fast path; the same masses)
     if bool(rules.element_active(element).any()) if cut_element is None else cut_element:
+        if keep is None and all(f.least is not None for f in rules.ELEMENT_FILTERS):
+            for j, f in enumerate(rules.ELEMENT_FILTERS):
+                _drop_below(w, element[:, j], f)
+            return rules.mass_in_place(w, frac, q_out)
         by_value = rules.element_keeps(w, element)
         keep = by_value if keep is None else keep.logical_and_(by_value)
     if keep is not None:
         w.masked_fill_(keep.logical_not_(), 0.0)
     return rules.mass_in_place(w, frac, q_out)
+
+
+def _drop_below(w: torch.Tensor, values: torch.Tensor, f: rules.ElementFilter) -> None:
+    """Zero, in place, the entries of each row of ``w`` (rows, V) float32 that the
+    element-wise filter ``f`` drops for the row's parameter ``values`` (rows,): those
+    below ``f.least(value)``. One ``threshold`` select per distinct parameter (the whole
+    tensor when the rows share one, else row by row), which keeps ``w > t`` with ``t``
+    the float32 just below the least kept value: the same set as ``f.keeps`` (no float32
+    lies between them), without the mask ``masked_fill`` would read (a third of the
+    cost of that pass)."""
+    vals = values.tolist()
+    distinct = set(vals) - {f.neutral}
+    below = {v: float(np.nextafter(np.float32(f.least(v)), np.float32(-np.inf)))
+             for v in distinct}
+    if len(distinct) == 1 and len(set(vals)) == 1:
+        F.threshold_(w, below[vals[0]], 0.0)
+        return
+    for r, v in enumerate(vals):
+        if v in below:
+            F.threshold_(w[r], below[v], 0.0)
 
 
 def block_cdf(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: int, *,

@@ -235,3 +235,28 @@ def test_block_draw_equals_a_flat_search(seed, family, rows):
         t = rules.draw_target(u, flat[:, -1]).unsqueeze(1)
         want = torch.searchsorted(flat, t, right=True).squeeze(1)
         assert torch.equal(D.draw_by_blocks(qt, bsum, u), want), (family, u)
+
+
+@pytest.mark.parametrize("layout", ["shared", "mixed", "neutral rows", "boundary"])
+def test_kept_mass_select_pass_equals_the_element_rule(layout):
+    """kept_mass drops min-p's tokens by one select (``threshold`` just below min_p)
+    instead of a mask; the masses must be those of the rule ``e >= min_p`` bit for bit,
+    at the boundary too (a token whose ``exp`` equals min_p exactly is kept). Bug it
+    would catch: a threshold at min_p itself (``threshold`` keeps ``e > t``), which
+    drops the boundary token."""
+    rng = np.random.default_rng(11)
+    B, V = 6, 500
+    z = torch.from_numpy((rng.standard_normal((B, V)) * 3).astype(np.float32))
+    z = z - z.amax(1, keepdim=True)
+    e = rules.floored_exp(z)
+    mp = {"shared": [0.05] * B, "mixed": [0.05, 0.2, 0.0, 0.5, 1.0, 0.01],
+          "neutral rows": [0.0, 0.0, 0.1, 0.0, 0.0, 0.0],
+          "boundary": [float(e[r, r * 7]) for r in range(B)]}[layout]
+    element = rules.element_tensor(B, min_p=torch.tensor(mp, dtype=torch.float32))
+    frac = rules.frac_bits(V)
+    q = D.kept_mass(z.clone(), torch.full((B,), float("-inf")), element, frac)
+    want = rules.mass(e, frac) * rules.element_keeps(e, element)
+    assert torch.equal(q, want)
+    if layout == "boundary":
+        assert all(int(q[r, r * 7]) > 0 or int(want[r, r * 7]) == 0 for r in range(B))
+        assert bool(rules.element_keeps(e, element)[torch.arange(B), torch.arange(B) * 7].all())
