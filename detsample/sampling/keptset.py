@@ -425,7 +425,8 @@ def _full(z: torch.Tensor, plan: RowPlan, inp: CutInputs, plain: Rows,
     if sort_idx:
         si = torch.cat(sort_idx) if len(sort_idx) > 1 else sort_idx[0]
         by = radix.thresholds_by_select if inp.select else filter_ops.thresholds_by_sort
-        tau[si] = by(z.index_select(0, si), top_ks[si], top_ps[si], element[si], frac)
+        zs = z if _in_order(si, plan.size) else z.index_select(0, si)
+        tau[si] = by(zs, top_ks[si], top_ps[si], element[si], frac)
     if rt.top_k_only:
         ti = rt.top_k_only.index
         tau[ti] = filter_ops.topk_threshold(rt.top_k_only.take(z), top_ks[ti])
@@ -435,11 +436,17 @@ def _full(z: torch.Tensor, plan: RowPlan, inp: CutInputs, plain: Rows,
     if not full_idx:
         return None
     fi = torch.cat(full_idx) if len(full_idx) > 1 else full_idx[0]
-    every = len(full_idx) == 1 and fi.numel() == plan.size and (
-        plain.every or rt.top_k_only.every or rt.sort.every)
+    every = _in_order(fi, plan.size)
     zf, tf, ef = (z, tau, element) if every else (z.index_select(0, fi), tau[fi], element[fi])
     q, bsum = draw_ops.block_cdf(zf, tf, ef, frac, out=inp.scratch("w", zf),
                                  q_out=inp.scratch("q", zf, torch.int64),
                                  cut_tau=len(full_idx) > bool(plain),
                                  cut_element=None if plan.any_element else False)
     return Table(fi, every, bsum, q=q)
+
+
+def _in_order(idx: torch.Tensor, B: int) -> bool:
+    """Whether row indices ``idx`` are every row of a B-row batch, in order (then the
+    rows need no gather)."""
+    return idx.numel() == B and bool(torch.equal(
+        idx, torch.arange(B, dtype=idx.dtype, device=idx.device)))
