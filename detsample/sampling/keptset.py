@@ -42,6 +42,14 @@ TOPK_GROWTH = 8
 #: a plain grammar row is drawn over its allowed columns when they are at most this
 #: fraction of the vocabulary (beyond it the gather costs about what the full pass does)
 COLUMN_DRAW_MAX = 0.25
+#: a top-p row's first candidates below ``BY_VALUE_MIN`` (a ``topk``: a peaked row's
+#: nucleus ends inside it; the other rows take their candidates by value)
+NUCLEUS_CANDIDATES = 64
+#: top-p rows (rows x V elements) from which the candidates are taken by value at once
+#: (:mod:`detsample.ops.nucleus`, a few passes over the rows); below it the exact mass
+#: and a ``topk`` of ``NUCLEUS_CANDIDATES`` come first (fewer, smaller operations for a
+#: peaked row; docs/performance.md)
+BY_VALUE_MIN = 1 << 21
 #: rows that need the full sort's threshold get it by radix select (ops.radix) from this
 #: vocabulary size on (CPU, filter_impl "auto"); below it the sort is as fast
 SELECT_MIN_V = 4096
@@ -214,7 +222,7 @@ def _bounded(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs,
     tables: list[Table] = []
     spilled: list[torch.Tensor] = []
     bf = plan.route.filters
-    for some, part in ((bf is not None and bf.k_index is not None, _grown),
+    for some, part in ((bf is not None and bf.k_index is not None, _small_top_k),
                        (bf is not None and bf.wide is not None, _nucleus)):
         if some:
             got, spill = part(z, plan, inp, frac)
@@ -280,23 +288,35 @@ def _pending(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs) -> _Pending:
     return _Pending(idx, every, take(z), None, cut)
 
 
-def _grown(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs, frac: int
-           ) -> tuple[list[Table], torch.Tensor | None]:
-    """The small top-k rows: a ``topk`` of ``k_max + 1`` candidates, the kept set by
-    :func:`~detsample.ops.filters.kept_prefix`, and for the rows whose top-k tie group
-    may spill past the candidates (their last candidate equals their k-th value; the
-    fast mode skips this check) a ``topk`` ``TOPK_GROWTH`` times larger, until every
-    row is decided; the rows that would need more than ``V / CANDIDATE_RATIO``
-    candidates spill."""
+def _small_top_k(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs, frac: int
+                 ) -> tuple[list[Table], torch.Tensor | None]:
+    """The small top-k rows: :func:`_grown` from a ``topk`` of ``k_max + 1``."""
     V = inp.x.shape[1]
-    p = _pending(z, plan, inp)
-    K = min(plan.route.k_max + 1, V)
-    cap, tables = max(V // CANDIDATE_RATIO, 1), []
+    tables, rest = _grown(_pending(z, plan, inp), min(plan.route.k_max + 1, V), inp, frac,
+                          small=True, cap=max(V // CANDIDATE_RATIO, 1))
+    return tables, None if rest is None else rest.idx
+
+
+def _grown(p: _Pending, K: int, inp: CutInputs, frac: int, *, small: bool, cap: int
+           ) -> tuple[list[Table], _Pending | None]:
+    """The rows of ``p`` on a ``topk`` of K candidates, the kept set by
+    :func:`~detsample.ops.filters.kept_prefix`, and for the undecided rows a ``topk``
+    ``TOPK_GROWTH`` times larger, until every row is decided; the rows that would need
+    more than ``cap`` candidates are returned undecided. A small top-k row (``small``) is
+    decided when its last candidate is below its k-th value (no top-k tie group spills
+    past the candidates; the fast mode skips this check), a top-p row when its last
+    candidate is not kept (the prefix ends inside the candidates, every value at or
+    below the last one is cut: its exact mass is ``p.cut.total``)."""
+    V, tables = inp.x.shape[1], []
     while True:
         vals, ids = p.topk(K)
         n, kept, q, thr = filter_ops.kept_prefix(vals, p.cut, frac)
-        decided = (torch.ones_like(n, dtype=torch.bool) if not inp.deterministic
-                   else vals[:, -1] < thr.squeeze(1))
+        if not small:
+            decided = ~kept[:, -1]
+        elif inp.deterministic:
+            decided = vals[:, -1] < thr.squeeze(1)
+        else:
+            decided = torch.ones_like(n, dtype=torch.bool)
         if K == V or bool(decided.all()):
             return tables + [_table(p.idx, p.every, vals, ids, (n, kept, q))], None
         dec, und = decided.nonzero().flatten(), (~decided).nonzero().flatten()
@@ -306,21 +326,41 @@ def _grown(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs, frac: int
         p = p.rows(und)
         K = min(K * TOPK_GROWTH, V)
         if K > cap:
-            return tables, p.idx
+            return tables, p
 
 
 def _nucleus(z: torch.Tensor, plan: RowPlan, inp: CutInputs, frac: int
              ) -> tuple[list[Table], torch.Tensor | None]:
-    """The top-p rows without a small top-k: the candidates ``z > L`` with ``L`` below
-    the top-p threshold (:mod:`detsample.ops.nucleus`), the kept set by
-    :func:`~detsample.ops.filters.kept_prefix` under both ends of the bracket of the
-    full row's mass ``Z`` (a row whose kept set differs between them takes its exact
-    ``Z``). A row is decided when its candidates' survivor mass fails the top-p test
-    (so no element at or below ``L`` is kept); a row without such an ``L`` (its nucleus
-    spans most of the row) or failing that check spills."""
+    """The top-p rows without a small top-k. Rows of fewer than ``BY_VALUE_MIN``
+    elements take their exact mass and a ``topk`` of ``NUCLEUS_CANDIDATES`` first (a
+    peaked row's nucleus ends inside it, :func:`_grown`); the rest (all rows from that
+    size on) take their candidates by value (:func:`_by_value`)."""
     pos, idx, every = _part(plan, wide=True)
     zw = z if every else z.index_select(0, idx)
-    cut, lo = _nucleus_cut(zw, plan, pos, inp, frac)
+    first = zw.numel() < BY_VALUE_MIN
+    cut, lo = _nucleus_cut(zw, plan, pos, inp, frac, exact=first)
+    if not first:
+        return _by_value(zw, idx, every, cut, lo, frac)
+    K = min(NUCLEUS_CANDIDATES, zw.shape[1])
+    tables, rest = _grown(_Pending(idx, every, zw, None, cut), K, inp, frac, small=False,
+                          cap=K)
+    if rest is None:
+        return tables, None
+    got, spill = _by_value(rest.src, rest.idx, False, rest.cut, rest.cut.total.squeeze(1),
+                           frac)
+    return tables + got, spill
+
+
+def _by_value(zw: torch.Tensor, idx: torch.Tensor, every: bool,
+              cut: filter_ops.CandidateCut, lo: torch.Tensor, frac: int
+              ) -> tuple[list[Table], torch.Tensor | None]:
+    """Top-p rows ``zw`` (n, V) (batch rows ``idx``) on the candidates ``z > L`` with
+    ``L`` below the top-p threshold (:mod:`detsample.ops.nucleus`), the kept set by
+    :func:`~detsample.ops.filters.kept_prefix` under both ends of the bracket
+    [``lo``, ``cut.total``] of the full row's mass ``Z`` (a row whose kept set differs
+    between them takes its exact ``Z``). A row is decided when its candidates' survivor
+    mass fails the top-p test (so no element at or below ``L`` is kept); a row without
+    such an ``L`` (its nucleus spans most of the row) or failing that check spills."""
     limit = rules.top_p_limit(cut.top_p.squeeze(1), cut.total.squeeze(1))
     maxima = nucleus.group_maxima(zw)
     L, found = nucleus.lower_bound(maxima, cut.thr, limit, frac)
@@ -347,18 +387,20 @@ def _nucleus(z: torch.Tensor, plan: RowPlan, inp: CutInputs, frac: int
 
 
 def _nucleus_cut(zw: torch.Tensor, plan: RowPlan, pos: torch.Tensor | None,
-                 inp: CutInputs, frac: int) -> tuple[filter_ops.CandidateCut, torch.Tensor]:
+                 inp: CutInputs, frac: int, *, exact: bool
+                 ) -> tuple[filter_ops.CandidateCut, torch.Tensor]:
     """The top-p rows' cut with the upper end of their mass bracket as ``total``, and
     the lower end (n,) int64: the exact survivor mass (both ends) for rows of a batch
-    with a large top-k, else :func:`~detsample.ops.nucleus.mass_bounds`."""
+    with a large top-k or when ``exact``, else :func:`~detsample.ops.nucleus.mass_bounds`."""
     rows, bf = plan.route.bounded, plan.route.filters
     pick = (lambda t: t) if pos is None else (lambda t: t[pos])  # noqa: E731
     thr = None
-    if bf.wide_k:
-        thr = filter_ops.topk_threshold(zw, pick(rows.filters[0]))
+    if bf.wide_k or exact:
+        if bf.wide_k:
+            thr = filter_ops.topk_threshold(zw, pick(rows.filters[0]))
         lo = hi = filter_ops.survivor_mass(zw, thr, frac, out=inp.scratch("w", zw),
                                            q_out=inp.scratch("q", zw, torch.int64))
-        thr = thr.unsqueeze(1)
+        thr = None if thr is None else thr.unsqueeze(1)
     else:
         lo, hi = nucleus.mass_bounds(zw, frac, out=inp.scratch("w", zw))
     return filter_ops.CandidateCut(None, None, thr, hi.unsqueeze(1), pick(bf.top_p),

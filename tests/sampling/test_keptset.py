@@ -7,10 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from detsample import Request, SamplingBatch, Sampler, SamplingParams
+from detsample.benchmarks.sampler import Case, make_logits
 from detsample.sampling import keptset
 from oracles import sampler as osamp
 from tests.helpers import logits_rows
@@ -31,6 +32,27 @@ EVERY_ROUTE = [SamplingParams(top_p=0.9, temperature=1.3, seed=1),
                SamplingParams(top_k=2, seed=4), SamplingParams(min_p=0.1, seed=5)]
 
 
+#: top-p rows' two candidate routes: by value (group maxima, nucleus.above) from
+#: ``BY_VALUE_MIN`` elements on, a grown ``topk`` with the exact mass below it
+ROUTES = {"by_value": 0, "topk": 1 << 62}
+#: hypothesis examples reuse the route fixture: it only sets a module constant
+FIXTURE_OK = settings(max_examples=15, deadline=None,
+                      suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(params=sorted(ROUTES))
+def top_p_route(request, monkeypatch):
+    """Runs a test under each route of the top-p rows (forced by their size bound)."""
+    monkeypatch.setattr(keptset, "BY_VALUE_MIN", ROUTES[request.param])
+    return request.param
+
+
+@pytest.fixture
+def by_value(monkeypatch):
+    """The top-p rows take their candidates by value whatever their size."""
+    monkeypatch.setattr(keptset, "BY_VALUE_MIN", 0)
+
+
 def _batch(ps, vocab=V):
     return SamplingBatch.from_requests([Request(str(i), p) for i, p in enumerate(ps)], vocab)
 
@@ -41,10 +63,10 @@ def _masks(ps, x, vocab=V):
     return got, Sampler(filter_impl="sort").sampling_mask(torch.from_numpy(x), _batch(ps, vocab))
 
 
-@settings(max_examples=15, deadline=None)
+@FIXTURE_OK
 @given(st.lists(FILTER_MIXES, min_size=0, max_size=6), st.sampled_from(FAMILIES),
        st.integers(0, 2**32 - 1), st.randoms(use_true_random=False))
-def test_kept_sets_equal_the_full_sort(ps, family, seed, order):
+def test_kept_sets_equal_the_full_sort(top_p_route, ps, family, seed, order):
     """Random batches mixing small and large top-k, top-p and min-p rows (so the bounded
     strategy, its growth and the spill to the full strategy all run): every row's kept
     set is the full sort's, bit for bit. Bug it would catch: a row decided on candidates
@@ -58,10 +80,10 @@ def test_kept_sets_equal_the_full_sort(ps, family, seed, order):
 VO = 256  # the float64 oracle is quadratic in V
 
 
-@settings(max_examples=15, deadline=None)
+@FIXTURE_OK
 @given(st.lists(FILTER_MIXES, min_size=1, max_size=8), st.sampled_from(FAMILIES),
        st.integers(0, 2**32 - 1))
-def test_kept_sets_equal_the_float64_oracle(ps, family, seed):
+def test_kept_sets_equal_the_float64_oracle(top_p_route, ps, family, seed):
     """The same mixes on a short vocabulary: every row's kept set is the float64
     oracle's wherever the oracle's decision margin is clear (and the sort's, bit for
     bit, everywhere)."""
@@ -84,8 +106,8 @@ def test_kept_sets_equal_the_float64_oracle(ps, family, seed):
     (-1, 0.5, True),    # a flat nucleus outgrows V / 8 candidates
     (20, 0.9, False),   # a peaked row ends inside its first candidates
 ])
-def test_a_row_spills_from_bounded_to_full_only_when_undecided(monkeypatch, top_k, top_p,
-                                                               spills):
+def test_a_row_spills_from_bounded_to_full_only_when_undecided(monkeypatch, top_p_route,
+                                                               top_k, top_p, spills):
     """The only hand-off: a row the bounded strategy cannot decide goes to the full
     strategy (spied), and keeps the sort's bits there."""
     x = torch.zeros(1, V)
@@ -108,8 +130,8 @@ def test_a_row_spills_from_bounded_to_full_only_when_undecided(monkeypatch, top_
 
 def _equal_to_sort(ps, x, positions=None):
     positions = torch.arange(len(ps)) + 7 if positions is None else positions
-    a = Sampler().sample(x, _batch(ps), positions)
-    b = Sampler(filter_impl="sort").sample(x, _batch(ps), positions)
+    a = Sampler().sample(x, _batch(ps, x.shape[1]), positions)
+    b = Sampler(filter_impl="sort").sample(x, _batch(ps, x.shape[1]), positions)
     assert torch.equal(a.token_ids, b.token_ids)
     assert torch.equal(a.logprobs.view(torch.int32), b.logprobs.view(torch.int32))
 
@@ -118,7 +140,8 @@ NUCLEI = [SamplingParams(top_p=p, temperature=t, seed=s, logprobs_mode="processe
           for s, (p, t) in enumerate([(0.9, 1.0), (0.5, 0.7), (0.99, 1.3), (0.3, 1.0)])]
 
 
-def test_nucleus_rows_cut_with_a_wide_mass_bracket_take_their_exact_mass(monkeypatch):
+def test_nucleus_rows_cut_with_a_wide_mass_bracket_take_their_exact_mass(monkeypatch,
+                                                                         by_value):
     """A top-p row's candidates are cut with both ends of the bracket of its full-row
     mass; where the two ends keep different sets, the row's exact mass decides. Widened
     to 20% of the mass, the bracket leaves most rows ambiguous, and every row still gets
@@ -139,7 +162,8 @@ def test_nucleus_rows_cut_with_a_wide_mass_bracket_take_their_exact_mass(monkeyp
 
 
 @pytest.mark.parametrize("family", ["random", "peaked", "ties"])
-def test_nucleus_rows_whose_bound_is_not_below_the_threshold_spill(monkeypatch, family):
+def test_nucleus_rows_whose_bound_is_not_below_the_threshold_spill(monkeypatch, by_value,
+                                                                  family):
     """The bounded strategy checks its own premise: the candidates' survivor mass must
     fail the top-p test (else a kept token could lie at or below L). A bound placed too
     high (here just below the row's maximum) fails the check, and the row spills to the
@@ -161,7 +185,7 @@ def test_nucleus_rows_whose_bound_is_not_below_the_threshold_spill(monkeypatch, 
     assert sum(spilled) >= 1
 
 
-def test_flat_and_peaked_nuclei_in_one_batch():
+def test_flat_and_peaked_nuclei_in_one_batch(top_p_route):
     """Rows whose group maxima never reach the limit (flat: the nucleus spans most of
     the row) spill, their neighbours are decided on candidates, all with the sort's
     bits."""
@@ -170,3 +194,32 @@ def test_flat_and_peaked_nuclei_in_one_batch():
                         rng.standard_normal((2, V)).astype(np.float32) * 0.1])
     ps = [SamplingParams(top_p=0.95, seed=i, logprobs_mode="processed") for i in range(5)]
     _equal_to_sort(ps, torch.from_numpy(x))
+
+
+@pytest.mark.parametrize("rows,vocab,large", [
+    (1, 32000, False), (8, 32000, False), (64, 32000, False), (8, 152064, False),
+    (16, 152064, True), (1, 152064, False)])
+@pytest.mark.parametrize("family", ["peaked", "gaussian"])
+def test_top_p_rows_take_candidates_by_value_from_a_size_on(monkeypatch, rows, vocab,
+                                                             large, family):
+    """Top-p rows of at least ``BY_VALUE_MIN`` elements take their candidates by value
+    at once (spied: nucleus.above, no topk); smaller ones a topk of
+    ``NUCLEUS_CANDIDATES`` first, where a peaked row's nucleus ends (no by-value pass)
+    and a flat top's (sigma 3) does not (then by value). All keep the sort's bits. Bug
+    it would catch: a small decode batch paying the by-value passes (about twice a topk
+    at B=1, V=32000), a large batch paying a topk of every row, or a flat top growing a
+    topk to thousands of candidates."""
+    calls = {"above": 0, "topk": 0}
+    real_above, real_grown = keptset.nucleus.above, keptset._grown
+
+    def spy(name, fn):
+        return lambda *a, **k: calls.__setitem__(name, calls[name] + 1) or fn(*a, **k)
+
+    monkeypatch.setattr(keptset.nucleus, "above", spy("above", real_above))
+    monkeypatch.setattr(keptset, "_grown", spy("topk", real_grown))
+    x = make_logits(Case(rows, vocab, "topp0.9_T0.8", family))
+    ps = [SamplingParams(top_p=0.9, temperature=0.8, seed=i, logprobs_mode="processed")
+          for i in range(rows)]  # the benchmark's top-p config: peaked nuclei of 1-6 tokens
+    _equal_to_sort(ps, x)
+    assert calls["topk"] == (0 if large else 1)
+    assert calls["above"] == (1 if large or family == "gaussian" else 0)
