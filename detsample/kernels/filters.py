@@ -34,6 +34,8 @@ near-tie margin of docs/gpu.md (``exp`` differs between implementations).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -215,6 +217,76 @@ def _route(top_k: list[int], top_p: list[float], V: int, sort_only: bool
     return cand, sort, plain
 
 
+@dataclass(frozen=True)
+class _Launch:
+    """What the three kernels of one call share: the contiguous (B, V) ``z``, the
+    per-row filters (``top_k`` int64, ``top_p`` float64, ``element`` (B, F) float32),
+    the uniforms ``u`` (float64, zeros without a draw), the outputs ``tau`` / ``total``
+    / ``tokens`` (B,), and the launch constants."""
+
+    z: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    element: torch.Tensor
+    u: torch.Tensor
+    tau: torch.Tensor
+    total: torch.Tensor
+    tokens: torch.Tensor
+    frac: int
+    draw: bool
+
+    @property
+    def block(self) -> int:
+        return row_block(self.z.shape[1])
+
+    def index(self, rows: list[int]) -> torch.Tensor:
+        return torch.tensor(sorted(rows), dtype=torch.int64, device=self.z.device)
+
+
+def _check_element_filters(element: torch.Tensor) -> None:
+    names = tuple(f.name for f in rules.ELEMENT_FILTERS)
+    if names != ELEMENT_FILTERS or element.shape[-1] != len(names):
+        raise NotImplementedError(
+            f"the Triton kernels spell the element-wise filters {ELEMENT_FILTERS}, the registry "
+            f"holds {names} ({element.shape[-1]} columns given): a new filter's test is spelled "
+            f"in detsample.kernels.common.element_keeps")
+
+
+def _candidate_rows(k: _Launch, rows: list[int]) -> list[int]:
+    """``_topk_draw_kernel`` over ``rows`` (small top-k); returns the rows whose
+    survivors did not fit their buffer (they take the sort route)."""
+    ci = torch.tensor(rows, dtype=torch.int64, device=k.z.device)
+    kp = max(16, triton.next_power_of_2(int(k.top_k[ci].max()) + 1))
+    n, dev = len(rows), k.z.device
+    bufv = torch.empty((n, kp), dtype=torch.float32, device=dev)
+    bufi = torch.empty((n, kp), dtype=torch.int64, device=dev)
+    spill = torch.empty((n,), dtype=torch.int32, device=dev)
+    _topk_draw_kernel[(n,)](k.z, k.z.stride(0), k.z.shape[1], ci, k.top_k, k.top_p,
+                            k.element, k.element.stride(0), k.u, bufv, bufi, k.tau, k.total,
+                            k.tokens, spill, FRAC=k.frac, BLOCK=k.block, KP=kp,
+                            CH=min(kp, 16), DRAW=k.draw, **OPTS)
+    return [rows[j] for j in spill.nonzero().flatten().tolist()]
+
+
+def _sorted_rows(k: _Launch, rows: list[int]) -> None:
+    """``_sorted_threshold_kernel`` over ``rows``: their thresholds from the sorted row."""
+    si = k.index(rows)
+    sz = torch.sort(k.z.index_select(0, si), dim=-1, descending=True).values
+    _sorted_threshold_kernel[(len(si),)](sz, sz.stride(0), k.z.shape[1], si, k.top_k,
+                                         k.top_p, k.element, k.element.stride(0), k.tau,
+                                         FRAC=k.frac, BLOCK=k.block, **OPTS)
+
+
+def _full_rows(k: _Launch, rows: list[int]) -> None:
+    """``_draw_full_kernel`` over ``rows``: the kept mass and the draw over the row."""
+    fi = k.index(rows)
+    V = k.z.shape[1]
+    nb = triton.next_power_of_2(triton.cdiv(V, k.block))
+    _draw_full_kernel[(len(fi),)](k.z, k.z.stride(0), V, fi, k.tau, k.element,
+                                  k.element.stride(0), k.u, k.total, k.tokens, FRAC=k.frac,
+                                  BLOCK=k.block, NB=nb, DRAW=k.draw, **OPTS)
+
+
 def thresholds_and_draw(z: torch.Tensor, rows: torch.Tensor, top_k: torch.Tensor,
                         top_p: torch.Tensor, element: torch.Tensor, u: torch.Tensor | None,
                         frac: int, sort_only: bool = False
@@ -234,53 +306,27 @@ def thresholds_and_draw(z: torch.Tensor, rows: torch.Tensor, top_k: torch.Tensor
     -1 elsewhere or without ``u``), the same quantities as the torch sampler's step 8.
     """
     check_device(z.device)
-    names = tuple(f.name for f in rules.ELEMENT_FILTERS)
-    if names != ELEMENT_FILTERS or element.shape[-1] != len(names):
-        raise NotImplementedError(
-            f"the Triton kernels spell the element-wise filters {ELEMENT_FILTERS}, the registry "
-            f"holds {names} ({element.shape[-1]} columns given): a new filter's test is spelled "
-            f"in detsample.kernels.common.element_keeps")
-    z = z if z.stride(-1) == 1 else z.contiguous()
+    _check_element_filters(element)
     B, V = z.shape
     dev = z.device
-    tau = torch.full((B,), float("-inf"), dtype=torch.float32, device=dev)
-    total = torch.zeros((B,), dtype=torch.int64, device=dev)
-    tokens = torch.full((B,), -1, dtype=torch.int64, device=dev)
-    if rows.numel() == 0:
-        return tau, total, tokens
-    top_k = top_k.to(torch.int64).contiguous()
-    top_p = top_p.to(torch.float64).contiguous()
-    element = element.to(torch.float32).contiguous()
-    uu = (u.to(torch.float64).contiguous() if u is not None
-          else torch.zeros((B,), dtype=torch.float64, device=dev))
-    draw = u is not None
-    rl = rows.tolist()
-    cand, sort, plain = _route(top_k[rows].tolist(), top_p[rows].tolist(), V, sort_only)
-    blk = row_block(V)
-    full: list[int] = [rl[j] for j in plain]
-    if cand:
-        ci = torch.tensor([rl[j] for j in cand], dtype=torch.int64, device=dev)
-        kp = max(16, triton.next_power_of_2(int(top_k[ci].max()) + 1))
-        n = len(cand)
-        bufv = torch.empty((n, kp), dtype=torch.float32, device=dev)
-        bufi = torch.empty((n, kp), dtype=torch.int64, device=dev)
-        spill = torch.empty((n,), dtype=torch.int32, device=dev)
-        _topk_draw_kernel[(n,)](z, z.stride(0), V, ci, top_k, top_p, element,
-                                element.stride(0), uu, bufv, bufi, tau, total, tokens, spill,
-                                FRAC=frac, BLOCK=blk, KP=kp, CH=min(kp, 16), DRAW=draw,
-                                **OPTS)
-        sort = sort + [cand[j] for j in spill.nonzero().flatten().tolist()]
-    if sort:
-        si = torch.tensor(sorted(rl[j] for j in sort), dtype=torch.int64, device=dev)
-        sz = torch.sort(z.index_select(0, si), dim=-1, descending=True).values
-        _sorted_threshold_kernel[(len(si),)](sz, sz.stride(0), V, si, top_k, top_p, element,
-                                             element.stride(0), tau, FRAC=frac, BLOCK=blk,
-                                             **OPTS)
-        full.extend(si.tolist())
-    if full:
-        fi = torch.tensor(sorted(full), dtype=torch.int64, device=dev)
-        nb = triton.next_power_of_2(triton.cdiv(V, blk))
-        _draw_full_kernel[(len(fi),)](z, z.stride(0), V, fi, tau, element, element.stride(0),
-                                      uu, total, tokens, FRAC=frac, BLOCK=blk, NB=nb,
-                                      DRAW=draw, **OPTS)
-    return tau, total, tokens
+    k = _Launch(
+        z if z.stride(-1) == 1 else z.contiguous(), top_k.to(torch.int64).contiguous(),
+        top_p.to(torch.float64).contiguous(), element.to(torch.float32).contiguous(),
+        (u.to(torch.float64).contiguous() if u is not None
+         else torch.zeros((B,), dtype=torch.float64, device=dev)),
+        torch.full((B,), float("-inf"), dtype=torch.float32, device=dev),
+        torch.zeros((B,), dtype=torch.int64, device=dev),
+        torch.full((B,), -1, dtype=torch.int64, device=dev), frac, u is not None)
+    if rows.numel():
+        rl = rows.tolist()
+        cand, sort, plain = _route(k.top_k[rows].tolist(), k.top_p[rows].tolist(), V,
+                                   sort_only)
+        sort = [rl[j] for j in sort]
+        if cand:
+            sort += _candidate_rows(k, [rl[j] for j in cand])
+        if sort:
+            _sorted_rows(k, sort)
+        full = [rl[j] for j in plain] + sort
+        if full:
+            _full_rows(k, full)
+    return k.tau, k.total, k.tokens
