@@ -15,6 +15,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from detsample import rules
 from tests import rules_cases as C
@@ -37,6 +39,43 @@ def test_exp_floor_changes_no_mass():
     frac = rules.frac_bits(2)
     assert torch.equal(rules.mass(rules.floored_exp(z), frac), rules.mass(torch.exp(z), frac))
     assert math.exp(rules.EXP_FLOOR) * 2.0 ** rules.MAX_FRAC < 1.0
+
+
+_TIES = [0.0, -0.0, -1.0, -1.5, -86.9, -87.0, -87.5, -200.0, float("-inf")]
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.lists(st.sampled_from(_TIES) | st.floats(-100, 0, width=32),
+                              min_size=1, max_size=9), min_size=1, max_size=4),
+       taus=st.lists(st.sampled_from(_TIES) | st.floats(-100, 0, width=32), min_size=4,
+                     max_size=4),
+       frac=st.integers(1, rules.MAX_FRAC))
+def test_floored_exp_keep_from_drops_values_below_the_threshold(rows, taus, frac):
+    """Bug pinned: a cut made on the exps (``exp(z) >= exp(tau)``) keeps a value below
+    tau whose exp rounds onto tau's; the cut compares values, ties at tau kept (0.0
+    and -0.0 alike), -inf thresholds keep the row, values below the floor carry 0."""
+    V = max(len(r) for r in rows)
+    z = torch.tensor([r + [float("-inf")] * (V - len(r)) for r in rows], dtype=torch.float32)
+    tau = torch.tensor(taus[:len(rows)], dtype=torch.float32)
+    want = rules.mass(torch.exp(z), frac) * (z >= tau.unsqueeze(1))
+    for mode in ("fresh", "scratch", "in place"):
+        src = z.clone()
+        out = {"fresh": None, "scratch": torch.empty_like(z), "in place": src}[mode]
+        got = rules.mass(rules.floored_exp(src, out=out, keep_from=tau), frac)
+        assert torch.equal(got, want)
+    meta = z.to("meta")  # the device-generic branch (masked_fill_) keeps its shapes
+    assert rules.floored_exp(meta, keep_from=tau.to("meta")).shape == z.shape
+
+
+def test_floored_exp_keep_from_is_not_a_cut_on_the_exps():
+    """A value just below tau whose exp equals tau's exp (float32 ``exp`` is flat there)
+    is dropped: a cut on the exps would keep it."""
+    tau = torch.tensor([-0.25])
+    below = torch.nextafter(tau, torch.tensor(-math.inf))
+    assert torch.equal(torch.exp(below), torch.exp(tau))  # the premise of the bug
+    z = torch.stack([tau, below], 1)
+    got = rules.mass(rules.floored_exp(z, keep_from=tau), rules.MAX_FRAC)
+    assert got[0, 0] > 0 and got[0, 1] == 0
 
 
 @pytest.mark.parametrize("above,top_p,total", C.TOP_P)

@@ -127,7 +127,7 @@ def test_flat_nucleus_rows_take_the_radix_select_and_the_sorts_bits(ps, std, see
     ps = [p.replace(top_p=0.9, top_k=-1) if i == 0 else p for i, p in enumerate(ps)]
     pos = torch.from_numpy(rng.integers(0, 1000, len(ps)))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(radix, "thresholds_by_select", lambda *a: used.append(1) or real(*a))
+        mp.setattr(radix, "thresholds_by_select", lambda *a, **k: used.append(1) or real(*a, **k))
         a = Sampler().sample(x, _batch(ps, VN), pos)
         lp = Sampler().compute_logprobs(x, _batch(ps, VN), a.token_ids)
     b = Sampler(filter_impl="sort").sample(x, _batch(ps, VN), pos)

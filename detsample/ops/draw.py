@@ -71,17 +71,14 @@ def kept_mass(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: i
     so only pass what holds).
     """
     cut_tau = bool(torch.isfinite(tau).any()) if cut_tau is None else cut_tau
-    keep = z >= tau.unsqueeze(1) if cut_tau else None  # (before ``out`` may overwrite z)
-    w = rules.floored_exp(z, out=out)  # (exp's fast path; the same masses)
+    # (exp's fast path, the same masses; tau's cut made on the values, before the exp)
+    w = rules.floored_exp(z, out=out, keep_from=tau if cut_tau else None)
     if bool(rules.element_active(element).any()) if cut_element is None else cut_element:
-        if keep is None and all(f.least is not None for f in rules.ELEMENT_FILTERS):
+        if all(f.least is not None for f in rules.ELEMENT_FILTERS):
             for j, f in enumerate(rules.ELEMENT_FILTERS):
                 _drop_below(w, element[:, j], f)
-            return rules.mass_in_place(w, frac, q_out)
-        by_value = rules.element_keeps(w, element)
-        keep = by_value if keep is None else keep.logical_and_(by_value)
-    if keep is not None:
-        w.masked_fill_(keep.logical_not_(), 0.0)
+        else:
+            w.masked_fill_(rules.element_keeps(w, element).logical_not_(), 0.0)
     return rules.mass_in_place(w, frac, q_out)
 
 

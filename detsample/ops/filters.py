@@ -195,7 +195,6 @@ def survivor_mass(z: torch.Tensor, thr: torch.Tensor | None, frac: int, *,
     Returns (rows,) int64, the ``total`` of :func:`kept_prefix_length` over the full
     sorted row, bit for bit (an exact integer sum; ``exp`` is fed
     ``max(z, rules.EXP_FLOOR)``, which changes no mass)."""
-    w = rules.floored_exp(z, out=out)
-    if thr is not None and bool(torch.isfinite(thr).any()):
-        w.masked_fill_(z < thr.unsqueeze(1), 0.0)
+    cut = thr is not None and bool(torch.isfinite(thr).any())
+    w = rules.floored_exp(z, out=out, keep_from=thr if cut else None)
     return rules.mass_in_place(w, frac, q_out).sum(-1)

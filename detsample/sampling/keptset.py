@@ -466,9 +466,12 @@ def _full(z: torch.Tensor, plan: RowPlan, inp: CutInputs, plain: Rows,
     full_idx = list(sort_idx)
     if sort_idx:
         si = torch.cat(sort_idx) if len(sort_idx) > 1 else sort_idx[0]
-        by = radix.thresholds_by_select if inp.select else filter_ops.thresholds_by_sort
         zs = z if _in_order(si, plan.size) else z.index_select(0, si)
-        tau[si] = by(zs, top_ks[si], top_ps[si], element[si], frac)
+        args = (zs, top_ks[si], top_ps[si], element[si], frac)
+        tau[si] = radix.thresholds_by_select(
+            *args, out=inp.scratch("w", zs), q_out=inp.scratch("q", zs, torch.int64),
+            key_out=inp.scratch("k", zs, torch.int64)) if inp.select \
+            else filter_ops.thresholds_by_sort(*args)
     if rt.top_k_only:
         ti = rt.top_k_only.index
         tau[ti] = filter_ops.topk_threshold(rt.top_k_only.take(z), top_ks[ti])

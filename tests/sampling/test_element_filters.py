@@ -98,9 +98,9 @@ def test_a_registered_filter_is_applied_by_every_strategy(with_epsilon, seed, mo
         seen["bounded"].append(None if cut.element is None else cut.element.shape[1])
         return real_prefix(vals, cut, frac)
 
-    def select(z, k, p, element, frac):
+    def select(z, k, p, element, frac, **scratch):
         seen["select"].append(element.shape[1])
-        return real_select(z, k, p, element, frac)
+        return real_select(z, k, p, element, frac, **scratch)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(filter_ops, "kept_prefix", prefix)
