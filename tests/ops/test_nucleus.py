@@ -12,13 +12,16 @@ from detsample.ops import filters as F
 from detsample.ops import nucleus as N
 from tests.ops.test_filters import NUCLEUS_FAMILIES, _family
 
-FAMILIES = NUCLEUS_FAMILIES + ["huge"]
+FAMILIES = NUCLEUS_FAMILIES + ["huge", "tiny"]
 
 
 def _rows(seed: int, family: str, rows: int, V: int) -> torch.Tensor:
     rng = np.random.default_rng(seed)
     if family == "huge":  # magnitudes near float32's range: most masses are exactly 0
         z = torch.from_numpy((rng.standard_normal((rows, V)) * 1e30).astype(np.float32))
+        return z - z.amax(1, keepdim=True)
+    if family == "tiny":  # magnitudes around 2**-10, where lower_bound's first bin ends
+        z = torch.from_numpy((rng.random((rows, V)) * -2e-3).astype(np.float32))
         return z - z.amax(1, keepdim=True)
     return _family(rng, rows, V, family)
 
@@ -57,6 +60,7 @@ def _above_exact(z: torch.Tensor, thr: torch.Tensor, L: torch.Tensor, frac: int)
 @given(st.integers(0, 2**32 - 1), st.sampled_from(FAMILIES), st.sampled_from([-1, 300]),
        st.sampled_from([0.3, 0.9, 0.99]), st.sampled_from([40, 2000, 2003]))
 @example(0, "flat", -1, 0.99, 2000)
+@example(0, "tiny", -1, 0.3, 2000)
 def test_lower_bound_is_below_the_threshold(seed, family, k, p, V):
     """Where found, the survivors strictly above L fail the top-p test over the full
     row (so L is below the full sort's threshold); where not found, the maxima's whole
