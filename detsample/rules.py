@@ -100,20 +100,26 @@ def floored_exp(z: torch.Tensor, out: torch.Tensor | None = None,
     its row's threshold gets ``exp(EXP_FLOOR)`` instead, whose mass is 0, so :func:`mass`
     of the result is the kept set's masses (0 elsewhere). The entries are dropped before
     the ``exp``, by comparing values, never masses (``exp`` may map a value below the
-    threshold onto the threshold's own ``exp``). On a CPU the drop is one
-    ``threshold_`` per row with a finite threshold (vectorised; a boolean mask and
-    ``masked_fill_`` take ~10x as long there), elsewhere one ``masked_fill_``."""
+    threshold onto the threshold's own ``exp``). On a CPU, for rows of at least
+    ``ROW_THRESHOLD_MIN`` entries, the drop is one ``threshold_`` per row with a finite
+    threshold (vectorised; a boolean mask and ``masked_fill_`` run a scalar loop there,
+    ~10x as long per entry), elsewhere one ``masked_fill_``."""
     w = torch.clamp(z, min=EXP_FLOOR, out=out) if out is not None else z.clamp(min=EXP_FLOOR)
     if keep_from is not None:
         _drop_below(w, keep_from)
     return w.exp_()
 
 
+#: from this many entries a row, one ``threshold_`` call per row (a few microseconds of
+#: dispatch) costs less than a ``masked_fill_`` of the row (~2 ns an entry on a CPU)
+ROW_THRESHOLD_MIN = 4096
+
+
 def _drop_below(w: torch.Tensor, tau: torch.Tensor) -> None:
     """Set, in place, ``w[r, i] = EXP_FLOOR`` where ``w[r, i] < tau[r]``. w: (rows, V)
     float32 values clamped at ``EXP_FLOOR`` (a clamped entry is at most an entry of mass
     0 either way); tau: (rows,) float32, ``-inf`` for a row that keeps everything."""
-    if w.device.type != "cpu":
+    if w.device.type != "cpu" or w.shape[1] < ROW_THRESHOLD_MIN:
         w.masked_fill_(w < tau.unsqueeze(1), EXP_FLOOR)
         return
     # ``threshold_`` keeps ``x > t``: with ``t`` the float32 just below tau, ``x >= tau``
