@@ -106,7 +106,7 @@ def floored_exp(z: torch.Tensor, out: torch.Tensor | None = None,
     ~10x as long per entry), elsewhere one ``masked_fill_``."""
     w = torch.clamp(z, min=EXP_FLOOR, out=out) if out is not None else z.clamp(min=EXP_FLOOR)
     if keep_from is not None:
-        _drop_below(w, keep_from)
+        _cut_below(w, keep_from)
     return w.exp_()
 
 
@@ -115,7 +115,7 @@ def floored_exp(z: torch.Tensor, out: torch.Tensor | None = None,
 ROW_THRESHOLD_MIN = 4096
 
 
-def _drop_below(w: torch.Tensor, tau: torch.Tensor) -> None:
+def _cut_below(w: torch.Tensor, tau: torch.Tensor) -> None:
     """Set, in place, ``w[r, i] = EXP_FLOOR`` where ``w[r, i] < tau[r]``. w: (rows, V)
     float32 values clamped at ``EXP_FLOOR`` (a clamped entry is at most an entry of mass
     0 either way); tau: (rows,) float32, ``-inf`` for a row that keeps everything."""
