@@ -100,13 +100,10 @@ def floored_exp(z: torch.Tensor, out: torch.Tensor | None = None,
     its row's threshold gets ``exp(EXP_FLOOR)`` instead, whose mass is 0, so :func:`mass`
     of the result is the kept set's masses (0 elsewhere). The entries are dropped before
     the ``exp``, by comparing values, never masses (``exp`` may map a value below the
-    threshold onto the threshold's own ``exp``). On a CPU, for rows of at least
-    ``ROW_THRESHOLD_MIN`` entries, the drop is one ``threshold_`` per row with a finite
-    threshold (vectorised; a boolean mask and ``masked_fill_`` run a scalar loop there,
-    ~10x as long per entry), elsewhere one ``masked_fill_``."""
+    threshold onto the threshold's own ``exp``; :func:`keep_at_least`)."""
     w = torch.clamp(z, min=EXP_FLOOR, out=out) if out is not None else z.clamp(min=EXP_FLOOR)
     if keep_from is not None:
-        _cut_below(w, keep_from)
+        keep_at_least(w, keep_from, EXP_FLOOR)
     return w.exp_()
 
 
@@ -115,18 +112,28 @@ def floored_exp(z: torch.Tensor, out: torch.Tensor | None = None,
 ROW_THRESHOLD_MIN = 4096
 
 
-def _cut_below(w: torch.Tensor, tau: torch.Tensor) -> None:
-    """Set, in place, ``w[r, i] = EXP_FLOOR`` where ``w[r, i] < tau[r]``. w: (rows, V)
-    float32 values clamped at ``EXP_FLOOR`` (a clamped entry is at most an entry of mass
-    0 either way); tau: (rows,) float32, ``-inf`` for a row that keeps everything."""
-    if w.device.type != "cpu" or w.shape[1] < ROW_THRESHOLD_MIN:
-        w.masked_fill_(w < tau.unsqueeze(1), EXP_FLOOR)
-        return
-    # ``threshold_`` keeps ``x > t``: with ``t`` the float32 just below tau, ``x >= tau``
-    below = np.nextafter(tau.cpu().numpy().astype(np.float32), np.float32(-np.inf))
-    for r, t in enumerate(below.tolist()):
-        if t != -math.inf:
-            torch.nn.functional.threshold_(w[r], t, EXP_FLOOR)
+def keep_at_least(w: torch.Tensor, least: torch.Tensor, fill: float) -> None:
+    """Set, in place, ``w[r, i] = fill`` where ``w[r, i] < least[r]``: each row keeps its
+    entries ``>= least[r]``. w: (rows, V) float32; least: (rows,) float32, ``-inf`` for a
+    row that keeps everything. On a CPU the cut is ``threshold_`` (vectorised; a boolean
+    mask and ``masked_fill_`` run a scalar loop there, ~10x as long per entry), which
+    keeps ``x > t`` with ``t`` the float32 just below ``least`` (the same set: no float32
+    lies between them): one call for the whole tensor when the rows share ``least``, else
+    one per row from ``ROW_THRESHOLD_MIN`` entries a row; otherwise one ``masked_fill_``."""
+    rows, V = w.shape
+    if w.device.type == "cpu":
+        below = np.nextafter(least.cpu().numpy().astype(np.float32), np.float32(-np.inf))
+        ts = below.tolist()
+        if len(set(ts)) == 1:
+            if ts and ts[0] != -math.inf:
+                torch.nn.functional.threshold_(w, ts[0], fill)
+            return
+        if V >= ROW_THRESHOLD_MIN:
+            for r, t in enumerate(ts):
+                if t != -math.inf:
+                    torch.nn.functional.threshold_(w[r], t, fill)
+            return
+    w.masked_fill_(w < least.unsqueeze(1), fill)
 
 
 def mass_in_place(w: torch.Tensor, frac: int, q_out: torch.Tensor | None = None

@@ -69,16 +69,17 @@ def test_floored_exp_keep_from_drops_values_below_the_threshold(rows, taus, frac
 
 @pytest.mark.parametrize("V", [rules.ROW_THRESHOLD_MIN - 1, rules.ROW_THRESHOLD_MIN])
 def test_floored_exp_keep_from_is_the_same_set_by_either_drop(V):
-    """Both forms of the drop (a masked fill below ROW_THRESHOLD_MIN entries a row,
-    ``threshold_`` per row from there) keep ``z >= tau``, ties and -0.0 included."""
+    """Every form of the drop (one ``threshold_`` when the rows share tau, one per row
+    from ROW_THRESHOLD_MIN entries a row, a masked fill below) keeps ``z >= tau``, ties
+    and -0.0 included."""
     g = torch.Generator().manual_seed(V)
     z = (torch.randn(3, V, generator=g) * 4).round()  # many ties at tau
     z[:, :5] = torch.tensor([0.0, -0.0, -1.0, float("-inf"), -90.0])
     z = z - z.amax(1, keepdim=True)
-    tau = torch.tensor([-1.0, 0.0, float("-inf")])
     frac = rules.frac_bits(V)
-    want = rules.mass(torch.exp(z), frac) * (z >= tau.unsqueeze(1))
-    assert torch.equal(rules.mass(rules.floored_exp(z, keep_from=tau), frac), want)
+    for tau in (torch.tensor([-1.0, 0.0, float("-inf")]), torch.full((3,), -1.0)):
+        want = rules.mass(torch.exp(z), frac) * (z >= tau.unsqueeze(1))
+        assert torch.equal(rules.mass(rules.floored_exp(z, keep_from=tau), frac), want)
 
 
 def test_floored_exp_keep_from_is_not_a_cut_on_the_exps():

@@ -12,7 +12,8 @@ ids only) and the full-vocabulary path return the same token, bit for bit.
 
 from __future__ import annotations
 
-import numpy as np
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -85,21 +86,10 @@ def kept_mass(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: i
 def _drop_below(w: torch.Tensor, values: torch.Tensor, f: rules.ElementFilter) -> None:
     """Zero, in place, the entries of each row of ``w`` (rows, V) float32 that the
     element-wise filter ``f`` drops for the row's parameter ``values`` (rows,): those
-    below ``f.least(value)``. One ``threshold`` select per distinct parameter (the whole
-    tensor when the rows share one, else row by row), which keeps ``w > t`` with ``t``
-    the float32 just below the least kept value: the same set as ``f.keeps`` (no float32
-    lies between them), without the mask ``masked_fill`` would read (a third of the
-    cost of that pass)."""
-    vals = values.tolist()
-    distinct = set(vals) - {f.neutral}
-    below = {v: float(np.nextafter(np.float32(f.least(v)), np.float32(-np.inf)))
-             for v in distinct}
-    if len(distinct) == 1 and len(set(vals)) == 1:
-        F.threshold_(w, below[vals[0]], 0.0)
-        return
-    for r, v in enumerate(vals):
-        if v in below:
-            F.threshold_(w[r], below[v], 0.0)
+    below ``f.least(value)`` (:func:`detsample.rules.keep_at_least`: a value select,
+    without the mask ``masked_fill`` would read on a CPU)."""
+    least = [-math.inf if v == f.neutral else f.least(v) for v in values.tolist()]
+    rules.keep_at_least(w, torch.tensor(least, dtype=torch.float32, device=w.device), 0.0)
 
 
 def block_cdf(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: int, *,

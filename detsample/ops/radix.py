@@ -58,7 +58,8 @@ def thresholds_by_select(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tens
     if bool(bits.amax() > 0):  # not max-shifted (a positive value): the reference path
         return thresholds_by_sort(z, top_k, top_p, element, frac)
     tau = topk_threshold(z, top_k)  # the smallest top-k survivor ...
-    thr = tau.clone() if bool(torch.isfinite(tau).any()) else None
+    cut_k = bool(torch.isfinite(tau).any())  # (a top-p row's tau stays its k-th value
+    #                                           until its own assignment below)
     tp = top_p.to(torch.float64)
     nucleus = tp < 1.0
     # ... which, without a top-k, is the row's minimum (a top-p row's threshold is a
@@ -70,11 +71,11 @@ def thresholds_by_select(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tens
     el = element.to(torch.float32)
     by_value = bool(rules.element_active(el).any())
     if pr.numel():  # (a top-k spill alone needs no mass)
-        every = pr.numel() == rows
         n = pr.numel()
+        every = n == rows
         zp = z if every else z.index_select(0, pr)
         w = rules.floored_exp(zp, out=None if out is None else out[:n],
-                              keep_from=None if thr is None else thr[pr])  # survivors only
+                              keep_from=tau[pr] if cut_k else None)  # survivors only
         q = rules.mass_in_place(w, frac, None if q_out is None else q_out[:n])
         limit = rules.top_p_limit(tp[pr], q.sum(-1))
         key = torch.empty(zp.shape, dtype=torch.int64, device=z.device) \
