@@ -20,6 +20,7 @@ PKG = Path(__file__).resolve().parents[1] / "detsample"
 # switch lives beside the probes' thread-count harness but imports only torch (and
 # probe/__init__ imports nothing), so every tier may use it.
 TIERS: list[tuple[str, ...]] = [
+    ("arith",),
     ("errors", "version", "rules", "probe.threads"),
     ("params", "inputs"),
     ("rng",),

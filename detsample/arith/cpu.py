@@ -1,0 +1,124 @@
+"""The definition of :mod:`detsample.arith.spec` on CPU tensors, by numba kernels
+(:mod:`detsample.arith.jit`, imported on first use).
+
+Compiled by numba (LLVM) for the running CPU without fast-math: LLVM then keeps every
+IEEE operation as written -- no contraction into fused multiply-adds, no reassociation --
+and vectorises the loops at the CPU's own width, which changes no bit (each lane performs
+the same operations). tests/arith holds every kernel to :mod:`detsample.arith.reference`
+bit for bit, and the compiled code to having no fused multiply-add instruction. Kernels
+release the GIL; a large call is split by rows or contiguous chunks over
+``torch.get_num_threads()`` threads, and every result is a function of its element (or
+of its row) alone, so the split changes no bit.
+
+Compiled on first use (about a second per kernel) and cached on disk by numba
+(``NUMBA_CACHE_DIR`` moves the cache).
+"""
+
+from __future__ import annotations
+
+import functools
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from detsample.arith import spec
+
+#: below this many elements a call runs on the calling thread alone
+PARALLEL_MIN = 1 << 16
+
+
+@functools.lru_cache(maxsize=None)
+def jit():
+    """The numba kernels module; ImportError when numba is not installed."""
+    from detsample.arith import jit as kernels
+    return kernels
+
+
+def available() -> bool:
+    """Whether the numba kernels can be used here."""
+    try:
+        jit()
+    except ImportError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=8)
+def _pool(n: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=n, thread_name_prefix="detsample-arith")
+
+
+def _chunks(total: int, elements: int) -> list[tuple[int, int]]:
+    """[start, stop) spans of ``total`` units (elements or rows; ``elements`` in all)
+    for this call's threads (one span below PARALLEL_MIN elements)."""
+    parts = 1 if elements < PARALLEL_MIN else min(max(1, torch.get_num_threads()), total)
+    step = -(-total // max(parts, 1))
+    return [(s, min(s + step, total)) for s in range(0, total, step)]
+
+
+def _run(fn, spans: list[tuple[int, int]]) -> None:
+    if len(spans) <= 1:
+        for se in spans:
+            fn(*se)
+        return
+    for f in [_pool(len(spans)).submit(fn, *se) for se in spans]:
+        f.result()
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """A contiguous (rows, n) float32 view of ``x`` (..., n)."""
+    return x.contiguous().view(-1, x.shape[-1])
+
+
+def exp32(z: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """exp of a float32 CPU tensor (into ``out``, a contiguous tensor shaped like ``z``;
+    it may be ``z``)."""
+    src = z.contiguous()
+    dst = torch.empty_like(src) if out is None else out
+    a, b = src.view(-1).numpy(), dst.view(-1).numpy()
+    k = jit().exp_into
+    _run(lambda s, e: k(a[s:e], b[s:e]), _chunks(a.size, a.size))
+    return dst
+
+
+def exp64(x: torch.Tensor) -> torch.Tensor:
+    """exp of a float64 CPU tensor, rounded to float32."""
+    src = x.contiguous()
+    dst = torch.empty(src.shape, dtype=torch.float32)
+    a, b = src.view(-1).numpy(), dst.view(-1).numpy()
+    k = jit().exp64_into
+    _run(lambda s, e: k(a[s:e], b[s:e]), _chunks(a.size, a.size))
+    return dst
+
+
+def log64(x: torch.Tensor) -> torch.Tensor:
+    """Natural log of a float64 CPU tensor (never large: one value per row)."""
+    src = x.contiguous()
+    out = torch.empty_like(src)
+    jit().log_into(src.view(-1).numpy(), out.view(-1).numpy())
+    return out
+
+
+def normalisers(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(m, G)`` of a float32 CPU tensor (..., n): the row maxima (float32) and
+    log-normalisers (float64, NaN for a row whose log_softmax is all NaN), shaped (...)."""
+    n = x.shape[-1]
+    a = _rows(x).numpy()
+    m = torch.empty(a.shape[0], dtype=torch.float32)
+    g = torch.empty(a.shape[0], dtype=torch.float64)
+    k, frac, mo, go = jit().normalisers, spec.frac_bits(n), m.numpy(), g.numpy()
+    _run(lambda s, e: k(a, mo, go, frac, s, e), _chunks(a.shape[0], a.size))
+    return m.view(x.shape[:-1]), g.view(x.shape[:-1])
+
+
+def log_softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """log_softmax over the last dim of a float32 CPU tensor (into ``out``, a contiguous
+    float32 tensor shaped like ``x``; not ``x`` itself)."""
+    n = x.shape[-1]
+    dst = torch.empty(x.shape, dtype=torch.float32) if out is None else out
+    if x.numel() == 0:
+        return dst
+    a, b = _rows(x).numpy(), dst.view(-1, n).numpy()
+    k, frac = jit().log_softmax_rows, spec.frac_bits(n)
+    _run(lambda s, e: k(a, b, frac, s, e), _chunks(a.shape[0], a.size))
+    return dst

@@ -1,0 +1,200 @@
+"""The numba kernels of :mod:`detsample.arith.cpu` (this module imports numba; cpu.py
+imports it on first use). Each function is the definition of :mod:`detsample.arith.spec`
+spelled as scalar code over one element or one row; LLVM vectorises the loops without
+changing an operation (no fast-math flags: no contraction, no reassociation).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import types
+from numba.extending import intrinsic
+
+from detsample.arith import spec
+
+_jit = dict(nogil=True, cache=True, fastmath=False, error_model="numpy", boundscheck=False)
+C = spec.EXP_COEFS
+LC = spec.LOG_COEFS
+NAN32 = np.array([spec.NAN32_BITS], dtype=np.int32).view(np.float32)[0]
+TWO52 = 2.0 ** 52
+TWO52_BITS = 0x4330000000000000
+EXP_BIAS_SHIFT = spec.SHIFT_BITS - spec.F64_EXP_BIAS
+MANT_MASK = (1 << spec.F64_MANT_BITS) - 1
+HALF_EXP = (spec.F64_EXP_BIAS - 1) << spec.F64_MANT_BITS
+
+
+@intrinsic
+def bits_of(typingctx, x):  # noqa: ARG001 - numba's intrinsic signature
+    """The int64 bit pattern of a float64."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.int64))
+    return types.int64(types.float64), codegen
+
+
+@intrinsic
+def from_bits(typingctx, x):  # noqa: ARG001
+    """The float64 of an int64 bit pattern."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float64))
+    return types.float64(types.int64), codegen
+
+
+@numba.njit(inline="always", **_jit)
+def exp64(x):
+    """exp of a float64, rounded to float32 (the definition, Estrin's order)."""
+    v = spec.EXP_LO if x < spec.EXP_LO else x
+    v = spec.EXP_HI if v > spec.EXP_HI else v
+    t = v * spec.INV_LN2 + spec.SHIFT
+    k = t - spec.SHIFT
+    r = (v - k * spec.LN2_HI) - k * spec.LN2_LO
+    r2 = r * r
+    r4 = r2 * r2
+    r8 = r4 * r4
+    a0 = C[0] + C[1] * r
+    a1 = C[2] + C[3] * r
+    a2 = C[4] + C[5] * r
+    a3 = C[6] + C[7] * r
+    a4 = C[8] + C[9] * r
+    a5 = C[10] + C[11] * r
+    b0 = a0 + a1 * r2
+    b1 = a2 + a3 * r2
+    b2 = a4 + a5 * r2
+    d0 = b0 + b1 * r4
+    d1 = b2 + C[12] * r4
+    p = d0 + d1 * r8
+    e = np.float32(p * from_bits((bits_of(t) - EXP_BIAS_SHIFT) << spec.F64_MANT_BITS))
+    return NAN32 if x != x else e
+
+
+@numba.njit(inline="always", **_jit)
+def trunc_word(w):
+    """``(trunc(w), w - trunc(w))`` of a float64 ``0 <= w <= 2**52``, the first as an
+    int64: the rounding of ``w + 2**52`` then a step back where it rounded up (exact)."""
+    t = w + TWO52
+    rn = t - TWO52
+    up = rn > w
+    h = (bits_of(t) - TWO52_BITS) - (1 if up else 0)
+    return h, w - (rn - 1.0 if up else rn)
+
+
+@numba.njit(**_jit)
+def log64(x):
+    """Natural log of a float64 (the definition)."""
+    if not (x > 0.0):
+        return -np.inf if x == 0.0 else np.nan
+    if x == np.inf:
+        return x
+    sub = x < spec.F64_MIN_NORMAL
+    b = bits_of(x * spec.SUBNORMAL_SCALE if sub else x)
+    e = (b >> spec.F64_MANT_BITS) - (spec.F64_EXP_BIAS - 1)
+    m = from_bits((b & MANT_MASK) | HALF_EXP)
+    if m < spec.SQRT_HALF:
+        m = m * 2.0
+        e -= 1
+    if sub:
+        e -= spec.SUBNORMAL_EXP
+    f = m - 1.0
+    s = f / (f + 2.0)
+    w = s * s
+    R = LC[10]
+    R = R * w + LC[9]
+    R = R * w + LC[8]
+    R = R * w + LC[7]
+    R = R * w + LC[6]
+    R = R * w + LC[5]
+    R = R * w + LC[4]
+    R = R * w + LC[3]
+    R = R * w + LC[2]
+    R = R * w + LC[1]
+    ef = np.float64(e)
+    y = (s + s * (w * R)) * 2.0 + ef * spec.LN2_LO
+    return ef * spec.LN2_HI + y
+
+
+@numba.njit(**_jit)
+def exp_into(z, out):
+    """out[i] = exp64(float64(z[i])): z, out 1-D float32 (out may be z)."""
+    for i in range(z.size):
+        out[i] = exp64(np.float64(z[i]))
+
+
+@numba.njit(**_jit)
+def exp64_into(x, out):
+    """out[i] = exp64(x[i]): x 1-D float64, out 1-D float32."""
+    for i in range(x.size):
+        out[i] = exp64(x[i])
+
+
+@numba.njit(**_jit)
+def log_into(x, out):
+    """out[i] = log64(x[i]): 1-D float64."""
+    for i in range(x.size):
+        out[i] = log64(x[i])
+
+
+@numba.njit(**_jit)
+def row_max(x):
+    """(max, bad) of a float32 row: bad when it holds a NaN or +inf or no finite value."""
+    m = np.float32(-np.inf)
+    nan = False
+    for i in range(x.size):
+        v = x[i]
+        nan |= v != v
+        m = v if v > m else m
+    if nan:
+        return NAN32, True
+    return m, m == np.inf or m == -np.inf
+
+
+@numba.njit(**_jit)
+def fixed_sum(e, frac):
+    """The definition's exact two-word sum of a float32 row ``e`` in [0, 1] (float64)."""
+    scale = 2.0 ** frac
+    H = 0
+    L = 0
+    for i in range(e.size):
+        h, f = trunc_word(np.float64(e[i]) * scale)
+        lo, _ = trunc_word(f * scale)
+        H += h
+        L += lo
+    inv = 1.0 / scale
+    return (np.float64(H) + np.float64(L) * inv) * inv
+
+
+@numba.njit(**_jit)
+def row_log_norm(x, m, buf, frac):
+    """G = log64(S) of a float32 row with finite max ``m``; ``buf``: a float32 scratch
+    row (receives the exps)."""
+    md = np.float64(m)
+    for i in range(x.size):
+        buf[i] = exp64(np.float64(x[i]) - md)
+    return log64(fixed_sum(buf, frac))
+
+
+@numba.njit(**_jit)
+def normalisers(x, m_out, g_out, frac, r0, r1):
+    """Rows r0..r1 of a (rows, n) float32 ``x``: their max into ``m_out`` (float32) and
+    log-normaliser G into ``g_out`` (float64; NaN for a row that is all NaN32)."""
+    buf = np.empty(x.shape[1], dtype=np.float32)
+    for r in range(r0, r1):
+        m, bad = row_max(x[r])
+        m_out[r] = m
+        g_out[r] = np.nan if bad else row_log_norm(x[r], m, buf, frac)
+
+
+@numba.njit(**_jit)
+def log_softmax_rows(x, out, frac, r0, r1):
+    """Rows r0..r1 of the (rows, n) float32 log_softmax of ``x`` into ``out``."""
+    buf = np.empty(x.shape[1], dtype=np.float32)
+    for r in range(r0, r1):
+        row = x[r]
+        o = out[r]
+        m, bad = row_max(row)
+        if bad:
+            o[:] = NAN32
+            continue
+        G = row_log_norm(row, m, buf, frac)
+        md = np.float64(m)
+        for i in range(row.size):
+            o[i] = np.float32((np.float64(row[i]) - md) - G)
