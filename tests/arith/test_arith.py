@@ -187,7 +187,8 @@ def test_threads_and_chunking_change_no_bit():
             assert torch.equal(a, b)
 
 
-FMA = re.compile(r"\bv?fn?m(add|sub)[0-9]*[ps][sd]\b")
+#: x86 (vfmadd231pd, vfnmsub...) and aarch64 (fmla, fmls, fmadd, fnmsub...) fused ops
+FMA = re.compile(r"\bv?fn?m(add|sub)[0-9]*[ps][sd]\b|\bfn?m(la|ls|add|sub)\b")
 
 
 def _asm(fastmath: bool) -> str:
