@@ -12,6 +12,9 @@ constants here; one test table (tests/rules_cases.py) drives both spellings
 
 The rules (docs/sampling.md, step 8 and 9):
 
+* exp: detsample's own (:mod:`detsample.arith`: a fixed sequence of float64 IEEE
+  operations rounded once to float32, the same bits on every platform), never a
+  platform library's;
 * mass: ``q = trunc(exp(z) * 2**F)`` (int64) with ``F = frac_bits(V)``, scaled logits
   ``z <= 0``; ``exp`` may be fed ``max(z, EXP_FLOOR)`` (no mass changes);
 * top-p: a value is kept when the mass strictly above it passes
@@ -37,6 +40,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from detsample import arith
+from detsample.arith.spec import MASS_BITS, MAX_FRAC, frac_bits  # noqa: F401 (the rule)
+
 # -- constants ----------------------------------------------------------------------------
 
 #: exp(-87) = 1.6e-38 is the smallest normal float32 result ``exp`` is let produce: below
@@ -45,9 +51,6 @@ import torch
 EXP_FLOOR = -87.0
 #: the id padding a CDF table or a candidate buffer: larger than any token id
 PAD_ID = (1 << 63) - 1
-#: fixed-point masses: ``V * 2**F <= 2**MASS_BITS`` (exact int64 sums), ``F <= MAX_FRAC``
-MASS_BITS = 62
-MAX_FRAC = 52
 #: random bits of a uniform, and the scale of ``u = (n + 0.5) * U_SCALE``
 U_BITS = 52
 U_SCALE = 2.0 ** -U_BITS
@@ -68,12 +71,6 @@ STATUS_GRAMMAR_ERROR = 8    # the row's grammar matcher failed (with NO_VALID_TO
 
 # -- mass -----------------------------------------------------------------------------
 
-def frac_bits(vocab_size: int) -> int:
-    """Fixed-point fraction bits ``F`` so that ``vocab_size * 2**F <= 2**62`` (F <= 52): a
-    row's mass, at most ``V * 2**F``, is an exact int64 sum."""
-    return min(MAX_FRAC, MASS_BITS - max(1, math.ceil(math.log2(max(vocab_size, 2)))))
-
-
 def mass_scale(frac: int) -> float:
     """``2**frac``: the scaling of a mass (a power of two: exact in float32 and float64)."""
     return 2.0 ** frac
@@ -93,8 +90,9 @@ def mass(e: Any, frac: int) -> Any:
 
 def floored_exp(z: torch.Tensor, out: torch.Tensor | None = None,
                 keep_from: torch.Tensor | None = None) -> torch.Tensor:
-    """``exp(max(z, EXP_FLOOR))`` of a float32 tensor (into ``out`` when given): the ``exp``
-    a full-vocabulary mass pass feeds :func:`mass` (the same ``q`` as ``exp(z)``).
+    """``exp(max(z, EXP_FLOOR))`` of a float32 tensor (into ``out`` when given), the exp
+    of :mod:`detsample.arith`: the ``exp`` a full-vocabulary mass pass feeds :func:`mass`
+    (the same ``q`` as ``exp(z)``).
 
     keep_from: optional (rows,) float32 thresholds of a (rows, V) ``z``: an entry below
     its row's threshold gets ``exp(EXP_FLOOR)`` instead, whose mass is 0, so :func:`mass`
@@ -104,7 +102,7 @@ def floored_exp(z: torch.Tensor, out: torch.Tensor | None = None,
     w = torch.clamp(z, min=EXP_FLOOR, out=out) if out is not None else z.clamp(min=EXP_FLOOR)
     if keep_from is not None:
         keep_at_least(w, keep_from, EXP_FLOOR)
-    return w.exp_()
+    return arith.exp(w, out=w)
 
 
 #: from this many entries a row, one ``threshold_`` call per row (a few microseconds of
@@ -122,7 +120,8 @@ def keep_at_least(w: torch.Tensor, least: torch.Tensor, fill: float) -> None:
     one per row from ``ROW_THRESHOLD_MIN`` entries a row; otherwise one ``masked_fill_``."""
     rows, V = w.shape
     if w.device.type == "cpu":
-        below = np.nextafter(least.cpu().numpy().astype(np.float32), np.float32(-np.inf))
+        with np.errstate(over="ignore"):  # below the lowest float32: -inf, as meant
+            below = np.nextafter(least.cpu().numpy().astype(np.float32), np.float32(-np.inf))
         ts = below.tolist()
         if len(set(ts)) == 1:
             if ts and ts[0] != -math.inf:

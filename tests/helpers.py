@@ -6,6 +6,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
+from detsample import arith
 from detsample import Request, SamplingBatch, Sampler, SamplingParams
 from detsample import rules as _rules
 from detsample.probe.threads import torch_threads
@@ -151,5 +152,5 @@ def compact_cdf(vals: torch.Tensor, ids: torch.Tensor, n_kept: torch.Tensor,
     kept = torch.arange(K, device=vals.device).unsqueeze(0) < n_kept.unsqueeze(1)
     key = torch.where(kept, ids, torch.full_like(ids, _rules.PAD_ID))
     sorted_ids, order = torch.sort(key, dim=-1)
-    q = _rules.mass(torch.exp(vals.gather(1, order)), frac) * (sorted_ids != _rules.PAD_ID)
+    q = _rules.mass(arith.exp(vals.gather(1, order)), frac) * (sorted_ids != _rules.PAD_ID)
     return sorted_ids, q.cumsum(-1)

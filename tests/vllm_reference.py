@@ -36,12 +36,15 @@ def vllm_top_k_top_p(logits: torch.Tensor, k: int | None, p: float | None) -> to
     return logits.scatter(dim=-1, index=logits_idx, src=logits_sort)
 
 
-def vllm_processed(logits: torch.Tensor, t: float, k: int, p: float, min_p: float) -> torch.Tensor:
+def vllm_processed(logits: torch.Tensor, t: float, k: int, p: float, min_p: float, *,
+                   log_softmax=lambda x: x.log_softmax(dim=-1)) -> torch.Tensor:
+    """vLLM's processed logprobs; ``log_softmax``: the final step's kernel (torch's, as
+    vLLM runs it, or another one applied to the same masked logits)."""
     x = logits.clone().div_(torch.tensor([[t]], dtype=torch.float32))
     if min_p > 0:
         x = vllm_min_p(x, min_p)
     x = vllm_top_k_top_p(x, None if k == -1 else k, None if p == 1.0 else p)
-    return x.log_softmax(dim=-1)
+    return log_softmax(x)
 
 
 def vllm_engine_rollouts(model, prompts, *, temperature: float, top_p: float,

@@ -49,13 +49,14 @@ def _numba(t: torch.Tensor, impl: str) -> bool:
 
 def exp(z: torch.Tensor, out: torch.Tensor | None = None, *, impl: str = "auto"
         ) -> torch.Tensor:
-    """exp of a float32 tensor, float32 (into ``out``: contiguous, shaped like ``z``;
-    it may be ``z``). Bits: the definition (correctly rounded but for ~1 input in 10^8)."""
+    """exp of a float32 tensor, float32 (into ``out``, shaped like ``z``; it may be
+    ``z``). Bits: the definition (correctly rounded but for ~1 input in 10^8)."""
     if z.dtype != torch.float32:
         raise TypeError(f"arith.exp takes float32, got {z.dtype}")
-    if out is not None and (not out.is_contiguous() or out.shape != z.shape
-                            or out.dtype != torch.float32):
-        raise ValueError("out must be a contiguous float32 tensor shaped like z")
+    if out is not None and (out.shape != z.shape or out.dtype != torch.float32):
+        raise ValueError("out must be a float32 tensor shaped like z")
+    if out is not None and not out.is_contiguous():
+        return out.copy_(exp(z, impl=impl))
     if _numba(z, impl):
         from detsample.arith import cpu
         return cpu.exp32(z, out)

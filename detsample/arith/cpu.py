@@ -51,8 +51,10 @@ def _pool(n: int) -> ThreadPoolExecutor:
 def _chunks(total: int, elements: int) -> list[tuple[int, int]]:
     """[start, stop) spans of ``total`` units (elements or rows; ``elements`` in all)
     for this call's threads (one span below PARALLEL_MIN elements)."""
+    if total <= 0:
+        return []
     parts = 1 if elements < PARALLEL_MIN else min(max(1, torch.get_num_threads()), total)
-    step = -(-total // max(parts, 1))
+    step = -(-total // parts)
     return [(s, min(s + step, total)) for s in range(0, total, step)]
 
 

@@ -9,21 +9,16 @@ native or emulated through ``ATEN_CPU_CAPABILITY``); ``--json PATH`` writes ``{"
 only when every check holds, 1 otherwise (a platform without goldens is a failure unless
 ``--allow-missing-goldens``).
 
-On a CPU whose instruction set has no golden folder (an AVX-512 machine where only the
-``cpu-avx2-*`` goldens are committed) and nothing forces the set, the check says so and
-runs again in a subprocess under ``ATEN_CPU_CAPABILITY`` set to the best lower set that has
-goldens: torch's kernels of that set are real kernels of this machine, compared bit for bit
-against their own goldens (``detsample golden update`` creates the native folder,
-docs/golden.md). Likewise, when this process's MKL vector math (its probe hash) differs
-from the one the goldens were produced with and ``MKL_ENABLE_INSTRUCTIONS`` is unset, the
-run repeats under the goldens' MKL level (SSE4.2). ``--no-isa-fallback`` turns both off.
+On any CPU the goldens compared against are the one ``golden/cpu`` folder: the sampler's
+bits are defined by detsample's own arithmetic, so no instruction set, MKL code path,
+CPU vendor or architecture, thread count or torch build (``+cpu``, ``+cu130``) changes
+them, and nothing is re-run under another setting (docs/golden.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import Any
@@ -43,9 +38,8 @@ def register(subparsers: Any) -> None:
                    help="report a platform without goldens as skipped instead of failing")
     p.add_argument("-k", "--scenario", action="append", default=None, metavar="NAME",
                    help="only these scenarios (repeatable)")
-    p.add_argument("--no-isa-fallback", action="store_true",
-                   help="run here as is: no re-run under the best lower instruction set that "
-                        "has goldens, nor under the goldens' MKL level")
+    # accepted for old scripts: there is no re-run under another ISA or MKL level any more
+    p.add_argument("--no-isa-fallback", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
@@ -67,54 +61,9 @@ def golden_source(store: Any) -> str:
     manifests say it, how its goldens were produced."""
     from detsample.golden import isa
     here = isa.describe() if store.device.type == "cpu" else f"{store.device.type} {store.fingerprint}"
-    modes = {d.get("mode") for d in isa.recorded_dispatch(store.platform_dir)}  # validated
-    made = ", ".join(sorted(m for m in modes if m)) or "not recorded"
-    return f"this run: {here}; goldens produced: {made}"
-
-
-def lower_isa_with_goldens(store: Any) -> str | None:
-    """On CPU, when this platform has no goldens and ``ATEN_CPU_CAPABILITY`` forces
-    nothing: the best lower instruction set this CPU runs whose folder (this platform's
-    name with the set swapped) holds goldens; else None."""
-    from detsample.golden import isa
-    if store.device.type != "cpu" or os.environ.get(isa.ENV) or store.has_platform():
-        return None
-    cur = isa.current_isa()
-    prefix = f"cpu-{cur}-"
-    if not store.fingerprint.startswith(prefix):
-        return None
-    supported = isa.supported_isas()
-    lower = supported[:supported.index(cur)] if cur in supported else []
-    for name in reversed(lower):
-        folder = store.root / (f"cpu-{name}-" + store.fingerprint[len(prefix):])
-        if folder.is_dir() and any(folder.glob("*/manifest.json")):
-            return name
-    return None
-
-
-def mkl_to_pin(store: Any, fallback: str | None) -> str | None:
-    """On CPU: the MKL level to re-run under to reproduce the goldens this run compares
-    against (the fallback set's folder when there is one), or None."""
-    from detsample.golden import isa
-    if store.device.type != "cpu":
-        return None
-    folder = store.platform_dir
-    if fallback is not None:
-        prefix = f"cpu-{isa.current_isa()}-"
-        folder = store.root / (f"cpu-{fallback}-" + store.fingerprint[len(prefix):])
-    return isa.mkl_pin(isa.recorded_dispatch(folder))
-
-
-def _argv(args: argparse.Namespace) -> list[str]:
-    """``args`` as a ``detsample check`` command line (for the re-run under another set)."""
-    argv = ["check", "--device", args.device, "--no-isa-fallback"]
-    argv += ["--quick"] if args.quick else []
-    argv += ["--json", args.json] if args.json else []
-    argv += ["--golden-dir", args.golden_dir] if args.golden_dir else []
-    argv += ["--allow-missing-goldens"] if args.allow_missing_goldens else []
-    for name in args.scenario or ():
-        argv += ["-k", name]
-    return argv
+    made = sorted({f"{d.get('machine_isa')} {d.get('mode')}"
+                   for d in isa.recorded_dispatch(store.platform_dir)})  # validated
+    return f"this run: {here}; goldens produced on: {', '.join(made) or 'not recorded'}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -136,21 +85,6 @@ def run(args: argparse.Namespace) -> int:
     except KeyError as e:
         print(f"detsample check: {e.args[0]}", file=sys.stderr)
         return 2
-    fallback = None if args.no_isa_fallback else lower_isa_with_goldens(store)
-    mkl = None if args.no_isa_fallback else mkl_to_pin(store, fallback)
-    if fallback is not None or mkl is not None:
-        from detsample.golden import isa
-        if fallback is not None:
-            print(f"detsample check: no goldens for {store.fingerprint} under {store.root}; "
-                  f"running torch's {fallback} kernels ({isa.ENV}={fallback}) against their "
-                  f"goldens instead (`detsample golden update` creates this CPU's own folder; "
-                  f"docs/golden.md)", flush=True)
-        if mkl is not None:
-            print(f"detsample check: this process's MKL vector math differs from the one the "
-                  f"goldens were produced with; running under {isa.MKL_ENV}={mkl}, their "
-                  f"level (docs/golden.md)", flush=True)
-        return isa.run_under(fallback, [sys.executable, "-m", "detsample", *_argv(args)],
-                             lambda line: print(line, flush=True), mkl=mkl)
     t0 = time.perf_counter()
     results = run_battery(quick=args.quick, device=args.device, store=store,
                           progress=Progress("check"), names=args.scenario,

@@ -13,17 +13,13 @@ Golden files are untrusted input: a bad byte, invalid JSON, a manifest naming a 
 outside the golden, a deleted manifest are ``[CORRUPT]`` lines naming file and line, and
 one bad scenario never hides the others (docs/golden.md).
 
-``--isa all`` (CPU) runs ``verify`` or ``update`` once per instruction set this CPU
-supports (default, avx2, avx512), each in a subprocess under ``ATEN_CPU_CAPABILITY``, so
-one machine regenerates or checks every CPU ISA folder; each manifest records whether
-its set ran natively or emulated. ``--isa avx2`` (a comma-separated list) picks sets.
-
-CPU goldens are produced with MKL pinned to SSE4.2 (``MKL_ENABLE_INSTRUCTIONS=SSE4_2``:
-torch's ``exp`` and ``log`` are MKL's vector math, whose bits follow its code path); each
-manifest records the level and a probe of the vector math. ``update`` warns when MKL is
-not pinned; ``verify`` and ``diff`` name the difference when this process's vector math
-is not the goldens' (``detsample check`` re-runs under their level by itself;
-docs/golden.md).
+Every CPU shares one folder, ``golden/cpu``: the sampler's bits are defined by
+detsample's own arithmetic, not by the machine (docs/golden.md). ``--isa all`` (CPU)
+shows it: it runs the command once per instruction set this CPU supports (default,
+avx2, avx512), each in a subprocess under ``ATEN_CPU_CAPABILITY`` -- ``update`` under the
+first set, then ``verify`` under the others, so the folder is written once and every
+other set must reproduce it bit for bit. ``--isa avx2`` (a comma-separated list) picks
+sets.
 """
 
 from __future__ import annotations
@@ -74,41 +70,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"detsample golden: {e}", file=sys.stderr)
         return 2
     if args.isa != "current":
-        results = isa.run_per_isa(isas, _child_argv(args), print)
+        results = isa.run_per_isa(isas, _child_argv(args, args.action), print,
+                                  then=_child_argv(args, "verify"))
         return max(rc for _, rc in results)
-    rc = {"verify": _verify, "update": _update, "diff": _diff}[args.action](args, store, selected)
-    note = _mkl_note(args, store)
-    if note:
-        print(note, file=sys.stderr)
-    return rc
+    return {"verify": _verify, "update": _update, "diff": _diff}[args.action](args, store, selected)
 
 
-def _mkl_note(args: argparse.Namespace, store: Any) -> str | None:
-    """Why the bits may not be the goldens' MKL vector math (None: they are)."""
-    from detsample.golden import isa
-    if store.device.type != "cpu":
-        return None
-    level = os.environ.get(isa.MKL_ENV)
-    if args.action == "update":
-        if level == isa.GOLDEN_MKL:
-            return None
-        return (f"detsample golden: note: these goldens were produced with {isa.MKL_ENV}="
-                f"{level or 'unset'}; the committed ones are produced under {isa.MKL_ENV}="
-                f"{isa.GOLDEN_MKL} (torch's exp/log are MKL's vector math, docs/golden.md)")
-    pin = isa.mkl_pin(isa.recorded_dispatch(store.platform_dir))
-    if pin is None:
-        return None
-    return (f"detsample golden: note: this process's MKL vector math differs from the one the "
-            f"goldens were produced with; rerun under {isa.MKL_ENV}={pin} to compare on theirs "
-            f"(`detsample check` does so by itself)")
-
-
-def _child_argv(args: argparse.Namespace) -> list[str]:
-    """This command for one instruction set (the same arguments, without ``--isa``)."""
-    argv = [sys.executable, "-m", "detsample", "golden", args.action, "--device", args.device]
+def _child_argv(args: argparse.Namespace, action: str) -> list[str]:
+    """This command as ``action`` for one instruction set (the same arguments, without
+    ``--isa``; ``--force`` and ``--prune`` only for ``update``)."""
+    argv = [sys.executable, "-m", "detsample", "golden", action, "--device", args.device]
     for n in args.scenario or ():
         argv += ["-k", n]
-    argv += ["--quick"] * args.quick + ["--force"] * args.force + ["--prune"] * args.prune
+    argv += ["--quick"] * args.quick
+    if action == "update":
+        argv += ["--force"] * args.force + ["--prune"] * args.prune
     if args.golden_dir:
         argv += ["--golden-dir", str(args.golden_dir)]
     return argv

@@ -12,15 +12,12 @@ die on an illegal instruction.
 On x86-64 the sets are ``default < avx2 < avx512``; on other CPUs only ``default`` and
 the set torch picks there by itself.
 
-**MKL's vector math.** torch computes ``exp`` and ``log`` with MKL's vector math library,
-whose bits follow MKL's own code path (``MKL_ENABLE_INSTRUCTIONS``: SSE4.2, AVX2 and
-AVX-512 give different results for the same input), and the sampler's integer masses
-rest on ``exp``. So CPU goldens are produced, and compared, with MKL pinned to
-:data:`GOLDEN_MKL` (SSE4.2, a level every x86-64 CPU of this project's kind runs), and
-each manifest records the level and :func:`vml_probe`, a hash of what ``exp`` and ``log``
-give on fixed inputs. :func:`mkl_pin` tells whether this process must re-run under the
-goldens' level (its probe differs from theirs and ``MKL_ENABLE_INSTRUCTIONS`` is not set);
-:func:`run_under` sets both variables.
+The scenario goldens do not depend on the set any more (the sampler's arithmetic is
+detsample's own, :mod:`detsample.arith`): one folder serves every set, and running a
+command under each set (:func:`run_per_isa`) is how ``--isa all`` shows it. Each
+manifest still records, as provenance, where it was made (:func:`dispatch_info`: the set,
+native or emulated, MKL's level and a probe of torch's own ``exp`` / ``log``, which the
+sampler no longer uses). Tensor goldens (a user's kernels) keep one folder per set.
 """
 
 from __future__ import annotations
@@ -38,7 +35,6 @@ from detsample.golden.format import (GoldenFormatError, dispatch_problem, load_j
 
 ENV = "ATEN_CPU_CAPABILITY"
 MKL_ENV = "MKL_ENABLE_INSTRUCTIONS"
-GOLDEN_MKL = "SSE4_2"
 X86_ORDER = ("default", "avx2", "avx512")
 Echo = Callable[[str], None]
 
@@ -113,20 +109,6 @@ def recorded_dispatch(platform_dir: Path) -> list[dict]:
     return out
 
 
-def mkl_pin(recorded: Sequence[dict]) -> str | None:
-    """The MKL level this process must re-run under to reproduce goldens whose manifests'
-    ``cpu_dispatch`` are ``recorded``: their common pinned level when their common probe
-    differs from this process's and ``MKL_ENABLE_INSTRUCTIONS`` is unset; else None."""
-    levels = {d.get("mkl") for d in recorded}
-    probes = {d.get("vml") for d in recorded}
-    if os.environ.get(MKL_ENV) or len(levels) != 1 or len(probes) != 1:
-        return None
-    (level,), (probe,) = levels, probes
-    if level in (None, "native") or probe is None or probe == vml_probe():
-        return None
-    return level
-
-
 def describe() -> str:
     """One line: which set runs and how (``avx2, native`` / ``default, emulated with
     ATEN_CPU_CAPABILITY=default on an avx2 CPU``)."""
@@ -155,16 +137,13 @@ def resolve(spec: str) -> list[str]:
     return out
 
 
-def run_under(isa: str | None, argv: Sequence[str], echo: Echo, cwd: str | None = None,
-              mkl: str | None = None) -> int:
-    """Run ``argv`` with ``ATEN_CPU_CAPABILITY=isa`` (None: as this process has it) and,
-    with ``mkl``, ``MKL_ENABLE_INSTRUCTIONS=mkl``, passing every output line (stdout and
-    stderr merged) to ``echo``; return its exit status."""
+def run_under(isa: str | None, argv: Sequence[str], echo: Echo, cwd: str | None = None) -> int:
+    """Run ``argv`` with ``ATEN_CPU_CAPABILITY=isa`` (None: as this process has it),
+    passing every output line (stdout and stderr merged) to ``echo``; return its exit
+    status."""
     env = dict(os.environ)
     if isa is not None:
         env[ENV] = isa
-    if mkl is not None:
-        env[MKL_ENV] = mkl
     proc = subprocess.Popen(list(argv), env=env, cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1)
     assert proc.stdout is not None
@@ -175,18 +154,18 @@ def run_under(isa: str | None, argv: Sequence[str], echo: Echo, cwd: str | None 
 
 
 def run_per_isa(isas: Sequence[str], argv: Sequence[str], echo: Echo,
-                cwd: str | None = None, mkl: str | None = None) -> list[tuple[str, int]]:
-    """:func:`run_under` for each set in turn (one at a time: goldens are CPU work);
-    a header line per set and a closing summary go to ``echo``. Returns
-    ``[(isa, exit status)]``."""
+                cwd: str | None = None, then: Sequence[str] | None = None
+                ) -> list[tuple[str, int]]:
+    """:func:`run_under` for each set in turn (one at a time: goldens are CPU work):
+    ``argv`` under the first set, ``then`` (default ``argv``) under the others; a header
+    line per set and a closing summary go to ``echo``. Returns ``[(isa, exit status)]``."""
     nat = native_isa()
     results = []
-    for isa in isas:
-        how = "native" if isa == nat else f"emulated on an {nat} CPU"
-        pin = f" {MKL_ENV}={mkl}" if mkl else ""
-        echo(f"==> {ENV}={isa}{pin} ({how}): {' '.join(argv)}")
-        results.append((isa, run_under(isa, argv, echo, cwd, mkl=mkl)))
+    for i, name in enumerate(isas):
+        cmd = argv if i == 0 or then is None else then
+        how = "native" if name == nat else f"emulated on an {nat} CPU"
+        echo(f"==> {ENV}={name} ({how}): {' '.join(cmd)}")
+        results.append((name, run_under(name, cmd, echo, cwd)))
     echo("==> per ISA: " + ", ".join(f"{i} {'ok' if rc == 0 else f'FAILED (exit {rc})'}"
                                       for i, rc in results))
     return results
-

@@ -8,8 +8,11 @@
   ``$DETSAMPLE_GOLDEN_DIR``, else ``golden/`` under the pytest rootdir).
 - ``--golden-isa all`` (or a list such as ``default,avx2``) runs the whole session once
   per CPU instruction set this machine supports, each in a child pytest under
-  ``ATEN_CPU_CAPABILITY`` (:mod:`detsample.golden.isa`): with ``--golden-update`` it
-  regenerates every CPU ISA folder from one machine.
+  ``ATEN_CPU_CAPABILITY`` (:mod:`detsample.golden.isa`). With ``--golden-update`` the
+  first set records the goldens; the others record their own tensor goldens (a user's
+  kernels: one folder per set) but only verify the scenario goldens, which every set
+  shares (``golden/cpu``: the sampler's bits are detsample's, not the set's), so a set
+  that disagrees fails instead of overwriting them.
 - The ``golden`` fixture: ``golden.check(name, output)`` compares a
   :class:`~detsample.golden.format.ScenarioOutput` with its golden on bits, and
   ``golden.check_tensors(name, {tensor name: tensor})`` does the same for any tensors a
@@ -23,6 +26,7 @@ The plugin does nothing unless a test uses these fixtures or the options are giv
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from dataclasses import dataclass, field
@@ -43,6 +47,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--golden-dir", default=None, metavar="PATH",
                     help="root of the golden files (default: $DETSAMPLE_GOLDEN_DIR, else "
                          "golden/ under the pytest rootdir)")
+    group.addoption("--golden-verify-shared", action="store_true", default=False,
+                    help=argparse.SUPPRESS)  # --golden-isa's later sets: see the docstring
     group.addoption("--golden-isa", default="current", metavar="ISA",
                     help="run the session once per CPU instruction set, each in a subprocess "
                          "under ATEN_CPU_CAPABILITY: 'all' (every set this CPU supports), "
@@ -96,7 +102,9 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
     def echo(line: str) -> None:
         print(line, flush=True)
 
-    results = isa.run_per_isa(isa.resolve(spec), argv, echo, cwd=str(config.invocation_params.dir))
+    then = argv + ["--golden-verify-shared"] if config.getoption("--golden-update") else None
+    results = isa.run_per_isa(isa.resolve(spec), argv, echo, cwd=str(config.invocation_params.dir),
+                              then=then)
     return next((rc for _, rc in results if rc != 0), 0)
 
 
@@ -106,6 +114,7 @@ class GoldenSession:
 
     update: bool
     root: str | os.PathLike[str] | None
+    verify_shared: bool = False  # under --golden-update: verify scenario goldens anyway
     changes: list[Any] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     _stores: dict[str, Any] = field(default_factory=dict)
@@ -130,7 +139,7 @@ class GoldenSession:
     def check(self, name: str, output: Any) -> None:
         """Compare ``output`` (a ScenarioOutput) with golden ``name`` (or record it in
         update mode)."""
-        if self.update:
+        if self.update and not self.verify_shared:
             self.changes.extend(self.store.update({name: output}))
             return
         self._outcome(self.store.verify(name, output))
@@ -154,8 +163,9 @@ def _root(config: pytest.Config) -> str | os.PathLike[str]:
 
 def _session(config: pytest.Config) -> GoldenSession:
     if _KEY not in config.stash:
-        config.stash[_KEY] = GoldenSession(update=bool(config.getoption("--golden-update")),
-                                           root=_root(config))
+        config.stash[_KEY] = GoldenSession(
+            update=bool(config.getoption("--golden-update")), root=_root(config),
+            verify_shared=bool(config.getoption("--golden-verify-shared")))
     return config.stash[_KEY]
 
 

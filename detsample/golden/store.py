@@ -32,7 +32,8 @@ import torch
 from detsample.errors import DetsampleError
 from detsample.inputs import file_kind
 from detsample.golden import isa
-from detsample.golden.fingerprint import check_device, platform_fingerprint, platform_info
+from detsample.golden.fingerprint import (check_device, golden_key, platform_fingerprint,
+                                          platform_info)
 from detsample.golden.diff import GoldenDiff, compare
 from detsample.golden.format import (ALL_FILES, FILES, MANIFEST, TOP_LOGPROBS, GoldenFormatError,
                                      read_golden,
@@ -123,7 +124,11 @@ class Change:
 
 
 class GoldenStore:
-    """The goldens of one platform under ``root`` (see :func:`golden_root`)."""
+    """The goldens of one platform under ``root`` (see :func:`golden_root`): the folder
+    ``fingerprint``, by default :func:`~detsample.golden.fingerprint.golden_key` of
+    ``device`` (``cpu`` on every CPU); its tensor goldens (a user's kernels, whose bits
+    are the platform's) under ``tensor_fingerprint``, by default the
+    :func:`~detsample.golden.fingerprint.platform_fingerprint`."""
 
     def __init__(self, root: str | os.PathLike[str] | None = None,
                  fingerprint: str | None = None, device: str | torch.device = "cpu") -> None:
@@ -132,7 +137,8 @@ class GoldenStore:
             raise ValueError(f"golden root {self.root} is {file_kind(self.root)}, not a "
                              f"directory")
         self.device = check_device(device)
-        self.fingerprint = fingerprint or platform_fingerprint(self.device)
+        self.fingerprint = fingerprint or golden_key(self.device)
+        self.tensor_fingerprint = fingerprint or platform_fingerprint(self.device)
 
     # -- paths -----------------------------------------------------------------------
     @property

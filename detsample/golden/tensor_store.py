@@ -48,14 +48,14 @@ def device_of(tensors: Mapping[str, Any]) -> str:
 
 
 class TensorGoldens:
-    """The tensor goldens of one platform: ``store.platform_dir / "tensors"``."""
+    """The tensor goldens of one platform: ``<root>/<store.tensor_fingerprint>/tensors``."""
 
     def __init__(self, store: GoldenStore) -> None:
         self.store = store
 
     @property
     def root(self) -> Path:
-        return self.store.platform_dir / TENSORS
+        return self.store.root / self.store.tensor_fingerprint / TENSORS
 
     def golden_dir(self, name: str) -> Path:
         return self.root / tf.check_name("golden name", name)
@@ -73,7 +73,7 @@ class TensorGoldens:
         return bool(self.names())
 
     def missing_platform_message(self) -> str:
-        return (f"NO TENSOR GOLDENS for platform {self.store.fingerprint!r} under {self.root} - "
+        return (f"NO TENSOR GOLDENS for platform {self.store.tensor_fingerprint!r} under {self.root} - "
                 f"this is a skip, NOT a pass; {UPDATE_HINT}")
 
     # -- reading ---------------------------------------------------------------------
@@ -103,7 +103,7 @@ class TensorGoldens:
                 raise GoldenFormatError(f"{d / MANIFEST}: missing while the tensor files are "
                                         f"present: restore it (`git checkout {d}`) or record "
                                         f"the golden again")
-            raise GoldenMissing(f"no tensor golden {name!r} on platform {self.store.fingerprint!r}")
+            raise GoldenMissing(f"no tensor golden {name!r} on platform {self.store.tensor_fingerprint!r}")
         tensors, manifest, problems = tf.decode(self._read(name))
         if manifest.get("name") != name:
             problems.insert(0, f"{MANIFEST}: name is {manifest.get('name')!r}, expected {name!r}")

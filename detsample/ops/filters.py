@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from detsample import rules
+from detsample import arith, rules
 from detsample.ops.temperature import scale_logits
 
 
@@ -76,7 +76,7 @@ def kept_prefix(vals: torch.Tensor, cut: CandidateCut, frac: int
     the values, not on the order of equal values: bitwise the full sort's prefix when
     the prefix ends inside the candidates (the caller checks, see
     ``sampling.keptset``)."""
-    e = torch.exp(vals)
+    e = arith.exp(vals)
     q = rules.mass(e, frac)
     thr = cut.thr
     if cut.k_index is not None:

@@ -1,9 +1,12 @@
 """Pipeline step 10: logprobs, always through :func:`log_softmax` (never ``log(softmax)``).
 
-:func:`log_softmax` is the one entry point of every logprob the Sampler returns.
-``torch.log_softmax`` gives a row the same bits at every batch size and thread count on
-the platforms we test (tests/ops/test_logprobs.py keeps that measured), so the sampling
-path and the rescoring path (``Sampler.compute_logprobs``) agree bitwise.
+:func:`log_softmax` is the one entry point of every logprob the Sampler returns, and
+its bits are defined by detsample (:mod:`detsample.arith`: its own ``exp``, an exact
+fixed-point sum and its own ``log``), not by a platform's kernels: a row gets the same
+bits at every batch size, thread count, CPU (x86 of any ISA and MKL path, aarch64) and
+torch build, so the sampling path and the rescoring path (``Sampler.compute_logprobs``)
+agree bitwise everywhere. It gives the same values at one entry
+per row (``at=``) for the cost of one pass (no (rows, V) output).
 The "processed" mode is the log of the final filtered, renormalised distribution:
 ``z_i - log(Q * 2**-F)`` with the exact fixed-point kept mass ``Q`` of the draw, i.e. a
 log_softmax over the kept set whose normaliser is an exact (order-free) sum.
@@ -13,36 +16,40 @@ from __future__ import annotations
 
 import torch
 
-from detsample.ops import libm
+from detsample import arith
 
 NEG_INF = float("-inf")
 
 
 def log_softmax(x: torch.Tensor, *, kept_mass: torch.Tensor | None = None, frac: int = 0,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, at: torch.Tensor | None = None
+                ) -> torch.Tensor:
     """THE log_softmax of detsample: every logprob it returns (the sampled token's, the
     top-n, the rescoring path's, in every ``logprobs_mode``) is computed here, so a
     kernel swapped in this one place changes all of them together.
 
     x: (rows, n) float32 logits (n = vocab, or picked tokens when ``kept_mass`` is given).
 
-    * ``kept_mass`` None: ``torch.log_softmax`` over the last dimension (the normaliser
-      is the row's logsumexp), written into ``out`` (a (rows, n) float32 buffer) when
-      given. Row-invariant: a row gets the same bits at every batch size and thread count
-      (tests/ops/test_logprobs.py keeps that measured).
+    * ``kept_mass`` None: :func:`detsample.arith.log_softmax` over the last dimension
+      (``float32((x - max) - log(S))`` in float64 with ``S`` the exact sum of detsample's
+      exps: within 1 ulp of the float64 log_softmax; NaN32 for a row with a NaN, a +inf
+      or no finite value), written into ``out`` (a (rows, n) float32 buffer) when given.
     * ``kept_mass`` (int64, broadcastable to ``x``, >= 1): the "processed" normaliser, the
       exact fixed-point mass ``Q`` of the kept set (``frac`` fraction bits):
       ``float32(float64(x) - log(float64(Q) * 2**-frac))`` with ``x`` scaled logits (row
-      max 0), the ``log`` MKL-free (:mod:`detsample.ops.libm`: torch's own ``log`` is MKL's
-      vector math, whose bits follow ``MKL_ENABLE_INSTRUCTIONS``). Bitwise identical whichever draw path produced ``Q`` (it is exact). The
-      power-of-two scaling is exact, so a token carrying all the kept mass (``Q ==
-      2**frac``, ``x == 0``) gets exactly 0 (``log(Q) - frac * ln 2`` would leave a
-      ~1e-14 residue).
+      max 0) and detsample's ``log``. Bitwise identical whichever draw path produced
+      ``Q`` (it is exact). The power-of-two scaling is exact, so a token carrying all the
+      kept mass (``Q == 2**frac``, ``x == 0``) gets exactly 0.
+    * ``at`` (rows,) int64 token ids in range (with ``kept_mass`` None): only the values
+      at ``x[i, at[i]]``, (rows,) float32, the same bits, from the rows' normalisers
+      (:func:`detsample.arith.normalisers`): one pass over ``x``, no (rows, n) output.
     """
+    if kept_mass is None and at is not None:
+        m, G = arith.normalisers(x)
+        return arith.picked(gather_rows(x, at), m, G)
     if kept_mass is None:
-        return torch.log_softmax(x, dim=-1, out=out) if out is not None else \
-            torch.log_softmax(x, dim=-1)
-    norm = libm.log(kept_mass.to(torch.float64) * (2.0 ** -frac))
+        return arith.log_softmax(x, out=out)
+    norm = arith.log64(kept_mass.to(torch.float64) * (2.0 ** -frac))
     return (x.to(torch.float64) - norm).to(torch.float32)
 
 

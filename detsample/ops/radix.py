@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from detsample import rules
+from detsample import arith, rules
 from detsample.ops.filters import passing_prefix, thresholds_by_sort, topk_threshold
 
 _HI_SHIFT = 17  # level 1 bins m >> 17 (2**14 bins: the exponent and 6 mantissa bits)
@@ -83,7 +83,7 @@ def thresholds_by_select(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tens
         tau[pr] = torch.maximum(tau[pr], _nucleus_value(zp.view(torch.int32), q, limit,
                                                         (w.view(torch.int32), key)))
     if by_value:  # the smallest value every element-wise filter keeps
-        e = torch.exp(z)
+        e = arith.exp(z)
         lowest = torch.where(rules.element_keeps(e, el), z, torch.full_like(z, float("inf")))
         tau = torch.maximum(tau, lowest.amin(-1))
     zero = (tau == 0).nonzero().flatten()

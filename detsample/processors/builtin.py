@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from detsample import rules
+from detsample import arith, rules
 from detsample.processors.batch_update import AddedRequest
 from detsample.ops.bias import apply_logit_bias_, bias_coo
 from detsample.ops.host import host_tensor
@@ -115,5 +115,5 @@ class MinPLogitsProcessor(_CachedSlots):
         rows, min_p, temps = cached
         x = logits.index_select(0, rows)
         z = scale_logits(x, row_max(x), temps)
-        drop = rules.min_p_drops(torch.exp(z), min_p.unsqueeze(1))
+        drop = rules.min_p_drops(arith.exp(z), min_p.unsqueeze(1))
         return logits.index_copy_(0, rows, x.masked_fill(drop, float("-inf")))

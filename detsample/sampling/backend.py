@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from detsample import kernels
+from detsample import arith, kernels
 from detsample.errors import InvalidSamplingParams
 from detsample.ops import logprobs as lp_ops
 from detsample.ops.sanitize import sanitize_rows_flagged
@@ -33,7 +33,8 @@ class Backend:
     sanitize: (B, V) float32 -> ``(clean, status, row_max, all_finite)``
     (:func:`~detsample.ops.sanitize.sanitize_rows_flagged`); scale: ``scale_logits``;
     exp: the ``exp`` of the masses (the min-p test of the "processed" logprobs uses the
-    one its draw used); log_softmax: ``(x, out=None) -> (rows, V)``; uniforms:
+    one its draw used); log_softmax: ``(x, out=None) -> (rows, V)``; log_softmax_at:
+    ``(x, ids) -> (rows,)`` its values at one token id per row; uniforms:
     ``row_uniforms``; fused_cut: the Triton kernels' thresholds-and-draw (steps 8-9 in
     one kernel), None for the torch ops (the sampler's kept-set strategies).
     """
@@ -43,6 +44,7 @@ class Backend:
     scale: Callable
     exp: Callable
     log_softmax: Callable
+    log_softmax_at: Callable
     uniforms: Callable
     fused_cut: Callable | None = None
 
@@ -51,8 +53,12 @@ def _log_softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     return lp_ops.log_softmax(x, out=out)
 
 
-TORCH = Backend("torch", sanitize_rows_flagged, scale_logits, torch.exp, _log_softmax,
-                row_uniforms)
+def _log_softmax_at(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return lp_ops.log_softmax(x, at=ids)
+
+
+TORCH = Backend("torch", sanitize_rows_flagged, scale_logits, arith.exp, _log_softmax,
+                _log_softmax_at, row_uniforms)
 
 
 def triton() -> Backend:
@@ -62,8 +68,11 @@ def triton() -> Backend:
     def sanitize(x: torch.Tensor):
         return (*k.sanitize_rows(x), False)
 
+    def log_softmax_at(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return lp_ops.gather_rows(k.log_softmax_rows(x), ids)
+
     return Backend("triton", sanitize, k.scale_logits, k.exp, k.log_softmax_rows,
-                   k.row_uniforms, k.thresholds_and_draw)
+                   log_softmax_at, k.row_uniforms, k.thresholds_and_draw)
 
 
 @dataclass(frozen=True)

@@ -79,11 +79,9 @@ def processed_rows(st: Steps, rows: Rows) -> torch.Tensor:
     return one_hot_greedy(lp, batch, rows, full, st.greedy_tok, col)
 
 
-def token_logprobs(st: Steps, tokens: torch.Tensor, some_none: bool, *,
-                   lsm_out: Callable) -> torch.Tensor:
+def token_logprobs(st: Steps, tokens: torch.Tensor, some_none: bool) -> torch.Tensor:
     """(B,) float32 logprob of ``tokens`` (-1 = none: -inf) in each row's mode;
-    ``some_none``: whether any token may be -1; ``lsm_out``: ``(rows, V) logits ->``
-    where their log_softmax goes (a scratch buffer, or None for a fresh tensor)."""
+    ``some_none``: whether any token may be -1."""
     prep, plan = st.prep, st.plan
     out = torch.full((plan.size,), NEG_INF, dtype=torch.float32, device=tokens.device) \
         if len(plan.modes) > 1 else None
@@ -98,8 +96,7 @@ def token_logprobs(st: Steps, tokens: torch.Tensor, some_none: bool, *,
                                    exp=prep.backend.exp)
         else:
             sub = rows.take(prep.raw if mode == "raw" else st.z)
-            lsm = prep.backend.log_softmax(sub, out=lsm_out(sub))
-            vals = lp_ops.gather_rows(lsm, picked, in_range=not some_none)
+            vals = prep.backend.log_softmax_at(sub, picked)
         if out is None:
             out = vals
         else:

@@ -59,9 +59,9 @@ def test_bad_arguments(argv, capsys):
     assert "detsample golden:" in capsys.readouterr().err
 
 
-def test_update_isa_all_writes_every_cpu_folder(tmp_path, capsys, monkeypatch):
-    """--isa all: one subprocess per ISA this CPU supports, each writing its folder and
-    recording native or emulated; this process's ISA verifies against its folder."""
+def test_update_isa_all_writes_one_folder_that_every_set_verifies(tmp_path, capsys, monkeypatch):
+    """--isa all: one subprocess per ISA this CPU supports; the first writes golden/cpu,
+    the others verify it (a set that disagreed would fail, not overwrite it)."""
     import json
 
     from detsample.golden import isa
@@ -69,14 +69,31 @@ def test_update_isa_all_writes_every_cpu_folder(tmp_path, capsys, monkeypatch):
     root = ["--golden-dir", str(tmp_path)]
     assert main(["golden", "update", "--isa", "all", *ONE, *root]) == 0
     out = capsys.readouterr().out
-    for name in isa.supported_isas():
-        (man,) = tmp_path.glob(f"cpu-{name}-*/random.greedy/manifest.json")
-        doc = json.loads(man.read_text())
-        assert doc["platform_info"]["isa"] == name
-        assert doc["cpu_dispatch"]["mode"] == ("native" if name == isa.native_isa() else "emulated")
+    sets = isa.supported_isas()
+    assert [p.parent.parent.name for p in tmp_path.glob("*/*/manifest.json")] == ["cpu"]
+    doc = json.loads(next(tmp_path.glob("cpu/random.greedy/manifest.json")).read_text())
+    assert doc["platform_info"]["isa"] == sets[0]
+    for i, name in enumerate(sets):
         assert f"ATEN_CPU_CAPABILITY={name}" in out
+        assert f"golden {'update' if i == 0 else 'verify'} " in out.split(
+            f"ATEN_CPU_CAPABILITY={name}")[1].splitlines()[0]
     assert "FAILED" not in out
     assert main(["golden", "verify", *ONE, *root]) == 0  # this process's ISA, in process
+
+
+def test_isa_all_never_updates_twice(monkeypatch, capsys):
+    """Pins the order of --isa all (without running it): update under the first set,
+    verify under every other, with the update-only flags only on the update."""
+    from detsample.golden import isa
+    ran = []
+    monkeypatch.setattr(isa, "supported_isas", lambda: ["default", "avx2", "avx512"])
+    monkeypatch.setattr(isa, "run_under", lambda name, argv, echo, cwd=None:
+                        ran.append((name, list(argv))) or 0)
+    monkeypatch.delenv("CI", raising=False)
+    assert main(["golden", "update", "--isa", "all", "--force", *ONE]) == 0
+    assert [n for n, _ in ran] == ["default", "avx2", "avx512"]
+    assert [a[4] for _, a in ran] == ["update", "verify", "verify"]
+    assert "--force" in ran[0][1] and all("--force" not in a for _, a in ran[1:])
 
 
 @pytest.mark.parametrize("argv,msg", [

@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from detsample import arith
 from detsample import Request, Sampler, SamplingBatch, SamplingParams
 from detsample.ops.bias import apply_logit_bias_
 from detsample.ops.penalties import ban_tokens_
@@ -51,7 +52,7 @@ def core_min_p(x, batch):
                     batch.temperatures)
     z = scale_logits(x, row_max(x), t)
     use = (~batch.greedy) & (batch.min_ps > 0)
-    drop = (torch.exp(z) < batch.min_ps.unsqueeze(1)) & use.unsqueeze(1)
+    drop = (arith.exp(z) < batch.min_ps.unsqueeze(1)) & use.unsqueeze(1)
     return x.masked_fill(drop, float("-inf"))
 
 
