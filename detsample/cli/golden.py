@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import os
 import shutil
 import sys
 from typing import Any

@@ -7,7 +7,6 @@ from the steps before it (:class:`Steps`). Every logprob goes through
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
