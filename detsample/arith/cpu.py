@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 
 from detsample.arith import spec
@@ -78,9 +79,22 @@ def exp32(z: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     src = z.contiguous()
     dst = torch.empty_like(src) if out is None else out
     a, b = src.view(-1).numpy(), dst.view(-1).numpy()
+    if _overlap(src, dst):
+        if src.data_ptr() != dst.data_ptr():  # a partial overlap: copy, then in place
+            b[:] = a.copy()
+        k1 = jit().exp_in_place
+        _run(lambda s, e: k1(b[s:e]), _chunks(b.size, b.size))
+        return dst
     k = jit().exp_into
     _run(lambda s, e: k(a[s:e], b[s:e]), _chunks(a.size, a.size))
     return dst
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory of two contiguous tensors overlaps."""
+    ea = a.data_ptr() + a.numel() * a.element_size()
+    eb = b.data_ptr() + b.numel() * b.element_size()
+    return a.data_ptr() < eb and b.data_ptr() < ea
 
 
 def exp64(x: torch.Tensor) -> torch.Tensor:
@@ -124,3 +138,30 @@ def log_softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
     k, frac = jit().log_softmax_rows, spec.frac_bits(n)
     _run(lambda s, e: k(a, b, frac, s, e), _chunks(a.shape[0], a.size))
     return dst
+
+
+def cut_masses(z: torch.Tensor, tau: torch.Tensor, least: torch.Tensor, floor: float,
+               frac: int, block: int, q_out: torch.Tensor | None
+               ) -> torch.Tensor:
+    """The fixed-point masses of a (rows, V) float32 CPU tensor with per-row cuts
+    (:func:`detsample.arith.jit.cut_masses_rows`): written into ``q_out`` ((rows, V)
+    int64) when given; returns their sums by blocks of ``block`` columns, (rows, nb)
+    int64."""
+    rows, V = z.shape
+    a = z.contiguous().numpy()
+    nb = -(-V // block) if V else 0
+    sums = torch.empty((rows, nb), dtype=torch.int64)
+    qo = q_out.numpy() if q_out is not None else _NO_Q
+    t = tau.to(torch.float32).contiguous().numpy()
+    lo = least.to(torch.float32).contiguous().numpy()
+    k, so = jit().cut_masses_rows, sums.numpy()
+    _run(lambda s, e: k(a, t, lo, _f32(floor), frac, block, qo, so, s, e),
+         _chunks(rows, a.size))
+    return sums
+
+
+_NO_Q = np.empty((0, 0), dtype=np.int64)
+
+
+def _f32(v: float) -> np.float32:
+    return np.float32(v)

@@ -71,25 +71,42 @@ def kept_mass(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: i
     filter active, when the caller knows (None: look; a wrong False would keep too much,
     so only pass what holds).
     """
+    return kept_masses(z, tau, element, frac, out=out, q_out=q_out, cut_tau=cut_tau,
+                       cut_element=cut_element)[0]
+
+
+def kept_masses(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: int, *,
+                out: torch.Tensor | None = None, q_out: torch.Tensor | None = None,
+                cut_tau: bool | None = None, cut_element: bool | None = None,
+                block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`kept_mass` and the exact sums of the masses by blocks of ``block`` columns
+    (None: the whole row): ``(q, sums)``, sums (rows, nb) int64. One fused pass on a CPU
+    (:func:`detsample.rules.cut_masses`)."""
     cut_tau = bool(torch.isfinite(tau).any()) if cut_tau is None else cut_tau
-    # (exp's fast path, the same masses; tau's cut made on the values, before the exp)
-    w = rules.floored_exp(z, out=out, keep_from=tau if cut_tau else None)
-    if bool(rules.element_active(element).any()) if cut_element is None else cut_element:
-        if all(f.least is not None for f in rules.ELEMENT_FILTERS):
-            for j, f in enumerate(rules.ELEMENT_FILTERS):
-                _drop_below(w, element[:, j], f)
-        else:
-            w.masked_fill_(rules.element_keeps(w, element).logical_not_(), 0.0)
-    return rules.mass_in_place(w, frac, q_out)
+    if cut_element is None:
+        cut_element = bool(rules.element_active(element).any())
+    least = _least(element) if cut_element else None
+    if cut_element and least is None:  # a registered filter without a least kept exp
+        w = rules.floored_exp(z, out=out, keep_from=tau if cut_tau else None)
+        w.masked_fill_(rules.element_keeps(w, element).logical_not_(), 0.0)
+        q = rules.mass_in_place(w, frac, q_out)
+        return q, rules.block_sums(q, block)
+    # (tau's cut made on the values, before the exp)
+    return rules.cut_masses(z, frac, tau=tau if cut_tau else None, least=least,
+                            block=block, out=out, q_out=q_out)
 
 
-def _drop_below(w: torch.Tensor, values: torch.Tensor, f: rules.ElementFilter) -> None:
-    """Zero, in place, the entries of each row of ``w`` (rows, V) float32 that the
-    element-wise filter ``f`` drops for the row's parameter ``values`` (rows,): those
-    below ``f.least(value)`` (:func:`detsample.rules.keep_at_least`: a value select,
-    without the mask ``masked_fill`` would read on a CPU)."""
-    least = [-math.inf if v == f.neutral else f.least(v) for v in values.tolist()]
-    rules.keep_at_least(w, torch.tensor(least, dtype=torch.float32, device=w.device), 0.0)
+def _least(element: torch.Tensor) -> torch.Tensor | None:
+    """(rows,) float32: the smallest exp every element-wise filter keeps (-inf where all
+    are neutral), or None when some registered filter has no ``least``."""
+    if not all(f.least is not None for f in rules.ELEMENT_FILTERS):
+        return None
+    out = [-math.inf] * element.shape[0]
+    for j, f in enumerate(rules.ELEMENT_FILTERS):
+        for r, v in enumerate(element[:, j].tolist()):
+            if v != f.neutral:
+                out[r] = max(out[r], f.least(v))
+    return torch.tensor(out, dtype=torch.float32, device=element.device)
 
 
 def block_cdf(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: int, *,
@@ -106,13 +123,8 @@ def block_cdf(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: i
     shorter); ``bsum[:, -1]`` is the exact kept mass ``Q``. Exact integer sums make the
     blocking and the summing order irrelevant to every result.
     """
-    rows, V = z.shape
-    q = kept_mass(z, tau, element, frac, out=out, q_out=q_out, cut_tau=cut_tau,
-                  cut_element=cut_element)
-    nb = V // BLOCK
-    sums = q[:, :nb * BLOCK].view(rows, nb, BLOCK).sum(-1)
-    if V > nb * BLOCK:
-        sums = torch.cat([sums, q[:, nb * BLOCK:].sum(-1, keepdim=True)], dim=1)
+    q, sums = kept_masses(z, tau, element, frac, out=out, q_out=q_out, cut_tau=cut_tau,
+                          cut_element=cut_element, block=BLOCK)
     return q, sums.cumsum(-1)
 
 

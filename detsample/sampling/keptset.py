@@ -338,7 +338,8 @@ def _nucleus(z: torch.Tensor, plan: RowPlan, inp: CutInputs, frac: int
     pos, idx, every = _part(plan, wide=True)
     zw = z if every else z.index_select(0, idx)
     first = zw.numel() < BY_VALUE_MIN
-    cut, lo = _nucleus_cut(zw, plan, pos, inp, frac, exact=first)
+    # (the exact mass costs one fused pass where there is one: no bracket to settle)
+    cut, lo = _nucleus_cut(zw, plan, pos, inp, frac, exact=first or rules.fused_masses(zw))
     if not first:
         return _by_value(zw, idx, every, cut, lo, frac)
     K = min(NUCLEUS_CANDIDATES, zw.shape[1])
