@@ -84,8 +84,10 @@ def log64(x: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
     return reference.log64(x)
 
 
-def normalisers(x: torch.Tensor, *, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-    """``(m, G)`` over the last dim of a float32 tensor (..., n): row maxima (float32)
+def normalisers(x: torch.Tensor, m: torch.Tensor | None = None, *, impl: str = "auto"
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(m, G)`` over the last dim of a float32 tensor (..., n): row maxima (float32;
+    ``m``, when the caller has ``torch.amax(x, -1)`` already: exact, NaN-propagating)
     and log-normalisers ``G = log(sum exp(x - m))`` by the definition (float64; NaN for a
     row whose log_softmax is all NaN). With :func:`picked`, a row's log_softmax at a few
     entries costs one pass, not a (rows, n) output."""
@@ -95,7 +97,7 @@ def normalisers(x: torch.Tensor, *, impl: str = "auto") -> tuple[torch.Tensor, t
         raise ValueError("normalisers of rows of length 0")
     if _numba(x, impl):
         from detsample.arith import cpu
-        return cpu.normalisers(x)
+        return cpu.normalisers(x, m)
     return reference.normalisers(x)
 
 

@@ -59,6 +59,12 @@ def _chunks(total: int, elements: int) -> list[tuple[int, int]]:
     return [(s, min(s + step, total)) for s in range(0, total, step)]
 
 
+def split_rows(fn, rows: int, elements: int) -> None:
+    """``fn(start, stop)`` over spans of ``rows`` rows (``elements`` in all), on this
+    call's threads (:func:`_chunks`): a row is one thread's."""
+    _run(fn, _chunks(rows, elements))
+
+
 def _run(fn, spans: list[tuple[int, int]]) -> None:
     if len(spans) <= 1:
         for se in spans:
@@ -115,14 +121,17 @@ def log64(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def normalisers(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(m, G)`` of a float32 CPU tensor (..., n): the row maxima (float32) and
-    log-normalisers (float64, NaN for a row whose log_softmax is all NaN), shaped (...)."""
+def normalisers(x: torch.Tensor, m: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(m, G)`` of a float32 CPU tensor (..., n): the row maxima (float32; torch's
+    ``amax``, exact and NaN-propagating, unless given) and log-normalisers (float64, NaN
+    for a row whose log_softmax is all NaN), shaped (...)."""
     n = x.shape[-1]
     a = _rows(x).numpy()
-    m = torch.empty(a.shape[0], dtype=torch.float32)
+    m = torch.amax(x, dim=-1) if m is None else m
     g = torch.empty(a.shape[0], dtype=torch.float64)
-    k, frac, mo, go = jit().normalisers, spec.frac_bits(n), m.numpy(), g.numpy()
+    k, frac, mo, go = (jit().normalisers, spec.frac_bits(n),
+                       m.to(torch.float32).contiguous().view(-1).numpy(), g.numpy())
     _run(lambda s, e: k(a, mo, go, frac, s, e), _chunks(a.shape[0], a.size))
     return m.view(x.shape[:-1]), g.view(x.shape[:-1])
 

@@ -191,14 +191,14 @@ def row_log_norm(x, m, buf, frac):
 
 
 @numba.njit(**_jit)
-def normalisers(x, m_out, g_out, frac, r0, r1):
-    """Rows r0..r1 of a (rows, n) float32 ``x``: their max into ``m_out`` (float32) and
-    log-normaliser G into ``g_out`` (float64; NaN for a row that is all NaN32)."""
+def normalisers(x, m, g_out, frac, r0, r1):
+    """Rows r0..r1 of a (rows, n) float32 ``x`` with maxima ``m`` (float32, NaN where
+    the row holds a NaN): their log-normaliser G into ``g_out`` (float64; NaN where the
+    row's log_softmax is all NaN: a NaN or +inf maximum, or -inf)."""
     buf = np.empty(x.shape[1], dtype=np.float32)
     for r in range(r0, r1):
-        m, bad = row_max(x[r])
-        m_out[r] = m
-        g_out[r] = np.nan if bad else row_log_norm(x[r], m, buf, frac)
+        ok = (m[r] > -np.inf) & (m[r] < np.inf)
+        g_out[r] = row_log_norm(x[r], m[r], buf, frac) if ok else np.nan
 
 
 @numba.njit(**_jit)
