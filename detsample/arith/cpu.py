@@ -49,12 +49,22 @@ def _pool(n: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=n, thread_name_prefix="detsample-arith")
 
 
+#: spans per thread of a parallel call: the threads take spans from one queue, so a
+#: thread slowed by another process (or by torch's OpenMP workers, which spin for
+#: milliseconds after a parallel region) hands its share to the others
+SPANS_PER_THREAD = 4
+
+
 def _chunks(total: int, elements: int) -> list[tuple[int, int]]:
     """[start, stop) spans of ``total`` units (elements or rows; ``elements`` in all)
-    for this call's threads (one span below PARALLEL_MIN elements)."""
+    for this call's threads: one span below PARALLEL_MIN elements, else up to
+    SPANS_PER_THREAD per thread of at least PARALLEL_MIN elements each."""
     if total <= 0:
         return []
-    parts = 1 if elements < PARALLEL_MIN else min(max(1, torch.get_num_threads()), total)
+    threads = max(1, torch.get_num_threads())
+    if elements < PARALLEL_MIN or threads == 1:
+        return [(0, total)]
+    parts = min(threads * SPANS_PER_THREAD, total, max(1, elements // PARALLEL_MIN))
     step = -(-total // parts)
     return [(s, min(s + step, total)) for s in range(0, total, step)]
 
@@ -66,11 +76,14 @@ def split_rows(fn, rows: int, elements: int) -> None:
 
 
 def _run(fn, spans: list[tuple[int, int]]) -> None:
+    """``fn(*span)`` for every span: on the calling thread for one, else on a pool of
+    ``torch.get_num_threads()`` threads taking them in order."""
     if len(spans) <= 1:
         for se in spans:
             fn(*se)
         return
-    for f in [_pool(len(spans)).submit(fn, *se) for se in spans]:
+    pool = _pool(min(len(spans), max(1, torch.get_num_threads())))
+    for f in [pool.submit(fn, *se) for se in spans]:
         f.result()
 
 
@@ -123,17 +136,28 @@ def log64(x: torch.Tensor) -> torch.Tensor:
 
 def normalisers(x: torch.Tensor, m: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(m, G)`` of a float32 CPU tensor (..., n): the row maxima (float32; torch's
-    ``amax``, exact and NaN-propagating, unless given) and log-normalisers (float64, NaN
-    for a row whose log_softmax is all NaN), shaped (...)."""
+    """``(m, G)`` of a float32 CPU tensor (..., n): the row maxima (float32; :func:`row_max`
+    unless given) and log-normalisers (float64, NaN for a row whose log_softmax is all
+    NaN), shaped (...)."""
     n = x.shape[-1]
     a = _rows(x).numpy()
-    m = torch.amax(x, dim=-1) if m is None else m
+    m = row_max(x) if m is None else m
     g = torch.empty(a.shape[0], dtype=torch.float64)
     k, frac, mo, go = (jit().normalisers, spec.frac_bits(n),
                        m.to(torch.float32).contiguous().view(-1).numpy(), g.numpy())
     _run(lambda s, e: k(a, mo, go, frac, s, e), _chunks(a.shape[0], a.size))
     return m.view(x.shape[:-1]), g.view(x.shape[:-1])
+
+
+def row_max(x: torch.Tensor) -> torch.Tensor:
+    """torch's ``amax`` over the last dim of a float32 CPU tensor (NaN where a row holds a
+    NaN), by numba threads (torch's own parallel ops leave OpenMP workers spinning for
+    milliseconds, which the kernels after them would compete with)."""
+    a = _rows(x).numpy()
+    out = torch.empty(a.shape[0], dtype=torch.float32)
+    k, o = jit().row_maxima, out.numpy()
+    _run(lambda s, e: k(a, o, s, e), _chunks(a.shape[0], a.size))
+    return out.view(x.shape[:-1])
 
 
 def log_softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

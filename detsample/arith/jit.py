@@ -151,18 +151,46 @@ def log_into(x, out):
         out[i] = log64(x[i])
 
 
+@numba.njit(inline="always", **_jit)
+def max8(row, W, j):
+    """The largest of ``row[j + k W]``, k = 0..7, by a fixed tree of selects (an element
+    of them; a NaN is never chosen)."""
+    a, b, c, d = row[j], row[W + j], row[2 * W + j], row[3 * W + j]
+    e, f, g, h = row[4 * W + j], row[5 * W + j], row[6 * W + j], row[7 * W + j]
+    a = b if b > a else a
+    c = d if d > c else c
+    e = f if f > e else e
+    g = h if h > g else g
+    a = c if c > a else a
+    e = g if g > e else e
+    return e if e > a else a
+
+
 @numba.njit(**_jit)
-def row_max(x):
-    """(max, bad) of a float32 row: bad when it holds a NaN or +inf or no finite value."""
-    m = np.float32(-np.inf)
-    nan = False
+def row_max(x, buf):
+    """The maximum of a float32 row, NaN when it holds a NaN (torch's ``amax``): the
+    strided groups of 8 reduced elementwise into ``buf`` (a vectorised loop), then
+    ``buf`` and the tail."""
+    W = x.size // 8
+    nan = 0
+    for j in range(W):
+        buf[j] = max8(x, W, j)
     for i in range(x.size):
-        v = x[i]
-        nan |= v != v
-        m = v if v > m else m
-    if nan:
-        return NAN32, True
-    return m, m == np.inf or m == -np.inf
+        nan |= np.int32(x[i] != x[i])
+    m = np.float32(-np.inf)
+    for j in range(W):
+        m = buf[j] if buf[j] > m else m
+    for i in range(8 * W, x.size):
+        m = x[i] if x[i] > m else m
+    return NAN32 if nan else m
+
+
+@numba.njit(**_jit)
+def row_maxima(x, out, r0, r1):
+    """Rows r0..r1 of a (rows, n) float32 ``x``: their :func:`row_max` into ``out``."""
+    buf = np.empty(x.shape[1] // 8, dtype=np.float32)
+    for r in range(r0, r1):
+        out[r] = row_max(x[r], buf)
 
 
 @numba.njit(**_jit)
@@ -208,8 +236,8 @@ def log_softmax_rows(x, out, frac, r0, r1):
     for r in range(r0, r1):
         row = x[r]
         o = out[r]
-        m, bad = row_max(row)
-        if bad:
+        m = row_max(row, buf)
+        if not ((m > -np.inf) & (m < np.inf)):  # a NaN, a +inf or nothing finite
             o[:] = NAN32
             continue
         G = row_log_norm(row, m, buf, frac)

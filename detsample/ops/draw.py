@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from detsample import rules
+from detsample.ops import rowpass
 
 #: block width of the two-level search of the full-vocabulary path
 BLOCK = 1024
@@ -111,8 +112,8 @@ def _least(element: torch.Tensor) -> torch.Tensor | None:
 
 def block_cdf(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: int, *,
               out: torch.Tensor | None = None, q_out: torch.Tensor | None = None,
-              cut_tau: bool | None = None, cut_element: bool | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+              cut_tau: bool | None = None, cut_element: bool | None = None,
+              lazy: bool = False) -> tuple[torch.Tensor | rowpass.LazyMasses, torch.Tensor]:
     """The kept tokens' masses over the whole vocabulary and their blocked CDF.
 
     z: (rows, V) float32; tau: (rows,) float32; element: (rows, F) float32; kept as in
@@ -121,21 +122,50 @@ def block_cdf(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: i
     ``(q, bsum)``: (rows, V) int64 masses (0 off the kept set) and (rows, nb) int64
     running sums of blocks of BLOCK tokens (the last block may be
     shorter); ``bsum[:, -1]`` is the exact kept mass ``Q``. Exact integer sums make the
-    blocking and the summing order irrelevant to every result.
+    blocking and the summing order irrelevant to every result. ``lazy``: where the masses
+    are one fused CPU pass, ``q`` is not materialised but a
+    :class:`~detsample.ops.rowpass.LazyMasses` (the draw recomputes one block per row;
+    :func:`draw_by_blocks` takes either; ``z`` must then stay unchanged until the draw).
     """
+    lazy = _lazy(z, tau, element, cut_tau, cut_element) if lazy else None
+    if lazy is not None:
+        sums = rules.cut_masses(z, frac, tau=lazy.tau, least=lazy.least, block=BLOCK,
+                                want_q=False)[1]
+        return rowpass.LazyMasses(z, lazy.tau, lazy.least, frac), sums.cumsum(-1)
     q, sums = kept_masses(z, tau, element, frac, out=out, q_out=q_out, cut_tau=cut_tau,
                           cut_element=cut_element, block=BLOCK)
     return q, sums.cumsum(-1)
 
 
-def draw_by_blocks(q: torch.Tensor, bsum: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def _lazy(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor,
+          cut_tau: bool | None, cut_element: bool | None) -> rowpass.LazyMasses | None:
+    """The cuts of a blocked table whose masses need not be materialised (a fused CPU
+    pass, every element-wise filter with a ``least``; ``z`` contiguous), as a
+    LazyMasses without ``z`` and ``frac``; else None."""
+    if not (rules.fused_masses(z) and z.is_contiguous()):
+        return None
+    cut_element = bool(rules.element_active(element).any()) if cut_element is None \
+        else cut_element
+    least = _least(element) if cut_element else None
+    if cut_element and least is None:
+        return None
+    inf = torch.full((z.shape[0],), -math.inf)
+    t = tau.to(torch.float32) if (cut_tau is None or cut_tau) else inf
+    return rowpass.LazyMasses(None, t.contiguous(), inf if least is None else least, 0)
+
+
+def draw_by_blocks(q: torch.Tensor | rowpass.LazyMasses, bsum: torch.Tensor, u: torch.Tensor
+                   ) -> torch.Tensor:
     """Inverse CDF over :func:`block_cdf`'s table, in two levels: the block, then a cumsum
-    inside it. u: (rows,) float64 in (0, 1) -> (rows,) int64 tokens.
+    inside it. u: (rows,) float64 in (0, 1) -> (rows,) int64 tokens. Lazy masses: the
+    same two levels in one numba pass per row, recomputing the block's masses.
 
     The last block may be shorter than BLOCK: its missing entries read the last token's
     mass again, which only raises the running sum after every real entry, and the target
     lies below the block's real total, so the search never lands on them.
     """
+    if isinstance(q, rowpass.LazyMasses):
+        return rowpass.draw_blocks(q, bsum, rules.draw_target(u, bsum[:, -1]), BLOCK)
     V = q.shape[-1]
     t = rules.draw_target(u, bsum[:, -1]).unsqueeze(1)
     blk = rules.first_above(bsum, t)

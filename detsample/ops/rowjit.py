@@ -12,7 +12,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from detsample.arith.jit import floored_exp_into, trunc_word
+from detsample.arith.jit import block_masses, floored_exp_into, max8, trunc_word
 
 _jit = dict(nogil=True, cache=True, fastmath=False, error_model="numpy", boundscheck=False)
 
@@ -31,26 +31,12 @@ def scale_rows(x, m, t, z, r0, r1):
 
 
 @numba.njit(**_jit)
-def _max8(row, W, j):
-    """The largest of ``row[j + k W]``, k = 0..7, by a fixed tree (an element of them)."""
-    a, b, c, d = row[j], row[W + j], row[2 * W + j], row[3 * W + j]
-    e, f, g, h = row[4 * W + j], row[5 * W + j], row[6 * W + j], row[7 * W + j]
-    a = b if b > a else a
-    c = d if d > c else c
-    e = f if f > e else e
-    g = h if h > g else g
-    a = c if c > a else a
-    e = g if g > e else e
-    return e if e > a else a
-
-
-@numba.njit(**_jit)
 def _group_maxima(row, out):
     """``out`` = the maxima of ``row``'s strided column groups of 8 (``ops.nucleus``),
     the last ``V % 8`` columns as they are (one vectorised loop over the groups)."""
     W = row.size // 8
     for j in range(W):
-        out[j] = _max8(row, W, j)
+        out[j] = max8(row, W, j)
     for j in range(8 * W, row.size):
         out[W + j - 8 * W] = row[j]
 
@@ -126,3 +112,38 @@ def lower_bound_rows(maxima, thr, limit, consts, out, span):
             b += 1
         found[r] = b < bins
         bound_bits[r] = ((min(b, bins - 1) + key_lo) << shift) | np.int64(-(2 ** 31))
+
+
+@numba.njit(**_jit)
+def draw_blocks_rows(z, cuts, consts, table, out, span):
+    """Rows ``span`` = (r0, r1) of ``ops.draw.draw_by_blocks`` without the (rows, V)
+    masses: the block whose running mass first exceeds the row's target (``table`` =
+    (bsum, target): the rows' running block sums and targets), then that block's masses
+    recomputed (the kept set's:
+    ``cuts`` = (tau, least) per row, ``consts`` = (floor, frac, block), the pass of
+    ``arith.jit.cut_masses_rows``) and the first token whose running mass exceeds the
+    target, into ``out`` (int64)."""
+    tau, least = cuts
+    floor, frac, block = consts
+    bsum, target = table
+    r0, r1 = span
+    V = z.shape[1]
+    scale = 2.0 ** frac
+    e = np.empty(block, dtype=np.float32)
+    q = np.empty(block, dtype=np.int64)
+    for r in range(r0, r1):
+        t = target[r]
+        b = 0
+        while bsum[r, b] <= t:
+            b += 1
+        s = b * block
+        n = min(V, s + block) - s
+        row = z[r, s:s + n]
+        floored_exp_into(row, floor, e[:n])
+        block_masses(row, e[:n], tau[r], least[r], scale, floor, q[:n], True)
+        run = bsum[r, b - 1] if b > 0 else 0
+        i = 0
+        while i < n - 1 and run + q[i] <= t:
+            run += q[i]
+            i += 1
+        out[r] = s + i

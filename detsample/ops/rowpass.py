@@ -14,6 +14,7 @@ tensor passes.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -93,3 +94,31 @@ def lower_bound(maxima: torch.Tensor, thr: torch.Tensor | None, limit: torch.Ten
 def _f32(v: float):
     import numpy as np
     return np.float32(v)
+
+
+@dataclass(frozen=True)
+class LazyMasses:
+    """The kept masses of a blocked table, not materialised: ``z`` (rows, V) float32 and
+    the rows' cuts ``tau`` / ``least`` (rows,) float32 (-inf: none), ``frac`` fraction
+    bits (``rules.cut_masses``'s arguments); a draw recomputes one block per row."""
+
+    z: torch.Tensor
+    tau: torch.Tensor
+    least: torch.Tensor
+    frac: int
+
+
+def draw_blocks(masses: LazyMasses, bsum: torch.Tensor, target: torch.Tensor, block: int
+                ) -> torch.Tensor:
+    """``ops.draw.draw_by_blocks`` over lazy masses: (rows,) int64 tokens, the first
+    whose running mass exceeds ``target`` (rows,) int64, from the running block sums
+    ``bsum`` (rows, nb) int64 of blocks of ``block`` columns."""
+    rows = masses.z.shape[0]
+    out = torch.empty(rows, dtype=torch.int64)
+    a = masses.z.contiguous().numpy()
+    cuts = (masses.tau.contiguous().numpy(), masses.least.contiguous().numpy())
+    consts = (_f32(rules.EXP_FLOOR), masses.frac, block)
+    b, t, o = bsum.contiguous().numpy(), target.contiguous().numpy(), out.numpy()
+    k = _kernels().draw_blocks_rows
+    _split(lambda s, e: k(a, cuts, consts, (b, t), o, (s, e)), rows, rows * block)
+    return out

@@ -63,15 +63,16 @@ class Table:
     all rows of the batch, in order); ``csum`` the running kept mass, ``csum[:, -1]`` the
     exact kept mass ``Q``. Compact (bounded strategy): ``ids`` (n, K) int64 the kept ids
     ascending, then ``rules.PAD_ID``, and ``csum`` (n, K) in that order. Blocked (full
-    strategy): ``ids`` None, ``q`` (n, V) int64 the kept masses, ``csum`` (n, nb) their
-    running sums by blocks of ``draw.BLOCK``. ``tau``: (n,) float32 kept thresholds, or
+    strategy): ``ids`` None, ``q`` (n, V) int64 the kept masses (or, not materialised,
+    their ``rowpass.LazyMasses``), ``csum`` (n, nb) their running sums by blocks of
+    ``draw.BLOCK``. ``tau``: (n,) float32 kept thresholds, or
     None (the full strategy's are in :class:`KeptCDF`)."""
 
     index: torch.Tensor
     every: bool
     csum: torch.Tensor
     ids: torch.Tensor | None = None
-    q: torch.Tensor | None = None
+    q: torch.Tensor | rowpass.LazyMasses | None = None
     tau: torch.Tensor | None = None
 
     def draw(self, u: torch.Tensor) -> torch.Tensor:
@@ -498,7 +499,7 @@ def _full(z: torch.Tensor, plan: RowPlan, inp: CutInputs, plain: Rows,
     q, bsum = draw_ops.block_cdf(zf, tf, ef, frac, out=inp.scratch("w", zf),
                                  q_out=inp.scratch("q", zf, torch.int64),
                                  cut_tau=len(full_idx) > bool(plain),
-                                 cut_element=None if plan.any_element else False)
+                                 cut_element=None if plan.any_element else False, lazy=True)
     return Table(fi, every, bsum, q=q)
 
 
