@@ -72,7 +72,7 @@ def float64_inputs() -> torch.Tensor:
     half_ln2 = (torch.arange(-300, 260, dtype=torch.float64) + 0.5) * math.log(2)
     return torch.cat([torch.randn(20_000, generator=g, dtype=torch.float64) * 40,
                       -torch.rand(5_000, generator=g, dtype=torch.float64) * 120,
-                      half_ln2, torch.nextafter(half_ln2, torch.tensor(math.inf, dtype=torch.float64)),
+                      half_ln2, torch.nextafter(half_ln2, half_ln2 * 2),
                       torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 1e-300, -1e-300,
                                     5e-324, 709.0, 710.0, -745.0, -746.0, 1e308, -1e308,
                                     88.72283935546875, -103.97207708399179],
@@ -93,8 +93,8 @@ def log_inputs() -> torch.Tensor:
                                     2.2250738585072014e-308, 2.225073858507201e-308,
                                     1.7976931348623157e308, 2.0 ** 0.5, 0.5 ** 0.5],
                                    dtype=torch.float64),
-                      torch.nextafter(one, one * 2).reshape(1), torch.nextafter(one, one * 0).reshape(1),
-                      torch.nextafter(sh, sh * 2).reshape(1), torch.nextafter(sh, sh * 0).reshape(1)])
+                      torch.nextafter(torch.stack([one, one, sh, sh]),
+                                      torch.stack([one * 2, one * 0, sh * 2, sh * 0]))])
 
 
 def run_helpers(z32, x64, xl):
@@ -121,7 +121,8 @@ def test_exp32_specials_and_canonical_nan(helpers):
     nan = torch.isnan(z32)
     assert int(nan.sum()) == 4 and bool((f32_bits(e)[nan] == spec.NAN32_BITS).all())
     assert bool((e[z32 == 0] == 1.0).all()) and int((z32 == 0).sum()) >= 2
-    assert bool((e[z32 <= spec.EXP_LO] == 0).all()) and bool((e[z32 >= spec.EXP_HI] == math.inf).all())
+    assert bool((e[z32 <= spec.EXP_LO] == 0).all())
+    assert bool((e[z32 >= spec.EXP_HI] == math.inf).all())
     sub = (z32 > -103.9) & (z32 < -87.4)
     assert int(sub.sum()) > 100
     assert bool((e[sub] > 0).all()) and bool((e[sub] < 1.2e-38).all())
