@@ -144,6 +144,63 @@ def mass_in_place(w: torch.Tensor, frac: int, q_out: torch.Tensor | None = None
     return q_out.copy_(w) if q_out is not None else w.to(torch.int64)
 
 
+def cut_masses(z: torch.Tensor, frac: int, *, tau: torch.Tensor | None = None,
+               least: torch.Tensor | None = None, block: int | None = None,
+               want_q: bool = True, out: torch.Tensor | None = None,
+               q_out: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The kept tokens' masses (:func:`mass` of :func:`floored_exp`, 0 off the kept set)
+    and their exact sums by blocks of columns: THE full-row mass pass of step 8.
+
+    z: (rows, V) float32 scaled logits; tau: (rows,) float32 value thresholds (kept: ``z
+    >= tau``; None or ``-inf``: none); least: (rows,) float32 the smallest kept exp of
+    the element-wise filters (kept: ``exp(z) >= least``; None: none); block: columns per
+    sum (None: the whole row); want_q: whether the (rows, V) int64 masses are returned
+    (else None: only the sums are needed); out / q_out: optional (rows, V) float32 /
+    int64 scratch. Returns ``(q, sums)``, sums (rows, ceil(V / block)) int64.
+
+    On CPU tensors one fused pass of detsample.arith's numba kernels (no (rows, V)
+    intermediate; ``q`` written only when wanted); elsewhere, or without numba, the torch
+    composition :func:`floored_exp` -> :func:`keep_at_least` -> :func:`mass_in_place`.
+    The same bits (exact integers of the same exps; tests/test_rules.py)."""
+    rows, V = z.shape
+    block = block or max(V, 1)
+    if fused_masses(z):
+        from detsample.arith import cpu
+        q = (q_out if q_out is not None else torch.empty(z.shape, dtype=torch.int64)) \
+            if want_q else None
+        inf = torch.full((rows,), -math.inf)
+        sums = cpu.cut_masses(z, inf if tau is None else tau, inf if least is None else least,
+                              EXP_FLOOR, frac, block, q)
+        return q, sums
+    w = floored_exp(z, out=out, keep_from=tau)
+    if least is not None:
+        keep_at_least(w, least, 0.0)
+    q = mass_in_place(w, frac, q_out)
+    return (q if want_q else None), block_sums(q, block)
+
+
+def block_sums(q: torch.Tensor, block: int | None) -> torch.Tensor:
+    """(rows, ceil(V / block)) int64 exact sums of masses ``q`` (rows, V) by blocks of
+    ``block`` columns (None: the whole row; the last block may be shorter)."""
+    rows, V = q.shape
+    block = block or max(V, 1)
+    nb = V // block
+    sums = q[:, :nb * block].view(rows, nb, block).sum(-1)
+    if V > nb * block:
+        sums = torch.cat([sums, q[:, nb * block:].sum(-1, keepdim=True)], dim=1)
+    return sums
+
+
+def fused_masses(z: torch.Tensor) -> bool:
+    """Whether :func:`cut_masses` of ``z`` is one fused pass (a float32 CPU tensor where
+    detsample.arith's numba kernels run; else the torch composition)."""
+    if z.device.type != "cpu" or z.dtype != torch.float32:
+        return False
+    from detsample.arith import cpu
+    return cpu.available()
+
+
 # -- top-p and min-p ----------------------------------------------------------------------
 
 def _f64(x: Any) -> Any:

@@ -304,6 +304,7 @@ class Sampler:
         before the draw (only "processed" logprobs read the kept set)."""
         prep = self._prepare(logits, batch)
         plan = self._plan(batch, prep)
+        raw_norm = lp_steps.raw_normalisers(prep, plan)
         greedy_tok = self._greedy_tokens(prep, plan)
         by_columns = self._by_columns(plan, prep)
         z = self._scaled(prep, plan) if self._needs_full_z(plan, prep, by_columns) else None
@@ -312,7 +313,7 @@ class Sampler:
         wants_cdf = plan.needs_scaled if positions is not None else plan.any_processed
         cdf = self._kept_cdf(z, batch, plan, prep, u=u, by_columns=by_columns) \
             if wants_cdf else KeptCDF.none(plan.size, batch.device)
-        return Steps(batch, prep, plan, greedy_tok, z, cdf, u)
+        return Steps(batch, prep, plan, greedy_tok, z, cdf, u, raw_norm)
 
     def sample(self, logits: torch.Tensor, batch: SamplingBatch,
                positions: torch.Tensor) -> SampleOutput:

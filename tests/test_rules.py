@@ -189,3 +189,33 @@ def test_uniform(w0, w1):
 
 def test_pad_id_is_above_every_token_id():
     assert rules.PAD_ID == torch.iinfo(torch.int64).max == np.iinfo(np.int64).max
+
+
+@given(st.integers(1, 5), st.integers(1, 700), st.integers(0, 2 ** 31 - 1),
+       st.sampled_from([None, 1, 7, 64, 1024]), st.booleans(), st.booleans(), st.booleans())
+def test_cut_masses_fused_pass_is_the_torch_composition(rows, V, seed, block, with_tau,
+                                                        with_least, want_q):
+    """rules.cut_masses on a CPU is one fused numba pass; bit for bit the torch
+    composition floored_exp -> keep_at_least -> mass_in_place -> block sums it replaces:
+    values under the exp floor, -inf, ties at tau, exps equal to ``least``, blocks that
+    do not divide V. Bugs it would catch: a cut on the unclamped value, ``>`` for ``>=``,
+    a block sum off by the short last block, the masses written when not wanted."""
+    rng = np.random.default_rng(seed)
+    z = (rng.standard_normal((rows, V)) * 30).astype(np.float32)
+    z[rng.random((rows, V)) < 0.1] = -np.inf
+    z[:, 0] = 0.0
+    z[rng.random((rows, V)) < 0.2] = np.float32(-1.5)
+    zt = torch.from_numpy(np.minimum(z, 0))
+    tau = torch.where(torch.from_numpy(rng.random(rows) < 0.7),
+                      torch.tensor(-1.5), torch.tensor(-math.inf)) if with_tau else None
+    least = arith.exp(torch.full((rows,), -1.5)) if with_least else None  # ties on e too
+    frac = rules.frac_bits(V)
+    got = rules.cut_masses(zt, frac, tau=tau, least=least, block=block, want_q=want_q)
+    assert rules.fused_masses(zt)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rules, "fused_masses", lambda z: False)
+        want = rules.cut_masses(zt, frac, tau=tau, least=least, block=block)
+    assert torch.equal(got[1], want[1])
+    assert (got[0] is None) != want_q
+    if want_q:
+        assert torch.equal(got[0], want[0])

@@ -22,7 +22,7 @@ import torch
 from detsample.arith import reference, spec
 from detsample.arith.spec import frac_bits
 
-__all__ = ["exp", "exp64", "log64", "normalisers", "log_softmax", "picked", "frac_bits",
+__all__ = ["exp", "exp64", "log64", "normalisers", "log_softmax", "picked", "row_max", "frac_bits",
            "check_environment", "IMPLS", "spec"]
 
 IMPLS = ("auto", "numba", "torch")
@@ -84,8 +84,10 @@ def log64(x: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
     return reference.log64(x)
 
 
-def normalisers(x: torch.Tensor, *, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-    """``(m, G)`` over the last dim of a float32 tensor (..., n): row maxima (float32)
+def normalisers(x: torch.Tensor, m: torch.Tensor | None = None, *, impl: str = "auto"
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(m, G)`` over the last dim of a float32 tensor (..., n): row maxima (float32;
+    ``m``, when the caller has ``torch.amax(x, -1)`` already: exact, NaN-propagating)
     and log-normalisers ``G = log(sum exp(x - m))`` by the definition (float64; NaN for a
     row whose log_softmax is all NaN). With :func:`picked`, a row's log_softmax at a few
     entries costs one pass, not a (rows, n) output."""
@@ -95,8 +97,18 @@ def normalisers(x: torch.Tensor, *, impl: str = "auto") -> tuple[torch.Tensor, t
         raise ValueError("normalisers of rows of length 0")
     if _numba(x, impl):
         from detsample.arith import cpu
-        return cpu.normalisers(x)
+        return cpu.normalisers(x, m)
     return reference.normalisers(x)
+
+
+def row_max(x: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
+    """``torch.amax(x, -1)`` of a float32 tensor (NaN where a row holds a NaN): exact (a
+    selection). On CPU tensors by the numba threads, so that no torch parallel region
+    (whose OpenMP workers then spin for milliseconds) precedes the kernels after it."""
+    if x.dtype == torch.float32 and x.dim() >= 1 and x.shape[-1] > 0 and _numba(x, impl):
+        from detsample.arith import cpu
+        return cpu.row_max(x)
+    return torch.amax(x, dim=-1)
 
 
 def picked(x: torch.Tensor, m: torch.Tensor, G: torch.Tensor) -> torch.Tensor:

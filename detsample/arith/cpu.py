@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 
 from detsample.arith import spec
@@ -48,22 +49,41 @@ def _pool(n: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=n, thread_name_prefix="detsample-arith")
 
 
+#: spans per thread of a parallel call: the threads take spans from one queue, so a
+#: thread slowed by another process (or by torch's OpenMP workers, which spin for
+#: milliseconds after a parallel region) hands its share to the others
+SPANS_PER_THREAD = 4
+
+
 def _chunks(total: int, elements: int) -> list[tuple[int, int]]:
     """[start, stop) spans of ``total`` units (elements or rows; ``elements`` in all)
-    for this call's threads (one span below PARALLEL_MIN elements)."""
+    for this call's threads: one span below PARALLEL_MIN elements, else up to
+    SPANS_PER_THREAD per thread of at least PARALLEL_MIN elements each."""
     if total <= 0:
         return []
-    parts = 1 if elements < PARALLEL_MIN else min(max(1, torch.get_num_threads()), total)
+    threads = max(1, torch.get_num_threads())
+    if elements < PARALLEL_MIN or threads == 1:
+        return [(0, total)]
+    parts = min(threads * SPANS_PER_THREAD, total, max(1, elements // PARALLEL_MIN))
     step = -(-total // parts)
     return [(s, min(s + step, total)) for s in range(0, total, step)]
 
 
+def split_rows(fn, rows: int, elements: int) -> None:
+    """``fn(start, stop)`` over spans of ``rows`` rows (``elements`` in all), on this
+    call's threads (:func:`_chunks`): a row is one thread's."""
+    _run(fn, _chunks(rows, elements))
+
+
 def _run(fn, spans: list[tuple[int, int]]) -> None:
+    """``fn(*span)`` for every span: on the calling thread for one, else on a pool of
+    ``torch.get_num_threads()`` threads taking them in order."""
     if len(spans) <= 1:
         for se in spans:
             fn(*se)
         return
-    for f in [_pool(len(spans)).submit(fn, *se) for se in spans]:
+    pool = _pool(min(len(spans), max(1, torch.get_num_threads())))
+    for f in [pool.submit(fn, *se) for se in spans]:
         f.result()
 
 
@@ -78,9 +98,22 @@ def exp32(z: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     src = z.contiguous()
     dst = torch.empty_like(src) if out is None else out
     a, b = src.view(-1).numpy(), dst.view(-1).numpy()
+    if _overlap(src, dst):
+        if src.data_ptr() != dst.data_ptr():  # a partial overlap: copy, then in place
+            b[:] = a.copy()
+        k1 = jit().exp_in_place
+        _run(lambda s, e: k1(b[s:e]), _chunks(b.size, b.size))
+        return dst
     k = jit().exp_into
     _run(lambda s, e: k(a[s:e], b[s:e]), _chunks(a.size, a.size))
     return dst
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory of two contiguous tensors overlaps."""
+    ea = a.data_ptr() + a.numel() * a.element_size()
+    eb = b.data_ptr() + b.numel() * b.element_size()
+    return a.data_ptr() < eb and b.data_ptr() < ea
 
 
 def exp64(x: torch.Tensor) -> torch.Tensor:
@@ -101,16 +134,30 @@ def log64(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def normalisers(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(m, G)`` of a float32 CPU tensor (..., n): the row maxima (float32) and
-    log-normalisers (float64, NaN for a row whose log_softmax is all NaN), shaped (...)."""
+def normalisers(x: torch.Tensor, m: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(m, G)`` of a float32 CPU tensor (..., n): the row maxima (float32; :func:`row_max`
+    unless given) and log-normalisers (float64, NaN for a row whose log_softmax is all
+    NaN), shaped (...)."""
     n = x.shape[-1]
     a = _rows(x).numpy()
-    m = torch.empty(a.shape[0], dtype=torch.float32)
+    m = row_max(x) if m is None else m
     g = torch.empty(a.shape[0], dtype=torch.float64)
-    k, frac, mo, go = jit().normalisers, spec.frac_bits(n), m.numpy(), g.numpy()
+    k, frac, mo, go = (jit().normalisers, spec.frac_bits(n),
+                       m.to(torch.float32).contiguous().view(-1).numpy(), g.numpy())
     _run(lambda s, e: k(a, mo, go, frac, s, e), _chunks(a.shape[0], a.size))
     return m.view(x.shape[:-1]), g.view(x.shape[:-1])
+
+
+def row_max(x: torch.Tensor) -> torch.Tensor:
+    """torch's ``amax`` over the last dim of a float32 CPU tensor (NaN where a row holds a
+    NaN), by numba threads (torch's own parallel ops leave OpenMP workers spinning for
+    milliseconds, which the kernels after them would compete with)."""
+    a = _rows(x).numpy()
+    out = torch.empty(a.shape[0], dtype=torch.float32)
+    k, o = jit().row_maxima, out.numpy()
+    _run(lambda s, e: k(a, o, s, e), _chunks(a.shape[0], a.size))
+    return out.view(x.shape[:-1])
 
 
 def log_softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -124,3 +171,30 @@ def log_softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
     k, frac = jit().log_softmax_rows, spec.frac_bits(n)
     _run(lambda s, e: k(a, b, frac, s, e), _chunks(a.shape[0], a.size))
     return dst
+
+
+def cut_masses(z: torch.Tensor, tau: torch.Tensor, least: torch.Tensor, floor: float,
+               frac: int, block: int, q_out: torch.Tensor | None
+               ) -> torch.Tensor:
+    """The fixed-point masses of a (rows, V) float32 CPU tensor with per-row cuts
+    (:func:`detsample.arith.jit.cut_masses_rows`): written into ``q_out`` ((rows, V)
+    int64) when given; returns their sums by blocks of ``block`` columns, (rows, nb)
+    int64."""
+    rows, V = z.shape
+    a = z.contiguous().numpy()
+    nb = -(-V // block) if V else 0
+    sums = torch.empty((rows, nb), dtype=torch.int64)
+    qo = q_out.numpy() if q_out is not None else _NO_Q
+    t = tau.to(torch.float32).contiguous().numpy()
+    lo = least.to(torch.float32).contiguous().numpy()
+    k, so = jit().cut_masses_rows, sums.numpy()
+    _run(lambda s, e: k(a, t, lo, _f32(floor), frac, block, qo, so, s, e),
+         _chunks(rows, a.size))
+    return sums
+
+
+_NO_Q = np.empty((0, 0), dtype=np.int64)
+
+
+def _f32(v: float) -> np.float32:
+    return np.float32(v)

@@ -8,6 +8,12 @@ file discovers and dispatches them, and holds the exit codes every command share
   ``detsample COMMAND: error:`` line naming the file, row, field or option and the value);
 * 130: interrupted by Ctrl-C (one line, no traceback).
 
+Before any command runs (and any torch kernel), ``ATEN_CPU_CAPABILITY`` must be unset,
+empty or exactly a set this CPU runs (:func:`detsample.golden.isa.forced_isa_problem`):
+torch would dispatch a forced set's kernels on a CPU that lacks it and die on an illegal
+instruction, with no output, and would ignore a value it does not know; either is refused
+with exit 2 and one line naming the variable, its value and the CPU's sets.
+
 A :class:`~detsample.errors.DetsampleError` a command does not catch itself, a
 ``SystemExit`` or ``KeyboardInterrupt`` raised by code the command ran (a user's model,
 never a real Ctrl-C) and running out of memory end here as exit 2 with one line: a
@@ -22,6 +28,7 @@ import pkgutil
 import sys
 
 from detsample.errors import DetsampleError, Interrupted
+from detsample.golden.isa import forced_isa_problem
 from detsample.inputs.signals import sigint_handler
 
 #: the exit status of a command interrupted by Ctrl-C (128 + SIGINT, the shell's)
@@ -81,6 +88,11 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``detsample ARGV``; refuse a forced instruction set first (module docstring)."""
+    problem = forced_isa_problem()
+    if problem is not None:
+        print(f"detsample: error: {problem}", file=sys.stderr)
+        return 2
     with sigint_handler(_raise_interrupted):  # Ctrl-C told apart from code's interrupts
         try:
             parser = build_parser()

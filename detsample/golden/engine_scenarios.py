@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from detsample.golden.format import ScenarioOutput
-from detsample.golden.scenarios import MODES, sampler_description
+from detsample.golden.scenarios import MODES, grammar_vocabulary, sampler_description
 
 
 def available() -> bool:
@@ -73,11 +73,10 @@ class EngineScenario:
         return out
 
     def vocabulary(self) -> Any:
-        """The default :class:`~detsample.Vocabulary` when the scenario has grammar rows."""
-        if not self.grammar:
-            return None
-        from detsample.vocab import Vocabulary
-        return Vocabulary.default()
+        """The default :class:`~detsample.Vocabulary` when the scenario has grammar rows,
+        its grammars compiled without a timeout
+        (:func:`~detsample.golden.scenarios.grammar_vocabulary`)."""
+        return grammar_vocabulary() if self.grammar else None
 
     def build_model(self) -> Any:
         if self.model == "refmodel":

@@ -50,14 +50,31 @@ def _is_x86() -> bool:
 
 def supported_isas() -> list[str]:
     """Every set this CPU can run, lowest first (``['default', 'avx2']`` on an AVX2
-    machine). On x86-64 from the CPU's own flags, whatever ``ATEN_CPU_CAPABILITY`` says."""
+    machine). On x86-64 from the CPU's own flags (cpuinfo, no kernel runs), whatever
+    ``ATEN_CPU_CAPABILITY`` says; elsewhere ``default`` and the set torch runs when it
+    is unforced or forced to that set (torch checks those sets itself: a forced SVE256
+    the CPU lacks falls back to ``default``)."""
     if _is_x86():
         flags = {"default": True, "avx2": bool(torch.cpu._is_avx2_supported()),
                  "avx512": bool(torch.cpu._is_avx512_supported())}
         return [i for i in X86_ORDER if flags[i]]
     forced = os.environ.get(ENV)
     cur = current_isa()
-    return ["default"] + ([cur] if cur != "default" and not forced else [])
+    return ["default"] + ([cur] if cur != "default" and forced in (None, "", cur) else [])
+
+
+def forced_isa_problem() -> str | None:
+    """None when ``ATEN_CPU_CAPABILITY`` is unset, empty or exactly a set this CPU runs
+    (:func:`supported_isas`); otherwise one line naming the variable, its value and those
+    sets. torch dispatches a forced set's kernels without asking the CPU (an illegal
+    instruction later), and ignores a value it does not know (its own best set runs, not
+    the one asked for). Reads the CPU's flags only: no torch kernel runs, so a command
+    can refuse before its first one."""
+    value = os.environ.get(ENV, "")
+    ok = supported_isas()
+    if not value or value in ok:
+        return None
+    return f"{ENV}={value}: this CPU supports {', '.join(ok)}"
 
 
 def native_isa() -> str:

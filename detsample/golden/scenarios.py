@@ -42,6 +42,18 @@ def _cycle(values: Sequence[Any], n: int) -> list[Any]:
     return [values[i % len(values)] for i in range(n)]
 
 
+def grammar_vocabulary() -> Any:
+    """The default :class:`~detsample.Vocabulary`, its grammars compiled without a timeout:
+    a scenario waits for every compilation however long it takes, so its output never
+    depends on the machine's speed (under the default 30 s a loaded machine ended a
+    request with ``grammar_error`` and no tokens)."""
+    from detsample.grammar import GrammarConfig
+    from detsample.vocab import Vocabulary
+    vocab = Vocabulary.default()
+    vocab.configure_grammar(GrammarConfig(compile_timeout_s=None))
+    return vocab
+
+
 def greedy_params(rows: int, vocab: int) -> list[dict[str, Any]]:
     """Greedy rows: temperature 0, top_k 1, and greedy with bias/penalty."""
     base = [dict(temperature=0.0), dict(top_k=1), dict(temperature=0.0, logprobs=3),
@@ -164,11 +176,9 @@ class Scenario:
                              f"grammar params, got {self.vocab!r}")
 
     def vocabulary(self) -> Any:
-        """The :class:`~detsample.Vocabulary` grammar rows need, or None."""
-        if self.params not in GRAMMAR_FAMILIES:
-            return None
-        from detsample.vocab import Vocabulary
-        return Vocabulary.default()
+        """The :class:`~detsample.Vocabulary` grammar rows need (:func:`grammar_vocabulary`),
+        or None."""
+        return grammar_vocabulary() if self.params in GRAMMAR_FAMILIES else None
 
     # -- inputs ----------------------------------------------------------------------
     def rid(self, row: int) -> str:

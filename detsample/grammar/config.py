@@ -26,7 +26,9 @@ class GrammarConfig:
             (None = unbounded).
         strict_mode: JSON schemas forbid properties/items the schema does not name.
         compile_timeout_s: how long a sampling step waits for an unready grammar before
-            that request fails with a timeout error.
+            that request fails with a timeout error; None waits for the compilation
+            however long it takes (what a run whose output must not depend on the
+            machine's speed needs: the golden scenarios).
         max_workers: threads of the compile pool.
         xgrammar_threads: threads xgrammar itself may use per compilation.
         mask_cache: name matcher states (:mod:`detsample.grammar.statekeys`) and fill a
@@ -52,7 +54,7 @@ class GrammarConfig:
     any_whitespace: bool = False
     max_whitespace_cnt: int | None = None
     strict_mode: bool = True
-    compile_timeout_s: float = 30.0
+    compile_timeout_s: float | None = 30.0
     max_workers: int = 2
     xgrammar_threads: int = 1
     mask_cache: bool = True
@@ -62,8 +64,10 @@ class GrammarConfig:
 
     def __post_init__(self) -> None:
         t = self.compile_timeout_s
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or math.isnan(t) or t < 0:
-            raise InvalidSamplingParams(f"compile_timeout_s must be a number >= 0, got {t!r}")
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
+                              or math.isnan(t) or t < 0):
+            raise InvalidSamplingParams(f"compile_timeout_s must be None or a number >= 0, "
+                                        f"got {t!r}")
         for name in ("max_workers", "xgrammar_threads"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

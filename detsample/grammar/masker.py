@@ -38,12 +38,13 @@ from detsample.ops.mask import (allocate_token_bitmask, apply_token_bitmask_, bi
 
 
 def resolve_all(grammars: Sequence[RequestGrammar | None]) -> None:
-    """Wait for every pending grammar together, bounded by their timeout; a grammar not
-    ready by then fails (its request only)."""
+    """Wait for every pending grammar together, bounded by their longest timeout (none
+    when one has none); a grammar not ready by then fails (its request only)."""
     pending = [g for g in grammars if g is not None and g.state == PENDING]
     if not pending:
         return
-    cf.wait([g.future for g in pending], timeout=max(g.timeout_s for g in pending))
+    timeouts = [g.timeout_s for g in pending]
+    cf.wait([g.future for g in pending], timeout=None if None in timeouts else max(timeouts))
     for g in pending:
         g.resolve(timeout=0.0)
 

@@ -36,7 +36,7 @@ class RequestGrammar:
         vocab: the :class:`~detsample.Vocabulary` the grammar was compiled for.
         output_ids: tokens the request already generated; fed to the matcher when it is
             built (a rejected one fails the request).
-        timeout_s: bound on one wait for the compilation.
+        timeout_s: bound on one wait for the compilation (None: wait until it ends).
         state_keys: returns the grammar's
             :class:`~detsample.grammar.statekeys.StateKeys`, or None while it has none
             (never waits); with keys the request names its matcher states, and the
@@ -44,13 +44,13 @@ class RequestGrammar:
     """
 
     def __init__(self, rid: str, kind: str, future: cf.Future, vocab, *,
-                 output_ids: Sequence[int] = (), timeout_s: float = 30.0,
+                 output_ids: Sequence[int] = (), timeout_s: float | None = 30.0,
                  state_keys: Callable[[], object] | None = None,
                  reasoning_end: int | None = None) -> None:
         self.rid = rid
         self.kind = check_kind(kind)
         self.vocab = vocab
-        self.timeout_s = float(timeout_s)
+        self.timeout_s = None if timeout_s is None else float(timeout_s)
         self._future = future
         self._matcher = None
         self._initial = [int(t) for t in output_ids]
@@ -152,16 +152,18 @@ class RequestGrammar:
         return c
 
     def resolve(self, timeout: float | None = None) -> str:
-        """Wait (at most ``timeout``, default ``timeout_s``) for the compilation and build
-        the matcher. Never raises: failure or timeout becomes the ``"failed"`` state."""
+        """Wait (at most ``timeout``, default ``timeout_s``; with neither, until the
+        compilation ends) for the compilation and build the matcher. Never raises: failure
+        or timeout becomes the ``"failed"`` state."""
         if self.state != PENDING:
             return self.state
         timeout = self.timeout_s if timeout is None else timeout
         try:
             compiled = self._future.result(timeout=timeout)
         except cf.TimeoutError:
+            waited = timeout if self.timeout_s is None else max(timeout, self.timeout_s)
             self.fail(f"request {self.rid!r}: {self.kind} grammar did not compile within "
-                      f"{max(timeout, self.timeout_s):g} s")
+                      f"{waited:g} s")
             return self.state
         except cf.CancelledError:
             self.fail(f"request {self.rid!r}: {self.kind} grammar compilation was cancelled")

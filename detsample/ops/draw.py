@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from detsample import rules
+from detsample.ops import rowpass
 
 #: block width of the two-level search of the full-vocabulary path
 BLOCK = 1024
@@ -71,31 +72,48 @@ def kept_mass(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: i
     filter active, when the caller knows (None: look; a wrong False would keep too much,
     so only pass what holds).
     """
+    return kept_masses(z, tau, element, frac, out=out, q_out=q_out, cut_tau=cut_tau,
+                       cut_element=cut_element)[0]
+
+
+def kept_masses(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: int, *,
+                out: torch.Tensor | None = None, q_out: torch.Tensor | None = None,
+                cut_tau: bool | None = None, cut_element: bool | None = None,
+                block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`kept_mass` and the exact sums of the masses by blocks of ``block`` columns
+    (None: the whole row): ``(q, sums)``, sums (rows, nb) int64. One fused pass on a CPU
+    (:func:`detsample.rules.cut_masses`)."""
     cut_tau = bool(torch.isfinite(tau).any()) if cut_tau is None else cut_tau
-    # (exp's fast path, the same masses; tau's cut made on the values, before the exp)
-    w = rules.floored_exp(z, out=out, keep_from=tau if cut_tau else None)
-    if bool(rules.element_active(element).any()) if cut_element is None else cut_element:
-        if all(f.least is not None for f in rules.ELEMENT_FILTERS):
-            for j, f in enumerate(rules.ELEMENT_FILTERS):
-                _drop_below(w, element[:, j], f)
-        else:
-            w.masked_fill_(rules.element_keeps(w, element).logical_not_(), 0.0)
-    return rules.mass_in_place(w, frac, q_out)
+    if cut_element is None:
+        cut_element = bool(rules.element_active(element).any())
+    least = _least(element) if cut_element else None
+    if cut_element and least is None:  # a registered filter without a least kept exp
+        w = rules.floored_exp(z, out=out, keep_from=tau if cut_tau else None)
+        w.masked_fill_(rules.element_keeps(w, element).logical_not_(), 0.0)
+        q = rules.mass_in_place(w, frac, q_out)
+        return q, rules.block_sums(q, block)
+    # (tau's cut made on the values, before the exp)
+    return rules.cut_masses(z, frac, tau=tau if cut_tau else None, least=least,
+                            block=block, out=out, q_out=q_out)
 
 
-def _drop_below(w: torch.Tensor, values: torch.Tensor, f: rules.ElementFilter) -> None:
-    """Zero, in place, the entries of each row of ``w`` (rows, V) float32 that the
-    element-wise filter ``f`` drops for the row's parameter ``values`` (rows,): those
-    below ``f.least(value)`` (:func:`detsample.rules.keep_at_least`: a value select,
-    without the mask ``masked_fill`` would read on a CPU)."""
-    least = [-math.inf if v == f.neutral else f.least(v) for v in values.tolist()]
-    rules.keep_at_least(w, torch.tensor(least, dtype=torch.float32, device=w.device), 0.0)
+def _least(element: torch.Tensor) -> torch.Tensor | None:
+    """(rows,) float32: the smallest exp every element-wise filter keeps (-inf where all
+    are neutral), or None when some registered filter has no ``least``."""
+    if not all(f.least is not None for f in rules.ELEMENT_FILTERS):
+        return None
+    out = [-math.inf] * element.shape[0]
+    for j, f in enumerate(rules.ELEMENT_FILTERS):
+        for r, v in enumerate(element[:, j].tolist()):
+            if v != f.neutral:
+                out[r] = max(out[r], f.least(v))
+    return torch.tensor(out, dtype=torch.float32, device=element.device)
 
 
 def block_cdf(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: int, *,
               out: torch.Tensor | None = None, q_out: torch.Tensor | None = None,
-              cut_tau: bool | None = None, cut_element: bool | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+              cut_tau: bool | None = None, cut_element: bool | None = None,
+              lazy: bool = False) -> tuple[torch.Tensor | rowpass.LazyMasses, torch.Tensor]:
     """The kept tokens' masses over the whole vocabulary and their blocked CDF.
 
     z: (rows, V) float32; tau: (rows,) float32; element: (rows, F) float32; kept as in
@@ -104,26 +122,50 @@ def block_cdf(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: i
     ``(q, bsum)``: (rows, V) int64 masses (0 off the kept set) and (rows, nb) int64
     running sums of blocks of BLOCK tokens (the last block may be
     shorter); ``bsum[:, -1]`` is the exact kept mass ``Q``. Exact integer sums make the
-    blocking and the summing order irrelevant to every result.
+    blocking and the summing order irrelevant to every result. ``lazy``: where the masses
+    are one fused CPU pass, ``q`` is not materialised but a
+    :class:`~detsample.ops.rowpass.LazyMasses` (the draw recomputes one block per row;
+    :func:`draw_by_blocks` takes either; ``z`` must then stay unchanged until the draw).
     """
-    rows, V = z.shape
-    q = kept_mass(z, tau, element, frac, out=out, q_out=q_out, cut_tau=cut_tau,
-                  cut_element=cut_element)
-    nb = V // BLOCK
-    sums = q[:, :nb * BLOCK].view(rows, nb, BLOCK).sum(-1)
-    if V > nb * BLOCK:
-        sums = torch.cat([sums, q[:, nb * BLOCK:].sum(-1, keepdim=True)], dim=1)
+    lazy = _lazy(z, tau, element, cut_tau, cut_element) if lazy else None
+    if lazy is not None:
+        sums = rules.cut_masses(z, frac, tau=lazy.tau, least=lazy.least, block=BLOCK,
+                                want_q=False)[1]
+        return rowpass.LazyMasses(z, lazy.tau, lazy.least, frac), sums.cumsum(-1)
+    q, sums = kept_masses(z, tau, element, frac, out=out, q_out=q_out, cut_tau=cut_tau,
+                          cut_element=cut_element, block=BLOCK)
     return q, sums.cumsum(-1)
 
 
-def draw_by_blocks(q: torch.Tensor, bsum: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def _lazy(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor,
+          cut_tau: bool | None, cut_element: bool | None) -> rowpass.LazyMasses | None:
+    """The cuts of a blocked table whose masses need not be materialised (a fused CPU
+    pass, every element-wise filter with a ``least``; ``z`` contiguous), as a
+    LazyMasses without ``z`` and ``frac``; else None."""
+    if not (rules.fused_masses(z) and z.is_contiguous()):
+        return None
+    cut_element = bool(rules.element_active(element).any()) if cut_element is None \
+        else cut_element
+    least = _least(element) if cut_element else None
+    if cut_element and least is None:
+        return None
+    inf = torch.full((z.shape[0],), -math.inf)
+    t = tau.to(torch.float32) if (cut_tau is None or cut_tau) else inf
+    return rowpass.LazyMasses(None, t.contiguous(), inf if least is None else least, 0)
+
+
+def draw_by_blocks(q: torch.Tensor | rowpass.LazyMasses, bsum: torch.Tensor, u: torch.Tensor
+                   ) -> torch.Tensor:
     """Inverse CDF over :func:`block_cdf`'s table, in two levels: the block, then a cumsum
-    inside it. u: (rows,) float64 in (0, 1) -> (rows,) int64 tokens.
+    inside it. u: (rows,) float64 in (0, 1) -> (rows,) int64 tokens. Lazy masses: the
+    same two levels in one numba pass per row, recomputing the block's masses.
 
     The last block may be shorter than BLOCK: its missing entries read the last token's
     mass again, which only raises the running sum after every real entry, and the target
     lies below the block's real total, so the search never lands on them.
     """
+    if isinstance(q, rowpass.LazyMasses):
+        return rowpass.draw_blocks(q, bsum, rules.draw_target(u, bsum[:, -1]), BLOCK)
     V = q.shape[-1]
     t = rules.draw_target(u, bsum[:, -1]).unsqueeze(1)
     blk = rules.first_above(bsum, t)

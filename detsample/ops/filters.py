@@ -196,5 +196,5 @@ def survivor_mass(z: torch.Tensor, thr: torch.Tensor | None, frac: int, *,
     sorted row, bit for bit (an exact integer sum; ``exp`` is fed
     ``max(z, rules.EXP_FLOOR)``, which changes no mass)."""
     cut = thr is not None and bool(torch.isfinite(thr).any())
-    w = rules.floored_exp(z, out=out, keep_from=thr if cut else None)
-    return rules.mass_in_place(w, frac, q_out).sum(-1)
+    return rules.cut_masses(z, frac, tau=thr if cut else None, want_q=False, out=out,
+                            q_out=q_out)[1].squeeze(1)

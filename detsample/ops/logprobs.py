@@ -22,8 +22,8 @@ NEG_INF = float("-inf")
 
 
 def log_softmax(x: torch.Tensor, *, kept_mass: torch.Tensor | None = None, frac: int = 0,
-                out: torch.Tensor | None = None, at: torch.Tensor | None = None
-                ) -> torch.Tensor:
+                out: torch.Tensor | None = None, at: torch.Tensor | None = None,
+                norm: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """THE log_softmax of detsample: every logprob it returns (the sampled token's, the
     top-n, the rescoring path's, in every ``logprobs_mode``) is computed here, so a
     kernel swapped in this one place changes all of them together.
@@ -42,15 +42,23 @@ def log_softmax(x: torch.Tensor, *, kept_mass: torch.Tensor | None = None, frac:
       kept mass (``Q == 2**frac``, ``x == 0``) gets exactly 0.
     * ``at`` (rows,) int64 token ids in range (with ``kept_mass`` None): only the values
       at ``x[i, at[i]]``, (rows,) float32, the same bits, from the rows' normalisers
-      (:func:`detsample.arith.normalisers`): one pass over ``x``, no (rows, n) output.
+      (:func:`detsample.arith.normalisers`): one pass over ``x``, no (rows, n) output;
+      ``norm``: those normalisers ``(m, G)`` when computed already (then no pass).
     """
     if kept_mass is None and at is not None:
-        m, G = arith.normalisers(x)
+        m, G = arith.normalisers(x) if norm is None else norm
         return arith.picked(gather_rows(x, at), m, G)
     if kept_mass is None:
         return arith.log_softmax(x, out=out)
     norm = arith.log64(kept_mass.to(torch.float64) * (2.0 ** -frac))
     return (x.to(torch.float64) - norm).to(torch.float32)
+
+
+def row_normalisers(x: torch.Tensor, m: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows' ``(max, log-normaliser)`` of :func:`log_softmax` (``norm=``), one pass:
+    x (rows, n) float32, m (rows,) its maxima when known (:func:`detsample.arith.normalisers`)."""
+    return arith.normalisers(x, m)
 
 
 def processed_log_softmax(x: torch.Tensor, temperature: torch.Tensor,

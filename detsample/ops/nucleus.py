@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from detsample import rules
+from detsample.ops import rowpass
 from detsample.ops.filters import passing_prefix
 
 #: a row's columns fall into groups of GROUP, strided by ``V // GROUP``
@@ -78,6 +79,9 @@ def lower_bound(maxima: torch.Tensor, thr: torch.Tensor | None, limit: torch.Ten
     strictly above ``L`` (a lower bound of the row's survivors' mass strictly above
     ``L``) have a mass that fails the top-p test, so ``L < tau``; elsewhere ``L`` is
     meaningless (the maxima's whole mass passes)."""
+    fused = rowpass.lower_bound(maxima, thr, limit, frac, (BIN_SHIFT, KEY_LO, KEY_HI))
+    if fused is not None:  # one pass per row on a CPU, the same bits
+        return fused
     rows = maxima.shape[0]
     # (a top-k casualty carries no survivor mass)
     q = rules.mass_in_place(rules.floored_exp(

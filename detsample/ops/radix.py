@@ -74,10 +74,11 @@ def thresholds_by_select(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tens
         n = pr.numel()
         every = n == rows
         zp = z if every else z.index_select(0, pr)
-        w = rules.floored_exp(zp, out=None if out is None else out[:n],
-                              keep_from=tau[pr] if cut_k else None)  # survivors only
-        q = rules.mass_in_place(w, frac, None if q_out is None else q_out[:n])
-        limit = rules.top_p_limit(tp[pr], q.sum(-1))
+        w = torch.empty(zp.shape, dtype=torch.float32, device=z.device) \
+            if out is None else out[:n]  # (a scratch for the levels below)
+        q, total = rules.cut_masses(zp, frac, tau=tau[pr] if cut_k else None, out=w,
+                                    q_out=None if q_out is None else q_out[:n])
+        limit = rules.top_p_limit(tp[pr], total.squeeze(1))  # survivors only
         key = torch.empty(zp.shape, dtype=torch.int64, device=z.device) \
             if key_out is None else key_out[:n]
         tau[pr] = torch.maximum(tau[pr], _nucleus_value(zp.view(torch.int32), q, limit,

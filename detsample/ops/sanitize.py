@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from detsample import arith
 from detsample.rules import (NAN_FLOOR, POSINF_CEIL, STATUS_HAD_NAN, STATUS_HAD_POSINF,
                              STATUS_NO_VALID_TOKEN)
 
@@ -22,7 +23,7 @@ def sanitize_rows_flagged(x: torch.Tensor
     The fourth value is a host bool: True when every row maximum was finite (then
     ``clean is x`` and ``status`` is all zero: the common case costs four operations).
     """
-    m = torch.amax(x, dim=-1)  # propagates NaN
+    m = arith.row_max(x)  # propagates NaN (torch's amax, or numba threads on a CPU)
     status = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
     if math.isfinite(float(m.sum())):  # the common case: nothing to fix, no masked row
         return x, status, m.unsqueeze(1), True  # (a finite sum: every maximum is finite)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from detsample.ops import rowpass
+
 
 def row_max(x: torch.Tensor) -> torch.Tensor:
     """x: (batch, vocab) float32 -> (batch, 1) float32 row maxima (exact, order-free)."""
@@ -20,5 +22,8 @@ def scale_logits(x: torch.Tensor, m: torch.Tensor, temperatures: torch.Tensor,
     (``x - m <= 0``), whatever the magnitude of the logits or how small T is.
     Bitwise batch-invariant (element-wise IEEE operations).
     """
+    fused = rowpass.scale(x, m, temperatures, out)  # one pass on a CPU, the same bits
+    if fused is not None:
+        return fused
     z = torch.sub(x, m, out=out) if out is not None else torch.sub(x, m)
     return z.div_(temperatures)

@@ -35,6 +35,7 @@ from detsample.ops import draw as draw_ops
 from detsample.ops import filters as filter_ops
 from detsample.ops import nucleus
 from detsample.ops import radix
+from detsample.ops import rowpass
 from detsample.sampling.rowplan import CANDIDATE_RATIO, RowPlan, Rows
 
 #: how much a small top-k row's ``topk`` grows while a tie group may spill past it
@@ -62,15 +63,16 @@ class Table:
     all rows of the batch, in order); ``csum`` the running kept mass, ``csum[:, -1]`` the
     exact kept mass ``Q``. Compact (bounded strategy): ``ids`` (n, K) int64 the kept ids
     ascending, then ``rules.PAD_ID``, and ``csum`` (n, K) in that order. Blocked (full
-    strategy): ``ids`` None, ``q`` (n, V) int64 the kept masses, ``csum`` (n, nb) their
-    running sums by blocks of ``draw.BLOCK``. ``tau``: (n,) float32 kept thresholds, or
+    strategy): ``ids`` None, ``q`` (n, V) int64 the kept masses (or, not materialised,
+    their ``rowpass.LazyMasses``), ``csum`` (n, nb) their running sums by blocks of
+    ``draw.BLOCK``. ``tau``: (n,) float32 kept thresholds, or
     None (the full strategy's are in :class:`KeptCDF`)."""
 
     index: torch.Tensor
     every: bool
     csum: torch.Tensor
     ids: torch.Tensor | None = None
-    q: torch.Tensor | None = None
+    q: torch.Tensor | rowpass.LazyMasses | None = None
     tau: torch.Tensor | None = None
 
     def draw(self, u: torch.Tensor) -> torch.Tensor:
@@ -338,9 +340,11 @@ def _nucleus(z: torch.Tensor, plan: RowPlan, inp: CutInputs, frac: int
     pos, idx, every = _part(plan, wide=True)
     zw = z if every else z.index_select(0, idx)
     first = zw.numel() < BY_VALUE_MIN
-    cut, lo = _nucleus_cut(zw, plan, pos, inp, frac, exact=first)
+    # (the exact mass costs one fused pass where there is one: no bracket to settle)
+    cut, lo, maxima = _nucleus_cut(zw, plan, pos, inp, frac,
+                                   exact=first or rules.fused_masses(zw), maxima=not first)
     if not first:
-        return _by_value(zw, idx, every, cut, lo, frac)
+        return _by_value(zw, idx, every, cut, lo, frac, maxima=maxima)
     K = min(NUCLEUS_CANDIDATES, zw.shape[1])
     tables, rest = _grown(_Pending(idx, every, zw, None, cut), K, inp, frac, small=False,
                           cap=K)
@@ -352,7 +356,8 @@ def _nucleus(z: torch.Tensor, plan: RowPlan, inp: CutInputs, frac: int
 
 
 def _by_value(zw: torch.Tensor, idx: torch.Tensor, every: bool,
-              cut: filter_ops.CandidateCut, lo: torch.Tensor, frac: int
+              cut: filter_ops.CandidateCut, lo: torch.Tensor, frac: int, *,
+              maxima: torch.Tensor | None = None
               ) -> tuple[list[Table], torch.Tensor | None]:
     """Top-p rows ``zw`` (n, V) (batch rows ``idx``) on the candidates ``z > L`` with
     ``L`` below the top-p threshold (:mod:`detsample.ops.nucleus`), the kept set by
@@ -360,9 +365,10 @@ def _by_value(zw: torch.Tensor, idx: torch.Tensor, every: bool,
     [``lo``, ``cut.total``] of the full row's mass ``Z`` (a row whose kept set differs
     between them takes its exact ``Z``). A row is decided when its candidates' survivor
     mass fails the top-p test (so no element at or below ``L`` is kept); a row without
-    such an ``L`` (its nucleus spans most of the row) or failing that check spills."""
+    such an ``L`` (its nucleus spans most of the row) or failing that check spills.
+    ``maxima``: the rows' :func:`~detsample.ops.nucleus.group_maxima` when known."""
     limit = rules.top_p_limit(cut.top_p.squeeze(1), cut.total.squeeze(1))
-    maxima = nucleus.group_maxima(zw)
+    maxima = nucleus.group_maxima(zw) if maxima is None else maxima
     L, found = nucleus.lower_bound(maxima, cut.thr, limit, frac)
     spill = None
     if not bool(found.all()):
@@ -387,24 +393,31 @@ def _by_value(zw: torch.Tensor, idx: torch.Tensor, every: bool,
 
 
 def _nucleus_cut(zw: torch.Tensor, plan: RowPlan, pos: torch.Tensor | None,
-                 inp: CutInputs, frac: int, *, exact: bool
-                 ) -> tuple[filter_ops.CandidateCut, torch.Tensor]:
-    """The top-p rows' cut with the upper end of their mass bracket as ``total``, and
-    the lower end (n,) int64: the exact survivor mass (both ends) for rows of a batch
-    with a large top-k or when ``exact``, else :func:`~detsample.ops.nucleus.mass_bounds`."""
+                 inp: CutInputs, frac: int, *, exact: bool, maxima: bool
+                 ) -> tuple[filter_ops.CandidateCut, torch.Tensor, torch.Tensor | None]:
+    """The top-p rows' cut with the upper end of their mass bracket as ``total``, the
+    lower end (n,) int64 -- the exact survivor mass (both ends) for rows of a batch with
+    a large top-k or when ``exact``, else :func:`~detsample.ops.nucleus.mass_bounds` --
+    and, when ``maxima`` is asked and a fused CPU pass gave them with the exact mass,
+    the rows' group maxima (else None)."""
     rows, bf = plan.route.bounded, plan.route.filters
     pick = (lambda t: t) if pos is None else (lambda t: t[pos])  # noqa: E731
-    thr = None
+    thr, mx = None, None
     if bf.wide_k or exact:
         if bf.wide_k:
             thr = filter_ops.topk_threshold(zw, pick(rows.filters[0]))
-        lo = hi = filter_ops.survivor_mass(zw, thr, frac, out=inp.scratch("w", zw),
-                                           q_out=inp.scratch("q", zw, torch.int64))
+        both = rowpass.mass_and_maxima(zw, thr, frac, nucleus.GROUP) if maxima else None
+        if both is not None:
+            lo, mx = both
+        else:
+            lo = filter_ops.survivor_mass(zw, thr, frac, out=inp.scratch("w", zw),
+                                          q_out=inp.scratch("q", zw, torch.int64))
+        hi = lo
         thr = None if thr is None else thr.unsqueeze(1)
     else:
         lo, hi = nucleus.mass_bounds(zw, frac, out=inp.scratch("w", zw))
     return filter_ops.CandidateCut(None, None, thr, hi.unsqueeze(1), pick(bf.top_p),
-                                   None if bf.element is None else pick(bf.element)), lo
+                                   None if bf.element is None else pick(bf.element)), lo, mx
 
 
 def _settle(vals: torch.Tensor, zw: torch.Tensor, cut: filter_ops.CandidateCut,
@@ -486,7 +499,7 @@ def _full(z: torch.Tensor, plan: RowPlan, inp: CutInputs, plain: Rows,
     q, bsum = draw_ops.block_cdf(zf, tf, ef, frac, out=inp.scratch("w", zf),
                                  q_out=inp.scratch("q", zf, torch.int64),
                                  cut_tau=len(full_idx) > bool(plain),
-                                 cut_element=None if plan.any_element else False)
+                                 cut_element=None if plan.any_element else False, lazy=True)
     return Table(fi, every, bsum, q=q)
 
 

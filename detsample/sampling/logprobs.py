@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from detsample import rules
+from detsample import arith, rules
 from detsample.ops import logprobs as lp_ops
 from detsample.sampling.keptset import KeptCDF
+from detsample.sampling.backend import TORCH
 from detsample.sampling.prepare import Prepared
 from detsample.sampling.rowplan import RowPlan, Rows
 
@@ -23,7 +24,8 @@ NEG_INF = float("-inf")
 class Steps:
     """Steps 1-8 of one call: the batch (a SamplingBatch), steps 1-5 (``prep``), the
     plan, the greedy tokens (or None), z (or None), the kept set and the uniforms (or
-    None)."""
+    None), and the "raw" rows' log-normalisers when computed early (:func:`raw_normalisers`;
+    else None)."""
 
     batch: object
     prep: Prepared
@@ -32,6 +34,20 @@ class Steps:
     z: torch.Tensor | None
     cdf: KeptCDF | None
     u: torch.Tensor | None
+    raw_norm: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+def raw_normalisers(prep: Prepared, plan: RowPlan) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The (B,) maxima and log-normalisers of the "raw" logits (the sanitised model
+    logits) when some row's logprob is "raw" and the torch ops run: one fused pass
+    (:func:`detsample.arith.normalisers`), done before step 8 -- on a CPU that pass runs
+    on numba threads, and step 8's torch operations leave OpenMP workers spinning for
+    milliseconds, which it would compete with after them. The same bits as
+    ``log_softmax(raw, at=...)``. None otherwise."""
+    if "raw" not in plan.modes or prep.backend is not TORCH:
+        return None
+    m = None if prep.raw_max is None else prep.raw_max.squeeze(1)
+    return lp_ops.row_normalisers(prep.raw, m)
 
 
 def processed_fixed(cdf: KeptCDF, batch, rows: Rows, z: torch.Tensor, ids: torch.Tensor,
@@ -93,6 +109,10 @@ def token_logprobs(st: Steps, tokens: torch.Tensor, some_none: bool) -> torch.Te
             ztok = lp_ops.gather_rows(rows.take(st.z), picked)
             vals = processed_fixed(st.cdf, st.batch, rows, ztok, picked, st.greedy_tok,
                                    exp=prep.backend.exp)
+        elif mode == "raw" and st.raw_norm is not None:
+            m, G = st.raw_norm
+            vals = lp_ops.log_softmax(rows.take(prep.raw), at=picked,
+                                      norm=(rows.take(m), rows.take(G)))
         else:
             sub = rows.take(prep.raw if mode == "raw" else st.z)
             vals = prep.backend.log_softmax_at(sub, picked)

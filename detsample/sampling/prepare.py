@@ -34,6 +34,7 @@ class Prepared:
     #                              ``x`` that are -inf outside them (step 4)
     column_values: dict | None = None  # {row: float32 numpy}: ``x`` at those columns, when
     #                                    nothing changed ``x`` after the mask (else None)
+    raw_max: torch.Tensor | None = None  # (B, 1) max of ``raw`` (None: not known)
 
 
 def prepare(logits: torch.Tensor, batch, *, backend: Backend, runner, masker,
@@ -45,6 +46,7 @@ def prepare(logits: torch.Tensor, batch, *, backend: Backend, runner, masker,
     sanitize = backend.sanitize
     x = runner.run(logits, batch)  # step 1 (detsample.processors.base)
     raw, status, m, valid = sanitize(logits)  # step 2 ("raw" = sanitised model logits)
+    raw_max = m
     if x is logits:
         x = raw
     else:
@@ -80,4 +82,5 @@ def prepare(logits: torch.Tensor, batch, *, backend: Backend, runner, masker,
     only_mask = unchanged and coo is None and mask_max is not None
     return Prepared(raw=raw, x=x, status=status, row_max=m, all_valid=valid, backend=backend,
                     columns=columns or None,
-                    column_values=values if only_mask and columns else None)
+                    column_values=values if only_mask and columns else None,
+                    raw_max=raw_max)

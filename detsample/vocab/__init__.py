@@ -258,3 +258,18 @@ class Vocabulary:
 
                 self._compiler = GrammarCompiler(self)
             return self._compiler
+
+    def configure_grammar(self, config) -> Any:
+        """Give this vocabulary a :class:`detsample.grammar.GrammarCompiler` built with
+        ``config`` (a :class:`~detsample.grammar.GrammarConfig`) and return it: every
+        grammar of this vocabulary then compiles under those options. Refused (a
+        ``ValueError``) once the vocabulary has a compiler, whose compilations, names and
+        pool were built under other options."""
+        with self._lock:
+            if self._compiler is not None:
+                raise ValueError("this Vocabulary already has a grammar compiler; configure "
+                                 "it before its first grammar")
+            from detsample.grammar.compiler import GrammarCompiler
+
+            self._compiler = GrammarCompiler(self, config)
+            return self._compiler

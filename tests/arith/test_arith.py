@@ -233,3 +233,27 @@ def test_flush_to_zero_is_refused():
                 arith.check_environment()
     finally:
         torch.set_flush_denormal(False)
+
+
+@given(st.integers(1, 5), st.integers(1, 100), st.integers(0, 2 ** 31 - 1),
+       st.sampled_from(["randn", "nan", "posinf", "neginf", "ties", "zeros"]))
+def test_row_max_is_torchs_amax(rows, n, seed, family):
+    """Bug it would catch: a NaN lost by the select-based max, a group of 8 over the
+    wrong stride, the tail of a row shorter than 8 skipped."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, n)).astype(np.float32)
+    if family == "nan":
+        x[rng.random((rows, n)) < 0.1] = np.nan
+    elif family == "posinf":
+        x[:, rng.integers(0, n)] = np.inf
+    elif family == "neginf":
+        x[rng.random((rows, n)) < 0.7] = -np.inf
+    elif family == "ties":
+        x = np.round(x)
+    elif family == "zeros":
+        x = np.where(rng.random((rows, n)) < 0.5, np.float32(-0.0), np.float32(0.0))
+    t = torch.from_numpy(x)
+    got, want = arith.row_max(t), torch.amax(t, -1)
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    ok = ~torch.isnan(want)
+    assert torch.equal(got[ok], want[ok])  # values (+0.0 / -0.0 ties are one value)

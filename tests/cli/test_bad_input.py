@@ -9,7 +9,8 @@ having audited nothing and ``rollout`` exit 0 writing no file; a factory raising
 CHECKS PASSED before failing to write it; ``bench --threads 100000`` and ``probe ops
 --threads 1,100000`` crashed (exit 139); ``bench --vocab 100000000000`` allocated for ever;
 ``rollout --seed 2**63-1 --num-sequences 3`` named 2**63, a value nobody typed; ``probe
-model`` on a model whose logits are all NaN raised from ``torch.multinomial``.
+model`` on a model whose logits are all NaN raised from ``torch.multinomial``;
+``ATEN_CPU_CAPABILITY=avx512`` on an AVX2 CPU died on an illegal instruction, no output.
 
 Every case: exit 2 with one ``detsample COMMAND: error:`` line naming the file or option
 and the value (or exit 1 for a failed gate, 130 for Ctrl-C), within a bound.
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -231,3 +234,70 @@ def test_audit_log_reads_stdin_with_the_same_rules(capsys, monkeypatch, row, rc,
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
     assert main(["audit-log", "-", "--quiet", "--max-abs-diff", "0"]) == rc
     assert says in capsys.readouterr().err
+
+
+def _x86_set_this_cpu_lacks() -> str | None:
+    """The highest x86 set torch has that this CPU cannot run (None: it runs them all,
+    or it is no x86 CPU)."""
+    from detsample.golden import isa
+    if not isa._is_x86():
+        return None
+    missing = [s for s in isa.X86_ORDER if s not in isa.supported_isas()]
+    return missing[-1] if missing else None
+
+
+LACKING = _x86_set_this_cpu_lacks()
+#: records every torch call and aten op of ``main(argv)``, imports included
+RECORDED_MAIN = textwrap.dedent("""
+    import json, sys
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+    ops = []
+    class Calls(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            ops.append(str(func)); return func(*args, **(kwargs or {}))
+    class Kernels(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(str(func)); return func(*args, **(kwargs or {}))
+    with Calls(), Kernels():
+        from detsample.cli import main
+        rc = main(sys.argv[1:])
+    print(json.dumps({"rc": rc, "ops": ops[:5]}))
+""")
+
+
+def _forced(value: str, *argv: str) -> subprocess.CompletedProcess:
+    """``detsample ARGV`` in a fresh process under ``ATEN_CPU_CAPABILITY=value``."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": value,
+           "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", RECORDED_MAIN, *argv], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+CHECK_ONE = ["check", "--quick", "-k", "random.temperature"]
+VERIFY_ONE = ["golden", "verify", "-k", "random.greedy"]
+
+
+@pytest.mark.parametrize("value,argv", [
+    pytest.param(LACKING or "lacking", CHECK_ONE, marks=pytest.mark.skipif(
+        LACKING is None, reason="this CPU runs every x86 set torch has (or is not x86): "
+                                "no set to force that it lacks; the unknown values still run")),
+    ("avx9000", VERIFY_ONE), ("AVX2", CHECK_ONE)])
+def test_a_forced_set_the_cpu_cannot_run_is_refused_before_any_kernel(value, argv):
+    """Bug pinned: ``ATEN_CPU_CAPABILITY=avx512 detsample check`` on an AVX2 CPU died on
+    an illegal instruction with no output (torch dispatches a forced set's kernels
+    without asking the CPU; a value it does not know it ignores, running another set).
+    Every command refuses it first: exit 2, one line, no torch kernel run before."""
+    from detsample.golden import isa
+    proc = _forced(value, *argv)
+    assert proc.stderr == (f"detsample: error: ATEN_CPU_CAPABILITY={value}: this CPU "
+                           f"supports {', '.join(isa.supported_isas())}\n"), proc.stderr[-2000:]
+    assert json.loads(proc.stdout) == {"rc": 2, "ops": []}
+
+
+def test_an_empty_value_is_not_refused():
+    """Empty: torch picks the CPU's own set, as when it is unset (and a set the CPU runs:
+    tests/cli/test_check.py runs check under each); the command runs."""
+    proc = _forced("", *VERIFY_ONE)
+    assert json.loads(proc.stdout.splitlines()[-1])["rc"] == 0, proc.stdout + proc.stderr

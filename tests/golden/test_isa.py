@@ -29,6 +29,37 @@ def test_a_set_the_cpu_lacks_is_never_offered(monkeypatch):
     assert isa.resolve("all") == ["default", "avx2", "avx512"]
 
 
+@pytest.mark.parametrize("value,problem", [
+    (None, None), ("", None), ("default", None), ("avx2", None),
+    ("avx512", "ATEN_CPU_CAPABILITY=avx512: this CPU supports default, avx2"),
+    ("AVX2", "ATEN_CPU_CAPABILITY=AVX2: this CPU supports default, avx2"),
+    ("avx9000", "ATEN_CPU_CAPABILITY=avx9000: this CPU supports default, avx2")])
+def test_a_forced_set_is_a_problem_unless_the_cpu_runs_it(monkeypatch, value, problem):
+    """What every ``detsample`` command refuses up front (detsample/cli/__init__.py): a set
+    the CPU lacks (torch would run its kernels: an illegal instruction) or a value torch
+    does not know (it would run another set than the one asked for)."""
+    monkeypatch.setattr(isa, "_is_x86", lambda: True)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx2_supported", lambda: True)
+    if value is None:
+        monkeypatch.delenv(isa.ENV, raising=False)
+    else:
+        monkeypatch.setenv(isa.ENV, value)
+    assert isa.forced_isa_problem() == problem
+
+
+@pytest.mark.parametrize("value,sets", [("sve256", ["default", "sve256"]), ("", ["default", "sve256"]),
+                                        ("default", ["default"])])
+def test_off_x86_a_forced_set_torch_took_is_supported(monkeypatch, value, sets):
+    """Bug pinned: off x86 any forced value dropped the CPU's own set from the list, so
+    ``ATEN_CPU_CAPABILITY=sve256`` on an SVE256 CPU (torch checks that set itself) would
+    be refused."""
+    monkeypatch.setattr(isa, "_is_x86", lambda: False)
+    monkeypatch.setattr(isa, "current_isa", lambda: value or "sve256")
+    monkeypatch.setenv(isa.ENV, value)
+    assert isa.supported_isas() == sets and isa.forced_isa_problem() is None
+
+
 def test_resolve():
     assert isa.resolve("all") == isa.supported_isas()
     assert isa.resolve("current") == [isa.current_isa()]

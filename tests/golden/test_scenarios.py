@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 import pytest
 
 from detsample.golden import registry, scenarios
+from detsample.grammar import GrammarConfig
+from detsample.grammar import compiler as grammar_compiler
 from detsample.golden.diff import compare
 from detsample.golden.scenarios import BIG_VOCAB, PARAM_FAMILIES, Scenario
 from detsample.golden.synthlogits import FAMILIES
@@ -87,3 +92,53 @@ def test_finished_rows_leave_the_batch():
     assert out.of_request("r0").tokens.tolist() == [-1]  # no admissible token at step 0
     mixed = sc.run(order=list(range(sc.rows))[::-1], split=3, shuffle_steps=True)
     assert compare(sc.name, out, mixed).ok
+
+
+SLOW_S, IMPATIENT_S = 1.0, 0.2  # a compile 5x longer than the default timeout
+
+
+@dataclass(frozen=True)
+class _Impatient(GrammarConfig):
+    """The default options a compiler gets, with a timeout the slowed compile outlasts."""
+
+    compile_timeout_s: float | None = IMPATIENT_S
+
+
+@pytest.fixture
+def slow_compiles(monkeypatch):
+    """A loaded machine: every grammar compiles SLOW_S late, past the default timeout
+    (IMPATIENT_S standing for the 30 s a compile outlasts there)."""
+    real = grammar_compiler.compile_kind
+
+    def slow(*args, **kwargs):
+        time.sleep(SLOW_S)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grammar_compiler, "compile_kind", slow)
+    monkeypatch.setattr(grammar_compiler, "GrammarConfig", _Impatient)
+
+
+@pytest.mark.parametrize("name", ["engine.grammar", "random.grammar"])
+def test_a_compile_slower_than_the_timeout_moves_no_golden(name, request):
+    """Pins: under the default 30 s timeout a loaded machine ended engine.grammar's JSON
+    request with grammar_error and no tokens; a golden waits for its compilations."""
+    sc = registry.get(name)
+    fast = sc.produce()
+    request.getfixturevalue("slow_compiles")
+    slow = sc.produce()
+    assert "grammar_error" not in slow.meta.get("finish_reasons", {}).values()
+    assert compare(name, fast, slow).ok, compare(name, fast, slow)
+
+
+def test_a_users_grammar_keeps_its_timeout(slow_compiles):
+    """Only the scenarios wait: a user's engine keeps the default timeout (30 s here
+    IMPATIENT_S), and a grammar that outlasts it ends its request with grammar_error."""
+    from detsample.params import Request, SamplingParams
+    from detsample.refmodel import RefModel, RefModelConfig
+    from detsample.refmodel.engine import Engine, EngineConfig
+    from detsample.refmodel.schedule import Schedule
+    from detsample.sampler import Sampler
+    assert GrammarConfig().compile_timeout_s == 30.0
+    engine = Engine(RefModel(RefModelConfig(seed=0)), Sampler(), EngineConfig())
+    res = engine.run(Schedule.of([(0, Request("j", SamplingParams(regex="[a-z]{3}"), [1, 2]))]))
+    assert res["j"].finish_reason == "grammar_error" and res["j"].token_ids == ()

@@ -10,8 +10,8 @@ from detsample.grammar import GrammarConfig
 from detsample.grammar.kinds import check_kind, grammar_text
 
 BAD_CONFIGS = [
-    ({"compile_timeout_s": -1}, "compile_timeout_s must be a number >= 0, got -1"),
-    ({"compile_timeout_s": float("nan")}, "compile_timeout_s must be a number >= 0"),
+    ({"compile_timeout_s": -1}, "compile_timeout_s must be None or a number >= 0, got -1"),
+    ({"compile_timeout_s": float("nan")}, "compile_timeout_s must be None or a number >= 0"),
     ({"max_workers": 0}, "max_workers must be an integer >= 1, got 0"),
     ({"xgrammar_threads": 1.5}, "xgrammar_threads must be an integer >= 1, got 1.5"),
     ({"max_whitespace_cnt": 0}, "max_whitespace_cnt must be None or >= 1, got 0"),

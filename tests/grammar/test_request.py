@@ -2,11 +2,13 @@
 
 import concurrent.futures as cf
 import re
+import threading
 
 import pytest
 
 from detsample import GrammarError, Vocabulary
 from detsample.grammar import RequestGrammar
+from detsample.grammar.masker import resolve_all
 from detsample.ops.mask import allocate_token_bitmask, unpack_bitmask
 
 WORDS = ["cat", "cats", "dog", "dogs", "the cat"]
@@ -133,6 +135,23 @@ def test_timeout_is_an_error_state(vocab):
     g = RequestGrammar("slow", "regex", never, vocab, timeout_s=0.05)
     assert g.resolve() == "failed"
     assert g.error == "request 'slow': regex grammar did not compile within 0.05 s"
+
+
+def test_no_timeout_waits_for_a_late_compilation(vocab):
+    """``timeout_s=None`` (GrammarConfig(compile_timeout_s=None), the golden scenarios'):
+    the step waits however long the compilation takes, alone or in a batch."""
+    compiled = vocab.grammar_compiler.compile("regex", REGEX, timeout=30)
+
+    def late() -> cf.Future:
+        fut = cf.Future()
+        threading.Timer(0.3, fut.set_result, [compiled]).start()
+        return fut
+
+    assert RequestGrammar("one", "regex", late(), vocab, timeout_s=None).resolve() == "active"
+    fut = late()
+    gs = [RequestGrammar(f"r{i}", "regex", fut, vocab, timeout_s=t) for i, t in enumerate((None, 0.05))]
+    resolve_all(gs)
+    assert [g.state for g in gs] == ["active", "active"]
 
 
 def test_matchers_are_not_shared(vocab, submit):

@@ -134,3 +134,15 @@ def test_grammar_compiler_is_per_instance_and_lazy():
     a, b = Vocabulary.default(), Vocabulary.default()
     assert a.grammar_compiler is a.grammar_compiler
     assert a.grammar_compiler is not b.grammar_compiler
+
+
+def test_configure_grammar_sets_the_compilers_options_once():
+    """The compiler ``configure_grammar`` builds is the one grammars use; a second
+    configuration, or one after the first grammar, is refused (it would drop the
+    compilations made under the first options)."""
+    from detsample.grammar import GrammarConfig
+    v = Vocabulary.default()
+    c = v.configure_grammar(GrammarConfig(compile_timeout_s=None))
+    assert v.grammar_compiler is c and c.config.compile_timeout_s is None
+    with pytest.raises(ValueError, match="already has a grammar compiler"):
+        v.configure_grammar(GrammarConfig())
