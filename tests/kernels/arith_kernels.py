@@ -15,8 +15,8 @@ from detsample.kernels.common import (OPTS, exp32, exp64, exp64_wide, fixed_valu
 _B = 1024
 
 
-#: the helper each element-wise kernel applies, and the value of its masked lanes
-EXP64, EXP64_WIDE, EXP32, LOG64 = range(4)
+#: the helper the element-wise kernel applies (its OP)
+EXP64, EXP64_WIDE, EXP32, LOG64 = (tl.constexpr(i) for i in range(4))
 
 
 @triton.jit
@@ -56,11 +56,11 @@ def _fixed_sum_kernel(e_ptr, h_ptr, q_ptr, hl_ptr, s_ptr, N, FRAC: tl.constexpr,
     tl.store(s_ptr + row, fixed_value(tl.sum(H, 0), tl.sum(L, 0), FRAC))
 
 
-def _elementwise(op: int, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+def _elementwise(op: tl.constexpr, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     x = x.contiguous()
-    out = torch.empty(x.shape, dtype=out_dtype)
+    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     if x.numel():
-        _unary_kernel[(triton.cdiv(x.numel(), _B),)](x, out, x.numel(), OP=op, B=_B, **OPTS)
+        _unary_kernel[(triton.cdiv(x.numel(), _B),)](x, out, x.numel(), OP=op.value, B=_B, **OPTS)
     return out
 
 
@@ -91,9 +91,9 @@ def fixed_sum_of(e: torch.Tensor, frac: int | None = None):
     e = e.contiguous()
     R, n = e.shape
     frac = frac_bits(n) if frac is None else frac
-    words = torch.empty((R, n, 2), dtype=torch.int64)
-    q = torch.empty((R, n), dtype=torch.int64)
-    hl = torch.empty((R, 2), dtype=torch.int64)
-    s = torch.empty((R,), dtype=torch.float64)
+    words = torch.empty((R, n, 2), dtype=torch.int64, device=e.device)
+    q = torch.empty((R, n), dtype=torch.int64, device=e.device)
+    hl = torch.empty((R, 2), dtype=torch.int64, device=e.device)
+    s = torch.empty((R,), dtype=torch.float64, device=e.device)
     _fixed_sum_kernel[(R,)](e, words, q, hl, s, n, FRAC=frac, B=256, **OPTS)
     return words, q, hl, s

@@ -190,3 +190,23 @@ def test_two_word_sum_is_arith_exact_sum(interp, n):
     for r in range(e.shape[0]):
         assert float(S[r]) == oracle.fixed_sum(e[r].numpy(), frac)
     assert float(S[1]) == n and float(S[2]) == 0.0
+
+
+@pytest.mark.gpu
+def test_helpers_on_cuda_are_the_cpus_bits(cuda):
+    """On a GPU: every helper gives detsample.arith's CPU bits (exp64 also in float64
+    before its rounding, against the numpy oracle), and the two-word sum the reference's
+    exact sum. The aim of the definition, which the interpreter cannot vouch for: the
+    GPU's float64 ``+ - * /`` and conversions are IEEE and nothing is contracted."""
+    from tests.kernels import arith_kernels as K
+    z32, x64, xl = float32_inputs(), float64_inputs(), log_inputs()
+    assert torch.equal(f32_bits(K.exp32_of(z32.to(cuda)).cpu()), f32_bits(arith.exp(z32)))
+    assert torch.equal(f32_bits(K.exp64_of(x64.to(cuda)).cpu()), f32_bits(arith.exp64(x64)))
+    ok = ~torch.isnan(x64)
+    wide = K.exp64_wide_of(x64[ok].to(cuda)).cpu()
+    assert np.array_equal(wide.numpy().view(np.int64),
+                          oracle.exp64_wide(x64[ok].numpy()).view(np.int64))
+    assert torch.equal(f64_bits(K.log64_of(xl.to(cuda)).cpu()), f64_bits(arith.log64(xl)))
+    e = arith.exp(torch.randn(4, 152064) * 4 - 8).clamp(max=1.0)
+    S = K.fixed_sum_of(e.to(cuda))[3].cpu()
+    assert torch.equal(f64_bits(S), f64_bits(reference.fixed_sum(e, spec.frac_bits(152064))))

@@ -177,24 +177,24 @@ def run_once(z, k, p, mp, u):
     return thresholds_and_draw(z, torch.arange(z.shape[0]), k, p, mp, u, frac_bits(z.shape[1]))
 
 
-def test_masses_are_arith_exp_then_rules_mass(interp):
-    """The kernels' exact kept mass is ``sum rules.mass(arith.exp(z))`` over the kept set
-    ``(z >= tau) & rules.element_keeps(arith.exp(z))`` -- the torch ops' ``kept_mass`` of
-    the same threshold -- and the token the first one, in token-id order, whose running
-    mass exceeds ``rules.draw_target(u, Q)``, on every route (candidates, sort, plain,
-    min-p) and on rows whose values reach exp's subnormal range and its clamp. Bug it
-    pins: a mass from ``tl.exp`` (the GPU's ``ex2.approx``, the interpreter's numpy),
-    which moves ``q`` by an ulp of ``exp`` and with it the draw."""
-    V = 2000
-    rng = np.random.default_rng(3)
-    x = (rng.standard_normal((len(PARAMS), V)) * 4).astype(np.float32)
+def mass_rows(V: int, B: int = len(PARAMS)):
+    """(z, k, p, min_p, u) of rows over every route (PARAMS), values reaching exp's
+    subnormal range and its clamp, half a row -inf."""
+    rng = np.random.default_rng(V)
+    params = [PARAMS[i % len(PARAMS)] for i in range(B)]
+    x = (rng.standard_normal((B, V)) * 4).astype(np.float32)
     x[1, :300] = -rng.random(300).astype(np.float32) * 30 - 80  # exp subnormal, then 0
     x[5, 1::2] = -np.inf
-    z = scaled(x, np.array([0.5, 0.05, 1.0, 0.3, 1.0, 0.2, 0.9, 1.0]))
-    k, p, mp = row_tensors(PARAMS, V)
-    u = row_uniforms(torch.arange(len(PARAMS)) + 17, torch.arange(len(PARAMS)) * 5)
-    tau, total, tok = interp(run_once, z, k, p, mp, u)
-    frac = frac_bits(V)
+    temps = np.array([0.5, 0.05, 1.0, 0.3, 1.0, 0.2, 0.9, 1.0])[np.arange(B) % len(PARAMS)]
+    k, p, mp = row_tensors(params, V)
+    u = row_uniforms(torch.arange(B) + 17, torch.arange(B) * 5)
+    return scaled(x, temps), k, p, mp, u
+
+
+def check_masses(z, mp, u, tau, total, tok):
+    """``total`` is the exact kept mass of ``rules.mass(arith.exp(z))`` over ``(z >= tau)
+    & element_keeps``, the torch op's ``kept_mass`` too, and ``tok`` the definition's draw."""
+    frac = frac_bits(z.shape[1])
     e = arith.exp(z)
     kept = (z >= tau.unsqueeze(1)) & rules.element_keeps(e, mp)
     q = torch.where(kept, rules.mass(e, frac), 0)
@@ -203,6 +203,29 @@ def test_masses_are_arith_exp_then_rules_mass(interp):
     t = rules.draw_target(u, total)
     assert torch.equal(tok, rules.first_above(q.cumsum(1), t.unsqueeze(1)).squeeze(1))
     assert int(kept.sum()) < kept.numel() and bool((total > 0).all())
+
+
+def test_masses_are_arith_exp_then_rules_mass(interp):
+    """The kernels' exact kept mass is ``sum rules.mass(arith.exp(z))`` over the kept set
+    ``(z >= tau) & rules.element_keeps(arith.exp(z))`` -- the torch ops' ``kept_mass`` of
+    the same threshold -- and the token the first one, in token-id order, whose running
+    mass exceeds ``rules.draw_target(u, Q)``, on every route (candidates, sort, plain,
+    min-p) and on rows whose values reach exp's subnormal range and its clamp. Bug it
+    pins: a mass from ``tl.exp`` (the GPU's ``ex2.approx``, the interpreter's numpy),
+    which moves ``q`` by an ulp of ``exp`` and with it the draw. (The token and oracle
+    tests above rarely see an ulp of one mass: this one sees every mass.)"""
+    z, k, p, mp, u = mass_rows(2000)
+    check_masses(z, mp, u, *interp(run_once, z, k, p, mp, u))
+
+
+@pytest.mark.gpu
+def test_masses_on_cuda_are_the_cpus_bits(cuda):
+    """On a GPU, at V = 32000 and 152064: the same exact masses and tokens as the
+    definition computed on the CPU (arith.exp, rules.mass, the torch op's kept_mass)."""
+    for V in (32000, 152064):
+        z, k, p, mp, u = mass_rows(V, 16)
+        got = run_once(*(t.to(cuda) for t in (z, k, p, mp, u)))
+        check_masses(z, mp, u, *(t.cpu() for t in got))
 
 
 def run_draws(z, k, p, mp, seeds, positions):
