@@ -165,7 +165,11 @@ def above(z: torch.Tensor, L: torch.Tensor, maxima: torch.Tensor
     flat = r * width + pos
     out_v.view(-1)[flat] = vals.view(-1)[f]
     out_i.view(-1)[flat] = members.view(-1)[f] - r * V
-    # descending values: ascending low 31 bits (values <= 0, -inf last); an int32 sort
-    # takes about 2/3 of a float32 one
-    order = torch.sort(out_v.view(torch.int32) & 0x7FFFFFFF, dim=-1)[1]
-    return out_v.gather(1, order), out_i.gather(1, order)
+    return _by_value_desc(out_v, out_i)
+
+
+def _by_value_desc(vals: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(vals, ids) (rows, C) reordered by value descending (values <= 0 or -inf): by
+    their ascending low 31 bits (an int32 sort takes about 2/3 of a float32 one)."""
+    order = torch.sort(vals.view(torch.int32) & 0x7FFFFFFF, dim=-1)[1]
+    return vals.gather(1, order), ids.gather(1, order)

@@ -147,3 +147,4 @@ def draw_blocks_rows(z, cuts, consts, table, out, span):
             run += q[i]
             i += 1
         out[r] = s + i
+
