@@ -22,7 +22,8 @@ import torch
 from detsample.arith import reference, spec
 from detsample.arith.spec import frac_bits
 
-__all__ = ["exp", "exp64", "log64", "normalisers", "log_softmax", "picked", "row_max", "frac_bits",
+__all__ = ["exp", "exp64", "log64", "normalisers", "log_softmax", "log_softmax_at", "picked",
+           "row_max", "frac_bits",
            "check_environment", "IMPLS", "spec"]
 
 IMPLS = ("auto", "numba", "torch")
@@ -99,6 +100,20 @@ def normalisers(x: torch.Tensor, m: torch.Tensor | None = None, *, impl: str = "
         from detsample.arith import cpu
         return cpu.normalisers(x, m)
     return reference.normalisers(x)
+
+
+def log_softmax_at(x: torch.Tensor, ids: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
+    """:func:`log_softmax` of a (rows, n) float32 tensor at one column per row, ``ids``
+    (rows,) int64 in range: (rows,) float32, the same bits, one pass per row and no
+    (rows, n) output (on CPU tensors one numba call: a single row costs no torch ops)."""
+    if x.dtype != torch.float32 or x.dim() != 2:
+        raise TypeError(f"arith.log_softmax_at takes a (rows, n) float32 tensor, got "
+                        f"{x.dtype} {tuple(x.shape)}")
+    if x.shape[1] > 0 and _numba(x, impl):
+        from detsample.arith import cpu
+        return cpu.log_softmax_at(x, ids)
+    m, G = normalisers(x, impl=impl)
+    return picked(x.gather(1, ids.view(-1, 1)).view(-1), m, G)
 
 
 def row_max(x: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:

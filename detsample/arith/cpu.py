@@ -149,6 +149,17 @@ def normalisers(x: torch.Tensor, m: torch.Tensor | None = None
     return m.view(x.shape[:-1]), g.view(x.shape[:-1])
 
 
+def log_softmax_at(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The log_softmax of each row of a (rows, n) float32 CPU tensor at one column
+    ``ids`` (rows,) int64 (in range), in one kernel call: (rows,) float32."""
+    a = _rows(x).numpy()
+    out = torch.empty(a.shape[0], dtype=torch.float32)
+    i, o = ids.to(torch.int64).contiguous().numpy(), out.numpy()
+    k, frac = jit().log_softmax_at_rows, spec.frac_bits(x.shape[-1])
+    _run(lambda s, e: k(a, i, o, frac, (s, e)), _chunks(a.shape[0], a.size))
+    return out
+
+
 def row_max(x: torch.Tensor) -> torch.Tensor:
     """torch's ``amax`` over the last dim of a float32 CPU tensor (NaN where a row holds a
     NaN), by numba threads (torch's own parallel ops leave OpenMP workers spinning for

@@ -294,3 +294,21 @@ def cut_masses_rows(z, tau, least, floor, frac, block, q_out, sums, r0, r1):
             q_row = q_out[r, s:e] if write else none
             sums[r, b] = block_masses(row[s:e], buf[:e - s], tau[r], least[r], scale, floor,
                                       q_row, write)
+
+
+@numba.njit(**_jit)
+def log_softmax_at_rows(x, ids, out, frac, span):
+    """Rows ``span`` = (r0, r1) of a (rows, n) float32 ``x``: the log_softmax value at
+    column ``ids[r]`` of each row (int64, in range) into ``out`` (float32): the row's
+    :func:`row_max`, :func:`row_log_norm`, then ``float32((x - m) - G)`` (NaN32 for a row
+    whose log_softmax is all NaN) -- the bits of :func:`log_softmax_rows` there."""
+    r0, r1 = span
+    buf = np.empty(x.shape[1], dtype=np.float32)
+    for r in range(r0, r1):
+        row = x[r]
+        m = row_max(row, buf)
+        if not ((m > -np.inf) & (m < np.inf)):
+            out[r] = NAN32
+            continue
+        G = row_log_norm(row, m, buf, frac)
+        out[r] = np.float32((np.float64(row[ids[r]]) - np.float64(m)) - G)

@@ -46,8 +46,9 @@ def log_softmax(x: torch.Tensor, *, kept_mass: torch.Tensor | None = None, frac:
       ``norm``: those normalisers ``(m, G)`` when computed already (then no pass).
     """
     if kept_mass is None and at is not None:
-        m, G = arith.normalisers(x) if norm is None else norm
-        return arith.picked(gather_rows(x, at), m, G)
+        if norm is None:
+            return arith.log_softmax_at(x, at)
+        return arith.picked(gather_rows(x, at), *norm)
     if kept_mass is None:
         return arith.log_softmax(x, out=out)
     norm = arith.log64(kept_mass.to(torch.float64) * (2.0 ** -frac))

@@ -257,3 +257,12 @@ def test_row_max_is_torchs_amax(rows, n, seed, family):
     assert torch.equal(torch.isnan(got), torch.isnan(want))
     ok = ~torch.isnan(want)
     assert torch.equal(got[ok], want[ok])  # values (+0.0 / -0.0 ties are one value)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_log_softmax_at_is_log_softmax_at_the_entries(impl):
+    x = _rows()
+    ids = torch.tensor([0, 5, 4999, 17, 3, 100, 2, 4000, 1])
+    got = arith.log_softmax_at(x, ids, impl=impl)
+    want = arith.log_softmax(x).gather(1, ids.view(-1, 1)).view(-1)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
