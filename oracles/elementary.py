@@ -26,7 +26,17 @@ D = [1.0 / math.factorial(j + 2) for j in range(13)]          # expm1: 1/(j+2)!
 SQRT_2_OVER_PI = float.fromhex("0x1.9884533d43651p-1")
 INV_SQRT_2PI = float.fromhex("0x1.9884533d43651p-2")
 KAPPA = 0.044715
-SERIES_MAX, SERIES_TERMS, CF_TERMS = 2.0, 24, 110
+SERIES_MAX, CF_TERMS = 2.0, 40
+SERIES = [1.0 / math.prod(range(1, 2 * n + 2, 2)) for n in range(25)]     # 1 / (2n+1)!!
+#: Mills' ratio's Taylor coefficients about 3 (M^(n)(3) / n!, rounded)
+MILLS = [float.fromhex(h) for h in """
+    0x1.37e684ee8e185p-2 -0x1.6131c4d156dc3p-4 0x1.78098a8c67997p-6 -0x1.7b8def8030db5p-8
+    0x1.6d7c5bb10bd3cp-10 -0x1.516888be198e5p-12 0x1.2bcfe30697181p-14 -0x1.01416a398089ep-16
+    0x1.ab7b4d6ddac29p-19 -0x1.58b5f601171fap-21 0x1.0e5154ae7577cp-23 -0x1.9d02cd122bb3dp-26
+    0x1.33d614bf0d8b9p-28 -0x1.c05448a4a1567p-31 0x1.3f57f12794abcp-33 -0x1.bd7c6e75371d2p-36
+    0x1.30928f774001ap-38 -0x1.9893c9253a8efp-41 0x1.0d13ce496731cp-43 -0x1.5c3e33404c104p-46
+    0x1.bb27f03755589p-49 -0x1.156c87e0d56c4p-51 0x1.55f23d89c1dc4p-54 -0x1.9f26187db41adp-57
+    0x1.f0b53646fb85dp-60""".split()]
 
 
 def _f64(x) -> np.ndarray:
@@ -44,13 +54,12 @@ def _nan(y: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(y), np.nan, y)
 
 
-def _poly(r: np.ndarray, c: list[float]) -> np.ndarray:
-    """The degree-12 polynomial in Estrin's order."""
-    r2 = r * r
-    r4 = r2 * r2
-    r8 = r4 * r4
-    a = [c[2 * j] + c[2 * j + 1] * r for j in range(6)]
-    return (a[0] + a[1] * r2 + (a[2] + a[3] * r2) * r4) + ((a[4] + a[5] * r2) + c[12] * r4) * r8
+def _estrin(c: list[float], p: np.ndarray) -> np.ndarray:
+    """Estrin's scheme: pairs c[2j] + c[2j+1] p, p squared, until one term is left."""
+    while len(c) > 1:
+        c = [c[2 * j] + c[2 * j + 1] * p for j in range(len(c) // 2)] + c[len(c) - len(c) % 2:]
+        p = p * p
+    return c[0]
 
 
 def _split(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -65,14 +74,14 @@ def exp(x) -> np.ndarray:
     k, r = _split(np.clip(np.nan_to_num(x, nan=0.0), EXP_LO, EXP_HI))
     k1 = k // 2
     with np.errstate(over="ignore"):
-        y = (_poly(r, C) * np.ldexp(1.0, k1)) * np.ldexp(1.0, k - k1)
+        y = (_estrin(C, r) * np.ldexp(1.0, k1)) * np.ldexp(1.0, k - k1)
     return np.where(np.isnan(x), np.nan, y)
 
 
 def expm1(x) -> np.ndarray:
     x = _f64(x)
     k, r = _split(np.clip(np.nan_to_num(x, nan=0.0), EXPM1_LO, EXP_HI))
-    q = r + (r * r) * _poly(r, D)
+    q = r + (r * r) * _estrin(D, r)
     h = np.ldexp(1.0, k - 1)
     with np.errstate(over="ignore"):
         y = 2.0 * (q * h + (h - 0.5))
@@ -125,19 +134,17 @@ def _phi(v: np.ndarray) -> np.ndarray:
 
 
 def gelu_erf(x) -> np.ndarray:
-    """x Phi(x): series for |x| <= 2, Laplace's continued fraction beyond."""
+    """x Phi(x): series for |x| <= 2, Mills' ratio's Taylor series about 3 up to 4,
+    Laplace's continued fraction beyond."""
     x = _f64(x)
     a = np.abs(x)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        w = x * x
-        u = np.ones_like(x)
-        for k in range(SERIES_TERMS, 0, -1):
-            u = 1.0 + (w * (1.0 / (2 * k + 1))) * u
-        central = 0.5 + _phi(x) * (x * u)
+        central = 0.5 + _phi(x) * (x * _estrin(SERIES, x * x))
+        mills = _phi(a) * _estrin(MILLS, a - 3.0)
         t = a.copy()
         for k in range(CF_TERMS, 0, -1):
             t = a + float(k) / t
-        q = _phi(a) / t
+        q = np.where(a <= 4.0, mills, _phi(a) / t)
         tail = np.where(x < 0, q, 1.0 - q)
         return _nan(x * np.where(a <= SERIES_MAX, central, tail))
 

@@ -75,20 +75,28 @@ negative ``x``)::
 
     y = SQRT_2_OVER_PI * (x + GELU_KAPPA * ((x * x) * x));   g = x / (1 + exp(-2 * y))
 
-**gelu**, ``approximate="none"``: ``x Phi(x)``, ``Phi`` the standard normal CDF from its
-series and continued fraction (no fitted coefficients)::
+**gelu**, ``approximate="none"``: ``x Phi(x)``, ``Phi`` the standard normal CDF, from its
+series, the Taylor series of Mills' ratio ``M(a) = Phi(-a) / phi(a)`` and Laplace's
+continued fraction (the coefficients are exact expressions, rounded once)::
 
     a = |x|;  phi(v) = exp(-(v * v) * 0.5) * INV_SQRT_2PI
-    a <= PHI_SERIES_MAX:  u = 1;  u = 1 + ((x * x) * PHI_SERIES[k]) * u  for k = PHI_TERMS .. 1
-                          P = 0.5 + phi(x) * (x * u)           # Phi(x) = 1/2 + phi(x) sum x**(2n+1) / (2n+1)!!
-    else:                 t = a;  t = a + k / t  for k = PHI_CF_TERMS .. 1
-                          Q = phi(a) / t                        # Phi(-a), Laplace's continued fraction
-                          P = Q if x < 0 else 1 - Q
+    a <= PHI_SERIES_MAX:  P = 0.5 + phi(x) * (x * estrin(PHI_SERIES, x * x))
+    a <= MILLS_MAX:       Q = phi(a) * estrin(MILLS_COEFS, a - MILLS_CENTER)
+    else:                 t = a;  t = a + k / t  for k = PHI_CF_TERMS .. 1;  Q = phi(a) / t
+    (a > PHI_SERIES_MAX)  P = Q if x < 0 else 1 - Q
     g = x * P
 
-``PHI_SERIES[k] = 1 / (2k + 1)``, rounded. The series' terms are all of one sign; its
-``1/2 + ...`` for ``x`` in ``[-2, 0)`` cancels up to ``0.5 / Phi(-2) ~ 22`` times, so a
-float64 result is within ~5e-15 relative of ``x Phi(x)`` there and ~1e-15 elsewhere.
+    estrin(c, p):  while c has more than one entry:                # Estrin's scheme
+                       c = [c[2j] + c[2j+1] * p for each pair] (+ an unpaired last entry as is)
+                       p = p * p
+                   the one entry left
+
+``PHI_SERIES[n] = 1 / (1 3 5 ... (2n+1))`` (``Phi(x) = 1/2 + phi(x) sum x**(2n+1) / (2n+1)!!``,
+every term of one sign), ``MILLS_COEFS[n] = M^(n)(3) / n!`` (from ``M' = a M - 1``:
+``M^(n+1) = a M^(n) + n M^(n-1)``), n = 0..24. Truncation below 3e-16 relative on each
+piece. The series' ``1/2 + ...`` for ``x`` in ``[-2, 0)`` cancels up to ``0.5 / Phi(-2) ~ 22``
+times, so a float64 result is within ~7e-15 relative of ``x Phi(x)`` there (and the tail's
+``exp(-x**2 / 2)`` magnifies the rounding of ``x**2``: ~``x**2`` ulps).
 
 **sqrt**: the IEEE square root (correctly rounded; not torch's CPU ``sqrt``, which is MKL's
 vector math and 1 ulp off for ~1% of float64 and ~15% of float32 inputs, measured).
@@ -133,12 +141,27 @@ SQRT_2_OVER_PI = float.fromhex("0x1.9884533d43651p-1")
 INV_SQRT_2PI = float.fromhex("0x1.9884533d43651p-2")
 #: the cubic coefficient of gelu's tanh form (torch's kKappa), as float64
 GELU_KAPPA = 0.044715
-#: Phi(x) by its series for |x| <= PHI_SERIES_MAX (PHI_TERMS terms: < 3e-16 relative
-#: truncation there), by the continued fraction beyond (PHI_CF_TERMS levels: < 2e-16)
+#: Phi(x): its series for |x| <= PHI_SERIES_MAX, Mills' ratio's Taylor series about
+#: MILLS_CENTER up to MILLS_MAX, the continued fraction (PHI_CF_TERMS levels) beyond
 PHI_SERIES_MAX = 2.0
-PHI_TERMS = 24
-PHI_SERIES = tuple(1.0 / (2 * k + 1) for k in range(PHI_TERMS + 1))   # [0] unused
-PHI_CF_TERMS = 110
+MILLS_CENTER = 3.0
+MILLS_MAX = 4.0
+PHI_CF_TERMS = 40
+PHI_DEGREE = 24
+#: PHI_SERIES[n] = 1 / (2n+1)!!, rounded
+PHI_SERIES = tuple(1.0 / math.prod(range(1, 2 * n + 2, 2)) for n in range(PHI_DEGREE + 1))
+#: MILLS_COEFS[n] = M^(n)(3) / n!, M(a) = Phi(-a) / phi(a), rounded (tests/arith derive
+#: them with mpmath)
+MILLS_COEFS = tuple(float.fromhex(h) for h in (
+    "0x1.37e684ee8e185p-2", "-0x1.6131c4d156dc3p-4", "0x1.78098a8c67997p-6",
+    "-0x1.7b8def8030db5p-8", "0x1.6d7c5bb10bd3cp-10", "-0x1.516888be198e5p-12",
+    "0x1.2bcfe30697181p-14", "-0x1.01416a398089ep-16", "0x1.ab7b4d6ddac29p-19",
+    "-0x1.58b5f601171fap-21", "0x1.0e5154ae7577cp-23", "-0x1.9d02cd122bb3dp-26",
+    "0x1.33d614bf0d8b9p-28", "-0x1.c05448a4a1567p-31", "0x1.3f57f12794abcp-33",
+    "-0x1.bd7c6e75371d2p-36", "0x1.30928f774001ap-38", "-0x1.9893c9253a8efp-41",
+    "0x1.0d13ce496731cp-43", "-0x1.5c3e33404c104p-46", "0x1.bb27f03755589p-49",
+    "-0x1.156c87e0d56c4p-51", "0x1.55f23d89c1dc4p-54", "-0x1.9f26187db41adp-57",
+    "0x1.f0b53646fb85dp-60"))
 #: pow by an integer exponent runs the square-and-multiply loop below this magnitude
 POW_INT_MAX = 2 ** 31
 #: float64 NaN's canonical bits

@@ -21,6 +21,7 @@ _jit = dict(nogil=True, cache=True, fastmath=False, error_model="numpy", boundsc
 C = spec.EXP_COEFS
 D = E.EXPM1_COEFS
 PS = E.PHI_SERIES
+MC = E.MILLS_COEFS
 BIAS_SHIFT = spec.SHIFT_BITS - spec.F64_EXP_BIAS
 
 
@@ -131,23 +132,46 @@ def _phi(v):
     return exp(-(v * v) * 0.5) * E.INV_SQRT_2PI
 
 
-@numba.njit(**_jit)
-def gelu_erf(x):
-    """x Phi(x): the series for |x| <= PHI_SERIES_MAX, the continued fraction beyond."""
+@numba.njit(inline="always", **_jit)
+def _estrin25(c, p):
+    """The definition's ``estrin`` of 25 coefficients ``c`` at ``p``."""
+    p2 = p * p
+    p4 = p2 * p2
+    p8 = p4 * p4
+    p16 = p8 * p8
+    b0 = (c[0] + c[1] * p) + (c[2] + c[3] * p) * p2
+    b1 = (c[4] + c[5] * p) + (c[6] + c[7] * p) * p2
+    b2 = (c[8] + c[9] * p) + (c[10] + c[11] * p) * p2
+    b3 = (c[12] + c[13] * p) + (c[14] + c[15] * p) * p2
+    b4 = (c[16] + c[17] * p) + (c[18] + c[19] * p) * p2
+    b5 = (c[20] + c[21] * p) + (c[22] + c[23] * p) * p2
+    f0 = (b0 + b1 * p4) + (b2 + b3 * p4) * p8
+    f1 = (b4 + b5 * p4) + c[24] * p8
+    return f0 + f1 * p16
+
+
+@numba.njit(inline="always", **_jit)
+def _gelu_erf_near(x):
+    """x Phi(x) for |x| <= MILLS_MAX (the series or Mills' ratio, by a select: the loop
+    over it vectorises)."""
     a = abs(x)
-    if a <= E.PHI_SERIES_MAX:
-        w = x * x
-        u = 1.0
-        for k in range(E.PHI_TERMS, 0, -1):
-            u = 1.0 + (w * PS[k]) * u
-        P = 0.5 + _phi(x) * (x * u)
-    else:
-        t = a
-        for k in range(E.PHI_CF_TERMS, 0, -1):
-            t = a + k / t
-        Q = _phi(a) / t
-        P = Q if x < 0.0 else 1.0 - Q
-    g = x * P
+    ph = _phi(a)                                   # phi(x): x * x == a * a
+    central = 0.5 + ph * (x * _estrin25(PS, x * x))
+    Q = ph * _estrin25(MC, a - E.MILLS_CENTER)
+    tail = Q if x < 0.0 else 1.0 - Q
+    g = x * (central if a <= E.PHI_SERIES_MAX else tail)
+    return np.nan if g != g else g
+
+
+@numba.njit(**_jit)
+def gelu_erf_far(x):
+    """x Phi(x) for |x| > MILLS_MAX: the continued fraction."""
+    a = abs(x)
+    t = a
+    for k in range(E.PHI_CF_TERMS, 0, -1):
+        t = a + k / t
+    Q = _phi(a) / t
+    g = x * (Q if x < 0.0 else 1.0 - Q)
     return np.nan if g != g else g
 
 
@@ -246,8 +270,13 @@ def gelu_tanh_into(x, out):
 
 @numba.njit(**_jit)
 def gelu_erf_into(x, out):
+    """Every element by the near form (vectorised), then the few beyond MILLS_MAX again."""
     for i in range(x.size):
-        out[i] = gelu_erf(np.float64(x[i]))
+        out[i] = _gelu_erf_near(np.float64(x[i]))
+    for i in range(x.size):
+        v = np.float64(x[i])
+        if abs(v) > E.MILLS_MAX:
+            out[i] = gelu_erf_far(v)
 
 
 @numba.njit(**_jit)

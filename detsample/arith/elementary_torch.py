@@ -30,18 +30,14 @@ def _canonical(y: torch.Tensor) -> torch.Tensor:
     return y.masked_fill_(torch.isnan(y), NAN)
 
 
-def _estrin(r: torch.Tensor, c: tuple[float, ...]) -> torch.Tensor:
-    """spec's degree-12 Estrin polynomial with coefficients ``c``."""
-    r2 = r * r
-    r4 = r2 * r2
-    r8 = r4 * r4
-    a = [r * c[2 * j + 1] + c[2 * j] for j in range(6)]
-    b0 = a[1].mul_(r2).add_(a[0])
-    b1 = a[3].mul_(r2).add_(a[2])
-    b2 = a[5].mul_(r2).add_(a[4])
-    d0 = b1.mul_(r4).add_(b0)
-    d1 = (r4 * c[12]).add_(b2)
-    return d1.mul_(r8).add_(d0)
+def _estrin(c: tuple[float, ...], p: torch.Tensor) -> torch.Tensor:
+    """The definition's ``estrin``: pairs combined level by level, ``p`` squared between."""
+    terms: list = list(c)
+    while len(terms) > 1:
+        nxt = [p * terms[2 * j + 1] + terms[2 * j] for j in range(len(terms) // 2)]
+        terms = nxt + (terms[-1:] if len(terms) % 2 else [])
+        p = p * p
+    return terms[0]
 
 
 def _pow2(k: torch.Tensor) -> torch.Tensor:
@@ -66,14 +62,14 @@ def exp(x: torch.Tensor) -> torch.Tensor:
     """e**x, float64."""
     k, r = _reduce(_clamped(x, E.EXP_LO))
     k1 = k >> 1
-    y = (_estrin(r, spec.EXP_COEFS) * _pow2(k1)) * _pow2(k - k1)
+    y = (_estrin(spec.EXP_COEFS, r) * _pow2(k1)) * _pow2(k - k1)
     return y.masked_fill_(torch.isnan(x), NAN)
 
 
 def expm1(x: torch.Tensor) -> torch.Tensor:
     """e**x - 1, float64, without cancellation near 0."""
     k, r = _reduce(_clamped(x, E.EXPM1_LO))
-    q = r + (r * r) * _estrin(r, E.EXPM1_COEFS)
+    q = r + (r * r) * _estrin(E.EXPM1_COEFS, r)
     h = _pow2(k - 1)
     y = ((q * h) + (h - 0.5)) * 2.0
     y = torch.where(k == 0, q, y)
@@ -114,17 +110,15 @@ def _phi(v: torch.Tensor) -> torch.Tensor:
 
 
 def gelu_erf(x: torch.Tensor) -> torch.Tensor:
-    """x Phi(x): the series for |x| <= PHI_SERIES_MAX, the continued fraction beyond."""
+    """x Phi(x): the series for |x| <= PHI_SERIES_MAX, Mills' ratio's Taylor series to
+    MILLS_MAX, the continued fraction beyond."""
     a = x.abs()
-    w = x * x
-    u = torch.ones_like(x)
-    for k in range(E.PHI_TERMS, 0, -1):
-        u = (w * E.PHI_SERIES[k]) * u + 1.0
-    central = _phi(x) * (x * u) + 0.5
+    central = _phi(x) * (x * _estrin(E.PHI_SERIES, x * x)) + 0.5
+    mills = _phi(a) * _estrin(E.MILLS_COEFS, a - E.MILLS_CENTER)
     t = a.clone()
     for k in range(E.PHI_CF_TERMS, 0, -1):
         t = torch.full_like(a, float(k)).div_(t).add_(a)    # not k / t: torch's reciprocal * k
-    Q = _phi(a) / t
+    Q = torch.where(a <= E.MILLS_MAX, mills, _phi(a) / t)
     tail = torch.where(x < 0, Q, 1.0 - Q)
     return _canonical(x * torch.where(a <= E.PHI_SERIES_MAX, central, tail))
 

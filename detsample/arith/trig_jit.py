@@ -67,14 +67,17 @@ def payne_hanek(a):
 
 
 @numba.njit(inline="always", **_jit)
-def reduce(x):
-    """``(n, r)`` of a finite float64: ``x = n pi/2 + r`` (n mod 4)."""
-    if abs(x) <= trig.CW_MAX:
-        t = x * trig.INV_PIO2 + trig.SHIFT
-        k = t - trig.SHIFT
-        n = (bits_of(t) - trig.SHIFT_BITS) & 3
-        r = (((x - k * trig.P1) - k * trig.P2) - k * trig.P3) - k * trig.P3T
-        return n, r
+def cody_waite(x):
+    """``(n, r)`` of ``|x| <= CW_MAX``: x = n pi/2 + r (n in 0..3)."""
+    t = x * trig.INV_PIO2 + trig.SHIFT
+    k = t - trig.SHIFT
+    n = (bits_of(t) - trig.SHIFT_BITS) & 3
+    return n, (((x - k * trig.P1) - k * trig.P2) - k * trig.P3) - k * trig.P3T
+
+
+@numba.njit(**_jit)
+def reduce_far(x):
+    """``(n, r)`` of a finite ``|x| > CW_MAX``, Payne-Hanek with x's sign."""
     n, r = payne_hanek(abs(x))
     if x < 0:
         return (-n) & 3, -r
@@ -98,38 +101,54 @@ def cos_poly(w):
 
 
 @numba.njit(inline="always", **_jit)
-def sincos(x, want_sin):
-    """sin(x) (``want_sin``) or cos(x) of a float64, the definition's bits."""
-    if x - x != 0.0:                      # inf or NaN
-        return np.nan
-    if want_sin and x == 0.0:
-        return x
-    n, r = reduce(x)
+def _from_reduced(x, n, r, want_sin):
+    """sin(x) or cos(x) from its reduction (n, r), by selects."""
     w = r * r
     s = sin_poly(r, w)
     c = cos_poly(w)
-    if not want_sin:
-        n = (n + 1) & 3                   # cos(x) = sin(x + pi/2)
-    if n == 0:
-        return s
-    if n == 1:
-        return c
-    if n == 2:
-        return -s
-    return -c
+    n = n if want_sin else (n + 1) & 3       # cos(x) = sin(x + pi/2)
+    y = s if n == 0 else (c if n == 1 else (-s if n == 2 else -c))
+    y = x if (want_sin and x == 0.0) else y
+    return np.nan if x - x != 0.0 else y       # inf, NaN
+
+
+@numba.njit(inline="always", **_jit)
+def sincos_near(x, want_sin):
+    """sin(x) or cos(x) for |x| <= CW_MAX (and inf, NaN)."""
+    n, r = cody_waite(x)
+    return _from_reduced(x, n, r, want_sin)
+
+
+@numba.njit(**_jit)
+def sincos(x, want_sin):
+    """sin(x) (``want_sin``) or cos(x) of a float64, the definition's bits."""
+    if abs(x) <= trig.CW_MAX or x - x != 0.0:
+        return sincos_near(x, want_sin)
+    n, r = reduce_far(x)
+    return _from_reduced(x, n, r, want_sin)
+
+
+@numba.njit(**_jit)
+def _sincos_into(x, out, want_sin):
+    """out[i] = sin / cos of x[i]: every element by Cody-Waite (a loop that vectorises),
+    then the finite ones beyond CW_MAX again by Payne-Hanek."""
+    for i in range(x.size):
+        out[i] = sincos_near(np.float64(x[i]), want_sin)
+    for i in range(x.size):
+        v = np.float64(x[i])
+        if abs(v) > trig.CW_MAX and v - v == 0.0:
+            n, r = reduce_far(v)
+            out[i] = _from_reduced(v, n, r, want_sin)
 
 
 @numba.njit(**_jit)
 def sin_into(x, out):
     """out[i] = sin(x[i]): x float32 or float64 (exact in float64), out float32 or
     float64 (rounded once)."""
-    for i in range(x.size):
-        out[i] = sincos(np.float64(x[i]), True)
+    _sincos_into(x, out, True)
 
 
 @numba.njit(**_jit)
 def cos_into(x, out):
     """out[i] = cos(x[i]) (as :func:`sin_into`)."""
-    for i in range(x.size):
-        out[i] = sincos(np.float64(x[i]), False)
-
+    _sincos_into(x, out, False)

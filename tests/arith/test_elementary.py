@@ -223,6 +223,14 @@ def test_constants_are_what_they_say():
     with mpmath.workprec(200):
         assert elementary.SQRT_2_OVER_PI == float(mpmath.sqrt(2 / mpmath.pi))
         assert elementary.INV_SQRT_2PI == float(1 / mpmath.sqrt(2 * mpmath.pi))
+    with mpmath.workprec(300):       # Mills' ratio's Taylor coefficients from M' = a M - 1
+        c = mpmath.mpf(elementary.MILLS_CENTER)
+        d = [mpmath.ncdf(-c) / mpmath.npdf(c)]
+        d.append(c * d[0] - 1)
+        for n in range(1, elementary.PHI_DEGREE):
+            d.append(c * d[n] + n * d[n - 1])
+        assert elementary.MILLS_COEFS == tuple(float(v / mpmath.factorial(n)) for n, v in enumerate(d))
+    assert elementary.PHI_SERIES[:3] == (1.0, 1 / 3, 1 / 15) and len(elementary.PHI_SERIES) == 25
     assert elementary.EXPM1_COEFS[0] == 0.5 and elementary.EXPM1_COEFS[12] == 1 / math.factorial(14)
     assert math.expm1(elementary.EXPM1_LO) == -1.0 and math.tanh(elementary.TANH_BIG) == 1.0
     assert math.exp(elementary.EXP_LO) == 0.0
@@ -251,7 +259,7 @@ def test_threads_and_chunking_change_no_bit():
 KERNELS = [(name, loop_args(), True) for name in (
     "exp_into", "expm1_into", "tanh_into", "sigmoid_into", "silu_into", "gelu_tanh_into")] + [
     ("softplus_into", loop_args(1.0, 20.0), True), ("log_into", loop_args(), False),
-    ("gelu_erf_into", loop_args(), False), ("gelu_erf", (0.5,), True),
+    ("gelu_erf_into", loop_args(), True), ("gelu_erf_far", (5.0,), True),
     ("sqrt_into", loop_args(), False), ("rsqrt_into", loop_args(), False),
     ("pow_int_into", loop_args(3), False), ("pow_int", (0.5, 3), False),
     ("pow_general_into", loop_args(2.5, False), False), ("pow_general", (0.5, 2.5, False), True)]

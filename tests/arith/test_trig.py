@@ -152,7 +152,8 @@ def test_specials():
 
 
 @pytest.mark.parametrize("name,args,contractible", [
-    ("sin_into", loop_args(), True), ("cos_into", loop_args(), True),
+    ("_sincos_into", loop_args(True), True), ("sin_into", loop_args(), False),
+    ("cos_into", loop_args(), False), ("sincos", (1e10, False), True),
     ("payne_hanek", (1e10,), True)])
 def test_numba_kernels_contain_no_fused_multiply_add(name, args, contractible):
     from detsample.arith import trig_jit
