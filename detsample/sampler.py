@@ -43,6 +43,7 @@ from detsample.rules import STATUS_NO_VALID_TOKEN
 from detsample.rng import RNG_NAME
 from detsample.sampling import keptset
 from detsample.sampling.backend import BACKENDS, TORCH, resolve
+from detsample.ops import rowpass
 from detsample.sampling import logprobs as lp_steps
 from detsample.sampling.keptset import CutInputs, KeptCDF
 from detsample.sampling.logprobs import Steps
@@ -246,6 +247,22 @@ class Sampler:
         return prep.backend.scale(prep.x, self._shift(prep), plan.temperatures,
                                   out=self._buf("z", prep.x))
 
+    def _first_pass(self, prep: Prepared, plan: RowPlan):
+        """Step 7's z with, in the same pass over each row, the "raw" rows' normalisers
+        and the top-p rows' exact masses and group maxima (:func:`rowpass.first_pass`):
+        when the logits are the model's (steps 1-5 changed nothing) and the torch ops
+        run; None otherwise (then each is its own pass)."""
+        if prep.backend is not TORCH or prep.x is not prep.raw or prep.raw_max is None:
+            return None
+        flags = torch.zeros(plan.size, dtype=torch.int8)
+        if "raw" in plan.modes:
+            flags[plan.modes["raw"].index] = 1
+        nuc = keptset.prepass_rows(plan)
+        if nuc is not None:
+            flags[nuc] |= 2
+        return rowpass.first_pass(prep.x, (self._shift(prep), prep.raw_max),
+                                  plan.temperatures, flags, self._buf("z", prep.x))
+
     @staticmethod
     def _needs_full_z(plan: RowPlan, prep: Prepared, by_columns) -> bool:
         """Whether some consumer needs step 7's z over the whole vocabulary: the Triton
@@ -268,7 +285,7 @@ class Sampler:
     # -- step 8 ----------------------------------------------------------------------
     def _kept_cdf(self, z: torch.Tensor | None, batch: SamplingBatch, plan: RowPlan,
                   prep: Prepared, *, u: torch.Tensor | None = None,
-                  by_columns=None) -> KeptCDF:
+                  by_columns=None, first=None) -> KeptCDF:
         """Thresholds, exact kept mass and CDF tables of the sampling rows
         (:func:`detsample.sampling.keptset.kept_cdf`; a pure step: no draw). The Triton
         backend runs the same step fused with the draw when the uniforms ``u`` are given
@@ -284,7 +301,7 @@ class Sampler:
             return KeptCDF(tau, total, drawn=drawn if u is not None else None)
         inp = CutInputs(prep.x, self._shift(prep), filters, prep.columns, prep.column_values,
                         lambda: self._scaled(prep, plan), self._buf, self.deterministic,
-                        self.filter_impl)
+                        self.filter_impl, first)
         return keptset.kept_cdf(z, plan, inp, by_columns)
 
     # -- step 10 (detsample.sampling.logprobs) ---------------------------------------
@@ -304,14 +321,17 @@ class Sampler:
         before the draw (only "processed" logprobs read the kept set)."""
         prep = self._prepare(logits, batch)
         plan = self._plan(batch, prep)
-        raw_norm = lp_steps.raw_normalisers(prep, plan)
-        greedy_tok = self._greedy_tokens(prep, plan)
         by_columns = self._by_columns(plan, prep)
-        z = self._scaled(prep, plan) if self._needs_full_z(plan, prep, by_columns) else None
+        needs_z = self._needs_full_z(plan, prep, by_columns)
+        first = self._first_pass(prep, plan) if needs_z else None
+        raw_norm = lp_steps.raw_normalisers(prep, plan) if first is None else \
+            (None if prep.raw_max is None else prep.raw_max.squeeze(1), first.norm)
+        greedy_tok = self._greedy_tokens(prep, plan)
+        z = first.z if first is not None else (self._scaled(prep, plan) if needs_z else None)
         u = prep.backend.uniforms(batch.seeds, positions) \
             if positions is not None and plan.sampling else None
         wants_cdf = plan.needs_scaled if positions is not None else plan.any_processed
-        cdf = self._kept_cdf(z, batch, plan, prep, u=u, by_columns=by_columns) \
+        cdf = self._kept_cdf(z, batch, plan, prep, u=u, by_columns=by_columns, first=first) \
             if wants_cdf else KeptCDF.none(plan.size, batch.device)
         return Steps(batch, prep, plan, greedy_tok, z, cdf, u, raw_norm)
 

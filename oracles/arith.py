@@ -32,6 +32,14 @@ def frac_bits(n: int) -> int:
 def exp64(x: np.ndarray) -> np.ndarray:
     """exp of float64 values, rounded to float32."""
     x = np.asarray(x, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = exp64_wide(x).astype(np.float32)
+    return np.where(np.isnan(x), NAN32, e)
+
+
+def exp64_wide(x: np.ndarray) -> np.ndarray:
+    """The float64 value ``p * 2**k`` that exp64 rounds to float32 (NaN where x is)."""
+    x = np.asarray(x, dtype=np.float64)
     with np.errstate(invalid="ignore"):
         v = np.minimum(np.maximum(x, EXP_LO), EXP_HI)
     t = v * INV_LN2 + SHIFT                 # rint(v / ln 2) in the low mantissa bits
@@ -44,9 +52,7 @@ def exp64(x: np.ndarray) -> np.ndarray:
     b0, b1, b2 = a[0] + a[1] * r2, a[2] + a[3] * r2, a[4] + a[5] * r2
     p = (b0 + b1 * r4) + (b2 + C[12] * r4) * r8
     two_k = np.ldexp(1.0, np.where(np.isnan(k), 0.0, k).astype(np.int64))  # exact: 2**k
-    with np.errstate(over="ignore"):
-        e = (p * two_k).astype(np.float32)
-    return np.where(np.isnan(x), NAN32, e)
+    return p * two_k
 
 
 def exp32(z: np.ndarray) -> np.ndarray:

@@ -1,7 +1,9 @@
 """Pipeline steps 8 and 9 in Triton: top-k / top-p / element-wise thresholds and the draw.
 
 The same semantics as :mod:`detsample.ops.filters` and :mod:`detsample.ops.draw`, decided
-by VALUES with exact int64 fixed-point masses ``q = trunc(exp(z) * 2**F)``:
+by VALUES with exact int64 fixed-point masses ``q = trunc(exp(z) * 2**F)``, ``exp`` being
+detsample's (:func:`~detsample.kernels.common.exp32`, :func:`detsample.arith.exp` bit
+for bit; never ``tl.exp``):
 
 * top-k keeps ``z >= s_{k-1}`` (the k-th largest value, ties at the boundary kept);
 * top-p keeps a survivor when the mass strictly above its value is
@@ -14,7 +16,7 @@ by VALUES with exact int64 fixed-point masses ``q = trunc(exp(z) * 2**F)``:
 
 Three kernels, one program per row each, chosen per row by a host-side route that
 selects how the work is done, never the result (every route computes the same ``q``
-with the same ``tl.exp`` and exact integer sums):
+with the same ``exp32`` and exact integer sums):
 
 * ``_topk_draw_kernel`` (rows with ``top_k <= CAND_MAX``): a 4-pass radix select finds
   the exact k-th largest value; the survivors ``z >= s_{k-1}`` are compacted in token-id
@@ -28,8 +30,10 @@ with the same ``tl.exp`` and exact integer sums):
 * ``_draw_full_kernel`` (every row not drawn from a buffer): exact block sums of the kept
   mass over the whole vocabulary, then a search inside the chosen block.
 
-Bitwise batch-invariant on one device; tokens equal the torch backend's outside the
-near-tie margin of docs/gpu.md (``exp`` differs between implementations).
+Bitwise batch-invariant, and the same thresholds' kept sets, exact masses and tokens as
+the torch backend's step 8-9 (the same ``exp``, the same integer rules of
+:mod:`detsample.rules`) on any device that rounds float64 ``+ - *`` and conversions as
+IEEE without contraction (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ import triton.language as tl
 
 from detsample import rules
 from detsample.kernels.common import (ELEMENT_FILTERS, OPTS, PAD_ID, check_device, draw_target,
-                                      element_keeps, first_above, fq_mass, order_key, row_block,
-                                      top_p_keeps, top_p_limit)
+                                      element_keeps, exp32, first_above, fq_mass, order_key,
+                                      row_block, top_p_keeps, top_p_limit)
 
 #: rows whose top_k is at most this use the radix-select candidate kernel
 CAND_MAX = 1024
@@ -108,7 +112,7 @@ def _topk_draw_kernel(z_ptr, stride, V, rows_ptr, k_ptr, p_ptr, el_ptr, el_strid
         v = tl.load(bufv + j, mask=valid, other=float("-inf"))
         ids = tl.load(bufi + j, mask=valid, other=PAD_ID)
         top_p = tl.load(p_ptr + row)
-        e = tl.exp(v)
+        e = exp32(v)
         q = tl.where(valid, fq_mass(e, FRAC), 0)
         # top-p: the exact mass strictly above each survivor's value, by comparing it
         # with every survivor (chunks of CH), so no sort and no order enters
@@ -116,7 +120,7 @@ def _topk_draw_kernel(z_ptr, stride, V, rows_ptr, k_ptr, p_ptr, el_ptr, el_strid
         for cs in range(0, c, CH):
             jc = cs + tl.arange(0, CH)
             vc = tl.load(bufv + jc, mask=jc < c, other=float("-inf"))
-            qc = tl.where(jc < c, fq_mass(tl.exp(vc), FRAC), 0)
+            qc = tl.where(jc < c, fq_mass(exp32(vc), FRAC), 0)
             above += tl.sum(tl.where(vc[None, :] > v[:, None], qc[None, :], 0), 1)
         limit = top_p_limit(top_p, tl.sum(q, 0))
         # each rule keeps every value above a threshold, so the kept set is z >= tau
@@ -146,7 +150,7 @@ def _sorted_threshold_kernel(s_ptr, stride, V, rows_ptr, k_ptr, p_ptr, el_ptr, e
     for start in range(0, V, BLOCK):  # Z: mass of the top-k survivors
         idx = start + offs
         s = tl.load(srow + idx, mask=idx < V, other=float("-inf"))
-        acc += tl.where((idx < V) & (s >= kth), fq_mass(tl.exp(s), FRAC), 0)
+        acc += tl.where((idx < V) & (s >= kth), fq_mass(exp32(s), FRAC), 0)
     limit = top_p_limit(top_p, tl.sum(acc, 0))
     # top-p: the mass above a value is the exclusive running sum at the first element of
     # its run of ties; that sum is non-decreasing, so the kept values are those >= s[G]
@@ -156,7 +160,7 @@ def _sorted_threshold_kernel(s_ptr, stride, V, rows_ptr, k_ptr, p_ptr, el_ptr, e
     for start in range(0, V, BLOCK):
         idx = start + offs
         s = tl.load(srow + idx, mask=idx < V, other=float("-inf"))
-        q = tl.where((idx < V) & (s >= kth), fq_mass(tl.exp(s), FRAC), 0)
+        q = tl.where((idx < V) & (s >= kth), fq_mass(exp32(s), FRAC), 0)
         excl = base + tl.cumsum(q, 0) - q
         g += tl.sum(((idx < V) & top_p_keeps(excl, limit)).to(tl.int64), 0)
         base += tl.sum(q, 0)
@@ -165,7 +169,7 @@ def _sorted_threshold_kernel(s_ptr, stride, V, rows_ptr, k_ptr, p_ptr, el_ptr, e
     for start in range(0, V, BLOCK):  # the element-wise filters, and the smallest value kept
         idx = start + offs
         s = tl.load(srow + idx, mask=idx < V, other=float("-inf"))
-        kept = (idx < V) & (s >= floor) & element_keeps(tl.exp(s), el_ptr + row * el_stride)
+        kept = (idx < V) & (s >= floor) & element_keeps(exp32(s), el_ptr + row * el_stride)
         tau = tl.minimum(tau, tl.min(tl.where(kept, s, float("inf")), 0))
     tl.store(tau_ptr + row, tau)
 
@@ -185,7 +189,7 @@ def _draw_full_kernel(z_ptr, stride, V, rows_ptr, tau_ptr, el_ptr, el_stride, u_
     for b in range(0, tl.cdiv(V, BLOCK)):  # exact kept mass per block
         idx = b * BLOCK + offs
         z = tl.load(zrow + idx, mask=idx < V, other=float("-inf"))
-        e = tl.exp(z)
+        e = exp32(z)
         q = tl.where((idx < V) & (z >= tau) & element_keeps(e, el), fq_mass(e, FRAC), 0)
         sums = tl.where(nb == b, tl.sum(q, 0), sums)
     total = tl.sum(sums, 0)
@@ -197,7 +201,7 @@ def _draw_full_kernel(z_ptr, stride, V, rows_ptr, tau_ptr, el_ptr, el_stride, u_
         base = tl.sum(tl.where(nb == blk - 1, bc, 0), 0)
         idx = blk * BLOCK + offs
         z = tl.load(zrow + idx, mask=idx < V, other=float("-inf"))
-        e = tl.exp(z)
+        e = exp32(z)
         q = tl.where((idx < V) & (z >= tau) & element_keeps(e, el), fq_mass(e, FRAC), 0)
         j = first_above(base + tl.cumsum(q, 0), t)
         tl.store(tok_ptr + row, blk.to(tl.int64) * BLOCK + j)

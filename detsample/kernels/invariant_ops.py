@@ -2,8 +2,15 @@
 
 ``CUDA_IMPLS[name]`` takes the aten op's arguments (same names, same defaults) and
 returns what the aten op returns, computed by the fixed-order kernels of
-:mod:`detsample.kernels.matmul` (fixed tiles, no split-K) and
-:mod:`detsample.kernels.rowwise` (one program per row). The mode registers them for the
+:mod:`detsample.kernels.matmul` (fixed tiles, no split-K),
+:mod:`detsample.kernels.rowwise` (one program per row) and
+:mod:`detsample.kernels.logprobs` (``_log_softmax``: detsample.arith's definition).
+Transcendentals: ``_log_softmax`` is detsample.arith's (exp64, the exact two-word sum,
+log64), ``_softmax`` / ``_safe_softmax`` take arith's ``exp`` (then a fixed float32 tree
+and ``div_rn``): their bits follow IEEE operations only, not a GPU's approximate
+``ex2`` / ``lg2``. The attention keeps ``tl.exp``: one exp per score inside the
+product loop, where float64 arithmetic would cost a multiple of the attention's time
+and the MMA's bits are already the GPU kind's (docs/gpu.md). The mode registers them for the
 CUDA dispatch key; each is a plain function of its tensors (no state).
 ``ATTENTION`` is the transformers ``AttentionInterface`` function with a fixed KV split
 (:func:`detsample.kernels.attention.hf_attention`).
@@ -18,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from detsample.kernels import matmul, rowwise
+from detsample.kernels import logprobs, matmul, rowwise
 from detsample.kernels.attention import attention, hf_attention
 
 
@@ -29,7 +36,11 @@ def _softmax_like(x: torch.Tensor, dim: int, half_to_float: bool, log: bool) -> 
     dim = dim % x.dim()
     out_dtype = torch.float32 if half_to_float else x.dtype
     moved = x.movedim(dim, -1).contiguous()
-    y = rowwise.softmax_rows(moved.reshape(-1, moved.shape[-1]), log=log, out_dtype=out_dtype)
+    rows = moved.reshape(-1, moved.shape[-1])
+    if log:  # detsample.arith's log_softmax, in float32, rounded once more to out_dtype
+        y = logprobs.log_softmax_rows(rows.to(torch.float32)).to(out_dtype)
+    else:
+        y = rowwise.softmax_rows(rows, out_dtype=out_dtype)
     return y.reshape(moved.shape).movedim(-1, dim).contiguous()
 
 
@@ -39,7 +50,10 @@ def softmax(self: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
 
 
 def log_softmax(self: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
-    """aten ``_log_softmax(self, dim, half_to_float)``: one program per slice."""
+    """aten ``_log_softmax(self, dim, half_to_float)``: one program per slice, the bits of
+    :func:`detsample.arith.log_softmax` of the slice in float32 (bfloat16 / float16
+    upcast exactly, float64 rounded to float32), rounded to the output dtype; a slice
+    with a NaN, a +inf or no finite value is NaN (aten: NaN for NaN / +inf slices too)."""
     return _softmax_like(self, dim, half_to_float, log=True)
 
 

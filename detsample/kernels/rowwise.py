@@ -1,5 +1,6 @@
-"""Row-wise reductions with a fixed order: softmax, log_softmax, sum, mean, RMSNorm,
-LayerNorm.
+"""Row-wise reductions with a fixed order: softmax, sum, mean, RMSNorm, LayerNorm (the
+batch-invariant mode's CUDA ops; its ``log_softmax`` is detsample.arith's,
+:mod:`detsample.kernels.logprobs`).
 
 Every kernel here runs ONE program per row and walks the row in blocks of
 :func:`~detsample.kernels.common.row_block` (a function of the row length only),
@@ -19,12 +20,12 @@ import torch
 import triton
 import triton.language as tl
 
-from detsample.kernels.common import OPTS, check_device, row_block
+from detsample.kernels.common import OPTS, check_device, exp32, row_block
 
 
 @triton.jit
-def _softmax_kernel(x_ptr, out_ptr, stride_x, stride_o, N, LOG: tl.constexpr,
-                    SAFE: tl.constexpr, BLOCK: tl.constexpr):
+def _softmax_kernel(x_ptr, out_ptr, stride_x, stride_o, N, SAFE: tl.constexpr,
+                    BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     m = tl.full((BLOCK,), float("-inf"), tl.float32)
@@ -37,18 +38,14 @@ def _softmax_kernel(x_ptr, out_ptr, stride_x, stride_o, N, LOG: tl.constexpr,
     for start in range(0, N, BLOCK):
         idx = start + offs
         x = tl.load(x_ptr + row * stride_x + idx, mask=idx < N, other=float("-inf"))
-        acc += tl.where(idx < N, tl.exp(x.to(tl.float32) - mx), 0.0)
+        acc += tl.where(idx < N, exp32(x.to(tl.float32) - mx), 0.0)
     s = tl.sum(acc, 0)
-    lse = tl.log(s)
     for start in range(0, N, BLOCK):
         idx = start + offs
         x = tl.load(x_ptr + row * stride_x + idx, mask=idx < N, other=0.0).to(tl.float32)
-        if LOG:
-            y = (x - mx) - lse
-        else:
-            y = tl.div_rn(tl.exp(x - mx), s)
-            if SAFE:  # a row of only -inf: zeros, not NaN
-                y = tl.where(mx == float("-inf"), 0.0, y)
+        y = tl.div_rn(exp32(x - mx), s)
+        if SAFE:  # a row of only -inf: zeros, not NaN
+            y = tl.where(mx == float("-inf"), 0.0, y)
         tl.store(out_ptr + row * stride_o + idx, y.to(out_ptr.dtype.element_ty), mask=idx < N)
 
 
@@ -137,20 +134,23 @@ def _rows(x: torch.Tensor, name: str = "x") -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def softmax_rows(x: torch.Tensor, log: bool = False, out_dtype: torch.dtype | None = None,
-                 out: torch.Tensor | None = None, safe: bool = False) -> torch.Tensor:
-    """(log_)softmax of each row of ``x`` (rows, n), computed in float32, written in
-    ``out_dtype`` (default: x's dtype) or into ``out`` (a (rows, n) tensor with unit
-    last stride). Three passes per row: max, ``sum exp(x - max)``, output. ``safe``
-    (softmax only): a row of only ``-inf`` gives zeros (aten ``_safe_softmax``). Bitwise
-    batch-invariant (one program per row, fixed block order)."""
+def softmax_rows(x: torch.Tensor, out_dtype: torch.dtype | None = None,
+                 safe: bool = False) -> torch.Tensor:
+    """softmax of each row of ``x`` (rows, n) -> (rows, n) in ``out_dtype`` (default:
+    x's dtype), computed in float32. Three passes per row: the max, ``s = sum e_i`` with
+    ``e_i = exp(x_i - max)`` (the float32 difference, then detsample's exp:
+    :func:`~detsample.kernels.common.exp32`, not the GPU's ``ex2.approx``) accumulated per
+    lane in block order and reduced by one fixed tree, then ``div_rn(e_i, s)``. ``safe``:
+    a row of only ``-inf`` gives zeros (aten ``_safe_softmax``). Bitwise batch-invariant
+    (one program per row, fixed block order), and every operation IEEE, so the bits do
+    not depend on the GPU's transcendental units. (The sampler's ``log_softmax`` is
+    :func:`detsample.kernels.logprobs.log_softmax_rows`, detsample.arith's definition.)"""
     x = _rows(x)
     R, N = x.shape
-    if out is None:
-        out = torch.empty((R, N), dtype=out_dtype or x.dtype, device=x.device)
+    out = torch.empty((R, N), dtype=out_dtype or x.dtype, device=x.device)
     if R and N:
-        _softmax_kernel[(R,)](x, out, x.stride(0), out.stride(0), N, LOG=bool(log),
-                              SAFE=bool(safe), BLOCK=row_block(N), **OPTS)
+        _softmax_kernel[(R,)](x, out, x.stride(0), out.stride(0), N, SAFE=bool(safe),
+                              BLOCK=row_block(N), **OPTS)
     return out
 
 

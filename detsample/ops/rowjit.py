@@ -12,22 +12,24 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from detsample.arith.jit import block_masses, floored_exp_into, max8, trunc_word
+from detsample.arith.jit import block_masses, floored_exp_into, max8, row_log_norm, trunc_word
 
 _jit = dict(nogil=True, cache=True, fastmath=False, error_model="numpy", boundscheck=False)
 
 
 @numba.njit(**_jit)
+def _scale_row(xr, mr, tr, zr):
+    """``zr = float32(float32(xr - mr) / tr)`` (float32: a subtraction, then a true
+    division, each rounded once: ``ops.temperature.scale_logits``)."""
+    for i in range(xr.size):
+        zr[i] = (xr[i] - mr) / tr
+
+
+@numba.njit(**_jit)
 def scale_rows(x, m, t, z, r0, r1):
-    """Rows r0..r1 of ``z = float32(float32(x - m) / t)`` (float32: a subtraction, then a
-    true division, each rounded once: ``ops.temperature.scale_logits``)."""
+    """Rows r0..r1 of :func:`_scale_row`."""
     for r in range(r0, r1):
-        mr = m[r]
-        tr = t[r]
-        xr = x[r]
-        zr = z[r]
-        for i in range(xr.size):
-            zr[i] = (xr[i] - mr) / tr
+        _scale_row(x[r], m[r], t[r], z[r])
 
 
 @numba.njit(**_jit)
@@ -50,20 +52,50 @@ def mass_and_maxima_rows(z, thr, consts, out, span):
     floor, frac = consts
     totals, maxima = out
     r0, r1 = span
-    scale = 2.0 ** frac
     buf = np.empty(z.shape[1], dtype=np.float32)
     for r in range(r0, r1):
-        row = z[r]
-        floored_exp_into(row, floor, buf)
-        t = thr[r]
-        acc = 0
-        for i in range(row.size):
-            v = row[i]
-            v = floor if v < floor else v
-            h, _ = trunc_word(np.float64(buf[i]) * scale)
-            acc += h if v >= t else 0
-        totals[r] = acc
-        _group_maxima(row, maxima[r])
+        totals[r] = _survivor_mass(z[r], thr[r], floor, 2.0 ** frac, buf)
+        _group_maxima(z[r], maxima[r])
+
+
+@numba.njit(**_jit)
+def _survivor_mass(row, t, floor, scale, buf):
+    """The exact mass of the survivors ``max(row, floor) >= t`` of one row (``buf``: a
+    float32 scratch row, receives the exps)."""
+    floored_exp_into(row, floor, buf)
+    acc = 0
+    for i in range(row.size):
+        v = row[i]
+        v = floor if v < floor else v
+        h, _ = trunc_word(np.float64(buf[i]) * scale)
+        acc += h if v >= t else 0
+    return acc
+
+
+@numba.njit(**_jit)
+def first_pass_rows(x, per_row, consts, out, span):
+    """Rows ``span`` = (r0, r1) of the first full-row pass of a call whose logits ``x``
+    are the model's (steps 1-5 changed nothing): per row, step 7's z (:func:`_scale_row`,
+    into ``z``), and as the row's ``flags`` ask, bit 1: its "raw" log-normaliser
+    (``arith.jit.row_log_norm`` of ``x`` with maximum ``raw_max``, NaN where that is not
+    finite; into ``g``), bit 2: its exact mass and group maxima (:func:`_survivor_mass`,
+    :func:`_group_maxima` of z, no top-k cut; into ``totals``, ``maxima``). ``per_row``
+    = (shift, raw_max, t, flags), ``consts`` = (floor, frac), ``out`` = (z, g, totals,
+    maxima). The row stays in cache across its parts."""
+    shift, raw_max, t, flags = per_row
+    floor, frac = consts
+    z, g, totals, maxima = out
+    r0, r1 = span
+    buf = np.empty(x.shape[1], dtype=np.float32)
+    for r in range(r0, r1):
+        _scale_row(x[r], shift[r], t[r], z[r])
+        if flags[r] & 1:
+            m = raw_max[r]
+            ok = (m > -np.inf) & (m < np.inf)
+            g[r] = row_log_norm(x[r], m, buf, frac) if ok else np.nan
+        if flags[r] & 2:
+            totals[r] = _survivor_mass(z[r], np.float32(-np.inf), floor, 2.0 ** frac, buf)
+            _group_maxima(z[r], maxima[r])
 
 
 @numba.njit(**_jit)

@@ -97,6 +97,46 @@ def _f32(v: float):
 
 
 @dataclass(frozen=True)
+class FirstPass:
+    """What :func:`first_pass` computed: ``z`` (B, V) float32 step 7's scaled logits;
+    ``norm`` (B,) float64 the "raw" log-normalisers of the rows asked (NaN elsewhere);
+    ``totals`` (B,) int64 and ``maxima`` (B, V // 8 + V % 8) float32 the exact mass and
+    group maxima of the rows asked (unspecified elsewhere)."""
+
+    z: torch.Tensor
+    norm: torch.Tensor
+    totals: torch.Tensor
+    maxima: torch.Tensor
+
+
+def first_pass(x: torch.Tensor, maxima_of: tuple[torch.Tensor, torch.Tensor],
+               t: torch.Tensor, flags: torch.Tensor, out: torch.Tensor | None
+               ) -> FirstPass | None:
+    """One pass over model logits ``x`` (B, V) float32 that steps 1-5 left unchanged:
+    step 7's ``z = (x - shift) / t`` for every row, and per row as ``flags`` (B,) int8
+    ask -- 1: the "raw" log-normaliser of ``x`` (:func:`detsample.arith.normalisers`,
+    maximum ``raw_max``), 2: the exact mass and group maxima of ``z``
+    (:func:`mass_and_maxima`, no top-k) -- each the same bits as its own pass. The row
+    stays in cache across its parts, and the call's heavy work runs before any torch
+    parallel region. ``maxima_of`` = (shift, raw_max), each (B, 1) float32; ``out``: a
+    (B, V) float32 buffer for z. None where no kernel runs."""
+    if not (runs(x) and x.is_contiguous() and (out is None or out.is_contiguous())):
+        return None
+    B, V = x.shape
+    z = torch.empty_like(x) if out is None else out
+    norm = torch.full((B,), float("nan"), dtype=torch.float64)
+    totals = torch.zeros(B, dtype=torch.int64)
+    maxima = torch.empty((B, V // 8 + V % 8), dtype=torch.float32)
+    per_row = tuple(v.reshape(-1).to(torch.float32).contiguous().numpy() for v in
+                    (*maxima_of, t)) + (flags.to(torch.int8).contiguous().numpy(),)
+    outs = (z.numpy(), norm.numpy(), totals.numpy(), maxima.numpy())
+    consts = (_f32(rules.EXP_FLOOR), rules.frac_bits(V))
+    k = _kernels().first_pass_rows
+    _split(lambda s, e: k(x.numpy(), per_row, consts, outs, (s, e)), B, x.numel())
+    return FirstPass(z, norm, totals, maxima)
+
+
+@dataclass(frozen=True)
 class LazyMasses:
     """The kept masses of a blocked table, not materialised: ``z`` (rows, V) float32 and
     the rows' cuts ``tau`` / ``least`` (rows,) float32 (-inf: none), ``frac`` fraction

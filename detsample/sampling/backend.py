@@ -69,7 +69,9 @@ def triton() -> Backend:
         return (*k.sanitize_rows(x), False)
 
     def log_softmax_at(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        return lp_ops.gather_rows(k.log_softmax_rows(x), ids)
+        # the rows' normalisers by the kernel, then the tokens' values: the bits of
+        # log_softmax_rows at those entries, one pass, no (B, V) output
+        return lp_ops.log_softmax(x, at=ids, norm=k.normalisers_rows(x))
 
     return Backend("triton", sanitize, k.scale_logits, k.exp, k.log_softmax_rows,
                    log_softmax_at, k.row_uniforms, k.thresholds_and_draw)

@@ -128,7 +128,9 @@ class CutInputs:
     columns / column_values: step 4's allowed columns of grammar rows (see the Sampler's
     ``Prepared``), or None; scaled: a callable giving step 7's z over the vocabulary
     (called only when a row needs it); scratch: ``(name, like, dtype) -> tensor``, a
-    reused buffer; deterministic / filter_impl: the Sampler's settings."""
+    reused buffer; deterministic / filter_impl: the Sampler's settings; prepass: the
+    call's fused first pass (:func:`~detsample.ops.rowpass.first_pass`) when it ran, whose
+    totals and maxima hold for the rows of :func:`prepass_rows`."""
 
     x: torch.Tensor
     shift: torch.Tensor
@@ -139,12 +141,24 @@ class CutInputs:
     scratch: Callable
     deterministic: bool = True
     filter_impl: str = "auto"
+    prepass: rowpass.FirstPass | None = None  # the rows' exact masses and group maxima
+    #                                           when the call's first pass computed them
 
     @property
     def select(self) -> bool:
         """Whether the full strategy's thresholds come from the radix select."""
         return (self.filter_impl == "auto" and self.x.shape[1] >= SELECT_MIN_V
                 and self.x.device.type == "cpu")
+
+
+def prepass_rows(plan: RowPlan) -> torch.Tensor | None:
+    """The batch rows whose exact mass and group maxima step 8 reads over the full row:
+    the top-p rows without a small top-k when none of them has a top-k (``None``: no
+    such rows)."""
+    bf = plan.route.filters
+    if bf is None or bf.wide is None or bf.wide_k:
+        return None
+    return _part(plan, wide=True)[1]
 
 
 def column_rows(plan: RowPlan, cols: dict | None, x: torch.Tensor) -> tuple[Rows, Rows] | None:
@@ -342,7 +356,8 @@ def _nucleus(z: torch.Tensor, plan: RowPlan, inp: CutInputs, frac: int
     first = zw.numel() < BY_VALUE_MIN
     # (the exact mass costs one fused pass where there is one: no bracket to settle)
     cut, lo, maxima = _nucleus_cut(zw, plan, pos, inp, frac,
-                                   exact=first or rules.fused_masses(zw), maxima=not first)
+                                   exact=first or rules.fused_masses(zw), maxima=not first,
+                                   rows=(idx, every))
     if not first:
         return _by_value(zw, idx, every, cut, lo, frac, maxima=maxima)
     K = min(NUCLEUS_CANDIDATES, zw.shape[1])
@@ -393,31 +408,48 @@ def _by_value(zw: torch.Tensor, idx: torch.Tensor, every: bool,
 
 
 def _nucleus_cut(zw: torch.Tensor, plan: RowPlan, pos: torch.Tensor | None,
-                 inp: CutInputs, frac: int, *, exact: bool, maxima: bool
+                 inp: CutInputs, frac: int, *, exact: bool, maxima: bool,
+                 rows: tuple[torch.Tensor, bool]
                  ) -> tuple[filter_ops.CandidateCut, torch.Tensor, torch.Tensor | None]:
     """The top-p rows' cut with the upper end of their mass bracket as ``total``, the
     lower end (n,) int64 -- the exact survivor mass (both ends) for rows of a batch with
     a large top-k or when ``exact``, else :func:`~detsample.ops.nucleus.mass_bounds` --
     and, when ``maxima`` is asked and a fused CPU pass gave them with the exact mass,
-    the rows' group maxima (else None)."""
-    rows, bf = plan.route.bounded, plan.route.filters
+    the rows' group maxima (else None). ``rows``: their batch rows and whether those
+    are every row in order (to read the call's first pass, ``inp.prepass``)."""
+    bounded, bf = plan.route.bounded, plan.route.filters
     pick = (lambda t: t) if pos is None else (lambda t: t[pos])  # noqa: E731
     thr, mx = None, None
     if bf.wide_k or exact:
         if bf.wide_k:
-            thr = filter_ops.topk_threshold(zw, pick(rows.filters[0]))
-        both = rowpass.mass_and_maxima(zw, thr, frac, nucleus.GROUP) if maxima else None
+            thr = filter_ops.topk_threshold(zw, pick(bounded.filters[0]))
+        both = _mass_and_maxima(zw, thr, frac, inp.prepass, rows) if maxima or \
+            inp.prepass is not None else None
         if both is not None:
             lo, mx = both
         else:
             lo = filter_ops.survivor_mass(zw, thr, frac, out=inp.scratch("w", zw),
                                           q_out=inp.scratch("q", zw, torch.int64))
         hi = lo
+        mx = mx if maxima else None
         thr = None if thr is None else thr.unsqueeze(1)
     else:
         lo, hi = nucleus.mass_bounds(zw, frac, out=inp.scratch("w", zw))
     return filter_ops.CandidateCut(None, None, thr, hi.unsqueeze(1), pick(bf.top_p),
                                    None if bf.element is None else pick(bf.element)), lo, mx
+
+
+def _mass_and_maxima(zw: torch.Tensor, thr: torch.Tensor | None, frac: int,
+                     prepass: rowpass.FirstPass | None, rows: tuple[torch.Tensor, bool]
+                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The rows' exact survivor mass and group maxima: from the call's first pass when it
+    computed them (no top-k cut), else one fused pass over ``zw`` where there is one."""
+    if prepass is not None and thr is None:
+        idx, every = rows
+        if every:
+            return prepass.totals, prepass.maxima
+        return prepass.totals[idx], prepass.maxima.index_select(0, idx)
+    return rowpass.mass_and_maxima(zw, thr, frac, nucleus.GROUP)
 
 
 def _settle(vals: torch.Tensor, zw: torch.Tensor, cut: filter_ops.CandidateCut,

@@ -8,6 +8,7 @@ triton is imported without the interpreter) into a temporary cache directory.
 """
 
 import inspect
+import re
 
 import pytest
 
@@ -39,6 +40,12 @@ def _sampler_kernels():
          dict(x_ptr=P32, m_ptr=P32, t_ptr=P32, out_ptr=P32, stride_x=I32, stride_o=I32,
               V=I32), dict(BLOCK=1024), {}),
         ("exp", logprobs._exp_kernel, dict(x_ptr=P32, out_ptr=P32, N=I32), dict(BLOCK=1024), {}),
+        ("log_softmax", logprobs._log_softmax_kernel,
+         dict(x_ptr=P32, out_ptr=P32, m_ptr=P32, g_ptr=P32, stride_x=I32, stride_o=I32, N=I32),
+         dict(FRAC=44, BLOCK=1024, WRITE=True), {}),
+        ("normalisers", logprobs._log_softmax_kernel,
+         dict(x_ptr=P32, out_ptr=P32, m_ptr=P32, g_ptr=P64, stride_x=I32, stride_o=I32, N=I32),
+         dict(FRAC=44, BLOCK=1024, WRITE=False), {}),
         ("uniforms", rng._uniforms_kernel,
          dict(seed_ptr=PI64, pos_ptr=PI64, out_ptr=P64, N=I32), dict(STREAM=0, BLOCK=128), {}),
     ]
@@ -55,7 +62,7 @@ def _invariant_kernels():
     out = [
         ("softmax", rowwise._softmax_kernel,
          dict(x_ptr="*bf16", out_ptr=P32, stride_x=I32, stride_o=I32, N=I32),
-         dict(LOG=False, SAFE=True, BLOCK=1024), {}),
+         dict(SAFE=True, BLOCK=1024), {}),
         ("mean", rowwise._sum_kernel, dict(x_ptr="*bf16", out_ptr="*bf16", stride_x=I32, N=I32),
          dict(MEAN=True, ACC=tl.float32, BLOCK=1024), {}),
         ("layer_norm", rowwise._layer_norm_kernel,
@@ -101,13 +108,41 @@ def compile_for_sm90(kernel, types, consts, options, cache_dir):
     return compiled.asm
 
 
+#: PTX instructions that would make a kernel's bits the GPU's instead of the definition's:
+#: a fused multiply-add (one rounding where the definition has two), the approximate
+#: transcendental units (what ``tl.exp`` / ``tl.log`` / libdevice's fast paths become),
+#: approximate division or reciprocal, and flush-to-zero of subnormals
+NOT_IEEE = re.compile(r"\b(fma\.|mad\.(rn|rz|rm|rp|f)|ex2\.|lg2\.|rcp\.|sqrt\.approx|"
+                      r"div\.(approx|full)|[a-z0-9]+\.[a-z0-9.]*ftz)")
+
+
 def test_sampler_kernels_compile_for_sm90(tmp_path):
     """The kernels of Sampler(backend="triton") are valid sm_90 programs (PTX and
-    cubin). Bug it pins: an interpreter-only construct (a Python-level loop-carried type
-    change, a constexpr reassigned in a static loop) that fails only on a real GPU."""
+    cubin), and their PTX holds only IEEE arithmetic: no FMA (``enable_fp_fusion=False``
+    reaches the compiler), no ``ex2`` / ``lg2`` (no ``tl.exp`` / ``tl.log`` left in a
+    path; detsample.arith's helpers instead), no approximate division, no flush to zero;
+    float64 -> float32 rounds to nearest (``cvt.rn.f32.f64``) and float -> int truncates
+    (``cvt.rzi``). Bugs it pins: an interpreter-only construct (a Python-level
+    loop-carried type change, a constexpr reassigned in a static loop) that fails only
+    on a real GPU; a ``tl.exp`` or a contracted product, which the interpreter cannot
+    show (it ignores launch options and computes ``tl.exp`` with numpy)."""
     for name, kernel, types, consts, options in _sampler_kernels():
         asm = compile_for_sm90(kernel, types, consts, options, tmp_path)
         assert "cubin" in asm and len(asm["ptx"]) > 100, name
+        bad = sorted({m.group(0) for m in NOT_IEEE.finditer(asm["ptx"])})
+        assert not bad, (name, bad)
+        if name in ("exp", "log_softmax", "normalisers", "topk_draw", "draw_full"):
+            assert "cvt.rn.f32.f64" in asm["ptx"], name
+        if name in ("log_softmax", "normalisers", "topk_draw", "draw_full"):
+            assert "cvt.rzi.s64.f64" in asm["ptx"], name
+
+
+def test_the_ptx_check_sees_a_contraction(tmp_path):
+    """The same exp kernel compiled with ``enable_fp_fusion=True`` holds ``fma.rn.f64``
+    (the pattern of the test above finds what it looks for)."""
+    name, kernel, types, consts, options = next(k for k in _sampler_kernels() if k[0] == "exp")
+    asm = compile_for_sm90(kernel, types, consts, dict(options, enable_fp_fusion=True), tmp_path)
+    assert NOT_IEEE.search(asm["ptx"]) and "fma.rn.f64" in asm["ptx"]
 
 
 @pytest.mark.triton_full
@@ -115,3 +150,5 @@ def test_invariant_kernels_compile_for_sm90(tmp_path):
     for name, kernel, types, consts, options in _invariant_kernels():
         asm = compile_for_sm90(kernel, types, consts, options, tmp_path)
         assert "cubin" in asm and len(asm["ptx"]) > 100, name
+        if name == "softmax":  # arith's exp, not ex2.approx (the attention keeps tl.exp)
+            assert not NOT_IEEE.search(asm["ptx"]), name

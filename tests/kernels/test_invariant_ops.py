@@ -132,3 +132,25 @@ def test_addmm_keywords(interp):
     got = interp(_run_case, "addmm", (bias, a, b), {"beta": 0.5, "alpha": 2})
     want = torch.addmm(bias, a, b, beta=0.5, alpha=2)
     assert float((got - want).abs().max()) <= 1e-5
+
+
+def test_log_softmax_is_detsample_arith(interp):
+    """aten ``_log_softmax`` under the mode is detsample.arith's log_softmax of each
+    slice (float32: bit for bit; bfloat16: arith's float32 result rounded once to
+    bfloat16), along any dim, with -inf entries and a NaN slice. Bug it pins: the
+    mode's log_softmax computed with the GPU's ``ex2`` / ``lg2`` (a float32 sum and
+    ``tl.log``), whose bits are the GPU kind's."""
+    from detsample import arith
+    x = torch.randn(3, 4, 24, generator=torch.Generator().manual_seed(4)) * 5
+    x[0, 1, ::2] = float("-inf")
+    x[2, 3, 5] = float("nan")
+    got = interp(_run_case, "_log_softmax", (x, -1, False), {})
+    assert torch.equal(got.view(torch.int32), arith.log_softmax(x).view(torch.int32))
+    got = interp(_run_case, "_log_softmax", (x, 1, False), {})
+    want = arith.log_softmax(x.movedim(1, -1).contiguous()).movedim(-1, 1)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    b = x.to(torch.bfloat16)
+    got = interp(_run_case, "_log_softmax", (b, -1, False), {})
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got.view(torch.int16), arith.log_softmax(b.float()).to(torch.bfloat16)
+                       .view(torch.int16))
