@@ -14,25 +14,25 @@ matmul           BLAS in fixed row tiles, per column block,     the float32 near
                  (:mod:`~detsample.invariant.products`)
 reduction        torch's serial sum where verified, else the    the fixed tree (:mod:`~detsample.invariant.tree`)
                  fixed tree (:mod:`~detsample.invariant.reduce`)
-exp, log, tanh,  torch's (MKL's vector math; expm1 ATen's) on    MKL-free compositions of ATen's exp2 / log1p /
-expm1            the vector loop, where verified; else the      expm1 in float64 (:mod:`~detsample.ops.libm`)
-                 MKL-free ones
-other pointwise  torch's vector loop (silu, sigmoid, gelu,      the same (ATen's own kernels: bits fixed by
-                 softplus, cos, sin, rsqrt, pow), where         ATen's ISA and torch's version)
-                 verified
+pointwise        torch's vector loop (exp, log, tanh: MKL's     detsample's defined functions
+(exp, expm1,     vector math; the others ATen's kernels),       (:mod:`detsample.arith.pointwise`: float64
+log, tanh,       where verified; else detsample's defined       Estrin / Taylor / series definitions, rounded
+sigmoid, silu,   function                                       once; the IEEE sqrt)
+gelu, softplus,
+cos, sin, sqrt,
+rsqrt, pow)
 softmax, norm    composed of the above (max is exact)           composed of the above
 ===============  =============================================  ==============================================
 
 What each verified kernel rests on is checked at its first use on the running machine
-(:mod:`detsample.invariant.verify`); a pointwise op that fails its check and has no
-MKL-free twin raises :class:`~detsample.invariant.verify.NotInvariantError`.
+(:mod:`detsample.invariant.verify`); a pointwise op that fails its check takes its
+defined function instead, with a :class:`~detsample.invariant.verify.FallbackWarning`.
 
 Reduced precision (bfloat16, float16) is computed in float32 and rounded once to the
-input's dtype (pointwise ops: torch's own reduced-precision loop); integer and complex
-tensors take the native kernel (exact or out of scope). Guarantee: bitwise
+input's dtype (verified pointwise ops: torch's own reduced-precision loop); integer and
+complex tensors take the native kernel (exact or out of scope). Guarantee: bitwise
 batch-invariant (rows) and thread-count-invariant; portable: the same bits on every
-CPU, MKL instruction level and thread count (docs/batch-invariant.md says what still
-varies: ATen's ISA and torch's version).
+CPU, ISA, MKL instruction level, thread count and torch build (docs/batch-invariant.md).
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from detsample.ops import libm
+from detsample.arith import pointwise as defined
 from detsample.invariant.products import compute_dtype, product
 from detsample.invariant.reduce import row_sum
-from detsample.invariant.state import config, plans
+from detsample.invariant.state import config, note_portable
 from detsample.ops.vector import pointwise
-from detsample.invariant.verify import FallbackWarning, NotInvariantError, pointwise_plan
+from detsample.invariant.verify import FallbackWarning, pointwise_plan
 from detsample.probe.threads import torch_threads
 
 aten = torch.ops.aten
@@ -213,44 +213,47 @@ def _positive(t: torch.Tensor) -> torch.Tensor:
     return t.abs() + 1e-3
 
 
-#: the ops of each MKL-free function of :mod:`~detsample.ops.libm` (float64)
-_PMATH_OPS: dict[str, tuple[str, Callable[..., torch.Tensor], Callable]] = {
-    "exp": ("exp2", aten.exp2.out, lambda t: t.clamp(-150, 150)),
-    "log": ("log1p", aten.log1p.out, lambda t: t.abs().clamp(max=0.5) - 0.3),
-    "tanh": ("expm1", aten.expm1.out, lambda t: t.abs().clamp(max=40.0)),
-    "expm1": ("expm1", aten.expm1.out, lambda t: t.clamp(-120.0, 80.0)),
-}
-_PMATH: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "exp": libm.exp, "log": libm.log, "tanh": libm.tanh, "expm1": libm.expm1}
+#: each pointwise op's function defined by detsample (:mod:`detsample.arith.pointwise`):
+#: the portable kernel, and the verified kernel where torch's fails its check here
+_DEFINED: dict[str, Callable[..., torch.Tensor]] = {
+    "exp": defined.exp, "expm1": defined.expm1, "log": defined.log, "tanh": defined.tanh,
+    "sigmoid": defined.sigmoid, "silu": defined.silu, "softplus": defined.softplus,
+    "gelu": defined.gelu, "cos": defined.cos, "sin": defined.sin, "sqrt": defined.sqrt,
+    "rsqrt": defined.rsqrt, "pow": defined.pow_scalar}
 
 
 def _require(name: str, out_op: Callable[..., torch.Tensor], dtype: torch.dtype,
              args: tuple = (), kwargs: dict | None = None,
              domain: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> Any:
-    """None when op ``name`` failed its on-machine check (refused), else the context to
-    run it in (1 thread where its check at this thread count failed)."""
+    """None when op ``name`` failed its on-machine check, else the context to run it in
+    (1 thread where its check at this thread count failed)."""
     plan = pointwise_plan(name, out_op, dtype, args, kwargs, domain)
     if plan.kernel == "refused":
         return None
     return torch_threads(1) if plan.data[0] else nullcontext()
 
 
-def _refusal(name: str, dtype: torch.dtype) -> NotInvariantError:
-    why = [p.reason for k, p in plans().items()
-           if k[0] == "pointwise" and p.kernel == "refused"]
-    return NotInvariantError(f"batch-invariant mode: the elementwise op {name!r} ({dtype}) is not "
-                             f"invariant on this machine and the mode has no constructed kernel "
-                             f"for it: {'; '.join(why) or 'its check failed'}")
+def _defined(name: str, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """detsample's ``name`` of floating ``x`` (its dtype; half precision through float32)."""
+    note_portable(("pointwise", name, x.dtype, args, tuple(sorted(kwargs.items())), "portable"),
+                  f"defined {name}")
+    return _DEFINED[name](x, *args, **kwargs)
 
 
-def _mkl_free(name: str, x: torch.Tensor) -> torch.Tensor:
-    """``libm``'s ``name`` of ``x`` in ``x``'s dtype, after checking the ATen kernel it uses."""
-    op, out_op, domain = _PMATH_OPS[name]
-    ctx = _require(op, out_op, torch.float64, domain=domain)
-    if ctx is None:
-        raise _refusal(op, torch.float64)
-    with ctx:
-        return _PMATH[name](x).to(x.dtype)
+def _pointwise(name: str, out_op: Callable[..., torch.Tensor], x: torch.Tensor, args: tuple,
+               kwargs: dict, domain: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Op ``name`` of a floating CPU tensor: the defined function under ``portable``, else
+    torch's vector loop where verified here, else the defined function (with a
+    :class:`FallbackWarning`)."""
+    if config().portable:
+        return _defined(name, x, *args, **kwargs)
+    ctx = _require(name, out_op, x.dtype, args, kwargs, domain)
+    if ctx is not None:
+        with ctx:
+            return pointwise(out_op, x, *args, **kwargs)
+    warnings.warn(f"batch-invariant mode: torch's {name} is not invariant on this machine; "
+                  f"it takes detsample's defined {name} instead", FallbackWarning, stacklevel=3)
+    return _defined(name, x, *args, **kwargs)
 
 
 def _unary(name: str, out_op: Callable[..., torch.Tensor], native: Callable[..., torch.Tensor],
@@ -258,21 +261,11 @@ def _unary(name: str, out_op: Callable[..., torch.Tensor], native: Callable[...,
     def impl(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if _native(self):
             return out_op(self, *args, out=native(self, *args, **kwargs), **kwargs)
-        if name in _PMATH and config().portable:
-            return _mkl_free(name, self)
-        ctx = _require(name, out_op, self.dtype, args, kwargs, domain)
-        if ctx is not None:
-            with ctx:
-                return pointwise(out_op, self, *args, **kwargs)
-        if name in _PMATH:
-            warnings.warn(f"batch-invariant mode: torch's {name} is not invariant on this machine; "
-                          f"it takes the MKL-free {name} instead", FallbackWarning, stacklevel=2)
-            return _mkl_free(name, self)
-        raise _refusal(name, self.dtype)
+        return _pointwise(name, out_op, self, args, kwargs, domain)
     impl.__name__ = name
-    impl.__doc__ = (f"aten ``{name}``: elementwise, every element computed by the vector "
-                    f"loop (:func:`~detsample.ops.vector.pointwise`), verified here"
-                    + ("; MKL-free under ``portable``" if name in _PMATH else "") + ".")
+    impl.__doc__ = (f"aten ``{name}``: elementwise; detsample's defined {name} under "
+                    f"``portable``, else torch's vector loop "
+                    f"(:func:`~detsample.ops.vector.pointwise`) where verified here.")
     return impl
 
 
@@ -297,20 +290,18 @@ expm1 = _unary("expm1", aten.expm1.out, _float_like)
 log = _unary("log", aten.log.out, _float_like, _positive)
 cos = _unary("cos", aten.cos.out, _float_like)
 sin = _unary("sin", aten.sin.out, _float_like)
+sqrt = _unary("sqrt", aten.sqrt.out, _float_like, _positive)
 rsqrt = _unary("rsqrt", aten.rsqrt.out, _float_like, _positive)
 
 
 def pow_scalar(self: torch.Tensor, exponent: Any) -> torch.Tensor:
-    """aten ``pow.Tensor_Scalar``: elementwise on the vector path (verified here)."""
-    if _native(self):
+    """aten ``pow.Tensor_Scalar``: detsample's defined pow under ``portable``, else the
+    vector path where verified here (a complex exponent: torch's kernel)."""
+    if _native(self) or isinstance(exponent, complex):
         return aten.pow.Tensor_Scalar_out(
             self, exponent, out=torch.empty_like(self, dtype=torch.result_type(self, exponent)))
     domain = (lambda t: t) if float(exponent).is_integer() else _positive
-    ctx = _require("pow", aten.pow.Tensor_Scalar_out, self.dtype, (exponent,), None, domain)
-    if ctx is None:
-        raise _refusal("pow", self.dtype)
-    with ctx:
-        return pointwise(aten.pow.Tensor_Scalar_out, self, exponent)
+    return _pointwise("pow", aten.pow.Tensor_Scalar_out, self, (exponent,), {}, domain)
 
 
 # -- softmax and normalisation ------------------------------------------------------------

@@ -68,6 +68,7 @@ OVERRIDES: tuple[Override, ...] = (
     Override("log", "pointwise", cpu.log),
     Override("cos", "pointwise", cpu.cos),
     Override("sin", "pointwise", cpu.sin),
+    Override("sqrt", "pointwise", cpu.sqrt),
     Override("rsqrt", "pointwise", cpu.rsqrt),
     Override("pow.Tensor_Scalar", "pointwise", cpu.pow_scalar),
     Override("convolution", "convolution", conv.convolution),

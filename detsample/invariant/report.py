@@ -28,7 +28,7 @@ def _describe(key: Hashable) -> tuple[str, str, int]:
     if kind == "pointwise":
         _, name, dtype, args, kwargs, threads = key
         extra = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs)])
-        return name, str(dtype).removeprefix("torch.") + (f" ({extra})" if extra else ""), threads
+        return name, str(dtype).removeprefix("torch.") + (f" ({extra})" if extra else ""), _threads(threads)
     return str(kind), repr(key[1:]), -1
 
 

@@ -8,9 +8,13 @@ attention (4 query heads, 2 KV heads); the Qwen2 has 3 layers of width 160 with 
 :meth:`detsample.Vocabulary.default` (bytes + merges), so the reference tokenizer, the
 engine and grammars work with them.
 
-Weights come from one ``torch.Generator`` seeded with ``seed``, parameter by parameter in
-``named_parameters()`` order: the same bits on every machine and in every process, and
-the caller's global RNG is left as it was (construction runs under ``fork_rng``).
+Weights are seeded normal values by detsample's definition (:mod:`detsample.models.seeded`:
+Philox counters, a Box-Muller of detsample's ``log`` / ``cos`` / ``sin``), parameter by
+parameter in ``named_parameters()`` order, scaled per kind (std 0.15 for embeddings and
+the head, 0.05 for projections and biases, norm gains 1 + 0.1 z): the same bits on every
+machine, ISA and torch build and in every process (``torch.randn`` with a generator is
+not: its vectorised Box-Muller follows ATen's instruction set), and the caller's global
+RNG is left as it was (transformers' own initialisation runs under ``fork_rng``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import torch
 
 from detsample.models.base import ModelError
+from detsample.models.seeded import normals
 
 TINY_VOCAB = 512
 
@@ -49,17 +54,19 @@ def _classes(family: str) -> tuple[type, type]:
 
 
 def seeded_init_(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Overwrite every parameter of ``model`` from one generator seeded with ``seed``."""
-    g = torch.Generator().manual_seed(int(seed))
+    """Overwrite every parameter of ``model`` with seeded normal values
+    (:func:`detsample.models.seeded.normals`: parameter ``i`` of ``named_parameters()``
+    takes stream ``i``), computed in float64 and rounded once to the parameter's dtype."""
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for i, (name, p) in enumerate(model.named_parameters()):
+            z = normals(int(seed), i, p.numel()).view(p.shape)
             if "norm" in name:
-                vals = 1.0 + 0.1 * torch.randn(p.shape, generator=g, dtype=torch.float32)
+                vals = 1.0 + 0.1 * z
             else:
                 kind = ("embed" if "embed" in name else "lm_head" if "lm_head" in name
                         else "bias" if name.endswith("bias") else "proj")
-                vals = _STD[kind] * torch.randn(p.shape, generator=g, dtype=torch.float32)
-            p.copy_(vals.to(p.dtype))
+                vals = _STD[kind] * z
+            p.copy_(vals.to(torch.float32).to(p.dtype))
     return model
 
 

@@ -7,6 +7,7 @@ whose vector and scalar loops in fact round differently.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -55,7 +56,6 @@ ARITHMETIC = [
     ("aten::div.Scalar", lambda x, y: torch.ops.aten.div.Scalar(x, 1.7)),
     ("aten::neg", lambda x, y: -x),
     ("aten::reciprocal", lambda x, y: torch.reciprocal(y)),
-    ("aten::sqrt", lambda x, y: torch.sqrt(x.abs())),
     ("aten::maximum", torch.maximum),
     ("aten::minimum", torch.minimum),
     ("aten::_to_copy", lambda x, y: x.to(torch.bfloat16)),
@@ -76,6 +76,43 @@ ARITHMETIC = [
     ("aten::div.Tensor_mode", lambda x, y: torch.div(x, y, rounding_mode="floor")),
     ("aten::amax", lambda x, y: torch.stack([x, y]).amax(0)),
 ]
+
+
+#: the IEEE operation of each one-operation arithmetic op, in numpy: (name, torch call,
+#: numpy call) on float32 x, y
+IEEE = [
+    ("aten::add.Tensor", lambda x, y: x + y, np.add),
+    ("aten::sub.Tensor", lambda x, y: x - y, np.subtract),
+    ("aten::mul.Tensor", lambda x, y: x * y, np.multiply),
+    ("aten::div.Tensor", lambda x, y: x / y, np.divide),
+    ("aten::add.Scalar", lambda x, y: torch.ops.aten.add.Scalar(x, 0.3), lambda x, y: x + np.float32(0.3)),
+    ("aten::mul.Scalar", lambda x, y: torch.ops.aten.mul.Scalar(x, 1.7), lambda x, y: x * np.float32(1.7)),
+    ("aten::div.Scalar", lambda x, y: torch.ops.aten.div.Scalar(x, 1.7), lambda x, y: x / np.float32(1.7)),
+    ("aten::reciprocal", lambda x, y: torch.reciprocal(y), lambda x, y: np.float32(1) / y),
+    ("aten::square", lambda x, y: x.square(), lambda x, y: x * x),
+    ("aten::rsub.Scalar", lambda x, y: 1.5 - x, lambda x, y: np.float32(1.5) - x),
+    ("aten::neg", lambda x, y: -x, lambda x, y: -x),
+]
+
+
+@pytest.mark.parametrize("name,fn,ieee", IEEE, ids=[i[0] for i in IEEE])
+def test_exact_arithmetic_is_the_ieee_operation(name, fn, ieee):
+    """Each arithmetic op of EXACT_OPS gives numpy's IEEE result bit for bit (then every
+    CPU does). torch's CPU ``sqrt`` does not (MKL's vector math), so it is not listed:
+    the mode overrides it (negative control below)."""
+    g = torch.Generator().manual_seed(len(name))
+    x, y = torch.randn(100_000, generator=g) * 3, torch.randn(100_000, generator=g) + 0.5
+    with np.errstate(all="ignore"):
+        want = ieee(x.numpy(), y.numpy()).astype(np.float32)
+    assert name in EXACT_OPS
+    assert np.array_equal(fn(x, y).numpy().view(np.int32), want.view(np.int32))
+
+
+def test_torchs_cpu_sqrt_is_not_the_ieee_one_and_is_overridden():
+    x = torch.rand(100_000, generator=torch.Generator().manual_seed(1)) * 10
+    assert "aten::sqrt" not in EXACT_OPS
+    assert not np.array_equal(torch.sqrt(x).numpy(), np.sqrt(x.numpy()))
+    assert uncovered(["aten::sqrt"]) == []
 
 
 def test_the_arithmetic_exact_ops_are_all_measured():
