@@ -29,8 +29,9 @@ __all__ = ["exp", "exp64", "log64", "normalisers", "log_softmax", "log_softmax_a
 IMPLS = ("auto", "numba", "torch")
 
 
-def _numba(t: torch.Tensor, impl: str) -> bool:
-    """Whether this call runs the numba kernels."""
+def uses_numba(t: torch.Tensor, impl: str) -> bool:
+    """Whether a call on ``t`` with ``impl`` runs the numba kernels (else the torch
+    composition; ValueError for an unknown ``impl``, a numba ``impl`` off the CPU)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "torch" or t.device.type != "cpu":
@@ -58,7 +59,7 @@ def exp(z: torch.Tensor, out: torch.Tensor | None = None, *, impl: str = "auto"
         raise ValueError("out must be a float32 tensor shaped like z")
     if out is not None and not out.is_contiguous():
         return out.copy_(exp(z, impl=impl))
-    if _numba(z, impl):
+    if uses_numba(z, impl):
         from detsample.arith import cpu
         return cpu.exp32(z, out)
     e = reference.exp32(z)
@@ -69,7 +70,7 @@ def exp64(x: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
     """exp of a float64 tensor, rounded to float32 (the definition's core)."""
     if x.dtype != torch.float64:
         raise TypeError(f"arith.exp64 takes float64, got {x.dtype}")
-    if _numba(x, impl):
+    if uses_numba(x, impl):
         from detsample.arith import cpu
         return cpu.exp64(x)
     return reference.exp64(x)
@@ -79,7 +80,7 @@ def log64(x: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
     """Natural log of a float64 tensor, float64 (within a few ulps)."""
     if x.dtype != torch.float64:
         raise TypeError(f"arith.log64 takes float64, got {x.dtype}")
-    if _numba(x, impl):
+    if uses_numba(x, impl):
         from detsample.arith import cpu
         return cpu.log64(x)
     return reference.log64(x)
@@ -96,7 +97,7 @@ def normalisers(x: torch.Tensor, m: torch.Tensor | None = None, *, impl: str = "
         raise TypeError(f"arith.normalisers take float32, got {x.dtype}")
     if x.shape[-1] == 0:
         raise ValueError("normalisers of rows of length 0")
-    if _numba(x, impl):
+    if uses_numba(x, impl):
         from detsample.arith import cpu
         return cpu.normalisers(x, m)
     return reference.normalisers(x)
@@ -109,7 +110,7 @@ def log_softmax_at(x: torch.Tensor, ids: torch.Tensor, *, impl: str = "auto") ->
     if x.dtype != torch.float32 or x.dim() != 2:
         raise TypeError(f"arith.log_softmax_at takes a (rows, n) float32 tensor, got "
                         f"{x.dtype} {tuple(x.shape)}")
-    if x.shape[1] > 0 and _numba(x, impl):
+    if x.shape[1] > 0 and uses_numba(x, impl):
         from detsample.arith import cpu
         return cpu.log_softmax_at(x, ids)
     m, G = normalisers(x, impl=impl)
@@ -120,7 +121,7 @@ def row_max(x: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
     """``torch.amax(x, -1)`` of a float32 tensor (NaN where a row holds a NaN): exact (a
     selection). On CPU tensors by the numba threads, so that no torch parallel region
     (whose OpenMP workers then spin for milliseconds) precedes the kernels after it."""
-    if x.dtype == torch.float32 and x.dim() >= 1 and x.shape[-1] > 0 and _numba(x, impl):
+    if x.dtype == torch.float32 and x.dim() >= 1 and x.shape[-1] > 0 and uses_numba(x, impl):
         from detsample.arith import cpu
         return cpu.row_max(x)
     return torch.amax(x, dim=-1)
@@ -143,7 +144,7 @@ def log_softmax(x: torch.Tensor, out: torch.Tensor | None = None, *, impl: str =
     if out is not None and (not out.is_contiguous() or out.shape != x.shape
                             or out.dtype != torch.float32 or out.data_ptr() == x.data_ptr()):
         raise ValueError("out must be a contiguous float32 tensor shaped like x, not x")
-    if _numba(x, impl) and x.shape[-1] > 0:
+    if uses_numba(x, impl) and x.shape[-1] > 0:
         from detsample.arith import cpu
         return cpu.log_softmax(x, out)
     y = reference.log_softmax(x)

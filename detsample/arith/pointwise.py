@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from detsample.arith import _numba as uses_numba
+from detsample.arith import uses_numba
 from detsample.arith import cpu, elementary, elementary_torch, reference, trig_torch
 from detsample.arith import exp as exp32
 
