@@ -194,8 +194,9 @@ def row_maxima(x, out, r0, r1):
 
 
 @numba.njit(**_jit)
-def fixed_sum(e, frac):
-    """The definition's exact two-word sum of a float32 row ``e`` in [0, 1] (float64)."""
+def fixed_words(e, frac):
+    """The exact int64 words ``(H, L)`` of the definition's two-word sum of a float32
+    row ``e`` in [0, 1]: integer sums, so a row's words are the sums of its parts'."""
     scale = 2.0 ** frac
     H = 0
     L = 0
@@ -204,8 +205,21 @@ def fixed_sum(e, frac):
         lo, _ = trunc_word(f * scale)
         H += h
         L += lo
-    inv = 1.0 / scale
+    return H, L
+
+
+@numba.njit(**_jit)
+def words_value(H, L, frac):
+    """``S = (float64(H) + float64(L) * 2**-frac) * 2**-frac`` of the two words."""
+    inv = 1.0 / 2.0 ** frac
     return (np.float64(H) + np.float64(L) * inv) * inv
+
+
+@numba.njit(**_jit)
+def fixed_sum(e, frac):
+    """The definition's exact two-word sum of a float32 row ``e`` in [0, 1] (float64)."""
+    H, L = fixed_words(e, frac)
+    return words_value(H, L, frac)
 
 
 @numba.njit(**_jit)
@@ -312,3 +326,20 @@ def log_softmax_at_rows(x, ids, out, frac, span):
             continue
         G = row_log_norm(row, m, buf, frac)
         out[r] = np.float32((np.float64(row[ids[r]]) - np.float64(m)) - G)
+
+
+@numba.njit(**_jit)
+def part_words(x, parts, m, frac, words, span):
+    """Parts ``span`` = (p0, p1) of ``parts`` (rows of (row, c0, c1) int64): the words of
+    ``exp64(x[row, c0:c1] - m[row])`` into ``words`` (rows of (H, L)): one row's
+    normaliser split over threads (its words are the sums of its parts')."""
+    p0, p1 = span
+    buf = np.empty(x.shape[1], dtype=np.float32)
+    for p in range(p0, p1):
+        r, c0, c1 = parts[p, 0], parts[p, 1], parts[p, 2]
+        md = np.float64(m[r])
+        for i in range(c0, c1):
+            buf[i - c0] = exp64(np.float64(x[r, i]) - md)
+        H, L = fixed_words(buf[:c1 - c0], frac)
+        words[p, 0] = H
+        words[p, 1] = L
