@@ -142,9 +142,6 @@ def normalisers(x: torch.Tensor, m: torch.Tensor | None = None
     n = x.shape[-1]
     a = _rows(x).numpy()
     m = row_max(x) if m is None else m
-    if split_rows_by_columns(*a.shape):
-        g = _split_normalisers(a, m.to(torch.float32).contiguous().view(-1))
-        return m.view(x.shape[:-1]), g.view(x.shape[:-1])
     g = torch.empty(a.shape[0], dtype=torch.float64)
     k, frac, mo, go = (jit().normalisers, spec.frac_bits(n),
                        m.to(torch.float32).contiguous().view(-1).numpy(), g.numpy())
@@ -156,46 +153,11 @@ def log_softmax_at(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """The log_softmax of each row of a (rows, n) float32 CPU tensor at one column
     ``ids`` (rows,) int64 (in range), in one kernel call: (rows,) float32."""
     a = _rows(x).numpy()
-    if split_rows_by_columns(*a.shape):  # few long rows: each split over the threads
-        from detsample.arith import reference
-        m, g = normalisers(x)
-        return reference.picked(x.gather(1, ids.view(-1, 1)).view(-1), m, g)
     out = torch.empty(a.shape[0], dtype=torch.float32)
     i, o = ids.to(torch.int64).contiguous().numpy(), out.numpy()
     k, frac = jit().log_softmax_at_rows, spec.frac_bits(x.shape[-1])
     _run(lambda s, e: k(a, i, o, frac, (s, e)), _chunks(a.shape[0], a.size))
     return out
-
-
-def split_rows_by_columns(rows: int, n: int) -> bool:
-    """Whether a row pass of ``rows`` rows of ``n`` splits each row over the threads:
-    fewer rows than threads, each at least 2 * PARALLEL_MIN long (below that, handing
-    parts to threads costs what it saves)."""
-    return 0 < rows < torch.get_num_threads() and n >= 2 * PARALLEL_MIN
-
-
-def _split_normalisers(a, m: torch.Tensor) -> torch.Tensor:
-    """Log-normalisers of few long rows ``a`` (rows, n) float32 with maxima ``m``, each
-    row's exps and words split in column parts over the threads, the words summed
-    exactly (int64), then :func:`~detsample.arith.jit.words_value` and ``log64``: the
-    bits of the one-part pass."""
-    rows, n = a.shape
-    th = max(1, torch.get_num_threads())
-    step = -(-n // th)
-    ok = torch.isfinite(m)
-    parts = np.array([(r, c, min(c + step, n)) for r in range(rows) if ok[r]
-                      for c in range(0, n, step)], dtype=np.int64).reshape(-1, 3)
-    words = np.zeros((len(parts), 2), dtype=np.int64)
-    k, frac, mv = jit(), spec.frac_bits(n), m.numpy()
-    _run(lambda s, e: k.part_words(a, parts, mv, frac, words, (s, e)),
-         [(p, p + 1) for p in range(len(parts))])
-    g = torch.full((rows,), float("nan"), dtype=torch.float64)
-    for r in range(rows):
-        sel = parts[:, 0] == r
-        if sel.any():
-            H, L = (int(v) for v in words[sel].sum(0))
-            g[r] = k.log64(k.words_value(H, L, frac))
-    return g
 
 
 def row_max(x: torch.Tensor) -> torch.Tensor:

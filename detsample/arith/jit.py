@@ -327,19 +327,3 @@ def log_softmax_at_rows(x, ids, out, frac, span):
         G = row_log_norm(row, m, buf, frac)
         out[r] = np.float32((np.float64(row[ids[r]]) - np.float64(m)) - G)
 
-
-@numba.njit(**_jit)
-def part_words(x, parts, m, frac, words, span):
-    """Parts ``span`` = (p0, p1) of ``parts`` (rows of (row, c0, c1) int64): the words of
-    ``exp64(x[row, c0:c1] - m[row])`` into ``words`` (rows of (H, L)): one row's
-    normaliser split over threads (its words are the sums of its parts')."""
-    p0, p1 = span
-    buf = np.empty(x.shape[1], dtype=np.float32)
-    for p in range(p0, p1):
-        r, c0, c1 = parts[p, 0], parts[p, 1], parts[p, 2]
-        md = np.float64(m[r])
-        for i in range(c0, c1):
-            buf[i - c0] = exp64(np.float64(x[r, i]) - md)
-        H, L = fixed_words(buf[:c1 - c0], frac)
-        words[p, 0] = H
-        words[p, 1] = L

@@ -123,9 +123,6 @@ def first_pass(x: torch.Tensor, maxima_of: tuple[torch.Tensor, torch.Tensor],
     if not (runs(x) and x.is_contiguous() and (out is None or out.is_contiguous())):
         return None
     B, V = x.shape
-    from detsample.arith import cpu
-    if cpu.split_rows_by_columns(B, V):  # few long rows: the separate passes split each row
-        return None
     z = torch.empty_like(x) if out is None else out
     norm = torch.full((B,), float("nan"), dtype=torch.float64)
     totals = torch.zeros(B, dtype=torch.int64)

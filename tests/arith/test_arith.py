@@ -267,29 +267,3 @@ def test_log_softmax_at_is_log_softmax_at_the_entries(impl):
     want = arith.log_softmax(x).gather(1, ids.view(-1, 1)).view(-1)
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
-
-@pytest.mark.parametrize("rows,n", [(1, 140_001), (1, 131_072), (2, 200_000)])
-def test_few_long_rows_split_over_threads_keep_their_bits(rows, n):
-    """A row's normaliser split in column parts over the threads (few long rows: B = 1
-    decode over a large vocabulary) sums its parts' exact words: the bits of the
-    one-part pass. Bug it would catch: the parts' words summed as floats, a part's
-    maximum its own instead of the row's."""
-    g = torch.Generator().manual_seed(n)
-    x = torch.randn(rows, n, generator=g) * 4
-    x[0, 3] = 30.0
-    if rows > 1:
-        x[1] = float("-inf")  # no finite value: NaN
-    ids = torch.tensor([3] * rows)
-    prev = torch.get_num_threads()
-    try:
-        torch.set_num_threads(rows + 1)
-        assert cpu.split_rows_by_columns(rows, n)
-        m, G = arith.normalisers(x)
-        at = arith.log_softmax_at(x, ids)
-    finally:
-        torch.set_num_threads(prev)
-    m2, G2 = arith.normalisers(x, impl="torch")
-    assert torch.equal(G.view(torch.int64)[~torch.isnan(G2)], G2.view(torch.int64)[~torch.isnan(G2)])
-    assert torch.equal(torch.isnan(G), torch.isnan(G2))
-    want = arith.log_softmax(x, impl="torch").gather(1, ids.view(-1, 1)).view(-1)
-    assert torch.equal(at.view(torch.int32), want.view(torch.int32))
