@@ -58,13 +58,16 @@ SPANS_PER_THREAD = 4
 def _chunks(total: int, elements: int) -> list[tuple[int, int]]:
     """[start, stop) spans of ``total`` units (elements or rows; ``elements`` in all)
     for this call's threads: one span below PARALLEL_MIN elements, else up to
-    SPANS_PER_THREAD per thread of at least PARALLEL_MIN elements each."""
+    SPANS_PER_THREAD per thread of about PARALLEL_MIN elements or more each, a multiple
+    of the thread count where there are more spans than threads (equal shares)."""
     if total <= 0:
         return []
     threads = max(1, torch.get_num_threads())
     if elements < PARALLEL_MIN or threads == 1:
         return [(0, total)]
-    parts = min(threads * SPANS_PER_THREAD, total, max(1, elements // PARALLEL_MIN))
+    parts = min(threads * SPANS_PER_THREAD, total, max(threads, elements // PARALLEL_MIN))
+    if parts > threads:  # whole rounds of spans: 3 spans on 2 threads cost 2 spans' time
+        parts -= parts % threads
     step = -(-total // parts)
     return [(s, min(s + step, total)) for s in range(0, total, step)]
 
@@ -87,9 +90,17 @@ def _run(fn, spans: list[tuple[int, int]]) -> None:
         f.result()
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """A contiguous (rows, n) float32 view of ``x`` (..., n)."""
-    return x.contiguous().view(-1, x.shape[-1])
+def _rows(x: torch.Tensor) -> np.ndarray:
+    """A contiguous (rows, n) numpy view of ``x`` (..., n) (reshaped by numpy: a torch
+    ``view`` costs a few microseconds, a decode step's budget)."""
+    a = x.contiguous().numpy()
+    return a if a.ndim == 2 else a.reshape(-1, x.shape[-1])
+
+
+def _vector(n: int, dtype, shape: tuple[int, ...]) -> tuple[torch.Tensor, np.ndarray]:
+    """A fresh tensor shaped ``shape`` (n elements) and its flat numpy view."""
+    a = np.empty(n, dtype=dtype)
+    return torch.from_numpy(a if len(shape) == 1 else a.reshape(shape)), a
 
 
 def exp32(z: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -139,22 +150,22 @@ def normalisers(x: torch.Tensor, m: torch.Tensor | None = None
     """``(m, G)`` of a float32 CPU tensor (..., n): the row maxima (float32; :func:`row_max`
     unless given) and log-normalisers (float64, NaN for a row whose log_softmax is all
     NaN), shaped (...)."""
-    n = x.shape[-1]
-    a = _rows(x).numpy()
+    n, lead = x.shape[-1], tuple(x.shape[:-1])
+    a = _rows(x)
     m = row_max(x) if m is None else m
-    g = torch.empty(a.shape[0], dtype=torch.float64)
-    k, frac, mo, go = (jit().normalisers, spec.frac_bits(n),
-                       m.to(torch.float32).contiguous().view(-1).numpy(), g.numpy())
+    g, go = _vector(a.shape[0], np.float64, lead)
+    k, frac = jit().normalisers, spec.frac_bits(n)
+    mo = m.to(torch.float32).contiguous().numpy().reshape(-1)
     _run(lambda s, e: k(a, mo, go, frac, s, e), _chunks(a.shape[0], a.size))
-    return m.view(x.shape[:-1]), g.view(x.shape[:-1])
+    return (m if tuple(m.shape) == lead else m.view(lead)), g
 
 
 def log_softmax_at(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """The log_softmax of each row of a (rows, n) float32 CPU tensor at one column
     ``ids`` (rows,) int64 (in range), in one kernel call: (rows,) float32."""
-    a = _rows(x).numpy()
-    out = torch.empty(a.shape[0], dtype=torch.float32)
-    i, o = ids.to(torch.int64).contiguous().numpy(), out.numpy()
+    a = _rows(x)
+    out, o = _vector(a.shape[0], np.float32, (a.shape[0],))
+    i = (ids if ids.dtype == torch.int64 else ids.to(torch.int64)).contiguous().numpy()
     k, frac = jit().log_softmax_at_rows, spec.frac_bits(x.shape[-1])
     _run(lambda s, e: k(a, i, o, frac, (s, e)), _chunks(a.shape[0], a.size))
     return out
@@ -164,11 +175,11 @@ def row_max(x: torch.Tensor) -> torch.Tensor:
     """torch's ``amax`` over the last dim of a float32 CPU tensor (NaN where a row holds a
     NaN), by numba threads (torch's own parallel ops leave OpenMP workers spinning for
     milliseconds, which the kernels after them would compete with)."""
-    a = _rows(x).numpy()
-    out = torch.empty(a.shape[0], dtype=torch.float32)
-    k, o = jit().row_maxima, out.numpy()
+    a = _rows(x)
+    out, o = _vector(a.shape[0], np.float32, tuple(x.shape[:-1]))
+    k = jit().row_maxima
     _run(lambda s, e: k(a, o, s, e), _chunks(a.shape[0], a.size))
-    return out.view(x.shape[:-1])
+    return out
 
 
 def log_softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -178,7 +189,7 @@ def log_softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
     dst = torch.empty(x.shape, dtype=torch.float32) if out is None else out
     if x.numel() == 0:
         return dst
-    a, b = _rows(x).numpy(), dst.view(-1, n).numpy()
+    a, b = _rows(x), _rows(dst)
     k, frac = jit().log_softmax_rows, spec.frac_bits(n)
     _run(lambda s, e: k(a, b, frac, s, e), _chunks(a.shape[0], a.size))
     return dst
