@@ -1,1 +1,1 @@
-"""Benchmarks shared by ``detsample bench`` and ``tests/bench`` (pytest-benchmark)."""
+"""Benchmarks shared by ``detsample bench`` and ``tests/benchmarks`` (pytest-benchmark)."""

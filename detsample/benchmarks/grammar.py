@@ -1,6 +1,6 @@
 """Grammar benchmarks: what JSON-schema rows add to a sampling step.
 
-Shared by ``tests/bench/test_grammar_bench.py`` (opt-in) and scripts. The figure of merit
+Shared by ``tests/benchmarks/test_grammar_bench.py`` (opt-in) and scripts. The figure of merit
 is the *added* cost per step: ``Sampler.sample`` + ``batch.advance`` with a JSON schema
 on every row minus the same without, on the same logits, as the median over steps of
 the per-step difference (the two batches' steps are interleaved and alternate in

@@ -1,6 +1,6 @@
 """Grammar benchmarks that look like serving: which schemas the requests bring.
 
-Shared by ``tests/bench/test_grammar_serving_bench.py`` (opt-in) and
+Shared by ``tests/benchmarks/test_grammar_serving_bench.py`` (opt-in) and
 ``tests/grammar/test_soak.py`` (opt-in). Three workloads (:data:`WORKLOADS`), each a
 stream of tool-call JSON schemas, one per request:
 

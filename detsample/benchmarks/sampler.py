@@ -1,4 +1,4 @@
-"""Sampler benchmarks shared by ``detsample bench`` and tests/bench (pytest-benchmark).
+"""Sampler benchmarks shared by ``detsample bench`` and tests/benchmarks (pytest-benchmark).
 
 One case is (B, V, config, logits family). Every path of a case is timed in the same run,
 round-robin (repeat r of every path before repeat r + 1 of any; each repeat in its own

@@ -1,6 +1,6 @@
 """Benchmark: grammar rows as a serving engine sees them (detsample/benchmarks/grammar_serving.py).
 
-Opt-in: ``DETSAMPLE_BENCH_THREADS=2 python -m pytest tests/bench/test_grammar_serving_bench.py
+Opt-in: ``DETSAMPLE_BENCH_THREADS=2 python -m pytest tests/benchmarks/test_grammar_serving_bench.py
 -m bench --benchmark-enable -s``. Prints markdown rows (docs/performance.md, "Grammar under
 a serving load"). No timed assertions.
 

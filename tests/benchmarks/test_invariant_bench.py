@@ -1,5 +1,5 @@
 """Opt-in: the batch-invariant mode against torch's default kernels (docs/performance.md,
-"Batch-invariant mode"): ``pytest tests/bench/test_invariant_bench.py -m bench
+"Batch-invariant mode"): ``pytest tests/benchmarks/test_invariant_bench.py -m bench
 --benchmark-enable`` or ``python -m detsample.benchmarks.invariant``.
 
 Targets: the verified kernels at most 1.5x and the portable ones at most 3x the default

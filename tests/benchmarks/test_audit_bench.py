@@ -1,4 +1,4 @@
-"""Opt-in audit benchmarks: ``pytest tests/bench/test_audit_bench.py -m bench
+"""Opt-in audit benchmarks: ``pytest tests/benchmarks/test_audit_bench.py -m bench
 --benchmark-enable``.
 
 Targets on the reference CPU (docs/perf/audit.md): >= 2 M tokens/s for ragged NPZ and

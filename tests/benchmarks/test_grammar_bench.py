@@ -1,6 +1,6 @@
 """Benchmark: what JSON-schema rows add to a sampling step (detsample/benchmarks/grammar.py).
 
-Opt-in: ``DETSAMPLE_BENCH_THREADS=2 python -m pytest tests/bench/test_grammar_bench.py -m bench
+Opt-in: ``DETSAMPLE_BENCH_THREADS=2 python -m pytest tests/benchmarks/test_grammar_bench.py -m bench
 --benchmark-enable -s``. Prints markdown rows (copied into docs/perf/grammar.md and
 docs/performance.md). No timed assertions.
 

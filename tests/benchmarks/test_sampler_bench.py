@@ -1,4 +1,4 @@
-"""Opt-in sampler benchmarks: ``pytest tests/bench -m bench --benchmark-enable``."""
+"""Opt-in sampler benchmarks: ``pytest tests/benchmarks -m bench --benchmark-enable``."""
 
 import pytest
 

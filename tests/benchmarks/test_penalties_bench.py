@@ -1,5 +1,5 @@
-"""Opt-in benchmark of penalties: ``pytest tests/bench -m bench
---benchmark-enable -k penalties``; ``python -m tests.bench.test_penalties_bench`` prints
+"""Opt-in benchmark of penalties: ``pytest tests/benchmarks -m bench
+--benchmark-enable -k penalties``; ``python -m tests.benchmarks.test_penalties_bench`` prints
 the markdown table of docs/perf/penalties.md.
 
 B=64, V=152064, temperature 0.8; half the rows (the odd ones) carry frequency 0.5,

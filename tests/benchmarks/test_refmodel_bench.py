@@ -1,4 +1,4 @@
-"""Opt-in reference-model benchmarks: ``pytest tests/bench -m bench --benchmark-enable``."""
+"""Opt-in reference-model benchmarks: ``pytest tests/benchmarks -m bench --benchmark-enable``."""
 
 import random
 
