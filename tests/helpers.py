@@ -139,7 +139,7 @@ def topk_candidates(z: torch.Tensor, top_k: torch.Tensor, k_max: int):
 
 def compact_cdf(vals: torch.Tensor, ids: torch.Tensor, n_kept: torch.Tensor,
                 frac: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A reference for ``draw.kept_cdf``: the kept tokens' CDF in token-id order from
+    """A reference for ``draw.id_order_cdf``: the kept tokens' CDF in token-id order from
     the kept prefix length (the kept set written a second, independent way).
 
     vals: (rows, K) float32 scaled logits sorted descending; ids: (rows, K) int64 their

@@ -164,11 +164,11 @@ def _with_tp(report: Any, model: Any, args: argparse.Namespace) -> Any:
 
     from detsample.parallel import RankError
     from detsample.probe.parallel import CHECK_NAME, check_tensor_parallel
-    from detsample.probe.report import CheckResult
+    from detsample.probe.report import ProbeCheck
 
     try:
         check = check_tensor_parallel(model, args.model, args.tp, batch_invariant=args.batch_invariant,
                                       portable=args.portable)
     except RankError as e:   # a rank failed: the check fails, saying how
-        check = CheckResult(CHECK_NAME, False, str(e))
+        check = ProbeCheck(CHECK_NAME, False, str(e))
     return replace(report, checks=report.checks + (check,))

@@ -38,7 +38,7 @@ def greedy_argmax(x: torch.Tensor) -> torch.Tensor:
     return torch.argmax(x, dim=-1)
 
 
-def kept_cdf(ids: torch.Tensor, q: torch.Tensor, kept: torch.Tensor
+def id_order_cdf(ids: torch.Tensor, q: torch.Tensor, kept: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kept tokens' CDF in token-id order, from candidates: ids (rows, K) int64,
     their masses q (rows, K) int64 and the kept mask (rows, K) bool (what
@@ -51,7 +51,7 @@ def kept_cdf(ids: torch.Tensor, q: torch.Tensor, kept: torch.Tensor
 
 
 def draw_by_cdf(sorted_ids: torch.Tensor, csum: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Inverse CDF over :func:`kept_cdf`'s table: (rows,) int64 tokens for uniforms
+    """Inverse CDF over :func:`id_order_cdf`'s table: (rows,) int64 tokens for uniforms
     ``u`` (rows,) float64 in (0, 1)."""
     t = rules.draw_target(u, csum[:, -1])
     return sorted_ids.gather(1, rules.first_above(csum, t.unsqueeze(1))).squeeze(1)

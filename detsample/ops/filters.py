@@ -162,7 +162,7 @@ def logit_topk(x: torch.Tensor, row_max: torch.Tensor, temperatures: torch.Tenso
     carry the k largest ``z`` values, and element-wise IEEE operations give each
     candidate the bits it has in ``z``. Returns the values of a ``topk`` of ``z``, bit for
     bit, and the same ids up to the order inside a group of equal values (every consumer
-    reads whole tie groups: :func:`kept_prefix`, ``draw.kept_cdf``)."""
+    reads whole tie groups: :func:`kept_prefix`, ``draw.id_order_cdf``)."""
     vals, ids = torch.topk(x, min(k, x.shape[-1]), dim=-1, largest=True, sorted=True)
     return scale_logits(vals, row_max, temperatures), ids
 

@@ -37,7 +37,7 @@ from detsample.models.base import CausalLM, ModelError
 from detsample.ops.logprobs import gather_rows, log_softmax
 from detsample.probe.compare import bits_equal, diff
 from detsample.probe.localize import Divergence, Side, first_divergence
-from detsample.probe.report import CheckResult, ModelReport
+from detsample.probe.report import ProbeCheck, ModelReport
 from detsample.probe.threads import torch_threads
 
 CHECK_NAMES = ("batch_invariance", "prefill_decode", "chunked_prefill", "run_to_run", "threads")
@@ -223,7 +223,7 @@ def _variants(model: CausalLM) -> list[tuple[str, CausalLM]]:
     return [(getattr(model, "padding", "right"), model)]
 
 
-def check_batch_invariance(p: _Probe) -> CheckResult:
+def check_batch_invariance(p: _Probe) -> ProbeCheck:
     seed, parts, failed = p.cfg.seed, [], None
     for padding, m in _variants(p.model):
         alone_cache = m.new_cache()
@@ -240,7 +240,7 @@ def check_batch_invariance(p: _Probe) -> CheckResult:
         elif failed is None and not dec.ok:
             failed = _decode_sides(p, m)
     div, note = p.localize(*failed) if failed else (None, "")
-    return CheckResult("batch_invariance", failed is None, "; ".join(parts) + note, div)
+    return ProbeCheck("batch_invariance", failed is None, "; ".join(parts) + note, div)
 
 
 def _decode_sides(p: _Probe, m: CausalLM) -> tuple[Side, Side]:
@@ -259,21 +259,21 @@ def _decode_sides(p: _Probe, m: CausalLM) -> tuple[Side, Side]:
     return Side(alone, 0, 0, 1, 1), Side(batch, p.slot, 0, len(p.rows), 1)
 
 
-def check_prefill_decode(p: _Probe) -> CheckResult:
+def check_prefill_decode(p: _Probe) -> ProbeCheck:
     full = p.full()
     _, steps = _decode_all(p.model, p.seq)
     cmp = _compare(torch.cat(steps), full, p.cfg.seed)
     detail = f"decode with a KV cache vs one prefill of {len(p.seq)} tokens: {cmp.text()}"
     if cmp.ok:
-        return CheckResult("prefill_decode", True, detail)
+        return ProbeCheck("prefill_decode", True, detail)
     pos = cmp.differing[0]
     cache, _ = _decode_all(p.model, p.seq, pos)
     a = Side(lambda: p.model.forward([cache], [[p.seq[pos]]]), 0, 0, 1, 1)
     div, note = p.localize(a, p.side_full(pos))
-    return CheckResult("prefill_decode", False, detail + note, div)
+    return ProbeCheck("prefill_decode", False, detail + note, div)
 
 
-def check_chunked_prefill(p: _Probe) -> CheckResult:
+def check_chunked_prefill(p: _Probe) -> ProbeCheck:
     full = p.full()
     spans = _split(len(p.seq), p.cfg.chunks)
     cache, outs = p.model.new_cache(), []
@@ -283,7 +283,7 @@ def check_chunked_prefill(p: _Probe) -> CheckResult:
     sizes = ",".join(str(e - s) for s, e in spans)
     detail = f"chunks of {sizes} tokens vs one prefill: {cmp.text()}"
     if cmp.ok:
-        return CheckResult("chunked_prefill", True, detail)
+        return ProbeCheck("chunked_prefill", True, detail)
     pos = cmp.differing[0]
     s, e = next((s, e) for s, e in spans if s <= pos < e)
     cache = p.model.new_cache()
@@ -293,7 +293,7 @@ def check_chunked_prefill(p: _Probe) -> CheckResult:
         p.model.forward([cache], [p.seq[s0:e0]])
     a = Side(lambda: p.model.forward([cache], [p.seq[s:e]]), 0, pos - s, 1, e - s)
     div, note = p.localize(a, p.side_full(pos))
-    return CheckResult("chunked_prefill", False, detail + note, div)
+    return ProbeCheck("chunked_prefill", False, detail + note, div)
 
 
 def _full_and_batch(p: _Probe) -> tuple[torch.Tensor, torch.Tensor]:
@@ -301,12 +301,12 @@ def _full_and_batch(p: _Probe) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _twice(p: _Probe, name: str, label: str, first: Callable[[], Any], second: Callable[[], Any],
-           wrap: tuple[Callable, Callable]) -> CheckResult:
+           wrap: tuple[Callable, Callable]) -> ProbeCheck:
     (f1, b1), (f2, b2) = first(), second()
     cf, cb = _compare(f2, f1, p.cfg.seed), _compare(b2, b1, p.cfg.seed)
     detail = f"{label}: prefill {cf.text()}; batch row {cb.text()}"
     if cf.ok and cb.ok:
-        return CheckResult(name, True, detail)
+        return ProbeCheck(name, True, detail)
     if not cf.ok:
         pos = cf.differing[0]
         sides = p.side_full(pos, wrap=wrap[0]), p.side_full(pos, wrap=wrap[1])
@@ -314,10 +314,10 @@ def _twice(p: _Probe, name: str, label: str, first: Callable[[], Any], second: C
         pos = cb.differing[0]
         sides = p.side_batch(pos, wrap=wrap[0]), p.side_batch(pos, wrap=wrap[1])
     div, note = p.localize(*sides)
-    return CheckResult(name, False, detail + note, div)
+    return ProbeCheck(name, False, detail + note, div)
 
 
-def check_run_to_run(p: _Probe) -> CheckResult:
+def check_run_to_run(p: _Probe) -> ProbeCheck:
     same = (lambda f: f, lambda f: f)
     return _twice(p, "run_to_run", "two runs", lambda: _full_and_batch(p),
                   lambda: _full_and_batch(p), same)
@@ -332,16 +332,16 @@ def _threaded(n: int) -> Callable[[Callable[[], Any]], Callable[[], Any]]:
     return wrap
 
 
-def check_threads(p: _Probe) -> CheckResult:
+def check_threads(p: _Probe) -> ProbeCheck:
     if p.on_cuda:
-        return CheckResult("threads", True, "not applicable: the model runs on CUDA")
+        return ProbeCheck("threads", True, "not applicable: the model runs on CUDA")
     t1, t2 = p.cfg.threads
     w1, w2 = _threaded(t1), _threaded(t2)
     return _twice(p, "threads", f"{t1} vs {t2} threads", w1(lambda: _full_and_batch(p)),
                   w2(lambda: _full_and_batch(p)), (w1, w2))
 
 
-CHECKS: dict[str, Callable[[_Probe], CheckResult]] = {
+CHECKS: dict[str, Callable[[_Probe], ProbeCheck]] = {
     "batch_invariance": check_batch_invariance,
     "prefill_decode": check_prefill_decode,
     "chunked_prefill": check_chunked_prefill,
@@ -370,7 +370,7 @@ def probe_model(model: CausalLM, config: ProbeConfig | None = None, *, platform:
         try:
             results = tuple(CHECKS[name](p) for name in CHECK_NAMES if name in checks)
         except RefusedLayerError as e:
-            results = (CheckResult("coverage", False, str(e)),)
+            results = (ProbeCheck("coverage", False, str(e)),)
             return ModelReport(target or model.name, platform, results, ())
     if mode_on:
         results += _coverage(model)
@@ -378,7 +378,7 @@ def probe_model(model: CausalLM, config: ProbeConfig | None = None, *, platform:
     return ModelReport(target or model.name, platform, results, kernels)
 
 
-def _coverage(model: CausalLM) -> tuple[CheckResult, ...]:
+def _coverage(model: CausalLM) -> tuple[ProbeCheck, ...]:
     """The ``coverage`` check of a model under the mode: the ops its first forward ran
     that the mode does not cover (:mod:`detsample.invariant.guard`); none for a model the
     guard could not watch (not an ``nn.Module``)."""
@@ -387,7 +387,7 @@ def _coverage(model: CausalLM) -> tuple[CheckResult, ...]:
     if found is None:
         return ()
     if not found:
-        return (CheckResult("coverage", True, "every op of the first forward is overridden by "
+        return (ProbeCheck("coverage", True, "every op of the first forward is overridden by "
                                               "the mode or exact"),)
-    return (CheckResult("coverage", False, "ops the mode does not cover (the logits may depend "
+    return (ProbeCheck("coverage", False, "ops the mode does not cover (the logits may depend "
                                            "on the batch): " + "; ".join(f.text() for f in found)),)

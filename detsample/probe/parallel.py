@@ -28,7 +28,7 @@ from detsample.parallel import RowParallelLinear, TPModelSpec, check_spec, tp_gr
 from detsample.parallel.group import DEFAULT_TIMEOUT
 from detsample.probe.localize import Divergence, Side, divergence, from_data, record, shard_of, to_data
 from detsample.probe.model import ProbeConfig, _compare, _Probe, _slot
-from detsample.probe.report import CheckResult
+from detsample.probe.report import ProbeCheck
 
 CHECK_NAME = "tensor_parallel"
 ROW_PARALLEL_OP = "aten::mm + c10d::allreduce_"
@@ -103,7 +103,7 @@ def _localize(reference: CausalLM, cfg: ProbeConfig, group: Any, part: str,
 def check_tensor_parallel(reference: CausalLM, spec: str, sizes: Sequence[int], *,
                           batch_invariant: bool = False, portable: bool = False,
                           config: ProbeConfig | None = None, seed: int = 0,
-                          timeout: float = DEFAULT_TIMEOUT, start_method: str = "spawn") -> CheckResult:
+                          timeout: float = DEFAULT_TIMEOUT, start_method: str = "spawn") -> ProbeCheck:
     """The ``tensor_parallel`` check of model ``spec`` (``reference``: it loaded at TP=1,
     in this process) for every TP size of ``sizes`` (1 is the reference itself). Raises
     :class:`~detsample.parallel.TensorParallelError` for a size the layout refuses,
@@ -129,5 +129,5 @@ def check_tensor_parallel(reference: CausalLM, spec: str, sizes: Sequence[int], 
                     div, note = _localize(reference, cfg, group, bad[0], cmps[bad[0]].differing[0])
     head = "logits vs TP=1 (this process, unsharded)"
     if not specs:
-        return CheckResult(CHECK_NAME, True, f"{head}: no TP size > 1 asked (--tp {','.join(map(str, sizes))})")
-    return CheckResult(CHECK_NAME, ok, f"{head}: " + " | ".join(parts) + note, div)
+        return ProbeCheck(CHECK_NAME, True, f"{head}: no TP size > 1 asked (--tp {','.join(map(str, sizes))})")
+    return ProbeCheck(CHECK_NAME, ok, f"{head}: " + " | ".join(parts) + note, div)

@@ -25,7 +25,7 @@ from detsample.probe.ops import OpResult
 
 
 @dataclass(frozen=True)
-class CheckResult:
+class ProbeCheck:
     """One model check: ``name`` (``prefill_decode``, ...), ``ok`` (every compared bit
     equal), ``detail`` (what was compared and how it differed) and, for a failed check,
     ``first_divergence`` (None when it passed or could not be localised)."""
@@ -47,7 +47,7 @@ class ModelReport:
 
     target: str
     platform: str
-    checks: tuple[CheckResult, ...]
+    checks: tuple[ProbeCheck, ...]
     kernels: tuple[dict[str, Any], ...] = ()
 
     @property

@@ -480,7 +480,7 @@ def _table(idx: torch.Tensor, every: bool, vals: torch.Tensor, ids: torch.Tensor
     """The compact table of rows whose kept set is the first ``n`` of their descending
     candidates; ``cut`` = (n, kept, q) of :func:`~detsample.ops.filters.kept_prefix`."""
     n, kept, q = cut
-    sorted_ids, csum = draw_ops.kept_cdf(ids, q, kept)
+    sorted_ids, csum = draw_ops.id_order_cdf(ids, q, kept)
     return Table(idx, every, csum, sorted_ids,
                  tau=vals.gather(1, (n - 1).unsqueeze(1)).squeeze(1))
 

@@ -151,7 +151,7 @@ def test_greedy_argmax_property(seed, B, family, V):
 
 @given(st.integers(0, 2**32 - 1), st.sampled_from(["random", "ties", "neginf"]),
        st.sampled_from([1.0, 0.5, 0.9]), st.sampled_from([0.0, 0.1]))
-def test_kept_cdf_equals_compact_cdf(seed, family, p, mp):
+def test_id_order_cdf_equals_compact_cdf(seed, family, p, mp):
     """The table built from ``kept_prefix``'s kept mask and masses is the table of
     ``compact_cdf``, bit for bit, and draws the same tokens."""
     rng = np.random.default_rng(seed)
@@ -171,7 +171,7 @@ def test_kept_cdf_equals_compact_cdf(seed, family, p, mp):
     n, kept, q, _ = F.kept_prefix(vals, F.CandidateCut(k_index=(kk - 1)[:, None], top_p=pp,
                                                        element=mm), frac)
     s1, c1 = compact_cdf(vals, ids, n, frac)
-    s2, c2 = D.kept_cdf(ids, q, kept)
+    s2, c2 = D.id_order_cdf(ids, q, kept)
     assert torch.equal(c1, c2) and torch.equal(s1.gather(1, (n - 1)[:, None]),
                                                s2.gather(1, (n - 1)[:, None]))
     u = row_uniforms(torch.arange(rows) + seed % 1000, torch.arange(rows))
