@@ -216,7 +216,8 @@ class Sampler:
         top = None
         if plan.max_top:
             prep = Prepared(raw=x, x=x, status=status, row_max=row_max(), all_valid=True)
-            top = self._top_logprobs(Steps(batch, prep, plan, greedy_tok, None, None, None))
+            steps = Steps(batch, prep, plan, greedy_tok, z=None, cdf=None, u=None)
+            top = self._top_logprobs(steps)
         return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
                             seeds=_copy(batch.seeds), status=status)
 

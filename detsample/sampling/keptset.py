@@ -275,6 +275,16 @@ class _Pending:
                         self.cut.rows(sel))
 
 
+def _at(t: torch.Tensor | None, pos: torch.Tensor | None) -> torch.Tensor | None:
+    """``t`` at the positions ``pos`` of the bounded rows (all of them: None); None stays."""
+    return t if t is None or pos is None else t[pos]
+
+
+def _take(t: torch.Tensor, idx: torch.Tensor, every: bool) -> torch.Tensor:
+    """The batch rows ``idx`` of ``t`` (``every``: all of them in order, no copy)."""
+    return t if every else t.index_select(0, idx)
+
+
 def _part(plan: RowPlan, wide: bool) -> tuple[torch.Tensor | None, torch.Tensor, bool]:
     """The bounded rows with a small top-k (``wide`` False) or without (True): their
     positions among the bounded rows (None: all of them), batch rows, and whether those
@@ -293,15 +303,12 @@ def _pending(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs) -> _Pending:
     computed (only such rows need it), from the logits, scaled on the candidates."""
     bf = plan.route.filters
     pos, idx, every = _part(plan, wide=False)
-    pick = (lambda t: t) if pos is None else (lambda t: t[pos])  # noqa: E731
-    cut = filter_ops.CandidateCut(
-        pick(bf.k_index), None, None, None,
-        None if bf.top_p is None else pick(bf.top_p),
-        None if bf.element is None else pick(bf.element))
-    take = (lambda t: t) if every else (lambda t: t.index_select(0, idx))  # noqa: E731
+    cut = filter_ops.CandidateCut(k_index=_at(bf.k_index, pos), top_p=_at(bf.top_p, pos),
+                                  element=_at(bf.element, pos))
     if z is None:
-        return _Pending(idx, every, take(inp.x), (take(inp.shift), take(plan.temperatures)), cut)
-    return _Pending(idx, every, take(z), None, cut)
+        scale = (_take(inp.shift, idx, every), _take(plan.temperatures, idx, every))
+        return _Pending(idx, every, _take(inp.x, idx, every), scale, cut)
+    return _Pending(idx, every, _take(z, idx, every), None, cut)
 
 
 def _small_top_k(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs, frac: int
@@ -352,7 +359,7 @@ def _nucleus(z: torch.Tensor, plan: RowPlan, inp: CutInputs, frac: int
     peaked row's nucleus ends inside it, :func:`_grown`); the rest (all rows from that
     size on) take their candidates by value (:func:`_by_value`)."""
     pos, idx, every = _part(plan, wide=True)
-    zw = z if every else z.index_select(0, idx)
+    zw = _take(z, idx, every)
     first = zw.numel() < BY_VALUE_MIN
     # (the exact mass costs one fused pass where there is one: no bracket to settle)
     cut, lo, maxima = _nucleus_cut(zw, plan, pos, inp, frac,
@@ -370,6 +377,49 @@ def _nucleus(z: torch.Tensor, plan: RowPlan, inp: CutInputs, frac: int
     return tables + got, spill
 
 
+@dataclass(frozen=True)
+class _NucleusRows:
+    """Top-p rows on the way through :func:`_by_value`, every field row-aligned: batch
+    rows ``idx`` (``every``: all rows of the batch, in order), their scaled logits ``zw``
+    (n, V), cut, lower mass bound ``lo`` (n,), top-p limit (n,), group maxima, value
+    bound ``L`` (n,); then their candidates ``vals`` / ``ids`` (n, K) and
+    :func:`~detsample.ops.filters.kept_prefix`'s ``n``, ``kept``, ``q``."""
+
+    idx: torch.Tensor
+    every: bool
+    zw: torch.Tensor
+    cut: filter_ops.CandidateCut
+    lo: torch.Tensor
+    limit: torch.Tensor
+    maxima: torch.Tensor
+    L: torch.Tensor
+    vals: torch.Tensor | None = None
+    ids: torch.Tensor | None = None
+    n: torch.Tensor | None = None
+    kept: torch.Tensor | None = None
+    q: torch.Tensor | None = None
+
+    def rows(self, sel: torch.Tensor) -> "_NucleusRows":
+        """The rows at positions ``sel`` (m,)."""
+        def sub(v):
+            if isinstance(v, filter_ops.CandidateCut):
+                return v.rows(sel)
+            return v if v is None else v[sel]
+        return _NucleusRows(**{f.name: sub(getattr(self, f.name))
+                               for f in dataclasses.fields(self) if f.name != "every"},
+                            every=False)
+
+    def split(self, ok: torch.Tensor, spill: torch.Tensor | None
+              ) -> tuple["_NucleusRows", torch.Tensor | None]:
+        """The rows where ``ok`` (n,) bool holds, and ``spill`` with the batch rows of
+        the others appended."""
+        if bool(ok.all()):
+            return self, spill
+        bad = self.idx[~ok]
+        return self.rows(ok.nonzero().flatten()), bad if spill is None else \
+            torch.cat([spill, bad])
+
+
 def _by_value(zw: torch.Tensor, idx: torch.Tensor, every: bool,
               cut: filter_ops.CandidateCut, lo: torch.Tensor, frac: int, *,
               maxima: torch.Tensor | None = None
@@ -385,26 +435,17 @@ def _by_value(zw: torch.Tensor, idx: torch.Tensor, every: bool,
     limit = rules.top_p_limit(cut.top_p.squeeze(1), cut.total.squeeze(1))
     maxima = nucleus.group_maxima(zw) if maxima is None else maxima
     L, found = nucleus.lower_bound(maxima, cut.thr, limit, frac)
-    spill = None
-    if not bool(found.all()):
-        sel, spill = found.nonzero().flatten(), idx[~found]
-        if not sel.numel():
-            return [], spill
-        zw, idx, every, L, cut, lo, limit, maxima = (
-            zw.index_select(0, sel), idx[sel], False, L[sel], cut.rows(sel), lo[sel],
-            limit[sel], maxima[sel])
-    vals, ids = nucleus.above(zw, L, maxima)
-    n, kept, q, _ = filter_ops.kept_prefix(vals, cut, frac)
-    mass = (q if cut.thr is None else q * (vals >= cut.thr)).sum(-1)
-    holds = ~rules.top_p_keeps(mass, limit)  # no element at or below L is kept
-    if not bool(holds.all()):
-        ok, bad = holds.nonzero().flatten(), (~holds).nonzero().flatten()
-        spill = idx[bad] if spill is None else torch.cat([spill, idx[bad]])
-        vals, ids, n, kept, q, idx, every, zw, cut, lo = (
-            vals[ok], ids[ok], n[ok], kept[ok], q[ok], idx[ok], False, zw[ok],
-            cut.rows(ok), lo[ok])
-    n, kept = _settle(vals, zw, cut, lo, (n, kept), frac)
-    return [_table(idx, every, vals, ids, (n, kept, q))], spill
+    r, spill = _NucleusRows(idx, every, zw, cut, lo, limit, maxima, L).split(found, None)
+    if not r.idx.numel():
+        return [], spill
+    vals, ids = nucleus.above(r.zw, r.L, r.maxima)
+    n, kept, q, _ = filter_ops.kept_prefix(vals, r.cut, frac)
+    mass = (q if r.cut.thr is None else q * (vals >= r.cut.thr)).sum(-1)
+    holds = ~rules.top_p_keeps(mass, r.limit)  # no element at or below L is kept
+    r, spill = dataclasses.replace(r, vals=vals, ids=ids, n=n, kept=kept, q=q).split(
+        holds, spill)
+    n, kept = _settle(r.vals, r.zw, r.cut, r.lo, (r.n, r.kept), frac)
+    return [_table(r.idx, r.every, r.vals, r.ids, (n, kept, r.q))], spill
 
 
 def _nucleus_cut(zw: torch.Tensor, plan: RowPlan, pos: torch.Tensor | None,
@@ -418,11 +459,10 @@ def _nucleus_cut(zw: torch.Tensor, plan: RowPlan, pos: torch.Tensor | None,
     the rows' group maxima (else None). ``rows``: their batch rows and whether those
     are every row in order (to read the call's first pass, ``inp.prepass``)."""
     bounded, bf = plan.route.bounded, plan.route.filters
-    pick = (lambda t: t) if pos is None else (lambda t: t[pos])  # noqa: E731
     thr, mx = None, None
     if bf.wide_k or exact:
         if bf.wide_k:
-            thr = filter_ops.topk_threshold(zw, pick(bounded.filters[0]))
+            thr = filter_ops.topk_threshold(zw, _at(bounded.filters[0], pos))
         both = _mass_and_maxima(zw, thr, frac, inp.prepass, rows) if maxima or \
             inp.prepass is not None else None
         if both is not None:
@@ -435,8 +475,9 @@ def _nucleus_cut(zw: torch.Tensor, plan: RowPlan, pos: torch.Tensor | None,
         thr = None if thr is None else thr.unsqueeze(1)
     else:
         lo, hi = nucleus.mass_bounds(zw, frac, out=inp.scratch("w", zw))
-    return filter_ops.CandidateCut(None, None, thr, hi.unsqueeze(1), pick(bf.top_p),
-                                   None if bf.element is None else pick(bf.element)), lo, mx
+    cut = filter_ops.CandidateCut(thr=thr, total=hi.unsqueeze(1), top_p=_at(bf.top_p, pos),
+                                  element=_at(bf.element, pos))
+    return cut, lo, mx
 
 
 def _mass_and_maxima(zw: torch.Tensor, thr: torch.Tensor | None, frac: int,

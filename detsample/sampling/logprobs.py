@@ -56,11 +56,21 @@ def processed_fixed(cdf: KeptCDF, batch, rows: Rows, z: torch.Tensor, ids: torch
     ``rows``: either (n,) picked tokens, or (n, V) full rows with ``ids`` (1, V).
     Kept entries get the renormalised logprob of the draw, others -inf; a greedy row
     is one-hot on its greedy token."""
-    col = (lambda t: t.unsqueeze(1)) if z.dim() == 2 else (lambda t: t)  # noqa: E731
+    col = _column if z.dim() == 2 else _as_is
     keep = kept_mask(cdf, batch, rows, z, col, exp)
     lp = lp_ops.log_softmax(z, kept_mass=col(rows.take(cdf.total).clamp(min=1)),
                             frac=rules.frac_bits(batch.vocab_size))
     return one_hot_greedy(lp.masked_fill(~keep, NEG_INF), batch, rows, ids, greedy_tok, col)
+
+
+def _column(t: torch.Tensor) -> torch.Tensor:
+    """A (n,) row quantity as a (n, 1) column against (n, V) rows."""
+    return t.unsqueeze(1)
+
+
+def _as_is(t: torch.Tensor) -> torch.Tensor:
+    """A (n,) row quantity against (n,) picked tokens: unchanged."""
+    return t
 
 
 def kept_mask(cdf: KeptCDF, batch, rows: Rows, z: torch.Tensor, col, exp) -> torch.Tensor:
@@ -85,7 +95,7 @@ def processed_rows(st: Steps, rows: Rows) -> torch.Tensor:
     """(n, V) vLLM's "processed" logprobs of ``rows``: ``log_softmax`` of step 5's
     logits divided by the temperature, -inf outside step 8's kept set
     (:func:`~detsample.ops.logprobs.processed_log_softmax`); greedy rows one-hot."""
-    col = lambda t: t.unsqueeze(1)  # noqa: E731
+    col = _column
     prep, batch = st.prep, st.batch
     keep = kept_mask(st.cdf, batch, rows, rows.take(st.z), col, prep.backend.exp)
     lp = lp_ops.processed_log_softmax(rows.take(prep.x), rows.take(st.plan.temperatures),
