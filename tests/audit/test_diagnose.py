@@ -191,6 +191,31 @@ def test_signature_without_a_model(buckets, biggest, pattern):
     assert signature(report)["pattern"] == pattern
 
 
+def test_renormalised_claims_every_bucket_only_when_every_bucket_is_negative():
+    """The bug: the signature said "d < 0 in every probability bucket ... at temperature
+    1" from the token-weighted means below / above p = 0.1, while one bucket was +0.194
+    (processed logprobs at T = 0.7, top-p 0.9)."""
+    buckets = {"[0.0001, 0.001)": -0.4, "[0.001, 0.01)": 0.194, "[0.1, 0.5)": -0.2}
+    report = {"max_abs_diff": 0.9,
+              "by_probability": [{"bucket": b, "tokens": 100 if d < 0 else 5, "mean_diff": d}
+                                 for b, d in buckets.items()]}
+    sig = signature(report)
+    assert sig["pattern"] == "renormalised"
+    assert "every probability bucket" not in sig["suggests"]
+    assert "temperature 1" not in sig["suggests"]
+
+
+def test_the_html_report_does_not_print_a_superseded_guess():
+    """With a model search that named the semantics, the page shows the signature's table
+    but not its model-free guess (which may contradict the named semantics)."""
+    from detsample.audit.reports.report import _diagnosis_html
+    sig = {"pattern": "renormalised", "suggests": "GUESS", "by_probability": {"[0.1, 0.5)": -0.2},
+           "mean_diff_below_0.1": -0.1, "mean_diff_from_0.1": -0.2}
+    dg = {"needed": True, "signature": sig, "line": "semantics: found", "explained": True}
+    assert "GUESS" not in _diagnosis_html(dg)
+    assert "GUESS" in _diagnosis_html(dict(dg, explained=None))
+
+
 def test_trainer_logprobs_alone_report_the_signature():
     records = generate_rollouts(num_sequences=4, max_new_tokens=10, seed=2, temperature=0.7,
                                 top_p=0.9, logprobs_mode="processed")

@@ -155,11 +155,8 @@ def signature(report: dict) -> dict:
     pattern it shows (``sharper``, ``flatter``, ``renormalised``, ``noise`` or
     ``none``) with what it suggests."""
     rows = [b for b in report.get("by_probability", []) if b.get("tokens")]
-    low = [b for b in rows if _bucket_low(b["bucket"]) < 0.1]
-    high = [b for b in rows if _bucket_low(b["bucket"]) >= 0.1]
-    mean = lambda bs: (sum(b["mean_diff"] * b["tokens"] for b in bs) /  # noqa: E731
-                       sum(b["tokens"] for b in bs)) if bs else 0.0
-    lo, hi = mean(low), mean(high)
+    lo = _mean_diff([b for b in rows if _bucket_low(b["bucket"]) < 0.1])
+    hi = _mean_diff([b for b in rows if _bucket_low(b["bucket"]) >= 0.1])
     biggest = report.get("max_abs_diff") or 0.0
     if biggest <= NOISE:
         pattern, text = "noise", f"max |d| {biggest:.3g} is within kernel noise"
@@ -174,16 +171,27 @@ def signature(report: dict) -> dict:
             "the engine's distribution is flatter than the trainer's (d < 0 on improbable "
             "tokens, d > 0 on probable ones): it likely reported logprobs at a temperature "
             "above 1")
-    elif lo < -NOISE and hi < -NOISE:
+    elif lo < -NOISE and hi < -NOISE and all(b["mean_diff"] < -NOISE for b in rows):
         pattern, text = "renormalised", (
             "d < 0 in every probability bucket: the engine's logprobs are renormalised over "
             "a kept set (processed logprobs after top-k / top-p / min-p at temperature 1)")
+    elif lo < -NOISE and hi < -NOISE:
+        pattern, text = "renormalised", (
+            "d < 0 on average below and above p = 0.1, though not in every bucket: the "
+            "engine's logprobs are likely renormalised over a kept set, possibly at another "
+            "temperature; rescore with --rescore MODEL to find which")
     else:
         pattern, text = "none", (
             "no semantics pattern in the signed d: the model or its kernels likely differ "
             "(run `detsample probe model MODEL`)")
     return {"pattern": pattern, "mean_diff_below_0.1": lo, "mean_diff_from_0.1": hi,
             "by_probability": {b["bucket"]: b["mean_diff"] for b in rows}, "suggests": text}
+
+
+def _mean_diff(buckets: list[dict]) -> float:
+    """The token-weighted mean d of probability buckets (0 for none)."""
+    n = sum(b["tokens"] for b in buckets)
+    return sum(b["mean_diff"] * b["tokens"] for b in buckets) / n if n else 0.0
 
 
 def _bucket_low(label: str) -> float:

@@ -302,10 +302,12 @@ def _diagnosis_html(dg: dict | None) -> str:
                 f"nothing to explain</p>")
     sig = dg["signature"]
     rows = [[b, d] for b, d in sig["by_probability"].items()]
+    # a model search that named the semantics supersedes the model-free guess
+    guess = "" if dg.get("explained") else f": {html.escape(sig['suggests'])}"
     return ("<h2>Why the numbers differ</h2>"
             f"<p><b>{html.escape(dg['line'])}</b></p>"
-            f"<p>signature (signed mean d by engine probability; {html.escape(sig['pattern'])}): "
-            f"{html.escape(sig['suggests'])}</p>" + _table(["bucket", "mean d"], rows))
+            f"<p>signature (signed mean d by engine probability; {html.escape(sig['pattern'])})"
+            f"{guess}</p>" + _table(["bucket", "mean d"], rows))
 
 
 def _provenance_html(prov: dict | None) -> str:
