@@ -26,9 +26,16 @@ def test_write_report_writes_page_and_pngs_without_touching_backend(tmp_path):
 
 
 def test_report_of_exact_and_empty_audits(tmp_path):
-    """Pins plotting of degenerate inputs: all-zero |d| and no tokens at all."""
+    """Pins plotting of degenerate inputs (all-zero |d), and the bug that an exact audit
+    drew an empty |d| histogram with a y axis of -0.04..0.04 "tokens": no plot is drawn
+    (one left by an earlier report in the folder is removed), the page says why."""
+    out = tmp_path / "a"
+    write_report(audit(to_records(synth_rollouts(30, seed=4))), str(out))
+    assert (out / PLOTS[0]).exists()
     exact = audit(to_records(synth_rollouts(10, seed=4, mismatch_rate=0.0)))
-    write_report(exact, str(tmp_path / "a"))
+    text = open(write_report(exact, str(out))).read()
+    assert not any((out / name).exists() for name in PLOTS)
+    assert "<img" not in text and "every audited token has d == 0" in text
     empty = audit([])
     write_report(empty, str(tmp_path / "b"))
     assert "0 audited" in format_summary(empty)

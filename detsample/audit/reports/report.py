@@ -165,10 +165,22 @@ def _bucket_plot(rows: list[dict], title: str, xlabel: str, path: str) -> None:
     fig.savefig(path)
 
 
+def has_plots(report: dict) -> bool:
+    """Whether the audit has a token with d != 0 (an exact or empty audit has nothing to
+    plot: its histogram would be empty and its d curves flat at 0)."""
+    return int(report.get("tokens") or 0) > int(report["abs_diff_histogram"]["zero"])
+
+
 def write_plots(report: dict, out_dir: str) -> list[str]:
-    """Write the three PNG plots; returns their paths."""
+    """Write the three PNG plots (none, and any left by an earlier report in ``out_dir``
+    removed, when :func:`has_plots` is false); returns their paths."""
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, p) for p in PLOTS]
+    if not has_plots(report):
+        for p in paths:
+            if os.path.lexists(p):
+                os.remove(p)
+        return []
     h = report["abs_diff_histogram"]
     fig = figure()
     ax = fig.add_subplot(1, 1, 1)
@@ -199,6 +211,14 @@ def _table(header: list[str], rows: list[list[object]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _img(title: str, name: str, report: dict) -> str:
+    """A plot's heading and image, or a line saying why there is none."""
+    if has_plots(report):
+        return f"<h2>{html.escape(title)}</h2><img src='{name}'>"
+    return (f"<h2>{html.escape(title)}</h2><p>no plot: every audited token has d == 0 "
+            f"({int(report.get('tokens') or 0)} tokens)</p>")
+
+
 def write_report(report: dict, out_dir: str) -> str:
     """Write ``index.html``, the plots and ``report.json`` into out_dir; returns the page."""
     from detsample.audit.running.run import to_json
@@ -217,10 +237,10 @@ def write_report(report: dict, out_dir: str) -> str:
         _verdict_html(report.get("gates")),
         _diagnosis_html(report.get("diagnosis")),
         "<h2>Summary</h2>", _table(["metric", "value"], [list(r) for r in summary_rows(report)]),
-        "<h2>|d| histogram</h2><img src='abs_diff_histogram.png'>",
-        "<h2>By response position</h2><img src='diff_by_position.png'>",
+        _img("|d| histogram", PLOTS[0], report),
+        _img("By response position", PLOTS[1], report),
         _table(bucket_cols, [[r[c] for c in bucket_cols] for r in report["by_position"]]),
-        "<h2>By engine probability</h2><img src='diff_by_probability.png'>",
+        _img("By engine probability", PLOTS[2], report),
         _table(bucket_cols, [[r[c] for c in bucket_cols] for r in report["by_probability"]]),
         f"<h2>First mismatching tokens ({len(report.get('first_mismatches', []))} shown)</h2>",
         _table(["sequence id", "position", "token id", "engine logprob", "trainer logprob", "d"],
