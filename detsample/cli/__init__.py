@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
+        #: the command as given, for reports that must say what made them
+        args.command_line = ["detsample", *(sys.argv[1:] if argv is None else argv)]
         return run_command(args)
 
 

@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(rescore, TPRescorer):
             rescore.close()
     failures = with_verdict(report, args.max_abs_diff, args.min_exact_match, args.max_excluded)
-    report["provenance"] = provenance(opts)
+    report["provenance"] = provenance(opts, command=getattr(args, "command_line", None))
     text = to_json(report)
     if args.json == "-":
         sys.stdout.write(text)

@@ -97,8 +97,15 @@ def test_rescore_provenance_names_model_and_semantics(tmp_path):
     assert main(["audit", str(path), "--rescore", "refmodel", "--logprobs-mode", "processed",
                  "--temperature", "0.7", "--top-p", "0.9", "--json", str(tmp_path / "a.json"),
                  "--quiet"]) == 0
-    resc = json.loads((tmp_path / "a.json").read_text())["provenance"]["rescore"]
+    prov = json.loads((tmp_path / "a.json").read_text())["provenance"]
+    resc = prov["rescore"]
     assert resc["model"] == "refmodel" and resc["semantics"]["top_p"] == 0.9
+    # the bug: a report named the factory but not the weights, the command or the time
+    from detsample.models import load_model
+    from detsample.models.digest import weights_digest
+    assert resc["weights_sha256"] == weights_digest(load_model("refmodel"))
+    assert prov["command"][:3] == ["detsample", "audit", str(path)]
+    assert prov["created"].endswith("+00:00")
     assert resc["semantics_flags"] == "--logprobs-mode processed --temperature 0.7 --top-p 0.9"
 
 

@@ -1,17 +1,19 @@
 """What produced an audit report: the ``"provenance"`` and ``"gates"`` entries that make a
 report.json or an index.html stand alone (read without the command line that made it).
 
-``provenance``: the detsample version, the platform (OS, machine, Python, torch, its CPU
-capability, threads), the rescoring (model, logprob semantics, mode flags, tensor
-parallelism, or a user callable's name), the layout (preset, columns, padding) and the
-compare dtype. ``gates``: the thresholds given, the failures and the verdict
+``provenance``: the detsample version, when and by which command line the report was
+made, the platform (OS, machine, Python, torch, its CPU capability, threads), the
+rescoring (model, logprob semantics, mode flags, tensor parallelism, the weights' content
+hash, or a user callable's name), the layout (preset, columns, padding) and the compare
+dtype. ``gates``: the thresholds given, the failures and the verdict
 (``pass``, ``fail``, or ``no gate``: a report with no gate and some tokens).
 """
 
 from __future__ import annotations
 
+import datetime
 import platform as _platform
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from detsample.audit.running.gates import ExclusionLimit, check_gates
 from detsample.audit.running.options import AuditOptions
@@ -37,7 +39,8 @@ def rescore_info(rescore: object) -> dict | None:
         return {"model": rescore.model, "semantics": rescore.semantics.to_dict(),
                 "semantics_flags": rescore.semantics.flags(),
                 "batch_invariant": rescore.batch_invariant, "portable": rescore.portable,
-                "model_path": rescore.model_path, "tp": 1}
+                "model_path": rescore.model_path, "tp": 1,
+                "weights_sha256": _weights_digest(rescore)}
     if isinstance(rescore, TPRescorer):
         s = rescore.spec
         return {"model": s.model, "semantics": rescore.semantics.to_dict(),
@@ -48,10 +51,22 @@ def rescore_info(rescore: object) -> dict | None:
     return {"callable": getattr(rescore, "__qualname__", type(rescore).__name__)}
 
 
-def provenance(opts: AuditOptions) -> dict:
-    """The report's ``"provenance"`` for an audit run with ``opts``."""
+def _weights_digest(rescore: ModelRescorer) -> str | None:
+    """The content hash of the weights the rescorer ran (None: it never loaded them)."""
+    from detsample.models.digest import weights_digest
+
+    loaded = getattr(rescore, "_state", None)
+    return None if loaded is None else weights_digest(loaded[0])
+
+
+def provenance(opts: AuditOptions, command: Sequence[str] | None = None) -> dict:
+    """The report's ``"provenance"`` for an audit run with ``opts``; ``command``: the
+    command line that ran it (the CLI's), recorded as given."""
     lay = opts.layout
-    return {"detsample_version": __version__, "platform": platform_info(),
+    created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return {"detsample_version": __version__, "created": created,
+            "command": None if command is None else [str(a) for a in command],
+            "platform": platform_info(),
             "rescore": rescore_info(opts.rescore),
             "layout": {"preset": lay.name, "records": lay.records, "padded": lay.padded,
                        "response_padding": lay.response_padding,
