@@ -156,6 +156,9 @@ def test_a_row_overrides_only_the_fields_it_states(records):
     ("top_k", 2.5, "top_k must be an integer, got 2.5"),
     ("logprobs_mode", "logits", "logprobs_mode must be one of"),
     ("min_p", "0.1", "min_p must be a real number, got '0.1'"),
+    # values of the wrong kind were a TypeError (unhashable) traceback, not an exclusion
+    ("temperature", [0.7], "temperature must be a number, got list [0.7]"),
+    ("top_p", {"p": 0.9}, "top_p must be a number, got dict"),
 ])
 def test_a_bad_value_excludes_only_its_row_named(records, tmp_path, field, value, message):
     """Pins bad per-row values: the project's per-row error (file, line, field, value),

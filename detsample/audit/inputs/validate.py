@@ -76,16 +76,29 @@ def stated_semantics(raw: RawChunk, base: Semantics, bad: dict[int, Issue]
         fields = {c: v[i] for c, v in cols if v[i] is not None}
         if i in bad or not fields:
             continue
-        key = tuple((c, type(v).__name__, v) for c, v in fields.items())
-        got = memo.get(key)
+        got = _not_scalar(fields)
         if got is None:
-            got = memo[key] = _row_semantics(base, fields)
+            key = tuple((c, type(v).__name__, v) for c, v in fields.items())
+            got = memo.get(key)
+            if got is None:
+                got = memo[key] = _row_semantics(base, fields)
         if isinstance(got, Semantics):
             out[i] = got
         else:
             bad[i] = Issue(raw.source, int(raw.lines[i]), got.field, got.kind, got.message,
                            raw.unit)
     return out
+
+
+def _not_scalar(fields: dict) -> Issue | None:
+    """An Issue naming the first field whose value is not one number, string or bool (a
+    list, an object, a tensor: ``"temperature": [0.7]``), else None."""
+    for c, v in fields.items():
+        if not isinstance(v, (bool, int, float, str, np.generic)):
+            shown = repr(v) if len(repr(v)) <= 60 else repr(v)[:57] + "..."
+            return Issue("", 0, c, "bad_semantics",
+                         f"{c} must be a number, got {type(v).__name__} {shown}")
+    return None
 
 
 def _row_semantics(base: Semantics, fields: dict) -> Semantics | Issue:
