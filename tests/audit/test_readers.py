@@ -94,6 +94,12 @@ NPZ_FATAL = [
     # Bug pinned: pandas' object-dtype string ids were told to use a nonexistent 'id_offsets'.
     ("object-ids", dict(id=np.array(["a", "b"], dtype=object)),
      r"id: object arrays are not supported; store the ids as a string \(dtype=str\) or integer"),
+    # Bug pinned: float128 logprobs reached the comparison and failed there ("data type
+    # 'u16' not understood", a traceback); complex ones were compared as numbers.
+    ("float128", dict(engine_logprobs=np.array([-1.0, -2.0, -3.0], dtype=np.longdouble)),
+     "engine_logprobs: dtype float128 is not supported"),
+    ("complex", dict(trainer_logprobs=np.array([-1.0, -2.0, -3.5], dtype=np.complex64)),
+     "trainer_logprobs: dtype complex64 is not supported"),
 ]
 
 

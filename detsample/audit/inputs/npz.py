@@ -160,6 +160,9 @@ class NpzSource:
             if c == id_col or c not in self.arrays:
                 continue
             arr = self.arrays[c]
+            if arr.dtype.kind == "c" or (arr.dtype.kind == "f" and arr.dtype.itemsize > 8):
+                raise AuditInputError(f"{self.path}: {c}: dtype {arr.dtype} is not supported "
+                                      f"(float16, float32 or float64)")
             if ROLES[dst] == "row" and dst in COLUMN_KINDS and \
                     arr.dtype.kind not in COLUMN_KINDS[dst]:
                 raise AuditInputError(f"{self.path}: {c}: values must be {kind_words(dst)}, "
