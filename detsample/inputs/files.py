@@ -32,6 +32,9 @@ def file_problem(path: str | os.PathLike[str]) -> str | None:
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
+        if os.fspath(path) == "-":  # the shell convention, where a command does not take it
+            return ("standard input ('-') is not read here; save the input to a file "
+                    "and give its path")
         return "no such file"
     except OSError as exc:
         return f"cannot be read ({exc.strerror or exc})"

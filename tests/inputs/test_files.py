@@ -66,6 +66,14 @@ def test_a_regular_file_and_a_symlink_to_one_are_read(tmp_path):
     assert file_problem(tmp_path / "none") == "no such file"
 
 
+def test_a_dash_is_not_called_a_missing_file(tmp_path, monkeypatch):
+    """The bug: ``detsample audit -`` said "-: no such file"; a file named "-" is read."""
+    monkeypatch.chdir(tmp_path)
+    assert "standard input ('-') is not read here" in file_problem("-")
+    (tmp_path / "-").write_text("x")
+    assert file_problem("-") is None
+
+
 def test_reads_are_bounded(tmp_path):
     path = tmp_path / "x.bin"
     path.write_bytes(b"x" * 101)
