@@ -217,3 +217,44 @@ def test_the_files_a_new_threshold_filter_touches_are_listed():
     assert listed == found, (sorted(listed - found), sorted(found - listed))
     touched = re.findall(r"^\d+\. ", section, re.M)  # the numbered list: package, oracle, docs
     assert "`oracles/sampler.py`" in section and len(found) + 2 == len(touched) <= 5, found
+
+
+#: detsample.audit's own tiers, lowest first: the leaf modules (the exclusion and error
+#: types, the logprob semantics a row states) that every tier may use, then inputs (a
+#: file becomes checked columns) < analysis (the exact accumulators, metrics, diagnosis)
+#: < running (the driver, validation with rescoring, options, gates) < reports (the
+#: summary, the page, provenance, the training-run log). docs/architecture.md and
+#: detsample/audit/__init__.py say the same.
+AUDIT_TIERS: list[tuple[str, ...]] = [
+    ("issues", "semantics"),
+    ("inputs",),
+    ("analysis",),
+    ("running",),
+    ("reports",),
+]
+AUDIT_RANK = {u: i for i, tier in enumerate(AUDIT_TIERS) for u in tier}
+
+
+def audit_unit(mod: str) -> str | None:
+    """The audit tier unit of a module of detsample.audit (None: the facade itself)."""
+    parts = mod.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "audit" else None
+
+
+AUDIT_MODULES = sorted(m for m in MODULES if m.startswith("detsample.audit."))
+
+
+def test_every_audit_module_has_a_tier():
+    missing = sorted({audit_unit(m) for m in AUDIT_MODULES} - set(AUDIT_RANK))
+    assert not missing, f"add these to AUDIT_TIERS and docs/architecture.md: {missing}"
+
+
+@pytest.mark.parametrize("mod", AUDIT_MODULES)
+def test_audit_tiers_import_only_downward(mod):
+    """Pins the bug that audit/'s four subpackages were names, not tiers (10 of the 12
+    import directions between them existed: inputs importing running, reports, ...)."""
+    src = audit_unit(mod)
+    bad = sorted(t for t in GRAPH[mod]
+                 if t == "detsample.audit" or (audit_unit(t) not in (None, src) and
+                                               AUDIT_RANK[audit_unit(t)] >= AUDIT_RANK[src]))
+    assert not bad, f"{mod} (audit tier {AUDIT_RANK[src]}) imports {bad}"

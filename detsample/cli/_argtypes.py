@@ -96,7 +96,7 @@ def rollout_rs(text: str) -> str | None:
     """verl's rollout_rs options (comma-separated; 'none' for none), checked at parse time."""
     if text.strip().lower() == "none":
         return None
-    from detsample.audit.inputs.frameworks import parse_rollout_rs
+    from detsample.audit.analysis.frameworks import parse_rollout_rs
 
     try:
         parse_rollout_rs(text)
@@ -197,9 +197,9 @@ def add_semantics_options(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def semantics_of(args: argparse.Namespace):
-    """The :class:`~detsample.audit.analysis.semantics.Semantics` of the options above, or None when
+    """The :class:`~detsample.audit.semantics.Semantics` of the options above, or None when
     none was given; InvalidSamplingParams for filters given with raw logprobs."""
-    from detsample.audit.analysis.semantics import FILTER_DEFAULTS, Semantics
+    from detsample.audit.semantics import FILTER_DEFAULTS, Semantics
 
     given = {n: getattr(args, n) for n, _ in FILTER_DEFAULTS if getattr(args, n) is not None}
     if args.logprobs_mode is None and not given:

@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
 def _rescorer(args: argparse.Namespace):
     """The --rescore model as a rescorer in the given semantics (ModelRescorer, TPRescorer
     with --tp), or None; ValueError naming a combination of options that cannot run."""
-    from detsample.audit.analysis.semantics import RAW
+    from detsample.audit.semantics import RAW
     from detsample.audit.running.rescore import ModelRescorer, TPRescorer
 
     rescore = args.rescore
@@ -175,7 +175,7 @@ def _rescorer(args: argparse.Namespace):
 
 def _options(args: argparse.Namespace, rescore):
     from detsample.audit import AuditOptions
-    from detsample.audit.inputs.frameworks import FrameworkOptions
+    from detsample.audit.analysis.frameworks import FrameworkOptions
 
     frameworks = FrameworkOptions(args.rollout_is_threshold, args.rollout_rs,
                                   args.rollout_rs_threshold)

@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from detsample.audit.running.log import (check_log_gates, format_log_summary, read_log,
+    from detsample.audit.reports.log import (check_log_gates, format_log_summary, read_log,
                                      write_log_report)
 
     problems = output_problems((args.json, "--json", "file"), (args.report, "--report", "dir"))

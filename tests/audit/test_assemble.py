@@ -1,5 +1,5 @@
 """Padded rows and their ragged twins: same validation, same report byte for byte; layout
-contradictions are fatal and named (detsample/audit/running/assemble.py)."""
+contradictions are fatal and named (detsample/audit/inputs/assemble.py)."""
 
 from __future__ import annotations
 

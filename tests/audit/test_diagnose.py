@@ -16,7 +16,7 @@ from detsample.audit import audit
 from detsample.audit.analysis.diagnose import NOISE, search, signature
 from detsample.audit.running.rescore import ModelRescorer, TPRescorer
 from detsample.audit.running.rollout import generate_rollouts
-from detsample.audit.analysis.semantics import RAW, Semantics
+from detsample.audit.semantics import RAW, Semantics
 from detsample.cli import main
 from tests.vllm_reference import vllm_engine_rollouts, vllm_processed
 

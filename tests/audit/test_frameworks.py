@@ -1,4 +1,4 @@
-"""The RL frameworks' metrics (detsample/audit/inputs/frameworks.py) against an independent
+"""The RL frameworks' metrics (detsample/audit/analysis/frameworks.py) against an independent
 re-implementation: the frameworks' own formulas written here in torch on the padded batch,
 the way verl (verl/trainer/ppo/rollout_corr_helper.py: compute_is_metrics,
 compute_rollout_rejection_mask + compute_rs_metrics, compute_offpolicy_metrics) and
@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from detsample.audit import audit, from_tensors
-from detsample.audit.inputs.frameworks import RS_OPTIONS, FrameworkOptions, parse_rs_thresholds
+from detsample.audit.analysis.frameworks import RS_OPTIONS, FrameworkOptions, parse_rs_thresholds
 
 SAFETY = 20.0
 

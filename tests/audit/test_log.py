@@ -1,5 +1,5 @@
 """AuditLog over a training run: one row per step, the metrics plotted over steps, a gate
-on the latest step (detsample/audit/running/log.py, detsample/cli/audit_log.py)."""
+on the latest step (detsample/audit/reports/log.py, detsample/cli/audit_log.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from detsample.audit import AuditInputError, AuditLog, from_tensors, read_log
-from detsample.audit.running.log import LOG_PLOT, check_log_gates
+from detsample.audit.reports.log import LOG_PLOT, check_log_gates
 from detsample.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

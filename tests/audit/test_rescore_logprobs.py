@@ -9,7 +9,7 @@ import torch
 
 from detsample import Request, SamplingBatch, Sampler
 from detsample.audit.running.rescore import ModelRescorer
-from detsample.audit.analysis.semantics import RAW, Semantics
+from detsample.audit.semantics import RAW, Semantics
 
 SEMANTICS = [RAW, Semantics("processed", 0.7, -1, 0.9), Semantics("processed_fixed", 0.8, 20)]
 PROMPT, RESPONSE = [3, 14, 15, 92, 65], [35, 89, 79, 32]

@@ -1,7 +1,7 @@
 """Per-row logprob semantics: the columns ``logprobs_mode``, ``temperature``, ``top_k``,
 ``top_p`` and ``min_p`` override the rescoring's file-wide semantics for their row, in
-every format; a bad value excludes only its row, named (detsample/audit/inputs/validate.py,
-detsample/audit/analysis/semantics.py ``Semantics.with_row``).
+every format; a bad value excludes only its row, named (detsample/audit/running/validate.py,
+detsample/audit/semantics.py ``Semantics.with_row``).
 
 The check is bitwise and end to end: each row's engine logprobs are what a file-wide
 rescorer in that row's semantics computes, so the audit matches them exactly (exact
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from detsample.audit import audit
 from detsample.audit.running.rescore import ModelRescorer
-from detsample.audit.analysis.semantics import RAW, Semantics
+from detsample.audit.semantics import RAW, Semantics
 
 PROMPTS = [[3, 17, 40], [7, 8], [1, 2, 3, 4], [11]]
 LENGTHS = [4, 3, 2, 5]

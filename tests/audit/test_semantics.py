@@ -1,4 +1,4 @@
-"""The audit rescores in the engine's logprob semantics (detsample/audit/analysis/semantics.py,
+"""The audit rescores in the engine's logprob semantics (detsample/audit/semantics.py,
 the ``semantics`` of ModelRescorer, ``--logprobs-mode`` and the filter options).
 
 The BUG pinned: ``--rescore`` always scored raw logprobs at temperature 1, so an engine
@@ -16,7 +16,7 @@ import pytest
 from detsample.audit import audit
 from detsample.audit.running.rescore import ModelRescorer
 from detsample.audit.running.rollout import generate_rollouts
-from detsample.audit.analysis.semantics import RAW, Semantics
+from detsample.audit.semantics import RAW, Semantics
 from detsample.cli import main
 from detsample.errors import InvalidSamplingParams
 

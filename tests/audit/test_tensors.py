@@ -1,5 +1,5 @@
 """from_tensors: the audit of a padded training batch equals the file audit of the same
-rows, from numpy or torch on any device (detsample/audit/inputs/tensors.py)."""
+rows, from numpy or torch on any device (detsample/audit/running/tensors.py)."""
 
 from __future__ import annotations
 

@@ -121,7 +121,7 @@ def test_diagnosis_cost_against_rescoring_alone(benchmark):
     CPU time of 5 rounds each, interleaved. Target: the ratio <= 2 (docs/performance.md)."""
     from detsample.audit.running.rescore import ModelRescorer
     from detsample.audit.running.rollout import generate_rollouts
-    from detsample.audit.analysis.semantics import RAW, Semantics
+    from detsample.audit.semantics import RAW, Semantics
 
     recs = generate_rollouts(num_sequences=16, max_new_tokens=32, seed=0, temperature=0.7,
                              top_p=0.9, logprobs_mode="processed", model="hf-tiny-llama")

@@ -17,7 +17,7 @@ from detsample import Request, Sampler, SamplingBatch, SamplingParams
 from detsample.audit import audit
 from detsample.audit.running.rescore import ModelRescorer, TPRescorer
 from detsample.audit.running.rollout import _rank_rollouts, generate_rollouts
-from detsample.audit.analysis.semantics import RAW
+from detsample.audit.semantics import RAW
 from detsample.models import load_model
 from detsample.parallel import TPModelSpec, tp_group
 from detsample.parallel.sampling import compute_logprobs_sharded, sample_sharded

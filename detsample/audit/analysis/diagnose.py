@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from detsample.audit.analysis.semantics import RAW, Semantics
+from detsample.audit.semantics import RAW, Semantics
 
 #: the largest max |d| a semantics may leave and still "explain" the engine's numbers:
 #: float32 kernel noise on one model is ~1e-6..1e-5 (bf16 models ~1e-2: their audits are

@@ -1,7 +1,7 @@
 """Audit metrics as exact, mergeable accumulators (see docs/audit.md for every formula).
 
 Token level, over the mask: ``d = trainer - engine`` (float64), ``r = exp(d)``.
-:class:`AuditAccumulator` consumes validated :class:`~detsample.audit.inputs.validate.AuditBatch`
+:class:`AuditAccumulator` consumes validated :class:`~detsample.audit.inputs.table.AuditBatch`
 chunks with whole-column numpy operations and merges with other accumulators *exactly*:
 
 * counts are integers;
@@ -26,11 +26,11 @@ import numpy as np
 
 from detsample.audit.analysis.exact import (ValueCounts, exact_marginal_sums, exact_mean,
                                             exact_sums, fraction_to_float, to_fraction)
-from detsample.audit.inputs.frameworks import FrameworkAccumulator, FrameworkOptions
+from detsample.audit.analysis.frameworks import FrameworkAccumulator, FrameworkOptions
 from detsample.audit.analysis.diagnose import diagnose
-from detsample.audit.reports.issues import Issue
-from detsample.audit.inputs.rows import RowTables
-from detsample.audit.inputs.validate import AuditBatch
+from detsample.audit.issues import Issue
+from detsample.audit.analysis.rows import RowTables
+from detsample.audit.inputs.table import AuditBatch
 
 #: |d| > t mismatch thresholds, and their JSON keys
 THRESHOLDS = (0.0, 1e-6, 1e-3, 1e-2, 0.1)

@@ -25,7 +25,7 @@ name                        per        meaning
 ``response_length``         row        response tokens at the end of ``input_ids``
 ``logprobs_mode``,          value      the row's logprob semantics: they override the
 ``temperature``, ``top_k``,            rescoring's options for this sequence (null: not
-``top_p``, ``min_p``                   stated; :meth:`~detsample.audit.analysis.semantics.Semantics.with_row`)
+``top_p``, ``min_p``                   stated; :meth:`~detsample.audit.semantics.Semantics.with_row`)
 ==========================  =========  ====================================================
 """
 
@@ -34,8 +34,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from detsample.audit.reports.issues import AuditInputError
-from detsample.audit.analysis.semantics import ROW_FIELDS
+from detsample.audit.issues import AuditInputError
+from detsample.audit.semantics import ROW_FIELDS
 
 #: canonical column -> "row" (one value per sequence) or "token" (a list per sequence)
 ROLES = {
@@ -50,7 +50,7 @@ ROLES = {
     "input_ids": "token",
     "response_length": "row",
     # per-row logprob semantics (role "value": one scalar per sequence, any type, null =
-    # not stated), checked by :meth:`detsample.audit.analysis.semantics.Semantics.with_row`
+    # not stated), checked by :meth:`detsample.audit.semantics.Semantics.with_row`
     **{c: "value" for c in ROW_FIELDS},
 }
 SEMANTICS_COLUMNS = ROW_FIELDS

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from detsample.audit.reports.issues import AuditInputError
+from detsample.audit.issues import AuditInputError
 from detsample.audit.inputs.layout import COLUMN_KINDS, ROLES, Resolved
 from detsample.audit.inputs.readers import DEFAULT_CHUNK_TOKENS, ids_column
 from detsample.audit.inputs.values import kind_words, value_column

@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from detsample.audit.analysis.semantics import ROW_FIELDS
+from detsample.audit.semantics import ROW_FIELDS
 from detsample.audit.inputs.values import count_of
 
 _TOKEN_ID = re.compile(r"^token_id:(-?[0-9]+)$")

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from detsample.audit.reports.issues import AuditInputError
+from detsample.audit.issues import AuditInputError
 from detsample.audit.inputs.layout import ROLES, Resolved
 from detsample.audit.inputs.readers import arrow_is_list, arrow_to_table
 from detsample.audit.inputs.table import Padded, Ragged, TableChunk

@@ -3,7 +3,7 @@
 Every reader yields :class:`~detsample.audit.inputs.table.TableChunk` objects: a run of
 consecutive sequences, column by column, under the file's own column names (the ones a
 :class:`~detsample.audit.inputs.layout.Resolved` layout asks for). Readers only parse; the value
-checks (NaN, positive logprobs, count mismatches...) live in :mod:`detsample.audit.inputs.validate`
+checks (NaN, positive logprobs, count mismatches...) live in :mod:`detsample.audit.running.validate`
 and are the same for every format. A sequence a reader cannot parse (bad JSON, a field of
 the wrong type) is kept in the chunk with a parse issue, so it is excluded and counted.
 
@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 
-from detsample.audit.reports.issues import AuditInputError, Issue, audit_file
+from detsample.audit.issues import AuditInputError, Issue, audit_file
 from detsample.audit.inputs.layout import (COLUMN_KINDS, LIST_COLUMNS, REQUIRED_COLUMNS, ROLES,
                                            Resolved)
 from detsample.audit.inputs.table import PerRow, Ragged, RawChunk, TableChunk

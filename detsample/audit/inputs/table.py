@@ -4,8 +4,8 @@ padded index arithmetic they share (pure numpy, no I/O).
 A reader turns a run of consecutive rows of a file into a :class:`TableChunk`: the file's
 own columns, each :class:`Ragged` (flat values + per-row lengths), :class:`Padded` (a 2-D
 array, one row per sequence) or :class:`PerRow` (one value per sequence).
-:mod:`detsample.audit.running.assemble` then maps them onto the audit's columns, giving a
-:class:`RawChunk`, which :mod:`detsample.audit.inputs.validate` checks.
+:mod:`detsample.audit.inputs.assemble` then maps them onto the audit's columns, giving a
+:class:`RawChunk`, which :mod:`detsample.audit.running.validate` checks.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from detsample.audit.reports.issues import Issue
+from detsample.audit.issues import Issue
 
 
 @dataclass
@@ -140,3 +140,25 @@ def ones_run(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     first = np.where(has, m.argmax(axis=1), 0).astype(np.int64)
     last = np.where(has, w - m[:, ::-1].argmax(axis=1), 0).astype(np.int64)
     return count, first, last, (last - first) == count
+
+
+@dataclass
+class AuditBatch:
+    """Valid sequences of one chunk, with one shared offsets array.
+
+    offsets: int64 [S+1]; response_ids: int64 [T]; engine, trainer: float [T] (their own
+    dtypes, compared after promotion to a common dtype); mask: bool [T]; lines: int64 [S].
+    """
+
+    source: str
+    unit: str
+    ids: list[str]
+    lines: np.ndarray
+    offsets: np.ndarray
+    response_ids: np.ndarray
+    engine: np.ndarray
+    trainer: np.ndarray
+    mask: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)

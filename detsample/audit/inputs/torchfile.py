@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from detsample.audit.reports.issues import AuditInputError, Issue
+from detsample.audit.issues import AuditInputError, Issue
 from detsample.audit.inputs.layout import COLUMN_KINDS, ROLES, Resolved
 from detsample.audit.inputs.readers import DEFAULT_CHUNK_TOKENS, ids_column, iter_record_chunks
 from detsample.audit.inputs.values import column_array, count_of, kind_words, value_column

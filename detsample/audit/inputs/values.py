@@ -18,7 +18,7 @@ with the offending value in the message:
 * a **per-row semantics value** (``temperature``, ``top_k``, ``top_p``, ``min_p``,
   ``logprobs_mode``) is kept as the plain Python scalar it is (:func:`value_column`;
   null: not stated) and judged by the rule of a sampling option
-  (:meth:`detsample.audit.analysis.semantics.Semantics.with_row`);
+  (:meth:`detsample.audit.semantics.Semantics.with_row`);
 * a **metric** read back (an audit log's fractions, |d|, KL and ratios) is a number in
   its range, infinity spelt ``"inf"`` allowed, NaN refused (:func:`number_of`).
 

@@ -1,6 +1,6 @@
 """The audit's gates: a gate decides on what was audited, never on what was excluded.
 
-:func:`check_gates` (a file audit's report) and :func:`detsample.audit.running.log.check_log_gates`
+:func:`check_gates` (a file audit's report) and :func:`detsample.audit.reports.log.check_log_gates`
 (the latest step of an audit log) share these rules:
 
 * a report that audited **no token** fails, gate or no gate, and the failure says why

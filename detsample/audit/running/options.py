@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
-from detsample.audit.inputs.frameworks import FrameworkOptions
+from detsample.audit.analysis.frameworks import FrameworkOptions
 from detsample.audit.inputs.layout import DEFAULT_LAYOUT, Layout, make_layout
 from detsample.audit.analysis.metrics import COMPARE_DTYPES
 from detsample.audit.inputs.readers import DEFAULT_CHUNK_TOKENS
@@ -40,7 +40,7 @@ class AuditOptions:
     layout: how the files' columns map onto the audit's (presets, ``--columns``, padding).
     ray: None (no Ray), :data:`LOCAL_RAY`, or a Ray cluster address.
     frameworks: the thresholds of the RL frameworks' metrics (verl's rollout_is_threshold,
-        rollout_rs, rollout_rs_threshold), :class:`detsample.audit.inputs.frameworks.FrameworkOptions`.
+        rollout_rs, rollout_rs_threshold), :class:`detsample.audit.analysis.frameworks.FrameworkOptions`.
     """
 
     rescore: RescoreSpec = None

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
-from detsample.audit.reports.issues import AuditInputError
+from detsample.audit.issues import AuditInputError
 from detsample.audit.running.options import LOCAL_RAY, AuditOptions
 from detsample.errors import DetsampleError
 

@@ -23,8 +23,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from detsample.audit.reports.issues import AuditInputError
-from detsample.audit.analysis.semantics import RAW, Semantics
+from detsample.audit.issues import AuditInputError
+from detsample.audit.semantics import RAW, Semantics
 from detsample.models import MODEL_NAMES, is_model_spec
 
 #: what ``rescore`` options accept: None, a callable, or a model spec (:func:`is_model_spec`)
@@ -39,14 +39,14 @@ class RescoreModelError(AuditInputError):
 class ModelRescorer:
     """Callable ``(prompt_ids, response_ids) -> float32 logprobs [len(response_ids)]`` in
     ``semantics`` (default "raw": log_softmax of the model's logits; "processed" at a
-    temperature and filters: vLLM's processed logprobs, :mod:`detsample.audit.analysis.semantics`),
+    temperature and filters: vLLM's processed logprobs, :mod:`detsample.audit.semantics`),
     by one prefill of ``model``.
 
     model: a :func:`detsample.models.load_model` spec. batch_invariant: its forwards under
     the batch-invariant mode (``portable``: its portable kernels). model_path: a saved
     reference model (``RefModel.save``), with ``model="refmodel"`` only. label: how errors
     name the option that gave the model ("--rescore" for the audit, "--model" for
-    ``detsample rollout``). semantics: a :class:`~detsample.audit.analysis.semantics.Semantics`.
+    ``detsample rollout``). semantics: a :class:`~detsample.audit.semantics.Semantics`.
     """
 
     def __init__(self, model: str = "refmodel", *, batch_invariant: bool = False,

@@ -150,7 +150,7 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
     model's too; docs/tensor-parallel.md). A (prompt, seed) pair that repeats (two
     identical responses) is warned about."""
     from detsample.audit.running.rescore import ModelRescorer
-    from detsample.audit.analysis.semantics import Semantics
+    from detsample.audit.semantics import Semantics
     from detsample.errors import InvalidSamplingParams
 
     if num_sequences < 1:

@@ -14,22 +14,22 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 
-from detsample.audit.running.assemble import assemble
+from detsample.audit.inputs.assemble import assemble
 from detsample.audit.analysis.diagnose import MAX_TOKENS, Sequence, diagnose
 from detsample.audit.running.gates import check_gates
-from detsample.audit.reports.issues import AuditInputError, Issue, audit_file
+from detsample.audit.issues import AuditInputError, Issue, audit_file
 from detsample.audit.inputs.layout import OPENAI_COLUMNS, Layout, Resolved, resolve
 from detsample.audit.analysis.metrics import AuditAccumulator
 from detsample.audit.inputs.npz import NpzSource
 from detsample.audit.running.options import AuditOptions, options_of
 from detsample.audit.running.rescore import ModelRescorer, TPRescorer, semantics_of
-from detsample.audit.analysis.semantics import RAW, Semantics
+from detsample.audit.semantics import RAW, Semantics
 from detsample.audit.inputs.parquet import ParquetSource
 from detsample.audit.inputs.readers import (detect_format, iter_jsonl_chunks, iter_record_chunks,
                                             peek_jsonl_keys, split_jsonl)
 from detsample.audit.inputs.table import RawChunk, TableChunk, offsets_from_lengths
 from detsample.audit.inputs.torchfile import TorchSource
-from detsample.audit.inputs.validate import RescoreFn, stated_semantics, validate
+from detsample.audit.running.validate import RescoreFn, stated_semantics, validate
 from detsample.inputs import thread_problem
 from detsample.inputs.signals import children_ignore_ctrl_c
 

@@ -4,7 +4,7 @@
 tensors (any device; bfloat16 widened to float32 exactly) or numpy arrays of shape
 [B, R], and returns the same report :func:`detsample.audit.audit` gives for the same rows
 in a file: the batch goes through the same unpadding, validation and exact accumulators
-(:mod:`detsample.audit.running.assemble`). Nothing is copied into Python lists: each argument is
+(:mod:`detsample.audit.inputs.assemble`). Nothing is copied into Python lists: each argument is
 copied once to host memory as an array, in blocks of rows.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from detsample.audit.reports.issues import AuditInputError
+from detsample.audit.issues import AuditInputError
 from detsample.audit.inputs.layout import Layout, resolve
 from detsample.audit.analysis.metrics import AuditAccumulator
 from detsample.audit.running.options import AuditOptions, options_of

@@ -19,7 +19,7 @@ into a :class:`~detsample.audit.inputs.table.RawChunk` (the audit's ragged colum
 A padded row and its ragged twin give the same :class:`RawChunk`, so validation and every
 metric are the same (tested byte for byte on the JSON report). Structural contradictions
 (a column of the wrong shape, a mask that is 1 on padding, padding on both sides) are
-fatal :class:`~detsample.audit.reports.issues.AuditInputError` naming the file, the column, the
+fatal :class:`~detsample.audit.issues.AuditInputError` naming the file, the column, the
 layout and the row; bad values stay per-sequence issues, found by validation.
 """
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from detsample.audit.reports.issues import AuditInputError, Issue
+from detsample.audit.issues import AuditInputError, Issue
 from detsample.audit.inputs.layout import LIST_COLUMNS, SEMANTICS_COLUMNS, Resolved
 from detsample.audit.inputs.table import (Padded, PerRow, Ragged, RawChunk, TableChunk, ones_run,
                                           slice_rows, unpad, window_mask)

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import BinaryIO
 
 from detsample.audit.running.gates import ExclusionLimit, exclusion_failure, no_tokens_failure
-from detsample.audit.reports.issues import AuditInputError
+from detsample.audit.issues import AuditInputError
 from detsample.audit.inputs.values import count_of, number_of
 from detsample.inputs import LOG_LINE_BYTES, file_problem, loads, read_line
 from detsample.audit.analysis.metrics import RATIO_QUANTILE_KEYS
@@ -111,7 +111,7 @@ class AuditLog:
                       trainer_logprobs: object, mask: object = None, *, step: int | None = None,
                       **kwargs: object) -> dict:
         """Audit one padded batch (:func:`detsample.audit.from_tensors`) and log it."""
-        from detsample.audit.inputs.tensors import from_tensors
+        from detsample.audit.running.tensors import from_tensors
 
         report = from_tensors(response_ids, engine_logprobs, trainer_logprobs, mask, **kwargs)
         self.append(report, step)

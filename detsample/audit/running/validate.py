@@ -1,7 +1,8 @@
 """Validation of parsed audit chunks: every bad sequence is named and excluded, never dropped.
 
-:func:`validate` turns a :class:`~detsample.audit.inputs.table.RawChunk` into an :class:`AuditBatch`
-holding only the valid sequences, plus one :class:`~detsample.audit.reports.issues.Issue` per excluded
+:func:`validate` turns a :class:`~detsample.audit.inputs.table.RawChunk` into an
+:class:`~detsample.audit.inputs.table.AuditBatch`
+holding only the valid sequences, plus one :class:`~detsample.audit.issues.Issue` per excluded
 sequence (its first problem, in the order of the checks below). Checks, vectorised over
 the chunk's columns:
 
@@ -24,47 +25,24 @@ the chunk's columns:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
-from detsample.audit.reports.issues import Issue
+from detsample.audit.issues import Issue
 from detsample.audit.inputs.layout import SEMANTICS_COLUMNS
 from detsample.audit.running.rescore import RescoreModelError, semantics_of
-from detsample.audit.analysis.semantics import RAW, Semantics
+from detsample.audit.semantics import RAW, Semantics
 from detsample.errors import InvalidSamplingParams
-from detsample.audit.inputs.table import RawChunk, offsets_from_lengths
+from detsample.audit.inputs.table import AuditBatch, RawChunk, offsets_from_lengths
 from detsample.audit.inputs.values import kind_problems, value_message
 
 RescoreFn = Callable[[list[int], list[int]], "np.ndarray | list[float]"]
 
 
-@dataclass
-class AuditBatch:
-    """Valid sequences of one chunk, with one shared offsets array.
-
-    offsets: int64 [S+1]; response_ids: int64 [T]; engine, trainer: float [T] (their own
-    dtypes, compared after promotion to a common dtype); mask: bool [T]; lines: int64 [S].
-    """
-
-    source: str
-    unit: str
-    ids: list[str]
-    lines: np.ndarray
-    offsets: np.ndarray
-    response_ids: np.ndarray
-    engine: np.ndarray
-    trainer: np.ndarray
-    mask: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
 def stated_semantics(raw: RawChunk, base: Semantics, bad: dict[int, Issue]
                      ) -> dict[int, Semantics]:
     """Row -> its semantics (``base`` with the row's stated fields,
-    :meth:`~detsample.audit.analysis.semantics.Semantics.with_row`) for the rows of ``raw`` that
+    :meth:`~detsample.audit.semantics.Semantics.with_row`) for the rows of ``raw`` that
     state any; a bad value excludes its row (``bad_semantics``, the field and the value
     named; recorded in ``bad``). Rows already excluded are skipped."""
     cols = [(c, raw.row_values[c]) for c in SEMANTICS_COLUMNS if c in raw.row_values]

@@ -29,7 +29,7 @@ class RowTables:
         return len(self.tokens) >= MAX_TOKEN_ROWS and len(self.sequences) >= MAX_SEQUENCE_ROWS
 
     def update(self, b) -> None:
-        """Add the valid sequences of one :class:`~detsample.audit.inputs.validate.AuditBatch`
+        """Add the valid sequences of one :class:`~detsample.audit.inputs.table.AuditBatch`
         (only as many as the tables still take are read)."""
         for i in range(len(b)):
             if self.full():
