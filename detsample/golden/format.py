@@ -313,7 +313,7 @@ def decode_lenient(texts: Mapping[str, str]) -> tuple[ScenarioOutput, dict[str, 
         if a != r[2]:
             raise GoldenFormatError(f"line {i}: {TOKENS} says {a!r} but {LOGPROBS} says {r[2]!r}")
     split = [_split_label(lab, f"{TOKENS}:{i}") for i, lab in enumerate(labels, 1)]
-    tokens, bits32, problems = _ids_and_bits(LOGPROBS, [r[0] for r in trows], lrows, 0)
+    tokens, bits32, problems = _ids_and_bits((TOKENS, LOGPROBS), [r[0] for r in trows], lrows, 0)
     counts, top_ids, top_bits, top_problems = _decode_top(texts.get(TOP_LOGPROBS, ""), labels)
     out = ScenarioOutput(rids=tuple(s[0] for s in split),
                          positions=np.array([s[1] for s in split], dtype="<i8"),
@@ -338,20 +338,34 @@ def _decode_top(text: str, labels: list[str]) -> tuple[np.ndarray, np.ndarray, n
                                     f"{TOKENS}, in order, got {r[3]!r}")
         last = entry
         counts[entry] += 1
-    ids, bits32, problems = _ids_and_bits(TOP_LOGPROBS, [r[0] for r in rows], rows, 1)
+    ids, bits32, problems = _ids_and_bits((TOP_LOGPROBS, TOP_LOGPROBS), [r[0] for r in rows],
+                                          rows, 1)
     return counts, ids, bits32, problems
 
 
-def _ids_and_bits(fname: str, ids: list[str], rows: list[list[str]], col: int
-                  ) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Token ids (decimal text) -> int64, and the float32 bits of ``rows`` (hex in
-    column ``col``, its decimal in ``col + 1``) -> uint32, with a problem message per
-    decimal that disagrees with its bits."""
+def _ints(fname: str, texts: list[str], base: int, dtype: str) -> np.ndarray:
+    """Integer texts (one per line of ``fname``) -> an array of ``dtype``; a text that is
+    not an integer, or does not fit, raises naming the file, the line and the text."""
     try:
-        tok = np.array([int(t) for t in ids], dtype="<i8")
-        bits = np.array([int(r[col], 16) for r in rows], dtype=np.uint64)
-    except (ValueError, OverflowError) as e:
-        raise GoldenFormatError(f"{fname}: non-integer value in golden text ({e})") from None
+        return np.array([int(t, base) for t in texts], dtype=dtype)
+    except (ValueError, OverflowError):
+        for i, t in enumerate(texts, 1):
+            try:
+                np.array([int(t, base)], dtype=dtype)
+            except (ValueError, OverflowError) as e:
+                raise GoldenFormatError(f"{fname}:{i}: not an {np.dtype(dtype).name} in golden text: "
+                                        f"{t[:40]!r} ({e})") from None
+        raise
+
+
+def _ids_and_bits(fnames: tuple[str, str], ids: list[str], rows: list[list[str]], col: int
+                  ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Token ids (decimal text, from the file ``fnames[0]``) -> int64, and the float32
+    bits of ``rows`` (of ``fnames[1]``: hex in column ``col``, its decimal in ``col + 1``)
+    -> uint32, with a problem message per decimal that disagrees with its bits."""
+    tok = _ints(fnames[0], ids, 10, "<i8")
+    fname = fnames[1]
+    bits = _ints(fname, [r[col] for r in rows], 16, "<u8")
     if bits.size and int(bits.max()) > 0xFFFFFFFF:
         raise GoldenFormatError(f"{fname}: bits must fit in uint32")
     bits32 = bits.astype("<u4")

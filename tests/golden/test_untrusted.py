@@ -101,6 +101,25 @@ def test_a_bad_byte_is_a_corrupt_line_naming_file_and_line(goldens, capsys, fnam
     assert "2 of 3 scenarios bit-identical" in out
 
 
+@pytest.mark.parametrize("fname,col,value,kind", [
+    ("tokens.txt", 0, "99999999999999999999999", "int64"),
+    ("logprobs.txt", 0, "1ffffffffffffffffff", "uint64"),
+])
+def test_a_bad_integer_names_its_own_file_and_line(goldens, capsys, fname, col, value, kind):
+    """The bug: an id overflowing int64 in tokens.txt was reported as a "non-integer value"
+    of logprobs.txt, with no line."""
+    root, store = goldens
+    path = store.scenario_dir("random.min_p") / fname
+    lines = path.read_text().splitlines(keepends=True)
+    words = lines[2].split(" ")
+    words[col] = value
+    lines[2] = " ".join(words)
+    path.write_text("".join(lines))
+    rc, out = _run(capsys, "verify", root)
+    assert rc == 1 and (f"[CORRUPT] random.min_p: golden files are corrupt: {fname}:3: not an "
+                        f"{kind} in golden text: '{value}'") in out, out
+
+
 def test_invalid_json_names_the_line(goldens, capsys):
     root, store = goldens
     path = store.scenario_dir("random.top_k") / "manifest.json"
