@@ -163,8 +163,26 @@ class GoldenStore:
         return sorted({p.parent.name for f in ALL_FILES for p in self.platform_dir.glob(f"*/{f}")})
 
     def missing_platform_message(self) -> str:
+        unreadable = self._unreadable()
+        if unreadable:  # there may be goldens: never advise creating them over it
+            return (f"GOLDEN FILES UNREADABLE for platform {self.fingerprint!r}: "
+                    f"{self.platform_dir} cannot be read ({unreadable}) - this is NOT a pass; "
+                    f"make the folder readable (or give --golden-dir)")
         return (f"NO GOLDEN FILES for platform {self.fingerprint!r} under {self.root} - "
                 f"this is a skip, NOT a pass; {UPDATE_HINT}")
+
+    def _unreadable(self) -> str | None:
+        """Why the platform folder (or the root above it) exists but cannot be listed
+        (``glob`` sees such a folder as empty), or None."""
+        for d in (self.root, self.platform_dir):
+            try:
+                with os.scandir(d):
+                    pass
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                return exc.strerror or str(exc)
+        return None
 
     # -- reading ---------------------------------------------------------------------
     def load(self, name: str) -> tuple[ScenarioOutput, dict[str, Any]]:

@@ -343,3 +343,27 @@ def test_a_golden_root_that_is_not_a_folder_is_a_usage_error(tmp_path, capsys, h
     rc = run_bounded([*command, "--golden-dir", str(root)], [root] if how == "fifo" else [])
     err = capsys.readouterr().err
     assert rc == 2 and f"golden root {root} is a" in err and "not a directory" in err, err
+
+
+def test_an_unreadable_golden_folder_is_not_called_missing(goldens, capsys, monkeypatch):
+    """The bug: a golden folder that cannot be listed looked empty to ``glob``, and verify
+    said "NO GOLDEN FILES ... create them" (regenerating over goldens that exist)."""
+    import os
+
+    root, store = goldens
+    real = os.scandir
+
+    def scandir(path="."):
+        if os.fspath(path) == os.fspath(store.platform_dir):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real(path)
+
+    real_glob = type(store.platform_dir).glob
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(type(store.platform_dir), "glob",
+                        lambda self, pat: iter(()) if self == store.platform_dir
+                        else real_glob(self, pat))
+    rc = main(["golden", "verify", *SEL, "--golden-dir", str(root)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "GOLDEN FILES UNREADABLE" in err and "Permission denied" in err, err
+    assert "create them" not in err
