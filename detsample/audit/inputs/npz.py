@@ -21,6 +21,7 @@ from detsample.audit.inputs.layout import COLUMN_KINDS, ROLES, Resolved
 from detsample.audit.inputs.readers import DEFAULT_CHUNK_TOKENS, ids_column
 from detsample.audit.inputs.values import kind_words, value_column
 from detsample.audit.inputs.table import Padded, PerRow, Ragged, TableChunk
+from detsample.audit.inputs.source import Source
 
 
 #: what zipfile, zlib and numpy's header parser raise on a damaged NPZ (an encrypted or
@@ -121,7 +122,7 @@ class _Members:
         return self._open[name]
 
 
-class NpzSource:
+class NpzSource(Source):
     """An NPZ audit input: column directory, shapes and offsets checked at :meth:`bind`."""
 
     def __init__(self, path: str) -> None:

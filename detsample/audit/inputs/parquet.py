@@ -15,8 +15,9 @@ from detsample.audit.issues import AuditInputError
 from detsample.audit.inputs.layout import ROLES, Resolved
 from detsample.audit.inputs.readers import arrow_is_list, arrow_to_table
 from detsample.audit.inputs.table import Padded, Ragged, TableChunk
+from detsample.audit.inputs.source import Source, row_shards
 
-class ParquetSource:
+class ParquetSource(Source):
     """A Parquet audit input: schema checked at :meth:`bind`, read by row groups."""
 
     def __init__(self, path: str) -> None:
@@ -39,6 +40,15 @@ class ParquetSource:
 
     def columns(self) -> list[str]:
         return list(self._names)
+
+    def shards(self, parts: int) -> list[tuple[int, int, int]]:
+        """Shards of whole row groups (a row group is read at once)."""
+        return row_shards(len(self.row_group_rows), parts)
+
+    def chunks(self, start: int, stop: int, first_line: int, chunk_tokens: int,
+               parser: str) -> Iterator[TableChunk]:
+        """The chunks of row groups [start, stop)."""
+        return self.iter_chunks(list(range(start, stop)), chunk_rows=max(chunk_tokens // 256, 64))
 
     def bind(self, resolved: Resolved) -> "ParquetSource":
         """Check the types of the columns ``resolved`` reads (fatal errors name the file

@@ -28,34 +28,19 @@ import numpy as np
 from detsample.audit.issues import AuditInputError, Issue, audit_file
 from detsample.audit.inputs.layout import (COLUMN_KINDS, LIST_COLUMNS, REQUIRED_COLUMNS, ROLES,
                                            Resolved)
+from detsample.audit.inputs.source import Source
 from detsample.audit.inputs.table import PerRow, Ragged, RawChunk, TableChunk
 from detsample.inputs import AUDIT_LINE_BYTES, loads, read_line
 from detsample.audit.inputs.values import (column_array, count_of, id_of, kind_words, plain_scalar,
                                            value_column, value_message)
 
-__all__ = ["AuditInputError", "COLUMN_KINDS", "DEFAULT_CHUNK_TOKENS", "Issue", "LIST_COLUMNS",
-           "REQUIRED_COLUMNS", "RawChunk", "arrow_to_table", "detect_format",
-           "iter_jsonl_chunks", "iter_record_chunks", "peek_jsonl_keys", "split_jsonl"]
+__all__ = ["AuditInputError", "COLUMN_KINDS", "DEFAULT_CHUNK_TOKENS", "Issue", "JsonlSource",
+           "LIST_COLUMNS", "REQUIRED_COLUMNS", "RawChunk", "arrow_to_table", "iter_jsonl_chunks", "iter_record_chunks", "peek_jsonl_keys", "split_jsonl"]
 
 DEFAULT_CHUNK_TOKENS = 1 << 18
 NEWLINE = b"\n"
 #: the response-side columns whose sizes measure a chunk (tokens per chunk)
 _SIZE_COLUMNS = ("response_ids", "input_ids")
-
-
-def detect_format(path: str) -> str:
-    """"jsonl", "npz", "parquet" or "pt" from the file name (".json"/".jsonl"/".ndjson" ->
-    jsonl; ".pt"/".pth" -> a torch file, read with ``weights_only=True``)."""
-    low = str(path).lower()
-    if low.endswith((".jsonl", ".ndjson", ".json", ".jsonl.txt")):
-        return "jsonl"
-    if low.endswith(".npz"):
-        return "npz"
-    if low.endswith((".parquet", ".pq")):
-        return "parquet"
-    if low.endswith((".pt", ".pth")):
-        return "pt"
-    raise AuditInputError(f"{path}: unknown input format (expected .jsonl, .npz, .parquet or .pt)")
 
 
 # --------------------------------------------------------------------------- records / JSONL
@@ -236,6 +221,30 @@ def _parse_json_lines(path: str, lines: list[tuple[int, bytes]]) -> Iterator[tup
                    f"invalid UTF-8: {exc}" if isinstance(exc, UnicodeDecodeError) else
                    f"invalid JSON: {exc}")
             yield k, Issue(path, k, "<line>", "bad_json", msg, "line")
+
+
+class JsonlSource(Source):
+    """A JSONL audit input (one record, or one OpenAI-compatible response, per line): its
+    columns are the first record's keys, its shards byte ranges on line boundaries."""
+
+    def __init__(self, path: str) -> None:
+        self.path = str(path)
+        self.resolved: Resolved | None = None
+
+    def columns(self) -> list[str]:
+        return peek_jsonl_keys(self.path)
+
+    def bind(self, resolved: Resolved) -> "JsonlSource":
+        self.resolved = resolved
+        return self
+
+    def shards(self, parts: int) -> list[tuple[int, int, int]]:
+        return split_jsonl(self.path, parts)
+
+    def chunks(self, start: int, stop: int, first_line: int, chunk_tokens: int,
+               parser: str) -> Iterator[TableChunk]:
+        return iter_jsonl_chunks(self.path, self.resolved, start, stop, first_line,
+                                 chunk_tokens, parser)
 
 
 def peek_jsonl_keys(path: str) -> list[str]:

@@ -26,6 +26,7 @@ from detsample.audit.inputs.layout import COLUMN_KINDS, ROLES, Resolved
 from detsample.audit.inputs.readers import DEFAULT_CHUNK_TOKENS, ids_column, iter_record_chunks
 from detsample.audit.inputs.values import column_array, count_of, kind_words, value_column
 from detsample.audit.inputs.table import Padded, PerRow, Ragged, TableChunk
+from detsample.audit.inputs.source import Source
 
 
 def to_numpy(t) -> np.ndarray:
@@ -131,7 +132,7 @@ def _plain(v: object) -> object:
     return to_numpy(v) if isinstance(v, torch.Tensor) else v
 
 
-class TorchSource:
+class TorchSource(Source):
     """A ``.pt`` audit input (columns or records), checked at :meth:`bind`."""
 
     def __init__(self, path: str) -> None:

@@ -20,15 +20,13 @@ from detsample.audit.running.gates import check_gates
 from detsample.audit.issues import AuditInputError, Issue, audit_file
 from detsample.audit.inputs.layout import OPENAI_COLUMNS, Layout, Resolved, resolve
 from detsample.audit.analysis.metrics import AuditAccumulator
-from detsample.audit.inputs.npz import NpzSource
 from detsample.audit.running.options import AuditOptions, options_of
 from detsample.audit.running.rescore import ModelRescorer, TPRescorer, semantics_of
 from detsample.audit.semantics import RAW, Semantics
-from detsample.audit.inputs.parquet import ParquetSource
-from detsample.audit.inputs.readers import (detect_format, iter_jsonl_chunks, iter_record_chunks,
-                                            peek_jsonl_keys, split_jsonl)
+from detsample.audit.inputs.formats import format_of
+from detsample.audit.inputs.readers import iter_record_chunks
+from detsample.audit.inputs.source import Source
 from detsample.audit.inputs.table import RawChunk, TableChunk, offsets_from_lengths
-from detsample.audit.inputs.torchfile import TorchSource
 from detsample.audit.running.validate import RescoreFn, stated_semantics, validate
 from detsample.inputs import thread_problem
 from detsample.inputs.signals import children_ignore_ctrl_c
@@ -49,24 +47,21 @@ class Shard:
     first_line: int = 1
 
 
-def open_source(path: str, layout: Layout):
-    """(reader, resolved layout) of one file; structural errors are fatal here, before any
-    shard runs. The reader is None for JSONL (read by byte ranges)."""
-    fmt = detect_format(audit_file(path))  # a FIFO or a device would block or never end
-    if layout.records == "openai":
-        if fmt != "jsonl":
-            raise AuditInputError(f"{path}: preset openai reads JSONL (one OpenAI-compatible "
-                                  f"response per line), got a .{fmt} file")
-        return None, resolve(layout, OPENAI_COLUMNS, path)
-    if fmt == "jsonl":
-        return None, resolve(layout, peek_jsonl_keys(path), path)
-    src = {"npz": NpzSource, "parquet": ParquetSource, "pt": TorchSource}[fmt](path)
+def open_source(path: str, layout: Layout) -> tuple[Source, Resolved]:
+    """(source, resolved layout) of one file, by the format table
+    (:data:`~detsample.audit.inputs.formats.FORMATS`); structural errors are fatal here,
+    before any shard runs, and close the source. The caller closes it (``with src:``)."""
+    fmt = format_of(audit_file(path))  # a FIFO or a device would block or never end
+    if layout.records == "openai" and fmt.name != "jsonl":
+        raise AuditInputError(f"{path}: preset openai reads JSONL (one OpenAI-compatible "
+                              f"response per line), got a .{fmt.name} file")
+    src = fmt.source(path)
     try:
-        resolved = resolve(layout, src.columns(), path)
+        names = OPENAI_COLUMNS if layout.records == "openai" else src.columns()
+        resolved = resolve(layout, names, path)
         src.bind(resolved)
     except BaseException:
-        if fmt == "npz":
-            src.close()
+        src.close()
         raise
     return src, resolved
 
@@ -77,20 +72,10 @@ def plan_shards(paths: list[str], parts: int, layout: Layout | None = None) -> l
     shards: list[Shard] = []
     for path in paths:
         path = os.fspath(path)
-        fmt = detect_format(audit_file(path))
         src, _ = open_source(path, layout)
-        if fmt == "jsonl":
-            shards += [Shard(fmt, path, a, b, line) for a, b, line in split_jsonl(path, parts)]
-            continue
-        if fmt == "parquet":  # shards of row groups
-            n = len(src.row_group_rows)
-        else:  # shards of rows
-            n = src.num_sequences
-            if fmt == "npz":
-                src.close()
-        cuts = sorted({n * k // parts for k in range(parts + 1)})
-        shards += [Shard(fmt, path, a, b) for a, b in zip(cuts[:-1], cuts[1:])] or \
-            [Shard(fmt, path, 0, 0)]
+        with src:
+            fmt = format_of(path).name
+            shards += [Shard(fmt, path, a, b, line) for a, b, line in src.shards(parts)]
     return shards
 
 
@@ -108,20 +93,11 @@ def consume(acc: AuditAccumulator, chunks: Iterable[TableChunk], resolved: Resol
 
 def _shard_chunks(shard: Shard, opts: AuditOptions) -> tuple[Iterator[TableChunk], Resolved]:
     src, resolved = open_source(shard.path, opts.layout)
-    if shard.fmt == "jsonl":
-        return iter_jsonl_chunks(shard.path, resolved, shard.start, shard.stop, shard.first_line,
-                                 opts.chunk_tokens, opts.jsonl_parser), resolved
 
     def chunks() -> Iterator[TableChunk]:
-        try:
-            if shard.fmt == "parquet":
-                yield from src.iter_chunks(list(range(shard.start, shard.stop)),
-                                           chunk_rows=max(opts.chunk_tokens // 256, 64))
-            else:
-                yield from src.iter_chunks(shard.start, shard.stop, opts.chunk_tokens)
-        finally:
-            if shard.fmt == "npz":
-                src.close()
+        with src:
+            yield from src.chunks(shard.start, shard.stop, shard.first_line, opts.chunk_tokens,
+                                  opts.jsonl_parser)
 
     return chunks(), resolved
 
