@@ -30,22 +30,41 @@ class RowTables:
 
     def update(self, b) -> None:
         """Add the valid sequences of one :class:`~detsample.audit.inputs.table.AuditBatch`
-        (only as many as the tables still take are read)."""
-        for i in range(len(b)):
-            if self.full():
+        (only as many as the tables still take are read): the first sequences one by one
+        while the sequence table takes them, then only the sequences holding a differing
+        trained token (found for the whole batch at once: a batch of a million exact or
+        empty sequences costs one vector pass, not a million Python calls)."""
+        n, take = len(b), max(MAX_SEQUENCE_ROWS - len(self.sequences), 0)
+        for i in range(min(take, n)):
+            self._sequence(b, i)
+        if n <= take or len(self.tokens) >= MAX_TOKEN_ROWS:
+            return
+        for i in self._differing(b, take):
+            if len(self.tokens) >= MAX_TOKEN_ROWS:
                 return
             self._sequence(b, i)
+
+    def _bits_differ(self, e: np.ndarray, t: np.ndarray) -> tuple:
+        """(e, t) in the compare dtype and whether their bits differ (after promotion)."""
+        if self.compare_dtype is not None:
+            e, t = e.astype(self.compare_dtype), t.astype(self.compare_dtype)
+        common = np.result_type(e.dtype, t.dtype)
+        ec, tc = e.astype(common), t.astype(common)
+        return e, t, ec.view(f"u{common.itemsize}") != tc.view(f"u{common.itemsize}")
+
+    def _differing(self, b, start: int) -> list[int]:
+        """The sequences from ``start`` on with a trained token whose bits differ, in order."""
+        lo = int(b.offsets[start])
+        m = np.asarray(b.mask[lo:], dtype=bool)
+        differ = self._bits_differ(b.engine[lo:], b.trainer[lo:])[2] & m
+        tok = np.flatnonzero(differ) + lo
+        return np.unique(np.searchsorted(b.offsets, tok, side="right") - 1).tolist()
 
     def _sequence(self, b, i: int) -> None:
         lo, hi = int(b.offsets[i]), int(b.offsets[i + 1])
         m = np.asarray(b.mask[lo:hi], dtype=bool)
         pos = np.flatnonzero(m)
-        e, t = b.engine[lo:hi][m], b.trainer[lo:hi][m]
-        if self.compare_dtype is not None:
-            e, t = e.astype(self.compare_dtype), t.astype(self.compare_dtype)
-        common = np.result_type(e.dtype, t.dtype)
-        ec, tc = e.astype(common), t.astype(common)
-        differ = ec.view(f"u{common.itemsize}") != tc.view(f"u{common.itemsize}")
+        e, t, differ = self._bits_differ(b.engine[lo:hi][m], b.trainer[lo:hi][m])
         d = t.astype(np.float64) - e.astype(np.float64)
         where = {"id": b.ids[i]}  # the id only: the same rows from every format
         if len(self.sequences) < MAX_SEQUENCE_ROWS:
