@@ -60,3 +60,13 @@ def test_a_batch_of_exact_sequences_reads_only_the_first_ones(monkeypatch):
     t = R.RowTables(None)
     t.update(b)
     assert calls == list(range(R.MAX_SEQUENCE_ROWS)) and not t.tokens
+
+
+def test_differing_sequences_past_the_table_are_read_once_in_order():
+    b = _batch([2] * 400, 0, 0.0, 0.0, np.float64)
+    for seq in (5, 300, 399):
+        b.trainer[b.offsets[seq] + 1] -= 1.0
+    t = R.RowTables(None)
+    t.update(b)
+    assert [(r["id"], r["position"]) for r in t.tokens] == [("s5", 1), ("s300", 1), ("s399", 1)]
+    assert len(t.sequences) == R.MAX_SEQUENCE_ROWS
