@@ -31,11 +31,17 @@ CHANNELS = (5, 77)                      # the massive residual channels
 SIDES = ("default", "verified", "portable")
 
 
-def massive_llama(scale: float, seed: int = 3) -> torch.nn.Module:
-    """A float32 Llama (:data:`CONFIG`) whose residual channels :data:`CHANNELS` are
-    ``scale`` x larger from layer 1 on (layer 0's ``down_proj`` rows scaled)."""
+def massive_llama(scale: float, seed: int = 3, **config) -> torch.nn.Module:
+    """A float32 Llama (:data:`CONFIG`, or ``config``) whose residual channels
+    :data:`CHANNELS` are ``scale`` x larger from layer 1 on (:func:`make_massive_`)."""
     from detsample.models.tiny import build_hf
-    model = build_hf("llama", seed, **CONFIG)
+    return make_massive_(build_hf("llama", seed, **(config or CONFIG)), scale)
+
+
+def make_massive_(model: torch.nn.Module, scale: float) -> torch.nn.Module:
+    """Scale the rows of layer 0's ``down_proj`` that write the residual channels
+    :data:`CHANNELS` by ``scale`` (in place): those channels are then ``scale`` x the
+    rest from layer 1 on, as a real LLM's massive activations are."""
     with torch.no_grad():
         for ch in CHANNELS:
             model.model.layers[0].mlp.down_proj.weight[ch] *= scale

@@ -80,3 +80,21 @@ def test_the_gated_delta_net_hybrid_runs_through_the_adapter(monkeypatch):
     timings = measure("qwen35", prefill_len=6, decode_batch=2, cache_len=5, rounds=1, threads=1)
     assert [t.workload for t in timings] == ["prefill 6 x 1", "decode 2 x cache 5"]
     assert all(set(t.seconds) == set(SIDES) and min(t.seconds.values()) > 0 for t in timings)
+
+
+def test_the_real_shape_model_has_massive_activations_and_cpu_times(monkeypatch):
+    """The real trained model's row (a 135M Llama's shapes, shrunk here): its massive
+    residual channels are there, and every timing carries the CPU time of its round."""
+    from detsample.benchmarks import accuracy
+    from detsample.benchmarks import invariant as bench
+    monkeypatch.setattr(bench, "REAL", dict(bench.REAL, vocab_size=256, num_hidden_layers=2,
+                                            hidden_size=144, intermediate_size=128))
+    m = build("real", "default")
+    w = m.module.model.layers[0].mlp.down_proj.weight
+    rest = w.abs().mean(dim=1)
+    for ch in accuracy.CHANNELS:
+        assert rest[ch] > 50 * rest.median()
+    timings = measure("real", prefill_len=6, decode_batch=2, cache_len=5, rounds=1, threads=1)
+    assert all(t.cpu is not None and set(t.cpu) == set(SIDES) and t.cpu["default"] > 0
+               for t in timings)
+    assert "CPU portable / default" in table(timings)
