@@ -434,6 +434,11 @@ def ids_column(values: list, id_col: str, source: str, unit: str, lines: np.ndar
     """The ids of a typed column (Parquet, NPZ, tensors, lists) by :func:`id_of`, the rule
     JSONL follows too: a null, a float or a bool excludes its row (``bad_type``), recorded
     in ``flagged``."""
+    kinds = set(map(type, values))
+    if kinds <= {str}:  # the common columns, whole (the rule's result without a call a row)
+        return list(values)
+    if kinds <= {int}:
+        return list(map(str, values))
     out = []
     for k, x in enumerate(values):
         rid, why = id_of(x)
