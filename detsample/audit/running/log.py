@@ -33,12 +33,15 @@ from detsample.audit.reports.issues import AuditInputError
 from detsample.audit.inputs.values import count_of, number_of
 from detsample.inputs import LOG_LINE_BYTES, file_problem, loads, read_line
 from detsample.audit.analysis.metrics import RATIO_QUANTILE_KEYS
-from detsample.audit.reports.report import figure, fmt_value
+from detsample.audit.reports.report import figure, fmt_value, save_figure
+from detsample.outputs import write_file
 
 #: per-step scalars of a row, in the order the summary prints them
 LOG_METRICS = ("tokens", "exact_match_fraction", "mismatch_fraction", "mean_abs_diff",
                "max_abs_diff", "k3_kl_mean", "abs_diff_p99")
 LOG_PLOT = "metrics_over_steps.png"
+#: the files ``write_log_report`` writes into its folder
+LOG_REPORT_FILES = (LOG_PLOT, "index.html")
 
 
 def _finite(v: object) -> object:
@@ -290,7 +293,7 @@ def write_log_plot(rows: Sequence[dict], path: str) -> str:
     for a in ax.ravel():
         a.set_xlabel("training step")
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     return path
 
 
@@ -306,11 +309,10 @@ def write_log_report(rows: Sequence[dict], out_dir: str) -> str:
         for r in rows)
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
     page = os.path.join(out_dir, "index.html")
-    with open(page, "w", encoding="utf-8") as f:
-        f.write("<!doctype html><html><head><meta charset='utf-8'><title>detsample audit-log"
-                "</title><style>body{font-family:sans-serif;margin:2em}table{border-collapse:"
-                "collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style>"
-                f"</head><body><h1>detsample audit-log</h1><img src='{LOG_PLOT}'>"
-                f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-                "<p>Metric definitions: docs/audit.md.</p></body></html>\n")
+    write_file(page, "<!doctype html><html><head><meta charset='utf-8'><title>detsample "
+               "audit-log</title><style>body{font-family:sans-serif;margin:2em}table{border-"
+               "collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:"
+               f"right}}</style></head><body><h1>detsample audit-log</h1><img src='{LOG_PLOT}'>"
+               f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+               "<p>Metric definitions: docs/audit.md.</p></body></html>\n", "--report")
     return page
