@@ -152,11 +152,40 @@ def row_problem(row: object) -> str | None:
     return None
 
 
+#: slack of a sum of two fractions of one count (each rounded once to a float)
+_FRACTION_SLACK = 1e-9
+
+
+def row_contradiction(row: dict) -> str | None:
+    """Why the fields of a valid row (:func:`row_problem`) contradict each other, or None: a
+    gate must never pass on numbers that cannot all be true. Tokens need sequences; no
+    token means no metric; a bitwise-equal token has d == 0, so exact matches and tokens
+    with d != 0 are disjoint (their fractions sum to at most 1); |d| > 0 somewhere means a
+    mismatching token; the max |d| bounds its mean and its p99."""
+    exact, mism, top = row["exact_match_fraction"], row["mismatch_fraction"], row["max_abs_diff"]
+    if row["sequences"] == 0 and row["tokens"] > 0:
+        return f"sequences 0 but tokens {row['tokens']}: tokens are audited in sequences"
+    if row["tokens"] == 0:
+        given = [k for k in _RANGES if row[k] is not None]
+        return f"tokens 0 but {given[0]} {row[given[0]]!r} (no token audited: null)" \
+            if given else None
+    if exact is not None and mism is not None and exact + mism > 1 + _FRACTION_SLACK:
+        return (f"exact_match_fraction {exact!r} and mismatch_fraction {mism!r} sum past 1 "
+                f"(a bitwise-equal token has d == 0)")
+    if top is not None and mism is not None and (top > 0) != (mism > 0):
+        return f"max_abs_diff {top!r} but mismatch_fraction {mism!r} (d != 0 iff |d| > 0)"
+    for key in ("mean_abs_diff", "abs_diff_p99"):
+        if top is not None and row[key] is not None and row[key] > top:
+            return f"{key} {row[key]!r} above max_abs_diff {top!r}"
+    return None
+
+
 def read_log(path: str) -> list[dict]:
     """The rows of an audit log, in file order. The file must be a regular file
     (:func:`detsample.inputs.input_file`), a line at most ``LOG_LINE_BYTES``; a bad line
-    (invalid JSON, a missing field, a value out of its range: :func:`row_problem`) is an
-    AuditInputError naming the line, the field and the value. Blank lines are skipped.
+    (invalid JSON, a missing field, a value out of its range: :func:`row_problem`; fields
+    that contradict each other: :func:`row_contradiction`) is an AuditInputError naming the
+    line, the fields and the values. Blank lines are skipped.
     ``path`` "-" reads stdin (named ``<stdin>``)."""
     if path == "-":  # stdin: a pipe is read as it comes, line by line, each line bounded
         return _read_rows(sys.stdin.buffer, "<stdin>")
@@ -189,7 +218,7 @@ def _read_rows(f: BinaryIO, path: str) -> list[dict]:
         except ValueError as exc:
             why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
             raise AuditInputError(f"{path}:line {k}: invalid JSON: {why}") from None
-        problem = row_problem(row)
+        problem = row_problem(row) or row_contradiction(row)
         if problem:
             raise AuditInputError(f"{path}:line {k}: {problem}")
         rows.append(row)
