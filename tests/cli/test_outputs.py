@@ -1,5 +1,5 @@
-"""What the commands write (the output layer, detsample/outputs) and the silent passes of
-issue 46, each reproduction as the issue gives it.
+"""What the commands write (the output layer, detsample/outputs) and the silent passes that
+came with it, each reproduction as the bug report gave it.
 
 Bugs pinned: ``audit r.jsonl --json r.jsonl``, ``audit-log a.jsonl --json a.jsonl`` and
 ``rollout p.jsonl --prompts p.jsonl`` replaced their input by the output (exit 0); a
