@@ -9,17 +9,19 @@ replaces ``sys.stdout`` and ``sys.stderr`` by :class:`QuietStream` wrappers:
   "a gate failed");
 * text the stream's encoding cannot spell (a non-UTF-8 file name, decoded by Python with
   surrogate escapes, on a strict UTF-8 stdout) is written with backslash escapes;
-* with ``data=True`` (``--json -``), ``sys.stdout`` is stderr for the whole command: a
-  user's factory that prints "loading weights" cannot corrupt the JSON, which the command
-  writes to :func:`data_stdout`, the real stdout.
+* with ``data=True`` (``--json -``), ``sys.stdout`` is stderr for the whole command (and
+  so is file descriptor 1, where stdout is one: worker processes and C code inherit it):
+  a user's factory that prints "loading weights" cannot corrupt the JSON, which the
+  command writes to :func:`data_stdout`, the real stdout.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 
@@ -91,13 +93,43 @@ def _silence_fd(stream: QuietStream) -> None:
         pass
 
 
+def _fileno(stream: Any) -> int | None:
+    try:
+        return stream.fileno()
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _data_stream(stdout: Any, stderr: Any) -> tuple[QuietStream, Callable[[], None]]:
+    """The real stdout for data, and how to undo: where both streams are descriptors, fd 1
+    is pointed at stderr too (a worker process or C code of a user's model writing to
+    fd 1 lands on stderr) and the data goes to a duplicate of the old fd 1."""
+    out_fd, err_fd = _fileno(stdout), _fileno(stderr)
+    if out_fd is None or err_fd is None or out_fd == err_fd:
+        return QuietStream(stdout), lambda: None
+    with contextlib.suppress(OSError, ValueError):
+        stdout.flush()
+    saved = os.dup(out_fd)
+    os.dup2(err_fd, out_fd)
+    data = QuietStream(io.TextIOWrapper(os.fdopen(saved, "wb"), encoding="utf-8",
+                                        errors="backslashreplace"))
+
+    def restore() -> None:
+        data.flush()
+        os.dup2(saved, out_fd)
+        with contextlib.suppress(OSError, ValueError):
+            data.inner.close()
+    return data, restore
+
+
 @contextlib.contextmanager
 def guarded_streams(data: bool = False) -> Iterator[None]:
     """``sys.stdout`` / ``sys.stderr`` as :class:`QuietStream` inside the block (with
-    ``data``: ``sys.stdout`` is stderr, the real stdout is :func:`data_stdout`); both are
-    restored after it."""
+    ``data``: ``sys.stdout`` is stderr, and so is fd 1 where stdout is a descriptor; the
+    real stdout is :func:`data_stdout`); both are restored after it."""
     saved = sys.stdout, sys.stderr
-    out, err = QuietStream(sys.stdout), QuietStream(sys.stderr)
+    err = QuietStream(sys.stderr)
+    out, restore = _data_stream(*saved) if data else (QuietStream(sys.stdout), lambda: None)
     sys.stdout, sys.stderr = (err if data else out), err
     _DATA.append(out)
     try:
@@ -106,7 +138,9 @@ def guarded_streams(data: bool = False) -> Iterator[None]:
         _DATA.pop()
         out.flush()
         err.flush()
+        if out.broken:
+            _silence_fd(out)
+        restore()
         sys.stdout, sys.stderr = saved
-        for s in (out, err):
-            if s.broken and s.inner is not None:
-                _silence_fd(s)
+        if err.broken and err.inner is not None:
+            _silence_fd(err)

@@ -226,3 +226,20 @@ def test_a_temperature_that_fails_every_row_is_refused_at_parse_time(tmp_path, c
     err = capsys.readouterr().err
     assert info.value.code == 2
     assert "temperature must be representable in float32 (finite, non-zero), got 1e-320" in err
+
+
+def test_a_factory_writing_to_fd_1_never_reaches_json_on_stdout(tmp_path):
+    (tmp_path / "fdfactory.py").write_text(
+        "import os\n"
+        "def make():\n"
+        "    os.write(1, b'loading weights (C code)\\n')\n"
+        "    from detsample.models import load_model\n"
+        "    return load_model('refmodel')\n")
+    r = tmp_path / "r.jsonl"
+    r.write_text(json.dumps({k: v for k, v in GOOD.items() if k != "trainer_logprobs"}) + "\n")
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
+    proc = subprocess.run([sys.executable, "-m", "detsample", "audit", str(r), "--rescore",
+                           "fdfactory:make", "--json", "-", "--quiet"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert json.loads(proc.stdout)["tokens"] == 2, proc.stdout
+    assert "loading weights (C code)" in proc.stderr

@@ -162,7 +162,8 @@ def row_contradiction(row: dict) -> str | None:
     token means no metric; a bitwise-equal token has d == 0, so exact matches and tokens
     with d != 0 are disjoint (their fractions sum to at most 1); |d| > 0 somewhere means a
     mismatching token; the max |d| bounds its mean and its p99."""
-    exact, mism, top = row["exact_match_fraction"], row["mismatch_fraction"], row["max_abs_diff"]
+    exact, mism, top = (_value(row, k) for k in ("exact_match_fraction", "mismatch_fraction",
+                                                  "max_abs_diff"))
     if row["sequences"] == 0 and row["tokens"] > 0:
         return f"sequences 0 but tokens {row['tokens']}: tokens are audited in sequences"
     if row["tokens"] == 0:
@@ -173,11 +174,18 @@ def row_contradiction(row: dict) -> str | None:
         return (f"exact_match_fraction {exact!r} and mismatch_fraction {mism!r} sum past 1 "
                 f"(a bitwise-equal token has d == 0)")
     if top is not None and mism is not None and (top > 0) != (mism > 0):
-        return f"max_abs_diff {top!r} but mismatch_fraction {mism!r} (d != 0 iff |d| > 0)"
+        return (f"max_abs_diff {row['max_abs_diff']!r} but mismatch_fraction {mism!r} "
+                f"(d != 0 iff |d| > 0)")
     for key in ("mean_abs_diff", "abs_diff_p99"):
-        if top is not None and row[key] is not None and row[key] > top:
-            return f"{key} {row[key]!r} above max_abs_diff {top!r}"
+        below = _value(row, key)
+        if top is not None and below is not None and below > top:
+            return f"{key} {row[key]!r} above max_abs_diff {row['max_abs_diff']!r}"
     return None
+
+
+def _value(row: dict, key: str) -> float | None:
+    """A valid row's metric as a float ("inf" read as infinity), or None when null."""
+    return None if row[key] is None else number_of(row[key], 0.0, math.inf)[0]
 
 
 def read_log(path: str) -> list[dict]:
