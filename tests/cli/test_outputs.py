@@ -243,3 +243,16 @@ def test_a_factory_writing_to_fd_1_never_reaches_json_on_stdout(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert json.loads(proc.stdout)["tokens"] == 2, proc.stdout
     assert "loading weights (C code)" in proc.stderr
+
+
+def test_check_json_among_the_goldens_is_refused_before_the_battery(tmp_path, capsys,
+                                                                   monkeypatch):
+    import detsample.checks.battery as battery
+
+    monkeypatch.setattr(battery, "run_battery", lambda *a, **k: pytest.fail("the battery ran"))
+    root = tmp_path / "g"
+    (root / "cpu").mkdir(parents=True)
+    out = root / "cpu" / "report.json"
+    assert main(["check", "--quick", "--golden-dir", str(root), "--json", str(out)]) == 2
+    line = one_error_line(capsys.readouterr().err, "check")
+    assert f"--json {out} is inside the input --golden-dir {root / 'cpu'}" in line, line
