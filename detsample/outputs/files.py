@@ -110,6 +110,24 @@ def write_file(path: str | os.PathLike[str], data, flag: str = "output") -> None
         raise OutputError(f"cannot write {flag} {_shown(p)}: {exc.strerror or exc}") from exc
 
 
+def append_file(path: str | os.PathLike[str], data: str | bytes, flag: str = "output") -> None:
+    """Append ``data`` to ``path`` (created if missing) whole or not at all: a failed or
+    interrupted write is cut back to the old size, so a log never ends in half a row. A
+    failure is an :class:`OutputError` naming ``flag``, the path and the reason."""
+    p = os.fspath(path)
+    try:
+        with open(p, "ab") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            try:
+                _put(fh, data)
+                fh.flush()
+            except BaseException:
+                fh.truncate(size)
+                raise
+    except OSError as exc:
+        raise OutputError(f"cannot write {flag} {_shown(p)}: {exc.strerror or exc}") from exc
+
+
 def _shown(path: str) -> str:
     return path.encode("utf-8", "backslashreplace").decode("utf-8")
 

@@ -136,3 +136,37 @@ def test_an_output_that_is_an_input_names_both_options_and_the_path(tmp_path):
     assert msg == (f"--json {tmp_path / 'h.jsonl'} is the input FILE {a}: writing it would "
                    f"destroy the input; give another path")
     assert output_input_clash([(tmp_path / "b.jsonl", "--json")], [(a, "FILE")]) is None
+
+
+@settings(max_examples=20, deadline=None)
+@given(old=st.binary(max_size=500), chunk=st.binary(min_size=1, max_size=200),
+       failure=st.sampled_from(FAILURES))
+def test_a_failed_append_is_cut_back_to_the_old_bytes(tmp_path_factory, old, chunk, failure):
+    """Bug pinned: AuditLog.append wrote in place; a failure mid-row left half a row."""
+    from detsample.outputs.files import _put
+
+    path = tmp_path_factory.mktemp("a") / "log.jsonl"
+    path.write_bytes(old)
+
+    def flaky(fh, data):
+        fh.write(chunk)
+        fh.flush()
+        raise failure
+
+    import detsample.outputs.files as files
+    real = files._put
+    files._put = flaky
+    try:
+        with pytest.raises((Boom, OSError, KeyboardInterrupt)):
+            files.append_file(path, b"row\n", "the audit log")
+    finally:
+        files._put = real
+    assert path.read_bytes() == old and _put is real
+
+
+def test_append_adds_whole_rows(tmp_path):
+    from detsample.outputs import append_file
+
+    append_file(tmp_path / "log.jsonl", "a\n")
+    append_file(tmp_path / "log.jsonl", b"b\n")
+    assert (tmp_path / "log.jsonl").read_text() == "a\nb\n"

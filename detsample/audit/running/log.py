@@ -34,7 +34,7 @@ from detsample.audit.inputs.values import count_of, number_of
 from detsample.inputs import LOG_LINE_BYTES, file_problem, loads, read_line
 from detsample.audit.analysis.metrics import RATIO_QUANTILE_KEYS
 from detsample.audit.reports.report import figure, fmt_value, save_figure
-from detsample.outputs import write_file
+from detsample.outputs import append_file, write_file
 
 #: per-step scalars of a row, in the order the summary prints them
 LOG_METRICS = ("tokens", "exact_match_fraction", "mismatch_fraction", "mean_abs_diff",
@@ -104,9 +104,7 @@ class AuditLog:
             raise ValueError(f"step must be an int, got {step!r}")
         row = log_row(report, step)
         line = json.dumps(row, allow_nan=False)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-            f.flush()
+        append_file(self.path, line + "\n", "the audit log")  # whole rows only
         self._next = step + 1
         return row
 
