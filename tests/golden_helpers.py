@@ -37,15 +37,15 @@ def snapshot(root) -> dict:
 def interrupt_staging_at(monkeypatch, n: int) -> None:
     """Make the golden store's n-th staged file write raise KeyboardInterrupt."""
     import detsample.golden.store as store_mod
-    real, calls = store_mod._stage, []
+    real, calls = store_mod.stage_file, []
 
-    def flaky(folder, fname, data):
-        calls.append(fname)
+    def flaky(path, data):
+        calls.append(path)
         if len(calls) == n:
             raise KeyboardInterrupt
-        return real(folder, fname, data)
+        return real(path, data)
 
-    monkeypatch.setattr(store_mod, "_stage", flaky)
+    monkeypatch.setattr(store_mod, "stage_file", flaky)
 
 
 def another_machine(monkeypatch) -> None:

@@ -22,7 +22,7 @@ PKG = Path(__file__).resolve().parents[1] / "detsample"
 TIERS: list[tuple[str, ...]] = [
     ("arith",),
     ("errors", "version", "rules", "probe.threads"),
-    ("params", "inputs"),
+    ("params", "inputs", "outputs"),
     ("rng",),
     ("ops", "kernels"),
     ("processors", "grammar", "invariant"),

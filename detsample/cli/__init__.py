@@ -8,6 +8,12 @@ file discovers and dispatches them, and holds the exit codes every command share
   ``detsample COMMAND: error:`` line naming the file, row, field or option and the value);
 * 130: interrupted by Ctrl-C (one line, no traceback).
 
+Every command runs inside :func:`detsample.outputs.guarded_streams`: a closed or broken
+stdout or stderr (``--json - | true``, ``>&-``) drops what is written to it and the command
+keeps its exit code; a name the stream cannot encode is written with backslash escapes;
+under ``--json -`` whatever the command (or a user's factory) prints goes to stderr and
+stdout holds the JSON alone.
+
 Before any command runs (and any torch kernel), ``ATEN_CPU_CAPABILITY`` must be unset,
 empty or exactly a set this CPU runs (:func:`detsample.golden.isa.forced_isa_problem`):
 torch would dispatch a forced set's kernels on a CPU that lacks it and die on an illegal
@@ -30,6 +36,7 @@ import sys
 from detsample.errors import DetsampleError, Interrupted
 from detsample.golden.isa import forced_isa_problem
 from detsample.inputs.signals import sigint_handler
+from detsample.outputs import guarded_streams, stdout_is_data
 
 #: the exit status of a command interrupted by Ctrl-C (128 + SIGINT, the shell's)
 EXIT_INTERRUPTED = 130
@@ -63,6 +70,11 @@ def _one_line(exc: BaseException) -> str:
 
 def run_command(args: argparse.Namespace) -> int:
     """``args.func(args)`` with the shared exit codes (module docstring)."""
+    with guarded_streams(data=stdout_is_data(args)):  # never a traceback from a stream
+        return _run_guarded(args)
+
+
+def _run_guarded(args: argparse.Namespace) -> int:
     name = f"detsample {args.command}"
     try:
         return int(args.func(args) or 0)

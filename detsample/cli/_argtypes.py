@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 
+from detsample.inputs.numbers import parse_float, parse_int
+
 
 def positive_int(text: str) -> int:
     """An int >= 1, else an argparse error naming the value."""
-    v = int(text)
+    v = parse_int(text)
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
     return v
@@ -20,7 +22,7 @@ def thread_count(text: str) -> int:
     from detsample.inputs import thread_problem
 
     try:
-        v = int(text)
+        v = parse_int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
     problem = thread_problem(v)
@@ -49,7 +51,7 @@ def seed_span_problem(seed: int, count: int) -> str | None:
 
 def nonneg_float(text: str) -> float:
     """A float >= 0 (NaN refused), else an argparse error naming the value."""
-    v = float(text)
+    v = parse_float(text)
     if not v >= 0.0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return v
@@ -57,25 +59,30 @@ def nonneg_float(text: str) -> float:
 
 def finite_nonneg_float(text: str) -> float:
     """A finite float >= 0 (NaN and infinity refused), else an argparse error naming it."""
-    v = float(text)
+    v = parse_float(text)
     if not 0.0 <= v < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return v
 
 
 def sampling_field(name: str, convert=float):
-    """An argparse type for the SamplingParams field ``name``: the value is converted and
-    checked by SamplingParams itself (the one place its rules live), at parse time."""
+    """An argparse type for the SamplingParams field ``name``: the value is spelt plainly
+    (:mod:`detsample.inputs.numbers`) and checked by SamplingParams and by the request's
+    float32 rules (:func:`detsample.params.validation.check_float32`: the one place its
+    rules live), at parse time: ``--temperature 1e-320`` never fails every row later."""
+    convert = {float: parse_float, int: parse_int}.get(convert, convert)
+
     def parse(text: str):
         from detsample.errors import InvalidSamplingParams
         from detsample.params import SamplingParams
+        from detsample.params.validation import check_float32
 
         try:
             v = convert(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
         try:
-            SamplingParams(**{name: v})
+            check_float32("", SamplingParams(**{name: v}))
         except InvalidSamplingParams as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
         return v
@@ -86,7 +93,7 @@ def sampling_field(name: str, convert=float):
 
 def positive_finite(text: str) -> float:
     """A finite float > 0, else an argparse error naming the value."""
-    v = float(text)
+    v = parse_float(text)
     if not 0.0 < v < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return v
@@ -107,7 +114,7 @@ def rollout_rs(text: str) -> str | None:
 
 def fraction(text: str) -> float:
     """A float in [0, 1], else an argparse error naming the value."""
-    v = float(text)
+    v = parse_float(text)
     if not 0.0 <= v <= 1.0:
         raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
     return v
@@ -116,7 +123,7 @@ def fraction(text: str) -> float:
 def positive_int_list(text: str) -> list[int]:
     """Comma-separated ints >= 1 ("1,8,64"), else an argparse error naming the value."""
     try:
-        values = [int(t) for t in text.split(",")]
+        values = [parse_int(t.strip()) for t in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be integers separated by commas, got {text}") \
             from None

@@ -10,8 +10,9 @@ here (the command creates the missing folders when it writes).
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
+
+from detsample.outputs import OutputError, data_stdout, output_input_clash, write_file
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -56,18 +57,29 @@ def output_problems(*specs: tuple[str | os.PathLike[str] | None, str, str]) -> l
     return [m for m in (output_problem(*s) for s in specs) if m]
 
 
+def report_clash(args: object, inputs: list[tuple[str, str]],
+                 report_files: tuple[str, ...]) -> str | None:
+    """The usage error of ``--json`` or a file ``--report DIR`` writes (``report_files``)
+    being one of ``inputs`` (``(path, option)`` pairs), or None."""
+    outputs = [(getattr(args, "json", None), "--json")]
+    report = getattr(args, "report", None)
+    if report:
+        outputs += [(os.path.join(report, f), f"--report {report}:") for f in report_files]
+    return output_input_clash(outputs, inputs)
+
+
 def write_output(path: str | os.PathLike[str], text: str, flag: str) -> str | None:
-    """Write ``text`` to ``path`` (``-``: stdout; missing folders created); the failure as
-    one message naming ``flag``, the path and the reason (a full disk, ``/dev/full``), or
-    None when written."""
+    """Write ``text`` to ``path`` (``-``: the data stdout; a file: atomically, missing
+    folders created, :func:`detsample.outputs.write_file`); the failure as one message
+    naming ``flag``, the path and the reason (a full disk, ``/dev/full``), or None when
+    written."""
+    if str(path) == "-":
+        out = data_stdout()
+        out.write(text)
+        out.flush()
+        return None
     try:
-        if str(path) == "-":
-            sys.stdout.write(text)
-            sys.stdout.flush()
-            return None
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as exc:
-        return f"cannot write {flag} {path}: {exc.strerror or exc}"
+        write_file(path, text, flag)
+    except OutputError as exc:
+        return str(exc)
     return None

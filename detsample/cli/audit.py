@@ -13,7 +13,8 @@ from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, add_semantics_options,
                                      max_excluded, model_spec, nonneg_float, portable_without_mode,
                                      positive_finite, positive_int, rollout_rs, semantics_of,
                                      tp_needs_portable)
-from detsample.cli._outputs import output_problems, write_output
+from detsample.audit.reports.report import REPORT_FILES
+from detsample.cli._outputs import output_problems, report_clash, write_output
 from detsample.cli._progress import Progress
 from detsample.errors import DetsampleError
 
@@ -109,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
     from detsample.audit.running.rescore import ModelRescorer, TPRescorer
 
     problems = output_problems((args.json, "--json", "file"), (args.report, "--report", "dir"))
+    problems += [clash for clash in [report_clash(args, [(f, "FILE") for f in args.files],
+                                                  REPORT_FILES)] if clash]
     if problems:  # before any file is read: a long audit never ends in an unwritable path
         print(f"detsample audit: error: {problems[0]}", file=sys.stderr)
         return 2
@@ -130,10 +133,8 @@ def run(args: argparse.Namespace) -> int:
     failures = with_verdict(report, args.max_abs_diff, args.min_exact_match, args.max_excluded)
     report["provenance"] = provenance(opts, command=getattr(args, "command_line", None))
     text = to_json(report)
-    if args.json == "-":
-        sys.stdout.write(text)
-    if not args.quiet:
-        (sys.stderr if args.json == "-" else sys.stdout).write(format_summary(report))
+    if not args.quiet:  # on stderr under --json - (detsample.outputs.streams)
+        sys.stdout.write(format_summary(report))
     failed = _write_outputs(args, report, text)
     if failed:
         print(f"detsample audit: error: {failed}", file=sys.stderr)
@@ -191,7 +192,7 @@ def _write_outputs(args: argparse.Namespace, report: dict, text: str) -> str | N
     unwritable output is exit 2 naming the path, never a failed gate's exit 1)."""
     from detsample.audit.reports.report import write_report
 
-    failed = write_output(args.json, text, "--json") if args.json not in (None, "-") else None
+    failed = write_output(args.json, text, "--json") if args.json else None
     if not failed and args.report:
         try:
             print(f"report: {write_report(report, args.report)}", file=sys.stderr)

@@ -12,7 +12,7 @@ import json
 import sys
 
 from detsample.cli._argtypes import fraction, max_excluded, nonneg_float
-from detsample.cli._outputs import output_problems, write_output
+from detsample.cli._outputs import output_problems, report_clash, write_output
 from detsample.errors import DetsampleError
 
 
@@ -42,10 +42,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from detsample.audit.reports.log import (check_log_gates, format_log_summary, read_log,
-                                     write_log_report)
+    from detsample.audit.reports.log import (LOG_REPORT_FILES, check_log_gates,
+                                             format_log_summary, read_log, write_log_report)
 
     problems = output_problems((args.json, "--json", "file"), (args.report, "--report", "dir"))
+    problems += [clash for clash in [report_clash(args, [(args.log, "PATH")],
+                                                  LOG_REPORT_FILES)] if clash]
     if problems:
         print(f"detsample audit-log: error: {problems[0]}", file=sys.stderr)
         return 2
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"detsample audit-log: error: {args.log}: no steps logged", file=sys.stderr)
         return 2
     if not args.quiet:
-        (sys.stderr if args.json == "-" else sys.stdout).write(format_log_summary(rows))
+        sys.stdout.write(format_log_summary(rows))  # stderr under --json -
     text = json.dumps(rows, indent=2) + "\n"
     failed = write_output(args.json, text, "--json") if args.json else None
     if not failed and args.report:

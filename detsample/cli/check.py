@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from detsample.golden import registry
     from detsample.checks.battery import run_battery
     from detsample.cli._outputs import output_problem, write_output
+    from detsample.outputs import output_inside_problem
     from detsample.golden.store import GoldenStore
     problem = output_problem(args.json, "--json")
     if problem:  # before the battery runs, not after it
@@ -79,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
         store = GoldenStore(args.golden_dir, device=args.device)
         for name in args.scenario or ():
             registry.get(name)
+        inside = output_inside_problem(args.json, "--json", store.platform_dir, "--golden-dir")
+        if inside:
+            raise ValueError(f"error: {inside}")
     except (ValueError, RuntimeError) as e:
         print(f"detsample check: {e}", file=sys.stderr)
         return 2

@@ -112,6 +112,9 @@ def _update(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
     except GoldenUpdateRefused as e:
         print(f"detsample golden update: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a read-only folder, a symlink loop, below a file, a size limit
+        print(f"detsample golden update: error: {_write_failure(store, e)}", file=sys.stderr)
+        return 2
     moved = [c for c in changes if c.kind is not ChangeKind.UNCHANGED]
     for c in moved:
         print(f"[{c.kind}] {c.report}")
@@ -127,6 +130,14 @@ def _update(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
     if moved:
         print("review with `git diff golden/` and commit the changes")
     return 0
+
+
+def _write_failure(store: Any, exc: OSError) -> str:
+    """One line naming the golden folder, the file and the reason of a failed write (no
+    golden file changed: each is staged, then renamed)."""
+    where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+    return (f"cannot write the goldens under {store.platform_dir}{where}: "
+            f"{exc.strerror or exc}; no golden file was changed")
 
 
 def _diff(args: argparse.Namespace, store: Any, selected: list[str]) -> int:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, portable_without_mode, thread_counts,
                                      tp_needs_portable, tp_sizes)
-from detsample.cli._outputs import output_problem
+from detsample.cli._outputs import output_problem, write_output
 from detsample.cli._progress import Progress
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
@@ -93,16 +92,9 @@ def _emit(report: Any, path: str | None) -> int | None:
     """Print the table and write ``--json``; 2 when the JSON cannot be written."""
     from detsample.probe.report import dumps
     text = dumps(report)
-    (sys.stderr if path == "-" else sys.stdout).write(report.table())
-    if path == "-":
-        sys.stdout.write(text)
-    elif path:
-        try:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(text)
-        except OSError as e:
-            return _error(f"cannot write --json {path}: {e}")
-    return None
+    sys.stdout.write(report.table())  # stderr under --json - (detsample.outputs.streams)
+    failed = write_output(path, text, "--json") if path else None
+    return _error(failed) if failed else None
 
 
 def run_ops(args: argparse.Namespace) -> int:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, model_spec, portable_without_mode,
                                      positive_int, sampling_field, seed_span_problem,
                                      tp_needs_portable)
 from detsample.cli._outputs import output_problem
 from detsample.cli._progress import Progress
+from detsample.outputs import OutputError, output_input_clash
 from detsample.params import LOGPROBS_MODES
 
 #: what ``detsample rollout`` writes (the audit also reads .pt, which rollout cannot write)
@@ -112,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
         print("detsample rollout: error: --draft-model and --num-speculative-tokens go "
               "together", file=sys.stderr)
         return 2
-    problem = output_problem(args.out, "OUT")
+    problem = output_problem(args.out, "OUT") or output_input_clash(
+        [(args.out, "OUT")], [(args.prompts, "--prompts"), (args.tokenizer, "--tokenizer")])
     if problem:  # before the engine runs
         print(f"detsample rollout: error: {problem}", file=sys.stderr)
         return 2
@@ -139,11 +140,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"detsample rollout: error: {exc}", file=sys.stderr)
         return 2
     writer = {"jsonl": write_jsonl, "npz": write_npz, "parquet": write_parquet}[fmt]
-    try:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        writer(from_records(records), args.out)
-    except OSError as exc:
-        print(f"detsample rollout: error: cannot write {args.out}: {exc}", file=sys.stderr)
+    try:  # atomically, at exactly OUT (detsample.outputs.write_file)
+        writer(from_records(records), args.out, flag="OUT")
+    except OutputError as exc:
+        print(f"detsample rollout: error: {exc}", file=sys.stderr)
         return 2
     tokens = sum(len(r["response_ids"]) for r in records)
     print(f"wrote {len(records)} sequences, {tokens} response tokens to {args.out}")

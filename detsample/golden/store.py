@@ -22,7 +22,6 @@ from __future__ import annotations
 import enum
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -31,6 +30,7 @@ import torch
 
 from detsample.errors import DetsampleError
 from detsample.inputs import file_kind
+from detsample.outputs.files import commit_file, stage_file
 from detsample.golden import isa
 from detsample.golden.fingerprint import (check_device, golden_key, platform_fingerprint,
                                           platform_info)
@@ -384,28 +384,9 @@ def input_changes(manifest: Mapping[str, Any], meta: Mapping[str, Any]) -> list[
             and json.loads(json.dumps(meta[k])) != manifest[k]]
 
 
-def _stage(folder: Path, fname: str, data: str | bytes) -> Path:
-    """Write ``data`` (text as UTF-8) to a fresh temporary file in ``folder`` (fsynced);
-    return its path."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{fname}.", suffix=".tmp", dir=folder)
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would make goldens private to one user
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return Path(tmp)
-
-
 def atomic_write(path: Path, data: str | bytes) -> None:
-    tmp = _stage(path.parent, path.name, data)
-    try:
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """One golden file, atomically (:func:`detsample.outputs.write_file`'s staging)."""
+    commit_file(stage_file(path, data), path)
 
 
 def replace_all(plans: list[tuple[Path, dict[str, str | bytes]]]) -> None:
@@ -413,17 +394,16 @@ def replace_all(plans: list[tuple[Path, dict[str, str | bytes]]]) -> None:
     staged under temporary names first (folders created), then moved into place with
     ``os.replace`` in the order given (put the manifest last). If anything fails before
     the moves, nothing changes; temporary files are always removed."""
-    staged: list[tuple[Path, Path]] = []
+    staged: list[tuple[str, Path]] = []
     try:
         for folder, files in plans:
-            folder.mkdir(parents=True, exist_ok=True)
             for f, data in files.items():
-                staged.append((_stage(folder, f, data), folder / f))
+                staged.append((stage_file(folder / f, data), folder / f))
         for tmp, final in staged:
-            os.replace(tmp, final)
+            commit_file(tmp, final)
     finally:
         for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)
+            Path(tmp).unlink(missing_ok=True)
 
 
 def verify_all(names: list[str] | None = None, device: str = "cpu",

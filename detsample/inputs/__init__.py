@@ -8,6 +8,7 @@ before anything reads or uses them.
 * ``jsontext``: JSON parsed with the nesting bounded (a structure deeper than the
   parser's limit is a named error, never a ``RecursionError``).
 * ``limits``: the size limits, and the thread counts the machine allows.
+* ``numbers``: numbers spelt plainly (``1_2_3``, `` 5 `` and non-ASCII digits refused).
 
 Every refusal is an :class:`InputError` naming the file (or option) and the value.
 """
@@ -17,9 +18,11 @@ from __future__ import annotations
 from detsample.inputs.files import (InputError, file_kind, file_problem, input_file,
                                     read_bounded, read_line)
 from detsample.inputs.jsontext import JSON_DEPTH_WHY, loads
+from detsample.inputs.numbers import parse_float, parse_int
 from detsample.inputs.limits import (AUDIT_LINE_BYTES, GOLDEN_FILE_BYTES, LOG_LINE_BYTES,
                                      max_threads, memory_problem, thread_problem)
 
 __all__ = ["AUDIT_LINE_BYTES", "GOLDEN_FILE_BYTES", "InputError", "JSON_DEPTH_WHY",
            "LOG_LINE_BYTES", "file_kind", "file_problem", "input_file", "loads", "max_threads",
-           "memory_problem", "read_bounded", "read_line", "thread_problem"]
+           "memory_problem", "parse_float", "parse_int", "read_bounded", "read_line",
+           "thread_problem"]

@@ -4,8 +4,9 @@
 (``vocab_size`` an integer >= 1, ``new_cache`` and ``forward`` callable) and every
 ``forward`` result is checked against the protocol (a list of one float tensor
 ``(len(chunks[b]), vocab_size)`` per row) before anything reads it. A result of the wrong
-type or shape is a :class:`ModelOutputError` naming the model and what came back, never
-an ``AttributeError`` deep inside the probe or the engine.
+type or shape, or with NaN or +inf logits (no distribution: a rollout would sample from
+the sanitising floor and exit 0), is a :class:`ModelOutputError` naming the model, the row
+and the position, never an ``AttributeError`` deep inside the probe or the engine.
 """
 
 from __future__ import annotations
@@ -73,6 +74,21 @@ class CheckedLM:
                     or tuple(o.shape) != (len(c), self.vocab_size):
                 raise ModelOutputError(f"model {self.spec!r}: forward returned {_what(o)} for "
                                        f"row {b} ({len(c)} tokens); expected {want}")
+            self._check_values(o, b, c)
+
+    def _check_values(self, logits: torch.Tensor, row: int, chunk: Sequence[int]) -> None:
+        """NaN or +inf logits are no distribution: every logprob sampled from them would be
+        made up (the sampler's sanitising floor), so they are the model's defect, named."""
+        bad = torch.isnan(logits) | (logits == float("inf"))
+        if not bool(bad.any()):
+            return
+        pos = int(bad.any(-1).nonzero()[0, 0])
+        what = "NaN" if bool(torch.isnan(logits[pos]).any()) else "+inf"
+        raise ModelOutputError(
+            f"model {self.spec!r}: the logits are not a distribution: forward returned {what} "
+            f"for row {row} at position {pos} of its {len(chunk)}-token chunk (input token "
+            f"{chunk[pos]}; {int(bad.any(-1).sum())} of {len(chunk)} positions have NaN or "
+            f"+inf logits)")
 
     @property  # type: ignore[misc]
     def __class__(self) -> type:  # a transparent proxy: isinstance(m, HFCausalLM) still holds

@@ -114,6 +114,19 @@ def ids_in_vocab(where: str, name: str, ids: Iterable[int], vocab_size: int) -> 
 _PENALTIES = ("frequency_penalty", "presence_penalty", "repetition_penalty")
 
 
+def check_float32(where: str, p: Any) -> None:
+    """The float32 rules of :func:`check_request` on the params ``p`` alone (the CLI's
+    option parsing runs them too, ``--temperature 1e-320`` refused at parse time): the
+    temperature (unless greedy), logit_bias values and penalties finite in float32, the
+    temperature and repetition penalty non-zero. Messages start with ``where``."""
+    if not p.is_greedy:  # a greedy row (top_k=1) never divides by its temperature
+        float32_finite(where, "temperature", p.temperature, nonzero=True)
+    for k, b in p.logit_bias or ():
+        float32_finite(where, f"logit_bias[{k}]", b)
+    for name in _PENALTIES:
+        float32_finite(where, name, getattr(p, name), nonzero=name == "repetition_penalty")
+
+
 def check_request(req: Any, vocab_size: int) -> None:
     """Every rule a request must meet to join a batch of ``vocab_size`` tokens.
 
@@ -125,12 +138,7 @@ def check_request(req: Any, vocab_size: int) -> None:
     """
     p = req.params
     where = f"request {req.rid!r}: "
-    if not p.is_greedy:  # a greedy row (top_k=1) never divides by its temperature
-        float32_finite(where, "temperature", p.temperature, nonzero=True)
-    for k, b in p.logit_bias or ():
-        float32_finite(where, f"logit_bias[{k}]", b)
-    for name in _PENALTIES:
-        float32_finite(where, name, getattr(p, name), nonzero=name == "repetition_penalty")
+    check_float32(where, p)
     ids_in_vocab(where, "prompt_ids", req.prompt_ids, vocab_size)
     ids_in_vocab(where, "output_ids", req.output_ids, vocab_size)
     ids_in_vocab(where, "stop_token_ids", p.stop_token_ids, vocab_size)

@@ -11,12 +11,11 @@ import hashlib
 import json
 import math
 import os
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from detsample.outputs import write_file
 from detsample.refmodel.config import (ACT_FRAC, GAIN_FRAC, W_FRAC, RefModelConfig,
                                        RefModelError)
 from detsample.refmodel.intops import exp_table
@@ -90,21 +89,15 @@ def expected_shapes(config: RefModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def save(path: str | os.PathLike, config: RefModelConfig, weights: dict[str, torch.Tensor]) -> None:
-    """Write ``weights`` and ``config`` to a safetensors file atomically (temp file + rename)."""
-    from safetensors.torch import save_file
+    """Write ``weights`` and ``config`` to a safetensors file atomically
+    (:func:`detsample.outputs.write_file`: temp file + rename)."""
+    from safetensors.torch import save as to_bytes
 
-    path = Path(path)
     # One metadata key: safetensors does not keep the order of several, and two saves of
     # the same model must be byte-identical files.
     meta = {META_KEY: json.dumps({"format": FORMAT, "config": config.to_dict()}, sort_keys=True)}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file({k: t.contiguous() for k, t in sorted(weights.items())}, tmp, metadata=meta)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    data = to_bytes({k: t.contiguous() for k, t in sorted(weights.items())}, metadata=meta)
+    write_file(path, data, "the reference model's weights")
 
 
 def load(path: str | os.PathLike) -> tuple[RefModelConfig, dict[str, torch.Tensor]]:

@@ -341,6 +341,30 @@ def _log_value_ok(key: str, v) -> bool:
     return 0 <= v <= (1 if key in _LOG_FRACTIONS else math.inf)
 
 
+def _metric(v) -> float | None:
+    return None if v is None else float(v)
+
+
+def _log_row_contradicts(row: dict) -> bool:
+    """The documented consistency rules (docs/audit.md), written out independently: tokens
+    need sequences, no token means null metrics, exact + mismatch <= 1, max |d| > 0 exactly
+    when the mismatch fraction is, max |d| bounds mean |d| and p99."""
+    m = {k: _metric(row[k]) for k in ("exact_match_fraction", "mismatch_fraction",
+                                      "mean_abs_diff", "max_abs_diff", "k3_kl_mean",
+                                      "abs_diff_p99")}
+    if row["tokens"] == 0:
+        return any(v is not None for v in m.values())
+    if row["sequences"] == 0:
+        return True
+    e, mis, top = m["exact_match_fraction"], m["mismatch_fraction"], m["max_abs_diff"]
+    if None not in (e, mis) and e + mis > 1 + 1e-9:
+        return True
+    if None not in (top, mis) and (top > 0) != (mis > 0):
+        return True
+    return top is not None and any(m[k] is not None and m[k] > top
+                                   for k in ("mean_abs_diff", "abs_diff_p99"))
+
+
 LOG_JUNK = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
                      st.floats(allow_nan=True, allow_infinity=True),
                      st.sampled_from(["abc", "inf", "-inf", "nan", "", "1"]),
@@ -363,6 +387,9 @@ def test_audit_log_values_follow_the_value_rule(tmp_path, capsys, key, value):
                "--min-exact-match", "0", "--max-k3", "1e9", "--max-mismatch", "1"])
     err = capsys.readouterr().err
     if _log_value_ok(key.removeprefix("ratio."), value):
+        if _log_row_contradicts(row):  # each value valid, the row impossible
+            assert rc == 2 and err.count("\n") == 1 and f"{path}:line 1: " in err, err
+            return
         assert rc in (0, 1), err  # read; a null metric under its gate fails (exit 1)
         return
     assert rc == 2 and err.count("\n") == 1, err

@@ -94,6 +94,11 @@ FACTORIES = textwrap.dedent("""
     def interrupts():
         raise KeyboardInterrupt
 
+    def noisy():  # prints, then returns a model (tests/cli/test_outputs.py)
+        print("loading weights")
+        from detsample.models import load_model
+        return load_model("refmodel")
+
     def ctrl_c():  # a real Ctrl-C while the factory runs
         os.kill(os.getpid(), signal.SIGINT)
         import time

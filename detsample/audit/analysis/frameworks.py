@@ -42,6 +42,7 @@ from fractions import Fraction
 import numpy as np
 
 from detsample.audit.analysis.exact import exact_sums, fraction_to_float, to_fraction
+from detsample.inputs.numbers import parse_float
 
 SAFETY_BOUND = 20.0  # verl's SAFETY_BOUND: exp is taken of log ratios clamped to [-20, 20]
 EPS = 1e-8  # verl_F.masked_mean and NeMo-RL masked_mean divide by (count + 1e-8)
@@ -54,7 +55,7 @@ _F_EPS = Fraction(EPS)
 
 def _positive(name: str, text: str) -> float:
     try:
-        v = float(text)
+        v = parse_float(text)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a number, got {text!r}") from None
     if not 0.0 < v < math.inf:
@@ -96,6 +97,9 @@ def parse_rs_thresholds(options: tuple[str, ...], spec: str | float
     out = []
     for opt, p in zip(options, parts):
         if opt.endswith("k1"):
+            if p.count("_") > 1:
+                raise ValueError(f"rollout_rs_threshold for {opt}: one number or lower_upper "
+                                 f"(one '_'), got {p!r}")
             lo_text, _, up_text = p.partition("_") if "_" in p else ("", "", p)
             upper = _positive(f"rollout_rs_threshold for {opt}", up_text)
             lower = 1.0 / upper if not lo_text else _positive(f"rollout_rs_threshold for {opt}",

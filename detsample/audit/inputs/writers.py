@@ -15,6 +15,7 @@ import numpy as np
 
 from detsample.audit.inputs.layout import LIST_COLUMNS
 from detsample.audit.inputs.table import offsets_from_lengths
+from detsample.outputs import write_file
 
 #: per-sequence integer columns a rollout set may carry (the audit reads them as data)
 ROW_COLUMNS = ("group", "seed")
@@ -56,22 +57,26 @@ def to_records(cols: dict) -> list[dict]:
     return out
 
 
-def write_jsonl(cols: dict, path: str) -> None:
-    with open(path, "w") as f:
-        for rec in to_records(cols):
-            f.write(json.dumps(rec) + "\n")
+def write_jsonl(cols: dict, path: str, flag: str = "output") -> None:
+    """``cols`` as JSON lines at exactly ``path``, atomically (a failure leaves the old file)."""
+    write_file(path, "".join(json.dumps(rec) + "\n" for rec in to_records(cols)), flag)
 
 
-def write_npz(cols: dict, path: str, compressed: bool = False) -> None:
+def write_npz(cols: dict, path: str, compressed: bool = False, flag: str = "output") -> None:
+    """``cols`` as an NPZ at exactly ``path`` (numpy appends ``.npz`` to a name only when
+    it is given a name, so it is given a file), atomically."""
     arrays = {"id": np.asarray(cols["id"])}
     for c in LIST_COLUMNS:
         if c in cols:
             arrays[c], arrays[f"{c}_offsets"] = cols[c]
     arrays.update({c: cols[c] for c in ROW_COLUMNS if c in cols})
-    (np.savez_compressed if compressed else np.savez)(path, **arrays)
+    save = np.savez_compressed if compressed else np.savez
+    write_file(path, lambda fh: save(fh, **arrays), flag)
 
 
-def write_parquet(cols: dict, path: str, row_group_size: int = 1024) -> None:
+def write_parquet(cols: dict, path: str, row_group_size: int = 1024,
+                  flag: str = "output") -> None:
+    """``cols`` as Parquet at exactly ``path``, atomically."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -81,7 +86,8 @@ def write_parquet(cols: dict, path: str, row_group_size: int = 1024) -> None:
             v, o = cols[c]
             data[c] = pa.ListArray.from_arrays(pa.array(o.astype(np.int32)), pa.array(v))
     data.update({c: pa.array(cols[c], type=pa.int64()) for c in ROW_COLUMNS if c in cols})
-    pq.write_table(pa.table(data), path, row_group_size=row_group_size)
+    table = pa.table(data)
+    write_file(path, lambda fh: pq.write_table(table, fh, row_group_size=row_group_size), flag)
 
 
 # --------------------------------------------------------------------------- padded twins

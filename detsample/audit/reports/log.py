@@ -33,12 +33,15 @@ from detsample.audit.issues import AuditInputError
 from detsample.audit.inputs.values import count_of, number_of
 from detsample.inputs import LOG_LINE_BYTES, file_problem, loads, read_line
 from detsample.audit.analysis.metrics import RATIO_QUANTILE_KEYS
-from detsample.audit.reports.report import figure, fmt_value
+from detsample.audit.reports.report import figure, fmt_value, save_figure
+from detsample.outputs import append_file, write_file
 
 #: per-step scalars of a row, in the order the summary prints them
 LOG_METRICS = ("tokens", "exact_match_fraction", "mismatch_fraction", "mean_abs_diff",
                "max_abs_diff", "k3_kl_mean", "abs_diff_p99")
 LOG_PLOT = "metrics_over_steps.png"
+#: the files ``write_log_report`` writes into its folder
+LOG_REPORT_FILES = (LOG_PLOT, "index.html")
 
 
 def _finite(v: object) -> object:
@@ -101,9 +104,7 @@ class AuditLog:
             raise ValueError(f"step must be an int, got {step!r}")
         row = log_row(report, step)
         line = json.dumps(row, allow_nan=False)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-            f.flush()
+        append_file(self.path, line + "\n", "the audit log")  # whole rows only
         self._next = step + 1
         return row
 
@@ -149,11 +150,48 @@ def row_problem(row: object) -> str | None:
     return None
 
 
+#: slack of a sum of two fractions of one count (each rounded once to a float)
+_FRACTION_SLACK = 1e-9
+
+
+def row_contradiction(row: dict) -> str | None:
+    """Why the fields of a valid row (:func:`row_problem`) contradict each other, or None: a
+    gate must never pass on numbers that cannot all be true. Tokens need sequences; no
+    token means no metric; a bitwise-equal token has d == 0, so exact matches and tokens
+    with d != 0 are disjoint (their fractions sum to at most 1); |d| > 0 somewhere means a
+    mismatching token; the max |d| bounds its mean and its p99."""
+    exact, mism, top = (_value(row, k) for k in ("exact_match_fraction", "mismatch_fraction",
+                                                  "max_abs_diff"))
+    if row["sequences"] == 0 and row["tokens"] > 0:
+        return f"sequences 0 but tokens {row['tokens']}: tokens are audited in sequences"
+    if row["tokens"] == 0:
+        given = [k for k in _RANGES if row[k] is not None]
+        return f"tokens 0 but {given[0]} {row[given[0]]!r} (no token audited: null)" \
+            if given else None
+    if exact is not None and mism is not None and exact + mism > 1 + _FRACTION_SLACK:
+        return (f"exact_match_fraction {exact!r} and mismatch_fraction {mism!r} sum past 1 "
+                f"(a bitwise-equal token has d == 0)")
+    if top is not None and mism is not None and (top > 0) != (mism > 0):
+        return (f"max_abs_diff {row['max_abs_diff']!r} but mismatch_fraction {mism!r} "
+                f"(d != 0 iff |d| > 0)")
+    for key in ("mean_abs_diff", "abs_diff_p99"):
+        below = _value(row, key)
+        if top is not None and below is not None and below > top:
+            return f"{key} {row[key]!r} above max_abs_diff {row['max_abs_diff']!r}"
+    return None
+
+
+def _value(row: dict, key: str) -> float | None:
+    """A valid row's metric as a float ("inf" read as infinity), or None when null."""
+    return None if row[key] is None else number_of(row[key], 0.0, math.inf)[0]
+
+
 def read_log(path: str) -> list[dict]:
     """The rows of an audit log, in file order. The file must be a regular file
     (:func:`detsample.inputs.input_file`), a line at most ``LOG_LINE_BYTES``; a bad line
-    (invalid JSON, a missing field, a value out of its range: :func:`row_problem`) is an
-    AuditInputError naming the line, the field and the value. Blank lines are skipped.
+    (invalid JSON, a missing field, a value out of its range: :func:`row_problem`; fields
+    that contradict each other: :func:`row_contradiction`) is an AuditInputError naming the
+    line, the fields and the values. Blank lines are skipped.
     ``path`` "-" reads stdin (named ``<stdin>``)."""
     if path == "-":  # stdin: a pipe is read as it comes, line by line, each line bounded
         return _read_rows(sys.stdin.buffer, "<stdin>")
@@ -186,7 +224,7 @@ def _read_rows(f: BinaryIO, path: str) -> list[dict]:
         except ValueError as exc:
             why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
             raise AuditInputError(f"{path}:line {k}: invalid JSON: {why}") from None
-        problem = row_problem(row)
+        problem = row_problem(row) or row_contradiction(row)
         if problem:
             raise AuditInputError(f"{path}:line {k}: {problem}")
         rows.append(row)
@@ -290,7 +328,7 @@ def write_log_plot(rows: Sequence[dict], path: str) -> str:
     for a in ax.ravel():
         a.set_xlabel("training step")
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     return path
 
 
@@ -306,11 +344,10 @@ def write_log_report(rows: Sequence[dict], out_dir: str) -> str:
         for r in rows)
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
     page = os.path.join(out_dir, "index.html")
-    with open(page, "w", encoding="utf-8") as f:
-        f.write("<!doctype html><html><head><meta charset='utf-8'><title>detsample audit-log"
-                "</title><style>body{font-family:sans-serif;margin:2em}table{border-collapse:"
-                "collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style>"
-                f"</head><body><h1>detsample audit-log</h1><img src='{LOG_PLOT}'>"
-                f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-                "<p>Metric definitions: docs/audit.md.</p></body></html>\n")
+    write_file(page, "<!doctype html><html><head><meta charset='utf-8'><title>detsample "
+               "audit-log</title><style>body{font-family:sans-serif;margin:2em}table{border-"
+               "collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:"
+               f"right}}</style></head><body><h1>detsample audit-log</h1><img src='{LOG_PLOT}'>"
+               f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+               "<p>Metric definitions: docs/audit.md.</p></body></html>\n", "--report")
     return page

@@ -11,8 +11,11 @@ import html
 import os
 
 from detsample.audit.analysis.metrics import QUANTILE_KEYS
+from detsample.outputs import write_file
 
 PLOTS = ("abs_diff_histogram.png", "diff_by_position.png", "diff_by_probability.png")
+#: the files ``write_report`` writes into its folder
+REPORT_FILES = PLOTS + ("report.json", "index.html")
 
 
 def fmt_value(v: object) -> str:
@@ -162,7 +165,12 @@ def _bucket_plot(rows: list[dict], title: str, xlabel: str, path: str) -> None:
     ax.set_title(title)
     ax.legend(loc="upper left", fontsize=7)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
+
+
+def save_figure(fig, path: str) -> None:
+    """``fig`` as a PNG at exactly ``path``, atomically (:func:`detsample.outputs.write_file`)."""
+    write_file(path, lambda fh: fig.savefig(fh, format="png"), "--report")
 
 
 def has_plots(report: dict) -> bool:
@@ -194,7 +202,7 @@ def write_plots(report: dict, out_dir: str) -> list[str]:
                  f"{h['below_first_edge']} below, {h['at_or_above_last_edge']} above range)",
                  fontsize=8)
     fig.tight_layout()
-    fig.savefig(paths[0])
+    save_figure(fig, paths[0])
     _bucket_plot(report["by_position"], "d against response position", "position", paths[1])
     _bucket_plot(report["by_probability"], "d against engine probability",
                  "engine probability bucket", paths[2])
@@ -224,8 +232,7 @@ def write_report(report: dict, out_dir: str) -> str:
     from detsample.audit.running.run import to_json
 
     write_plots(report, out_dir)
-    with open(os.path.join(out_dir, "report.json"), "w") as f:
-        f.write(to_json(report))
+    write_file(os.path.join(out_dir, "report.json"), to_json(report), "--report")
     bucket_cols = ["bucket", "tokens", "exact_match_fraction", "mismatch_fraction",
                    "mean_abs_diff", "mean_diff", "max_abs_diff"]
     parts = [
@@ -266,8 +273,7 @@ def write_report(report: dict, out_dir: str) -> str:
         "<p>Full data: <a href='report.json'>report.json</a></p></body></html>",
     ]
     page = os.path.join(out_dir, "index.html")
-    with open(page, "w") as f:
-        f.write("\n".join(parts) + "\n")
+    write_file(page, "\n".join(parts) + "\n", "--report")
     return page
 
 

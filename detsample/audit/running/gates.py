@@ -17,6 +17,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from detsample.inputs.numbers import parse_float
+
 _INT = re.compile(r"^[0-9]+$")
 
 
@@ -54,7 +56,7 @@ class ExclusionLimit:
             if _INT.match(text):
                 return cls(int(text))
             try:
-                f = float(text)
+                f = parse_float(text)
             except ValueError:
                 f = math.nan
             if not 0.0 <= f <= 1.0:
