@@ -68,6 +68,13 @@ def report_clash(args: object, inputs: list[tuple[str, str]],
     return output_input_clash(outputs, inputs)
 
 
+def report_failure(exc: OSError, folder: str) -> str:
+    """The one line of a ``--report`` folder that could not be written: the writer's own
+    message (it names the file) or the folder and the reason."""
+    return str(exc) if isinstance(exc, OutputError) else \
+        f"cannot write --report {folder}: {exc.strerror or exc}"
+
+
 def write_output(path: str | os.PathLike[str], text: str, flag: str) -> str | None:
     """Write ``text`` to ``path`` (``-``: the data stdout; a file: atomically, missing
     folders created, :func:`detsample.outputs.write_file`); the failure as one message

@@ -14,7 +14,8 @@ from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, add_semantics_options,
                                      positive_finite, positive_int, rollout_rs, semantics_of,
                                      tp_needs_portable)
 from detsample.audit.reports.report import REPORT_FILES
-from detsample.cli._outputs import output_problems, report_clash, write_output
+from detsample.cli._outputs import (output_problems, report_clash, report_failure,
+                                     write_output)
 from detsample.cli._progress import Progress
 from detsample.errors import DetsampleError
 
@@ -197,5 +198,5 @@ def _write_outputs(args: argparse.Namespace, report: dict, text: str) -> str | N
         try:
             print(f"report: {write_report(report, args.report)}", file=sys.stderr)
         except OSError as exc:
-            failed = f"cannot write --report {args.report}: {exc.strerror or exc}"
+            failed = report_failure(exc, args.report)
     return failed

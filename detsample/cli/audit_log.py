@@ -12,7 +12,8 @@ import json
 import sys
 
 from detsample.cli._argtypes import fraction, max_excluded, nonneg_float
-from detsample.cli._outputs import output_problems, report_clash, write_output
+from detsample.cli._outputs import (output_problems, report_clash, report_failure,
+                                     write_output)
 from detsample.errors import DetsampleError
 
 
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             print(f"report: {write_log_report(rows, args.report)}", file=sys.stderr)
         except OSError as exc:
-            failed = f"cannot write --report {args.report}: {exc.strerror or exc}"
+            failed = report_failure(exc, args.report)
     if failed:
         print(f"detsample audit-log: error: {failed}", file=sys.stderr)
         return 2

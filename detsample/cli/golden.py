@@ -72,7 +72,13 @@ def run(args: argparse.Namespace) -> int:
         results = isa.run_per_isa(isas, _child_argv(args, args.action), print,
                                   then=_child_argv(args, "verify"))
         return max(rc for _, rc in results)
-    return {"verify": _verify, "update": _update, "diff": _diff}[args.action](args, store, selected)
+    try:
+        return {"verify": _verify, "update": _update, "diff": _diff}[args.action](args, store,
+                                                                                 selected)
+    except OSError as e:  # a read-only folder, a symlink loop, below a file, a size limit
+        print(f"detsample golden {args.action}: error: {_write_failure(store, e)}",
+              file=sys.stderr)
+        return 2
 
 
 def _child_argv(args: argparse.Namespace, action: str) -> list[str]:
@@ -111,9 +117,6 @@ def _update(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
             changes = update_all(selected, args.device, store.root, force=args.force)
     except GoldenUpdateRefused as e:
         print(f"detsample golden update: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # a read-only folder, a symlink loop, below a file, a size limit
-        print(f"detsample golden update: error: {_write_failure(store, e)}", file=sys.stderr)
         return 2
     moved = [c for c in changes if c.kind is not ChangeKind.UNCHANGED]
     for c in moved:

@@ -7,8 +7,8 @@ interrupts the write (``OSError`` such as ENOSPC or EFBIG, an exception of the p
 ``KeyboardInterrupt``) removes the temporary file and leaves the old file as it was.
 
 A symlink is written through (its target is replaced, the link stays); an existing
-special file (``/dev/null``, ``/dev/stdout``, a FIFO) is written in place, having no bytes
-to lose. Missing folders are created.
+special file (``/dev/null``, a FIFO) and a path under /dev or /proc (``/dev/stdout``, even
+when the shell redirected it to a file) are written in place, having no bytes to lose. Missing folders are created.
 """
 
 from __future__ import annotations
@@ -37,7 +37,16 @@ def _destination(path: str) -> str:
     return os.path.realpath(path) if os.path.islink(path) else path
 
 
-def _is_special(path: str) -> bool:
+#: paths that name a stream of this process or a device, whatever they resolve to
+#: (``/dev/stdout`` redirected to a file is that file, shared with the shell)
+_STREAM_DIRS = ("/dev/", "/proc/")
+
+
+def _in_place(path: str) -> bool:
+    """Whether ``path`` is written in place: an existing special file (``/dev/null``, a
+    FIFO), or a path under /dev or /proc (``/dev/stdout``, ``/proc/self/fd/1``)."""
+    if os.path.abspath(path).startswith(_STREAM_DIRS):
+        return os.path.exists(path)
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -99,8 +108,8 @@ def write_file(path: str | os.PathLike[str], data, flag: str = "output") -> None
     left."""
     p = os.fspath(path)
     try:
-        if _is_special(p):  # /dev/null, /dev/stdout, a FIFO: nothing there to lose
-            with open(p, "wb") as fh:
+        if _in_place(p):  # /dev/null, /dev/stdout, a FIFO: nothing there to lose
+            with open(p, "ab") as fh:  # appended: /dev/stdout > file keeps what came before
                 _put(fh, data)
             return
         commit_file(stage_file(p, data), p)

@@ -256,3 +256,21 @@ def test_check_json_among_the_goldens_is_refused_before_the_battery(tmp_path, ca
     assert main(["check", "--quick", "--golden-dir", str(root), "--json", str(out)]) == 2
     line = one_error_line(capsys.readouterr().err, "check")
     assert f"--json {out} is inside the input --golden-dir {root / 'cpu'}" in line, line
+
+
+def test_a_report_that_cannot_be_written_is_one_line_naming_the_file(tmp_path, capsys,
+                                                                    monkeypatch):
+    import errno
+
+    import detsample.outputs.files as files
+
+    def full(fh, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files, "_put", full)
+    rep = tmp_path / "rep"
+    rc = main(["audit", str(_rollout_file(tmp_path)), "--report", str(rep), "--quiet"])
+    line = one_error_line(capsys.readouterr().err, "audit")
+    assert rc == 2 and line.endswith(f"cannot write --report {rep}/abs_diff_histogram.png: "
+                                     f"No space left on device"), line
+    assert list(rep.iterdir()) == []  # no partial file

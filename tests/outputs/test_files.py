@@ -170,3 +170,16 @@ def test_append_adds_whole_rows(tmp_path):
     append_file(tmp_path / "log.jsonl", "a\n")
     append_file(tmp_path / "log.jsonl", b"b\n")
     assert (tmp_path / "log.jsonl").read_text() == "a\nb\n"
+
+
+def test_dev_stdout_redirected_to_a_file_is_written_in_place(tmp_path):
+    """A path under /dev names a stream: renaming onto what it resolves to would swap the
+    shell's file for another inode and lose what the command printed beside it."""
+    import subprocess
+    import sys
+
+    code = ("from detsample.outputs import write_file; import sys; print('table', flush=True); "
+            "write_file('/dev/stdout', 'json\\n', '--json')")
+    with open(tmp_path / "o.txt", "w") as out:
+        subprocess.run([sys.executable, "-c", code], stdout=out, check=True, timeout=60)
+    assert (tmp_path / "o.txt").read_text() == "table\njson\n"
