@@ -149,3 +149,35 @@ def test_bad_model_directory_is_one_named_error(tmp_path, chat_dir, capsys, comm
         err = capsys.readouterr().err
         assert code == 2, (directory, err)
         assert message in err and str(directory).rstrip("/") in err and "Traceback" not in err
+
+
+def test_draft_model_dir_writes_the_plain_runs_file(tmp_path, chat_dir, prompts):
+    common = ["--model", str(chat_dir), "--prompts", str(prompts), "--chat-template",
+              "--max-new-tokens", "10", "--batch-invariant"]
+    assert main(["rollout", str(tmp_path / "a.jsonl"), *common]) == 0
+    assert main(["rollout", str(tmp_path / "b.jsonl"), *common, "--draft-model", str(chat_dir),
+                 "--num-speculative-tokens", "3"]) == 0
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--eos-token-id", "two"], "must be token ids separated by commas"),
+    (["--eos-token-id", "-2"], "token ids must be >= 0"),
+    (["--dtype", "float64"], "must be one of float32, bfloat16, float16"),
+])
+def test_bad_end_options_are_parse_errors(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as info:
+        main(["rollout", str(tmp_path / "r.jsonl"), *args])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--ignore-eos", "--eos-token-id", "2"], "contradict"),
+    (["--stop", "cat"], "need a tokenizer"),
+    (["--eos-token-id", "512"], "end token id 512 is outside the model's vocabulary of 512"),
+    (["--chat-template"], "--chat-template renders --prompts messages"),
+])
+def test_contradictory_or_impossible_end_options_exit_2(tmp_path, capsys, args, message):
+    code = main(["rollout", str(tmp_path / "r.jsonl"), "--num-sequences", "1", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
