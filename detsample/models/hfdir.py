@@ -59,6 +59,24 @@ def check_model_dir(path: str) -> Path:
     return d
 
 
+def config_tp_problem(path: str, tp: int) -> str | None:
+    """What a tensor-parallel run over ``tp`` ranks would refuse in directory ``path``,
+    read from its ``config.json`` alone (attention heads and key/value heads), so the
+    refusal comes before the weights load; None when the config allows it (the full
+    check, :func:`detsample.parallel.layout.plan`, still runs on the loaded model)."""
+    cfg = json.loads((check_model_dir(path) / "config.json").read_text(encoding="utf-8"))
+    heads = cfg.get("num_attention_heads")
+    kv = cfg.get("num_key_value_heads") or heads
+    if not isinstance(heads, int) or not isinstance(kv, int) or heads < 1 or kv < 1:
+        return None
+    if heads % tp:
+        return f"tensor parallel: tp={tp} does not divide config.num_attention_heads={heads}"
+    if kv % tp and tp % kv:
+        return (f"tensor parallel: tp={tp} neither divides nor is a multiple of "
+                f"config.num_key_value_heads={kv}")
+    return None
+
+
 def load_model_dir(path: str, dtype: str = "float32") -> Any:
     """The transformers causal LM of directory ``path`` in ``dtype`` (eval mode)."""
     import torch

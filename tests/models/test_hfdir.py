@@ -65,3 +65,22 @@ def test_dtype_is_refused_for_a_built_model():
         load_model("refmodel", dtype="bfloat16")
     with pytest.raises(ModelError, match="dtype must be one of"):
         load_model(".", dtype="float64")
+
+
+def test_tp_divisibility_is_refused_from_config_before_the_weights_load(tmp_path, monkeypatch):
+    # issue 47: --tp 2 on a 9-head model was refused only after a 73 s load
+    import detsample.models
+    from detsample.parallel import TPModelSpec, TensorParallelError, check_spec
+    from tests.cli.chat_model import save_chat_model
+
+    d = save_chat_model(tmp_path / "m")  # 4 heads, 2 key/value heads
+
+    def no_load(*a, **k):
+        raise AssertionError("the weights were loaded before the TP check")
+
+    monkeypatch.setattr(detsample.models, "load_model", no_load)
+    with pytest.raises(TensorParallelError, match="tp=3 does not divide "
+                                                  "config.num_attention_heads=4"):
+        check_spec(TPModelSpec(str(d), 3))
+    with pytest.raises(AssertionError, match="weights were loaded"):  # tp=2 passes to the load
+        check_spec(TPModelSpec(str(d), 2))
