@@ -29,6 +29,22 @@ def thread_count(text: str) -> int:
     return v
 
 
+def add_threads_option(p: argparse.ArgumentParser) -> None:
+    """``--threads N``: this process's torch intra-op threads (:func:`apply_threads`)."""
+    p.add_argument("--threads", type=thread_count, default=None, metavar="N",
+                   help="torch intra-op threads of this process (default: torch's, from "
+                        "OMP_NUM_THREADS or the CPUs); under the batch-invariant mode the "
+                        "bits are the same at every count")
+
+
+def apply_threads(args: argparse.Namespace) -> None:
+    """Set ``args.threads`` (when given) with ``torch.set_num_threads``."""
+    if getattr(args, "threads", None) is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
 def thread_counts(text: str) -> list[int]:
     """Comma-separated thread counts (:func:`thread_count` each), e.g. ``1,2``."""
     return [thread_count(t.strip()) for t in text.split(",")]

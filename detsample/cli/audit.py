@@ -9,7 +9,8 @@ import argparse
 import sys
 
 from detsample.audit.inputs.layout import PRESET_NAMES
-from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, add_semantics_options, fraction,
+from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, add_semantics_options,
+                                     add_threads_option, apply_threads, fraction,
                                      max_excluded, model_dtype, model_spec, nonneg_float,
                                      portable_without_mode, positive_finite, positive_int, rollout_rs, semantics_of,
                                      tp_needs_portable)
@@ -32,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="fail (exit 2) at the first bad sequence instead of excluding it")
     p.add_argument("--workers", type=positive_int, default=1, metavar="N",
                    help="processes to shard the files over (same report for every N)")
+    add_threads_option(p)
     p.add_argument("--max-abs-diff", type=nonneg_float, metavar="T",
                    help="gate: exit 1 when max |d| > T")
     p.add_argument("--min-exact-match", type=fraction, metavar="F",
@@ -116,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"detsample audit: error: {problems[0]}", file=sys.stderr)
         return 2
     rescore = None
+    apply_threads(args)
     try:
         rescore = _rescorer(args)
         opts = _options(args, rescore)

@@ -20,7 +20,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, model_dtype, model_spec,
+from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, add_threads_option, apply_threads,
+                                     model_dtype, model_spec,
                                      portable_without_mode, positive_int, sampling_field,
                                      seed_span_problem, token_id_list, tp_needs_portable)
 from detsample.cli._outputs import output_problem
@@ -104,6 +105,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "engine steps (docs/sampling.md)")
     p.add_argument("--num-speculative-tokens", type=positive_int, default=None, metavar="K",
                    help="with --draft-model: drafted tokens per step")
+    add_threads_option(p)
     p.add_argument("--with-trainer", action="store_true",
                    help="also write trainer_logprobs, recomputed by prefill")
     p.set_defaults(func=run)
@@ -172,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
     stats: list = []
     fmt = ROLLOUT_FORMATS[next(e for e in ROLLOUT_FORMATS if args.out.lower().endswith(e))]
     tokenizer = _text_tokenizer(args)
+    apply_threads(args)
     print(f"model: {args.model} ({args.dtype})")
     try:
         ending = _ending(args, tokenizer)
