@@ -135,6 +135,13 @@ def _text_tokenizer(args: argparse.Namespace) -> str | None:
     return args.model if is_model_dir_spec(args.model) else None
 
 
+def _model_line(args: argparse.Namespace) -> str:
+    """``model: SPEC``, with the dtype for a model directory (the others state their own)."""
+    from detsample.models import is_model_dir_spec
+
+    return f"model: {args.model}" + (f" ({args.dtype})" if is_model_dir_spec(args.model) else "")
+
+
 def _ending(args: argparse.Namespace, tokenizer: str | None):
     from detsample.audit.running.rollout import Ending
 
@@ -175,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     fmt = ROLLOUT_FORMATS[next(e for e in ROLLOUT_FORMATS if args.out.lower().endswith(e))]
     tokenizer = _text_tokenizer(args)
     apply_threads(args)
-    print(f"model: {args.model} ({args.dtype})")
+    print(_model_line(args))
     try:
         ending = _ending(args, tokenizer)
         prompts = read_prompts(args.prompts, tokenizer, chat_template=args.chat_template) \

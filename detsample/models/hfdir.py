@@ -85,6 +85,9 @@ def load_model_dir(path: str, dtype: str = "float32") -> Any:
         raise ModelError(f"dtype must be one of {', '.join(MODEL_DTYPES)}, got {dtype!r}")
     check_model_dir(path)
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one line per outcome, not a bar per load
 
     try:
         model = AutoModelForCausalLM.from_pretrained(

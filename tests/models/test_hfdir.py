@@ -84,3 +84,12 @@ def test_tp_divisibility_is_refused_from_config_before_the_weights_load(tmp_path
         check_spec(TPModelSpec(str(d), 3))
     with pytest.raises(AssertionError, match="weights were loaded"):  # tp=2 passes to the load
         check_spec(TPModelSpec(str(d), 2))
+
+
+def test_a_factory_hf_model_brings_its_config_eos(tmp_path, monkeypatch):
+    (tmp_path / "chatfactory.py").write_text(
+        "from tests.cli.chat_model import CONFIG\n"
+        "from detsample.models.tiny import build_hf\n"
+        "def make():\n    return build_hf('llama', 0, **CONFIG)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert model_eos_token_ids(load_model("chatfactory:make")) == (2,)
