@@ -31,6 +31,22 @@ def thread_count(text: str) -> int:
     return v
 
 
+def add_threads_option(p: argparse.ArgumentParser) -> None:
+    """``--threads N``: this process's torch intra-op threads (:func:`apply_threads`)."""
+    p.add_argument("--threads", type=thread_count, default=None, metavar="N",
+                   help="torch intra-op threads of this process (default: torch's, from "
+                        "OMP_NUM_THREADS or the CPUs); under the batch-invariant mode the "
+                        "bits are the same at every count")
+
+
+def apply_threads(args: argparse.Namespace) -> None:
+    """Set ``args.threads`` (when given) with ``torch.set_num_threads``."""
+    if getattr(args, "threads", None) is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
 def thread_counts(text: str) -> list[int]:
     """Comma-separated thread counts (:func:`thread_count` each), e.g. ``1,2``."""
     return [thread_count(t.strip()) for t in text.split(",")]
@@ -132,14 +148,38 @@ def positive_int_list(text: str) -> list[int]:
     return values
 
 
+def token_id_list(text: str) -> list[int]:
+    """Comma-separated token ids >= 0 ("2" or "2,32000"), else an argparse error naming the
+    value (``--eos-token-id``, repeatable: the lists are joined)."""
+    try:
+        values = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be token ids separated by commas, got "
+                                         f"{text!r}") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"token ids must be >= 0, got {text!r}")
+    return values
+
+
+def model_dtype(text: str) -> str:
+    """``--dtype`` of a model directory: float32, bfloat16 or float16."""
+    from detsample.models import MODEL_DTYPES
+
+    if text not in MODEL_DTYPES:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(MODEL_DTYPES)}, got "
+                                         f"{text!r}")
+    return text
+
+
 def model_spec(text: str) -> str:
     """A model detsample can load (``refmodel``, ``hf-tiny-llama``, ``pkg.module:factory``,
-    ...; the syntax only, nothing imported), else an argparse error naming the value."""
+    a local Hugging Face model directory, ...; the syntax only, nothing imported or read),
+    else an argparse error naming the value."""
     from detsample.models import MODEL_NAMES, is_model_spec
 
     if not is_model_spec(text):
-        raise argparse.ArgumentTypeError(f"must be one of {', '.join(MODEL_NAMES)} or "
-                                         f"package.module:factory, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(MODEL_NAMES)}, a model "
+                                         f"directory or package.module:factory, got {text!r}")
     return text
 
 

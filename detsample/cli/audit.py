@@ -9,9 +9,10 @@ import argparse
 import sys
 
 from detsample.audit.inputs.layout import PRESET_NAMES
-from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, add_semantics_options, fraction,
-                                     max_excluded, model_spec, nonneg_float, portable_without_mode,
-                                     positive_finite, positive_int, rollout_rs, semantics_of,
+from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, add_semantics_options,
+                                     add_threads_option, apply_threads, fraction,
+                                     max_excluded, model_dtype, model_spec, nonneg_float,
+                                     portable_without_mode, positive_finite, positive_int, rollout_rs, semantics_of,
                                      tp_needs_portable)
 from detsample.audit.reports.report import REPORT_FILES
 from detsample.cli._outputs import (output_problems, report_clash, report_failure,
@@ -34,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="fail (exit 2) at the first bad sequence instead of excluding it")
     p.add_argument("--workers", type=positive_int, default=1, metavar="N",
                    help="processes to shard the files over (same report for every N)")
+    add_threads_option(p)
     p.add_argument("--max-abs-diff", type=nonneg_float, metavar="T",
                    help="gate: exit 1 when max |d| > T")
     p.add_argument("--min-exact-match", type=fraction, metavar="F",
@@ -58,8 +60,11 @@ def _add_rescore_options(p: argparse.ArgumentParser) -> None:
     """--rescore MODEL and how it runs (mode, TP, the engine's logprob semantics)."""
     p.add_argument("--rescore", metavar="MODEL", type=model_spec,
                    help="recompute missing trainer_logprobs by one prefill with this model: "
-                        "refmodel, refmodel-float, hf-tiny-llama, hf-tiny-qwen2 or "
-                        "package.module:factory")
+                        "refmodel, refmodel-float, hf-tiny-llama, hf-tiny-qwen2, a local "
+                        "Hugging Face model directory or package.module:factory")
+    p.add_argument("--rescore-dtype", type=model_dtype, default="float32",
+                   help="a --rescore model directory's parameter dtype (float32, bfloat16, "
+                        "float16; --dtype is the compare dtype)")
     p.add_argument("--batch-invariant", action="store_true",
                    help="run the --rescore model under the batch-invariant mode "
                         "(docs/batch-invariant.md)")
@@ -117,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"detsample audit: error: {problems[0]}", file=sys.stderr)
         return 2
     rescore = None
+    apply_threads(args)
     try:
         rescore = _rescorer(args)
         opts = _options(args, rescore)
@@ -164,6 +170,8 @@ def _rescorer(args: argparse.Namespace):
         raise ValueError("--logprobs-mode and the filters describe the --rescore model's "
                          "logprobs; give --rescore MODEL")
     semantics = semantics or RAW
+    if args.rescore_dtype != "float32" and (rescore is None or args.tp > 1):
+        raise ValueError("--rescore-dtype applies to a --rescore model directory at --tp 1")
     if args.tp > 1:
         if rescore is None:
             raise ValueError(f"--tp {args.tp} applies to the --rescore model; give --rescore MODEL")
@@ -171,7 +179,8 @@ def _rescorer(args: argparse.Namespace):
                           portable=args.portable, semantics=semantics)
     if rescore is not None:
         return ModelRescorer(rescore, batch_invariant=args.batch_invariant,
-                             portable=args.portable, semantics=semantics)
+                             portable=args.portable, semantics=semantics,
+                             dtype=args.rescore_dtype)
     return None
 
 

@@ -4,6 +4,13 @@ end to end: ``detsample rollout r.jsonl && detsample audit r.jsonl --rescore ref
 or with a float model ``detsample rollout r.jsonl --model hf-tiny-llama --batch-invariant``
 then ``detsample audit r.jsonl --rescore hf-tiny-llama --batch-invariant``.
 
+A local Hugging Face model directory works wherever a model goes (``--model DIR``,
+``--draft-model DIR``; ``detsample audit --rescore DIR``), in ``--dtype`` (float32 by
+default, printed). Responses end at the model's own end tokens (its config's and generation
+config's ``eos_token_id``; id 0 for the reference model), ``--eos-token-id`` /
+``--ignore-eos`` override them, ``--stop`` ends at a string of the decoded response; the
+ending token is part of the response, nothing after it is written.
+
 Exit codes: 0 ok, 2 bad arguments or a model that cannot be loaded.
 """
 
@@ -12,9 +19,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, model_spec, portable_without_mode,
-                                     positive_int, sampling_field, seed_span_problem,
-                                     tp_needs_portable)
+from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, add_threads_option, apply_threads,
+                                     model_dtype, model_spec,
+                                     portable_without_mode, positive_int, sampling_field,
+                                     seed_span_problem, token_id_list, tp_needs_portable)
 from detsample.cli._outputs import output_problem
 from detsample.cli._progress import Progress
 from detsample.outputs import OutputError, output_input_clash
@@ -52,8 +60,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", metavar="FILE",
                    help="JSONL prompts, one object per line: prompt_ids (token ids), or prompt "
                         "(text, with --tokenizer); optional id and seed")
-    p.add_argument("--tokenizer", metavar="TOKENIZER_JSON",
-                   help="a local Hugging Face tokenizer.json encoding the prompts' text")
+    p.add_argument("--tokenizer", metavar="TOKENIZER",
+                   help="a local Hugging Face tokenizer.json (or a model directory) encoding the "
+                        "prompts' text and decoding responses for --stop; default: --model's "
+                        "directory")
+    p.add_argument("--chat-template", action="store_true",
+                   help="prompt lines may give messages ([{role, content}, ...]), rendered by "
+                        "the tokenizer's own chat template with the generation prompt")
+    _add_ending_options(p)
     p.add_argument("--n", type=positive_int, default=1, metavar="N",
                    help="samples per prompt: sample j of prompt i uses seed SEED + i*N + j "
                         "(vLLM's child seeds: the request's seed + j); a group column names "
@@ -73,8 +87,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-batch-size", type=positive_int, default=4, metavar="B",
                    help="engine rows at a time")
     p.add_argument("--model", default="refmodel", metavar="MODEL", type=model_spec,
-                   help="refmodel, refmodel-float, hf-tiny-llama, hf-tiny-qwen2 or "
-                        "package.module:factory")
+                   help="refmodel, refmodel-float, hf-tiny-llama, hf-tiny-qwen2, a local "
+                        "Hugging Face model directory or package.module:factory")
+    p.add_argument("--dtype", type=model_dtype, default="float32",
+                   help="a model directory's parameter dtype: float32, bfloat16 or float16")
     p.add_argument("--batch-invariant", action="store_true",
                    help="run the model under the batch-invariant mode (docs/batch-invariant.md)")
     p.add_argument("--portable", action="store_true",
@@ -89,9 +105,68 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "engine steps (docs/sampling.md)")
     p.add_argument("--num-speculative-tokens", type=positive_int, default=None, metavar="K",
                    help="with --draft-model: drafted tokens per step")
+    add_threads_option(p)
     p.add_argument("--with-trainer", action="store_true",
                    help="also write trainer_logprobs, recomputed by prefill")
     p.set_defaults(func=run)
+
+
+def _add_ending_options(p: argparse.ArgumentParser) -> None:
+    """How responses end: EOS ids, stop ids, stop strings."""
+    p.add_argument("--eos-token-id", type=token_id_list, action="append", default=None,
+                   metavar="ID[,ID...]",
+                   help="end-of-sequence ids, repeatable (default: the model's own: its "
+                        "config's and generation config's eos_token_id; 0 for refmodel)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="do not stop at end-of-sequence ids (stop ids and strings still stop)")
+    p.add_argument("--stop-token-id", type=token_id_list, action="append", default=None,
+                   metavar="ID[,ID...]", help="each request's stop_token_ids, repeatable")
+    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="stop string, repeatable: the response ends with the token that "
+                        "completes it (needs a tokenizer)")
+
+
+def _text_tokenizer(args: argparse.Namespace) -> str | None:
+    """--tokenizer, else --model when it is a directory."""
+    from detsample.models import is_model_dir_spec
+
+    if args.tokenizer:
+        return args.tokenizer
+    return args.model if is_model_dir_spec(args.model) else None
+
+
+def _model_line(args: argparse.Namespace) -> str:
+    """``model: SPEC``, with the dtype for a model directory (the others state their own)."""
+    from detsample.models import is_model_dir_spec
+
+    return f"model: {args.model}" + (f" ({args.dtype})" if is_model_dir_spec(args.model) else "")
+
+
+def _ending(args: argparse.Namespace, tokenizer: str | None):
+    from detsample.audit.running.rollout import Ending
+
+    join = (lambda lists: None if lists is None else tuple(t for ids in lists for t in ids))
+    return Ending(eos_token_ids=join(args.eos_token_id), ignore_eos=args.ignore_eos,
+                  stop_token_ids=join(args.stop_token_id) or (), stop=tuple(args.stop or ()),
+                  tokenizer=tokenizer)
+
+
+def _refusal(args: argparse.Namespace) -> str | None:
+    """What the arguments refuse before anything loads, else None."""
+    if portable_without_mode(args):
+        return PORTABLE_NEEDS_MODE
+    refused = tp_needs_portable(args, [args.tp]) or seed_span_problem(args.seed,
+                                                                       args.num_sequences)
+    if refused:
+        return refused
+    if (args.draft_model is None) != (args.num_speculative_tokens is None):
+        return "--draft-model and --num-speculative-tokens go together"
+    if args.tokenizer and not args.prompts and not args.stop:
+        return "--tokenizer encodes --prompts text (or decodes for --stop); give --prompts FILE"
+    if args.chat_template and not args.prompts:
+        return "--chat-template renders --prompts messages; give --prompts FILE"
+    return output_problem(args.out, "OUT") or output_input_clash(  # before the engine runs
+        [(args.out, "OUT")], [(args.prompts, "--prompts"), (args.tokenizer, "--tokenizer")])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,31 +175,19 @@ def run(args: argparse.Namespace) -> int:
     from detsample.audit.inputs.writers import from_records, write_jsonl, write_npz, write_parquet
     from detsample.errors import DetsampleError
 
-    if portable_without_mode(args):
-        print(f"detsample rollout: error: {PORTABLE_NEEDS_MODE}", file=sys.stderr)
-        return 2
-    refused = tp_needs_portable(args, [args.tp]) or seed_span_problem(args.seed,
-                                                                       args.num_sequences)
+    refused = _refusal(args)
     if refused:
         print(f"detsample rollout: error: {refused}", file=sys.stderr)
         return 2
-    if (args.draft_model is None) != (args.num_speculative_tokens is None):
-        print("detsample rollout: error: --draft-model and --num-speculative-tokens go "
-              "together", file=sys.stderr)
-        return 2
-    problem = output_problem(args.out, "OUT") or output_input_clash(
-        [(args.out, "OUT")], [(args.prompts, "--prompts"), (args.tokenizer, "--tokenizer")])
-    if problem:  # before the engine runs
-        print(f"detsample rollout: error: {problem}", file=sys.stderr)
-        return 2
     stats: list = []
     fmt = ROLLOUT_FORMATS[next(e for e in ROLLOUT_FORMATS if args.out.lower().endswith(e))]
-    if args.tokenizer and not args.prompts:
-        print("detsample rollout: error: --tokenizer encodes --prompts text; give --prompts FILE",
-              file=sys.stderr)
-        return 2
+    tokenizer = _text_tokenizer(args)
+    apply_threads(args)
+    print(_model_line(args))
     try:
-        prompts = read_prompts(args.prompts, args.tokenizer) if args.prompts else None
+        ending = _ending(args, tokenizer)
+        prompts = read_prompts(args.prompts, tokenizer, chat_template=args.chat_template) \
+            if args.prompts else None
         with Progress("rollout: sampling") as progress:
             progress(0, None)
             records = generate_rollouts(
@@ -135,7 +198,8 @@ def run(args: argparse.Namespace) -> int:
                 tp=args.tp, prompts=prompts, n=args.n, logprobs_mode=args.logprobs_mode,
                 draft_model=args.draft_model,
                 num_speculative_tokens=args.num_speculative_tokens or 0,
-                on_speculative=stats.append)
+                on_speculative=stats.append, ending=ending, dtype=args.dtype,
+                on_eos=lambda eos: print(f"eos token ids: {list(eos) or 'none'}"))
     except (AuditInputError, DetsampleError, ValueError, OSError) as exc:
         print(f"detsample rollout: error: {exc}", file=sys.stderr)
         return 2

@@ -7,6 +7,8 @@
 ``refmodel-float``     its float32 twin on the usual kernels (a known-variant control)
 ``hf-tiny-llama``      a 4-layer ``LlamaForCausalLM``, float32, seeded weights (offline)
 ``hf-tiny-qwen2``      a 3-layer ``Qwen2ForCausalLM``, float32, seeded weights (offline)
+``DIR``                 a local Hugging Face model directory (config.json + weights), loaded
+                       by transformers in ``dtype`` (:mod:`detsample.models.hfdir`)
 ``pkg.module:factory`` ``factory()`` from the user's module: a Hugging Face causal LM (wrapped
                        in :class:`~detsample.models.hf.HFCausalLM`), a ``RefModel``, or any
                        object with ``new_cache`` / ``forward(caches, chunks)`` / ``vocab_size``
@@ -16,6 +18,11 @@
 ``detsample.batch_invariant()`` (Hugging Face models also switch to the ``"detsample"``
 attention; docs/batch-invariant.md); ``portable=True`` as well selects the mode's portable
 kernels.
+
+A Hugging Face model's end tokens (its config's and generation config's ``eos_token_id``,
+united) are the loaded model's ``eos_token_ids`` attribute (:func:`model_eos_token_ids`);
+the reference model and the built-in tiny models (the reference tokenizer's layout) keep
+EOS id 0.
 
 Importing the user's module is the only code a spec runs, and only when asked.
 """
@@ -30,6 +37,8 @@ from detsample.errors import Interrupted
 from detsample.models.base import CausalLM, ModelError, check_mode, prefill
 from detsample.models.checked import CheckedLM, ModelOutputError
 from detsample.models.hf import HFCausalLM, HFSeqCache
+from detsample.models.hfdir import (MODEL_DTYPES, config_eos_token_ids, is_model_dir_spec,
+                                    load_model_dir)
 from detsample.models.invariant import BatchInvariantLM
 from detsample.models.refmodel_float import RefModelFloat
 from detsample.models.tiny import TINY_CONFIGS, build_tiny
@@ -38,8 +47,8 @@ from detsample.refmodel import RefModel
 MODEL_NAMES = ("hf-tiny-llama", "hf-tiny-qwen2", "refmodel", "refmodel-float")
 
 __all__ = ["BatchInvariantLM", "CausalLM", "CheckedLM", "HFCausalLM", "HFSeqCache", "MODEL_NAMES",
-           "ModelError", "ModelOutputError", "RefModelLM", "RefModelFloat", "adapt", "build_tiny",
-           "is_model_spec", "load_model", "prefill"]
+           "MODEL_DTYPES", "ModelError", "ModelOutputError", "RefModelLM", "RefModelFloat", "adapt", "build_tiny",
+           "is_model_spec", "load_model", "model_eos_token_ids", "prefill"]
 
 
 class RefModelLM:
@@ -89,7 +98,7 @@ def is_model_spec(spec: object) -> bool:
     ``pkg.module:factory`` (checked without importing anything)."""
     if not isinstance(spec, str):
         return False
-    if spec in MODEL_NAMES:
+    if spec in MODEL_NAMES or is_model_dir_spec(spec):
         return True
     mod_name, _, attr = spec.partition(":")
     return bool(mod_name) and attr.isidentifier() and all(
@@ -135,14 +144,32 @@ def load_factory(spec: str) -> Any:
                          f"returning a model") from None
 
 
+def model_eos_token_ids(lm: Any) -> tuple[int, ...] | None:
+    """The end tokens a loaded model declares (``lm.eos_token_ids``: its Hugging Face
+    configs' union), or None when it declares none of its own (the engine's default, id 0)."""
+    eos = getattr(lm, "eos_token_ids", None)
+    return None if eos is None else tuple(int(t) for t in eos)
+
+
 def load_model(spec: str, *, padding: str = "left", seed: int = 0,
-               batch_invariant: bool = False, portable: bool = False) -> CausalLM:
+               batch_invariant: bool = False, portable: bool = False,
+               dtype: str = "float32") -> CausalLM:
     """The model ``spec`` names (see the module docstring); ``padding`` for HF models;
     ``batch_invariant``: every forward under the batch-invariant mode (``portable``: its
-    portable kernels)."""
+    portable kernels); ``dtype`` (:data:`MODEL_DTYPES`): a model directory's parameters
+    (the other specs build float32 models and refuse another dtype)."""
     if not isinstance(spec, str) or not spec:
         raise ModelError(f"model spec must be a non-empty string, got {spec!r}")
     check_mode(batch_invariant, portable)
+    if is_model_dir_spec(spec):
+        model = load_model_dir(spec, dtype)
+        lm = HFCausalLM(model, padding=padding, name=spec, batch_invariant=batch_invariant,
+                        portable=portable)
+        lm.eos_token_ids = config_eos_token_ids(model)
+        return lm
+    if dtype != "float32":
+        raise ModelError(f"dtype {dtype!r} applies to a model directory; model {spec!r} is "
+                         f"float32")
     if spec == "refmodel":
         return BatchInvariantLM(RefModelLM(), portable) if batch_invariant else RefModelLM()
     if spec == "refmodel-float":
@@ -151,8 +178,12 @@ def load_model(spec: str, *, padding: str = "left", seed: int = 0,
         return HFCausalLM(build_tiny(spec, seed), padding=padding, name=spec,
                           batch_invariant=batch_invariant, portable=portable)
     if ":" not in spec:
-        raise ModelError(f"unknown model {spec!r}; known: {', '.join(MODEL_NAMES)}, or "
-                         f"package.module:factory")
-    lm = adapt(load_factory(spec), spec, padding=padding, batch_invariant=batch_invariant,
-               portable=portable)
-    return CheckedLM(lm, spec)
+        raise ModelError(f"unknown model {spec!r}; known: {', '.join(MODEL_NAMES)}, a model "
+                         f"directory or package.module:factory")
+    obj = load_factory(spec)
+    lm = CheckedLM(adapt(obj, spec, padding=padding, batch_invariant=batch_invariant,
+                         portable=portable), spec)
+    eos = config_eos_token_ids(obj)
+    if eos is not None:
+        lm.eos_token_ids = eos
+    return lm

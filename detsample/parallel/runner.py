@@ -73,10 +73,15 @@ def _backend() -> str | None:
 
 def check_spec(spec: TPModelSpec, model: Any = None) -> None:
     """Refuse, before any rank starts, what :func:`load_sharded` would refuse: the model
-    (``model``, already loaded, or loaded here) checked against ``spec.tp``."""
+    (``model``, already loaded, or loaded here) checked against ``spec.tp``; a model
+    directory's head counts are checked from its config.json before its weights load."""
     if model is None:
-        from detsample.models import load_model
+        from detsample.models import is_model_dir_spec, load_model
+        from detsample.models.hfdir import config_tp_problem
 
+        problem = is_model_dir_spec(spec.model) and config_tp_problem(spec.model, spec.tp)
+        if problem:  # from config.json, before the weights load
+            raise TensorParallelError(problem)
         model = load_model(spec.model, padding=spec.padding, seed=spec.seed)
     plan(model, spec.tp)
 

@@ -101,3 +101,22 @@ def test_prompts_file_n_samples_each(tmp_path, capsys):
 def test_tokenizer_without_prompts_is_a_usage_error(tmp_path, capsys):
     assert main(["rollout", str(tmp_path / "o.jsonl"), "--tokenizer", "t.json"]) == 2
     assert "give --prompts FILE" in capsys.readouterr().err
+
+
+def test_threads_option_sets_torch_threads_and_keeps_the_bits(tmp_path, monkeypatch):
+    # the bug: rollout and audit had no --threads (only OMP_NUM_THREADS)
+    import torch
+
+    seen, real, old = [], torch.set_num_threads, torch.get_num_threads()
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (seen.append(n), real(n)))
+    try:
+        for n in (1, 2):
+            out = tmp_path / f"r{n}.jsonl"
+            assert main(["rollout", str(out), "--num-sequences", "2", "--max-new-tokens", "4",
+                         "--threads", str(n)]) == 0
+            assert main(["audit", str(out), "--rescore", "refmodel", "--threads", str(n),
+                         "--min-exact-match", "1"]) == 0
+    finally:
+        real(old)
+    assert seen == [1, 1, 2, 2]
+    assert (tmp_path / "r1.jsonl").read_bytes() == (tmp_path / "r2.jsonl").read_bytes()

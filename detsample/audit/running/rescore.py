@@ -47,11 +47,13 @@ class ModelRescorer:
     reference model (``RefModel.save``), with ``model="refmodel"`` only. label: how errors
     name the option that gave the model ("--rescore" for the audit, "--model" for
     ``detsample rollout``). semantics: a :class:`~detsample.audit.semantics.Semantics`.
+    dtype: a model directory's parameter dtype (``float32``, ``bfloat16``, ``float16``).
     """
 
     def __init__(self, model: str = "refmodel", *, batch_invariant: bool = False,
                  portable: bool = False, model_path: str | None = None,
-                 label: str = "--rescore", semantics: Semantics = RAW) -> None:
+                 label: str = "--rescore", semantics: Semantics = RAW,
+                 dtype: str = "float32") -> None:
         check_rescore_spec(model)
         if not isinstance(model, str):
             raise ValueError(f"model must be a model spec string, got {model!r}")
@@ -67,6 +69,7 @@ class ModelRescorer:
         if not isinstance(semantics, Semantics):
             raise ValueError(f"semantics must be a Semantics, got {type(semantics).__name__}")
         self.semantics = semantics
+        self.dtype = str(dtype)
         #: logits of the first ``keep`` sequences scored (prompt, response) -> [n, V]
         self.keep = 0
         self.kept: dict = {}
@@ -78,13 +81,14 @@ class ModelRescorer:
     def __getstate__(self) -> dict:
         return {"model": self.model, "batch_invariant": self.batch_invariant,
                 "portable": self.portable, "model_path": self.model_path, "label": self.label,
-                "semantics": self.semantics}
+                "semantics": self.semantics, "dtype": self.dtype}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["model"], batch_invariant=state["batch_invariant"],
                       portable=state.get("portable", False), model_path=state["model_path"],
                       label=state.get("label", "--rescore"),
-                      semantics=state.get("semantics", RAW))
+                      semantics=state.get("semantics", RAW),
+                      dtype=state.get("dtype", "float32"))
 
     def build_model(self):
         """The model this rescorer prefills with (built once)."""
@@ -103,7 +107,7 @@ class ModelRescorer:
                                batch_invariant=self.batch_invariant, portable=self.portable)
                 else:
                     lm = load_model(self.model, batch_invariant=self.batch_invariant,
-                                    portable=self.portable)
+                                    portable=self.portable, dtype=self.dtype)
             except ModelError as exc:
                 raise RescoreModelError(f"{self.label}: {exc}") from exc
             self._state = (lm, Sampler(), rescore)
@@ -318,7 +322,7 @@ def check_rescore_spec(spec: object) -> None:
     """ValueError naming the value unless ``spec`` is None, a callable or a model spec
     (cheap: imports and builds nothing; :func:`resolve_rescorer` builds)."""
     if not (spec is None or callable(spec) or is_model_spec(spec)):
-        raise ValueError(f"rescore must be a callable, a model ({', '.join(MODEL_NAMES)} or "
+        raise ValueError(f"rescore must be a callable, a model ({', '.join(MODEL_NAMES)}, a directory or "
                          f"package.module:factory) or None, got {spec!r}")
 
 

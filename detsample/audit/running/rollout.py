@@ -53,59 +53,83 @@ class Prompt:
     seed: int | None = None
 
 
-def read_prompts(path: str, tokenizer: str | None = None) -> list[Prompt]:
+def read_prompts(path: str, tokenizer=None, *, chat_template: bool = False) -> list[Prompt]:
     """The prompts of a JSONL file, one object per line: ``prompt_ids`` (a list of token
-    ids), or ``prompt`` (text, encoded with the local ``tokenizer`` file, a Hugging Face
-    ``tokenizer.json``); optional ``id`` and ``seed``. Errors name the file, the line,
-    the field and the value (:class:`~detsample.errors.InvalidSamplingParams`)."""
+    ids), ``prompt`` (text, encoded with ``tokenizer``: a path to a ``tokenizer.json`` or a
+    model directory, or a loaded :class:`~detsample.audit.running.text.TextTokenizer`), or,
+    with ``chat_template``, ``messages`` (``[{"role", "content"}, ...]`` rendered by the
+    tokenizer's own chat template with the generation prompt, then encoded); optional ``id``
+    and ``seed``. Errors name the file, the line, the field and the value
+    (:class:`~detsample.errors.InvalidSamplingParams`)."""
     from detsample.errors import InvalidSamplingParams
-    from detsample.params import Request, SamplingParams
 
-    encode = _text_encoder(tokenizer)
+    tok = _tokenizer(tokenizer)
     out = []
     with open(path, encoding="utf-8") as fh:
         for line, text in enumerate(fh, 1):
-            if not text.strip():
-                continue
-            where = f"{path}:{line}"
-            try:
-                rec = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise InvalidSamplingParams(f"{where}: not JSON ({exc.msg})") from None
-            if not isinstance(rec, dict):
-                raise InvalidSamplingParams(f"{where}: a line must be a JSON object, got "
-                                            f"{type(rec).__name__}")
-            try:
-                ids = _prompt_ids(rec, encode)
-                seed = rec.get("seed")
-                if seed is not None:
-                    seed = SamplingParams(seed=seed).seed
-                Request("p", prompt_ids=ids)  # the id rules, once
-            except InvalidSamplingParams as exc:
-                raise InvalidSamplingParams(f"{where}: {exc}") from None
-            if not ids:
-                raise InvalidSamplingParams(f"{where}: prompt_ids must not be empty, got []")
-            rid = rec.get("id")
-            out.append(Prompt(tuple(ids), None if rid is None else str(rid), seed))
+            if text.strip():
+                out.append(_prompt_line(text, f"{path}:{line}", tok, chat_template))
     if not out:
         raise InvalidSamplingParams(f"{path}: no prompts (one JSON object per line with "
                                     f"prompt_ids)")
     return out
 
 
-def _prompt_ids(rec: dict, encode) -> list:
+def _tokenizer(tokenizer):
+    if tokenizer is None or not isinstance(tokenizer, (str, Path)):
+        return tokenizer
+    from detsample.audit.running.text import load_text_tokenizer
+
+    return load_text_tokenizer(str(tokenizer))
+
+
+def _prompt_line(text: str, where: str, tok, chat_template: bool) -> Prompt:
+    from detsample.errors import InvalidSamplingParams
+    from detsample.params import Request, SamplingParams
+
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidSamplingParams(f"{where}: not JSON ({exc.msg})") from None
+    if not isinstance(rec, dict):
+        raise InvalidSamplingParams(f"{where}: a line must be a JSON object, got "
+                                    f"{type(rec).__name__}")
+    try:
+        ids = _prompt_ids(rec, tok, chat_template, where)
+        seed = rec.get("seed")
+        if seed is not None:
+            seed = SamplingParams(seed=seed).seed
+        Request("p", prompt_ids=ids)  # the id rules, once
+    except InvalidSamplingParams as exc:
+        msg = str(exc)
+        raise InvalidSamplingParams(msg if msg.startswith(where) else f"{where}: {msg}") from None
+    if not ids:
+        raise InvalidSamplingParams(f"{where}: prompt_ids must not be empty, got []")
+    rid = rec.get("id")
+    return Prompt(tuple(ids), None if rid is None else str(rid), seed)
+
+
+def _prompt_ids(rec: dict, tok, chat_template: bool, where: str) -> list:
     from detsample.errors import InvalidSamplingParams
 
     if "prompt_ids" in rec:
         return rec["prompt_ids"] if isinstance(rec["prompt_ids"], list) else \
             _bad("prompt_ids must be a list of token ids", rec["prompt_ids"])
+    if "messages" in rec:
+        if not chat_template:
+            raise InvalidSamplingParams("field 'messages' is a chat: give --chat-template "
+                                        "(rendered by the tokenizer's own template)")
+        if tok is None:
+            raise InvalidSamplingParams("field 'messages' needs a tokenizer with a chat "
+                                        "template (--model DIR or --tokenizer DIR)")
+        return tok.encode(tok.render_chat(rec["messages"], where))
     if "prompt" in rec:
-        if encode is None:
+        if tok is None:
             raise InvalidSamplingParams("field 'prompt' is text: give a tokenizer "
                                         "(--tokenizer tokenizer.json) or prompt_ids")
         if not isinstance(rec["prompt"], str):
             _bad("prompt must be a string", rec["prompt"])
-        return encode(rec["prompt"])
+        return tok.encode(rec["prompt"])
     raise InvalidSamplingParams(f"missing field 'prompt_ids' (keys: {sorted(rec)[:8]})")
 
 
@@ -115,21 +139,61 @@ def _bad(what: str, value: object):
     raise InvalidSamplingParams(f"{what}, got {value!r:.60}")
 
 
-def _text_encoder(tokenizer: str | None):
-    """``text -> ids`` of a local tokenizer.json (the ``tokenizers`` package), or None."""
-    if tokenizer is None:
-        return None
-    from detsample.errors import InvalidSamplingParams
+@dataclass(frozen=True)
+class Ending:
+    """How a rollout's responses end (frozen, validated).
 
-    if not Path(tokenizer).is_file():
-        raise InvalidSamplingParams(f"tokenizer: no such file {tokenizer!r}")
-    from tokenizers import Tokenizer
+    eos_token_ids: None = the model's own (:func:`detsample.models.model_eos_token_ids`: a
+    Hugging Face model's config and generation-config ``eos_token_id``, united, as vLLM and
+    HF ``generate`` read them; id 0 for the reference model and the built-in tiny models);
+    a tuple overrides them. ignore_eos: no EOS stop at all (stop ids and strings still
+    stop). stop_token_ids: every request's ``SamplingParams.stop_token_ids``. stop: stop
+    strings, searched in the decoded response (needs ``tokenizer``: a tokenizer.json or a
+    model directory). The token that ends a response is part of it (vLLM's ``token_ids``);
+    no later token is emitted or masked in.
+    """
 
-    try:
-        tok = Tokenizer.from_file(str(tokenizer))
-    except Exception as exc:  # noqa: BLE001 - a bad file is named, whatever the parser says
-        raise InvalidSamplingParams(f"tokenizer {tokenizer}: cannot read it ({exc})") from None
-    return lambda text: tok.encode(text, add_special_tokens=False).ids
+    eos_token_ids: tuple[int, ...] | None = None
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    tokenizer: str | None = None
+
+    def __post_init__(self) -> None:
+        from detsample.audit.running.text import check_stop_strings
+        from detsample.errors import InvalidSamplingParams
+        from detsample.params import SamplingParams
+
+        if self.eos_token_ids is not None:
+            ids = SamplingParams(stop_token_ids=self.eos_token_ids).stop_token_ids
+            object.__setattr__(self, "eos_token_ids", ids)
+        object.__setattr__(self, "stop_token_ids",
+                           SamplingParams(stop_token_ids=self.stop_token_ids).stop_token_ids)
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidSamplingParams(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if self.ignore_eos and self.eos_token_ids is not None:
+            raise InvalidSamplingParams("ignore_eos and eos_token_ids contradict each other; "
+                                        "give one")
+        object.__setattr__(self, "stop", check_stop_strings(self.stop))
+        if self.stop and self.tokenizer is None:
+            raise InvalidSamplingParams(f"stop strings {list(self.stop)} need a tokenizer "
+                                        f"(--tokenizer, or --model DIR)")
+
+    def engine_eos(self, lm) -> tuple[int, ...]:
+        """The EOS ids the engine stops on for model ``lm``; an id outside its vocabulary
+        is an error naming it."""
+        from detsample.errors import InvalidSamplingParams
+        from detsample.models import model_eos_token_ids
+        from detsample.refmodel.tokenizer import EOS_ID
+
+        own = model_eos_token_ids(lm)
+        eos = () if self.ignore_eos else self.eos_token_ids if self.eos_token_ids is not None \
+            else (EOS_ID,) if own is None else own
+        for t in eos + self.stop_token_ids:
+            if t >= lm.vocab_size:
+                raise InvalidSamplingParams(f"end token id {t} is outside the model's "
+                                            f"vocabulary of {lm.vocab_size}")
+        return eos
 
 
 def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed: int = 0,
@@ -139,7 +203,9 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
                       model: str = "refmodel", batch_invariant: bool = False,
                       portable: bool = False, tp: int = 1, prompts: list[Prompt] | None = None,
                       n: int = 1, logprobs_mode: str = "raw", draft_model: str | None = None,
-                      num_speculative_tokens: int = 0, on_speculative=None) -> list[dict]:
+                      num_speculative_tokens: int = 0, on_speculative=None,
+                      ending: Ending = Ending(), dtype: str = "float32",
+                      on_eos=None) -> list[dict]:
     """Generate rollouts: ``n`` samples of each of ``prompts`` (default: ``num_sequences``
     built-in prompts; request k arrives at engine step ``k * stagger``; the seeds are in
     the module docstring) with ``model`` (a :func:`~detsample.models.load_model` spec;
@@ -148,7 +214,9 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
     in the same mode). ``tp > 1``: the model tensor-parallel over ``tp`` local ranks (every
     rank runs the engine on the gathered logits; ``trainer_logprobs`` are then the TP
     model's too; docs/tensor-parallel.md). A (prompt, seed) pair that repeats (two
-    identical responses) is warned about."""
+    identical responses) is warned about. ``ending``: the end tokens and stop strings
+    (:class:`Ending`; ``on_eos`` receives the EOS ids the engine stopped on); ``dtype``: a
+    model directory's parameter dtype."""
     from detsample.audit.running.rescore import ModelRescorer
     from detsample.audit.semantics import Semantics
     from detsample.errors import InvalidSamplingParams
@@ -163,7 +231,7 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
     run = dict(num_sequences=num_sequences, max_new_tokens=max_new_tokens, seed=seed,
                temperature=temperature, top_p=top_p, top_k=top_k, max_batch_size=max_batch_size,
                stagger=stagger, with_trainer=with_trainer, prompts=prompts, n=n,
-               semantics=semantics)
+               semantics=semantics, ending=ending)
     if (draft_model is None) != (not num_speculative_tokens):
         raise InvalidSamplingParams("draft_model and num_speculative_tokens go together, got "
                                     f"{draft_model!r} and {num_speculative_tokens!r}")
@@ -177,31 +245,37 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
                                         "tensor-parallel; give tp=1")
         if draft_model is not None:
             raise InvalidSamplingParams("speculative decoding (draft_model) runs with tp=1 only")
+        if dtype != "float32":
+            raise InvalidSamplingParams(f"dtype {dtype!r} runs with tp=1 only")
         spec = TPModelSpec(model, tp, batch_invariant, portable)
         check_spec(spec)
         return launch(tp, load_sharded, (spec,), _rank_rollouts, run)
     rescorer = ModelRescorer(model, batch_invariant=batch_invariant, portable=portable,
-                             model_path=model_path, label="--model", semantics=semantics)
+                             model_path=model_path, label="--model", semantics=semantics,
+                             dtype=dtype)
     lm = rescorer.build_model()
     if draft_model is not None:
         run["speculative"] = _speculative(lm, draft_model, num_speculative_tokens,
-                                          batch_invariant, portable)
+                                          batch_invariant, portable, dtype)
         run["on_speculative"] = on_speculative
+    run["on_eos"] = on_eos
     return _rollouts(lm, rescorer, **run)
 
 
-def _speculative(lm, draft_model: str, k: int, batch_invariant: bool, portable: bool):
+def _speculative(lm, draft_model: str, k: int, batch_invariant: bool, portable: bool,
+                 dtype: str = "float32"):
     """The engine's :class:`~detsample.refmodel.speculative.Speculative` for the CLI's
     ``--draft-model`` (``ngram``: prompt lookup; else a model spec loaded in the target's
     mode) and ``--num-speculative-tokens``."""
     from detsample.errors import InvalidSamplingParams
-    from detsample.models import ModelError, load_model
+    from detsample.models import ModelError, is_model_dir_spec, load_model
     from detsample.refmodel.speculative import DraftModel, NGram, Speculative, check_draft_model
 
     if draft_model == "ngram":
         return Speculative(NGram(), k)
     try:
-        draft = load_model(draft_model, batch_invariant=batch_invariant, portable=portable)
+        draft = load_model(draft_model, batch_invariant=batch_invariant, portable=portable,
+                           dtype=dtype if is_model_dir_spec(draft_model) else "float32")
     except ModelError as exc:
         raise InvalidSamplingParams(f"--draft-model: {exc}") from exc
     check_draft_model(lm, draft)
@@ -218,7 +292,7 @@ def _rank_rollouts(lm, comm, run: dict) -> list[dict]:
 
 def _requests(lm, *, num_sequences: int, max_new_tokens: int, seed: int, temperature: float,
               top_p: float, top_k: int, stagger: int, prompts: list[Prompt] | None, n: int,
-              semantics) -> list[tuple[int, object, int]]:
+              semantics, ending: Ending) -> list[tuple[int, object, int]]:
     """(arrival step, request, group) of every sample, in record order."""
     from detsample.params import Request, SamplingParams, child_requests
     from detsample.refmodel.tokenizer import encode
@@ -231,7 +305,8 @@ def _requests(lm, *, num_sequences: int, max_new_tokens: int, seed: int, tempera
         base = pr.seed if pr.seed is not None else seed + i * n
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=base,
                                 max_new_tokens=max_new_tokens,
-                                logprobs_mode=semantics.logprobs_mode)
+                                logprobs_mode=semantics.logprobs_mode,
+                                stop_token_ids=ending.stop_token_ids)
         rid = pr.id if pr.id is not None else f"rollout-{seed}-{i}"
         kids = child_requests(Request(rid, params, list(pr.prompt_ids), []), n) if n > 1 \
             else [Request(rid, params, list(pr.prompt_ids), [])]
@@ -247,25 +322,39 @@ def _requests(lm, *, num_sequences: int, max_new_tokens: int, seed: int, tempera
 
 
 def _rollouts(lm, rescorer, *, max_batch_size: int | None, with_trainer: bool,
-              speculative=None, on_speculative=None, **spec) -> list[dict]:
+              speculative=None, on_speculative=None, on_eos=None, **spec) -> list[dict]:
     from detsample.refmodel.engine import Engine, EngineConfig
     from detsample.refmodel.schedule import Schedule
 
     planned = _requests(lm, **spec)
     mode = spec["semantics"].logprobs_mode
-    engine = Engine(lm, config=EngineConfig(max_batch_size=max_batch_size),
+    eos = spec["ending"].engine_eos(lm)
+    if on_eos is not None:
+        on_eos(eos)
+    engine = Engine(lm, config=EngineConfig(max_batch_size=max_batch_size, eos_token_ids=eos),
                     speculative=speculative)
+    cut = _stop_cutter(spec["ending"])
     result = engine.run(Schedule.of([(step, req) for step, req, _ in planned]))
     if on_speculative is not None and result.speculative is not None:
         on_speculative(result.speculative)
     records = []
     for _, req, group in planned:
         res = result[req.rid]
+        keep = cut(res.token_ids)
         rec = {"id": req.rid, "group": group, "seed": req.seed,
-               "prompt_ids": list(res.prompt_ids), "response_ids": list(res.token_ids),
-               "engine_logprobs": res.logprobs[mode].tolist(),
-               "mask": [1] * len(res.token_ids)}
+               "prompt_ids": list(res.prompt_ids), "response_ids": list(res.token_ids[:keep]),
+               "engine_logprobs": res.logprobs[mode][:keep].tolist(), "mask": [1] * keep}
         if with_trainer:
             rec["trainer_logprobs"] = rescorer(rec["prompt_ids"], rec["response_ids"]).tolist()
         records.append(rec)
     return records
+
+
+def _stop_cutter(ending: Ending):
+    """``response ids -> tokens kept`` under the stop strings (all, without any)."""
+    if not ending.stop:
+        return len
+    from detsample.audit.running.text import load_text_tokenizer, stop_string_cut
+
+    tok = load_text_tokenizer(ending.tokenizer)
+    return lambda ids: stop_string_cut(tok, ids, ending.stop)
