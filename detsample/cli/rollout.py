@@ -28,16 +28,17 @@ from detsample.cli._progress import Progress
 from detsample.outputs import OutputError, output_input_clash
 from detsample.params import LOGPROBS_MODES
 
-#: what ``detsample rollout`` writes (the audit also reads .pt, which rollout cannot write)
-ROLLOUT_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".npz": "npz",
-                   ".parquet": "parquet", ".pq": "parquet"}
-
-
 def rollout_path(text: str) -> str:
-    """OUT: a path ending in one of :data:`ROLLOUT_FORMATS`, else an argparse error."""
-    if not any(text.lower().endswith(ext) for ext in ROLLOUT_FORMATS):
-        raise argparse.ArgumentTypeError(f"{text}: unknown output format (rollout writes "
-                                         f"{', '.join(ROLLOUT_FORMATS)})")
+    """OUT: a path of a format ``detsample rollout`` writes (the format table,
+    :data:`detsample.audit.inputs.formats.FORMATS`: .pt is read, not written), else an
+    argparse error."""
+    from detsample.audit.inputs.formats import format_of
+    from detsample.audit.issues import AuditInputError
+
+    try:
+        format_of(text, written=True)
+    except AuditInputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 
@@ -172,7 +173,8 @@ def _refusal(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from detsample.audit.inputs.readers import AuditInputError
     from detsample.audit.running.rollout import generate_rollouts, read_prompts
-    from detsample.audit.inputs.writers import from_records, write_jsonl, write_npz, write_parquet
+    from detsample.audit.inputs.formats import format_of
+    from detsample.audit.inputs.writers import from_records
     from detsample.errors import DetsampleError
 
     refused = _refusal(args)
@@ -180,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"detsample rollout: error: {refused}", file=sys.stderr)
         return 2
     stats: list = []
-    fmt = ROLLOUT_FORMATS[next(e for e in ROLLOUT_FORMATS if args.out.lower().endswith(e))]
+    writer = format_of(args.out, written=True).writer
     tokenizer = _text_tokenizer(args)
     apply_threads(args)
     print(_model_line(args))
@@ -203,7 +205,6 @@ def run(args: argparse.Namespace) -> int:
     except (AuditInputError, DetsampleError, ValueError, OSError) as exc:
         print(f"detsample rollout: error: {exc}", file=sys.stderr)
         return 2
-    writer = {"jsonl": write_jsonl, "npz": write_npz, "parquet": write_parquet}[fmt]
     try:  # atomically, at exactly OUT (detsample.outputs.write_file)
         writer(from_records(records), args.out, flag="OUT")
     except OutputError as exc:

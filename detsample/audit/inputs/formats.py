@@ -24,13 +24,13 @@ from detsample.audit.issues import AuditInputError
 @dataclass(frozen=True)
 class Format:
     """A rollout file format: ``name``, the lower-case file name ``endings`` that select
-    it, ``source`` (path -> :class:`Source`) and ``writer`` ((columns, path) -> None, or
-    None)."""
+    it, ``source`` (path -> :class:`Source`) and ``writer`` ((columns, path, flag=) ->
+    None, atomically at exactly the path; or None)."""
 
     name: str
     endings: tuple[str, ...]
     source: Callable[[str], Source]
-    writer: Callable[[dict, str], None] | None = None
+    writer: Callable[..., None] | None = None
 
 
 FORMATS: tuple[Format, ...] = (
