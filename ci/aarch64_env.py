@@ -156,7 +156,7 @@ def stubs(root: Path, site: Path) -> list[str]:
     tmp.mkdir(exist_ok=True)
     for lib, versions in sorted(wanted.items()):
         asm, script, seen = [".text"], [], set()
-        for ver, names in sorted(versions.items()):
+        for _ver, names in sorted(versions.items()):
             for name, typ in sorted(names.items()):
                 if name in seen:
                     continue
@@ -190,11 +190,8 @@ def stubs(root: Path, site: Path) -> list[str]:
 
 #: Linux's arm64 AT_HWCAP / AT_HWCAP2 bit names (arch/arm64/include/uapi/asm/hwcap.h), as
 #: /proc/cpuinfo's "Features" line writes them
-HWCAP = ("fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm jscvt fcma "
-         "lrcpc dcpop sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc flagm ssbs sb paca pacg").split()
-HWCAP2 = ("dcpodp sve2 sveaes svepmull svebitperm svesha3 svesm4 flagm2 frint svei8mm svef32mm svef64mm "
-          "svebf16 i8mm bf16 dgh rng bti mte ecv afp rpres mte3 sme sme_i16i64 sme_f64f64 sme_i8i32 "
-          "sme_f16f32 sme_b16f32 sme_f32f32 sme_fa64 wfxt ebf16 sve_ebf16").split()
+HWCAP = ["fp", "asimd", "evtstrm", "aes", "pmull", "sha1", "sha2", "crc32", "atomics", "fphp", "asimdhp", "cpuid", "asimdrdm", "jscvt", "fcma", "lrcpc", "dcpop", "sha3", "sm3", "sm4", "asimddp", "sha512", "sve", "asimdfhm", "dit", "uscat", "ilrcpc", "flagm", "ssbs", "sb", "paca", "pacg"]  # noqa: E501 - the kernel's table
+HWCAP2 = ["dcpodp", "sve2", "sveaes", "svepmull", "svebitperm", "svesha3", "svesm4", "flagm2", "frint", "svei8mm", "svef32mm", "svef64mm", "svebf16", "i8mm", "bf16", "dgh", "rng", "bti", "mte", "ecv", "afp", "rpres", "mte3", "sme", "sme_i16i64", "sme_f64f64", "sme_i8i32", "sme_f16f32", "sme_b16f32", "sme_f32f32", "sme_fa64", "wfxt", "ebf16", "sve_ebf16"]  # noqa: E501 - the kernel's table
 
 #: what the guest reads to learn its CPU: MIDR_EL1 (by ``mrs``, which QEMU serves to user
 #: mode as Linux does) and the auxiliary vector's hwcaps

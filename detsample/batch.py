@@ -31,18 +31,19 @@ no ``(B, V)`` tensor exists for it.
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from detsample import rules
-from detsample.processors import penalties as constraints  # penalties, constraints
-from detsample.processors.batch_update import BatchUpdate, diff_update  # processors
 from detsample.grammar import batching as grammar_hooks  # grammar rows
 from detsample.ops.bias import BiasCOO, bias_coo
 from detsample.ops.host import to_device
 from detsample.params import Request, SamplingParams
 from detsample.params.validation import check_request, fail, id_sequence, int_list
+from detsample.processors import penalties as constraints  # penalties, constraints
+from detsample.processors.batch_update import BatchUpdate, diff_update  # processors
 from detsample.processors.penalty_state import PenaltyState
 
 FINISH_NO_VALID_TOKEN = "no_valid_token"
@@ -90,7 +91,7 @@ class SamplingBatch:
                       device: str | torch.device = "cpu",
                       eos_token_ids: Sequence[int] = (0,),
                       vocab: Any = None,
-                      think_end_token_id: int | None = None) -> "SamplingBatch":
+                      think_end_token_id: int | None = None) -> SamplingBatch:
         """Build the row-aligned state of ``requests`` (row i = requests[i]).
 
         ``think_end_token_id``: the end-of-thinking token after which the grammar of a
@@ -185,7 +186,7 @@ class SamplingBatch:
         return diff_update(old_uids, self.row_uids, lambda j: (
             self.requests[j].params, self.requests[j].prompt_ids, self.output_ids[j]))
 
-    def constraint_rows(self) -> "constraints.ConstraintRows":
+    def constraint_rows(self) -> constraints.ConstraintRows:
         """Rows with min_new_tokens / allowed_token_ids / bad_words (cached)."""
         if self._constraints is None:
             self._constraints = constraints.constraint_rows(self)
@@ -239,7 +240,7 @@ class SamplingBatch:
         self._changed()
         return self.update_since(old_uids)
 
-    def merge(self, other: "SamplingBatch") -> BatchUpdate | None:
+    def merge(self, other: SamplingBatch) -> BatchUpdate | None:
         """Append ``other``'s rows after this batch's rows (in place).
 
         Returns the processors' BatchUpdate (``added`` only), None if ``other`` is empty.

@@ -34,8 +34,9 @@ operations, so every container gives the same bits (tests/test_rules.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -187,7 +188,7 @@ def block_sums(q: torch.Tensor, block: int | None) -> torch.Tensor:
     block = block or max(V, 1)
     nb = V // block
     sums = q[:, :nb * block].view(rows, nb, block).sum(-1)
-    if V > nb * block:
+    if nb * block < V:
         sums = torch.cat([sums, q[:, nb * block:].sum(-1, keepdim=True)], dim=1)
     return sums
 

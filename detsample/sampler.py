@@ -29,27 +29,27 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from detsample import rules
 from detsample.batch import SamplingBatch
 from detsample.errors import InvalidSamplingParams
 from detsample.grammar import batching as grammar_hooks
 from detsample.grammar.masker import GrammarMasker
 from detsample.ops import draw as draw_ops
 from detsample.ops import logprobs as lp_ops
+from detsample.ops import rowpass
+from detsample.ops.mask import pack_bitmask
+from detsample.params.validation import check_logits, row_ids_tensor
 from detsample.processors.base import ProcessorRunner
 from detsample.processors.loading import load_processors
-from detsample import rules
-from detsample.ops.mask import pack_bitmask
-from detsample.rules import STATUS_NO_VALID_TOKEN
 from detsample.rng import RNG_NAME
+from detsample.rules import STATUS_NO_VALID_TOKEN
 from detsample.sampling import keptset
-from detsample.sampling.backend import BACKENDS, TORCH, resolve
-from detsample.ops import rowpass
 from detsample.sampling import logprobs as lp_steps
+from detsample.sampling.backend import BACKENDS, TORCH, resolve
 from detsample.sampling.keptset import CutInputs, KeptCDF
 from detsample.sampling.logprobs import Steps
 from detsample.sampling.prepare import Prepared, prepare
 from detsample.sampling.rowplan import RowPlan, Rows, plan_rows
-from detsample.params.validation import check_logits, row_ids_tensor
 from detsample.sampling.workspace import Workspace
 
 FILTER_IMPLS = ("auto", "sort")

@@ -29,14 +29,7 @@ KAPPA = 0.044715
 SERIES_MAX, CF_TERMS = 2.0, 40
 SERIES = [1.0 / math.prod(range(1, 2 * n + 2, 2)) for n in range(25)]     # 1 / (2n+1)!!
 #: Mills' ratio's Taylor coefficients about 3 (M^(n)(3) / n!, rounded)
-MILLS = [float.fromhex(h) for h in """
-    0x1.37e684ee8e185p-2 -0x1.6131c4d156dc3p-4 0x1.78098a8c67997p-6 -0x1.7b8def8030db5p-8
-    0x1.6d7c5bb10bd3cp-10 -0x1.516888be198e5p-12 0x1.2bcfe30697181p-14 -0x1.01416a398089ep-16
-    0x1.ab7b4d6ddac29p-19 -0x1.58b5f601171fap-21 0x1.0e5154ae7577cp-23 -0x1.9d02cd122bb3dp-26
-    0x1.33d614bf0d8b9p-28 -0x1.c05448a4a1567p-31 0x1.3f57f12794abcp-33 -0x1.bd7c6e75371d2p-36
-    0x1.30928f774001ap-38 -0x1.9893c9253a8efp-41 0x1.0d13ce496731cp-43 -0x1.5c3e33404c104p-46
-    0x1.bb27f03755589p-49 -0x1.156c87e0d56c4p-51 0x1.55f23d89c1dc4p-54 -0x1.9f26187db41adp-57
-    0x1.f0b53646fb85dp-60""".split()]
+MILLS = [float.fromhex(h) for h in ["0x1.37e684ee8e185p-2", "-0x1.6131c4d156dc3p-4", "0x1.78098a8c67997p-6", "-0x1.7b8def8030db5p-8", "0x1.6d7c5bb10bd3cp-10", "-0x1.516888be198e5p-12", "0x1.2bcfe30697181p-14", "-0x1.01416a398089ep-16", "0x1.ab7b4d6ddac29p-19", "-0x1.58b5f601171fap-21", "0x1.0e5154ae7577cp-23", "-0x1.9d02cd122bb3dp-26", "0x1.33d614bf0d8b9p-28", "-0x1.c05448a4a1567p-31", "0x1.3f57f12794abcp-33", "-0x1.bd7c6e75371d2p-36", "0x1.30928f774001ap-38", "-0x1.9893c9253a8efp-41", "0x1.0d13ce496731cp-43", "-0x1.5c3e33404c104p-46", "0x1.bb27f03755589p-49", "-0x1.156c87e0d56c4p-51", "0x1.55f23d89c1dc4p-54", "-0x1.9f26187db41adp-57", "0x1.f0b53646fb85dp-60"]]  # noqa: E501 - one table
 
 
 def _f64(x) -> np.ndarray:

@@ -9,7 +9,7 @@ operation), so it can be compared bit for bit.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

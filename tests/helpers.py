@@ -6,8 +6,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from detsample import arith
-from detsample import Request, SamplingBatch, Sampler, SamplingParams
+from detsample import Request, Sampler, SamplingBatch, SamplingParams, arith
 from detsample import rules as _rules
 from detsample.probe.threads import torch_threads
 

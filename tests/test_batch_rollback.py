@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from detsample import InvalidSamplingParams, Request, Sampler, SamplingBatch, SamplingParams
 from detsample.vocab import Vocabulary

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from detsample import SamplingBatch, Sampler
+from detsample import Sampler, SamplingBatch
 from oracles import sampler as osamp
 from tests.helpers import logits_rows, params_strategy, requests_from
 

@@ -43,7 +43,7 @@ def test_uniforms_never_reach_zero_or_one():
     SGLang 25106), and a hash of 0 must not become u == 0."""
     n_max = (2**52 - 1 + 0.5) * 2.0**-52
     n_min = 0.5 * 2.0**-52
-    assert 0.0 < n_min and n_max < 1.0
+    assert n_min > 0.0 and n_max < 1.0
 
 
 def test_uniform_depends_only_on_seed_and_position():
@@ -98,6 +98,7 @@ def test_host_rounds_equal_tensor_rounds(pairs):
     and the oracle, whatever the seeds and positions (the full 63 bits: a carry or a
     shift crossing lanes would show)."""
     import numpy as np
+
     from detsample.rng import MASK32, STREAM_DRAW
     from detsample.rules import U_SCALE
     seeds = torch.tensor([s for s, _ in pairs])

@@ -18,8 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detsample import arith
-from detsample import rules
+from detsample import arith, rules
 from tests import rules_cases as C
 
 F32 = np.float32

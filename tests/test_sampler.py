@@ -9,10 +9,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from detsample import arith
-from detsample import InvalidSamplingParams, Request, SamplingBatch, Sampler, SamplingParams
-from tests.helpers import (logits_rows, num_threads, params_strategy, requests_from,
-                           row_bits_equal, sample_alone)
+from detsample import InvalidSamplingParams, Request, Sampler, SamplingBatch, SamplingParams, arith
+from tests.helpers import logits_rows, num_threads, params_strategy, requests_from, row_bits_equal, sample_alone
 
 V = 97
 FAMILIES = ["random", "ties", "onehot", "neginf", "nan", "huge", "mixed", "peaked", "bf16"]

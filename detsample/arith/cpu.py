@@ -28,7 +28,7 @@ from detsample.arith import spec
 PARALLEL_MIN = 1 << 16
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def jit():
     """The numba kernels module; ImportError when numba is not installed."""
     from detsample.arith import jit as kernels

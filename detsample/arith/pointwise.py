@@ -16,12 +16,12 @@ its own input, so the split changes no bit.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from detsample.arith import uses_numba
-from detsample.arith import cpu, elementary, elementary_torch, reference, trig_torch
+from detsample.arith import cpu, elementary, elementary_torch, reference, trig_torch, uses_numba
 from detsample.arith import exp as exp32
 
 __all__ = ["FUNCTIONS", "exp", "expm1", "log", "tanh", "sigmoid", "silu", "softplus", "gelu",
@@ -33,7 +33,7 @@ FUNCTIONS = ("exp", "expm1", "log", "tanh", "sigmoid", "silu", "softplus", "gelu
 HALF = (torch.bfloat16, torch.float16)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernels(module: str):
     """The numba kernels module ``module`` (``"elementary_jit"`` / ``"trig_jit"``)."""
     import importlib

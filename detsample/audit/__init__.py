@@ -22,14 +22,22 @@ file order for the issue list and ties in the worst-sequence table): the chunk s
 ``workers`` cannot change a bit of it (docs/audit.md, "Exactness").
 """
 
-from detsample.audit.semantics import Semantics
 from detsample.audit.inputs.layout import PRESETS, Layout, make_layout
-from detsample.audit.running.tensors import from_tensors, tensors_accumulator
 from detsample.audit.reports.log import AuditLog, read_log
 from detsample.audit.running.options import AuditOptions
 from detsample.audit.running.rescore import ModelRescorer, TPRescorer
-from detsample.audit.running.run import (AuditInputError, Issue, Shard, audit, audit_accumulator,
-                                         check_gates, plan_shards, to_json)
+from detsample.audit.running.run import (
+                                         AuditInputError,
+                                         Issue,
+                                         Shard,
+                                         audit,
+                                         audit_accumulator,
+                                         check_gates,
+                                         plan_shards,
+                                         to_json,
+)
+from detsample.audit.running.tensors import from_tensors, tensors_accumulator
+from detsample.audit.semantics import Semantics
 
 __all__ = ["PRESETS", "AuditInputError", "AuditLog", "AuditOptions", "Issue", "Layout",
            "ModelRescorer", "Semantics", "Shard", "TPRescorer", "audit", "audit_accumulator",

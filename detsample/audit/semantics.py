@@ -55,7 +55,7 @@ class Semantics:
             object.__setattr__(self, name, getattr(p, name))
 
     @classmethod
-    def of(cls, logprobs_mode: str = "raw", **fields: object) -> "Semantics":
+    def of(cls, logprobs_mode: str = "raw", **fields: object) -> Semantics:
         """A semantics from options: filters given with "raw" are refused (raw
         logprobs are log_softmax at temperature 1; they would change nothing)."""
         s = cls(logprobs_mode, **fields)  # type: ignore[arg-type]
@@ -67,7 +67,7 @@ class Semantics:
                 f"'processed' (--logprobs-mode processed)")
         return s
 
-    def with_row(self, **stated: object) -> "Semantics":
+    def with_row(self, **stated: object) -> Semantics:
         """This semantics with one row's stated fields (``logprobs_mode``, ``temperature``,
         ``top_k``, ``top_p``, ``min_p``; None: not stated) taking precedence, field by
         field; :class:`InvalidSamplingParams` naming the field and the value when one is

@@ -29,8 +29,8 @@ import torch
 
 from detsample.batch import SamplingBatch
 from detsample.params import Request, SamplingParams
-from detsample.sampler import Sampler
 from detsample.probe.threads import torch_threads
+from detsample.sampler import Sampler
 from detsample.vocab import Vocabulary
 
 SCHEMAS: dict[str, dict] = {

@@ -42,8 +42,8 @@ from detsample.benchmarks.grammar import clock, sample_step
 from detsample.grammar.compiler import GrammarCompiler
 from detsample.grammar.config import GrammarConfig
 from detsample.params import Request, SamplingParams
-from detsample.sampler import Sampler
 from detsample.probe.threads import torch_threads
+from detsample.sampler import Sampler
 from detsample.vocab import Vocabulary
 
 WORKLOADS = ("reuse", "fresh", "mix")

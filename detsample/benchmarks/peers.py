@@ -29,8 +29,8 @@ batch-invariant. The algorithms follow the peers' code paths (read from their so
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -56,7 +56,7 @@ class PeerBatch:
     generators: list[torch.Generator] = field(default_factory=list)
 
     @staticmethod
-    def of(params: list, positions: torch.Tensor, vocab_size: int) -> "PeerBatch":
+    def of(params: list, positions: torch.Tensor, vocab_size: int) -> PeerBatch:
         t = torch.tensor([[p.temperature] for p in params], dtype=torch.float32)
         ks = torch.tensor([vocab_size if p.top_k == -1 else min(p.top_k, vocab_size)
                            for p in params], dtype=torch.int64)

@@ -29,8 +29,8 @@ import math
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -38,8 +38,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from detsample.batch import SamplingBatch
 from detsample.benchmarks import peers
 from detsample.params import Request, SamplingParams
-from detsample.sampler import Sampler
 from detsample.probe.threads import torch_threads
+from detsample.sampler import Sampler
 
 CONFIGS: dict[str, dict] = {
     "topk50_topp0.9_T0.8": dict(temperature=0.8, top_k=50, top_p=0.9),

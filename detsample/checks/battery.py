@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import importlib
 import traceback
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from detsample.checks import invariance
-from detsample.golden import registry, scenarios
 from detsample.checks.result import CheckResult, as_result
+from detsample.golden import registry, scenarios
 from detsample.golden.store import MISSING_PLATFORM, GoldenStore
 
 EXTERNAL_CHECK_MODULES = ("detsample.checks.engine", "detsample.checks.refmodel")
@@ -125,5 +126,6 @@ def _golden_result(fails: list[str], missing: int, n: int, store: GoldenStore,
             msg += " (allowed by --allow-missing-goldens)"
         return CheckResult("golden", allow_missing, msg, skipped=True)
     if fails:
-        return CheckResult("golden", False, f"{len(fails)} of {n} scenarios differ from their goldens:\n" + "\n".join(fails))
+        return CheckResult("golden", False,
+                           f"{len(fails)} of {n} scenarios differ from their goldens:\n" + "\n".join(fails))
     return CheckResult("golden", True, f"{n} scenarios bit-identical to {store.platform_dir}")

@@ -21,13 +21,14 @@ Without :mod:`detsample.refmodel.engine` in the build, ``CHECKS`` is empty.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from detsample.golden import engine_scenarios as enginescenarios
 from detsample.checks.result import CheckResult
+from detsample.golden import engine_scenarios as enginescenarios
 from detsample.probe.threads import torch_threads
 
 ALIGN_MODES = ("raw", "scaled")
@@ -84,8 +85,8 @@ def engine_batch_invariance(quick: bool = False, device: str = "cpu") -> CheckRe
 
 
 def engine_prefill_decode_alignment(quick: bool = False, device: str = "cpu") -> CheckResult:
-    from detsample.sampler import Sampler
     from detsample.refmodel.engine import rescore
+    from detsample.sampler import Sampler
     fails: list[str] = []
     scs = _scenarios(quick)
     for sc in scs:

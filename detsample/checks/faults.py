@@ -10,8 +10,9 @@ Sampler on exit. For tests only: never enter them in production code.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from detsample.probe.threads import torch_threads
 from detsample.golden.diff import compare
 from detsample.golden.format import ScenarioOutput, float_text
 from detsample.golden.scenarios import Scenario
+from detsample.probe.threads import torch_threads
 
 
 def _diff(label: str, ref: ScenarioOutput, got: ScenarioOutput) -> list[str]:

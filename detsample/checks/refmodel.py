@@ -12,7 +12,7 @@ reported. The engine-level checks live in :mod:`detsample.checks.engine`.
 from __future__ import annotations
 
 import random
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 

@@ -214,7 +214,7 @@ def tp_sizes(text: str) -> list[int]:
     return sizes
 
 
-def tp_needs_portable(args: argparse.Namespace, sizes: "list[int]") -> str | None:
+def tp_needs_portable(args: argparse.Namespace, sizes: list[int]) -> str | None:
     """The usage error of a TP size > 1 under ``--batch-invariant`` without ``--portable``
     (the verified kernels cannot give TP=1's bits), or None."""
     if any(t > 1 for t in sizes) and getattr(args, "batch_invariant", False) \

@@ -37,8 +37,8 @@ class Progress:
             return
         if self._bar is None:
             from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress as Bar,
-                                       SpinnerColumn, TextColumn, TimeElapsedColumn)
+            from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as Bar
 
             console = Console(file=self.stream, force_terminal=True)
             self._bar = Bar(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
@@ -51,7 +51,7 @@ class Progress:
         if total is not None and done >= total:
             self.close()
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:

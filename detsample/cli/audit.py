@@ -9,14 +9,25 @@ import argparse
 import sys
 
 from detsample.audit.inputs.layout import PRESET_NAMES
-from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, add_semantics_options,
-                                     add_threads_option, apply_threads, fraction,
-                                     max_excluded, model_dtype, model_spec, nonneg_float,
-                                     portable_without_mode, positive_finite, positive_int, rollout_rs, semantics_of,
-                                     tp_needs_portable)
 from detsample.audit.reports.report import REPORT_FILES
-from detsample.cli._outputs import (output_problems, report_clash, report_failure,
-                                     write_output)
+from detsample.cli._argtypes import (
+    PORTABLE_NEEDS_MODE,
+    add_semantics_options,
+    add_threads_option,
+    apply_threads,
+    fraction,
+    max_excluded,
+    model_dtype,
+    model_spec,
+    nonneg_float,
+    portable_without_mode,
+    positive_finite,
+    positive_int,
+    rollout_rs,
+    semantics_of,
+    tp_needs_portable,
+)
+from detsample.cli._outputs import output_problems, report_clash, report_failure, write_output
 from detsample.cli._progress import Progress
 from detsample.errors import DetsampleError
 
@@ -154,8 +165,8 @@ def run(args: argparse.Namespace) -> int:
 def _rescorer(args: argparse.Namespace):
     """The --rescore model as a rescorer in the given semantics (ModelRescorer, TPRescorer
     with --tp), or None; ValueError naming a combination of options that cannot run."""
-    from detsample.audit.semantics import RAW
     from detsample.audit.running.rescore import ModelRescorer, TPRescorer
+    from detsample.audit.semantics import RAW
 
     rescore = args.rescore
     if portable_without_mode(args):

@@ -12,8 +12,7 @@ import json
 import sys
 
 from detsample.cli._argtypes import fraction, max_excluded, nonneg_float
-from detsample.cli._outputs import (output_problems, report_clash, report_failure,
-                                     write_output)
+from detsample.cli._outputs import output_problems, report_clash, report_failure, write_output
 from detsample.errors import DetsampleError
 
 
@@ -43,8 +42,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from detsample.audit.reports.log import (LOG_REPORT_FILES, check_log_gates,
-                                             format_log_summary, read_log, write_log_report)
+    from detsample.audit.reports.log import (
+        LOG_REPORT_FILES,
+        check_log_gates,
+        format_log_summary,
+        read_log,
+        write_log_report,
+    )
 
     problems = output_problems((args.json, "--json", "file"), (args.report, "--report", "dir"))
     problems += [clash for clash in [report_clash(args, [(args.log, "PATH")],

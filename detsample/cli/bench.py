@@ -7,8 +7,7 @@ import argparse
 import json
 import sys
 
-from detsample.cli._argtypes import (finite_nonneg_float, positive_int, positive_int_list,
-                                     thread_count)
+from detsample.cli._argtypes import finite_nonneg_float, positive_int, positive_int_list, thread_count
 from detsample.cli._outputs import output_problem, write_output
 from detsample.inputs import memory_problem
 

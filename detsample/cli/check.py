@@ -67,11 +67,11 @@ def golden_source(store: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from detsample.golden import registry
     from detsample.checks.battery import run_battery
     from detsample.cli._outputs import output_problem, write_output
-    from detsample.outputs import output_inside_problem
+    from detsample.golden import registry
     from detsample.golden.store import GoldenStore
+    from detsample.outputs import output_inside_problem
     problem = output_problem(args.json, "--json")
     if problem:  # before the battery runs, not after it
         print(f"detsample check: {problem}", file=sys.stderr)

@@ -11,8 +11,13 @@ import argparse
 import sys
 from typing import Any
 
-from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, portable_without_mode, thread_counts,
-                                     tp_needs_portable, tp_sizes)
+from detsample.cli._argtypes import (
+    PORTABLE_NEEDS_MODE,
+    portable_without_mode,
+    thread_counts,
+    tp_needs_portable,
+    tp_sizes,
+)
 from detsample.cli._outputs import output_problem, write_output
 from detsample.cli._progress import Progress
 
@@ -102,10 +107,9 @@ def run_ops(args: argparse.Namespace) -> int:
     if problem:  # before the probes run
         return _error(problem)
     from detsample.golden.fingerprint import platform_fingerprint
+    from detsample.invariant import batch_invariant
     from detsample.probe.ops import probe_ops
     from detsample.probe.report import OpsReport
-
-    from detsample.invariant import batch_invariant
 
     mode = batch_invariant if args.batch_invariant else None
     try:
@@ -136,7 +140,7 @@ def run_model(args: argparse.Namespace) -> int:
                            portable=args.portable)
         device = getattr(model, "device", "cpu")
         if args.tp:
-            from detsample.parallel import check_spec, TPModelSpec
+            from detsample.parallel import TPModelSpec, check_spec
             for tp in args.tp:   # a refused size is a usage error, before any probe runs
                 check_spec(TPModelSpec(args.model, tp, args.batch_invariant, args.portable), model)
         with Progress(f"probe model {args.model}") as progress:

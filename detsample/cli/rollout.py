@@ -19,14 +19,24 @@ from __future__ import annotations
 import argparse
 import sys
 
-from detsample.cli._argtypes import (PORTABLE_NEEDS_MODE, add_threads_option, apply_threads,
-                                     model_dtype, model_spec,
-                                     portable_without_mode, positive_int, sampling_field,
-                                     seed_span_problem, token_id_list, tp_needs_portable)
+from detsample.cli._argtypes import (
+    PORTABLE_NEEDS_MODE,
+    add_threads_option,
+    apply_threads,
+    model_dtype,
+    model_spec,
+    portable_without_mode,
+    positive_int,
+    sampling_field,
+    seed_span_problem,
+    token_id_list,
+    tp_needs_portable,
+)
 from detsample.cli._outputs import output_problem
 from detsample.cli._progress import Progress
 from detsample.outputs import OutputError, output_input_clash
 from detsample.params import LOGPROBS_MODES
+
 
 def rollout_path(text: str) -> str:
     """OUT: a path of a format ``detsample rollout`` writes (the format table,
@@ -171,10 +181,10 @@ def _refusal(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from detsample.audit.inputs.readers import AuditInputError
-    from detsample.audit.running.rollout import generate_rollouts, read_prompts
     from detsample.audit.inputs.formats import format_of
+    from detsample.audit.inputs.readers import AuditInputError
     from detsample.audit.inputs.writers import from_records
+    from detsample.audit.running.rollout import generate_rollouts, read_prompts
     from detsample.errors import DetsampleError
 
     refused = _refusal(args)

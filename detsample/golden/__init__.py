@@ -15,10 +15,22 @@
 * :mod:`detsample.golden.pytest_plugin` -- ``pytest --golden-update``.
 """
 
-from detsample.golden.store import (CORRUPT, MISMATCH, MISSING_PLATFORM, MISSING_SCENARIO, OK,
-                                    Change, GoldenMissing, GoldenStore, GoldenUpdateRefused,
-                                    Verification, golden_root, update_all, update_refusal,
-                                    verify_all)
+from detsample.golden.store import (
+                                    CORRUPT,
+                                    MISMATCH,
+                                    MISSING_PLATFORM,
+                                    MISSING_SCENARIO,
+                                    OK,
+                                    Change,
+                                    GoldenMissing,
+                                    GoldenStore,
+                                    GoldenUpdateRefused,
+                                    Verification,
+                                    golden_root,
+                                    update_all,
+                                    update_refusal,
+                                    verify_all,
+)
 from detsample.golden.tensor_store import TensorGoldens, check_tensors
 
 __all__ = ["CORRUPT", "Change", "GoldenMissing", "GoldenStore", "GoldenUpdateRefused",

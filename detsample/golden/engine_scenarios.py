@@ -15,8 +15,9 @@ These scenarios exist only where :mod:`detsample.refmodel.engine` does
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -94,9 +95,9 @@ class EngineScenario:
         makes every request report logprobs in that mode). Returns the requests (script
         order) and the engine's ``EngineResult``."""
         from detsample.params import Request
-        from detsample.sampler import Sampler
         from detsample.refmodel.engine import Engine, EngineConfig, with_mode
         from detsample.refmodel.schedule import Schedule
+        from detsample.sampler import Sampler
         sampler = sampler if sampler is not None else Sampler()
         mbs = self.max_batch_size if max_batch_size == "default" else max_batch_size
         reqs = self.requests()

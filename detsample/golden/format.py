@@ -24,9 +24,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -194,7 +195,7 @@ class ScenarioOutput:
         """``"<request>@<position>#<rank>"`` per top logprob."""
         return [f"{lab}#{k}" for lab, c in zip(self.labels, self.top_counts.tolist()) for k in range(c)]
 
-    def take(self, indices: Sequence[int] | np.ndarray) -> "ScenarioOutput":
+    def take(self, indices: Sequence[int] | np.ndarray) -> ScenarioOutput:
         """The entries at ``indices`` (in that order), with their top logprobs, same meta."""
         idx = np.asarray(indices, dtype=np.int64)
         off = self.top_offsets
@@ -204,7 +205,7 @@ class ScenarioOutput:
                               self.tokens[idx], self.logprobs[idx], self.meta,
                               self.top_counts[idx], self.top_ids[sel], self.top_logprobs[sel])
 
-    def of_request(self, rid: str) -> "ScenarioOutput":
+    def of_request(self, rid: str) -> ScenarioOutput:
         """The entries of request ``rid``, in order."""
         return self.take([i for i, r in enumerate(self.rids) if r == rid])
 

@@ -25,13 +25,12 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 
-from detsample.golden.format import (GoldenFormatError, dispatch_problem, load_json,
-                                     read_golden, text_of)
+from detsample.golden.format import GoldenFormatError, dispatch_problem, load_json, read_golden, text_of
 
 ENV = "ATEN_CPU_CAPABILITY"
 MKL_ENV = "MKL_ENABLE_INSTRUCTIONS"

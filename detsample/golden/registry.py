@@ -7,7 +7,8 @@ this module is the one place that lists them all, so neither imports the other's
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 

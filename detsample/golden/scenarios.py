@@ -21,15 +21,16 @@ schedules of :mod:`detsample.golden.engine_scenarios` when the reference engine 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from detsample.golden.format import ScenarioOutput, sha256
-from detsample.params import LOGPROBS_MODES
 from detsample.golden.synthlogits import FAMILIES
+from detsample.params import LOGPROBS_MODES
 
 MODES = LOGPROBS_MODES
 BIG_VOCAB = 152064

@@ -22,22 +22,32 @@ from __future__ import annotations
 import enum
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
 from detsample.errors import DetsampleError
+from detsample.golden import isa
+from detsample.golden.diff import GoldenDiff, compare
+from detsample.golden.fingerprint import check_device, golden_key, platform_fingerprint, platform_info
+from detsample.golden.format import (
+    ALL_FILES,
+    FILES,
+    MANIFEST,
+    TOP_LOGPROBS,
+    GoldenFormatError,
+    ScenarioOutput,
+    decode,
+    decode_lenient,
+    encode,
+    read_golden,
+    text_of,
+)
 from detsample.inputs import file_kind
 from detsample.outputs.files import commit_file, stage_file
-from detsample.golden import isa
-from detsample.golden.fingerprint import (check_device, golden_key, platform_fingerprint,
-                                          platform_info)
-from detsample.golden.diff import GoldenDiff, compare
-from detsample.golden.format import (ALL_FILES, FILES, MANIFEST, TOP_LOGPROBS, GoldenFormatError,
-                                     read_golden,
-                                     ScenarioOutput, decode, decode_lenient, encode, text_of)
 
 ENV_ROOT = "DETSAMPLE_GOLDEN_DIR"
 OBTAINED_SUFFIX = ".obtained"

@@ -10,7 +10,7 @@ logits, so a golden mismatch can be told apart from an input change.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

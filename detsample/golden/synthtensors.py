@@ -24,7 +24,7 @@ bool tensors take ``random`` only (fair bits).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

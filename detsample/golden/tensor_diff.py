@@ -9,8 +9,8 @@ miss: NaN payloads (NaN on both sides, other bits) and the sign of zero.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import numpy as np
 

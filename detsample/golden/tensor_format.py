@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 
 from detsample.golden import bits as B
-from detsample.golden.format import (MANIFEST, SCHEMA_VERSION, GoldenFormatError, load_json, sha256,
-                                     text_of)
+from detsample.golden.format import MANIFEST, SCHEMA_VERSION, GoldenFormatError, load_json, sha256, text_of
 
 KIND = "tensors"
 TEXT_MAX_ELEMENTS = 1024

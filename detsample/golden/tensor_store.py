@@ -18,18 +18,35 @@ torch tensors or numpy arrays (:mod:`detsample.golden.tensor_format`), under
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
 from detsample.errors import GoldenMismatch
-from detsample.golden import tensor_diff, tensor_format as tf
+from detsample.golden import tensor_diff
+from detsample.golden import tensor_format as tf
 from detsample.golden.format import MANIFEST, GoldenFormatError, read_golden
-from detsample.golden.store import (CORRUPT, ENV_ROOT, MISMATCH, MISSING_PLATFORM, MISSING_SCENARIO,
-                                    OBTAINED_SUFFIX, OK, Change, ChangeKind, GoldenMissing, GoldenStore,
-                                    GoldenUpdateRefused, Verification, atomic_write, replace_all,
-                                    kept_as_recorded, update_refusal)
+from detsample.golden.store import (
+    CORRUPT,
+    ENV_ROOT,
+    MISMATCH,
+    MISSING_PLATFORM,
+    MISSING_SCENARIO,
+    OBTAINED_SUFFIX,
+    OK,
+    Change,
+    ChangeKind,
+    GoldenMissing,
+    GoldenStore,
+    GoldenUpdateRefused,
+    Verification,
+    atomic_write,
+    kept_as_recorded,
+    replace_all,
+    update_refusal,
+)
 
 TENSORS = "tensors"
 ENV_UPDATE = "DETSAMPLE_GOLDEN_UPDATE"

@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Callable, Hashable
 
 #: The entry kinds (first element of every key).
 KINDS = ("compiled", "names", "row")

@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 
 from detsample.grammar.budget import COMPILED_FACTOR, COMPILED_OVERHEAD, CacheBudget
 from detsample.grammar.config import GrammarConfig
-from detsample.grammar.kinds import (check_kind, compile_kind, grammar_source,
-                                     json_schema_grammar)
+from detsample.grammar.kinds import check_kind, compile_kind, grammar_source, json_schema_grammar
 from detsample.grammar.statekeys import StateKeys
 
 #: Compile times kept in :attr:`CompileStats.compile_seconds` (the latest ones).
@@ -113,7 +112,7 @@ class GrammarCompiler:
         for fut in queued:
             fut.cancel()  # (only a queued one: a running or finished one is left)
 
-    def __enter__(self) -> "GrammarCompiler":
+    def __enter__(self) -> GrammarCompiler:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 
 from detsample.grammar.regex import complement, normalize
+
 #: Expansion bound (nodes); a grammar needing more is not named (its masks are filled
 #: as before).
 MAX_NODES = 100_000

@@ -26,15 +26,14 @@ Three things keep the step cheap at large batch:
 from __future__ import annotations
 
 import concurrent.futures as cf
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 from detsample.errors import GrammarError
 from detsample.grammar.maskbuffer import MaskedLogitsBuffer
 from detsample.grammar.request import PENDING, RequestGrammar
-from detsample.ops.mask import (allocate_token_bitmask, apply_token_bitmask_, bitmask_width,
-                                masked_logits)
+from detsample.ops.mask import allocate_token_bitmask, apply_token_bitmask_, bitmask_width, masked_logits
 
 
 def resolve_all(grammars: Sequence[RequestGrammar | None]) -> None:

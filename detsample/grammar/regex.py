@@ -17,8 +17,8 @@ validator's parse) and lowers it to an EBNF expression for the *JSON spelling* o
 matching strings: each character class is an explicit list of code-point ranges, minus
 the surrogates, where a quote, a backslash or a control character is spelled as its JSON
 escape (inside a bounded repetition ``{m,n}`` a class that has other characters keeps
-only those: fast masks, still a subset). ``\\d`` / ``\\w`` / ``\\s`` become their ASCII parts; ``\\D`` / ``\\W`` / ``\\S``
-and negated classes the exact complement of Python's Unicode sets; anchors at the ends
+only those: fast masks, still a subset). ``\\d`` / ``\\w`` / ``\\s`` become their ASCII parts;
+``\\D`` / ``\\W`` / ``\\S`` and negated classes the exact complement of Python's Unicode sets; anchors at the ends
 are dropped (a grammar matches the whole string). Every string the expression spells
 therefore decodes to one that ``re.search(pattern, s)`` accepts. Constructs with no
 exact translation (backreferences, lookarounds, inline flags, anchors in the middle,
@@ -96,7 +96,7 @@ def _intersect(a, b) -> list[tuple[int, int]]:
     return out
 
 
-@functools.lru_cache(maxsize=None)  # a pure function of the Python version: computed once
+@functools.cache  # a pure function of the Python version: computed once
 def python_class(name: str) -> Ranges:
     """Python's own Unicode set for ``\\d`` / ``\\w`` / ``\\s`` (``name`` DIGIT, WORD,
     SPACE), found by running ``re`` over every code point."""

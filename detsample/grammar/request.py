@@ -17,7 +17,7 @@ compiled grammar.
 from __future__ import annotations
 
 import concurrent.futures as cf
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from detsample.errors import GrammarError
 from detsample.grammar.kinds import check_kind, grammar_text
@@ -75,7 +75,7 @@ class RequestGrammar:
 
     @classmethod
     def from_params(cls, rid: str, params, vocab, *, output_ids: Sequence[int] = (),
-                    compiler=None, reasoning_end: int | None = None) -> "RequestGrammar | None":
+                    compiler=None, reasoning_end: int | None = None) -> RequestGrammar | None:
         """The grammar of ``params`` (None when it has none), submitted for compilation."""
         g = params.grammar
         if g is None:
@@ -87,7 +87,7 @@ class RequestGrammar:
 
     @classmethod
     def submit(cls, rid: str, kind: str, value, vocab, *, output_ids: Sequence[int] = (),
-               compiler=None, reasoning_end: int | None = None) -> "RequestGrammar":
+               compiler=None, reasoning_end: int | None = None) -> RequestGrammar:
         """Submit ``value`` (str, or dict for JSON kinds) to ``compiler`` (default: the
         vocabulary's) and wrap the future. An unknown kind raises :class:`GrammarError`."""
         if vocab is None:
@@ -133,7 +133,7 @@ class RequestGrammar:
         self._matcher = None
         self._keys, self._sids = None, []
 
-    def fork(self) -> "RequestGrammar":
+    def fork(self) -> RequestGrammar:
         """An independent copy in the same state (same compile future, a forked matcher):
         feeding or rolling back either never changes the other. ``SamplingBatch.merge``
         forks the merged rows' grammars, as it copies their outputs and penalty counts."""

@@ -425,9 +425,7 @@ def _walked(ref: str) -> bool:
         p = parts[i]
         if p in _SINGLE:
             i += 1
-        elif p in _NAMED and i + 1 < len(parts):
-            i += 2
-        elif p in _INDEXED and i + 1 < len(parts) and parts[i + 1].isdigit():
+        elif p in _NAMED and i + 1 < len(parts) or p in _INDEXED and i + 1 < len(parts) and parts[i + 1].isdigit():
             i += 2
         else:
             return False

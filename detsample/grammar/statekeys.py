@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -133,7 +133,7 @@ class StateKeys:
 
     @classmethod
     def build(cls, grammar_text: str, token_bytes: Sequence[bytes], stop_ids: Sequence[int],
-              width: int, verify: bool = False, **kw) -> "StateKeys | None":
+              width: int, verify: bool = False, **kw) -> StateKeys | None:
         """Keys of a printed grammar (``str(xgrammar.Grammar)``), or None when the reader
         does not expand it. ``kw``: the keyword arguments of the constructor."""
         try:

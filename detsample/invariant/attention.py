@@ -36,8 +36,9 @@ materialised); :func:`register_attention` registers both under :data:`ATTENTION_
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -8,8 +8,8 @@ device exists.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
-from typing import Callable
 
 import torch
 

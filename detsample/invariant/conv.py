@@ -21,7 +21,8 @@ silently on torch's kernel.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 

@@ -16,14 +16,15 @@ not recorded: each of those functions is one unit, tested as such.
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detsample.invariant.attention import attend
-from detsample.invariant.sharded import UNITS
 from detsample.invariant.overrides import OVERRIDES
+from detsample.invariant.sharded import UNITS
 
 #: ops that do no floating-point arithmetic (creation, copies, indexing, comparisons,
 #: integer and boolean ops) or whose every output element is ONE correctly rounded IEEE
@@ -66,7 +67,8 @@ EXACT_OPS = frozenset({
     "aten::rsub.Scalar", "aten::rsub.Tensor", "aten::detach", "aten::alias", "aten::_local_scalar_dense",
     "aten::item", "aten::equal", "aten::sym_size.int", "aten::empty_strided",
     "aten::full_like", "aten::new_full", "aten::masked_scatter", "aten::masked_select",
-    "aten::searchsorted.Tensor", "aten::bucketize.Tensor", "aten::view_as_real", "aten::view_as_complex", "aten::bitwise_and.Scalar",
+    "aten::searchsorted.Tensor", "aten::bucketize.Tensor", "aten::view_as_real", "aten::view_as_complex",
+    "aten::bitwise_and.Scalar",
     "aten::bitwise_or.Scalar", "aten::__and__.Tensor", "aten::__or__.Tensor",
     # a copy with a constant border (a convolution window shorter than its kernel, padded)
     "aten::constant_pad_nd",

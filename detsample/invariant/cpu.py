@@ -38,8 +38,9 @@ CPU, ISA, MKL instruction level, thread count and torch build (docs/batch-invari
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -47,8 +48,8 @@ from detsample.arith import pointwise as defined
 from detsample.invariant.products import compute_dtype, product
 from detsample.invariant.reduce import row_sum
 from detsample.invariant.state import config, note_portable
-from detsample.ops.vector import pointwise
 from detsample.invariant.verify import FallbackWarning, pointwise_plan
+from detsample.ops.vector import pointwise
 from detsample.probe.threads import torch_threads
 
 aten = torch.ops.aten

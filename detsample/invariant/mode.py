@@ -20,15 +20,16 @@ dispatcher is), so they apply to every thread.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
+from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager
-from typing import ContextManager, Iterator
 
 import torch
 
 from detsample.invariant.attention import register_attention
 from detsample.invariant.guard import GUARD
-from detsample.invariant.state import STATE, ModeConfig
 from detsample.invariant.overrides import kernels_by_key
+from detsample.invariant.state import STATE, ModeConfig
 
 
 def _install() -> torch.library.Library:

@@ -14,8 +14,8 @@ returns what the op returns.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from detsample.invariant import conv, cpu, moe
 from detsample.invariant.attention import sdpa_flash_cpu, sdpa_math

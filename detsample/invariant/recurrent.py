@@ -23,8 +23,9 @@ model(x, s)``), or keeps outside its modules and arguments; docs/batch-invariant
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 

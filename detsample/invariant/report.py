@@ -8,7 +8,8 @@ on (``"verified on this machine"`` or ``"detsample's arithmetic"``) and why.
 
 from __future__ import annotations
 
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 from detsample.invariant.state import Plan, plans
 

@@ -32,8 +32,8 @@ norms, collectives) are this module's arithmetic, tested as such (tests/parallel
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -30,7 +30,8 @@ architecture panel, tests/invariant/test_architectures.py):
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F

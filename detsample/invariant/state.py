@@ -18,9 +18,10 @@ Nothing here touches torch's dispatcher; :mod:`detsample.invariant.mode` does.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Iterator, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 

@@ -20,7 +20,8 @@ Memory: a contiguous copy costs the weight's size again, the portable form twice
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils.weak import WeakTensorKeyDictionary

@@ -45,9 +45,21 @@ import triton
 import triton.language as tl
 
 from detsample import rules
-from detsample.kernels.common import (ELEMENT_FILTERS, OPTS, PAD_ID, check_device, draw_target,
-                                      element_keeps, exp32, first_above, fq_mass, order_key,
-                                      row_block, top_p_keeps, top_p_limit)
+from detsample.kernels.common import (
+    ELEMENT_FILTERS,
+    OPTS,
+    PAD_ID,
+    check_device,
+    draw_target,
+    element_keeps,
+    exp32,
+    first_above,
+    fq_mass,
+    order_key,
+    row_block,
+    top_p_keeps,
+    top_p_limit,
+)
 
 #: rows whose top_k is at most this use the radix-select candidate kernel
 CAND_MAX = 1024

@@ -30,8 +30,18 @@ import triton
 import triton.language as tl
 
 from detsample.arith.spec import frac_bits
-from detsample.kernels.common import (OPTS, check_device, exp32, exp64, fixed_value, fixed_words,
-                                      log64, nan32, nan64, row_block)
+from detsample.kernels.common import (
+    OPTS,
+    check_device,
+    exp32,
+    exp64,
+    fixed_value,
+    fixed_words,
+    log64,
+    nan32,
+    nan64,
+    row_block,
+)
 
 
 @triton.jit

@@ -14,10 +14,16 @@ import triton
 import triton.language as tl
 
 from detsample import rules
-
-from detsample.kernels.common import (NAN_FLOOR, OPTS, POSINF_CEIL, STATUS_HAD_NAN,
-                                      STATUS_HAD_POSINF, STATUS_NO_VALID_TOKEN, check_device,
-                                      row_block)
+from detsample.kernels.common import (
+    NAN_FLOOR,
+    OPTS,
+    POSINF_CEIL,
+    STATUS_HAD_NAN,
+    STATUS_HAD_POSINF,
+    STATUS_NO_VALID_TOKEN,
+    check_device,
+    row_block,
+)
 
 
 @triton.jit

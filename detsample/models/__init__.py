@@ -37,8 +37,7 @@ from detsample.errors import Interrupted
 from detsample.models.base import CausalLM, ModelError, check_mode, prefill
 from detsample.models.checked import CheckedLM, ModelOutputError
 from detsample.models.hf import HFCausalLM, HFSeqCache
-from detsample.models.hfdir import (MODEL_DTYPES, config_eos_token_ids, is_model_dir_spec,
-                                    load_model_dir)
+from detsample.models.hfdir import MODEL_DTYPES, config_eos_token_ids, is_model_dir_spec, load_model_dir
 from detsample.models.invariant import BatchInvariantLM
 from detsample.models.refmodel_float import RefModelFloat
 from detsample.models.tiny import TINY_CONFIGS, build_tiny

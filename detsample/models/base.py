@@ -21,7 +21,8 @@ Hugging Face causal LM that :class:`detsample.models.hf.HFCausalLM` wraps.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 

@@ -11,7 +11,8 @@ and the position, never an ``AttributeError`` deep inside the probe or the engin
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 

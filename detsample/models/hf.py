@@ -42,15 +42,23 @@ model's signature.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from contextlib import nullcontext
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from detsample.invariant import ATTENTION_NAME, batch_invariant, register_attention
 from detsample.models.base import ModelError, SeqCache, check_chunks, check_mode
-from detsample.models.hybrid import (RowStates, install, new_batch_cache, own_cache_class,
-                                     refuse_truncate, row_states, state_layers)
+from detsample.models.hybrid import (
+    RowStates,
+    install,
+    new_batch_cache,
+    own_cache_class,
+    refuse_truncate,
+    row_states,
+    state_layers,
+)
 
 PADDINGS = ("left", "right")
 
@@ -147,7 +155,7 @@ class HFCausalLM:
     def new_cache(self) -> HFSeqCache:
         return HFSeqCache(hybrid=self.hybrid)
 
-    def with_padding(self, padding: str) -> "HFCausalLM":
+    def with_padding(self, padding: str) -> HFCausalLM:
         """The same module behind an adapter that pads on the other side."""
         return HFCausalLM(self.module, padding=padding, name=self.name,
                           batch_invariant=self.batch_invariant, portable=self.portable)

@@ -9,7 +9,8 @@ computes itself (not through transformers' ``AttentionInterface``) stays the mod
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 

@@ -12,7 +12,7 @@ Ragged batches are right-padded into one ``(B, T, D)`` computation, as an engine
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

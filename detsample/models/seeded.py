@@ -44,7 +44,7 @@ CHUNK_PAIRS = 1 << 18
 IMPLS = ("auto", "numba", "torch")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel():
     from detsample.models import seeded_jit
     return seeded_jit

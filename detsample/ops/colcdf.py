@@ -20,14 +20,14 @@ row-local, hence bitwise batch-invariant.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from detsample.ops.filters import CandidateCut, kept_prefix
-from detsample.rules import PAD_ID, element_active
 from detsample.ops.temperature import scale_logits
+from detsample.rules import PAD_ID, element_active
 
 _NEG_INF = float("-inf")
 

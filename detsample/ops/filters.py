@@ -6,7 +6,8 @@ are kept or dropped together). That is what lets a bounded ``topk`` give exactly
 of the full stable sort: both see the same descending sequence of values.
 
 Probability mass is measured in exact fixed point: ``q_i = trunc(exp(z_i) * 2**F)``
-(int64, ``F = frac_bits(V)``; every rule is defined in :mod:`detsample.rules`), where ``z = (x - max) / T`` so ``exp(z) <= 1`` and the most
+(int64, ``F = frac_bits(V)``; every rule is defined in :mod:`detsample.rules`), where
+``z = (x - max) / T`` so ``exp(z) <= 1`` and the most
 probable token has ``q = 2**F``. Sums of ``q`` are exact integers, hence independent of
 summation order, blocking, thread count or device.
 
@@ -55,7 +56,7 @@ class CandidateCut:
     top_p: torch.Tensor | None = None
     element: torch.Tensor | None = None
 
-    def rows(self, sel: torch.Tensor) -> "CandidateCut":
+    def rows(self, sel: torch.Tensor) -> CandidateCut:
         """The cut of the rows at positions ``sel`` (m,)."""
         return CandidateCut(*(None if t is None else t[sel] for t in (
             self.k_index, self.small, self.thr, self.total, self.top_p, self.element)))

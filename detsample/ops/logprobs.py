@@ -108,7 +108,7 @@ def topn(values: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     V = values.shape[-1]
     vals, ids = torch.topk(values, min(n + 1, V), dim=-1, largest=True, sorted=True)
     # the set is exact unless the (n+1)-th largest value ties the n-th
-    exact = vals[:, n] < vals[:, n - 1] if V > n else torch.ones(B, dtype=torch.bool, device=values.device)
+    exact = vals[:, n] < vals[:, n - 1] if n < V else torch.ones(B, dtype=torch.bool, device=values.device)
     vals, ids = vals[:, :n], ids[:, :n]
     # order the candidate set by (value desc, id asc): sort ids, then a stable value sort
     sid, order = torch.sort(ids, dim=-1)

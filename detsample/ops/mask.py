@@ -15,7 +15,7 @@ Guarantee: bitwise, row-local (a row's result never depends on the other rows).
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

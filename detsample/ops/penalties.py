@@ -63,7 +63,8 @@ def apply_penalties_coo_(x: torch.Tensor, coo: tuple[torch.Tensor, ...]) -> torc
     """Frequency, presence and repetition penalties on listed entries, in place.
 
     x: (B, V) float32, contiguous, a working copy owned by the caller.
-    coo = ``(rows, cols, counts, freq, pres, rep)`` (``PenaltyState.coo``): rows, cols: (nnz,) int64, no duplicate ``(row, col)`` pair: every token seen in a
+    coo = ``(rows, cols, counts, freq, pres, rep)`` (``PenaltyState.coo``): rows, cols: (nnz,)
+    int64, no duplicate ``(row, col)`` pair: every token seen in a
     penalised row's output (and, for rows with ``r != 1``, its prompt).
     counts: (nnz,) int32 output count of the token (0 = seen in the prompt only).
     freq, pres, rep: (nnz,) float32, the entry's row values.

@@ -21,7 +21,7 @@ import torch
 from detsample import rules
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernels():
     from detsample.ops import rowjit
     return rowjit

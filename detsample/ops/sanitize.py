@@ -7,8 +7,7 @@ import math
 import torch
 
 from detsample import arith
-from detsample.rules import (NAN_FLOOR, POSINF_CEIL, STATUS_HAD_NAN, STATUS_HAD_POSINF,
-                             STATUS_NO_VALID_TOKEN)
+from detsample.rules import NAN_FLOOR, POSINF_CEIL, STATUS_HAD_NAN, STATUS_HAD_POSINF, STATUS_NO_VALID_TOKEN
 
 
 def sanitize_rows_flagged(x: torch.Tensor

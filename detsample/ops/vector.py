@@ -13,7 +13,8 @@ verifies on the running machine before it relies on it.)
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -21,6 +21,7 @@ from typing import BinaryIO
 
 from detsample.errors import DetsampleError
 
+
 class OutputError(DetsampleError, OSError):
     """An output that cannot be written, or that would overwrite an input (the option,
     the path and the reason named)."""
@@ -54,7 +55,7 @@ def _in_place(path: str) -> bool:
     return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
-def _put(fh: BinaryIO, data: "str | bytes | Callable[[BinaryIO], object]") -> None:
+def _put(fh: BinaryIO, data: str | bytes | Callable[[BinaryIO], object]) -> None:
     if callable(data):
         data(fh)
     else:

@@ -14,8 +14,7 @@ Importing this package starts nothing and imports no ``torch.distributed`` backe
 
 from detsample.parallel.comm import Comm
 from detsample.parallel.group import RankError, RankGroup, launch
-from detsample.parallel.layers import (RowParallelLinear, TensorParallelError, VocabParallelEmbedding,
-                                       VocabParallelHead)
+from detsample.parallel.layers import RowParallelLinear, TensorParallelError, VocabParallelEmbedding, VocabParallelHead
 from detsample.parallel.layout import ARCHITECTURES, Layout, plan, shard_model
 from detsample.parallel.runner import TPModelSpec, check_spec, load_sharded, tp_group
 

@@ -37,11 +37,11 @@ class Comm:
             raise ValueError(f"rank must be an int in [0, {self.world}), got {self.rank!r}")
 
     @staticmethod
-    def single() -> "Comm":
+    def single() -> Comm:
         return Comm(0, 1)
 
     @staticmethod
-    def from_default_group() -> "Comm":
+    def from_default_group() -> Comm:
         """The initialised default ``torch.distributed`` group."""
         import torch.distributed as dist
 

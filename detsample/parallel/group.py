@@ -32,8 +32,9 @@ import shutil
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -169,13 +170,13 @@ class RankGroup:
                     self._procs[r].join(timeout=1.0)
                     self.close()
                     raise RankError(f"tensor-parallel rank {r} of {self.world} died during "
-                                    f"{what} (exit code {self._exitcodes[r]})", r, "died")
+                                    f"{what} (exit code {self._exitcodes[r]})", r, "died") from None
                 if time.monotonic() > deadline:
                     missing = [r for r in range(self.world) if r not in got]
                     self.close()
                     raise RankError(f"tensor-parallel ranks {missing} of {self.world} did not "
                                     f"finish {what} within {timeout:g} s (terminated)",
-                                    missing[0], "timeout")
+                                    missing[0], "timeout") from None
                 continue
             if status == "error":
                 info = _load(payload)
@@ -239,7 +240,7 @@ class RankGroup:
                 p.join(timeout=2.0)
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    def __enter__(self) -> "RankGroup":
+    def __enter__(self) -> RankGroup:
         return self
 
     def __exit__(self, *exc: Any) -> None:

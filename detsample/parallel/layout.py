@@ -44,8 +44,13 @@ import torch
 
 from detsample.parallel.blocks import GQA, check_linears, check_mla, check_mlp, get, shard_mla, shard_mlp
 from detsample.parallel.comm import Comm
-from detsample.parallel.layers import (RowParallelLinear, TensorParallelError, VocabParallelEmbedding,
-                                       VocabParallelHead, column_shard)
+from detsample.parallel.layers import (
+    RowParallelLinear,
+    TensorParallelError,
+    VocabParallelEmbedding,
+    VocabParallelHead,
+    column_shard,
+)
 
 #: ``config.model_type`` -> the attention the runner shards (every layer's MLP is a dense
 #: gate/up/down MLP or an MoE block: :mod:`detsample.parallel.blocks`)

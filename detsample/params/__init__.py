@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from detsample.params.validation import fail, id_sequence, int_field, real_field, sequence_of, token_id_key
 
@@ -206,7 +207,7 @@ class SamplingParams:
         return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
                 or self.presence_penalty != 0.0)
 
-    def replace(self, **changes: Any) -> "SamplingParams":
+    def replace(self, **changes: Any) -> SamplingParams:
         """A validated copy with some fields changed (the seed is kept unless given).
 
         Every field round-trips, the normalised ``logit_bias`` included: ``p.replace()``,
@@ -296,7 +297,7 @@ class Request:
         return self.params.seed  # type: ignore[return-value]
 
 
-def child_requests(request: "Request", n: int) -> list["Request"]:
+def child_requests(request: Request, n: int) -> list[Request]:
     """``n`` requests sampling ``request``'s prompt: sample j has rid ``"{rid}/{j}"`` and
     seed :func:`child_seed` ``(seed, j)`` (vLLM's n > 1; every sample its own stream)."""
     k = int_field("n", n)

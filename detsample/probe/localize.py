@@ -23,14 +23,14 @@ bitwise from the second forward's record under the same key.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detsample.probe.compare import Diff, bits_equal, diff
-
 
 #: ops whose output is uninitialised memory (never compared)
 UNWRITTEN = frozenset({"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
@@ -162,7 +162,7 @@ class Recorder(TorchDispatchMode):
         self._seen[(scope, op)] = n + 1
         return n
 
-    def __enter__(self) -> "Recorder":
+    def __enter__(self) -> Recorder:
         if self.module is not None:
             for name, mod in self.module.named_modules():
                 label = name or self.root

@@ -21,11 +21,11 @@ position: the first module and aten op where the two forwards part ways.
 from __future__ import annotations
 
 import math
-
 import warnings
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -37,7 +37,7 @@ from detsample.models.base import CausalLM, ModelError
 from detsample.ops.logprobs import gather_rows, log_softmax
 from detsample.probe.compare import bits_equal, diff
 from detsample.probe.localize import Divergence, Side, first_divergence
-from detsample.probe.report import ProbeCheck, ModelReport
+from detsample.probe.report import ModelReport, ProbeCheck
 from detsample.probe.threads import torch_threads
 
 CHECK_NAMES = ("batch_invariance", "prefill_decode", "chunked_prefill", "run_to_run", "threads")

@@ -21,9 +21,11 @@ scoped thread count (:func:`detsample.probe.threads.torch_threads`).
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F

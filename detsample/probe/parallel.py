@@ -19,7 +19,8 @@ with the distance of the layer's output (after the all-reduce).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 

@@ -17,8 +17,9 @@ fingerprint, docs/golden.md).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from detsample.probe.localize import Divergence
 from detsample.probe.ops import OpResult

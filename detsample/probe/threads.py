@@ -6,8 +6,8 @@ one block and restores the old count on exit, also on an exception.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 

@@ -9,8 +9,14 @@
 * :mod:`detsample.processors.penalties` -- penalties and token constraints as the Sampler runs them.
 """
 
-from detsample.processors.base import (AddedRequest, BatchUpdate, LogitsProcessor,
-                                       ProcessorRunner, RowInfo, SlotProcessor)
+from detsample.processors.base import (
+                                       AddedRequest,
+                                       BatchUpdate,
+                                       LogitsProcessor,
+                                       ProcessorRunner,
+                                       RowInfo,
+                                       SlotProcessor,
+)
 
 __all__ = ["AddedRequest", "BatchUpdate", "LogitsProcessor", "ProcessorRunner", "RowInfo",
            "SlotProcessor"]

@@ -24,21 +24,22 @@ from __future__ import annotations
 
 import abc
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
-from detsample.processors.batch_update import (AddedRequest, BatchUpdate,  # noqa: F401 (re-export)
-                                               BatchView, MoveDirectionality, apply_to_slots)
 from detsample.errors import InvalidSamplingParams
 from detsample.ops.host import host_tensor
 from detsample.params import SamplingParams
+from detsample.processors.batch_update import AddedRequest, BatchUpdate, BatchView, MoveDirectionality, apply_to_slots  # noqa: F401 (re-export)
+
 
 class LogitsProcessor(abc.ABC):
     """A batch-level logits processor (vLLM v1 interface)."""
 
-    def validate_params(self, params: SamplingParams) -> None:
+    def validate_params(self, params: SamplingParams) -> None:  # noqa: B027 - optional hook
         """Raise InvalidSamplingParams (naming the field) for a request this processor
         cannot serve. Called for every request before it is added. Default: accept."""
 

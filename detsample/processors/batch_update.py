@@ -20,8 +20,9 @@ stable identities (``SamplingBatch.row_uids``); it is None when nothing changed.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -151,7 +152,7 @@ class BatchView(Protocol):
     penalties: Any                   # PenaltyState | None
     is_all_greedy: bool
 
-    def update_since(self, old_uids: Sequence[Any]) -> "BatchUpdate | None": ...
+    def update_since(self, old_uids: Sequence[Any]) -> BatchUpdate | None: ...
 
     def constraint_rows(self) -> Any: ...
 

@@ -15,17 +15,17 @@ templates for user processors (docs/sampling-penalties.md).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 from detsample import arith, rules
-from detsample.processors.batch_update import AddedRequest
 from detsample.ops.bias import apply_logit_bias_, bias_coo
 from detsample.ops.host import host_tensor
 from detsample.ops.temperature import row_max, scale_logits
-from detsample.processors.penalties import ban_pairs_, min_tokens_stops
 from detsample.processors.base import SlotProcessor
+from detsample.processors.batch_update import AddedRequest
+from detsample.processors.penalties import ban_pairs_, min_tokens_stops
 
 
 class _CachedSlots(SlotProcessor):

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from detsample.errors import InvalidSamplingParams
 from detsample.processors.base import LogitsProcessor

@@ -15,7 +15,7 @@ Counted tokens (vLLM's rule): frequency and presence count the request's output 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -96,8 +96,8 @@ class PenaltyState:
 
     # -- composition (called by SamplingBatch; these return the new state or None) ---
     @staticmethod
-    def extend(state: "PenaltyState | None", n_before: int, reqs: Sequence[Request],
-               outputs: Sequence[Sequence[int]]) -> "PenaltyState | None":
+    def extend(state: PenaltyState | None, n_before: int, reqs: Sequence[Request],
+               outputs: Sequence[Sequence[int]]) -> PenaltyState | None:
         """Append rows for ``reqs`` (their current ``outputs``) after ``n_before`` rows."""
         new = [RowTokens(r.params, r.prompt_ids, o) if r.params.has_penalties else None
                for r, o in zip(reqs, outputs)]
@@ -110,15 +110,15 @@ class PenaltyState:
         return state
 
     @staticmethod
-    def filter(state: "PenaltyState | None", idx: Sequence[int]) -> "PenaltyState | None":
+    def filter(state: PenaltyState | None, idx: Sequence[int]) -> PenaltyState | None:
         if state is None:
             return None
         rows = [state.rows[i] for i in idx]
         return PenaltyState(rows) if any(r is not None for r in rows) else None
 
     @staticmethod
-    def merge(state: "PenaltyState | None", n_before: int,
-              other: "PenaltyState | None", n_other: int) -> "PenaltyState | None":
+    def merge(state: PenaltyState | None, n_before: int,
+              other: PenaltyState | None, n_other: int) -> PenaltyState | None:
         """Append ``other``'s rows (its RowTokens are taken over, not shared: the other
         batch's state is copied so that advancing either batch cannot touch the other)."""
         if other is None:

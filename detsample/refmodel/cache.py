@@ -38,7 +38,7 @@ class KVCache:
             raise ValueError(f"truncate: n must be in [0, {len(self)}], got {n!r}")
         del self.token_ids[n:]
 
-    def clone(self) -> "KVCache":
+    def clone(self) -> KVCache:
         """An independent copy (e.g. to fork a sequence)."""
         c = KVCache(self.config, capacity=len(self))
         c.token_ids = list(self.token_ids)

@@ -30,21 +30,21 @@ plain run, bitwise, in fewer steps when the drafts agree.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from detsample.batch import SamplingBatch
 from detsample.errors import InvalidSamplingParams
 from detsample.params import LOGPROBS_MODES, Request, SamplingParams
+from detsample.params.validation import check_request
 from detsample.refmodel.cache import KVCache
 from detsample.refmodel.schedule import Arrival, Schedule
-from detsample.refmodel.speculative import (DraftRow, SpecStats, Speculative, check_drafts,
-                                            check_truncatable)
+from detsample.refmodel.speculative import DraftRow, SpecStats, Speculative, check_drafts, check_truncatable
 from detsample.refmodel.tokenizer import EOS_ID
 from detsample.sampler import Sampler
-from detsample.params.validation import check_request
 
 FINISH_EOS = "eos"
 FINISH_STOP = "stop"
@@ -259,7 +259,7 @@ class Engine:
             step += 1
         return out
 
-    def _forward(self, st: "_State", drafts: Sequence[Sequence[int]] = ()) -> list[torch.Tensor]:
+    def _forward(self, st: _State, drafts: Sequence[Sequence[int]] = ()) -> list[torch.Tensor]:
         """One ragged model call: every sampling row feeds its last token (and its drafts),
         every filling row its next prefill chunk. Rows whose prefill completes join the
         batch. Returns per row of ``st.rows`` the logits ``[1 + drafts, V]`` of its last
@@ -282,7 +282,7 @@ class Engine:
         st.filling = [r for r in st.filling if r.feed]
         return last[:n_rows] + self._join(st)
 
-    def _join(self, st: "_State") -> list[torch.Tensor]:
+    def _join(self, st: _State) -> list[torch.Tensor]:
         """Prefilled rows join the batch, except those whose grammar is still compiling:
         they are held out (their last logits kept) and join at a later step, so no sample
         waits for a compilation while other rows have work; when no other row has (none
@@ -309,9 +309,9 @@ class Engine:
             r.held, r.compiling = None, None
         return held
 
-    def _sample(self, st: "_State", logits: torch.Tensor, out: EngineResult, step: int) -> None:
+    def _sample(self, st: _State, logits: torch.Tensor, out: EngineResult, step: int) -> None:
         """Sample every row, record tokens and logprobs, drop finished rows."""
-        batch, rows, sampler = st.batch, st.rows, self.sampler
+        batch, rows = st.batch, st.rows
         assert batch is not None and len(batch) == len(rows) == logits.shape[0]
         positions = torch.tensor([len(r.cache) - 1 for r in rows], dtype=torch.int64)
         s, extra_lp = self._draw(st, logits, positions)
@@ -319,7 +319,7 @@ class Engine:
                    for i, row in enumerate(rows)]
         self._finish(st, reasons, out, step)
 
-    def _propose(self, st: "_State", stats: SpecStats) -> list[list[int]]:
+    def _propose(self, st: _State, stats: SpecStats) -> list[list[int]]:
         """Drafts of every running row, at most k and what its limits leave room for."""
         if not st.rows:
             return []
@@ -337,7 +337,7 @@ class Engine:
         stats.proposed += sum(len(d) for d in drafts)
         return drafts
 
-    def _verify(self, st: "_State", outs: list[torch.Tensor], drafts: list[list[int]],
+    def _verify(self, st: _State, outs: list[torch.Tensor], drafts: list[list[int]],
                 out: EngineResult, step: int) -> None:
         """Draw every drafted position of every row in order; keep a row's draws while
         they confirm its drafts (the first one that does not is kept in their place);
@@ -369,7 +369,7 @@ class Engine:
         stats.emitted += sum(kept)
         self._finish(st, reasons, out, step)
 
-    def _draw(self, st: "_State", logits: torch.Tensor, positions: torch.Tensor) -> tuple:
+    def _draw(self, st: _State, logits: torch.Tensor, positions: torch.Tensor) -> tuple:
         """Sample every row at ``positions``, score the extra modes, advance the batches."""
         s = self.sampler.sample(logits, st.batch, positions)
         safe = s.token_ids.clamp(min=0)
@@ -379,7 +379,7 @@ class Engine:
             b.advance(s.token_ids)
         return s, extra_lp
 
-    def _finish(self, st: "_State", reasons: Sequence[str | None], out: EngineResult,
+    def _finish(self, st: _State, reasons: Sequence[str | None], out: EngineResult,
                 step: int) -> None:
         """Record the results of rows with a finish reason; filter them out."""
         rows, batch = st.rows, st.batch

@@ -15,8 +15,7 @@ import math
 
 import torch
 
-from detsample.refmodel.config import (ACT_FRAC, ACT_MAX, ATT_PROB_BITS, ATT_SHIFT, GAIN_FRAC,
-                                       NORM_EPS)
+from detsample.refmodel.config import ACT_FRAC, ACT_MAX, ATT_PROB_BITS, ATT_SHIFT, GAIN_FRAC, NORM_EPS
 
 _MASKED_SCORE = -(2**61)
 

@@ -12,14 +12,14 @@ count. ``docs/refmodel.md`` gives the argument.
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from detsample.refmodel import intops, weights as _weights
+from detsample.refmodel import intops
+from detsample.refmodel import weights as _weights
 from detsample.refmodel.cache import KVCache
-from detsample.refmodel.config import (ACT_FRAC, LOGIT_FRAC, LOGIT_INT_MAX, W_FRAC,
-                                       RefModelConfig, RefModelError)
+from detsample.refmodel.config import ACT_FRAC, LOGIT_FRAC, LOGIT_INT_MAX, W_FRAC, RefModelConfig, RefModelError
 
 
 def _as_ids(name: str, ids: object, vocab_size: int) -> list[int]:
@@ -66,7 +66,7 @@ class RefModel:
         _weights.save(path, self.config, self.weights)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "RefModel":
+    def load(cls, path: str | os.PathLike) -> RefModel:
         config, weights = _weights.load(path)
         return cls(config, weights)
 

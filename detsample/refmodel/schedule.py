@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from detsample.errors import InvalidSamplingParams
 from detsample.params import Request
@@ -49,7 +49,7 @@ class Schedule:
         object.__setattr__(self, "arrivals", arr)
 
     @classmethod
-    def of(cls, items: Iterable[tuple[int, Request]]) -> "Schedule":
+    def of(cls, items: Iterable[tuple[int, Request]]) -> Schedule:
         return cls(tuple(Arrival(s, r) for s, r in items))
 
     def ordered(self) -> list[Arrival]:

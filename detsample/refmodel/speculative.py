@@ -23,8 +23,9 @@ seed, so a draft close to the target agrees often).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 from detsample.batch import SamplingBatch
 from detsample.errors import InvalidSamplingParams

@@ -9,7 +9,7 @@ merged encoding. :func:`decode` reads every id of the default vocabulary.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from detsample.refmodel.config import RefModelError
 

@@ -16,8 +16,7 @@ import numpy as np
 import torch
 
 from detsample.outputs import write_file
-from detsample.refmodel.config import (ACT_FRAC, GAIN_FRAC, W_FRAC, RefModelConfig,
-                                       RefModelError)
+from detsample.refmodel.config import ACT_FRAC, GAIN_FRAC, W_FRAC, RefModelConfig, RefModelError
 from detsample.refmodel.intops import exp_table
 
 FORMAT = "detsample-refmodel/1"
@@ -112,7 +111,7 @@ def load(path: str | os.PathLike) -> tuple[RefModelConfig, dict[str, torch.Tenso
         if meta.get("format") != FORMAT:
             raise RefModelError(f"{path}: format must be {FORMAT!r}, got {meta.get('format')!r}")
         config = RefModelConfig(**meta["config"])
-        weights = {k: f.get_tensor(k) for k in f.keys()}
+        weights = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - a safetensors handle, not a dict
     shapes = expected_shapes(config)
     if set(weights) != set(shapes):
         raise RefModelError(f"{path}: tensor names must be {sorted(shapes)}, got {sorted(weights)}")

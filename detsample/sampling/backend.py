@@ -11,8 +11,8 @@ contracts; docs/gpu.md says what each guarantees).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

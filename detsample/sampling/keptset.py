@@ -24,18 +24,15 @@ to ``filter_impl="sort"``); the result is one :class:`KeptCDF`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from detsample import rules
-from detsample.ops import colcdf
+from detsample.ops import colcdf, nucleus, radix, rowpass
 from detsample.ops import draw as draw_ops
 from detsample.ops import filters as filter_ops
-from detsample.ops import nucleus
-from detsample.ops import radix
-from detsample.ops import rowpass
 from detsample.sampling.rowplan import CANDIDATE_RATIO, RowPlan, Rows
 
 #: how much a small top-k row's ``topk`` grows while a tie group may spill past it
@@ -81,7 +78,7 @@ class Table:
             return draw_ops.draw_by_cdf(self.ids, self.csum, u)
         return draw_ops.draw_by_blocks(self.q, self.csum, u)
 
-    def rows(self, sel: torch.Tensor) -> "Table":
+    def rows(self, sel: torch.Tensor) -> Table:
         """The rows at positions ``sel`` (n',) of this table."""
         return Table(self.index[sel], False, self.csum[sel], self.ids[sel],
                      None, None if self.tau is None else self.tau[sel])
@@ -102,7 +99,7 @@ class KeptCDF:
     drawn: torch.Tensor | None = None
 
     @staticmethod
-    def none(B: int, device: torch.device) -> "KeptCDF":
+    def none(B: int, device: torch.device) -> KeptCDF:
         """No sampling row: nothing is cut, no mass (processed logprobs are one-hot)."""
         return KeptCDF(torch.full((B,), NEG_INF, dtype=torch.float32, device=device),
                        torch.zeros((B,), dtype=torch.int64, device=device))
@@ -269,7 +266,7 @@ class _Pending:
             return filter_ops.logit_topk(self.src, *self.scale, K)
         return torch.topk(self.src, K, dim=-1, largest=True, sorted=True)
 
-    def rows(self, sel: torch.Tensor) -> "_Pending":
+    def rows(self, sel: torch.Tensor) -> _Pending:
         return _Pending(self.idx[sel], False, self.src[sel],
                         None if self.scale is None else (self.scale[0][sel], self.scale[1][sel]),
                         self.cut.rows(sel))
@@ -348,7 +345,7 @@ def _grown(p: _Pending, K: int, inp: CutInputs, frac: int, *, small: bool, cap: 
                                  (n[dec], kept[dec], q[dec])))
         p = p.rows(und)
         K = min(K * TOPK_GROWTH, V)
-        if K > cap:
+        if cap < K:
             return tables, p
 
 
@@ -399,7 +396,7 @@ class _NucleusRows:
     kept: torch.Tensor | None = None
     q: torch.Tensor | None = None
 
-    def rows(self, sel: torch.Tensor) -> "_NucleusRows":
+    def rows(self, sel: torch.Tensor) -> _NucleusRows:
         """The rows at positions ``sel`` (m,)."""
         def sub(v):
             if isinstance(v, filter_ops.CandidateCut):
@@ -410,7 +407,7 @@ class _NucleusRows:
                             every=False)
 
     def split(self, ok: torch.Tensor, spill: torch.Tensor | None
-              ) -> tuple["_NucleusRows", torch.Tensor | None]:
+              ) -> tuple[_NucleusRows, torch.Tensor | None]:
         """The rows where ``ok`` (n,) bool holds, and ``spill`` with the batch rows of
         the others appended."""
         if bool(ok.all()):

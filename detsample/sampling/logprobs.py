@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from detsample import arith, rules
+from detsample import rules
 from detsample.ops import logprobs as lp_ops
-from detsample.sampling.keptset import KeptCDF
 from detsample.sampling.backend import TORCH
+from detsample.sampling.keptset import KeptCDF
 from detsample.sampling.prepare import Prepared
 from detsample.sampling.rowplan import RowPlan, Rows
 

@@ -9,8 +9,8 @@ overflows a finite logit to +inf is sanitised again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

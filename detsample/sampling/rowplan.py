@@ -14,8 +14,8 @@ homogeneous-batch shortcut equal to the general path).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
@@ -49,7 +49,7 @@ class Rows:
     @staticmethod
     def of(rows: Sequence[int], B: int, device: torch.device,
            filters: tuple[torch.Tensor, ...] | None = None,
-           active: tuple[bool, bool, bool] = (False, False, False)) -> "Rows":
+           active: tuple[bool, bool, bool] = (False, False, False)) -> Rows:
         rows = tuple(rows)
         index = host_tensor(list(rows), torch.int64, device)
         every = rows == tuple(range(B))
@@ -91,7 +91,7 @@ class BoundedFilters:
     element: torch.Tensor | None
 
     @staticmethod
-    def of(rows: "Rows", small: Sequence[bool], k_max: int, V: int) -> "BoundedFilters | None":
+    def of(rows: Rows, small: Sequence[bool], k_max: int, V: int) -> BoundedFilters | None:
         if not rows:
             return None
         top_ks, top_ps, element = rows.filters

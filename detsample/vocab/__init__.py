@@ -23,8 +23,9 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from detsample.params.validation import fail
 
@@ -133,12 +134,12 @@ class Vocabulary:
     # -- constructors ----------------------------------------------------------------
     @classmethod
     def from_tokens(cls, tokens: Sequence[bytes | str], *, eos_token_ids: Sequence[int],
-                    special_ids: Iterable[int] = ()) -> "Vocabulary":
+                    special_ids: Iterable[int] = ()) -> Vocabulary:
         """A vocabulary from token spellings (``str`` is UTF-8 encoded)."""
         return cls(tokens, eos_token_ids, special_ids)
 
     @classmethod
-    def default(cls) -> "Vocabulary":
+    def default(cls) -> Vocabulary:
         """The built-in 512-token vocabulary (layout in the module docstring)."""
         merges = tuple(m.encode("utf-8") for m in DEFAULT_MERGES)
         tokens = (b"",) + tuple(bytes([b]) for b in range(256)) + merges
@@ -149,7 +150,7 @@ class Vocabulary:
     @classmethod
     def from_tokenizer_json(cls, path: str | Path, *,
                             eos_token_ids: Sequence[int] | None = None,
-                            vocab_size: int | None = None) -> "Vocabulary":
+                            vocab_size: int | None = None) -> Vocabulary:
         """A vocabulary from a local Hugging Face ``tokenizer.json``.
 
         Byte-level BPE (GPT-2 style), SentencePiece-style (``\u2581`` spaces and

@@ -24,7 +24,6 @@ from scipy import special
 from detsample import arith
 from detsample.arith import elementary, pointwise
 from oracles import elementary as oracle
-
 from tests.arith.fma import FMA, cpu_has_fma, fresh_asm, loop_args
 
 SPECIALS = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-45, -1e-45, 1e-40, 1e-30, -1e-8,
@@ -221,15 +220,15 @@ def test_float64_results_within_their_stated_ulps_of_mpmath(name):
 
 def test_constants_are_what_they_say():
     with mpmath.workprec(200):
-        assert elementary.SQRT_2_OVER_PI == float(mpmath.sqrt(2 / mpmath.pi))
-        assert elementary.INV_SQRT_2PI == float(1 / mpmath.sqrt(2 * mpmath.pi))
+        assert float(mpmath.sqrt(2 / mpmath.pi)) == elementary.SQRT_2_OVER_PI
+        assert float(1 / mpmath.sqrt(2 * mpmath.pi)) == elementary.INV_SQRT_2PI
     with mpmath.workprec(300):       # Mills' ratio's Taylor coefficients from M' = a M - 1
         c = mpmath.mpf(elementary.MILLS_CENTER)
         d = [mpmath.ncdf(-c) / mpmath.npdf(c)]
         d.append(c * d[0] - 1)
         for n in range(1, elementary.PHI_DEGREE):
             d.append(c * d[n] + n * d[n - 1])
-        assert elementary.MILLS_COEFS == tuple(float(v / mpmath.factorial(n)) for n, v in enumerate(d))
+        assert tuple(float(v / mpmath.factorial(n)) for n, v in enumerate(d)) == elementary.MILLS_COEFS
     assert elementary.PHI_SERIES[:3] == (1.0, 1 / 3, 1 / 15) and len(elementary.PHI_SERIES) == 25
     assert elementary.EXPM1_COEFS[0] == 0.5 and elementary.EXPM1_COEFS[12] == 1 / math.factorial(14)
     assert math.expm1(elementary.EXPM1_LO) == -1.0 and math.tanh(elementary.TANH_BIG) == 1.0

@@ -9,8 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from detsample.audit.inputs.table import offsets_from_lengths
-from detsample.audit.inputs.writers import (ROW_COLUMNS, from_records, to_records, write_jsonl,
-                                            write_npz, write_parquet)
+from detsample.audit.inputs.writers import ROW_COLUMNS, from_records, to_records, write_jsonl, write_npz, write_parquet
 
 __all__ = ["ROW_COLUMNS", "from_records", "pad_rows", "padded_twin", "slime_samples",
            "synth_rollouts", "to_records", "write_columns", "write_jsonl", "write_npz",

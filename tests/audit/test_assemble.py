@@ -11,8 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from detsample.audit import AuditInputError, audit, to_json
-from tests.audit.synth import (padded_twin, slime_samples, synth_rollouts, to_records,
-                               write_columns, write_npz)
+from tests.audit.synth import padded_twin, slime_samples, synth_rollouts, to_records, write_columns, write_npz
 
 FORMATS = ["npz", "parquet", "pt"]
 # (layout in padded_twin, audit keywords, response side, prompt side)

@@ -10,9 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detsample.audit.analysis.exact import (SCALE_BITS, ValueCounts, exact_marginal_sums,
-                                            exact_mean, exact_sum, exact_sums, fraction_to_float,
-                                            to_fraction)
+from detsample.audit.analysis.exact import (
+    SCALE_BITS,
+    ValueCounts,
+    exact_marginal_sums,
+    exact_mean,
+    exact_sum,
+    exact_sums,
+    fraction_to_float,
+    to_fraction,
+)
 
 SPECIAL = [0.0, -0.0, 5e-324, -5e-324, 2.2250738585072014e-308, 1.7976931348623157e308,
            -1.7976931348623157e308, 1.0, -1.0, 1e-300, 3.0e-320]

@@ -14,9 +14,9 @@ Bounded: a few dozen small files per format (the default suite runs it).
 
 from __future__ import annotations
 
-import os
 import json
 import math
+import os
 
 import numpy as np
 import pyarrow as pa

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from detsample.audit import audit, check_gates
-from detsample.audit.running.gates import ExclusionLimit
 from detsample.audit.reports.log import check_log_gates
+from detsample.audit.running.gates import ExclusionLimit
 from detsample.cli import main
 
 GOOD = {"id": "a", "prompt_ids": [1], "response_ids": [1, 2],

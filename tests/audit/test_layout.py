@@ -5,9 +5,18 @@ from __future__ import annotations
 
 import pytest
 
+from detsample.audit.inputs.layout import (
+    PRESETS,
+    ROLES,
+    ROW_NUMBER,
+    SEMANTICS_COLUMNS,
+    Layout,
+    Source,
+    make_layout,
+    parse_columns,
+    resolve,
+)
 from detsample.audit.issues import AuditInputError
-from detsample.audit.inputs.layout import (PRESETS, ROLES, ROW_NUMBER, SEMANTICS_COLUMNS, Layout,
-                                           Source, make_layout, parse_columns, resolve)
 
 BAD_COLUMNS = [
     # (text, message)

@@ -9,8 +9,13 @@ import numpy as np
 import pytest
 
 from detsample.audit import audit
-from detsample.audit.analysis.metrics import (PROB_EDGES, RATIO_QUANTILE_KEYS, RATIO_QUANTILES,
-                                              THRESHOLD_KEYS, THRESHOLDS)
+from detsample.audit.analysis.metrics import (
+    PROB_EDGES,
+    RATIO_QUANTILE_KEYS,
+    RATIO_QUANTILES,
+    THRESHOLD_KEYS,
+    THRESHOLDS,
+)
 from tests.audit.synth import synth_rollouts, to_records
 
 REL = 1e-9  # float sums here are plain numpy (rounding in another order); counts are exact

@@ -12,7 +12,7 @@ from detsample.audit.inputs.layout import PRESETS
 
 BAD_OPTIONS = [
     (dict(rescore="hf"), "rescore must be a callable, a model (hf-tiny-llama, hf-tiny-qwen2, "
-                         "refmodel, refmodel-float or package.module:factory) or None, got 'hf'"),
+                         "refmodel, refmodel-float, a directory or package.module:factory) or None, got 'hf'"),
     (dict(rescore=3), "rescore must be a callable"),
     (dict(chunk_tokens=0), "chunk_tokens must be an integer >= 1, got 0"),
     (dict(chunk_tokens=2.5), "chunk_tokens must be an integer >= 1, got 2.5"),

@@ -11,9 +11,8 @@ import pytest
 
 from detsample.audit import AuditInputError, audit, to_json
 from detsample.audit.running.ray_runner import INSTALL_HINT, RayUnavailable, ray_session
-from tests.audit.synth import (padded_twin, synth_rollouts, write_columns, write_jsonl, write_npz,
-                               write_parquet)
 from detsample.cli import main
+from tests.audit.synth import padded_twin, synth_rollouts, write_columns, write_jsonl, write_npz, write_parquet
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "audit_presets"
 
@@ -73,9 +72,8 @@ def test_session_shuts_down_only_what_it_started(monkeypatch):
         init=lambda **kw: calls.append(("init", kw.get("address"))),
         shutdown=lambda: calls.append(("shutdown", None)))
     monkeypatch.setitem(sys.modules, "ray", fake)
-    with ray_session("local"):
-        with ray_session("ray://head:10001"):  # already connected: reused
-            pass
+    with ray_session("local"), ray_session("ray://head:10001"):  # already connected: reused
+        pass
     assert calls == [("init", None), ("shutdown", None)]
     calls.clear()
     with ray_session("ray://head:10001"):

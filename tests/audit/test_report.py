@@ -51,8 +51,9 @@ def test_summary_lists_excluded_sequences():
 def _cli_report(tmp_path, *gate):
     import json
 
-    from tests.audit.synth import write_jsonl, synth_rollouts as synth
     from detsample.cli import main
+    from tests.audit.synth import synth_rollouts as synth
+    from tests.audit.synth import write_jsonl
 
     path = tmp_path / "r.jsonl"
     write_jsonl(synth(6, seed=3, mean_len=8, mismatch_rate=0.5), str(path))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from detsample import Request, SamplingBatch, Sampler
+from detsample import Request, Sampler, SamplingBatch
 from detsample.audit.running.rescore import ModelRescorer
 from detsample.audit.semantics import RAW, Semantics
 

@@ -9,9 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detsample.audit.running.run import (AuditOptions, audit, check_gates, plan_shards, run_shard,
-                                         to_json)
 from detsample.audit.analysis.metrics import AuditAccumulator
+from detsample.audit.running.run import AuditOptions, audit, check_gates, plan_shards, run_shard, to_json
 from tests.audit.synth import synth_rollouts, to_records, write_jsonl, write_npz, write_parquet
 
 FORMATS = [("jsonl", write_jsonl), ("npz", write_npz),

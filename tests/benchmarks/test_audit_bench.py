@@ -14,8 +14,7 @@ import time
 import pytest
 
 from detsample.audit import audit
-from tests.audit.synth import (padded_twin, synth_rollouts, write_columns, write_jsonl, write_npz,
-                               write_parquet)
+from tests.audit.synth import padded_twin, synth_rollouts, write_columns, write_jsonl, write_npz, write_parquet
 
 FORMATS = [("npz", write_npz), ("parquet", write_parquet), ("jsonl", write_jsonl)]
 MISMATCH_RATES = [0.0, 0.3, 1.0]

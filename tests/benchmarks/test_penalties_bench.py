@@ -14,8 +14,8 @@ import time
 import pytest
 import torch
 
-from detsample.benchmarks import sampler as bm
 from detsample import Request, Sampler, SamplingBatch, SamplingParams
+from detsample.benchmarks import sampler as bm
 from detsample.ops import penalties as pen_ops
 from detsample.processors.penalties import apply_penalties_and_constraints
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from detsample.checks import engine as enginechecks
+from detsample.checks.faults import perturbed_sample
 from detsample.golden import engine_scenarios as enginescenarios
 from detsample.probe.threads import torch_threads
-from detsample.checks.faults import perturbed_sample
 
 pytestmark = pytest.mark.skipif(not enginescenarios.available(),
                                 reason="detsample.refmodel.engine is not in this build")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from detsample.checks import invariance
-from detsample.probe.threads import torch_threads
-from detsample.golden.scenarios import Scenario
 from detsample.checks.faults import perturbed_compute_logprobs, perturbed_sample
+from detsample.golden.scenarios import Scenario
+from detsample.probe.threads import torch_threads
 
 SC = Scenario("t.combo", "random", "combo", vocab=80, rows=4, steps=2, seed=5)
 

@@ -25,4 +25,4 @@ def test_fails_on_a_batch_leaky_model():
 def test_registered_with_the_battery():
     names = [n for n, _ in external_checks()]
     assert "refmodel_prefill_decode_logits" in names
-    assert CHECKS == (refmodel_prefill_decode_logits,)
+    assert (refmodel_prefill_decode_logits,) == CHECKS

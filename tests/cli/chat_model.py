@@ -23,7 +23,7 @@ CONFIG = dict(vocab_size=len(WORDS), hidden_size=32, intermediate_size=64,
 
 def save_chat_model(directory: str | Path, *, template: bool = True, seed: int = 3) -> Path:
     """Write the model, its generation config and its tokenizer to ``directory``."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import GenerationConfig, PreTrainedTokenizerFast
 
     from detsample.models.tiny import build_hf

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from tests.audit.synth import synth_rollouts, write_jsonl, write_npz
 from detsample.cli import main
+from tests.audit.synth import synth_rollouts, write_jsonl, write_npz
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from detsample.checks import battery
-from detsample.probe.threads import torch_threads
+from detsample.checks.faults import perturbed_compute_logprobs, perturbed_sample
 from detsample.cli import main
 from detsample.cli._progress import Progress
-from detsample.checks.faults import perturbed_compute_logprobs, perturbed_sample
+from detsample.probe.threads import torch_threads
 
 ONE = ["-k", "random.temperature"]
 CHECK = ONE

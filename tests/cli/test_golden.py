@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from detsample.checks.faults import perturbed_sample
 from detsample.cli import main
 from detsample.golden.store import GoldenStore
-from detsample.checks.faults import perturbed_sample
 
 ONE = ["-k", "random.greedy"]
 

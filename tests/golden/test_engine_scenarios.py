@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from detsample.golden import engine_scenarios as enginescenarios, registry
+from detsample.golden import engine_scenarios as enginescenarios
+from detsample.golden import registry
 from detsample.golden.diff import compare
 
 needs_engine = pytest.mark.skipif(not enginescenarios.available(),

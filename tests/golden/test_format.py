@@ -7,8 +7,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detsample.golden.format import (LOGPROBS, MANIFEST, TOKENS, GoldenFormatError, ScenarioOutput,
-                                 concat, decode, encode, float_text)
+from detsample.golden.format import (
+    LOGPROBS,
+    MANIFEST,
+    TOKENS,
+    GoldenFormatError,
+    ScenarioOutput,
+    concat,
+    decode,
+    encode,
+    float_text,
+)
 from tests.golden_helpers import make
 
 SPECIAL_BITS = [0x00000000, 0x80000000, 0x7FC00000, 0x7FC00001, 0xFFC00000, 0x7F800000,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from detsample.golden import registry
+
 NAMES = registry.names()
 
 

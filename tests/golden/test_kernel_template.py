@@ -8,8 +8,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
 pytest_plugins = ["pytester"]
 DOC = Path(__file__).resolve().parents[2] / "docs" / "kernel-developers.md"
 MARK = "<!-- template: tests/test_my_kernel_golden.py -->"

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import pytest
 
 from detsample.golden import registry, scenarios
-from detsample.grammar import GrammarConfig
-from detsample.grammar import compiler as grammar_compiler
 from detsample.golden.diff import compare
 from detsample.golden.scenarios import BIG_VOCAB, PARAM_FAMILIES, Scenario
 from detsample.golden.synthlogits import FAMILIES
+from detsample.grammar import GrammarConfig
+from detsample.grammar import compiler as grammar_compiler
 
 
 def test_registry_covers_every_family():

@@ -7,11 +7,26 @@ import os
 import pytest
 
 import detsample.golden.store as golden_mod
-from detsample.golden.store import (CORRUPT, MISMATCH, MISSING_PLATFORM, MISSING_SCENARIO, OK,
-                                    ChangeKind, GoldenStore, golden_root)
 from detsample.golden.format import FILES, LOGPROBS, TOKENS
-from tests.golden_helpers import (another_machine, with_top, git_commit_all, git_status,
-                                  interrupt_staging_at, make, snapshot)
+from detsample.golden.store import (
+    CORRUPT,
+    MISMATCH,
+    MISSING_PLATFORM,
+    MISSING_SCENARIO,
+    OK,
+    ChangeKind,
+    GoldenStore,
+    golden_root,
+)
+from tests.golden_helpers import (
+    another_machine,
+    git_commit_all,
+    git_status,
+    interrupt_staging_at,
+    make,
+    snapshot,
+    with_top,
+)
 
 FP = "cpu-test-torch0"
 

@@ -9,11 +9,18 @@ import torch
 
 from detsample.errors import GoldenMismatch
 from detsample.golden import check_tensors
-from detsample.golden.store import (CORRUPT, MISMATCH, MISSING_PLATFORM, MISSING_SCENARIO, OK,
-                                    GoldenMissing, GoldenStore, GoldenUpdateRefused)
+from detsample.golden.store import (
+    CORRUPT,
+    MISMATCH,
+    MISSING_PLATFORM,
+    MISSING_SCENARIO,
+    OK,
+    GoldenMissing,
+    GoldenStore,
+    GoldenUpdateRefused,
+)
 from detsample.golden.tensor_store import TensorGoldens, device_of
-from tests.golden_helpers import (another_machine, git_commit_all, git_status,
-                                  interrupt_staging_at, snapshot)
+from tests.golden_helpers import another_machine, git_commit_all, git_status, interrupt_staging_at, snapshot
 
 FP = "cpu-test-torch0"
 

@@ -10,8 +10,8 @@ deleted manifests was a skipped platform).
 
 from __future__ import annotations
 
-import os
 import json
+import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings

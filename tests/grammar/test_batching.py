@@ -16,11 +16,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from detsample import (GrammarError, InvalidSamplingParams, Request, Sampler, SamplingBatch,
-                       SamplingParams, Vocabulary)
+from detsample import GrammarError, InvalidSamplingParams, Request, Sampler, SamplingBatch, SamplingParams, Vocabulary
 from detsample.grammar import RequestGrammar
-from detsample.grammar.batching import (FINISH_GRAMMAR_ERROR, FINISH_GRAMMAR_TERMINATED,
-                                        grammar_errors)
+from detsample.grammar.batching import FINISH_GRAMMAR_ERROR, FINISH_GRAMMAR_TERMINATED, grammar_errors
 from detsample.rules import STATUS_GRAMMAR_ERROR
 from tests.penalty_cases import EOS, LowerNonMax, PenalizeLastToken, params_st
 

@@ -11,14 +11,14 @@ import json
 import pytest
 import torch
 import xgrammar as xgr
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from detsample import Vocabulary
 from detsample.errors import GrammarError
 from detsample.grammar import GrammarMasker, RequestGrammar
 from detsample.grammar.config import GrammarConfig
-from detsample.grammar.ebnf import (STRING_EXCLUDE, correct_json_grammar,
-                                    exclude_from_negated_classes)
+from detsample.grammar.ebnf import STRING_EXCLUDE, correct_json_grammar, exclude_from_negated_classes
 from detsample.grammar.kinds import json_schema_grammar
 from tests.grammar.conftest import generate, string_acceptor
 

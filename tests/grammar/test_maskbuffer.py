@@ -11,7 +11,8 @@ their values.
 
 import numpy as np
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from detsample.grammar.maskbuffer import ColumnCache, MaskedLogitsBuffer, _classify
 from detsample.ops.mask import bitmask_width, masked_logits
@@ -157,7 +158,7 @@ def test_cache_drops_least_recent_entries_beyond_its_byte_bound():
     large) and a dropped entry is rebuilt on its next use."""
     n = 4096
     rng = np.random.default_rng(0)
-    masks = [pack((rng.random((1, n)) < 0.5)).numpy()[0] for _ in range(5)]
+    masks = [pack(rng.random((1, n)) < 0.5).numpy()[0] for _ in range(5)]
     size = max(_classify(w, n).nbytes for w in masks)  # ~ n * 4 + n // 8 + n / 2 * 8
     assert size > n * 4 + n // 8
     cache = ColumnCache(max_bytes=3 * size + 100)

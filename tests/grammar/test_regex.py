@@ -12,14 +12,14 @@ import re
 
 import pytest
 import xgrammar as xgr
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from detsample.errors import GrammarError
 from detsample.grammar.config import GrammarConfig
 from detsample.grammar.kinds import json_schema_grammar
+from detsample.grammar.regex import class_text, complement, json_chars, pattern_ebnf, python_class, subtract
 from tests.grammar.conftest import string_acceptor
-from detsample.grammar.regex import (class_text, complement, json_chars, pattern_ebnf,
-                                     python_class, subtract)
 
 
 def grammar(pattern):

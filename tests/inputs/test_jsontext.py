@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import pytest
 
 from detsample.inputs import loads
 from detsample.inputs.jsontext import JsonTooDeep

@@ -46,7 +46,6 @@ def test_the_previous_handler_comes_back():
     def raise_interrupted(signum, frame):
         raise Interrupted()
 
-    with pytest.raises(Interrupted):
-        with sigint_handler(raise_interrupted):
-            signal.raise_signal(signal.SIGINT)
+    with pytest.raises(Interrupted), sigint_handler(raise_interrupted):
+        signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is before

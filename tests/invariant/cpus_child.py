@@ -99,8 +99,9 @@ def pointwise() -> tuple[list[str], torch.Tensor]:
 
 def model(portable: bool) -> tuple[list[str], torch.Tensor]:
     """The tiny Llama (its wrapper enters the mode itself)."""
+    from matrix_child import failures, module  # same folder (sys.path[0])
+
     from detsample.models import HFCausalLM
-    from matrix_child import failures, module     # same folder (sys.path[0])
     toks = torch.randint(0, 512, (12,), generator=_gen(1)).tolist()
     m = HFCausalLM(module("h64-i96-4h"), name="h64", batch_invariant=True, portable=portable)
     bad, full = failures(m, toks)

@@ -25,8 +25,8 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 import torch
 
@@ -43,7 +43,8 @@ def build(name: str) -> torch.nn.Module:
     if name.startswith("hf-tiny-"):
         return build_tiny(name)
     if name in PANEL:
-        from tests.invariant.architectures import PANEL as ROWS, build as build_arch
+        from tests.invariant.architectures import PANEL as ROWS
+        from tests.invariant.architectures import build as build_arch
         return build_arch(next(a for a in ROWS if a.name == name))
     from tests.invariant.matrix_child import module
     return module(name)

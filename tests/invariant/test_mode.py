@@ -63,10 +63,9 @@ def test_inside_the_mode_a_linear_row_does_not_depend_on_the_batch():
 
 
 def test_restored_after_an_exception():
-    with pytest.raises(ZeroDivisionError):
-        with batch_invariant():
-            assert is_enabled()
-            1 / 0
+    with pytest.raises(ZeroDivisionError), batch_invariant():
+        assert is_enabled()
+        1 / 0
     assert not is_enabled() and not any(_ours(op) for op in OPS)
 
 

@@ -175,9 +175,8 @@ class KwargsLM(TinyLM):
 @pytest.mark.parametrize("model,kwargs", [(TinyLM("box"), {"use_cache": False}), (KwargsLM(), {})],
                          ids=["named", "through-kwargs"])
 def test_a_first_forward_without_a_cache_is_probed_with_one(model, kwargs):
-    with torch.no_grad(), batch_invariant():
-        with pytest.raises(RefusedLayerError, match="StateBox.states"):
-            model(IDS, **kwargs)
+    with torch.no_grad(), batch_invariant(), pytest.raises(RefusedLayerError, match="StateBox.states"):
+        model(IDS, **kwargs)
 
 
 def test_a_key_value_cache_and_a_stateless_model_pass():

@@ -9,8 +9,7 @@ import triton
 import triton.language as tl
 
 from detsample.arith.spec import frac_bits
-from detsample.kernels.common import (OPTS, exp32, exp64, exp64_wide, fixed_value, fixed_words,
-                                      fq_mass, log64)
+from detsample.kernels.common import OPTS, exp32, exp64, exp64_wide, fixed_value, fixed_words, fq_mass, log64
 
 _B = 1024
 

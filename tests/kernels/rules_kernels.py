@@ -7,8 +7,18 @@ import torch
 import triton
 import triton.language as tl
 
-from detsample.kernels.common import (OPTS, PAD_ID, draw_target, element_keeps, first_above,
-                                      fq_mass, min_p_keeps, top_p_keeps, top_p_limit, uniform)
+from detsample.kernels.common import (
+    OPTS,
+    PAD_ID,
+    draw_target,
+    element_keeps,
+    first_above,
+    fq_mass,
+    min_p_keeps,
+    top_p_keeps,
+    top_p_limit,
+    uniform,
+)
 
 _B = 16  # a block wider than every table
 

@@ -55,10 +55,8 @@ def _invariant_kernels():
     import triton.language as tl
 
     from detsample.kernels import attention, matmul, rowwise
-    mm = {n: I32 for n in "M N K BATCH PROGRAMS s_ab s_am s_ak s_bb s_bk s_bn s_cb s_cm s_cn "
-                          "s_xb s_xm s_xn".split()}
-    at = {n: I32 for n in "H GROUP Lq Lk D q_off s_qb s_qh s_qm s_qd s_kb s_kh s_kn s_kd s_vb "
-                          "s_vh s_vn s_vd s_mb s_mh s_mm s_mn s_ob s_oh s_om s_od".split()}
+    mm = {n: I32 for n in ["M", "N", "K", "BATCH", "PROGRAMS", "s_ab", "s_am", "s_ak", "s_bb", "s_bk", "s_bn", "s_cb", "s_cm", "s_cn", "s_xb", "s_xm", "s_xn"]}
+    at = {n: I32 for n in ["H", "GROUP", "Lq", "Lk", "D", "q_off", "s_qb", "s_qh", "s_qm", "s_qd", "s_kb", "s_kh", "s_kn", "s_kd", "s_vb", "s_vh", "s_vn", "s_vd", "s_mb", "s_mh", "s_mm", "s_mn", "s_ob", "s_oh", "s_om", "s_od"]}
     out = [
         ("softmax", rowwise._softmax_kernel,
          dict(x_ptr="*bf16", out_ptr=P32, stride_x=I32, stride_o=I32, N=I32),

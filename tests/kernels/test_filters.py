@@ -18,8 +18,8 @@ from scipy import stats
 
 from detsample import arith, rules
 from detsample.ops.draw import kept_mass
-from detsample.rules import frac_bits
 from detsample.rng import row_uniforms
+from detsample.rules import frac_bits
 from oracles import sampler as osamp
 
 #: (top_k, top_p, min_p) rows that exercise every route: candidates, sort, plain, min-p

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detsample import InvalidSamplingParams, SamplingBatch, Sampler, SamplingParams
+from detsample import InvalidSamplingParams, Sampler, SamplingBatch, SamplingParams
 from oracles import sampler as osamp
 from tests.helpers import logits_rows, params_strategy, requests_from
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from detsample.models import (ModelError, is_model_spec, load_model, model_eos_token_ids)
+from detsample.models import ModelError, is_model_spec, load_model, model_eos_token_ids
 from detsample.models.hfdir import check_model_dir, config_eos_token_ids, is_model_dir_spec
 
 
@@ -70,7 +70,7 @@ def test_dtype_is_refused_for_a_built_model():
 def test_tp_divisibility_is_refused_from_config_before_the_weights_load(tmp_path, monkeypatch):
     # the bug: --tp 2 on a 9-head model was refused only after a 73 s load
     import detsample.models
-    from detsample.parallel import TPModelSpec, TensorParallelError, check_spec
+    from detsample.parallel import TensorParallelError, TPModelSpec, check_spec
     from tests.cli.chat_model import save_chat_model
 
     d = save_chat_model(tmp_path / "m")  # 4 heads, 2 key/value heads

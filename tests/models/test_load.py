@@ -12,8 +12,7 @@ import textwrap
 import pytest
 import torch
 
-from detsample.models import (MODEL_NAMES, HFCausalLM, ModelError, RefModelFloat, RefModelLM,
-                              load_model, prefill)
+from detsample.models import MODEL_NAMES, HFCausalLM, ModelError, RefModelFloat, RefModelLM, load_model, prefill
 
 KINDS = [("refmodel", RefModelLM), ("refmodel-float", RefModelFloat),
          ("hf-tiny-llama", HFCausalLM), ("hf-tiny-qwen2", HFCausalLM)]

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from detsample import rules
 from detsample.ops import colcdf as C
 from detsample.ops import draw as D
-from detsample.rules import PAD_ID, frac_bits
 from detsample.ops.temperature import scale_logits
 from detsample.rng import row_uniforms
+from detsample.rules import PAD_ID, frac_bits
 from tests.helpers import logits_rows
 
 FAMILIES = ["random", "peaked", "ties", "neginf", "bf16", "huge", "zeros"]

@@ -9,9 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from detsample import arith
-from detsample import rules
-from detsample import Request, SamplingBatch, Sampler, SamplingParams
+from detsample import Request, Sampler, SamplingBatch, SamplingParams, arith, rules
 from detsample.ops import draw as D
 from detsample.ops import filters as F
 from detsample.rng import row_uniforms

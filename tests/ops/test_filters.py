@@ -5,8 +5,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from detsample import arith
-from detsample import rules
+from detsample import arith, rules
 from detsample.ops import filters as F
 from detsample.ops.temperature import scale_logits
 from oracles import sampler as osamp

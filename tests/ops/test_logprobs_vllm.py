@@ -16,13 +16,12 @@ The BUG pinned: detsample's "processed" logprobs used the fixed-point normaliser
 vLLM's semantics could never be exact. That form is now "processed_fixed".
 """
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from detsample import Request, SamplingBatch, SamplingParams, Sampler, arith
+from detsample import Request, Sampler, SamplingBatch, SamplingParams, arith
 from tests.vllm_reference import vllm_processed
 
 

@@ -3,11 +3,17 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from detsample.ops.mask import (allocate_token_bitmask, apply_token_bitmask_, bitmask_width,
-                                masked_logits, unpack_bitmask)
 from detsample.ops import mask as mask_ops
+from detsample.ops.mask import (
+    allocate_token_bitmask,
+    apply_token_bitmask_,
+    bitmask_width,
+    masked_logits,
+    unpack_bitmask,
+)
 from oracles.mask import apply_token_bitmask as oracle_apply
 
 SHAPES = [(1, 1), (2, 31), (3, 32), (4, 33), (5, 512), (2, 1000)]

@@ -7,8 +7,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from detsample import arith
-from detsample import rules
+from detsample import arith, rules
 from detsample.ops import filters as F
 from detsample.ops import nucleus as N
 from tests.ops.test_filters import NUCLEUS_FAMILIES, _family

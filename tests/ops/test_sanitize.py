@@ -3,8 +3,7 @@
 import torch
 
 from detsample.ops.sanitize import sanitize_rows_flagged
-from detsample.rules import (NAN_FLOOR, POSINF_CEIL, STATUS_HAD_NAN, STATUS_HAD_POSINF,
-                             STATUS_NO_VALID_TOKEN)
+from detsample.rules import NAN_FLOOR, POSINF_CEIL, STATUS_HAD_NAN, STATUS_HAD_POSINF, STATUS_NO_VALID_TOKEN
 
 
 def test_sanitize_rows():

@@ -14,7 +14,8 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from detsample.outputs import OutputError, output_input_clash, same_file, write_file
 

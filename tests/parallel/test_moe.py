@@ -85,7 +85,7 @@ def test_more_moe_models_pass_the_check(model, tp):
 
 # -- in one process: the combine is transformers' own, op for op ------------------------
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _mixtral(impl: str):
     model = models.mixtral()
     model.config._experts_implementation = impl

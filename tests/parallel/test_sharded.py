@@ -14,7 +14,8 @@ import threading
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from detsample.invariant import exact
 from detsample.invariant.sharded import Reduce, concat_last, owner_rows, split_k_fixed_b, split_k_matmul

@@ -3,7 +3,8 @@ group, with a negative-control job on the same group, compared bit for bit."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from detsample import InvalidSamplingParams, Request, Sampler, SamplingBatch, SamplingParams
-from detsample.processors.batch_update import apply_to_slots
 from detsample.processors.base import LogitsProcessor, SlotProcessor
-from tests.penalty_cases import V, ScaleEvenTokens, logits_for
+from detsample.processors.batch_update import apply_to_slots
+from tests.penalty_cases import ScaleEvenTokens, V, logits_for
 
 
 class Recorder(SlotProcessor):

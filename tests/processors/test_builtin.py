@@ -12,14 +12,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detsample import arith
-from detsample import Request, Sampler, SamplingBatch, SamplingParams
+from detsample import Request, Sampler, SamplingBatch, SamplingParams, arith
 from detsample.ops.bias import apply_logit_bias_
 from detsample.ops.penalties import ban_tokens_
 from detsample.ops.temperature import row_max, scale_logits
+from detsample.processors.builtin import LogitBiasLogitsProcessor, MinPLogitsProcessor, MinTokensLogitsProcessor
 from detsample.processors.penalties import banned_entries
-from detsample.processors.builtin import (LogitBiasLogitsProcessor, MinPLogitsProcessor,
-                                          MinTokensLogitsProcessor)
 from tests.penalty_cases import EOS, V, request_st
 
 token = st.integers(0, V - 1)

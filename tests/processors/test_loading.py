@@ -18,7 +18,6 @@ import torch
 
 from detsample import InvalidSamplingParams, Request, Sampler, SamplingBatch, SamplingParams
 from detsample.processors import loading
-from detsample.processors.base import SlotProcessor
 from detsample.refmodel import RefModel
 from detsample.refmodel.engine import Engine, EngineConfig
 from detsample.refmodel.schedule import Schedule

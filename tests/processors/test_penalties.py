@@ -15,11 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detsample import InvalidSamplingParams, Request, Sampler, SamplingBatch, SamplingParams
+from detsample.processors.builtin import MinPLogitsProcessor
 from detsample.processors.penalties import apply_penalties_and_constraints
 from detsample.processors.penalty_state import RowTokens
-from detsample.processors.builtin import MinPLogitsProcessor
 from oracles import penalties as orc
-from tests.penalty_cases import EOS, V, LowerNonMax, PenalizeLastToken, logits_for, request_st
+from tests.penalty_cases import EOS, LowerNonMax, PenalizeLastToken, V, logits_for, request_st
 
 
 def _batch(reqs):

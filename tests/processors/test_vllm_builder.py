@@ -13,11 +13,12 @@ an empty slot) passing silently.
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from detsample.processors.base import SlotProcessor
-from detsample.processors.batch_update import (AddedRequest, BatchUpdate, InvalidBatchUpdate,
-                                               MoveDirectionality as MD, apply_to_slots)
+from detsample.processors.batch_update import AddedRequest, BatchUpdate, InvalidBatchUpdate, apply_to_slots
+from detsample.processors.batch_update import MoveDirectionality as MD
 
 UNI, SWAP = MD.UNIDIRECTIONAL, MD.SWAP
 

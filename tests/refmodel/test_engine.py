@@ -16,17 +16,16 @@ import re
 
 import pytest
 import torch
-
-from detsample.processors.base import LogitsProcessor
-from detsample.vocab import Vocabulary
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from detsample import InvalidSamplingParams, Request, Sampler, SamplingParams
+from detsample.processors.base import LogitsProcessor
 from detsample.refmodel import RefModel, RefModelConfig
 from detsample.refmodel.engine import Engine, EngineConfig, RequestResult, rescore, with_mode
 from detsample.refmodel.schedule import Schedule
-from detsample.refmodel.verify import (alignment_mismatches, float_bits, invariance_mismatches,
-                                       result_diff)
+from detsample.refmodel.verify import alignment_mismatches, float_bits, invariance_mismatches, result_diff
+from detsample.vocab import Vocabulary
 from tests.helpers import params_strategy
 
 REGEX = r"[a-c]{2,5}x"

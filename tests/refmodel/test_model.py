@@ -12,10 +12,11 @@ import random
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from detsample.refmodel import KVCache, RefModel, RefModelConfig, RefModelError
 from detsample.checks.refmodel import schedule_logits
+from detsample.refmodel import KVCache, RefModel, RefModelConfig, RefModelError
 
 V = RefModelConfig().vocab_size
 

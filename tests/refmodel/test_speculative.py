@@ -17,7 +17,8 @@ import random
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from detsample import InvalidSamplingParams, Request, SamplingParams
 from detsample.refmodel import RefModel, RefModelConfig

@@ -14,8 +14,7 @@ from detsample import Request, Sampler, SamplingParams
 from detsample.refmodel import RefModel
 from detsample.refmodel.engine import Engine
 from detsample.refmodel.schedule import Schedule
-from detsample.refmodel.verify import (alignment_mismatches, invariance_mismatches,
-                                       result_diff)
+from detsample.refmodel.verify import alignment_mismatches, invariance_mismatches, result_diff
 
 
 class BatchLeakyModel(RefModel):

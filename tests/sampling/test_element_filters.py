@@ -23,8 +23,10 @@ import numpy as np
 import pytest
 import torch
 
-from detsample import Request, SamplingBatch, Sampler, SamplingParams, rules
-from detsample.ops import colcdf, draw as draw_ops, filters as filter_ops, radix
+from detsample import Request, Sampler, SamplingBatch, SamplingParams, rules
+from detsample.ops import colcdf, radix
+from detsample.ops import draw as draw_ops
+from detsample.ops import filters as filter_ops
 from tests.helpers import logits_rows
 
 V = 4096  # keptset.SELECT_MIN_V: a flat nucleus spills to the radix select

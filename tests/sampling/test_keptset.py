@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from detsample import Request, SamplingBatch, Sampler, SamplingParams
+from detsample import Request, Sampler, SamplingBatch, SamplingParams
 from detsample.benchmarks.sampler import Case, make_logits
 from detsample.sampling import keptset
 from oracles import sampler as osamp

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from detsample import Request, SamplingBatch, Sampler, SamplingParams
+from detsample import Request, Sampler, SamplingBatch, SamplingParams
 from detsample.sampling.rowplan import plan_rows
 
 V = 400

@@ -1,7 +1,8 @@
 """Tests of detsample/vocab.py: the default layout, encode/decode, specials, fingerprint."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from detsample import InvalidSamplingParams, Vocabulary
 from detsample.vocab import DEFAULT_MERGES

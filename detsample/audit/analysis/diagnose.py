@@ -81,7 +81,7 @@ class _Rows:
     kept_k: torch.Tensor
 
     @classmethod
-    def of(cls, logits: torch.Tensor, tokens: torch.Tensor, engine: torch.Tensor) -> "_Rows":
+    def of(cls, logits: torch.Tensor, tokens: torch.Tensor, engine: torch.Tensor) -> _Rows:
         x = logits.to(torch.float64)
         xt = x.gather(1, tokens.view(-1, 1)).view(-1)
         s = x.sort(dim=-1, descending=True).values

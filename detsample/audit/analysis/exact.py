@@ -181,7 +181,7 @@ class ValueCounts:
         if self._raw_size >= self._COMPACT_AT:
             self._compact()
 
-    def merge(self, other: "ValueCounts") -> None:
+    def merge(self, other: ValueCounts) -> None:
         self._raw += other._raw
         self._raw_size += other._raw_size
         self._distinct += other._distinct

@@ -170,7 +170,7 @@ class _Sum:
             x = x[fin]
         self.pending.append(x)
 
-    def merge(self, o: "_Sum") -> None:
+    def merge(self, o: _Sum) -> None:
         assert not self.pending and not o.pending
         self.s += o.s
         self.inf += o.inf
@@ -189,7 +189,7 @@ class _Sum:
         self.pending = []
 
 
-def _flush(sums: list["_Sum"]) -> None:
+def _flush(sums: list[_Sum]) -> None:
     """Sum every queued value of ``sums`` exactly, in one grouped pass."""
     busy = [(k, x) for k, sm in enumerate(sums) for x in sm.pending]
     if not busy:
@@ -253,12 +253,12 @@ class _Stats:
                 self.count += int(x.size)
         self.hi, self.lo = _hi(x, self.hi), _lo(x, self.lo)
 
-    def merge(self, o: "_Stats") -> None:
+    def merge(self, o: _Stats) -> None:
         self.sum.merge(o.sum)
         self.sq.merge(o.sq)
         self.hi, self.lo, self.count = max(self.hi, o.hi), min(self.lo, o.lo), self.count + o.count
 
-    def totals(self) -> "_Totals":
+    def totals(self) -> _Totals:
         return _Totals(self.sum.exact(), self.sq.exact(), self.hi, self.lo)
 
 
@@ -365,7 +365,7 @@ class _RowStats:
         if lo is not None:
             self.below += int(np.count_nonzero(r < lo))
 
-    def merge(self, o: "_RowStats") -> None:
+    def merge(self, o: _RowStats) -> None:
         self.values.merge(o.values)
         self.dev = max(self.dev, o.dev)
         self.above += o.above
@@ -383,7 +383,7 @@ class _SeqIS:
         self.above = 0               # sequence level: rows with log weight > log T
         self.below = 0
 
-    def merge(self, o: "_SeqIS") -> None:
+    def merge(self, o: _SeqIS) -> None:
         self.rows.merge(o.rows)
         self.w.merge(o.w)
         self.log_hi, self.log_lo = max(self.log_hi, o.log_hi), min(self.log_lo, o.log_lo)
@@ -444,7 +444,7 @@ class _RS:
     def clamp(self, stat):
         return np.clip(stat, self.thr_lo, self.thr_hi)
 
-    def merge(self, o: "_RS") -> None:
+    def merge(self, o: _RS) -> None:
         for name in ("stat", "clamped", "rows"):
             getattr(self, name).merge(getattr(o, name))
         self.rejected += o.rejected
@@ -468,9 +468,9 @@ class _RS:
             out[f"{p}_fraction_low"] = self.rows.below / valid if self.k1 else 0.0
         else:
             out[f"{p}_max"], out[f"{p}_min"] = tok.hi, tok.lo
-            hi = _count(stat > self.thr_hi, counts, 0.0 > self.thr_hi, zeros)
+            hi = _count(stat > self.thr_hi, counts, self.thr_hi < 0.0, zeros)
             out[f"{p}_fraction_high"] = _over(Fraction(hi), n + _F_EPS)
-            lo = _count(stat < self.thr_lo, counts, 0.0 < self.thr_lo, zeros) if self.k1 else 0
+            lo = _count(stat < self.thr_lo, counts, self.thr_lo > 0.0, zeros) if self.k1 else 0
             out[f"{p}_fraction_low"] = _over(Fraction(lo), n + _F_EPS) if self.k1 else 0.0
         out[f"{p}_std"] = _std_eps(clamped, n)
         if valid:
@@ -643,7 +643,7 @@ class FrameworkAccumulator:
             self.ppl[key].add(x)
         self.diff_hi, self.diff_lo = _hi(diff, self.diff_hi), _lo(diff, self.diff_lo)
 
-    def merge(self, o: "FrameworkAccumulator") -> None:
+    def merge(self, o: FrameworkAccumulator) -> None:
         if o.options != self.options:
             raise ValueError(f"cannot merge framework metrics of {o.options} and {self.options}")
         self.n += o.n
@@ -707,8 +707,8 @@ class FrameworkAccumulator:
         with np.errstate(over="ignore", invalid="ignore"):
             raw = np.exp(np.clip(vals, -SAFETY_BOUND, SAFETY_BOUND))
             w = _multiset_totals(np.minimum(raw, thr), counts, min(1.0, thr), zeros)
-            hi = _count(raw > thr, counts, 1.0 > thr, zeros)
-            lo = _count(raw < 1.0 / thr, counts, 1.0 < 1.0 / thr, zeros)
+            hi = _count(raw > thr, counts, thr < 1.0, zeros)
+            lo = _count(raw < 1.0 / thr, counts, 1.0 / thr > 1.0, zeros)
             rho2 = _multiset_totals(raw * raw - 1.0, counts, 0.0, zeros, False).s1
             mult = _multiset_totals(np.expm1(np.abs(vals)), counts, 0.0, zeros, False).s1
             rev = _multiset_totals(np.expm1(-vals), counts, 0.0, zeros, False).s1

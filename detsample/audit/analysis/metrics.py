@@ -24,13 +24,19 @@ from fractions import Fraction
 
 import numpy as np
 
-from detsample.audit.analysis.exact import (ValueCounts, exact_marginal_sums, exact_mean,
-                                            exact_sums, fraction_to_float, to_fraction)
-from detsample.audit.analysis.frameworks import FrameworkAccumulator, FrameworkOptions
 from detsample.audit.analysis.diagnose import diagnose
-from detsample.audit.issues import Issue
+from detsample.audit.analysis.exact import (
+    ValueCounts,
+    exact_marginal_sums,
+    exact_mean,
+    exact_sums,
+    fraction_to_float,
+    to_fraction,
+)
+from detsample.audit.analysis.frameworks import FrameworkAccumulator, FrameworkOptions
 from detsample.audit.analysis.rows import RowTables
 from detsample.audit.inputs.table import AuditBatch
+from detsample.audit.issues import Issue
 
 #: |d| > t mismatch thresholds, and their JSON keys
 THRESHOLDS = (0.0, 1e-6, 1e-3, 1e-2, 0.1)
@@ -123,7 +129,7 @@ class _Groups:
             self.sum_d[k] += p - q
         np.maximum.at(self.max_abs, gn, absn)
 
-    def merge(self, o: "_Groups") -> None:
+    def merge(self, o: _Groups) -> None:
         self.tokens += o.tokens
         self.exact += o.exact
         self.mismatch += o.mismatch
@@ -342,7 +348,7 @@ class AuditAccumulator:
                 for k in top.tolist()]
         self.worst = sorted(self.worst + cand)[:MAX_WORST]
 
-    def merge(self, o: "AuditAccumulator") -> None:
+    def merge(self, o: AuditAccumulator) -> None:
         """Add another accumulator (the shard that comes after this one in file order)."""
         if o.compare_dtype != self.compare_dtype:
             raise ValueError(f"cannot merge audits compared as {o.compare_dtype} and "

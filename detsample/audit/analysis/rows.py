@@ -80,7 +80,7 @@ class RowTables:
                                 "engine_logprob": float(e[k]), "trainer_logprob": float(t[k]),
                                 "diff": float(d[k])})
 
-    def merge(self, o: "RowTables") -> None:
+    def merge(self, o: RowTables) -> None:
         """Add the tables of the shard after this one in file order."""
         self.tokens = (self.tokens + o.tokens)[:MAX_TOKEN_ROWS]
         self.sequences = (self.sequences + o.sequences)[:MAX_SEQUENCE_ROWS]

@@ -27,10 +27,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from detsample.audit.issues import AuditInputError, Issue
 from detsample.audit.inputs.layout import LIST_COLUMNS, SEMANTICS_COLUMNS, Resolved
-from detsample.audit.inputs.table import (Padded, PerRow, Ragged, RawChunk, TableChunk, ones_run,
-                                          slice_rows, unpad, window_mask)
+from detsample.audit.inputs.table import (
+    Padded,
+    PerRow,
+    Ragged,
+    RawChunk,
+    TableChunk,
+    ones_run,
+    slice_rows,
+    unpad,
+    window_mask,
+)
+from detsample.audit.issues import AuditInputError, Issue
 
 _RESPONSE_TOKEN_COLUMNS = ("engine_logprobs", "trainer_logprobs", "mask")
 _MASKS = ("attention_mask", "prompt_attention_mask")

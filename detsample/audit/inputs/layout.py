@@ -155,7 +155,7 @@ class Layout:
             parts.append("--columns")
         return ", ".join(parts) or "default columns"
 
-    def with_columns(self, mapping: Mapping[str, str]) -> "Layout":
+    def with_columns(self, mapping: Mapping[str, str]) -> Layout:
         """This layout with ``mapping`` (canonical -> source spec) taking precedence."""
         if not mapping:
             return self

@@ -16,13 +16,12 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from detsample.audit.issues import AuditInputError
 from detsample.audit.inputs.layout import COLUMN_KINDS, ROLES, Resolved
 from detsample.audit.inputs.readers import DEFAULT_CHUNK_TOKENS, ids_column
-from detsample.audit.inputs.values import kind_words, value_column
-from detsample.audit.inputs.table import Padded, PerRow, Ragged, TableChunk
 from detsample.audit.inputs.source import Source
-
+from detsample.audit.inputs.table import Padded, PerRow, Ragged, TableChunk
+from detsample.audit.inputs.values import kind_words, value_column
+from detsample.audit.issues import AuditInputError
 
 #: what zipfile, zlib and numpy's header parser raise on a damaged NPZ (an encrypted or
 #: unsupported member, a bad CRC, a truncated stream, a malformed .npy header)
@@ -110,7 +109,7 @@ class _Members:
     def __iter__(self):
         return iter(self._infos)
 
-    def __getitem__(self, name: str) -> "_NpzArray":
+    def __getitem__(self, name: str) -> _NpzArray:
         if name not in self._open:
             try:
                 self._open[name] = _NpzArray(self.path, self._zf, self._infos[name])
@@ -145,7 +144,7 @@ class NpzSource(Source):
     def close(self) -> None:
         self._zf.close()
 
-    def bind(self, resolved: Resolved) -> "NpzSource":
+    def bind(self, resolved: Resolved) -> NpzSource:
         """Check the columns ``resolved`` reads (fatal errors name file, column, layout)."""
         self.resolved = resolved
         rows: dict[str, int] = {}

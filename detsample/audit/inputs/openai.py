@@ -33,8 +33,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from detsample.audit.semantics import ROW_FIELDS
 from detsample.audit.inputs.values import count_of
+from detsample.audit.semantics import ROW_FIELDS
 
 _TOKEN_ID = re.compile(r"^token_id:(-?[0-9]+)$")
 _IDS_HINT = ("the response gives token strings, not ids: ask the server for ids (vLLM: "

@@ -11,11 +11,12 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from detsample.audit.issues import AuditInputError
 from detsample.audit.inputs.layout import ROLES, Resolved
 from detsample.audit.inputs.readers import arrow_is_list, arrow_to_table
-from detsample.audit.inputs.table import Padded, Ragged, TableChunk
 from detsample.audit.inputs.source import Source, row_shards
+from detsample.audit.inputs.table import Padded, Ragged, TableChunk
+from detsample.audit.issues import AuditInputError
+
 
 class ParquetSource(Source):
     """A Parquet audit input: schema checked at :meth:`bind`, read by row groups."""
@@ -50,7 +51,7 @@ class ParquetSource(Source):
         """The chunks of row groups [start, stop)."""
         return self.iter_chunks(list(range(start, stop)), chunk_rows=max(chunk_tokens // 256, 64))
 
-    def bind(self, resolved: Resolved) -> "ParquetSource":
+    def bind(self, resolved: Resolved) -> ParquetSource:
         """Check the types of the columns ``resolved`` reads (fatal errors name the file
         and the column)."""
         import pyarrow as pa

@@ -25,17 +25,24 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 
-from detsample.audit.issues import AuditInputError, Issue, audit_file
-from detsample.audit.inputs.layout import (COLUMN_KINDS, LIST_COLUMNS, REQUIRED_COLUMNS, ROLES,
-                                           Resolved)
+from detsample.audit.inputs.layout import COLUMN_KINDS, LIST_COLUMNS, REQUIRED_COLUMNS, ROLES, Resolved
 from detsample.audit.inputs.source import Source
 from detsample.audit.inputs.table import PerRow, Ragged, RawChunk, TableChunk
+from detsample.audit.inputs.values import (
+    column_array,
+    count_of,
+    id_of,
+    kind_words,
+    plain_scalar,
+    value_column,
+    value_message,
+)
+from detsample.audit.issues import AuditInputError, Issue, audit_file
 from detsample.inputs import AUDIT_LINE_BYTES, loads, read_line
-from detsample.audit.inputs.values import (column_array, count_of, id_of, kind_words, plain_scalar,
-                                           value_column, value_message)
 
 __all__ = ["AuditInputError", "COLUMN_KINDS", "DEFAULT_CHUNK_TOKENS", "Issue", "JsonlSource",
-           "LIST_COLUMNS", "REQUIRED_COLUMNS", "RawChunk", "arrow_to_table", "iter_jsonl_chunks", "iter_record_chunks", "peek_jsonl_keys", "split_jsonl"]
+           "LIST_COLUMNS", "REQUIRED_COLUMNS", "RawChunk", "arrow_to_table", "iter_jsonl_chunks",
+           "iter_record_chunks", "peek_jsonl_keys", "split_jsonl"]
 
 DEFAULT_CHUNK_TOKENS = 1 << 18
 NEWLINE = b"\n"
@@ -234,7 +241,7 @@ class JsonlSource(Source):
     def columns(self) -> list[str]:
         return peek_jsonl_keys(self.path)
 
-    def bind(self, resolved: Resolved) -> "JsonlSource":
+    def bind(self, resolved: Resolved) -> JsonlSource:
         self.resolved = resolved
         return self
 

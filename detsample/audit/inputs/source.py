@@ -28,7 +28,7 @@ class Source:
     def columns(self) -> list[str]:  # pragma: no cover - every format implements it
         raise NotImplementedError
 
-    def bind(self, resolved: Any) -> "Source":  # pragma: no cover
+    def bind(self, resolved: Any) -> Source:  # pragma: no cover
         raise NotImplementedError
 
     def shards(self, parts: int) -> list[tuple[int, int, int]]:
@@ -44,7 +44,7 @@ class Source:
     def close(self) -> None:
         """Release what the source holds (nothing by default)."""
 
-    def __enter__(self) -> "Source":
+    def __enter__(self) -> Source:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -21,12 +21,12 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from detsample.audit.issues import AuditInputError, Issue
 from detsample.audit.inputs.layout import COLUMN_KINDS, ROLES, Resolved
 from detsample.audit.inputs.readers import DEFAULT_CHUNK_TOKENS, ids_column, iter_record_chunks
-from detsample.audit.inputs.values import column_array, count_of, kind_words, value_column
-from detsample.audit.inputs.table import Padded, PerRow, Ragged, TableChunk
 from detsample.audit.inputs.source import Source
+from detsample.audit.inputs.table import Padded, PerRow, Ragged, TableChunk
+from detsample.audit.inputs.values import column_array, count_of, kind_words, value_column
+from detsample.audit.issues import AuditInputError, Issue
 
 
 def to_numpy(t) -> np.ndarray:
@@ -178,7 +178,7 @@ class TorchSource(Source):
             return [str(k) for k in first]
         return [str(k) for k in self.data]
 
-    def bind(self, resolved: Resolved) -> "TorchSource":
+    def bind(self, resolved: Resolved) -> TorchSource:
         """Check the columns ``resolved`` reads (fatal errors name file and column)."""
         import torch
 

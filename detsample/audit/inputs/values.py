@@ -104,7 +104,7 @@ def number_of(v: object, lo: float = 0.0, hi: float = math.inf
 def plain_scalar(v: object) -> object:
     """A numpy / 0-d array scalar as the Python scalar it holds (str, int, float, bool);
     anything else as it is."""
-    if isinstance(v, np.generic) or (hasattr(v, "ndim") and getattr(v, "ndim") == 0
+    if isinstance(v, np.generic) or (hasattr(v, "ndim") and v.ndim == 0
                                      and hasattr(v, "item")):
         return v.item()  # type: ignore[union-attr]
     return v
@@ -134,12 +134,11 @@ def column_array(column: str, v: object) -> tuple[np.ndarray | None, str, str | 
                 if x is True or x is False:
                     return None, "bad_type", value_message(column, j, x, f"values must be "
                                                                          f"{kind_words(column)}")
-        if v and all(type(x) is int for x in v):  # Python ints: check the range first
-            if kinds == "iu":
-                for j, x in enumerate(v):
-                    if not INT64_MIN <= x <= INT64_MAX:
-                        return None, "bad_type", value_message(column, j, x, OUT_OF_INT64)
-                return np.array(v, dtype=np.int64), "", None
+        if v and kinds == "iu" and all(type(x) is int for x in v):  # Python ints: the range first
+            for j, x in enumerate(v):
+                if not INT64_MIN <= x <= INT64_MAX:
+                    return None, "bad_type", value_message(column, j, x, OUT_OF_INT64)
+            return np.array(v, dtype=np.int64), "", None
     try:
         a = np.asarray(v)
     except (ValueError, TypeError) as exc:  # ragged nested lists

@@ -28,12 +28,12 @@ import sys
 from collections.abc import Sequence
 from typing import BinaryIO
 
-from detsample.audit.running.gates import ExclusionLimit, exclusion_failure, no_tokens_failure
-from detsample.audit.issues import AuditInputError
-from detsample.audit.inputs.values import count_of, number_of
-from detsample.inputs import LOG_LINE_BYTES, file_problem, loads, read_line
 from detsample.audit.analysis.metrics import RATIO_QUANTILE_KEYS
+from detsample.audit.inputs.values import count_of, number_of
+from detsample.audit.issues import AuditInputError
 from detsample.audit.reports.report import figure, fmt_value, save_figure
+from detsample.audit.running.gates import ExclusionLimit, exclusion_failure, no_tokens_failure
+from detsample.inputs import LOG_LINE_BYTES, file_problem, loads, read_line
 from detsample.outputs import append_file, write_file
 
 #: per-step scalars of a row, in the order the summary prints them
@@ -201,7 +201,7 @@ def read_log(path: str) -> list[dict]:
                               if problem.startswith("is ") else
                               f"{path}: cannot read the audit log: {problem}")
     try:
-        f = open(path, "rb")
+        f = open(path, "rb")  # noqa: SIM115 - its OSError named apart; closed by the with below
     except OSError as exc:
         raise AuditInputError(f"{path}: cannot read the audit log ({exc.strerror})") from exc
     with f:
@@ -234,7 +234,7 @@ def _read_rows(f: BinaryIO, path: str) -> list[dict]:
 def check_log_gates(rows: Sequence[dict], max_abs_diff: float | None = None,
                     min_exact_match: float | None = None, max_k3: float | None = None,
                     max_mismatch: float | None = None,
-                    max_excluded: "ExclusionLimit | int | float | str | None" = None
+                    max_excluded: ExclusionLimit | int | float | str | None = None
                     ) -> list[str]:
     """Failed gates on the latest row (the last one written), each naming the step and
     the metric; empty when every gate passes. The rules of

@@ -43,7 +43,7 @@ class ExclusionLimit:
                              f"got {self.fraction!r}")
 
     @classmethod
-    def of(cls, value: "ExclusionLimit | int | float | str | None") -> "ExclusionLimit":
+    def of(cls, value: ExclusionLimit | int | float | str | None) -> ExclusionLimit:
         """A limit from the API's or the CLI's spelling: None -> 0; an int -> a count; a
         float -> a fraction; a string: digits only -> a count ("3"), else a fraction
         ("0.05", "1.0"). Anything else is a ValueError naming the value."""
@@ -119,7 +119,7 @@ def no_tokens_failure(report: Mapping) -> str | None:
 
 def check_gates(report: Mapping, max_abs_diff: float | None = None,
                 min_exact_match: float | None = None,
-                max_excluded: "ExclusionLimit | int | float | str | None" = None) -> list[str]:
+                max_excluded: ExclusionLimit | int | float | str | None = None) -> list[str]:
     """Failed gates of a report, each naming its metric; empty when every gate passes.
 
     A report that audited no token always fails (gates or not). With any gate given

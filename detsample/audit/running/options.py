@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
 from detsample.audit.analysis.frameworks import FrameworkOptions
-from detsample.audit.inputs.layout import DEFAULT_LAYOUT, Layout, make_layout
 from detsample.audit.analysis.metrics import COMPARE_DTYPES
+from detsample.audit.inputs.layout import DEFAULT_LAYOUT, Layout, make_layout
 from detsample.audit.inputs.readers import DEFAULT_CHUNK_TOKENS
 from detsample.audit.running.rescore import RescoreSpec, check_rescore_spec, resolve_rescorer
 
@@ -82,8 +82,8 @@ class AuditOptions:
 
     @classmethod
     def make(cls, *, preset: str | None = None, columns: str | Mapping[str, str] | None = None,
-             padding: str | None = None, base: "AuditOptions | None" = None,
-             **values: object) -> "AuditOptions":
+             padding: str | None = None, base: AuditOptions | None = None,
+             **values: object) -> AuditOptions:
         """Options from keywords: the fields above, plus ``preset`` / ``columns`` /
         ``padding`` (which build the layout, see :func:`detsample.audit.inputs.layout.make_layout`);
         ``base`` supplies the fields not given. Unknown keywords are a TypeError."""

@@ -14,20 +14,20 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 
-from detsample.audit.inputs.assemble import assemble
 from detsample.audit.analysis.diagnose import MAX_TOKENS, Sequence, diagnose
-from detsample.audit.running.gates import check_gates
-from detsample.audit.issues import AuditInputError, Issue, audit_file
-from detsample.audit.inputs.layout import OPENAI_COLUMNS, Layout, Resolved, resolve
 from detsample.audit.analysis.metrics import AuditAccumulator
-from detsample.audit.running.options import AuditOptions, options_of
-from detsample.audit.running.rescore import ModelRescorer, TPRescorer, semantics_of
-from detsample.audit.semantics import RAW, Semantics
+from detsample.audit.inputs.assemble import assemble
 from detsample.audit.inputs.formats import format_of
+from detsample.audit.inputs.layout import OPENAI_COLUMNS, Layout, Resolved, resolve
 from detsample.audit.inputs.readers import iter_record_chunks
 from detsample.audit.inputs.source import Source
 from detsample.audit.inputs.table import RawChunk, TableChunk, offsets_from_lengths
+from detsample.audit.issues import AuditInputError, Issue, audit_file
+from detsample.audit.running.gates import check_gates
+from detsample.audit.running.options import AuditOptions, options_of
+from detsample.audit.running.rescore import ModelRescorer, TPRescorer, semantics_of
 from detsample.audit.running.validate import RescoreFn, stated_semantics, validate
+from detsample.audit.semantics import RAW, Semantics
 from detsample.inputs import thread_problem
 from detsample.inputs.signals import children_ignore_ctrl_c
 

@@ -14,12 +14,12 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from detsample.audit.issues import AuditInputError
-from detsample.audit.inputs.layout import Layout, resolve
 from detsample.audit.analysis.metrics import AuditAccumulator
+from detsample.audit.inputs.layout import Layout, resolve
+from detsample.audit.inputs.table import Padded, PerRow, TableChunk
+from detsample.audit.issues import AuditInputError
 from detsample.audit.running.options import AuditOptions, options_of
 from detsample.audit.running.run import consume
-from detsample.audit.inputs.table import Padded, PerRow, TableChunk
 
 #: the arguments, by the audit's column names
 _ARGS = ("response_ids", "engine_logprobs", "trainer_logprobs", "mask", "attention_mask",

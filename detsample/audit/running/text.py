@@ -16,9 +16,10 @@ response is searched, never the prompt.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from detsample.errors import InvalidSamplingParams
 

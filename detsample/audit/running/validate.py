@@ -28,13 +28,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from detsample.audit.issues import Issue
 from detsample.audit.inputs.layout import SEMANTICS_COLUMNS
+from detsample.audit.inputs.table import AuditBatch, RawChunk, offsets_from_lengths
+from detsample.audit.inputs.values import kind_problems, value_message
+from detsample.audit.issues import Issue
 from detsample.audit.running.rescore import RescoreModelError, semantics_of
 from detsample.audit.semantics import RAW, Semantics
 from detsample.errors import InvalidSamplingParams
-from detsample.audit.inputs.table import AuditBatch, RawChunk, offsets_from_lengths
-from detsample.audit.inputs.values import kind_problems, value_message
 
 RescoreFn = Callable[[list[int], list[int]], "np.ndarray | list[float]"]
 
