@@ -16,7 +16,7 @@ import torch
 from detsample import Request, Sampler, SamplingBatch, SamplingParams
 from detsample.audit import audit
 from detsample.audit.running.rescore import ModelRescorer, TPRescorer
-from detsample.audit.running.rollout import _rank_rollouts, generate_rollouts
+from detsample.audit.running.rollout import Ending, _rank_rollouts, generate_rollouts
 from detsample.audit.semantics import RAW
 from detsample.models import load_model
 from detsample.parallel import TPModelSpec, tp_group
@@ -28,7 +28,7 @@ from tests.parallel.tp import CFG, START
 RUN = dict(num_sequences=3, max_new_tokens=5, seed=7, temperature=1.0, top_p=0.9, top_k=-1,
            max_batch_size=2, stagger=1, with_trainer=True)
 #: RUN as generate_rollouts hands it to each rank (built prompts, one sample each, raw logprobs)
-RANK_RUN = dict(RUN, prompts=None, n=1, semantics=RAW)
+RANK_RUN = dict(RUN, prompts=None, n=1, semantics=RAW, ending=Ending())
 V = 512
 
 
