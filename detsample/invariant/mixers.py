@@ -210,14 +210,15 @@ def _mamba2(fragment: str) -> BoundCover:
 
 #: the families the mode covers: gated delta-net (Qwen3-Next, Qwen3.5, Qwen3.5-MoE), Kimi
 #: delta attention (Kimi-Linear), Mamba 2 (Mamba2, Nemotron-H, Granite-4 hybrid, Bamba,
-#: Falcon-H1), Mamba (Mamba, FalconMamba, Jamba) and lightning attention (MiniMax)
+#: Falcon-H1, Zamba2: its mixer's decode branch calls ``mamba2_selective_state_update`` as
+#: Nemotron-H's does), Mamba (Mamba, FalconMamba, Jamba) and lightning attention (MiniMax)
 COVERS: tuple[Cover, ...] = (
     Cover("GatedDeltaNet", "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
           _RECURRENT),
     Cover("KimiLinearDeltaAttention", "chunk_kimi_delta_attention", "recurrent_kimi_delta_attention",
           _RECURRENT),
     *(_mamba2(f) for f in ("Mamba2Mixer", "GraniteMoeHybridMambaLayer", "BambaMixer",
-                           "FalconH1Mixer")),
+                           "FalconH1Mixer", "Zamba2MambaMixer")),
     *(BoundCover(f, "mamba_selective_scan", "mamba_selective_state_update", _RECURRENT,
                  attrs=frozenset({"D", "layer_idx"}), prefill=ssm.mamba_prefill, exact=True)
       for f in ("MambaMixer", "FalconMambaMixer", "JambaMambaMixer")),
