@@ -43,7 +43,8 @@ class Arch:
     refused: str = ""         # a regex the mode's RefusedLayerError must match ("": runs)
     own_cache: bool = False   # checked through transformers' own cache (own_cache_failures)
     covered: bool = False     # a recurrent mixer the mode runs by its recurrent update
-    #: why a chunked prefill through transformers' own cache is not compared ("": it is)
+    #: why transformers' own chunked prefill is wrong, so not compared with the default
+    #: kernels ("": it is); the mode's cover corrects it, and it is compared under the mode
     unchunked: str = ""
 
 
