@@ -10,7 +10,8 @@ mode:
   (checked after every forward; a first forward without a cache is run once more with
   ``use_cache=True`` to see what its cache would hold), or a module whose tensors the
   first forward replaced or wrote. The known linear-attention and state-space mixers
-  (:data:`REFUSED`) are refused by name before they run, as well;
+  (:data:`REFUSED`) are refused by name before they run, as well, where that check cannot
+  decide alone (:func:`refused_layers`);
 * the forward runs under an op recorder (:class:`~detsample.invariant.coverage.OpRecorder`
   with module paths and shapes); every aten op it ran that is neither overridden by the
   mode nor exact by construction (:func:`~detsample.invariant.coverage.uncovered`) is an

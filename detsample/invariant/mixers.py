@@ -22,7 +22,9 @@ given), and may replace ``step`` too: the state-space families (:mod:`detsample.
 whose prefill function is not given all the decode step is. A :class:`SeededCover`
 replaces nothing: its mixer's forward already runs the recurrent update whenever its
 cache holds a state, and a forward pre-hook gives it a zero one (MiniMax's lightning
-attention). A mixer whose modeling module
+attention; its cache class's past length is read from a layer holding keys while the mode
+is installed, so a chunked prefill is correct). A replacement may name a class attribute
+(``"Class.method"``), restored -- by deletion where the class only inherited it -- on exit. A mixer whose modeling module
 lacks either function, or lacks an attribute the cover reads (another transformers
 version, a kernel bound from the hub), is not covered: the guard refuses it by name, or by
 the state it keeps, as before. Cost: a prefill of ``T`` positions runs ``T`` recurrent steps
