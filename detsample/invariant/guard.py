@@ -10,7 +10,8 @@ mode:
   (checked after every forward; a first forward without a cache is run once more with
   ``use_cache=True`` to see what its cache would hold), or a module whose tensors the
   first forward replaced or wrote. The known linear-attention and state-space mixers
-  (:data:`REFUSED`) are refused by name before they run, as well;
+  (:data:`REFUSED`) are refused by name before they run, as well, where that check cannot
+  decide alone (:func:`refused_layers`);
 * the forward runs under an op recorder (:class:`~detsample.invariant.coverage.OpRecorder`
   with module paths and shapes); every aten op it ran that is neither overridden by the
   mode nor exact by construction (:func:`~detsample.invariant.coverage.uncovered`) is an
@@ -40,7 +41,15 @@ from detsample.invariant.recurrent import cache_state, describe, holders, mutate
 from detsample.invariant.state import config
 from detsample.invariant.verify import NotInvariantError
 
-#: (class-name fragment, why) of layers the mode refuses by name
+#: (class-name fragment, why) of layers the mode refuses by name -- only in a model the
+#: structural check (what a forward keeps, :mod:`detsample.invariant.recurrent`) cannot
+#: decide alone (:func:`refused_layers`): a model with no covered mixer, where a name is
+#: the only refusal *before any forward* (``detsample probe model`` reports it without
+#: running the model) and the only one for a mixer that keeps nothing the check sees (a
+#: model that cannot be probed with a cache still runs its chunked scan from each call's
+#: first token, so padding moves its chunks); and, in a model with covered mixers, an
+#: uncovered one at a covered mixer's layer index, whose state the check would let pass
+#: as the covered mixer's (same layer, same cache attribute)
 REFUSED: tuple[tuple[str, str], ...] = (
     ("GatedDeltaNet", "a gated delta-net linear-attention layer: its chunked scan (prefill) "
                       "and its recurrent step (decode) sum the state in different orders"),
@@ -52,14 +61,11 @@ REFUSED: tuple[tuple[str, str], ...] = (
 )
 
 
-#: classes a :data:`REFUSED` fragment names that keep no state beyond keys and values
-#: (the guard still checks what they keep at every forward)
-NOT_MIXERS: frozenset[str] = frozenset({
-    "KimiLinearAttention",      # Kimi-Linear's full attention (MLA) beside its delta attention
-    # the RMS norms of the Mamba models (a row norm each, no state)
-    "MambaRMSNorm", "Mamba2RMSNorm", "MambaRMSNormGated", "FalconMambaRMSNorm",
-    "FalconMambaWeightlessRMSNorm",
-})
+#: classes exempt from :data:`REFUSED` by name. Empty: the exemptions it held (the Mamba
+#: models' RMS norms, Kimi-Linear's MLA ``KimiLinearAttention``) all sit in models with a
+#: covered mixer, where the structural check decides (:func:`refused_layers`); kept for a
+#: class that a fragment names in a model without one and that keeps no state
+NOT_MIXERS: frozenset[str] = frozenset()
 
 
 class RefusedLayerError(NotInvariantError):
@@ -94,18 +100,30 @@ class Finding:
 
 
 def refused_layers(model: torch.nn.Module) -> list[str]:
-    """``"path (Class): why"`` for every layer of ``model`` in :data:`REFUSED` that the
-    mode does not cover (:mod:`detsample.invariant.mixers`)."""
+    """``"path (Class): why"`` for every layer of ``model`` that :data:`REFUSED` names, that
+    the mode does not cover (:mod:`detsample.invariant.mixers`) and that the structural
+    check cannot decide (:func:`_undecided`)."""
     out = []
+    layers = covered(model)
     for name, mod in model.named_modules():
         cls = type(mod).__name__
         if cls in NOT_MIXERS or any(cover_of(m) is not None for m in mod.modules()):
             continue      # covered, or a layer holding a covered mixer
-        for frag, why in REFUSED:
-            if frag.lower() in cls.lower():
-                out.append(f"{name or '<model>'} ({cls}): {why}")
-                break
+        if not _undecided(mod, layers):
+            continue
+        why = next((w for frag, w in REFUSED if frag.lower() in cls.lower()), None)
+        if why is not None:
+            out.append(f"{name or '<model>'} ({cls}): {why}")
     return out
+
+
+def _undecided(mod: torch.nn.Module, layers: dict[int, frozenset[str]]) -> bool:
+    """Whether the structural check cannot decide ``mod`` alone: its model has no covered
+    mixer (``layers``, :func:`~detsample.invariant.mixers.covered`, empty), or ``mod`` sits
+    at a covered mixer's layer index (its state would pass as that mixer's). In a model
+    with covered mixers any other state is refused by what it is, at every forward: the
+    Mamba models' norms and Kimi-Linear's MLA keep none and run."""
+    return not layers or getattr(mod, "layer_idx", None) in layers
 
 
 class _Recorder(OpRecorder):

@@ -22,7 +22,9 @@ given), and may replace ``step`` too: the state-space families (:mod:`detsample.
 whose prefill function is not given all the decode step is. A :class:`SeededCover`
 replaces nothing: its mixer's forward already runs the recurrent update whenever its
 cache holds a state, and a forward pre-hook gives it a zero one (MiniMax's lightning
-attention). A mixer whose modeling module
+attention; its cache class's past length is read from a layer holding keys while the mode
+is installed, so a chunked prefill is correct). A replacement may name a class attribute
+(``"Class.method"``), restored -- by deletion where the class only inherited it -- on exit. A mixer whose modeling module
 lacks either function, or lacks an attribute the cover reads (another transformers
 version, a kernel bound from the hub), is not covered: the guard refuses it by name, or by
 the state it keeps, as before. Cost: a prefill of ``T`` positions runs ``T`` recurrent steps
@@ -157,6 +159,35 @@ class BoundCover(Cover):
                 module.register_forward_hook(running.leave, always_call=True)]
 
 
+def _keyed_layer(cache: Any, layer_idx: int) -> int:
+    """``layer_idx``, or -- where that layer of a :class:`SeededCover`'s cache holds a linear
+    state (so its key store is empty) -- the first layer that holds keys (none: ``layer_idx``)."""
+    linear = getattr(cache, "linear_cache", [])
+
+    def has_state(i: int) -> bool:
+        return i < len(linear) and isinstance(linear[i], torch.Tensor)
+
+    if not has_state(layer_idx):
+        return layer_idx
+    return next((i for i, layer in enumerate(cache.layers)
+                 if not has_state(i) and getattr(layer, "is_initialized", False)), layer_idx)
+
+
+def _past_length(original: Callable) -> Callable:
+    """``get_seq_length(layer_idx=0)`` read from :func:`_keyed_layer`'s layer (an int)."""
+    def get_seq_length(self: Any, layer_idx: int = 0) -> int:
+        return original(self, _keyed_layer(self, layer_idx))
+    return get_seq_length
+
+
+def _mask_sizes(original: Callable) -> Callable:
+    """``get_mask_sizes(query_length, layer_idx)`` read from :func:`_keyed_layer`'s layer:
+    ``(kv_length, kv_offset)``, the cached keys counted."""
+    def get_mask_sizes(self: Any, query_length: int, layer_idx: int) -> tuple[int, int]:
+        return original(self, query_length, _keyed_layer(self, layer_idx))
+    return get_mask_sizes
+
+
 @dataclass(frozen=True)
 class SeededCover(Cover):
     """A mixer whose forward runs its recurrent update, for any number of positions,
@@ -167,8 +198,16 @@ class SeededCover(Cover):
     position, the same function of the positions). While the mode is installed a forward
     pre-hook gives the mixer a zero state when its cache has none -- in a throwaway cache
     of the modeling module's ``target`` class when the call brings no cache -- so a prefill
-    runs the recurrent update too. Nothing is replaced in the modeling module; ``step``
-    names the cache's getter (the setter is ``set_`` + its name after ``get_``).
+    runs the recurrent update too. ``step`` names the cache's getter (the setter is ``set_``
+    + its name after ``get_``).
+
+    The cache class's lengths are replaced while the mode is installed: transformers 5.24's
+    ``MiniMaxCache.get_seq_length()`` and the mask's ``get_mask_sizes(q, 0)`` read layer 0,
+    a linear layer whose key store is empty, so the full-attention mask of a chunked
+    prefill's second call left out the cached keys (wrong logits with the default kernels,
+    a bare RuntimeError inside the mode's attention). Under the mode a layer holding a
+    linear state is read as the first layer holding keys (:func:`_keyed_layer`), so a
+    chunked prefill is correct and equals one prefill bitwise.
     """
 
     def matches(self, module: torch.nn.Module) -> bool:
@@ -179,7 +218,9 @@ class SeededCover(Cover):
         return isinstance(cache, type) and all(callable(getattr(cache, f, None)) for f in (self.step, setter))
 
     def replacements(self, home: Any, running: Running) -> dict[str, Callable]:
-        return {}
+        cache = getattr(home, self.target)
+        return {f"{self.target}.get_seq_length": _past_length(cache.get_seq_length),
+                f"{self.target}.get_mask_sizes": _mask_sizes(cache.get_mask_sizes)}
 
     def hook(self, module: torch.nn.Module, running: Running) -> list[Any]:
         return [module.register_forward_pre_hook(self._seed, with_kwargs=True)]
@@ -210,14 +251,15 @@ def _mamba2(fragment: str) -> BoundCover:
 
 #: the families the mode covers: gated delta-net (Qwen3-Next, Qwen3.5, Qwen3.5-MoE), Kimi
 #: delta attention (Kimi-Linear), Mamba 2 (Mamba2, Nemotron-H, Granite-4 hybrid, Bamba,
-#: Falcon-H1), Mamba (Mamba, FalconMamba, Jamba) and lightning attention (MiniMax)
+#: Falcon-H1, Zamba2: its mixer's decode branch calls ``mamba2_selective_state_update`` as
+#: Nemotron-H's does), Mamba (Mamba, FalconMamba, Jamba) and lightning attention (MiniMax)
 COVERS: tuple[Cover, ...] = (
     Cover("GatedDeltaNet", "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
           _RECURRENT),
     Cover("KimiLinearDeltaAttention", "chunk_kimi_delta_attention", "recurrent_kimi_delta_attention",
           _RECURRENT),
     *(_mamba2(f) for f in ("Mamba2Mixer", "GraniteMoeHybridMambaLayer", "BambaMixer",
-                           "FalconH1Mixer")),
+                           "FalconH1Mixer", "Zamba2MambaMixer")),
     *(BoundCover(f, "mamba_selective_scan", "mamba_selective_state_update", _RECURRENT,
                  attrs=frozenset({"D", "layer_idx"}), prefill=ssm.mamba_prefill, exact=True)
       for f in ("MambaMixer", "FalconMambaMixer", "JambaMambaMixer")),
@@ -245,6 +287,24 @@ def covered(model: torch.nn.Module) -> dict[int, frozenset[str]]:
     return out
 
 
+#: what :func:`_swap` returns for an attribute a class only inherited (restored by deleting it)
+_INHERITED = object()
+
+
+def _swap(home: Any, attr: str, value: Any) -> Any:
+    """Set ``home``'s ``attr`` (a global, or ``"Class.method"``: a class attribute) to
+    ``value`` and return what it was (:data:`_INHERITED` where the class did not define it
+    itself); ``value`` :data:`_INHERITED` deletes it, so the inherited one shows again."""
+    owner, _, name = attr.rpartition(".")
+    obj = getattr(home, owner) if owner else home
+    old = obj.__dict__.get(name, _INHERITED) if isinstance(obj, type) else getattr(obj, name)
+    if value is _INHERITED:
+        delattr(obj, name)
+    else:
+        setattr(obj, name, value)
+    return old
+
+
 class Patches:
     """The modeling-module globals replaced while the mode is installed, and their originals."""
 
@@ -268,8 +328,7 @@ class Patches:
                 new = c.replacements(home, self.running)     # from the originals
                 for attr, fn in new.items():
                     if (name, attr) not in self.saved:
-                        self.saved[(name, attr)] = getattr(home, attr)
-                        setattr(home, attr, fn)
+                        self.saved[(name, attr)] = _swap(home, attr, fn)
                 if mod not in self.hooks:
                     self.hooks[mod] = c.hook(mod, self.running)
 
@@ -277,7 +336,7 @@ class Patches:
         """Restore every replaced global and remove the mixers' hooks."""
         with self.lock:
             for (name, attr), original in self.saved.items():
-                setattr(sys.modules[name], attr, original)
+                _swap(sys.modules[name], attr, original)
             self.saved.clear()
             for handles in list(self.hooks.values()):
                 for h in handles:

@@ -43,7 +43,8 @@ class Arch:
     refused: str = ""         # a regex the mode's RefusedLayerError must match ("": runs)
     own_cache: bool = False   # checked through transformers' own cache (own_cache_failures)
     covered: bool = False     # a recurrent mixer the mode runs by its recurrent update
-    #: why a chunked prefill through transformers' own cache is not compared ("": it is)
+    #: why transformers' own chunked prefill is wrong, so not compared with the default
+    #: kernels ("": it is); the mode's cover corrects it, and it is compared under the mode
     unchunked: str = ""
 
 
@@ -159,6 +160,16 @@ PANEL: tuple[Arch, ...] = (
     Arch("falconmamba", "FalconMambaConfig", "FalconMambaForCausalLM",
          dict(state_size=16, time_step_rank=8, expand=2),
          "Mamba with B, C, dt norms, no attention", own_cache=True, covered=True),
+    Arch("zamba2", "Zamba2Config", "Zamba2ForCausalLM",
+         dict(layers_block_type=["mamba", "hybrid"], mamba_headdim=32, n_mamba_heads=4,
+              mamba_d_state=16, mamba_ngroups=1, chunk_size=8, attention_head_dim=16,
+              num_mem_blocks=1, use_shared_attention_adapter=False, adapter_rank=8),
+         "Mamba 2 layers + a shared attention block (Zamba2)", own_cache=True, covered=True),
+    Arch("zamba", "ZambaConfig", "ZambaForCausalLM",
+         dict(layers_block_type=["mamba", "hybrid", "hybrid"], num_hidden_layers=3, n_mamba_heads=2, mamba_d_state=16,
+              mamba_dt_rank=8, attention_head_dim=16),
+         "Mamba heads split per head + a shared attention block (Zamba)",
+         refused=r"ZambaMambaMixer|recurrent_states"),
     Arch("lfm2", "Lfm2Config", "Lfm2ForCausalLM",
          dict(layer_types=["conv", "full_attention"], block_ff_dim=96,
               block_auto_adjust_ff_dim=False),

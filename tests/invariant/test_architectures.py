@@ -6,11 +6,13 @@ For each: prefill == decode == chunked prefill == left- and right-padded batch, 
 (negative control); the mode's logits within 1e-4 of the default kernels'; the MoE ones in
 bfloat16 too. A linear-attention or state-space hybrid whose mixer the mode runs by its
 recurrent update (gated delta-net: Qwen3-Next, Qwen3.5, Qwen3.5-MoE; Kimi delta attention:
-Kimi-Linear; Mamba 2: Nemotron-H, Granite-4 hybrid, Bamba, Falcon-H1, Mamba2; Mamba: Jamba,
+Kimi-Linear; Mamba 2: Nemotron-H, Granite-4 hybrid, Bamba, Falcon-H1, Mamba2, Zamba2; Mamba: Jamba,
 Mamba, FalconMamba; lightning attention: MiniMax) is checked bitwise through transformers'
 own cache, both variants, with the mode's kernels alone (the mixer not covered) failing as
-a negative control; MiniMax's chunked prefill, which transformers masks wrongly, raises
-under the mode instead. A row the mode cannot run (``Arch.refused``; none at present)
+a negative control; MiniMax's chunked prefill, which transformers masks wrongly (its cache
+reports the linear layer's empty key store as the past length), is correct and bitwise
+under the mode (the cover reads the length from a layer holding keys), and raises in the
+mode's attention without the cover. A row the mode cannot run (``Arch.refused``: Zamba)
 raises RefusedLayerError at its first forward instead of returning variant logits -- by
 name, and with the name list emptied by the state it keeps beyond keys and values (with a
 cache and without one) -- while under the mode's kernels with the guard off some check
@@ -37,7 +39,8 @@ from detsample.invariant.guard import RefusedLayerError
 from detsample.probe.threads import torch_threads
 from detsample.models.base import ModelError, prefill
 from detsample.models.hf import use_invariant_attention
-from tests.invariant.architectures import PANEL, adapter, build, failures, own_cache_failures
+from tests.invariant.architectures import (PANEL, adapter, build, failures, own_cache_failures,
+                                           unguarded)
 
 DEFAULT = ("llama", "gemma2", "gpt2", "qwen3moe", "deepseekv3", "gptoss", "qwen35", "minimax",
            "lfm2", "nemotronh")
@@ -68,8 +71,9 @@ def _refused(arch, model: torch.nn.Module, monkeypatch) -> None:
 def _bitwise_through_own_cache(arch, model: torch.nn.Module) -> None:
     """A hybrid the adapter cannot run (its cache holds convolution windows or a recurrent
     state): the same checks through transformers' own cache, both variants, 1 and 2
-    threads; a chunked prefill transformers gets wrong (``arch.unchunked``) raises under
-    the mode instead."""
+    threads; a chunked prefill transformers gets wrong (``arch.unchunked``) is left out of
+    the default kernels' checks and compared under the mode, whose cover corrects it
+    (without the cover it raises inside the mode's attention)."""
     chunked = not arch.unchunked
     with torch_threads(2):
         bad_default, ref = own_cache_failures(model, TOKENS, None, chunked=chunked)
@@ -79,23 +83,23 @@ def _bitwise_through_own_cache(arch, model: torch.nn.Module) -> None:
                 f"{arch.name}: bitwise under the mode's kernels without its mixer covered"
     use_invariant_attention(model)
     if not chunked:
-        _chunked_prefill_raises(model)
+        _chunked_prefill_raises_uncovered(model)
     for portable in (False, True):
         results = {}
         for threads in (1, 2):
             with torch_threads(threads):
-                results[threads] = own_cache_failures(model, TOKENS, portable, chunked=chunked)
+                results[threads] = own_cache_failures(model, TOKENS, portable)
         assert not results[1][0] and not results[2][0], \
             f"{arch.name} portable={portable}: {results[1][0] + results[2][0]}"
         assert torch.equal(results[1][1], results[2][1])
         assert (results[2][1] - ref).abs().max() < 1e-4
 
 
-def _chunked_prefill_raises(model: torch.nn.Module) -> None:
-    """A second chunk whose attention mask leaves out the cached keys: an error under the
-    mode, never logits."""
+def _chunked_prefill_raises_uncovered(model: torch.nn.Module) -> None:
+    """Negative control for the cover's cache fix (MiniMax): without it, a second chunk's
+    attention mask leaves out the cached keys, an error in the mode's attention."""
     ids = torch.tensor([TOKENS])
-    with torch.no_grad(), batch_invariant():
+    with torch.no_grad(), batch_invariant(), unguarded():
         cache = model(ids[:, :3], use_cache=True).past_key_values
         with pytest.raises(RuntimeError):
             model(ids[:, 3:10], past_key_values=cache, use_cache=True,

@@ -106,3 +106,35 @@ def test_outside_the_mode_nothing_is_checked():
     with torch.no_grad():
         m(torch.randn(2, 8))
     assert findings(m) is None and not GUARD.handles
+
+
+@pytest.mark.parametrize("name", ["nemotronh", "kimilinear", "falconmamba", "zamba2"])
+def test_a_model_with_covered_mixers_is_decided_by_structure_not_by_name(name):
+    """Pins the name lists where the structural check decides: the Mamba models' norms
+    (``MambaRMSNormGated``, ``FalconMambaWeightlessRMSNorm``) and Kimi-Linear's MLA
+    (``KimiLinearAttention``) were refused by name unless listed as exemptions
+    (``NOT_MIXERS``); in a model with a covered mixer the guard decides by what they keep."""
+    from detsample.invariant import guard
+    from tests.invariant.architectures import BY_NAME, build
+
+    model = build(BY_NAME[name])
+    named = {type(m).__name__ for m in model.modules()
+             if any(f.lower() in type(m).__name__.lower() for f, _ in guard.REFUSED)}
+    assert guard.NOT_MIXERS == frozenset() and named      # names a fragment matches
+    assert guard.refused_layers(model) == []
+
+
+def test_an_uncovered_mixer_at_a_covered_layer_is_refused_by_name():
+    """Its state would pass as the covered mixer's (same layer index, same attribute), so
+    the structural check cannot decide it: the name does."""
+    from detsample.invariant.guard import refused_layers
+    from tests.invariant.architectures import BY_NAME, build
+
+    model = build(BY_NAME["nemotronh"])
+    stray = type("StrayMambaMixer", (torch.nn.Module,), {})()
+    stray.layer_idx = 0
+    model.model.layers[0].stray = stray
+    assert [r.split(":")[0] for r in refused_layers(model)] == \
+        ["model.layers.0.stray (StrayMambaMixer)"]
+    stray.layer_idx = 1                                  # not a covered layer: the state decides
+    assert refused_layers(model) == []

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from detsample.invariant import batch_invariant
+from detsample.invariant import batch_invariant, mixers
 from detsample.invariant.guard import RefusedLayerError, refused_layers
 from detsample.invariant.mixers import COVERS, cover_of, covered
 from tests.invariant.architectures import unguarded
@@ -152,3 +152,48 @@ def test_a_mixer_whose_module_lacks_the_functions_stays_refused_by_name():
     model = torch.nn.Sequential(Stray())
     assert cover_of(model[0]) is None
     assert [r.split(":")[0] for r in refused_layers(model)] == ["0 (StrayGatedDeltaNet)"]
+
+
+class _Keys(SimpleNamespace):
+    """A cache layer: ``is_initialized`` when it holds keys."""
+
+
+class _LinearCache:
+    """A stand-in for MiniMaxCache: layer 0 holds a linear state, layer 1 keys."""
+
+    def __init__(self) -> None:
+        self.linear_cache = [torch.zeros(1), []]
+        self.layers = [_Keys(is_initialized=False, n=0), _Keys(is_initialized=True, n=5)]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.layers[layer_idx].n
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        return self.layers[layer_idx].n + query_length, 0
+
+
+def test_a_seeded_covers_cache_reads_its_past_length_from_a_layer_with_keys():
+    """Pins MiniMax's chunked prefill under the mode: transformers' MiniMaxCache read the
+    past length from layer 0, a linear layer with an empty key store (0), so a second
+    chunk's mask left out the cached keys (a RuntimeError in the mode's attention)."""
+    home = SimpleNamespace(_LinearCache=_LinearCache)
+    cover = mixers.SeededCover("X", "_LinearCache", "get_linear_cache", frozenset({"linear_cache"}))
+    new = cover.replacements(home, mixers.Running())
+    cache = _LinearCache()
+    assert new["_LinearCache.get_seq_length"](cache) == 5
+    assert new["_LinearCache.get_mask_sizes"](cache, 3, 0) == (8, 0)
+    assert new["_LinearCache.get_seq_length"](cache, 1) == 5
+    cache.layers[1].is_initialized = False                  # no keys anywhere: as asked
+    assert new["_LinearCache.get_seq_length"](cache) == 0
+
+
+def test_a_replaced_class_attribute_is_deleted_again_where_it_was_inherited():
+    """Pins a method of transformers' cache class left behind after the mode."""
+    from transformers.models.minimax import modeling_minimax as home
+
+    from tests.invariant.architectures import BY_NAME, build
+    with torch.no_grad(), batch_invariant():
+        build(BY_NAME["minimax"])(torch.tensor([[3, 4, 5, 6]]))
+        assert "get_seq_length" in vars(home.MiniMaxCache)
+    assert "get_seq_length" not in vars(home.MiniMaxCache)
+    assert "get_mask_sizes" not in vars(home.MiniMaxCache)
