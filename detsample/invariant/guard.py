@@ -130,7 +130,7 @@ class _Recorder(OpRecorder):
     """:class:`OpRecorder` that also keeps, per op, the innermost module running and the
     argument shapes of its first call."""
 
-    def __init__(self, guard: "Guard") -> None:
+    def __init__(self, guard: Guard) -> None:
         super().__init__()
         self.guard = guard
         self.where: dict[str, tuple[str, tuple]] = {}
@@ -147,15 +147,15 @@ class Guard:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.local = threading.local()
-        self.verdicts: "weakref.WeakKeyDictionary[torch.nn.Module, list[Finding]]" = \
+        self.verdicts: weakref.WeakKeyDictionary[torch.nn.Module, list[Finding]] = \
             weakref.WeakKeyDictionary()
-        self.refusals: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+        self.refusals: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
         self.handles: list[Any] = []
         self.patches = Patches()
         #: per model: its covered mixers' {layer: cache attributes}; the models whose
         #: mixers' patches are in place in this installation
-        self.covers: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
-        self.patched: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+        self.covers: weakref.WeakKeyDictionary[torch.nn.Module, dict] = weakref.WeakKeyDictionary()
+        self.patched: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
     # -- install -----------------------------------------------------------------------
     def install(self) -> None:
@@ -273,7 +273,7 @@ class Guard:
             f["probing"] = False
         return [s for h in holders((), {}, out) for s in cache_state(h)]
 
-    def _verdict(self, rec: "_Recorder", root: torch.nn.Module) -> None:
+    def _verdict(self, rec: _Recorder, root: torch.nn.Module) -> None:
         missing = uncovered(rec.ops)
         found = [Finding(op, *rec.where.get(op, ("", ()))) for op in missing]
         self.verdicts[root] = found

@@ -24,8 +24,8 @@ replaces nothing: its mixer's forward already runs the recurrent update whenever
 cache holds a state, and a forward pre-hook gives it a zero one (MiniMax's lightning
 attention; its cache class's past length is read from a layer holding keys while the mode
 is installed, so a chunked prefill is correct). A replacement may name a class attribute
-(``"Class.method"``), restored -- by deletion where the class only inherited it -- on exit. A mixer whose modeling module
-lacks either function, or lacks an attribute the cover reads (another transformers
+(``"Class.method"``), restored -- by deletion where the class only inherited it -- on exit. A mixer
+whose modeling module lacks either function, or lacks an attribute the cover reads (another transformers
 version, a kernel bound from the hub), is not covered: the guard refuses it by name, or by
 the state it keeps, as before. Cost: a prefill of ``T`` positions runs ``T`` recurrent steps
 (docs/performance.md, "Hybrid models").
@@ -36,8 +36,9 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -88,11 +89,11 @@ class Cover:
         home = sys.modules.get(type(module).__module__)
         return callable(getattr(home, self.target, None)) and callable(getattr(home, self.step, None))
 
-    def replacements(self, home: Any, running: "Running") -> dict[str, Callable]:
+    def replacements(self, home: Any, running: Running) -> dict[str, Callable]:
         """``{global: replacement}`` for ``home``, the modeling module (its originals)."""
         return {self.target: self.adapt(getattr(home, self.step))}
 
-    def hook(self, module: torch.nn.Module, running: "Running") -> list[Any]:
+    def hook(self, module: torch.nn.Module, running: Running) -> list[Any]:
         """Put on ``module`` the hooks its replacements need; their handles."""
         return []
 
@@ -313,7 +314,7 @@ class Patches:
         self.saved: dict[tuple[str, str], Any] = {}
         self.running = Running()
         #: mixer -> its hook handles
-        self.hooks: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = weakref.WeakKeyDictionary()
+        self.hooks: weakref.WeakKeyDictionary[torch.nn.Module, list] = weakref.WeakKeyDictionary()
 
     def ensure(self, model: torch.nn.Module) -> None:
         """Replace, once, the :meth:`Cover.replacements` in the modeling module of every

@@ -11,9 +11,10 @@ would be refused by name: such mixers keep state beyond keys and values).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -264,7 +265,7 @@ def own_cache_failures(model: torch.nn.Module, tokens: list[int], portable: bool
         for name, cuts in splits if chunked else splits[:1]:
             bounds = [0, *cuts, len(tokens)]
             out = model(ids[:, : bounds[1]], use_cache=True)
-            key = "cache" if "cache" in out.keys() else "past_key_values"    # Mamba: "cache"
+            key = "cache" if "cache" in out.keys() else "past_key_values"  # noqa: SIM118 - a ModelOutput; Mamba: "cache"
             parts, cache = [out.logits[0]], {key: out[key]}
             for a, b in zip(bounds[1:], bounds[2:]):     # positions given, as an engine gives them
                 parts.append(model(ids[:, a:b], **cache, use_cache=True,

@@ -33,14 +33,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from detsample.invariant import batch_invariant
-from detsample.invariant import guard
+from detsample.invariant import batch_invariant, guard
 from detsample.invariant.guard import RefusedLayerError
-from detsample.probe.threads import torch_threads
 from detsample.models.base import ModelError, prefill
 from detsample.models.hf import use_invariant_attention
-from tests.invariant.architectures import (PANEL, adapter, build, failures, own_cache_failures,
-                                           unguarded)
+from detsample.probe.threads import torch_threads
+from tests.invariant.architectures import PANEL, adapter, build, failures, own_cache_failures, unguarded
 
 DEFAULT = ("llama", "gemma2", "gpt2", "qwen3moe", "deepseekv3", "gptoss", "qwen35", "minimax",
            "lfm2", "nemotronh")
