@@ -66,7 +66,7 @@ SSM = dict(vocab_size=512, hidden_size=1024, intermediate_size=2752, num_hidden_
            num_attention_heads=16, num_key_value_heads=4, head_dim=64,
            layers_block_type=["mamba", "mlp", "mamba", "mlp", "attention", "mlp", "mamba", "mlp"],
            mamba_num_heads=32, mamba_head_dim=64, ssm_state_size=128, n_groups=8, chunk_size=128,
-           max_position_embeddings=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+           max_position_embeddings=8192, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 #: the models run through transformers' own cache: name -> (config class, model class)
 OWN_CACHE = {"hybrid": ("Lfm2Config", "Lfm2ForCausalLM"),
              "ssm": ("NemotronHConfig", "NemotronHForCausalLM")}
@@ -78,7 +78,7 @@ QWEN35 = dict(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidde
               layer_types=["linear_attention"] * 3 + ["full_attention"], num_attention_heads=8,
               num_key_value_heads=2, head_dim=64, linear_num_value_heads=8,
               linear_num_key_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
-              max_position_embeddings=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+              max_position_embeddings=8192, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 #: a real trained model's shapes (a 135M-parameter Llama: SmolLM-135M's config), seeded
 #: weights with massive activations as the accuracy benchmark makes them (residual
 #: channels 5 and 77 at :data:`REAL_MASSIVE` x the rest)
@@ -352,12 +352,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decode-batch", type=int, nargs="+", default=[8],
                    help="decode batch sizes (one decode workload each; default 8)")
     p.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    p.add_argument("--prefill-len", type=int, default=512,
+                   help="prompt length of the prefill workload (default 512; 4096: a long prompt)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--breakdown", choices=SIDES, default=None,
                    help="only profile one prefill of each model on this side: time per op")
     p.add_argument("--verification", action="store_true",
                    help="only time the on-machine checks for a 1B Llama's shapes")
     args = p.parse_args(argv)
+    if args.prefill_len < 1:
+        p.error(f"--prefill-len must be >= 1, got {args.prefill_len}")
     if args.verification:
         total, rows = verification_cost(args.threads)
         for label, sec, kernel in rows:
@@ -380,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models:
         for k, batch in enumerate(args.decode_batch):
             got = measure_model(name, rounds=args.rounds, threads=args.threads,
-                                decode_batch=batch, sides=sides)
+                                decode_batch=batch, sides=sides, prefill_len=args.prefill_len)
             timings += got if k == 0 else got[1:]  # the prefill once
     print(table(timings))
     return 0

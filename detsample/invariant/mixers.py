@@ -27,12 +27,15 @@ is installed, so a chunked prefill is correct). A replacement may name a class a
 (``"Class.method"``), restored -- by deletion where the class only inherited it -- on exit. A mixer
 whose modeling module lacks either function, or lacks an attribute the cover reads (another transformers
 version, a kernel bound from the hub), is not covered: the guard refuses it by name, or by
-the state it keeps, as before. Cost: a prefill of ``T`` positions runs ``T`` recurrent steps
-(docs/performance.md, "Hybrid models").
+the state it keeps, as before. Cost: a prefill of ``T`` positions runs ``T`` recurrent steps; for the gated delta-net
+(:class:`FusedCover`) and Mamba 2 they run in one fused kernel per call
+(:mod:`detsample.invariant.scans`), for the others as the modeling code's ops, position by
+position (docs/performance.md, "Hybrid models").
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 import weakref
@@ -42,7 +45,7 @@ from typing import Any
 
 import torch
 
-from detsample.invariant import ssm
+from detsample.invariant import scans, ssm
 
 
 def _without_chunk_size(step: Callable) -> Callable:
@@ -241,6 +244,39 @@ class SeededCover(Cover):
         return args, kwargs
 
 
+@dataclass(frozen=True)
+class FusedCover(Cover):
+    """A gated delta-net whose two functions (transformers 5.x's signatures, and the
+    modeling module's ``l2norm``) are both replaced by one fused kernel
+    (:func:`detsample.invariant.scans.gated_delta_rule`): a prefill and a decode step by
+    one arithmetic, the position-by-position cost gone. A modeling module whose functions
+    take other arguments is not matched: the plain :class:`Cover` after it in
+    :data:`COVERS` runs the recurrent update instead."""
+
+    def matches(self, module: torch.nn.Module) -> bool:
+        if not super().matches(module):
+            return False
+        home = sys.modules.get(type(module).__module__)
+        return callable(getattr(home, "l2norm", None)) and all(
+            _parameters(getattr(home, f)) >= _GDN_ARGS for f in (self.target, self.step))
+
+    def replacements(self, home: Any, running: Running) -> dict[str, Callable]:
+        rule = scans.gated_delta_rule(getattr(home, self.step), home.l2norm)
+        return {self.target: rule, self.step: rule}
+
+
+def _parameters(fn: Callable) -> set[str]:
+    """The parameter names of ``fn`` (of its ``forward`` where it is a module: transformers
+    5.x wraps hub-replaceable functions in one); empty where they cannot be read."""
+    try:
+        return set(inspect.signature(fn.forward if isinstance(fn, torch.nn.Module) else fn).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+#: the arguments a fused gated delta-net's functions must take
+_GDN_ARGS = frozenset({"query", "key", "value", "g", "beta", "initial_state", "output_final_state",
+                       "use_qk_l2norm_in_kernel"})
 _RECURRENT = frozenset({"recurrent_states"})
 
 
@@ -255,6 +291,8 @@ def _mamba2(fragment: str) -> BoundCover:
 #: Falcon-H1, Zamba2: its mixer's decode branch calls ``mamba2_selective_state_update`` as
 #: Nemotron-H's does), Mamba (Mamba, FalconMamba, Jamba) and lightning attention (MiniMax)
 COVERS: tuple[Cover, ...] = (
+    FusedCover("GatedDeltaNet", "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
+               _RECURRENT),
     Cover("GatedDeltaNet", "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
           _RECURRENT),
     Cover("KimiLinearDeltaAttention", "chunk_kimi_delta_attention", "recurrent_kimi_delta_attention",

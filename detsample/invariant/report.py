@@ -30,6 +30,8 @@ def _describe(key: Hashable) -> tuple[str, str, int]:
         _, name, dtype, args, kwargs, threads = key
         extra = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs)])
         return name, str(dtype).removeprefix("torch.") + (f" ({extra})" if extra else ""), _threads(threads)
+    if kind == "scan":
+        return "scan", f"{key[1]} recurrence, float32 state", -1
     return str(kind), repr(key[1:]), -1
 
 

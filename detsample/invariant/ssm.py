@@ -1,5 +1,10 @@
 """State-space prefills run as their decode step, position by position (Mamba and Mamba 2).
 
+Mamba 2's prefill and decode step both run the fused kernel
+(:func:`detsample.invariant.scans.mamba2_scan`, :func:`~detsample.invariant.scans.mamba2_step`:
+one arithmetic, the recurrence of the decode step) where it can run; the loop over the
+decode step described below is the reference form (``fused=False``), run on other devices.
+
 transformers computes a Mamba 2 prefill by ``mamba2_chunk_scan`` (blocks of ``chunk_size``
 counted from the call's first token) and a decode step by ``mamba2_selective_state_update``
 (the state updated in place, one token); a Mamba (1) prefill by ``mamba_selective_scan``
@@ -34,7 +39,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
+
+from detsample.invariant import scans
 
 #: the running covered mixer's forward: ``() -> Call`` (module, cache)
 Current = Callable[[], Any]
@@ -46,27 +52,32 @@ def _limited(step: Callable, limit: tuple[float, float]) -> Callable:
     as inside ``step`` (elementwise, so the bits do not depend on the layout), then the clamp."""
     def run(state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False,
             z=None, **kwargs):
-        if dt_bias is not None:
-            dt = dt + dt_bias.to(dt.dtype)
-        if dt_softplus:
-            dt = F.softplus(dt)
-        dt = torch.clamp(dt, min=limit[0], max=limit[1])
+        dt = scans.mamba2_dt(dt, dt_bias, dt_softplus, limit)
         return step(state, hidden_states, dt, A, B, C, D, dt_bias=None, dt_softplus=False,
                     z=z, **kwargs)
     return run
 
 
-def mamba2_decode(step: Callable, current: Current) -> Callable:
+def mamba2_decode(step: Callable, current: Current, fused: bool = True) -> Callable:
     """``mamba2_selective_state_update`` that clamps ``dt`` to the running mixer's
-    ``time_step_limit``, as its prefill does."""
-    def update(*args: Any, **kwargs: Any) -> Any:
-        return _limited(step, current().module.time_step_limit)(*args, **kwargs)
+    ``time_step_limit``, as its prefill does; by the fused kernel
+    (:func:`detsample.invariant.scans.mamba2_step`) where ``fused`` and it can run, else
+    by ``step``."""
+    def update(state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False,
+               z=None, **kwargs):
+        limit = current().module.time_step_limit
+        if fused and z is None and scans.fused(state, hidden_states, dt, B, C):
+            return scans.mamba2_step(state, hidden_states, dt, A, B, C, D, dt_bias, dt_softplus, limit)
+        return _limited(step, limit)(state, hidden_states, dt, A, B, C, D, dt_bias=dt_bias,
+                                     dt_softplus=dt_softplus, z=z, **kwargs)
     update.__name__ = "detsample_limited_mamba2_selective_state_update"
     return update
 
 
-def mamba2_prefill(step: Callable, current: Current) -> Callable:
-    """``mamba2_chunk_scan`` computed by ``step`` (the decode step), position by position.
+def mamba2_prefill(step: Callable, current: Current, fused: bool = True) -> Callable:
+    """``mamba2_chunk_scan`` computed by the decode step's arithmetic: by the fused kernel
+    (:func:`detsample.invariant.scans.mamba2_scan`) where ``fused`` and it can run, else by
+    ``step``, position by position (the reference).
 
     hidden_states (B, T, H, P); dt (B, T, H); A, D, dt_bias (H,); B, C (B, T, G, N);
     initial_states (B, H, P, N) or None. Returns (B, T, H, P) in ``hidden_states``' dtype,
@@ -77,6 +88,10 @@ def mamba2_prefill(step: Callable, current: Current) -> Callable:
         if kwargs.pop("z", None) is not None:
             raise ValueError("mamba2_chunk_scan under the batch-invariant mode: a gate z is "
                              "not passed to the decode step; got one")
+        if fused and scans.fused(hidden_states, dt, B, C):
+            out, state = scans.mamba2_scan(hidden_states, dt, A, B, C, D, dt_bias, initial_states,
+                                           dt_softplus, dt_limit)
+            return (out, state) if return_final_states else out
         batch, length, heads, head_dim = hidden_states.shape
         state = (torch.zeros(batch, heads, head_dim, B.shape[-1], dtype=torch.float32,
                              device=hidden_states.device) if initial_states is None

@@ -52,17 +52,24 @@ def padded_rows(t: torch.Tensor, rows: slice) -> torch.Tensor:
     return torch.cat([part, part.new_zeros((missing,) + tuple(part.shape[1:]))])
 
 
-def column_shard(linear: torch.nn.Linear, rows: slice) -> torch.nn.Linear:
-    """A new ``nn.Linear`` holding ``rows`` of ``linear``'s output features (and bias);
-    rows past its features (a padded vocabulary) are zeros."""
-    w = padded_rows(linear.weight, rows)
-    out = torch.nn.Linear(w.shape[1], w.shape[0], bias=linear.bias is not None,
-                          device=w.device, dtype=w.dtype)
+def filled(module: torch.nn.Module, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.nn.Module:
+    """``module`` (a new layer) with ``weight`` and ``bias`` copied in, frozen."""
     with torch.no_grad():
-        out.weight.copy_(w)
-        if linear.bias is not None:
-            out.bias.copy_(padded_rows(linear.bias, rows))
-    return out.requires_grad_(False)
+        module.weight.copy_(weight)
+        if bias is not None:
+            module.bias.copy_(bias)
+    return module.requires_grad_(False)
+
+
+def column_shard(linear: torch.nn.Linear, rows: slice | list[slice]) -> torch.nn.Linear:
+    """A new ``nn.Linear`` holding ``rows`` of ``linear``'s output features (and bias) --
+    one slice, or several concatenated in order; rows past its features (a padded
+    vocabulary) are zeros."""
+    parts = rows if isinstance(rows, list) else [rows]
+    w = torch.cat([padded_rows(linear.weight, p) for p in parts])
+    bias = None if linear.bias is None else torch.cat([padded_rows(linear.bias, p) for p in parts])
+    out = torch.nn.Linear(w.shape[1], w.shape[0], bias=bias is not None, device=w.device, dtype=w.dtype)
+    return filled(out, w, bias)
 
 
 def _fused_bias(x: torch.Tensor) -> bool:

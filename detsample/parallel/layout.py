@@ -20,6 +20,14 @@ MoE ``mlp.gate`` (router)      replicated; ``mlp.experts``: placed on ranks, who
 MLA (DeepSeek-V3)              latent projections replicated, ``q_b_proj`` / ``kv_b_proj``
                                column-parallel by heads, ``o_proj`` row-parallel
                                (:mod:`detsample.parallel.blocks`)
+Qwen3.5 ``linear_attn``        gated delta-net: key / value heads in blocks (q, k, v rows of
+                               ``in_proj_qkv``, the conv channels, z / b / a, ``A_log``,
+                               ``dt_bias``), ``out_proj`` row-parallel; its states per rank
+Qwen3.5 ``self_attn``          gated attention: ``q_proj``'s query and gate rows by heads
+Nemotron-H ``mixer``           Mamba 2: groups of heads in blocks (``in_proj``'s gate, x, B, C,
+                               dt rows, the conv channels, ``A_log``, ``D``, ``dt_bias``, the
+                               gated norm's weight), ``out_proj`` row-parallel; attention as
+                               GQA's; the ungated MLP's up / down (:mod:`detsample.parallel.hybrid`)
 ``lm_head``                    vocab-parallel rows, logits gathered (concatenated) on every rank
                                and cut to the real vocabulary
 norms, rotary, residuals       replicated (every rank computes them on the same full rows)
@@ -27,7 +35,7 @@ norms, rotary, residuals       replicated (every rank computes them on the same 
 
 Refused, by name (:class:`~detsample.parallel.layers.TensorParallelError`): a model whose
 ``config.model_type`` is not in :data:`ARCHITECTURES` (Llama, Qwen2, Mistral, Qwen3-MoE,
-Mixtral, DeepSeek-V3; :data:`REFUSED` says why for near misses), a model missing one of
+Mixtral, DeepSeek-V3, Qwen3.5 text, Nemotron-H; :data:`REFUSED` says why for near misses), a model missing one of
 those modules, and a ``world`` that does not divide the attention heads, a dense MLP's
 intermediate features or the padded vocabulary, or neither divides nor is a multiple of the
 KV heads (GQA). The vocabulary is padded as vLLM pads it
@@ -44,6 +52,16 @@ import torch
 
 from detsample.parallel.blocks import GQA, check_linears, check_mla, check_mlp, get, shard_mla, shard_mlp
 from detsample.parallel.comm import Comm
+from detsample.parallel.hybrid import (
+    check_gated_attention,
+    check_gdn,
+    check_mamba2,
+    check_plain_mlp,
+    shard_gated_attention,
+    shard_gdn,
+    shard_mamba2,
+    shard_plain_mlp,
+)
 from detsample.parallel.layers import (
     RowParallelLinear,
     TensorParallelError,
@@ -55,7 +73,7 @@ from detsample.parallel.layers import (
 #: ``config.model_type`` -> the attention the runner shards (every layer's MLP is a dense
 #: gate/up/down MLP or an MoE block: :mod:`detsample.parallel.blocks`)
 ATTENTION = {"llama": "gqa", "qwen2": "gqa", "mistral": "gqa", "qwen3_moe": "gqa",
-             "mixtral": "gqa", "deepseek_v3": "mla"}
+             "mixtral": "gqa", "deepseek_v3": "mla", "qwen3_5_text": "gated", "nemotron_h": "gqa"}
 #: the ``config.model_type`` values the runner shards
 ARCHITECTURES = tuple(ATTENTION)
 #: why architectures near those above are refused (the refusal names it)
@@ -67,6 +85,9 @@ REFUSED = {
     "gpt_oss": "its experts carry biases and interleaved gate/up rows, and its attention sinks "
                "are per head",
     "gpt2": "its q, k and v come from one fused c_attn Conv1D (and its MLP is c_fc / c_proj)",
+    "qwen3_next": "its MoE's shared expert is scaled by a sigmoid gate (shared_expert_gate) the "
+                  "expert-parallel layout does not handle (its gated delta-net and gated "
+                  "attention split as Qwen3.5's do)",
 }
 
 
@@ -147,28 +168,98 @@ def _architecture(module: torch.nn.Module) -> str:
         raise TensorParallelError(
             f"tensor parallel: model_type {kind!r} ({type(module).__name__}) is not supported{why}; "
             f"supported: {', '.join(ARCHITECTURES)} (docs/tensor-parallel.md, 'What is refused')")
-    for path in ("model.embed_tokens", "model.layers", "lm_head"):
+    for path in ("model.layers", "lm_head"):
         if get(module, path) is None:
             raise TensorParallelError(f"tensor parallel: {type(module).__name__} has no "
                                       f"{path}; the Megatron layout needs it")
+    if not isinstance(_embedding(module), torch.nn.Embedding):
+        raise TensorParallelError(f"tensor parallel: {type(module).__name__}.model has no input "
+                                  f"embedding (nn.Embedding); the Megatron layout needs it")
     return ATTENTION[kind]
 
 
-def _check_layers(module: torch.nn.Module, attention: str, world: int, heads: int,
-                  kv: int) -> tuple[int, int]:
+def _embedding(module: torch.nn.Module) -> Any:
+    inner = module.model
+    return inner.get_input_embeddings() if hasattr(inner, "get_input_embeddings") else None
+
+
+#: Nemotron-H's block types (transformers 5.x's ``layers_block_type`` names, and the
+#: config's older spellings) -> the kind its one ``mixer`` is split as
+MIXER_KINDS = {"linear_attention": "mamba2", "mamba": "mamba2", "full_attention": "gqa",
+               "attention": "gqa", "mlp": "plain_mlp"}
+#: the kinds of block that are an attention (their ``head_dim`` is the layout's)
+ATTENTIONS = ("gqa", "gated", "mla")
+
+
+def _blocks(layer: Any, attention: str, where: str) -> list[tuple[str, Any, str]]:
+    """``(kind, module, path)`` of a decoder layer's blocks: a Nemotron-H block's one mixer
+    (by its ``block_type``), or an attention (``linear_attn``: a gated delta-net; else
+    ``self_attn``, of the model's ``attention`` kind) and an ``mlp``."""
+    if hasattr(layer, "mixer"):
+        kind = MIXER_KINDS.get(getattr(layer, "block_type", None))
+        if kind is None:
+            raise TensorParallelError(
+                f"tensor parallel: {where} is a {getattr(layer, 'block_type', None)!r} block; the "
+                f"layout splits {', '.join(MIXER_KINDS)} blocks")
+        return [(kind, layer.mixer, f"{where}.mixer")]
+    att = (("gdn", layer.linear_attn, f"{where}.linear_attn") if hasattr(layer, "linear_attn")
+           else (attention, getattr(layer, "self_attn", None), f"{where}.self_attn"))
+    return [att, ("mlp", get(layer, "mlp"), f"{where}.mlp")]
+
+
+def _layer_blocks(module: torch.nn.Module, attention: str) -> list[tuple[str, Any, str]]:
+    return [b for i, layer in enumerate(module.model.layers)
+            for b in _blocks(layer, attention, f"model.layers.{i}")]
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    """What the blocks' checks are given: the TP size, the config's heads, KV heads, the
+    attention's head dim, the config."""
+
+    world: int
+    heads: int
+    kv: int
+    head_dim: int
+    config: Any
+
+
+def _check_block(kind: str, mod: Any, where: str, sizes: _Sizes) -> int:
+    """One block checked (TensorParallelError naming ``where``); a dense MLP's per-rank
+    features (0 for any other block)."""
+    if kind == "gdn":
+        check_gdn(mod, where, sizes.world)
+    elif kind == "mamba2":
+        check_mamba2(mod, where, sizes.world)
+    elif kind == "mla":
+        check_mla(mod, where, sizes.heads, sizes.kv)
+    elif kind == "gated":
+        check_gated_attention(mod, where, sizes.heads, sizes.head_dim)
+    elif kind == "gqa":
+        check_linears(mod, where, GQA)
+    elif kind == "plain_mlp":
+        return check_plain_mlp(mod, where, sizes.world)
+    else:
+        return check_mlp(mod, where, sizes.world, sizes.config)
+    return 0
+
+
+def _check_layers(module: torch.nn.Module, attention: str, sizes: _Sizes) -> tuple[int, int]:
     """Every layer's blocks checked: ``(intermediate, experts)`` of the layout."""
     inter, experts = 0, 0
-    for i, layer in enumerate(module.model.layers):
-        where = f"model.layers.{i}"
-        if attention == "mla":
-            check_mla(layer.self_attn, f"{where}.self_attn", heads, kv)
-        else:
-            check_linears(layer, f"{where}.self_attn", tuple(f"self_attn.{n}" for n in GQA))
-        features = check_mlp(get(layer, "mlp"), f"{where}.mlp", world, module.config)
+    for kind, mod, where in _layer_blocks(module, attention):
+        features = _check_block(kind, mod, where, sizes)    # every block checked
         inter = inter or features
-        if hasattr(layer.mlp, "experts") and not experts:
-            experts = layer.mlp.experts.gate_up_proj.shape[0]
+        if kind == "mlp" and hasattr(mod, "experts") and not experts:
+            experts = mod.experts.gate_up_proj.shape[0]
     return inter, experts
+
+
+def _head_dim(module: torch.nn.Module, attention: str) -> int:
+    """The attention's head dim: the first attention block's ``head_dim``, else hidden / heads."""
+    atts = [m for kind, m, _ in _layer_blocks(module, attention) if kind in ATTENTIONS]
+    d = getattr(atts[0], "head_dim", None) if atts else None
+    return d or module.config.hidden_size // module.config.num_attention_heads
 
 
 def plan(model: Any, world: int) -> Layout:
@@ -189,11 +280,9 @@ def plan(model: Any, world: int) -> Layout:
     if heads % kv:
         raise TensorParallelError(f"tensor parallel: num_attention_heads={heads} is not a "
                                   f"multiple of num_key_value_heads={kv}")
-    inter, experts = _check_layers(module, attention, world, heads, kv)
+    head_dim = _head_dim(module, attention)
+    inter, experts = _check_layers(module, attention, _Sizes(world, heads, kv, head_dim, cfg))
     padded = padded_vocab(vocab, world)
-    layers = module.model.layers
-    head_dim = getattr(layers[0].self_attn, "head_dim", None) if len(layers) else None
-    head_dim = head_dim or cfg.hidden_size // heads
     kv_local, repeat = (kv // world, 1) if kv >= world else (1, world // kv)
     return Layout(world, heads // world, kv_local, repeat, head_dim, inter, padded // world,
                   vocab, attention, experts)
@@ -213,6 +302,24 @@ def _shard_gqa(att: Any, layout: Layout, comm: Comm) -> None:
         att.num_key_value_heads = layout.kv_heads
 
 
+def _shard_block(kind: str, mod: Any, where: str, layout: Layout, comm: Comm) -> None:
+    """One block (checked by :func:`_check_block`) cut, in place, to this rank's shard."""
+    if kind == "gdn":
+        shard_gdn(mod, comm)
+    elif kind == "mamba2":
+        shard_mamba2(mod, comm)
+    elif kind == "mla":
+        shard_mla(mod, layout.heads, comm)
+    elif kind == "gated":
+        shard_gated_attention(mod, layout.heads, layout.kv_rows(comm.rank), comm)
+    elif kind == "gqa":
+        _shard_gqa(mod, layout, comm)
+    elif kind == "plain_mlp":
+        shard_plain_mlp(mod, comm)
+    else:
+        shard_mlp(mod, comm, where)
+
+
 def shard_model(model: Any, comm: Comm) -> Layout:
     """Replace, in place, the layers of this rank's copy of ``model`` by their shards
     (the table of the module docstring). Every rank must hold the same weights (the same
@@ -222,15 +329,11 @@ def shard_model(model: Any, comm: Comm) -> Layout:
     if comm.world == 1:
         return layout
     r = comm.rank
-    inner = module.model
     with torch.no_grad():
-        inner.embed_tokens = VocabParallelEmbedding(inner.embed_tokens, layout.vocab_rows(r), comm)
+        module.model.set_input_embeddings(
+            VocabParallelEmbedding(_embedding(module), layout.vocab_rows(r), comm))
         module.lm_head = VocabParallelHead(module.lm_head, layout.vocab_rows(r), comm,
                                            layout.vocab_size)
-        for i, layer in enumerate(inner.layers):
-            if layout.attention == "mla":
-                shard_mla(layer.self_attn, layout.heads, comm)
-            else:
-                _shard_gqa(layer.self_attn, layout, comm)
-            shard_mlp(layer.mlp, comm, f"model.layers.{i}.mlp")
+        for kind, mod, where in _layer_blocks(module, layout.attention):
+            _shard_block(kind, mod, where, layout, comm)
     return layout

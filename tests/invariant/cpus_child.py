@@ -108,6 +108,20 @@ def model(portable: bool) -> tuple[list[str], torch.Tensor]:
     return [f"tiny Llama: {b}" for b in bad], full.flatten()
 
 
+def hybrids(portable: bool) -> tuple[list[str], torch.Tensor]:
+    """A gated delta-net hybrid (Qwen3.5) and a Mamba 2 hybrid (Nemotron-H) of the panel:
+    prefill == decode == chunked prefill == padded batch through transformers' cache."""
+    from architectures import BY_NAME, build, own_cache_failures  # same folder (sys.path[0])
+
+    toks = torch.randint(0, 512, (12,), generator=_gen(2)).tolist()
+    bad, outs = [], []
+    for name in ("qwen35", "nemotronh"):
+        failed, full = own_cache_failures(build(BY_NAME[name]), toks, portable)
+        bad += [f"{name}: {b}" for b in failed]
+        outs.append(full.flatten())
+    return bad, torch.cat(outs)
+
+
 def _under_mode(check):
     def run(portable: bool) -> tuple[list[str], torch.Tensor]:
         with batch_invariant(portable=portable):
@@ -121,7 +135,8 @@ def narrow() -> tuple[list[str], torch.Tensor]:
 
 
 CHECKS = {"narrow": _under_mode(narrow), "products": _under_mode(products), "sums": _under_mode(sums),
-          "pointwise": _under_mode(pointwise), "model": model}
+          "pointwise": _under_mode(pointwise), "model": model,
+          "hybrids": hybrids}
 
 
 def run(names: list[str]) -> dict:

@@ -17,9 +17,10 @@ so it lacked the venv's packages: the child now runs ``sys.executable`` as it is
 
 The default run: the narrow products under the emulated EPYC (about a minute on an idle
 2-core machine). ``pytest -m cpus tests/invariant/test_cpus.py``: products in both
-layouts at odd shapes, batched products, sums, pointwise ops and a tiny Llama's
-prefill == decode == padded batch, under EPYC-Rome and Haswell and natively, the portable
-hashes equal across all three. Without qemu the tests are skipped with the reason.
+layouts at odd shapes, batched products, sums, pointwise ops, a tiny Llama's and two
+hybrids' (a gated delta-net Qwen3.5 and a Mamba 2 Nemotron-H, through transformers' cache)
+prefill == decode == chunked prefill == padded batch, under EPYC-Rome and Haswell and
+natively, the portable hashes equal across all three. Without qemu the tests are skipped with the reason.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def test_narrow_products_are_invariant_on_the_emulated_epyc():
 @pytest.mark.cpus
 @needs_qemu
 def test_every_property_on_amd_and_intel_paths_and_portable_bits_are_one():
-    checks = ["products", "sums", "pointwise", "model"]
+    checks = ["products", "sums", "pointwise", "model", "hybrids"]
     results = {cpu: run_child(cpu, checks) for cpu in ("native", "EPYC-Rome", "Haswell")}
     for name in checks:
         seen = {cpu: tuple(r["hashes"][name]) for cpu, r in results.items()}

@@ -20,6 +20,7 @@ import torch
 from transformers.models.mamba import modeling_mamba as m1
 from transformers.models.mamba2 import modeling_mamba2 as m2
 
+from detsample.invariant import batch_invariant
 from detsample.invariant.mixers import Call, Running
 from detsample.invariant.ssm import mamba2_decode, mamba2_prefill, mamba_prefill
 
@@ -38,10 +39,10 @@ def _mamba2_inputs(seed: int = 0) -> dict:
                 C=_rand(g, BATCH, T, 1, N), D=_rand(g, H), dt_bias=_rand(g, H) - 3.0)
 
 
-def _decode(inputs: dict, limit: tuple, step=None) -> tuple[torch.Tensor, torch.Tensor]:
+def _decode(inputs: dict, limit: tuple, step=None, fused: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """What the mixer's decode branch computes, one position at a time."""
     mixer = SimpleNamespace(time_step_limit=limit)
-    step = step or mamba2_decode(m2.mamba2_selective_state_update, lambda: Call(mixer, None))
+    step = step or mamba2_decode(m2.mamba2_selective_state_update, lambda: Call(mixer, None), fused)
     x, dt, A, B, C, D, bias = inputs.values()
     state, outs = torch.zeros(BATCH, H, P, N), []
     for t in range(T):
@@ -56,22 +57,27 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int32)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "position-by-position"])
 @pytest.mark.parametrize("limit", [NO_LIMIT, BITES], ids=["no-limit", "limit-bites"])
-def test_mamba2_prefill_is_the_decode_steps_bitwise_and_the_chunked_scans_function(limit):
+def test_mamba2_prefill_is_the_decode_steps_bitwise_and_the_chunked_scans_function(limit, fused):
+    """Under the mode (its softplus the same function of each element in a prefill's
+    (B, T, H) and a decode step's (B, H)), both forms: the fused kernel and the
+    position-by-position reference."""
     inputs = _mamba2_inputs()
-    scan = mamba2_prefill(m2.mamba2_selective_state_update, lambda: None)
-    out, final = scan(**inputs, chunk_size=4, dt_softplus=True, dt_limit=limit,
-                      return_final_states=True)
-    dec, state = _decode(inputs, limit)
+    scan = mamba2_prefill(m2.mamba2_selective_state_update, lambda: None, fused)
+    first = {k: (v[:, :3] if v.dim() > 1 else v) for k, v in inputs.items()}
+    rest = {k: (v[:, 3:] if v.dim() > 1 else v) for k, v in inputs.items()}
+    with batch_invariant():
+        out, final = scan(**inputs, chunk_size=4, dt_softplus=True, dt_limit=limit,
+                          return_final_states=True)
+        dec, state = _decode(inputs, limit, fused=fused)
+        a, mid = scan(**first, chunk_size=4, dt_softplus=True, dt_limit=limit, return_final_states=True)
+        b = scan(**rest, chunk_size=4, dt_softplus=True, dt_limit=limit, initial_states=mid)
     assert torch.equal(_bits(out), _bits(dec)) and torch.equal(_bits(final), _bits(state))
+    assert torch.equal(_bits(torch.cat([a, b], 1)), _bits(out))
     ref, ref_final = m2.mamba2_chunk_scan(**inputs, chunk_size=4, dt_softplus=True, dt_limit=limit,
                                           return_final_states=True)
     assert (out - ref).abs().max() < 1e-4 and (final - ref_final).abs().max() < 1e-4
-    first = {k: (v[:, :3] if v.dim() > 1 else v) for k, v in inputs.items()}
-    rest = {k: (v[:, 3:] if v.dim() > 1 else v) for k, v in inputs.items()}
-    a, mid = scan(**first, chunk_size=4, dt_softplus=True, dt_limit=limit, return_final_states=True)
-    b = scan(**rest, chunk_size=4, dt_softplus=True, dt_limit=limit, initial_states=mid)
-    assert torch.equal(_bits(torch.cat([a, b], 1)), _bits(out))
 
 
 def test_transformers_bare_decode_step_skips_the_limit_the_prefill_applies():

@@ -129,3 +129,44 @@ def gpt2():
         torch.manual_seed(0)
         return GPT2LMHeadModel(GPT2Config(vocab_size=TINY_VOCAB, n_embd=32, n_layer=1, n_head=2,
                                           n_positions=64, bos_token_id=0, eos_token_id=0)).eval()
+
+
+QWEN35 = "tests.parallel.models:qwen35_hybrid"
+NEMOTRON_H = "tests.parallel.models:nemotron_h"
+
+
+def _from_config(config: str, model: str, seed: int, **fields):
+    import torch
+    import transformers
+
+    cfg = getattr(transformers, config)(**fields)
+    with torch.random.fork_rng(devices=[]):
+        module = getattr(transformers, model)(cfg)
+    return seeded_init_(module, seed).eval()
+
+
+def qwen35_hybrid(key_heads: int = 4):
+    """Qwen3.5-style: a gated delta-net layer (4 key heads, 8 value heads of 16) and a gated
+    full-attention layer (4 heads, 2 KV heads); TP=2 and TP=4 divide its key heads."""
+    return _from_config("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", 21, hidden_size=64,
+                        intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=16, linear_num_value_heads=8, linear_num_key_heads=key_heads,
+                        linear_key_head_dim=16, linear_value_head_dim=16,
+                        layer_types=["linear_attention", "full_attention"],
+                        tie_word_embeddings=False, **_SMALL)
+
+
+def nemotron_h(groups: int = 4):
+    """A Mamba 2 hybrid (Nemotron-H): a Mamba 2 mixer (4 heads of 16 in ``groups`` groups,
+    state 16), an attention (4 heads, 2 KV heads) and two ungated MLPs."""
+    return _from_config("NemotronHConfig", "NemotronHForCausalLM", 22, hidden_size=64,
+                        intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=16, layers_block_type=["mamba", "mlp", "attention", "mlp"],
+                        mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, n_groups=groups,
+                        chunk_size=8, tie_word_embeddings=False,
+                        **{**{k: v for k, v in _SMALL.items() if k != "rms_norm_eps"},
+                           "num_hidden_layers": 4})
+
+
+def nemotron_h_two_groups():
+    return nemotron_h(groups=2)

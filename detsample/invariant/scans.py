@@ -1,0 +1,188 @@
+"""Recurrent mixers' scans in one fused kernel: a prefill and a decode step by one arithmetic.
+
+Under the mode a covered mixer's prefill and decode step are both computed by its
+recurrent update, position by position (:mod:`detsample.invariant.mixers`), so the state
+after position ``t`` is one function of positions ``0..t`` however the sequence was split
+into calls. Run as the modeling code writes it, that update is a dozen small torch ops per
+position, each through the mode's kernels: a prefill of 512 positions cost 5-10x the
+default kernels' chunked scan. The functions here compute the same recurrence in one
+numba kernel per call (:mod:`detsample.invariant.scan_jit`), rows of ``batch x heads``
+split over threads, for the gated delta-net (Qwen3.5, Qwen3.5-MoE, Qwen3-Next) and Mamba 2
+(Mamba2, Nemotron-H, Granite-4 hybrid, Bamba, Falcon-H1, Zamba2).
+
+What the bits rest on: detsample's arithmetic alone, in both variants (verified and
+portable) and on every CPU -- float32 elementwise updates in the modeling code's order,
+contractions over the state as float64 sums of exact products in a fixed order rounded
+once to float32, detsample's ``exp`` (the definition: scan_jit's docstring and
+``oracles/scans.py``, which reproduces the bits in numpy). One row's bits depend on that
+row alone (batch, padding and thread count change none), and a call of ``T`` positions
+is ``T`` single-position calls (prefill == decode == any chunking). Against the
+position-by-position ops the contractions differ in rounding only: each is within about
+one float32 ulp of the exact sum, where the float32 sums of the ops can be further
+(tests/invariant/test_scans.py measures both against a float64 recurrence).
+
+The prelude of each function (head grouping, the gated delta-net's l2 norms and scale,
+the Mamba 2 step's bias, softplus and limit) stays torch ops under the mode, as the
+modeling code writes them. CUDA tensors take the position-by-position path (the kernel
+is CPU code); a process without numba does too, for every call alike.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from detsample.arith.cpu import available, split_rows
+from detsample.invariant.state import ARITHMETIC, STATE, Plan
+
+
+@functools.cache
+def jit() -> Any:
+    """The numba kernels module; ImportError when numba is not installed."""
+    from detsample.invariant import scan_jit
+    return scan_jit
+
+
+def fused(*tensors: torch.Tensor) -> bool:
+    """Whether a call on ``tensors`` runs the fused kernel: CPU tensors, numba here."""
+    return available() and all(t.device.type == "cpu" for t in tensors)
+
+
+def _note(name: str) -> None:
+    STATE.plans.get(("scan", name), lambda: Plan(
+        f"fused {name} scan", ARITHMETIC, "one kernel for a prefill and a decode step"))
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.float32, memory_format=torch.contiguous_format).contiguous()
+
+
+def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                beta: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """The gated delta rule over ``T`` positions, bitwise as ``T`` calls of one.
+
+    q, k (B, H, T, dk), v (B, H, T, dv), g, beta (B, H, T): float32 (q normalised and
+    scaled); state (B, H, dk, dv) float32 contiguous, updated in place. Returns
+    (B, H, T, dv) float32."""
+    b, h, t, dk = k.shape
+    dv = v.shape[-1]
+    out = torch.empty((b, h, t, dv), dtype=torch.float32)
+    rows = b * h
+    arrays = [_f32(x).numpy().reshape(rows, t, -1) for x in (q, k, v)]
+    gs, bs = (_f32(x).numpy().reshape(rows, t) for x in (g, beta))
+    s, o = state.numpy().reshape(rows, dk, dv), out.numpy().reshape(rows, t, dv)
+    kernel = jit().gated_delta_rows
+    _note("gated delta")
+    split_rows(lambda lo, hi: kernel(*arrays, gs, bs, s, o, lo, hi), rows, rows * t * dk * dv)
+    return out
+
+
+def ssd(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, bm: torch.Tensor,
+        cm: torch.Tensor, d: torch.Tensor | None, state: torch.Tensor) -> torch.Tensor:
+    """The Mamba 2 update over ``T`` positions, bitwise as ``T`` calls of one.
+
+    x (B, H, T, P), dt (B, H, T) (after bias, softplus and limit), a (H,), bm, cm
+    (B, G, T, N), d (H,) or None; state (B, H, P, N) float32 contiguous, updated in place.
+    Returns (B, H, T, P) float32."""
+    b, h, t, p = x.shape
+    out = torch.empty((b, h, t, p), dtype=torch.float32)
+    skip = _f32(d) if d is not None else torch.empty(0)
+    args = [_f32(y).numpy() for y in (x, dt, a, bm, cm, skip)]
+    kernel, s, o = jit().ssd_rows, state.numpy(), out.numpy()
+    _note("mamba2")
+    split_rows(lambda lo, hi: kernel(*args, s, o, lo, hi), b * h, b * h * t * p * bm.shape[-1])
+    return out
+
+
+def _start(initial: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
+    """A float32 contiguous state of ``shape`` the kernel may write: zeros, or a copy."""
+    if initial is None:
+        return torch.zeros(shape, dtype=torch.float32)
+    return initial.to(torch.float32).clone(memory_format=torch.contiguous_format)
+
+
+def gated_delta_rule(step: Callable, l2norm: Callable) -> Callable:
+    """A replacement of both of a gated delta-net's functions (the chunked
+    ``torch_chunk_gated_delta_rule`` and the recurrent ``torch_recurrent_gated_delta_rule``
+    of transformers 5.x; their signature, ``chunk_size`` ignored) computing the
+    recurrence by :func:`gated_delta`; ``step`` (the recurrent original) runs calls on
+    other devices, ``l2norm`` is the modeling module's."""
+    def rule(query, key, value, g, beta, initial_state=None, output_final_state=False,
+             use_qk_l2norm_in_kernel=False, chunk_size=None, **kwargs):
+        if not fused(query, key, value, g, beta):
+            return step(query, key, value, g=g, beta=beta, initial_state=initial_state,
+                        output_final_state=output_final_state,
+                        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
+        dtype = query.dtype
+        batch, _, k_heads, dk = key.shape
+        v_heads, dv = value.shape[-2:]
+        if k_heads != v_heads:
+            query = query.repeat_interleave(v_heads // k_heads, dim=2)
+            key = key.repeat_interleave(v_heads // k_heads, dim=2)
+        query, key, value, beta, g = (_f32(x.transpose(1, 2)) for x in (query, key, value, beta, g))
+        if use_qk_l2norm_in_kernel:
+            query, key = l2norm(query, dim=-1, eps=1e-6), l2norm(key, dim=-1, eps=1e-6)
+        query = query / (query.shape[-1] ** 0.5)
+        state = _start(initial_state, (batch, v_heads, dk, dv))
+        out = gated_delta(query, key, value, g, beta, state)
+        return out.transpose(1, 2).contiguous().to(dtype), (state if output_final_state else None)
+    rule.__name__ = "detsample_fused_gated_delta_rule"
+    return rule
+
+
+def mamba2_dt(dt: torch.Tensor, dt_bias: torch.Tensor | None, softplus: bool,
+              limit: tuple[float, float]) -> torch.Tensor:
+    """A Mamba 2 step's ``dt`` as its chunked scan makes it: ``dt + dt_bias`` (in ``dt``'s
+    dtype), softplus, clamped to ``limit``. Elementwise: a position's bits do not
+    depend on the layout or the call."""
+    if dt_bias is not None:
+        dt = dt + dt_bias.to(dt.dtype)
+    if softplus:
+        dt = F.softplus(dt)
+    return torch.clamp(dt, min=limit[0], max=limit[1])
+
+
+def mamba2_scan(hidden_states, dt, A, B, C, D, dt_bias, initial_states, dt_softplus, dt_limit):
+    """``mamba2_chunk_scan``'s result by :func:`ssd`: hidden_states (B, T, H, P); dt
+    (B, T, H); A, D, dt_bias (H,); B, C (B, T, G, N); initial_states (B, H, P, N) or None.
+    Returns (out (B, T, H, P) in hidden_states' dtype, final state float32)."""
+    batch, _, heads, head_dim = hidden_states.shape
+    step = mamba2_dt(dt, dt_bias, dt_softplus, dt_limit)
+    state = _start(initial_states, (batch, heads, head_dim, B.shape[-1]))
+    out = ssd(hidden_states.transpose(1, 2), step.transpose(1, 2), A, B.transpose(1, 2),
+              C.transpose(1, 2), D, state)
+    return out.transpose(1, 2).contiguous().to(hidden_states.dtype), state
+
+
+def per_head(t: torch.Tensor | None, name: str, dims: int) -> torch.Tensor | None:
+    """``t`` with its last ``dims`` dimensions dropped, where they only repeat each
+    value (the decode branch's ``expand``); ValueError naming ``name`` where they do not."""
+    if t is None:
+        return None
+    first = t[(..., *([0] * dims))]
+    repeated = all(t.stride(-1 - i) == 0 for i in range(dims))
+    if not repeated and not torch.equal(t, first[(..., *([None] * dims))].expand_as(t)):
+        raise ValueError(f"mamba2_selective_state_update under the batch-invariant mode: {name} must "
+                         f"repeat one value per head over its last {dims} dimension(s), got shape "
+                         f"{tuple(t.shape)} with differing values")
+    return first
+
+
+def mamba2_step(state, hidden_states, dt, A, B, C, D, dt_bias, dt_softplus, limit):
+    """``mamba2_selective_state_update``'s result by :func:`ssd` (one position): state
+    (B, H, P, N) updated in place; hidden_states (B, H, P); dt (B, H, P), A (H, P, N),
+    D, dt_bias (H, P) as the decode branch expands them; B, C (B, G, N). Returns (B, H, P)
+    in hidden_states' dtype."""
+    step = mamba2_dt(per_head(dt, "dt", 1), per_head(dt_bias, "dt_bias", 1), dt_softplus, limit)
+    inplace = state.dtype == torch.float32 and state.is_contiguous()
+    s = state if inplace else _start(state, tuple(state.shape))
+    out = ssd(hidden_states[:, :, None], step[:, :, None], per_head(A, "A", 2), B[:, :, None],
+              C[:, :, None], per_head(D, "D", 1), s)
+    if not inplace:
+        state.copy_(s)
+    return out[:, :, 0].to(hidden_states.dtype)
+
