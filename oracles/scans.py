@@ -26,15 +26,28 @@ def _contract(s: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def gated_delta(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
                 state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The gated delta rule of one row: q, k (T, dk), v (T, dv), g, beta (T,), state
-    (dk, dv). Returns (out (T, dv), final state)."""
+    """The gated delta rule of one row: q, k (T, dk), v (T, dv), g (T, dk) (a decay per
+    key feature), beta (T,), state (dk, dv). Returns (out (T, dv), final state)."""
     s = state.astype(np.float32).copy()
     out = np.empty((q.shape[0], v.shape[1]), dtype=np.float32)
     for t in range(q.shape[0]):
-        s = s * exp32(g[t: t + 1])[0]
+        s = s * exp32(g[t])[:, None]
         delta = (v[t] - _contract(s, k[t])) * beta[t]
         s = s + k[t][:, None] * delta[None, :]
         out[t] = _contract(s, q[t])
+    return out, s
+
+
+def selective(x: np.ndarray, dt: np.ndarray, a: np.ndarray, bm: np.ndarray, cm: np.ndarray,
+              d: np.float32 | None, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The Mamba (1) update of one row (one channel): x, dt (T,), a (N,), bm, cm (T, N),
+    d a scalar or None, state (N,). Returns (out (T,), final state)."""
+    s = state.astype(np.float32).copy()
+    out = np.empty(x.shape, dtype=np.float32)
+    for t in range(x.shape[0]):
+        s = s * exp32(dt[t] * a) + (dt[t] * bm[t]) * x[t]
+        y = _contract(s[:, None], cm[t])[0]
+        out[t] = y if d is None else y + x[t] * d
     return out, s
 
 

@@ -27,9 +27,9 @@ is installed, so a chunked prefill is correct). A replacement may name a class a
 (``"Class.method"``), restored -- by deletion where the class only inherited it -- on exit. A mixer
 whose modeling module lacks either function, or lacks an attribute the cover reads (another transformers
 version, a kernel bound from the hub), is not covered: the guard refuses it by name, or by
-the state it keeps, as before. Cost: a prefill of ``T`` positions runs ``T`` recurrent steps; for the gated delta-net
-(:class:`FusedCover`) and Mamba 2 they run in one fused kernel per call
-(:mod:`detsample.invariant.scans`), for the others as the modeling code's ops, position by
+the state it keeps, as before. Cost: a prefill of ``T`` positions runs ``T`` recurrent steps; for the gated delta-net,
+Kimi delta attention (:class:`FusedCover`), Mamba 2 and Mamba they run in one fused kernel per call
+(:mod:`detsample.invariant.scans`), for lightning attention as the modeling code's ops, position by
 position (docs/performance.md, "Hybrid models").
 """
 
@@ -246,9 +246,10 @@ class SeededCover(Cover):
 
 @dataclass(frozen=True)
 class FusedCover(Cover):
-    """A gated delta-net whose two functions (transformers 5.x's signatures, and the
-    modeling module's ``l2norm``) are both replaced by one fused kernel
-    (:func:`detsample.invariant.scans.gated_delta_rule`): a prefill and a decode step by
+    """A gated delta-net or Kimi delta attention whose two functions (transformers 5.x's
+    signatures, and the modeling module's ``l2norm``) are both replaced by one fused kernel
+    (:func:`detsample.invariant.scans.gated_delta_rule`,
+    :func:`~detsample.invariant.scans.kimi_delta_rule`): a prefill and a decode step by
     one arithmetic, the position-by-position cost gone. A modeling module whose functions
     take other arguments is not matched: the plain :class:`Cover` after it in
     :data:`COVERS` runs the recurrent update instead."""
@@ -260,8 +261,11 @@ class FusedCover(Cover):
         return callable(getattr(home, "l2norm", None)) and all(
             _parameters(getattr(home, f)) >= _GDN_ARGS for f in (self.target, self.step))
 
+    #: ``(the recurrent original, the module's l2norm) -> replacement`` of both functions
+    fused: Callable[[Callable, Callable], Callable] = scans.gated_delta_rule
+
     def replacements(self, home: Any, running: Running) -> dict[str, Callable]:
-        rule = scans.gated_delta_rule(getattr(home, self.step), home.l2norm)
+        rule = self.fused(getattr(home, self.step), home.l2norm)
         return {self.target: rule, self.step: rule}
 
 
@@ -295,12 +299,15 @@ COVERS: tuple[Cover, ...] = (
                _RECURRENT),
     Cover("GatedDeltaNet", "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
           _RECURRENT),
+    FusedCover("KimiLinearDeltaAttention", "chunk_kimi_delta_attention",
+               "recurrent_kimi_delta_attention", _RECURRENT, fused=scans.kimi_delta_rule),
     Cover("KimiLinearDeltaAttention", "chunk_kimi_delta_attention", "recurrent_kimi_delta_attention",
           _RECURRENT),
     *(_mamba2(f) for f in ("Mamba2Mixer", "GraniteMoeHybridMambaLayer", "BambaMixer",
                            "FalconH1Mixer", "Zamba2MambaMixer")),
     *(BoundCover(f, "mamba_selective_scan", "mamba_selective_state_update", _RECURRENT,
-                 attrs=frozenset({"D", "layer_idx"}), prefill=ssm.mamba_prefill, exact=True)
+                 attrs=frozenset({"D", "layer_idx"}), prefill=ssm.mamba_prefill,
+                 decode=ssm.mamba_decode, exact=True)
       for f in ("MambaMixer", "FalconMambaMixer", "JambaMambaMixer")),
     SeededCover("MiniMaxLightningAttention", "MiniMaxCache", "get_linear_cache",
                 frozenset({"linear_cache"}),

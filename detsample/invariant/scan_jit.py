@@ -33,10 +33,12 @@ _jit = dict(nogil=True, cache=True, fastmath=False, error_model="numpy", boundsc
 def gated_delta_rows(q, k, v, g, beta, state, out, start, stop):
     """The gated delta rule over ``T`` positions for rows ``[start, stop)``.
 
-    q, k (R, T, dk), v (R, T, dv), g, beta (R, T): float32, C-contiguous (q already
-    normalised and scaled as the modeling code does); state (R, dk, dv) float32, updated in
-    place; out (R, T, dv) float32. Per position: ``S = S * exp(g)``;
-    ``delta = (v - S^T k) * beta``; ``S = S + k delta^T``; ``o = S^T q``.
+    q, k (R, T, dk), v (R, T, dv), g (R, T, dk), beta (R, T): float32, C-contiguous (q
+    already normalised and scaled as the modeling code does; g one decay per key feature:
+    Kimi delta attention's, or a gated delta-net's one per head repeated); state (R, dk, dv)
+    float32, updated in place; out (R, T, dv) float32. Per position:
+    ``S[i, :] = S[i, :] * exp(g[i])``; ``delta = (v - S^T k) * beta``; ``S = S + k delta^T``;
+    ``o = S^T q``.
     """
     dk, dv = k.shape[2], v.shape[2]
     acc = np.empty(dv, np.float64)
@@ -44,10 +46,10 @@ def gated_delta_rows(q, k, v, g, beta, state, out, start, stop):
     for r in range(start, stop):
         s = state[r]
         for t in range(q.shape[1]):
-            decay = np.float32(exp64(np.float64(g[r, t])))
             for j in range(dv):
                 acc[j] = 0.0
             for i in range(dk):
+                decay = np.float32(exp64(np.float64(g[r, t, i])))
                 ki = np.float64(k[r, t, i])
                 for j in range(dv):
                     x = s[i, j] * decay
@@ -103,3 +105,31 @@ def ssd_rows(x, dt, a, bm, cm, d, state, out, start, stop):
                 if d.shape[0]:
                     o = o + xp * d[h]
                 out[b, h, t, p] = o
+
+
+@numba.njit(**_jit)
+def selective_rows(x, dt, a, bm, cm, d, state, out, start, stop):
+    """The Mamba (1) selective-scan update over ``T`` positions for rows ``[start, stop)``
+    of ``batch x channels`` (row ``r``: batch ``r // I``, channel ``r % I``).
+
+    x, dt (B, I, T) (dt after its bias and softplus), a (I, N), bm, cm (B, T, N), d (I,) or
+    empty: float32, C-contiguous; state (B, I, N) float32, updated in place; out (B, I, T)
+    float32. Per position: ``S[n] = S[n] * exp(dt * a[n]) + (dt * B[n]) * x``;
+    ``y = sum_n S[n] C[n]`` (+ ``x * d``).
+    """
+    inner, n_state = x.shape[1], a.shape[1]
+    for r in range(start, stop):
+        b, i = r // inner, r % inner
+        s = state[b, i]
+        for t in range(x.shape[2]):
+            step, xi = dt[b, i, t], x[b, i, t]
+            acc = 0.0
+            for n in range(n_state):
+                da = np.float32(exp64(np.float64(step * a[i, n])))
+                y = s[n] * da + (step * bm[b, t, n]) * xi
+                s[n] = y
+                acc += np.float64(y) * np.float64(cm[b, t, n])
+            o = np.float32(acc)
+            if d.shape[0]:
+                o = o + xi * d[i]
+            out[b, i, t] = o

@@ -7,8 +7,9 @@ into calls. Run as the modeling code writes it, that update is a dozen small tor
 position, each through the mode's kernels: a prefill of 512 positions cost 5-10x the
 default kernels' chunked scan. The functions here compute the same recurrence in one
 numba kernel per call (:mod:`detsample.invariant.scan_jit`), rows of ``batch x heads``
-split over threads, for the gated delta-net (Qwen3.5, Qwen3.5-MoE, Qwen3-Next) and Mamba 2
-(Mamba2, Nemotron-H, Granite-4 hybrid, Bamba, Falcon-H1, Zamba2).
+split over threads, for the gated delta-net (Qwen3.5, Qwen3.5-MoE, Qwen3-Next), Kimi
+delta attention (Kimi-Linear), Mamba 2 (Mamba2, Nemotron-H, Granite-4 hybrid, Bamba,
+Falcon-H1, Zamba2) and Mamba (Mamba, FalconMamba, Jamba).
 
 What the bits rest on: detsample's arithmetic alone, in both variants (verified and
 portable) and on every CPU -- float32 elementwise updates in the modeling code's order,
@@ -21,8 +22,8 @@ position-by-position ops the contractions differ in rounding only: each is withi
 one float32 ulp of the exact sum, where the float32 sums of the ops can be further
 (tests/invariant/test_scans.py measures both against a float64 recurrence).
 
-The prelude of each function (head grouping, the gated delta-net's l2 norms and scale,
-the Mamba 2 step's bias, softplus and limit) stays torch ops under the mode, as the
+The prelude of each function (head grouping, the l2 norms and scale, the Mamba steps'
+bias, softplus and limit, Mamba's output gate) stays torch ops under the mode, as the
 modeling code writes them. CUDA tensors take the position-by-position path (the kernel
 is CPU code); a process without numba does too, for every call alike.
 """
@@ -65,19 +66,21 @@ def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
                 beta: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
     """The gated delta rule over ``T`` positions, bitwise as ``T`` calls of one.
 
-    q, k (B, H, T, dk), v (B, H, T, dv), g, beta (B, H, T): float32 (q normalised and
-    scaled); state (B, H, dk, dv) float32 contiguous, updated in place. Returns
-    (B, H, T, dv) float32."""
+    q, k (B, H, T, dk), v (B, H, T, dv), beta (B, H, T), g (B, H, T) (a gated delta-net's
+    decay per head) or (B, H, T, dk) (Kimi delta attention's per key feature): float32 (q
+    normalised and scaled); state (B, H, dk, dv) float32 contiguous, updated in place.
+    Returns (B, H, T, dv) float32."""
     b, h, t, dk = k.shape
     dv = v.shape[-1]
     out = torch.empty((b, h, t, dv), dtype=torch.float32)
     rows = b * h
-    arrays = [_f32(x).numpy().reshape(rows, t, -1) for x in (q, k, v)]
-    gs, bs = (_f32(x).numpy().reshape(rows, t) for x in (g, beta))
+    g = g[..., None].expand(b, h, t, dk) if g.dim() == 3 else g
+    arrays = [_f32(x).numpy().reshape(rows, t, -1) for x in (q, k, v, g)]
+    bs = _f32(beta).numpy().reshape(rows, t)
     s, o = state.numpy().reshape(rows, dk, dv), out.numpy().reshape(rows, t, dv)
     kernel = jit().gated_delta_rows
     _note("gated delta")
-    split_rows(lambda lo, hi: kernel(*arrays, gs, bs, s, o, lo, hi), rows, rows * t * dk * dv)
+    split_rows(lambda lo, hi: kernel(*arrays, bs, s, o, lo, hi), rows, rows * t * dk * dv)
     return out
 
 
@@ -98,6 +101,56 @@ def ssd(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, bm: torch.Tensor,
     return out
 
 
+def selective(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, bm: torch.Tensor,
+              cm: torch.Tensor, d: torch.Tensor | None, state: torch.Tensor) -> torch.Tensor:
+    """The Mamba (1) update over ``T`` positions, bitwise as ``T`` calls of one.
+
+    x, dt (B, I, T) (dt after bias and softplus), a (I, N), bm, cm (B, T, N), d (I,) or
+    None; state (B, I, N) float32 contiguous, updated in place. Returns (B, I, T) float32."""
+    b, inner, t = x.shape
+    out = torch.empty((b, inner, t), dtype=torch.float32)
+    skip = _f32(d) if d is not None else torch.empty(0)
+    args = [_f32(y).numpy() for y in (x, dt, a, bm, cm, skip)]
+    kernel, s, o = jit().selective_rows, state.numpy(), out.numpy()
+    _note("mamba")
+    split_rows(lambda lo, hi: kernel(*args, s, o, lo, hi), b * inner, b * inner * t * a.shape[-1])
+    return out
+
+
+def _selective_dt(dt: torch.Tensor, dt_bias: torch.Tensor | None, softplus: bool) -> torch.Tensor:
+    """A Mamba step's ``dt`` as its decode step makes it: ``dt + dt_bias``, softplus."""
+    if dt_bias is not None:
+        dt = dt + dt_bias.to(dt.dtype)
+    return F.softplus(dt) if softplus else dt
+
+
+def _gated(out: torch.Tensor, z: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    return (out if z is None else out * F.silu(z.to(torch.float32))).to(dtype)
+
+
+def mamba_scan(x, dt, A, B, C, D, z, dt_bias, dt_softplus, state):
+    """``mamba_selective_scan``'s result by :func:`selective`: x, dt, z (B, I, T); A (I, N);
+    B, C (B, N, T); D, dt_bias (I,); state (B, I, N) float32 contiguous, updated in place.
+    Returns (B, I, T) in x's dtype."""
+    bias = None if dt_bias is None else dt_bias[:, None]
+    out = selective(x, _selective_dt(dt, bias, dt_softplus), A, B.transpose(1, 2),
+                    C.transpose(1, 2), D, state)
+    return _gated(out, z, x.dtype)
+
+
+def mamba_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
+    """``mamba_selective_state_update``'s result by :func:`selective` (one position): state
+    (B, I, N) updated in place; x, dt, z (B, I); A (I, N); B, C (B, N); D, dt_bias (I,).
+    Returns (B, I) in x's dtype."""
+    inplace = state.dtype == torch.float32 and state.is_contiguous()
+    s = state if inplace else _start(state, tuple(state.shape))
+    out = selective(x[..., None], _selective_dt(dt, dt_bias, dt_softplus)[..., None], A,
+                    B[:, None], C[:, None], D, s)
+    if not inplace:
+        state.copy_(s)
+    return _gated(out[..., 0], z, x.dtype)
+
+
 def _start(initial: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
     """A float32 contiguous state of ``shape`` the kernel may write: zeros, or a copy."""
     if initial is None:
@@ -105,12 +158,11 @@ def _start(initial: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor
     return initial.to(torch.float32).clone(memory_format=torch.contiguous_format)
 
 
-def gated_delta_rule(step: Callable, l2norm: Callable) -> Callable:
-    """A replacement of both of a gated delta-net's functions (the chunked
-    ``torch_chunk_gated_delta_rule`` and the recurrent ``torch_recurrent_gated_delta_rule``
-    of transformers 5.x; their signature, ``chunk_size`` ignored) computing the
-    recurrence by :func:`gated_delta`; ``step`` (the recurrent original) runs calls on
-    other devices, ``l2norm`` is the modeling module's."""
+def _delta_rule(step: Callable, prepare: Callable, name: str) -> Callable:
+    """A replacement of a delta rule's two functions (transformers 5.x's keyword arguments,
+    ``chunk_size`` ignored): ``prepare(query, key, value, g, beta, l2)`` is the modeling
+    code's prelude, giving float32 (B, H, T, .) tensors for :func:`gated_delta`; ``step``
+    (the recurrent original) runs calls on other devices."""
     def rule(query, key, value, g, beta, initial_state=None, output_final_state=False,
              use_qk_l2norm_in_kernel=False, chunk_size=None, **kwargs):
         if not fused(query, key, value, g, beta):
@@ -118,20 +170,43 @@ def gated_delta_rule(step: Callable, l2norm: Callable) -> Callable:
                         output_final_state=output_final_state,
                         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
         dtype = query.dtype
-        batch, _, k_heads, dk = key.shape
-        v_heads, dv = value.shape[-2:]
+        q, k, v, g, beta = prepare(query, key, value, g, beta, use_qk_l2norm_in_kernel)
+        state = _start(initial_state, (*k.shape[:2], k.shape[-1], v.shape[-1]))
+        out = gated_delta(q, k, v, g, beta, state)
+        return out.transpose(1, 2).contiguous().to(dtype), (state if output_final_state else None)
+    rule.__name__ = name
+    return rule
+
+
+def gated_delta_rule(step: Callable, l2norm: Callable) -> Callable:
+    """Both of a gated delta-net's functions (``torch_chunk_gated_delta_rule`` and
+    ``torch_recurrent_gated_delta_rule``) by :func:`gated_delta`, with the recurrent
+    function's prelude (value heads grouped over key heads, float32, the module's
+    ``l2norm``, ``query / sqrt(dk)``)."""
+    def prepare(query, key, value, g, beta, l2):
+        k_heads, v_heads = key.shape[2], value.shape[2]
         if k_heads != v_heads:
             query = query.repeat_interleave(v_heads // k_heads, dim=2)
             key = key.repeat_interleave(v_heads // k_heads, dim=2)
         query, key, value, beta, g = (_f32(x.transpose(1, 2)) for x in (query, key, value, beta, g))
-        if use_qk_l2norm_in_kernel:
+        if l2:
             query, key = l2norm(query, dim=-1, eps=1e-6), l2norm(key, dim=-1, eps=1e-6)
-        query = query / (query.shape[-1] ** 0.5)
-        state = _start(initial_state, (batch, v_heads, dk, dv))
-        out = gated_delta(query, key, value, g, beta, state)
-        return out.transpose(1, 2).contiguous().to(dtype), (state if output_final_state else None)
-    rule.__name__ = "detsample_fused_gated_delta_rule"
-    return rule
+        return query / (query.shape[-1] ** 0.5), key, value, g, beta
+    return _delta_rule(step, prepare, "detsample_fused_gated_delta_rule")
+
+
+def kimi_delta_rule(step: Callable, l2norm: Callable) -> Callable:
+    """Both of Kimi delta attention's functions (``chunk_kimi_delta_attention`` and
+    ``recurrent_kimi_delta_attention``) by :func:`gated_delta` with a decay per key
+    feature, with the recurrent function's prelude (float32, the module's ``l2norm``,
+    ``query * (1 / sqrt(dk))``)."""
+    def prepare(query, key, value, g, beta, l2):
+        query, key, value, g, beta = (x.to(torch.float32) for x in (query, key, value, g, beta))
+        if l2:
+            query, key = l2norm(query, dim=-1, eps=1e-6), l2norm(key, dim=-1, eps=1e-6)
+        query = query * (1 / (query.shape[-1] ** 0.5))
+        return tuple(x.transpose(1, 2) for x in (query, key, value, g, beta))
+    return _delta_rule(step, prepare, "detsample_fused_kimi_delta_rule")
 
 
 def mamba2_dt(dt: torch.Tensor, dt_bias: torch.Tensor | None, softplus: bool,

@@ -1,9 +1,9 @@
 """State-space prefills run as their decode step, position by position (Mamba and Mamba 2).
 
-Mamba 2's prefill and decode step both run the fused kernel
-(:func:`detsample.invariant.scans.mamba2_scan`, :func:`~detsample.invariant.scans.mamba2_step`:
-one arithmetic, the recurrence of the decode step) where it can run; the loop over the
-decode step described below is the reference form (``fused=False``), run on other devices.
+Mamba 2's and Mamba's prefill and decode step both run the fused kernel
+(:mod:`detsample.invariant.scans`: one arithmetic, the recurrence of the decode step) where
+it can run; the loop over the decode step described below is the reference form
+(``fused=False``), run on other devices.
 
 transformers computes a Mamba 2 prefill by ``mamba2_chunk_scan`` (blocks of ``chunk_size``
 counted from the call's first token) and a decode step by ``mamba2_selective_state_update``
@@ -110,9 +110,25 @@ def mamba2_prefill(step: Callable, current: Current, fused: bool = True) -> Call
     return chunk_scan
 
 
-def mamba_prefill(step: Callable, current: Current) -> Callable:
-    """``mamba_selective_scan`` computed by ``step`` (the decode step), position by
-    position, from the state the running mixer's cache holds (zeros without one).
+def mamba_decode(step: Callable, current: Current, fused: bool = True) -> Callable:
+    """``mamba_selective_state_update`` by the fused kernel
+    (:func:`detsample.invariant.scans.mamba_step`) where ``fused`` and it can run, else
+    ``step`` itself."""
+    def update(state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False,
+               z=None, **kwargs):
+        if fused and scans.fused(state, hidden_states, dt, B, C):
+            return scans.mamba_step(state, hidden_states, dt, A, B, C, D, z, dt_bias, dt_softplus)
+        return step(state, hidden_states, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                    z=z, **kwargs)
+    update.__name__ = "detsample_fused_mamba_selective_state_update"
+    return update
+
+
+def mamba_prefill(step: Callable, current: Current, fused: bool = True) -> Callable:
+    """``mamba_selective_scan`` computed by the decode step's arithmetic, from the state the
+    running mixer's cache holds (zeros without one): by the fused kernel
+    (:func:`detsample.invariant.scans.mamba_scan`) where ``fused`` and it can run, else by
+    ``step``, position by position (the reference).
 
     hidden_states, dt, z (B, I, T); A (I, N); B, C (B, N, T); D, delta_bias (I,). Returns
     (B, I, T) in ``hidden_states``' dtype, and the float32 last state (B, I, N) with
@@ -126,6 +142,10 @@ def mamba_prefill(step: Callable, current: Current) -> Callable:
                              device=hidden_states.device) if held is None
                  else held.to(torch.float32).clone())
         D = None if D is None else call.module.D             # what the decode branch passes
+        if fused and scans.fused(hidden_states, dt, B, C):
+            state = state.contiguous()
+            out = scans.mamba_scan(hidden_states, dt, A, B, C, D, z, delta_bias, delta_softplus, state)
+            return (out, state) if return_last_state else out
         outs = [step(state, hidden_states[..., t], dt[..., t], A, B[..., t], C[..., t], D,
                      z=None if z is None else z[..., t], dt_bias=delta_bias,
                      dt_softplus=delta_softplus)

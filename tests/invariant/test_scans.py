@@ -32,12 +32,15 @@ from tests.arith.fma import FMA, cpu_has_fma, fresh_asm
 
 
 def _gdn(seed: int, b: int = 2, h: int = 3, t: int = 6, dk: int = 8, dv: int = 4,
-         scale: float = 1.0) -> dict:
+         scale: float = 1.0, per_feature: bool = False) -> dict:
+    """A gated delta-net's inputs (one decay per head), or Kimi delta attention's
+    (``per_feature``: one per key feature)."""
     g = torch.Generator().manual_seed(seed)
     q = torch.nn.functional.normalize(torch.randn(b, h, t, dk, generator=g), dim=-1)
     k = torch.nn.functional.normalize(torch.randn(b, h, t, dk, generator=g), dim=-1)
+    decay = -torch.rand(b, h, t, *((dk,) if per_feature else ()), generator=g) * 3
     return dict(q=q, k=k, v=torch.randn(b, h, t, dv, generator=g) * scale,
-                g=-torch.rand(b, h, t, generator=g) * 3, beta=torch.rand(b, h, t, generator=g),
+                g=decay, beta=torch.rand(b, h, t, generator=g),
                 state=torch.randn(b, h, dk, dv, generator=g) * scale)
 
 
@@ -49,6 +52,15 @@ def _ssd(seed: int, b: int = 2, h: int = 4, groups: int = 2, t: int = 6, p: int 
                 cm=torch.randn(b, groups, t, n, generator=g),
                 d=torch.randn(h, generator=g) if skip else None,
                 state=torch.randn(b, h, p, n, generator=g) * scale)
+
+
+def _mamba(seed: int, b: int = 2, inner: int = 5, t: int = 6, n: int = 8, scale: float = 1.0,
+           skip: bool = True) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return dict(x=torch.randn(b, inner, t, generator=g) * scale, dt=torch.rand(b, inner, t, generator=g),
+                a=-torch.rand(inner, n, generator=g) - 0.1, bm=torch.randn(b, t, n, generator=g),
+                cm=torch.randn(b, t, n, generator=g), d=torch.randn(inner, generator=g) if skip else None,
+                state=torch.randn(b, inner, n, generator=g) * scale)
 
 
 def _run(fn, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,6 +79,7 @@ def _same(a, b) -> bool:
 
 def _gdn_oracle(inputs: dict) -> tuple[np.ndarray, np.ndarray]:
     q, k, v, g, beta, s = (inputs[n].numpy() for n in ("q", "k", "v", "g", "beta", "state"))
+    g = np.repeat(g[..., None], k.shape[-1], -1) if g.ndim == 3 else g     # a decay per feature
     outs, states = np.empty(v.shape, np.float32), np.empty(s.shape, np.float32)
     for b in range(q.shape[0]):
         for h in range(q.shape[1]):
@@ -91,11 +104,34 @@ def _ssd_oracle(inputs: dict) -> tuple[np.ndarray, np.ndarray]:
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), b=st.integers(1, 3), h=st.integers(1, 3),
        t=st.integers(1, 9), dk=st.integers(1, 12), dv=st.integers(1, 12),
-       scale=st.sampled_from([1.0, 1e-30, 3e4, 1e18]))
-def test_gated_delta_is_the_oracle_bit_for_bit(seed, b, h, t, dk, dv, scale):
-    inputs = _gdn(seed, b, h, t, dk, dv, scale)
+       scale=st.sampled_from([1.0, 1e-30, 3e4, 1e18]), per_feature=st.booleans())
+def test_gated_delta_is_the_oracle_bit_for_bit(seed, b, h, t, dk, dv, scale, per_feature):
+    """Both decays: per head (gated delta-net) and per key feature (Kimi delta attention)."""
+    inputs = _gdn(seed, b, h, t, dk, dv, scale, per_feature)
     out, state = _run(scans.gated_delta, inputs)
     want, want_state = _gdn_oracle(inputs)
+    assert _same(out, want) and _same(state, want_state)
+
+
+def _mamba_oracle(inputs: dict) -> tuple[np.ndarray, np.ndarray]:
+    x, dt, a, bm, cm, s = (inputs[n].numpy() for n in ("x", "dt", "a", "bm", "cm", "state"))
+    d = inputs["d"]
+    outs, states = np.empty(x.shape, np.float32), np.empty(s.shape, np.float32)
+    for b in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            outs[b, i], states[b, i] = oracle.selective(x[b, i], dt[b, i], a[i], bm[b], cm[b],
+                                                        None if d is None else d.numpy()[i], s[b, i])
+    return outs, states
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), b=st.integers(1, 3), inner=st.integers(1, 6),
+       t=st.integers(1, 9), n=st.integers(1, 12), scale=st.sampled_from([1.0, 1e-30, 3e4, 1e18]),
+       skip=st.booleans())
+def test_selective_is_the_oracle_bit_for_bit(seed, b, inner, t, n, scale, skip):
+    inputs = _mamba(seed, b, inner, t, n, scale, skip)
+    out, state = _run(scans.selective, inputs)
+    want, want_state = _mamba_oracle(inputs)
     assert _same(out, want) and _same(state, want_state)
 
 
@@ -129,12 +165,14 @@ def _slice(inputs: dict, sl: slice, state: torch.Tensor, time_dim: dict) -> dict
 
 GDN_TIME = dict(q=2, k=2, v=2, g=2, beta=2)
 SSD_TIME = dict(x=2, dt=2, bm=2, cm=2)
+MAMBA_TIME = dict(x=2, dt=2, bm=1, cm=1)
 
 
 @pytest.mark.parametrize("name, make, fn, time_dim, out_dim", [
     ("gated delta", _gdn, scans.gated_delta, GDN_TIME, 2),
     ("mamba2", _ssd, scans.ssd, SSD_TIME, 2),
-], ids=["gated-delta", "mamba2"])
+    ("mamba", _mamba, scans.selective, MAMBA_TIME, 2),
+], ids=["gated-delta", "mamba2", "mamba"])
 @pytest.mark.parametrize("cuts", [(1, 2, 3, 4, 5), (4,), (2, 5)], ids=["one-by-one", "4+2", "2+3+1"])
 def test_a_call_of_T_positions_is_any_split_into_calls(name, make, fn, time_dim, out_dim, cuts):
     inputs = make(11, t=6)
@@ -146,8 +184,9 @@ def test_a_call_of_T_positions_is_any_split_into_calls(name, make, fn, time_dim,
     assert _same(torch.cat(parts, out_dim), whole) and _same(state, final)
 
 
-@pytest.mark.parametrize("make, fn", [(_gdn, scans.gated_delta), (_ssd, scans.ssd)],
-                         ids=["gated-delta", "mamba2"])
+@pytest.mark.parametrize("make, fn", [(_gdn, scans.gated_delta), (_ssd, scans.ssd),
+                                      (_mamba, scans.selective)],
+                         ids=["gated-delta", "mamba2", "mamba"])
 def test_a_row_alone_equals_it_among_others_on_1_and_2_threads(make, fn):
     """Rows of batch x heads split over threads; enough work for the split to happen."""
     inputs = make(3, b=4, t=40)
@@ -155,7 +194,7 @@ def test_a_row_alone_equals_it_among_others_on_1_and_2_threads(make, fn):
         one, one_state = _run(fn, inputs)
     with torch_threads(2):
         two, two_state = _run(fn, inputs)
-    alone, alone_state = _run(fn, {k: (v[2:3] if v is not None and v.dim() > 1 and k not in ("a",) else v)
+    alone, alone_state = _run(fn, {k: (v[2:3] if v is not None and v.dim() > 1 and k != "a" else v)
                                    for k, v in inputs.items()})
     assert _same(one, two) and _same(one_state, two_state)
     assert _same(alone, one[2:3]) and _same(alone_state, one_state[2:3])
@@ -165,14 +204,18 @@ def _args(kernel_name: str) -> tuple:
     f = np.zeros
     if kernel_name == "gated_delta_rows":
         return (f((1, 2, 4), np.float32), f((1, 2, 4), np.float32), f((1, 2, 4), np.float32),
-                f((1, 2), np.float32), f((1, 2), np.float32), f((1, 4, 4), np.float32),
+                f((1, 2, 4), np.float32), f((1, 2), np.float32), f((1, 4, 4), np.float32),
                 f((1, 2, 4), np.float32), 0, 1)
+    if kernel_name == "selective_rows":
+        return (f((1, 1, 2), np.float32), f((1, 1, 2), np.float32), f((1, 4), np.float32),
+                f((1, 2, 4), np.float32), f((1, 2, 4), np.float32), f(1, np.float32),
+                f((1, 1, 4), np.float32), f((1, 1, 2), np.float32), 0, 1)
     return (f((1, 1, 2, 4), np.float32), f((1, 1, 2), np.float32), f(1, np.float32),
             f((1, 1, 2, 4), np.float32), f((1, 1, 2, 4), np.float32), f(1, np.float32),
             f((1, 1, 4, 4), np.float32), f((1, 1, 2, 4), np.float32), 0, 1)
 
 
-@pytest.mark.parametrize("kernel_name", ["gated_delta_rows", "ssd_rows"])
+@pytest.mark.parametrize("kernel_name", ["gated_delta_rows", "ssd_rows", "selective_rows"])
 def test_the_kernels_compile_to_no_fused_multiply_add(kernel_name):
     kernel = getattr(scans.jit(), kernel_name)
     assert not FMA.search(fresh_asm(kernel, _args(kernel_name), fastmath=False))
@@ -216,6 +259,22 @@ def test_the_gated_delta_rule_is_transformers_function_and_closer_to_float64():
     assert rms(out) <= rms(ref)
 
 
+def test_the_kimi_delta_rule_is_transformers_function_within_float32_rounding():
+    """transformers' tensors (B, T, heads, d), a decay per key feature, its l2 norm in the
+    kernel: output and state within float32 rounding of transformers' recurrent rule."""
+    from transformers.models.kimi_linear import modeling_kimi_linear as kimi
+
+    g = torch.Generator().manual_seed(8)
+    b, t, h, d = 2, 24, 3, 16
+    q, k, v = (torch.randn(b, t, h, d, generator=g) for _ in range(3))
+    gate, beta = -torch.rand(b, t, h, d, generator=g), torch.rand(b, t, h, generator=g)
+    kw = dict(initial_state=None, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    out, state = scans.kimi_delta_rule(kimi.recurrent_kimi_delta_attention, kimi.l2norm)(
+        q, k, v, g=gate, beta=beta, **kw)
+    ref, ref_state = kimi.recurrent_kimi_delta_attention(q, k, v, g=gate, beta=beta, **kw)
+    assert (out - ref).abs().max() < 1e-4 and (state - ref_state).abs().max() < 1e-4
+
+
 def test_the_mamba2_step_is_transformers_step_within_float32_rounding():
     """The decode branch's arguments (expanded per head): the fused step's output and
     state within float32 rounding of transformers' own step."""
@@ -230,6 +289,22 @@ def test_the_mamba2_step_is_transformers_step_within_float32_rounding():
     out = scans.mamba2_step(state, x, dt, a, bm, cm, d, bias, True, (0.0, float("inf")))
     ref = m2.mamba2_selective_state_update(ref_state, x, dt, a, bm, cm, d, dt_bias=bias, dt_softplus=True)
     assert (out - ref).abs().max() < 1e-4 and (state - ref_state).abs().max() < 1e-5
+
+
+def test_the_mamba_step_is_transformers_step_within_float32_rounding():
+    """The decode branch's arguments (a gate z, D, a dt bias, softplus): output and state
+    within float32 rounding of transformers' own step."""
+    from transformers.models.mamba import modeling_mamba as m1
+
+    g = torch.Generator().manual_seed(10)
+    b, inner, n = 2, 6, 8
+    x, dt, z = (torch.randn(b, inner, generator=g) for _ in range(3))
+    a, bm, cm = -torch.rand(inner, n, generator=g) - 0.5, torch.randn(b, n, generator=g), torch.randn(b, n, generator=g)
+    d, bias, state = torch.randn(inner, generator=g), torch.randn(inner, generator=g), torch.randn(b, inner, n, generator=g)
+    ref_state = state.clone()
+    out = scans.mamba_step(state, x, dt, a, bm, cm, d, z, bias, True)
+    ref = m1.mamba_selective_state_update(ref_state, x, dt, a, bm, cm, d, dt_bias=bias, dt_softplus=True, z=z)
+    assert (out - ref).abs().max() < 1e-5 and (state - ref_state).abs().max() < 1e-5
 
 
 def test_a_decode_argument_that_is_not_one_value_per_head_is_refused_by_name():

@@ -104,25 +104,28 @@ class _Cache:
         return self.state
 
 
-def test_mamba_prefill_continues_from_the_cached_state_bitwise():
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "position-by-position"])
+def test_mamba_prefill_continues_from_the_cached_state_bitwise(fused):
+    """Under the mode (its softplus and silu one function of each element), both forms."""
     g = torch.Generator().manual_seed(1)
     x, dt, z = (_rand(g, BATCH, INNER, T) for _ in range(3))
     A, B, C = -torch.rand(INNER, N, generator=g) - 0.5, _rand(g, BATCH, N, T), _rand(g, BATCH, N, T)
     mixer, cache = SimpleNamespace(D=_rand(g, INNER), layer_idx=0), _Cache()
     bias = _rand(g, INNER)
     call = Call(mixer, cache)
-    scan = mamba_prefill(m1.mamba_selective_state_update, lambda: call)
+    scan = mamba_prefill(m1.mamba_selective_state_update, lambda: call, fused)
 
     def run(sl: slice):
         return scan(x[..., sl], dt[..., sl], A, B[..., sl], C[..., sl], D=mixer.D.float(),
                     z=z[..., sl], delta_bias=bias, delta_softplus=True, return_last_state=True)
 
-    whole, last = run(slice(None))
+    with batch_invariant():
+        whole, last = run(slice(None))
+        a, cache.state = run(slice(0, 3))
+        b, state = run(slice(3, None))
     ref = m1.mamba_selective_scan(x, dt, A, B, C, D=mixer.D.float(), z=z, delta_bias=bias,
                                   delta_softplus=True)
     assert (whole - ref).abs().max() < 1e-4
-    a, cache.state = run(slice(0, 3))
-    b, state = run(slice(3, None))
     assert torch.equal(_bits(torch.cat([a, b], -1)), _bits(whole))
     assert torch.equal(_bits(state), _bits(last))
 
