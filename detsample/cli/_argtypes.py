@@ -10,9 +10,18 @@ from detsample.inputs.numbers import parse_float, parse_int
 
 def positive_int(text: str) -> int:
     """An int >= 1, else an argparse error naming the value."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An int >= 0, else an argparse error naming the value."""
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, least: int) -> int:
     v = parse_int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    if v < least:
+        raise argparse.ArgumentTypeError(f"must be >= {least}, got {text}")
     return v
 
 

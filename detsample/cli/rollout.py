@@ -25,6 +25,7 @@ from detsample.cli._argtypes import (
     apply_threads,
     model_dtype,
     model_spec,
+    non_negative_int,
     portable_without_mode,
     positive_int,
     sampling_field,
@@ -97,6 +98,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="top-k filter (-1: off)")
     p.add_argument("--max-batch-size", type=positive_int, default=4, metavar="B",
                    help="engine rows at a time")
+    p.add_argument("--stagger", type=non_negative_int, default=0, metavar="K",
+                   help="request k arrives at engine step k*K (default 0: every request waits "
+                        "at step 0 and the engine admits up to B at once, then one as each "
+                        "finishes); a row's tokens do not depend on it")
     p.add_argument("--model", default="refmodel", metavar="MODEL", type=model_spec,
                    help="refmodel, refmodel-float, hf-tiny-llama, hf-tiny-qwen2, a local "
                         "Hugging Face model directory or package.module:factory")
@@ -205,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
             records = generate_rollouts(
                 args.num_sequences, max_new_tokens=args.max_new_tokens, seed=args.seed,
                 temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                max_batch_size=args.max_batch_size, with_trainer=args.with_trainer,
+                max_batch_size=args.max_batch_size, stagger=args.stagger,
+                with_trainer=args.with_trainer,
                 model=args.model, batch_invariant=args.batch_invariant, portable=args.portable,
                 tp=args.tp, prompts=prompts, n=args.n, logprobs_mode=args.logprobs_mode,
                 draft_model=args.draft_model,

@@ -1,8 +1,10 @@
 """Hugging Face causal LMs behind the :class:`~detsample.models.base.CausalLM` protocol.
 
 ``HFCausalLM(model, padding="left")`` runs a ragged batch (rows with different cached
-lengths and different numbers of new tokens) as ONE padded forward, the way a serving
-engine batches requests:
+lengths and different numbers of new tokens) as padded forwards, the way a serving
+engine batches requests: its decode rows (one new token each) in one, its prefill rows
+(a prompt or a chunk of one) in another -- a decode row is never padded to a prompt's
+length. Each forward:
 
 * the batch's past keys/values are one ``DynamicCache`` of length ``P = max past``;
   row b's ``p_b`` cached positions sit at the left end (``padding="right"``) or the right
@@ -170,7 +172,7 @@ class HFCausalLM:
         if not ids:
             return []
         if not self.hybrid:
-            return self._padded(list(caches), ids)
+            return self._by_kind(list(caches), ids)
         outs: list[list[torch.Tensor]] = [[] for _ in ids]
         done = [0] * len(ids)
         while True:   # segments: every row with tokens left advances by the same number
@@ -182,6 +184,20 @@ class HFCausalLM:
             for b, o in zip(live, got):
                 outs[b].append(o)
                 done[b] += n
+
+    def _by_kind(self, caches: list[HFSeqCache], ids: list[list[int]]) -> list[torch.Tensor]:
+        """The decode rows (one new token) in one padded forward and the prefill rows (a
+        prompt or a chunk of one) in another, so no decode row is padded to a prompt's
+        length (a continuous-batching step that admits a request would otherwise run every
+        decode row over the prompt's positions). Under the mode a row's logits do not depend
+        on the rows beside it, so the split changes no bit."""
+        groups = [[b for b, t in enumerate(ids) if len(t) == 1], [b for b, t in enumerate(ids) if len(t) > 1]]
+        out: list[torch.Tensor | None] = [None] * len(ids)
+        for rows in groups:
+            if rows:
+                for b, o in zip(rows, self._padded([caches[b] for b in rows], [ids[b] for b in rows])):
+                    out[b] = o
+        return out
 
     def _batch_cache(self, caches: Sequence[HFSeqCache], past: list[int], p0: list[int]) -> Any:
         """The rows' past as one transformers cache: keys/values in ``P = max(past)`` slots

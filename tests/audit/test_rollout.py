@@ -296,3 +296,16 @@ def test_text_prompts_are_encoded_with_the_tokenizer(tmp_path):
     prompts = read_prompts(_prompts_file(tmp_path, [{"prompt": "the cat"}]),
                            str(tmp_path / "tokenizer.json"))
     assert list(prompts[0].prompt_ids) == tok.encode("the cat").ids
+
+
+def test_the_schedule_changes_no_token_or_logprob_of_a_float_model_under_the_mode():
+    """Every request admitted at step 0 (the CLI's default now) or one a step (its old
+    schedule: each step padded its decode rows to the arriving prompt's length): the same
+    records, bit for bit, on a float model under the mode."""
+    run = dict(num_sequences=5, max_new_tokens=6, seed=4, temperature=0.9, top_p=0.95,
+               max_batch_size=3, model="hf-tiny-llama", batch_invariant=True)
+    at_once, staggered = generate_rollouts(**run, stagger=0), generate_rollouts(**run, stagger=1)
+    assert [r["response_ids"] for r in at_once] == [r["response_ids"] for r in staggered]
+    for a, b in zip(at_once, staggered):
+        assert np.array_equal(np.asarray(a["engine_logprobs"], np.float32).view(np.uint32),
+                              np.asarray(b["engine_logprobs"], np.float32).view(np.uint32))

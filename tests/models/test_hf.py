@@ -90,3 +90,24 @@ BAD_CALLS = [
 def test_bad_input_is_named(llama, call, message):
     with pytest.raises(ModelError, match=message.replace("[", r"\[").replace(")", r"\)")):
         call(HFCausalLM(llama))
+
+
+def test_a_step_that_admits_a_prompt_does_not_pad_the_decode_rows_to_it(llama):
+    """The bug: a continuous-batching step with one arriving prompt ran every decode row
+    over the prompt's positions (one padded forward of T = prompt length). Now the decode
+    rows run in a forward of T = 1, the prompt in its own; under the mode each row's
+    logits equal the row alone, bit for bit."""
+    lm = HFCausalLM(llama, batch_invariant=True, portable=True)
+    widths = []
+    hook = lm.module.register_forward_pre_hook(
+        lambda mod, args, kwargs: widths.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        decoding = [lm.new_cache() for _ in range(2)]
+        lm.forward(decoding, [[5, 6, 7], [8, 9]])
+        widths.clear()
+        mixed = lm.forward([*decoding, lm.new_cache()], [[3], [4], list(range(10, 40))])
+    finally:
+        hook.remove()
+    assert sorted(widths) == [(1, 30), (2, 1)]
+    alone = [lm.forward([lm.new_cache()], [t])[0][-1] for t in ([5, 6, 7, 3], [8, 9, 4])]
+    assert all(torch.equal(a.view(torch.int32), m[-1].view(torch.int32)) for a, m in zip(alone, mixed))
