@@ -34,7 +34,7 @@ from detsample.cli._argtypes import (
     tp_needs_portable,
 )
 from detsample.cli._outputs import output_problem
-from detsample.cli._progress import Progress
+from detsample.cli._progress import Progress, peak_memory_line
 from detsample.outputs import OutputError, output_input_clash
 from detsample.params import LOGPROBS_MODES
 
@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
         ending = _ending(args, tokenizer)
         prompts = read_prompts(args.prompts, tokenizer, chat_template=args.chat_template) \
             if args.prompts else None
-        with Progress("rollout: sampling") as progress:
+        with Progress("rollout") as progress:
             progress(0, None)
             records = generate_rollouts(
                 args.num_sequences, max_new_tokens=args.max_new_tokens, seed=args.seed,
@@ -217,7 +217,8 @@ def run(args: argparse.Namespace) -> int:
                 draft_model=args.draft_model,
                 num_speculative_tokens=args.num_speculative_tokens or 0,
                 on_speculative=stats.append, ending=ending, dtype=args.dtype,
-                on_eos=lambda eos: print(f"eos token ids: {list(eos) or 'none'}"))
+                on_eos=lambda eos: print(f"eos token ids: {list(eos) or 'none'}"),
+                on_progress=progress)
     except (AuditInputError, DetsampleError, ValueError, OSError) as exc:
         print(f"detsample rollout: error: {exc}", file=sys.stderr)
         return 2
@@ -228,6 +229,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     tokens = sum(len(r["response_ids"]) for r in records)
     print(f"wrote {len(records)} sequences, {tokens} response tokens to {args.out}")
+    memory = peak_memory_line()
+    if memory is not None:
+        print(memory)
     for s in stats:
         print(f"speculative: acceptance rate {s.acceptance_rate:.3f} ({s.accepted} of "
               f"{s.proposed} drafted tokens), {s.steps} verification steps")

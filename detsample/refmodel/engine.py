@@ -169,6 +169,7 @@ class _State:
     held: list[_Row] = field(default_factory=list)  # prefilled, grammar still compiling
     batch: SamplingBatch | None = None
     extra: dict[str, SamplingBatch] = field(default_factory=dict)
+    on_finish: Any = None      # RequestResult -> None, called as each request finishes
 
 
 class Engine:
@@ -223,11 +224,12 @@ class Engine:
                     f"request {r.rid!r}: prompt_ids + output_ids has {n} tokens, the model's "
                     f"max_seq_len={S} leaves no room to generate")
 
-    def run(self, schedule: Schedule) -> EngineResult:
-        """Run every request of ``schedule`` to completion."""
+    def run(self, schedule: Schedule, on_finish: Any = None) -> EngineResult:
+        """Run every request of ``schedule`` to completion; ``on_finish(result)`` (a
+        :class:`RequestResult`) is called as each request finishes (progress)."""
         self._check(schedule)
         cfg = self.config
-        st = _State(pending=deque(schedule.ordered()))
+        st = _State(pending=deque(schedule.ordered()), on_finish=on_finish)
         out = EngineResult(results={})
         if self.speculative is not None:
             out.speculative = SpecStats()
@@ -388,7 +390,9 @@ class Engine:
             if reason is None:
                 keep.append(i)
             else:
-                out.results[row.arrival.request.rid] = self._result(row, reason, step)
+                res = out.results[row.arrival.request.rid] = self._result(row, reason, step)
+                if st.on_finish is not None:
+                    st.on_finish(res)
         if len(keep) != len(rows):
             batch.filter(keep)
             for b in st.extra.values():

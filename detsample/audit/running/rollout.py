@@ -205,7 +205,7 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
                       n: int = 1, logprobs_mode: str = "raw", draft_model: str | None = None,
                       num_speculative_tokens: int = 0, on_speculative=None,
                       ending: Ending = Ending(), dtype: str = "float32",
-                      on_eos=None) -> list[dict]:
+                      on_eos=None, on_progress=None) -> list[dict]:
     """Generate rollouts: ``n`` samples of each of ``prompts`` (default: ``num_sequences``
     built-in prompts; request k arrives at engine step ``k * stagger``; the seeds are in
     the module docstring) with ``model`` (a :func:`~detsample.models.load_model` spec;
@@ -216,7 +216,8 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
     model's too; docs/tensor-parallel.md). A (prompt, seed) pair that repeats (two
     identical responses) is warned about. ``ending``: the end tokens and stop strings
     (:class:`Ending`; ``on_eos`` receives the EOS ids the engine stopped on); ``dtype``: a
-    model directory's parameter dtype."""
+    model directory's parameter dtype; ``on_progress(done, total, label)`` is called as
+    each sequence finishes sampling (tp = 1)."""
     from detsample.audit.running.rescore import ModelRescorer
     from detsample.audit.semantics import Semantics
     from detsample.errors import InvalidSamplingParams
@@ -258,7 +259,7 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
         run["speculative"] = _speculative(lm, draft_model, num_speculative_tokens,
                                           batch_invariant, portable, dtype)
         run["on_speculative"] = on_speculative
-    run["on_eos"] = on_eos
+    run["on_eos"], run["on_progress"] = on_eos, on_progress
     return _rollouts(lm, rescorer, **run)
 
 
@@ -322,7 +323,8 @@ def _requests(lm, *, num_sequences: int, max_new_tokens: int, seed: int, tempera
 
 
 def _rollouts(lm, rescorer, *, max_batch_size: int | None, with_trainer: bool,
-              speculative=None, on_speculative=None, on_eos=None, **spec) -> list[dict]:
+              speculative=None, on_speculative=None, on_eos=None, on_progress=None,
+              **spec) -> list[dict]:
     from detsample.refmodel.engine import Engine, EngineConfig
     from detsample.refmodel.schedule import Schedule
 
@@ -334,7 +336,14 @@ def _rollouts(lm, rescorer, *, max_batch_size: int | None, with_trainer: bool,
     engine = Engine(lm, config=EngineConfig(max_batch_size=max_batch_size, eos_token_ids=eos),
                     speculative=speculative)
     cut = _stop_cutter(spec["ending"])
-    result = engine.run(Schedule.of([(step, req) for step, req, _ in planned]))
+    finished = []
+
+    def on_finish(res) -> None:
+        finished.append(res.rid)
+        on_progress(len(finished), len(planned), "sequences sampled")
+
+    result = engine.run(Schedule.of([(step, req) for step, req, _ in planned]),
+                        on_finish=on_finish if on_progress is not None else None)
     if on_speculative is not None and result.speculative is not None:
         on_speculative(result.speculative)
     records = []
