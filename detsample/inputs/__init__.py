@@ -21,6 +21,7 @@ from detsample.inputs.limits import (
                                     AUDIT_LINE_BYTES,
                                     GOLDEN_FILE_BYTES,
                                     LOG_LINE_BYTES,
+                                    PROMPT_LINE_BYTES,
                                     max_threads,
                                     memory_problem,
                                     thread_problem,
@@ -28,6 +29,6 @@ from detsample.inputs.limits import (
 from detsample.inputs.numbers import parse_float, parse_int
 
 __all__ = ["AUDIT_LINE_BYTES", "GOLDEN_FILE_BYTES", "InputError", "JSON_DEPTH_WHY",
-           "LOG_LINE_BYTES", "file_kind", "file_problem", "input_file", "loads", "max_threads",
+           "LOG_LINE_BYTES", "PROMPT_LINE_BYTES", "file_kind", "file_problem", "input_file", "loads", "max_threads",
            "memory_problem", "parse_float", "parse_int", "read_bounded", "read_line",
            "thread_problem"]

@@ -13,6 +13,8 @@ import os
 AUDIT_LINE_BYTES = 1 << 31
 #: one line of an audit log (a training step's row is a few hundred bytes)
 LOG_LINE_BYTES = 1 << 20
+#: one line of a prompts JSONL file (a prompt's ids or text, or its chat messages)
+PROMPT_LINE_BYTES = 1 << 26
 #: one golden file (tokens, logprobs, manifest, a tensor's bits)
 GOLDEN_FILE_BYTES = 1 << 30
 #: thread counts may oversubscribe the machine's CPUs by this factor (a 1-vs-N thread

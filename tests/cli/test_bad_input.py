@@ -79,6 +79,48 @@ def test_special_files_are_named_and_refused(tmp_path, capsys, special, argv, na
     assert rc == 2 and path in line and kind in line, line
 
 
+@pytest.mark.parametrize("special", sorted(SPECIAL))
+def test_special_prompt_files_are_named_and_refused(tmp_path, capsys, special):
+    """The bug: ``rollout --prompts`` a FIFO blocked for ever and /dev/zero was read until
+    memory ran out (the prompts bypassed the input layer)."""
+    path = str(tmp_path / "prompts.jsonl")
+    kind = SPECIAL[special](path)
+    rc = run_bounded(["rollout", str(tmp_path / "out.jsonl"), "--prompts", path],
+                     [path] if special == "fifo" else [])
+    line = one_error_line(capsys.readouterr().err, "rollout")
+    assert rc == 2 and path in line and kind in line, line
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("content,says", [
+    (b'{"prompt_ids": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", ":1: JSON nested too deeply"),
+    (b'{"prompt_ids": [1, 2]}\n\xff\xfe\n', ":2: not UTF-8 text (byte 0)"),
+], ids=["deep-json", "not-utf8"])
+def test_malformed_prompt_lines_are_named_by_line(tmp_path, capsys, content, says):
+    """The bug: 100,000 nested brackets in a prompts file raised a RecursionError."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(content)
+    rc = main(["rollout", str(tmp_path / "out.jsonl"), "--prompts", str(path)])
+    line = one_error_line(capsys.readouterr().err, "rollout")
+    assert rc == 2 and f"{path}{says}" in line, line
+
+
+def test_a_tokenizer_that_cannot_encode_a_prompt_is_named(tmp_path, capsys):
+    """The bug: a WordLevel tokenizer without an unknown token raised the tokenizers
+    library's bare Exception (a traceback) on a word outside its vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"hello": 0, "world": 1}))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hello world"}\n{"prompt": "hello there"}\n')
+    rc = main(["rollout", str(tmp_path / "out.jsonl"), "--prompts", str(prompts),
+               "--tokenizer", str(tmp_path / "tokenizer.json")])
+    line = one_error_line(capsys.readouterr().err, "rollout")
+    assert rc == 2 and f"{prompts}:2: the tokenizer" in line and "'hello there'" in line, line
+
+
 # --------------------------------------------------------------------------- user code
 
 

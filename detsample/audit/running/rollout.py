@@ -26,6 +26,7 @@ With ``draft_model`` (a model spec, or ``"ngram"`` for prompt lookup) and
 
 from __future__ import annotations
 
+import itertools
 import json
 import warnings
 from dataclasses import dataclass
@@ -60,15 +61,32 @@ def read_prompts(path: str, tokenizer=None, *, chat_template: bool = False) -> l
     with ``chat_template``, ``messages`` (``[{"role", "content"}, ...]`` rendered by the
     tokenizer's own chat template with the generation prompt, then encoded); optional ``id``
     and ``seed``. Errors name the file, the line, the field and the value
-    (:class:`~detsample.errors.InvalidSamplingParams`)."""
+    (:class:`~detsample.errors.InvalidSamplingParams`). Read through the input layer: a
+    regular file only (a FIFO or a device is refused before it is opened), lines of at most
+    :data:`~detsample.inputs.PROMPT_LINE_BYTES`, JSON nested within the parser's limit."""
     from detsample.errors import InvalidSamplingParams
+    from detsample.inputs import PROMPT_LINE_BYTES, InputError, input_file, read_line
 
+    try:
+        input_file(path)
+    except InputError as exc:
+        raise InvalidSamplingParams(str(exc)) from None
     tok = _tokenizer(tokenizer)
     out = []
-    with open(path, encoding="utf-8") as fh:
-        for line, text in enumerate(fh, 1):
+    with open(path, "rb") as fh:
+        for line in itertools.count(1):
+            where = f"{path}:{line}"
+            try:
+                raw = read_line(fh, PROMPT_LINE_BYTES, where)
+                text = raw.decode("utf-8")
+            except InputError as exc:
+                raise InvalidSamplingParams(str(exc)) from None
+            except UnicodeDecodeError as exc:
+                raise InvalidSamplingParams(f"{where}: not UTF-8 text (byte {exc.start})") from None
+            if not raw:
+                break
             if text.strip():
-                out.append(_prompt_line(text, f"{path}:{line}", tok, chat_template))
+                out.append(_prompt_line(text, where, tok, chat_template))
     if not out:
         raise InvalidSamplingParams(f"{path}: no prompts (one JSON object per line with "
                                     f"prompt_ids)")
@@ -85,12 +103,16 @@ def _tokenizer(tokenizer):
 
 def _prompt_line(text: str, where: str, tok, chat_template: bool) -> Prompt:
     from detsample.errors import InvalidSamplingParams
+    from detsample.inputs import loads
+    from detsample.inputs.jsontext import JsonTooDeep
     from detsample.params import Request, SamplingParams
 
     try:
-        rec = json.loads(text)
+        rec = loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidSamplingParams(f"{where}: not JSON ({exc.msg})") from None
+    except JsonTooDeep as exc:
+        raise InvalidSamplingParams(f"{where}: JSON {exc}") from None
     if not isinstance(rec, dict):
         raise InvalidSamplingParams(f"{where}: a line must be a JSON object, got "
                                     f"{type(rec).__name__}")

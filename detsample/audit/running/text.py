@@ -34,8 +34,14 @@ class TextTokenizer:
     hf: Any = None
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``, no special tokens added."""
-        return list(self.fast.encode(text, add_special_tokens=False).ids)
+        """Token ids of ``text``, no special tokens added; a text the tokenizer cannot
+        encode (a WordLevel vocabulary without an unknown token meeting an unknown word) is
+        an :class:`~detsample.errors.InvalidSamplingParams` naming the tokenizer."""
+        try:
+            return list(self.fast.encode(text, add_special_tokens=False).ids)
+        except Exception as exc:  # noqa: BLE001 - the tokenizers library raises bare Exception
+            raise InvalidSamplingParams(f"the tokenizer {self.source} cannot encode the text "
+                                        f"{text!r:.60}: {exc}") from None
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of ``ids``, special tokens kept."""
