@@ -73,6 +73,10 @@ def _add_rescore_options(p: argparse.ArgumentParser) -> None:
                    help="recompute missing trainer_logprobs by one prefill with this model: "
                         "refmodel, refmodel-float, hf-tiny-llama, hf-tiny-qwen2, a local "
                         "Hugging Face model directory or package.module:factory")
+    p.add_argument("--tokenizer", metavar="TOKENIZER",
+                   help="a local Hugging Face tokenizer.json (or a model directory) whose text of "
+                        "each token the report shows beside its id; default: --rescore's "
+                        "directory, when it holds one")
     p.add_argument("--rescore-dtype", type=model_dtype, default="float32",
                    help="a --rescore model directory's parameter dtype (float32, bfloat16, "
                         "float16; --dtype is the compare dtype)")
@@ -123,7 +127,7 @@ def _add_framework_options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from detsample.audit import audit, to_json
     from detsample.audit.reports.provenance import provenance, with_verdict
-    from detsample.audit.reports.report import format_summary
+    from detsample.audit.reports.report import format_summary, with_token_text
     from detsample.audit.running.rescore import ModelRescorer, TPRescorer
 
     problems = output_problems((args.json, "--json", "file"), (args.report, "--report", "dir"))
@@ -135,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
     rescore = None
     apply_threads(args)
     try:
+        tokenizer = _report_tokenizer(args)      # before any file is read
         rescore = _rescorer(args)
         opts = _options(args, rescore)
         with Progress("audit --rescore") as progress:
@@ -150,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
             rescore.close()
     failures = with_verdict(report, args.max_abs_diff, args.min_exact_match, args.max_excluded)
     report["provenance"] = provenance(opts, command=getattr(args, "command_line", None))
+    with_token_text(report, tokenizer)
     text = to_json(report)
     if not args.quiet:  # on stderr under --json - (detsample.outputs.streams)
         sys.stdout.write(format_summary(report))
@@ -160,6 +166,21 @@ def run(args: argparse.Namespace) -> int:
     for f in failures:
         print(f"detsample audit: GATE FAILED: {f}", file=sys.stderr)
     return 1 if failures else 0
+
+
+def _report_tokenizer(args: argparse.Namespace):
+    """The tokenizer the report decodes tokens with: --tokenizer, else --rescore's model
+    directory when it holds a tokenizer.json; None without one."""
+    from pathlib import Path
+
+    from detsample.audit.running.text import load_text_tokenizer
+    from detsample.models import is_model_dir_spec
+
+    if args.tokenizer:
+        return load_text_tokenizer(args.tokenizer)
+    if args.rescore and is_model_dir_spec(args.rescore) and (Path(args.rescore) / "tokenizer.json").is_file():
+        return load_text_tokenizer(args.rescore)
+    return None
 
 
 def _rescorer(args: argparse.Namespace):

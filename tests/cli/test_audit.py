@@ -190,3 +190,27 @@ def _strip_volatile(text: str) -> str:
     rep.get("provenance", {}).get("platform", {}).pop("threads", None)
     rep.get("provenance", {}).pop("created", None)
     return _json.dumps(rep, sort_keys=True)
+
+
+def test_the_report_shows_each_mismatching_tokens_text_from_the_rescore_directory(tmp_path, capsys):
+    """The bug: reports showed token ids only, with a tokenizer at hand. A model
+    directory's tokenizer (--rescore DIR) names the text of each first mismatching token in
+    report.json and the page; --tokenizer gives one explicitly; a bad one is exit 2 before
+    any file is read."""
+    from tests.cli.chat_model import WORDS, save_chat_model
+
+    model = save_chat_model(tmp_path / "chat")
+    rollout = tmp_path / "r.jsonl"
+    assert main(["rollout", str(rollout), "--model", str(model), "--num-sequences", "3",
+                 "--max-new-tokens", "4", "--ignore-eos"]) == 0
+    rows = [json.loads(line) for line in rollout.read_text().splitlines()]
+    rows[0]["engine_logprobs"][0] -= 0.5          # one certain mismatch
+    rollout.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["audit", str(rollout), "--rescore", str(model), "--report", str(tmp_path / "rep"),
+                 "--quiet"]) in (0, 1)
+    first = json.loads((tmp_path / "rep" / "report.json").read_text())["first_mismatches"][0]
+    assert first["token"] == WORDS[first["token_id"]]
+    assert "<th>token</th>" in (tmp_path / "rep" / "index.html").read_text()
+    capsys.readouterr()
+    assert main(["audit", str(rollout), "--tokenizer", str(tmp_path / "missing.json"), "--quiet"]) == 2
+    assert "no such file" in capsys.readouterr().err

@@ -227,6 +227,25 @@ def _img(title: str, name: str, report: dict) -> str:
             f"({int(report.get('tokens') or 0)} tokens)</p>")
 
 
+def with_token_text(report: dict, tokenizer) -> None:
+    """Add ``"token"``, the text of ``token_id`` (``tokenizer.decode``), to each of the
+    report's ``first_mismatches``; nothing without a tokenizer."""
+    if tokenizer is None:
+        return
+    for w in report.get("first_mismatches", []):
+        w["token"] = tokenizer.decode([w["token_id"]])
+
+
+def _mismatch_table(report: dict) -> str:
+    rows = report.get("first_mismatches", [])
+    text = any("token" in w for w in rows)
+    cols = ["sequence id", "position", "token id", *(["token"] if text else []),
+            "engine logprob", "trainer logprob", "d"]
+    return _table(cols, [[w["id"], w["position"], w["token_id"],
+                          *([repr(w.get("token", ""))] if text else []),
+                          w["engine_logprob"], w["trainer_logprob"], w["diff"]] for w in rows])
+
+
 def write_report(report: dict, out_dir: str) -> str:
     """Write ``index.html``, the plots and ``report.json`` into out_dir; returns the page."""
     from detsample.audit.running.run import to_json
@@ -250,10 +269,7 @@ def write_report(report: dict, out_dir: str) -> str:
         _img("By engine probability", PLOTS[2], report),
         _table(bucket_cols, [[r[c] for c in bucket_cols] for r in report["by_probability"]]),
         f"<h2>First mismatching tokens ({len(report.get('first_mismatches', []))} shown)</h2>",
-        _table(["sequence id", "position", "token id", "engine logprob", "trainer logprob", "d"],
-               [[w["id"], w["position"],
-                 w["token_id"], w["engine_logprob"], w["trainer_logprob"], w["diff"]]
-                for w in report.get("first_mismatches", [])]),
+        _mismatch_table(report),
         f"<h2>Sequences (first {len(report.get('sequences_table', []))})</h2>",
         _table(["sequence id", "tokens", "exact matches", "max |d|", "sum d",
                 "first divergence"],
