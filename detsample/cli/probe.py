@@ -13,7 +13,9 @@ from typing import Any
 
 from detsample.cli._argtypes import (
     PORTABLE_NEEDS_MODE,
+    apply_threads,
     portable_without_mode,
+    thread_count,
     thread_counts,
     tp_needs_portable,
     tp_sizes,
@@ -78,6 +80,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="also run the model tensor-parallel at these sizes (comma list, "
                             "e.g. 1,2,4) on a local gloo process group and add the check "
                             "tensor_parallel: logits vs TP=1, bitwise (docs/tensor-parallel.md)")
+    model.add_argument("--threads", type=thread_count, default=None, metavar="N",
+                       help="torch intra-op threads of this process for every check (default: "
+                            "torch's); the threads check then compares 1 and N threads (N = 1: "
+                            "1 and 2)")
     model.add_argument("--json", metavar="PATH", help="write the JSON report here ('-' = stdout)")
     model.set_defaults(func=run_model)
     p.set_defaults(func=lambda args: _usage(p))
@@ -128,7 +134,7 @@ def run_model(args: argparse.Namespace) -> int:
         return _error(problem)
     from detsample.golden.fingerprint import platform_fingerprint
     from detsample.models import ModelError, load_model
-    from detsample.probe.model import probe_model
+    from detsample.probe.model import ProbeConfig, probe_model
 
     if portable_without_mode(args):
         return _error(PORTABLE_NEEDS_MODE)
@@ -143,9 +149,12 @@ def run_model(args: argparse.Namespace) -> int:
             from detsample.parallel import TPModelSpec, check_spec
             for tp in args.tp:   # a refused size is a usage error, before any probe runs
                 check_spec(TPModelSpec(args.model, tp, args.batch_invariant, args.portable), model)
+        apply_threads(args)
+        config = ProbeConfig(threads=(1, max(args.threads or 2, 2)))
         with Progress(f"probe model {args.model}") as progress:
             progress(0, None)
-            report = probe_model(model, platform=platform_fingerprint(device), target=args.model)
+            report = probe_model(model, config, platform=platform_fingerprint(device),
+                                 target=args.model)
             if args.tp:
                 report = _with_tp(report, model, args)
     except ModelError as e:

@@ -258,3 +258,17 @@ def test_coverage_check_names_uncovered_ops_and_refused_layers(tmp_path, monkeyp
     finally:
         sys.modules.pop("cov_models", None)
     capsys.readouterr()
+
+
+def test_threads_sets_the_run_and_the_threads_check_compares_1_and_n(capsys):
+    """The bug: probe model had no --threads (rollout and audit had); OMP_NUM_THREADS was
+    the only way, undocumented. --threads 3 runs every check at 3 threads and the threads
+    check compares 1 and 3."""
+    before = torch.get_num_threads()
+    try:
+        rc = main(["probe", "model", "refmodel", "--threads", "3"])
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+    out = capsys.readouterr().out
+    assert rc == 0 and "1 vs 3 threads" in out, out
