@@ -19,6 +19,7 @@ from detsample.inputs.files import InputError, file_kind, file_problem, input_fi
 from detsample.inputs.jsontext import JSON_DEPTH_WHY, loads
 from detsample.inputs.limits import (
                                     AUDIT_LINE_BYTES,
+                                    AUDIT_SEQUENCE_TOKENS,
                                     GOLDEN_FILE_BYTES,
                                     LOG_LINE_BYTES,
                                     PROMPT_LINE_BYTES,
@@ -28,7 +29,7 @@ from detsample.inputs.limits import (
 )
 from detsample.inputs.numbers import parse_float, parse_int
 
-__all__ = ["AUDIT_LINE_BYTES", "GOLDEN_FILE_BYTES", "InputError", "JSON_DEPTH_WHY",
+__all__ = ["AUDIT_LINE_BYTES", "AUDIT_SEQUENCE_TOKENS", "GOLDEN_FILE_BYTES", "InputError", "JSON_DEPTH_WHY",
            "LOG_LINE_BYTES", "PROMPT_LINE_BYTES", "file_kind", "file_problem", "input_file", "loads", "max_threads",
            "memory_problem", "parse_float", "parse_int", "read_bounded", "read_line",
            "thread_problem"]

@@ -11,6 +11,10 @@ import os
 
 #: one line of an audit JSONL file (a sequence); 200 MB lines are read
 AUDIT_LINE_BYTES = 1 << 31
+#: one sequence of an NPZ audit input (its ragged offsets or padded width), in tokens: 16 M,
+#: beyond any model's context; a 1.4 MB compressed NPZ of one 6e7-token sequence asked
+#: for 5 GB before this limit
+AUDIT_SEQUENCE_TOKENS = 1 << 24
 #: one line of an audit log (a training step's row is a few hundred bytes)
 LOG_LINE_BYTES = 1 << 20
 #: one line of a prompts JSONL file (a prompt's ids or text, or its chat messages)

@@ -117,6 +117,31 @@ def test_npz_structural_errors_name_file_and_column(tmp_path, name, change, text
     assert path in str(info.value)
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["ragged", "padded"])
+def test_an_npz_sequence_beyond_the_stated_limit_is_refused_before_its_values(tmp_path, monkeypatch,
+                                                                             padded):
+    """The bug: a 1.4 MB compressed NPZ of one 6e7-token sequence took 5 GB. A sequence
+    longer than AUDIT_SEQUENCE_TOKENS (16 M; 2 here) is named with its length, from the
+    offsets or the padded width, before a value is read."""
+    from detsample.audit.inputs import npz
+    from detsample.inputs import AUDIT_SEQUENCE_TOKENS
+
+    assert AUDIT_SEQUENCE_TOKENS == 1 << 24
+    monkeypatch.setattr(npz, "AUDIT_SEQUENCE_TOKENS", 2)
+    arrays = _good_npz_arrays()           # sequence 0 has 2 response tokens: allowed
+    assert audit(_npz(tmp_path, **arrays))["sequences"] == 2
+    if padded:
+        for c in ("response_ids", "engine_logprobs", "trainer_logprobs"):
+            arrays.pop(f"{c}_offsets")
+            arrays[c] = np.zeros((2, 3), dtype=np.int64 if c == "response_ids" else np.float64)
+        text = "a padded row has 3 tokens"
+    else:
+        arrays["response_ids_offsets"] = np.array([0, 0, 3])
+        text = "sequence 1 has 3 tokens"
+    with pytest.raises(AuditInputError, match=f"response_ids: {text}, more than the 2 a sequence"):
+        audit(_npz(tmp_path, **arrays))
+
+
 def test_npz_row_errors_are_excluded_with_row(tmp_path):
     """Pins row-level checks in NPZ: count mismatch between columns, NaN, missing column."""
     arrays = _good_npz_arrays()

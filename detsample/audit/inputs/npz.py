@@ -22,6 +22,7 @@ from detsample.audit.inputs.source import Source
 from detsample.audit.inputs.table import Padded, PerRow, Ragged, TableChunk
 from detsample.audit.inputs.values import kind_words, value_column
 from detsample.audit.issues import AuditInputError
+from detsample.inputs import AUDIT_SEQUENCE_TOKENS
 
 #: what zipfile, zlib and numpy's header parser raise on a damaged NPZ (an encrypted or
 #: unsupported member, a bad CRC, a truncated stream, a malformed .npy header)
@@ -190,6 +191,10 @@ class NpzSource(Source):
                                   f"reads is in the file")
         first = next(iter(rows))
         self.num_sequences = rows[first] if id_col is None else rows[id_col]
+        for c in rows:
+            shape = self.arrays[c].shape
+            if len(shape) == 2 and shape[1] > AUDIT_SEQUENCE_TOKENS:   # padded: its width
+                raise AuditInputError(_too_long(self.path, c, "a padded row", shape[1]))
         for c, off in self.offsets.items():
             self.offsets[c] = _check_offsets(self.path, c, off, self.num_sequences,
                                              len(self.arrays[c]))
@@ -270,4 +275,13 @@ def _check_offsets(path: str, column: str, off: np.ndarray, nseq: int, nvalues: 
     if off[-1] != nvalues:
         raise AuditInputError(f"{path}: {name}: last offset {off[-1]} != number of values "
                               f"{nvalues} in '{column}'")
+    lengths = np.diff(off)
+    longest = int(lengths.argmax()) if lengths.size else 0
+    if lengths.size and lengths[longest] > AUDIT_SEQUENCE_TOKENS:
+        raise AuditInputError(_too_long(path, column, f"sequence {longest}", int(lengths[longest])))
     return off
+
+
+def _too_long(path: str, column: str, which: str, n: int) -> str:
+    return (f"{path}: {column}: {which} has {n:,} tokens, more than the {AUDIT_SEQUENCE_TOKENS:,} "
+            f"a sequence may have (inputs are read per sequence; docs/audit.md, Limits)")
