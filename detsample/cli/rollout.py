@@ -167,6 +167,24 @@ def _ending(args: argparse.Namespace, tokenizer: str | None):
                   tokenizer=tokenizer)
 
 
+#: bytes a response token's record takes until the file is written (ids, logprobs and
+#: mask as Python lists: ~4 objects of 40-70 bytes), and a sequence's own
+RECORD_TOKEN_BYTES, RECORD_BYTES = 256, 2048
+
+
+def _records_memory_problem(args: argparse.Namespace, prompts: int) -> str | None:
+    """Why the rollout's records (held in memory until OUT is written) would not fit: the
+    options that size them named; else None."""
+    from detsample.inputs import memory_problem
+
+    sequences = prompts * args.n
+    need = sequences * (args.max_new_tokens * RECORD_TOKEN_BYTES + RECORD_BYTES)
+    what = (f"{sequences:,} sequences ({'--prompts' if args.prompts else '--num-sequences'} x --n) "
+            f"of up to --max-new-tokens {args.max_new_tokens}, held in memory until written,")
+    problem = memory_problem(need, what)
+    return problem and f"{problem}; split the rollout into several runs (--seed, --prompts)"
+
+
 def _refusal(args: argparse.Namespace) -> str | None:
     """What the arguments refuse before anything loads, else None."""
     if portable_without_mode(args):
@@ -205,6 +223,9 @@ def run(args: argparse.Namespace) -> int:
         ending = _ending(args, tokenizer)
         prompts = read_prompts(args.prompts, tokenizer, chat_template=args.chat_template) \
             if args.prompts else None
+        too_big = _records_memory_problem(args, len(prompts) if prompts else args.num_sequences)
+        if too_big:      # before the model loads
+            raise ValueError(too_big)
         with Progress("rollout") as progress:
             progress(0, None)
             records = generate_rollouts(

@@ -213,6 +213,9 @@ OPTIONS = [
      "GiB"),
     (["rollout", "{tmp}/r.jsonl", "--seed", str(2**63 - 1), "--num-sequences", "3"], "rollout",
      f"--seed {2**63 - 1} with --num-sequences 3", f"at most {2**63 - 3}"),
+    # Bug pinned: --num-sequences 1000000000 built every request in memory before writing
+    (["rollout", "{tmp}/r.jsonl", "--num-sequences", "1000000000"], "rollout",
+     "1,000,000,000 sequences (--num-sequences x --n)", "GiB"),
 ]
 
 
