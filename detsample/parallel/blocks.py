@@ -31,7 +31,11 @@ from detsample.parallel.layers import RowParallelLinear, TensorParallelError, co
 GQA = ("q_proj", "k_proj", "v_proj", "o_proj")
 DENSE = ("gate_proj", "up_proj", "down_proj")
 #: the children of an MoE block this layout handles (anything else is refused by name)
-MOE_PARTS = ("experts", "gate", "shared_experts")
+MOE_PARTS = ("experts", "gate", "shared_experts", "shared_expert", "shared_expert_gate")
+#: the shared expert's names: DeepSeek's / Qwen3-MoE's ``shared_experts``, Qwen2-MoE's and
+#: Qwen3-Next's ``shared_expert`` (scaled by ``sigmoid(shared_expert_gate(x))``: a
+#: ``hidden -> 1`` linear, replicated -- every rank computes it on the same full rows)
+SHARED = ("shared_experts", "shared_expert")
 
 
 def block(rank: int, n: int, world: int) -> slice:
@@ -65,8 +69,11 @@ def check_mlp(mlp: Any, where: str, world: int, cfg: Any) -> int:
                 f"{'no router (gate)' if not extra else 'modules ' + ', '.join(extra)}; the "
                 f"expert-parallel layout handles {', '.join(MOE_PARTS)} only")
         check_experts(mlp.experts, f"{where}.experts")
-        if getattr(mlp, "shared_experts", None) is not None:
-            check_mlp(mlp.shared_experts, f"{where}.shared_experts", world, cfg)
+        if "shared_expert_gate" in children:
+            check_linears(mlp, where, ("shared_expert_gate",))
+        for name in SHARED:
+            if getattr(mlp, name, None) is not None:
+                check_mlp(getattr(mlp, name), f"{where}.{name}", world, cfg)
         return 0
     check_linears(mlp, where, DENSE)
     n = mlp.gate_proj.out_features
@@ -89,8 +96,9 @@ def shard_mlp(mlp: Any, comm: Comm, where: str) -> None:
         shard_dense(mlp, comm)
         return
     mlp.experts = ExpertParallel(mlp.experts, comm, f"{where}.experts")
-    if getattr(mlp, "shared_experts", None) is not None:
-        shard_dense(mlp.shared_experts, comm)
+    for name in SHARED:
+        if getattr(mlp, name, None) is not None:
+            shard_dense(getattr(mlp, name), comm)
 
 
 def check_mla(att: Any, where: str, heads: int, kv_heads: int) -> None:

@@ -16,7 +16,8 @@ their shards (:mod:`detsample.parallel.layers`):
 ``mlp.down_proj``              row-parallel
 MoE ``mlp.gate`` (router)      replicated; ``mlp.experts``: placed on ranks, whole
                                (:class:`~detsample.parallel.experts.ExpertParallel`);
-                               ``mlp.shared_experts``: a dense MLP as above
+                               ``mlp.shared_experts`` (``shared_expert``): a dense MLP as
+                               above; ``shared_expert_gate`` (Qwen2-MoE) replicated
 MLA (DeepSeek-V3)              latent projections replicated, ``q_b_proj`` / ``kv_b_proj``
                                column-parallel by heads, ``o_proj`` row-parallel
                                (:mod:`detsample.parallel.blocks`)
@@ -35,7 +36,8 @@ norms, rotary, residuals       replicated (every rank computes them on the same 
 
 Refused, by name (:class:`~detsample.parallel.layers.TensorParallelError`): a model whose
 ``config.model_type`` is not in :data:`ARCHITECTURES` (Llama, Qwen2, Mistral, Qwen3-MoE,
-Mixtral, DeepSeek-V3, Qwen3.5 text, Nemotron-H; :data:`REFUSED` says why for near misses), a model missing one of
+Mixtral, DeepSeek-V3, Qwen3.5 text, Nemotron-H, Qwen2-MoE; :data:`REFUSED` says why for
+near misses), a model missing one of
 those modules, and a ``world`` that does not divide the attention heads, a dense MLP's
 intermediate features or the padded vocabulary, or neither divides nor is a multiple of the
 KV heads (GQA). The vocabulary is padded as vLLM pads it
@@ -73,21 +75,19 @@ from detsample.parallel.layers import (
 #: ``config.model_type`` -> the attention the runner shards (every layer's MLP is a dense
 #: gate/up/down MLP or an MoE block: :mod:`detsample.parallel.blocks`)
 ATTENTION = {"llama": "gqa", "qwen2": "gqa", "mistral": "gqa", "qwen3_moe": "gqa",
-             "mixtral": "gqa", "deepseek_v3": "mla", "qwen3_5_text": "gated", "nemotron_h": "gqa"}
+             "mixtral": "gqa", "deepseek_v3": "mla", "qwen3_5_text": "gated", "nemotron_h": "gqa",
+             "qwen2_moe": "gqa"}
 #: the ``config.model_type`` values the runner shards
 ARCHITECTURES = tuple(ATTENTION)
 #: why architectures near those above are refused (the refusal names it)
 REFUSED = {
     "olmoe": "its QK-norm normalises all heads together (q_norm over num_heads x head_dim), "
              "which a head split would have to compute across ranks",
-    "qwen2_moe": "its shared expert is scaled by a sigmoid gate (shared_expert_gate) the "
-                 "expert-parallel layout does not handle",
     "gpt_oss": "its experts carry biases and interleaved gate/up rows, and its attention sinks "
                "are per head",
     "gpt2": "its q, k and v come from one fused c_attn Conv1D (and its MLP is c_fc / c_proj)",
-    "qwen3_next": "its MoE's shared expert is scaled by a sigmoid gate (shared_expert_gate) the "
-                  "expert-parallel layout does not handle (its gated delta-net and gated "
-                  "attention split as Qwen3.5's do)",
+    "qwen3_next": "its gated delta-net packs q, k, v and z per key head in one in_proj_qkvz (and "
+                  "b, a in in_proj_ba), which the head split does not cut yet",
 }
 
 

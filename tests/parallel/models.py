@@ -170,3 +170,26 @@ def nemotron_h(groups: int = 4):
 
 def nemotron_h_two_groups():
     return nemotron_h(groups=2)
+
+
+QWEN2_MOE = "tests.parallel.models:qwen2_moe"
+QWEN3_NEXT = "tests.parallel.models:qwen3_next"  # refused by name
+
+
+def qwen2_moe():
+    """Qwen2-MoE: 8 experts, 3 a token, a shared expert scaled by a sigmoid gate."""
+    return _from_config("Qwen2MoeConfig", "Qwen2MoeForCausalLM", 23, hidden_size=64,
+                        intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                        num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+                        shared_expert_intermediate_size=32, tie_word_embeddings=False, **_SMALL)
+
+
+def qwen3_next():
+    """Qwen3-Next: a gated delta-net layer and a gated attention layer, each with an MoE
+    (4 experts, 2 a token, a gated shared expert)."""
+    return _from_config("Qwen3NextConfig", "Qwen3NextForCausalLM", 24, hidden_size=64,
+                        intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                        shared_expert_intermediate_size=32, linear_num_value_heads=8,
+                        linear_num_key_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                        full_attention_interval=2, tie_word_embeddings=False, **_SMALL)

@@ -90,6 +90,11 @@ def test_tp_hybrid_equals_tp1_bitwise_and_a_misplaced_block_does_not(spec, contr
     assert not torch.equal(bits(misplaced["prefill"]), bits(want["prefill"]))
 
 
+def test_qwen3_next_is_refused_by_name_with_why():
+    with pytest.raises(TensorParallelError, match="'qwen3_next'.*packs q, k, v and z per key head"):
+        plan(models.qwen3_next(), 2)
+
+
 def test_a_nemotron_h_split_is_refused_before_the_ranks_start():
     with pytest.raises(TensorParallelError, match="does not divide the n_groups=2"):
         check_spec(TPModelSpec("tests.parallel.models:nemotron_h_two_groups", 4, True, True))

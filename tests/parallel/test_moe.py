@@ -51,6 +51,14 @@ def test_tp2_qwen3_moe_equals_tp1_bitwise_and_a_plain_combine_does_not():
     assert not torch.equal(bits(plain["prefill"]), bits(want["prefill"]))
 
 
+def test_tp2_qwen2_moe_with_a_gated_shared_expert_equals_tp1_bitwise():
+    """The bug: Qwen2-MoE was refused for its shared expert's sigmoid gate; the gate (a
+    hidden -> 1 linear) is replicated, the shared expert a dense MLP split as any."""
+    want, got, plain = tp_runs(models.QWEN2_MOE, 2, job_plain_combine, CFG)
+    assert_bitwise(got, want)
+    assert not torch.equal(bits(plain["prefill"]), bits(want["prefill"]))
+
+
 def test_moe_layout_holds_experts_not_split():
     lay = plan(models.mixtral(), 4)
     assert (lay.experts, lay.intermediate, lay.heads) == (8, 0, 1)
