@@ -32,7 +32,8 @@ is CPU code); a process without numba does too, for every call alike.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -143,13 +144,22 @@ def mamba_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
     """``mamba_selective_state_update``'s result by :func:`selective` (one position): state
     (B, I, N) updated in place; x, dt, z (B, I); A (I, N); B, C (B, N); D, dt_bias (I,).
     Returns (B, I) in x's dtype."""
-    inplace = state.dtype == torch.float32 and state.is_contiguous()
-    s = state if inplace else _start(state, tuple(state.shape))
-    out = selective(x[..., None], _selective_dt(dt, dt_bias, dt_softplus)[..., None], A,
-                    B[:, None], C[:, None], D, s)
-    if not inplace:
-        state.copy_(s)
+    with _updated(state) as s:
+        out = selective(x[..., None], _selective_dt(dt, dt_bias, dt_softplus)[..., None], A,
+                        B[:, None], C[:, None], D, s)
     return _gated(out[..., 0], z, x.dtype)
+
+
+@contextmanager
+def _updated(state: torch.Tensor) -> Iterator[torch.Tensor]:
+    """A float32 contiguous state a kernel may update in place: ``state`` itself when it is
+    one, else a copy written back into ``state`` afterwards (a decode step's contract)."""
+    if state.dtype == torch.float32 and state.is_contiguous():
+        yield state
+        return
+    s = _start(state, tuple(state.shape))
+    yield s
+    state.copy_(s)
 
 
 def _start(initial: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
@@ -212,14 +222,10 @@ def kimi_delta_rule(step: Callable, l2norm: Callable) -> Callable:
 
 def mamba2_dt(dt: torch.Tensor, dt_bias: torch.Tensor | None, softplus: bool,
               limit: tuple[float, float]) -> torch.Tensor:
-    """A Mamba 2 step's ``dt`` as its chunked scan makes it: ``dt + dt_bias`` (in ``dt``'s
-    dtype), softplus, clamped to ``limit``. Elementwise: a position's bits do not
-    depend on the layout or the call."""
-    if dt_bias is not None:
-        dt = dt + dt_bias.to(dt.dtype)
-    if softplus:
-        dt = F.softplus(dt)
-    return torch.clamp(dt, min=limit[0], max=limit[1])
+    """A Mamba 2 step's ``dt`` as its chunked scan makes it: a Mamba step's
+    (:func:`_selective_dt`: ``dt + dt_bias`` in ``dt``'s dtype, softplus), clamped to
+    ``limit``. Elementwise: a position's bits do not depend on the layout or the call."""
+    return torch.clamp(_selective_dt(dt, dt_bias, softplus), min=limit[0], max=limit[1])
 
 
 def mamba2_scan(hidden_states, dt, A, B, C, D, dt_bias, initial_states, dt_softplus, dt_limit):
@@ -254,11 +260,8 @@ def mamba2_step(state, hidden_states, dt, A, B, C, D, dt_bias, dt_softplus, limi
     D, dt_bias (H, P) as the decode branch expands them; B, C (B, G, N). Returns (B, H, P)
     in hidden_states' dtype."""
     step = mamba2_dt(per_head(dt, "dt", 1), per_head(dt_bias, "dt_bias", 1), dt_softplus, limit)
-    inplace = state.dtype == torch.float32 and state.is_contiguous()
-    s = state if inplace else _start(state, tuple(state.shape))
-    out = ssd(hidden_states[:, :, None], step[:, :, None], per_head(A, "A", 2), B[:, :, None],
-              C[:, :, None], per_head(D, "D", 1), s)
-    if not inplace:
-        state.copy_(s)
+    with _updated(state) as s:
+        out = ssd(hidden_states[:, :, None], step[:, :, None], per_head(A, "A", 2),
+                  B[:, :, None], C[:, :, None], per_head(D, "D", 1), s)
     return out[:, :, 0].to(hidden_states.dtype)
 

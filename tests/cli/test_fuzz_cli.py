@@ -24,16 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from detsample.cli import main
+from tests.cli.test_bad_input import GOOD, LOG_ROW
 
 FUZZ_EXAMPLES = int(os.environ.get("DETSAMPLE_FUZZ_EXAMPLES", 40))
 FUZZ_FIXED = "DETSAMPLE_FUZZ_EXAMPLES" not in os.environ
-
-ROLLOUT = {"id": "a", "prompt_ids": [1, 2], "response_ids": [3, 4], "engine_logprobs": [-0.5, -0.25],
-           "trainer_logprobs": [-0.5, -0.25], "mask": [1, 1]}
-LOG_ROW = {"step": 0, "sequences": 1, "excluded_sequences": 0, "tokens": 2,
-           "exact_match_fraction": 1.0, "mismatch_fraction": 0.0, "mean_abs_diff": 0.0,
-           "max_abs_diff": 0.0, "k3_kl_mean": 0.0, "abs_diff_p99": 0.0,
-           "ratio": {"mean": 1.0, "min": 1.0, "max": 1.0, "p50": 1.0}}
 
 #: values that are malformed for some option: odd spellings, out of range, non-finite
 NUMBERS = st.sampled_from(["-1", "0", "1", "2", "1e400", "nan", "inf", "-inf", "1_2", " 3 ", "٣",
@@ -67,7 +61,7 @@ GATES = {"audit", "audit-log"}
 def _files(root) -> dict[str, str]:
     paths = {"rollout": root / "r.jsonl", "log": root / "log.jsonl", "prompts": root / "p.jsonl",
              "dir": root / "a_dir", "missing": root / "missing.jsonl", "out": root / "out.jsonl"}
-    paths["rollout"].write_text(json.dumps(ROLLOUT) + "\n")
+    paths["rollout"].write_text(json.dumps(GOOD) + "\n")
     paths["log"].write_text(json.dumps(LOG_ROW) + "\n")
     paths["prompts"].write_text(json.dumps({"prompt_ids": [5, 6, 7]}) + "\n")
     paths["dir"].mkdir(exist_ok=True)

@@ -358,14 +358,10 @@ def _rollouts(lm, rescorer, *, max_batch_size: int | None, with_trainer: bool,
     engine = Engine(lm, config=EngineConfig(max_batch_size=max_batch_size, eos_token_ids=eos),
                     speculative=speculative)
     cut = _stop_cutter(spec["ending"])
-    finished = []
-
-    def on_finish(res) -> None:
-        finished.append(res.rid)
-        on_progress(len(finished), len(planned), "sequences sampled")
-
-    result = engine.run(Schedule.of([(step, req) for step, req, _ in planned]),
-                        on_finish=on_finish if on_progress is not None else None)
+    finished = itertools.count(1)
+    on_finish = None if on_progress is None else \
+        (lambda res: on_progress(next(finished), len(planned), "sequences sampled"))
+    result = engine.run(Schedule.of([(step, req) for step, req, _ in planned]), on_finish=on_finish)
     if on_speculative is not None and result.speculative is not None:
         on_speculative(result.speculative)
     records = []
