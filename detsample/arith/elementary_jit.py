@@ -63,8 +63,7 @@ def _reduce(v):
 @numba.njit(inline="always", **_jit)
 def exp(x):
     """e**x of a float64, float64."""
-    v = E.EXP_LO if x < E.EXP_LO else x
-    v = E.EXP_HI if v > E.EXP_HI else v
+    v = min(max(x, E.EXP_LO), E.EXP_HI)  # selects (see jit.exp64); NaN: the last line
     t, _, r = _reduce(v)
     p = _estrin(r, C)
     k = bits_of(t) - spec.SHIFT_BITS
@@ -76,8 +75,7 @@ def exp(x):
 @numba.njit(inline="always", **_jit)
 def expm1(x):
     """e**x - 1 of a float64, float64."""
-    v = E.EXPM1_LO if x < E.EXPM1_LO else x
-    v = E.EXP_HI if v > E.EXP_HI else v
+    v = min(max(x, E.EXPM1_LO), E.EXP_HI)
     t, _, r = _reduce(v)
     q = r + (r * r) * _estrin(r, D)
     k = bits_of(t) - spec.SHIFT_BITS
@@ -92,7 +90,7 @@ def expm1(x):
 def tanh(x):
     """tanh of a float64, float64."""
     s = abs(x)
-    s = E.TANH_BIG if s > E.TANH_BIG else s
+    s = min(s, E.TANH_BIG)
     t = expm1(2.0 * s)
     y = math.copysign(t / (t + 2.0), x)
     return np.nan if x != x else y

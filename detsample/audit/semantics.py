@@ -15,51 +15,86 @@ distribution, a few ulps from vLLM's: docs/audit.md, "Logprob semantics").
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from detsample.errors import InvalidSamplingParams
-from detsample.params import LOGPROBS_MODES, SamplingParams
+from detsample.params import LOGPROBS_MODES, SamplingParams, filter_options
 
-#: the fields of a semantics besides its mode, with their "off" values
-FILTER_DEFAULTS = (("temperature", 1.0), ("top_k", -1), ("top_p", 1.0), ("min_p", 0.0))
-#: the fields a row may state (its per-row columns, in the order they are checked)
-ROW_FIELDS = ("logprobs_mode", *(n for n, _ in FILTER_DEFAULTS))
 #: vLLM's names of its logprob modes (``LLM(logprobs_mode=...)``), accepted in a row
 VLLM_MODES = {"raw_logprobs": "raw", "processed_logprobs": "processed"}
 
 
-@dataclass(frozen=True)
+def filter_defaults() -> tuple[tuple[str, object], ...]:
+    """The fields of a semantics besides its mode, with their "off" values: temperature,
+    then every filter of :data:`detsample.params.FILTER_OPTIONS`."""
+    return (("temperature", 1.0), *((o.name, o.neutral) for o in filter_options()))
+
+
+def row_fields() -> tuple[str, ...]:
+    """The fields a row may state (its per-row columns, in the order they are checked)."""
+    return ("logprobs_mode", *(n for n, _ in filter_defaults()))
+
+
+#: the two above as the table stood at import (the column names the readers know)
+FILTER_DEFAULTS = filter_defaults()
+ROW_FIELDS = row_fields()
+
+
+@dataclass(frozen=True, init=False, repr=False)
 class Semantics:
     """One logprob semantics (frozen, validated at construction like SamplingParams:
     ``top_p must be in (0, 1], got 1.5``).
 
-    logprobs_mode: one of :data:`~detsample.params.LOGPROBS_MODES`. temperature, top_k,
-    top_p, min_p: as in :class:`~detsample.params.SamplingParams`; they change nothing in
-    "raw" mode, so giving them there is an error (a file-wide option that would be
-    silently ignored), except through :meth:`with_row` (a file may record the sampling
-    temperature beside raw logprobs).
+    ``Semantics(logprobs_mode="raw", temperature=1.0, *filters, **named)``: the filters of
+    :data:`detsample.params.FILTER_OPTIONS` (``top_k``, ``top_p``, ``min_p``, ...; by
+    position in that order or by name), each read as ``s.top_p``; every value as in
+    :class:`~detsample.params.SamplingParams`. They change nothing in "raw" mode, so giving
+    them there is an error (a file-wide option that would be silently ignored), except
+    through :meth:`with_row` (a file may record the sampling temperature beside raw
+    logprobs).
     """
 
-    logprobs_mode: str = "raw"
-    temperature: float = 1.0
-    top_k: int = -1
-    top_p: float = 1.0
-    min_p: float = 0.0
+    logprobs_mode: str
+    temperature: float
+    values: tuple  # (name, value) of every filter, in the table's order
 
-    def __post_init__(self) -> None:
-        if self.logprobs_mode not in LOGPROBS_MODES:
+    def __init__(self, logprobs_mode: str = "raw", temperature: float = 1.0, *filters: object,
+                 **named: object) -> None:
+        if logprobs_mode not in LOGPROBS_MODES:
             raise InvalidSamplingParams(f"logprobs_mode must be one of {LOGPROBS_MODES}, "
-                                        f"got {self.logprobs_mode!r}")
-        p = self.params()  # every field rule, once
-        for name, _ in FILTER_DEFAULTS:
-            object.__setattr__(self, name, getattr(p, name))
+                                        f"got {logprobs_mode!r}")
+        names = [o.name for o in filter_options()]
+        if len(filters) > len(names):
+            raise TypeError(f"Semantics takes at most {len(names)} filters by position "
+                            f"({', '.join(names)}), got {len(filters)}")
+        given = dict(zip(names, filters))
+        for k, v in named.items():
+            if k not in names or k in given:
+                raise TypeError(f"Semantics got an unexpected or repeated field {k!r} "
+                                f"(filters: {', '.join(names)})")
+            given[k] = v
+        p = SamplingParams(temperature=temperature, seed=0, logprobs_mode=logprobs_mode,
+                           **given)  # every field rule, once
+        object.__setattr__(self, "logprobs_mode", logprobs_mode)
+        object.__setattr__(self, "temperature", p.temperature)
+        object.__setattr__(self, "values", tuple((n, getattr(p, n)) for n in names))
+
+    def __getattr__(self, name: str) -> object:
+        for n, v in self.__dict__.get("values", ()):
+            if n == name:
+                return v
+        raise AttributeError(f"Semantics has no field {name!r}")
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items())
+        return f"Semantics({fields})"
 
     @classmethod
     def of(cls, logprobs_mode: str = "raw", **fields: object) -> Semantics:
         """A semantics from options: filters given with "raw" are refused (raw
         logprobs are log_softmax at temperature 1; they would change nothing)."""
-        s = cls(logprobs_mode, **fields)  # type: ignore[arg-type]
-        given = [n for n, off in FILTER_DEFAULTS if getattr(s, n) != off]
+        s = cls(logprobs_mode, **fields)
+        given = [n for n, off in filter_defaults() if getattr(s, n) != off]
         if logprobs_mode == "raw" and given:
             raise InvalidSamplingParams(
                 f"{', '.join(given)} describe processed logprobs, but logprobs_mode is 'raw' "
@@ -67,16 +102,22 @@ class Semantics:
                 f"'processed' (--logprobs-mode processed)")
         return s
 
+    @classmethod
+    def of_params(cls, params: SamplingParams, logprobs_mode: str | None = None) -> Semantics:
+        """The semantics of a request's parameters: its temperature and every filter of
+        the table, in ``logprobs_mode`` (default the request's own)."""
+        return cls(logprobs_mode or params.logprobs_mode, params.temperature,
+                   **{o.name: getattr(params, o.name) for o in filter_options()})
+
     def with_row(self, **stated: object) -> Semantics:
-        """This semantics with one row's stated fields (``logprobs_mode``, ``temperature``,
-        ``top_k``, ``top_p``, ``min_p``; None: not stated) taking precedence, field by
-        field; :class:`InvalidSamplingParams` naming the field and the value when one is
-        bad (the rule of :class:`~detsample.params.SamplingParams`). A row's
-        ``logprobs_mode`` may also be spelt as vLLM spells it (:data:`VLLM_MODES`). Unlike
-        :meth:`of`, filters beside "raw" logprobs are accepted (a file may record the
-        sampling temperature beside raw logprobs): they change nothing, so the result is
-        then :data:`RAW`."""
-        unknown = sorted(set(stated) - set(ROW_FIELDS))
+        """This semantics with one row's stated fields (``logprobs_mode``, ``temperature``
+        and the filters; None: not stated) taking precedence, field by field;
+        :class:`InvalidSamplingParams` naming the field and the value when one is bad (the
+        rule of :class:`~detsample.params.SamplingParams`). A row's ``logprobs_mode`` may
+        also be spelt as vLLM spells it (:data:`VLLM_MODES`). Unlike :meth:`of`, filters
+        beside "raw" logprobs are accepted (a file may record the sampling temperature
+        beside raw logprobs): they change nothing, so the result is then :data:`RAW`."""
+        unknown = sorted(set(stated) - set(row_fields()))
         if unknown:
             raise InvalidSamplingParams(f"unknown semantics field(s): {', '.join(unknown)}")
         given = {k: _number(k, v) for k, v in stated.items() if v is not None}
@@ -85,20 +126,21 @@ class Semantics:
         if not isinstance(mode, str) or mode not in LOGPROBS_MODES:
             raise InvalidSamplingParams(f"logprobs_mode must be one of {LOGPROBS_MODES} (or "
                                         f"vLLM's {', '.join(VLLM_MODES)}), got {mode!r}")
-        out = replace(self, logprobs_mode=mode, **given)  # every field rule, once
+        fields = {k: v for k, v in self.to_dict().items() if k != "logprobs_mode"}
+        out = Semantics(mode, **{**fields, **given})  # every field rule, once
         return RAW if out.logprobs_mode == "raw" else out
 
     def params(self) -> SamplingParams:
         """The rescoring request's parameters (a fixed seed: nothing is drawn)."""
-        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                              min_p=self.min_p, seed=0, logprobs_mode=self.logprobs_mode)
+        return SamplingParams(temperature=self.temperature, seed=0,
+                              logprobs_mode=self.logprobs_mode, **dict(self.values))
 
     @property
     def filters(self) -> tuple[tuple[str, object], ...]:
         """(name, value) of the fields that are not off (temperature included)."""
         if self.logprobs_mode == "raw":
             return ()
-        return tuple((n, getattr(self, n)) for n, off in FILTER_DEFAULTS
+        return tuple((n, getattr(self, n)) for n, off in filter_defaults()
                      if getattr(self, n) != off)
 
     def describe(self) -> str:
@@ -115,14 +157,15 @@ class Semantics:
 
     def to_dict(self) -> dict:
         return {"logprobs_mode": self.logprobs_mode, "temperature": self.temperature,
-                "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p}
+                **dict(self.values)}
 
 
 def _number(name: str, v: object) -> object:
-    """A stated temperature / top_p / min_p given as an integer, as the float it means (a
+    """A stated temperature or float filter (top_p, min_p) given as an integer, as the float it means (a
     JSON reader may hand either for 1 and 1.0: both name the same value, in messages
     too); everything else as it is."""
-    if name in ("temperature", "top_p", "min_p") and isinstance(v, int) and \
+    floats = {"temperature"} | {o.name for o in filter_options() if o.kind is float}
+    if name in floats and isinstance(v, int) and \
             not isinstance(v, bool) and abs(v) < 2 ** 53:
         return float(v)
     return v

@@ -243,21 +243,42 @@ def add_semantics_options(p: argparse.ArgumentParser, what: str) -> None:
                         f"1; default), processed (vLLM's: log_softmax over the kept set of "
                         f"logits / T), scaled (logits / T, no filter) or processed_fixed "
                         f"(detsample's exact form of processed, a few ulps away)")
-    for name, conv, hint in (("temperature", float, "temperature T"),
-                             ("top_k", int, "top-k filter K (-1: off)"),
-                             ("top_p", float, "top-p filter P"),
-                             ("min_p", float, "min-p filter M")):
-        p.add_argument(f"--{name.replace('_', '-')}", type=sampling_field(name, conv),
-                       metavar=name.split("_")[-1][0].upper() if name != "temperature" else "T",
-                       help=f"with --logprobs-mode processed: the engine's {hint}")
+    from detsample.params import filter_options
+
+    p.add_argument("--temperature", type=sampling_field("temperature"), metavar="T",
+                   help="with --logprobs-mode processed: the engine's temperature T")
+    for o in filter_options():
+        p.add_argument(o.flag, type=sampling_field(o.name, o.kind), metavar=o.metavar,
+                       help=f"with --logprobs-mode processed: the engine's {o.help}")
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    """--temperature and every filter of the table (``--top-k``, ``--top-p``, ``--min-p``,
+    ...), defaults off: the options :func:`sampling_params_of` reads."""
+    from detsample.params import filter_options
+
+    p.add_argument("--temperature", type=sampling_field("temperature"), default=1.0,
+                   metavar="T", help="sampling temperature (0: greedy)")
+    for o in filter_options():
+        p.add_argument(o.flag, type=sampling_field(o.name, o.kind), default=o.neutral,
+                       metavar=o.metavar, help=o.help)
+
+
+def sampling_params_of(args: argparse.Namespace):
+    """The :class:`~detsample.params.SamplingParams` of :func:`add_sampling_options`'
+    options (temperature and filters; the rest default)."""
+    from detsample.params import SamplingParams, filter_options
+
+    return SamplingParams(temperature=args.temperature,
+                          **{o.name: getattr(args, o.name) for o in filter_options()})
 
 
 def semantics_of(args: argparse.Namespace):
     """The :class:`~detsample.audit.semantics.Semantics` of the options above, or None when
     none was given; InvalidSamplingParams for filters given with raw logprobs."""
-    from detsample.audit.semantics import FILTER_DEFAULTS, Semantics
+    from detsample.audit.semantics import Semantics, filter_defaults
 
-    given = {n: getattr(args, n) for n, _ in FILTER_DEFAULTS if getattr(args, n) is not None}
+    given = {n: getattr(args, n) for n, _ in filter_defaults() if getattr(args, n) is not None}
     if args.logprobs_mode is None and not given:
         return None
     return Semantics.of(args.logprobs_mode or "raw", **given)

@@ -21,6 +21,7 @@ import sys
 
 from detsample.cli._argtypes import (
     PORTABLE_NEEDS_MODE,
+    add_sampling_options,
     add_threads_option,
     apply_threads,
     model_dtype,
@@ -29,6 +30,7 @@ from detsample.cli._argtypes import (
     portable_without_mode,
     positive_int,
     sampling_field,
+    sampling_params_of,
     seed_span_problem,
     token_id_list,
     tp_needs_portable,
@@ -91,11 +93,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    metavar="K", help="response length limit per sequence")
     p.add_argument("--seed", type=sampling_field("seed", int), default=0,
                    help="prompt i uses seed SEED + i*N (N: --n), unless its line gives one")
-    p.add_argument("--temperature", type=sampling_field("temperature"), default=1.0,
-                   help="sampling temperature")
-    p.add_argument("--top-p", type=sampling_field("top_p"), default=1.0, help="nucleus filter")
-    p.add_argument("--top-k", type=sampling_field("top_k", int), default=-1,
-                   help="top-k filter (-1: off)")
+    add_sampling_options(p)
     p.add_argument("--max-batch-size", type=positive_int, default=4, metavar="B",
                    help="engine rows at a time")
     p.add_argument("--stagger", type=non_negative_int, default=0, metavar="K",
@@ -230,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
             progress(0, None)
             records = generate_rollouts(
                 args.num_sequences, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                sampling=sampling_params_of(args),
                 max_batch_size=args.max_batch_size, stagger=args.stagger,
                 with_trainer=args.with_trainer,
                 model=args.model, batch_invariant=args.batch_invariant, portable=args.portable,

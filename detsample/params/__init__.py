@@ -74,6 +74,47 @@ _SCALARS: tuple[tuple[str, Callable[[str, Any], Any], Callable[[Any], bool], str
 
 
 @dataclass(frozen=True)
+class FilterOption:
+    """How the harness spells one step-8 filter of :class:`SamplingParams`: ``name`` (its
+    field; ``--top-k`` on the command line), ``kind`` (int or float), ``metavar`` and
+    ``help`` (the command line's), ``grid`` (the values the audit's diagnosis tries with
+    it alone, and each with every top-p value). Its "off" value is the field's default
+    (:attr:`neutral`)."""
+
+    name: str
+    kind: type
+    metavar: str
+    help: str
+    grid: tuple = ()
+
+    @property
+    def neutral(self) -> Any:
+        """The value that turns the filter off: the field's default."""
+        return SamplingParams.__dataclass_fields__[self.name].default
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+#: every step-8 filter, in pipeline order (top-k, top-p, then the element-wise filters of
+#: ``rules.ELEMENT_FILTERS``): the one table the command line (``--top-k``, ...), the
+#: audit's semantics and diagnosis and the rollout read their filters from, at call time.
+#: A new filter adds its row here (docs/architecture.md, "How to add a sampling parameter").
+FILTER_OPTIONS: tuple[FilterOption, ...] = (
+    FilterOption("top_k", int, "K", "top-k filter K (-1: off)", (1, 5, 10, 20, 40, 50, 100)),
+    FilterOption("top_p", float, "P", "top-p (nucleus) filter P (1: off)",
+                 (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)),
+    FilterOption("min_p", float, "M", "min-p filter M (0: off)", (0.01, 0.02, 0.05, 0.1, 0.2)),
+)
+
+
+def filter_options() -> tuple[FilterOption, ...]:
+    """:data:`FILTER_OPTIONS`, read when called (so a test's extension of it is seen)."""
+    return FILTER_OPTIONS
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """Sampling parameters of one request (frozen, validated at construction).
 

@@ -12,8 +12,9 @@ whose prefill completes join with ``SamplingBatch.merge``; every row samples one
 with the ``Sampler`` (``positions`` = index of the row's last input token);
 ``batch.advance`` records the tokens; finished rows leave with ``SamplingBatch.filter``.
 A request stops on EOS, one of its ``stop_token_ids``, ``max_new_tokens``, the model's
-``max_seq_len``, or when the batch marks it finished (no admissible token, terminated
-grammar). The token that stops a request is part of its output.
+``max_seq_len``, when the batch marks it finished (no admissible token, terminated
+grammar), or when ``run``'s ``stop_after`` test says its tokens end it (stop strings). The
+token that stops a request is part of its output.
 
 Guarantee (tested): with a batch-invariant model (the reference model; a float model
 under ``detsample.batch_invariant()``) a request's tokens, logprobs, seed and finish
@@ -156,6 +157,7 @@ class _Row:
     top: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     compiling: SamplingBatch | None = None  # built at admission: its grammar compiles
     held: torch.Tensor | None = None  # logits of the last prompt token while held
+    stop_after: Any = None  # generated ids -> True when they end the request (stop strings)
 
 
 @dataclass
@@ -170,6 +172,14 @@ class _State:
     batch: SamplingBatch | None = None
     extra: dict[str, SamplingBatch] = field(default_factory=dict)
     on_finish: Any = None      # RequestResult -> None, called as each request finishes
+    stop_after: Any = None     # (Request, generated ids) -> bool: Engine.run's stop test
+
+
+def _bound(stop_after: Any, request: Request) -> Any:
+    """``stop_after`` bound to one request (None without a stop test)."""
+    if stop_after is None:
+        return None
+    return lambda ids: bool(stop_after(request, ids))
 
 
 class Engine:
@@ -224,12 +234,19 @@ class Engine:
                     f"request {r.rid!r}: prompt_ids + output_ids has {n} tokens, the model's "
                     f"max_seq_len={S} leaves no room to generate")
 
-    def run(self, schedule: Schedule, on_finish: Any = None) -> EngineResult:
+    def run(self, schedule: Schedule, on_finish: Any = None,
+            stop_after: Any = None) -> EngineResult:
         """Run every request of ``schedule`` to completion; ``on_finish(result)`` (a
-        :class:`RequestResult`) is called as each request finishes (progress)."""
+        :class:`RequestResult`) is called as each request finishes (progress).
+        ``stop_after(request, token_ids)`` (optional) is asked after each recorded token
+        with the request's generated ids so far; True ends the request there with reason
+        ``"stop"``, that token kept (stop strings: the rollout's decoded-text test). A
+        speculative step's accepted tokens are asked one by one, so the request ends at
+        the same token either way."""
         self._check(schedule)
         cfg = self.config
-        st = _State(pending=deque(schedule.ordered()), on_finish=on_finish)
+        st = _State(pending=deque(schedule.ordered()), on_finish=on_finish,
+                    stop_after=stop_after)
         out = EngineResult(results={})
         if self.speculative is not None:
             out.speculative = SpecStats()
@@ -248,7 +265,8 @@ class Engine:
                 st.filling.append(_Row(a, self.model.new_cache(),
                                        q.params.max_new_tokens or cfg.default_max_new_tokens,
                                        feed=list(q.prompt_ids) + list(q.output_ids),
-                                       compiling=self._batch([q]) if q.params.grammar else None))
+                                       compiling=self._batch([q]) if q.params.grammar else None,
+                                       stop_after=_bound(st.stop_after, q)))
             drafts = self._propose(st, out.speculative) if out.speculative else []
             outs = self._forward(st, drafts)
             if st.rows:
@@ -419,6 +437,8 @@ class Engine:
         if t in self.config.eos_token_ids:
             return FINISH_EOS
         if t in p.stop_token_ids:
+            return FINISH_STOP
+        if row.stop_after is not None and row.stop_after(row.tokens):
             return FINISH_STOP
         if len(row.tokens) >= row.max_new:
             return FINISH_LENGTH

@@ -18,6 +18,7 @@ from detsample.audit.running.rescore import ModelRescorer, TPRescorer
 from detsample.audit.running.rollout import generate_rollouts
 from detsample.audit.semantics import RAW, Semantics
 from detsample.cli import main
+from detsample.params import SamplingParams as SP
 from tests.vllm_reference import vllm_engine_rollouts, vllm_processed
 
 PROMPTS = [[1, 17, 33, 5], [2, 99, 4], [7, 8, 9, 10, 11], [300, 12]]
@@ -111,9 +112,9 @@ def test_rows_stating_different_semantics_are_diagnosed_per_group():
     """Pins the per-group diagnosis: rows stating processed at T 0.7 (right) and rows
     stating processed at T 1.3 (the engine sampled them at T 0.5): one line per group,
     the first within noise, the second naming temperature 0.5."""
-    right = generate_rollouts(num_sequences=2, max_new_tokens=6, seed=1, temperature=0.7,
+    right = generate_rollouts(num_sequences=2, max_new_tokens=6, seed=1, sampling=SP(temperature=0.7),
                               logprobs_mode="processed")
-    wrong = generate_rollouts(num_sequences=2, max_new_tokens=6, seed=5, temperature=0.5,
+    wrong = generate_rollouts(num_sequences=2, max_new_tokens=6, seed=5, sampling=SP(temperature=0.5),
                               logprobs_mode="processed")
     for r in right:
         r.update(logprobs_mode="processed", temperature=0.7)
@@ -148,8 +149,8 @@ class _OneRank:
 
 
 def _tp_diagnosis(rescorer) -> dict:
-    records = generate_rollouts(num_sequences=2, max_new_tokens=6, seed=3, temperature=0.7,
-                                top_p=0.9, logprobs_mode="processed", model=rescorer.model)
+    records = generate_rollouts(num_sequences=2, max_new_tokens=6, seed=3, sampling=SP(temperature=0.7,
+                                top_p=0.9), logprobs_mode="processed", model=rescorer.model)
     try:
         return audit(records, rescore=rescorer)["diagnosis"]
     finally:
@@ -217,10 +218,10 @@ def test_the_html_report_does_not_print_a_superseded_guess():
 
 
 def test_trainer_logprobs_alone_report_the_signature():
-    records = generate_rollouts(num_sequences=4, max_new_tokens=10, seed=2, temperature=0.7,
-                                top_p=0.9, logprobs_mode="processed")
-    raw = generate_rollouts(num_sequences=4, max_new_tokens=10, seed=2, temperature=0.7,
-                            top_p=0.9, with_trainer=True)
+    records = generate_rollouts(num_sequences=4, max_new_tokens=10, seed=2, sampling=SP(temperature=0.7,
+                                top_p=0.9), logprobs_mode="processed")
+    raw = generate_rollouts(num_sequences=4, max_new_tokens=10, seed=2, sampling=SP(temperature=0.7,
+                            top_p=0.9), with_trainer=True)
     for r, t in zip(records, raw):  # trainer: raw logprobs of the same tokens
         assert r["response_ids"] == t["response_ids"]
         r["trainer_logprobs"] = t["trainer_logprobs"]

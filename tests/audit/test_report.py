@@ -7,6 +7,7 @@ import pytest
 
 from detsample.audit import audit
 from detsample.audit.reports.report import PLOTS, format_summary, write_report
+from detsample.params import SamplingParams as SP
 from tests.audit.synth import synth_rollouts, to_records
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -93,7 +94,7 @@ def test_rescore_provenance_names_model_and_semantics(tmp_path):
 
     path = tmp_path / "r.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in generate_rollouts(
-        num_sequences=2, max_new_tokens=4, temperature=0.7, top_p=0.9,
+        num_sequences=2, max_new_tokens=4, sampling=SP(temperature=0.7, top_p=0.9),
         logprobs_mode="processed")))
     assert main(["audit", str(path), "--rescore", "refmodel", "--logprobs-mode", "processed",
                  "--temperature", "0.7", "--top-p", "0.9", "--json", str(tmp_path / "a.json"),

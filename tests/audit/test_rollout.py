@@ -17,13 +17,14 @@ from detsample.audit import audit  # noqa: E402
 from detsample.audit.running.rescore import ModelRescorer  # noqa: E402
 from detsample.audit.running.rollout import generate_rollouts  # noqa: E402
 from detsample.cli import main  # noqa: E402
+from detsample.params import SamplingParams as SP
 
 ROLLOUT_CASES = [
     # (kwargs of generate_rollouts)
     dict(num_sequences=5, max_new_tokens=10, seed=0),
-    dict(num_sequences=6, max_new_tokens=8, seed=7, temperature=0.7, top_p=0.9,
+    dict(num_sequences=6, max_new_tokens=8, seed=7, sampling=SP(temperature=0.7, top_p=0.9),
          max_batch_size=2, stagger=2),
-    dict(num_sequences=3, max_new_tokens=6, seed=3, temperature=0.0),
+    dict(num_sequences=3, max_new_tokens=6, seed=3, sampling=SP(temperature=0.0)),
 ]
 
 
@@ -237,7 +238,7 @@ def test_n_samples_per_prompt_are_distinct_and_reproducible(tmp_path):
 
     prompts = read_prompts(_prompts_file(tmp_path, [{"prompt_ids": [5, 6, 7]},
                                                     {"prompt_ids": [9, 10], "id": "b"}]))
-    kw = dict(prompts=prompts, n=4, max_new_tokens=8, temperature=0.9, seed=10)
+    kw = dict(prompts=prompts, n=4, max_new_tokens=8, sampling=SP(temperature=0.9), seed=10)
     a, b = generate_rollouts(**kw), generate_rollouts(**kw)
     assert a == b
     assert [r["group"] for r in a] == [0] * 4 + [1] * 4
@@ -302,7 +303,7 @@ def test_the_schedule_changes_no_token_or_logprob_of_a_float_model_under_the_mod
     """Every request admitted at step 0 (the CLI's default now) or one a step (its old
     schedule: each step padded its decode rows to the arriving prompt's length): the same
     records, bit for bit, on a float model under the mode."""
-    run = dict(num_sequences=5, max_new_tokens=6, seed=4, temperature=0.9, top_p=0.95,
+    run = dict(num_sequences=5, max_new_tokens=6, seed=4, sampling=SP(temperature=0.9, top_p=0.95),
                max_batch_size=3, model="hf-tiny-llama", batch_invariant=True)
     at_once, staggered = generate_rollouts(**run, stagger=0), generate_rollouts(**run, stagger=1)
     assert [r["response_ids"] for r in at_once] == [r["response_ids"] for r in staggered]

@@ -19,6 +19,7 @@ from detsample.audit.running.rollout import generate_rollouts
 from detsample.audit.semantics import RAW, Semantics
 from detsample.cli import main
 from detsample.errors import InvalidSamplingParams
+from detsample.params import SamplingParams as SP
 
 BAD_SEMANTICS = [  # (kwargs of Semantics.of, words of the error)
     (dict(logprobs_mode="greedy"), ["logprobs_mode", "'greedy'"]),
@@ -53,14 +54,14 @@ MODES = [  # (rollout's mode, the rescoring semantics that must audit exactly)
 
 @pytest.fixture(scope="module")
 def processed_rollouts():
-    return generate_rollouts(num_sequences=4, max_new_tokens=10, seed=2, temperature=0.7,
-                             top_p=0.9, logprobs_mode="processed")
+    return generate_rollouts(num_sequences=4, max_new_tokens=10, seed=2, sampling=SP(temperature=0.7,
+                             top_p=0.9), logprobs_mode="processed")
 
 
 @pytest.mark.parametrize("mode,semantics", MODES)
 def test_rollout_in_a_mode_audits_exactly_in_that_semantics(mode, semantics):
-    records = generate_rollouts(num_sequences=4, max_new_tokens=10, seed=2, temperature=0.7,
-                                top_p=0.9, logprobs_mode=mode)
+    records = generate_rollouts(num_sequences=4, max_new_tokens=10, seed=2, sampling=SP(temperature=0.7,
+                                top_p=0.9), logprobs_mode=mode)
     rep = audit(records, rescore=ModelRescorer("refmodel", semantics=semantics))
     assert rep["exact_match_fraction"] == 1.0 and rep["tokens"] == 40
 

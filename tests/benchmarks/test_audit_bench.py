@@ -14,6 +14,7 @@ import time
 import pytest
 
 from detsample.audit import audit
+from detsample.params import SamplingParams as SP
 from tests.audit.synth import padded_twin, synth_rollouts, write_columns, write_jsonl, write_npz, write_parquet
 
 FORMATS = [("npz", write_npz), ("parquet", write_parquet), ("jsonl", write_jsonl)]
@@ -122,8 +123,8 @@ def test_diagnosis_cost_against_rescoring_alone(benchmark):
     from detsample.audit.running.rollout import generate_rollouts
     from detsample.audit.semantics import RAW, Semantics
 
-    recs = generate_rollouts(num_sequences=16, max_new_tokens=32, seed=0, temperature=0.7,
-                             top_p=0.9, logprobs_mode="processed", model="hf-tiny-llama")
+    recs = generate_rollouts(num_sequences=16, max_new_tokens=32, seed=0, sampling=SP(temperature=0.7,
+                             top_p=0.9), logprobs_mode="processed", model="hf-tiny-llama")
     sides = {"rescoring alone": Semantics("processed", 0.7, -1, 0.9), "with diagnosis": RAW}
     best = {}
     for _ in range(5):

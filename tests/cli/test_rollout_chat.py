@@ -79,12 +79,17 @@ def test_stop_string_ends_the_response_at_the_token_completing_it(tmp_path, chat
 
     tok = Tokenizer.from_file(str(chat_dir / "tokenizer.json"))
     recs = _rollout(tmp_path / "r.jsonl", chat_dir, prompts, "--ignore-eos", "--stop", "cat")
+    free = _rollout(tmp_path / "f.jsonl", chat_dir, prompts, "--ignore-eos")
     cut = [r for r in recs if len(r["response_ids"]) < 24]
     assert cut
     for r in cut:
         ids = r["response_ids"]
         assert "cat" in tok.decode(ids, skip_special_tokens=False)
         assert "cat" not in tok.decode(ids[:-1], skip_special_tokens=False)
+    for r, f in zip(recs, free):  # the engine stopped there: a prefix of the free run, logprobs too
+        n = len(r["response_ids"])
+        assert f["response_ids"][:n] == r["response_ids"]
+        assert f["engine_logprobs"][:n] == r["engine_logprobs"]
 
 
 def test_model_dir_rollout_then_audit_rescore_dir_is_exact(tmp_path, chat_dir, prompts, capsys):

@@ -25,7 +25,7 @@ from detsample.probe.parallel import ROW_PARALLEL_OP, check_tensor_parallel, for
 from tests.parallel import models
 from tests.parallel.tp import CFG, START
 
-RUN = dict(num_sequences=3, max_new_tokens=5, seed=7, temperature=1.0, top_p=0.9, top_k=-1,
+RUN = dict(num_sequences=3, max_new_tokens=5, seed=7, sampling=SamplingParams(seed=0, top_p=0.9),
            max_batch_size=2, stagger=1, with_trainer=True)
 #: RUN as generate_rollouts hands it to each rank (built prompts, one sample each, raw logprobs)
 RANK_RUN = dict(RUN, prompts=None, n=1, semantics=RAW, ending=Ending())

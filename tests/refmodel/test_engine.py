@@ -221,6 +221,30 @@ def test_stops_on_stop_token(engine):
     assert out.token_ids == first.token_ids[: at + 1]
 
 
+def test_stop_after_ends_the_request_at_the_first_token_it_accepts(engine):
+    """Stop strings were applied after generation: the engine computed every token up to
+    max_new_tokens and the caller cut them, so a stopped request cost a full one. Now
+    ``run(stop_after=...)`` ends it at that token: fewer steps, the same bits as a prefix."""
+    base = make_request("s", "plain", seed=3, max_new=20)
+    other = make_request("o", "topp", seed=5, max_new=20)
+    sched = Schedule.of([(0, base), (0, other)])
+    free = engine.run(sched)
+    target = free["s"].token_ids[5]
+    at = free["s"].token_ids.index(target)
+    asked = []
+
+    def stop_after(request, ids):
+        asked.append((request.rid, len(ids)))
+        return request.rid == "s" and ids[-1] == target
+
+    out = engine.run(sched, stop_after=stop_after)
+    assert out["s"].finish_reason == "stop"
+    assert out["s"].token_ids == free["s"].token_ids[: at + 1]
+    assert torch.equal(bits(out["s"].logprobs["raw"]), bits(free["s"].logprobs["raw"][: at + 1]))
+    assert same_result(out["o"], free["o"])  # the neighbour is untouched
+    assert max(n for rid, n in asked if rid == "s") == at + 1  # nothing past the stop computed
+
+
 def test_stops_on_eos(engine):
     r = Request("e", SamplingParams(seed=1, logit_bias={0: 50.0}, max_new_tokens=9), [7, 8])
     out = engine.run(Schedule.of([(0, r)]))["e"]

@@ -110,6 +110,20 @@ def test_speculative_run_equals_the_plain_run(model, plain, proposer, k):
         assert s.acceptance_rate > 0.9 and s.steps < len(plain.steps)
 
 
+def test_a_stop_test_ends_the_speculative_run_at_the_plain_runs_token(model, plain):
+    """A speculative step accepts several tokens at once: each is asked in turn, so the
+    request ends at the same token as the plain run, drafts past it discarded."""
+    def stop_after(request, ids):
+        return len(ids) >= 3 and ids[-1] % 3 == 0
+
+    one = Engine(model, config=EngineConfig(max_batch_size=5)).run(MIXED, stop_after=stop_after)
+    spec = Engine(model, config=EngineConfig(max_batch_size=5),
+                  speculative=Speculative(DraftModel(model), 3)).run(MIXED, stop_after=stop_after)
+    _assert_same(one, spec)
+    assert any(r.finish_reason == "stop" and len(r.token_ids) < len(plain[rid].token_ids)
+               for rid, r in one.results.items())
+
+
 def test_drafts_that_are_the_plain_runs_tokens_are_all_accepted(model, plain):
     spec = Engine(model, config=EngineConfig(max_batch_size=5),
                   speculative=Speculative(OracleProposer(plain), 3)).run(MIXED)

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import torch
 
 from detsample.audit.semantics import RAW, Semantics
+from detsample.params import filter_options
+from detsample.rules import ELEMENT_FILTERS
 
 #: the largest max |d| a semantics may leave and still "explain" the engine's numbers:
 #: float32 kernel noise on one model is ~1e-6..1e-5 (bf16 models ~1e-2: their audits are
@@ -41,31 +43,37 @@ NOISE = 1e-3
 MAX_TOKENS = 256
 #: temperatures of the coarse search (then refined to 0.01 around the best)
 T_GRID = tuple(round(0.05 * k, 2) for k in range(1, 41))
+#: the filters of the table by kind: top-k (a rank), top-p (a mass) and the element-wise
+#: ones (``rules.ELEMENT_FILTERS`` with a ``least``: keep z >= z_max + log(least(value)),
+#: a prefix of the sorted row); each filter's values are its ``grid``
+_OPTIONS = {o.name: o for o in filter_options()}
+_ELEMENTS = tuple(f for f in ELEMENT_FILTERS if f.least is not None and f.name in _OPTIONS)
 #: the single filters tried at every temperature (and none)
 SINGLE_FILTERS = ((("top_k", -1),),
-                  *((("top_p", p),) for p in (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)),
-                  *((("top_k", k),) for k in (1, 5, 10, 20, 40, 50, 100)),
-                  *((("min_p", m),) for m in (0.01, 0.02, 0.05, 0.1, 0.2)))
+                  *((("top_p", p),) for p in _OPTIONS["top_p"].grid),
+                  *((("top_k", k),) for k in _OPTIONS["top_k"].grid),
+                  *(((f.name, v),) for f in _ELEMENTS for v in _OPTIONS[f.name].grid))
 
-#: the grid as arrays: top-k values (-1: no filter), top-p values, min-p values
+#: the grid as arrays: top-k values (-1: no filter), top-p values, element-filter settings
 _TOP_K = tuple(v for (n, v), in SINGLE_FILTERS if n == "top_k")
 _TOP_P = tuple(v for (n, v), in SINGLE_FILTERS if n == "top_p")
-_MIN_P = tuple(v for (n, v), in SINGLE_FILTERS if n == "min_p")
+_ELEMENT_GRID = tuple((n, v) for (n, v), in SINGLE_FILTERS if n not in ("top_k", "top_p"))
 #: top-k values combined with every top-p (top-k 1 is greedy whatever top-p does)
 _COMBO_K = tuple(k for k in _TOP_K if k > 1)
 _COMBO_COLS = [_TOP_K.index(k) for k in _COMBO_K]
 _P = torch.tensor(_TOP_P, dtype=torch.float64)
-_LOG_MIN_P = torch.log(torch.tensor(_MIN_P, dtype=torch.float64))
+_LEAST = {f.name: f.least for f in _ELEMENTS}
+_LOG_LEAST = torch.log(torch.tensor([_LEAST[n](v) for n, v in _ELEMENT_GRID], dtype=torch.float64))
 #: the combinations engines use: top-k with top-p (top-p over the top-k survivors, as
-#: vLLM and detsample apply them; e.g. Hugging Face's 50 / 0.95, Qwen's 20 / 0.8) and
-#: min-p with top-p in vLLM's order (top-p over the min-p survivors; detsample applies
-#: min-p after top-p, where the pair keeps what the stricter one keeps:
-#: :data:`ORDER_NOTE`)
+#: vLLM and detsample apply them; e.g. Hugging Face's 50 / 0.95, Qwen's 20 / 0.8) and an
+#: element-wise filter (min-p) with top-p in vLLM's order (top-p over the min-p
+#: survivors; detsample applies min-p after top-p, where the pair keeps what the stricter
+#: one keeps: :data:`ORDER_NOTE`)
 COMBINED_FILTERS = (tuple((("top_k", k), ("top_p", p)) for k in _COMBO_K for p in _TOP_P)
-                    + tuple((("min_p", m), ("top_p", p)) for m in _MIN_P for p in _TOP_P))
+                    + tuple((e, ("top_p", p)) for e in _ELEMENT_GRID for p in _TOP_P))
 #: every filter setting tried at every temperature, in the order of :func:`_scores`'s columns
 FILTER_GRID = (tuple((("top_k", v),) for v in _TOP_K) + tuple((("top_p", v),) for v in _TOP_P)
-               + tuple((("min_p", v),) for v in _MIN_P) + COMBINED_FILTERS)
+               + tuple((e,) for e in _ELEMENT_GRID) + COMBINED_FILTERS)
 
 
 @dataclass(frozen=True)
@@ -95,16 +103,17 @@ class _Rows:
 def _scores(r: _Rows, t: float) -> dict[tuple, float]:
     """max |engine - lp| of every filter of :data:`FILTER_GRID` at temperature ``t``:
     each filter keeps a prefix of the sorted row (top-p: while the mass strictly before
-    is < p, of the whole row or of a top-k / min-p prefix; min-p: p_i >= min_p p_max),
-    its normaliser one ``logcumsumexp`` entry. Two ``searchsorted`` calls in all (the
-    min-p prefixes, then every top-p threshold at once)."""
+    is < p, of the whole row or of a top-k / element-filter prefix; an element filter:
+    exp(z_i - z_max) >= least(value), e.g. min-p p_i >= min_p p_max), its normaliser one
+    ``logcumsumexp`` entry. Two ``searchsorted`` calls in all (the element filters'
+    prefixes, then every top-p threshold at once)."""
     z = r.x_sorted / t
     lcse = torch.logcumsumexp(z, dim=1)
     total = lcse[:, -1:]
     before = torch.cat([torch.zeros_like(total), torch.exp(lcse[:, :-1] - total)],
                        dim=1).contiguous()  # mass strictly before entry j, of the row
     n = z.shape[0]
-    kept_m = torch.searchsorted((-z).contiguous(), (-(z[:, :1] + _LOG_MIN_P)).contiguous(),
+    kept_m = torch.searchsorted((-z).contiguous(), (-(z[:, :1] + _LOG_LEAST)).contiguous(),
                                 right=True)
     prefix = torch.cat([r.kept_k[:, _COMBO_COLS], kept_m], dim=1)  # top-p runs within these
     mass = torch.exp(lcse.gather(1, prefix - 1) - total)
@@ -122,7 +131,7 @@ def _scores(r: _Rows, t: float) -> dict[tuple, float]:
 def _semantics(t: float, filt: tuple) -> Semantics:
     fields: dict = {"temperature": t}
     for name, value in filt:
-        if not (name == "top_k" and value == -1):
+        if value != _OPTIONS[name].neutral:
             fields[name] = value
     if t == 1.0 and len(fields) == 1:
         return RAW
@@ -203,9 +212,11 @@ def model_line(current: Semantics, current_max: float, best: Semantics, best_max
     """(explained, the ``semantics:`` line) of a model diagnosis. ``search_max``: the
     search's own figure, which names a min-p + top-p pair in vLLM's order when detsample's
     rescoring of it (min-p after top-p) is beyond noise (:data:`ORDER_NOTE`)."""
+    element = [f.name for f in _ELEMENTS if getattr(best, f.name) != _OPTIONS[f.name].neutral]
     if best_max > NOISE and search_max is not None and search_max <= NOISE \
-            and best.min_p > 0 and best.top_p < 1:
-        return True, (f"semantics: the engine's logprobs match {best.describe()} with min-p "
+            and element and best.top_p < 1:
+        return True, (f"semantics: the engine's logprobs match {best.describe()} with "
+                      f"{element[0].replace('_', '-')} "
                       f"applied before top-p (vLLM's order; max |d| {search_max:.3g}; as "
                       f"{current.describe()} {current_max:.3g}): {ORDER_NOTE}, so "
                       f"rescoring with {best.flags()} leaves {best_max:.3g}")

@@ -219,8 +219,7 @@ class Ending:
 
 
 def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed: int = 0,
-                      temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
-                      max_batch_size: int | None = 4, stagger: int = 1,
+                      sampling=None, max_batch_size: int | None = 4, stagger: int = 1,
                       with_trainer: bool = False, model_path: str | None = None,
                       model: str = "refmodel", batch_invariant: bool = False,
                       portable: bool = False, tp: int = 1, prompts: list[Prompt] | None = None,
@@ -230,7 +229,10 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
                       on_eos=None, on_progress=None) -> list[dict]:
     """Generate rollouts: ``n`` samples of each of ``prompts`` (default: ``num_sequences``
     built-in prompts; request k arrives at engine step ``k * stagger``; the seeds are in
-    the module docstring) with ``model`` (a :func:`~detsample.models.load_model` spec;
+    the module docstring), each sampled by ``sampling`` (a
+    :class:`~detsample.params.SamplingParams`: its temperature, filters, penalties, ...;
+    default temperature 1, no filter; its seed, ``max_new_tokens`` and ``logprobs_mode``
+    are the rollout's own) with ``model`` (a :func:`~detsample.models.load_model` spec;
     ``model_path``: a saved reference model, for ``model="refmodel"`` only), reporting
     ``engine_logprobs`` in ``logprobs_mode`` (``trainer_logprobs``, with ``with_trainer``,
     in the same mode). ``tp > 1``: the model tensor-parallel over ``tp`` local ranks (every
@@ -250,9 +252,10 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
         raise InvalidSamplingParams(f"stagger must be >= 0, got {stagger}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise InvalidSamplingParams(f"n must be an int >= 1, got {n!r}")
-    semantics = Semantics(logprobs_mode, temperature, top_k, top_p)
+    sampling = _sampling(sampling, logprobs_mode)
+    semantics = Semantics.of_params(sampling)
     run = dict(num_sequences=num_sequences, max_new_tokens=max_new_tokens, seed=seed,
-               temperature=temperature, top_p=top_p, top_k=top_k, max_batch_size=max_batch_size,
+               sampling=sampling, max_batch_size=max_batch_size,
                stagger=stagger, with_trainer=with_trainer, prompts=prompts, n=n,
                semantics=semantics, ending=ending)
     if (draft_model is None) != (not num_speculative_tokens):
@@ -313,11 +316,25 @@ def _rank_rollouts(lm, comm, run: dict) -> list[dict]:
     return _rollouts(lm, lambda p, r: rescore_with(lm, p, r, run["semantics"]).numpy(), **run)
 
 
-def _requests(lm, *, num_sequences: int, max_new_tokens: int, seed: int, temperature: float,
-              top_p: float, top_k: int, stagger: int, prompts: list[Prompt] | None, n: int,
+def _sampling(sampling, logprobs_mode: str):
+    """The rollout's base parameters: ``sampling`` (default SamplingParams()) in
+    ``logprobs_mode``; anything but SamplingParams is an error naming it."""
+    from detsample.errors import InvalidSamplingParams
+    from detsample.params import SamplingParams
+
+    if sampling is None:
+        sampling = SamplingParams(seed=0)
+    if not isinstance(sampling, SamplingParams):
+        raise InvalidSamplingParams(f"sampling must be a SamplingParams, got "
+                                    f"{type(sampling).__name__}")
+    return sampling.replace(logprobs_mode=logprobs_mode)
+
+
+def _requests(lm, *, num_sequences: int, max_new_tokens: int, seed: int, sampling,
+              stagger: int, prompts: list[Prompt] | None, n: int,
               semantics, ending: Ending) -> list[tuple[int, object, int]]:
     """(arrival step, request, group) of every sample, in record order."""
-    from detsample.params import Request, SamplingParams, child_requests
+    from detsample.params import Request, child_requests
     from detsample.refmodel.tokenizer import encode
 
     if prompts is None:
@@ -326,10 +343,8 @@ def _requests(lm, *, num_sequences: int, max_new_tokens: int, seed: int, tempera
     out, seen = [], set()
     for i, pr in enumerate(prompts):
         base = pr.seed if pr.seed is not None else seed + i * n
-        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=base,
-                                max_new_tokens=max_new_tokens,
-                                logprobs_mode=semantics.logprobs_mode,
-                                stop_token_ids=ending.stop_token_ids)
+        params = sampling.replace(seed=base, max_new_tokens=max_new_tokens,
+                                  stop_token_ids=ending.stop_token_ids)
         rid = pr.id if pr.id is not None else f"rollout-{seed}-{i}"
         kids = child_requests(Request(rid, params, list(pr.prompt_ids), []), n) if n > 1 \
             else [Request(rid, params, list(pr.prompt_ids), [])]
@@ -357,31 +372,33 @@ def _rollouts(lm, rescorer, *, max_batch_size: int | None, with_trainer: bool,
         on_eos(eos)
     engine = Engine(lm, config=EngineConfig(max_batch_size=max_batch_size, eos_token_ids=eos),
                     speculative=speculative)
-    cut = _stop_cutter(spec["ending"])
     finished = itertools.count(1)
     on_finish = None if on_progress is None else \
         (lambda res: on_progress(next(finished), len(planned), "sequences sampled"))
-    result = engine.run(Schedule.of([(step, req) for step, req, _ in planned]), on_finish=on_finish)
+    result = engine.run(Schedule.of([(step, req) for step, req, _ in planned]), on_finish=on_finish,
+                        stop_after=_stop_test(spec["ending"]))
     if on_speculative is not None and result.speculative is not None:
         on_speculative(result.speculative)
     records = []
     for _, req, group in planned:
         res = result[req.rid]
-        keep = cut(res.token_ids)
+        keep = len(res.token_ids)
         rec = {"id": req.rid, "group": group, "seed": req.seed,
-               "prompt_ids": list(res.prompt_ids), "response_ids": list(res.token_ids[:keep]),
-               "engine_logprobs": res.logprobs[mode][:keep].tolist(), "mask": [1] * keep}
+               "prompt_ids": list(res.prompt_ids), "response_ids": list(res.token_ids),
+               "engine_logprobs": res.logprobs[mode].tolist(), "mask": [1] * keep}
         if with_trainer:
             rec["trainer_logprobs"] = rescorer(rec["prompt_ids"], rec["response_ids"]).tolist()
         records.append(rec)
     return records
 
 
-def _stop_cutter(ending: Ending):
-    """``response ids -> tokens kept`` under the stop strings (all, without any)."""
+def _stop_test(ending: Ending):
+    """The engine's ``stop_after`` for the stop strings (None without any): asked after
+    every token, so generation ends at the token :func:`stop_string_cut` keeps and no
+    later token is computed."""
     if not ending.stop:
-        return len
-    from detsample.audit.running.text import load_text_tokenizer, stop_string_cut
+        return None
+    from detsample.audit.running.text import load_text_tokenizer, stop_string_hit
 
     tok = load_text_tokenizer(ending.tokenizer)
-    return lambda ids: stop_string_cut(tok, ids, ending.stop)
+    return lambda request, ids: stop_string_hit(tok, ids, ending.stop)

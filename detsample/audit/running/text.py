@@ -112,13 +112,21 @@ def check_stop_strings(stop: Sequence[str]) -> tuple[str, ...]:
     return out
 
 
+def stop_string_hit(tok: TextTokenizer, response_ids: Sequence[int],
+                    stop: Sequence[str]) -> bool:
+    """Whether the decoded ``response_ids`` contain one of the ``stop`` strings (the
+    engine's test after each token: the first token that makes it true ends the response)."""
+    text = tok.decode(list(response_ids))
+    return any(s in text for s in stop)
+
+
 def stop_string_cut(tok: TextTokenizer, response_ids: Sequence[int],
                     stop: Sequence[str]) -> int:
     """Tokens of ``response_ids`` to keep: up to and including the first token after which
-    the decoded response contains a stop string; all of them when none appears."""
+    the decoded response contains a stop string; all of them when none appears (the
+    same token :func:`stop_string_hit` asked after each token ends at)."""
     if stop:
         for k in range(1, len(response_ids) + 1):
-            text = tok.decode(response_ids[:k])
-            if any(s in text for s in stop):
+            if stop_string_hit(tok, response_ids[:k], stop):
                 return k
     return len(response_ids)
