@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from detsample.outputs import output_inside_problem
     problem = output_problem(args.json, "--json")
     if problem:  # before the battery runs, not after it
-        print(f"detsample check: {problem}", file=sys.stderr)
+        print(f"detsample check: error: {problem}", file=sys.stderr)
         return 2
     try:
         store = GoldenStore(args.golden_dir, device=args.device)
@@ -82,12 +82,12 @@ def run(args: argparse.Namespace) -> int:
             registry.get(name)
         inside = output_inside_problem(args.json, "--json", store.platform_dir, "--golden-dir")
         if inside:
-            raise ValueError(f"error: {inside}")
+            raise ValueError(inside)
     except (ValueError, RuntimeError) as e:
-        print(f"detsample check: {e}", file=sys.stderr)
+        print(f"detsample check: error: {e}", file=sys.stderr)
         return 2
     except KeyError as e:
-        print(f"detsample check: {e.args[0]}", file=sys.stderr)
+        print(f"detsample check: error: {e.args[0]}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     results = run_battery(quick=args.quick, device=args.device, store=store,

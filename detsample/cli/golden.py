@@ -66,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError("--isa applies to verify and update, got diff")
             isas = isa.resolve(args.isa)
     except (ValueError, KeyError) as e:
-        print(f"detsample golden: {e}", file=sys.stderr)
+        print(f"detsample golden {args.action}: error: {e.args[0] if isinstance(e, KeyError) else e}",
+              file=sys.stderr)
         return 2
     if args.isa != "current":
         results = isa.run_per_isa(isas, _child_argv(args, args.action), print,
@@ -116,7 +117,7 @@ def _update(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
             progress(0, None)
             changes = update_all(selected, args.device, store.root, force=args.force)
     except GoldenUpdateRefused as e:
-        print(f"detsample golden update: {e}", file=sys.stderr)
+        print(f"detsample golden update: error: {e}", file=sys.stderr)
         return 2
     moved = [c for c in changes if c.kind is not ChangeKind.UNCHANGED]
     for c in moved:

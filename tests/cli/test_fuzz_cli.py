@@ -34,8 +34,8 @@ NUMBERS = st.sampled_from(["-1", "0", "1", "2", "1e400", "nan", "inf", "-inf", "
                            "0x10", "", "1.5", "-0.0", "2_3", "99999999999999999999", "1e-400",
                            "1,2", "abc", "--", "0.5", "3_1"])
 #: path-valued arguments: the inputs themselves, a directory, a missing path, /dev/null
-PATHS = st.sampled_from(["{rollout}", "{log}", "{dir}", "{missing}", "/dev/null", "{prompts}",
-                         "{out}", "-"])
+PATH_VALUES = ("{rollout}", "{log}", "{dir}", "{missing}", "/dev/null", "{prompts}", "{out}", "-")
+PATHS = st.sampled_from(PATH_VALUES)
 
 #: command -> (its fixed arguments, its options and their value strategies)
 COMMANDS = {
@@ -87,12 +87,17 @@ def invocations(draw):
     return argv
 
 
-def _ends_as_promised(argv: list[str], files: dict[str, str], capsys) -> None:
-    """One invocation checked against the promises of the module docstring."""
+def _ends_as_promised(argv: list[str], files: dict[str, str], capsys, inputs: list[str] | None = None,
+                      gate: bool | None = None) -> None:
+    """One invocation checked against the promises of the module docstring. ``inputs``:
+    the files that must not change (default the command's own inputs); ``gate``: whether
+    exit 1 is allowed (default: ``argv[0]`` in GATES)."""
     argv = [a.format(**files) for a in argv]
-    given = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--prompts"]
-    inputs = [p for p in ({"audit": files["rollout"], "audit-log": files["log"]}.get(argv[0]), *given)
-              if p is not None and os.path.isfile(p)]      # the command's own inputs
+    if inputs is None:
+        given = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--prompts"]
+        inputs = [{"audit": files["rollout"], "audit-log": files["log"]}.get(argv[0]), *given]
+    inputs = [p for p in inputs if p is not None and os.path.isfile(p)]
+    gate = argv[0] in GATES if gate is None else gate
     before = _digest(inputs)
     capsys.readouterr()
     try:
@@ -101,10 +106,11 @@ def _ends_as_promised(argv: list[str], files: dict[str, str], capsys) -> None:
         rc = exc.code
     err = capsys.readouterr().err
     assert "Traceback" not in err, (argv, err)
-    assert rc in ((0, 1, 2) if argv[0] in GATES else (0, 2)), (argv, rc, err)
-    if rc == 2:
+    assert rc in ((0, 1, 2) if gate else (0, 2)), (argv, rc, err)
+    if rc == 2:  # "detsample audit: error: ..." (or "detsample golden update: error: ...")
         lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith(("usage:", " "))]
-        assert lines and lines[-1].startswith(f"detsample {argv[0]}: error: "), (argv, err)
+        assert lines and lines[-1].startswith(f"detsample {argv[0]}") and ": error: " in lines[-1], \
+            (argv, err)
     assert _digest(inputs) == before, argv
 
 
