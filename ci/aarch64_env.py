@@ -44,9 +44,9 @@ def pins() -> list[str]:
     from packaging.markers import default_environment
     from packaging.requirements import Requirement
 
-    env = {**default_environment(), "platform_machine": "aarch64", "platform_system": "Linux",
-           "sys_platform": "linux"}
+    env = {**default_environment(), "platform_machine": "aarch64", "platform_system": "Linux", "sys_platform": "linux"}
     import tomllib
+
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     roots = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["test"]]
     roots += [Requirement(r) for r in md.distribution("torch").requires or []]
@@ -123,17 +123,15 @@ def _version_files(p: Path) -> dict[str, str]:
 def stubs(root: Path, site: Path) -> list[str]:
     torch_dir = site / "torch"
     elves = [p for p in sorted(torch_dir.rglob("*.so*")) if p.is_file() and _elf(p)]
-    lib_dirs = [root / d for d in ("lib/aarch64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib",
-                                   "usr/local/lib")]
+    lib_dirs = [root / d for d in ("lib/aarch64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib", "usr/local/lib")]
     present = {p.name for d in lib_dirs if d.is_dir() for p in d.iterdir()}
     present |= {p.name for p in elves}
-    system = [p for d in lib_dirs[:2] if d.is_dir() for p in sorted(d.glob("*.so*"))
-              if p.is_file() and _elf(p)]
+    system = [p for d in lib_dirs[:2] if d.is_dir() for p in sorted(d.glob("*.so*")) if p.is_file() and _elf(p)]
     system += [p for p in sorted((root / "usr/bin").glob("python3*")) if p.is_file() and _elf(p)]
     defined: set[str] = set()
     for p in system + elves:
         defined |= _symbols(p)[0]
-    wanted: dict[str, dict[str, dict[str, str]]] = {}   # lib -> version ("" none) -> name -> type
+    wanted: dict[str, dict[str, dict[str, str]]] = {}  # lib -> version ("" none) -> name -> type
     for p in elves:
         missing = [n for n in _needed(p) if n not in present]
         if not missing:
@@ -162,15 +160,29 @@ def stubs(root: Path, site: Path) -> list[str]:
                     continue
                 seen.add(name)
                 if typ == "OBJECT" or typ == "TLS":
-                    asm += [".data", f".globl {name}", f".type {name}, %object", f".size {name}, 256",
-                            ".balign 16", f"{name}:", ".zero 256", ".text"]
+                    asm += [
+                        ".data",
+                        f".globl {name}",
+                        f".type {name}, %object",
+                        f".size {name}, 256",
+                        ".balign 16",
+                        f"{name}:",
+                        ".zero 256",
+                        ".text",
+                    ]
                 else:
-                    asm += [f".globl {name}", f".type {name}, %function", ".balign 4", f"{name}:",
-                            "mov w0, #100", "ret"]
+                    asm += [
+                        f".globl {name}",
+                        f".type {name}, %function",
+                        ".balign 4",
+                        f"{name}:",
+                        "mov w0, #100",
+                        "ret",
+                    ]
         nodes = [v for v in versions if v]
         for i, ver in enumerate(sorted(nodes)):
             names = sorted(versions[ver])
-            if i == 0:   # unversioned imports bind to the first node
+            if i == 0:  # unversioned imports bind to the first node
                 names = sorted(set(names) | set(versions.get("", {})))
             body = "".join(f" {n};" for n in names)
             script.append(f"{ver} {{ global:{body} }};" if body else f"{ver} {{ }};")
@@ -190,8 +202,76 @@ def stubs(root: Path, site: Path) -> list[str]:
 
 #: Linux's arm64 AT_HWCAP / AT_HWCAP2 bit names (arch/arm64/include/uapi/asm/hwcap.h), as
 #: /proc/cpuinfo's "Features" line writes them
-HWCAP = ["fp", "asimd", "evtstrm", "aes", "pmull", "sha1", "sha2", "crc32", "atomics", "fphp", "asimdhp", "cpuid", "asimdrdm", "jscvt", "fcma", "lrcpc", "dcpop", "sha3", "sm3", "sm4", "asimddp", "sha512", "sve", "asimdfhm", "dit", "uscat", "ilrcpc", "flagm", "ssbs", "sb", "paca", "pacg"]  # noqa: E501 - the kernel's table
-HWCAP2 = ["dcpodp", "sve2", "sveaes", "svepmull", "svebitperm", "svesha3", "svesm4", "flagm2", "frint", "svei8mm", "svef32mm", "svef64mm", "svebf16", "i8mm", "bf16", "dgh", "rng", "bti", "mte", "ecv", "afp", "rpres", "mte3", "sme", "sme_i16i64", "sme_f64f64", "sme_i8i32", "sme_f16f32", "sme_b16f32", "sme_f32f32", "sme_fa64", "wfxt", "ebf16", "sve_ebf16"]  # noqa: E501 - the kernel's table
+HWCAP = [
+    "fp",
+    "asimd",
+    "evtstrm",
+    "aes",
+    "pmull",
+    "sha1",
+    "sha2",
+    "crc32",
+    "atomics",
+    "fphp",
+    "asimdhp",
+    "cpuid",
+    "asimdrdm",
+    "jscvt",
+    "fcma",
+    "lrcpc",
+    "dcpop",
+    "sha3",
+    "sm3",
+    "sm4",
+    "asimddp",
+    "sha512",
+    "sve",
+    "asimdfhm",
+    "dit",
+    "uscat",
+    "ilrcpc",
+    "flagm",
+    "ssbs",
+    "sb",
+    "paca",
+    "pacg",
+]  # noqa: E501 - the kernel's table
+HWCAP2 = [
+    "dcpodp",
+    "sve2",
+    "sveaes",
+    "svepmull",
+    "svebitperm",
+    "svesha3",
+    "svesm4",
+    "flagm2",
+    "frint",
+    "svei8mm",
+    "svef32mm",
+    "svef64mm",
+    "svebf16",
+    "i8mm",
+    "bf16",
+    "dgh",
+    "rng",
+    "bti",
+    "mte",
+    "ecv",
+    "afp",
+    "rpres",
+    "mte3",
+    "sme",
+    "sme_i16i64",
+    "sme_f64f64",
+    "sme_i8i32",
+    "sme_f16f32",
+    "sme_b16f32",
+    "sme_f32f32",
+    "sme_fa64",
+    "wfxt",
+    "ebf16",
+    "sve_ebf16",
+]  # noqa: E501 - the kernel's table
 
 #: what the guest reads to learn its CPU: MIDR_EL1 (by ``mrs``, which QEMU serves to user
 #: mode as Linux does) and the auxiliary vector's hwcaps
@@ -217,10 +297,17 @@ def cpu_files(out: Path, midr: int, hwcap: int, hwcap2: int, ncpu: int) -> None:
     every = "0" if ncpu == 1 else f"0-{ncpu - 1}"
     text = []
     for i in range(ncpu):
-        text += [f"processor\t: {i}", "BogoMIPS\t: 50.00", f"Features\t: {' '.join(feats)}",
-                 f"CPU implementer\t: {midr >> 24 & 0xff:#x}", "CPU architecture: 8",
-                 f"CPU variant\t: {midr >> 20 & 0xf:#x}", f"CPU part\t: {midr >> 4 & 0xfff:#05x}",
-                 f"CPU revision\t: {midr & 0xf}", ""]
+        text += [
+            f"processor\t: {i}",
+            "BogoMIPS\t: 50.00",
+            f"Features\t: {' '.join(feats)}",
+            f"CPU implementer\t: {midr >> 24 & 0xFF:#x}",
+            "CPU architecture: 8",
+            f"CPU variant\t: {midr >> 20 & 0xF:#x}",
+            f"CPU part\t: {midr >> 4 & 0xFFF:#05x}",
+            f"CPU revision\t: {midr & 0xF}",
+            "",
+        ]
     out.mkdir(parents=True, exist_ok=True)
     (out / "cpuinfo").write_text("\n".join(text) + "\n")
     sys_cpu = out / "sys-cpu"
@@ -231,14 +318,28 @@ def cpu_files(out: Path, midr: int, hwcap: int, hwcap2: int, ncpu: int) -> None:
         files[c + "online"] = "1"
         files[c + "regs/identification/midr_el1"] = f"0x{midr:016x}"
         files[c + "regs/identification/revidr_el1"] = "0x0000000000000000"
-        files.update({c + "topology/physical_package_id": "0", c + "topology/core_id": str(i),
-                      c + "topology/cluster_id": "0", c + "topology/thread_siblings_list": str(i),
-                      c + "topology/core_siblings_list": every, c + "topology/cluster_cpus_list": every,
-                      c + "topology/package_cpus_list": every})
+        files.update(
+            {
+                c + "topology/physical_package_id": "0",
+                c + "topology/core_id": str(i),
+                c + "topology/cluster_id": "0",
+                c + "topology/thread_siblings_list": str(i),
+                c + "topology/core_siblings_list": every,
+                c + "topology/cluster_cpus_list": every,
+                c + "topology/package_cpus_list": every,
+            }
+        )
         for j, (level, kind, size) in enumerate(caches):
             d = f"{c}cache/index{j}/"
-            files.update({d + "level": str(level), d + "type": kind, d + "size": size,
-                          d + "shared_cpu_list": str(i), d + "coherency_line_size": "64"})
+            files.update(
+                {
+                    d + "level": str(level),
+                    d + "type": kind,
+                    d + "size": size,
+                    d + "shared_cpu_list": str(i),
+                    d + "coherency_line_size": "64",
+                }
+            )
     for rel, value in files.items():
         (sys_cpu / rel).parent.mkdir(parents=True, exist_ok=True)
         (sys_cpu / rel).write_text(value + "\n")

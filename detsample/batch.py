@@ -52,8 +52,7 @@ FINISH_NO_VALID_TOKEN = "no_valid_token"
 class SamplingBatch:
     """Per-row sampling state of a batch; see the module docstring for the tensors."""
 
-    def __init__(self, *, vocab_size: int, device: torch.device,
-                 eos_token_ids: tuple[int, ...], vocab: Any) -> None:
+    def __init__(self, *, vocab_size: int, device: torch.device, eos_token_ids: tuple[int, ...], vocab: Any) -> None:
         self.vocab_size = vocab_size
         self.device = device
         self.eos_token_ids = eos_token_ids
@@ -66,8 +65,7 @@ class SamplingBatch:
         self.temperatures = torch.empty((0, 1), dtype=torch.float32, device=device)
         self.top_ks = torch.empty((0,), dtype=torch.int32, device=device)
         self.top_ps = torch.empty((0,), dtype=torch.float64, device=device)
-        self.element_filters = torch.empty((0, len(rules.ELEMENT_FILTERS)),
-                                           dtype=torch.float32, device=device)
+        self.element_filters = torch.empty((0, len(rules.ELEMENT_FILTERS)), dtype=torch.float32, device=device)
         self.seeds = torch.empty((0,), dtype=torch.int64, device=device)
         self.greedy = torch.empty((0,), dtype=torch.bool, device=device)
         self._coo: BiasCOO | tuple[()] | None = None  # () = built, no bias
@@ -87,11 +85,15 @@ class SamplingBatch:
 
     # -- construction ----------------------------------------------------------------
     @classmethod
-    def from_requests(cls, requests: Sequence[Request], vocab_size: int,
-                      device: str | torch.device = "cpu",
-                      eos_token_ids: Sequence[int] = (0,),
-                      vocab: Any = None,
-                      think_end_token_id: int | None = None) -> SamplingBatch:
+    def from_requests(
+        cls,
+        requests: Sequence[Request],
+        vocab_size: int,
+        device: str | torch.device = "cpu",
+        eos_token_ids: Sequence[int] = (0,),
+        vocab: Any = None,
+        think_end_token_id: int | None = None,
+    ) -> SamplingBatch:
         """Build the row-aligned state of ``requests`` (row i = requests[i]).
 
         ``think_end_token_id``: the end-of-thinking token after which the grammar of a
@@ -100,8 +102,7 @@ class SamplingBatch:
         Raises InvalidSamplingParams for a token id outside ``[0, vocab_size)`` in any
         request field, naming the request, the field and the id.
         """
-        if (isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral)
-                or vocab_size < 1):
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral) or vocab_size < 1:
             fail(f"vocab_size must be a positive integer, got {vocab_size!r}")
         vocab_size = int(vocab_size)
         # the device tensors actually report ("cuda" -> cuda:0, "cpu:0" -> cpu), so
@@ -129,17 +130,17 @@ class SamplingBatch:
 
     def _row_tensors(self, params: list[SamplingParams]) -> dict[str, torch.Tensor]:
         V = self.vocab_size
-        temps = torch.tensor([[0.0 if p.is_greedy else p.temperature] for p in params],
-                             dtype=torch.float32).reshape(-1, 1)
-        top_ks = torch.tensor([V if p.top_k == -1 else min(p.top_k, V) for p in params],
-                              dtype=torch.int32)
+        temps = torch.tensor([[0.0 if p.is_greedy else p.temperature] for p in params], dtype=torch.float32).reshape(
+            -1, 1
+        )
+        top_ks = torch.tensor([V if p.top_k == -1 else min(p.top_k, V) for p in params], dtype=torch.int32)
         host = {
             "temperatures": temps,
             "top_ks": top_ks,
             "top_ps": torch.tensor([p.top_p for p in params], dtype=torch.float64),
-            "element_filters": torch.tensor([rules.element_values(p) for p in params],
-                                            dtype=torch.float32
-                                            ).reshape(-1, len(rules.ELEMENT_FILTERS)),
+            "element_filters": torch.tensor([rules.element_values(p) for p in params], dtype=torch.float32).reshape(
+                -1, len(rules.ELEMENT_FILTERS)
+            ),
             "seeds": torch.tensor([p.seed for p in params], dtype=torch.int64),
             "greedy": torch.tensor([p.is_greedy for p in params], dtype=torch.bool),
         }
@@ -159,7 +160,8 @@ class SamplingBatch:
 
     def _append_rows(self, reqs: list[Request]) -> None:
         grammars = grammar_hooks.build_row_grammars(  # may raise
-            reqs, self.vocab, self.think_end_token_id)
+            reqs, self.vocab, self.think_end_token_id
+        )
         new = self._row_tensors([r.params for r in reqs])
         for name in self._ROW_TENSORS:
             setattr(self, name, torch.cat([getattr(self, name), new[name]], dim=0))
@@ -169,8 +171,7 @@ class SamplingBatch:
         self.finished.extend(None for _ in reqs)
         self.row_eos.extend(self.eos_token_ids for _ in reqs)
         self.journal.extend([] for _ in reqs)
-        self.penalties = PenaltyState.extend(self.penalties, n_before, reqs,
-                                             self.output_ids[n_before:])
+        self.penalties = PenaltyState.extend(self.penalties, n_before, reqs, self.output_ids[n_before:])
         self._new_uids(len(reqs))
         self.grammars.extend(grammars)
         self._changed()
@@ -183,8 +184,11 @@ class SamplingBatch:
     def update_since(self, old_uids: Sequence[int]) -> BatchUpdate | None:
         """The processors' BatchUpdate from the row identities ``old_uids`` (a view of
         this batch taken earlier) to the current rows; None when nothing changed."""
-        return diff_update(old_uids, self.row_uids, lambda j: (
-            self.requests[j].params, self.requests[j].prompt_ids, self.output_ids[j]))
+        return diff_update(
+            old_uids,
+            self.row_uids,
+            lambda j: (self.requests[j].params, self.requests[j].prompt_ids, self.output_ids[j]),
+        )
 
     def constraint_rows(self) -> constraints.ConstraintRows:
         """Rows with min_new_tokens / allowed_token_ids / bad_words (cached)."""
@@ -254,13 +258,14 @@ class SamplingBatch:
         if other is self:
             fail("merge: a batch cannot be merged with itself")
         vocab = grammar_hooks.merged_vocab(self, other)  # checked before any change
-        grammars = [g.fork() if g is not None else None  # never shared
-                    for g in other.grammars]
+        grammars = [
+            g.fork() if g is not None else None  # never shared
+            for g in other.grammars
+        ]
         for name in self._ROW_TENSORS:
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)], 0))
         old_uids = list(self.row_uids)
-        self.penalties = PenaltyState.merge(self.penalties, len(self), other.penalties,
-                                            len(other))
+        self.penalties = PenaltyState.merge(self.penalties, len(self), other.penalties, len(other))
         self._new_uids(len(other))
         self.requests.extend(other.requests)
         self.output_ids.extend(list(o) for o in other.output_ids)
@@ -283,8 +288,7 @@ class SamplingBatch:
             fail(f"advance: token_ids has {len(toks)} entries for a batch of {len(self)} rows")
         for i, t in enumerate(toks):  # validate all first: a bad id changes no row
             if t != -1 and not 0 <= t < self.vocab_size:
-                fail(f"advance: row {i} token id {t} outside the vocabulary "
-                      f"[0, {self.vocab_size})")
+                fail(f"advance: row {i} token id {t} outside the vocabulary [0, {self.vocab_size})")
         before = list(self.finished)
         fed = grammar_hooks.grammar_lengths(self) if self.has_grammars else None
         for i, t in enumerate(toks):
@@ -318,11 +322,11 @@ class SamplingBatch:
                 fail(f"rollback: row {i} steps must be in [0, {len(self.journal[i])}], got {k}")
         removed, fed = [], []
         for i, k in enumerate(counts):
-            undone = self.journal[i][len(self.journal[i]) - k:][::-1]  # latest first
-            del self.journal[i][len(self.journal[i]) - k:]
+            undone = self.journal[i][len(self.journal[i]) - k :][::-1]  # latest first
+            del self.journal[i][len(self.journal[i]) - k :]
             toks = [t for t, _, _ in undone if t != -1]
             if toks:
-                del self.output_ids[i][-len(toks):]
+                del self.output_ids[i][-len(toks) :]
             if undone:
                 self.finished[i] = undone[-1][2]
             removed.append(toks)
@@ -340,8 +344,7 @@ class SamplingBatch:
     @property
     def has_grammars(self) -> bool:
         """Whether any row carries a grammar (derived once per composition)."""
-        return self.derived("has_grammars",
-                            lambda: any(g is not None for g in self.grammars))
+        return self.derived("has_grammars", lambda: any(g is not None for g in self.grammars))
 
     def grammar_ready(self) -> list[bool]:
         """Per row: False while its grammar is still compiling (sampling the row now would

@@ -51,9 +51,14 @@ def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (prod >> 32) & MASK32, prod & MASK32
 
 
-def philox4x32(seed: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor,
-               c2: torch.Tensor, c3: torch.Tensor,
-               rounds: int = PHILOX_ROUNDS) -> tuple[torch.Tensor, ...]:
+def philox4x32(
+    seed: torch.Tensor,
+    c0: torch.Tensor,
+    c1: torch.Tensor,
+    c2: torch.Tensor,
+    c3: torch.Tensor,
+    rounds: int = PHILOX_ROUNDS,
+) -> tuple[torch.Tensor, ...]:
     """Philox4x32 on broadcastable int64 tensors.
 
     seed: int64, any shape (read as uint64: low word = k0, high word = k1).
@@ -114,11 +119,9 @@ def row_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     if seeds.device.type == "cpu" and positions.device.type == "cpu":
         if seeds.numel() == 0:
             return torch.empty((0,), dtype=torch.float64)
-        return torch.from_numpy(_uniforms_in_lanes(seeds.to(torch.int64).numpy(),
-                                                   positions.to(torch.int64).numpy()))
+        return torch.from_numpy(_uniforms_in_lanes(seeds.to(torch.int64).numpy(), positions.to(torch.int64).numpy()))
     seeds = seeds.to(torch.int64)
     positions = positions.to(torch.int64)
     zero = torch.zeros_like(positions)
-    w0, w1, _, _ = philox4x32(seeds, positions & MASK32, (positions >> 32) & MASK32,
-                              zero + STREAM_DRAW, zero)
+    w0, w1, _, _ = philox4x32(seeds, positions & MASK32, (positions >> 32) & MASK32, zero + STREAM_DRAW, zero)
     return rules.uniform(rules.u52(w0, w1))

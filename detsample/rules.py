@@ -54,7 +54,7 @@ EXP_FLOOR = -87.0
 PAD_ID = (1 << 63) - 1
 #: random bits of a uniform, and the scale of ``u = (n + 0.5) * U_SCALE``
 U_BITS = 52
-U_SCALE = 2.0 ** -U_BITS
+U_SCALE = 2.0**-U_BITS
 
 #: step 2: a NaN logit becomes this finite floor (the lowest float32: "never chosen unless
 #: the whole row is NaN", then the row is uniform over its NaN tokens), a +inf logit the
@@ -64,17 +64,18 @@ POSINF_CEIL = float(np.finfo(np.float32).max)
 
 #: per-row status bit flags (``SampleOutput.status``)
 STATUS_OK = 0
-STATUS_HAD_NAN = 1          # a NaN logit was replaced by the finite floor
-STATUS_HAD_POSINF = 2       # a +inf logit was replaced by the float32 maximum
-STATUS_NO_VALID_TOKEN = 4   # nothing admissible: token -1, logprob -inf
-STATUS_GRAMMAR_ERROR = 8    # the row's grammar matcher failed (with NO_VALID_TOKEN)
+STATUS_HAD_NAN = 1  # a NaN logit was replaced by the finite floor
+STATUS_HAD_POSINF = 2  # a +inf logit was replaced by the float32 maximum
+STATUS_NO_VALID_TOKEN = 4  # nothing admissible: token -1, logprob -inf
+STATUS_GRAMMAR_ERROR = 8  # the row's grammar matcher failed (with NO_VALID_TOKEN)
 
 
 # -- mass -----------------------------------------------------------------------------
 
+
 def mass_scale(frac: int) -> float:
     """``2**frac``: the scaling of a mass (a power of two: exact in float32 and float64)."""
-    return 2.0 ** frac
+    return 2.0**frac
 
 
 def mass(e: Any, frac: int) -> Any:
@@ -89,8 +90,9 @@ def mass(e: Any, frac: int) -> Any:
     return int(e * s)
 
 
-def floored_exp(z: torch.Tensor, out: torch.Tensor | None = None,
-                keep_from: torch.Tensor | None = None) -> torch.Tensor:
+def floored_exp(
+    z: torch.Tensor, out: torch.Tensor | None = None, keep_from: torch.Tensor | None = None
+) -> torch.Tensor:
     """``exp(max(z, EXP_FLOOR))`` of a float32 tensor (into ``out`` when given), the exp
     of :mod:`detsample.arith`: the ``exp`` a full-vocabulary mass pass feeds :func:`mass`
     (the same ``q`` as ``exp(z)``).
@@ -136,8 +138,7 @@ def keep_at_least(w: torch.Tensor, least: torch.Tensor, fill: float) -> None:
     w.masked_fill_(w < least.unsqueeze(1), fill)
 
 
-def mass_in_place(w: torch.Tensor, frac: int, q_out: torch.Tensor | None = None
-                  ) -> torch.Tensor:
+def mass_in_place(w: torch.Tensor, frac: int, q_out: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`mass` of a float32 tensor ``w = exp(z)`` that may be overwritten: ``w`` is
     scaled in place, then truncated into ``q_out`` (an int64 buffer) when given (the same
     bits as ``mass(w, frac)``; a reused buffer spares the page faults of a fresh one)."""
@@ -145,11 +146,17 @@ def mass_in_place(w: torch.Tensor, frac: int, q_out: torch.Tensor | None = None
     return q_out.copy_(w) if q_out is not None else w.to(torch.int64)
 
 
-def cut_masses(z: torch.Tensor, frac: int, *, tau: torch.Tensor | None = None,
-               least: torch.Tensor | None = None, block: int | None = None,
-               want_q: bool = True, out: torch.Tensor | None = None,
-               q_out: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor | None, torch.Tensor]:
+def cut_masses(
+    z: torch.Tensor,
+    frac: int,
+    *,
+    tau: torch.Tensor | None = None,
+    least: torch.Tensor | None = None,
+    block: int | None = None,
+    want_q: bool = True,
+    out: torch.Tensor | None = None,
+    q_out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
     """The kept tokens' masses (:func:`mass` of :func:`floored_exp`, 0 off the kept set)
     and their exact sums by blocks of columns: THE full-row mass pass of step 8.
 
@@ -168,11 +175,12 @@ def cut_masses(z: torch.Tensor, frac: int, *, tau: torch.Tensor | None = None,
     block = block or max(V, 1)
     if fused_masses(z):
         from detsample.arith import cpu
-        q = (q_out if q_out is not None else torch.empty(z.shape, dtype=torch.int64)) \
-            if want_q else None
+
+        q = (q_out if q_out is not None else torch.empty(z.shape, dtype=torch.int64)) if want_q else None
         inf = torch.full((rows,), -math.inf)
-        sums = cpu.cut_masses(z, inf if tau is None else tau, inf if least is None else least,
-                              EXP_FLOOR, frac, block, q)
+        sums = cpu.cut_masses(
+            z, inf if tau is None else tau, inf if least is None else least, EXP_FLOOR, frac, block, q
+        )
         return q, sums
     w = floored_exp(z, out=out, keep_from=tau)
     if least is not None:
@@ -187,9 +195,9 @@ def block_sums(q: torch.Tensor, block: int | None) -> torch.Tensor:
     rows, V = q.shape
     block = block or max(V, 1)
     nb = V // block
-    sums = q[:, :nb * block].view(rows, nb, block).sum(-1)
+    sums = q[:, : nb * block].view(rows, nb, block).sum(-1)
     if nb * block < V:
-        sums = torch.cat([sums, q[:, nb * block:].sum(-1, keepdim=True)], dim=1)
+        sums = torch.cat([sums, q[:, nb * block :].sum(-1, keepdim=True)], dim=1)
     return sums
 
 
@@ -199,10 +207,12 @@ def fused_masses(z: torch.Tensor) -> bool:
     if z.device.type != "cpu" or z.dtype != torch.float32:
         return False
     from detsample.arith import cpu
+
     return cpu.available()
 
 
 # -- top-p and min-p ----------------------------------------------------------------------
+
 
 def _f64(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
@@ -243,6 +253,7 @@ def min_p_drops(e: Any, min_p: Any) -> Any:
 
 # -- the element-wise filters -------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class ElementFilter:
     """A step-8 filter that keeps or drops each token by its own value: row-local and
@@ -271,9 +282,7 @@ class ElementFilter:
 #: applied after top-k and top-p, the filters among themselves in this order (an AND:
 #: the order changes nothing). The Triton spelling of each test is
 #: ``kernels.common.element_keeps``.
-ELEMENT_FILTERS: tuple[ElementFilter, ...] = (
-    ElementFilter("min_p", 0.0, min_p_keeps, least=float),
-)
+ELEMENT_FILTERS: tuple[ElementFilter, ...] = (ElementFilter("min_p", 0.0, min_p_keeps, least=float),)
 
 
 def element_values(params: Any) -> list[float]:
@@ -320,12 +329,13 @@ def element_keeps(e: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     ``ELEMENT_FILTERS[j]``). With no filter registered, every token is kept."""
     kept = None
     for j, f in enumerate(ELEMENT_FILTERS):
-        k = f.keeps(e, values[:, j:j + 1])
+        k = f.keeps(e, values[:, j : j + 1])
         kept = k if kept is None else kept.logical_and_(k)
     return torch.ones_like(e, dtype=torch.bool) if kept is None else kept
 
 
 # -- draw -------------------------------------------------------------------------------
+
 
 def draw_target(u: Any, total: Any) -> Any:
     """The inverse-CDF target ``t = min(floor(u * float64(Q)), Q - 1)`` (int64) of a
@@ -358,6 +368,7 @@ def first_above(csum: Any, t: Any) -> Any:
 
 
 # -- uniform ------------------------------------------------------------------------------
+
 
 def u52(w0: Any, w1: Any) -> Any:
     """The 52 random bits ``(w0 << 20) | (w1 >> 12)`` of two uint32 Philox words (int64

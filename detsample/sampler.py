@@ -111,11 +111,11 @@ class Sampler:
     rng_name = RNG_NAME
     draw_method = DRAW_METHOD
 
-    def __init__(self, deterministic: bool = True, filter_impl: str = "auto",
-                 processors: tuple = (), backend: str = "auto") -> None:
+    def __init__(
+        self, deterministic: bool = True, filter_impl: str = "auto", processors: tuple = (), backend: str = "auto"
+    ) -> None:
         if filter_impl not in FILTER_IMPLS:
-            raise InvalidSamplingParams(
-                f"filter_impl must be one of {FILTER_IMPLS}, got {filter_impl!r}")
+            raise InvalidSamplingParams(f"filter_impl must be one of {FILTER_IMPLS}, got {filter_impl!r}")
         self._backend = resolve(backend)  # bound once: torch ops or Triton kernels
         self.backend = backend
         self.deterministic = bool(deterministic)
@@ -151,15 +151,26 @@ class Sampler:
 
     def _prepare(self, logits: torch.Tensor, batch: SamplingBatch) -> Prepared:
         """Steps 1-5 of float32 logits already checked (:meth:`_checked_logits`)."""
-        return prepare(logits, batch, backend=self._backend.for_device(logits.device),
-                       runner=self._runner, masker=self.grammar_masker, scratch=self._buf)
+        return prepare(
+            logits,
+            batch,
+            backend=self._backend.for_device(logits.device),
+            runner=self._runner,
+            masker=self.grammar_masker,
+            scratch=self._buf,
+        )
 
-    def _build_plan(self, batch: SamplingBatch,
-                    excluded: frozenset[int] = frozenset()) -> RowPlan:
-        return plan_rows(batch.params, batch.vocab_size, self.filter_impl, batch.device,
-                         temperatures=batch.temperatures, greedy=batch.greedy,
-                         filters=(batch.top_ks, batch.top_ps, batch.element_filters),
-                         excluded=excluded)
+    def _build_plan(self, batch: SamplingBatch, excluded: frozenset[int] = frozenset()) -> RowPlan:
+        return plan_rows(
+            batch.params,
+            batch.vocab_size,
+            self.filter_impl,
+            batch.device,
+            temperatures=batch.temperatures,
+            greedy=batch.greedy,
+            filters=(batch.top_ks, batch.top_ps, batch.element_filters),
+            excluded=excluded,
+        )
 
     def _cached_plan(self, batch: SamplingBatch) -> RowPlan:
         """The batch's :class:`RowPlan`, built once per batch composition."""
@@ -176,8 +187,7 @@ class Sampler:
             return plan
         return self._build_plan(batch, frozenset(dead.nonzero().flatten().tolist()))
 
-    def _plain_greedy(self, x: torch.Tensor, batch: SamplingBatch, plan: RowPlan
-                      ) -> SampleOutput | None:
+    def _plain_greedy(self, x: torch.Tensor, batch: SamplingBatch, plan: RowPlan) -> SampleOutput | None:
         """The all-greedy shortcut: every row greedy with "raw" logprobs, and nothing of
         steps 1-5 in the batch, so the logits reach step 6 unchanged. The argmax and the
         chosen token's log_softmax come first, on the unsanitised logits; the logprob of
@@ -193,22 +203,36 @@ class Sampler:
         if not math.isfinite(float(logprobs.sum() if plan.size > 1 else logprobs)):
             # (each is in [-log V, 0] when finite)
             return None
-        return self._shortcut_output(x, lambda: x.gather(1, tokens.unsqueeze(1)), tokens,
-                                     logprobs, batch, plan=plan, greedy_tok=tokens)
+        return self._shortcut_output(
+            x, lambda: x.gather(1, tokens.unsqueeze(1)), tokens, logprobs, batch, plan=plan, greedy_tok=tokens
+        )
 
     def _shortcut_plan(self, batch: SamplingBatch) -> RowPlan | None:
         """The batch's plan when the all-greedy shortcut may apply: nothing of steps 1-5 in
         the batch (so the logits reach step 6 unchanged), "raw" logprobs only and the
         torch ops; None otherwise."""
         plan = self._cached_plan(batch)
-        if (plan.untouched and len(plan.modes) == 1 and "raw" in plan.modes
-                and not self.processors and self._backend.for_device(batch.device) is TORCH):
+        if (
+            plan.untouched
+            and len(plan.modes) == 1
+            and "raw" in plan.modes
+            and not self.processors
+            and self._backend.for_device(batch.device) is TORCH
+        ):
             return plan
         return None
 
-    def _shortcut_output(self, x: torch.Tensor, row_max, tokens: torch.Tensor,
-                         logprobs: torch.Tensor, batch: SamplingBatch, *, plan: RowPlan,
-                         greedy_tok: torch.Tensor | None = None) -> SampleOutput:
+    def _shortcut_output(
+        self,
+        x: torch.Tensor,
+        row_max,
+        tokens: torch.Tensor,
+        logprobs: torch.Tensor,
+        batch: SamplingBatch,
+        *,
+        plan: RowPlan,
+        greedy_tok: torch.Tensor | None = None,
+    ) -> SampleOutput:
         """A shortcut's :class:`SampleOutput`: every row valid (status all zero), the top
         logprobs ("raw") of the float32 logits ``x`` when a row asks for them
         (``row_max``: a callable giving (B, 1) maxima, called only then)."""
@@ -218,8 +242,9 @@ class Sampler:
             prep = Prepared(raw=x, x=x, status=status, row_max=row_max(), all_valid=True)
             steps = Steps(batch, prep, plan, greedy_tok, z=None, cdf=None, u=None)
             top = self._top_logprobs(steps)
-        return SampleOutput(token_ids=tokens, logprobs=logprobs, top_logprobs=top,
-                            seeds=_copy(batch.seeds), status=status)
+        return SampleOutput(
+            token_ids=tokens, logprobs=logprobs, top_logprobs=top, seeds=_copy(batch.seeds), status=status
+        )
 
     # -- step 6 ----------------------------------------------------------------------
     def _greedy_tokens(self, prep: Prepared, plan: RowPlan) -> torch.Tensor | None:
@@ -245,8 +270,7 @@ class Sampler:
 
     def _scaled(self, prep: Prepared, plan: RowPlan) -> torch.Tensor:
         """z = (x - max) / T_eff for every row (T_eff = 1 on greedy rows)."""
-        return prep.backend.scale(prep.x, self._shift(prep), plan.temperatures,
-                                  out=self._buf("z", prep.x))
+        return prep.backend.scale(prep.x, self._shift(prep), plan.temperatures, out=self._buf("z", prep.x))
 
     def _first_pass(self, prep: Prepared, plan: RowPlan):
         """Step 7's z with, in the same pass over each row, the "raw" rows' normalisers
@@ -261,8 +285,9 @@ class Sampler:
         nuc = keptset.prepass_rows(plan)
         if nuc is not None:
             flags[nuc] |= 2
-        return rowpass.first_pass(prep.x, (self._shift(prep), prep.raw_max),
-                                  plan.temperatures, flags, self._buf("z", prep.x))
+        return rowpass.first_pass(
+            prep.x, (self._shift(prep), prep.raw_max), plan.temperatures, flags, self._buf("z", prep.x)
+        )
 
     @staticmethod
     def _needs_full_z(plan: RowPlan, prep: Prepared, by_columns) -> bool:
@@ -271,8 +296,12 @@ class Sampler:
         top-k candidates and the allowed-columns rows (:func:`keptset.needs_full_z`)."""
         if not plan.needs_scaled:
             return False
-        return (prep.backend is not TORCH or "scaled" in plan.modes
-                or plan.any_processed or keptset.needs_full_z(plan, by_columns))
+        return (
+            prep.backend is not TORCH
+            or "scaled" in plan.modes
+            or plan.any_processed
+            or keptset.needs_full_z(plan, by_columns)
+        )
 
     @staticmethod
     def _by_columns(plan: RowPlan, prep: Prepared):
@@ -284,9 +313,17 @@ class Sampler:
         return keptset.column_rows(plan, prep.columns, prep.x)
 
     # -- step 8 ----------------------------------------------------------------------
-    def _kept_cdf(self, z: torch.Tensor | None, batch: SamplingBatch, plan: RowPlan,
-                  prep: Prepared, *, u: torch.Tensor | None = None,
-                  by_columns=None, first=None) -> KeptCDF:
+    def _kept_cdf(
+        self,
+        z: torch.Tensor | None,
+        batch: SamplingBatch,
+        plan: RowPlan,
+        prep: Prepared,
+        *,
+        u: torch.Tensor | None = None,
+        by_columns=None,
+        first=None,
+    ) -> KeptCDF:
         """Thresholds, exact kept mass and CDF tables of the sampling rows
         (:func:`detsample.sampling.keptset.kept_cdf`; a pure step: no draw). The Triton
         backend runs the same step fused with the draw when the uniforms ``u`` are given
@@ -296,26 +333,33 @@ class Sampler:
         filters = (batch.top_ks, batch.top_ps, batch.element_filters)
         fused = prep.backend.fused_cut
         if fused is not None:
-            tau, total, drawn = fused(z, plan.sampling.index, *filters, u,
-                                      rules.frac_bits(z.shape[1]),
-                                      sort_only=self.filter_impl == "sort")
+            tau, total, drawn = fused(
+                z, plan.sampling.index, *filters, u, rules.frac_bits(z.shape[1]), sort_only=self.filter_impl == "sort"
+            )
             return KeptCDF(tau, total, drawn=drawn if u is not None else None)
-        inp = CutInputs(prep.x, self._shift(prep), filters, prep.columns, prep.column_values,
-                        lambda: self._scaled(prep, plan), self._buf, self.deterministic,
-                        self.filter_impl, first)
+        inp = CutInputs(
+            prep.x,
+            self._shift(prep),
+            filters,
+            prep.columns,
+            prep.column_values,
+            lambda: self._scaled(prep, plan),
+            self._buf,
+            self.deterministic,
+            self.filter_impl,
+            first,
+        )
         return keptset.kept_cdf(z, plan, inp, by_columns)
 
     # -- step 10 (detsample.sampling.logprobs) ---------------------------------------
-    def _token_logprobs(self, st: Steps, tokens: torch.Tensor, some_none: bool
-                        ) -> torch.Tensor:
+    def _token_logprobs(self, st: Steps, tokens: torch.Tensor, some_none: bool) -> torch.Tensor:
         return lp_steps.token_logprobs(st, tokens, some_none)
 
     def _top_logprobs(self, st: Steps) -> tuple[torch.Tensor, torch.Tensor] | None:
         return lp_steps.top_logprobs(st)
 
     # -- the pipeline ----------------------------------------------------------------
-    def _steps(self, logits: torch.Tensor, batch: SamplingBatch,
-               positions: torch.Tensor | None) -> Steps:
+    def _steps(self, logits: torch.Tensor, batch: SamplingBatch, positions: torch.Tensor | None) -> Steps:
         """Steps 1-8 of a non-empty batch (and the uniforms of step 9 when ``positions``
         are given: the Triton backend draws with its cut): prepare -> plan -> greedy ->
         temperature -> kept set. ``positions`` None: the rescoring path, which stops
@@ -325,19 +369,23 @@ class Sampler:
         by_columns = self._by_columns(plan, prep)
         needs_z = self._needs_full_z(plan, prep, by_columns)
         first = self._first_pass(prep, plan) if needs_z else None
-        raw_norm = lp_steps.raw_normalisers(prep, plan) if first is None else \
-            (None if prep.raw_max is None else prep.raw_max.squeeze(1), first.norm)
+        raw_norm = (
+            lp_steps.raw_normalisers(prep, plan)
+            if first is None
+            else (None if prep.raw_max is None else prep.raw_max.squeeze(1), first.norm)
+        )
         greedy_tok = self._greedy_tokens(prep, plan)
         z = first.z if first is not None else (self._scaled(prep, plan) if needs_z else None)
-        u = prep.backend.uniforms(batch.seeds, positions) \
-            if positions is not None and plan.sampling else None
+        u = prep.backend.uniforms(batch.seeds, positions) if positions is not None and plan.sampling else None
         wants_cdf = plan.needs_scaled if positions is not None else plan.any_processed
-        cdf = self._kept_cdf(z, batch, plan, prep, u=u, by_columns=by_columns, first=first) \
-            if wants_cdf else KeptCDF.none(plan.size, batch.device)
+        cdf = (
+            self._kept_cdf(z, batch, plan, prep, u=u, by_columns=by_columns, first=first)
+            if wants_cdf
+            else KeptCDF.none(plan.size, batch.device)
+        )
         return Steps(batch, prep, plan, greedy_tok, z, cdf, u, raw_norm)
 
-    def sample(self, logits: torch.Tensor, batch: SamplingBatch,
-               positions: torch.Tensor) -> SampleOutput:
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch, positions: torch.Tensor) -> SampleOutput:
         """Sample one token per row.
 
         logits: (B, V) float32, bfloat16 or float16 on the batch's device (never
@@ -359,15 +407,18 @@ class Sampler:
         return self._sample(logits, batch, positions)
 
     @torch.no_grad()  # not differentiable; logits may come from a training model
-    def _sample(self, logits: torch.Tensor, batch: SamplingBatch,
-                positions: torch.Tensor) -> SampleOutput:
+    def _sample(self, logits: torch.Tensor, batch: SamplingBatch, positions: torch.Tensor) -> SampleOutput:
         """:meth:`sample` after its shortcuts (positions validated): the steps, then the
         draw, the greedy rows merged, the logprobs gathered."""
         if len(batch) == 0:
             prep = self._prepare(logits, batch)
-            return SampleOutput(torch.empty((0,), dtype=torch.int64, device=batch.device),
-                                torch.empty((0,), dtype=torch.float32, device=batch.device),
-                                None, batch.seeds.clone(), prep.status)
+            return SampleOutput(
+                torch.empty((0,), dtype=torch.int64, device=batch.device),
+                torch.empty((0,), dtype=torch.float32, device=batch.device),
+                None,
+                batch.seeds.clone(),
+                prep.status,
+            )
         st = self._steps(logits, batch, positions)
         plan, greedy_tok = st.plan, st.greedy_tok
         if plan.greedy.every:
@@ -380,14 +431,16 @@ class Sampler:
             tokens = none if greedy_tok is None else torch.where(batch.greedy, greedy_tok, none)
         if plan.excluded:
             tokens = tokens.masked_fill((st.prep.status & STATUS_NO_VALID_TOKEN) != 0, -1)
-        return SampleOutput(token_ids=tokens,
-                            logprobs=self._token_logprobs(st, tokens, bool(plan.excluded)),
-                            top_logprobs=self._top_logprobs(st), seeds=_copy(batch.seeds),
-                            status=st.prep.status)
+        return SampleOutput(
+            token_ids=tokens,
+            logprobs=self._token_logprobs(st, tokens, bool(plan.excluded)),
+            top_logprobs=self._top_logprobs(st),
+            seeds=_copy(batch.seeds),
+            status=st.prep.status,
+        )
 
     @torch.no_grad()  # not differentiable; logits may come from a training model
-    def compute_logprobs(self, logits: torch.Tensor, batch: SamplingBatch,
-                         token_ids: torch.Tensor) -> torch.Tensor:
+    def compute_logprobs(self, logits: torch.Tensor, batch: SamplingBatch, token_ids: torch.Tensor) -> torch.Tensor:
         """The rescoring (prefill) path: logprob of ``token_ids`` per row, in each row's
         ``logprobs_mode``, through the same steps 1-8 as :meth:`sample`.
 
@@ -396,23 +449,19 @@ class Sampler:
         row without an admissible token; its logprob is -inf). Returns (B,) float32,
         bitwise equal to the ``logprobs`` that :meth:`sample` reported for the same inputs.
         """
-        token_ids = row_ids_tensor("token_ids", token_ids, len(batch), batch.device,
-                                   lowest=-1, upper=batch.vocab_size)
+        token_ids = row_ids_tensor("token_ids", token_ids, len(batch), batch.device, lowest=-1, upper=batch.vocab_size)
         logits = self._checked_logits(logits, batch)
         if len(batch) == 0:
             self._prepare(logits, batch)
             return torch.empty((0,), dtype=torch.float32, device=batch.device)
         st = self._steps(logits, batch, None)
         if st.plan.excluded:
-            token_ids = token_ids.masked_fill(
-                (st.prep.status & STATUS_NO_VALID_TOKEN) != 0, -1)
+            token_ids = token_ids.masked_fill((st.prep.status & STATUS_NO_VALID_TOKEN) != 0, -1)
         some_none = bool(st.plan.excluded) or bool((token_ids < 0).any())
         return self._token_logprobs(st, token_ids, some_none)
 
-
     @torch.no_grad()  # not differentiable; logits may come from a training model
-    def sampling_mask(self, logits: torch.Tensor, batch: SamplingBatch, *,
-                      bitmask: bool = False) -> torch.Tensor:
+    def sampling_mask(self, logits: torch.Tensor, batch: SamplingBatch, *, bitmask: bool = False) -> torch.Tensor:
         """The kept support of each row (SGLang's ``return_sampling_mask``): the tokens
         :meth:`sample` may draw from these logits and this batch state.
 
@@ -430,22 +479,19 @@ class Sampler:
         if B:
             plan = self._plan(batch, prep)
             z = self._scaled(prep, plan)
-            cdf = self._kept_cdf(z, batch, plan, prep) if plan.needs_scaled else \
-                KeptCDF.none(B, batch.device)
+            cdf = self._kept_cdf(z, batch, plan, prep) if plan.needs_scaled else KeptCDF.none(B, batch.device)
             every = Rows.of(range(B), B, batch.device)
-            keep = lp_steps.kept_mask(cdf, batch, every, z, lambda t: t.unsqueeze(1),
-                                      prep.backend.exp)
+            keep = lp_steps.kept_mask(cdf, batch, every, z, lambda t: t.unsqueeze(1), prep.backend.exp)
             greedy_tok = self._greedy_tokens(prep, plan)
             if greedy_tok is not None:
-                onehot = torch.arange(V, device=batch.device).unsqueeze(0) == \
-                    greedy_tok.clamp(min=0).unsqueeze(1)
+                onehot = torch.arange(V, device=batch.device).unsqueeze(0) == greedy_tok.clamp(min=0).unsqueeze(1)
                 keep = torch.where(batch.greedy.unsqueeze(1), onehot, keep)
             keep &= ((prep.status & STATUS_NO_VALID_TOKEN) == 0).unsqueeze(1)
+            keep &= prep.x != float("-inf")  # a row's -inf logits hold no mass (no filter: tau = -inf)
         return pack_bitmask(keep) if bitmask else keep
 
-    def sample_with_mask(self, logits: torch.Tensor, batch: SamplingBatch,
-                         positions: torch.Tensor, *, bitmask: bool = False
-                         ) -> tuple[SampleOutput, torch.Tensor]:
+    def sample_with_mask(
+        self, logits: torch.Tensor, batch: SamplingBatch, positions: torch.Tensor, *, bitmask: bool = False
+    ) -> tuple[SampleOutput, torch.Tensor]:
         """:meth:`sample` and :meth:`sampling_mask` of the same inputs."""
-        return (self.sample(logits, batch, positions),
-                self.sampling_mask(logits, batch, bitmask=bitmask))
+        return (self.sample(logits, batch, positions), self.sampling_mask(logits, batch, bitmask=bitmask))

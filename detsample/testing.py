@@ -14,5 +14,4 @@ from detsample.checks.faults import flip_low_bit, perturbed_compute_logprobs, pe
 from detsample.golden.synthtensors import FAMILIES as TENSOR_FAMILIES
 from detsample.golden.synthtensors import tensor
 
-__all__ = ["TENSOR_FAMILIES", "flip_low_bit", "perturbed_compute_logprobs", "perturbed_sample",
-           "tensor"]
+__all__ = ["TENSOR_FAMILIES", "flip_low_bit", "perturbed_compute_logprobs", "perturbed_sample", "tensor"]

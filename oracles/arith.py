@@ -17,9 +17,9 @@ EXP_LO, EXP_HI = -104.0, 89.0
 INV_LN2 = float.fromhex("0x1.71547652b82fep+0")
 LN2_HI = float.fromhex("0x1.62e42fee00000p-1")
 LN2_LO = float.fromhex("0x1.a39ef35793c76p-33")
-SHIFT = 1.5 * 2.0 ** 52
-C = [1.0 / math.factorial(j) for j in range(13)]          # exp: Taylor, 1/j!
-LOG_C = [1.0 / (2 * j + 1) for j in range(11)]            # log: atanh series, 1/(2j+1)
+SHIFT = 1.5 * 2.0**52
+C = [1.0 / math.factorial(j) for j in range(13)]  # exp: Taylor, 1/j!
+LOG_C = [1.0 / (2 * j + 1) for j in range(11)]  # log: atanh series, 1/(2j+1)
 SQRT_HALF = float.fromhex("0x1.6a09e667f3bcdp-1")
 NAN32 = np.array([0x7FC00000], dtype=np.uint32).view(np.float32)[0]
 
@@ -42,7 +42,7 @@ def exp64_wide(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     with np.errstate(invalid="ignore"):
         v = np.minimum(np.maximum(x, EXP_LO), EXP_HI)
-    t = v * INV_LN2 + SHIFT                 # rint(v / ln 2) in the low mantissa bits
+    t = v * INV_LN2 + SHIFT  # rint(v / ln 2) in the low mantissa bits
     k = t - SHIFT
     r = (v - k * LN2_HI) - k * LN2_LO
     r2 = r * r
@@ -68,7 +68,7 @@ def log64(x: float) -> float:
         return -math.inf
     if x == math.inf:
         return math.inf
-    m, e = math.frexp(x)                    # x = m 2**e, m in [1/2, 1): exact
+    m, e = math.frexp(x)  # x = m 2**e, m in [1/2, 1): exact
     if m < SQRT_HALF:
         m, e = m * 2.0, e - 1
     f = m - 1.0
@@ -82,10 +82,10 @@ def log64(x: float) -> float:
 
 def fixed_sum(e: np.ndarray, frac: int) -> float:
     """sum(e) of float32 values in [0, 1], exactly, in two words of ``frac`` bits each."""
-    scale = 2.0 ** frac
-    w = np.asarray(e, dtype=np.float32).astype(np.float64) * scale   # exact scaling
+    scale = 2.0**frac
+    w = np.asarray(e, dtype=np.float32).astype(np.float64) * scale  # exact scaling
     h = np.trunc(w)
-    H = int(h.astype(np.int64).sum())       # exact integer sums: any order
+    H = int(h.astype(np.int64).sum())  # exact integer sums: any order
     L = int(np.trunc((w - h) * scale).astype(np.int64).sum())
     return (float(H) + float(L) * (1.0 / scale)) * (1.0 / scale)
 

@@ -20,16 +20,45 @@ EXP_LO, EXP_HI, EXPM1_LO, TANH_BIG = -746.0, 710.0, -45.0, 20.0
 INV_LN2 = float.fromhex("0x1.71547652b82fep+0")
 LN2_HI = float.fromhex("0x1.62e42fee00000p-1")
 LN2_LO = float.fromhex("0x1.a39ef35793c76p-33")
-SHIFT = 1.5 * 2.0 ** 52
-C = [1.0 / math.factorial(j) for j in range(13)]              # exp: 1/j!
-D = [1.0 / math.factorial(j + 2) for j in range(13)]          # expm1: 1/(j+2)!
+SHIFT = 1.5 * 2.0**52
+C = [1.0 / math.factorial(j) for j in range(13)]  # exp: 1/j!
+D = [1.0 / math.factorial(j + 2) for j in range(13)]  # expm1: 1/(j+2)!
 SQRT_2_OVER_PI = float.fromhex("0x1.9884533d43651p-1")
 INV_SQRT_2PI = float.fromhex("0x1.9884533d43651p-2")
 KAPPA = 0.044715
 SERIES_MAX, CF_TERMS = 2.0, 40
-SERIES = [1.0 / math.prod(range(1, 2 * n + 2, 2)) for n in range(25)]     # 1 / (2n+1)!!
+SERIES = [1.0 / math.prod(range(1, 2 * n + 2, 2)) for n in range(25)]  # 1 / (2n+1)!!
 #: Mills' ratio's Taylor coefficients about 3 (M^(n)(3) / n!, rounded)
-MILLS = [float.fromhex(h) for h in ["0x1.37e684ee8e185p-2", "-0x1.6131c4d156dc3p-4", "0x1.78098a8c67997p-6", "-0x1.7b8def8030db5p-8", "0x1.6d7c5bb10bd3cp-10", "-0x1.516888be198e5p-12", "0x1.2bcfe30697181p-14", "-0x1.01416a398089ep-16", "0x1.ab7b4d6ddac29p-19", "-0x1.58b5f601171fap-21", "0x1.0e5154ae7577cp-23", "-0x1.9d02cd122bb3dp-26", "0x1.33d614bf0d8b9p-28", "-0x1.c05448a4a1567p-31", "0x1.3f57f12794abcp-33", "-0x1.bd7c6e75371d2p-36", "0x1.30928f774001ap-38", "-0x1.9893c9253a8efp-41", "0x1.0d13ce496731cp-43", "-0x1.5c3e33404c104p-46", "0x1.bb27f03755589p-49", "-0x1.156c87e0d56c4p-51", "0x1.55f23d89c1dc4p-54", "-0x1.9f26187db41adp-57", "0x1.f0b53646fb85dp-60"]]  # noqa: E501 - one table
+MILLS = [
+    float.fromhex(h)
+    for h in [
+        "0x1.37e684ee8e185p-2",
+        "-0x1.6131c4d156dc3p-4",
+        "0x1.78098a8c67997p-6",
+        "-0x1.7b8def8030db5p-8",
+        "0x1.6d7c5bb10bd3cp-10",
+        "-0x1.516888be198e5p-12",
+        "0x1.2bcfe30697181p-14",
+        "-0x1.01416a398089ep-16",
+        "0x1.ab7b4d6ddac29p-19",
+        "-0x1.58b5f601171fap-21",
+        "0x1.0e5154ae7577cp-23",
+        "-0x1.9d02cd122bb3dp-26",
+        "0x1.33d614bf0d8b9p-28",
+        "-0x1.c05448a4a1567p-31",
+        "0x1.3f57f12794abcp-33",
+        "-0x1.bd7c6e75371d2p-36",
+        "0x1.30928f774001ap-38",
+        "-0x1.9893c9253a8efp-41",
+        "0x1.0d13ce496731cp-43",
+        "-0x1.5c3e33404c104p-46",
+        "0x1.bb27f03755589p-49",
+        "-0x1.156c87e0d56c4p-51",
+        "0x1.55f23d89c1dc4p-54",
+        "-0x1.9f26187db41adp-57",
+        "0x1.f0b53646fb85dp-60",
+    ]
+]  # noqa: E501 - one table
 
 
 def _f64(x) -> np.ndarray:
@@ -50,7 +79,7 @@ def _nan(y: np.ndarray) -> np.ndarray:
 def _estrin(c: list[float], p: np.ndarray) -> np.ndarray:
     """Estrin's scheme: pairs c[2j] + c[2j+1] p, p squared, until one term is left."""
     while len(c) > 1:
-        c = [c[2 * j] + c[2 * j + 1] * p for j in range(len(c) // 2)] + c[len(c) - len(c) % 2:]
+        c = [c[2 * j] + c[2 * j + 1] * p for j in range(len(c) // 2)] + c[len(c) - len(c) % 2 :]
         p = p * p
     return c[0]
 
@@ -160,7 +189,7 @@ def pow_scalar(x, e: float) -> np.ndarray:
     if e == -0.5:
         return rsqrt(x)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        if e.is_integer() and abs(e) < 2 ** 31:
+        if e.is_integer() and abs(e) < 2**31:
             n, y, b = int(abs(e)), np.ones_like(x), x.copy()
             while n:
                 if n % 2:
@@ -174,9 +203,7 @@ def pow_scalar(x, e: float) -> np.ndarray:
         m = np.abs(x)
         ok = (m > 0) & (m < np.inf)
         a = exp(e * _log64(np.where(ok, m, 1.0)))
-        a = np.where(ok, a, np.where(m == 0, 0.0 if e > 0 else np.inf,
-                                     np.inf if e > 0 else 0.0))
-        odd = math.isfinite(e) and e.is_integer() and abs(e) < 2 ** 53 and int(e) % 2 == 1
-        neg = -a if odd else (a if (e.is_integer() or math.isinf(e))
-                              else np.where(m == np.inf, a, np.nan))
+        a = np.where(ok, a, np.where(m == 0, 0.0 if e > 0 else np.inf, np.inf if e > 0 else 0.0))
+        odd = math.isfinite(e) and e.is_integer() and abs(e) < 2**53 and int(e) % 2 == 1
+        neg = -a if odd else (a if (e.is_integer() or math.isinf(e)) else np.where(m == np.inf, a, np.nan))
         return _nan(np.where(np.isnan(x), np.nan, np.where(x < 0, neg, a)))

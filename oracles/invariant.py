@@ -24,12 +24,12 @@ def round_f32(q: Fraction) -> np.float32:
         return np.float32(0.0)
     sign = -1.0 if q < 0 else 1.0
     x = abs(q)
-    e = x.numerator.bit_length() - x.denominator.bit_length()   # 2**e <= x < 2**(e+2)
+    e = x.numerator.bit_length() - x.denominator.bit_length()  # 2**e <= x < 2**(e+2)
     while Fraction(2) ** e > x:
         e -= 1
     while Fraction(2) ** (e + 1) <= x:
         e += 1
-    quantum = Fraction(2) ** (max(e, -126) - 23)                # float32 spacing at x
+    quantum = Fraction(2) ** (max(e, -126) - 23)  # float32 spacing at x
     n, rest = divmod(x, quantum)
     n = int(n)
     if rest * 2 > quantum or (rest * 2 == quantum and n % 2 == 1):
@@ -41,8 +41,7 @@ def round_f32(q: Fraction) -> np.float32:
 
 
 def _dot(row: np.ndarray, col: np.ndarray) -> np.float32:
-    return round_f32(sum((Fraction(float(x)) * Fraction(float(y)) for x, y in zip(row, col)),
-                         Fraction(0)))
+    return round_f32(sum((Fraction(float(x)) * Fraction(float(y)) for x, y in zip(row, col)), Fraction(0)))
 
 
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:

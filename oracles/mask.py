@@ -14,12 +14,11 @@ def token_allowed(bitmask_row: np.ndarray, t: int, limit: int | None = None) -> 
     return (word >> (t % 32)) & 1 == 1
 
 
-def apply_token_bitmask(logits: np.ndarray, bitmask: np.ndarray, rows=None,
-                        limit: int | None = None) -> np.ndarray:
+def apply_token_bitmask(logits: np.ndarray, bitmask: np.ndarray, rows=None, limit: int | None = None) -> np.ndarray:
     """A float64 copy of ``logits`` with -inf on tokens disallowed in the listed rows."""
     out = np.array(logits, dtype=np.float64, copy=True)
     b, v = out.shape
-    for r in (range(b) if rows is None else rows):
+    for r in range(b) if rows is None else rows:
         for t in range(v):
             if not token_allowed(bitmask[r], t, limit):
                 out[r, t] = -np.inf

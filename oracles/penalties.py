@@ -14,9 +14,15 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def penalize_row(x: np.ndarray, prompt_ids: Sequence[int], output_ids: Sequence[int],
-                 frequency: float, presence: float, repetition: float,
-                 dtype=np.float64) -> np.ndarray:
+def penalize_row(
+    x: np.ndarray,
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+    frequency: float,
+    presence: float,
+    repetition: float,
+    dtype=np.float64,
+) -> np.ndarray:
     """One row: additive penalties on output tokens, then repetition scaling on tokens
     seen in the prompt or the output. x: (V,). Returns a new (V,) array of ``dtype``."""
     out = np.array(x, dtype=dtype)
@@ -36,8 +42,7 @@ def stop_ids(stop_token_ids: Sequence[int], eos_token_ids: Sequence[int]) -> lis
     return sorted(set(int(t) for t in stop_token_ids) | set(int(t) for t in eos_token_ids))
 
 
-def min_tokens_row(x: np.ndarray, n_output: int, min_new_tokens: int,
-                   stops: Sequence[int]) -> np.ndarray:
+def min_tokens_row(x: np.ndarray, n_output: int, min_new_tokens: int, stops: Sequence[int]) -> np.ndarray:
     """-inf on ``stops`` while ``n_output < min_new_tokens``."""
     out = np.array(x)
     if n_output < min_new_tokens:
@@ -58,41 +63,49 @@ def allowed_row(x: np.ndarray, allowed: Sequence[int] | None) -> np.ndarray:
     return out
 
 
-def banned_by_bad_words(output_ids: Sequence[int],
-                        bad_words: Sequence[Sequence[int]]) -> set[int]:
+def banned_by_bad_words(output_ids: Sequence[int], bad_words: Sequence[Sequence[int]]) -> set[int]:
     """Last ids of the bad-word sequences whose prefix ends the output."""
     banned = set()
     out = [int(t) for t in output_ids]
     for seq in bad_words:
         prefix = [int(t) for t in seq[:-1]]
-        if len(prefix) <= len(out) and (not prefix or out[len(out) - len(prefix):] == prefix):
+        if len(prefix) <= len(out) and (not prefix or out[len(out) - len(prefix) :] == prefix):
             banned.add(int(seq[-1]))
     return banned
 
 
-def bad_words_row(x: np.ndarray, output_ids: Sequence[int],
-                  bad_words: Sequence[Sequence[int]]) -> np.ndarray:
+def bad_words_row(x: np.ndarray, output_ids: Sequence[int], bad_words: Sequence[Sequence[int]]) -> np.ndarray:
     out = np.array(x)
     for t in banned_by_bad_words(output_ids, bad_words):
         out[t] = -np.inf
     return out
 
 
-def penalties_and_constraints_row(x: np.ndarray, params, prompt_ids: Sequence[int], output_ids: Sequence[int],
-              eos_token_ids: Sequence[int], dtype=np.float64) -> np.ndarray:
+def penalties_and_constraints_row(
+    x: np.ndarray,
+    params,
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+    eos_token_ids: Sequence[int],
+    dtype=np.float64,
+) -> np.ndarray:
     """The whole step 3 for one row, in the contract's order: additive, scaling,
     min_new_tokens, then allowed_token_ids and bad_words. ``params`` is any object with
     the SamplingParams field names."""
-    out = penalize_row(x, prompt_ids, output_ids, params.frequency_penalty,
-                       params.presence_penalty, params.repetition_penalty, dtype)
-    out = min_tokens_row(out, len(output_ids), params.min_new_tokens,
-                         stop_ids(params.stop_token_ids, eos_token_ids))
+    out = penalize_row(
+        x, prompt_ids, output_ids, params.frequency_penalty, params.presence_penalty, params.repetition_penalty, dtype
+    )
+    out = min_tokens_row(out, len(output_ids), params.min_new_tokens, stop_ids(params.stop_token_ids, eos_token_ids))
     out = allowed_row(out, params.allowed_token_ids)
     return bad_words_row(out, output_ids, params.bad_words)
 
 
-def penalties_and_constraints(x: np.ndarray, rows: Sequence[tuple], eos_token_ids: Sequence[int],
-          dtype=np.float64) -> np.ndarray:
+def penalties_and_constraints(
+    x: np.ndarray, rows: Sequence[tuple], eos_token_ids: Sequence[int], dtype=np.float64
+) -> np.ndarray:
     """x: (B, V); rows[i] = (params, prompt_ids, output_ids). Per-row loop."""
-    return np.stack([penalties_and_constraints_row(x[i], *rows[i], eos_token_ids, dtype) for i in range(len(rows))]) \
-        if len(rows) else np.array(x, dtype=dtype)
+    return (
+        np.stack([penalties_and_constraints_row(x[i], *rows[i], eos_token_ids, dtype) for i in range(len(rows))])
+        if len(rows)
+        else np.array(x, dtype=dtype)
+    )

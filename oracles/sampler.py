@@ -47,8 +47,8 @@ class RowParams:
 class RowResult:
     token: int
     logprob: float
-    kept: list            # sorted kept token ids (empty for greedy rows)
-    margin: float         # relative distance of the closest decision to its threshold
+    kept: list  # sorted kept token ids (empty for greedy rows)
+    margin: float  # relative distance of the closest decision to its threshold
 
 
 def sanitize(row: np.ndarray) -> np.ndarray:
@@ -70,8 +70,8 @@ def log_softmax(v: np.ndarray) -> np.ndarray:
 def sample_row(logits: np.ndarray, p: RowParams, position: int) -> RowResult:
     """One row through the pipeline, the specification of Sampler.sample."""
     V = len(logits)
-    raw = np.asarray(logits, dtype=np.float32)
-    x = sanitize(raw)
+    raw = sanitize(np.asarray(logits, dtype=np.float32))  # "raw": the sanitised logits
+    x = raw.copy()
     with np.errstate(over="ignore"):  # step 5 is a float32 add; +inf is sanitised below
         for tid, b in (p.logit_bias or {}).items():
             x[int(tid)] = x[int(tid)] + np.float32(b)
@@ -86,23 +86,24 @@ def sample_row(logits: np.ndarray, p: RowParams, position: int) -> RowResult:
         if p.logprobs_mode == "raw":
             lp = log_softmax(raw)[tok]
         elif p.logprobs_mode == "scaled":
-            lp = log_softmax(x - m)[tok]       # temperature 1: z = x - max in float32
+            lp = log_softmax(x - m)[tok]  # temperature 1: z = x - max in float32
         else:
             lp = 0.0
         return RowResult(tok, float(lp), [], margin)
     T = np.float32(p.temperature)
-    with np.errstate(over="ignore"):       # (x - m) / T may overflow to -inf: no mass
-        z = ((x - m) / T).astype(np.float32)   # float32 subtraction, then float32 division
+    with np.errstate(over="ignore"):  # (x - m) / T may overflow to -inf: no mass
+        z = ((x - m) / T).astype(np.float32)  # float32 subtraction, then float32 division
     e = arith.exp32(z)
     frac = arith.frac_bits(V)
-    q = [int(v) for v in (e.astype(np.float64) * 2.0 ** frac).tolist()]  # trunc, exact
+    q = [int(v) for v in (e.astype(np.float64) * 2.0**frac).tolist()]  # trunc, exact
     zf = z.astype(np.float64).tolist()
     order = sorted(range(V), key=lambda i: (-zf[i], i))
     margin = math.inf
     # top-k: keep z_i >= k-th largest value
     k = V if p.top_k == -1 else min(p.top_k, V)
     thr_k = zf[order[k - 1]]
-    kept = [i for i in range(V) if zf[i] >= thr_k]
+    # (a -inf logit holds no mass and is never kept, even at threshold -inf)
+    kept = [i for i in range(V) if zf[i] >= thr_k and x[i] != -np.inf]
     if k < V:
         below = [zf[i] for i in range(V) if zf[i] < thr_k]
         if below:
@@ -140,8 +141,7 @@ def sample_row(logits: np.ndarray, p: RowParams, position: int) -> RowResult:
     for i in kept:
         acc += q[i]
         margin = min(margin, abs(acc - u * Q) / Q)
-    return RowResult(tok, float(_logprob(p.logprobs_mode, raw, x, z, T, kept, tok, Q, frac)),
-                     kept, margin)
+    return RowResult(tok, float(_logprob(p.logprobs_mode, raw, x, z, T, kept, tok, Q, frac)), kept, margin)
 
 
 def _logprob(mode: str, raw, x, z, T, kept, tok: int, Q: int, frac: int) -> np.float32:
@@ -150,9 +150,9 @@ def _logprob(mode: str, raw, x, z, T, kept, tok: int, Q: int, frac: int) -> np.f
         return log_softmax(raw)[tok]
     if mode == "scaled":
         return log_softmax(z)[tok]
-    if mode == "processed":                  # vLLM's: log_softmax over the kept x / T
+    if mode == "processed":  # vLLM's: log_softmax over the kept x / T
         s = np.full(len(x), -np.inf, dtype=np.float32)
         s[kept] = (x[kept] / T).astype(np.float32)
         return log_softmax(s)[tok]
     # "processed_fixed": the scaled logit less the log of the exact kept mass
-    return np.float32(np.float64(z[tok]) - arith.log64(float(Q) * 2.0 ** -frac))
+    return np.float32(np.float64(z[tok]) - arith.log64(float(Q) * 2.0**-frac))

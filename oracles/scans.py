@@ -24,8 +24,9 @@ def _contract(s: np.ndarray, w: np.ndarray) -> np.ndarray:
     return acc.astype(np.float32)
 
 
-def gated_delta(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
-                state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def gated_delta(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, state: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """The gated delta rule of one row: q, k (T, dk), v (T, dv), g (T, dk) (a decay per
     key feature), beta (T,), state (dk, dv). Returns (out (T, dv), final state)."""
     s = state.astype(np.float32).copy()
@@ -38,8 +39,15 @@ def gated_delta(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta
     return out, s
 
 
-def selective(x: np.ndarray, dt: np.ndarray, a: np.ndarray, bm: np.ndarray, cm: np.ndarray,
-              d: np.float32 | None, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def selective(
+    x: np.ndarray,
+    dt: np.ndarray,
+    a: np.ndarray,
+    bm: np.ndarray,
+    cm: np.ndarray,
+    d: np.float32 | None,
+    state: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """The Mamba (1) update of one row (one channel): x, dt (T,), a (N,), bm, cm (T, N),
     d a scalar or None, state (N,). Returns (out (T,), final state)."""
     s = state.astype(np.float32).copy()
@@ -51,8 +59,15 @@ def selective(x: np.ndarray, dt: np.ndarray, a: np.ndarray, bm: np.ndarray, cm: 
     return out, s
 
 
-def ssd(x: np.ndarray, dt: np.ndarray, a: np.float32, bm: np.ndarray, cm: np.ndarray,
-        d: np.float32 | None, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def ssd(
+    x: np.ndarray,
+    dt: np.ndarray,
+    a: np.float32,
+    bm: np.ndarray,
+    cm: np.ndarray,
+    d: np.float32 | None,
+    state: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """The Mamba 2 update of one row (one head): x (T, P), dt (T,), a scalar, bm, cm
     (T, N) (its group's), d a scalar or None, state (P, N). Returns (out (T, P), final
     state)."""

@@ -18,8 +18,8 @@ def normals(seed: int, index: int, n: int) -> np.ndarray:
     out = []
     for j in range((n + 1) // 2):
         w0, w1, w2, w3 = rng.philox4x32(seed, j & rng.M32, j >> 32, index, STREAM)
-        u1 = (((w0 << 20) | (w1 >> 12)) + 0.5) * 2.0 ** -52
-        u2 = (((w2 << 20) | (w3 >> 12)) + 0.5) * 2.0 ** -52
+        u1 = (((w0 << 20) | (w1 >> 12)) + 0.5) * 2.0**-52
+        u2 = (((w2 << 20) | (w3 >> 12)) + 0.5) * 2.0**-52
         rho = math.sqrt(-2.0 * arith.log64(u1))
         theta = np.array([(2.0 * math.pi) * u2])
         out += [rho * float(trig.cos(theta)[0]), rho * float(trig.sin(theta)[0])]

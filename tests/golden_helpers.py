@@ -14,8 +14,9 @@ def make(bits, tokens=None, rids=None, positions=None, meta=None) -> ScenarioOut
         rids=tuple(rids or [f"r{i % 2}" for i in range(n)]),
         positions=np.asarray(positions if positions is not None else np.arange(n) + 3),
         tokens=np.asarray(tokens if tokens is not None else np.arange(n) * 7, dtype=np.int64),
-        logprobs=bits.view(np.float32), meta=meta or {"seeds": {"r0": 1}})
-
+        logprobs=bits.view(np.float32),
+        meta=meta or {"seeds": {"r0": 1}},
+    )
 
 
 def with_top(out: ScenarioOutput, counts, ids=None, bits=None) -> ScenarioOutput:
@@ -25,8 +26,16 @@ def with_top(out: ScenarioOutput, counts, ids=None, bits=None) -> ScenarioOutput
     m = int(counts.sum())
     ids = np.arange(m) if ids is None else np.asarray(ids)
     bits = (np.arange(m) + 0xBF800000) if bits is None else np.asarray(bits)
-    return ScenarioOutput(out.rids, out.positions, out.tokens, out.logprobs, out.meta,
-                          counts, ids.astype(np.int64), bits.astype(np.uint32).view(np.float32))
+    return ScenarioOutput(
+        out.rids,
+        out.positions,
+        out.tokens,
+        out.logprobs,
+        out.meta,
+        counts,
+        ids.astype(np.int64),
+        bits.astype(np.uint32).view(np.float32),
+    )
 
 
 def snapshot(root) -> dict:
@@ -37,6 +46,7 @@ def snapshot(root) -> dict:
 def interrupt_staging_at(monkeypatch, n: int) -> None:
     """Make the golden store's n-th staged file write raise KeyboardInterrupt."""
     import detsample.golden.store as store_mod
+
     real, calls = store_mod.stage_file, []
 
     def flaky(path, data):
@@ -53,11 +63,15 @@ def another_machine(monkeypatch) -> None:
     version: its ``PROVENANCE_FIELDS``) under the same platform fingerprint."""
     import detsample.golden.store as store_mod
     import detsample.version
-    monkeypatch.setattr(store_mod, "platform_info",
-                        lambda device="cpu": {"device": "cpu", "isa": "avx2", "torch": "other"})
-    monkeypatch.setattr(store_mod.isa, "dispatch_info",
-                        lambda: {"mode": "native", "machine_isa": "avx2", "mkl": "AVX2",
-                                 "vml": "0123456789ab"})
+
+    monkeypatch.setattr(
+        store_mod, "platform_info", lambda device="cpu": {"device": "cpu", "isa": "avx2", "torch": "other"}
+    )
+    monkeypatch.setattr(
+        store_mod.isa,
+        "dispatch_info",
+        lambda: {"mode": "native", "machine_isa": "avx2", "mkl": "AVX2", "vml": "0123456789ab"},
+    )
     monkeypatch.setattr(detsample.version, "__version__", "9.9.9")
 
 
@@ -65,13 +79,19 @@ def git_status(root) -> str:
     """``git status --porcelain`` of a repository at ``root`` (what ``git diff`` would show,
     untracked files included)."""
     import subprocess
-    return subprocess.run(["git", "-C", str(root), "status", "--porcelain"], check=True,
-                          capture_output=True, text=True).stdout
+
+    return subprocess.run(
+        ["git", "-C", str(root), "status", "--porcelain"], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def git_commit_all(root) -> None:
     """A repository at ``root`` with every file under it committed."""
     import subprocess
-    for args in (["init", "-q"], ["add", "-A"],
-                 ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "goldens"]):
+
+    for args in (
+        ["init", "-q"],
+        ["add", "-A"],
+        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "goldens"],
+    ):
         subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)

@@ -20,9 +20,12 @@ def params_strategy(vocab_size: int, with_bias: bool = True):
     """Random SamplingParams: greedy, temperature only, top-k, top-p, min-p, bias, modes."""
     bias = st.none()
     if with_bias:
-        bias = st.one_of(st.none(), st.dictionaries(
-            st.integers(0, vocab_size - 1), st.sampled_from([-100.0, -1.5, 0.5, 3.0, 1e30]),
-            max_size=3))
+        bias = st.one_of(
+            st.none(),
+            st.dictionaries(
+                st.integers(0, vocab_size - 1), st.sampled_from([-100.0, -1.5, 0.5, 3.0, 1e30]), max_size=3
+            ),
+        )
     return st.builds(
         SamplingParams,
         temperature=st.sampled_from([0.0, 0.3, 0.7, 1.0, 1.7]),
@@ -45,8 +48,7 @@ def logits_rows(rng: np.random.Generator, B: int, V: int, family: str) -> np.nda
         x = rng.standard_normal((B, V)).astype(np.float32) * 2
         n = min(12, V)
         for i in range(B):
-            x[i, rng.choice(V, n, replace=False)] += (14.0 - 2.0 * np.log2(np.arange(n) + 1)
-                                                      ).astype(np.float32)
+            x[i, rng.choice(V, n, replace=False)] += (14.0 - 2.0 * np.log2(np.arange(n) + 1)).astype(np.float32)
     elif family == "bf16":
         x = torch.from_numpy(x).to(torch.bfloat16).to(torch.float32).numpy()
     elif family == "ties":
@@ -70,21 +72,23 @@ def logits_rows(rng: np.random.Generator, B: int, V: int, family: str) -> np.nda
     return x
 
 
-def sample_alone(sampler: Sampler, logits: torch.Tensor, req: Request, position: int,
-                 vocab_size: int, **kw):
+def sample_alone(sampler: Sampler, logits: torch.Tensor, req: Request, position: int, vocab_size: int, **kw):
     batch = SamplingBatch.from_requests([req], vocab_size, **kw)
     return sampler.sample(logits.unsqueeze(0).clone(), batch, torch.tensor([position]))
 
 
 def row_bits_equal(out, i, alone) -> bool:
     """Token, logprob and top-logprobs of row i of ``out`` equal ``alone`` bitwise."""
-    ok = torch.equal(out.token_ids[i:i + 1], alone.token_ids) and \
-        torch.equal(out.logprobs[i:i + 1].view(torch.int32), alone.logprobs.view(torch.int32))
+    ok = torch.equal(out.token_ids[i : i + 1], alone.token_ids) and torch.equal(
+        out.logprobs[i : i + 1].view(torch.int32), alone.logprobs.view(torch.int32)
+    )
     n = alone.top_logprobs[0].shape[1] if alone.top_logprobs is not None else 0
     if n:
-        ok = ok and torch.equal(out.top_logprobs[0][i, :n].view(torch.int32),
-                                alone.top_logprobs[0][0].view(torch.int32)) \
+        ok = (
+            ok
+            and torch.equal(out.top_logprobs[0][i, :n].view(torch.int32), alone.top_logprobs[0][0].view(torch.int32))
             and torch.equal(out.top_logprobs[1][i, :n], alone.top_logprobs[1][0])
+        )
     return ok
 
 
@@ -136,8 +140,9 @@ def topk_candidates(z: torch.Tensor, top_k: torch.Tensor, k_max: int):
     return vals, ids, fits | (vals.shape[-1] == V)
 
 
-def compact_cdf(vals: torch.Tensor, ids: torch.Tensor, n_kept: torch.Tensor,
-                frac: int) -> tuple[torch.Tensor, torch.Tensor]:
+def compact_cdf(
+    vals: torch.Tensor, ids: torch.Tensor, n_kept: torch.Tensor, frac: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A reference for ``draw.id_order_cdf``: the kept tokens' CDF in token-id order from
     the kept prefix length (the kept set written a second, independent way).
 

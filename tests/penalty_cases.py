@@ -76,8 +76,9 @@ def params_st(draw, seed: int) -> SamplingParams:
     if draw(st.integers(0, 3)) == 0:
         kw["allowed_token_ids"] = tuple(draw(st.lists(token, min_size=1, max_size=8)))
     if draw(st.integers(0, 2)) == 0:
-        kw["bad_words"] = tuple(tuple(s) for s in draw(
-            st.lists(st.lists(token, min_size=1, max_size=3), min_size=1, max_size=3)))
+        kw["bad_words"] = tuple(
+            tuple(s) for s in draw(st.lists(st.lists(token, min_size=1, max_size=3), min_size=1, max_size=3))
+        )
     if draw(st.integers(0, 2)) == 0:
         kw["logits_processor"] = SHARED_PROC
     kw["logprobs_mode"] = draw(st.sampled_from(["raw", "scaled", "processed"]))
@@ -86,9 +87,12 @@ def params_st(draw, seed: int) -> SamplingParams:
 
 @st.composite
 def request_st(draw, i: int) -> Request:
-    return Request(rid=f"r{i}", params=draw(params_st(seed=1000 + i)),
-                   prompt_ids=draw(st.lists(token, max_size=6)),
-                   output_ids=draw(st.lists(token, max_size=3)))
+    return Request(
+        rid=f"r{i}",
+        params=draw(params_st(seed=1000 + i)),
+        prompt_ids=draw(st.lists(token, max_size=6)),
+        output_ids=draw(st.lists(token, max_size=3)),
+    )
 
 
 class LowerNonMax(SlotProcessor):

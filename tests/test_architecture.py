@@ -83,8 +83,7 @@ def imports_of(mod: str) -> set[str]:
                 anchor = mod.split(".") if is_pkg else mod.split(".")[:-1]
                 anchor = anchor[: len(anchor) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
-            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
-                     for a in node.names]
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
         for n in names:
             if n == "detsample" or n.startswith("detsample."):
                 target = resolve(n)
@@ -165,8 +164,7 @@ MAX_POSITIONAL = 6
 
 
 #: the sampler's modules: the pipeline, its pure ops and its internals
-SAMPLER_PATHS = [PKG / "sampler.py", *sorted((PKG / "ops").glob("*.py")),
-                 *sorted((PKG / "sampling").glob("*.py"))]
+SAMPLER_PATHS = [PKG / "sampler.py", *sorted((PKG / "ops").glob("*.py")), *sorted((PKG / "sampling").glob("*.py"))]
 #: the longest function of the sampler's modules, in lines (docstring included)
 MAX_FUNCTION_LINES = 60
 
@@ -178,8 +176,7 @@ def test_sampler_and_ops_functions_take_few_positional_parameters():
     for path in SAMPLER_PATHS:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                pos = [a.arg for a in node.args.posonlyargs + node.args.args
-                       if a.arg not in ("self", "cls")]
+                pos = [a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls")]
                 if len(pos) > MAX_POSITIONAL:
                     wide.append(f"{path.name}:{node.name} ({len(pos)})")
     assert not wide, wide
@@ -188,10 +185,13 @@ def test_sampler_and_ops_functions_take_few_positional_parameters():
 def test_sampler_functions_are_short():
     """Pins a step grown into one long function that mixes dispatch, early exits and
     index bookkeeping (step 8 once took 79 lines in one method)."""
-    long = [f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1})"
-            for path in SAMPLER_PATHS for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    long = [
+        f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1})"
+        for path in SAMPLER_PATHS
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
     assert not long, long
 
 
@@ -208,12 +208,16 @@ def test_the_files_a_new_threshold_filter_touches_are_listed():
     reading ``min_p`` by name again (a new filter would be skipped there), and the list
     drifting from the code either way."""
     import re
+
     doc = (PKG.parent / "docs" / "architecture.md").read_text()
-    section = doc[doc.index("A fourth threshold filter"):doc.index("## Token paths")]
+    section = doc[doc.index("A fourth threshold filter") : doc.index("## Token paths")]
     listed = set(re.findall(r"`(detsample/[\w/]+\.py)`", section))
     word = re.compile(r"\bmin_ps?\b")
-    found = {str(p.relative_to(PKG.parent)) for p in PKG.rglob("*.py")
-             if p.relative_to(PKG).parts[0] not in FILTER_HARNESS and word.search(p.read_text())}
+    found = {
+        str(p.relative_to(PKG.parent))
+        for p in PKG.rglob("*.py")
+        if p.relative_to(PKG).parts[0] not in FILTER_HARNESS and word.search(p.read_text())
+    }
     assert listed == found, (sorted(listed - found), sorted(found - listed))
     touched = re.findall(r"^\d+\. ", section, re.M)  # the numbered list: package, oracle, docs
     assert "`oracles/sampler.py`" in section and len(found) + 2 == len(touched) <= 5, found
@@ -254,7 +258,9 @@ def test_audit_tiers_import_only_downward(mod):
     """Pins the bug that audit/'s four subpackages were names, not tiers (10 of the 12
     import directions between them existed: inputs importing running, reports, ...)."""
     src = audit_unit(mod)
-    bad = sorted(t for t in GRAPH[mod]
-                 if t == "detsample.audit" or (audit_unit(t) not in (None, src) and
-                                               AUDIT_RANK[audit_unit(t)] >= AUDIT_RANK[src]))
+    bad = sorted(
+        t
+        for t in GRAPH[mod]
+        if t == "detsample.audit" or (audit_unit(t) not in (None, src) and AUDIT_RANK[audit_unit(t)] >= AUDIT_RANK[src])
+    )
     assert not bad, f"{mod} (audit tier {AUDIT_RANK[src]}) imports {bad}"

@@ -12,14 +12,28 @@ V = 50
 
 
 def _expected(p: SamplingParams):
-    return (0.0 if p.is_greedy else float(torch.tensor(p.temperature, dtype=torch.float32)),
-            V if p.top_k == -1 else min(p.top_k, V), p.top_p,
-            float(torch.tensor(p.min_p, dtype=torch.float32)), p.seed, p.is_greedy)
+    return (
+        0.0 if p.is_greedy else float(torch.tensor(p.temperature, dtype=torch.float32)),
+        V if p.top_k == -1 else min(p.top_k, V),
+        p.top_p,
+        float(torch.tensor(p.min_p, dtype=torch.float32)),
+        p.seed,
+        p.is_greedy,
+    )
 
 
 def _rows(b: SamplingBatch):
-    return [(float(b.temperatures[i, 0]), int(b.top_ks[i]), float(b.top_ps[i]),
-             float(b.min_ps[i]), int(b.seeds[i]), bool(b.greedy[i])) for i in range(len(b))]
+    return [
+        (
+            float(b.temperatures[i, 0]),
+            int(b.top_ks[i]),
+            float(b.top_ps[i]),
+            float(b.min_ps[i]),
+            int(b.seeds[i]),
+            bool(b.greedy[i]),
+        )
+        for i in range(len(b))
+    ]
 
 
 def test_tensors_shapes_dtypes():
@@ -30,8 +44,11 @@ def test_tensors_shapes_dtypes():
     assert len(b) == 2
 
 
-@given(st.lists(params_strategy(V), min_size=1, max_size=8),
-       st.lists(params_strategy(V), min_size=0, max_size=5), st.randoms())
+@given(
+    st.lists(params_strategy(V), min_size=1, max_size=8),
+    st.lists(params_strategy(V), min_size=0, max_size=5),
+    st.randoms(),
+)
 def test_filter_merge_keep_rows_aligned(ps, qs, rnd):
     """Every row tensor follows its request through permuting filters and merges (the
     'request A sampled with request B's temperature' class of bug)."""
@@ -64,8 +81,7 @@ def test_ids_outside_vocab_rejected_at_build(kw, field):
 
 def test_bias_is_sparse():
     """No (B, V) tensor exists for logit bias; entries are unique (row, col) pairs."""
-    b = SamplingBatch.from_requests(requests_from([SamplingParams(),
-                                                   SamplingParams(logit_bias={"3": 1.0, 7: 2.0})]), V)
+    b = SamplingBatch.from_requests(requests_from([SamplingParams(), SamplingParams(logit_bias={"3": 1.0, 7: 2.0})]), V)
     rows, cols, vals = b.logit_bias_coo()
     assert rows.tolist() == [1, 1] and cols.tolist() == [3, 7] and vals.tolist() == [1.0, 2.0]
     b.filter([1, 0])
@@ -73,11 +89,15 @@ def test_bias_is_sparse():
     assert SamplingBatch.from_requests(requests_from([SamplingParams()]), V).logit_bias_coo() is None
 
 
-FILTER_ERRORS = [([0, 0], "distinct"), ([5], "out of range"), ([-1], "out of range"),
-                 # regression: floats and bools were truncated by int() (1.7 kept row 1)
-                 ([1.7, 0.2], "filter indices must be integers, got 1.7"),
-                 (torch.tensor([1.0, 0.0]), "filter indices must be integers, got 1.0"),
-                 ([True], "filter indices must be integers, got True")]
+FILTER_ERRORS = [
+    ([0, 0], "distinct"),
+    ([5], "out of range"),
+    ([-1], "out of range"),
+    # regression: floats and bools were truncated by int() (1.7 kept row 1)
+    ([1.7, 0.2], "filter indices must be integers, got 1.7"),
+    (torch.tensor([1.0, 0.0]), "filter indices must be integers, got 1.0"),
+    ([True], "filter indices must be integers, got True"),
+]
 
 
 @pytest.mark.parametrize("keep,msg", FILTER_ERRORS)
@@ -87,8 +107,7 @@ def test_filter_errors(keep, msg):
         b.filter(keep)
 
 
-ADVANCE_NON_INTEGERS = [([3.7, 1.0], "got 3.7"), (torch.tensor([2.5, 1.0]), "got 2.5"),
-                        ([True, False], "got True")]
+ADVANCE_NON_INTEGERS = [([3.7, 1.0], "got 3.7"), (torch.tensor([2.5, 1.0]), "got 2.5"), ([True, False], "got True")]
 
 
 @pytest.mark.parametrize("tokens,msg", ADVANCE_NON_INTEGERS)
@@ -164,9 +183,12 @@ def test_values_that_leave_float32_rejected_at_build(p, field, value):
 def test_extreme_but_float32_representable_values_accepted():
     """The float32 check rejects only values that round to 0 / inf: a subnormal
     temperature and a bias of 3e38 stay valid."""
-    ps = [SamplingParams(temperature=1e-40), SamplingParams(temperature=3e38),
-          SamplingParams(logit_bias={1: 3e38, 2: -3e38}),
-          SamplingParams(temperature=1e-50, top_k=1)]  # greedy: T is never used
+    ps = [
+        SamplingParams(temperature=1e-40),
+        SamplingParams(temperature=3e38),
+        SamplingParams(logit_bias={1: 3e38, 2: -3e38}),
+        SamplingParams(temperature=1e-50, top_k=1),
+    ]  # greedy: T is never used
     assert len(SamplingBatch.from_requests(requests_from(ps), V)) == 4
 
 
@@ -180,6 +202,7 @@ def test_device_spelling_normalised(device):
     ``Sampler.sample`` fail its logits-device check and ``merge`` refuse a batch built
     with ``"cpu"``. The batch now stores the device its tensors report."""
     from detsample import Sampler
+
     b = SamplingBatch.from_requests([Request("a", SamplingParams(seed=1))], V, device=device)
     assert b.device == torch.zeros(1).device
     out = Sampler().sample(torch.zeros(1, V), b, torch.tensor([0]))
@@ -213,7 +236,7 @@ def test_integer_like_build_arguments_accepted():
     """numpy integers (``logits.shape`` of an array, ids from numpy) are integers; None
     eos ids mean none."""
     import numpy as np
-    b = SamplingBatch.from_requests([Request("a")], vocab_size=np.int64(V),
-                                    eos_token_ids=np.array([0, 3]))
+
+    b = SamplingBatch.from_requests([Request("a")], vocab_size=np.int64(V), eos_token_ids=np.array([0, 3]))
     assert b.vocab_size == V and isinstance(b.vocab_size, int) and b.eos_token_ids == (0, 3)
     assert SamplingBatch.from_requests([], vocab_size=V, eos_token_ids=None).eos_token_ids == ()

@@ -24,8 +24,7 @@ REGEX = r"[a-c]{1,6}x"
 FAMILIES = {
     "plain": dict(temperature=1.0),
     "greedy": dict(temperature=0.0),
-    "penalties": dict(temperature=0.9, repetition_penalty=1.4, frequency_penalty=0.5,
-                      presence_penalty=0.3),
+    "penalties": dict(temperature=0.9, repetition_penalty=1.4, frequency_penalty=0.5, presence_penalty=0.3),
     "rep_only": dict(temperature=0.8, repetition_penalty=2.0),
     "min_tokens": dict(temperature=1.0, min_new_tokens=3, stop_token_ids=(7,)),
     "regex": dict(temperature=1.0, regex=REGEX),
@@ -39,8 +38,10 @@ def vocab():
 
 
 def _requests(families, seeds):
-    return [Request(f"r{i}", SamplingParams(seed=s, **FAMILIES[f]), prompt_ids=[3, 5, 7, 5])
-            for i, (f, s) in enumerate(zip(families, seeds))]
+    return [
+        Request(f"r{i}", SamplingParams(seed=s, **FAMILIES[f]), prompt_ids=[3, 5, 7, 5])
+        for i, (f, s) in enumerate(zip(families, seeds))
+    ]
 
 
 def _logits(rng, B):
@@ -52,13 +53,20 @@ def _logits(rng, B):
 def _state(batch, i):
     pen = batch.penalties.rows[i] if batch.penalties is not None else None
     g = batch.grammars[i]
-    return (list(batch.output_ids[i]), batch.finished[i],
-            None if pen is None else (pen.n, pen.cols[:pen.n].tolist(), pen.snapshot()),
-            None if g is None else (g.resolve(), list(g.accepted)))
+    return (
+        list(batch.output_ids[i]),
+        batch.finished[i],
+        None if pen is None else (pen.n, pen.cols[: pen.n].tolist(), pen.snapshot()),
+        None if g is None else (g.resolve(), list(g.accepted)),
+    )
 
 
-@given(families=st.lists(st.sampled_from(sorted(FAMILIES)), min_size=1, max_size=5),
-       seed=st.integers(0, 2**31 - 1), steps=st.integers(1, 5), data=st.data())
+@given(
+    families=st.lists(st.sampled_from(sorted(FAMILIES)), min_size=1, max_size=5),
+    seed=st.integers(0, 2**31 - 1),
+    steps=st.integers(1, 5),
+    data=st.data(),
+)
 def test_rollback_equals_never_advancing(vocab, families, seed, steps, data):
     rng = np.random.default_rng(seed)
     reqs = _requests(families, [seed + i for i in range(len(families))])
@@ -79,7 +87,7 @@ def test_rollback_equals_never_advancing(vocab, families, seed, steps, data):
         for j in range(steps - back[i]):
             alone.advance([drawn[j][i]])
         assert _state(batch, i) == _state(alone, 0)
-        ref = sampler.sample(logits[i:i + 1].clone(), alone, pos[i:i + 1])
+        ref = sampler.sample(logits[i : i + 1].clone(), alone, pos[i : i + 1])
         assert row_bits_equal(after, i, ref)
 
 
@@ -125,12 +133,15 @@ def test_rollback_follows_rows_through_filter_and_merge(vocab):
     assert a.grammars[0].accepted == vocab.encode(b"a")
 
 
-@pytest.mark.parametrize("steps, match", [
-    ([1], "steps has 1 entries for a batch of 2 rows"),
-    ([0, 2], r"row 1 steps must be in \[0, 1\], got 2"),
-    ([-1, 0], r"row 0 steps must be in \[0, 1\], got -1"),
-    ([0.5, 0], "steps"),
-])
+@pytest.mark.parametrize(
+    "steps, match",
+    [
+        ([1], "steps has 1 entries for a batch of 2 rows"),
+        ([0, 2], r"row 1 steps must be in \[0, 1\], got 2"),
+        ([-1, 0], r"row 0 steps must be in \[0, 1\], got -1"),
+        ([0.5, 0], "steps"),
+    ],
+)
 def test_rollback_refuses_bad_counts_and_changes_nothing(steps, match):
     reqs = _requests(["penalties", "plain"], [1, 2])
     batch = SamplingBatch.from_requests(reqs, V)

@@ -35,14 +35,21 @@ def test_every_path_a_doc_names_exists(doc):
 
 #: a tracker reference ("issue" followed by a number), spelled so this file does not match
 TRACKER = re.compile("issue" + r"s?\s*#?\d", re.I)
-SOURCES = [p for d in ("detsample", "tests", "docs", "oracles", "ci") for p in
-           sorted((ROOT / d).rglob("*")) if p.suffix in (".py", ".md", ".sh", ".toml")]
+SOURCES = [
+    p
+    for d in ("detsample", "tests", "docs", "oracles", "ci")
+    for p in sorted((ROOT / d).rglob("*"))
+    if p.suffix in (".py", ".md", ".sh", ".toml")
+]
 
 
 def test_nothing_names_a_tracker_number():
     """Code, docs and tests name the bug they pin, never a tracker's number (a reader
     without the tracker learns nothing from it)."""
-    found = [f"{p.relative_to(ROOT)}:{i}" for p in SOURCES + [ROOT / "README.md"]
-             for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
-             if TRACKER.search(line)]
+    found = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in SOURCES + [ROOT / "README.md"]
+        for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+        if TRACKER.search(line)
+    ]
     assert not found, found

@@ -18,8 +18,13 @@ import detsample
 
 def test_importing_the_package_does_not_import_torch():
     code = "import sys, detsample; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     assert out.stdout.strip() == "False"
 
 
@@ -51,9 +56,13 @@ def _wait_for_torch_loading(pid: int, timeout: float = 60.0) -> None:
 
 @pytest.mark.parametrize("delay", [0.0, 0.3])
 def test_ctrl_c_while_the_command_imports_is_one_line_and_130(delay):
-    proc = subprocess.Popen([sys.executable, "-m", "detsample", "check", "--quick"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "detsample", "check", "--quick"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     _wait_for_torch_loading(proc.pid)
     time.sleep(delay)  # 0: as torch's libraries load; 0.3: later in the import
     proc.send_signal(signal.SIGINT)

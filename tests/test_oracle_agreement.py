@@ -18,28 +18,37 @@ V = 64
 
 
 def _row_params(p):
-    return osamp.RowParams(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
-                           min_p=p.min_p, logit_bias=dict(p.logit_bias or ()), seed=p.seed,
-                           logprobs_mode=p.logprobs_mode)
+    return osamp.RowParams(
+        temperature=p.temperature,
+        top_k=p.top_k,
+        top_p=p.top_p,
+        min_p=p.min_p,
+        logit_bias=dict(p.logit_bias or ()),
+        seed=p.seed,
+        logprobs_mode=p.logprobs_mode,
+    )
 
 
 def _bits(v) -> int:
     return int(np.array([v], dtype=np.float32).view(np.int32)[0])
 
 
-@given(st.lists(params_strategy(V), min_size=1, max_size=12),
-       st.sampled_from(["random", "ties", "neginf", "nan", "onehot"]), st.integers(0, 2**32 - 1))
+@given(
+    st.lists(params_strategy(V), min_size=1, max_size=12),
+    st.sampled_from(["random", "ties", "neginf", "nan", "onehot"]),
+    st.integers(0, 2**32 - 1),
+)
 def test_sampler_matches_oracle(ps, family, seed):
     rng = np.random.default_rng(seed)
     x = logits_rows(rng, len(ps), V, family)
     pos = rng.integers(0, 10_000, len(ps))
-    out = Sampler().sample(torch.from_numpy(x), SamplingBatch.from_requests(requests_from(ps), V),
-                           torch.from_numpy(pos))
+    out = Sampler().sample(
+        torch.from_numpy(x), SamplingBatch.from_requests(requests_from(ps), V), torch.from_numpy(pos)
+    )
     for i, p in enumerate(ps):
         r = osamp.sample_row(x[i], _row_params(p), int(pos[i]))
         assert int(out.token_ids[i]) == r.token, (i, p)
-        assert _bits(out.logprobs[i]) == _bits(r.logprob), (i, p, float(out.logprobs[i]),
-                                                             r.logprob)
+        assert _bits(out.logprobs[i]) == _bits(r.logprob), (i, p, float(out.logprobs[i]), r.logprob)
 
 
 def test_near_ties_agree_exactly_too():
@@ -48,16 +57,23 @@ def test_near_ties_agree_exactly_too():
     way). Now both compute the same exps: near-tie rows must agree like the others."""
     rng = np.random.default_rng(11)
     from detsample import SamplingParams
-    ps = [SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=i,
-                         logprobs_mode=("raw", "scaled", "processed", "processed_fixed")[i % 4])
-          for i in range(40)]
+
+    ps = [
+        SamplingParams(
+            temperature=0.8,
+            top_k=20,
+            top_p=0.9,
+            seed=i,
+            logprobs_mode=("raw", "scaled", "processed", "processed_fixed")[i % 4],
+        )
+        for i in range(40)
+    ]
     x = logits_rows(rng, len(ps), V, "random")
     for row in x:  # the 21st largest value one float32 ulp below the 20th: a near-tie
         order = np.argsort(-row, kind="stable")
         row[order[20]] = np.nextafter(row[order[19]], np.float32(-np.inf))
     pos = torch.arange(len(ps))
-    out = Sampler().sample(torch.from_numpy(x), SamplingBatch.from_requests(requests_from(ps), V),
-                           pos)
+    out = Sampler().sample(torch.from_numpy(x), SamplingBatch.from_requests(requests_from(ps), V), pos)
     near = 0
     for i, p in enumerate(ps):
         r = osamp.sample_row(x[i], _row_params(p), i)
@@ -73,9 +89,24 @@ def test_oracle_adds_bias_in_float32_like_the_library():
     the row uniform; the oracle reported a wide margin, so the agreement test failed
     (hypothesis found it). Step 5 is a float32 add; the oracle now rounds it the same."""
     from detsample import SamplingParams
+
     x = np.full((1, 8), np.nan, dtype=np.float32)
     p = SamplingParams(temperature=1e-6, logit_bias={0: 1e30}, seed=0)
     batch = SamplingBatch.from_requests(requests_from([p]), 8)
     out = Sampler().sample(torch.from_numpy(x), batch, torch.tensor([0]))
     r = osamp.sample_row(x[0], _row_params(p), 0)
     assert int(out.token_ids[0]) == r.token
+
+
+def test_a_nan_rows_raw_logprob_is_of_the_sanitised_logits():
+    """The oracle took "raw" logprobs of the unsanitised row (NaN for a row holding a
+    NaN) where docs/sampling.md and the sampler take them of the sanitised logits (NaN
+    -> the lowest float32): an all-NaN greedy row is -log V on both sides."""
+    from detsample import SamplingParams
+
+    x = np.full((1, V), np.nan, dtype=np.float32)
+    p = SamplingParams(temperature=0.0, seed=0)
+    out = Sampler().sample(torch.from_numpy(x), SamplingBatch.from_requests(requests_from([p]), V), torch.tensor([0]))
+    r = osamp.sample_row(x[0], _row_params(p), 0)
+    assert int(out.token_ids[0]) == r.token == 0
+    assert _bits(out.logprobs[0]) == _bits(r.logprob) == _bits(np.float32(-np.log(V)))

@@ -16,8 +16,11 @@ from oracles import rng as orng
 KAT = [
     (0, (0, 0, 0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
     (2**64 - 1, (0xFFFFFFFF,) * 4, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-    (0x299F31D0A4093822, (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
-     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+    (
+        0x299F31D0A4093822,
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+    ),
 ]
 
 
@@ -85,13 +88,11 @@ def test_same_bits_as_triton_philox():
     bits (checked with TRITON_INTERPRET=1 in a subprocess: the flag is read at import)."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", TRITON_SCRIPT], env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", TRITON_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
 
 
-@given(st.lists(st.tuples(st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1)), min_size=1,
-                max_size=64))
+@given(st.lists(st.tuples(st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1)), min_size=1, max_size=64))
 def test_host_rounds_equal_tensor_rounds(pairs):
     """CPU tensors take the rounds in the 64-bit lanes of one Python int (instead of ~150
     tensor operations per call); the bits equal the tensor rounds (the form a GPU runs)
@@ -101,10 +102,12 @@ def test_host_rounds_equal_tensor_rounds(pairs):
 
     from detsample.rng import MASK32, STREAM_DRAW
     from detsample.rules import U_SCALE
+
     seeds = torch.tensor([s for s, _ in pairs])
     pos = torch.tensor([p for _, p in pairs])
-    w0, w1, _, _ = philox4x32(seeds, pos & MASK32, (pos >> 32) & MASK32,
-                              torch.full_like(pos, STREAM_DRAW), torch.zeros_like(pos))
+    w0, w1, _, _ = philox4x32(
+        seeds, pos & MASK32, (pos >> 32) & MASK32, torch.full_like(pos, STREAM_DRAW), torch.zeros_like(pos)
+    )
     want = (((w0 << 20) | (w1 >> 12)).to(torch.float64) + 0.5) * U_SCALE
     got = row_uniforms(seeds, pos)
     assert got.dtype == torch.float64 and torch.equal(got, want)

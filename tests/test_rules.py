@@ -38,25 +38,27 @@ def test_exp_floor_changes_no_mass():
     z = torch.tensor([0.0, -86.9, -87.0, -87.5, -200.0, float("-inf")])
     frac = rules.frac_bits(2)
     assert torch.equal(rules.mass(rules.floored_exp(z), frac), rules.mass(arith.exp(z), frac))
-    assert math.exp(rules.EXP_FLOOR) * 2.0 ** rules.MAX_FRAC < 1.0
+    assert math.exp(rules.EXP_FLOOR) * 2.0**rules.MAX_FRAC < 1.0
 
 
 _TIES = [0.0, -0.0, -1.0, -1.5, -86.9, -87.0, -87.5, -200.0, float("-inf")]
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.lists(st.lists(st.sampled_from(_TIES) | st.floats(-100, 0, width=32),
-                              min_size=1, max_size=9), min_size=1, max_size=4),
-       taus=st.lists(st.sampled_from(_TIES) | st.floats(-100, 0, width=32), min_size=4,
-                     max_size=4),
-       frac=st.integers(1, rules.MAX_FRAC))
+@given(
+    rows=st.lists(
+        st.lists(st.sampled_from(_TIES) | st.floats(-100, 0, width=32), min_size=1, max_size=9), min_size=1, max_size=4
+    ),
+    taus=st.lists(st.sampled_from(_TIES) | st.floats(-100, 0, width=32), min_size=4, max_size=4),
+    frac=st.integers(1, rules.MAX_FRAC),
+)
 def test_floored_exp_keep_from_drops_values_below_the_threshold(rows, taus, frac):
     """Bug pinned: a cut made on the exps (``exp(z) >= exp(tau)``) keeps a value below
     tau whose exp rounds onto tau's; the cut compares values, ties at tau kept (0.0
     and -0.0 alike), -inf thresholds keep the row, values below the floor carry 0."""
     V = max(len(r) for r in rows)
     z = torch.tensor([r + [float("-inf")] * (V - len(r)) for r in rows], dtype=torch.float32)
-    tau = torch.tensor(taus[:len(rows)], dtype=torch.float32)
+    tau = torch.tensor(taus[: len(rows)], dtype=torch.float32)
     want = rules.mass(arith.exp(z), frac) * (z >= tau.unsqueeze(1))
     for mode in ("fresh", "scratch", "in place"):
         src = z.clone()
@@ -97,8 +99,7 @@ def test_floored_exp_keep_from_is_not_a_cut_on_the_exps():
 def test_top_p(above, top_p, total):
     # the rule, in float64: float64(above) < top_p * float64(total)
     want = top_p >= 1.0 or float(above) < top_p * float(total)
-    t_lim = rules.top_p_limit(torch.tensor([top_p], dtype=torch.float64),
-                              torch.tensor([total], dtype=torch.int64))
+    t_lim = rules.top_p_limit(torch.tensor([top_p], dtype=torch.float64), torch.tensor([total], dtype=torch.int64))
     n_lim = rules.top_p_limit(np.array([top_p]), np.array([total], dtype=np.int64))
     p_lim = rules.top_p_limit(top_p, total)
     assert rules.top_p_keeps(torch.tensor([above]), t_lim).tolist() == [want]
@@ -127,12 +128,12 @@ def test_min_p_is_the_element_filter_registry_entry():
     """The registry holds min-p as its one element-wise filter (field, neutral value,
     keep-test); ``element_keeps`` over a (rows, F) tensor is that test, column by
     column. Pins a strategy's registry reading min-p's column with another rule."""
-    assert [(f.name, f.neutral, f.keeps) for f in rules.ELEMENT_FILTERS] == [
-        ("min_p", 0.0, rules.min_p_keeps)]
+    assert [(f.name, f.neutral, f.keeps) for f in rules.ELEMENT_FILTERS] == [("min_p", 0.0, rules.min_p_keeps)]
     e = torch.tensor([[F32(a) for a, _ in C.MIN_P]], dtype=torch.float32)
     m = torch.tensor([F32(b) for _, b in C.MIN_P], dtype=torch.float32)
-    got = torch.stack([rules.element_keeps(e[:, i:i + 1], rules.element_tensor(1, min_p=m[i]))
-                       for i in range(len(C.MIN_P))], 1).flatten()
+    got = torch.stack(
+        [rules.element_keeps(e[:, i : i + 1], rules.element_tensor(1, min_p=m[i])) for i in range(len(C.MIN_P))], 1
+    ).flatten()
     assert got.tolist() == [bool(F32(a) >= F32(b)) for a, b in C.MIN_P]
 
 
@@ -147,18 +148,17 @@ def test_element_tensor_and_active_rows():
     with pytest.raises(ValueError, match="not an element-wise filter: \\['epsilon'\\]"):
         rules.element_tensor(1, epsilon=0.1)
     from detsample import SamplingParams
+
     assert rules.element_values(SamplingParams(min_p=0.5)) == [0.5]
     assert rules.element_in_use(SamplingParams(min_p=0.5))
     assert not rules.element_in_use(SamplingParams())
-
 
 
 @pytest.mark.parametrize("u,total", C.DRAW)
 def test_draw_target(u, total):
     want = min(math.floor(u * float(total)), total - 1)
     assert 0 <= want <= total - 1
-    got_t = rules.draw_target(torch.tensor([u], dtype=torch.float64),
-                              torch.tensor([total], dtype=torch.int64))
+    got_t = rules.draw_target(torch.tensor([u], dtype=torch.float64), torch.tensor([total], dtype=torch.int64))
     got_n = rules.draw_target(np.array([u]), np.array([total], dtype=np.int64))
     assert got_t.tolist() == [want] and got_n.tolist() == [want]
     assert rules.draw_target(u, total) == want
@@ -190,10 +190,16 @@ def test_pad_id_is_above_every_token_id():
     assert rules.PAD_ID == torch.iinfo(torch.int64).max == np.iinfo(np.int64).max
 
 
-@given(st.integers(1, 5), st.integers(1, 700), st.integers(0, 2 ** 31 - 1),
-       st.sampled_from([None, 1, 7, 64, 1024]), st.booleans(), st.booleans(), st.booleans())
-def test_cut_masses_fused_pass_is_the_torch_composition(rows, V, seed, block, with_tau,
-                                                        with_least, want_q):
+@given(
+    st.integers(1, 5),
+    st.integers(1, 700),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from([None, 1, 7, 64, 1024]),
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+)
+def test_cut_masses_fused_pass_is_the_torch_composition(rows, V, seed, block, with_tau, with_least, want_q):
     """rules.cut_masses on a CPU is one fused numba pass; bit for bit the torch
     composition floored_exp -> keep_at_least -> mass_in_place -> block sums it replaces:
     values under the exp floor, -inf, ties at tau, exps equal to ``least``, blocks that
@@ -205,8 +211,11 @@ def test_cut_masses_fused_pass_is_the_torch_composition(rows, V, seed, block, wi
     z[:, 0] = 0.0
     z[rng.random((rows, V)) < 0.2] = np.float32(-1.5)
     zt = torch.from_numpy(np.minimum(z, 0))
-    tau = torch.where(torch.from_numpy(rng.random(rows) < 0.7),
-                      torch.tensor(-1.5), torch.tensor(-math.inf)) if with_tau else None
+    tau = (
+        torch.where(torch.from_numpy(rng.random(rows) < 0.7), torch.tensor(-1.5), torch.tensor(-math.inf))
+        if with_tau
+        else None
+    )
     least = arith.exp(torch.full((rows,), -1.5)) if with_least else None  # ties on e too
     frac = rules.frac_bits(V)
     got = rules.cut_masses(zt, frac, tau=tau, least=least, block=block, want_q=want_q)

@@ -20,8 +20,7 @@ def _batch(ps, vocab=V):
     return SamplingBatch.from_requests(requests_from(ps), vocab)
 
 
-@given(st.lists(params_strategy(V), min_size=1, max_size=64), st.sampled_from(FAMILIES),
-       st.integers(0, 2**32 - 1))
+@given(st.lists(params_strategy(V), min_size=1, max_size=64), st.sampled_from(FAMILIES), st.integers(0, 2**32 - 1))
 def test_every_row_equals_the_row_alone(ps, family, seed):
     """Batch-composition invariance: tokens, logprobs and top logprobs of each row are
     bitwise those of the same request sampled alone (greedy, filtered, biased, NaN and
@@ -36,9 +35,11 @@ def test_every_row_equals_the_row_alone(ps, family, seed):
         assert row_bits_equal(out, i, sample_alone(s, x[i], r, int(pos[i]), V)), i
 
 
-@given(st.lists(params_strategy(V), min_size=2, max_size=24), st.integers(0, 2**32 - 1),
-       st.lists(st.tuples(st.sampled_from(["filter", "merge"]), st.integers(0, 2**16)),
-                min_size=1, max_size=6))
+@given(
+    st.lists(params_strategy(V), min_size=2, max_size=24),
+    st.integers(0, 2**32 - 1),
+    st.lists(st.tuples(st.sampled_from(["filter", "merge"]), st.integers(0, 2**16)), min_size=1, max_size=6),
+)
 def test_rows_survive_filter_permute_merge(ps, seed, ops):
     """After any sequence of filter (permuting) and merge, each row samples as alone."""
     rng = np.random.default_rng(seed)
@@ -64,8 +65,7 @@ def test_rows_survive_filter_permute_merge(ps, seed, ops):
         assert row_bits_equal(out, i, sample_alone(s, x[i], r, int(pos[i]), V))
 
 
-@given(st.lists(params_strategy(V), min_size=1, max_size=32), st.sampled_from(FAMILIES),
-       st.integers(0, 2**32 - 1))
+@given(st.lists(params_strategy(V), min_size=1, max_size=32), st.sampled_from(FAMILIES), st.integers(0, 2**32 - 1))
 def test_bounded_topk_equals_full_sort(ps, family, seed):
     """The default path (bounded topk, compact draw) gives exactly the bits of the full
     stable sort reference, ties included."""
@@ -80,14 +80,22 @@ def test_bounded_topk_equals_full_sort(ps, family, seed):
 
 VN = 4096  # large enough for the nucleus route to grow its candidates (64, then 512)
 NUCLEUS_PARAMS = st.builds(
-    SamplingParams, temperature=st.sampled_from([0.3, 0.8, 1.5]),
-    top_k=st.sampled_from([-1, -1, 600, 3000, 7]), top_p=st.sampled_from([0.5, 0.9, 0.99, 1.0]),
-    min_p=st.sampled_from([0.0, 0.0, 0.02]), seed=st.integers(0, 2**63 - 1),
-    logprobs=st.sampled_from([0, 3]), logprobs_mode=st.sampled_from(["raw", "scaled", "processed", "processed_fixed"]))
+    SamplingParams,
+    temperature=st.sampled_from([0.3, 0.8, 1.5]),
+    top_k=st.sampled_from([-1, -1, 600, 3000, 7]),
+    top_p=st.sampled_from([0.5, 0.9, 0.99, 1.0]),
+    min_p=st.sampled_from([0.0, 0.0, 0.02]),
+    seed=st.integers(0, 2**63 - 1),
+    logprobs=st.sampled_from([0, 3]),
+    logprobs_mode=st.sampled_from(["raw", "scaled", "processed", "processed_fixed"]),
+)
 
 
-@given(st.lists(NUCLEUS_PARAMS, min_size=1, max_size=8),
-       st.sampled_from(["peaked", "random", "ties", "neginf", "bf16"]), st.integers(0, 2**32 - 1))
+@given(
+    st.lists(NUCLEUS_PARAMS, min_size=1, max_size=8),
+    st.sampled_from(["peaked", "random", "ties", "neginf", "bf16"]),
+    st.integers(0, 2**32 - 1),
+)
 def test_top_p_without_sort_equals_full_sort(ps, family, seed):
     """Bug pinned: top-p without a (small) top-k always took the full stable sort (1.5 s
     per step at B=64, V=152064). Top-p, min-p and top-p with a large top-k now find the
@@ -109,8 +117,7 @@ def test_top_p_without_sort_equals_full_sort(ps, family, seed):
     assert torch.equal(lp.view(torch.int32), b.logprobs.view(torch.int32))
 
 
-@given(st.lists(NUCLEUS_PARAMS, min_size=1, max_size=6), st.sampled_from([0.3, 1.0, 3.0]),
-       st.integers(0, 2**32 - 1))
+@given(st.lists(NUCLEUS_PARAMS, min_size=1, max_size=6), st.sampled_from([0.3, 1.0, 3.0]), st.integers(0, 2**32 - 1))
 def test_flat_nucleus_rows_take_the_radix_select_and_the_sorts_bits(ps, std, seed):
     """Bug pinned: a top-p row whose nucleus outgrew V/8 candidates (flat logits) took
     the full stable sort and the filters' passes over the sorted row (1.35 s at B=64,
@@ -139,8 +146,7 @@ def test_flat_nucleus_rows_take_the_radix_select_and_the_sorts_bits(ps, std, see
         assert used
 
 
-@given(st.lists(params_strategy(V), min_size=1, max_size=32), st.sampled_from(FAMILIES),
-       st.integers(0, 2**32 - 1))
+@given(st.lists(params_strategy(V), min_size=1, max_size=32), st.sampled_from(FAMILIES), st.integers(0, 2**32 - 1))
 def test_compute_logprobs_equals_sampling_logprobs(ps, family, seed):
     """Prefill/decode alignment: the rescoring path returns the sampling-time bits."""
     rng = np.random.default_rng(seed)
@@ -157,11 +163,13 @@ def test_large_vocab_rows_equal_alone():
     """At vocab 152064 (Qwen), every row's bits equal the row alone."""
     Vb = 152064
     rng = np.random.default_rng(7)
-    ps = [SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=1, logprobs=2),
-          SamplingParams(temperature=0.0, seed=2),
-          SamplingParams(temperature=1.0, seed=3, logprobs_mode="processed"),
-          SamplingParams(temperature=0.7, top_p=0.95, seed=4, logprobs_mode="scaled"),
-          SamplingParams(temperature=1.2, min_p=0.05, seed=5, logit_bias={"17": 5.0})]
+    ps = [
+        SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=1, logprobs=2),
+        SamplingParams(temperature=0.0, seed=2),
+        SamplingParams(temperature=1.0, seed=3, logprobs_mode="processed"),
+        SamplingParams(temperature=0.7, top_p=0.95, seed=4, logprobs_mode="scaled"),
+        SamplingParams(temperature=1.2, min_p=0.05, seed=5, logit_bias={"17": 5.0}),
+    ]
     x = torch.from_numpy((rng.standard_normal((len(ps), Vb)) * 4).astype(np.float32))
     x[2, ::3] = float("-inf")
     pos = torch.tensor([5, 6, 7, 8, 9])
@@ -178,9 +186,12 @@ def test_large_vocab_rows_equal_alone():
 def test_thread_count_and_run_to_run(threads):
     """Same inputs, same bits, every run and with 1 or 2 intra-op threads."""
     rng = np.random.default_rng(3)
-    ps = [SamplingParams(temperature=t, top_k=k, top_p=p, seed=i, logprobs=2)
-          for i, (t, k, p) in enumerate([(0.7, -1, 1.0), (1.0, 40, 0.9), (0.0, -1, 1.0),
-                                         (1.3, -1, 0.8), (0.5, 5, 1.0)] * 4)]
+    ps = [
+        SamplingParams(temperature=t, top_k=k, top_p=p, seed=i, logprobs=2)
+        for i, (t, k, p) in enumerate(
+            [(0.7, -1, 1.0), (1.0, 40, 0.9), (0.0, -1, 1.0), (1.3, -1, 0.8), (0.5, 5, 1.0)] * 4
+        )
+    ]
     x = torch.from_numpy((rng.standard_normal((len(ps), 4096)) * 3).astype(np.float32))
     pos = torch.arange(len(ps))
     base = Sampler().sample(x, _batch(ps, 4096), pos)
@@ -199,8 +210,7 @@ def test_seeded_row_unaffected_by_batchmate_filters():
     x = torch.from_numpy((rng.standard_normal((2, V)) * 2).astype(np.float32))
     me = SamplingParams(temperature=1.0, seed=1234)
     outs = []
-    for mate in [SamplingParams(seed=1), SamplingParams(top_k=3, top_p=0.5, seed=1),
-                 SamplingParams(temperature=0.0)]:
+    for mate in [SamplingParams(seed=1), SamplingParams(top_k=3, top_p=0.5, seed=1), SamplingParams(temperature=0.0)]:
         out = Sampler().sample(x, _batch([me, mate]), torch.tensor([10, 10]))
         outs.append((int(out.token_ids[0]), out.logprobs[0].item()))
     assert outs[0] == outs[1] == outs[2]
@@ -209,8 +219,11 @@ def test_seeded_row_unaffected_by_batchmate_filters():
 def test_top_k_1_equals_greedy_on_ties():
     """vLLM 5404: top_k=1 must equal temperature 0 on tied logits (lowest id wins)."""
     x = torch.tensor([[1.0, 3.0, 3.0, 0.5, 3.0]] * 2)
-    out = Sampler().sample(x, _batch([SamplingParams(top_k=1, temperature=0.9, seed=5),
-                                      SamplingParams(temperature=0.0)], 5), torch.tensor([0, 0]))
+    out = Sampler().sample(
+        x,
+        _batch([SamplingParams(top_k=1, temperature=0.9, seed=5), SamplingParams(temperature=0.0)], 5),
+        torch.tensor([0, 0]),
+    )
     assert out.token_ids.tolist() == [1, 1]
     assert torch.equal(out.logprobs[0], out.logprobs[1])
 
@@ -234,9 +247,14 @@ def test_caller_logits_never_modified():
     x = torch.from_numpy(logits_rows(rng, 6, V, "mixed"))
     x[4, 3] = float("inf")
     before = x.clone()
-    ps = [SamplingParams(logit_bias={1: 2.0}, seed=1), SamplingParams(temperature=0),
-          SamplingParams(top_k=3), SamplingParams(top_p=0.5), SamplingParams(min_p=0.3),
-          SamplingParams(logprobs=3, logprobs_mode="processed")]
+    ps = [
+        SamplingParams(logit_bias={1: 2.0}, seed=1),
+        SamplingParams(temperature=0),
+        SamplingParams(top_k=3),
+        SamplingParams(top_p=0.5),
+        SamplingParams(min_p=0.3),
+        SamplingParams(logprobs=3, logprobs_mode="processed"),
+    ]
     s = Sampler()
     out = s.sample(x, _batch(ps), torch.arange(6))
     s.compute_logprobs(x, _batch(ps), out.token_ids.clamp(min=0))
@@ -290,16 +308,15 @@ def test_bad_positions_and_token_ids_rejected():
 
 def test_greedy_processed_is_one_hot_and_scaled_uses_t1():
     x = torch.tensor([[0.0, 2.0, 1.0]])
-    b = SamplingBatch.from_requests([Request("g", SamplingParams(temperature=0, logprobs=3,
-                                                                 logprobs_mode="processed"))], 3)
+    b = SamplingBatch.from_requests(
+        [Request("g", SamplingParams(temperature=0, logprobs=3, logprobs_mode="processed"))], 3
+    )
     out = Sampler().sample(x, b, torch.tensor([0]))
     assert out.logprobs.tolist() == [0.0]
     assert out.top_logprobs[0].tolist() == [[0.0, float("-inf"), float("-inf")]]
     assert out.top_logprobs[1].tolist() == [[1, 0, 2]]
-    b = SamplingBatch.from_requests([Request("g", SamplingParams(temperature=0,
-                                                                 logprobs_mode="scaled"))], 3)
-    assert torch.equal(Sampler().sample(x, b, torch.tensor([0])).logprobs,
-                       arith.log_softmax(x)[:, 1])
+    b = SamplingBatch.from_requests([Request("g", SamplingParams(temperature=0, logprobs_mode="scaled"))], 3)
+    assert torch.equal(Sampler().sample(x, b, torch.tensor([0])).logprobs, arith.log_softmax(x)[:, 1])
 
 
 def test_fast_mode_is_seeded_and_valid():
@@ -340,8 +357,10 @@ def test_dead_row_top_logprobs_are_neg_inf_not_nan(mode, temperature):
     in every top-logprob slot, like its token logprob; the neighbour is untouched."""
     x = torch.randn(2, 10)
     x[0] = float("-inf")
-    ps = [SamplingParams(temperature=temperature, seed=1, logprobs=2, logprobs_mode=mode),
-          SamplingParams(seed=2, logprobs=2, logprobs_mode=mode)]
+    ps = [
+        SamplingParams(temperature=temperature, seed=1, logprobs=2, logprobs_mode=mode),
+        SamplingParams(seed=2, logprobs=2, logprobs_mode=mode),
+    ]
     out = Sampler().sample(x, _batch(ps, 10), torch.tensor([0, 0]))
     assert int(out.token_ids[0]) == -1
     assert out.top_logprobs[0][0].tolist() == [float("-inf")] * 2
@@ -376,8 +395,11 @@ def test_logits_that_require_grad_are_accepted():
     for detached logits, leaving the caller's tensor untouched."""
     rng = np.random.default_rng(5)
     x = torch.from_numpy(logits_rows(rng, 3, V, "random"))
-    ps = [SamplingParams(seed=1, top_k=5, logprobs=2, logprobs_mode="processed"),
-          SamplingParams(temperature=0), SamplingParams(seed=3, logit_bias={2: 1.0})]
+    ps = [
+        SamplingParams(seed=1, top_k=5, logprobs=2, logprobs_mode="processed"),
+        SamplingParams(temperature=0),
+        SamplingParams(seed=3, logit_bias={2: 1.0}),
+    ]
     s = Sampler()
     ref = s.sample(x, _batch(ps), torch.arange(3))
     g = x.clone().requires_grad_(True)
@@ -442,8 +464,7 @@ HALF_DTYPES = [torch.bfloat16, torch.float16]
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
-@given(st.lists(params_strategy(V), min_size=1, max_size=12), st.sampled_from(FAMILIES),
-       st.integers(0, 2**32 - 1))
+@given(st.lists(params_strategy(V), min_size=1, max_size=12), st.sampled_from(FAMILIES), st.integers(0, 2**32 - 1))
 def test_half_precision_logits_equal_their_float32_upcast(dtype, ps, family, seed):
     """Serving engines emit bfloat16 / float16 logits, which the Sampler rejected. They
     are upcast once to float32, and a row gives bitwise what its float32 upcast gives:
@@ -467,8 +488,7 @@ def test_half_precision_logits_equal_their_float32_upcast(dtype, ps, family, see
 def test_half_precision_logits_are_never_modified():
     x = torch.randn(3, V).to(torch.bfloat16)
     before = x.clone()
-    Sampler().sample(x, _batch([SamplingParams(temperature=0.7, top_p=0.8)] * 3),
-                     torch.arange(3))
+    Sampler().sample(x, _batch([SamplingParams(temperature=0.7, top_p=0.8)] * 3), torch.arange(3))
     assert torch.equal(x.view(torch.int16), before.view(torch.int16))
 
 
@@ -483,10 +503,13 @@ def test_every_logprob_goes_through_the_one_log_softmax(monkeypatch):
     rescoring path's, in every mode (greedy "processed" rows are the constant one-hot
     distribution, which no log_softmax computes; they are left out)."""
     from detsample.ops import logprobs as lp_ops
-    ps = [SamplingParams(temperature=t, top_p=tp, top_k=k, logprobs=3, logprobs_mode=m, seed=i)
-          for i, (m, t, tp, k) in enumerate(
-              (m, t, tp, k) for m in LOGPROB_MODES for t in (0.0, 0.8)
-              for tp, k in ((1.0, -1), (0.9, -1), (1.0, 5)))]
+
+    ps = [
+        SamplingParams(temperature=t, top_p=tp, top_k=k, logprobs=3, logprobs_mode=m, seed=i)
+        for i, (m, t, tp, k) in enumerate(
+            (m, t, tp, k) for m in LOGPROB_MODES for t in (0.0, 0.8) for tp, k in ((1.0, -1), (0.9, -1), (1.0, 5))
+        )
+    ]
     x = torch.from_numpy(logits_rows(np.random.default_rng(0), len(ps), V, "random"))
     pos = torch.arange(len(ps))
     s = Sampler()
@@ -518,10 +541,13 @@ HOMOGENEOUS = {  # one batch-wide configuration each: one table for every row, i
     "min-p": dict(temperature=0.8, min_p=0.1),
     "large top-k": dict(temperature=1.1, top_k=900),
 }
-DISRUPTORS = [SamplingParams(temperature=0.0, seed=91), SamplingParams(top_k=3, seed=92),
-              SamplingParams(temperature=1.3, top_p=0.5, seed=93, logprobs=1,
-                             logprobs_mode="processed"),
-              SamplingParams(temperature=0.7, seed=94), SamplingParams(min_p=0.2, seed=95)]
+DISRUPTORS = [
+    SamplingParams(temperature=0.0, seed=91),
+    SamplingParams(top_k=3, seed=92),
+    SamplingParams(temperature=1.3, top_p=0.5, seed=93, logprobs=1, logprobs_mode="processed"),
+    SamplingParams(temperature=0.7, seed=94),
+    SamplingParams(min_p=0.2, seed=95),
+]
 
 
 @pytest.mark.parametrize("name", sorted(HOMOGENEOUS))
@@ -542,13 +568,13 @@ def test_homogeneous_batches_equal_their_rows_in_a_mixed_batch(name):
     extra[3, 5] = float("nan")
     order = [0, 6, 1, 7, 2, 8, 3, 9, 4, 10, 5]
     xm = torch.cat([x, extra])[order]
-    pm = (ps + DISRUPTORS)
+    pm = ps + DISRUPTORS
     pm = [pm[i] for i in order]
     posm = torch.cat([pos, torch.arange(len(DISRUPTORS))])[order]
     mixed = s.sample(xm, _batch(pm, Vh), posm)
     for i in range(6):
         j = order.index(i)
-        alone_like = s.sample(x[i:i + 1], _batch([ps[i]], Vh), pos[i:i + 1])
+        alone_like = s.sample(x[i : i + 1], _batch([ps[i]], Vh), pos[i : i + 1])
         assert row_bits_equal(homo, i, alone_like), (name, i)
         assert row_bits_equal(mixed, j, alone_like), (name, i)
     lp = s.compute_logprobs(x, _batch(ps, Vh), homo.token_ids)
@@ -565,6 +591,7 @@ def test_greedy_rows_of_a_long_vocabulary_take_torch_argmax(family):
     sampling row (the general path), each row's token is ``torch.argmax`` of its
     sanitised logits and its logprob the one log_softmax's, bit for bit."""
     from detsample.ops.sanitize import sanitize_rows_flagged
+
     rng = np.random.default_rng(5)
     x = torch.from_numpy(logits_rows(rng, 4, LONG_V, family))
     clean = sanitize_rows_flagged(x)[0]
@@ -575,21 +602,24 @@ def test_greedy_rows_of_a_long_vocabulary_take_torch_argmax(family):
     s = Sampler()
     pos = torch.arange(5)
     alone = s.sample(x, _batch(greedy, LONG_V), pos[:4])
-    mixed = s.sample(torch.cat([x, x[:1]]),
-                     _batch(greedy + [SamplingParams(temperature=0.9, top_k=5, seed=9)], LONG_V),
-                     pos)
+    mixed = s.sample(
+        torch.cat([x, x[:1]]), _batch(greedy + [SamplingParams(temperature=0.9, top_k=5, seed=9)], LONG_V), pos
+    )
     for out in (alone, mixed):
         assert torch.equal(out.token_ids[:4][valid], want_tok[valid])
-        assert torch.equal(out.logprobs[:4][valid].view(torch.int32),
-                           want_lp[valid].view(torch.int32))
+        assert torch.equal(out.logprobs[:4][valid].view(torch.int32), want_lp[valid].view(torch.int32))
         assert torch.equal(out.token_ids[:4], alone.token_ids)
         assert torch.equal(out.logprobs[:4].view(torch.int32), alone.logprobs.view(torch.int32))
 
 
-TOP_K_ROWS = [dict(temperature=0.8, top_k=20, top_p=0.9), dict(temperature=1.2, top_k=5),
-              dict(temperature=0.5, top_k=12, min_p=0.1, logprobs=3),
-              dict(temperature=0.9, top_k=8, top_p=0.3, min_p=0.05),
-              dict(temperature=0.7, top_k=20, top_p=1.0), dict(temperature=2.0, top_k=3)]
+TOP_K_ROWS = [
+    dict(temperature=0.8, top_k=20, top_p=0.9),
+    dict(temperature=1.2, top_k=5),
+    dict(temperature=0.5, top_k=12, min_p=0.1, logprobs=3),
+    dict(temperature=0.9, top_k=8, top_p=0.3, min_p=0.05),
+    dict(temperature=0.7, top_k=20, top_p=1.0),
+    dict(temperature=2.0, top_k=3),
+]
 SHORTCUT_FAMILIES = FAMILIES + ["zeros", "spill", "overflow"]
 
 
@@ -619,9 +649,13 @@ def test_a_batch_of_small_top_k_rows_equals_its_rows_alone(family):
     _check_homogeneous(family, TOP_K_ROWS, 9)
 
 
-PLAIN_ROWS = [dict(temperature=0.8), dict(temperature=1.3, logprobs=2),
-              dict(temperature=0.6, min_p=0.1), dict(temperature=2.0, min_p=0.3, logprobs=1),
-              dict(temperature=0.05)]
+PLAIN_ROWS = [
+    dict(temperature=0.8),
+    dict(temperature=1.3, logprobs=2),
+    dict(temperature=0.6, min_p=0.1),
+    dict(temperature=2.0, min_p=0.3, logprobs=1),
+    dict(temperature=0.05),
+]
 
 
 @pytest.mark.parametrize("family", SHORTCUT_FAMILIES)
@@ -645,14 +679,12 @@ def _check_homogeneous(family, configs, rows):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no floating-point warning escapes to the user
         homo = s.sample(x, _batch(ps, Vs), pos)
-    mixed = s.sample(torch.cat([x, x[:1]]),
-                     _batch(ps + [SamplingParams(temperature=0.0, seed=99)], Vs),
-                     torch.cat([pos, pos[:1]]))
+    mixed = s.sample(
+        torch.cat([x, x[:1]]), _batch(ps + [SamplingParams(temperature=0.0, seed=99)], Vs), torch.cat([pos, pos[:1]])
+    )
     for i in range(len(ps)):
-        assert row_bits_equal(mixed, i, s.sample(x[i:i + 1], _batch([ps[i]], Vs),
-                                                 pos[i:i + 1])), (family, i)
-        assert row_bits_equal(homo, i, s.sample(x[i:i + 1], _batch([ps[i]], Vs),
-                                                pos[i:i + 1])), (family, i)
+        assert row_bits_equal(mixed, i, s.sample(x[i : i + 1], _batch([ps[i]], Vs), pos[i : i + 1])), (family, i)
+        assert row_bits_equal(homo, i, s.sample(x[i : i + 1], _batch([ps[i]], Vs), pos[i : i + 1])), (family, i)
     lp = s.compute_logprobs(x, _batch(ps, Vs), homo.token_ids)
     assert torch.equal(lp.view(torch.int32), homo.logprobs.view(torch.int32))
 

@@ -36,8 +36,9 @@ def vllm_top_k_top_p(logits: torch.Tensor, k: int | None, p: float | None) -> to
     return logits.scatter(dim=-1, index=logits_idx, src=logits_sort)
 
 
-def vllm_processed(logits: torch.Tensor, t: float, k: int, p: float, min_p: float, *,
-                   log_softmax=lambda x: x.log_softmax(dim=-1)) -> torch.Tensor:
+def vllm_processed(
+    logits: torch.Tensor, t: float, k: int, p: float, min_p: float, *, log_softmax=lambda x: x.log_softmax(dim=-1)
+) -> torch.Tensor:
     """vLLM's processed logprobs; ``log_softmax``: the final step's kernel (torch's, as
     vLLM runs it, or another one applied to the same masked logits)."""
     x = logits.clone().div_(torch.tensor([[t]], dtype=torch.float32))
@@ -47,8 +48,9 @@ def vllm_processed(logits: torch.Tensor, t: float, k: int, p: float, min_p: floa
     return log_softmax(x)
 
 
-def vllm_engine_rollouts(model, prompts, *, temperature: float, top_p: float,
-                         max_new_tokens: int, seed: int) -> list[dict]:
+def vllm_engine_rollouts(
+    model, prompts, *, temperature: float, top_p: float, max_new_tokens: int, seed: int
+) -> list[dict]:
     """Rollouts of a Hugging Face causal LM by a plain loop that is not detsample's:
     one full forward per step (no KV cache), the step's logits through
     :func:`vllm_processed`, the token drawn by ``torch.multinomial`` from the processed
@@ -65,6 +67,7 @@ def vllm_engine_rollouts(model, prompts, *, temperature: float, top_p: float,
                 tok = int(torch.multinomial(lp.exp(), 1, generator=gen))
                 ids.append(tok)
                 lps.append(float(lp[tok]))
-        records.append({"id": f"vllm-{i}", "prompt_ids": list(prompt),
-                        "response_ids": ids[len(prompt):], "engine_logprobs": lps})
+        records.append(
+            {"id": f"vllm-{i}", "prompt_ids": list(prompt), "response_ids": ids[len(prompt) :], "engine_logprobs": lps}
+        )
     return records

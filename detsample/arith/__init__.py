@@ -22,9 +22,20 @@ import torch
 from detsample.arith import reference, spec
 from detsample.arith.spec import frac_bits
 
-__all__ = ["exp", "exp64", "log64", "normalisers", "log_softmax", "log_softmax_at", "picked",
-           "row_max", "frac_bits",
-           "check_environment", "IMPLS", "spec"]
+__all__ = [
+    "exp",
+    "exp64",
+    "log64",
+    "normalisers",
+    "log_softmax",
+    "log_softmax_at",
+    "picked",
+    "row_max",
+    "frac_bits",
+    "check_environment",
+    "IMPLS",
+    "spec",
+]
 
 IMPLS = ("auto", "numba", "torch")
 
@@ -39,18 +50,22 @@ def uses_numba(t: torch.Tensor, impl: str) -> bool:
             raise ValueError(f"impl='numba' runs on CPU tensors, got {t.device}")
         return False
     from detsample.arith import cpu
+
     if cpu.available():
         return True
     if impl == "numba":
         raise ImportError("impl='numba' needs numba (pip install numba)")
-    warnings.warn("numba is not installed: detsample computes its exp/log on CPU tensors "
-                  "with the torch composition (the same bits, several times slower; "
-                  "pip install numba)", RuntimeWarning, stacklevel=3)
+    warnings.warn(
+        "numba is not installed: detsample computes its exp/log on CPU tensors "
+        "with the torch composition (the same bits, several times slower; "
+        "pip install numba)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
     return False
 
 
-def exp(z: torch.Tensor, out: torch.Tensor | None = None, *, impl: str = "auto"
-        ) -> torch.Tensor:
+def exp(z: torch.Tensor, out: torch.Tensor | None = None, *, impl: str = "auto") -> torch.Tensor:
     """exp of a float32 tensor, float32 (into ``out``, shaped like ``z``; it may be
     ``z``). Bits: the definition (correctly rounded but for ~1 input in 10^8)."""
     if z.dtype != torch.float32:
@@ -61,6 +76,7 @@ def exp(z: torch.Tensor, out: torch.Tensor | None = None, *, impl: str = "auto"
         return out.copy_(exp(z, impl=impl))
     if uses_numba(z, impl):
         from detsample.arith import cpu
+
         return cpu.exp32(z, out)
     e = reference.exp32(z)
     return e if out is None else out.copy_(e)
@@ -72,6 +88,7 @@ def exp64(x: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
         raise TypeError(f"arith.exp64 takes float64, got {x.dtype}")
     if uses_numba(x, impl):
         from detsample.arith import cpu
+
         return cpu.exp64(x)
     return reference.exp64(x)
 
@@ -82,12 +99,14 @@ def log64(x: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
         raise TypeError(f"arith.log64 takes float64, got {x.dtype}")
     if uses_numba(x, impl):
         from detsample.arith import cpu
+
         return cpu.log64(x)
     return reference.log64(x)
 
 
-def normalisers(x: torch.Tensor, m: torch.Tensor | None = None, *, impl: str = "auto"
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def normalisers(
+    x: torch.Tensor, m: torch.Tensor | None = None, *, impl: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(m, G)`` over the last dim of a float32 tensor (..., n): row maxima (float32;
     ``m``, when the caller has ``torch.amax(x, -1)`` already: exact, NaN-propagating)
     and log-normalisers ``G = log(sum exp(x - m))`` by the definition (float64; NaN for a
@@ -99,6 +118,7 @@ def normalisers(x: torch.Tensor, m: torch.Tensor | None = None, *, impl: str = "
         raise ValueError("normalisers of rows of length 0")
     if uses_numba(x, impl):
         from detsample.arith import cpu
+
         return cpu.normalisers(x, m)
     return reference.normalisers(x)
 
@@ -108,10 +128,10 @@ def log_softmax_at(x: torch.Tensor, ids: torch.Tensor, *, impl: str = "auto") ->
     (rows,) int64 in range: (rows,) float32, the same bits, one pass per row and no
     (rows, n) output (on CPU tensors one numba call: a single row costs no torch ops)."""
     if x.dtype != torch.float32 or x.dim() != 2:
-        raise TypeError(f"arith.log_softmax_at takes a (rows, n) float32 tensor, got "
-                        f"{x.dtype} {tuple(x.shape)}")
+        raise TypeError(f"arith.log_softmax_at takes a (rows, n) float32 tensor, got {x.dtype} {tuple(x.shape)}")
     if x.shape[1] > 0 and uses_numba(x, impl):
         from detsample.arith import cpu
+
         return cpu.log_softmax_at(x, ids)
     m, G = normalisers(x, impl=impl)
     return picked(x.gather(1, ids.view(-1, 1)).view(-1), m, G)
@@ -123,6 +143,7 @@ def row_max(x: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
     (whose OpenMP workers then spin for milliseconds) precedes the kernels after it."""
     if x.dtype == torch.float32 and x.dim() >= 1 and x.shape[-1] > 0 and uses_numba(x, impl):
         from detsample.arith import cpu
+
         return cpu.row_max(x)
     return torch.amax(x, dim=-1)
 
@@ -134,18 +155,19 @@ def picked(x: torch.Tensor, m: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
     return reference.picked(x, m, G)
 
 
-def log_softmax(x: torch.Tensor, out: torch.Tensor | None = None, *, impl: str = "auto"
-                ) -> torch.Tensor:
+def log_softmax(x: torch.Tensor, out: torch.Tensor | None = None, *, impl: str = "auto") -> torch.Tensor:
     """log_softmax over the last dim of a float32 tensor (..., n), float32 (into ``out``,
     contiguous, shaped like ``x``, not ``x`` itself). Bits: the definition: within 1 ulp
     of the float64 log_softmax; a row with a NaN, a +inf or no finite value is NaN32."""
     if x.dtype != torch.float32:
         raise TypeError(f"arith.log_softmax takes float32, got {x.dtype}")
-    if out is not None and (not out.is_contiguous() or out.shape != x.shape
-                            or out.dtype != torch.float32 or out.data_ptr() == x.data_ptr()):
+    if out is not None and (
+        not out.is_contiguous() or out.shape != x.shape or out.dtype != torch.float32 or out.data_ptr() == x.data_ptr()
+    ):
         raise ValueError("out must be a contiguous float32 tensor shaped like x, not x")
     if uses_numba(x, impl) and x.shape[-1] > 0:
         from detsample.arith import cpu
+
         return cpu.log_softmax(x, out)
     y = reference.log_softmax(x)
     return y if out is None else out.copy_(y)
@@ -154,8 +176,10 @@ def log_softmax(x: torch.Tensor, out: torch.Tensor | None = None, *, impl: str =
 def check_environment() -> None:
     """Raise RuntimeError when this thread would not round as the definition assumes:
     subnormals flushed to zero (``torch.set_flush_denormal(True)``)."""
-    tiny = torch.tensor([2.0 ** -140], dtype=torch.float32)
+    tiny = torch.tensor([2.0**-140], dtype=torch.float32)
     if float(tiny * 0.5) == 0.0:
-        raise RuntimeError("subnormal floats are flushed to zero in this process "
-                           "(torch.set_flush_denormal(True)?): detsample's exp would not "
-                           "give its defined bits; call torch.set_flush_denormal(False)")
+        raise RuntimeError(
+            "subnormal floats are flushed to zero in this process "
+            "(torch.set_flush_denormal(True)?): detsample's exp would not "
+            "give its defined bits; call torch.set_flush_denormal(False)"
+        )

@@ -32,6 +32,7 @@ PARALLEL_MIN = 1 << 16
 def jit():
     """The numba kernels module; ImportError when numba is not installed."""
     from detsample.arith import jit as kernels
+
     return kernels
 
 
@@ -145,8 +146,7 @@ def log64(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def normalisers(x: torch.Tensor, m: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def normalisers(x: torch.Tensor, m: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(m, G)`` of a float32 CPU tensor (..., n): the row maxima (float32; :func:`row_max`
     unless given) and log-normalisers (float64, NaN for a row whose log_softmax is all
     NaN), shaped (...)."""
@@ -195,9 +195,15 @@ def log_softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
     return dst
 
 
-def cut_masses(z: torch.Tensor, tau: torch.Tensor, least: torch.Tensor, floor: float,
-               frac: int, block: int, q_out: torch.Tensor | None
-               ) -> torch.Tensor:
+def cut_masses(
+    z: torch.Tensor,
+    tau: torch.Tensor,
+    least: torch.Tensor,
+    floor: float,
+    frac: int,
+    block: int,
+    q_out: torch.Tensor | None,
+) -> torch.Tensor:
     """The fixed-point masses of a (rows, V) float32 CPU tensor with per-row cuts
     (:func:`detsample.arith.jit.cut_masses_rows`): written into ``q_out`` ((rows, V)
     int64) when given; returns their sums by blocks of ``block`` columns, (rows, nb)
@@ -210,8 +216,7 @@ def cut_masses(z: torch.Tensor, tau: torch.Tensor, least: torch.Tensor, floor: f
     t = tau.to(torch.float32).contiguous().numpy()
     lo = least.to(torch.float32).contiguous().numpy()
     k, so = jit().cut_masses_rows, sums.numpy()
-    _run(lambda s, e: k(a, t, lo, _f32(floor), frac, block, qo, so, s, e),
-         _chunks(rows, a.size))
+    _run(lambda s, e: k(a, t, lo, _f32(floor), frac, block, qo, so, s, e), _chunks(rows, a.size))
     return sums
 
 

@@ -152,18 +152,38 @@ PHI_DEGREE = 24
 PHI_SERIES = tuple(1.0 / math.prod(range(1, 2 * n + 2, 2)) for n in range(PHI_DEGREE + 1))
 #: MILLS_COEFS[n] = M^(n)(3) / n!, M(a) = Phi(-a) / phi(a), rounded (tests/arith derive
 #: them with mpmath)
-MILLS_COEFS = tuple(float.fromhex(h) for h in (
-    "0x1.37e684ee8e185p-2", "-0x1.6131c4d156dc3p-4", "0x1.78098a8c67997p-6",
-    "-0x1.7b8def8030db5p-8", "0x1.6d7c5bb10bd3cp-10", "-0x1.516888be198e5p-12",
-    "0x1.2bcfe30697181p-14", "-0x1.01416a398089ep-16", "0x1.ab7b4d6ddac29p-19",
-    "-0x1.58b5f601171fap-21", "0x1.0e5154ae7577cp-23", "-0x1.9d02cd122bb3dp-26",
-    "0x1.33d614bf0d8b9p-28", "-0x1.c05448a4a1567p-31", "0x1.3f57f12794abcp-33",
-    "-0x1.bd7c6e75371d2p-36", "0x1.30928f774001ap-38", "-0x1.9893c9253a8efp-41",
-    "0x1.0d13ce496731cp-43", "-0x1.5c3e33404c104p-46", "0x1.bb27f03755589p-49",
-    "-0x1.156c87e0d56c4p-51", "0x1.55f23d89c1dc4p-54", "-0x1.9f26187db41adp-57",
-    "0x1.f0b53646fb85dp-60"))
+MILLS_COEFS = tuple(
+    float.fromhex(h)
+    for h in (
+        "0x1.37e684ee8e185p-2",
+        "-0x1.6131c4d156dc3p-4",
+        "0x1.78098a8c67997p-6",
+        "-0x1.7b8def8030db5p-8",
+        "0x1.6d7c5bb10bd3cp-10",
+        "-0x1.516888be198e5p-12",
+        "0x1.2bcfe30697181p-14",
+        "-0x1.01416a398089ep-16",
+        "0x1.ab7b4d6ddac29p-19",
+        "-0x1.58b5f601171fap-21",
+        "0x1.0e5154ae7577cp-23",
+        "-0x1.9d02cd122bb3dp-26",
+        "0x1.33d614bf0d8b9p-28",
+        "-0x1.c05448a4a1567p-31",
+        "0x1.3f57f12794abcp-33",
+        "-0x1.bd7c6e75371d2p-36",
+        "0x1.30928f774001ap-38",
+        "-0x1.9893c9253a8efp-41",
+        "0x1.0d13ce496731cp-43",
+        "-0x1.5c3e33404c104p-46",
+        "0x1.bb27f03755589p-49",
+        "-0x1.156c87e0d56c4p-51",
+        "0x1.55f23d89c1dc4p-54",
+        "-0x1.9f26187db41adp-57",
+        "0x1.f0b53646fb85dp-60",
+    )
+)
 #: pow by an integer exponent runs the square-and-multiply loop below this magnitude
-POW_INT_MAX = 2 ** 31
+POW_INT_MAX = 2**31
 #: float64 NaN's canonical bits
 NAN64_BITS = 0x7FF8000000000000
 
@@ -188,7 +208,7 @@ def pow_kind(exponent: float) -> int:
 
 def is_odd_integer(e: float) -> bool:
     """Whether ``e`` is an odd integer (float64: every float beyond 2**53 is even)."""
-    return math.isfinite(e) and e.is_integer() and abs(e) < 2.0 ** 53 and int(e) % 2 == 1
+    return math.isfinite(e) and e.is_integer() and abs(e) < 2.0**53 and int(e) % 2 == 1
 
 
 def check_gelu_form(approximate: str) -> None:

@@ -153,7 +153,7 @@ def _gelu_erf_near(x):
     """x Phi(x) for |x| <= MILLS_MAX (the series or Mills' ratio, by a select: the loop
     over it vectorises)."""
     a = abs(x)
-    ph = _phi(a)                                   # phi(x): x * x == a * a
+    ph = _phi(a)  # phi(x): x * x == a * a
     central = 0.5 + ph * (x * _estrin25(PS, x * x))
     Q = ph * _estrin25(MC, a - E.MILLS_CENTER)
     tail = Q if x < 0.0 else 1.0 - Q
@@ -216,6 +216,7 @@ def pow_general(x, e, odd):
 
 
 # -- loops: out[i] = f(float64(x[i])), rounded to out's dtype on the store ---------------
+
 
 @numba.njit(**_jit)
 def exp_into(x, out):

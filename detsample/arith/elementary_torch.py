@@ -117,7 +117,7 @@ def gelu_erf(x: torch.Tensor) -> torch.Tensor:
     mills = _phi(a) * _estrin(E.MILLS_COEFS, a - E.MILLS_CENTER)
     t = a.clone()
     for k in range(E.PHI_CF_TERMS, 0, -1):
-        t = torch.full_like(a, float(k)).div_(t).add_(a)    # not k / t: torch's reciprocal * k
+        t = torch.full_like(a, float(k)).div_(t).add_(a)  # not k / t: torch's reciprocal * k
     Q = torch.where(a <= E.MILLS_MAX, mills, _phi(a) / t)
     tail = torch.where(x < 0, Q, 1.0 - Q)
     return _canonical(x * torch.where(a <= E.PHI_SERIES_MAX, central, tail))

@@ -17,7 +17,7 @@ _jit = dict(nogil=True, cache=True, fastmath=False, error_model="numpy", boundsc
 C = spec.EXP_COEFS
 LC = spec.LOG_COEFS
 NAN32 = np.array([spec.NAN32_BITS], dtype=np.int32).view(np.float32)[0]
-TWO52 = 2.0 ** 52
+TWO52 = 2.0**52
 TWO52_BITS = 0x4330000000000000
 EXP_BIAS_SHIFT = spec.SHIFT_BITS - spec.F64_EXP_BIAS
 MANT_MASK = (1 << spec.F64_MANT_BITS) - 1
@@ -27,16 +27,20 @@ HALF_EXP = (spec.F64_EXP_BIAS - 1) << spec.F64_MANT_BITS
 @intrinsic
 def bits_of(typingctx, x):  # noqa: ARG001 - numba's intrinsic signature
     """The int64 bit pattern of a float64."""
+
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], context.get_value_type(types.int64))
+
     return types.int64(types.float64), codegen
 
 
 @intrinsic
 def from_bits(typingctx, x):  # noqa: ARG001
     """The float64 of an int64 bit pattern."""
+
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], context.get_value_type(types.float64))
+
     return types.float64(types.int64), codegen
 
 
@@ -44,7 +48,7 @@ def from_bits(typingctx, x):  # noqa: ARG001
 def exp64(x):
     """exp of a float64, rounded to float32 (the definition, Estrin's order)."""
     v = min(max(x, spec.EXP_LO), spec.EXP_HI)  # min/max, not two ternaries: LLVM makes
-    t = v * spec.INV_LN2 + spec.SHIFT             # selects of these (1.25x faster, measured)
+    t = v * spec.INV_LN2 + spec.SHIFT  # selects of these (1.25x faster, measured)
     k = t - spec.SHIFT
     r = (v - k * spec.LN2_HI) - k * spec.LN2_LO
     r2 = r * r
@@ -138,7 +142,7 @@ def exp_in_place(z):
     buf = np.empty(CHUNK, dtype=np.float32)
     for s in range(0, z.size, CHUNK):
         m = min(CHUNK, z.size - s)
-        part, tmp = z[s:s + m], buf[:m]
+        part, tmp = z[s : s + m], buf[:m]
         exp_into(part, tmp)
         part[:] = tmp
 
@@ -196,7 +200,7 @@ def row_maxima(x, out, r0, r1):
 def fixed_words(e, frac):
     """The exact int64 words ``(H, L)`` of the definition's two-word sum of a float32
     row ``e`` in [0, 1]: integer sums, so a row's words are the sums of its parts'."""
-    scale = 2.0 ** frac
+    scale = 2.0**frac
     H = 0
     L = 0
     for i in range(e.size):
@@ -210,7 +214,7 @@ def fixed_words(e, frac):
 @numba.njit(**_jit)
 def words_value(H, L, frac):
     """``S = (float64(H) + float64(L) * 2**-frac) * 2**-frac`` of the two words."""
-    inv = 1.0 / 2.0 ** frac
+    inv = 1.0 / 2.0**frac
     return (np.float64(H) + np.float64(L) * inv) * inv
 
 
@@ -293,7 +297,7 @@ def cut_masses_rows(z, tau, least, floor, frac, block, q_out, sums, r0, r1):
     ``sums`` (rows, ceil(V / block)) int64 (exact). Each block in two loops, the exps
     into a buffer then the integers: two loops LLVM vectorises (one fused loop it
     vectorised poorly: 1.4x slower, measured)."""
-    scale = 2.0 ** frac
+    scale = 2.0**frac
     V = z.shape[1]
     write = q_out.shape[0] > 0
     buf = np.empty(block, dtype=np.float32)
@@ -303,10 +307,9 @@ def cut_masses_rows(z, tau, least, floor, frac, block, q_out, sums, r0, r1):
         for b in range(sums.shape[1]):
             s = b * block
             e = min(V, s + block)
-            floored_exp_into(row[s:e], floor, buf[:e - s])
+            floored_exp_into(row[s:e], floor, buf[: e - s])
             q_row = q_out[r, s:e] if write else none
-            sums[r, b] = block_masses(row[s:e], buf[:e - s], tau[r], least[r], scale, floor,
-                                      q_row, write)
+            sums[r, b] = block_masses(row[s:e], buf[: e - s], tau[r], least[r], scale, floor, q_row, write)
 
 
 @numba.njit(**_jit)
@@ -325,4 +328,3 @@ def log_softmax_at_rows(x, ids, out, frac, span):
             continue
         G = row_log_norm(row, m, buf, frac)
         out[r] = np.float32((np.float64(row[ids[r]]) - np.float64(m)) - G)
-

@@ -24,12 +24,25 @@ import torch
 from detsample.arith import cpu, elementary, elementary_torch, reference, trig_torch, uses_numba
 from detsample.arith import exp as exp32
 
-__all__ = ["FUNCTIONS", "exp", "expm1", "log", "tanh", "sigmoid", "silu", "softplus", "gelu",
-           "cos", "sin", "sqrt", "rsqrt", "pow_scalar"]
+__all__ = [
+    "FUNCTIONS",
+    "exp",
+    "expm1",
+    "log",
+    "tanh",
+    "sigmoid",
+    "silu",
+    "softplus",
+    "gelu",
+    "cos",
+    "sin",
+    "sqrt",
+    "rsqrt",
+    "pow_scalar",
+]
 
 #: the functions of this module by their aten names
-FUNCTIONS = ("exp", "expm1", "log", "tanh", "sigmoid", "silu", "softplus", "gelu", "cos", "sin",
-             "sqrt", "rsqrt", "pow")
+FUNCTIONS = ("exp", "expm1", "log", "tanh", "sigmoid", "silu", "softplus", "gelu", "cos", "sin", "sqrt", "rsqrt", "pow")
 HALF = (torch.bfloat16, torch.float16)
 
 
@@ -37,6 +50,7 @@ HALF = (torch.bfloat16, torch.float16)
 def _kernels(module: str):
     """The numba kernels module ``module`` (``"elementary_jit"`` / ``"trig_jit"``)."""
     import importlib
+
     return importlib.import_module(f"detsample.arith.{module}")
 
 
@@ -46,16 +60,16 @@ def _check(x: torch.Tensor, name: str) -> None:
         raise TypeError(f"arith.pointwise.{name} takes a floating tensor, got {got}")
 
 
-def _apply(x: torch.Tensor, name: str, kernel: tuple[str, str], composed: Callable,
-           args: tuple = (), impl: str = "auto") -> torch.Tensor:
+def _apply(
+    x: torch.Tensor, name: str, kernel: tuple[str, str], composed: Callable, args: tuple = (), impl: str = "auto"
+) -> torch.Tensor:
     """``name`` of ``x`` by the numba ``kernel`` (module, loop) with extra ``args``, or
     by ``composed`` (float64 -> float64 torch composition, same args)."""
     _check(x, name)
     if x.dtype in HALF:
         return _apply(x.to(torch.float32), name, kernel, composed, args, impl).to(x.dtype)
     if x.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"arith.pointwise.{name} takes float64, float32, bfloat16 or float16, "
-                        f"got {x.dtype}")
+        raise TypeError(f"arith.pointwise.{name} takes float64, float32, bfloat16 or float16, got {x.dtype}")
     if uses_numba(x, impl):
         src = x.contiguous()
         out = torch.empty_like(src)
@@ -67,7 +81,7 @@ def _apply(x: torch.Tensor, name: str, kernel: tuple[str, str], composed: Callab
     if x.dtype == torch.float64:
         return y
     y = y.to(x.dtype)
-    return y.masked_fill_(torch.isnan(y), float("nan"))     # one NaN on every device
+    return y.masked_fill_(torch.isnan(y), float("nan"))  # one NaN on every device
 
 
 def exp(x: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
@@ -93,33 +107,28 @@ def tanh(x: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
 
 
 def sigmoid(x: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
-    return _apply(x, "sigmoid", ("elementary_jit", "sigmoid_into"), elementary_torch.sigmoid,
-                  (), impl)
+    return _apply(x, "sigmoid", ("elementary_jit", "sigmoid_into"), elementary_torch.sigmoid, (), impl)
 
 
 def silu(x: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
     return _apply(x, "silu", ("elementary_jit", "silu_into"), elementary_torch.silu, (), impl)
 
 
-def softplus(x: torch.Tensor, beta: float = 1.0, threshold: float = 20.0, *,
-             impl: str = "auto") -> torch.Tensor:
+def softplus(x: torch.Tensor, beta: float = 1.0, threshold: float = 20.0, *, impl: str = "auto") -> torch.Tensor:
     """torch's ``softplus(x, beta, threshold)``: ``x`` where ``x * beta > threshold``, else
     ``log1p(exp(x * beta)) / beta``."""
     b, t = _real(beta, "beta"), _real(threshold, "threshold")
     if b == 0.0:
         raise ValueError("softplus's beta must not be 0, got 0")
-    return _apply(x, "softplus", ("elementary_jit", "softplus_into"), elementary_torch.softplus,
-                  (b, t), impl)
+    return _apply(x, "softplus", ("elementary_jit", "softplus_into"), elementary_torch.softplus, (b, t), impl)
 
 
 def gelu(x: torch.Tensor, approximate: str = "none", *, impl: str = "auto") -> torch.Tensor:
     """``x Phi(x)`` (``approximate="none"``) or torch's tanh form (``"tanh"``)."""
     elementary.check_gelu_form(approximate)
     if approximate == "tanh":
-        return _apply(x, "gelu", ("elementary_jit", "gelu_tanh_into"), elementary_torch.gelu_tanh,
-                      (), impl)
-    return _apply(x, "gelu", ("elementary_jit", "gelu_erf_into"), elementary_torch.gelu_erf,
-                  (), impl)
+        return _apply(x, "gelu", ("elementary_jit", "gelu_tanh_into"), elementary_torch.gelu_tanh, (), impl)
+    return _apply(x, "gelu", ("elementary_jit", "gelu_erf_into"), elementary_torch.gelu_erf, (), impl)
 
 
 def cos(x: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
@@ -150,11 +159,9 @@ def pow_scalar(x: torch.Tensor, exponent: Any, *, impl: str = "auto") -> torch.T
     if kind == 3:
         return rsqrt(x, impl=impl)
     if kind == 1:
-        return _apply(x, "pow", ("elementary_jit", "pow_int_into"), elementary_torch.pow_int,
-                      (int(e),), impl)
+        return _apply(x, "pow", ("elementary_jit", "pow_int_into"), elementary_torch.pow_int, (int(e),), impl)
     odd = elementary.is_odd_integer(e)
-    return _apply(x, "pow", ("elementary_jit", "pow_general_into"), elementary_torch.pow_general,
-                  (e, odd), impl)
+    return _apply(x, "pow", ("elementary_jit", "pow_general_into"), elementary_torch.pow_general, (e, odd), impl)
 
 
 def _real(v: Any, name: str) -> float:

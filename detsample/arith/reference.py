@@ -15,7 +15,7 @@ import torch
 
 from detsample.arith import spec
 
-NAN32 = float("nan")   # written into float32 tensors as 0x7fc00000 (tests/arith)
+NAN32 = float("nan")  # written into float32 tensors as 0x7fc00000 (tests/arith)
 
 
 def exp64(x: torch.Tensor) -> torch.Tensor:
@@ -60,7 +60,7 @@ def log64(x: torch.Tensor) -> torch.Tensor:
     sub = v < spec.F64_MIN_NORMAL
     v = torch.where(sub, v * spec.SUBNORMAL_SCALE, v)
     bits = v.view(torch.int64)
-    e = (bits >> spec.F64_MANT_BITS) - (spec.F64_EXP_BIAS - 1)   # v = m 2**e, m in [1/2, 1)
+    e = (bits >> spec.F64_MANT_BITS) - (spec.F64_EXP_BIAS - 1)  # v = m 2**e, m in [1/2, 1)
     mant = (bits & ((1 << spec.F64_MANT_BITS) - 1)) | ((spec.F64_EXP_BIAS - 1) << spec.F64_MANT_BITS)
     m = mant.view(torch.float64)
     low = m < spec.SQRT_HALF
@@ -70,22 +70,21 @@ def log64(x: torch.Tensor) -> torch.Tensor:
     s = f / (f + 2.0)
     w = s * s
     R = torch.full_like(w, spec.LOG_COEFS[spec.LOG_TERMS])
-    for c in reversed(spec.LOG_COEFS[1:spec.LOG_TERMS]):
+    for c in reversed(spec.LOG_COEFS[1 : spec.LOG_TERMS]):
         R.mul_(w).add_(c)
     ef = e.to(torch.float64)
     y = (s + s * (w * R)) * 2.0 + ef * spec.LN2_LO
     y = ef * spec.LN2_HI + y
     if bool(ok.all()):
         return y
-    fill = torch.where(x == 0, float("-inf"),
-                       torch.where(x == float("inf"), float("inf"), float("nan")))
+    fill = torch.where(x == 0, float("-inf"), torch.where(x == float("inf"), float("inf"), float("nan")))
     return torch.where(ok, y, fill)
 
 
 def fixed_sum(e: torch.Tensor, frac: int) -> torch.Tensor:
     """The exact two-word sum of the definition over the last dim: e (..., n) float32 in
     [0, 1] -> (...,) float64 ``S``."""
-    scale = 2.0 ** frac
+    scale = 2.0**frac
     w = e.to(torch.float64) * scale
     h = w.to(torch.int64)
     lo = (w - h.to(torch.float64)).mul_(scale).to(torch.int64)

@@ -109,9 +109,9 @@ SQRT_HALF = float.fromhex("0x1.6a09e667f3bcdp-1")
 F64_EXP_BIAS = 1023
 F64_MANT_BITS = 52
 #: 2**54 and its exponent, to normalise a subnormal float64 before reading its bits
-SUBNORMAL_SCALE = 2.0 ** 54
+SUBNORMAL_SCALE = 2.0**54
 SUBNORMAL_EXP = 54
-F64_MIN_NORMAL = 2.0 ** -1022
+F64_MIN_NORMAL = 2.0**-1022
 
 #: the canonical quiet NaN of float32 (x86's default NaN has the sign bit set, aarch64's
 #: not: every NaN detsample outputs is this one)

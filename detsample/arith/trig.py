@@ -59,7 +59,7 @@ from __future__ import annotations
 import math
 
 #: the reduction's Cody-Waite range: |x| <= CW_MAX keeps |k| < 2**20
-CW_MAX = 2.0 ** 20
+CW_MAX = 2.0**20
 #: 2 / pi and pi / 2, rounded to float64
 INV_PIO2 = float.fromhex("0x1.45f306dc9c883p-1")
 PIO2 = float.fromhex("0x1.921fb54442d18p+0")
@@ -76,7 +76,8 @@ TWO_OVER_PI_HEX = (
     "a2f9836e4e441529fc2757d1f534ddc0db6295993c439041fe5163abdebbc561b7246e3a"
     "424dd2e006492eea09d1921cfe1deb1cb129a73ee88235f52ebb4484e99c7026b45f7e41"
     "3991d639835339f49c845f8bbdf9283b1ff897ffde05980fef2f118b5a0a6d1f6d367ecf"
-    "27cb09b74f463f669e5fea2d7527bac7ebe5f17b3d0739f78a5292ea6bfb5fb11f8d5d08")
+    "27cb09b74f463f669e5fea2d7527bac7ebe5f17b3d0739f78a5292ea6bfb5fb11f8d5d08"
+)
 TWO_OVER_PI_BITS = 4 * len(TWO_OVER_PI_HEX)
 #: the Payne-Hanek window: 192 bits of 2/pi from bit e - WINDOW_LEAD on (|x| = M 2**e),
 #: giving the quadrant and 168 fraction bits
@@ -90,7 +91,8 @@ LIMB_MASK = (1 << LIMB) - 1
 #: holds bits 24 i + 1 .. 24 i + 24
 PAD_LIMBS = 3
 TWO_OVER_PI_LIMBS = (0,) * PAD_LIMBS + tuple(
-    int(TWO_OVER_PI_HEX[i:i + 6], 16) for i in range(0, len(TWO_OVER_PI_HEX), 6))
+    int(TWO_OVER_PI_HEX[i : i + 6], 16) for i in range(0, len(TWO_OVER_PI_HEX), 6)
+)
 #: G's limbs and M's
 G_LIMBS = WINDOW_BITS // LIMB
 M_LIMBS = 3
@@ -103,4 +105,3 @@ F64_MANT_MASK = (1 << F64_MANT_BITS) - 1
 POLY_DEGREE = 8
 SIN_COEFS = tuple((-1.0) ** j / math.factorial(2 * j + 1) for j in range(POLY_DEGREE + 1))
 COS_COEFS = tuple((-1.0) ** j / math.factorial(2 * j) for j in range(POLY_DEGREE + 1))
-

@@ -61,7 +61,7 @@ def payne_hanek(a):
     g2 = np.float64((acc[3] << trig.LIMB) | acc[4])
     g3 = np.float64((acc[5] << trig.LIMB) | acc[6])
     g4 = np.float64(acc[7])
-    s = ((g1 * 2.0 ** -48 + g2 * 2.0 ** -96) + g3 * 2.0 ** -144) + g4 * 2.0 ** -168
+    s = ((g1 * 2.0**-48 + g2 * 2.0**-96) + g3 * 2.0**-144) + g4 * 2.0**-168
     r = s * trig.PIO2
     return n, (-r if neg else r)
 
@@ -106,10 +106,10 @@ def _from_reduced(x, n, r, want_sin):
     w = r * r
     s = sin_poly(r, w)
     c = cos_poly(w)
-    n = n if want_sin else (n + 1) & 3       # cos(x) = sin(x + pi/2)
+    n = n if want_sin else (n + 1) & 3  # cos(x) = sin(x + pi/2)
     y = s if n == 0 else (c if n == 1 else (-s if n == 2 else -c))
     y = x if (want_sin and x == 0.0) else y
-    return np.nan if x - x != 0.0 else y       # inf, NaN
+    return np.nan if x - x != 0.0 else y  # inf, NaN
 
 
 @numba.njit(inline="always", **_jit)

@@ -59,7 +59,7 @@ def payne_hanek(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     g2 = ((acc[3] << trig.LIMB) | acc[4]).to(torch.float64)
     g3 = ((acc[5] << trig.LIMB) | acc[6]).to(torch.float64)
     g4 = acc[7].to(torch.float64)
-    s = ((g1 * 2.0 ** -48 + g2 * 2.0 ** -96) + g3 * 2.0 ** -144) + g4 * 2.0 ** -168
+    s = ((g1 * 2.0**-48 + g2 * 2.0**-96) + g3 * 2.0**-144) + g4 * 2.0**-168
     r = s * trig.PIO2
     return n, torch.where(neg, -r, r)
 

@@ -27,19 +27,36 @@ from detsample.audit.reports.log import AuditLog, read_log
 from detsample.audit.running.options import AuditOptions
 from detsample.audit.running.rescore import ModelRescorer, TPRescorer
 from detsample.audit.running.run import (
-                                         AuditInputError,
-                                         Issue,
-                                         Shard,
-                                         audit,
-                                         audit_accumulator,
-                                         check_gates,
-                                         plan_shards,
-                                         to_json,
+    AuditInputError,
+    Issue,
+    Shard,
+    audit,
+    audit_accumulator,
+    check_gates,
+    plan_shards,
+    to_json,
 )
 from detsample.audit.running.tensors import from_tensors, tensors_accumulator
 from detsample.audit.semantics import Semantics
 
-__all__ = ["PRESETS", "AuditInputError", "AuditLog", "AuditOptions", "Issue", "Layout",
-           "ModelRescorer", "Semantics", "Shard", "TPRescorer", "audit", "audit_accumulator",
-           "check_gates", "from_tensors", "make_layout", "plan_shards", "read_log",
-           "tensors_accumulator", "to_json"]
+__all__ = [
+    "PRESETS",
+    "AuditInputError",
+    "AuditLog",
+    "AuditOptions",
+    "Issue",
+    "Layout",
+    "ModelRescorer",
+    "Semantics",
+    "Shard",
+    "TPRescorer",
+    "audit",
+    "audit_accumulator",
+    "check_gates",
+    "from_tensors",
+    "make_layout",
+    "plan_shards",
+    "read_log",
+    "tensors_accumulator",
+    "to_json",
+]

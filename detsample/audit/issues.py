@@ -37,5 +37,10 @@ class Issue:
         return f"{self.source}:{self.unit} {self.line}: {self.field}: {self.message}"
 
     def to_json(self) -> dict:
-        return {"source": self.source, self.unit: self.line, "field": self.field,
-                "kind": self.kind, "message": self.message}
+        return {
+            "source": self.source,
+            self.unit: self.line,
+            "field": self.field,
+            "kind": self.kind,
+            "message": self.message,
+        }

@@ -58,23 +58,22 @@ class Semantics:
     temperature: float
     values: tuple  # (name, value) of every filter, in the table's order
 
-    def __init__(self, logprobs_mode: str = "raw", temperature: float = 1.0, *filters: object,
-                 **named: object) -> None:
+    def __init__(self, logprobs_mode: str = "raw", temperature: float = 1.0, *filters: object, **named: object) -> None:
         if logprobs_mode not in LOGPROBS_MODES:
-            raise InvalidSamplingParams(f"logprobs_mode must be one of {LOGPROBS_MODES}, "
-                                        f"got {logprobs_mode!r}")
+            raise InvalidSamplingParams(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
         names = [o.name for o in filter_options()]
         if len(filters) > len(names):
-            raise TypeError(f"Semantics takes at most {len(names)} filters by position "
-                            f"({', '.join(names)}), got {len(filters)}")
+            raise TypeError(
+                f"Semantics takes at most {len(names)} filters by position ({', '.join(names)}), got {len(filters)}"
+            )
         given = dict(zip(names, filters))
         for k, v in named.items():
             if k not in names or k in given:
-                raise TypeError(f"Semantics got an unexpected or repeated field {k!r} "
-                                f"(filters: {', '.join(names)})")
+                raise TypeError(f"Semantics got an unexpected or repeated field {k!r} (filters: {', '.join(names)})")
             given[k] = v
-        p = SamplingParams(temperature=temperature, seed=0, logprobs_mode=logprobs_mode,
-                           **given)  # every field rule, once
+        p = SamplingParams(
+            temperature=temperature, seed=0, logprobs_mode=logprobs_mode, **given
+        )  # every field rule, once
         object.__setattr__(self, "logprobs_mode", logprobs_mode)
         object.__setattr__(self, "temperature", p.temperature)
         object.__setattr__(self, "values", tuple((n, getattr(p, n)) for n in names))
@@ -99,15 +98,19 @@ class Semantics:
             raise InvalidSamplingParams(
                 f"{', '.join(given)} describe processed logprobs, but logprobs_mode is 'raw' "
                 f"(log_softmax of the logits at temperature 1): give logprobs_mode "
-                f"'processed' (--logprobs-mode processed)")
+                f"'processed' (--logprobs-mode processed)"
+            )
         return s
 
     @classmethod
     def of_params(cls, params: SamplingParams, logprobs_mode: str | None = None) -> Semantics:
         """The semantics of a request's parameters: its temperature and every filter of
         the table, in ``logprobs_mode`` (default the request's own)."""
-        return cls(logprobs_mode or params.logprobs_mode, params.temperature,
-                   **{o.name: getattr(params, o.name) for o in filter_options()})
+        return cls(
+            logprobs_mode or params.logprobs_mode,
+            params.temperature,
+            **{o.name: getattr(params, o.name) for o in filter_options()},
+        )
 
     def with_row(self, **stated: object) -> Semantics:
         """This semantics with one row's stated fields (``logprobs_mode``, ``temperature``
@@ -124,24 +127,25 @@ class Semantics:
         mode = given.pop("logprobs_mode", self.logprobs_mode)
         mode = VLLM_MODES.get(mode, mode) if isinstance(mode, str) else mode
         if not isinstance(mode, str) or mode not in LOGPROBS_MODES:
-            raise InvalidSamplingParams(f"logprobs_mode must be one of {LOGPROBS_MODES} (or "
-                                        f"vLLM's {', '.join(VLLM_MODES)}), got {mode!r}")
+            raise InvalidSamplingParams(
+                f"logprobs_mode must be one of {LOGPROBS_MODES} (or vLLM's {', '.join(VLLM_MODES)}), got {mode!r}"
+            )
         fields = {k: v for k, v in self.to_dict().items() if k != "logprobs_mode"}
         out = Semantics(mode, **{**fields, **given})  # every field rule, once
         return RAW if out.logprobs_mode == "raw" else out
 
     def params(self) -> SamplingParams:
         """The rescoring request's parameters (a fixed seed: nothing is drawn)."""
-        return SamplingParams(temperature=self.temperature, seed=0,
-                              logprobs_mode=self.logprobs_mode, **dict(self.values))
+        return SamplingParams(
+            temperature=self.temperature, seed=0, logprobs_mode=self.logprobs_mode, **dict(self.values)
+        )
 
     @property
     def filters(self) -> tuple[tuple[str, object], ...]:
         """(name, value) of the fields that are not off (temperature included)."""
         if self.logprobs_mode == "raw":
             return ()
-        return tuple((n, getattr(self, n)) for n, off in filter_defaults()
-                     if getattr(self, n) != off)
+        return tuple((n, getattr(self, n)) for n, off in filter_defaults() if getattr(self, n) != off)
 
     def describe(self) -> str:
         """'processed logprobs at temperature 0.7, top_p 0.9' / 'raw logprobs'."""
@@ -156,8 +160,7 @@ class Semantics:
         return " ".join(out)
 
     def to_dict(self) -> dict:
-        return {"logprobs_mode": self.logprobs_mode, "temperature": self.temperature,
-                **dict(self.values)}
+        return {"logprobs_mode": self.logprobs_mode, "temperature": self.temperature, **dict(self.values)}
 
 
 def _number(name: str, v: object) -> object:
@@ -165,8 +168,7 @@ def _number(name: str, v: object) -> object:
     JSON reader may hand either for 1 and 1.0: both name the same value, in messages
     too); everything else as it is."""
     floats = {"temperature"} | {o.name for o in filter_options() if o.kind is float}
-    if name in floats and isinstance(v, int) and \
-            not isinstance(v, bool) and abs(v) < 2 ** 53:
+    if name in floats and isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**53:
         return float(v)
     return v
 

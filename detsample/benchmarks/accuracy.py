@@ -24,10 +24,18 @@ from dataclasses import dataclass
 
 import torch
 
-CONFIG = dict(vocab_size=512, num_hidden_layers=2, hidden_size=128, intermediate_size=256,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-              rms_norm_eps=1e-5, tie_word_embeddings=False)
-CHANNELS = (5, 77)                      # the massive residual channels
+CONFIG = dict(
+    vocab_size=512,
+    num_hidden_layers=2,
+    hidden_size=128,
+    intermediate_size=256,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+)
+CHANNELS = (5, 77)  # the massive residual channels
 SIDES = ("default", "verified", "portable")
 
 
@@ -35,6 +43,7 @@ def massive_llama(scale: float, seed: int = 3, **config) -> torch.nn.Module:
     """A float32 Llama (:data:`CONFIG`, or ``config``) whose residual channels
     :data:`CHANNELS` are ``scale`` x larger from layer 1 on (:func:`make_massive_`)."""
     from detsample.models.tiny import build_hf
+
     return make_massive_(build_hf("llama", seed, **(config or CONFIG)), scale)
 
 
@@ -64,6 +73,7 @@ def errors(scale: float, tokens: int = 48, seed: int = 3) -> Errors:
     """The logit errors of each side on :func:`massive_llama` ``(scale)`` for a seeded
     prompt of ``tokens`` tokens."""
     from detsample.invariant import batch_invariant
+
     model = massive_llama(scale, seed)
     ids = torch.randint(0, CONFIG["vocab_size"], (1, tokens), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -75,8 +85,9 @@ def errors(scale: float, tokens: int = 48, seed: int = 3) -> Errors:
             with batch_invariant(portable=side == "portable"):
                 logits[side] = model(ids).logits[0]
     err = {side: (x.double() - ref).abs() for side, x in logits.items()}
-    return Errors(scale, ratio, {s: float(e.max()) for s, e in err.items()},
-                  {s: float(e.median()) for s, e in err.items()})
+    return Errors(
+        scale, ratio, {s: float(e.max()) for s, e in err.items()}, {s: float(e.median()) for s, e in err.items()}
+    )
 
 
 def table(rows: list[Errors]) -> str:
@@ -90,8 +101,7 @@ def table(rows: list[Errors]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m detsample.benchmarks.accuracy",
-                                description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m detsample.benchmarks.accuracy", description=__doc__.split("\n\n")[0])
     p.add_argument("--scales", nargs="+", type=float, default=[1, 30, 300, 3000])
     args = p.parse_args(argv)
     print(table([errors(s) for s in args.scales]))

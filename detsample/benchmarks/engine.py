@@ -37,15 +37,14 @@ CONFIGS = {
 
 def _schedule(B: int, config: str) -> Schedule:
     p = CONFIGS[config]
-    return Schedule.of((0, Request(f"r{i}", params=SamplingParams(seed=1000 + i, **p),
-                                   prompt_ids=[1 + i, 2, 3, 4]))
-                       for i in range(B))
+    return Schedule.of(
+        (0, Request(f"r{i}", params=SamplingParams(seed=1000 + i, **p), prompt_ids=[1 + i, 2, 3, 4])) for i in range(B)
+    )
 
 
 def run_once(model: RefModel, B: int, config: str, steps: int) -> tuple[float, list]:
     """Seconds per engine step of one run, and every request's tokens."""
-    eng = Engine(model, Sampler(), EngineConfig(max_batch_size=B, default_max_new_tokens=steps,
-                                                eos_token_ids=()))
+    eng = Engine(model, Sampler(), EngineConfig(max_batch_size=B, default_max_new_tokens=steps, eos_token_ids=()))
     sched = _schedule(B, config)
     t0 = time.perf_counter()
     res = eng.run(sched)
@@ -67,8 +66,7 @@ def measure(batches: list[int], vocab: int, rounds: int, steps: int) -> list[dic
                     raise AssertionError(f"two runs drew different tokens ({B}, {config})")
                 ref = toks
                 times.append(t)
-            rows.append(dict(B=B, config=config, step_ms=statistics.median(times) * 1e3,
-                             best_ms=min(times) * 1e3))
+            rows.append(dict(B=B, config=config, step_ms=statistics.median(times) * 1e3, best_ms=min(times) * 1e3))
     return rows
 
 

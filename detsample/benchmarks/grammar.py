@@ -35,11 +35,16 @@ from detsample.vocab import Vocabulary
 
 SCHEMAS: dict[str, dict] = {
     "int_array": {"type": "array", "items": {"type": "integer"}},
-    "tool_call": {"type": "object", "properties": {
-        "name": {"type": "string", "enum": ["search", "lookup", "finish"]},
-        "query": {"type": "string", "maxLength": 40},
-        "limit": {"type": "integer", "minimum": 1, "maximum": 100},
-        "exact": {"type": "boolean"}}, "required": ["name", "query", "limit"]},
+    "tool_call": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "enum": ["search", "lookup", "finish"]},
+            "query": {"type": "string", "maxLength": 40},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 100},
+            "exact": {"type": "boolean"},
+        },
+        "required": ["name", "query", "limit"],
+    },
 }
 _CONS, _VOW = "bcdfghjklmnprstvwz", "aeiou"
 _PUNCT = list(",.;:!?()[]{}\"'-_/\\@#$%&*+=<>|`~")
@@ -77,8 +82,11 @@ def _digit_token(rng: random.Random) -> str:
         return "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 4)))
     if r < 0.4:
         t = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 3)))
-        return rng.choice([" ", ",", ", ", "-", ".", "["]) + t if rng.random() < 0.5 \
+        return (
+            rng.choice([" ", ",", ", ", "-", ".", "["]) + t
+            if rng.random() < 0.5
             else t + rng.choice([",", ", ", ".", "]", "}"])
+        )
     if r < 0.65:
         return "".join(rng.choice(_PUNCT + [" "]) for _ in range(rng.randint(1, 4)))
     return _bpe_token(rng)
@@ -128,28 +136,42 @@ class StepCost:
 
     def row(self) -> str:
         w, c = self.wall, self.cpu
-        return (f"| {self.vocab} | {self.schema} | {self.B} | {self.threads} | "
-                f"{self.forward_ms:g} | {w['fill']:.2f} | {w['mask']:.2f} | {w['free']:.2f} | "
-                f"{w['grammar']:.2f} | {w['grammar'] - w['free']:+.2f} | "
-                f"{self.added_ms:+.2f} | {w['log_softmax']:.2f} | {self.ratio:+.2f} | "
-                f"{c['paired']:+.2f} | {c['log_softmax']:.2f} | {self.cpu_ratio:+.2f} |")
+        return (
+            f"| {self.vocab} | {self.schema} | {self.B} | {self.threads} | "
+            f"{self.forward_ms:g} | {w['fill']:.2f} | {w['mask']:.2f} | {w['free']:.2f} | "
+            f"{w['grammar']:.2f} | {w['grammar'] - w['free']:+.2f} | "
+            f"{self.added_ms:+.2f} | {w['log_softmax']:.2f} | {self.ratio:+.2f} | "
+            f"{c['paired']:+.2f} | {c['log_softmax']:.2f} | {self.cpu_ratio:+.2f} |"
+        )
 
 
-HEADER = ("| vocab | schema | B | threads | prefetch: forward ms | fill | mask | free step | "
-          "grammar step | difference of medians | added | log_softmax | "
-          "added / log_softmax | CPU added | CPU log_softmax | CPU added / log_softmax |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = (
+    "| vocab | schema | B | threads | prefetch: forward ms | fill | mask | free step | "
+    "grammar step | difference of medians | added | log_softmax | "
+    "added / log_softmax | CPU added | CPU log_softmax | CPU added / log_softmax |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def _batch(vocab: Vocabulary, schema: dict | None, b: int, tag: str) -> SamplingBatch:
-    reqs = [Request(rid=f"{tag}{i}", params=SamplingParams(seed=i, json_schema=schema),
-                    prompt_ids=[1]) for i in range(b)]
+    reqs = [
+        Request(rid=f"{tag}{i}", params=SamplingParams(seed=i, json_schema=schema), prompt_ids=[1]) for i in range(b)
+    ]
     return SamplingBatch.from_requests(reqs, vocab_size=vocab.vocab_size, vocab=vocab)
 
 
-def step_cost(vocab: Vocabulary, vocab_name: str, schema_name: str, b: int, *,
-              steps: int = 30, threads: int = 2, forward_ms: float = 0.0,
-              prefetch: bool = False, seed: int = 0) -> StepCost:
+def step_cost(
+    vocab: Vocabulary,
+    vocab_name: str,
+    schema_name: str,
+    b: int,
+    *,
+    steps: int = 30,
+    threads: int = 2,
+    forward_ms: float = 0.0,
+    prefetch: bool = False,
+    seed: int = 0,
+) -> StepCost:
     """Median ``sample`` + ``advance`` with and without the schema on all ``b`` rows.
 
     ``prefetch``: the grammar batch calls ``Sampler.prefetch_grammar`` after ``advance``;
@@ -177,8 +199,7 @@ def step_cost(vocab: Vocabulary, vocab_name: str, schema_name: str, b: int, *,
                 wall, cpu = clock(lambda: sample_step(s_gram, gram, logits, prefetch))
                 if prefetch:
                     time.sleep(forward_ms / 1e3)
-                    w2, c2 = clock(lambda: s_gram.grammar_masker.wait_prefetched(
-                        gram.grammars))
+                    w2, c2 = clock(lambda: s_gram.grammar_masker.wait_prefetched(gram.grammars))
                     wall, cpu = wall + w2, cpu + c2
                 t["grammar"].append((wall, cpu))
             _refill(free, vocab, None, step)
@@ -194,20 +215,19 @@ def step_cost(vocab: Vocabulary, vocab_name: str, schema_name: str, b: int, *,
         d["paired"] = med([g[i] - f[i] for f, g in zip(t["free"], t["grammar"])])
     wall["fill"] = med(parts["fill"])
     wall["mask"] = med(parts["step"]) - wall["fill"]
-    return StepCost(b, vocab.vocab_size, vocab_name, schema_name, threads,
-                    forward_ms if prefetch else 0.0, wall, cpu)
+    return StepCost(b, vocab.vocab_size, vocab_name, schema_name, threads, forward_ms if prefetch else 0.0, wall, cpu)
 
 
 #: the stages of :func:`stage_costs`: function names as cProfile sees them ("fill" runs
 #: inside "masked_step"; "scale_logits" and "block_cdf" are the steps 7-9 that a row
 #: drawn over its allowed columns, "_column_cut", runs on those columns only (its
 #: "scale_logits" included), "_scaled" the general path's full-vocabulary scaling)
-STAGES = ("fill", "masked_step", "_column_cut", "advance_grammars", "_scaled", "scale_logits",
-          "block_cdf")
+STAGES = ("fill", "masked_step", "_column_cut", "advance_grammars", "_scaled", "scale_logits", "block_cdf")
 
 
-def stage_costs(vocab: Vocabulary, schema_name: str, b: int, *, steps: int = 16,
-                seed: int = 0) -> dict[str, dict[str, float]]:
+def stage_costs(
+    vocab: Vocabulary, schema_name: str, b: int, *, steps: int = 16, seed: int = 0
+) -> dict[str, dict[str, float]]:
     """Per-stage process CPU time (ms per step, 1 thread, ``cProfile`` cumulative time
     of :data:`STAGES` over ``steps`` steps after 4 warm-up steps) of ``sample`` +
     ``advance`` without (``"free"``) and with (``"grammar"``) the schema on all ``b``
@@ -237,8 +257,7 @@ def stage_costs(vocab: Vocabulary, schema_name: str, b: int, *, steps: int = 16,
                 _refill(batch, vocab, schema if k == "grammar" else None, step)
     for k, p in prof.items():
         stats = pstats.Stats(p).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
-        out[k] = {name: sum(v[3] for key, v in stats.items() if key[2] == name) / steps * 1e3
-                  for name in STAGES}
+        out[k] = {name: sum(v[3] for key, v in stats.items() if key[2] == name) / steps * 1e3 for name in STAGES}
         out[k]["step"] = statistics.median(times[k]) * 1e3
     return out
 
@@ -250,8 +269,7 @@ def clock(fn) -> tuple[float, float]:
     return time.perf_counter() - w0, time.process_time() - c0
 
 
-def sample_step(sampler: Sampler, batch: SamplingBatch, logits: torch.Tensor,
-                prefetch: bool = False) -> torch.Tensor:
+def sample_step(sampler: Sampler, batch: SamplingBatch, logits: torch.Tensor, prefetch: bool = False) -> torch.Tensor:
     """One engine step: ``sample`` at each row's next position, ``advance`` (and,
     with ``prefetch``, ``prefetch_grammar``); returns the token ids."""
     pos = torch.tensor([len(o) for o in batch.output_ids])
@@ -276,6 +294,7 @@ def _instrument(sampler: Sampler) -> dict[str, list[float]]:
                 return fn(*a, **kw)
             finally:
                 parts[key].append(time.perf_counter() - t0)
+
         return run
 
     masker.fill, masker.masked_step = timed(fill, "fill"), timed(step, "step")

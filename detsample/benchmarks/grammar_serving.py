@@ -80,7 +80,7 @@ class SchemaStream:
             raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
         self.workload = workload
         self._rng = random.Random(seed)
-        self._next = (seed + 1) * 10 ** 6  # fresh schema ids; the pool is 0..POOL-1
+        self._next = (seed + 1) * 10**6  # fresh schema ids; the pool is 0..POOL-1
 
     def __next__(self) -> dict:
         if self.workload == "reuse" or (self.workload == "mix" and self._rng.random() < 0.5):
@@ -110,8 +110,7 @@ def _requests(stream, n: int, tag: str, seed: int) -> list[Request]:
     reqs = []
     for i in range(n):
         schema = next(stream) if stream is not None else None
-        reqs.append(Request(f"{tag}{i}", SamplingParams(seed=seed + i, json_schema=schema),
-                            prompt_ids=[1]))
+        reqs.append(Request(f"{tag}{i}", SamplingParams(seed=seed + i, json_schema=schema), prompt_ids=[1]))
     return reqs
 
 
@@ -119,8 +118,11 @@ def _replace_finished(batch: SamplingBatch, stream, vocab, tag: str, seed: int) 
     done = [i for i, f in enumerate(batch.finished) if f is not None]
     if done:
         batch.filter([i for i in range(len(batch)) if i not in done])
-        batch.merge(SamplingBatch.from_requests(_requests(stream, len(done), tag, seed),
-                                                vocab_size=vocab.vocab_size, vocab=vocab))
+        batch.merge(
+            SamplingBatch.from_requests(
+                _requests(stream, len(done), tag, seed), vocab_size=vocab.vocab_size, vocab=vocab
+            )
+        )
 
 
 @dataclass
@@ -146,27 +148,42 @@ class ServingCost:
 
     def row(self) -> str:
         f, s = self.first, self.steady
-        return (f"| {self.vocab} | {self.workload} | {self.B} | {f['cache']:.2f} | "
-                f"{f['off']:.2f} | {self.first_ratio:.2f} | {s['cache']:.2f} | {s['off']:.2f} | "
-                f"{self.steady_ratio:.2f} | {s['free']:.2f} | {self.log_softmax:.2f} | "
-                f"{(s['cache'] - s['free']) / self.log_softmax:+.2f} | {self.named} | "
-                f"{self.budget_mb:.1f} | {self.rss_mb:.0f} |")
+        return (
+            f"| {self.vocab} | {self.workload} | {self.B} | {f['cache']:.2f} | "
+            f"{f['off']:.2f} | {self.first_ratio:.2f} | {s['cache']:.2f} | {s['off']:.2f} | "
+            f"{self.steady_ratio:.2f} | {s['free']:.2f} | {self.log_softmax:.2f} | "
+            f"{(s['cache'] - s['free']) / self.log_softmax:+.2f} | {self.named} | "
+            f"{self.budget_mb:.1f} | {self.rss_mb:.0f} |"
+        )
 
 
-HEADER = ("| vocab | workload | B | first step, cache | first step, off | first cache / off | "
-          "steady, cache | steady, off | steady cache / off | steady, free | log_softmax | "
-          "(cache - free) / log_softmax | grammars named | budget MB | RSS MB |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = (
+    "| vocab | workload | B | first step, cache | first step, off | first cache / off | "
+    "steady, cache | steady, off | steady cache / off | steady, free | log_softmax | "
+    "(cache - free) / log_softmax | grammars named | budget MB | RSS MB |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
-def serve(vocab: Vocabulary, vocab_name: str, workload: str, b: int, *, rounds: int = 6,
-          steps: int = 12, threads: int = 2, seed: int = 0,
-          config: GrammarConfig | None = None) -> ServingCost:
+def serve(
+    vocab: Vocabulary,
+    vocab_name: str,
+    workload: str,
+    b: int,
+    *,
+    rounds: int = 6,
+    steps: int = 12,
+    threads: int = 2,
+    seed: int = 0,
+    config: GrammarConfig | None = None,
+) -> ServingCost:
     """The serving benchmark of one workload at batch size ``b`` (module docstring).
     ``config``: the cache batch's grammar options (default ``GrammarConfig()``)."""
     gc.collect()  # (earlier runs' compilers and samplers hold cycles: RSS is this run's)
-    vocabs = {"cache": with_config(vocab, config or GrammarConfig()),
-              "off": with_config(vocab, GrammarConfig(mask_cache=False))}
+    vocabs = {
+        "cache": with_config(vocab, config or GrammarConfig()),
+        "off": with_config(vocab, GrammarConfig(mask_cache=False)),
+    }
     streams = {k: SchemaStream(workload, seed) for k in vocabs}
     samplers = {k: Sampler() for k in (*vocabs, "free")}
     gen = torch.Generator().manual_seed(seed)
@@ -183,15 +200,20 @@ def serve(vocab: Vocabulary, vocab_name: str, workload: str, b: int, *, rounds: 
                 order = list(samplers) if (rnd + step) % 2 == 0 else list(samplers)[::-1]
                 toks = {}
                 for k in order:
+
                     def run():
                         if step == 0:
                             batches[k] = SamplingBatch.from_requests(
                                 _requests(streams.get(k), b, f"{k}{rnd}_", rnd * 1000),
-                                vocab_size=n, vocab=vocabs.get(k))
+                                vocab_size=n,
+                                vocab=vocabs.get(k),
+                            )
                         else:
-                            _replace_finished(batches[k], streams.get(k), vocabs.get(k),
-                                              f"{k}{rnd}_{step}_", rnd * 1000 + step * 100)
+                            _replace_finished(
+                                batches[k], streams.get(k), vocabs.get(k), f"{k}{rnd}_{step}_", rnd * 1000 + step * 100
+                            )
                         toks[k] = sample_step(samplers[k], batches[k], logits)
+
                     wall, _ = clock(run)
                     (first if step == 0 else steady)[k].append(wall)
                 same = same and torch.equal(toks["cache"], toks["off"])
@@ -207,12 +229,23 @@ def serve(vocab: Vocabulary, vocab_name: str, workload: str, b: int, *, rounds: 
 
     paired = [c / o for c, o in zip(first["cache"], first["off"])]
     paired_steady = [c / o for c, o in zip(steady["cache"], steady["off"])]
-    return ServingCost(vocab_name, n, workload, b, threads,
-                       {k: med(v) for k, v in first.items()},
-                       {k: med(v) for k, v in steady.items()}, med(soft),
-                       statistics.median(paired), statistics.median(paired_steady),
-                       rss_bytes() / 2**20, budget / 2**20, named, same,
-                       {"first_cache": first["cache"], "first_off": first["off"]})
+    return ServingCost(
+        vocab_name,
+        n,
+        workload,
+        b,
+        threads,
+        {k: med(v) for k, v in first.items()},
+        {k: med(v) for k, v in steady.items()},
+        med(soft),
+        statistics.median(paired),
+        statistics.median(paired_steady),
+        rss_bytes() / 2**20,
+        budget / 2**20,
+        named,
+        same,
+        {"first_cache": first["cache"], "first_off": first["off"]},
+    )
 
 
 @dataclass
@@ -229,23 +262,37 @@ class SoakResult:
     named: int
 
     def summary(self) -> dict:
-        return {"schemas": self.schemas, "base_mb": self.base / 2**20,
-                "max_rss_mb": max(self.rss) / 2**20, "last_rss_mb": self.rss[-1] / 2**20,
-                "max_growth_mb": (max(self.rss) - self.base) / 2**20,
-                "max_budget_mb": max(self.budget) / 2**20,
-                "budget_limit_mb": self.max_bytes / 2**20, "evictions": self.evictions,
-                "named": self.named,
-                "rss_mb_by_tenth": [round(r / 2**20) for r in _tenths(self.rss)],
-                "budget_mb_by_tenth": [round(b / 2**20, 1) for b in _tenths(self.budget)]}
+        return {
+            "schemas": self.schemas,
+            "base_mb": self.base / 2**20,
+            "max_rss_mb": max(self.rss) / 2**20,
+            "last_rss_mb": self.rss[-1] / 2**20,
+            "max_growth_mb": (max(self.rss) - self.base) / 2**20,
+            "max_budget_mb": max(self.budget) / 2**20,
+            "budget_limit_mb": self.max_bytes / 2**20,
+            "evictions": self.evictions,
+            "named": self.named,
+            "rss_mb_by_tenth": [round(r / 2**20) for r in _tenths(self.rss)],
+            "budget_mb_by_tenth": [round(b / 2**20, 1) for b in _tenths(self.budget)],
+        }
 
 
 def _tenths(xs: list) -> list:
-    return xs[::max(1, len(xs) // 10)] + xs[-1:]
+    return xs[:: max(1, len(xs) // 10)] + xs[-1:]
 
 
-def soak(vocab: Vocabulary, schemas: int, *, config: GrammarConfig | None = None,
-         per_schema: int = 2, group: int = 4, steps: int = 6, warmup: int = 20,
-         threads: int = 1, seed: int = 0) -> SoakResult:
+def soak(
+    vocab: Vocabulary,
+    schemas: int,
+    *,
+    config: GrammarConfig | None = None,
+    per_schema: int = 2,
+    group: int = 4,
+    steps: int = 6,
+    warmup: int = 20,
+    threads: int = 1,
+    seed: int = 0,
+) -> SoakResult:
     """``schemas`` distinct tool schemas (``tool_schema(seed * 10**6 + i)``), ``group``
     at a time: a batch of ``group * per_schema`` requests (``per_schema`` >= 2: each
     schema recurs, so it is named and its recurring states' rows are kept) sampled for
@@ -258,15 +305,20 @@ def soak(vocab: Vocabulary, schemas: int, *, config: GrammarConfig | None = None
     with torch_threads(threads):
         for start in range(0, schemas, group):
             ids = range(start, min(start + group, schemas))
-            reqs = [Request(f"s{i}_{j}", SamplingParams(
-                seed=j, json_schema=json.dumps(tool_schema(seed * 10 ** 6 + i))),
-                prompt_ids=[1]) for i in ids for j in range(per_schema)]
+            reqs = [
+                Request(
+                    f"s{i}_{j}",
+                    SamplingParams(seed=j, json_schema=json.dumps(tool_schema(seed * 10**6 + i))),
+                    prompt_ids=[1],
+                )
+                for i in ids
+                for j in range(per_schema)
+            ]
             batch = SamplingBatch.from_requests(reqs, vocab_size=v.vocab_size, vocab=v)
             for _ in range(steps):
                 if all(f is not None for f in batch.finished):
                     break
-                sample_step(sampler, batch, torch.randn(len(batch), v.vocab_size,
-                                                        generator=gen))
+                sample_step(sampler, batch, torch.randn(len(batch), v.vocab_size, generator=gen))
             del batch, reqs
             if start + group >= warmup and not base:
                 base = rss_bytes()
@@ -276,9 +328,7 @@ def soak(vocab: Vocabulary, schemas: int, *, config: GrammarConfig | None = None
     sampler.grammar_masker.close()
     stats = compiler.budget.stats()
     compiler.close()
-    return SoakResult(schemas, base, rss, budget, stats.max_bytes, stats.evictions,
-                      compiler.stats.named)
-
+    return SoakResult(schemas, base, rss, budget, stats.max_bytes, stats.evictions, compiler.stats.named)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -293,16 +343,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("command", choices=["soak"])
     p.add_argument("--vocab", choices=VOCABULARIES, default=LLAMA3_LIKE)
     p.add_argument("--schemas", type=int, default=2000)
-    p.add_argument("--cache-mb", type=int, default=None,
-                   help="GrammarConfig.cache_bytes in MiB (default: its default)")
+    p.add_argument("--cache-mb", type=int, default=None, help="GrammarConfig.cache_bytes in MiB (default: its default)")
     args = p.parse_args(argv)
     vocab = bpe_vocabulary(args.vocab)
-    config = GrammarConfig() if args.cache_mb is None else GrammarConfig(
-        cache_bytes=args.cache_mb << 20)
+    config = GrammarConfig() if args.cache_mb is None else GrammarConfig(cache_bytes=args.cache_mb << 20)
     start = rss_bytes()
     result = soak(vocab, args.schemas, config=config)
-    print(json.dumps({"vocab": args.vocab, "V": vocab.vocab_size,
-                      "rss_before_grammars_mb": start / 2**20, **result.summary()}))
+    print(
+        json.dumps(
+            {"vocab": args.vocab, "V": vocab.vocab_size, "rss_before_grammars_mb": start / 2**20, **result.summary()}
+        )
+    )
     return 0
 
 

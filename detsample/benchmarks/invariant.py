@@ -38,53 +38,134 @@ import torch
 
 from detsample.probe.threads import torch_threads
 
-WIDE = dict(vocab_size=512, hidden_size=1024, intermediate_size=2752, num_hidden_layers=8,
-            num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=1024,
-            rms_norm_eps=1e-5, tie_word_embeddings=False)
+WIDE = dict(
+    vocab_size=512,
+    hidden_size=1024,
+    intermediate_size=2752,
+    num_hidden_layers=8,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+)
 #: a small MoE: 8 experts, top-2, hidden 512, 4 layers (Qwen3-MoE)
-MOE = dict(vocab_size=512, hidden_size=512, intermediate_size=1024, moe_intermediate_size=512,
-           num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
-           num_experts=8, num_experts_per_tok=2, max_position_embeddings=1024,
-           pad_token_id=0, bos_token_id=1, eos_token_id=2)
+MOE = dict(
+    vocab_size=512,
+    hidden_size=512,
+    intermediate_size=1024,
+    moe_intermediate_size=512,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=64,
+    num_experts=8,
+    num_experts_per_tok=2,
+    max_position_embeddings=1024,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 #: a small MLA model: DeepSeek-V3 attention (q/kv low-rank, qk 96 = 64 + 32 rope, v 64),
 #: dense MLPs (every layer below first_k_dense_replace), hidden 512, 4 layers
-MLA = dict(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
-           num_attention_heads=8, num_key_value_heads=8, q_lora_rank=256, kv_lora_rank=128,
-           qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64, first_k_dense_replace=4,
-           n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
-           max_position_embeddings=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+MLA = dict(
+    vocab_size=512,
+    hidden_size=512,
+    intermediate_size=1024,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=8,
+    q_lora_rank=256,
+    kv_lora_rank=128,
+    qk_rope_head_dim=32,
+    qk_nope_head_dim=64,
+    v_head_dim=64,
+    first_k_dense_replace=4,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=256,
+    max_position_embeddings=1024,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 #: a short-convolution hybrid (LFM2): hidden 1024, 8 layers, 5 short convolutions (K 3)
 #: and 3 attention layers; run through transformers' own cache (:func:`measure_hybrid`)
-HYBRID = dict(vocab_size=512, hidden_size=1024, intermediate_size=2752, block_ff_dim=2752,
-              block_auto_adjust_ff_dim=False, num_hidden_layers=8, num_attention_heads=16,
-              num_key_value_heads=4, max_position_embeddings=1024,
-              layer_types=["conv", "conv", "full_attention"] * 2 + ["conv", "full_attention"],
-              pad_token_id=0, bos_token_id=1, eos_token_id=2)
+HYBRID = dict(
+    vocab_size=512,
+    hidden_size=1024,
+    intermediate_size=2752,
+    block_ff_dim=2752,
+    block_auto_adjust_ff_dim=False,
+    num_hidden_layers=8,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    max_position_embeddings=1024,
+    layer_types=["conv", "conv", "full_attention"] * 2 + ["conv", "full_attention"],
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 #: a Mamba 2 hybrid (Nemotron-H): hidden 1024, 8 blocks (3 Mamba 2 mixers of 32 heads of
 #: 64, state 128, 8 groups; 1 attention; 4 MLPs); run through transformers' own cache
-SSM = dict(vocab_size=512, hidden_size=1024, intermediate_size=2752, num_hidden_layers=8,
-           num_attention_heads=16, num_key_value_heads=4, head_dim=64,
-           layers_block_type=["mamba", "mlp", "mamba", "mlp", "attention", "mlp", "mamba", "mlp"],
-           mamba_num_heads=32, mamba_head_dim=64, ssm_state_size=128, n_groups=8, chunk_size=128,
-           max_position_embeddings=8192, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+SSM = dict(
+    vocab_size=512,
+    hidden_size=1024,
+    intermediate_size=2752,
+    num_hidden_layers=8,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    head_dim=64,
+    layers_block_type=["mamba", "mlp", "mamba", "mlp", "attention", "mlp", "mamba", "mlp"],
+    mamba_num_heads=32,
+    mamba_head_dim=64,
+    ssm_state_size=128,
+    n_groups=8,
+    chunk_size=128,
+    max_position_embeddings=8192,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 #: the models run through transformers' own cache: name -> (config class, model class)
-OWN_CACHE = {"hybrid": ("Lfm2Config", "Lfm2ForCausalLM"),
-             "ssm": ("NemotronHConfig", "NemotronHForCausalLM")}
+OWN_CACHE = {"hybrid": ("Lfm2Config", "Lfm2ForCausalLM"), "ssm": ("NemotronHConfig", "NemotronHForCausalLM")}
 #: a Qwen3.5-style gated delta-net hybrid: hidden 512, 4 layers (3 gated delta-net, 1 full
 #: attention, Qwen3.5's 3:1 pattern), 8 value / 4 key heads of 64 in the linear layers;
 #: through detsample's adapter (its per-row states). Under the mode a gated delta-net
 #: prefill is T recurrent steps (detsample/invariant/mixers.py): its cost grows with T
-QWEN35 = dict(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
-              layer_types=["linear_attention"] * 3 + ["full_attention"], num_attention_heads=8,
-              num_key_value_heads=2, head_dim=64, linear_num_value_heads=8,
-              linear_num_key_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
-              max_position_embeddings=8192, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+QWEN35 = dict(
+    vocab_size=512,
+    hidden_size=512,
+    intermediate_size=1024,
+    num_hidden_layers=4,
+    layer_types=["linear_attention"] * 3 + ["full_attention"],
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=64,
+    linear_num_value_heads=8,
+    linear_num_key_heads=4,
+    linear_key_head_dim=64,
+    linear_value_head_dim=64,
+    max_position_embeddings=8192,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 #: a real trained model's shapes (a 135M-parameter Llama: SmolLM-135M's config), seeded
 #: weights with massive activations as the accuracy benchmark makes them (residual
 #: channels 5 and 77 at :data:`REAL_MASSIVE` x the rest)
-REAL = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-            num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
-            rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True)
+REAL = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    tie_word_embeddings=True,
+)
 REAL_MASSIVE = 300.0
 MODELS = ("hf-tiny-llama", "wide", "moe", "mla", "hybrid", "ssm", "qwen35", "real")
 
@@ -119,23 +200,26 @@ def build(name: str, side: str, seed: int = 0) -> Any:
         return HFCausalLM(build_hf("llama", seed, **WIDE), name=name, **mode)
     if name == "real":
         from detsample.benchmarks.accuracy import make_massive_
-        return HFCausalLM(make_massive_(build_hf("llama", seed, **REAL), REAL_MASSIVE),
-                          name=name, **mode)
+
+        return HFCausalLM(make_massive_(build_hf("llama", seed, **REAL), REAL_MASSIVE), name=name, **mode)
     if name in ARCHS:
         return HFCausalLM(_build_arch(name, seed), name=name, **mode)
     return load_model(name, seed=seed, **mode)
 
 
 #: the models of :data:`MODELS` built from a transformers config: (config, model, kwargs)
-ARCHS = {"moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", MOE),
-         "mla": ("DeepseekV3Config", "DeepseekV3ForCausalLM", MLA),
-         "qwen35": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", QWEN35)}
+ARCHS = {
+    "moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", MOE),
+    "mla": ("DeepseekV3Config", "DeepseekV3ForCausalLM", MLA),
+    "qwen35": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", QWEN35),
+}
 
 
 def _build_arch(name: str, seed: int) -> Any:
     import transformers
 
     from detsample.models.tiny import seeded_init_
+
     cfg_cls, model_cls, cfg = ARCHS[name]
     with torch.random.fork_rng(devices=[]):
         model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**cfg))
@@ -145,13 +229,14 @@ def _build_arch(name: str, seed: int) -> Any:
 def _clone(cache: Any) -> Any:
     out = type(cache)()
     out.token_ids = list(cache.token_ids)
-    out.layers = list(cache.layers)   # tensors are replaced, never written, by a forward
-    out.states = dict(getattr(cache, "states", {}))   # likewise (stacked into a new batch)
+    out.layers = list(cache.layers)  # tensors are replaced, never written, by a forward
+    out.states = dict(getattr(cache, "states", {}))  # likewise (stacked into a new batch)
     return out
 
 
-def _best(fns: dict[str, Callable[[Any], Any]], rounds: int,
-          setup: Callable[[], Any] = lambda: None) -> tuple[dict[str, float], dict[str, float]]:
+def _best(
+    fns: dict[str, Callable[[Any], Any]], rounds: int, setup: Callable[[], Any] = lambda: None
+) -> tuple[dict[str, float], dict[str, float]]:
     """The best wall seconds of each side over ``rounds`` alternating rounds, and the
     process CPU seconds of each side's best round."""
     best = {k: float("inf") for k in fns}
@@ -167,9 +252,17 @@ def _best(fns: dict[str, Callable[[Any], Any]], rounds: int,
     return best, cpu
 
 
-def measure(name: str, *, prefill_len: int = 512, decode_batch: int = 8, cache_len: int = 256,
-            rounds: int = 5, threads: int = 2, seed: int = 0,
-            sides: tuple[str, ...] = SIDES) -> list[Timing]:
+def measure(
+    name: str,
+    *,
+    prefill_len: int = 512,
+    decode_batch: int = 8,
+    cache_len: int = 256,
+    rounds: int = 5,
+    threads: int = 2,
+    seed: int = 0,
+    sides: tuple[str, ...] = SIDES,
+) -> list[Timing]:
     """Prefill and decode timings of model ``name`` on each side."""
     models = {side: build(name, side, seed) for side in sides}
     g = torch.Generator().manual_seed(seed)
@@ -182,16 +275,19 @@ def measure(name: str, *, prefill_len: int = 512, decode_batch: int = 8, cache_l
         caches = {}
         for side, m in models.items():
             cs = [m.new_cache() for _ in rows]
-            m.forward(cs, rows)                                  # caches, and a warm-up
-            m.forward([m.new_cache()], [prompt])                 # (verifies every shape)
+            m.forward(cs, rows)  # caches, and a warm-up
+            m.forward([m.new_cache()], [prompt])  # (verifies every shape)
             m.forward([_clone(c) for c in cs], step)
             caches[side] = cs
-        best = _best({side: (lambda _, m=m: m.forward([m.new_cache()], [prompt]))
-                      for side, m in models.items()}, rounds)
+        best = _best(
+            {side: (lambda _, m=m: m.forward([m.new_cache()], [prompt])) for side, m in models.items()}, rounds
+        )
         out.append(Timing(name, f"prefill {prefill_len} x 1", *best))
-        best = _best({side: (lambda s, side=side, m=m: m.forward(s[side], step))
-                      for side, m in models.items()}, rounds,
-                     setup=lambda: {k: [_clone(c) for c in v] for k, v in caches.items()})
+        best = _best(
+            {side: (lambda s, side=side, m=m: m.forward(s[side], step)) for side, m in models.items()},
+            rounds,
+            setup=lambda: {k: [_clone(c) for c in v] for k, v in caches.items()},
+        )
         out.append(Timing(name, f"decode {decode_batch} x cache {cache_len}", *best))
     return out
 
@@ -204,6 +300,7 @@ def _hybrid_side(side: str, seed: int, name: str = "hybrid") -> Callable[..., An
     from detsample.invariant import batch_invariant
     from detsample.models.hf import use_invariant_attention
     from detsample.models.tiny import seeded_init_
+
     config, cls = OWN_CACHE[name]
     with torch.random.fork_rng(devices=[]):
         model = getattr(transformers, cls)(getattr(transformers, config)(**_config(name)))
@@ -218,6 +315,7 @@ def _hybrid_side(side: str, seed: int, name: str = "hybrid") -> Callable[..., An
                 return model(*args, **kwargs)
             with mode:
                 return model(*args, **kwargs)
+
     return call
 
 
@@ -231,9 +329,17 @@ def measure_model(name: str, **kw: Any) -> list[Timing]:
     return measure_hybrid(name=name, **kw) if name in OWN_CACHE else measure(name, **kw)
 
 
-def measure_hybrid(*, prefill_len: int = 512, decode_batch: int = 8, cache_len: int = 256,
-                   rounds: int = 5, threads: int = 2, seed: int = 0,
-                   sides: tuple[str, ...] = SIDES, name: str = "hybrid") -> list[Timing]:
+def measure_hybrid(
+    *,
+    prefill_len: int = 512,
+    decode_batch: int = 8,
+    cache_len: int = 256,
+    rounds: int = 5,
+    threads: int = 2,
+    seed: int = 0,
+    sides: tuple[str, ...] = SIDES,
+    name: str = "hybrid",
+) -> list[Timing]:
     """:func:`measure`'s workloads on the hybrid ``name`` (:data:`OWN_CACHE`: LFM2, or the
     Nemotron-H Mamba 2 hybrid) through transformers' own cache (detsample's adapter carries
     keys and values only): the decode batch is ``decode_batch`` rows of ``cache_len``
@@ -250,15 +356,22 @@ def measure_hybrid(*, prefill_len: int = 512, decode_batch: int = 8, cache_len: 
     with torch_threads(threads):
         caches = {}
         for side, call in calls.items():
-            caches[side] = call(rows, use_cache=True).past_key_values     # and a warm-up
+            caches[side] = call(rows, use_cache=True).past_key_values  # and a warm-up
             call(prompt)
             call(step, past_key_values=copy.deepcopy(caches[side]), use_cache=True)
         pre = _best({side: (lambda _, c=c: c(prompt)) for side, c in calls.items()}, rounds)
-        dec = _best({side: (lambda s, side=side, c=c: c(step, past_key_values=s[side], use_cache=True))
-                     for side, c in calls.items()}, rounds,
-                    setup=lambda: {k: copy.deepcopy(v) for k, v in caches.items()})
-    return [Timing(name, f"prefill {prefill_len} x 1", *pre),
-            Timing(name, f"decode {decode_batch} x cache {cache_len}", *dec)]
+        dec = _best(
+            {
+                side: (lambda s, side=side, c=c: c(step, past_key_values=s[side], use_cache=True))
+                for side, c in calls.items()
+            },
+            rounds,
+            setup=lambda: {k: copy.deepcopy(v) for k, v in caches.items()},
+        )
+    return [
+        Timing(name, f"prefill {prefill_len} x 1", *pre),
+        Timing(name, f"decode {decode_batch} x cache {cache_len}", *dec),
+    ]
 
 
 def table(timings: list[Timing]) -> str:
@@ -266,23 +379,34 @@ def table(timings: list[Timing]) -> str:
     (where measured) the CPU ratios of the same rounds."""
     sides = [s for s in SIDES if s in timings[0].seconds]
     cpu = all(t.cpu is not None for t in timings)
-    lines = ["| model | workload | " + " | ".join(f"{s} (ms)" for s in sides) + " | "
-             + " | ".join(f"{s} / default" for s in sides[1:])
-             + "".join(f" | CPU {s} / default" for s in sides[1:] if cpu) + " |",
-             "|---|---|" + "---|" * (len(sides) + (len(sides) - 1) * (1 + cpu))]
+    lines = [
+        "| model | workload | "
+        + " | ".join(f"{s} (ms)" for s in sides)
+        + " | "
+        + " | ".join(f"{s} / default" for s in sides[1:])
+        + "".join(f" | CPU {s} / default" for s in sides[1:] if cpu)
+        + " |",
+        "|---|---|" + "---|" * (len(sides) + (len(sides) - 1) * (1 + cpu)),
+    ]
     for t in timings:
-        lines.append(f"| {t.model} | {t.workload} | "
-                     + " | ".join(f"{1e3 * t.seconds[s]:.1f}" for s in sides) + " | "
-                     + " | ".join(f"{t.ratio(s):.2f}x" for s in sides[1:])
-                     + "".join(f" | {t.cpu_ratio(s):.2f}x" for s in sides[1:] if cpu) + " |")
+        lines.append(
+            f"| {t.model} | {t.workload} | "
+            + " | ".join(f"{1e3 * t.seconds[s]:.1f}" for s in sides)
+            + " | "
+            + " | ".join(f"{t.ratio(s):.2f}x" for s in sides[1:])
+            + "".join(f" | {t.cpu_ratio(s):.2f}x" for s in sides[1:] if cpu)
+            + " |"
+        )
     return "\n".join(lines)
 
 
-def breakdown(name: str, side: str, *, prefill_len: int = 512, threads: int = 2,
-              top: int = 12) -> list[tuple[str, float, float]]:
+def breakdown(
+    name: str, side: str, *, prefill_len: int = 512, threads: int = 2, top: int = 12
+) -> list[tuple[str, float, float]]:
     """Where a prefill's time goes on ``side``: ``(op, ms, share)`` for the ``top`` ops
     by self CPU time (torch's profiler, one prefill after a warm-up)."""
     from torch.profiler import ProfilerActivity, profile
+
     m = build(name, side)
     prompt = torch.randint(0, m.vocab_size, (prefill_len,), generator=torch.Generator().manual_seed(0)).tolist()
     with torch_threads(threads):
@@ -345,20 +469,33 @@ def big_tile_cost(threads: int = 2) -> tuple[float, list[tuple[str, float, str]]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m detsample.benchmarks.invariant",
-                                description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m detsample.benchmarks.invariant", description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--decode-batch", type=int, nargs="+", default=[8],
-                   help="decode batch sizes (one decode workload each; default 8)")
+    p.add_argument(
+        "--decode-batch",
+        type=int,
+        nargs="+",
+        default=[8],
+        help="decode batch sizes (one decode workload each; default 8)",
+    )
     p.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
-    p.add_argument("--prefill-len", type=int, default=512,
-                   help="prompt length of the prefill workload (default 512; 4096: a long prompt)")
+    p.add_argument(
+        "--prefill-len",
+        type=int,
+        default=512,
+        help="prompt length of the prefill workload (default 512; 4096: a long prompt)",
+    )
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--breakdown", choices=SIDES, default=None,
-                   help="only profile one prefill of each model on this side: time per op")
-    p.add_argument("--verification", action="store_true",
-                   help="only time the on-machine checks for a 1B Llama's shapes")
+    p.add_argument(
+        "--breakdown",
+        choices=SIDES,
+        default=None,
+        help="only profile one prefill of each model on this side: time per op",
+    )
+    p.add_argument(
+        "--verification", action="store_true", help="only time the on-machine checks for a 1B Llama's shapes"
+    )
     args = p.parse_args(argv)
     if args.prefill_len < 1:
         p.error(f"--prefill-len must be >= 1, got {args.prefill_len}")
@@ -383,8 +520,14 @@ def main(argv: list[str] | None = None) -> int:
     sides = tuple(s for s in SIDES if s in args.sides or s == "default")
     for name in args.models:
         for k, batch in enumerate(args.decode_batch):
-            got = measure_model(name, rounds=args.rounds, threads=args.threads,
-                                decode_batch=batch, sides=sides, prefill_len=args.prefill_len)
+            got = measure_model(
+                name,
+                rounds=args.rounds,
+                threads=args.threads,
+                decode_batch=batch,
+                sides=sides,
+                prefill_len=args.prefill_len,
+            )
             timings += got if k == 0 else got[1:]  # the prefill once
     print(table(timings))
     return 0

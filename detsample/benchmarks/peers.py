@@ -58,13 +58,19 @@ class PeerBatch:
     @staticmethod
     def of(params: list, positions: torch.Tensor, vocab_size: int) -> PeerBatch:
         t = torch.tensor([[p.temperature] for p in params], dtype=torch.float32)
-        ks = torch.tensor([vocab_size if p.top_k == -1 else min(p.top_k, vocab_size)
-                           for p in params], dtype=torch.int64)
+        ks = torch.tensor(
+            [vocab_size if p.top_k == -1 else min(p.top_k, vocab_size) for p in params], dtype=torch.int64
+        )
         gens = [torch.Generator().manual_seed(int(p.seed)) for p in params]
-        return PeerBatch(t, ks, torch.tensor([p.top_p for p in params], dtype=torch.float32),
-                         torch.tensor([p.min_p for p in params], dtype=torch.float32),
-                         torch.tensor([p.seed for p in params], dtype=torch.int64),
-                         positions.to(torch.int64), gens)
+        return PeerBatch(
+            t,
+            ks,
+            torch.tensor([p.top_p for p in params], dtype=torch.float32),
+            torch.tensor([p.min_p for p in params], dtype=torch.float32),
+            torch.tensor([p.seed for p in params], dtype=torch.int64),
+            positions.to(torch.int64),
+            gens,
+        )
 
     @property
     def all_greedy(self) -> bool:
@@ -72,11 +78,11 @@ class PeerBatch:
 
     def need(self, vocab_size: int) -> tuple[bool, bool, bool]:
         """(top-k, top-p, min-p) needed by some row."""
-        return (bool((self.top_ks < vocab_size).any()), bool((self.top_ps < 1).any()),
-                bool((self.min_ps > 0).any()))
+        return (bool((self.top_ks < vocab_size).any()), bool((self.top_ps < 1).any()), bool((self.min_ps > 0).any()))
 
 
 # -- greedy -------------------------------------------------------------------------
+
 
 def greedy(logits: torch.Tensor, batch: PeerBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """Both peers' all-greedy batch: argmax and the log_softmax of the chosen token."""
@@ -86,6 +92,7 @@ def greedy(logits: torch.Tensor, batch: PeerBatch) -> tuple[torch.Tensor, torch.
 
 
 # -- SGLang ---------------------------------------------------------------------------
+
 
 def _rotl(x: torch.Tensor, r: int) -> torch.Tensor:
     return ((x << r) | (x >> (32 - r))) & MASK32
@@ -117,8 +124,7 @@ def murmur_hash32(seeds: torch.Tensor, positions: torch.Tensor, cols: int) -> to
     return h ^ (h >> 16)
 
 
-def multinomial_with_seed(logprobs: torch.Tensor, seeds: torch.Tensor,
-                          positions: torch.Tensor) -> torch.Tensor:
+def multinomial_with_seed(logprobs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Seeded Gumbel-max in float64 (SGLang's ``multinomial_with_seed``): (B, 1) index."""
     x = murmur_hash32(seeds, positions, logprobs.shape[1]).to(torch.float64) / UINT32_MAX
     x.log_().clamp_(min=torch.finfo(x.dtype).min).neg_()
@@ -127,8 +133,7 @@ def multinomial_with_seed(logprobs: torch.Tensor, seeds: torch.Tensor,
     return torch.argmax(x, dim=1, keepdim=True)
 
 
-def _sorted_masked(probs: torch.Tensor, b: PeerBatch, min_p: bool
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def _sorted_masked(probs: torch.Tensor, b: PeerBatch, min_p: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """SGLang's top_k_top_p_min_p_sampling_from_probs_torch masks on a full sort."""
     probs_sort, probs_idx = probs.sort(dim=-1, descending=True)
     probs_sum = torch.cumsum(probs_sort, dim=-1)
@@ -139,8 +144,7 @@ def _sorted_masked(probs: torch.Tensor, b: PeerBatch, min_p: bool
     return probs_sort, probs_idx
 
 
-def _sglang(logits: torch.Tensor, b: PeerBatch, draw: Callable
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def _sglang(logits: torch.Tensor, b: PeerBatch, draw: Callable) -> tuple[torch.Tensor, torch.Tensor]:
     """SGLang's sampling step: greedy batches apart, ``softmax(logits / T)``, then
     ``draw(probs, V, (need top-k, top-p, min-p))``; logprob = log of the chosen prob."""
     if b.all_greedy:
@@ -151,16 +155,17 @@ def _sglang(logits: torch.Tensor, b: PeerBatch, draw: Callable
     return tok, torch.log(probs.gather(1, tok.unsqueeze(1)).squeeze(1))
 
 
-def sglang_deterministic(logits: torch.Tensor, b: PeerBatch,
-                         multinomial: Callable = multinomial_with_seed
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+def sglang_deterministic(
+    logits: torch.Tensor, b: PeerBatch, multinomial: Callable = multinomial_with_seed
+) -> tuple[torch.Tensor, torch.Tensor]:
     """SGLang with ``enable_deterministic_inference`` (PyTorch backend); ``multinomial``
     may be a ``torch.compile``-d :func:`multinomial_with_seed`, as SGLang runs it."""
     return _sglang(logits, b, lambda probs, V, need: _seeded_draw(probs, b, need, multinomial))
 
 
-def _seeded_draw(probs: torch.Tensor, b: PeerBatch, need: tuple[bool, bool, bool],
-                 multinomial: Callable) -> torch.Tensor:
+def _seeded_draw(
+    probs: torch.Tensor, b: PeerBatch, need: tuple[bool, bool, bool], multinomial: Callable
+) -> torch.Tensor:
     k, p, m = need
     if not (k or p or m):
         tok = multinomial(torch.log(probs), b.seeds, b.positions).view(-1)
@@ -179,8 +184,7 @@ def sglang_shortcut(logits: torch.Tensor, b: PeerBatch) -> tuple[torch.Tensor, t
     return _sglang(logits, b, lambda probs, V, need: _unseeded_draw(probs, b, V, need))
 
 
-def _unseeded_draw(probs: torch.Tensor, b: PeerBatch, V: int,
-                   need: tuple[bool, bool, bool]) -> torch.Tensor:
+def _unseeded_draw(probs: torch.Tensor, b: PeerBatch, V: int, need: tuple[bool, bool, bool]) -> torch.Tensor:
     k, p, m = need
     if not (k or p or m):
         tok = torch.multinomial(probs, num_samples=1).view(-1)
@@ -199,6 +203,7 @@ def _unseeded_draw(probs: torch.Tensor, b: PeerBatch, V: int,
 
 
 # -- vLLM -----------------------------------------------------------------------------
+
 
 def _vllm_filters(logits: torch.Tensor, b: PeerBatch) -> torch.Tensor:
     """Temperature, min-p, then top-k / top-p as vLLM v1 applies them (new tensor)."""
@@ -264,8 +269,7 @@ def compiled_multinomial() -> tuple[Callable, str]:
     it, or ``(the eager function, "eager")`` when this platform cannot compile."""
     try:
         fn = torch.compile(multinomial_with_seed, dynamic=True)
-        fn(torch.zeros(2, 8, dtype=torch.float64), torch.zeros(2, dtype=torch.int64),
-           torch.zeros(2, dtype=torch.int64))
+        fn(torch.zeros(2, 8, dtype=torch.float64), torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))
         return fn, "compiled"
     except Exception:  # noqa: BLE001 - no compiler: the eager twin, labelled as such
         return multinomial_with_seed, "eager"

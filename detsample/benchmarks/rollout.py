@@ -61,8 +61,10 @@ def engine_rollout(lm: Any, prompt_ids: list[list[int]], batch: int, new_tokens:
     from detsample.refmodel.schedule import Schedule
 
     engine = Engine(lm, config=EngineConfig(max_batch_size=batch, eos_token_ids=()))
-    reqs = [Request(f"r{i}", prompt_ids=p, params=SamplingParams(seed=i, max_new_tokens=new_tokens))
-            for i, p in enumerate(prompt_ids)]
+    reqs = [
+        Request(f"r{i}", prompt_ids=p, params=SamplingParams(seed=i, max_new_tokens=new_tokens))
+        for i, p in enumerate(prompt_ids)
+    ]
     result = engine.run(Schedule.of((0, r) for r in reqs))
     return sum(len(r.token_ids) for r in result.results.values())
 
@@ -72,16 +74,23 @@ def generate_rollout(module: Any, prompt_ids: list[list[int]], batch: int, new_t
     done = 0
     with torch.no_grad():
         for s in range(0, len(prompt_ids), batch):
-            ids = torch.tensor(prompt_ids[s: s + batch])
-            out = module.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                                  max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                  pad_token_id=0, eos_token_id=None)
+            ids = torch.tensor(prompt_ids[s : s + batch])
+            out = module.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                pad_token_id=0,
+                eos_token_id=None,
+            )
             done += (out.shape[1] - ids.shape[1]) * ids.shape[0]
     return done
 
 
-def measure(batches: tuple[int, ...], sequences: int, prompt_len: int, new_tokens: int,
-            sides: tuple[str, ...]) -> list[Run]:
+def measure(
+    batches: tuple[int, ...], sequences: int, prompt_len: int, new_tokens: int, sides: tuple[str, ...]
+) -> list[Run]:
     from detsample.benchmarks.invariant import REAL, build
 
     ps = prompts(sequences, prompt_len, REAL["vocab_size"])
@@ -98,18 +107,20 @@ def measure(batches: tuple[int, ...], sequences: int, prompt_len: int, new_token
 
 def table(runs: list[Run]) -> str:
     base = {r.batch: r for r in runs if r.label == "transformers generate"}
-    lines = ["| rollout | batch | tokens | wall (s) | CPU (s) | tokens / s | vs generate (wall) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| rollout | batch | tokens | wall (s) | CPU (s) | tokens / s | vs generate (wall) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in runs:
         ratio = r.wall / base[r.batch].wall
-        lines.append(f"| {r.label} | {r.batch} | {r.tokens} | {r.wall:.2f} | {r.cpu:.2f} | "
-                     f"{r.rate:.1f} | {ratio:.2f}x |")
+        lines.append(
+            f"| {r.label} | {r.batch} | {r.tokens} | {r.wall:.2f} | {r.cpu:.2f} | {r.rate:.1f} | {ratio:.2f}x |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m detsample.benchmarks.rollout",
-                                description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m detsample.benchmarks.rollout", description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, nargs="+", default=[8, 32])
     p.add_argument("--sequences", type=int, default=32)
     p.add_argument("--prompt-len", type=int, default=64)
@@ -123,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(b < 1 for b in args.batch):
         p.error(f"--batch sizes must be >= 1, got {args.batch}")
     with torch_threads(args.threads):
-        runs = measure(tuple(args.batch), args.sequences, args.prompt_len, args.new_tokens,
-                       tuple(args.sides))
+        runs = measure(tuple(args.batch), args.sequences, args.prompt_len, args.new_tokens, tuple(args.sides))
     print(table(runs))
     return 0
 

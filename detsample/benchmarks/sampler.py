@@ -77,9 +77,13 @@ def median_ms(fn: Callable[[], object], repeat: int, device: str = "cpu") -> flo
 MAX_REPEAT = 500
 
 
-def round_robin_ms(fns: dict[str, Callable[[], object]], repeat: int,
-                   device: str = "cpu", stat: Callable = statistics.median,
-                   min_seconds: float = 0.0) -> dict[str, float]:
+def round_robin_ms(
+    fns: dict[str, Callable[[], object]],
+    repeat: int,
+    device: str = "cpu",
+    stat: Callable = statistics.median,
+    min_seconds: float = 0.0,
+) -> dict[str, float]:
     """``stat`` (median) ms of each function, timed round-robin after one warm-up call
     each; repeat ``r`` runs the functions in the order of ``random.Random(r)``'s shuffle
     (the same orders in every run). At least ``repeat`` rounds, more when a round is
@@ -161,14 +165,14 @@ def make_logits(case: Case, seed: int = 0, device: str = "cpu") -> torch.Tensor:
 
 def make_inputs(case: Case, seed: int = 0, device: str = "cpu"):
     logits = make_logits(case, seed, device)
-    reqs = [Request(f"r{i}", SamplingParams(seed=i, **CONFIGS[case.config]))
-            for i in range(case.B)]
+    reqs = [Request(f"r{i}", SamplingParams(seed=i, **CONFIGS[case.config])) for i in range(case.B)]
     positions = torch.arange(case.B, dtype=torch.int64, device=device) + 100
     return logits, reqs, positions
 
 
-def paths(case: Case, sglang_multinomial: Callable | None = None,
-          fast: bool = False, device: str = "cpu") -> dict[str, Callable[[], object]]:
+def paths(
+    case: Case, sglang_multinomial: Callable | None = None, fast: bool = False, device: str = "cpu"
+) -> dict[str, Callable[[], object]]:
     """The measured paths of one case, keyed by name (see the module docstring).
     ``sglang_multinomial``: the seeded Gumbel-max SGLang deterministic path uses
     (:func:`peers.compiled_multinomial`; default the eager one). ``fast`` adds
@@ -190,8 +194,7 @@ def paths(case: Case, sglang_multinomial: Callable | None = None,
     if case.config == "greedy":
         lsm = torch.empty_like(logits)
         out[GREEDY_PEER] = lambda: peers.greedy(logits, pb)
-        out["bare argmax+log_softmax"] = lambda: (torch.argmax(logits, -1),
-                                                  torch.log_softmax(logits, -1, out=lsm))
+        out["bare argmax+log_softmax"] = lambda: (torch.argmax(logits, -1), torch.log_softmax(logits, -1, out=lsm))
         return out
     filtered = any(k in CONFIGS[case.config] for k in ("top_k", "top_p", "min_p"))
     if filtered:
@@ -211,29 +214,47 @@ def paths(case: Case, sglang_multinomial: Callable | None = None,
     return out
 
 
-def run(batches=(1, 8, 64), vocabs=(32000, 152064), configs=tuple(CONFIGS),
-        repeat: int = 7, n_threads: int | None = 2, logits: str = "peaked",
-        compile_sglang: bool = True, fast: bool = False, device: str = "cpu",
-        min_seconds: float = 0.0) -> list[dict]:
+def run(
+    batches=(1, 8, 64),
+    vocabs=(32000, 152064),
+    configs=tuple(CONFIGS),
+    repeat: int = 7,
+    n_threads: int | None = 2,
+    logits: str = "peaked",
+    compile_sglang: bool = True,
+    fast: bool = False,
+    device: str = "cpu",
+    min_seconds: float = 0.0,
+) -> list[dict]:
     """One row per (V, B, config, path): median ms and torch ops per call
     (``repeat``, ``min_seconds``: as in :func:`round_robin_ms`)."""
     rows = []
     cuda = torch.device(device).type == "cuda"
     with threads(n_threads):
-        multinomial, how = (peers.compiled_multinomial() if compile_sglang and not cuda
-                            else (peers.multinomial_with_seed, "eager"))
+        multinomial, how = (
+            peers.compiled_multinomial() if compile_sglang and not cuda else (peers.multinomial_with_seed, "eager")
+        )
         for V in vocabs:
             for B in batches:
                 for cfg in configs:
                     fns = paths(Case(B, V, cfg, logits), multinomial, fast, device)
-                    both = round_robin_ms(fns, repeat, device, lambda v: (
-                        statistics.median(v), min(v)), min_seconds)
+                    both = round_robin_ms(fns, repeat, device, lambda v: (statistics.median(v), min(v)), min_seconds)
                     for name, fn in fns.items():
                         label = f"{name} ({how})" if name == "SGLang deterministic" else name
                         med, low = both[name]
-                        rows.append(dict(B=B, V=V, config=cfg, logits=logits, path=label,
-                                         device=device, median_ms=round(med, 4),
-                                         min_ms=round(low, 4), ops=count_ops(fn)))
+                        rows.append(
+                            dict(
+                                B=B,
+                                V=V,
+                                config=cfg,
+                                logits=logits,
+                                path=label,
+                                device=device,
+                                median_ms=round(med, 4),
+                                min_ms=round(low, 4),
+                                ops=count_ops(fn),
+                            )
+                        )
     return rows
 
 
@@ -249,9 +270,11 @@ def markdown(rows: list[dict], stat: str = "median_ms") -> str:
     for r in rows:
         if r["path"] not in order:
             order.append(r["path"])
-    head = ["V", "B", "config", "detsample ops"] + order + [
-        "detsample / best deterministic peer", "detsample / best shortcut peer",
-        "detsample / bare log_softmax"]
+    head = (
+        ["V", "B", "config", "detsample ops"]
+        + order
+        + ["detsample / best deterministic peer", "detsample / best shortcut peer", "detsample / bare log_softmax"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     cases: dict[tuple, dict[str, dict]] = {}
     for r in rows:

@@ -32,9 +32,17 @@ DRAFTS = ("same", "small", "ngram")
 
 
 def _schedule(B: int, steps: int) -> Schedule:
-    return Schedule.of((0, Request(f"r{i}", SamplingParams(
-        seed=1000 + i, temperature=0.8, top_p=0.9, max_new_tokens=steps),
-        prompt_ids=[1 + i, 2, 3, 4, 1 + i, 2])) for i in range(B))
+    return Schedule.of(
+        (
+            0,
+            Request(
+                f"r{i}",
+                SamplingParams(seed=1000 + i, temperature=0.8, top_p=0.9, max_new_tokens=steps),
+                prompt_ids=[1 + i, 2, 3, 4, 1 + i, 2],
+            ),
+        )
+        for i in range(B)
+    )
 
 
 def _proposer(name: str, target: RefModel):
@@ -76,9 +84,16 @@ def measure(B: int, steps: int, ks: list[int], drafts: list[str], rounds: int) -
             if d is not None:
                 raise AssertionError(f"draft {v[0]!r}, k={v[1]}: {d}")
         s = res.speculative
-        rows.append(dict(draft=v[0], k=v[1], acceptance=s.acceptance_rate,
-                         steps=s.steps / len(plain.steps), time=best[v] / best[None],
-                         plain_ms=best[None] * 1e3))
+        rows.append(
+            dict(
+                draft=v[0],
+                k=v[1],
+                acceptance=s.acceptance_rate,
+                steps=s.steps / len(plain.steps),
+                time=best[v] / best[None],
+                plain_ms=best[None] * 1e3,
+            )
+        )
     return rows
 
 
@@ -92,14 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args(argv)
     with torch_threads(a.threads), torch.no_grad():
-        rows = measure(a.batch, a.steps, [int(k) for k in a.k.split(",")],
-                       a.drafts.split(","), a.rounds)
+        rows = measure(a.batch, a.steps, [int(k) for k in a.k.split(",")], a.drafts.split(","), a.rounds)
     print(f"plain run: {rows[0]['plain_ms']:.1f} ms (B={a.batch}, {a.steps} tokens each)")
     print("| draft | k | acceptance rate | engine steps / plain | time / plain |")
     print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['draft']} | {r['k']} | {r['acceptance']:.3f} | {r['steps']:.2f} | "
-              f"{r['time']:.2f}x |")
+        print(f"| {r['draft']} | {r['k']} | {r['acceptance']:.3f} | {r['steps']:.2f} | {r['time']:.2f}x |")
     return 0
 
 

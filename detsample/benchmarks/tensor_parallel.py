@@ -36,12 +36,25 @@ import torch
 
 from detsample.benchmarks.invariant import WIDE
 
-MODELS = {"hf-tiny-llama": "hf-tiny-llama", "wide": "detsample.benchmarks.tensor_parallel:wide_llama",
-          "moe": "detsample.benchmarks.tensor_parallel:tiny_moe"}
+MODELS = {
+    "hf-tiny-llama": "hf-tiny-llama",
+    "wide": "detsample.benchmarks.tensor_parallel:wide_llama",
+    "moe": "detsample.benchmarks.tensor_parallel:tiny_moe",
+}
 #: the tiny Qwen3-MoE of ``moe``: 4 layers of width 256, 8 experts of 256 features, 2 a token
-MOE = dict(vocab_size=512, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-           num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
-           moe_intermediate_size=256, intermediate_size=512, max_position_embeddings=1024)
+MOE = dict(
+    vocab_size=512,
+    hidden_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=256,
+    intermediate_size=512,
+    max_position_embeddings=1024,
+)
 SIDES = ("default", "portable")
 
 
@@ -82,8 +95,9 @@ def _timed(comm: Any, fn: Any) -> tuple[float, float]:
     return wall, total
 
 
-def job_steps(lm: Any, comm: Any, prefill_len: int, decode_batch: int, cache_len: int,
-              rounds: int, seed: int) -> dict[str, float]:
+def job_steps(
+    lm: Any, comm: Any, prefill_len: int, decode_batch: int, cache_len: int, rounds: int, seed: int
+) -> dict[str, float]:
     """Best prefill and decode seconds on this rank (rank 0's are the result), and the
     best ``cpu_prefill`` / ``cpu_decode``: CPU seconds summed over the ranks."""
     g = torch.Generator().manual_seed(seed)
@@ -92,7 +106,7 @@ def job_steps(lm: Any, comm: Any, prefill_len: int, decode_batch: int, cache_len
     rows = [torch.randint(0, V, (cache_len,), generator=g).tolist() for _ in range(decode_batch)]
     step = [[int(t)] for t in torch.randint(0, V, (decode_batch,), generator=g)]
     caches = [lm.new_cache() for _ in rows]
-    lm.forward(caches, rows)                               # caches and a warm-up
+    lm.forward(caches, rows)  # caches and a warm-up
     lm.forward([lm.new_cache()], [prompt])
     best = dict.fromkeys(("prefill", "decode", "cpu_prefill", "cpu_decode"), float("inf"))
     for _ in range(rounds):
@@ -137,10 +151,12 @@ def job_combine(lm: Any, comm: Any, rows: int, hidden: int, rounds: int) -> dict
         comm.float_sum_(p)
 
     out = {}
-    for name, fn in (("torch all_reduce (float32 partial)", float_reduce),
-                     ("exact combine collectives (float64 MAX of the row maxima, int64 SUM)", exact_collectives),
-                     ("default layer: BLAS partial + all_reduce", blas_plus_reduce),
-                     ("portable layer: split-K correctly rounded product", split_product)):
+    for name, fn in (
+        ("torch all_reduce (float32 partial)", float_reduce),
+        ("exact combine collectives (float64 MAX of the row maxima, int64 SUM)", exact_collectives),
+        ("default layer: BLAS partial + all_reduce", blas_plus_reduce),
+        ("portable layer: split-K correctly rounded product", split_product),
+    ):
         fn()
         best = float("inf")
         for _ in range(rounds):
@@ -152,9 +168,19 @@ def job_combine(lm: Any, comm: Any, rows: int, hidden: int, rounds: int) -> dict
     return out
 
 
-def steps(model: str, tp: int, side: str, *, prefill_len: int = 512, decode_batch: int = 8,
-          cache_len: int = 256, rounds: int = 3, seed: int = 0, timeout: float = 1800,
-          start_method: str = "spawn") -> dict[str, float]:
+def steps(
+    model: str,
+    tp: int,
+    side: str,
+    *,
+    prefill_len: int = 512,
+    decode_batch: int = 8,
+    cache_len: int = 256,
+    rounds: int = 3,
+    seed: int = 0,
+    timeout: float = 1800,
+    start_method: str = "spawn",
+) -> dict[str, float]:
     """Best prefill and decode seconds of ``model`` at ``tp`` ranks on ``side``."""
     from detsample.parallel import TPModelSpec, tp_group
 
@@ -166,8 +192,9 @@ def steps(model: str, tp: int, side: str, *, prefill_len: int = 512, decode_batc
         return group.call(job_steps, prefill_len, decode_batch, cache_len, rounds, seed)
 
 
-def combine_cost(tp: int, *, rows: int = 512, hidden: int = 1024, rounds: int = 5,
-                 timeout: float = 900, start_method: str = "spawn") -> dict[str, float]:
+def combine_cost(
+    tp: int, *, rows: int = 512, hidden: int = 1024, rounds: int = 5, timeout: float = 900, start_method: str = "spawn"
+) -> dict[str, float]:
     """Best seconds of each way to run one row-parallel layer (:func:`job_combine`)."""
     from detsample.parallel import RankGroup
 
@@ -180,8 +207,9 @@ def _no_model(comm: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m detsample.benchmarks.tensor_parallel",
-                                description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m detsample.benchmarks.tensor_parallel", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--tp", default="1,2,4", help="comma list of TP sizes")
     p.add_argument("--sides", nargs="+", default=list(SIDES), choices=list(SIDES))
@@ -193,17 +221,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-combine", action="store_true", help="skip the combine micro-benchmark")
     args = p.parse_args(argv)
     sizes = [int(t) for t in args.tp.split(",")]
-    print("| model | side | repeat | TP | prefill ms | decode ms | prefill vs TP=1 | decode vs TP=1 "
-          "| prefill CPU ms (all ranks) | decode CPU ms | CPU prefill vs TP=1 | CPU decode vs TP=1 |")
+    print(
+        "| model | side | repeat | TP | prefill ms | decode ms | prefill vs TP=1 | decode vs TP=1 "
+        "| prefill CPU ms (all ranks) | decode CPU ms | CPU prefill vs TP=1 | CPU decode vs TP=1 |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for model in args.models:
         for side in args.sides:
             for rep in range(args.repeats):
                 base = None
                 for tp in sizes:
-                    t = steps(model, tp, side, prefill_len=args.prefill_len,
-                              decode_batch=args.decode_batch, cache_len=args.cache_len,
-                              rounds=args.rounds)
+                    t = steps(
+                        model,
+                        tp,
+                        side,
+                        prefill_len=args.prefill_len,
+                        decode_batch=args.decode_batch,
+                        cache_len=args.cache_len,
+                        rounds=args.rounds,
+                    )
                     base = base or t
                     cells = [f"{t[k] * 1e3:.1f}" for k in ("prefill", "decode")]
                     cells += [f"{t[k] / base[k]:.2f}x" for k in ("prefill", "decode")]

@@ -30,8 +30,7 @@ from detsample.golden import registry, scenarios
 from detsample.golden.store import MISSING_PLATFORM, GoldenStore
 
 EXTERNAL_CHECK_MODULES = ("detsample.checks.engine", "detsample.checks.refmodel")
-SCENARIO_CHECKS = ("golden", "batch_invariance", "run_to_run", "threads_1_vs_2",
-                   "logprob_alignment")
+SCENARIO_CHECKS = ("golden", "batch_invariance", "run_to_run", "threads_1_vs_2", "logprob_alignment")
 Progress = Callable[[int, int, str], None]
 
 
@@ -61,11 +60,11 @@ def external_checks(modules: Sequence[str] = EXTERNAL_CHECK_MODULES) -> list[tup
 def _raiser(err: BaseException) -> Callable[..., Any]:
     def fail(**_: Any) -> CheckResult:
         raise err
+
     return fail
 
 
-def _scenario_failures(sc: Any, store: GoldenStore, device: str
-                       ) -> tuple[dict[str, list[str]], str]:
+def _scenario_failures(sc: Any, store: GoldenStore, device: str) -> tuple[dict[str, list[str]], str]:
     """Failures per check kind for one scenario, and the golden status. Engine scenarios
     only have the golden check here (the engine's invariances are the refmodel checks')."""
     ref = sc.produce(device=device)
@@ -73,17 +72,24 @@ def _scenario_failures(sc: Any, store: GoldenStore, device: str
     fails: dict[str, list[str]] = {"golden": [] if v.ok or v.skipped else [v.message]}
     if not isinstance(sc, scenarios.Scenario):
         return fails, v.status
-    fails |= {"batch_invariance": invariance.composition_failures(sc, ref, device),
-             "run_to_run": invariance.run_to_run_failures(sc, ref, device),
-             "threads_1_vs_2": invariance.thread_failures(sc, ref, device),
-             "logprob_alignment": invariance.alignment_failures(sc, device)}
+    fails |= {
+        "batch_invariance": invariance.composition_failures(sc, ref, device),
+        "run_to_run": invariance.run_to_run_failures(sc, ref, device),
+        "threads_1_vs_2": invariance.thread_failures(sc, ref, device),
+        "logprob_alignment": invariance.alignment_failures(sc, device),
+    }
     return fails, v.status
 
 
-def run_battery(quick: bool = False, device: str = "cpu", store: GoldenStore | None = None,
-                progress: Progress = _noop, names: Sequence[str] | None = None,
-                allow_missing_goldens: bool = False,
-                external: Sequence[tuple[str, Callable[..., Any]]] | None = None) -> list[CheckResult]:
+def run_battery(
+    quick: bool = False,
+    device: str = "cpu",
+    store: GoldenStore | None = None,
+    progress: Progress = _noop,
+    names: Sequence[str] | None = None,
+    allow_missing_goldens: bool = False,
+    external: Sequence[tuple[str, Callable[..., Any]]] | None = None,
+) -> list[CheckResult]:
     """Run the battery; see the module docstring. ``names`` restricts the scenarios."""
     store = store or GoldenStore(device=device)
     todo = list(names) if names is not None else registry.names(quick=quick, device=device)
@@ -105,8 +111,11 @@ def run_battery(quick: bool = False, device: str = "cpu", store: GoldenStore | N
     results = [_golden_result(fails["golden"], missing, len(todo), store, allow_missing_goldens)]
     for k in SCENARIO_CHECKS[1:]:
         n_bad = len(fails[k])
-        detail = (f"{counted[k]} scenarios, all bits equal" if not n_bad else
-                  f"{n_bad} divergence(s):\n" + "\n".join(fails[k]))
+        detail = (
+            f"{counted[k]} scenarios, all bits equal"
+            if not n_bad
+            else f"{n_bad} divergence(s):\n" + "\n".join(fails[k])
+        )
         results.append(CheckResult(k, not n_bad, detail))
     for j, (name, fn) in enumerate(ext):
         progress(len(todo) + j, total, name)
@@ -118,14 +127,14 @@ def run_battery(quick: bool = False, device: str = "cpu", store: GoldenStore | N
     return results
 
 
-def _golden_result(fails: list[str], missing: int, n: int, store: GoldenStore,
-                   allow_missing: bool) -> CheckResult:
+def _golden_result(fails: list[str], missing: int, n: int, store: GoldenStore, allow_missing: bool) -> CheckResult:
     if missing:
         msg = store.missing_platform_message()
         if allow_missing:
             msg += " (allowed by --allow-missing-goldens)"
         return CheckResult("golden", allow_missing, msg, skipped=True)
     if fails:
-        return CheckResult("golden", False,
-                           f"{len(fails)} of {n} scenarios differ from their goldens:\n" + "\n".join(fails))
+        return CheckResult(
+            "golden", False, f"{len(fails)} of {n} scenarios differ from their goldens:\n" + "\n".join(fails)
+        )
     return CheckResult("golden", True, f"{n} scenarios bit-identical to {store.platform_dir}")

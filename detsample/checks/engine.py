@@ -48,18 +48,25 @@ def result_differences(label: str, a: Any, b: Any) -> list[str]:
     mode, seed, finish reason); empty when bitwise equal."""
     out = []
     if a.token_ids != b.token_ids:
-        i = next((k for k, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y),
-                 min(len(a.token_ids), len(b.token_ids)))
-        out.append(f"{label}: request {a.rid} tokens diverge at generated token {i} "
-                   f"(position {len(a.prompt_ids) - 1 + i}): {a.token_ids[i:i + 3]} vs {b.token_ids[i:i + 3]}")
+        i = next(
+            (k for k, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y),
+            min(len(a.token_ids), len(b.token_ids)),
+        )
+        out.append(
+            f"{label}: request {a.rid} tokens diverge at generated token {i} "
+            f"(position {len(a.prompt_ids) - 1 + i}): {a.token_ids[i : i + 3]} vs {b.token_ids[i : i + 3]}"
+        )
         return out
     for m in sorted(set(a.logprobs) | set(b.logprobs)):
-        if m not in a.logprobs or m not in b.logprobs or _bits(a.logprobs[m]) != _bits(b.logprobs[m]) \
-                or a.logprobs[m].shape != b.logprobs[m].shape:
+        if (
+            m not in a.logprobs
+            or m not in b.logprobs
+            or _bits(a.logprobs[m]) != _bits(b.logprobs[m])
+            or a.logprobs[m].shape != b.logprobs[m].shape
+        ):
             out.append(f"{label}: request {a.rid} {m} logprobs differ in bits")
     if a.seed != b.seed or a.finish_reason != b.finish_reason:
-        out.append(f"{label}: request {a.rid} seed/finish {a.seed}/{a.finish_reason} vs "
-                   f"{b.seed}/{b.finish_reason}")
+        out.append(f"{label}: request {a.rid} seed/finish {a.seed}/{a.finish_reason} vs {b.seed}/{b.finish_reason}")
     return out
 
 
@@ -87,6 +94,7 @@ def engine_batch_invariance(quick: bool = False, device: str = "cpu") -> CheckRe
 def engine_prefill_decode_alignment(quick: bool = False, device: str = "cpu") -> CheckResult:
     from detsample.refmodel.engine import rescore
     from detsample.sampler import Sampler
+
     fails: list[str] = []
     scs = _scenarios(quick)
     for sc in scs:
@@ -98,18 +106,23 @@ def engine_prefill_decode_alignment(quick: bool = False, device: str = "cpu") ->
                 got = rescore(model, sampler, r.params, r.prompt_ids, rr.token_ids, vocab=sc.vocabulary())
                 want = rr.logprobs[m]
                 if got.shape != want.shape:
-                    fails.append(f"{sc.name}: request {r.rid} mode {m}: the engine reported "
-                                 f"{tuple(want.shape)} logprobs for {len(rr.token_ids)} tokens "
-                                 f"(rescoring gives {tuple(got.shape)})")
+                    fails.append(
+                        f"{sc.name}: request {r.rid} mode {m}: the engine reported "
+                        f"{tuple(want.shape)} logprobs for {len(rr.token_ids)} tokens "
+                        f"(rescoring gives {tuple(got.shape)})"
+                    )
                 elif _bits(got) != _bits(want):
                     bad = (got.view(torch.int32) != want.view(torch.int32)).nonzero().flatten().tolist()
                     i = bad[0] if bad else 0
-                    fails.append(f"{sc.name}: request {r.rid} mode {m}: prefill rescoring differs from "
-                                 f"decode-time logprobs at {len(bad)} position(s), first at generated "
-                                 f"token {i} (position {len(r.prompt_ids) - 1 + i}): "
-                                 f"{float(want[i])!r} (decode) vs {float(got[i])!r} (prefill)")
-    return _result("engine_prefill_decode_alignment", fails,
-                   "rescoring == sampling-time logprobs (raw, scaled)", len(scs))
+                    fails.append(
+                        f"{sc.name}: request {r.rid} mode {m}: prefill rescoring differs from "
+                        f"decode-time logprobs at {len(bad)} position(s), first at generated "
+                        f"token {i} (position {len(r.prompt_ids) - 1 + i}): "
+                        f"{float(want[i])!r} (decode) vs {float(got[i])!r} (prefill)"
+                    )
+    return _result(
+        "engine_prefill_decode_alignment", fails, "rescoring == sampling-time logprobs (raw, scaled)", len(scs)
+    )
 
 
 def engine_determinism(quick: bool = False, device: str = "cpu") -> CheckResult:
@@ -117,8 +130,11 @@ def engine_determinism(quick: bool = False, device: str = "cpu") -> CheckResult:
     scs = _scenarios(quick)
     for sc in scs:
         reqs, ref = sc.run()
-        for label, ctx in (("second run", nullcontext()), ("1 thread", torch_threads(1)),
-                           ("2 threads", torch_threads(2))):
+        for label, ctx in (
+            ("second run", nullcontext()),
+            ("1 thread", torch_threads(1)),
+            ("2 threads", torch_threads(2)),
+        ):
             with ctx:
                 _, got = sc.run()
             for r in reqs:
@@ -128,4 +144,6 @@ def engine_determinism(quick: bool = False, device: str = "cpu") -> CheckResult:
 
 CHECKS: tuple[Callable[..., CheckResult], ...] = (
     (engine_batch_invariance, engine_prefill_decode_alignment, engine_determinism)
-    if enginescenarios.available() else ())
+    if enginescenarios.available()
+    else ()
+)

@@ -40,11 +40,11 @@ def _patched(name: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]
         setattr(Sampler, name, real)
 
 
-def perturbed_sample(when: Callable[[Any], bool] = lambda batch: True,
-                     rid: str | None = None) -> Any:
+def perturbed_sample(when: Callable[[Any], bool] = lambda batch: True, rid: str | None = None) -> Any:
     """Context manager: ``Sampler.sample`` flips a logprob bit when ``when(batch)``: of
     the rows of request ``rid`` when given (a composition-independent change), else of
     row 0."""
+
     def wrap(real: Callable[..., Any]) -> Callable[..., Any]:
         def sample(self: Sampler, logits: torch.Tensor, batch: Any, positions: torch.Tensor) -> Any:
             out = real(self, logits, batch, positions)
@@ -52,15 +52,20 @@ def perturbed_sample(when: Callable[[Any], bool] = lambda batch: True,
                 rows = [0] if rid is None else [i for i, r in enumerate(batch.requests) if r.rid == rid]
                 out.logprobs = flip_low_bit(out.logprobs, rows)
             return out
+
         return sample
+
     return _patched("sample", wrap)
 
 
 def perturbed_compute_logprobs() -> Any:
     """Context manager: ``Sampler.compute_logprobs`` flips row 0's bit."""
+
     def wrap(real: Callable[..., Any]) -> Callable[..., Any]:
         def compute_logprobs(self: Sampler, *args: Any) -> torch.Tensor:
             out = real(self, *args)
             return flip_low_bit(out) if out.numel() else out
+
         return compute_logprobs
+
     return _patched("compute_logprobs", wrap)

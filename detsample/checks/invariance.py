@@ -44,11 +44,13 @@ def composition_failures(sc: Scenario, ref: ScenarioOutput, device: str = "cpu")
 def run_to_run_failures(sc: Scenario, ref: ScenarioOutput, device: str = "cpu") -> list[str]:
     """A second run with a fresh Sampler must give ``ref``'s bits."""
     from detsample.sampler import Sampler
+
     return _diff(f"{sc.name} [second run]", ref, sc.run(sampler=Sampler(), device=device))
 
 
-def thread_failures(sc: Scenario, ref: ScenarioOutput, device: str = "cpu",
-                    counts: tuple[int, ...] = (1, 2)) -> list[str]:
+def thread_failures(
+    sc: Scenario, ref: ScenarioOutput, device: str = "cpu", counts: tuple[int, ...] = (1, 2)
+) -> list[str]:
     """Runs at each torch thread count in ``counts`` must give ``ref``'s bits."""
     fails = []
     for n in counts:
@@ -60,11 +62,11 @@ def thread_failures(sc: Scenario, ref: ScenarioOutput, device: str = "cpu",
 def alignment_failures(sc: Scenario, device: str = "cpu") -> list[str]:
     """Sample-time logprobs must equal ``Sampler.compute_logprobs`` bitwise."""
     from detsample.sampler import Sampler
+
     sampler = Sampler()
     fails: list[str] = []
 
-    def hook(step: int, rows: list[int], logits: torch.Tensor, batch: Any,
-             positions: torch.Tensor, out: Any) -> None:
+    def hook(step: int, rows: list[int], logits: torch.Tensor, batch: Any, positions: torch.Tensor, out: Any) -> None:
         tok = out.token_ids
         valid = tok >= 0
         rescored = sampler.compute_logprobs(logits, batch, torch.where(valid, tok, torch.zeros_like(tok)))
@@ -76,7 +78,8 @@ def alignment_failures(sc: Scenario, device: str = "cpu") -> list[str]:
                 f"{sc.name}: request {sc.rid(rows[j])} position {int(positions[j])} step {step} "
                 f"mode {p.logprobs_mode}: sample() logprob 0x{int(a[j]):08x} "
                 f"({float_text(int(a[j]))}) != compute_logprobs 0x{int(b[j]):08x} "
-                f"({float_text(int(b[j]))}) for token {int(tok[j])}")
+                f"({float_text(int(b[j]))}) for token {int(tok[j])}"
+            )
 
     sc.run(sampler=sampler, device=device, on_step=hook)
     return fails

@@ -23,8 +23,9 @@ from detsample.refmodel.model import RefModel
 Rows = dict[tuple[int, int], torch.Tensor]
 
 
-def schedule_logits(model: RefModel, seqs: Sequence[Sequence[int]], prefill_lens: Sequence[int],
-                    rng: random.Random, max_batch: int) -> Rows:
+def schedule_logits(
+    model: RefModel, seqs: Sequence[Sequence[int]], prefill_lens: Sequence[int], rng: random.Random, max_batch: int
+) -> Rows:
     """Prefill each sequence's head, then decode the rest in random batches.
 
     Each step decodes a random subset (random order, size <= ``max_batch``) of the
@@ -56,13 +57,13 @@ def logits_mismatches(rows: Rows, reference: Sequence[torch.Tensor], label: str)
         ref = reference[i][t]
         if not torch.equal(row.contiguous().view(torch.int32), ref.contiguous().view(torch.int32)):
             diff = float((row.double() - ref.double()).abs().max())
-            bad.append(f"{label}: sequence {i} position {t}: decode logits differ from "
-                       f"prefill (max |diff| {diff:.3g})")
+            bad.append(f"{label}: sequence {i} position {t}: decode logits differ from prefill (max |diff| {diff:.3g})")
     return bad
 
 
-def refmodel_prefill_decode_logits(quick: bool = False, device: str = "cpu",
-                                   model: RefModel | None = None) -> CheckResult:
+def refmodel_prefill_decode_logits(
+    quick: bool = False, device: str = "cpu", model: RefModel | None = None
+) -> CheckResult:
     name = "refmodel_prefill_decode_logits"
     model = model if model is not None else RefModel()
     rng = random.Random(20261129)
@@ -74,7 +75,7 @@ def refmodel_prefill_decode_logits(quick: bool = False, device: str = "cpu",
         reference = [model.prefill(s) for s in seqs]
     n_rows = 0
     for threads in (1, 2):
-        for max_batch in ((1, 4, 9) if not quick else (1, 9)):
+        for max_batch in (1, 4, 9) if not quick else (1, 9):
             heads = [rng.randint(1, len(s) - 1) for s in seqs]
             with torch_threads(threads):
                 rows = schedule_logits(model, seqs, heads, rng, max_batch)
@@ -82,8 +83,12 @@ def refmodel_prefill_decode_logits(quick: bool = False, device: str = "cpu",
             fails += logits_mismatches(rows, reference, f"{threads} thread(s), batches <= {max_batch}")
     if fails:
         return CheckResult(name, False, f"{len(fails)} position(s) differ:\n" + "\n".join(fails[:20]))
-    return CheckResult(name, True, f"{n_rows} positions of {n_seq} sequences: decode == prefill "
-                                   f"bitwise (1 and 2 threads; CPU model, device {device!r})")
+    return CheckResult(
+        name,
+        True,
+        f"{n_rows} positions of {n_seq} sequences: decode == prefill "
+        f"bitwise (1 and 2 threads; CPU model, device {device!r})",
+    )
 
 
 CHECKS: tuple[Callable[..., CheckResult], ...] = (refmodel_prefill_decode_logits,)

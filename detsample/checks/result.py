@@ -35,11 +35,19 @@ def as_result(name: str, value: Any) -> CheckResult:
     if isinstance(value, tuple) and len(value) == 2:
         return CheckResult(name, bool(value[0]), str(value[1]))
     if isinstance(value, dict) and "ok" in value:
-        return CheckResult(str(value.get("name", name)), bool(value["ok"]),
-                           str(value.get("detail", "")), bool(value.get("skipped", False)))
+        return CheckResult(
+            str(value.get("name", name)),
+            bool(value["ok"]),
+            str(value.get("detail", "")),
+            bool(value.get("skipped", False)),
+        )
     if hasattr(value, "ok"):
-        return CheckResult(str(getattr(value, "name", name)), bool(value.ok),
-                           str(getattr(value, "detail", "")), bool(getattr(value, "skipped", False)))
+        return CheckResult(
+            str(getattr(value, "name", name)),
+            bool(value.ok),
+            str(getattr(value, "detail", "")),
+            bool(getattr(value, "skipped", False)),
+        )
     if isinstance(value, bool):
         return CheckResult(name, value, "passed" if value else "failed")
     raise TypeError(f"check {name!r} returned {type(value).__name__}, expected a CheckResult")

@@ -64,8 +64,7 @@ def _raise_interrupted(signum: int, frame: object) -> None:
 
 
 def _one_line(exc: BaseException) -> str:
-    return "; ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip()) \
-        or type(exc).__name__
+    return "; ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip()) or type(exc).__name__
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -83,19 +82,23 @@ def _run_guarded(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     except KeyboardInterrupt as exc:
         why = f": {_one_line(exc)}" if str(exc) else ""
-        print(f"{name}: error: code run by this command raised KeyboardInterrupt{why} "
-              f"(not a Ctrl-C); nothing was completed", file=sys.stderr)
+        print(
+            f"{name}: error: code run by this command raised KeyboardInterrupt{why} "
+            f"(not a Ctrl-C); nothing was completed",
+            file=sys.stderr,
+        )
         return 2
     except SystemExit as exc:
-        print(f"{name}: error: code run by this command called sys.exit({exc.code!r}); "
-              f"nothing was completed", file=sys.stderr)
+        print(
+            f"{name}: error: code run by this command called sys.exit({exc.code!r}); nothing was completed",
+            file=sys.stderr,
+        )
         return 2
     except DetsampleError as exc:
         print(f"{name}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except MemoryError:
-        print(f"{name}: error: out of memory (an input or an option larger than this "
-              f"machine holds)", file=sys.stderr)
+        print(f"{name}: error: out of memory (an input or an option larger than this machine holds)", file=sys.stderr)
         return 2
 
 

@@ -42,10 +42,15 @@ def thread_count(text: str) -> int:
 
 def add_threads_option(p: argparse.ArgumentParser) -> None:
     """``--threads N``: this process's torch intra-op threads (:func:`apply_threads`)."""
-    p.add_argument("--threads", type=thread_count, default=None, metavar="N",
-                   help="torch intra-op threads of this process (default: torch's, from "
-                        "OMP_NUM_THREADS or the CPUs); under the batch-invariant mode the "
-                        "bits are the same at every count")
+    p.add_argument(
+        "--threads",
+        type=thread_count,
+        default=None,
+        metavar="N",
+        help="torch intra-op threads of this process (default: torch's, from "
+        "OMP_NUM_THREADS or the CPUs); under the batch-invariant mode the "
+        "bits are the same at every count",
+    )
 
 
 def apply_threads(args: argparse.Namespace) -> None:
@@ -70,8 +75,10 @@ def seed_span_problem(seed: int, count: int) -> str | None:
     (the last must stay below 2**63), naming both options; or None."""
     if seed + count - 1 < SEED_END:
         return None
-    return (f"--seed {seed} with --num-sequences {count}: request i uses seed SEED + i, so "
-            f"SEED must be at most {SEED_END - count} (seeds are in [0, 2**63))")
+    return (
+        f"--seed {seed} with --num-sequences {count}: request i uses seed SEED + i, so "
+        f"SEED must be at most {SEED_END - count} (seeds are in [0, 2**63))"
+    )
 
 
 def nonneg_float(text: str) -> float:
@@ -150,8 +157,7 @@ def positive_int_list(text: str) -> list[int]:
     try:
         values = [parse_int(t.strip()) for t in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be integers separated by commas, got {text}") \
-            from None
+        raise argparse.ArgumentTypeError(f"must be integers separated by commas, got {text}") from None
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
     return values
@@ -163,8 +169,7 @@ def token_id_list(text: str) -> list[int]:
     try:
         values = [int(t) for t in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be token ids separated by commas, got "
-                                         f"{text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be token ids separated by commas, got {text!r}") from None
     if any(v < 0 for v in values):
         raise argparse.ArgumentTypeError(f"token ids must be >= 0, got {text!r}")
     return values
@@ -175,8 +180,7 @@ def model_dtype(text: str) -> str:
     from detsample.models import MODEL_DTYPES
 
     if text not in MODEL_DTYPES:
-        raise argparse.ArgumentTypeError(f"must be one of {', '.join(MODEL_DTYPES)}, got "
-                                         f"{text!r}")
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(MODEL_DTYPES)}, got {text!r}")
     return text
 
 
@@ -187,8 +191,9 @@ def model_spec(text: str) -> str:
     from detsample.models import MODEL_NAMES, is_model_spec
 
     if not is_model_spec(text):
-        raise argparse.ArgumentTypeError(f"must be one of {', '.join(MODEL_NAMES)}, a model "
-                                         f"directory or package.module:factory, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"must be one of {', '.join(MODEL_NAMES)}, a model directory or package.module:factory, got {text!r}"
+        )
     return text
 
 
@@ -203,8 +208,7 @@ def max_excluded(text: str):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-PORTABLE_NEEDS_MODE = ("--portable selects the batch-invariant mode's portable kernels; "
-                       "give --batch-invariant too")
+PORTABLE_NEEDS_MODE = "--portable selects the batch-invariant mode's portable kernels; give --batch-invariant too"
 
 
 def portable_without_mode(args: object) -> bool:
@@ -218,17 +222,16 @@ def tp_sizes(text: str) -> list[int]:
     try:
         sizes = [positive_int(t.strip()) for t in text.split(",")]
     except (ValueError, argparse.ArgumentTypeError):
-        raise argparse.ArgumentTypeError(f"must be a comma list of TP sizes (ints >= 1), "
-                                         f"got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be a comma list of TP sizes (ints >= 1), got {text!r}") from None
     return sizes
 
 
 def tp_needs_portable(args: argparse.Namespace, sizes: list[int]) -> str | None:
     """The usage error of a TP size > 1 under ``--batch-invariant`` without ``--portable``
     (the verified kernels cannot give TP=1's bits), or None."""
-    if any(t > 1 for t in sizes) and getattr(args, "batch_invariant", False) \
-            and not getattr(args, "portable", False):
+    if any(t > 1 for t in sizes) and getattr(args, "batch_invariant", False) and not getattr(args, "portable", False):
         from detsample.parallel.layers import VERIFIED_REFUSED
+
         return f"--tp {','.join(map(str, sizes))}: {VERIFIED_REFUSED}"
     return None
 
@@ -238,18 +241,30 @@ def add_semantics_options(p: argparse.ArgumentParser, what: str) -> None:
     ``what`` is computed in (None when not given: :func:`semantics_of` then means raw)."""
     from detsample.params import LOGPROBS_MODES
 
-    p.add_argument("--logprobs-mode", choices=list(LOGPROBS_MODES), metavar="MODE",
-                   help=f"{what} in this mode: raw (log_softmax of the logits, temperature "
-                        f"1; default), processed (vLLM's: log_softmax over the kept set of "
-                        f"logits / T), scaled (logits / T, no filter) or processed_fixed "
-                        f"(detsample's exact form of processed, a few ulps away)")
+    p.add_argument(
+        "--logprobs-mode",
+        choices=list(LOGPROBS_MODES),
+        metavar="MODE",
+        help=f"{what} in this mode: raw (log_softmax of the logits, temperature "
+        f"1; default), processed (vLLM's: log_softmax over the kept set of "
+        f"logits / T), scaled (logits / T, no filter) or processed_fixed "
+        f"(detsample's exact form of processed, a few ulps away)",
+    )
     from detsample.params import filter_options
 
-    p.add_argument("--temperature", type=sampling_field("temperature"), metavar="T",
-                   help="with --logprobs-mode processed: the engine's temperature T")
+    p.add_argument(
+        "--temperature",
+        type=sampling_field("temperature"),
+        metavar="T",
+        help="with --logprobs-mode processed: the engine's temperature T",
+    )
     for o in filter_options():
-        p.add_argument(o.flag, type=sampling_field(o.name, o.kind), metavar=o.metavar,
-                       help=f"with --logprobs-mode processed: the engine's {o.help}")
+        p.add_argument(
+            o.flag,
+            type=sampling_field(o.name, o.kind),
+            metavar=o.metavar,
+            help=f"with --logprobs-mode processed: the engine's {o.help}",
+        )
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -257,11 +272,15 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     ...), defaults off: the options :func:`sampling_params_of` reads."""
     from detsample.params import filter_options
 
-    p.add_argument("--temperature", type=sampling_field("temperature"), default=1.0,
-                   metavar="T", help="sampling temperature (0: greedy)")
+    p.add_argument(
+        "--temperature",
+        type=sampling_field("temperature"),
+        default=1.0,
+        metavar="T",
+        help="sampling temperature (0: greedy)",
+    )
     for o in filter_options():
-        p.add_argument(o.flag, type=sampling_field(o.name, o.kind), default=o.neutral,
-                       metavar=o.metavar, help=o.help)
+        p.add_argument(o.flag, type=sampling_field(o.name, o.kind), default=o.neutral, metavar=o.metavar, help=o.help)
 
 
 def sampling_params_of(args: argparse.Namespace):
@@ -269,8 +288,7 @@ def sampling_params_of(args: argparse.Namespace):
     options (temperature and filters; the rest default)."""
     from detsample.params import SamplingParams, filter_options
 
-    return SamplingParams(temperature=args.temperature,
-                          **{o.name: getattr(args, o.name) for o in filter_options()})
+    return SamplingParams(temperature=args.temperature, **{o.name: getattr(args, o.name) for o in filter_options()})
 
 
 def semantics_of(args: argparse.Namespace):

@@ -57,8 +57,7 @@ def output_problems(*specs: tuple[str | os.PathLike[str] | None, str, str]) -> l
     return [m for m in (output_problem(*s) for s in specs) if m]
 
 
-def report_clash(args: object, inputs: list[tuple[str, str]],
-                 report_files: tuple[str, ...]) -> str | None:
+def report_clash(args: object, inputs: list[tuple[str, str]], report_files: tuple[str, ...]) -> str | None:
     """The usage error of ``--json`` or a file ``--report DIR`` writes (``report_files``)
     being one of ``inputs`` (``(path, option)`` pairs), or None."""
     outputs = [(getattr(args, "json", None), "--json")]
@@ -71,8 +70,7 @@ def report_clash(args: object, inputs: list[tuple[str, str]],
 def report_failure(exc: OSError, folder: str) -> str:
     """The one line of a ``--report`` folder that could not be written: the writer's own
     message (it names the file) or the folder and the reason."""
-    return str(exc) if isinstance(exc, OutputError) else \
-        f"cannot write --report {folder}: {exc.strerror or exc}"
+    return str(exc) if isinstance(exc, OutputError) else f"cannot write --report {folder}: {exc.strerror or exc}"
 
 
 def write_output(path: str | os.PathLike[str], text: str, flag: str) -> str | None:

@@ -31,8 +31,7 @@ class Progress:
     terminal (:func:`on_terminal`); the bar ends when ``done == total`` or at
     :meth:`close`. ``description``: the bar's title."""
 
-    def __init__(self, description: str = "", stream: TextIO | None = None,
-                 every: float = LINE_EVERY) -> None:
+    def __init__(self, description: str = "", stream: TextIO | None = None, every: float = LINE_EVERY) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.description = description
         self.enabled = on_terminal(self.stream)
@@ -50,9 +49,15 @@ class Progress:
             from rich.progress import Progress as Bar
 
             console = Console(file=self.stream, force_terminal=True)
-            self._bar = Bar(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                            MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                            transient=False)
+            self._bar = Bar(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+                transient=False,
+            )
             self._bar.start()
             self._task = self._bar.add_task(self.description, total=total)
         text = f"{self.description} {label}".strip()
@@ -112,7 +117,7 @@ def peak_memory_line() -> str | None:
     (``getrusage``; Linux counts KiB, macOS bytes), or None where it cannot be read."""
     try:
         import resource
-    except ImportError:          # not on this platform
+    except ImportError:  # not on this platform
         return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     scale = 1 if sys.platform == "darwin" else 1024

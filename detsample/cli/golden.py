@@ -35,25 +35,40 @@ from detsample.golden.format import ALL_FILES, MANIFEST
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("golden", help="verify, update or diff golden files",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "golden",
+        help="verify, update or diff golden files",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("action", choices=("verify", "update", "diff"))
-    p.add_argument("-k", "--scenario", action="append", default=None, metavar="NAME",
-                   help="only these scenarios (repeatable; default: all)")
+    p.add_argument(
+        "-k",
+        "--scenario",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="only these scenarios (repeatable; default: all)",
+    )
     p.add_argument("--quick", action="store_true", help="only the quick subset")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--golden-dir", default=None, metavar="PATH", help="golden root (default: golden/)")
     p.add_argument("--force", action="store_true", help="update even when CI is set")
     p.add_argument("--prune", action="store_true", help="update: delete unregistered scenarios")
-    p.add_argument("--isa", default="current", metavar="ISA",
-                   help="cpu: 'all' (every instruction set this CPU supports, each in a subprocess "
-                        "under ATEN_CPU_CAPABILITY), a comma-separated list, or 'current' (default)")
+    p.add_argument(
+        "--isa",
+        default="current",
+        metavar="ISA",
+        help="cpu: 'all' (every instruction set this CPU supports, each in a subprocess "
+        "under ATEN_CPU_CAPABILITY), a comma-separated list, or 'current' (default)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from detsample.golden import isa, registry
     from detsample.golden.store import GoldenStore
+
     try:
         store = GoldenStore(args.golden_dir, device=args.device)
         selected = args.scenario or registry.names(quick=args.quick, device=args.device)
@@ -66,19 +81,15 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError("--isa applies to verify and update, got diff")
             isas = isa.resolve(args.isa)
     except (ValueError, KeyError) as e:
-        print(f"detsample golden {args.action}: error: {e.args[0] if isinstance(e, KeyError) else e}",
-              file=sys.stderr)
+        print(f"detsample golden {args.action}: error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
     if args.isa != "current":
-        results = isa.run_per_isa(isas, _child_argv(args, args.action), print,
-                                  then=_child_argv(args, "verify"))
+        results = isa.run_per_isa(isas, _child_argv(args, args.action), print, then=_child_argv(args, "verify"))
         return max(rc for _, rc in results)
     try:
-        return {"verify": _verify, "update": _update, "diff": _diff}[args.action](args, store,
-                                                                                 selected)
+        return {"verify": _verify, "update": _update, "diff": _diff}[args.action](args, store, selected)
     except OSError as e:  # a read-only folder, a symlink loop, below a file, a size limit
-        print(f"detsample golden {args.action}: error: {_write_failure(store, e)}",
-              file=sys.stderr)
+        print(f"detsample golden {args.action}: error: {_write_failure(store, e)}", file=sys.stderr)
         return 2
 
 
@@ -98,6 +109,7 @@ def _child_argv(args: argparse.Namespace, action: str) -> list[str]:
 
 def _verify(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
     from detsample.golden.store import verify_all
+
     if not store.has_platform():
         print(store.missing_platform_message(), file=sys.stderr)
         return 1
@@ -112,6 +124,7 @@ def _verify(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
 def _update(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
     from detsample.golden import registry
     from detsample.golden.store import ChangeKind, GoldenUpdateRefused, update_all
+
     try:
         with Progress(f"golden update: {len(selected)} scenarios") as progress:
             progress(0, None)
@@ -122,8 +135,10 @@ def _update(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
     moved = [c for c in changes if c.kind is not ChangeKind.UNCHANGED]
     for c in moved:
         print(f"[{c.kind}] {c.report}")
-    print(f"{len(changes)} scenarios written to {store.platform_dir}: {len(moved)} changed, "
-          f"{len(changes) - len(moved)} unchanged")
+    print(
+        f"{len(changes)} scenarios written to {store.platform_dir}: {len(moved)} changed, "
+        f"{len(changes) - len(moved)} unchanged"
+    )
     stale = store.stale(registry.names())
     for name in stale:
         if args.prune:
@@ -140,8 +155,9 @@ def _write_failure(store: Any, exc: OSError) -> str:
     """One line naming the golden folder, the file and the reason of a failed write (no
     golden file changed: each is staged, then renamed)."""
     where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
-    return (f"cannot write the goldens under {store.platform_dir}{where}: "
-            f"{exc.strerror or exc}; no golden file was changed")
+    return (
+        f"cannot write the goldens under {store.platform_dir}{where}: {exc.strerror or exc}; no golden file was changed"
+    )
 
 
 def _diff(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
@@ -149,6 +165,7 @@ def _diff(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
     ``verify``: a scenario differs when verify would fail it (bits, or a corrupt golden);
     a manifest whose bits-defining fields are equal is shown as metadata, not counted."""
     from detsample.golden import registry
+
     if not store.has_platform():
         print(store.missing_platform_message(), file=sys.stderr)
         return 1
@@ -159,8 +176,7 @@ def _diff(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
         new = store.encode(name, out)
         changed = []
         for f in ALL_FILES:
-            old = (d / f).read_bytes().decode("utf-8", errors="replace") if (d / f).is_file() \
-                else ""
+            old = (d / f).read_bytes().decode("utf-8", errors="replace") if (d / f).is_file() else ""
             if old != new.get(f, ""):
                 changed.append((f, old))
         if verdict.ok and not changed:
@@ -173,10 +189,17 @@ def _diff(args: argparse.Namespace, store: Any, selected: list[str]) -> int:
                 print(f"# {name}/{f}: {what} only, every bit equal (not a difference)")
             else:
                 files += 1
-            sys.stdout.writelines(difflib.unified_diff(
-                old.splitlines(True), new.get(f, "").splitlines(True),
-                fromfile=f"golden/{store.fingerprint}/{name}/{f}",
-                tofile=f"obtained/{store.fingerprint}/{name}/{f}"))
-    print(f"{differ} of {len(selected)} scenarios differ ({files} golden file(s))" if differ
-          else f"no differences in the bits of {len(selected)} scenarios")
+            sys.stdout.writelines(
+                difflib.unified_diff(
+                    old.splitlines(True),
+                    new.get(f, "").splitlines(True),
+                    fromfile=f"golden/{store.fingerprint}/{name}/{f}",
+                    tofile=f"obtained/{store.fingerprint}/{name}/{f}",
+                )
+            )
+    print(
+        f"{differ} of {len(selected)} scenarios differ ({files} golden file(s))"
+        if differ
+        else f"no differences in the bits of {len(selected)} scenarios"
+    )
     return 1 if differ else 0

@@ -30,8 +30,7 @@ def _dtypes(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",")]
     bad = [n for n in names if n not in DTYPE_NAMES]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"must be a comma list of {', '.join(DTYPE_NAMES)}, "
-                                         f"got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a comma list of {', '.join(DTYPE_NAMES)}, got {text!r}")
     return names
 
 
@@ -39,51 +38,88 @@ def _threads(text: str) -> list[int]:
     try:
         return thread_counts(text)
     except argparse.ArgumentTypeError as exc:
-        raise argparse.ArgumentTypeError(f"must be a comma list of thread counts, got "
-                                         f"{text!r}: {exc}") from None
+        raise argparse.ArgumentTypeError(f"must be a comma list of thread counts, got {text!r}: {exc}") from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("probe", help="find where a model or its kernels break batch invariance",
-                       description="Probe ops or a model for batch invariance, prefill/decode "
-                                   "alignment, run-to-run and thread-count determinism "
-                                   "(docs/probe.md). Exit 0 all hold, 1 a check fails, 2 usage.")
+    p = sub.add_parser(
+        "probe",
+        help="find where a model or its kernels break batch invariance",
+        description="Probe ops or a model for batch invariance, prefill/decode "
+        "alignment, run-to-run and thread-count determinism "
+        "(docs/probe.md). Exit 0 all hold, 1 a check fails, 2 usage.",
+    )
     kinds = p.add_subparsers(dest="probe_kind", metavar="KIND")
-    ops = kinds.add_parser("ops", help="micro-probes of the ops transformers run",
-                           description="Per op and dtype: batch-invariant (row alone vs in a "
-                                       "batch), run to run, 1 vs N threads.")
+    ops = kinds.add_parser(
+        "ops",
+        help="micro-probes of the ops transformers run",
+        description="Per op and dtype: batch-invariant (row alone vs in a batch), run to run, 1 vs N threads.",
+    )
     ops.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ops.add_argument("--dtype", type=_dtypes, default=["float32"], metavar="LIST",
-                     help="comma list of float32, bfloat16, float16 (default float32)")
-    ops.add_argument("--threads", type=_threads, default=[1, 2], metavar="LIST",
-                     help="CPU thread counts to measure at and compare (default 1,2)")
-    ops.add_argument("--op", type=lambda s: [o.strip() for o in s.split(",")], default=None,
-                     metavar="LIST", help="only these ops (comma list; default all)")
-    ops.add_argument("--batch-invariant", action="store_true",
-                     help="run the probes under detsample.batch_invariant()")
+    ops.add_argument(
+        "--dtype",
+        type=_dtypes,
+        default=["float32"],
+        metavar="LIST",
+        help="comma list of float32, bfloat16, float16 (default float32)",
+    )
+    ops.add_argument(
+        "--threads",
+        type=_threads,
+        default=[1, 2],
+        metavar="LIST",
+        help="CPU thread counts to measure at and compare (default 1,2)",
+    )
+    ops.add_argument(
+        "--op",
+        type=lambda s: [o.strip() for o in s.split(",")],
+        default=None,
+        metavar="LIST",
+        help="only these ops (comma list; default all)",
+    )
+    ops.add_argument("--batch-invariant", action="store_true", help="run the probes under detsample.batch_invariant()")
     ops.add_argument("--json", metavar="PATH", help="write the JSON report here ('-' = stdout)")
     ops.set_defaults(func=run_ops)
-    model = kinds.add_parser("model", help="probe a causal LM",
-                             description="Checks batch_invariance, prefill_decode, "
-                                         "chunked_prefill, run_to_run, threads, bitwise; a "
-                                         "failed check names the first module and aten op "
-                                         "that differ.")
-    model.add_argument("model", metavar="MODEL",
-                       help="hf-tiny-llama, hf-tiny-qwen2, refmodel, refmodel-float or "
-                            "package.module:factory")
-    model.add_argument("--batch-invariant", action="store_true",
-                       help="run the model under the batch-invariant mode (verified kernels)")
-    model.add_argument("--portable", action="store_true",
-                       help="with --batch-invariant: the mode's portable kernels (the same "
-                            "bits on every CPU, docs/batch-invariant.md)")
-    model.add_argument("--tp", type=tp_sizes, default=None, metavar="LIST",
-                       help="also run the model tensor-parallel at these sizes (comma list, "
-                            "e.g. 1,2,4) on a local gloo process group and add the check "
-                            "tensor_parallel: logits vs TP=1, bitwise (docs/tensor-parallel.md)")
-    model.add_argument("--threads", type=thread_count, default=None, metavar="N",
-                       help="torch intra-op threads of this process for every check (default: "
-                            "torch's); the threads check then compares 1 and N threads (N = 1: "
-                            "1 and 2)")
+    model = kinds.add_parser(
+        "model",
+        help="probe a causal LM",
+        description="Checks batch_invariance, prefill_decode, "
+        "chunked_prefill, run_to_run, threads, bitwise; a "
+        "failed check names the first module and aten op "
+        "that differ.",
+    )
+    model.add_argument(
+        "model",
+        metavar="MODEL",
+        help="hf-tiny-llama, hf-tiny-qwen2, refmodel, refmodel-float or package.module:factory",
+    )
+    model.add_argument(
+        "--batch-invariant", action="store_true", help="run the model under the batch-invariant mode (verified kernels)"
+    )
+    model.add_argument(
+        "--portable",
+        action="store_true",
+        help="with --batch-invariant: the mode's portable kernels (the same "
+        "bits on every CPU, docs/batch-invariant.md)",
+    )
+    model.add_argument(
+        "--tp",
+        type=tp_sizes,
+        default=None,
+        metavar="LIST",
+        help="also run the model tensor-parallel at these sizes (comma list, "
+        "e.g. 1,2,4) on a local gloo process group and add the check "
+        "tensor_parallel: logits vs TP=1, bitwise (docs/tensor-parallel.md)",
+    )
+    model.add_argument(
+        "--threads",
+        type=thread_count,
+        default=None,
+        metavar="N",
+        help="torch intra-op threads of this process for every check (default: "
+        "torch's); the threads check then compares 1 and N threads (N = 1: "
+        "1 and 2)",
+    )
     model.add_argument("--json", metavar="PATH", help="write the JSON report here ('-' = stdout)")
     model.set_defaults(func=run_model)
     p.set_defaults(func=lambda args: _usage(p))
@@ -102,6 +138,7 @@ def _error(msg: str) -> int:
 def _emit(report: Any, path: str | None) -> int | None:
     """Print the table and write ``--json``; 2 when the JSON cannot be written."""
     from detsample.probe.report import dumps
+
     text = dumps(report)
     sys.stdout.write(report.table())  # stderr under --json - (detsample.outputs.streams)
     failed = write_output(path, text, "--json") if path else None
@@ -142,19 +179,18 @@ def run_model(args: argparse.Namespace) -> int:
     if refused:
         return _error(refused)
     try:
-        model = load_model(args.model, batch_invariant=args.batch_invariant,
-                           portable=args.portable)
+        model = load_model(args.model, batch_invariant=args.batch_invariant, portable=args.portable)
         device = getattr(model, "device", "cpu")
         if args.tp:
             from detsample.parallel import TPModelSpec, check_spec
-            for tp in args.tp:   # a refused size is a usage error, before any probe runs
+
+            for tp in args.tp:  # a refused size is a usage error, before any probe runs
                 check_spec(TPModelSpec(args.model, tp, args.batch_invariant, args.portable), model)
         apply_threads(args)
         config = ProbeConfig(threads=(1, max(args.threads or 2, 2)))
         with Progress(f"probe model {args.model}") as progress:
             progress(0, None)
-            report = probe_model(model, config, platform=platform_fingerprint(device),
-                                 target=args.model)
+            report = probe_model(model, config, platform=platform_fingerprint(device), target=args.model)
             if args.tp:
                 report = _with_tp(report, model, args)
     except ModelError as e:
@@ -172,8 +208,9 @@ def _with_tp(report: Any, model: Any, args: argparse.Namespace) -> Any:
     from detsample.probe.report import ProbeCheck
 
     try:
-        check = check_tensor_parallel(model, args.model, args.tp, batch_invariant=args.batch_invariant,
-                                      portable=args.portable)
-    except RankError as e:   # a rank failed: the check fails, saying how
+        check = check_tensor_parallel(
+            model, args.model, args.tp, batch_invariant=args.batch_invariant, portable=args.portable
+        )
+    except RankError as e:  # a rank failed: the check fails, saying how
         check = ProbeCheck(CHECK_NAME, False, str(e))
     return replace(report, checks=report.checks + (check,))

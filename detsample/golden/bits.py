@@ -56,17 +56,24 @@ class DType:
         return bits.view(f"<{numpy_name}{self.width // 8}")
 
 
-DTYPES: dict[str, DType] = {d.name: d for d in (
-    DType("float64", "float", 64, 11, 52),
-    DType("float32", "float", 32, 8, 23),
-    DType("float16", "float", 16, 5, 10),
-    DType("bfloat16", "float", 16, 8, 7),
-    DType("int64", "int", 64), DType("int32", "int", 32), DType("int16", "int", 16),
-    DType("int8", "int", 8),
-    DType("uint64", "uint", 64), DType("uint32", "uint", 32), DType("uint16", "uint", 16),
-    DType("uint8", "uint", 8),
-    DType("bool", "bool", 8),
-)}
+DTYPES: dict[str, DType] = {
+    d.name: d
+    for d in (
+        DType("float64", "float", 64, 11, 52),
+        DType("float32", "float", 32, 8, 23),
+        DType("float16", "float", 16, 5, 10),
+        DType("bfloat16", "float", 16, 8, 7),
+        DType("int64", "int", 64),
+        DType("int32", "int", 32),
+        DType("int16", "int", 16),
+        DType("int8", "int", 8),
+        DType("uint64", "uint", 64),
+        DType("uint32", "uint", 32),
+        DType("uint16", "uint", 16),
+        DType("uint8", "uint", 8),
+        DType("bool", "bool", 8),
+    )
+}
 FLOAT32 = DTYPES["float32"]
 
 
@@ -146,7 +153,7 @@ def bucket(d: int) -> str:
         return str(d)
     for k in range(2, _MAX_POW + 1):
         if d <= 2**k:
-            return f"{2**(k - 1) + 1}-{2**k}"
+            return f"{2 ** (k - 1) + 1}-{2**k}"
     return f">{2**_MAX_POW}"
 
 

@@ -37,11 +37,17 @@ class Divergence:
 
     def describe(self) -> str:
         g, o = self.golden_bits, self.obtained_bits
-        tok = (f"token {self.golden_token}" if self.golden_token == self.obtained_token
-               else f"token {self.golden_token} -> {self.obtained_token}")
-        lp = (f"logprob 0x{g:08x} ({float_text(g)})" if g == o else
-              f"logprob 0x{g:08x} ({float_text(g)}) -> 0x{o:08x} ({float_text(o)}), "
-              f"{'NaN' if self.ulp < 0 else f'{self.ulp} ulp'}")
+        tok = (
+            f"token {self.golden_token}"
+            if self.golden_token == self.obtained_token
+            else f"token {self.golden_token} -> {self.obtained_token}"
+        )
+        lp = (
+            f"logprob 0x{g:08x} ({float_text(g)})"
+            if g == o
+            else f"logprob 0x{g:08x} ({float_text(g)}) -> 0x{o:08x} ({float_text(o)}), "
+            f"{'NaN' if self.ulp < 0 else f'{self.ulp} ulp'}"
+        )
         return f"request {self.rid} position {self.position} (entry {self.index}): {tok}; {lp}"
 
 
@@ -65,12 +71,13 @@ class TopDiff:
             return []
         out = [f"  first top-logprob divergence: {self.first}"]
         if self.ulp_histogram:
-            out.append("  top logprob ULP histogram: "
-                       + ", ".join(f"{k}: {v}" for k, v in self.ulp_histogram.items()))
+            out.append("  top logprob ULP histogram: " + ", ".join(f"{k}: {v}" for k, v in self.ulp_histogram.items()))
         if self.golden_total == 0:
-            out.append(f"  note: the golden records no top logprobs but {self.obtained_total} "
-                       "were obtained (a golden written before top logprobs were recorded, or "
-                       "whose rows did not ask for them): regenerate it")
+            out.append(
+                f"  note: the golden records no top logprobs but {self.obtained_total} "
+                "were obtained (a golden written before top logprobs were recorded, or "
+                "whose rows did not ask for them): regenerate it"
+            )
         return out
 
 
@@ -96,14 +103,19 @@ def compare_top(golden: ScenarioOutput, obtained: ScenarioOutput, n: int) -> Top
         where = f"request {obtained.rids[i]} position {int(obtained.positions[i])}"
         if first is None and bad.any():
             r = int(np.argmax(bad))
-            first = (f"{where} rank {r}: {_describe_top(golden, go[i] + r)} -> "
-                     f"{_describe_top(obtained, oo[i] + r)}"
-                     + (f", {'NaN' if d[0] < 0 else f'{int(d[0])} ulp'}" if bad_bits[r] else ""))
+            first = f"{where} rank {r}: {_describe_top(golden, go[i] + r)} -> {_describe_top(obtained, oo[i] + r)}" + (
+                f", {'NaN' if d[0] < 0 else f'{int(d[0])} ulp'}" if bad_bits[r] else ""
+            )
         elif first is None and gc != oc:
             first = f"{where}: {gc} top logprobs in the golden, {oc} obtained"
     arr = np.array(dists, dtype=np.int64)
-    return TopDiff(mismatches, int(golden.top_counts[:n].sum()), int(obtained.top_counts[:n].sum()),
-                   first, bits.histogram(np.maximum(arr, 0).astype(np.uint64), arr < 0))
+    return TopDiff(
+        mismatches,
+        int(golden.top_counts[:n].sum()),
+        int(obtained.top_counts[:n].sum()),
+        first,
+        bits.histogram(np.maximum(arr, 0).astype(np.uint64), arr < 0),
+    )
 
 
 @dataclass(frozen=True)
@@ -124,8 +136,12 @@ class GoldenDiff:
 
     @property
     def ok(self) -> bool:
-        return (self.golden_n == self.obtained_n and self.first is None
-                and self.label_mismatches == 0 and (self.top is None or self.top.ok))
+        return (
+            self.golden_n == self.obtained_n
+            and self.first is None
+            and self.label_mismatches == 0
+            and (self.top is None or self.top.ok)
+        )
 
     def summary(self) -> str:
         """One line: what moved."""
@@ -150,8 +166,7 @@ class GoldenDiff:
         if self.first is not None:
             lines.append(f"  first divergence: {self.first.describe()}")
         if self.unmatched is not None:
-            lines.append(f"  {'first divergence' if self.first is None else 'length'}: "
-                         f"{self.unmatched}")
+            lines.append(f"  {'first divergence' if self.first is None else 'length'}: {self.unmatched}")
         if self.ulp_histogram:
             hist = ", ".join(f"{k}: {v}" for k, v in self.ulp_histogram.items())
             lines.append(f"  logprob ULP histogram: {hist}")
@@ -163,8 +178,7 @@ class GoldenDiff:
         return "\n".join(lines)
 
 
-def compare(scenario: str, golden: ScenarioOutput, obtained: ScenarioOutput,
-            worst: int = 5) -> GoldenDiff:
+def compare(scenario: str, golden: ScenarioOutput, obtained: ScenarioOutput, worst: int = 5) -> GoldenDiff:
     """Compare bits entry by entry over the common prefix; a length change is a mismatch."""
     n = min(len(golden.rids), len(obtained.rids))
     labels_g, labels_o = golden.labels[:n], obtained.labels[:n]
@@ -177,8 +191,16 @@ def compare(scenario: str, golden: ScenarioOutput, obtained: ScenarioOutput,
     ulps = ulp_distance(gb, ob)
 
     def div(i: int) -> Divergence:
-        return Divergence(int(i), obtained.rids[i], int(obtained.positions[i]), int(gt[i]),
-                          int(ot[i]), int(gb[i]), int(ob[i]), int(ulps[i]))
+        return Divergence(
+            int(i),
+            obtained.rids[i],
+            int(obtained.positions[i]),
+            int(gt[i]),
+            int(ot[i]),
+            int(gb[i]),
+            int(ob[i]),
+            int(ulps[i]),
+        )
 
     moved = ulps[bit_bad]
     hist = bits.histogram(np.maximum(moved, 0).astype(np.uint64), moved < 0)
@@ -186,12 +208,17 @@ def compare(scenario: str, golden: ScenarioOutput, obtained: ScenarioOutput,
     severity = np.where(tok_bad, 1 << 62, np.where(ulps < 0, 1 << 61, ulps))
     order = sorted(bad.tolist(), key=lambda i: (-int(severity[i]), i))[:worst]
     return GoldenDiff(
-        scenario=scenario, golden_n=len(golden.rids), obtained_n=len(obtained.rids),
-        token_mismatches=int(tok_bad.sum()), logprob_mismatches=int(bit_bad.sum()),
+        scenario=scenario,
+        golden_n=len(golden.rids),
+        obtained_n=len(obtained.rids),
+        token_mismatches=int(tok_bad.sum()),
+        logprob_mismatches=int(bit_bad.sum()),
         label_mismatches=int(label_bad.sum()),
         first=div(int(bad[0])) if bad.size else None,
-        ulp_histogram=hist, worst=tuple(div(i) for i in order),
-        unmatched=_unmatched(golden, obtained, n), top=compare_top(golden, obtained, n),
+        ulp_histogram=hist,
+        worst=tuple(div(i) for i in order),
+        unmatched=_unmatched(golden, obtained, n),
+        top=compare_top(golden, obtained, n),
     )
 
 
@@ -201,6 +228,8 @@ def _unmatched(golden: ScenarioOutput, obtained: ScenarioOutput, n: int) -> str 
         return None
     side, out = ("golden", golden) if len(golden.rids) > n else ("obtained", obtained)
     bits = int(out.bits()[n])
-    return (f"entry {n}: only the {side} has it: request {out.rids[n]} position "
-            f"{int(out.positions[n])}: token {int(out.tokens[n])}, "
-            f"logprob 0x{bits:08x} ({float_text(bits)})")
+    return (
+        f"entry {n}: only the {side} has it: request {out.rids[n]} position "
+        f"{int(out.positions[n])}: token {int(out.tokens[n])}, "
+        f"logprob 0x{bits:08x} ({float_text(bits)})"
+    )

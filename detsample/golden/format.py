@@ -90,8 +90,7 @@ def text_of(data: bytes, where: str) -> str:
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise GoldenFormatError(f"{where}:{line}: not UTF-8 (byte 0x{data[e.start]:02x} at "
-                                f"column {col})") from None
+        raise GoldenFormatError(f"{where}:{line}: not UTF-8 (byte 0x{data[e.start]:02x} at column {col})") from None
 
 
 def load_json(text: str, where: str) -> Any:
@@ -99,8 +98,7 @@ def load_json(text: str, where: str) -> Any:
     try:
         return loads(text)
     except json.JSONDecodeError as e:
-        raise GoldenFormatError(f"{where}:{e.lineno}: invalid JSON: {e.msg} "
-                                f"(column {e.colno})") from None
+        raise GoldenFormatError(f"{where}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
     except ValueError as e:  # nested beyond the parser's limit
         raise GoldenFormatError(f"{where}: invalid JSON: {e}") from None
 
@@ -113,8 +111,10 @@ def file_reference_problem(key: str, named: Any, expected: str) -> str | None:
     if not isinstance(named, str) or not named:
         return f"{MANIFEST}: {key}.file must be {expected!r}, got {named!r}"
     if "/" in named or "\\" in named or named in (".", "..") or named.startswith("~"):
-        return (f"{MANIFEST}: {key}.file {named!r} points outside the scenario folder (a "
-                f"golden names only its own files: {expected!r})")
+        return (
+            f"{MANIFEST}: {key}.file {named!r} points outside the scenario folder (a "
+            f"golden names only its own files: {expected!r})"
+        )
     return f"{MANIFEST}: {key}.file names {named!r}; the format keeps it in {expected!r}"
 
 
@@ -178,8 +178,9 @@ class ScenarioOutput:
         object.__setattr__(self, "top_logprobs", np.ascontiguousarray(vals, dtype="<f4"))
         for name in ("top_ids", "top_logprobs"):
             if getattr(self, name).shape != (m,):
-                raise GoldenFormatError(f"{name} must have shape ({m},) (the sum of top_counts), "
-                                        f"got {getattr(self, name).shape}")
+                raise GoldenFormatError(
+                    f"{name} must have shape ({m},) (the sum of top_counts), got {getattr(self, name).shape}"
+                )
 
     @property
     def labels(self) -> list[str]:
@@ -199,11 +200,19 @@ class ScenarioOutput:
         """The entries at ``indices`` (in that order), with their top logprobs, same meta."""
         idx = np.asarray(indices, dtype=np.int64)
         off = self.top_offsets
-        sel = np.concatenate([np.arange(off[i], off[i + 1]) for i in idx.tolist()] or
-                             [np.zeros(0, np.int64)]).astype(np.int64)
-        return ScenarioOutput(tuple(self.rids[i] for i in idx.tolist()), self.positions[idx],
-                              self.tokens[idx], self.logprobs[idx], self.meta,
-                              self.top_counts[idx], self.top_ids[sel], self.top_logprobs[sel])
+        sel = np.concatenate([np.arange(off[i], off[i + 1]) for i in idx.tolist()] or [np.zeros(0, np.int64)]).astype(
+            np.int64
+        )
+        return ScenarioOutput(
+            tuple(self.rids[i] for i in idx.tolist()),
+            self.positions[idx],
+            self.tokens[idx],
+            self.logprobs[idx],
+            self.meta,
+            self.top_counts[idx],
+            self.top_ids[sel],
+            self.top_logprobs[sel],
+        )
 
     def of_request(self, rid: str) -> ScenarioOutput:
         """The entries of request ``rid``, in order."""
@@ -229,13 +238,14 @@ def encode_tokens(out: ScenarioOutput) -> str:
 
 
 def encode_logprobs(out: ScenarioOutput) -> str:
-    return "".join(f"0x{int(b):08x} {float_text(int(b))} {lab}\n"
-                   for b, lab in zip(out.bits(), out.labels))
+    return "".join(f"0x{int(b):08x} {float_text(int(b))} {lab}\n" for b, lab in zip(out.bits(), out.labels))
 
 
 def encode_top_logprobs(out: ScenarioOutput) -> str:
-    return "".join(f"{int(t)} 0x{int(b):08x} {float_text(int(b))} {lab}\n" for t, b, lab in
-                   zip(out.top_ids, out.top_logprobs.view("<u4"), out.top_labels()))
+    return "".join(
+        f"{int(t)} 0x{int(b):08x} {float_text(int(b))} {lab}\n"
+        for t, b, lab in zip(out.top_ids, out.top_logprobs.view("<u4"), out.top_labels())
+    )
 
 
 def encode_manifest(out: ScenarioOutput, scenario: str, extra: Mapping[str, Any]) -> str:
@@ -244,10 +254,20 @@ def encode_manifest(out: ScenarioOutput, scenario: str, extra: Mapping[str, Any]
     arrays = {}
     specs = {**ARRAY_SPECS, **(TOP_SPECS if m else {})}
     for name, (fname, dtype) in specs.items():
-        arrays[name] = {"file": fname, "dtype": dtype, "shape": [m if name in TOP_SPECS else n],
-                        "sha256": sha256(getattr(out, name))}
-    doc = {"schema_version": SCHEMA_VERSION, "scenario": scenario, "arrays": arrays,
-           "positions_sha256": sha256(out.positions), **dict(extra), **dict(out.meta)}
+        arrays[name] = {
+            "file": fname,
+            "dtype": dtype,
+            "shape": [m if name in TOP_SPECS else n],
+            "sha256": sha256(getattr(out, name)),
+        }
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "scenario": scenario,
+        "arrays": arrays,
+        "positions_sha256": sha256(out.positions),
+        **dict(extra),
+        **dict(out.meta),
+    }
     if m:
         doc["top_counts_sha256"] = sha256(out.top_counts)
     return json.dumps(doc, sort_keys=True, indent=1, allow_nan=False) + "\n"
@@ -316,10 +336,15 @@ def decode_lenient(texts: Mapping[str, str]) -> tuple[ScenarioOutput, dict[str, 
     split = [_split_label(lab, f"{TOKENS}:{i}") for i, lab in enumerate(labels, 1)]
     tokens, bits32, problems = _ids_and_bits((TOKENS, LOGPROBS), [r[0] for r in trows], lrows, 0)
     counts, top_ids, top_bits, top_problems = _decode_top(texts.get(TOP_LOGPROBS, ""), labels)
-    out = ScenarioOutput(rids=tuple(s[0] for s in split),
-                         positions=np.array([s[1] for s in split], dtype="<i8"),
-                         tokens=tokens, logprobs=bits32.view("<f4"), top_counts=counts,
-                         top_ids=top_ids, top_logprobs=top_bits.view("<f4"))
+    out = ScenarioOutput(
+        rids=tuple(s[0] for s in split),
+        positions=np.array([s[1] for s in split], dtype="<i8"),
+        tokens=tokens,
+        logprobs=bits32.view("<f4"),
+        top_counts=counts,
+        top_ids=top_ids,
+        top_logprobs=top_bits.view("<f4"),
+    )
     return out, manifest, problems + top_problems + _manifest_problems(out, manifest)
 
 
@@ -335,12 +360,12 @@ def _decode_top(text: str, labels: list[str]) -> tuple[np.ndarray, np.ndarray, n
         lab, sep, rank = r[3].rpartition("#")
         entry = where.get(lab, -1) if sep else -1
         if entry < last or entry < 0 or rank != str(counts[entry]):
-            raise GoldenFormatError(f"{TOP_LOGPROBS}:{i}: expected the next rank of an entry of "
-                                    f"{TOKENS}, in order, got {r[3]!r}")
+            raise GoldenFormatError(
+                f"{TOP_LOGPROBS}:{i}: expected the next rank of an entry of {TOKENS}, in order, got {r[3]!r}"
+            )
         last = entry
         counts[entry] += 1
-    ids, bits32, problems = _ids_and_bits((TOP_LOGPROBS, TOP_LOGPROBS), [r[0] for r in rows],
-                                          rows, 1)
+    ids, bits32, problems = _ids_and_bits((TOP_LOGPROBS, TOP_LOGPROBS), [r[0] for r in rows], rows, 1)
     return counts, ids, bits32, problems
 
 
@@ -354,13 +379,15 @@ def _ints(fname: str, texts: list[str], base: int, dtype: str) -> np.ndarray:
             try:
                 np.array([int(t, base)], dtype=dtype)
             except (ValueError, OverflowError) as e:
-                raise GoldenFormatError(f"{fname}:{i}: not an {np.dtype(dtype).name} in golden text: "
-                                        f"{t[:40]!r} ({e})") from None
+                raise GoldenFormatError(
+                    f"{fname}:{i}: not an {np.dtype(dtype).name} in golden text: {t[:40]!r} ({e})"
+                ) from None
         raise
 
 
-def _ids_and_bits(fnames: tuple[str, str], ids: list[str], rows: list[list[str]], col: int
-                  ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def _ids_and_bits(
+    fnames: tuple[str, str], ids: list[str], rows: list[list[str]], col: int
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Token ids (decimal text, from the file ``fnames[0]``) -> int64, and the float32
     bits of ``rows`` (of ``fnames[1]``: hex in column ``col``, its decimal in ``col + 1``)
     -> uint32, with a problem message per decimal that disagrees with its bits."""
@@ -370,9 +397,11 @@ def _ids_and_bits(fnames: tuple[str, str], ids: list[str], rows: list[list[str]]
     if bits.size and int(bits.max()) > 0xFFFFFFFF:
         raise GoldenFormatError(f"{fname}: bits must fit in uint32")
     bits32 = bits.astype("<u4")
-    problems = [f"{fname}:{i}: decimal {r[col + 1]!r} disagrees with bits 0x{int(b):08x} "
-                f"(= {float_text(int(b))})"
-                for i, (b, r) in enumerate(zip(bits32, rows), 1) if float_text(int(b)) != r[col + 1]]
+    problems = [
+        f"{fname}:{i}: decimal {r[col + 1]!r} disagrees with bits 0x{int(b):08x} (= {float_text(int(b))})"
+        for i, (b, r) in enumerate(zip(bits32, rows), 1)
+        if float_text(int(b)) != r[col + 1]
+    ]
     return tok, bits32, problems
 
 
@@ -393,8 +422,7 @@ def _manifest_problems(out: ScenarioOutput, manifest: Mapping[str, Any]) -> list
         elif spec.get("shape") != list(arr.shape):
             problems.append(f"{fname}: shape {list(arr.shape)} but {MANIFEST} says {spec.get('shape')}")
         elif spec.get("sha256") != sha256(arr):
-            problems.append(f"{fname}: sha256 of its values differs from {MANIFEST} "
-                            "(edited or truncated by hand?)")
+            problems.append(f"{fname}: sha256 of its values differs from {MANIFEST} (edited or truncated by hand?)")
     if manifest.get("positions_sha256") != sha256(out.positions):
         problems.append(f"{TOKENS}: positions differ from {MANIFEST}")
     m = int(out.top_counts.sum())
@@ -405,8 +433,7 @@ def _manifest_problems(out: ScenarioOutput, manifest: Mapping[str, Any]) -> list
                 problems.append(f"{fname}: present but {MANIFEST} has no arrays.{name}")
             continue
         arr = getattr(out, name)
-        ref = file_reference_problem(f"arrays.{name}", spec.get("file"), fname) \
-            if isinstance(spec, dict) else None
+        ref = file_reference_problem(f"arrays.{name}", spec.get("file"), fname) if isinstance(spec, dict) else None
         if ref:
             problems.append(ref)
         elif not isinstance(spec, dict) or spec.get("dtype") != dtype:

@@ -54,8 +54,11 @@ def supported_isas() -> list[str]:
     is unforced or forced to that set (torch checks those sets itself: a forced SVE256
     the CPU lacks falls back to ``default``)."""
     if _is_x86():
-        flags = {"default": True, "avx2": bool(torch.cpu._is_avx2_supported()),
-                 "avx512": bool(torch.cpu._is_avx512_supported())}
+        flags = {
+            "default": True,
+            "avx2": bool(torch.cpu._is_avx2_supported()),
+            "avx512": bool(torch.cpu._is_avx512_supported()),
+        }
         return [i for i in X86_ORDER if flags[i]]
     forced = os.environ.get(ENV)
     cur = current_isa()
@@ -106,8 +109,12 @@ def dispatch_info() -> dict[str, str]:
     CPU's own best set, ``mkl`` the MKL level (:func:`mkl_instructions`) and ``vml`` its
     vector-math probe (:func:`vml_probe`)."""
     cur, nat = current_isa(), native_isa()
-    return {"mode": "native" if cur == nat else "emulated", "machine_isa": nat,
-            "mkl": mkl_instructions(), "vml": vml_probe()}
+    return {
+        "mode": "native" if cur == nat else "emulated",
+        "machine_isa": nat,
+        "mkl": mkl_instructions(),
+        "vml": vml_probe(),
+    }
 
 
 def recorded_dispatch(platform_dir: Path) -> list[dict]:
@@ -119,8 +126,9 @@ def recorded_dispatch(platform_dir: Path) -> list[dict]:
             doc = load_json(text_of(read_golden(man), str(man)), str(man))
         except (OSError, GoldenFormatError):
             continue
-        if isinstance(doc, dict) and isinstance(doc.get("cpu_dispatch"), dict) \
-                and dispatch_problem(doc) is None:  # a malformed one: verify names it
+        if (
+            isinstance(doc, dict) and isinstance(doc.get("cpu_dispatch"), dict) and dispatch_problem(doc) is None
+        ):  # a malformed one: verify names it
             out.append(doc["cpu_dispatch"])
     return out
 
@@ -131,8 +139,7 @@ def describe() -> str:
     d = dispatch_info()
     if d["mode"] == "native":
         return f"cpu ISA {current_isa()}, native"
-    return (f"cpu ISA {current_isa()}, emulated with {ENV}={os.environ.get(ENV)} on an "
-            f"{d['machine_isa']} CPU")
+    return f"cpu ISA {current_isa()}, emulated with {ENV}={os.environ.get(ENV)} on an {d['machine_isa']} CPU"
 
 
 def resolve(spec: str) -> list[str]:
@@ -147,8 +154,7 @@ def resolve(spec: str) -> list[str]:
     out = []
     for name in (s.strip().lower() for s in spec.split(",")):
         if name not in ok:
-            raise ValueError(f"isa must be 'all', 'current' or sets this CPU supports "
-                             f"({', '.join(ok)}), got {name!r}")
+            raise ValueError(f"isa must be 'all', 'current' or sets this CPU supports ({', '.join(ok)}), got {name!r}")
         out.append(name)
     return out
 
@@ -160,8 +166,9 @@ def run_under(isa: str | None, argv: Sequence[str], echo: Echo, cwd: str | None 
     env = dict(os.environ)
     if isa is not None:
         env[ENV] = isa
-    proc = subprocess.Popen(list(argv), env=env, cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+    proc = subprocess.Popen(
+        list(argv), env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    )
     assert proc.stdout is not None
     with proc.stdout:
         for line in proc.stdout:
@@ -169,9 +176,9 @@ def run_under(isa: str | None, argv: Sequence[str], echo: Echo, cwd: str | None 
     return proc.wait()
 
 
-def run_per_isa(isas: Sequence[str], argv: Sequence[str], echo: Echo,
-                cwd: str | None = None, then: Sequence[str] | None = None
-                ) -> list[tuple[str, int]]:
+def run_per_isa(
+    isas: Sequence[str], argv: Sequence[str], echo: Echo, cwd: str | None = None, then: Sequence[str] | None = None
+) -> list[tuple[str, int]]:
     """:func:`run_under` for each set in turn (one at a time: goldens are CPU work):
     ``argv`` under the first set, ``then`` (default ``argv``) under the others; a header
     line per set and a closing summary go to ``echo``. Returns ``[(isa, exit status)]``."""
@@ -182,6 +189,5 @@ def run_per_isa(isas: Sequence[str], argv: Sequence[str], echo: Echo,
         how = "native" if name == nat else f"emulated on an {nat} CPU"
         echo(f"==> {ENV}={name} ({how}): {' '.join(cmd)}")
         results.append((name, run_under(name, cmd, echo, cwd)))
-    echo("==> per ISA: " + ", ".join(f"{i} {'ok' if rc == 0 else f'FAILED (exit {rc})'}"
-                                      for i, rc in results))
+    echo("==> per ISA: " + ", ".join(f"{i} {'ok' if rc == 0 else f'FAILED (exit {rc})'}" for i, rc in results))
     return results

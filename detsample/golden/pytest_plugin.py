@@ -41,31 +41,46 @@ _KEY = pytest.StashKey["GoldenSession"]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("detsample")
-    group.addoption("--golden-update", action="store_true", default=False,
-                    help="regenerate detsample golden files for this platform")
-    group.addoption("--golden-force", action="store_true", default=False,
-                    help="allow --golden-update when the CI variable is set")
-    group.addoption("--golden-dir", default=None, metavar="PATH",
-                    help="root of the golden files (default: $DETSAMPLE_GOLDEN_DIR, else "
-                         "golden/ under the pytest rootdir)")
-    group.addoption("--golden-verify-shared", action="store_true", default=False,
-                    help=argparse.SUPPRESS)  # --golden-isa's later sets: see the docstring
-    group.addoption("--golden-isa", default="current", metavar="ISA",
-                    help="run the session once per CPU instruction set, each in a subprocess "
-                         "under ATEN_CPU_CAPABILITY: 'all' (every set this CPU supports), "
-                         "a comma-separated list (default,avx2,avx512), or 'current' (default)")
+    group.addoption(
+        "--golden-update",
+        action="store_true",
+        default=False,
+        help="regenerate detsample golden files for this platform",
+    )
+    group.addoption(
+        "--golden-force", action="store_true", default=False, help="allow --golden-update when the CI variable is set"
+    )
+    group.addoption(
+        "--golden-dir",
+        default=None,
+        metavar="PATH",
+        help="root of the golden files (default: $DETSAMPLE_GOLDEN_DIR, else golden/ under the pytest rootdir)",
+    )
+    group.addoption(
+        "--golden-verify-shared", action="store_true", default=False, help=argparse.SUPPRESS
+    )  # --golden-isa's later sets: see the docstring
+    group.addoption(
+        "--golden-isa",
+        default="current",
+        metavar="ISA",
+        help="run the session once per CPU instruction set, each in a subprocess "
+        "under ATEN_CPU_CAPABILITY: 'all' (every set this CPU supports), "
+        "a comma-separated list (default,avx2,avx512), or 'current' (default)",
+    )
 
 
 def _refuse(config: pytest.Config) -> None:
     """UsageError for ``--golden-update`` under CI (unless forced) or a bad ``--golden-isa``."""
     if config.getoption("--golden-update"):
         from detsample.golden.store import update_refusal
+
         why = update_refusal(force=bool(config.getoption("--golden-force")))
         if why:
             raise pytest.UsageError("--golden-update " + why)
     spec = config.getoption("--golden-isa")
     if spec != "current":
         from detsample.golden import isa
+
         try:
             isa.resolve(spec)
         except ValueError as e:
@@ -98,14 +113,14 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
         return None
     _refuse(config)
     from detsample.golden import isa
+
     argv = [sys.executable, "-m", "pytest", *_without_isa(config.invocation_params.args)]
 
     def echo(line: str) -> None:
         print(line, flush=True)
 
     then = argv + ["--golden-verify-shared"] if config.getoption("--golden-update") else None
-    results = isa.run_per_isa(isa.resolve(spec), argv, echo, cwd=str(config.invocation_params.dir),
-                              then=then)
+    results = isa.run_per_isa(isa.resolve(spec), argv, echo, cwd=str(config.invocation_params.dir), then=then)
     return next((rc for _, rc in results if rc != 0), 0)
 
 
@@ -123,6 +138,7 @@ class GoldenSession:
     def store_for(self, device: str = "cpu") -> Any:
         if device not in self._stores:
             from detsample.golden.store import GoldenStore
+
             self._stores[device] = GoldenStore(self.root, device=device)
         return self._stores[device]
 
@@ -150,6 +166,7 @@ class GoldenSession:
         ``name`` of this platform on bits (or record them in update mode). ``device``
         (whose fingerprint applies) defaults to the GPU of the first CUDA tensor, else cpu."""
         from detsample.golden.tensor_store import TensorGoldens, device_of
+
         goldens = TensorGoldens(self.store_for(str(device) if device is not None else device_of(tensors)))
         if self.update:
             self.changes.append(goldens.update(name, tensors))
@@ -159,14 +176,17 @@ class GoldenSession:
 
 def _root(config: pytest.Config) -> str | os.PathLike[str]:
     from detsample.golden.store import ENV_ROOT
+
     return config.getoption("--golden-dir") or os.environ.get(ENV_ROOT) or Path(config.rootpath) / "golden"
 
 
 def _session(config: pytest.Config) -> GoldenSession:
     if _KEY not in config.stash:
         config.stash[_KEY] = GoldenSession(
-            update=bool(config.getoption("--golden-update")), root=_root(config),
-            verify_shared=bool(config.getoption("--golden-verify-shared")))
+            update=bool(config.getoption("--golden-update")),
+            root=_root(config),
+            verify_shared=bool(config.getoption("--golden-verify-shared")),
+        )
     return config.stash[_KEY]
 
 
@@ -190,8 +210,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
         moved = [c for c in gs.changes if c.kind is not ChangeKind.UNCHANGED]
         tr.write_sep("=", f"detsample golden update: {gs.store.platform_dir}")
-        tr.write_line(f"{len(gs.changes)} goldens written, {len(moved)} changed, "
-                      f"{len(gs.changes) - len(moved)} unchanged")
+        tr.write_line(
+            f"{len(gs.changes)} goldens written, {len(moved)} changed, {len(gs.changes) - len(moved)} unchanged"
+        )
         for c in moved:
             tr.write_line(f"[{c.kind}] {c.report}")
         if moved:

@@ -40,8 +40,11 @@ def names(quick: bool = False, device: str | torch.device | None = None) -> list
     """Registered scenario names (the quick subset when ``quick``; those that run on
     ``device`` when given: a scenario may restrict itself with a ``devices`` tuple), sorted."""
     kind = None if device is None else torch.device(device).type
-    return sorted(n for n, s in registry().items() if (s.quick or not quick)
-                  and (kind is None or kind in getattr(s, "devices", (kind,))))
+    return sorted(
+        n
+        for n, s in registry().items()
+        if (s.quick or not quick) and (kind is None or kind in getattr(s, "devices", (kind,)))
+    )
 
 
 def produce_all(selected: Sequence[str], device: str | torch.device = "cpu") -> dict[str, ScenarioOutput]:

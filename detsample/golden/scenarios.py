@@ -50,6 +50,7 @@ def grammar_vocabulary() -> Any:
     request with ``grammar_error`` and no tokens)."""
     from detsample.grammar import GrammarConfig
     from detsample.vocab import Vocabulary
+
     vocab = Vocabulary.default()
     vocab.configure_grammar(GrammarConfig(compile_timeout_s=None))
     return vocab
@@ -57,9 +58,13 @@ def grammar_vocabulary() -> Any:
 
 def greedy_params(rows: int, vocab: int) -> list[dict[str, Any]]:
     """Greedy rows: temperature 0, top_k 1, and greedy with bias/penalty."""
-    base = [dict(temperature=0.0), dict(top_k=1), dict(temperature=0.0, logprobs=3),
-            dict(temperature=0.0, repetition_penalty=1.5),
-            dict(temperature=0.0, logit_bias={vocab - 1: 5.0, 7: -3.0})]
+    base = [
+        dict(temperature=0.0),
+        dict(top_k=1),
+        dict(temperature=0.0, logprobs=3),
+        dict(temperature=0.0, repetition_penalty=1.5),
+        dict(temperature=0.0, logit_bias={vocab - 1: 5.0, 7: -3.0}),
+    ]
     return _cycle(base, rows)
 
 
@@ -68,8 +73,10 @@ def temperature_params(rows: int, vocab: int) -> list[dict[str, Any]]:
 
 
 def top_k_params(rows: int, vocab: int) -> list[dict[str, Any]]:
-    return [dict(top_k=k, temperature=t) for k, t in
-            zip(_cycle([2, 5, 10, 50, 3, 20, 1000, vocab + 5], rows), _cycle([1.0, 0.7], rows))]
+    return [
+        dict(top_k=k, temperature=t)
+        for k, t in zip(_cycle([2, 5, 10, 50, 3, 20, 1000, vocab + 5], rows), _cycle([1.0, 0.7], rows))
+    ]
 
 
 def top_p_params(rows: int, vocab: int) -> list[dict[str, Any]]:
@@ -77,8 +84,7 @@ def top_p_params(rows: int, vocab: int) -> list[dict[str, Any]]:
 
 
 def min_p_params(rows: int, vocab: int) -> list[dict[str, Any]]:
-    return [dict(min_p=m, temperature=0.9) for m in
-            _cycle([0.01, 0.05, 0.1, 0.2, 0.5, 0.9, 1.0, 0.0], rows)]
+    return [dict(min_p=m, temperature=0.9) for m in _cycle([0.01, 0.05, 0.1, 0.2, 0.5, 0.9, 1.0, 0.0], rows)]
 
 
 def combo_params(rows: int, vocab: int) -> list[dict[str, Any]]:
@@ -100,8 +106,7 @@ def grammar_params(rows: int, vocab: int) -> list[dict[str, Any]]:
     """Grammar rows (JSON schema, regex, EBNF) next to free rows, over the default
     512-token :class:`~detsample.Vocabulary` (the scenario passes it to the batch)."""
     base = [
-        dict(json_schema={"type": "object", "properties": {"a": {"type": "integer"}},
-                          "required": ["a"]}),
+        dict(json_schema={"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}),
         dict(regex="[a-z]{2,8}", temperature=0.7),
         dict(ebnf='root ::= "yes" | "no" | "maybe"'),
         dict(temperature=1.0),
@@ -117,10 +122,16 @@ def top_logprobs_params(rows: int, vocab: int) -> list[dict[str, Any]]:
     """Rows asking for 1 to 20 top logprobs, greedy and sampled, filtered and penalised;
     with the raw / scaled / processed cycle of modes every mode is covered, so a change
     to the top-n path (its log_softmax, the top-n selection, the tie order) moves bits."""
-    base = [dict(logprobs=1), dict(logprobs=5, temperature=0.7), dict(logprobs=20, top_k=10),
-            dict(temperature=0.0, logprobs=4), dict(logprobs=3, top_p=0.9, temperature=1.3),
-            dict(logprobs=8, min_p=0.1), dict(logprobs=2, repetition_penalty=1.2, presence_penalty=0.5),
-            dict(logprobs=6, top_k=1)]
+    base = [
+        dict(logprobs=1),
+        dict(logprobs=5, temperature=0.7),
+        dict(logprobs=20, top_k=10),
+        dict(temperature=0.0, logprobs=4),
+        dict(logprobs=3, top_p=0.9, temperature=1.3),
+        dict(logprobs=8, min_p=0.1),
+        dict(logprobs=2, repetition_penalty=1.2, presence_penalty=0.5),
+        dict(logprobs=6, top_k=1),
+    ]
     return _cycle(base, rows)
 
 
@@ -140,10 +151,15 @@ GRAMMAR_FAMILIES = ("grammar",)
 def sampler_description(sampler: Any) -> dict[str, Any]:
     """The manifest's ``rng`` and ``sampler`` fields (inputs, see
     :data:`detsample.golden.store.INPUT_FIELDS`) for a run with ``sampler``."""
-    return {"rng": sampler.rng_name,
-            "sampler": {"class": type(sampler).__name__, "draw_method": sampler.draw_method,
-                        "deterministic": sampler.deterministic,
-                        "filter_impl": sampler.filter_impl}}
+    return {
+        "rng": sampler.rng_name,
+        "sampler": {
+            "class": type(sampler).__name__,
+            "draw_method": sampler.draw_method,
+            "deterministic": sampler.deterministic,
+            "filter_impl": sampler.filter_impl,
+        },
+    }
 
 
 @dataclass(frozen=True)
@@ -173,8 +189,9 @@ class Scenario:
         if not 0 <= self.seed < 2**54:
             raise ValueError(f"seed must be in [0, 2**54), got {self.seed!r}")
         if self.params in GRAMMAR_FAMILIES and self.vocab != GRAMMAR_VOCAB:
-            raise ValueError(f"vocab must be {GRAMMAR_VOCAB} (the default Vocabulary) for "
-                             f"grammar params, got {self.vocab!r}")
+            raise ValueError(
+                f"vocab must be {GRAMMAR_VOCAB} (the default Vocabulary) for grammar params, got {self.vocab!r}"
+            )
 
     def vocabulary(self) -> Any:
         """The :class:`~detsample.Vocabulary` grammar rows need (:func:`grammar_vocabulary`),
@@ -192,15 +209,21 @@ class Scenario:
 
     def sampling_params(self) -> list[Any]:
         from detsample.params import SamplingParams
+
         kws = PARAM_FAMILIES[self.params](self.rows, self.vocab)
-        return [SamplingParams(**{"logprobs_mode": MODES[i % 3], **kw, "seed": (self.seed << 8) | i})
-                for i, kw in enumerate(kws)]
+        return [
+            SamplingParams(**{"logprobs_mode": MODES[i % 3], **kw, "seed": (self.seed << 8) | i})
+            for i, kw in enumerate(kws)
+        ]
 
     def requests(self) -> list[Any]:
         """Fresh :class:`detsample.Request` objects (row order)."""
         from detsample.params import Request
-        return [Request(rid=self.rid(i), params=p, prompt_ids=self.prompt(i), output_ids=[])
-                for i, p in enumerate(self.sampling_params())]
+
+        return [
+            Request(rid=self.rid(i), params=p, prompt_ids=self.prompt(i), output_ids=[])
+            for i, p in enumerate(self.sampling_params())
+        ]
 
     def step_logits(self, step: int) -> np.ndarray:
         """[rows, vocab] float32 logits of ``step`` (all rows, canonical order)."""
@@ -210,9 +233,15 @@ class Scenario:
         return len(self.prompt(row)) - 1 + step
 
     # -- running ---------------------------------------------------------------------
-    def run(self, order: Sequence[int] | None = None, split: int | None = None,
-            shuffle_steps: bool = False, sampler: Any = None,
-            device: str | torch.device = "cpu", on_step: StepHook | None = None) -> ScenarioOutput:
+    def run(
+        self,
+        order: Sequence[int] | None = None,
+        split: int | None = None,
+        shuffle_steps: bool = False,
+        sampler: Any = None,
+        device: str | torch.device = "cpu",
+        on_step: StepHook | None = None,
+    ) -> ScenarioOutput:
         """Sample rows ``order`` (default all, in order) for every step.
 
         ``split``: build ``order[:split]`` and ``order[split:]`` as two batches and
@@ -224,6 +253,7 @@ class Scenario:
         out)`` is called after each ``sample`` (before ``advance``).
         """
         from detsample.sampler import Sampler
+
         sampler = sampler if sampler is not None else Sampler()
         dev = torch.device(device)
         rows = list(range(self.rows)) if order is None else [int(i) for i in order]
@@ -240,8 +270,7 @@ class Scenario:
             full = self.step_logits(step)
             shas.append(sha256(full))
             logits = torch.from_numpy(full[rows]).to(dev)
-            positions = torch.tensor([self.position(r, step) for r in rows], dtype=torch.int64,
-                                     device=dev)
+            positions = torch.tensor([self.position(r, step) for r in rows], dtype=torch.int64, device=dev)
             out = sampler.sample(logits, batch, positions)
             if on_step is not None:
                 on_step(step, rows, logits, batch, positions, out)
@@ -261,11 +290,14 @@ class Scenario:
     def _batch(self, rows: list[int], cut: int, dev: torch.device) -> Any:
         """The batch of ``rows``: ``rows[:cut]`` built, ``rows[cut:]`` built and merged."""
         from detsample.batch import SamplingBatch
+
         reqs, vocab = self.requests(), self.vocabulary()
 
         def build(part: list[int]) -> SamplingBatch:
-            return SamplingBatch.from_requests([reqs[i] for i in part], vocab_size=self.vocab,
-                                               device=dev, eos_token_ids=(0,), vocab=vocab)
+            return SamplingBatch.from_requests(
+                [reqs[i] for i in part], vocab_size=self.vocab, device=dev, eos_token_ids=(0,), vocab=vocab
+            )
+
         batch = build(rows[:cut])
         if cut < len(rows):
             batch.merge(build(rows[cut:]))
@@ -277,8 +309,7 @@ class Scenario:
         lps = out.logprobs.cpu().numpy()
         top_v, top_i = _top_arrays(out, len(rows))
         for j, r in enumerate(rows):
-            got[(step, r)] = (self.position(r, step), int(toks[j]), lps[j],
-                              top_i[j, :asks[r]], top_v[j, :asks[r]])
+            got[(step, r)] = (self.position(r, step), int(toks[j]), lps[j], top_i[j, : asks[r]], top_v[j, : asks[r]])
 
     def _output(self, got: dict, sampler: Any, shas: list[str]) -> ScenarioOutput:
         """The entries in canonical (step, row) order."""
@@ -304,20 +335,26 @@ class Scenario:
         if logits_sha256 is None:
             logits_sha256 = [sha256(self.step_logits(s)) for s in range(self.steps)]
         from detsample.sampler import Sampler
+
         sampler = sampler if sampler is not None else Sampler()
         params = self.sampling_params()
         return {
             **sampler_description(sampler),
             "inputs": {
-                "logits_family": self.logits, "params_family": self.params,
-                "vocab_size": self.vocab, "rows": self.rows, "steps": self.steps,
+                "logits_family": self.logits,
+                "params_family": self.params,
+                "vocab_size": self.vocab,
+                "rows": self.rows,
+                "steps": self.steps,
                 "logits_seed": self.seed,
                 "logits_generator": "PCG64(SeedSequence([seed, step])).random_raw",
-                "logits_dtype": "<f4", "logits_shape": [self.rows, self.vocab],
+                "logits_dtype": "<f4",
+                "logits_shape": [self.rows, self.vocab],
                 "logits_sha256": logits_sha256,
             },
-            "requests": [{"rid": self.rid(i), "prompt_ids": self.prompt(i),
-                          "params": p.to_dict()} for i, p in enumerate(params)],
+            "requests": [
+                {"rid": self.rid(i), "prompt_ids": self.prompt(i), "params": p.to_dict()} for i, p in enumerate(params)
+            ],
             "seeds": {self.rid(i): p.seed for i, p in enumerate(params)},
         }
 
@@ -335,8 +372,17 @@ def _seed(name: str) -> int:
     return zlib.crc32(name.encode("utf-8"))
 
 
-QUICK = {"random.combo", "ties.top_k", "nan.greedy", "onehot.top_p", "neginf.min_p",
-         "huge.temperature", "big.top_p", "random.grammar", "random.top_logprobs"}
+QUICK = {
+    "random.combo",
+    "ties.top_k",
+    "nan.greedy",
+    "onehot.top_p",
+    "neginf.min_p",
+    "huge.temperature",
+    "big.top_p",
+    "random.grammar",
+    "random.top_logprobs",
+}
 GRAMMAR_LOGITS = ("random", "ties", "neginf")
 
 
@@ -351,8 +397,9 @@ def _build() -> dict[str, Scenario]:
             out[name] = Scenario(name, lf, pf, vocab=vocab, seed=_seed(name), quick=name in QUICK)
     for pf in ("top_p", "combo"):
         name = f"big.{pf}"
-        out[name] = Scenario(name, "random", pf, vocab=BIG_VOCAB, rows=3, steps=2,
-                             seed=_seed(name), quick=name in QUICK)
+        out[name] = Scenario(
+            name, "random", pf, vocab=BIG_VOCAB, rows=3, steps=2, seed=_seed(name), quick=name in QUICK
+        )
     return out
 
 

@@ -36,8 +36,12 @@ _FLOAT_ONLY = ("neginf", "nan")
 _TAG = 0x7E45  # keeps these streams apart from the scenario logits'
 _TWO_M53 = 2.0**-53
 _QNAN = {"float64": 0x7FF8000000000000, "float32": 0x7FC00000, "float16": 0x7E00, "bfloat16": 0x7FC0}
-_MAX = {"float64": np.finfo(np.float64).max, "float32": float(np.finfo(np.float32).max),
-        "float16": float(np.finfo(np.float16).max), "bfloat16": float(np.uint32(0x7F7F0000).view(np.float32))}
+_MAX = {
+    "float64": np.finfo(np.float64).max,
+    "float32": float(np.finfo(np.float32).max),
+    "float16": float(np.finfo(np.float16).max),
+    "bfloat16": float(np.uint32(0x7F7F0000).view(np.float32)),
+}
 
 
 def _raw(seed: int, stream: int, n: int) -> np.ndarray:
@@ -61,7 +65,7 @@ def _float_bits(v: np.ndarray, dt: B.DType) -> np.ndarray:
     on the float32 bits); NaNs become the canonical quiet NaN."""
     if dt.name == "bfloat16":
         b = v.astype(np.float32).view(np.uint32)
-        out = ((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+        out = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
         out = out.astype(np.uint16)
     else:
         out = v.astype(f"<f{dt.width // 8}").view(dt.storage)
@@ -111,8 +115,7 @@ def dtype_name(dtype: torch.dtype | str) -> str:
     return B.dtype(name).name
 
 
-def tensor_bits(shape: Sequence[int], dtype: torch.dtype | str, seed: int,
-                family: str = "random") -> np.ndarray:
+def tensor_bits(shape: Sequence[int], dtype: torch.dtype | str, seed: int, family: str = "random") -> np.ndarray:
     """The bit patterns (C order, ``dtype``'s storage, little-endian) of :func:`tensor`."""
     dt = B.dtype(dtype_name(dtype))
     if family not in FAMILIES:
@@ -134,8 +137,13 @@ def tensor_bits(shape: Sequence[int], dtype: torch.dtype | str, seed: int,
     return _ints(family, int(seed), n, dt).reshape(dims)
 
 
-def tensor(shape: Sequence[int] | int, dtype: torch.dtype | str = torch.float32, seed: int = 0,
-           family: str = "random", device: str | torch.device = "cpu") -> torch.Tensor:
+def tensor(
+    shape: Sequence[int] | int,
+    dtype: torch.dtype | str = torch.float32,
+    seed: int = 0,
+    family: str = "random",
+    device: str | torch.device = "cpu",
+) -> torch.Tensor:
     """A fresh ``shape`` tensor of ``dtype`` (float64/32/16, bfloat16, signed or
     unsigned integers, bool) on ``device``, whose bits depend only on
     ``(shape, dtype, seed, family)``: identical on every machine (module docstring).

@@ -90,8 +90,7 @@ def from_array(name: str, x: Any) -> StoredTensor:
             raise ValueError(f"tensor {name!r} has dtype {arr.dtype}; supported: {', '.join(B.DTYPES)}")
         arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
     else:
-        raise ValueError(f"tensor {name!r} must be a torch.Tensor or numpy.ndarray, "
-                         f"got {type(x).__name__}")
+        raise ValueError(f"tensor {name!r} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
     d = B.DTYPES[dt]
     flat = np.ascontiguousarray(arr).reshape(-1).view(f"<u{d.width // 8}")
     if d.kind == "bool":
@@ -111,8 +110,7 @@ def from_mapping(tensors: Mapping[str, Any]) -> dict[str, StoredTensor]:
     lower: dict[str, str] = {}
     for n in out:
         if n.lower() in lower:
-            raise ValueError(f"tensor names must differ in more than case, got {lower[n.lower()]!r} "
-                             f"and {n!r}")
+            raise ValueError(f"tensor names must differ in more than case, got {lower[n.lower()]!r} and {n!r}")
         lower[n.lower()] = n
     return out
 
@@ -139,8 +137,9 @@ def encode_text(name: str, t: StoredTensor) -> str:
     return _header(name, t) + "".join(element_text(t, i) + "\n" for i in range(t.numel))
 
 
-def encode(name: str, tensors: Mapping[str, StoredTensor], extra: Mapping[str, Any],
-           text_max: int = TEXT_MAX_ELEMENTS) -> dict[str, bytes]:
+def encode(
+    name: str, tensors: Mapping[str, StoredTensor], extra: Mapping[str, Any], text_max: int = TEXT_MAX_ELEMENTS
+) -> dict[str, bytes]:
     """File name -> bytes of the golden ``name`` holding ``tensors`` (manifest included);
     ``extra`` holds platform and version facts."""
     files: dict[str, bytes] = {}
@@ -149,11 +148,15 @@ def encode(name: str, tensors: Mapping[str, StoredTensor], extra: Mapping[str, A
         t = tensors[tn]
         enc = encoding_of(t, text_max)
         fname = tn + _EXT[enc]
-        files[fname] = (encode_text(tn, t).encode("utf-8") if enc == TEXT else t.bits.tobytes())
-        specs[tn] = {"dtype": t.dtype.name, "shape": list(t.shape), "file": fname,
-                     "encoding": enc, "sha256": sha256(t.bits)}
-    doc = {"schema_version": SCHEMA_VERSION, "kind": KIND, "name": name, "tensors": specs,
-           **dict(extra)}
+        files[fname] = encode_text(tn, t).encode("utf-8") if enc == TEXT else t.bits.tobytes()
+        specs[tn] = {
+            "dtype": t.dtype.name,
+            "shape": list(t.shape),
+            "file": fname,
+            "encoding": enc,
+            "sha256": sha256(t.bits),
+        }
+    doc = {"schema_version": SCHEMA_VERSION, "kind": KIND, "name": name, "tensors": specs, **dict(extra)}
     files[MANIFEST] = (json.dumps(doc, sort_keys=True, indent=1, allow_nan=False) + "\n").encode("utf-8")
     return files
 
@@ -162,8 +165,9 @@ def parse_manifest(data: bytes) -> dict[str, Any]:
     """The manifest of a tensor golden, its structure checked (GoldenFormatError)."""
     doc = load_json(text_of(data, MANIFEST), MANIFEST)
     if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION or doc.get("kind") != KIND:
-        raise GoldenFormatError(f"{MANIFEST}: must be a tensor golden of schema_version "
-                                f"{SCHEMA_VERSION} (kind {KIND!r})")
+        raise GoldenFormatError(
+            f"{MANIFEST}: must be a tensor golden of schema_version {SCHEMA_VERSION} (kind {KIND!r})"
+        )
     specs = doc.get("tensors")
     if not isinstance(specs, dict) or not specs:
         raise GoldenFormatError(f"{MANIFEST}: 'tensors' must map names to specs, got {specs!r}")
@@ -193,8 +197,7 @@ def _spec_problem(tn: str, spec: Any) -> str | None:
     return None
 
 
-def _decode_text(tn: str, data: bytes, dt: B.DType, shape: tuple[int, ...]
-                 ) -> tuple[np.ndarray, list[str]]:
+def _decode_text(tn: str, data: bytes, dt: B.DType, shape: tuple[int, ...]) -> tuple[np.ndarray, list[str]]:
     fname = tn + _EXT[TEXT]
     lines = text_of(data, fname).splitlines()
     head = _header(tn, StoredTensor(dt, shape, np.zeros(0, dt.storage))).rstrip("\n")
@@ -210,19 +213,22 @@ def _decode_text(tn: str, data: bytes, dt: B.DType, shape: tuple[int, ...]
     for i, line in enumerate(rows):
         parts = line.split()
         if len(parts) != 3 or parts[0] != _index_text(tmp.index(i)):
-            raise GoldenFormatError(f"{fname}:{i + 2}: expected '{_index_text(tmp.index(i))} "
-                                    f"0x<bits> <decimal>', got {line!r}")
+            raise GoldenFormatError(
+                f"{fname}:{i + 2}: expected '{_index_text(tmp.index(i))} 0x<bits> <decimal>', got {line!r}"
+            )
         try:
             b = int(parts[1], 16)
         except ValueError:
             raise GoldenFormatError(f"{fname}:{i + 2}: bits must be hex, got {parts[1]!r}") from None
         if not parts[1].startswith("0x") or b >> dt.width:
-            raise GoldenFormatError(f"{fname}:{i + 2}: bits must be 0x and {dt.hex_digits} hex "
-                                    f"digits, got {parts[1]!r}")
+            raise GoldenFormatError(
+                f"{fname}:{i + 2}: bits must be 0x and {dt.hex_digits} hex digits, got {parts[1]!r}"
+            )
         out[i] = b
         if B.value_text(b, dt) != parts[2]:
-            problems.append(f"{fname}:{i + 2}: decimal {parts[2]!r} disagrees with bits "
-                            f"{parts[1]} (= {B.value_text(b, dt)})")
+            problems.append(
+                f"{fname}:{i + 2}: decimal {parts[2]!r} disagrees with bits {parts[1]} (= {B.value_text(b, dt)})"
+            )
     return out.astype(dt.storage), problems
 
 
@@ -249,11 +255,13 @@ def decode(files: Mapping[str, bytes]) -> tuple[dict[str, StoredTensor], dict[st
         else:
             numel = int(np.prod(shape, dtype=np.int64))
             if len(data) != numel * dt.width // 8:
-                raise GoldenFormatError(f"{spec['file']}: {len(data)} bytes, but {dt.name} "
-                                        f"{list(shape)} needs {numel * dt.width // 8}")
+                raise GoldenFormatError(
+                    f"{spec['file']}: {len(data)} bytes, but {dt.name} {list(shape)} needs {numel * dt.width // 8}"
+                )
             bits = np.frombuffer(data, dtype=dt.storage).copy()
         if sha256(bits) != spec.get("sha256"):
-            problems.append(f"{spec['file']}: sha256 of its bits differs from {MANIFEST} "
-                            "(edited or truncated by hand?)")
+            problems.append(
+                f"{spec['file']}: sha256 of its bits differs from {MANIFEST} (edited or truncated by hand?)"
+            )
         out[tn] = StoredTensor(dt, shape, bits)
     return out, doc, problems

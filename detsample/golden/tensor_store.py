@@ -50,9 +50,11 @@ from detsample.golden.store import (
 
 TENSORS = "tensors"
 ENV_UPDATE = "DETSAMPLE_GOLDEN_UPDATE"
-UPDATE_HINT = ("create them with `python -m pytest --golden-update <your test file>` (scripts: "
-               f"`check_tensors(..., update=True)` or {ENV_UPDATE}=1), review `git diff golden/`, "
-               "and commit them")
+UPDATE_HINT = (
+    "create them with `python -m pytest --golden-update <your test file>` (scripts: "
+    f"`check_tensors(..., update=True)` or {ENV_UPDATE}=1), review `git diff golden/`, "
+    "and commit them"
+)
 
 
 def device_of(tensors: Mapping[str, Any]) -> str:
@@ -82,16 +84,22 @@ class TensorGoldens:
         holding a golden file (one whose manifest was deleted still counts, and is corrupt)."""
         if not self.root.is_dir():
             return []
-        return sorted({p.parent.name for p in self.root.glob("*/*")
-                       if p.is_file() and not p.name.endswith(OBTAINED_SUFFIX)
-                       and p.suffix in (".txt", ".bin", ".json")})
+        return sorted(
+            {
+                p.parent.name
+                for p in self.root.glob("*/*")
+                if p.is_file() and not p.name.endswith(OBTAINED_SUFFIX) and p.suffix in (".txt", ".bin", ".json")
+            }
+        )
 
     def has_platform(self) -> bool:
         return bool(self.names())
 
     def missing_platform_message(self) -> str:
-        return (f"NO TENSOR GOLDENS for platform {self.store.tensor_fingerprint!r} under {self.root} - "
-                f"this is a skip, NOT a pass; {UPDATE_HINT}")
+        return (
+            f"NO TENSOR GOLDENS for platform {self.store.tensor_fingerprint!r} under {self.root} - "
+            f"this is a skip, NOT a pass; {UPDATE_HINT}"
+        )
 
     # -- reading ---------------------------------------------------------------------
     def _read(self, name: str) -> dict[str, bytes]:
@@ -117,9 +125,11 @@ class TensorGoldens:
         d = self.golden_dir(name)
         if not (d / MANIFEST).exists():
             if name in self.names():  # a deleted manifest: broken, not absent
-                raise GoldenFormatError(f"{d / MANIFEST}: missing while the tensor files are "
-                                        f"present: restore it (`git checkout {d}`) or record "
-                                        f"the golden again")
+                raise GoldenFormatError(
+                    f"{d / MANIFEST}: missing while the tensor files are "
+                    f"present: restore it (`git checkout {d}`) or record "
+                    f"the golden again"
+                )
             raise GoldenMissing(f"no tensor golden {name!r} on platform {self.store.tensor_fingerprint!r}")
         tensors, manifest, problems = tf.decode(self._read(name))
         if manifest.get("name") != name:
@@ -142,18 +152,19 @@ class TensorGoldens:
             return Verification(name, CORRUPT, self._with_obtained(msg, name, obtained, write_obtained))
         diff = tensor_diff.compare(name, golden, obtained)
         if problems:
-            msg = (f"{name}: tensor golden is corrupt: {problems[0]}"
-                   + "".join(f"\n  also: {p}" for p in problems[1:4])
-                   + "\n  compared element by element anyway: " + diff.report())
+            msg = (
+                f"{name}: tensor golden is corrupt: {problems[0]}"
+                + "".join(f"\n  also: {p}" for p in problems[1:4])
+                + "\n  compared element by element anyway: "
+                + diff.report()
+            )
             return Verification(name, CORRUPT, self._with_obtained(msg, name, obtained, write_obtained), diff)
         if diff.ok:
             self._remove_obtained(name)
             return Verification(name, OK, diff.summary(), diff)
-        return Verification(name, MISMATCH, self._with_obtained(diff.report(), name, obtained,
-                                                                write_obtained), diff)
+        return Verification(name, MISMATCH, self._with_obtained(diff.report(), name, obtained, write_obtained), diff)
 
-    def _with_obtained(self, msg: str, name: str, obtained: Mapping[str, tf.StoredTensor],
-                       write: bool) -> str:
+    def _with_obtained(self, msg: str, name: str, obtained: Mapping[str, tf.StoredTensor], write: bool) -> str:
         if not write:
             return msg
         d = self.golden_dir(name)
@@ -210,9 +221,15 @@ def script_root(root: str | os.PathLike[str] | None = None) -> Path:
     return Path(os.environ.get(ENV_ROOT) or Path.cwd() / "golden")
 
 
-def check_tensors(name: str, tensors: Mapping[str, Any], *, root: str | os.PathLike[str] | None = None,
-                  update: bool | None = None, force: bool = False,
-                  device: str | torch.device | None = None) -> Verification | Change:
+def check_tensors(
+    name: str,
+    tensors: Mapping[str, Any],
+    *,
+    root: str | os.PathLike[str] | None = None,
+    update: bool | None = None,
+    force: bool = False,
+    device: str | torch.device | None = None,
+) -> Verification | Change:
     """Compare ``tensors`` (names -> torch tensors or numpy arrays) with golden ``name``
     of this platform, bit for bit; or record them when ``update``.
 

@@ -19,5 +19,4 @@ from detsample.grammar.config import GRAMMAR_KINDS, GrammarConfig
 from detsample.grammar.masker import GrammarMasker
 from detsample.grammar.request import RequestGrammar
 
-__all__ = ["CompileStats", "GRAMMAR_KINDS", "GrammarCompiler", "GrammarConfig",
-           "GrammarMasker", "RequestGrammar"]
+__all__ = ["CompileStats", "GRAMMAR_KINDS", "GrammarCompiler", "GrammarConfig", "GrammarMasker", "RequestGrammar"]

@@ -30,8 +30,7 @@ FINISH_GRAMMAR_ERROR = "grammar_error"
 _NO_VALID_TOKEN = "no_valid_token"  # detsample.batch.FINISH_NO_VALID_TOKEN (batch imports us)
 
 
-def build_row_grammars(requests: Sequence, vocab,
-                       think_end: int | None = None) -> list[RequestGrammar | None]:
+def build_row_grammars(requests: Sequence, vocab, think_end: int | None = None) -> list[RequestGrammar | None]:
     """A grammar per request (None for free rows); compilation starts in the pool.
     ``think_end``: the end-of-thinking token of ``require_reasoning`` requests."""
     out: list[RequestGrammar | None] = []
@@ -40,22 +39,28 @@ def build_row_grammars(requests: Sequence, vocab,
         if g is not None and vocab is None:
             raise InvalidSamplingParams(
                 f"request {r.rid!r}: {g[0]} needs a vocabulary; pass "
-                "vocab=detsample.Vocabulary(...) to SamplingBatch.from_requests")
+                "vocab=detsample.Vocabulary(...) to SamplingBatch.from_requests"
+            )
         if g is not None and r.params.require_reasoning and think_end is None:
             raise InvalidSamplingParams(
                 f"request {r.rid!r}: require_reasoning needs the end-of-thinking token; "
-                "pass think_end_token_id to SamplingBatch.from_requests")
+                "pass think_end_token_id to SamplingBatch.from_requests"
+            )
         reasoning = think_end if r.params.require_reasoning else None
-        out.append(RequestGrammar.from_params(r.rid, r.params, vocab, output_ids=r.output_ids,
-                                              reasoning_end=reasoning)
-                   if g is not None else None)
+        out.append(
+            RequestGrammar.from_params(r.rid, r.params, vocab, output_ids=r.output_ids, reasoning_end=reasoning)
+            if g is not None
+            else None
+        )
     return out
 
 
 def _live(batch) -> list[RequestGrammar | None]:
     """The grammars that mask this step: unfinished rows, not still reasoning."""
-    return [g if g is not None and not g.dormant and batch.finished[i] is None else None
-            for i, g in enumerate(batch.grammars)]
+    return [
+        g if g is not None and not g.dormant and batch.finished[i] is None else None
+        for i, g in enumerate(batch.grammars)
+    ]
 
 
 def merged_vocab(batch, other):
@@ -66,15 +71,18 @@ def merged_vocab(batch, other):
         return a if a is not None else b
     rows = batch.grammars + other.grammars
     if a.fingerprint != b.fingerprint and any(g is not None for g in rows):
-        raise InvalidSamplingParams(
-            f"merge: grammar rows need one vocabulary, got {a!r} and {b!r}")
+        raise InvalidSamplingParams(f"merge: grammar rows need one vocabulary, got {a!r} and {b!r}")
     return a
 
 
-def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, status: torch.Tensor,
-                 scratch: Callable[[], torch.Tensor] | None = None,
-                 row_max: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, tuple | None]:
+def grammar_step(
+    masker: GrammarMasker,
+    batch,
+    x: torch.Tensor,
+    status: torch.Tensor,
+    scratch: Callable[[], torch.Tensor] | None = None,
+    row_max: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, tuple | None]:
     """Pipeline step 4: ``(x, status, maxima, allowed)`` after the grammar mask.
 
     ``x`` (B, V) float32 is never written: when a row has an active grammar a masked copy
@@ -100,8 +108,7 @@ def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, status: torch.Te
     live = _live(batch)
     maxima, allowed = row_max, None
     if any(g is not None and (g.state == PENDING or g.is_active) for g in live):
-        x, rows, maxima, allowed = masker.masked_step(
-            x, live, row_max, scratch() if scratch is not None else None)
+        x, rows, maxima, allowed = masker.masked_step(x, live, row_max, scratch() if scratch is not None else None)
         if rows and maxima is not None:
             dead = torch.isneginf(maxima[:, 0])
             if bool(dead.any()):  # (status stays the same object when nothing changed)
@@ -110,8 +117,7 @@ def grammar_step(masker: GrammarMasker, batch, x: torch.Tensor, status: torch.Te
     # A live row whose grammar is already terminated (a resumed request whose existing
     # output ended the grammar) has nothing left to generate: token -1, never a free one.
     ended = [i for i, g in enumerate(live) if g is not None and g.is_terminated()]
-    for rows, flags in ((failed, STATUS_NO_VALID_TOKEN | STATUS_GRAMMAR_ERROR),
-                        (ended, STATUS_NO_VALID_TOKEN)):
+    for rows, flags in ((failed, STATUS_NO_VALID_TOKEN | STATUS_GRAMMAR_ERROR), (ended, STATUS_NO_VALID_TOKEN)):
         if rows:
             status = status.clone()
             idx = torch.tensor(rows, dtype=torch.int64, device=status.device)

@@ -87,8 +87,7 @@ class CacheBudget:
         """Bytes charged now (<= ``max_bytes`` whenever no call is in progress)."""
         return self._bytes
 
-    def add(self, key: tuple, nbytes: int, on_evict: Callable[[object], None],
-            token: object = None) -> None:
+    def add(self, key: tuple, nbytes: int, on_evict: Callable[[object], None], token: object = None) -> None:
         """Charge ``nbytes`` for ``key`` (replacing an entry of that key, without calling
         its ``on_evict``), as the most recently used entry; evict to fit."""
         with self._lock:
@@ -132,8 +131,9 @@ class CacheBudget:
 
     def stats(self) -> BudgetStats:
         with self._lock:
-            return BudgetStats(self.max_bytes, self._bytes, dict(self._by_kind),
-                               dict(self._count), dict(self._evictions))
+            return BudgetStats(
+                self.max_bytes, self._bytes, dict(self._by_kind), dict(self._count), dict(self._evictions)
+            )
 
     # -- internals (under the lock) ------------------------------------------------------
     def _account(self, key: tuple, nbytes: int, count: int) -> None:

@@ -85,9 +85,9 @@ class GrammarCompiler:
             if self._xgr is None:
                 import xgrammar as xgr
 
-                self._xgr = xgr.GrammarCompiler(self.vocab.xgrammar_tokenizer_info(),
-                                                max_threads=self.config.xgrammar_threads,
-                                                cache_enabled=False)
+                self._xgr = xgr.GrammarCompiler(
+                    self.vocab.xgrammar_tokenizer_info(), max_threads=self.config.xgrammar_threads, cache_enabled=False
+                )
             return self._xgr
 
     def token_bytes(self) -> list[bytes]:
@@ -98,8 +98,7 @@ class GrammarCompiler:
         with self._init_lock:
             if self._token_bytes is None:
                 special = self.vocab.special_ids
-                self._token_bytes = [b"" if i in special else t
-                                     for i, t in enumerate(self.vocab.tokens)]
+                self._token_bytes = [b"" if i in special else t for i, t in enumerate(self.vocab.tokens)]
             return self._token_bytes
 
     def close(self) -> None:
@@ -135,8 +134,9 @@ class GrammarCompiler:
             else:
                 self._stats.misses += 1
                 if self._pool is None:
-                    self._pool = ThreadPoolExecutor(max_workers=self.config.max_workers,
-                                                    thread_name_prefix="detsample-grammar")
+                    self._pool = ThreadPoolExecutor(
+                        max_workers=self.config.max_workers, thread_name_prefix="detsample-grammar"
+                    )
                 fut = Future()
                 self._cache[key] = fut
                 self._pool.submit(self._run, key, kind, text, fut)
@@ -154,8 +154,7 @@ class GrammarCompiler:
             grammar = json_schema_grammar(text, self.config) if kind == "json_schema" else None
             compiled = compile_kind(self._xgr_compiler(), kind, text, self.config, grammar)
             if self.config.mask_cache and self.config.mask_cache_policy == "eager":
-                self._store_names(self.key(kind, text), None,
-                                  self._build_keys(kind, text, grammar))
+                self._store_names(self.key(kind, text), None, self._build_keys(kind, text, grammar))
             return compiled
         except BaseException:
             with self._lock:
@@ -187,8 +186,9 @@ class GrammarCompiler:
         with self._lock:
             if self._cache.get(key) is not fut:  # cleared meanwhile
                 return
-        self.budget.add(("compiled", key), COMPILED_OVERHEAD + 4 * len(key[1]) + nbytes,
-                        self._evict_compiled, (key, fut))
+        self.budget.add(
+            ("compiled", key), COMPILED_OVERHEAD + 4 * len(key[1]) + nbytes, self._evict_compiled, (key, fut)
+        )
 
     def _evict_compiled(self, token: tuple) -> None:
         key, fut = token
@@ -205,8 +205,7 @@ class GrammarCompiler:
             self._names[key] = building = Future()
         fut.add_done_callback(lambda f: self._schedule_names(key, kind, text, f, building))
 
-    def _schedule_names(self, key: tuple, kind: str, text: str, fut: Future,
-                        building: Future) -> None:
+    def _schedule_names(self, key: tuple, kind: str, text: str, fut: Future, building: Future) -> None:
         if not fut.cancelled() and fut.exception() is not None:
             self._store_names(key, building, None)  # a failure has no names (kept)
             return
@@ -223,8 +222,14 @@ class GrammarCompiler:
         if not ok:
             building.set_result(None)
 
-    def _store_names(self, key: tuple, building: Future | None, keys: StateKeys | None,
-                     kind: str | None = None, text: str | None = None) -> None:
+    def _store_names(
+        self,
+        key: tuple,
+        building: Future | None,
+        keys: StateKeys | None,
+        kind: str | None = None,
+        text: str | None = None,
+    ) -> None:
         """Publish a grammar's names (None: not expandable) and charge them to the
         budget. ``building``: the future a recurring grammar's entry holds while the
         names are built here (from ``kind`` and ``text``; without them, ``keys`` is
@@ -267,12 +272,16 @@ class GrammarCompiler:
             if source is None:
                 return None
             info = self.vocab.xgrammar_tokenizer_info()
-            return StateKeys.build(source, self.token_bytes(), info.stop_token_ids,
-                                   (self.vocab.vocab_size + 31) // 32,
-                                   verify=self.config.verify_mask_cache,
-                                   keep_first=self.config.mask_cache_policy == "eager",
-                                   budget=self.budget,
-                                   budget_key=("names", self.key(kind, text)))
+            return StateKeys.build(
+                source,
+                self.token_bytes(),
+                info.stop_token_ids,
+                (self.vocab.vocab_size + 31) // 32,
+                verify=self.config.verify_mask_cache,
+                keep_first=self.config.mask_cache_policy == "eager",
+                budget=self.budget,
+                budget_key=("names", self.key(kind, text)),
+            )
         except Exception:  # noqa: BLE001 -- see the docstring
             return None
 
@@ -298,10 +307,10 @@ class GrammarCompiler:
                 return None
             seen[0] = version
             return self.state_keys(kind, text)
+
         return get
 
-    def wait_names(self, kind: str, text: str, timeout: float | None = None
-                   ) -> StateKeys | None:
+    def wait_names(self, kind: str, text: str, timeout: float | None = None) -> StateKeys | None:
         """:meth:`state_keys`, after waiting (at most ``timeout``) for names being built
         in the background (tests and benchmarks)."""
         with self._lock:
@@ -319,8 +328,9 @@ class GrammarCompiler:
         """A snapshot of the counters."""
         with self._lock:
             s = self._stats
-            return CompileStats(s.hits, s.misses, s.failures, list(self._times), s.compiled,
-                                s.total_compile_seconds, s.named)
+            return CompileStats(
+                s.hits, s.misses, s.failures, list(self._times), s.compiled, s.total_compile_seconds, s.named
+            )
 
     def cache_size(self) -> int:
         """Compilations held by the cache (finished or in flight)."""

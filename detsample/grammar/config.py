@@ -64,10 +64,8 @@ class GrammarConfig:
 
     def __post_init__(self) -> None:
         t = self.compile_timeout_s
-        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
-                              or math.isnan(t) or t < 0):
-            raise InvalidSamplingParams(f"compile_timeout_s must be None or a number >= 0, "
-                                        f"got {t!r}")
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or math.isnan(t) or t < 0):
+            raise InvalidSamplingParams(f"compile_timeout_s must be None or a number >= 0, got {t!r}")
         for name in ("max_workers", "xgrammar_threads"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -77,8 +75,9 @@ class GrammarConfig:
             if not isinstance(v, bool):
                 raise InvalidSamplingParams(f"{name} must be a bool, got {v!r}")
         if self.mask_cache_policy not in MASK_CACHE_POLICIES:
-            raise InvalidSamplingParams(f"mask_cache_policy must be one of "
-                                        f"{MASK_CACHE_POLICIES}, got {self.mask_cache_policy!r}")
+            raise InvalidSamplingParams(
+                f"mask_cache_policy must be one of {MASK_CACHE_POLICIES}, got {self.mask_cache_policy!r}"
+            )
         c = self.cache_bytes
         if isinstance(c, bool) or not isinstance(c, int) or c < 0:
             raise InvalidSamplingParams(f"cache_bytes must be an integer >= 0, got {c!r}")

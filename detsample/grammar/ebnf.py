@@ -30,13 +30,15 @@ import re
 from detsample.errors import GrammarError
 
 #: Characters no JSON string may hold unescaped, plus the surrogates (xgrammar EBNF syntax).
-STRING_EXCLUDE = r'\0-\x1f\"\\\uD800-\uDFFF'
+STRING_EXCLUDE = r"\0-\x1f\"\\\uD800-\uDFFF"
 #: The escape rule of free strings: its ``\uXXXX`` admits lone surrogates (``\ud800``),
 #: which decode to a string that cannot be encoded as UTF-8.
 FREE_ESCAPE_BODY = r'(([\"\\/bfnrt]) | ("u" [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9]))'
-_ESCAPE_BODY = ('(([\\"\\\\/bfnrt]) '
-                '| ("u" [0-9A-Ca-cE-Fe-f] [0-9A-Fa-f] [0-9A-Fa-f] [0-9A-Fa-f]) '
-                '| ("u" [Dd] [0-7] [0-9A-Fa-f] [0-9A-Fa-f]))')
+_ESCAPE_BODY = (
+    '(([\\"\\\\/bfnrt]) '
+    '| ("u" [0-9A-Ca-cE-Fe-f] [0-9A-Fa-f] [0-9A-Fa-f] [0-9A-Fa-f]) '
+    '| ("u" [Dd] [0-7] [0-9A-Fa-f] [0-9A-Fa-f]))'
+)
 
 
 def _closing(s: str, i: int, close: str) -> int:
@@ -50,7 +52,7 @@ def _closing(s: str, i: int, close: str) -> int:
         else:
             j += 1
     what = "character class" if close == "]" else "string literal"
-    raise GrammarError(f"unterminated {what} in generated grammar: {s[i:i + 80]!r}")
+    raise GrammarError(f"unterminated {what} in generated grammar: {s[i : i + 80]!r}")
 
 
 def _segments(body: str):
@@ -73,8 +75,9 @@ def _segments(body: str):
 
 def exclude_from_negated_classes(body: str) -> str:
     """``body`` with :data:`STRING_EXCLUDE` added to every negated class outside literals."""
-    return "".join(t[:-1] + STRING_EXCLUDE + "]" if k == "class" and t.startswith("[^") else t
-                   for k, t in _segments(body))
+    return "".join(
+        t[:-1] + STRING_EXCLUDE + "]" if k == "class" and t.startswith("[^") else t for k, t in _segments(body)
+    )
 
 
 def _inline(body: str, names: dict[str, str]) -> str:
@@ -82,8 +85,7 @@ def _inline(body: str, names: dict[str, str]) -> str:
     if not names:
         return body
     word = re.compile(r"(?<![\w])(" + "|".join(map(re.escape, names)) + r")(?![\w])")
-    return "".join(word.sub(lambda m: f"({names[m.group(1)]})", t) if k == "other" else t
-                   for k, t in _segments(body))
+    return "".join(word.sub(lambda m: f"({names[m.group(1)]})", t) if k == "other" else t for k, t in _segments(body))
 
 
 def correct_json_grammar(ebnf: str, patterns: dict[str, str] | None = None) -> str:
@@ -100,8 +102,7 @@ def correct_json_grammar(ebnf: str, patterns: dict[str, str] | None = None) -> s
         rules.append((name, body) if sep else (None, line))
     patterns = patterns or {}
     nodes = {f'Regex("{ph}", json_string=true)': expr for ph, expr in patterns.items()}
-    inline = {name: nodes[body.strip()] for name, body in rules
-              if name is not None and body.strip() in nodes}
+    inline = {name: nodes[body.strip()] for name, body in rules if name is not None and body.strip() in nodes}
     lines = []
     for name, body in rules:
         if name is None:
@@ -109,8 +110,7 @@ def correct_json_grammar(ebnf: str, patterns: dict[str, str] | None = None) -> s
             continue
         if name in inline:
             continue
-        body = _ESCAPE_BODY if body.strip() == FREE_ESCAPE_BODY else \
-            exclude_from_negated_classes(body)
+        body = _ESCAPE_BODY if body.strip() == FREE_ESCAPE_BODY else exclude_from_negated_classes(body)
         for node, expr in nodes.items():
             body = body.replace(node, f"({expr})")
         lines.append(f"{name} ::= {_inline(body, inline)}")

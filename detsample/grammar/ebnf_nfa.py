@@ -47,9 +47,9 @@ def _escape(s: str, i: int) -> tuple[int, int]:
         return _SIMPLE_ESC[c], i + 2
     for lead, n in (("x", 2), ("u", 4), ("U", 8)):
         if c == lead:
-            h = s[i + 2:i + 2 + n]
+            h = s[i + 2 : i + 2 + n]
             if len(h) != n or not all(ch in "0123456789abcdefABCDEF" for ch in h):
-                raise Unsupported(f"bad \\{lead} escape {s[i:i + 2 + n]!r}")
+                raise Unsupported(f"bad \\{lead} escape {s[i : i + 2 + n]!r}")
             return int(h, 16), i + 2 + n
     return ord(c), i + 2
 
@@ -102,7 +102,7 @@ def _tokens(text: str) -> list[tuple[str, object]]:
         elif c == "{":
             m = re.compile(r"\{\s*(\d+)\s*(?:,\s*(-?\d+)\s*)?\}").match(text, i)
             if m is None:
-                raise Unsupported(f"bad repetition at {text[i:i + 20]!r}")
+                raise Unsupported(f"bad repetition at {text[i : i + 20]!r}")
             lo = int(m.group(1))
             hi = lo if m.group(2) is None else int(m.group(2))
             out.append(("rep", (lo, hi)))
@@ -110,7 +110,7 @@ def _tokens(text: str) -> list[tuple[str, object]]:
         else:
             m = _NAME.match(text, i)
             if m is None:
-                raise Unsupported(f"unexpected {text[i:i + 20]!r}")
+                raise Unsupported(f"unexpected {text[i : i + 20]!r}")
             out.append(("name", m.group(0)))
             i = m.end()
     return out
@@ -139,7 +139,7 @@ def parse_rules(text: str) -> dict[str, tuple]:
     rules: dict[str, tuple] = {}
     for k, s in enumerate(starts):
         end = starts[k + 1] if k + 1 < len(starts) else len(toks)
-        body = toks[s + 2:end]
+        body = toks[s + 2 : end]
         p = _Parser(body)
         expr = p.alt()
         if p.i < len(body) and body[p.i][0] == "look":
@@ -235,7 +235,6 @@ class NFA:
             else:
                 stack.extend(self.eps[n])
         return frozenset(out)
-
 
     def step(self, nodes: frozenset[int], cp: int) -> frozenset[int]:
         """The node set after codepoint ``cp`` (empty: no derivation continues)."""

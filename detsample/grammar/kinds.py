@@ -36,9 +36,9 @@ def json_schema_grammar(text: str, config: GrammarConfig):
 
     prepared = prepare_json_schema(text, strict=config.strict_mode)
     kw = {"max_whitespace_cnt": config.max_whitespace_cnt} if config.any_whitespace else {}
-    raw = xgr.Grammar.from_json_schema(json.dumps(prepared.schema),
-                                       any_whitespace=config.any_whitespace,
-                                       strict_mode=config.strict_mode, **kw)
+    raw = xgr.Grammar.from_json_schema(
+        json.dumps(prepared.schema), any_whitespace=config.any_whitespace, strict_mode=config.strict_mode, **kw
+    )
     return xgr.Grammar.from_ebnf(correct_json_grammar(str(raw), prepared.patterns))
 
 
@@ -63,8 +63,7 @@ def compile_kind(xgr_compiler, kind: str, text: str, config: GrammarConfig, gram
     ``grammar``: a JSON schema's :func:`json_schema_grammar` when the caller has it."""
     check_kind(kind)
     if kind == "json_schema":
-        return xgr_compiler.compile_grammar(
-            grammar if grammar is not None else json_schema_grammar(text, config))
+        return xgr_compiler.compile_grammar(grammar if grammar is not None else json_schema_grammar(text, config))
     if kind == "regex":
         return xgr_compiler.compile_regex(text)
     if kind == "ebnf":

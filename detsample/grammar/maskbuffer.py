@@ -65,8 +65,9 @@ class _Entry:
 
     __slots__ = ("words", "kind", "cols", "add", "n", "allowed")
 
-    def __init__(self, words: np.ndarray, kind: str, cols: np.ndarray | None,
-                 add: np.ndarray | None = None, n: int = 0) -> None:
+    def __init__(
+        self, words: np.ndarray, kind: str, cols: np.ndarray | None, add: np.ndarray | None = None, n: int = 0
+    ) -> None:
         self.words, self.kind, self.cols, self.add, self.n = words, kind, cols, add, n
         self.allowed = None if add is None else np.flatnonzero(~np.isneginf(add))
 
@@ -81,8 +82,7 @@ class _Entry:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.words, self.cols, self.add, self.allowed)
-                   if a is not None)
+        return sum(a.nbytes for a in (self.words, self.cols, self.add, self.allowed) if a is not None)
 
 
 class ColumnCache:
@@ -107,16 +107,17 @@ class ColumnCache:
         v = words.view(np.uint64) if words.shape[1] % 2 == 0 else words.view(np.uint32)
         w = v.shape[1]
         if self._weights is None or self._weights.shape[0] != w:
-            self._weights = np.random.default_rng(0x5EED).integers(
-                0, 2**63, size=w, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-        if self._scratch is None or self._scratch.shape[1] != w or \
-                self._scratch.shape[0] < v.shape[0]:  # reused: no page faults per step
+            self._weights = np.random.default_rng(0x5EED).integers(0, 2**63, size=w, dtype=np.uint64) * np.uint64(
+                2
+            ) + np.uint64(1)
+        if (
+            self._scratch is None or self._scratch.shape[1] != w or self._scratch.shape[0] < v.shape[0]
+        ):  # reused: no page faults per step
             self._scratch = np.empty((v.shape[0], w), dtype=np.uint64)
-        prod = np.multiply(v, self._weights, out=self._scratch[:v.shape[0]])
+        prod = np.multiply(v, self._weights, out=self._scratch[: v.shape[0]])
         return prod.sum(axis=1, dtype=np.uint64)
 
-    def lookup_rows(self, words: np.ndarray, rows: list[int], n: int,
-                    guess: list | None = None) -> dict[int, _Entry]:
+    def lookup_rows(self, words: np.ndarray, rows: list[int], n: int, guess: list | None = None) -> dict[int, _Entry]:
         """``{row: entry}`` for bitmask ``words[row]`` of each row: one lookup per distinct
         mask (rows in one grammar state share it), confirmed for every row at once.
 
@@ -148,8 +149,9 @@ class ColumnCache:
                 out[rows[left[i]]] = e if ok else self.lookup(fp, part[i], n)
         return out
 
-    def _confirm_guesses(self, sub: np.ndarray, rows: list[int], n: int, guess: list,
-                         out: dict[int, _Entry]) -> list[int]:
+    def _confirm_guesses(
+        self, sub: np.ndarray, rows: list[int], n: int, guess: list, out: dict[int, _Entry]
+    ) -> list[int]:
         """Rows (positions in ``rows``) whose words equal their guess go into ``out``; the
         others are returned."""
         by_entry: dict[int, list[int]] = {}
@@ -186,8 +188,7 @@ class ColumnCache:
         self._map.setdefault(key, []).append(e)
         self._map.move_to_end(key)
         self._bytes += e.nbytes
-        while len(self._map) > 1 and (len(self._map) > self.capacity
-                                      or self._bytes > self.max_bytes):
+        while len(self._map) > 1 and (len(self._map) > self.capacity or self._bytes > self.max_bytes):
             _, dropped = self._map.popitem(last=False)
             self._bytes -= sum(d.nbytes for d in dropped)
         return e
@@ -243,9 +244,13 @@ class MaskedLogitsBuffer:
 
     @staticmethod
     def supports(logits: torch.Tensor) -> bool:
-        return (logits.device.type == "cpu" and logits.dtype == torch.float32
-                and logits.dim() == 2 and logits.is_contiguous()
-                and sys.byteorder == "little")  # (bitmask words read as bytes)
+        return (
+            logits.device.type == "cpu"
+            and logits.dtype == torch.float32
+            and logits.dim() == 2
+            and logits.is_contiguous()
+            and sys.byteorder == "little"
+        )  # (bitmask words read as bytes)
 
     def _rows(self, b: int, v: int) -> torch.Tensor:
         buf = self._buf
@@ -256,9 +261,9 @@ class MaskedLogitsBuffer:
             self._last = [None] * buf.shape[0]
         return buf[:b]
 
-    def apply(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int], n: int,
-              row_max: torch.Tensor | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def apply(
+        self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int], n: int, row_max: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(masked, maxima)``.
 
         logits: (B, V) float32 CPU contiguous (not modified); bitmask: (>= B, ceil(n/32))
@@ -285,8 +290,7 @@ class MaskedLogitsBuffer:
             kinds[entries[r].kind].append(r)
         dense, select = kinds["dense"], kinds["select"]
         masked = set(rows)
-        copied = [r for r in range(b) if r not in masked or r in entries and
-                  entries[r].kind == "dense"]
+        copied = [r for r in range(b) if r not in masked or r in entries and entries[r].kind == "dense"]
         _copy_rows(out, logits, copied)
         if dense:
             o.reshape(-1)[np.concatenate([entries[r].cols + r * v for r in dense])] = _NEG_INF
@@ -300,8 +304,9 @@ class MaskedLogitsBuffer:
             groups.setdefault(id(entries[r]), []).append(r)
         for members in groups.values():
             cols = entries[members[0]].cols
-            blocks.append((members, [cols] * len(members),
-                           (np.asarray(members, dtype=np.int64)[:, None] * v + cols).ravel()))
+            blocks.append(
+                (members, [cols] * len(members), (np.asarray(members, dtype=np.int64)[:, None] * v + cols).ravel())
+            )
         peaks.update(self._sparse_rows(o, x, blocks, v, values))
         for r in copied + select:
             self._finite[r] = None
@@ -315,8 +320,9 @@ class MaskedLogitsBuffer:
             return out, None
         return out, _maxima(out, logits, row_max, entries, peaks, n)
 
-    def _select_rows(self, out: torch.Tensor, logits: torch.Tensor, select: list[int],
-                     entries: dict, n: int, values: dict) -> dict[int, float]:
+    def _select_rows(
+        self, out: torch.Tensor, logits: torch.Tensor, select: list[int], entries: dict, n: int, values: dict
+    ) -> dict[int, float]:
         """Select rows: ``logits + add`` over the first n columns, a row at a time so
         that its maximum and its values at the allowed columns (into ``values``) are read
         while the row is in cache. Returns each row's maximum over those columns; a row
@@ -337,8 +343,7 @@ class MaskedLogitsBuffer:
                 values[r] = row.take(e.allowed)
         return peaks
 
-    def _sparse_rows(self, o: np.ndarray, x: np.ndarray, blocks: list, v: int,
-                     values: dict) -> dict[int, float]:
+    def _sparse_rows(self, o: np.ndarray, x: np.ndarray, blocks: list, v: int, values: dict) -> dict[int, float]:
         """Sparse rows, in blocks ``(rows, columns per row, flat index of all of them)``:
         last step's finite columns back to -inf (or the whole row when unknown), then
         the allowed columns copied, one gather and scatter per block. Returns each row's
@@ -371,7 +376,7 @@ class MaskedLogitsBuffer:
                 if some.any():
                     top[some] = np.maximum.reduceat(vals, starts[some])
                 top = top.tolist()
-                per_row = [vals[a:a + k] for a, k in zip(starts.tolist(), sizes.tolist())]
+                per_row = [vals[a : a + k] for a, k in zip(starts.tolist(), sizes.tolist())]
             for r, c, m, val in zip(members, cols, top, per_row):
                 peaks[r] = m
                 self._finite[r] = c
@@ -379,8 +384,9 @@ class MaskedLogitsBuffer:
         return peaks
 
 
-def _few_bits(words: np.ndarray, rows: list[int], n: int, v: int
-              ) -> tuple[tuple[list[int], list[np.ndarray], np.ndarray], list[int]]:
+def _few_bits(
+    words: np.ndarray, rows: list[int], n: int, v: int
+) -> tuple[tuple[list[int], list[np.ndarray], np.ndarray], list[int]]:
     """Split ``rows`` into those whose bitmask has only a few nonzero words (a structural
     position: a handful of allowed tokens, at most ``SPARSE_MAX`` of n) and the rest.
     The first come back as one sparse block ``(rows, allowed columns per row, flat
@@ -399,11 +405,9 @@ def _few_bits(words: np.ndarray, rows: list[int], n: int, v: int
     if not pos.size:
         return empty, rows
     rest = [rows[i] for i in np.flatnonzero(~few).tolist()]
-    ri, wi = np.divmod(np.flatnonzero(nonzero if pos.size == len(rows) else nonzero[pos]),
-                       u.shape[1])
+    ri, wi = np.divmod(np.flatnonzero(nonzero if pos.size == len(rows) else nonzero[pos]), u.shape[1])
     vals = u[pos[ri], wi]
-    bi, bj = np.nonzero(np.unpackbits(vals.view(np.uint8).reshape(-1, unit // 8), axis=1,
-                                      bitorder="little"))
+    bi, bj = np.nonzero(np.unpackbits(vals.view(np.uint8).reshape(-1, unit // 8), axis=1, bitorder="little"))
     cols = wi[bi].astype(np.int64) * unit + bj
     ri = ri[bi]
     keep = cols < n
@@ -434,8 +438,9 @@ def _copy_rows(out: torch.Tensor, logits: torch.Tensor, rows: list[int]) -> None
         np.copyto(o[a:z], x[a:z])
 
 
-def _maxima(out: torch.Tensor, logits: torch.Tensor, row_max: torch.Tensor, entries: dict,
-            peaks: dict, n: int) -> torch.Tensor:
+def _maxima(
+    out: torch.Tensor, logits: torch.Tensor, row_max: torch.Tensor, entries: dict, peaks: dict, n: int
+) -> torch.Tensor:
     """(B, 1) ``torch.amax(out, -1)``, from what the mask step already knows: ``peaks``
     holds the maxima of the sparse and select rows, ``entries`` the dense rows'
     disallowed columns."""
@@ -448,8 +453,7 @@ def _maxima(out: torch.Tensor, logits: torch.Tensor, row_max: torch.Tensor, entr
             e = entries[r]
             got = mn[r, 0]
             bad = x[r, e.cols]
-            worst = max(bad.max() if bad.size else _NEG_INF,
-                        x[r, n:].max() if n < x.shape[1] else _NEG_INF)
+            worst = max(bad.max() if bad.size else _NEG_INF, x[r, n:].max() if n < x.shape[1] else _NEG_INF)
             exact = bool(got != 0) and bool(worst < got)
             if not exact:  # a disallowed maximum: reduce the masked row
                 got = out.numpy()[r].max()
@@ -457,5 +461,5 @@ def _maxima(out: torch.Tensor, logits: torch.Tensor, row_max: torch.Tensor, entr
         if exact:
             mn[r, 0] = got
         else:  # a zero maximum: +0.0 or -0.0 is amax's choice
-            m[r] = torch.amax(out[r:r + 1], dim=-1)
+            m[r] = torch.amax(out[r : r + 1], dim=-1)
     return m

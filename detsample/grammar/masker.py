@@ -101,10 +101,10 @@ class GrammarMasker:
     """
 
     def __init__(self, max_threads: int | str = "auto", parallel_min_rows: int = 2) -> None:
-        if max_threads != "auto" and (isinstance(max_threads, bool) or
-                                      not isinstance(max_threads, int) or max_threads < 1):
-            raise ValueError(f"max_threads must be 'auto' or an integer >= 1, got "
-                             f"{max_threads!r}")
+        if max_threads != "auto" and (
+            isinstance(max_threads, bool) or not isinstance(max_threads, int) or max_threads < 1
+        ):
+            raise ValueError(f"max_threads must be 'auto' or an integer >= 1, got {max_threads!r}")
         self.max_threads = max_threads
         self.parallel_min_rows = parallel_min_rows
         self._bitmask: torch.Tensor | None = None
@@ -136,17 +136,14 @@ class GrammarMasker:
             self._matchers[key] = xgr.BatchGrammarMatcher(threads)
         return self._matchers[key]
 
-    def _fill_rows(self, role: str, threads: int | str, grammars: list, bm: torch.Tensor,
-                   rows: list[int]) -> None:
+    def _fill_rows(self, role: str, threads: int | str, grammars: list, bm: torch.Tensor, rows: list[int]) -> None:
         if len(rows) < self.parallel_min_rows:
             for r in rows:
                 grammars[r].matcher.fill_next_token_bitmask(bm, r)
         else:
-            self._matcher(role, threads).batch_fill_next_token_bitmask(
-                [grammars[r].matcher for r in rows], bm, rows)
+            self._matcher(role, threads).batch_fill_next_token_bitmask([grammars[r].matcher for r in rows], bm, rows)
 
-    def fill(self, grammars: Sequence[RequestGrammar | None], vocab_size: int
-             ) -> tuple[torch.Tensor, list[int]]:
+    def fill(self, grammars: Sequence[RequestGrammar | None], vocab_size: int) -> tuple[torch.Tensor, list[int]]:
         """Fill the bitmask rows of the active grammars; ``(bitmask, filled_rows)``.
 
         ``grammars[r]`` is row r's grammar or None. Pending grammars are waited for
@@ -200,7 +197,8 @@ class GrammarMasker:
                 g = grammars[r]
                 raise GrammarError(
                     f"request {g.rid!r}: cached bitmask row of state {sids[r]} "
-                    f"differs from xgrammar's fill after {len(g.accepted)} tokens")
+                    f"differs from xgrammar's fill after {len(g.accepted)} tokens"
+                )
 
     def prefetch(self, grammars: Sequence[RequestGrammar | None]) -> int:
         """Start filling the next bitmask row of every active grammar in a background
@@ -215,18 +213,21 @@ class GrammarMasker:
             g._settle()  # an earlier prefetch of the same matcher must finish first
         todo, hits, copies, _ = _by_state(active, range(len(active)))
         if self._pool is None:
-            self._pool = cf.ThreadPoolExecutor(max_workers=1,
-                                               thread_name_prefix="detsample-bitmask")
-        fut = self._pool.submit(self._prefetch_rows, self._threads("prefetch"), active, rows,
-                                todo, hits, copies)
+            self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="detsample-bitmask")
+        fut = self._pool.submit(self._prefetch_rows, self._threads("prefetch"), active, rows, todo, hits, copies)
         for i, g in enumerate(active):
             g.set_prefetch(fut, rows, i)
         return len(active)
 
-    def _prefetch_rows(self, threads: int | str, active: list, rows: torch.Tensor,
-                       todo: list[int],
-                       hits: list[tuple[int, object]], copies: list[tuple[int, int]]
-                       ) -> None:
+    def _prefetch_rows(
+        self,
+        threads: int | str,
+        active: list,
+        rows: torch.Tensor,
+        todo: list[int],
+        hits: list[tuple[int, object]],
+        copies: list[tuple[int, int]],
+    ) -> None:
         """The background part of :meth:`prefetch`: cached rows copied, the others
         filled (one per state), rows sharing a state copied from the filled one."""
         words = rows.numpy()
@@ -249,23 +250,23 @@ class GrammarMasker:
         if pool is not None:
             pool.shutdown(wait=True)
 
-    def _fill_for(self, logits: torch.Tensor, grammars: Sequence[RequestGrammar | None]
-                  ) -> tuple[torch.Tensor | None, list[int], int]:
+    def _fill_for(
+        self, logits: torch.Tensor, grammars: Sequence[RequestGrammar | None]
+    ) -> tuple[torch.Tensor | None, list[int], int]:
         sizes = {g.vocab.vocab_size for g in grammars if g is not None}
         if not sizes:
             return None, [], logits.shape[1]
         if len(sizes) > 1:
-            raise GrammarError(f"grammars of one batch must share a vocabulary size, got "
-                               f"{sorted(sizes)}")
+            raise GrammarError(f"grammars of one batch must share a vocabulary size, got {sorted(sizes)}")
         n = sizes.pop()
         if n > logits.shape[1]:
-            raise GrammarError(f"grammar vocabulary has {n} tokens, more than the logits' "
-                               f"{logits.shape[1]}")
+            raise GrammarError(f"grammar vocabulary has {n} tokens, more than the logits' {logits.shape[1]}")
         bm, rows = self.fill(grammars, n)
         return bm, rows, n
 
-    def masked(self, logits: torch.Tensor, grammars: Sequence[RequestGrammar | None],
-               out: torch.Tensor | None = None) -> tuple[torch.Tensor, list[int]]:
+    def masked(
+        self, logits: torch.Tensor, grammars: Sequence[RequestGrammar | None], out: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, list[int]]:
         """``(masked copy of logits, masked rows)``; ``logits`` itself when no row has an
         active grammar. The bitmask covers the grammars' vocabulary (n tokens); when the
         model's V is larger (an embedding padded past the tokenizer), ids n..V-1 are -inf
@@ -275,9 +276,13 @@ class GrammarMasker:
             return logits, rows
         return masked_logits(logits, bm, rows, limit=n, out=out), rows
 
-    def masked_step(self, logits: torch.Tensor, grammars: Sequence[RequestGrammar | None],
-                    row_max: torch.Tensor | None = None, out: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, list[int], torch.Tensor | None, tuple | None]:
+    def masked_step(
+        self,
+        logits: torch.Tensor,
+        grammars: Sequence[RequestGrammar | None],
+        row_max: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[int], torch.Tensor | None, tuple | None]:
         """:meth:`masked` for the sampler: ``(masked, rows, maxima, allowed)``.
 
         On CPU float32 the result is the masker's persistent buffer (valid until the
@@ -298,8 +303,7 @@ class GrammarMasker:
         x, m = self.buffer.apply(logits, bm, rows, n, row_max)
         return x, rows, m, (self.buffer.columns, self.buffer.values)
 
-    def apply_(self, logits: torch.Tensor, grammars: Sequence[RequestGrammar | None]
-               ) -> list[int]:
+    def apply_(self, logits: torch.Tensor, grammars: Sequence[RequestGrammar | None]) -> list[int]:
         """In-place variant of :meth:`masked`; returns the masked rows."""
         bm, rows, n = self._fill_for(logits, grammars)
         if rows:

@@ -109,7 +109,7 @@ def _category(cat: str, negated_context: bool) -> Ranges:
     """The ranges of a category escape. In a negated class the item is excluded, so it
     must cover Python's whole set; elsewhere a subset of Python's set is safe."""
     neg = cat.startswith("CATEGORY_NOT_")
-    base = cat[len("CATEGORY_NOT_"):] if neg else cat[len("CATEGORY_"):]
+    base = cat[len("CATEGORY_NOT_") :] if neg else cat[len("CATEGORY_") :]
     if base not in _ASCII_SETS:
         raise GrammarError(f"pattern: unsupported class escape {cat}")
     if neg:
@@ -142,8 +142,7 @@ def class_text(ranges) -> str:
     rest = complement(ranges)
     if not rest:
         raise GrammarError("a character class of every code point cannot be written")
-    return "[^" + "".join(_cp(lo) if lo == hi else f"{_cp(lo)}-{_cp(hi)}"
-                          for lo, hi in rest) + "]"
+    return "[^" + "".join(_cp(lo) if lo == hi else f"{_cp(lo)}-{_cp(hi)}" for lo, hi in rest) + "]"
 
 
 def json_chars(ranges, escapes: bool = True) -> str | None:
@@ -179,8 +178,7 @@ class _Lowering:
         self.bounded = 0
 
     def fail(self, what: str) -> None:
-        raise GrammarError(f"pattern {self.pattern!r}: {what} is not supported by the grammar "
-                           "backend")
+        raise GrammarError(f"pattern {self.pattern!r}: {what} is not supported by the grammar backend")
 
     def chars(self, ranges) -> str:
         out = json_chars(ranges, escapes=not self.bounded)
@@ -193,7 +191,7 @@ class _Lowering:
         out = []
         for i, (op, av) in enumerate(items):
             start = at_start and all(self._is_anchor(o, a, "begin") for o, a in items[:i])
-            end = at_end and all(self._is_anchor(o, a, "end") for o, a in items[i + 1:])
+            end = at_end and all(self._is_anchor(o, a, "end") for o, a in items[i + 1 :])
             text = self.node(op, av, start, end)
             if text:
                 out.append(text)
@@ -203,8 +201,7 @@ class _Lowering:
     def _is_anchor(op, av, which: str) -> bool:
         if str(op) != "AT":
             return False
-        names = {"begin": ("AT_BEGINNING", "AT_BEGINNING_STRING"),
-                 "end": ("AT_END", "AT_END_STRING")}[which]
+        names = {"begin": ("AT_BEGINNING", "AT_BEGINNING_STRING"), "end": ("AT_END", "AT_END_STRING")}[which]
         return str(av) in names
 
     def node(self, op, av, at_start: bool, at_end: bool) -> str:
@@ -223,8 +220,7 @@ class _Lowering:
             lo, hi, sub = av
             if hi == _sre_c.MAXREPEAT:
                 body = self.seq(sub, False, False)
-                return f"{body}*" if lo == 0 else (f"{body}+" if lo == 1 else
-                                                     f"{body}{{{lo},}}")
+                return f"{body}*" if lo == 0 else (f"{body}+" if lo == 1 else f"{body}{{{lo},}}")
             self.bounded += 1
             try:
                 body = self.seq(sub, False, False)
@@ -247,10 +243,14 @@ class _Lowering:
                 return ""
             what = {"AT_BOUNDARY": "a word boundary", "AT_NON_BOUNDARY": "a non-boundary"}
             self.fail(what.get(kind, f"the anchor {kind} away from the start or end"))
-        names = {"GROUPREF": "a backreference", "GROUPREF_EXISTS": "a conditional group",
-                 "ASSERT": "a lookaround", "ASSERT_NOT": "a negative lookaround",
-                 "ATOMIC_GROUP": "an atomic group",
-                 "POSSESSIVE_REPEAT": "a possessive quantifier"}
+        names = {
+            "GROUPREF": "a backreference",
+            "GROUPREF_EXISTS": "a conditional group",
+            "ASSERT": "a lookaround",
+            "ASSERT_NOT": "a negative lookaround",
+            "ATOMIC_GROUP": "an atomic group",
+            "POSSESSIVE_REPEAT": "a possessive quantifier",
+        }
         self.fail(names.get(name, f"the regex construct {name}"))
         raise AssertionError  # unreachable
 

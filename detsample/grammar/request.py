@@ -43,10 +43,18 @@ class RequestGrammar:
             masker fills a state's bitmask row once (:meth:`mask_state`).
     """
 
-    def __init__(self, rid: str, kind: str, future: cf.Future, vocab, *,
-                 output_ids: Sequence[int] = (), timeout_s: float | None = 30.0,
-                 state_keys: Callable[[], object] | None = None,
-                 reasoning_end: int | None = None) -> None:
+    def __init__(
+        self,
+        rid: str,
+        kind: str,
+        future: cf.Future,
+        vocab,
+        *,
+        output_ids: Sequence[int] = (),
+        timeout_s: float | None = 30.0,
+        state_keys: Callable[[], object] | None = None,
+        reasoning_end: int | None = None,
+    ) -> None:
         self.rid = rid
         self.kind = check_kind(kind)
         self.vocab = vocab
@@ -60,7 +68,7 @@ class RequestGrammar:
         self.dormant = reasoning_end is not None
         self._woke_by_token = False
         if self.dormant and reasoning_end in self._initial:
-            self._initial = self._initial[self._initial.index(reasoning_end) + 1:]
+            self._initial = self._initial[self._initial.index(reasoning_end) + 1 :]
             self.dormant = False
         elif self.dormant:
             self._initial = []
@@ -74,34 +82,59 @@ class RequestGrammar:
         self._sids: list[int] = []  # state name after each accepted token (and before all)
 
     @classmethod
-    def from_params(cls, rid: str, params, vocab, *, output_ids: Sequence[int] = (),
-                    compiler=None, reasoning_end: int | None = None) -> RequestGrammar | None:
+    def from_params(
+        cls, rid: str, params, vocab, *, output_ids: Sequence[int] = (), compiler=None, reasoning_end: int | None = None
+    ) -> RequestGrammar | None:
         """The grammar of ``params`` (None when it has none), submitted for compilation."""
         g = params.grammar
         if g is None:
             return None
         kind = g[0]
         # The raw field value, not params.grammar's text: a dict keeps its key order.
-        return cls.submit(rid, kind, getattr(params, kind), vocab, output_ids=output_ids,
-                          compiler=compiler, reasoning_end=reasoning_end)
+        return cls.submit(
+            rid,
+            kind,
+            getattr(params, kind),
+            vocab,
+            output_ids=output_ids,
+            compiler=compiler,
+            reasoning_end=reasoning_end,
+        )
 
     @classmethod
-    def submit(cls, rid: str, kind: str, value, vocab, *, output_ids: Sequence[int] = (),
-               compiler=None, reasoning_end: int | None = None) -> RequestGrammar:
+    def submit(
+        cls,
+        rid: str,
+        kind: str,
+        value,
+        vocab,
+        *,
+        output_ids: Sequence[int] = (),
+        compiler=None,
+        reasoning_end: int | None = None,
+    ) -> RequestGrammar:
         """Submit ``value`` (str, or dict for JSON kinds) to ``compiler`` (default: the
         vocabulary's) and wrap the future. An unknown kind raises :class:`GrammarError`."""
         if vocab is None:
-            raise GrammarError(f"request {rid!r} has a {kind} grammar but the batch has no "
-                               "vocabulary; pass vocab= to SamplingBatch.from_requests")
+            raise GrammarError(
+                f"request {rid!r} has a {kind} grammar but the batch has no "
+                "vocabulary; pass vocab= to SamplingBatch.from_requests"
+            )
         compiler = compiler if compiler is not None else vocab.grammar_compiler
         if compiler.vocab.fingerprint != vocab.fingerprint:
-            raise GrammarError(f"request {rid!r}: the grammar compiler belongs to another "
-                               "vocabulary")
+            raise GrammarError(f"request {rid!r}: the grammar compiler belongs to another vocabulary")
         text = grammar_text(kind, value)
         fut = compiler.submit(kind, text)
-        return cls(rid, kind, fut, vocab, output_ids=output_ids,
-                   timeout_s=compiler.config.compile_timeout_s,
-                   state_keys=compiler.names_getter(kind, text), reasoning_end=reasoning_end)
+        return cls(
+            rid,
+            kind,
+            fut,
+            vocab,
+            output_ids=output_ids,
+            timeout_s=compiler.config.compile_timeout_s,
+            state_keys=compiler.names_getter(kind, text),
+            reasoning_end=reasoning_end,
+        )
 
     # -- state -----------------------------------------------------------------------
     @property
@@ -162,15 +195,13 @@ class RequestGrammar:
             compiled = self._future.result(timeout=timeout)
         except cf.TimeoutError:
             waited = timeout if self.timeout_s is None else max(timeout, self.timeout_s)
-            self.fail(f"request {self.rid!r}: {self.kind} grammar did not compile within "
-                      f"{waited:g} s")
+            self.fail(f"request {self.rid!r}: {self.kind} grammar did not compile within {waited:g} s")
             return self.state
         except cf.CancelledError:
             self.fail(f"request {self.rid!r}: {self.kind} grammar compilation was cancelled")
             return self.state
         except Exception as e:  # noqa: BLE001 -- any compile error fails this request only
-            self.fail(f"request {self.rid!r}: {self.kind} grammar failed to compile: "
-                      f"{type(e).__name__}: {e}")
+            self.fail(f"request {self.rid!r}: {self.kind} grammar failed to compile: {type(e).__name__}: {e}")
             return self.state
         import xgrammar as xgr
 
@@ -191,8 +222,10 @@ class RequestGrammar:
     def _require_matcher(self, what: str):
         self.resolve()
         if self._matcher is None:
-            raise GrammarError(f"request {self.rid!r}: cannot {what}: grammar is "
-                               f"{self.state}" + (f" ({self.error})" if self.error else ""))
+            raise GrammarError(
+                f"request {self.rid!r}: cannot {what}: grammar is "
+                f"{self.state}" + (f" ({self.error})" if self.error else "")
+            )
         return self._matcher
 
     @property
@@ -239,8 +272,10 @@ class RequestGrammar:
         prefix = self.vocab.decode(self.accepted)
         shown = prefix if len(prefix) <= _PREFIX_SHOWN else b"..." + prefix[-_PREFIX_SHOWN:]
         tok = self.vocab.tokens[tid] if 0 <= tid < self.vocab.vocab_size else None
-        return (f"request {self.rid!r}: {self.kind} grammar rejected {what} {tid} ({tok!r}) "
-                f"after accepted prefix {shown!r} ({len(self.accepted)} tokens)")
+        return (
+            f"request {self.rid!r}: {self.kind} grammar rejected {what} {tid} ({tok!r}) "
+            f"after accepted prefix {shown!r} ({len(self.accepted)} tokens)"
+        )
 
     # -- background fill (prefetch) --------------------------------------------------
     def set_prefetch(self, future: cf.Future, rows, row: int) -> None:
@@ -295,8 +330,7 @@ class RequestGrammar:
         m = self._require_matcher("accept a token")
         tid = int(tid)
         if self.state != ACTIVE:
-            raise GrammarError(f"request {self.rid!r}: grammar already terminated; cannot "
-                               f"accept token {tid}")
+            raise GrammarError(f"request {self.rid!r}: grammar already terminated; cannot accept token {tid}")
         self._changed()
         if not 0 <= tid < self.vocab.vocab_size or not m.accept_token(tid):
             raise GrammarError(self._reject_message(tid))
@@ -327,8 +361,7 @@ class RequestGrammar:
             return
         m = self._require_matcher("rollback")
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= len(self.accepted):
-            raise GrammarError(f"request {self.rid!r}: rollback k must be in "
-                               f"[0, {len(self.accepted)}], got {k!r}")
+            raise GrammarError(f"request {self.rid!r}: rollback k must be in [0, {len(self.accepted)}], got {k!r}")
         if k == 0:
             return
         self._changed()
@@ -371,5 +404,6 @@ class RequestGrammar:
         return rolled, tail
 
     def __repr__(self) -> str:
-        return (f"RequestGrammar(rid={self.rid!r}, kind={self.kind!r}, state={self.state!r}, "
-                f"accepted={len(self.accepted)})")
+        return (
+            f"RequestGrammar(rid={self.rid!r}, kind={self.kind!r}, state={self.state!r}, accepted={len(self.accepted)})"
+        )

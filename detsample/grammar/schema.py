@@ -37,50 +37,96 @@ KEYWORDS: dict[str, str] = {
     "enum": "any JSON values (siblings: only `type`, checked against every value)",
     "const": "any JSON value (siblings: only `type`)",
     "$ref": "local JSON pointers (`#`, `#/$defs/...`, `#/definitions/...`); no siblings",
-    "$defs": "schemas reachable by `$ref`", "definitions": "as `$defs`",
+    "$defs": "schemas reachable by `$ref`",
+    "definitions": "as `$defs`",
     "anyOf": "any branches; no validation siblings",
     "oneOf": "branches with disjoint types, or objects told apart by a required `const`",
     "allOf": "exactly one member",
-    "properties": "emitted in declared order", "required": "names of `properties`",
+    "properties": "emitted in declared order",
+    "required": "names of `properties`",
     "additionalProperties": "`false`, `true` or a schema",
     "patternProperties": "one pattern, no declared name matching it, no other extra keys",
     "propertyNames": "`pattern` or `minLength`/`maxLength`; declared names must satisfy it",
     "minProperties": "only when no extra keys are possible or it is <= len(required)",
-    "maxProperties": "yes", "unevaluatedProperties": "`false` only",
-    "items": "a schema or a boolean", "prefixItems": "yes",
-    "minItems": "yes", "maxItems": "yes", "uniqueItems": "`false` only",
+    "maxProperties": "yes",
+    "unevaluatedProperties": "`false` only",
+    "items": "a schema or a boolean",
+    "prefixItems": "yes",
+    "minItems": "yes",
+    "maxItems": "yes",
+    "uniqueItems": "`false` only",
     "unevaluatedItems": "`false` only",
-    "minimum": "integers and numbers", "maximum": "integers and numbers",
-    "exclusiveMinimum": "numeric form", "exclusiveMaximum": "numeric form",
+    "minimum": "integers and numbers",
+    "maximum": "integers and numbers",
+    "exclusiveMinimum": "numeric form",
+    "exclusiveMaximum": "numeric form",
     "multipleOf": "integers only (positive integer)",
-    "minLength": "code points (the string holds no escapes)", "maxLength": "as `minLength`",
+    "minLength": "code points (the string holds no escapes)",
+    "maxLength": "as `minLength`",
     "pattern": "Python `re` syntax without backreferences, lookarounds, inline flags",
     "format": ", ".join(sorted(FORMAT_PATTERNS)),
 }
 #: Keywords with no effect on validity: accepted and ignored.
-ANNOTATIONS = frozenset({
-    "title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly",
-    "$comment", "$schema", "$id", "contentEncoding", "contentMediaType", "contentSchema",
-    "nullable", "discriminator", "strict"})
+ANNOTATIONS = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "$comment",
+        "$schema",
+        "$id",
+        "contentEncoding",
+        "contentMediaType",
+        "contentSchema",
+        "nullable",
+        "discriminator",
+        "strict",
+    }
+)
 #: Known keywords the grammar cannot honour -> why.
 UNSUPPORTED: dict[str, str] = {
-    "not": "negation", "if": "conditionals", "then": "conditionals", "else": "conditionals",
-    "dependentRequired": "dependencies", "dependentSchemas": "dependencies",
-    "dependencies": "dependencies", "contains": "contains", "minContains": "contains",
-    "maxContains": "contains", "additionalItems": "draft-07 tuples (use prefixItems)",
-    "$anchor": "anchors", "$dynamicRef": "dynamic references",
-    "$dynamicAnchor": "dynamic references", "$recursiveRef": "recursive references",
-    "$recursiveAnchor": "recursive references", "$vocabulary": "vocabularies",
+    "not": "negation",
+    "if": "conditionals",
+    "then": "conditionals",
+    "else": "conditionals",
+    "dependentRequired": "dependencies",
+    "dependentSchemas": "dependencies",
+    "dependencies": "dependencies",
+    "contains": "contains",
+    "minContains": "contains",
+    "maxContains": "contains",
+    "additionalItems": "draft-07 tuples (use prefixItems)",
+    "$anchor": "anchors",
+    "$dynamicRef": "dynamic references",
+    "$dynamicAnchor": "dynamic references",
+    "$recursiveRef": "recursive references",
+    "$recursiveAnchor": "recursive references",
+    "$vocabulary": "vocabularies",
 }
-_SCHEMA_URIS = ("https://json-schema.org/draft/2020-12/schema",
-                "https://json-schema.org/draft/2019-09/schema",
-                "http://json-schema.org/draft-07/schema", "http://json-schema.org/draft-06/schema")
+_SCHEMA_URIS = (
+    "https://json-schema.org/draft/2020-12/schema",
+    "https://json-schema.org/draft/2019-09/schema",
+    "http://json-schema.org/draft-07/schema",
+    "http://json-schema.org/draft-06/schema",
+)
 _COMBINATORS = ("$ref", "const", "enum", "anyOf", "oneOf", "allOf")  # xgrammar's precedence
 _STRING_KW = ("minLength", "maxLength", "pattern", "format")
 _NUMBER_KW = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 _ARRAY_KW = ("items", "prefixItems", "minItems", "maxItems", "uniqueItems", "unevaluatedItems")
-_OBJECT_KW = ("properties", "required", "additionalProperties", "patternProperties",
-              "propertyNames", "minProperties", "maxProperties", "unevaluatedProperties")
+_OBJECT_KW = (
+    "properties",
+    "required",
+    "additionalProperties",
+    "patternProperties",
+    "propertyNames",
+    "minProperties",
+    "maxProperties",
+    "unevaluatedProperties",
+)
 #: Prefix of the placeholder regexes (letters only: xgrammar keeps them verbatim).
 PLACEHOLDER = "DETSAMPLEPATTERN"
 _TYPES = ("string", "number", "integer", "boolean", "null", "array", "object")
@@ -123,8 +169,7 @@ class _Walker:
     # -- errors and references -------------------------------------------------------
     @staticmethod
     def fail(ptr: str, keyword: str, why: str) -> None:
-        raise GrammarError(f"json_schema: keyword {keyword!r} at #{ptr} is not supported "
-                           f"by the grammar backend: {why}")
+        raise GrammarError(f"json_schema: keyword {keyword!r} at #{ptr} is not supported by the grammar backend: {why}")
 
     def resolve(self, ref: Any, ptr: str) -> Any:
         if not isinstance(ref, str) or not ref.startswith("#"):
@@ -143,8 +188,9 @@ class _Walker:
         if isinstance(node, bool):
             return node
         if not isinstance(node, dict):
-            raise GrammarError(f"json_schema: the schema at #{ptr} must be an object or a "
-                               f"boolean, got {type(node).__name__}")
+            raise GrammarError(
+                f"json_schema: the schema at #{ptr} must be an object or a boolean, got {type(node).__name__}"
+            )
         out = dict(node)  # key order kept: xgrammar emits properties in declared order
         for k, v in node.items():
             if k in UNSUPPORTED:
@@ -176,8 +222,7 @@ class _Walker:
     def types(self, node: dict, ptr: str, implied: str | None) -> set[str]:
         t = node.get("type", implied)
         if t is None:
-            if any(k in node for k in ("properties", "additionalProperties",
-                                       "unevaluatedProperties")):
+            if any(k in node for k in ("properties", "additionalProperties", "unevaluatedProperties")):
                 return {"object"}
             if any(k in node for k in ("items", "prefixItems", "unevaluatedItems")):
                 return {"array"}
@@ -188,12 +233,17 @@ class _Walker:
         return set(names)
 
     def require_type(self, node: dict, ptr: str, types: set[str]) -> None:
-        for kws, need in ((_STRING_KW, {"string"}), (_NUMBER_KW, {"integer", "number"}),
-                          (_ARRAY_KW, {"array"}), (_OBJECT_KW, {"object"})):
+        for kws, need in (
+            (_STRING_KW, {"string"}),
+            (_NUMBER_KW, {"integer", "number"}),
+            (_ARRAY_KW, {"array"}),
+            (_OBJECT_KW, {"object"}),
+        ):
             for k in kws:
                 if k in node and not types & need:
-                    self.fail(ptr, k, f"it needs \"type\": {sorted(need)[0]!r} next to it (the "
-                              "grammar ignores it otherwise)")
+                    self.fail(
+                        ptr, k, f'it needs "type": {sorted(need)[0]!r} next to it (the grammar ignores it otherwise)'
+                    )
 
     def combinator(self, node: dict, out: dict, ptr: str, present: list[str]) -> Any:
         kw = present[0]
@@ -208,8 +258,12 @@ class _Walker:
         if kw == "$ref":
             self.resolve(node["$ref"], ptr)
             if not _walked(node["$ref"]):
-                self.fail(ptr, "$ref", f"{node['$ref']!r} points outside $defs, definitions, "
-                          "properties, items and the combinators (it would not be checked)")
+                self.fail(
+                    ptr,
+                    "$ref",
+                    f"{node['$ref']!r} points outside $defs, definitions, "
+                    "properties, items and the combinators (it would not be checked)",
+                )
             return out
         if kw in ("enum", "const"):
             values = node["enum"] if kw == "enum" else [node["const"]]
@@ -218,8 +272,7 @@ class _Walker:
             if "type" in node:
                 types = self.types(node, ptr, None)
                 for v in values:
-                    if not _overlap({_json_type(v)}, types) or (
-                            _json_type(v) == "number" and types == {"integer"}):
+                    if not _overlap({_json_type(v)}, types) or (_json_type(v) == "number" and types == {"integer"}):
                         self.fail(ptr, kw, f"value {v!r} does not have type {node['type']!r}")
             return out
         members = node[kw]
@@ -269,23 +322,25 @@ class _Walker:
 
     def one_of(self, members: list, ptr: str) -> None:
         sigs = [self.signature(m) for m in members]
-        if all(not _overlap(a, b) for i, a in enumerate(sigs) for b in sigs[i + 1:]):
+        if all(not _overlap(a, b) for i, a in enumerate(sigs) for b in sigs[i + 1 :]):
             return
         vals = [self.values(m) for m in members]
-        if all(v is not None for v in vals) and all(
-                not (a & b) for i, a in enumerate(vals) for b in vals[i + 1:]):
+        if all(v is not None for v in vals) and all(not (a & b) for i, a in enumerate(vals) for b in vals[i + 1 :]):
             return
         objs = [self.deref(m) for m in members]
         if all(isinstance(o, dict) and self.signature(o) == {"object"} for o in objs):
             common = set.intersection(*(set(o.get("required", [])) for o in objs))
             for key in sorted(common):
                 kv = [self.values((o.get("properties") or {}).get(key)) for o in objs]
-                if all(v is not None for v in kv) and all(
-                        not (a & b) for i, a in enumerate(kv) for b in kv[i + 1:]):
+                if all(v is not None for v in kv) and all(not (a & b) for i, a in enumerate(kv) for b in kv[i + 1 :]):
                     return
-        self.fail(ptr, "oneOf", "its branches may overlap, and a document matching two "
-                  "branches would be invalid; use anyOf, or give every branch a required "
-                  "property with a distinct const")
+        self.fail(
+            ptr,
+            "oneOf",
+            "its branches may overlap, and a document matching two "
+            "branches would be invalid; use anyOf, or give every branch a required "
+            "property with a distinct const",
+        )
 
     # -- type-specific keywords ------------------------------------------------------
     def string(self, node: dict, out: dict, ptr: str) -> None:
@@ -293,8 +348,11 @@ class _Walker:
         if "minLength" in node or "maxLength" in node:
             has.append("minLength" if "minLength" in node else "maxLength")
         if len(has) > 1:
-            self.fail(ptr, has[1], f"it cannot be combined with {has[0]!r} (xgrammar honours "
-                      "only one of pattern, format and lengths)")
+            self.fail(
+                ptr,
+                has[1],
+                f"it cannot be combined with {has[0]!r} (xgrammar honours only one of pattern, format and lengths)",
+            )
         for k in ("minLength", "maxLength"):
             v = node.get(k)
             if k in node and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
@@ -326,8 +384,7 @@ class _Walker:
             v = node[k]
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 self.fail(ptr, k, f"must be a number, got {v!r}")
-            if "integer" in types and "number" not in types and isinstance(v, float) \
-                    and not v.is_integer():
+            if "integer" in types and "number" not in types and isinstance(v, float) and not v.is_integer():
                 self.fail(ptr, k, f"an integer's bound must be integral, got {v!r}")
         if "multipleOf" in node:
             m = node["multipleOf"]
@@ -344,8 +401,7 @@ class _Walker:
         if "prefixItems" in node:
             if not isinstance(node["prefixItems"], list):
                 self.fail(ptr, "prefixItems", "must be an array of schemas")
-            out["prefixItems"] = [self.visit(s, f"{ptr}/prefixItems/{i}")
-                                  for i, s in enumerate(node["prefixItems"])]
+            out["prefixItems"] = [self.visit(s, f"{ptr}/prefixItems/{i}") for i, s in enumerate(node["prefixItems"])]
         for k in ("uniqueItems", "unevaluatedItems"):
             if k in node and node[k] is not False:
                 self.fail(ptr, k, "only `false` is supported")
@@ -361,8 +417,7 @@ class _Walker:
         props = node.get("properties", {})
         if not isinstance(props, dict):
             self.fail(ptr, "properties", "must be an object")
-        out["properties"] = {n: self.visit(s, f"{ptr}/properties/{_seg(n)}")
-                             for n, s in props.items()}
+        out["properties"] = {n: self.visit(s, f"{ptr}/properties/{_seg(n)}") for n, s in props.items()}
         if not out["properties"] and "properties" not in node:
             del out["properties"]
         required = node.get("required", [])
@@ -379,18 +434,24 @@ class _Walker:
             if not isinstance(pats, dict) or len(pats) != 1:
                 self.fail(ptr, "patternProperties", "exactly one pattern is supported")
             if free:
-                self.fail(ptr, "patternProperties", "with additionalProperties an extra key "
-                          "could match the pattern and be checked against its schema")
-            (pat, sub), = pats.items()
+                self.fail(
+                    ptr,
+                    "patternProperties",
+                    "with additionalProperties an extra key could match the pattern and be checked against its schema",
+                )
+            ((pat, sub),) = pats.items()
             if not isinstance(pat, str):
                 self.fail(ptr, "patternProperties", f"pattern must be a string, got {pat!r}")
             rx = self.pattern(pat, ptr, "patternProperties")
             clash = [n for n in props if re.search(pat, n)]
             if clash:
-                self.fail(ptr, "patternProperties", f"declared properties {clash} match the "
-                          "pattern, so their values would have to satisfy both schemas")
-            out["patternProperties"] = {
-                rx: self.visit(sub, f"{ptr}/patternProperties/{_seg(pat)}")}
+                self.fail(
+                    ptr,
+                    "patternProperties",
+                    f"declared properties {clash} match the "
+                    "pattern, so their values would have to satisfy both schemas",
+                )
+            out["patternProperties"] = {rx: self.visit(sub, f"{ptr}/patternProperties/{_seg(pat)}")}
             free = True
         if "propertyNames" in node:
             names = node["propertyNames"]
@@ -398,8 +459,12 @@ class _Walker:
             self.check_names(names, props, ptr)
         self.counts(node, ptr, "minProperties", "maxProperties")
         if free and node.get("minProperties", 0) > len(set(required)):
-            self.fail(ptr, "minProperties", "extra keys may repeat (a JSON parser keeps one), "
-                      "so the count cannot be guaranteed; require enough properties instead")
+            self.fail(
+                ptr,
+                "minProperties",
+                "extra keys may repeat (a JSON parser keeps one), "
+                "so the count cannot be guaranteed; require enough properties instead",
+            )
 
     def check_names(self, names: Any, props: dict, ptr: str) -> None:
         if not isinstance(names, dict):

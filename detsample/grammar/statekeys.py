@@ -109,10 +109,19 @@ class StateKeys:
             None: unbounded (tests).
     """
 
-    def __init__(self, nfa: NFA, start: int, token_bytes: Sequence[bytes],
-                 stop_ids: Sequence[int], width: int, verify: bool = False, *,
-                 keep_first: bool = True, budget: CacheBudget | None = None,
-                 budget_key: tuple | None = None) -> None:
+    def __init__(
+        self,
+        nfa: NFA,
+        start: int,
+        token_bytes: Sequence[bytes],
+        stop_ids: Sequence[int],
+        width: int,
+        verify: bool = False,
+        *,
+        keep_first: bool = True,
+        budget: CacheBudget | None = None,
+        budget_key: tuple | None = None,
+    ) -> None:
         self._nfa = nfa
         self._tokens = token_bytes
         self._stop = frozenset(int(t) for t in stop_ids)
@@ -132,8 +141,15 @@ class StateKeys:
         self.start = self._intern(nfa.closure([start]), b"")
 
     @classmethod
-    def build(cls, grammar_text: str, token_bytes: Sequence[bytes], stop_ids: Sequence[int],
-              width: int, verify: bool = False, **kw) -> StateKeys | None:
+    def build(
+        cls,
+        grammar_text: str,
+        token_bytes: Sequence[bytes],
+        stop_ids: Sequence[int],
+        width: int,
+        verify: bool = False,
+        **kw,
+    ) -> StateKeys | None:
         """Keys of a printed grammar (``str(xgrammar.Grammar)``), or None when the reader
         does not expand it. ``kw``: the keyword arguments of the constructor."""
         try:
@@ -189,8 +205,7 @@ class StateKeys:
                 sid = len(self._states)
                 self._states.append(key)
                 self._ids[key] = sid
-                self._bytes += STATE_OVERHEAD + sys.getsizeof(nodes) + (
-                    sys.getsizeof(partial) if partial else 0)
+                self._bytes += STATE_OVERHEAD + sys.getsizeof(nodes) + (sys.getsizeof(partial) if partial else 0)
         self._report()
         return sid
 
@@ -276,8 +291,7 @@ class StateKeys:
                 self._once.discard(sid)
                 self._bytes -= ONCE_ENTRY
         if self._budget is not None:
-            self._budget.add(("row", self, sid), copy.nbytes + ROW_OVERHEAD, self._drop_row,
-                             (sid, copy))
+            self._budget.add(("row", self, sid), copy.nbytes + ROW_OVERHEAD, self._drop_row, (sid, copy))
         return True
 
     def _drop_row(self, token: tuple[int, np.ndarray]) -> None:

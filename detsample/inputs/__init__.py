@@ -18,18 +18,34 @@ from __future__ import annotations
 from detsample.inputs.files import InputError, file_kind, file_problem, input_file, read_bounded, read_line
 from detsample.inputs.jsontext import JSON_DEPTH_WHY, loads
 from detsample.inputs.limits import (
-                                    AUDIT_LINE_BYTES,
-                                    AUDIT_SEQUENCE_TOKENS,
-                                    GOLDEN_FILE_BYTES,
-                                    LOG_LINE_BYTES,
-                                    PROMPT_LINE_BYTES,
-                                    max_threads,
-                                    memory_problem,
-                                    thread_problem,
+    AUDIT_LINE_BYTES,
+    AUDIT_SEQUENCE_TOKENS,
+    GOLDEN_FILE_BYTES,
+    LOG_LINE_BYTES,
+    PROMPT_LINE_BYTES,
+    max_threads,
+    memory_problem,
+    thread_problem,
 )
 from detsample.inputs.numbers import parse_float, parse_int
 
-__all__ = ["AUDIT_LINE_BYTES", "AUDIT_SEQUENCE_TOKENS", "GOLDEN_FILE_BYTES", "InputError", "JSON_DEPTH_WHY",
-           "LOG_LINE_BYTES", "PROMPT_LINE_BYTES", "file_kind", "file_problem", "input_file", "loads", "max_threads",
-           "memory_problem", "parse_float", "parse_int", "read_bounded", "read_line",
-           "thread_problem"]
+__all__ = [
+    "AUDIT_LINE_BYTES",
+    "AUDIT_SEQUENCE_TOKENS",
+    "GOLDEN_FILE_BYTES",
+    "InputError",
+    "JSON_DEPTH_WHY",
+    "LOG_LINE_BYTES",
+    "PROMPT_LINE_BYTES",
+    "file_kind",
+    "file_problem",
+    "input_file",
+    "loads",
+    "max_threads",
+    "memory_problem",
+    "parse_float",
+    "parse_int",
+    "read_bounded",
+    "read_line",
+    "thread_problem",
+]

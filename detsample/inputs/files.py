@@ -22,9 +22,13 @@ class InputError(DetsampleError, ValueError):
     limit, JSON nested too deeply, an out-of-range option (file or option, value named)."""
 
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def file_problem(path: str | os.PathLike[str]) -> str | None:
@@ -33,8 +37,7 @@ def file_problem(path: str | os.PathLike[str]) -> str | None:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
         if os.fspath(path) == "-":  # the shell convention, where a command does not take it
-            return ("standard input ('-') is not read here; save the input to a file "
-                    "and give its path")
+            return "standard input ('-') is not read here; save the input to a file and give its path"
         return "no such file"
     except OSError as exc:
         return f"cannot be read ({exc.strerror or exc})"
@@ -51,8 +54,9 @@ def file_kind(path: str | os.PathLike[str], mode: int | None = None) -> str:
             mode = os.stat(path).st_mode
         except OSError:
             return "missing"
-    kind = "a regular file" if stat.S_ISREG(mode) else \
-        next((k for test, k in _KINDS if test(mode)), "not a regular file")
+    kind = (
+        "a regular file" if stat.S_ISREG(mode) else next((k for test, k in _KINDS if test(mode)), "not a regular file")
+    )
     via = f" (a symlink to {os.path.realpath(path)})" if os.path.islink(path) else ""
     return kind + via
 
@@ -77,8 +81,7 @@ def read_bounded(path: str | os.PathLike[str], limit: int) -> bytes:
     with open(path, "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:
-        raise InputError(f"{os.fspath(path)}: larger than the {_limit_words(limit)} limit "
-                         f"of this kind of file")
+        raise InputError(f"{os.fspath(path)}: larger than the {_limit_words(limit)} limit of this kind of file")
     return data
 
 

@@ -38,8 +38,9 @@ def thread_problem(n: int) -> str | None:
         return f"must be an integer >= 1, got {n!r}"
     limit = max_threads()
     if n > limit:
-        return (f"must be at most {limit} ({THREAD_OVERSUBSCRIPTION} x the {os.cpu_count()} "
-                f"CPUs of this machine), got {n}")
+        return (
+            f"must be at most {limit} ({THREAD_OVERSUBSCRIPTION} x the {os.cpu_count()} CPUs of this machine), got {n}"
+        )
     return None
 
 
@@ -62,5 +63,7 @@ def memory_problem(nbytes: int, what: str) -> str | None:
     total = memory_bytes()
     if total is None or nbytes * MEMORY_FRACTION <= total:
         return None
-    return (f"{what} needs {nbytes / 2**30:,.1f} GiB, more than 1/{MEMORY_FRACTION} of this "
-            f"machine's {total / 2**30:,.1f} GiB")
+    return (
+        f"{what} needs {nbytes / 2**30:,.1f} GiB, more than 1/{MEMORY_FRACTION} of this "
+        f"machine's {total / 2**30:,.1f} GiB"
+    )

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import re
 
-_FLOAT = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf|infinity|nan)",
-                    re.ASCII | re.IGNORECASE)
+_FLOAT = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf|infinity|nan)", re.ASCII | re.IGNORECASE)
 _INT = re.compile(r"[+-]?\d+", re.ASCII)
 
 

@@ -14,5 +14,16 @@ from detsample.invariant.attention import ATTENTION_NAME, attention, hf_attentio
 from detsample.invariant.mode import batch_invariant, disable, enable, is_enabled
 from detsample.invariant.overrides import OVERRIDES, Override, kernels_by_key
 
-__all__ = ["ATTENTION_NAME", "OVERRIDES", "Override", "attention", "batch_invariant", "disable",
-           "enable", "hf_attention", "is_enabled", "kernels_by_key", "register_attention"]
+__all__ = [
+    "ATTENTION_NAME",
+    "OVERRIDES",
+    "Override",
+    "attention",
+    "batch_invariant",
+    "disable",
+    "enable",
+    "hf_attention",
+    "is_enabled",
+    "kernels_by_key",
+    "register_attention",
+]

@@ -48,7 +48,7 @@ from detsample.invariant.products import product
 from detsample.invariant.state import config
 
 ATTENTION_NAME = "detsample"
-KEYS_ATTR = "_detsample_keys"   # the padding mask rides on the 4-D mask hf_mask returns
+KEYS_ATTR = "_detsample_keys"  # the padding mask rides on the 4-D mask hf_mask returns
 KEY_BLOCK = 128  # keys per block, counted from the row's key 0
 
 
@@ -58,8 +58,9 @@ def _causal(T: int, L: int, B: int, device: torch.device) -> torch.Tensor:
     return (torch.arange(L, device=device)[None, :] <= q).expand(B, T, L)
 
 
-def _allowed(mask: torch.Tensor | None, B: int, T: int, L: int,
-             device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _allowed(
+    mask: torch.Tensor | None, B: int, T: int, L: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(allowed bool (B, T, L), additive float bias (B, T, L) or None) from an sdpa-style
     mask: bool (True = attend) or float (added to the scores; ``-inf`` / the dtype's
     minimum = masked), shaped (B or 1, 1, T, L) or (T, L)."""
@@ -67,8 +68,7 @@ def _allowed(mask: torch.Tensor | None, B: int, T: int, L: int,
         return _causal(T, L, B, device), None
     if mask.dim() == 4:
         if mask.shape[1] != 1:
-            raise ValueError(f"attention_mask must have one head (B, 1, T, L), got "
-                             f"{tuple(mask.shape)}")
+            raise ValueError(f"attention_mask must have one head (B, 1, T, L), got {tuple(mask.shape)}")
         mask = mask[:, 0]
     mask = mask.expand(B, T, L)
     if mask.dtype == torch.bool:
@@ -100,9 +100,14 @@ class Extras:
 NONE = Extras()
 
 
-def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-              mask: torch.Tensor | None = None, scale: float | None = None,
-              extras: Extras = NONE) -> torch.Tensor:
+def attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    extras: Extras = NONE,
+) -> torch.Tensor:
     """Invariant attention (see the module docstring).
 
     query (B, H, T, D); key (B, Hkv, L, D), value (B, Hkv, L, Dv) with ``H % Hkv == 0``
@@ -119,8 +124,7 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """
     grads = [t for t in (query, key, value, extras.sinks) if t is not None]
     if torch.is_grad_enabled() and any(t.requires_grad for t in grads):
-        return _Attention.apply(query, key, value, mask, scale, extras,
-                                extras.sinks).to(query.dtype)
+        return _Attention.apply(query, key, value, mask, scale, extras, extras.sinks).to(query.dtype)
     return attend(query, key, value, mask, scale, extras)[0].to(query.dtype)
 
 
@@ -134,8 +138,7 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, mask, scale, extras, sinks):  # type: ignore[override]
         out, lse = attend(query, key, value, mask, scale, extras)
-        ctx.save_for_backward(query, key, value, out, lse,
-                              mask if isinstance(mask, torch.Tensor) else None, sinks)
+        ctx.save_for_backward(query, key, value, out, lse, mask if isinstance(mask, torch.Tensor) else None, sinks)
         ctx.scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
         ctx.softcap = extras.softcap
         return out
@@ -195,9 +198,14 @@ def _dense_backward(ctx, dout, query, key, value, mask, sinks):  # noqa: ANN001
     return dq, dk, dv, None, None, None, dsk
 
 
-def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-           mask: torch.Tensor | None = None, scale: float | None = None,
-           extras: Extras = NONE) -> tuple[torch.Tensor, torch.Tensor]:
+def attend(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    extras: Extras = NONE,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`attention` in float32, with the log-sum-exp of each query's scaled scores
     (sinks included): ``((B, H, T, Dv), (B, H, T))``; ``-inf`` for a query that may
     attend no key (and has no sink)."""
@@ -205,9 +213,9 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     B, H, T, D = query.shape
     Hkv, L, Dv = key.shape[1], key.shape[2], value.shape[3]
     dev, f32 = query.device, torch.float32
-    scale = D ** -0.5 if scale is None else float(scale)
+    scale = D**-0.5 if scale is None else float(scale)
     allowed, bias = _allowed(mask, B, T, L, dev)
-    real = _row_keys(allowed, extras.keys)                          # (B, L): the row's keys
+    real = _row_keys(allowed, extras.keys)  # (B, L): the row's keys
     lens = real.sum(dim=1)
     lc = int(lens.max()) if B and L else 0
     if lc == 0 or T == 0:
@@ -218,7 +226,7 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     G = H // Hkv
     rows = T * G
     portable = config().portable
-    valid = torch.arange(lc, device=dev)[None, :] < lens[:, None]          # (B, lc)
+    valid = torch.arange(lc, device=dev)[None, :] < lens[:, None]  # (B, lc)
     k_c, v_c, a_c, b_c = _compact(key, value, allowed, bias, real, lens, lc)
     k_c, v_c = (t.to(f32).reshape(B * Hkv, lc, t.shape[3]) for t in (k_c, v_c))
     # queries of one KV head as rows, position-major (row = t * G + g)
@@ -242,8 +250,8 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         if add is not None:
             s[:, :, : hi - lo].add_(add[:, r, lo:hi])
         s[:, :, : hi - lo].masked_fill_(masked[:, r, lo:hi], -math.inf)
-        if hi - lo < KEY_BLOCK:                                   # keys past lc: never allowed
-            s[:, :, hi - lo:] = -math.inf
+        if hi - lo < KEY_BLOCK:  # keys past lc: never allowed
+            s[:, :, hi - lo :] = -math.inf
         m_old = m[:, r]
         m_new = torch.maximum(m_old, s.amax(dim=2))
         m_safe = torch.where(m_new == -math.inf, 0.0, m_new)
@@ -263,8 +271,7 @@ def _start(sinks: torch.Tensor | None, dims: tuple[int, ...], dev: torch.device)
     m = torch.full((B * Hkv, T * G), -math.inf, dtype=f32, device=dev)
     acc = torch.zeros((B * Hkv, T * G, Dv + 1), dtype=f32, device=dev)
     if sinks is not None:
-        m = sinks.to(f32).view(Hkv, G)[None, :, None, :].expand(B, Hkv, T, G) \
-            .reshape(B * Hkv, T * G).clone()
+        m = sinks.to(f32).view(Hkv, G)[None, :, None, :].expand(B, Hkv, T, G).reshape(B * Hkv, T * G).clone()
         acc[:, :, Dv] = 1.0
     return m, acc
 
@@ -272,43 +279,57 @@ def _start(sinks: torch.Tensor | None, dims: tuple[int, ...], dev: torch.device)
 def _finish(m: torch.Tensor, acc: torch.Tensor, dims: tuple[int, ...]):
     """(output (B, H, T, Dv), log-sum-exp (B, H, T)) from the running max and accumulator."""
     B, Hkv, T, G, Dv = dims
-    den = acc[:, :, Dv: Dv + 1]
+    den = acc[:, :, Dv : Dv + 1]
     res = torch.where(den > 0, acc[:, :, :Dv] / den, 0.0)
     lse = m + cpu.log(den[..., 0])
     res = res.reshape(B, Hkv, T, G, Dv).transpose(2, 3).reshape(B, Hkv * G, T, Dv)
     return res, lse.reshape(B, Hkv, T, G).transpose(2, 3).reshape(B, Hkv * G, T)
 
 
-def _check_shapes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  extras: Extras) -> None:
+def _check_shapes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, extras: Extras) -> None:
     """A ValueError naming the shapes unless query (B, H, T, D), key (B, Hkv, L, D), value
     (B, Hkv, L, Dv), Hkv dividing H, and sinks (H,)."""
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or value.shape[:3] != key.shape[:3]:
-        raise ValueError(f"query must be (B, H, T, D), key (B, Hkv, L, D) and value "
-                         f"(B, Hkv, L, Dv), got {tuple(query.shape)}, {tuple(key.shape)}, "
-                         f"{tuple(value.shape)}")
+        raise ValueError(
+            f"query must be (B, H, T, D), key (B, Hkv, L, D) and value "
+            f"(B, Hkv, L, Dv), got {tuple(query.shape)}, {tuple(key.shape)}, "
+            f"{tuple(value.shape)}"
+        )
     B, H, _, D = query.shape
     if H % key.shape[1] or key.shape[0] != B or key.shape[3] != D:
-        raise ValueError(f"key/value {tuple(key.shape)} do not match query {tuple(query.shape)}"
-                         f" (heads must divide, batch and head_dim must agree)")
+        raise ValueError(
+            f"key/value {tuple(key.shape)} do not match query {tuple(query.shape)}"
+            f" (heads must divide, batch and head_dim must agree)"
+        )
     if extras.sinks is not None and tuple(extras.sinks.shape) != (H,):
-        raise ValueError(f"sinks must have one logit per query head ({H},), got "
-                         f"{tuple(extras.sinks.shape)}")
+        raise ValueError(f"sinks must have one logit per query head ({H},), got {tuple(extras.sinks.shape)}")
 
 
-def _compact(key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
-             bias: torch.Tensor | None, real: torch.Tensor, lens: torch.Tensor, lc: int):
+def _compact(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    allowed: torch.Tensor,
+    bias: torch.Tensor | None,
+    real: torch.Tensor,
+    lens: torch.Tensor,
+    lc: int,
+):
     """Each row's keys first, in slot order (views when they already are): keys and values
     ``(B, Hkv, lc, D|Dv)``, allowed ``(B, T, lc)`` and the additive mask alike (or None)."""
     B, L, dev = key.shape[0], key.shape[2], key.device
     if torch.equal(real, torch.arange(L, device=dev)[None, :] < lens[:, None]):
-        return (key[:, :, :lc], value[:, :, :lc], allowed[:, :, :lc],
-                None if bias is None else bias[:, :, :lc])
+        return (key[:, :, :lc], value[:, :, :lc], allowed[:, :, :lc], None if bias is None else bias[:, :, :lc])
     T, Hkv = allowed.shape[1], key.shape[1]
     order = torch.sort((~real).to(torch.uint8), dim=1, stable=True).indices[:, :lc]
     flat = (order + torch.arange(B, device=dev)[:, None] * L).reshape(-1)
-    k_c, v_c = (t.transpose(1, 2).reshape(B * L, Hkv * t.shape[3]).index_select(0, flat)
-                .view(B, lc, Hkv, t.shape[3]).transpose(1, 2) for t in (key, value))
+    k_c, v_c = (
+        t.transpose(1, 2)
+        .reshape(B * L, Hkv * t.shape[3])
+        .index_select(0, flat)
+        .view(B, lc, Hkv, t.shape[3])
+        .transpose(1, 2)
+        for t in (key, value)
+    )
     pick = order[:, None, :].expand(B, T, lc)
     return k_c, v_c, allowed.gather(2, pick), None if bias is None else bias.gather(2, pick)
 
@@ -319,14 +340,15 @@ def _first_rows(a_c: torch.Tensor, lc: int, G: int) -> list[int]:
     only earlier keys: the block would add exact zeros); seen[t] = 1 + the last key any
     row's query t attends (windows attend fewer than that)."""
     dev = a_c.device
-    last = torch.where(a_c, torch.arange(1, lc + 1, device=dev), 0).amax(dim=2)   # (B, T)
-    seen = last.amax(dim=0).cummax(dim=0).values                   # (T,) non-decreasing
+    last = torch.where(a_c, torch.arange(1, lc + 1, device=dev), 0).amax(dim=2)  # (B, T)
+    seen = last.amax(dim=0).cummax(dim=0).values  # (T,) non-decreasing
     lows = torch.arange(0, lc, KEY_BLOCK, device=dev)
     return (torch.searchsorted(seen, lows, right=True) * G).tolist()
 
 
-def _blocks(k: torch.Tensor, v: torch.Tensor, lo: int, hi: int,
-            valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _blocks(
+    k: torch.Tensor, v: torch.Tensor, lo: int, hi: int, valid: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys ``lo:hi`` of ``k`` (B * Hkv, lc, D) as a full KEY_BLOCK, and the values
     (B * Hkv, lc, Dv) with a column of ones (the softmax denominator) as ``[V | 1]``
     (KEY_BLOCK, Dv + 1): zeros past ``hi`` and, with ``valid`` (B, lc), at slots a row does
@@ -342,8 +364,7 @@ def _blocks(k: torch.Tensor, v: torch.Tensor, lo: int, hi: int,
     if valid is not None:
         bad = ~valid[:, lo:hi]
         for t in (kb, vb):
-            t.view(bad.shape[0], -1, KEY_BLOCK, t.shape[2])[:, :, :n].masked_fill_(
-                bad[:, None, :, None], 0)
+            t.view(bad.shape[0], -1, KEY_BLOCK, t.shape[2])[:, :, :n].masked_fill_(bad[:, None, :, None], 0)
     return kb, vb
 
 
@@ -364,8 +385,14 @@ def _top_left_causal(T: int, L: int, device: torch.device) -> torch.Tensor:
     return torch.ones((T, L), dtype=torch.bool, device=device).tril()
 
 
-def _sdpa_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 attn_mask: torch.Tensor | None, dropout_p: float, is_causal: bool):
+def _sdpa_inputs(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+):
     if dropout_p:
         raise ValueError(f"the batch-invariant attention has no dropout, got dropout_p={dropout_p}")
     if is_causal:
@@ -373,23 +400,30 @@ def _sdpa_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             raise ValueError("scaled_dot_product_attention takes attn_mask or is_causal, not both")
         attn_mask = _top_left_causal(query.shape[-2], key.shape[-2], query.device)
     elif attn_mask is None:
-        attn_mask = torch.ones((query.shape[-2], key.shape[-2]), dtype=torch.bool,
-                               device=query.device)
+        attn_mask = torch.ones((query.shape[-2], key.shape[-2]), dtype=torch.bool, device=query.device)
     squeeze = query.dim() == 3
     if squeeze:
         query, key, value = query[None], key[None], value[None]
         if attn_mask.dim() == 3:
             attn_mask = attn_mask[None]
     if attn_mask.dim() == 4 and attn_mask.shape[1] != 1:
-        raise ValueError(f"the batch-invariant attention takes one mask for all heads, got "
-                         f"attn_mask of shape {tuple(attn_mask.shape)}")
+        raise ValueError(
+            f"the batch-invariant attention takes one mask for all heads, got "
+            f"attn_mask of shape {tuple(attn_mask.shape)}"
+        )
     return query, key, value, attn_mask, squeeze
 
 
-def sdpa_flash_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                   dropout_p: float = 0.0, is_causal: bool = False, *,
-                   attn_mask: torch.Tensor | None = None,
-                   scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sdpa_flash_cpu(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    attn_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """aten ``_scaled_dot_product_flash_attention_for_cpu -> (output, logsumexp)``, by
     :func:`attend` (torch's ``is_causal`` is top-left: query t sees keys ``<= t``)."""
     q, k, v, mask, _ = _sdpa_inputs(query, key, value, attn_mask, dropout_p, is_causal)
@@ -397,11 +431,18 @@ def sdpa_flash_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return out.to(query.dtype), lse
 
 
-def sdpa_math(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-              attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
-              is_causal: bool = False, dropout_mask: torch.Tensor | None = None, *,
-              scale: float | None = None,
-              enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def sdpa_math(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    dropout_mask: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """aten ``_scaled_dot_product_attention_math -> (output, attention weights)``; the
     weights are not materialised (an empty tensor: nothing in inference reads them)."""
     if dropout_mask is not None:
@@ -418,32 +459,35 @@ def _device_attention(device: torch.device) -> Callable[..., torch.Tensor]:
     if fn is None:
         raise NotImplementedError(
             f"no batch-invariant attention for device {device.type!r}: the CPU one is "
-            f"built in; CUDA needs detsample.kernels.invariant_ops (Triton)")
+            f"built in; CUDA needs detsample.kernels.invariant_ops (Triton)"
+        )
     return fn
 
 
-def hf_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
-                 value: torch.Tensor, attention_mask: torch.Tensor | None,
-                 dropout: float = 0.0, scaling: float | None = None,
-                 **kwargs: Any) -> tuple[torch.Tensor, None]:
+def hf_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """transformers ``AttentionInterface`` function: query (B, H, T, D), key/value
     (B, Hkv, L, D) -> ((B, T, H, D), None)."""
     if dropout and module.training:
-        raise ValueError(f"the detsample attention has no dropout, got dropout={dropout} "
-                         f"in training mode")
+        raise ValueError(f"the detsample attention has no dropout, got dropout={dropout} in training mode")
     if kwargs.get("position_bias") is not None:
         raise ValueError("the detsample attention does not support 'position_bias'")
     if query.device.type != "cpu":
         for unsupported in ("softcap", "s_aux", "sinks"):
             if kwargs.get(unsupported) is not None:
-                raise ValueError(f"the detsample attention does not support {unsupported!r} "
-                                 f"on {query.device.type}")
+                raise ValueError(f"the detsample attention does not support {unsupported!r} on {query.device.type}")
         fn = _device_attention(query.device)
-        return fn(module, query, key, value, attention_mask, dropout=dropout,
-                  scaling=scaling, **kwargs)
+        return fn(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     sinks = kwargs.get("s_aux", kwargs.get("sinks"))
-    extras = Extras(softcap=kwargs.get("softcap"), sinks=sinks,
-                    keys=getattr(attention_mask, KEYS_ATTR, None))
+    extras = Extras(softcap=kwargs.get("softcap"), sinks=sinks, keys=getattr(attention_mask, KEYS_ATTR, None))
     out = attention(query, key, value, attention_mask, scaling, extras)
     return out.transpose(1, 2).contiguous(), None
 
@@ -457,9 +501,14 @@ def hf_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     kwargs["allow_is_bidirectional_skip"] = False
     mask = sdpa_mask(*args, **kwargs)
     pad, offset, length = kwargs.get("attention_mask"), kwargs.get("kv_offset", 0), kwargs.get("kv_length")
-    if isinstance(mask, torch.Tensor) and isinstance(pad, torch.Tensor) and pad.dim() == 2 \
-            and length is not None and pad.shape[1] >= offset + length:
-        setattr(mask, KEYS_ATTR, pad[:, offset: offset + length].to(torch.bool))
+    if (
+        isinstance(mask, torch.Tensor)
+        and isinstance(pad, torch.Tensor)
+        and pad.dim() == 2
+        and length is not None
+        and pad.shape[1] >= offset + length
+    ):
+        setattr(mask, KEYS_ATTR, pad[:, offset : offset + length].to(torch.bool))
     return mask
 
 

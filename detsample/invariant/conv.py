@@ -34,8 +34,9 @@ from detsample.invariant.verify import NotInvariantError
 aten = torch.ops.aten
 
 
-def _why_not(x: torch.Tensor, w: torch.Tensor, stride: Sequence[int], dilation: Sequence[int],
-             transposed: bool, groups: int) -> str:
+def _why_not(
+    x: torch.Tensor, w: torch.Tensor, stride: Sequence[int], dilation: Sequence[int], transposed: bool, groups: int
+) -> str:
     """Empty when the convolution is a depthwise 1-D one this kernel computes."""
     if x.dim() != 3 or w.dim() != 3:
         return f"{x.dim() - 2}-D"
@@ -50,8 +51,7 @@ def _native(x: torch.Tensor, w: torch.Tensor) -> bool:
     return x.device.type != "cpu" or not x.dtype.is_floating_point or x.dtype != w.dtype
 
 
-def depthwise(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-              padding: int) -> torch.Tensor:
+def depthwise(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding: int) -> torch.Tensor:
     """``x`` (B, C, T) convolved per channel with ``weight`` (C, 1, K), ``padding`` zeros
     each side: (B, C, T + 2 padding - K + 1), each element from its own window."""
     ct = compute_dtype(x.dtype)
@@ -60,17 +60,25 @@ def depthwise(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     xs = x.to(ct)
     if padding:
         xs = aten.constant_pad_nd(xs, [padding, padding], 0.0)
-    windows = xs.unfold(2, K, 1)                             # (B, C, T', K), a view
-    prods = windows * weight.to(ct).reshape(1, C, 1, K)      # one rounding each
+    windows = xs.unfold(2, K, 1)  # (B, C, T', K), a view
+    prods = windows * weight.to(ct).reshape(1, C, 1, K)  # one rounding each
     out = row_sum(prods.reshape(-1, K), config().portable).reshape(B, C, -1)
     if bias is not None:
         out = out + bias.to(ct).reshape(1, C, 1)
     return out.to(x.dtype)
 
 
-def convolution(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
-                transposed: bool, output_padding: Sequence[int], groups: int) -> Any:
+def convolution(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    transposed: bool,
+    output_padding: Sequence[int],
+    groups: int,
+) -> Any:
     """aten ``convolution`` under the mode: depthwise 1-D only (else a named error)."""
     why = _why_not(input, weight, stride, dilation, transposed, groups)
     if why or _native(input, weight):
@@ -78,5 +86,6 @@ def convolution(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
             f"batch-invariant mode: the convolution of input {tuple(input.shape)} "
             f"{input.dtype} with weight {tuple(weight.shape)} {weight.dtype} is not covered "
             f"({why or 'a non-float, mixed-dtype or non-CPU call'}); the mode covers depthwise "
-            f"1-D convolutions (docs/batch-invariant.md)")
+            f"1-D convolutions (docs/batch-invariant.md)"
+        )
     return depthwise(input, weight, bias, int(padding[0]))

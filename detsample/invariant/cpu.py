@@ -62,6 +62,7 @@ def _native(t: torch.Tensor) -> bool:
 
 # -- matmul -------------------------------------------------------------------------------
 
+
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return product(a, b, config().portable)
 
@@ -93,24 +94,24 @@ def _add_scaled(prod: torch.Tensor, bias: torch.Tensor, beta: Any, alpha: Any) -
     return torch.add(bias if beta == 1 else bias * beta, prod)
 
 
-def addmm(self: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: Any = 1,
-          alpha: Any = 1) -> torch.Tensor:
+def addmm(self: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: Any = 1, alpha: Any = 1) -> torch.Tensor:
     """aten ``addmm``: ``beta * self + alpha * mm(mat1, mat2)``, the bias added after the
     whole product (one rounding), so a row depends on its own row only."""
     if _native(mat1) or _native(mat2) or mat1.dtype != mat2.dtype:
-        return aten.addmm.out(self, mat1, mat2, beta=beta, alpha=alpha,
-                              out=mat1.new_empty((mat1.shape[0], mat2.shape[1])))
+        return aten.addmm.out(
+            self, mat1, mat2, beta=beta, alpha=alpha, out=mat1.new_empty((mat1.shape[0], mat2.shape[1]))
+        )
     prod = _product(mat1, mat2)
     return _add_scaled(prod, self.to(prod.dtype), beta, alpha).to(mat1.dtype)
 
 
-def baddbmm(self: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta: Any = 1,
-            alpha: Any = 1) -> torch.Tensor:
+def baddbmm(
+    self: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta: Any = 1, alpha: Any = 1
+) -> torch.Tensor:
     """aten ``baddbmm``: ``beta * self + alpha * bmm(batch1, batch2)``."""
     if _native(batch1) or _native(batch2) or batch1.dtype != batch2.dtype:
         shape = (batch1.shape[0], batch1.shape[1], batch2.shape[2])
-        return aten.baddbmm.out(self, batch1, batch2, beta=beta, alpha=alpha,
-                                out=batch1.new_empty(shape))
+        return aten.baddbmm.out(self, batch1, batch2, beta=beta, alpha=alpha, out=batch1.new_empty(shape))
     prod = _product(batch1, batch2)
     return _add_scaled(prod, self.to(prod.dtype), beta, alpha).to(batch1.dtype)
 
@@ -130,6 +131,7 @@ def dot(self: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
 
 
 # -- reductions ---------------------------------------------------------------------------
+
 
 def _row_sum(x: torch.Tensor) -> torch.Tensor:
     return row_sum(x, config().portable)
@@ -169,8 +171,9 @@ def _sum_dtype(x: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
     return x.dtype if x.dtype.is_floating_point or x.dtype.is_complex else torch.int64
 
 
-def sum_dim(self: torch.Tensor, dim: Sequence[int] | None, keepdim: bool = False, *,
-            dtype: torch.dtype | None = None) -> torch.Tensor:
+def sum_dim(
+    self: torch.Tensor, dim: Sequence[int] | None, keepdim: bool = False, *, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """aten ``sum.dim_IntList``: each output element is one row's invariant sum
     (integer and complex tensors: the native kernel)."""
     dims = _reduce_dims(self, dim)
@@ -187,8 +190,9 @@ def sum_all(self: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Te
     return sum_dim(self, None, False, dtype=dtype)
 
 
-def mean_dim(self: torch.Tensor, dim: Sequence[int] | None, keepdim: bool = False, *,
-             dtype: torch.dtype | None = None) -> torch.Tensor:
+def mean_dim(
+    self: torch.Tensor, dim: Sequence[int] | None, keepdim: bool = False, *, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """aten ``mean.dim``: the invariant sum divided by the element count (torch's CPU
     mean is ``sum / count`` too)."""
     dims = _reduce_dims(self, dim)
@@ -210,6 +214,7 @@ def mean_all(self: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.T
 
 # -- pointwise ----------------------------------------------------------------------------
 
+
 def _positive(t: torch.Tensor) -> torch.Tensor:
     return t.abs() + 1e-3
 
@@ -217,15 +222,30 @@ def _positive(t: torch.Tensor) -> torch.Tensor:
 #: each pointwise op's function defined by detsample (:mod:`detsample.arith.pointwise`):
 #: the portable kernel, and the verified kernel where torch's fails its check here
 _DEFINED: dict[str, Callable[..., torch.Tensor]] = {
-    "exp": defined.exp, "expm1": defined.expm1, "log": defined.log, "tanh": defined.tanh,
-    "sigmoid": defined.sigmoid, "silu": defined.silu, "softplus": defined.softplus,
-    "gelu": defined.gelu, "cos": defined.cos, "sin": defined.sin, "sqrt": defined.sqrt,
-    "rsqrt": defined.rsqrt, "pow": defined.pow_scalar}
+    "exp": defined.exp,
+    "expm1": defined.expm1,
+    "log": defined.log,
+    "tanh": defined.tanh,
+    "sigmoid": defined.sigmoid,
+    "silu": defined.silu,
+    "softplus": defined.softplus,
+    "gelu": defined.gelu,
+    "cos": defined.cos,
+    "sin": defined.sin,
+    "sqrt": defined.sqrt,
+    "rsqrt": defined.rsqrt,
+    "pow": defined.pow_scalar,
+}
 
 
-def _require(name: str, out_op: Callable[..., torch.Tensor], dtype: torch.dtype,
-             args: tuple = (), kwargs: dict | None = None,
-             domain: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> Any:
+def _require(
+    name: str,
+    out_op: Callable[..., torch.Tensor],
+    dtype: torch.dtype,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    domain: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+) -> Any:
     """None when op ``name`` failed its on-machine check, else the context to run it in
     (1 thread where its check at this thread count failed)."""
     plan = pointwise_plan(name, out_op, dtype, args, kwargs, domain)
@@ -236,13 +256,18 @@ def _require(name: str, out_op: Callable[..., torch.Tensor], dtype: torch.dtype,
 
 def _defined(name: str, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """detsample's ``name`` of floating ``x`` (its dtype; half precision through float32)."""
-    note_portable(("pointwise", name, x.dtype, args, tuple(sorted(kwargs.items())), "portable"),
-                  f"defined {name}")
+    note_portable(("pointwise", name, x.dtype, args, tuple(sorted(kwargs.items())), "portable"), f"defined {name}")
     return _DEFINED[name](x, *args, **kwargs)
 
 
-def _pointwise(name: str, out_op: Callable[..., torch.Tensor], x: torch.Tensor, args: tuple,
-               kwargs: dict, domain: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+def _pointwise(
+    name: str,
+    out_op: Callable[..., torch.Tensor],
+    x: torch.Tensor,
+    args: tuple,
+    kwargs: dict,
+    domain: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
     """Op ``name`` of a floating CPU tensor: the defined function under ``portable``, else
     torch's vector loop where verified here, else the defined function (with a
     :class:`FallbackWarning`)."""
@@ -252,21 +277,32 @@ def _pointwise(name: str, out_op: Callable[..., torch.Tensor], x: torch.Tensor, 
     if ctx is not None:
         with ctx:
             return pointwise(out_op, x, *args, **kwargs)
-    warnings.warn(f"batch-invariant mode: torch's {name} is not invariant on this machine; "
-                  f"it takes detsample's defined {name} instead", FallbackWarning, stacklevel=3)
+    warnings.warn(
+        f"batch-invariant mode: torch's {name} is not invariant on this machine; "
+        f"it takes detsample's defined {name} instead",
+        FallbackWarning,
+        stacklevel=3,
+    )
     return _defined(name, x, *args, **kwargs)
 
 
-def _unary(name: str, out_op: Callable[..., torch.Tensor], native: Callable[..., torch.Tensor],
-           domain: Callable[[torch.Tensor], torch.Tensor] = lambda t: t):
+def _unary(
+    name: str,
+    out_op: Callable[..., torch.Tensor],
+    native: Callable[..., torch.Tensor],
+    domain: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+):
     def impl(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if _native(self):
             return out_op(self, *args, out=native(self, *args, **kwargs), **kwargs)
         return _pointwise(name, out_op, self, args, kwargs, domain)
+
     impl.__name__ = name
-    impl.__doc__ = (f"aten ``{name}``: elementwise; detsample's defined {name} under "
-                    f"``portable``, else torch's vector loop "
-                    f"(:func:`~detsample.ops.vector.pointwise`) where verified here.")
+    impl.__doc__ = (
+        f"aten ``{name}``: elementwise; detsample's defined {name} under "
+        f"``portable``, else torch's vector loop "
+        f"(:func:`~detsample.ops.vector.pointwise`) where verified here."
+    )
     return impl
 
 
@@ -300,12 +336,14 @@ def pow_scalar(self: torch.Tensor, exponent: Any) -> torch.Tensor:
     vector path where verified here (a complex exponent: torch's kernel)."""
     if _native(self) or isinstance(exponent, complex):
         return aten.pow.Tensor_Scalar_out(
-            self, exponent, out=torch.empty_like(self, dtype=torch.result_type(self, exponent)))
+            self, exponent, out=torch.empty_like(self, dtype=torch.result_type(self, exponent))
+        )
     domain = (lambda t: t) if float(exponent).is_integer() else _positive
     return _pointwise("pow", aten.pow.Tensor_Scalar_out, self, (exponent,), {}, domain)
 
 
 # -- softmax and normalisation ------------------------------------------------------------
+
 
 def _rows_last(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, tuple[int, ...]]:
     moved = x.movedim(dim, -1)
@@ -318,7 +356,7 @@ def _softmax_like(x: torch.Tensor, dim: int, half_to_float: bool, log_: bool) ->
         return torch.empty_like(x, dtype=out_dtype)
     dim = dim % x.dim() if x.dim() else 0
     rows, moved_shape = _rows_last(x.to(compute_dtype(x.dtype)), dim)
-    z = rows - rows.amax(dim=1, keepdim=True)          # max is exact: order-free
+    z = rows - rows.amax(dim=1, keepdim=True)  # max is exact: order-free
     e = exp(z)
     s = _row_sum(e).unsqueeze(1)
     y = z - log(s) if log_ else e / s
@@ -350,15 +388,20 @@ def safe_softmax(self: torch.Tensor, dim: int, dtype: torch.dtype | None = None)
     return torch.where(dead, 0.0, y).to(y.dtype)
 
 
-def native_layer_norm(input: torch.Tensor, normalized_shape: Sequence[int],
-                      weight: torch.Tensor | None, bias: torch.Tensor | None,
-                      eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def native_layer_norm(
+    input: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """aten ``native_layer_norm -> (out, mean, rstd)``: two-pass mean and variance by the
     invariant row sum, per row of the trailing ``normalized_shape``."""
     k = len(normalized_shape)
-    if tuple(input.shape[input.dim() - k:]) != tuple(normalized_shape):
-        raise RuntimeError(f"normalized_shape {tuple(normalized_shape)} does not match the "
-                           f"trailing dims of input {tuple(input.shape)}")
+    if tuple(input.shape[input.dim() - k :]) != tuple(normalized_shape):
+        raise RuntimeError(
+            f"normalized_shape {tuple(normalized_shape)} does not match the trailing dims of input {tuple(input.shape)}"
+        )
     n = 1
     for s in normalized_shape:
         n *= s
@@ -374,5 +417,4 @@ def native_layer_norm(input: torch.Tensor, normalized_shape: Sequence[int],
     if bias is not None:
         out = out + bias.to(ct).reshape(1, n)
     stat_shape = tuple(input.shape[: input.dim() - k]) + (1,) * k
-    return (out.reshape(input.shape).to(input.dtype), mean.reshape(stat_shape),
-            rstd.reshape(stat_shape))
+    return (out.reshape(input.shape).to(input.dtype), mean.reshape(stat_shape), rstd.reshape(stat_shape))

@@ -50,8 +50,8 @@ import torch
 
 aten = torch.ops.aten
 
-_ULP = 2.0 ** -52                 # float64 machine epsilon (twice the unit roundoff)
-_GATHER = 1 << 22                 # products gathered per chunk in stages 2 and 3
+_ULP = 2.0**-52  # float64 machine epsilon (twice the unit roundoff)
+_GATHER = 1 << 22  # products gathered per chunk in stages 2 and 3
 
 
 def gamma(k: int) -> float:
@@ -60,7 +60,7 @@ def gamma(k: int) -> float:
     return (k + 2) * _ULP
 
 
-BLOCK = 32                        # K-block of the norm bound (see :func:`prepare`)
+BLOCK = 32  # K-block of the norm bound (see :func:`prepare`)
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def prepare_b(b: torch.Tensor) -> Operand:
     return prepare(b, -2)
 
 
-CHUNK = 256                       # K-chunk of the float64 GEMM (see :func:`dot64`)
+CHUNK = 256  # K-chunk of the float64 GEMM (see :func:`dot64`)
 
 
 def depth(k: int) -> int:
@@ -133,7 +133,7 @@ def dot64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     mm(a[..., :CHUNK], b[..., :CHUNK, :], out=out)
     part = out.new_empty(out.shape) if k > CHUNK else None
     for k0 in range(CHUNK, k, CHUNK):
-        mm(a[..., k0: k0 + CHUNK], b[..., k0: k0 + CHUNK, :], out=part)
+        mm(a[..., k0 : k0 + CHUNK], b[..., k0 : k0 + CHUNK, :], out=part)
         out.add_(part)
     return out
 
@@ -193,16 +193,16 @@ def _second_pass(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def exact_f32(p: list[float]) -> float:
     """Stage 3, for one element: ``RN32(sum(p))`` of exact float64 terms ``p``, exactly
     (``+0.0`` for an exact zero)."""
-    s = math.fsum(p)                               # RN64 of the exact sum
+    s = math.fsum(p)  # RN64 of the exact sum
     c = np.float32(s)
     if float(c) == s:
         return float(c) + 0.0
     other = np.nextafter(c, np.float32(math.copysign(math.inf, s - float(c))))
-    if s != (float(c) + float(other)) / 2:         # not a float32 midpoint: RN32(RN64(S)) = RN32(S)
+    if s != (float(c) + float(other)) / 2:  # not a float32 midpoint: RN32(RN64(S)) = RN32(S)
         return float(c)
-    r = math.fsum(p + [-s])                        # the exact residual's sign
+    r = math.fsum(p + [-s])  # the exact residual's sign
     if r == 0:
-        return float(c)                            # an exact tie: numpy rounded it to even
+        return float(c)  # an exact tie: numpy rounded it to even
     return float(max(c, other)) if r > 0 else float(min(c, other))
 
 
@@ -224,7 +224,7 @@ def settle_at(c: torch.Tensor, unsettled: torch.Tensor, products, k: int) -> tor
     index = torch.nonzero(unsettled, as_tuple=True)
     step = max(1, _GATHER // max(k, 1))
     for lo in range(0, index[0].numel(), step):
-        part = tuple(i[lo: lo + step] for i in index)
+        part = tuple(i[lo : lo + step] for i in index)
         c[part] = settle(products(part))
     return c
 
@@ -232,11 +232,13 @@ def settle_at(c: torch.Tensor, unsettled: torch.Tensor, products, k: int) -> tor
 def pair_products(a: torch.Tensor, b: torch.Tensor):
     """``products(index)`` for :func:`settle_at`: ``a (..., M, K)`` rows times ``b (..., K,
     N)`` columns, exact in float64."""
+
     def products(index: tuple[torch.Tensor, ...]) -> torch.Tensor:
         *lead, m, n = index
         rows = a[(*lead, m)]
         cols = b[(*lead, slice(None), n)] if lead else b[:, n].t()
         return rows * cols
+
     return products
 
 

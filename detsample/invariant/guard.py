@@ -51,12 +51,17 @@ from detsample.invariant.verify import NotInvariantError
 #: uncovered one at a covered mixer's layer index, whose state the check would let pass
 #: as the covered mixer's (same layer, same cache attribute)
 REFUSED: tuple[tuple[str, str], ...] = (
-    ("GatedDeltaNet", "a gated delta-net linear-attention layer: its chunked scan (prefill) "
-                      "and its recurrent step (decode) sum the state in different orders"),
-    ("Mamba", "a state-space (Mamba) mixer: its chunked scan (prefill) and its recurrent step "
-              "(decode) sum the state in different orders"),
-    ("LinearAttention", "a linear-attention layer: prefill and decode sum its state in "
-                        "different orders"),
+    (
+        "GatedDeltaNet",
+        "a gated delta-net linear-attention layer: its chunked scan (prefill) "
+        "and its recurrent step (decode) sum the state in different orders",
+    ),
+    (
+        "Mamba",
+        "a state-space (Mamba) mixer: its chunked scan (prefill) and its recurrent step "
+        "(decode) sum the state in different orders",
+    ),
+    ("LinearAttention", "a linear-attention layer: prefill and decode sum its state in different orders"),
     ("Rwkv", "an RWKV time-mixing layer: prefill and decode sum its state in different orders"),
 )
 
@@ -90,13 +95,15 @@ class Finding:
     shapes: tuple
 
     def text(self) -> str:
-        shapes = ", ".join("x".join(map(str, s)) if isinstance(s, tuple) else str(s)
-                           for s in self.shapes)
+        shapes = ", ".join("x".join(map(str, s)) if isinstance(s, tuple) else str(s) for s in self.shapes)
         return f"{self.op} in {self.module or '<model>'} [{shapes}]"
 
     def to_json(self) -> dict[str, Any]:
-        return {"op": self.op, "module": self.module, "shapes": [list(s) if isinstance(s, tuple)
-                                                                 else s for s in self.shapes]}
+        return {
+            "op": self.op,
+            "module": self.module,
+            "shapes": [list(s) if isinstance(s, tuple) else s for s in self.shapes],
+        }
 
 
 def refused_layers(model: torch.nn.Module) -> list[str]:
@@ -108,7 +115,7 @@ def refused_layers(model: torch.nn.Module) -> list[str]:
     for name, mod in model.named_modules():
         cls = type(mod).__name__
         if cls in NOT_MIXERS or any(cover_of(m) is not None for m in mod.modules()):
-            continue      # covered, or a layer holding a covered mixer
+            continue  # covered, or a layer holding a covered mixer
         if not _undecided(mod, layers):
             continue
         why = next((w for frag, w in REFUSED if frag.lower() in cls.lower()), None)
@@ -147,8 +154,7 @@ class Guard:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.local = threading.local()
-        self.verdicts: weakref.WeakKeyDictionary[torch.nn.Module, list[Finding]] = \
-            weakref.WeakKeyDictionary()
+        self.verdicts: weakref.WeakKeyDictionary[torch.nn.Module, list[Finding]] = weakref.WeakKeyDictionary()
         self.refusals: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
         self.handles: list[Any] = []
         self.patches = Patches()
@@ -162,9 +168,10 @@ class Guard:
         with self.lock:
             if not self.handles:
                 reg = torch.nn.modules.module
-                self.handles = [reg.register_module_forward_pre_hook(self._pre),
-                                reg.register_module_forward_hook(self._post, with_kwargs=True,
-                                                                 always_call=True)]
+                self.handles = [
+                    reg.register_module_forward_pre_hook(self._pre),
+                    reg.register_module_forward_hook(self._post, with_kwargs=True, always_call=True),
+                ]
 
     def uninstall(self) -> None:
         with self.lock:
@@ -178,8 +185,15 @@ class Guard:
     def _frame(self) -> dict:
         f = getattr(self.local, "frame", None)
         if f is None:
-            f = self.local.frame = {"depth": 0, "stack": [], "names": {}, "rec": None, "root": None,
-                                    "snap": None, "probing": False}
+            f = self.local.frame = {
+                "depth": 0,
+                "stack": [],
+                "names": {},
+                "rec": None,
+                "root": None,
+                "snap": None,
+                "probing": False,
+            }
         return f
 
     def current(self) -> str:
@@ -200,7 +214,7 @@ class Guard:
         """At an outermost call: raise a standing refusal, or start the first forward's checks."""
         self._cover(module)
         if module in self.refusals:
-            raise RefusedLayerError(self.refusals[module])       # every forward, not once
+            raise RefusedLayerError(self.refusals[module])  # every forward, not once
         if self.verdicts.get(module) and config().strict:
             raise UncoveredOpError(_message(self.verdicts[module]))
         if module not in self.verdicts:
@@ -230,7 +244,7 @@ class Guard:
     def _post(self, module: torch.nn.Module, args: Any, *rest: Any) -> None:
         # (kwargs, output) normally; (output,) when the forward raised (torch's always_call)
         f = self._frame()
-        if f["probing"] or f["depth"] == 0:    # a probe, or a module entered before the hooks
+        if f["probing"] or f["depth"] == 0:  # a probe, or a module entered before the hooks
             return
         f["depth"] -= 1
         if f["rec"] is not None and f["stack"]:
@@ -242,7 +256,7 @@ class Guard:
         f["stack"].clear()
         if rec is not None:
             rec.__exit__(None, None, None)
-        if sys.exc_info()[0] is not None or len(rest) != 2:   # the forward raised: its error stands
+        if sys.exc_info()[0] is not None or len(rest) != 2:  # the forward raised: its error stands
             return
         kwargs, output = rest
         states = [s for h in holders(args, kwargs, output) for s in cache_state(h)]
@@ -267,7 +281,7 @@ class Guard:
         try:
             with torch.no_grad():
                 out = root(*args, **{**kwargs, "use_cache": True})
-        except Exception:     # noqa: BLE001 -- a model that cannot cache has no decode path
+        except Exception:  # noqa: BLE001 -- a model that cannot cache has no decode path
             return []
         finally:
             f["probing"] = False
@@ -294,22 +308,34 @@ def _takes_use_cache(root: torch.nn.Module, kwargs: dict) -> bool:
         return False
     if "use_cache" in params:
         return True
-    return (any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-            and hasattr(getattr(root, "config", None), "use_cache"))
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) and hasattr(
+        getattr(root, "config", None), "use_cache"
+    )
 
 
 def _refused(bad: list[str], kept: bool = False) -> str:
-    why = ("it keeps state across calls beyond keys and values, so a decode step and a prefill "
-           "compute it by different algorithms: " if kept else "")
-    return ("batch-invariant mode: this model cannot run invariant: " + why + "; ".join(bad)
-            + " (docs/batch-invariant.md, 'Architectures')")
+    why = (
+        "it keeps state across calls beyond keys and values, so a decode step and a prefill "
+        "compute it by different algorithms: "
+        if kept
+        else ""
+    )
+    return (
+        "batch-invariant mode: this model cannot run invariant: "
+        + why
+        + "; ".join(bad)
+        + " (docs/batch-invariant.md, 'Architectures')"
+    )
 
 
 def _message(found: list[Finding]) -> str:
-    return ("batch-invariant mode: the model's first forward ran ops the mode does not cover, "
-            "so its logits may depend on the batch: " + "; ".join(x.text() for x in found)
-            + " (add them to the override table, or run with strict=False to be warned only; "
-              "docs/batch-invariant.md)")
+    return (
+        "batch-invariant mode: the model's first forward ran ops the mode does not cover, "
+        "so its logits may depend on the batch: "
+        + "; ".join(x.text() for x in found)
+        + " (add them to the override table, or run with strict=False to be warned only; "
+        "docs/batch-invariant.md)"
+    )
 
 
 GUARD = Guard()

@@ -50,8 +50,10 @@ from detsample.invariant import scans, ssm
 
 def _without_chunk_size(step: Callable) -> Callable:
     """``step`` taking (and ignoring) the chunked function's ``chunk_size``."""
+
     def run(*args: Any, chunk_size: Any = None, **kwargs: Any) -> Any:
         return step(*args, **kwargs)
+
     run.__name__ = f"detsample_sequential_{getattr(step, '__name__', 'step')}"
     return run
 
@@ -81,8 +83,9 @@ class Cover:
     def named(self, module: torch.nn.Module) -> bool:
         """Whether ``module``'s class name is of this family and it has :attr:`attrs`."""
         name = type(module).__name__
-        return ((name == self.fragment if self.exact else self.fragment in name)
-                and all(hasattr(module, a) for a in self.attrs))
+        return (name == self.fragment if self.exact else self.fragment in name) and all(
+            hasattr(module, a) for a in self.attrs
+        )
 
     def matches(self, module: torch.nn.Module) -> bool:
         """Whether ``module`` is of this family (:meth:`named`) and its modeling module has
@@ -135,8 +138,10 @@ class Running:
         """The innermost running covered mixer; RuntimeError outside any."""
         stack = self._stack()
         if not stack:
-            raise RuntimeError("batch-invariant mode: a covered mixer's function was called "
-                               "outside its mixer's forward, so the mixer it serves is unknown")
+            raise RuntimeError(
+                "batch-invariant mode: a covered mixer's function was called "
+                "outside its mixer's forward, so the mixer it serves is unknown"
+            )
         return stack[-1]
 
 
@@ -159,8 +164,10 @@ class BoundCover(Cover):
         return out
 
     def hook(self, module: torch.nn.Module, running: Running) -> list[Any]:
-        return [module.register_forward_pre_hook(running.enter, with_kwargs=True),
-                module.register_forward_hook(running.leave, always_call=True)]
+        return [
+            module.register_forward_pre_hook(running.enter, with_kwargs=True),
+            module.register_forward_hook(running.leave, always_call=True),
+        ]
 
 
 def _keyed_layer(cache: Any, layer_idx: int) -> int:
@@ -173,22 +180,28 @@ def _keyed_layer(cache: Any, layer_idx: int) -> int:
 
     if not has_state(layer_idx):
         return layer_idx
-    return next((i for i, layer in enumerate(cache.layers)
-                 if not has_state(i) and getattr(layer, "is_initialized", False)), layer_idx)
+    return next(
+        (i for i, layer in enumerate(cache.layers) if not has_state(i) and getattr(layer, "is_initialized", False)),
+        layer_idx,
+    )
 
 
 def _past_length(original: Callable) -> Callable:
     """``get_seq_length(layer_idx=0)`` read from :func:`_keyed_layer`'s layer (an int)."""
+
     def get_seq_length(self: Any, layer_idx: int = 0) -> int:
         return original(self, _keyed_layer(self, layer_idx))
+
     return get_seq_length
 
 
 def _mask_sizes(original: Callable) -> Callable:
     """``get_mask_sizes(query_length, layer_idx)`` read from :func:`_keyed_layer`'s layer:
     ``(kv_length, kv_offset)``, the cached keys counted."""
+
     def get_mask_sizes(self: Any, query_length: int, layer_idx: int) -> tuple[int, int]:
         return original(self, query_length, _keyed_layer(self, layer_idx))
+
     return get_mask_sizes
 
 
@@ -223,8 +236,10 @@ class SeededCover(Cover):
 
     def replacements(self, home: Any, running: Running) -> dict[str, Callable]:
         cache = getattr(home, self.target)
-        return {f"{self.target}.get_seq_length": _past_length(cache.get_seq_length),
-                f"{self.target}.get_mask_sizes": _mask_sizes(cache.get_mask_sizes)}
+        return {
+            f"{self.target}.get_seq_length": _past_length(cache.get_seq_length),
+            f"{self.target}.get_mask_sizes": _mask_sizes(cache.get_mask_sizes),
+        }
 
     def hook(self, module: torch.nn.Module, running: Running) -> list[Any]:
         return [module.register_forward_pre_hook(self._seed, with_kwargs=True)]
@@ -240,7 +255,8 @@ class SeededCover(Cover):
         if getattr(cache, self.step)(module.layer_idx) is None:
             d = module.head_dim
             getattr(cache, "set_" + self.step.removeprefix("get_"))(
-                module.layer_idx, hidden.new_zeros(hidden.shape[0], module.num_attention_heads, d, d))
+                module.layer_idx, hidden.new_zeros(hidden.shape[0], module.num_attention_heads, d, d)
+            )
         return args, kwargs
 
 
@@ -259,7 +275,8 @@ class FusedCover(Cover):
             return False
         home = sys.modules.get(type(module).__module__)
         return callable(getattr(home, "l2norm", None)) and all(
-            _parameters(getattr(home, f)) >= _GDN_ARGS for f in (self.target, self.step))
+            _parameters(getattr(home, f)) >= _GDN_ARGS for f in (self.target, self.step)
+        )
 
     #: ``(the recurrent original, the module's l2norm) -> replacement`` of both functions
     fused: Callable[[Callable, Callable], Callable] = scans.gated_delta_rule
@@ -279,15 +296,22 @@ def _parameters(fn: Callable) -> set[str]:
 
 
 #: the arguments a fused gated delta-net's functions must take
-_GDN_ARGS = frozenset({"query", "key", "value", "g", "beta", "initial_state", "output_final_state",
-                       "use_qk_l2norm_in_kernel"})
+_GDN_ARGS = frozenset(
+    {"query", "key", "value", "g", "beta", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel"}
+)
 _RECURRENT = frozenset({"recurrent_states"})
 
 
 def _mamba2(fragment: str) -> BoundCover:
-    return BoundCover(fragment, "mamba2_chunk_scan", "mamba2_selective_state_update", _RECURRENT,
-                      attrs=frozenset({"time_step_limit"}), prefill=ssm.mamba2_prefill,
-                      decode=ssm.mamba2_decode)
+    return BoundCover(
+        fragment,
+        "mamba2_chunk_scan",
+        "mamba2_selective_state_update",
+        _RECURRENT,
+        attrs=frozenset({"time_step_limit"}),
+        prefill=ssm.mamba2_prefill,
+        decode=ssm.mamba2_decode,
+    )
 
 
 #: the families the mode covers: gated delta-net (Qwen3-Next, Qwen3.5, Qwen3.5-MoE), Kimi
@@ -295,23 +319,40 @@ def _mamba2(fragment: str) -> BoundCover:
 #: Falcon-H1, Zamba2: its mixer's decode branch calls ``mamba2_selective_state_update`` as
 #: Nemotron-H's does), Mamba (Mamba, FalconMamba, Jamba) and lightning attention (MiniMax)
 COVERS: tuple[Cover, ...] = (
-    FusedCover("GatedDeltaNet", "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
-               _RECURRENT),
-    Cover("GatedDeltaNet", "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
-          _RECURRENT),
-    FusedCover("KimiLinearDeltaAttention", "chunk_kimi_delta_attention",
-               "recurrent_kimi_delta_attention", _RECURRENT, fused=scans.kimi_delta_rule),
-    Cover("KimiLinearDeltaAttention", "chunk_kimi_delta_attention", "recurrent_kimi_delta_attention",
-          _RECURRENT),
-    *(_mamba2(f) for f in ("Mamba2Mixer", "GraniteMoeHybridMambaLayer", "BambaMixer",
-                           "FalconH1Mixer", "Zamba2MambaMixer")),
-    *(BoundCover(f, "mamba_selective_scan", "mamba_selective_state_update", _RECURRENT,
-                 attrs=frozenset({"D", "layer_idx"}), prefill=ssm.mamba_prefill,
-                 decode=ssm.mamba_decode, exact=True)
-      for f in ("MambaMixer", "FalconMambaMixer", "JambaMambaMixer")),
-    SeededCover("MiniMaxLightningAttention", "MiniMaxCache", "get_linear_cache",
-                frozenset({"linear_cache"}),
-                attrs=frozenset({"layer_idx", "head_dim", "num_attention_heads", "slope_rate"})),
+    FusedCover("GatedDeltaNet", "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", _RECURRENT),
+    Cover("GatedDeltaNet", "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", _RECURRENT),
+    FusedCover(
+        "KimiLinearDeltaAttention",
+        "chunk_kimi_delta_attention",
+        "recurrent_kimi_delta_attention",
+        _RECURRENT,
+        fused=scans.kimi_delta_rule,
+    ),
+    Cover("KimiLinearDeltaAttention", "chunk_kimi_delta_attention", "recurrent_kimi_delta_attention", _RECURRENT),
+    *(
+        _mamba2(f)
+        for f in ("Mamba2Mixer", "GraniteMoeHybridMambaLayer", "BambaMixer", "FalconH1Mixer", "Zamba2MambaMixer")
+    ),
+    *(
+        BoundCover(
+            f,
+            "mamba_selective_scan",
+            "mamba_selective_state_update",
+            _RECURRENT,
+            attrs=frozenset({"D", "layer_idx"}),
+            prefill=ssm.mamba_prefill,
+            decode=ssm.mamba_decode,
+            exact=True,
+        )
+        for f in ("MambaMixer", "FalconMambaMixer", "JambaMambaMixer")
+    ),
+    SeededCover(
+        "MiniMaxLightningAttention",
+        "MiniMaxCache",
+        "get_linear_cache",
+        frozenset({"linear_cache"}),
+        attrs=frozenset({"layer_idx", "head_dim", "num_attention_heads", "slope_rate"}),
+    ),
 )
 
 
@@ -371,7 +412,7 @@ class Patches:
             name = type(mod).__module__
             with self.lock:
                 home = sys.modules[name]
-                new = c.replacements(home, self.running)     # from the originals
+                new = c.replacements(home, self.running)  # from the originals
                 for attr, fn in new.items():
                     if (name, attr) not in self.saved:
                         self.saved[(name, attr)] = _swap(home, attr, fn)

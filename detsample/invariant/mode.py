@@ -66,8 +66,9 @@ def disable() -> None:
     """Undo one :func:`enable`; the outermost restores torch's kernels."""
     with STATE.lock:
         if not STATE.configs:
-            raise RuntimeError("detsample.disable() without a matching enable(): the "
-                               "batch-invariant mode is not enabled")
+            raise RuntimeError(
+                "detsample.disable() without a matching enable(): the batch-invariant mode is not enabled"
+            )
         STATE.configs.pop()
         if not STATE.configs:
             lib, STATE.library = STATE.library, None
@@ -101,7 +102,7 @@ class _BatchInvariant:
     is_enabled = staticmethod(is_enabled)
 
     def __call__(self, portable: bool = False, strict: bool | None = None) -> ContextManager[None]:
-        ModeConfig(portable=portable, strict=True if strict is None else strict)   # validate
+        ModeConfig(portable=portable, strict=True if strict is None else strict)  # validate
         return _scope(portable, strict)
 
     def __repr__(self) -> str:

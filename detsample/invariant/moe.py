@@ -29,8 +29,9 @@ from detsample.invariant.weights import owner
 aten = torch.ops.aten
 
 
-def topk(self: torch.Tensor, k: int, dim: int = -1, largest: bool = True,
-         sorted: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def topk(
+    self: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """aten ``topk``: the ``k`` largest (``largest=False``: smallest) values along ``dim``
     and their indices, ordered by value, **ties by lowest index** (a stable sort; torch's
     own order of ties is unspecified). NaN counts as the largest value, as in torch."""
@@ -45,18 +46,22 @@ def topk(self: torch.Tensor, k: int, dim: int = -1, largest: bool = True,
     return vals.narrow(dim, 0, k).contiguous(), idx.narrow(dim, 0, k).contiguous()
 
 
-def grouped_mm(self: torch.Tensor, mat2: torch.Tensor, offs: torch.Tensor | None = None,
-               bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def grouped_mm(
+    self: torch.Tensor,
+    mat2: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
     """aten ``_grouped_mm``: 2-D ``self (S, K)`` with 3-D ``mat2 (G, K, N)`` and ``offs``
     (G,) cumulative row ends: rows of group ``i`` times ``mat2[i]`` (rows past ``offs[-1]``
     are zero); 3-D x 3-D without ``offs``: the batched product. Each group is one product
     of the mode, so a token's expert output depends on its row and the expert only."""
     if not (self.dtype.is_floating_point and mat2.dtype.is_floating_point):
-        raise NotInvariantError(f"batch-invariant mode: _grouped_mm of {self.dtype} x {mat2.dtype} "
-                                f"is not covered")
+        raise NotInvariantError(f"batch-invariant mode: _grouped_mm of {self.dtype} x {mat2.dtype} is not covered")
     dtype = out_dtype or self.dtype
     portable = config().portable
-    of = owner(mat2)              # the experts' parameter: its slices' forms are cached
+    of = owner(mat2)  # the experts' parameter: its slices' forms are cached
     if self.dim() == 2 and mat2.dim() == 3 and offs is not None:
         ends = [int(e) for e in offs.tolist()]
         out = torch.zeros((self.shape[0], mat2.shape[2]), dtype=dtype, device=self.device)
@@ -71,7 +76,8 @@ def grouped_mm(self: torch.Tensor, mat2: torch.Tensor, offs: torch.Tensor | None
         raise NotInvariantError(
             f"batch-invariant mode: _grouped_mm of a {self.dim()}-D by a {mat2.dim()}-D operand "
             f"{'with' if offs is not None else 'without'} offs is not covered (the 2-D x 3-D "
-            f"grouped and the 3-D x 3-D batched forms are)")
+            f"grouped and the 3-D x 3-D batched forms are)"
+        )
     if bias is not None:
         raise NotInvariantError("batch-invariant mode: _grouped_mm with a bias is not covered")
     return out

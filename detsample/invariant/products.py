@@ -53,8 +53,9 @@ def _portable(a: torch.Tensor, b: torch.Tensor, keyed: bool, of: torch.Tensor | 
     return exact.matmul(a, b, derived(b, "exact", exact.prepare_b, of))
 
 
-def product(a: torch.Tensor, b: torch.Tensor, portable: bool, keyed: bool = False,
-            of: torch.Tensor | None = None) -> torch.Tensor:
+def product(
+    a: torch.Tensor, b: torch.Tensor, portable: bool, keyed: bool = False, of: torch.Tensor | None = None
+) -> torch.Tensor:
     """``a @ b``: ``(M, K) x (K, N)`` or batched ``(nb, M, K) x (nb, K, N)``, floating, on
     CPU, in the compute dtype (see the module docstring). Guarantee: row ``i`` of the
     result is a function of ``a``'s row ``i`` and ``b`` (bitwise); with ``portable``, of
@@ -69,8 +70,10 @@ def product(a: torch.Tensor, b: torch.Tensor, portable: bool, keyed: bool = Fals
     b = _as(b, ct, of)
     kind = "bmm" if a.dim() == 3 else "mm"
     if portable:
-        note_portable(("matmul", kind, a.shape[-1], b.shape[-1], "keyed" if keyed else "any", ct,
-                       "portable"), "portable correctly rounded product")
+        note_portable(
+            ("matmul", kind, a.shape[-1], b.shape[-1], "keyed" if keyed else "any", ct, "portable"),
+            "portable correctly rounded product",
+        )
         return _portable(a, b, keyed, of).to(ct)
     lay = layout(b)
     if lay == "nn" and not b.is_contiguous():
@@ -86,8 +89,7 @@ def product(a: torch.Tensor, b: torch.Tensor, portable: bool, keyed: bool = Fals
             parts.append(_portable(a, bb, keyed, of).to(ct))
             continue
         bb = _contiguous(bb, of) if plan.data[0] == "contiguous" else bb
-        big = (big_plan(k, c1 - c0, lay, ct, plan).data
-               if kind == "mm" and a.shape[0] >= tiles.BIG[0] else ())
+        big = big_plan(k, c1 - c0, lay, ct, plan).data if kind == "mm" and a.shape[0] >= tiles.BIG[0] else ()
         parts.append(_tiled(a, bb, plan, big))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
@@ -103,4 +105,3 @@ def _tiled(a: torch.Tensor, b: torch.Tensor, plan: Plan, big: tuple[int, ...]) -
         with torch_threads(1) if single else nullcontext():
             out.append(tiles.run(a[head:] if head else a, b, ladder))
     return out[0] if len(out) == 1 else torch.cat(out)
-

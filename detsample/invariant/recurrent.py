@@ -39,8 +39,7 @@ KV_STORES = frozenset({"keys", "values", "key_cache", "value_cache", "conv_state
 
 _MAX_DEPTH = 6
 _MAX_ITEMS = 20_000
-_LEAVES = (str, bytes, int, float, bool, complex, type, torch.dtype, torch.device,
-           torch.nn.Module)
+_LEAVES = (str, bytes, int, float, bool, complex, type, torch.dtype, torch.device, torch.nn.Module)
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ class State:
     where: str
     shape: tuple[int, ...]
     layer: int | None = None
-    attr: str = ""            # the innermost attribute holding it ("recurrent_states")
+    attr: str = ""  # the innermost attribute holding it ("recurrent_states")
 
 
 def _step(path: tuple, key: Any) -> tuple:
@@ -101,8 +100,7 @@ def cache_state(holder: Any) -> list[State]:
     for path, t in _walk(holder, (), _MAX_DEPTH, set(), [_MAX_ITEMS]):
         if (t.is_floating_point() or t.is_complex()) and _attr(path) not in KV_STORES:
             layer = next((s for s in path if isinstance(s, int) and not isinstance(s, bool)), None)
-            found.append(State(type(holder).__name__ + _text(path), tuple(t.shape), layer,
-                               _attr(path)))
+            found.append(State(type(holder).__name__ + _text(path), tuple(t.shape), layer, _attr(path)))
     return found
 
 
@@ -139,14 +137,15 @@ def _module_tensors(mod: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 def _version(t: torch.Tensor) -> int:
     try:
         return t._version
-    except RuntimeError:       # an inference tensor keeps no version counter
+    except RuntimeError:  # an inference tensor keeps no version counter
         return -1
 
 
 def snapshot(model: torch.nn.Module) -> dict[tuple[str, str], tuple[int, int]]:
     """``{(module path, attribute): (id, version)}`` of every module's tensor attributes."""
-    return {(name, attr): (id(t), _version(t))
-            for name, mod in model.named_modules() for attr, t in _module_tensors(mod)}
+    return {
+        (name, attr): (id(t), _version(t)) for name, mod in model.named_modules() for attr, t in _module_tensors(mod)
+    }
 
 
 def mutated(model: torch.nn.Module, before: dict[tuple[str, str], tuple[int, int]]) -> list[State]:
@@ -166,8 +165,7 @@ def owners(model: torch.nn.Module, layer: int | None) -> list[str]:
     if layer is None:
         return []
     named = [(n, m) for n, m in model.named_modules() if getattr(m, "layer_idx", None) == layer]
-    inner = [(n, m) for n, m in named
-             if not any(o != n and o.startswith(n + ".") for o, _ in named)]
+    inner = [(n, m) for n, m in named if not any(o != n and o.startswith(n + ".") for o, _ in named)]
     return [f"{n or '<model>'} ({type(m).__name__})" for n, m in inner]
 
 
@@ -177,7 +175,6 @@ def describe(model: torch.nn.Module, states: list[State]) -> str:
     for s in states:
         who = owners(model, s.layer)
         shape = "x".join(map(str, s.shape)) or "scalar"
-        by = (f" kept by {who[0]}" if len(who) == 1 else
-              f" kept by one of {', '.join(who)}" if who else "")
+        by = f" kept by {who[0]}" if len(who) == 1 else f" kept by one of {', '.join(who)}" if who else ""
         parts.append(f"{s.where} [{shape}]{by}")
     return "; ".join(parts)

@@ -35,7 +35,7 @@ def row_sum(x: torch.Tensor, portable: bool) -> torch.Tensor:
         note_portable(("sum", n, x.dtype, "portable"), "fixed-tree sum")
         return tree_sum(x)
     if n > SUM_CHUNK:
-        parts = [row_sum(x[:, c: c + SUM_CHUNK], portable) for c in range(0, n, SUM_CHUNK)]
+        parts = [row_sum(x[:, c : c + SUM_CHUNK], portable) for c in range(0, n, SUM_CHUNK)]
         return row_sum(torch.stack(parts, dim=1), portable)
     if n == 0:
         return x.new_zeros((r,))

@@ -53,8 +53,14 @@ def kernel_rows(keys: set | None = None) -> list[dict[str, Any]]:
 
 
 def _row(op: str, shape: str, threads: int, plan: Plan) -> dict[str, Any]:
-    return {"op": op, "shape": shape, "threads": threads, "kernel": plan.kernel,
-            "rests_on": plan.rests_on, "reason": plan.reason}
+    return {
+        "op": op,
+        "shape": shape,
+        "threads": threads,
+        "kernel": plan.kernel,
+        "rests_on": plan.rests_on,
+        "reason": plan.reason,
+    }
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -63,8 +69,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "kernels: none used\n"
     head = ("op", "shape", "threads", "kernel", "rests on")
-    body = [(r["op"], r["shape"], "any" if r["threads"] < 0 else str(r["threads"]), r["kernel"],
-             r["rests_on"]) for r in rows]
+    body = [
+        (r["op"], r["shape"], "any" if r["threads"] < 0 else str(r["threads"]), r["kernel"], r["rests_on"])
+        for r in rows
+    ]
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
     out = ["kernels the mode took on this machine:"]
     out += ["  " + "  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *body]]

@@ -47,6 +47,7 @@ from detsample.invariant.state import ARITHMETIC, STATE, Plan
 def jit() -> Any:
     """The numba kernels module; ImportError when numba is not installed."""
     from detsample.invariant import scan_jit
+
     return scan_jit
 
 
@@ -56,16 +57,18 @@ def fused(*tensors: torch.Tensor) -> bool:
 
 
 def _note(name: str) -> None:
-    STATE.plans.get(("scan", name), lambda: Plan(
-        f"fused {name} scan", ARITHMETIC, "one kernel for a prefill and a decode step"))
+    STATE.plans.get(
+        ("scan", name), lambda: Plan(f"fused {name} scan", ARITHMETIC, "one kernel for a prefill and a decode step")
+    )
 
 
 def _f32(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float32, memory_format=torch.contiguous_format).contiguous()
 
 
-def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                beta: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+def gated_delta(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+) -> torch.Tensor:
     """The gated delta rule over ``T`` positions, bitwise as ``T`` calls of one.
 
     q, k (B, H, T, dk), v (B, H, T, dv), beta (B, H, T), g (B, H, T) (a gated delta-net's
@@ -86,8 +89,15 @@ def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     return out
 
 
-def ssd(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, bm: torch.Tensor,
-        cm: torch.Tensor, d: torch.Tensor | None, state: torch.Tensor) -> torch.Tensor:
+def ssd(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    a: torch.Tensor,
+    bm: torch.Tensor,
+    cm: torch.Tensor,
+    d: torch.Tensor | None,
+    state: torch.Tensor,
+) -> torch.Tensor:
     """The Mamba 2 update over ``T`` positions, bitwise as ``T`` calls of one.
 
     x (B, H, T, P), dt (B, H, T) (after bias, softplus and limit), a (H,), bm, cm
@@ -103,8 +113,15 @@ def ssd(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, bm: torch.Tensor,
     return out
 
 
-def selective(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, bm: torch.Tensor,
-              cm: torch.Tensor, d: torch.Tensor | None, state: torch.Tensor) -> torch.Tensor:
+def selective(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    a: torch.Tensor,
+    bm: torch.Tensor,
+    cm: torch.Tensor,
+    d: torch.Tensor | None,
+    state: torch.Tensor,
+) -> torch.Tensor:
     """The Mamba (1) update over ``T`` positions, bitwise as ``T`` calls of one.
 
     x, dt (B, I, T) (dt after bias and softplus), a (I, N), bm, cm (B, T, N), d (I,) or
@@ -135,8 +152,7 @@ def mamba_scan(x, dt, A, B, C, D, z, dt_bias, dt_softplus, state):
     B, C (B, N, T); D, dt_bias (I,); state (B, I, N) float32 contiguous, updated in place.
     Returns (B, I, T) in x's dtype."""
     bias = None if dt_bias is None else dt_bias[:, None]
-    out = selective(x, _selective_dt(dt, bias, dt_softplus), A, B.transpose(1, 2),
-                    C.transpose(1, 2), D, state)
+    out = selective(x, _selective_dt(dt, bias, dt_softplus), A, B.transpose(1, 2), C.transpose(1, 2), D, state)
     return _gated(out, z, x.dtype)
 
 
@@ -145,8 +161,9 @@ def mamba_step(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
     (B, I, N) updated in place; x, dt, z (B, I); A (I, N); B, C (B, N); D, dt_bias (I,).
     Returns (B, I) in x's dtype."""
     with _updated(state) as s:
-        out = selective(x[..., None], _selective_dt(dt, dt_bias, dt_softplus)[..., None], A,
-                        B[:, None], C[:, None], D, s)
+        out = selective(
+            x[..., None], _selective_dt(dt, dt_bias, dt_softplus)[..., None], A, B[:, None], C[:, None], D, s
+        )
     return _gated(out[..., 0], z, x.dtype)
 
 
@@ -174,17 +191,37 @@ def _delta_rule(step: Callable, prepare: Callable, name: str) -> Callable:
     ``chunk_size`` ignored): ``prepare(query, key, value, g, beta, l2)`` is the modeling
     code's prelude, giving float32 (B, H, T, .) tensors for :func:`gated_delta`; ``step``
     (the recurrent original) runs calls on other devices."""
-    def rule(query, key, value, g, beta, initial_state=None, output_final_state=False,
-             use_qk_l2norm_in_kernel=False, chunk_size=None, **kwargs):
+
+    def rule(
+        query,
+        key,
+        value,
+        g,
+        beta,
+        initial_state=None,
+        output_final_state=False,
+        use_qk_l2norm_in_kernel=False,
+        chunk_size=None,
+        **kwargs,
+    ):
         if not fused(query, key, value, g, beta):
-            return step(query, key, value, g=g, beta=beta, initial_state=initial_state,
-                        output_final_state=output_final_state,
-                        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
+            return step(
+                query,
+                key,
+                value,
+                g=g,
+                beta=beta,
+                initial_state=initial_state,
+                output_final_state=output_final_state,
+                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                **kwargs,
+            )
         dtype = query.dtype
         q, k, v, g, beta = prepare(query, key, value, g, beta, use_qk_l2norm_in_kernel)
         state = _start(initial_state, (*k.shape[:2], k.shape[-1], v.shape[-1]))
         out = gated_delta(q, k, v, g, beta, state)
         return out.transpose(1, 2).contiguous().to(dtype), (state if output_final_state else None)
+
     rule.__name__ = name
     return rule
 
@@ -194,6 +231,7 @@ def gated_delta_rule(step: Callable, l2norm: Callable) -> Callable:
     ``torch_recurrent_gated_delta_rule``) by :func:`gated_delta`, with the recurrent
     function's prelude (value heads grouped over key heads, float32, the module's
     ``l2norm``, ``query / sqrt(dk)``)."""
+
     def prepare(query, key, value, g, beta, l2):
         k_heads, v_heads = key.shape[2], value.shape[2]
         if k_heads != v_heads:
@@ -203,6 +241,7 @@ def gated_delta_rule(step: Callable, l2norm: Callable) -> Callable:
         if l2:
             query, key = l2norm(query, dim=-1, eps=1e-6), l2norm(key, dim=-1, eps=1e-6)
         return query / (query.shape[-1] ** 0.5), key, value, g, beta
+
     return _delta_rule(step, prepare, "detsample_fused_gated_delta_rule")
 
 
@@ -211,17 +250,20 @@ def kimi_delta_rule(step: Callable, l2norm: Callable) -> Callable:
     ``recurrent_kimi_delta_attention``) by :func:`gated_delta` with a decay per key
     feature, with the recurrent function's prelude (float32, the module's ``l2norm``,
     ``query * (1 / sqrt(dk))``)."""
+
     def prepare(query, key, value, g, beta, l2):
         query, key, value, g, beta = (x.to(torch.float32) for x in (query, key, value, g, beta))
         if l2:
             query, key = l2norm(query, dim=-1, eps=1e-6), l2norm(key, dim=-1, eps=1e-6)
         query = query * (1 / (query.shape[-1] ** 0.5))
         return tuple(x.transpose(1, 2) for x in (query, key, value, g, beta))
+
     return _delta_rule(step, prepare, "detsample_fused_kimi_delta_rule")
 
 
-def mamba2_dt(dt: torch.Tensor, dt_bias: torch.Tensor | None, softplus: bool,
-              limit: tuple[float, float]) -> torch.Tensor:
+def mamba2_dt(
+    dt: torch.Tensor, dt_bias: torch.Tensor | None, softplus: bool, limit: tuple[float, float]
+) -> torch.Tensor:
     """A Mamba 2 step's ``dt`` as its chunked scan makes it: a Mamba step's
     (:func:`_selective_dt`: ``dt + dt_bias`` in ``dt``'s dtype, softplus), clamped to
     ``limit``. Elementwise: a position's bits do not depend on the layout or the call."""
@@ -235,8 +277,7 @@ def mamba2_scan(hidden_states, dt, A, B, C, D, dt_bias, initial_states, dt_softp
     batch, _, heads, head_dim = hidden_states.shape
     step = mamba2_dt(dt, dt_bias, dt_softplus, dt_limit)
     state = _start(initial_states, (batch, heads, head_dim, B.shape[-1]))
-    out = ssd(hidden_states.transpose(1, 2), step.transpose(1, 2), A, B.transpose(1, 2),
-              C.transpose(1, 2), D, state)
+    out = ssd(hidden_states.transpose(1, 2), step.transpose(1, 2), A, B.transpose(1, 2), C.transpose(1, 2), D, state)
     return out.transpose(1, 2).contiguous().to(hidden_states.dtype), state
 
 
@@ -248,9 +289,11 @@ def per_head(t: torch.Tensor | None, name: str, dims: int) -> torch.Tensor | Non
     first = t[(..., *([0] * dims))]
     repeated = all(t.stride(-1 - i) == 0 for i in range(dims))
     if not repeated and not torch.equal(t, first[(..., *([None] * dims))].expand_as(t)):
-        raise ValueError(f"mamba2_selective_state_update under the batch-invariant mode: {name} must "
-                         f"repeat one value per head over its last {dims} dimension(s), got shape "
-                         f"{tuple(t.shape)} with differing values")
+        raise ValueError(
+            f"mamba2_selective_state_update under the batch-invariant mode: {name} must "
+            f"repeat one value per head over its last {dims} dimension(s), got shape "
+            f"{tuple(t.shape)} with differing values"
+        )
     return first
 
 
@@ -261,7 +304,13 @@ def mamba2_step(state, hidden_states, dt, A, B, C, D, dt_bias, dt_softplus, limi
     in hidden_states' dtype."""
     step = mamba2_dt(per_head(dt, "dt", 1), per_head(dt_bias, "dt_bias", 1), dt_softplus, limit)
     with _updated(state) as s:
-        out = ssd(hidden_states[:, :, None], step[:, :, None], per_head(A, "A", 2),
-                  B[:, :, None], C[:, :, None], per_head(D, "D", 1), s)
+        out = ssd(
+            hidden_states[:, :, None],
+            step[:, :, None],
+            per_head(A, "A", 2),
+            B[:, :, None],
+            C[:, :, None],
+            per_head(D, "D", 1),
+            s,
+        )
     return out[:, :, 0].to(hidden_states.dtype)
-

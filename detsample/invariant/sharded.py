@@ -62,8 +62,9 @@ def _rank_sum(parts: list[torch.Tensor]) -> torch.Tensor:
 
 def _global_bad(op: Operand, reduce: Reduce) -> Operand:
     """``op`` with the non-finite flags of the whole K (one MAX over the ranks)."""
-    flags = op.values.new_zeros(op.blocks.shape[:-1] + (1,) if op.dim == -1
-                                else op.blocks.shape[:-2] + (1, op.blocks.shape[-1]))
+    flags = op.values.new_zeros(
+        op.blocks.shape[:-1] + (1,) if op.dim == -1 else op.blocks.shape[:-2] + (1, op.blocks.shape[-1])
+    )
     if op.bad is not None:
         flags = flags.masked_fill_(op.bad, 1.0)
     reduce.max_(flags)
@@ -91,7 +92,7 @@ def split_k_matmul(a: torch.Tensor, fb: Operand, reduce: Reduce) -> torch.Tensor
     lengths = _lengths(a.shape[-1], reduce)
     d = _rank_sum(reduce.gather(exact.dot64(fa.values, fb.values).contiguous()))
     mag = _rank_sum(reduce.gather(exact.magnitude(fa, fb).contiguous()))
-    adds = exact.depth(max(lengths)) + len(lengths)        # the ranks' trees, then the rank sum
+    adds = exact.depth(max(lengths)) + len(lengths)  # the ranks' trees, then the rank sum
     c, unsettled = exact.first_pass(d, exact.inflate(mag, len(lengths)), adds)
     local = exact.pair_products(fa.values, fb.values)
     width = max(lengths)
@@ -106,8 +107,12 @@ def split_k_matmul(a: torch.Tensor, fb: Operand, reduce: Reduce) -> torch.Tensor
 
 
 def _bit_dtype(dtype: torch.dtype) -> torch.dtype:
-    return {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16,
-            torch.float16: torch.int16}[dtype]
+    return {
+        torch.float32: torch.int32,
+        torch.float64: torch.int64,
+        torch.bfloat16: torch.int16,
+        torch.float16: torch.int16,
+    }[dtype]
 
 
 def owned_rows(rows: torch.Tensor, mine: torch.Tensor, reduce: Reduce) -> torch.Tensor:

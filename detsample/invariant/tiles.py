@@ -33,11 +33,11 @@ import torch
 
 aten = torch.ops.aten
 
-TILE = 64                                  # the largest tile (rows per call)
-SIZES = (1, 2, 4, 8, 16, 32, 64)           # ladder candidates (powers of two up to TILE)
-BIG = (128, 256, 512)                      # big-tile candidates for long 2-D products
-COL_BLOCK = 4096                           # widest column block per call
-_ALIGN = 64                                # bytes: every row of a tile starts aligned
+TILE = 64  # the largest tile (rows per call)
+SIZES = (1, 2, 4, 8, 16, 32, 64)  # ladder candidates (powers of two up to TILE)
+BIG = (128, 256, 512)  # big-tile candidates for long 2-D products
+COL_BLOCK = 4096  # widest column block per call
+_ALIGN = 64  # bytes: every row of a tile starts aligned
 
 
 def tile_sizes(m: int, ladder: tuple[int, ...]) -> list[int]:
@@ -72,8 +72,7 @@ def _padded(cols: int, esize: int) -> int:
     return -(-cols // step) * step if cols else step
 
 
-def aligned_empty(lead: tuple[int, ...], rows: int, cols: int, like: torch.Tensor,
-                  pad: bool = True) -> torch.Tensor:
+def aligned_empty(lead: tuple[int, ...], rows: int, cols: int, like: torch.Tensor, pad: bool = True) -> torch.Tensor:
     """An uninitialised ``lead + (rows, cols)`` tensor of ``like``'s dtype and device whose
     storage starts on a 64-byte boundary; ``pad``: its rows (and matrices) are 64-byte
     multiples apart (a view of a padded buffer), else it is contiguous. Over-allocated
@@ -85,7 +84,7 @@ def aligned_empty(lead: tuple[int, ...], rows: int, cols: int, like: torch.Tenso
         count *= d
     flat = like.new_empty((count + _ALIGN // esize,))
     skip = (-flat.data_ptr() % _ALIGN) // esize
-    return flat[skip: skip + count].view(lead + (rows, cp))[..., :cols]
+    return flat[skip : skip + count].view(lead + (rows, cp))[..., :cols]
 
 
 def _aligned_rows(a: torch.Tensor, rows: int) -> torch.Tensor:
@@ -94,8 +93,7 @@ def _aligned_rows(a: torch.Tensor, rows: int) -> torch.Tensor:
     rows, aligned start and row stride), else a copy."""
     k, m = a.shape[-1], a.shape[-2]
     esize = a.element_size()
-    if (rows == m and a.is_contiguous() and a.data_ptr() % _ALIGN == 0
-            and (k * esize) % _ALIGN == 0):
+    if rows == m and a.is_contiguous() and a.data_ptr() % _ALIGN == 0 and (k * esize) % _ALIGN == 0:
         return a
     buf = aligned_empty(a.shape[:-2], rows, k, a)
     buf[..., :m, :].copy_(a)
@@ -110,7 +108,7 @@ def _aligned_b(b: torch.Tensor) -> torch.Tensor:
     column-major for a transposed B), no padding."""
     if b.data_ptr() % _ALIGN == 0:
         return b
-    col_major = b.stride(-2) == 1 and b.stride(-1) != 1       # a transposed B
+    col_major = b.stride(-2) == 1 and b.stride(-1) != 1  # a transposed B
     src = b.transpose(-1, -2) if col_major else b
     buf = aligned_empty(src.shape[:-2], src.shape[-2], src.shape[-1], src, pad=False)
     buf.copy_(src)
@@ -151,10 +149,10 @@ def run_sizes(a: torch.Tensor, b: torch.Tensor, sizes: list[int]) -> torch.Tenso
     for size in sizes:
         if batched and len(sizes) > 1:
             part = aligned_empty(a.shape[:-2], size, n, a)
-            op(buf[..., r0: r0 + size, :], b, out=part)
-            out[..., r0: r0 + size, :] = part
+            op(buf[..., r0 : r0 + size, :], b, out=part)
+            out[..., r0 : r0 + size, :] = part
         else:
-            op(buf[..., r0: r0 + size, :], b, out=out[..., r0: r0 + size, :])
+            op(buf[..., r0 : r0 + size, :], b, out=out[..., r0 : r0 + size, :])
         r0 += size
     out = out if r0 == m else out[..., :m, :]
     return out if out.is_contiguous() else out.contiguous()

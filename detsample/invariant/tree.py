@@ -24,10 +24,10 @@ def tree_sum(x: torch.Tensor) -> torch.Tensor:
         return x.new_zeros((x.shape[0],))
     if n == 1:
         return x[:, 0].clone()
-    h = 1 << ((n - 1).bit_length() - 1)        # largest power of two < n
+    h = 1 << ((n - 1).bit_length() - 1)  # largest power of two < n
     y = x[:, :h].clone()
     y[:, : n - h].add_(x[:, h:n])
     while h > 1:
         h //= 2
-        y = y[:, :h] + y[:, h: 2 * h]
+        y = y[:, :h] + y[:, h : 2 * h]
     return y[:, 0]

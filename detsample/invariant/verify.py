@@ -53,9 +53,9 @@ from detsample.probe.threads import torch_threads
 
 aten = torch.ops.aten
 
-SUM_CHUNK = 8192          # widest row summed by one torch call (longer rows: chunks, then again)
-SUM_GRAIN = 32768         # torch's GRAIN_SIZE: calls below it run one serial loop
-BATCHES = (1, 2, 3, 8)    # bmm batch sizes compared at 1 thread (see batches())
+SUM_CHUNK = 8192  # widest row summed by one torch call (longer rows: chunks, then again)
+SUM_GRAIN = 32768  # torch's GRAIN_SIZE: calls below it run one serial loop
+BATCHES = (1, 2, 3, 8)  # bmm batch sizes compared at 1 thread (see batches())
 
 
 def batches(threads: int) -> tuple[int, ...]:
@@ -87,7 +87,7 @@ def _values(shape: Sequence[int], g: torch.Generator, dtype: torch.dtype) -> tor
     return x.mul_(scale).to(dtype)
 
 
-WEIGHT_ROWS = 521   # distinct random rows of a checked weight (a prime: no tile or block period)
+WEIGHT_ROWS = 521  # distinct random rows of a checked weight (a prime: no tile or block period)
 
 
 def _weight(shape: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
@@ -103,6 +103,7 @@ def _weight(shape: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype)
 
 
 # -- matmul --------------------------------------------------------------------------------
+
 
 def _layout(b: torch.Tensor) -> str:
     """``"nn"`` (rows of B contiguous), ``"nt"`` (B a transposed contiguous matrix) or
@@ -127,7 +128,7 @@ def _run(a: torch.Tensor, b: torch.Tensor, size: int) -> torch.Tensor:
     return tiles.run(a, b, (size,))
 
 
-MIN_VALUES = 2048   # output values compared per tile size (a narrow B: more rows)
+MIN_VALUES = 2048  # output values compared per tile size (a narrow B: more rows)
 
 
 def compared_rows(size: int, n: int) -> int:
@@ -145,11 +146,18 @@ def _refs(a: torch.Tensor, b: torch.Tensor, nbs: Sequence[int]) -> dict:
     two_d = nbs == (1,)
     n = b.shape[-1]
     with torch_threads(1):
-        per = {s: [_run((a[i] if two_d else a[i: i + 1])[..., :compared_rows(s, n), :],
-                        b[i] if two_d else b[i: i + 1], s)
-                   for i in range(max(nbs))] for s in tiles.SIZES}
-    return {(nb, s): per[s][0] if two_d else torch.cat(per[s][:nb])
-            for nb in range(1, max(nbs) + 1) for s in tiles.SIZES}
+        per = {
+            s: [
+                _run(
+                    (a[i] if two_d else a[i : i + 1])[..., : compared_rows(s, n), :], b[i] if two_d else b[i : i + 1], s
+                )
+                for i in range(max(nbs))
+            ]
+            for s in tiles.SIZES
+        }
+    return {
+        (nb, s): per[s][0] if two_d else torch.cat(per[s][:nb]) for nb in range(1, max(nbs) + 1) for s in tiles.SIZES
+    }
 
 
 @dataclass(frozen=True)
@@ -170,10 +178,11 @@ class _Operands:
         """Why ``s``-row tiles at ``threads`` threads differ from the references (None: not)."""
         n = self.b.shape[-1]
         for nb in self.nbs:
-            a = self.sub(self.a, nb)[..., :compared_rows(s, n), :]
+            a = self.sub(self.a, nb)[..., : compared_rows(s, n), :]
             if not torch.equal(_run(a, self.sub(self.b, nb), s), self.ref[(nb, s)]):
-                return (f"{threads} thread(s) differ from 1 thread"
-                        + ("" if self.nbs == (1,) else f" or {nb} matrices from one"))
+                return f"{threads} thread(s) differ from 1 thread" + (
+                    "" if self.nbs == (1,) else f" or {nb} matrices from one"
+                )
         return None
 
     def placed(self, s: int) -> str | None:
@@ -185,7 +194,7 @@ class _Operands:
         T = tiles.TILE
         for nb in self.nbs:
             aa, bb, want = self.sub(self.a, nb), self.sub(self.b, nb), self.ref[(nb, s)][..., :s, :]
-            mixed = aa[..., T: T + s, :].clone()
+            mixed = aa[..., T : T + s, :].clone()
             mixed[..., 0::4, :] = 0
             mixed[..., 1::2, :] = aa[..., :s, :].flip(-2)[..., 1::2, :]
             if not torch.equal(_run(mixed, bb, s)[..., 1::2, :], want.flip(-2)[..., 1::2, :]):
@@ -200,8 +209,9 @@ class _Operands:
             aa, bb = self.sub(self.a, nb), self.sub(self.b, nb)
             other = bb.flip(-1) * 0.5
             other[..., :1] = bb[..., :1]
-            if not torch.equal(_run(aa[..., :top, :], _like_layout(other, bb), top)[..., :1],
-                               self.ref[(nb, top)][..., :top, :1]):
+            if not torch.equal(
+                _run(aa[..., :top, :], _like_layout(other, bb), top)[..., :1], self.ref[(nb, top)][..., :top, :1]
+            ):
                 return False
         return True
 
@@ -212,8 +222,7 @@ class _Operands:
         for s in reversed(valid):
             for lad in out:
                 m = self.ref[(self.nbs[0], s)].shape[-2]
-                if all(torch.equal(self.ref[(nb, s)], self.ref[(nb, lad[0])][..., :m, :])
-                       for nb in self.nbs):
+                if all(torch.equal(self.ref[(nb, s)], self.ref[(nb, lad[0])][..., :m, :]) for nb in self.nbs):
                     lad.insert(0, s)
                     break
             else:
@@ -232,9 +241,9 @@ def _everywhere(aa: torch.Tensor, bb: torch.Tensor, want: torch.Tensor, s: int) 
     return None
 
 
-def _matmul_candidate(a: torch.Tensor, b: torch.Tensor, nbs: Sequence[int], threads: int,
-                      ref: dict, only: tuple[int, ...] | None = None
-                      ) -> tuple[tuple[int, ...] | None, str]:
+def _matmul_candidate(
+    a: torch.Tensor, b: torch.Tensor, nbs: Sequence[int], threads: int, ref: dict, only: tuple[int, ...] | None = None
+) -> tuple[tuple[int, ...] | None, str]:
     """(the cheapest ladder that passes, or None; why) for operands ``a`` ``(nb, 2*TILE, K)``
     and ``b`` ``(nb, K, N)`` (``nbs == (1,)``: a 2-D ``mm``) run at ``threads`` threads,
     against the 1-thread references ``ref`` (:func:`_refs`).
@@ -271,8 +280,7 @@ def _matmul_candidate(a: torch.Tensor, b: torch.Tensor, nbs: Sequence[int], thre
                 bad[lad[-1]] = "a column depends on the other columns"
                 continue
             why = "; ".join(f"{s} rows: {w}" for s, w in sorted(bad.items()))
-            return tuple(lad), (f"rows agree in tiles of {'/'.join(map(str, lad))}"
-                                + (f" (not: {why})" if why else ""))
+            return tuple(lad), (f"rows agree in tiles of {'/'.join(map(str, lad))}" + (f" (not: {why})" if why else ""))
     return None, "; ".join(f"{s} rows: {w}" for s, w in sorted(bad.items())) or "no tile size passed"
 
 
@@ -308,8 +316,9 @@ class _LastOperands(dict):
 _OPERANDS = _LastOperands()
 
 
-def _operands(kind: str, k: int, n: int, lay: str, dtype: torch.dtype, threads: int = 1
-              ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+def _operands(
+    kind: str, k: int, n: int, lay: str, dtype: torch.dtype, threads: int = 1
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
     """Seeded random operands of a key: ``a (nb, 2*TILE, k)``, ``b (nb, k, n)`` of layout
     ``lay``, and the batch sizes compared at ``threads`` threads (``(1,)`` for mm;
     :func:`batches` for bmm)."""
@@ -333,7 +342,7 @@ def _decide_matmul(kind: str, k: int, n: int, lay: str, dtype: torch.dtype) -> P
     ideal = tiles.ladder_cost(tiles.SIZES)
     for form in ("native", "contiguous") if lay == "nt" else ("native",):
         if best is not None and best[0] <= 1.1 * ideal:
-            break                   # within 10% of every size agreeing: no weight copy
+            break  # within 10% of every size agreeing: no weight copy
         bb = b if form == "native" else b.contiguous()
         ref = _refs(a, bb, nbs)
         _REFS[(kind, k, n, lay, dtype, form, a.shape[0])] = ref
@@ -345,17 +354,24 @@ def _decide_matmul(kind: str, k: int, n: int, lay: str, dtype: torch.dtype) -> P
             best = (tiles.ladder_cost(ladder), ladder, form, why)
     if best is not None:
         _, ladder, form, why = best
-        return Plan(f"torch/BLAS {kind} in row tiles of {'/'.join(map(str, ladder))}, {form} B",
-                    VERIFIED, f"{why} ({'; '.join(tried)})", (form, ladder, False))
+        return Plan(
+            f"torch/BLAS {kind} in row tiles of {'/'.join(map(str, ladder))}, {form} B",
+            VERIFIED,
+            f"{why} ({'; '.join(tried)})",
+            (form, ladder, False),
+        )
     reason = "; ".join(tried)
-    warnings.warn(f"batch-invariant mode: {kind} with K={k}, N={n} ({lay} B, {dtype}) is not "
-                  f"invariant on this machine's BLAS ({reason}); it takes the portable "
-                  f"correctly rounded product instead", FallbackWarning, stacklevel=5)
+    warnings.warn(
+        f"batch-invariant mode: {kind} with K={k}, N={n} ({lay} B, {dtype}) is not "
+        f"invariant on this machine's BLAS ({reason}); it takes the portable "
+        f"correctly rounded product instead",
+        FallbackWarning,
+        stacklevel=5,
+    )
     return Plan("portable correctly rounded product", ARITHMETIC, f"BLAS check failed: {reason}")
 
 
-def _at_threads(canon: Plan, kind: str, k: int, n: int, lay: str, dtype: torch.dtype,
-                threads: int) -> Plan:
+def _at_threads(canon: Plan, kind: str, k: int, n: int, lay: str, dtype: torch.dtype, threads: int) -> Plan:
     """The canonical plan at ``threads`` threads: as is where each of its tile sizes gives
     the 1-thread bits there (at every position, among fresh or zero rows), else the same
     tiles run at 1 thread (the same bits by construction)."""
@@ -366,18 +382,23 @@ def _at_threads(canon: Plan, kind: str, k: int, n: int, lay: str, dtype: torch.d
     got, why = _matmul_candidate(a, bb, nbs, threads, ref, only=ladder)
     if got == ladder:
         return Plan(canon.kernel, VERIFIED, f"at {threads} threads: {why}", canon.data)
-    return Plan(canon.kernel + ", at 1 thread", VERIFIED,
-                f"at {threads} threads the tiles differ from 1 thread ({why}); they run at 1 thread",
-                (form, ladder, True))
+    return Plan(
+        canon.kernel + ", at 1 thread",
+        VERIFIED,
+        f"at {threads} threads the tiles differ from 1 thread ({why}); they run at 1 thread",
+        (form, ladder, True),
+    )
 
 
 def matmul_plan(kind: str, k: int, n: int, lay: str, dtype: torch.dtype) -> Plan:
     """The plan of a product (``kind`` "mm" or "bmm") with ``K = k`` and a column block of
     ``n`` columns, B of layout ``lay`` ("nn" / "nt"), in compute dtype ``dtype``, at the
     current thread count: the canonical (1-thread) plan, checked at this thread count."""
-    return _threaded(("matmul", kind, k, n, lay, dtype),
-                     lambda: _decide_matmul(kind, k, n, lay, dtype),
-                     lambda canon, t: _at_threads(canon, kind, k, n, lay, dtype, t))
+    return _threaded(
+        ("matmul", kind, k, n, lay, dtype),
+        lambda: _decide_matmul(kind, k, n, lay, dtype),
+        lambda canon, t: _at_threads(canon, kind, k, n, lay, dtype, t),
+    )
 
 
 def _decide_big(k: int, n: int, lay: str, dtype: torch.dtype, canon: Plan, threads: int) -> Plan:
@@ -401,18 +422,19 @@ def _decide_big(k: int, n: int, lay: str, dtype: torch.dtype, canon: Plan, threa
                 mixed[0::4] = 0
                 keep = torch.ones(s, dtype=torch.bool)
                 keep[0::4] = False
-                same = (torch.equal(tiles.run_sizes(a[:s], bb, [s]), ref[:s])
-                        and torch.equal(tiles.run_sizes(mixed, bb, [s])[keep], ref[:s].flip(0)[keep]))
+                same = torch.equal(tiles.run_sizes(a[:s], bb, [s]), ref[:s]) and torch.equal(
+                    tiles.run_sizes(mixed, bb, [s])[keep], ref[:s].flip(0)[keep]
+                )
                 (ok if same else bad).append(s)
     finally:
         _OPERANDS.clear()
-    why = (f"rows of {'/'.join(map(str, ok)) or 'no'}-row calls at {threads} thread(s) agree with "
-           f"the tiles of {'/'.join(map(str, ladder))} at 1 thread"
-           + (f" (not: {'/'.join(map(str, bad))})" if bad else ""))
+    why = (
+        f"rows of {'/'.join(map(str, ok)) or 'no'}-row calls at {threads} thread(s) agree with "
+        f"the tiles of {'/'.join(map(str, ladder))} at 1 thread" + (f" (not: {'/'.join(map(str, bad))})" if bad else "")
+    )
     if not ok:
         return Plan("no big tiles", VERIFIED, why, ())
-    return Plan(f"big row tiles of {'/'.join(map(str, ok))} at {threads} thread(s)", VERIFIED, why,
-                tuple(ok))
+    return Plan(f"big row tiles of {'/'.join(map(str, ok))} at {threads} thread(s)", VERIFIED, why, tuple(ok))
 
 
 def big_plan(k: int, n: int, lay: str, dtype: torch.dtype, canon: Plan) -> Plan:
@@ -420,11 +442,11 @@ def big_plan(k: int, n: int, lay: str, dtype: torch.dtype, canon: Plan) -> Plan:
     ``canon``) may take at the current thread count (``data``: the qualifying sizes, maybe
     none); decided at the first call with at least ``tiles.BIG[0]`` rows."""
     threads = torch.get_num_threads()
-    return plans().get(("big", k, n, lay, dtype, threads),
-                       lambda: _decide_big(k, n, lay, dtype, canon, threads))
+    return plans().get(("big", k, n, lay, dtype, threads), lambda: _decide_big(k, n, lay, dtype, canon, threads))
 
 
 # -- reductions ----------------------------------------------------------------------------
+
 
 def torch_row_sum(x: torch.Tensor) -> torch.Tensor:
     """Row sums of ``(R, n)`` (``n <= SUM_CHUNK``) by torch's ``sum``, in calls of fewer
@@ -433,7 +455,7 @@ def torch_row_sum(x: torch.Tensor) -> torch.Tensor:
     out = x.new_empty((r,))
     step = max(1, (SUM_GRAIN - 1) // max(n, 1))
     for s in range(0, r, step):
-        aten.sum.IntList_out(x[s: s + step], [1], out=out[s: s + step])
+        aten.sum.IntList_out(x[s : s + step], [1], out=out[s : s + step])
     return out
 
 
@@ -447,8 +469,7 @@ def _sum_differs(x: torch.Tensor, alone: torch.Tensor) -> str | None:
     rows = x.shape[0]
     for count in sorted({2, 3, rows}):
         for start in (0, rows - count):
-            if not torch.equal(torch_row_sum(x[start: start + count].contiguous()),
-                               alone[start: start + count]):
+            if not torch.equal(torch_row_sum(x[start : start + count].contiguous()), alone[start : start + count]):
                 return f"a row summed among {count} rows differs from the row alone"
     return None
 
@@ -457,36 +478,45 @@ def _decide_sum(n: int, dtype: torch.dtype) -> Plan:
     """The canonical plan, at 1 thread: torch's sum where a row's bits do not depend on
     the call's other rows, else the fixed tree."""
     x = _sum_rows(n, dtype)
-    alone = torch.cat([torch_row_sum(x[i: i + 1]) for i in range(x.shape[0])])
+    alone = torch.cat([torch_row_sum(x[i : i + 1]) for i in range(x.shape[0])])
     why = _sum_differs(x, alone)
     if why is not None:
-        warnings.warn(f"batch-invariant mode: torch's sum is not row-invariant here ({why}, "
-                      f"{n} columns); rows take the fixed-tree sum", FallbackWarning, stacklevel=5)
+        warnings.warn(
+            f"batch-invariant mode: torch's sum is not row-invariant here ({why}, "
+            f"{n} columns); rows take the fixed-tree sum",
+            FallbackWarning,
+            stacklevel=5,
+        )
         return Plan("fixed-tree sum", ARITHMETIC, f"torch's sum check failed: {why}")
-    return Plan("torch sum (serial vector loop per call)", VERIFIED,
-                f"rows agree alone and in calls of 2, 3 and {x.shape[0]} rows", (False,))
+    return Plan(
+        "torch sum (serial vector loop per call)",
+        VERIFIED,
+        f"rows agree alone and in calls of 2, 3 and {x.shape[0]} rows",
+        (False,),
+    )
 
 
 def _sum_at_threads(canon: Plan, n: int, dtype: torch.dtype, threads: int) -> Plan:
     x = _sum_rows(n, dtype)
     with torch_threads(1):
-        alone = torch.cat([torch_row_sum(x[i: i + 1]) for i in range(x.shape[0])])
+        alone = torch.cat([torch_row_sum(x[i : i + 1]) for i in range(x.shape[0])])
     why = _sum_differs(x, alone)
     if why is None:
         return Plan(canon.kernel, VERIFIED, f"at {threads} threads: the 1-thread bits", (False,))
-    return Plan(canon.kernel + ", at 1 thread", VERIFIED,
-                f"at {threads} threads {why}; the sums run at 1 thread", (True,))
+    return Plan(
+        canon.kernel + ", at 1 thread", VERIFIED, f"at {threads} threads {why}; the sums run at 1 thread", (True,)
+    )
 
 
 def sum_plan(n: int, dtype: torch.dtype) -> Plan:
     """The plan of a row sum of ``n <= SUM_CHUNK`` columns in ``dtype`` at the current
     thread count (``data[0]``: run it at 1 thread)."""
-    return _threaded(("sum", n, dtype), lambda: _decide_sum(n, dtype),
-                     lambda canon, t: _sum_at_threads(canon, n, dtype, t))
+    return _threaded(
+        ("sum", n, dtype), lambda: _decide_sum(n, dtype), lambda canon, t: _sum_at_threads(canon, n, dtype, t)
+    )
 
 
-def _threaded(key: tuple, decide: Callable[[], Plan],
-              at: Callable[[Plan, int], Plan]) -> Plan:
+def _threaded(key: tuple, decide: Callable[[], Plan], at: Callable[[Plan, int], Plan]) -> Plan:
     """The canonical plan of ``key`` (decided at 1 thread: every thread count then gives
     its bits) and, at another thread count, ``at(canon, threads)``: the same kernel, run
     at that count where its check holds there, else at 1 thread."""
@@ -498,7 +528,7 @@ def _threaded(key: tuple, decide: Callable[[], Plan],
             return canon
         return plans().get(key + (threads,), lambda: at(canon, threads))
     finally:
-        _OPERANDS.clear()       # the random operands live only as long as one decision
+        _OPERANDS.clear()  # the random operands live only as long as one decision
 
 
 # -- pointwise -----------------------------------------------------------------------------
@@ -506,15 +536,23 @@ def _threaded(key: tuple, decide: Callable[[], Plan],
 _SPECIALS = (0.0, -0.0, 1.0, -1.0, 1e-30, -1e-30, 88.0, -88.0, 20.0, -20.0)
 
 
-def _pw_values(name: str, dtype: torch.dtype, args: tuple, kwargs: tuple,
-               domain: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+def _pw_values(
+    name: str, dtype: torch.dtype, args: tuple, kwargs: tuple, domain: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
     g = _gen(("pointwise", name, dtype, args, kwargs))
-    return domain(torch.cat([torch.randn(4096 - len(_SPECIALS), generator=g, dtype=torch.float64) * 8,
-                             torch.tensor(_SPECIALS, dtype=torch.float64)])).to(dtype)
+    return domain(
+        torch.cat(
+            [
+                torch.randn(4096 - len(_SPECIALS), generator=g, dtype=torch.float64) * 8,
+                torch.tensor(_SPECIALS, dtype=torch.float64),
+            ]
+        )
+    ).to(dtype)
 
 
-def _pw_differs(out_op: Callable[..., torch.Tensor], x: torch.Tensor, ref: torch.Tensor,
-                args: tuple, kw: dict) -> str | None:
+def _pw_differs(
+    out_op: Callable[..., torch.Tensor], x: torch.Tensor, ref: torch.Tensor, args: tuple, kw: dict
+) -> str | None:
     """Why an element's bits depend on its place (None: they do not)."""
     for shift in (0, 1, 7, 16, 33):
         y = torch.cat([x[-shift:], x[:-shift]]) if shift else x
@@ -526,21 +564,34 @@ def _pw_differs(out_op: Callable[..., torch.Tensor], x: torch.Tensor, ref: torch
     return None
 
 
-def _decide_pointwise(name: str, out_op: Callable[..., torch.Tensor], dtype: torch.dtype,
-                      args: tuple, kwargs: tuple,
-                      domain: Callable[[torch.Tensor], torch.Tensor]) -> Plan:
+def _decide_pointwise(
+    name: str,
+    out_op: Callable[..., torch.Tensor],
+    dtype: torch.dtype,
+    args: tuple,
+    kwargs: tuple,
+    domain: Callable[[torch.Tensor], torch.Tensor],
+) -> Plan:
     x = _pw_values(name, dtype, args, kwargs, domain)
     kw = dict(kwargs)
     why = _pw_differs(out_op, x, pointwise(out_op, x, *args, **kw), args, kw)
     if why is not None:
         return Plan("refused", VERIFIED, f"{name} ({dtype}): {why}")
-    return Plan(f"torch {name} on the vector loop", VERIFIED,
-                "elements agree at 5 positions and 2 buffer lengths", (False,))
+    return Plan(
+        f"torch {name} on the vector loop", VERIFIED, "elements agree at 5 positions and 2 buffer lengths", (False,)
+    )
 
 
-def _pointwise_at_threads(canon: Plan, name: str, out_op: Callable[..., torch.Tensor],
-                          dtype: torch.dtype, args: tuple, kwargs: tuple,
-                          domain: Callable[[torch.Tensor], torch.Tensor], threads: int) -> Plan:
+def _pointwise_at_threads(
+    canon: Plan,
+    name: str,
+    out_op: Callable[..., torch.Tensor],
+    dtype: torch.dtype,
+    args: tuple,
+    kwargs: tuple,
+    domain: Callable[[torch.Tensor], torch.Tensor],
+    threads: int,
+) -> Plan:
     x = _pw_values(name, dtype, args, kwargs, domain)
     kw = dict(kwargs)
     with torch_threads(1):
@@ -548,19 +599,24 @@ def _pointwise_at_threads(canon: Plan, name: str, out_op: Callable[..., torch.Te
     why = _pw_differs(out_op, x, ref, args, kw)
     if why is None:
         return Plan(canon.kernel, VERIFIED, f"at {threads} threads: the 1-thread bits", (False,))
-    return Plan(canon.kernel + ", at 1 thread", VERIFIED,
-                f"at {threads} threads {why}; it runs at 1 thread", (True,))
+    return Plan(canon.kernel + ", at 1 thread", VERIFIED, f"at {threads} threads {why}; it runs at 1 thread", (True,))
 
 
-def pointwise_plan(name: str, out_op: Callable[..., torch.Tensor], dtype: torch.dtype,
-                   args: tuple = (), kwargs: dict[str, Any] | None = None,
-                   domain: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> Plan:
+def pointwise_plan(
+    name: str,
+    out_op: Callable[..., torch.Tensor],
+    dtype: torch.dtype,
+    args: tuple = (),
+    kwargs: dict[str, Any] | None = None,
+    domain: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+) -> Plan:
     """The plan of elementwise op ``name`` (its ``.out`` overload ``out_op``) in ``dtype``
     with extra arguments ``args`` / ``kwargs`` at the current thread count; ``domain`` maps
     test values into the op's domain. A ``"refused"`` plan: the caller raises
     :class:`NotInvariantError` or takes a fallback; ``data[0]``: run it at 1 thread."""
     kw = tuple(sorted((kwargs or {}).items()))
-    return _threaded(("pointwise", name, dtype, args, kw),
-                     lambda: _decide_pointwise(name, out_op, dtype, args, kw, domain),
-                     lambda canon, t: _pointwise_at_threads(canon, name, out_op, dtype, args, kw,
-                                                            domain, t))
+    return _threaded(
+        ("pointwise", name, dtype, args, kw),
+        lambda: _decide_pointwise(name, out_op, dtype, args, kw, domain),
+        lambda canon, t: _pointwise_at_threads(canon, name, out_op, dtype, args, kw, domain, t),
+    )

@@ -38,14 +38,13 @@ def owner(t: torch.Tensor) -> torch.Tensor | None:
     return base if isinstance(base, torch.nn.Parameter) else None
 
 
-def derived(t: torch.Tensor, form: str, make: Callable[[torch.Tensor], Any],
-            of: torch.Tensor | None = None) -> Any:
+def derived(t: torch.Tensor, form: str, make: Callable[[torch.Tensor], Any], of: torch.Tensor | None = None) -> Any:
     """``make(t)``, cached per parameter view and ``form`` when ``t`` views a parameter
     (``of``: that parameter, when ``t`` cannot tell: a slice made inside a kernel; ``t``
     must then lie in its storage)."""
     owner_ = of if of is not None else owner(t)
     if owner_ is not None and t.untyped_storage().data_ptr() != owner_.untyped_storage().data_ptr():
-        owner_ = None                       # not a view of it after all: no caching
+        owner_ = None  # not a view of it after all: no caching
     if owner_ is None:
         return make(t)
     key = (form, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, owner_._version)
@@ -59,7 +58,7 @@ def derived(t: torch.Tensor, form: str, make: Callable[[torch.Tensor], Any],
     value = make(t)
     with _LOCK:
         stale = [k for k in forms if k[0] == form and k[1:5] == key[1:5] and k[5] != key[5]]
-        for k in stale:            # forms of an older version of the weight
+        for k in stale:  # forms of an older version of the weight
             del forms[k]
         forms[key] = value
     return value

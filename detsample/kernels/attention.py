@@ -30,27 +30,68 @@ BLOCK_M, BLOCK_N = 16, 32
 
 
 @triton.jit
-def _attn_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, H, GROUP, Lq, Lk, D, scale, q_off,
-                 s_qb, s_qh, s_qm, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
-                 s_mb, s_mh, s_mm, s_mn, s_ob, s_oh, s_om, s_od,
-                 CAUSAL: tl.constexpr, MASK: tl.constexpr, IEEE: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _attn_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    m_ptr,
+    o_ptr,
+    H,
+    GROUP,
+    Lq,
+    Lk,
+    D,
+    scale,
+    q_off,
+    s_qb,
+    s_qh,
+    s_qm,
+    s_qd,
+    s_kb,
+    s_kh,
+    s_kn,
+    s_kd,
+    s_vb,
+    s_vh,
+    s_vn,
+    s_vd,
+    s_mb,
+    s_mh,
+    s_mm,
+    s_mn,
+    s_ob,
+    s_oh,
+    s_om,
+    s_od,
+    CAUSAL: tl.constexpr,
+    MASK: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     hk = h // GROUP
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rd = tl.arange(0, BLOCK_D)
-    q = tl.load(q_ptr + b * s_qb + h * s_qh + rm[:, None] * s_qm + rd[None, :] * s_qd,
-                mask=(rm[:, None] < Lq) & (rd[None, :] < D), other=0.0)
+    q = tl.load(
+        q_ptr + b * s_qb + h * s_qh + rm[:, None] * s_qm + rd[None, :] * s_qd,
+        mask=(rm[:, None] < Lq) & (rd[None, :] < D),
+        other=0.0,
+    )
     qpos = q_off + rm
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     for n0 in range(0, Lk, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
-        kt = tl.load(k_ptr + b * s_kb + hk * s_kh + rn[None, :] * s_kn + rd[:, None] * s_kd,
-                     mask=(rn[None, :] < Lk) & (rd[:, None] < D), other=0.0)
+        kt = tl.load(
+            k_ptr + b * s_kb + hk * s_kh + rn[None, :] * s_kn + rd[:, None] * s_kd,
+            mask=(rn[None, :] < Lk) & (rd[:, None] < D),
+            other=0.0,
+        )
         if IEEE:
             s = tl.dot(q, kt, input_precision="ieee") * scale
         else:
@@ -59,19 +100,24 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, H, GROUP, Lq, Lk, D, scale, 
         if CAUSAL:
             ok = ok & (rn[None, :] <= qpos[:, None])
         if MASK == 1:  # boolean, True = attend
-            ok = ok & (tl.load(m_ptr + b * s_mb + h * s_mh + rm[:, None] * s_mm
-                               + rn[None, :] * s_mn, mask=ok, other=0) != 0)
+            ok = ok & (
+                tl.load(m_ptr + b * s_mb + h * s_mh + rm[:, None] * s_mm + rn[None, :] * s_mn, mask=ok, other=0) != 0
+            )
         if MASK == 2:  # additive
-            s = s + tl.load(m_ptr + b * s_mb + h * s_mh + rm[:, None] * s_mm
-                            + rn[None, :] * s_mn, mask=ok, other=0.0).to(tl.float32)
+            s = s + tl.load(
+                m_ptr + b * s_mb + h * s_mh + rm[:, None] * s_mm + rn[None, :] * s_mn, mask=ok, other=0.0
+            ).to(tl.float32)
         s = tl.where(ok, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + b * s_vb + hk * s_vh + rn[:, None] * s_vn + rd[None, :] * s_vd,
-                    mask=(rn[:, None] < Lk) & (rd[None, :] < D), other=0.0)
+        v = tl.load(
+            v_ptr + b * s_vb + hk * s_vh + rn[:, None] * s_vn + rd[None, :] * s_vd,
+            mask=(rn[:, None] < Lk) & (rd[None, :] < D),
+            other=0.0,
+        )
         if IEEE:
             pv = tl.dot(p, v, input_precision="ieee")
         else:
@@ -79,13 +125,22 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, H, GROUP, Lq, Lk, D, scale, 
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     out = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)
-    tl.store(o_ptr + b * s_ob + h * s_oh + rm[:, None] * s_om + rd[None, :] * s_od,
-             out.to(o_ptr.dtype.element_ty), mask=(rm[:, None] < Lq) & (rd[None, :] < D))
+    tl.store(
+        o_ptr + b * s_ob + h * s_oh + rm[:, None] * s_om + rd[None, :] * s_od,
+        out.to(o_ptr.dtype.element_ty),
+        mask=(rm[:, None] < Lq) & (rd[None, :] < D),
+    )
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-              mask: torch.Tensor | None = None, causal: bool = False,
-              scale: float | None = None) -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    mask: torch.Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Scaled dot-product attention with a fixed KV split (see the module docstring).
 
     q: (B, H, Lq, D); k, v: (B, Hkv, Lk, D), one float dtype (float32, bfloat16,
@@ -95,16 +150,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     Bitwise batch-invariant; prefill, chunked prefill and decode agree bitwise.
     """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"attention needs 4-D q, k, v, got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(f"attention needs 4-D q, k, v, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     B, H, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     if k.shape != v.shape or k.shape[0] != B or k.shape[3] != D or H % Hkv:
-        raise ValueError(f"attention shapes do not match: q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise ValueError(f"attention shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype) or not q.dtype.is_floating_point:
-        raise ValueError(f"q, k, v must share one float dtype, got {q.dtype}, {k.dtype}, "
-                         f"{v.dtype}")
+        raise ValueError(f"q, k, v must share one float dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     check_device(q.device)
     out = torch.empty((B, H, Lq, D), dtype=q.dtype, device=q.device)
     if out.numel() == 0:
@@ -119,16 +171,44 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     grid = (triton.cdiv(Lq, BLOCK_M), B * H)
     _attn_kernel[grid](
-        q, k, v, m, out, H, H // Hkv, Lq, Lk, D, scale, Lk - Lq,
-        *q.stride(), *k.stride(), *v.stride(), *m.stride(), *out.stride(),
-        CAUSAL=bool(causal), MASK=kind, IEEE=q.dtype == torch.float32, BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N, BLOCK_D=max(16, triton.next_power_of_2(D)), **OPTS)
+        q,
+        k,
+        v,
+        m,
+        out,
+        H,
+        H // Hkv,
+        Lq,
+        Lk,
+        D,
+        scale,
+        Lk - Lq,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *m.stride(),
+        *out.stride(),
+        CAUSAL=bool(causal),
+        MASK=kind,
+        IEEE=q.dtype == torch.float32,
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=max(16, triton.next_power_of_2(D)),
+        **OPTS,
+    )
     return out
 
 
-def hf_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 attention_mask: torch.Tensor | None, scaling: float | None = None,
-                 dropout: float = 0.0, **kwargs) -> tuple[torch.Tensor, None]:
+def hf_attention(
+    module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """transformers' ``AttentionInterface`` signature around :func:`attention`: returns
     ``(output (B, Lq, H, D), None)``. Causal when no mask is given and the module (or
     the ``is_causal`` keyword) says so and there is more than one query, as transformers'

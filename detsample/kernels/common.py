@@ -85,6 +85,7 @@ def interpreted() -> bool:
     decorated with ``TRITON_INTERPRET=1``); read from the decorated kernel's type, not
     from the environment."""
     from triton.runtime.interpreter import InterpretedFunction
+
     return isinstance(fq_mass, InterpretedFunction)
 
 
@@ -97,13 +98,14 @@ def check_device(device: torch.device) -> None:
         return
     raise ValueError(
         f"Triton kernels need CUDA tensors, or CPU tensors under the Triton interpreter "
-        f"(TRITON_INTERPRET=1 set before triton is imported); got device {device.type!r}")
+        f"(TRITON_INTERPRET=1 set before triton is imported); got device {device.type!r}"
+    )
 
 
 @triton.jit
 def fq_mass(e, FRAC: tl.constexpr):
     """:func:`detsample.rules.mass`: ``trunc(e * 2**FRAC)`` of float32 ``e`` in [0, 1]."""
-    return (e * (2.0 ** FRAC)).to(tl.int64)
+    return (e * (2.0**FRAC)).to(tl.int64)
 
 
 @triton.jit
@@ -170,6 +172,7 @@ def order_key(z):
 
 # -- detsample.arith: exp, log, the exact two-word sums ----------------------------------
 
+
 @triton.jit
 def _f64(c: tl.constexpr):
     """The float64 constant ``c`` (a 0-d float64 tensor: the exact double, whatever
@@ -227,8 +230,7 @@ def exp64_wide(x):
     d0 = b0 + b1 * r4
     d1 = b2 + _f64(EXP_COEFS[12]) * r4
     p = d0 + d1 * r8
-    two_k = ((t.to(tl.int64, bitcast=True) - EXP_BIAS_SHIFT) << MANT_BITS).to(
-        tl.float64, bitcast=True)
+    two_k = ((t.to(tl.int64, bitcast=True) - EXP_BIAS_SHIFT) << MANT_BITS).to(tl.float64, bitcast=True)
     return p * two_k
 
 
@@ -277,7 +279,7 @@ def fixed_words(e, FRAC: tl.constexpr):
     both int64 and exact (``h`` is :func:`fq_mass`, the sampler's mass ``q``). A row's
     ``H = sum h`` and ``L = sum l`` are exact int64 sums (``n * 2**FRAC <= 2**62``), so
     any reduction order, block size or tree gives the same pair."""
-    scale = _f64(2.0 ** FRAC)
+    scale = _f64(2.0**FRAC)
     w = e.to(tl.float64) * scale
     h = w.to(tl.int64)
     lo = ((w - h.to(tl.float64)) * scale).to(tl.int64)
@@ -288,5 +290,5 @@ def fixed_words(e, FRAC: tl.constexpr):
 def fixed_value(H, L, FRAC: tl.constexpr):
     """The float64 value ``S = (float64(H) + float64(L) * 2**-FRAC) * 2**-FRAC`` of a
     row's exact two-word sum (int64 ``H``, ``L`` of :func:`fixed_words`)."""
-    inv = _f64(1.0 / 2.0 ** FRAC)
+    inv = _f64(1.0 / 2.0**FRAC)
     return (H.to(tl.float64) + L.to(tl.float64) * inv) * inv

@@ -93,10 +93,28 @@ def _kth_largest_key(zrow, V, k, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _topk_draw_kernel(z_ptr, stride, V, rows_ptr, k_ptr, p_ptr, el_ptr, el_stride, u_ptr,
-                      bufv_ptr, bufi_ptr, tau_ptr, total_ptr, tok_ptr, spill_ptr,
-                      FRAC: tl.constexpr, BLOCK: tl.constexpr, KP: tl.constexpr,
-                      CH: tl.constexpr, DRAW: tl.constexpr):
+def _topk_draw_kernel(
+    z_ptr,
+    stride,
+    V,
+    rows_ptr,
+    k_ptr,
+    p_ptr,
+    el_ptr,
+    el_stride,
+    u_ptr,
+    bufv_ptr,
+    bufi_ptr,
+    tau_ptr,
+    total_ptr,
+    tok_ptr,
+    spill_ptr,
+    FRAC: tl.constexpr,
+    BLOCK: tl.constexpr,
+    KP: tl.constexpr,
+    CH: tl.constexpr,
+    DRAW: tl.constexpr,
+):
     i = tl.program_id(0).to(tl.int64)
     row = tl.load(rows_ptr + i)
     zrow = z_ptr + row * stride
@@ -150,8 +168,9 @@ def _topk_draw_kernel(z_ptr, stride, V, rows_ptr, k_ptr, p_ptr, el_ptr, el_strid
 
 
 @triton.jit
-def _sorted_threshold_kernel(s_ptr, stride, V, rows_ptr, k_ptr, p_ptr, el_ptr, el_stride,
-                             tau_ptr, FRAC: tl.constexpr, BLOCK: tl.constexpr):
+def _sorted_threshold_kernel(
+    s_ptr, stride, V, rows_ptr, k_ptr, p_ptr, el_ptr, el_stride, tau_ptr, FRAC: tl.constexpr, BLOCK: tl.constexpr
+):
     i = tl.program_id(0).to(tl.int64)
     row = tl.load(rows_ptr + i)
     srow = s_ptr + i * stride
@@ -187,9 +206,22 @@ def _sorted_threshold_kernel(s_ptr, stride, V, rows_ptr, k_ptr, p_ptr, el_ptr, e
 
 
 @triton.jit
-def _draw_full_kernel(z_ptr, stride, V, rows_ptr, tau_ptr, el_ptr, el_stride, u_ptr, total_ptr,
-                      tok_ptr, FRAC: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr,
-                      DRAW: tl.constexpr):
+def _draw_full_kernel(
+    z_ptr,
+    stride,
+    V,
+    rows_ptr,
+    tau_ptr,
+    el_ptr,
+    el_stride,
+    u_ptr,
+    total_ptr,
+    tok_ptr,
+    FRAC: tl.constexpr,
+    BLOCK: tl.constexpr,
+    NB: tl.constexpr,
+    DRAW: tl.constexpr,
+):
     i = tl.program_id(0).to(tl.int64)
     row = tl.load(rows_ptr + i)
     zrow = z_ptr + row * stride
@@ -219,8 +251,7 @@ def _draw_full_kernel(z_ptr, stride, V, rows_ptr, tau_ptr, el_ptr, el_stride, u_
         tl.store(tok_ptr + row, blk.to(tl.int64) * BLOCK + j)
 
 
-def _route(top_k: list[int], top_p: list[float], V: int, sort_only: bool
-           ) -> tuple[list[int], list[int], list[int]]:
+def _route(top_k: list[int], top_p: list[float], V: int, sort_only: bool) -> tuple[list[int], list[int], list[int]]:
     """Positions of (candidate, sort, plain) rows from each row's own parameters."""
     cand, sort, plain = [], [], []
     for j, (k, p) in enumerate(zip(top_k, top_p)):
@@ -265,7 +296,8 @@ def _check_element_filters(element: torch.Tensor) -> None:
         raise NotImplementedError(
             f"the Triton kernels spell the element-wise filters {ELEMENT_FILTERS}, the registry "
             f"holds {names} ({element.shape[-1]} columns given): a new filter's test is spelled "
-            f"in detsample.kernels.common.element_keeps")
+            f"in detsample.kernels.common.element_keeps"
+        )
 
 
 def _candidate_rows(k: _Launch, rows: list[int]) -> list[int]:
@@ -277,10 +309,29 @@ def _candidate_rows(k: _Launch, rows: list[int]) -> list[int]:
     bufv = torch.empty((n, kp), dtype=torch.float32, device=dev)
     bufi = torch.empty((n, kp), dtype=torch.int64, device=dev)
     spill = torch.empty((n,), dtype=torch.int32, device=dev)
-    _topk_draw_kernel[(n,)](k.z, k.z.stride(0), k.z.shape[1], ci, k.top_k, k.top_p,
-                            k.element, k.element.stride(0), k.u, bufv, bufi, k.tau, k.total,
-                            k.tokens, spill, FRAC=k.frac, BLOCK=k.block, KP=kp,
-                            CH=min(kp, 16), DRAW=k.draw, **OPTS)
+    _topk_draw_kernel[(n,)](
+        k.z,
+        k.z.stride(0),
+        k.z.shape[1],
+        ci,
+        k.top_k,
+        k.top_p,
+        k.element,
+        k.element.stride(0),
+        k.u,
+        bufv,
+        bufi,
+        k.tau,
+        k.total,
+        k.tokens,
+        spill,
+        FRAC=k.frac,
+        BLOCK=k.block,
+        KP=kp,
+        CH=min(kp, 16),
+        DRAW=k.draw,
+        **OPTS,
+    )
     return [rows[j] for j in spill.nonzero().flatten().tolist()]
 
 
@@ -288,9 +339,20 @@ def _sorted_rows(k: _Launch, rows: list[int]) -> None:
     """``_sorted_threshold_kernel`` over ``rows``: their thresholds from the sorted row."""
     si = k.index(rows)
     sz = torch.sort(k.z.index_select(0, si), dim=-1, descending=True).values
-    _sorted_threshold_kernel[(len(si),)](sz, sz.stride(0), k.z.shape[1], si, k.top_k,
-                                         k.top_p, k.element, k.element.stride(0), k.tau,
-                                         FRAC=k.frac, BLOCK=k.block, **OPTS)
+    _sorted_threshold_kernel[(len(si),)](
+        sz,
+        sz.stride(0),
+        k.z.shape[1],
+        si,
+        k.top_k,
+        k.top_p,
+        k.element,
+        k.element.stride(0),
+        k.tau,
+        FRAC=k.frac,
+        BLOCK=k.block,
+        **OPTS,
+    )
 
 
 def _full_rows(k: _Launch, rows: list[int]) -> None:
@@ -298,15 +360,35 @@ def _full_rows(k: _Launch, rows: list[int]) -> None:
     fi = k.index(rows)
     V = k.z.shape[1]
     nb = triton.next_power_of_2(triton.cdiv(V, k.block))
-    _draw_full_kernel[(len(fi),)](k.z, k.z.stride(0), V, fi, k.tau, k.element,
-                                  k.element.stride(0), k.u, k.total, k.tokens, FRAC=k.frac,
-                                  BLOCK=k.block, NB=nb, DRAW=k.draw, **OPTS)
+    _draw_full_kernel[(len(fi),)](
+        k.z,
+        k.z.stride(0),
+        V,
+        fi,
+        k.tau,
+        k.element,
+        k.element.stride(0),
+        k.u,
+        k.total,
+        k.tokens,
+        FRAC=k.frac,
+        BLOCK=k.block,
+        NB=nb,
+        DRAW=k.draw,
+        **OPTS,
+    )
 
 
-def thresholds_and_draw(z: torch.Tensor, rows: torch.Tensor, top_k: torch.Tensor,
-                        top_p: torch.Tensor, element: torch.Tensor, u: torch.Tensor | None,
-                        frac: int, sort_only: bool = False
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def thresholds_and_draw(
+    z: torch.Tensor,
+    rows: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    element: torch.Tensor,
+    u: torch.Tensor | None,
+    frac: int,
+    sort_only: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Steps 8-9 for the sampling ``rows`` of scaled logits ``z``.
 
     z: (B, V) float32, each sampled row's max exactly 0 (:func:`scale_logits`); rows:
@@ -326,17 +408,20 @@ def thresholds_and_draw(z: torch.Tensor, rows: torch.Tensor, top_k: torch.Tensor
     B, V = z.shape
     dev = z.device
     k = _Launch(
-        z if z.stride(-1) == 1 else z.contiguous(), top_k.to(torch.int64).contiguous(),
-        top_p.to(torch.float64).contiguous(), element.to(torch.float32).contiguous(),
-        (u.to(torch.float64).contiguous() if u is not None
-         else torch.zeros((B,), dtype=torch.float64, device=dev)),
+        z if z.stride(-1) == 1 else z.contiguous(),
+        top_k.to(torch.int64).contiguous(),
+        top_p.to(torch.float64).contiguous(),
+        element.to(torch.float32).contiguous(),
+        (u.to(torch.float64).contiguous() if u is not None else torch.zeros((B,), dtype=torch.float64, device=dev)),
         torch.full((B,), float("-inf"), dtype=torch.float32, device=dev),
         torch.zeros((B,), dtype=torch.int64, device=dev),
-        torch.full((B,), -1, dtype=torch.int64, device=dev), frac, u is not None)
+        torch.full((B,), -1, dtype=torch.int64, device=dev),
+        frac,
+        u is not None,
+    )
     if rows.numel():
         rl = rows.tolist()
-        cand, sort, plain = _route(k.top_k[rows].tolist(), k.top_p[rows].tolist(), V,
-                                   sort_only)
+        cand, sort, plain = _route(k.top_k[rows].tolist(), k.top_p[rows].tolist(), V, sort_only)
         sort = [rl[j] for j in sort]
         if cand:
             sort += _candidate_rows(k, [rl[j] for j in cand])

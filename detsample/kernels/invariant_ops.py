@@ -57,8 +57,7 @@ def log_softmax(self: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tens
     return _softmax_like(self, dim, half_to_float, log=True)
 
 
-def safe_softmax(self: torch.Tensor, dim: int, dtype: torch.dtype | None = None
-                 ) -> torch.Tensor:
+def safe_softmax(self: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """aten ``_safe_softmax(self, dim, dtype=None)``: softmax, zeros for a slice of only
     ``-inf`` (the attention masks' fully masked rows)."""
     x = self if dtype is None else self.to(dtype)
@@ -68,8 +67,7 @@ def safe_softmax(self: torch.Tensor, dim: int, dtype: torch.dtype | None = None
     return y.reshape(moved.shape).movedim(-1, dim).contiguous() if x.dim() else y.reshape(())
 
 
-def _reduce(x: torch.Tensor, dim: Sequence[int] | int | None, keepdim: bool,
-            mean: bool) -> torch.Tensor:
+def _reduce(x: torch.Tensor, dim: Sequence[int] | int | None, keepdim: bool, mean: bool) -> torch.Tensor:
     """Sum or mean over ``dim`` (None or []: every dim), one program per kept index."""
     nd = x.dim()
     if dim is None:
@@ -90,8 +88,9 @@ def _reduce(x: torch.Tensor, dim: Sequence[int] | int | None, keepdim: bool,
     return out
 
 
-def mean_dim(self: torch.Tensor, dim: Sequence[int] | int | None, keepdim: bool = False, *,
-             dtype: torch.dtype | None = None) -> torch.Tensor:
+def mean_dim(
+    self: torch.Tensor, dim: Sequence[int] | int | None, keepdim: bool = False, *, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """aten ``mean.dim(self, dim, keepdim=False, *, dtype=None)``: the reduced dims are
     moved last and each remaining index is one program (fixed block order)."""
     x = self if dtype is None else self.to(dtype)
@@ -105,8 +104,9 @@ def mean(self: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tenso
     return mean_dim(self, None, False, dtype=dtype)
 
 
-def sum_dim(self: torch.Tensor, dim: Sequence[int] | int | None, keepdim: bool = False, *,
-            dtype: torch.dtype | None = None) -> torch.Tensor:
+def sum_dim(
+    self: torch.Tensor, dim: Sequence[int] | int | None, keepdim: bool = False, *, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """aten ``sum.dim_IntList(self, dim, keepdim=False, *, dtype=None)``: floating sums by
     one program per kept index; integer and bool tensors (exact sums) by the native
     ``sum.IntList_out`` kernel, which the mode does not override."""
@@ -123,12 +123,14 @@ def sum_all(self: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Te
     return sum_dim(self, None, False, dtype=dtype)
 
 
-def _rms_setup(input: torch.Tensor, normalized_shape: Sequence[int], eps: float | None
-               ) -> tuple[torch.Tensor, int, float]:
+def _rms_setup(
+    input: torch.Tensor, normalized_shape: Sequence[int], eps: float | None
+) -> tuple[torch.Tensor, int, float]:
     k = len(normalized_shape)
-    if tuple(input.shape[input.dim() - k:]) != tuple(normalized_shape):
-        raise ValueError(f"normalized_shape {tuple(normalized_shape)} does not match the "
-                         f"trailing dims of input {tuple(input.shape)}")
+    if tuple(input.shape[input.dim() - k :]) != tuple(normalized_shape):
+        raise ValueError(
+            f"normalized_shape {tuple(normalized_shape)} does not match the trailing dims of input {tuple(input.shape)}"
+        )
     n = 1
     for s in normalized_shape:
         n *= s
@@ -137,24 +139,24 @@ def _rms_setup(input: torch.Tensor, normalized_shape: Sequence[int], eps: float 
     return input.contiguous().reshape(-1, n), n, float(eps)
 
 
-def rms_norm(input: torch.Tensor, normalized_shape: Sequence[int],
-             weight: torch.Tensor | None = None, eps: float | None = None) -> torch.Tensor:
+def rms_norm(
+    input: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor | None = None, eps: float | None = None
+) -> torch.Tensor:
     """aten ``rms_norm(input, normalized_shape, weight=None, eps=None)``: one program per
     row of the trailing ``normalized_shape``; ``eps=None`` is the compute dtype's epsilon."""
     x2, _, e = _rms_setup(input, normalized_shape, eps)
     return rowwise.rms_norm_rows(x2, weight, e)[0].reshape(input.shape)
 
 
-def fused_rms_norm(input: torch.Tensor, normalized_shape: Sequence[int],
-                   weight: torch.Tensor | None, eps: float | None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_rms_norm(
+    input: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor | None, eps: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """aten ``_fused_rms_norm``: ``(output, rstd)`` with rstd shaped like input with the
     normalised dims kept as 1."""
     x2, _, e = _rms_setup(input, normalized_shape, eps)
     out, rstd = rowwise.rms_norm_rows(x2, weight, e)
     k = len(normalized_shape)
-    return (out.reshape(input.shape),
-            rstd.reshape(tuple(input.shape[:input.dim() - k]) + (1,) * k))
+    return (out.reshape(input.shape), rstd.reshape(tuple(input.shape[: input.dim() - k]) + (1,) * k))
 
 
 def mm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
@@ -162,14 +164,12 @@ def mm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
     return matmul.mm(self, mat2)
 
 
-def addmm(self: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta=1,
-          alpha=1) -> torch.Tensor:
+def addmm(self: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta=1, alpha=1) -> torch.Tensor:
     """aten ``addmm(self, mat1, mat2, *, beta=1, alpha=1)``."""
     return matmul.addmm(self, mat1, mat2, beta=beta, alpha=alpha)
 
 
-def baddbmm(self: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta=1,
-            alpha=1) -> torch.Tensor:
+def baddbmm(self: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta=1, alpha=1) -> torch.Tensor:
     """aten ``baddbmm(self, batch1, batch2, *, beta=1, alpha=1)``."""
     return matmul.baddbmm(self, batch1, batch2, beta=beta, alpha=alpha)
 
@@ -184,15 +184,19 @@ def dot(self: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
     return matmul.mm(self.unsqueeze(0), tensor.unsqueeze(1)).reshape(())
 
 
-def native_layer_norm(input: torch.Tensor, normalized_shape: Sequence[int],
-                      weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def native_layer_norm(
+    input: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """aten ``native_layer_norm -> (out, mean, rstd)``; mean and rstd shaped like input
     with the normalised dims kept as 1, in the compute dtype."""
     x2, _, e = _rms_setup(input, normalized_shape, eps)
     out, mu, rstd = rowwise.layer_norm_rows(x2, weight, bias, e)
     k = len(normalized_shape)
-    stat = tuple(input.shape[:input.dim() - k]) + (1,) * k
+    stat = tuple(input.shape[: input.dim() - k]) + (1,) * k
     return out.reshape(input.shape), mu.reshape(stat), rstd.reshape(stat)
 
 

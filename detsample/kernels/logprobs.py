@@ -52,8 +52,9 @@ def _exp_kernel(x_ptr, out_ptr, N, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _log_softmax_kernel(x_ptr, out_ptr, m_ptr, g_ptr, stride_x, stride_o, N,
-                        FRAC: tl.constexpr, BLOCK: tl.constexpr, WRITE: tl.constexpr):
+def _log_softmax_kernel(
+    x_ptr, out_ptr, m_ptr, g_ptr, stride_x, stride_o, N, FRAC: tl.constexpr, BLOCK: tl.constexpr, WRITE: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     xrow = x_ptr + row * stride_x
     offs = tl.arange(0, BLOCK)
@@ -92,8 +93,7 @@ def _log_softmax_kernel(x_ptr, out_ptr, m_ptr, g_ptr, stride_x, stride_o, N,
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
     if x.dim() != 2 or x.dtype != torch.float32:
-        raise ValueError(f"x must be a (batch, vocab) float32 tensor, got {x.dtype} "
-                         f"{tuple(x.shape)}")
+        raise ValueError(f"x must be a (batch, vocab) float32 tensor, got {x.dtype} {tuple(x.shape)}")
     check_device(x.device)
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -108,13 +108,12 @@ def log_softmax_rows(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.
     R, N = x.shape
     if out is None:
         out = torch.empty((R, N), dtype=torch.float32, device=x.device)
-    elif (out.shape != x.shape or out.dtype != torch.float32 or out.stride(-1) != 1
-          or out.data_ptr() == x.data_ptr()):
-        raise ValueError("out must be a float32 tensor shaped like x with unit last "
-                         "stride, not x")
+    elif out.shape != x.shape or out.dtype != torch.float32 or out.stride(-1) != 1 or out.data_ptr() == x.data_ptr():
+        raise ValueError("out must be a float32 tensor shaped like x with unit last stride, not x")
     if R and N:
-        _log_softmax_kernel[(R,)](x, out, x, x, x.stride(0), out.stride(0), N,
-                                  FRAC=frac_bits(N), BLOCK=row_block(N), WRITE=True, **OPTS)
+        _log_softmax_kernel[(R,)](
+            x, out, x, x, x.stride(0), out.stride(0), N, FRAC=frac_bits(N), BLOCK=row_block(N), WRITE=True, **OPTS
+        )
     return out
 
 
@@ -131,8 +130,9 @@ def normalisers_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     m = torch.empty((R,), dtype=torch.float32, device=x.device)
     G = torch.empty((R,), dtype=torch.float64, device=x.device)
     if R:
-        _log_softmax_kernel[(R,)](x, x, m, G, x.stride(0), 0, N, FRAC=frac_bits(N),
-                                  BLOCK=row_block(N), WRITE=False, **OPTS)
+        _log_softmax_kernel[(R,)](
+            x, x, m, G, x.stride(0), 0, N, FRAC=frac_bits(N), BLOCK=row_block(N), WRITE=False, **OPTS
+        )
     return m, G
 
 

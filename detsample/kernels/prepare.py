@@ -45,8 +45,11 @@ def _row_stats_kernel(x_ptr, stride, V, m_ptr, status_ptr, BLOCK: tl.constexpr):
         nan = nan | (x != x).to(tl.int32)
         pinf = pinf | (x == float("inf")).to(tl.int32)
     mx = tl.max(m, 0)
-    status = (tl.max(nan, 0) * STATUS_HAD_NAN + tl.max(pinf, 0) * STATUS_HAD_POSINF
-              + (mx == float("-inf")).to(tl.int32) * STATUS_NO_VALID_TOKEN)
+    status = (
+        tl.max(nan, 0) * STATUS_HAD_NAN
+        + tl.max(pinf, 0) * STATUS_HAD_POSINF
+        + (mx == float("-inf")).to(tl.int32) * STATUS_NO_VALID_TOKEN
+    )
     tl.store(m_ptr + row, mx)
     tl.store(status_ptr + row, status)
 
@@ -62,8 +65,7 @@ def _sanitize_kernel(x_ptr, out_ptr, stride_x, stride_o, V, BLOCK: tl.constexpr)
 
 
 @triton.jit
-def _scale_kernel(x_ptr, m_ptr, t_ptr, out_ptr, stride_x, stride_o, V,
-                  BLOCK: tl.constexpr):
+def _scale_kernel(x_ptr, m_ptr, t_ptr, out_ptr, stride_x, stride_o, V, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + row * stride_x + idx, mask=idx < V, other=0.0)
@@ -74,8 +76,7 @@ def _scale_kernel(x_ptr, m_ptr, t_ptr, out_ptr, stride_x, stride_o, V,
 
 def _rows2d(x: torch.Tensor) -> torch.Tensor:
     if x.dim() != 2 or x.dtype != torch.float32:
-        raise ValueError(f"x must be a (batch, vocab) float32 tensor, got {x.dtype} "
-                         f"{tuple(x.shape)}")
+        raise ValueError(f"x must be a (batch, vocab) float32 tensor, got {x.dtype} {tuple(x.shape)}")
     check_device(x.device)
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -96,14 +97,14 @@ def sanitize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     _row_stats_kernel[(B,)](x, x.stride(0), V, m, status, BLOCK=blk, **OPTS)
     if bool(((status & (rules.STATUS_HAD_NAN | rules.STATUS_HAD_POSINF)) != 0).any()):
         clean = torch.empty_like(x)
-        _sanitize_kernel[(B,)](x, clean, x.stride(0), clean.stride(0), V, BLOCK=blk,
-                               **OPTS)
+        _sanitize_kernel[(B,)](x, clean, x.stride(0), clean.stride(0), V, BLOCK=blk, **OPTS)
         x = clean
     return x, status, m.unsqueeze(1)
 
 
-def scale_logits(x: torch.Tensor, m: torch.Tensor, temperatures: torch.Tensor,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+def scale_logits(
+    x: torch.Tensor, m: torch.Tensor, temperatures: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Triton twin of :func:`detsample.ops.temperature.scale_logits`: ``z = (x - m) / T``
     with an IEEE subtraction and a correctly rounded division (``div_rn``), so the row
     maximum maps to exactly 0. x: (batch, vocab) float32; m, temperatures: (batch, 1)
@@ -117,6 +118,5 @@ def scale_logits(x: torch.Tensor, m: torch.Tensor, temperatures: torch.Tensor,
     m = m.reshape(B).to(torch.float32).contiguous()
     t = temperatures.reshape(B).to(torch.float32).contiguous()
     blk = row_block(V)
-    _scale_kernel[(B, triton.cdiv(V, blk))](x, m, t, out, x.stride(0), out.stride(0), V,
-                                            BLOCK=blk, **OPTS)
+    _scale_kernel[(B, triton.cdiv(V, blk))](x, m, t, out, x.stride(0), out.stride(0), V, BLOCK=blk, **OPTS)
     return out

@@ -19,8 +19,7 @@ _BLOCK = 128
 
 
 @triton.jit
-def _uniforms_kernel(seed_ptr, pos_ptr, out_ptr, N, STREAM: tl.constexpr,
-                     BLOCK: tl.constexpr):
+def _uniforms_kernel(seed_ptr, pos_ptr, out_ptr, N, STREAM: tl.constexpr, BLOCK: tl.constexpr):
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     seed = tl.load(seed_ptr + idx, mask=idx < N, other=0)
     pos = tl.load(pos_ptr + idx, mask=idx < N, other=0)
@@ -40,7 +39,5 @@ def row_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     n = seeds.numel()
     out = torch.empty((n,), dtype=torch.float64, device=seeds.device)
     if n:
-        _uniforms_kernel[(triton.cdiv(n, _BLOCK),)](seeds, positions, out, n,
-                                                    STREAM=STREAM_DRAW, BLOCK=_BLOCK,
-                                                    **OPTS)
+        _uniforms_kernel[(triton.cdiv(n, _BLOCK),)](seeds, positions, out, n, STREAM=STREAM_DRAW, BLOCK=_BLOCK, **OPTS)
     return out

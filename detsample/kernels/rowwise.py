@@ -24,8 +24,7 @@ from detsample.kernels.common import OPTS, check_device, exp32, row_block
 
 
 @triton.jit
-def _softmax_kernel(x_ptr, out_ptr, stride_x, stride_o, N, SAFE: tl.constexpr,
-                    BLOCK: tl.constexpr):
+def _softmax_kernel(x_ptr, out_ptr, stride_x, stride_o, N, SAFE: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     m = tl.full((BLOCK,), float("-inf"), tl.float32)
@@ -61,8 +60,7 @@ def _row_total(x_ptr, row, stride_x, N, ACC: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _sum_kernel(x_ptr, out_ptr, stride_x, N, MEAN: tl.constexpr, ACC: tl.constexpr,
-                BLOCK: tl.constexpr):
+def _sum_kernel(x_ptr, out_ptr, stride_x, N, MEAN: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     total = _row_total(x_ptr, row, stride_x, N, ACC, BLOCK)
     if MEAN:
@@ -71,9 +69,22 @@ def _sum_kernel(x_ptr, out_ptr, stride_x, N, MEAN: tl.constexpr, ACC: tl.constex
 
 
 @triton.jit
-def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, mean_ptr, rstd_ptr, stride_x, stride_o,
-                       N, eps, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACC: tl.constexpr,
-                       BLOCK: tl.constexpr):
+def _layer_norm_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    mean_ptr,
+    rstd_ptr,
+    stride_x,
+    stride_o,
+    N,
+    eps,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mean = _row_total(x_ptr, row, stride_x, N, ACC, BLOCK) / N
@@ -87,8 +98,7 @@ def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, mean_ptr, rstd_ptr, stride_
     tl.store(rstd_ptr + row, rstd)
     for start in range(0, N, BLOCK):
         idx = start + offs
-        y = (tl.load(x_ptr + row * stride_x + idx, mask=idx < N, other=0.0).to(ACC) - mean) \
-            * rstd
+        y = (tl.load(x_ptr + row * stride_x + idx, mask=idx < N, other=0.0).to(ACC) - mean) * rstd
         if HAS_W:
             y = y * tl.load(w_ptr + idx, mask=idx < N, other=0.0).to(ACC)
         if HAS_B:
@@ -97,9 +107,20 @@ def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, mean_ptr, rstd_ptr, stride_
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, rstd_ptr, stride_x, stride_o, N, eps,
-                     HAS_W: tl.constexpr, ACC: tl.constexpr, F64: tl.constexpr,
-                     BLOCK: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    rstd_ptr,
+    stride_x,
+    stride_o,
+    N,
+    eps,
+    HAS_W: tl.constexpr,
+    ACC: tl.constexpr,
+    F64: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros((BLOCK,), ACC)
@@ -128,14 +149,12 @@ def _acc_dtype(dtype: torch.dtype):
 
 def _rows(x: torch.Tensor, name: str = "x") -> torch.Tensor:
     if x.dim() != 2 or not x.dtype.is_floating_point:
-        raise ValueError(f"{name} must be a 2-D floating tensor, got {x.dtype} "
-                         f"{tuple(x.shape)}")
+        raise ValueError(f"{name} must be a 2-D floating tensor, got {x.dtype} {tuple(x.shape)}")
     check_device(x.device)
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def softmax_rows(x: torch.Tensor, out_dtype: torch.dtype | None = None,
-                 safe: bool = False) -> torch.Tensor:
+def softmax_rows(x: torch.Tensor, out_dtype: torch.dtype | None = None, safe: bool = False) -> torch.Tensor:
     """softmax of each row of ``x`` (rows, n) -> (rows, n) in ``out_dtype`` (default:
     x's dtype), computed in float32. Three passes per row: the max, ``s = sum e_i`` with
     ``e_i = exp(x_i - max)`` (the float32 difference, then detsample's exp:
@@ -149,13 +168,11 @@ def softmax_rows(x: torch.Tensor, out_dtype: torch.dtype | None = None,
     R, N = x.shape
     out = torch.empty((R, N), dtype=out_dtype or x.dtype, device=x.device)
     if R and N:
-        _softmax_kernel[(R,)](x, out, x.stride(0), out.stride(0), N, SAFE=bool(safe),
-                              BLOCK=row_block(N), **OPTS)
+        _softmax_kernel[(R,)](x, out, x.stride(0), out.stride(0), N, SAFE=bool(safe), BLOCK=row_block(N), **OPTS)
     return out
 
 
-def sum_rows(x: torch.Tensor, out_dtype: torch.dtype | None = None,
-             mean: bool = False) -> torch.Tensor:
+def sum_rows(x: torch.Tensor, out_dtype: torch.dtype | None = None, mean: bool = False) -> torch.Tensor:
     """Sum (``mean``: the mean) of each row of ``x`` (rows, n) -> (rows,), accumulated in
     float32 (float64 for float64 input) lane-wise in block order, then one fixed tree;
     written in ``out_dtype`` (default: x's dtype). Bitwise batch-invariant."""
@@ -163,8 +180,7 @@ def sum_rows(x: torch.Tensor, out_dtype: torch.dtype | None = None,
     R, N = x.shape
     out = torch.empty((R,), dtype=out_dtype or x.dtype, device=x.device)
     if R:
-        _sum_kernel[(R,)](x, out, x.stride(0), N, MEAN=bool(mean), ACC=_acc_dtype(x.dtype),
-                          BLOCK=row_block(N), **OPTS)
+        _sum_kernel[(R,)](x, out, x.stride(0), N, MEAN=bool(mean), ACC=_acc_dtype(x.dtype), BLOCK=row_block(N), **OPTS)
     return out
 
 
@@ -173,8 +189,9 @@ def mean_rows(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Te
     return sum_rows(x, out_dtype, mean=True)
 
 
-def layer_norm_rows(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-                    eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def layer_norm_rows(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """LayerNorm of each row of ``x`` (rows, n): two-pass mean and variance in float32
     (float64 for float64 input), ``(x - mean) * rstd [* weight] [+ bias]``. Returns
     ``(out (rows, n) in x's dtype, mean (rows,), rstd (rows,))`` in the compute dtype.
@@ -191,14 +208,27 @@ def layer_norm_rows(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Te
         if t is not None and t.numel() != N:
             raise ValueError(f"{name} must have {N} elements, got {tuple(t.shape)}")
     if R and N:
-        _layer_norm_kernel[(R,)](x, w, b, out, mean, rstd, x.stride(0), out.stride(0), N,
-                                 float(eps), HAS_W=weight is not None, HAS_B=bias is not None,
-                                 ACC=_acc_dtype(x.dtype), BLOCK=row_block(N), **OPTS)
+        _layer_norm_kernel[(R,)](
+            x,
+            w,
+            b,
+            out,
+            mean,
+            rstd,
+            x.stride(0),
+            out.stride(0),
+            N,
+            float(eps),
+            HAS_W=weight is not None,
+            HAS_B=bias is not None,
+            ACC=_acc_dtype(x.dtype),
+            BLOCK=row_block(N),
+            **OPTS,
+        )
     return out, mean, rstd
 
 
-def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor | None, eps: float
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``x * 1/sqrt(mean(x**2) + eps) [* weight]`` per row of ``x`` (rows, n); weight:
     (n,) or None. Computed in float32 (float64 for float64 input). Returns ``(out
     (rows, n) in x's dtype, rstd (rows,) = 1/sqrt(mean(x**2) + eps) in the compute
@@ -206,14 +236,24 @@ def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor | None, eps: float
     x = _rows(x)
     R, N = x.shape
     out = torch.empty_like(x)
-    rstd = torch.empty((R,), dtype=torch.float64 if x.dtype == torch.float64 else torch.float32,
-                       device=x.device)
+    rstd = torch.empty((R,), dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device)
     w = x if weight is None else weight.reshape(-1).contiguous()
     if weight is not None and w.numel() != N:
         raise ValueError(f"weight must have {N} elements, got {tuple(weight.shape)}")
     if R and N:
-        _rms_norm_kernel[(R,)](x, w, out, rstd, x.stride(0), out.stride(0), N, float(eps),
-                               HAS_W=weight is not None, ACC=_acc_dtype(x.dtype),
-                               F64=x.dtype == torch.float64,
-                               BLOCK=row_block(N), **OPTS)
+        _rms_norm_kernel[(R,)](
+            x,
+            w,
+            out,
+            rstd,
+            x.stride(0),
+            out.stride(0),
+            N,
+            float(eps),
+            HAS_W=weight is not None,
+            ACC=_acc_dtype(x.dtype),
+            F64=x.dtype == torch.float64,
+            BLOCK=row_block(N),
+            **OPTS,
+        )
     return out, rstd

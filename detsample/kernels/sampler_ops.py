@@ -28,5 +28,14 @@ from detsample.kernels.logprobs import exp, log_softmax_rows, normalisers_rows
 from detsample.kernels.prepare import sanitize_rows, scale_logits
 from detsample.kernels.rng import row_uniforms
 
-__all__ = ["check_device", "exp", "interpreted", "log_softmax_rows", "normalisers_rows",
-           "row_uniforms", "sanitize_rows", "scale_logits", "thresholds_and_draw"]
+__all__ = [
+    "check_device",
+    "exp",
+    "interpreted",
+    "log_softmax_rows",
+    "normalisers_rows",
+    "row_uniforms",
+    "sanitize_rows",
+    "scale_logits",
+    "thresholds_and_draw",
+]

@@ -45,9 +45,25 @@ from detsample.refmodel import RefModel
 
 MODEL_NAMES = ("hf-tiny-llama", "hf-tiny-qwen2", "refmodel", "refmodel-float")
 
-__all__ = ["BatchInvariantLM", "CausalLM", "CheckedLM", "HFCausalLM", "HFSeqCache", "MODEL_NAMES",
-           "MODEL_DTYPES", "ModelError", "ModelOutputError", "RefModelLM", "RefModelFloat", "adapt", "build_tiny",
-           "is_model_spec", "load_model", "model_eos_token_ids", "prefill"]
+__all__ = [
+    "BatchInvariantLM",
+    "CausalLM",
+    "CheckedLM",
+    "HFCausalLM",
+    "HFSeqCache",
+    "MODEL_NAMES",
+    "MODEL_DTYPES",
+    "ModelError",
+    "ModelOutputError",
+    "RefModelLM",
+    "RefModelFloat",
+    "adapt",
+    "build_tiny",
+    "is_model_spec",
+    "load_model",
+    "model_eos_token_ids",
+    "prefill",
+]
 
 
 class RefModelLM:
@@ -67,8 +83,9 @@ class RefModelLM:
         return self.model.forward(caches, chunks)
 
 
-def adapt(obj: Any, name: str, *, padding: str = "left", batch_invariant: bool = False,
-          portable: bool = False) -> CausalLM:
+def adapt(
+    obj: Any, name: str, *, padding: str = "left", batch_invariant: bool = False, portable: bool = False
+) -> CausalLM:
     """Wrap what a factory returned: RefModel, a Hugging Face model, or a CausalLM as is
     (with ``batch_invariant``, its forwards under the batch-invariant mode; ``portable``:
     its portable kernels)."""
@@ -76,15 +93,15 @@ def adapt(obj: Any, name: str, *, padding: str = "left", batch_invariant: bool =
     if isinstance(obj, RefModel):
         lm = RefModelLM(obj, name=name)
         return BatchInvariantLM(lm, portable) if batch_invariant else lm
-    if hasattr(obj, "config") and callable(getattr(obj, "forward", None)) \
-            and hasattr(obj, "named_parameters"):
-        return HFCausalLM(obj, padding=padding, name=name, batch_invariant=batch_invariant,
-                          portable=portable)
+    if hasattr(obj, "config") and callable(getattr(obj, "forward", None)) and hasattr(obj, "named_parameters"):
+        return HFCausalLM(obj, padding=padding, name=name, batch_invariant=batch_invariant, portable=portable)
     missing = [a for a in ("new_cache", "forward", "vocab_size") if not hasattr(obj, a)]
     if missing:
-        raise ModelError(f"model {name!r}: the factory returned a {type(obj).__name__}, which "
-                         f"is neither a Hugging Face causal LM nor a CausalLM (missing "
-                         f"{', '.join(missing)}); see docs/probe.md, 'Your own model'")
+        raise ModelError(
+            f"model {name!r}: the factory returned a {type(obj).__name__}, which "
+            f"is neither a Hugging Face causal LM nor a CausalLM (missing "
+            f"{', '.join(missing)}); see docs/probe.md, 'Your own model'"
+        )
     if not hasattr(obj, "name"):
         obj.name = name
     if not hasattr(obj, "max_seq_len"):
@@ -100,8 +117,7 @@ def is_model_spec(spec: object) -> bool:
     if spec in MODEL_NAMES or is_model_dir_spec(spec):
         return True
     mod_name, _, attr = spec.partition(":")
-    return bool(mod_name) and attr.isidentifier() and all(
-        p.isidentifier() for p in mod_name.split("."))
+    return bool(mod_name) and attr.isidentifier() and all(p.isidentifier() for p in mod_name.split("."))
 
 
 def load_factory(spec: str) -> Any:
@@ -112,21 +128,20 @@ def load_factory(spec: str) -> Any:
     arguments, a factory that raises."""
     mod_name, _, attr = spec.partition(":")
     if not is_model_spec(spec):
-        raise ModelError(f"model spec must be one of {', '.join(MODEL_NAMES)} or "
-                         f"package.module:factory, got {spec!r}")
+        raise ModelError(f"model spec must be one of {', '.join(MODEL_NAMES)} or package.module:factory, got {spec!r}")
     try:
         module = importlib.import_module(mod_name)
     except Exception as e:  # the user's import error, whatever it is, goes in the message
-        raise ModelError(f"cannot import {mod_name!r} for model {spec!r}: "
-                         f"{type(e).__name__}: {e}") from e
+        raise ModelError(f"cannot import {mod_name!r} for model {spec!r}: {type(e).__name__}: {e}") from e
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ModelError(f"model {spec!r}: {mod_name} has no callable {attr!r}")
     try:
         inspect.signature(factory).bind()
     except TypeError as e:
-        raise ModelError(f"model {spec!r}: the factory must be callable without arguments "
-                         f"({attr}{inspect.signature(factory)}: {e})") from None
+        raise ModelError(
+            f"model {spec!r}: the factory must be callable without arguments ({attr}{inspect.signature(factory)}: {e})"
+        ) from None
     except ValueError:  # no signature (a builtin): call it and see
         pass
     try:
@@ -134,13 +149,11 @@ def load_factory(spec: str) -> Any:
     except Exception as e:  # the user's factory failed: named, never a bare traceback
         raise ModelError(f"model {spec!r}: {attr}() raised {type(e).__name__}: {e}") from e
     except SystemExit as e:  # never a silent exit 0 with nothing done
-        raise ModelError(f"model {spec!r}: {attr}() called sys.exit({e.code!r}) instead of "
-                         f"returning a model") from None
+        raise ModelError(f"model {spec!r}: {attr}() called sys.exit({e.code!r}) instead of returning a model") from None
     except KeyboardInterrupt as e:
         if isinstance(e, Interrupted):  # a real Ctrl-C: the command's to report
             raise
-        raise ModelError(f"model {spec!r}: {attr}() raised KeyboardInterrupt instead of "
-                         f"returning a model") from None
+        raise ModelError(f"model {spec!r}: {attr}() raised KeyboardInterrupt instead of returning a model") from None
 
 
 def model_eos_token_ids(lm: Any) -> tuple[int, ...] | None:
@@ -150,9 +163,15 @@ def model_eos_token_ids(lm: Any) -> tuple[int, ...] | None:
     return None if eos is None else tuple(int(t) for t in eos)
 
 
-def load_model(spec: str, *, padding: str = "left", seed: int = 0,
-               batch_invariant: bool = False, portable: bool = False,
-               dtype: str = "float32") -> CausalLM:
+def load_model(
+    spec: str,
+    *,
+    padding: str = "left",
+    seed: int = 0,
+    batch_invariant: bool = False,
+    portable: bool = False,
+    dtype: str = "float32",
+) -> CausalLM:
     """The model ``spec`` names (see the module docstring); ``padding`` for HF models;
     ``batch_invariant``: every forward under the batch-invariant mode (``portable``: its
     portable kernels); ``dtype`` (:data:`MODEL_DTYPES`): a model directory's parameters
@@ -162,26 +181,25 @@ def load_model(spec: str, *, padding: str = "left", seed: int = 0,
     check_mode(batch_invariant, portable)
     if is_model_dir_spec(spec):
         model = load_model_dir(spec, dtype)
-        lm = HFCausalLM(model, padding=padding, name=spec, batch_invariant=batch_invariant,
-                        portable=portable)
+        lm = HFCausalLM(model, padding=padding, name=spec, batch_invariant=batch_invariant, portable=portable)
         lm.eos_token_ids = config_eos_token_ids(model)
         return lm
     if dtype != "float32":
-        raise ModelError(f"dtype {dtype!r} applies to a model directory; model {spec!r} is "
-                         f"float32")
+        raise ModelError(f"dtype {dtype!r} applies to a model directory; model {spec!r} is float32")
     if spec == "refmodel":
         return BatchInvariantLM(RefModelLM(), portable) if batch_invariant else RefModelLM()
     if spec == "refmodel-float":
         return BatchInvariantLM(RefModelFloat(), portable) if batch_invariant else RefModelFloat()
     if spec in TINY_CONFIGS:
-        return HFCausalLM(build_tiny(spec, seed), padding=padding, name=spec,
-                          batch_invariant=batch_invariant, portable=portable)
+        return HFCausalLM(
+            build_tiny(spec, seed), padding=padding, name=spec, batch_invariant=batch_invariant, portable=portable
+        )
     if ":" not in spec:
-        raise ModelError(f"unknown model {spec!r}; known: {', '.join(MODEL_NAMES)}, a model "
-                         f"directory or package.module:factory")
+        raise ModelError(
+            f"unknown model {spec!r}; known: {', '.join(MODEL_NAMES)}, a model directory or package.module:factory"
+        )
     obj = load_factory(spec)
-    lm = CheckedLM(adapt(obj, spec, padding=padding, batch_invariant=batch_invariant,
-                         portable=portable), spec)
+    lm = CheckedLM(adapt(obj, spec, padding=padding, batch_invariant=batch_invariant, portable=portable), spec)
     eos = config_eos_token_ids(obj)
     if eos is not None:
         lm.eos_token_ids = eos

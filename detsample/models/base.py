@@ -71,8 +71,7 @@ class SeqCache:
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= len(self):
             raise ModelError(f"truncate: n must be in [0, {len(self)}], got {n!r}")
         if self.length_dim is None:
-            raise ModelError(f"{type(self).__name__} does not name its length_dim; it "
-                             "cannot be truncated")
+            raise ModelError(f"{type(self).__name__} does not name its length_dim; it cannot be truncated")
         d = self.length_dim
         self.layers = [(k.narrow(d, 0, n), v.narrow(d, 0, n)) for k, v in self.layers]
         del self.token_ids[n:]
@@ -91,12 +90,12 @@ def check_mode(batch_invariant: object, portable: object) -> None:
         if not isinstance(v, bool):
             raise ModelError(f"{name} must be a bool, got {v!r}")
     if portable and not batch_invariant:
-        raise ModelError("portable=True needs batch_invariant=True (it selects the mode's "
-                         "portable kernels)")
+        raise ModelError("portable=True needs batch_invariant=True (it selects the mode's portable kernels)")
 
 
-def check_chunks(caches: Sequence[Any], chunks: Sequence[Sequence[int]], vocab_size: int,
-                 max_seq_len: int | None) -> list[list[int]]:
+def check_chunks(
+    caches: Sequence[Any], chunks: Sequence[Sequence[int]], vocab_size: int, max_seq_len: int | None
+) -> list[list[int]]:
     """Validate a ragged batch; returns the chunks as lists of ints (errors name the row)."""
     if len(caches) != len(chunks):
         raise ModelError(f"chunks must have one entry per cache ({len(caches)}), got {len(chunks)}")
@@ -111,7 +110,8 @@ def check_chunks(caches: Sequence[Any], chunks: Sequence[Sequence[int]], vocab_s
         if bad:
             raise ModelError(f"chunks[{b}] holds token id {bad[0]} outside [0, {vocab_size})")
         if max_seq_len is not None and len(cache) + len(ids) > max_seq_len:
-            raise ModelError(f"sequence {b} would have {len(cache) + len(ids)} tokens, more "
-                             f"than max_seq_len={max_seq_len}")
+            raise ModelError(
+                f"sequence {b} would have {len(cache) + len(ids)} tokens, more than max_seq_len={max_seq_len}"
+            )
         out.append(ids)
     return out

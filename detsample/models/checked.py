@@ -42,8 +42,7 @@ class CheckedLM:
             raise ModelError(f"model {name!r}: vocab_size must be an integer >= 1, got {vocab!r}")
         for attr in ("new_cache", "forward"):
             if not callable(getattr(model, attr, None)):
-                raise ModelError(f"model {name!r}: {attr} must be callable, got "
-                                 f"{_what(getattr(model, attr, None))}")
+                raise ModelError(f"model {name!r}: {attr} must be callable, got {_what(getattr(model, attr, None))}")
         self.inner = model
         self.spec = name
         self.name = getattr(model, "name", name)
@@ -59,22 +58,24 @@ class CheckedLM:
         except DetsampleError:
             raise
         except Exception as exc:  # the user's forward: named, never a bare traceback
-            raise ModelError(f"model {self.spec!r}: forward raised {type(exc).__name__}: "
-                             f"{exc}") from exc
+            raise ModelError(f"model {self.spec!r}: forward raised {type(exc).__name__}: {exc}") from exc
         self._check(outs, chunks)
         return outs
 
     def _check(self, outs: Any, chunks: Sequence[Sequence[int]]) -> None:
         want = f"a list of {len(chunks)} float tensors of shape (len(chunk), {self.vocab_size})"
         if not isinstance(outs, (list, tuple)) or len(outs) != len(chunks):
-            got = f"{_what(outs)} of {len(outs)} entries" if isinstance(outs, (list, tuple)) \
-                else _what(outs)
+            got = f"{_what(outs)} of {len(outs)} entries" if isinstance(outs, (list, tuple)) else _what(outs)
             raise ModelOutputError(f"model {self.spec!r}: forward returned {got}; expected {want}")
         for b, (o, c) in enumerate(zip(outs, chunks)):
-            if not isinstance(o, torch.Tensor) or not o.is_floating_point() \
-                    or tuple(o.shape) != (len(c), self.vocab_size):
-                raise ModelOutputError(f"model {self.spec!r}: forward returned {_what(o)} for "
-                                       f"row {b} ({len(c)} tokens); expected {want}")
+            if (
+                not isinstance(o, torch.Tensor)
+                or not o.is_floating_point()
+                or tuple(o.shape) != (len(c), self.vocab_size)
+            ):
+                raise ModelOutputError(
+                    f"model {self.spec!r}: forward returned {_what(o)} for row {b} ({len(c)} tokens); expected {want}"
+                )
             self._check_values(o, b, c)
 
     def _check_values(self, logits: torch.Tensor, row: int, chunk: Sequence[int]) -> None:
@@ -89,7 +90,8 @@ class CheckedLM:
             f"model {self.spec!r}: the logits are not a distribution: forward returned {what} "
             f"for row {row} at position {pos} of its {len(chunk)}-token chunk (input token "
             f"{chunk[pos]}; {int(bad.any(-1).sum())} of {len(chunk)} positions have NaN or "
-            f"+inf logits)")
+            f"+inf logits)"
+        )
 
     @property  # type: ignore[misc]
     def __class__(self) -> type:  # a transparent proxy: isinstance(m, HFCausalLM) still holds

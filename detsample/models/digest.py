@@ -22,8 +22,7 @@ def _tensors(model: object) -> Mapping[str, torch.Tensor] | None:
         if isinstance(inner, torch.nn.Module):
             return inner.state_dict()
         weights = getattr(inner, "weights", inner)
-        if isinstance(weights, Mapping) and weights and \
-                all(isinstance(v, torch.Tensor) for v in weights.values()):
+        if isinstance(weights, Mapping) and weights and all(isinstance(v, torch.Tensor) for v in weights.values()):
             return weights
     return None
 
@@ -40,6 +39,9 @@ def weights_digest(model: object) -> str | None:
         h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
         flat = t.reshape(-1)
         if flat.numel():
-            h.update(flat.view(torch.uint8).numpy().tobytes() if t.dtype != torch.bool
-                     else flat.to(torch.uint8).numpy().tobytes())
+            h.update(
+                flat.view(torch.uint8).numpy().tobytes()
+                if t.dtype != torch.bool
+                else flat.to(torch.uint8).numpy().tobytes()
+            )
     return "sha256:" + h.hexdigest()

@@ -89,23 +89,23 @@ class HFSeqCache(SeqCache):
 def _cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per-layer (keys, values) of a transformers cache, old or new API."""
     if hasattr(cache, "layers"):
-        return [(getattr(layer, "keys", None), getattr(layer, "values", None))
-                for layer in cache.layers]
+        return [(getattr(layer, "keys", None), getattr(layer, "values", None)) for layer in cache.layers]
     return list(zip(cache.key_cache, cache.value_cache))  # transformers 4.4x
 
 
 def use_invariant_attention(model: Any) -> None:
     """Select the ``"detsample"`` attention on a transformers model (registering it)."""
     if not register_attention():
-        raise ModelError("the batch-invariant attention needs transformers' "
-                         "AttentionInterface (transformers >= 4.48)")
+        raise ModelError("the batch-invariant attention needs transformers' AttentionInterface (transformers >= 4.48)")
     if callable(getattr(model, "set_attn_implementation", None)):
         model.set_attn_implementation(ATTENTION_NAME)
     else:
         model.config._attn_implementation = ATTENTION_NAME
     if getattr(model.config, "_attn_implementation", None) != ATTENTION_NAME:
-        raise ModelError(f"{type(model).__name__} does not take a custom attention "
-                         f"function (AttentionInterface); it cannot run batch-invariant")
+        raise ModelError(
+            f"{type(model).__name__} does not take a custom attention "
+            f"function (AttentionInterface); it cannot run batch-invariant"
+        )
 
 
 class HFCausalLM:
@@ -119,15 +119,21 @@ class HFCausalLM:
     ``detsample.batch_invariant(portable=portable)`` (docs/batch-invariant.md).
     """
 
-    def __init__(self, model: Any, *, padding: str = "left", name: str | None = None,
-                 batch_invariant: bool = False, portable: bool = False) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        padding: str = "left",
+        name: str | None = None,
+        batch_invariant: bool = False,
+        portable: bool = False,
+    ) -> None:
         if padding not in PADDINGS:
             raise ModelError(f"padding must be one of {PADDINGS}, got {padding!r}")
         check_mode(batch_invariant, portable)
         cfg = getattr(model, "config", None)
         if cfg is None or not hasattr(cfg, "vocab_size"):
-            raise ModelError(f"model must be a Hugging Face causal LM with a config, got "
-                             f"{type(model).__name__}")
+            raise ModelError(f"model must be a Hugging Face causal LM with a config, got {type(model).__name__}")
         hybrid = state_layers(model)
         own = own_cache_class(model) if hybrid else None
         if own:
@@ -136,7 +142,8 @@ class HFCausalLM:
                 f"({', '.join(hybrid)}) in a cache class of its own ({own}); HFCausalLM "
                 f"carries transformers' LinearAttentionLayer state between its ragged calls, "
                 f"not {own}'s: call it with transformers' own cache "
-                f"(docs/batch-invariant.md, 'Architectures')")
+                f"(docs/batch-invariant.md, 'Architectures')"
+            )
         self.hybrid = bool(hybrid)
         self.module = model.eval()
         self.padding = padding
@@ -159,15 +166,15 @@ class HFCausalLM:
 
     def with_padding(self, padding: str) -> HFCausalLM:
         """The same module behind an adapter that pads on the other side."""
-        return HFCausalLM(self.module, padding=padding, name=self.name,
-                          batch_invariant=self.batch_invariant, portable=self.portable)
+        return HFCausalLM(
+            self.module, padding=padding, name=self.name, batch_invariant=self.batch_invariant, portable=self.portable
+        )
 
     # -- the ragged forward ------------------------------------------------------------
     def forward(self, caches: Sequence[HFSeqCache], chunks: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         for b, c in enumerate(caches):
             if not isinstance(c, HFSeqCache):
-                raise ModelError(f"caches[{b}] must be an HFSeqCache from new_cache(), got "
-                                 f"{type(c).__name__}")
+                raise ModelError(f"caches[{b}] must be an HFSeqCache from new_cache(), got {type(c).__name__}")
         ids = check_chunks(caches, chunks, self.vocab_size, self.max_seq_len)
         if not ids:
             return []
@@ -175,12 +182,12 @@ class HFCausalLM:
             return self._by_kind(list(caches), ids)
         outs: list[list[torch.Tensor]] = [[] for _ in ids]
         done = [0] * len(ids)
-        while True:   # segments: every row with tokens left advances by the same number
+        while True:  # segments: every row with tokens left advances by the same number
             live = [b for b in range(len(ids)) if done[b] < len(ids[b])]
             if not live:
                 return [torch.cat(o) for o in outs]
             n = min(len(ids[b]) - done[b] for b in live)
-            got = self._padded([caches[b] for b in live], [ids[b][done[b]: done[b] + n] for b in live])
+            got = self._padded([caches[b] for b in live], [ids[b][done[b] : done[b] + n] for b in live])
             for b, o in zip(live, got):
                 outs[b].append(o)
                 done[b] += n
@@ -215,8 +222,8 @@ class HFCausalLM:
             v = like_v.new_zeros((B, like_v.shape[1], P, like_v.shape[3]))
             for b, c in enumerate(caches):
                 if past[b]:
-                    k[b, :, p0[b]: p0[b] + past[b]] = c.layers[layer][0][0]
-                    v[b, :, p0[b]: p0[b] + past[b]] = c.layers[layer][1][0]
+                    k[b, :, p0[b] : p0[b] + past[b]] = c.layers[layer][0][0]
+                    v[b, :, p0[b] : p0[b] + past[b]] = c.layers[layer][1][0]
             cache.update(k, v, layer)
         if self.hybrid:
             install(cache, [c.states for c in caches])
@@ -237,31 +244,39 @@ class HFCausalLM:
         pos = torch.zeros((B, T), dtype=torch.int64)
         mask = torch.zeros((B, P + T), dtype=torch.int64)
         for b in range(B):
-            tok[b, n0[b]: n0[b] + new[b]] = torch.tensor(ids[b], dtype=torch.int64)
-            pos[b, n0[b]: n0[b] + new[b]] = torch.arange(past[b], past[b] + new[b])
-            mask[b, p0[b]: p0[b] + past[b]] = 1
-            mask[b, P + n0[b]: P + n0[b] + new[b]] = 1
+            tok[b, n0[b] : n0[b] + new[b]] = torch.tensor(ids[b], dtype=torch.int64)
+            pos[b, n0[b] : n0[b] + new[b]] = torch.arange(past[b], past[b] + new[b])
+            mask[b, p0[b] : p0[b] + past[b]] = 1
+            mask[b, P + n0[b] : P + n0[b] + new[b]] = 1
         cache = self._batch_cache(caches, past, p0)
         mode = batch_invariant(portable=self.portable) if self.batch_invariant else nullcontext()
         with torch.no_grad(), mode:
-            out = self.module(input_ids=tok.to(dev), attention_mask=mask.to(dev),
-                              position_ids=pos.to(dev), use_cache=True,
-                              **{self._cache_kw: cache})
+            out = self.module(
+                input_ids=tok.to(dev),
+                attention_mask=mask.to(dev),
+                position_ids=pos.to(dev),
+                use_cache=True,
+                **{self._cache_kw: cache},
+            )
         if self.hybrid and getattr(out, "past_key_values", cache) is not cache:
-            raise ModelError(f"{self.name}: the model returned its own cache "
-                             f"({type(out.past_key_values).__name__}) instead of continuing "
-                             f"the one HFCausalLM passed; its state cannot be carried per row")
+            raise ModelError(
+                f"{self.name}: the model returned its own cache "
+                f"({type(out.past_key_values).__name__}) instead of continuing "
+                f"the one HFCausalLM passed; its state cannot be carried per row"
+            )
         logits = out.logits
         layers = _cache_layers(cache)
         results = []
         for b, c in enumerate(caches):
-            keep = torch.cat([torch.arange(p0[b], p0[b] + past[b]),
-                              torch.arange(P + n0[b], P + n0[b] + new[b])]).to(dev)
-            c.layers = [None if k is None else
-                        (k[b: b + 1].index_select(2, keep), v[b: b + 1].index_select(2, keep))
-                        for k, v in layers]
+            keep = torch.cat([torch.arange(p0[b], p0[b] + past[b]), torch.arange(P + n0[b], P + n0[b] + new[b])]).to(
+                dev
+            )
+            c.layers = [
+                None if k is None else (k[b : b + 1].index_select(2, keep), v[b : b + 1].index_select(2, keep))
+                for k, v in layers
+            ]
             if self.hybrid:
                 c.states = row_states(cache, b)
             c.token_ids.extend(ids[b])
-            results.append(logits[b, n0[b]: n0[b] + new[b]].to(torch.float32))
+            results.append(logits[b, n0[b] : n0[b] + new[b]].to(torch.float32))
         return results

@@ -27,8 +27,12 @@ from detsample.models.base import ModelError
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 
 #: weight files a directory may hold (transformers reads the index files' shards)
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 def is_model_dir_spec(spec: object) -> bool:
@@ -46,16 +50,15 @@ def check_model_dir(path: str) -> Path:
     if not d.is_dir():
         raise ModelError(f"model directory {path}: no such directory")
     if not (d / "config.json").is_file():
-        raise ModelError(f"model directory {path}: no config.json (a Hugging Face model "
-                         f"directory holds config.json and its weights)")
+        raise ModelError(
+            f"model directory {path}: no config.json (a Hugging Face model directory holds config.json and its weights)"
+        )
     try:
         json.loads((d / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ModelError(f"model directory {path}: config.json is not readable JSON "
-                         f"({_one_line(exc)})") from None
+        raise ModelError(f"model directory {path}: config.json is not readable JSON ({_one_line(exc)})") from None
     if not any((d / f).is_file() for f in WEIGHT_FILES):
-        raise ModelError(f"model directory {path}: no weights (expected one of "
-                         f"{', '.join(WEIGHT_FILES)})")
+        raise ModelError(f"model directory {path}: no weights (expected one of {', '.join(WEIGHT_FILES)})")
     return d
 
 
@@ -72,8 +75,7 @@ def config_tp_problem(path: str, tp: int) -> str | None:
     if heads % tp:
         return f"tensor parallel: tp={tp} does not divide config.num_attention_heads={heads}"
     if kv % tp and tp % kv:
-        return (f"tensor parallel: tp={tp} neither divides nor is a multiple of "
-                f"config.num_key_value_heads={kv}")
+        return f"tensor parallel: tp={tp} neither divides nor is a multiple of config.num_key_value_heads={kv}"
     return None
 
 
@@ -91,11 +93,10 @@ def load_model_dir(path: str, dtype: str = "float32") -> Any:
 
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, trust_remote_code=False,
-            dtype=getattr(torch, dtype))
+            path, local_files_only=True, trust_remote_code=False, dtype=getattr(torch, dtype)
+        )
     except Exception as exc:  # noqa: BLE001 - whatever transformers says, named in one line
-        raise ModelError(f"model directory {path}: cannot load it ({type(exc).__name__}: "
-                         f"{_one_line(exc)})") from None
+        raise ModelError(f"model directory {path}: cannot load it ({type(exc).__name__}: {_one_line(exc)})") from None
     return model.eval()
 
 
@@ -110,8 +111,7 @@ def _ids(value: object, where: str) -> set[int]:
     values = value if isinstance(value, (list, tuple)) else [value]
     for v in values:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ModelError(f"{where}: eos_token_id must be a token id or a list of them, "
-                             f"got {value!r}")
+            raise ModelError(f"{where}: eos_token_id must be a token id or a list of them, got {value!r}")
     return set(values)
 
 

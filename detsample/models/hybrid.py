@@ -46,8 +46,11 @@ def state_layers(model: Any) -> list[str]:
         cache = DynamicCache(config=model.config)
     except Exception:  # noqa: BLE001 -- a config it cannot read names no hybrid layer
         return []
-    return [f"layer {i} ({type(layer).__name__})" for i, layer in enumerate(cache.layers)
-            if isinstance(layer, LinearAttentionCacheLayerMixin)]
+    return [
+        f"layer {i} ({type(layer).__name__})"
+        for i, layer in enumerate(cache.layers)
+        if isinstance(layer, LinearAttentionCacheLayerMixin)
+    ]
 
 
 def own_cache_class(model: Any) -> str | None:
@@ -74,8 +77,11 @@ def new_batch_cache(model: Any) -> Any:
 
 
 def _state_layers_of(cache: Any) -> list[tuple[int, Any]]:
-    return [(i, layer) for i, layer in enumerate(getattr(cache, "layers", ()))
-            if hasattr(layer, "conv_states") and hasattr(layer, "recurrent_states")]
+    return [
+        (i, layer)
+        for i, layer in enumerate(getattr(cache, "layers", ()))
+        if hasattr(layer, "conv_states") and hasattr(layer, "recurrent_states")
+    ]
 
 
 def install(cache: Any, rows: Sequence[RowStates]) -> None:
@@ -88,11 +94,11 @@ def install(cache: Any, rows: Sequence[RowStates]) -> None:
             have = [r[i][attr] for r in rows if i in r and attr in r[i]]
             for idx in sorted({k for h in have for k in h}):
                 like = next(h[idx] for h in have if idx in h)
-                stacked = torch.cat([r[i][attr][idx] if i in r and idx in r[i].get(attr, {})
-                                     else torch.zeros_like(like) for r in rows])
+                stacked = torch.cat(
+                    [r[i][attr][idx] if i in r and idx in r[i].get(attr, {}) else torch.zeros_like(like) for r in rows]
+                )
                 if attr == "conv_states":
-                    layer.update_conv_state(stacked, state_idx=idx,
-                                            conv_kernel_size=stacked.shape[-1])
+                    layer.update_conv_state(stacked, state_idx=idx, conv_kernel_size=stacked.shape[-1])
                 else:
                     layer.update_recurrent_state(stacked, state_idx=idx)
 
@@ -105,7 +111,7 @@ def row_states(cache: Any, b: int) -> RowStates:
             held = getattr(layer, attr)
             for idx, t in held.items():
                 if isinstance(t, torch.Tensor):
-                    out.setdefault(i, {}).setdefault(attr, {})[idx] = t[b: b + 1].clone()
+                    out.setdefault(i, {}).setdefault(attr, {})[idx] = t[b : b + 1].clone()
     return out
 
 
@@ -114,6 +120,8 @@ def refuse_truncate(states: RowStates, n: int, length: int) -> None:
     no earlier position to go back to (speculative decoding needs a key/value model)."""
     if states and n != length:
         where = ", ".join(f"layer {i} ({'/'.join(sorted(a))})" for i, a in sorted(states.items()))
-        raise ModelError(f"truncate: this cache holds state beside keys and values ({where}), "
-                         f"which cannot go back from {length} to {n} tokens; speculative "
-                         f"decoding (which drops rejected drafts) needs a key/value model")
+        raise ModelError(
+            f"truncate: this cache holds state beside keys and values ({where}), "
+            f"which cannot go back from {length} to {n} tokens; speculative "
+            f"decoding (which drops rejected drafts) needs a key/value model"
+        )

@@ -54,8 +54,7 @@ class RefModelFloat:
     def forward(self, caches: Sequence[FloatSeqCache], chunks: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         for b, c in enumerate(caches):
             if not isinstance(c, FloatSeqCache):
-                raise ModelError(f"caches[{b}] must be a FloatSeqCache from new_cache(), got "
-                                 f"{type(c).__name__}")
+                raise ModelError(f"caches[{b}] must be a FloatSeqCache from new_cache(), got {type(c).__name__}")
         ids = check_chunks(caches, chunks, self.vocab_size, self.max_seq_len)
         if not ids:
             return []
@@ -69,17 +68,17 @@ class RefModelFloat:
         for b, c in enumerate(ids):
             tok[b, : len(c)] = torch.tensor(c)
             pos[b, : len(c)] = torch.arange(starts[b], starts[b] + len(c))
-        q_pos = torch.tensor(starts)[:, None] + torch.arange(T)[None, :]      # (B, T)
+        q_pos = torch.tensor(starts)[:, None] + torch.arange(T)[None, :]  # (B, T)
         ends = torch.tensor([s + len(c) for s, c in zip(starts, ids)])
         keys = torch.arange(Lk)
-        mask = ((keys[None, None, :] < ends[:, None, None])
-                & (keys[None, None, :] <= q_pos[:, :, None]))[:, None]      # (B, 1, T, Lk)
+        mask = ((keys[None, None, :] < ends[:, None, None]) & (keys[None, None, :] <= q_pos[:, :, None]))[
+            :, None
+        ]  # (B, 1, T, Lk)
         x = w["tok_emb"][tok] + w["pos_emb"][pos]
         for layer in range(cfg.n_layers):
             p = f"layers.{layer}."
             xn = self._norm(x, w[p + "attn_norm"])
-            q, k, v = (F.linear(xn, w[p + n].T).view(B, T, H, Dh).transpose(1, 2)
-                       for n in ("wq", "wk", "wv"))
+            q, k, v = (F.linear(xn, w[p + n].T).view(B, T, H, Dh).transpose(1, 2) for n in ("wq", "wk", "wv"))
             kk = x.new_zeros((B, H, Lk, Dh))
             vv = x.new_zeros((B, H, Lk, Dh))
             for b, c in enumerate(caches):

@@ -47,6 +47,7 @@ IMPLS = ("auto", "numba", "torch")
 @functools.cache
 def _kernel():
     from detsample.models import seeded_jit
+
     return seeded_jit
 
 
@@ -74,7 +75,7 @@ def normals(seed: int, index: int, n: int, *, impl: str = "auto") -> torch.Tenso
     else:
         for s in range(0, pairs, CHUNK_PAIRS):
             e = min(pairs, s + CHUNK_PAIRS)
-            out[2 * s: 2 * e] = _pairs(seed, index, s, e)
+            out[2 * s : 2 * e] = _pairs(seed, index, s, e)
     return out[:n]
 
 
@@ -82,8 +83,7 @@ def _pairs(seed: int, index: int, start: int, stop: int) -> torch.Tensor:
     """The torch composition: pairs ``start .. stop - 1`` as 2 (stop - start) values."""
     j = torch.arange(start, stop, dtype=torch.int64)
     key = torch.tensor(seed - (1 << 64) if seed >= 1 << 63 else seed, dtype=torch.int64)
-    w0, w1, w2, w3 = rng.philox4x32(key, j & rng.MASK32, j >> 32, torch.full_like(j, index),
-                                    torch.full_like(j, STREAM))
+    w0, w1, w2, w3 = rng.philox4x32(key, j & rng.MASK32, j >> 32, torch.full_like(j, index), torch.full_like(j, STREAM))
     u1 = rules.uniform(rules.u52(w0, w1))
     u2 = rules.uniform(rules.u52(w2, w3))
     rho = elementary_torch.sqrt(reference.log64(u1) * -2.0)

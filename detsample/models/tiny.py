@@ -29,14 +29,29 @@ from detsample.models.seeded import normals
 TINY_VOCAB = 512
 
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
-    "hf-tiny-llama": dict(vocab_size=TINY_VOCAB, hidden_size=256, intermediate_size=688,
-                          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                          max_position_embeddings=1024, rms_norm_eps=1e-5,
-                          tie_word_embeddings=False),
-    "hf-tiny-qwen2": dict(vocab_size=TINY_VOCAB, hidden_size=160, intermediate_size=432,
-                          num_hidden_layers=3, num_attention_heads=5, num_key_value_heads=1,
-                          max_position_embeddings=1024, rms_norm_eps=1e-6,
-                          tie_word_embeddings=True, use_sliding_window=False),
+    "hf-tiny-llama": dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    ),
+    "hf-tiny-qwen2": dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=160,
+        intermediate_size=432,
+        num_hidden_layers=3,
+        num_attention_heads=5,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+    ),
 }
 
 # init scales: normal(0, std) per parameter kind; norm gains 1 + normal(0, 0.1)
@@ -46,9 +61,11 @@ _STD = {"embed": 0.15, "lm_head": 0.15, "bias": 0.05, "proj": 0.05}
 def _classes(family: str) -> tuple[type, type]:
     if family == "llama":
         from transformers import LlamaConfig, LlamaForCausalLM
+
         return LlamaConfig, LlamaForCausalLM
     if family == "qwen2":
         from transformers import Qwen2Config, Qwen2ForCausalLM
+
         return Qwen2Config, Qwen2ForCausalLM
     raise ModelError(f"family must be 'llama' or 'qwen2', got {family!r}")
 
@@ -63,15 +80,28 @@ def seeded_init_(model: torch.nn.Module, seed: int) -> torch.nn.Module:
             if "norm" in name:
                 vals = 1.0 + 0.1 * z
             else:
-                kind = ("embed" if "embed" in name else "lm_head" if "lm_head" in name
-                        else "bias" if name.endswith("bias") else "proj")
+                kind = (
+                    "embed"
+                    if "embed" in name
+                    else "lm_head"
+                    if "lm_head" in name
+                    else "bias"
+                    if name.endswith("bias")
+                    else "proj"
+                )
                 vals = _STD[kind] * z
             p.copy_(vals.to(torch.float32).to(p.dtype))
     return model
 
 
-def build_hf(family: str, seed: int = 0, *, attn_implementation: str | None = None,
-             dtype: torch.dtype = torch.float32, **config: Any) -> torch.nn.Module:
+def build_hf(
+    family: str,
+    seed: int = 0,
+    *,
+    attn_implementation: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    **config: Any,
+) -> torch.nn.Module:
     """A ``family`` ("llama" | "qwen2") causal LM from ``config`` with seeded weights.
 
     ``config``: the transformers config fields; every field left out takes the library's
@@ -87,11 +117,11 @@ def build_hf(family: str, seed: int = 0, *, attn_implementation: str | None = No
     return model.to(dtype).eval()
 
 
-def build_tiny(name: str, seed: int = 0, *, attn_implementation: str | None = None,
-               dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+def build_tiny(
+    name: str, seed: int = 0, *, attn_implementation: str | None = None, dtype: torch.dtype = torch.float32
+) -> torch.nn.Module:
     """The tiny model ``name`` ("hf-tiny-llama" | "hf-tiny-qwen2")."""
     if name not in TINY_CONFIGS:
         raise ModelError(f"unknown tiny model {name!r}; known: {', '.join(TINY_CONFIGS)}")
     family = name.removeprefix("hf-tiny-")
-    return build_hf(family, seed, attn_implementation=attn_implementation, dtype=dtype,
-                    **TINY_CONFIGS[name])
+    return build_hf(family, seed, attn_implementation=attn_implementation, dtype=dtype, **TINY_CONFIGS[name])

@@ -11,8 +11,7 @@ from detsample.ops.host import host_tensor
 BiasCOO = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def bias_coo(per_row: Sequence[Iterable[tuple[int, float]] | None],
-             device: torch.device) -> BiasCOO | None:
+def bias_coo(per_row: Sequence[Iterable[tuple[int, float]] | None], device: torch.device) -> BiasCOO | None:
     """The COO form of per-row sparse biases, built once per batch composition.
 
     per_row: one entry per row, ``None`` or ``((token_id, bias), ...)`` with distinct
@@ -28,12 +27,14 @@ def bias_coo(per_row: Sequence[Iterable[tuple[int, float]] | None],
             vals.append(b)
     if not rows:
         return None
-    return (host_tensor(rows, torch.int64, device), host_tensor(cols, torch.int64, device),
-            host_tensor(vals, torch.float32, device))
+    return (
+        host_tensor(rows, torch.int64, device),
+        host_tensor(cols, torch.int64, device),
+        host_tensor(vals, torch.float32, device),
+    )
 
 
-def apply_logit_bias_(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
-                      values: torch.Tensor) -> torch.Tensor:
+def apply_logit_bias_(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """``x[rows[j], cols[j]] += values[j]`` in place; returns ``x``.
 
     x: (batch, vocab) float32, a working copy owned by the caller.

@@ -32,9 +32,12 @@ from detsample.rules import PAD_ID, element_active
 _NEG_INF = float("-inf")
 
 
-def gather_columns(x: torch.Tensor, rows: Sequence[int], columns: Sequence[np.ndarray],
-                   known: Sequence[np.ndarray | None] | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_columns(
+    x: torch.Tensor,
+    rows: Sequence[int],
+    columns: Sequence[np.ndarray],
+    known: Sequence[np.ndarray | None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The values of ``x`` at each row's columns, padded to one width.
 
     x: (B, V) float32 CPU contiguous; rows: n row indices; columns: n int64 arrays of
@@ -73,9 +76,16 @@ def gather_columns(x: torch.Tensor, rows: Sequence[int], columns: Sequence[np.nd
     return torch.from_numpy(vals), torch.from_numpy(ids)
 
 
-def column_cdf(vals: torch.Tensor, ids: torch.Tensor, shift: torch.Tensor,
-               temperatures: torch.Tensor, element: torch.Tensor, frac: int, *,
-               cut_element: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def column_cdf(
+    vals: torch.Tensor,
+    ids: torch.Tensor,
+    shift: torch.Tensor,
+    temperatures: torch.Tensor,
+    element: torch.Tensor,
+    frac: int,
+    *,
+    cut_element: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The compact CDF table of rows drawn over their finite columns (no top-k/top-p).
 
     vals, ids: (n, K) from :func:`gather_columns` (every finite logit of each row is

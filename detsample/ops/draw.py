@@ -38,8 +38,7 @@ def greedy_argmax(x: torch.Tensor) -> torch.Tensor:
     return torch.argmax(x, dim=-1)
 
 
-def id_order_cdf(ids: torch.Tensor, q: torch.Tensor, kept: torch.Tensor
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+def id_order_cdf(ids: torch.Tensor, q: torch.Tensor, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The kept tokens' CDF in token-id order, from candidates: ids (rows, K) int64,
     their masses q (rows, K) int64 and the kept mask (rows, K) bool (what
     ``filters.kept_prefix`` returns). Returns ``(sorted_ids, csum)``, both (rows, K): the
@@ -57,9 +56,17 @@ def draw_by_cdf(sorted_ids: torch.Tensor, csum: torch.Tensor, u: torch.Tensor) -
     return sorted_ids.gather(1, rules.first_above(csum, t.unsqueeze(1))).squeeze(1)
 
 
-def kept_mass(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: int, *,
-              out: torch.Tensor | None = None, q_out: torch.Tensor | None = None,
-              cut_tau: bool | None = None, cut_element: bool | None = None) -> torch.Tensor:
+def kept_mass(
+    z: torch.Tensor,
+    tau: torch.Tensor,
+    element: torch.Tensor,
+    frac: int,
+    *,
+    out: torch.Tensor | None = None,
+    q_out: torch.Tensor | None = None,
+    cut_tau: bool | None = None,
+    cut_element: bool | None = None,
+) -> torch.Tensor:
     """Fixed-point masses of the kept tokens (:func:`detsample.rules.mass`), zero elsewhere.
 
     z: (rows, V) float32 scaled logits (row max exactly 0); tau: (rows,) float32 kept
@@ -72,14 +79,21 @@ def kept_mass(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: i
     filter active, when the caller knows (None: look; a wrong False would keep too much,
     so only pass what holds).
     """
-    return kept_masses(z, tau, element, frac, out=out, q_out=q_out, cut_tau=cut_tau,
-                       cut_element=cut_element)[0]
+    return kept_masses(z, tau, element, frac, out=out, q_out=q_out, cut_tau=cut_tau, cut_element=cut_element)[0]
 
 
-def kept_masses(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: int, *,
-                out: torch.Tensor | None = None, q_out: torch.Tensor | None = None,
-                cut_tau: bool | None = None, cut_element: bool | None = None,
-                block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def kept_masses(
+    z: torch.Tensor,
+    tau: torch.Tensor,
+    element: torch.Tensor,
+    frac: int,
+    *,
+    out: torch.Tensor | None = None,
+    q_out: torch.Tensor | None = None,
+    cut_tau: bool | None = None,
+    cut_element: bool | None = None,
+    block: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`kept_mass` and the exact sums of the masses by blocks of ``block`` columns
     (None: the whole row): ``(q, sums)``, sums (rows, nb) int64. One fused pass on a CPU
     (:func:`detsample.rules.cut_masses`)."""
@@ -93,8 +107,7 @@ def kept_masses(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac:
         q = rules.mass_in_place(w, frac, q_out)
         return q, rules.block_sums(q, block)
     # (tau's cut made on the values, before the exp)
-    return rules.cut_masses(z, frac, tau=tau if cut_tau else None, least=least,
-                            block=block, out=out, q_out=q_out)
+    return rules.cut_masses(z, frac, tau=tau if cut_tau else None, least=least, block=block, out=out, q_out=q_out)
 
 
 def _least(element: torch.Tensor) -> torch.Tensor | None:
@@ -110,10 +123,18 @@ def _least(element: torch.Tensor) -> torch.Tensor | None:
     return torch.tensor(out, dtype=torch.float32, device=element.device)
 
 
-def block_cdf(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: int, *,
-              out: torch.Tensor | None = None, q_out: torch.Tensor | None = None,
-              cut_tau: bool | None = None, cut_element: bool | None = None,
-              lazy: bool = False) -> tuple[torch.Tensor | rowpass.LazyMasses, torch.Tensor]:
+def block_cdf(
+    z: torch.Tensor,
+    tau: torch.Tensor,
+    element: torch.Tensor,
+    frac: int,
+    *,
+    out: torch.Tensor | None = None,
+    q_out: torch.Tensor | None = None,
+    cut_tau: bool | None = None,
+    cut_element: bool | None = None,
+    lazy: bool = False,
+) -> tuple[torch.Tensor | rowpass.LazyMasses, torch.Tensor]:
     """The kept tokens' masses over the whole vocabulary and their blocked CDF.
 
     z: (rows, V) float32; tau: (rows,) float32; element: (rows, F) float32; kept as in
@@ -129,23 +150,23 @@ def block_cdf(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, frac: i
     """
     lazy = _lazy(z, tau, element, cut_tau, cut_element) if lazy else None
     if lazy is not None:
-        sums = rules.cut_masses(z, frac, tau=lazy.tau, least=lazy.least, block=BLOCK,
-                                want_q=False)[1]
+        sums = rules.cut_masses(z, frac, tau=lazy.tau, least=lazy.least, block=BLOCK, want_q=False)[1]
         return rowpass.LazyMasses(z, lazy.tau, lazy.least, frac), sums.cumsum(-1)
-    q, sums = kept_masses(z, tau, element, frac, out=out, q_out=q_out, cut_tau=cut_tau,
-                          cut_element=cut_element, block=BLOCK)
+    q, sums = kept_masses(
+        z, tau, element, frac, out=out, q_out=q_out, cut_tau=cut_tau, cut_element=cut_element, block=BLOCK
+    )
     return q, sums.cumsum(-1)
 
 
-def _lazy(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor,
-          cut_tau: bool | None, cut_element: bool | None) -> rowpass.LazyMasses | None:
+def _lazy(
+    z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor, cut_tau: bool | None, cut_element: bool | None
+) -> rowpass.LazyMasses | None:
     """The cuts of a blocked table whose masses need not be materialised (a fused CPU
     pass, every element-wise filter with a ``least``; ``z`` contiguous), as a
     LazyMasses without ``z`` and ``frac``; else None."""
     if not (rules.fused_masses(z) and z.is_contiguous()):
         return None
-    cut_element = bool(rules.element_active(element).any()) if cut_element is None \
-        else cut_element
+    cut_element = bool(rules.element_active(element).any()) if cut_element is None else cut_element
     least = _least(element) if cut_element else None
     if cut_element and least is None:
         return None
@@ -154,8 +175,7 @@ def _lazy(z: torch.Tensor, tau: torch.Tensor, element: torch.Tensor,
     return rowpass.LazyMasses(None, t.contiguous(), inf if least is None else least, 0)
 
 
-def draw_by_blocks(q: torch.Tensor | rowpass.LazyMasses, bsum: torch.Tensor, u: torch.Tensor
-                   ) -> torch.Tensor:
+def draw_by_blocks(q: torch.Tensor | rowpass.LazyMasses, bsum: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse CDF over :func:`block_cdf`'s table, in two levels: the block, then a cumsum
     inside it. u: (rows,) float64 in (0, 1) -> (rows,) int64 tokens. Lazy masses: the
     same two levels in one numba pass per row, recomputing the block's masses.

@@ -58,12 +58,17 @@ class CandidateCut:
 
     def rows(self, sel: torch.Tensor) -> CandidateCut:
         """The cut of the rows at positions ``sel`` (m,)."""
-        return CandidateCut(*(None if t is None else t[sel] for t in (
-            self.k_index, self.small, self.thr, self.total, self.top_p, self.element)))
+        return CandidateCut(
+            *(
+                None if t is None else t[sel]
+                for t in (self.k_index, self.small, self.thr, self.total, self.top_p, self.element)
+            )
+        )
 
 
-def kept_prefix(vals: torch.Tensor, cut: CandidateCut, frac: int
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def kept_prefix(
+    vals: torch.Tensor, cut: CandidateCut, frac: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """THE kept set of candidates: top-k, top-p and the element-wise filters by value on a
     candidate set.
 
@@ -100,9 +105,9 @@ def kept_prefix(vals: torch.Tensor, cut: CandidateCut, frac: int
     return kept.sum(-1), kept, q, thr
 
 
-def kept_prefix_length(sorted_z: torch.Tensor, top_k: torch.Tensor,
-                       top_p: torch.Tensor | None, element: torch.Tensor | None,
-                       frac: int) -> torch.Tensor:
+def kept_prefix_length(
+    sorted_z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor | None, element: torch.Tensor | None, frac: int
+) -> torch.Tensor:
     """Length of the kept prefix of each row of ``sorted_z`` (:func:`kept_prefix` of the
     full sorted row, or of candidates holding every top-k survivor).
 
@@ -111,9 +116,11 @@ def kept_prefix_length(sorted_z: torch.Tensor, top_k: torch.Tensor,
     filters' parameters; None for either when no row uses that filter. Returns (rows,) int64 in [1, K]."""
     K = sorted_z.shape[-1]
     k = top_k.to(torch.int64).clamp(1, K).unsqueeze(1)
-    cut = CandidateCut(k_index=k - 1,
-                       top_p=None if top_p is None else top_p.to(torch.float64).unsqueeze(1),
-                       element=None if element is None else element.to(torch.float32))
+    cut = CandidateCut(
+        k_index=k - 1,
+        top_p=None if top_p is None else top_p.to(torch.float64).unsqueeze(1),
+        element=None if element is None else element.to(torch.float32),
+    )
     return kept_prefix(sorted_z, cut, frac)[0]
 
 
@@ -141,8 +148,9 @@ def top_p_cut(sorted_z: torch.Tensor, q: torch.Tensor, limit: torch.Tensor) -> t
     return sorted_z.gather(1, (c - 1).unsqueeze(1))
 
 
-def thresholds_by_sort(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                       element: torch.Tensor, frac: int) -> torch.Tensor:
+def thresholds_by_sort(
+    z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, element: torch.Tensor, frac: int
+) -> torch.Tensor:
     """Reference semantics ("full-sort top-k"): per-row threshold tau from a full
     stable descending sort. z: (rows, V) float32, top_k: (rows,) int, top_p: (rows,)
     float64, element: (rows, F) float32 -> (rows,) float32; kept = z >= tau."""
@@ -151,8 +159,9 @@ def thresholds_by_sort(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     return sz.gather(1, (n - 1).unsqueeze(1)).squeeze(1)
 
 
-def logit_topk(x: torch.Tensor, row_max: torch.Tensor, temperatures: torch.Tensor,
-               k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def logit_topk(
+    x: torch.Tensor, row_max: torch.Tensor, temperatures: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``min(k, V)`` largest scaled logits ``z = scale_logits(x, row_max, T)`` of
     each row (:mod:`detsample.ops.temperature`), descending, and their ids, without
     computing ``z`` over the vocabulary.
@@ -185,9 +194,14 @@ def topk_threshold(z: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def survivor_mass(z: torch.Tensor, thr: torch.Tensor | None, frac: int, *,
-                  out: torch.Tensor | None = None, q_out: torch.Tensor | None = None
-                  ) -> torch.Tensor:
+def survivor_mass(
+    z: torch.Tensor,
+    thr: torch.Tensor | None,
+    frac: int,
+    *,
+    out: torch.Tensor | None = None,
+    q_out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Exact fixed-point mass of the top-k survivors: ``sum(q_i for z_i >= thr)``.
 
     z: (rows, V) float32 scaled logits (row max 0); thr: (rows,) float32 (``-inf``: every
@@ -197,5 +211,4 @@ def survivor_mass(z: torch.Tensor, thr: torch.Tensor | None, frac: int, *,
     sorted row, bit for bit (an exact integer sum; ``exp`` is fed
     ``max(z, rules.EXP_FLOOR)``, which changes no mass)."""
     cut = thr is not None and bool(torch.isfinite(thr).any())
-    return rules.cut_masses(z, frac, tau=thr if cut else None, want_q=False, out=out,
-                            q_out=q_out)[1].squeeze(1)
+    return rules.cut_masses(z, frac, tau=thr if cut else None, want_q=False, out=out, q_out=q_out)[1].squeeze(1)

@@ -21,9 +21,15 @@ from detsample import arith
 NEG_INF = float("-inf")
 
 
-def log_softmax(x: torch.Tensor, *, kept_mass: torch.Tensor | None = None, frac: int = 0,
-                out: torch.Tensor | None = None, at: torch.Tensor | None = None,
-                norm: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def log_softmax(
+    x: torch.Tensor,
+    *,
+    kept_mass: torch.Tensor | None = None,
+    frac: int = 0,
+    out: torch.Tensor | None = None,
+    at: torch.Tensor | None = None,
+    norm: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """THE log_softmax of detsample: every logprob it returns (the sampled token's, the
     top-n, the rescoring path's, in every ``logprobs_mode``) is computed here, so a
     kernel swapped in this one place changes all of them together.
@@ -51,19 +57,17 @@ def log_softmax(x: torch.Tensor, *, kept_mass: torch.Tensor | None = None, frac:
         return arith.picked(gather_rows(x, at), *norm)
     if kept_mass is None:
         return arith.log_softmax(x, out=out)
-    norm = arith.log64(kept_mass.to(torch.float64) * (2.0 ** -frac))
+    norm = arith.log64(kept_mass.to(torch.float64) * (2.0**-frac))
     return (x.to(torch.float64) - norm).to(torch.float32)
 
 
-def row_normalisers(x: torch.Tensor, m: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def row_normalisers(x: torch.Tensor, m: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows' ``(max, log-normaliser)`` of :func:`log_softmax` (``norm=``), one pass:
     x (rows, n) float32, m (rows,) its maxima when known (:func:`detsample.arith.normalisers`)."""
     return arith.normalisers(x, m)
 
 
-def processed_log_softmax(x: torch.Tensor, temperature: torch.Tensor,
-                          keep: torch.Tensor) -> torch.Tensor:
+def processed_log_softmax(x: torch.Tensor, temperature: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """vLLM's "processed" logprobs: ``log_softmax`` over the kept set of the logits
     divided by the temperature, -inf elsewhere (vLLM's sampler: ``logits.div_(temp)``,
     top-k / top-p masked to ``-inf``, ``logits.log_softmax(-1)``).
@@ -80,8 +84,7 @@ def processed_log_softmax(x: torch.Tensor, temperature: torch.Tensor,
     return log_softmax((x / temperature).masked_fill(~keep, NEG_INF))
 
 
-def gather_rows(values: torch.Tensor, token_ids: torch.Tensor, *,
-                in_range: bool = False) -> torch.Tensor:
+def gather_rows(values: torch.Tensor, token_ids: torch.Tensor, *, in_range: bool = False) -> torch.Tensor:
     """values: (batch, vocab); token_ids: (batch,) int64 -> (batch,) picked values.
 
     ``in_range``: the caller guarantees ``0 <= token_ids < vocab`` (an argmax, a drawn
@@ -103,8 +106,7 @@ def topn(values: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """
     B = values.shape[0]
     if n == 0 or B == 0:
-        return (values.new_empty((B, 0)), torch.empty((B, 0), dtype=torch.int64,
-                                                      device=values.device))
+        return (values.new_empty((B, 0)), torch.empty((B, 0), dtype=torch.int64, device=values.device))
     V = values.shape[-1]
     vals, ids = torch.topk(values, min(n + 1, V), dim=-1, largest=True, sorted=True)
     # the set is exact unless the (n+1)-th largest value ties the n-th

@@ -29,8 +29,7 @@ def bitmask_width(vocab_size: int) -> int:
     return (int(vocab_size) + _BITS - 1) // _BITS
 
 
-def allocate_token_bitmask(batch: int, vocab_size: int, device: str | torch.device = "cpu"
-                           ) -> torch.Tensor:
+def allocate_token_bitmask(batch: int, vocab_size: int, device: str | torch.device = "cpu") -> torch.Tensor:
     """A ``[batch, ceil(vocab_size/32)]`` int32 bitmask filled with -1 (all allowed)."""
     if batch < 0 or vocab_size < 1:
         raise ValueError(f"batch must be >= 0 and vocab_size >= 1, got {batch}, {vocab_size}")
@@ -44,13 +43,13 @@ def _unpack_torch(bitmask: torch.Tensor) -> torch.Tensor:
 
 
 def _unpack_numpy(bitmask: torch.Tensor) -> torch.Tensor:
-    bits = np.unpackbits(bitmask.contiguous().numpy().view(np.uint8), axis=-1,
-                         bitorder="little")
+    bits = np.unpackbits(bitmask.contiguous().numpy().view(np.uint8), axis=-1, bitorder="little")
     return torch.from_numpy(bits).view(torch.bool)
 
 
-def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int, limit: int | None = None,
-                   impl: str = "auto") -> torch.Tensor:
+def unpack_bitmask(
+    bitmask: torch.Tensor, vocab_size: int, limit: int | None = None, impl: str = "auto"
+) -> torch.Tensor:
     """``[R, W]`` int32 -> ``[R, vocab_size]`` bool (True = allowed).
 
     Tokens ``>= min(32*W, limit)`` are False. ``impl``: "torch" (any device), "numpy"
@@ -81,8 +80,9 @@ def pack_bitmask(keep: torch.Tensor) -> torch.Tensor:
     W = bitmask_width(V)
     padded = torch.zeros((R, W * _BITS), dtype=torch.int64, device=keep.device)
     padded[:, :V] = keep.to(torch.int64)
-    weights = torch.bitwise_left_shift(torch.ones(_BITS, dtype=torch.int64, device=keep.device),
-                                       torch.arange(_BITS, device=keep.device))
+    weights = torch.bitwise_left_shift(
+        torch.ones(_BITS, dtype=torch.int64, device=keep.device), torch.arange(_BITS, device=keep.device)
+    )
     packed = (padded.view(R, W, _BITS) * weights).sum(-1)  # exact: < 2**32
     return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 
@@ -93,12 +93,12 @@ SPARSE_MAX_FRACTION = 0.03
 
 def _sparse_ok(logits: torch.Tensor, bitmask: torch.Tensor, limit: int | None) -> bool:
     v = logits.shape[1]
-    return (v % _BITS == 0 and bitmask.shape[1] == v // _BITS and logits.is_contiguous()
-            and (limit is None or limit >= v))
+    return (
+        v % _BITS == 0 and bitmask.shape[1] == v // _BITS and logits.is_contiguous() and (limit is None or limit >= v)
+    )
 
 
-def _masked_sparse(logits: torch.Tensor, words: torch.Tensor,
-                   out: torch.Tensor | None = None) -> torch.Tensor | None:
+def _masked_sparse(logits: torch.Tensor, words: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
     """Every row masked, V a multiple of 32: start from all -inf and copy only the
     32-token blocks whose word is nonzero. Identical bits to the dense select; None
     when too many words are nonzero for this to pay."""
@@ -136,13 +136,16 @@ def _check(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
         raise ValueError(f"logits must be 2-D [B, V], got shape {tuple(logits.shape)}")
     w = bitmask_width(logits.shape[1])
     if bitmask.dtype != torch.int32 or bitmask.dim() != 2 or not 1 <= bitmask.shape[1] <= w:
-        raise ValueError(f"bitmask must be int32 [B, <= {w}], got "
-                         f"{bitmask.dtype} {tuple(bitmask.shape)}")
+        raise ValueError(f"bitmask must be int32 [B, <= {w}], got {bitmask.dtype} {tuple(bitmask.shape)}")
 
 
-def masked_logits(logits: torch.Tensor, bitmask: torch.Tensor,
-                  rows: Sequence[int] | torch.Tensor | None = None,
-                  limit: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def masked_logits(
+    logits: torch.Tensor,
+    bitmask: torch.Tensor,
+    rows: Sequence[int] | torch.Tensor | None = None,
+    limit: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """A new tensor: ``logits`` with ``-inf`` on the disallowed tokens of ``rows``.
 
     Args:
@@ -173,14 +176,16 @@ def masked_logits(logits: torch.Tensor, bitmask: torch.Tensor,
     out = logits.clone() if out is None else out.copy_(logits)
     if idx.numel():
         allowed = unpack_bitmask(bitmask.index_select(0, idx.to(bitmask.device)), v, limit)
-        out.index_copy_(0, idx, torch.where(allowed.to(logits.device),
-                                            logits.index_select(0, idx), neg))
+        out.index_copy_(0, idx, torch.where(allowed.to(logits.device), logits.index_select(0, idx), neg))
     return out
 
 
-def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor,
-                         rows: Sequence[int] | torch.Tensor | None = None,
-                         limit: int | None = None) -> torch.Tensor:
+def apply_token_bitmask_(
+    logits: torch.Tensor,
+    bitmask: torch.Tensor,
+    rows: Sequence[int] | torch.Tensor | None = None,
+    limit: int | None = None,
+) -> torch.Tensor:
     """In place: ``logits[r, t] = -inf`` where token t is disallowed for r in ``rows``.
 
     Same arguments and guarantee as :func:`masked_logits`; returns ``logits``.
@@ -190,8 +195,9 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor,
     if idx is not None and idx.numel() == 0:
         return logits
     sel = idx if idx is not None else slice(None)
-    sub = masked_logits(logits[sel], bitmask[sel] if idx is None else
-                        bitmask.index_select(0, idx.to(bitmask.device)), None, limit)
+    sub = masked_logits(
+        logits[sel], bitmask[sel] if idx is None else bitmask.index_select(0, idx.to(bitmask.device)), None, limit
+    )
     if idx is None:
         logits.copy_(sub)
     else:

@@ -41,7 +41,7 @@ BIN_SHIFT = 18
 KEY_LO = (127 - 10) << (23 - BIN_SHIFT)
 KEY_HI = (127 + 8) << (23 - BIN_SHIFT)
 BINS = KEY_HI - KEY_LO + 1
-_SIGN = -(2 ** 31)
+_SIGN = -(2**31)
 
 
 def group_maxima(z: torch.Tensor) -> torch.Tensor:
@@ -61,14 +61,15 @@ def _fold(t: torch.Tensor, reduce) -> torch.Tensor:
     most ``GROUP`` inputs."""
     rows, V = t.shape
     W = V // GROUP
-    parts = [reduce(t[:, :GROUP * W].unflatten(1, (GROUP, W)), 1)] if W else []
+    parts = [reduce(t[:, : GROUP * W].unflatten(1, (GROUP, W)), 1)] if W else []
     if V > GROUP * W:
-        parts.append(t[:, GROUP * W:])
+        parts.append(t[:, GROUP * W :])
     return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 
-def lower_bound(maxima: torch.Tensor, thr: torch.Tensor | None, limit: torch.Tensor,
-                frac: int) -> tuple[torch.Tensor, torch.Tensor]:
+def lower_bound(
+    maxima: torch.Tensor, thr: torch.Tensor | None, limit: torch.Tensor, frac: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A value below each row's top-p threshold, from its group maxima.
 
     maxima: (rows, m) float32 from :func:`group_maxima` of max-shifted scaled logits
@@ -84,8 +85,7 @@ def lower_bound(maxima: torch.Tensor, thr: torch.Tensor | None, limit: torch.Ten
         return fused
     rows = maxima.shape[0]
     # (a top-k casualty carries no survivor mass)
-    q = rules.mass_in_place(rules.floored_exp(
-        maxima, keep_from=None if thr is None else thr.squeeze(1)), frac)
+    q = rules.mass_in_place(rules.floored_exp(maxima, keep_from=None if thr is None else thr.squeeze(1)), frac)
     # larger value, smaller key: the low 31 bits of a value <= 0 grow with its magnitude
     key = (maxima.view(torch.int32) & 0x7FFFFFFF).bitwise_right_shift_(BIN_SHIFT)
     key = key.clamp_(KEY_LO, KEY_HI).to(torch.int64).sub_(KEY_LO)
@@ -99,8 +99,7 @@ def lower_bound(maxima: torch.Tensor, thr: torch.Tensor | None, limit: torch.Ten
     return bits.to(torch.int32).view(torch.float32), found
 
 
-def mass_bounds(z: torch.Tensor, frac: int, *, out: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def mass_bounds(z: torch.Tensor, frac: int, *, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Integers bracketing each row's exact mass ``Z = sum_i trunc(exp(z_i) * 2**frac)``
     without the int64 pass: ``lo <= Z <= hi``.
 
@@ -116,7 +115,7 @@ def mass_bounds(z: torch.Tensor, frac: int, *, out: torch.Tensor | None = None
     rows, V = z.shape
     g = _fold(_fold(rules.floored_exp(z, out=out), torch.sum), torch.sum)
     s = g.sum(-1, dtype=torch.float64) * rules.mass_scale(frac)  # exact scaling
-    u32, u64 = 2.0 ** -24, 2.0 ** -53
+    u32, u64 = 2.0**-24, 2.0**-53
     g7 = _gamma(GROUP - 1, u32)
     rel = (1 + g7) ** 2 * (1 + _gamma(g.shape[1] - 1, u64)) - 1
     # S / (1 + rel) >= s (1 - 2 rel) and S / (1 - rel) <= s (1 + 2 rel) (rel < 1/2), with
@@ -132,8 +131,7 @@ def _gamma(n: int, u: float) -> float:
     return n * u / (1 - n * u)
 
 
-def above(z: torch.Tensor, L: torch.Tensor, maxima: torch.Tensor
-          ) -> tuple[torch.Tensor, torch.Tensor]:
+def above(z: torch.Tensor, L: torch.Tensor, maxima: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The elements of each row strictly above its bound, sorted by value.
 
     z: (rows, V) float32; L: (rows,) float32; maxima: (rows, m) :func:`group_maxima`
@@ -149,8 +147,7 @@ def above(z: torch.Tensor, L: torch.Tensor, maxima: torch.Tensor
     members = base.unsqueeze(1) + torch.arange(GROUP, device=dev) * W  # (n, GROUP)
     tail = gj >= W if V > GROUP * W else None  # a last column of its own: member 0 only
     if tail is not None:
-        members = torch.where(tail.unsqueeze(1), (base + (GROUP - 1) * W).unsqueeze(1),
-                              members)
+        members = torch.where(tail.unsqueeze(1), (base + (GROUP - 1) * W).unsqueeze(1), members)
     vals = torch.take(z, members)
     keep = vals > L[gr].unsqueeze(1)
     if tail is not None:

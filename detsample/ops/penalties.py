@@ -39,8 +39,9 @@ import torch
 NEG_INF = float("-inf")
 
 
-def _penalize_values(v: torch.Tensor, counts: torch.Tensor, freq: torch.Tensor,
-                     pres: torch.Tensor, rep: torch.Tensor) -> torch.Tensor:
+def _penalize_values(
+    v: torch.Tensor, counts: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor, rep: torch.Tensor
+) -> torch.Tensor:
     """The element rule (1 then 2 of the module docstring) on gathered values."""
     c = counts.to(torch.float32)
     add = (v - freq * c) - pres
@@ -48,8 +49,7 @@ def _penalize_values(v: torch.Tensor, counts: torch.Tensor, freq: torch.Tensor,
     return torch.where(v > 0, v / rep, v * rep)
 
 
-def _flat(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
-          ) -> tuple[torch.Tensor, torch.Tensor]:
+def _flat(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(x viewed as 1-D, flat indices). Entries are read and written through 1-D
     ``index_select`` / ``index_copy_`` rather than 2-D advanced indexing: same bits,
     but no intra-op thread fan-out for a few thousand entries (which costs a
@@ -79,9 +79,9 @@ def apply_penalties_coo_(x: torch.Tensor, coo: tuple[torch.Tensor, ...]) -> torc
     return x
 
 
-def apply_penalties_dense_(x: torch.Tensor, counts: torch.Tensor, seen: torch.Tensor,
-                           freq: torch.Tensor, pres: torch.Tensor,
-                           rep: torch.Tensor) -> torch.Tensor:
+def apply_penalties_dense_(
+    x: torch.Tensor, counts: torch.Tensor, seen: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor, rep: torch.Tensor
+) -> torch.Tensor:
     """Dense form of :func:`apply_penalties_coo_` (the vLLM layout), in place.
 
     x: (B, V) float32; counts: (B, V) int32 output counts; seen: (B, V) bool, token in
@@ -104,8 +104,9 @@ def ban_tokens_(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torc
     return x
 
 
-def restrict_to_allowed_(x: torch.Tensor, sel_rows: torch.Tensor, rows: torch.Tensor,
-                         cols: torch.Tensor) -> torch.Tensor:
+def restrict_to_allowed_(
+    x: torch.Tensor, sel_rows: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
+) -> torch.Tensor:
     """Only ``(rows[j], cols[j])`` stay in the rows ``sel_rows``; the rest become -inf.
 
     x: (B, V) float32, contiguous, owned by the caller; sel_rows: (m,) int64 distinct

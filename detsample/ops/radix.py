@@ -36,10 +36,17 @@ _HI_BINS = 1 << (31 - _HI_SHIFT)
 _LEVELS = ((7, 0x3FF), (0, 0x7F))  # then 10 and 7 bits inside the chosen bin
 
 
-def thresholds_by_select(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                         element: torch.Tensor, frac: int, *,
-                         out: torch.Tensor | None = None, q_out: torch.Tensor | None = None,
-                         key_out: torch.Tensor | None = None) -> torch.Tensor:
+def thresholds_by_select(
+    z: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    element: torch.Tensor,
+    frac: int,
+    *,
+    out: torch.Tensor | None = None,
+    q_out: torch.Tensor | None = None,
+    key_out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """:func:`~detsample.ops.filters.thresholds_by_sort`, bit for bit, without sorting.
 
     z: (rows, V) float32 max-shifted scaled logits (every value ``<= 0`` or ``-inf``; a
@@ -71,18 +78,8 @@ def thresholds_by_select(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tens
     el = element.to(torch.float32)
     by_value = bool(rules.element_active(el).any())
     if pr.numel():  # (a top-k spill alone needs no mass)
-        n = pr.numel()
-        every = n == rows
-        zp = z if every else z.index_select(0, pr)
-        w = torch.empty(zp.shape, dtype=torch.float32, device=z.device) \
-            if out is None else out[:n]  # (a scratch for the levels below)
-        q, total = rules.cut_masses(zp, frac, tau=tau[pr] if cut_k else None, out=w,
-                                    q_out=None if q_out is None else q_out[:n])
-        limit = rules.top_p_limit(tp[pr], total.squeeze(1))  # survivors only
-        key = torch.empty(zp.shape, dtype=torch.int64, device=z.device) \
-            if key_out is None else key_out[:n]
-        tau[pr] = torch.maximum(tau[pr], _nucleus_value(zp.view(torch.int32), q, limit,
-                                                        (w.view(torch.int32), key)))
+        scratch = (out, q_out, key_out)
+        tau[pr] = _nucleus_thresholds(z, pr, tau[pr] if cut_k else None, tp[pr], frac, scratch)
     if by_value:  # the smallest value every element-wise filter keeps
         e = arith.exp(z)
         lowest = torch.where(rules.element_keeps(e, el), z, torch.full_like(z, float("inf")))
@@ -95,8 +92,26 @@ def thresholds_by_select(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tens
     return tau
 
 
-def _nucleus_value(bits: torch.Tensor, q: torch.Tensor, limit: torch.Tensor,
-                   scratch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+def _nucleus_thresholds(
+    z: torch.Tensor, pr: torch.Tensor, tau_k: torch.Tensor | None, tp: torch.Tensor, frac: int, scratch: tuple
+) -> torch.Tensor:
+    """The thresholds of the top-p rows ``pr`` of ``z``: their top-k thresholds ``tau_k``
+    (None: no row has a top-k) raised to the value where the kept mass reaches ``tp``
+    (float64); ``scratch``: the caller's optional (out, q_out, key_out) buffers."""
+    out, q_out, key_out = scratch
+    n = pr.numel()
+    zp = z if n == z.shape[0] else z.index_select(0, pr)
+    w = torch.empty(zp.shape, dtype=torch.float32, device=z.device) if out is None else out[:n]
+    q, total = rules.cut_masses(zp, frac, tau=tau_k, out=w, q_out=None if q_out is None else q_out[:n])
+    limit = rules.top_p_limit(tp, total.squeeze(1))  # survivors only
+    key = torch.empty(zp.shape, dtype=torch.int64, device=z.device) if key_out is None else key_out[:n]
+    lowest = tau_k if tau_k is not None else torch.full((n,), -float("inf"), device=z.device)
+    return torch.maximum(lowest, _nucleus_value(zp.view(torch.int32), q, limit, (w.view(torch.int32), key)))
+
+
+def _nucleus_value(
+    bits: torch.Tensor, q: torch.Tensor, limit: torch.Tensor, scratch: tuple[torch.Tensor, torch.Tensor]
+) -> torch.Tensor:
     """The smallest top-k survivor value whose mass strictly above passes
     ``float64(above) < limit``. bits: (r, V) int32 float32 patterns of the values (all
     ``<= 0``: the low 31 bits ``m`` order them, larger value first); q: (r, V)
@@ -133,7 +148,7 @@ def _nucleus_value(bits: torch.Tensor, q: torch.Tensor, limit: torch.Tensor,
         keep = digit == d[ri]
         ri, mm, qq = ri[keep], mm[keep], qq[keep]
     mstar = value.to(torch.int32)
-    sign = torch.where(mstar == 0, 0, -(2 ** 31)).to(torch.int32)
+    sign = torch.where(mstar == 0, 0, -(2**31)).to(torch.int32)
     return (mstar | sign).view(torch.float32)
 
 

@@ -54,7 +54,7 @@ def mass_and_maxima_rows(z, thr, consts, out, span):
     r0, r1 = span
     buf = np.empty(z.shape[1], dtype=np.float32)
     for r in range(r0, r1):
-        totals[r] = _survivor_mass(z[r], thr[r], floor, 2.0 ** frac, buf)
+        totals[r] = _survivor_mass(z[r], thr[r], floor, 2.0**frac, buf)
         _group_maxima(z[r], maxima[r])
 
 
@@ -94,7 +94,7 @@ def first_pass_rows(x, per_row, consts, out, span):
             ok = (m > -np.inf) & (m < np.inf)
             g[r] = row_log_norm(x[r], m, buf, frac) if ok else np.nan
         if flags[r] & 2:
-            totals[r] = _survivor_mass(z[r], np.float32(-np.inf), floor, 2.0 ** frac, buf)
+            totals[r] = _survivor_mass(z[r], np.float32(-np.inf), floor, 2.0**frac, buf)
             _group_maxima(z[r], maxima[r])
 
 
@@ -123,7 +123,7 @@ def lower_bound_rows(maxima, thr, limit, consts, out, span):
     floor, frac, shift, key_lo, key_hi = consts
     bound_bits, found = out
     r0, r1 = span
-    scale = 2.0 ** frac
+    scale = 2.0**frac
     bins = key_hi - key_lo + 1
     hist = np.empty(bins, dtype=np.int64)
     n = maxima.shape[1]
@@ -143,7 +143,7 @@ def lower_bound_rows(maxima, thr, limit, consts, out, span):
             above += hist[b]
             b += 1
         found[r] = b < bins
-        bound_bits[r] = ((min(b, bins - 1) + key_lo) << shift) | np.int64(-(2 ** 31))
+        bound_bits[r] = ((min(b, bins - 1) + key_lo) << shift) | np.int64(-(2**31))
 
 
 @numba.njit(**_jit)
@@ -160,7 +160,7 @@ def draw_blocks_rows(z, cuts, consts, table, out, span):
     bsum, target = table
     r0, r1 = span
     V = z.shape[1]
-    scale = 2.0 ** frac
+    scale = 2.0**frac
     e = np.empty(block, dtype=np.float32)
     q = np.empty(block, dtype=np.int64)
     for r in range(r0, r1):
@@ -170,7 +170,7 @@ def draw_blocks_rows(z, cuts, consts, table, out, span):
             b += 1
         s = b * block
         n = min(V, s + block) - s
-        row = z[r, s:s + n]
+        row = z[r, s : s + n]
         floored_exp_into(row, floor, e[:n])
         block_masses(row, e[:n], tau[r], least[r], scale, floor, q[:n], True)
         run = bsum[r, b - 1] if b > 0 else 0
@@ -179,4 +179,3 @@ def draw_blocks_rows(z, cuts, consts, table, out, span):
             run += q[i]
             i += 1
         out[r] = s + i
-

@@ -24,6 +24,7 @@ from detsample import rules
 @functools.cache
 def _kernels():
     from detsample.ops import rowjit
+
     return rowjit
 
 
@@ -34,11 +35,11 @@ def runs(t: torch.Tensor) -> bool:
 
 def _split(fn, rows: int, elements: int) -> None:
     from detsample.arith import cpu
+
     cpu.split_rows(fn, rows, elements)
 
 
-def scale(x: torch.Tensor, m: torch.Tensor, t: torch.Tensor, out: torch.Tensor | None
-          ) -> torch.Tensor | None:
+def scale(x: torch.Tensor, m: torch.Tensor, t: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor | None:
     """``ops.temperature.scale_logits`` in one pass: x (B, V) float32, m (B, 1), t (B, 1)
     float32, out a contiguous (B, V) float32 buffer or None. None where no kernel runs."""
     if not (runs(x) and x.is_contiguous() and (out is None or out.is_contiguous())):
@@ -51,8 +52,9 @@ def scale(x: torch.Tensor, m: torch.Tensor, t: torch.Tensor, out: torch.Tensor |
     return z
 
 
-def mass_and_maxima(z: torch.Tensor, thr: torch.Tensor | None, frac: int, group: int
-                    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+def mass_and_maxima(
+    z: torch.Tensor, thr: torch.Tensor | None, frac: int, group: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The exact survivor mass (``filters.survivor_mass``) and the strided group maxima
     (``nucleus.group_maxima``) of z (rows, V) float32 in one pass: ((rows,) int64,
     (rows, V // group + V % group) float32). None where no kernel runs (its groups are
@@ -70,9 +72,9 @@ def mass_and_maxima(z: torch.Tensor, thr: torch.Tensor | None, frac: int, group:
     return totals, maxima
 
 
-def lower_bound(maxima: torch.Tensor, thr: torch.Tensor | None, limit: torch.Tensor,
-                frac: int, keys: tuple[int, int, int]
-                ) -> tuple[torch.Tensor, torch.Tensor] | None:
+def lower_bound(
+    maxima: torch.Tensor, thr: torch.Tensor | None, limit: torch.Tensor, frac: int, keys: tuple[int, int, int]
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``nucleus.lower_bound`` in one pass per row: ``keys`` = (shift, key_lo, key_hi) of
     its bins. Returns ((rows,) float32 bound, (rows,) bool found), or None where no
     kernel runs."""
@@ -83,8 +85,7 @@ def lower_bound(maxima: torch.Tensor, thr: torch.Tensor | None, limit: torch.Ten
     found = torch.empty(rows, dtype=torch.bool)
     t = (torch.full((rows,), -float("inf")) if thr is None else thr.reshape(-1)).contiguous()
     lim = limit.to(torch.float64).contiguous()
-    a, tv, lv, bo, fo = (maxima.numpy(), t.to(torch.float32).numpy(), lim.numpy(),
-                         bits.numpy(), found.numpy())
+    a, tv, lv, bo, fo = (maxima.numpy(), t.to(torch.float32).numpy(), lim.numpy(), bits.numpy(), found.numpy())
     k = _kernels().lower_bound_rows
     consts = (_f32(rules.EXP_FLOOR), frac, *keys)
     _split(lambda s, e: k(a, tv, lv, consts, (bo, fo), (s, e)), rows, maxima.numel())
@@ -93,6 +94,7 @@ def lower_bound(maxima: torch.Tensor, thr: torch.Tensor | None, limit: torch.Ten
 
 def _f32(v: float):
     import numpy as np
+
     return np.float32(v)
 
 
@@ -109,9 +111,13 @@ class FirstPass:
     maxima: torch.Tensor
 
 
-def first_pass(x: torch.Tensor, maxima_of: tuple[torch.Tensor, torch.Tensor],
-               t: torch.Tensor, flags: torch.Tensor, out: torch.Tensor | None
-               ) -> FirstPass | None:
+def first_pass(
+    x: torch.Tensor,
+    maxima_of: tuple[torch.Tensor, torch.Tensor],
+    t: torch.Tensor,
+    flags: torch.Tensor,
+    out: torch.Tensor | None,
+) -> FirstPass | None:
     """One pass over model logits ``x`` (B, V) float32 that steps 1-5 left unchanged:
     step 7's ``z = (x - shift) / t`` for every row, and per row as ``flags`` (B,) int8
     ask -- 1: the "raw" log-normaliser of ``x`` (:func:`detsample.arith.normalisers`,
@@ -127,8 +133,9 @@ def first_pass(x: torch.Tensor, maxima_of: tuple[torch.Tensor, torch.Tensor],
     norm = torch.full((B,), float("nan"), dtype=torch.float64)
     totals = torch.zeros(B, dtype=torch.int64)
     maxima = torch.empty((B, V // 8 + V % 8), dtype=torch.float32)
-    per_row = tuple(v.reshape(-1).to(torch.float32).contiguous().numpy() for v in
-                    (*maxima_of, t)) + (flags.to(torch.int8).contiguous().numpy(),)
+    per_row = tuple(v.reshape(-1).to(torch.float32).contiguous().numpy() for v in (*maxima_of, t)) + (
+        flags.to(torch.int8).contiguous().numpy(),
+    )
     outs = (z.numpy(), norm.numpy(), totals.numpy(), maxima.numpy())
     consts = (_f32(rules.EXP_FLOOR), rules.frac_bits(V))
     k = _kernels().first_pass_rows
@@ -148,8 +155,7 @@ class LazyMasses:
     frac: int
 
 
-def draw_blocks(masses: LazyMasses, bsum: torch.Tensor, target: torch.Tensor, block: int
-                ) -> torch.Tensor:
+def draw_blocks(masses: LazyMasses, bsum: torch.Tensor, target: torch.Tensor, block: int) -> torch.Tensor:
     """``ops.draw.draw_by_blocks`` over lazy masses: (rows,) int64 tokens, the first
     whose running mass exceeds ``target`` (rows,) int64, from the running block sums
     ``bsum`` (rows, nb) int64 of blocks of ``block`` columns."""

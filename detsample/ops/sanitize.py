@@ -10,8 +10,7 @@ from detsample import arith
 from detsample.rules import NAN_FLOOR, POSINF_CEIL, STATUS_HAD_NAN, STATUS_HAD_POSINF, STATUS_NO_VALID_TOKEN
 
 
-def sanitize_rows_flagged(x: torch.Tensor
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+def sanitize_rows_flagged(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
     """Replace NaN by ``NAN_FLOOR`` and +inf by ``POSINF_CEIL``; -inf stays (a mask).
 
     x: (batch, vocab) float32 (not modified). Returns ``(clean, status, row_max, finite)``:

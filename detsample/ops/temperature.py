@@ -12,8 +12,9 @@ def row_max(x: torch.Tensor) -> torch.Tensor:
     return torch.amax(x, dim=-1, keepdim=True)
 
 
-def scale_logits(x: torch.Tensor, m: torch.Tensor, temperatures: torch.Tensor,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+def scale_logits(
+    x: torch.Tensor, m: torch.Tensor, temperatures: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """``z = (x - m) / T`` in float32: a subtraction then a true division (not a
     reciprocal multiply), so the row maximum maps to exactly 0 and ``exp(z) <= 1``.
 

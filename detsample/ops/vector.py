@@ -18,12 +18,11 @@ from typing import Any
 
 import torch
 
-PAD = 64          # buffers: a multiple of every vector loop's step (AVX-512: 16 floats x 2)
-BLOCK = 16384     # elements per call (a multiple of PAD, below torch's GRAIN_SIZE)
+PAD = 64  # buffers: a multiple of every vector loop's step (AVX-512: 16 floats x 2)
+BLOCK = 16384  # elements per call (a multiple of PAD, below torch's GRAIN_SIZE)
 
 
-def pointwise(out_op: Callable[..., torch.Tensor], x: torch.Tensor, *args: Any,
-              **kwargs: Any) -> torch.Tensor:
+def pointwise(out_op: Callable[..., torch.Tensor], x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """``out_op(x, *args, out=..., **kwargs)`` with every element on the vector path.
 
     ``out_op`` is an elementwise aten ``.out`` overload (``aten.silu.out``) whose output
@@ -40,5 +39,5 @@ def pointwise(out_op: Callable[..., torch.Tensor], x: torch.Tensor, *args: Any,
         buf[:n].copy_(x.reshape(-1))
     out = torch.empty((npad,), dtype=x.dtype, device=x.device)
     for s in range(0, npad, BLOCK):
-        out_op(buf[s: s + BLOCK], *args, out=out[s: s + BLOCK], **kwargs)
+        out_op(buf[s : s + BLOCK], *args, out=out[s : s + BLOCK], **kwargs)
     return out[:n].view(x.shape)

@@ -17,15 +17,23 @@ Every failure is an :class:`OutputError` naming the option, the path and the rea
 from __future__ import annotations
 
 from detsample.outputs.files import (
-                                     OutputError,
-                                     append_file,
-                                     output_input_clash,
-                                     output_inside_problem,
-                                     same_file,
-                                     write_file,
+    OutputError,
+    append_file,
+    output_input_clash,
+    output_inside_problem,
+    same_file,
+    write_file,
 )
 from detsample.outputs.streams import data_stdout, guarded_streams, stdout_is_data
 
-__all__ = ["OutputError", "append_file", "data_stdout", "guarded_streams", "output_input_clash",
-           "output_inside_problem", "same_file",
-           "stdout_is_data", "write_file"]
+__all__ = [
+    "OutputError",
+    "append_file",
+    "data_stdout",
+    "guarded_streams",
+    "output_input_clash",
+    "output_inside_problem",
+    "same_file",
+    "stdout_is_data",
+    "write_file",
+]

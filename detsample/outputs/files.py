@@ -167,13 +167,16 @@ def output_input_clash(outputs: Iterable[Named], inputs: Iterable[Named]) -> str
             continue
         for inp, iflag in ins:
             if same_file(out, inp):
-                return (f"{oflag} {_shown(os.fspath(out))} is the input {iflag} "
-                        f"{_shown(inp)}: writing it would destroy the input; give another path")
+                return (
+                    f"{oflag} {_shown(os.fspath(out))} is the input {iflag} "
+                    f"{_shown(inp)}: writing it would destroy the input; give another path"
+                )
     return None
 
 
-def output_inside_problem(path: str | os.PathLike[str] | None, flag: str,
-                          folder: str | os.PathLike[str], folder_flag: str) -> str | None:
+def output_inside_problem(
+    path: str | os.PathLike[str] | None, flag: str, folder: str | os.PathLike[str], folder_flag: str
+) -> str | None:
     """The usage error of an output ``path`` inside an input folder (``check --json``
     among the goldens it compares against), naming both options and the path; or None."""
     if path is None or os.fspath(path) == "-":
@@ -181,5 +184,7 @@ def output_inside_problem(path: str | os.PathLike[str] | None, flag: str,
     out, root = os.path.realpath(path), os.path.realpath(folder)
     if os.path.commonpath([out, root]) != root:
         return None
-    return (f"{flag} {_shown(os.fspath(path))} is inside the input {folder_flag} "
-            f"{_shown(os.fspath(folder))}: writing it could replace an input; give another path")
+    return (
+        f"{flag} {_shown(os.fspath(path))} is inside the input {folder_flag} "
+        f"{_shown(os.fspath(folder))}: writing it could replace an input; give another path"
+    )

@@ -111,14 +111,14 @@ def _data_stream(stdout: Any, stderr: Any) -> tuple[QuietStream, Callable[[], No
         stdout.flush()
     saved = os.dup(out_fd)
     os.dup2(err_fd, out_fd)
-    data = QuietStream(io.TextIOWrapper(os.fdopen(saved, "wb"), encoding="utf-8",
-                                        errors="backslashreplace"))
+    data = QuietStream(io.TextIOWrapper(os.fdopen(saved, "wb"), encoding="utf-8", errors="backslashreplace"))
 
     def restore() -> None:
         data.flush()
         os.dup2(saved, out_fd)
         with contextlib.suppress(OSError, ValueError):
             data.inner.close()
+
     return data, restore
 
 

@@ -18,6 +18,21 @@ from detsample.parallel.layers import RowParallelLinear, TensorParallelError, Vo
 from detsample.parallel.layout import ARCHITECTURES, Layout, plan, shard_model
 from detsample.parallel.runner import TPModelSpec, check_spec, load_sharded, tp_group
 
-__all__ = ["ARCHITECTURES", "Comm", "Layout", "RankError", "RankGroup", "RowParallelLinear",
-           "TPModelSpec", "TensorParallelError", "VocabParallelEmbedding", "VocabParallelHead",
-           "check_spec", "launch", "load_sharded", "plan", "shard_model", "tp_group"]
+__all__ = [
+    "ARCHITECTURES",
+    "Comm",
+    "Layout",
+    "RankError",
+    "RankGroup",
+    "RowParallelLinear",
+    "TPModelSpec",
+    "TensorParallelError",
+    "VocabParallelEmbedding",
+    "VocabParallelHead",
+    "check_spec",
+    "launch",
+    "load_sharded",
+    "plan",
+    "shard_model",
+    "tp_group",
+]

@@ -54,8 +54,7 @@ def get(obj: Any, path: str) -> Any:
 def check_linears(obj: Any, where: str, names: tuple[str, ...]) -> None:
     for n in names:
         if not isinstance(get(obj, n), torch.nn.Linear):
-            raise TensorParallelError(f"tensor parallel: {where}.{n} is not an nn.Linear; "
-                                      f"the Megatron layout needs it")
+            raise TensorParallelError(f"tensor parallel: {where}.{n} is not an nn.Linear; the Megatron layout needs it")
 
 
 def check_mlp(mlp: Any, where: str, world: int, cfg: Any) -> int:
@@ -67,7 +66,8 @@ def check_mlp(mlp: Any, where: str, world: int, cfg: Any) -> int:
             raise TensorParallelError(
                 f"tensor parallel: {where} ({type(mlp).__name__}) has "
                 f"{'no router (gate)' if not extra else 'modules ' + ', '.join(extra)}; the "
-                f"expert-parallel layout handles {', '.join(MOE_PARTS)} only")
+                f"expert-parallel layout handles {', '.join(MOE_PARTS)} only"
+            )
         check_experts(mlp.experts, f"{where}.experts")
         if "shared_expert_gate" in children:
             check_linears(mlp, where, ("shared_expert_gate",))
@@ -78,8 +78,11 @@ def check_mlp(mlp: Any, where: str, world: int, cfg: Any) -> int:
     check_linears(mlp, where, DENSE)
     n = mlp.gate_proj.out_features
     if n % world:
-        what = f"config.intermediate_size={n}" if n == getattr(cfg, "intermediate_size", None) \
+        what = (
+            f"config.intermediate_size={n}"
+            if n == getattr(cfg, "intermediate_size", None)
             else f"the {n} intermediate features of {where}"
+        )
         raise TensorParallelError(f"tensor parallel: tp={world} does not divide {what}")
     return n // world
 
@@ -105,9 +108,11 @@ def check_mla(att: Any, where: str, heads: int, kv_heads: int) -> None:
     q = "q_b_proj" if getattr(att, "q_lora_rank", None) is not None else "q_proj"
     check_linears(att, where, (q, "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"))
     if kv_heads != heads:
-        raise TensorParallelError(f"tensor parallel: {where}: MLA with num_key_value_heads="
-                                  f"{kv_heads} != num_attention_heads={heads} is not covered "
-                                  f"(its keys and values have one head per query head)")
+        raise TensorParallelError(
+            f"tensor parallel: {where}: MLA with num_key_value_heads="
+            f"{kv_heads} != num_attention_heads={heads} is not covered "
+            f"(its keys and values have one head per query head)"
+        )
 
 
 def shard_mla(att: Any, heads: int, comm: Comm) -> None:

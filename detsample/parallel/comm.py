@@ -32,8 +32,7 @@ class Comm:
     def __post_init__(self) -> None:
         if isinstance(self.world, bool) or not isinstance(self.world, int) or self.world < 1:
             raise ValueError(f"world must be an int >= 1, got {self.world!r}")
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) \
-                or not 0 <= self.rank < self.world:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 0 <= self.rank < self.world:
             raise ValueError(f"rank must be an int in [0, {self.world}), got {self.rank!r}")
 
     @staticmethod

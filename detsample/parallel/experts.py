@@ -66,20 +66,31 @@ def check_experts(experts: Any, where: str) -> str:
     for name in ("gate_up_proj", "down_proj"):
         p = getattr(experts, name, None)
         if not isinstance(p, torch.Tensor) or p.dim() != 3:
-            raise TensorParallelError(f"tensor parallel: {where}.{name} is not a 3-D experts "
-                                      f"parameter (E, out, in); the expert-parallel layout needs it")
-    for flag, want in (("has_gate", True), ("has_bias", False), ("is_transposed", False),
-                       ("has_post_expert_norm", False), ("is_concatenated", True)):
+            raise TensorParallelError(
+                f"tensor parallel: {where}.{name} is not a 3-D experts "
+                f"parameter (E, out, in); the expert-parallel layout needs it"
+            )
+    for flag, want in (
+        ("has_gate", True),
+        ("has_bias", False),
+        ("is_transposed", False),
+        ("has_post_expert_norm", False),
+        ("is_concatenated", True),
+    ):
         if getattr(experts, flag, want) != want:
-            raise TensorParallelError(f"tensor parallel: {where} ({type(experts).__name__}) has "
-                                      f"{flag}={not want}; expert parallelism covers gated, "
-                                      f"bias-free, concatenated [gate; up] experts")
+            raise TensorParallelError(
+                f"tensor parallel: {where} ({type(experts).__name__}) has "
+                f"{flag}={not want}; expert parallelism covers gated, "
+                f"bias-free, concatenated [gate; up] experts"
+            )
     impl = getattr(getattr(experts, "config", None), "_experts_implementation", None)
     if impl not in IMPLEMENTATIONS:
-        raise TensorParallelError(f"tensor parallel: {where} runs experts_implementation "
-                                  f"{impl!r}; expert parallelism repeats the combine of "
-                                  f"{', '.join(IMPLEMENTATIONS)} (eager's loop is not covered by "
-                                  f"the batch-invariant mode at TP=1 either)")
+        raise TensorParallelError(
+            f"tensor parallel: {where} runs experts_implementation "
+            f"{impl!r}; expert parallelism repeats the combine of "
+            f"{', '.join(IMPLEMENTATIONS)} (eager's loop is not covered by "
+            f"the batch-invariant mode at TP=1 either)"
+        )
     return impl
 
 
@@ -94,17 +105,17 @@ class ExpertParallel(torch.nn.Module):
         self.num_experts = experts.gate_up_proj.shape[0]
         self.mine = expert_range(comm.rank, self.num_experts, comm.world)
         sl = slice(self.mine.start, self.mine.stop)
-        self.gate_up_proj = torch.nn.Parameter(experts.gate_up_proj.detach()[sl].clone(),
-                                               requires_grad=False)
-        self.down_proj = torch.nn.Parameter(experts.down_proj.detach()[sl].clone(),
-                                            requires_grad=False)
+        self.gate_up_proj = torch.nn.Parameter(experts.gate_up_proj.detach()[sl].clone(), requires_grad=False)
+        self.down_proj = torch.nn.Parameter(experts.down_proj.detach()[sl].clone(), requires_grad=False)
         self.act_fn = experts.act_fn
         self._gate = type(experts)._apply_gate
         self.comm = comm
 
     def extra_repr(self) -> str:
-        return (f"experts [{self.mine.start}, {self.mine.stop}) of {self.num_experts} "
-                f"(rank {self.comm.rank} of {self.comm.world}), combine {self.impl!r}")
+        return (
+            f"experts [{self.mine.start}, {self.mine.stop}) of {self.num_experts} "
+            f"(rank {self.comm.rank} of {self.comm.world}), combine {self.impl!r}"
+        )
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert ``e``'s output for the rows ``x`` (whole expert, this rank's)."""
@@ -121,22 +132,19 @@ class ExpertParallel(torch.nn.Module):
                 y[pairs] = self._expert(e, x[pairs // k]).to(y.dtype)
         return y, (flat >= self.mine.start) & (flat < self.mine.stop)
 
-    def forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor,
-                top_k_weights: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         if is_enabled() and config().portable:
             return self.exact(hidden, top_k_index, top_k_weights)
         if is_enabled():
             raise TensorParallelError(VERIFIED_REFUSED)
         return self.plain(hidden, top_k_index, top_k_weights)
 
-    def exact(self, hidden: torch.Tensor, top_k_index: torch.Tensor,
-              top_k_weights: torch.Tensor) -> torch.Tensor:
+    def exact(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         """Every pair's output from its owner (exact), combined as TP=1 combines them."""
         y, mine = self._outputs(hidden, top_k_index.reshape(-1), top_k_index.shape[-1])
         return combine(owned_rows(y, mine, self.comm.reduce), hidden, top_k_index, top_k_weights)
 
-    def plain(self, hidden: torch.Tensor, top_k_index: torch.Tensor,
-              top_k_weights: torch.Tensor) -> torch.Tensor:
+    def plain(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         """A plain expert-parallel layer: this rank's weighted outputs summed per token,
         the ranks' partial sums added by torch's floating-point all-reduce (not TP=1's
         order of the sum)."""
@@ -147,8 +155,9 @@ class ExpertParallel(torch.nn.Module):
         return part
 
 
-def combine(y: torch.Tensor, hidden: torch.Tensor, top_k_index: torch.Tensor,
-            top_k_weights: torch.Tensor) -> torch.Tensor:
+def combine(
+    y: torch.Tensor, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
     """The ``(T, H)`` output from every pair's expert output ``y (T k, H)`` (pairs in
     (token, slot) order), with the ops of transformers' ``grouped_mm`` and ``batched_mm``
     experts (``transformers.integrations.moe``): the same ops on the same bits."""

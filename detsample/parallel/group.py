@@ -68,18 +68,29 @@ def _load(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=True)
 
 
-def _worker(rank: int, world: int, store: str, backend: str, timeout: float, threads: int,
-            init: Callable, args: tuple, commands: Any, replies: Any) -> None:
+def _worker(
+    rank: int,
+    world: int,
+    store: str,
+    backend: str,
+    timeout: float,
+    threads: int,
+    init: Callable,
+    args: tuple,
+    commands: Any,
+    replies: Any,
+) -> None:
     """One rank: join the group, ``init``, then run commands until ``None``."""
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
     state = None
     try:
-        if backend == "nccl":   # one GPU per rank (written, not run by this project's tests)
+        if backend == "nccl":  # one GPU per rank (written, not run by this project's tests)
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group(backend, init_method=f"file://{store}", rank=rank,
-                                world_size=world, timeout=timedelta(seconds=timeout))
+        dist.init_process_group(
+            backend, init_method=f"file://{store}", rank=rank, world_size=world, timeout=timedelta(seconds=timeout)
+        )
         comm = Comm.from_default_group()
         state = init(comm, *args)
         replies.put((rank, "ready", b""))
@@ -122,8 +133,17 @@ def _error(e: BaseException) -> bytes:
 class RankGroup:
     """``world`` local rank processes in one process group (see the module docstring)."""
 
-    def __init__(self, world: int, init: Callable, args: tuple = (), *, timeout: float = DEFAULT_TIMEOUT,
-                 threads: int = 1, backend: str = "gloo", start_method: str = "spawn") -> None:
+    def __init__(
+        self,
+        world: int,
+        init: Callable,
+        args: tuple = (),
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        threads: int = 1,
+        backend: str = "gloo",
+        start_method: str = "spawn",
+    ) -> None:
         if isinstance(world, bool) or not isinstance(world, int) or world < 1:
             raise ValueError(f"world must be an int >= 1, got {world!r}")
         too_many = thread_problem(world)  # one process per rank, on this machine
@@ -143,10 +163,26 @@ class RankGroup:
         self._replies = ctx.Queue()
         self._commands = [ctx.Queue() for _ in range(world)]
         store = os.path.join(self._dir, "store")
-        self._procs = self._all = [ctx.Process(target=_worker, daemon=True, name=f"detsample-tp-rank{r}",
-                                   args=(r, world, store, backend, self.timeout, threads, init,
-                                         tuple(args), self._commands[r], self._replies))
-                       for r in range(world)]
+        self._procs = self._all = [
+            ctx.Process(
+                target=_worker,
+                daemon=True,
+                name=f"detsample-tp-rank{r}",
+                args=(
+                    r,
+                    world,
+                    store,
+                    backend,
+                    self.timeout,
+                    threads,
+                    init,
+                    tuple(args),
+                    self._commands[r],
+                    self._replies,
+                ),
+            )
+            for r in range(world)
+        ]
         try:
             with children_ignore_ctrl_c():  # the parent alone handles Ctrl-C
                 for p in self._procs:
@@ -169,26 +205,40 @@ class RankGroup:
                     r = dead[0]
                     self._procs[r].join(timeout=1.0)
                     self.close()
-                    raise RankError(f"tensor-parallel rank {r} of {self.world} died during "
-                                    f"{what} (exit code {self._exitcodes[r]})", r, "died") from None
+                    raise RankError(
+                        f"tensor-parallel rank {r} of {self.world} died during {what} (exit code {self._exitcodes[r]})",
+                        r,
+                        "died",
+                    ) from None
                 if time.monotonic() > deadline:
                     missing = [r for r in range(self.world) if r not in got]
                     self.close()
-                    raise RankError(f"tensor-parallel ranks {missing} of {self.world} did not "
-                                    f"finish {what} within {timeout:g} s (terminated)",
-                                    missing[0], "timeout") from None
+                    raise RankError(
+                        f"tensor-parallel ranks {missing} of {self.world} did not "
+                        f"finish {what} within {timeout:g} s (terminated)",
+                        missing[0],
+                        "timeout",
+                    ) from None
                 continue
             if status == "error":
                 info = _load(payload)
                 died = self._dead_within(1.0)
                 self.close()
-                if died is not None:   # the others' errors follow from it: name the cause
-                    raise RankError(f"tensor-parallel rank {died} of {self.world} died during "
-                                    f"{what} (exit code {self._exitcodes[died]}); rank {rank} "
-                                    f"then raised {info['type']}: {info['message']}", died, "died")
-                raise RankError(f"tensor-parallel rank {rank} of {self.world} raised "
-                                f"{info['type']} during {what}: {info['message']}\n"
-                                f"{info['traceback']}".rstrip(), rank, info["type"])
+                if died is not None:  # the others' errors follow from it: name the cause
+                    raise RankError(
+                        f"tensor-parallel rank {died} of {self.world} died during "
+                        f"{what} (exit code {self._exitcodes[died]}); rank {rank} "
+                        f"then raised {info['type']}: {info['message']}",
+                        died,
+                        "died",
+                    )
+                raise RankError(
+                    f"tensor-parallel rank {rank} of {self.world} raised "
+                    f"{info['type']} during {what}: {info['message']}\n"
+                    f"{info['traceback']}".rstrip(),
+                    rank,
+                    info["type"],
+                )
             got[rank] = payload
         return got[0]
 
@@ -215,8 +265,9 @@ class RankGroup:
             raise RankError("the tensor-parallel group is closed")
         for q in self._commands:
             q.put((job, tuple(args)))
-        return _load(self._collect(getattr(job, "__name__", "a call"),
-                                   self.timeout if timeout is None else float(timeout)))
+        return _load(
+            self._collect(getattr(job, "__name__", "a call"), self.timeout if timeout is None else float(timeout))
+        )
 
     # -- lifetime ------------------------------------------------------------------------
     def close(self) -> None:
@@ -251,10 +302,19 @@ class RankGroup:
             self.close()
 
 
-def launch(world: int, init: Callable, args: tuple, job: Callable, *more: Any,
-           timeout: float = DEFAULT_TIMEOUT, threads: int = 1, backend: str = "gloo",
-           start_method: str = "spawn") -> Any:
+def launch(
+    world: int,
+    init: Callable,
+    args: tuple,
+    job: Callable,
+    *more: Any,
+    timeout: float = DEFAULT_TIMEOUT,
+    threads: int = 1,
+    backend: str = "gloo",
+    start_method: str = "spawn",
+) -> Any:
     """One :meth:`RankGroup.call` on a fresh group, closed afterwards: rank 0's result."""
-    with RankGroup(world, init, args, timeout=timeout, threads=threads, backend=backend,
-                   start_method=start_method) as g:
+    with RankGroup(
+        world, init, args, timeout=timeout, threads=threads, backend=backend, start_method=start_method
+    ) as g:
         return g.call(job, *more)

@@ -39,19 +39,29 @@ from detsample.parallel.comm import Comm
 from detsample.parallel.layers import RowParallelLinear, TensorParallelError, column_shard, filled
 
 GDN_LINEARS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
-GDN_ATTRS = ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "key_dim", "value_dim",
-             "A_log", "dt_bias", "conv1d")
+GDN_ATTRS = (
+    "num_k_heads",
+    "num_v_heads",
+    "head_k_dim",
+    "head_v_dim",
+    "key_dim",
+    "value_dim",
+    "A_log",
+    "dt_bias",
+    "conv1d",
+)
 
 
-def _check_mixer(mixer: Any, where: str, parts: tuple[tuple[str, ...], tuple[str, ...]],
-                 what: str) -> None:
+def _check_mixer(mixer: Any, where: str, parts: tuple[tuple[str, ...], tuple[str, ...]], what: str) -> None:
     """``mixer`` has the linears and attributes of ``parts`` and a depthwise ``conv1d``."""
     linears, attrs = parts
     check_linears(mixer, where, linears)
     missing = [a for a in attrs if not hasattr(mixer, a)]
     if missing:
-        raise TensorParallelError(f"tensor parallel: {where} ({type(mixer).__name__}) has no "
-                                  f"{', '.join(missing)}; the {what} split needs them")
+        raise TensorParallelError(
+            f"tensor parallel: {where} ({type(mixer).__name__}) has no "
+            f"{', '.join(missing)}; the {what} split needs them"
+        )
     conv = mixer.conv1d
     if not isinstance(conv, torch.nn.Conv1d) or conv.groups != conv.in_channels:
         raise TensorParallelError(f"tensor parallel: {where}.conv1d is not a depthwise nn.Conv1d")
@@ -62,19 +72,29 @@ def check_gdn(gdn: Any, where: str, world: int) -> None:
     _check_mixer(gdn, where, (GDN_LINEARS, GDN_ATTRS), "gated delta-net")
     hk, hv = gdn.num_k_heads, gdn.num_v_heads
     if hk % world:
-        raise TensorParallelError(f"tensor parallel: tp={world} does not divide the "
-                                  f"linear_num_key_heads={hk} of {where}")
+        raise TensorParallelError(
+            f"tensor parallel: tp={world} does not divide the linear_num_key_heads={hk} of {where}"
+        )
     if hv % hk:
-        raise TensorParallelError(f"tensor parallel: {where}: linear_num_value_heads={hv} is not "
-                                  f"a multiple of linear_num_key_heads={hk}")
+        raise TensorParallelError(
+            f"tensor parallel: {where}: linear_num_value_heads={hv} is not a multiple of linear_num_key_heads={hk}"
+        )
 
 
 def _conv_channels(conv: torch.nn.Conv1d, parts: list[slice]) -> torch.nn.Conv1d:
     """A depthwise ``nn.Conv1d`` of ``parts`` of ``conv``'s channels (its kernel, padding)."""
     w = torch.cat([conv.weight.detach()[p] for p in parts])
     bias = None if conv.bias is None else torch.cat([conv.bias.detach()[p] for p in parts])
-    out = torch.nn.Conv1d(w.shape[0], w.shape[0], conv.kernel_size[0], groups=w.shape[0],
-                          padding=conv.padding, bias=bias is not None, device=w.device, dtype=w.dtype)
+    out = torch.nn.Conv1d(
+        w.shape[0],
+        w.shape[0],
+        conv.kernel_size[0],
+        groups=w.shape[0],
+        padding=conv.padding,
+        bias=bias is not None,
+        device=w.device,
+        dtype=w.dtype,
+    )
     return filled(out, w, bias)
 
 
@@ -90,8 +110,7 @@ def shard_gdn(gdn: Any, comm: Comm) -> None:
     values = block(r, gdn.value_dim, w)
     heads = block(r, gdn.num_v_heads, w)
     k_off, v_off = gdn.key_dim, 2 * gdn.key_dim
-    qkv = [keys, slice(keys.start + k_off, keys.stop + k_off),
-           slice(values.start + v_off, values.stop + v_off)]
+    qkv = [keys, slice(keys.start + k_off, keys.stop + k_off), slice(values.start + v_off, values.stop + v_off)]
     gdn.in_proj_qkv = column_shard(gdn.in_proj_qkv, qkv)
     gdn.conv1d = _conv_channels(gdn.conv1d, qkv)
     gdn.in_proj_z = column_shard(gdn.in_proj_z, values)
@@ -112,7 +131,8 @@ def check_gated_attention(att: Any, where: str, heads: int, head_dim: int) -> No
     if att.q_proj.out_features != 2 * heads * head_dim:
         raise TensorParallelError(
             f"tensor parallel: {where}.q_proj has {att.q_proj.out_features} output features; "
-            f"a gated attention's has 2 x {heads} heads x {head_dim} (query and gate per head)")
+            f"a gated attention's has 2 x {heads} heads x {head_dim} (query and gate per head)"
+        )
 
 
 def shard_gated_attention(att: Any, heads: int, kv_rows: slice, comm: Comm) -> None:
@@ -126,8 +146,19 @@ def shard_gated_attention(att: Any, heads: int, kv_rows: slice, comm: Comm) -> N
     att.num_key_value_groups = heads // ((kv_rows.stop - kv_rows.start) // d)
 
 
-MAMBA2_ATTRS = ("num_heads", "head_dim", "n_groups", "ssm_state_size", "intermediate_size",
-                "conv_dim", "A_log", "D", "dt_bias", "norm", "conv1d")
+MAMBA2_ATTRS = (
+    "num_heads",
+    "head_dim",
+    "n_groups",
+    "ssm_state_size",
+    "intermediate_size",
+    "conv_dim",
+    "A_log",
+    "D",
+    "dt_bias",
+    "norm",
+    "conv1d",
+)
 
 
 def check_mamba2(mixer: Any, where: str, world: int) -> None:
@@ -136,8 +167,10 @@ def check_mamba2(mixer: Any, where: str, world: int) -> None:
     _check_mixer(mixer, where, (("in_proj", "out_proj"), MAMBA2_ATTRS), "Mamba 2")
     groups, heads = mixer.n_groups, mixer.num_heads
     if groups % world:
-        raise TensorParallelError(f"tensor parallel: tp={world} does not divide the n_groups={groups} "
-                                  f"of {where} (a rank holds whole groups: their heads share B and C)")
+        raise TensorParallelError(
+            f"tensor parallel: tp={world} does not divide the n_groups={groups} "
+            f"of {where} (a rank holds whole groups: their heads share B and C)"
+        )
     inner = mixer.intermediate_size
     rows = inner + mixer.conv_dim + heads
     grouped = getattr(mixer.norm, "group_size", None) == inner // groups
@@ -145,7 +178,8 @@ def check_mamba2(mixer: Any, where: str, world: int) -> None:
         raise TensorParallelError(
             f"tensor parallel: {where}: in_proj has {mixer.in_proj.out_features} output features "
             f"(the split expects gate {inner} + x, B, C {mixer.conv_dim} + dt {heads}), or its "
-            f"heads ({heads}) or gated norm's groups do not follow n_groups={groups}")
+            f"heads ({heads}) or gated norm's groups do not follow n_groups={groups}"
+        )
 
 
 def shard_mamba2(mixer: Any, comm: Comm) -> None:
@@ -162,8 +196,9 @@ def shard_mamba2(mixer: Any, comm: Comm) -> None:
         return slice(s.start + off, s.stop + off)
 
     conv = [feats, at(bc, inner), at(bc, inner + gn)]
-    mixer.in_proj = column_shard(mixer.in_proj, [feats] + [at(s, inner) for s in conv]
-                                 + [at(hs, inner + mixer.conv_dim)])
+    mixer.in_proj = column_shard(
+        mixer.in_proj, [feats] + [at(s, inner) for s in conv] + [at(hs, inner + mixer.conv_dim)]
+    )
     mixer.conv1d = _conv_channels(mixer.conv1d, conv)
     for name in ("A_log", "D", "dt_bias"):
         setattr(mixer, name, _param_rows(getattr(mixer, name), hs))
@@ -180,8 +215,9 @@ def check_plain_mlp(mlp: Any, where: str, world: int) -> int:
     check_linears(mlp, where, ("up_proj", "down_proj"))
     n = mlp.up_proj.out_features
     if n % world:
-        raise TensorParallelError(f"tensor parallel: tp={world} does not divide the {n} "
-                                  f"intermediate features of {where}")
+        raise TensorParallelError(
+            f"tensor parallel: tp={world} does not divide the {n} intermediate features of {where}"
+        )
     return n // world
 
 

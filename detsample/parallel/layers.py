@@ -36,10 +36,12 @@ class TensorParallelError(ModelError):
     """A model or a configuration the tensor-parallel runner refuses (named, with why)."""
 
 
-VERIFIED_REFUSED = ("tensor parallelism under the batch-invariant mode needs its portable "
-                    "kernels (portable=True, --portable): the verified kernels are a BLAS's, "
-                    "whose bits depend on the K a rank holds, so a row-parallel split cannot "
-                    "give TP=1's bits (docs/tensor-parallel.md)")
+VERIFIED_REFUSED = (
+    "tensor parallelism under the batch-invariant mode needs its portable "
+    "kernels (portable=True, --portable): the verified kernels are a BLAS's, "
+    "whose bits depend on the K a rank holds, so a row-parallel split cannot "
+    "give TP=1's bits (docs/tensor-parallel.md)"
+)
 
 
 def padded_rows(t: torch.Tensor, rows: slice) -> torch.Tensor:
@@ -87,15 +89,18 @@ class RowParallelLinear(torch.nn.Module):
         super().__init__()
         w = linear.weight.detach()[:, cols].clone()
         self.weight = torch.nn.Parameter(w, requires_grad=False)
-        self.bias = None if linear.bias is None else \
-            torch.nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        self.bias = (
+            None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        )
         self.in_features, self.out_features = w.shape[1], w.shape[0]
         self.comm = comm
         self._fixed: tuple | None = None
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features} (rank {self.comm.rank} of {self.comm.world}), "
-                f"out_features={self.out_features}, bias={self.bias is not None}")
+        return (
+            f"in_features={self.in_features} (rank {self.comm.rank} of {self.comm.world}), "
+            f"out_features={self.out_features}, bias={self.bias is not None}"
+        )
 
     def _fixed_b(self):
         """This rank's weight prepared for the portable split product, with the whole
@@ -139,8 +144,7 @@ class VocabParallelEmbedding(torch.nn.Module):
         self.comm = comm
 
     def extra_repr(self) -> str:
-        return (f"rows [{self.lo}, {self.lo + self.weight.shape[0]}) of {self.num_embeddings}, "
-                f"dim {self.embedding_dim}")
+        return f"rows [{self.lo}, {self.lo + self.weight.shape[0]}) of {self.num_embeddings}, dim {self.embedding_dim}"
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return owner_rows(ids, self.weight, self.lo, self.comm.reduce)
@@ -167,4 +171,4 @@ class VocabParallelHead(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         full = concat_last(self.shard(x), self.comm.reduce)
-        return full if full.shape[-1] == self.vocab else full[..., :self.vocab].contiguous()
+        return full if full.shape[-1] == self.vocab else full[..., : self.vocab].contiguous()

@@ -74,20 +74,27 @@ from detsample.parallel.layers import (
 
 #: ``config.model_type`` -> the attention the runner shards (every layer's MLP is a dense
 #: gate/up/down MLP or an MoE block: :mod:`detsample.parallel.blocks`)
-ATTENTION = {"llama": "gqa", "qwen2": "gqa", "mistral": "gqa", "qwen3_moe": "gqa",
-             "mixtral": "gqa", "deepseek_v3": "mla", "qwen3_5_text": "gated", "nemotron_h": "gqa",
-             "qwen2_moe": "gqa"}
+ATTENTION = {
+    "llama": "gqa",
+    "qwen2": "gqa",
+    "mistral": "gqa",
+    "qwen3_moe": "gqa",
+    "mixtral": "gqa",
+    "deepseek_v3": "mla",
+    "qwen3_5_text": "gated",
+    "nemotron_h": "gqa",
+    "qwen2_moe": "gqa",
+}
 #: the ``config.model_type`` values the runner shards
 ARCHITECTURES = tuple(ATTENTION)
 #: why architectures near those above are refused (the refusal names it)
 REFUSED = {
     "olmoe": "its QK-norm normalises all heads together (q_norm over num_heads x head_dim), "
-             "which a head split would have to compute across ranks",
-    "gpt_oss": "its experts carry biases and interleaved gate/up rows, and its attention sinks "
-               "are per head",
+    "which a head split would have to compute across ranks",
+    "gpt_oss": "its experts carry biases and interleaved gate/up rows, and its attention sinks are per head",
     "gpt2": "its q, k and v come from one fused c_attn Conv1D (and its MLP is c_fc / c_proj)",
     "qwen3_next": "its gated delta-net packs q, k, v and z per key head in one in_proj_qkvz (and "
-                  "b, a in in_proj_ba), which the head split does not cut yet",
+    "b, a in in_proj_ba), which the head split does not cut yet",
 }
 
 
@@ -138,9 +145,11 @@ def padded_vocab(vocab: int, world: int) -> int:
     (``divide``: ``world`` must divide the padded size, else refused by name)."""
     padded = -(-vocab // VOCAB_PADDING) * VOCAB_PADDING
     if padded % world:
-        raise TensorParallelError(f"tensor parallel: tp={world} does not divide the padded "
-                                  f"vocabulary {padded} (config.vocab_size={vocab} rounded up "
-                                  f"to a multiple of {VOCAB_PADDING}, as vLLM pads it)")
+        raise TensorParallelError(
+            f"tensor parallel: tp={world} does not divide the padded "
+            f"vocabulary {padded} (config.vocab_size={vocab} rounded up "
+            f"to a multiple of {VOCAB_PADDING}, as vLLM pads it)"
+        )
     return padded
 
 
@@ -150,7 +159,8 @@ def hf_module(model: Any) -> torch.nn.Module:
     if not isinstance(module, torch.nn.Module) or not hasattr(module, "config"):
         raise TensorParallelError(
             f"tensor parallel runs Hugging Face causal LMs ({', '.join(ARCHITECTURES)}); "
-            f"got {getattr(model, 'name', type(model).__name__)!r} ({type(model).__name__})")
+            f"got {getattr(model, 'name', type(model).__name__)!r} ({type(model).__name__})"
+        )
     return module
 
 
@@ -167,14 +177,18 @@ def _architecture(module: torch.nn.Module) -> str:
         why = f" ({REFUSED[kind]})" if kind in REFUSED else ""
         raise TensorParallelError(
             f"tensor parallel: model_type {kind!r} ({type(module).__name__}) is not supported{why}; "
-            f"supported: {', '.join(ARCHITECTURES)} (docs/tensor-parallel.md, 'What is refused')")
+            f"supported: {', '.join(ARCHITECTURES)} (docs/tensor-parallel.md, 'What is refused')"
+        )
     for path in ("model.layers", "lm_head"):
         if get(module, path) is None:
-            raise TensorParallelError(f"tensor parallel: {type(module).__name__} has no "
-                                      f"{path}; the Megatron layout needs it")
+            raise TensorParallelError(
+                f"tensor parallel: {type(module).__name__} has no {path}; the Megatron layout needs it"
+            )
     if not isinstance(_embedding(module), torch.nn.Embedding):
-        raise TensorParallelError(f"tensor parallel: {type(module).__name__}.model has no input "
-                                  f"embedding (nn.Embedding); the Megatron layout needs it")
+        raise TensorParallelError(
+            f"tensor parallel: {type(module).__name__}.model has no input "
+            f"embedding (nn.Embedding); the Megatron layout needs it"
+        )
     return ATTENTION[kind]
 
 
@@ -185,8 +199,13 @@ def _embedding(module: torch.nn.Module) -> Any:
 
 #: Nemotron-H's block types (transformers 5.x's ``layers_block_type`` names, and the
 #: config's older spellings) -> the kind its one ``mixer`` is split as
-MIXER_KINDS = {"linear_attention": "mamba2", "mamba": "mamba2", "full_attention": "gqa",
-               "attention": "gqa", "mlp": "plain_mlp"}
+MIXER_KINDS = {
+    "linear_attention": "mamba2",
+    "mamba": "mamba2",
+    "full_attention": "gqa",
+    "attention": "gqa",
+    "mlp": "plain_mlp",
+}
 #: the kinds of block that are an attention (their ``head_dim`` is the layout's)
 ATTENTIONS = ("gqa", "gated", "mla")
 
@@ -200,16 +219,19 @@ def _blocks(layer: Any, attention: str, where: str) -> list[tuple[str, Any, str]
         if kind is None:
             raise TensorParallelError(
                 f"tensor parallel: {where} is a {getattr(layer, 'block_type', None)!r} block; the "
-                f"layout splits {', '.join(MIXER_KINDS)} blocks")
+                f"layout splits {', '.join(MIXER_KINDS)} blocks"
+            )
         return [(kind, layer.mixer, f"{where}.mixer")]
-    att = (("gdn", layer.linear_attn, f"{where}.linear_attn") if hasattr(layer, "linear_attn")
-           else (attention, getattr(layer, "self_attn", None), f"{where}.self_attn"))
+    att = (
+        ("gdn", layer.linear_attn, f"{where}.linear_attn")
+        if hasattr(layer, "linear_attn")
+        else (attention, getattr(layer, "self_attn", None), f"{where}.self_attn")
+    )
     return [att, ("mlp", get(layer, "mlp"), f"{where}.mlp")]
 
 
 def _layer_blocks(module: torch.nn.Module, attention: str) -> list[tuple[str, Any, str]]:
-    return [b for i, layer in enumerate(module.model.layers)
-            for b in _blocks(layer, attention, f"model.layers.{i}")]
+    return [b for i, layer in enumerate(module.model.layers) for b in _blocks(layer, attention, f"model.layers.{i}")]
 
 
 @dataclass(frozen=True)
@@ -248,7 +270,7 @@ def _check_layers(module: torch.nn.Module, attention: str, sizes: _Sizes) -> tup
     """Every layer's blocks checked: ``(intermediate, experts)`` of the layout."""
     inter, experts = 0, 0
     for kind, mod, where in _layer_blocks(module, attention):
-        features = _check_block(kind, mod, where, sizes)    # every block checked
+        features = _check_block(kind, mod, where, sizes)  # every block checked
         inter = inter or features
         if kind == "mlp" and hasattr(mod, "experts") and not experts:
             experts = mod.experts.gate_up_proj.shape[0]
@@ -272,20 +294,20 @@ def plan(model: Any, world: int) -> Layout:
     heads, kv = _field(cfg, "num_attention_heads"), _field(cfg, "num_key_value_heads")
     vocab = _field(cfg, "vocab_size")
     if heads % world:
-        raise TensorParallelError(f"tensor parallel: tp={world} does not divide "
-                                  f"config.num_attention_heads={heads}")
+        raise TensorParallelError(f"tensor parallel: tp={world} does not divide config.num_attention_heads={heads}")
     if attention == "gqa" and kv % world and world % kv:
-        raise TensorParallelError(f"tensor parallel: tp={world} neither divides nor is a "
-                                  f"multiple of config.num_key_value_heads={kv}")
+        raise TensorParallelError(
+            f"tensor parallel: tp={world} neither divides nor is a multiple of config.num_key_value_heads={kv}"
+        )
     if heads % kv:
-        raise TensorParallelError(f"tensor parallel: num_attention_heads={heads} is not a "
-                                  f"multiple of num_key_value_heads={kv}")
+        raise TensorParallelError(
+            f"tensor parallel: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}"
+        )
     head_dim = _head_dim(module, attention)
     inter, experts = _check_layers(module, attention, _Sizes(world, heads, kv, head_dim, cfg))
     padded = padded_vocab(vocab, world)
     kv_local, repeat = (kv // world, 1) if kv >= world else (1, world // kv)
-    return Layout(world, heads // world, kv_local, repeat, head_dim, inter, padded // world,
-                  vocab, attention, experts)
+    return Layout(world, heads // world, kv_local, repeat, head_dim, inter, padded // world, vocab, attention, experts)
 
 
 def _shard_gqa(att: Any, layout: Layout, comm: Comm) -> None:
@@ -330,10 +352,8 @@ def shard_model(model: Any, comm: Comm) -> Layout:
         return layout
     r = comm.rank
     with torch.no_grad():
-        module.model.set_input_embeddings(
-            VocabParallelEmbedding(_embedding(module), layout.vocab_rows(r), comm))
-        module.lm_head = VocabParallelHead(module.lm_head, layout.vocab_rows(r), comm,
-                                           layout.vocab_size)
+        module.model.set_input_embeddings(VocabParallelEmbedding(_embedding(module), layout.vocab_rows(r), comm))
+        module.lm_head = VocabParallelHead(module.lm_head, layout.vocab_rows(r), comm, layout.vocab_size)
         for kind, mod, where in _layer_blocks(module, layout.attention):
             _shard_block(kind, mod, where, layout, comm)
     return layout

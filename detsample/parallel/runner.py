@@ -55,10 +55,11 @@ def load_sharded(comm: Comm, spec: TPModelSpec) -> Any:
 
     if comm.world != spec.tp:
         raise TensorParallelError(f"the group has {comm.world} ranks, the spec asks tp={spec.tp}")
-    lm = load_model(spec.model, padding=spec.padding, seed=spec.seed,
-                    batch_invariant=spec.batch_invariant, portable=spec.portable)
+    lm = load_model(
+        spec.model, padding=spec.padding, seed=spec.seed, batch_invariant=spec.batch_invariant, portable=spec.portable
+    )
     shard_model(lm, comm)
-    if comm.world > 1 and _backend() == "nccl":   # written, not run by this project's tests
+    if comm.world > 1 and _backend() == "nccl":  # written, not run by this project's tests
         import torch
 
         lm.module.to(torch.device("cuda", torch.cuda.current_device()))
@@ -86,9 +87,16 @@ def check_spec(spec: TPModelSpec, model: Any = None) -> None:
     plan(model, spec.tp)
 
 
-def tp_group(spec: TPModelSpec, *, timeout: float = DEFAULT_TIMEOUT, threads: int = 1,
-             backend: str = "gloo", start_method: str = "spawn") -> RankGroup:
+def tp_group(
+    spec: TPModelSpec,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    threads: int = 1,
+    backend: str = "gloo",
+    start_method: str = "spawn",
+) -> RankGroup:
     """``spec.tp`` ranks, each holding its shards of ``spec.model`` (the state of every
     :meth:`~detsample.parallel.group.RankGroup.call`: the sharded adapter)."""
-    return RankGroup(spec.tp, load_sharded, (spec,), timeout=timeout, threads=threads,
-                     backend=backend, start_method=start_method)
+    return RankGroup(
+        spec.tp, load_sharded, (spec,), timeout=timeout, threads=threads, backend=backend, start_method=start_method
+    )

@@ -33,13 +33,13 @@ def gather_logits(shard: torch.Tensor, comm: Comm) -> torch.Tensor:
     return concat_last(shard, comm.reduce)
 
 
-def sample_sharded(sampler: Any, shard: torch.Tensor, batch: Any, positions: torch.Tensor,
-                   comm: Comm) -> Any:
+def sample_sharded(sampler: Any, shard: torch.Tensor, batch: Any, positions: torch.Tensor, comm: Comm) -> Any:
     """``sampler.sample`` on the gathered logits: the single-rank output, on every rank."""
     return sampler.sample(gather_logits(shard, comm), batch, positions)
 
 
-def compute_logprobs_sharded(sampler: Any, shard: torch.Tensor, batch: Any, token_ids: torch.Tensor,
-                             comm: Comm) -> torch.Tensor:
+def compute_logprobs_sharded(
+    sampler: Any, shard: torch.Tensor, batch: Any, token_ids: torch.Tensor, comm: Comm
+) -> torch.Tensor:
     """``sampler.compute_logprobs`` (the rescoring path) on the gathered logits."""
     return sampler.compute_logprobs(gather_logits(shard, comm), batch, token_ids)

@@ -38,8 +38,7 @@ def _bias_items(bias: Any) -> list[tuple[Any, Any]]:
     ``SamplingParams(**dataclasses.asdict(p))`` round-trip)."""
     if isinstance(bias, Mapping):
         return list(bias.items())
-    if isinstance(bias, (tuple, list)) and all(
-            isinstance(kv, (tuple, list)) and len(kv) == 2 for kv in bias):
+    if isinstance(bias, (tuple, list)) and all(isinstance(kv, (tuple, list)) and len(kv) == 2 for kv in bias):
         return [tuple(kv) for kv in bias]
     fail(f"logit_bias must be a mapping of token id to bias, got {type(bias).__name__}")
 
@@ -103,8 +102,7 @@ class FilterOption:
 #: A new filter adds its row here (docs/architecture.md, "How to add a sampling parameter").
 FILTER_OPTIONS: tuple[FilterOption, ...] = (
     FilterOption("top_k", int, "K", "top-k filter K (-1: off)", (1, 5, 10, 20, 40, 50, 100)),
-    FilterOption("top_p", float, "P", "top-p (nucleus) filter P (1: off)",
-                 (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)),
+    FilterOption("top_p", float, "P", "top-p (nucleus) filter P (1: off)", (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)),
     FilterOption("min_p", float, "M", "min-p filter M (0: off)", (0.01, 0.02, 0.05, 0.1, 0.2)),
 )
 
@@ -172,8 +170,7 @@ class SamplingParams:
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
 
-    def _scalar(self, name: str, read: Callable[[str, Any], Any], ok: Callable[[Any], bool],
-                what: str) -> None:
+    def _scalar(self, name: str, read: Callable[[str, Any], Any], ok: Callable[[Any], bool], what: str) -> None:
         """``name`` read by ``read`` (its type rule), then ``ok`` or "<name> must be <what>"."""
         raw = getattr(self, name)
         value = read(name, raw)
@@ -201,8 +198,7 @@ class SamplingParams:
         if self.extra_args is None:
             return
         if not isinstance(self.extra_args, Mapping):
-            fail(f"extra_args must be a mapping of str to values, got "
-                 f"{type(self.extra_args).__name__}")
+            fail(f"extra_args must be a mapping of str to values, got {type(self.extra_args).__name__}")
         bad = [k for k in self.extra_args if not isinstance(k, str)]
         if bad:
             fail(f"extra_args keys must be str, got {bad[0]!r}")
@@ -245,8 +241,7 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
-                or self.presence_penalty != 0.0)
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
     def replace(self, **changes: Any) -> SamplingParams:
         """A validated copy with some fields changed (the seed is kept unless given).
@@ -276,7 +271,7 @@ class SamplingParams:
 #: fields other engines' SamplingParams have that detsample spells or places otherwise
 ELSEWHERE = {
     "n": "a request is one sequence: ask n samples with detsample.params.child_requests("
-         "request, n) (sample j uses seed + j, vLLM's child seeds) or `detsample rollout --n N`",
+    "request, n) (sample j uses seed + j, vLLM's child seeds) or `detsample rollout --n N`",
     "max_tokens": "detsample's field is max_new_tokens",
     "min_tokens": "detsample's field is min_new_tokens",
 }
@@ -344,5 +339,12 @@ def child_requests(request: Request, n: int) -> list[Request]:
     k = int_field("n", n)
     if k < 1:
         fail(f"n must be >= 1, got {n!r}")
-    return [Request(f"{request.rid}/{j}", request.params.replace(seed=child_seed(request.seed, j)),
-                    list(request.prompt_ids), list(request.output_ids)) for j in range(k)]
+    return [
+        Request(
+            f"{request.rid}/{j}",
+            request.params.replace(seed=child_seed(request.seed, j)),
+            list(request.prompt_ids),
+            list(request.output_ids),
+        )
+        for j in range(k)
+    ]

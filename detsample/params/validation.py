@@ -39,6 +39,7 @@ def fail(msg: str) -> NoReturn:
 
 # -- fields ---------------------------------------------------------------------------
 
+
 def is_int(v: Any) -> bool:
     """An integer that is not a bool (``True`` is not a token id or a count)."""
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
@@ -97,16 +98,14 @@ def float32_finite(where: str, name: str, v: float, *, nonzero: bool = False) ->
     with np.errstate(over="ignore", under="ignore"):
         f = float(np.float32(v))
     if math.isinf(f) or (nonzero and v != 0.0 and f == 0.0):
-        fail(f"{where}{name} must be representable in float32 "
-             f"(finite{', non-zero' if nonzero else ''}), got {v!r}")
+        fail(f"{where}{name} must be representable in float32 (finite{', non-zero' if nonzero else ''}), got {v!r}")
 
 
 def ids_in_vocab(where: str, name: str, ids: Iterable[int], vocab_size: int) -> None:
     """Every id of ``ids`` in ``[0, vocab_size)``."""
     for t in ids:
         if not 0 <= t < vocab_size:
-            fail(f"{where}{name} contains token id {t}, outside the vocabulary "
-                 f"[0, {vocab_size})")
+            fail(f"{where}{name} contains token id {t}, outside the vocabulary [0, {vocab_size})")
 
 
 # -- requests against a vocabulary ------------------------------------------------------
@@ -157,6 +156,7 @@ def check_request(req: Any, vocab_size: int) -> None:
 
 # -- sampler call inputs ------------------------------------------------------------------
 
+
 def check_logits(logits: Any, rows: int, vocab_size: int, device: torch.device) -> None:
     """``logits``: a ``(rows, vocab_size)`` tensor of a :data:`LOGITS_DTYPES` dtype on
     ``device``."""
@@ -172,8 +172,9 @@ def check_logits(logits: Any, rows: int, vocab_size: int, device: torch.device) 
         fail(f"logits must be on the batch's device {device}, got {logits.device}")
 
 
-def row_ids_tensor(name: str, t: Any, rows: int, device: torch.device, *, lowest: int = 0,
-                   upper: int | None = None) -> torch.Tensor:
+def row_ids_tensor(
+    name: str, t: Any, rows: int, device: torch.device, *, lowest: int = 0, upper: int | None = None
+) -> torch.Tensor:
     """One integer per row (positions, token ids) as a ``(rows,)`` int64 tensor on
     ``device``; an int32 tensor or a sequence is accepted. Every value must be
     ``>= lowest`` and, if ``upper`` is given, ``< upper``."""
@@ -185,8 +186,7 @@ def row_ids_tensor(name: str, t: Any, rows: int, device: torch.device, *, lowest
         except (TypeError, ValueError, OverflowError, RuntimeError) as e:
             fail(f"{name} must be an int64 tensor of shape ({rows},), got {t!r} ({e})")
     if t.dtype not in (torch.int64, torch.int32) or tuple(t.shape) != (rows,):
-        fail(f"{name} must be an int64 tensor of shape ({rows},), got "
-             f"{t.dtype} {tuple(t.shape)}")
+        fail(f"{name} must be an int64 tensor of shape ({rows},), got {t.dtype} {tuple(t.shape)}")
     if t.dtype != torch.int64 or t.device != device:
         t = t.to(device=device, dtype=torch.int64)
     if t.numel():

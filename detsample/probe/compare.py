@@ -15,8 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-_BITS = {torch.float64: torch.int64, torch.float32: torch.int32,
-         torch.bfloat16: torch.int16, torch.float16: torch.int16}
+_BITS = {
+    torch.float64: torch.int64,
+    torch.float32: torch.int32,
+    torch.bfloat16: torch.int16,
+    torch.float16: torch.int16,
+}
 
 
 def _ordered(x: torch.Tensor) -> torch.Tensor:

@@ -33,8 +33,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from detsample.probe.compare import Diff, bits_equal, diff
 
 #: ops whose output is uninitialised memory (never compared)
-UNWRITTEN = frozenset({"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
-                       "aten::new_empty_strided"})
+UNWRITTEN = frozenset(
+    {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty", "aten::new_empty_strided"}
+)
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,7 @@ class Divergence:
     max_abs: float
 
     def to_json(self) -> dict[str, Any]:
-        return {"module": self.module, "op": self.op, "shapes": self.shapes,
-                "max_ulp": self.max_ulp}
+        return {"module": self.module, "op": self.op, "shapes": self.shapes, "max_ulp": self.max_ulp}
 
     def describe(self) -> str:
         where = self.module + (f" -> {self.op}" if self.op else "")
@@ -114,7 +114,7 @@ def _shapes(args: Any) -> list[list[int]]:
 @dataclass
 class _Record:
     key: tuple[str, str, int]
-    values: dict[str, torch.Tensor]   # layout -> the probed token's slice (cloned)
+    values: dict[str, torch.Tensor]  # layout -> the probed token's slice (cloned)
     shapes: list[list[int]]
 
 
@@ -140,6 +140,7 @@ class Recorder(TorchDispatchMode):
     def _pre(self, name: str) -> Callable[..., None]:
         def hook(mod: Any, args: Any) -> None:
             self.stack.append(name)
+
         return hook
 
     def _post(self, name: str) -> Callable[..., None]:
@@ -150,11 +151,12 @@ class Recorder(TorchDispatchMode):
             v = select(t, self.side) if t is not None and t.is_floating_point() else {}
             if v:
                 n = self._count(name, "<output>")
-                self._busy = True   # the clone is the recorder's, not the model's op
+                self._busy = True  # the clone is the recorder's, not the model's op
                 try:
                     self.modules.append(_Record((name, "<output>", n), _clone(v), []))
                 finally:
                     self._busy = False
+
         return hook
 
     def _count(self, scope: str, op: str) -> int:
@@ -198,8 +200,9 @@ class Recorder(TorchDispatchMode):
         if t is not None and t.is_floating_point():
             v = select(t, self.side)
             if v:
-                self.ops.append(_Record((scope, name, n), _clone(v),
-                                        _shapes(list(args) + list((kwargs or {}).values()))))
+                self.ops.append(
+                    _Record((scope, name, n), _clone(v), _shapes(list(args) + list((kwargs or {}).values())))
+                )
         return out
 
 
@@ -231,8 +234,7 @@ def shard_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
     return y.narrow(dims[0], 0, x.shape[dims[0]])
 
 
-def _first(a: list[_Record], b: list[_Record],
-           align: Align | None = None) -> tuple[_Record, _Record, Diff] | None:
+def _first(a: list[_Record], b: list[_Record], align: Align | None = None) -> tuple[_Record, _Record, Diff] | None:
     """The first record of ``a`` (execution order) whose slice differs from ``b``'s under
     the same key, compared in every layout both admit with equal shapes (``align``: maps
     ``b``'s slice onto ``a``'s shape where they differ, or None to skip it)."""
@@ -255,26 +257,29 @@ def _first(a: list[_Record], b: list[_Record],
 def to_data(rec: Recorder) -> dict[str, list[dict[str, Any]]]:
     """``rec``'s records as plain lists and dicts of tensors (to send from another
     process; :func:`from_data` reads them back)."""
+
     def one(r: _Record) -> dict[str, Any]:
         return {"key": list(r.key), "values": dict(r.values), "shapes": r.shapes}
+
     return {"ops": [one(r) for r in rec.ops], "modules": [one(r) for r in rec.modules]}
 
 
 def from_data(data: dict[str, list[dict[str, Any]]]) -> tuple[list[_Record], list[_Record]]:
     def one(d: dict[str, Any]) -> _Record:
         return _Record(tuple(d["key"]), dict(d["values"]), [list(s) for s in d["shapes"]])
+
     return [one(d) for d in data["ops"]], [one(d) for d in data["modules"]]
 
 
-def divergence(a: tuple[list[_Record], list[_Record]], b: tuple[list[_Record], list[_Record]],
-               align: Align | None = None) -> Divergence | None:
+def divergence(
+    a: tuple[list[_Record], list[_Record]], b: tuple[list[_Record], list[_Record]], align: Align | None = None
+) -> Divergence | None:
     """Where recorded forward ``a`` (ops, module outputs) first differs from ``b``: the
     first differing op, else the first differing module output, else None."""
     hit = _first(a[0], b[0], align)
     if hit is not None:
         x, y, d = hit
-        return Divergence(x.key[0], x.key[1], f"{_fmt(x.shapes)} vs {_fmt(y.shapes)}",
-                          d.max_ulp, d.max_abs)
+        return Divergence(x.key[0], x.key[1], f"{_fmt(x.shapes)} vs {_fmt(y.shapes)}", d.max_ulp, d.max_abs)
     hit = _first(a[1], b[1], align)
     if hit is not None:
         x, _, d = hit
@@ -282,8 +287,7 @@ def divergence(a: tuple[list[_Record], list[_Record]], b: tuple[list[_Record], l
     return None
 
 
-def first_divergence(a: Side, b: Side, module: torch.nn.Module | None = None,
-                     root: str = "model") -> Divergence | None:
+def first_divergence(a: Side, b: Side, module: torch.nn.Module | None = None, root: str = "model") -> Divergence | None:
     """Record both forwards and return where the probed token first differs, or None
     when no followed tensor differs (then the difference arises outside what the
     recorder can follow: say so, do not guess)."""

@@ -59,8 +59,7 @@ class ProbeConfig:
     localize: bool = True
 
     def __post_init__(self) -> None:
-        if isinstance(self.prompt_len, bool) or not isinstance(self.prompt_len, int) \
-                or self.prompt_len < 2:
+        if isinstance(self.prompt_len, bool) or not isinstance(self.prompt_len, int) or self.prompt_len < 2:
             raise ValueError(f"prompt_len must be an int >= 2, got {self.prompt_len!r}")
         for field in ("neighbours", "chunks"):
             v = getattr(self, field)
@@ -76,6 +75,7 @@ class ProbeConfig:
 
 
 # -- comparing per-position logits -------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class _Cmp:
@@ -95,27 +95,31 @@ class _Cmp:
     def text(self) -> str:
         if self.ok:
             return f"{self.n}/{self.n} positions equal"
-        return (f"logits differ at {len(self.differing)}/{self.n} positions (first: "
-                f"{self.differing[0]}; max |d| {self.max_abs:.3g}, {self.max_ulp} ulp), "
-                f"sampled-token logprob at {self.logprobs_differing}/{self.n}")
+        return (
+            f"logits differ at {len(self.differing)}/{self.n} positions (first: "
+            f"{self.differing[0]}; max |d| {self.max_abs:.3g}, {self.max_ulp} ulp), "
+            f"sampled-token logprob at {self.logprobs_differing}/{self.n}"
+        )
 
 
 def _compare(subject: torch.Tensor, reference: torch.Tensor, seed: int) -> _Cmp:
     """Both ``(n, V)`` float32. The sampled token of each position is drawn (seeded) from
     the reference logits, so both sides are scored on the same token."""
     if subject.shape != reference.shape:
-        raise ModelError(f"the model returned logits of shape {list(subject.shape)} where "
-                         f"{list(reference.shape)} was expected")
+        raise ModelError(
+            f"the model returned logits of shape {list(subject.shape)} where {list(reference.shape)} was expected"
+        )
     g = torch.Generator().manual_seed(seed)
     probs = torch.softmax(reference.detach().cpu().to(torch.float64), -1)
     bad = torch.isnan(probs).any(-1).nonzero().flatten().tolist()
     if bad:  # NaN or +inf logits, or a row of -inf: no distribution to draw the token from
         row = reference[bad[0]].detach().cpu()
-        what = "NaN" if bool(row.isnan().any()) else "+inf" if bool((row == math.inf).any()) \
-            else "-inf everywhere"
-        raise ModelError(f"the model's logits are not a distribution at {len(bad)} of "
-                         f"{reference.shape[0]} positions (first: position {bad[0]}, {what}); "
-                         f"the probe scores a token drawn from them")
+        what = "NaN" if bool(row.isnan().any()) else "+inf" if bool((row == math.inf).any()) else "-inf everywhere"
+        raise ModelError(
+            f"the model's logits are not a distribution at {len(bad)} of "
+            f"{reference.shape[0]} positions (first: position {bad[0]}, {what}); "
+            f"the probe scores a token drawn from them"
+        )
     tokens = torch.multinomial(probs, 1, generator=g).squeeze(1)
     lp_s = gather_rows(log_softmax(subject.cpu()), tokens)
     lp_r = gather_rows(log_softmax(reference.cpu()), tokens)
@@ -126,6 +130,7 @@ def _compare(subject: torch.Tensor, reference: torch.Tensor, seed: int) -> _Cmp:
 
 
 # -- the model's calls ------------------------------------------------------------------
+
 
 def _tokens(n: int, vocab: int, gen: torch.Generator) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=gen).tolist()
@@ -161,8 +166,10 @@ class _Probe:
     def __init__(self, model: CausalLM, cfg: ProbeConfig) -> None:
         self.model, self.cfg = model, cfg
         if model.max_seq_len is not None and model.max_seq_len < cfg.max_len:
-            raise ModelError(f"model {model.name!r} holds max_seq_len={model.max_seq_len} "
-                             f"tokens; the probe needs {cfg.max_len} (ProbeConfig sizes)")
+            raise ModelError(
+                f"model {model.name!r} holds max_seq_len={model.max_seq_len} "
+                f"tokens; the probe needs {cfg.max_len} (ProbeConfig sizes)"
+            )
         gen = torch.Generator().manual_seed(cfg.seed)
         V = model.vocab_size
         self.seq = _tokens(cfg.prompt_len, V, gen)
@@ -171,7 +178,7 @@ class _Probe:
         # an interior slot when there are neighbours on both sides to have
         lo, hi = (1, len(others)) if len(others) >= 2 else (0, len(others) + 1)
         self.slot = int(torch.randint(lo, hi, (1,), generator=gen))
-        self.rows = others[: self.slot] + [self.seq] + others[self.slot:]
+        self.rows = others[: self.slot] + [self.seq] + others[self.slot :]
         self.next_tokens = _tokens(len(self.rows), V, gen)
         self.next_tokens[self.slot] = self.next_token
         self.module = getattr(model, "module", None)
@@ -191,16 +198,23 @@ class _Probe:
         return caches, m.forward(caches, self.rows)
 
     # localisation sides ---------------------------------------------------------------
-    def side_full(self, pos: int, model: CausalLM | None = None,
-                  wrap: Callable[[Callable[[], Any]], Callable[[], Any]] = lambda f: f) -> Side:
+    def side_full(
+        self,
+        pos: int,
+        model: CausalLM | None = None,
+        wrap: Callable[[Callable[[], Any]], Callable[[], Any]] = lambda f: f,
+    ) -> Side:
         return Side(wrap(lambda: self.full(model)), 0, pos, 1, len(self.seq))
 
-    def side_batch(self, pos: int, model: CausalLM | None = None,
-                   wrap: Callable[[Callable[[], Any]], Callable[[], Any]] = lambda f: f) -> Side:
+    def side_batch(
+        self,
+        pos: int,
+        model: CausalLM | None = None,
+        wrap: Callable[[Callable[[], Any]], Callable[[], Any]] = lambda f: f,
+    ) -> Side:
         m = model or self.model
         width = max(len(r) for r in self.rows)
-        return Side(wrap(lambda: self.batch(m)), self.slot,
-                    _slot(m, len(self.seq), width) + pos, len(self.rows), width)
+        return Side(wrap(lambda: self.batch(m)), self.slot, _slot(m, len(self.seq), width) + pos, len(self.rows), width)
 
     def localize(self, a: Side, b: Side) -> tuple[Divergence | None, str]:
         """The first divergence of ``a`` vs ``b`` and a note when none was found."""
@@ -216,6 +230,7 @@ class _Probe:
 
 
 # -- the checks -------------------------------------------------------------------------
+
 
 def _variants(model: CausalLM) -> list[tuple[str, CausalLM]]:
     if callable(getattr(model, "with_padding", None)):
@@ -233,8 +248,10 @@ def check_batch_invariance(p: _Probe) -> ProbeCheck:
         step_alone = m.forward([alone_cache], [[p.next_token]])[0]
         step_batch = m.forward(caches, [[t] for t in p.next_tokens])[p.slot]
         dec = _compare(step_alone, step_batch, seed + 1)
-        parts.append(f"{padding}-padded, slot {p.slot} of {len(p.rows)}: prefill "
-                     f"{pre.text()}; decode step {'equal' if dec.ok else 'differs'}")
+        parts.append(
+            f"{padding}-padded, slot {p.slot} of {len(p.rows)}: prefill "
+            f"{pre.text()}; decode step {'equal' if dec.ok else 'differs'}"
+        )
         if failed is None and not pre.ok:
             failed = (p.side_full(pre.differing[0], m), p.side_batch(pre.differing[0], m))
         elif failed is None and not dec.ok:
@@ -300,8 +317,14 @@ def _full_and_batch(p: _Probe) -> tuple[torch.Tensor, torch.Tensor]:
     return p.full(), p.batch()[1][p.slot]
 
 
-def _twice(p: _Probe, name: str, label: str, first: Callable[[], Any], second: Callable[[], Any],
-           wrap: tuple[Callable, Callable]) -> ProbeCheck:
+def _twice(
+    p: _Probe,
+    name: str,
+    label: str,
+    first: Callable[[], Any],
+    second: Callable[[], Any],
+    wrap: tuple[Callable, Callable],
+) -> ProbeCheck:
     (f1, b1), (f2, b2) = first(), second()
     cf, cb = _compare(f2, f1, p.cfg.seed), _compare(b2, b1, p.cfg.seed)
     detail = f"{label}: prefill {cf.text()}; batch row {cb.text()}"
@@ -319,8 +342,7 @@ def _twice(p: _Probe, name: str, label: str, first: Callable[[], Any], second: C
 
 def check_run_to_run(p: _Probe) -> ProbeCheck:
     same = (lambda f: f, lambda f: f)
-    return _twice(p, "run_to_run", "two runs", lambda: _full_and_batch(p),
-                  lambda: _full_and_batch(p), same)
+    return _twice(p, "run_to_run", "two runs", lambda: _full_and_batch(p), lambda: _full_and_batch(p), same)
 
 
 def _threaded(n: int) -> Callable[[Callable[[], Any]], Callable[[], Any]]:
@@ -328,7 +350,9 @@ def _threaded(n: int) -> Callable[[Callable[[], Any]], Callable[[], Any]]:
         def run() -> Any:
             with torch_threads(n):
                 return f()
+
         return run
+
     return wrap
 
 
@@ -337,8 +361,9 @@ def check_threads(p: _Probe) -> ProbeCheck:
         return ProbeCheck("threads", True, "not applicable: the model runs on CUDA")
     t1, t2 = p.cfg.threads
     w1, w2 = _threaded(t1), _threaded(t2)
-    return _twice(p, "threads", f"{t1} vs {t2} threads", w1(lambda: _full_and_batch(p)),
-                  w2(lambda: _full_and_batch(p)), (w1, w2))
+    return _twice(
+        p, "threads", f"{t1} vs {t2} threads", w1(lambda: _full_and_batch(p)), w2(lambda: _full_and_batch(p)), (w1, w2)
+    )
 
 
 CHECKS: dict[str, Callable[[_Probe], ProbeCheck]] = {
@@ -350,8 +375,14 @@ CHECKS: dict[str, Callable[[_Probe], ProbeCheck]] = {
 }
 
 
-def probe_model(model: CausalLM, config: ProbeConfig | None = None, *, platform: str = "",
-                target: str | None = None, checks: Sequence[str] = CHECK_NAMES) -> ModelReport:
+def probe_model(
+    model: CausalLM,
+    config: ProbeConfig | None = None,
+    *,
+    platform: str = "",
+    target: str | None = None,
+    checks: Sequence[str] = CHECK_NAMES,
+) -> ModelReport:
     """Run ``checks`` (names of :data:`CHECK_NAMES`, in that order) on ``model``.
 
     ``platform`` and ``target`` (default ``model.name``) label the report. Raises
@@ -363,10 +394,11 @@ def probe_model(model: CausalLM, config: ProbeConfig | None = None, *, platform:
         raise ValueError(f"unknown check {bad[0]!r}; known: {', '.join(CHECK_NAMES)}")
     p = _Probe(model, config or ProbeConfig())
     mode_on = bool(getattr(model, "batch_invariant", False))
-    scope = batch_invariant(portable=bool(getattr(model, "portable", False)), strict=False) \
-        if mode_on else nullcontext()
+    scope = (
+        batch_invariant(portable=bool(getattr(model, "portable", False)), strict=False) if mode_on else nullcontext()
+    )
     with plans().recording() as used, scope, warnings.catch_warnings():
-        warnings.simplefilter("ignore", UncoveredOpWarning)   # reported as the coverage check
+        warnings.simplefilter("ignore", UncoveredOpWarning)  # reported as the coverage check
         try:
             results = tuple(CHECKS[name](p) for name in CHECK_NAMES if name in checks)
         except RefusedLayerError as e:
@@ -387,7 +419,11 @@ def _coverage(model: CausalLM) -> tuple[ProbeCheck, ...]:
     if found is None:
         return ()
     if not found:
-        return (ProbeCheck("coverage", True, "every op of the first forward is overridden by "
-                                              "the mode or exact"),)
-    return (ProbeCheck("coverage", False, "ops the mode does not cover (the logits may depend "
-                                           "on the batch): " + "; ".join(f.text() for f in found)),)
+        return (ProbeCheck("coverage", True, "every op of the first forward is overridden by the mode or exact"),)
+    return (
+        ProbeCheck(
+            "coverage",
+            False,
+            "ops the mode does not cover (the logits may depend on the batch): " + "; ".join(f.text() for f in found),
+        ),
+    )

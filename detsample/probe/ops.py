@@ -35,9 +35,8 @@ from detsample.probe.compare import diff
 from detsample.probe.threads import torch_threads
 
 ROW_SIZES = (1, 2, 3, 4, 8, 15, 16, 17, 64, 255, 256, 257)
-QUERY_LENGTHS = (1, 2, 3, 4, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 191, 192, 193, 255, 256, 257,
-                 511, 512, 513)
-ATTN_BATCH_LEN = 33          # query = key length of the batch-dim attention probe
+QUERY_LENGTHS = (1, 2, 3, 4, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 191, 192, 193, 255, 256, 257, 511, 512, 513)
+ATTN_BATCH_LEN = 33  # query = key length of the batch-dim attention probe
 HEADS, HEAD_DIM = 4, 64
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -69,9 +68,15 @@ class OpResult:
         return self.batch_invariant and self.run_to_run and self.threads is not False
 
     def to_json(self) -> dict[str, Any]:
-        return {"op": self.op, "dtype": self.dtype, "batch_invariant": self.batch_invariant,
-                "run_to_run": self.run_to_run, "threads": self.threads,
-                "first_differing_sizes": self.first_differing_sizes, "max_ulp": self.max_ulp}
+        return {
+            "op": self.op,
+            "dtype": self.dtype,
+            "batch_invariant": self.batch_invariant,
+            "run_to_run": self.run_to_run,
+            "threads": self.threads,
+            "first_differing_sizes": self.first_differing_sizes,
+            "max_ulp": self.max_ulp,
+        }
 
 
 @dataclass(frozen=True)
@@ -87,8 +92,9 @@ class _Probe:
     backend: Any = None
 
 
-def _randn(gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype,
-           device: torch.device, scale: float = 1.0) -> torch.Tensor:
+def _randn(
+    gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, scale: float = 1.0
+) -> torch.Tensor:
     return (scale * torch.randn(shape, generator=gen)).to(device=device, dtype=dtype)
 
 
@@ -98,11 +104,13 @@ def _as_tuple(out: Any) -> Outputs:
 
 def _rows(fn: Callable[..., Any], row_dim: int = 0) -> Callable[[tuple, int], _Pair]:
     """``pair`` of a row op ``fn(x, *consts)``: row 0 alone vs row 0 of the first ``n``."""
+
     def pair(inputs: tuple, n: int) -> _Pair:
         x, consts = inputs[0], inputs[1:]
         alone = _as_tuple(fn(x.narrow(row_dim, 0, 1), *consts))
         full = _as_tuple(fn(x.narrow(row_dim, 0, n), *consts))
         return alone, tuple(o.narrow(row_dim, 0, 1) for o in full), full
+
     return pair
 
 
@@ -112,9 +120,10 @@ def _x(width: int, scale: float = 1.0):
 
 def _x_w(k: int, n: int, bias: bool = False, transposed: bool = False):
     def make(m, dt, dev, g):
-        w = _randn(g, (n, k) if transposed else (k, n), dt, dev, k ** -0.5)
+        w = _randn(g, (n, k) if transposed else (k, n), dt, dev, k**-0.5)
         out = (_randn(g, (m, k), dt, dev), w)
         return out + ((_randn(g, (n,), dt, dev),) if bias else ())
+
     return make
 
 
@@ -122,6 +131,7 @@ def _norm_make(width: int, bias: bool):
     def make(m, dt, dev, g):
         out = (_randn(g, (m, width), dt, dev), 1.0 + _randn(g, (width,), dt, dev, 0.1))
         return out + ((_randn(g, (width,), dt, dev, 0.1),) if bias else ())
+
     return make
 
 
@@ -151,8 +161,10 @@ def _sdpa(backend: Any) -> Callable[..., torch.Tensor]:
 
     def run(*args: Any, **kw: Any) -> torch.Tensor:
         from torch.nn.attention import sdpa_kernel
+
         with sdpa_kernel([backend]):
             return F.scaled_dot_product_attention(*args, **kw)
+
     return run
 
 
@@ -163,6 +175,7 @@ def _attn_batch_pair(backend: Any):
         q, k, v = inputs
         full = attn(q[:n], k[:n], v[:n], is_causal=True)
         return (attn(q[:1], k[:1], v[:1], is_causal=True),), (full[:1],), (full,)
+
     return pair
 
 
@@ -171,32 +184,29 @@ def _attn_query_pair(backend: Any):
 
     def pair(inputs: tuple, n: int) -> _Pair:
         q, k, v = (t[:, :, :n] for t in inputs)
-        decode = attn(q[:, :, n - 1:], k, v)
+        decode = attn(q[:, :, n - 1 :], k, v)
         prefill = attn(q, k, v, is_causal=True)
-        return (decode,), (prefill[:, :, n - 1:],), (prefill,)
+        return (decode,), (prefill[:, :, n - 1 :],), (prefill,)
+
     return pair
 
 
 def _linear3d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return F.linear(x.unsqueeze(0), w, b).squeeze(0)   # (1, n, K): as a model calls it
+    return F.linear(x.unsqueeze(0), w, b).squeeze(0)  # (1, n, K): as a model calls it
 
 
 _ROW_PROBES: tuple[_Probe, ...] = (
     _Probe("mm", _x_w(512, 512), _rows(torch.mm)),
-    _Probe("addmm", _x_w(512, 512, bias=True),
-           _rows(lambda x, w, b: torch.addmm(b, x, w))),
-    _Probe("matmul", _x_w(512, 512),
-           _rows(lambda x, w: torch.matmul(x.unsqueeze(0), w).squeeze(0))),
+    _Probe("addmm", _x_w(512, 512, bias=True), _rows(lambda x, w, b: torch.addmm(b, x, w))),
+    _Probe("matmul", _x_w(512, 512), _rows(lambda x, w: torch.matmul(x.unsqueeze(0), w).squeeze(0))),
     _Probe("linear", _x_w(512, 512, bias=True, transposed=True), _rows(_linear3d)),
     _Probe("bmm", _bmm_make, _bmm_pair),
     _Probe("sum", _x(65536), _rows(lambda x: x.sum(-1))),
     _Probe("mean", _x(65536), _rows(lambda x: x.mean(-1))),
     _Probe("softmax", _x(32000, 4.0), _rows(lambda x: torch.softmax(x, -1))),
     _Probe("log_softmax", _x(32000, 4.0), _rows(lambda x: torch.log_softmax(x, -1))),
-    _Probe("layer_norm", _norm_make(4096, bias=True),
-           _rows(lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b))),
-    _Probe("rms_norm", _norm_make(4096, bias=False),
-           _rows(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6))),
+    _Probe("layer_norm", _norm_make(4096, bias=True), _rows(lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b))),
+    _Probe("rms_norm", _norm_make(4096, bias=False), _rows(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6))),
     _Probe("embedding", _embedding_make, _rows(F.embedding)),
     _Probe("cumsum", _x(4096), _rows(lambda x: torch.cumsum(x, -1))),
     _Probe("topk", _x(32000), _rows(lambda x: torch.topk(x, 50, -1))),
@@ -204,9 +214,13 @@ _ROW_PROBES: tuple[_Probe, ...] = (
     _Probe("argmax", _x(32000), _rows(lambda x: torch.argmax(x, -1))),
 )
 
-_BACKEND_NAMES = {"MATH": "math", "FLASH_ATTENTION": "flash",
-                  "EFFICIENT_ATTENTION": "efficient", "CUDNN_ATTENTION": "cudnn",
-                  "OVERRIDEABLE": "overrideable"}
+_BACKEND_NAMES = {
+    "MATH": "math",
+    "FLASH_ATTENTION": "flash",
+    "EFFICIENT_ATTENTION": "efficient",
+    "CUDNN_ATTENTION": "cudnn",
+    "OVERRIDEABLE": "overrideable",
+}
 
 
 def sdpa_backends(device: str | torch.device = "cpu") -> list[tuple[str, Any]]:
@@ -214,6 +228,7 @@ def sdpa_backends(device: str | torch.device = "cpu") -> list[tuple[str, Any]]:
     ``torch.nn.attention.SDPBackend`` that runs a small causal call on ``device`` in
     float32 or float16."""
     from torch.nn.attention import SDPBackend
+
     dev = torch.device(device)
     out: list[tuple[str, Any]] = [("", None)]
     for name, label in _BACKEND_NAMES.items():
@@ -236,16 +251,31 @@ def _attention_probes(device: str | torch.device) -> list[_Probe]:
     probes = []
     for label, backend in sdpa_backends(device):
         name = "scaled_dot_product_attention" + (f"[{label}]" if label else "")
-        probes.append(_Probe(name, lambda m, dt, dev, g: _attn_make(m, dt, dev, g, batch=True),
-                             _attn_batch_pair(backend), ROW_SIZES, backend))
-        probes.append(_Probe(name + "/decode",
-                             lambda m, dt, dev, g: _attn_make(m, dt, dev, g, batch=False),
-                             _attn_query_pair(backend), QUERY_LENGTHS, backend))
+        probes.append(
+            _Probe(
+                name,
+                lambda m, dt, dev, g: _attn_make(m, dt, dev, g, batch=True),
+                _attn_batch_pair(backend),
+                ROW_SIZES,
+                backend,
+            )
+        )
+        probes.append(
+            _Probe(
+                name + "/decode",
+                lambda m, dt, dev, g: _attn_make(m, dt, dev, g, batch=False),
+                _attn_query_pair(backend),
+                QUERY_LENGTHS,
+                backend,
+            )
+        )
     return probes
 
 
 OP_NAMES: tuple[str, ...] = tuple(p.name for p in _ROW_PROBES) + (
-    "scaled_dot_product_attention", "scaled_dot_product_attention/decode")
+    "scaled_dot_product_attention",
+    "scaled_dot_product_attention/decode",
+)
 
 
 def aten_name(func: Any) -> str:
@@ -275,8 +305,9 @@ def _compare(a: Outputs, b: Outputs) -> tuple[bool, int, float]:
     return same, ulp, dmax
 
 
-def _probe_one(p: _Probe, dtype: torch.dtype, dev: torch.device, threads: Sequence[int] | None,
-               sizes: Sequence[int]) -> OpResult:
+def _probe_one(
+    p: _Probe, dtype: torch.dtype, dev: torch.device, threads: Sequence[int] | None, sizes: Sequence[int]
+) -> OpResult:
     gen = torch.Generator().manual_seed(zlib.crc32(p.name.encode()))
     inputs = p.make(max(sizes), dtype, dev, gen)
     big = max(sizes)
@@ -309,17 +340,29 @@ def _probe_one(p: _Probe, dtype: torch.dtype, dev: torch.device, threads: Sequen
     names = _AtenNames()
     with names:
         p.pair(inputs, min(2, big))
-    return OpResult(p.name, str(dtype).removeprefix("torch."), invariant, same_run,
-                    same_threads, first, ulp, dmax, tuple(sorted(names.names)))
+    return OpResult(
+        p.name,
+        str(dtype).removeprefix("torch."),
+        invariant,
+        same_run,
+        same_threads,
+        first,
+        ulp,
+        dmax,
+        tuple(sorted(names.names)),
+    )
 
 
-def probe_ops(device: str | torch.device = "cpu",
-              dtypes: Sequence[str | torch.dtype] = ("float32",),
-              threads: Sequence[int] | None = (1, 2), *,
-              ops: Sequence[str] | None = None,
-              sizes: Sequence[int] | None = None,
-              query_lengths: Sequence[int] | None = None,
-              mode: Callable[[], ContextManager[Any]] | None = None) -> list[OpResult]:
+def probe_ops(
+    device: str | torch.device = "cpu",
+    dtypes: Sequence[str | torch.dtype] = ("float32",),
+    threads: Sequence[int] | None = (1, 2),
+    *,
+    ops: Sequence[str] | None = None,
+    sizes: Sequence[int] | None = None,
+    query_lengths: Sequence[int] | None = None,
+    mode: Callable[[], ContextManager[Any]] | None = None,
+) -> list[OpResult]:
     """Probe the ops and return one :class:`OpResult` per (op, dtype), ops in table order.
 
     ``device``: "cpu" or "cuda". ``dtypes``: names of :data:`DTYPES` or torch dtypes.

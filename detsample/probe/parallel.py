@@ -63,6 +63,7 @@ def _side(model: CausalLM, cfg: ProbeConfig, part: str, pos: int) -> Side:
 
 # -- rank jobs (module-level: the ranks import them by name) -----------------------------
 
+
 def job_forwards(lm: Any, comm: Any, cfg: ProbeConfig) -> dict[str, torch.Tensor]:
     return forwards(lm, cfg)
 
@@ -80,8 +81,7 @@ def job_record(lm: Any, comm: Any, cfg: ProbeConfig, part: str, pos: int) -> dic
     return data
 
 
-def _localize(reference: CausalLM, cfg: ProbeConfig, group: Any, part: str,
-              pos: int) -> tuple[Divergence | None, str]:
+def _localize(reference: CausalLM, cfg: ProbeConfig, group: Any, part: str, pos: int) -> tuple[Divergence | None, str]:
     try:
         data = group.call(job_record, cfg, part, pos)
         ref = record(_side(reference, cfg, part, pos), reference.module, reference.name)
@@ -95,16 +95,27 @@ def _localize(reference: CausalLM, cfg: ProbeConfig, group: Any, part: str,
     if found.module in data["row_parallel"] and found.op == "aten::mm":
         # rank 0's partial product differs from the whole by construction: the distance
         # that means something is the layer's output, after the all-reduce
-        ulp, gap = (out.max_ulp, out.max_abs) if out is not None and out.module == found.module \
+        ulp, gap = (
+            (out.max_ulp, out.max_abs)
+            if out is not None and out.module == found.module
             else (found.max_ulp, found.max_abs)
+        )
         found = Divergence(found.module, ROW_PARALLEL_OP, found.shapes, ulp, gap)
     return found, ""
 
 
-def check_tensor_parallel(reference: CausalLM, spec: str, sizes: Sequence[int], *,
-                          batch_invariant: bool = False, portable: bool = False,
-                          config: ProbeConfig | None = None, seed: int = 0,
-                          timeout: float = DEFAULT_TIMEOUT, start_method: str = "spawn") -> ProbeCheck:
+def check_tensor_parallel(
+    reference: CausalLM,
+    spec: str,
+    sizes: Sequence[int],
+    *,
+    batch_invariant: bool = False,
+    portable: bool = False,
+    config: ProbeConfig | None = None,
+    seed: int = 0,
+    timeout: float = DEFAULT_TIMEOUT,
+    start_method: str = "spawn",
+) -> ProbeCheck:
     """The ``tensor_parallel`` check of model ``spec`` (``reference``: it loaded at TP=1,
     in this process) for every TP size of ``sizes`` (1 is the reference itself). Raises
     :class:`~detsample.parallel.TensorParallelError` for a size the layout refuses,
@@ -112,8 +123,11 @@ def check_tensor_parallel(reference: CausalLM, spec: str, sizes: Sequence[int], 
     (:class:`~detsample.parallel.RankGroup`)."""
     cfg = config or ProbeConfig()
     sizes = sorted(set(sizes))
-    specs = [TPModelSpec(spec, tp, batch_invariant, portable, seed=seed,
-                         padding=getattr(reference, "padding", "left")) for tp in sizes if tp > 1]
+    specs = [
+        TPModelSpec(spec, tp, batch_invariant, portable, seed=seed, padding=getattr(reference, "padding", "left"))
+        for tp in sizes
+        if tp > 1
+    ]
     for s in specs:
         check_spec(s, reference)
     ref = forwards(reference, cfg)

@@ -38,8 +38,12 @@ class ProbeCheck:
 
     def to_json(self) -> dict[str, Any]:
         fd = self.first_divergence
-        return {"name": self.name, "ok": self.ok, "detail": self.detail,
-                "first_divergence": fd.to_json() if fd is not None else None}
+        return {
+            "name": self.name,
+            "ok": self.ok,
+            "detail": self.detail,
+            "first_divergence": fd.to_json() if fd is not None else None,
+        }
 
 
 @dataclass(frozen=True)
@@ -56,8 +60,12 @@ class ModelReport:
         return all(c.ok for c in self.checks)
 
     def to_json(self) -> dict[str, Any]:
-        doc = {"ok": self.ok, "platform": self.platform, "target": self.target,
-               "checks": [c.to_json() for c in self.checks]}
+        doc = {
+            "ok": self.ok,
+            "platform": self.platform,
+            "target": self.target,
+            "checks": [c.to_json() for c in self.checks],
+        }
         if self.kernels:
             doc["kernels"] = [dict(k) for k in self.kernels]
         return doc
@@ -71,9 +79,14 @@ class ModelReport:
                 lines.append(f"{'':<{width}}        {c.first_divergence.describe()}")
         if self.kernels:
             from detsample.invariant.report import table
+
             lines += ["", table(list(self.kernels)).rstrip("\n")]
-        lines += ["", "ok: every check holds bitwise" if self.ok else
-                  f"FAILED: {', '.join(c.name for c in self.checks if not c.ok)}"]
+        lines += [
+            "",
+            "ok: every check holds bitwise"
+            if self.ok
+            else f"FAILED: {', '.join(c.name for c in self.checks if not c.ok)}",
+        ]
         return "\n".join(lines) + "\n"
 
 
@@ -92,14 +105,22 @@ class OpsReport:
         return {"ok": self.ok, "platform": self.platform, "ops": [r.to_json() for r in self.ops]}
 
     def table(self) -> str:
-        rows = [("op", "dtype", "batch inv.", "run to run", "threads", "first differing sizes",
-                 "max |diff|", "max ulp")]
+        rows = [
+            ("op", "dtype", "batch inv.", "run to run", "threads", "first differing sizes", "max |diff|", "max ulp")
+        ]
         for r in self.ops:
-            rows.append((r.op, r.dtype, _yes(r.batch_invariant), _yes(r.run_to_run),
-                         "-" if r.threads is None else _yes(r.threads),
-                         "-" if r.first_differing_sizes is None else
-                         " vs ".join(str(s) for s in r.first_differing_sizes),
-                         f"{r.max_abs:.3g}", str(r.max_ulp)))
+            rows.append(
+                (
+                    r.op,
+                    r.dtype,
+                    _yes(r.batch_invariant),
+                    _yes(r.run_to_run),
+                    "-" if r.threads is None else _yes(r.threads),
+                    "-" if r.first_differing_sizes is None else " vs ".join(str(s) for s in r.first_differing_sizes),
+                    f"{r.max_abs:.3g}",
+                    str(r.max_ulp),
+                )
+            )
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         out = [f"detsample probe ops  [{self.platform}]", ""]
         out += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
@@ -124,6 +145,8 @@ def markdown_ops(results: Sequence[OpResult]) -> str:
     for r in results:
         sizes = "-" if r.first_differing_sizes is None else " vs ".join(map(str, r.first_differing_sizes))
         thr = "-" if r.threads is None else _yes(r.threads)
-        lines.append(f"| `{r.op}` | {r.dtype} | {_yes(r.batch_invariant)} | {_yes(r.run_to_run)} "
-                     f"| {thr} | {sizes} | {r.max_abs:.3g} | {r.max_ulp} |")
+        lines.append(
+            f"| `{r.op}` | {r.dtype} | {_yes(r.batch_invariant)} | {_yes(r.run_to_run)} "
+            f"| {thr} | {sizes} | {r.max_abs:.3g} | {r.max_ulp} |"
+        )
     return "\n".join(lines) + "\n"

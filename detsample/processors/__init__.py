@@ -10,13 +10,12 @@
 """
 
 from detsample.processors.base import (
-                                       AddedRequest,
-                                       BatchUpdate,
-                                       LogitsProcessor,
-                                       ProcessorRunner,
-                                       RowInfo,
-                                       SlotProcessor,
+    AddedRequest,
+    BatchUpdate,
+    LogitsProcessor,
+    ProcessorRunner,
+    RowInfo,
+    SlotProcessor,
 )
 
-__all__ = ["AddedRequest", "BatchUpdate", "LogitsProcessor", "ProcessorRunner", "RowInfo",
-           "SlotProcessor"]
+__all__ = ["AddedRequest", "BatchUpdate", "LogitsProcessor", "ProcessorRunner", "RowInfo", "SlotProcessor"]

@@ -89,12 +89,14 @@ class RowInfo:
 
 
 def _check_out(name: str, out: Any, shape: tuple[int, int], dev: torch.device) -> None:
-    if (not isinstance(out, torch.Tensor) or out.dtype != torch.float32
-            or tuple(out.shape) != shape or out.device != dev):
-        got = (f"{out.dtype} {tuple(out.shape)} on {out.device}"
-               if isinstance(out, torch.Tensor) else type(out).__name__)
-        raise InvalidSamplingParams(
-            f"logits processor {name} must return float32 {shape} on {dev}, got {got}")
+    if (
+        not isinstance(out, torch.Tensor)
+        or out.dtype != torch.float32
+        or tuple(out.shape) != shape
+        or out.device != dev
+    ):
+        got = f"{out.dtype} {tuple(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise InvalidSamplingParams(f"logits processor {name} must return float32 {shape} on {dev}, got {got}")
 
 
 def _request_groups(batch: BatchView) -> tuple[tuple[Any, list[int], torch.Tensor], ...]:
@@ -104,8 +106,7 @@ def _request_groups(batch: BatchView) -> tuple[tuple[Any, list[int], torch.Tenso
     for i, p in enumerate(batch.params):
         if p.logits_processor is not None:
             groups.setdefault(id(p.logits_processor), (p.logits_processor, []))[1].append(i)
-    return tuple((proc, rows, host_tensor(rows, torch.int64, batch.device))
-                 for proc, rows in groups.values())
+    return tuple((proc, rows, host_tensor(rows, torch.int64, batch.device)) for proc, rows in groups.values())
 
 
 class ProcessorRunner:
@@ -118,8 +119,7 @@ class ProcessorRunner:
     def __init__(self, processors: Sequence[LogitsProcessor]) -> None:
         for p in processors:
             if not isinstance(p, LogitsProcessor):
-                raise InvalidSamplingParams(
-                    f"processors must be LogitsProcessor instances, got {type(p).__name__}")
+                raise InvalidSamplingParams(f"processors must be LogitsProcessor instances, got {type(p).__name__}")
         self.processors = tuple(processors)
         self._batch: weakref.ref | None = None
         self._uids: list[Any] = []
@@ -131,8 +131,7 @@ class ProcessorRunner:
             try:
                 proc.validate_params(params)
             except ValueError as e:
-                raise InvalidSamplingParams(
-                    f"request {rid!r} rejected by {type(proc).__name__}: {e}") from e
+                raise InvalidSamplingParams(f"request {rid!r} rejected by {type(proc).__name__}: {e}") from e
 
     def sync(self, batch: BatchView) -> BatchUpdate | None:
         """Deliver the pending update to every processor (validating added rows first,
@@ -174,10 +173,13 @@ class ProcessorRunner:
                 x = out
         groups = batch.derived("request_processors", lambda: _request_groups(batch))
         for proc, rows, idx in groups:
-            info = [RowInfo(batch.requests[i].rid, batch.requests[i].params,
-                            batch.requests[i].prompt_ids, batch.output_ids[i]) for i in rows]
+            info = [
+                RowInfo(
+                    batch.requests[i].rid, batch.requests[i].params, batch.requests[i].prompt_ids, batch.output_ids[i]
+                )
+                for i in rows
+            ]
             out = proc(x.index_select(0, idx), info)
-            _check_out(getattr(proc, "__name__", type(proc).__name__), out,
-                       (len(rows), shape[1]), dev)
+            _check_out(getattr(proc, "__name__", type(proc).__name__), out, (len(rows), shape[1]), dev)
             x = (logits.clone() if x is logits else x).index_copy_(0, idx, out)
         return x

@@ -53,8 +53,7 @@ class BatchUpdate:
     moved: tuple[tuple[int, int, MoveDirectionality], ...] = ()
 
 
-def diff_update(old_uids: Sequence[Any], new_uids: Sequence[Any],
-                added_info) -> BatchUpdate | None:
+def diff_update(old_uids: Sequence[Any], new_uids: Sequence[Any], added_info) -> BatchUpdate | None:
     """The update turning a processor's view ``old_uids`` (slot -> row identity) into
     ``new_uids``. ``added_info(j)`` gives ``(params, prompt_ids, output_ids_ref)`` of new
     row ``j``. Added rows take the lowest free slots; then a single left-to-right pass
@@ -91,8 +90,7 @@ def diff_update(old_uids: Sequence[Any], new_uids: Sequence[Any],
             pos[other] = p
         slots[j] = u
         pos[u] = j
-    return BatchUpdate(batch_size=len(new), removed=removed, added=tuple(added),
-                       moved=tuple(moved))
+    return BatchUpdate(batch_size=len(new), removed=removed, added=tuple(added), moved=tuple(moved))
 
 
 class InvalidBatchUpdate(DetsampleError, ValueError):
@@ -142,14 +140,14 @@ class BatchView(Protocol):
     package below the batch in the layering (docs/architecture.md) instead of importing it.
     """
 
-    requests: Sequence[Any]          # the rows' Request objects, in row order
-    params: Sequence[Any]            # their SamplingParams
+    requests: Sequence[Any]  # the rows' Request objects, in row order
+    params: Sequence[Any]  # their SamplingParams
     output_ids: Sequence[list[int]]  # live per-row output lists
     row_eos: Sequence[tuple[int, ...]]
     row_uids: Sequence[Any]
     device: torch.device
-    greedy: torch.Tensor             # [B] bool
-    penalties: Any                   # PenaltyState | None
+    greedy: torch.Tensor  # [B] bool
+    penalties: Any  # PenaltyState | None
     is_all_greedy: bool
 
     def update_since(self, old_uids: Sequence[Any]) -> BatchUpdate | None: ...

@@ -80,8 +80,7 @@ class MinTokensLogitsProcessor(SlotProcessor):
         return p.min_new_tokens, stops, added.output_ids_ref
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        pairs = [(i, t) for i, e in enumerate(self.slots)
-                 if e is not None and len(e[2]) < e[0] for t in e[1]]
+        pairs = [(i, t) for i, e in enumerate(self.slots) if e is not None and len(e[2]) < e[0] for t in e[1]]
         ban_pairs_(logits, pairs)
         return logits
 
@@ -104,9 +103,11 @@ class MinPLogitsProcessor(_CachedSlots):
         rows = self.rows_with_entries()
         if not rows:
             return None
-        return (host_tensor(rows, torch.int64, device),
-                host_tensor([self.slots[i][0] for i in rows], torch.float32, device),
-                host_tensor([[self.slots[i][1]] for i in rows], torch.float32, device))
+        return (
+            host_tensor(rows, torch.int64, device),
+            host_tensor([self.slots[i][0] for i in rows], torch.float32, device),
+            host_tensor([[self.slots[i][1]] for i in rows], torch.float32, device),
+        )
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         cached = self.cached(self._rows, logits.device)

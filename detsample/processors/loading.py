@@ -37,8 +37,10 @@ def load_processor(spec: Any) -> LogitsProcessor:
     if isinstance(spec, type):
         return _construct(spec, spec.__qualname__)
     if not isinstance(spec, str) or not spec:
-        raise InvalidSamplingParams(f"processors: expected a LogitsProcessor, a class, a class "
-                                    f"name or an entry-point name, got {type(spec).__name__}")
+        raise InvalidSamplingParams(
+            f"processors: expected a LogitsProcessor, a class, a class "
+            f"name or an entry-point name, got {type(spec).__name__}"
+        )
     if ":" in spec or "." in spec:
         return _construct(_import_class(spec), spec)
     return _construct(_load(_entry_point(spec)), f"entry point {spec!r}")
@@ -60,18 +62,17 @@ def installed_processors() -> tuple[LogitsProcessor, ...]:
 def _import_class(spec: str) -> type:
     mod_name, sep, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")
     if not mod_name or not attr:
-        raise InvalidSamplingParams(f"processor {spec!r}: expected package.module.ClassName "
-                                    "or package.module:ClassName")
+        raise InvalidSamplingParams(
+            f"processor {spec!r}: expected package.module.ClassName or package.module:ClassName"
+        )
     try:
         mod = importlib.import_module(mod_name)
     except ImportError as exc:
-        raise InvalidSamplingParams(f"processor {spec!r}: cannot import {mod_name!r}: "
-                                    f"{exc}") from None
+        raise InvalidSamplingParams(f"processor {spec!r}: cannot import {mod_name!r}: {exc}") from None
     obj = mod
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise InvalidSamplingParams(f"processor {spec!r}: module {mod_name!r} has no "
-                                        f"{attr!r}")
+            raise InvalidSamplingParams(f"processor {spec!r}: module {mod_name!r} has no {attr!r}")
         obj = getattr(obj, part)
     return obj
 
@@ -79,9 +80,11 @@ def _import_class(spec: str) -> type:
 def _entry_point(name: str):
     eps = [e for e in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if e.name == name]
     if not eps:
-        raise InvalidSamplingParams(f"processor {name!r}: no entry point of that name in the "
-                                    f"group {ENTRY_POINT_GROUP!r} (and not a class name: "
-                                    "give package.module.ClassName)")
+        raise InvalidSamplingParams(
+            f"processor {name!r}: no entry point of that name in the "
+            f"group {ENTRY_POINT_GROUP!r} (and not a class name: "
+            "give package.module.ClassName)"
+        )
     return eps[0]
 
 
@@ -89,16 +92,19 @@ def _load(ep) -> Any:
     try:
         return ep.load()
     except Exception as exc:  # noqa: BLE001 -- a broken plugin is named, whatever it raised
-        raise InvalidSamplingParams(f"processor entry point {ep.name!r} ({ep.value}): "
-                                    f"{type(exc).__name__}: {exc}") from None
+        raise InvalidSamplingParams(
+            f"processor entry point {ep.name!r} ({ep.value}): {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def _construct(cls: Any, what: str) -> LogitsProcessor:
     if not (isinstance(cls, type) and issubclass(cls, LogitsProcessor)):
-        raise InvalidSamplingParams(f"processor {what}: {cls!r} is not a subclass of "
-                                    "detsample.processors.LogitsProcessor")
+        raise InvalidSamplingParams(
+            f"processor {what}: {cls!r} is not a subclass of detsample.processors.LogitsProcessor"
+        )
     try:
         return cls()
     except Exception as exc:  # noqa: BLE001 -- named once, whatever the constructor raised
-        raise InvalidSamplingParams(f"processor {what}: {cls.__qualname__}() raised "
-                                    f"{type(exc).__name__}: {exc}") from None
+        raise InvalidSamplingParams(
+            f"processor {what}: {cls.__qualname__}() raised {type(exc).__name__}: {exc}"
+        ) from None

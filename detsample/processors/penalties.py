@@ -64,8 +64,7 @@ def constraint_rows(batch: BatchView) -> ConstraintRows:
     return ConstraintRows(tuple(mt), allowed, tuple(bw))
 
 
-def banned_entries(batch: BatchView, rows: ConstraintRows
-                   ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+def banned_entries(batch: BatchView, rows: ConstraintRows) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """``(row, col)`` pairs set to -inf this step: min_new_tokens stops, bad words."""
     outs = batch.output_ids
     stops = [(i, t) for i, need, ids in rows.min_tokens if len(outs[i]) < need for t in ids]
@@ -75,7 +74,7 @@ def banned_entries(batch: BatchView, rows: ConstraintRows
         n = len(out)
         for seq in seqs:
             k = len(seq) - 1
-            if k <= n and (k == 0 or out[n - k:] == list(seq[:-1])):
+            if k <= n and (k == 0 or out[n - k :] == list(seq[:-1])):
                 bad.append((i, seq[-1]))
     return stops, bad
 
@@ -87,8 +86,9 @@ def ban_pairs_(x: torch.Tensor, pairs: list[tuple[int, int]]) -> None:
         pen_ops.ban_tokens_(x, rc[:, 0], rc[:, 1])
 
 
-def apply_penalties_and_constraints(x: torch.Tensor, batch: BatchView,
-                scratch: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
+def apply_penalties_and_constraints(
+    x: torch.Tensor, batch: BatchView, scratch: Callable[[], torch.Tensor] | None = None
+) -> torch.Tensor:
     """Apply step 3 to ``x`` (B, V) float32, never writing into ``x``.
 
     Returns ``x`` itself when no row needs anything this step, else a new tensor: a

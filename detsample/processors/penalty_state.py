@@ -34,8 +34,7 @@ class RowTokens:
 
     __slots__ = ("index", "cols", "counts", "n", "n_prompt", "freq", "pres", "rep")
 
-    def __init__(self, params: SamplingParams, prompt_ids: Sequence[int],
-                 output_ids: Sequence[int]) -> None:
+    def __init__(self, params: SamplingParams, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
         self.freq = np.float32(params.frequency_penalty)
         self.pres = np.float32(params.presence_penalty)
         self.rep = np.float32(params.repetition_penalty)
@@ -84,7 +83,7 @@ class RowTokens:
 
     def snapshot(self) -> dict[int, int]:
         """token -> output count, over every tracked token (for tests)."""
-        return {int(c): int(k) for c, k in zip(self.cols[:self.n], self.counts[:self.n])}
+        return {int(c): int(k) for c, k in zip(self.cols[: self.n], self.counts[: self.n])}
 
 
 class PenaltyState:
@@ -96,11 +95,11 @@ class PenaltyState:
 
     # -- composition (called by SamplingBatch; these return the new state or None) ---
     @staticmethod
-    def extend(state: PenaltyState | None, n_before: int, reqs: Sequence[Request],
-               outputs: Sequence[Sequence[int]]) -> PenaltyState | None:
+    def extend(
+        state: PenaltyState | None, n_before: int, reqs: Sequence[Request], outputs: Sequence[Sequence[int]]
+    ) -> PenaltyState | None:
         """Append rows for ``reqs`` (their current ``outputs``) after ``n_before`` rows."""
-        new = [RowTokens(r.params, r.prompt_ids, o) if r.params.has_penalties else None
-               for r, o in zip(reqs, outputs)]
+        new = [RowTokens(r.params, r.prompt_ids, o) if r.params.has_penalties else None for r, o in zip(reqs, outputs)]
         if state is None:
             if all(r is None for r in new):
                 return None
@@ -117,8 +116,9 @@ class PenaltyState:
         return PenaltyState(rows) if any(r is not None for r in rows) else None
 
     @staticmethod
-    def merge(state: PenaltyState | None, n_before: int,
-              other: PenaltyState | None, n_other: int) -> PenaltyState | None:
+    def merge(
+        state: PenaltyState | None, n_before: int, other: PenaltyState | None, n_other: int
+    ) -> PenaltyState | None:
         """Append ``other``'s rows (its RowTokens are taken over, not shared: the other
         batch's state is copied so that advancing either batch cannot touch the other)."""
         if other is None:
@@ -156,12 +156,13 @@ class PenaltyState:
                 return None
             ns = np.array([r.n for _, r in live], dtype=np.int64)
             rows = np.repeat(np.array([i for i, _ in live], dtype=np.int64), ns)
-            cols = np.concatenate([r.cols[:r.n] for _, r in live])
-            counts = np.concatenate([r.counts[:r.n] for _, r in live])
-            per = [np.repeat(np.array([getattr(r, a) for _, r in live], dtype=np.float32), ns)
-                   for a in ("freq", "pres", "rep")]
-            self._coo = tuple(to_device(torch.from_numpy(a), device)
-                              for a in (rows, cols, counts, *per))
+            cols = np.concatenate([r.cols[: r.n] for _, r in live])
+            counts = np.concatenate([r.counts[: r.n] for _, r in live])
+            per = [
+                np.repeat(np.array([getattr(r, a) for _, r in live], dtype=np.float32), ns)
+                for a in ("freq", "pres", "rep")
+            ]
+            self._coo = tuple(to_device(torch.from_numpy(a), device) for a in (rows, cols, counts, *per))
         return self._coo
 
 

@@ -58,5 +58,5 @@ class KVCache:
                 buf[i] = grown
 
     def _write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        self._k[layer][start:start + k.shape[0]] = k
-        self._v[layer][start:start + v.shape[0]] = v
+        self._k[layer][start : start + k.shape[0]] = k
+        self._v[layer][start : start + v.shape[0]] = v

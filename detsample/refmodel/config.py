@@ -13,15 +13,15 @@ from dataclasses import dataclass
 
 from detsample.errors import DetsampleError
 
-ACT_FRAC = 8          # activations: int = real * 2**8
-ACT_MAX = 2**20       # every activation is clamped to [-ACT_MAX, ACT_MAX]
-W_FRAC = 10           # weights: int = real * 2**10
-GAIN_FRAC = 8         # RMSNorm gains: int = real * 2**8
-ATT_PROB_BITS = 16    # unnormalised attention weights are ints in [0, 2**16]
-ATT_SHIFT = 10        # score difference >> ATT_SHIFT indexes the exp table
-LOGIT_FRAC = 16       # logits: float32 = int * 2**-16, |int| < 2**24 (exact in float32)
+ACT_FRAC = 8  # activations: int = real * 2**8
+ACT_MAX = 2**20  # every activation is clamped to [-ACT_MAX, ACT_MAX]
+W_FRAC = 10  # weights: int = real * 2**10
+GAIN_FRAC = 8  # RMSNorm gains: int = real * 2**8
+ATT_PROB_BITS = 16  # unnormalised attention weights are ints in [0, 2**16]
+ATT_SHIFT = 10  # score difference >> ATT_SHIFT indexes the exp table
+LOGIT_FRAC = 16  # logits: float32 = int * 2**-16, |int| < 2**24 (exact in float32)
 LOGIT_INT_MAX = 2**24 - 1
-NORM_EPS = 1.0        # added to mean(x_int**2) inside the RMSNorm square root
+NORM_EPS = 1.0  # added to mean(x_int**2) inside the RMSNorm square root
 
 
 class RefModelError(DetsampleError, ValueError):
@@ -56,18 +56,16 @@ class RefModelConfig:
         for name in ("vocab_size", "n_layers", "d_model", "n_heads", "max_seq_len"):
             _positive_int(name, getattr(self, name))
         if self.vocab_size < 257:
-            raise RefModelError(
-                f"vocab_size must be >= 257 (EOS + 256 byte tokens), got {self.vocab_size!r}")
+            raise RefModelError(f"vocab_size must be >= 257 (EOS + 256 byte tokens), got {self.vocab_size!r}")
         if self.d_model % self.n_heads:
             raise RefModelError(
-                f"d_model must be divisible by n_heads, got d_model={self.d_model!r}, "
-                f"n_heads={self.n_heads!r}")
+                f"d_model must be divisible by n_heads, got d_model={self.d_model!r}, n_heads={self.n_heads!r}"
+            )
         if self.d_model > 4096:
             raise RefModelError(f"d_model must be <= 4096, got {self.d_model!r}")
         if self.max_seq_len > 65536:
             raise RefModelError(f"max_seq_len must be <= 65536, got {self.max_seq_len!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) \
-                or not 0 <= self.seed < 2**64:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
             raise RefModelError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         if self.d_ff is None:
             object.__setattr__(self, "d_ff", 4 * self.d_model)
@@ -91,6 +89,12 @@ class RefModelConfig:
         return int(math.ceil((ATT_PROB_BITS + 1) * math.log(2) / self.att_step)) + 1
 
     def to_dict(self) -> dict[str, int]:
-        return {"vocab_size": self.vocab_size, "n_layers": self.n_layers,
-                "d_model": self.d_model, "n_heads": self.n_heads,
-                "max_seq_len": self.max_seq_len, "seed": self.seed, "d_ff": self.d_ff}
+        return {
+            "vocab_size": self.vocab_size,
+            "n_layers": self.n_layers,
+            "d_model": self.d_model,
+            "n_heads": self.n_heads,
+            "max_seq_len": self.max_seq_len,
+            "seed": self.seed,
+            "d_ff": self.d_ff,
+        }

@@ -96,22 +96,18 @@ class EngineConfig:
         eos = tuple(self.eos_token_ids)
         for e in eos:
             if isinstance(e, bool) or not isinstance(e, int) or e < 0:
-                raise InvalidSamplingParams(
-                    f"eos_token_ids must hold non-negative token ids, got {e!r}")
+                raise InvalidSamplingParams(f"eos_token_ids must hold non-negative token ids, got {e!r}")
         object.__setattr__(self, "eos_token_ids", eos)
         modes = tuple(self.extra_logprobs_modes)
         for m in modes:
             if m not in LOGPROBS_MODES:
-                raise InvalidSamplingParams(
-                    f"extra_logprobs_modes must hold modes of {LOGPROBS_MODES}, got {m!r}")
+                raise InvalidSamplingParams(f"extra_logprobs_modes must hold modes of {LOGPROBS_MODES}, got {m!r}")
         object.__setattr__(self, "extra_logprobs_modes", modes)
         if not isinstance(self.hold_compiling_grammars, bool):
-            raise InvalidSamplingParams(f"hold_compiling_grammars must be a bool, got "
-                                        f"{self.hold_compiling_grammars!r}")
+            raise InvalidSamplingParams(f"hold_compiling_grammars must be a bool, got {self.hold_compiling_grammars!r}")
         t = self.think_end_token_id
         if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 0):
-            raise InvalidSamplingParams(f"think_end_token_id must be None or a token id, "
-                                        f"got {t!r}")
+            raise InvalidSamplingParams(f"think_end_token_id must be None or a token id, got {t!r}")
 
 
 @dataclass(frozen=True)
@@ -151,7 +147,7 @@ class _Row:
     arrival: Arrival
     cache: KVCache
     max_new: int
-    feed: list[int] = field(default_factory=list)   # prompt tokens not yet prefilled
+    feed: list[int] = field(default_factory=list)  # prompt tokens not yet prefilled
     tokens: list[int] = field(default_factory=list)
     logprobs: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     top: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
@@ -171,8 +167,8 @@ class _State:
     held: list[_Row] = field(default_factory=list)  # prefilled, grammar still compiling
     batch: SamplingBatch | None = None
     extra: dict[str, SamplingBatch] = field(default_factory=dict)
-    on_finish: Any = None      # RequestResult -> None, called as each request finishes
-    stop_after: Any = None     # (Request, generated ids) -> bool: Engine.run's stop test
+    on_finish: Any = None  # RequestResult -> None, called as each request finishes
+    stop_after: Any = None  # (Request, generated ids) -> bool: Engine.run's stop test
 
 
 def _bound(stop_after: Any, request: Request) -> Any:
@@ -186,17 +182,20 @@ class Engine:
     """Runs a :class:`Schedule` against a causal LM adapter (module docstring) with a
     :class:`Sampler`."""
 
-    def __init__(self, model: Any, sampler: Sampler | None = None,
-                 config: EngineConfig | None = None,
-                 speculative: Speculative | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        sampler: Sampler | None = None,
+        config: EngineConfig | None = None,
+        speculative: Speculative | None = None,
+    ) -> None:
         self.model = model
         self.sampler = sampler if sampler is not None else Sampler()
         self.config = config if config is not None else EngineConfig()
         self._vocab = self.config.vocab
         if speculative is not None:
             if not isinstance(speculative, Speculative):
-                raise InvalidSamplingParams(f"speculative must be a Speculative, got "
-                                            f"{type(speculative).__name__}")
+                raise InvalidSamplingParams(f"speculative must be a Speculative, got {type(speculative).__name__}")
             check_truncatable(model, "model")
         self.speculative = speculative
 
@@ -209,12 +208,14 @@ class Engine:
 
     def _batch(self, requests: Sequence[Request], mode: str | None = None) -> SamplingBatch:
         if mode is not None:
-            requests = [Request(r.rid, with_mode(r.params, mode), r.prompt_ids, r.output_ids)
-                        for r in requests]
-        return SamplingBatch.from_requests(requests, vocab_size=self.model.vocab_size,
-                                           eos_token_ids=self.config.eos_token_ids,
-                                           vocab=self.vocab,
-                                           think_end_token_id=self.config.think_end_token_id)
+            requests = [Request(r.rid, with_mode(r.params, mode), r.prompt_ids, r.output_ids) for r in requests]
+        return SamplingBatch.from_requests(
+            requests,
+            vocab_size=self.model.vocab_size,
+            eos_token_ids=self.config.eos_token_ids,
+            vocab=self.vocab,
+            think_end_token_id=self.config.think_end_token_id,
+        )
 
     def _check(self, schedule: Schedule) -> None:
         if not isinstance(schedule, Schedule):
@@ -227,15 +228,16 @@ class Engine:
             if r.params.grammar is not None and self.vocab is None:
                 raise InvalidSamplingParams(
                     f"request {r.rid!r}: {r.params.grammar[0]} needs a vocabulary; the "
-                    f"model has vocab_size={V}, so pass EngineConfig(vocab=...)")
+                    f"model has vocab_size={V}, so pass EngineConfig(vocab=...)"
+                )
             n = len(r.prompt_ids) + len(r.output_ids)
             if S is not None and n >= S:
                 raise InvalidSamplingParams(
                     f"request {r.rid!r}: prompt_ids + output_ids has {n} tokens, the model's "
-                    f"max_seq_len={S} leaves no room to generate")
+                    f"max_seq_len={S} leaves no room to generate"
+                )
 
-    def run(self, schedule: Schedule, on_finish: Any = None,
-            stop_after: Any = None) -> EngineResult:
+    def run(self, schedule: Schedule, on_finish: Any = None, stop_after: Any = None) -> EngineResult:
         """Run every request of ``schedule`` to completion; ``on_finish(result)`` (a
         :class:`RequestResult`) is called as each request finishes (progress).
         ``stop_after(request, token_ids)`` (optional) is asked after each recorded token
@@ -245,8 +247,7 @@ class Engine:
         the same token either way."""
         self._check(schedule)
         cfg = self.config
-        st = _State(pending=deque(schedule.ordered()), on_finish=on_finish,
-                    stop_after=stop_after)
+        st = _State(pending=deque(schedule.ordered()), on_finish=on_finish, stop_after=stop_after)
         out = EngineResult(results={})
         if self.speculative is not None:
             out.speculative = SpecStats()
@@ -257,16 +258,24 @@ class Engine:
             while st.pending and st.pending[0].step <= step:
                 st.waiting.append(st.pending.popleft())
             busy = len(st.rows) + len(st.filling) + len(st.held)
-            room = len(st.waiting) if cfg.max_batch_size is None else \
-                max(0, min(len(st.waiting), cfg.max_batch_size - busy))
+            room = (
+                len(st.waiting)
+                if cfg.max_batch_size is None
+                else max(0, min(len(st.waiting), cfg.max_batch_size - busy))
+            )
             for _ in range(room):
                 a = st.waiting.popleft()
                 q = a.request
-                st.filling.append(_Row(a, self.model.new_cache(),
-                                       q.params.max_new_tokens or cfg.default_max_new_tokens,
-                                       feed=list(q.prompt_ids) + list(q.output_ids),
-                                       compiling=self._batch([q]) if q.params.grammar else None,
-                                       stop_after=_bound(st.stop_after, q)))
+                st.filling.append(
+                    _Row(
+                        a,
+                        self.model.new_cache(),
+                        q.params.max_new_tokens or cfg.default_max_new_tokens,
+                        feed=list(q.prompt_ids) + list(q.output_ids),
+                        compiling=self._batch([q]) if q.params.grammar else None,
+                        stop_after=_bound(st.stop_after, q),
+                    )
+                )
             drafts = self._propose(st, out.speculative) if out.speculative else []
             outs = self._forward(st, drafts)
             if st.rows:
@@ -287,7 +296,7 @@ class Engine:
         chunk = self.config.prefill_chunk
         caches = [r.cache for r in st.rows] + [r.cache for r in st.filling]
         feeds = [[r.tokens[-1]] + list(d) for r, d in zip(st.rows, drafts)]
-        feeds += [[r.tokens[-1]] for r in st.rows[len(feeds):]]
+        feeds += [[r.tokens[-1]] for r in st.rows[len(feeds) :]]
         for r in st.filling:
             n = len(r.feed) if chunk is None else min(chunk, len(r.feed))
             feeds.append(r.feed[:n])
@@ -308,8 +317,11 @@ class Engine:
         waits for a compilation while other rows have work; when no other row has (none
         running, filling or joining) they join at once and the sample waits as it must. A row's
         tokens do not depend on the step it joins at. Returns the joined rows' logits."""
-        new = [r for r in st.held if r.compiling is None or all(r.compiling.grammar_ready())
-               or not self.config.hold_compiling_grammars]
+        new = [
+            r
+            for r in st.held
+            if r.compiling is None or all(r.compiling.grammar_ready()) or not self.config.hold_compiling_grammars
+        ]
         if not (new or st.rows or st.filling):
             new = list(st.held)  # nothing else to run
         if not new:
@@ -335,8 +347,7 @@ class Engine:
         assert batch is not None and len(batch) == len(rows) == logits.shape[0]
         positions = torch.tensor([len(r.cache) - 1 for r in rows], dtype=torch.int64)
         s, extra_lp = self._draw(st, logits, positions)
-        reasons = [self._record(row, i, s, extra_lp, batch, len(row.cache))
-                   for i, row in enumerate(rows)]
+        reasons = [self._record(row, i, s, extra_lp, batch, len(row.cache)) for i, row in enumerate(rows)]
         self._finish(st, reasons, out, step)
 
     def _propose(self, st: _State, stats: SpecStats) -> list[list[int]]:
@@ -352,13 +363,13 @@ class Engine:
                 room = min(room, S - len(r.cache) - 1)
             seq = tuple(q.prompt_ids) + tuple(q.output_ids) + tuple(r.tokens)
             rows.append(DraftRow(q, seq, tuple(r.tokens), max(0, room)))
-        drafts = check_drafts(self.speculative.proposer.propose(rows), rows,
-                              self.model.vocab_size)
+        drafts = check_drafts(self.speculative.proposer.propose(rows), rows, self.model.vocab_size)
         stats.proposed += sum(len(d) for d in drafts)
         return drafts
 
-    def _verify(self, st: _State, outs: list[torch.Tensor], drafts: list[list[int]],
-                out: EngineResult, step: int) -> None:
+    def _verify(
+        self, st: _State, outs: list[torch.Tensor], drafts: list[list[int]], out: EngineResult, step: int
+    ) -> None:
         """Draw every drafted position of every row in order; keep a row's draws while
         they confirm its drafts (the first one that does not is kept in their place);
         roll the batches back over the rest and truncate the caches to what was kept."""
@@ -370,8 +381,7 @@ class Engine:
         while any(alive):
             j = n
             logits = torch.stack([o[min(j, o.shape[0] - 1)] for o in outs])
-            positions = torch.tensor([b - 1 + min(j, len(d)) for b, d in zip(base, drafts)],
-                                     dtype=torch.int64)
+            positions = torch.tensor([b - 1 + min(j, len(d)) for b, d in zip(base, drafts)], dtype=torch.int64)
             s, extra_lp = self._draw(st, logits, positions)
             n += 1
             for i in (i for i in range(len(rows)) if alive[i]):
@@ -399,8 +409,7 @@ class Engine:
             b.advance(s.token_ids)
         return s, extra_lp
 
-    def _finish(self, st: _State, reasons: Sequence[str | None], out: EngineResult,
-                step: int) -> None:
+    def _finish(self, st: _State, reasons: Sequence[str | None], out: EngineResult, step: int) -> None:
         """Record the results of rows with a finish reason; filter them out."""
         rows, batch = st.rows, st.batch
         keep = []
@@ -417,8 +426,9 @@ class Engine:
                 b.filter(keep)
             st.rows = [rows[i] for i in keep]
 
-    def _record(self, row: _Row, i: int, s: Any, extra_lp: dict[str, torch.Tensor],
-                batch: SamplingBatch, held: int) -> str | None:
+    def _record(
+        self, row: _Row, i: int, s: Any, extra_lp: dict[str, torch.Tensor], batch: SamplingBatch, held: int
+    ) -> str | None:
         """Store row i's sampled token; return its finish reason or None to continue.
         ``held``: tokens the row's cache holds in the plain run at this draw."""
         t = int(s.token_ids[i])
@@ -450,20 +460,27 @@ class Engine:
     @staticmethod
     def _result(row: _Row, reason: str, step: int) -> RequestResult:
         r = row.arrival.request
-        lps = {m: torch.stack(v) if v else torch.empty(0, dtype=torch.float32)
-               for m, v in row.logprobs.items()}
+        lps = {m: torch.stack(v) if v else torch.empty(0, dtype=torch.float32) for m, v in row.logprobs.items()}
         if not lps:
             lps = {r.params.logprobs_mode: torch.empty(0, dtype=torch.float32)}
         top = None
         if r.params.logprobs > 0:
             k = r.params.logprobs
-            top = (torch.stack([v for v, _ in row.top]) if row.top else torch.empty((0, k)),
-                   torch.stack([ids for _, ids in row.top]) if row.top
-                   else torch.empty((0, k), dtype=torch.int64))
-        return RequestResult(rid=r.rid, prompt_ids=tuple(r.prompt_ids), token_ids=tuple(row.tokens),
-                             logprobs=lps, top_logprobs=top, seed=int(r.params.seed),
-                             finish_reason=reason, arrival_step=row.arrival.step,
-                             finish_step=step)
+            top = (
+                torch.stack([v for v, _ in row.top]) if row.top else torch.empty((0, k)),
+                torch.stack([ids for _, ids in row.top]) if row.top else torch.empty((0, k), dtype=torch.int64),
+            )
+        return RequestResult(
+            rid=r.rid,
+            prompt_ids=tuple(r.prompt_ids),
+            token_ids=tuple(row.tokens),
+            logprobs=lps,
+            top_logprobs=top,
+            seed=int(r.params.seed),
+            finish_reason=reason,
+            arrival_step=row.arrival.step,
+            finish_step=step,
+        )
 
 
 def default_vocab(model: Any) -> Any:
@@ -478,10 +495,17 @@ def with_mode(params: SamplingParams, mode: str) -> SamplingParams:
     return params.replace(logprobs_mode=mode, logprobs=0)
 
 
-def rescore(model: Any, sampler: Sampler, request_params: SamplingParams,
-            prompt_ids: Sequence[int], output_ids: Sequence[int], *,
-            eos_token_ids: Sequence[int] = (EOS_ID,), vocab: Any = None,
-            think_end_token_id: int | None = None) -> torch.Tensor:
+def rescore(
+    model: Any,
+    sampler: Sampler,
+    request_params: SamplingParams,
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+    *,
+    eos_token_ids: Sequence[int] = (EOS_ID,),
+    vocab: Any = None,
+    think_end_token_id: int | None = None,
+) -> torch.Tensor:
     """Logprobs of ``output_ids`` after ``prompt_ids`` by ONE prefill (the trainer's path).
 
     Row i of the rescoring batch is the request with ``output_ids[:i]`` already generated
@@ -497,23 +521,42 @@ def rescore(model: Any, sampler: Sampler, request_params: SamplingParams,
     if not output:
         return torch.empty(0, dtype=torch.float32)
     full = model.forward([model.new_cache()], [prompt + output])[0]
-    logits = full[len(prompt) - 1: len(prompt) + len(output) - 1]
-    return score_logits(model, sampler, request_params, prompt, output, logits,
-                        eos_token_ids=eos_token_ids, vocab=vocab,
-                        think_end_token_id=think_end_token_id)
+    logits = full[len(prompt) - 1 : len(prompt) + len(output) - 1]
+    return score_logits(
+        model,
+        sampler,
+        request_params,
+        prompt,
+        output,
+        logits,
+        eos_token_ids=eos_token_ids,
+        vocab=vocab,
+        think_end_token_id=think_end_token_id,
+    )
 
 
-def score_logits(model: Any, sampler: Sampler, request_params: SamplingParams,
-                 prompt: list[int], output: list[int], logits: torch.Tensor, *,
-                 eos_token_ids: Sequence[int] = (EOS_ID,), vocab: Any = None,
-            think_end_token_id: int | None = None) -> torch.Tensor:
+def score_logits(
+    model: Any,
+    sampler: Sampler,
+    request_params: SamplingParams,
+    prompt: list[int],
+    output: list[int],
+    logits: torch.Tensor,
+    *,
+    eos_token_ids: Sequence[int] = (EOS_ID,),
+    vocab: Any = None,
+    think_end_token_id: int | None = None,
+) -> torch.Tensor:
     """:func:`rescore` after its prefill: ``logits`` [len(output), V] are the rows that
     score ``output`` (row i: after ``prompt + output[:i]``); float32 [len(output)]."""
     reqs = [Request(f"rescore/{i}", request_params, prompt, output[:i]) for i in range(len(output))]
     if vocab is None and request_params.grammar is not None:
         vocab = default_vocab(model)
-    batch = SamplingBatch.from_requests(reqs, vocab_size=model.vocab_size,
-                                        eos_token_ids=tuple(eos_token_ids), vocab=vocab,
-                                        think_end_token_id=think_end_token_id)
-    return sampler.compute_logprobs(logits.contiguous(), batch,
-                                    torch.tensor(output, dtype=torch.int64))
+    batch = SamplingBatch.from_requests(
+        reqs,
+        vocab_size=model.vocab_size,
+        eos_token_ids=tuple(eos_token_ids),
+        vocab=vocab,
+        think_end_token_id=think_end_token_id,
+    )
+    return sampler.compute_logprobs(logits.contiguous(), batch, torch.tensor(output, dtype=torch.int64))

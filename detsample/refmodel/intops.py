@@ -53,8 +53,8 @@ def rms_norm(x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
     the output of a row depends on that row's integers only.
     """
     d = x.shape[-1]
-    ss = (x * x).sum(dim=-1, keepdim=True)                      # int64, exact
-    r = torch.sqrt(ss.to(torch.float64) / d + NORM_EPS)        # float64, per row
+    ss = (x * x).sum(dim=-1, keepdim=True)  # int64, exact
+    r = torch.sqrt(ss.to(torch.float64) / d + NORM_EPS)  # float64, per row
     y = torch.round(x.to(torch.float64) / r * float(2**ACT_FRAC)).to(torch.int64)
     return clamp_act(round_shift(y * gain, GAIN_FRAC))
 
@@ -68,8 +68,9 @@ def exp_table(length: int, step: float) -> torch.Tensor:
     return torch.tensor(vals + [0], dtype=torch.int64)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-              table: torch.Tensor) -> torch.Tensor:
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, table: torch.Tensor
+) -> torch.Tensor:
     """Integer softmax attention.
 
     q ``[B, H, Tq, Dh]``, k and v ``[B, H, Tk, Dh]``, mask ``[B, 1, Tq, Tk]`` bool (True =

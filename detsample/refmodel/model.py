@@ -25,8 +25,7 @@ from detsample.refmodel.config import ACT_FRAC, LOGIT_FRAC, LOGIT_INT_MAX, W_FRA
 def _as_ids(name: str, ids: object, vocab_size: int) -> list[int]:
     if isinstance(ids, torch.Tensor):
         if ids.dim() != 1 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
-            raise RefModelError(f"{name} must be a 1-D integer tensor, got {ids.dtype} "
-                                f"{tuple(ids.shape)}")
+            raise RefModelError(f"{name} must be a 1-D integer tensor, got {ids.dtype} {tuple(ids.shape)}")
         ids = ids.tolist()
     if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
         raise RefModelError(f"{name} must be a sequence of token ids, got {ids!r}")
@@ -47,8 +46,7 @@ class RefModel:
     >>> step = m.decode([cache], [3])              # [1, V] float32, == logits[2:3] bitwise
     """
 
-    def __init__(self, config: RefModelConfig | None = None,
-                 weights: dict[str, torch.Tensor] | None = None) -> None:
+    def __init__(self, config: RefModelConfig | None = None, weights: dict[str, torch.Tensor] | None = None) -> None:
         self.config = config if config is not None else RefModelConfig()
         if weights is None:
             weights = _weights.generate(self.config)
@@ -56,8 +54,9 @@ class RefModel:
         for k, shape in shapes.items():
             t = weights.get(k)
             if t is None or t.dtype != torch.int64 or tuple(t.shape) != shape:
-                raise RefModelError(f"weights[{k!r}] must be int64 {shape}, got "
-                                    f"{None if t is None else (t.dtype, tuple(t.shape))}")
+                raise RefModelError(
+                    f"weights[{k!r}] must be int64 {shape}, got {None if t is None else (t.dtype, tuple(t.shape))}"
+                )
         self.weights = {k: weights[k] for k in shapes}
 
     # -- persistence -------------------------------------------------------------------
@@ -85,8 +84,9 @@ class RefModel:
     def new_cache(self) -> KVCache:
         return KVCache(self.config)
 
-    def prefill(self, token_ids: Sequence[int], cache: KVCache | None = None, *,
-                return_cache: bool = False) -> torch.Tensor | tuple[torch.Tensor, KVCache]:
+    def prefill(
+        self, token_ids: Sequence[int], cache: KVCache | None = None, *, return_cache: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, KVCache]:
         """Logits ``[T, V]`` float32 of every position of ``token_ids``.
 
         With ``cache``, the tokens continue the sequence the cache holds (chunked prefill)
@@ -104,8 +104,7 @@ class RefModel:
         """
         ids = _as_ids("token_ids", token_ids, self.config.vocab_size)
         if len(ids) != len(caches):
-            raise RefModelError(f"token_ids must have one id per cache ({len(caches)}), "
-                                f"got {len(ids)}")
+            raise RefModelError(f"token_ids must have one id per cache ({len(caches)}), got {len(ids)}")
         out = self.forward(caches, [[t] for t in ids])
         if not out:
             return torch.empty((0, self.config.vocab_size), dtype=torch.float32)
@@ -125,14 +124,15 @@ class RefModel:
         for b, c in enumerate(ids):
             tok[b, : len(c)] = torch.tensor(c, dtype=torch.int64)
         offs = torch.arange(T, dtype=torch.int64)
-        pos = (starts[:, None] + offs).clamp(max=cfg.max_seq_len - 1)   # padding: any valid row
+        pos = (starts[:, None] + offs).clamp(max=cfg.max_seq_len - 1)  # padding: any valid row
         keys = torch.arange(int(ends.max()), dtype=torch.int64)
         # mask[b, 0, i, j]: key j exists and is not after query i (padded queries see keys too)
-        mask = ((keys[None, None, :] < ends[:, None, None])
-                & (keys[None, None, :] <= (starts[:, None] + offs)[:, :, None]))[:, None]
+        mask = (
+            (keys[None, None, :] < ends[:, None, None]) & (keys[None, None, :] <= (starts[:, None] + offs)[:, :, None])
+        )[:, None]
         for cache, e in zip(caches, ends.tolist()):
             cache._reserve(e)
-        x = intops.clamp_act(w["tok_emb"][tok] + w["pos_emb"][pos])    # [B, T, D]
+        x = intops.clamp_act(w["tok_emb"][tok] + w["pos_emb"][pos])  # [B, T, D]
         for layer in range(cfg.n_layers):
             x = self._layer(layer, x, caches, ids, starts, mask)
         xn = intops.rms_norm(x, w["final_norm"])
@@ -145,8 +145,7 @@ class RefModel:
         """The chunks as token-id lists, or RefModelError naming the cache or chunk at fault."""
         cfg = self.config
         if len(caches) != len(chunks):
-            raise RefModelError(f"chunks must have one entry per cache ({len(caches)}), "
-                                f"got {len(chunks)}")
+            raise RefModelError(f"chunks must have one entry per cache ({len(caches)}), got {len(chunks)}")
         if len({id(c) for c in caches}) != len(caches):
             raise RefModelError("caches must be distinct objects, got the same cache twice")
         ids = [_as_ids(f"chunks[{b}]", c, cfg.vocab_size) for b, c in enumerate(chunks)]
@@ -156,12 +155,20 @@ class RefModel:
             if not c:
                 raise RefModelError(f"chunks[{b}] must not be empty")
             if len(cache) + len(c) > cfg.max_seq_len:
-                raise RefModelError(f"sequence {b} would have {len(cache) + len(c)} tokens, "
-                                    f"more than max_seq_len={cfg.max_seq_len}")
+                raise RefModelError(
+                    f"sequence {b} would have {len(cache) + len(c)} tokens, more than max_seq_len={cfg.max_seq_len}"
+                )
         return ids
 
-    def _layer(self, layer: int, x: torch.Tensor, caches: Sequence[KVCache], ids: list[list[int]],
-               starts: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _layer(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        caches: Sequence[KVCache],
+        ids: list[list[int]],
+        starts: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
         """One decoder layer on ``x`` [B, T, D] (int64): its keys and values written to the
         caches, attention over each row's keys, the MLP."""
         cfg, w, p = self.config, self.weights, f"layers.{layer}."
@@ -176,8 +183,9 @@ class RefModel:
             cache._write(layer, s, k[b, :n], v[b, :n])
             kk[b, : s + n] = cache.keys(layer, s + n)
             vv[b, : s + n] = cache.values(layer, s + n)
-        att = intops.attention(q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2),
-                               mask, w["exp_table"])                  # [B, H, T, Dh]
+        att = intops.attention(
+            q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2), mask, w["exp_table"]
+        )  # [B, H, T, Dh]
         att = att.transpose(1, 2).reshape(B, T, H * Dh)
         x = intops.clamp_act(x + intops.linear(att, w[p + "wo"], W_FRAC))
         xn = intops.rms_norm(x, w[p + "mlp_norm"])

@@ -20,11 +20,9 @@ class Arrival:
         if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
             raise InvalidSamplingParams(f"arrival step must be an integer >= 0, got {self.step!r}")
         if not isinstance(self.request, Request):
-            raise InvalidSamplingParams(
-                f"arrival request must be a Request, got {type(self.request).__name__}")
+            raise InvalidSamplingParams(f"arrival request must be a Request, got {type(self.request).__name__}")
         if not self.request.prompt_ids and not self.request.output_ids:
-            raise InvalidSamplingParams(
-                f"request {self.request.rid!r}: prompt_ids must not be empty, got []")
+            raise InvalidSamplingParams(f"request {self.request.rid!r}: prompt_ids must not be empty, got []")
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,7 @@ class Proposer(Protocol):
     """Guesses the next tokens of rows: ``propose(rows)`` returns, per row, at most
     ``rows[i].limit`` token ids (fewer, or none, when it has no guess)."""
 
-    def propose(self, rows: Sequence[DraftRow]) -> list[list[int]]:
-        ...
+    def propose(self, rows: Sequence[DraftRow]) -> list[list[int]]: ...
 
 
 @dataclass(frozen=True)
@@ -67,8 +66,9 @@ class Speculative:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise InvalidSamplingParams(f"num_speculative_tokens must be an int >= 1, got {k!r}")
         if not callable(getattr(self.proposer, "propose", None)):
-            raise InvalidSamplingParams(f"proposer must have a propose(rows) method, got "
-                                        f"{type(self.proposer).__name__}")
+            raise InvalidSamplingParams(
+                f"proposer must have a propose(rows) method, got {type(self.proposer).__name__}"
+            )
 
 
 @dataclass
@@ -86,26 +86,31 @@ class SpecStats:
         return self.accepted / self.proposed if self.proposed else 0.0
 
     def as_dict(self) -> dict[str, float]:
-        return {"steps": self.steps, "proposed": self.proposed, "accepted": self.accepted,
-                "emitted": self.emitted, "acceptance_rate": self.acceptance_rate}
+        return {
+            "steps": self.steps,
+            "proposed": self.proposed,
+            "accepted": self.accepted,
+            "emitted": self.emitted,
+            "acceptance_rate": self.acceptance_rate,
+        }
 
 
-def check_drafts(drafts: Sequence[Sequence[int]], rows: Sequence[DraftRow],
-                 vocab_size: int) -> list[list[int]]:
+def check_drafts(drafts: Sequence[Sequence[int]], rows: Sequence[DraftRow], vocab_size: int) -> list[list[int]]:
     """The proposer's answer as lists of ints, checked (errors name the row)."""
     if len(drafts) != len(rows):
-        raise InvalidSamplingParams(f"proposer returned {len(drafts)} draft lists for "
-                                    f"{len(rows)} rows")
+        raise InvalidSamplingParams(f"proposer returned {len(drafts)} draft lists for {len(rows)} rows")
     out = []
     for i, (d, row) in enumerate(zip(drafts, rows)):
         ids = [int(t) for t in d]
         if len(ids) > row.limit:
-            raise InvalidSamplingParams(f"proposer: row {i} ({row.request.rid!r}) got "
-                                        f"{len(ids)} drafts, more than its limit {row.limit}")
+            raise InvalidSamplingParams(
+                f"proposer: row {i} ({row.request.rid!r}) got {len(ids)} drafts, more than its limit {row.limit}"
+            )
         bad = [t for t in ids if not 0 <= t < vocab_size]
         if bad:
-            raise InvalidSamplingParams(f"proposer: row {i} ({row.request.rid!r}) draft "
-                                        f"token {bad[0]} outside [0, {vocab_size})")
+            raise InvalidSamplingParams(
+                f"proposer: row {i} ({row.request.rid!r}) draft token {bad[0]} outside [0, {vocab_size})"
+            )
         out.append(ids)
     return out
 
@@ -133,8 +138,8 @@ class NGram:
         for n in range(min(self.max_n, len(seq) - 1), self.min_n - 1, -1):
             tail = seq[-n:]
             for start in range(len(seq) - n - 1, -1, -1):
-                if seq[start:start + n] == tail:
-                    return seq[start + n: start + n + k]
+                if seq[start : start + n] == tail:
+                    return seq[start + n : start + n + k]
         return []
 
 
@@ -168,12 +173,14 @@ class DraftModel:
         states = [self._sync(r) for r in rows]
         drafts: list[list[int]] = [[] for _ in rows]
         for j in range(max((r.limit for r in rows), default=0)):
-            act = [i for i, r in enumerate(rows) if r.limit > j
-                   and (j == 0 or drafts[i][-1:] != [-1]) and len(drafts[i]) == j]
+            act = [
+                i
+                for i, r in enumerate(rows)
+                if r.limit > j and (j == 0 or drafts[i][-1:] != [-1]) and len(drafts[i]) == j
+            ]
             if not act:
                 break
-            feeds = [list(rows[i].sequence[len(states[i].cache):]) if j == 0
-                     else [drafts[i][-1]] for i in act]
+            feeds = [list(rows[i].sequence[len(states[i].cache) :]) if j == 0 else [drafts[i][-1]] for i in act]
             outs = self.model.forward([states[i].cache for i in act], feeds)
             for i, o in zip(act, outs):
                 self._draw(states[i], o[-1:], drafts[i])
@@ -194,9 +201,13 @@ class DraftModel:
         if st is None:
             if self.vocab is None and self.model.vocab_size == DEFAULT_VOCAB_SIZE:
                 self.vocab = Vocabulary.default()
-            batch = SamplingBatch.from_requests([row.request], vocab_size=self.model.vocab_size,
-                                                eos_token_ids=self.eos_token_ids, vocab=self.vocab,
-                                                think_end_token_id=self.think_end_token_id)
+            batch = SamplingBatch.from_requests(
+                [row.request],
+                vocab_size=self.model.vocab_size,
+                eos_token_ids=self.eos_token_ids,
+                vocab=self.vocab,
+                think_end_token_id=self.think_end_token_id,
+            )
             st = self._states[row.request.rid] = _DraftState(self.model.new_cache(), batch)
         seq = list(row.sequence)
         st.cache.truncate(min(_common(st.cache.token_ids, seq), len(seq) - 1))
@@ -220,17 +231,24 @@ def _common(a: Sequence[int], b: Sequence[int]) -> int:
 def check_draft_model(target: Any, draft: Any) -> None:
     """InvalidSamplingParams unless the draft can propose for the target."""
     if draft.vocab_size != target.vocab_size:
-        raise InvalidSamplingParams(f"draft model has vocab_size={draft.vocab_size}, the "
-                                    f"target {target.vocab_size}: they must be equal")
+        raise InvalidSamplingParams(
+            f"draft model has vocab_size={draft.vocab_size}, the target {target.vocab_size}: they must be equal"
+        )
     check_truncatable(draft, "draft model")
 
 
 def check_truncatable(model: Any, what: str) -> None:
     """Speculative decoding drops rejected tokens from caches: ``cache.truncate(n)``."""
     cache = model.new_cache()
-    why = ("" if not callable(getattr(cache, "truncate", None)) else
-           "; its caches keep state beside keys and values (a hybrid's recurrent states), "
-           "which cannot go back" if not getattr(cache, "truncatable", True) else None)
+    why = (
+        ""
+        if not callable(getattr(cache, "truncate", None))
+        else "; its caches keep state beside keys and values (a hybrid's recurrent states), which cannot go back"
+        if not getattr(cache, "truncatable", True)
+        else None
+    )
     if why is not None:
-        raise InvalidSamplingParams(f"{what} {getattr(model, 'name', type(model).__name__)!r}: "
-                                    f"speculative decoding needs caches with truncate(n){why}")
+        raise InvalidSamplingParams(
+            f"{what} {getattr(model, 'name', type(model).__name__)!r}: "
+            f"speculative decoding needs caches with truncate(n){why}"
+        )

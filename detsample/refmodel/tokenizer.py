@@ -40,8 +40,9 @@ def token_bytes(token_id: int) -> bytes:
 
     if token_id < N_BYTE_TOKENS + 1 + len(DEFAULT_MERGES):
         return DEFAULT_MERGES[token_id - N_BYTE_TOKENS - 1].encode("utf-8")
-    raise RefModelError(f"token_id must be < {N_BYTE_TOKENS + 1 + len(DEFAULT_MERGES)} "
-                        f"(the default vocabulary), got {token_id}")
+    raise RefModelError(
+        f"token_id must be < {N_BYTE_TOKENS + 1 + len(DEFAULT_MERGES)} (the default vocabulary), got {token_id}"
+    )
 
 
 def decode(ids: Iterable[int]) -> bytes:

@@ -76,14 +76,27 @@ def generate(config: RefModelConfig) -> dict[str, torch.Tensor]:
 
 def expected_shapes(config: RefModelConfig) -> dict[str, tuple[int, ...]]:
     d, ff = config.d_model, config.d_ff
-    shapes = {"tok_emb": (config.vocab_size, d), "pos_emb": (config.max_seq_len, d),
-              "final_norm": (d,), "lm_head": (d, config.vocab_size),
-              "exp_table": (config.exp_table_len,)}
+    shapes = {
+        "tok_emb": (config.vocab_size, d),
+        "pos_emb": (config.max_seq_len, d),
+        "final_norm": (d,),
+        "lm_head": (d, config.vocab_size),
+        "exp_table": (config.exp_table_len,),
+    }
     for i in range(config.n_layers):
         p = f"layers.{i}."
-        shapes.update({p + "attn_norm": (d,), p + "wq": (d, d), p + "wk": (d, d),
-                       p + "wv": (d, d), p + "wo": (d, d), p + "mlp_norm": (d,),
-                       p + "w1": (d, ff), p + "w2": (ff, d)})
+        shapes.update(
+            {
+                p + "attn_norm": (d,),
+                p + "wq": (d, d),
+                p + "wk": (d, d),
+                p + "wv": (d, d),
+                p + "wo": (d, d),
+                p + "mlp_norm": (d,),
+                p + "w1": (d, ff),
+                p + "w2": (ff, d),
+            }
+        )
     return shapes
 
 
@@ -117,6 +130,5 @@ def load(path: str | os.PathLike) -> tuple[RefModelConfig, dict[str, torch.Tenso
         raise RefModelError(f"{path}: tensor names must be {sorted(shapes)}, got {sorted(weights)}")
     for k, t in weights.items():
         if t.dtype != torch.int64 or tuple(t.shape) != shapes[k]:
-            raise RefModelError(f"{path}: {k} must be int64 {shapes[k]}, "
-                                f"got {t.dtype} {tuple(t.shape)}")
+            raise RefModelError(f"{path}: {k} must be int64 {shapes[k]}, got {t.dtype} {tuple(t.shape)}")
     return config, weights

@@ -57,8 +57,7 @@ def _log_softmax_at(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return lp_ops.log_softmax(x, at=ids)
 
 
-TORCH = Backend("torch", sanitize_rows_flagged, scale_logits, arith.exp, _log_softmax,
-                _log_softmax_at, row_uniforms)
+TORCH = Backend("torch", sanitize_rows_flagged, scale_logits, arith.exp, _log_softmax, _log_softmax_at, row_uniforms)
 
 
 def triton() -> Backend:
@@ -73,8 +72,16 @@ def triton() -> Backend:
         # log_softmax_rows at those entries, one pass, no (B, V) output
         return lp_ops.log_softmax(x, at=ids, norm=k.normalisers_rows(x))
 
-    return Backend("triton", sanitize, k.scale_logits, k.exp, k.log_softmax_rows,
-                   log_softmax_at, k.row_uniforms, k.thresholds_and_draw)
+    return Backend(
+        "triton",
+        sanitize,
+        k.scale_logits,
+        k.exp,
+        k.log_softmax_rows,
+        log_softmax_at,
+        k.row_uniforms,
+        k.thresholds_and_draw,
+    )
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,7 @@ class BackendChoice:
         if not self.kernels or (self.cuda_only and device.type != "cuda"):
             return TORCH
         from detsample.kernels import sampler_ops
+
         try:
             sampler_ops.check_device(device)
         except ValueError as e:
@@ -106,7 +114,7 @@ def resolve(backend: str) -> BackendChoice:
         raise InvalidSamplingParams(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "triton" and not kernels.available():
         raise InvalidSamplingParams(
-            "backend='triton' needs the triton package (pip install triton), "
-            "which is not installed")
+            "backend='triton' needs the triton package (pip install triton), which is not installed"
+        )
     use = backend == "triton" or (backend == "auto" and kernels.available())
     return BackendChoice(backend, use, backend == "auto")

@@ -80,8 +80,9 @@ class Table:
 
     def rows(self, sel: torch.Tensor) -> Table:
         """The rows at positions ``sel`` (n',) of this table."""
-        return Table(self.index[sel], False, self.csum[sel], self.ids[sel],
-                     None, None if self.tau is None else self.tau[sel])
+        return Table(
+            self.index[sel], False, self.csum[sel], self.ids[sel], None, None if self.tau is None else self.tau[sel]
+        )
 
 
 @dataclass(frozen=True)
@@ -101,8 +102,10 @@ class KeptCDF:
     @staticmethod
     def none(B: int, device: torch.device) -> KeptCDF:
         """No sampling row: nothing is cut, no mass (processed logprobs are one-hot)."""
-        return KeptCDF(torch.full((B,), NEG_INF, dtype=torch.float32, device=device),
-                       torch.zeros((B,), dtype=torch.int64, device=device))
+        return KeptCDF(
+            torch.full((B,), NEG_INF, dtype=torch.float32, device=device),
+            torch.zeros((B,), dtype=torch.int64, device=device),
+        )
 
     def draw(self, u: torch.Tensor) -> torch.Tensor:
         """(B,) int64 tokens of the rows in the tables, -1 elsewhere; u: (B,) float64."""
@@ -144,8 +147,7 @@ class CutInputs:
     @property
     def select(self) -> bool:
         """Whether the full strategy's thresholds come from the radix select."""
-        return (self.filter_impl == "auto" and self.x.shape[1] >= SELECT_MIN_V
-                and self.x.device.type == "cpu")
+        return self.filter_impl == "auto" and self.x.shape[1] >= SELECT_MIN_V and self.x.device.type == "cpu"
 
 
 def prepass_rows(plan: RowPlan) -> torch.Tensor | None:
@@ -184,8 +186,9 @@ def needs_full_z(plan: RowPlan, by_columns: tuple[Rows, Rows] | None) -> bool:
     return bool(wide or rt.top_k_only or rt.sort or plain)
 
 
-def kept_cdf(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs,
-             by_columns: tuple[Rows, Rows] | None = None) -> KeptCDF:
+def kept_cdf(
+    z: torch.Tensor | None, plan: RowPlan, inp: CutInputs, by_columns: tuple[Rows, Rows] | None = None
+) -> KeptCDF:
     """Step 8 of the sampling rows of ``plan``: the bounded strategy first, then the full
     strategy for every row it leaves (its own rows and the spilled ones).
 
@@ -226,17 +229,20 @@ def _scatter(dst: torch.Tensor, t: Table, values: torch.Tensor) -> None:
 
 # -- the bounded strategy ------------------------------------------------------------
 
-def _bounded(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs,
-             by_columns: tuple[Rows, Rows] | None, frac: int
-             ) -> tuple[list[Table], list[torch.Tensor]]:
+
+def _bounded(
+    z: torch.Tensor | None, plan: RowPlan, inp: CutInputs, by_columns: tuple[Rows, Rows] | None, frac: int
+) -> tuple[list[Table], list[torch.Tensor]]:
     """The compact tables of the rows decided on candidates, and the row indices that
     spill to the full strategy: small top-k rows on a grown ``topk`` (:func:`_grown`),
     top-p rows on the elements above a bound of their threshold (:func:`_nucleus`)."""
     tables: list[Table] = []
     spilled: list[torch.Tensor] = []
     bf = plan.route.filters
-    for some, part in ((bf is not None and bf.k_index is not None, _small_top_k),
-                       (bf is not None and bf.wide is not None, _nucleus)):
+    for some, part in (
+        (bf is not None and bf.k_index is not None, _small_top_k),
+        (bf is not None and bf.wide is not None, _nucleus),
+    ):
         if some:
             got, spill = part(z, plan, inp, frac)
             tables.extend(got)
@@ -267,9 +273,13 @@ class _Pending:
         return torch.topk(self.src, K, dim=-1, largest=True, sorted=True)
 
     def rows(self, sel: torch.Tensor) -> _Pending:
-        return _Pending(self.idx[sel], False, self.src[sel],
-                        None if self.scale is None else (self.scale[0][sel], self.scale[1][sel]),
-                        self.cut.rows(sel))
+        return _Pending(
+            self.idx[sel],
+            False,
+            self.src[sel],
+            None if self.scale is None else (self.scale[0][sel], self.scale[1][sel]),
+            self.cut.rows(sel),
+        )
 
 
 def _at(t: torch.Tensor | None, pos: torch.Tensor | None) -> torch.Tensor | None:
@@ -300,25 +310,27 @@ def _pending(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs) -> _Pending:
     computed (only such rows need it), from the logits, scaled on the candidates."""
     bf = plan.route.filters
     pos, idx, every = _part(plan, wide=False)
-    cut = filter_ops.CandidateCut(k_index=_at(bf.k_index, pos), top_p=_at(bf.top_p, pos),
-                                  element=_at(bf.element, pos))
+    cut = filter_ops.CandidateCut(k_index=_at(bf.k_index, pos), top_p=_at(bf.top_p, pos), element=_at(bf.element, pos))
     if z is None:
         scale = (_take(inp.shift, idx, every), _take(plan.temperatures, idx, every))
         return _Pending(idx, every, _take(inp.x, idx, every), scale, cut)
     return _Pending(idx, every, _take(z, idx, every), None, cut)
 
 
-def _small_top_k(z: torch.Tensor | None, plan: RowPlan, inp: CutInputs, frac: int
-                 ) -> tuple[list[Table], torch.Tensor | None]:
+def _small_top_k(
+    z: torch.Tensor | None, plan: RowPlan, inp: CutInputs, frac: int
+) -> tuple[list[Table], torch.Tensor | None]:
     """The small top-k rows: :func:`_grown` from a ``topk`` of ``k_max + 1``."""
     V = inp.x.shape[1]
-    tables, rest = _grown(_pending(z, plan, inp), min(plan.route.k_max + 1, V), inp, frac,
-                          small=True, cap=max(V // CANDIDATE_RATIO, 1))
+    tables, rest = _grown(
+        _pending(z, plan, inp), min(plan.route.k_max + 1, V), inp, frac, small=True, cap=max(V // CANDIDATE_RATIO, 1)
+    )
     return tables, None if rest is None else rest.idx
 
 
-def _grown(p: _Pending, K: int, inp: CutInputs, frac: int, *, small: bool, cap: int
-           ) -> tuple[list[Table], _Pending | None]:
+def _grown(
+    p: _Pending, K: int, inp: CutInputs, frac: int, *, small: bool, cap: int
+) -> tuple[list[Table], _Pending | None]:
     """The rows of ``p`` on a ``topk`` of K candidates, the kept set by
     :func:`~detsample.ops.filters.kept_prefix`, and for the undecided rows a ``topk``
     ``TOPK_GROWTH`` times larger, until every row is decided; the rows that would need
@@ -341,16 +353,14 @@ def _grown(p: _Pending, K: int, inp: CutInputs, frac: int, *, small: bool, cap: 
             return tables + [_table(p.idx, p.every, vals, ids, (n, kept, q))], None
         dec, und = decided.nonzero().flatten(), (~decided).nonzero().flatten()
         if dec.numel():
-            tables.append(_table(p.idx[dec], False, vals[dec], ids[dec],
-                                 (n[dec], kept[dec], q[dec])))
+            tables.append(_table(p.idx[dec], False, vals[dec], ids[dec], (n[dec], kept[dec], q[dec])))
         p = p.rows(und)
         K = min(K * TOPK_GROWTH, V)
         if cap < K:
             return tables, p
 
 
-def _nucleus(z: torch.Tensor, plan: RowPlan, inp: CutInputs, frac: int
-             ) -> tuple[list[Table], torch.Tensor | None]:
+def _nucleus(z: torch.Tensor, plan: RowPlan, inp: CutInputs, frac: int) -> tuple[list[Table], torch.Tensor | None]:
     """The top-p rows without a small top-k. Rows of fewer than ``BY_VALUE_MIN``
     elements take their exact mass and a ``topk`` of ``NUCLEUS_CANDIDATES`` first (a
     peaked row's nucleus ends inside it, :func:`_grown`); the rest (all rows from that
@@ -359,18 +369,16 @@ def _nucleus(z: torch.Tensor, plan: RowPlan, inp: CutInputs, frac: int
     zw = _take(z, idx, every)
     first = zw.numel() < BY_VALUE_MIN
     # (the exact mass costs one fused pass where there is one: no bracket to settle)
-    cut, lo, maxima = _nucleus_cut(zw, plan, pos, inp, frac,
-                                   exact=first or rules.fused_masses(zw), maxima=not first,
-                                   rows=(idx, every))
+    cut, lo, maxima = _nucleus_cut(
+        zw, plan, pos, inp, frac, exact=first or rules.fused_masses(zw), maxima=not first, rows=(idx, every)
+    )
     if not first:
         return _by_value(zw, idx, every, cut, lo, frac, maxima=maxima)
     K = min(NUCLEUS_CANDIDATES, zw.shape[1])
-    tables, rest = _grown(_Pending(idx, every, zw, None, cut), K, inp, frac, small=False,
-                          cap=K)
+    tables, rest = _grown(_Pending(idx, every, zw, None, cut), K, inp, frac, small=False, cap=K)
     if rest is None:
         return tables, None
-    got, spill = _by_value(rest.src, rest.idx, False, rest.cut, rest.cut.total.squeeze(1),
-                           frac)
+    got, spill = _by_value(rest.src, rest.idx, False, rest.cut, rest.cut.total.squeeze(1), frac)
     return tables + got, spill
 
 
@@ -398,29 +406,35 @@ class _NucleusRows:
 
     def rows(self, sel: torch.Tensor) -> _NucleusRows:
         """The rows at positions ``sel`` (m,)."""
+
         def sub(v):
             if isinstance(v, filter_ops.CandidateCut):
                 return v.rows(sel)
             return v if v is None else v[sel]
-        return _NucleusRows(**{f.name: sub(getattr(self, f.name))
-                               for f in dataclasses.fields(self) if f.name != "every"},
-                            every=False)
 
-    def split(self, ok: torch.Tensor, spill: torch.Tensor | None
-              ) -> tuple[_NucleusRows, torch.Tensor | None]:
+        return _NucleusRows(
+            **{f.name: sub(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "every"}, every=False
+        )
+
+    def split(self, ok: torch.Tensor, spill: torch.Tensor | None) -> tuple[_NucleusRows, torch.Tensor | None]:
         """The rows where ``ok`` (n,) bool holds, and ``spill`` with the batch rows of
         the others appended."""
         if bool(ok.all()):
             return self, spill
         bad = self.idx[~ok]
-        return self.rows(ok.nonzero().flatten()), bad if spill is None else \
-            torch.cat([spill, bad])
+        return self.rows(ok.nonzero().flatten()), bad if spill is None else torch.cat([spill, bad])
 
 
-def _by_value(zw: torch.Tensor, idx: torch.Tensor, every: bool,
-              cut: filter_ops.CandidateCut, lo: torch.Tensor, frac: int, *,
-              maxima: torch.Tensor | None = None
-              ) -> tuple[list[Table], torch.Tensor | None]:
+def _by_value(
+    zw: torch.Tensor,
+    idx: torch.Tensor,
+    every: bool,
+    cut: filter_ops.CandidateCut,
+    lo: torch.Tensor,
+    frac: int,
+    *,
+    maxima: torch.Tensor | None = None,
+) -> tuple[list[Table], torch.Tensor | None]:
     """Top-p rows ``zw`` (n, V) (batch rows ``idx``) on the candidates ``z > L`` with
     ``L`` below the top-p threshold (:mod:`detsample.ops.nucleus`), the kept set by
     :func:`~detsample.ops.filters.kept_prefix` under both ends of the bracket
@@ -439,16 +453,22 @@ def _by_value(zw: torch.Tensor, idx: torch.Tensor, every: bool,
     n, kept, q, _ = filter_ops.kept_prefix(vals, r.cut, frac)
     mass = (q if r.cut.thr is None else q * (vals >= r.cut.thr)).sum(-1)
     holds = ~rules.top_p_keeps(mass, r.limit)  # no element at or below L is kept
-    r, spill = dataclasses.replace(r, vals=vals, ids=ids, n=n, kept=kept, q=q).split(
-        holds, spill)
+    r, spill = dataclasses.replace(r, vals=vals, ids=ids, n=n, kept=kept, q=q).split(holds, spill)
     n, kept = _settle(r.vals, r.zw, r.cut, r.lo, (r.n, r.kept), frac)
     return [_table(r.idx, r.every, r.vals, r.ids, (n, kept, r.q))], spill
 
 
-def _nucleus_cut(zw: torch.Tensor, plan: RowPlan, pos: torch.Tensor | None,
-                 inp: CutInputs, frac: int, *, exact: bool, maxima: bool,
-                 rows: tuple[torch.Tensor, bool]
-                 ) -> tuple[filter_ops.CandidateCut, torch.Tensor, torch.Tensor | None]:
+def _nucleus_cut(
+    zw: torch.Tensor,
+    plan: RowPlan,
+    pos: torch.Tensor | None,
+    inp: CutInputs,
+    frac: int,
+    *,
+    exact: bool,
+    maxima: bool,
+    rows: tuple[torch.Tensor, bool],
+) -> tuple[filter_ops.CandidateCut, torch.Tensor, torch.Tensor | None]:
     """The top-p rows' cut with the upper end of their mass bracket as ``total``, the
     lower end (n,) int64 -- the exact survivor mass (both ends) for rows of a batch with
     a large top-k or when ``exact``, else :func:`~detsample.ops.nucleus.mass_bounds` --
@@ -460,26 +480,31 @@ def _nucleus_cut(zw: torch.Tensor, plan: RowPlan, pos: torch.Tensor | None,
     if bf.wide_k or exact:
         if bf.wide_k:
             thr = filter_ops.topk_threshold(zw, _at(bounded.filters[0], pos))
-        both = _mass_and_maxima(zw, thr, frac, inp.prepass, rows) if maxima or \
-            inp.prepass is not None else None
+        both = _mass_and_maxima(zw, thr, frac, inp.prepass, rows) if maxima or inp.prepass is not None else None
         if both is not None:
             lo, mx = both
         else:
-            lo = filter_ops.survivor_mass(zw, thr, frac, out=inp.scratch("w", zw),
-                                          q_out=inp.scratch("q", zw, torch.int64))
+            lo = filter_ops.survivor_mass(
+                zw, thr, frac, out=inp.scratch("w", zw), q_out=inp.scratch("q", zw, torch.int64)
+            )
         hi = lo
         mx = mx if maxima else None
         thr = None if thr is None else thr.unsqueeze(1)
     else:
         lo, hi = nucleus.mass_bounds(zw, frac, out=inp.scratch("w", zw))
-    cut = filter_ops.CandidateCut(thr=thr, total=hi.unsqueeze(1), top_p=_at(bf.top_p, pos),
-                                  element=_at(bf.element, pos))
+    cut = filter_ops.CandidateCut(
+        thr=thr, total=hi.unsqueeze(1), top_p=_at(bf.top_p, pos), element=_at(bf.element, pos)
+    )
     return cut, lo, mx
 
 
-def _mass_and_maxima(zw: torch.Tensor, thr: torch.Tensor | None, frac: int,
-                     prepass: rowpass.FirstPass | None, rows: tuple[torch.Tensor, bool]
-                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _mass_and_maxima(
+    zw: torch.Tensor,
+    thr: torch.Tensor | None,
+    frac: int,
+    prepass: rowpass.FirstPass | None,
+    rows: tuple[torch.Tensor, bool],
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The rows' exact survivor mass and group maxima: from the call's first pass when it
     computed them (no top-k cut), else one fused pass over ``zw`` where there is one."""
     if prepass is not None and thr is None:
@@ -490,9 +515,14 @@ def _mass_and_maxima(zw: torch.Tensor, thr: torch.Tensor | None, frac: int,
     return rowpass.mass_and_maxima(zw, thr, frac, nucleus.GROUP)
 
 
-def _settle(vals: torch.Tensor, zw: torch.Tensor, cut: filter_ops.CandidateCut,
-            lo: torch.Tensor, got: tuple[torch.Tensor, torch.Tensor], frac: int
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def _settle(
+    vals: torch.Tensor,
+    zw: torch.Tensor,
+    cut: filter_ops.CandidateCut,
+    lo: torch.Tensor,
+    got: tuple[torch.Tensor, torch.Tensor],
+    frac: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The kept count and mask of candidates ``vals`` cut with the upper end of the mass
     bracket (``got``), checked against its lower end ``lo``: equal counts mean every
     ``Z`` in the bracket, the exact one included, keeps the same set; the other rows
@@ -500,8 +530,7 @@ def _settle(vals: torch.Tensor, zw: torch.Tensor, cut: filter_ops.CandidateCut,
     n, kept = got
     if torch.equal(lo, cut.total.squeeze(1)):
         return n, kept
-    n_lo = filter_ops.kept_prefix(vals, dataclasses.replace(cut, total=lo.unsqueeze(1)),
-                                  frac)[0]
+    n_lo = filter_ops.kept_prefix(vals, dataclasses.replace(cut, total=lo.unsqueeze(1)), frac)[0]
     amb = (n_lo != n).nonzero().flatten()
     if not amb.numel():
         return n, kept
@@ -513,33 +542,55 @@ def _settle(vals: torch.Tensor, zw: torch.Tensor, cut: filter_ops.CandidateCut,
     return n, kept
 
 
-def _table(idx: torch.Tensor, every: bool, vals: torch.Tensor, ids: torch.Tensor,
-           cut: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> Table:
+def _table(
+    idx: torch.Tensor,
+    every: bool,
+    vals: torch.Tensor,
+    ids: torch.Tensor,
+    cut: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> Table:
     """The compact table of rows whose kept set is the first ``n`` of their descending
     candidates; ``cut`` = (n, kept, q) of :func:`~detsample.ops.filters.kept_prefix`."""
     n, kept, q = cut
     sorted_ids, csum = draw_ops.id_order_cdf(ids, q, kept)
-    return Table(idx, every, csum, sorted_ids,
-                 tau=vals.gather(1, (n - 1).unsqueeze(1)).squeeze(1))
+    return Table(idx, every, csum, sorted_ids, tau=vals.gather(1, (n - 1).unsqueeze(1)).squeeze(1))
 
 
 def _columns(rows: Rows, plan: RowPlan, inp: CutInputs, frac: int) -> Table:
     """Plain grammar rows drawn over their allowed columns: their compact table (their
     threshold stays ``-inf``, as on the full strategy)."""
     known = inp.column_values
-    vals, ids = colcdf.gather_columns(inp.x, rows.rows, [inp.columns[r] for r in rows.rows],
-                                      None if known is None else
-                                      [known.get(r) for r in rows.rows])
-    ids, csum = colcdf.column_cdf(vals, ids, rows.take(inp.shift),
-                                  rows.take(plan.temperatures), rows.take(inp.filters[2]),
-                                  frac, cut_element=None if plan.any_element else False)
+    vals, ids = colcdf.gather_columns(
+        inp.x,
+        rows.rows,
+        [inp.columns[r] for r in rows.rows],
+        None if known is None else [known.get(r) for r in rows.rows],
+    )
+    ids, csum = colcdf.column_cdf(
+        vals,
+        ids,
+        rows.take(inp.shift),
+        rows.take(plan.temperatures),
+        rows.take(inp.filters[2]),
+        frac,
+        cut_element=None if plan.any_element else False,
+    )
     return Table(rows.index, rows.every, csum, ids)
 
 
 # -- the full strategy ---------------------------------------------------------------
 
-def _full(z: torch.Tensor, plan: RowPlan, inp: CutInputs, plain: Rows,
-          spilled: list[torch.Tensor], *, tau: torch.Tensor, frac: int) -> Table | None:
+
+def _full(
+    z: torch.Tensor,
+    plan: RowPlan,
+    inp: CutInputs,
+    plain: Rows,
+    spilled: list[torch.Tensor],
+    *,
+    tau: torch.Tensor,
+    frac: int,
+) -> Table | None:
     """The blocked table of every row drawn over the vocabulary: the sort's rows and the
     spilled ones (the sort's threshold, or its radix select), the large top-k rows (the
     k-th value) and the plain rows (no threshold); their thresholds land in ``tau``."""
@@ -551,10 +602,16 @@ def _full(z: torch.Tensor, plan: RowPlan, inp: CutInputs, plain: Rows,
         si = torch.cat(sort_idx) if len(sort_idx) > 1 else sort_idx[0]
         zs = z if _in_order(si, plan.size) else z.index_select(0, si)
         args = (zs, top_ks[si], top_ps[si], element[si], frac)
-        tau[si] = radix.thresholds_by_select(
-            *args, out=inp.scratch("w", zs), q_out=inp.scratch("q", zs, torch.int64),
-            key_out=inp.scratch("k", zs, torch.int64)) if inp.select \
+        tau[si] = (
+            radix.thresholds_by_select(
+                *args,
+                out=inp.scratch("w", zs),
+                q_out=inp.scratch("q", zs, torch.int64),
+                key_out=inp.scratch("k", zs, torch.int64),
+            )
+            if inp.select
             else filter_ops.thresholds_by_sort(*args)
+        )
     if rt.top_k_only:
         ti = rt.top_k_only.index
         tau[ti] = filter_ops.topk_threshold(rt.top_k_only.take(z), top_ks[ti])
@@ -566,15 +623,21 @@ def _full(z: torch.Tensor, plan: RowPlan, inp: CutInputs, plain: Rows,
     fi = torch.cat(full_idx) if len(full_idx) > 1 else full_idx[0]
     every = _in_order(fi, plan.size)
     zf, tf, ef = (z, tau, element) if every else (z.index_select(0, fi), tau[fi], element[fi])
-    q, bsum = draw_ops.block_cdf(zf, tf, ef, frac, out=inp.scratch("w", zf),
-                                 q_out=inp.scratch("q", zf, torch.int64),
-                                 cut_tau=len(full_idx) > bool(plain),
-                                 cut_element=None if plan.any_element else False, lazy=True)
+    q, bsum = draw_ops.block_cdf(
+        zf,
+        tf,
+        ef,
+        frac,
+        out=inp.scratch("w", zf),
+        q_out=inp.scratch("q", zf, torch.int64),
+        cut_tau=len(full_idx) > bool(plain),
+        cut_element=None if plan.any_element else False,
+        lazy=True,
+    )
     return Table(fi, every, bsum, q=q)
 
 
 def _in_order(idx: torch.Tensor, B: int) -> bool:
     """Whether row indices ``idx`` are every row of a B-row batch, in order (then the
     rows need no gather)."""
-    return idx.numel() == B and bool(torch.equal(
-        idx, torch.arange(B, dtype=idx.dtype, device=idx.device)))
+    return idx.numel() == B and bool(torch.equal(idx, torch.arange(B, dtype=idx.dtype, device=idx.device)))

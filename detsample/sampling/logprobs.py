@@ -50,16 +50,16 @@ def raw_normalisers(prep: Prepared, plan: RowPlan) -> tuple[torch.Tensor, torch.
     return lp_ops.row_normalisers(prep.raw, m)
 
 
-def processed_fixed(cdf: KeptCDF, batch, rows: Rows, z: torch.Tensor, ids: torch.Tensor,
-                    greedy_tok: torch.Tensor, *, exp) -> torch.Tensor:
+def processed_fixed(
+    cdf: KeptCDF, batch, rows: Rows, z: torch.Tensor, ids: torch.Tensor, greedy_tok: torch.Tensor, *, exp
+) -> torch.Tensor:
     """The "processed_fixed" logprob of scaled logits ``z`` with token ids ``ids`` of
     ``rows``: either (n,) picked tokens, or (n, V) full rows with ``ids`` (1, V).
     Kept entries get the renormalised logprob of the draw, others -inf; a greedy row
     is one-hot on its greedy token."""
     col = _column if z.dim() == 2 else _as_is
     keep = kept_mask(cdf, batch, rows, z, col, exp)
-    lp = lp_ops.log_softmax(z, kept_mass=col(rows.take(cdf.total).clamp(min=1)),
-                            frac=rules.frac_bits(batch.vocab_size))
+    lp = lp_ops.log_softmax(z, kept_mass=col(rows.take(cdf.total).clamp(min=1)), frac=rules.frac_bits(batch.vocab_size))
     return one_hot_greedy(lp.masked_fill(~keep, NEG_INF), batch, rows, ids, greedy_tok, col)
 
 
@@ -77,17 +77,16 @@ def kept_mask(cdf: KeptCDF, batch, rows: Rows, z: torch.Tensor, col, exp) -> tor
     """bool, z's shape: the kept set of step 8 (the threshold, then the element-wise
     filters, tested on the backend's own ``exp``, the one its draw used)."""
     e = exp(z)
-    by_value = rules.element_keeps(e if z.dim() == 2 else e.unsqueeze(1),
-                                   rows.take(batch.element_filters))
+    by_value = rules.element_keeps(e if z.dim() == 2 else e.unsqueeze(1), rows.take(batch.element_filters))
     return (z >= col(rows.take(cdf.tau))) & (by_value if z.dim() == 2 else by_value.squeeze(1))
 
 
-def one_hot_greedy(lp: torch.Tensor, batch, rows: Rows, ids: torch.Tensor,
-                   greedy_tok: torch.Tensor, col) -> torch.Tensor:
+def one_hot_greedy(
+    lp: torch.Tensor, batch, rows: Rows, ids: torch.Tensor, greedy_tok: torch.Tensor, col
+) -> torch.Tensor:
     """``lp`` with greedy rows replaced by their one-hot distribution (0 on the greedy
     token, -inf elsewhere)."""
-    onehot = torch.where(ids == col(rows.take(greedy_tok)), torch.zeros_like(lp),
-                         torch.full_like(lp, NEG_INF))
+    onehot = torch.where(ids == col(rows.take(greedy_tok)), torch.zeros_like(lp), torch.full_like(lp, NEG_INF))
     return torch.where(col(rows.take(batch.greedy)), onehot, lp)
 
 
@@ -98,8 +97,7 @@ def processed_rows(st: Steps, rows: Rows) -> torch.Tensor:
     col = _column
     prep, batch = st.prep, st.batch
     keep = kept_mask(st.cdf, batch, rows, rows.take(st.z), col, prep.backend.exp)
-    lp = lp_ops.processed_log_softmax(rows.take(prep.x), rows.take(st.plan.temperatures),
-                                      keep)
+    lp = lp_ops.processed_log_softmax(rows.take(prep.x), rows.take(st.plan.temperatures), keep)
     full = torch.arange(batch.vocab_size, device=st.z.device).unsqueeze(0)
     return one_hot_greedy(lp, batch, rows, full, st.greedy_tok, col)
 
@@ -108,8 +106,7 @@ def token_logprobs(st: Steps, tokens: torch.Tensor, some_none: bool) -> torch.Te
     """(B,) float32 logprob of ``tokens`` (-1 = none: -inf) in each row's mode;
     ``some_none``: whether any token may be -1."""
     prep, plan = st.prep, st.plan
-    out = torch.full((plan.size,), NEG_INF, dtype=torch.float32, device=tokens.device) \
-        if len(plan.modes) > 1 else None
+    out = torch.full((plan.size,), NEG_INF, dtype=torch.float32, device=tokens.device) if len(plan.modes) > 1 else None
     safe = tokens.clamp(min=0) if some_none else tokens
     for mode, rows in plan.modes.items():
         picked = rows.take(safe)
@@ -117,12 +114,10 @@ def token_logprobs(st: Steps, tokens: torch.Tensor, some_none: bool) -> torch.Te
             vals = lp_ops.gather_rows(processed_rows(st, rows), picked)
         elif mode == "processed_fixed":
             ztok = lp_ops.gather_rows(rows.take(st.z), picked)
-            vals = processed_fixed(st.cdf, st.batch, rows, ztok, picked, st.greedy_tok,
-                                   exp=prep.backend.exp)
+            vals = processed_fixed(st.cdf, st.batch, rows, ztok, picked, st.greedy_tok, exp=prep.backend.exp)
         elif mode == "raw" and st.raw_norm is not None:
             m, G = st.raw_norm
-            vals = lp_ops.log_softmax(rows.take(prep.raw), at=picked,
-                                      norm=(rows.take(m), rows.take(G)))
+            vals = lp_ops.log_softmax(rows.take(prep.raw), at=picked, norm=(rows.take(m), rows.take(G)))
         else:
             sub = rows.take(prep.raw if mode == "raw" else st.z)
             vals = prep.backend.log_softmax_at(sub, picked)
@@ -147,8 +142,7 @@ def top_logprobs(st: Steps) -> tuple[torch.Tensor, torch.Tensor] | None:
             lp = processed_rows(st, rows)
         elif mode == "processed_fixed":
             full = torch.arange(batch.vocab_size, device=dev).unsqueeze(0)
-            lp = processed_fixed(st.cdf, batch, rows, rows.take(st.z), full,
-                                 st.greedy_tok, exp=prep.backend.exp)
+            lp = processed_fixed(st.cdf, batch, rows, rows.take(st.z), full, st.greedy_tok, exp=prep.backend.exp)
         else:
             lp = prep.backend.log_softmax(rows.take(prep.raw if mode == "raw" else st.z))
         v, i = lp_ops.topn(lp, n)

@@ -24,11 +24,11 @@ from detsample.sampling.backend import TORCH, Backend
 class Prepared:
     """Steps 1-5 of one call (B rows, V tokens), all float32 unless noted."""
 
-    raw: torch.Tensor      # (B, V) sanitised model logits (may alias the caller's)
-    x: torch.Tensor        # (B, V) after steps 1-5 (may alias ``raw``)
-    status: torch.Tensor   # (B,) int32 STATUS_* flags
+    raw: torch.Tensor  # (B, V) sanitised model logits (may alias the caller's)
+    x: torch.Tensor  # (B, V) after steps 1-5 (may alias ``raw``)
+    status: torch.Tensor  # (B,) int32 STATUS_* flags
     row_max: torch.Tensor  # (B, 1) max of ``x`` (-inf on a fully masked row)
-    all_valid: bool        # host flag: every row finite, status all zero (the common case)
+    all_valid: bool  # host flag: every row finite, status all zero (the common case)
     backend: Backend = TORCH  # who computes the hot steps (detsample.sampling.backend)
     columns: dict | None = None  # {row: int64 numpy columns, ascending}: grammar rows of
     #                              ``x`` that are -inf outside them (step 4)
@@ -37,8 +37,7 @@ class Prepared:
     raw_max: torch.Tensor | None = None  # (B, 1) max of ``raw`` (None: not known)
 
 
-def prepare(logits: torch.Tensor, batch, *, backend: Backend, runner, masker,
-            scratch: Callable) -> Prepared:
+def prepare(logits: torch.Tensor, batch, *, backend: Backend, runner, masker, scratch: Callable) -> Prepared:
     """Steps 1-5 of the (B, V) float32 ``logits`` of ``batch`` (a SamplingBatch; the
     logits checked and upcast already): ``runner`` the Sampler's processor runner (step
     1), ``masker`` its grammar masker (step 4), ``scratch`` ``(name, like) -> tensor`` a
@@ -57,14 +56,15 @@ def prepare(logits: torch.Tensor, batch, *, backend: Backend, runner, masker,
     # a step that changes logits works on a copy, so ``x is after_sanitize`` means
     # "unchanged" and the row maxima of step 2 still hold.
     x = apply_penalties_and_constraints(  # step 3
-        x, batch, lambda: scratch("constrained", x))
+        x, batch, lambda: scratch("constrained", x)
+    )
     unchanged = x is after_sanitize
     mask_max = allowed = None
     if batch.has_grammars:  # step 4: grammar mask
         before = status
         x, status, mask_max, allowed = grammar_hooks.grammar_step(
-            masker, batch, x, status, lambda: scratch("mask", x),
-            row_max=m if unchanged else None)
+            masker, batch, x, status, lambda: scratch("mask", x), row_max=m if unchanged else None
+        )
         valid = valid and status is before
     coo = batch.logit_bias_coo()  # step 5
     if coo is not None:
@@ -80,7 +80,14 @@ def prepare(logits: torch.Tensor, batch, *, backend: Backend, runner, masker,
     # their columns; the mask's values at them hold when only the mask changed x)
     columns, values = allowed if allowed is not None else (None, None)
     only_mask = unchanged and coo is None and mask_max is not None
-    return Prepared(raw=raw, x=x, status=status, row_max=m, all_valid=valid, backend=backend,
-                    columns=columns or None,
-                    column_values=values if only_mask and columns else None,
-                    raw_max=raw_max)
+    return Prepared(
+        raw=raw,
+        x=x,
+        status=status,
+        row_max=m,
+        all_valid=valid,
+        backend=backend,
+        columns=columns or None,
+        column_values=values if only_mask and columns else None,
+        raw_max=raw_max,
+    )

@@ -47,9 +47,13 @@ class Rows:
         return self.active[0]
 
     @staticmethod
-    def of(rows: Sequence[int], B: int, device: torch.device,
-           filters: tuple[torch.Tensor, ...] | None = None,
-           active: tuple[bool, bool, bool] = (False, False, False)) -> Rows:
+    def of(
+        rows: Sequence[int],
+        B: int,
+        device: torch.device,
+        filters: tuple[torch.Tensor, ...] | None = None,
+        active: tuple[bool, bool, bool] = (False, False, False),
+    ) -> Rows:
         rows = tuple(rows)
         index = host_tensor(list(rows), torch.int64, device)
         every = rows == tuple(range(B))
@@ -107,9 +111,9 @@ class BoundedFilters:
             wide = host_tensor(wide_pos, torch.int64, dev)
         wide_k = wide is not None and bool((top_ks.index_select(0, wide) < V).any())
         tp = torch.where(top_ps >= 1.0, torch.full_like(top_ps, float("inf")), top_ps)
-        return BoundedFilters(k_index, small_t, wide, wide_k,
-                              tp.unsqueeze(1) if use_p else None,
-                              element if use_e else None)
+        return BoundedFilters(
+            k_index, small_t, wide, wide_k, tp.unsqueeze(1) if use_p else None, element if use_e else None
+        )
 
 
 @dataclass(frozen=True)
@@ -143,18 +147,18 @@ class RowPlan:
     """The per-composition routing of one batch; see the module docstring."""
 
     size: int
-    greedy: Rows             # temperature 0 or top_k 1
-    sampling: Rows           # every other row
-    route: FilterRoute       # of the sampling rows
-    modes: dict[str, Rows]   # logprobs_mode -> rows, modes in sorted order
-    top: dict[str, Rows]     # logprobs_mode -> rows asking logprobs=n > 0
-    max_top: int             # the largest ``logprobs`` of any row (0: no top logprobs)
-    want_top: torch.Tensor   # (B,) int64 each row's ``logprobs``
+    greedy: Rows  # temperature 0 or top_k 1
+    sampling: Rows  # every other row
+    route: FilterRoute  # of the sampling rows
+    modes: dict[str, Rows]  # logprobs_mode -> rows, modes in sorted order
+    top: dict[str, Rows]  # logprobs_mode -> rows asking logprobs=n > 0
+    max_top: int  # the largest ``logprobs`` of any row (0: no top logprobs)
+    want_top: torch.Tensor  # (B,) int64 each row's ``logprobs``
     temperatures: torch.Tensor  # (B, 1) float32, 1 on greedy rows (the "scaled" rule)
-    argmax: Rows             # rows needing their argmax: greedy rows, or every row when
+    argmax: Rows  # rows needing their argmax: greedy rows, or every row when
     #                          "processed" logprobs are asked (one-hot on greedy rows)
-    any_element: bool        # some sampling row uses an element-wise filter
-    untouched: bool          # no row uses a per-request processor, penalties,
+    any_element: bool  # some sampling row uses an element-wise filter
+    untouched: bool  # no row uses a per-request processor, penalties,
     #                          min_new_tokens, allowed ids, bad words, a grammar or a bias
     excluded: frozenset[int] = field(default=frozenset())  # rows left out (no valid token)
 
@@ -170,8 +174,14 @@ class RowPlan:
         return bool(self.sampling) or "scaled" in self.modes or self.any_processed
 
 
-def route(params: Sequence, rows: Sequence[int], vocab_size: int, filter_impl: str,
-          device: torch.device, filters: tuple[torch.Tensor, ...]) -> FilterRoute:
+def route(
+    params: Sequence,
+    rows: Sequence[int],
+    vocab_size: int,
+    filter_impl: str,
+    device: torch.device,
+    filters: tuple[torch.Tensor, ...],
+) -> FilterRoute:
     """Split sampling ``rows`` into the :class:`FilterRoute` groups, from each row's OWN
     parameters (never its neighbours'). ``filters``: the batch's (top_ks, top_ps,
     element_filters) row tensors, gathered per group."""
@@ -194,20 +204,35 @@ def route(params: Sequence, rows: Sequence[int], vocab_size: int, filter_impl: s
             top_k_only.append(r)
 
     def group(g: list[int]) -> Rows:
-        return Rows.of(g, B, device, filters, (
-            any(params[r].top_k != -1 and params[r].top_k < V for r in g),
-            any(params[r].top_p < 1.0 for r in g),
-            any(rules.element_in_use(params[r]) for r in g)))
+        return Rows.of(
+            g,
+            B,
+            device,
+            filters,
+            (
+                any(params[r].top_k != -1 and params[r].top_k < V for r in g),
+                any(params[r].top_p < 1.0 for r in g),
+                any(rules.element_in_use(params[r]) for r in g),
+            ),
+        )
 
     b = group(bounded)
-    return FilterRoute(b, k_max, group(top_k_only), group(sort_rows), group(plain),
-                       BoundedFilters.of(b, small, k_max, V))
+    return FilterRoute(
+        b, k_max, group(top_k_only), group(sort_rows), group(plain), BoundedFilters.of(b, small, k_max, V)
+    )
 
 
-def plan_rows(params: Sequence, vocab_size: int, filter_impl: str, device: torch.device, *,
-              temperatures: torch.Tensor, greedy: torch.Tensor,
-              filters: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-              excluded: frozenset[int] = frozenset()) -> RowPlan:
+def plan_rows(
+    params: Sequence,
+    vocab_size: int,
+    filter_impl: str,
+    device: torch.device,
+    *,
+    temperatures: torch.Tensor,
+    greedy: torch.Tensor,
+    filters: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    excluded: frozenset[int] = frozenset(),
+) -> RowPlan:
     """The :class:`RowPlan` of rows with ``params``; ``excluded`` rows (no admissible
     token this step) are left out of the sampling and top-logprob rows.
 
@@ -240,8 +265,14 @@ def plan_rows(params: Sequence, vocab_size: int, filter_impl: str, device: torch
         argmax=Rows.of(range(B) if processed else greedy_rows, B, device),
         any_element=any(rules.element_in_use(params[i]) for i in sampling),
         untouched=not any(
-            p.logits_processor is not None or p.has_penalties or p.min_new_tokens > 0
-            or p.allowed_token_ids is not None or p.bad_words or p.logit_bias
-            or p.grammar is not None for p in params),
+            p.logits_processor is not None
+            or p.has_penalties
+            or p.min_new_tokens > 0
+            or p.allowed_token_ids is not None
+            or p.bad_words
+            or p.logit_bias
+            or p.grammar is not None
+            for p in params
+        ),
         excluded=frozenset(excluded),
     )

@@ -22,8 +22,7 @@ class Workspace:
         self._bufs: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
         self._views: dict[tuple, torch.Tensor] = {}
 
-    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype,
-            device: torch.device) -> torch.Tensor:
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """An uninitialised, contiguous tensor of ``shape`` (a view of a cached buffer;
         the same view object for the same request, so a decode loop pays no slicing)."""
         full = (name, shape, dtype, device)
@@ -38,8 +37,9 @@ class Workspace:
         if buf is None or buf.numel() < numel:
             buf = torch.empty(numel, dtype=dtype, device=device)
             self._bufs[key] = buf
-            self._views = {k: v for k, v in self._views.items() if k[0] != name
-                           or k[2] != dtype or torch.device(k[3]) != key[2]}
+            self._views = {
+                k: v for k, v in self._views.items() if k[0] != name or k[2] != dtype or torch.device(k[3]) != key[2]
+            }
         if len(self._views) >= MAX_VIEWS:  # batch sizes come and go: keep the cache small
             self._views.clear()
         view = self._views[full] = buf[:numel].view(shape)

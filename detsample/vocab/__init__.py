@@ -32,30 +32,261 @@ from detsample.params.validation import fail
 #: The 255 merged tokens of the default vocabulary (ids 257..511, in this order).
 #: Fixed forever: the reference model's embedding rows are laid out by these ids.
 DEFAULT_MERGES: tuple[str, ...] = (
-    '{"', '":', '", "', '": "', '":"', '","', '"}', '"]', '["', '[{', '}]', '},', '{}',
-    '[]', '}, {', '": {', '": [', '": ', '", ', ', "', ', ', '},{', '],', '"},', '": true',
-    '": false', '": null', 'true', 'false', 'null', '\\"', '\\n', '\\u', '  ', '    ',
-    '\n ', '\n  ', '\n    ', '\n\n', '0.', '.0', '00', '10', '12', '100', '000', '-1',
-    '1.', '20', '": 0', '": 1', 'id', 'name', 'type', 'value', 'key', 'text', 'data',
-    'items', 'string', 'number', 'object', 'array', 'boolean', 'properties', 'required',
-    '"id', '"name', '"type', '"value', 'th', 'he', 'in', 'er', 'an', 're', 'on', 'at',
-    'en', 'nd', 'ti', 'es', 'or', 'te', 'ed', 'is', 'al', 'ar', 'st', 'nt', 'ng', 'se',
-    'ha', 'ou', 'le', 've', 'co', 'me', 'de', 'hi', 'ri', 'ro', 'ic', 'ne', 'ea', 'ra',
-    'ce', 'li', 'ch', 'll', 'ma', 'si', 'om', 'ur', 'ing', 'ion', 'ent', 'tion', 'ation',
-    'ter', 'ver', 'ers', 'ly', 'The', '. ', '.\n', ' the', ' of', ' and', ' to', ' in',
-    ' is', ' that', ' for', ' it', ' as', ' was', ' with', ' be', ' by', ' on', ' not',
-    ' he', ' this', ' are', ' or', ' his', ' from', ' at', ' which', ' but', ' have',
-    ' an', ' had', ' they', ' you', ' were', ' their', ' one', ' all', ' we', ' can',
-    ' her', ' has', ' there', ' been', ' if', ' more', ' when', ' will', ' would', ' who',
-    ' so', ' no', ' time', ' out', ' up', ' about', ' into', ' than', ' them', ' only',
-    ' other', ' new', ' some', ' what', ' could', ' these', ' two', ' may', ' first',
-    ' then', ' do', ' any', ' like', ' my', ' now', ' over', ' such', ' our', ' man',
-    ' me', ' even', ' most', ' made', ' after', ' also', ' did', ' many', ' before',
-    ' must', ' through', ' back', ' years', ' where', ' much', ' your', ' way', ' well',
-    ' down', ' should', ' because', ' each', ' just', ' those', ' people', ' how', ' too',
-    ' little', ' state', ' good', ' very', ' make', ' world', ' still', ' own', ' see',
-    ' men', ' work', ' long', ' get', ' here', ' between', ' both', ' life', ' being',
-    ' under', ' never', ' day', ' same', ' another', ' know', ' while', ' last', ' might',
+    '{"',
+    '":',
+    '", "',
+    '": "',
+    '":"',
+    '","',
+    '"}',
+    '"]',
+    '["',
+    "[{",
+    "}]",
+    "},",
+    "{}",
+    "[]",
+    "}, {",
+    '": {',
+    '": [',
+    '": ',
+    '", ',
+    ', "',
+    ", ",
+    "},{",
+    "],",
+    '"},',
+    '": true',
+    '": false',
+    '": null',
+    "true",
+    "false",
+    "null",
+    '\\"',
+    "\\n",
+    "\\u",
+    "  ",
+    "    ",
+    "\n ",
+    "\n  ",
+    "\n    ",
+    "\n\n",
+    "0.",
+    ".0",
+    "00",
+    "10",
+    "12",
+    "100",
+    "000",
+    "-1",
+    "1.",
+    "20",
+    '": 0',
+    '": 1',
+    "id",
+    "name",
+    "type",
+    "value",
+    "key",
+    "text",
+    "data",
+    "items",
+    "string",
+    "number",
+    "object",
+    "array",
+    "boolean",
+    "properties",
+    "required",
+    '"id',
+    '"name',
+    '"type',
+    '"value',
+    "th",
+    "he",
+    "in",
+    "er",
+    "an",
+    "re",
+    "on",
+    "at",
+    "en",
+    "nd",
+    "ti",
+    "es",
+    "or",
+    "te",
+    "ed",
+    "is",
+    "al",
+    "ar",
+    "st",
+    "nt",
+    "ng",
+    "se",
+    "ha",
+    "ou",
+    "le",
+    "ve",
+    "co",
+    "me",
+    "de",
+    "hi",
+    "ri",
+    "ro",
+    "ic",
+    "ne",
+    "ea",
+    "ra",
+    "ce",
+    "li",
+    "ch",
+    "ll",
+    "ma",
+    "si",
+    "om",
+    "ur",
+    "ing",
+    "ion",
+    "ent",
+    "tion",
+    "ation",
+    "ter",
+    "ver",
+    "ers",
+    "ly",
+    "The",
+    ". ",
+    ".\n",
+    " the",
+    " of",
+    " and",
+    " to",
+    " in",
+    " is",
+    " that",
+    " for",
+    " it",
+    " as",
+    " was",
+    " with",
+    " be",
+    " by",
+    " on",
+    " not",
+    " he",
+    " this",
+    " are",
+    " or",
+    " his",
+    " from",
+    " at",
+    " which",
+    " but",
+    " have",
+    " an",
+    " had",
+    " they",
+    " you",
+    " were",
+    " their",
+    " one",
+    " all",
+    " we",
+    " can",
+    " her",
+    " has",
+    " there",
+    " been",
+    " if",
+    " more",
+    " when",
+    " will",
+    " would",
+    " who",
+    " so",
+    " no",
+    " time",
+    " out",
+    " up",
+    " about",
+    " into",
+    " than",
+    " them",
+    " only",
+    " other",
+    " new",
+    " some",
+    " what",
+    " could",
+    " these",
+    " two",
+    " may",
+    " first",
+    " then",
+    " do",
+    " any",
+    " like",
+    " my",
+    " now",
+    " over",
+    " such",
+    " our",
+    " man",
+    " me",
+    " even",
+    " most",
+    " made",
+    " after",
+    " also",
+    " did",
+    " many",
+    " before",
+    " must",
+    " through",
+    " back",
+    " years",
+    " where",
+    " much",
+    " your",
+    " way",
+    " well",
+    " down",
+    " should",
+    " because",
+    " each",
+    " just",
+    " those",
+    " people",
+    " how",
+    " too",
+    " little",
+    " state",
+    " good",
+    " very",
+    " make",
+    " world",
+    " still",
+    " own",
+    " see",
+    " men",
+    " work",
+    " long",
+    " get",
+    " here",
+    " between",
+    " both",
+    " life",
+    " being",
+    " under",
+    " never",
+    " day",
+    " same",
+    " another",
+    " know",
+    " while",
+    " last",
+    " might",
 )
 
 DEFAULT_VOCAB_SIZE = 512
@@ -63,8 +294,7 @@ DEFAULT_EOS_ID = 0
 BYTE_OFFSET = 1  # id of byte b = b + BYTE_OFFSET in the default vocabulary
 
 # Spellings recognised as EOS in a tokenizer.json when eos_token_ids is not given.
-_EOS_NAMES = ("</s>", "<|endoftext|>", "<eos>", "<|eot_id|>", "<|end_of_text|>",
-              "<|im_end|>", "<|end|>")
+_EOS_NAMES = ("</s>", "<|endoftext|>", "<eos>", "<|eot_id|>", "<|end_of_text|>", "<|im_end|>", "<|end|>")
 
 
 def _as_bytes(i: int, tok: Any) -> bytes:
@@ -95,11 +325,19 @@ class Vocabulary:
         fingerprint: hex sha256 of the token bytes, special ids and EOS ids.
     """
 
-    __slots__ = ("_tokens", "_eos", "_special", "_fingerprint", "_index", "_max_len",
-                 "_lock", "_compiler", "_tokenizer_info")
+    __slots__ = (
+        "_tokens",
+        "_eos",
+        "_special",
+        "_fingerprint",
+        "_index",
+        "_max_len",
+        "_lock",
+        "_compiler",
+        "_tokenizer_info",
+    )
 
-    def __init__(self, tokens: Sequence[bytes], eos_token_ids: Sequence[int],
-                 special_ids: Iterable[int] = ()) -> None:
+    def __init__(self, tokens: Sequence[bytes], eos_token_ids: Sequence[int], special_ids: Iterable[int] = ()) -> None:
         toks = tuple(_as_bytes(i, t) for i, t in enumerate(tokens))
         n = len(toks)
         if n == 0:
@@ -133,8 +371,9 @@ class Vocabulary:
 
     # -- constructors ----------------------------------------------------------------
     @classmethod
-    def from_tokens(cls, tokens: Sequence[bytes | str], *, eos_token_ids: Sequence[int],
-                    special_ids: Iterable[int] = ()) -> Vocabulary:
+    def from_tokens(
+        cls, tokens: Sequence[bytes | str], *, eos_token_ids: Sequence[int], special_ids: Iterable[int] = ()
+    ) -> Vocabulary:
         """A vocabulary from token spellings (``str`` is UTF-8 encoded)."""
         return cls(tokens, eos_token_ids, special_ids)
 
@@ -148,9 +387,9 @@ class Vocabulary:
         return cls(tokens, (DEFAULT_EOS_ID,), (DEFAULT_EOS_ID,))
 
     @classmethod
-    def from_tokenizer_json(cls, path: str | Path, *,
-                            eos_token_ids: Sequence[int] | None = None,
-                            vocab_size: int | None = None) -> Vocabulary:
+    def from_tokenizer_json(
+        cls, path: str | Path, *, eos_token_ids: Sequence[int] | None = None, vocab_size: int | None = None
+    ) -> Vocabulary:
         """A vocabulary from a local Hugging Face ``tokenizer.json``.
 
         Byte-level BPE (GPT-2 style), SentencePiece-style (``\u2581`` spaces and
@@ -200,8 +439,9 @@ class Vocabulary:
         return hash(self._fingerprint)
 
     def __repr__(self) -> str:
-        return (f"Vocabulary(vocab_size={self.vocab_size}, eos_token_ids={self._eos}, "
-                f"fingerprint={self._fingerprint[:12]})")
+        return (
+            f"Vocabulary(vocab_size={self.vocab_size}, eos_token_ids={self._eos}, fingerprint={self._fingerprint[:12]})"
+        )
 
     # -- encode / decode -------------------------------------------------------------
     def encode(self, text: str | bytes) -> list[int]:
@@ -216,13 +456,13 @@ class Vocabulary:
         i, n, index = 0, len(data), self._index
         while i < n:
             for ln in range(min(self._max_len, n - i), 0, -1):
-                tid = index.get(data[i:i + ln])
+                tid = index.get(data[i : i + ln])
                 if tid is not None:
                     out.append(tid)
                     i += ln
                     break
             else:
-                fail(f"cannot encode byte {data[i:i + 1]!r} at offset {i}: no token spells it")
+                fail(f"cannot encode byte {data[i : i + 1]!r} at offset {i}: no token spells it")
         return out
 
     def decode(self, ids: Iterable[int]) -> bytes:
@@ -246,8 +486,8 @@ class Vocabulary:
 
                 enc = [b"" if i in self._special else t for i, t in enumerate(self._tokens)]
                 self._tokenizer_info = xgr.TokenizerInfo(
-                    enc, xgr.VocabType.RAW, vocab_size=len(enc),
-                    stop_token_ids=list(self._eos), add_prefix_space=False)
+                    enc, xgr.VocabType.RAW, vocab_size=len(enc), stop_token_ids=list(self._eos), add_prefix_space=False
+                )
             return self._tokenizer_info
 
     @property
@@ -268,8 +508,9 @@ class Vocabulary:
         pool were built under other options."""
         with self._lock:
             if self._compiler is not None:
-                raise ValueError("this Vocabulary already has a grammar compiler; configure "
-                                 "it before its first grammar")
+                raise ValueError(
+                    "this Vocabulary already has a grammar compiler; configure it before its first grammar"
+                )
             from detsample.grammar.compiler import GrammarCompiler
 
             self._compiler = GrammarCompiler(self, config)

@@ -19,8 +19,11 @@ _SP_SPACE = "\u2581"
 
 def byte_level_decoder() -> dict[str, int]:
     """GPT-2's unicode -> byte table (the inverse of ``bytes_to_unicode``)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) \
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("\xa1"), ord("\xac") + 1))
         + list(range(ord("\xae"), ord("\xff") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -68,8 +71,7 @@ def _token_bytes(text: str, style: str, bl: dict[str, int]) -> bytes:
     return text.encode("utf-8")
 
 
-def read_tokenizer_json(path: Path, vocab_size: int | None
-                        ) -> tuple[list[bytes], set[int], dict[int, str]]:
+def read_tokenizer_json(path: Path, vocab_size: int | None) -> tuple[list[bytes], set[int], dict[int, str]]:
     """``(tokens, special_ids, special_names)`` of a local ``tokenizer.json``.
 
     ``tokens[i]`` is the byte spelling of id i; id gaps and padding up to ``vocab_size``
@@ -78,8 +80,7 @@ def read_tokenizer_json(path: Path, vocab_size: int | None
     from tokenizers import Tokenizer
 
     if not path.is_file():
-        raise InvalidSamplingParams(
-            f"tokenizer.json path must be an existing file, got {str(path)!r}")
+        raise InvalidSamplingParams(f"tokenizer.json path must be an existing file, got {str(path)!r}")
     tok = Tokenizer.from_file(str(path))
     spec = json.loads(path.read_text(encoding="utf-8"))
     style = _style(spec)
@@ -89,8 +90,7 @@ def read_tokenizer_json(path: Path, vocab_size: int | None
     n = max(vocab.values(), default=-1) + 1
     if vocab_size is not None:
         if vocab_size < n:
-            raise InvalidSamplingParams(
-                f"vocab_size must be >= the tokenizer's {n} ids, got {vocab_size}")
+            raise InvalidSamplingParams(f"vocab_size must be >= the tokenizer's {n} ids, got {vocab_size}")
         n = vocab_size
     tokens: list[bytes | None] = [None] * n
     special: set[int] = set()

@@ -55,42 +55,86 @@ def _save(folder: Path, name: str, arrays: dict, shapes: dict) -> None:
 
 def scenarios(out: Path, names: list[str]) -> dict:
     from detsample.golden import registry
+
     names = names or registry.names()
     shapes, seconds = {}, {}
     for name in names:
         t0 = time.perf_counter()
         o = registry.get(name).produce(device="cpu")
         seconds[name] = round(time.perf_counter() - t0, 2)
-        _save(out / "scenarios", name, {
-            "positions": o.positions, "tokens": o.tokens, "logprobs": o.logprobs,
-            "top_counts": o.top_counts, "top_ids": o.top_ids, "top_logprobs": o.top_logprobs,
-        }, shapes)
+        _save(
+            out / "scenarios",
+            name,
+            {
+                "positions": o.positions,
+                "tokens": o.tokens,
+                "logprobs": o.logprobs,
+                "top_counts": o.top_counts,
+                "top_ids": o.top_ids,
+                "top_logprobs": o.top_logprobs,
+            },
+            shapes,
+        )
     return {"names": names, "shapes": shapes, "seconds_each": seconds}
 
 
 def _float32_sweep() -> torch.Tensor:
     """Every 4099th float32 bit pattern (both signs, subnormals, NaN payloads included) and
     the values exp's range turns on."""
-    bits = np.arange(0, 2 ** 32, 4099, dtype=np.uint64).astype(np.uint32)
-    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 88.72283, 88.72284, -87.33654, -103.97208,
-                        -103.972084, -104.0, 1e-30, -1e-30, 0.5, -0.5, 1.0, -1.0], dtype=np.float32)
+    bits = np.arange(0, 2**32, 4099, dtype=np.uint64).astype(np.uint32)
+    special = np.array(
+        [
+            0.0,
+            -0.0,
+            np.inf,
+            -np.inf,
+            np.nan,
+            88.72283,
+            88.72284,
+            -87.33654,
+            -103.97208,
+            -103.972084,
+            -104.0,
+            1e-30,
+            -1e-30,
+            0.5,
+            -0.5,
+            1.0,
+            -1.0,
+        ],
+        dtype=np.float32,
+    )
     return torch.from_numpy(np.concatenate([bits.view(np.float32), special]))
 
 
 def arith(out: Path) -> dict:
     from detsample import arith as A
     from detsample.testing import tensor
+
     shapes: dict = {}
     z = _float32_sweep()
     finite = z[torch.isfinite(z)]
-    x64 = torch.cat([finite.double() * 0.37, torch.tensor([0.0, -0.0, 1e-300, 5e-324, 1e300, float("inf"),
-                                                           float("-inf"), float("nan")], dtype=torch.float64)])
-    pos64 = torch.cat([finite.double().abs(), torch.tensor([0.0, 5e-324, 1e-310, 1.0, 1e308, float("inf"),
-                                                            -1.0, float("nan")], dtype=torch.float64)])
+    x64 = torch.cat(
+        [
+            finite.double() * 0.37,
+            torch.tensor(
+                [0.0, -0.0, 1e-300, 5e-324, 1e300, float("inf"), float("-inf"), float("nan")], dtype=torch.float64
+            ),
+        ]
+    )
+    pos64 = torch.cat(
+        [
+            finite.double().abs(),
+            torch.tensor([0.0, 5e-324, 1e-310, 1.0, 1e308, float("inf"), -1.0, float("nan")], dtype=torch.float64),
+        ]
+    )
     logits = {f: tensor((5, 1031), torch.float32, seed=17, family=f) for f in FAMILIES}
     for impl in ("numba", "torch"):
-        arrays = {"exp_sweep": A.exp(z, impl=impl), "exp64": A.exp64(x64, impl=impl),
-                  "log64": A.log64(pos64, impl=impl)}
+        arrays = {
+            "exp_sweep": A.exp(z, impl=impl),
+            "exp64": A.exp64(x64, impl=impl),
+            "log64": A.log64(pos64, impl=impl),
+        }
         for fam, x in logits.items():
             arrays[f"exp_{fam}"] = A.exp(x, impl=impl)
             m, g = A.normalisers(x, impl=impl)
@@ -108,14 +152,22 @@ def defined_weights_(mod: torch.nn.Module, seed: int = 7) -> torch.nn.Module:
     on the ATen kernel (x86 ``default`` vs ``avx2``, aarch64)."""
     from detsample.models.tiny import _STD
     from detsample.testing import tensor
+
     with torch.no_grad():
         for i, (name, p) in enumerate(mod.named_parameters()):
             r = tensor(tuple(p.shape), torch.float32, seed=seed * 1000 + i, family="random")
             if "norm" in name:
                 p.copy_(1.0 + 0.1 * r)
             else:
-                kind = ("embed" if "embed" in name else "lm_head" if "lm_head" in name
-                        else "bias" if name.endswith("bias") else "proj")
+                kind = (
+                    "embed"
+                    if "embed" in name
+                    else "lm_head"
+                    if "lm_head" in name
+                    else "bias"
+                    if name.endswith("bias")
+                    else "proj"
+                )
                 p.copy_(_STD[kind] * r)
     return mod
 
@@ -124,6 +176,7 @@ def invariant(out: Path, shape: str) -> dict:
     from detsample.models import HFCausalLM, prefill
     from detsample.probe.threads import torch_threads
     from tests.invariant.matrix_child import failures, module
+
     toks = torch.randint(0, 512, (16,), generator=torch.Generator().manual_seed(1)).tolist()
     mod = module(shape)
     bad, shapes = [], {}
@@ -136,8 +189,12 @@ def invariant(out: Path, shape: str) -> dict:
             bad += [f"{variant}, {threads} thread(s): {f}" for f in fails]
     defined = defined_weights_(module(shape))
     for name, mm in (("seeded_init", mod), ("defined", defined)):
-        _save(out / "invariant", f"weights_{name}", {"all": torch.cat([p.detach().flatten()
-                                                                       for p in mm.parameters()])}, shapes)
+        _save(
+            out / "invariant",
+            f"weights_{name}",
+            {"all": torch.cat([p.detach().flatten() for p in mm.parameters()])},
+            shapes,
+        )
     for threads in (1, 2):
         with torch_threads(threads), torch.no_grad():
             m = HFCausalLM(defined, name=shape, batch_invariant=True, portable=True)
@@ -149,9 +206,15 @@ def invariant(out: Path, shape: str) -> dict:
 #: elementwise ops a decoder runs, on exact inputs (k / 512 for |k| <= 4096), under the
 #: portable mode: where the portable logits differ between CPUs, these say which op's bits did
 POINTWISE = {
-    "exp": torch.exp, "log": lambda x: torch.log(x.abs() + 0.125), "silu": torch.nn.functional.silu,
-    "sigmoid": torch.sigmoid, "tanh": torch.tanh, "rsqrt": lambda x: torch.rsqrt(x.abs() + 0.125),
-    "sqrt": lambda x: torch.sqrt(x.abs()), "cos": torch.cos, "sin": torch.sin,
+    "exp": torch.exp,
+    "log": lambda x: torch.log(x.abs() + 0.125),
+    "silu": torch.nn.functional.silu,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "rsqrt": lambda x: torch.rsqrt(x.abs() + 0.125),
+    "sqrt": lambda x: torch.sqrt(x.abs()),
+    "cos": torch.cos,
+    "sin": torch.sin,
     "softmax": lambda x: torch.softmax(x.view(16, -1), -1),
     "pow": lambda x: torch.pow(10000.0, x.abs() / 8),
 }
@@ -160,6 +223,7 @@ POINTWISE = {
 def portable_ops(mod: torch.nn.Module) -> dict:
     """POINTWISE's outputs and the Llama's rotary table (cos, sin) under the portable mode."""
     from detsample import batch_invariant
+
     x = torch.from_numpy(np.arange(-4096, 4096, dtype=np.float32) / np.float32(512))
     pos = torch.arange(64).unsqueeze(0)
     with batch_invariant(portable=True), torch.no_grad():
@@ -175,6 +239,7 @@ def main(argv: list[str]) -> int:
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
     import numba
+
     t0 = time.perf_counter()
     if argv[1] == "scenarios":
         res = scenarios(out, argv[2:])
@@ -182,9 +247,14 @@ def main(argv: list[str]) -> int:
         res = arith(out)
     else:
         res = invariant(out, argv[2] if len(argv) > 2 else "h64-i96-4h")
-    res.update(machine=platform.machine(), torch=torch.__version__, numba=numba.__version__,
-               isa=torch.backends.cpu.get_cpu_capability(), threads=torch.get_num_threads(),
-               seconds=round(time.perf_counter() - t0, 1))
+    res.update(
+        machine=platform.machine(),
+        torch=torch.__version__,
+        numba=numba.__version__,
+        isa=torch.backends.cpu.get_cpu_capability(),
+        threads=torch.get_num_threads(),
+        seconds=round(time.perf_counter() - t0, 1),
+    )
     (out / "result.json").write_text(json.dumps(res, indent=1, sort_keys=True))
     return 0
 

@@ -45,9 +45,11 @@ AROOT = Path(os.environ.get("DETSAMPLE_AARCH64_ROOT") or Path.home() / ".cache/d
 
 def _unavailable() -> str | None:
     if not (AROOT / ".detsample-setup-done").exists():
-        return (f"no arm64 root at {AROOT}: make it with `bash ci/aarch64.sh setup` (as root; "
-                "~15 min, ~4 GiB; docs/golden.md 'aarch64 under emulation'), or point "
-                "DETSAMPLE_AARCH64_ROOT at one")
+        return (
+            f"no arm64 root at {AROOT}: make it with `bash ci/aarch64.sh setup` (as root; "
+            "~15 min, ~4 GiB; docs/golden.md 'aarch64 under emulation'), or point "
+            "DETSAMPLE_AARCH64_ROOT at one"
+        )
     if os.geteuid() != 0:
         return "ci/aarch64.sh run needs root (chroot and bind mounts)"
     if shutil.which("unshare") is None or not Path("/usr/bin/qemu-aarch64-static").exists():
@@ -55,8 +57,7 @@ def _unavailable() -> str | None:
     return None
 
 
-pytestmark = [pytest.mark.aarch64,
-              pytest.mark.skipif(_unavailable() is not None, reason=str(_unavailable()))]
+pytestmark = [pytest.mark.aarch64, pytest.mark.skipif(_unavailable() is not None, reason=str(_unavailable()))]
 
 
 class Bits:
@@ -81,10 +82,12 @@ def _run(where: str, out: Path, part: str, *args: str, timeout: int) -> Bits:
     else:
         argv = ["bash", str(SCRIPT), "run", "python", "tests/aarch64/child.py"]
         env = {**os.environ, "DETSAMPLE_AARCH64_BIND": str(out)}
-    proc = subprocess.run(argv + [str(out), part, *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    assert proc.returncode == 0 and (out / "result.json").exists(), \
+    proc = subprocess.run(
+        argv + [str(out), part, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0 and (out / "result.json").exists(), (
         f"{where} child ({part}) failed, exit {proc.returncode}:\n{proc.stderr[-4000:]}"
+    )
     bits = Bits(out)
     if where == "emulated":
         assert bits.result["machine"] == "aarch64", bits.result
@@ -93,8 +96,10 @@ def _run(where: str, out: Path, part: str, *args: str, timeout: int) -> Bits:
 
 def _pair(tmp_path_factory, part: str, *args: str, timeout: int) -> tuple[Bits, Bits]:
     base = tmp_path_factory.mktemp(f"aarch64-{part}")
-    return (_run("native", base / "native", part, *args, timeout=timeout),
-            _run("emulated", base / "emulated", part, *args, timeout=timeout))
+    return (
+        _run("native", base / "native", part, *args, timeout=timeout),
+        _run("emulated", base / "emulated", part, *args, timeout=timeout),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +121,7 @@ def _ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Distances in units in the last place of float arrays of one dtype (NaN: -1)."""
     ints = {4: np.int32, 8: np.int64}[a.dtype.itemsize]
     ia, ib = a.view(ints).astype(np.int64), b.view(ints).astype(np.int64)
-    ia = np.where(ia < 0, np.iinfo(ints).min - ia, ia)     # sign-magnitude -> ordered
+    ia = np.where(ia < 0, np.iinfo(ints).min - ia, ia)  # sign-magnitude -> ordered
     ib = np.where(ib < 0, np.iinfo(ints).min - ib, ib)
     d = np.abs(ia - ib)
     return np.where(np.isnan(a) | np.isnan(b), -1, d)
@@ -148,9 +153,15 @@ def test_scenario_bits_equal_native(scenario_bits, name):
     bit for bit, on an emulated aarch64 CPU as natively (golden/cpu is one folder for
     every CPU, aarch64 included; docs/golden.md)."""
     native, emulated = scenario_bits
-    diffs = [d for key in SCENARIO_ARRAYS
-             if (d := _difference(key, native.array("scenarios", f"{name}.{key}"),
-                                  emulated.array("scenarios", f"{name}.{key}")))]
+    diffs = [
+        d
+        for key in SCENARIO_ARRAYS
+        if (
+            d := _difference(
+                key, native.array("scenarios", f"{name}.{key}"), emulated.array("scenarios", f"{name}.{key}")
+            )
+        )
+    ]
     assert not diffs, f"{name} under aarch64 ({emulated.result['torch']}): " + "; ".join(diffs)
 
 
@@ -166,8 +177,11 @@ def test_arith_bits_equal_native(arith_bits, fn, impl):
     keys = sorted(k.split(".", 1)[1] for k in native.result["shapes"] if k.startswith(f"{impl}."))
     keys = [k for k in keys if k == fn or k.startswith(f"{fn}_")]
     assert keys, f"no arrays of {fn}"
-    diffs = [d for k in keys if (d := _difference(k, native.array("arith", f"{impl}.{k}"),
-                                                  emulated.array("arith", f"{impl}.{k}")))]
+    diffs = [
+        d
+        for k in keys
+        if (d := _difference(k, native.array("arith", f"{impl}.{k}"), emulated.array("arith", f"{impl}.{k}")))
+    ]
     assert not diffs, f"arith.{fn} impl={impl}: " + "; ".join(diffs)
 
 
@@ -183,14 +197,35 @@ def test_portable_logits_equal_native(invariant_bits):
     """The portable mode's logits (weights of platform-independent bits) are the native
     ones, bit for bit, at 1 and 2 threads: its bits are detsample's algorithm's."""
     native, emulated = invariant_bits
-    diffs = [d for t in (1, 2) if (d := _difference(
-        f"{t} thread(s)", native.array("invariant", f"portable_logits_{t}t.logits"),
-        emulated.array("invariant", f"portable_logits_{t}t.logits")))]
+    diffs = [
+        d
+        for t in (1, 2)
+        if (
+            d := _difference(
+                f"{t} thread(s)",
+                native.array("invariant", f"portable_logits_{t}t.logits"),
+                emulated.array("invariant", f"portable_logits_{t}t.logits"),
+            )
+        )
+    ]
     assert not diffs, "portable logits under aarch64: " + "; ".join(diffs)
 
 
-OPS = ("exp", "log", "silu", "sigmoid", "tanh", "rsqrt", "sqrt", "cos", "sin", "softmax", "pow",
-       "rotary_cos", "rotary_sin")
+OPS = (
+    "exp",
+    "log",
+    "silu",
+    "sigmoid",
+    "tanh",
+    "rsqrt",
+    "sqrt",
+    "cos",
+    "sin",
+    "softmax",
+    "pow",
+    "rotary_cos",
+    "rotary_sin",
+)
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -209,6 +244,9 @@ def test_tiny_model_weights_equal_native(invariant_bits):
     golden of the one folder every CPU shares."""
     native, emulated = invariant_bits
     assert native.raw("invariant", "weights_defined.all") == emulated.raw("invariant", "weights_defined.all")
-    d = _difference("weights", native.array("invariant", "weights_seeded_init.all"),
-                    emulated.array("invariant", "weights_seeded_init.all"))
+    d = _difference(
+        "weights",
+        native.array("invariant", "weights_seeded_init.all"),
+        emulated.array("invariant", "weights_seeded_init.all"),
+    )
     assert d is None, f"seeded_init_ (torch.randn) under aarch64: {d}"

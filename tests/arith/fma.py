@@ -28,7 +28,7 @@ def fresh_asm(kernel, args: tuple, fastmath: bool) -> str:
     """The assembly of numba dispatcher ``kernel``'s Python source compiled now for
     ``args`` with detsample's flags (or fast-math)."""
     import numba
-    fresh = numba.njit(nogil=True, cache=False, fastmath=fastmath, error_model="numpy")(
-        kernel.py_func)
+
+    fresh = numba.njit(nogil=True, cache=False, fastmath=fastmath, error_model="numpy")(kernel.py_func)
     fresh(*args)
     return "\n".join(fresh.inspect_asm(sig) for sig in fresh.signatures)

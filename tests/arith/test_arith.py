@@ -22,9 +22,34 @@ from detsample import arith
 from detsample.arith import cpu, spec
 from oracles import arith as oracle
 
-SPECIALS = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), 88.72, 88.73, 89.0, 89.5,
-            -87.0, -87.4, -103.9, -104.0, -104.5, -150.0, 1e-40, -1e-40, 1e-30, -1e-8,
-            3e38, -3e38, 1.0, -1.0, 0.5, -0.34657359, 0.34657359]
+SPECIALS = [
+    0.0,
+    -0.0,
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+    88.72,
+    88.73,
+    89.0,
+    89.5,
+    -87.0,
+    -87.4,
+    -103.9,
+    -104.0,
+    -104.5,
+    -150.0,
+    1e-40,
+    -1e-40,
+    1e-30,
+    -1e-8,
+    3e38,
+    -3e38,
+    1.0,
+    -1.0,
+    0.5,
+    -0.34657359,
+    0.34657359,
+]
 IMPLS = ["numba", "torch"]
 
 
@@ -35,9 +60,14 @@ def bits(t: torch.Tensor) -> np.ndarray:
 
 def _exp_inputs() -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
-    return torch.cat([torch.randn(300_000, generator=g) * 30,
-                      torch.randn(50_000, generator=g) * 1e-3,
-                      -torch.rand(50_000, generator=g) * 110, torch.tensor(SPECIALS)])
+    return torch.cat(
+        [
+            torch.randn(300_000, generator=g) * 30,
+            torch.randn(50_000, generator=g) * 1e-3,
+            -torch.rand(50_000, generator=g) * 110,
+            torch.tensor(SPECIALS),
+        ]
+    )
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -55,7 +85,7 @@ def test_exp_is_correctly_rounded_but_at_rare_ties_and_specials_exact():
     ulp = np.abs(bits(got).astype(np.int64) - bits(want).astype(np.int64))[~nan]
     assert ulp.max() <= 1 and (ulp != 0).sum() <= 2
     assert np.all(bits(got)[nan] == spec.NAN32_BITS)  # one NaN pattern, x86 or not
-    s = dict(zip(SPECIALS, got[-len(SPECIALS):].tolist()))
+    s = dict(zip(SPECIALS, got[-len(SPECIALS) :].tolist()))
     assert s[0.0] == 1.0 and s[-0.0] == 1.0 and s[float("inf")] == float("inf")
     assert s[float("-inf")] == 0.0 and s[-104.0] == 0.0 and s[89.0] == float("inf")
     assert 0 < s[-103.9] < 1e-44  # float32 subnormals are produced, not flushed
@@ -74,8 +104,7 @@ def test_exp_of_float64_inputs_and_out_in_place():
         assert arith.exp(w, out=w, impl=impl) is w and torch.equal(w, want)
 
 
-@given(st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=1,
-                max_size=300))
+@given(st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=1, max_size=300))
 def test_exp_property_every_float32_is_the_oracles(vals):
     z = torch.tensor(vals, dtype=torch.float32)
     want = bits(oracle.exp32(z.numpy()))
@@ -86,16 +115,36 @@ def test_exp_property_every_float32_is_the_oracles(vals):
 def _log_inputs() -> torch.Tensor:
     g = torch.Generator().manual_seed(1)
     x = torch.rand(200_000, generator=g, dtype=torch.float64)
-    return torch.cat([x * 1e3, x[:50_000] + 0.5, torch.exp(x[:50_000] * 1400 - 700),
-                      torch.tensor([0.0, -0.0, -1.0, float("inf"), float("nan"), 1.0,
-                                    5e-324, 2.2250738585072014e-308, 1.0000000000000002,
-                                    0.9999999999999999, 2.0 ** 0.5, 0.5 ** 0.5],
-                                   dtype=torch.float64)])
+    return torch.cat(
+        [
+            x * 1e3,
+            x[:50_000] + 0.5,
+            torch.exp(x[:50_000] * 1400 - 700),
+            torch.tensor(
+                [
+                    0.0,
+                    -0.0,
+                    -1.0,
+                    float("inf"),
+                    float("nan"),
+                    1.0,
+                    5e-324,
+                    2.2250738585072014e-308,
+                    1.0000000000000002,
+                    0.9999999999999999,
+                    2.0**0.5,
+                    0.5**0.5,
+                ],
+                dtype=torch.float64,
+            ),
+        ]
+    )
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_log_is_the_oracles_bits_and_within_two_ulps(impl):
     import math
+
     x = _log_inputs()
     got = arith.log64(x, impl=impl).tolist()
     want = [oracle.log64(v) for v in x.tolist()]
@@ -115,9 +164,9 @@ def _rows() -> torch.Tensor:
     x[1, :] = float("-inf")
     x[2, 7] = float("inf")
     x[3, :100] = float("-inf")
-    x[4] = 0.0                        # a flat row
-    x[5, 17] = 1e4                    # one huge logit: a one-hot row
-    x[6] *= 1e6                       # huge magnitudes
+    x[4] = 0.0  # a flat row
+    x[5, 17] = 1e4  # one huge logit: a one-hot row
+    x[6] *= 1e6  # huge magnitudes
     x[7, :] = -3.0e38
     return x
 
@@ -150,8 +199,12 @@ def test_normalisers_and_picked_are_log_softmax_at_the_entries():
         assert torch.equal(got.view(torch.int32), full.gather(1, ids).view(torch.int32))
 
 
-@given(st.integers(1, 6), st.integers(1, 400), st.integers(0, 2 ** 31 - 1),
-       st.sampled_from(["randn", "ties", "neginf", "huge", "tiny"]))
+@given(
+    st.integers(1, 6),
+    st.integers(1, 400),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from(["randn", "ties", "neginf", "huge", "tiny"]),
+)
 def test_log_softmax_property_row_alone_equals_row_in_batch(rows, n, seed, family):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((rows, n)).astype(np.float32) * 3
@@ -167,8 +220,8 @@ def test_log_softmax_property_row_alone_equals_row_in_batch(rows, n, seed, famil
     whole = arith.log_softmax(t)
     for impl in IMPLS:
         for r in range(rows):
-            alone = arith.log_softmax(t[r:r + 1].clone(), impl=impl)
-            assert torch.equal(alone.view(torch.int32), whole[r:r + 1].view(torch.int32))
+            alone = arith.log_softmax(t[r : r + 1].clone(), impl=impl)
+            assert torch.equal(alone.view(torch.int32), whole[r : r + 1].view(torch.int32))
             assert np.array_equal(bits(alone[0]), bits(oracle.log_softmax(x[r])))
 
 
@@ -195,9 +248,9 @@ def _asm(fastmath: bool) -> str:
     """The x86 / aarch64 assembly of the exp kernel compiled afresh (cached code cannot
     be inspected) with the project's flags, or with fast-math."""
     import numba
+
     k = cpu.jit()
-    fresh = numba.njit(nogil=True, cache=False, fastmath=fastmath, error_model="numpy")(
-        k.exp_into.py_func)
+    fresh = numba.njit(nogil=True, cache=False, fastmath=fastmath, error_model="numpy")(k.exp_into.py_func)
     z = np.zeros(4, np.float32)
     fresh(z, z.copy())
     return "\n".join(fresh.inspect_asm(sig) for sig in fresh.signatures)
@@ -235,8 +288,12 @@ def test_flush_to_zero_is_refused():
         torch.set_flush_denormal(False)
 
 
-@given(st.integers(1, 5), st.integers(1, 100), st.integers(0, 2 ** 31 - 1),
-       st.sampled_from(["randn", "nan", "posinf", "neginf", "ties", "zeros"]))
+@given(
+    st.integers(1, 5),
+    st.integers(1, 100),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from(["randn", "nan", "posinf", "neginf", "ties", "zeros"]),
+)
 def test_row_max_is_torchs_amax(rows, n, seed, family):
     """Bug it would catch: a NaN lost by the select-based max, a group of 8 over the
     wrong stride, the tail of a row shorter than 8 skipped."""
@@ -266,4 +323,3 @@ def test_log_softmax_at_is_log_softmax_at_the_entries(impl):
     got = arith.log_softmax_at(x, ids, impl=impl)
     want = arith.log_softmax(x).gather(1, ids.view(-1, 1)).view(-1)
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
-

@@ -26,9 +26,40 @@ from detsample.arith import elementary, pointwise
 from oracles import elementary as oracle
 from tests.arith.fma import FMA, cpu_has_fma, fresh_asm, loop_args
 
-SPECIALS = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-45, -1e-45, 1e-40, 1e-30, -1e-8,
-            88.72, 88.73, 89.5, -87.4, -103.9, -104.5, -745.5, 709.9, 710.5, -45.5, 20.5,
-            3e38, -3e38, 1.0, -1.0, 0.5, -2.0, 2.0, -3.0, 3.0, -40.0, 40.0]
+SPECIALS = [
+    0.0,
+    -0.0,
+    math.inf,
+    -math.inf,
+    math.nan,
+    1e-45,
+    -1e-45,
+    1e-40,
+    1e-30,
+    -1e-8,
+    88.72,
+    88.73,
+    89.5,
+    -87.4,
+    -103.9,
+    -104.5,
+    -745.5,
+    709.9,
+    710.5,
+    -45.5,
+    20.5,
+    3e38,
+    -3e38,
+    1.0,
+    -1.0,
+    0.5,
+    -2.0,
+    2.0,
+    -3.0,
+    3.0,
+    -40.0,
+    40.0,
+]
 
 #: (name, the pointwise call, the oracle's float64 function)
 CASES = [
@@ -38,15 +69,15 @@ CASES = [
     ("sigmoid", pointwise.sigmoid, oracle.sigmoid),
     ("silu", pointwise.silu, oracle.silu),
     ("softplus", pointwise.softplus, oracle.softplus),
-    ("softplus(0.5, 3)", lambda x, **k: pointwise.softplus(x, 0.5, 3.0, **k),
-     lambda x: oracle.softplus(x, 0.5, 3.0)),
+    ("softplus(0.5, 3)", lambda x, **k: pointwise.softplus(x, 0.5, 3.0, **k), lambda x: oracle.softplus(x, 0.5, 3.0)),
     ("gelu", pointwise.gelu, oracle.gelu_erf),
     ("gelu_tanh", lambda x, **k: pointwise.gelu(x, "tanh", **k), oracle.gelu_tanh),
     ("sqrt", pointwise.sqrt, oracle.sqrt),
     ("rsqrt", pointwise.rsqrt, oracle.rsqrt),
-] + [(f"pow{e}", lambda x, e=e, **k: pointwise.pow_scalar(x, e, **k),
-      lambda x, e=e: oracle.pow_scalar(x, e))
-     for e in (2, 3.0, -2, 0, 1, 0.5, -0.5, 2.5, -1.5, 1.0 / 3, 2.0 ** 33 + 1, math.inf, math.nan)]
+] + [
+    (f"pow{e}", lambda x, e=e, **k: pointwise.pow_scalar(x, e, **k), lambda x, e=e: oracle.pow_scalar(x, e))
+    for e in (2, 3.0, -2, 0, 1, 0.5, -0.5, 2.5, -1.5, 1.0 / 3, 2.0**33 + 1, math.inf, math.nan)
+]
 IDS = [c[0] for c in CASES]
 IMPLS = ["numba", "torch"]
 INT = {torch.float32: np.int32, torch.float64: np.int64}
@@ -59,11 +90,15 @@ def bits(t) -> np.ndarray:
 
 def _inputs(dtype: torch.dtype) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
-    x = torch.cat([torch.randn(60_000, generator=g, dtype=torch.float64) * 4,
-                   torch.randn(20_000, generator=g, dtype=torch.float64) * 40,
-                   torch.randn(10_000, generator=g, dtype=torch.float64) * 1e-4,
-                   -torch.rand(10_000, generator=g, dtype=torch.float64) * 800,
-                   torch.tensor(SPECIALS, dtype=torch.float64)])
+    x = torch.cat(
+        [
+            torch.randn(60_000, generator=g, dtype=torch.float64) * 4,
+            torch.randn(20_000, generator=g, dtype=torch.float64) * 40,
+            torch.randn(10_000, generator=g, dtype=torch.float64) * 1e-4,
+            -torch.rand(10_000, generator=g, dtype=torch.float64) * 800,
+            torch.tensor(SPECIALS, dtype=torch.float64),
+        ]
+    )
     return x.to(dtype)
 
 
@@ -82,8 +117,9 @@ def test_numba_torch_and_the_oracle_give_one_set_of_bits(name, fn, ref, impl, dt
     assert np.array_equal(bits(got), bits(_want(ref, x)))
 
 
-@given(st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=1,
-                max_size=200), st.sampled_from(CASES))
+@given(
+    st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=1, max_size=200), st.sampled_from(CASES)
+)
 def test_property_every_float32_is_the_oracles(vals, case):
     _, fn, ref = case
     x = torch.tensor(vals, dtype=torch.float32)
@@ -92,8 +128,7 @@ def test_property_every_float32_is_the_oracles(vals, case):
         assert np.array_equal(bits(fn(x, impl=impl)), want)
 
 
-@given(st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=1, max_size=100),
-       st.sampled_from(CASES))
+@given(st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=1, max_size=100), st.sampled_from(CASES))
 def test_property_every_float64_is_the_oracles(vals, case):
     _, fn, ref = case
     x = torch.tensor(vals, dtype=torch.float64)
@@ -124,13 +159,19 @@ def test_nans_are_canonical_and_half_precision_goes_through_float32():
 
 def test_signed_zeros_and_specials():
     z = torch.tensor([0.0, -0.0])
-    for f in (pointwise.expm1, pointwise.tanh, pointwise.silu, lambda t: pointwise.gelu(t, "tanh"),
-              pointwise.sqrt, pointwise.sin):
+    for f in (
+        pointwise.expm1,
+        pointwise.tanh,
+        pointwise.silu,
+        lambda t: pointwise.gelu(t, "tanh"),
+        pointwise.sqrt,
+        pointwise.sin,
+    ):
         assert torch.equal(f(z).view(torch.int32), z.view(torch.int32))
     assert pointwise.expm1(torch.tensor([-math.inf])).item() == -1.0
     assert pointwise.rsqrt(z).tolist() == [math.inf, -math.inf]
     assert pointwise.sigmoid(torch.tensor([-math.inf, math.inf])).tolist() == [0.0, 1.0]
-    assert torch.isnan(pointwise.silu(torch.tensor([-math.inf]))).all()       # as torch's
+    assert torch.isnan(pointwise.silu(torch.tensor([-math.inf]))).all()  # as torch's
     assert pointwise.softplus(torch.tensor([-math.inf, 30.0])).tolist() == [0.0, 30.0]
     p = pointwise.pow_scalar(torch.tensor([-8.0, -0.0, 0.0, -math.inf, math.nan]), 1.0 / 3)
     assert math.isnan(p[0]) and p[1:4].tolist() == [0.0, 0.0, math.inf] and math.isnan(p[4])
@@ -153,12 +194,15 @@ REFERENCES = [
     ("silu", pointwise.silu, lambda x: x * special.expit(x)),
     ("softplus", pointwise.softplus, lambda x: np.where(x > 20, x, np.logaddexp(0.0, x))),
     ("gelu", pointwise.gelu, lambda x: x * special.ndtr(x)),
-    ("gelu_tanh", lambda x: pointwise.gelu(x, "tanh"),
-     lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))),
+    (
+        "gelu_tanh",
+        lambda x: pointwise.gelu(x, "tanh"),
+        lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
+    ),
     ("sqrt", pointwise.sqrt, np.sqrt),
     ("rsqrt", pointwise.rsqrt, lambda x: 1 / np.sqrt(x)),
     ("pow2.5", lambda x: pointwise.pow_scalar(x, 2.5), lambda x: np.abs(x) ** 2.5),
-    ("pow3", lambda x: pointwise.pow_scalar(x, 3), lambda x: x ** 3),
+    ("pow3", lambda x: pointwise.pow_scalar(x, 3), lambda x: x**3),
 ]
 
 
@@ -171,7 +215,7 @@ def test_float32_results_are_correctly_rounded_but_at_rare_ties(name, fn, ref):
     with np.errstate(all="ignore"):
         want = ref(x.double().numpy())
     ulp = _ulps32(fn(x), want)
-    if name == "gelu_tanh":      # numpy's reference cancels in 1 + tanh for x < 0
+    if name == "gelu_tanh":  # numpy's reference cancels in 1 + tanh for x < 0
         ulp = ulp[x.numpy() > -1]
     assert ulp.max() <= 1 and (ulp != 0).sum() <= 3, (ulp.max(), (ulp != 0).sum())
 
@@ -180,20 +224,30 @@ def test_float32_results_are_correctly_rounded_but_at_rare_ties(name, fn, ref):
 #: the function's own conditioning where an argument's rounding is magnified (exp of
 #: -x**2/2 in gelu's tail, of -2y in its tanh form, of e log x in pow): the docstrings'
 #: accuracy statements
-F64_BOUNDS = {"exp": lambda v: 3, "expm1": lambda v: 2, "tanh": lambda v: 3,
-              "sigmoid": lambda v: 4, "silu": lambda v: 4, "softplus": lambda v: 5,
-              "gelu": lambda v: 80 + v * v,
-              "gelu_tanh": lambda v: 8 + 4 * abs(v + 0.044715 * v ** 3),
-              "pow2.5": lambda v: 4 + 2.5 * abs(math.log(v)), "pow3": lambda v: 2,
-              "rsqrt": lambda v: 2}
+F64_BOUNDS = {
+    "exp": lambda v: 3,
+    "expm1": lambda v: 2,
+    "tanh": lambda v: 3,
+    "sigmoid": lambda v: 4,
+    "silu": lambda v: 4,
+    "softplus": lambda v: 5,
+    "gelu": lambda v: 80 + v * v,
+    "gelu_tanh": lambda v: 8 + 4 * abs(v + 0.044715 * v**3),
+    "pow2.5": lambda v: 4 + 2.5 * abs(math.log(v)),
+    "pow3": lambda v: 2,
+    "rsqrt": lambda v: 2,
+}
 MP_REFS = {
-    "exp": mpmath.exp, "expm1": mpmath.expm1, "tanh": mpmath.tanh,
-    "sigmoid": lambda v: 1 / (1 + mpmath.exp(-v)), "silu": lambda v: v / (1 + mpmath.exp(-v)),
+    "exp": mpmath.exp,
+    "expm1": mpmath.expm1,
+    "tanh": mpmath.tanh,
+    "sigmoid": lambda v: 1 / (1 + mpmath.exp(-v)),
+    "silu": lambda v: v / (1 + mpmath.exp(-v)),
     "softplus": lambda v: v if v > 20 else mpmath.log1p(mpmath.exp(v)),
     "gelu": lambda v: v * mpmath.ncdf(v),
-    "gelu_tanh": lambda v: v / (1 + mpmath.exp(-2 * mpmath.sqrt(2 / mpmath.pi)
-                                              * (v + mpmath.mpf(0.044715) * v ** 3))),
-    "pow2.5": lambda v: abs(v) ** mpmath.mpf(2.5), "pow3": lambda v: v ** 3,
+    "gelu_tanh": lambda v: v / (1 + mpmath.exp(-2 * mpmath.sqrt(2 / mpmath.pi) * (v + mpmath.mpf(0.044715) * v**3))),
+    "pow2.5": lambda v: abs(v) ** mpmath.mpf(2.5),
+    "pow3": lambda v: v**3,
     "rsqrt": lambda v: 1 / mpmath.sqrt(abs(v)),
 }
 
@@ -222,7 +276,7 @@ def test_constants_are_what_they_say():
     with mpmath.workprec(200):
         assert float(mpmath.sqrt(2 / mpmath.pi)) == elementary.SQRT_2_OVER_PI
         assert float(1 / mpmath.sqrt(2 * mpmath.pi)) == elementary.INV_SQRT_2PI
-    with mpmath.workprec(300):       # Mills' ratio's Taylor coefficients from M' = a M - 1
+    with mpmath.workprec(300):  # Mills' ratio's Taylor coefficients from M' = a M - 1
         c = mpmath.mpf(elementary.MILLS_CENTER)
         d = [mpmath.ncdf(-c) / mpmath.npdf(c)]
         d.append(c * d[0] - 1)
@@ -255,13 +309,21 @@ def test_threads_and_chunking_change_no_bit():
 
 #: every kernel (the loops and the functions they call that are not inlined): its
 #: arguments, and whether its source has a product followed by a sum fast-math contracts
-KERNELS = [(name, loop_args(), True) for name in (
-    "exp_into", "expm1_into", "tanh_into", "sigmoid_into", "silu_into", "gelu_tanh_into")] + [
-    ("softplus_into", loop_args(1.0, 20.0), True), ("log_into", loop_args(), False),
-    ("gelu_erf_into", loop_args(), True), ("gelu_erf_far", (5.0,), True),
-    ("sqrt_into", loop_args(), False), ("rsqrt_into", loop_args(), False),
-    ("pow_int_into", loop_args(3), False), ("pow_int", (0.5, 3), False),
-    ("pow_general_into", loop_args(2.5, False), False), ("pow_general", (0.5, 2.5, False), True)]
+KERNELS = [
+    (name, loop_args(), True)
+    for name in ("exp_into", "expm1_into", "tanh_into", "sigmoid_into", "silu_into", "gelu_tanh_into")
+] + [
+    ("softplus_into", loop_args(1.0, 20.0), True),
+    ("log_into", loop_args(), False),
+    ("gelu_erf_into", loop_args(), True),
+    ("gelu_erf_far", (5.0,), True),
+    ("sqrt_into", loop_args(), False),
+    ("rsqrt_into", loop_args(), False),
+    ("pow_int_into", loop_args(3), False),
+    ("pow_int", (0.5, 3), False),
+    ("pow_general_into", loop_args(2.5, False), False),
+    ("pow_general", (0.5, 2.5, False), True),
+]
 
 
 @pytest.mark.parametrize("name,args,contractible", KERNELS, ids=[k[0] for k in KERNELS])
@@ -269,6 +331,7 @@ def test_numba_kernels_contain_no_fused_multiply_add(name, args, contractible):
     """Compiled as detsample compiles them: no FMA (a contraction changes bits); the same
     source under fast-math has one where it can (the pattern finds what it looks for)."""
     from detsample.arith import elementary_jit
+
     kernel = getattr(elementary_jit, name)
     assert not FMA.search(fresh_asm(kernel, args, fastmath=False))
     if contractible and cpu_has_fma():

@@ -43,14 +43,32 @@ def _near_multiples_of_pio2(n: int) -> np.ndarray:
 def _inputs() -> np.ndarray:
     rng = np.random.default_rng(0)
     sign = np.where(rng.random(6000) < 0.5, -1.0, 1.0)
-    return np.concatenate([
-        rng.standard_normal(20_000) * 3, rng.uniform(-1e5, 1e5, 20_000),   # rotary angles
-        rng.uniform(-trig.CW_MAX, trig.CW_MAX, 5000),
-        sign * 10 ** rng.uniform(6.0, 38.5, 6000),                           # Payne-Hanek
-        sign[:3000] * 10 ** rng.uniform(38.5, 308, 3000),                    # float64 only
-        _near_multiples_of_pio2(800),
-        [trig.CW_MAX, -trig.CW_MAX, np.nextafter(trig.CW_MAX, np.inf), 2.0 ** 52, 3e38,
-         np.finfo(np.float32).max, 1.7e308, 5e-324, 1e-45, 0.0, -0.0, np.inf, -np.inf, np.nan]])
+    return np.concatenate(
+        [
+            rng.standard_normal(20_000) * 3,
+            rng.uniform(-1e5, 1e5, 20_000),  # rotary angles
+            rng.uniform(-trig.CW_MAX, trig.CW_MAX, 5000),
+            sign * 10 ** rng.uniform(6.0, 38.5, 6000),  # Payne-Hanek
+            sign[:3000] * 10 ** rng.uniform(38.5, 308, 3000),  # float64 only
+            _near_multiples_of_pio2(800),
+            [
+                trig.CW_MAX,
+                -trig.CW_MAX,
+                np.nextafter(trig.CW_MAX, np.inf),
+                2.0**52,
+                3e38,
+                np.finfo(np.float32).max,
+                1.7e308,
+                5e-324,
+                1e-45,
+                0.0,
+                -0.0,
+                np.inf,
+                -np.inf,
+                np.nan,
+            ],
+        ]
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
@@ -64,8 +82,9 @@ def test_numba_torch_and_the_oracle_give_one_set_of_bits(name, fn, ref, impl, dt
     assert np.array_equal(bits(fn(x, impl=impl)), bits(want))
 
 
-@given(st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=1,
-                max_size=200), st.sampled_from(FUNCS))
+@given(
+    st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=1, max_size=200), st.sampled_from(FUNCS)
+)
 def test_property_every_float32_is_the_oracles(vals, case):
     _, fn, ref = case
     x = torch.tensor(vals, dtype=torch.float32)
@@ -74,8 +93,7 @@ def test_property_every_float32_is_the_oracles(vals, case):
         assert np.array_equal(bits(fn(x, impl=impl)), want)
 
 
-@given(st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=1, max_size=60),
-       st.sampled_from(FUNCS))
+@given(st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=1, max_size=60), st.sampled_from(FUNCS))
 def test_property_every_float64_is_the_oracles(vals, case):
     _, fn, ref = case
     x = torch.tensor(vals, dtype=torch.float64)
@@ -97,11 +115,9 @@ def test_accuracy_against_mpmath(name, fn, ref):
     input, rotary angles to 1e5 and float32 values to 3e38 alike)."""
     mf = getattr(mpmath, name)
     rng = np.random.default_rng(1)
-    x = np.concatenate([rng.uniform(-1e5, 1e5, 600), 10 ** rng.uniform(6, 300, 300),
-                        _near_multiples_of_pio2(100)])
+    x = np.concatenate([rng.uniform(-1e5, 1e5, 600), 10 ** rng.uniform(6, 300, 300), _near_multiples_of_pio2(100)])
     got = fn(torch.from_numpy(x)).numpy()
-    x32 = np.concatenate([x[:600], 10 ** rng.uniform(6, 38, 300), _near_multiples_of_pio2(100)]
-                         ).astype(np.float32)
+    x32 = np.concatenate([x[:600], 10 ** rng.uniform(6, 38, 300), _near_multiples_of_pio2(100)]).astype(np.float32)
     got32 = fn(torch.from_numpy(x32)).numpy()
     worst, wrong32 = 0.0, []
     with mpmath.workprec(400):
@@ -122,10 +138,10 @@ def test_the_constants_are_pis():
         assert abs(trig.P1 + mpmath.mpf(trig.P2) + trig.P3 + trig.P3T - pio2) < mpmath.mpf(2) ** -155
         assert float(pio2) == trig.PIO2 and float(2 / mpmath.pi) == trig.INV_PIO2
         assert int(trig.TWO_OVER_PI_HEX, 16) == int(mpmath.floor(2 / mpmath.pi * mpmath.mpf(2) ** 1152))
-    for p in (trig.P1, trig.P2, trig.P3):      # 33 significant bits: k * P exact, |k| < 2**20
+    for p in (trig.P1, trig.P2, trig.P3):  # 33 significant bits: k * P exact, |k| < 2**20
         m, _ = math.frexp(p)
-        assert (m * 2 ** 33).is_integer()
-    assert trig.CW_MAX * 2 / math.pi < 2 ** 20
+        assert (m * 2**33).is_integer()
+    assert trig.CW_MAX * 2 / math.pi < 2**20
     assert trig.SIN_COEFS[1] == -1 / 6 and trig.SIN_COEFS[8] == 1 / math.factorial(17)
     assert trig.COS_COEFS[2] == 1 / 24 and trig.COS_COEFS[8] == 1 / math.factorial(16)
 
@@ -134,6 +150,7 @@ def test_the_reductions_meet_at_cw_max():
     """Both sides of the boundary: the Payne-Hanek reduction of a value Cody-Waite also
     reduces exactly agrees with it (a window or carry error would not)."""
     from detsample.arith import trig_torch
+
     x = torch.tensor([trig.CW_MAX, 1e6, 7.5e5, 123456.75, 3.0e5], dtype=torch.float64)
     n_cw, r_cw = trig_torch.reduce(x)
     n_ph, r_ph = trig_torch.payne_hanek(x)
@@ -150,12 +167,19 @@ def test_specials():
     assert torch.all(c[2:].view(torch.int32) == 0x7FC00000)
 
 
-@pytest.mark.parametrize("name,args,contractible", [
-    ("_sincos_into", loop_args(True), True), ("sin_into", loop_args(), False),
-    ("cos_into", loop_args(), False), ("sincos", (1e10, False), True),
-    ("payne_hanek", (1e10,), True)])
+@pytest.mark.parametrize(
+    "name,args,contractible",
+    [
+        ("_sincos_into", loop_args(True), True),
+        ("sin_into", loop_args(), False),
+        ("cos_into", loop_args(), False),
+        ("sincos", (1e10, False), True),
+        ("payne_hanek", (1e10,), True),
+    ],
+)
 def test_numba_kernels_contain_no_fused_multiply_add(name, args, contractible):
     from detsample.arith import trig_jit
+
     kernel = getattr(trig_jit, name)
     assert not FMA.search(fresh_asm(kernel, args, fastmath=False))
     if contractible and cpu_has_fma():

@@ -11,14 +11,33 @@ import numpy as np
 from detsample.audit.inputs.table import offsets_from_lengths
 from detsample.audit.inputs.writers import ROW_COLUMNS, from_records, to_records, write_jsonl, write_npz, write_parquet
 
-__all__ = ["ROW_COLUMNS", "from_records", "pad_rows", "padded_twin", "slime_samples",
-           "synth_rollouts", "to_records", "write_columns", "write_jsonl", "write_npz",
-           "write_parquet"]
+__all__ = [
+    "ROW_COLUMNS",
+    "from_records",
+    "pad_rows",
+    "padded_twin",
+    "slime_samples",
+    "synth_rollouts",
+    "to_records",
+    "write_columns",
+    "write_jsonl",
+    "write_npz",
+    "write_parquet",
+]
 
 
-def synth_rollouts(num_sequences: int, seed: int, *, mean_len: int = 64, prompt_len: int = 8,
-                   mismatch_rate: float = 0.3, scales: tuple[float, ...] = (1e-7, 1e-4, 1e-2, 0.3),
-                   mask_rate: float = 0.9, vocab: int = 32000, dtype: str = "float32") -> dict:
+def synth_rollouts(
+    num_sequences: int,
+    seed: int,
+    *,
+    mean_len: int = 64,
+    prompt_len: int = 8,
+    mismatch_rate: float = 0.3,
+    scales: tuple[float, ...] = (1e-7, 1e-4, 1e-2, 0.3),
+    mask_rate: float = 0.9,
+    vocab: int = 32000,
+    dtype: str = "float32",
+) -> dict:
     """Random rollouts: engine logprobs log(U), trainer = engine + noise on a
     ``mismatch_rate`` fraction of tokens (noise scale drawn from ``scales``), clipped to
     <= 0, both rounded to ``dtype``; mask 1 with probability ``mask_rate``."""
@@ -43,8 +62,9 @@ def synth_rollouts(num_sequences: int, seed: int, *, mean_len: int = 64, prompt_
     }
 
 
-def pad_rows(values: np.ndarray, offsets: np.ndarray, width: int, side: str,
-             fill: np.ndarray | float | int = 0) -> np.ndarray:
+def pad_rows(
+    values: np.ndarray, offsets: np.ndarray, width: int, side: str, fill: np.ndarray | float | int = 0
+) -> np.ndarray:
     """Ragged rows as a 2-D array [S, width] padded on ``side`` ("left" or "right") with
     ``fill`` (a scalar, or an array [S, width] whose entries show through the padding)."""
     lens = np.diff(offsets)
@@ -59,8 +79,15 @@ def pad_rows(values: np.ndarray, offsets: np.ndarray, width: int, side: str,
     return out
 
 
-def padded_twin(cols: dict, preset: str = "default", *, response_side: str = "right",
-                prompt_side: str = "left", extra: int = 3, seed: int = 0) -> dict:
+def padded_twin(
+    cols: dict,
+    preset: str = "default",
+    *,
+    response_side: str = "right",
+    prompt_side: str = "left",
+    extra: int = 3,
+    seed: int = 0,
+) -> dict:
     """The rollouts ``cols`` as one training batch of padded 2-D arrays under a
     framework's names (docs/audit.md, "Presets"): "default" (the audit's names, plus
     ``attention_mask`` over the response), "verl", "trl" or "openrlhf". Padding
@@ -106,15 +133,20 @@ def padded_twin(cols: dict, preset: str = "default", *, response_side: str = "ri
         def per_token(vals: np.ndarray, fill_prompt) -> np.ndarray:
             flat = np.empty(int(shifted.sum()), dtype=vals.dtype)
             flat[...] = fill_prompt
-            idx = np.repeat(s_off[:-1] + np.maximum(plen - 1, 0), rlen) + \
-                (np.arange(rv.size) - np.repeat(ro[:-1], rlen))
+            idx = np.repeat(s_off[:-1] + np.maximum(plen - 1, 0), rlen) + (
+                np.arange(rv.size) - np.repeat(ro[:-1], rlen)
+            )
             flat[idx] = vals
             return pad_rows(flat, s_off, total - 1, "right", 0)
 
-        return {"index": np.arange(n), "sequences": pad_rows(seq, seq_off, total, "right", 0),
-                "attention_mask": att(seq_lens, total, "right"),
-                "action_mask": per_token(mask.astype(np.int64), 0),
-                "rollout_log_probs": per_token(e, 0.0), "action_log_probs": per_token(t, 0.0)}
+        return {
+            "index": np.arange(n),
+            "sequences": pad_rows(seq, seq_off, total, "right", 0),
+            "attention_mask": att(seq_lens, total, "right"),
+            "action_mask": per_token(mask.astype(np.int64), 0),
+            "rollout_log_probs": per_token(e, 0.0),
+            "action_log_probs": per_token(t, 0.0),
+        }
     resp = pad_rows(rv, ro, width, response_side, junk_ids(width))
     prompt = pad_rows(pv, po, pwidth, prompt_side, junk_ids(pwidth))
     eng = pad_rows(e, ro, width, response_side, junk_lp(width, e.dtype))
@@ -123,19 +155,37 @@ def padded_twin(cols: dict, preset: str = "default", *, response_side: str = "ri
     r_att = att(rlen, width, response_side)
     p_att = att(plen, pwidth, prompt_side)
     if preset == "verl":
-        return {"uid": np.asarray(cols["id"]), "prompts": prompt, "responses": resp,
-                "attention_mask": np.concatenate([p_att, r_att], axis=1), "response_mask": m,
-                "rollout_log_probs": eng, "old_log_probs": tra}
+        return {
+            "uid": np.asarray(cols["id"]),
+            "prompts": prompt,
+            "responses": resp,
+            "attention_mask": np.concatenate([p_att, r_att], axis=1),
+            "response_mask": m,
+            "rollout_log_probs": eng,
+            "old_log_probs": tra,
+        }
     if preset == "trl":
-        return {"prompt_ids": prompt, "prompt_mask": p_att, "completion_ids": resp,
-                "completion_mask": r_att, "sampling_per_token_logps": eng,
-                "old_per_token_logps": tra,
-                "tool_mask": np.where(r_att == 1, m, 1)}  # TRL pads tool_mask with 1
+        return {
+            "prompt_ids": prompt,
+            "prompt_mask": p_att,
+            "completion_ids": resp,
+            "completion_mask": r_att,
+            "sampling_per_token_logps": eng,
+            "old_per_token_logps": tra,
+            "tool_mask": np.where(r_att == 1, m, 1),
+        }  # TRL pads tool_mask with 1
     if preset != "default":
         raise ValueError(f"preset must be default, verl, trl or openrlhf, got {preset!r}")
-    return {"id": np.asarray(cols["id"]), "prompt_ids": prompt, "prompt_attention_mask": p_att,
-            "response_ids": resp, "attention_mask": r_att, "mask": m,
-            "engine_logprobs": eng, "trainer_logprobs": tra}
+    return {
+        "id": np.asarray(cols["id"]),
+        "prompt_ids": prompt,
+        "prompt_attention_mask": p_att,
+        "response_ids": resp,
+        "attention_mask": r_att,
+        "mask": m,
+        "engine_logprobs": eng,
+        "trainer_logprobs": tra,
+    }
 
 
 def slime_samples(cols: dict) -> list[dict]:
@@ -143,11 +193,16 @@ def slime_samples(cols: dict) -> list[dict]:
     loss_mask, rollout_log_probs, log_probs, index), as its debug dumps hold them."""
     out = []
     for i, rec in enumerate(to_records(cols)):
-        out.append({"index": i, "tokens": rec["prompt_ids"] + rec["response_ids"],
-                    "response_length": len(rec["response_ids"]),
-                    "loss_mask": rec.get("mask", [1] * len(rec["response_ids"])),
-                    "rollout_log_probs": rec["engine_logprobs"],
-                    "log_probs": rec["trainer_logprobs"]})
+        out.append(
+            {
+                "index": i,
+                "tokens": rec["prompt_ids"] + rec["response_ids"],
+                "response_length": len(rec["response_ids"]),
+                "loss_mask": rec.get("mask", [1] * len(rec["response_ids"])),
+                "rollout_log_probs": rec["engine_logprobs"],
+                "log_probs": rec["trainer_logprobs"],
+            }
+        )
     return out
 
 
@@ -160,9 +215,13 @@ def write_columns(arrays: dict, path: str) -> None:
     if path.endswith((".pt", ".pth")):
         import torch
 
-        torch.save({k: (v.tolist() if v.dtype.kind in "US"
-                        else torch.from_numpy(np.ascontiguousarray(v)))
-                    for k, v in arrays.items()}, path)
+        torch.save(
+            {
+                k: (v.tolist() if v.dtype.kind in "US" else torch.from_numpy(np.ascontiguousarray(v)))
+                for k, v in arrays.items()
+            },
+            path,
+        )
         return
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -170,7 +229,7 @@ def write_columns(arrays: dict, path: str) -> None:
     data = {}
     for k, v in arrays.items():
         if v.ndim == 2:
-            off = np.arange(0, v.size + 1, max(v.shape[1], 1), dtype=np.int32)[:v.shape[0] + 1]
+            off = np.arange(0, v.size + 1, max(v.shape[1], 1), dtype=np.int32)[: v.shape[0] + 1]
             data[k] = pa.ListArray.from_arrays(pa.array(off), pa.array(v.reshape(-1)))
         else:
             data[k] = pa.array(v.tolist())

@@ -61,9 +61,13 @@ def ragged(tmp_path_factory):
         elif fmt == "pt":  # ragged .pt: one list of 1-D tensors per column
             import torch
 
-            torch.save({k: (list(v) if k == "id" else
-                            [torch.from_numpy(v[0][v[1][i]:v[1][i + 1]]) for i in range(40)])
-                        for k, v in cols.items()}, d / name)
+            torch.save(
+                {
+                    k: (list(v) if k == "id" else [torch.from_numpy(v[0][v[1][i] : v[1][i + 1]]) for i in range(40)])
+                    for k, v in cols.items()
+                },
+                d / name,
+            )
         else:
             from tests.audit.synth import write_parquet
 
@@ -74,8 +78,7 @@ def ragged(tmp_path_factory):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("layout,kwargs,side,prompt_side", TWINS)
-def test_padded_file_and_ragged_twin_give_byte_equal_reports(ragged, tmp_path, fmt, layout,
-                                                             kwargs, side, prompt_side):
+def test_padded_file_and_ragged_twin_give_byte_equal_reports(ragged, tmp_path, fmt, layout, kwargs, side, prompt_side):
     """Pins padded input: a padded file (junk, NaN and positive logprobs in its padding)
     and its ragged twin give the same JSON report, byte for byte."""
     cols, reports = ragged
@@ -95,8 +98,13 @@ def test_slime_records_give_the_ragged_report(ragged, tmp_path):
 
 
 @settings(max_examples=20, deadline=None)
-@given(st.integers(1, 30), st.integers(0, 2**16), st.sampled_from(["left", "right"]),
-       st.integers(0, 5), st.integers(1, 400))
+@given(
+    st.integers(1, 30),
+    st.integers(0, 2**16),
+    st.sampled_from(["left", "right"]),
+    st.integers(0, 5),
+    st.integers(1, 400),
+)
 @example(1, 23, "left", 0, 10)  # one empty response, no extra padding: a width-0 column
 @example(1, 23, "right", 0, 10)
 def test_any_padding_gives_the_ragged_report(n, seed, side, extra, chunk_tokens):
@@ -105,8 +113,7 @@ def test_any_padding_gives_the_ragged_report(n, seed, side, extra, chunk_tokens)
     cols = _rollouts(seed=seed, n=n, mean_len=6, prompt_len=3, mismatch_rate=0.5)
     recs = to_records(cols)
     want = to_json(audit(recs))
-    arrays = padded_twin(cols, "default", response_side=side, prompt_side=side, extra=extra,
-                         seed=seed)
+    arrays = padded_twin(cols, "default", response_side=side, prompt_side=side, extra=extra, seed=seed)
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
@@ -131,7 +138,7 @@ def _set(arrays: dict, key: str, row: int, col: int, value) -> dict:
 
 
 def _mask_on_padding(a: dict) -> dict:
-    resp_len = a["attention_mask"][0, a["prompts"].shape[1]:].sum()
+    resp_len = a["attention_mask"][0, a["prompts"].shape[1] :].sum()
     return _set(a, "response_mask", 0, int(resp_len), 1)
 
 
@@ -152,21 +159,26 @@ def _hole(a: dict) -> dict:
 
 CONTRADICTIONS = [
     # (name, change, text in the error)
-    ("mask-on-padding", _mask_on_padding,
-     "row 0: column 'response_mask' (mask, preset verl): is 1 at position"),
-    ("both-sides", _both_sides, "row 1: column 'attention_mask' (attention_mask, preset verl): "
-                                "not padded on the right"),
-    ("hole", _hole, "row 2: column 'attention_mask' (attention_mask, preset verl): its 1s are "
-                    "not one contiguous run"),
+    ("mask-on-padding", _mask_on_padding, "row 0: column 'response_mask' (mask, preset verl): is 1 at position"),
+    (
+        "both-sides",
+        _both_sides,
+        "row 1: column 'attention_mask' (attention_mask, preset verl): not padded on the right",
+    ),
+    ("hole", _hole, "row 2: column 'attention_mask' (attention_mask, preset verl): its 1s are not one contiguous run"),
     ("not-01", lambda a: _set(a, "attention_mask", 3, 0, 2), "padding masks hold 0/1, got 2"),
-    ("middle", lambda a: _set(a, "attention_mask", 2, a["prompts"].shape[1], 0),
-     "row 2: column 'attention_mask' (attention_mask, preset verl): padded on both sides"),
-    ("mask-shape", lambda a: {**a, "response_mask": a["response_mask"][:, :-1]},
-     "column 'response_mask' (mask, preset verl): shape"),
-    ("attention-width", lambda a: {**a, "attention_mask": a["attention_mask"][:, 1:]},
-     "expected width"),
-    ("engine-1d", lambda a: {**a, "rollout_log_probs": a["rollout_log_probs"][:, 0]},
-     "rollout_log_probs"),
+    (
+        "middle",
+        lambda a: _set(a, "attention_mask", 2, a["prompts"].shape[1], 0),
+        "row 2: column 'attention_mask' (attention_mask, preset verl): padded on both sides",
+    ),
+    (
+        "mask-shape",
+        lambda a: {**a, "response_mask": a["response_mask"][:, :-1]},
+        "column 'response_mask' (mask, preset verl): shape",
+    ),
+    ("attention-width", lambda a: {**a, "attention_mask": a["attention_mask"][:, 1:]}, "expected width"),
+    ("engine-1d", lambda a: {**a, "rollout_log_probs": a["rollout_log_probs"][:, 0]}, "rollout_log_probs"),
 ]
 
 
@@ -198,8 +210,11 @@ def test_auto_padding_finds_either_side_but_not_both(tmp_path):
         assert to_json(rep) == want
     left = padded_twin(cols, "default", response_side="left")
     right = padded_twin(cols, "default", response_side="right")
-    mixed = {k: np.concatenate([left[k][:5], right[k][5:]]) for k in left
-             if left[k].ndim == 2 and left[k].shape == right[k].shape}
+    mixed = {
+        k: np.concatenate([left[k][:5], right[k][5:]])
+        for k in left
+        if left[k].ndim == 2 and left[k].shape == right[k].shape
+    }
     mixed["id"] = left["id"]
     write_columns(mixed, str(tmp_path / "m.npz"))
     with pytest.raises(AuditInputError, match="the side must be the same for every row"):
@@ -215,8 +230,7 @@ def test_mask_only_padding_ends_at_the_last_trained_token(tmp_path):
     del arrays["attention_mask"]
     write_columns(arrays, str(tmp_path / "x.npz"))
     rep = audit(str(tmp_path / "x.npz"))
-    assert rep["tokens"] == rep["response_tokens"] == sum(
-        len(r["response_ids"]) for r in to_records(cols))
+    assert rep["tokens"] == rep["response_tokens"] == sum(len(r["response_ids"]) for r in to_records(cols))
 
 
 def test_response_length_longer_than_tokens_is_excluded_and_named(tmp_path):

@@ -31,8 +31,7 @@ def vllm_file(tmp_path_factory):
     from detsample.models.tiny import build_tiny
 
     model = build_tiny("hf-tiny-llama").eval()
-    records = vllm_engine_rollouts(model, PROMPTS, temperature=0.7, top_p=0.9,
-                                   max_new_tokens=12, seed=0)
+    records = vllm_engine_rollouts(model, PROMPTS, temperature=0.7, top_p=0.9, max_new_tokens=12, seed=0)
     path = tmp_path_factory.mktemp("vllm") / "vllm.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return str(path)
@@ -43,13 +42,18 @@ def test_foreign_processed_file_is_diagnosed_by_name_and_audits_within_noise(vll
     assert raw["max_abs_diff"] > 0.1
     dg = raw["diagnosis"]
     assert dg["explained"] is True
-    assert dg["semantics"] == {"logprobs_mode": "processed", "temperature": 0.7, "top_k": -1,
-                               "top_p": 0.9, "min_p": 0.0}
-    assert dg["line"].startswith("semantics: the engine's logprobs match processed logprobs "
-                                 "at temperature 0.7, top_p 0.9")
+    assert dg["semantics"] == {
+        "logprobs_mode": "processed",
+        "temperature": 0.7,
+        "top_k": -1,
+        "top_p": 0.9,
+        "min_p": 0.0,
+    }
+    assert dg["line"].startswith(
+        "semantics: the engine's logprobs match processed logprobs at temperature 0.7, top_p 0.9"
+    )
     assert "--logprobs-mode processed --temperature 0.7 --top-p 0.9" in dg["line"]
-    given = audit(vllm_file, rescore=ModelRescorer(
-        "hf-tiny-llama", semantics=Semantics("processed", 0.7, -1, 0.9)))
+    given = audit(vllm_file, rescore=ModelRescorer("hf-tiny-llama", semantics=Semantics("processed", 0.7, -1, 0.9)))
     assert given["max_abs_diff"] <= 1e-4  # kernel noise: a full forward per step vs one prefill
     assert given["diagnosis"]["needed"] is False
 
@@ -57,8 +61,7 @@ def test_foreign_processed_file_is_diagnosed_by_name_and_audits_within_noise(vll
 def test_cli_prints_the_semantics_line(vllm_file, capsys):
     assert main(["audit", vllm_file, "--rescore", "hf-tiny-llama"]) == 0
     out = capsys.readouterr().out
-    assert "semantics: the engine's logprobs match processed logprobs at temperature 0.7, " \
-           "top_p 0.9" in out
+    assert "semantics: the engine's logprobs match processed logprobs at temperature 0.7, top_p 0.9" in out
 
 
 def test_a_model_mismatch_is_not_explained_by_semantics():
@@ -112,10 +115,12 @@ def test_rows_stating_different_semantics_are_diagnosed_per_group():
     """Pins the per-group diagnosis: rows stating processed at T 0.7 (right) and rows
     stating processed at T 1.3 (the engine sampled them at T 0.5): one line per group,
     the first within noise, the second naming temperature 0.5."""
-    right = generate_rollouts(num_sequences=2, max_new_tokens=6, seed=1, sampling=SP(temperature=0.7),
-                              logprobs_mode="processed")
-    wrong = generate_rollouts(num_sequences=2, max_new_tokens=6, seed=5, sampling=SP(temperature=0.5),
-                              logprobs_mode="processed")
+    right = generate_rollouts(
+        num_sequences=2, max_new_tokens=6, seed=1, sampling=SP(temperature=0.7), logprobs_mode="processed"
+    )
+    wrong = generate_rollouts(
+        num_sequences=2, max_new_tokens=6, seed=5, sampling=SP(temperature=0.5), logprobs_mode="processed"
+    )
     for r in right:
         r.update(logprobs_mode="processed", temperature=0.7)
     for r in wrong:
@@ -125,11 +130,15 @@ def test_rows_stating_different_semantics_are_diagnosed_per_group():
     assert first["stated"]["temperature"] == 0.7 and first["max_abs_diff"] == 0.0
     assert second["semantics"] == Semantics("processed", 0.5).to_dict() and second["explained"]
     lines = dg["line"].splitlines()
-    assert lines[0].startswith("semantics: rows stating processed logprobs at temperature 0.7 "
-                               "(2 sequences): the engine's logprobs are processed")
-    assert lines[1].startswith("semantics: rows stating processed logprobs at temperature 1.3 "
-                               "(2 sequences): the engine's logprobs match processed logprobs "
-                               "at temperature 0.5")
+    assert lines[0].startswith(
+        "semantics: rows stating processed logprobs at temperature 0.7 "
+        "(2 sequences): the engine's logprobs are processed"
+    )
+    assert lines[1].startswith(
+        "semantics: rows stating processed logprobs at temperature 1.3 "
+        "(2 sequences): the engine's logprobs match processed logprobs "
+        "at temperature 0.5"
+    )
 
 
 class _OneRank:
@@ -149,8 +158,14 @@ class _OneRank:
 
 
 def _tp_diagnosis(rescorer) -> dict:
-    records = generate_rollouts(num_sequences=2, max_new_tokens=6, seed=3, sampling=SP(temperature=0.7,
-                                top_p=0.9), logprobs_mode="processed", model=rescorer.model)
+    records = generate_rollouts(
+        num_sequences=2,
+        max_new_tokens=6,
+        seed=3,
+        sampling=SP(temperature=0.7, top_p=0.9),
+        logprobs_mode="processed",
+        model=rescorer.model,
+    )
     try:
         return audit(records, rescore=rescorer)["diagnosis"]
     finally:
@@ -186,9 +201,10 @@ SIGNATURES = [  # (mean d per probability bucket, max |d|, pattern)
 
 @pytest.mark.parametrize("buckets,biggest,pattern", SIGNATURES)
 def test_signature_without_a_model(buckets, biggest, pattern):
-    report = {"max_abs_diff": biggest,
-              "by_probability": [{"bucket": b, "tokens": 10, "mean_diff": d}
-                                 for b, d in buckets.items()]}
+    report = {
+        "max_abs_diff": biggest,
+        "by_probability": [{"bucket": b, "tokens": 10, "mean_diff": d} for b, d in buckets.items()],
+    }
     assert signature(report)["pattern"] == pattern
 
 
@@ -197,9 +213,10 @@ def test_renormalised_claims_every_bucket_only_when_every_bucket_is_negative():
     1" from the token-weighted means below / above p = 0.1, while one bucket was +0.194
     (processed logprobs at T = 0.7, top-p 0.9)."""
     buckets = {"[0.0001, 0.001)": -0.4, "[0.001, 0.01)": 0.194, "[0.1, 0.5)": -0.2}
-    report = {"max_abs_diff": 0.9,
-              "by_probability": [{"bucket": b, "tokens": 100 if d < 0 else 5, "mean_diff": d}
-                                 for b, d in buckets.items()]}
+    report = {
+        "max_abs_diff": 0.9,
+        "by_probability": [{"bucket": b, "tokens": 100 if d < 0 else 5, "mean_diff": d} for b, d in buckets.items()],
+    }
     sig = signature(report)
     assert sig["pattern"] == "renormalised"
     assert "every probability bucket" not in sig["suggests"]
@@ -210,18 +227,26 @@ def test_the_html_report_does_not_print_a_superseded_guess():
     """With a model search that named the semantics, the page shows the signature's table
     but not its model-free guess (which may contradict the named semantics)."""
     from detsample.audit.reports.report import _diagnosis_html
-    sig = {"pattern": "renormalised", "suggests": "GUESS", "by_probability": {"[0.1, 0.5)": -0.2},
-           "mean_diff_below_0.1": -0.1, "mean_diff_from_0.1": -0.2}
+
+    sig = {
+        "pattern": "renormalised",
+        "suggests": "GUESS",
+        "by_probability": {"[0.1, 0.5)": -0.2},
+        "mean_diff_below_0.1": -0.1,
+        "mean_diff_from_0.1": -0.2,
+    }
     dg = {"needed": True, "signature": sig, "line": "semantics: found", "explained": True}
     assert "GUESS" not in _diagnosis_html(dg)
     assert "GUESS" in _diagnosis_html(dict(dg, explained=None))
 
 
 def test_trainer_logprobs_alone_report_the_signature():
-    records = generate_rollouts(num_sequences=4, max_new_tokens=10, seed=2, sampling=SP(temperature=0.7,
-                                top_p=0.9), logprobs_mode="processed")
-    raw = generate_rollouts(num_sequences=4, max_new_tokens=10, seed=2, sampling=SP(temperature=0.7,
-                            top_p=0.9), with_trainer=True)
+    records = generate_rollouts(
+        num_sequences=4, max_new_tokens=10, seed=2, sampling=SP(temperature=0.7, top_p=0.9), logprobs_mode="processed"
+    )
+    raw = generate_rollouts(
+        num_sequences=4, max_new_tokens=10, seed=2, sampling=SP(temperature=0.7, top_p=0.9), with_trainer=True
+    )
     for r, t in zip(records, raw):  # trainer: raw logprobs of the same tokens
         assert r["response_ids"] == t["response_ids"]
         r["trainer_logprobs"] = t["trainer_logprobs"]
@@ -236,20 +261,28 @@ def test_openai_preset_file_is_diagnosed(vllm_file, tmp_path, capsys):
     far off and the line names the semantics; given them, max |d| is kernel noise."""
     lines = []
     for r in map(json.loads, open(vllm_file).read().splitlines()):
-        content = [{"token": f"t{t}", "logprob": lp}
-                   for t, lp in zip(r["response_ids"], r["engine_logprobs"])]
-        lines.append({"id": r["id"], "object": "chat.completion",
-                      "prompt_token_ids": r["prompt_ids"],
-                      "choices": [{"index": 0, "token_ids": r["response_ids"],
-                                   "logprobs": {"content": content}}]})
+        content = [{"token": f"t{t}", "logprob": lp} for t, lp in zip(r["response_ids"], r["engine_logprobs"])]
+        lines.append(
+            {
+                "id": r["id"],
+                "object": "chat.completion",
+                "prompt_token_ids": r["prompt_ids"],
+                "choices": [{"index": 0, "token_ids": r["response_ids"], "logprobs": {"content": content}}],
+            }
+        )
     path = tmp_path / "openai.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    base = ["audit", str(path), "--preset", "openai", "--rescore", "hf-tiny-llama",
-            "--json", str(tmp_path / "r.json")]
+    base = ["audit", str(path), "--preset", "openai", "--rescore", "hf-tiny-llama", "--json", str(tmp_path / "r.json")]
     assert main(base) == 0
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rep["exact_match_fraction"] == 0.0 and rep["max_abs_diff"] > 0.1
-    assert "semantics: the engine's logprobs match processed logprobs at temperature 0.7, " \
-           "top_p 0.9" in capsys.readouterr().out
-    assert main(base + ["--logprobs-mode", "processed", "--temperature", "0.7", "--top-p", "0.9",
-                        "--max-abs-diff", "1e-4"]) == 0
+    assert (
+        "semantics: the engine's logprobs match processed logprobs at temperature 0.7, "
+        "top_p 0.9" in capsys.readouterr().out
+    )
+    assert (
+        main(
+            base + ["--logprobs-mode", "processed", "--temperature", "0.7", "--top-p", "0.9", "--max-abs-diff", "1e-4"]
+        )
+        == 0
+    )

@@ -21,8 +21,19 @@ from detsample.audit.analysis.exact import (
     to_fraction,
 )
 
-SPECIAL = [0.0, -0.0, 5e-324, -5e-324, 2.2250738585072014e-308, 1.7976931348623157e308,
-           -1.7976931348623157e308, 1.0, -1.0, 1e-300, 3.0e-320]
+SPECIAL = [
+    0.0,
+    -0.0,
+    5e-324,
+    -5e-324,
+    2.2250738585072014e-308,
+    1.7976931348623157e308,
+    -1.7976931348623157e308,
+    1.0,
+    -1.0,
+    1e-300,
+    3.0e-320,
+]
 
 QUANTILE_CASES = [
     # (values, extra zeros)
@@ -55,8 +66,9 @@ def test_exact_sum_special_values():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=200),
-       st.integers(1, 5), st.integers(0, 2**31))
+@given(
+    st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=200), st.integers(1, 5), st.integers(0, 2**31)
+)
 def test_exact_sums_equal_rational_sums(values, ngroups, seed):
     """Pins rounding in the per-exponent bins: every group sum equals the rational sum."""
     x = np.array(values, dtype=np.float64)
@@ -72,8 +84,7 @@ def test_exact_sums_equal_rational_sums(values, ngroups, seed):
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=300),
-       st.integers(0, 2**31))
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=300), st.integers(0, 2**31))
 def test_marginal_sums_equal_rational_sums_per_axis(values, seed):
     """Pins the joint binning of the audit's buckets: per-(axis index, last index) sums
     of a (4, 3, 2) grid equal the rational sums of those values."""
@@ -124,8 +135,11 @@ def test_quantiles_match_numpy_bitwise(values, zeros):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.floats(min_value=0, max_value=1e6, allow_nan=False), min_size=1,
-                max_size=300), st.integers(0, 20), st.integers(1, 6))
+@given(
+    st.lists(st.floats(min_value=0, max_value=1e6, allow_nan=False), min_size=1, max_size=300),
+    st.integers(0, 20),
+    st.integers(1, 6),
+)
 def test_value_counts_merge_is_exact(values, zeros, parts):
     """Pins merging: counts merged from any split give numpy's quantiles of the whole."""
     x = np.array(values)
@@ -145,8 +159,11 @@ def test_value_counts_reject_nan_and_fold_negative_zero():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.floats(min_value=-800, max_value=800, allow_nan=False).filter(bool),
-                min_size=1, max_size=300), st.integers(0, 20), st.integers(1, 5))
+@given(
+    st.lists(st.floats(min_value=-800, max_value=800, allow_nan=False).filter(bool), min_size=1, max_size=300),
+    st.integers(0, 20),
+    st.integers(1, 5),
+)
 def test_signed_value_counts_give_numpy_quantiles_of_values_abs_and_exp(values, zeros, parts):
     """Pins the signed multiset: quantiles of d (zeros among them), of |d| (the two halves
     merged) and of r = exp(d) are bit-equal to np.quantile of the full arrays."""
@@ -177,8 +194,10 @@ def test_value_counts_histogram_and_pickle():
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.sampled_from([-2.0, -0.5, 0.25, 0.5, 3.0]) | st.floats(-5, 5),
-                min_size=1, max_size=200), st.integers(0, 5))
+@given(
+    st.lists(st.sampled_from([-2.0, -0.5, 0.25, 0.5, 3.0]) | st.floats(-5, 5), min_size=1, max_size=200),
+    st.integers(0, 5),
+)
 def test_compacted_and_raw_multisets_agree(values, zeros):
     """Pins compaction: past the threshold the values are kept as distinct values with
     counts; quantiles, |d| quantiles, histograms and pickling give the same bits."""

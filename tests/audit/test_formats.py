@@ -55,18 +55,25 @@ def test_a_format_is_one_source_and_one_table_row(tmp_path, monkeypatch):
     assert _TsvOfJson.closed and set(_TsvOfJson.closed) == {str(path)}  # every shard closed
 
 
-@pytest.mark.parametrize("name,fmt", [("a.JSONL", "jsonl"), ("b.ndjson", "jsonl"),
-                                      ("c.npz", "npz"), ("d.pq", "parquet"), ("e.pth", "pt")])
+@pytest.mark.parametrize(
+    "name,fmt", [("a.JSONL", "jsonl"), ("b.ndjson", "jsonl"), ("c.npz", "npz"), ("d.pq", "parquet"), ("e.pth", "pt")]
+)
 def test_format_of_reads_the_ending(name, fmt):
     assert format_of(name).name == fmt
 
 
 def test_unknown_and_unwritable_formats_are_named():
-    with pytest.raises(AuditInputError, match=r"x\.csv: unknown input format \(expected "
-                                              r"\.jsonl, \.npz, \.parquet or \.pt\)"):
+    with pytest.raises(
+        AuditInputError,
+        match=r"x\.csv: unknown input format \(expected "
+        r"\.jsonl, \.npz, \.parquet or \.pt\)",
+    ):
         format_of("x.csv")
-    with pytest.raises(AuditInputError, match=r"unknown output format \(expected \.jsonl, "
-                                              r"\.npz or \.parquet\)"):
+    with pytest.raises(
+        AuditInputError,
+        match=r"unknown output format \(expected \.jsonl, "
+        r"\.npz or \.parquet\)",
+    ):
         format_of("x.pt", written=True)
 
 

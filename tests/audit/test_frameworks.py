@@ -81,7 +81,7 @@ def verl_is(log_ratio, mask, level, thr):
 
 def verl_rs(log_ratio, mask, options, thresholds):
     lrs = torch.clamp(log_ratio, -SAFETY, SAFETY)
-    stats = {"k1": -lrs, "k2": 0.5 * lrs ** 2, "k3": torch.exp(lrs) - 1.0 - lrs}
+    stats = {"k1": -lrs, "k2": 0.5 * lrs**2, "k3": torch.exp(lrs) - 1.0 - lrs}
     mb = mask.bool()
     seq_valid = mask.sum(dim=-1) > 0
     combined = torch.ones_like(mask)
@@ -125,8 +125,7 @@ def verl_rs(log_ratio, mask, options, thresholds):
         if mask.sum() > 1:
             sc = stat.clamp(min=thr_lo if k1 else 0.0, max=thr_hi)
             mc = masked_mean(sc, mask)
-            out[f"{p}_std"] = torch.sqrt(torch.clamp(masked_mean(sc.square(), mask)
-                                                     - mc.square(), min=0.0))
+            out[f"{p}_std"] = torch.sqrt(torch.clamp(masked_mean(sc.square(), mask) - mc.square(), min=0.0))
         else:
             out[f"{p}_std"] = 0.0
         if sv.numel():
@@ -142,12 +141,10 @@ def verl_rs(log_ratio, mask, options, thresholds):
         out[f"{p}_masked_fraction"] = masked_mean(1 - kf, mask)
         seq_keep = (~((~keep) & mb)).all(dim=-1).double()
         vf = seq_valid.double()
-        out[f"{p}_seq_masked_fraction"] = ((1 - seq_keep) * vf).sum() / vf.sum() if vf.sum() \
-            else 0.0
+        out[f"{p}_seq_masked_fraction"] = ((1 - seq_keep) * vf).sum() / vf.sum() if vf.sum() else 0.0
     out["rollout_corr/rollout_rs_masked_fraction"] = masked_mean(1 - combined, mask)
     final_keep = (combined > 0.5) & mb
-    out["rollout_corr/rollout_rs_seq_masked_fraction"] = \
-        (~final_keep & mb).any(dim=-1).double().mean()
+    out["rollout_corr/rollout_rs_seq_masked_fraction"] = (~final_keep & mb).any(dim=-1).double().mean()
     return {k: float(v) for k, v in out.items()}
 
 
@@ -184,8 +181,11 @@ def nemo_metrics(prev, gen, mask):
         logr = reference - logprobs
         return torch.exp(logr) - 1 - logr
 
-    return {"token_mult_prob_error": mm(torch.exp(torch.abs(gen - prev) * mask)),
-            "gen_kl_error": mm(k3(gen, prev)), "policy_kl_error": mm(k3(prev, gen))}
+    return {
+        "token_mult_prob_error": mm(torch.exp(torch.abs(gen - prev) * mask)),
+        "gen_kl_error": mm(k3(gen, prev)),
+        "policy_kl_error": mm(k3(prev, gen)),
+    }
 
 
 def _close(ours, theirs, key):
@@ -196,16 +196,24 @@ def _close(ours, theirs, key):
 
 def _check(engine, trainer, mask, opts: FrameworkOptions, chunk_tokens=1 << 18):
     b, r = engine.shape
-    rep = from_tensors(np.zeros((b, r), dtype=np.int64), engine, trainer, mask,
-                       attention_mask=np.ones((b, r), dtype=np.int64), chunk_tokens=chunk_tokens,
-                       frameworks=opts)
+    rep = from_tensors(
+        np.zeros((b, r), dtype=np.int64),
+        engine,
+        trainer,
+        mask,
+        attention_mask=np.ones((b, r), dtype=np.int64),
+        chunk_tokens=chunk_tokens,
+        frameworks=opts,
+    )
     assert rep["sequences"] == b and rep["excluded_sequences"] == 0
     fw = rep["frameworks"]
     e, t, m = (torch.tensor(x, dtype=torch.float64) for x in (engine, trainer, mask))
     lr = t - e
-    want = {"rollout_is_token": verl_is(lr, m, "token", opts.rollout_is_threshold),
-            "rollout_is_sequence": verl_is(lr, m, "sequence", opts.rollout_is_threshold),
-            "offpolicy": verl_offpolicy(t, e, m)}
+    want = {
+        "rollout_is_token": verl_is(lr, m, "token", opts.rollout_is_threshold),
+        "rollout_is_sequence": verl_is(lr, m, "sequence", opts.rollout_is_threshold),
+        "offpolicy": verl_offpolicy(t, e, m),
+    }
     rs = opts.rs
     if rs:
         want["rollout_rs"] = verl_rs(lr, m, [o for o, _, _ in rs], [(lo, up) for _, lo, up in rs])
@@ -240,10 +248,12 @@ def batches(draw):
 
 OPTION_SETS = [
     FrameworkOptions(),
-    FrameworkOptions(rollout_is_threshold=1.5, rollout_rs=",".join(RS_OPTIONS),
-                     rollout_rs_threshold="1.3"),
-    FrameworkOptions(rollout_is_threshold=3.0, rollout_rs="token_k1,seq_sum_k1,seq_mean_k3",
-                     rollout_rs_threshold="0.6_1.5,0.5_4.0,0.02"),
+    FrameworkOptions(rollout_is_threshold=1.5, rollout_rs=",".join(RS_OPTIONS), rollout_rs_threshold="1.3"),
+    FrameworkOptions(
+        rollout_is_threshold=3.0,
+        rollout_rs="token_k1,seq_sum_k1,seq_mean_k3",
+        rollout_rs_threshold="0.6_1.5,0.5_4.0,0.02",
+    ),
     FrameworkOptions(rollout_is_threshold=1.0, rollout_rs=None),
 ]
 
@@ -268,8 +278,9 @@ def test_the_report_does_not_depend_on_chunks_or_workers(tmp_path):
 
     path = tmp_path / "r.npz"
     write_npz(synth_rollouts(60, seed=3, mismatch_rate=0.4), str(path))
-    opts = dict(frameworks=FrameworkOptions(rollout_rs="token_k2,seq_max_k3,seq_mean_k1",
-                                            rollout_rs_threshold="0.5,0.1,2.0"))
+    opts = dict(
+        frameworks=FrameworkOptions(rollout_rs="token_k2,seq_max_k3,seq_mean_k1", rollout_rs_threshold="0.5,0.1,2.0")
+    )
     one = to_json(audit(str(path), **opts))
     assert to_json(audit(str(path), chunk_tokens=37, **opts)) == one
     assert to_json(audit(str(path), workers=2, **opts)) == one
@@ -298,14 +309,17 @@ def test_rs_thresholds_parse_as_verl_parses_them(options, spec, parsed):
     assert parse_rs_thresholds(options, spec) == parsed
 
 
-@pytest.mark.parametrize("kwargs,text", [
-    (dict(rollout_is_threshold=0.0), "rollout_is_threshold must be a finite number > 0"),
-    (dict(rollout_is_threshold=float("inf")), "rollout_is_threshold"),
-    (dict(rollout_rs="token_k4"), "rollout_rs option must be one of"),
-    (dict(rollout_rs="token_k2", rollout_rs_threshold="0.1_0.2"), "one upper bound"),
-    (dict(rollout_rs="token_k1,token_k2", rollout_rs_threshold="1,2,3"), "one per option"),
-    (dict(rollout_rs="token_k1", rollout_rs_threshold="-1"), "> 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,text",
+    [
+        (dict(rollout_is_threshold=0.0), "rollout_is_threshold must be a finite number > 0"),
+        (dict(rollout_is_threshold=float("inf")), "rollout_is_threshold"),
+        (dict(rollout_rs="token_k4"), "rollout_rs option must be one of"),
+        (dict(rollout_rs="token_k2", rollout_rs_threshold="0.1_0.2"), "one upper bound"),
+        (dict(rollout_rs="token_k1,token_k2", rollout_rs_threshold="1,2,3"), "one per option"),
+        (dict(rollout_rs="token_k1", rollout_rs_threshold="-1"), "> 0"),
+    ],
+)
 def test_bad_framework_options_are_named(kwargs, text):
     with pytest.raises(ValueError, match=text):
         FrameworkOptions(**kwargs)

@@ -33,22 +33,45 @@ FUZZ_FIXED = "DETSAMPLE_FUZZ_EXAMPLES" not in os.environ
 
 from detsample.cli import main
 
-KINDS = {"bad_json", "bad_type", "missing_column", "count_mismatch", "ragged", "nan",
-         "non_finite", "positive_logprob", "bad_mask", "negative_token_id", "rescore_failed"}
+KINDS = {
+    "bad_json",
+    "bad_type",
+    "missing_column",
+    "count_mismatch",
+    "ragged",
+    "nan",
+    "non_finite",
+    "positive_logprob",
+    "bad_mask",
+    "negative_token_id",
+    "rescore_failed",
+}
 COLUMNS = ("id", "prompt_ids", "response_ids", "engine_logprobs", "trainer_logprobs", "mask")
 
 JUNK = st.one_of(
-    st.none(), st.booleans(), st.integers(-2**70, 2**70), st.text(max_size=3),
-    st.floats(allow_nan=True, allow_infinity=True), st.just([]), st.just([[1, 2], [3]]),
-    st.just({"a": 1}), st.lists(st.one_of(st.integers(-5, 2**64), st.floats(), st.none(),
-                                          st.booleans(), st.text(max_size=2)), max_size=4))
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.text(max_size=3),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.just([]),
+    st.just([[1, 2], [3]]),
+    st.just({"a": 1}),
+    st.lists(st.one_of(st.integers(-5, 2**64), st.floats(), st.none(), st.booleans(), st.text(max_size=2)), max_size=4),
+)
 
 
 def _good(k: int) -> dict:
     n = 1 + k % 3
     lp = [-0.25 * (j + 1) for j in range(n)]
-    return {"id": f"s{k}", "prompt_ids": [1, 2], "response_ids": [3 + j for j in range(n)],
-            "engine_logprobs": lp, "trainer_logprobs": list(lp), "mask": [1] * n}
+    return {
+        "id": f"s{k}",
+        "prompt_ids": [1, 2],
+        "response_ids": [3 + j for j in range(n)],
+        "engine_logprobs": lp,
+        "trainer_logprobs": list(lp),
+        "mask": [1] * n,
+    }
 
 
 @st.composite
@@ -71,7 +94,7 @@ def datasets(draw):
                 rec[col] = rec[col] + rec[col][:1]
             else:
                 j = draw(st.integers(0, len(rec[col]) - 1))
-                rec[col] = rec[col][:j] + [draw(JUNK)] + rec[col][j + 1:]
+                rec[col] = rec[col][:j] + [draw(JUNK)] + rec[col][j + 1 :]
     return recs
 
 
@@ -93,7 +116,7 @@ def _spoil_bytes(data: bytes, spoil) -> bytes:
     if kind == "truncate":
         return data[:at]
     if kind == "flip":
-        return data[:at] + bytes([byte]) + data[at + 1:]
+        return data[:at] + bytes([byte]) + data[at + 1 :]
     return data[:at] + bytes([byte]) * 3 + data[at:]  # insert
 
 
@@ -111,12 +134,11 @@ def write_npz(recs, path, spoil):
     arrays = {"id": _flat([r.get("id", "") for r in recs])}
     for c in COLUMNS[1:]:
         rows = [r[c] if isinstance(r.get(c), list) else [] for r in recs]
-        flat = [x for row in rows for x in (row if all(not isinstance(y, list) for y in row)
-                                            else [])]
+        flat = [x for row in rows for x in (row if all(not isinstance(y, list) for y in row) else [])]
         arrays[c] = _flat(flat)
-        arrays[f"{c}_offsets"] = np.cumsum([0] + [len(r) if all(not isinstance(y, list)
-                                                                 for y in r) else 0
-                                                  for r in rows])
+        arrays[f"{c}_offsets"] = np.cumsum(
+            [0] + [len(r) if all(not isinstance(y, list) for y in r) else 0 for r in rows]
+        )
     if spoil is not None and spoil[0] == "offsets":
         arrays["response_ids_offsets"] = arrays["response_ids_offsets"][::-1].copy()
     np.savez(path, **arrays)
@@ -143,8 +165,9 @@ def write_pt(recs, path, spoil, records=False):
     return None
 
 
-SPOILS = st.one_of(st.none(), st.tuples(st.sampled_from(["truncate", "flip", "insert"]),
-                                        st.integers(0, 10**6), st.integers(0, 255)))
+SPOILS = st.one_of(
+    st.none(), st.tuples(st.sampled_from(["truncate", "flip", "insert"]), st.integers(0, 10**6), st.integers(0, 255))
+)
 
 
 def _run(path: str, tmp_path, capsys):
@@ -166,13 +189,15 @@ def _run(path: str, tmp_path, capsys):
         assert rep["excluded_sequences"] == 0 and rep["tokens"] > 0, rep["issues"]
     else:
         assert "GATE FAILED" in err
-        assert rep["excluded_sequences"] > 0 or rep["tokens"] == 0 or \
-            not rep["max_abs_diff"] <= 1e9
+        assert rep["excluded_sequences"] > 0 or rep["tokens"] == 0 or not rep["max_abs_diff"] <= 1e9
 
 
-_SETTINGS = settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=FUZZ_FIXED,
-                     suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                            HealthCheck.too_slow])
+_SETTINGS = settings(
+    max_examples=FUZZ_EXAMPLES,
+    deadline=None,
+    derandomize=FUZZ_FIXED,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 @_SETTINGS
@@ -207,8 +232,7 @@ def test_parquet(tmp_path, capsys, recs, spoil):
 @given(recs=datasets(), spoil=SPOILS, records=st.booleans())
 def test_torch(tmp_path, capsys, recs, spoil, records):
     path = tmp_path / "x.pt"
-    recs = [{k: (v if not (isinstance(v, float) and math.isnan(v)) else v) for k, v in r.items()}
-            for r in recs]
+    recs = [{k: (v if not (isinstance(v, float) and math.isnan(v)) else v) for k, v in r.items()} for r in recs]
     write_pt(recs, path, spoil, records)
     if spoil is not None:
         path.write_bytes(_spoil_bytes(path.read_bytes(), spoil))
@@ -241,10 +265,13 @@ def _nested(depth: int, opener: str) -> str:
     return opener * depth + "1" + closer * depth
 
 
-@settings(max_examples=12, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(depth=st.integers(1, 100_000), opener=st.sampled_from(["[", '{"a":']),
-       where=st.sampled_from(["line", "field"]), preset=st.sampled_from([None, "openai"]))
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    depth=st.integers(1, 100_000),
+    opener=st.sampled_from(["[", '{"a":']),
+    where=st.sampled_from(["line", "field"]),
+    preset=st.sampled_from([None, "openai"]),
+)
 def test_any_nesting_depth_is_read_or_named(tmp_path, capsys, depth, opener, where, preset):
     deep = _nested(depth, opener)
     good = json.dumps(_good(0))
@@ -296,11 +323,14 @@ TENSOR_KINDS = [
 @pytest.mark.parametrize("records", [False, True], ids=["columns", "records"])
 def test_unreadable_tensor_kinds_are_named(tmp_path, capsys, make, words, records):
     t = make()
-    cols = {"id": ["a", "b"], "prompt_ids": torch.tensor([[1], [2]]),
-            "response_ids": torch.tensor([[3, 4], [5, 6]]), "engine_logprobs": t,
-            "trainer_logprobs": torch.full((2, 2), -0.5)}
-    obj = ([{"id": "a", "prompt_ids": [1], "response_ids": [3, 4], "engine_logprobs": t}]
-           if records else cols)
+    cols = {
+        "id": ["a", "b"],
+        "prompt_ids": torch.tensor([[1], [2]]),
+        "response_ids": torch.tensor([[3, 4], [5, 6]]),
+        "engine_logprobs": t,
+        "trainer_logprobs": torch.full((2, 2), -0.5),
+    }
+    obj = [{"id": "a", "prompt_ids": [1], "response_ids": [3, 4], "engine_logprobs": t}] if records else cols
     path = tmp_path / "x.pt"
     torch.save(obj, path)
     rc = main(["audit", str(path), "--quiet", "--max-abs-diff", "0"])
@@ -309,9 +339,9 @@ def test_unreadable_tensor_kinds_are_named(tmp_path, capsys, make, words, record
     assert str(path) in err and "'engine_logprobs'" in err and words in err, err
 
 
-@pytest.mark.parametrize("obj,words", [([1, 2, 3], "a list of int"),
-                                       (["a", 1.5], "a list of float, str"),
-                                       (torch.zeros(3), "got Tensor")])
+@pytest.mark.parametrize(
+    "obj,words", [([1, 2, 3], "a list of int"), (["a", 1.5], "a list of float, str"), (torch.zeros(3), "got Tensor")]
+)
 def test_a_pt_file_of_another_shape_is_named(tmp_path, capsys, obj, words):
     path = tmp_path / "x.pt"
     torch.save(obj, path)
@@ -320,10 +350,19 @@ def test_a_pt_file_of_another_shape_is_named(tmp_path, capsys, obj, words):
     assert str(path) in err and words in err, err
 
 
-LOG_ROW = {"step": 3, "sequences": 2, "excluded_sequences": 0, "tokens": 4,
-           "exact_match_fraction": 1.0, "mismatch_fraction": 0.0, "mean_abs_diff": 0.0,
-           "max_abs_diff": 0.0, "k3_kl_mean": 0.0, "abs_diff_p99": 0.0,
-           "ratio": {"mean": 1.0, "min": 1.0, "max": 1.0, "p50": 1.0}}
+LOG_ROW = {
+    "step": 3,
+    "sequences": 2,
+    "excluded_sequences": 0,
+    "tokens": 4,
+    "exact_match_fraction": 1.0,
+    "mismatch_fraction": 0.0,
+    "mean_abs_diff": 0.0,
+    "max_abs_diff": 0.0,
+    "k3_kl_mean": 0.0,
+    "abs_diff_p99": 0.0,
+    "ratio": {"mean": 1.0, "min": 1.0, "max": 1.0, "p50": 1.0},
+}
 _LOG_COUNTS = ("step", "sequences", "excluded_sequences", "tokens")
 _LOG_FRACTIONS = ("exact_match_fraction", "mismatch_fraction")
 
@@ -349,9 +388,17 @@ def _log_row_contradicts(row: dict) -> bool:
     """The documented consistency rules (docs/audit.md), written out independently: tokens
     need sequences, no token means null metrics, exact + mismatch <= 1, max |d| > 0 exactly
     when the mismatch fraction is, max |d| bounds mean |d| and p99."""
-    m = {k: _metric(row[k]) for k in ("exact_match_fraction", "mismatch_fraction",
-                                      "mean_abs_diff", "max_abs_diff", "k3_kl_mean",
-                                      "abs_diff_p99")}
+    m = {
+        k: _metric(row[k])
+        for k in (
+            "exact_match_fraction",
+            "mismatch_fraction",
+            "mean_abs_diff",
+            "max_abs_diff",
+            "k3_kl_mean",
+            "abs_diff_p99",
+        )
+    }
     if row["tokens"] == 0:
         return any(v is not None for v in m.values())
     if row["sequences"] == 0:
@@ -361,20 +408,32 @@ def _log_row_contradicts(row: dict) -> bool:
         return True
     if None not in (top, mis) and (top > 0) != (mis > 0):
         return True
-    return top is not None and any(m[k] is not None and m[k] > top
-                                   for k in ("mean_abs_diff", "abs_diff_p99"))
+    return top is not None and any(m[k] is not None and m[k] > top for k in ("mean_abs_diff", "abs_diff_p99"))
 
 
-LOG_JUNK = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
-                     st.floats(allow_nan=True, allow_infinity=True),
-                     st.sampled_from(["abc", "inf", "-inf", "nan", "", "1"]),
-                     st.just([1]), st.just({"a": 1}))
+LOG_JUNK = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(["abc", "inf", "-inf", "nan", "", "1"]),
+    st.just([1]),
+    st.just({"a": 1}),
+)
 
 
-@settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=FUZZ_FIXED,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(key=st.sampled_from(_LOG_COUNTS + _LOG_FRACTIONS + (
-    "mean_abs_diff", "max_abs_diff", "k3_kl_mean", "abs_diff_p99", "ratio.p50")), value=LOG_JUNK)
+@settings(
+    max_examples=FUZZ_EXAMPLES,
+    deadline=None,
+    derandomize=FUZZ_FIXED,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    key=st.sampled_from(
+        _LOG_COUNTS + _LOG_FRACTIONS + ("mean_abs_diff", "max_abs_diff", "k3_kl_mean", "abs_diff_p99", "ratio.p50")
+    ),
+    value=LOG_JUNK,
+)
 def test_audit_log_values_follow_the_value_rule(tmp_path, capsys, key, value):
     row = json.loads(json.dumps(LOG_ROW))
     if key.startswith("ratio."):
@@ -383,8 +442,21 @@ def test_audit_log_values_follow_the_value_rule(tmp_path, capsys, key, value):
         row[key] = value
     path = tmp_path / "log.jsonl"
     path.write_text(json.dumps(row) + "\n")
-    rc = main(["audit-log", str(path), "--quiet", "--max-abs-diff", "1e9",
-               "--min-exact-match", "0", "--max-k3", "1e9", "--max-mismatch", "1"])
+    rc = main(
+        [
+            "audit-log",
+            str(path),
+            "--quiet",
+            "--max-abs-diff",
+            "1e9",
+            "--min-exact-match",
+            "0",
+            "--max-k3",
+            "1e9",
+            "--max-mismatch",
+            "1",
+        ]
+    )
     err = capsys.readouterr().err
     if _log_value_ok(key.removeprefix("ratio."), value):
         if _log_row_contradicts(row):  # each value valid, the row impossible
@@ -396,8 +468,7 @@ def test_audit_log_values_follow_the_value_rule(tmp_path, capsys, key, value):
     assert f"{path}:line 1: {key}" in err, err
 
 
-PROMPT_TOKENS = [(-2, False), (True, False), (False, False), ("3", False), (2.0, False),
-                 (None, False), (3, True)]
+PROMPT_TOKENS = [(-2, False), (True, False), (False, False), ("3", False), (2.0, False), (None, False), (3, True)]
 
 
 @pytest.mark.parametrize("value,reads", PROMPT_TOKENS, ids=[repr(v) for v, _ in PROMPT_TOKENS])
@@ -405,9 +476,12 @@ def test_usage_prompt_tokens_is_a_count(tmp_path, value, reads):
     from detsample.audit import audit
 
     toks = [f"token_id:{t}" for t in (1, 2, 3, 7, 8)]
-    line = {"id": "e", "choices": [{"index": 0, "logprobs": {
-        "tokens": toks, "token_logprobs": [None, -0.5, -0.5, -0.5, -0.25]}}],
-        "usage": {"prompt_tokens": value}, "trainer_logprobs": [-0.5, -0.25]}
+    line = {
+        "id": "e",
+        "choices": [{"index": 0, "logprobs": {"tokens": toks, "token_logprobs": [None, -0.5, -0.5, -0.5, -0.25]}}],
+        "usage": {"prompt_tokens": value},
+        "trainer_logprobs": [-0.5, -0.25],
+    }
     path = tmp_path / "x.jsonl"
     path.write_text(json.dumps(line) + "\n")
     rep = audit(str(path), preset="openai")
@@ -425,9 +499,16 @@ def test_a_negative_count_gets_the_same_verdict_in_every_format(tmp_path, fmt):
     ("missing column 'response_length'") where JSONL named the value."""
     from detsample.audit import audit
 
-    rows = [{"id": k, "input_ids": [1, 2, 3, 4], "response_length": n,
-             "engine_logprobs": [-0.5, -0.25], "trainer_logprobs": [-0.5, -0.25]}
-            for k, n in ((0, -2), (1, 2))]
+    rows = [
+        {
+            "id": k,
+            "input_ids": [1, 2, 3, 4],
+            "response_length": n,
+            "engine_logprobs": [-0.5, -0.25],
+            "trainer_logprobs": [-0.5, -0.25],
+        }
+        for k, n in ((0, -2), (1, 2))
+    ]
     path = tmp_path / f"x.{fmt}"
     if fmt == "jsonl":
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -436,15 +517,17 @@ def test_a_negative_count_gets_the_same_verdict_in_every_format(tmp_path, fmt):
     rep = audit(str(path), columns="input_ids=input_ids,response_length=response_length")
     issue = rep["issues"][0]
     assert rep["sequences"] == 1 and rep["excluded_sequences"] == 1, rep["issues"]
-    assert (issue["field"], issue["kind"], issue["message"]) == \
-        ("response_length", "bad_type", "must be >= 0, got -2"), issue
+    assert (issue["field"], issue["kind"], issue["message"]) == (
+        "response_length",
+        "bad_type",
+        "must be >= 0, got -2",
+    ), issue
 
 
 def test_an_unreadable_tensor_inside_a_list_of_numbers_is_found(tmp_path, capsys):
     """The walk's fast path (lists of plain values are not entered) still enters a list
     that holds a tensor among numbers."""
-    rec = {"id": "a", "prompt_ids": [1], "response_ids": [3, 4],
-           "engine_logprobs": [-0.5, _sparse()]}
+    rec = {"id": "a", "prompt_ids": [1], "response_ids": [3, 4], "engine_logprobs": [-0.5, _sparse()]}
     path = tmp_path / "x.pt"
     torch.save([_good(0), rec], path)
     assert main(["audit", str(path), "--quiet"]) == 2

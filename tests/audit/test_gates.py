@@ -18,8 +18,13 @@ from detsample.audit.reports.log import check_log_gates
 from detsample.audit.running.gates import ExclusionLimit
 from detsample.cli import main
 
-GOOD = {"id": "a", "prompt_ids": [1], "response_ids": [1, 2],
-        "engine_logprobs": [-0.1, -0.2], "trainer_logprobs": [-0.1, -0.2]}
+GOOD = {
+    "id": "a",
+    "prompt_ids": [1],
+    "response_ids": [1, 2],
+    "engine_logprobs": [-0.1, -0.2],
+    "trainer_logprobs": [-0.1, -0.2],
+}
 
 
 def _rec(**changes):
@@ -30,17 +35,30 @@ def _rec(**changes):
 def quarter_file(tmp_path):
     """4 sequences, 3 excluded (NaN trainer logprob, positive logprob, count mismatch)."""
     path = tmp_path / "f.jsonl"
-    path.write_text("\n".join([
-        _rec(), _rec(id="b", trainer_logprobs=[float("nan"), -0.2]),
-        _rec(id="c", engine_logprobs=[0.1, -0.2]), _rec(id="d", engine_logprobs=[-0.1]),
-    ]) + "\n")
+    path.write_text(
+        "\n".join(
+            [
+                _rec(),
+                _rec(id="b", trainer_logprobs=[float("nan"), -0.2]),
+                _rec(id="c", engine_logprobs=[0.1, -0.2]),
+                _rec(id="d", engine_logprobs=[-0.1]),
+            ]
+        )
+        + "\n"
+    )
     return str(path)
 
 
 LIMITS = [
     # (spelling, count, fraction)
-    (None, 0, None), ("0", 0, None), ("3", 3, None), (7, 7, None), ("0.25", None, 0.25),
-    ("1.0", None, 1.0), (0.5, None, 0.5), (" 2 ", 2, None),
+    (None, 0, None),
+    ("0", 0, None),
+    ("3", 3, None),
+    (7, 7, None),
+    ("0.25", None, 0.25),
+    ("1.0", None, 1.0),
+    (0.5, None, 0.5),
+    (" 2 ", 2, None),
 ]
 
 
@@ -90,16 +108,16 @@ def test_python_gates_follow_the_same_rule(quarter_file):
 
 def _zero_token_cases(tmp_path):
     every_excluded = tmp_path / "all_bad.jsonl"
-    every_excluded.write_text(_rec(engine_logprobs=[0.5, -0.1]) + "\n" +
-                              _rec(id="b", engine_logprobs=[-0.5]) + "\n")
+    every_excluded.write_text(_rec(engine_logprobs=[0.5, -0.1]) + "\n" + _rec(id="b", engine_logprobs=[-0.5]) + "\n")
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
     masked = tmp_path / "masked.jsonl"
     masked.write_text(_rec(mask=[0, 0]) + "\n")
-    return [(str(every_excluded), "all 2 sequences were excluded (count_mismatch: 1, "
-                                  "positive_logprob: 1); first: "),
-            (str(empty), "the input holds no sequence"),
-            (str(masked), "the 1 valid sequences have no token with mask 1")]
+    return [
+        (str(every_excluded), "all 2 sequences were excluded (count_mismatch: 1, positive_logprob: 1); first: "),
+        (str(empty), "the input holds no sequence"),
+        (str(masked), "the 1 valid sequences have no token with mask 1"),
+    ]
 
 
 def test_an_audit_of_no_token_fails_with_or_without_a_gate(tmp_path, capsys):
@@ -121,24 +139,38 @@ def test_padded_npz_without_prompts_is_audited(tmp_path, capsys):
     prompt column audited 0 of 40 sequences (each 'missing column prompt_ids') and exit 0."""
     s, r = 40, 5
     path = tmp_path / "v.npz"
-    np.savez(path, uid=np.arange(s).astype(str), responses=np.ones((s, r), np.int64),
-             rollout_log_probs=-np.ones((s, r)), old_log_probs=-np.ones((s, r)),
-             response_mask=np.ones((s, r), np.int64))
-    cols = ("id=uid,response_ids=responses,engine_logprobs=rollout_log_probs,"
-            "trainer_logprobs=old_log_probs,mask=response_mask")
+    np.savez(
+        path,
+        uid=np.arange(s).astype(str),
+        responses=np.ones((s, r), np.int64),
+        rollout_log_probs=-np.ones((s, r)),
+        old_log_probs=-np.ones((s, r)),
+        response_mask=np.ones((s, r), np.int64),
+    )
+    cols = (
+        "id=uid,response_ids=responses,engine_logprobs=rollout_log_probs,"
+        "trainer_logprobs=old_log_probs,mask=response_mask"
+    )
     js = tmp_path / "r.json"
-    assert main(["audit", str(path), "--columns", cols, "--max-abs-diff", "0", "--quiet",
-                 "--json", str(js)]) == 0
+    assert main(["audit", str(path), "--columns", cols, "--max-abs-diff", "0", "--quiet", "--json", str(js)]) == 0
     rep = json.loads(js.read_text())
     assert rep["sequences"] == 40 and rep["tokens"] == 200 and rep["excluded_sequences"] == 0
 
 
 def _log_row(step, sequences, excluded, tokens):
-    return {"step": step, "sequences": sequences, "excluded_sequences": excluded,
-            "tokens": tokens, "exact_match_fraction": 1.0 if tokens else None,
-            "mismatch_fraction": 0.0 if tokens else None, "mean_abs_diff": 0.0,
-            "max_abs_diff": 0.0 if tokens else None, "k3_kl_mean": 0.0, "abs_diff_p99": 0.0,
-            "ratio": {}}
+    return {
+        "step": step,
+        "sequences": sequences,
+        "excluded_sequences": excluded,
+        "tokens": tokens,
+        "exact_match_fraction": 1.0 if tokens else None,
+        "mismatch_fraction": 0.0 if tokens else None,
+        "mean_abs_diff": 0.0,
+        "max_abs_diff": 0.0 if tokens else None,
+        "k3_kl_mean": 0.0,
+        "abs_diff_p99": 0.0,
+        "ratio": {},
+    }
 
 
 LOG_CASES = [

@@ -61,18 +61,32 @@ def test_layout_validation():
         make_layout(padding="up")
 
 
-VERL_COLUMNS = ["uid", "prompts", "responses", "attention_mask", "response_mask",
-                "rollout_log_probs", "old_log_probs", "input_ids", "position_ids"]
+VERL_COLUMNS = [
+    "uid",
+    "prompts",
+    "responses",
+    "attention_mask",
+    "response_mask",
+    "rollout_log_probs",
+    "old_log_probs",
+    "input_ids",
+    "position_ids",
+]
 
 
 def test_verl_preset_resolves_its_names():
     res = resolve(PRESETS["verl"], VERL_COLUMNS, "b.parquet")
     assert dict(res.specs) == {
-        "id": "uid", "prompt_ids": "prompts", "response_ids": "responses",
-        "engine_logprobs": "rollout_log_probs", "trainer_logprobs": "old_log_probs",
-        "mask": "response_mask", "attention_mask": "attention_mask",
+        "id": "uid",
+        "prompt_ids": "prompts",
+        "response_ids": "responses",
+        "engine_logprobs": "rollout_log_probs",
+        "trainer_logprobs": "old_log_probs",
+        "mask": "response_mask",
+        "attention_mask": "attention_mask",
         # the per-row semantics columns, optional in every row: read where present
-        **{c: c for c in SEMANTICS_COLUMNS}}
+        **{c: c for c in SEMANTICS_COLUMNS},
+    }
     # without uid, ids are row numbers
     res = resolve(PRESETS["verl"], [c for c in VERL_COLUMNS if c != "uid"], "b.parquet")
     assert res.spec("id") == ROW_NUMBER and res.id_column is None
@@ -80,17 +94,32 @@ def test_verl_preset_resolves_its_names():
 
 MISSING = [
     # (layout, file columns, text in the error)
-    (make_layout("verl"), ["uid", "prompts", "responses", "old_log_probs"],
-     "b.parquet: column 'rollout_log_probs' (engine_logprobs, preset verl) not found; the file "
-     "has: old_log_probs, prompts, responses, uid"),
-    (make_layout("verl", "trainer_logprobs=actor_lp"), VERL_COLUMNS,
-     "column 'actor_lp' (trainer_logprobs, preset verl, --columns) not found"),
-    (make_layout(columns="engine_logprobs=rollout"), ["id", "prompt_ids", "response_ids"],
-     "column 'rollout' (engine_logprobs, --columns) not found"),
-    (make_layout("openrlhf"), ["sequences", "rollout_log_probs", "attention_mask"],
-     "column 'action_mask' (mask, preset openrlhf) not found"),
-    (make_layout("slime"), ["tokens", "rollout_log_probs"],
-     "column 'response_lengths' or 'response_length' (response_length, preset slime)"),
+    (
+        make_layout("verl"),
+        ["uid", "prompts", "responses", "old_log_probs"],
+        "b.parquet: column 'rollout_log_probs' (engine_logprobs, preset verl) not found; the file "
+        "has: old_log_probs, prompts, responses, uid",
+    ),
+    (
+        make_layout("verl", "trainer_logprobs=actor_lp"),
+        VERL_COLUMNS,
+        "column 'actor_lp' (trainer_logprobs, preset verl, --columns) not found",
+    ),
+    (
+        make_layout(columns="engine_logprobs=rollout"),
+        ["id", "prompt_ids", "response_ids"],
+        "column 'rollout' (engine_logprobs, --columns) not found",
+    ),
+    (
+        make_layout("openrlhf"),
+        ["sequences", "rollout_log_probs", "attention_mask"],
+        "column 'action_mask' (mask, preset openrlhf) not found",
+    ),
+    (
+        make_layout("slime"),
+        ["tokens", "rollout_log_probs"],
+        "column 'response_lengths' or 'response_length' (response_length, preset slime)",
+    ),
 ]
 
 
@@ -120,17 +149,21 @@ def test_input_ids_by_columns_splits_by_response_length():
     res = resolve(layout, ["id", "tokens", "rl", "engine_logprobs"], "x.jsonl")
     assert res.split == "response_length" and res.spec("prompt_ids") is None
     with pytest.raises(AuditInputError, match="needs a response_length column"):
-        resolve(make_layout(columns="input_ids=tokens"), ["id", "tokens", "engine_logprobs"],
-                "x.jsonl")
+        resolve(make_layout(columns="input_ids=tokens"), ["id", "tokens", "engine_logprobs"], "x.jsonl")
 
 
 def test_product_candidates_fall_back():
     """Pins the TRL mask: completion_mask * tool_mask when the batch has a tool_mask,
     completion_mask alone otherwise."""
-    cols = ["prompt_ids", "prompt_mask", "completion_ids", "completion_mask",
-            "sampling_per_token_logps", "old_per_token_logps"]
-    assert resolve(PRESETS["trl"], cols + ["tool_mask"], "t.pt").spec("mask") == \
-        "completion_mask*tool_mask"
+    cols = [
+        "prompt_ids",
+        "prompt_mask",
+        "completion_ids",
+        "completion_mask",
+        "sampling_per_token_logps",
+        "old_per_token_logps",
+    ]
+    assert resolve(PRESETS["trl"], cols + ["tool_mask"], "t.pt").spec("mask") == "completion_mask*tool_mask"
     res = resolve(PRESETS["trl"], cols, "t.pt")
     assert res.spec("mask") == "completion_mask"
     assert res.spec("attention_mask") == "completion_mask"

@@ -21,7 +21,7 @@ def _step_batch(rng: np.random.Generator, step: int):
     """A padded batch whose engine/trainer mismatch grows by 10 % per step."""
     b, r = 8, 48
     e = np.log(rng.random((b, r)) * 0.999 + 1e-3).astype(np.float32)
-    scale = 1e-4 * 1.1 ** step
+    scale = 1e-4 * 1.1**step
     noise = rng.normal(size=(b, r)) * scale * (rng.random((b, r)) < 0.5)
     t = np.minimum(e + noise, 0).astype(np.float32)
     lens = rng.integers(r // 2, r + 1, b)
@@ -77,8 +77,24 @@ def test_audit_log_cli_draws_and_gates_the_latest_step(run_log, tmp_path, capsys
     limit = (rows[0]["max_abs_diff"] + rows[-1]["max_abs_diff"]) / 2  # passes early, fails late
     assert main(["audit-log", path, "--max-abs-diff", str(limit), "--quiet"]) == 1
     assert f"GATE FAILED: step {STEPS - 1}: max_abs_diff = " in capsys.readouterr().err
-    assert main(["audit-log", path, "--max-abs-diff", "1", "--max-k3", "1",
-                 "--max-mismatch", "1", "--min-exact-match", "0", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "audit-log",
+                path,
+                "--max-abs-diff",
+                "1",
+                "--max-k3",
+                "1",
+                "--max-mismatch",
+                "1",
+                "--min-exact-match",
+                "0",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert main(["audit-log", path, "--json", "-", "--quiet"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == STEPS
 
@@ -99,8 +115,7 @@ def test_log_gates_name_step_and_metric(run_log, kwargs, failing):
 
 
 def test_steps_continue_after_reopening_and_explicit_steps(tmp_path):
-    rep = from_tensors(np.ones((2, 3), dtype=np.int64), np.full((2, 3), -1.0),
-                       np.full((2, 3), -1.0))
+    rep = from_tensors(np.ones((2, 3), dtype=np.int64), np.full((2, 3), -1.0), np.full((2, 3), -1.0))
     log = AuditLog(tmp_path / "a.jsonl")
     log.append(rep)
     log.append(rep, step=10)

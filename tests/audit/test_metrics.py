@@ -61,19 +61,29 @@ def reference(records: list[dict]) -> dict:
         "tokens": n,
         "exact_match_fraction": np.concatenate(exact).sum() / n,
         "mismatch_fraction": {k: float((a > t).sum() / n) for k, t in zip(THRESHOLD_KEYS, THRESHOLDS)},
-        "mean_abs_diff": a.mean(), "std_abs_diff": a.std(), "max_abs_diff": a.max(),
-        "abs_diff_quantiles": {k: float(np.quantile(a, q)) for k, q in
-                               (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999))},
+        "mean_abs_diff": a.mean(),
+        "std_abs_diff": a.std(),
+        "max_abs_diff": a.max(),
+        "abs_diff_quantiles": {
+            k: float(np.quantile(a, q)) for k, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999))
+        },
         "mean_diff": d.mean(),
-        "k1_kl_mean": (-d).mean(), "k2_kl_mean": (d ** 2 / 2).mean(),
+        "k1_kl_mean": (-d).mean(),
+        "k2_kl_mean": (d**2 / 2).mean(),
         "k3_kl_mean": ((r - 1) - d).mean(),
-        "ratio": {"mean": r.mean(), "std": r.std(), "min": r.min(), "max": r.max(),
-                  "ess": r.sum() ** 2 / (r ** 2).sum(), "chi2": math.fsum(r * r) / n - 1,
-                  "quantiles": {k: float(np.quantile(r, q))
-                                for k, q in zip(RATIO_QUANTILE_KEYS, RATIO_QUANTILES)}},
+        "ratio": {
+            "mean": r.mean(),
+            "std": r.std(),
+            "min": r.min(),
+            "max": r.max(),
+            "ess": r.sum() ** 2 / (r**2).sum(),
+            "chi2": math.fsum(r * r) / n - 1,
+            "quantiles": {k: float(np.quantile(r, q)) for k, q in zip(RATIO_QUANTILE_KEYS, RATIO_QUANTILES)},
+        },
         "seq_mismatch": sum(1 for x in ds if x.size and (x != 0).any()),
         "seq_with_tokens": sum(1 for x in ds if x.size),
-        "sum_diff_mean": np.mean(seq_sums), "sum_diff_abs_max": np.max(np.abs(seq_sums)),
+        "sum_diff_mean": np.mean(seq_sums),
+        "sum_diff_abs_max": np.max(np.abs(seq_sums)),
         "log_ppl_diff_mean": np.mean(lppl),
         "first": first,
         "prob_tokens": np.histogram(np.exp(e), bins=PROB_EDGES)[0],
@@ -97,8 +107,7 @@ def test_metrics_match_reference(name, kwargs):
     assert rep["mismatch_fraction"] == ref["mismatch_fraction"]
     assert rep["max_abs_diff"] == ref["max_abs_diff"]
     assert rep["abs_diff_quantiles"] == ref["abs_diff_quantiles"]
-    for k in ("mean_abs_diff", "std_abs_diff", "mean_diff", "k1_kl_mean", "k2_kl_mean",
-              "k3_kl_mean"):
+    for k in ("mean_abs_diff", "std_abs_diff", "mean_diff", "k1_kl_mean", "k2_kl_mean", "k3_kl_mean"):
         _close(rep[k], ref[k])
     ir = rep["importance_ratio"]
     for k in ("mean", "std", "ess"):
@@ -135,9 +144,15 @@ def test_exact_rollouts_audit_to_exact_match():
 
 def test_known_constant_shift():
     """Pins d's sign and the KL formulas on a hand-computable rollout: d = +0.5 on 2 of 4."""
-    recs = [{"id": "a", "prompt_ids": [1], "response_ids": [5, 6, 7, 8],
-             "engine_logprobs": [-1.0, -2.0, -0.5, -3.0],
-             "trainer_logprobs": [-1.0, -1.5, -0.5, -2.5]}]
+    recs = [
+        {
+            "id": "a",
+            "prompt_ids": [1],
+            "response_ids": [5, 6, 7, 8],
+            "engine_logprobs": [-1.0, -2.0, -0.5, -3.0],
+            "trainer_logprobs": [-1.0, -1.5, -0.5, -2.5],
+        }
+    ]
     rep = audit(recs)
     assert rep["exact_match_fraction"] == 0.5
     assert rep["mean_diff"] == 0.25 and rep["max_abs_diff"] == 0.5
@@ -153,9 +168,15 @@ def test_known_constant_shift():
 def test_exact_match_is_bitwise_after_common_dtype():
     """Pins 'bitwise': -0.0 vs 0.0 is not an exact match though d == 0; float32 engine vs
     float64 trainer holding the same float32 value is."""
-    recs = [{"id": "a", "prompt_ids": [1], "response_ids": [1, 2],
-             "engine_logprobs": np.array([-0.0, -0.1], dtype=np.float32),
-             "trainer_logprobs": np.array([0.0, np.float32(-0.1)], dtype=np.float64)}]
+    recs = [
+        {
+            "id": "a",
+            "prompt_ids": [1],
+            "response_ids": [1, 2],
+            "engine_logprobs": np.array([-0.0, -0.1], dtype=np.float32),
+            "trainer_logprobs": np.array([0.0, np.float32(-0.1)], dtype=np.float64),
+        }
+    ]
     rep = audit(recs)
     assert rep["exact_matches"] == 1
     assert rep["mismatch_fraction"]["0"] == 0.0
@@ -163,8 +184,7 @@ def test_exact_match_is_bitwise_after_common_dtype():
 
 def test_empty_audit_reports_nulls():
     """Pins the no-token case: fractions are null, not 0 or NaN."""
-    rep = audit([{"id": "a", "prompt_ids": [1], "response_ids": [], "engine_logprobs": [],
-                  "trainer_logprobs": []}])
+    rep = audit([{"id": "a", "prompt_ids": [1], "response_ids": [], "engine_logprobs": [], "trainer_logprobs": []}])
     assert rep["sequences"] == 1 and rep["tokens"] == 0
     assert rep["exact_match_fraction"] is None and rep["max_abs_diff"] is None
 
@@ -172,9 +192,15 @@ def test_empty_audit_reports_nulls():
 def test_stratification_by_position_and_probability():
     """Pins the buckets: position 0 / 1 / [2, 4) and engine p in [0.5, 0.9) vs [0.9, 0.99)."""
     lp_hi, lp_lo = math.log(0.95), math.log(0.6)
-    recs = [{"id": "a", "prompt_ids": [1], "response_ids": [1, 2, 3, 4],
-             "engine_logprobs": [lp_hi, lp_lo, lp_lo, lp_hi],
-             "trainer_logprobs": [lp_hi, lp_lo - 0.25, lp_lo, lp_hi - 0.125]}]
+    recs = [
+        {
+            "id": "a",
+            "prompt_ids": [1],
+            "response_ids": [1, 2, 3, 4],
+            "engine_logprobs": [lp_hi, lp_lo, lp_lo, lp_hi],
+            "trainer_logprobs": [lp_hi, lp_lo - 0.25, lp_lo, lp_hi - 0.125],
+        }
+    ]
     rep = audit(recs)
     pos = {r["bucket"]: r for r in rep["by_position"]}
     assert pos["0"]["mismatch_fraction"] == 0.0
@@ -199,8 +225,13 @@ def test_extreme_but_finite_logprobs_do_not_crash(e, t):
     instead of crashing or printing NaN."""
     from detsample.audit import to_json
 
-    rec = {"id": "x", "prompt_ids": [1], "response_ids": [1, 2],
-           "engine_logprobs": [e, -1.0], "trainer_logprobs": [t, -1.0]}
+    rec = {
+        "id": "x",
+        "prompt_ids": [1],
+        "response_ids": [1, 2],
+        "engine_logprobs": [e, -1.0],
+        "trainer_logprobs": [t, -1.0],
+    }
     rep = audit([rec])
     assert rep["max_abs_diff"] == abs(t - e)
     assert rep["exact_match_fraction"] == 0.5
@@ -211,8 +242,13 @@ def test_compare_dtype_float32_matches_short_and_long_decimals():
     """Pins --dtype float32: "-0.1" (float32 shortest decimal) and the float64 decimal of
     float32(-0.1) differ as float64 but are the same float32."""
     long = float(np.float32(-0.1))
-    rec = {"id": "a", "prompt_ids": [1], "response_ids": [1, 2],
-           "engine_logprobs": [-0.1, -0.5], "trainer_logprobs": [long, -0.5]}
+    rec = {
+        "id": "a",
+        "prompt_ids": [1],
+        "response_ids": [1, 2],
+        "engine_logprobs": [-0.1, -0.5],
+        "trainer_logprobs": [long, -0.5],
+    }
     promoted = audit([rec])
     assert promoted["exact_match_fraction"] == 0.5 and promoted["compare_dtype"] == "promoted"
     f32 = audit([rec], compare_dtype="float32")

@@ -11,8 +11,11 @@ from detsample.audit import AuditOptions, audit, audit_accumulator
 from detsample.audit.inputs.layout import PRESETS
 
 BAD_OPTIONS = [
-    (dict(rescore="hf"), "rescore must be a callable, a model (hf-tiny-llama, hf-tiny-qwen2, "
-                         "refmodel, refmodel-float, a directory or package.module:factory) or None, got 'hf'"),
+    (
+        dict(rescore="hf"),
+        "rescore must be a callable, a model (hf-tiny-llama, hf-tiny-qwen2, "
+        "refmodel, refmodel-float, a directory or package.module:factory) or None, got 'hf'",
+    ),
     (dict(rescore=3), "rescore must be a callable"),
     (dict(chunk_tokens=0), "chunk_tokens must be an integer >= 1, got 0"),
     (dict(chunk_tokens=2.5), "chunk_tokens must be an integer >= 1, got 2.5"),
@@ -39,8 +42,9 @@ def test_audit_options_validated_at_construction(kw, msg):
 def test_options_object_and_fields_are_exclusive():
     with pytest.raises(ValueError, match="not both"):
         audit_accumulator([], options=AuditOptions(), strict=True)
-    assert audit_accumulator([], options=AuditOptions(strict=True)).report() == \
-        audit_accumulator([], strict=True).report()
+    assert (
+        audit_accumulator([], options=AuditOptions(strict=True)).report() == audit_accumulator([], strict=True).report()
+    )
 
 
 def test_make_builds_the_layout_and_is_frozen():
@@ -55,4 +59,3 @@ def test_make_builds_the_layout_and_is_frozen():
         AuditOptions.make(worker=2)
     with pytest.raises(ValueError, match="not both"):
         AuditOptions.make(preset="verl", layout=PRESETS["verl"])
-

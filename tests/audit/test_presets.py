@@ -12,21 +12,24 @@ from detsample.audit import AuditInputError, audit
 from detsample.cli import main
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "audit_presets"
-PRESET_FILES = [("verl", "verl.parquet"), ("openrlhf", "openrlhf.pt"), ("trl", "trl.pt"),
-                ("slime", "slime.pt")]
+PRESET_FILES = [("verl", "verl.parquet"), ("openrlhf", "openrlhf.pt"), ("trl", "trl.pt"), ("slime", "slime.pt")]
 # ids each framework's batch gives: verl's uid (one per prompt group), row numbers
 # (OpenRLHF's index, TRL has none), slime's sample_index
-IDS = {"verl": [f"uid-{i // 4}" for i in range(8)], "openrlhf": [str(i) for i in range(8)],
-       "trl": [str(i) for i in range(8)], "slime": [str(i) for i in range(8)]}
+IDS = {
+    "verl": [f"uid-{i // 4}" for i in range(8)],
+    "openrlhf": [str(i) for i in range(8)],
+    "trl": [str(i) for i in range(8)],
+    "slime": [str(i) for i in range(8)],
+}
 
 
 def metrics_only(report: dict) -> dict:
     """The report without file names, locations and ids."""
     rep = dict(report)
     rep.pop("sources")
-    rep["worst_sequences"] = [{k: v for k, v in w.items()
-                               if k not in ("source", "line", "row", "id")}
-                              for w in rep["worst_sequences"]]
+    rep["worst_sequences"] = [
+        {k: v for k, v in w.items() if k not in ("source", "line", "row", "id")} for w in rep["worst_sequences"]
+    ]
     for table in ("first_mismatches", "sequences_table"):
         rep[table] = [{k: v for k, v in w.items() if k != "id"} for w in rep[table]]
     return rep
@@ -53,9 +56,11 @@ def test_verl_parquet_with_columns_equals_preset():
     an explicit --columns mapping (plus --padding) to the same report."""
     path = str(DATA / "verl.parquet")
     by_preset = audit(path, preset="verl")
-    mapping = ("id=uid,prompt_ids=prompts,response_ids=responses,"
-               "engine_logprobs=rollout_log_probs,trainer_logprobs=old_log_probs,"
-               "mask=response_mask")
+    mapping = (
+        "id=uid,prompt_ids=prompts,response_ids=responses,"
+        "engine_logprobs=rollout_log_probs,trainer_logprobs=old_log_probs,"
+        "mask=response_mask"
+    )
     assert audit(path, columns=mapping) == by_preset
     with pytest.raises(AuditInputError, match="missing column 'id'"):
         audit(path)  # the audit's own names are not there
@@ -63,13 +68,23 @@ def test_verl_parquet_with_columns_equals_preset():
 
 def test_cli_preset_and_bad_mapping(tmp_path, capsys):
     js = tmp_path / "a.json"
-    assert main(["audit", str(DATA / "verl.parquet"), "--preset", "verl", "--json", str(js),
-                 "--quiet"]) == 0
+    assert main(["audit", str(DATA / "verl.parquet"), "--preset", "verl", "--json", str(js), "--quiet"]) == 0
     assert json.loads(js.read_text())["tokens"] == 40
-    assert main(["audit", str(DATA / "verl.parquet"), "--preset", "verl",
-                 "--columns", "trainer_logprobs=actor_log_probs", "--quiet"]) == 2
+    assert (
+        main(
+            [
+                "audit",
+                str(DATA / "verl.parquet"),
+                "--preset",
+                "verl",
+                "--columns",
+                "trainer_logprobs=actor_log_probs",
+                "--quiet",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
-    assert "verl.parquet: column 'actor_log_probs' (trainer_logprobs, preset verl, --columns) " \
-           "not found" in err
+    assert "verl.parquet: column 'actor_log_probs' (trainer_logprobs, preset verl, --columns) not found" in err
     assert main(["audit", str(DATA / "trl.pt"), "--columns", "engine=x", "--quiet"]) == 2
     assert "unknown column 'engine'" in capsys.readouterr().err

@@ -39,8 +39,7 @@ def test_ray_report_is_byte_equal_to_one_process(local_ray, files):
     one = to_json(audit(paths))
     assert to_json(audit(paths, ray=True, workers=5)) == one
     verl = str(DATA / "verl.parquet")
-    assert to_json(audit(verl, preset="verl", ray="local")) == \
-        to_json(audit(verl, preset="verl"))
+    assert to_json(audit(verl, preset="verl", ray="local")) == to_json(audit(verl, preset="verl"))
 
 
 def test_ray_task_errors_come_back_as_themselves(local_ray, files, capsys):
@@ -70,7 +69,8 @@ def test_session_shuts_down_only_what_it_started(monkeypatch):
     fake = types.SimpleNamespace(
         is_initialized=lambda: bool(calls and calls[-1][0] == "init"),
         init=lambda **kw: calls.append(("init", kw.get("address"))),
-        shutdown=lambda: calls.append(("shutdown", None)))
+        shutdown=lambda: calls.append(("shutdown", None)),
+    )
     monkeypatch.setitem(sys.modules, "ray", fake)
     with ray_session("local"), ray_session("ray://head:10001"):  # already connected: reused
         pass

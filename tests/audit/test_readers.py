@@ -25,8 +25,9 @@ def metrics_only(report: dict) -> dict:
     """The report without file names and locations (which differ between formats)."""
     rep = dict(report)
     rep.pop("sources")
-    rep["worst_sequences"] = [{k: v for k, v in w.items() if k not in ("source", "line", "row")}
-                              for w in rep["worst_sequences"]]
+    rep["worst_sequences"] = [
+        {k: v for k, v in w.items() if k not in ("source", "line", "row")} for w in rep["worst_sequences"]
+    ]
     return rep
 
 
@@ -60,8 +61,7 @@ def test_npz_stored_members_are_memory_mapped(rollouts, tmp_path):
     a, b = NpzSource(str(tmp_path / "a.npz")), NpzSource(str(tmp_path / "b.npz"))
     assert a.arrays["engine_logprobs"]._mm is not None
     assert b.arrays["engine_logprobs"]._mm is None
-    assert np.array_equal(a.arrays["engine_logprobs"].read(5, 50),
-                          b.arrays["engine_logprobs"].read(5, 50))
+    assert np.array_equal(a.arrays["engine_logprobs"].read(5, 50), b.arrays["engine_logprobs"].read(5, 50))
     a.close()
     b.close()
 
@@ -74,32 +74,53 @@ def _npz(tmp_path, **arrays):
 
 def _good_npz_arrays():
     off = np.array([0, 2, 3])
-    return dict(id=np.array(["a", "b"]), prompt_ids=np.array([1, 2]),
-                prompt_ids_offsets=np.array([0, 1, 2]), response_ids=np.array([5, 6, 7]),
-                response_ids_offsets=off, engine_logprobs=np.array([-1.0, -2.0, -3.0]),
-                engine_logprobs_offsets=off, trainer_logprobs=np.array([-1.0, -2.0, -3.5]),
-                trainer_logprobs_offsets=off)
+    return dict(
+        id=np.array(["a", "b"]),
+        prompt_ids=np.array([1, 2]),
+        prompt_ids_offsets=np.array([0, 1, 2]),
+        response_ids=np.array([5, 6, 7]),
+        response_ids_offsets=off,
+        engine_logprobs=np.array([-1.0, -2.0, -3.0]),
+        engine_logprobs_offsets=off,
+        trainer_logprobs=np.array([-1.0, -2.0, -3.5]),
+        trainer_logprobs_offsets=off,
+    )
 
 
 NPZ_FATAL = [
     ("missing-id", dict(id=None), "missing column 'id'"),
     ("missing-offsets", dict(engine_logprobs_offsets=None), "engine_logprobs_offsets"),
-    ("decreasing-offsets", dict(engine_logprobs_offsets=np.array([0, 3, 2]),
-                                engine_logprobs=np.array([-1.0, -2.0])), "ragged offsets"),
+    (
+        "decreasing-offsets",
+        dict(engine_logprobs_offsets=np.array([0, 3, 2]), engine_logprobs=np.array([-1.0, -2.0])),
+        "ragged offsets",
+    ),
     ("short-offsets", dict(trainer_logprobs_offsets=np.array([0, 3])), r"len\(id\) \+ 1"),
     ("last-offset", dict(trainer_logprobs=np.array([-1.0, -2.0, -3.0, -4.0])), "last offset"),
     ("2-d", dict(engine_logprobs=np.zeros((3, 1))), "flat"),
-    ("object-lists", dict(response_ids=np.array([[5, 6], [7]], dtype=object)),
-     "store flat values with 'response_ids_offsets'"),
+    (
+        "object-lists",
+        dict(response_ids=np.array([[5, 6], [7]], dtype=object)),
+        "store flat values with 'response_ids_offsets'",
+    ),
     # Bug pinned: pandas' object-dtype string ids were told to use a nonexistent 'id_offsets'.
-    ("object-ids", dict(id=np.array(["a", "b"], dtype=object)),
-     r"id: object arrays are not supported; store the ids as a string \(dtype=str\) or integer"),
+    (
+        "object-ids",
+        dict(id=np.array(["a", "b"], dtype=object)),
+        r"id: object arrays are not supported; store the ids as a string \(dtype=str\) or integer",
+    ),
     # Bug pinned: float128 logprobs reached the comparison and failed there ("data type
     # 'u16' not understood", a traceback); complex ones were compared as numbers.
-    ("float128", dict(engine_logprobs=np.array([-1.0, -2.0, -3.0], dtype=np.longdouble)),
-     "engine_logprobs: dtype float128 is not supported"),
-    ("complex", dict(trainer_logprobs=np.array([-1.0, -2.0, -3.5], dtype=np.complex64)),
-     "trainer_logprobs: dtype complex64 is not supported"),
+    (
+        "float128",
+        dict(engine_logprobs=np.array([-1.0, -2.0, -3.0], dtype=np.longdouble)),
+        "engine_logprobs: dtype float128 is not supported",
+    ),
+    (
+        "complex",
+        dict(trainer_logprobs=np.array([-1.0, -2.0, -3.5], dtype=np.complex64)),
+        "trainer_logprobs: dtype complex64 is not supported",
+    ),
 ]
 
 
@@ -118,8 +139,7 @@ def test_npz_structural_errors_name_file_and_column(tmp_path, name, change, text
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["ragged", "padded"])
-def test_an_npz_sequence_beyond_the_stated_limit_is_refused_before_its_values(tmp_path, monkeypatch,
-                                                                             padded):
+def test_an_npz_sequence_beyond_the_stated_limit_is_refused_before_its_values(tmp_path, monkeypatch, padded):
     """The bug: a 1.4 MB compressed NPZ of one 6e7-token sequence took 5 GB. A sequence
     longer than AUDIT_SEQUENCE_TOKENS (16 M; 2 here) is named with its length, from the
     offsets or the padded width, before a value is read."""
@@ -128,7 +148,7 @@ def test_an_npz_sequence_beyond_the_stated_limit_is_refused_before_its_values(tm
 
     assert AUDIT_SEQUENCE_TOKENS == 1 << 24
     monkeypatch.setattr(npz, "AUDIT_SEQUENCE_TOKENS", 2)
-    arrays = _good_npz_arrays()           # sequence 0 has 2 response tokens: allowed
+    arrays = _good_npz_arrays()  # sequence 0 has 2 response tokens: allowed
     assert audit(_npz(tmp_path, **arrays))["sequences"] == 2
     if padded:
         for c in ("response_ids", "engine_logprobs", "trainer_logprobs"):
@@ -151,7 +171,9 @@ def test_npz_row_errors_are_excluded_with_row(tmp_path):
     rep = audit(_npz(tmp_path, **arrays))
     assert rep["sequences"] == 0 and rep["excluded_sequences"] == 2
     assert [(i["row"], i["field"], i["kind"]) for i in rep["issues"]] == [
-        (0, "trainer_logprobs", "count_mismatch"), (1, "engine_logprobs", "nan")]
+        (0, "trainer_logprobs", "count_mismatch"),
+        (1, "engine_logprobs", "nan"),
+    ]
     arrays = _good_npz_arrays()
     arrays.pop("engine_logprobs"), arrays.pop("engine_logprobs_offsets")
     rep = audit(_npz(tmp_path, **arrays))
@@ -164,20 +186,29 @@ def test_parquet_errors(tmp_path):
     """Pins Parquet checks: a scalar where a list belongs and a missing id column are fatal;
     nulls, values of the wrong kind (list<string> logprobs) and count mismatches exclude
     their rows (the rule of every format, tests/audit/test_values.py)."""
-    t = pa.table({"id": ["a", "b", "c"], "prompt_ids": [[1], [1], [1]],
-                  "response_ids": [[5, 6], [7], [8]],
-                  "engine_logprobs": [[-1.0, -2.0], [-1.0], [-1.0]],
-                  "trainer_logprobs": [[-1.0, None], [-1.0, -2.0], None]})
+    t = pa.table(
+        {
+            "id": ["a", "b", "c"],
+            "prompt_ids": [[1], [1], [1]],
+            "response_ids": [[5, 6], [7], [8]],
+            "engine_logprobs": [[-1.0, -2.0], [-1.0], [-1.0]],
+            "trainer_logprobs": [[-1.0, None], [-1.0, -2.0], None],
+        }
+    )
     path = str(tmp_path / "x.parquet")
     pq.write_table(t, path)
     rep = audit(path)
     assert [(i["row"], i["field"], i["kind"]) for i in rep["issues"]] == [
-        (0, "trainer_logprobs", "bad_type"), (1, "trainer_logprobs", "count_mismatch"),
-        (2, "trainer_logprobs", "missing_column")]
+        (0, "trainer_logprobs", "bad_type"),
+        (1, "trainer_logprobs", "count_mismatch"),
+        (2, "trainer_logprobs", "missing_column"),
+    ]
     pq.write_table(t.set_column(3, "engine_logprobs", pa.array([["x"], ["y"], ["z"]])), path)
     rep = audit(path)
-    assert rep["excluded_by_kind"] == {"bad_type": 3} and rep["issues"][1]["message"] == \
-        "engine_logprobs[0] = 'y' (values must be numbers)"
+    assert (
+        rep["excluded_by_kind"] == {"bad_type": 3}
+        and rep["issues"][1]["message"] == "engine_logprobs[0] = 'y' (values must be numbers)"
+    )
     pq.write_table(t.set_column(3, "engine_logprobs", pa.array([1.0, 2.0, 3.0])), path)
     with pytest.raises(AuditInputError, match="engine_logprobs: must be a list column"):
         audit(path)
@@ -204,7 +235,7 @@ def test_split_jsonl_covers_file_on_line_boundaries(tmp_path, parts):
     shards = split_jsonl(str(path), parts)
     assert shards[0][0] == 0 and shards[-1][1] == len(data)
     for (a, b, line), (a2, _, _) in zip(shards, shards[1:] + [(len(data), 0, 0)]):
-        assert b == a2 and (a == 0 or data[a - 1:a] == b"\n")
+        assert b == a2 and (a == 0 or data[a - 1 : a] == b"\n")
         assert line == data[:a].count(b"\n") + 1
 
 
@@ -239,8 +270,7 @@ def test_arrow_jsonl_fast_path_is_taken_on_clean_blocks(rollouts, tmp_path):
     res = resolve(DEFAULT_LAYOUT, peek_jsonl_keys(str(path)), str(path))
     chunk = _arrow_jsonl_block(data, str(path), np.arange(1, 181), res)
     assert chunk is not None and len(chunk) == 180
-    assert _arrow_jsonl_block(data.replace(b"[", b"[NaN, ", 1), str(path), np.arange(1, 181),
-                              res) is None
+    assert _arrow_jsonl_block(data.replace(b"[", b"[NaN, ", 1), str(path), np.arange(1, 181), res) is None
 
 
 COLUMN_PROBLEMS = [  # (engine_logprobs value, issue kind)
@@ -257,7 +287,6 @@ def test_column_problem_kind_does_not_depend_on_message_wording(value, kind):
     """Bug pinned: a column problem was classified "ragged" when its message contained
     the words "dimensions" or "flat list", so a string value quoting those words was
     reported as ragged. The reader now names the kind where it finds the problem."""
-    rec = {"id": "a", "prompt_ids": [1], "response_ids": [2], "engine_logprobs": value,
-           "trainer_logprobs": [-1.0]}
+    rec = {"id": "a", "prompt_ids": [1], "response_ids": [2], "engine_logprobs": value, "trainer_logprobs": [-1.0]}
     issues = audit([rec])["issues"]
     assert [(i["field"], i["kind"]) for i in issues] == [("engine_logprobs", kind)]

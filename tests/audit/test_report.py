@@ -43,8 +43,7 @@ def test_report_of_exact_and_empty_audits(tmp_path):
 
 
 def test_summary_lists_excluded_sequences():
-    recs = [{"id": "x", "prompt_ids": [1], "response_ids": [1], "engine_logprobs": [1.0],
-             "trainer_logprobs": [-1.0]}]
+    recs = [{"id": "x", "prompt_ids": [1], "response_ids": [1], "engine_logprobs": [1.0], "trainer_logprobs": [-1.0]}]
     text = format_summary(audit(recs))
     assert "positive_logprob: 1" in text and "<records>:row 0: engine_logprobs:" in text
 
@@ -93,18 +92,41 @@ def test_rescore_provenance_names_model_and_semantics(tmp_path):
     from detsample.cli import main
 
     path = tmp_path / "r.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in generate_rollouts(
-        num_sequences=2, max_new_tokens=4, sampling=SP(temperature=0.7, top_p=0.9),
-        logprobs_mode="processed")))
-    assert main(["audit", str(path), "--rescore", "refmodel", "--logprobs-mode", "processed",
-                 "--temperature", "0.7", "--top-p", "0.9", "--json", str(tmp_path / "a.json"),
-                 "--quiet"]) == 0
+    path.write_text(
+        "".join(
+            json.dumps(r) + "\n"
+            for r in generate_rollouts(
+                num_sequences=2, max_new_tokens=4, sampling=SP(temperature=0.7, top_p=0.9), logprobs_mode="processed"
+            )
+        )
+    )
+    assert (
+        main(
+            [
+                "audit",
+                str(path),
+                "--rescore",
+                "refmodel",
+                "--logprobs-mode",
+                "processed",
+                "--temperature",
+                "0.7",
+                "--top-p",
+                "0.9",
+                "--json",
+                str(tmp_path / "a.json"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     prov = json.loads((tmp_path / "a.json").read_text())["provenance"]
     resc = prov["rescore"]
     assert resc["model"] == "refmodel" and resc["semantics"]["top_p"] == 0.9
     # the bug: a report named the factory but not the weights, the command or the time
     from detsample.models import load_model
     from detsample.models.digest import weights_digest
+
     assert resc["weights_sha256"] == weights_digest(load_model("refmodel"))
     assert prov["command"][:3] == ["detsample", "audit", str(path)]
     assert prov["created"].endswith("+00:00")
@@ -112,18 +134,30 @@ def test_rescore_provenance_names_model_and_semantics(tmp_path):
 
 
 def test_first_mismatches_and_sequence_tables():
-    recs = [{"id": "a", "response_ids": [5, 6, 7], "engine_logprobs": [-1.0, -2.0, -3.0],
-             "trainer_logprobs": [-1.0, -2.5, -3.0]},
-            {"id": "b", "response_ids": [8, 9], "engine_logprobs": [-0.5, -0.25],
-             "trainer_logprobs": [-0.75, -0.25], "mask": [1, 1]}]
+    recs = [
+        {
+            "id": "a",
+            "response_ids": [5, 6, 7],
+            "engine_logprobs": [-1.0, -2.0, -3.0],
+            "trainer_logprobs": [-1.0, -2.5, -3.0],
+        },
+        {
+            "id": "b",
+            "response_ids": [8, 9],
+            "engine_logprobs": [-0.5, -0.25],
+            "trainer_logprobs": [-0.75, -0.25],
+            "mask": [1, 1],
+        },
+    ]
     rep = audit(recs)
     assert rep["first_mismatches"] == [
-        {"id": "a", "position": 1, "token_id": 6, "engine_logprob": -2.0,
-         "trainer_logprob": -2.5, "diff": -0.5},
-        {"id": "b", "position": 0, "token_id": 8, "engine_logprob": -0.5,
-         "trainer_logprob": -0.75, "diff": -0.25}]
-    assert [(s["id"], s["tokens"], s["exact_matches"], s["first_divergence"])
-            for s in rep["sequences_table"]] == [("a", 3, 2, 1), ("b", 2, 1, 0)]
+        {"id": "a", "position": 1, "token_id": 6, "engine_logprob": -2.0, "trainer_logprob": -2.5, "diff": -0.5},
+        {"id": "b", "position": 0, "token_id": 8, "engine_logprob": -0.5, "trainer_logprob": -0.75, "diff": -0.25},
+    ]
+    assert [(s["id"], s["tokens"], s["exact_matches"], s["first_divergence"]) for s in rep["sequences_table"]] == [
+        ("a", 3, 2, 1),
+        ("b", 2, 1, 0),
+    ]
 
 
 def test_signed_mean_d_is_plotted():
@@ -131,7 +165,9 @@ def test_signed_mean_d_is_plotted():
     noise; the probability plot's series carry the signed mean d."""
     from detsample.audit.reports.report import bucket_series
 
-    rows = [{"mean_abs_diff": 0.3, "max_abs_diff": 0.5, "mean_diff": 0.3},
-            {"mean_abs_diff": 0.7, "max_abs_diff": 0.9, "mean_diff": -0.7}]
+    rows = [
+        {"mean_abs_diff": 0.3, "max_abs_diff": 0.5, "mean_diff": 0.3},
+        {"mean_abs_diff": 0.7, "max_abs_diff": 0.9, "mean_diff": -0.7},
+    ]
     series = {label: values for label, _, values in bucket_series(rows)}
     assert series["mean d (signed)"] == [0.3, -0.7]

@@ -21,9 +21,8 @@ def test_named_tokens_equal_the_sampling_paths_top_logprobs(sem):
     logits = r.logits(PROMPT, RESPONSE)
     params = sem.params().replace(logprobs=6)
     for i in range(len(RESPONSE)):  # the engine's step at response position i
-        batch = SamplingBatch.from_requests([Request("s", params, PROMPT, RESPONSE[:i])],
-                                            vocab_size=logits.shape[1])
-        out = Sampler().sample(logits[i:i + 1], batch, torch.tensor([len(PROMPT) + i - 1]))
+        batch = SamplingBatch.from_requests([Request("s", params, PROMPT, RESPONSE[:i])], vocab_size=logits.shape[1])
+        out = Sampler().sample(logits[i : i + 1], batch, torch.tensor([len(PROMPT) + i - 1]))
         vals, ids = out.top_logprobs
         named = r.token_logprobs(PROMPT, RESPONSE, ids[0].tolist())[i]
         assert torch.equal(torch.from_numpy(named), vals[0])
@@ -42,6 +41,5 @@ def test_prompt_logprobs_equal_rescoring_the_prompt_as_a_response():
     r = ModelRescorer("refmodel")
     lp = r.prompt_logprobs(PROMPT + RESPONSE)
     assert lp.shape == (len(PROMPT) + len(RESPONSE) - 1,)
-    assert torch.equal(torch.from_numpy(lp[len(PROMPT) - 1:]),
-                       torch.from_numpy(r(PROMPT, RESPONSE)))
+    assert torch.equal(torch.from_numpy(lp[len(PROMPT) - 1 :]), torch.from_numpy(r(PROMPT, RESPONSE)))
     assert r.prompt_logprobs([7]).shape == (0,)

@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("detsample.refmodel.engine",
-                    reason="the reference model engine is not in this build")
+pytest.importorskip("detsample.refmodel.engine", reason="the reference model engine is not in this build")
 
 from detsample.audit import audit  # noqa: E402
 from detsample.audit.running.rescore import ModelRescorer  # noqa: E402
@@ -22,8 +21,9 @@ from detsample.params import SamplingParams as SP
 ROLLOUT_CASES = [
     # (kwargs of generate_rollouts)
     dict(num_sequences=5, max_new_tokens=10, seed=0),
-    dict(num_sequences=6, max_new_tokens=8, seed=7, sampling=SP(temperature=0.7, top_p=0.9),
-         max_batch_size=2, stagger=2),
+    dict(
+        num_sequences=6, max_new_tokens=8, seed=7, sampling=SP(temperature=0.7, top_p=0.9), max_batch_size=2, stagger=2
+    ),
     dict(num_sequences=3, max_new_tokens=6, seed=3, sampling=SP(temperature=0.0)),
 ]
 
@@ -71,15 +71,13 @@ def test_rescorer_pickles_without_its_model(rescorer):
 def test_cli_rollout_then_audit_passes_exact_gates(tmp_path, capsys, ext):
     path = str(tmp_path / f"r.{ext}")
     assert main(["rollout", path, "--num-sequences", "4", "--max-new-tokens", "6"]) == 0
-    assert main(["audit", path, "--rescore", "refmodel", "--max-abs-diff", "0",
-                 "--min-exact-match", "1"]) == 0
+    assert main(["audit", path, "--rescore", "refmodel", "--max-abs-diff", "0", "--min-exact-match", "1"]) == 0
     assert "100.0000 %" in capsys.readouterr().out
 
 
 def test_cli_rollout_rejects_bad_arguments(tmp_path):
     """Usage errors (exit 2), now found when the arguments are parsed."""
-    for argv in (["rollout", str(tmp_path / "r.csv")],
-                 ["rollout", str(tmp_path / "r.jsonl"), "--num-sequences", "0"]):
+    for argv in (["rollout", str(tmp_path / "r.csv")], ["rollout", str(tmp_path / "r.jsonl"), "--num-sequences", "0"]):
         with pytest.raises(SystemExit) as info:
             main(argv)
         assert info.value.code == 2
@@ -95,6 +93,7 @@ def test_cli_rollout_into_a_new_folder(tmp_path, capsys):
 
 def _audit_json(path: str, *flags: str, tmp_path) -> tuple[int, dict]:
     import json
+
     out = tmp_path / f"audit{len(flags)}.json"
     rc = main(["audit", path, "--json", str(out), "--quiet", *flags])
     return rc, json.loads(out.read_text())
@@ -104,10 +103,33 @@ def test_cli_hf_model_under_the_mode_audits_to_exact_match(tmp_path):
     """The loop with a real transformers model: the engine's sampling-time logprobs
     (continuous batching, decode) equal a one-prefill rescoring bitwise under the mode."""
     path = str(tmp_path / "r.jsonl")
-    assert main(["rollout", path, "--model", "hf-tiny-llama", "--batch-invariant",
-                 "--num-sequences", "4", "--max-new-tokens", "6"]) == 0
-    rc, rep = _audit_json(path, "--rescore", "hf-tiny-llama", "--batch-invariant",
-                          "--max-abs-diff", "0", "--min-exact-match", "1", tmp_path=tmp_path)
+    assert (
+        main(
+            [
+                "rollout",
+                path,
+                "--model",
+                "hf-tiny-llama",
+                "--batch-invariant",
+                "--num-sequences",
+                "4",
+                "--max-new-tokens",
+                "6",
+            ]
+        )
+        == 0
+    )
+    rc, rep = _audit_json(
+        path,
+        "--rescore",
+        "hf-tiny-llama",
+        "--batch-invariant",
+        "--max-abs-diff",
+        "0",
+        "--min-exact-match",
+        "1",
+        tmp_path=tmp_path,
+    )
     assert rc == 0 and rep["exact_match_fraction"] == 1.0 and rep["max_abs_diff"] == 0.0
 
 
@@ -122,14 +144,50 @@ def test_portable_rollout_on_another_mkl_path_audits_exactly(tmp_path, capsys):
 
     path = str(tmp_path / "r.jsonl")
     env = {**os.environ, "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "detsample", "rollout", path, "--model", "hf-tiny-llama",
-                    "--batch-invariant", "--portable", "--num-sequences", "3",
-                    "--max-new-tokens", "6"], env=env, check=True, capture_output=True)
-    rc, rep = _audit_json(path, "--rescore", "hf-tiny-llama", "--batch-invariant", "--portable",
-                          "--max-abs-diff", "0", "--min-exact-match", "1", tmp_path=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "detsample",
+            "rollout",
+            path,
+            "--model",
+            "hf-tiny-llama",
+            "--batch-invariant",
+            "--portable",
+            "--num-sequences",
+            "3",
+            "--max-new-tokens",
+            "6",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    rc, rep = _audit_json(
+        path,
+        "--rescore",
+        "hf-tiny-llama",
+        "--batch-invariant",
+        "--portable",
+        "--max-abs-diff",
+        "0",
+        "--min-exact-match",
+        "1",
+        tmp_path=tmp_path,
+    )
     assert rc == 0 and rep["exact_match_fraction"] == 1.0 and rep["max_abs_diff"] == 0.0
-    rc, rep = _audit_json(path, "--rescore", "hf-tiny-llama", "--batch-invariant",
-                          "--max-abs-diff", "0", "--min-exact-match", "1", tmp_path=tmp_path)
+    rc, rep = _audit_json(
+        path,
+        "--rescore",
+        "hf-tiny-llama",
+        "--batch-invariant",
+        "--max-abs-diff",
+        "0",
+        "--min-exact-match",
+        "1",
+        tmp_path=tmp_path,
+    )
     assert rc == 1 and rep["exact_match_fraction"] < 1.0
     assert main(["rollout", path, "--portable"]) == 2
     assert "give --batch-invariant too" in capsys.readouterr().err
@@ -138,28 +196,32 @@ def test_portable_rollout_on_another_mkl_path_audits_exactly(tmp_path, capsys):
 def test_cli_hf_model_on_default_kernels_reports_the_mismatch(tmp_path, capsys):
     """Negative control: the same loop on torch's default kernels fails the exact gate."""
     path = str(tmp_path / "r.jsonl")
-    assert main(["rollout", path, "--model", "hf-tiny-llama", "--num-sequences", "4",
-                 "--max-new-tokens", "6"]) == 0
-    rc, rep = _audit_json(path, "--rescore", "hf-tiny-llama", "--max-abs-diff", "0",
-                          "--min-exact-match", "1", tmp_path=tmp_path)
+    assert main(["rollout", path, "--model", "hf-tiny-llama", "--num-sequences", "4", "--max-new-tokens", "6"]) == 0
+    rc, rep = _audit_json(
+        path, "--rescore", "hf-tiny-llama", "--max-abs-diff", "0", "--min-exact-match", "1", tmp_path=tmp_path
+    )
     assert rc == 1 and rep["exact_match_fraction"] < 1.0 and 0.0 < rep["max_abs_diff"] < 1e-4
     assert "GATE FAILED" in capsys.readouterr().err
 
 
 def test_rescore_takes_a_module_factory(tmp_path, monkeypatch):
     (tmp_path / "rescoremodels.py").write_text(
-        "from detsample.models import build_tiny\n"
-        "def qwen():\n    return build_tiny('hf-tiny-qwen2')\n")
+        "from detsample.models import build_tiny\ndef qwen():\n    return build_tiny('hf-tiny-qwen2')\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    records = generate_rollouts(num_sequences=2, max_new_tokens=4, model="hf-tiny-qwen2",
-                                batch_invariant=True)
+    records = generate_rollouts(num_sequences=2, max_new_tokens=4, model="hf-tiny-qwen2", batch_invariant=True)
     rep = audit(records, rescore=ModelRescorer("rescoremodels:qwen", batch_invariant=True))
     assert rep["exact_match_fraction"] == 1.0
     path = str(tmp_path / "r.jsonl")
     from tests.audit.synth import from_records, write_jsonl
+
     write_jsonl(from_records(records), path)
-    assert main(["audit", path, "--rescore", "rescoremodels:qwen", "--batch-invariant",
-                 "--quiet", "--min-exact-match", "1"]) == 0
+    assert (
+        main(
+            ["audit", path, "--rescore", "rescoremodels:qwen", "--batch-invariant", "--quiet", "--min-exact-match", "1"]
+        )
+        == 0
+    )
 
 
 def test_rescore_arguments_are_checked(tmp_path, capsys):
@@ -182,7 +244,8 @@ def _panel_factory(tmp_path, monkeypatch, arch: str) -> str:
         "import sys\n"
         f"sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
         "from tests.invariant.architectures import BY_NAME, build\n"
-        f"def {arch}():\n    return build(BY_NAME[{arch!r}])\n")
+        f"def {arch}():\n    return build(BY_NAME[{arch!r}])\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     return f"panel_models:{arch}"
 
@@ -191,8 +254,7 @@ LOOP_CASES = [
     # (panel architecture, the mode's flags): exact 1.0 with them, the mismatch without
     pytest.param("qwen3moe", ["--batch-invariant"], id="moe"),
     pytest.param("qwen35", ["--batch-invariant"], id="qwen35-hybrid"),
-    pytest.param("qwen35", ["--batch-invariant", "--portable"], id="qwen35-hybrid-portable",
-                 marks=pytest.mark.panel),
+    pytest.param("qwen35", ["--batch-invariant", "--portable"], id="qwen35-hybrid-portable", marks=pytest.mark.panel),
     pytest.param("lfm2", ["--batch-invariant"], id="lfm2-shortconv", marks=pytest.mark.panel),
 ]
 
@@ -207,13 +269,12 @@ def test_panel_model_rollout_audits_exactly_under_the_mode(tmp_path, monkeypatch
     spec = _panel_factory(tmp_path, monkeypatch, arch)
     path = str(tmp_path / "r.jsonl")
     try:
-        assert main(["rollout", path, "--model", spec, *mode,
-                     "--num-sequences", "4", "--max-new-tokens", "6"]) == 0
-        rc, rep = _audit_json(path, "--rescore", spec, *mode,
-                              "--max-abs-diff", "0", "--min-exact-match", "1", tmp_path=tmp_path)
+        assert main(["rollout", path, "--model", spec, *mode, "--num-sequences", "4", "--max-new-tokens", "6"]) == 0
+        rc, rep = _audit_json(
+            path, "--rescore", spec, *mode, "--max-abs-diff", "0", "--min-exact-match", "1", tmp_path=tmp_path
+        )
         assert rc == 0 and rep["exact_match_fraction"] == 1.0 and rep["max_abs_diff"] == 0.0
-        assert main(["rollout", path, "--model", spec, "--num-sequences", "4",
-                     "--max-new-tokens", "6"]) == 0
+        assert main(["rollout", path, "--model", spec, "--num-sequences", "4", "--max-new-tokens", "6"]) == 0
         rc, rep = _audit_json(path, "--rescore", spec, "--max-abs-diff", "0", tmp_path=tmp_path)
         assert rc == 1 and rep["exact_match_fraction"] < 1.0
     finally:
@@ -221,6 +282,7 @@ def test_panel_model_rollout_audits_exactly_under_the_mode(tmp_path, monkeypatch
 
 
 # -- the user's prompts, n samples each ---------------------------------------------------
+
 
 def _prompts_file(tmp_path, lines):
     import json
@@ -236,8 +298,7 @@ def test_n_samples_per_prompt_are_distinct_and_reproducible(tmp_path):
     uses its seed + j (vLLM's child seeds): 4 distinct responses, the same on a rerun."""
     from detsample.audit.running.rollout import read_prompts
 
-    prompts = read_prompts(_prompts_file(tmp_path, [{"prompt_ids": [5, 6, 7]},
-                                                    {"prompt_ids": [9, 10], "id": "b"}]))
+    prompts = read_prompts(_prompts_file(tmp_path, [{"prompt_ids": [5, 6, 7]}, {"prompt_ids": [9, 10], "id": "b"}]))
     kw = dict(prompts=prompts, n=4, max_new_tokens=8, sampling=SP(temperature=0.9), seed=10)
     a, b = generate_rollouts(**kw), generate_rollouts(**kw)
     assert a == b
@@ -253,8 +314,9 @@ def test_n_samples_per_prompt_are_distinct_and_reproducible(tmp_path):
 def test_repeated_prompt_and_seed_warns(tmp_path):
     from detsample.audit.running.rollout import read_prompts
 
-    prompts = read_prompts(_prompts_file(tmp_path, [{"prompt_ids": [5, 6], "seed": 3},
-                                                    {"prompt_ids": [5, 6], "seed": 3}]))
+    prompts = read_prompts(
+        _prompts_file(tmp_path, [{"prompt_ids": [5, 6], "seed": 3}, {"prompt_ids": [5, 6], "seed": 3}])
+    )
     with pytest.warns(UserWarning, match=r"repeats a \(prompt, seed\) pair"):
         records = generate_rollouts(prompts=prompts, max_new_tokens=4)
     assert records[0]["response_ids"] == records[1]["response_ids"]
@@ -262,7 +324,7 @@ def test_repeated_prompt_and_seed_warns(tmp_path):
 
 BAD_PROMPT_LINES = [  # (line, words of the error)
     ("not json", ["prompts.jsonl:1", "not JSON"]),
-    ('[1, 2]', ["prompts.jsonl:1", "JSON object"]),
+    ("[1, 2]", ["prompts.jsonl:1", "JSON object"]),
     ('{"ids": [1]}', ["prompts.jsonl:1", "missing field 'prompt_ids'"]),
     ('{"prompt_ids": [1, -2]}', ["prompts.jsonl:1", "prompt_ids", "-2"]),
     ('{"prompt_ids": []}', ["prompts.jsonl:1", "must not be empty"]),
@@ -291,11 +353,12 @@ def test_text_prompts_are_encoded_with_the_tokenizer(tmp_path):
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.train_from_iterator(["the cat sat on the mat"] * 5, trainers.BpeTrainer(
-        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        ["the cat sat on the mat"] * 5,
+        trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
+    )
     tok.save(str(tmp_path / "tokenizer.json"))
-    prompts = read_prompts(_prompts_file(tmp_path, [{"prompt": "the cat"}]),
-                           str(tmp_path / "tokenizer.json"))
+    prompts = read_prompts(_prompts_file(tmp_path, [{"prompt": "the cat"}]), str(tmp_path / "tokenizer.json"))
     assert list(prompts[0].prompt_ids) == tok.encode("the cat").ids
 
 
@@ -303,10 +366,19 @@ def test_the_schedule_changes_no_token_or_logprob_of_a_float_model_under_the_mod
     """Every request admitted at step 0 (the CLI's default now) or one a step (its old
     schedule: each step padded its decode rows to the arriving prompt's length): the same
     records, bit for bit, on a float model under the mode."""
-    run = dict(num_sequences=5, max_new_tokens=6, seed=4, sampling=SP(temperature=0.9, top_p=0.95),
-               max_batch_size=3, model="hf-tiny-llama", batch_invariant=True)
+    run = dict(
+        num_sequences=5,
+        max_new_tokens=6,
+        seed=4,
+        sampling=SP(temperature=0.9, top_p=0.95),
+        max_batch_size=3,
+        model="hf-tiny-llama",
+        batch_invariant=True,
+    )
     at_once, staggered = generate_rollouts(**run, stagger=0), generate_rollouts(**run, stagger=1)
     assert [r["response_ids"] for r in at_once] == [r["response_ids"] for r in staggered]
     for a, b in zip(at_once, staggered):
-        assert np.array_equal(np.asarray(a["engine_logprobs"], np.float32).view(np.uint32),
-                              np.asarray(b["engine_logprobs"], np.float32).view(np.uint32))
+        assert np.array_equal(
+            np.asarray(a["engine_logprobs"], np.float32).view(np.uint32),
+            np.asarray(b["engine_logprobs"], np.float32).view(np.uint32),
+        )

@@ -36,10 +36,12 @@ def _greedy(prompt: list, n: int) -> list:
 
 PAIRS = [(p, _greedy(p, n)) for p, n in zip(PROMPTS, LENGTHS)]
 #: (stated columns of a row, or {} for none), one per pair
-STATED = [{"logprobs_mode": "processed", "temperature": 0.7, "top_p": 0.9},
-          {"temperature": 0.5, "top_k": 5},
-          {},
-          {"logprobs_mode": "processed_logprobs", "min_p": 0.05, "top_k": -1}]
+STATED = [
+    {"logprobs_mode": "processed", "temperature": 0.7, "top_p": 0.9},
+    {"temperature": 0.5, "top_k": 5},
+    {},
+    {"logprobs_mode": "processed_logprobs", "min_p": 0.05, "top_k": -1},
+]
 FILE_WIDE = Semantics("processed", temperature=1.3, top_p=0.8)
 
 
@@ -52,8 +54,9 @@ def _engine(base: Semantics, stated: dict, prompt: list, response: list) -> list
 def records() -> list[dict]:
     out = []
     for i, ((p, r), s) in enumerate(zip(PAIRS, STATED)):
-        out.append({"id": f"s{i}", "prompt_ids": p, "response_ids": r,
-                    "engine_logprobs": _engine(FILE_WIDE, s, p, r), **s})
+        out.append(
+            {"id": f"s{i}", "prompt_ids": p, "response_ids": r, "engine_logprobs": _engine(FILE_WIDE, s, p, r), **s}
+        )
     return out
 
 
@@ -67,23 +70,21 @@ def _columns(records: list[dict], padded: bool) -> dict:
     row states every column here, the file-wide value where the record has none)."""
     cols: dict = {"id": np.array([r["id"] for r in records])}
     for c in ("prompt_ids", "response_ids", "engine_logprobs"):
-        rows = [np.asarray(r[c], dtype=np.float64 if "logprobs" in c else np.int64)
-                for r in records]
+        rows = [np.asarray(r[c], dtype=np.float64 if "logprobs" in c else np.int64) for r in records]
         if padded:  # the prompt left-padded, the response right-padded
             w = max(len(x) for x in rows)
             side = (1, 0) if c == "prompt_ids" else (0, 1)
-            cols[c] = np.stack([np.pad(x, (side[0] * (w - len(x)), side[1] * (w - len(x))))
-                                for x in rows])
+            cols[c] = np.stack([np.pad(x, (side[0] * (w - len(x)), side[1] * (w - len(x)))) for x in rows])
             if c == "prompt_ids":
-                cols["prompt_attention_mask"] = (cols[c] * 0 + np.stack(
-                    [np.arange(w) >= w - len(x) for x in rows])).astype(np.int64)
+                cols["prompt_attention_mask"] = (
+                    cols[c] * 0 + np.stack([np.arange(w) >= w - len(x) for x in rows])
+                ).astype(np.int64)
             if c == "response_ids":
                 cols["mask"] = np.stack([np.arange(w) < len(x) for x in rows]).astype(np.int64)
         else:
             cols[c] = np.concatenate(rows)
             cols[f"{c}_offsets"] = np.cumsum([0] + [len(x) for x in rows])
-    full = [FILE_WIDE.with_row(**{k: v for k, v in r.items() if k in STATED_KEYS})
-            for r in records]
+    full = [FILE_WIDE.with_row(**{k: v for k, v in r.items() if k in STATED_KEYS}) for r in records]
     cols["logprobs_mode"] = np.array([s.logprobs_mode for s in full])
     for c in ("temperature", "top_p", "min_p"):
         cols[c] = np.array([getattr(s, c) for s in full], dtype=np.float64)
@@ -105,21 +106,31 @@ def _write(fmt: str, records: list[dict], path) -> str:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.table({k: [r.get(k) for r in records]
-                                 for k in ("id", "prompt_ids", "response_ids", "engine_logprobs",
-                                           *STATED_KEYS)}), path)
+        pq.write_table(
+            pa.table(
+                {
+                    k: [r.get(k) for r in records]
+                    for k in ("id", "prompt_ids", "response_ids", "engine_logprobs", *STATED_KEYS)
+                }
+            ),
+            path,
+        )
     elif fmt == "pt-records":
-        torch.save([{k: (torch.tensor(v) if isinstance(v, list) else v) for k, v in r.items()}
-                    for r in records], path)
+        torch.save([{k: (torch.tensor(v) if isinstance(v, list) else v) for k, v in r.items()} for r in records], path)
     else:  # pt-columns: padded tensors, the stated values 1-D tensors (the mode a list)
         cols = _columns(records, padded=True)
-        torch.save({k: (v.tolist() if v.dtype.kind in "US" else torch.from_numpy(v))
-                    for k, v in cols.items()}, path)
+        torch.save({k: (v.tolist() if v.dtype.kind in "US" else torch.from_numpy(v)) for k, v in cols.items()}, path)
     return str(path)
 
 
-FORMATS = {"jsonl": "r.jsonl", "npz": "r.npz", "npz-padded": "r.npz", "parquet": "r.parquet",
-           "pt-records": "r.pt", "pt-columns": "r.pt"}
+FORMATS = {
+    "jsonl": "r.jsonl",
+    "npz": "r.npz",
+    "npz-padded": "r.npz",
+    "parquet": "r.parquet",
+    "pt-records": "r.pt",
+    "pt-columns": "r.pt",
+}
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
@@ -146,20 +157,22 @@ def test_a_row_overrides_only_the_fields_it_states(records):
     assert s == Semantics("processed", temperature=0.5, top_k=5, top_p=0.8)
     assert RAW.with_row(temperature=0.7) == RAW  # raw logprobs: the temperature changes nothing
     p, r = PAIRS[1]
-    assert records[1]["engine_logprobs"] == ModelRescorer(
-        "refmodel", semantics=s)(p, r).tolist()
+    assert records[1]["engine_logprobs"] == ModelRescorer("refmodel", semantics=s)(p, r).tolist()
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("top_p", 1.5, "top_p must be in (0, 1], got 1.5"),
-    ("temperature", -1, "temperature must be >= 0, got -1.0"),
-    ("top_k", 2.5, "top_k must be an integer, got 2.5"),
-    ("logprobs_mode", "logits", "logprobs_mode must be one of"),
-    ("min_p", "0.1", "min_p must be a real number, got '0.1'"),
-    # values of the wrong kind were a TypeError (unhashable) traceback, not an exclusion
-    ("temperature", [0.7], "temperature must be a number, got list [0.7]"),
-    ("top_p", {"p": 0.9}, "top_p must be a number, got dict"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("top_p", 1.5, "top_p must be in (0, 1], got 1.5"),
+        ("temperature", -1, "temperature must be >= 0, got -1.0"),
+        ("top_k", 2.5, "top_k must be an integer, got 2.5"),
+        ("logprobs_mode", "logits", "logprobs_mode must be one of"),
+        ("min_p", "0.1", "min_p must be a real number, got '0.1'"),
+        # values of the wrong kind were a TypeError (unhashable) traceback, not an exclusion
+        ("temperature", [0.7], "temperature must be a number, got list [0.7]"),
+        ("top_p", {"p": 0.9}, "top_p must be a number, got dict"),
+    ],
+)
 def test_a_bad_value_excludes_only_its_row_named(records, tmp_path, field, value, message):
     """Pins bad per-row values: the project's per-row error (file, line, field, value),
     the row excluded (kind bad_semantics), the others audited."""
@@ -189,19 +202,32 @@ MODES = st.sampled_from([None, "raw", "scaled", "processed", "processed_fixed"])
 
 
 @settings(max_examples=6, deadline=None)
-@given(st.lists(st.fixed_dictionaries({}, optional={
-    "logprobs_mode": MODES, "temperature": st.sampled_from([0.0, 0.5, 0.7, 1.0, 1.3]),
-    "top_k": st.sampled_from([-1, 1, 3, 50]), "top_p": st.sampled_from([0.5, 0.9, 1.0]),
-    "min_p": st.sampled_from([0.0, 0.05, 0.3])}), min_size=len(PAIRS), max_size=len(PAIRS)),
-    st.sampled_from([RAW, FILE_WIDE, Semantics("scaled", temperature=0.6)]))
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "logprobs_mode": MODES,
+                "temperature": st.sampled_from([0.0, 0.5, 0.7, 1.0, 1.3]),
+                "top_k": st.sampled_from([-1, 1, 3, 50]),
+                "top_p": st.sampled_from([0.5, 0.9, 1.0]),
+                "min_p": st.sampled_from([0.0, 0.05, 0.3]),
+            },
+        ),
+        min_size=len(PAIRS),
+        max_size=len(PAIRS),
+    ),
+    st.sampled_from([RAW, FILE_WIDE, Semantics("scaled", temperature=0.6)]),
+)
 def test_any_mix_of_row_semantics_rescores_as_file_wide_runs(stated, base):
     """Pins per-row semantics as a property: any mix of stated fields over any file-wide
     semantics gives, row by row, the logprobs of a file-wide run in that row's semantics
     (bitwise: exact match 1.0 and max |d| 0 against them)."""
     stated = [{k: v for k, v in s.items() if v is not None} for s in stated]
-    recs = [{"id": str(i), "prompt_ids": p, "response_ids": r,
-             "engine_logprobs": _engine(base, s, p, r), **s}
-            for i, ((p, r), s) in enumerate(zip(PAIRS, stated))]
+    recs = [
+        {"id": str(i), "prompt_ids": p, "response_ids": r, "engine_logprobs": _engine(base, s, p, r), **s}
+        for i, ((p, r), s) in enumerate(zip(PAIRS, stated))
+    ]
     assert _exact(audit(recs, rescore=ModelRescorer("refmodel", semantics=base))) == (1.0, 0.0, 0)
 
 
@@ -216,8 +242,7 @@ def test_both_jsonl_parsers_read_the_same_stated_values(records, tmp_path):
         recs = [dict(r) for r in records]
         recs[0]["temperature"], recs[1]["temperature"], recs[2]["top_k"] = 1, -1, top_k
         path = _write("jsonl", recs, tmp_path / f"r{k}.jsonl")
-        fast, slow = (to_json(audit(path, rescore=rescorer, jsonl_parser=p))
-                      for p in ("auto", "python"))
+        fast, slow = (to_json(audit(path, rescore=rescorer, jsonl_parser=p)) for p in ("auto", "python"))
         assert fast == slow and '"temperature must be >= 0, got -1.0"' in fast
 
 
@@ -226,12 +251,22 @@ def test_a_logged_openai_request_states_the_semantics(tmp_path):
     choices' semantics (vLLM's temperature / top_p / top_k, top_k 0 = no top-k)."""
     (p, r), s = PAIRS[0], {"logprobs_mode": "processed", "temperature": 0.7, "top_p": 0.9}
     lps = _engine(RAW, s, p, r)
-    line = {"request": {"model": "m", "temperature": 0.7, "top_p": 0.9, "top_k": 0},
-            "response": {"id": "c1", "object": "chat.completion", "prompt_token_ids": p,
-                         "choices": [{"index": 0, "token_ids": r, "logprobs": {"content": [
-                             {"token": f"token_id:{t}", "logprob": v} for t, v in zip(r, lps)]}}]}}
+    line = {
+        "request": {"model": "m", "temperature": 0.7, "top_p": 0.9, "top_k": 0},
+        "response": {
+            "id": "c1",
+            "object": "chat.completion",
+            "prompt_token_ids": p,
+            "choices": [
+                {
+                    "index": 0,
+                    "token_ids": r,
+                    "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": v} for t, v in zip(r, lps)]},
+                }
+            ],
+        },
+    }
     path = tmp_path / "o.jsonl"
     path.write_text(json.dumps(line) + "\n")
-    rep = audit(str(path), preset="openai",
-                rescore=ModelRescorer("refmodel", semantics=Semantics("processed")))
+    rep = audit(str(path), preset="openai", rescore=ModelRescorer("refmodel", semantics=Semantics("processed")))
     assert _exact(rep) == (1.0, 0.0, 0)

@@ -23,8 +23,9 @@ def _batch(lengths, seed, diff_rate, mask_rate, dtype):
     trainer[flip] = (trainer[flip] - 0.25).astype(dtype)
     mask = rng.random(T) >= mask_rate
     n = len(lengths)
-    return AuditBatch("f", "row", [f"s{i}" for i in range(n)], np.arange(n), off,
-                      rng.integers(0, 100, T), engine, trainer, mask)
+    return AuditBatch(
+        "f", "row", [f"s{i}" for i in range(n)], np.arange(n), off, rng.integers(0, 100, T), engine, trainer, mask
+    )
 
 
 def _every_row(tables: R.RowTables, b: AuditBatch) -> None:
@@ -35,12 +36,16 @@ def _every_row(tables: R.RowTables, b: AuditBatch) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(lengths=st.lists(st.integers(0, 12), min_size=0, max_size=400), seed=st.integers(0, 99),
-       diff_rate=st.sampled_from([0.0, 0.001, 0.05, 0.5]), mask_rate=st.sampled_from([0.0, 0.3]),
-       dtype=st.sampled_from([np.float32, np.float64]), prior=st.integers(0, 260),
-       compare=st.sampled_from([None, "float32"]))
-def test_tables_equal_reading_every_sequence(lengths, seed, diff_rate, mask_rate, dtype, prior,
-                                             compare):
+@given(
+    lengths=st.lists(st.integers(0, 12), min_size=0, max_size=400),
+    seed=st.integers(0, 99),
+    diff_rate=st.sampled_from([0.0, 0.001, 0.05, 0.5]),
+    mask_rate=st.sampled_from([0.0, 0.3]),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    prior=st.integers(0, 260),
+    compare=st.sampled_from([None, "float32"]),
+)
+def test_tables_equal_reading_every_sequence(lengths, seed, diff_rate, mask_rate, dtype, prior, compare):
     b = _batch(lengths, seed, diff_rate, mask_rate, dtype)
     fast, slow = R.RowTables(compare), R.RowTables(compare)
     for t in (fast, slow):  # tables part-filled by an earlier batch
@@ -55,8 +60,7 @@ def test_a_batch_of_exact_sequences_reads_only_the_first_ones(monkeypatch):
     b = _batch([3] * 5000, 0, 0.0, 0.0, np.float32)
     calls = []
     real = R.RowTables._sequence
-    monkeypatch.setattr(R.RowTables, "_sequence", lambda self, b, i: (calls.append(i),
-                                                                      real(self, b, i)))
+    monkeypatch.setattr(R.RowTables, "_sequence", lambda self, b, i: (calls.append(i), real(self, b, i)))
     t = R.RowTables(None)
     t.update(b)
     assert calls == list(range(R.MAX_SEQUENCE_ROWS)) and not t.tokens

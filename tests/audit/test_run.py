@@ -13,11 +13,17 @@ from detsample.audit.analysis.metrics import AuditAccumulator
 from detsample.audit.running.run import AuditOptions, audit, check_gates, plan_shards, run_shard, to_json
 from tests.audit.synth import synth_rollouts, to_records, write_jsonl, write_npz, write_parquet
 
-FORMATS = [("jsonl", write_jsonl), ("npz", write_npz),
-           ("parquet", lambda c, p: write_parquet(c, p, row_group_size=16))]
+FORMATS = [("jsonl", write_jsonl), ("npz", write_npz), ("parquet", lambda c, p: write_parquet(c, p, row_group_size=16))]
 
-REQUIRED_KEYS = ["sequences", "tokens", "exact_match_fraction", "max_abs_diff",
-                 "mean_abs_diff", "k3_kl_mean", "mismatch_fraction"]
+REQUIRED_KEYS = [
+    "sequences",
+    "tokens",
+    "exact_match_fraction",
+    "max_abs_diff",
+    "mean_abs_diff",
+    "k3_kl_mean",
+    "mismatch_fraction",
+]
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +65,11 @@ def test_worker_processes_give_the_one_process_report(files):
     rep = audit(paths, workers=2)
     assert to_json(rep) == one
     assert [(i["line"], i["kind"]) for i in rep["issues"]] == [
-        (4, "count_mismatch"), (51, "count_mismatch"), (71, "bad_json"),
-        (99, "count_mismatch")]
+        (4, "count_mismatch"),
+        (51, "count_mismatch"),
+        (71, "bad_json"),
+        (99, "count_mismatch"),
+    ]
 
 
 @settings(max_examples=15, deadline=None)
@@ -83,8 +92,7 @@ def test_multiple_files_merge_like_one_file(files, tmp_path):
     a.write_text("".join(json.dumps(r) + "\n" for r in recs[:40]))
     b.write_text("".join(json.dumps(r) + "\n" for r in recs[40:]))
     two = audit([str(a), str(b)])
-    for k in REQUIRED_KEYS + ["abs_diff_quantiles", "importance_ratio", "sequence",
-                              "by_position", "by_probability"]:
+    for k in REQUIRED_KEYS + ["abs_diff_quantiles", "importance_ratio", "sequence", "by_position", "by_probability"]:
         assert two[k] == one[k]
 
 
@@ -97,8 +105,7 @@ def test_report_has_required_keys_and_is_strict_json(files):
 
 def test_to_json_writes_non_finite_as_strings():
     """Pins overflowing ratios: r = exp(800) is inf, reported as "inf", never invalid JSON."""
-    rec = {"id": "a", "prompt_ids": [1], "response_ids": [1], "engine_logprobs": [-800.0],
-           "trainer_logprobs": [0.0]}
+    rec = {"id": "a", "prompt_ids": [1], "response_ids": [1], "engine_logprobs": [-800.0], "trainer_logprobs": [0.0]}
     text = to_json(audit([rec]))
     rep = json.loads(text)
     assert rep["importance_ratio"]["max"] == "inf" and rep["k3_kl_mean"] == "inf"
@@ -137,13 +144,18 @@ _PERTURB = [0.0, 5e-324, -5e-324, 1e-7, -1e-7, 0.5, -0.5]
 @st.composite
 def _sequences(draw):
     n = draw(st.integers(0, 10))
-    e = draw(st.lists(st.floats(-50.0, 0.0, allow_nan=False) | st.just(-0.0),
-                      min_size=n, max_size=n))
+    e = draw(st.lists(st.floats(-50.0, 0.0, allow_nan=False) | st.just(-0.0), min_size=n, max_size=n))
     d = draw(st.lists(st.sampled_from(_PERTURB), min_size=n, max_size=n))
     mask = draw(st.lists(st.integers(0, 1), min_size=n, max_size=n))
     t = [min(a + b, 0.0) for a, b in zip(e, d)]
-    return {"id": draw(st.text(max_size=3)), "prompt_ids": [1], "response_ids": list(range(n)),
-            "engine_logprobs": e, "trainer_logprobs": t, "mask": mask}
+    return {
+        "id": draw(st.text(max_size=3)),
+        "prompt_ids": [1],
+        "response_ids": list(range(n)),
+        "engine_logprobs": e,
+        "trainer_logprobs": t,
+        "mask": mask,
+    }
 
 
 @settings(max_examples=30, deadline=None)

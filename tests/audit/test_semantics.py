@@ -54,14 +54,16 @@ MODES = [  # (rollout's mode, the rescoring semantics that must audit exactly)
 
 @pytest.fixture(scope="module")
 def processed_rollouts():
-    return generate_rollouts(num_sequences=4, max_new_tokens=10, seed=2, sampling=SP(temperature=0.7,
-                             top_p=0.9), logprobs_mode="processed")
+    return generate_rollouts(
+        num_sequences=4, max_new_tokens=10, seed=2, sampling=SP(temperature=0.7, top_p=0.9), logprobs_mode="processed"
+    )
 
 
 @pytest.mark.parametrize("mode,semantics", MODES)
 def test_rollout_in_a_mode_audits_exactly_in_that_semantics(mode, semantics):
-    records = generate_rollouts(num_sequences=4, max_new_tokens=10, seed=2, sampling=SP(temperature=0.7,
-                                top_p=0.9), logprobs_mode=mode)
+    records = generate_rollouts(
+        num_sequences=4, max_new_tokens=10, seed=2, sampling=SP(temperature=0.7, top_p=0.9), logprobs_mode=mode
+    )
     rep = audit(records, rescore=ModelRescorer("refmodel", semantics=semantics))
     assert rep["exact_match_fraction"] == 1.0 and rep["tokens"] == 40
 
@@ -71,8 +73,9 @@ def test_processed_engine_is_not_raw(processed_rollouts):
     detsample's fixed-point form is not an exact match."""
     raw = audit(processed_rollouts, rescore=ModelRescorer("refmodel"))
     assert raw["exact_match_fraction"] < 0.2 and raw["max_abs_diff"] > 0.1
-    fixed = audit(processed_rollouts, rescore=ModelRescorer(
-        "refmodel", semantics=Semantics("processed_fixed", 0.7, -1, 0.9)))
+    fixed = audit(
+        processed_rollouts, rescore=ModelRescorer("refmodel", semantics=Semantics("processed_fixed", 0.7, -1, 0.9))
+    )
     assert fixed["exact_match_fraction"] < 1.0 and fixed["max_abs_diff"] < 1e-5
 
 
@@ -81,8 +84,7 @@ def test_cli_rescores_in_the_given_semantics(tmp_path, processed_rollouts, capsy
     path.write_text("".join(json.dumps(r) + "\n" for r in processed_rollouts))
     base = ["audit", str(path), "--rescore", "refmodel", "--max-abs-diff", "0", "--quiet"]
     assert main(base) == 1
-    assert main(base + ["--logprobs-mode", "processed", "--temperature", "0.7",
-                        "--top-p", "0.9"]) == 0
+    assert main(base + ["--logprobs-mode", "processed", "--temperature", "0.7", "--top-p", "0.9"]) == 0
 
 
 CLI_REFUSALS = [  # (extra arguments, words of the one-line error)
@@ -102,8 +104,7 @@ def test_cli_refuses_semantics_it_would_ignore(tmp_path, processed_rollouts, cap
     assert all(w in err for w in words), err
 
 
-def test_semantics_without_a_rescore_model_is_a_usage_error(tmp_path, processed_rollouts,
-                                                            capsys):
+def test_semantics_without_a_rescore_model_is_a_usage_error(tmp_path, processed_rollouts, capsys):
     path = tmp_path / "r.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in processed_rollouts))
     assert main(["audit", str(path), "--logprobs-mode", "processed"]) == 2

@@ -33,14 +33,21 @@ def test_from_tensors_equals_the_file_report(batch, device, kind):
             pytest.skip("numpy arrays live on the host")
         conv = np.asarray
     else:
+
         def conv(a):
             return torch.from_numpy(a).to(device)
-    rep = from_tensors(conv(arrays["response_ids"]), conv(arrays["engine_logprobs"]),
-                       conv(arrays["trainer_logprobs"]), conv(arrays["mask"]),
-                       attention_mask=conv(arrays["attention_mask"]),
-                       prompt_ids=conv(arrays["prompt_ids"]),
-                       prompt_attention_mask=conv(arrays["prompt_attention_mask"]),
-                       source=path, chunk_tokens=64)
+
+    rep = from_tensors(
+        conv(arrays["response_ids"]),
+        conv(arrays["engine_logprobs"]),
+        conv(arrays["trainer_logprobs"]),
+        conv(arrays["mask"]),
+        attention_mask=conv(arrays["attention_mask"]),
+        prompt_ids=conv(arrays["prompt_ids"]),
+        prompt_attention_mask=conv(arrays["prompt_attention_mask"]),
+        source=path,
+        chunk_tokens=64,
+    )
     assert to_json(rep) == want
 
 
@@ -54,10 +61,16 @@ def test_from_tensors_copies_no_tensor_to_python_lists(batch, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "tolist", refuse)
     monkeypatch.setattr(torch.Tensor, "__iter__", refuse)
     t = {k: torch.from_numpy(v) for k, v in arrays.items() if v.ndim == 2}
-    rep = from_tensors(t["response_ids"], t["engine_logprobs"], t["trainer_logprobs"],
-                       t["mask"], attention_mask=t["attention_mask"],
-                       prompt_ids=t["prompt_ids"],
-                       prompt_attention_mask=t["prompt_attention_mask"], source=path)
+    rep = from_tensors(
+        t["response_ids"],
+        t["engine_logprobs"],
+        t["trainer_logprobs"],
+        t["mask"],
+        attention_mask=t["attention_mask"],
+        prompt_ids=t["prompt_ids"],
+        prompt_attention_mask=t["prompt_attention_mask"],
+        source=path,
+    )
     assert to_json(rep) == want
 
 
@@ -74,8 +87,7 @@ def test_bfloat16_is_widened_exactly():
 
 def test_without_attention_mask_rows_end_at_the_last_trained_token(batch):
     arrays, _, _ = batch
-    rep = from_tensors(arrays["response_ids"], arrays["engine_logprobs"],
-                       arrays["trainer_logprobs"], arrays["mask"])
+    rep = from_tensors(arrays["response_ids"], arrays["engine_logprobs"], arrays["trainer_logprobs"], arrays["mask"])
     lens = arrays["attention_mask"].sum(1)
     m = arrays["mask"]
     last = np.where(m.any(1), m.shape[1] - np.argmax(m[:, ::-1], axis=1), 0)
@@ -96,8 +108,13 @@ def test_bad_tensors_are_named(batch, change, text):
     arrays, _, _ = batch
     a = change(dict(arrays))
     with pytest.raises(AuditInputError, match=text.replace("(", r"\(").replace(")", r"\)")):
-        from_tensors(a["response_ids"], a["engine_logprobs"], a["trainer_logprobs"], a["mask"],
-                     attention_mask=a["attention_mask"])
+        from_tensors(
+            a["response_ids"],
+            a["engine_logprobs"],
+            a["trainer_logprobs"],
+            a["mask"],
+            attention_mask=a["attention_mask"],
+        )
 
 
 def test_bad_values_are_excluded_like_files():
@@ -114,9 +131,14 @@ def test_bad_values_are_excluded_like_files():
 def test_records_and_tensors_agree_on_a_realistic_batch():
     cols = synth_rollouts(16, seed=2, mismatch_rate=1.0, dtype="float64")
     arrays = padded_twin(cols, "default")
-    rep = from_tensors(arrays["response_ids"], arrays["engine_logprobs"],
-                       arrays["trainer_logprobs"], arrays["mask"],
-                       attention_mask=arrays["attention_mask"], ids=cols["id"])
+    rep = from_tensors(
+        arrays["response_ids"],
+        arrays["engine_logprobs"],
+        arrays["trainer_logprobs"],
+        arrays["mask"],
+        attention_mask=arrays["attention_mask"],
+        ids=cols["id"],
+    )
     want = audit(to_records(cols))
     for k in ("tokens", "mean_abs_diff", "k3_kl_mean", "importance_ratio", "abs_diff_quantiles"):
         assert rep[k] == want[k]

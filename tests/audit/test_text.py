@@ -42,12 +42,16 @@ def test_bad_messages_name_the_row(tok, messages):
         tok.render_chat(messages, "f:3")
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(ignore_eos=True, eos_token_ids=(2,)), "contradict"),
-    (dict(stop=("x",)), "need a tokenizer"),
-    (dict(stop=("",), tokenizer="t.json"), "non-empty"),
-    (dict(eos_token_ids=(-1,)), "stop_token_ids"),
-    (dict(ignore_eos=1), "ignore_eos must be a bool")])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(ignore_eos=True, eos_token_ids=(2,)), "contradict"),
+        (dict(stop=("x",)), "need a tokenizer"),
+        (dict(stop=("",), tokenizer="t.json"), "non-empty"),
+        (dict(eos_token_ids=(-1,)), "stop_token_ids"),
+        (dict(ignore_eos=1), "ignore_eos must be a bool"),
+    ],
+)
 def test_ending_refuses_bad_input_by_name(kwargs, message):
     with pytest.raises(InvalidSamplingParams, match=message):
         Ending(**kwargs)

@@ -20,7 +20,7 @@ from detsample.benchmarks import accuracy
 def test_portable_logits_are_at_least_as_accurate_as_the_default_kernels(scale):
     r = accuracy.errors(scale)
     if scale > 1:
-        assert r.ratio > scale / 10                     # the channels really are massive
+        assert r.ratio > scale / 10  # the channels really are massive
     assert r.largest["portable"] <= r.largest["default"], r
     assert r.median["portable"] <= r.median["default"], r
 

@@ -123,8 +123,14 @@ def test_diagnosis_cost_against_rescoring_alone(benchmark):
     from detsample.audit.running.rollout import generate_rollouts
     from detsample.audit.semantics import RAW, Semantics
 
-    recs = generate_rollouts(num_sequences=16, max_new_tokens=32, seed=0, sampling=SP(temperature=0.7,
-                             top_p=0.9), logprobs_mode="processed", model="hf-tiny-llama")
+    recs = generate_rollouts(
+        num_sequences=16,
+        max_new_tokens=32,
+        seed=0,
+        sampling=SP(temperature=0.7, top_p=0.9),
+        logprobs_mode="processed",
+        model="hf-tiny-llama",
+    )
     sides = {"rescoring alone": Semantics("processed", 0.7, -1, 0.9), "with diagnosis": RAW}
     best = {}
     for _ in range(5):

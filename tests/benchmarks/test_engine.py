@@ -13,8 +13,7 @@ from detsample.benchmarks import engine as bench
 
 
 def _one_config(monkeypatch):
-    monkeypatch.setattr(bench, "CONFIGS", {"topk50_topp0.9_T0.8": bench.CONFIGS[
-        "topk50_topp0.9_T0.8"]})
+    monkeypatch.setattr(bench, "CONFIGS", {"topk50_topp0.9_T0.8": bench.CONFIGS["topk50_topp0.9_T0.8"]})
 
 
 def test_every_round_is_timed(monkeypatch):

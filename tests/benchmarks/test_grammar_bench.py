@@ -24,9 +24,13 @@ from detsample.benchmarks.grammar import HEADER, STAGES, VOCABS, stage_costs, st
 pytestmark = pytest.mark.bench
 
 V = 152064
-CASES = [(vocab, schema, b, prefetch)
-         for vocab in ("bpe_like", "digit_heavy") for schema in ("int_array", "tool_call")
-         for b in (16, 64) for prefetch in (False, True)]
+CASES = [
+    (vocab, schema, b, prefetch)
+    for vocab in ("bpe_like", "digit_heavy")
+    for schema in ("int_array", "tool_call")
+    for b in (16, 64)
+    for prefetch in (False, True)
+]
 _VOCABS: dict = {}
 
 
@@ -42,13 +46,20 @@ def test_grammar_step_cost(vocab, schema, b, prefetch, benchmark):
         _VOCABS[vocab] = VOCABS[vocab](V)
     threads = int(os.environ.get("DETSAMPLE_BENCH_THREADS", "2"))
     steps = 30 if vocab == "bpe_like" else 20
-    cost = step_cost(_VOCABS[vocab], vocab, schema, b, steps=steps, threads=threads,
-                     prefetch=prefetch, forward_ms=20.0 if prefetch else 0.0)
+    cost = step_cost(
+        _VOCABS[vocab],
+        vocab,
+        schema,
+        b,
+        steps=steps,
+        threads=threads,
+        prefetch=prefetch,
+        forward_ms=20.0 if prefetch else 0.0,
+    )
     if (vocab, schema, b, prefetch) == CASES[0]:
         print("\n" + HEADER)
     print(f"{cost.row()}  (load {os.getloadavg()[0]:.1f})")
-    benchmark.extra_info.update(wall=cost.wall, cpu=cost.cpu, ratio=cost.ratio,
-                                cpu_ratio=cost.cpu_ratio)
+    benchmark.extra_info.update(wall=cost.wall, cpu=cost.cpu, ratio=cost.ratio, cpu_ratio=cost.cpu_ratio)
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
 
 
@@ -59,8 +70,9 @@ def test_grammar_stage_costs(vocab, schema, b, benchmark):
     if vocab not in _VOCABS:
         _VOCABS[vocab] = VOCABS[vocab](V)
     cost = stage_costs(_VOCABS[vocab], schema, b)
-    cells = " ".join(f"{k}: step {d['step']:.2f}, " + ", ".join(
-        f"{s} {d[s]:.2f}" for s in STAGES if d[s]) for k, d in cost.items())
+    cells = " ".join(
+        f"{k}: step {d['step']:.2f}, " + ", ".join(f"{s} {d[s]:.2f}" for s in STAGES if d[s]) for k, d in cost.items()
+    )
     print(f"\nstages {vocab} {schema} B={b}: {cells}  (load {os.getloadavg()[0]:.1f})")
     benchmark.extra_info.update(stages=cost)
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)

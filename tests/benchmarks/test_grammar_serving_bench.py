@@ -48,11 +48,11 @@ def _vocab():
 def test_grammar_serving(workload, b, benchmark):
     name, vocab = _vocab()
     threads = int(os.environ.get("DETSAMPLE_BENCH_THREADS", "2"))
-    cost = serve(vocab, name, workload, b, rounds=ROUNDS[b], steps=STEPS[b], threads=threads,
-                 seed=CASES.index((workload, b)))
+    cost = serve(
+        vocab, name, workload, b, rounds=ROUNDS[b], steps=STEPS[b], threads=threads, seed=CASES.index((workload, b))
+    )
     if (workload, b) == CASES[0]:
         print("\n" + HEADER)
     print(f"{cost.row()}  (load {os.getloadavg()[0]:.1f}, same tokens {cost.same_tokens})")
-    benchmark.extra_info.update(first=cost.first, steady=cost.steady,
-                                first_ratio=cost.first_ratio, rss_mb=cost.rss_mb)
+    benchmark.extra_info.update(first=cost.first, steady=cost.steady, first_ratio=cost.first_ratio, rss_mb=cost.rss_mb)
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)

@@ -20,8 +20,7 @@ def test_each_side_is_timed_with_its_own_kernels():
     assert not models["default"].batch_invariant
     assert models["verified"].batch_invariant and not models["verified"].portable
     assert models["portable"].batch_invariant and models["portable"].portable
-    timings = measure("hf-tiny-llama", prefill_len=6, decode_batch=2, cache_len=5, rounds=1,
-                      threads=1)
+    timings = measure("hf-tiny-llama", prefill_len=6, decode_batch=2, cache_len=5, rounds=1, threads=1)
     assert [t.workload for t in timings] == ["prefill 6 x 1", "decode 2 x cache 5"]
     assert all(set(t.seconds) == set(SIDES) and min(t.seconds.values()) > 0 for t in timings)
     text = table(timings)
@@ -30,6 +29,7 @@ def test_each_side_is_timed_with_its_own_kernels():
 
 def test_verification_cost_starts_and_ends_with_an_empty_registry(monkeypatch):
     from detsample.benchmarks import invariant as bench
+
     monkeypatch.setattr(bench, "LLAMA_1B_PRODUCTS", ((64, 32),))
     monkeypatch.setattr(bench, "LLAMA_1B_ATTENTION", ((16, 32, "nt"),))
     state.plans().get(("marker",), lambda: state.Plan("x", state.VERIFIED, "y"))
@@ -39,44 +39,73 @@ def test_verification_cost_starts_and_ends_with_an_empty_registry(monkeypatch):
 
 
 _SMALL = {
-    "hybrid": ("HYBRID", dict(hidden_size=64, intermediate_size=96, block_ff_dim=96,
-                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                              layer_types=["conv", "full_attention"])),
-    "ssm": ("SSM", dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                        layers_block_type=["mamba", "attention"], mamba_num_heads=4,
-                        mamba_head_dim=16, ssm_state_size=16, n_groups=1, chunk_size=8)),
+    "hybrid": (
+        "HYBRID",
+        dict(
+            hidden_size=64,
+            intermediate_size=96,
+            block_ff_dim=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            layer_types=["conv", "full_attention"],
+        ),
+    ),
+    "ssm": (
+        "SSM",
+        dict(
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            layers_block_type=["mamba", "attention"],
+            mamba_num_heads=4,
+            mamba_head_dim=16,
+            ssm_state_size=16,
+            n_groups=1,
+            chunk_size=8,
+        ),
+    ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(_SMALL))
 def test_the_hybrid_runs_each_side_through_its_own_cache(monkeypatch, name):
     from detsample.benchmarks import invariant as bench
+
     attr, small = _SMALL[name]
     monkeypatch.setattr(bench, attr, dict(getattr(bench, attr), **small))
     with state.plans().recording() as used:
-        timings = bench.measure_hybrid(prefill_len=6, decode_batch=2, cache_len=5, rounds=2,
-                                       threads=1, name=name)
+        timings = bench.measure_hybrid(prefill_len=6, decode_batch=2, cache_len=5, rounds=2, threads=1, name=name)
     assert [t.workload for t in timings] == ["prefill 6 x 1", "decode 2 x cache 5"]
     assert all(set(t.seconds) == set(SIDES) and min(t.seconds.values()) > 0 for t in timings)
-    assert any(p.portable for k, p in state.plans().items() if k in used)    # the portable side ran
+    assert any(p.portable for k, p in state.plans().items() if k in used)  # the portable side ran
 
 
 def test_the_gated_delta_net_hybrid_runs_through_the_adapter(monkeypatch):
     """The Qwen3.5-style row: HFCausalLM carrying per-row states; each decode round from
     the same cached states (a clone's forward replaces, never writes, the states)."""
     from detsample.benchmarks import invariant as bench
-    small = dict(bench.QWEN35, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                 layer_types=["linear_attention", "full_attention"], head_dim=16,
-                 linear_key_head_dim=16, linear_value_head_dim=16)
+
+    small = dict(
+        bench.QWEN35,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        layer_types=["linear_attention", "full_attention"],
+        head_dim=16,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+    )
     monkeypatch.setitem(bench.ARCHS, "qwen35", (*bench.ARCHS["qwen35"][:2], small))
     m = build("qwen35", "verified")
     c = m.new_cache()
     m.forward([c], [[5, 6, 7]])
     before = {k: v.clone() for k, v in c.states[0]["recurrent_states"].items()}
     m.forward([bench._clone(c)], [[8]])
-    assert len(c) == 3 and all(torch.equal(c.states[0]["recurrent_states"][k], v)
-                               for k, v in before.items())
+    assert len(c) == 3 and all(torch.equal(c.states[0]["recurrent_states"][k], v) for k, v in before.items())
     timings = measure("qwen35", prefill_len=6, decode_batch=2, cache_len=5, rounds=1, threads=1)
     assert [t.workload for t in timings] == ["prefill 6 x 1", "decode 2 x cache 5"]
     assert all(set(t.seconds) == set(SIDES) and min(t.seconds.values()) > 0 for t in timings)
@@ -87,14 +116,15 @@ def test_the_real_shape_model_has_massive_activations_and_cpu_times(monkeypatch)
     residual channels are there, and every timing carries the CPU time of its round."""
     from detsample.benchmarks import accuracy
     from detsample.benchmarks import invariant as bench
-    monkeypatch.setattr(bench, "REAL", dict(bench.REAL, vocab_size=256, num_hidden_layers=2,
-                                            hidden_size=144, intermediate_size=128))
+
+    monkeypatch.setattr(
+        bench, "REAL", dict(bench.REAL, vocab_size=256, num_hidden_layers=2, hidden_size=144, intermediate_size=128)
+    )
     m = build("real", "default")
     w = m.module.model.layers[0].mlp.down_proj.weight
     rest = w.abs().mean(dim=1)
     for ch in accuracy.CHANNELS:
         assert rest[ch] > 50 * rest.median()
     timings = measure("real", prefill_len=6, decode_batch=2, cache_len=5, rounds=1, threads=1)
-    assert all(t.cpu is not None and set(t.cpu) == set(SIDES) and t.cpu["default"] > 0
-               for t in timings)
+    assert all(t.cpu is not None and set(t.cpu) == set(SIDES) and t.cpu["default"] > 0 for t in timings)
     assert "CPU portable / default" in table(timings)

@@ -52,11 +52,14 @@ def _batch(B, V, **kw):
     return peers.PeerBatch.of(ps, torch.arange(B), V)
 
 
-PEERS = [peers.sglang_deterministic, peers.sglang_shortcut, peers.vllm_seeded,
-         peers.vllm_unseeded]
-CONFIGS = [dict(temperature=0.8), dict(temperature=0.8, top_k=3),
-           dict(temperature=0.8, top_p=0.6), dict(temperature=0.8, min_p=0.3),
-           dict(temperature=0.8, top_k=4, top_p=0.9)]
+PEERS = [peers.sglang_deterministic, peers.sglang_shortcut, peers.vllm_seeded, peers.vllm_unseeded]
+CONFIGS = [
+    dict(temperature=0.8),
+    dict(temperature=0.8, top_k=3),
+    dict(temperature=0.8, top_p=0.6),
+    dict(temperature=0.8, min_p=0.3),
+    dict(temperature=0.8, top_k=4, top_p=0.9),
+]
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
@@ -89,8 +92,7 @@ def test_seeded_peers_are_reproducible_and_greedy_is_argmax():
     assert torch.equal(lp, torch.log_softmax(x, -1).gather(1, tok[:, None]).squeeze(1))
 
 
-@pytest.mark.parametrize("fn", [peers.sglang_deterministic, peers.vllm_seeded],
-                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fn", [peers.sglang_deterministic, peers.vllm_seeded], ids=lambda f: f.__name__)
 def test_seeded_peer_draws_follow_the_softmax(fn):
     """Chi-square goodness of fit (alpha = 1e-3) of 4000 seeded draws of one row."""
     logits = torch.tensor([1.0, 0.5, 0.0, -0.5, -1.0])
@@ -101,4 +103,3 @@ def test_seeded_peer_draws_follow_the_softmax(fn):
     counts = np.bincount(tok.numpy(), minlength=5)
     expected = torch.softmax(logits, -1).numpy() * n
     assert chisquare(counts, expected).pvalue > ALPHA
-

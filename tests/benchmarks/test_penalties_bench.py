@@ -27,9 +27,15 @@ def _setup(penalties: bool):
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(B, V, generator=g) * 3
     toks = torch.randint(0, V, (B, PROMPT + OUTPUT), generator=g).tolist()
-    reqs = [Request(f"r{i}", SamplingParams(seed=i, temperature=0.8,
-                                            **(PEN if penalties and i % 2 else {})),
-                    toks[i][:PROMPT], toks[i][PROMPT:]) for i in range(B)]
+    reqs = [
+        Request(
+            f"r{i}",
+            SamplingParams(seed=i, temperature=0.8, **(PEN if penalties and i % 2 else {})),
+            toks[i][:PROMPT],
+            toks[i][PROMPT:],
+        )
+        for i in range(B)
+    ]
     batch = SamplingBatch.from_requests(reqs, V)
     pos = torch.full((B,), PROMPT + OUTPUT, dtype=torch.int64)
     return logits, batch, pos
@@ -68,8 +74,7 @@ def paths():
 
     def dense_advance():
         idx, counts = dense[0], dense[1]
-        counts.index_put_((torch.arange(len(idx)), toks[idx]),
-                          torch.ones(len(idx), dtype=torch.int32), accumulate=True)
+        counts.index_put_((torch.arange(len(idx)), toks[idx]), torch.ones(len(idx), dtype=torch.int32), accumulate=True)
 
     scratch = torch.empty_like(lg1)
 
@@ -112,8 +117,7 @@ def table(repeat: int = 30, n_threads: int = 2) -> str:
                 t0 = time.perf_counter()
                 fn()
                 times[k].append((time.perf_counter() - t0) * 1e3)
-    lines = [f"| path (B=64, V=152064, {n_threads} threads) | median ms | min ms |",
-             "|---|---|---|"]
+    lines = [f"| path (B=64, V=152064, {n_threads} threads) | median ms | min ms |", "|---|---|---|"]
     lines += [f"| {k} | {statistics.median(v):.2f} | {min(v):.2f} |" for k, v in times.items()]
     return "\n".join(lines)
 

@@ -41,8 +41,12 @@ def test_decode_step(benchmark, B):  # noqa: D103
 
 @pytest.mark.bench
 def test_engine_16_requests(benchmark):  # noqa: D103
-    reqs = [Request(f"r{i}", SamplingParams(seed=i, max_new_tokens=32, top_p=0.9),
-                    [RNG.randrange(1, 512) for _ in range(32)]) for i in range(16)]
+    reqs = [
+        Request(
+            f"r{i}", SamplingParams(seed=i, max_new_tokens=32, top_p=0.9), [RNG.randrange(1, 512) for _ in range(32)]
+        )
+        for i in range(16)
+    ]
     sched = Schedule.of([(i, r) for i, r in enumerate(reqs)])
     with num_threads(2):
         benchmark.pedantic(Engine(MODEL).run, args=(sched,), rounds=3, iterations=1)

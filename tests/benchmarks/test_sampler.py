@@ -25,11 +25,17 @@ def test_peaked_logits_have_a_small_nucleus():
 
 
 def test_markdown_has_one_line_per_case_with_ratios():
-    rows = [dict(B=1, V=64, config="T0.8", logits="peaked", path=p, median_ms=ms,
-                 min_ms=ms / 2, ops=7)
-            for p, ms in (("detsample", 1.0), ("SGLang deterministic (eager)", 4.0),
-                          ("vLLM seeded", 2.0), ("SGLang shortcut", 0.5), ("vLLM unseeded", 1.0),
-                          (bm.BARE_LOG_SOFTMAX, 0.25))]
+    rows = [
+        dict(B=1, V=64, config="T0.8", logits="peaked", path=p, median_ms=ms, min_ms=ms / 2, ops=7)
+        for p, ms in (
+            ("detsample", 1.0),
+            ("SGLang deterministic (eager)", 4.0),
+            ("vLLM seeded", 2.0),
+            ("SGLang shortcut", 0.5),
+            ("vLLM unseeded", 1.0),
+            (bm.BARE_LOG_SOFTMAX, 0.25),
+        )
+    ]
     text = bm.markdown(rows)
     assert text.splitlines()[0].endswith("| detsample / bare log_softmax |")
     line = text.splitlines()[2]
@@ -45,7 +51,7 @@ def test_run_reports_milliseconds(monkeypatch):
     """Bug pinned: the median and minimum were scaled to ms twice (microseconds in the
     table). A call that sleeps 20 ms must read as about 20, never 20000."""
     import time
+
     monkeypatch.setattr(bm, "paths", lambda *a, **k: {"detsample": lambda: time.sleep(0.02)})
-    (row,) = bm.run(batches=(1,), vocabs=(64,), configs=("greedy",), repeat=2,
-                    compile_sglang=False)
+    (row,) = bm.run(batches=(1,), vocabs=(64,), configs=("greedy",), repeat=2, compile_sglang=False)
     assert 15 < row["min_ms"] <= row["median_ms"] < 1000

@@ -4,8 +4,7 @@ import pytest
 
 from detsample.benchmarks import sampler as bm
 
-CASES = [bm.Case(B, V, cfg) for V in (32000, 152064) for B in (1, 8, 64)
-         for cfg in bm.CONFIGS]
+CASES = [bm.Case(B, V, cfg) for V in (32000, 152064) for B in (1, 8, 64) for cfg in bm.CONFIGS]
 
 
 @pytest.mark.bench

@@ -15,8 +15,9 @@ from detsample.benchmarks.tensor_parallel import combine_cost, steps
 
 @pytest.mark.parametrize("model", ["hf-tiny-llama", "moe"])
 def test_steps_time_both_workloads(model):
-    t = steps(model, 2, "portable", prefill_len=6, decode_batch=2, cache_len=4,
-              rounds=1, start_method="fork", timeout=120)
+    t = steps(
+        model, 2, "portable", prefill_len=6, decode_batch=2, cache_len=4, rounds=1, start_method="fork", timeout=120
+    )
     assert set(t) == {"prefill", "decode", "cpu_prefill", "cpu_decode"} and min(t.values()) > 0
 
 

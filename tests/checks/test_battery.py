@@ -41,6 +41,7 @@ def test_external_module_discovery(monkeypatch):
 
     def check_x(quick, device):
         return True
+
     check_x.check_name = "x"
     mod.CHECKS = [check_x]
     monkeypatch.setitem(sys.modules, "fake_checks_mod", mod)
@@ -48,8 +49,10 @@ def test_external_module_discovery(monkeypatch):
     assert [n for n, _ in found] == ["x"]
 
 
-BROKEN = [("import_dep", "import surely_absent_dependency_xyz\n", ModuleNotFoundError),
-          ("raises", "raise RuntimeError('bad init')\n", RuntimeError)]
+BROKEN = [
+    ("import_dep", "import surely_absent_dependency_xyz\n", ModuleNotFoundError),
+    ("raises", "raise RuntimeError('bad init')\n", RuntimeError),
+]
 
 
 @pytest.mark.parametrize("name,src,exc", BROKEN, ids=[b[0] for b in BROKEN])
@@ -58,13 +61,14 @@ def test_broken_external_module_is_a_failure(tmp_path, monkeypatch, name, src, e
     (tmp_path / f"broken_{name}.py").write_text(src)
     monkeypatch.syspath_prepend(str(tmp_path))
     assert battery.external_checks(("absent_pkg_qq.checks",)) == []  # absent: not run
-    (_, fn), = battery.external_checks((f"broken_{name}",))
+    ((_, fn),) = battery.external_checks((f"broken_{name}",))
     with pytest.raises(exc):
         fn(quick=True, device="cpu")
 
 
 def test_scenario_exception_is_reported(monkeypatch):
     from detsample.golden import registry
+
     sc = registry.get(ONE[0])
     monkeypatch.setattr(type(sc), "produce", lambda self, **kw: 1 / 0)
     res = battery.run_battery(names=ONE, external=[])
@@ -74,6 +78,8 @@ def test_scenario_exception_is_reported(monkeypatch):
 def test_missing_scenario_golden_fails(tmp_path):
     """A newly registered scenario without a golden must fail until goldens are updated."""
     store = GoldenStore(tmp_path)
-    store.update({"random.greedy": __import__("detsample.golden.registry").golden.registry.get("random.greedy").produce()})
+    store.update(
+        {"random.greedy": __import__("detsample.golden.registry").golden.registry.get("random.greedy").produce()}
+    )
     (res, *_) = battery.run_battery(names=ONE, store=store, external=[])
     assert not res.ok and not res.skipped and "no golden for scenario 'ties.greedy'" in res.detail

@@ -11,13 +11,17 @@ from detsample.checks.faults import perturbed_sample
 from detsample.golden import engine_scenarios as enginescenarios
 from detsample.probe.threads import torch_threads
 
-pytestmark = pytest.mark.skipif(not enginescenarios.available(),
-                                reason="detsample.refmodel.engine is not in this build")
+pytestmark = pytest.mark.skipif(
+    not enginescenarios.available(), reason="detsample.refmodel.engine is not in this build"
+)
 
 
 def test_checks_registered():
     assert [f.__name__ for f in enginechecks.CHECKS] == [
-        "engine_batch_invariance", "engine_prefill_decode_alignment", "engine_determinism"]
+        "engine_batch_invariance",
+        "engine_prefill_decode_alignment",
+        "engine_determinism",
+    ]
 
 
 @pytest.mark.parametrize("fn", enginechecks.CHECKS, ids=lambda f: f.__name__)

@@ -47,13 +47,17 @@ def test_exit_codes_and_gates(request, capsys, fixture, args, code, text):
 
 def test_json_and_report_outputs(noisy_file, tmp_path, capsys):
     js = tmp_path / "r.json"
-    assert main(["audit", noisy_file, "--json", str(js), "--report", str(tmp_path / "rep"),
-                 "--workers", "1"]) == 0
+    assert main(["audit", noisy_file, "--json", str(js), "--report", str(tmp_path / "rep"), "--workers", "1"]) == 0
     capsys.readouterr()
     rep = json.loads(js.read_text())
     assert rep["sequences"] == 40 and 0 < rep["exact_match_fraction"] < 1
-    for name in ("index.html", "abs_diff_histogram.png", "diff_by_position.png",
-                 "diff_by_probability.png", "report.json"):
+    for name in (
+        "index.html",
+        "abs_diff_histogram.png",
+        "diff_by_position.png",
+        "diff_by_probability.png",
+        "report.json",
+    ):
         assert (tmp_path / "rep" / name).stat().st_size > 0
     assert main(["audit", noisy_file, "--json", "-", "--quiet"]) == 0
     out, _ = capsys.readouterr()
@@ -72,8 +76,9 @@ def test_json_to_stdout_is_pure_json(noisy_file, capsys):
 
 def test_strict_bad_input_exits_2_naming_line_and_field(tmp_path, capsys):
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"id": "a", "prompt_ids": [1], "response_ids": [1], '
-                    '"engine_logprobs": [0.5], "trainer_logprobs": [-1.0]}\n')
+    path.write_text(
+        '{"id": "a", "prompt_ids": [1], "response_ids": [1], "engine_logprobs": [0.5], "trainer_logprobs": [-1.0]}\n'
+    )
     assert main(["audit", str(path)]) == 1  # excluded and counted; nothing left to audit
     out, err = capsys.readouterr()
     assert "1 excluded" in out and f"{path}:line 1: engine_logprobs:" in out
@@ -86,8 +91,9 @@ def test_strict_bad_input_exits_2_naming_line_and_field(tmp_path, capsys):
     assert "exact_match_fraction: no tokens audited" in err
 
 
-@pytest.mark.parametrize("args", [["--workers", "0"], ["--min-exact-match", "1.5"],
-                                  ["--max-abs-diff", "-1"], ["--rescore", "gpt2"]])
+@pytest.mark.parametrize(
+    "args", [["--workers", "0"], ["--min-exact-match", "1.5"], ["--max-abs-diff", "-1"], ["--rescore", "gpt2"]]
+)
 def test_bad_arguments_are_usage_errors(noisy_file, args):
     with pytest.raises(SystemExit) as info:
         main(["audit", noisy_file, *args])
@@ -101,9 +107,18 @@ def test_missing_file_exits_2(tmp_path, capsys):
 
 def test_dtype_option(tmp_path, capsys):
     path = tmp_path / "r.jsonl"
-    path.write_text(json.dumps({"id": "a", "prompt_ids": [1], "response_ids": [1],
-                                "engine_logprobs": [-0.1],
-                                "trainer_logprobs": [-0.10000000149011612]}) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "id": "a",
+                "prompt_ids": [1],
+                "response_ids": [1],
+                "engine_logprobs": [-0.1],
+                "trainer_logprobs": [-0.10000000149011612],
+            }
+        )
+        + "\n"
+    )
     assert main(["audit", str(path), "--min-exact-match", "1"]) == 1
     assert main(["audit", str(path), "--min-exact-match", "1", "--dtype", "float32"]) == 0
 
@@ -166,8 +181,7 @@ def test_rescore_progress_on_a_terminal_only(tmp_path, capsys, monkeypatch):
     from detsample.audit.running.rollout import generate_rollouts
 
     path = tmp_path / "r.jsonl"
-    path.write_text("".join(_json.dumps(r) + "\n" for r in generate_rollouts(
-        num_sequences=3, max_new_tokens=4)))
+    path.write_text("".join(_json.dumps(r) + "\n" for r in generate_rollouts(num_sequences=3, max_new_tokens=4)))
     monkeypatch.delenv("CI", raising=False)
     args = ["audit", str(path), "--rescore", "refmodel", "--json", "-", "--quiet"]
     assert main(args) == 0
@@ -201,13 +215,29 @@ def test_the_report_shows_each_mismatching_tokens_text_from_the_rescore_director
 
     model = save_chat_model(tmp_path / "chat")
     rollout = tmp_path / "r.jsonl"
-    assert main(["rollout", str(rollout), "--model", str(model), "--num-sequences", "3",
-                 "--max-new-tokens", "4", "--ignore-eos"]) == 0
+    assert (
+        main(
+            [
+                "rollout",
+                str(rollout),
+                "--model",
+                str(model),
+                "--num-sequences",
+                "3",
+                "--max-new-tokens",
+                "4",
+                "--ignore-eos",
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(line) for line in rollout.read_text().splitlines()]
-    rows[0]["engine_logprobs"][0] -= 0.5          # one certain mismatch
+    rows[0]["engine_logprobs"][0] -= 0.5  # one certain mismatch
     rollout.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert main(["audit", str(rollout), "--rescore", str(model), "--report", str(tmp_path / "rep"),
-                 "--quiet"]) in (0, 1)
+    assert main(["audit", str(rollout), "--rescore", str(model), "--report", str(tmp_path / "rep"), "--quiet"]) in (
+        0,
+        1,
+    )
     first = json.loads((tmp_path / "rep" / "report.json").read_text())["first_mismatches"][0]
     assert first["token"] == WORDS[first["token_id"]]
     assert "<th>token</th>" in (tmp_path / "rep" / "index.html").read_text()

@@ -30,17 +30,31 @@ import pytest
 from detsample.cli import main
 from tests.helpers import run_bounded
 
-GOOD = {"id": "a", "prompt_ids": [1, 2], "response_ids": [3, 4],
-        "engine_logprobs": [-0.5, -0.25], "trainer_logprobs": [-0.5, -0.25], "mask": [1, 1]}
-LOG_ROW = {"step": 0, "sequences": 1, "excluded_sequences": 0, "tokens": 2,
-           "exact_match_fraction": 1.0, "mismatch_fraction": 0.0, "mean_abs_diff": 0.0,
-           "max_abs_diff": 0.0, "k3_kl_mean": 0.0, "abs_diff_p99": 0.0,
-           "ratio": {"mean": 1.0, "min": 1.0, "max": 1.0, "p50": 1.0}}
+GOOD = {
+    "id": "a",
+    "prompt_ids": [1, 2],
+    "response_ids": [3, 4],
+    "engine_logprobs": [-0.5, -0.25],
+    "trainer_logprobs": [-0.5, -0.25],
+    "mask": [1, 1],
+}
+LOG_ROW = {
+    "step": 0,
+    "sequences": 1,
+    "excluded_sequences": 0,
+    "tokens": 2,
+    "exact_match_fraction": 1.0,
+    "mismatch_fraction": 0.0,
+    "mean_abs_diff": 0.0,
+    "max_abs_diff": 0.0,
+    "k3_kl_mean": 0.0,
+    "abs_diff_p99": 0.0,
+    "ratio": {"mean": 1.0, "min": 1.0, "max": 1.0, "p50": 1.0},
+}
 
 
 def one_error_line(err: str, command: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("usage:")
-             and not ln.startswith(" ")]
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("usage:") and not ln.startswith(" ")]
     assert len(lines) == 1, err
     assert lines[0].startswith(f"detsample {command}: error: "), err
     return lines[0]
@@ -85,17 +99,20 @@ def test_special_prompt_files_are_named_and_refused(tmp_path, capsys, special):
     memory ran out (the prompts bypassed the input layer)."""
     path = str(tmp_path / "prompts.jsonl")
     kind = SPECIAL[special](path)
-    rc = run_bounded(["rollout", str(tmp_path / "out.jsonl"), "--prompts", path],
-                     [path] if special == "fifo" else [])
+    rc = run_bounded(["rollout", str(tmp_path / "out.jsonl"), "--prompts", path], [path] if special == "fifo" else [])
     line = one_error_line(capsys.readouterr().err, "rollout")
     assert rc == 2 and path in line and kind in line, line
     assert not (tmp_path / "out.jsonl").exists()
 
 
-@pytest.mark.parametrize("content,says", [
-    (b'{"prompt_ids": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", ":1: JSON nested too deeply"),
-    (b'{"prompt_ids": [1, 2]}\n\xff\xfe\n', ":2: not UTF-8 text (byte 0)"),
-], ids=["deep-json", "not-utf8"])
+@pytest.mark.parametrize(
+    "content,says",
+    [
+        (b'{"prompt_ids": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", ":1: JSON nested too deeply"),
+        (b'{"prompt_ids": [1, 2]}\n\xff\xfe\n', ":2: not UTF-8 text (byte 0)"),
+    ],
+    ids=["deep-json", "not-utf8"],
+)
 def test_malformed_prompt_lines_are_named_by_line(tmp_path, capsys, content, says):
     """The bug: 100,000 nested brackets in a prompts file raised a RecursionError."""
     path = tmp_path / "prompts.jsonl"
@@ -115,8 +132,16 @@ def test_a_tokenizer_that_cannot_encode_a_prompt_is_named(tmp_path, capsys):
     tok.save(str(tmp_path / "tokenizer.json"))
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "hello world"}\n{"prompt": "hello there"}\n')
-    rc = main(["rollout", str(tmp_path / "out.jsonl"), "--prompts", str(prompts),
-               "--tokenizer", str(tmp_path / "tokenizer.json")])
+    rc = main(
+        [
+            "rollout",
+            str(tmp_path / "out.jsonl"),
+            "--prompts",
+            str(prompts),
+            "--tokenizer",
+            str(tmp_path / "tokenizer.json"),
+        ]
+    )
     line = one_error_line(capsys.readouterr().err, "rollout")
     assert rc == 2 and f"{prompts}:2: the tokenizer" in line and "'hello there'" in line, line
 
@@ -172,19 +197,23 @@ def _untrained(tmp_path):
     return str(path)
 
 
-USER_CODE = [("exits_0", "called sys.exit(0)"), ("exits_3", "called sys.exit(3)"),
-             ("interrupts", "raised KeyboardInterrupt")]
+USER_CODE = [
+    ("exits_0", "called sys.exit(0)"),
+    ("exits_3", "called sys.exit(3)"),
+    ("interrupts", "raised KeyboardInterrupt"),
+]
 
 
 @pytest.mark.parametrize("factory,says", USER_CODE)
 @pytest.mark.parametrize("command", ["audit", "rollout"])
-def test_a_factory_that_exits_or_interrupts_is_a_named_error(tmp_path, capsys, factories,
-                                                            factory, says, command):
+def test_a_factory_that_exits_or_interrupts_is_a_named_error(tmp_path, capsys, factories, factory, says, command):
     spec = f"{factories}:{factory}"
     out = tmp_path / "out.jsonl"
-    argv = (["audit", _untrained(tmp_path), "--rescore", spec, "--max-abs-diff", "0",
-             "--quiet"] if command == "audit" else ["rollout", str(out), "--model", spec,
-                                                    "--num-sequences", "1"])
+    argv = (
+        ["audit", _untrained(tmp_path), "--rescore", spec, "--max-abs-diff", "0", "--quiet"]
+        if command == "audit"
+        else ["rollout", str(out), "--model", spec, "--num-sequences", "1"]
+    )
     rc = run_bounded(argv)
     line = one_error_line(capsys.readouterr().err, command)
     assert rc == 2 and spec in line and says in line, line
@@ -209,13 +238,20 @@ def test_a_model_with_nan_logits_is_named_by_probe_model(capsys, factories):
 OPTIONS = [
     (["bench", "--threads", "100000"], "bench", "--threads", "got 100000"),
     (["probe", "ops", "--threads", "1,100000"], "probe ops", "--threads", "got 100000"),
-    (["bench", "--vocab", "100000000000", "--batch", "1"], "bench", "--vocab 100000000000",
-     "GiB"),
-    (["rollout", "{tmp}/r.jsonl", "--seed", str(2**63 - 1), "--num-sequences", "3"], "rollout",
-     f"--seed {2**63 - 1} with --num-sequences 3", f"at most {2**63 - 3}"),
+    (["bench", "--vocab", "100000000000", "--batch", "1"], "bench", "--vocab 100000000000", "GiB"),
+    (
+        ["rollout", "{tmp}/r.jsonl", "--seed", str(2**63 - 1), "--num-sequences", "3"],
+        "rollout",
+        f"--seed {2**63 - 1} with --num-sequences 3",
+        f"at most {2**63 - 3}",
+    ),
     # Bug pinned: --num-sequences 1000000000 built every request in memory before writing
-    (["rollout", "{tmp}/r.jsonl", "--num-sequences", "1000000000"], "rollout",
-     "1,000,000,000 sequences (--num-sequences x --n)", "GiB"),
+    (
+        ["rollout", "{tmp}/r.jsonl", "--num-sequences", "1000000000"],
+        "rollout",
+        "1,000,000,000 sequences (--num-sequences x --n)",
+        "GiB",
+    ),
 ]
 
 
@@ -236,8 +272,7 @@ def test_tensor_parallel_rank_groups_are_bounded_by_the_machine():
         RankGroup(100000, init=print)
 
 
-@pytest.mark.parametrize("argv,command,names,value", OPTIONS,
-                         ids=[" ".join(o[0][:2]) for o in OPTIONS])
+@pytest.mark.parametrize("argv,command,names,value", OPTIONS, ids=[" ".join(o[0][:2]) for o in OPTIONS])
 def test_out_of_range_options_are_named(tmp_path, capsys, argv, command, names, value):
     argv = [a.format(tmp=tmp_path) for a in argv]
     try:
@@ -268,15 +303,13 @@ def test_check_never_prints_its_verdict_before_failing_to_write(capsys, monkeypa
     from detsample.checks.result import CheckResult
 
     monkeypatch.setattr(battery, "run_battery", lambda **kw: [CheckResult("x", True, "ok")])
-    rc = main(["check", "--json", "/dev/full", "--no-isa-fallback",
-               "--allow-missing-goldens"])
+    rc = main(["check", "--json", "/dev/full", "--no-isa-fallback", "--allow-missing-goldens"])
     cap = capsys.readouterr()
     assert rc == 2 and "ALL CHECKS PASSED" not in cap.out, cap.out
     assert "cannot write --json /dev/full: No space left on device" in cap.err
 
 
-@pytest.mark.parametrize("row,rc,says", [(LOG_ROW, 0, ""),
-                                         (dict(LOG_ROW, tokens=-1), 2, "<stdin>:line 1: tokens")])
+@pytest.mark.parametrize("row,rc,says", [(LOG_ROW, 0, ""), (dict(LOG_ROW, tokens=-1), 2, "<stdin>:line 1: tokens")])
 def test_audit_log_reads_stdin_with_the_same_rules(capsys, monkeypatch, row, rc, says):
     import io
 
@@ -290,6 +323,7 @@ def _x86_set_this_cpu_lacks() -> str | None:
     """The highest x86 set torch has that this CPU cannot run (None: it runs them all,
     or it is no x86 CPU)."""
     from detsample.golden import isa
+
     if not isa._is_x86():
         return None
     missing = [s for s in isa.X86_ORDER if s not in isa.supported_isas()]
@@ -319,30 +353,47 @@ RECORDED_MAIN = textwrap.dedent("""
 def _forced(value: str, *argv: str) -> subprocess.CompletedProcess:
     """``detsample ARGV`` in a fresh process under ``ATEN_CPU_CAPABILITY=value``."""
     repo = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": value,
-           "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-c", RECORDED_MAIN, *argv], env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "ATEN_CPU_CAPABILITY": value,
+        "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-c", RECORDED_MAIN, *argv], env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 CHECK_ONE = ["check", "--quick", "-k", "random.temperature"]
 VERIFY_ONE = ["golden", "verify", "-k", "random.greedy"]
 
 
-@pytest.mark.parametrize("value,argv", [
-    pytest.param(LACKING or "lacking", CHECK_ONE, marks=pytest.mark.skipif(
-        LACKING is None, reason="this CPU runs every x86 set torch has (or is not x86): "
-                                "no set to force that it lacks; the unknown values still run")),
-    ("avx9000", VERIFY_ONE), ("AVX2", CHECK_ONE)])
+@pytest.mark.parametrize(
+    "value,argv",
+    [
+        pytest.param(
+            LACKING or "lacking",
+            CHECK_ONE,
+            marks=pytest.mark.skipif(
+                LACKING is None,
+                reason="this CPU runs every x86 set torch has (or is not x86): "
+                "no set to force that it lacks; the unknown values still run",
+            ),
+        ),
+        ("avx9000", VERIFY_ONE),
+        ("AVX2", CHECK_ONE),
+    ],
+)
 def test_a_forced_set_the_cpu_cannot_run_is_refused_before_any_kernel(value, argv):
     """Bug pinned: ``ATEN_CPU_CAPABILITY=avx512 detsample check`` on an AVX2 CPU died on
     an illegal instruction with no output (torch dispatches a forced set's kernels
     without asking the CPU; a value it does not know it ignores, running another set).
     Every command refuses it first: exit 2, one line, no torch kernel run before."""
     from detsample.golden import isa
+
     proc = _forced(value, *argv)
-    assert proc.stderr == (f"detsample: error: ATEN_CPU_CAPABILITY={value}: this CPU "
-                           f"supports {', '.join(isa.supported_isas())}\n"), proc.stderr[-2000:]
+    assert proc.stderr == (
+        f"detsample: error: ATEN_CPU_CAPABILITY={value}: this CPU supports {', '.join(isa.supported_isas())}\n"
+    ), proc.stderr[-2000:]
     assert json.loads(proc.stdout) == {"rc": 2, "ops": []}
 
 

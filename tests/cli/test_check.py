@@ -60,8 +60,7 @@ def test_clean_run_passes(capsys, tmp_path):
 # disagrees with compute_logprobs, so alignment fails whenever the canonical run moved.
 BREAKS = [
     ("golden bit", lambda b: True, "r0", {"golden", "logprob_alignment"}),
-    ("batch composition", lambda b: len(b) > 1, None,
-     {"golden", "batch_invariance", "logprob_alignment"}),
+    ("batch composition", lambda b: len(b) > 1, None, {"golden", "batch_invariance", "logprob_alignment"}),
     ("thread count", lambda b: torch.get_num_threads() == 1, None, {"threads_1_vs_2"}),
 ]
 
@@ -94,8 +93,7 @@ def test_missing_goldens_fail_unless_allowed(capsys, tmp_path):
     assert rc == 1 and "SKIP" in out and "NOT a pass" in out
     golden = [c for c in doc["checks"] if c["name"] == "golden"][0]
     assert golden["ok"] is False and golden["skipped"] is True
-    rc, out, doc = run_check(capsys, tmp_path, "--golden-dir", str(tmp_path / "none"),
-                             "--allow-missing-goldens")
+    rc, out, doc = run_check(capsys, tmp_path, "--golden-dir", str(tmp_path / "none"), "--allow-missing-goldens")
     assert rc == 0 and "SKIP" in out
 
 
@@ -108,6 +106,7 @@ def test_edited_golden_file_fails_with_first_divergence(capsys, tmp_path):
     import shutil
 
     from detsample.golden.store import GoldenStore
+
     real = GoldenStore()
     copy = GoldenStore(tmp_path / "g")
     shutil.copytree(real.scenario_dir(ONE[1]), copy.scenario_dir(ONE[1]))
@@ -116,6 +115,7 @@ def test_edited_golden_file_fails_with_first_divergence(capsys, tmp_path):
     hexbits, _, label = lines[5].split()
     bits = int(hexbits, 16) ^ 1
     from detsample.golden.format import float_text
+
     lines[5] = f"0x{bits:08x} {float_text(bits)} {label}\n"
     p.write_text("".join(lines))
     rc, out, doc = run_check(capsys, tmp_path, "--golden-dir", str(tmp_path / "g"))
@@ -156,6 +156,7 @@ def test_top_logprob_kernel_swap_fails_check(capsys, tmp_path, monkeypatch):
     sampled logprob moves, and only the golden check fails."""
     import detsample.ops.logprobs as lp_ops
     from detsample.sampler import Sampler
+
     monkeypatch.delenv("CI", raising=False)
     args = ["-k", "random.top_logprobs", "--golden-dir", str(tmp_path)]
     assert main(["golden", "update", *args]) == 0
@@ -234,8 +235,14 @@ def _check(env_extra: dict, tmp_path=None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY",)}
     env.update(env_extra)
     env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-m", "detsample", "check", "--quick", *ONE],
-                          env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    return subprocess.run(
+        [sys.executable, "-m", "detsample", "check", "--quick", *ONE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
 
 
 def test_every_instruction_set_compares_against_the_one_cpu_folder(tmp_path):
@@ -244,9 +251,12 @@ def test_every_instruction_set_compares_against_the_one_cpu_folder(tmp_path):
     bits are detsample's own arithmetic now: under every set this CPU runs, the check
     compares against golden/cpu, in process, and passes."""
     from detsample.golden import isa
+
     for name in isa.supported_isas():
-        proc = _check({"ATEN_CPU_CAPABILITY": name, "MKL_ENABLE_INSTRUCTIONS": "AVX2"
-                       if name != "default" else "SSE4_2"}, tmp_path)
+        proc = _check(
+            {"ATEN_CPU_CAPABILITY": name, "MKL_ENABLE_INSTRUCTIONS": "AVX2" if name != "default" else "SSE4_2"},
+            tmp_path,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "ALL CHECKS PASSED" in proc.stdout and "platform cpu " in proc.stdout
         assert "running under" not in proc.stdout and "re-run" not in proc.stdout
@@ -260,6 +270,7 @@ def test_any_torch_build_uses_the_cpu_goldens(monkeypatch, version):
     nothing of the build: the store is ``cpu`` whatever torch reports (tensor goldens,
     a user's kernels, keep the full fingerprint)."""
     from detsample.golden.store import GoldenStore
+
     monkeypatch.setattr(torch, "__version__", version)
     store = GoldenStore()
     assert store.fingerprint == "cpu" and store.platform_dir.name == "cpu"

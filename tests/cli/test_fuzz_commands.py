@@ -35,24 +35,51 @@ LISTS = st.sampled_from(["1", "1,2", "0", "-1", "1,,2", "abc", "", "99999999999"
 
 #: command -> (its fixed arguments, its options and their value strategies)
 COMMANDS = {
-    "check": (["-k", SCENARIO],
-              {"--json": PATHS, "--golden-dir": GOLDEN_DIRS, "--device": DEVICES,
-               "-k": st.sampled_from([SCENARIO, "no.such", ""])}),
-    "golden verify": (["-k", SCENARIO],
-                      {"--golden-dir": GOLDEN_DIRS, "--device": DEVICES,
-                       "--isa": st.sampled_from(["avx2", "avx512", "default", "sse9", "", "all"])}),
+    "check": (
+        ["-k", SCENARIO],
+        {
+            "--json": PATHS,
+            "--golden-dir": GOLDEN_DIRS,
+            "--device": DEVICES,
+            "-k": st.sampled_from([SCENARIO, "no.such", ""]),
+        },
+    ),
+    "golden verify": (
+        ["-k", SCENARIO],
+        {
+            "--golden-dir": GOLDEN_DIRS,
+            "--device": DEVICES,
+            "--isa": st.sampled_from(["avx2", "avx512", "default", "sse9", "", "all"]),
+        },
+    ),
     "golden diff": (["-k", SCENARIO], {"--golden-dir": GOLDEN_DIRS, "--device": DEVICES}),
-    "golden update": (["-k", SCENARIO, "--golden-dir", "{scratch}"],
-                      {"--golden-dir": GOLDEN_DIRS, "--isa": st.sampled_from(["default", "x", ""])}),
-    "probe ops": (["--op", "softmax", "--threads", "1"],
-                  {"--threads": LISTS, "--dtype": st.sampled_from(["float32", "bfloat16", "int8", ""]),
-                   "--op": st.sampled_from(["softmax", "no_such_op", ""]), "--json": PATHS,
-                   "--device": DEVICES}),
-    "bench": (["--config", "greedy", "--batch", "1", "--vocab", "64", "--repeat", "1",
-               "--min-seconds", "0", "--no-compile"],
-              {"--batch": LISTS, "--vocab": LISTS, "--repeat": NUMBERS, "--min-seconds": NUMBERS,
-               "--threads": NUMBERS, "--json": PATHS, "--config": st.sampled_from(["greedy", "nope", ""]),
-               "--stat": st.sampled_from(["median", "min", "max"])}),
+    "golden update": (
+        ["-k", SCENARIO, "--golden-dir", "{scratch}"],
+        {"--golden-dir": GOLDEN_DIRS, "--isa": st.sampled_from(["default", "x", ""])},
+    ),
+    "probe ops": (
+        ["--op", "softmax", "--threads", "1"],
+        {
+            "--threads": LISTS,
+            "--dtype": st.sampled_from(["float32", "bfloat16", "int8", ""]),
+            "--op": st.sampled_from(["softmax", "no_such_op", ""]),
+            "--json": PATHS,
+            "--device": DEVICES,
+        },
+    ),
+    "bench": (
+        ["--config", "greedy", "--batch", "1", "--vocab", "64", "--repeat", "1", "--min-seconds", "0", "--no-compile"],
+        {
+            "--batch": LISTS,
+            "--vocab": LISTS,
+            "--repeat": NUMBERS,
+            "--min-seconds": NUMBERS,
+            "--threads": NUMBERS,
+            "--json": PATHS,
+            "--config": st.sampled_from(["greedy", "nope", ""]),
+            "--stat": st.sampled_from(["median", "min", "max"]),
+        },
+    ),
 }
 GATES = {"check", "golden verify", "golden diff", "probe ops"}
 
@@ -90,8 +117,12 @@ def _run(command: str, argv: list[str], files: dict[str, str], capsys) -> None:
     _ends_as_promised(argv, files, capsys, inputs=_golden_inputs(files), gate=command in GATES)
 
 
-@settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=FUZZ_FIXED,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=FUZZ_EXAMPLES,
+    deadline=None,
+    derandomize=FUZZ_FIXED,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(inv=invocations())
 def test_malformed_options_of_every_command_end_as_promised(files, capsys, monkeypatch, inv):
     monkeypatch.setattr(battery, "external_checks", lambda: [])
@@ -116,8 +147,7 @@ def test_the_harness_catches_a_traceback(files, capsys, monkeypatch):
     monkeypatch.setattr(store.GoldenStore, "update", boom)
     monkeypatch.delenv("CI", raising=False)
     with pytest.raises((AssertionError, TypeError)):
-        _run("golden update", ["golden", "update", "-k", SCENARIO, "--golden-dir", "{scratch}"],
-             files, capsys)
+        _run("golden update", ["golden", "update", "-k", SCENARIO, "--golden-dir", "{scratch}"], files, capsys)
 
 
 #: (command line, exit code with a working stdout): a cheap run of every command that
@@ -125,8 +155,25 @@ def test_the_harness_catches_a_traceback(files, capsys, monkeypatch):
 STREAMED = [
     (["golden", "verify", "-k", SCENARIO], 0),
     (["probe", "ops", "--op", "softmax", "--threads", "1", "--json", "-"], 0),
-    (["bench", "--config", "greedy", "--batch", "1", "--vocab", "64", "--repeat", "1",
-      "--min-seconds", "0", "--no-compile", "--json", "-"], 0),
+    (
+        [
+            "bench",
+            "--config",
+            "greedy",
+            "--batch",
+            "1",
+            "--vocab",
+            "64",
+            "--repeat",
+            "1",
+            "--min-seconds",
+            "0",
+            "--no-compile",
+            "--json",
+            "-",
+        ],
+        0,
+    ),
     (["rollout", "{tmp}/r.jsonl", "--num-sequences", "1", "--max-new-tokens", "2"], 0),
     (["audit", "{tmp}/missing.jsonl"], 2),
 ]
@@ -141,14 +188,16 @@ def test_a_hostile_stdout_keeps_every_commands_exit_code(tmp_path, argv, code, s
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "detsample", *argv]
     if stream == "closed":
-        proc = subprocess.run(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True,
-                              preexec_fn=lambda: os.close(1), timeout=300)
+        proc = subprocess.run(
+            cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.close(1), timeout=300
+        )
     else:
         read_end, write_end = os.pipe()
         os.close(read_end)
         try:
-            proc = subprocess.run(cmd, cwd=tmp_path, env=env, stdout=write_end,
-                                  stderr=subprocess.PIPE, text=True, timeout=300)
+            proc = subprocess.run(
+                cmd, cwd=tmp_path, env=env, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=300
+            )
         finally:
             os.close(write_end)
     assert proc.returncode == code, proc.stderr

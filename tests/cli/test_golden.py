@@ -65,6 +65,7 @@ def test_update_isa_all_writes_one_folder_that_every_set_verifies(tmp_path, caps
     import json
 
     from detsample.golden import isa
+
     monkeypatch.delenv("CI", raising=False)
     root = ["--golden-dir", str(tmp_path)]
     assert main(["golden", "update", "--isa", "all", *ONE, *root]) == 0
@@ -75,8 +76,9 @@ def test_update_isa_all_writes_one_folder_that_every_set_verifies(tmp_path, caps
     assert doc["platform_info"]["isa"] == sets[0]
     for i, name in enumerate(sets):
         assert f"ATEN_CPU_CAPABILITY={name}" in out
-        assert f"golden {'update' if i == 0 else 'verify'} " in out.split(
-            f"ATEN_CPU_CAPABILITY={name}")[1].splitlines()[0]
+        assert (
+            f"golden {'update' if i == 0 else 'verify'} " in out.split(f"ATEN_CPU_CAPABILITY={name}")[1].splitlines()[0]
+        )
     assert "FAILED" not in out
     assert main(["golden", "verify", *ONE, *root]) == 0  # this process's ISA, in process
 
@@ -85,10 +87,10 @@ def test_isa_all_never_updates_twice(monkeypatch, capsys):
     """Pins the order of --isa all (without running it): update under the first set,
     verify under every other, with the update-only flags only on the update."""
     from detsample.golden import isa
+
     ran = []
     monkeypatch.setattr(isa, "supported_isas", lambda: ["default", "avx2", "avx512"])
-    monkeypatch.setattr(isa, "run_under", lambda name, argv, echo, cwd=None:
-                        ran.append((name, list(argv))) or 0)
+    monkeypatch.setattr(isa, "run_under", lambda name, argv, echo, cwd=None: ran.append((name, list(argv))) or 0)
     monkeypatch.delenv("CI", raising=False)
     assert main(["golden", "update", "--isa", "all", "--force", *ONE]) == 0
     assert [n for n, _ in ran] == ["default", "avx2", "avx512"]
@@ -96,10 +98,13 @@ def test_isa_all_never_updates_twice(monkeypatch, capsys):
     assert "--force" in ran[0][1] and all("--force" not in a for _, a in ran[1:])
 
 
-@pytest.mark.parametrize("argv,msg", [
-    (["golden", "diff", "--isa", "all"], "--isa applies to verify and update"),
-    (["golden", "update", "--isa", "avx9000"], "sets this CPU supports"),
-])
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["golden", "diff", "--isa", "all"], "--isa applies to verify and update"),
+        (["golden", "update", "--isa", "avx9000"], "sets this CPU supports"),
+    ],
+)
 def test_isa_usage_errors(argv, msg, capsys):
     assert main([*argv, *ONE]) == 2
     assert msg in capsys.readouterr().err

@@ -44,8 +44,14 @@ def _log_file(tmp_path, **changes) -> Path:
 
 def _cli(argv: list[str], cwd, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "detsample", *argv], cwd=cwd, env=env,
-                          capture_output=kw.pop("capture", True), timeout=120, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "detsample", *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=kw.pop("capture", True),
+        timeout=120,
+        **kw,
+    )
 
 
 # ------------------------------------------------------------------ outputs equal to inputs
@@ -59,22 +65,22 @@ def _same_input_cases(tmp_path):
     os.link(r, tmp_path / "hard.jsonl")
     (tmp_path / "rep").mkdir()
     os.symlink(r, tmp_path / "rep" / "report.json")
-    return [(["audit", str(r), "--json", str(r)], "audit", r, "--json", "FILE"),
-            (["audit", str(r), "--json", str(tmp_path / "hard.jsonl")], "audit", r, "--json",
-             "FILE"),
-            (["audit", str(r), "--report", str(tmp_path / "rep")], "audit", r, "--report",
-             "FILE"),
-            (["audit-log", str(a), "--json", str(a)], "audit-log", a, "--json", "PATH"),
-            (["rollout", str(p), "--prompts", str(p)], "rollout", p, "OUT", "--prompts")]
+    return [
+        (["audit", str(r), "--json", str(r)], "audit", r, "--json", "FILE"),
+        (["audit", str(r), "--json", str(tmp_path / "hard.jsonl")], "audit", r, "--json", "FILE"),
+        (["audit", str(r), "--report", str(tmp_path / "rep")], "audit", r, "--report", "FILE"),
+        (["audit-log", str(a), "--json", str(a)], "audit-log", a, "--json", "PATH"),
+        (["rollout", str(p), "--prompts", str(p)], "rollout", p, "OUT", "--prompts"),
+    ]
 
 
 @pytest.mark.parametrize("case", range(5))
-def test_an_output_that_is_an_input_is_refused_before_anything_is_read(tmp_path, capsys, case,
-                                                                       monkeypatch):
+def test_an_output_that_is_an_input_is_refused_before_anything_is_read(tmp_path, capsys, case, monkeypatch):
     import detsample.audit.running.rollout as rollout
 
-    monkeypatch.setattr(rollout, "generate_rollouts",
-                        lambda *a, **k: pytest.fail("the engine ran before OUT was checked"))
+    monkeypatch.setattr(
+        rollout, "generate_rollouts", lambda *a, **k: pytest.fail("the engine ran before OUT was checked")
+    )
     argv, command, victim, out_flag, in_flag = _same_input_cases(tmp_path)[case]
     before = victim.read_bytes()
     assert main(argv) == 2
@@ -95,10 +101,14 @@ def test_rollout_writes_exactly_the_path_given(tmp_path, capsys):
 
 def test_a_file_size_limit_leaves_the_old_rollout_and_no_partial_file(tmp_path):
     old = _rollout_file(tmp_path).read_bytes()
-    proc = subprocess.run(["bash", "-c", f"ulimit -f 16; exec {sys.executable} -m detsample "
-                           f"rollout r.jsonl --num-sequences 64"], cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        ["bash", "-c", f"ulimit -f 16; exec {sys.executable} -m detsample rollout r.jsonl --num-sequences 64"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert (tmp_path / "r.jsonl").read_bytes() == old
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl"]
     assert proc.returncode == 2, proc.stderr
@@ -126,8 +136,14 @@ def test_a_broken_pipe_keeps_the_exit_code_and_prints_no_traceback(tmp_path):
     read_end, write_end = os.pipe()
     os.close(read_end)  # `| true`: the reader is gone before anything is written
     try:
-        proc = _cli(["audit", str(r), "--json", "-", "--max-abs-diff", "0"], tmp_path,
-                    capture=False, stdout=write_end, stderr=subprocess.PIPE, text=True)
+        proc = _cli(
+            ["audit", str(r), "--json", "-", "--max-abs-diff", "0"],
+            tmp_path,
+            capture=False,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     finally:
         os.close(write_end)
     assert proc.returncode == 0, proc.stderr
@@ -136,9 +152,15 @@ def test_a_broken_pipe_keeps_the_exit_code_and_prints_no_traceback(tmp_path):
 
 def test_a_closed_stdout_keeps_the_exit_code(tmp_path):
     r = _rollout_file(tmp_path)
-    proc = _cli(["audit", str(r), "--json", "-", "--max-abs-diff", "0"], tmp_path,
-                capture=False, stderr=subprocess.PIPE, text=True, pass_fds=(),
-                preexec_fn=lambda: os.close(1))
+    proc = _cli(
+        ["audit", str(r), "--json", "-", "--max-abs-diff", "0"],
+        tmp_path,
+        capture=False,
+        stderr=subprocess.PIPE,
+        text=True,
+        pass_fds=(),
+        preexec_fn=lambda: os.close(1),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -175,11 +197,18 @@ def test_a_model_with_nan_logits_is_a_named_rollout_error(tmp_path, capsys, fact
 
 CONTRADICTIONS = [
     ({"sequences": 0, "tokens": 1000}, "sequences 0 but tokens 1000"),
-    ({"exact_match_fraction": 1.0, "mismatch_fraction": 1.0, "max_abs_diff": 0.5},
-     "sum past 1"),
+    ({"exact_match_fraction": 1.0, "mismatch_fraction": 1.0, "max_abs_diff": 0.5}, "sum past 1"),
     ({"mismatch_fraction": 0.0, "max_abs_diff": 0.5}, "max_abs_diff 0.5 but mismatch_fraction"),
-    ({"mismatch_fraction": 0.5, "exact_match_fraction": 0.5, "mean_abs_diff": 0.3,
-      "max_abs_diff": 0.1, "abs_diff_p99": 0.1}, "mean_abs_diff 0.3 above max_abs_diff 0.1"),
+    (
+        {
+            "mismatch_fraction": 0.5,
+            "exact_match_fraction": 0.5,
+            "mean_abs_diff": 0.3,
+            "max_abs_diff": 0.1,
+            "abs_diff_p99": 0.1,
+        },
+        "mean_abs_diff 0.3 above max_abs_diff 0.1",
+    ),
     ({"tokens": 0}, "tokens 0 but exact_match_fraction"),
 ]
 
@@ -187,8 +216,7 @@ CONTRADICTIONS = [
 @pytest.mark.parametrize("changes,says", CONTRADICTIONS)
 def test_audit_log_rows_that_contradict_themselves_never_pass(tmp_path, capsys, changes, says):
     log = _log_file(tmp_path, **changes)
-    rc = main(["audit-log", str(log), "--max-mismatch", "1", "--min-exact-match", "0",
-               "--quiet"])
+    rc = main(["audit-log", str(log), "--max-mismatch", "1", "--min-exact-match", "0", "--quiet"])
     line = one_error_line(capsys.readouterr().err, "audit-log")
     assert rc == 2 and says in line and "line 1" in line, line
 
@@ -197,11 +225,14 @@ def test_a_consistent_log_still_passes(tmp_path):
     assert main(["audit-log", str(_log_file(tmp_path)), "--max-abs-diff", "0", "--quiet"]) == 0
 
 
-@pytest.mark.parametrize("argv,says", [
-    (["audit", "{r}", "--rollout-rs-threshold", "1_2_3"], "got '1_2_3'"),
-    (["audit", "{r}", "--rollout-is-threshold", "2_0"], "'2_0'"),
-    (["audit", "{r}", "--max-abs-diff", "1_0"], "'1_0'"),
-])
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (["audit", "{r}", "--rollout-rs-threshold", "1_2_3"], "got '1_2_3'"),
+        (["audit", "{r}", "--rollout-is-threshold", "2_0"], "'2_0'"),
+        (["audit", "{r}", "--max-abs-diff", "1_0"], "'1_0'"),
+    ],
+)
 def test_numbers_with_separators_are_refused(tmp_path, capsys, argv, says):
     r = _rollout_file(tmp_path)
     try:
@@ -211,15 +242,17 @@ def test_numbers_with_separators_are_refused(tmp_path, capsys, argv, says):
     assert rc == 2 and says in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["rollout", "{tmp}/t.jsonl", "--temperature", "1e-320"],
-                                  ["audit", "{tmp}/r.jsonl", "--rescore", "refmodel",
-                                   "--logprobs-mode", "processed", "--temperature", "1e-320"]])
-def test_a_temperature_that_fails_every_row_is_refused_at_parse_time(tmp_path, capsys, argv,
-                                                                      monkeypatch):
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["rollout", "{tmp}/t.jsonl", "--temperature", "1e-320"],
+        ["audit", "{tmp}/r.jsonl", "--rescore", "refmodel", "--logprobs-mode", "processed", "--temperature", "1e-320"],
+    ],
+)
+def test_a_temperature_that_fails_every_row_is_refused_at_parse_time(tmp_path, capsys, argv, monkeypatch):
     import detsample.audit.running.rollout as rollout
 
-    monkeypatch.setattr(rollout, "generate_rollouts",
-                        lambda *a, **k: pytest.fail("the engine ran"))
+    monkeypatch.setattr(rollout, "generate_rollouts", lambda *a, **k: pytest.fail("the engine ran"))
     _rollout_file(tmp_path)
     with pytest.raises(SystemExit) as info:
         main([a.format(tmp=tmp_path) for a in argv])
@@ -234,19 +267,24 @@ def test_a_factory_writing_to_fd_1_never_reaches_json_on_stdout(tmp_path):
         "def make():\n"
         "    os.write(1, b'loading weights (C code)\\n')\n"
         "    from detsample.models import load_model\n"
-        "    return load_model('refmodel')\n")
+        "    return load_model('refmodel')\n"
+    )
     r = tmp_path / "r.jsonl"
     r.write_text(json.dumps({k: v for k, v in GOOD.items() if k != "trainer_logprobs"}) + "\n")
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
-    proc = subprocess.run([sys.executable, "-m", "detsample", "audit", str(r), "--rescore",
-                           "fdfactory:make", "--json", "-", "--quiet"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "detsample", "audit", str(r), "--rescore", "fdfactory:make", "--json", "-", "--quiet"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert json.loads(proc.stdout)["tokens"] == 2, proc.stdout
     assert "loading weights (C code)" in proc.stderr
 
 
-def test_check_json_among_the_goldens_is_refused_before_the_battery(tmp_path, capsys,
-                                                                   monkeypatch):
+def test_check_json_among_the_goldens_is_refused_before_the_battery(tmp_path, capsys, monkeypatch):
     import detsample.checks.battery as battery
 
     monkeypatch.setattr(battery, "run_battery", lambda *a, **k: pytest.fail("the battery ran"))
@@ -258,8 +296,7 @@ def test_check_json_among_the_goldens_is_refused_before_the_battery(tmp_path, ca
     assert f"--json {out} is inside the input --golden-dir {root / 'cpu'}" in line, line
 
 
-def test_a_report_that_cannot_be_written_is_one_line_naming_the_file(tmp_path, capsys,
-                                                                    monkeypatch):
+def test_a_report_that_cannot_be_written_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
     import errno
 
     import detsample.outputs.files as files
@@ -272,6 +309,5 @@ def test_a_report_that_cannot_be_written_is_one_line_naming_the_file(tmp_path, c
     rc = main(["audit", str(_rollout_file(tmp_path)), "--report", str(rep), "--quiet"])
     line = one_error_line(capsys.readouterr().err, "audit")
     # the first file the report writes (an exact audit draws no plot: report.json)
-    assert rc == 2 and line.endswith(f"cannot write --report {rep}/report.json: "
-                                     f"No space left on device"), line
+    assert rc == 2 and line.endswith(f"cannot write --report {rep}/report.json: No space left on device"), line
     assert list(rep.iterdir()) == []  # no partial file

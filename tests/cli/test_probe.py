@@ -20,14 +20,14 @@ from detsample.cli import main
 MODEL_KEYS = {"ok", "platform", "target", "checks"}
 CHECK_KEYS = {"name", "ok", "detail", "first_divergence"}
 DIVERGENCE_KEYS = {"module", "op", "shapes", "max_ulp"}
-OP_KEYS = {"op", "dtype", "batch_invariant", "run_to_run", "threads", "first_differing_sizes",
-           "max_ulp"}
+OP_KEYS = {"op", "dtype", "batch_invariant", "run_to_run", "threads", "first_differing_sizes", "max_ulp"}
 CHECKS = ["batch_invariance", "prefill_decode", "chunked_prefill", "run_to_run", "threads"]
 
 
 @pytest.fixture(scope="module")
 def platform():
     from detsample.golden.fingerprint import platform_fingerprint
+
     return platform_fingerprint("cpu")
 
 
@@ -39,8 +39,7 @@ def test_refmodel_passes_with_json(tmp_path, capsys, platform):
     assert set(data) == MODEL_KEYS and data["ok"] is True
     assert data["platform"] == platform and data["target"] == "refmodel"
     assert [c["name"] for c in data["checks"]] == CHECKS
-    assert all(set(c) == CHECK_KEYS and c["ok"] and c["first_divergence"] is None
-               for c in data["checks"])
+    assert all(set(c) == CHECK_KEYS and c["ok"] and c["first_divergence"] is None for c in data["checks"])
 
 
 def test_refmodel_float_fails_with_exit_1(tmp_path, capsys):
@@ -60,7 +59,8 @@ def test_refmodel_float_fails_with_exit_1(tmp_path, capsys):
 
 @pytest.fixture
 def factories(tmp_path, monkeypatch):
-    (tmp_path / "probe_factories.py").write_text(textwrap.dedent("""
+    (tmp_path / "probe_factories.py").write_text(
+        textwrap.dedent("""
         import os
 
         from detsample.refmodel import RefModel
@@ -89,7 +89,8 @@ def factories(tmp_path, monkeypatch):
         def marks():
             open(os.environ["PROBE_MARK"], "w").close()
             return RefModel()
-    """))
+    """)
+    )
     (tmp_path / "probe_broken.py").write_text("import no_such_package_for_probe\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield
@@ -102,22 +103,27 @@ def test_user_factory(factories, capsys):
     captured = capsys.readouterr()
     data = json.loads(captured.out)
     assert data["target"] == "probe_factories:ref" and data["ok"] is True
-    assert "detsample probe model probe_factories:ref" in captured.err   # the table
+    assert "detsample probe model probe_factories:ref" in captured.err  # the table
 
 
 USAGE = [
     (["model", "no-such-model"], "unknown model 'no-such-model'"),
-    (["model", "probe_broken:make"],
-     "cannot import 'probe_broken' for model 'probe_broken:make': ModuleNotFoundError: "
-     "No module named 'no_such_package_for_probe'"),
+    (
+        ["model", "probe_broken:make"],
+        "cannot import 'probe_broken' for model 'probe_broken:make': ModuleNotFoundError: "
+        "No module named 'no_such_package_for_probe'",
+    ),
     (["model", "probe_factories:nothing"], "has no callable 'nothing'"),
     # Bugs pinned: these were the factory's traceback and exit 1
-    (["model", "probe_factories:fails"],
-     "model 'probe_factories:fails': fails() raised OSError: no checkpoint at /models/x"),
-    (["model", "probe_factories:needs"],
-     "model 'probe_factories:needs': the factory must be callable without arguments"),
-    (["model", "probe_factories:chatty"],
-     "model 'probe_factories:chatty': forward returned a str"),
+    (
+        ["model", "probe_factories:fails"],
+        "model 'probe_factories:fails': fails() raised OSError: no checkpoint at /models/x",
+    ),
+    (
+        ["model", "probe_factories:needs"],
+        "model 'probe_factories:needs': the factory must be callable without arguments",
+    ),
+    (["model", "probe_factories:chatty"], "model 'probe_factories:chatty': forward returned a str"),
 ]
 
 
@@ -129,15 +135,13 @@ def test_usage_errors_exit_2(factories, capsys, args, message):
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_json_path_is_checked_before_the_model_is_built(factories, tmp_path, monkeypatch,
-                                                        capsys):
+def test_json_path_is_checked_before_the_model_is_built(factories, tmp_path, monkeypatch, capsys):
     """Bug pinned: an unwritable --json failed only after the whole run."""
     mark = tmp_path / "built"
     monkeypatch.setenv("PROBE_MARK", str(mark))
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert main(["probe", "model", "probe_factories:marks", "--json",
-                 str(blocker / "x.json")]) == 2
+    assert main(["probe", "model", "probe_factories:marks", "--json", str(blocker / "x.json")]) == 2
     assert "cannot write --json" in capsys.readouterr().err and not mark.exists()
 
 
@@ -163,13 +167,11 @@ def test_ops_subset_json_and_exit_1(tmp_path, capsys, platform):
 
 
 def test_ops_that_hold_exit_0(capsys):
-    assert main(["probe", "ops", "--op", "log_softmax", "--dtype", "float32",
-                 "--threads", "1"]) == 0
+    assert main(["probe", "ops", "--op", "log_softmax", "--dtype", "float32", "--threads", "1"]) == 0
     assert "ok: every op holds bitwise" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("args", [["--dtype", "float8"], ["--threads", "0"],
-                                  ["--threads", "x"], ["--device", "tpu"]])
+@pytest.mark.parametrize("args", [["--dtype", "float8"], ["--threads", "0"], ["--threads", "x"], ["--device", "tpu"]])
 def test_bad_ops_arguments_are_argparse_errors(capsys, args):
     with pytest.raises(SystemExit) as info:
         main(["probe", "ops", *args])
@@ -191,8 +193,7 @@ def test_unknown_op_and_missing_kind(capsys):
 def test_unwritable_json_exit_2(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert main(["probe", "ops", "--op", "log_softmax", "--threads", "1",
-                 "--json", str(blocker / "x.json")]) == 2
+    assert main(["probe", "ops", "--op", "log_softmax", "--threads", "1", "--json", str(blocker / "x.json")]) == 2
     assert "cannot write --json" in capsys.readouterr().err
 
 
@@ -202,25 +203,24 @@ def test_portable_needs_the_mode_and_lists_its_kernels(tmp_path, capsys):
     names what it checked on this machine; --portable alone is a usage error."""
     assert main(["probe", "model", "hf-tiny-llama", "--portable"]) == 2
     assert "give --batch-invariant too" in capsys.readouterr().err
-    for flags, mm_rests_on in ((["--portable"], "detsample's arithmetic"),
-                               ([], "verified on this machine")):
+    for flags, mm_rests_on in ((["--portable"], "detsample's arithmetic"), ([], "verified on this machine")):
         path = tmp_path / f"p{len(flags)}.json"
-        assert main(["probe", "model", "hf-tiny-qwen2", "--batch-invariant", *flags,
-                     "--json", str(path)]) == 0
+        assert main(["probe", "model", "hf-tiny-qwen2", "--batch-invariant", *flags, "--json", str(path)]) == 0
         doc = json.loads(path.read_text())
         mms = [k for k in doc["kernels"] if k["op"] == "mm"]
         assert mms and all(k["rests_on"] == mm_rests_on for k in mms), mms
         assert set(doc["kernels"][0]) == {"op", "shape", "threads", "kernel", "rests_on", "reason"}
         assert "kernels the mode took on this machine" in capsys.readouterr().out
     assert main(["probe", "model", "refmodel", "--json", str(path)]) == 0
-    assert "kernels" not in json.loads(path.read_text())       # outside the mode: as before
+    assert "kernels" not in json.loads(path.read_text())  # outside the mode: as before
 
 
 def test_coverage_check_names_uncovered_ops_and_refused_layers(tmp_path, monkeypatch, capsys):
     """Under the mode the probe adds a `coverage` check: an op of the model the mode does
     not cover (erf) fails it by op, module and shape; a linear-attention layer fails it by
     name, before any forward; a covered model passes it."""
-    (tmp_path / "cov_models.py").write_text(textwrap.dedent("""
+    (tmp_path / "cov_models.py").write_text(
+        textwrap.dedent("""
         import torch
         from detsample.models import build_tiny
 
@@ -241,7 +241,8 @@ def test_coverage_check_names_uncovered_ops_and_refused_layers(tmp_path, monkeyp
             m = build_tiny("hf-tiny-llama")
             m.model.layers[1].mixer = FakeGatedDeltaNet()
             return m
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     path = tmp_path / "r.json"
     try:

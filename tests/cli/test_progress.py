@@ -16,12 +16,12 @@ from detsample.cli._progress import Progress
 
 
 def test_long_work_off_a_terminal_writes_lines_with_rate_and_eta():
-    stream = io.StringIO()                       # not a terminal
+    stream = io.StringIO()  # not a terminal
     with Progress("rollout", stream, every=0.0) as progress:
         for i in range(1, 4):
             progress(i, 8, "sequences sampled")
     lines = stream.getvalue().splitlines()
-    assert len(lines) == 4                       # one a call (every=0), and the last at the end
+    assert len(lines) == 4  # one a call (every=0), and the last at the end
     assert re.fullmatch(r"rollout: 1/8 sequences sampled, [0-9.]+/s, ETA [0-9]+ s \([0-9]+ s\)", lines[0])
     assert lines[-1].startswith("rollout: 3/8 sequences sampled")
 
@@ -43,8 +43,9 @@ def test_an_unknown_total_has_no_eta():
 
 def test_the_rollout_reports_each_finished_sequence():
     seen = []
-    records = generate_rollouts(num_sequences=4, max_new_tokens=3, seed=2, max_batch_size=2,
-                                on_progress=lambda *a: seen.append(a))
+    records = generate_rollouts(
+        num_sequences=4, max_new_tokens=3, seed=2, max_batch_size=2, on_progress=lambda *a: seen.append(a)
+    )
     assert len(records) == 4
     assert seen == [(k, 4, "sequences sampled") for k in range(1, 5)]
 
@@ -54,7 +55,6 @@ def test_the_peak_memory_line_states_megabytes(tmp_path, capsys):
     GB for a 540 MB model, and nothing said it)."""
     from detsample.cli import main
 
-    assert main(["rollout", str(tmp_path / "r.jsonl"), "--num-sequences", "2",
-                 "--max-new-tokens", "2"]) == 0
+    assert main(["rollout", str(tmp_path / "r.jsonl"), "--num-sequences", "2", "--max-new-tokens", "2"]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
     assert re.fullmatch(r"peak memory: [1-9][0-9]* MB resident", last), last

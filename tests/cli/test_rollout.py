@@ -47,8 +47,9 @@ def test_format_error_names_what_rollout_writes(tmp_path, capsys):
 def test_unwritable_out_is_refused_before_sampling(tmp_path, capsys, monkeypatch):
     import detsample.audit.running.rollout as rollout
 
-    monkeypatch.setattr(rollout, "generate_rollouts",
-                        lambda *a, **k: pytest.fail("the engine ran before OUT was checked"))
+    monkeypatch.setattr(
+        rollout, "generate_rollouts", lambda *a, **k: pytest.fail("the engine ran before OUT was checked")
+    )
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert main(["rollout", str(blocker / "r.jsonl")]) == 2
@@ -56,19 +57,21 @@ def test_unwritable_out_is_refused_before_sampling(tmp_path, capsys, monkeypatch
 
 
 def test_a_failing_model_factory_is_one_named_error(tmp_path, capsys, monkeypatch):
-    (tmp_path / "rollout_models.py").write_text(textwrap.dedent("""
+    (tmp_path / "rollout_models.py").write_text(
+        textwrap.dedent("""
         def broken():
             raise RuntimeError("no weights")
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        assert main(["rollout", str(tmp_path / "r.jsonl"), "--model",
-                     "rollout_models:broken"]) == 2
+        assert main(["rollout", str(tmp_path / "r.jsonl"), "--model", "rollout_models:broken"]) == 2
     finally:
         sys.modules.pop("rollout_models", None)
     err = capsys.readouterr().err
-    assert err.strip() == ("detsample rollout: error: --model: model 'rollout_models:broken': "
-                           "broken() raised RuntimeError: no weights")
+    assert err.strip() == (
+        "detsample rollout: error: --model: model 'rollout_models:broken': broken() raised RuntimeError: no weights"
+    )
 
 
 def test_small_rollout_is_written(tmp_path, capsys):
@@ -84,8 +87,20 @@ def test_prompts_file_n_samples_each(tmp_path, capsys):
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt_ids": [5, 6, 7]}\n{"prompt_ids": [8, 9]}\n')
-    args = ["--prompts", str(prompts), "--n", "4", "--temperature", "0.8", "--top-p", "0.95",
-            "--logprobs-mode", "processed", "--max-new-tokens", "6"]
+    args = [
+        "--prompts",
+        str(prompts),
+        "--n",
+        "4",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.95",
+        "--logprobs-mode",
+        "processed",
+        "--max-new-tokens",
+        "6",
+    ]
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     assert main(["rollout", str(a), *args]) == 0
     assert main(["rollout", str(b), *args]) == 0
@@ -93,9 +108,26 @@ def test_prompts_file_n_samples_each(tmp_path, capsys):
     recs = [json.loads(x) for x in a.read_text().splitlines()]
     assert [r["group"] for r in recs] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert len({tuple(r["response_ids"]) for r in recs[:4]}) == 4
-    assert main(["audit", str(a), "--rescore", "refmodel", "--logprobs-mode", "processed",
-                 "--temperature", "0.8", "--top-p", "0.95", "--max-abs-diff", "0",
-                 "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "audit",
+                str(a),
+                "--rescore",
+                "refmodel",
+                "--logprobs-mode",
+                "processed",
+                "--temperature",
+                "0.8",
+                "--top-p",
+                "0.95",
+                "--max-abs-diff",
+                "0",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
 
 
 def test_tokenizer_without_prompts_is_a_usage_error(tmp_path, capsys):
@@ -112,10 +144,12 @@ def test_threads_option_sets_torch_threads_and_keeps_the_bits(tmp_path, monkeypa
     try:
         for n in (1, 2):
             out = tmp_path / f"r{n}.jsonl"
-            assert main(["rollout", str(out), "--num-sequences", "2", "--max-new-tokens", "4",
-                         "--threads", str(n)]) == 0
-            assert main(["audit", str(out), "--rescore", "refmodel", "--threads", str(n),
-                         "--min-exact-match", "1"]) == 0
+            assert (
+                main(["rollout", str(out), "--num-sequences", "2", "--max-new-tokens", "4", "--threads", str(n)]) == 0
+            )
+            assert (
+                main(["audit", str(out), "--rescore", "refmodel", "--threads", str(n), "--min-exact-match", "1"]) == 0
+            )
     finally:
         real(old)
     assert seen == [1, 1, 2, 2]

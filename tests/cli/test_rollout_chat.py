@@ -28,17 +28,34 @@ def chat_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def prompts(tmp_path_factory):
     path = tmp_path_factory.mktemp("prompts") / "p.jsonl"
-    rows = [{"messages": [{"role": "user", "content": "hello world"}]},
-            {"messages": [{"role": "user", "content": "the cat is good"}], "id": "c2"},
-            {"prompt": "a dog is"}]
+    rows = [
+        {"messages": [{"role": "user", "content": "hello world"}]},
+        {"messages": [{"role": "user", "content": "the cat is good"}], "id": "c2"},
+        {"prompt": "a dog is"},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
 def _rollout(out, chat_dir, prompts, *extra) -> list[dict]:
-    code = main(["rollout", str(out), "--model", str(chat_dir), "--prompts", str(prompts),
-                 "--chat-template", "--n", "4", "--max-new-tokens", "24",
-                 "--max-batch-size", "1", *extra])
+    code = main(
+        [
+            "rollout",
+            str(out),
+            "--model",
+            str(chat_dir),
+            "--prompts",
+            str(prompts),
+            "--chat-template",
+            "--n",
+            "4",
+            "--max-new-tokens",
+            "24",
+            "--max-batch-size",
+            "1",
+            *extra,
+        ]
+    )
     assert code == 0
     return [json.loads(line) for line in out.read_text().splitlines()]
 
@@ -67,8 +84,7 @@ def test_ignore_eos_runs_past_the_end_of_turn(tmp_path, chat_dir, prompts, capsy
 
 
 def test_eos_token_id_overrides_the_models(tmp_path, chat_dir, prompts):
-    recs = _rollout(tmp_path / "r.jsonl", chat_dir, prompts, "--eos-token-id", "7,9",
-                    "--eos-token-id", "11")
+    recs = _rollout(tmp_path / "r.jsonl", chat_dir, prompts, "--eos-token-id", "7,9", "--eos-token-id", "11")
     for r in recs:
         assert not {7, 9, 11} & set(r["response_ids"][:-1])
     assert any(IM_END in r["response_ids"] for r in recs)
@@ -94,13 +110,28 @@ def test_stop_string_ends_the_response_at_the_token_completing_it(tmp_path, chat
 
 def test_model_dir_rollout_then_audit_rescore_dir_is_exact(tmp_path, chat_dir, prompts, capsys):
     out = tmp_path / "r.jsonl"
-    assert main(["rollout", str(out), "--model", str(chat_dir), "--prompts", str(prompts),
-                 "--chat-template", "--n", "2", "--max-new-tokens", "12",
-                 "--batch-invariant"]) == 0
+    assert (
+        main(
+            [
+                "rollout",
+                str(out),
+                "--model",
+                str(chat_dir),
+                "--prompts",
+                str(prompts),
+                "--chat-template",
+                "--n",
+                "2",
+                "--max-new-tokens",
+                "12",
+                "--batch-invariant",
+            ]
+        )
+        == 0
+    )
     assert "model: " + str(chat_dir) + " (float32)" in capsys.readouterr().out
     report = tmp_path / "a.json"
-    assert main(["audit", str(out), "--rescore", str(chat_dir), "--batch-invariant",
-                 "--json", str(report)]) == 0
+    assert main(["audit", str(out), "--rescore", str(chat_dir), "--batch-invariant", "--json", str(report)]) == 0
     doc = json.loads(report.read_text())
     metrics = doc.get("metrics", doc)
     assert metrics["exact_match_fraction"] == 1.0
@@ -113,16 +144,16 @@ def test_dtype_is_stated(tmp_path, chat_dir, prompts, capsys):
 
 def test_a_model_without_chat_template_names_file_and_row(tmp_path, prompts, capsys):
     bare = save_chat_model(tmp_path / "bare", template=False)
-    code = main(["rollout", str(tmp_path / "r.jsonl"), "--model", str(bare),
-                 "--prompts", str(prompts), "--chat-template"])
+    code = main(
+        ["rollout", str(tmp_path / "r.jsonl"), "--model", str(bare), "--prompts", str(prompts), "--chat-template"]
+    )
     err = capsys.readouterr().err
     assert code == 2 and f"{prompts}:1" in err and "no chat template" in err
     assert "Traceback" not in err
 
 
 def test_messages_without_chat_template_flag_are_refused(tmp_path, chat_dir, prompts, capsys):
-    code = main(["rollout", str(tmp_path / "r.jsonl"), "--model", str(chat_dir),
-                 "--prompts", str(prompts)])
+    code = main(["rollout", str(tmp_path / "r.jsonl"), "--model", str(chat_dir), "--prompts", str(prompts)])
     err = capsys.readouterr().err
     assert code == 2 and f"{prompts}:1" in err and "--chat-template" in err
 
@@ -137,19 +168,27 @@ def _broken_dirs(tmp_path, chat_dir):
     bad_config = tmp_path / "badc"
     bad_config.mkdir()
     (bad_config / "config.json").write_text("{not json")
-    return [(empty, "no config.json"), (bad_weights, "cannot load it"),
-            (bad_config, "config.json is not readable JSON"),
-            (tmp_path / "missing/", "no such directory")]
+    return [
+        (empty, "no config.json"),
+        (bad_weights, "cannot load it"),
+        (bad_config, "config.json is not readable JSON"),
+        (tmp_path / "missing/", "no such directory"),
+    ]
 
 
 @pytest.mark.parametrize("command", ["rollout", "audit"])
 def test_bad_model_directory_is_one_named_error(tmp_path, chat_dir, capsys, command):
     rollout = tmp_path / "ok.jsonl"
-    rollout.write_text(json.dumps({"id": "a", "prompt_ids": [1, 2], "response_ids": [3],
-                                   "engine_logprobs": [-1.0], "mask": [1]}) + "\n")
+    rollout.write_text(
+        json.dumps({"id": "a", "prompt_ids": [1, 2], "response_ids": [3], "engine_logprobs": [-1.0], "mask": [1]})
+        + "\n"
+    )
     for directory, message in _broken_dirs(tmp_path, chat_dir):
-        args = (["rollout", str(tmp_path / "r.jsonl"), "--model", str(directory)]
-                if command == "rollout" else ["audit", str(rollout), "--rescore", str(directory)])
+        args = (
+            ["rollout", str(tmp_path / "r.jsonl"), "--model", str(directory)]
+            if command == "rollout"
+            else ["audit", str(rollout), "--rescore", str(directory)]
+        )
         code = main(args)
         err = capsys.readouterr().err
         assert code == 2, (directory, err)
@@ -157,31 +196,57 @@ def test_bad_model_directory_is_one_named_error(tmp_path, chat_dir, capsys, comm
 
 
 def test_draft_model_dir_writes_the_plain_runs_file(tmp_path, chat_dir, prompts):
-    common = ["--model", str(chat_dir), "--prompts", str(prompts), "--chat-template",
-              "--max-new-tokens", "10", "--batch-invariant"]
+    common = [
+        "--model",
+        str(chat_dir),
+        "--prompts",
+        str(prompts),
+        "--chat-template",
+        "--max-new-tokens",
+        "10",
+        "--batch-invariant",
+    ]
     assert main(["rollout", str(tmp_path / "a.jsonl"), *common]) == 0
-    assert main(["rollout", str(tmp_path / "b.jsonl"), *common, "--draft-model", str(chat_dir),
-                 "--num-speculative-tokens", "3"]) == 0
+    assert (
+        main(
+            [
+                "rollout",
+                str(tmp_path / "b.jsonl"),
+                *common,
+                "--draft-model",
+                str(chat_dir),
+                "--num-speculative-tokens",
+                "3",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--eos-token-id", "two"], "must be token ids separated by commas"),
-    (["--eos-token-id", "-2"], "token ids must be >= 0"),
-    (["--dtype", "float64"], "must be one of float32, bfloat16, float16"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--eos-token-id", "two"], "must be token ids separated by commas"),
+        (["--eos-token-id", "-2"], "token ids must be >= 0"),
+        (["--dtype", "float64"], "must be one of float32, bfloat16, float16"),
+    ],
+)
 def test_bad_end_options_are_parse_errors(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as info:
         main(["rollout", str(tmp_path / "r.jsonl"), *args])
     assert info.value.code == 2 and message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--ignore-eos", "--eos-token-id", "2"], "contradict"),
-    (["--stop", "cat"], "need a tokenizer"),
-    (["--eos-token-id", "512"], "end token id 512 is outside the model's vocabulary of 512"),
-    (["--chat-template"], "--chat-template renders --prompts messages"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--ignore-eos", "--eos-token-id", "2"], "contradict"),
+        (["--stop", "cat"], "need a tokenizer"),
+        (["--eos-token-id", "512"], "end token id 512 is outside the model's vocabulary of 512"),
+        (["--chat-template"], "--chat-template renders --prompts messages"),
+    ],
+)
 def test_contradictory_or_impossible_end_options_exit_2(tmp_path, capsys, args, message):
     code = main(["rollout", str(tmp_path / "r.jsonl"), "--num-sequences", "1", *args])
     err = capsys.readouterr().err

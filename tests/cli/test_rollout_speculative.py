@@ -24,38 +24,40 @@ def _rollout(tmp_path, name, *args):
     return out.read_bytes()
 
 
-@pytest.mark.parametrize("target, draft, k", [
-    ([], "refmodel", 2),
-    ([], "ngram", 4),
-    (["--temperature", "0.7", "--top-p", "0.9"], "refmodel-float", 3),
-])
+@pytest.mark.parametrize(
+    "target, draft, k",
+    [
+        ([], "refmodel", 2),
+        ([], "ngram", 4),
+        (["--temperature", "0.7", "--top-p", "0.9"], "refmodel-float", 3),
+    ],
+)
 def test_speculative_rollout_is_the_plain_file(tmp_path, capsys, target, draft, k):
     for ext in (".jsonl", ".npz"):
         plain = _rollout(tmp_path, "plain" + ext, *target)
-        spec = _rollout(tmp_path, "spec" + ext, *target, "--draft-model", draft,
-                        "--num-speculative-tokens", str(k))
+        spec = _rollout(tmp_path, "spec" + ext, *target, "--draft-model", draft, "--num-speculative-tokens", str(k))
         assert spec == plain
     out = capsys.readouterr().out
     assert re.search(r"speculative: acceptance rate \d\.\d{3} \(\d+ of \d+ drafted tokens\)", out)
 
 
 def test_speculative_rollout_of_an_hf_model_under_the_mode_is_the_plain_file(tmp_path):
-    mode = ["--model", "hf-tiny-llama", "--batch-invariant", "--num-sequences", "2",
-            "--max-new-tokens", "4"]
+    mode = ["--model", "hf-tiny-llama", "--batch-invariant", "--num-sequences", "2", "--max-new-tokens", "4"]
     plain = _rollout(tmp_path, "plain.jsonl", *mode)
-    spec = _rollout(tmp_path, "spec.jsonl", *mode, "--draft-model", "hf-tiny-llama",
-                    "--num-speculative-tokens", "2")
+    spec = _rollout(tmp_path, "spec.jsonl", *mode, "--draft-model", "hf-tiny-llama", "--num-speculative-tokens", "2")
     assert spec == plain
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--draft-model", "refmodel"], "--draft-model and --num-speculative-tokens go together"),
-    (["--num-speculative-tokens", "2"], "--draft-model and --num-speculative-tokens go together"),
-    (["--draft-model", "refmodel", "--num-speculative-tokens", "2", "--tp", "2"],
-     "runs with tp=1 only"),
-    (["--draft-model", "nosuch", "--num-speculative-tokens", "2"], "got 'nosuch'"),
-    (["--draft-model", "refmodel", "--num-speculative-tokens", "0"], "must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--draft-model", "refmodel"], "--draft-model and --num-speculative-tokens go together"),
+        (["--num-speculative-tokens", "2"], "--draft-model and --num-speculative-tokens go together"),
+        (["--draft-model", "refmodel", "--num-speculative-tokens", "2", "--tp", "2"], "runs with tp=1 only"),
+        (["--draft-model", "nosuch", "--num-speculative-tokens", "2"], "got 'nosuch'"),
+        (["--draft-model", "refmodel", "--num-speculative-tokens", "0"], "must be >= 1"),
+    ],
+)
 def test_bad_speculative_options_are_usage_errors(tmp_path, capsys, args, message):
     try:
         code = main(["rollout", str(tmp_path / "r.jsonl"), *SMALL, *args])
@@ -68,10 +70,19 @@ def test_bad_speculative_options_are_usage_errors(tmp_path, capsys, args, messag
 def test_a_draft_of_another_vocabulary_is_refused(tmp_path, capsys, monkeypatch):
     (tmp_path / "spec_drafts.py").write_text(
         "from detsample.refmodel import RefModel, RefModelConfig\n"
-        "def small():\n    return RefModel(RefModelConfig(vocab_size=300))\n")
+        "def small():\n    return RefModel(RefModelConfig(vocab_size=300))\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    code = main(["rollout", str(tmp_path / "r.jsonl"), *SMALL, "--draft-model",
-                 "spec_drafts:small", "--num-speculative-tokens", "2"])
+    code = main(
+        [
+            "rollout",
+            str(tmp_path / "r.jsonl"),
+            *SMALL,
+            "--draft-model",
+            "spec_drafts:small",
+            "--num-speculative-tokens",
+            "2",
+        ]
+    )
     assert code == 2
-    assert "draft model has vocab_size=300, the target 512: they must be equal" in \
-        capsys.readouterr().err
+    assert "draft model has vocab_size=300, the target 512: they must be equal" in capsys.readouterr().err

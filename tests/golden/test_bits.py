@@ -11,9 +11,9 @@ from detsample.golden import bits as B
 
 DIST_CASES = [  # (dtype, golden bits, obtained bits, distance, either is NaN)
     ("float32", 0x3F800000, 0x3F800001, 1, False),
-    ("float32", 0x00000001, 0x80000001, 2, False),            # crosses zero
-    ("float32", 0x00000000, 0x80000000, 0, False),            # sign of zero: 0 ulp, other bits
-    ("float32", 0x7FC00000, 0x7FC00001, 1, True),             # NaN payload
+    ("float32", 0x00000001, 0x80000001, 2, False),  # crosses zero
+    ("float32", 0x00000000, 0x80000000, 0, False),  # sign of zero: 0 ulp, other bits
+    ("float32", 0x7FC00000, 0x7FC00001, 1, True),  # NaN payload
     ("float64", 0x3FF0000000000000, 0x3FF0000000000003, 3, False),
     ("float64", 0x7FEFFFFFFFFFFFFF, 0xFFEFFFFFFFFFFFFF, 2 * 0x7FEFFFFFFFFFFFFF, False),  # -max..max
     ("float16", 0x3C00, 0x3C01, 1, False),
@@ -21,7 +21,7 @@ DIST_CASES = [  # (dtype, golden bits, obtained bits, distance, either is NaN)
     ("bfloat16", 0x3F80, 0x3F81, 1, False),
     ("bfloat16", 0x3F80, 0xBF80, 2 * 0x3F80, False),
     ("int64", 0x7FFFFFFFFFFFFFFF, 0x8000000000000000, 2**64 - 1, False),  # max vs min
-    ("int8", 0xFF, 0x01, 2, False),                                      # -1 vs 1
+    ("int8", 0xFF, 0x01, 2, False),  # -1 vs 1
     ("uint64", 0xFFFFFFFFFFFFFFFF, 0, 2**64 - 1, False),
     ("uint8", 0x05, 0x02, 3, False),
     ("bool", 0, 1, 1, False),
@@ -58,8 +58,16 @@ def test_text(name, b, hx, dec):
 def test_histogram_buckets_and_nan():
     d = np.array([0, 1, 2, 3, 4, 5, 9, 70000, 3], np.uint64)
     nan = np.array([0, 0, 0, 0, 0, 0, 0, 0, 1], bool)
-    assert B.histogram(d, nan) == {"0 (sign of zero)": 1, "1": 1, "2": 1, "3-4": 2, "5-8": 1,
-                                   "9-16": 1, ">65536": 1, "NaN": 1}
+    assert B.histogram(d, nan) == {
+        "0 (sign of zero)": 1,
+        "1": 1,
+        "2": 1,
+        "3-4": 2,
+        "5-8": 1,
+        "9-16": 1,
+        ">65536": 1,
+        "NaN": 1,
+    }
     assert list(B.histogram(d)) == ["0 (sign of zero)", "1", "2", "3-4", "5-8", "9-16", ">65536"]
 
 

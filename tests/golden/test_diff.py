@@ -13,10 +13,10 @@ from tests.golden_helpers import make
 ULP_CASES = [  # (golden bits, obtained bits, expected distance)
     (0x3F800000, 0x3F800001, 1),
     (0x3F800000, 0x3F800000, 0),
-    (0x00000000, 0x80000000, 0),       # +0 vs -0: zero ULP apart but bits differ
-    (0x00000001, 0x80000001, 2),       # crosses zero
-    (0x7FC00000, 0x7FC00001, -1),      # NaN payload
-    (0x7F7FFFFF, 0x7F800000, 1),       # max float -> inf
+    (0x00000000, 0x80000000, 0),  # +0 vs -0: zero ULP apart but bits differ
+    (0x00000001, 0x80000001, 2),  # crosses zero
+    (0x7FC00000, 0x7FC00001, -1),  # NaN payload
+    (0x7F7FFFFF, 0x7F800000, 1),  # max float -> inf
 ]
 
 
@@ -52,8 +52,7 @@ def test_bit_changes_are_mismatches(name, g, o, bucket):
 
 def test_report_names_first_divergence_and_worst():
     gold = make([0x3F000000] * 6, tokens=[5] * 6)
-    obt = make([0x3F000000, 0x3F000001, 0x3F000000, 0x3F000100, 0x3F000000, 0x3F000000],
-               tokens=[5, 5, 5, 5, 9, 5])
+    obt = make([0x3F000000, 0x3F000001, 0x3F000000, 0x3F000100, 0x3F000000, 0x3F000000], tokens=[5, 5, 5, 5, 9, 5])
     d = compare("scn", gold, obt, worst=2)
     assert (d.token_mismatches, d.logprob_mismatches) == (1, 2)
     assert d.first.index == 1 and d.first.ulp == 1
@@ -122,6 +121,7 @@ def test_top_logprobs_compared_on_bits(counts, ids, bits, n_bad, first):
     """Bug pinned: goldens that record only the sampled logprob, so a kernel change that
     moves only the top-n logprobs passes."""
     from tests.golden_helpers import with_top
+
     gold = with_top(make([1, 2, 3]), [2, 0, 1], ids=[5, 9, 4])
     d = compare("s", gold, with_top(make([1, 2, 3]), counts, ids=ids, bits=bits))
     assert d.ok == (n_bad == 0) and d.top.mismatches == n_bad
@@ -132,5 +132,6 @@ def test_top_logprobs_compared_on_bits(counts, ids, bits, n_bad, first):
 
 def test_golden_without_top_logprobs_says_regenerate():
     from tests.golden_helpers import with_top
+
     d = compare("s", make([1, 2]), with_top(make([1, 2]), [3, 0]))
     assert not d.ok and "the golden records no top logprobs but 3 were obtained" in d.report()

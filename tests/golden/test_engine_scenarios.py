@@ -8,8 +8,9 @@ from detsample.golden import engine_scenarios as enginescenarios
 from detsample.golden import registry
 from detsample.golden.diff import compare
 
-needs_engine = pytest.mark.skipif(not enginescenarios.available(),
-                                  reason="detsample.refmodel.engine is not in this build")
+needs_engine = pytest.mark.skipif(
+    not enginescenarios.available(), reason="detsample.refmodel.engine is not in this build"
+)
 NAMES = sorted(enginescenarios.ENGINE_SCENARIOS)
 
 
@@ -36,8 +37,9 @@ def test_produce_is_reproducible_and_labelled(name):
 
 
 @needs_engine
-@pytest.mark.parametrize("name,reasons", [("engine.stops", {"stop", "length"}),
-                                          ("engine.grammar", {"grammar_terminated"})])
+@pytest.mark.parametrize(
+    "name,reasons", [("engine.stops", {"stop", "length"}), ("engine.grammar", {"grammar_terminated"})]
+)
 def test_scenarios_cover_finish_reasons(name, reasons):
     out = enginescenarios.ENGINE_SCENARIOS[name].produce()
     assert reasons <= set(out.meta["finish_reasons"].values())

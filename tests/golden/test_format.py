@@ -20,8 +20,18 @@ from detsample.golden.format import (
 )
 from tests.golden_helpers import make
 
-SPECIAL_BITS = [0x00000000, 0x80000000, 0x7FC00000, 0x7FC00001, 0xFFC00000, 0x7F800000,
-                0xFF800000, 0x00000001, 0x7F7FFFFF, 0xBF800000]
+SPECIAL_BITS = [
+    0x00000000,
+    0x80000000,
+    0x7FC00000,
+    0x7FC00001,
+    0xFFC00000,
+    0x7F800000,
+    0xFF800000,
+    0x00000001,
+    0x7F7FFFFF,
+    0xBF800000,
+]
 
 
 def test_special_bits_round_trip():
@@ -69,8 +79,7 @@ CORRUPTIONS = [
     ("hand-edited bits", lambda t: _edit(t, LOGPROBS, "0xbf800000 -1.0", "0xbf800001 -1.0000001")),
     ("decimal disagrees", lambda t: _edit(t, LOGPROBS, "-1.0 ", "-2.0 ")),
     ("edited token", lambda t: _edit(t, TOKENS, "7 r1@4", "8 r1@4")),
-    ("truncated", lambda t: {**t, TOKENS: t[TOKENS].splitlines(True)[0],
-                             LOGPROBS: t[LOGPROBS].splitlines(True)[0]}),
+    ("truncated", lambda t: {**t, TOKENS: t[TOKENS].splitlines(True)[0], LOGPROBS: t[LOGPROBS].splitlines(True)[0]}),
     ("labels disagree", lambda t: _edit(t, TOKENS, "r1@4", "r1@5")),
     ("schema", lambda t: _edit(t, MANIFEST, '"schema_version": 1', '"schema_version": 2')),
     ("not json", lambda t: {**t, MANIFEST: "{"}),
@@ -98,8 +107,9 @@ BAD_OUTPUTS = [
 @pytest.mark.parametrize("name,kw", BAD_OUTPUTS, ids=[b[0] for b in BAD_OUTPUTS])
 def test_bad_output_rejected(name, kw):
     """Bug pinned: a float64 or mislabelled output written as a golden."""
-    base = dict(rids=("a",), positions=np.zeros(1, np.int64), tokens=np.zeros(1, np.int64),
-                logprobs=np.zeros(1, np.float32))
+    base = dict(
+        rids=("a",), positions=np.zeros(1, np.int64), tokens=np.zeros(1, np.int64), logprobs=np.zeros(1, np.float32)
+    )
     with pytest.raises(GoldenFormatError):
         ScenarioOutput(**{**base, **kw})
 
@@ -123,10 +133,14 @@ def test_top_logprobs_round_trip_and_file():
     first, labelled <request>@<position>#<rank>); other entries have none."""
     from detsample.golden.format import TOP_LOGPROBS
     from tests.golden_helpers import with_top
+
     out = with_top(make([1, 2, 3]), [2, 0, 1], ids=[5, 9, 4], bits=[0x80000000, 0xBF800000, 0x7FC00001])
     texts = encode(out, "s", {})
-    assert texts[TOP_LOGPROBS].splitlines() == ["5 0x80000000 -0.0 r0@3#0", "9 0xbf800000 -1.0 r0@3#1",
-                                                "4 0x7fc00001 nan r0@5#0"]
+    assert texts[TOP_LOGPROBS].splitlines() == [
+        "5 0x80000000 -0.0 r0@3#0",
+        "9 0xbf800000 -1.0 r0@3#1",
+        "4 0x7fc00001 nan r0@5#0",
+    ]
     assert list(texts) == [TOKENS, LOGPROBS, TOP_LOGPROBS, MANIFEST]  # manifest written last
     back, manifest = decode(texts)
     assert back.top_counts.tolist() == [2, 0, 1] and back.top_ids.tolist() == [5, 9, 4]
@@ -148,6 +162,7 @@ TOP_DAMAGE = [
 def test_top_logprobs_damage_detected(edit, exc, msg):
     from detsample.golden.format import TOP_LOGPROBS, decode_lenient
     from tests.golden_helpers import with_top
+
     texts = encode(with_top(make([1, 2, 3]), [2, 0, 1], ids=[5, 9, 4]), "s", {})
     texts[TOP_LOGPROBS] = edit(texts[TOP_LOGPROBS])
     if exc is not None:

@@ -29,11 +29,18 @@ def test_a_set_the_cpu_lacks_is_never_offered(monkeypatch):
     assert isa.resolve("all") == ["default", "avx2", "avx512"]
 
 
-@pytest.mark.parametrize("value,problem", [
-    (None, None), ("", None), ("default", None), ("avx2", None),
-    ("avx512", "ATEN_CPU_CAPABILITY=avx512: this CPU supports default, avx2"),
-    ("AVX2", "ATEN_CPU_CAPABILITY=AVX2: this CPU supports default, avx2"),
-    ("avx9000", "ATEN_CPU_CAPABILITY=avx9000: this CPU supports default, avx2")])
+@pytest.mark.parametrize(
+    "value,problem",
+    [
+        (None, None),
+        ("", None),
+        ("default", None),
+        ("avx2", None),
+        ("avx512", "ATEN_CPU_CAPABILITY=avx512: this CPU supports default, avx2"),
+        ("AVX2", "ATEN_CPU_CAPABILITY=AVX2: this CPU supports default, avx2"),
+        ("avx9000", "ATEN_CPU_CAPABILITY=avx9000: this CPU supports default, avx2"),
+    ],
+)
 def test_a_forced_set_is_a_problem_unless_the_cpu_runs_it(monkeypatch, value, problem):
     """What every ``detsample`` command refuses up front (detsample/cli/__init__.py): a set
     the CPU lacks (torch would run its kernels: an illegal instruction) or a value torch
@@ -48,8 +55,9 @@ def test_a_forced_set_is_a_problem_unless_the_cpu_runs_it(monkeypatch, value, pr
     assert isa.forced_isa_problem() == problem
 
 
-@pytest.mark.parametrize("value,sets", [("sve256", ["default", "sve256"]), ("", ["default", "sve256"]),
-                                        ("default", ["default"])])
+@pytest.mark.parametrize(
+    "value,sets", [("sve256", ["default", "sve256"]), ("", ["default", "sve256"]), ("default", ["default"])]
+)
 def test_off_x86_a_forced_set_torch_took_is_supported(monkeypatch, value, sets):
     """Bug pinned: off x86 any forced value dropped the CPU's own set from the list, so
     ``ATEN_CPU_CAPABILITY=sve256`` on an SVE256 CPU (torch checks that set itself) would

@@ -12,7 +12,7 @@ pytest_plugins = ["pytester"]
 DOC = Path(__file__).resolve().parents[2] / "docs" / "kernel-developers.md"
 MARK = "<!-- template: tests/test_my_kernel_golden.py -->"
 
-TOY_KERNEL = '''
+TOY_KERNEL = """
 import os
 import torch
 
@@ -23,13 +23,13 @@ def my_kernel(x):
     if os.environ.get("TOY_KERNEL_ONE_ULP"):  # the "kernel change": every output one ULP up
         out = torch.nextafter(out, torch.full_like(out, float("inf")))
     return out
-'''
+"""
 
 
 def template() -> str:
     text = DOC.read_text(encoding="utf-8")
     assert MARK in text, f"{DOC} lost its template marker"
-    m = re.search(r"```python\n(.*?)```", text[text.index(MARK):], re.S)
+    m = re.search(r"```python\n(.*?)```", text[text.index(MARK) :], re.S)
     assert m is not None
     return m.group(1)
 
@@ -57,8 +57,9 @@ def test_template_records_fails_on_one_ulp_and_accepts(pytester, monkeypatch):
     rc, out = run("--golden-update")
     assert rc == 0 and out.count("[new] my_kernel.") == 5, out
     (folder,) = (pytester.path / "golden").glob("cpu-*/tensors")
-    assert {p.name for p in folder.iterdir()} == {f"my_kernel.{c}" for c in
-                                                   ("random-f32", "ties-f32", "huge-bf16", "nan-f16", "large-f32")}
+    assert {p.name for p in folder.iterdir()} == {
+        f"my_kernel.{c}" for c in ("random-f32", "ties-f32", "huge-bf16", "nan-f16", "large-f32")
+    }
     assert (folder / "my_kernel.large-f32" / "out.bin").is_file()
     assert run()[0] == 0
 

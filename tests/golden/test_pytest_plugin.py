@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 pytest_plugins = ["pytester"]
-TEST_FILE = '''
+TEST_FILE = """
 import os
 import numpy as np
 from detsample.golden.format import ScenarioOutput
@@ -22,7 +22,7 @@ def test_demo(golden):
                          tokens=np.array([7, 9]),
                          logprobs=np.array([bits, 0xbf000000], dtype=np.uint32).view(np.float32))
     golden.check("demo", out)
-'''
+"""
 
 
 @pytest.fixture
@@ -35,8 +35,16 @@ def child(pytester, monkeypatch):
         monkeypatch.delenv("DEMO_BITS", raising=False)
         for k, v in env.items():
             monkeypatch.setenv(k, v)
-        r = pytester.runpytest("-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "--golden-dir",
-                               str(pytester.path / "golden"), *args)
+        r = pytester.runpytest(
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:hypothesispytest",
+            "--golden-dir",
+            str(pytester.path / "golden"),
+            *args,
+        )
         return SimpleNamespace(returncode=int(r.ret), stdout=r.stdout.str(), stderr=r.stderr.str())
 
     return run
@@ -82,7 +90,7 @@ def test_ci_refuses_update_unless_forced(child, pytester, force, rc):
         assert "CI is set" in r.stderr and not (pytester.path / "golden").exists()
 
 
-TENSOR_TEST = '''
+TENSOR_TEST = """
 import os
 import torch
 
@@ -91,7 +99,7 @@ def test_kernel(golden):
     bump = int(os.environ.get("DEMO_BUMP", "0"))
     out = out.view(torch.int32).add(bump).view(torch.float32)
     golden.check_tensors("toy", {"out": out, "idx": torch.arange(3)})
-'''
+"""
 
 
 @pytest.fixture
@@ -132,6 +140,7 @@ def test_golden_isa_all_regenerates_every_cpu_folder(tensor_child, pytester):
     """--golden-isa all: one child session per ISA this CPU runs, each writing its own
     folder, its manifest saying native or emulated."""
     from detsample.golden import isa
+
     r = tensor_child("--golden-update", "--golden-isa", "all")
     assert r.returncode == 0, r.stdout
     for name in isa.supported_isas():

@@ -20,8 +20,7 @@ def test_registry_covers_every_family():
     names = registry.names()
     synthetic = [n for n in names if isinstance(registry.get(n), Scenario)]
     assert {n.split(".")[0] for n in synthetic} == set(FAMILIES) | {"big"}
-    assert {n for n in synthetic if n.endswith(".grammar")} == {
-        f"{f}.grammar" for f in scenarios.GRAMMAR_LOGITS}
+    assert {n for n in synthetic if n.endswith(".grammar")} == {f"{f}.grammar" for f in scenarios.GRAMMAR_LOGITS}
     assert {n.split(".")[1] for n in synthetic} == set(PARAM_FAMILIES)
     quick = registry.names(quick=True)
     assert quick and set(quick) < set(names) and set(quick) >= scenarios.QUICK
@@ -138,6 +137,7 @@ def test_a_users_grammar_keeps_its_timeout(slow_compiles):
     from detsample.refmodel.engine import Engine, EngineConfig
     from detsample.refmodel.schedule import Schedule
     from detsample.sampler import Sampler
+
     assert GrammarConfig().compile_timeout_s == 30.0
     engine = Engine(RefModel(RefModelConfig(seed=0)), Sampler(), EngineConfig())
     res = engine.run(Schedule.of([(0, Request("j", SamplingParams(regex="[a-z]{3}"), [1, 2]))]))

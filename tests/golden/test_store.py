@@ -182,6 +182,7 @@ def test_bad_scenario_name(tmp_path, name):
 def test_verify_all_and_update_all(tmp_path, monkeypatch):
     """The scenario-level entry points: refused under CI, then new, then all ok."""
     from detsample.golden.store import GoldenUpdateRefused, update_all, verify_all
+
     monkeypatch.setenv("CI", "1")
     with pytest.raises(GoldenUpdateRefused, match="CI is set"):
         update_all(["random.greedy"], root=tmp_path)
@@ -219,6 +220,7 @@ def test_top_logprobs_file_follows_the_output(tmp_path):
     when none has any more (no stale file contradicting the manifest)."""
     from detsample.golden.format import TOP_LOGPROBS
     from tests.golden_helpers import with_top
+
     s = store(tmp_path)
     s.update({"a": with_top(make([1, 2]), [2, 0])})
     assert (s.scenario_dir("a") / TOP_LOGPROBS).is_file()

@@ -18,17 +18,24 @@ from detsample.testing import tensor
 # computed once; identical on every machine, numpy version and ISA, or the goldens of
 # kernels fed with these inputs would move for reasons that are not the kernel's.
 PINNED = [
-    ("float64", "random", "08667d88ba2ef896"), ("float64", "huge", "4f40bb10fe32d124"),
+    ("float64", "random", "08667d88ba2ef896"),
+    ("float64", "huge", "4f40bb10fe32d124"),
     ("float64", "nan", "5dea72ca6453fe9b"),
-    ("float32", "random", "fa9f28eb02242cca"), ("float32", "ties", "1c6b192852403d7c"),
-    ("float32", "huge", "c8bcff15ce7c1b43"), ("float32", "neginf", "43fb7a7bd18bb5de"),
+    ("float32", "random", "fa9f28eb02242cca"),
+    ("float32", "ties", "1c6b192852403d7c"),
+    ("float32", "huge", "c8bcff15ce7c1b43"),
+    ("float32", "neginf", "43fb7a7bd18bb5de"),
     ("float32", "nan", "0f8d9ac5fcdc697b"),
-    ("float16", "random", "0435dff9059adea4"), ("float16", "huge", "225f7dcd8ec6d060"),
+    ("float16", "random", "0435dff9059adea4"),
+    ("float16", "huge", "225f7dcd8ec6d060"),
     ("float16", "nan", "23d82715097e9603"),
-    ("bfloat16", "random", "438dee11b334630c"), ("bfloat16", "huge", "f806b94f9ea1b863"),
+    ("bfloat16", "random", "438dee11b334630c"),
+    ("bfloat16", "huge", "f806b94f9ea1b863"),
     ("bfloat16", "nan", "a4dc81c528bc3483"),
-    ("int64", "random", "fffe84079677191f"), ("int64", "huge", "f6f29ee461a1c6b8"),
-    ("int8", "huge", "f425d84864aa6d32"), ("uint8", "random", "92fc81e9bdb850ff"),
+    ("int64", "random", "fffe84079677191f"),
+    ("int64", "huge", "f6f29ee461a1c6b8"),
+    ("int8", "huge", "f425d84864aa6d32"),
+    ("uint8", "random", "92fc81e9bdb850ff"),
     ("bool", "random", "a82b862daea9acbf"),
 ]
 
@@ -115,8 +122,12 @@ def test_bad_arguments_named(kw, msg):
         tensor(**kw)
 
 
-@given(st.lists(st.integers(0, 5), min_size=0, max_size=3), st.integers(0, 2**64),
-       st.sampled_from(FAMILIES), st.sampled_from(["float32", "bfloat16", "float64"]))
+@given(
+    st.lists(st.integers(0, 5), min_size=0, max_size=3),
+    st.integers(0, 2**64),
+    st.sampled_from(FAMILIES),
+    st.sampled_from(["float32", "bfloat16", "float64"]),
+)
 def test_same_arguments_same_bits(shape, seed, family, dtype):
     """Property: the bits are a function of the arguments (no hidden state), and a
     different seed gives other bits."""

@@ -41,7 +41,7 @@ def test_one_ulp_report():
 
 SPECIAL_CASES = [  # (golden bits, obtained bits, attribute that counts it)
     ([0x7FC00000], [0x7FC00001], "nan_payload"),
-    ([0x7FC00000], [0xFFC00000], "nan_payload"),   # sign of a NaN
+    ([0x7FC00000], [0xFFC00000], "nan_payload"),  # sign of a NaN
     ([0x3F800000], [0x7FC00000], "nan_changed"),
     ([0x00000000], [0x80000000], "zero_sign"),
 ]
@@ -89,8 +89,10 @@ def test_structure_changes(g, o, name, problem):
     assert bad == {name: problem} and problem in d.report()
 
 
-@given(hst.lists(hst.tuples(hst.integers(0, 2**16 - 1), hst.integers(0, 2**16 - 1)), min_size=1, max_size=60),
-       hst.sampled_from(["float16", "bfloat16", "int16", "uint16"]))
+@given(
+    hst.lists(hst.tuples(hst.integers(0, 2**16 - 1), hst.integers(0, 2**16 - 1)), min_size=1, max_size=60),
+    hst.sampled_from(["float16", "bfloat16", "int16", "uint16"]),
+)
 def test_counts_are_consistent(pairs, dtype):
     """Property: every element whose bits differ is counted once, in the histogram and
     (for floats) in at most one of the NaN / sign-of-zero tallies."""

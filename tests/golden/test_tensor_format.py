@@ -11,8 +11,18 @@ from hypothesis import strategies as st
 from detsample.golden import tensor_format as tf
 from detsample.golden.format import MANIFEST, GoldenFormatError
 
-DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-          torch.int16, torch.int8, torch.uint8, torch.bool]
+DTYPES = [
+    torch.float64,
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+]
 
 
 def sample(dtype: torch.dtype, shape=(3, 4)) -> torch.Tensor:
@@ -44,9 +54,7 @@ def test_roundtrip_bits_dtype_shape(dtype, text_max):
 
 def test_text_form_is_reviewable():
     files, *_ = roundtrip({"y": torch.tensor([[1.0, -0.0]], dtype=torch.float32)})
-    assert files["y.txt"].decode() == ("# y float32 [1,2]\n"
-                                       "[0,0] 0x3f800000 1.0\n"
-                                       "[0,1] 0x80000000 -0.0\n")
+    assert files["y.txt"].decode() == ("# y float32 [1,2]\n[0,0] 0x3f800000 1.0\n[0,1] 0x80000000 -0.0\n")
 
 
 def test_numpy_torch_and_layouts_agree():

@@ -48,8 +48,7 @@ def test_update_verify_mismatch_cycle(tmp_path):
     g = goldens(tmp_path)
     assert g.update("k", kernel()).kind == "new"
     d = g.golden_dir("k")
-    assert sorted(p.name for p in d.iterdir()) == ["argmax.txt", "big.bin", "manifest.json",
-                                                   "out.txt", "x.txt"]
+    assert sorted(p.name for p in d.iterdir()) == ["argmax.txt", "big.bin", "manifest.json", "out.txt", "x.txt"]
     assert g.verify("k", kernel()).status == OK
     assert g.verify("other", kernel()).status == MISSING_SCENARIO
     v = g.verify("k", kernel(bump=1))

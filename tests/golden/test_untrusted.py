@@ -48,7 +48,7 @@ def _edit_manifest(store, name, edit):
 def _spoil(store, name, fname, at=10, junk=b"\xff\xfe"):
     path = store.scenario_dir(name) / fname
     data = path.read_bytes()
-    path.write_bytes(data[:at] + junk + data[at + len(junk):])
+    path.write_bytes(data[:at] + junk + data[at + len(junk) :])
 
 
 def _run(capsys, action, root):
@@ -94,17 +94,21 @@ def test_a_bad_byte_is_a_corrupt_line_naming_file_and_line(goldens, capsys, fnam
     for action in ("verify", "diff"):
         rc, out = _run(capsys, action, root)
         assert rc == 1
-        assert f"[CORRUPT] random.min_p: golden files are corrupt: {where}{line}: not UTF-8 " \
-               f"(byte 0xff at column" in out, out
+        assert (
+            f"[CORRUPT] random.min_p: golden files are corrupt: {where}{line}: not UTF-8 (byte 0xff at column" in out
+        ), out
     rc, out = _run(capsys, "verify", root)  # the others are still reported
     assert "[ok] random.greedy" in out and "[ok] random.top_k" in out
     assert "2 of 3 scenarios bit-identical" in out
 
 
-@pytest.mark.parametrize("fname,col,value,kind", [
-    ("tokens.txt", 0, "99999999999999999999999", "int64"),
-    ("logprobs.txt", 0, "1ffffffffffffffffff", "uint64"),
-])
+@pytest.mark.parametrize(
+    "fname,col,value,kind",
+    [
+        ("tokens.txt", 0, "99999999999999999999999", "int64"),
+        ("logprobs.txt", 0, "1ffffffffffffffffff", "uint64"),
+    ],
+)
 def test_a_bad_integer_names_its_own_file_and_line(goldens, capsys, fname, col, value, kind):
     """The bug: an id overflowing int64 in tokens.txt was reported as a "non-integer value"
     of logprobs.txt, with no line."""
@@ -116,8 +120,11 @@ def test_a_bad_integer_names_its_own_file_and_line(goldens, capsys, fname, col, 
     lines[2] = " ".join(words)
     path.write_text("".join(lines))
     rc, out = _run(capsys, "verify", root)
-    assert rc == 1 and (f"[CORRUPT] random.min_p: golden files are corrupt: {fname}:3: not an "
-                        f"{kind} in golden text: '{value}'") in out, out
+    assert (
+        rc == 1
+        and (f"[CORRUPT] random.min_p: golden files are corrupt: {fname}:3: not an {kind} in golden text: '{value}'")
+        in out
+    ), out
 
 
 def test_invalid_json_names_the_line(goldens, capsys):
@@ -125,22 +132,30 @@ def test_invalid_json_names_the_line(goldens, capsys):
     path = store.scenario_dir("random.top_k") / "manifest.json"
     path.write_text(path.read_text().replace('"arrays"', '"arrays" "', 1))
     rc, out = _run(capsys, "verify", root)
-    assert rc == 1 and "[CORRUPT] random.top_k: golden files are corrupt: manifest.json:2: " \
-                       "invalid JSON: Expecting ':' delimiter (column" in out
+    assert (
+        rc == 1
+        and "[CORRUPT] random.top_k: golden files are corrupt: manifest.json:2: "
+        "invalid JSON: Expecting ':' delimiter (column"
+        in out
+    )
 
 
 def test_verify_and_diff_agree_metadata_is_shown_not_counted(goldens, capsys):
     root, store = goldens
-    _edit_manifest(store, "random.greedy", lambda d: d.update(
-        cpu_dispatch={"machine_isa": "elsewhere", "mode": "emulated"}, library_version="0.0"))
+    _edit_manifest(
+        store,
+        "random.greedy",
+        lambda d: d.update(cpu_dispatch={"machine_isa": "elsewhere", "mode": "emulated"}, library_version="0.0"),
+    )
     rc_v, _ = _run(capsys, "verify", root)
     rc_d, out = _run(capsys, "diff", root)
     assert rc_v == rc_d == 0
     assert "# random.greedy/manifest.json: metadata only, every bit equal" in out
     assert '-  "machine_isa": "elsewhere"' in out
     assert "no differences in the bits of 3 scenarios" in out
-    _edit_manifest(store, "random.greedy", lambda d: d["arrays"]["tokens"].__setitem__(
-        "dtype", "<i4"))  # a field that gives the bits their meaning: a difference
+    _edit_manifest(
+        store, "random.greedy", lambda d: d["arrays"]["tokens"].__setitem__("dtype", "<i4")
+    )  # a field that gives the bits their meaning: a difference
     assert _run(capsys, "verify", root)[0] == 1 and _run(capsys, "diff", root)[0] == 1
 
 
@@ -210,11 +225,24 @@ def one_golden(tmp_path_factory):
 _FILES = ["tokens.txt", "logprobs.txt", "manifest.json"]
 
 
-@settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=FUZZ_FIXED,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(edits=st.lists(st.tuples(st.sampled_from(_FILES), st.integers(0, 10**6),
-                                st.sampled_from(["flip", "cut", "insert", "drop"]),
-                                st.integers(0, 255)), min_size=1, max_size=3))
+@settings(
+    max_examples=FUZZ_EXAMPLES,
+    deadline=None,
+    derandomize=FUZZ_FIXED,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    edits=st.lists(
+        st.tuples(
+            st.sampled_from(_FILES),
+            st.integers(0, 10**6),
+            st.sampled_from(["flip", "cut", "insert", "drop"]),
+            st.integers(0, 255),
+        ),
+        min_size=1,
+        max_size=3,
+    )
+)
 def test_fuzzed_goldens_are_verified_never_crash(one_golden, tmp_path_factory, edits):
     """Random byte edits of a golden's files: verify never raises and never reports a
     status it does not define; a golden whose token or logprob text lost a byte, or any
@@ -233,7 +261,7 @@ def test_fuzzed_goldens_are_verified_never_crash(one_golden, tmp_path_factory, e
         data = (d / fname).read_bytes()
         at %= max(len(data), 1)
         if how == "flip":
-            data = data[:at] + bytes([byte]) + data[at + 1:]
+            data = data[:at] + bytes([byte]) + data[at + 1 :]
             must_fail |= byte >= 0x80
         elif how == "cut":
             must_fail |= fname != "manifest.json" and at < len(data) - 1
@@ -261,16 +289,16 @@ DISPATCH = [("mkl", ["x"]), ("vml", {"a": 1}), ("mode", 3), ("machine_isa", None
 
 
 @pytest.mark.parametrize("field,value", DISPATCH, ids=[f for f, _ in DISPATCH])
-def test_a_malformed_cpu_dispatch_is_that_scenario_s_corrupt_line(goldens, capsys, field,
-                                                                  value):
+def test_a_malformed_cpu_dispatch_is_that_scenario_s_corrupt_line(goldens, capsys, field, value):
     root, store = goldens
-    _edit_manifest(store, "random.min_p",
-                   lambda d: d.setdefault("cpu_dispatch", {}).__setitem__(field, value))
+    _edit_manifest(store, "random.min_p", lambda d: d.setdefault("cpu_dispatch", {}).__setitem__(field, value))
     for action in ("verify", "diff"):
         rc, out = _run(capsys, action, root)
         assert rc == 1, out
-        assert f"[CORRUPT] random.min_p: golden files are corrupt: manifest.json: " \
-               f"cpu_dispatch.{field} must be a string, got {value!r}" in out, out
+        assert (
+            f"[CORRUPT] random.min_p: golden files are corrupt: manifest.json: "
+            f"cpu_dispatch.{field} must be a string, got {value!r}" in out
+        ), out
     rc, out = _run(capsys, "verify", root)
     assert "[ok] random.greedy" in out and "[ok] random.top_k" in out
 
@@ -303,11 +331,9 @@ def test_a_golden_file_that_is_not_a_regular_file_is_corrupt(goldens, capsys, fn
     root, store = goldens
     path = store.scenario_dir("random.min_p") / fname
     kind = _replace(path, how)
-    rc = run_bounded(["golden", "verify", *SEL, "--golden-dir", str(root)],
-                     [path] if how == "fifo" else [])
+    rc = run_bounded(["golden", "verify", *SEL, "--golden-dir", str(root)], [path] if how == "fifo" else [])
     out = capsys.readouterr().out
-    assert rc == 1 and f"[CORRUPT] random.min_p: golden files are corrupt: {path}: is {kind}" \
-        in out, out
+    assert rc == 1 and f"[CORRUPT] random.min_p: golden files are corrupt: {path}: is {kind}" in out, out
     assert "[ok] random.greedy" in out and "[ok] random.top_k" in out
 
 
@@ -319,8 +345,7 @@ def test_check_s_readers_of_cpu_dispatch_skip_a_malformed_one(goldens, field, va
     from detsample.golden import isa
 
     root, store = goldens
-    _edit_manifest(store, "random.min_p",
-                   lambda d: d.setdefault("cpu_dispatch", {}).__setitem__(field, value))
+    _edit_manifest(store, "random.min_p", lambda d: d.setdefault("cpu_dispatch", {}).__setitem__(field, value))
     recorded = isa.recorded_dispatch(store.platform_dir)
     assert all(isinstance(d.get(field, ""), str) for d in recorded)
     assert golden_source(store).startswith("this run: ")
@@ -360,9 +385,11 @@ def test_an_unreadable_golden_folder_is_not_called_missing(goldens, capsys, monk
 
     real_glob = type(store.platform_dir).glob
     monkeypatch.setattr(os, "scandir", scandir)
-    monkeypatch.setattr(type(store.platform_dir), "glob",
-                        lambda self, pat: iter(()) if self == store.platform_dir
-                        else real_glob(self, pat))
+    monkeypatch.setattr(
+        type(store.platform_dir),
+        "glob",
+        lambda self, pat: iter(()) if self == store.platform_dir else real_glob(self, pat),
+    )
     rc = main(["golden", "verify", *SEL, "--golden-dir", str(root)])
     err = capsys.readouterr().err
     assert rc == 1 and "GOLDEN FILES UNREADABLE" in err and "Permission denied" in err, err

@@ -56,8 +56,17 @@ def grammar_requests(rows, grammars) -> list:
     return reqs
 
 
-def random_session(sampler, batch, vocab_size: int, seed: int, family: str, steps: int, *,
-                   rescore: bool = False, prefetch: bool = False) -> list[tuple]:
+def random_session(
+    sampler,
+    batch,
+    vocab_size: int,
+    seed: int,
+    family: str,
+    steps: int,
+    *,
+    rescore: bool = False,
+    prefetch: bool = False,
+) -> list[tuple]:
     """Sample and advance ``batch`` on seeded ``logits_rows`` of ``family`` until every row
     finished or ``steps`` steps. Returns each step's ``(token_ids, logprobs, status)``,
     with ``rescore`` also ``compute_logprobs`` of the tokens and the top-logprob values;
@@ -71,8 +80,10 @@ def random_session(sampler, batch, vocab_size: int, seed: int, family: str, step
         out = sampler.sample(x, batch, pos)
         step = (out.token_ids, out.logprobs, out.status)
         if rescore:
-            step += (sampler.compute_logprobs(x, batch, out.token_ids),
-                     None if out.top_logprobs is None else out.top_logprobs[0])
+            step += (
+                sampler.compute_logprobs(x, batch, out.token_ids),
+                None if out.top_logprobs is None else out.top_logprobs[0],
+            )
         seen.append(step)
         batch.advance(out.token_ids)
         if prefetch:
@@ -104,6 +115,7 @@ def vocab():
 def submit(vocab):
     def _submit(kind, value, rid="r", **kw):
         return RequestGrammar.submit(rid, kind, value, vocab, **kw)
+
     return _submit
 
 
@@ -112,10 +124,10 @@ def string_acceptor(grammar):
     the whole string or bytes ``data``. Compiled once, one fresh matcher per call."""
     import xgrammar as xgr
 
-    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo([]), cache_enabled=False
-                                   ).compile_grammar(grammar)
+    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo([]), cache_enabled=False).compile_grammar(grammar)
 
     def accepts(data) -> bool:
         m = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
         return m.accept_string(data) and m.is_terminated()
+
     return accepts

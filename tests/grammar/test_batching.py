@@ -22,16 +22,19 @@ from detsample.grammar.batching import FINISH_GRAMMAR_ERROR, FINISH_GRAMMAR_TERM
 from detsample.rules import STATUS_GRAMMAR_ERROR
 from tests.penalty_cases import EOS, LowerNonMax, PenalizeLastToken, params_st
 
-SCHEMA = {"type": "object",
-          "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999},
-                         "tag": {"enum": ["red", "green"]},
-                         "ok": {"type": "boolean"}},
-          "required": ["id", "tag", "ok"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer", "minimum": 0, "maximum": 999},
+        "tag": {"enum": ["red", "green"]},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["id", "tag", "ok"],
+}
 REGEX = r"(yes|no)-[0-9]{2}"
 
 ROWS = {  # rid -> SamplingParams (free rows mixed with grammar rows)
-    "json": SamplingParams(seed=11, temperature=0.9, json_schema=SCHEMA, logprobs=2,
-                           logprobs_mode="scaled"),
+    "json": SamplingParams(seed=11, temperature=0.9, json_schema=SCHEMA, logprobs=2, logprobs_mode="scaled"),
     "free-a": SamplingParams(seed=12, temperature=1.1, top_k=40),
     "regex": SamplingParams(seed=13, regex=REGEX, top_p=0.9),
     "free-greedy": SamplingParams(seed=14, temperature=0.0, logprobs=1),
@@ -60,16 +63,12 @@ def run(batch, sampler, steps=MAX_STEPS, on_step=None):
             break
         if on_step is not None:
             on_step(step, batch)
-        logits = torch.stack([logits_for(r.rid, len(batch.output_ids[i]))
-                              for i, r in enumerate(batch.requests)])
-        pos = torch.tensor([len(r.prompt_ids) + len(o) - 1
-                            for r, o in zip(batch.requests, batch.output_ids)])
+        logits = torch.stack([logits_for(r.rid, len(batch.output_ids[i])) for i, r in enumerate(batch.requests)])
+        pos = torch.tensor([len(r.prompt_ids) + len(o) - 1 for r, o in zip(batch.requests, batch.output_ids)])
         out = sampler.sample(logits, batch, pos)
         for i, r in enumerate(batch.requests):
-            top = None if out.top_logprobs is None else (out.top_logprobs[0][i].clone(),
-                                                         out.top_logprobs[1][i].clone())
-            trace[r.rid].append((int(out.token_ids[i]), out.logprobs[i].clone(), top,
-                                 int(out.status[i])))
+            top = None if out.top_logprobs is None else (out.top_logprobs[0][i].clone(), out.top_logprobs[1][i].clone())
+            trace[r.rid].append((int(out.token_ids[i]), out.logprobs[i].clone(), top, int(out.status[i])))
         batch.advance(out.token_ids)
         batch.filter([i for i, f in enumerate(batch.finished) if f is None])
     return trace
@@ -127,8 +126,9 @@ def test_filter_and_merge_carry_matchers(solo):
 
     def permute(step, batch):
         batch.filter(list(reversed(range(len(batch)))))
-        assert [g.rid if g else None for g in batch.grammars] == \
-            [r.rid if r.params.grammar else None for r in batch.requests]
+        assert [g.rid if g else None for g in batch.grammars] == [
+            r.rid if r.params.grammar else None for r in batch.requests
+        ]
 
     rest = run(first, sampler, steps=MAX_STEPS - 3, on_step=permute)
     for rid in ROWS:
@@ -159,8 +159,7 @@ def test_broken_grammars_fail_their_rows_only(solo):
         assert set(errs) == set(BROKEN)
         assert errs["bad-regex"].startswith("request 'bad-regex': regex grammar failed to compile")
         assert errs["bad-schema"].startswith("request 'bad-schema': json_schema grammar failed")
-        assert all(batch.finished[i] == FINISH_GRAMMAR_ERROR for i, r in enumerate(rids)
-                   if r in BROKEN)
+        assert all(batch.finished[i] == FINISH_GRAMMAR_ERROR for i, r in enumerate(rids) if r in BROKEN)
         batch.filter([i for i, f in enumerate(batch.finished) if f is None])
         rest = run(batch, Sampler(), steps=MAX_STEPS - 1)
         for i, rid in enumerate(rids):
@@ -182,16 +181,18 @@ def test_compile_timeout_fails_row_only():
     assert int(out.token_ids[1]) == -1 and out.status[1] & STATUS_GRAMMAR_ERROR
     assert int(out.token_ids[0]) >= 0 and out.status[0] == 0
     batch.advance(out.token_ids)
-    assert grammar_errors(batch) == {"regex": "request 'regex': regex grammar did not "
-                                              "compile within 0.01 s"}
+    assert grammar_errors(batch) == {"regex": "request 'regex': regex grammar did not compile within 0.01 s"}
 
 
 def test_rejected_token_raises_after_all_rows_recorded():
     vocab = Vocabulary.default()
     batch = make_batch(["free-a", "regex", "free-b"], vocab)
     batch.grammars[1].resolve()
-    with pytest.raises(GrammarError, match=r"request 'regex'.*rejected token 121 \(b'x'\) "
-                                           r"after accepted prefix b''"):
+    with pytest.raises(
+        GrammarError,
+        match=r"request 'regex'.*rejected token 121 \(b'x'\) "
+        r"after accepted prefix b''",
+    ):
         batch.advance([3, 121, 4])
     assert batch.output_ids == [[3], [121], [4]]
     assert batch.finished == [None, FINISH_GRAMMAR_ERROR, None]
@@ -322,8 +323,7 @@ def test_resumed_request_with_ended_grammar_yields_no_free_token():
     finish as grammar_terminated, its output unchanged; its neighbour is unaffected."""
     vocab = Vocabulary.default()
     done = vocab.encode("no-42") + [0]
-    reqs = [Request("regex", ROWS["regex"], [5], done),
-            Request("free-a", ROWS["free-a"], [5, 6, 7])]
+    reqs = [Request("regex", ROWS["regex"], [5], done), Request("free-a", ROWS["free-a"], [5, 6, 7])]
     batch = SamplingBatch.from_requests(reqs, vocab_size=512, vocab=vocab)
     logits = torch.stack([logits_for("regex", 6), logits_for("free-a", 0)])
     out = Sampler().sample(logits, batch, torch.tensor([6, 2]))
@@ -343,17 +343,25 @@ def _lineage_request(draw, i):
     p = draw(params_st(seed=2000 + i))
     out = draw(st.lists(st.integers(1, 39), max_size=3))
     if draw(st.booleans()):  # (no allowed ids / bad words: they would end it at once)
-        p = p.replace(regex=REGEX, allowed_token_ids=None, bad_words=(),
-                      logit_bias=None if p.logit_bias is None else dict(p.logit_bias))
+        p = p.replace(
+            regex=REGEX,
+            allowed_token_ids=None,
+            bad_words=(),
+            logit_bias=None if p.logit_bias is None else dict(p.logit_bias),
+        )
         out = Vocabulary.default().encode(draw(st.sampled_from(["", "n", "yes-"])))
     return Request(f"q{i}", p, draw(st.lists(st.integers(1, 39), max_size=4)), out)
 
 
 def _lineage_step(sampler, batch, hist, force=()):
-    x = torch.stack([logits_for(r.rid, len(o)) for r, o in zip(batch.requests, batch.output_ids)]) \
-        if len(batch) else torch.empty((0, 512))
-    pos = torch.tensor([len(r.prompt_ids) + len(o) for r, o in
-                        zip(batch.requests, batch.output_ids)], dtype=torch.int64)
+    x = (
+        torch.stack([logits_for(r.rid, len(o)) for r, o in zip(batch.requests, batch.output_ids)])
+        if len(batch)
+        else torch.empty((0, 512))
+    )
+    pos = torch.tensor(
+        [len(r.prompt_ids) + len(o) for r, o in zip(batch.requests, batch.output_ids)], dtype=torch.int64
+    )
     out = sampler.sample(x, batch, pos)
     toks = out.token_ids.clone()
     for i in range(len(batch)):
@@ -377,22 +385,19 @@ def test_rows_equal_alone_when_merged_into_several_batches(data):
     procs = lambda: Sampler(processors=(PenalizeLastToken(), LowerNonMax()))  # noqa: E731
 
     def new():
-        reqs = [r for r in (next(pool, None) for _ in range(data.draw(st.integers(1, 3))))
-                if r is not None]
+        reqs = [r for r in (next(pool, None) for _ in range(data.draw(st.integers(1, 3)))) if r is not None]
         return [procs(), mk(reqs), [[] for _ in reqs]]
 
     live, done = [new(), new()], []
     for _ in range(data.draw(st.integers(4, 12))):
-        op = data.draw(st.sampled_from(["step", "step", "filter", "merge", "merge_keep",
-                                        "merge_keep", "new"]))
+        op = data.draw(st.sampled_from(["step", "step", "filter", "merge", "merge_keep", "merge_keep", "new"]))
         k = data.draw(st.integers(0, len(live) - 1))
         s, b, h = live[k]
         if op == "step":
-            force = set(data.draw(st.lists(st.integers(0, max(len(b) - 1, 0)), max_size=1))
-                        if len(b) else [])
+            force = set(data.draw(st.lists(st.integers(0, max(len(b) - 1, 0)), max_size=1)) if len(b) else [])
             _lineage_step(s, b, h, force)
         elif op == "filter":
-            keep = data.draw(st.permutations(range(len(b))))[:data.draw(st.integers(0, len(b)))]
+            keep = data.draw(st.permutations(range(len(b))))[: data.draw(st.integers(0, len(b)))]
             done += [(b.requests[i], h[i]) for i in range(len(b)) if i not in keep]
             b.filter(keep)
             live[k][2] = [h[i] for i in keep]

@@ -27,9 +27,11 @@ from .conftest import generate, grammar_requests, random_session, same_steps
 
 
 def _schema(i: int) -> dict:
-    return {"type": "object", "properties": {f"k{i}": {"type": "string", "enum": ["a", "b"]},
-                                             "n": {"type": "integer"}},
-            "required": [f"k{i}", "n"]}
+    return {
+        "type": "object",
+        "properties": {f"k{i}": {"type": "string", "enum": ["a", "b"]}, "n": {"type": "integer"}},
+        "required": [f"k{i}", "n"],
+    }
 
 
 # -- the ledger -------------------------------------------------------------------------
@@ -80,14 +82,17 @@ def test_on_evict_runs_outside_the_lock():
 
     def drop_rows(_):
         b.discard(("row", "r"))
+
     b.add(("names", "n"), 40, drop_rows)
     b.add(("row", "r"), 10, lambda _: None)
     b.add(("compiled", "c"), 30, lambda _: None)  # evicts n, whose callback drops r
     assert b.bytes == 30 and ("row", "r") not in b
 
 
-OPS = st.lists(st.tuples(st.sampled_from(["add", "resize", "touch", "discard"]),
-                         st.integers(0, 5), st.integers(0, 60)), max_size=60)
+OPS = st.lists(
+    st.tuples(st.sampled_from(["add", "resize", "touch", "discard"]), st.integers(0, 5), st.integers(0, 60)),
+    max_size=60,
+)
 
 
 @settings(max_examples=60)
@@ -165,9 +170,14 @@ def test_rows_are_evicted_least_recently_used_first():
     vocab = Vocabulary.default()
     width = (vocab.vocab_size + 31) // 32
     budget = CacheBudget(2 * (4 * width + ROW_OVERHEAD))  # room for two rows
-    keys = StateKeys.build(grammar_source("regex", "[a-z]{0,10}", GrammarConfig()),
-                           vocab.tokens, vocab.eos_token_ids, width, budget=budget,
-                           budget_key=("names", "x"))
+    keys = StateKeys.build(
+        grammar_source("regex", "[a-z]{0,10}", GrammarConfig()),
+        vocab.tokens,
+        vocab.eos_token_ids,
+        width,
+        budget=budget,
+        budget_key=("names", "x"),
+    )
     named = [keys.start]
     for _ in range(3):  # one state per length of the text
         named.append(keys.step(named[-1], ord("a") + 1))
@@ -219,20 +229,28 @@ def test_clear_cache_retires_names_and_starts_a_new_budget():
 
 
 # -- property: the bits do not depend on the budget or the policy -------------------------
-GRAMMARS = [None, ("json_schema", _schema(0)), ("json_schema", _schema(1)),
-            ("regex", "[a-z]{2,9}( [0-9]{1,3})?"),
-            ("json_schema", {"type": "array", "items": {"type": "integer"}, "maxItems": 5})]
-CONFIGS = {"off": {"mask_cache": False},
-           "recurring, 0 bytes": {"cache_bytes": 0},
-           "recurring, 48 KiB": {"cache_bytes": 48 << 10},
-           "eager, 48 KiB": {"cache_bytes": 48 << 10, "mask_cache_policy": "eager"},
-           "recurring, verified": {"verify_mask_cache": True}}
+GRAMMARS = [
+    None,
+    ("json_schema", _schema(0)),
+    ("json_schema", _schema(1)),
+    ("regex", "[a-z]{2,9}( [0-9]{1,3})?"),
+    ("json_schema", {"type": "array", "items": {"type": "integer"}, "maxItems": 5}),
+]
+CONFIGS = {
+    "off": {"mask_cache": False},
+    "recurring, 0 bytes": {"cache_bytes": 0},
+    "recurring, 48 KiB": {"cache_bytes": 48 << 10},
+    "eager, 48 KiB": {"cache_bytes": 48 << 10, "mask_cache_policy": "eager"},
+    "recurring, verified": {"verify_mask_cache": True},
+}
 
 
 @settings(max_examples=20, deadline=None)
-@given(st.lists(st.tuples(params_strategy(512), st.sampled_from(range(len(GRAMMARS)))),
-                min_size=1, max_size=6),
-       st.sampled_from(["random", "peaked", "ties"]), st.integers(0, 2**32 - 1))
+@given(
+    st.lists(st.tuples(params_strategy(512), st.sampled_from(range(len(GRAMMARS)))), min_size=1, max_size=6),
+    st.sampled_from(["random", "peaked", "ties"]),
+    st.integers(0, 2**32 - 1),
+)
 def test_sessions_are_the_same_bits_under_any_budget_and_policy(rows, family, seed):
     """Property: a session's token ids, logprobs and status are the same bits whatever
     the budget evicts (compilations, names, rows: each rebuilt on demand) and whichever
@@ -241,8 +259,7 @@ def test_sessions_are_the_same_bits_under_any_budget_and_policy(rows, family, se
     for name, kw in CONFIGS.items():
         vocab = Vocabulary.default()
         vocab._compiler = GrammarCompiler(vocab, GrammarConfig(**kw))
-        batch = SamplingBatch.from_requests(grammar_requests(rows, GRAMMARS), vocab_size=512,
-                                            vocab=vocab)
+        batch = SamplingBatch.from_requests(grammar_requests(rows, GRAMMARS), vocab_size=512, vocab=vocab)
         sampler = Sampler()
         seen[name] = random_session(sampler, batch, 512, seed, family, 10)
         sampler.grammar_masker.close()

@@ -22,7 +22,7 @@ def test_cache_hit_shares_future_and_counts(vocab):
 
 def test_key_includes_kind_and_fingerprint(vocab):
     c = vocab.grammar_compiler
-    assert c.submit("regex", "root ::= \"a\"") is not c.submit("ebnf", "root ::= \"a\"")
+    assert c.submit("regex", 'root ::= "a"') is not c.submit("ebnf", 'root ::= "a"')
     assert c.key("regex", "x") == ("regex", "x", vocab.fingerprint)
     assert c.stats.misses == 2
 
@@ -42,9 +42,15 @@ def test_compiles_in_pool_thread_not_caller(vocab, monkeypatch):
     assert seen[0] != threading.current_thread().name
 
 
-@pytest.mark.parametrize("kind,text", [("regex", "(ab"), ("json_schema", "{not json"),
-                                       ("ebnf", "root ::= undefined_rule"),
-                                       ("structural_tag", '{"type": "nope"}')])
+@pytest.mark.parametrize(
+    "kind,text",
+    [
+        ("regex", "(ab"),
+        ("json_schema", "{not json"),
+        ("ebnf", "root ::= undefined_rule"),
+        ("structural_tag", '{"type": "nope"}'),
+    ],
+)
 def test_failure_is_cached_and_counted(vocab, kind, text):
     c = vocab.grammar_compiler
     fut = c.submit(kind, text)

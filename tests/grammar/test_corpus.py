@@ -28,8 +28,7 @@ SCHEMAS = {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(DAT
 CHECKER = jsonschema.Draft202012Validator.FORMAT_CHECKER
 VOCABS = {
     "default": Vocabulary.default,
-    "bytes": lambda: Vocabulary.from_tokens([b""] + [bytes([b]) for b in range(256)],
-                                            eos_token_ids=[0]),
+    "bytes": lambda: Vocabulary.from_tokens([b""] + [bytes([b]) for b in range(256)], eos_token_ids=[0]),
 }
 MAX_STEPS = 4000
 
@@ -43,9 +42,26 @@ def validate(name: str, data: bytes) -> None:
 def test_corpus_is_large_and_covers_the_keywords():
     assert len(SCHEMAS) >= 40
     text = json.dumps(list(SCHEMAS.values()))
-    for kw in ("$defs", "$ref", "anyOf", "oneOf", "enum", "const", "minItems", "maxItems",
-               "minimum", "exclusiveMinimum", "pattern", "format", "minLength", "maxLength",
-               "additionalProperties", "patternProperties", "propertyNames", "prefixItems"):
+    for kw in (
+        "$defs",
+        "$ref",
+        "anyOf",
+        "oneOf",
+        "enum",
+        "const",
+        "minItems",
+        "maxItems",
+        "minimum",
+        "exclusiveMinimum",
+        "pattern",
+        "format",
+        "minLength",
+        "maxLength",
+        "additionalProperties",
+        "patternProperties",
+        "propertyNames",
+        "prefixItems",
+    ):
         assert f'"{kw}"' in text, kw
 
 
@@ -66,8 +82,7 @@ def _one_thread():
 def test_every_schema_samples_valid_json(corpus_vocab):
     """All schemas as the rows of one batch, random logits until every row ends."""
     names = list(SCHEMAS)
-    grammars = [RequestGrammar.submit(n, "json_schema", SCHEMAS[n], corpus_vocab)
-                for n in names]
+    grammars = [RequestGrammar.submit(n, "json_schema", SCHEMAS[n], corpus_vocab) for n in names]
     outs = generate(corpus_vocab, grammars, seed=0, max_steps=MAX_STEPS)
     assert not [g.error for g in grammars if g.failed]
     for name, toks in zip(names, outs):
@@ -75,8 +90,10 @@ def test_every_schema_samples_valid_json(corpus_vocab):
 
 
 def _sample_with_sampler(vocab, names, seed):
-    reqs = [Request(n, SamplingParams(seed=seed * 1000 + i, json_schema=SCHEMAS[n]),
-                    prompt_ids=[1]) for i, n in enumerate(names)]
+    reqs = [
+        Request(n, SamplingParams(seed=seed * 1000 + i, json_schema=SCHEMAS[n]), prompt_ids=[1])
+        for i, n in enumerate(names)
+    ]
     batch = SamplingBatch.from_requests(reqs, vocab_size=vocab.vocab_size, vocab=vocab)
     sampler, gen = Sampler(), torch.Generator().manual_seed(seed)
     done = {}

@@ -40,24 +40,29 @@ def upstream(schema):
 
 # (schema, JSON text, accepted after correction)
 CASES = [
-    (BOUNDED, b'"a\tb"', False),              # raw TAB: strict json.loads rejects it
+    (BOUNDED, b'"a\tb"', False),  # raw TAB: strict json.loads rejects it
     (BOUNDED, b'"\x01"', False),
-    (BOUNDED, b'"a\\tb"', False),            # bounded strings hold no escapes (fast masks)
-    (BOUNDED, '"ééééé"'.encode(), True),       # code points, not bytes
+    (BOUNDED, b'"a\\tb"', False),  # bounded strings hold no escapes (fast masks)
+    (BOUNDED, '"ééééé"'.encode(), True),  # code points, not bytes
     (BOUNDED, '"éééééé"'.encode(), False),
-    (BOUNDED, b'"\xed\xa0\x80"', False),      # U+D800 spelled in UTF-8: invalid UTF-8
-    (BOUNDED, b'"\xed\x9f\xbf"', True),       # U+D7FF, the last code point before them
+    (BOUNDED, b'"\xed\xa0\x80"', False),  # U+D800 spelled in UTF-8: invalid UTF-8
+    (BOUNDED, b'"\xed\x9f\xbf"', True),  # U+D7FF, the last code point before them
     (BOUNDED, '"a😀"'.encode(), True),
     (BOUNDED, b'""', False),
     ({"type": "string"}, b'"\xed\xbf\xbf"', False),
     ({"type": "string"}, b'"\\ud800"', False),  # a lone surrogate escape
     ({"type": "string"}, b'"\\ue000\\n\\"\xf0\x9f\x98\x80"', True),
-    ({"type": "object", "additionalProperties": {"type": "integer"}}, b'{"\xed\xa0\x80": 1}',
-     False),
-    ({"type": "object", "propertyNames": {"maxLength": 3}, "additionalProperties":
-      {"type": "integer"}}, b'{"a\tb": 1}', False),
-    ({"type": "object", "propertyNames": {"maxLength": 3}, "additionalProperties":
-      {"type": "integer"}}, b'{"a b": 1}', True),
+    ({"type": "object", "additionalProperties": {"type": "integer"}}, b'{"\xed\xa0\x80": 1}', False),
+    (
+        {"type": "object", "propertyNames": {"maxLength": 3}, "additionalProperties": {"type": "integer"}},
+        b'{"a\tb": 1}',
+        False,
+    ),
+    (
+        {"type": "object", "propertyNames": {"maxLength": 3}, "additionalProperties": {"type": "integer"}},
+        b'{"a b": 1}',
+        True,
+    ),
 ]
 
 
@@ -121,8 +126,11 @@ def test_control_character_bits_are_off_in_the_mask():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.text(st.characters(exclude_categories=("Cs", "Cc"), exclude_characters='"\\'),
-               max_size=6), st.integers(0, 4), st.integers(0, 3))
+@given(
+    st.text(st.characters(exclude_categories=("Cs", "Cc"), exclude_characters='"\\'), max_size=6),
+    st.integers(0, 4),
+    st.integers(0, 3),
+)
 def test_length_bounds_count_code_points_of_the_decoded_string(s, lo, extra):
     """Property: a bounded string (no character that needs an escape) is accepted iff
     its length in code points is within [minLength, maxLength]."""
@@ -131,27 +139,32 @@ def test_length_bounds_count_code_points_of_the_decoded_string(s, lo, extra):
     assert accepts(g, text) is (lo <= len(s) <= lo + extra)
 
 
-@pytest.mark.parametrize("body,want", [
-    (r'([^\"\\\r\n] x)', r'([^\"\\\r\n' + STRING_EXCLUDE + r'] x)'),
-    (r'("[^a]" [^b])', r'("[^a]" [^b' + STRING_EXCLUDE + r'])'),  # literal untouched
-    (r'([a-z] [\]^])', r'([a-z] [\]^])'),                          # positive classes kept
-    (r'(Regex("[^x]", json_string=true))', r'(Regex("[^x]", json_string=true))'),
-])
+@pytest.mark.parametrize(
+    "body,want",
+    [
+        (r"([^\"\\\r\n] x)", r"([^\"\\\r\n" + STRING_EXCLUDE + r"] x)"),
+        (r'("[^a]" [^b])', r'("[^a]" [^b' + STRING_EXCLUDE + r"])"),  # literal untouched
+        (r"([a-z] [\]^])", r"([a-z] [\]^])"),  # positive classes kept
+        (r'(Regex("[^x]", json_string=true))', r'(Regex("[^x]", json_string=true))'),
+    ],
+)
 def test_negated_classes_gain_the_string_exclusions(body, want):
     assert exclude_from_negated_classes(body) == want
 
 
 def test_pattern_placeholders_are_inlined_and_none_survive():
-    ebnf = ('root ::= (("\\"" root_1 "\\"") | ("[" root_1 "]") | root_10)\n'
-            'root_1 ::= Regex("PH0Z", json_string=true)\nroot_10 ::= "x"\n')
+    ebnf = (
+        'root ::= (("\\"" root_1 "\\"") | ("[" root_1 "]") | root_10)\n'
+        'root_1 ::= Regex("PH0Z", json_string=true)\nroot_10 ::= "x"\n'
+    )
     out = correct_json_grammar(ebnf, {"PH0Z": '"ab"'})
     assert "PH0Z" not in out and "root_1 " not in out and "root_10" in out
     assert '("\\"" ("ab") "\\"")' in out  # inlined where it was used
     assert accepts(xgr.Grammar.from_ebnf(out), b'"ab"')
     with pytest.raises(GrammarError, match="survived"):
-        correct_json_grammar(ebnf.replace('Regex("PH0Z", json_string=true)',
-                                          'Regex("PH0Z", json_string=false)'),
-                             {"PH0Z": '"ab"'})
+        correct_json_grammar(
+            ebnf.replace('Regex("PH0Z", json_string=true)', 'Regex("PH0Z", json_string=false)'), {"PH0Z": '"ab"'}
+        )
 
 
 ODD = 'a"b\\c\nd\te\x01é😀'

@@ -22,12 +22,12 @@ from detsample.grammar.ebnf_nfa import Unsupported, build_nfa, parse_rules
 LANGUAGES = [
     ('root ::= "ab" | "c"', ["ab", "c"], ["", "a", "abc", "cc"]),
     ('root ::= [a-c]* "d"', ["d", "abcd", "cccd"], ["", "abc", "dd", "ed"]),
-    ('root ::= [^a-c]', ["d", "é", "\x00", "\U0010FFFF"], ["a", "b", "c", "", "dd"]),
+    ("root ::= [^a-c]", ["d", "é", "\x00", "\U0010ffff"], ["a", "b", "c", "", "dd"]),
     ('root ::= x{2, 3}\nx ::= "a" | "bc"', ["aa", "abc", "bcbcbc", "aaa"], ["a", "aaaa", ""]),
     ('root ::= x{1, -1}\nx ::= "a"', ["a", "aaaaaa"], [""]),
     ('root ::= "x" y\ny ::= "" | ("a" y)', ["x", "xa", "xaaa"], ["", "a", "xb"]),
     ('root ::= "\\"\\\\\\n\\t\\u00e9\\x41"', ['"\\\n\té' + "A"], ['"\\nté']),
-    ('root ::= [\\0-\\x1f\\]\\-]', ["\x00", "\x1f", "]", "-"], [" ", "a", "\\"]),
+    ("root ::= [\\0-\\x1f\\]\\-]", ["\x00", "\x1f", "]", "-"], [" ", "a", "\\"]),
     ('root ::= "a"? "b"+', ["b", "ab", "abbb"], ["a", "", "aab"]),
     ('root ::= x (=("y"))\nx ::= "a"', ["a"], ["b"]),  # a rule's lookahead is dropped
 ]
@@ -46,10 +46,10 @@ UNSUPPORTED = [
     ('root ::= x "b"\nx ::= "a" x "b" | ""', "recurses"),  # a^n b^n: not regular
     ('root ::= root "a" | "b"', "recurses"),  # left recursion
     ('root ::= TagDispatch(("a", x))\nx ::= "b"', "unexpected"),
-    ('root ::= y', "undefined"),
+    ("root ::= y", "undefined"),
     ('x ::= "a"', "no rule"),
     ('root ::= "a', "unterminated"),
-    ('root ::= [ab', "unterminated"),
+    ("root ::= [ab", "unterminated"),
     ('root ::= "\\u12"', "escape"),
     ('root ::= ("a" (=("b"))) "b"', "expected"),  # a lookahead only ends a rule
 ]
@@ -64,7 +64,7 @@ def test_unsupported_grammars_are_refused(text, match):
 def test_expansion_bound_is_enforced(monkeypatch):
     monkeypatch.setattr(ebnf_nfa, "MAX_NODES", 50)
     with pytest.raises(Unsupported, match="past 50"):
-        build_nfa('root ::= [a-z]{0, 100}')
+        build_nfa("root ::= [a-z]{0, 100}")
 
 
 def test_lookahead_and_rule_names_are_read():

@@ -20,10 +20,11 @@ from detsample.refmodel import RefModel, RefModelConfig
 from detsample.refmodel.engine import Engine, EngineConfig, rescore
 from detsample.refmodel.schedule import Schedule
 
-SCHEMA = {"type": "object",
-          "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 99},
-                         "ok": {"type": "boolean"}},
-          "required": ["id", "ok"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 99}, "ok": {"type": "boolean"}},
+    "required": ["id", "ok"],
+}
 REGEX = r"(yes|no)-[0-9]{2}"
 REQUESTS = [
     ("json", dict(json_schema=SCHEMA, logprobs_mode="scaled")),
@@ -43,8 +44,7 @@ def setup():
 
 
 def requests():
-    return [Request(rid, SamplingParams(seed=i + 1, **kw), [1 + i, 2, 3])
-            for i, (rid, kw) in enumerate(REQUESTS)]
+    return [Request(rid, SamplingParams(seed=i + 1, **kw), [1 + i, 2, 3]) for i, (rid, kw) in enumerate(REQUESTS)]
 
 
 def _valid(rid, text):

@@ -20,8 +20,11 @@ from tests.grammar.conftest import generate, string_acceptor
 CHECKER = jsonschema.Draft202012Validator.FORMAT_CHECKER
 # (format, values the checker accepts, values it rejects that xgrammar's own grammar emits)
 CASES = [
-    ("date", ["2024-02-29", "2000-02-29", "0001-01-01", "2023-12-31"],
-     ["2023-02-29", "1900-02-29", "0000-01-01", "2023-04-31"]),
+    (
+        "date",
+        ["2024-02-29", "2000-02-29", "0001-01-01", "2023-12-31"],
+        ["2023-02-29", "1900-02-29", "0000-01-01", "2023-04-31"],
+    ),
     ("time", ["23:59:59Z", "00:00:00.5+01:00"], ["12:00:60Z"]),
     ("date-time", ["2024-02-29T10:00:00Z"], ["2023-02-30T10:00:00Z"]),
     ("ipv4", ["0.0.0.0", "255.255.255.255", "10.1.20.3"], ["01.2.3.4", "1.2.3.04"]),
@@ -43,12 +46,10 @@ def _checked(fmt, value):
 
 @pytest.mark.parametrize("fmt,good,bad", CASES, ids=[c[0] for c in CASES])
 def test_format_grammar_accepts_good_and_rejects_bad(fmt, good, bad):
-    acc = string_acceptor(json_schema_grammar(json.dumps({"type": "string", "format": fmt}),
-                                              GrammarConfig()))
+    acc = string_acceptor(json_schema_grammar(json.dumps({"type": "string", "format": fmt}), GrammarConfig()))
     for v in good:
         assert _checked(fmt, v) and acc(json.dumps(v).encode()), v
-    upstream = string_acceptor(xgr.Grammar.from_json_schema(
-        json.dumps({"type": "string", "format": fmt})))
+    upstream = string_acceptor(xgr.Grammar.from_json_schema(json.dumps({"type": "string", "format": fmt})))
     for v in bad:
         assert not _checked(fmt, v) and not acc(json.dumps(v).encode()), v
         if fmt != "date-time":
@@ -58,8 +59,7 @@ def test_format_grammar_accepts_good_and_rejects_bad(fmt, good, bad):
 @pytest.mark.parametrize("fmt", sorted(FORMAT_PATTERNS))
 def test_sampled_format_strings_pass_the_checker(fmt, vocab, submit):
     """Random logits through the format's grammar: every finished string conforms."""
-    grammars = [submit("json_schema", {"type": "string", "format": fmt}, rid=f"{fmt}{i}")
-                for i in range(12)]
+    grammars = [submit("json_schema", {"type": "string", "format": fmt}, rid=f"{fmt}{i}") for i in range(12)]
     outs = generate(vocab, grammars, seed=7, max_steps=2000)
     for toks in outs:
         value = json.loads(vocab.decode(toks).decode("utf-8"))

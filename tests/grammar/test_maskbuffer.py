@@ -21,15 +21,14 @@ NEG = float("-inf")
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.int32),
-                                              b.contiguous().view(torch.int32))
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
 
 
 def pack(allowed: np.ndarray) -> torch.Tensor:
     """(R, n) bool -> (R, ceil(n/32)) int32 in xgrammar's layout."""
     w = bitmask_width(allowed.shape[1])
     padded = np.zeros((allowed.shape[0], w * 32), dtype=np.bool_)
-    padded[:, :allowed.shape[1]] = allowed
+    padded[:, : allowed.shape[1]] = allowed
     return torch.from_numpy(np.packbits(padded, axis=-1, bitorder="little").view(np.int32).copy())
 
 
@@ -42,16 +41,14 @@ def step_sequences(draw, nonfinite=False):
     prev = None
     for _ in range(draw(st.integers(1, 5))):
         rows = sorted(draw(st.sets(st.integers(0, b - 1))))
-        kinds = [draw(st.sampled_from(["few", "most", "sparse", "dense", "random", "same",
-                                       "none"])) for _ in range(b)]
+        kinds = [draw(st.sampled_from(["few", "most", "sparse", "dense", "random", "same", "none"])) for _ in range(b)]
         rng = np.random.default_rng(draw(st.integers(0, 2**31)))
         allowed = np.zeros((b, n), dtype=np.bool_)
         for r, k in enumerate(kinds):
             if k == "same" and prev is not None:
                 allowed[r] = prev[r]
             elif k in ("few", "most"):  # the sparse and dense paths even at small n
-                allowed[r, rng.choice(n, size=min(n, int(rng.integers(0, 3))),
-                                      replace=False)] = True
+                allowed[r, rng.choice(n, size=min(n, int(rng.integers(0, 3))), replace=False)] = True
                 if k == "most":
                     allowed[r] = ~allowed[r]
             elif k != "none":
@@ -124,8 +121,7 @@ def test_select_row_blanks_disallowed_nan_and_posinf():
     allowed = np.zeros((1, n), dtype=np.bool_)
     allowed[0, ::2] = True
     logits = torch.randn(1, n)
-    logits[0, 1], logits[0, 3], logits[0, 4], logits[0, 6] = float("inf"), float("nan"), \
-        float("nan"), -0.0
+    logits[0, 1], logits[0, 3], logits[0, 4], logits[0, 6] = float("inf"), float("nan"), float("nan"), -0.0
     bm = pack(allowed)
     buf = MaskedLogitsBuffer()
     got, m = buf.apply(logits, bm, [0], n, torch.amax(logits, -1, keepdim=True))
@@ -167,8 +163,7 @@ def test_cache_drops_least_recent_entries_beyond_its_byte_bound():
     assert cache._bytes <= cache.max_bytes and len(cache._map) == 3
     again = cache.lookup(int(cache.fingerprints(masks[0][None])[0]), masks[0], n)
     assert again.kind == "select" and cache.misses == 6
-    assert np.array_equal(~again.blocked, np.unpackbits(
-        masks[0].view(np.uint8), bitorder="little")[:n].astype(bool))
+    assert np.array_equal(~again.blocked, np.unpackbits(masks[0].view(np.uint8), bitorder="little")[:n].astype(bool))
 
 
 @st.composite
@@ -180,11 +175,13 @@ def wide_steps(draw):
     n = draw(st.sampled_from([2048, 2080, 3000, 4093]))
     v = n + draw(st.sampled_from([0, 5]))
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
-    states = {"few": lambda: rng.choice(n, size=int(rng.integers(0, 4)), replace=False),
-              "edge": lambda: np.array([0, n - 1]),  # first and last token
-              "sparse": lambda: np.flatnonzero(rng.random(n) < 0.02),
-              "select": lambda: np.flatnonzero(rng.random(n) < 0.3),
-              "dense": lambda: np.flatnonzero(rng.random(n) < 0.995)}
+    states = {
+        "few": lambda: rng.choice(n, size=int(rng.integers(0, 4)), replace=False),
+        "edge": lambda: np.array([0, n - 1]),  # first and last token
+        "sparse": lambda: np.flatnonzero(rng.random(n) < 0.02),
+        "select": lambda: np.flatnonzero(rng.random(n) < 0.3),
+        "dense": lambda: np.flatnonzero(rng.random(n) < 0.995),
+    }
     shared = {k: f() for k, f in states.items()}  # one state reached by several rows
     steps = []
     for _ in range(draw(st.integers(1, 6))):
@@ -216,8 +213,7 @@ def test_zero_maximum_keeps_amax_sign():
     """A row whose allowed maximum is a zero of either sign takes amax's choice."""
     logits = torch.tensor([[-0.0, 0.0, -1.0, 5.0], [0.0, -0.0, -2.0, 7.0]])
     bm = pack(np.array([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=np.bool_))
-    got, m = MaskedLogitsBuffer().apply(logits, bm, [0, 1], 4,
-                                        torch.amax(logits, -1, keepdim=True))
+    got, m = MaskedLogitsBuffer().apply(logits, bm, [0, 1], 4, torch.amax(logits, -1, keepdim=True))
     ref = masked_logits(logits, bm, [0, 1], limit=4)
     assert bits_equal(m, torch.amax(ref, -1, keepdim=True))
 
@@ -254,7 +250,6 @@ def test_rows_sharing_a_fingerprint_are_confirmed_one_by_one():
     """A fingerprint collision inside one step: each row still gets its own columns."""
     cache = ColumnCache()
     cache.fingerprints = lambda words: np.zeros(words.shape[0], dtype=np.int64)
-    words = pack(np.array([[1, 0, 0, 0, 1], [0, 1, 0, 0, 0], [1, 0, 0, 0, 1]],
-                          dtype=np.bool_)).numpy()
+    words = pack(np.array([[1, 0, 0, 0, 1], [0, 1, 0, 0, 0], [1, 0, 0, 0, 1]], dtype=np.bool_)).numpy()
     got = cache.lookup_rows(words, [0, 1, 2], 5)
     assert [allowed_of(got[r], 5) for r in (0, 1, 2)] == [[0, 4], [1], [0, 4]]

@@ -15,29 +15,38 @@ from detsample.probe.threads import torch_threads
 from .conftest import generate
 
 SCHEMAS = [
-    {"type": "object",
-     "properties": {"name": {"type": "string", "pattern": "^[a-z ]{1,12}$"},
-                    "age": {"type": "integer", "minimum": 0, "maximum": 150},
-                    "ok": {"type": "boolean"},
-                    "tags": {"type": "array", "items": {"enum": ["a", "b", "null"]},
-                             "maxItems": 3},
-                    "kind": {"enum": ["x", "y", None]}},
-     "required": ["name", "age", "ok", "tags", "kind"]},
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "pattern": "^[a-z ]{1,12}$"},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            "ok": {"type": "boolean"},
+            "tags": {"type": "array", "items": {"enum": ["a", "b", "null"]}, "maxItems": 3},
+            "kind": {"enum": ["x", "y", None]},
+        },
+        "required": ["name", "age", "ok", "tags", "kind"],
+    },
     {"type": "array", "items": {"type": "number"}, "minItems": 1, "maxItems": 4},
-    {"type": "object",
-     "properties": {"inner": {"type": "object",
-                              "properties": {"v": {"type": "integer"}}, "required": ["v"]},
-                    "w": {"anyOf": [{"type": "null"}, {"type": "integer"}]}},
-     "required": ["inner"]},
+    {
+        "type": "object",
+        "properties": {
+            "inner": {"type": "object", "properties": {"v": {"type": "integer"}}, "required": ["v"]},
+            "w": {"anyOf": [{"type": "null"}, {"type": "integer"}]},
+        },
+        "required": ["inner"],
+    },
 ]
-REGEXES = [r"[a-z]{2,6}@[a-z]{2,5}\.(com|org)", r"(true|false|null)( (true|false|null)){0,3}",
-           r"-?[0-9]{1,4}(\.[0-9]{1,3})?"]
-EBNF = r'''
+REGEXES = [
+    r"[a-z]{2,6}@[a-z]{2,5}\.(com|org)",
+    r"(true|false|null)( (true|false|null)){0,3}",
+    r"-?[0-9]{1,4}(\.[0-9]{1,3})?",
+]
+EBNF = r"""
 root ::= expr
 expr ::= term (("+" | "-") term){0,3}
 term ::= num | "(" expr ")"
 num ::= [1-9] [0-9]{0,2}
-'''
+"""
 ARITH = re.compile(r"[0-9()+\-]+")
 
 
@@ -75,15 +84,20 @@ def test_ebnf_outputs_are_balanced_arithmetic(vocab, submit):
 
 
 def test_structural_tag_wraps_schema(vocab, submit):
-    schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]},
-                                               "days": {"type": "integer", "minimum": 1,
-                                                        "maximum": 9}},
-              "required": ["city", "days"]}
-    tag = {"type": "structural_tag",
-           "format": {"type": "tag", "begin": "<call>",
-                      "content": {"type": "json_schema", "json_schema": schema,
-                                  "max_whitespace_cnt": 1},
-                      "end": "</call>"}}
+    schema = {
+        "type": "object",
+        "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "minimum": 1, "maximum": 9}},
+        "required": ["city", "days"],
+    }
+    tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "tag",
+            "begin": "<call>",
+            "content": {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": 1},
+            "end": "</call>",
+        },
+    }
     gs = [submit("structural_tag", tag, rid=f"s{i}") for i in range(6)]
     for g, ids in zip(gs, generate(vocab, gs, seed=11)):
         m = re.fullmatch(r"<call>(.*)</call>", _text(vocab, ids), re.S)
@@ -112,7 +126,7 @@ def test_bad_max_threads_is_refused_by_name(bad):
 
 
 def test_auto_threads_prefetch_follows_torch_and_gives_the_same_bits(vocab, submit):
-    """"auto": a step's fill uses xgrammar's own thread choice, a prefetched fill torch's
+    """ "auto": a step's fill uses xgrammar's own thread choice, a prefetched fill torch's
     intra-op thread count of the moment; the bits are the same either way. (Grammars
     without state keys: with them the four rows, all in one state, are filled once.)"""
     fut = vocab.grammar_compiler.submit("json_schema", json.dumps(SCHEMAS[0]))
@@ -128,8 +142,7 @@ def test_auto_threads_prefetch_follows_torch_and_gives_the_same_bits(vocab, subm
             got[n] = bm[rows].clone()
     bm, rows = masker.fill(gs, vocab.vocab_size)  # nothing prefetched: filled in the step
     masker.close()
-    assert sorted(masker._matchers, key=str) == [("prefetch", 1), ("prefetch", 2),
-                                                 ("step", "auto")]
+    assert sorted(masker._matchers, key=str) == [("prefetch", 1), ("prefetch", 2), ("step", "auto")]
     assert torch.equal(got[1], got[2]) and torch.equal(got[1], bm[rows])
 
 

@@ -25,15 +25,17 @@ def oracle_allowed(vocab, prefix: bytes):
     """Brute force over the finite language: tokens extending the prefix toward a word,
     plus EOS when the prefix is a complete word."""
     words = [w.encode() for w in WORDS]
-    out = {t for t in range(vocab.vocab_size) if t not in vocab.special_ids
-           and any(w.startswith(prefix + vocab.tokens[t]) for w in words)}
+    out = {
+        t
+        for t in range(vocab.vocab_size)
+        if t not in vocab.special_ids and any(w.startswith(prefix + vocab.tokens[t]) for w in words)
+    }
     if prefix in words:
         out |= set(vocab.eos_token_ids)
     return out
 
 
-@pytest.mark.parametrize("path", [[], ["c"], ["c", "a"], ["c", "a", "t"], ["th", "e"],
-                                  ["d", "o", "g", "s"]])
+@pytest.mark.parametrize("path", [[], ["c"], ["c", "a"], ["c", "a", "t"], ["th", "e"], ["d", "o", "g", "s"]])
 def test_mask_matches_brute_force_oracle(vocab, submit, path):
     g = submit("regex", REGEX)
     ids = [vocab.encode(p)[0] for p in path]
@@ -45,8 +47,11 @@ def test_mask_matches_brute_force_oracle(vocab, submit, path):
 def test_rejected_token_names_request_and_prefix(vocab, submit):
     g = submit("regex", REGEX, rid="req-7")
     g.accept_token(vocab.encode("c")[0])
-    with pytest.raises(GrammarError, match=r"request 'req-7'.*rejected token 121 \(b'x'\) "
-                                           r"after accepted prefix b'c' \(1 tokens\)"):
+    with pytest.raises(
+        GrammarError,
+        match=r"request 'req-7'.*rejected token 121 \(b'x'\) "
+        r"after accepted prefix b'c' \(1 tokens\)",
+    ):
         g.accept_token(121)
     assert g.accepted == [vocab.encode("c")[0]] and g.is_active
 
@@ -80,8 +85,7 @@ def test_rollback_restores_earlier_mask(vocab, submit):
 
 
 def test_jump_forward_from_start(vocab, submit):
-    schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[a-z]+$"}},
-              "required": ["name"]}
+    schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[a-z]+$"}}, "required": ["name"]}
     g = submit("json_schema", schema)
     rolled, new = g.jump_forward()
     assert rolled == 0 and new == vocab.encode('{"name": "')
@@ -111,12 +115,10 @@ def test_initial_output_ids_are_fed(vocab):
 def test_initial_output_ids_rejected_fail_request(vocab):
     g = RequestGrammar.submit("r9", "regex", REGEX, vocab, output_ids=vocab.encode("dx"))
     assert g.resolve() == "failed"
-    assert re.search(r"request 'r9'.*rejected existing output token .*after accepted prefix b'd'",
-                     g.error)
+    assert re.search(r"request 'r9'.*rejected existing output token .*after accepted prefix b'd'", g.error)
 
 
-BROKEN = [("json_schema", '{"type": "object", "properties": 5}'), ("regex", "(ab"),
-          ("ebnf", "root ::= (")]
+BROKEN = [("json_schema", '{"type": "object", "properties": 5}'), ("regex", "(ab"), ("ebnf", "root ::= (")]
 
 
 @pytest.mark.parametrize("kind,text", BROKEN)

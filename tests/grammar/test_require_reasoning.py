@@ -26,8 +26,7 @@ def vocab():
 
 
 def _batch(vocab, output_ids=(), think_end=THINK_END):
-    r = Request("r", SamplingParams(seed=1, regex=REGEX, require_reasoning=True), [1],
-                list(output_ids))
+    r = Request("r", SamplingParams(seed=1, regex=REGEX, require_reasoning=True), [1], list(output_ids))
     return SamplingBatch.from_requests([r], 512, vocab=vocab, think_end_token_id=think_end)
 
 

@@ -35,12 +35,12 @@ def test_unsupported_schema_fails_its_request_only(vocab):
     """A rejected schema fails at compile time: its row samples no token and finishes
     with ``grammar_error`` naming the keyword; its neighbour samples normally."""
     bad = next(c for c in UNSUPPORTED if c["name"] == "unique_items")
-    reqs = [Request("bad", SamplingParams(seed=1, json_schema=bad["schema"]), prompt_ids=[1]),
-            Request("ok", SamplingParams(seed=2, json_schema={"type": "boolean"}),
-                    prompt_ids=[1])]
+    reqs = [
+        Request("bad", SamplingParams(seed=1, json_schema=bad["schema"]), prompt_ids=[1]),
+        Request("ok", SamplingParams(seed=2, json_schema={"type": "boolean"}), prompt_ids=[1]),
+    ]
     batch = SamplingBatch.from_requests(reqs, vocab_size=vocab.vocab_size, vocab=vocab)
-    out = Sampler().sample(torch.zeros(2, vocab.vocab_size), batch,
-                           torch.zeros(2, dtype=torch.long))
+    out = Sampler().sample(torch.zeros(2, vocab.vocab_size), batch, torch.zeros(2, dtype=torch.long))
     batch.advance(out.token_ids)
     assert int(out.token_ids[0]) == -1 and int(out.token_ids[1]) >= 0
     assert batch.finished[0] == FINISH_GRAMMAR_ERROR and batch.finished[1] is None
@@ -51,16 +51,27 @@ def test_unsupported_schema_fails_its_request_only(vocab):
 ACCEPTED = [
     {"oneOf": [{"type": "integer"}, {"type": "string"}]},
     {"oneOf": [{"const": "a"}, {"enum": ["b", "c"]}]},
-    {"oneOf": [{"type": "object", "properties": {"k": {"const": 1}}, "required": ["k"]},
-               {"type": "object", "properties": {"k": {"const": 2}, "x": {}}, "required": ["k"]}]},
-    {"$defs": {"a": {"type": "object", "properties": {"t": {"const": "a"}}, "required": ["t"]}},
-     "oneOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]},
+    {
+        "oneOf": [
+            {"type": "object", "properties": {"k": {"const": 1}}, "required": ["k"]},
+            {"type": "object", "properties": {"k": {"const": 2}, "x": {}}, "required": ["k"]},
+        ]
+    },
+    {
+        "$defs": {"a": {"type": "object", "properties": {"t": {"const": "a"}}, "required": ["t"]}},
+        "oneOf": [{"$ref": "#/$defs/a"}, {"type": "null"}],
+    },
     {"type": "string", "enum": ["x", "y"], "description": "annotations and type are fine"},
     {"type": "object", "properties": {"a": {"type": "integer"}}, "x-vendor": 1, "nullable": True},
     {"allOf": [{"type": "integer", "minimum": 0}], "title": "one member"},
     {"properties": {"a": {"type": "integer"}}, "required": ["a"]},  # object implied
-    {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1,
-     "properties": {"k": {"type": "integer"}}, "required": ["k"]},
+    {
+        "type": "object",
+        "additionalProperties": {"type": "integer"},
+        "minProperties": 1,
+        "properties": {"k": {"type": "integer"}},
+        "required": ["k"],
+    },
     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"$ref": "#/properties/a"}}},
     {"type": "integer", "minimum": 1.0, "multipleOf": 2},
 ]
@@ -75,17 +86,24 @@ def test_supported_schemas_are_accepted_and_not_modified(schema):
 
 
 def test_patterns_and_formats_become_placeholders():
-    schema = {"type": "object", "properties": {
-        "d": {"type": "string", "format": "date"},
-        "p": {"type": "string", "pattern": "^[a-z]+$"},
-        "q": {"type": "string", "pattern": "^[a-z]+$"}},
-        "patternProperties": {"^x_[0-9]$": {"type": "integer"}}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "d": {"type": "string", "format": "date"},
+            "p": {"type": "string", "pattern": "^[a-z]+$"},
+            "q": {"type": "string", "pattern": "^[a-z]+$"},
+        },
+        "patternProperties": {"^x_[0-9]$": {"type": "integer"}},
+    }
     prepared = prepare_json_schema(schema)
     props = prepared.schema["properties"]
     assert "format" not in props["d"] and props["p"]["pattern"] == props["q"]["pattern"]
     assert len(prepared.patterns) == 3  # date, [a-z]+ (shared), the property-name pattern
-    assert set(prepared.patterns) == {props["d"]["pattern"], props["p"]["pattern"],
-                                      *prepared.schema["patternProperties"]}
+    assert set(prepared.patterns) == {
+        props["d"]["pattern"],
+        props["p"]["pattern"],
+        *prepared.schema["patternProperties"],
+    }
 
 
 def test_oneof_rejection_names_the_fix():

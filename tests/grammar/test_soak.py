@@ -31,9 +31,23 @@ SCHEMAS = 2000
 
 def _soak(cache_mb: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = subprocess.run([sys.executable, "-m", "detsample.benchmarks.grammar_serving",
-                          "soak", "--schemas", str(SCHEMAS), "--cache-mb", str(cache_mb)],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "detsample.benchmarks.grammar_serving",
+            "soak",
+            "--schemas",
+            str(SCHEMAS),
+            "--cache-mb",
+            str(cache_mb),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=1800,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 

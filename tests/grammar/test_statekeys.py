@@ -29,19 +29,22 @@ from tests.helpers import params_strategy
 from .conftest import generate, grammar_requests, random_session, same_steps
 
 INT_ARRAY = {"type": "array", "items": {"type": "integer"}, "maxItems": 6}
-OBJ = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
-                                        "n": {"type": "integer"}}, "required": ["name", "n"]}
+OBJ = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 6}, "n": {"type": "integer"}},
+    "required": ["name", "n"],
+}
 
 
 def _with_config(vocab, **kw):
-    vocab._compiler = GrammarCompiler(vocab, GrammarConfig(**{"mask_cache_policy": "eager",
-                                                              **kw}))
+    vocab._compiler = GrammarCompiler(vocab, GrammarConfig(**{"mask_cache_policy": "eager", **kw}))
     return vocab
 
 
 def _bytes_vocab():
-    return Vocabulary.from_tokens([b""] + [bytes([b]) for b in range(256)] +
-                                  [b"\xc3\xa9", b"ab", b"\xc3"[:1] + b"a"], eos_token_ids=[0])
+    return Vocabulary.from_tokens(
+        [b""] + [bytes([b]) for b in range(256)] + [b"\xc3\xa9", b"ab", b"\xc3"[:1] + b"a"], eos_token_ids=[0]
+    )
 
 
 def test_verify_catches_a_wrong_name(vocab, submit, monkeypatch):
@@ -53,14 +56,16 @@ def test_verify_catches_a_wrong_name(vocab, submit, monkeypatch):
         generate(vocab, gs, seed=1, max_steps=50)
 
 
-def test_rows_in_one_state_are_filled_once_and_the_bits_are_xgrammars(vocab, submit,
-                                                                        monkeypatch):
+def test_rows_in_one_state_are_filled_once_and_the_bits_are_xgrammars(vocab, submit, monkeypatch):
     gs = [submit("json_schema", OBJ, rid=f"s{i}") for i in range(6)]
     filled = []
     masker = GrammarMasker(parallel_min_rows=1)
     real = masker._fill_rows
-    monkeypatch.setattr(masker, "_fill_rows", lambda role, th, grammars, bm, rows: (
-        filled.append(list(rows)), real(role, th, grammars, bm, rows))[1])
+    monkeypatch.setattr(
+        masker,
+        "_fill_rows",
+        lambda role, th, grammars, bm, rows: (filled.append(list(rows)), real(role, th, grammars, bm, rows))[1],
+    )
     bm, rows = masker.fill(gs, vocab.vocab_size)
     assert filled[0] == [0]  # six rows, one state: one xgrammar fill
     assert len(filled) == 2 and filled[1] == [1, 2, 3, 4, 5]  # (the verifying fill)
@@ -138,8 +143,9 @@ def test_every_grammar_shares_one_token_list():
     """Bug pinned: each grammar's names read ``TokenizerInfo.decoded_vocab``,
     which builds a new list of V bytes objects per read (~250 ms and ~18 MB at V = 128k,
     held by every grammar for good): the first step of every new schema paid it."""
-    vocab = Vocabulary.from_tokens([b"", b"<|sp|>"] + [bytes([b]) for b in range(256)],
-                                   eos_token_ids=[0], special_ids=[1])
+    vocab = Vocabulary.from_tokens(
+        [b"", b"<|sp|>"] + [bytes([b]) for b in range(256)], eos_token_ids=[0], special_ids=[1]
+    )
     compiler = GrammarCompiler(vocab, GrammarConfig(mask_cache_policy="eager"))
     assert compiler.token_bytes() == vocab.xgrammar_tokenizer_info().decoded_vocab
     for text in ("[a-z]+", "[0-9]+"):
@@ -201,9 +207,9 @@ def test_a_recurring_grammar_is_named_in_the_pool_and_adopted(monkeypatch):
 
         threads.append(threading.current_thread().name)
         return real(*a, **k)
+
     monkeypatch.setattr(StateKeys, "build", spy)
-    vocab = _with_config(Vocabulary.default(), verify_mask_cache=True,
-                         mask_cache_policy="recurring")
+    vocab = _with_config(Vocabulary.default(), verify_mask_cache=True, mask_cache_policy="recurring")
     a = RequestGrammar.submit("a", "json_schema", OBJ, vocab)
     generate(vocab, [a], seed=0, max_steps=3, until_done=False)
     assert a._keys is None and not threads
@@ -224,8 +230,13 @@ def test_a_recurring_grammar_is_named_in_the_pool_and_adopted(monkeypatch):
 def test_rows_are_kept_only_for_states_that_recur():
     vocab = Vocabulary.default()
     width = (vocab.vocab_size + 31) // 32
-    keys = StateKeys.build(grammar_source("regex", "[a-z]{0,10}", GrammarConfig()),
-                           vocab.tokens, vocab.eos_token_ids, width, keep_first=False)
+    keys = StateKeys.build(
+        grammar_source("regex", "[a-z]{0,10}", GrammarConfig()),
+        vocab.tokens,
+        vocab.eos_token_ids,
+        width,
+        keep_first=False,
+    )
     s1 = keys.step(keys.start, ord("a") + 1)
     row = torch.arange(width, dtype=torch.int32)
     assert not keys.offer(keys.start, row) and keys.mask(keys.start) is None  # once
@@ -236,8 +247,7 @@ def test_rows_are_kept_only_for_states_that_recur():
 
 
 def test_unexpandable_or_disabled_grammars_have_no_names(vocab):
-    rec = {"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}},
-           "$ref": "#/$defs/n"}
+    rec = {"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"}
     compiler = vocab.grammar_compiler
     compiler.compile("json_schema", json.dumps(rec))
     assert compiler.state_keys("json_schema", json.dumps(rec)) is None  # recursive
@@ -248,8 +258,13 @@ def test_unexpandable_or_disabled_grammars_have_no_names(vocab):
 
 
 # -- property: whole sessions, cache on and off ----------------------------------------
-GRAMMARS = [None, ("json_schema", OBJ), ("json_schema", INT_ARRAY),
-            ("regex", "[a-z]{2,9}( [0-9]{1,3})?"), ("ebnf", 'root ::= "x" [0-9]* "."')]
+GRAMMARS = [
+    None,
+    ("json_schema", OBJ),
+    ("json_schema", INT_ARRAY),
+    ("regex", "[a-z]{2,9}( [0-9]{1,3})?"),
+    ("ebnf", 'root ::= "x" [0-9]* "."'),
+]
 _VOCABS: dict = {}
 
 
@@ -260,23 +275,22 @@ def _session_vocab(cache: bool) -> Vocabulary:
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.tuples(params_strategy(512), st.sampled_from(range(len(GRAMMARS)))),
-                min_size=1, max_size=6),
-       st.sampled_from(["random", "peaked", "ties", "huge"]), st.integers(0, 2**32 - 1),
-       st.booleans())
-def test_sessions_are_bitwise_the_same_with_and_without_the_cache(rows, family, seed,
-                                                                  prefetch):
+@given(
+    st.lists(st.tuples(params_strategy(512), st.sampled_from(range(len(GRAMMARS)))), min_size=1, max_size=6),
+    st.sampled_from(["random", "peaked", "ties", "huge"]),
+    st.integers(0, 2**32 - 1),
+    st.booleans(),
+)
+def test_sessions_are_bitwise_the_same_with_and_without_the_cache(rows, family, seed, prefetch):
     """Property: token ids, logprobs and status of a session of grammar and free rows
     (rows of one grammar often in one state) are the same bits with the mask cache on
     (with or without prefetch) and off."""
     seen = {}
     for cache in (True, False):
         vocab = _session_vocab(cache)
-        batch = SamplingBatch.from_requests(grammar_requests(rows, GRAMMARS), vocab_size=512,
-                                            vocab=vocab)
+        batch = SamplingBatch.from_requests(grammar_requests(rows, GRAMMARS), vocab_size=512, vocab=vocab)
         sampler = Sampler()
-        seen[cache] = random_session(sampler, batch, 512, seed, family, 8,
-                                     prefetch=prefetch and cache)
+        seen[cache] = random_session(sampler, batch, 512, seed, family, 8, prefetch=prefetch and cache)
         sampler.grammar_masker.close()
     same_steps(seen[True], seen[False])
 
@@ -288,6 +302,7 @@ def test_a_naming_failure_never_fails_the_grammar(monkeypatch):
 
     def broken(*a, **k):
         raise ValueError("reader bug")
+
     monkeypatch.setattr(compiler_mod, "grammar_source", broken)
     vocab = Vocabulary.default()
     g = RequestGrammar.submit("n", "json_schema", OBJ, vocab)

@@ -41,9 +41,12 @@ def _socket(tmp_path):
 
 
 #: special files and the kind the refusal names
-SPECIAL = [(_fifo, "a FIFO (named pipe)"), (_zero_link, "a character device (a symlink to "
-                                                       "/dev/zero)"),
-           (_directory, "a directory"), (_socket, "a socket")]
+SPECIAL = [
+    (_fifo, "a FIFO (named pipe)"),
+    (_zero_link, "a character device (a symlink to /dev/zero)"),
+    (_directory, "a directory"),
+    (_socket, "a socket"),
+]
 
 
 @pytest.mark.parametrize("make,kind", SPECIAL, ids=[k for _, k in SPECIAL])

@@ -13,8 +13,10 @@ import pytest
 from detsample.inputs import parse_float, parse_int
 
 
-@pytest.mark.parametrize("text,value", [("1", 1.0), ("-0.5", -0.5), (".5", 0.5), ("1e-3", 1e-3),
-                                        ("2.", 2.0), ("inf", math.inf), ("+1E5", 1e5)])
+@pytest.mark.parametrize(
+    "text,value",
+    [("1", 1.0), ("-0.5", -0.5), (".5", 0.5), ("1e-3", 1e-3), ("2.", 2.0), ("inf", math.inf), ("+1E5", 1e5)],
+)
 def test_plain_floats_are_read(text, value):
     assert parse_float(text) == value
 

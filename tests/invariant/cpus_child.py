@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from detsample import batch_invariant
 from detsample.probe.threads import torch_threads
 
-SHAPES = ((160, 7), (200, 5), (33, 130), (96, 64))     # (K, N)
+SHAPES = ((160, 7), (200, 5), (33, 130), (96, 64))  # (K, N)
 COUNTS = (1, 2, 5, 64, 65, 130)
 
 
@@ -46,10 +46,13 @@ def _misaligned(x: torch.Tensor, off: int) -> torch.Tensor:
 
 def _rows_alone(f, x: torch.Tensor, label: str) -> list[str]:
     """Rows of ``f`` over the first c rows of ``x`` (c in COUNTS) against each row alone."""
-    alone = torch.cat([f(x[i: i + 1]) for i in range(x.shape[0])])
-    bad = [f"{label}: row {i} of {c} != alone"
-           for c in COUNTS if c <= x.shape[0]
-           for i in torch.nonzero(~(f(x[:c]) == alone[:c]).all(dim=1)).flatten().tolist()[:3]]
+    alone = torch.cat([f(x[i : i + 1]) for i in range(x.shape[0])])
+    bad = [
+        f"{label}: row {i} of {c} != alone"
+        for c in COUNTS
+        if c <= x.shape[0]
+        for i in torch.nonzero(~(f(x[:c]) == alone[:c]).all(dim=1)).flatten().tolist()[:3]
+    ]
     return bad
 
 
@@ -58,7 +61,7 @@ def products(shapes: tuple[tuple[int, int], ...] = SHAPES) -> tuple[list[str], t
     for k, n in shapes:
         g = _gen(k * 1000 + n)
         x = torch.randn(max(COUNTS), k, generator=g)
-        w = torch.randn(n, k, generator=g) * k ** -0.5
+        w = torch.randn(n, k, generator=g) * k**-0.5
         wn = w.t().contiguous()
         bad += _rows_alone(lambda a: F.linear(a, w), x, f"linear K={k} N={n} (nt)")
         bad += _rows_alone(lambda a: a @ wn, x, f"matmul K={k} N={n} (nn)")
@@ -68,9 +71,9 @@ def products(shapes: tuple[tuple[int, int], ...] = SHAPES) -> tuple[list[str], t
     a, b = torch.randn(3, 20, 48, generator=g), torch.randn(3, 48, 17, generator=g)
     both = torch.bmm(a, b)
     for i in range(3):
-        if not torch.equal(both[i: i + 1], torch.bmm(a[i: i + 1], b[i: i + 1])):
+        if not torch.equal(both[i : i + 1], torch.bmm(a[i : i + 1], b[i : i + 1])):
             bad.append(f"bmm: matrix {i} of 3 != alone")
-        bad += _rows_alone(lambda r: torch.bmm(r.unsqueeze(0), b[i: i + 1])[0], a[i], f"bmm matrix {i}")
+        bad += _rows_alone(lambda r: torch.bmm(r.unsqueeze(0), b[i : i + 1])[0], a[i], f"bmm matrix {i}")
     outs.append(both.flatten())
     return bad, torch.cat(outs)
 
@@ -102,6 +105,7 @@ def model(portable: bool) -> tuple[list[str], torch.Tensor]:
     from matrix_child import failures, module  # same folder (sys.path[0])
 
     from detsample.models import HFCausalLM
+
     toks = torch.randint(0, 512, (12,), generator=_gen(1)).tolist()
     m = HFCausalLM(module("h64-i96-4h"), name="h64", batch_invariant=True, portable=portable)
     bad, full = failures(m, toks)
@@ -126,6 +130,7 @@ def _under_mode(check):
     def run(portable: bool) -> tuple[list[str], torch.Tensor]:
         with batch_invariant(portable=portable):
             return check()
+
     return run
 
 
@@ -134,9 +139,14 @@ def narrow() -> tuple[list[str], torch.Tensor]:
     return products(SHAPES[:2])
 
 
-CHECKS = {"narrow": _under_mode(narrow), "products": _under_mode(products), "sums": _under_mode(sums),
-          "pointwise": _under_mode(pointwise), "model": model,
-          "hybrids": hybrids}
+CHECKS = {
+    "narrow": _under_mode(narrow),
+    "products": _under_mode(products),
+    "sums": _under_mode(sums),
+    "pointwise": _under_mode(pointwise),
+    "model": model,
+    "hybrids": hybrids,
+}
 
 
 def run(names: list[str]) -> dict:

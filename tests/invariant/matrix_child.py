@@ -20,16 +20,20 @@ from detsample.models import HFCausalLM, prefill
 from detsample.models.tiny import build_hf
 
 SHAPES = {
-    "h160-i432-5h": dict(hidden_size=160, intermediate_size=432, num_attention_heads=5,
-                         num_key_value_heads=5),
-    "h64-i96-4h": dict(hidden_size=64, intermediate_size=96, num_attention_heads=4,
-                       num_key_value_heads=2),
+    "h160-i432-5h": dict(hidden_size=160, intermediate_size=432, num_attention_heads=5, num_key_value_heads=5),
+    "h64-i96-4h": dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2),
 }
 
 
 def module(name: str) -> torch.nn.Module:
-    cfg = dict(vocab_size=512, num_hidden_layers=2, max_position_embeddings=256,
-               rms_norm_eps=1e-5, tie_word_embeddings=False, **SHAPES[name])
+    cfg = dict(
+        vocab_size=512,
+        num_hidden_layers=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        **SHAPES[name],
+    )
     return build_hf("llama", 7, **cfg)
 
 
@@ -42,7 +46,7 @@ def failures(m: HFCausalLM, toks: list[int]) -> tuple[list[str], torch.Tensor]:
         bad.append("decode != prefill")
     c, parts, i = m.new_cache(), [], 0
     for n in (5, 11, 3, 100):
-        parts.append(m.forward([c], [toks[i:i + n]])[0])
+        parts.append(m.forward([c], [toks[i : i + n]])[0])
         i += n
         if i >= len(toks):
             break
@@ -62,13 +66,15 @@ def long_product_failures() -> list[str]:
     import torch.nn.functional as F
 
     from detsample import batch_invariant
+
     g = torch.Generator().manual_seed(11)
     w = torch.randn(1024, 1024, generator=g) / 32
     x = torch.randn(700, 1024, generator=g)
     with batch_invariant():
         out = F.linear(x, w)
-        bad = [r for r in (0, 511, 512, 600, 639, 640, 699)
-               if not torch.equal(out[r:r + 1], F.linear(x[r:r + 1], w))]
+        bad = [
+            r for r in (0, 511, 512, 600, 639, 640, 699) if not torch.equal(out[r : r + 1], F.linear(x[r : r + 1], w))
+        ]
     return [f"long product verified: row {r} of 700 != alone" for r in bad]
 
 

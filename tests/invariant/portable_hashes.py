@@ -45,8 +45,10 @@ def build(name: str) -> torch.nn.Module:
     if name in PANEL:
         from tests.invariant.architectures import PANEL as ROWS
         from tests.invariant.architectures import build as build_arch
+
         return build_arch(next(a for a in ROWS if a.name == name))
     from tests.invariant.matrix_child import module
+
     return module(name)
 
 
@@ -83,9 +85,15 @@ def aten_kernels() -> Iterator[None]:
 
     aten = torch.ops.aten
     saved = dict(cpu._DEFINED)
-    swap: dict[str, Callable] = {n: (lambda x, op=op: pointwise(op, x)) for n, op in (
-        ("silu", aten.silu.out), ("sigmoid", aten.sigmoid.out), ("cos", aten.cos.out),
-        ("sin", aten.sin.out))}
+    swap: dict[str, Callable] = {
+        n: (lambda x, op=op: pointwise(op, x))
+        for n, op in (
+            ("silu", aten.silu.out),
+            ("sigmoid", aten.sigmoid.out),
+            ("cos", aten.cos.out),
+            ("sin", aten.sin.out),
+        )
+    }
     cpu._DEFINED.update(swap)
     try:
         yield

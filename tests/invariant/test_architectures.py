@@ -40,10 +40,8 @@ from detsample.models.hf import use_invariant_attention
 from detsample.probe.threads import torch_threads
 from tests.invariant.architectures import PANEL, adapter, build, failures, own_cache_failures, unguarded
 
-DEFAULT = ("llama", "gemma2", "gpt2", "qwen3moe", "deepseekv3", "gptoss", "qwen35", "minimax",
-           "lfm2", "nemotronh")
-CASES = [pytest.param(a, id=a.name, marks=() if a.name in DEFAULT else pytest.mark.panel)
-         for a in PANEL]
+DEFAULT = ("llama", "gemma2", "gpt2", "qwen3moe", "deepseekv3", "gptoss", "qwen35", "minimax", "lfm2", "nemotronh")
+CASES = [pytest.param(a, id=a.name, marks=() if a.name in DEFAULT else pytest.mark.panel) for a in PANEL]
 TOKENS = torch.randint(0, 512, (19,), generator=torch.Generator().manual_seed(11)).tolist()
 
 
@@ -55,7 +53,7 @@ def _refused(arch, model: torch.nn.Module, monkeypatch) -> None:
     assert bad, f"{arch.name}: bitwise under the mode's kernels unguarded (no negative control)"
     with torch.no_grad(), batch_invariant(), pytest.raises(RefusedLayerError):
         model(ids)
-    with pytest.raises((ModelError, RefusedLayerError)):   # the adapter returns no logits either
+    with pytest.raises((ModelError, RefusedLayerError)):  # the adapter returns no logits either
         prefill(adapter(build(arch), True), TOKENS)
     monkeypatch.setattr(guard, "REFUSED", ())
     for use_cache in (True, False):
@@ -63,7 +61,7 @@ def _refused(arch, model: torch.nn.Module, monkeypatch) -> None:
         with torch.no_grad(), batch_invariant(), pytest.raises(RefusedLayerError, match=arch.refused):
             fresh(ids, use_cache=use_cache)
         with torch.no_grad(), batch_invariant(), pytest.raises(RefusedLayerError):
-            fresh(ids)                                      # and at every later forward
+            fresh(ids)  # and at every later forward
 
 
 def _bitwise_through_own_cache(arch, model: torch.nn.Module) -> None:
@@ -76,9 +74,10 @@ def _bitwise_through_own_cache(arch, model: torch.nn.Module) -> None:
     with torch_threads(2):
         bad_default, ref = own_cache_failures(model, TOKENS, None, chunked=chunked)
         assert bad_default, f"{arch.name}: the default kernels passed every check (no negative control)"
-        if arch.covered:      # the mode's kernels alone do not do it: its mixer's recurrent form does
-            assert own_cache_failures(model, TOKENS, False, guarded=False, chunked=chunked)[0], \
+        if arch.covered:  # the mode's kernels alone do not do it: its mixer's recurrent form does
+            assert own_cache_failures(model, TOKENS, False, guarded=False, chunked=chunked)[0], (
                 f"{arch.name}: bitwise under the mode's kernels without its mixer covered"
+            )
     use_invariant_attention(model)
     if not chunked:
         _chunked_prefill_raises_uncovered(model)
@@ -87,8 +86,9 @@ def _bitwise_through_own_cache(arch, model: torch.nn.Module) -> None:
         for threads in (1, 2):
             with torch_threads(threads):
                 results[threads] = own_cache_failures(model, TOKENS, portable)
-        assert not results[1][0] and not results[2][0], \
+        assert not results[1][0] and not results[2][0], (
             f"{arch.name} portable={portable}: {results[1][0] + results[2][0]}"
+        )
         assert torch.equal(results[1][1], results[2][1])
         assert (results[2][1] - ref).abs().max() < 1e-4
 
@@ -100,8 +100,7 @@ def _chunked_prefill_raises_uncovered(model: torch.nn.Module) -> None:
     with torch.no_grad(), batch_invariant(), unguarded():
         cache = model(ids[:, :3], use_cache=True).past_key_values
         with pytest.raises(RuntimeError):
-            model(ids[:, 3:10], past_key_values=cache, use_cache=True,
-                  position_ids=torch.arange(3, 10)[None])
+            model(ids[:, 3:10], past_key_values=cache, use_cache=True, position_ids=torch.arange(3, 10)[None])
 
 
 @pytest.mark.parametrize("arch", CASES)

@@ -23,14 +23,16 @@ HEADS = [(4, 2), (5, 1), (3, 3)]
 
 def _qkv(B, H, Hkv, T, L, D=16, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(B, H, T, D, generator=g), torch.randn(B, Hkv, L, D, generator=g),
-            torch.randn(B, Hkv, L, D, generator=g))
+    return (
+        torch.randn(B, H, T, D, generator=g),
+        torch.randn(B, Hkv, L, D, generator=g),
+        torch.randn(B, Hkv, L, D, generator=g),
+    )
 
 
 def _sdpa(q, k, v, mask):
     G = q.shape[1] // k.shape[1]
-    return F.scaled_dot_product_attention(q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1),
-                                          attn_mask=mask)
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1), attn_mask=mask)
 
 
 @pytest.mark.parametrize("h,hkv", HEADS)
@@ -39,8 +41,8 @@ def test_matches_sdpa(h, hkv):
     causal = torch.ones(20, 20, dtype=torch.bool).tril()
     assert torch.allclose(attention(q, k, v), _sdpa(q, k, v, causal), atol=1e-5)
     pad = causal[None, None].repeat(2, 1, 1, 1)
-    pad[1, :, :, :5] = False                                # row 1: 5 padding slots
-    pad[1, :, :5, 5] = True                                 # pad queries see one key
+    pad[1, :, :, :5] = False  # row 1: 5 padding slots
+    pad[1, :, :5, 5] = True  # pad queries see one key
     ref = _sdpa(q, k, v, pad)
     assert torch.allclose(attention(q, k, v, pad), ref, atol=1e-5)
     bias = torch.where(pad, torch.randn(pad.shape) * 0.1, torch.finfo(torch.float32).min)
@@ -53,18 +55,18 @@ def test_decode_equals_prefill_at_every_block_edge(h, hkv, threads):
     L = max(LENGTHS)
     q, k, v = _qkv(1, h, hkv, L, L, seed=1)
     with torch_threads(threads):
-        prefill = attention(q, k, v)                              # causal, T = L
+        prefill = attention(q, k, v)  # causal, T = L
         for n in LENGTHS:
-            step = attention(q[:, :, n - 1: n], k[:, :, :n], v[:, :, :n])
-            assert torch.equal(step, prefill[:, :, n - 1: n]), n
-            chunk = attention(q[:, :, n // 2: n], k[:, :, :n], v[:, :, :n])   # chunked prefill
-            assert torch.equal(chunk, prefill[:, :, n // 2: n]), n
+            step = attention(q[:, :, n - 1 : n], k[:, :, :n], v[:, :, :n])
+            assert torch.equal(step, prefill[:, :, n - 1 : n]), n
+            chunk = attention(q[:, :, n // 2 : n], k[:, :, :n], v[:, :, :n])  # chunked prefill
+            assert torch.equal(chunk, prefill[:, :, n // 2 : n]), n
 
 
 def _padded(k: torch.Tensor, left: int, right: int) -> torch.Tensor:
     B, H, L, D = k.shape
-    out = torch.randn(B, H, left + L + right, D) * 100.0   # garbage in the padding slots
-    out[:, :, left: left + L] = k
+    out = torch.randn(B, H, left + L + right, D) * 100.0  # garbage in the padding slots
+    out[:, :, left : left + L] = k
     return out
 
 
@@ -79,8 +81,8 @@ def test_padding_batch_and_cache_length_do_not_matter(threads):
         for left, right in [(5, 0), (0, 9), (40, 30), (130, 0)]:
             L = left + n + right
             mask = torch.zeros(2, 1, T, L, dtype=torch.bool)
-            mask[0, 0, :, left: left + n] = causal
-            mask[1, 0] = torch.ones(T, L, dtype=torch.bool).tril(L - T)   # a longer neighbour
+            mask[0, 0, :, left : left + n] = causal
+            mask[1, 0] = torch.ones(T, L, dtype=torch.bool).tril(L - T)  # a longer neighbour
             g = torch.Generator().manual_seed(left + right)
             qq = torch.cat([q, torch.randn(1, 4, T, 16, generator=g)])
             kk = torch.cat([_padded(k, left, right), torch.randn(1, 2, L, 16, generator=g)])
@@ -103,8 +105,7 @@ def test_reduced_precision_inputs_return_their_dtype():
     q, k, v = _qkv(1, 2, 1, 5, 5, seed=4)
     out = attention(q.bfloat16(), k.bfloat16(), v.bfloat16())
     assert out.dtype == torch.bfloat16
-    assert torch.equal(out, attention(q.bfloat16().float(), k.bfloat16().float(),
-                                      v.bfloat16().float()).bfloat16())
+    assert torch.equal(out, attention(q.bfloat16().float(), k.bfloat16().float(), v.bfloat16().float()).bfloat16())
 
 
 def test_bad_shapes_are_named():
@@ -123,7 +124,7 @@ def test_registered_with_transformers_by_name():
 
     from detsample.models import build_tiny
 
-    assert register_attention() and register_attention()     # idempotent
+    assert register_attention() and register_attention()  # idempotent
     assert ATTENTION_NAME in AttentionInterface._global_mapping
     assert ATTENTION_NAME in AttentionMaskInterface._global_mapping
     model = build_tiny("hf-tiny-qwen2")
@@ -144,15 +145,14 @@ def test_the_mode_routes_torch_sdpa_to_the_invariant_attention():
     causal = torch.ones(9, 9, dtype=torch.bool).tril()
     kr, vr = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
     with batch_invariant():
-        assert torch.equal(F.scaled_dot_product_attention(q, kr, vr, is_causal=True),
-                           attention(q, kr, vr, causal))
-        assert torch.equal(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
-                           attention(q, k, v, causal))
-        assert torch.equal(F.scaled_dot_product_attention(q, kr, vr, attn_mask=causal),
-                           attention(q, kr, vr, causal))
+        assert torch.equal(F.scaled_dot_product_attention(q, kr, vr, is_causal=True), attention(q, kr, vr, causal))
+        assert torch.equal(
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), attention(q, k, v, causal)
+        )
+        assert torch.equal(F.scaled_dot_product_attention(q, kr, vr, attn_mask=causal), attention(q, kr, vr, causal))
         three = F.scaled_dot_product_attention(q[0], kr[0], vr[0], is_causal=True)
         assert torch.equal(three, attention(q[:1], kr[:1], vr[:1], causal)[0])
-        step = F.scaled_dot_product_attention(q[:, :, 8:], kr, vr)        # decode: sees all keys
+        step = F.scaled_dot_product_attention(q[:, :, 8:], kr, vr)  # decode: sees all keys
         assert torch.equal(step, F.scaled_dot_product_attention(q, kr, vr, is_causal=True)[:, :, 8:])
         with pytest.raises(Exception, match="dropout"):
             F.scaled_dot_product_attention(q, kr, vr, dropout_p=0.5)
@@ -172,10 +172,11 @@ def _grads(fn, q, k, v, seed=9):
 def _masks(B, T, L):
     causal = torch.ones(T, L, dtype=torch.bool).tril(L - T)
     pad = causal[None, None].repeat(B, 1, 1, 1)
-    pad[-1, :, :, :3] = False                               # the last row: 3 padding slots
-    pad[-1, :, :, 3] |= torch.arange(T) < 3                 # its first queries see one key
-    bias = torch.where(pad, torch.randn(pad.shape, generator=torch.Generator().manual_seed(2)),
-                       torch.finfo(torch.float32).min)
+    pad[-1, :, :, :3] = False  # the last row: 3 padding slots
+    pad[-1, :, :, 3] |= torch.arange(T) < 3  # its first queries see one key
+    bias = torch.where(
+        pad, torch.randn(pad.shape, generator=torch.Generator().manual_seed(2)), torch.finfo(torch.float32).min
+    )
     return {"causal": None, "padded": pad, "additive": bias}
 
 
@@ -233,6 +234,7 @@ def test_a_trainer_forward_under_the_mode_backpropagates():
 
 # -- architectures' additions: soft-capping, sinks, unequal value dims, sliding windows ----
 
+
 def _dense(q, k, v, allowed, softcap=None, sinks=None):
     """float64 reference of the attention with its extras."""
     G = q.shape[1] // k.shape[1]
@@ -267,16 +269,17 @@ def test_softcap_and_sinks_match_the_reference_and_stay_invariant(name, kw):
 
     L = 2 * KEY_BLOCK + 7
     q, k, v = _qkv(1, 4, 2, L, L, seed=4)
-    q = q * 3                                   # scores large enough for the cap to bite
+    q = q * 3  # scores large enough for the cap to bite
     ex = Extras(**kw)
     full = attention(q, k, v, None, None, ex)
     ref = _dense(q, k, v, torch.ones(L, L, dtype=torch.bool).tril(), **kw)
     assert torch.allclose(full.double(), ref, atol=1e-5)
     plain = attention(q, k, v)
-    assert not torch.allclose(full, plain, atol=1e-3)          # the extra changed something
+    assert not torch.allclose(full, plain, atol=1e-3)  # the extra changed something
     for n in (1, 2, KEY_BLOCK, KEY_BLOCK + 1, L):
-        assert torch.equal(attention(q[:, :, n - 1: n], k[:, :, :n], v[:, :, :n], None, None, ex),
-                           full[:, :, n - 1: n]), n
+        assert torch.equal(
+            attention(q[:, :, n - 1 : n], k[:, :, :n], v[:, :, :n], None, None, ex), full[:, :, n - 1 : n]
+        ), n
 
 
 def test_value_head_dim_may_differ_from_the_query_one():
@@ -286,8 +289,7 @@ def test_value_head_dim_may_differ_from_the_query_one():
     v = torch.randn(1, 4, 30, 16, generator=g)
     full = attention(q, k, v)
     assert full.shape == (1, 4, 30, 16)
-    assert torch.allclose(full.double(), _dense(q, k, v, torch.ones(30, 30, dtype=torch.bool).tril()),
-                          atol=1e-5)
+    assert torch.allclose(full.double(), _dense(q, k, v, torch.ones(30, 30, dtype=torch.bool).tril()), atol=1e-5)
     assert torch.equal(attention(q[:, :, 29:], k, v), full[:, :, 29:])
 
 
@@ -305,9 +307,8 @@ def test_a_sliding_window_past_a_key_block_is_exact_and_invariant(w):
     assert torch.allclose(full.double(), _dense(q, k, v, _window(L, L, w)), atol=1e-5)
     keys = torch.ones(1, L, dtype=torch.bool)
     for n in (w + 1, KEY_BLOCK + 3, 2 * KEY_BLOCK + 1, L):
-        step = attention(q[:, :, n - 1: n], k[:, :, :n], v[:, :, :n], _window(1, n, w), None,
-                         Extras(keys=keys[:, :n]))
-        assert torch.equal(step, full[:, :, n - 1: n]), n
+        step = attention(q[:, :, n - 1 : n], k[:, :, :n], v[:, :, :n], _window(1, n, w), None, Extras(keys=keys[:, :n]))
+        assert torch.equal(step, full[:, :, n - 1 : n]), n
 
 
 def test_the_transformers_function_takes_softcap_sinks_and_the_padding_mask():

@@ -23,15 +23,18 @@ SHAPES = [(1024, 1024), (1024, 2752), (256, 688)]
 ROWS = [128, 300, 512, 777, 1100]
 
 
-@pytest.mark.parametrize("m,big,want", [
-    (0, (128, 256, 512), ([], 0)),
-    (127, (128, 256, 512), ([], 127)),
-    (128, (128, 256, 512), ([128], 0)),
-    (777, (128, 256, 512), ([512, 256], 9)),
-    (1100, (512,), ([512, 512], 76)),
-    (1100, (256,), ([256] * 4, 76)),
-    (300, (), ([], 300)),
-])
+@pytest.mark.parametrize(
+    "m,big,want",
+    [
+        (0, (128, 256, 512), ([], 0)),
+        (127, (128, 256, 512), ([], 127)),
+        (128, (128, 256, 512), ([128], 0)),
+        (777, (128, 256, 512), ([512, 256], 9)),
+        (1100, (512,), ([512, 512], 76)),
+        (1100, (256,), ([256] * 4, 76)),
+        (300, (), ([], 300)),
+    ],
+)
 def test_big_split_never_pads(m, big, want):
     assert tiles.big_split(m, big) == want
 
@@ -40,15 +43,15 @@ def test_big_split_never_pads(m, big, want):
 @pytest.mark.parametrize("k,n", SHAPES)
 def test_long_prefill_rows_equal_rows_alone(k, n, threads):
     g = torch.Generator().manual_seed(k + n)
-    w = torch.randn(n, k, generator=g) / k ** 0.5
+    w = torch.randn(n, k, generator=g) / k**0.5
     x = torch.randn(max(ROWS), k, generator=g)
     with torch_threads(threads), batch_invariant():
-        alone = {r: F.linear(x[r:r + 1], w) for r in (0, 5, 127, 128, 300, 511, 512, 776, 1099)}
+        alone = {r: F.linear(x[r : r + 1], w) for r in (0, 5, 127, 128, 300, 511, 512, 776, 1099)}
         for m in ROWS:
             out = F.linear(x[:m], w)
             for r, want in alone.items():
                 if r < m:
-                    assert torch.equal(out[r:r + 1], want), (m, r)
+                    assert torch.equal(out[r : r + 1], want), (m, r)
         assert any(key[0] == "big" for key, _ in plans().items())
 
 
@@ -79,8 +82,8 @@ def test_a_big_tile_that_fails_its_check_is_not_taken(monkeypatch):
     x = torch.randn(520, 80, generator=g)
     with torch_threads(1), batch_invariant():
         out = F.linear(x, w)
-        rows = [F.linear(x[r:r + 1], w) for r in (0, 300, 519)]
+        rows = [F.linear(x[r : r + 1], w) for r in (0, 300, 519)]
         big = [p for key, p in plans().items() if key[0] == "big" and key[1:3] == (80, 96)]
     assert big and 512 not in big[0].data and 256 in big[0].data
     for r, want in zip((0, 300, 519), rows):
-        assert torch.equal(out[r:r + 1], want)
+        assert torch.equal(out[r : r + 1], want)

@@ -18,7 +18,7 @@ from detsample.invariant import batch_invariant
 from detsample.invariant.verify import NotInvariantError
 from detsample.probe.threads import torch_threads
 
-SHAPES = [(1, 64, 40, 3), (2, 160, 19, 4), (3, 1024, 70, 3)]      # (B, C, T, K)
+SHAPES = [(1, 64, 40, 3), (2, 160, 19, 4), (3, 1024, 70, 3)]  # (B, C, T, K)
 
 
 def _inputs(B: int, C: int, T: int, K: int, dtype=torch.float32):
@@ -36,8 +36,7 @@ def _recurrent(x, w, b):
     """One position at a time from its zero-started window, as a decode step computes it."""
     K = w.shape[-1]
     xp = F.pad(x, (K - 1, 0))
-    return torch.stack([(xp[:, :, t: t + K] * w[:, 0]).sum(-1) + b
-                        for t in range(x.shape[2])], dim=-1)
+    return torch.stack([(xp[:, :, t : t + K] * w[:, 0]).sum(-1) + b for t in range(x.shape[2])], dim=-1)
 
 
 def _chunked(x, w, b, cut: int):

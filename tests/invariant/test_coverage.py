@@ -23,8 +23,8 @@ def test_every_op_of_the_tiny_models_is_covered(name):
     m = load_model(name, batch_invariant=True)
     caches = [m.new_cache(), m.new_cache()]
     with OpRecorder() as rec:
-        m.forward(caches, [[1, 2, 3, 4, 5], [6, 7]])        # prefill, padded
-        m.forward(caches, [[8], [9, 10]])                   # decode and a chunk
+        m.forward(caches, [[1, 2, 3, 4, 5], [6, 7]])  # prefill, padded
+        m.forward(caches, [[8], [9, 10]])  # decode and a chunk
     assert "aten::mm" in rec.ops and "aten::mean.dim" in rec.ops
     assert uncovered(rec.ops) == []
 
@@ -33,7 +33,7 @@ def test_an_op_outside_the_table_is_reported():
     x = torch.randn(4, 6)
     with OpRecorder() as rec:
         torch.cumsum(torch.mm(x, x.t()), -1).erf()
-        torch.cumsum(torch.arange(5), 0)                    # an integer prefix sum is exact
+        torch.cumsum(torch.arange(5), 0)  # an integer prefix sum is exact
     assert "aten::mm" in rec.ops
     assert uncovered(rec.ops) == ["aten::cumsum", "aten::erf"]
 
@@ -130,6 +130,6 @@ def test_exact_ops_give_an_element_the_same_bits_on_every_loop(name, fn, threads
     with torch_threads(threads):
         whole = fn(x, y)
         for s, n in [(0, 1), (5, 15), (100, 33), (69990, 11)]:
-            assert torch.equal(fn(x[s: s + n], y[s: s + n]), whole[s: s + n]), (s, n)
+            assert torch.equal(fn(x[s : s + n], y[s : s + n]), whole[s : s + n]), (s, n)
         rows = fn(x[:69989].view(-1, 23), y[:69989].view(-1, 23))
         assert torch.equal(rows.reshape(-1), whole[:69989])

@@ -62,24 +62,25 @@ def _np_softmax(x: torch.Tensor, dim: int, log: bool = False) -> torch.Tensor:
 def _rows_alone_equal(fn, x: torch.Tensor, counts=ROW_COUNTS) -> None:
     """Row r of ``fn(x[:m])`` equals ``fn(x[r:r+1])`` for every m and r < m."""
     counts = [m for m in counts if m <= x.shape[0]]
-    alone = [fn(x[r: r + 1]) for r in range(max(counts))]
+    alone = [fn(x[r : r + 1]) for r in range(max(counts))]
     for m in counts:
         full = fn(x[:m])
         for r in range(m):
-            assert torch.equal(full[r: r + 1], alone[r]), f"row {r} of {m} differs"
+            assert torch.equal(full[r : r + 1], alone[r]), f"row {r} of {m} differs"
 
 
 # -- matmul -------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("threads", THREADS)
 @pytest.mark.parametrize("k,n", MM_SHAPES)
 def test_linear_rows_do_not_depend_on_the_batch(k, n, threads, mode):
     g = _gen(k * 1000 + n)
     x = torch.randn(max(ROW_COUNTS), k, generator=g)
-    w = torch.nn.Parameter(torch.randn(n, k, generator=g) * k ** -0.5)
+    w = torch.nn.Parameter(torch.randn(n, k, generator=g) * k**-0.5)
     with torch_threads(threads), torch.no_grad():
-        _rows_alone_equal(lambda a: F.linear(a, w), x)                  # mm(x, w.t()): nt
-        _rows_alone_equal(lambda a: a @ w.t().contiguous(), x)          # a (K, N) matrix: nn
+        _rows_alone_equal(lambda a: F.linear(a, w), x)  # mm(x, w.t()): nt
+        _rows_alone_equal(lambda a: a @ w.t().contiguous(), x)  # a (K, N) matrix: nn
         _rows_alone_equal(lambda a: a @ w.t()[:, ::1][::1], x, counts=[1, 5, 64, 65])
         # the row's address does not matter either
         for off in (1, 3, 5):
@@ -140,13 +141,13 @@ def test_bmm_rows_do_not_depend_on_the_batch_or_other_matrices(threads, mode):
     a = torch.randn(6, 70, 24, generator=g)
     b = torch.randn(6, 24, 30, generator=g)
     with torch_threads(threads):
-        alone = [[cpu.bmm(a[i: i + 1, r: r + 1], b[i: i + 1]) for r in range(70)] for i in range(6)]
+        alone = [[cpu.bmm(a[i : i + 1, r : r + 1], b[i : i + 1]) for r in range(70)] for i in range(6)]
         for nb, m in [(1, 1), (2, 3), (6, 5), (6, 20), (3, 17), (2, 70)]:
             full = cpu.bmm(a[:nb, :m], b[:nb])
             for i in range(nb):
                 for r in range(m):
-                    assert torch.equal(full[i: i + 1, r: r + 1], alone[i][r])
-            for i in range(nb):               # each matrix equals its own mm
+                    assert torch.equal(full[i : i + 1, r : r + 1], alone[i][r])
+            for i in range(nb):  # each matrix equals its own mm
                 assert torch.equal(full[i], cpu.mm(a[i, :m], b[i]))
 
 
@@ -186,7 +187,7 @@ def test_the_portable_product_does_not_depend_on_the_blas():
     with batch_invariant(portable=True):
         assert torch.equal(cpu.mm(x, w), exact.matmul(x, w))
     with batch_invariant():
-        assert not torch.equal(cpu.mm(x, w), exact.matmul(x, w))   # the fast path is BLAS
+        assert not torch.equal(cpu.mm(x, w), exact.matmul(x, w))  # the fast path is BLAS
 
 
 # -- reductions ----------------------------------------------------------------------------
@@ -260,7 +261,7 @@ POINTWISE = [
 @pytest.mark.parametrize("name,fn,native", POINTWISE, ids=[p[0] for p in POINTWISE])
 def test_pointwise_rows_do_not_depend_on_the_batch(name, fn, native, threads, mode):
     x = torch.randn(40, 23, generator=_gen(10)) * 3
-    big = torch.randn(3, 20001, generator=_gen(11)) * 3      # > GRAIN elements: threads split
+    big = torch.randn(3, 20001, generator=_gen(11)) * 3  # > GRAIN elements: threads split
     with torch_threads(threads):
         _rows_alone_equal(fn, x, counts=[1, 2, 3, 7, 40])
         _rows_alone_equal(fn, big, counts=[1, 2, 3])
@@ -268,10 +269,17 @@ def test_pointwise_rows_do_not_depend_on_the_batch(name, fn, native, threads, mo
 
 #: each POINTWISE op's defined function (detsample.arith.pointwise), on the same input
 DEFINED = {
-    "silu": defined.silu, "sigmoid": defined.sigmoid, "gelu_tanh": lambda x: defined.gelu(x, "tanh"),
-    "exp": defined.exp, "expm1": defined.expm1, "softplus": defined.softplus, "tanh": defined.tanh,
-    "log": lambda x: defined.log(x.abs() + 0.1), "cos": defined.cos,
-    "rsqrt": lambda x: defined.rsqrt(x.abs() + 0.1), "pow1.5": lambda x: defined.pow_scalar(x.abs(), 1.5),
+    "silu": defined.silu,
+    "sigmoid": defined.sigmoid,
+    "gelu_tanh": lambda x: defined.gelu(x, "tanh"),
+    "exp": defined.exp,
+    "expm1": defined.expm1,
+    "softplus": defined.softplus,
+    "tanh": defined.tanh,
+    "log": lambda x: defined.log(x.abs() + 0.1),
+    "cos": defined.cos,
+    "rsqrt": lambda x: defined.rsqrt(x.abs() + 0.1),
+    "pow1.5": lambda x: defined.pow_scalar(x.abs(), 1.5),
 }
 
 
@@ -279,14 +287,14 @@ DEFINED = {
 def test_pointwise_is_torchs_vector_loop_or_detsamples_definition(name, fn, native):
     """Verified: the same formula as torch's vector loop (only the scalar tail is
     avoided: a multiple of every vector step). Portable: detsample's defined function."""
-    x = (torch.randn(4 * PAD, generator=_gen(12)) * 3)
+    x = torch.randn(4 * PAD, generator=_gen(12)) * 3
     torchs = native(x)
     with batch_invariant():
         assert torch.equal(fn(x), torchs)
     with batch_invariant(portable=True):
         got = fn(x)
     assert torch.equal(got.view(torch.int32), DEFINED[name](x).view(torch.int32))
-    if name == "silu":      # float32 arithmetic in torch's: some elements 1 ulp off
+    if name == "silu":  # float32 arithmetic in torch's: some elements 1 ulp off
         assert not torch.equal(got, torchs), "the portable silu is torch's kernel"
 
 
@@ -294,11 +302,10 @@ def test_native_silu_rounds_its_scalar_tail_differently():
     """Negative control: torch's silu gives an element different bits in a 15-element
     tensor (scalar loop) than in a long one (vector loop)."""
     x = torch.randn(4096, generator=_gen(12)) * 3
-    tails = torch.cat([F.silu(x[s: s + 15]) for s in range(0, 4095, 15)])
+    tails = torch.cat([F.silu(x[s : s + 15]) for s in range(0, 4095, 15)])
     assert not torch.equal(tails, F.silu(x)[:4095])
     with batch_invariant():
-        assert torch.equal(torch.cat([cpu.silu(x[s: s + 15]) for s in range(0, 4095, 15)]),
-                           cpu.silu(x)[:4095])
+        assert torch.equal(torch.cat([cpu.silu(x[s : s + 15]) for s in range(0, 4095, 15)]), cpu.silu(x)[:4095])
 
 
 def test_pointwise_keeps_shape_dtype_and_promotes_integers(mode):
@@ -310,6 +317,7 @@ def test_pointwise_keeps_shape_dtype_and_promotes_integers(mode):
 
 
 # -- softmax and normalisation -------------------------------------------------------------
+
 
 @pytest.mark.parametrize("threads", THREADS)
 @pytest.mark.parametrize("n", [1, 17, 512, 40000])

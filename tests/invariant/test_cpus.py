@@ -39,7 +39,8 @@ CHILD = Path(__file__).with_name("cpus_child.py")
 ROOT = Path(__file__).resolve().parents[2]
 QEMU = shutil.which("qemu-x86_64")
 needs_qemu = pytest.mark.skipif(
-    QEMU is None, reason="qemu-x86_64 not found: install Debian's qemu-user to test other CPUs' MKL paths")
+    QEMU is None, reason="qemu-x86_64 not found: install Debian's qemu-user to test other CPUs' MKL paths"
+)
 
 
 def interpreter(cpu: str, python: str = sys.executable) -> list[str]:
@@ -54,11 +55,22 @@ def run_child(cpu: str, checks: list[str]) -> dict:
     """cpus_child.py under ``cpu`` ("native" or a QEMU CPU model) in this process's
     environment, torch's AVX2 kernels (emulated CPUs have no AVX-512; the same ATen set
     everywhere keeps the hashes comparable)."""
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "OMP_NUM_THREADS": "2",
+        "MKL_NUM_THREADS": "2",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     env.pop("MKL_ENABLE_INSTRUCTIONS", None)
-    proc = subprocess.run(interpreter(cpu) + [str(CHILD), *checks], env=env,
-                          capture_output=True, text=True, timeout=3600, cwd=CHILD.parent)
+    proc = subprocess.run(
+        interpreter(cpu) + [str(CHILD), *checks],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        cwd=CHILD.parent,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     errors = "\n".join(ln for ln in proc.stderr.splitlines() if "TCG doesn't support" not in ln)
     assert lines, f"-cpu {cpu}: no result (exit {proc.returncode}):\n{errors[-3000:]}"
@@ -92,5 +104,6 @@ def test_every_property_on_amd_and_intel_paths_and_portable_bits_are_one():
     results = {cpu: run_child(cpu, checks) for cpu in ("native", "EPYC-Rome", "Haswell")}
     for name in checks:
         seen = {cpu: tuple(r["hashes"][name]) for cpu, r in results.items()}
-        assert len(set(seen.values())) == 1 and all(len(h) == 1 for h in seen.values()), \
+        assert len(set(seen.values())) == 1 and all(len(h) == 1 for h in seen.values()), (
             f"portable {name} differ between CPUs or thread counts: {seen}"
+        )

@@ -23,21 +23,21 @@ from oracles import invariant as oracle
 def _rand(shape, seed: int, family: str) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=g)
-    if family == "spread":      # exponents spread over 2**-40 .. 2**40 within a row
+    if family == "spread":  # exponents spread over 2**-40 .. 2**40 within a row
         x = x * torch.exp2(torch.randint(-40, 41, shape, generator=g).float())
     elif family == "huge":
         x = x * 1e30
     elif family == "tiny":
         x = x * 1e-30
-    elif family == "ties":      # few distinct values: exact ties and cancellations
+    elif family == "ties":  # few distinct values: exact ties and cancellations
         x = torch.randint(-3, 4, shape, generator=g).float() * 0.5
     elif family == "sparse":
         x = x * (torch.rand(shape, generator=g) < 0.2)
-    elif family == "massive":   # massive activations: every 97th channel 10**4 x the rest
+    elif family == "massive":  # massive activations: every 97th channel 10**4 x the rest
         x[..., ::97] *= 1e4
-    elif family == "cancel":    # pairs that cancel exactly, and a small remainder
+    elif family == "cancel":  # pairs that cancel exactly, and a small remainder
         x[..., 1::2] = -x[..., 0::2][..., : x[..., 1::2].shape[-1]]
-        x[..., -1:] *= 2.0 ** -20
+        x[..., -1:] *= 2.0**-20
     return x
 
 
@@ -49,16 +49,28 @@ def _bits_equal(x: torch.Tensor, y: np.ndarray) -> bool:
 
 
 @settings(max_examples=40, deadline=None)
-@given(m=st.integers(1, 5), k=st.integers(1, 600), n=st.integers(1, 5),
-       fa=st.sampled_from(FAMILIES), fb=st.sampled_from(FAMILIES), seed=st.integers(0, 2**16))
+@given(
+    m=st.integers(1, 5),
+    k=st.integers(1, 600),
+    n=st.integers(1, 5),
+    fa=st.sampled_from(FAMILIES),
+    fb=st.sampled_from(FAMILIES),
+    seed=st.integers(0, 2**16),
+)
 def test_matmul_is_the_oracle_bit_for_bit(m, k, n, fa, fb, seed):
     a, b = _rand((m, k), seed, fa), _rand((k, n), seed + 1, fb)
     assert _bits_equal(ex.matmul(a, b), oracle.matmul(a.numpy(), b.numpy()))
 
 
 @settings(max_examples=25, deadline=None)
-@given(m=st.integers(1, 4), k=st.integers(1, 300), n=st.integers(1, 4),
-       fp_=st.sampled_from(FAMILIES), fv=st.sampled_from(FAMILIES), seed=st.integers(0, 2**16))
+@given(
+    m=st.integers(1, 4),
+    k=st.integers(1, 300),
+    n=st.integers(1, 4),
+    fp_=st.sampled_from(FAMILIES),
+    fv=st.sampled_from(FAMILIES),
+    seed=st.integers(0, 2**16),
+)
 def test_weighted_sum_is_the_oracle_bit_for_bit(m, k, n, fp_, fv, seed):
     p, v = _rand((m, k), seed, fp_).abs(), _rand((k, n), seed + 1, fv)
     assert _bits_equal(ex.weighted_sum(p, v), oracle.weighted_sum(p.numpy(), v.numpy()))
@@ -67,11 +79,11 @@ def test_weighted_sum_is_the_oracle_bit_for_bit(m, k, n, fp_, fv, seed):
 DOUBLE_ROUNDING = [
     # S = 2**24 + 1 + 2**-30: float64 rounds it to the float32 midpoint 2**24 + 1, which
     # ties to even (2**24); S itself rounds up to 2**24 + 2
-    ([2.0 ** 24, 1.0, 2.0 ** -30], 2.0 ** 24 + 2),
-    ([2.0 ** 24, 1.0, -(2.0 ** -30)], 2.0 ** 24),
-    ([2.0 ** 24, 1.0], 2.0 ** 24),                 # an exact tie: to even
-    ([2.0 ** 24, 3.0], 2.0 ** 24 + 4),             # an exact tie: to even (upwards)
-    ([1.0, -1.0, 2.0 ** -149], 2.0 ** -149),       # cancellation to the smallest subnormal
+    ([2.0**24, 1.0, 2.0**-30], 2.0**24 + 2),
+    ([2.0**24, 1.0, -(2.0**-30)], 2.0**24),
+    ([2.0**24, 1.0], 2.0**24),  # an exact tie: to even
+    ([2.0**24, 3.0], 2.0**24 + 4),  # an exact tie: to even (upwards)
+    ([1.0, -1.0, 2.0**-149], 2.0**-149),  # cancellation to the smallest subnormal
     ([1.0, -1.0], 0.0),
 ]
 
@@ -92,7 +104,7 @@ def test_a_bound_of_zero_would_round_twice(monkeypatch):
     monkeypatch.setattr(ex, "gamma", lambda k: 0.0)
     monkeypatch.setattr(ex, "_ULP", 0.0)
     a = torch.tensor([DOUBLE_ROUNDING[0][0]], dtype=torch.float32)
-    assert ex.matmul(a, torch.ones(3, 1)).item() == 2.0 ** 24
+    assert ex.matmul(a, torch.ones(3, 1)).item() == 2.0**24
 
 
 @pytest.mark.parametrize("family", ["normal", "massive", "cancel", "ties"])
@@ -102,11 +114,10 @@ def test_every_stage_gives_the_same_bits(family, monkeypatch):
     changes no bit."""
     a, b = _rand((6, 700), 21, family), _rand((700, 7), 22, "normal")
     want = ex.matmul(a, b)
-    monkeypatch.setattr(ex, "gamma", lambda k: 1e300)               # nothing settles in stage 1
+    monkeypatch.setattr(ex, "gamma", lambda k: 1e300)  # nothing settles in stage 1
     assert torch.equal(ex.matmul(a, b).view(torch.int32), want.view(torch.int32))
     real = ex._second_pass
-    monkeypatch.setattr(ex, "_second_pass",
-                        lambda p: (real(p)[0], torch.ones(p.shape[0], dtype=torch.bool)))
+    monkeypatch.setattr(ex, "_second_pass", lambda p: (real(p)[0], torch.ones(p.shape[0], dtype=torch.bool)))
     assert torch.equal(ex.matmul(a, b).view(torch.int32), want.view(torch.int32))
 
 
@@ -114,7 +125,7 @@ def test_a_row_depends_on_itself_only():
     a, b = _rand((12, 300), 5, "spread"), _rand((300, 40), 6, "normal")
     full = ex.matmul(a, b)
     for i in range(12):
-        assert torch.equal(ex.matmul(a[i: i + 1], b), full[i: i + 1])
+        assert torch.equal(ex.matmul(a[i : i + 1], b), full[i : i + 1])
     batched = ex.matmul(torch.stack([a, a.flip(0)]), torch.stack([b, b]))
     assert torch.equal(batched[0], full) and torch.equal(batched[1], full.flip(0))
 
@@ -155,10 +166,10 @@ def test_at_least_as_accurate_as_float32_blas_element_by_element(family):
     from it than float32 BLAS's. Massive activations (a row's largest magnitude 10**4 x
     its median, meeting small weights) are where a fixed-point product lost 10 bits."""
     a, b = _rand((32, 1024), 14, family), _rand((1024, 48), 15, "normal")
-    b[::97] *= 1e-4                                        # the massive channels meet small weights
-    exact = a.double() @ b.double()                        # error ~2**-40 relative: far below
+    b[::97] *= 1e-4  # the massive channels meet small weights
+    exact = a.double() @ b.double()  # error ~2**-40 relative: far below
     got, blas = ex.matmul(a, b).double(), (a @ b).double()
-    slack = exact.abs() * 2.0 ** -40 + 2.0 ** -140
+    slack = exact.abs() * 2.0**-40 + 2.0**-140
     assert bool(((got - exact).abs() <= (blas - exact).abs() + slack).all())
     half_ulp = torch.where(exact == 0, 0.0, torch.exp2(torch.frexp(exact)[1].double() - 25))
     assert bool(((got - exact).abs() <= half_ulp + slack).all())

@@ -54,8 +54,8 @@ def test_an_uncovered_op_is_a_named_error_at_the_first_forward_and_after():
             m(x)
         msg = str(e.value)
         assert "aten::erf in block [3x8]" in msg and "aten::cumsum in block" in msg
-        assert "aten::addmm" not in msg                   # covered ops are not listed
-        with pytest.raises(UncoveredOpError):             # a retry does not pass silently
+        assert "aten::addmm" not in msg  # covered ops are not listed
+        with pytest.raises(UncoveredOpError):  # a retry does not pass silently
             m(x)
     assert [f.op for f in findings(m)] == ["aten::cumsum", "aten::erf"]
 
@@ -67,8 +67,7 @@ def test_strict_false_warns_and_runs():
             warnings.simplefilter("always")
             out = m(x)
         assert out.shape == (3, 8)
-        assert any(issubclass(r.category, UncoveredOpWarning) and "aten::erf" in str(r.message)
-                   for r in w)
+        assert any(issubclass(r.category, UncoveredOpWarning) and "aten::erf" in str(r.message) for r in w)
 
 
 def test_a_covered_model_is_checked_once():
@@ -83,20 +82,20 @@ def test_a_covered_model_is_checked_once():
             f = orig()
             calls.append(f["rec"])
             return f
+
         GUARD._frame = counting
         try:
             m(x)
         finally:
             del GUARD._frame
-        assert calls and all(r is None for r in calls)   # no recorder on later forwards
-    assert findings(Model()) is None                     # never run under the mode
+        assert calls and all(r is None for r in calls)  # no recorder on later forwards
+    assert findings(Model()) is None  # never run under the mode
 
 
 def test_linear_attention_layers_are_refused_by_name():
     m = Covered()
     m.mixer = FakeGatedDeltaNet()
-    with torch.no_grad(), batch_invariant(), pytest.raises(RefusedLayerError,
-                                                           match="mixer .FakeGatedDeltaNet."):
+    with torch.no_grad(), batch_invariant(), pytest.raises(RefusedLayerError, match="mixer .FakeGatedDeltaNet."):
         m(torch.randn(2, 8))
 
 
@@ -117,9 +116,12 @@ def test_a_model_with_covered_mixers_is_decided_by_structure_not_by_name(name):
     from tests.invariant.architectures import BY_NAME, build
 
     model = build(BY_NAME[name])
-    named = {type(m).__name__ for m in model.modules()
-             if any(f.lower() in type(m).__name__.lower() for f, _ in guard.REFUSED)}
-    assert frozenset() == guard.NOT_MIXERS and named      # names a fragment matches
+    named = {
+        type(m).__name__
+        for m in model.modules()
+        if any(f.lower() in type(m).__name__.lower() for f, _ in guard.REFUSED)
+    }
+    assert frozenset() == guard.NOT_MIXERS and named  # names a fragment matches
     assert guard.refused_layers(model) == []
 
 
@@ -133,7 +135,6 @@ def test_an_uncovered_mixer_at_a_covered_layer_is_refused_by_name():
     stray = type("StrayMambaMixer", (torch.nn.Module,), {})()
     stray.layer_idx = 0
     model.model.layers[0].stray = stray
-    assert [r.split(":")[0] for r in refused_layers(model)] == \
-        ["model.layers.0.stray (StrayMambaMixer)"]
-    stray.layer_idx = 1                                  # not a covered layer: the state decides
+    assert [r.split(":")[0] for r in refused_layers(model)] == ["model.layers.0.stray (StrayMambaMixer)"]
+    stray.layer_idx = 1  # not a covered layer: the state decides
     assert refused_layers(model) == []

@@ -36,7 +36,7 @@ def torch_chunk_gated_delta_rule(q, k, v, state, chunk_size=BLOCK):
     """The prefill: blocks of ``chunk_size`` from the call's first token. (T, D) -> (T, D), state."""
     outs = []
     for s in range(0, q.shape[0], chunk_size):
-        qb, kb, vb = q[s: s + chunk_size], k[s: s + chunk_size], v[s: s + chunk_size]
+        qb, kb, vb = q[s : s + chunk_size], k[s : s + chunk_size], v[s : s + chunk_size]
         i = torch.arange(qb.shape[0], dtype=q.dtype)
         w = torch.tril(DECAY ** (i[:, None] - i[None, :]).clamp(min=0))
         outs.append((qb @ kb.T * w) @ vb + (qb * (DECAY ** (i + 1))[:, None]) @ state)
@@ -48,8 +48,8 @@ def torch_recurrent_gated_delta_rule(q, k, v, state):
     """The decode step, for any number of positions: one recurrent update each."""
     outs = []
     for t in range(q.shape[0]):
-        state = state * DECAY + k[t: t + 1].T @ v[t: t + 1]
-        outs.append(q[t: t + 1] @ state)
+        state = state * DECAY + k[t : t + 1].T @ v[t : t + 1]
+        outs.append(q[t : t + 1] @ state)
     return torch.cat(outs), state
 
 
@@ -68,8 +68,7 @@ class ToyGatedDeltaNet(torch.nn.Module):
         if state is not None and x.shape[0] == 1:
             out, state = HERE.torch_recurrent_gated_delta_rule(q, k, v, state)
         else:
-            out, state = HERE.torch_chunk_gated_delta_rule(
-                q, k, v, torch.zeros(D, D) if state is None else state)
+            out, state = HERE.torch_chunk_gated_delta_rule(q, k, v, torch.zeros(D, D) if state is None else state)
         states[self.state_layer] = state
         return out
 
@@ -90,8 +89,7 @@ class ToyLM(torch.nn.Module):
 
     def forward(self, ids, cache=None):
         cache = Box() if cache is None else cache
-        return SimpleNamespace(logits=self.head(self.mixer(self.embed(ids), cache)),
-                               cache=cache)
+        return SimpleNamespace(logits=self.head(self.mixer(self.embed(ids), cache)), cache=cache)
 
 
 IDS = torch.randint(0, V, (11,), generator=torch.Generator().manual_seed(1))
@@ -125,14 +123,18 @@ def test_prefill_decode_and_chunks_agree_bitwise_under_the_mode(portable):
     assert torch.equal(got["decode"], got["prefill"])
     assert torch.equal(got["chunked"], got["prefill"])
     with torch.no_grad(), batch_invariant(portable=portable), unguarded():
-        bare = _splits(ToyLM())                   # negative control: the chunked scan ran
+        bare = _splits(ToyLM())  # negative control: the chunked scan ran
     assert not torch.equal(bare["decode"], bare["prefill"])
 
 
-@pytest.mark.parametrize("model,named", [
-    (ToyLM(attr="other_states"), "Box.other_states[0]"),
-    (ToyLM(state_layer=1), "Box.recurrent_states[1]"),
-], ids=["another-attribute", "another-layer"])
+@pytest.mark.parametrize(
+    "model,named",
+    [
+        (ToyLM(attr="other_states"), "Box.other_states[0]"),
+        (ToyLM(state_layer=1), "Box.recurrent_states[1]"),
+    ],
+    ids=["another-attribute", "another-layer"],
+)
 def test_only_the_covered_mixers_own_state_passes(model, named):
     with torch.no_grad(), batch_invariant(), pytest.raises(RefusedLayerError, match=named.replace("[", r"\[")):
         model(IDS)
@@ -186,7 +188,7 @@ def test_a_seeded_covers_cache_reads_its_past_length_from_a_layer_with_keys():
     assert new["_LinearCache.get_seq_length"](cache) == 5
     assert new["_LinearCache.get_mask_sizes"](cache, 3, 0) == (8, 0)
     assert new["_LinearCache.get_seq_length"](cache, 1) == 5
-    cache.layers[1].is_initialized = False                  # no keys anywhere: as asked
+    cache.layers[1].is_initialized = False  # no keys anywhere: as asked
     assert new["_LinearCache.get_seq_length"](cache) == 0
 
 
@@ -195,6 +197,7 @@ def test_a_replaced_class_attribute_is_deleted_again_where_it_was_inherited():
     from transformers.models.minimax import modeling_minimax as home
 
     from tests.invariant.architectures import BY_NAME, build
+
     with torch.no_grad(), batch_invariant():
         build(BY_NAME["minimax"])(torch.tensor([[3, 4, 5, 6]]))
         assert "get_seq_length" in vars(home.MiniMaxCache)

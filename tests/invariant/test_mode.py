@@ -104,16 +104,18 @@ def test_importing_detsample_installs_nothing():
     looked for the word "detsample" in the dispatcher's dump, which prints file paths,
     so it failed in any checkout or virtualenv whose path holds that word; it now
     compares every overridden op's registrations before and after the import."""
-    code = ("import sys, torch\n"
-            f"ops = {OPS!r}\n"
-            "dump = lambda: [torch._C._dispatch_dump('aten::' + op) for op in ops]\n"
-            "before = dump()\n"
-            "import detsample, detsample.invariant, detsample.models\n"
-            "assert dump() == before, 'importing detsample registered an aten kernel'\n"
-            "if 'transformers' in sys.modules:\n"
-            "    from transformers import AttentionInterface\n"
-            "    name = detsample.invariant.ATTENTION_NAME\n"
-            "    assert name not in AttentionInterface(), 'attention registered'\n")
+    code = (
+        "import sys, torch\n"
+        f"ops = {OPS!r}\n"
+        "dump = lambda: [torch._C._dispatch_dump('aten::' + op) for op in ops]\n"
+        "before = dump()\n"
+        "import detsample, detsample.invariant, detsample.models\n"
+        "assert dump() == before, 'importing detsample registered an aten kernel'\n"
+        "if 'transformers' in sys.modules:\n"
+        "    from transformers import AttentionInterface\n"
+        "    name = detsample.invariant.ATTENTION_NAME\n"
+        "    assert name not in AttentionInterface(), 'attention registered'\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -129,14 +131,19 @@ def test_the_docs_first_snippet_runs_in_a_fresh_process():
     the snippet called ``model.set_attn_implementation("detsample")`` before anything had
     registered that attention, which raises in a fresh process."""
     pytest.importorskip("transformers")
-    preamble = ("import torch\n"
-                "from detsample.models.tiny import build_tiny\n"
-                "model = build_tiny('hf-tiny-llama')\n"
-                "input_ids = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])\n"
-                "mask = torch.ones_like(input_ids)\n")
+    preamble = (
+        "import torch\n"
+        "from detsample.models.tiny import build_tiny\n"
+        "model = build_tiny('hf-tiny-llama')\n"
+        "input_ids = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])\n"
+        "mask = torch.ones_like(input_ids)\n"
+    )
     check = "\nassert logits.shape == (2, 4, 512) and bool(torch.isfinite(logits).all())\n"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    run = subprocess.run([sys.executable, "-c", preamble + _doc_snippet(
-        "batch-invariant.md", 0) + check], capture_output=True, text=True, env=env)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    run = subprocess.run(
+        [sys.executable, "-c", preamble + _doc_snippet("batch-invariant.md", 0) + check],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert run.returncode == 0, run.stderr[-3000:]

@@ -23,7 +23,7 @@ def test_topk_breaks_ties_by_lowest_index(largest):
         assert idx.tolist() == [[1, 2, 4, 0]] and vals.float().tolist() == [[2.0, 2.0, 2.0, 0.5]]
     else:
         assert idx.tolist() == [[3, 0, 5, 1]]
-    wide = torch.cat([x, x]).repeat(1, 3)                      # the same row, twice
+    wide = torch.cat([x, x]).repeat(1, 3)  # the same row, twice
     v2, i2 = moe.topk(wide, 5, 1, largest, True)
     assert torch.equal(i2[0], i2[1])
 
@@ -47,14 +47,14 @@ def test_grouped_products_are_per_group_and_row_invariant(portable):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(23, 16, generator=g)
     w = torch.randn(4, 16, 12, generator=g)
-    offs = torch.tensor([5, 5, 17, 21], dtype=torch.int32)     # group 1 empty, 2 rows past the end
+    offs = torch.tensor([5, 5, 17, 21], dtype=torch.int32)  # group 1 empty, 2 rows past the end
     with batch_invariant(portable=portable):
         out = moe.grouped_mm(x, w, offs)
         assert torch.equal(out[21:], torch.zeros(2, 12))
         for lo, hi, e in ((0, 5, 0), (5, 17, 2), (17, 21, 3)):
             assert torch.equal(out[lo:hi], torch.mm(x[lo:hi], w[e]))
-            for r in range(lo, hi):                                 # a row alone in its group
-                one = moe.grouped_mm(x[r: r + 1], w, torch.tensor([0] * e + [1] * (4 - e), dtype=torch.int32))
+            for r in range(lo, hi):  # a row alone in its group
+                one = moe.grouped_mm(x[r : r + 1], w, torch.tensor([0] * e + [1] * (4 - e), dtype=torch.int32))
                 assert torch.equal(one[0], out[r])
         batched = moe.grouped_mm(x[:8].view(2, 4, 16), w[:2], None)
         assert torch.equal(batched[1], torch.mm(x[4:8], w[1]))
@@ -65,5 +65,4 @@ def test_unsupported_grouped_forms_are_named_errors():
     with pytest.raises(NotInvariantError, match="2-D by a 2-D"):
         moe.grouped_mm(x, torch.randn(4, 5), torch.tensor([2, 6], dtype=torch.int32))
     with pytest.raises(NotInvariantError, match="bias"):
-        moe.grouped_mm(x, torch.randn(2, 4, 5), torch.tensor([2, 6], dtype=torch.int32),
-                       torch.zeros(2, 5))
+        moe.grouped_mm(x, torch.randn(2, 4, 5), torch.tensor([2, 6], dtype=torch.int32), torch.zeros(2, 5))

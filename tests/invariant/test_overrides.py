@@ -41,7 +41,7 @@ def test_cuda_kernels_join_the_cpu_ones_under_their_own_key():
     from detsample.kernels.invariant_ops import CUDA_IMPLS
 
     for op in CUDA_IMPLS:
-        _schema(op)                                      # a real aten overload
+        _schema(op)  # a real aten overload
     table = kernels_by_key(CUDA_IMPLS)
     for op, fn in CUDA_IMPLS.items():
         assert table[op]["CUDA"] is fn

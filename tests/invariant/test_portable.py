@@ -49,20 +49,26 @@ def mkl_levels() -> list[str]:
 
 
 def run_cell(threads: int, mkl: str, shapes: list[str], aten: str | None = "keep") -> dict:
-    env = {**os.environ, "MKL_ENABLE_INSTRUCTIONS": mkl, "OMP_NUM_THREADS": str(threads),
-           "MKL_NUM_THREADS": str(threads),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "MKL_ENABLE_INSTRUCTIONS": mkl,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     if aten is None:
         env.pop("ATEN_CPU_CAPABILITY", None)
     elif aten != "keep":
         env["ATEN_CPU_CAPABILITY"] = aten
-    proc = subprocess.run([sys.executable, str(CHILD), str(threads), *shapes], env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(CHILD), str(threads), *shapes], env=env, capture_output=True, text=True, timeout=900
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert lines, f"MKL={mkl} threads={threads}: no result (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
     res = json.loads(lines[-1])
     assert proc.returncode == 0 and not res["failures"], (
-        f"MKL_ENABLE_INSTRUCTIONS={mkl}, {threads} threads: {res['failures']}")
+        f"MKL_ENABLE_INSTRUCTIONS={mkl}, {threads} threads: {res['failures']}"
+    )
     return res
 
 
@@ -71,13 +77,13 @@ def _one_hash_per_isa(results: list[tuple[str, dict]]) -> None:
     for label, res in results:
         by_isa.setdefault(res["isa"], set()).add(json.dumps(res["hashes"], sort_keys=True))
     for isa, hashes in by_isa.items():
-        assert len(hashes) == 1, f"portable logits differ between settings on ATen {isa}: " \
-                                 f"{[(lab, r['hashes']) for lab, r in results]}"
+        assert len(hashes) == 1, (
+            f"portable logits differ between settings on ATen {isa}: {[(lab, r['hashes']) for lab, r in results]}"
+        )
 
 
 def test_every_mkl_level_and_thread_count_is_invariant_and_portable_has_one_hash():
-    results = [(f"{mkl}/{t}", run_cell(t, mkl, ["h64-i96-4h"]))
-               for mkl in mkl_levels() for t in (1, 2)]
+    results = [(f"{mkl}/{t}", run_cell(t, mkl, ["h64-i96-4h"])) for mkl in mkl_levels() for t in (1, 2)]
     if "AVX2" in mkl_levels():
         # more threads than matrices in a bmm: the attention's two GQA groups at 4 threads
         # under MKL's AVX2 path gave a 64-row tile 2 threads per matrix (other bits than 1
@@ -88,9 +94,7 @@ def test_every_mkl_level_and_thread_count_is_invariant_and_portable_has_one_hash
 
 @pytest.mark.matrix
 def test_full_matrix():
-    results = [(f"{mkl}/{t}", run_cell(t, mkl, []))
-               for mkl in mkl_levels() for t in (1, 2, 3, 4)]
+    results = [(f"{mkl}/{t}", run_cell(t, mkl, [])) for mkl in mkl_levels() for t in (1, 2, 3, 4)]
     isas = [None, "avx2", "default"] + (["avx512"] if _cpu_has("avx512f") else [])
-    results += [(f"aten {a}/2", run_cell(2, "AVX2" if _cpu_has("avx2") else "SSE4_2", [], aten=a))
-                for a in isas]
+    results += [(f"aten {a}/2", run_cell(2, "AVX2" if _cpu_has("avx2") else "SSE4_2", [], aten=a)) for a in isas]
     _one_hash_per_isa(results)

@@ -47,17 +47,25 @@ def runs() -> dict[str, dict]:
         pytest.skip(f"one ATen instruction set on this CPU: {isas()}")
     procs = {}
     for isa in isas():
-        env = {**os.environ, "ATEN_CPU_CAPABILITY": isa, "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        procs[isa] = subprocess.Popen([sys.executable, "-m", "tests.invariant.portable_hashes",
-                                       "--control"], cwd=ROOT, env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        env = {
+            **os.environ,
+            "ATEN_CPU_CAPABILITY": isa,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
+        procs[isa] = subprocess.Popen(
+            [sys.executable, "-m", "tests.invariant.portable_hashes", "--control"],
+            cwd=ROOT,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
     out = {}
     for isa, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=600)
         lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
-        assert proc.returncode == 0 and lines, f"ATEN_CPU_CAPABILITY={isa}: exit " \
-                                               f"{proc.returncode}\n{stderr[-3000:]}"
+        assert proc.returncode == 0 and lines, f"ATEN_CPU_CAPABILITY={isa}: exit {proc.returncode}\n{stderr[-3000:]}"
         out[isa] = json.loads(lines[-1])
     return out
 

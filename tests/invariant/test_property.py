@@ -27,23 +27,32 @@ def configs(draw):
     kv = draw(st.sampled_from([d for d in range(1, heads + 1) if heads % d == 0]))
     head_dim = draw(st.sampled_from([4, 6, 10, 14, 20]))
     family = draw(st.sampled_from(["llama", "qwen2"]))
-    cfg = dict(vocab_size=draw(st.sampled_from([61, 97, 130, 257])),
-               hidden_size=heads * head_dim,
-               intermediate_size=draw(st.integers(9, 90)),
-               num_hidden_layers=draw(st.integers(1, 4)),
-               num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim,
-               max_position_embeddings=256, tie_word_embeddings=draw(st.booleans()))
+    cfg = dict(
+        vocab_size=draw(st.sampled_from([61, 97, 130, 257])),
+        hidden_size=heads * head_dim,
+        intermediate_size=draw(st.integers(9, 90)),
+        num_hidden_layers=draw(st.integers(1, 4)),
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        max_position_embeddings=256,
+        tie_word_embeddings=draw(st.booleans()),
+    )
     if family == "qwen2":
         cfg["use_sliding_window"] = False
     return family, cfg
 
 
 @settings(max_examples=10)
-@given(config=configs(), seed=st.integers(0, 2**16), prompt=st.integers(2, 12),
-       neighbours=st.lists(st.integers(1, 20), min_size=1, max_size=3),
-       padding=st.sampled_from(["left", "right"]), threads=st.sampled_from([1, 2]))
-def test_random_models_are_batch_and_decode_invariant(config, seed, prompt, neighbours,
-                                                     padding, threads):
+@given(
+    config=configs(),
+    seed=st.integers(0, 2**16),
+    prompt=st.integers(2, 12),
+    neighbours=st.lists(st.integers(1, 20), min_size=1, max_size=3),
+    padding=st.sampled_from(["left", "right"]),
+    threads=st.sampled_from([1, 2]),
+)
+def test_random_models_are_batch_and_decode_invariant(config, seed, prompt, neighbours, padding, threads):
     family, cfg = config
     m = HFCausalLM(build_hf(family, seed, **cfg), padding=padding, batch_invariant=True)
     g = torch.Generator().manual_seed(seed)

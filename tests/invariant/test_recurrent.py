@@ -34,12 +34,12 @@ def prefill_scan(q, k, v, decay: float, state):
     """Blocks of BLOCK positions from the call's first token: (T, D) -> (T, D), new state."""
     outs = []
     for s in range(0, q.shape[0], BLOCK):
-        qb, kb, vb = q[s: s + BLOCK], k[s: s + BLOCK], v[s: s + BLOCK]
+        qb, kb, vb = q[s : s + BLOCK], k[s : s + BLOCK], v[s : s + BLOCK]
         n = qb.shape[0]
         i = torch.arange(n, dtype=q.dtype)
         w = torch.tril(decay ** (i[:, None] - i[None, :]).clamp(min=0))
         outs.append((qb @ kb.T * w) @ vb + (qb * (decay ** (i + 1))[:, None]) @ state)
-        state = state * decay ** n + (kb * (decay ** (n - 1 - i))[:, None]).T @ vb
+        state = state * decay**n + (kb * (decay ** (n - 1 - i))[:, None]).T @ vb
     return torch.cat(outs), state
 
 
@@ -123,7 +123,7 @@ IDS = torch.randint(0, V, (10,), generator=torch.Generator().manual_seed(1))
 def _decode_logits(model, cache=None):
     out = [model(IDS[:1], cache=cache)]
     for t in range(1, len(IDS)):
-        out.append(model(IDS[t: t + 1], cache=cache))
+        out.append(model(IDS[t : t + 1], cache=cache))
     return torch.cat([o.logits if hasattr(o, "logits") else o for o in out])
 
 
@@ -135,20 +135,24 @@ def test_the_layer_is_variant_under_the_mode_without_the_guard():
         full, _ = prefill_scan(q, k, v, 0.9, torch.zeros(D, D))
         state, steps = torch.zeros(D, D), []
         for t in range(10):
-            o, state = decode_step(q[t: t + 1], k[t: t + 1], v[t: t + 1], 0.9, state)
+            o, state = decode_step(q[t : t + 1], k[t : t + 1], v[t : t + 1], 0.9, state)
             steps.append(o)
     assert not torch.equal(torch.cat(steps), full)
-    assert torch.allclose(torch.cat(steps), full, atol=1e-5)        # the same function
+    assert torch.allclose(torch.cat(steps), full, atol=1e-5)  # the same function
 
 
-WHERE = [("box", "StateBox.states[0]"), ("dynamic", "DynamicCache.mixer_states[0]"),
-         ("module", "mixer.kept"), ("buffer", "mixer.state")]
+WHERE = [
+    ("box", "StateBox.states[0]"),
+    ("dynamic", "DynamicCache.mixer_states[0]"),
+    ("module", "mixer.kept"),
+    ("buffer", "mixer.state"),
+]
 
 
 @pytest.mark.parametrize("where,named", WHERE, ids=[w for w, _ in WHERE])
 def test_state_kept_anywhere_is_refused_by_what_it_is(where, named):
     model = TinyLM(where)
-    assert refused_layers(model) == []                   # no name list knows it
+    assert refused_layers(model) == []  # no name list knows it
     cache = StateBox() if where == "box" else _dynamic_cache() if where == "dynamic" else None
     with torch.no_grad(), batch_invariant():
         with pytest.raises(RefusedLayerError) as e:
@@ -156,7 +160,7 @@ def test_state_kept_anywhere_is_refused_by_what_it_is(where, named):
         assert named in str(e.value)
         if where in ("box", "dynamic"):
             assert "kept by mixer (DecayMixer)" in str(e.value)
-        with pytest.raises(RefusedLayerError):           # a retry does not pass
+        with pytest.raises(RefusedLayerError):  # a retry does not pass
             model(IDS, cache=None)
 
 
@@ -172,8 +176,9 @@ class KwargsLM(TinyLM):
         return super().forward(ids, cache, kwargs.get("use_cache", self.config.use_cache))
 
 
-@pytest.mark.parametrize("model,kwargs", [(TinyLM("box"), {"use_cache": False}), (KwargsLM(), {})],
-                         ids=["named", "through-kwargs"])
+@pytest.mark.parametrize(
+    "model,kwargs", [(TinyLM("box"), {"use_cache": False}), (KwargsLM(), {})], ids=["named", "through-kwargs"]
+)
 def test_a_first_forward_without_a_cache_is_probed_with_one(model, kwargs):
     with torch.no_grad(), batch_invariant(), pytest.raises(RefusedLayerError, match="StateBox.states"):
         model(IDS, **kwargs)
@@ -191,7 +196,7 @@ def test_a_key_value_cache_and_a_stateless_model_pass():
     model = torch.nn.Sequential(torch.nn.Linear(D, D), torch.nn.SiLU())
     with torch.no_grad(), batch_invariant():
         model(torch.randn(3, D))
-        model(torch.randn(3, D))                         # no refusal, no probe
+        model(torch.randn(3, D))  # no refusal, no probe
 
 
 def test_holders_are_objects_among_arguments_and_outputs():

@@ -31,36 +31,68 @@ from oracles import scans as oracle
 from tests.arith.fma import FMA, cpu_has_fma, fresh_asm
 
 
-def _gdn(seed: int, b: int = 2, h: int = 3, t: int = 6, dk: int = 8, dv: int = 4,
-         scale: float = 1.0, per_feature: bool = False) -> dict:
+def _gdn(
+    seed: int,
+    b: int = 2,
+    h: int = 3,
+    t: int = 6,
+    dk: int = 8,
+    dv: int = 4,
+    scale: float = 1.0,
+    per_feature: bool = False,
+) -> dict:
     """A gated delta-net's inputs (one decay per head), or Kimi delta attention's
     (``per_feature``: one per key feature)."""
     g = torch.Generator().manual_seed(seed)
     q = torch.nn.functional.normalize(torch.randn(b, h, t, dk, generator=g), dim=-1)
     k = torch.nn.functional.normalize(torch.randn(b, h, t, dk, generator=g), dim=-1)
     decay = -torch.rand(b, h, t, *((dk,) if per_feature else ()), generator=g) * 3
-    return dict(q=q, k=k, v=torch.randn(b, h, t, dv, generator=g) * scale,
-                g=decay, beta=torch.rand(b, h, t, generator=g),
-                state=torch.randn(b, h, dk, dv, generator=g) * scale)
+    return dict(
+        q=q,
+        k=k,
+        v=torch.randn(b, h, t, dv, generator=g) * scale,
+        g=decay,
+        beta=torch.rand(b, h, t, generator=g),
+        state=torch.randn(b, h, dk, dv, generator=g) * scale,
+    )
 
 
-def _ssd(seed: int, b: int = 2, h: int = 4, groups: int = 2, t: int = 6, p: int = 4, n: int = 8,
-         scale: float = 1.0, skip: bool = True) -> dict:
+def _ssd(
+    seed: int,
+    b: int = 2,
+    h: int = 4,
+    groups: int = 2,
+    t: int = 6,
+    p: int = 4,
+    n: int = 8,
+    scale: float = 1.0,
+    skip: bool = True,
+) -> dict:
     g = torch.Generator().manual_seed(seed)
-    return dict(x=torch.randn(b, h, t, p, generator=g) * scale, dt=torch.rand(b, h, t, generator=g),
-                a=-torch.rand(h, generator=g) - 0.1, bm=torch.randn(b, groups, t, n, generator=g),
-                cm=torch.randn(b, groups, t, n, generator=g),
-                d=torch.randn(h, generator=g) if skip else None,
-                state=torch.randn(b, h, p, n, generator=g) * scale)
+    return dict(
+        x=torch.randn(b, h, t, p, generator=g) * scale,
+        dt=torch.rand(b, h, t, generator=g),
+        a=-torch.rand(h, generator=g) - 0.1,
+        bm=torch.randn(b, groups, t, n, generator=g),
+        cm=torch.randn(b, groups, t, n, generator=g),
+        d=torch.randn(h, generator=g) if skip else None,
+        state=torch.randn(b, h, p, n, generator=g) * scale,
+    )
 
 
-def _mamba(seed: int, b: int = 2, inner: int = 5, t: int = 6, n: int = 8, scale: float = 1.0,
-           skip: bool = True) -> dict:
+def _mamba(
+    seed: int, b: int = 2, inner: int = 5, t: int = 6, n: int = 8, scale: float = 1.0, skip: bool = True
+) -> dict:
     g = torch.Generator().manual_seed(seed)
-    return dict(x=torch.randn(b, inner, t, generator=g) * scale, dt=torch.rand(b, inner, t, generator=g),
-                a=-torch.rand(inner, n, generator=g) - 0.1, bm=torch.randn(b, t, n, generator=g),
-                cm=torch.randn(b, t, n, generator=g), d=torch.randn(inner, generator=g) if skip else None,
-                state=torch.randn(b, inner, n, generator=g) * scale)
+    return dict(
+        x=torch.randn(b, inner, t, generator=g) * scale,
+        dt=torch.rand(b, inner, t, generator=g),
+        a=-torch.rand(inner, n, generator=g) - 0.1,
+        bm=torch.randn(b, t, n, generator=g),
+        cm=torch.randn(b, t, n, generator=g),
+        d=torch.randn(inner, generator=g) if skip else None,
+        state=torch.randn(b, inner, n, generator=g) * scale,
+    )
 
 
 def _run(fn, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,12 +111,11 @@ def _same(a, b) -> bool:
 
 def _gdn_oracle(inputs: dict) -> tuple[np.ndarray, np.ndarray]:
     q, k, v, g, beta, s = (inputs[n].numpy() for n in ("q", "k", "v", "g", "beta", "state"))
-    g = np.repeat(g[..., None], k.shape[-1], -1) if g.ndim == 3 else g     # a decay per feature
+    g = np.repeat(g[..., None], k.shape[-1], -1) if g.ndim == 3 else g  # a decay per feature
     outs, states = np.empty(v.shape, np.float32), np.empty(s.shape, np.float32)
     for b in range(q.shape[0]):
         for h in range(q.shape[1]):
-            outs[b, h], states[b, h] = oracle.gated_delta(q[b, h], k[b, h], v[b, h], g[b, h],
-                                                          beta[b, h], s[b, h])
+            outs[b, h], states[b, h] = oracle.gated_delta(q[b, h], k[b, h], v[b, h], g[b, h], beta[b, h], s[b, h])
     return outs, states
 
 
@@ -95,16 +126,23 @@ def _ssd_oracle(inputs: dict) -> tuple[np.ndarray, np.ndarray]:
     outs, states = np.empty(x.shape, np.float32), np.empty(s.shape, np.float32)
     for b in range(x.shape[0]):
         for h in range(x.shape[1]):
-            outs[b, h], states[b, h] = oracle.ssd(x[b, h], dt[b, h], a[h], bm[b, h // per],
-                                                  cm[b, h // per], None if d is None else d.numpy()[h],
-                                                  s[b, h])
+            outs[b, h], states[b, h] = oracle.ssd(
+                x[b, h], dt[b, h], a[h], bm[b, h // per], cm[b, h // per], None if d is None else d.numpy()[h], s[b, h]
+            )
     return outs, states
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), b=st.integers(1, 3), h=st.integers(1, 3),
-       t=st.integers(1, 9), dk=st.integers(1, 12), dv=st.integers(1, 12),
-       scale=st.sampled_from([1.0, 1e-30, 3e4, 1e18]), per_feature=st.booleans())
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    b=st.integers(1, 3),
+    h=st.integers(1, 3),
+    t=st.integers(1, 9),
+    dk=st.integers(1, 12),
+    dv=st.integers(1, 12),
+    scale=st.sampled_from([1.0, 1e-30, 3e4, 1e18]),
+    per_feature=st.booleans(),
+)
 def test_gated_delta_is_the_oracle_bit_for_bit(seed, b, h, t, dk, dv, scale, per_feature):
     """Both decays: per head (gated delta-net) and per key feature (Kimi delta attention)."""
     inputs = _gdn(seed, b, h, t, dk, dv, scale, per_feature)
@@ -119,15 +157,22 @@ def _mamba_oracle(inputs: dict) -> tuple[np.ndarray, np.ndarray]:
     outs, states = np.empty(x.shape, np.float32), np.empty(s.shape, np.float32)
     for b in range(x.shape[0]):
         for i in range(x.shape[1]):
-            outs[b, i], states[b, i] = oracle.selective(x[b, i], dt[b, i], a[i], bm[b], cm[b],
-                                                        None if d is None else d.numpy()[i], s[b, i])
+            outs[b, i], states[b, i] = oracle.selective(
+                x[b, i], dt[b, i], a[i], bm[b], cm[b], None if d is None else d.numpy()[i], s[b, i]
+            )
     return outs, states
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), b=st.integers(1, 3), inner=st.integers(1, 6),
-       t=st.integers(1, 9), n=st.integers(1, 12), scale=st.sampled_from([1.0, 1e-30, 3e4, 1e18]),
-       skip=st.booleans())
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    b=st.integers(1, 3),
+    inner=st.integers(1, 6),
+    t=st.integers(1, 9),
+    n=st.integers(1, 12),
+    scale=st.sampled_from([1.0, 1e-30, 3e4, 1e18]),
+    skip=st.booleans(),
+)
 def test_selective_is_the_oracle_bit_for_bit(seed, b, inner, t, n, scale, skip):
     inputs = _mamba(seed, b, inner, t, n, scale, skip)
     out, state = _run(scans.selective, inputs)
@@ -136,9 +181,17 @@ def test_selective_is_the_oracle_bit_for_bit(seed, b, inner, t, n, scale, skip):
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), b=st.integers(1, 3), groups=st.integers(1, 2),
-       per=st.integers(1, 3), t=st.integers(1, 9), p=st.integers(1, 10), n=st.integers(1, 12),
-       scale=st.sampled_from([1.0, 1e-30, 3e4, 1e18]), skip=st.booleans())
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    b=st.integers(1, 3),
+    groups=st.integers(1, 2),
+    per=st.integers(1, 3),
+    t=st.integers(1, 9),
+    p=st.integers(1, 10),
+    n=st.integers(1, 12),
+    scale=st.sampled_from([1.0, 1e-30, 3e4, 1e18]),
+    skip=st.booleans(),
+)
 def test_ssd_is_the_oracle_bit_for_bit(seed, b, groups, per, t, p, n, scale, skip):
     inputs = _ssd(seed, b, groups * per, groups, t, p, n, scale, skip)
     out, state = _run(scans.ssd, inputs)
@@ -159,8 +212,16 @@ def test_a_decay_that_underflows_and_a_huge_step_match_the_oracle():
 
 
 def _slice(inputs: dict, sl: slice, state: torch.Tensor, time_dim: dict) -> dict:
-    return {k: (state if k == "state" else v if v is None or k not in time_dim
-                else v.narrow(time_dim[k], sl.start, sl.stop - sl.start)) for k, v in inputs.items()}
+    return {
+        k: (
+            state
+            if k == "state"
+            else v
+            if v is None or k not in time_dim
+            else v.narrow(time_dim[k], sl.start, sl.stop - sl.start)
+        )
+        for k, v in inputs.items()
+    }
 
 
 GDN_TIME = dict(q=2, k=2, v=2, g=2, beta=2)
@@ -168,25 +229,32 @@ SSD_TIME = dict(x=2, dt=2, bm=2, cm=2)
 MAMBA_TIME = dict(x=2, dt=2, bm=1, cm=1)
 
 
-@pytest.mark.parametrize("name, make, fn, time_dim, out_dim", [
-    ("gated delta", _gdn, scans.gated_delta, GDN_TIME, 2),
-    ("mamba2", _ssd, scans.ssd, SSD_TIME, 2),
-    ("mamba", _mamba, scans.selective, MAMBA_TIME, 2),
-], ids=["gated-delta", "mamba2", "mamba"])
+@pytest.mark.parametrize(
+    "name, make, fn, time_dim, out_dim",
+    [
+        ("gated delta", _gdn, scans.gated_delta, GDN_TIME, 2),
+        ("mamba2", _ssd, scans.ssd, SSD_TIME, 2),
+        ("mamba", _mamba, scans.selective, MAMBA_TIME, 2),
+    ],
+    ids=["gated-delta", "mamba2", "mamba"],
+)
 @pytest.mark.parametrize("cuts", [(1, 2, 3, 4, 5), (4,), (2, 5)], ids=["one-by-one", "4+2", "2+3+1"])
 def test_a_call_of_T_positions_is_any_split_into_calls(name, make, fn, time_dim, out_dim, cuts):
     inputs = make(11, t=6)
     whole, final = _run(fn, inputs)
     state, parts = inputs["state"].clone(), []
     for a, b in zip((0, *cuts), (*cuts, 6)):
-        parts.append(fn(**{k: v for k, v in _slice(inputs, slice(a, b), state, time_dim).items()
-                           if k != "state"}, state=state))
+        parts.append(
+            fn(**{k: v for k, v in _slice(inputs, slice(a, b), state, time_dim).items() if k != "state"}, state=state)
+        )
     assert _same(torch.cat(parts, out_dim), whole) and _same(state, final)
 
 
-@pytest.mark.parametrize("make, fn", [(_gdn, scans.gated_delta), (_ssd, scans.ssd),
-                                      (_mamba, scans.selective)],
-                         ids=["gated-delta", "mamba2", "mamba"])
+@pytest.mark.parametrize(
+    "make, fn",
+    [(_gdn, scans.gated_delta), (_ssd, scans.ssd), (_mamba, scans.selective)],
+    ids=["gated-delta", "mamba2", "mamba"],
+)
 def test_a_row_alone_equals_it_among_others_on_1_and_2_threads(make, fn):
     """Rows of batch x heads split over threads; enough work for the split to happen."""
     inputs = make(3, b=4, t=40)
@@ -194,8 +262,9 @@ def test_a_row_alone_equals_it_among_others_on_1_and_2_threads(make, fn):
         one, one_state = _run(fn, inputs)
     with torch_threads(2):
         two, two_state = _run(fn, inputs)
-    alone, alone_state = _run(fn, {k: (v[2:3] if v is not None and v.dim() > 1 and k != "a" else v)
-                                   for k, v in inputs.items()})
+    alone, alone_state = _run(
+        fn, {k: (v[2:3] if v is not None and v.dim() > 1 and k != "a" else v) for k, v in inputs.items()}
+    )
     assert _same(one, two) and _same(one_state, two_state)
     assert _same(alone, one[2:3]) and _same(alone_state, one_state[2:3])
 
@@ -203,23 +272,49 @@ def test_a_row_alone_equals_it_among_others_on_1_and_2_threads(make, fn):
 def _args(kernel_name: str) -> tuple:
     f = np.zeros
     if kernel_name == "gated_delta_rows":
-        return (f((1, 2, 4), np.float32), f((1, 2, 4), np.float32), f((1, 2, 4), np.float32),
-                f((1, 2, 4), np.float32), f((1, 2), np.float32), f((1, 4, 4), np.float32),
-                f((1, 2, 4), np.float32), 0, 1)
+        return (
+            f((1, 2, 4), np.float32),
+            f((1, 2, 4), np.float32),
+            f((1, 2, 4), np.float32),
+            f((1, 2, 4), np.float32),
+            f((1, 2), np.float32),
+            f((1, 4, 4), np.float32),
+            f((1, 2, 4), np.float32),
+            0,
+            1,
+        )
     if kernel_name == "selective_rows":
-        return (f((1, 1, 2), np.float32), f((1, 1, 2), np.float32), f((1, 4), np.float32),
-                f((1, 2, 4), np.float32), f((1, 2, 4), np.float32), f(1, np.float32),
-                f((1, 1, 4), np.float32), f((1, 1, 2), np.float32), 0, 1)
-    return (f((1, 1, 2, 4), np.float32), f((1, 1, 2), np.float32), f(1, np.float32),
-            f((1, 1, 2, 4), np.float32), f((1, 1, 2, 4), np.float32), f(1, np.float32),
-            f((1, 1, 4, 4), np.float32), f((1, 1, 2, 4), np.float32), 0, 1)
+        return (
+            f((1, 1, 2), np.float32),
+            f((1, 1, 2), np.float32),
+            f((1, 4), np.float32),
+            f((1, 2, 4), np.float32),
+            f((1, 2, 4), np.float32),
+            f(1, np.float32),
+            f((1, 1, 4), np.float32),
+            f((1, 1, 2), np.float32),
+            0,
+            1,
+        )
+    return (
+        f((1, 1, 2, 4), np.float32),
+        f((1, 1, 2), np.float32),
+        f(1, np.float32),
+        f((1, 1, 2, 4), np.float32),
+        f((1, 1, 2, 4), np.float32),
+        f(1, np.float32),
+        f((1, 1, 4, 4), np.float32),
+        f((1, 1, 2, 4), np.float32),
+        0,
+        1,
+    )
 
 
 @pytest.mark.parametrize("kernel_name", ["gated_delta_rows", "ssd_rows", "selective_rows"])
 def test_the_kernels_compile_to_no_fused_multiply_add(kernel_name):
     kernel = getattr(scans.jit(), kernel_name)
     assert not FMA.search(fresh_asm(kernel, _args(kernel_name), fastmath=False))
-    if cpu_has_fma():       # positive control: the check sees an FMA where one is emitted
+    if cpu_has_fma():  # positive control: the check sees an FMA where one is emitted
         assert FMA.search(fresh_asm(kernel, _args(kernel_name), fastmath=True))
 
 
@@ -249,13 +344,14 @@ def test_the_gated_delta_rule_is_transformers_function_and_closer_to_float64():
     out, state = rule(q, k, v, gate, beta, **kw)
     ref, ref_state = q35.torch_recurrent_gated_delta_rule(q, k, v, gate, beta, **kw)
     assert (out - ref).abs().max() < 1e-4 and (state - ref_state).abs().max() < 1e-4
-    qn = q35.l2norm(q.repeat_interleave(2, 2), eps=1e-6) / d ** 0.5      # both rules' inputs
+    qn = q35.l2norm(q.repeat_interleave(2, 2), eps=1e-6) / d**0.5  # both rules' inputs
     kn = q35.l2norm(k.repeat_interleave(2, 2), eps=1e-6)
     exact, _ = _gdn_f64(*(x.transpose(1, 2) for x in (qn, kn, v, gate, beta)), torch.zeros(b, hv, d, d))
     exact = exact.transpose(1, 2)
 
     def rms(x: torch.Tensor) -> float:
         return float((x.double() - exact).pow(2).mean().sqrt())
+
     assert rms(out) <= rms(ref)
 
 
@@ -270,7 +366,8 @@ def test_the_kimi_delta_rule_is_transformers_function_within_float32_rounding():
     gate, beta = -torch.rand(b, t, h, d, generator=g), torch.rand(b, t, h, generator=g)
     kw = dict(initial_state=None, output_final_state=True, use_qk_l2norm_in_kernel=True)
     out, state = scans.kimi_delta_rule(kimi.recurrent_kimi_delta_attention, kimi.l2norm)(
-        q, k, v, g=gate, beta=beta, **kw)
+        q, k, v, g=gate, beta=beta, **kw
+    )
     ref, ref_state = kimi.recurrent_kimi_delta_attention(q, k, v, g=gate, beta=beta, **kw)
     assert (out - ref).abs().max() < 1e-4 and (state - ref_state).abs().max() < 1e-4
 
@@ -300,7 +397,11 @@ def test_the_mamba_step_is_transformers_step_within_float32_rounding():
     b, inner, n = 2, 6, 8
     x, dt, z = (torch.randn(b, inner, generator=g) for _ in range(3))
     a, bm, cm = -torch.rand(inner, n, generator=g) - 0.5, torch.randn(b, n, generator=g), torch.randn(b, n, generator=g)
-    d, bias, state = torch.randn(inner, generator=g), torch.randn(inner, generator=g), torch.randn(b, inner, n, generator=g)
+    d, bias, state = (
+        torch.randn(inner, generator=g),
+        torch.randn(inner, generator=g),
+        torch.randn(b, inner, n, generator=g),
+    )
     ref_state = state.clone()
     out = scans.mamba_step(state, x, dt, a, bm, cm, d, z, bias, True)
     ref = m1.mamba_selective_state_update(ref_state, x, dt, a, bm, cm, d, dt_bias=bias, dt_softplus=True, z=z)
@@ -309,8 +410,18 @@ def test_the_mamba_step_is_transformers_step_within_float32_rounding():
 
 def test_a_decode_argument_that_is_not_one_value_per_head_is_refused_by_name():
     x = torch.randn(1, 2, 4)
-    dt = torch.randn(1, 2, 4)                   # differs along head_dim: not an expansion
+    dt = torch.randn(1, 2, 4)  # differs along head_dim: not an expansion
     a = -torch.ones(2, 4, 8)
     with pytest.raises(ValueError, match="dt must repeat one value per head"):
-        scans.mamba2_step(torch.zeros(1, 2, 4, 8), x, dt, a, torch.randn(1, 1, 8),
-                          torch.randn(1, 1, 8), None, None, False, (0.0, float("inf")))
+        scans.mamba2_step(
+            torch.zeros(1, 2, 4, 8),
+            x,
+            dt,
+            a,
+            torch.randn(1, 1, 8),
+            torch.randn(1, 1, 8),
+            None,
+            None,
+            False,
+            (0.0, float("inf")),
+        )

@@ -34,9 +34,15 @@ def _rand(gen: torch.Generator, *shape: int) -> torch.Tensor:
 
 def _mamba2_inputs(seed: int = 0) -> dict:
     g = torch.Generator().manual_seed(seed)
-    return dict(hidden_states=_rand(g, BATCH, T, H, P), dt=_rand(g, BATCH, T, H),
-                A=-torch.rand(H, generator=g) - 0.5, B=_rand(g, BATCH, T, 1, N),
-                C=_rand(g, BATCH, T, 1, N), D=_rand(g, H), dt_bias=_rand(g, H) - 3.0)
+    return dict(
+        hidden_states=_rand(g, BATCH, T, H, P),
+        dt=_rand(g, BATCH, T, H),
+        A=-torch.rand(H, generator=g) - 0.5,
+        B=_rand(g, BATCH, T, 1, N),
+        C=_rand(g, BATCH, T, 1, N),
+        D=_rand(g, H),
+        dt_bias=_rand(g, H) - 3.0,
+    )
 
 
 def _decode(inputs: dict, limit: tuple, step=None, fused: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,10 +52,20 @@ def _decode(inputs: dict, limit: tuple, step=None, fused: bool = True) -> tuple[
     x, dt, A, B, C, D, bias = inputs.values()
     state, outs = torch.zeros(BATCH, H, P, N), []
     for t in range(T):
-        outs.append(step(state, x[:, t], dt[:, t, :, None].expand(-1, -1, P),
-                         A[:, None, None].expand(-1, P, N), B[:, t], C[:, t],
-                         D[:, None].expand(-1, P), z=None, dt_bias=bias[:, None].expand(-1, P),
-                         dt_softplus=True))
+        outs.append(
+            step(
+                state,
+                x[:, t],
+                dt[:, t, :, None].expand(-1, -1, P),
+                A[:, None, None].expand(-1, P, N),
+                B[:, t],
+                C[:, t],
+                D[:, None].expand(-1, P),
+                z=None,
+                dt_bias=bias[:, None].expand(-1, P),
+                dt_softplus=True,
+            )
+        )
     return torch.stack(outs, 1), state
 
 
@@ -68,15 +84,15 @@ def test_mamba2_prefill_is_the_decode_steps_bitwise_and_the_chunked_scans_functi
     first = {k: (v[:, :3] if v.dim() > 1 else v) for k, v in inputs.items()}
     rest = {k: (v[:, 3:] if v.dim() > 1 else v) for k, v in inputs.items()}
     with batch_invariant():
-        out, final = scan(**inputs, chunk_size=4, dt_softplus=True, dt_limit=limit,
-                          return_final_states=True)
+        out, final = scan(**inputs, chunk_size=4, dt_softplus=True, dt_limit=limit, return_final_states=True)
         dec, state = _decode(inputs, limit, fused=fused)
         a, mid = scan(**first, chunk_size=4, dt_softplus=True, dt_limit=limit, return_final_states=True)
         b = scan(**rest, chunk_size=4, dt_softplus=True, dt_limit=limit, initial_states=mid)
     assert torch.equal(_bits(out), _bits(dec)) and torch.equal(_bits(final), _bits(state))
     assert torch.equal(_bits(torch.cat([a, b], 1)), _bits(out))
-    ref, ref_final = m2.mamba2_chunk_scan(**inputs, chunk_size=4, dt_softplus=True, dt_limit=limit,
-                                          return_final_states=True)
+    ref, ref_final = m2.mamba2_chunk_scan(
+        **inputs, chunk_size=4, dt_softplus=True, dt_limit=limit, return_final_states=True
+    )
     assert (out - ref).abs().max() < 1e-4 and (final - ref_final).abs().max() < 1e-4
 
 
@@ -84,7 +100,7 @@ def test_transformers_bare_decode_step_skips_the_limit_the_prefill_applies():
     inputs = _mamba2_inputs()
     ref = m2.mamba2_chunk_scan(**inputs, chunk_size=4, dt_softplus=True, dt_limit=BITES)
     bare, _ = _decode(inputs, BITES, step=m2.mamba2_selective_state_update)
-    assert (bare - ref).abs().max() > 1e-3          # negative control: the limit bites here
+    assert (bare - ref).abs().max() > 1e-3  # negative control: the limit bites here
 
 
 def test_a_gate_given_to_the_mamba2_prefill_is_refused():
@@ -116,15 +132,24 @@ def test_mamba_prefill_continues_from_the_cached_state_bitwise(fused):
     scan = mamba_prefill(m1.mamba_selective_state_update, lambda: call, fused)
 
     def run(sl: slice):
-        return scan(x[..., sl], dt[..., sl], A, B[..., sl], C[..., sl], D=mixer.D.float(),
-                    z=z[..., sl], delta_bias=bias, delta_softplus=True, return_last_state=True)
+        return scan(
+            x[..., sl],
+            dt[..., sl],
+            A,
+            B[..., sl],
+            C[..., sl],
+            D=mixer.D.float(),
+            z=z[..., sl],
+            delta_bias=bias,
+            delta_softplus=True,
+            return_last_state=True,
+        )
 
     with batch_invariant():
         whole, last = run(slice(None))
         a, cache.state = run(slice(0, 3))
         b, state = run(slice(3, None))
-    ref = m1.mamba_selective_scan(x, dt, A, B, C, D=mixer.D.float(), z=z, delta_bias=bias,
-                                  delta_softplus=True)
+    ref = m1.mamba_selective_scan(x, dt, A, B, C, D=mixer.D.float(), z=z, delta_bias=bias, delta_softplus=True)
     assert (whole - ref).abs().max() < 1e-4
     assert torch.equal(_bits(torch.cat([a, b], -1)), _bits(whole))
     assert torch.equal(_bits(state), _bits(last))

@@ -25,7 +25,7 @@ THREADS = [1, 2]
 PROMPT = 18
 NEIGHBOURS = (5, 33, 1, 12)
 CHUNKS = (5, 7, 1, 9)
-LOGIT_BOUND = 1e-4          # measured: <= 1.1e-5 on both models (logits of magnitude ~10)
+LOGIT_BOUND = 1e-4  # measured: <= 1.1e-5 on both models (logits of magnitude ~10)
 
 
 def _tokens(n: int, seed: int) -> list[int]:
@@ -66,10 +66,10 @@ def test_prefill_decode_and_chunked_prefill_are_bitwise_equal(invariant, threads
         for n in CHUNKS * 3:
             if i >= len(seq):
                 break
-            parts.append(invariant.forward([cache], [seq[i: i + n]])[0])
+            parts.append(invariant.forward([cache], [seq[i : i + n]])[0])
             i += n
         assert torch.equal(torch.cat(parts), full)
-        assert torch.equal(_prefill(invariant, seq), full)               # run to run
+        assert torch.equal(_prefill(invariant, seq), full)  # run to run
 
 
 @pytest.mark.parametrize("threads", THREADS)
@@ -99,8 +99,10 @@ def test_without_the_mode_decode_differs_from_prefill(default):
 def test_the_mode_stays_within_the_bound_of_the_default_kernels(invariant, default):
     seq = _tokens(40, 4)
     with torch_threads(1):
-        pairs = [(_prefill(invariant, seq), _prefill(default, seq)),
-                 (_decode(invariant, seq[:10]), _decode(default, seq[:10]))]
+        pairs = [
+            (_prefill(invariant, seq), _prefill(default, seq)),
+            (_decode(invariant, seq[:10]), _decode(default, seq[:10])),
+        ]
     for a, b in pairs:
         assert (a - b).abs().max().item() <= LOGIT_BOUND
         assert (torch.log_softmax(a, -1) - torch.log_softmax(b, -1)).abs().max().item() <= LOGIT_BOUND

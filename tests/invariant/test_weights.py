@@ -21,6 +21,7 @@ def _counting():
     def make(x):
         calls.append(1)
         return x.contiguous()
+
     return calls, make
 
 
@@ -36,18 +37,18 @@ def test_a_parameter_view_is_converted_once_per_version():
     x = torch.randn(6, 4)
     derived(x.t(), "f", make)
     derived(x.t(), "f", make)
-    assert len(calls) == 4                                     # activations: never cached
+    assert len(calls) == 4  # activations: never cached
 
 
 def test_slices_named_with_their_parameter_are_cached_and_others_refused():
     p = torch.nn.Parameter(torch.randn(3, 5, 4))
     calls, make = _counting()
-    s = p.detach()[1]                                          # no recorded base
+    s = p.detach()[1]  # no recorded base
     derived(s, "f", make, p)
     derived(p.detach()[1], "f", make, p)
     assert len(calls) == 1
     other = torch.randn(5, 4)
-    derived(other, "f", make, p)                               # not in p's storage
+    derived(other, "f", make, p)  # not in p's storage
     derived(other, "f", make, p)
     assert len(calls) == 3
 
@@ -61,4 +62,4 @@ def test_the_grouped_expert_products_convert_each_expert_once(monkeypatch):
     with torch.no_grad(), batch_invariant(portable=True):
         for _ in range(3):
             torch._grouped_mm(torch.randn(8, 6), w.transpose(-2, -1), offs=offs)
-    assert len(seen) == 4                                      # one per expert, not per call
+    assert len(seen) == 4  # one per expert, not per call

@@ -34,8 +34,7 @@ def _unary_kernel(x_ptr, out_ptr, N, OP: tl.constexpr, B: tl.constexpr):
 
 
 @triton.jit
-def _fixed_sum_kernel(e_ptr, h_ptr, q_ptr, hl_ptr, s_ptr, N, FRAC: tl.constexpr,
-                      B: tl.constexpr):
+def _fixed_sum_kernel(e_ptr, h_ptr, q_ptr, hl_ptr, s_ptr, N, FRAC: tl.constexpr, B: tl.constexpr):
     """One row of N float32 ``e`` per program: each word pair, the mass, (H, L) and S."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, B)

@@ -43,13 +43,51 @@ def from_bits32(*bits: int) -> torch.Tensor:
 
 #: float32 specials: zeros, infinities, NaNs of three patterns (x86's default negative
 #: one, a signalling one, the canonical one), extremes, subnormals, ln 2 / 2
-SPECIALS32 = torch.cat([
-    torch.tensor([0.0, -0.0, math.inf, -math.inf, 3e38, -3e38, 1e-40, -1e-40, 1e-45, -1e-45,
-                  1.0, -1.0, 0.5, -0.34657359, 0.34657359, 88.72283, 88.72284, 89.0, 89.5,
-                  -87.33654, -103.97208, -104.0, -104.5, -150.0, -1e-8, 1e-30],
-                 dtype=torch.float32),
-    from_bits32(0x7FC00000, 0xFFC00000 - 2**32, 0x7F800001, 0x7FFFFFFF, 0x7F7FFFFF,
-                0xFF7FFFFF - 2**32, 0x00000001, 0x80000001 - 2**32)])
+SPECIALS32 = torch.cat(
+    [
+        torch.tensor(
+            [
+                0.0,
+                -0.0,
+                math.inf,
+                -math.inf,
+                3e38,
+                -3e38,
+                1e-40,
+                -1e-40,
+                1e-45,
+                -1e-45,
+                1.0,
+                -1.0,
+                0.5,
+                -0.34657359,
+                0.34657359,
+                88.72283,
+                88.72284,
+                89.0,
+                89.5,
+                -87.33654,
+                -103.97208,
+                -104.0,
+                -104.5,
+                -150.0,
+                -1e-8,
+                1e-30,
+            ],
+            dtype=torch.float32,
+        ),
+        from_bits32(
+            0x7FC00000,
+            0xFFC00000 - 2**32,
+            0x7F800001,
+            0x7FFFFFFF,
+            0x7F7FFFFF,
+            0xFF7FFFFF - 2**32,
+            0x00000001,
+            0x80000001 - 2**32,
+        ),
+    ]
+)
 
 
 def float32_inputs() -> torch.Tensor:
@@ -57,12 +95,21 @@ def float32_inputs() -> torch.Tensor:
     (-104 and 89: the clamps; -103.97: 2**-150, the last nonzero float32; -87.34: the
     subnormal boundary; 88.72: the overflow), and the specials."""
     g = torch.Generator().manual_seed(0)
-    return torch.cat([torch.randn(30_000, generator=g) * 30,
-                      torch.randn(5_000, generator=g) * 1e-3,
-                      -torch.rand(10_000, generator=g) * 110,
-                      near(-104.0), near(89.0), near(-103.97208), near(-87.33654),
-                      near(88.72284), from_bits32(*range(50)), -from_bits32(*range(50)),
-                      SPECIALS32])
+    return torch.cat(
+        [
+            torch.randn(30_000, generator=g) * 30,
+            torch.randn(5_000, generator=g) * 1e-3,
+            -torch.rand(10_000, generator=g) * 110,
+            near(-104.0),
+            near(89.0),
+            near(-103.97208),
+            near(-87.33654),
+            near(88.72284),
+            from_bits32(*range(50)),
+            -from_bits32(*range(50)),
+            SPECIALS32,
+        ]
+    )
 
 
 def float64_inputs() -> torch.Tensor:
@@ -70,13 +117,35 @@ def float64_inputs() -> torch.Tensor:
     rounding ties of ``x / ln 2`` (k + 1/2), and float64 specials."""
     g = torch.Generator().manual_seed(1)
     half_ln2 = (torch.arange(-300, 260, dtype=torch.float64) + 0.5) * math.log(2)
-    return torch.cat([torch.randn(20_000, generator=g, dtype=torch.float64) * 40,
-                      -torch.rand(5_000, generator=g, dtype=torch.float64) * 120,
-                      half_ln2, torch.nextafter(half_ln2, half_ln2 * 2),
-                      torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 1e-300, -1e-300,
-                                    5e-324, 709.0, 710.0, -745.0, -746.0, 1e308, -1e308,
-                                    88.72283935546875, -103.97207708399179],
-                                   dtype=torch.float64)])
+    return torch.cat(
+        [
+            torch.randn(20_000, generator=g, dtype=torch.float64) * 40,
+            -torch.rand(5_000, generator=g, dtype=torch.float64) * 120,
+            half_ln2,
+            torch.nextafter(half_ln2, half_ln2 * 2),
+            torch.tensor(
+                [
+                    0.0,
+                    -0.0,
+                    math.inf,
+                    -math.inf,
+                    math.nan,
+                    1e-300,
+                    -1e-300,
+                    5e-324,
+                    709.0,
+                    710.0,
+                    -745.0,
+                    -746.0,
+                    1e308,
+                    -1e308,
+                    88.72283935546875,
+                    -103.97207708399179,
+                ],
+                dtype=torch.float64,
+            ),
+        ]
+    )
 
 
 def log_inputs() -> torch.Tensor:
@@ -86,19 +155,38 @@ def log_inputs() -> torch.Tensor:
     x = torch.rand(20_000, generator=g, dtype=torch.float64)
     one = torch.tensor(1.0, dtype=torch.float64)
     sh = torch.tensor(spec.SQRT_HALF, dtype=torch.float64)
-    return torch.cat([x * 1e3, x[:5_000] + 0.5, torch.exp(x[:5_000] * 1400 - 700),
-                      torch.ldexp(x[:2_000] + 0.5, torch.randint(-1074, -1022, (2_000,),
-                                                                   generator=g)),
-                      torch.tensor([0.0, -0.0, -1.0, math.inf, -math.inf, math.nan, 1.0, 5e-324,
-                                    2.2250738585072014e-308, 2.225073858507201e-308,
-                                    1.7976931348623157e308, 2.0 ** 0.5, 0.5 ** 0.5],
-                                   dtype=torch.float64),
-                      torch.nextafter(torch.stack([one, one, sh, sh]),
-                                      torch.stack([one * 2, one * 0, sh * 2, sh * 0]))])
+    return torch.cat(
+        [
+            x * 1e3,
+            x[:5_000] + 0.5,
+            torch.exp(x[:5_000] * 1400 - 700),
+            torch.ldexp(x[:2_000] + 0.5, torch.randint(-1074, -1022, (2_000,), generator=g)),
+            torch.tensor(
+                [
+                    0.0,
+                    -0.0,
+                    -1.0,
+                    math.inf,
+                    -math.inf,
+                    math.nan,
+                    1.0,
+                    5e-324,
+                    2.2250738585072014e-308,
+                    2.225073858507201e-308,
+                    1.7976931348623157e308,
+                    2.0**0.5,
+                    0.5**0.5,
+                ],
+                dtype=torch.float64,
+            ),
+            torch.nextafter(torch.stack([one, one, sh, sh]), torch.stack([one * 2, one * 0, sh * 2, sh * 0])),
+        ]
+    )
 
 
 def run_helpers(z32, x64, xl):
     from tests.kernels import arith_kernels as K
+
     return K.exp32_of(z32), K.exp64_of(x64), K.log64_of(xl), K.exp64_wide_of(x64)
 
 
@@ -136,8 +224,7 @@ def test_exp64_of_doubles_is_arith_bit_for_bit(helpers, impl):
 
 def test_exp64_is_the_numpy_oracles(helpers):
     (_, x64, _), (_, e, _, _) = helpers
-    assert np.array_equal(e.numpy().view(np.int32),
-                          oracle.exp64(x64.numpy()).view(np.int32))
+    assert np.array_equal(e.numpy().view(np.int32), oracle.exp64(x64.numpy()).view(np.int32))
 
 
 def test_exp64_before_its_rounding_is_the_definitions_float64(helpers):
@@ -147,8 +234,7 @@ def test_exp64_before_its_rounding_is_the_definitions_float64(helpers):
     input in 10^8 (when exp lies that close to a rounding boundary), in float64 on most."""
     (_, x64, _), (_, _, _, wide) = helpers
     ok = ~torch.isnan(x64)
-    assert np.array_equal(wide[ok].numpy().view(np.int64),
-                          oracle.exp64_wide(x64[ok].numpy()).view(np.int64))
+    assert np.array_equal(wide[ok].numpy().view(np.int64), oracle.exp64_wide(x64[ok].numpy()).view(np.int64))
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -161,6 +247,7 @@ def test_log64_is_arith_bit_for_bit(helpers, impl):
 
 def run_fixed(e):
     from tests.kernels import arith_kernels as K
+
     return K.fixed_sum_of(e)
 
 
@@ -179,9 +266,9 @@ def test_two_word_sum_is_arith_exact_sum(interp, n):
     e[4] = arith.exp(-torch.rand(n, generator=g) * 110)
     words, q, hl, S = interp(run_fixed, e)
     frac = spec.frac_bits(n)
-    w = e.double() * 2.0 ** frac
+    w = e.double() * 2.0**frac
     h = torch.trunc(w)
-    lo = torch.trunc((w - h) * 2.0 ** frac)
+    lo = torch.trunc((w - h) * 2.0**frac)
     assert torch.equal(words[..., 0], h.to(torch.int64))
     assert torch.equal(words[..., 1], lo.to(torch.int64))
     assert torch.equal(q, rules.mass(e, frac)) and torch.equal(q, words[..., 0])
@@ -199,13 +286,13 @@ def test_helpers_on_cuda_are_the_cpus_bits(cuda):
     exact sum. The aim of the definition, which the interpreter cannot vouch for: the
     GPU's float64 ``+ - * /`` and conversions are IEEE and nothing is contracted."""
     from tests.kernels import arith_kernels as K
+
     z32, x64, xl = float32_inputs(), float64_inputs(), log_inputs()
     assert torch.equal(f32_bits(K.exp32_of(z32.to(cuda)).cpu()), f32_bits(arith.exp(z32)))
     assert torch.equal(f32_bits(K.exp64_of(x64.to(cuda)).cpu()), f32_bits(arith.exp64(x64)))
     ok = ~torch.isnan(x64)
     wide = K.exp64_wide_of(x64[ok].to(cuda)).cpu()
-    assert np.array_equal(wide.numpy().view(np.int64),
-                          oracle.exp64_wide(x64[ok].numpy()).view(np.int64))
+    assert np.array_equal(wide.numpy().view(np.int64), oracle.exp64_wide(x64[ok].numpy()).view(np.int64))
     assert torch.equal(f64_bits(K.log64_of(xl.to(cuda)).cpu()), f64_bits(arith.log64(xl)))
     e = arith.exp(torch.randn(4, 152064) * 4 - 8).clamp(max=1.0)
     S = K.fixed_sum_of(e.to(cuda))[3].cpu()

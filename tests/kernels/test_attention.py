@@ -19,16 +19,29 @@ def run_positions(q, k, v, mask, positions):
     """Prefill of all queries; decode of each of ``positions`` against its prefix of the
     cache; a chunked prefill (queries 0..4, then the rest); batch entries alone."""
     from detsample.kernels.attention import attention
+
     L = q.shape[2]
     full = attention(q, k, v, causal=True, mask=mask)
-    decode = {i: attention(q[:, :, i:i + 1], k[:, :, :i + 1], v[:, :, :i + 1], causal=True,
-                           mask=None if mask is None else mask[..., i:i + 1, :i + 1])
-              for i in positions}
-    chunk = [attention(q[:, :, s:e], k[:, :, :e], v[:, :, :e], causal=True,
-                       mask=None if mask is None else mask[..., s:e, :e])
-             for s, e in ((0, 5), (5, L))]
-    alone = [attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], causal=True,
-                       mask=None if mask is None else mask[b:b + 1]) for b in range(q.shape[0])]
+    decode = {
+        i: attention(
+            q[:, :, i : i + 1],
+            k[:, :, : i + 1],
+            v[:, :, : i + 1],
+            causal=True,
+            mask=None if mask is None else mask[..., i : i + 1, : i + 1],
+        )
+        for i in positions
+    }
+    chunk = [
+        attention(
+            q[:, :, s:e], k[:, :, :e], v[:, :, :e], causal=True, mask=None if mask is None else mask[..., s:e, :e]
+        )
+        for s, e in ((0, 5), (5, L))
+    ]
+    alone = [
+        attention(q[b : b + 1], k[b : b + 1], v[b : b + 1], causal=True, mask=None if mask is None else mask[b : b + 1])
+        for b in range(q.shape[0])
+    ]
     return full, decode, chunk, alone
 
 
@@ -54,26 +67,24 @@ def mask_of(kind, B, L):
     if kind == "bool":
         return keep
     return torch.where(keep, torch.zeros(()), torch.full((), -1e4)) + 0.25 * torch.randn(
-        B, 1, L, L, generator=torch.Generator().manual_seed(3))
+        B, 1, L, L, generator=torch.Generator().manual_seed(3)
+    )
 
 
 CASES = [  # (dtype, mask kind, batch, heads, kv heads, keys, head dim, decoded positions)
     pytest.param(torch.float32, "bool", 2, 2, 1, 40, 16, (0, 31, 32, 39), id="f32-bool"),
     pytest.param(torch.bfloat16, None, 1, 2, 1, 40, 16, (1, 32, 39), id="bf16"),
-    pytest.param(torch.float32, None, 2, 4, 2, 45, 24, range(45), id="f32-all",
-                 marks=pytest.mark.triton_full),
-    pytest.param(torch.float32, "additive", 2, 4, 2, 45, 24, range(45), id="f32-add",
-                 marks=pytest.mark.triton_full),
-    pytest.param(torch.bfloat16, "bool", 2, 4, 2, 45, 24, range(45), id="bf16-bool",
-                 marks=pytest.mark.triton_full),
-    pytest.param(torch.float16, "additive", 2, 4, 1, 70, 40, range(0, 70, 3), id="f16-add",
-                 marks=pytest.mark.triton_full),
+    pytest.param(torch.float32, None, 2, 4, 2, 45, 24, range(45), id="f32-all", marks=pytest.mark.triton_full),
+    pytest.param(torch.float32, "additive", 2, 4, 2, 45, 24, range(45), id="f32-add", marks=pytest.mark.triton_full),
+    pytest.param(torch.bfloat16, "bool", 2, 4, 2, 45, 24, range(45), id="bf16-bool", marks=pytest.mark.triton_full),
+    pytest.param(
+        torch.float16, "additive", 2, 4, 1, 70, 40, range(0, 70, 3), id="f16-add", marks=pytest.mark.triton_full
+    ),
 ]
 
 
 @pytest.mark.parametrize("dtype,mask_kind,B,H,Hkv,L,D,positions", CASES)
-def test_decode_chunked_prefill_and_alone_are_bitwise_equal(interp, dtype, mask_kind, B, H,
-                                                             Hkv, L, D, positions):
+def test_decode_chunked_prefill_and_alone_are_bitwise_equal(interp, dtype, mask_kind, B, H, Hkv, L, D, positions):
     """A query's output is bitwise the same by prefill, chunked prefill, decode against
     its cache prefix, and with its batch entry alone (grouped-query heads; more keys
     than one KV block of 32, the last one partial). Bug it pins: a KV split that follows
@@ -82,7 +93,7 @@ def test_decode_chunked_prefill_and_alone_are_bitwise_equal(interp, dtype, mask_
     mask = mask_of(mask_kind, B, L)
     full, decode, chunk, alone = interp(run_positions, q, k, v, mask, list(positions))
     for i, got in decode.items():
-        assert torch.equal(got, full[:, :, i:i + 1]), i
+        assert torch.equal(got, full[:, :, i : i + 1]), i
     assert torch.equal(torch.cat(chunk, 2), full)
     assert torch.equal(torch.cat(alone, 0), full)
     ref = reference(q, k, v, mask)
@@ -95,8 +106,7 @@ def run_hf(q, k, v, mask):
     class Module:
         is_causal = True
 
-    return ATTENTION(Module(), q, k, v, mask, scaling=0.3)[0], \
-        ATTENTION(Module(), q, k, v, None, scaling=0.3)[0]
+    return ATTENTION(Module(), q, k, v, mask, scaling=0.3)[0], ATTENTION(Module(), q, k, v, None, scaling=0.3)[0]
 
 
 def test_transformers_interface(interp):
@@ -107,8 +117,7 @@ def test_transformers_interface(interp):
     with_mask, causal = interp(run_hf, q, k, v, mask)
     assert with_mask.shape == (1, 9, 2, 16)
     assert torch.equal(with_mask, causal)
-    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True,
-                                         scale=0.3)
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True, scale=0.3)
     assert float((causal.transpose(1, 2).double() - ref).abs().max()) <= TOL[torch.float32]
 
 
@@ -116,10 +125,11 @@ def test_transformers_interface(interp):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_equals_prefill_on_cuda(cuda, dtype):
     from detsample.kernels.attention import attention
+
     q, k, v = (t.to(cuda) for t in qkv(4, 8, 2, 300, 64, dtype))
     full = attention(q, k, v, causal=True)
     for i in (0, 31, 32, 33, 299):
-        got = attention(q[:, :, i:i + 1], k[:, :, :i + 1], v[:, :, :i + 1], causal=True)
-        assert torch.equal(got, full[:, :, i:i + 1])
+        got = attention(q[:, :, i : i + 1], k[:, :, : i + 1], v[:, :, : i + 1], causal=True)
+        assert torch.equal(got, full[:, :, i : i + 1])
     assert torch.equal(attention(q[1:2], k[1:2], v[1:2], causal=True), full[1:2])
     assert math.isfinite(float(full.float().abs().max()))

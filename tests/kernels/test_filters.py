@@ -23,8 +23,16 @@ from detsample.rules import frac_bits
 from oracles import sampler as osamp
 
 #: (top_k, top_p, min_p) rows that exercise every route: candidates, sort, plain, min-p
-PARAMS = [(50, 0.9, 0.0), (-1, 0.8, 0.0), (-1, 1.0, 0.0), (20, 1.0, 0.05), (7, 0.5, 0.0),
-          (-1, 1.0, 0.1), (3, 0.95, 0.02), (1500, 0.9, 0.0)]
+PARAMS = [
+    (50, 0.9, 0.0),
+    (-1, 0.8, 0.0),
+    (-1, 1.0, 0.0),
+    (20, 1.0, 0.05),
+    (7, 0.5, 0.0),
+    (-1, 1.0, 0.1),
+    (3, 0.95, 0.02),
+    (1500, 0.9, 0.0),
+]
 ALPHA = 1e-3  # chi-square significance level
 
 
@@ -38,8 +46,7 @@ def scaled(x: np.ndarray, temps: np.ndarray) -> torch.Tensor:
 def row_tensors(params, V):
     k = torch.tensor([V if k == -1 else min(k, V) for k, _, _ in params], dtype=torch.int32)
     p = torch.tensor([p for _, p, _ in params], dtype=torch.float64)
-    mp = rules.element_tensor(len(params), min_p=torch.tensor([m for _, _, m in params],
-                                                              dtype=torch.float32))
+    mp = rules.element_tensor(len(params), min_p=torch.tensor([m for _, _, m in params], dtype=torch.float32))
     return k, p, mp
 
 
@@ -47,14 +54,18 @@ def run_routes(z, k, p, mp, u, alone_rows=None):
     """Every row through the auto routes, the sort-only route, reversed, without a draw,
     and ``alone_rows`` (default: every row) each alone."""
     from detsample.kernels.filters import thresholds_and_draw
+
     B, V = z.shape
     frac = frac_bits(V)
     rows = torch.arange(B)
     auto = thresholds_and_draw(z, rows, k, p, mp, u, frac)
     sort = thresholds_and_draw(z, rows, k, p, mp, u, frac, sort_only=True)
-    alone = {i: thresholds_and_draw(z[i:i + 1], torch.tensor([0]), k[i:i + 1], p[i:i + 1],
-                                    mp[i:i + 1], u[i:i + 1], frac)
-             for i in (range(B) if alone_rows is None else alone_rows)}
+    alone = {
+        i: thresholds_and_draw(
+            z[i : i + 1], torch.tensor([0]), k[i : i + 1], p[i : i + 1], mp[i : i + 1], u[i : i + 1], frac
+        )
+        for i in (range(B) if alone_rows is None else alone_rows)
+    }
     rev = rows.flip(0)
     flipped = thresholds_and_draw(z[rev], rows, k[rev], p[rev], mp[rev], u[rev], frac)
     rescore = thresholds_and_draw(z, rows, k, p, mp, None, frac)
@@ -78,16 +89,18 @@ def check_routes(interp, x, params, temps, seed, alone_rows=None):
     auto, sort, alone, flipped, rescore = interp(run_routes, z, k, p, mp, u, alone_rows)
     assert_same(auto, sort)  # the routes choose how, never what
     for i, got in alone.items():
-        assert_same([t[i:i + 1] for t in auto], got)
+        assert_same([t[i : i + 1] for t in auto], got)
     assert_same([t.flip(0) for t in flipped], auto)
     assert_same(rescore[:2], auto[:2])  # thresholds and masses without drawing
     assert bool((rescore[2] == -1).all())
     return z, k, p, mp, u, auto
 
 
-FAMILIES = [pytest.param("ties", id="ties"),
-            pytest.param("random", id="random", marks=pytest.mark.triton_full),
-            pytest.param("coarse", id="coarse", marks=pytest.mark.triton_full)]
+FAMILIES = [
+    pytest.param("ties", id="ties"),
+    pytest.param("random", id="random", marks=pytest.mark.triton_full),
+    pytest.param("coarse", id="coarse", marks=pytest.mark.triton_full),
+]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -101,8 +114,14 @@ def test_routes_agree_and_rows_are_batch_invariant(interp, family):
         x = np.round(x)
     elif family == "coarse":
         x = np.round(x * 4) / 4
-    check_routes(interp, x, PARAMS, np.array([0.8, 1.0, 1.3, 0.6, 1.0, 2.0, 0.9, 1.0]), 5,
-                 alone_rows=[0, 1, 5] if family == "ties" else None)
+    check_routes(
+        interp,
+        x,
+        PARAMS,
+        np.array([0.8, 1.0, 1.3, 0.6, 1.0, 2.0, 0.9, 1.0]),
+        5,
+        alone_rows=[0, 1, 5] if family == "ties" else None,
+    )
 
 
 def test_tie_spill_falls_back_to_the_sort_alone(interp):
@@ -116,15 +135,18 @@ def test_tie_spill_falls_back_to_the_sort_alone(interp):
     params = [(5, 1.0, 0.0), (5, 0.9, 0.0)]
     z, k, p, mp, u, (tau, total, tok) = check_routes(interp, x, params, np.ones(2), 9)
     assert float(tau[0]) == float(z[0, 100])
-    assert int(((z[0] >= tau[0])).sum()) == 304
+    assert int((z[0] >= tau[0]).sum()) == 304
     assert 0 <= int(tok[0]) < 400
 
 
 @pytest.mark.triton_full
 @settings(max_examples=30)
-@given(st.integers(0, 2**32 - 1), st.sampled_from(["random", "ties", "coarse", "neginf"]),
-       st.lists(st.sampled_from(PARAMS), min_size=1, max_size=8),
-       st.sampled_from([64, 999, 4096]))
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from(["random", "ties", "coarse", "neginf"]),
+    st.lists(st.sampled_from(PARAMS), min_size=1, max_size=8),
+    st.sampled_from([64, 999, 4096]),
+)
 def test_routes_property(interp, seed, family, params, V):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((len(params), V)) * 3
@@ -151,9 +173,11 @@ def oracle_agreement(interp, seed, V, B):
     tau, total, tok = interp(run_once, z, k, p, mp, u)
     e = arith.exp(z)
     for i, (kk, pp, mm) in enumerate(params):
-        r = osamp.sample_row(x[i], osamp.RowParams(temperature=float(temps[i]), top_k=kk,
-                                                   top_p=pp, min_p=mm, seed=int(seeds[i])),
-                             int(pos[i]))
+        r = osamp.sample_row(
+            x[i],
+            osamp.RowParams(temperature=float(temps[i]), top_k=kk, top_p=pp, min_p=mm, seed=int(seeds[i])),
+            int(pos[i]),
+        )
         kept = ((z[i] >= tau[i]) & (e[i] >= mp[i])).nonzero().flatten().tolist()
         assert kept == r.kept, (i, params[i])
         assert int(tok[i]) == r.token, (i, params[i])
@@ -174,6 +198,7 @@ def test_oracle_agreement_property(interp, seed, V):
 
 def run_once(z, k, p, mp, u):
     from detsample.kernels.filters import thresholds_and_draw
+
     return thresholds_and_draw(z, torch.arange(z.shape[0]), k, p, mp, u, frac_bits(z.shape[1]))
 
 
@@ -231,6 +256,7 @@ def test_masses_on_cuda_are_the_cpus_bits(cuda):
 def run_draws(z, k, p, mp, seeds, positions):
     from detsample.kernels.filters import thresholds_and_draw
     from detsample.kernels.rng import row_uniforms as kernel_uniforms
+
     u = kernel_uniforms(seeds, positions)
     return thresholds_and_draw(z, torch.arange(z.shape[0]), k, p, mp, u, frac_bits(z.shape[1]))
 
@@ -258,12 +284,19 @@ def run_unspelled_filter():
     """``thresholds_and_draw`` under a registry extended by a filter the kernels do not
     spell (an ``epsilon`` cut), in the worker; returns the error message, or None."""
     from detsample.kernels.filters import thresholds_and_draw
+
     saved = rules.ELEMENT_FILTERS
     rules.ELEMENT_FILTERS = saved + (rules.ElementFilter("epsilon", 0.0, lambda e, v: e >= v),)
     try:
-        thresholds_and_draw(torch.zeros((1, 8)), torch.tensor([0]), torch.tensor([8]),
-                            torch.tensor([1.0], dtype=torch.float64), rules.element_tensor(1),
-                            None, frac_bits(8))
+        thresholds_and_draw(
+            torch.zeros((1, 8)),
+            torch.tensor([0]),
+            torch.tensor([8]),
+            torch.tensor([1.0], dtype=torch.float64),
+            rules.element_tensor(1),
+            None,
+            frac_bits(8),
+        )
     except NotImplementedError as e:
         return str(e)
     finally:

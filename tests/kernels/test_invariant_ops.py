@@ -7,14 +7,20 @@ from tests.kernels.test_rowwise import TOL
 
 #: the aten overload each CUDA_IMPLS entry stands for
 ATEN = {
-    "mm": torch.ops.aten.mm.default, "addmm": torch.ops.aten.addmm.default,
-    "bmm": torch.ops.aten.bmm.default, "_softmax": torch.ops.aten._softmax.default,
-    "_log_softmax": torch.ops.aten._log_softmax.default, "mean.dim": torch.ops.aten.mean.dim,
+    "mm": torch.ops.aten.mm.default,
+    "addmm": torch.ops.aten.addmm.default,
+    "bmm": torch.ops.aten.bmm.default,
+    "_softmax": torch.ops.aten._softmax.default,
+    "_log_softmax": torch.ops.aten._log_softmax.default,
+    "mean.dim": torch.ops.aten.mean.dim,
     "rms_norm": torch.ops.aten.rms_norm.default,
     "_fused_rms_norm": torch.ops.aten._fused_rms_norm.default,
-    "baddbmm": torch.ops.aten.baddbmm.default, "mv": torch.ops.aten.mv.default,
-    "dot": torch.ops.aten.dot.default, "sum": torch.ops.aten.sum.default,
-    "sum.dim_IntList": torch.ops.aten.sum.dim_IntList, "mean": torch.ops.aten.mean.default,
+    "baddbmm": torch.ops.aten.baddbmm.default,
+    "mv": torch.ops.aten.mv.default,
+    "dot": torch.ops.aten.dot.default,
+    "sum": torch.ops.aten.sum.default,
+    "sum.dim_IntList": torch.ops.aten.sum.dim_IntList,
+    "mean": torch.ops.aten.mean.default,
     "_safe_softmax": torch.ops.aten._safe_softmax.default,
     "native_layer_norm": torch.ops.aten.native_layer_norm.default,
 }
@@ -24,8 +30,11 @@ def _impl_info():
     import inspect
 
     from detsample.kernels.invariant_ops import ATTENTION, CUDA_IMPLS
-    sig = {name: [(p.name, p.kind.name) for p in inspect.signature(f).parameters.values()]
-           for name, f in CUDA_IMPLS.items()}
+
+    sig = {
+        name: [(p.name, p.kind.name) for p in inspect.signature(f).parameters.values()]
+        for name, f in CUDA_IMPLS.items()
+    }
     att = [p.name for p in inspect.signature(ATTENTION).parameters.values()]
     return sig, att
 
@@ -36,8 +45,7 @@ def test_keys_and_argument_names_mirror_aten(interp):
     sig, att = interp(_impl_info)
     assert set(sig) == set(ATEN)
     for name, op in ATEN.items():
-        want = [(a.name, "KEYWORD_ONLY" if a.kwarg_only else "POSITIONAL_OR_KEYWORD")
-                for a in op._schema.arguments]
+        want = [(a.name, "KEYWORD_ONLY" if a.kwarg_only else "POSITIONAL_OR_KEYWORD") for a in op._schema.arguments]
         assert sig[name] == want, name
     assert att[:5] == ["module", "query", "key", "value", "attention_mask"]
 
@@ -70,20 +78,18 @@ CASES = [
     case("mean.dim", lambda x: (x, None, False), "mean-all", full=True),
     case("mean.dim", lambda x: (x.to(torch.bfloat16), [-1], False), "mean-bf16", full=True),
     case("rms_norm", lambda x: (x, [24], ramp(x, 0.5, 1.5), None), "rms_norm"),
-    case("rms_norm", lambda x: (x.to(torch.bfloat16), [4, 24], None, 1e-3), "rms_norm-bf16",
-         full=True),
+    case("rms_norm", lambda x: (x.to(torch.bfloat16), [4, 24], None, 1e-3), "rms_norm-bf16", full=True),
     case("_fused_rms_norm", lambda x: (x, [24], None, 1e-6), "fused_rms_norm", full=True),
     case("sum.dim_IntList", lambda x: (x, [0, 2], True), "sum-dims", full=True),
-    case("sum.dim_IntList", lambda x: (x.to(torch.bfloat16), [-1], False, torch.float32),
-         "sum-bf16-dtype"),
+    case("sum.dim_IntList", lambda x: (x.to(torch.bfloat16), [-1], False, torch.float32), "sum-bf16-dtype"),
     case("sum.dim_IntList", lambda x: ((x * 4).to(torch.int32), [1], False), "sum-int-native"),
     case("sum", lambda x: (x,), "sum-all", full=True),
     case("mean", lambda x: (x,), "mean-all-elements", full=True),
     case("_safe_softmax", lambda x: (masked(x), -1), "safe_softmax"),
-    case("native_layer_norm", lambda x: (x, [24], ramp(x, 0.5, 1.5), ramp(x, -1, 1), 1e-5),
-         "layer_norm"),
-    case("native_layer_norm", lambda x: (x.to(torch.bfloat16), [4, 24], None, None, 1e-5),
-         "layer_norm-bf16", full=True),
+    case("native_layer_norm", lambda x: (x, [24], ramp(x, 0.5, 1.5), ramp(x, -1, 1), 1e-5), "layer_norm"),
+    case(
+        "native_layer_norm", lambda x: (x.to(torch.bfloat16), [4, 24], None, None, 1e-5), "layer_norm-bf16", full=True
+    ),
     case("baddbmm", lambda x: (x[:, :1, :8], x[:, :, :12], x.reshape(3, 12, 8)), "baddbmm"),
     case("mv", lambda x: (x[0], x[1, 0]), "mv"),
     case("dot", lambda x: (x[0, 0], x[1, 1]), "dot", full=True),
@@ -92,6 +98,7 @@ CASES = [
 
 def _run_case(name, args, kwargs):
     from detsample.kernels.invariant_ops import CUDA_IMPLS
+
     return CUDA_IMPLS[name](*args, **kwargs)
 
 
@@ -122,8 +129,9 @@ def test_semantics_match_the_aten_op(interp, name, build):
         if not w.dtype.is_floating_point:
             assert torch.equal(g, w), name
             continue
-        assert float((g.double() - w.double()).abs().max()) <= 4 * TOL[w.dtype] * (
-            1 + float(w.double().abs().max())), name
+        assert float((g.double() - w.double()).abs().max()) <= 4 * TOL[w.dtype] * (1 + float(w.double().abs().max())), (
+            name
+        )
 
 
 def test_addmm_keywords(interp):
@@ -141,6 +149,7 @@ def test_log_softmax_is_detsample_arith(interp):
     mode's log_softmax computed with the GPU's ``ex2`` / ``lg2`` (a float32 sum and
     ``tl.log``), whose bits are the GPU kind's."""
     from detsample import arith
+
     x = torch.randn(3, 4, 24, generator=torch.Generator().manual_seed(4)) * 5
     x[0, 1, ::2] = float("-inf")
     x[2, 3, 5] = float("nan")
@@ -152,5 +161,4 @@ def test_log_softmax_is_detsample_arith(interp):
     b = x.to(torch.bfloat16)
     got = interp(_run_case, "_log_softmax", (b, -1, False), {})
     assert got.dtype == torch.bfloat16
-    assert torch.equal(got.view(torch.int16), arith.log_softmax(b.float()).to(torch.bfloat16)
-                       .view(torch.int16))
+    assert torch.equal(got.view(torch.int16), arith.log_softmax(b.float()).to(torch.bfloat16).view(torch.int16))

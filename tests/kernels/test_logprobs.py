@@ -49,16 +49,24 @@ def special_rows(n: int) -> torch.Tensor:
 
 def run_rows(x: torch.Tensor, alone_rows):
     from detsample.kernels.logprobs import exp, log_softmax_rows, normalisers_rows
+
     out = log_softmax_rows(x)
     into = torch.full_like(x, 7.0)
     log_softmax_rows(x, out=into)
-    return (out, into, normalisers_rows(x), exp(x),
-            {i: log_softmax_rows(x[i:i + 1]) for i in alone_rows},
-            log_softmax_rows(x.flip(0)).flip(0), log_softmax_rows(x.t().contiguous().t()))
+    return (
+        out,
+        into,
+        normalisers_rows(x),
+        exp(x),
+        {i: log_softmax_rows(x[i : i + 1]) for i in alone_rows},
+        log_softmax_rows(x.flip(0)).flip(0),
+        log_softmax_rows(x.t().contiguous().t()),
+    )
 
 
-@pytest.mark.parametrize("n", [pytest.param(1, marks=pytest.mark.triton_full), 3,
-                               pytest.param(1000, marks=pytest.mark.triton_full), 2500])
+@pytest.mark.parametrize(
+    "n", [pytest.param(1, marks=pytest.mark.triton_full), 3, pytest.param(1000, marks=pytest.mark.triton_full), 2500]
+)
 def test_log_softmax_normalisers_exp_are_arith_bit_for_bit(interp, n, request):
     """Every row of :func:`special_rows` through the kernels, compared with
     detsample.arith's numba kernels and its torch composition: log_softmax, the
@@ -67,8 +75,7 @@ def test_log_softmax_normalisers_exp_are_arith_bit_for_bit(interp, n, request):
     gives the same bits."""
     x = special_rows(n)
     full = request.node.get_closest_marker("triton_full") is not None
-    out, into, (m, G), e, alone, flipped, strided = interp(
-        run_rows, x, range(x.shape[0]) if full else [0, 4, 11])
+    out, into, (m, G), e, alone, flipped, strided = interp(run_rows, x, range(x.shape[0]) if full else [0, 4, 11])
     assert torch.equal(out.view(torch.int32), into.view(torch.int32))
     for impl in IMPLS:
         assert torch.equal(out.view(torch.int32), arith.log_softmax(x, impl=impl).view(torch.int32))
@@ -78,7 +85,7 @@ def test_log_softmax_normalisers_exp_are_arith_bit_for_bit(interp, n, request):
         assert torch.equal(m[~torch.isnan(m)], wm[~torch.isnan(wm)])
         assert torch.equal(e.view(torch.int32), arith.exp(x, impl=impl).view(torch.int32))
     for i, row in alone.items():
-        assert torch.equal(row.view(torch.int32), out[i:i + 1].view(torch.int32))
+        assert torch.equal(row.view(torch.int32), out[i : i + 1].view(torch.int32))
     assert torch.equal(flipped.view(torch.int32), out.view(torch.int32))
     assert torch.equal(strided.view(torch.int32), out.view(torch.int32))
     nan_rows = [3, 4, 5, 13] + ([2] if n == 1 else [])  # no finite value, NaN, +inf
@@ -101,12 +108,13 @@ def test_log_softmax_rows_of_logit_families_are_arith(interp, family, shape):
     out, _, _, _, alone, flipped, _ = interp(run_rows, x, range(B))
     assert torch.equal(out.view(torch.int32), arith.log_softmax(x).view(torch.int32))
     for i, row in alone.items():
-        assert torch.equal(row.view(torch.int32), out[i:i + 1].view(torch.int32))
+        assert torch.equal(row.view(torch.int32), out[i : i + 1].view(torch.int32))
     assert torch.equal(flipped.view(torch.int32), out.view(torch.int32))
 
 
 def run_exp(z: torch.Tensor) -> torch.Tensor:
     from detsample.kernels.logprobs import exp
+
     return exp(z)
 
 
@@ -125,11 +133,14 @@ def test_bad_arguments_are_refused(interp):
 
 def _bad_calls():
     from detsample.kernels.logprobs import exp, log_softmax_rows, normalisers_rows
+
     out = []
-    for f in (lambda: log_softmax_rows(torch.zeros(2, 3, dtype=torch.float64)),
-              lambda: exp(torch.zeros(2, dtype=torch.float64)),
-              lambda: log_softmax_rows(x := torch.zeros(2, 3), out=x),
-              lambda: normalisers_rows(torch.zeros(2, 0))):
+    for f in (
+        lambda: log_softmax_rows(torch.zeros(2, 3, dtype=torch.float64)),
+        lambda: exp(torch.zeros(2, dtype=torch.float64)),
+        lambda: log_softmax_rows(x := torch.zeros(2, 3), out=x),
+        lambda: normalisers_rows(torch.zeros(2, 0)),
+    ):
         try:
             f()
             out.append(None)
@@ -144,6 +155,7 @@ def test_log_softmax_and_exp_on_cuda_are_the_cpus_bits(cuda):
     IEEE float64 + - * / and conversions, no contraction), on the special rows and at
     the sampler's size."""
     from detsample.kernels.logprobs import exp, log_softmax_rows, normalisers_rows
+
     for x in (special_rows(1000), special_rows(3), torch.randn(64, 152064) * 4):
         got = log_softmax_rows(x.to(cuda)).cpu()
         assert torch.equal(got.view(torch.int32), arith.log_softmax(x).view(torch.int32))

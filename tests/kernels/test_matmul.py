@@ -7,14 +7,15 @@ Bounds against the float64 product: ``|C - ref| <= ATOL[dtype] * sqrt(K) * max|A
 import pytest
 import torch
 
-DTYPES = [torch.float32, torch.bfloat16,
-          pytest.param(torch.float16, marks=pytest.mark.triton_full)]
+DTYPES = [torch.float32, torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.triton_full)]
 #: per-dtype relative bound, in units of sqrt(K) * max|a| * max|b| (output rounding)
 ATOL = {torch.float32: 2e-7, torch.float16: 1e-3, torch.bfloat16: 8e-3}
-SHAPES = [pytest.param((21, 70, 70), id="21x70x70"),
-          pytest.param((37, 100, 70), id="37x100x70", marks=pytest.mark.triton_full),
-          pytest.param((64, 256, 256), id="64x256x256", marks=pytest.mark.triton_full),
-          pytest.param((5, 33, 130), id="5x33x130", marks=pytest.mark.triton_full)]
+SHAPES = [
+    pytest.param((21, 70, 70), id="21x70x70"),
+    pytest.param((37, 100, 70), id="37x100x70", marks=pytest.mark.triton_full),
+    pytest.param((64, 256, 256), id="64x256x256", marks=pytest.mark.triton_full),
+    pytest.param((5, 33, 130), id="5x33x130", marks=pytest.mark.triton_full),
+]
 
 
 def inputs(M, K, N, dtype, seed=0):
@@ -28,6 +29,7 @@ def inputs(M, K, N, dtype, seed=0):
 def run_mm(a, b, bias, subsets):
     """mm / addmm on the whole a and on row subsets (contiguous slices and gathers)."""
     from detsample.kernels import matmul
+
     full = matmul.mm(a, b)
     fadd = matmul.addmm(bias, a, b)
     scaled = matmul.addmm(bias, a, b, beta=0.5, alpha=2.0)
@@ -37,17 +39,17 @@ def run_mm(a, b, bias, subsets):
 
 def run_bmm(a, b, subsets):
     from detsample.kernels import matmul
+
     return matmul.bmm(a, b), [matmul.bmm(a[:, s], b) for s in subsets]
 
 
 def bound(a, b, dtype):
     K = a.shape[-1]
-    return ATOL[dtype] * K ** 0.5 * float(a.abs().max()) * float(b.abs().max())
+    return ATOL[dtype] * K**0.5 * float(a.abs().max()) * float(b.abs().max())
 
 
 def subsets_of(M):
-    return [slice(3, M - 1), slice(M - 1, M), torch.tensor([M - 1, 0, M // 2]),
-            torch.arange(M).flip(0)]
+    return [slice(3, M - 1), slice(M - 1, M), torch.tensor([M - 1, 0, M // 2]), torch.arange(M).flip(0)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -68,8 +70,7 @@ def test_mm_addmm_rows_invariant_and_accurate(interp, dtype, shape):
     assert float((full.double() - ref).abs().max()) <= tol
     rounding = 0.0 if dtype == torch.float32 else 1e-2  # bias added before the output cast
     assert float((fadd.double() - ref - bias.double()).abs().max()) <= tol + rounding
-    assert float((scaled.double() - 2 * ref - 0.5 * bias.double()).abs().max()) <= \
-        2 * tol + rounding
+    assert float((scaled.double() - 2 * ref - 0.5 * bias.double()).abs().max()) <= 2 * tol + rounding
 
 
 def test_addmm_beta_zero_ignores_the_bias(interp):
@@ -83,6 +84,7 @@ def test_addmm_beta_zero_ignores_the_bias(interp):
 
 def _addmm_beta0(bias, a, b):
     from detsample.kernels import matmul
+
     return matmul.addmm(bias, a, b, beta=0, alpha=3)
 
 
@@ -107,10 +109,13 @@ def test_shape_and_dtype_errors_name_the_values(interp):
 
 def _errors():
     from detsample.kernels import matmul
+
     out = []
-    for f in (lambda: matmul.mm(torch.zeros(2, 3), torch.zeros(4, 5)),
-              lambda: matmul.mm(torch.zeros(2, 3), torch.zeros(3, 5, dtype=torch.float16)),
-              lambda: matmul.mm(torch.zeros(2, 3, 1), torch.zeros(3, 5))):
+    for f in (
+        lambda: matmul.mm(torch.zeros(2, 3), torch.zeros(4, 5)),
+        lambda: matmul.mm(torch.zeros(2, 3), torch.zeros(3, 5, dtype=torch.float16)),
+        lambda: matmul.mm(torch.zeros(2, 3, 1), torch.zeros(3, 5)),
+    ):
         try:
             f()
             out.append("")
@@ -126,6 +131,7 @@ def test_rows_invariant_on_cuda(cuda, dtype, M):
     """On the GPU at K = N = 4096: each M's rows equal the same rows computed inside
     M = 1024, bitwise."""
     from detsample.kernels import matmul
+
     g = torch.Generator(device=cuda).manual_seed(0)
     a = torch.randn(1024, 4096, generator=g, device=cuda).to(dtype)
     b = torch.randn(4096, 4096, generator=g, device=cuda).to(dtype)

@@ -14,12 +14,12 @@ SHAPES = [(5, 1000), (3, 4096), (2, 17)]
 
 def run_prepare(x: torch.Tensor, t: torch.Tensor):
     from detsample.kernels import prepare
+
     clean, status, m = prepare.sanitize_rows(x)
     m0 = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
     z = prepare.scale_logits(clean, m0, t)
-    alone = [prepare.sanitize_rows(x[i:i + 1]) for i in range(x.shape[0])]
-    z_alone = [prepare.scale_logits(clean[i:i + 1], m0[i:i + 1], t[i:i + 1])
-               for i in range(x.shape[0])]
+    alone = [prepare.sanitize_rows(x[i : i + 1]) for i in range(x.shape[0])]
+    z_alone = [prepare.scale_logits(clean[i : i + 1], m0[i : i + 1], t[i : i + 1]) for i in range(x.shape[0])]
     return clean, status, m, z, clean is x, alone, z_alone
 
 
@@ -42,6 +42,6 @@ def test_bit_equal_to_torch_ops_and_row_invariant(interp, family, shape):
     m0 = torch.where(torch.isneginf(m_0), torch.zeros_like(m_0), m_0)
     assert torch.equal(z.view(torch.int32), scale_logits(c0, m0, t).view(torch.int32))
     for i in range(B):
-        assert torch.equal(alone[i][0].view(torch.int32), clean[i:i + 1].view(torch.int32))
-        assert torch.equal(alone[i][1], status[i:i + 1])
-        assert torch.equal(z_alone[i].view(torch.int32), z[i:i + 1].view(torch.int32))
+        assert torch.equal(alone[i][0].view(torch.int32), clean[i : i + 1].view(torch.int32))
+        assert torch.equal(alone[i][1], status[i : i + 1])
+        assert torch.equal(z_alone[i].view(torch.int32), z[i : i + 1].view(torch.int32))

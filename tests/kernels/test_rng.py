@@ -8,12 +8,17 @@ from hypothesis import strategies as st
 from detsample.rng import row_uniforms
 
 SPECIAL = [  # (seed, position): word boundaries of the key and of the counter
-    (0, 0), (2**63 - 1, 2**62), (2**32 - 1, 2**32 - 1), (2**32, 2**32), (1, 2**40 + 7),
+    (0, 0),
+    (2**63 - 1, 2**62),
+    (2**32 - 1, 2**32 - 1),
+    (2**32, 2**32),
+    (1, 2**40 + 7),
 ]
 
 
 def run_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     from detsample.kernels.rng import row_uniforms as kernel_uniforms
+
     return kernel_uniforms(seeds, positions)
 
 
@@ -28,8 +33,7 @@ def test_special_counters_bit_equal(interp):
 
 
 @settings(max_examples=8)
-@given(st.lists(st.tuples(st.integers(0, 2**63 - 1), st.integers(0, 2**62)),
-                min_size=1, max_size=300))
+@given(st.lists(st.tuples(st.integers(0, 2**63 - 1), st.integers(0, 2**62)), min_size=1, max_size=300))
 def test_uniforms_bit_equal_to_rng(interp, pairs):
     """Any batch of (seed, position): the kernel's float64 bits equal detsample.rng's."""
     seeds = torch.tensor([s for s, _ in pairs])

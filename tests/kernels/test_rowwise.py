@@ -9,12 +9,16 @@ from detsample import arith
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 #: |out - float64 reference| <= TOL[dtype] * (1 + |ref|): float32 math, output rounding
 TOL = {torch.float32: 2e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3, torch.float64: 1e-12}
-SHAPES = [pytest.param((6, 1000), id="6x1000"), pytest.param((4, 7), id="4x7"),
-          pytest.param((3, 4096), id="3x4096", marks=pytest.mark.triton_full)]
+SHAPES = [
+    pytest.param((6, 1000), id="6x1000"),
+    pytest.param((4, 7), id="4x7"),
+    pytest.param((3, 4096), id="3x4096", marks=pytest.mark.triton_full),
+]
 
 
 def run_rows(x, w):
     from detsample.kernels import rowwise
+
     outs = {
         "softmax": rowwise.softmax_rows(x),
         "softmax_f32": rowwise.softmax_rows(x, out_dtype=torch.float32),
@@ -46,7 +50,9 @@ def references(x, w):
     rms = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
     return {
         "softmax": torch.softmax(xd, -1),
-        "softmax_f32": torch.softmax(xd, -1), "mean": xd.mean(-1), "rms": rms,
+        "softmax_f32": torch.softmax(xd, -1),
+        "mean": xd.mean(-1),
+        "rms": rms,
         "rms_now": xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5),
     }
 
@@ -65,17 +71,17 @@ def test_rows_invariant_and_accurate(interp, dtype, shape):
     refs = references(x, w)
     for name, out in outs.items():
         assert torch.equal(flipped[name], out), name
-        assert torch.equal(alone[name], out[R - 1:]), name
+        assert torch.equal(alone[name], out[R - 1 :]), name
         want_dtype = torch.float32 if name == "softmax_f32" else dtype
         assert out.dtype == want_dtype, name
         ref = refs[name]
         err = (out.double() - ref).abs() / (1 + ref.abs())
-        assert float(err.max()) <= TOL[want_dtype] * (4 if name.startswith("rms") else 1), \
-            (name, float(err.max()))
+        assert float(err.max()) <= TOL[want_dtype] * (4 if name.startswith("rms") else 1), (name, float(err.max()))
 
 
 def run_softmax(x):
     from detsample.kernels import rowwise
+
     return rowwise.softmax_rows(x), rowwise.softmax_rows(x, safe=True)
 
 
@@ -103,10 +109,10 @@ def test_softmax_numerators_are_arith_exp(interp):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rows_invariant_on_cuda(cuda, dtype):
     from detsample.kernels import rowwise
+
     x = torch.randn(512, 4096, device=cuda).to(dtype)
     w = torch.randn(4096, device=cuda).to(dtype)
-    for f in (rowwise.softmax_rows, rowwise.mean_rows,
-              lambda t: rowwise.rms_norm_rows(t, w, 1e-6)[0]):
+    for f in (rowwise.softmax_rows, rowwise.mean_rows, lambda t: rowwise.rms_norm_rows(t, w, 1e-6)[0]):
         full = f(x)
         for M in (1, 8, 64):
             assert torch.equal(f(x[:M]), full[:M])

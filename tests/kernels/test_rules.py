@@ -18,12 +18,13 @@ from tests import rules_cases as C
 def run_table():
     """Every table through the kernels (runs in the interpreter worker)."""
     from tests.kernels import rules_kernels as K
-    masses = {frac: K.mass(torch.tensor([e for e, f in C.MASS if f == frac],
-                                        dtype=torch.float32), frac).tolist()
-              for frac in sorted({f for _, f in C.MASS})}
+
+    masses = {
+        frac: K.mass(torch.tensor([e for e, f in C.MASS if f == frac], dtype=torch.float32), frac).tolist()
+        for frac in sorted({f for _, f in C.MASS})
+    }
     above, p, total = zip(*C.TOP_P)
-    top = K.top_p(torch.tensor(above), torch.tensor(p, dtype=torch.float64),
-                  torch.tensor(total)).tolist()
+    top = K.top_p(torch.tensor(above), torch.tensor(p, dtype=torch.float64), torch.tensor(total)).tolist()
     e, m = (torch.tensor(c, dtype=torch.float32) for c in zip(*C.MIN_P))
     minp = K.min_p(e, m).tolist()
     u, q = zip(*C.DRAW)
@@ -39,6 +40,7 @@ def run_element_table():
     spells (runs in the interpreter worker)."""
     from detsample.kernels.common import ELEMENT_FILTERS
     from tests.kernels import rules_kernels as K
+
     e, m = (torch.tensor(c, dtype=torch.float32) for c in zip(*C.MIN_P))
     return ELEMENT_FILTERS, K.element(e, rules.element_tensor(len(C.MIN_P), min_p=m)).tolist()
 

@@ -50,12 +50,10 @@ def run_sampler(x, params, positions, alone_rows):
         "triton": _outs(out),
         "torch": _outs(tor.sample(x, batch(reqs), positions)),
         "auto": _outs(Sampler().sample(x, batch(reqs), positions)),
-        "sort": _outs(Sampler(backend="triton", filter_impl="sort").sample(x, batch(reqs),
-                                                                           positions)),
+        "sort": _outs(Sampler(backend="triton", filter_impl="sort").sample(x, batch(reqs), positions)),
         "rescore": tri.compute_logprobs(x, batch(reqs), out.token_ids),
         "reversed": _outs(tri.sample(x.flip(0), batch(reqs[::-1]), positions.flip(0))),
-        "alone": {i: _outs(tri.sample(x[i:i + 1], batch([reqs[i]]), positions[i:i + 1]))
-                  for i in alone_rows},
+        "alone": {i: _outs(tri.sample(x[i : i + 1], batch([reqs[i]]), positions[i : i + 1])) for i in alone_rows},
     }
     return res
 
@@ -71,7 +69,7 @@ def same(a, b) -> bool:
 
 
 def row(outs, i):
-    return tuple(None if t is None else t[i:i + 1] for t in outs)
+    return tuple(None if t is None else t[i : i + 1] for t in outs)
 
 
 def trim(outs, n):
@@ -103,13 +101,22 @@ def agree_with_oracle(x, params, positions, outs) -> None:
     logprob bits on every row (oracles/sampler.py: the defined arithmetic, written
     independently; near-ties included)."""
     for i, p in enumerate(params):
-        r = osamp.sample_row(x[i], osamp.RowParams(
-            temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
-            logit_bias=dict(p.logit_bias or ()), seed=p.seed,
-            logprobs_mode=p.logprobs_mode), int(positions[i]))
+        r = osamp.sample_row(
+            x[i],
+            osamp.RowParams(
+                temperature=p.temperature,
+                top_k=p.top_k,
+                top_p=p.top_p,
+                min_p=p.min_p,
+                logit_bias=dict(p.logit_bias or ()),
+                seed=p.seed,
+                logprobs_mode=p.logprobs_mode,
+            ),
+            int(positions[i]),
+        )
         assert int(outs[0][i]) == r.token, (i, p)
         want = torch.tensor([r.logprob], dtype=torch.float32)
-        assert torch.equal(bits(outs[1][i:i + 1].cpu()), bits(want)), (i, p, outs[1][i], r.logprob)
+        assert torch.equal(bits(outs[1][i : i + 1].cpu()), bits(want)), (i, p, outs[1][i], r.logprob)
 
 
 def test_mixed_batch_against_torch_backend_and_alone(interp):
@@ -125,9 +132,11 @@ def test_mixed_batch_against_torch_backend_and_alone(interp):
 
 @pytest.mark.triton_full
 @settings(max_examples=20)
-@given(st.lists(params_strategy(300), min_size=1, max_size=8),
-       st.sampled_from(["random", "ties", "neginf", "nan", "onehot", "mixed"]),
-       st.integers(0, 2**32 - 1))
+@given(
+    st.lists(params_strategy(300), min_size=1, max_size=8),
+    st.sampled_from(["random", "ties", "neginf", "nan", "onehot", "mixed"]),
+    st.integers(0, 2**32 - 1),
+)
 def test_property_against_torch_backend_and_alone(interp, params, family, seed):
     rng = np.random.default_rng(seed)
     x = logits_rows(rng, len(params), 300, family)
@@ -146,6 +155,7 @@ def test_triton_on_cpu_without_interpreter_is_a_clear_error():
     run on CPU tensors: the error names the backend, the device and the way out."""
     pytest.importorskip("triton")
     from detsample.kernels.common import interpreted
+
     if interpreted():
         pytest.skip("this process itself runs under the Triton interpreter")
     b = SamplingBatch.from_requests(requests_from([SamplingParams(seed=1)]), 8)
@@ -168,18 +178,21 @@ def test_cuda_gives_the_cpus_bits(cuda):
     for family in ("random", "mixed"):
         x = logits_rows(rng, B, vocab, family)
         positions = torch.arange(B) + 100
-        gpu = Sampler().sample(torch.from_numpy(x).to(cuda),
-                               SamplingBatch.from_requests(reqs, vocab, device=cuda), positions)
-        cpu = Sampler().sample(torch.from_numpy(x), SamplingBatch.from_requests(reqs, vocab),
-                               positions)
-        again = Sampler().sample(torch.from_numpy(x).to(cuda),
-                                 SamplingBatch.from_requests(reqs, vocab, device=cuda), positions)
+        gpu = Sampler().sample(
+            torch.from_numpy(x).to(cuda), SamplingBatch.from_requests(reqs, vocab, device=cuda), positions
+        )
+        cpu = Sampler().sample(torch.from_numpy(x), SamplingBatch.from_requests(reqs, vocab), positions)
+        again = Sampler().sample(
+            torch.from_numpy(x).to(cuda), SamplingBatch.from_requests(reqs, vocab, device=cuda), positions
+        )
         on_gpu = tuple(None if t is None else t.cpu() for t in _outs(gpu))
         assert same(on_gpu, _outs(cpu)), family
         assert same(tuple(None if t is None else t.cpu() for t in _outs(again)), on_gpu)
         for i in range(0, B, 9):
-            alone = Sampler().sample(torch.from_numpy(x[i:i + 1]).to(cuda),
-                                     SamplingBatch.from_requests([reqs[i]], vocab, device=cuda),
-                                     positions[i:i + 1])
-            assert torch.equal(alone.token_ids.cpu(), gpu.token_ids[i:i + 1].cpu())
-            assert torch.equal(bits(alone.logprobs.cpu()), bits(gpu.logprobs[i:i + 1].cpu()))
+            alone = Sampler().sample(
+                torch.from_numpy(x[i : i + 1]).to(cuda),
+                SamplingBatch.from_requests([reqs[i]], vocab, device=cuda),
+                positions[i : i + 1],
+            )
+            assert torch.equal(alone.token_ids.cpu(), gpu.token_ids[i : i + 1].cpu())
+            assert torch.equal(bits(alone.logprobs.cpu()), bits(gpu.logprobs[i : i + 1].cpu()))

@@ -42,7 +42,7 @@ def fixed_order_dot(self, a, b, d, input_precision=None, max_num_imprecise_acc=N
     A, B = f32(a), f32(b)
     acc = d.data.astype(np.float32)
     for k in range(A.shape[-1]):
-        acc = acc + A[..., :, k:k + 1] * B[..., k:k + 1, :]
+        acc = acc + A[..., :, k : k + 1] * B[..., k : k + 1, :]
     return TensorHandle(acc.astype(np.float32), d.dtype.scalar)
 
 
@@ -50,6 +50,7 @@ def init_worker() -> None:
     """Runs first in the worker: interpreter mode before triton is imported."""
     os.environ["TRITON_INTERPRET"] = "1"
     from triton.runtime.interpreter import InterpreterBuilder
+
     InterpreterBuilder.create_dot = fixed_order_dot
 
 
@@ -59,8 +60,8 @@ class Worker:
 
     def __init__(self) -> None:
         self._pool = concurrent.futures.ProcessPoolExecutor(
-            max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-            initializer=init_worker)
+            max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=init_worker
+        )
 
     def __call__(self, fn, *args, **kwargs):
         return self._pool.submit(fn, *args, **kwargs).result(timeout=900)

@@ -49,8 +49,8 @@ def test_ragged_decode_with_mixed_cache_lengths(llama, padding):
     m = HFCausalLM(llama, padding=padding)
     seqs = [list(range(3, 3 + n)) for n in (4, 17, 9)]
     caches = [m.new_cache() for _ in seqs]
-    m.forward(caches, [s[:-2] for s in seqs])                 # ragged prefill
-    m.forward(caches, [[s[-2]] for s in seqs])                # decode, mixed cache lengths
+    m.forward(caches, [s[:-2] for s in seqs])  # ragged prefill
+    m.forward(caches, [[s[-2]] for s in seqs])  # decode, mixed cache lengths
     last = m.forward(caches, [[s[-1]] for s in seqs])
     for s, c, o in zip(seqs, caches, last):
         assert len(c) == len(s) and c.token_ids == s
@@ -100,7 +100,8 @@ def test_a_step_that_admits_a_prompt_does_not_pad_the_decode_rows_to_it(llama):
     lm = HFCausalLM(llama, batch_invariant=True, portable=True)
     widths = []
     hook = lm.module.register_forward_pre_hook(
-        lambda mod, args, kwargs: widths.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+        lambda mod, args, kwargs: widths.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
     try:
         decoding = [lm.new_cache() for _ in range(2)]
         lm.forward(decoding, [[5, 6, 7], [8, 9]])

@@ -21,9 +21,17 @@ def _model(eos, gen_eos="absent"):
     return SimpleNamespace(config=SimpleNamespace(eos_token_id=eos), generation_config=gen)
 
 
-@pytest.mark.parametrize("eos,gen,expected", [
-    (2, "absent", (2,)), ([2, 7], "absent", (2, 7)), (2, [2, 5], (2, 5)),
-    (None, 3, (3,)), (None, None, ()), (7, 2, (2, 7))])
+@pytest.mark.parametrize(
+    "eos,gen,expected",
+    [
+        (2, "absent", (2,)),
+        ([2, 7], "absent", (2, 7)),
+        (2, [2, 5], (2, 5)),
+        (None, 3, (3,)),
+        (None, None, ()),
+        (7, 2, (2, 7)),
+    ],
+)
 def test_eos_is_the_union_of_config_and_generation_config(eos, gen, expected):
     assert config_eos_token_ids(_model(eos, gen)) == expected
 
@@ -79,8 +87,7 @@ def test_tp_divisibility_is_refused_from_config_before_the_weights_load(tmp_path
         raise AssertionError("the weights were loaded before the TP check")
 
     monkeypatch.setattr(detsample.models, "load_model", no_load)
-    with pytest.raises(TensorParallelError, match="tp=3 does not divide "
-                                                  "config.num_attention_heads=4"):
+    with pytest.raises(TensorParallelError, match="tp=3 does not divide config.num_attention_heads=4"):
         check_spec(TPModelSpec(str(d), 3))
     with pytest.raises(AssertionError, match="weights were loaded"):  # tp=2 passes to the load
         check_spec(TPModelSpec(str(d), 2))
@@ -90,6 +97,7 @@ def test_a_factory_hf_model_brings_its_config_eos(tmp_path, monkeypatch):
     (tmp_path / "chatfactory.py").write_text(
         "from tests.cli.chat_model import CONFIG\n"
         "from detsample.models.tiny import build_hf\n"
-        "def make():\n    return build_hf('llama', 0, **CONFIG)\n")
+        "def make():\n    return build_hf('llama', 0, **CONFIG)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert model_eos_token_ids(load_model("chatfactory:make")) == (2,)

@@ -33,7 +33,8 @@ ROWS = [(5, 7), (0, 12), (9, 1), (3, 3)]
 SEQS = [torch.randint(3, 512, (p + n,), generator=GEN).tolist() for p, n in ROWS]
 MODELS = [pytest.param("qwen35", id="qwen35")] + [
     pytest.param(name, id=name, marks=pytest.mark.panel)
-    for name in ("lfm2", "qwen3next", "qwen35moe", "kimilinear", "nemotronh", "jamba")]
+    for name in ("lfm2", "qwen3next", "qwen35moe", "kimilinear", "nemotronh", "jamba")
+]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -42,10 +43,12 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def _same_states(a: HFSeqCache, b: HFSeqCache) -> bool:
     """Every state tensor of ``a`` equal, bit for bit, to ``b``'s (and the same keys)."""
-    flat = [{(i, attr, k): t for i, d in c.states.items() for attr, h in d.items()
-             for k, t in h.items()} for c in (a, b)]
+    flat = [
+        {(i, attr, k): t for i, d in c.states.items() for attr, h in d.items() for k, t in h.items()} for c in (a, b)
+    ]
     return flat[0].keys() == flat[1].keys() and all(
-        torch.equal(_bits(flat[0][key]), _bits(flat[1][key])) for key in flat[0])
+        torch.equal(_bits(flat[0][key]), _bits(flat[1][key])) for key in flat[0]
+    )
 
 
 def _alone(lm: HFCausalLM) -> list[tuple[torch.Tensor, HFSeqCache]]:
@@ -90,7 +93,7 @@ def test_padding_fed_to_the_state_layers_gives_other_bits():
     caches = [lm.new_cache() for _ in SEQS]
     have = [(c, s[:p]) for c, s, (p, _) in zip(caches, SEQS, ROWS) if p]
     lm.forward([c for c, _ in have], [t for _, t in have])
-    lm._padded(caches, [s[p:] for s, (p, _) in zip(SEQS, ROWS)])      # no segments
+    lm._padded(caches, [s[p:] for s, (p, _) in zip(SEQS, ROWS)])  # no segments
     padded = [b for b, (_, n) in enumerate(ROWS) if n < max(n for _, n in ROWS)]
     assert not any(_same_states(caches[b], alone[b][1]) for b in padded)
     nxt = lm.forward([caches[0]], [[7]])[0]
@@ -99,7 +102,8 @@ def test_padding_fed_to_the_state_layers_gives_other_bits():
 
 DEFAULT_KERNEL_MODELS = [pytest.param("qwen35", id="qwen35")] + [
     pytest.param(name, id=name, marks=pytest.mark.panel)
-    for name in ("lfm2", "kimilinear", "nemotronh", "bamba", "granitehybrid")]
+    for name in ("lfm2", "kimilinear", "nemotronh", "bamba", "granitehybrid")
+]
 
 
 @pytest.mark.parametrize("name", DEFAULT_KERNEL_MODELS)
@@ -120,7 +124,7 @@ def test_row_states_are_copies_of_one_batch_row():
     lm = HFCausalLM(build(BY_NAME["qwen35"]))
     caches = [lm.new_cache(), lm.new_cache()]
     lm.forward(caches, [SEQS[0][:4], SEQS[1][:4]])
-    (layer, attrs), = caches[0].states.items()
+    ((layer, attrs),) = caches[0].states.items()
     assert layer == 0 and set(attrs) == {"conv_states", "recurrent_states"}
     conv0, conv1 = caches[0].states[0]["conv_states"][0], caches[1].states[0]["conv_states"][0]
     assert conv0.shape[0] == 1 and not torch.equal(conv0, conv1)
@@ -131,9 +135,12 @@ def test_a_hybrid_cache_cannot_go_back():
     lm = HFCausalLM(build(BY_NAME["qwen35"]))
     c = lm.new_cache()
     prefill(lm, SEQS[0], c)
-    c.truncate(len(c))                                     # nothing dropped: allowed
-    with pytest.raises(ModelError, match=r"truncate: this cache holds state beside keys and "
-                                         r"values \(layer 0 \(conv_states/recurrent_states\)\)"):
+    c.truncate(len(c))  # nothing dropped: allowed
+    with pytest.raises(
+        ModelError,
+        match=r"truncate: this cache holds state beside keys and "
+        r"values \(layer 0 \(conv_states/recurrent_states\)\)",
+    ):
         c.truncate(len(c) - 1)
 
 
@@ -142,15 +149,19 @@ def test_a_model_with_a_cache_class_of_its_own_is_refused_by_name():
     the layers the adapter carries: refused at construction, naming the class."""
     model = build(BY_NAME["minimax"])
     assert own_cache_class(model) == "MiniMaxCache"
-    with pytest.raises(ModelError, match=r"keeps state beside keys and values \(layer 0 "
-                                         r"\(LinearAttentionLayer\)\) in a cache class of its "
-                                         r"own \(MiniMaxCache\)"):
+    with pytest.raises(
+        ModelError,
+        match=r"keeps state beside keys and values \(layer 0 "
+        r"\(LinearAttentionLayer\)\) in a cache class of its "
+        r"own \(MiniMaxCache\)",
+    ):
         HFCausalLM(model)
 
 
-@pytest.mark.parametrize("name,layers", [("qwen35", ["layer 0 (LinearAttentionLayer)"]),
-                                         ("lfm2", ["layer 0 (LinearAttentionLayer)"]),
-                                         ("llama", [])])
+@pytest.mark.parametrize(
+    "name,layers",
+    [("qwen35", ["layer 0 (LinearAttentionLayer)"]), ("lfm2", ["layer 0 (LinearAttentionLayer)"]), ("llama", [])],
+)
 def test_state_layers_and_own_cache_class(name, layers):
     model = build(BY_NAME[name])
     assert state_layers(model) == layers and own_cache_class(model) is None
@@ -165,9 +176,12 @@ def test_speculative_decoding_refuses_a_hybrid_before_it_starts():
     from detsample.refmodel.speculative import NGram, Speculative
 
     lm = HFCausalLM(build(BY_NAME["qwen35"]))
-    with pytest.raises(InvalidSamplingParams, match=r"model 'Qwen3_5ForCausalLM': speculative "
-                                                    r"decoding needs caches with truncate\(n\); "
-                                                    r"its caches keep state beside keys"):
+    with pytest.raises(
+        InvalidSamplingParams,
+        match=r"model 'Qwen3_5ForCausalLM': speculative "
+        r"decoding needs caches with truncate\(n\); "
+        r"its caches keep state beside keys",
+    ):
         Engine(lm, speculative=Speculative(NGram(), 2))
     Engine(HFCausalLM(build(BY_NAME["llama"])), speculative=Speculative(NGram(), 2))
 

@@ -14,8 +14,12 @@ import torch
 
 from detsample.models import MODEL_NAMES, HFCausalLM, ModelError, RefModelFloat, RefModelLM, load_model, prefill
 
-KINDS = [("refmodel", RefModelLM), ("refmodel-float", RefModelFloat),
-         ("hf-tiny-llama", HFCausalLM), ("hf-tiny-qwen2", HFCausalLM)]
+KINDS = [
+    ("refmodel", RefModelLM),
+    ("refmodel-float", RefModelFloat),
+    ("hf-tiny-llama", HFCausalLM),
+    ("hf-tiny-qwen2", HFCausalLM),
+]
 
 
 @pytest.mark.parametrize("spec,cls", KINDS)
@@ -28,7 +32,8 @@ def test_builtin_names(spec, cls):
 
 @pytest.fixture
 def user_module(tmp_path, monkeypatch):
-    (tmp_path / "usermodels.py").write_text(textwrap.dedent("""
+    (tmp_path / "usermodels.py").write_text(
+        textwrap.dedent("""
         from detsample.models import build_tiny
         from detsample.refmodel import RefModel
 
@@ -93,7 +98,8 @@ def user_module(tmp_path, monkeypatch):
 
         def string_hf():
             return StringHF()
-    """))
+    """)
+    )
     (tmp_path / "brokenmodels.py").write_text("import no_such_package_xyz\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield
@@ -126,8 +132,11 @@ BAD_SPECS = [
     # Bugs pinned: a factory that raises or needs arguments ended in the user's
     # traceback (exit 1) instead of one message naming module:factory (exit 2).
     ("usermodels:fails", r"'usermodels:fails': fails\(\) raised RuntimeError: weights not found"),
-    ("usermodels:needs_args", r"'usermodels:needs_args': the factory must be callable without "
-                              r"arguments \(needs_args\(path, dtype\)"),
+    (
+        "usermodels:needs_args",
+        r"'usermodels:needs_args': the factory must be callable without "
+        r"arguments \(needs_args\(path, dtype\)",
+    ),
 ]
 
 
@@ -137,8 +146,7 @@ def test_bad_specs_name_the_problem(user_module, spec, message):
         load_model(spec)
 
 
-INVARIANT_SPECS = ["refmodel", "refmodel-float", "hf-tiny-qwen2", "usermodels:hf", "usermodels:ref",
-                   "usermodels:mine"]
+INVARIANT_SPECS = ["refmodel", "refmodel-float", "hf-tiny-qwen2", "usermodels:hf", "usermodels:ref", "usermodels:mine"]
 
 
 @pytest.mark.parametrize("spec", INVARIANT_SPECS)

@@ -16,7 +16,7 @@ def test_close_to_the_int64_model_but_not_batch_invariant():
     seq = list(range(40, 90))
     exact = prefill(ref, seq)
     alone = prefill(flt, seq)
-    assert (alone - exact).abs().max().item() < 0.2   # same model; int64 quantises each step
+    assert (alone - exact).abs().max().item() < 0.2  # same model; int64 quantises each step
     others = [[7] * 3, list(range(100, 160)), [9, 8]]
     rows = flt.forward([flt.new_cache() for _ in range(4)], [others[0], seq, others[1], others[2]])
     assert (rows[1] - alone).abs().max().item() < 1e-4

@@ -20,8 +20,9 @@ from detsample.models.tiny import build_tiny
 from oracles import seeded as oracle
 
 
-@pytest.mark.parametrize("seed,index,n", [(0, 0, 1), (0, 0, 1001), (7, 3, 20_000),
-                                          (2 ** 64 - 1, 5, 17), (2 ** 63 + 5, 2 ** 32 - 1, 33)])
+@pytest.mark.parametrize(
+    "seed,index,n", [(0, 0, 1), (0, 0, 1001), (7, 3, 20_000), (2**64 - 1, 5, 17), (2**63 + 5, 2**32 - 1, 33)]
+)
 def test_numba_torch_and_the_oracle_give_one_set_of_bits(seed, index, n):
     a = normals(seed, index, n, impl="numba")
     b = normals(seed, index, n, impl="torch")
@@ -37,7 +38,7 @@ def test_the_values_are_standard_normal_and_streams_differ():
     assert stats.kstest(z, "norm").pvalue > 1e-3
     assert not np.array_equal(z[:100], normals(11, 1, 100).numpy())
     assert not np.array_equal(z[:100], normals(12, 0, 100).numpy())
-    assert np.array_equal(z[:100], normals(11, 0, 100).numpy())      # a prefix of the stream
+    assert np.array_equal(z[:100], normals(11, 0, 100).numpy())  # a prefix of the stream
 
 
 def test_threads_change_no_bit():
@@ -70,6 +71,6 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="seed must be an integer"):
         normals(-1, 0, 3)
     with pytest.raises(ValueError, match="index must be an integer"):
-        normals(0, 2 ** 32, 3)
+        normals(0, 2**32, 3)
     with pytest.raises(ValueError, match="impl must be one of"):
         normals(0, 0, 3, impl="randn")

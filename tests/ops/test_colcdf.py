@@ -51,8 +51,7 @@ def _full_pass(x, shift, temps, min_p, frac, u):
 
 
 @settings(max_examples=120, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.sampled_from(FAMILIES), st.integers(1, 6),
-       st.integers(33, 2100))
+@given(st.integers(0, 2**32 - 1), st.sampled_from(FAMILIES), st.integers(1, 6), st.integers(33, 2100))
 def test_column_draw_equals_the_full_pass(seed, family, B, V):
     """Property: same kept mass Q, same masses on the allowed columns and same drawn
     token as the full-vocabulary pass, for any subset of rows in any order (rows of
@@ -66,12 +65,19 @@ def test_column_draw_equals_the_full_pass(seed, family, B, V):
     frac = frac_bits(V)
     u = row_uniforms(torch.from_numpy(rng.integers(0, 2**62, B)), torch.arange(B))
     q, total, tokens = _full_pass(x, shift, temps, min_p, frac, u)
-    rows = rng.permutation(B)[:int(rng.integers(1, B + 1))].tolist()
+    rows = rng.permutation(B)[: int(rng.integers(1, B + 1))].tolist()
     ri = torch.tensor(rows)
     known = [xm[r, cols[r]] if rng.random() < 0.5 else None for r in rows]  # already read
     vals, ids = C.gather_columns(x, rows, [cols[r] for r in rows], known)
-    ids, csum = C.column_cdf(vals, ids, shift[ri], temps[ri], min_p[ri], frac,
-                             cut_element=None if rng.random() < 0.5 else bool((min_p > 0).any()))
+    ids, csum = C.column_cdf(
+        vals,
+        ids,
+        shift[ri],
+        temps[ri],
+        min_p[ri],
+        frac,
+        cut_element=None if rng.random() < 0.5 else bool((min_p > 0).any()),
+    )
     assert torch.equal(csum[:, -1], total[ri])
     assert torch.equal(D.draw_by_cdf(ids, csum, u[ri]), tokens[ri])
     for i, r in enumerate(rows):  # the masses themselves, column by column
@@ -102,7 +108,7 @@ def test_gather_columns_pads_with_neg_inf_and_pad_id(rows, cols):
     k = max(max(c.size for c in cols), 1)
     assert vals.shape == ids.shape == (len(rows), k) and vals.dtype == torch.float32
     for i, (r, c) in enumerate(zip(rows, cols)):
-        assert torch.equal(vals[i, :c.size], x[r, c])
-        assert torch.equal(ids[i, :c.size], torch.from_numpy(c).long())
-        assert bool(torch.isneginf(vals[i, c.size:]).all())
-        assert bool((ids[i, c.size:] == PAD_ID).all())
+        assert torch.equal(vals[i, : c.size], x[r, c])
+        assert torch.equal(ids[i, : c.size], torch.from_numpy(c).long())
+        assert bool(torch.isneginf(vals[i, c.size :]).all())
+        assert bool((ids[i, c.size :] == PAD_ID).all())

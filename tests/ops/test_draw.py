@@ -61,8 +61,11 @@ def test_draws_follow_filtered_distribution(name, vary):
     logits = np.array([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0], dtype=np.float32)
     V, N, T, k, p = len(logits), 6000, 0.9, 6, 0.95
     req = Request("d", SamplingParams(temperature=T, top_k=k, top_p=p, seed=99))
-    reqs = [Request(f"d{i}", SamplingParams(temperature=T, top_k=k, top_p=p, seed=1000 + i))
-            for i in range(N)] if vary == "seeds" else [req] * N
+    reqs = (
+        [Request(f"d{i}", SamplingParams(temperature=T, top_k=k, top_p=p, seed=1000 + i)) for i in range(N)]
+        if vary == "seeds"
+        else [req] * N
+    )
     batch = SamplingBatch.from_requests(reqs, V)
     pos = torch.zeros(N, dtype=torch.int64) if vary == "seeds" else torch.arange(N)
     x = torch.from_numpy(np.tile(logits, (N, 1)))
@@ -93,9 +96,9 @@ def test_exp_floor_changes_no_mass():
     z = torch.tensor([[0.0, -1.0, -40.0, -86.9, -87.0, -87.5, -100.0, -1e30, float("-inf")]])
     frac = rules.frac_bits(152064)
     q = D.kept_mass(z, torch.tensor([float("-inf")]), rules.element_tensor(1), frac)
-    ref = (arith.exp(z) * 2.0 ** frac).to(torch.int64)
+    ref = (arith.exp(z) * 2.0**frac).to(torch.int64)
     assert torch.equal(q, ref)
-    assert math.exp(rules.EXP_FLOOR) * 2.0 ** 52 < 1.0
+    assert math.exp(rules.EXP_FLOOR) * 2.0**52 < 1.0
 
 
 def _argmax_rows(rng, B, V, family):
@@ -139,16 +142,21 @@ def test_greedy_argmax_equals_torch_argmax(family, B):
         assert torch.equal(D.greedy_argmax(xt), torch.argmax(x, dim=-1)), (family, V)
 
 
-@given(st.integers(0, 2**32 - 1), st.integers(1, 5), st.sampled_from(ARGMAX_FAMILIES),
-       st.sampled_from([7, 1000, 16000]))
+@given(
+    st.integers(0, 2**32 - 1), st.integers(1, 5), st.sampled_from(ARGMAX_FAMILIES), st.sampled_from([7, 1000, 16000])
+)
 def test_greedy_argmax_property(seed, B, family, V):
     """Any rows, any vocabulary: the tokens of ``torch.argmax``."""
     x = _argmax_rows(np.random.default_rng(seed), B, V, family)
     assert torch.equal(D.greedy_argmax(x), torch.argmax(x, dim=-1))
 
 
-@given(st.integers(0, 2**32 - 1), st.sampled_from(["random", "ties", "neginf"]),
-       st.sampled_from([1.0, 0.5, 0.9]), st.sampled_from([0.0, 0.1]))
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from(["random", "ties", "neginf"]),
+    st.sampled_from([1.0, 0.5, 0.9]),
+    st.sampled_from([0.0, 0.1]),
+)
 def test_id_order_cdf_equals_compact_cdf(seed, family, p, mp):
     """The table built from ``kept_prefix``'s kept mask and masses is the table of
     ``compact_cdf``, bit for bit, and draws the same tokens."""
@@ -166,12 +174,10 @@ def test_id_order_cdf_equals_compact_cdf(seed, family, p, mp):
     vals, ids, fits = topk_candidates(z, kk, K)
     pp = torch.full((rows, 1), p if p < 1 else float("inf"), dtype=torch.float64)
     mm = rules.element_tensor(rows, min_p=mp)
-    n, kept, q, _ = F.kept_prefix(vals, F.CandidateCut(k_index=(kk - 1)[:, None], top_p=pp,
-                                                       element=mm), frac)
+    n, kept, q, _ = F.kept_prefix(vals, F.CandidateCut(k_index=(kk - 1)[:, None], top_p=pp, element=mm), frac)
     s1, c1 = compact_cdf(vals, ids, n, frac)
     s2, c2 = D.id_order_cdf(ids, q, kept)
-    assert torch.equal(c1, c2) and torch.equal(s1.gather(1, (n - 1)[:, None]),
-                                               s2.gather(1, (n - 1)[:, None]))
+    assert torch.equal(c1, c2) and torch.equal(s1.gather(1, (n - 1)[:, None]), s2.gather(1, (n - 1)[:, None]))
     u = row_uniforms(torch.arange(rows) + seed % 1000, torch.arange(rows))
     assert torch.equal(D.draw_by_cdf(s1, c1, u), D.draw_by_cdf(s2, c2, u))
 
@@ -188,8 +194,8 @@ def test_block_sums_of_a_row_alone_equal_the_batched_sums(V):
     q6, b6 = D.block_cdf(z, tau, min_p, 20)
     assert b6.shape == (6, -(-V // D.BLOCK))
     for r in range(6):
-        q1, b1 = D.block_cdf(z[r:r + 1], tau[r:r + 1], min_p[r:r + 1], 20)
-        assert torch.equal(q1, q6[r:r + 1]) and torch.equal(b1, b6[r:r + 1]), r
+        q1, b1 = D.block_cdf(z[r : r + 1], tau[r : r + 1], min_p[r : r + 1], 20)
+        assert torch.equal(q1, q6[r : r + 1]) and torch.equal(b1, b6[r : r + 1]), r
     assert torch.equal(b6[:, -1], q6.sum(-1))
 
 
@@ -203,8 +209,7 @@ def test_draw_by_cdf_at_the_table_edges():
         assert D.draw_by_cdf(sorted_ids, csum, u).tolist() == want, uu
 
 
-@given(st.integers(0, 2**32 - 1), st.sampled_from(["spread", "sparse", "one", "tail"]),
-       st.integers(1, 5))
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["spread", "sparse", "one", "tail"]), st.integers(1, 5))
 def test_block_draw_equals_a_flat_search(seed, family, rows):
     """The two-level block draw lands on the token of one search over the whole row's
     running mass, for masses spread over the row, mostly zero, on one token, or in the
@@ -221,16 +226,16 @@ def test_block_draw_equals_a_flat_search(seed, family, rows):
         q[:] = 0
         q[np.arange(rows), rng.integers(0, V, rows)] = 2**52
     elif family == "tail":
-        q[:, :3 * D.BLOCK] = 0
+        q[:, : 3 * D.BLOCK] = 0
         q[:, -1] = 7
     qt = torch.from_numpy(q)
     nb = V // D.BLOCK
-    sums = torch.cat([qt[:, :nb * D.BLOCK].view(rows, nb, D.BLOCK).sum(-1),
-                      qt[:, nb * D.BLOCK:].sum(-1, keepdim=True)], dim=1)
+    sums = torch.cat(
+        [qt[:, : nb * D.BLOCK].view(rows, nb, D.BLOCK).sum(-1), qt[:, nb * D.BLOCK :].sum(-1, keepdim=True)], dim=1
+    )
     bsum = sums.cumsum(-1)
     flat = qt.cumsum(-1)
-    for u in (torch.from_numpy(rng.random(rows)), torch.full((rows,), 2.0**-53),
-              torch.full((rows,), 1 - 2.0**-53)):
+    for u in (torch.from_numpy(rng.random(rows)), torch.full((rows,), 2.0**-53), torch.full((rows,), 1 - 2.0**-53)):
         t = rules.draw_target(u, flat[:, -1]).unsqueeze(1)
         want = torch.searchsorted(flat, t, right=True).squeeze(1)
         assert torch.equal(D.draw_by_blocks(qt, bsum, u), want), (family, u)
@@ -248,9 +253,12 @@ def test_kept_mass_select_pass_equals_the_element_rule(layout):
     z = torch.from_numpy((rng.standard_normal((B, V)) * 3).astype(np.float32))
     z = z - z.amax(1, keepdim=True)
     e = rules.floored_exp(z)
-    mp = {"shared": [0.05] * B, "mixed": [0.05, 0.2, 0.0, 0.5, 1.0, 0.01],
-          "neutral rows": [0.0, 0.0, 0.1, 0.0, 0.0, 0.0],
-          "boundary": [float(e[r, r * 7]) for r in range(B)]}[layout]
+    mp = {
+        "shared": [0.05] * B,
+        "mixed": [0.05, 0.2, 0.0, 0.5, 1.0, 0.01],
+        "neutral rows": [0.0, 0.0, 0.1, 0.0, 0.0, 0.0],
+        "boundary": [float(e[r, r * 7]) for r in range(B)],
+    }[layout]
     element = rules.element_tensor(B, min_p=torch.tensor(mp, dtype=torch.float32))
     frac = rules.frac_bits(V)
     q = D.kept_mass(z.clone(), torch.full((B,), float("-inf")), element, frac)

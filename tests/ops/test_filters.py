@@ -13,11 +13,11 @@ from tests.helpers import topk_candidates
 
 CASES = [
     # (values, top_k, top_p, min_p, expected kept prefix length)
-    ([3.0, 2.0, 2.0, 1.0], 2, 1.0, 0.0, 3),   # tie at the top-k boundary is kept
+    ([3.0, 2.0, 2.0, 1.0], 2, 1.0, 0.0, 3),  # tie at the top-k boundary is kept
     ([3.0, 2.0, 2.0, 1.0], 1, 1.0, 0.0, 1),
-    ([0.0, 0.0, 0.0, 0.0], 2, 1.0, 0.0, 4),   # all tied: all kept
-    ([0.0, 0.0, -1.0], 3, 0.4, 0.0, 2),       # top-p keeps the whole tie group
-    ([0.0, -10.0, -20.0], 3, 1.0, 0.5, 1),    # min-p on exp(z)
+    ([0.0, 0.0, 0.0, 0.0], 2, 1.0, 0.0, 4),  # all tied: all kept
+    ([0.0, 0.0, -1.0], 3, 0.4, 0.0, 2),  # top-p keeps the whole tie group
+    ([0.0, -10.0, -20.0], 3, 1.0, 0.5, 1),  # min-p on exp(z)
     ([0.0, -np.inf, -np.inf], 3, 0.9, 0.0, 1),
 ]
 
@@ -25,13 +25,23 @@ CASES = [
 def test_kept_prefix_cases():
     for vals, k, p, mp, want in CASES:
         z = torch.tensor([vals], dtype=torch.float32)
-        n = F.kept_prefix_length(z, torch.tensor([k]), torch.tensor([p], dtype=torch.float64),
-                                 rules.element_tensor(1, min_p=mp), rules.frac_bits(len(vals)))
+        n = F.kept_prefix_length(
+            z,
+            torch.tensor([k]),
+            torch.tensor([p], dtype=torch.float64),
+            rules.element_tensor(1, min_p=mp),
+            rules.frac_bits(len(vals)),
+        )
         assert int(n) == want, (vals, k, p, mp)
 
 
-@given(st.integers(0, 2**32 - 1), st.sampled_from([1, 2, 5, 17]), st.sampled_from([0.2, 0.7, 1.0]),
-       st.sampled_from([0.0, 0.1]), st.sampled_from(["ties", "random", "coarse"]))
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([1, 2, 5, 17]),
+    st.sampled_from([0.2, 0.7, 1.0]),
+    st.sampled_from([0.0, 0.1]),
+    st.sampled_from(["ties", "random", "coarse"]),
+)
 def test_topk_candidates_equal_full_sort(seed, k, p, mp, family):
     rng = np.random.default_rng(seed)
     z = rng.standard_normal((6, 300))
@@ -54,8 +64,12 @@ def test_topk_candidates_equal_full_sort(seed, k, p, mp, family):
             assert set(ids[r, : int(n[r])].tolist()) == set((z[r] >= tau_sort[r]).nonzero().flatten().tolist())
 
 
-@given(st.integers(0, 2**32 - 1), st.sampled_from([-1, 3, 30]), st.sampled_from([1.0, 0.5, 0.9]),
-       st.sampled_from([0.0, 0.2]))
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([-1, 3, 30]),
+    st.sampled_from([1.0, 0.5, 0.9]),
+    st.sampled_from([0.0, 0.2]),
+)
 def test_kept_set_matches_oracle(seed, k, p, mp):
     """Integer outcomes (the kept set) equal the float64 oracle away from near-ties."""
     rng = np.random.default_rng(seed)
@@ -63,9 +77,13 @@ def test_kept_set_matches_oracle(seed, k, p, mp):
     T = 0.9
     z = torch.from_numpy(x)[None]
     z = (z - z.max()) / torch.tensor(T, dtype=torch.float32)
-    tau = F.thresholds_by_sort(z, torch.tensor([200 if k == -1 else k]),
-                               torch.tensor([p], dtype=torch.float64), rules.element_tensor(1, min_p=mp),
-                               rules.frac_bits(200))
+    tau = F.thresholds_by_sort(
+        z,
+        torch.tensor([200 if k == -1 else k]),
+        torch.tensor([p], dtype=torch.float64),
+        rules.element_tensor(1, min_p=mp),
+        rules.frac_bits(200),
+    )
     kept = (z[0] >= tau).logical_and(arith.exp(z[0]) >= torch.tensor(mp, dtype=torch.float32))
     r = osamp.sample_row(x, osamp.RowParams(temperature=T, top_k=k, top_p=p, min_p=mp, seed=1), 0)
     if r.margin > 1e-5:
@@ -97,9 +115,14 @@ def _family(rng, rows, V, family):
     return z - z.amax(1, keepdim=True)
 
 
-@given(st.integers(0, 2**32 - 1), st.sampled_from(NUCLEUS_FAMILIES),
-       st.sampled_from([-1, 700, 1500]), st.sampled_from([0.3, 0.9, 0.99]),
-       st.sampled_from([0.0, 0.05]), st.sampled_from([8, 64, 2000]))
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from(NUCLEUS_FAMILIES),
+    st.sampled_from([-1, 700, 1500]),
+    st.sampled_from([0.3, 0.9, 0.99]),
+    st.sampled_from([0.0, 0.05]),
+    st.sampled_from([8, 64, 2000]),
+)
 def test_nucleus_on_candidates_equals_full_sort(seed, family, k, p, mp, K):
     """Top-p (with or without a large top-k, with min-p) decided on a bounded ``topk``
     against the exact survivor mass gives the full sort's kept prefix and threshold,
@@ -113,14 +136,16 @@ def test_nucleus_on_candidates_equals_full_sort(seed, family, k, p, mp, K):
     tau_sort = F.thresholds_by_sort(z, kk, pp, mm, frac)
     sz, _ = torch.sort(z, dim=-1, descending=True, stable=True)
     thr = F.topk_threshold(z, kk)
-    assert torch.equal(thr, torch.where(kk < V, sz.gather(1, (kk - 1)[:, None]).squeeze(1),
-                                        torch.tensor(float("-inf"))))
+    assert torch.equal(
+        thr, torch.where(kk < V, sz.gather(1, (kk - 1)[:, None]).squeeze(1), torch.tensor(float("-inf")))
+    )
     mass = F.survivor_mass(z, thr, frac)
     want_mass = (rules.mass(arith.exp(sz), frac) * (sz >= thr[:, None])).sum(-1)
     assert torch.equal(mass, want_mass)
     vals, ids = torch.topk(z, K, dim=-1)
-    n, _, _, _ = F.kept_prefix(vals, F.CandidateCut(thr=thr[:, None], total=mass[:, None],
-                                                    top_p=pp[:, None], element=mm), frac)
+    n, _, _, _ = F.kept_prefix(
+        vals, F.CandidateCut(thr=thr[:, None], total=mass[:, None], top_p=pp[:, None], element=mm), frac
+    )
     decided = n < K
     if K == V:
         assert bool(decided[n < K].all())
@@ -142,9 +167,12 @@ def _cut_inputs(rng, family, rows=6, V=800):
     return z, torch.from_numpy(rng.integers(2, 41, rows)), V
 
 
-@given(st.integers(0, 2**32 - 1), st.sampled_from(CUT_FAMILIES),
-       st.lists(st.sampled_from([1.0, 0.95, 0.6, 0.2]), min_size=6, max_size=6),
-       st.lists(st.sampled_from([0.0, 0.0, 0.3]), min_size=6, max_size=6))
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from(CUT_FAMILIES),
+    st.lists(st.sampled_from([1.0, 0.95, 0.6, 0.2]), min_size=6, max_size=6),
+    st.lists(st.sampled_from([0.0, 0.0, 0.3]), min_size=6, max_size=6),
+)
 def test_kept_prefix_on_candidates_equals_kept_prefix_length(seed, family, ps, mps):
     """``kept_prefix`` (top-p from the exclusive running sum, no tie-group pass) keeps
     the prefix ``kept_prefix_length`` keeps, bit for bit, with per-row top-k, top-p and
@@ -160,11 +188,12 @@ def test_kept_prefix_on_candidates_equals_kept_prefix_length(seed, family, ps, m
     want = F.kept_prefix_length(vals, kk, pp, mm, frac)
     tp = torch.where(pp >= 1, torch.tensor(float("inf"), dtype=torch.float64), pp)[:, None]
     for use_p, use_m in ((True, True), (True, False), (False, True), (False, False)):
-        ref = F.kept_prefix_length(vals, kk, pp if use_p else None, mm if use_m else None,
-                                   frac)
-        n, kept, q, _ = F.kept_prefix(vals, F.CandidateCut(
-            k_index=(kk - 1)[:, None], top_p=tp if use_p else None,
-            element=mm if use_m else None), frac)
+        ref = F.kept_prefix_length(vals, kk, pp if use_p else None, mm if use_m else None, frac)
+        n, kept, q, _ = F.kept_prefix(
+            vals,
+            F.CandidateCut(k_index=(kk - 1)[:, None], top_p=tp if use_p else None, element=mm if use_m else None),
+            frac,
+        )
         assert torch.equal(n, ref), (use_p, use_m)
         assert torch.equal(kept, torch.arange(K + 1)[None, :] < n[:, None])
         assert torch.equal(q, rules.mass(arith.exp(vals), frac))
@@ -173,8 +202,7 @@ def test_kept_prefix_on_candidates_equals_kept_prefix_length(seed, family, ps, m
     assert torch.equal(tau[fits], tau_sort[fits])
 
 
-@given(st.integers(0, 2**32 - 1), st.sampled_from(CUT_FAMILIES),
-       st.lists(st.booleans(), min_size=6, max_size=6))
+@given(st.integers(0, 2**32 - 1), st.sampled_from(CUT_FAMILIES), st.lists(st.booleans(), min_size=6, max_size=6))
 def test_kept_prefix_of_small_top_k_rows_beside_top_p_rows(seed, family, small):
     """One call cuts a group mixing rows whose top-k survivors are all candidates (their
     mass summed there) and top-p rows with a large or no top-k (their threshold and mass
@@ -191,8 +219,13 @@ def test_kept_prefix_of_small_top_k_rows_beside_top_p_rows(seed, family, small):
     thr = F.topk_threshold(z, kk)
     total = F.survivor_mass(z, thr, frac)
     vals, ids = torch.topk(z, K + 1, dim=-1)
-    cut = F.CandidateCut(k_index=(kk.clamp(max=K) - 1)[:, None], small=sm[:, None],
-                         thr=thr[:, None], total=total[:, None], top_p=pp[:, None])
+    cut = F.CandidateCut(
+        k_index=(kk.clamp(max=K) - 1)[:, None],
+        small=sm[:, None],
+        thr=thr[:, None],
+        total=total[:, None],
+        top_p=pp[:, None],
+    )
     n, kept, _, t = F.kept_prefix(vals, cut, frac)
     fits = torch.where(sm, vals[:, -1] < t.squeeze(1), n < K + 1)
     tau = vals.gather(1, (n - 1)[:, None]).squeeze(1)
@@ -202,8 +235,7 @@ def test_kept_prefix_of_small_top_k_rows_beside_top_p_rows(seed, family, small):
         assert bool(fits.all())
 
 
-@given(st.integers(0, 2**32 - 1), st.sampled_from(CUT_FAMILIES + ["huge"]),
-       st.sampled_from([0.3, 0.8, 1.0, 1.7]))
+@given(st.integers(0, 2**32 - 1), st.sampled_from(CUT_FAMILIES + ["huge"]), st.sampled_from([0.3, 0.8, 1.0, 1.7]))
 def test_logit_topk_equals_topk_of_scaled_logits(seed, family, T):
     """The candidates taken from the logits and scaled afterwards carry the bits of the
     candidates of the scaled logits: the same values, the same id set in every prefix
@@ -249,6 +281,7 @@ def test_top_p_drops_a_value_whose_mass_above_equals_the_limit():
     candidates, the radix select's bins). Bug it would catch: ``<=`` for ``<`` in the
     one search, keeping one token too many on an exact boundary."""
     from detsample.ops.radix import thresholds_by_select
+
     V = 64
     frac = rules.frac_bits(V)
     z, top_p = _boundary_row(V, frac)

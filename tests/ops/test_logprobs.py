@@ -37,7 +37,7 @@ def test_row_ops_batch_invariant(name, op, threads):
     with num_threads(threads):
         full = op(x)
         for i in (0, 31, 63):
-            assert torch.equal(op(x[i:i + 1]).view(-1), full[i].view(-1)), (name, i)
+            assert torch.equal(op(x[i : i + 1]).view(-1), full[i].view(-1)), (name, i)
 
 
 @given(st.integers(0, 2**32 - 1), st.sampled_from([1, 3, 8]))

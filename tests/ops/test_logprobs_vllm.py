@@ -39,10 +39,8 @@ def detsample_row(logits: torch.Tensor, params: SamplingParams, mode: str) -> to
     """(V,) the logprob of every token of one row in ``mode``, by the rescoring path."""
     V = logits.shape[1]
     p = params.replace(logprobs_mode=mode)
-    batch = SamplingBatch.from_requests([Request(f"r{i}", p, [1], []) for i in range(V)],
-                                        vocab_size=V)
-    return Sampler().compute_logprobs(logits.expand(V, V).contiguous(), batch,
-                                      torch.arange(V))
+    batch = SamplingBatch.from_requests([Request(f"r{i}", p, [1], []) for i in range(V)], vocab_size=V)
+    return Sampler().compute_logprobs(logits.expand(V, V).contiguous(), batch, torch.arange(V))
 
 
 SETTINGS = [  # (temperature, top_k, top_p, min_p)
@@ -56,8 +54,7 @@ SETTINGS = [  # (temperature, top_k, top_p, min_p)
 
 
 @settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), setting=st.sampled_from(SETTINGS),
-       scale=st.sampled_from([1.0, 4.0]))
+@given(seed=st.integers(0, 2**32 - 1), setting=st.sampled_from(SETTINGS), scale=st.sampled_from([1.0, 4.0]))
 def test_processed_equals_vllm_bitwise(seed, setting, scale):
     t, k, p, min_p = setting
     V = 96
@@ -76,7 +73,7 @@ def test_processed_equals_vllm_bitwise(seed, setting, scale):
 
 
 def test_fixed_point_mode_differs_by_ulps_only():
-    """"processed_fixed" is the same distribution with an exact normaliser: within a few
+    """ "processed_fixed" is the same distribution with an exact normaliser: within a few
     ulps of "processed", not bitwise (so the two names are not aliases)."""
     g = torch.Generator().manual_seed(3)
     logits = (torch.randn((1, 512), generator=g) * 3).to(torch.float32)
@@ -97,19 +94,20 @@ def test_sampling_path_equals_rescoring_path(mode):
     g = torch.Generator().manual_seed(11)
     V = 300
     logits = (torch.randn((4, V), generator=g) * 3).to(torch.float32)
-    ps = [SamplingParams(temperature=0.7, top_p=0.9, seed=5, logprobs=3, logprobs_mode=mode),
-          SamplingParams(temperature=0.0, seed=6, logprobs_mode=mode),
-          SamplingParams(temperature=1.1, top_k=17, seed=7, logprobs_mode="raw"),
-          SamplingParams(temperature=0.9, min_p=0.1, seed=8, logprobs=2, logprobs_mode=mode)]
-    batch = SamplingBatch.from_requests([Request(str(i), p, [1], []) for i, p in enumerate(ps)],
-                                        vocab_size=V)
+    ps = [
+        SamplingParams(temperature=0.7, top_p=0.9, seed=5, logprobs=3, logprobs_mode=mode),
+        SamplingParams(temperature=0.0, seed=6, logprobs_mode=mode),
+        SamplingParams(temperature=1.1, top_k=17, seed=7, logprobs_mode="raw"),
+        SamplingParams(temperature=0.9, min_p=0.1, seed=8, logprobs=2, logprobs_mode=mode),
+    ]
+    batch = SamplingBatch.from_requests([Request(str(i), p, [1], []) for i, p in enumerate(ps)], vocab_size=V)
     out = Sampler().sample(logits, batch, torch.zeros(4, dtype=torch.int64))
     again = Sampler().compute_logprobs(logits, batch, out.token_ids)
     assert torch.equal(out.logprobs, again)
     for i in range(4):  # each row alone
         one = SamplingBatch.from_requests([Request("x", ps[i], [1], [])], vocab_size=V)
-        alone = Sampler().sample(logits[i:i + 1], one, torch.zeros(1, dtype=torch.int64))
-        assert torch.equal(alone.logprobs, out.logprobs[i:i + 1])
+        alone = Sampler().sample(logits[i : i + 1], one, torch.zeros(1, dtype=torch.int64))
+        assert torch.equal(alone.logprobs, out.logprobs[i : i + 1])
     assert out.logprobs[1] == 0.0  # greedy: one-hot
     top_v, top_i = out.top_logprobs
     row = detsample_row(logits[:1], ps[0], mode)

@@ -27,13 +27,12 @@ def test_allocate_all_allowed(b, v):
 
 
 @settings(max_examples=40, deadline=None)
-@given(b=st.integers(1, 6), v=st.integers(1, 200), seed=st.integers(0, 2**31 - 1),
-       data=st.data())
+@given(b=st.integers(1, 6), v=st.integers(1, 200), seed=st.integers(0, 2**31 - 1), data=st.data())
 def test_apply_matches_oracle(b, v, seed, data):
     """Bitwise: allowed logits keep their bits; disallowed are -inf; unlisted rows untouched."""
     rng = np.random.default_rng(seed)
     logits = torch.from_numpy(rng.standard_normal((b, v)).astype(np.float32))
-    words = rng.integers(-2**31, 2**31, size=(b, bitmask_width(v)), dtype=np.int64)
+    words = rng.integers(-(2**31), 2**31, size=(b, bitmask_width(v)), dtype=np.int64)
     bm = torch.from_numpy(words.astype(np.int32))
     rows = sorted(data.draw(st.sets(st.integers(0, b - 1))))
     out = apply_token_bitmask_(logits.clone(), bm, rows)
@@ -44,15 +43,20 @@ def test_apply_matches_oracle(b, v, seed, data):
 
 
 @settings(max_examples=40, deadline=None)
-@given(b=st.integers(1, 5), v=st.integers(1, 150), cut=st.integers(0, 5),
-       limit=st.one_of(st.none(), st.integers(0, 160)), seed=st.integers(0, 2**31 - 1),
-       data=st.data())
+@given(
+    b=st.integers(1, 5),
+    v=st.integers(1, 150),
+    cut=st.integers(0, 5),
+    limit=st.one_of(st.none(), st.integers(0, 160)),
+    seed=st.integers(0, 2**31 - 1),
+    data=st.data(),
+)
 def test_narrow_bitmask_and_limit_match_oracle(b, v, cut, limit, seed, data):
     """A bitmask narrower than the logits (padded model vocabulary) disallows the tail."""
     rng = np.random.default_rng(seed)
     w = max(1, bitmask_width(v) - cut)
     logits = torch.from_numpy(rng.standard_normal((b, v)).astype(np.float32))
-    bm = torch.from_numpy(rng.integers(-2**31, 2**31, size=(b, w)).astype(np.int32))
+    bm = torch.from_numpy(rng.integers(-(2**31), 2**31, size=(b, w)).astype(np.int32))
     rows = sorted(data.draw(st.sets(st.integers(0, b - 1))))
     ref = oracle_apply(logits.numpy(), bm.numpy(), rows, limit)
     out = masked_logits(logits, bm, rows, limit)
@@ -66,7 +70,7 @@ def test_narrow_bitmask_and_limit_match_oracle(b, v, cut, limit, seed, data):
 def test_numpy_and_torch_unpack_agree(r, w, seed):
     """The CPU fast path (numpy.unpackbits) must give the torch path's exact bits."""
     rng = np.random.default_rng(seed)
-    bm = torch.from_numpy(rng.integers(-2**31, 2**31, size=(r, w)).astype(np.int32))
+    bm = torch.from_numpy(rng.integers(-(2**31), 2**31, size=(r, w)).astype(np.int32))
     v = w * 32 - int(rng.integers(0, 32))
     assert torch.equal(unpack_bitmask(bm, v, impl="numpy"), unpack_bitmask(bm, v, impl="torch"))
 
@@ -104,7 +108,7 @@ def test_apply_none_means_all_rows_and_empty_rows_noop():
 def test_bit_31_is_the_last_token_of_a_word():
     logits = torch.zeros(1, 64)
     bm = torch.zeros(1, 2, dtype=torch.int32)
-    bm[0, 0] = -2**31  # only bit 31
+    bm[0, 0] = -(2**31)  # only bit 31
     out = apply_token_bitmask_(logits, bm, [0])
     assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [31]
 
@@ -135,7 +139,7 @@ def test_word_sparse_path_matches_oracle(b, v, words, monkeypatch):
     logits[0, 0] = -0.0
     bm = torch.zeros((b, v // 32), dtype=torch.int32)
     for w in words:
-        bm[:, w] = torch.from_numpy(rng.integers(-2**31, 2**31, size=b).astype(np.int32))
+        bm[:, w] = torch.from_numpy(rng.integers(-(2**31), 2**31, size=b).astype(np.int32))
     bm[0, 0] |= 1
     monkeypatch.setattr(mask_ops, "SPARSE_MAX_FRACTION", 1.0)
     assert mask_ops._masked_sparse(logits, bm) is not None

@@ -31,8 +31,10 @@ def test_group_maxima_are_the_strided_groups_maxima(V):
     z = torch.randn(3, V)
     got = N.group_maxima(z)
     W = V // N.GROUP
-    want = [[max(z[r, j + i * W].item() for i in range(N.GROUP)) for j in range(W)]
-            + z[r, N.GROUP * W:].tolist() for r in range(3)]
+    want = [
+        [max(z[r, j + i * W].item() for i in range(N.GROUP)) for j in range(W)] + z[r, N.GROUP * W :].tolist()
+        for r in range(3)
+    ]
     assert torch.equal(got, torch.tensor(want, dtype=torch.float32))
 
 
@@ -57,8 +59,13 @@ def _above_exact(z: torch.Tensor, thr: torch.Tensor, L: torch.Tensor, frac: int)
     return q.sum(-1)
 
 
-@given(st.integers(0, 2**32 - 1), st.sampled_from(FAMILIES), st.sampled_from([-1, 300]),
-       st.sampled_from([0.3, 0.9, 0.99]), st.sampled_from([40, 2000, 2003]))
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from(FAMILIES),
+    st.sampled_from([-1, 300]),
+    st.sampled_from([0.3, 0.9, 0.99]),
+    st.sampled_from([40, 2000, 2003]),
+)
 @example(0, "flat", -1, 0.99, 2000)
 @example(0, "tiny", -1, 0.3, 2000)
 def test_lower_bound_is_below_the_threshold(seed, family, k, p, V):

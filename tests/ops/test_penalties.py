@@ -97,8 +97,9 @@ def test_repetition_is_a_true_division():
     cols = torch.arange(x.shape[1])
     rows = torch.zeros_like(cols)
     n = cols.numel()
-    got = ops.apply_penalties_coo_(x.clone(), (rows, cols, torch.zeros(n, dtype=torch.int32),
-                                               torch.zeros(n), torch.zeros(n), r.expand(n).clone()))
+    got = ops.apply_penalties_coo_(
+        x.clone(), (rows, cols, torch.zeros(n, dtype=torch.int32), torch.zeros(n), torch.zeros(n), r.expand(n).clone())
+    )
     assert torch.equal(got, x / r)
     assert not torch.equal(got, x * (1.0 / r))  # the distinction is real
 
@@ -106,9 +107,17 @@ def test_repetition_is_a_true_division():
 def test_negative_logits_are_multiplied():
     x = torch.tensor([[-2.0, -0.0, 0.0, 3.0]])
     n = 4
-    got = ops.apply_penalties_coo_(x.clone(), (torch.zeros(n, dtype=torch.int64), torch.arange(n),
-                                               torch.zeros(n, dtype=torch.int32), torch.zeros(n),
-                                               torch.zeros(n), torch.full((n,), 2.0)))
+    got = ops.apply_penalties_coo_(
+        x.clone(),
+        (
+            torch.zeros(n, dtype=torch.int64),
+            torch.arange(n),
+            torch.zeros(n, dtype=torch.int32),
+            torch.zeros(n),
+            torch.zeros(n),
+            torch.full((n,), 2.0),
+        ),
+    )
     assert got.tolist() == [[-4.0, -0.0, 0.0, 1.5]]
     assert torch.signbit(got[0, 1]) and not torch.signbit(got[0, 2])
 
@@ -116,10 +125,17 @@ def test_negative_logits_are_multiplied():
 def test_masked_token_stays_masked_under_negative_penalty():
     """A -inf logit (a processor's mask) must not become finite or NaN."""
     x = torch.full((1, 4), float("-inf"))
-    got = ops.apply_penalties_coo_(x.clone(), (torch.zeros(1, dtype=torch.int64),
-                                               torch.tensor([2]), torch.tensor([3], dtype=torch.int32),
-                                               torch.tensor([-3e38]), torch.tensor([-3e38]),
-                                               torch.tensor([0.5])))
+    got = ops.apply_penalties_coo_(
+        x.clone(),
+        (
+            torch.zeros(1, dtype=torch.int64),
+            torch.tensor([2]),
+            torch.tensor([3], dtype=torch.int32),
+            torch.tensor([-3e38]),
+            torch.tensor([-3e38]),
+            torch.tensor([0.5]),
+        ),
+    )
     assert torch.isneginf(got).all()
 
 
@@ -165,8 +181,10 @@ def test_bad_words_oracle_rule(name, out, bad, want):
 row_state = st.tuples(
     st.lists(st.integers(0, V - 1), max_size=12),
     st.lists(st.integers(0, V - 1), max_size=12),
-    st.floats(-2, 2, width=32), st.floats(-2, 2, width=32),
-    st.floats(0.0625, 4, width=32))
+    st.floats(-2, 2, width=32),
+    st.floats(-2, 2, width=32),
+    st.floats(0.0625, 4, width=32),
+)
 
 
 @settings(max_examples=40, deadline=None)
@@ -178,7 +196,7 @@ def test_penalties_property_oracle_and_row_locality(rows, seed):
     for i, (pr, out, f, p, r) in enumerate(rows):
         want = orc.penalize_row(x[i].numpy(), pr, out, f, p, r, dtype=np.float32)
         assert np.array_equal(got[i].numpy().view(np.int32), want.view(np.int32))
-        alone = ops.apply_penalties_coo_(x[i:i + 1].clone(), _coo([rows[i]]))
+        alone = ops.apply_penalties_coo_(x[i : i + 1].clone(), _coo([rows[i]]))
         assert torch.equal(alone[0].view(torch.int32), got[i].view(torch.int32))
     dense = ops.apply_penalties_dense_(x.clone(), *_dense(rows, len(rows)))
     assert torch.equal(dense.view(torch.int32), got.view(torch.int32))

@@ -47,19 +47,27 @@ def _rows(rng, n, V, family):
 
 
 @settings(max_examples=120, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.sampled_from([7, 300, 4099]),
-       st.sampled_from(FAMILIES),
-       st.lists(st.tuples(st.sampled_from([-1, 1, 2, 5, 40, 1000]),
-                          st.sampled_from([1.0, 0.999, 0.9, 0.5, 0.1, 1e-9]),
-                          st.sampled_from([0.0, 0.0, 0.05, 0.5, 1.0])), min_size=1, max_size=5))
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([7, 300, 4099]),
+    st.sampled_from(FAMILIES),
+    st.lists(
+        st.tuples(
+            st.sampled_from([-1, 1, 2, 5, 40, 1000]),
+            st.sampled_from([1.0, 0.999, 0.9, 0.5, 0.1, 1e-9]),
+            st.sampled_from([0.0, 0.0, 0.05, 0.5, 1.0]),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+)
 def test_select_is_bitwise_the_sort(seed, V, family, filters):
     """Property: any rows, any top-k / top-p / min-p: the same thresholds, bit for bit."""
     rng = np.random.default_rng(seed)
     z = _rows(rng, len(filters), V, family)
     kk = torch.tensor([V if k == -1 else k for k, _, _ in filters])
     pp = torch.tensor([p for _, p, _ in filters], dtype=torch.float64)
-    mm = rules.element_tensor(len(filters), min_p=torch.tensor([m for _, _, m in filters],
-                                                               dtype=torch.float32))
+    mm = rules.element_tensor(len(filters), min_p=torch.tensor([m for _, _, m in filters], dtype=torch.float32))
     frac = rules.frac_bits(V)
     want = F.thresholds_by_sort(z, kk, pp, mm, frac)
     got = thresholds_by_select(z, kk, pp, mm, frac)
@@ -78,16 +86,20 @@ CASES = [  # (row, top_k, top_p): hand-made edges
 @pytest.mark.parametrize("row,k,p", CASES)
 def test_edge_rows(row, k, p):
     z = torch.tensor([row], dtype=torch.float32)
-    args = (torch.tensor([k]), torch.tensor([p], dtype=torch.float64), rules.element_tensor(1),
-            rules.frac_bits(len(row)))
-    assert torch.equal(F.thresholds_by_sort(z, *args).view(torch.int32),
-                       thresholds_by_select(z, *args).view(torch.int32))
+    args = (
+        torch.tensor([k]),
+        torch.tensor([p], dtype=torch.float64),
+        rules.element_tensor(1),
+        rules.frac_bits(len(row)),
+    )
+    assert torch.equal(
+        F.thresholds_by_sort(z, *args).view(torch.int32), thresholds_by_select(z, *args).view(torch.int32)
+    )
 
 
 def test_rows_that_are_not_max_shifted_go_to_the_sort():
     z = torch.tensor([[2.0, 1.0, -3.0, 0.5]])
-    args = (torch.tensor([4]), torch.tensor([0.6], dtype=torch.float64), rules.element_tensor(1),
-            rules.frac_bits(4))
+    args = (torch.tensor([4]), torch.tensor([0.6], dtype=torch.float64), rules.element_tensor(1), rules.frac_bits(4))
     assert torch.equal(F.thresholds_by_sort(z, *args), thresholds_by_select(z, *args))
 
 

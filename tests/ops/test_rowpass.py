@@ -43,20 +43,17 @@ def _z(x: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
     return torch.sub(x, m).div_(T)  # the torch composition of scale_logits
 
 
-@given(st.integers(1, 6), st.integers(1, 300), st.integers(0, 2 ** 31 - 1),
-       st.sampled_from(FAMILIES))
+@given(st.integers(1, 6), st.integers(1, 300), st.integers(0, 2**31 - 1), st.sampled_from(FAMILIES))
 def test_scale_is_sub_then_true_division(rows, V, seed, family):
     rng = np.random.default_rng(seed)
     x = _logits(rng, rows, V, family)
-    T = torch.from_numpy(rng.choice([1e-3, 0.3, 0.8, 1.0, 1.7, 7.0], (rows, 1))
-                         .astype(np.float32))
+    T = torch.from_numpy(rng.choice([1e-3, 0.3, 0.8, 1.0, 1.7, 7.0], (rows, 1)).astype(np.float32))
     got = scale_logits(x, x.amax(-1, keepdim=True), T)
     assert rowpass.runs(x)
     assert torch.equal(got.view(torch.int32), _z(x, T).view(torch.int32))
 
 
-@given(st.integers(1, 5), st.integers(1, 400), st.integers(0, 2 ** 31 - 1),
-       st.sampled_from(FAMILIES), st.booleans())
+@given(st.integers(1, 5), st.integers(1, 400), st.integers(0, 2**31 - 1), st.sampled_from(FAMILIES), st.booleans())
 def test_mass_and_maxima_are_survivor_mass_and_group_maxima(rows, V, seed, family, cut):
     rng = np.random.default_rng(seed)
     z = _z(_logits(rng, rows, V, family), torch.full((rows, 1), 0.8))
@@ -71,8 +68,14 @@ def test_mass_and_maxima_are_survivor_mass_and_group_maxima(rows, V, seed, famil
     assert torch.equal(maxima, want_max)  # values (a +0.0 / -0.0 tie is not told apart)
 
 
-@given(st.integers(1, 5), st.integers(8, 3000), st.integers(0, 2 ** 31 - 1),
-       st.sampled_from(FAMILIES), st.booleans(), st.sampled_from([0.0, 0.3, 0.9, 0.999]))
+@given(
+    st.integers(1, 5),
+    st.integers(8, 3000),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from(FAMILIES),
+    st.booleans(),
+    st.sampled_from([0.0, 0.3, 0.9, 0.999]),
+)
 def test_lower_bound_is_the_torch_histograms(rows, V, seed, family, cut, top_p):
     rng = np.random.default_rng(seed)
     z = _z(_logits(rng, rows, V, family), torch.full((rows, 1), 0.7))
@@ -113,18 +116,24 @@ def test_not_a_float32_cpu_tensor_takes_the_torch_composition():
     assert math.isfinite(float(scale_logits(z, z[:, :1], z[:, :1] + 1).sum()))
 
 
-@given(st.integers(1, 5), st.integers(1, 3000), st.integers(0, 2 ** 31 - 1),
-       st.sampled_from(FAMILIES), st.booleans(), st.booleans())
+@given(
+    st.integers(1, 5),
+    st.integers(1, 3000),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from(FAMILIES),
+    st.booleans(),
+    st.booleans(),
+)
 def test_lazy_blocked_draw_is_the_materialised_one(rows, V, seed, family, cut, min_p):
     """A blocked table whose masses are not materialised draws the tokens of the one
     whose masses are (a block recomputed per row): ties at the cuts, a short last block,
     targets at block boundaries. Bug it would catch: a block found with ``<`` for
     ``<=`` (a token of the next block), the block's base mass off by one block."""
     from detsample.ops import draw
+
     rng = np.random.default_rng(seed)
     z = _z(_logits(rng, rows, V, family), torch.full((rows, 1), 0.9))
-    tau = torch.from_numpy(rng.choice(z.numpy().ravel(), rows)) if cut \
-        else torch.full((rows,), -math.inf)
+    tau = torch.from_numpy(rng.choice(z.numpy().ravel(), rows)) if cut else torch.full((rows,), -math.inf)
     element = rules.element_tensor(rows, min_p=torch.full((rows,), 0.05 if min_p else 0.0))
     frac = rules.frac_bits(V)
     q, bsum = draw.block_cdf(z, tau, element, frac)

@@ -7,8 +7,7 @@ from detsample.rules import NAN_FLOOR, POSINF_CEIL, STATUS_HAD_NAN, STATUS_HAD_P
 
 
 def test_sanitize_rows():
-    x = torch.tensor([[1.0, 2.0], [float("nan"), 0.0], [float("inf"), 1.0],
-                      [float("-inf"), float("-inf")]])
+    x = torch.tensor([[1.0, 2.0], [float("nan"), 0.0], [float("inf"), 1.0], [float("-inf"), float("-inf")]])
     y, st, m, finite = sanitize_rows_flagged(x)
     assert m[:, 0].tolist() == [2.0, 0.0, POSINF_CEIL, float("-inf")]
     assert y[1, 0] == NAN_FLOOR and y[2, 0] == POSINF_CEIL and torch.equal(y[0], x[0])

@@ -60,16 +60,22 @@ class Boom(Exception):
     pass
 
 
-FAILURES = [Boom("producer failed"), OSError(errno.ENOSPC, "No space left on device"),
-            OSError(errno.EFBIG, "File too large"), KeyboardInterrupt()]
+FAILURES = [
+    Boom("producer failed"),
+    OSError(errno.ENOSPC, "No space left on device"),
+    OSError(errno.EFBIG, "File too large"),
+    KeyboardInterrupt(),
+]
 
 
 @settings(max_examples=40, deadline=None)
-@given(old=st.binary(max_size=2000), chunks=st.lists(st.binary(min_size=1, max_size=500),
-                                                     min_size=1, max_size=8),
-       fail_at=st.integers(0, 8), failure=st.sampled_from(FAILURES))
-def test_a_failure_mid_write_leaves_the_old_bytes_and_no_partial_file(tmp_path_factory, old,
-                                                                      chunks, fail_at, failure):
+@given(
+    old=st.binary(max_size=2000),
+    chunks=st.lists(st.binary(min_size=1, max_size=500), min_size=1, max_size=8),
+    fail_at=st.integers(0, 8),
+    failure=st.sampled_from(FAILURES),
+)
+def test_a_failure_mid_write_leaves_the_old_bytes_and_no_partial_file(tmp_path_factory, old, chunks, fail_at, failure):
     folder = tmp_path_factory.mktemp("w")
     path = folder / "out.jsonl"
     path.write_bytes(old)
@@ -132,16 +138,15 @@ def test_an_output_that_is_an_input_names_both_options_and_the_path(tmp_path):
     a = tmp_path / "a.jsonl"
     a.write_text("x")
     os.link(a, tmp_path / "h.jsonl")
-    msg = output_input_clash([(None, "--report"), ("-", "--json"), (tmp_path / "h.jsonl", "--json")],
-                             [(a, "FILE")])
-    assert msg == (f"--json {tmp_path / 'h.jsonl'} is the input FILE {a}: writing it would "
-                   f"destroy the input; give another path")
+    msg = output_input_clash([(None, "--report"), ("-", "--json"), (tmp_path / "h.jsonl", "--json")], [(a, "FILE")])
+    assert msg == (
+        f"--json {tmp_path / 'h.jsonl'} is the input FILE {a}: writing it would destroy the input; give another path"
+    )
     assert output_input_clash([(tmp_path / "b.jsonl", "--json")], [(a, "FILE")]) is None
 
 
 @settings(max_examples=20, deadline=None)
-@given(old=st.binary(max_size=500), chunk=st.binary(min_size=1, max_size=200),
-       failure=st.sampled_from(FAILURES))
+@given(old=st.binary(max_size=500), chunk=st.binary(min_size=1, max_size=200), failure=st.sampled_from(FAILURES))
 def test_a_failed_append_is_cut_back_to_the_old_bytes(tmp_path_factory, old, chunk, failure):
     """Bug pinned: AuditLog.append wrote in place; a failure mid-row left half a row."""
     from detsample.outputs.files import _put
@@ -155,6 +160,7 @@ def test_a_failed_append_is_cut_back_to_the_old_bytes(tmp_path_factory, old, chu
         raise failure
 
     import detsample.outputs.files as files
+
     real = files._put
     files._put = flaky
     try:
@@ -179,8 +185,10 @@ def test_dev_stdout_redirected_to_a_file_is_written_in_place(tmp_path):
     import subprocess
     import sys
 
-    code = ("from detsample.outputs import write_file; import sys; print('table', flush=True); "
-            "write_file('/dev/stdout', 'json\\n', '--json')")
+    code = (
+        "from detsample.outputs import write_file; import sys; print('table', flush=True); "
+        "write_file('/dev/stdout', 'json\\n', '--json')"
+    )
     with open(tmp_path / "o.txt", "w") as out:
         subprocess.run([sys.executable, "-c", code], stdout=out, check=True, timeout=60)
     assert (tmp_path / "o.txt").read_text() == "table\njson\n"

@@ -42,7 +42,7 @@ def job_die_on(state, comm, rank):
 
 
 def test_call_result_then_a_hung_rank_times_out_bounded():
-    with RankGroup(2, init_rank, ("x",), timeout=60) as g:      # spawn: the default
+    with RankGroup(2, init_rank, ("x",), timeout=60) as g:  # spawn: the default
         out = g.call(job_sum, 3)
         assert out["tag"] == "x" and out["world"] == 2
         assert torch.equal(out["sum"], torch.full((3,), 3, dtype=torch.int64))
@@ -57,8 +57,11 @@ def test_call_result_then_a_hung_rank_times_out_bounded():
 
 def test_an_error_in_a_rank_is_named():
     with RankGroup(2, init_rank, ("y",), timeout=60, start_method="fork") as g:
-        with pytest.raises(RankError, match=r"rank 1 of 2 raised ValueError during job_fail_on: "
-                                            r"rank 1 refuses") as e:
+        with pytest.raises(
+            RankError,
+            match=r"rank 1 of 2 raised ValueError during job_fail_on: "
+            r"rank 1 refuses",
+        ) as e:
             g.call(job_fail_on, 1)
         assert e.value.kind == "ValueError" and e.value.rank == 1
 
@@ -69,13 +72,16 @@ def test_a_dead_rank_is_named_as_the_cause():
             g.call(job_die_on, 0, timeout=30)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(world=0), "world must be an int >= 1, got 0"),
-    (dict(world=2, timeout=0), "timeout must be a number of seconds > 0, got 0"),
-    (dict(world=2, threads=0), "threads must be an int >= 1, got 0"),
-    (dict(world=2, backend="mpi"), "backend must be one of"),
-    (dict(world=2, start_method="thread"), "start_method must be one of"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(world=0), "world must be an int >= 1, got 0"),
+        (dict(world=2, timeout=0), "timeout must be a number of seconds > 0, got 0"),
+        (dict(world=2, threads=0), "threads must be an int >= 1, got 0"),
+        (dict(world=2, backend="mpi"), "backend must be one of"),
+        (dict(world=2, start_method="thread"), "start_method must be one of"),
+    ],
+)
 def test_bad_arguments(kwargs, message):
     world = kwargs.pop("world")
     with pytest.raises(ValueError, match=message):

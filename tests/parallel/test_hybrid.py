@@ -48,8 +48,11 @@ def job_swapped_query_and_key(lm, comm, cfg):
 def test_the_qwen35_layout_splits_the_linear_attention_by_key_heads():
     lay = plan(models.qwen35_hybrid(), 4)
     assert (lay.attention, lay.heads, lay.kv_heads, lay.kv_repeat) == ("gated", 1, 1, 2)
-    with pytest.raises(TensorParallelError, match=r"tp=4 does not divide the linear_num_key_heads=2 "
-                                                  r"of model.layers.0.linear_attn"):
+    with pytest.raises(
+        TensorParallelError,
+        match=r"tp=4 does not divide the linear_num_key_heads=2 "
+        r"of model.layers.0.linear_attn",
+    ):
         plan(models.qwen35_hybrid(key_heads=2), 4)
 
 
@@ -61,10 +64,10 @@ def job_swapped_b_and_c(lm, comm, cfg):
             continue
         m = layer.mixer
         inner, gn = m.intermediate_size, m.n_groups * m.ssm_state_size
-        conv = torch.cat([torch.arange(inner), torch.arange(inner + gn, inner + 2 * gn),
-                          torch.arange(inner, inner + gn)])
-        rows = torch.cat([torch.arange(inner), inner + conv,
-                          torch.arange(inner + m.conv_dim, m.in_proj.out_features)])
+        conv = torch.cat(
+            [torch.arange(inner), torch.arange(inner + gn, inner + 2 * gn), torch.arange(inner, inner + gn)]
+        )
+        rows = torch.cat([torch.arange(inner), inner + conv, torch.arange(inner + m.conv_dim, m.in_proj.out_features)])
         with torch.no_grad():
             m.in_proj.weight.copy_(m.in_proj.weight[rows])
             m.conv1d.weight.copy_(m.conv1d.weight[conv])
@@ -75,14 +78,19 @@ def job_swapped_b_and_c(lm, comm, cfg):
 def test_the_nemotron_h_layout_splits_the_mamba2_mixer_by_groups():
     lay = plan(models.nemotron_h(), 4)
     assert (lay.attention, lay.heads, lay.intermediate) == ("gqa", 1, 24)
-    with pytest.raises(TensorParallelError, match=r"tp=4 does not divide the n_groups=2 of "
-                                                  r"model.layers.0.mixer"):
+    with pytest.raises(
+        TensorParallelError,
+        match=r"tp=4 does not divide the n_groups=2 of "
+        r"model.layers.0.mixer",
+    ):
         plan(models.nemotron_h(groups=2), 4)
 
 
-@pytest.mark.parametrize("spec, control", [(models.QWEN35, job_swapped_query_and_key),
-                                           (models.NEMOTRON_H, job_swapped_b_and_c)],
-                         ids=["qwen35", "nemotron-h"])
+@pytest.mark.parametrize(
+    "spec, control",
+    [(models.QWEN35, job_swapped_query_and_key), (models.NEMOTRON_H, job_swapped_b_and_c)],
+    ids=["qwen35", "nemotron-h"],
+)
 @pytest.mark.parametrize("tp", [2, 4])
 def test_tp_hybrid_equals_tp1_bitwise_and_a_misplaced_block_does_not(spec, control, tp):
     want, got, misplaced = tp_runs(spec, tp, control, CFG)

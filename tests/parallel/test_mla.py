@@ -42,6 +42,14 @@ def test_tp2_deepseek_v3_equals_tp1_bitwise_and_swapped_heads_do_not():
 @pytest.mark.tp_full
 def test_tp4_deepseek_v3_passes_the_check():
     reference = load_model(models.DEEPSEEK, batch_invariant=True, portable=True)
-    check = check_tensor_parallel(reference, models.DEEPSEEK, [4], batch_invariant=True, portable=True,
-                                  config=CFG, timeout=300, start_method=START)
+    check = check_tensor_parallel(
+        reference,
+        models.DEEPSEEK,
+        [4],
+        batch_invariant=True,
+        portable=True,
+        config=CFG,
+        timeout=300,
+        start_method=START,
+    )
     assert check.ok, check.detail

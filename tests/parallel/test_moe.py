@@ -25,11 +25,14 @@ from tests.parallel import models
 from tests.parallel.tp import CFG, START, assert_bitwise, bits, tp_runs
 
 
-@pytest.mark.parametrize("experts, world, blocks", [
-    (8, 2, [range(0, 4), range(4, 8)]),
-    (8, 4, [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]),
-    (3, 4, [range(0, 0), range(0, 1), range(1, 2), range(2, 3)]),   # a rank may hold none
-])
+@pytest.mark.parametrize(
+    "experts, world, blocks",
+    [
+        (8, 2, [range(0, 4), range(4, 8)]),
+        (8, 4, [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]),
+        (3, 4, [range(0, 0), range(0, 1), range(1, 2), range(2, 3)]),  # a rank may hold none
+    ],
+)
 def test_experts_are_placed_in_contiguous_blocks_covering_each_once(experts, world, blocks):
     got = [expert_range(r, experts, world) for r in range(world)]
     assert got == blocks
@@ -67,31 +70,47 @@ def test_moe_layout_holds_experts_not_split():
 def test_eager_experts_are_refused_by_name():
     m = models.mixtral()
     m.config._experts_implementation = "eager"
-    with pytest.raises(TensorParallelError, match=r"model.layers.0.mlp.experts runs experts_implementation "
-                                                  r"'eager'; expert parallelism repeats the combine of "
-                                                  r"grouped_mm, batched_mm"):
+    with pytest.raises(
+        TensorParallelError,
+        match=r"model.layers.0.mlp.experts runs experts_implementation "
+        r"'eager'; expert parallelism repeats the combine of "
+        r"grouped_mm, batched_mm",
+    ):
         plan(m, 2)
 
 
 def test_an_moe_block_with_other_modules_is_refused_by_name():
     m = models.qwen3_moe()
     m.model.layers[1].mlp.extra_gate = torch.nn.Linear(64, 1)
-    with pytest.raises(TensorParallelError, match=r"model.layers.1.mlp \(Qwen3MoeSparseMoeBlock\) has "
-                                                  r"modules extra_gate"):
+    with pytest.raises(
+        TensorParallelError,
+        match=r"model.layers.1.mlp \(Qwen3MoeSparseMoeBlock\) has "
+        r"modules extra_gate",
+    ):
         plan(m, 2)
 
 
 @pytest.mark.tp_full
-@pytest.mark.parametrize("model, tp", [(models.QWEN3_MOE, 4), (models.MIXTRAL, 2), (models.MIXTRAL, 4),
-                                       (models.MIXTRAL_BATCHED, 2), (models.MIXTRAL_BATCHED, 4)])
+@pytest.mark.parametrize(
+    "model, tp",
+    [
+        (models.QWEN3_MOE, 4),
+        (models.MIXTRAL, 2),
+        (models.MIXTRAL, 4),
+        (models.MIXTRAL_BATCHED, 2),
+        (models.MIXTRAL_BATCHED, 4),
+    ],
+)
 def test_more_moe_models_pass_the_check(model, tp):
     ref = load_model(model, batch_invariant=True, portable=True)
-    check = check_tensor_parallel(ref, model, [tp], batch_invariant=True, portable=True, config=CFG,
-                                  timeout=300, start_method=START)
+    check = check_tensor_parallel(
+        ref, model, [tp], batch_invariant=True, portable=True, config=CFG, timeout=300, start_method=START
+    )
     assert check.ok, check.detail
 
 
 # -- in one process: the combine is transformers' own, op for op ------------------------
+
 
 @functools.cache
 def _mixtral(impl: str):

@@ -88,8 +88,14 @@ def _operands(seed: int, m: int, k: int, n: int, scale: float):
     return a, b
 
 
-@given(seed=st.integers(0, 2**31 - 1), m=st.integers(1, 6), k=st.integers(2, 700),
-       n=st.integers(1, 9), world=st.integers(2, 4), data=st.data())
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    m=st.integers(1, 6),
+    k=st.integers(2, 700),
+    n=st.integers(1, 9),
+    world=st.integers(2, 4),
+    data=st.data(),
+)
 def test_any_k_split_equals_the_single_product_bitwise(seed, m, k, n, world, data):
     a, b = _operands(seed, m, k, n, 1.0)
     cuts = sorted(data.draw(st.lists(st.integers(0, k), min_size=world - 1, max_size=world - 1)))
@@ -98,12 +104,13 @@ def test_any_k_split_equals_the_single_product_bitwise(seed, m, k, n, world, dat
         assert torch.equal(got.view(torch.int32), want.view(torch.int32)), cuts
 
 
-@pytest.mark.parametrize("case", ["zero row on one rank", "nan in one shard", "inf in B",
-                                  "k over a chunk, large values"])
+@pytest.mark.parametrize(
+    "case", ["zero row on one rank", "nan in one shard", "inf in B", "k over a chunk, large values"]
+)
 def test_split_keeps_the_special_rows(case):
     a, b = _operands(3, 4, 600 if "chunk" in case else 64, 5, 1e6 if "chunk" in case else 1.0)
     k = a.shape[1]
-    if case == "zero row on one rank":       # a rank whose share is exactly zero
+    if case == "zero row on one rank":  # a rank whose share is exactly zero
         a[1, : k // 2] = 0.0
         a[1] *= 1e-3
     elif case == "nan in one shard":
@@ -138,7 +145,7 @@ def test_owner_rows_give_the_table_bits_negative_zero_included(dtype):
     want = torch.nn.functional.embedding(ids, table)
     bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
     group = ThreadGroup(3)
-    outs = group.run(lambda r, reduce: owner_rows(ids, table[4 * r: 4 * r + 4], 4 * r, reduce))
+    outs = group.run(lambda r, reduce: owner_rows(ids, table[4 * r : 4 * r + 4], 4 * r, reduce))
     for got in outs:
         assert torch.equal(got.view(bits), want.view(bits))
     # a float sum with zeros (Megatron's) loses the sign of -0.0: the reason for the bit sum
@@ -148,5 +155,5 @@ def test_owner_rows_give_the_table_bits_negative_zero_included(dtype):
 def test_concat_last_is_rank_order():
     x = torch.arange(24.0).reshape(2, 12)
     group = ThreadGroup(3)
-    outs = group.run(lambda r, reduce: concat_last(x[:, 4 * r: 4 * r + 4], reduce))
+    outs = group.run(lambda r, reduce: concat_last(x[:, 4 * r : 4 * r + 4], reduce))
     assert all(torch.equal(o, x) for o in outs)

@@ -25,8 +25,15 @@ from detsample.probe.parallel import ROW_PARALLEL_OP, check_tensor_parallel, for
 from tests.parallel import models
 from tests.parallel.tp import CFG, START
 
-RUN = dict(num_sequences=3, max_new_tokens=5, seed=7, sampling=SamplingParams(seed=0, top_p=0.9),
-           max_batch_size=2, stagger=1, with_trainer=True)
+RUN = dict(
+    num_sequences=3,
+    max_new_tokens=5,
+    seed=7,
+    sampling=SamplingParams(seed=0, top_p=0.9),
+    max_batch_size=2,
+    stagger=1,
+    with_trainer=True,
+)
 #: RUN as generate_rollouts hands it to each rank (built prompts, one sample each, raw logprobs)
 RANK_RUN = dict(RUN, prompts=None, n=1, semantics=RAW, ending=Ending())
 V = 512
@@ -55,12 +62,14 @@ def group4():
 
 # -- the sampler on vocab-sharded logits (a rank job: importable by name) --------------
 
+
 def _batch():
-    rows = [SamplingParams(temperature=0.0, logprobs=3),
-            SamplingParams(temperature=0.8, top_k=40, seed=3, logprobs=5),
-            SamplingParams(temperature=1.0, top_p=0.7, seed=4, logprobs=2, logprobs_mode="processed"),
-            SamplingParams(temperature=1.3, min_p=0.05, seed=5, repetition_penalty=1.2,
-                           logprobs=1, logprobs_mode="scaled")]
+    rows = [
+        SamplingParams(temperature=0.0, logprobs=3),
+        SamplingParams(temperature=0.8, top_k=40, seed=3, logprobs=5),
+        SamplingParams(temperature=1.0, top_p=0.7, seed=4, logprobs=2, logprobs_mode="processed"),
+        SamplingParams(temperature=1.3, min_p=0.05, seed=5, repetition_penalty=1.2, logprobs=1, logprobs_mode="scaled"),
+    ]
     reqs = [Request(f"r{i}", p, [1, 2, 3 + i], [4, 5]) for i, p in enumerate(rows)]
     return SamplingBatch.from_requests(reqs, vocab_size=V)
 
@@ -68,7 +77,7 @@ def _batch():
 def _logits(seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(4, V, generator=g) * 3
-    x[0, 17] = x[0, 301] = x[0].max() + 1     # a greedy tie across two ranks' shards
+    x[0, 17] = x[0, 301] = x[0].max() + 1  # a greedy tie across two ranks' shards
     return x
 
 
@@ -81,8 +90,13 @@ def _sample(logits: torch.Tensor, shard_of=None):
     else:
         out = sample_sharded(sampler, shard_of(logits), batch, positions, shard_of.comm)
         lp = compute_logprobs_sharded(sampler, shard_of(logits), batch, out.token_ids, shard_of.comm)
-    return {"tokens": out.token_ids, "logprobs": out.logprobs, "top": out.top_logprobs[0],
-            "top_ids": out.top_logprobs[1], "rescored": lp}
+    return {
+        "tokens": out.token_ids,
+        "logprobs": out.logprobs,
+        "top": out.top_logprobs[0],
+        "top_ids": out.top_logprobs[1],
+        "rescored": lp,
+    }
 
 
 class _Shard:
@@ -91,7 +105,7 @@ class _Shard:
 
     def __call__(self, x):
         n = x.shape[1] // self.comm.world
-        return x[:, self.comm.rank * n: (self.comm.rank + 1) * n]
+        return x[:, self.comm.rank * n : (self.comm.rank + 1) * n]
 
 
 def job_sample(lm, comm, seed):
@@ -104,6 +118,7 @@ def job_fail_on_rank1(lm, comm):
 
 
 # -- TP = 2 and 4 vs TP = 1 -------------------------------------------------------------
+
 
 @pytest.mark.parametrize("tp", [2, 4])
 def test_logits_equal_tp1_bitwise(tp, reference, request):
@@ -119,7 +134,7 @@ def test_sampling_on_sharded_logits_equals_single_rank(tp, request):
     got, want = group.call(job_sample, 11), _sample(_logits(11))
     for k in want:
         assert torch.equal(got[k], want[k]), (tp, k)
-    assert int(want["tokens"][0]) == 17   # the tie went to the lowest id, in rank 0's shard
+    assert int(want["tokens"][0]) == 17  # the tie went to the lowest id, in rank 0's shard
 
 
 def test_tp2_rollout_equals_tp1_and_audits_exact_against_tp1(group2):
@@ -135,8 +150,9 @@ def test_tp2_rollout_equals_tp1_and_audits_exact_against_tp1(group2):
 
 
 def test_tp1_rollout_audits_exact_against_a_tp2_trainer():
-    records = generate_rollouts(**{**RUN, "with_trainer": False}, model=models.UNSEEN,
-                                batch_invariant=True, portable=True)
+    records = generate_rollouts(
+        **{**RUN, "with_trainer": False}, model=models.UNSEEN, batch_invariant=True, portable=True
+    )
     rescorer = TPRescorer(models.UNSEEN, 2, batch_invariant=True, portable=True, start_method=START)
     try:
         rep = audit(records, rescore=rescorer)
@@ -145,19 +161,21 @@ def test_tp1_rollout_audits_exact_against_a_tp2_trainer():
     assert rep["exact_match_fraction"] == 1.0 and rep["max_abs_diff"] == 0.0
 
 
-def test_an_error_in_a_rank_is_named(group4):   # last user of group4: the error closes it
+def test_an_error_in_a_rank_is_named(group4):  # last user of group4: the error closes it
     from detsample.parallel import RankError
 
-    with pytest.raises(RankError, match=r"rank 1 of 4 raised ValueError during job_fail_on_rank1: "
-                                        r"rank 1 refuses") as e:
+    with pytest.raises(
+        RankError,
+        match=r"rank 1 of 4 raised ValueError during job_fail_on_rank1: "
+        r"rank 1 refuses",
+    ) as e:
         group4.call(job_fail_on_rank1)
     assert e.value.kind == "ValueError" and e.value.rank == 1
 
 
 def test_negative_control_default_kernels_fail_and_name_the_row_parallel_combine():
     ref = load_model(models.UNSEEN)
-    check = check_tensor_parallel(ref, models.UNSEEN, [1, 2], config=CFG, timeout=180,
-                                  start_method=START)
+    check = check_tensor_parallel(ref, models.UNSEEN, [1, 2], config=CFG, timeout=180, start_method=START)
     assert check.name == "tensor_parallel" and not check.ok
     assert "TP=2: prefill logits differ" in check.detail
     div = check.first_divergence
@@ -166,18 +184,29 @@ def test_negative_control_default_kernels_fail_and_name_the_row_parallel_combine
 
 
 @pytest.mark.tp_full
-@pytest.mark.parametrize("model, tp", [(models.QWEN2, 2), (models.QWEN2, 4), (models.BIASED, 2),
-                                       (models.BIASED, 4), (models.BIASED_BF16, 2), (models.BIASED_BF16, 4)])
+@pytest.mark.parametrize(
+    "model, tp",
+    [
+        (models.QWEN2, 2),
+        (models.QWEN2, 4),
+        (models.BIASED, 2),
+        (models.BIASED, 4),
+        (models.BIASED_BF16, 2),
+        (models.BIASED_BF16, 4),
+    ],
+)
 def test_more_models_pass_the_check(model, tp):
     ref = load_model(model, batch_invariant=True, portable=True)
-    check = check_tensor_parallel(ref, model, [tp], batch_invariant=True, portable=True, config=CFG,
-                                  timeout=300, start_method=START)
+    check = check_tensor_parallel(
+        ref, model, [tp], batch_invariant=True, portable=True, config=CFG, timeout=300, start_method=START
+    )
     assert check.ok, check.detail
 
 
 @pytest.mark.tp8
 def test_tp8_gives_tp1_bits():
     ref = load_model(models.WIDE8, batch_invariant=True, portable=True)
-    check = check_tensor_parallel(ref, models.WIDE8, [1, 8], batch_invariant=True, portable=True,
-                                  config=CFG, timeout=600, start_method=START)
+    check = check_tensor_parallel(
+        ref, models.WIDE8, [1, 8], batch_invariant=True, portable=True, config=CFG, timeout=600, start_method=START
+    )
     assert check.ok, check.detail

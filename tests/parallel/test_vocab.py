@@ -30,10 +30,19 @@ def reference():
     return load_model(models.ODD_VOCAB, batch_invariant=True, portable=True)
 
 
-@pytest.mark.parametrize("vocab, tp, padded", [
-    (models.GPT2_VOCAB, 1, 50304), (models.GPT2_VOCAB, 2, 50304), (models.GPT2_VOCAB, 4, 50304),
-    (models.GPT2_VOCAB, 8, 50304), (512, 4, 512), (510, 2, 512), (1, 2, 64), (65, 2, 128),
-])
+@pytest.mark.parametrize(
+    "vocab, tp, padded",
+    [
+        (models.GPT2_VOCAB, 1, 50304),
+        (models.GPT2_VOCAB, 2, 50304),
+        (models.GPT2_VOCAB, 4, 50304),
+        (models.GPT2_VOCAB, 8, 50304),
+        (512, 4, 512),
+        (510, 2, 512),
+        (1, 2, 64),
+        (65, 2, 128),
+    ],
+)
 def test_padding_rule_is_vllms(vocab, tp, padded):
     # vLLM: pad_vocab_size(vocab, 64) = ceil(vocab / 64) * 64, then divide(padded, tp)
     assert padded_vocab(vocab, tp) == padded
@@ -41,8 +50,11 @@ def test_padding_rule_is_vllms(vocab, tp, padded):
 
 
 def test_padding_a_tp_size_cannot_split_is_refused_by_name():
-    with pytest.raises(TensorParallelError, match=r"tp=3 does not divide the padded vocabulary 128 "
-                                                  r"\(config.vocab_size=65 rounded up to a multiple of 64"):
+    with pytest.raises(
+        TensorParallelError,
+        match=r"tp=3 does not divide the padded vocabulary 128 "
+        r"\(config.vocab_size=65 rounded up to a multiple of 64",
+    ):
         padded_vocab(65, 3)
 
 
@@ -50,7 +62,7 @@ def test_padding_a_tp_size_cannot_split_is_refused_by_name():
 def test_gpt2_vocab_layout(tp, rows):
     lay = plan(models.llama_gpt2_vocab(), tp)
     assert (lay.vocab, lay.vocab_size) == (rows, models.GPT2_VOCAB)
-    assert lay.vocab_rows(tp - 1).stop == 50304 > models.GPT2_VOCAB   # the last rank holds the padding
+    assert lay.vocab_rows(tp - 1).stop == 50304 > models.GPT2_VOCAB  # the last rank holds the padding
 
 
 def _make_padding_live(lm, comm) -> int:
@@ -64,29 +76,39 @@ def _make_padding_live(lm, comm) -> int:
     rows = head.shard.weight.shape[0]
     if comm.rank == comm.world - 1:
         with torch.no_grad():
-            head.shard.weight[head.vocab - comm.rank * rows:] = 10.0 * seen[0]
+            head.shard.weight[head.vocab - comm.rank * rows :] = 10.0 * seen[0]
     return rows * comm.world
 
 
 def _sample(logits: torch.Tensor, width: int):
-    reqs = [Request("g", SamplingParams(temperature=0.0, logprobs=3), PROMPT, []),
-            Request("s", SamplingParams(temperature=1.0, seed=3, logprobs=3), PROMPT, [])]
+    reqs = [
+        Request("g", SamplingParams(temperature=0.0, logprobs=3), PROMPT, []),
+        Request("s", SamplingParams(temperature=1.0, seed=3, logprobs=3), PROMPT, []),
+    ]
     batch = SamplingBatch.from_requests(reqs, vocab_size=width)
     rows = logits[-1:].expand(2, -1).contiguous()
     out = Sampler().sample(rows, batch, torch.tensor([len(PROMPT)] * 2))
-    return {"tokens": out.token_ids, "logprobs": out.logprobs, "top": out.top_logprobs[0],
-            "top_ids": out.top_logprobs[1]}
+    return {
+        "tokens": out.token_ids,
+        "logprobs": out.logprobs,
+        "top": out.top_logprobs[0],
+        "top_ids": out.top_logprobs[1],
+    }
 
 
 def job_live_padding(lm, comm):
     """The cut logits and their samples, then the uncut ones (a head that forgets the cut)."""
     padded = _make_padding_live(lm, comm)
     cut = lm.forward([lm.new_cache()], [PROMPT])[0]
-    lm.module.lm_head.vocab = padded          # the negative control: no cut (past the
-    inner = getattr(lm, "inner", lm)          # adapter's shape check, which would refuse it)
+    lm.module.lm_head.vocab = padded  # the negative control: no cut (past the
+    inner = getattr(lm, "inner", lm)  # adapter's shape check, which would refuse it)
     uncut = inner.forward([inner.new_cache()], [PROMPT])[0]
-    return {"cut": cut, "cut_samples": _sample(cut, cut.shape[-1]),
-            "uncut": uncut, "uncut_samples": _sample(uncut, uncut.shape[-1])}
+    return {
+        "cut": cut,
+        "cut_samples": _sample(cut, cut.shape[-1]),
+        "uncut": uncut,
+        "uncut_samples": _sample(uncut, uncut.shape[-1]),
+    }
 
 
 def test_tp2_gpt2_vocab_logits_equal_tp1_bitwise(reference):
@@ -101,7 +123,7 @@ def test_tp2_gpt2_vocab_logits_equal_tp1_bitwise(reference):
     assert int(live["cut_samples"]["top_ids"].max()) < models.GPT2_VOCAB
     # negative control: uncut, the live padding is drawn and the logprobs normalise over it
     assert live["uncut"].shape[-1] == 50304
-    assert torch.equal(bits(live["uncut"][:, :models.GPT2_VOCAB]), bits(tp1))
+    assert torch.equal(bits(live["uncut"][:, : models.GPT2_VOCAB]), bits(tp1))
     assert int(live["uncut_samples"]["tokens"][0]) >= models.GPT2_VOCAB
     assert not torch.equal(live["uncut_samples"]["logprobs"], want_s["logprobs"])
 

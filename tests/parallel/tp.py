@@ -14,7 +14,7 @@ from detsample.probe.model import ProbeConfig
 from detsample.probe.parallel import forwards, job_forwards
 
 CFG = ProbeConfig(prompt_len=12, neighbours=(5, 17, 3), chunks=(5,), localize=True)
-START = "fork"   # ranks without re-importing torch (test_group.py covers the default, spawn)
+START = "fork"  # ranks without re-importing torch (test_group.py covers the default, spawn)
 PARTS = ("prefill", "batch", "decode")
 
 

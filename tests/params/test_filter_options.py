@@ -63,13 +63,18 @@ def test_the_harness_offers_exactly_the_filters_of_the_table(table):
     """The CLI's options, the per-row columns, the audit's Semantics and the diagnosis's
     grid follow the table: the table without min-p gives a harness without it, not a
     crash, and nothing in those files had to change."""
-    run = subprocess.run([sys.executable, "-c", PROBE, table], capture_output=True, text=True,
-                         timeout=300)
+    run = subprocess.run([sys.executable, "-c", PROBE, table], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout.strip().splitlines()[-1])
     has = table == "with"
-    assert got == {"audit": has, "rollout": has, "audit-log": False, "row_fields": has,
-                   "grid": has, "semantics": 0.1 if has else None}
+    assert got == {
+        "audit": has,
+        "rollout": has,
+        "audit-log": False,
+        "row_fields": has,
+        "grid": has,
+        "semantics": 0.1 if has else None,
+    }
 
 
 def test_rollout_min_p_reaches_the_engine_and_the_audit_rescores_it(tmp_path):
@@ -79,16 +84,49 @@ def test_rollout_min_p_reaches_the_engine_and_the_audit_rescores_it(tmp_path):
 
     def roll(name, *extra):
         path = tmp_path / name
-        assert main(["rollout", str(path), "--num-sequences", "3", "--max-new-tokens", "6",
-                     "--temperature", "0.8", "--logprobs-mode", "processed", *extra]) == 0
+        assert (
+            main(
+                [
+                    "rollout",
+                    str(path),
+                    "--num-sequences",
+                    "3",
+                    "--max-new-tokens",
+                    "6",
+                    "--temperature",
+                    "0.8",
+                    "--logprobs-mode",
+                    "processed",
+                    *extra,
+                ]
+            )
+            == 0
+        )
         return path, [json.loads(line) for line in path.read_text().splitlines()]
 
     path, recs = roll("m.jsonl", "--min-p", "0.2")
     _, plain = roll("p.jsonl")
     assert [r["engine_logprobs"] for r in recs] != [r["engine_logprobs"] for r in plain]
     report = tmp_path / "a.json"
-    assert main(["audit", str(path), "--rescore", "refmodel", "--logprobs-mode", "processed",
-                 "--temperature", "0.8", "--min-p", "0.2", "--json", str(report)]) == 0
+    assert (
+        main(
+            [
+                "audit",
+                str(path),
+                "--rescore",
+                "refmodel",
+                "--logprobs-mode",
+                "processed",
+                "--temperature",
+                "0.8",
+                "--min-p",
+                "0.2",
+                "--json",
+                str(report),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(report.read_text())
     metrics = doc.get("metrics", doc)
     assert metrics["exact_match_fraction"] == 1.0

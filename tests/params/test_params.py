@@ -35,7 +35,7 @@ BAD = [
     (dict(seed=-1), "seed", "-1"),
     (dict(seed=2**63), "seed", str(2**63)),
     (dict(stop_token_ids=[-3]), "stop_token_ids", "-3"),
-    (dict(regex="a", ebnf="root ::= \"a\""), "at most one", "regex"),
+    (dict(regex="a", ebnf='root ::= "a"'), "at most one", "regex"),
 ]
 
 
@@ -88,30 +88,38 @@ def test_replace_keeps_logit_bias():
 
 
 ROUND_TRIP_FIELDS = dict(  # one strategy per field, every field of SamplingParams
-    temperature=st.floats(0, 4), top_k=st.sampled_from([-1, 1, 7]),
-    top_p=st.sampled_from([1.0, 0.5]), min_p=st.sampled_from([0.0, 0.1]),
-    repetition_penalty=st.sampled_from([1.0, 1.3]), frequency_penalty=st.floats(-2, 2),
-    presence_penalty=st.floats(-2, 2), min_new_tokens=st.integers(0, 5),
+    temperature=st.floats(0, 4),
+    top_k=st.sampled_from([-1, 1, 7]),
+    top_p=st.sampled_from([1.0, 0.5]),
+    min_p=st.sampled_from([0.0, 0.1]),
+    repetition_penalty=st.sampled_from([1.0, 1.3]),
+    frequency_penalty=st.floats(-2, 2),
+    presence_penalty=st.floats(-2, 2),
+    min_new_tokens=st.integers(0, 5),
     stop_token_ids=st.lists(st.integers(0, 50), max_size=3),
-    logit_bias=st.one_of(st.none(), st.dictionaries(
-        st.one_of(st.integers(0, 50), st.integers(0, 50).map(str)), st.floats(-5, 5),
-        max_size=4).filter(lambda d: len({int(k) for k in d}) == len(d))),
-    seed=st.one_of(st.none(), st.integers(0, 2**63 - 1)), logprobs=st.integers(0, 3),
+    logit_bias=st.one_of(
+        st.none(),
+        st.dictionaries(
+            st.one_of(st.integers(0, 50), st.integers(0, 50).map(str)), st.floats(-5, 5), max_size=4
+        ).filter(lambda d: len({int(k) for k in d}) == len(d)),
+    ),
+    seed=st.one_of(st.none(), st.integers(0, 2**63 - 1)),
+    logprobs=st.integers(0, 3),
     logprobs_mode=st.sampled_from(["raw", "scaled", "processed"]),
     json_schema=st.sampled_from([None, {"type": "object"}]),
     max_new_tokens=st.one_of(st.none(), st.integers(1, 9)),
     allowed_token_ids=st.one_of(st.none(), st.lists(st.integers(0, 50), min_size=1, max_size=4)),
     bad_words=st.lists(st.lists(st.integers(0, 50), min_size=1, max_size=3), max_size=2),
     logits_processor=st.sampled_from([None, abs]),
-    extra_args=st.one_of(st.none(), st.dictionaries(st.text(max_size=4), st.integers(),
-                                                    max_size=3)),
+    extra_args=st.one_of(st.none(), st.dictionaries(st.text(max_size=4), st.integers(), max_size=3)),
     require_reasoning=st.booleans(),
 )
 
 
 def test_round_trip_strategies_cover_every_field():
     assert set(ROUND_TRIP_FIELDS) | {"regex", "ebnf", "structural_tag"} == {
-        f.name for f in dataclasses.fields(SamplingParams)}
+        f.name for f in dataclasses.fields(SamplingParams)
+    }
 
 
 @given(st.fixed_dictionaries(ROUND_TRIP_FIELDS), st.sampled_from(sorted(ROUND_TRIP_FIELDS)))

@@ -30,8 +30,14 @@ def test_field_rules_name_field_and_value(call, msg):
 
 
 FLOAT32_CASES = [  # (value, nonzero, ok)
-    (3e38, False, True), (-3e38, False, True), (1e39, False, False), (-1e300, False, False),
-    (1e-40, True, True), (1e-50, True, False), (0.0, True, True), (1e-50, False, True),
+    (3e38, False, True),
+    (-3e38, False, True),
+    (1e39, False, False),
+    (-1e300, False, False),
+    (1e-40, True, True),
+    (1e-50, True, False),
+    (0.0, True, True),
+    (1e-50, False, True),
 ]
 
 

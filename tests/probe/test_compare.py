@@ -32,7 +32,7 @@ def test_neighbours_are_one_ulp_apart(dtype):
 
 
 def test_across_zero_counts_every_representable_value():
-    tiny = torch.tensor([1.4e-45])                       # the smallest float32 subnormal
+    tiny = torch.tensor([1.4e-45])  # the smallest float32 subnormal
     assert diff(-tiny, tiny).max_ulp == 2
     assert diff(torch.tensor([-0.0]), torch.tensor([0.0])).max_ulp == 0
 

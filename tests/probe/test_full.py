@@ -18,8 +18,10 @@ from detsample.cli import main
 
 pytestmark = pytest.mark.probe_full
 
-FIRST = {"hf-tiny-llama": ("aten::mm", "[1,256]x[256,256] vs [40,256]x[256,256]"),
-         "hf-tiny-qwen2": ("aten::addmm", "[160]x[1,160]x[160,160] vs [160]x[40,160]x[160,160]")}
+FIRST = {
+    "hf-tiny-llama": ("aten::mm", "[1,256]x[256,256] vs [40,256]x[256,256]"),
+    "hf-tiny-qwen2": ("aten::addmm", "[160]x[1,160]x[160,160] vs [160]x[40,160]x[160,160]"),
+}
 
 
 @pytest.mark.parametrize("model", sorted(FIRST))

@@ -23,7 +23,7 @@ class Drift(nn.Module):
     batch-size-dependent op (an aten::add), on any machine."""
 
     def forward(self, x):
-        return x + (2.0 ** -20 if x.shape[0] > 1 else 0.0)
+        return x + (2.0**-20 if x.shape[0] > 1 else 0.0)
 
 
 class Block(nn.Module):
@@ -45,7 +45,7 @@ class Toy(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(Block(i == drift_in) for i in range(3))
 
-    def forward(self, x):                      # x: (B, T, D)
+    def forward(self, x):  # x: (B, T, D)
         for layer in self.layers:
             x = layer(x)
         return x
@@ -53,8 +53,7 @@ class Toy(nn.Module):
 
 def _sides(model: nn.Module, rows: int, width: int = 6):
     x = torch.randn(rows, width, D, generator=torch.Generator().manual_seed(0))
-    return (Side(lambda: model(x[:1]), 0, 2, 1, width),
-            Side(lambda: model(x), 0, 2, rows, width))
+    return (Side(lambda: model(x[:1]), 0, 2, 1, width), Side(lambda: model(x), 0, 2, rows, width))
 
 
 def test_names_the_module_and_op_that_drift():
@@ -80,11 +79,10 @@ def test_ops_outside_modules_are_named_by_root():
     w = torch.randn(D, D, generator=torch.Generator().manual_seed(1))
 
     def f(x):
-        return torch.tanh(x * w[0]) + (1e-3 if x.shape[0] > 2 else 0.0)   # element-wise: exact
+        return torch.tanh(x * w[0]) + (1e-3 if x.shape[0] > 2 else 0.0)  # element-wise: exact
 
     x = torch.randn(4, D, generator=torch.Generator().manual_seed(2))
-    div = first_divergence(Side(lambda: f(x[:1]), 0, 0, 1, 1), Side(lambda: f(x), 0, 0, 4, 1),
-                           root="fn")
+    div = first_divergence(Side(lambda: f(x[:1]), 0, 0, 1, 1), Side(lambda: f(x), 0, 0, 4, 1), root="fn")
     assert div is not None and div.module == "fn" and div.op == "aten::add"
 
 
@@ -93,7 +91,7 @@ HEAD_CASES = [
     ((2, 5, 8), (2, 5, 1, 3), {"bt"}),
     ((2, 4, 5, 8), (2, 5, 1, 3), {"bht"}),
     ((10, 8), (2, 5, 1, 3), {"flat"}),
-    ((1, 5, 5, 8), (1, 5, 0, 1), {"bt", "bht"}),       # 5 heads, 5 tokens: ambiguous
+    ((1, 5, 5, 8), (1, 5, 0, 1), {"bt", "bht"}),  # 5 heads, 5 tokens: ambiguous
     ((3, 7), (2, 5, 0, 0), set()),
 ]
 

@@ -19,7 +19,7 @@ from detsample.probe.threads import torch_threads
 
 SMALL = ProbeConfig(prompt_len=12, neighbours=(3, 17, 6), chunks=(3, 4))
 UNLOCALISED = ProbeConfig(prompt_len=12, neighbours=(3, 17, 6), chunks=(3, 4), localize=False)
-EPS = 2.0 ** -10
+EPS = 2.0**-10
 
 
 class Faulty:
@@ -38,11 +38,13 @@ class Faulty:
     def forward(self, caches, chunks):
         past = [len(c) for c in caches]
         outs = self.inner.forward(caches, chunks)
-        hit = {"batch": lambda p, n: len(chunks) > 1,
-               "decode": lambda p, n: n == 1 and p > 0,
-               "chunk": lambda p, n: n > 1 and p > 0,
-               "threads": lambda p, n: torch.get_num_threads() == 1,
-               None: lambda p, n: False}[self.fault]
+        hit = {
+            "batch": lambda p, n: len(chunks) > 1,
+            "decode": lambda p, n: n == 1 and p > 0,
+            "chunk": lambda p, n: n > 1 and p > 0,
+            "threads": lambda p, n: torch.get_num_threads() == 1,
+            None: lambda p, n: False,
+        }[self.fault]
         # the add runs on every row (as a kernel would), its result depends on the fault
         return [o + (EPS if hit(p, len(c)) else 0.0) for o, p, c in zip(outs, past, chunks)]
 
@@ -51,8 +53,13 @@ def _failing(report):
     return {c.name for c in report.checks if not c.ok}
 
 
-FAULTS = [(None, set()), ("batch", {"batch_invariance"}), ("decode", {"prefill_decode"}),
-          ("chunk", {"chunked_prefill"}), ("threads", {"threads"})]
+FAULTS = [
+    (None, set()),
+    ("batch", {"batch_invariance"}),
+    ("decode", {"prefill_decode"}),
+    ("chunk", {"chunked_prefill"}),
+    ("threads", {"threads"}),
+]
 
 
 @pytest.mark.parametrize("fault,failing", FAULTS)
@@ -77,20 +84,26 @@ def test_fault_outside_modules_is_localised_at_the_root():
 def _expected(fault, cfg):
     spans = _split(cfg.prompt_len, cfg.chunks)
     later = [e - s for s, e in spans[1:]]
-    return {None: set(), "batch": {"batch_invariance"},
-            "decode": {"prefill_decode"} | ({"chunked_prefill"} if 1 in later else set()),
-            "chunk": {"chunked_prefill"} if any(n > 1 for n in later) else set()}[fault]
+    return {
+        None: set(),
+        "batch": {"batch_invariance"},
+        "decode": {"prefill_decode"} | ({"chunked_prefill"} if 1 in later else set()),
+        "chunk": {"chunked_prefill"} if any(n > 1 for n in later) else set(),
+    }[fault]
 
 
 @settings(max_examples=8)
-@given(fault=st.sampled_from([None, "batch", "decode", "chunk"]),
-       prompt_len=st.integers(2, 10),
-       neighbours=st.lists(st.integers(1, 12), min_size=1, max_size=4),
-       chunks=st.lists(st.integers(1, 6), min_size=1, max_size=3),
-       seed=st.integers(0, 2**31))
+@given(
+    fault=st.sampled_from([None, "batch", "decode", "chunk"]),
+    prompt_len=st.integers(2, 10),
+    neighbours=st.lists(st.integers(1, 12), min_size=1, max_size=4),
+    chunks=st.lists(st.integers(1, 6), min_size=1, max_size=3),
+    seed=st.integers(0, 2**31),
+)
 def test_fault_detection_over_configs(fault, prompt_len, neighbours, chunks, seed):
-    cfg = ProbeConfig(prompt_len=prompt_len, neighbours=tuple(neighbours), chunks=tuple(chunks),
-                      seed=seed, localize=False)
+    cfg = ProbeConfig(
+        prompt_len=prompt_len, neighbours=tuple(neighbours), chunks=tuple(chunks), seed=seed, localize=False
+    )
     report = probe_model(Faulty(fault), cfg, checks=CHECK_NAMES[:3])
     assert _failing(report) == _expected(fault, cfg)
 
@@ -126,8 +139,8 @@ def test_tiny_llama_prefill_decode_names_q_proj_mm(llama):
     assert (fd.module, fd.op) == ("model.layers.0.self_attn.q_proj", "aten::mm")
     assert fd.shapes == "[1,256]x[256,256] vs [12,256]x[256,256]"
     assert fd.describe().startswith(
-        "first divergence: model.layers.0.self_attn.q_proj -> aten::mm [1,256]x[256,256] vs "
-        "[12,256]x[256,256], ")
+        "first divergence: model.layers.0.self_attn.q_proj -> aten::mm [1,256]x[256,256] vs [12,256]x[256,256], "
+    )
 
 
 def test_config_and_model_errors():

@@ -18,15 +18,17 @@ from detsample.probe.ops import OP_NAMES, invariant_aten_ops, probe_ops, sdpa_ba
 from detsample.probe.threads import torch_threads
 
 SMALL = dict(sizes=(1, 2, 3, 4, 8), query_lengths=(1, 2, 3, 33))
-JSON_KEYS = {"op", "dtype", "batch_invariant", "run_to_run", "threads",
-             "first_differing_sizes", "max_ulp"}
+JSON_KEYS = {"op", "dtype", "batch_invariant", "run_to_run", "threads", "first_differing_sizes", "max_ulp"}
 
 
 @pytest.fixture(scope="module")
 def float32_results():
-    return {r.op: r for r in probe_ops("cpu", ["float32"], (1, 2),
-                                       ops=["mm", "linear", "log_softmax", "softmax", "argmax"],
-                                       **SMALL)}
+    return {
+        r.op: r
+        for r in probe_ops(
+            "cpu", ["float32"], (1, 2), ops=["mm", "linear", "log_softmax", "softmax", "argmax"], **SMALL
+        )
+    }
 
 
 PINNED = [("mm", False), ("linear", False), ("log_softmax", True)]
@@ -62,28 +64,30 @@ class RowWiseMatmul(TorchDispatchMode):
         with torch_threads(1):
             if func is torch.ops.aten.mm.default:
                 a, b = args
-                return torch.cat([torch.mm(a[i:i + 1], b) for i in range(a.shape[0])])
+                return torch.cat([torch.mm(a[i : i + 1], b) for i in range(a.shape[0])])
             if func is torch.ops.aten.addmm.default:
                 c, a, b = args[:3]
-                return torch.cat([torch.addmm(c, a[i:i + 1], b, **kwargs) for i in range(a.shape[0])])
+                return torch.cat([torch.addmm(c, a[i : i + 1], b, **kwargs) for i in range(a.shape[0])])
         return func(*args, **kwargs)
 
 
 def test_mode_is_entered_around_every_probe():
-    results = probe_ops("cpu", ["float32"], (1, 2), ops=["mm", "addmm", "matmul", "linear"],
-                        mode=RowWiseMatmul, **SMALL)
+    results = probe_ops(
+        "cpu", ["float32"], (1, 2), ops=["mm", "addmm", "matmul", "linear"], mode=RowWiseMatmul, **SMALL
+    )
     assert [r.op for r in results] == ["mm", "addmm", "matmul", "linear"]
     assert all(r.ok and r.first_differing_sizes is None for r in results), results
 
 
 def test_dtypes_and_attention_backends():
-    results = probe_ops("cpu", ["bfloat16", torch.float16], None,
-                        ops=["log_softmax", "scaled_dot_product_attention/decode"], **SMALL)
+    results = probe_ops(
+        "cpu", ["bfloat16", torch.float16], None, ops=["log_softmax", "scaled_dot_product_attention/decode"], **SMALL
+    )
     labels = [label for label, _ in sdpa_backends("cpu")]
     assert "" in labels and "math" in labels
     assert len(results) == 2 * (1 + len(labels))
     assert {r.dtype for r in results} == {"bfloat16", "float16"}
-    assert all(r.threads is None for r in results)       # one count given: not measured
+    assert all(r.threads is None for r in results)  # one count given: not measured
     assert any(r.op == "scaled_dot_product_attention[math]/decode" for r in results)
 
 
@@ -103,7 +107,23 @@ def test_bad_arguments_are_named(kwargs, message):
 
 
 def test_op_names_cover_the_issue_list():
-    for op in ("mm", "addmm", "matmul", "linear", "bmm", "sum", "mean", "softmax",
-               "log_softmax", "layer_norm", "rms_norm", "scaled_dot_product_attention",
-               "embedding", "cumsum", "topk", "sort", "argmax"):
+    for op in (
+        "mm",
+        "addmm",
+        "matmul",
+        "linear",
+        "bmm",
+        "sum",
+        "mean",
+        "softmax",
+        "log_softmax",
+        "layer_norm",
+        "rms_norm",
+        "scaled_dot_product_attention",
+        "embedding",
+        "cumsum",
+        "topk",
+        "sort",
+        "argmax",
+    ):
         assert op in OP_NAMES

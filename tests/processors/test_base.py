@@ -49,13 +49,12 @@ class Recorder(SlotProcessor):
 
 def _batch(specs, start=0):
     return SamplingBatch.from_requests(
-        [Request(f"r{start + i}", SamplingParams(seed=start + i, **kw), [1], [])
-         for i, kw in enumerate(specs)], V)
+        [Request(f"r{start + i}", SamplingParams(seed=start + i, **kw), [1], []) for i, kw in enumerate(specs)], V
+    )
 
 
 def _logits(batch):
-    return torch.stack([logits_for(r.rid, len(o)) for r, o in
-                        zip(batch.requests, batch.output_ids)])
+    return torch.stack([logits_for(r.rid, len(o)) for r, o in zip(batch.requests, batch.output_ids)])
 
 
 def test_updates_delivered_before_apply_and_none_when_unchanged():
@@ -107,36 +106,33 @@ def test_argmax_invariant_skipped_only_when_all_greedy():
     assert inv.applied == 1
     alone = _batch([{"temperature": 0.0, "logprobs_mode": "raw"}])
     ref = Sampler(processors=(Recorder(invariant=True),)).sample(
-        _logits(alone), alone, torch.zeros(1, dtype=torch.int64))
+        _logits(alone), alone, torch.zeros(1, dtype=torch.int64)
+    )
     assert torch.equal(out.token_ids[:1], ref.token_ids)
     assert torch.equal(out.logprobs[:1], ref.logprobs)
 
 
 def test_greedy_rows_unaffected_by_argmax_invariant_processor_in_mixed_batch():
-    specs = [{"temperature": 0.0, "logprobs_mode": "scaled", "logprobs": 3},
-             {"temperature": 1.0}]
+    specs = [{"temperature": 0.0, "logprobs_mode": "scaled", "logprobs": 3}, {"temperature": 1.0}]
     b = _batch(specs)
-    mixed = Sampler(processors=(Recorder(invariant=True),)).sample(
-        _logits(b), b, torch.zeros(2, dtype=torch.int64))
+    mixed = Sampler(processors=(Recorder(invariant=True),)).sample(_logits(b), b, torch.zeros(2, dtype=torch.int64))
     a = _batch(specs[:1])
-    alone = Sampler(processors=(Recorder(invariant=True),)).sample(
-        _logits(a), a, torch.zeros(1, dtype=torch.int64))
+    alone = Sampler(processors=(Recorder(invariant=True),)).sample(_logits(a), a, torch.zeros(1, dtype=torch.int64))
     assert torch.equal(mixed.logprobs[:1], alone.logprobs)
     assert torch.equal(mixed.top_logprobs[0][:1], alone.top_logprobs[0])
 
 
 def test_per_request_processor_runs_once_per_group():
     p1, p2 = ScaleEvenTokens(), ScaleEvenTokens()
-    specs = [{"logits_processor": p1}, {}, {"logits_processor": p2},
-             {"logits_processor": p1}, {"logits_processor": p1}]
+    specs = [{"logits_processor": p1}, {}, {"logits_processor": p2}, {"logits_processor": p1}, {"logits_processor": p1}]
     b = _batch(specs)
     out = Sampler().sample(_logits(b), b, torch.arange(5))
     assert (p1.calls, p2.calls) == (1, 1)
     for i in range(5):
         a = SamplingBatch.from_requests([b.requests[i]], V)
         one = Sampler().sample(_logits(a), a, torch.tensor([i]))
-        assert torch.equal(one.token_ids, out.token_ids[i:i + 1])
-        assert torch.equal(one.logprobs, out.logprobs[i:i + 1])
+        assert torch.equal(one.token_ids, out.token_ids[i : i + 1])
+        assert torch.equal(one.logprobs, out.logprobs[i : i + 1])
 
 
 def test_switching_batches_rebuilds_state():
@@ -184,13 +180,18 @@ def test_docs_user_processor_example_runs():
     """The example of docs/sampling-penalties.md must keep working."""
     import pathlib
     import re
+
     doc = pathlib.Path(__file__).parents[2] / "docs" / "sampling-penalties.md"
     code = re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)[1]
     ns: dict = {}
     exec(code, ns)  # noqa: S102 - our own documentation
     b = SamplingBatch.from_requests(
-        [Request("a", SamplingParams(seed=2, temperature=0.0), [1], [5]),
-         Request("b", SamplingParams(seed=3, temperature=0.0), [1], [5])], 10)
+        [
+            Request("a", SamplingParams(seed=2, temperature=0.0), [1], [5]),
+            Request("b", SamplingParams(seed=3, temperature=0.0), [1], [5]),
+        ],
+        10,
+    )
     x = torch.zeros(2, 10)
     x[:, 5] = 1.0
     out = ns["sampler"].sample(x, b, torch.tensor([1, 1]))

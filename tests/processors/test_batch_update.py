@@ -18,8 +18,7 @@ from detsample.processors.batch_update import apply_to_slots, diff_update
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.permutations(range(8)).flatmap(lambda p: st.tuples(
-    st.just(p), st.integers(0, 8), st.integers(0, 4))))
+@given(st.permutations(range(8)).flatmap(lambda p: st.tuples(st.just(p), st.integers(0, 8), st.integers(0, 4))))
 def test_diff_update_reaches_the_new_layout(args):
     perm, n_keep, n_add = args
     old = list(perm)
@@ -42,7 +41,8 @@ FILTERS = [
 
 def _batch(n, start=0):
     return SamplingBatch.from_requests(
-        [Request(f"r{start + i}", SamplingParams(seed=start + i), [1], [2]) for i in range(n)], 8)
+        [Request(f"r{start + i}", SamplingParams(seed=start + i), [1], [2]) for i in range(n)], 8
+    )
 
 
 @pytest.mark.parametrize("name,keep,want", FILTERS, ids=[f[0] for f in FILTERS])
@@ -78,5 +78,4 @@ def test_update_since_composes_several_changes():
     b.merge(_batch(1, start=9))
     b.filter([2, 0])
     upd = b.update_since(old)
-    assert apply_to_slots(["r0", "r1", "r2", "r3"], upd,
-                          lambda a: f"r{a.params.seed}") == [r.rid for r in b.requests]
+    assert apply_to_slots(["r0", "r1", "r2", "r3"], upd, lambda a: f"r{a.params.seed}") == [r.rid for r in b.requests]

@@ -46,16 +46,18 @@ def core_min_tokens(x, batch):
 
 def core_min_p(x, batch):
     """The step-8 keep rule of the core, exp(z) >= min_p on sampling rows."""
-    t = torch.where(batch.greedy.unsqueeze(1), torch.ones_like(batch.temperatures),
-                    batch.temperatures)
+    t = torch.where(batch.greedy.unsqueeze(1), torch.ones_like(batch.temperatures), batch.temperatures)
     z = scale_logits(x, row_max(x), t)
     use = (~batch.greedy) & (batch.min_ps > 0)
     drop = (arith.exp(z) < batch.min_ps.unsqueeze(1)) & use.unsqueeze(1)
     return x.masked_fill(drop, float("-inf"))
 
 
-PAIRS = [(LogitBiasLogitsProcessor, core_bias), (MinTokensLogitsProcessor, core_min_tokens),
-         (MinPLogitsProcessor, core_min_p)]
+PAIRS = [
+    (LogitBiasLogitsProcessor, core_bias),
+    (MinTokensLogitsProcessor, core_min_tokens),
+    (MinPLogitsProcessor, core_min_p),
+]
 
 
 @settings(max_examples=25, deadline=None)
@@ -63,8 +65,8 @@ PAIRS = [(LogitBiasLogitsProcessor, core_bias), (MinTokensLogitsProcessor, core_
 def test_builtins_equal_core_ops_through_composition(data):
     n = data.draw(st.integers(2, 8))
     pool = [data.draw(biased_request(i)) for i in range(n)]
-    batch = SamplingBatch.from_requests(pool[:n // 2], V, eos_token_ids=EOS)
-    rest = pool[n // 2:]
+    batch = SamplingBatch.from_requests(pool[: n // 2], V, eos_token_ids=EOS)
+    rest = pool[n // 2 :]
     sampler = Sampler(processors=tuple(cls() for cls, _ in PAIRS))
     for step in range(data.draw(st.integers(2, 10))):
         op = data.draw(st.sampled_from(["advance", "filter", "merge"]))
@@ -72,7 +74,7 @@ def test_builtins_equal_core_ops_through_composition(data):
             batch.advance(data.draw(st.lists(token, min_size=len(batch), max_size=len(batch))))
         elif op == "filter" and len(batch):
             keep = data.draw(st.permutations(range(len(batch))))
-            batch.filter(keep[:data.draw(st.integers(0, len(keep)))])
+            batch.filter(keep[: data.draw(st.integers(0, len(keep)))])
         elif op == "merge" and rest:
             batch.merge(SamplingBatch.from_requests([rest.pop()], V, eos_token_ids=EOS))
         sampler._runner.sync(batch)
@@ -91,10 +93,8 @@ def test_cached_tensors_are_built_once_per_batch_change():
     logits' device on every ``apply``; the bias COO was a second copy of the batch's
     loop. The device tensors are now cached until the batch changes, and both COO
     forms come from one builder (``ops.bias.bias_coo``), with equal bits."""
-    ps = [SamplingParams(seed=i, logit_bias={i: 0.5, 3: -1.0}, min_p=0.1, temperature=0.8)
-          for i in range(3)]
-    batch = SamplingBatch.from_requests(
-        [Request(str(i), p) for i, p in enumerate(ps)], V, eos_token_ids=EOS)
+    ps = [SamplingParams(seed=i, logit_bias={i: 0.5, 3: -1.0}, min_p=0.1, temperature=0.8) for i in range(3)]
+    batch = SamplingBatch.from_requests([Request(str(i), p) for i, p in enumerate(ps)], V, eos_token_ids=EOS)
     procs = (LogitBiasLogitsProcessor(), MinPLogitsProcessor())
     sampler = Sampler(processors=procs)
     sampler._runner.sync(batch)

@@ -66,8 +66,10 @@ def plugin(tmp_path, monkeypatch):
 
 @pytest.fixture
 def entry_points(monkeypatch):
-    eps = [importlib.metadata.EntryPoint("boost", "ds_plugin:Boost", loading.ENTRY_POINT_GROUP),
-           importlib.metadata.EntryPoint("broken", "ds_plugin:Missing", loading.ENTRY_POINT_GROUP)]
+    eps = [
+        importlib.metadata.EntryPoint("boost", "ds_plugin:Boost", loading.ENTRY_POINT_GROUP),
+        importlib.metadata.EntryPoint("broken", "ds_plugin:Missing", loading.ENTRY_POINT_GROUP),
+    ]
     real = importlib.metadata.entry_points
 
     def fake(**kw):
@@ -87,15 +89,18 @@ def test_a_processor_is_loaded_by_class_name_class_or_entry_point(plugin, entry_
     assert [type(p).__name__ for p in loading.installed_processors()] == ["Boost"]
 
 
-@pytest.mark.parametrize("spec, match", [
-    ("ds_plugin.Nope", "module 'ds_plugin' has no 'Nope'"),
-    ("no_such_pkg_xyz.Boost", "cannot import 'no_such_pkg_xyz'"),
-    ("ds_plugin:NotAProcessor", "is not a subclass of detsample.processors.LogitsProcessor"),
-    ("ds_plugin.NeedsArgs", r"NeedsArgs\(\) raised TypeError"),
-    ("nosuch", "no entry point of that name in the group 'detsample.logits_processors'"),
-    ("broken", r"entry point 'broken' \(ds_plugin:Missing\): AttributeError"),
-    (3, "expected a LogitsProcessor, a class, a class name or an entry-point name, got int"),
-])
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ("ds_plugin.Nope", "module 'ds_plugin' has no 'Nope'"),
+        ("no_such_pkg_xyz.Boost", "cannot import 'no_such_pkg_xyz'"),
+        ("ds_plugin:NotAProcessor", "is not a subclass of detsample.processors.LogitsProcessor"),
+        ("ds_plugin.NeedsArgs", r"NeedsArgs\(\) raised TypeError"),
+        ("nosuch", "no entry point of that name in the group 'detsample.logits_processors'"),
+        ("broken", r"entry point 'broken' \(ds_plugin:Missing\): AttributeError"),
+        (3, "expected a LogitsProcessor, a class, a class name or an entry-point name, got int"),
+    ],
+)
 def test_a_bad_processor_spec_is_one_named_error(plugin, entry_points, spec, match):
     entry_points.names.add("broken")
     with pytest.raises(InvalidSamplingParams, match=match):
@@ -103,8 +108,9 @@ def test_a_bad_processor_spec_is_one_named_error(plugin, entry_points, spec, mat
 
 
 def _engine_run(processors, requests):
-    engine = Engine(RefModel(), Sampler(processors=processors),
-                    EngineConfig(default_max_new_tokens=4, eos_token_ids=()))
+    engine = Engine(
+        RefModel(), Sampler(processors=processors), EngineConfig(default_max_new_tokens=4, eos_token_ids=())
+    )
     return engine.run(Schedule.of([(0, r) for r in requests]))
 
 
@@ -117,15 +123,16 @@ def test_per_request_arguments_reach_the_processor(plugin):
     assert sglang.params.custom_params == {"token": 12, "boost": 1e4}
     alone = _engine_run(("ds_plugin.Boost",), [free])  # the free row is untouched
     assert alone["f"].token_ids == res["f"].token_ids
-    assert torch.equal(alone["f"].logprobs["raw"].view(torch.int32),
-                       res["f"].logprobs["raw"].view(torch.int32))
+    assert torch.equal(alone["f"].logprobs["raw"].view(torch.int32), res["f"].logprobs["raw"].view(torch.int32))
 
 
 def test_bad_per_request_arguments_are_refused_at_request_entry(plugin):
     bad = Request("x", SamplingParams(seed=1, extra_args={"token": "seventy"}), [1, 2])
-    with pytest.raises(InvalidSamplingParams,
-                       match=r"request 'x' rejected by Boost: extra_args\['token'\] must be a "
-                             r"token id, got 'seventy'"):
+    with pytest.raises(
+        InvalidSamplingParams,
+        match=r"request 'x' rejected by Boost: extra_args\['token'\] must be a "
+        r"token id, got 'seventy'",
+    ):
         _engine_run(("ds_plugin.Boost",), [Request("ok", SamplingParams(seed=0), [1]), bad])
     sampler = Sampler(processors=("ds_plugin.Boost",))
     with pytest.raises(InvalidSamplingParams, match="rejected by Boost"):
@@ -135,10 +142,13 @@ def test_bad_per_request_arguments_are_refused_at_request_entry(plugin):
         sampler.sample(torch.zeros((1, 512)), batch, torch.tensor([1]))
 
 
-@pytest.mark.parametrize("value, match", [
-    ([("token", 1)], "extra_args must be a mapping of str to values, got list"),
-    ({1: 2}, "extra_args keys must be str, got 1"),
-])
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        ([("token", 1)], "extra_args must be a mapping of str to values, got list"),
+        ({1: 2}, "extra_args keys must be str, got 1"),
+    ],
+)
 def test_extra_args_must_be_a_mapping_with_str_keys(value, match):
     with pytest.raises(InvalidSamplingParams, match=match):
         SamplingParams(extra_args=value)

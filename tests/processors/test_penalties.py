@@ -27,8 +27,7 @@ def _batch(reqs):
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.integers(1, 6).flatmap(lambda n: st.tuples(*[request_st(i) for i in range(n)])),
-       st.integers(0, 999))
+@given(st.integers(1, 6).flatmap(lambda n: st.tuples(*[request_st(i) for i in range(n)])), st.integers(0, 999))
 def test_penalties_and_constraints_match_oracle_bitwise(reqs, seed):
     """Every row of step 3 equals the float32 oracle of that row alone."""
     batch = _batch(list(reqs))
@@ -36,8 +35,9 @@ def test_penalties_and_constraints_match_oracle_bitwise(reqs, seed):
     got = apply_penalties_and_constraints(x, batch)
     assert torch.equal(x, torch.randn((len(reqs), V), generator=torch.Generator().manual_seed(seed)) * 3)
     for i, r in enumerate(reqs):
-        want = orc.penalties_and_constraints_row(x[i].numpy(), r.params, r.prompt_ids, r.output_ids, EOS,
-                             dtype=np.float32)
+        want = orc.penalties_and_constraints_row(
+            x[i].numpy(), r.params, r.prompt_ids, r.output_ids, EOS, dtype=np.float32
+        )
         assert np.array_equal(got[i].numpy().view(np.int32), want.view(np.int32)), r
 
 
@@ -82,8 +82,10 @@ def test_no_penalty_batch_allocates_nothing():
 
 
 def test_penalty_state_dropped_when_last_penalised_row_leaves():
-    reqs = [Request("a", SamplingParams(presence_penalty=1.0, seed=1), [], []),
-            Request("b", SamplingParams(seed=2), [], [])]
+    reqs = [
+        Request("a", SamplingParams(presence_penalty=1.0, seed=1), [], []),
+        Request("b", SamplingParams(seed=2), [], []),
+    ]
     batch = _batch(reqs)
     assert batch.penalties is not None
     batch.filter([1])
@@ -126,12 +128,12 @@ def _sampler():
 def _step(sampler, batch, record):
     rows = [logits_for(r.rid, len(o)) for r, o in zip(batch.requests, batch.output_ids)]
     x = torch.stack(rows) if rows else torch.empty((0, V))
-    pos = torch.tensor([len(r.prompt_ids) + len(o) for r, o in
-                        zip(batch.requests, batch.output_ids)], dtype=torch.int64)
+    pos = torch.tensor(
+        [len(r.prompt_ids) + len(o) for r, o in zip(batch.requests, batch.output_ids)], dtype=torch.int64
+    )
     out = sampler.sample(x, batch, pos)
     for i, r in enumerate(batch.requests):
-        record.setdefault(r.rid, []).append(
-            (int(out.token_ids[i]), out.logprobs[i].view(torch.int32).item()))
+        record.setdefault(r.rid, []).append((int(out.token_ids[i]), out.logprobs[i].view(torch.int32).item()))
     batch.advance(out.token_ids)
 
 
@@ -164,8 +166,7 @@ def test_rows_equal_alone_through_random_filter_merge(data):
     fresh = iter(pool)
 
     def take():
-        return [r for r in (next(fresh, None) for _ in range(data.draw(st.integers(1, 3))))
-                if r is not None]
+        return [r for r in (next(fresh, None) for _ in range(data.draw(st.integers(1, 3)))) if r is not None]
 
     live = [[_sampler(), _batch(take())]]
     record: dict[str, list] = {}
@@ -177,7 +178,7 @@ def test_rows_equal_alone_through_random_filter_merge(data):
             _step(sampler, batch, record)
         elif op == "filter" and len(batch):
             keep = data.draw(st.permutations(range(len(batch))))
-            keep = keep[:data.draw(st.integers(0, len(keep)))]
+            keep = keep[: data.draw(st.integers(0, len(keep)))]
             batch.filter(keep)
         elif op == "merge" and len(live) > 1:
             j = data.draw(st.sampled_from([i for i in range(len(live)) if i != k]))

@@ -19,10 +19,8 @@ from detsample.processors.penalty_state import PenaltyState, RowTokens
 
 # name, params, prompt, output, expected snapshot
 ROWS = [
-    ("prompt-tracked-for-repetition", dict(repetition_penalty=1.2), [1, 1, 2], [2, 3],
-     {1: 0, 2: 1, 3: 1}),
-    ("prompt-ignored-without-repetition", dict(frequency_penalty=1.0), [1, 2], [2, 3, 3],
-     {2: 1, 3: 2}),
+    ("prompt-tracked-for-repetition", dict(repetition_penalty=1.2), [1, 1, 2], [2, 3], {1: 0, 2: 1, 3: 1}),
+    ("prompt-ignored-without-repetition", dict(frequency_penalty=1.0), [1, 2], [2, 3, 3], {2: 1, 3: 2}),
     ("empty", dict(presence_penalty=1.0), [], [], {}),
 ]
 
@@ -46,8 +44,7 @@ def test_counts_survive_growth(prompt, output):
 
 def test_coo_view_follows_advance():
     p = SamplingParams(seed=1, frequency_penalty=1.0)
-    st_ = PenaltyState.extend(None, 0, [type("R", (), {"params": p, "prompt_ids": []})()] * 2,
-                              [[4], []])
+    st_ = PenaltyState.extend(None, 0, [type("R", (), {"params": p, "prompt_ids": []})()] * 2, [[4], []])
     rows, cols, counts, *_ = st_.coo(torch.device("cpu"))
     assert (rows.tolist(), cols.tolist(), counts.tolist()) == ([0], [4], [1])
     st_.advance([4, -1])

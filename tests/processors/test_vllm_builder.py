@@ -39,7 +39,7 @@ def vllm_step(batch, finished, new, swaps, overwrite):
     for i, rid in zip(fin, new):  # refill finished rows, lowest index first
         slots[i] = rid
         added.append(_add(i, rid))
-    rest, new = fin[len(added):], new[len(added):]
+    rest, new = fin[len(added) :], new[len(added) :]
     nxt = len(batch)
     for rid in new:  # extend past the current max index
         slots[nxt] = rid
@@ -64,14 +64,12 @@ def vllm_step(batch, finished, new, swaps, overwrite):
         if i < n and j < n and i != j:
             slots[i], slots[j] = slots[j], slots[i]
             moved.append((i, j, SWAP))
-    return (BatchUpdate(n, tuple(removed), tuple(added), tuple(moved)),
-            [slots[i] for i in range(n)])
+    return (BatchUpdate(n, tuple(removed), tuple(added), tuple(moved)), [slots[i] for i in range(n)])
 
 
 def test_the_documented_examples():
     # 1 new, 2 finished, one swap: [A,B,C,D] -> [B,E,D]
-    upd = BatchUpdate(3, removed=(2,), added=(_add(0, "E"),),
-                      moved=((3, 2, UNI), (0, 1, SWAP)))
+    upd = BatchUpdate(3, removed=(2,), added=(_add(0, "E"),), moved=((3, 2, UNI), (0, 1, SWAP)))
     assert apply_to_slots(list("ABCD"), upd, _entry) == list("BED")
     # 2 new, 1 finished, one swap: [A,B,C,D] -> [B,A,E,D,F]
     upd = BatchUpdate(5, added=(_add(2, "E"), _add(4, "F")), moved=((0, 1, SWAP),))
@@ -93,9 +91,18 @@ class _Recorder(SlotProcessor):
 
 
 @settings(max_examples=150)
-@given(st.lists(st.tuples(st.sets(st.integers(0, 9)), st.integers(0, 4),
-                          st.lists(st.tuples(st.integers(0, 9), st.integers(0, 9)), max_size=2),
-                          st.booleans()), min_size=1, max_size=8))
+@given(
+    st.lists(
+        st.tuples(
+            st.sets(st.integers(0, 9)),
+            st.integers(0, 4),
+            st.lists(st.tuples(st.integers(0, 9), st.integers(0, 9)), max_size=2),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
 def test_replayed_builder_sequences_keep_a_processor_in_step(steps):
     batch, proc, serial = [], _Recorder(), 0
     for finish, n_new, swaps, overwrite in steps:
@@ -107,12 +114,15 @@ def test_replayed_builder_sequences_keep_a_processor_in_step(steps):
         assert proc.slots == batch
 
 
-@pytest.mark.parametrize("upd, match", [
-    (BatchUpdate(2, removed=(5,)), "removed slot 5 is empty"),
-    (BatchUpdate(2, moved=((4, 0, UNI),)), "move from empty slot 4"),
-    (BatchUpdate(3, moved=((0, 4, SWAP),)), "swap with empty slot 4"),
-    (BatchUpdate(3, moved=((1, 4, UNI),)), r"slots \[0, 2, 4\] after an update of size 3"),
-])
+@pytest.mark.parametrize(
+    "upd, match",
+    [
+        (BatchUpdate(2, removed=(5,)), "removed slot 5 is empty"),
+        (BatchUpdate(2, moved=((4, 0, UNI),)), "move from empty slot 4"),
+        (BatchUpdate(3, moved=((0, 4, SWAP),)), "swap with empty slot 4"),
+        (BatchUpdate(3, moved=((1, 4, UNI),)), r"slots \[0, 2, 4\] after an update of size 3"),
+    ],
+)
 def test_invalid_updates_are_named_errors(upd, match):
     with pytest.raises(InvalidBatchUpdate, match=match):
         apply_to_slots(list("ABC"), upd, _entry)

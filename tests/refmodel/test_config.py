@@ -15,8 +15,15 @@ from detsample.refmodel import RefModelConfig, RefModelError
 
 def test_defaults():
     c = RefModelConfig()
-    assert (c.vocab_size, c.n_layers, c.d_model, c.n_heads, c.max_seq_len, c.seed, c.d_ff) \
-        == (512, 2, 64, 4, 1024, 0, 256)
+    assert (c.vocab_size, c.n_layers, c.d_model, c.n_heads, c.max_seq_len, c.seed, c.d_ff) == (
+        512,
+        2,
+        64,
+        4,
+        1024,
+        0,
+        256,
+    )
     assert c.head_dim == 16
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.seed = 1  # type: ignore[misc]

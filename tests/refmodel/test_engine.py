@@ -41,8 +41,7 @@ PARAMS = {
     "bias": dict(temperature=1.0, logit_bias={5: 2.5, "33": -1.0}),
     "top3": dict(temperature=1.0, logprobs=3),
     # penalties and min_new_tokens count the request's own output (state replayed by rescore)
-    "penalties": dict(temperature=0.9, repetition_penalty=1.3, frequency_penalty=0.4,
-                      presence_penalty=0.2),
+    "penalties": dict(temperature=0.9, repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.2),
     "min_tokens": dict(temperature=1.0, min_new_tokens=5, stop_token_ids=(7, 9)),
     # grammars (default vocabulary): the row finishes when the matcher accepts EOS
     "regex": dict(temperature=1.0, regex=REGEX),
@@ -50,8 +49,9 @@ PARAMS = {
 }
 
 
-def make_request(rid: str, family: str, seed: int, mode: str = "raw",
-                 max_new: int = 12, prompt_len: int = 6) -> Request:
+def make_request(
+    rid: str, family: str, seed: int, mode: str = "raw", max_new: int = 12, prompt_len: int = 6
+) -> Request:
     rng = random.Random(seed)
     p = SamplingParams(seed=seed, max_new_tokens=max_new, logprobs_mode=mode, **PARAMS[family])
     return Request(rid, p, [rng.randrange(1, 512) for _ in range(prompt_len)])
@@ -73,9 +73,13 @@ def engine(model) -> Engine:
 
 
 def mixed_requests(mode: str = "raw") -> list[Request]:
-    return [make_request(f"{fam}{i}", fam, seed=10 * i + j, mode=mode,
-                         max_new=8 + (i * 5 + j) % 9, prompt_len=3 + (7 * i + j) % 11)
-            for j, fam in enumerate(PARAMS) for i in range(2)]
+    return [
+        make_request(
+            f"{fam}{i}", fam, seed=10 * i + j, mode=mode, max_new=8 + (i * 5 + j) % 9, prompt_len=3 + (7 * i + j) % 11
+        )
+        for j, fam in enumerate(PARAMS)
+        for i in range(2)
+    ]
 
 
 def test_engine_outputs_shape(engine):
@@ -91,8 +95,7 @@ def test_engine_outputs_shape(engine):
         assert out.finish_reason in ("length", "eos", "stop", "grammar_terminated")
         last = out.token_ids[-1]
         assert (out.finish_reason in ("eos", "grammar_terminated")) == (last == 0)
-        assert (out.finish_reason == "grammar_terminated") == (r.params.grammar is not None
-                                                               and last == 0)
+        assert (out.finish_reason == "grammar_terminated") == (r.params.grammar is not None and last == 0)
         assert (out.finish_reason == "stop") == (last in r.params.stop_token_ids and last != 0)
         assert out.arrival_step <= out.finish_step
         if r.params.logprobs:
@@ -135,8 +138,7 @@ def test_extra_logprobs_modes_equal_rescore(model):
         out = res[r.rid]
         assert set(out.logprobs) == {"raw", "scaled", "processed"}
         for mode in ("scaled", "processed"):
-            lp = rescore(model, Sampler(), with_mode(r.params, mode),
-                         r.prompt_ids, out.token_ids)
+            lp = rescore(model, Sampler(), with_mode(r.params, mode), r.prompt_ids, out.token_ids)
             assert torch.equal(bits(out.logprobs[mode]), bits(lp)), (r.rid, mode)
 
 
@@ -157,7 +159,8 @@ def test_batch_composition_invariance(engine):
     perm = reqs[:]
     rng.shuffle(perm)
     split = Engine(engine.model, config=EngineConfig(max_batch_size=3)).run(
-        Schedule.of([(rng.randint(0, 20), r) for r in perm]))
+        Schedule.of([(rng.randint(0, 20), r) for r in perm])
+    )
     assert mixed.steps != split.steps
     for r in reqs:
         alone = engine.run(Schedule.of([(0, r)]))
@@ -205,8 +208,7 @@ def test_unseeded_request_reports_its_seed(engine):
     r = Request("u", SamplingParams(max_new_tokens=4), [1, 2, 3])
     out = engine.run(Schedule.of([(0, r)]))["u"]
     assert out.seed == r.params.seed
-    again = engine.run(Schedule.of([(0, Request("u", SamplingParams(max_new_tokens=4,
-                                                                    seed=out.seed), [1, 2, 3]))]))
+    again = engine.run(Schedule.of([(0, Request("u", SamplingParams(max_new_tokens=4, seed=out.seed), [1, 2, 3]))]))
     assert same_result(out, again["u"])
 
 
@@ -256,14 +258,14 @@ def test_stops_at_max_new_tokens(engine):
     out = engine.run(Schedule.of([(0, r)]))["m"]
     assert len(out.token_ids) == 5 and out.finish_reason == "length"
     d = Engine(engine.model, config=EngineConfig(default_max_new_tokens=3)).run(
-        Schedule.of([(0, Request("d", SamplingParams(seed=2), [1]))]))["d"]
+        Schedule.of([(0, Request("d", SamplingParams(seed=2), [1]))])
+    )["d"]
     assert len(d.token_ids) == 3 and d.finish_reason == "length"
 
 
 def test_stops_at_max_seq_len():
     m = RefModel(RefModelConfig(max_seq_len=10, d_model=32, n_heads=2))
-    r = Request("x", SamplingParams(seed=0, max_new_tokens=50, logit_bias={0: -100.0}),
-                [1, 2, 3, 4, 5, 6])
+    r = Request("x", SamplingParams(seed=0, max_new_tokens=50, logit_bias={0: -100.0}), [1, 2, 3, 4, 5, 6])
     out = Engine(m).run(Schedule.of([(0, r)]))["x"]
     # positions 5..9 each sample one token; the fifth token would need position 10
     assert out.finish_reason == "max_seq_len" and len(out.token_ids) == 10 - 6 + 1
@@ -293,9 +295,11 @@ def test_grammar_requests_follow_their_grammar(model):
     """A regex and a JSON-schema request next to free ones: outputs obey the grammar,
     finish as grammar_terminated, and align with rescoring (matcher state replayed)."""
     vocab = Vocabulary.default()
-    reqs = [Request("re", SamplingParams(seed=1, regex=REGEX, max_new_tokens=20), [2, 3]),
-            Request("js", SamplingParams(seed=2, json_schema=SCHEMA, max_new_tokens=60), [4]),
-            make_request("free", "plain", 3)]
+    reqs = [
+        Request("re", SamplingParams(seed=1, regex=REGEX, max_new_tokens=20), [2, 3]),
+        Request("js", SamplingParams(seed=2, json_schema=SCHEMA, max_new_tokens=60), [4]),
+        make_request("free", "plain", 3),
+    ]
     eng = Engine(model, config=EngineConfig(vocab=vocab))
     res = eng.run(Schedule.of([(0, reqs[0]), (1, reqs[1]), (1, reqs[2])]))
     assert res["re"].finish_reason == "grammar_terminated"
@@ -309,8 +313,7 @@ def test_grammar_requests_follow_their_grammar(model):
 
 def test_max_batch_size_and_fifo(model):
     reqs = [make_request(f"q{i}", "plain", seed=i, max_new=3 + i) for i in range(6)]
-    res = Engine(model, config=EngineConfig(max_batch_size=2)).run(
-        Schedule.of([(0, r) for r in reqs]))
+    res = Engine(model, config=EngineConfig(max_batch_size=2)).run(Schedule.of([(0, r) for r in reqs]))
     assert max(len(s) for s in res.steps) == 2
     first_seen = {}
     for k, s in enumerate(res.steps):
@@ -329,8 +332,10 @@ def test_idle_gap_between_arrivals(engine):
 
 BAD_SCHEDULES = [
     (lambda: Schedule.of([(-1, Request("a", prompt_ids=[1]))]), "arrival step must be"),
-    (lambda: Schedule.of([(0, Request("a", prompt_ids=[1])), (1, Request("a", prompt_ids=[2]))]),
-     "unique, got 'a' twice"),
+    (
+        lambda: Schedule.of([(0, Request("a", prompt_ids=[1])), (1, Request("a", prompt_ids=[2]))]),
+        "unique, got 'a' twice",
+    ),
     (lambda: Schedule.of([(0, Request("a", prompt_ids=[]))]), "'a': prompt_ids must not be empty"),
     (lambda: EngineConfig(max_batch_size=0), "max_batch_size must be None or >= 1, got 0"),
     (lambda: EngineConfig(extra_logprobs_modes=("logits",)), "got 'logits'"),
@@ -354,8 +359,7 @@ def test_bad_request_rejected_before_any_work(engine):
     long = Request("l", SamplingParams(seed=1), [1] * 1024)
     with pytest.raises(InvalidSamplingParams, match="'l'.*max_seq_len=1024"):
         engine.run(Schedule.of([(0, long)]))
-    assert same_result(engine.run(Schedule.of([(0, good)]))["g"],
-                       engine.run(Schedule.of([(0, good)]))["g"])
+    assert same_result(engine.run(Schedule.of([(0, good)]))["g"], engine.run(Schedule.of([(0, good)]))["g"])
 
 
 class _CountingEngine(Engine):
@@ -369,10 +373,16 @@ class _CountingEngine(Engine):
 
 
 LATE_BAD = [  # a request that only the batch build (at its admission) used to reject
-    ("float32-underflow repetition", dict(repetition_penalty=1e-50),
-     r"'b': repetition_penalty must be representable in float32 \(finite, non-zero\)"),
-    ("float32-overflow presence", dict(presence_penalty=1e39),
-     r"'b': presence_penalty must be representable in float32 \(finite\)"),
+    (
+        "float32-underflow repetition",
+        dict(repetition_penalty=1e-50),
+        r"'b': repetition_penalty must be representable in float32 \(finite, non-zero\)",
+    ),
+    (
+        "float32-overflow presence",
+        dict(presence_penalty=1e39),
+        r"'b': presence_penalty must be representable in float32 \(finite\)",
+    ),
     ("processor not callable", dict(logits_processor=7), "'b': logits_processor must be callable"),
 ]
 
@@ -447,8 +457,7 @@ def test_property_random_schedules(model, data):
     seeds = data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
     cap = data.draw(st.sampled_from([None, 1, 2, 5]), label="max_batch_size")
     chunk = data.draw(st.sampled_from([None, 1, 4]), label="prefill_chunk")
-    reqs = [make_request(f"{i}", f, s, m, max_new=6) for i, (f, s, m) in
-            enumerate(zip(fams, seeds, modes))]
+    reqs = [make_request(f"{i}", f, s, m, max_new=6) for i, (f, s, m) in enumerate(zip(fams, seeds, modes))]
     # plus one request with arbitrary sampling parameters (any filter, bias, mode)
     p = data.draw(params_strategy(512), label="params")
     p = p.replace(max_new_tokens=5)
@@ -456,7 +465,8 @@ def test_property_random_schedules(model, data):
     fams, seeds, modes = fams + ["any"], seeds + [p.seed], modes + [p.logprobs_mode]
     steps = steps + [data.draw(st.integers(0, 8))]
     res = Engine(model, config=EngineConfig(max_batch_size=cap, prefill_chunk=chunk)).run(
-        Schedule.of(list(zip(steps, reqs))))
+        Schedule.of(list(zip(steps, reqs)))
+    )
     for r, f, s, m in zip(reqs, fams, seeds, modes):
         key = (r.rid, f, s, m)
         if key not in _ALONE:

@@ -19,8 +19,12 @@ from detsample.refmodel.engine import Engine, EngineConfig
 from detsample.refmodel.schedule import Schedule
 from detsample.refmodel.verify import alignment_mismatches, invariance_mismatches, result_diff
 
-MIXED = [dict(temperature=0.8, top_p=0.9), dict(temperature=0.0), dict(temperature=1.2, top_k=20),
-         dict(temperature=0.7, min_p=0.1, repetition_penalty=1.2)]
+MIXED = [
+    dict(temperature=0.8, top_p=0.9),
+    dict(temperature=0.0),
+    dict(temperature=1.2, top_k=20),
+    dict(temperature=0.7, min_p=0.1, repetition_penalty=1.2),
+]
 
 
 def _schedule(max_new: int = 6) -> Schedule:
@@ -65,6 +69,7 @@ def test_hf_model_on_default_kernels_does_not_align():
 
 class _NoLimit:
     """A minimal CausalLM without a length limit (max_seq_len None)."""
+
     name, vocab_size, max_seq_len = "nolimit", 16, None
 
     def new_cache(self):

@@ -35,6 +35,7 @@ def gated_vocab(monkeypatch, gate: threading.Event) -> Vocabulary:
         def relay():
             gate.wait(60)
             out.set_result(inner.result())
+
         threading.Thread(target=relay, daemon=True).start()
         return out
 
@@ -60,8 +61,7 @@ class OpensGate:
 
 
 def _schedule():
-    free = [Request(f"r{i}", SamplingParams(seed=i, max_new_tokens=10), [1 + i, 2, 3])
-            for i in range(2)]
+    free = [Request(f"r{i}", SamplingParams(seed=i, max_new_tokens=10), [1 + i, 2, 3]) for i in range(2)]
     g = Request("g", SamplingParams(seed=7, regex=REGEX, max_new_tokens=8), [4, 5, 6])
     return Schedule.of([(0, free[0]), (0, g), (0, free[1])])
 
@@ -83,8 +83,7 @@ def test_a_compiling_grammar_is_held_out_and_joins_with_the_same_tokens(monkeypa
 def test_grammar_ready_names_the_rows_still_compiling_without_waiting(monkeypatch):
     gate = threading.Event()
     vocab = gated_vocab(monkeypatch, gate)
-    reqs = [Request("free", SamplingParams(seed=1), [1]),
-            Request("g", SamplingParams(seed=2, regex=REGEX), [1])]
+    reqs = [Request("free", SamplingParams(seed=1), [1]), Request("g", SamplingParams(seed=2, regex=REGEX), [1])]
     batch = SamplingBatch.from_requests(reqs, 512, vocab=vocab)
     assert batch.grammar_ready() == [True, False]
     gate.set()

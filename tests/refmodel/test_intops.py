@@ -17,8 +17,7 @@ from detsample.refmodel.config import ACT_FRAC, ACT_MAX, GAIN_FRAC, NORM_EPS, W_
 
 
 def rand_ints(rng: random.Random, shape, lo, hi) -> torch.Tensor:
-    return torch.tensor([rng.randint(lo, hi) for _ in range(math.prod(shape))],
-                        dtype=torch.int64).view(shape)
+    return torch.tensor([rng.randint(lo, hi) for _ in range(math.prod(shape))], dtype=torch.int64).view(shape)
 
 
 ROUND_SHIFT = [(5, 1), (-5, 1), (7, 3), (-7, 3), (4, 3), (-4, 3), (12345, 0), (2**40 + 1, 20)]
@@ -40,7 +39,7 @@ def test_linear_exact_against_python_ints(rows):
     for i in range(rows):
         for j in range(40):
             acc = sum(xs[i][k] * ws[k][j] for k in range(64))
-            expect = max(-ACT_MAX, min(ACT_MAX, (acc + 2**(W_FRAC - 1)) >> W_FRAC))
+            expect = max(-ACT_MAX, min(ACT_MAX, (acc + 2 ** (W_FRAC - 1)) >> W_FRAC))
             assert int(got[i, j]) == expect
 
 
@@ -54,8 +53,8 @@ def test_rms_norm_matches_formula_and_is_row_local():
         r = math.sqrt(sum(v * v for v in row) / 64 + NORM_EPS)
         for j in (0, 17, 63):
             y = round(row[j] / r * 2**ACT_FRAC)  # Python round is half-even like torch
-            assert int(got[i, j]) == (y * int(g[j]) + 2**(GAIN_FRAC - 1)) >> GAIN_FRAC
-        assert torch.equal(intops.rms_norm(x[i:i + 1], g)[0], got[i])
+            assert int(got[i, j]) == (y * int(g[j]) + 2 ** (GAIN_FRAC - 1)) >> GAIN_FRAC
+        assert torch.equal(intops.rms_norm(x[i : i + 1], g)[0], got[i])
 
 
 def test_attention_padding_and_batch_invariance():
@@ -91,6 +90,6 @@ def test_attention_weights_follow_softmax():
     k = rand_ints(rng, (1, 1, 12, 16), -600, 600)
     v = rand_ints(rng, (1, 1, 12, 16), -3000, 3000)
     got = intops.attention(q, k, v, torch.ones(1, 1, 1, 12, dtype=torch.bool), table)
-    s = (q.double() @ k.double().transpose(-1, -2)) / 2**(2 * ACT_FRAC) / 4.0
+    s = (q.double() @ k.double().transpose(-1, -2)) / 2 ** (2 * ACT_FRAC) / 4.0
     ref = torch.softmax(s, -1) @ v.double()
     assert (got.double() - ref).abs().max() < 0.02 * v.abs().max()

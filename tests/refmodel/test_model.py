@@ -95,7 +95,7 @@ def test_chunked_prefill(model, chunks):
     seq = rand_seq(random.Random(3), sum(chunks))
     cache, rows, at = model.new_cache(), [], 0
     for n in chunks:
-        rows.append(model.prefill(seq[at:at + n], cache))
+        rows.append(model.prefill(seq[at : at + n], cache))
         at += n
     assert torch.equal(torch.cat(rows), reference(model, seq))
 

@@ -63,6 +63,6 @@ def test_float_sum_depends_on_batch_at_two_threads(num_threads):
     xi = (x * 2**20).round().to(torch.int64)
     with num_threads(2):
         full, full_i = x.sum(-1), xi.sum(-1)
-        alone = [torch.equal(x[i:i + 1].sum(-1)[0], full[i]) for i in range(8)]
+        alone = [torch.equal(x[i : i + 1].sum(-1)[0], full[i]) for i in range(8)]
         assert not all(alone), "float row sums were batch-invariant (see module docstring)"
-        assert all(torch.equal(xi[i:i + 1].sum(-1)[0], full_i[i]) for i in range(8))
+        assert all(torch.equal(xi[i : i + 1].sum(-1)[0], full_i[i]) for i in range(8))

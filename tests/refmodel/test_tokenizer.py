@@ -37,8 +37,7 @@ def test_agrees_with_default_vocabulary():
     assert tok.decode(vocab.encode(text)) == text.encode("utf-8")
 
 
-@pytest.mark.parametrize("bad,msg", [(512, "got 512"), (-1, "non-negative"),
-                                     (True, "non-negative integer")])
+@pytest.mark.parametrize("bad,msg", [(512, "got 512"), (-1, "non-negative"), (True, "non-negative integer")])
 def test_bad_ids(bad, msg):
     with pytest.raises(RefModelError, match=msg):
         tok.token_bytes(bad)

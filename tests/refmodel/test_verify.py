@@ -28,8 +28,7 @@ class BatchLeakyModel(RefModel):
 
 
 def requests() -> list[Request]:
-    return [Request(f"r{i}", SamplingParams(seed=i, max_new_tokens=6), [1 + i, 2, 3])
-            for i in range(4)]
+    return [Request(f"r{i}", SamplingParams(seed=i, max_new_tokens=6), [1 + i, 2, 3]) for i in range(4)]
 
 
 def test_clean_engine_has_no_mismatch(model):

@@ -49,15 +49,15 @@ def with_epsilon(monkeypatch):
 #: (params, epsilon): one row per strategy; the min-p / epsilon pairs cross so that the
 #: columns cannot be swapped unnoticed
 ROWS = [
-    (dict(top_p=0.9, temperature=1.5), 0.02),                 # flat nucleus: spills, select
-    (dict(top_p=0.8, temperature=0.7), 0.1),                  # nucleus on candidates
-    (dict(top_k=20, top_p=0.95, min_p=0.3), 0.05),            # small top-k, bounded
-    (dict(top_k=12, min_p=0.02), 0.25),                       # small top-k alone, bounded
-    (dict(top_k=3000, temperature=0.9), 0.05),                # large top-k: k-th value, full
-    (dict(top_k=3000, top_p=0.97, min_p=0.05), 0.01),         # large top-k with top-p
-    (dict(temperature=0.8), 0.2),                             # plain: block CDF
-    (dict(temperature=1.2, min_p=0.1), 0.0),                  # epsilon neutral
-    (dict(temperature=0.0), 0.5),                             # greedy: untouched
+    (dict(top_p=0.9, temperature=1.5), 0.02),  # flat nucleus: spills, select
+    (dict(top_p=0.8, temperature=0.7), 0.1),  # nucleus on candidates
+    (dict(top_k=20, top_p=0.95, min_p=0.3), 0.05),  # small top-k, bounded
+    (dict(top_k=12, min_p=0.02), 0.25),  # small top-k alone, bounded
+    (dict(top_k=3000, temperature=0.9), 0.05),  # large top-k: k-th value, full
+    (dict(top_k=3000, top_p=0.97, min_p=0.05), 0.01),  # large top-k with top-p
+    (dict(temperature=0.8), 0.2),  # plain: block CDF
+    (dict(temperature=1.2, min_p=0.1), 0.0),  # epsilon neutral
+    (dict(temperature=0.0), 0.5),  # greedy: untouched
 ]
 
 
@@ -70,8 +70,7 @@ def _batches(seed, mode="processed_fixed"):
         eps.append(EpsParams(epsilon=e, **kw))
         twin.append(EpsParams(**dict(kw, min_p=max(kw.get("min_p", 0.0), e))))
         off.append(EpsParams(**kw))
-    return [SamplingBatch.from_requests([Request(str(i), p) for i, p in enumerate(ps)], V)
-            for ps in (eps, twin, off)]
+    return [SamplingBatch.from_requests([Request(str(i), p) for i, p in enumerate(ps)], V) for ps in (eps, twin, off)]
 
 
 def _same(a, b):
@@ -135,8 +134,9 @@ def test_the_ops_read_every_column(with_epsilon):
     k = torch.tensor([V, 40, V, 7, 3000, V], dtype=torch.int32)
     p = torch.tensor([0.9, 1.0, 0.95, 1.0, 0.99, 1.0], dtype=torch.float64)
     tau = filter_ops.thresholds_by_sort(z, k, p, twin, frac)
-    assert not torch.equal(tau, filter_ops.thresholds_by_sort(z, k, p, rules.element_tensor(
-        rows, min_p=mp), frac))  # epsilon moves some threshold
+    assert not torch.equal(
+        tau, filter_ops.thresholds_by_sort(z, k, p, rules.element_tensor(rows, min_p=mp), frac)
+    )  # epsilon moves some threshold
     for by in (filter_ops.thresholds_by_sort, radix.thresholds_by_select):
         assert torch.equal(by(z, k, p, both, frac).view(torch.int32), tau.view(torch.int32))
     sz = torch.sort(z, dim=-1, descending=True).values

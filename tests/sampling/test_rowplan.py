@@ -9,12 +9,19 @@ from detsample import Request, Sampler, SamplingBatch, SamplingParams
 from detsample.sampling.rowplan import plan_rows
 
 V = 400
-PARAMS = [SamplingParams(temperature=0.0, seed=0),                       # greedy
-          SamplingParams(temperature=0.7, top_k=20, seed=1),             # candidates
-          SamplingParams(temperature=0.7, top_k=200, seed=2),            # large k only
-          SamplingParams(temperature=0.7, top_p=0.9, seed=3),            # nucleus
-          SamplingParams(temperature=0.7, min_p=0.1, seed=4, logprobs=2,  # plain
-                         logprobs_mode="processed")]
+PARAMS = [
+    SamplingParams(temperature=0.0, seed=0),  # greedy
+    SamplingParams(temperature=0.7, top_k=20, seed=1),  # candidates
+    SamplingParams(temperature=0.7, top_k=200, seed=2),  # large k only
+    SamplingParams(temperature=0.7, top_p=0.9, seed=3),  # nucleus
+    SamplingParams(
+        temperature=0.7,
+        min_p=0.1,
+        seed=4,
+        logprobs=2,  # plain
+        logprobs_mode="processed",
+    ),
+]
 
 
 def _batch(ps=PARAMS):
@@ -22,8 +29,15 @@ def _batch(ps=PARAMS):
 
 
 def _plan(b, impl="auto"):
-    return plan_rows(b.params, V, impl, b.device, temperatures=b.temperatures,
-                     greedy=b.greedy, filters=(b.top_ks, b.top_ps, b.element_filters))
+    return plan_rows(
+        b.params,
+        V,
+        impl,
+        b.device,
+        temperatures=b.temperatures,
+        greedy=b.greedy,
+        filters=(b.top_ks, b.top_ps, b.element_filters),
+    )
 
 
 def test_rows_routed_by_their_own_parameters():
@@ -45,9 +59,16 @@ def test_rows_routed_by_their_own_parameters():
 
 def test_excluded_rows_leave_sampling_and_top_rows_but_not_the_width():
     b = _batch()
-    p = plan_rows(b.params, V, "auto", torch.device("cpu"), temperatures=b.temperatures,
-                  greedy=b.greedy, filters=(b.top_ks, b.top_ps, b.element_filters),
-                  excluded=frozenset({4}))
+    p = plan_rows(
+        b.params,
+        V,
+        "auto",
+        torch.device("cpu"),
+        temperatures=b.temperatures,
+        greedy=b.greedy,
+        filters=(b.top_ks, b.top_ps, b.element_filters),
+        excluded=frozenset({4}),
+    )
     assert p.sampling.rows == (1, 2, 3) and "processed" not in p.top and p.max_top == 2
 
 
@@ -74,9 +95,11 @@ def test_bounded_filters_shaped_once_per_composition():
     whose threshold and mass come from the full row (a top-p without a small top-k, with
     or without a large top-k), top_p with +inf where disabled (a row without top-p never
     cuts by mass), the element-wise filters only when a row uses one."""
-    ps = [SamplingParams(temperature=0.7, top_k=20, seed=1),
-          SamplingParams(temperature=0.7, top_k=8, top_p=0.5, seed=2),
-          SamplingParams(temperature=0.0, seed=3)]
+    ps = [
+        SamplingParams(temperature=0.7, top_k=20, seed=1),
+        SamplingParams(temperature=0.7, top_k=8, top_p=0.5, seed=2),
+        SamplingParams(temperature=0.0, seed=3),
+    ]
     bf = _plan(_batch(ps)).route.filters
     assert bf.k_index.tolist() == [[19], [7]] and bf.small is None and bf.wide is None
     assert bf.top_p.tolist() == [[float("inf")], [0.5]] and bf.element is None

@@ -5,17 +5,19 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from detsample import InvalidSamplingParams, Vocabulary
 
-CORPUS = ["hello world, the cat sat on the mat", "naïve café déjà vu — 東京",
-          "{\"a\": 1}"] * 10
-TEXTS = ["the cat sat", "café 東京 hello", "{\"a\": 1, \"b\": [2]}"]
+CORPUS = ["hello world, the cat sat on the mat", "naïve café déjà vu — 東京", '{"a": 1}'] * 10
+TEXTS = ["the cat sat", "café 東京 hello", '{"a": 1, "b": [2]}']
 
 
 def _byte_level(path):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>", "<|pad|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<|endoftext|>", "<|pad|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(CORPUS, trainer)
     tok.save(str(path))
     return tok
@@ -30,8 +32,9 @@ def _sentencepiece(path):
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>"))
     tok.add_special_tokens(["<unk>", "<s>", "</s>"])
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
-                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     tok.save(str(path))
     return tok
 
@@ -63,12 +66,10 @@ def test_sentencepiece_byte_fallback(tmp_path, text):
 def test_vocab_size_padding_and_explicit_eos(tmp_path):
     tok = _byte_level(tmp_path / "tokenizer.json")
     n = tok.get_vocab_size()
-    v = Vocabulary.from_tokenizer_json(tmp_path / "tokenizer.json", vocab_size=n + 7,
-                                       eos_token_ids=[1])
+    v = Vocabulary.from_tokenizer_json(tmp_path / "tokenizer.json", vocab_size=n + 7, eos_token_ids=[1])
     assert v.vocab_size == n + 7 and v.eos_token_ids == (1,)
     assert all(v.tokens[i] == b"" and i in v.special_ids for i in range(n, n + 7))
-    with pytest.raises(InvalidSamplingParams,
-                       match=f"vocab_size must be >= the tokenizer's {n} ids"):
+    with pytest.raises(InvalidSamplingParams, match=f"vocab_size must be >= the tokenizer's {n} ids"):
         Vocabulary.from_tokenizer_json(tmp_path / "tokenizer.json", vocab_size=n - 1)
 
 

@@ -57,8 +57,7 @@ def test_fingerprint_stable_and_sensitive():
     toks = list(a.tokens)
     toks[300] = b"zz-other"
     assert Vocabulary.from_tokens(toks, eos_token_ids=[0]).fingerprint != a.fingerprint
-    assert Vocabulary.from_tokens(a.tokens, eos_token_ids=[0], special_ids=[0, 1]
-                                  ).fingerprint != a.fingerprint
+    assert Vocabulary.from_tokens(a.tokens, eos_token_ids=[0], special_ids=[0, 1]).fingerprint != a.fingerprint
     assert Vocabulary.from_tokens(a.tokens, eos_token_ids=[0, 1]).fingerprint != a.fingerprint
 
 
@@ -142,6 +141,7 @@ def test_configure_grammar_sets_the_compilers_options_once():
     configuration, or one after the first grammar, is refused (it would drop the
     compilations made under the first options)."""
     from detsample.grammar import GrammarConfig
+
     v = Vocabulary.default()
     c = v.configure_grammar(GrammarConfig(compile_timeout_s=None))
     assert v.grammar_compiler is c and c.config.compile_timeout_s is None

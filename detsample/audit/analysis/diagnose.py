@@ -49,15 +49,17 @@ T_GRID = tuple(round(0.05 * k, 2) for k in range(1, 41))
 _OPTIONS = {o.name: o for o in filter_options()}
 _ELEMENTS = tuple(f for f in ELEMENT_FILTERS if f.least is not None and f.name in _OPTIONS)
 #: the single filters tried at every temperature (and none)
-SINGLE_FILTERS = ((("top_k", -1),),
-                  *((("top_p", p),) for p in _OPTIONS["top_p"].grid),
-                  *((("top_k", k),) for k in _OPTIONS["top_k"].grid),
-                  *(((f.name, v),) for f in _ELEMENTS for v in _OPTIONS[f.name].grid))
+SINGLE_FILTERS = (
+    (("top_k", -1),),
+    *((("top_p", p),) for p in _OPTIONS["top_p"].grid),
+    *((("top_k", k),) for k in _OPTIONS["top_k"].grid),
+    *(((f.name, v),) for f in _ELEMENTS for v in _OPTIONS[f.name].grid),
+)
 
 #: the grid as arrays: top-k values (-1: no filter), top-p values, element-filter settings
-_TOP_K = tuple(v for (n, v), in SINGLE_FILTERS if n == "top_k")
-_TOP_P = tuple(v for (n, v), in SINGLE_FILTERS if n == "top_p")
-_ELEMENT_GRID = tuple((n, v) for (n, v), in SINGLE_FILTERS if n not in ("top_k", "top_p"))
+_TOP_K = tuple(v for ((n, v),) in SINGLE_FILTERS if n == "top_k")
+_TOP_P = tuple(v for ((n, v),) in SINGLE_FILTERS if n == "top_p")
+_ELEMENT_GRID = tuple((n, v) for ((n, v),) in SINGLE_FILTERS if n not in ("top_k", "top_p"))
 #: top-k values combined with every top-p (top-k 1 is greedy whatever top-p does)
 _COMBO_K = tuple(k for k in _TOP_K if k > 1)
 _COMBO_COLS = [_TOP_K.index(k) for k in _COMBO_K]
@@ -69,11 +71,16 @@ _LOG_LEAST = torch.log(torch.tensor([_LEAST[n](v) for n, v in _ELEMENT_GRID], dt
 #: element-wise filter (min-p) with top-p in vLLM's order (top-p over the min-p
 #: survivors; detsample applies min-p after top-p, where the pair keeps what the stricter
 #: one keeps: :data:`ORDER_NOTE`)
-COMBINED_FILTERS = (tuple((("top_k", k), ("top_p", p)) for k in _COMBO_K for p in _TOP_P)
-                    + tuple((e, ("top_p", p)) for e in _ELEMENT_GRID for p in _TOP_P))
+COMBINED_FILTERS = tuple((("top_k", k), ("top_p", p)) for k in _COMBO_K for p in _TOP_P) + tuple(
+    (e, ("top_p", p)) for e in _ELEMENT_GRID for p in _TOP_P
+)
 #: every filter setting tried at every temperature, in the order of :func:`_scores`'s columns
-FILTER_GRID = (tuple((("top_k", v),) for v in _TOP_K) + tuple((("top_p", v),) for v in _TOP_P)
-               + tuple((e,) for e in _ELEMENT_GRID) + COMBINED_FILTERS)
+FILTER_GRID = (
+    tuple((("top_k", v),) for v in _TOP_K)
+    + tuple((("top_p", v),) for v in _TOP_P)
+    + tuple((e,) for e in _ELEMENT_GRID)
+    + COMBINED_FILTERS
+)
 
 
 @dataclass(frozen=True)
@@ -110,16 +117,16 @@ def _scores(r: _Rows, t: float) -> dict[tuple, float]:
     z = r.x_sorted / t
     lcse = torch.logcumsumexp(z, dim=1)
     total = lcse[:, -1:]
-    before = torch.cat([torch.zeros_like(total), torch.exp(lcse[:, :-1] - total)],
-                       dim=1).contiguous()  # mass strictly before entry j, of the row
+    before = torch.cat(
+        [torch.zeros_like(total), torch.exp(lcse[:, :-1] - total)], dim=1
+    ).contiguous()  # mass strictly before entry j, of the row
     n = z.shape[0]
-    kept_m = torch.searchsorted((-z).contiguous(), (-(z[:, :1] + _LOG_LEAST)).contiguous(),
-                                right=True)
+    kept_m = torch.searchsorted((-z).contiguous(), (-(z[:, :1] + _LOG_LEAST)).contiguous(), right=True)
     prefix = torch.cat([r.kept_k[:, _COMBO_COLS], kept_m], dim=1)  # top-p runs within these
     mass = torch.exp(lcse.gather(1, prefix - 1) - total)
     thr = torch.cat([_P.expand(n, -1), (mass.unsqueeze(2) * _P).reshape(n, -1)], dim=1)
     kept = torch.searchsorted(before, thr.contiguous(), right=False).clamp(min=1)
-    kept_p, within = kept[:, :len(_TOP_P)], kept[:, len(_TOP_P):]
+    kept_p, within = kept[:, : len(_TOP_P)], kept[:, len(_TOP_P) :]
     within = torch.minimum(within, prefix.repeat_interleave(len(_TOP_P), dim=1))
     m = torch.cat([r.kept_k, kept_p, kept_m, within], dim=1)  # (N, F)
     lp = r.x_tok.view(-1, 1) / t - lcse.gather(1, m - 1)
@@ -138,8 +145,7 @@ def _semantics(t: float, filt: tuple) -> Semantics:
     return Semantics("processed", **fields)
 
 
-def search(logits: torch.Tensor, tokens: torch.Tensor, engine: torch.Tensor
-           ) -> tuple[Semantics, float]:
+def search(logits: torch.Tensor, tokens: torch.Tensor, engine: torch.Tensor) -> tuple[Semantics, float]:
     """The semantics on the grid whose logprobs are nearest ``engine`` (max |d|, float64
     search figure): logits (N, V) float32 that scored ``tokens`` (N,) int64; engine (N,)
     the engine's logprobs of them. Temperatures on :data:`T_GRID`, then to 0.01 around
@@ -170,31 +176,56 @@ def signature(report: dict) -> dict:
     if biggest <= NOISE:
         pattern, text = "noise", f"max |d| {biggest:.3g} is within kernel noise"
     elif lo > NOISE and hi < -NOISE:
-        pattern, text = "sharper", (
-            "the engine's distribution is sharper than the trainer's (d > 0 on improbable "
-            "tokens, d < 0 on probable ones): it likely reported processed logprobs at a "
-            "temperature below 1 or after top-k / top-p / min-p; rescore with --rescore MODEL "
-            "to find which, or give --logprobs-mode processed and its sampling options")
+        pattern, text = (
+            "sharper",
+            (
+                "the engine's distribution is sharper than the trainer's (d > 0 on improbable "
+                "tokens, d < 0 on probable ones): it likely reported processed logprobs at a "
+                "temperature below 1 or after top-k / top-p / min-p; rescore with --rescore MODEL "
+                "to find which, or give --logprobs-mode processed and its sampling options"
+            ),
+        )
     elif lo < -NOISE and hi > NOISE:
-        pattern, text = "flatter", (
-            "the engine's distribution is flatter than the trainer's (d < 0 on improbable "
-            "tokens, d > 0 on probable ones): it likely reported logprobs at a temperature "
-            "above 1")
+        pattern, text = (
+            "flatter",
+            (
+                "the engine's distribution is flatter than the trainer's (d < 0 on improbable "
+                "tokens, d > 0 on probable ones): it likely reported logprobs at a temperature "
+                "above 1"
+            ),
+        )
     elif lo < -NOISE and hi < -NOISE and all(b["mean_diff"] < -NOISE for b in rows):
-        pattern, text = "renormalised", (
-            "d < 0 in every probability bucket: the engine's logprobs are renormalised over "
-            "a kept set (processed logprobs after top-k / top-p / min-p at temperature 1)")
+        pattern, text = (
+            "renormalised",
+            (
+                "d < 0 in every probability bucket: the engine's logprobs are renormalised over "
+                "a kept set (processed logprobs after top-k / top-p / min-p at temperature 1)"
+            ),
+        )
     elif lo < -NOISE and hi < -NOISE:
-        pattern, text = "renormalised", (
-            "d < 0 on average below and above p = 0.1, though not in every bucket: the "
-            "engine's logprobs are likely renormalised over a kept set, possibly at another "
-            "temperature; rescore with --rescore MODEL to find which")
+        pattern, text = (
+            "renormalised",
+            (
+                "d < 0 on average below and above p = 0.1, though not in every bucket: the "
+                "engine's logprobs are likely renormalised over a kept set, possibly at another "
+                "temperature; rescore with --rescore MODEL to find which"
+            ),
+        )
     else:
-        pattern, text = "none", (
-            "no semantics pattern in the signed d: the model or its kernels likely differ "
-            "(run `detsample probe model MODEL`)")
-    return {"pattern": pattern, "mean_diff_below_0.1": lo, "mean_diff_from_0.1": hi,
-            "by_probability": {b["bucket"]: b["mean_diff"] for b in rows}, "suggests": text}
+        pattern, text = (
+            "none",
+            (
+                "no semantics pattern in the signed d: the model or its kernels likely differ "
+                "(run `detsample probe model MODEL`)"
+            ),
+        )
+    return {
+        "pattern": pattern,
+        "mean_diff_below_0.1": lo,
+        "mean_diff_from_0.1": hi,
+        "by_probability": {b["bucket"]: b["mean_diff"] for b in rows},
+        "suggests": text,
+    }
 
 
 def _mean_diff(buckets: list[dict]) -> float:
@@ -207,41 +238,57 @@ def _bucket_low(label: str) -> float:
     return float(label.strip("[(").split(",")[0])
 
 
-def model_line(current: Semantics, current_max: float, best: Semantics, best_max: float,
-               model: str, search_max: float | None = None) -> tuple[bool, str]:
+def model_line(
+    current: Semantics,
+    current_max: float,
+    best: Semantics,
+    best_max: float,
+    model: str,
+    search_max: float | None = None,
+) -> tuple[bool, str]:
     """(explained, the ``semantics:`` line) of a model diagnosis. ``search_max``: the
     search's own figure, which names a min-p + top-p pair in vLLM's order when detsample's
     rescoring of it (min-p after top-p) is beyond noise (:data:`ORDER_NOTE`)."""
     element = [f.name for f in _ELEMENTS if getattr(best, f.name) != _OPTIONS[f.name].neutral]
-    if best_max > NOISE and search_max is not None and search_max <= NOISE \
-            and element and best.top_p < 1:
-        return True, (f"semantics: the engine's logprobs match {best.describe()} with "
-                      f"{element[0].replace('_', '-')} "
-                      f"applied before top-p (vLLM's order; max |d| {search_max:.3g}; as "
-                      f"{current.describe()} {current_max:.3g}): {ORDER_NOTE}, so "
-                      f"rescoring with {best.flags()} leaves {best_max:.3g}")
+    if best_max > NOISE and search_max is not None and search_max <= NOISE and element and best.top_p < 1:
+        return True, (
+            f"semantics: the engine's logprobs match {best.describe()} with "
+            f"{element[0].replace('_', '-')} "
+            f"applied before top-p (vLLM's order; max |d| {search_max:.3g}; as "
+            f"{current.describe()} {current_max:.3g}): {ORDER_NOTE}, so "
+            f"rescoring with {best.flags()} leaves {best_max:.3g}"
+        )
     if best_max <= NOISE and best != current:
-        return True, (f"semantics: the engine's logprobs match {best.describe()} (max |d| "
-                      f"{best_max:.3g}; as {current.describe()} {current_max:.3g}): rescore "
-                      f"with {best.flags()}")
+        return True, (
+            f"semantics: the engine's logprobs match {best.describe()} (max |d| "
+            f"{best_max:.3g}; as {current.describe()} {current_max:.3g}): rescore "
+            f"with {best.flags()}"
+        )
     if best_max <= NOISE:
-        return True, (f"semantics: the engine's logprobs are {current.describe()} on the "
-                      f"sampled tokens (max |d| {best_max:.3g}); the rest of the mismatch "
-                      f"({current_max:.3g}) is in other sequences")
-    return False, (f"semantics: no semantics on the grid explains the engine's logprobs "
-                   f"(nearest: {best.describe()}, max |d| {best_max:.3g}; as "
-                   f"{current.describe()} {current_max:.3g}): the model or its kernels "
-                   f"differ; run `detsample probe model {model}`")
+        return True, (
+            f"semantics: the engine's logprobs are {current.describe()} on the "
+            f"sampled tokens (max |d| {best_max:.3g}); the rest of the mismatch "
+            f"({current_max:.3g}) is in other sequences"
+        )
+    return False, (
+        f"semantics: no semantics on the grid explains the engine's logprobs "
+        f"(nearest: {best.describe()}, max |d| {best_max:.3g}; as "
+        f"{current.describe()} {current_max:.3g}): the model or its kernels "
+        f"differ; run `detsample probe model {model}`"
+    )
 
 
 #: why a min-p + top-p pair of vLLM's cannot be rescored bit for bit
-ORDER_NOTE = ("detsample's processed logprobs apply min-p after top-p, where the pair keeps "
-              "what the stricter filter keeps")
+ORDER_NOTE = (
+    "detsample's processed logprobs apply min-p after top-p, where the pair keeps what the stricter filter keeps"
+)
 
 
 def signature_line(sig: dict) -> str:
-    return f"semantics: {sig['suggests']} (mean d {sig['mean_diff_below_0.1']:+.3g} for " \
-           f"p < 0.1, {sig['mean_diff_from_0.1']:+.3g} for p >= 0.1)"
+    return (
+        f"semantics: {sig['suggests']} (mean d {sig['mean_diff_below_0.1']:+.3g} for "
+        f"p < 0.1, {sig['mean_diff_from_0.1']:+.3g} for p >= 0.1)"
+    )
 
 
 @dataclass(frozen=True)
@@ -271,31 +318,40 @@ def diagnose(report: dict, rescorer, sample: list[Sequence]) -> dict | None:
     if biggest <= NOISE:
         return {"needed": False, "line": None, "noise_bound": NOISE}
     sig = signature(report)
-    out = {"needed": True, "noise_bound": NOISE, "signature": sig, "semantics": None,
-           "explained": None, "line": signature_line(sig)}
+    out = {
+        "needed": True,
+        "noise_bound": NOISE,
+        "signature": sig,
+        "semantics": None,
+        "explained": None,
+        "line": signature_line(sig),
+    }
     if rescorer is None:
         return out
     groups: dict[Semantics, list[Sequence]] = {}
     for seq in sample:
         groups.setdefault(seq.semantics or rescorer.semantics, []).append(seq)
-    found = [_group(rescorer, stated, seqs, biggest if len(groups) == 1 else None)
-             for stated, seqs in groups.items()]
+    found = [_group(rescorer, stated, seqs, biggest if len(groups) == 1 else None) for stated, seqs in groups.items()]
     found = [g for g in found if g is not None]
     if len(found) == 1:
         out.update({k: v for k, v in found[0].items() if k not in ("stated", "sequences")})
     elif found:
         for g in found:
-            g["line"] = g["line"].replace("semantics: ", f"semantics: rows stating "
-                                          f"{Semantics(**g['stated']).describe()} "
-                                          f"({g['sequences']} sequences): ", 1)
-        out.update(groups=found, explained=all(g["explained"] for g in found),
-                   line="\n".join(g["line"] for g in found),
-                   tokens_searched=sum(g["tokens_searched"] for g in found))
+            g["line"] = g["line"].replace(
+                "semantics: ",
+                f"semantics: rows stating {Semantics(**g['stated']).describe()} ({g['sequences']} sequences): ",
+                1,
+            )
+        out.update(
+            groups=found,
+            explained=all(g["explained"] for g in found),
+            line="\n".join(g["line"] for g in found),
+            tokens_searched=sum(g["tokens_searched"] for g in found),
+        )
     return out
 
 
-def _group(rescorer, stated: Semantics, seqs: list[Sequence], biggest: float | None
-           ) -> dict | None:
+def _group(rescorer, stated: Semantics, seqs: list[Sequence], biggest: float | None) -> dict | None:
     """The search over one group of sequences stating ``stated``: its best semantics, the
     exact figure, the line (None: no trained token). ``biggest``: the audit's max |d|
     when this is the only group, else the group's own, measured here."""
@@ -306,17 +362,24 @@ def _group(rescorer, stated: Semantics, seqs: list[Sequence], biggest: float | N
     current_max = _exact_max(rescorer, seqs, stated) if biggest is None else biggest
     if current_max <= NOISE:  # this group is right as stated: nothing to search
         best, best_max, search_max, explained = stated, current_max, current_max, True
-        line = (f"semantics: the engine's logprobs are {stated.describe()} (max |d| "
-                f"{current_max:.3g}, within kernel noise)")
+        line = (
+            f"semantics: the engine's logprobs are {stated.describe()} (max |d| {current_max:.3g}, within kernel noise)"
+        )
     else:
         best, search_max = search(logits, ids, engine)
         best_max = _exact_max(rescorer, seqs, best)
-        explained, line = model_line(stated, current_max, best, best_max, rescorer.model,
-                                     search_max)
-    return {"stated": stated.to_dict(), "sequences": len(seqs), "semantics": best.to_dict(),
-            "semantics_flags": best.flags(), "max_abs_diff": best_max,
-            "search_max_abs_diff": search_max, "explained": explained, "line": line,
-            "tokens_searched": int(ids.numel())}
+        explained, line = model_line(stated, current_max, best, best_max, rescorer.model, search_max)
+    return {
+        "stated": stated.to_dict(),
+        "sequences": len(seqs),
+        "semantics": best.to_dict(),
+        "semantics_flags": best.flags(),
+        "max_abs_diff": best_max,
+        "search_max_abs_diff": search_max,
+        "explained": explained,
+        "line": line,
+        "tokens_searched": int(ids.numel()),
+    }
 
 
 def _tokens(rescorer, sample: list[Sequence]):
@@ -325,7 +388,7 @@ def _tokens(rescorer, sample: list[Sequence]):
     rows, ids, eng = [], [], []
     for seq in sample:
         lg = rescorer.logits(seq.prompt_ids, seq.response_ids)
-        keep = [i for i, m in enumerate(seq.mask) if m][:MAX_TOKENS - len(ids)]
+        keep = [i for i, m in enumerate(seq.mask) if m][: MAX_TOKENS - len(ids)]
         rows += [lg[i] for i in keep]
         ids += [seq.response_ids[i] for i in keep]
         eng += [seq.engine[i] for i in keep]
@@ -333,8 +396,7 @@ def _tokens(rescorer, sample: list[Sequence]):
             break
     if not ids:
         return None
-    return (torch.stack(rows).float(), torch.tensor(ids, dtype=torch.int64),
-            torch.tensor(eng, dtype=torch.float64))
+    return (torch.stack(rows).float(), torch.tensor(ids, dtype=torch.int64), torch.tensor(eng, dtype=torch.float64))
 
 
 def _exact_max(rescorer, sample: list[Sequence], semantics: Semantics) -> float:

@@ -26,12 +26,11 @@ SCALE_BITS = 1074  # every finite float64 is an integer multiple of 2**-1074
 #: <= 2**27, and a marginal adds <= 2**10 such bins: every float64 partial sum stays an
 #: exact integer (<= 2**53), and the temporaries stay small
 _BLOCK = 1 << 16
-_HI = 2.0 ** 27  # a frexp mantissa m in [0.5, 1): m * 2**27 = hi + lo * 2**-26, both integers
-_LO = 2.0 ** 26
+_HI = 2.0**27  # a frexp mantissa m in [0.5, 1): m * 2**27 = hi + lo * 2**-26, both integers
+_LO = 2.0**26
 
 
-def exact_sums(x: np.ndarray, groups: np.ndarray | None = None, ngroups: int = 1,
-               check: bool = True) -> list[int]:
+def exact_sums(x: np.ndarray, groups: np.ndarray | None = None, ngroups: int = 1, check: bool = True) -> list[int]:
     """Exact per-group sums of finite float64 values, as integers scaled by ``2**1074``.
 
     x: float64 [N], all finite (ValueError otherwise; ``check=False`` skips the test for
@@ -44,8 +43,9 @@ def exact_sums(x: np.ndarray, groups: np.ndarray | None = None, ngroups: int = 1
     return exact_marginal_sums(x, groups, (ngroups,), check)[0]
 
 
-def exact_marginal_sums(x: np.ndarray, groups: np.ndarray | None, shape: tuple[int, ...],
-                        check: bool = True) -> list[list[int]]:
+def exact_marginal_sums(
+    x: np.ndarray, groups: np.ndarray | None, shape: tuple[int, ...], check: bool = True
+) -> list[list[int]]:
     """Exact sums of ``x`` per joint group, marginalised: for groups that index a grid of
     ``shape`` (row-major, the last axis fastest), returns for each axis but the last the
     sums per (index on that axis, index on the last axis), flattened: e.g. with shape
@@ -74,7 +74,7 @@ def exact_marginal_sums(x: np.ndarray, groups: np.ndarray | None, shape: tuple[i
     last = shape[-1]
     outs = [[0] * ((shape[a] if a is not None else 1) * last) for a in axes]
     for start in range(0, x.size, _BLOCK):
-        mant, ex = np.frexp(x[start:start + _BLOCK])
+        mant, ex = np.frexp(x[start : start + _BLOCK])
         t = mant * _HI
         hi = np.floor(t)
         t -= hi
@@ -83,17 +83,21 @@ def exact_marginal_sums(x: np.ndarray, groups: np.ndarray | None, shape: tuple[i
         width = int(ex.max()) - lo_e + 1
         key = (ex - lo_e).astype(np.intp)
         if groups is not None:
-            key += groups[start:start + _BLOCK].astype(np.intp) * width
-        both = np.stack([np.bincount(key, weights=hi, minlength=size * width),
-                         np.bincount(key, weights=t, minlength=size * width)])
+            key += groups[start : start + _BLOCK].astype(np.intp) * width
+        both = np.stack(
+            [np.bincount(key, weights=hi, minlength=size * width), np.bincount(key, weights=t, minlength=size * width)]
+        )
         grid = both.reshape((2,) + tuple(shape) + (width,))
         for a, out in zip(axes, outs):
             if a is None:
                 marg = grid.reshape(2, size, width)
             else:
                 other = tuple(i + 1 for i in range(len(shape) - 1) if i != a)
-                marg = grid.sum(axis=other).reshape(2, shape[a] * last, width) if other \
+                marg = (
+                    grid.sum(axis=other).reshape(2, shape[a] * last, width)
+                    if other
                     else grid.reshape(2, shape[a] * last, width)
+                )
             used = np.argwhere((marg[0] != 0) | (marg[1] != 0))
             if not used.size:
                 continue
@@ -239,8 +243,7 @@ class ValueCounts:
         same bits for every chunking."""
         vals, counts = self._state()
         if counts is None:
-            starts = np.flatnonzero(np.r_[True, vals[1:] != vals[:-1]]) if vals.size else \
-                np.zeros(0, dtype=np.int64)
+            starts = np.flatnonzero(np.r_[True, vals[1:] != vals[:-1]]) if vals.size else np.zeros(0, dtype=np.int64)
             counts = np.diff(np.r_[starts, vals.size]).astype(np.int64)
             vals = vals[starts]
         return vals, counts
@@ -265,8 +268,7 @@ class ValueCounts:
         zeros (placed after the negative values)."""
         vals, counts = self._state()
         ranks = np.asarray(ranks, dtype=np.int64)
-        nneg = int(np.searchsorted(vals, 0.0)) if counts is None else \
-            int(counts[vals < 0].sum())
+        nneg = int(np.searchsorted(vals, 0.0)) if counts is None else int(counts[vals < 0].sum())
         shifted = np.where(ranks >= nneg, ranks - zeros, ranks)
         if counts is None:
             idx = np.clip(shifted, 0, max(vals.size - 1, 0))
@@ -345,8 +347,7 @@ class ValueCounts:
         return np.bincount(idx[ok], weights=c[ok], minlength=len(edges) - 1).astype(np.int64)
 
 
-def _kth_of_union(a: np.ndarray, ca: np.ndarray, b: np.ndarray, cb: np.ndarray,
-                  k: int) -> float:
+def _kth_of_union(a: np.ndarray, ca: np.ndarray, b: np.ndarray, cb: np.ndarray, k: int) -> float:
     """The k-th smallest (0-based) of two sorted runs with cumulative counts ca, cb."""
 
     def count_le(x: float) -> int:

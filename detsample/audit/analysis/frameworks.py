@@ -46,8 +46,19 @@ from detsample.inputs.numbers import parse_float
 
 SAFETY_BOUND = 20.0  # verl's SAFETY_BOUND: exp is taken of log ratios clamped to [-20, 20]
 EPS = 1e-8  # verl_F.masked_mean and NeMo-RL masked_mean divide by (count + 1e-8)
-RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
-              "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
+RS_OPTIONS = (
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+)
 VERL_SOURCE = "verl/trainer/ppo/rollout_corr_helper.py (github.com/verl-project/verl)"
 NEMO_SOURCE = "nemo_rl/algorithms/loss_functions.py, ClippedPGLossFn (github.com/NVIDIA-NeMo/RL)"
 _F_EPS = Fraction(EPS)
@@ -72,8 +83,7 @@ def parse_rollout_rs(spec: str | None) -> tuple[str, ...]:
         if not opt:
             continue
         if opt not in RS_OPTIONS:
-            raise ValueError(f"rollout_rs option must be one of {', '.join(RS_OPTIONS)}, got "
-                             f"{opt!r}")
+            raise ValueError(f"rollout_rs option must be one of {', '.join(RS_OPTIONS)}, got {opt!r}")
         if opt not in out:
             out.append(opt)
     if not out:
@@ -81,8 +91,7 @@ def parse_rollout_rs(spec: str | None) -> tuple[str, ...]:
     return tuple(out)
 
 
-def parse_rs_thresholds(options: tuple[str, ...], spec: str | float
-                        ) -> tuple[tuple[float | None, float], ...]:
+def parse_rs_thresholds(options: tuple[str, ...], spec: str | float) -> tuple[tuple[float | None, float], ...]:
     """verl's ``rollout_rs_threshold`` (``_parse_rollout_rs_thresholds``): one threshold for
     every option or one per option, comma-separated; a ``k1`` option takes ``lower_upper``
     ratio bounds (a single value U means 1/U .. U), the others one upper bound.
@@ -91,22 +100,23 @@ def parse_rs_thresholds(options: tuple[str, ...], spec: str | float
     if not parts:
         raise ValueError(f"rollout_rs_threshold must hold at least one threshold, got {spec!r}")
     if len(parts) not in (1, len(options)):
-        raise ValueError(f"rollout_rs_threshold: give one threshold for all {len(options)} "
-                         f"options or one per option, got {spec!r}")
+        raise ValueError(
+            f"rollout_rs_threshold: give one threshold for all {len(options)} options or one per option, got {spec!r}"
+        )
     parts = parts * len(options) if len(parts) == 1 else parts
     out = []
     for opt, p in zip(options, parts):
         if opt.endswith("k1"):
             if p.count("_") > 1:
-                raise ValueError(f"rollout_rs_threshold for {opt}: one number or lower_upper "
-                                 f"(one '_'), got {p!r}")
+                raise ValueError(f"rollout_rs_threshold for {opt}: one number or lower_upper (one '_'), got {p!r}")
             lo_text, _, up_text = p.partition("_") if "_" in p else ("", "", p)
             upper = _positive(f"rollout_rs_threshold for {opt}", up_text)
-            lower = 1.0 / upper if not lo_text else _positive(f"rollout_rs_threshold for {opt}",
-                                                             lo_text)
+            lower = 1.0 / upper if not lo_text else _positive(f"rollout_rs_threshold for {opt}", lo_text)
             if not lower <= upper:  # an empty band: every token rejected
-                raise ValueError(f"rollout_rs_threshold for {opt}: lower_upper needs lower <= "
-                                 f"upper, got {p!r} ({lower:g} > {upper:g})")
+                raise ValueError(
+                    f"rollout_rs_threshold for {opt}: lower_upper needs lower <= "
+                    f"upper, got {p!r} ({lower:g} > {upper:g})"
+                )
             out.append((lower, upper))
         else:
             if "_" in p:
@@ -143,8 +153,7 @@ class FrameworkOptions:
         opts = parse_rollout_rs(self.rollout_rs)
         if not opts:
             return ()
-        return tuple((o, lo, up) for o, (lo, up) in
-                     zip(opts, parse_rs_thresholds(opts, self.rollout_rs_threshold)))
+        return tuple((o, lo, up) for o, (lo, up) in zip(opts, parse_rs_thresholds(opts, self.rollout_rs_threshold)))
 
 
 class _Sum:
@@ -195,8 +204,7 @@ def _flush(sums: list[_Sum]) -> None:
     if not busy:
         return
     vals = np.concatenate([x for _, x in busy])
-    groups = np.repeat(np.array([k for k, _ in busy], dtype=np.int64),
-                       [x.size for _, x in busy])
+    groups = np.repeat(np.array([k for k, _ in busy], dtype=np.int64), [x.size for _, x in busy])
     for sm, total in zip(sums, exact_sums(vals, groups, len(sums), check=False)):
         sm.s += total
         sm.pending = []
@@ -272,8 +280,7 @@ class _Totals:
     lo: float
 
 
-def _multiset_totals(f: np.ndarray, counts: np.ndarray, zero_value: float, zeros: int,
-                     squares: bool = True) -> _Totals:
+def _multiset_totals(f: np.ndarray, counts: np.ndarray, zero_value: float, zeros: int, squares: bool = True) -> _Totals:
     """Totals of a function of d over the audited tokens: ``f`` at the distinct non-zero
     d (ascending), ``counts`` of each, and ``zero_value`` on each of the ``zeros`` tokens
     with d == 0. Summed in this canonical order (the same bits for every chunking);
@@ -294,8 +301,7 @@ def _multiset_totals(f: np.ndarray, counts: np.ndarray, zero_value: float, zeros
         hi, lo = max(hi, zero_value + 0.0), min(lo, zero_value + 0.0)
     with np.errstate(over="ignore", invalid="ignore"):  # einsum: one fixed order, no temporary
         s1 = total(float(np.einsum("i,i->", f, cf)), zero_value)
-        s2 = total(float(np.einsum("i,i,i->", f, f, cf)), zero_value * zero_value) \
-            if squares else None
+        s2 = total(float(np.einsum("i,i,i->", f, f, cf)), zero_value * zero_value) if squares else None
     return _Totals(s1, s2, hi, lo)
 
 
@@ -354,8 +360,7 @@ class _RowStats:
         self.above = 0
         self.below = 0
 
-    def add(self, v: np.ndarray, center: float, hi: float, lo: float | None,
-            raw: np.ndarray | None = None) -> None:
+    def add(self, v: np.ndarray, center: float, hi: float, lo: float | None, raw: np.ndarray | None = None) -> None:
         """``raw``: the values the thresholds are read on, when not ``v`` itself."""
         self.values.add(v)
         if v.size:
@@ -376,11 +381,11 @@ class _SeqIS:
     """What verl's compute_is_metrics needs beyond the token totals, per level."""
 
     def __init__(self) -> None:
-        self.rows = _RowStats()      # per-row mean truncated weight (raw for the fractions)
-        self.w = _Stats()            # sequence level: the row weight on each of its tokens
-        self.log_hi = -math.inf      # sequence level: max / min log weight over all rows
+        self.rows = _RowStats()  # per-row mean truncated weight (raw for the fractions)
+        self.w = _Stats()  # sequence level: the row weight on each of its tokens
+        self.log_hi = -math.inf  # sequence level: max / min log weight over all rows
         self.log_lo = math.inf
-        self.above = 0               # sequence level: rows with log weight > log T
+        self.above = 0  # sequence level: rows with log weight > log T
         self.below = 0
 
     def merge(self, o: _SeqIS) -> None:
@@ -391,8 +396,7 @@ class _SeqIS:
         self.below += o.below
 
 
-def _is_report(level: str, tok: _Totals, hi: float, lo: float, seq: _SeqIS, n: int,
-               rows: int) -> dict:
+def _is_report(level: str, tok: _Totals, hi: float, lo: float, seq: _SeqIS, n: int, rows: int) -> dict:
     """verl compute_is_metrics' keys. ``tok``: totals of the truncated weights over the
     tokens; ``hi`` / ``lo``: (token level) the fractions' numerators."""
     p = "rollout_corr/rollout_is"
@@ -428,13 +432,13 @@ class _RS:
         self.lower_log = math.log(lower) if self.k1 else None  # type: ignore[arg-type]
         self.upper_log = math.log(upper) if self.k1 else None
         self.upper = upper
-        self.thr_hi = self.upper_log if self.k1 else upper      # metrics_upper_threshold
-        self.thr_lo = self.lower_log if self.k1 else 0.0        # metrics_lower_threshold
-        self.stat = _Stats()       # sequence options: the row statistic on each token
+        self.thr_hi = self.upper_log if self.k1 else upper  # metrics_upper_threshold
+        self.thr_lo = self.lower_log if self.k1 else 0.0  # metrics_lower_threshold
+        self.stat = _Stats()  # sequence options: the row statistic on each token
         self.clamped = _Stats()
-        self.rejected = 0          # sequence options: tokens rejected
-        self.rows = _RowStats()    # per valid row: its statistic (or mean token statistic)
-        self.rows_rejected = 0     # valid rows with a rejected token
+        self.rejected = 0  # sequence options: tokens rejected
+        self.rows = _RowStats()  # per valid row: its statistic (or mean token statistic)
+        self.rows_rejected = 0  # valid rows with a rejected token
 
     def keep(self, stat):
         if self.k1:
@@ -450,8 +454,7 @@ class _RS:
         self.rejected += o.rejected
         self.rows_rejected += o.rows_rejected
 
-    def report(self, vals: np.ndarray, counts: np.ndarray, zeros: int, n: int,
-               valid: int) -> dict:
+    def report(self, vals: np.ndarray, counts: np.ndarray, zeros: int, n: int, valid: int) -> dict:
         p = f"rollout_corr/rollout_rs_{self.option}"
         if self.level == "token":
             stat = _token_stat(self.option, np.clip(vals, -SAFETY_BOUND, SAFETY_BOUND))
@@ -479,14 +482,17 @@ class _RS:
         out[f"{p}_seq_masked_fraction"] = self.rows_rejected / valid if valid else 0.0
         return out
 
-
     def _seq_stats(self, p: str, valid: int) -> dict:
         """The per-sequence statistics (``valid`` > 0 sequences), under prefix ``p``."""
         rv = self.rows.values
-        out = {f"{p}_seq_mean": _over(rv.sum.exact(), Fraction(valid)),
-               f"{p}_seq_std": _std_unbiased(rv), f"{p}_seq_max": rv.hi, f"{p}_seq_min": rv.lo,
-               f"{p}_seq_max_deviation": self.rows.dev,
-               f"{p}_seq_fraction_high": self.rows.above / valid}
+        out = {
+            f"{p}_seq_mean": _over(rv.sum.exact(), Fraction(valid)),
+            f"{p}_seq_std": _std_unbiased(rv),
+            f"{p}_seq_max": rv.hi,
+            f"{p}_seq_min": rv.lo,
+            f"{p}_seq_max_deviation": self.rows.dev,
+            f"{p}_seq_fraction_high": self.rows.above / valid,
+        }
         if self.k1:
             out[f"{p}_seq_fraction_low"] = self.rows.below / valid
         return out
@@ -498,12 +504,20 @@ def _token_stat(option: str, cd: np.ndarray) -> np.ndarray:
     if k == "k1":
         return -cd
     if k == "k2":
-        return 0.5 * cd ** 2
+        return 0.5 * cd**2
     return np.exp(cd) - 1.0 - cd
 
 
-_PPL_KEYS = ("training_ppl", "training_log_ppl", "rollout_ppl", "rollout_log_ppl",
-             "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "chi2_seq")
+_PPL_KEYS = (
+    "training_ppl",
+    "training_log_ppl",
+    "rollout_ppl",
+    "rollout_log_ppl",
+    "log_ppl_diff",
+    "log_ppl_abs_diff",
+    "ppl_ratio",
+    "chi2_seq",
+)
 
 
 class FrameworkAccumulator:
@@ -513,20 +527,21 @@ class FrameworkAccumulator:
 
     def __init__(self, options: FrameworkOptions | None = None) -> None:
         self.options = options or FrameworkOptions()
-        self.n = 0                # audited tokens
-        self.rows = 0             # valid sequences (B)
-        self.valid = 0            # valid sequences with an audited token
+        self.n = 0  # audited tokens
+        self.rows = 0  # valid sequences (B)
+        self.valid = 0  # valid sequences with an audited token
         self.is_token, self.is_seq = _SeqIS(), _SeqIS()
         self.rs = [_RS(o, lo, up) for o, lo, up in self.options.rs]
-        self.rs_rejected = 0      # tokens rejected by some option
-        self.rs_rows = 0          # rows with a rejected token
+        self.rs_rejected = 0  # tokens rejected by some option
+        self.rs_rows = 0  # rows with a rejected token
         self.ppl = {k: _Sum() for k in _PPL_KEYS}
         self.diff_hi, self.diff_lo = -math.inf, math.inf
 
     # -------------------------------------------------------------- updating
 
-    def update(self, ntok: np.ndarray, e: np.ndarray, t: np.ndarray, dn: np.ndarray,
-               seq_nz: np.ndarray, seq_d: np.ndarray) -> None:
+    def update(
+        self, ntok: np.ndarray, e: np.ndarray, t: np.ndarray, dn: np.ndarray, seq_nz: np.ndarray, seq_d: np.ndarray
+    ) -> None:
         """One chunk: ``ntok`` [S] audited tokens per valid sequence; ``e`` / ``t`` [n]
         the audited logprobs (as compared); ``dn`` [K] the non-zero d in token order and
         ``seq_nz`` [K] their sequences; ``seq_d`` [S] the sum of d per sequence."""
@@ -588,11 +603,10 @@ class FrameworkAccumulator:
         if not self.rs:
             return
         nseq = ntok.size
-        rejected_tok = np.zeros(cd.size, dtype=bool)   # non-zero d rejected by a token option
-        rejected_zero = False                          # d == 0 rejected by a token option
-        rejected_seq = np.zeros(nseq, dtype=bool)      # rows rejected whole
-        bounds = np.flatnonzero(np.r_[True, seq_nz[1:] != seq_nz[:-1]]) if seq_nz.size else \
-            np.zeros(0, dtype=np.int64)
+        rejected_tok = np.zeros(cd.size, dtype=bool)  # non-zero d rejected by a token option
+        rejected_zero = False  # d == 0 rejected by a token option
+        rejected_seq = np.zeros(nseq, dtype=bool)  # rows rejected whole
+        bounds = np.flatnonzero(np.r_[True, seq_nz[1:] != seq_nz[:-1]]) if seq_nz.size else np.zeros(0, dtype=np.int64)
         for r in self.rs:
             stat = _token_stat(r.option, cd)
             if r.level == "token":
@@ -625,8 +639,7 @@ class FrameworkAccumulator:
                 rejected_seq |= ~keep_s & has
             r.rows.add(row_val[has], 0.0, r.thr_hi, r.thr_lo if r.k1 else None)
             r.rows_rejected += int(np.count_nonzero(rej[has] > 0))
-        per_row = np.bincount(seq_nz, weights=rejected_tok, minlength=nseq) + \
-            (zeros if rejected_zero else 0)
+        per_row = np.bincount(seq_nz, weights=rejected_tok, minlength=nseq) + (zeros if rejected_zero else 0)
         per_row = np.where(rejected_seq, ntok, per_row)
         self.rs_rejected += int(per_row.sum())
         self.rs_rows += int(np.count_nonzero(per_row > 0))
@@ -635,11 +648,16 @@ class FrameworkAccumulator:
         mt = sum_t / (ntok + EPS)
         me = sum_e / (ntok + EPS)
         diff = me - mt
-        for key, x in (("training_ppl", np.exp(-mt)), ("training_log_ppl", -mt),
-                       ("rollout_ppl", np.exp(-me)), ("rollout_log_ppl", -me),
-                       ("log_ppl_diff", diff), ("log_ppl_abs_diff", np.abs(diff)),
-                       ("ppl_ratio", np.exp(diff)),
-                       ("chi2_seq", np.exp(2.0 * np.clip(seq_d, -SAFETY_BOUND, SAFETY_BOUND)))):
+        for key, x in (
+            ("training_ppl", np.exp(-mt)),
+            ("training_log_ppl", -mt),
+            ("rollout_ppl", np.exp(-me)),
+            ("rollout_log_ppl", -me),
+            ("log_ppl_diff", diff),
+            ("log_ppl_abs_diff", np.abs(diff)),
+            ("ppl_ratio", np.exp(diff)),
+            ("chi2_seq", np.exp(2.0 * np.clip(seq_d, -SAFETY_BOUND, SAFETY_BOUND))),
+        ):
             self.ppl[key].add(x)
         self.diff_hi, self.diff_lo = _hi(diff, self.diff_hi), _lo(diff, self.diff_lo)
 
@@ -678,10 +696,8 @@ class FrameworkAccumulator:
             "rollout_corr/log_ppl_diff_max": self.diff_hi,
             "rollout_corr/log_ppl_diff_min": self.diff_lo,
             "rollout_corr/ppl_ratio": _over(self.ppl["ppl_ratio"].exact(), fr),
-            "rollout_corr/chi2_token": math.inf if rho2 is None else
-            fraction_to_float((n + rho2) / denom - 1),
-            "rollout_corr/chi2_seq": math.inf if chi2_seq is None else
-            fraction_to_float(chi2_seq / fr - 1),
+            "rollout_corr/chi2_token": math.inf if rho2 is None else fraction_to_float((n + rho2) / denom - 1),
+            "rollout_corr/chi2_seq": math.inf if chi2_seq is None else fraction_to_float(chi2_seq / fr - 1),
         }
 
     def report(self, d_values, zeros: int, sum_d: int, sum_u: int | None) -> dict:
@@ -691,14 +707,15 @@ class FrameworkAccumulator:
         sums of d and expm1(d) (scaled integers; ``sum_u`` None when infinite)."""
         n, rows = self.n, self.rows
         opts = self.options
-        config = {"rollout_is_threshold": opts.rollout_is_threshold,
-                  "rollout_rs": opts.rollout_rs,
-                  "rollout_rs_threshold": str(opts.rollout_rs_threshold)}
+        config = {
+            "rollout_is_threshold": opts.rollout_is_threshold,
+            "rollout_rs": opts.rollout_rs,
+            "rollout_rs_threshold": str(opts.rollout_rs_threshold),
+        }
         verl = {"source": VERL_SOURCE, "config": config}
         nemo = {"source": NEMO_SOURCE}
         if n == 0:
-            verl.update(rollout_is_token=None, rollout_is_sequence=None, rollout_rs=None,
-                        offpolicy=None)
+            verl.update(rollout_is_token=None, rollout_is_sequence=None, rollout_rs=None, offpolicy=None)
             nemo.update(token_mult_prob_error=None, gen_kl_error=None, policy_kl_error=None)
             return {"verl": verl, "nemo_rl": nemo}
         vals, counts = d_values.items()
@@ -715,8 +732,7 @@ class FrameworkAccumulator:
         d = to_fraction(sum_d)
         k3 = None if sum_u is None else to_fraction(sum_u) - d  # sum (expm1(d) - d)
         verl["rollout_is_token"] = _is_report("token", w, hi, lo, self.is_token, n, rows)
-        verl["rollout_is_sequence"] = _is_report("sequence", self.is_seq.w.totals(), 0, 0,
-                                                 self.is_seq, n, rows)
+        verl["rollout_is_sequence"] = _is_report("sequence", self.is_seq.w.totals(), 0, 0, self.is_seq, n, rows)
         rs = None
         if self.rs:
             rs = {}
@@ -726,8 +742,7 @@ class FrameworkAccumulator:
             rs["rollout_corr/rollout_rs_seq_masked_fraction"] = self.rs_rows / rows
         verl["rollout_rs"] = rs
         verl["offpolicy"] = self._offpolicy(d, k3, rho2)
-        nemo["token_mult_prob_error"] = math.inf if mult is None else \
-            fraction_to_float((n + mult) / denom)
+        nemo["token_mult_prob_error"] = math.inf if mult is None else fraction_to_float((n + mult) / denom)
         nemo["gen_kl_error"] = _over(k3, denom)
         nemo["policy_kl_error"] = _over(None if rev is None else rev + d, denom)
         return {"verl": verl, "nemo_rl": nemo}

@@ -143,23 +143,24 @@ class _Groups:
             n = int(self.tokens[k])
             if n == 0:
                 continue
-            out.append({
-                "bucket": label,
-                "tokens": n,
-                "exact_match_fraction": int(self.exact[k]) / n,
-                "mismatch_fraction": int(self.mismatch[k]) / n,
-                "mean_abs_diff": exact_mean(self.sum_abs[k], n),
-                "mean_diff": exact_mean(self.sum_d[k], n),
-                "max_abs_diff": float(self.max_abs[k]),
-            })
+            out.append(
+                {
+                    "bucket": label,
+                    "tokens": n,
+                    "exact_match_fraction": int(self.exact[k]) / n,
+                    "mismatch_fraction": int(self.mismatch[k]) / n,
+                    "mean_abs_diff": exact_mean(self.sum_abs[k], n),
+                    "mean_diff": exact_mean(self.sum_d[k], n),
+                    "max_abs_diff": float(self.max_abs[k]),
+                }
+            )
         return out
 
 
 class AuditAccumulator:
     """Every audit statistic, updated chunk by chunk and merged exactly across shards."""
 
-    def __init__(self, compare_dtype: str | None = None,
-                 frameworks: FrameworkOptions | None = None) -> None:
+    def __init__(self, compare_dtype: str | None = None, frameworks: FrameworkOptions | None = None) -> None:
         if compare_dtype not in COMPARE_DTYPES:
             raise ValueError(f"compare_dtype must be one of {COMPARE_DTYPES}, got {compare_dtype!r}")
         self.compare_dtype = compare_dtype
@@ -207,7 +208,7 @@ class AuditAccumulator:
         for it in issues:
             self.excluded_by_kind[it.kind] = self.excluded_by_kind.get(it.kind, 0) + 1
         if len(self.issues) < MAX_ISSUES:
-            self.issues.extend(issues[:MAX_ISSUES - len(self.issues)])
+            self.issues.extend(issues[: MAX_ISSUES - len(self.issues)])
 
     def update(self, b: AuditBatch) -> None:
         """Add the valid sequences of one chunk."""
@@ -271,8 +272,7 @@ class AuditAccumulator:
             ntok[full] = np.add.reduceat(m, b.offsets[:-1][full], dtype=np.int64)
         return b.engine[m], b.trainer[m], pos[m], ntok
 
-    def _count_buckets(self, gp: np.ndarray, gq: np.ndarray, nz: np.ndarray,
-                       exact: np.ndarray) -> None:
+    def _count_buckets(self, gp: np.ndarray, gq: np.ndarray, nz: np.ndarray, exact: np.ndarray) -> None:
         """Token, mismatch and exact counts per probability and position bucket, by one
         joint ``bincount`` marginalised."""
         npb, nqb = self.by_prob.tokens.size, self.by_pos.tokens.size
@@ -284,8 +284,7 @@ class AuditAccumulator:
         self.by_prob.add_counts(c.sum(axis=1))
         self.by_pos.add_counts(c.sum(axis=0))
 
-    def _update_buckets(self, dn: np.ndarray, absn: np.ndarray, gpn: np.ndarray,
-                        gqn: np.ndarray) -> None:
+    def _update_buckets(self, dn: np.ndarray, absn: np.ndarray, gpn: np.ndarray, gqn: np.ndarray) -> None:
         """Exact sums of |d| and d per bucket, over the non-zero d (one joint binning)."""
         npb, nqb = self.by_prob.tokens.size, self.by_pos.tokens.size
         joint = gpn.astype(np.int64) * (2 * nqb)  # (probability, position, sign of d)
@@ -320,8 +319,15 @@ class AuditAccumulator:
         self.max_r = max(self.max_r, float(r_ext[1]))
         self.diff_values.add(dn, check=False)  # d != 0 here: no NaN, no -0.0
 
-    def _update_sequences(self, b: AuditBatch, ntok: np.ndarray, seq_nz: np.ndarray,
-                          pos_nz: np.ndarray, full_sum: np.ndarray, absn: np.ndarray) -> None:
+    def _update_sequences(
+        self,
+        b: AuditBatch,
+        ntok: np.ndarray,
+        seq_nz: np.ndarray,
+        pos_nz: np.ndarray,
+        full_sum: np.ndarray,
+        absn: np.ndarray,
+    ) -> None:
         has = ntok > 0
         self.seq_with_tokens += int(has.sum())
         seq_sum = full_sum[has]
@@ -339,20 +345,27 @@ class AuditAccumulator:
         fp, fc = np.unique(first, return_counts=True)
         for p, c in zip(fp.tolist(), fc.tolist()):
             self.first_div[p] = self.first_div.get(p, 0) + c
-        self.first_div_buckets += np.bincount(position_buckets(first),
-                                              minlength=NUM_POSITION_BUCKETS)
+        self.first_div_buckets += np.bincount(position_buckets(first), minlength=NUM_POSITION_BUCKETS)
         seq_max = np.maximum.reduceat(absn, starts)
         top = np.lexsort((b.lines[div_seq], -seq_max))[:MAX_WORST]
-        cand = [(-float(seq_max[k]), b.source, int(b.lines[div_seq[k]]), b.unit,
-                 b.ids[div_seq[k]], float(full_sum[div_seq[k]]), int(first[k]))
-                for k in top.tolist()]
+        cand = [
+            (
+                -float(seq_max[k]),
+                b.source,
+                int(b.lines[div_seq[k]]),
+                b.unit,
+                b.ids[div_seq[k]],
+                float(full_sum[div_seq[k]]),
+                int(first[k]),
+            )
+            for k in top.tolist()
+        ]
         self.worst = sorted(self.worst + cand)[:MAX_WORST]
 
     def merge(self, o: AuditAccumulator) -> None:
         """Add another accumulator (the shard that comes after this one in file order)."""
         if o.compare_dtype != self.compare_dtype:
-            raise ValueError(f"cannot merge audits compared as {o.compare_dtype} and "
-                             f"{self.compare_dtype}")
+            raise ValueError(f"cannot merge audits compared as {o.compare_dtype} and {self.compare_dtype}")
         for s in o.sources:
             self.add_source(s)
         self.sequences_seen += o.sequences_seen
@@ -360,9 +373,24 @@ class AuditAccumulator:
         for k, v in o.excluded_by_kind.items():
             self.excluded_by_kind[k] = self.excluded_by_kind.get(k, 0) + v
         self.issues = (self.issues + o.issues)[:MAX_ISSUES]
-        for name in ("response_tokens", "tokens", "exact", "s_d2", "inf_d2", "s_u",
-                     "inf_u", "s_u2", "inf_u2", "zero_d", "seq_with_tokens", "seq_mismatch",
-                     "s_seq_sum", "s_seq_abs", "s_lppl", "s_lppl_abs"):
+        for name in (
+            "response_tokens",
+            "tokens",
+            "exact",
+            "s_d2",
+            "inf_d2",
+            "s_u",
+            "inf_u",
+            "s_u2",
+            "inf_u2",
+            "zero_d",
+            "seq_with_tokens",
+            "seq_mismatch",
+            "s_seq_sum",
+            "s_seq_abs",
+            "s_lppl",
+            "s_lppl_abs",
+        ):
             setattr(self, name, getattr(self, name) + getattr(o, name))
         self.mismatch = [a + b for a, b in zip(self.mismatch, o.mismatch)]
         for name in ("max_abs", "max_d", "max_r", "max_seq_abs", "max_lppl_abs"):
@@ -399,12 +427,19 @@ class AuditAccumulator:
             "by_position": self.by_pos.rows(pos_labels),
             "abs_diff_histogram": self._histogram_report(),
             "worst_sequences": [
-                {"source": src, unit: line, "id": rid, "max_abs_diff": -neg_max,
-                 "sum_diff": sd, "first_divergence": fdp}
-                for neg_max, src, line, unit, rid, sd, fdp in self.worst],
+                {
+                    "source": src,
+                    unit: line,
+                    "id": rid,
+                    "max_abs_diff": -neg_max,
+                    "sum_diff": sd,
+                    "first_divergence": fdp,
+                }
+                for neg_max, src, line, unit, rid, sd, fdp in self.worst
+            ],
             "frameworks": self.frameworks.report(
-                self.diff_values, self.zero_d, sum(self.by_prob.sum_d),
-                None if self.inf_u else self.s_u),
+                self.diff_values, self.zero_d, sum(self.by_prob.sum_d), None if self.inf_u else self.s_u
+            ),
             **self.rows.report(),
         }
         rep["diagnosis"] = diagnose(rep, None, [])  # the signature; a model's: audit()
@@ -437,11 +472,9 @@ class AuditAccumulator:
             "min_diff": self.min_d if n else None,
             "max_diff": self.max_d if n else None,
             "k1_kl_mean": exact_mean(-s_d, n),
-            "k2_kl_mean": None if not n else (math.inf if self.inf_d2
-                                              else exact_mean(self.s_d2, 2 * n)),
+            "k2_kl_mean": None if not n else (math.inf if self.inf_d2 else exact_mean(self.s_d2, 2 * n)),
             # k3 = (r - 1) - d = u - d: sum u - sum d, both exact (no per-token rounding)
-            "k3_kl_mean": None if not n else (math.inf if self.inf_u
-                                              else exact_mean(self.s_u - s_d, n)),
+            "k3_kl_mean": None if not n else (math.inf if self.inf_u else exact_mean(self.s_u - s_d, n)),
         }
 
     def _ratio_report(self) -> dict:
@@ -457,18 +490,30 @@ class AuditAccumulator:
             ratio = {
                 "mean": fraction_to_float(sr / n),
                 "std": math.sqrt(max(fraction_to_float(u2 / n - (u1 / n) ** 2), 0.0)),
-                "min": self.min_r, "max": self.max_r,
+                "min": self.min_r,
+                "max": self.max_r,
                 "ess": None if ess_f is None else fraction_to_float(ess_f),
                 "ess_fraction": None if ess_f is None else fraction_to_float(ess_f / n),
                 "chi2": fraction_to_float((2 * u1 + u2) / n),
             }
         elif n:
-            ratio = {"mean": math.inf, "std": math.inf, "min": self.min_r, "max": self.max_r,
-                     "ess": None, "ess_fraction": None, "chi2": math.inf}
+            ratio = {
+                "mean": math.inf,
+                "std": math.inf,
+                "min": self.min_r,
+                "max": self.max_r,
+                "ess": None,
+                "ess_fraction": None,
+                "chi2": math.inf,
+            }
         else:
             ratio = {k: None for k in ("mean", "std", "min", "max", "ess", "ess_fraction", "chi2")}
-        ratio["quantiles"] = dict(zip(RATIO_QUANTILE_KEYS, self.diff_values.quantiles(
-            list(RATIO_QUANTILES), zeros=self.zero_d, transform=np.exp)))
+        ratio["quantiles"] = dict(
+            zip(
+                RATIO_QUANTILE_KEYS,
+                self.diff_values.quantiles(list(RATIO_QUANTILES), zeros=self.zero_d, transform=np.exp),
+            )
+        )
         return ratio
 
     def _sequence_report(self, pos_labels: list[str]) -> dict:
@@ -480,10 +525,12 @@ class AuditAccumulator:
         if fd_total:
             keys = sorted(self.first_div)
             cum = np.cumsum([self.first_div[k] for k in keys])
-            fd.update(min=keys[0], max=keys[-1],
-                      p50=keys[int(np.searchsorted(cum, (fd_total - 1) // 2, side="right"))],
-                      mean=fraction_to_float(Fraction(sum(k * c for k, c in self.first_div.items()),
-                                                      fd_total)))
+            fd.update(
+                min=keys[0],
+                max=keys[-1],
+                p50=keys[int(np.searchsorted(cum, (fd_total - 1) // 2, side="right"))],
+                mean=fraction_to_float(Fraction(sum(k * c for k, c in self.first_div.items()), fd_total)),
+            )
         return {
             "sequences_with_tokens": ns,
             "sequences_with_mismatch": self.seq_mismatch,
@@ -495,13 +542,16 @@ class AuditAccumulator:
             "log_ppl_diff_abs_mean": exact_mean(self.s_lppl_abs, ns),
             "log_ppl_diff_abs_max": self.max_lppl_abs if ns else None,
             "first_divergence": fd,
-            "first_divergence_by_position": {
-                pos_labels[k]: int(c) for k, c in enumerate(self.first_div_buckets) if c},
+            "first_divergence_by_position": {pos_labels[k]: int(c) for k, c in enumerate(self.first_div_buckets) if c},
         }
 
     def _histogram_report(self) -> dict:
         """Exact counts of |d| per decade, the zeros and both tails apart."""
         hist = self.diff_values.abs_histogram(np.r_[0.0, HIST_EDGES, np.inf])
-        return {"zero": self.zero_d, "edges": [float(x) for x in HIST_EDGES],
-                "counts": [int(c) for c in hist[1:-1]], "below_first_edge": int(hist[0]),
-                "at_or_above_last_edge": int(hist[-1])}
+        return {
+            "zero": self.zero_d,
+            "edges": [float(x) for x in HIST_EDGES],
+            "counts": [int(c) for c in hist[1:-1]],
+            "below_first_edge": int(hist[0]),
+            "at_or_above_last_edge": int(hist[-1]),
+        }

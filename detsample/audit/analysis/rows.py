@@ -68,17 +68,28 @@ class RowTables:
         d = t.astype(np.float64) - e.astype(np.float64)
         where = {"id": b.ids[i]}  # the id only: the same rows from every format
         if len(self.sequences) < MAX_SEQUENCE_ROWS:
-            self.sequences.append({**where, "tokens": int(m.sum()),
-                                   "exact_matches": int((~differ).sum()),
-                                   "max_abs_diff": float(np.abs(d).max()) if d.size else None,
-                                   "sum_diff": float(d.sum()),
-                                   "first_divergence": int(pos[differ][0]) if differ.any()
-                                   else None})
+            self.sequences.append(
+                {
+                    **where,
+                    "tokens": int(m.sum()),
+                    "exact_matches": int((~differ).sum()),
+                    "max_abs_diff": float(np.abs(d).max()) if d.size else None,
+                    "sum_diff": float(d.sum()),
+                    "first_divergence": int(pos[differ][0]) if differ.any() else None,
+                }
+            )
         ids = b.response_ids[lo:hi][m]
-        for k in np.flatnonzero(differ)[:MAX_TOKEN_ROWS - len(self.tokens)].tolist():
-            self.tokens.append({**where, "position": int(pos[k]), "token_id": int(ids[k]),
-                                "engine_logprob": float(e[k]), "trainer_logprob": float(t[k]),
-                                "diff": float(d[k])})
+        for k in np.flatnonzero(differ)[: MAX_TOKEN_ROWS - len(self.tokens)].tolist():
+            self.tokens.append(
+                {
+                    **where,
+                    "position": int(pos[k]),
+                    "token_id": int(ids[k]),
+                    "engine_logprob": float(e[k]),
+                    "trainer_logprob": float(t[k]),
+                    "diff": float(d[k]),
+                }
+            )
 
     def merge(self, o: RowTables) -> None:
         """Add the tables of the shard after this one in file order."""

@@ -74,13 +74,21 @@ def assemble(tc: TableChunk, res: Resolved) -> RawChunk:
         padded = any(isinstance(c, Padded) for c in cols.values()) or any(m in cols for m in _MASKS)
     if padded:
         if res.split == "response_length":
-            raise ctx.fail("input_ids", "a layout split by response_length reads ragged rows; "
-                                        "its per-token columns cannot be padded")
+            raise ctx.fail(
+                "input_ids",
+                "a layout split by response_length reads ragged rows; its per-token columns cannot be padded",
+            )
         ragged = _unpad_all(ctx, cols, len(tc))
     else:
-        ragged = {d: (Ragged(c.array.reshape(-1), np.full(len(tc), c.array.shape[1], np.int64))
-                      if isinstance(c, Padded) else c)
-                  for d, c in cols.items() if d not in _MASKS}
+        ragged = {
+            d: (
+                Ragged(c.array.reshape(-1), np.full(len(tc), c.array.shape[1], np.int64))
+                if isinstance(c, Padded)
+                else c
+            )
+            for d, c in cols.items()
+            if d not in _MASKS
+        }
     if res.split == "response_length":
         _split_by_length(ctx, ragged, flagged)
     elif res.split == "first_mask":
@@ -91,8 +99,7 @@ def assemble(tc: TableChunk, res: Resolved) -> RawChunk:
         if isinstance(col, Ragged):
             values[c], lengths[c] = col.values, col.lengths
     stated = {c: cols[c].values for c in SEMANTICS_COLUMNS if isinstance(cols.get(c), PerRow)}
-    return RawChunk(tc.source, tc.unit, _ids(tc, res), tc.lines, values, lengths, flagged,
-                    stated)  # type: ignore[arg-type]
+    return RawChunk(tc.source, tc.unit, _ids(tc, res), tc.lines, values, lengths, flagged, stated)  # type: ignore[arg-type]
 
 
 def _ids(tc: TableChunk, res: Resolved) -> list[str]:
@@ -118,8 +125,9 @@ def _flag_missing(tc: TableChunk, res: Resolved, flagged: dict[int, Issue]) -> N
                 continue
             for k in rows.tolist():
                 if k not in flagged:
-                    flagged[k] = Issue(tc.source, int(tc.lines[k]), part, "missing_column",
-                                       f"missing column '{part}'", tc.unit)
+                    flagged[k] = Issue(
+                        tc.source, int(tc.lines[k]), part, "missing_column", f"missing column '{part}'", tc.unit
+                    )
 
 
 def _product(ctx: _Ctx, dst: str, parts: list, flagged: dict[int, Issue]):
@@ -127,8 +135,7 @@ def _product(ctx: _Ctx, dst: str, parts: list, flagged: dict[int, Issue]):
     for p in parts:
         vals = p.array if isinstance(p, Padded) else getattr(p, "values", None)
         if isinstance(vals, np.ndarray) and vals.size and vals.dtype.kind not in "biuf":
-            raise ctx.fail(dst, f"the factors of a mask product hold 0/1 numbers or booleans, "
-                                f"got dtype {vals.dtype}")
+            raise ctx.fail(dst, f"the factors of a mask product hold 0/1 numbers or booleans, got dtype {vals.dtype}")
     if all(isinstance(p, Padded) for p in parts):
         out = parts[0].array
         for p in parts[1:]:
@@ -143,9 +150,17 @@ def _product(ctx: _Ctx, dst: str, parts: list, flagged: dict[int, Issue]):
     for p in parts[1:]:
         same &= p.lengths == lens
     for k in np.flatnonzero(~same & (lens >= 0)).tolist():
-        flagged.setdefault(k, Issue(ctx.tc.source, int(ctx.tc.lines[k]), dst, "ragged",
-                                    "the factors of the mask have different lengths",
-                                    ctx.tc.unit))
+        flagged.setdefault(
+            k,
+            Issue(
+                ctx.tc.source,
+                int(ctx.tc.lines[k]),
+                dst,
+                "ragged",
+                "the factors of the mask have different lengths",
+                ctx.tc.unit,
+            ),
+        )
     counts = np.where(same, np.maximum(lens, 0), 0)
     zero = np.zeros_like(counts)
     out = slice_rows(parts[0].values, parts[0].lengths, zero, counts)
@@ -168,8 +183,12 @@ def _as_2d(ctx: _Ctx, dst: str, col) -> np.ndarray:
         raise ctx.fail(dst, "the row is missing from a padded column", int(absent[0]))
     odd = np.flatnonzero(lens != lens[0])
     if odd.size:
-        raise ctx.fail(dst, f"padded rows must share one width: {int(lens[odd[0]])} entries, "
-                            f"row {int(ctx.tc.lines[0])} has {int(lens[0])}", int(odd[0]))
+        raise ctx.fail(
+            dst,
+            f"padded rows must share one width: {int(lens[odd[0]])} entries, "
+            f"row {int(ctx.tc.lines[0])} has {int(lens[0])}",
+            int(odd[0]),
+        )
     return col.values.reshape(lens.size, int(lens[0]))
 
 
@@ -181,8 +200,7 @@ def _check_01(ctx: _Ctx, dst: str, m: np.ndarray) -> None:
     bad = (m != 0) & (m != 1)
     if bad.any():
         r, j = np.argwhere(bad)[0]
-        raise ctx.fail(dst, f"padding masks hold 0/1, got {m[r, j].item()!r} at position {j}",
-                       int(r))
+        raise ctx.fail(dst, f"padding masks hold 0/1, got {m[r, j].item()!r} at position {j}", int(r))
 
 
 def _windows(ctx: _Ctx, dst: str, m: np.ndarray, side: str) -> tuple[np.ndarray, np.ndarray]:
@@ -208,8 +226,12 @@ def _windows(ctx: _Ctx, dst: str, m: np.ndarray, side: str) -> tuple[np.ndarray,
         raise ctx.fail(dst, why, r)
     if not side:  # rows disagree: some left-padded, some right-padded
         r = int(np.flatnonzero(~right)[0])
-        raise ctx.fail(dst, f"padded on the left here (row {int(ctx.tc.lines[np.flatnonzero(~left)[0]])} "
-                            f"is padded on the right): the side must be the same for every row", r)
+        raise ctx.fail(
+            dst,
+            f"padded on the left here (row {int(ctx.tc.lines[np.flatnonzero(~left)[0]])} "
+            f"is padded on the right): the side must be the same for every row",
+            r,
+        )
     starts = np.zeros_like(count) if side == "right" else width - count
     return starts, count
 
@@ -224,8 +246,7 @@ def _mask_windows(m: np.ndarray, side: str) -> tuple[np.ndarray, np.ndarray]:
     return np.zeros_like(last), last
 
 
-def _check_mask_inside(ctx: _Ctx, mask: np.ndarray, kept: np.ndarray, keep: np.ndarray | None,
-                       by: str) -> None:
+def _check_mask_inside(ctx: _Ctx, mask: np.ndarray, kept: np.ndarray, keep: np.ndarray | None, by: str) -> None:
     """A loss mask may be 1 only where the padding mask says real token: its non-zero
     entries all lie inside the windows (``kept``: the mask's entries there)."""
     if keep is None or np.count_nonzero(mask) == np.count_nonzero(kept):
@@ -233,8 +254,9 @@ def _check_mask_inside(ctx: _Ctx, mask: np.ndarray, kept: np.ndarray, keep: np.n
     bad = (mask != 0) & ~keep
     if bad.any():
         r, j = np.argwhere(bad)[0]
-        raise ctx.fail("mask", f"is {mask[r, j].item()!r} at position {j}, which "
-                               f"{ctx.res.label(by)} marks as padding", int(r))
+        raise ctx.fail(
+            "mask", f"is {mask[r, j].item()!r} at position {j}, which {ctx.res.label(by)} marks as padding", int(r)
+        )
 
 
 def _unpad_all(ctx: _Ctx, cols: dict, n: int) -> dict:
@@ -246,8 +268,7 @@ def _unpad_all(ctx: _Ctx, cols: dict, n: int) -> dict:
         return out  # absent from the file: every row is excluded (missing_column)
     tokens = _as_2d(ctx, main, cols[main])
     width = tokens.shape[1]
-    arrays = {d: _as_2d(ctx, d, c) for d, c in cols.items()
-              if d != main and not isinstance(c, PerRow)}
+    arrays = {d: _as_2d(ctx, d, c) for d, c in cols.items() if d != main and not isinstance(c, PerRow)}
     for d, a in arrays.items():
         if a.shape[0] != n:
             raise ctx.fail(d, f"has {a.shape[0]} rows, {res.label(main)} has {n}")
@@ -256,14 +277,17 @@ def _unpad_all(ctx: _Ctx, cols: dict, n: int) -> dict:
     per_token = width - 1 if res.split == "first_mask" else width
     mask = arrays.get("mask")
     if mask is not None and mask.size and mask.dtype.kind not in "biuf":
-        raise ctx.fail("mask", f"a padded mask holds 0/1 numbers or booleans (it gives the rows' "
-                               f"windows), got dtype {mask.dtype}")
+        raise ctx.fail(
+            "mask", f"a padded mask holds 0/1 numbers or booleans (it gives the rows' windows), got dtype {mask.dtype}"
+        )
     for d in _RESPONSE_TOKEN_COLUMNS:
         a = arrays.get(d)
         if a is not None and a.shape[1] != per_token:
             shift = " (one entry per token after the first)" if res.split == "first_mask" else ""
-            raise ctx.fail(d, f"shape {a.shape} does not match {res.label(main)} {tokens.shape}; "
-                              f"expected ({n}, {per_token}){shift}")
+            raise ctx.fail(
+                d,
+                f"shape {a.shape} does not match {res.label(main)} {tokens.shape}; expected ({n}, {per_token}){shift}",
+            )
     starts, counts = _response_windows(ctx, att, mask, n, width)
     keep = window_mask(width, starts, counts)
     out[main] = Ragged(unpad(tokens, keep), counts)
@@ -287,15 +311,24 @@ def _attention_masks(ctx: _Ctx, arrays: dict, main: str, shape: tuple) -> tuple:
     prompt = arrays.get("prompt_ids")
     att = arrays.get("attention_mask")
     patt = arrays.get("prompt_attention_mask")
-    if att is not None and res.split == "columns" and prompt is not None and \
-            att.shape[1] == prompt.shape[1] + width and att.shape[1] != width:
-        patt = att[:, :prompt.shape[1]] if patt is None else patt
-        att = att[:, prompt.shape[1]:]
+    if (
+        att is not None
+        and res.split == "columns"
+        and prompt is not None
+        and att.shape[1] == prompt.shape[1] + width
+        and att.shape[1] != width
+    ):
+        patt = att[:, : prompt.shape[1]] if patt is None else patt
+        att = att[:, prompt.shape[1] :]
     if att is not None and att.shape[1] != width:
-        want = f"{width}" if prompt is None or res.split != "columns" else \
-            f"{width} (response) or {prompt.shape[1] + width} (prompt + response)"
-        raise ctx.fail("attention_mask", f"shape {att.shape} does not match {res.label(main)} "
-                                         f"{shape}: expected width {want}")
+        want = (
+            f"{width}"
+            if prompt is None or res.split != "columns"
+            else f"{width} (response) or {prompt.shape[1] + width} (prompt + response)"
+        )
+        raise ctx.fail(
+            "attention_mask", f"shape {att.shape} does not match {res.label(main)} {shape}: expected width {want}"
+        )
     return att, patt
 
 
@@ -319,8 +352,9 @@ def _unpad_prompt(ctx: _Ctx, prompt: np.ndarray, patt) -> Ragged:
     if patt is None:
         return Ragged(unpad(prompt, None), np.full(prompt.shape[0], prompt.shape[1], np.int64))
     if patt.shape != prompt.shape:
-        raise ctx.fail("prompt_attention_mask", f"shape {patt.shape} does not match "
-                                                f"{res.label('prompt_ids')} {prompt.shape}")
+        raise ctx.fail(
+            "prompt_attention_mask", f"shape {patt.shape} does not match {res.label('prompt_ids')} {prompt.shape}"
+        )
     p_starts, p_counts = _windows(ctx, "prompt_attention_mask", patt, res.layout.prompt_padding)
     return Ragged(unpad(prompt, window_mask(prompt.shape[1], p_starts, p_counts)), p_counts)
 
@@ -336,14 +370,20 @@ def _split_by_length(ctx: _Ctx, cols: dict, flagged: dict[int, Issue]) -> None:
     ok = (total >= 0) & (want >= 0) & (want <= total)
     label = ctx.res.spec("response_length")
     for k in np.flatnonzero((total >= 0) & (want > total)).tolist():
-        flagged.setdefault(k, Issue(ctx.tc.source, int(ctx.tc.lines[k]), str(label),
-                                    "count_mismatch", f"response_length {int(want[k])} > "
-                                    f"{int(total[k])} tokens in '{ctx.res.spec('input_ids')}'",
-                                    ctx.tc.unit))
+        flagged.setdefault(
+            k,
+            Issue(
+                ctx.tc.source,
+                int(ctx.tc.lines[k]),
+                str(label),
+                "count_mismatch",
+                f"response_length {int(want[k])} > {int(total[k])} tokens in '{ctx.res.spec('input_ids')}'",
+                ctx.tc.unit,
+            ),
+        )
     p = np.where(ok, total - want, 0)
     r = np.where(ok, want, 0)
-    cols["prompt_ids"] = Ragged(slice_rows(inp.values, total, np.zeros_like(p), p),
-                                np.where(ok, p, -1))
+    cols["prompt_ids"] = Ragged(slice_rows(inp.values, total, np.zeros_like(p), p), np.where(ok, p, -1))
     cols["response_ids"] = Ragged(slice_rows(inp.values, total, p, r), np.where(ok, r, -1))
 
 
@@ -367,15 +407,12 @@ def _split_at_first_mask(cols: dict) -> None:
     ok = total >= 0
     p = np.where(ok, np.minimum(first + 1, np.maximum(total, 0)), 0)
     r = np.where(ok, np.maximum(total - first - 1, 0), 0)
-    cols["prompt_ids"] = Ragged(slice_rows(inp.values, total, np.zeros_like(p), p),
-                                np.where(ok, p, -1))
-    cols["response_ids"] = Ragged(slice_rows(inp.values, total, np.minimum(p, total.clip(0)), r),
-                                  np.where(ok, r, -1))
+    cols["prompt_ids"] = Ragged(slice_rows(inp.values, total, np.zeros_like(p), p), np.where(ok, p, -1))
+    cols["response_ids"] = Ragged(slice_rows(inp.values, total, np.minimum(p, total.clip(0)), r), np.where(ok, r, -1))
     for d in _RESPONSE_TOKEN_COLUMNS:
         col = cols.get(d)
         if isinstance(col, Ragged):
             has = col.lengths >= 0
             start = np.where(has, np.minimum(first, np.maximum(col.lengths, 0)), 0)
             cnt = np.where(has, np.maximum(col.lengths - start, 0), 0)
-            cols[d] = Ragged(slice_rows(col.values, col.lengths, start, cnt),
-                             np.where(has, cnt, -1))
+            cols[d] = Ragged(slice_rows(col.values, col.lengths, start, cnt), np.where(has, cnt, -1))

@@ -51,5 +51,7 @@ def format_of(path: str | os.PathLike[str], *, written: bool = False) -> Format:
         if (f.writer is not None or not written) and low.endswith(f.endings):
             return f
     kinds = [e for f in FORMATS if f.writer is not None or not written for e in f.endings[:1]]
-    raise AuditInputError(f"{os.fspath(path)}: unknown {'output' if written else 'input'} "
-                          f"format (expected {', '.join(kinds[:-1])} or {kinds[-1]})")
+    raise AuditInputError(
+        f"{os.fspath(path)}: unknown {'output' if written else 'input'} "
+        f"format (expected {', '.join(kinds[:-1])} or {kinds[-1]})"
+    )

@@ -128,14 +128,12 @@ class Layout:
     def __post_init__(self) -> None:
         for dst, src in self.sources:
             if dst not in ROLES:
-                raise ValueError(f"layout {self.name}: unknown column {dst!r} "
-                                 f"(expected one of {', '.join(ROLES)})")
+                raise ValueError(f"layout {self.name}: unknown column {dst!r} (expected one of {', '.join(ROLES)})")
             for spec in src.candidates:
                 _check_spec(dst, spec)
         for field in ("response_padding", "prompt_padding"):
             if getattr(self, field) not in PADDING_SIDES:
-                raise ValueError(f"{field} must be one of {PADDING_SIDES}, "
-                                 f"got {getattr(self, field)!r}")
+                raise ValueError(f"{field} must be one of {PADDING_SIDES}, got {getattr(self, field)!r}")
         if self.split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
         if self.records not in RECORD_FORMATS:
@@ -149,8 +147,13 @@ class Layout:
 
     def describe(self) -> str:
         """How errors name the layout: "preset verl", "--columns", "preset verl, --columns"."""
-        parts = ([] if self.name in ("default", "custom")
-                 else [f"preset {self.name}"] if self.name in PRESET_NAMES else [self.name])
+        parts = (
+            []
+            if self.name in ("default", "custom")
+            else [f"preset {self.name}"]
+            if self.name in PRESET_NAMES
+            else [self.name]
+        )
         if self.explicit:
             parts.append("--columns")
         return ", ".join(parts) or "default columns"
@@ -162,13 +165,19 @@ class Layout:
         sources = dict(self.sources)
         for dst, spec in mapping.items():
             if dst not in ROLES:
-                raise ValueError(f"--columns: unknown column {dst!r} "
-                                 f"(expected one of {', '.join(ROLES)})")
+                raise ValueError(f"--columns: unknown column {dst!r} (expected one of {', '.join(ROLES)})")
             sources[dst] = Source((spec,), required=True)
         name = self.name if self.name != "default" else "custom"
-        return Layout(name, tuple(sources.items()), self.padded, self.response_padding,
-                      self.prompt_padding, self.split, self.explicit | frozenset(mapping),
-                      self.records)
+        return Layout(
+            name,
+            tuple(sources.items()),
+            self.padded,
+            self.response_padding,
+            self.prompt_padding,
+            self.split,
+            self.explicit | frozenset(mapping),
+            self.records,
+        )
 
 
 def _check_spec(dst: str, spec: str) -> None:
@@ -177,8 +186,7 @@ def _check_spec(dst: str, spec: str) -> None:
     if spec == ROW_NUMBER and dst != "id":
         raise ValueError(f"column {dst}: {ROW_NUMBER} stands only for the id column")
     if "*" in spec and dst not in MASK_COLUMNS:
-        raise ValueError(f"column {dst}: a product of columns ({spec!r}) is allowed only for "
-                         f"{', '.join(MASK_COLUMNS)}")
+        raise ValueError(f"column {dst}: a product of columns ({spec!r}) is allowed only for {', '.join(MASK_COLUMNS)}")
     if any(not part for part in spec.split("*")):
         raise ValueError(f"column {dst}: malformed product {spec!r}")
 
@@ -205,8 +213,7 @@ def parse_columns(text: str | Mapping[str, str] | None) -> dict[str, str]:
     out: dict[str, str] = {}
     for dst, src in items:
         if dst not in ROLES:
-            raise ValueError(f"--columns: unknown column {dst!r} (expected one of "
-                             f"{', '.join(ROLES)})")
+            raise ValueError(f"--columns: unknown column {dst!r} (expected one of {', '.join(ROLES)})")
         if dst in out:
             raise ValueError(f"--columns: {dst} given twice ({out[dst]!r} and {src!r})")
         _check_spec(dst, src)
@@ -226,54 +233,73 @@ PRESETS: dict[str, Layout] = {
     # non_tensor_batch["uid"] groups the samples of one prompt.
     "verl": Layout(
         "verl",
-        (("id", _src("uid", ROW_NUMBER)),
-         ("prompt_ids", _src("prompts")),
-         ("response_ids", _src("responses", required=True)),
-         ("engine_logprobs", _src("rollout_log_probs", required=True)),
-         ("trainer_logprobs", _src("old_log_probs")),
-         ("mask", _src("response_mask")),
-         ("attention_mask", _src("attention_mask"))),
-        padded=True, response_padding="right", prompt_padding="left"),
+        (
+            ("id", _src("uid", ROW_NUMBER)),
+            ("prompt_ids", _src("prompts")),
+            ("response_ids", _src("responses", required=True)),
+            ("engine_logprobs", _src("rollout_log_probs", required=True)),
+            ("trainer_logprobs", _src("old_log_probs")),
+            ("mask", _src("response_mask")),
+            ("attention_mask", _src("attention_mask")),
+        ),
+        padded=True,
+        response_padding="right",
+        prompt_padding="left",
+    ),
     # OpenRLHF Experience: sequences [B, T] (prompt + response, right-padded),
     # attention_mask [B, T]; action_mask, rollout_log_probs (engine), action_log_probs
     # (trainer) [B, T-1], entry j describing token j + 1; the response starts at the
     # first action token.
     "openrlhf": Layout(
         "openrlhf",
-        (("id", _src("index", ROW_NUMBER)),
-         ("input_ids", _src("sequences", required=True)),
-         ("attention_mask", _src("attention_mask")),
-         ("mask", _src("action_mask", required=True)),
-         ("engine_logprobs", _src("rollout_log_probs", required=True)),
-         ("trainer_logprobs", _src("action_log_probs"))),
-        padded=True, response_padding="right", split="first_mask"),
+        (
+            ("id", _src("index", ROW_NUMBER)),
+            ("input_ids", _src("sequences", required=True)),
+            ("attention_mask", _src("attention_mask")),
+            ("mask", _src("action_mask", required=True)),
+            ("engine_logprobs", _src("rollout_log_probs", required=True)),
+            ("trainer_logprobs", _src("action_log_probs")),
+        ),
+        padded=True,
+        response_padding="right",
+        split="first_mask",
+    ),
     # TRL GRPOTrainer inputs: prompt_ids / prompt_mask left-padded [B, P], completion_ids /
     # completion_mask right-padded [B, C], sampling_per_token_logps (engine, vLLM),
     # old_per_token_logps (trainer) [B, C]; tool_mask (0 on tool-result tokens, padded
     # with 1) multiplies the loss mask.
     "trl": Layout(
         "trl",
-        (("id", _src("id", ROW_NUMBER)),
-         ("prompt_ids", _src("prompt_ids")),
-         ("prompt_attention_mask", _src("prompt_mask")),
-         ("response_ids", _src("completion_ids", required=True)),
-         ("attention_mask", _src("completion_mask")),
-         ("mask", _src("completion_mask*tool_mask", "completion_mask")),
-         ("engine_logprobs", _src("sampling_per_token_logps", required=True)),
-         ("trainer_logprobs", _src("old_per_token_logps"))),
-        padded=True, response_padding="right", prompt_padding="left"),
+        (
+            ("id", _src("id", ROW_NUMBER)),
+            ("prompt_ids", _src("prompt_ids")),
+            ("prompt_attention_mask", _src("prompt_mask")),
+            ("response_ids", _src("completion_ids", required=True)),
+            ("attention_mask", _src("completion_mask")),
+            ("mask", _src("completion_mask*tool_mask", "completion_mask")),
+            ("engine_logprobs", _src("sampling_per_token_logps", required=True)),
+            ("trainer_logprobs", _src("old_per_token_logps")),
+        ),
+        padded=True,
+        response_padding="right",
+        prompt_padding="left",
+    ),
     # slime samples (the --save-debug-train-data / --save-debug-rollout-data dumps):
     # ragged; tokens = prompt + response, response_length(s), loss_mask(s),
     # rollout_log_probs (engine) and log_probs (trainer) over the response.
     "slime": Layout(
         "slime",
-        (("id", _src("sample_index", "index", ROW_NUMBER)),
-         ("input_ids", _src("tokens", required=True)),
-         ("response_length", _src("response_lengths", "response_length", required=True)),
-         ("mask", _src("loss_masks", "loss_mask")),
-         ("engine_logprobs", _src("rollout_log_probs", required=True)),
-         ("trainer_logprobs", _src("log_probs"))),
-        padded=False, split="response_length"),
+        (
+            ("id", _src("sample_index", "index", ROW_NUMBER)),
+            ("input_ids", _src("tokens", required=True)),
+            ("response_length", _src("response_lengths", "response_length", required=True)),
+            ("mask", _src("loss_masks", "loss_mask")),
+            ("engine_logprobs", _src("rollout_log_probs", required=True)),
+            ("trainer_logprobs", _src("log_probs")),
+        ),
+        padded=False,
+        split="response_length",
+    ),
     # OpenAI-compatible /v1/completions and /v1/chat/completions responses with logprobs
     # (vLLM, SGLang), one per JSONL line: read into the audit's own columns.
     "openai": Layout("openai", padded=False, records="openai"),
@@ -282,8 +308,9 @@ PRESETS: dict[str, Layout] = {
 DEFAULT_LAYOUT = Layout()
 
 
-def make_layout(preset: str | None = None, columns: str | Mapping[str, str] | None = None,
-                padding: str | None = None) -> Layout:
+def make_layout(
+    preset: str | None = None, columns: str | Mapping[str, str] | None = None, padding: str | None = None
+) -> Layout:
     """The layout of ``--preset``, ``--columns`` and ``--padding`` (each optional).
 
     padding overrides the response padding side ("left", "right" or "auto")."""
@@ -297,8 +324,16 @@ def make_layout(preset: str | None = None, columns: str | Mapping[str, str] | No
     if padding is not None:
         if padding not in PADDING_SIDES:
             raise ValueError(f"padding must be one of {PADDING_SIDES}, got {padding!r}")
-        layout = Layout(layout.name, layout.sources, layout.padded, padding,
-                        layout.prompt_padding, layout.split, layout.explicit, layout.records)
+        layout = Layout(
+            layout.name,
+            layout.sources,
+            layout.padded,
+            padding,
+            layout.prompt_padding,
+            layout.split,
+            layout.explicit,
+            layout.records,
+        )
     return layout
 
 
@@ -361,9 +396,11 @@ def _refuse_shared(specs: Mapping[str, str], path: str, layout: Layout) -> None:
     """AuditInputError when a pair of :data:`DISTINCT_COLUMNS` reads one file column."""
     for a, b in DISTINCT_COLUMNS:
         if a in specs and specs.get(a) == specs.get(b):
-            raise AuditInputError(f"{path}: {a} and {b} both read column {specs[a]!r} "
-                                  f"({layout.describe()}): the audit would compare a column "
-                                  f"with itself; map them to different columns")
+            raise AuditInputError(
+                f"{path}: {a} and {b} both read column {specs[a]!r} "
+                f"({layout.describe()}): the audit would compare a column "
+                f"with itself; map them to different columns"
+            )
 
 
 def resolve(layout: Layout, available: Iterable[str], path: str) -> Resolved:
@@ -383,8 +420,7 @@ def resolve(layout: Layout, available: Iterable[str], path: str) -> Resolved:
         if split != "columns" and dst in ("prompt_ids", "response_ids"):
             continue
         src = layout.source(dst)
-        chosen = next((c for c in src.candidates
-                       if c == ROW_NUMBER or all(p in names for p in c.split("*"))), None)
+        chosen = next((c for c in src.candidates if c == ROW_NUMBER or all(p in names for p in c.split("*"))), None)
         if chosen is None and layout.name == "default" and dst in ("id",) + LIST_COLUMNS:
             chosen = dst  # absent: every sequence is excluded and counted (missing_column)
         if chosen is None and dst in SEMANTICS_COLUMNS:  # optional in every row, so read
@@ -394,18 +430,23 @@ def resolve(layout: Layout, available: Iterable[str], path: str) -> Resolved:
                 want = " or ".join(repr(c) for c in src.candidates)
                 raise AuditInputError(
                     f"{path}: column {want} ({dst}, {layout.describe()}) not found; the file "
-                    f"has: {', '.join(sorted(names)) or 'no columns'}")
+                    f"has: {', '.join(sorted(names)) or 'no columns'}"
+                )
             continue
         specs.append((dst, chosen))
     _refuse_shared(dict(specs), path, layout)
     got = {d for d, _ in specs}
     if split != "columns" and "input_ids" not in got:
-        raise AuditInputError(f"{path}: column {layout.source('input_ids').candidates[0]!r} "
-                              f"(input_ids, {layout.describe()}) not found")
+        raise AuditInputError(
+            f"{path}: column {layout.source('input_ids').candidates[0]!r} (input_ids, {layout.describe()}) not found"
+        )
     if split == "response_length" and "response_length" not in got:
-        raise AuditInputError(f"{path}: input_ids (prompt + response in one row) needs a "
-                              f"response_length column ({layout.describe()})")
+        raise AuditInputError(
+            f"{path}: input_ids (prompt + response in one row) needs a response_length column ({layout.describe()})"
+        )
     if split == "first_mask" and "mask" not in got:
-        raise AuditInputError(f"{path}: column {layout.source('mask').candidates[0]!r} (mask, "
-                              f"{layout.describe()}) not found: it marks where the prompt ends")
+        raise AuditInputError(
+            f"{path}: column {layout.source('mask').candidates[0]!r} (mask, "
+            f"{layout.describe()}) not found: it marks where the prompt ends"
+        )
     return Resolved(layout, tuple(specs), split)

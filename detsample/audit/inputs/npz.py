@@ -26,8 +26,19 @@ from detsample.inputs import AUDIT_SEQUENCE_TOKENS
 
 #: what zipfile, zlib and numpy's header parser raise on a damaged NPZ (an encrypted or
 #: unsupported member, a bad CRC, a truncated stream, a malformed .npy header)
-_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, KeyError,
-               NotImplementedError, RuntimeError, struct.error, SyntaxError, TypeError)
+_ZIP_ERRORS = (
+    zipfile.BadZipFile,
+    zlib.error,
+    OSError,
+    EOFError,
+    ValueError,
+    KeyError,
+    NotImplementedError,
+    RuntimeError,
+    struct.error,
+    SyntaxError,
+    TypeError,
+)
 
 
 class _NpzArray:
@@ -44,13 +55,16 @@ class _NpzArray:
                 shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
             header_len = f.tell()
         if dtype.hasobject:
-            fix = ("store the ids as a string (dtype=str) or integer array" if self.name == "id"
-                   else f"store flat values with '{self.name}_offsets' or a padded 2-D array")
-            raise AuditInputError(f"{path}: {self.name}: object arrays are not supported; "
-                                  f"{fix} (see docs/audit.md)")
+            fix = (
+                "store the ids as a string (dtype=str) or integer array"
+                if self.name == "id"
+                else f"store flat values with '{self.name}_offsets' or a padded 2-D array"
+            )
+            raise AuditInputError(f"{path}: {self.name}: object arrays are not supported; {fix} (see docs/audit.md)")
         if fortran and len(shape) > 1:
-            raise AuditInputError(f"{path}: {self.name}: Fortran-ordered arrays are not "
-                                  f"supported; save np.ascontiguousarray({self.name})")
+            raise AuditInputError(
+                f"{path}: {self.name}: Fortran-ordered arrays are not supported; save np.ascontiguousarray({self.name})"
+            )
         self.shape, self.dtype = tuple(shape), dtype
         self.row_size = int(np.prod(shape[1:])) if len(shape) > 1 else 1
         self._zf, self._info, self._header_len = zf, info, header_len
@@ -63,8 +77,9 @@ class _NpzArray:
                 name_len, extra_len = struct.unpack("<HH", local[26:30])
             offset = info.header_offset + 30 + name_len + extra_len + header_len
             n = int(np.prod(shape)) if shape else 1
-            self._mm = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(n,)) if n else \
-                np.empty(0, dtype=dtype)
+            self._mm = (
+                np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(n,)) if n else np.empty(0, dtype=dtype)
+            )
 
     def __len__(self) -> int:
         return self.shape[0] if self.shape else 1
@@ -83,11 +98,14 @@ class _NpzArray:
                 self._stream.seek(self._header_len + a * item)
                 data = self._stream.read((b - a) * item)
             except _ZIP_ERRORS as exc:
-                raise AuditInputError(f"{self.path}: {self.name}: cannot read the compressed "
-                                      f"member ({type(exc).__name__}: {exc})") from exc
+                raise AuditInputError(
+                    f"{self.path}: {self.name}: cannot read the compressed member ({type(exc).__name__}: {exc})"
+                ) from exc
             if len(data) != (b - a) * item:
-                raise AuditInputError(f"{self.path}: {self.name}: truncated member ({len(data)} "
-                                      f"bytes where {(b - a) * item} were expected)")
+                raise AuditInputError(
+                    f"{self.path}: {self.name}: truncated member ({len(data)} "
+                    f"bytes where {(b - a) * item} were expected)"
+                )
             out = np.frombuffer(data, dtype=self.dtype).copy()
         return out.reshape((stop - start,) + self.shape[1:]) if len(self.shape) > 1 else out
 
@@ -117,8 +135,9 @@ class _Members:
             except AuditInputError:
                 raise
             except _ZIP_ERRORS as exc:
-                raise AuditInputError(f"{self.path}: {name}: not a readable .npy member "
-                                      f"({type(exc).__name__}: {exc})") from exc
+                raise AuditInputError(
+                    f"{self.path}: {name}: not a readable .npy member ({type(exc).__name__}: {exc})"
+                ) from exc
         return self._open[name]
 
 
@@ -139,8 +158,7 @@ class NpzSource(Source):
 
     def columns(self) -> list[str]:
         """The column names a layout can map (``C_offsets`` members belong to ``C``)."""
-        return [k for k in self.arrays
-                if not (k.endswith("_offsets") and k[:-len("_offsets")] in self.arrays)]
+        return [k for k in self.arrays if not (k.endswith("_offsets") and k[: -len("_offsets")] in self.arrays)]
 
     def close(self) -> None:
         self._zf.close()
@@ -162,46 +180,49 @@ class NpzSource(Source):
                 continue
             arr = self.arrays[c]
             if arr.dtype.kind == "c" or (arr.dtype.kind == "f" and arr.dtype.itemsize > 8):
-                raise AuditInputError(f"{self.path}: {c}: dtype {arr.dtype} is not supported "
-                                      f"(float16, float32 or float64)")
-            if ROLES[dst] == "row" and dst in COLUMN_KINDS and \
-                    arr.dtype.kind not in COLUMN_KINDS[dst]:
-                raise AuditInputError(f"{self.path}: {c}: values must be {kind_words(dst)}, "
-                                      f"got dtype {arr.dtype}")
+                raise AuditInputError(
+                    f"{self.path}: {c}: dtype {arr.dtype} is not supported (float16, float32 or float64)"
+                )
+            if ROLES[dst] == "row" and dst in COLUMN_KINDS and arr.dtype.kind not in COLUMN_KINDS[dst]:
+                raise AuditInputError(f"{self.path}: {c}: values must be {kind_words(dst)}, got dtype {arr.dtype}")
             if ROLES[dst] in ("row", "value"):
                 if len(arr.shape) != 1:
-                    raise AuditInputError(f"{self.path}: {c}: one value per sequence expected "
-                                          f"(1-D), got shape {arr.shape}")
+                    raise AuditInputError(
+                        f"{self.path}: {c}: one value per sequence expected (1-D), got shape {arr.shape}"
+                    )
                 rows[c] = len(arr)
             elif f"{c}_offsets" in self.arrays:
                 if len(arr.shape) != 1:
-                    raise AuditInputError(f"{self.path}: {c}: must be flat (1-D) with "
-                                          f"{c}_offsets, got shape {arr.shape}")
+                    raise AuditInputError(
+                        f"{self.path}: {c}: must be flat (1-D) with {c}_offsets, got shape {arr.shape}"
+                    )
                 off = self.arrays[f"{c}_offsets"].all()
                 rows[c] = off.size - 1 if off.ndim == 1 else -1
                 self.offsets[c] = off
             elif len(arr.shape) == 2:
                 rows[c] = arr.shape[0]
             else:
-                raise AuditInputError(f"{self.path}: {c}: missing column '{c}_offsets' (a flat "
-                                      f"column needs offsets; a padded one is 2-D), got shape "
-                                      f"{arr.shape}")
+                raise AuditInputError(
+                    f"{self.path}: {c}: missing column '{c}_offsets' (a flat "
+                    f"column needs offsets; a padded one is 2-D), got shape "
+                    f"{arr.shape}"
+                )
         if not rows:
-            raise AuditInputError(f"{self.path}: none of the columns {resolved.layout.describe()} "
-                                  f"reads is in the file")
+            raise AuditInputError(f"{self.path}: none of the columns {resolved.layout.describe()} reads is in the file")
         first = next(iter(rows))
         self.num_sequences = rows[first] if id_col is None else rows[id_col]
         for c in rows:
             shape = self.arrays[c].shape
-            if len(shape) == 2 and shape[1] > AUDIT_SEQUENCE_TOKENS:   # padded: its width
+            if len(shape) == 2 and shape[1] > AUDIT_SEQUENCE_TOKENS:  # padded: its width
                 raise AuditInputError(_too_long(self.path, c, "a padded row", shape[1]))
         for c, off in self.offsets.items():
-            self.offsets[c] = _check_offsets(self.path, c, off, self.num_sequences,
-                                             len(self.arrays[c]))
+            self.offsets[c] = _check_offsets(self.path, c, off, self.num_sequences, len(self.arrays[c]))
         for c, n in rows.items():
             if n != self.num_sequences and c not in self.offsets:
-                raise AuditInputError(f"{self.path}: column '{c}' has {n} rows, '{first}' has "
-                                      f"{self.num_sequences} ({resolved.layout.describe()})")
+                raise AuditInputError(
+                    f"{self.path}: column '{c}' has {n} rows, '{first}' has "
+                    f"{self.num_sequences} ({resolved.layout.describe()})"
+                )
         return self
 
     def _size_column(self) -> tuple[str | None, int]:
@@ -215,8 +236,9 @@ class NpzSource(Source):
                 return None, self.arrays[c].shape[1]
         return None, 0
 
-    def iter_chunks(self, start: int = 0, stop: int | None = None,
-                    chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Iterator[TableChunk]:
+    def iter_chunks(
+        self, start: int = 0, stop: int | None = None, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    ) -> Iterator[TableChunk]:
         """Chunks of sequences [start, stop) (0-based rows)."""
         stop = self.num_sequences if stop is None else stop
         size_col, width = self._size_column()
@@ -240,14 +262,15 @@ class NpzSource(Source):
         flagged: dict = {}
         id_col = self.resolved.id_column
         if id_col is not None:
-            cols[id_col] = PerRow(ids_column(self.arrays[id_col].read(i, j).tolist(), id_col,
-                                             self.path, "row", lines, flagged))
+            cols[id_col] = PerRow(
+                ids_column(self.arrays[id_col].read(i, j).tolist(), id_col, self.path, "row", lines, flagged)
+            )
         for c, dst in self.resolved.wants():
             if c == id_col or c not in self.arrays:
                 continue
             arr = self.arrays[c]
             if c in self.offsets:
-                o = self.offsets[c][i:j + 1]
+                o = self.offsets[c][i : j + 1]
                 cols[c] = Ragged(arr.read(int(o[0]), int(o[-1])), np.diff(o))
             elif ROLES[dst] == "value":
                 cols[c] = PerRow(value_column(arr.read(i, j)))
@@ -261,8 +284,7 @@ class NpzSource(Source):
 def _check_offsets(path: str, column: str, off: np.ndarray, nseq: int, nvalues: int) -> np.ndarray:
     name = f"{column}_offsets"
     if off.ndim != 1 or off.size != nseq + 1:
-        raise AuditInputError(f"{path}: {name}: must have len(id) + 1 = {nseq + 1} entries, "
-                              f"got shape {off.shape}")
+        raise AuditInputError(f"{path}: {name}: must have len(id) + 1 = {nseq + 1} entries, got shape {off.shape}")
     if off.dtype.kind not in "iu":
         raise AuditInputError(f"{path}: {name}: must be integers, got dtype {off.dtype}")
     off = off.astype(np.int64)
@@ -270,11 +292,11 @@ def _check_offsets(path: str, column: str, off: np.ndarray, nseq: int, nvalues: 
         raise AuditInputError(f"{path}: {name}: must start at 0, got {off[0]}")
     bad = np.flatnonzero(np.diff(off) < 0)
     if bad.size:
-        raise AuditInputError(f"{path}: {name}: ragged offsets, decreasing at row {bad[0]} "
-                              f"({off[bad[0]]} -> {off[bad[0] + 1]})")
+        raise AuditInputError(
+            f"{path}: {name}: ragged offsets, decreasing at row {bad[0]} ({off[bad[0]]} -> {off[bad[0] + 1]})"
+        )
     if off[-1] != nvalues:
-        raise AuditInputError(f"{path}: {name}: last offset {off[-1]} != number of values "
-                              f"{nvalues} in '{column}'")
+        raise AuditInputError(f"{path}: {name}: last offset {off[-1]} != number of values {nvalues} in '{column}'")
     lengths = np.diff(off)
     longest = int(lengths.argmax()) if lengths.size else 0
     if lengths.size and lengths[longest] > AUDIT_SEQUENCE_TOKENS:
@@ -283,5 +305,7 @@ def _check_offsets(path: str, column: str, off: np.ndarray, nseq: int, nvalues: 
 
 
 def _too_long(path: str, column: str, which: str, n: int) -> str:
-    return (f"{path}: {column}: {which} has {n:,} tokens, more than the {AUDIT_SEQUENCE_TOKENS:,} "
-            f"a sequence may have (inputs are read per sequence; docs/audit.md, Limits)")
+    return (
+        f"{path}: {column}: {which} has {n:,} tokens, more than the {AUDIT_SEQUENCE_TOKENS:,} "
+        f"a sequence may have (inputs are read per sequence; docs/audit.md, Limits)"
+    )

@@ -37,8 +37,10 @@ from detsample.audit.inputs.values import count_of
 from detsample.audit.semantics import ROW_FIELDS
 
 _TOKEN_ID = re.compile(r"^token_id:(-?[0-9]+)$")
-_IDS_HINT = ("the response gives token strings, not ids: ask the server for ids (vLLM: "
-             "return_tokens_as_token_ids or return_token_ids)")
+_IDS_HINT = (
+    "the response gives token strings, not ids: ask the server for ids (vLLM: "
+    "return_tokens_as_token_ids or return_token_ids)"
+)
 
 #: (field, kind, message): why a choice (or the line) gives no sequence
 Problem = tuple[str, str, str]
@@ -55,13 +57,15 @@ def _response_of(obj: Mapping) -> tuple[Mapping | None, Problem | None]:
         if "body" in resp:
             status = resp.get("status_code", 200)
             if status != 200:
-                return None, ("response", "bad_type", f"the request failed with status "
-                                                      f"{status!r}: {resp.get('body')!r:.200}")
+                return None, (
+                    "response",
+                    "bad_type",
+                    f"the request failed with status {status!r}: {resp.get('body')!r:.200}",
+                )
             resp = resp["body"]
         if isinstance(resp, Mapping) and "choices" in resp:
             return resp, None
-    return None, ("choices", "missing_column", "not an OpenAI completion or chat completion "
-                                               "response (no 'choices')")
+    return None, ("choices", "missing_column", "not an OpenAI completion or chat completion response (no 'choices')")
 
 
 def _ids_from_tokens(tokens: list) -> list[int] | None:
@@ -79,39 +83,44 @@ def _choice_tokens(choice: Mapping) -> tuple[list | None, list | None, Problem |
     """(token spellings or ids, logprobs) of a choice."""
     lp = choice.get("logprobs")
     if not isinstance(lp, Mapping):
-        return None, None, ("engine_logprobs", "missing_column",
-                            "the choice has no logprobs (ask the server for logprobs)")
+        return (
+            None,
+            None,
+            ("engine_logprobs", "missing_column", "the choice has no logprobs (ask the server for logprobs)"),
+        )
     if "content" in lp:  # chat
         content = lp.get("content")
         if not isinstance(content, list):
-            return None, None, ("engine_logprobs", "bad_type",
-                                f"logprobs.content must be a list, got {content!r:.60}")
+            return None, None, ("engine_logprobs", "bad_type", f"logprobs.content must be a list, got {content!r:.60}")
         toks, lps = [], []
         for k, c in enumerate(content):
             if not isinstance(c, Mapping):
-                return None, None, ("engine_logprobs", "bad_type",
-                                    f"logprobs.content[{k}] must be an object, got {c!r:.60}")
+                return (
+                    None,
+                    None,
+                    ("engine_logprobs", "bad_type", f"logprobs.content[{k}] must be an object, got {c!r:.60}"),
+                )
             tid = c.get("token_id")
-            toks.append(tid if isinstance(tid, int) and not isinstance(tid, bool)
-                        else c.get("token"))
+            toks.append(tid if isinstance(tid, int) and not isinstance(tid, bool) else c.get("token"))
             lps.append(c.get("logprob"))
         return toks, lps, None
     toks, lps = lp.get("tokens"), lp.get("token_logprobs")
     if not isinstance(toks, list) or not isinstance(lps, list):
-        return None, None, ("engine_logprobs", "missing_column", "logprobs must hold the lists "
-                                                                 "'tokens' and 'token_logprobs'")
+        return (
+            None,
+            None,
+            ("engine_logprobs", "missing_column", "logprobs must hold the lists 'tokens' and 'token_logprobs'"),
+        )
     return toks, lps, None
 
 
-def _sequence(resp: Mapping, choice: Mapping, line: Mapping, index: int,
-              n_choices: int) -> dict | Problem:
+def _sequence(resp: Mapping, choice: Mapping, line: Mapping, index: int, n_choices: int) -> dict | Problem:
     toks, lps, problem = _choice_tokens(choice)
     if problem:
         return problem
     ids = choice.get("token_ids")
     if not isinstance(ids, list):
-        ids = toks if all(isinstance(t, int) and not isinstance(t, bool) for t in toks) \
-            else _ids_from_tokens(toks)
+        ids = toks if all(isinstance(t, int) and not isinstance(t, bool) for t in toks) else _ids_from_tokens(toks)
     if ids is None:
         return ("response_ids", "missing_column", _IDS_HINT)
     prompt = choice.get("prompt_token_ids", resp.get("prompt_token_ids", line.get("prompt_ids")))
@@ -130,8 +139,7 @@ def _sequence(resp: Mapping, choice: Mapping, line: Mapping, index: int,
     if isinstance(trainer, list) and trainer and all(isinstance(x, list) for x in trainer):
         trainer = trainer[index] if index < len(trainer) else None  # one list per choice
     elif trainer is not None and n_choices > 1:  # a flat list fits one choice only
-        return ("trainer_logprobs", "bad_type", f"{n_choices} choices: give one list of "
-                                                f"trainer logprobs per choice")
+        return ("trainer_logprobs", "bad_type", f"{n_choices} choices: give one list of trainer logprobs per choice")
     if trainer is not None:
         rec["trainer_logprobs"] = trainer
     if "mask" in line:

@@ -33,8 +33,7 @@ class ParquetSource(Source):
             self.num_sequences = md.num_rows
             self._names = list(self._pf.schema_arrow.names)
             self._schema = self._pf.schema_arrow
-        except (OSError, pa.ArrowException, ValueError, UnicodeDecodeError, IndexError,
-                KeyError, TypeError) as exc:
+        except (OSError, pa.ArrowException, ValueError, UnicodeDecodeError, IndexError, KeyError, TypeError) as exc:
             why = "; ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
             raise AuditInputError(f"{self.path}: not a readable Parquet file ({why})") from exc
         self.resolved: Resolved | None = None
@@ -46,8 +45,7 @@ class ParquetSource(Source):
         """Shards of whole row groups (a row group is read at once)."""
         return row_shards(len(self.row_group_rows), parts)
 
-    def chunks(self, start: int, stop: int, first_line: int, chunk_tokens: int,
-               parser: str) -> Iterator[TableChunk]:
+    def chunks(self, start: int, stop: int, first_line: int, chunk_tokens: int, parser: str) -> Iterator[TableChunk]:
         """The chunks of row groups [start, stop)."""
         return self.iter_chunks(list(range(start, stop)), chunk_rows=max(chunk_tokens // 256, 64))
 
@@ -66,8 +64,7 @@ class ParquetSource(Source):
             t = schema.field(c).type
             if ROLES[dst] == "value":  # one scalar per row, judged row by row
                 if arrow_is_list(t) or pa.types.is_struct(t) or pa.types.is_map(t):
-                    raise AuditInputError(f"{self.path}: {c}: one value per sequence expected, "
-                                          f"got a column of {t}")
+                    raise AuditInputError(f"{self.path}: {c}: one value per sequence expected, got a column of {t}")
                 continue
             if ROLES[dst] == "row":
                 if not pa.types.is_integer(t):
@@ -79,9 +76,9 @@ class ParquetSource(Source):
             # every format (detsample.audit.inputs.values); only the shape of the column is fatal
         self.resolved = resolved
         self._columns = ([id_col] if id_col is not None else []) + [
-            c for c, _ in resolved.wants() if c != id_col and c in self._names]
-        self._fixed = {c for c in self._columns
-                       if pa.types.is_fixed_size_list(schema.field(c).type)}
+            c for c, _ in resolved.wants() if c != id_col and c in self._names
+        ]
+        self._fixed = {c for c in self._columns if pa.types.is_fixed_size_list(schema.field(c).type)}
         return self
 
     def _batches(self, chunk_rows: int, groups: list[int]) -> Iterator:
@@ -89,8 +86,7 @@ class ParquetSource(Source):
         the file."""
         import pyarrow as pa
 
-        it = self._pf.iter_batches(batch_size=chunk_rows, row_groups=groups,
-                                   columns=self._columns, use_threads=False)
+        it = self._pf.iter_batches(batch_size=chunk_rows, row_groups=groups, columns=self._columns, use_threads=False)
         while True:
             try:
                 batch = next(it)
@@ -98,27 +94,23 @@ class ParquetSource(Source):
                 return
             except (pa.ArrowException, OSError, ValueError) as exc:
                 why = "; ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
-                raise AuditInputError(f"{self.path}: not a readable Parquet file ({why})") \
-                    from exc
+                raise AuditInputError(f"{self.path}: not a readable Parquet file ({why})") from exc
             yield batch
 
-    def iter_chunks(self, row_groups: list[int] | None = None,
-                    chunk_rows: int = 2048) -> Iterator[TableChunk]:
+    def iter_chunks(self, row_groups: list[int] | None = None, chunk_rows: int = 2048) -> Iterator[TableChunk]:
         assert self.resolved is not None
         groups = list(range(len(self.row_group_rows))) if row_groups is None else list(row_groups)
         if not groups:
             return
-        row = sum(self.row_group_rows[:groups[0]])
+        row = sum(self.row_group_rows[: groups[0]])
         if groups != list(range(groups[0], groups[0] + len(groups))):
             raise ValueError("row_groups must be consecutive")
         for batch in self._batches(chunk_rows, groups):
             n = batch.num_rows
             try:
-                chunk = arrow_to_table(batch, self.path, "row",
-                                       np.arange(row, row + n, dtype=np.int64), self.resolved)
+                chunk = arrow_to_table(batch, self.path, "row", np.arange(row, row + n, dtype=np.int64), self.resolved)
             except UnicodeDecodeError as exc:  # a string that is not UTF-8
-                raise AuditInputError(f"{self.path}: rows {row}..{row + n - 1}: not UTF-8 text "
-                                      f"({exc})") from exc
+                raise AuditInputError(f"{self.path}: rows {row}..{row + n - 1}: not UTF-8 text ({exc})") from exc
             for c in self._fixed:  # fixed-size lists are padded 2-D arrays
                 col = chunk.cols.get(c)
                 if isinstance(col, Ragged) and col.lengths.size and (col.lengths >= 0).all():

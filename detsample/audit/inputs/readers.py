@@ -40,9 +40,21 @@ from detsample.audit.inputs.values import (
 from detsample.audit.issues import AuditInputError, Issue, audit_file
 from detsample.inputs import AUDIT_LINE_BYTES, loads, read_line
 
-__all__ = ["AuditInputError", "COLUMN_KINDS", "DEFAULT_CHUNK_TOKENS", "Issue", "JsonlSource",
-           "LIST_COLUMNS", "REQUIRED_COLUMNS", "RawChunk", "arrow_to_table", "iter_jsonl_chunks",
-           "iter_record_chunks", "peek_jsonl_keys", "split_jsonl"]
+__all__ = [
+    "AuditInputError",
+    "COLUMN_KINDS",
+    "DEFAULT_CHUNK_TOKENS",
+    "Issue",
+    "JsonlSource",
+    "LIST_COLUMNS",
+    "REQUIRED_COLUMNS",
+    "RawChunk",
+    "arrow_to_table",
+    "iter_jsonl_chunks",
+    "iter_record_chunks",
+    "peek_jsonl_keys",
+    "split_jsonl",
+]
 
 DEFAULT_CHUNK_TOKENS = 1 << 18
 NEWLINE = b"\n"
@@ -101,15 +113,13 @@ class _ChunkBuilder:
     def add(self, line: int, rec: object) -> None:
         if not isinstance(rec, Mapping):
             what = "a JSON object" if self.unit == "line" else "a record (a dict of columns)"
-            self.add_bad(line, self._issue(line, "<record>", "bad_type",
-                                           f"expected {what}, got {type(rec).__name__}"))
+            self.add_bad(line, self._issue(line, "<record>", "bad_type", f"expected {what}, got {type(rec).__name__}"))
             return
         if self.id_col is None:
             rid: object = line
         else:
             if self.id_col not in rec:
-                self.add_bad(line, self._issue(line, self.id_col, "missing_column",
-                                               f"missing column '{self.id_col}'"))
+                self.add_bad(line, self._issue(line, self.id_col, "missing_column", f"missing column '{self.id_col}'"))
                 return
             rid, why = id_of(rec[self.id_col])
             if why is not None:
@@ -120,8 +130,7 @@ class _ChunkBuilder:
             v = rec.get(c)
             if v is None:
                 if c in self.required:
-                    self.add_bad(line, self._issue(line, c, "missing_column",
-                                                   f"missing column '{c}'"), str(rid))
+                    self.add_bad(line, self._issue(line, c, "missing_column", f"missing column '{c}'"), str(rid))
                     return
                 continue
             if ROLES[dst] == "value":  # a stated semantics value: judged by validation
@@ -147,8 +156,11 @@ class _ChunkBuilder:
                 self.lens[c].append(a.size)
             else:  # a per-row count
                 self.lens[c].append(a)
-        self.tokens += 1 + sum(arrays[c].size for c in self.size_cols  # type: ignore[union-attr]
-                               if c in arrays)
+        self.tokens += 1 + sum(
+            arrays[c].size
+            for c in self.size_cols  # type: ignore[union-attr]
+            if c in arrays
+        )
 
     def full(self) -> bool:
         return self.tokens >= self.chunk_tokens
@@ -173,15 +185,18 @@ class _ChunkBuilder:
             else:
                 values = np.empty(0, dtype=np.float64 if "logprob" in dst else np.int64)
             cols[c] = Ragged(values, lengths)
-        chunk = TableChunk(self.source, self.unit, np.asarray(self.lines, dtype=np.int64), cols,
-                           self.flagged)
+        chunk = TableChunk(self.source, self.unit, np.asarray(self.lines, dtype=np.int64), cols, self.flagged)
         self._reset()
         return chunk
 
 
-def iter_record_chunks(records: Iterable[object], resolved: Resolved,
-                       source: str = "<records>", chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-                       first_row: int = 0) -> Iterator[TableChunk]:
+def iter_record_chunks(
+    records: Iterable[object],
+    resolved: Resolved,
+    source: str = "<records>",
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    first_row: int = 0,
+) -> Iterator[TableChunk]:
     """Chunks from in-memory records (mappings; values lists or arrays). Locations are
     0-based record indices (unit "row"), counted from ``first_row``."""
     items: Iterable[tuple[int, object]] = enumerate(records, start=first_row)
@@ -190,8 +205,7 @@ def iter_record_chunks(records: Iterable[object], resolved: Resolved,
     yield from _build_chunks(_ChunkBuilder(source, "row", chunk_tokens, resolved), items)
 
 
-def _openai_items(source: str, unit: str, items: Iterable[tuple[int, object]]
-                  ) -> Iterator[tuple[int, object]]:
+def _openai_items(source: str, unit: str, items: Iterable[tuple[int, object]]) -> Iterator[tuple[int, object]]:
     """OpenAI-compatible responses -> one record (or a located Issue) per choice."""
     from detsample.audit.inputs.openai import records_of
 
@@ -223,10 +237,13 @@ def _parse_json_lines(path: str, lines: list[tuple[int, bytes]]) -> Iterator[tup
         try:
             yield k, loads(ln)
         except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, JsonTooDeep
-            msg = (f"invalid JSON: {exc.msg} (column {exc.colno})"
-                   if isinstance(exc, json.JSONDecodeError) else
-                   f"invalid UTF-8: {exc}" if isinstance(exc, UnicodeDecodeError) else
-                   f"invalid JSON: {exc}")
+            msg = (
+                f"invalid JSON: {exc.msg} (column {exc.colno})"
+                if isinstance(exc, json.JSONDecodeError)
+                else f"invalid UTF-8: {exc}"
+                if isinstance(exc, UnicodeDecodeError)
+                else f"invalid JSON: {exc}"
+            )
             yield k, Issue(path, k, "<line>", "bad_json", msg, "line")
 
 
@@ -248,10 +265,8 @@ class JsonlSource(Source):
     def shards(self, parts: int) -> list[tuple[int, int, int]]:
         return split_jsonl(self.path, parts)
 
-    def chunks(self, start: int, stop: int, first_line: int, chunk_tokens: int,
-               parser: str) -> Iterator[TableChunk]:
-        return iter_jsonl_chunks(self.path, self.resolved, start, stop, first_line,
-                                 chunk_tokens, parser)
+    def chunks(self, start: int, stop: int, first_line: int, chunk_tokens: int, parser: str) -> Iterator[TableChunk]:
+        return iter_jsonl_chunks(self.path, self.resolved, start, stop, first_line, chunk_tokens, parser)
 
 
 def peek_jsonl_keys(path: str) -> list[str]:
@@ -271,9 +286,15 @@ def peek_jsonl_keys(path: str) -> list[str]:
     return []
 
 
-def iter_jsonl_chunks(path: str, resolved: Resolved, start: int = 0, end: int | None = None,
-                      first_line: int = 1, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-                      parser: str = "auto") -> Iterator[TableChunk]:
+def iter_jsonl_chunks(
+    path: str,
+    resolved: Resolved,
+    start: int = 0,
+    end: int | None = None,
+    first_line: int = 1,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    parser: str = "auto",
+) -> Iterator[TableChunk]:
     """Chunks of the JSONL lines whose first byte lies in [start, end) (start must be the
     beginning of a line, ``first_line`` its 1-based number). Blank lines are skipped.
 
@@ -305,16 +326,14 @@ def iter_jsonl_chunks(path: str, resolved: Resolved, start: int = 0, end: int | 
                 continue
             lines = np.array([k for k, _ in nonblank], dtype=np.int64)
             openai = resolved.layout.records == "openai"  # nested responses: json only
-            chunk = (_arrow_jsonl_block(buf, str(path), lines, resolved)
-                     if parser == "auto" and not openai else None)
+            chunk = _arrow_jsonl_block(buf, str(path), lines, resolved) if parser == "auto" and not openai else None
             if chunk is not None:
                 yield chunk
                 continue
             items = _parse_json_lines(str(path), nonblank)
             if openai:
                 items = _openai_items(str(path), "line", items)
-            yield from _build_chunks(_ChunkBuilder(str(path), "line", chunk_tokens, resolved),
-                                     items)
+            yield from _build_chunks(_ChunkBuilder(str(path), "line", chunk_tokens, resolved), items)
 
 
 def split_jsonl(path: str, parts: int) -> list[tuple[int, int, int]]:
@@ -360,8 +379,11 @@ def arrow_value_type_ok(column: str, vt) -> bool:
     import pyarrow as pa
 
     kinds = COLUMN_KINDS[column]
-    return (pa.types.is_integer(vt) or ("f" in kinds and pa.types.is_floating(vt))
-            or ("b" in kinds and pa.types.is_boolean(vt)))
+    return (
+        pa.types.is_integer(vt)
+        or ("f" in kinds and pa.types.is_floating(vt))
+        or ("b" in kinds and pa.types.is_boolean(vt))
+    )
 
 
 def _fill_nulls(flat):
@@ -386,8 +408,7 @@ def arrow_is_list(t) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
-def arrow_to_table(table, source: str, unit: str, lines: np.ndarray,
-                   resolved: Resolved) -> TableChunk:
+def arrow_to_table(table, source: str, unit: str, lines: np.ndarray, resolved: Resolved) -> TableChunk:
     """A TableChunk from an Arrow table or record batch holding the columns ``resolved``
     asks for (types already checked). Null ids and nulls inside lists flag their row; a
     null list is an absent column for that row (length -1); a per-row count column
@@ -400,8 +421,7 @@ def arrow_to_table(table, source: str, unit: str, lines: np.ndarray,
     cols: dict = {}
     id_col = resolved.id_column
     if id_col is not None and id_col in names:
-        cols[id_col] = PerRow(ids_column(table.column(id_col).to_pylist(), id_col, source,
-                                         unit, lines, flagged))
+        cols[id_col] = PerRow(ids_column(table.column(id_col).to_pylist(), id_col, source, unit, lines, flagged))
     for c, dst in resolved.wants():
         if c == id_col or c not in names:
             continue
@@ -420,24 +440,36 @@ def arrow_to_table(table, source: str, unit: str, lines: np.ndarray,
         lens = pc.fill_null(pc.list_value_length(col), -1).to_numpy(zero_copy_only=False)
         flat = pc.list_flatten(col)
         if len(flat) != int(np.maximum(lens, 0).sum()):
-            raise AuditInputError(f"{source}: {c}: the list column's values do not match its "
-                                  f"lengths ({len(flat)} values for "
-                                  f"{int(np.maximum(lens, 0).sum())})")
+            raise AuditInputError(
+                f"{source}: {c}: the list column's values do not match its "
+                f"lengths ({len(flat)} values for "
+                f"{int(np.maximum(lens, 0).sum())})"
+            )
         if flat.null_count:
             owner = np.repeat(np.arange(n), np.maximum(lens, 0))
             starts = np.concatenate([[0], np.cumsum(np.maximum(lens, 0))])
             nulls = np.flatnonzero(np.asarray(flat.is_null()))
             for pos in nulls[np.unique(owner[nulls], return_index=True)[1]].tolist():
                 k = int(owner[pos])
-                flagged.setdefault(k, Issue(source, int(lines[k]), c, "bad_type", value_message(
-                    c, pos - int(starts[k]), None, f"values must be {kind_words(dst)}"), unit))
+                flagged.setdefault(
+                    k,
+                    Issue(
+                        source,
+                        int(lines[k]),
+                        c,
+                        "bad_type",
+                        value_message(c, pos - int(starts[k]), None, f"values must be {kind_words(dst)}"),
+                        unit,
+                    ),
+                )
             flat = _fill_nulls(flat)
         cols[c] = Ragged(flat.to_numpy(zero_copy_only=False), lens.astype(np.int64))
     return TableChunk(source, unit, np.asarray(lines, dtype=np.int64), cols, flagged)
 
 
-def ids_column(values: list, id_col: str, source: str, unit: str, lines: np.ndarray,
-               flagged: dict[int, Issue]) -> list[str]:
+def ids_column(
+    values: list, id_col: str, source: str, unit: str, lines: np.ndarray, flagged: dict[int, Issue]
+) -> list[str]:
     """The ids of a typed column (Parquet, NPZ, tensors, lists) by :func:`id_of`, the rule
     JSONL follows too: a null, a float or a bool excludes its row (``bad_type``), recorded
     in ``flagged``."""
@@ -469,8 +501,7 @@ def _plain_value_type(column: str, t) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t)
 
 
-def _arrow_jsonl_block(block: bytes, source: str, lines: np.ndarray,
-                       resolved: Resolved) -> TableChunk | None:
+def _arrow_jsonl_block(block: bytes, source: str, lines: np.ndarray, resolved: Resolved) -> TableChunk | None:
     """:func:`_arrow_jsonl_block_of`, or None (the line-by-line path, which names the bad
     line) for any block pyarrow reads into something it cannot then describe (a key that
     is not UTF-8, say)."""
@@ -478,13 +509,11 @@ def _arrow_jsonl_block(block: bytes, source: str, lines: np.ndarray,
 
     try:
         return _arrow_jsonl_block_of(block, source, lines, resolved)
-    except (pa.ArrowException, UnicodeDecodeError, ValueError, TypeError, KeyError,
-            IndexError, OverflowError):
+    except (pa.ArrowException, UnicodeDecodeError, ValueError, TypeError, KeyError, IndexError, OverflowError):
         return None
 
 
-def _arrow_jsonl_block_of(block: bytes, source: str, lines: np.ndarray,
-                          resolved: Resolved) -> TableChunk | None:
+def _arrow_jsonl_block_of(block: bytes, source: str, lines: np.ndarray, resolved: Resolved) -> TableChunk | None:
     """Parse a block of complete JSONL lines with pyarrow's JSON reader (C++, one thread).
 
     Returns None unless the block is clean: one object per non-blank line, ids strings or
@@ -496,8 +525,9 @@ def _arrow_jsonl_block_of(block: bytes, source: str, lines: np.ndarray,
     import pyarrow.json as pj
 
     try:
-        table = pj.read_json(pa.BufferReader(block), read_options=pj.ReadOptions(
-            use_threads=False, block_size=len(block) + 1))
+        table = pj.read_json(
+            pa.BufferReader(block), read_options=pj.ReadOptions(use_threads=False, block_size=len(block) + 1)
+        )
     except (pa.ArrowException, ValueError):
         return None
     schema = table.schema
@@ -506,8 +536,7 @@ def _arrow_jsonl_block_of(block: bytes, source: str, lines: np.ndarray,
         return None
     if id_col is not None:
         idt = schema.field(id_col).type
-        if (not (pa.types.is_string(idt) or pa.types.is_integer(idt))
-                or table.column(id_col).null_count):
+        if not (pa.types.is_string(idt) or pa.types.is_integer(idt)) or table.column(id_col).null_count:
             return None
     drop = []
     for c, dst in resolved.wants():

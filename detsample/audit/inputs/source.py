@@ -36,8 +36,7 @@ class Source:
         here; one empty shard for an empty file)."""
         return row_shards(self.num_sequences, parts)
 
-    def chunks(self, start: int, stop: int, first_line: int, chunk_tokens: int,
-               parser: str) -> Iterator:
+    def chunks(self, start: int, stop: int, first_line: int, chunk_tokens: int, parser: str) -> Iterator:
         """The table chunks of one shard (``first_line`` and ``parser``: JSONL's)."""
         return self.iter_chunks(start, stop, chunk_tokens)  # type: ignore[attr-defined]
 

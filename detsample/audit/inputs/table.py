@@ -92,8 +92,7 @@ def offsets_from_lengths(lengths: np.ndarray) -> np.ndarray:
     return out
 
 
-def slice_rows(values: np.ndarray, lengths: np.ndarray, starts: np.ndarray,
-               counts: np.ndarray) -> np.ndarray:
+def slice_rows(values: np.ndarray, lengths: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """Flat values of the per-row sub-slices ``row[starts[i] : starts[i] + counts[i]]``
     of a ragged column (rows with ``lengths < 0`` must have ``counts == 0``)."""
     counts = np.asarray(counts, dtype=np.int64)

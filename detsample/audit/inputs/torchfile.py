@@ -64,8 +64,21 @@ def tensor_problem(t) -> str | None:
 def _readable_dtypes() -> frozenset:
     import torch
 
-    names = ("bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
-             "float16", "bfloat16", "float32", "float64")
+    names = (
+        "bool",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+    )
     return frozenset(getattr(torch, n) for n in names if hasattr(torch, n))
 
 
@@ -86,8 +99,11 @@ def unreadable_tensor(path: str, obj: object) -> str | None:
         elif isinstance(v, Mapping):
             stack.extend((f"{where}[{k!r}]", x) for k, x in reversed(list(v.items())))
         elif isinstance(v, (list, tuple)) and not set(map(type, v)) <= _SCALARS:
-            stack.extend((f"{where}[{k}]", x) for k, x in reversed(list(enumerate(v)))
-                         if isinstance(x, (torch.Tensor, Mapping, list, tuple)))
+            stack.extend(
+                (f"{where}[{k}]", x)
+                for k, x in reversed(list(enumerate(v)))
+                if isinstance(x, (torch.Tensor, Mapping, list, tuple))
+            )
     return None
 
 
@@ -113,16 +129,16 @@ def refusal_message(path: str, exc: BaseException) -> str:
         except Exception:  # noqa: BLE001 - not a zip checkpoint: read torch's message
             needed = sorted(set(_GLOBAL.findall(_ANSI.sub("", str(exc)))))
     if needed:
-        return (f"{path}: refused: loading it would run the Python global(s) "
-                f"{', '.join(needed)}, which a weights_only load never does; the audit reads "
-                f"tensors, lists, dicts, strings and numbers only (save the columns as tensors "
-                f"or lists, docs/audit.md)")
+        return (
+            f"{path}: refused: loading it would run the Python global(s) "
+            f"{', '.join(needed)}, which a weights_only load never does; the audit reads "
+            f"tensors, lists, dicts, strings and numbers only (save the columns as tensors "
+            f"or lists, docs/audit.md)"
+        )
     lines = [ln.strip() for ln in _ANSI.sub("", str(exc)).splitlines() if ln.strip()]
     boiler = ("Weights only load failed", "Please file an issue", "Check the documentation")
-    why = next((ln for ln in lines if not ln.startswith(boiler)),
-               lines[0] if lines else type(exc).__name__)
-    return (f"{path}: not a readable torch file with weights_only=True "
-            f"({type(exc).__name__}: {why})")
+    why = next((ln for ln in lines if not ln.startswith(boiler)), lines[0] if lines else type(exc).__name__)
+    return f"{path}: not a readable torch file with weights_only=True ({type(exc).__name__}: {why})"
 
 
 def _plain(v: object) -> object:
@@ -146,9 +162,20 @@ class TorchSource(Source):
                 if "mmap" not in str(exc):
                     raise
                 obj = torch.load(self.path, map_location="cpu", weights_only=True)
-        except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError,
-                KeyError, TypeError, AttributeError, IndexError, UnicodeDecodeError,
-                RecursionError, NotImplementedError) as exc:
+        except (
+            pickle.UnpicklingError,
+            RuntimeError,
+            OSError,
+            EOFError,
+            ValueError,
+            KeyError,
+            TypeError,
+            AttributeError,
+            IndexError,
+            UnicodeDecodeError,
+            RecursionError,
+            NotImplementedError,
+        ) as exc:
             raise AuditInputError(refusal_message(self.path, exc)) from exc
         problem = unreadable_tensor(self.path, obj)
         if problem:
@@ -159,8 +186,10 @@ class TorchSource(Source):
         self.data: dict = {}
         if isinstance(obj, list) and obj and not any(isinstance(r, Mapping) for r in obj):
             kinds = sorted({type(r).__name__ for r in obj})
-            raise AuditInputError(f"{self.path}: expected a dict of columns or a list of "
-                                  f"records (dicts), got a list of {', '.join(kinds)}")
+            raise AuditInputError(
+                f"{self.path}: expected a dict of columns or a list of "
+                f"records (dicts), got a list of {', '.join(kinds)}"
+            )
         if isinstance(obj, list):
             self.records = obj
             self.num_sequences = len(obj)
@@ -168,8 +197,9 @@ class TorchSource(Source):
             self.data = dict(obj)
             self.num_sequences = 0
         else:
-            raise AuditInputError(f"{self.path}: expected a dict of columns or a list of "
-                                  f"records, got {type(obj).__name__}")
+            raise AuditInputError(
+                f"{self.path}: expected a dict of columns or a list of records, got {type(obj).__name__}"
+            )
         self.resolved: Resolved | None = None
 
     def columns(self) -> list[str]:
@@ -196,44 +226,52 @@ class TorchSource(Source):
             if isinstance(v, torch.Tensor):
                 want = 1 if ROLES[dst] in ("row", "value") else 2
                 if v.dim() != want:
-                    what = "one value per sequence (1-D)" if want == 1 else \
-                        "a padded 2-D tensor, or a list of 1-D tensors"
-                    raise AuditInputError(f"{self.path}: {c}: expected {what}, got shape "
-                                          f"{tuple(v.shape)}")
+                    what = (
+                        "one value per sequence (1-D)" if want == 1 else "a padded 2-D tensor, or a list of 1-D tensors"
+                    )
+                    raise AuditInputError(f"{self.path}: {c}: expected {what}, got shape {tuple(v.shape)}")
                 kind = np.dtype(to_numpy(v[:0]).dtype).kind
                 if ROLES[dst] == "row" and dst in COLUMN_KINDS and kind not in COLUMN_KINDS[dst]:
-                    raise AuditInputError(f"{self.path}: {c}: values must be {kind_words(dst)}, "
-                                          f"got dtype {v.dtype}")
+                    raise AuditInputError(f"{self.path}: {c}: values must be {kind_words(dst)}, got dtype {v.dtype}")
                 rows[c] = int(v.shape[0])
             elif isinstance(v, (list, tuple)):
                 rows[c] = len(v)
             else:
-                raise AuditInputError(f"{self.path}: {c}: expected a tensor or a list, got "
-                                      f"{type(v).__name__}")
+                raise AuditInputError(f"{self.path}: {c}: expected a tensor or a list, got {type(v).__name__}")
         if not rows:
-            raise AuditInputError(f"{self.path}: none of the columns "
-                                  f"{resolved.layout.describe()} reads is in the file")
+            raise AuditInputError(f"{self.path}: none of the columns {resolved.layout.describe()} reads is in the file")
         first = id_col if id_col is not None else next(iter(rows))
         self.num_sequences = rows[first]
         for c, n in rows.items():
             if n != self.num_sequences:
-                raise AuditInputError(f"{self.path}: column '{c}' has {n} rows, '{first}' has "
-                                      f"{self.num_sequences} ({resolved.layout.describe()})")
+                raise AuditInputError(
+                    f"{self.path}: column '{c}' has {n} rows, '{first}' has "
+                    f"{self.num_sequences} ({resolved.layout.describe()})"
+                )
         return self
 
-    def iter_chunks(self, start: int = 0, stop: int | None = None,
-                    chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Iterator[TableChunk]:
+    def iter_chunks(
+        self, start: int = 0, stop: int | None = None, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    ) -> Iterator[TableChunk]:
         """Chunks of sequences [start, stop) (0-based rows)."""
         assert self.resolved is not None
         stop = self.num_sequences if stop is None else stop
         if self.records is not None:
             wanted = {c for c, _ in self.resolved.wants()} | {self.resolved.id_column}
-            recs = ({k: _plain(v) for k, v in r.items() if k in wanted}
-                    if isinstance(r, Mapping) else r for r in self.records[start:stop])
+            recs = (
+                {k: _plain(v) for k, v in r.items() if k in wanted} if isinstance(r, Mapping) else r
+                for r in self.records[start:stop]
+            )
             yield from iter_record_chunks(recs, self.resolved, self.path, chunk_tokens, start)
             return
-        width = max([self.data[c].shape[1] for c, _ in self.resolved.wants()
-                     if c in self.data and getattr(self.data[c], "dim", lambda: 0)() == 2] or [64])
+        width = max(
+            [
+                self.data[c].shape[1]
+                for c, _ in self.resolved.wants()
+                if c in self.data and getattr(self.data[c], "dim", lambda: 0)() == 2
+            ]
+            or [64]
+        )
         step = max(chunk_tokens // width, 1)
         for i in range(start, stop, step):
             yield self._chunk(i, min(i + step, stop))
@@ -255,8 +293,7 @@ class TorchSource(Source):
                 continue
             v = self.data[c]
             if ROLES[dst] == "value":  # a tensor [S] or a list of scalars
-                vals = to_numpy(v[i:j]) if isinstance(v, torch.Tensor) else \
-                    [_plain(x) for x in v[i:j]]
+                vals = to_numpy(v[i:j]) if isinstance(v, torch.Tensor) else [_plain(x) for x in v[i:j]]
                 cols[c] = PerRow(value_column(vals))
             elif isinstance(v, torch.Tensor):
                 a = to_numpy(v[i:j])
@@ -268,8 +305,7 @@ class TorchSource(Source):
         return TableChunk(self.path, "row", lines, cols, flagged)
 
 
-def _counts(path: str, c: str, items: list, lines: np.ndarray,
-            flagged: dict[int, Issue]) -> np.ndarray:
+def _counts(path: str, c: str, items: list, lines: np.ndarray, flagged: dict[int, Issue]) -> np.ndarray:
     """A per-row count column from a list (None: absent, -1); a value that is not a
     non-negative integer excludes its row (the rule JSONL records follow)."""
     out = np.full(len(items), -1, dtype=np.int64)
@@ -284,8 +320,7 @@ def _counts(path: str, c: str, items: list, lines: np.ndarray,
     return out
 
 
-def _ragged(path: str, c: str, dst: str, items: list, lines: np.ndarray,
-            flagged: dict[int, Issue]) -> Ragged:
+def _ragged(path: str, c: str, dst: str, items: list, lines: np.ndarray, flagged: dict[int, Issue]) -> Ragged:
     """A ragged column from a list of 1-D tensors / lists / None (absent). Each row goes
     through :func:`detsample.audit.inputs.values.column_array`, the rule of every format: a row
     of the wrong shape or kind is excluded and named (``flagged``), its neighbours read."""
@@ -294,8 +329,7 @@ def _ragged(path: str, c: str, dst: str, items: list, lines: np.ndarray,
         if x is None:
             lens.append(-1)
             continue
-        a, kind, problem = column_array(dst, _plain(x) if not isinstance(x, (list, tuple))
-                                        else [_plain(e) for e in x])
+        a, kind, problem = column_array(dst, _plain(x) if not isinstance(x, (list, tuple)) else [_plain(e) for e in x])
         if problem:
             flagged.setdefault(k, Issue(path, int(lines[k]), c, kind, problem, "row"))
             lens.append(-1)

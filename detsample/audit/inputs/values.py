@@ -78,16 +78,14 @@ def count_of(v: object) -> tuple[int, str, str | None]:
     return int(v), "", None
 
 
-def number_of(v: object, lo: float = 0.0, hi: float = math.inf
-              ) -> tuple[float, str, str | None]:
+def number_of(v: object, lo: float = 0.0, hi: float = math.inf) -> tuple[float, str, str | None]:
     """A metric of a report or a log (a fraction, a |d|, a KL, a ratio quantile): (the
     value, "", None) for a number in [lo, hi], else (nan, "bad_type", why). Infinity may
     be spelt as JSON-safe reports spell it (the string "inf"); a bool, another string, a
     null and NaN are refused, so a gate never compares against a value nobody measured."""
     if isinstance(v, str) and v in ("inf", "-inf"):
         x = float(v)
-    elif isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer,
-                                                               np.floating)):
+    elif isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
         return math.nan, "bad_type", f"must be a number, got {v!r:.40}"
     else:
         try:
@@ -104,8 +102,7 @@ def number_of(v: object, lo: float = 0.0, hi: float = math.inf
 def plain_scalar(v: object) -> object:
     """A numpy / 0-d array scalar as the Python scalar it holds (str, int, float, bool);
     anything else as it is."""
-    if isinstance(v, np.generic) or (hasattr(v, "ndim") and v.ndim == 0
-                                     and hasattr(v, "item")):
+    if isinstance(v, np.generic) or (hasattr(v, "ndim") and v.ndim == 0 and hasattr(v, "item")):
         return v.item()  # type: ignore[union-attr]
     return v
 
@@ -132,8 +129,7 @@ def column_array(column: str, v: object) -> tuple[np.ndarray | None, str, str | 
         if "b" not in kinds:
             for j, x in enumerate(v):
                 if x is True or x is False:
-                    return None, "bad_type", value_message(column, j, x, f"values must be "
-                                                                         f"{kind_words(column)}")
+                    return None, "bad_type", value_message(column, j, x, f"values must be {kind_words(column)}")
         if v and kinds == "iu" and all(type(x) is int for x in v):  # Python ints: the range first
             for j, x in enumerate(v):
                 if not INT64_MIN <= x <= INT64_MAX:
@@ -155,8 +151,7 @@ def column_array(column: str, v: object) -> tuple[np.ndarray | None, str, str | 
                 return a.astype(np.float64), "", None
             except OverflowError:
                 j = next(j for j, x in enumerate(items) if abs(x) > 1e308)
-                return None, "bad_type", value_message(column, j, items[j],
-                                                       "out of the float64 range")
+                return None, "bad_type", value_message(column, j, items[j], "out of the float64 range")
     if a.dtype.kind == "O" and kinds == "bfiu" and all(type(x) is int for x in a.tolist()):
         j = next(j for j, x in enumerate(a.tolist()) if x not in (0, 1))  # beyond int64
         return None, "bad_mask", value_message(column, j, a[j], "mask must be 0 or 1")

@@ -49,7 +49,7 @@ def to_records(cols: dict) -> list[dict]:
         for c in LIST_COLUMNS:
             if c in cols:
                 v, o = cols[c]
-                rec[c] = v[o[i]:o[i + 1]].tolist()
+                rec[c] = v[o[i] : o[i + 1]].tolist()
         for c in ROW_COLUMNS:
             if c in cols:
                 rec[c] = int(cols[c][i])
@@ -74,8 +74,7 @@ def write_npz(cols: dict, path: str, compressed: bool = False, flag: str = "outp
     write_file(path, lambda fh: save(fh, **arrays), flag)
 
 
-def write_parquet(cols: dict, path: str, row_group_size: int = 1024,
-                  flag: str = "output") -> None:
+def write_parquet(cols: dict, path: str, row_group_size: int = 1024, flag: str = "output") -> None:
     """``cols`` as Parquet at exactly ``path``, atomically."""
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -37,8 +37,15 @@ from detsample.inputs import LOG_LINE_BYTES, file_problem, loads, read_line
 from detsample.outputs import append_file, write_file
 
 #: per-step scalars of a row, in the order the summary prints them
-LOG_METRICS = ("tokens", "exact_match_fraction", "mismatch_fraction", "mean_abs_diff",
-               "max_abs_diff", "k3_kl_mean", "abs_diff_p99")
+LOG_METRICS = (
+    "tokens",
+    "exact_match_fraction",
+    "mismatch_fraction",
+    "mean_abs_diff",
+    "max_abs_diff",
+    "k3_kl_mean",
+    "abs_diff_p99",
+)
 LOG_PLOT = "metrics_over_steps.png"
 #: the files ``write_log_report`` writes into its folder
 LOG_REPORT_FILES = (LOG_PLOT, "index.html")
@@ -108,9 +115,16 @@ class AuditLog:
         self._next = step + 1
         return row
 
-    def audit_tensors(self, response_ids: object, engine_logprobs: object,
-                      trainer_logprobs: object, mask: object = None, *, step: int | None = None,
-                      **kwargs: object) -> dict:
+    def audit_tensors(
+        self,
+        response_ids: object,
+        engine_logprobs: object,
+        trainer_logprobs: object,
+        mask: object = None,
+        *,
+        step: int | None = None,
+        **kwargs: object,
+    ) -> dict:
         """Audit one padded batch (:func:`detsample.audit.from_tensors`) and log it."""
         from detsample.audit.running.tensors import from_tensors
 
@@ -122,8 +136,14 @@ class AuditLog:
 #: how each field of a row is read (the value rules of :mod:`detsample.audit.inputs.values`):
 #: counts, fractions in [0, 1], non-negative metrics (null: no token audited)
 _COUNTS = ("step", "sequences", "excluded_sequences", "tokens")
-_RANGES = {"exact_match_fraction": 1.0, "mismatch_fraction": 1.0, "mean_abs_diff": math.inf,
-           "max_abs_diff": math.inf, "k3_kl_mean": math.inf, "abs_diff_p99": math.inf}
+_RANGES = {
+    "exact_match_fraction": 1.0,
+    "mismatch_fraction": 1.0,
+    "mean_abs_diff": math.inf,
+    "max_abs_diff": math.inf,
+    "k3_kl_mean": math.inf,
+    "abs_diff_p99": math.inf,
+}
 
 
 def row_problem(row: object) -> str | None:
@@ -160,20 +180,19 @@ def row_contradiction(row: dict) -> str | None:
     token means no metric; a bitwise-equal token has d == 0, so exact matches and tokens
     with d != 0 are disjoint (their fractions sum to at most 1); |d| > 0 somewhere means a
     mismatching token; the max |d| bounds its mean and its p99."""
-    exact, mism, top = (_value(row, k) for k in ("exact_match_fraction", "mismatch_fraction",
-                                                  "max_abs_diff"))
+    exact, mism, top = (_value(row, k) for k in ("exact_match_fraction", "mismatch_fraction", "max_abs_diff"))
     if row["sequences"] == 0 and row["tokens"] > 0:
         return f"sequences 0 but tokens {row['tokens']}: tokens are audited in sequences"
     if row["tokens"] == 0:
         given = [k for k in _RANGES if row[k] is not None]
-        return f"tokens 0 but {given[0]} {row[given[0]]!r} (no token audited: null)" \
-            if given else None
+        return f"tokens 0 but {given[0]} {row[given[0]]!r} (no token audited: null)" if given else None
     if exact is not None and mism is not None and exact + mism > 1 + _FRACTION_SLACK:
-        return (f"exact_match_fraction {exact!r} and mismatch_fraction {mism!r} sum past 1 "
-                f"(a bitwise-equal token has d == 0)")
+        return (
+            f"exact_match_fraction {exact!r} and mismatch_fraction {mism!r} sum past 1 "
+            f"(a bitwise-equal token has d == 0)"
+        )
     if top is not None and mism is not None and (top > 0) != (mism > 0):
-        return (f"max_abs_diff {row['max_abs_diff']!r} but mismatch_fraction {mism!r} "
-                f"(d != 0 iff |d| > 0)")
+        return f"max_abs_diff {row['max_abs_diff']!r} but mismatch_fraction {mism!r} (d != 0 iff |d| > 0)"
     for key in ("mean_abs_diff", "abs_diff_p99"):
         below = _value(row, key)
         if top is not None and below is not None and below > top:
@@ -197,9 +216,11 @@ def read_log(path: str) -> list[dict]:
         return _read_rows(sys.stdin.buffer, "<stdin>")
     problem = file_problem(path)  # a FIFO would block, a device never end
     if problem:
-        raise AuditInputError(f"{path}: cannot read the audit log: it {problem}"
-                              if problem.startswith("is ") else
-                              f"{path}: cannot read the audit log: {problem}")
+        raise AuditInputError(
+            f"{path}: cannot read the audit log: it {problem}"
+            if problem.startswith("is ")
+            else f"{path}: cannot read the audit log: {problem}"
+        )
     try:
         f = open(path, "rb")  # noqa: SIM115 - its OSError named apart; closed by the with below
     except OSError as exc:
@@ -231,11 +252,14 @@ def _read_rows(f: BinaryIO, path: str) -> list[dict]:
     return rows
 
 
-def check_log_gates(rows: Sequence[dict], max_abs_diff: float | None = None,
-                    min_exact_match: float | None = None, max_k3: float | None = None,
-                    max_mismatch: float | None = None,
-                    max_excluded: ExclusionLimit | int | float | str | None = None
-                    ) -> list[str]:
+def check_log_gates(
+    rows: Sequence[dict],
+    max_abs_diff: float | None = None,
+    min_exact_match: float | None = None,
+    max_k3: float | None = None,
+    max_mismatch: float | None = None,
+    max_excluded: ExclusionLimit | int | float | str | None = None,
+) -> list[str]:
     """Failed gates on the latest row (the last one written), each naming the step and
     the metric; empty when every gate passes. The rules of
     :func:`detsample.audit.running.gates.check_gates` apply: a step that audited no token fails,
@@ -247,8 +271,7 @@ def check_log_gates(rows: Sequence[dict], max_abs_diff: float | None = None,
     failures = []
     excluded = int(last.get("excluded_sequences") or 0)
     seen = int(last.get("sequences") or 0) + excluded
-    empty = no_tokens_failure({"tokens": last["tokens"], "sequences_seen": seen,
-                               "excluded_sequences": excluded})
+    empty = no_tokens_failure({"tokens": last["tokens"], "sequences_seen": seen, "excluded_sequences": excluded})
     if empty:
         failures.append(f"step {step}: {empty}")
     limits = (max_abs_diff, min_exact_match, max_k3, max_mismatch, max_excluded)
@@ -256,10 +279,12 @@ def check_log_gates(rows: Sequence[dict], max_abs_diff: float | None = None,
         bad = exclusion_failure(excluded, seen, ExclusionLimit.of(max_excluded))
         if bad:
             failures.append(f"step {step}: {bad}")
-    for key, limit, above in (("max_abs_diff", max_abs_diff, True),
-                              ("k3_kl_mean", max_k3, True),
-                              ("mismatch_fraction", max_mismatch, True),
-                              ("exact_match_fraction", min_exact_match, False)):
+    for key, limit, above in (
+        ("max_abs_diff", max_abs_diff, True),
+        ("k3_kl_mean", max_k3, True),
+        ("mismatch_fraction", max_mismatch, True),
+        ("exact_match_fraction", min_exact_match, False),
+    ):
         if limit is None:
             continue
         v = _number(last[key])
@@ -275,13 +300,14 @@ def format_log_summary(rows: Sequence[dict]) -> str:
     if not rows:
         return "detsample audit-log: no steps logged\n"
     first, last = rows[0], rows[-1]
-    lines = [f"detsample audit-log: {len(rows)} steps ({first['step']} .. {last['step']})",
-             f"  {'metric':<22}{'step ' + str(first['step']):>16}{'step ' + str(last['step']):>16}"]
+    lines = [
+        f"detsample audit-log: {len(rows)} steps ({first['step']} .. {last['step']})",
+        f"  {'metric':<22}{'step ' + str(first['step']):>16}{'step ' + str(last['step']):>16}",
+    ]
     for m in LOG_METRICS:
         lines.append(f"  {m:<22}{fmt_value(first[m]):>16}{fmt_value(last[m]):>16}")
     for q in ("p1", "p50", "p99"):
-        lines.append(f"  {'ratio ' + q:<22}{fmt_value(first['ratio'].get(q)):>16}"
-                     f"{fmt_value(last['ratio'].get(q)):>16}")
+        lines.append(f"  {'ratio ' + q:<22}{fmt_value(first['ratio'].get(q)):>16}{fmt_value(last['ratio'].get(q)):>16}")
     return "\n".join(lines) + "\n"
 
 
@@ -309,18 +335,24 @@ def write_log_plot(rows: Sequence[dict], path: str) -> str:
     ax[0, 1].plot(steps, _series(rows, "k3_kl_mean"), "o-", markersize=3)
     ax[0, 1].set_yscale("symlog", linthresh=1e-12)
     ax[0, 1].set_title("k3 KL(engine || trainer), mean per token")
-    ax[1, 0].plot(steps, _series(rows, "mismatch_fraction"), "o-", markersize=3,
-                  label="d != 0")
-    ax[1, 0].plot(steps, [1 - x for x in _series(rows, "exact_match_fraction")], "x:",
-                  markersize=3, label="not bitwise equal")
+    ax[1, 0].plot(steps, _series(rows, "mismatch_fraction"), "o-", markersize=3, label="d != 0")
+    ax[1, 0].plot(
+        steps, [1 - x for x in _series(rows, "exact_match_fraction")], "x:", markersize=3, label="not bitwise equal"
+    )
     ax[1, 0].set_ylim(-0.02, 1.02)
     ax[1, 0].set_title("mismatching token fraction")
     ax[1, 0].legend(fontsize=7)
     lo_hi = (("p0.1", "p99.9", 0.15), ("p1", "p99", 0.25), ("p10", "p90", 0.4))
     for lo, hi, alpha in lo_hi:
         if lo in RATIO_QUANTILE_KEYS and hi in RATIO_QUANTILE_KEYS:
-            ax[1, 1].fill_between(steps, _series(rows, "ratio", lo), _series(rows, "ratio", hi),
-                                  alpha=alpha, color="tab:blue", label=f"{lo}..{hi}")
+            ax[1, 1].fill_between(
+                steps,
+                _series(rows, "ratio", lo),
+                _series(rows, "ratio", hi),
+                alpha=alpha,
+                color="tab:blue",
+                label=f"{lo}..{hi}",
+            )
     ax[1, 1].plot(steps, _series(rows, "ratio", "p50"), "k-", linewidth=1, label="p50")
     ax[1, 1].axhline(1.0, color="gray", linewidth=0.5)
     ax[1, 1].set_title("importance ratio r = p_trainer / p_engine")
@@ -338,16 +370,24 @@ def write_log_report(rows: Sequence[dict], out_dir: str) -> str:
     write_log_plot(rows, os.path.join(out_dir, LOG_PLOT))
     cols = ["step"] + list(LOG_METRICS) + [f"ratio {q}" for q in ("p1", "p50", "p99")]
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(fmt_value(v))}</td>" for v in
-                         [r["step"]] + [r[m] for m in LOG_METRICS] +
-                         [r["ratio"].get(q) for q in ("p1", "p50", "p99")]) + "</tr>"
-        for r in rows)
+        "<tr>"
+        + "".join(
+            f"<td>{html.escape(fmt_value(v))}</td>"
+            for v in [r["step"]] + [r[m] for m in LOG_METRICS] + [r["ratio"].get(q) for q in ("p1", "p50", "p99")]
+        )
+        + "</tr>"
+        for r in rows
+    )
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
     page = os.path.join(out_dir, "index.html")
-    write_file(page, "<!doctype html><html><head><meta charset='utf-8'><title>detsample "
-               "audit-log</title><style>body{font-family:sans-serif;margin:2em}table{border-"
-               "collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:"
-               f"right}}</style></head><body><h1>detsample audit-log</h1><img src='{LOG_PLOT}'>"
-               f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-               "<p>Metric definitions: docs/audit.md.</p></body></html>\n", "--report")
+    write_file(
+        page,
+        "<!doctype html><html><head><meta charset='utf-8'><title>detsample "
+        "audit-log</title><style>body{font-family:sans-serif;margin:2em}table{border-"
+        "collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:"
+        f"right}}</style></head><body><h1>detsample audit-log</h1><img src='{LOG_PLOT}'>"
+        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        "<p>Metric definitions: docs/audit.md.</p></body></html>\n",
+        "--report",
+    )
     return page

@@ -38,37 +38,43 @@ def summary_rows(report: dict) -> list[tuple[str, str]]:
     sq = r["sequence"]
     fd = sq["first_divergence"]
     rows = [
-        ("sequences", f"{r['sequences']} audited, {r['excluded_sequences']} excluded "
-                      f"(of {r['sequences_seen']})"),
+        ("sequences", f"{r['sequences']} audited, {r['excluded_sequences']} excluded (of {r['sequences_seen']})"),
         ("tokens", f"{r['tokens']} audited, {r['unmasked_tokens']} masked out"),
-        ("exact_match_fraction", f"{_pct(r['exact_match_fraction'])} "
-                                 f"({r['exact_matches']} / {r['tokens']})"),
+        ("exact_match_fraction", f"{_pct(r['exact_match_fraction'])} ({r['exact_matches']} / {r['tokens']})"),
     ]
-    rows += [(f"mismatch |d| > {k}", f"{_pct(v)} ({r['mismatch_count'][k]})")
-             for k, v in r["mismatch_fraction"].items()]
     rows += [
-        ("|d| mean / std / max", " / ".join(fmt_value(r[k]) for k in
-                                            ("mean_abs_diff", "std_abs_diff", "max_abs_diff"))),
-        ("|d| " + " / ".join(QUANTILE_KEYS),
-         " / ".join(fmt_value(r["abs_diff_quantiles"][k]) for k in QUANTILE_KEYS)),
+        (f"mismatch |d| > {k}", f"{_pct(v)} ({r['mismatch_count'][k]})") for k, v in r["mismatch_fraction"].items()
+    ]
+    rows += [
+        (
+            "|d| mean / std / max",
+            " / ".join(fmt_value(r[k]) for k in ("mean_abs_diff", "std_abs_diff", "max_abs_diff")),
+        ),
+        ("|d| " + " / ".join(QUANTILE_KEYS), " / ".join(fmt_value(r["abs_diff_quantiles"][k]) for k in QUANTILE_KEYS)),
         ("d mean / min / max", " / ".join(fmt_value(r[k]) for k in ("mean_diff", "min_diff", "max_diff"))),
-        ("KL k1 / k2 / k3 (mean)", " / ".join(fmt_value(r[k]) for k in
-                                              ("k1_kl_mean", "k2_kl_mean", "k3_kl_mean"))),
-        ("ratio mean / std / min / max", " / ".join(fmt_value(ir[k]) for k in
-                                                    ("mean", "std", "min", "max"))),
-        ("ratio p1 / p50 / p99", " / ".join(fmt_value((ir.get("quantiles") or {}).get(k))
-                                            for k in ("p1", "p50", "p99"))),
-        ("ratio ESS (fraction) / chi2", f"{fmt_value(ir['ess'])} ({fmt_value(ir['ess_fraction'])}) / "
-                                        f"{fmt_value(ir['chi2'])}"),
-        ("sequences with a mismatch", f"{sq['sequences_with_mismatch']} "
-                                      f"({_pct(sq['mismatch_fraction'])})"),
-        ("seq sum d mean / |.| mean / |.| max", " / ".join(fmt_value(sq[k]) for k in
-                                                         ("sum_diff_mean", "sum_diff_abs_mean",
-                                                          "sum_diff_abs_max"))),
-        ("seq log-ppl diff mean / |.| max", f"{fmt_value(sq['log_ppl_diff_mean'])} / "
-                                            f"{fmt_value(sq['log_ppl_diff_abs_max'])}"),
-        ("first divergence min / p50 / mean / max", " / ".join(fmt_value(fd[k]) for k in
-                                                              ("min", "p50", "mean", "max"))),
+        ("KL k1 / k2 / k3 (mean)", " / ".join(fmt_value(r[k]) for k in ("k1_kl_mean", "k2_kl_mean", "k3_kl_mean"))),
+        ("ratio mean / std / min / max", " / ".join(fmt_value(ir[k]) for k in ("mean", "std", "min", "max"))),
+        (
+            "ratio p1 / p50 / p99",
+            " / ".join(fmt_value((ir.get("quantiles") or {}).get(k)) for k in ("p1", "p50", "p99")),
+        ),
+        (
+            "ratio ESS (fraction) / chi2",
+            f"{fmt_value(ir['ess'])} ({fmt_value(ir['ess_fraction'])}) / {fmt_value(ir['chi2'])}",
+        ),
+        ("sequences with a mismatch", f"{sq['sequences_with_mismatch']} ({_pct(sq['mismatch_fraction'])})"),
+        (
+            "seq sum d mean / |.| mean / |.| max",
+            " / ".join(fmt_value(sq[k]) for k in ("sum_diff_mean", "sum_diff_abs_mean", "sum_diff_abs_max")),
+        ),
+        (
+            "seq log-ppl diff mean / |.| max",
+            f"{fmt_value(sq['log_ppl_diff_mean'])} / {fmt_value(sq['log_ppl_diff_abs_max'])}",
+        ),
+        (
+            "first divergence min / p50 / mean / max",
+            " / ".join(fmt_value(fd[k]) for k in ("min", "p50", "mean", "max")),
+        ),
     ]
     return rows + framework_rows(r.get("frameworks"))
 
@@ -85,19 +91,25 @@ def framework_rows(fw: dict | None) -> list[tuple[str, str]]:
     pre = "rollout_corr/"
     thr = verl["config"]["rollout_is_threshold"]
     rows = [
-        (f"verl rollout_is mean token / seq (T={thr:g})",
-         f"{fmt_value(tok.get(pre + 'rollout_is_mean'))} / "
-         f"{fmt_value(seq.get(pre + 'rollout_is_mean'))}"),
-        ("verl is fraction_high / low (token)",
-         f"{fmt_value(tok.get(pre + 'rollout_is_ratio_fraction_high'))} / "
-         f"{fmt_value(tok.get(pre + 'rollout_is_ratio_fraction_low'))}"),
-        ("verl kl / k3_kl / ppl_ratio", " / ".join(fmt_value(off.get(pre + k)) for k in
-                                                   ("kl", "k3_kl", "ppl_ratio"))),
+        (
+            f"verl rollout_is mean token / seq (T={thr:g})",
+            f"{fmt_value(tok.get(pre + 'rollout_is_mean'))} / {fmt_value(seq.get(pre + 'rollout_is_mean'))}",
+        ),
+        (
+            "verl is fraction_high / low (token)",
+            f"{fmt_value(tok.get(pre + 'rollout_is_ratio_fraction_high'))} / "
+            f"{fmt_value(tok.get(pre + 'rollout_is_ratio_fraction_low'))}",
+        ),
+        ("verl kl / k3_kl / ppl_ratio", " / ".join(fmt_value(off.get(pre + k)) for k in ("kl", "k3_kl", "ppl_ratio"))),
     ]
     if verl["config"]["rollout_rs"]:
-        rows.append((f"verl rs masked tokens / seqs ({verl['config']['rollout_rs']})",
-                     f"{fmt_value(rs.get(pre + 'rollout_rs_masked_fraction'))} / "
-                     f"{fmt_value(rs.get(pre + 'rollout_rs_seq_masked_fraction'))}"))
+        rows.append(
+            (
+                f"verl rs masked tokens / seqs ({verl['config']['rollout_rs']})",
+                f"{fmt_value(rs.get(pre + 'rollout_rs_masked_fraction'))} / "
+                f"{fmt_value(rs.get(pre + 'rollout_rs_seq_masked_fraction'))}",
+            )
+        )
     rows.append(("NeMo-RL token_mult_prob_error", fmt_value(nemo["token_mult_prob_error"])))
     return rows
 
@@ -139,9 +151,11 @@ def figure(width: float = 7, height: float = 4):
 def bucket_series(rows: list[dict]) -> list[tuple[str, str, list]]:
     """(label, line style, values) of a bucket plot: mean |d|, max |d| and the signed
     mean d (its sign tells a sharper or flatter engine distribution from noise)."""
-    return [("mean |d|", "o-", [r["mean_abs_diff"] for r in rows]),
-            ("max |d|", "s--", [r["max_abs_diff"] for r in rows]),
-            ("mean d (signed)", "^:", [r["mean_diff"] for r in rows])]
+    return [
+        ("mean |d|", "o-", [r["mean_abs_diff"] for r in rows]),
+        ("max |d|", "s--", [r["max_abs_diff"] for r in rows]),
+        ("mean d (signed)", "^:", [r["mean_diff"] for r in rows]),
+    ]
 
 
 def _bucket_plot(rows: list[dict], title: str, xlabel: str, path: str) -> None:
@@ -158,8 +172,7 @@ def _bucket_plot(rows: list[dict], title: str, xlabel: str, path: str) -> None:
     ax.set_xlabel(xlabel)
     ax.set_ylabel("d = trainer - engine (nats; symlog)")
     ax2 = ax.twinx()
-    ax2.bar(x, [r["mismatch_fraction"] for r in rows], alpha=0.2, color="gray",
-            label="mismatch fraction")
+    ax2.bar(x, [r["mismatch_fraction"] for r in rows], alpha=0.2, color="gray", label="mismatch fraction")
     ax2.set_ylim(0, 1)
     ax2.set_ylabel("fraction of tokens with d != 0")
     ax.set_title(title)
@@ -193,19 +206,21 @@ def write_plots(report: dict, out_dir: str) -> list[str]:
     fig = figure()
     ax = fig.add_subplot(1, 1, 1)
     edges = h["edges"]
-    ax.bar(edges[:-1], h["counts"], width=[b - a for a, b in zip(edges[:-1], edges[1:])],
-           align="edge", edgecolor="black")
+    ax.bar(
+        edges[:-1], h["counts"], width=[b - a for a, b in zip(edges[:-1], edges[1:])], align="edge", edgecolor="black"
+    )
     ax.set_xscale("log")
     ax.set_xlabel("|d| = |trainer - engine| (nats)")
     ax.set_ylabel("tokens")
-    ax.set_title(f"|d| histogram ({h['zero']} tokens with d == 0 not shown; "
-                 f"{h['below_first_edge']} below, {h['at_or_above_last_edge']} above range)",
-                 fontsize=8)
+    ax.set_title(
+        f"|d| histogram ({h['zero']} tokens with d == 0 not shown; "
+        f"{h['below_first_edge']} below, {h['at_or_above_last_edge']} above range)",
+        fontsize=8,
+    )
     fig.tight_layout()
     save_figure(fig, paths[0])
     _bucket_plot(report["by_position"], "d against response position", "position", paths[1])
-    _bucket_plot(report["by_probability"], "d against engine probability",
-                 "engine probability bucket", paths[2])
+    _bucket_plot(report["by_probability"], "d against engine probability", "engine probability bucket", paths[2])
     return paths
 
 
@@ -214,8 +229,7 @@ def write_plots(report: dict, out_dir: str) -> list[str]:
 
 def _table(header: list[str], rows: list[list[object]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt_value(c))}</td>" for c in row) + "</tr>"
-                   for row in rows)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt_value(c))}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
@@ -223,8 +237,10 @@ def _img(title: str, name: str, report: dict) -> str:
     """A plot's heading and image, or a line saying why there is none."""
     if has_plots(report):
         return f"<h2>{html.escape(title)}</h2><img src='{name}'>"
-    return (f"<h2>{html.escape(title)}</h2><p>no plot: every audited token has d == 0 "
-            f"({int(report.get('tokens') or 0)} tokens)</p>")
+    return (
+        f"<h2>{html.escape(title)}</h2><p>no plot: every audited token has d == 0 "
+        f"({int(report.get('tokens') or 0)} tokens)</p>"
+    )
 
 
 def with_token_text(report: dict, tokenizer) -> None:
@@ -239,11 +255,30 @@ def with_token_text(report: dict, tokenizer) -> None:
 def _mismatch_table(report: dict) -> str:
     rows = report.get("first_mismatches", [])
     text = any("token" in w for w in rows)
-    cols = ["sequence id", "position", "token id", *(["token"] if text else []),
-            "engine logprob", "trainer logprob", "d"]
-    return _table(cols, [[w["id"], w["position"], w["token_id"],
-                          *([repr(w.get("token", ""))] if text else []),
-                          w["engine_logprob"], w["trainer_logprob"], w["diff"]] for w in rows])
+    cols = [
+        "sequence id",
+        "position",
+        "token id",
+        *(["token"] if text else []),
+        "engine logprob",
+        "trainer logprob",
+        "d",
+    ]
+    return _table(
+        cols,
+        [
+            [
+                w["id"],
+                w["position"],
+                w["token_id"],
+                *([repr(w.get("token", ""))] if text else []),
+                w["engine_logprob"],
+                w["trainer_logprob"],
+                w["diff"],
+            ]
+            for w in rows
+        ],
+    )
 
 
 def write_report(report: dict, out_dir: str) -> str:
@@ -252,8 +287,15 @@ def write_report(report: dict, out_dir: str) -> str:
 
     write_plots(report, out_dir)
     write_file(os.path.join(out_dir, "report.json"), to_json(report), "--report")
-    bucket_cols = ["bucket", "tokens", "exact_match_fraction", "mismatch_fraction",
-                   "mean_abs_diff", "mean_diff", "max_abs_diff"]
+    bucket_cols = [
+        "bucket",
+        "tokens",
+        "exact_match_fraction",
+        "mismatch_fraction",
+        "mean_abs_diff",
+        "mean_diff",
+        "max_abs_diff",
+    ]
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>detsample audit</title>",
         "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
@@ -262,7 +304,8 @@ def write_report(report: dict, out_dir: str) -> str:
         f"<p>{html.escape(', '.join(report['sources']) or '<records>')}</p>",
         _verdict_html(report.get("gates")),
         _diagnosis_html(report.get("diagnosis")),
-        "<h2>Summary</h2>", _table(["metric", "value"], [list(r) for r in summary_rows(report)]),
+        "<h2>Summary</h2>",
+        _table(["metric", "value"], [list(r) for r in summary_rows(report)]),
         _img("|d| histogram", PLOTS[0], report),
         _img("By response position", PLOTS[1], report),
         _table(bucket_cols, [[r[c] for c in bucket_cols] for r in report["by_position"]]),
@@ -271,21 +314,36 @@ def write_report(report: dict, out_dir: str) -> str:
         f"<h2>First mismatching tokens ({len(report.get('first_mismatches', []))} shown)</h2>",
         _mismatch_table(report),
         f"<h2>Sequences (first {len(report.get('sequences_table', []))})</h2>",
-        _table(["sequence id", "tokens", "exact matches", "max |d|", "sum d",
-                "first divergence"],
-               [[w["id"], w["tokens"],
-                 w["exact_matches"], w["max_abs_diff"], w["sum_diff"], w["first_divergence"]]
-                for w in report.get("sequences_table", [])]),
+        _table(
+            ["sequence id", "tokens", "exact matches", "max |d|", "sum d", "first divergence"],
+            [
+                [w["id"], w["tokens"], w["exact_matches"], w["max_abs_diff"], w["sum_diff"], w["first_divergence"]]
+                for w in report.get("sequences_table", [])
+            ],
+        ),
         "<h2>Worst sequences</h2>",
-        _table(["source", "location", "id", "max_abs_diff", "sum_diff", "first_divergence"],
-               [[w["source"], w.get("line", w.get("row")), w["id"], w["max_abs_diff"],
-                 w["sum_diff"], w["first_divergence"]] for w in report["worst_sequences"]]),
+        _table(
+            ["source", "location", "id", "max_abs_diff", "sum_diff", "first_divergence"],
+            [
+                [
+                    w["source"],
+                    w.get("line", w.get("row")),
+                    w["id"],
+                    w["max_abs_diff"],
+                    w["sum_diff"],
+                    w["first_divergence"],
+                ]
+                for w in report["worst_sequences"]
+            ],
+        ),
         f"<h2>Excluded sequences ({report['excluded_sequences']})</h2>",
-        _table(["source", "location", "field", "kind", "message"],
-               [[i["source"], i.get("line", i.get("row")), i["field"], i["kind"], i["message"]]
-                for i in report["issues"]]),
+        _table(
+            ["source", "location", "field", "kind", "message"],
+            [[i["source"], i.get("line", i.get("row")), i["field"], i["kind"], i["message"]] for i in report["issues"]],
+        ),
         _provenance_html(report.get("provenance")),
-        "<h2>Metric definitions</h2>", _definitions_html(),
+        "<h2>Metric definitions</h2>",
+        _definitions_html(),
         "<p>Full data: <a href='report.json'>report.json</a></p></body></html>",
     ]
     page = os.path.join(out_dir, "index.html")
@@ -295,31 +353,43 @@ def write_report(report: dict, out_dir: str) -> str:
 
 #: the metrics of the page, defined on the page (it must read without the docs)
 DEFINITIONS = (
-    ("d", "trainer logprob - engine logprob of one audited token (mask 1), in nats, after "
-          "both are rounded to the compare dtype"),
+    (
+        "d",
+        "trainer logprob - engine logprob of one audited token (mask 1), in nats, after "
+        "both are rounded to the compare dtype",
+    ),
     ("exact match", "the two logprobs have the same bits (d == 0 and the same sign of zero)"),
     ("exact_match_fraction", "exact matches / audited tokens"),
     ("mismatch |d| > x", "fraction (count) of audited tokens with |d| above x"),
     ("|d| mean / std / max, quantiles", "over audited tokens, sums computed exactly"),
-    ("d mean / min / max", "the signed d: its sign tells a sharper (d > 0 on improbable "
-                           "tokens) from a flatter engine distribution, and from noise"),
-    ("KL k1 / k2 / k3", "means of -d, d^2 / 2 and (r - 1) - d: the estimators of "
-                        "KL(engine || trainer) from samples of the engine"),
-    ("importance ratio r", "exp(d) = p_trainer / p_engine per token; ESS = (sum r)^2 / "
-                           "sum r^2; chi2 = mean r^2 - 1"),
+    (
+        "d mean / min / max",
+        "the signed d: its sign tells a sharper (d > 0 on improbable "
+        "tokens) from a flatter engine distribution, and from noise",
+    ),
+    (
+        "KL k1 / k2 / k3",
+        "means of -d, d^2 / 2 and (r - 1) - d: the estimators of KL(engine || trainer) from samples of the engine",
+    ),
+    ("importance ratio r", "exp(d) = p_trainer / p_engine per token; ESS = (sum r)^2 / sum r^2; chi2 = mean r^2 - 1"),
     ("first divergence", "response position of a sequence's first token with d != 0"),
     ("seq sum d, log-ppl diff", "per sequence: sum of d; -(sum of d) / audited tokens"),
     ("by engine probability", "tokens bucketed by exp(engine logprob)"),
-    ("semantics", "which logprob semantics (raw or processed; temperature; top-k / top-p / "
-                  "min-p) explains the engine's numbers (the diagnosis)"),
-    ("gates", "--max-abs-diff, --min-exact-match, --max-excluded: the verdict is FAIL when "
-              "one is not met, or when no token was audited"),
+    (
+        "semantics",
+        "which logprob semantics (raw or processed; temperature; top-k / top-p / "
+        "min-p) explains the engine's numbers (the diagnosis)",
+    ),
+    (
+        "gates",
+        "--max-abs-diff, --min-exact-match, --max-excluded: the verdict is FAIL when "
+        "one is not met, or when no token was audited",
+    ),
 )
 
 
 def _definitions_html() -> str:
-    items = "".join(f"<dt><b>{html.escape(k)}</b></dt><dd>{html.escape(v)}</dd>"
-                    for k, v in DEFINITIONS)
+    items = "".join(f"<dt><b>{html.escape(k)}</b></dt><dd>{html.escape(v)}</dd>" for k, v in DEFINITIONS)
     return f"<dl>{items}</dl>"
 
 
@@ -328,28 +398,33 @@ def _verdict_html(gates: dict | None) -> str:
         return "<p><b>Gates: not checked</b> (a report of the Python API)</p>"
     verdict = gates["verdict"]
     color = {"pass": "#070", "fail": "#b00"}.get(verdict, "#555")
-    given = ", ".join(f"{k} {v}" for k, v in gates.items()
-                      if k in ("max_abs_diff", "min_exact_match", "max_excluded") and v is not None)
+    given = ", ".join(
+        f"{k} {v}"
+        for k, v in gates.items()
+        if k in ("max_abs_diff", "min_exact_match", "max_excluded") and v is not None
+    )
     fails = "".join(f"<li>{html.escape(f)}</li>" for f in gates["failures"])
-    return (f"<h2 style='color:{color}'>Verdict: {html.escape(verdict.upper())}</h2>"
-            f"<p>gates: {html.escape(given or 'none given')}</p>"
-            + (f"<ul>{fails}</ul>" if fails else ""))
+    return (
+        f"<h2 style='color:{color}'>Verdict: {html.escape(verdict.upper())}</h2>"
+        f"<p>gates: {html.escape(given or 'none given')}</p>" + (f"<ul>{fails}</ul>" if fails else "")
+    )
 
 
 def _diagnosis_html(dg: dict | None) -> str:
     if not dg:
         return ""
     if not dg.get("needed"):
-        return (f"<p>semantics: max |d| is within kernel noise (&lt;= {dg['noise_bound']:g}); "
-                f"nothing to explain</p>")
+        return f"<p>semantics: max |d| is within kernel noise (&lt;= {dg['noise_bound']:g}); nothing to explain</p>"
     sig = dg["signature"]
     rows = [[b, d] for b, d in sig["by_probability"].items()]
     # a model search that named the semantics supersedes the model-free guess
     guess = "" if dg.get("explained") else f": {html.escape(sig['suggests'])}"
-    return ("<h2>Why the numbers differ</h2>"
-            f"<p><b>{html.escape(dg['line'])}</b></p>"
-            f"<p>signature (signed mean d by engine probability; {html.escape(sig['pattern'])})"
-            f"{guess}</p>" + _table(["bucket", "mean d"], rows))
+    return (
+        "<h2>Why the numbers differ</h2>"
+        f"<p><b>{html.escape(dg['line'])}</b></p>"
+        f"<p>signature (signed mean d by engine probability; {html.escape(sig['pattern'])})"
+        f"{guess}</p>" + _table(["bucket", "mean d"], rows)
+    )
 
 
 def _provenance_html(prov: dict | None) -> str:

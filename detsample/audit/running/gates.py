@@ -33,14 +33,12 @@ class ExclusionLimit:
     def __post_init__(self) -> None:
         if (self.count is None) == (self.fraction is None):
             raise ValueError("max_excluded: give a count or a fraction, not both")
-        if self.count is not None and (isinstance(self.count, bool)
-                                       or not isinstance(self.count, int) or self.count < 0):
-            raise ValueError(f"max_excluded must be an integer >= 0 or a fraction in [0, 1], "
-                             f"got {self.count!r}")
-        if self.fraction is not None and not (isinstance(self.fraction, float)
-                                              and 0.0 <= self.fraction <= 1.0):
-            raise ValueError(f"max_excluded must be an integer >= 0 or a fraction in [0, 1], "
-                             f"got {self.fraction!r}")
+        if self.count is not None and (
+            isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 0
+        ):
+            raise ValueError(f"max_excluded must be an integer >= 0 or a fraction in [0, 1], got {self.count!r}")
+        if self.fraction is not None and not (isinstance(self.fraction, float) and 0.0 <= self.fraction <= 1.0):
+            raise ValueError(f"max_excluded must be an integer >= 0 or a fraction in [0, 1], got {self.fraction!r}")
 
     @classmethod
     def of(cls, value: ExclusionLimit | int | float | str | None) -> ExclusionLimit:
@@ -60,8 +58,9 @@ class ExclusionLimit:
             except ValueError:
                 f = math.nan
             if not 0.0 <= f <= 1.0:
-                raise ValueError(f"max_excluded must be an integer N >= 0 or a fraction in "
-                                 f"[0, 1] (e.g. 3 or 0.05), got {value!r}")
+                raise ValueError(
+                    f"max_excluded must be an integer N >= 0 or a fraction in [0, 1] (e.g. 3 or 0.05), got {value!r}"
+                )
             return cls(None, f)
         if isinstance(value, bool):
             raise ValueError(f"max_excluded must be an integer or a fraction, got {value!r}")
@@ -83,15 +82,18 @@ class ExclusionLimit:
         return f"{self.fraction!r} of them ({self.fraction * seen:g}) allowed"
 
 
-def exclusion_failure(excluded: int, seen: int, limit: ExclusionLimit,
-                      kinds: Mapping[str, int] | None = None) -> str | None:
+def exclusion_failure(
+    excluded: int, seen: int, limit: ExclusionLimit, kinds: Mapping[str, int] | None = None
+) -> str | None:
     """The failure of a gated audit that excluded more sequences than ``limit`` allows."""
     if limit.allows(excluded, seen):
         return None
     why = "" if not kinds else " (" + ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items())) + ")"
     allowed = limit.describe(seen)
-    return (f"excluded_sequences = {excluded} of {seen} > {allowed}{why}: a gate decides on "
-            f"audited sequences only; allow exclusions with --max-excluded N or FRACTION")
+    return (
+        f"excluded_sequences = {excluded} of {seen} > {allowed}{why}: a gate decides on "
+        f"audited sequences only; allow exclusions with --max-excluded N or FRACTION"
+    )
 
 
 def no_tokens_failure(report: Mapping) -> str | None:
@@ -111,15 +113,18 @@ def no_tokens_failure(report: Mapping) -> str | None:
             it = issues[0]
             loc = f"line {it['line']}" if "line" in it else f"row {it.get('row')}"
             first = f"; first: {it['source']}:{loc}: {it['field']}: {it['message']}"
-        return (f"tokens = 0: no tokens audited: all {seen} sequences were excluded "
-                f"({why}){first}")
-    return (f"tokens = 0: no tokens audited: the {seen - excluded} valid sequences have no "
-            f"token with mask 1" + (f" ({excluded} more were excluded)" if excluded else ""))
+        return f"tokens = 0: no tokens audited: all {seen} sequences were excluded ({why}){first}"
+    return f"tokens = 0: no tokens audited: the {seen - excluded} valid sequences have no token with mask 1" + (
+        f" ({excluded} more were excluded)" if excluded else ""
+    )
 
 
-def check_gates(report: Mapping, max_abs_diff: float | None = None,
-                min_exact_match: float | None = None,
-                max_excluded: ExclusionLimit | int | float | str | None = None) -> list[str]:
+def check_gates(
+    report: Mapping,
+    max_abs_diff: float | None = None,
+    min_exact_match: float | None = None,
+    max_excluded: ExclusionLimit | int | float | str | None = None,
+) -> list[str]:
     """Failed gates of a report, each naming its metric; empty when every gate passes.
 
     A report that audited no token always fails (gates or not). With any gate given
@@ -133,9 +138,12 @@ def check_gates(report: Mapping, max_abs_diff: float | None = None,
     gated = max_abs_diff is not None or min_exact_match is not None or max_excluded is not None
     if gated:
         limit = ExclusionLimit.of(max_excluded)
-        bad = exclusion_failure(int(report.get("excluded_sequences", 0) or 0),
-                                int(report.get("sequences_seen", 0) or 0), limit,
-                                report.get("excluded_by_kind"))
+        bad = exclusion_failure(
+            int(report.get("excluded_sequences", 0) or 0),
+            int(report.get("sequences_seen", 0) or 0),
+            limit,
+            report.get("excluded_by_kind"),
+        )
         if bad:
             failures.append(bad)
     if max_abs_diff is not None:

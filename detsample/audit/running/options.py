@@ -62,28 +62,30 @@ class AuditOptions:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         if self.jsonl_parser not in JSONL_PARSERS:
-            raise ValueError(f"jsonl_parser must be one of {JSONL_PARSERS}, "
-                             f"got {self.jsonl_parser!r}")
+            raise ValueError(f"jsonl_parser must be one of {JSONL_PARSERS}, got {self.jsonl_parser!r}")
         if self.compare_dtype not in COMPARE_DTYPES:
-            raise ValueError(f"compare_dtype must be one of {COMPARE_DTYPES}, "
-                             f"got {self.compare_dtype!r}")
+            raise ValueError(f"compare_dtype must be one of {COMPARE_DTYPES}, got {self.compare_dtype!r}")
         if not isinstance(self.layout, Layout):
             raise ValueError(f"layout must be a Layout, got {type(self.layout).__name__}")
         if not isinstance(self.frameworks, FrameworkOptions):
-            raise ValueError(f"frameworks must be a FrameworkOptions, got "
-                             f"{type(self.frameworks).__name__}")
+            raise ValueError(f"frameworks must be a FrameworkOptions, got {type(self.frameworks).__name__}")
         if self.ray is not None and (not isinstance(self.ray, str) or not self.ray):
-            raise ValueError(f"ray must be None, {LOCAL_RAY!r} or a cluster address, "
-                             f"got {self.ray!r}")
+            raise ValueError(f"ray must be None, {LOCAL_RAY!r} or a cluster address, got {self.ray!r}")
 
     def rescorer(self):
         """The rescoring callable (a named rescorer is built here, in the worker)."""
         return resolve_rescorer(self.rescore)
 
     @classmethod
-    def make(cls, *, preset: str | None = None, columns: str | Mapping[str, str] | None = None,
-             padding: str | None = None, base: AuditOptions | None = None,
-             **values: object) -> AuditOptions:
+    def make(
+        cls,
+        *,
+        preset: str | None = None,
+        columns: str | Mapping[str, str] | None = None,
+        padding: str | None = None,
+        base: AuditOptions | None = None,
+        **values: object,
+    ) -> AuditOptions:
         """Options from keywords: the fields above, plus ``preset`` / ``columns`` /
         ``padding`` (which build the layout, see :func:`detsample.audit.inputs.layout.make_layout`);
         ``base`` supplies the fields not given. Unknown keywords are a TypeError."""

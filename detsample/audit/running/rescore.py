@@ -50,10 +50,17 @@ class ModelRescorer:
     dtype: a model directory's parameter dtype (``float32``, ``bfloat16``, ``float16``).
     """
 
-    def __init__(self, model: str = "refmodel", *, batch_invariant: bool = False,
-                 portable: bool = False, model_path: str | None = None,
-                 label: str = "--rescore", semantics: Semantics = RAW,
-                 dtype: str = "float32") -> None:
+    def __init__(
+        self,
+        model: str = "refmodel",
+        *,
+        batch_invariant: bool = False,
+        portable: bool = False,
+        model_path: str | None = None,
+        label: str = "--rescore",
+        semantics: Semantics = RAW,
+        dtype: str = "float32",
+    ) -> None:
         check_rescore_spec(model)
         if not isinstance(model, str):
             raise ValueError(f"model must be a model spec string, got {model!r}")
@@ -79,16 +86,26 @@ class ModelRescorer:
         self._state = None
 
     def __getstate__(self) -> dict:
-        return {"model": self.model, "batch_invariant": self.batch_invariant,
-                "portable": self.portable, "model_path": self.model_path, "label": self.label,
-                "semantics": self.semantics, "dtype": self.dtype}
+        return {
+            "model": self.model,
+            "batch_invariant": self.batch_invariant,
+            "portable": self.portable,
+            "model_path": self.model_path,
+            "label": self.label,
+            "semantics": self.semantics,
+            "dtype": self.dtype,
+        }
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["model"], batch_invariant=state["batch_invariant"],
-                      portable=state.get("portable", False), model_path=state["model_path"],
-                      label=state.get("label", "--rescore"),
-                      semantics=state.get("semantics", RAW),
-                      dtype=state.get("dtype", "float32"))
+        self.__init__(
+            state["model"],
+            batch_invariant=state["batch_invariant"],
+            portable=state.get("portable", False),
+            model_path=state["model_path"],
+            label=state.get("label", "--rescore"),
+            semantics=state.get("semantics", RAW),
+            dtype=state.get("dtype", "float32"),
+        )
 
     def build_model(self):
         """The model this rescorer prefills with (built once)."""
@@ -103,30 +120,34 @@ class ModelRescorer:
 
             try:
                 if self.model_path is not None:
-                    lm = adapt(RefModel.load(self.model_path), "refmodel",
-                               batch_invariant=self.batch_invariant, portable=self.portable)
+                    lm = adapt(
+                        RefModel.load(self.model_path),
+                        "refmodel",
+                        batch_invariant=self.batch_invariant,
+                        portable=self.portable,
+                    )
                 else:
-                    lm = load_model(self.model, batch_invariant=self.batch_invariant,
-                                    portable=self.portable, dtype=self.dtype)
+                    lm = load_model(
+                        self.model, batch_invariant=self.batch_invariant, portable=self.portable, dtype=self.dtype
+                    )
             except ModelError as exc:
                 raise RescoreModelError(f"{self.label}: {exc}") from exc
             self._state = (lm, Sampler(), rescore)
         return self._state
 
-    def __call__(self, prompt_ids: list[int], response_ids: list[int],
-                 semantics: Semantics | None = None) -> np.ndarray:
+    def __call__(
+        self, prompt_ids: list[int], response_ids: list[int], semantics: Semantics | None = None
+    ) -> np.ndarray:
         """float32 [len(response_ids)]: the logprobs in ``semantics`` (a row's stated
         semantics; default :attr:`semantics`), by one prefill (its logits kept for
         :meth:`logits` while :attr:`keep` allows)."""
-        out = self.score(prompt_ids, response_ids,
-                         self.semantics if semantics is None else semantics)
+        out = self.score(prompt_ids, response_ids, self.semantics if semantics is None else semantics)
         if self.progress is not None:
             self._scored += 1
             self.progress(self._scored, None, "sequences rescored")
         return out
 
-    def score(self, prompt_ids: list[int], response_ids: list[int],
-              semantics: Semantics) -> np.ndarray:
+    def score(self, prompt_ids: list[int], response_ids: list[int], semantics: Semantics) -> np.ndarray:
         """:meth:`__call__` in another ``semantics`` (the kept logits reused)."""
         from detsample.models import ModelOutputError
         from detsample.refmodel.engine import score_logits
@@ -137,8 +158,7 @@ class ModelRescorer:
             return np.empty(0, dtype=np.float32)
         logits = self.logits(prompt, response)
         try:
-            return score_logits(model, sampler, rescore_params(semantics), prompt,
-                                response, logits).numpy()
+            return score_logits(model, sampler, rescore_params(semantics), prompt, response, logits).numpy()
         except ModelOutputError as exc:  # the model, not this sequence, is at fault
             raise RescoreModelError(f"{self.label}: {exc}") from exc
 
@@ -151,8 +171,7 @@ class ModelRescorer:
             return np.empty(0, dtype=np.float32)
         return self.score(prompt[:1], prompt[1:], self.semantics)
 
-    def token_logprobs(self, prompt_ids: list[int], response_ids: list[int],
-                       token_ids: list[int]) -> np.ndarray:
+    def token_logprobs(self, prompt_ids: list[int], response_ids: list[int], token_ids: list[int]) -> np.ndarray:
         """float32 [len(response_ids), len(token_ids)]: at every response position, the
         logprobs of the named ``token_ids`` in :attr:`semantics` (SGLang's
         ``token_ids_logprob``), bitwise what the sampling path reports for those ids at
@@ -169,8 +188,11 @@ class ModelRescorer:
             return np.empty((len(response), len(ids)), dtype=np.float32)
         logits = self.logits(prompt, response)
         params = rescore_params(self.semantics)
-        reqs = [Request(f"named/{i}/{j}", params, prompt, response[:i])
-                for i in range(len(response)) for j in range(len(ids))]
+        reqs = [
+            Request(f"named/{i}/{j}", params, prompt, response[:i])
+            for i in range(len(response))
+            for j in range(len(ids))
+        ]
         batch = SamplingBatch.from_requests(reqs, vocab_size=model.vocab_size)
         rows = logits.repeat_interleave(len(ids), dim=0).contiguous()
         lp = sampler.compute_logprobs(rows, batch, torch.tensor(ids * len(response)))
@@ -204,7 +226,7 @@ def prefill_logits(lm, prompt: list[int], response: list[int]):
     if not prompt:
         raise InvalidSamplingParams("rescore: prompt_ids must not be empty, got []")
     full = lm.forward([lm.new_cache()], [list(prompt) + list(response)])[0]
-    return full[len(prompt) - 1: len(prompt) + len(response) - 1].contiguous()
+    return full[len(prompt) - 1 : len(prompt) + len(response) - 1].contiguous()
 
 
 def rescore_params(semantics: Semantics = RAW):
@@ -213,8 +235,7 @@ def rescore_params(semantics: Semantics = RAW):
     return semantics.params()
 
 
-def rescore_with(lm, prompt_ids: list[int], response_ids: list[int],
-                 semantics: Semantics = RAW):
+def rescore_with(lm, prompt_ids: list[int], response_ids: list[int], semantics: Semantics = RAW):
     """The logprobs in ``semantics`` of ``response_ids`` after ``prompt_ids`` by one
     prefill of the built model ``lm`` (a float32 tensor): what :class:`ModelRescorer`
     computes."""
@@ -224,8 +245,7 @@ def rescore_with(lm, prompt_ids: list[int], response_ids: list[int],
     return rescore(lm, Sampler(), rescore_params(semantics), prompt_ids, response_ids)
 
 
-def _rank_rescore(lm, comm, prompt_ids: list[int], response_ids: list[int],
-                  semantics: Semantics = RAW):
+def _rank_rescore(lm, comm, prompt_ids: list[int], response_ids: list[int], semantics: Semantics = RAW):
     """A :class:`TPRescorer` call on one rank (every rank runs it; rank 0 answers)."""
     return rescore_with(lm, prompt_ids, response_ids, semantics)
 
@@ -244,9 +264,17 @@ class TPRescorer:
     run with ``workers=1``. ``start_method``: of the ranks
     (:class:`~detsample.parallel.RankGroup`)."""
 
-    def __init__(self, model: str, tp: int, *, batch_invariant: bool = False, portable: bool = False,
-                 label: str = "--rescore", start_method: str = "spawn",
-                 semantics: Semantics = RAW) -> None:
+    def __init__(
+        self,
+        model: str,
+        tp: int,
+        *,
+        batch_invariant: bool = False,
+        portable: bool = False,
+        label: str = "--rescore",
+        start_method: str = "spawn",
+        semantics: Semantics = RAW,
+    ) -> None:
         from detsample.parallel import TPModelSpec
 
         check_rescore_spec(model)
@@ -279,18 +307,19 @@ class TPRescorer:
             self._group = None
             raise RescoreModelError(f"{self.label} (tp={self.spec.tp}): {exc}") from exc
 
-    def __call__(self, prompt_ids: list[int], response_ids: list[int],
-                 semantics: Semantics | None = None) -> np.ndarray:
+    def __call__(
+        self, prompt_ids: list[int], response_ids: list[int], semantics: Semantics | None = None
+    ) -> np.ndarray:
         """As :meth:`ModelRescorer.__call__`, the model on ``tp`` ranks."""
-        return self._call(_rank_rescore, list(prompt_ids), list(response_ids),
-                          self.semantics if semantics is None else semantics).numpy()
+        return self._call(
+            _rank_rescore, list(prompt_ids), list(response_ids), self.semantics if semantics is None else semantics
+        ).numpy()
 
     @property
     def model(self) -> str:
         return self.spec.model
 
-    def score(self, prompt_ids: list[int], response_ids: list[int],
-              semantics: Semantics) -> np.ndarray:
+    def score(self, prompt_ids: list[int], response_ids: list[int], semantics: Semantics) -> np.ndarray:
         """:meth:`__call__` in another ``semantics`` (the diagnosis's exact figure)."""
         return self(prompt_ids, response_ids, semantics)
 
@@ -306,8 +335,9 @@ class TPRescorer:
             group.close()
 
     def __getstate__(self) -> dict:
-        raise TypeError("a tensor-parallel rescorer holds its rank processes and cannot be "
-                        "pickled: audit with --tp and --workers 1")
+        raise TypeError(
+            "a tensor-parallel rescorer holds its rank processes and cannot be pickled: audit with --tp and --workers 1"
+        )
 
 
 def semantics_of(rescore: object) -> Semantics | None:
@@ -322,8 +352,10 @@ def check_rescore_spec(spec: object) -> None:
     """ValueError naming the value unless ``spec`` is None, a callable or a model spec
     (cheap: imports and builds nothing; :func:`resolve_rescorer` builds)."""
     if not (spec is None or callable(spec) or is_model_spec(spec)):
-        raise ValueError(f"rescore must be a callable, a model ({', '.join(MODEL_NAMES)}, a directory or "
-                         f"package.module:factory) or None, got {spec!r}")
+        raise ValueError(
+            f"rescore must be a callable, a model ({', '.join(MODEL_NAMES)}, a directory or "
+            f"package.module:factory) or None, got {spec!r}"
+        )
 
 
 def resolve_rescorer(spec: RescoreSpec) -> Callable | None:

@@ -88,8 +88,7 @@ def read_prompts(path: str, tokenizer=None, *, chat_template: bool = False) -> l
             if text.strip():
                 out.append(_prompt_line(text, where, tok, chat_template))
     if not out:
-        raise InvalidSamplingParams(f"{path}: no prompts (one JSON object per line with "
-                                    f"prompt_ids)")
+        raise InvalidSamplingParams(f"{path}: no prompts (one JSON object per line with prompt_ids)")
     return out
 
 
@@ -114,8 +113,7 @@ def _prompt_line(text: str, where: str, tok, chat_template: bool) -> Prompt:
     except JsonTooDeep as exc:
         raise InvalidSamplingParams(f"{where}: JSON {exc}") from None
     if not isinstance(rec, dict):
-        raise InvalidSamplingParams(f"{where}: a line must be a JSON object, got "
-                                    f"{type(rec).__name__}")
+        raise InvalidSamplingParams(f"{where}: a line must be a JSON object, got {type(rec).__name__}")
     try:
         ids = _prompt_ids(rec, tok, chat_template, where)
         seed = rec.get("seed")
@@ -135,20 +133,26 @@ def _prompt_ids(rec: dict, tok, chat_template: bool, where: str) -> list:
     from detsample.errors import InvalidSamplingParams
 
     if "prompt_ids" in rec:
-        return rec["prompt_ids"] if isinstance(rec["prompt_ids"], list) else \
-            _bad("prompt_ids must be a list of token ids", rec["prompt_ids"])
+        return (
+            rec["prompt_ids"]
+            if isinstance(rec["prompt_ids"], list)
+            else _bad("prompt_ids must be a list of token ids", rec["prompt_ids"])
+        )
     if "messages" in rec:
         if not chat_template:
-            raise InvalidSamplingParams("field 'messages' is a chat: give --chat-template "
-                                        "(rendered by the tokenizer's own template)")
+            raise InvalidSamplingParams(
+                "field 'messages' is a chat: give --chat-template (rendered by the tokenizer's own template)"
+            )
         if tok is None:
-            raise InvalidSamplingParams("field 'messages' needs a tokenizer with a chat "
-                                        "template (--model DIR or --tokenizer DIR)")
+            raise InvalidSamplingParams(
+                "field 'messages' needs a tokenizer with a chat template (--model DIR or --tokenizer DIR)"
+            )
         return tok.encode(tok.render_chat(rec["messages"], where))
     if "prompt" in rec:
         if tok is None:
-            raise InvalidSamplingParams("field 'prompt' is text: give a tokenizer "
-                                        "(--tokenizer tokenizer.json) or prompt_ids")
+            raise InvalidSamplingParams(
+                "field 'prompt' is text: give a tokenizer (--tokenizer tokenizer.json) or prompt_ids"
+            )
         if not isinstance(rec["prompt"], str):
             _bad("prompt must be a string", rec["prompt"])
         return tok.encode(rec["prompt"])
@@ -189,17 +193,16 @@ class Ending:
         if self.eos_token_ids is not None:
             ids = SamplingParams(stop_token_ids=self.eos_token_ids).stop_token_ids
             object.__setattr__(self, "eos_token_ids", ids)
-        object.__setattr__(self, "stop_token_ids",
-                           SamplingParams(stop_token_ids=self.stop_token_ids).stop_token_ids)
+        object.__setattr__(self, "stop_token_ids", SamplingParams(stop_token_ids=self.stop_token_ids).stop_token_ids)
         if not isinstance(self.ignore_eos, bool):
             raise InvalidSamplingParams(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if self.ignore_eos and self.eos_token_ids is not None:
-            raise InvalidSamplingParams("ignore_eos and eos_token_ids contradict each other; "
-                                        "give one")
+            raise InvalidSamplingParams("ignore_eos and eos_token_ids contradict each other; give one")
         object.__setattr__(self, "stop", check_stop_strings(self.stop))
         if self.stop and self.tokenizer is None:
-            raise InvalidSamplingParams(f"stop strings {list(self.stop)} need a tokenizer "
-                                        f"(--tokenizer, or --model DIR)")
+            raise InvalidSamplingParams(
+                f"stop strings {list(self.stop)} need a tokenizer (--tokenizer, or --model DIR)"
+            )
 
     def engine_eos(self, lm) -> tuple[int, ...]:
         """The EOS ids the engine stops on for model ``lm``; an id outside its vocabulary
@@ -209,24 +212,46 @@ class Ending:
         from detsample.refmodel.tokenizer import EOS_ID
 
         own = model_eos_token_ids(lm)
-        eos = () if self.ignore_eos else self.eos_token_ids if self.eos_token_ids is not None \
-            else (EOS_ID,) if own is None else own
+        eos = (
+            ()
+            if self.ignore_eos
+            else self.eos_token_ids
+            if self.eos_token_ids is not None
+            else (EOS_ID,)
+            if own is None
+            else own
+        )
         for t in eos + self.stop_token_ids:
             if t >= lm.vocab_size:
-                raise InvalidSamplingParams(f"end token id {t} is outside the model's "
-                                            f"vocabulary of {lm.vocab_size}")
+                raise InvalidSamplingParams(f"end token id {t} is outside the model's vocabulary of {lm.vocab_size}")
         return eos
 
 
-def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed: int = 0,
-                      sampling=None, max_batch_size: int | None = 4, stagger: int = 1,
-                      with_trainer: bool = False, model_path: str | None = None,
-                      model: str = "refmodel", batch_invariant: bool = False,
-                      portable: bool = False, tp: int = 1, prompts: list[Prompt] | None = None,
-                      n: int = 1, logprobs_mode: str = "raw", draft_model: str | None = None,
-                      num_speculative_tokens: int = 0, on_speculative=None,
-                      ending: Ending = Ending(), dtype: str = "float32",
-                      on_eos=None, on_progress=None) -> list[dict]:
+def generate_rollouts(
+    num_sequences: int = 8,
+    *,
+    max_new_tokens: int = 16,
+    seed: int = 0,
+    sampling=None,
+    max_batch_size: int | None = 4,
+    stagger: int = 1,
+    with_trainer: bool = False,
+    model_path: str | None = None,
+    model: str = "refmodel",
+    batch_invariant: bool = False,
+    portable: bool = False,
+    tp: int = 1,
+    prompts: list[Prompt] | None = None,
+    n: int = 1,
+    logprobs_mode: str = "raw",
+    draft_model: str | None = None,
+    num_speculative_tokens: int = 0,
+    on_speculative=None,
+    ending: Ending = Ending(),
+    dtype: str = "float32",
+    on_eos=None,
+    on_progress=None,
+) -> list[dict]:
     """Generate rollouts: ``n`` samples of each of ``prompts`` (default: ``num_sequences``
     built-in prompts; request k arrives at engine step ``k * stagger``; the seeds are in
     the module docstring), each sampled by ``sampling`` (a
@@ -254,21 +279,30 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
         raise InvalidSamplingParams(f"n must be an int >= 1, got {n!r}")
     sampling = _sampling(sampling, logprobs_mode)
     semantics = Semantics.of_params(sampling)
-    run = dict(num_sequences=num_sequences, max_new_tokens=max_new_tokens, seed=seed,
-               sampling=sampling, max_batch_size=max_batch_size,
-               stagger=stagger, with_trainer=with_trainer, prompts=prompts, n=n,
-               semantics=semantics, ending=ending)
+    run = dict(
+        num_sequences=num_sequences,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        sampling=sampling,
+        max_batch_size=max_batch_size,
+        stagger=stagger,
+        with_trainer=with_trainer,
+        prompts=prompts,
+        n=n,
+        semantics=semantics,
+        ending=ending,
+    )
     if (draft_model is None) != (not num_speculative_tokens):
-        raise InvalidSamplingParams("draft_model and num_speculative_tokens go together, got "
-                                    f"{draft_model!r} and {num_speculative_tokens!r}")
+        raise InvalidSamplingParams(
+            f"draft_model and num_speculative_tokens go together, got {draft_model!r} and {num_speculative_tokens!r}"
+        )
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise InvalidSamplingParams(f"tp must be an int >= 1, got {tp!r}")
     if tp > 1:
         from detsample.parallel import TPModelSpec, check_spec, launch, load_sharded
 
         if model_path is not None:
-            raise InvalidSamplingParams("model_path (a saved reference model) cannot run "
-                                        "tensor-parallel; give tp=1")
+            raise InvalidSamplingParams("model_path (a saved reference model) cannot run tensor-parallel; give tp=1")
         if draft_model is not None:
             raise InvalidSamplingParams("speculative decoding (draft_model) runs with tp=1 only")
         if dtype != "float32":
@@ -276,20 +310,24 @@ def generate_rollouts(num_sequences: int = 8, *, max_new_tokens: int = 16, seed:
         spec = TPModelSpec(model, tp, batch_invariant, portable)
         check_spec(spec)
         return launch(tp, load_sharded, (spec,), _rank_rollouts, run)
-    rescorer = ModelRescorer(model, batch_invariant=batch_invariant, portable=portable,
-                             model_path=model_path, label="--model", semantics=semantics,
-                             dtype=dtype)
+    rescorer = ModelRescorer(
+        model,
+        batch_invariant=batch_invariant,
+        portable=portable,
+        model_path=model_path,
+        label="--model",
+        semantics=semantics,
+        dtype=dtype,
+    )
     lm = rescorer.build_model()
     if draft_model is not None:
-        run["speculative"] = _speculative(lm, draft_model, num_speculative_tokens,
-                                          batch_invariant, portable, dtype)
+        run["speculative"] = _speculative(lm, draft_model, num_speculative_tokens, batch_invariant, portable, dtype)
         run["on_speculative"] = on_speculative
     run["on_eos"], run["on_progress"] = on_eos, on_progress
     return _rollouts(lm, rescorer, **run)
 
 
-def _speculative(lm, draft_model: str, k: int, batch_invariant: bool, portable: bool,
-                 dtype: str = "float32"):
+def _speculative(lm, draft_model: str, k: int, batch_invariant: bool, portable: bool, dtype: str = "float32"):
     """The engine's :class:`~detsample.refmodel.speculative.Speculative` for the CLI's
     ``--draft-model`` (``ngram``: prompt lookup; else a model spec loaded in the target's
     mode) and ``--num-speculative-tokens``."""
@@ -300,8 +338,12 @@ def _speculative(lm, draft_model: str, k: int, batch_invariant: bool, portable: 
     if draft_model == "ngram":
         return Speculative(NGram(), k)
     try:
-        draft = load_model(draft_model, batch_invariant=batch_invariant, portable=portable,
-                           dtype=dtype if is_model_dir_spec(draft_model) else "float32")
+        draft = load_model(
+            draft_model,
+            batch_invariant=batch_invariant,
+            portable=portable,
+            dtype=dtype if is_model_dir_spec(draft_model) else "float32",
+        )
     except ModelError as exc:
         raise InvalidSamplingParams(f"--draft-model: {exc}") from exc
     check_draft_model(lm, draft)
@@ -325,43 +367,67 @@ def _sampling(sampling, logprobs_mode: str):
     if sampling is None:
         sampling = SamplingParams(seed=0)
     if not isinstance(sampling, SamplingParams):
-        raise InvalidSamplingParams(f"sampling must be a SamplingParams, got "
-                                    f"{type(sampling).__name__}")
+        raise InvalidSamplingParams(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
     return sampling.replace(logprobs_mode=logprobs_mode)
 
 
-def _requests(lm, *, num_sequences: int, max_new_tokens: int, seed: int, sampling,
-              stagger: int, prompts: list[Prompt] | None, n: int,
-              semantics, ending: Ending) -> list[tuple[int, object, int]]:
+def _requests(
+    lm,
+    *,
+    num_sequences: int,
+    max_new_tokens: int,
+    seed: int,
+    sampling,
+    stagger: int,
+    prompts: list[Prompt] | None,
+    n: int,
+    semantics,
+    ending: Ending,
+) -> list[tuple[int, object, int]]:
     """(arrival step, request, group) of every sample, in record order."""
     from detsample.params import Request, child_requests
     from detsample.refmodel.tokenizer import encode
 
     if prompts is None:
-        prompts = [Prompt(tuple(t % lm.vocab_size for t in encode(PROMPTS[i % len(PROMPTS)])))
-                   for i in range(num_sequences)]
+        prompts = [
+            Prompt(tuple(t % lm.vocab_size for t in encode(PROMPTS[i % len(PROMPTS)]))) for i in range(num_sequences)
+        ]
     out, seen = [], set()
     for i, pr in enumerate(prompts):
         base = pr.seed if pr.seed is not None else seed + i * n
-        params = sampling.replace(seed=base, max_new_tokens=max_new_tokens,
-                                  stop_token_ids=ending.stop_token_ids)
+        params = sampling.replace(seed=base, max_new_tokens=max_new_tokens, stop_token_ids=ending.stop_token_ids)
         rid = pr.id if pr.id is not None else f"rollout-{seed}-{i}"
-        kids = child_requests(Request(rid, params, list(pr.prompt_ids), []), n) if n > 1 \
+        kids = (
+            child_requests(Request(rid, params, list(pr.prompt_ids), []), n)
+            if n > 1
             else [Request(rid, params, list(pr.prompt_ids), [])]
+        )
         for req in kids:
             key = (pr.prompt_ids, req.seed)
             if key in seen:
-                warnings.warn(f"rollout: prompt {i} ({rid}) repeats a (prompt, seed) pair of "
-                              f"an earlier request (seed {req.seed}): its response is a copy; "
-                              f"give distinct seeds or --n", stacklevel=3)
+                warnings.warn(
+                    f"rollout: prompt {i} ({rid}) repeats a (prompt, seed) pair of "
+                    f"an earlier request (seed {req.seed}): its response is a copy; "
+                    f"give distinct seeds or --n",
+                    stacklevel=3,
+                )
             seen.add(key)
             out.append((len(out) * stagger, req, i))
     return out
 
 
-def _rollouts(lm, rescorer, *, max_batch_size: int | None, with_trainer: bool,
-              speculative=None, on_speculative=None, on_eos=None, on_progress=None,
-              **spec) -> list[dict]:
+def _rollouts(
+    lm,
+    rescorer,
+    *,
+    max_batch_size: int | None,
+    with_trainer: bool,
+    speculative=None,
+    on_speculative=None,
+    on_eos=None,
+    on_progress=None,
+    **spec,
+) -> list[dict]:
     from detsample.refmodel.engine import Engine, EngineConfig
     from detsample.refmodel.schedule import Schedule
 
@@ -370,22 +436,31 @@ def _rollouts(lm, rescorer, *, max_batch_size: int | None, with_trainer: bool,
     eos = spec["ending"].engine_eos(lm)
     if on_eos is not None:
         on_eos(eos)
-    engine = Engine(lm, config=EngineConfig(max_batch_size=max_batch_size, eos_token_ids=eos),
-                    speculative=speculative)
+    engine = Engine(lm, config=EngineConfig(max_batch_size=max_batch_size, eos_token_ids=eos), speculative=speculative)
     finished = itertools.count(1)
-    on_finish = None if on_progress is None else \
-        (lambda res: on_progress(next(finished), len(planned), "sequences sampled"))
-    result = engine.run(Schedule.of([(step, req) for step, req, _ in planned]), on_finish=on_finish,
-                        stop_after=_stop_test(spec["ending"]))
+    on_finish = (
+        None if on_progress is None else (lambda res: on_progress(next(finished), len(planned), "sequences sampled"))
+    )
+    result = engine.run(
+        Schedule.of([(step, req) for step, req, _ in planned]),
+        on_finish=on_finish,
+        stop_after=_stop_test(spec["ending"]),
+    )
     if on_speculative is not None and result.speculative is not None:
         on_speculative(result.speculative)
     records = []
     for _, req, group in planned:
         res = result[req.rid]
         keep = len(res.token_ids)
-        rec = {"id": req.rid, "group": group, "seed": req.seed,
-               "prompt_ids": list(res.prompt_ids), "response_ids": list(res.token_ids),
-               "engine_logprobs": res.logprobs[mode].tolist(), "mask": [1] * keep}
+        rec = {
+            "id": req.rid,
+            "group": group,
+            "seed": req.seed,
+            "prompt_ids": list(res.prompt_ids),
+            "response_ids": list(res.token_ids),
+            "engine_logprobs": res.logprobs[mode].tolist(),
+            "mask": [1] * keep,
+        }
         if with_trainer:
             rec["trainer_logprobs"] = rescorer(rec["prompt_ids"], rec["response_ids"]).tolist()
         records.append(rec)

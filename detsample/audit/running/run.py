@@ -31,8 +31,19 @@ from detsample.audit.semantics import RAW, Semantics
 from detsample.inputs import thread_problem
 from detsample.inputs.signals import children_ignore_ctrl_c
 
-__all__ = ["AuditInputError", "AuditOptions", "Issue", "Shard", "audit", "audit_accumulator",
-           "check_gates", "consume", "plan_shards", "run_shard", "to_json"]
+__all__ = [
+    "AuditInputError",
+    "AuditOptions",
+    "Issue",
+    "Shard",
+    "audit",
+    "audit_accumulator",
+    "check_gates",
+    "consume",
+    "plan_shards",
+    "run_shard",
+    "to_json",
+]
 
 
 @dataclass(frozen=True)
@@ -53,8 +64,9 @@ def open_source(path: str, layout: Layout) -> tuple[Source, Resolved]:
     before any shard runs, and close the source. The caller closes it (``with src:``)."""
     fmt = format_of(audit_file(path))  # a FIFO or a device would block or never end
     if layout.records == "openai" and fmt.name != "jsonl":
-        raise AuditInputError(f"{path}: preset openai reads JSONL (one OpenAI-compatible "
-                              f"response per line), got a .{fmt.name} file")
+        raise AuditInputError(
+            f"{path}: preset openai reads JSONL (one OpenAI-compatible response per line), got a .{fmt.name} file"
+        )
     src = fmt.source(path)
     try:
         names = OPENAI_COLUMNS if layout.records == "openai" else src.columns()
@@ -79,8 +91,9 @@ def plan_shards(paths: list[str], parts: int, layout: Layout | None = None) -> l
     return shards
 
 
-def consume(acc: AuditAccumulator, chunks: Iterable[TableChunk], resolved: Resolved,
-            rescore: RescoreFn | None, strict: bool) -> None:
+def consume(
+    acc: AuditAccumulator, chunks: Iterable[TableChunk], resolved: Resolved, rescore: RescoreFn | None, strict: bool
+) -> None:
     """Map, validate and accumulate table chunks (the one loop every entry point runs)."""
     for tc in chunks:
         acc.add_source(tc.source)
@@ -96,8 +109,7 @@ def _shard_chunks(shard: Shard, opts: AuditOptions) -> tuple[Iterator[TableChunk
 
     def chunks() -> Iterator[TableChunk]:
         with src:
-            yield from src.chunks(shard.start, shard.stop, shard.first_line, opts.chunk_tokens,
-                                  opts.jsonl_parser)
+            yield from src.chunks(shard.start, shard.stop, shard.first_line, opts.chunk_tokens, opts.jsonl_parser)
 
     return chunks(), resolved
 
@@ -115,8 +127,7 @@ def run_shard(shard: Shard, opts: AuditOptions | None = None) -> AuditAccumulato
 def _is_paths(source: object) -> bool:
     if isinstance(source, (str, os.PathLike)):
         return True
-    return isinstance(source, (list, tuple)) and bool(source) and all(
-        isinstance(s, (str, os.PathLike)) for s in source)
+    return isinstance(source, (list, tuple)) and bool(source) and all(isinstance(s, (str, os.PathLike)) for s in source)
 
 
 def _records_accumulator(records: Iterable[object], opts: AuditOptions) -> AuditAccumulator:
@@ -129,22 +140,19 @@ def _records_accumulator(records: Iterable[object], opts: AuditOptions) -> Audit
     if opts.layout.records == "openai":
         keys = list(OPENAI_COLUMNS)
     resolved = resolve(opts.layout, keys, "<records>")
-    chunks = iter_record_chunks(itertools.chain([first], it), resolved,
-                                chunk_tokens=opts.chunk_tokens)
+    chunks = iter_record_chunks(itertools.chain([first], it), resolved, chunk_tokens=opts.chunk_tokens)
     consume(acc, chunks, resolved, opts.rescorer(), opts.strict)
     return acc
 
 
-def audit_accumulator(source: object, options: AuditOptions | None = None,
-                      **kwargs: object) -> AuditAccumulator:
+def audit_accumulator(source: object, options: AuditOptions | None = None, **kwargs: object) -> AuditAccumulator:
     """Like :func:`audit` but returns the merged accumulator (for custom reports)."""
     opts = options_of(options, kwargs)
     if isinstance(opts.rescore, str):
         opts.rescorer()  # an unknown name fails before any file is read
     if not _is_paths(source):
         return _records_accumulator(source, opts)  # type: ignore[arg-type]
-    paths = [os.fspath(p) for p in ([source] if isinstance(source, (str, os.PathLike))
-                                     else source)]
+    paths = [os.fspath(p) for p in ([source] if isinstance(source, (str, os.PathLike)) else source)]
     total = AuditAccumulator(opts.compare_dtype, opts.frameworks)
     if opts.ray is not None:
         from detsample.audit.running.ray_runner import cluster_cpus, ray_session, run_tasks
@@ -222,13 +230,15 @@ def first_sequences(source: object, opts: AuditOptions) -> list[Sequence]:
     file order) with a prompt and engine logprobs that pass the per-sequence checks, for
     the diagnosis. A one-shot iterator of records cannot be read twice: none."""
     if _is_paths(source):
-        paths = [os.fspath(p) for p in ([source] if isinstance(source, (str, os.PathLike))
-                                         else source)]
+        paths = [os.fspath(p) for p in ([source] if isinstance(source, (str, os.PathLike)) else source)]
         chunks, resolved = _shard_chunks(plan_shards(paths[:1], 1, opts.layout)[0], opts)
     elif isinstance(source, (list, tuple)) and source:
         first = source[0]
-        keys = list(OPENAI_COLUMNS) if opts.layout.records == "openai" else \
-            (list(first) if isinstance(first, Mapping) else [])
+        keys = (
+            list(OPENAI_COLUMNS)
+            if opts.layout.records == "openai"
+            else (list(first) if isinstance(first, Mapping) else [])
+        )
         resolved = resolve(opts.layout, keys, "<records>")
         chunks = iter_record_chunks(iter(source), resolved, chunk_tokens=opts.chunk_tokens)
     else:
@@ -259,20 +269,23 @@ def _chunk_sequences(raw: RawChunk, base: Semantics) -> Iterator[Sequence]:
     for i in range(len(raw)):
         if i in bad:
             continue
-        seg = {c: raw.values[c][off[c][i]:off[c][i + 1]] for c in off
-               if raw.lengths[c][i] >= 0}
+        seg = {c: raw.values[c][off[c][i] : off[c][i + 1]] for c in off if raw.lengths[c][i] >= 0}
         if any(c not in seg for c in need) or not seg["prompt_ids"].size:
             continue
         n = seg["response_ids"].size
         mask = seg.get("mask", [1] * n)
-        if seg["engine_logprobs"].size != n or len(mask) != n or \
-                seg["engine_logprobs"].dtype.kind not in "fiu":
+        if seg["engine_logprobs"].size != n or len(mask) != n or seg["engine_logprobs"].dtype.kind not in "fiu":
             continue
         eng = [float(v) for v in seg["engine_logprobs"]]
         if not all(math.isfinite(v) for v in eng):
             continue
-        yield Sequence([int(v) for v in seg["prompt_ids"]], [int(v) for v in seg["response_ids"]],
-                       eng, [1 if m else 0 for m in mask], stated.get(i))
+        yield Sequence(
+            [int(v) for v in seg["prompt_ids"]],
+            [int(v) for v in seg["response_ids"]],
+            eng,
+            [1 if m else 0 for m in mask],
+            stated.get(i),
+        )
 
 
 def _jsonable(x: object) -> object:

@@ -22,8 +22,15 @@ from detsample.audit.running.options import AuditOptions, options_of
 from detsample.audit.running.run import consume
 
 #: the arguments, by the audit's column names
-_ARGS = ("response_ids", "engine_logprobs", "trainer_logprobs", "mask", "attention_mask",
-         "prompt_ids", "prompt_attention_mask")
+_ARGS = (
+    "response_ids",
+    "engine_logprobs",
+    "trainer_logprobs",
+    "mask",
+    "attention_mask",
+    "prompt_ids",
+    "prompt_attention_mask",
+)
 
 
 def _host(name: str, x: object) -> np.ndarray:
@@ -36,13 +43,13 @@ def _host(name: str, x: object) -> np.ndarray:
     else:
         a = np.asarray(x)
     if a.ndim != 2:
-        raise AuditInputError(f"from_tensors: {name} must be 2-D [batch, length], got shape "
-                              f"{a.shape}")
+        raise AuditInputError(f"from_tensors: {name} must be 2-D [batch, length], got shape {a.shape}")
     return a
 
 
-def _tables(arrays: dict[str, np.ndarray], ids: Sequence | None, source: str,
-            rows_per_chunk: int) -> Iterator[TableChunk]:
+def _tables(
+    arrays: dict[str, np.ndarray], ids: Sequence | None, source: str, rows_per_chunk: int
+) -> Iterator[TableChunk]:
     n = arrays["response_ids"].shape[0]
     for i in range(0, n, rows_per_chunk):
         j = min(i + rows_per_chunk, n)
@@ -52,37 +59,56 @@ def _tables(arrays: dict[str, np.ndarray], ids: Sequence | None, source: str,
         yield TableChunk(source, "row", np.arange(i, j, dtype=np.int64), cols)
 
 
-def tensors_accumulator(response_ids: object, engine_logprobs: object, trainer_logprobs: object,
-                        mask: object = None, *, attention_mask: object = None,
-                        prompt_ids: object = None, prompt_attention_mask: object = None,
-                        ids: Sequence | None = None, padding: str = "auto",
-                        prompt_padding: str = "auto", source: str = "<tensors>",
-                        options: AuditOptions | None = None,
-                        **kwargs: object) -> AuditAccumulator:
+def tensors_accumulator(
+    response_ids: object,
+    engine_logprobs: object,
+    trainer_logprobs: object,
+    mask: object = None,
+    *,
+    attention_mask: object = None,
+    prompt_ids: object = None,
+    prompt_attention_mask: object = None,
+    ids: Sequence | None = None,
+    padding: str = "auto",
+    prompt_padding: str = "auto",
+    source: str = "<tensors>",
+    options: AuditOptions | None = None,
+    **kwargs: object,
+) -> AuditAccumulator:
     """Like :func:`from_tensors` but returns the accumulator (to merge several batches)."""
     opts = options_of(options, kwargs)
-    given = {"response_ids": response_ids, "engine_logprobs": engine_logprobs,
-             "trainer_logprobs": trainer_logprobs, "mask": mask,
-             "attention_mask": attention_mask, "prompt_ids": prompt_ids,
-             "prompt_attention_mask": prompt_attention_mask}
+    given = {
+        "response_ids": response_ids,
+        "engine_logprobs": engine_logprobs,
+        "trainer_logprobs": trainer_logprobs,
+        "mask": mask,
+        "attention_mask": attention_mask,
+        "prompt_ids": prompt_ids,
+        "prompt_attention_mask": prompt_attention_mask,
+    }
     arrays = {k: _host(k, v) for k, v in given.items() if v is not None}
     n, width = arrays["response_ids"].shape
     if "prompt_ids" not in arrays:  # prompts are needed only to rescore
         arrays["prompt_ids"] = np.zeros((n, 0), dtype=np.int64)
     if ids is not None and len(ids) != n:
         raise AuditInputError(f"from_tensors: ids has {len(ids)} entries for {n} rows")
-    layout = Layout("from_tensors", padded=True, response_padding=padding,
-                    prompt_padding=prompt_padding)
+    layout = Layout("from_tensors", padded=True, response_padding=padding, prompt_padding=prompt_padding)
     resolved = resolve(layout, list(arrays) + (["id"] if ids is not None else []), source)
     acc = AuditAccumulator(opts.compare_dtype, opts.frameworks)
     acc.add_source(source)
-    consume(acc, _tables(arrays, ids, source, max(opts.chunk_tokens // max(width, 1), 1)),
-            resolved, opts.rescorer(), opts.strict)
+    consume(
+        acc,
+        _tables(arrays, ids, source, max(opts.chunk_tokens // max(width, 1), 1)),
+        resolved,
+        opts.rescorer(),
+        opts.strict,
+    )
     return acc
 
 
-def from_tensors(response_ids: object, engine_logprobs: object, trainer_logprobs: object,
-                 mask: object = None, **kwargs: object) -> dict:
+def from_tensors(
+    response_ids: object, engine_logprobs: object, trainer_logprobs: object, mask: object = None, **kwargs: object
+) -> dict:
     """Audit one padded training batch; returns the report of :func:`detsample.audit.audit`.
 
     response_ids, engine_logprobs, trainer_logprobs: [B, R] (torch tensors on any device,
@@ -97,5 +123,4 @@ def from_tensors(response_ids: object, engine_logprobs: object, trainer_logprobs
     its first (left padding): pass ``attention_mask`` to keep trailing masked tokens.
     The report is byte-equal to the file audit of the same rows (same ``source``).
     """
-    return tensors_accumulator(response_ids, engine_logprobs, trainer_logprobs, mask,
-                               **kwargs).report()
+    return tensors_accumulator(response_ids, engine_logprobs, trainer_logprobs, mask, **kwargs).report()

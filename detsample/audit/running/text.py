@@ -40,8 +40,9 @@ class TextTokenizer:
         try:
             return list(self.fast.encode(text, add_special_tokens=False).ids)
         except Exception as exc:  # noqa: BLE001 - the tokenizers library raises bare Exception
-            raise InvalidSamplingParams(f"the tokenizer {self.source} cannot encode the text "
-                                        f"{text!r:.60}: {exc}") from None
+            raise InvalidSamplingParams(
+                f"the tokenizer {self.source} cannot encode the text {text!r:.60}: {exc}"
+            ) from None
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of ``ids``, special tokens kept."""
@@ -55,24 +56,26 @@ class TextTokenizer:
             raise InvalidSamplingParams(
                 f"{where}: the tokenizer {self.source} has no chat template (give a model "
                 f"directory whose tokenizer_config.json or chat_template.jinja holds one, or "
-                f"prompt / prompt_ids without --chat-template)")
+                f"prompt / prompt_ids without --chat-template)"
+            )
         try:
-            return self.hf.apply_chat_template(messages, tokenize=False,
-                                               add_generation_prompt=True)
+            return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as exc:  # noqa: BLE001 - a template error is the row's, named
-            raise InvalidSamplingParams(f"{where}: the chat template failed on these messages "
-                                        f"({type(exc).__name__}: {exc})") from None
+            raise InvalidSamplingParams(
+                f"{where}: the chat template failed on these messages ({type(exc).__name__}: {exc})"
+            ) from None
 
 
 def _check_messages(messages: object, where: str) -> None:
     if not isinstance(messages, list) or not messages:
-        raise InvalidSamplingParams(f"{where}: messages must be a non-empty list of "
-                                    f"{{'role', 'content'}} objects, got {messages!r:.60}")
+        raise InvalidSamplingParams(
+            f"{where}: messages must be a non-empty list of {{'role', 'content'}} objects, got {messages!r:.60}"
+        )
     for k, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) \
-                or not isinstance(m.get("content"), str):
-            raise InvalidSamplingParams(f"{where}: messages[{k}] must be an object with string "
-                                        f"role and content, got {m!r:.60}")
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise InvalidSamplingParams(
+                f"{where}: messages[{k}] must be an object with string role and content, got {m!r:.60}"
+            )
 
 
 def load_text_tokenizer(path: str) -> TextTokenizer:
@@ -83,8 +86,11 @@ def load_text_tokenizer(path: str) -> TextTokenizer:
     p = Path(path)
     file = p / "tokenizer.json" if p.is_dir() else p
     if not file.is_file():
-        raise InvalidSamplingParams(f"tokenizer: no such file {str(file)!r}" if not p.is_dir()
-                                    else f"tokenizer: directory {path} has no tokenizer.json")
+        raise InvalidSamplingParams(
+            f"tokenizer: no such file {str(file)!r}"
+            if not p.is_dir()
+            else f"tokenizer: directory {path} has no tokenizer.json"
+        )
     try:
         fast = Tokenizer.from_file(str(file))
     except Exception as exc:  # noqa: BLE001 - a bad file is named, whatever the parser says
@@ -96,11 +102,9 @@ def _hf_tokenizer(directory: Path) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True,
-                                             trust_remote_code=False)
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 - named in one line
-        raise InvalidSamplingParams(f"tokenizer {directory}: cannot load it "
-                                    f"({type(exc).__name__}: {exc})") from None
+        raise InvalidSamplingParams(f"tokenizer {directory}: cannot load it ({type(exc).__name__}: {exc})") from None
 
 
 def check_stop_strings(stop: Sequence[str]) -> tuple[str, ...]:
@@ -112,16 +116,14 @@ def check_stop_strings(stop: Sequence[str]) -> tuple[str, ...]:
     return out
 
 
-def stop_string_hit(tok: TextTokenizer, response_ids: Sequence[int],
-                    stop: Sequence[str]) -> bool:
+def stop_string_hit(tok: TextTokenizer, response_ids: Sequence[int], stop: Sequence[str]) -> bool:
     """Whether the decoded ``response_ids`` contain one of the ``stop`` strings (the
     engine's test after each token: the first token that makes it true ends the response)."""
     text = tok.decode(list(response_ids))
     return any(s in text for s in stop)
 
 
-def stop_string_cut(tok: TextTokenizer, response_ids: Sequence[int],
-                    stop: Sequence[str]) -> int:
+def stop_string_cut(tok: TextTokenizer, response_ids: Sequence[int], stop: Sequence[str]) -> int:
     """Tokens of ``response_ids`` to keep: up to and including the first token after which
     the decoded response contains a stop string; all of them when none appears (the
     same token :func:`stop_string_hit` asked after each token ends at)."""

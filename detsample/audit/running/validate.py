@@ -39,8 +39,7 @@ from detsample.errors import InvalidSamplingParams
 RescoreFn = Callable[[list[int], list[int]], "np.ndarray | list[float]"]
 
 
-def stated_semantics(raw: RawChunk, base: Semantics, bad: dict[int, Issue]
-                     ) -> dict[int, Semantics]:
+def stated_semantics(raw: RawChunk, base: Semantics, bad: dict[int, Issue]) -> dict[int, Semantics]:
     """Row -> its semantics (``base`` with the row's stated fields,
     :meth:`~detsample.audit.semantics.Semantics.with_row`) for the rows of ``raw`` that
     state any; a bad value excludes its row (``bad_semantics``, the field and the value
@@ -63,8 +62,7 @@ def stated_semantics(raw: RawChunk, base: Semantics, bad: dict[int, Issue]
         if isinstance(got, Semantics):
             out[i] = got
         else:
-            bad[i] = Issue(raw.source, int(raw.lines[i]), got.field, got.kind, got.message,
-                           raw.unit)
+            bad[i] = Issue(raw.source, int(raw.lines[i]), got.field, got.kind, got.message, raw.unit)
     return out
 
 
@@ -74,8 +72,7 @@ def _not_scalar(fields: dict) -> Issue | None:
     for c, v in fields.items():
         if not isinstance(v, (bool, int, float, str, np.generic)):
             shown = repr(v) if len(repr(v)) <= 60 else repr(v)[:57] + "..."
-            return Issue("", 0, c, "bad_semantics",
-                         f"{c} must be a number, got {type(v).__name__} {shown}")
+            return Issue("", 0, c, "bad_semantics", f"{c} must be a number, got {type(v).__name__} {shown}")
     return None
 
 
@@ -98,9 +95,11 @@ def _rescore_row(rescore: RescoreFn, prompt: list, resp: list, stated: Semantics
     if semantics_of(rescore) is not None:
         return rescore(prompt, resp, semantics=stated)  # type: ignore[call-arg]
     if stated != RAW:
-        raise _NoSemantics(f"the row states {stated.describe()}, but the rescore callable takes "
-                           f"no logprob semantics: rescore with a model (--rescore MODEL, "
-                           f"ModelRescorer) or give trainer_logprobs")
+        raise _NoSemantics(
+            f"the row states {stated.describe()}, but the rescore callable takes "
+            f"no logprob semantics: rescore with a model (--rescore MODEL, "
+            f"ModelRescorer) or give trainer_logprobs"
+        )
     return rescore(prompt, resp)
 
 
@@ -108,16 +107,18 @@ class _NoSemantics(Exception):
     """A row's stated semantics that a plain rescore callable cannot follow."""
 
 
-def _rescored_row(raw: RawChunk, i: int, rescore: RescoreFn, stated: Semantics | None,
-                  offsets: tuple[np.ndarray, np.ndarray]) -> np.ndarray | Issue:
+def _rescored_row(
+    raw: RawChunk, i: int, rescore: RescoreFn, stated: Semantics | None, offsets: tuple[np.ndarray, np.ndarray]
+) -> np.ndarray | Issue:
     """Row ``i``'s rescored logprobs (float64), or the Issue that excludes it; a model that
     cannot rescore at all (RescoreModelError) is fatal, raised as it is."""
     p_off, r_off = offsets
-    prompt = raw.values["prompt_ids"][p_off[i]:p_off[i + 1]]
-    resp = raw.values["response_ids"][r_off[i]:r_off[i + 1]]
+    prompt = raw.values["prompt_ids"][p_off[i] : p_off[i + 1]]
+    resp = raw.values["response_ids"][r_off[i] : r_off[i + 1]]
 
     def issue(kind: str, text: str) -> Issue:
         return Issue(raw.source, int(raw.lines[i]), "trainer_logprobs", kind, text, raw.unit)
+
     try:
         lp = np.asarray(_rescore_row(rescore, prompt.tolist(), resp.tolist(), stated))
     except RescoreModelError:
@@ -131,8 +132,9 @@ def _rescored_row(raw: RawChunk, i: int, rescore: RescoreFn, stated: Semantics |
     return lp.astype(np.float64)
 
 
-def _rescore(raw: RawChunk, rescore: RescoreFn | None, bad: dict[int, Issue],
-             stated: dict[int, Semantics] | None = None) -> None:
+def _rescore(
+    raw: RawChunk, rescore: RescoreFn | None, bad: dict[int, Issue], stated: dict[int, Semantics] | None = None
+) -> None:
     """Fill absent trainer_logprobs with ``rescore(prompt_ids, response_ids)`` (in place),
     in each row's ``stated`` semantics where it states them."""
     stated = stated or {}
@@ -142,17 +144,27 @@ def _rescore(raw: RawChunk, rescore: RescoreFn | None, bad: dict[int, Issue],
     need = [i for i in np.flatnonzero(lens < 0).tolist() if i not in bad]
     if not need or rescore is None:
         for i in need:
-            bad[i] = Issue(raw.source, int(raw.lines[i]), "trainer_logprobs", "missing_column",
-                           "missing column 'trainer_logprobs' (give a rescore model to compute it)",
-                           raw.unit)
+            bad[i] = Issue(
+                raw.source,
+                int(raw.lines[i]),
+                "trainer_logprobs",
+                "missing_column",
+                "missing column 'trainer_logprobs' (give a rescore model to compute it)",
+                raw.unit,
+            )
         return
     p_lens = raw.lengths.get("prompt_ids")
     if p_lens is None:
         p_lens = np.full(len(raw), -1, dtype=np.int64)
     for i in [i for i in need if p_lens[i] < 0]:  # rescoring needs the prompt
-        bad[i] = Issue(raw.source, int(raw.lines[i]), "prompt_ids", "missing_column",
-                       "missing column 'prompt_ids' (needed to rescore trainer_logprobs)",
-                       raw.unit)
+        bad[i] = Issue(
+            raw.source,
+            int(raw.lines[i]),
+            "prompt_ids",
+            "missing_column",
+            "missing column 'prompt_ids' (needed to rescore trainer_logprobs)",
+            raw.unit,
+        )
     need = [i for i in need if p_lens[i] >= 0]
     if not need:
         return
@@ -171,16 +183,14 @@ def _rescore(raw: RawChunk, rescore: RescoreFn | None, bad: dict[int, Issue],
             parts.append(got)
             new_lens[i] = got.size
         elif lens[i] >= 0:
-            seg = old[old_off[i]:old_off[i + 1]]
+            seg = old[old_off[i] : old_off[i + 1]]
             # a row of non-numbers is excluded already (bad_type): keep its place only
             parts.append(seg if seg.dtype.kind in "fiu" else np.zeros(seg.size))
-    raw.values["trainer_logprobs"] = (np.concatenate(parts) if parts
-                                      else np.empty(0, dtype=np.float64))
+    raw.values["trainer_logprobs"] = np.concatenate(parts) if parts else np.empty(0, dtype=np.float64)
     raw.lengths["trainer_logprobs"] = new_lens
 
 
-def _flag_values(raw: RawChunk, column: str, bad_tok: np.ndarray, kind: str, what: str,
-                 bad: dict[int, Issue]) -> None:
+def _flag_values(raw: RawChunk, column: str, bad_tok: np.ndarray, kind: str, what: str, bad: dict[int, Issue]) -> None:
     """Flag every sequence holding a True in ``bad_tok`` (token level, column layout)."""
     if not bad_tok.any():
         return
@@ -193,8 +203,9 @@ def _flag_values(raw: RawChunk, column: str, bad_tok: np.ndarray, kind: str, wha
     for s, k in zip(first_seq.tolist(), pos[first_idx].tolist()):
         if s in bad:
             continue
-        bad[s] = Issue(raw.source, int(raw.lines[s]), column, kind,
-                       value_message(column, k - int(off[s]), vals[k], what), raw.unit)
+        bad[s] = Issue(
+            raw.source, int(raw.lines[s]), column, kind, value_message(column, k - int(off[s]), vals[k], what), raw.unit
+        )
 
 
 def _flag_kinds(raw: RawChunk, column: str, bad: dict[int, Issue]) -> bool:
@@ -210,15 +221,16 @@ def _flag_kinds(raw: RawChunk, column: str, bad: dict[int, Issue]) -> bool:
     return v.dtype.kind in "biuf"
 
 
-def validate(raw: RawChunk, rescore: RescoreFn | None = None,
-             compare_dtype: str | None = None) -> tuple[AuditBatch, list[Issue]]:
+def validate(
+    raw: RawChunk, rescore: RescoreFn | None = None, compare_dtype: str | None = None
+) -> tuple[AuditBatch, list[Issue]]:
     """Check a parsed chunk; return its valid sequences and one issue per excluded one.
     With ``compare_dtype``, logprobs must also stay finite when rounded to it."""
     n = len(raw)
     bad: dict[int, Issue] = dict(raw.flagged)
     lengths = raw.lengths
     for c in ("response_ids", "engine_logprobs"):  # absent from the whole chunk: every row
-        if c not in lengths:                       # lacks it (missing_column, below)
+        if c not in lengths:  # lacks it (missing_column, below)
             lengths[c] = np.full(n, -1, dtype=np.int64)
             raw.values[c] = np.empty(0, dtype=np.int64 if c == "response_ids" else np.float64)
 
@@ -308,5 +320,4 @@ def _gather(raw: RawChunk, bad: dict[int, Issue]) -> AuditBatch:
     if trainer.dtype.kind != "f":
         trainer = trainer.astype(np.float64)
     ids = [raw.ids[i] for i in np.flatnonzero(keep).tolist()] if bad else raw.ids
-    return AuditBatch(raw.source, raw.unit, ids, raw.lines[keep], offsets, response_ids,
-                      engine, trainer, mask)
+    return AuditBatch(raw.source, raw.unit, ids, raw.lines[keep], offsets, response_ids, engine, trainer, mask)

@@ -53,9 +53,16 @@ def records() -> list[dict]:
             hit = rng.random(n) < 0.6
             trn = np.minimum(trn + hit * rng.normal(0, 1e-3, n).astype(np.float32), 0.0)
             trn = trn.astype(np.float32)
-        out.append({"id": f"{group}", "prompt_ids": prompt, "response_ids": resp,
-                    "engine_logprobs": eng.tolist(), "trainer_logprobs": trn.tolist(),
-                    "mask": mask})
+        out.append(
+            {
+                "id": f"{group}",
+                "prompt_ids": prompt,
+                "response_ids": resp,
+                "engine_logprobs": eng.tolist(),
+                "trainer_logprobs": trn.tolist(),
+                "mask": mask,
+            }
+        )
     return out
 
 
@@ -72,14 +79,18 @@ def main() -> None:
     write_columns(padded_twin(cols, "trl", seed=3), str(HERE / "trl.pt"))
     samples = []
     for k, s in enumerate(slime_samples(cols)):
-        samples.append({"data_parallel_rank": 0, "sample_index": k,
-                        "tokens": torch.tensor(s["tokens"]),
-                        "response_lengths": s["response_length"],
-                        "loss_masks": torch.tensor(s["loss_mask"], dtype=torch.int32),
-                        "rollout_log_probs": s["rollout_log_probs"],
-                        "log_probs": torch.tensor(s["log_probs"], dtype=torch.float32)})
-    torch.save({"format_version": 2, "rollout_id": 0, "rank": 0, "samples": samples},
-               HERE / "slime.pt")
+        samples.append(
+            {
+                "data_parallel_rank": 0,
+                "sample_index": k,
+                "tokens": torch.tensor(s["tokens"]),
+                "response_lengths": s["response_length"],
+                "loss_masks": torch.tensor(s["loss_mask"], dtype=torch.int32),
+                "rollout_log_probs": s["rollout_log_probs"],
+                "log_probs": torch.tensor(s["log_probs"], dtype=torch.float32),
+            }
+        )
+    torch.save({"format_version": 2, "rollout_id": 0, "rank": 0, "samples": samples}, HERE / "slime.pt")
 
 
 if __name__ == "__main__":
