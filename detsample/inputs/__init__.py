@@ -19,6 +19,7 @@ from detsample.inputs.files import InputError, file_kind, file_problem, input_fi
 from detsample.inputs.jsontext import JSON_DEPTH_WHY, loads
 from detsample.inputs.limits import (
     AUDIT_LINE_BYTES,
+    AUDIT_SEQUENCE_BYTES,
     AUDIT_SEQUENCE_TOKENS,
     GOLDEN_FILE_BYTES,
     LOG_LINE_BYTES,
@@ -31,6 +32,7 @@ from detsample.inputs.numbers import parse_float, parse_int
 
 __all__ = [
     "AUDIT_LINE_BYTES",
+    "AUDIT_SEQUENCE_BYTES",
     "AUDIT_SEQUENCE_TOKENS",
     "GOLDEN_FILE_BYTES",
     "InputError",

@@ -162,6 +162,22 @@ def test_an_npz_sequence_beyond_the_stated_limit_is_refused_before_its_values(tm
         audit(_npz(tmp_path, **arrays))
 
 
+def test_more_sequences_than_memory_holds_are_refused_before_any_value(tmp_path, monkeypatch):
+    """The bug: a 46 MB NPZ of 3e7 empty sequences took 17 GB resident (the audit holds
+    ~600 bytes a sequence). The sequences a file states are sized at AUDIT_SEQUENCE_BYTES
+    each against 1/4 of the machine's memory before any value is read (here a machine of
+    4 sequences' worth: 2 fit, 3 do not)."""
+    from detsample.inputs import AUDIT_SEQUENCE_BYTES, limits
+
+    path = _npz(tmp_path, **_good_npz_arrays())  # 2 sequences
+    monkeypatch.setattr(limits, "memory_bytes", lambda: 4 * 4 * AUDIT_SEQUENCE_BYTES)
+    assert audit(path)["sequences"] == 2
+    monkeypatch.setattr(limits, "memory_bytes", lambda: 4 * AUDIT_SEQUENCE_BYTES)
+    with pytest.raises(AuditInputError, match="auditing 2 sequences needs .* split the file") as info:
+        audit(path)
+    assert str(info.value).startswith(path)
+
+
 def test_npz_row_errors_are_excluded_with_row(tmp_path):
     """Pins row-level checks in NPZ: count mismatch between columns, NaN, missing column."""
     arrays = _good_npz_arrays()

@@ -28,7 +28,7 @@ from detsample.audit.running.options import AuditOptions, options_of
 from detsample.audit.running.rescore import ModelRescorer, TPRescorer, semantics_of
 from detsample.audit.running.validate import RescoreFn, stated_semantics, validate
 from detsample.audit.semantics import RAW, Semantics
-from detsample.inputs import thread_problem
+from detsample.inputs import AUDIT_SEQUENCE_BYTES, memory_problem, thread_problem
 from detsample.inputs.signals import children_ignore_ctrl_c
 
 __all__ = [
@@ -82,13 +82,25 @@ def plan_shards(paths: list[str], parts: int, layout: Layout | None = None) -> l
     """Split every file into at most ``parts`` contiguous shards, in file order."""
     layout = AuditOptions().layout if layout is None else layout
     shards: list[Shard] = []
+    counted = 0
     for path in paths:
         path = os.fspath(path)
         src, _ = open_source(path, layout)
         with src:
+            counted += src.num_sequences
+            _sequences_fit(path, counted)
             fmt = format_of(path).name
             shards += [Shard(fmt, path, a, b, line) for a, b, line in src.shards(parts)]
     return shards
+
+
+def _sequences_fit(path: str, counted: int) -> None:
+    """AuditInputError before any value is read when the sequences counted so far (a
+    format that knows its row count: NPZ, Parquet, .pt; JSONL counts 0 here) would not
+    fit in memory at :data:`~detsample.inputs.AUDIT_SEQUENCE_BYTES` each."""
+    problem = memory_problem(counted * AUDIT_SEQUENCE_BYTES, f"auditing {counted:,} sequences")
+    if problem:
+        raise AuditInputError(f"{path}: {problem}; split the file and audit the parts")
 
 
 def consume(
