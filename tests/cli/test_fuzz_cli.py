@@ -133,12 +133,27 @@ def _digest(paths: list[str]) -> dict[str, str]:
     return {p: hashlib.sha256(open(p, "rb").read()).hexdigest() for p in paths}
 
 
+#: the harnesses' bounds (tests/cli/test_fuzz_commands.py runs under them too)
+FUZZ_SETTINGS = settings(
+    max_examples=FUZZ_EXAMPLES,
+    deadline=None,
+    derandomize=FUZZ_FIXED,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+def draw_command(draw, commands: dict) -> tuple[str, list[str], list[str], dict]:
+    """One command of ``commands`` (name -> (fixed arguments, option strategies)) and 1 to
+    3 of its options: ``(name, argv without the options, chosen options, strategies)``."""
+    command = draw(st.sampled_from(sorted(commands)))
+    fixed, options = commands[command]
+    chosen = draw(st.lists(st.sampled_from(sorted(options)), min_size=1, max_size=3, unique=True))
+    return command, [*command.split(), *fixed], chosen, options
+
+
 @st.composite
 def invocations(draw):
-    command = draw(st.sampled_from(sorted(COMMANDS)))
-    fixed, options = COMMANDS[command]
-    chosen = draw(st.lists(st.sampled_from(sorted(options)), min_size=1, max_size=3, unique=True))
-    argv = [command, *fixed]
+    command, argv, chosen, options = draw_command(draw, COMMANDS)
     if command == "rollout":  # OUT sometimes the prompts it reads
         argv[1] = draw(st.sampled_from(["{out}", "{prompts}"]))
         chosen = [*chosen, "--prompts"] if argv[1] == "{prompts}" and "--prompts" not in chosen else chosen
@@ -190,12 +205,7 @@ def test_the_harness_catches_an_output_written_over_its_input(tmp_path, capsys, 
         )
 
 
-@settings(
-    max_examples=FUZZ_EXAMPLES,
-    deadline=None,
-    derandomize=FUZZ_FIXED,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@FUZZ_SETTINGS
 @given(argv=invocations())
 def test_malformed_options_end_as_promised(tmp_path_factory, capsys, argv):
     _ends_as_promised(argv, _files(tmp_path_factory.mktemp("fuzz")), capsys)

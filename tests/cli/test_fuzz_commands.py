@@ -19,11 +19,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from detsample.checks import battery
-from tests.cli.test_fuzz_cli import FUZZ_EXAMPLES, FUZZ_FIXED, NUMBERS, PATH_VALUES, PATHS, _ends_as_promised, _files
+from tests.cli.test_fuzz_cli import FUZZ_SETTINGS, NUMBERS, PATH_VALUES, PATHS, _ends_as_promised, _files, draw_command
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = "ties.top_k"
@@ -102,10 +102,7 @@ def _golden_inputs(files: dict[str, str]) -> list[str]:
 
 @st.composite
 def invocations(draw):
-    command = draw(st.sampled_from(sorted(COMMANDS)))
-    fixed, options = COMMANDS[command]
-    chosen = draw(st.lists(st.sampled_from(sorted(options)), min_size=1, max_size=3, unique=True))
-    argv = [*command.split(), *fixed]
+    command, argv, chosen, options = draw_command(draw, COMMANDS)
     for opt in chosen:
         argv += [opt, draw(options[opt])]
     return command, argv
@@ -117,12 +114,7 @@ def _run(command: str, argv: list[str], files: dict[str, str], capsys) -> None:
     _ends_as_promised(argv, files, capsys, inputs=_golden_inputs(files), gate=command in GATES)
 
 
-@settings(
-    max_examples=FUZZ_EXAMPLES,
-    deadline=None,
-    derandomize=FUZZ_FIXED,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@FUZZ_SETTINGS
 @given(inv=invocations())
 def test_malformed_options_of_every_command_end_as_promised(files, capsys, monkeypatch, inv):
     monkeypatch.setattr(battery, "external_checks", lambda: [])
