@@ -250,37 +250,36 @@ def add_semantics_options(p: argparse.ArgumentParser, what: str) -> None:
         f"logits / T), scaled (logits / T, no filter) or processed_fixed "
         f"(detsample's exact form of processed, a few ulps away)",
     )
-    from detsample.params import filter_options
-
-    p.add_argument(
-        "--temperature",
-        type=sampling_field("temperature"),
-        metavar="T",
-        help="with --logprobs-mode processed: the engine's temperature T",
-    )
-    for o in filter_options():
-        p.add_argument(
-            o.flag,
-            type=sampling_field(o.name, o.kind),
-            metavar=o.metavar,
-            help=f"with --logprobs-mode processed: the engine's {o.help}",
-        )
+    _add_temperature_and_filters(p, defaults=False, lead="with --logprobs-mode processed: the engine's ")
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
     """--temperature and every filter of the table (``--top-k``, ``--top-p``, ``--min-p``,
     ...), defaults off: the options :func:`sampling_params_of` reads."""
+    _add_temperature_and_filters(p, defaults=True, lead="")
+
+
+def _add_temperature_and_filters(p: argparse.ArgumentParser, *, defaults: bool, lead: str) -> None:
+    """``--temperature T`` and one option per filter of the table, each help text after
+    ``lead``; their defaults None (not given) or, with ``defaults``, temperature 1 and each
+    filter's neutral value."""
     from detsample.params import filter_options
 
     p.add_argument(
         "--temperature",
         type=sampling_field("temperature"),
-        default=1.0,
+        default=1.0 if defaults else None,
         metavar="T",
-        help="sampling temperature (0: greedy)",
+        help=f"{lead}temperature T" + ("" if lead else " (0: greedy)"),
     )
     for o in filter_options():
-        p.add_argument(o.flag, type=sampling_field(o.name, o.kind), default=o.neutral, metavar=o.metavar, help=o.help)
+        p.add_argument(
+            o.flag,
+            type=sampling_field(o.name, o.kind),
+            default=o.neutral if defaults else None,
+            metavar=o.metavar,
+            help=lead + o.help,
+        )
 
 
 def sampling_params_of(args: argparse.Namespace):
