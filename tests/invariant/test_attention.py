@@ -9,9 +9,13 @@ mask that loses a key. Correctness is checked against torch's SDPA within 1e-5.
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from detsample.invariant import ATTENTION_NAME, attention, batch_invariant, register_attention
 from detsample.invariant.attention import KEY_BLOCK
@@ -340,3 +344,49 @@ def test_gradients_through_softcap_and_sinks_are_exact_math():
     _dense(q, k, v, causal, softcap=4.0, sinks=sinks).float().square().sum().backward()
     for a, b in zip(got, (q.grad, k.grad, v.grad, sinks.grad)):
         assert torch.allclose(a, b, atol=1e-4)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(
+    st.integers(1, 3),  # batch rows
+    st.sampled_from(HEADS),
+    st.integers(1, 4),  # queries
+    st.integers(1, 2 * KEY_BLOCK + 9),  # keys of the longest row
+    st.sampled_from(["causal", "padded", "additive", "softcap", "sinks"]),
+    st.booleans(),  # portable
+    st.integers(0, 2**16),
+)
+def test_every_block_at_once_gives_the_block_loops_bits(B, heads, T, L, kind, portable, seed):
+    """The one-pass path (every key block of every query in one product each: a decode
+    step) against the block-by-block loop it replaces, forced by a zero budget: equal
+    bits for random shapes, padded rows, additive masks, soft-capping, sinks, both
+    variants. Bug pinned: a rescale applied once for all blocks instead of per block
+    (and a block's running maximum taken from the next block)."""
+    from detsample.invariant.attention import Extras
+
+    att = importlib.import_module("detsample.invariant.attention")  # the module (the package exports its function)
+    h, hkv = heads
+    T = min(T, L)
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, n, m, 16, generator=g) * 2 for n, m in ((h, T), (hkv, L), (hkv, L)))
+    mask = torch.ones(T, L, dtype=torch.bool).tril(L - T)[None, None].repeat(B, 1, 1, 1)
+    if kind in ("padded", "additive") and B > 1:
+        short = int(torch.randint(0, L, (1,), generator=g))
+        mask[1, :, :, :short] = False  # row 1 left-padded
+        mask[1, :, :, L - 1] = True
+    ex = Extras()
+    if kind == "additive":
+        mask = torch.where(mask, torch.randn(mask.shape, generator=g) * 0.5, torch.finfo(torch.float32).min)
+    if kind == "softcap":
+        ex = Extras(softcap=4.0)
+    if kind == "sinks":
+        ex = Extras(sinks=torch.randn(h, generator=g))
+    ran = []
+    one_pass = att._every_block
+    with batch_invariant(portable=portable), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(att, "_every_block", lambda *a: ran.append(1) or one_pass(*a))
+        once, lse_once = att.attend(q, k, v, mask, None, ex)
+        mp.setattr(att, "ONE_PASS_SCORES", 0)
+        loop, lse_loop = att.attend(q, k, v, mask, None, ex)
+    assert ran == [1] or T > 1  # a single query always takes the one pass
+    assert torch.equal(once, loop) and torch.equal(lse_once, lse_loop)
