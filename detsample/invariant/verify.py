@@ -516,14 +516,21 @@ def sum_plan(n: int, dtype: torch.dtype) -> Plan:
     )
 
 
+def _at_one_thread(decide: Callable[[], Plan]) -> Plan:
+    """``decide()`` at 1 thread. Only a decision changes the thread count: a call whose
+    plan is known leaves it alone (two ``torch.set_num_threads`` calls cost ~2.5 us,
+    measured on a Zen 2, paid before by every product, sum and pointwise op of the mode)."""
+    with torch_threads(1):
+        return decide()
+
+
 def _threaded(key: tuple, decide: Callable[[], Plan], at: Callable[[Plan, int], Plan]) -> Plan:
     """The canonical plan of ``key`` (decided at 1 thread: every thread count then gives
     its bits) and, at another thread count, ``at(canon, threads)``: the same kernel, run
     at that count where its check holds there, else at 1 thread."""
     threads = torch.get_num_threads()
     try:
-        with torch_threads(1):
-            canon = plans().get(key + (1,), decide)
+        canon = plans().get(key + (1,), lambda: _at_one_thread(decide))
         if threads == 1 or not canon.data:
             return canon
         return plans().get(key + (threads,), lambda: at(canon, threads))
