@@ -171,6 +171,8 @@ MODELS = ("hf-tiny-llama", "wide", "moe", "mla", "hybrid", "ssm", "qwen35", "rea
 
 
 SIDES = ("default", "verified", "portable")
+#: what :func:`breakdown` profiles: a prefill, or one decode step
+WORKLOADS = ("prefill", "decode")
 
 
 @dataclass(frozen=True)
@@ -401,18 +403,39 @@ def table(timings: list[Timing]) -> str:
 
 
 def breakdown(
-    name: str, side: str, *, prefill_len: int = 512, threads: int = 2, top: int = 12
+    name: str,
+    side: str,
+    *,
+    workload: str = "prefill",
+    prefill_len: int = 512,
+    decode_batch: int = 8,
+    cache_len: int = 256,
+    threads: int = 2,
+    top: int = 12,
 ) -> list[tuple[str, float, float]]:
-    """Where a prefill's time goes on ``side``: ``(op, ms, share)`` for the ``top`` ops
-    by self CPU time (torch's profiler, one prefill after a warm-up)."""
+    """Where one forward's time goes on ``side``: ``(op, ms, share)`` for the ``top`` ops
+    by self CPU time (torch's profiler, after a warm-up): a prefill of ``prefill_len``
+    tokens (``workload`` "prefill") or one decode step of ``decode_batch`` rows over
+    caches of ``cache_len`` tokens ("decode"), the workloads of :func:`measure`."""
     from torch.profiler import ProfilerActivity, profile
 
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
     m = build(name, side)
-    prompt = torch.randint(0, m.vocab_size, (prefill_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    g = torch.Generator().manual_seed(0)
     with torch_threads(threads):
-        m.forward([m.new_cache()], [prompt])
+        if workload == "prefill":
+            prompt = torch.randint(0, m.vocab_size, (prefill_len,), generator=g).tolist()
+            run = lambda: m.forward([m.new_cache()], [prompt])  # noqa: E731
+        else:
+            rows = [torch.randint(0, m.vocab_size, (cache_len,), generator=g).tolist() for _ in range(decode_batch)]
+            step = [[int(t)] for t in torch.randint(0, m.vocab_size, (decode_batch,), generator=g)]
+            caches = [m.new_cache() for _ in rows]
+            m.forward(caches, rows)
+            run = lambda: m.forward([_clone(c) for c in caches], step)  # noqa: E731
+        run()
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            m.forward([m.new_cache()], [prompt])
+            run()
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in events) or 1.0
     return [(e.key, e.self_cpu_time_total / 1e3, e.self_cpu_time_total / total) for e in events[:top]]
@@ -491,7 +514,14 @@ def main(argv: list[str] | None = None) -> int:
         "--breakdown",
         choices=SIDES,
         default=None,
-        help="only profile one prefill of each model on this side: time per op",
+        help="only profile one forward of each model on this side (--workload): time per op",
+    )
+    p.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="prefill",
+        help="what --breakdown profiles: a prefill of --prefill-len, or one decode step of "
+        "the first --decode-batch rows over 256-token caches (default prefill)",
     )
     p.add_argument(
         "--verification", action="store_true", help="only time the on-machine checks for a 1B Llama's shapes"
@@ -512,8 +542,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.breakdown:
         for name in args.models:
-            print(f"{name}, {args.breakdown}: self CPU time per op, one prefill of 512")
-            for op, ms, share in breakdown(name, args.breakdown, threads=args.threads):
+            what = (
+                f"one prefill of {args.prefill_len}"
+                if args.workload == "prefill"
+                else f"one decode step of {args.decode_batch[0]} x cache 256"
+            )
+            print(f"{name}, {args.breakdown}: self CPU time per op, {what}")
+            rows = breakdown(
+                name,
+                args.breakdown,
+                workload=args.workload,
+                prefill_len=args.prefill_len,
+                decode_batch=args.decode_batch[0],
+                threads=args.threads,
+            )
+            for op, ms, share in rows:
                 print(f"  {op:<40} {ms:9.1f} ms  {100 * share:5.1f}%")
         return 0
     timings = []

@@ -128,3 +128,22 @@ def test_the_real_shape_model_has_massive_activations_and_cpu_times(monkeypatch)
     timings = measure("real", prefill_len=6, decode_batch=2, cache_len=5, rounds=1, threads=1)
     assert all(t.cpu is not None and set(t.cpu) == set(SIDES) and t.cpu["default"] > 0 for t in timings)
     assert "CPU portable / default" in table(timings)
+
+
+@pytest.mark.parametrize("workload", ["prefill", "decode"])
+def test_the_breakdown_profiles_the_workload_it_names(workload, capsys):
+    """Bug pinned: --breakdown profiled a prefill of 512 whatever --prefill-len said, and
+    never a decode step (where a rollout spends its time)."""
+    from detsample.benchmarks import invariant as bench
+
+    rows = bench.breakdown(
+        "hf-tiny-llama", "verified", workload=workload, prefill_len=7, decode_batch=3, cache_len=5, threads=1
+    )
+    assert rows and all(ms >= 0 and 0 <= share <= 1 for _, ms, share in rows)
+    assert any(op == "aten::mm" for op, _, _ in rows)  # the mode's products ran
+    argv = ["--models", "hf-tiny-llama", "--breakdown", "verified", "--workload", workload, "--prefill-len", "7"]
+    assert bench.main([*argv, "--decode-batch", "3"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head.endswith("one prefill of 7" if workload == "prefill" else "one decode step of 3 x cache 256")
+    with pytest.raises(ValueError, match="workload must be one of"):
+        bench.breakdown("hf-tiny-llama", "verified", workload="train")
