@@ -63,12 +63,14 @@ KEY_BLOCK = 128  # keys per block, counted from the row's key 0
 VALUE_STEP = 16  # the value product's columns, a multiple of this (64 bytes of float32)
 
 
-def value_width(dv: int) -> int:
+def value_width(dv: int, portable: bool = False) -> int:
     """Columns of the value product ``p @ [V | 1 | 0]``: the values, the softmax
-    denominator, zeros to a multiple of :data:`VALUE_STEP` (rows of a whole number of
-    64-byte lines: torch's batched product writes such an output in one call, a narrower
-    one matrix by matrix, 7x slower measured at 72 matrices of 4 x 65)."""
-    return -(-(dv + 1) // VALUE_STEP) * VALUE_STEP
+    denominator, then for the verified products zeros to a multiple of :data:`VALUE_STEP`
+    (rows of a whole number of 64-byte lines: torch's batched product writes such an
+    output in one call, a narrower one matrix by matrix, 7x slower measured at 72
+    matrices of 4 x 65); the portable product, whose cost grows with every column and
+    whose bits do not depend on them, takes none."""
+    return dv + 1 if portable else -(-(dv + 1) // VALUE_STEP) * VALUE_STEP
 
 
 def _causal(T: int, L: int, B: int, device: torch.device) -> torch.Tensor:
@@ -258,10 +260,11 @@ def attend(
     if b_c is not None:
         add = b_c[:, None, :, None].expand(B, Hkv, T, G, lc).reshape(B * Hkv, rows, lc)
     firsts = [0] * -(-lc // KEY_BLOCK) if T == 1 else _first_rows(a_c, lc, G)  # one query: it needs every block
-    kb, vb = _key_blocks(k_c, v_c, None if bool(valid.all()) else valid)
-    m, acc = _start(extras.sinks, (B, Hkv, T, G, Dv), dev)
+    width = value_width(Dv, portable)
+    kb, vb = _key_blocks(k_c, v_c, None if bool(valid.all()) else valid, width)
+    m, acc = _start(extras.sinks, (B, Hkv, T, G, Dv), dev, width)
     sc = _Scoring(scale, extras.softcap, portable)
-    if not any(firsts) and kb.shape[0] * rows * kb.shape[1] <= ONE_PASS_SCORES:
+    if not any(firsts) and _fits_one_pass(vb, rows, portable):
         m, acc = _every_block(sc, q, (kb, vb), (masked, add), (m, acc))
         return _finish(m, acc, (B, Hkv, T, G, Dv), with_lse)
     for i, first in enumerate(firsts):
@@ -285,6 +288,21 @@ def attend(
 #: in one product over all key blocks (a decode step; a chunk whose queries see every
 #: block); above it the blocks run one by one (the same bits)
 ONE_PASS_SCORES = 1 << 22
+#: the portable product's limit: the most values (keys x value columns, every KV head) in
+#: one call. Its float64 temporaries are several times the operands; past a few MB they
+#: leave the cache and the one pass is slower than the loop (measured on a Zen 2, decode
+#: over 257 keys, 9 / 3 heads: 3.2 against 6.1 ms at batch 1, 14.6 against 13.5 at 8,
+#: 60.7 against 53 at 32)
+ONE_PASS_PORTABLE_VALUES = 1 << 19
+
+
+def _fits_one_pass(vb: torch.Tensor, rows: int, portable: bool) -> bool:
+    """Whether every block at once stays within the budgets above (``vb``: the key blocks'
+    values (B * Hkv, keys, width), ``rows`` queries per KV head)."""
+    n, keys, width = vb.shape
+    if n * rows * keys > ONE_PASS_SCORES:
+        return False
+    return not portable or n * keys * width <= ONE_PASS_PORTABLE_VALUES
 
 
 @dataclass(frozen=True)
@@ -354,14 +372,14 @@ def _every_block(sc: _Scoring, q: torch.Tensor, kv: tuple, masks: tuple, state: 
     return m, acc
 
 
-def _start(sinks: torch.Tensor | None, dims: tuple[int, ...], dev: torch.device):
-    """The running max ``m`` (B*Hkv, T*G) and accumulator ``acc`` (B*Hkv, T*G, value_width(Dv): the
+def _start(sinks: torch.Tensor | None, dims: tuple[int, ...], dev: torch.device, width: int):
+    """The running max ``m`` (B*Hkv, T*G) and accumulator ``acc`` (B*Hkv, T*G, width: the
     weighted values, then the denominator) before any key; a sink is a first key of logit
     ``sink`` and value 0."""
     B, Hkv, T, G, Dv = dims
     f32 = torch.float32
     m = torch.full((B * Hkv, T * G), -math.inf, dtype=f32, device=dev)
-    acc = torch.zeros((B * Hkv, T * G, value_width(Dv)), dtype=f32, device=dev)
+    acc = torch.zeros((B * Hkv, T * G, width), dtype=f32, device=dev)
     if sinks is not None:
         m = sinks.to(f32).view(Hkv, G)[None, :, None, :].expand(B, Hkv, T, G).reshape(B * Hkv, T * G).clone()
         acc[:, :, Dv] = 1.0
@@ -441,20 +459,23 @@ def _first_rows(a_c: torch.Tensor, lc: int, G: int) -> list[int]:
     return (torch.searchsorted(seen, lows, right=True) * G).tolist()
 
 
-def _key_blocks(k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _key_blocks(
+    k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The compacted keys ``k`` (B * Hkv, lc, D) in whole blocks, (B * Hkv, nb * KEY_BLOCK,
     D), and the values (B * Hkv, lc, Dv) with a column of ones (the softmax denominator)
-    as ``[V | 1 | 0]`` (B * Hkv, nb * KEY_BLOCK, value_width(Dv)): zeros past lc and, with ``valid``
-    (B, lc), at slots a row does not have, so no garbage value ever meets a weight of 0.
+    as ``[V | 1 | 0]`` (B * Hkv, nb * KEY_BLOCK, ``width`` >= Dv + 1, :func:`value_width`):
+    zeros past lc and, with ``valid`` (B, lc), at slots a row does not have, so no
+    garbage value ever meets a weight of 0.
     Fresh contiguous tensors: every block of every matrix starts on a 64-byte boundary
     (KEY_BLOCK rows of 4-byte values), whichever call cut it."""
     n, lc, D = k.shape
     Dv = v.shape[2]
-    width = -(-lc // KEY_BLOCK) * KEY_BLOCK
-    kb = k.new_empty((n, width, D))
+    keys = -(-lc // KEY_BLOCK) * KEY_BLOCK
+    kb = k.new_empty((n, keys, D))
     kb[:, :lc] = k
     kb[:, lc:] = 0.0
-    vb = v.new_empty((n, width, value_width(Dv)))
+    vb = v.new_empty((n, keys, width))
     vb[:, :lc, :Dv] = v
     vb[:, :lc, Dv] = 1.0
     vb[:, :lc, Dv + 1 :] = 0.0
@@ -462,7 +483,7 @@ def _key_blocks(k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None) ->
     if valid is not None:
         bad = ~valid
         for t in (kb, vb):
-            t.view(bad.shape[0], -1, width, t.shape[2])[:, :, :lc].masked_fill_(bad[:, None, :, None], 0)
+            t.view(bad.shape[0], -1, keys, t.shape[2])[:, :, :lc].masked_fill_(bad[:, None, :, None], 0)
     return kb, vb
 
 

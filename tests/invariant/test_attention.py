@@ -387,6 +387,7 @@ def test_every_block_at_once_gives_the_block_loops_bits(B, heads, T, L, kind, po
         mp.setattr(att, "_every_block", lambda *a: ran.append(1) or one_pass(*a))
         once, lse_once = att.attend(q, k, v, mask, None, ex)
         mp.setattr(att, "ONE_PASS_SCORES", 0)
+        mp.setattr(att, "ONE_PASS_PORTABLE_VALUES", 0)
         loop, lse_loop = att.attend(q, k, v, mask, None, ex)
     assert ran == [1] or T > 1  # a single query always takes the one pass
     assert torch.equal(once, loop) and torch.equal(lse_once, lse_loop)
