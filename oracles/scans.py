@@ -80,3 +80,16 @@ def ssd(
         y = _contract(s.T, cm[t])
         out[t] = y if d is None else y + x[t] * d
     return out, s
+
+
+def lightning(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, ratio: np.float32, state: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """MiniMax's lightning attention of one row (one head): q, k (T, d), v (T, dv), ratio
+    the head's ``exp(-slope)``, state (d, dv). Returns (out (T, dv), final state)."""
+    s = state.astype(np.float32).copy()
+    out = np.empty((q.shape[0], v.shape[1]), dtype=np.float32)
+    for t in range(q.shape[0]):
+        s = np.float32(ratio) * s + k[t][:, None] * v[t][None, :]
+        out[t] = _contract(s, q[t])
+    return out, s

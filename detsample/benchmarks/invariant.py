@@ -15,8 +15,9 @@ hidden 1024 and 8 layers (16 heads, 4 KV heads, MLP 2752, the 512-token vocabula
 (:data:`REAL`: 135M parameters, hidden 576, 30 layers, 9 / 3 heads, 49,152 tokens) with
 massive activations; ``hybrid``, an LFM2 short-convolution
 hybrid of the same width (:data:`HYBRID`), and ``ssm``, a Nemotron-H Mamba 2 hybrid
-(:data:`SSM`), run through transformers' own cache; ``qwen35``, a Qwen3.5-style gated
-delta-net hybrid (:data:`QWEN35`) through the adapter.
+(:data:`SSM`), and ``minimax``, a MiniMax lightning-attention hybrid (:data:`MINIMAX`), run
+through transformers' own cache; ``qwen35``, a Qwen3.5-style gated delta-net hybrid
+(:data:`QWEN35`) through the adapter.
 
 :func:`verification_cost` times the on-machine checks for the product shapes of a
 1B-parameter Llama (Llama 3.2 1B: hidden 2048, MLP 8192, 32 / 8 heads of 64, 128,256-token
@@ -127,8 +128,32 @@ SSM = dict(
     bos_token_id=1,
     eos_token_id=2,
 )
+#: a MiniMax lightning-attention hybrid: hidden 512, 4 layers (3 lightning attention of 8
+#: heads of 64, 1 full attention), 4 experts of 2 a token; run through transformers' own
+#: cache (MiniMaxCache holds the linear states)
+MINIMAX = dict(
+    vocab_size=512,
+    hidden_size=512,
+    intermediate_size=1024,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=64,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    block_size=256,
+    layer_types=["linear_attention"] * 3 + ["full_attention"],
+    max_position_embeddings=8192,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 #: the models run through transformers' own cache: name -> (config class, model class)
-OWN_CACHE = {"hybrid": ("Lfm2Config", "Lfm2ForCausalLM"), "ssm": ("NemotronHConfig", "NemotronHForCausalLM")}
+OWN_CACHE = {
+    "hybrid": ("Lfm2Config", "Lfm2ForCausalLM"),
+    "ssm": ("NemotronHConfig", "NemotronHForCausalLM"),
+    "minimax": ("MiniMaxConfig", "MiniMaxForCausalLM"),
+}
 #: a Qwen3.5-style gated delta-net hybrid: hidden 512, 4 layers (3 gated delta-net, 1 full
 #: attention, Qwen3.5's 3:1 pattern), 8 value / 4 key heads of 64 in the linear layers;
 #: through detsample's adapter (its per-row states). Under the mode a gated delta-net
@@ -167,7 +192,7 @@ REAL = dict(
     tie_word_embeddings=True,
 )
 REAL_MASSIVE = 300.0
-MODELS = ("hf-tiny-llama", "wide", "moe", "mla", "hybrid", "ssm", "qwen35", "real")
+MODELS = ("hf-tiny-llama", "wide", "moe", "mla", "hybrid", "ssm", "qwen35", "minimax", "real")
 
 
 SIDES = ("default", "verified", "portable")
@@ -322,7 +347,7 @@ def _hybrid_side(side: str, seed: int, name: str = "hybrid") -> Callable[..., An
 
 
 def _config(name: str) -> dict:
-    return HYBRID if name == "hybrid" else SSM
+    return {"hybrid": HYBRID, "ssm": SSM, "minimax": MINIMAX}[name]
 
 
 def measure_model(name: str, **kw: Any) -> list[Timing]:

@@ -29,8 +29,9 @@ whose modeling module lacks either function, or lacks an attribute the cover rea
 version, a kernel bound from the hub), is not covered: the guard refuses it by name, or by
 the state it keeps, as before. Cost: a prefill of ``T`` positions runs ``T`` recurrent steps; for the gated delta-net,
 Kimi delta attention (:class:`FusedCover`), Mamba 2 and Mamba they run in one fused kernel per call
-(:mod:`detsample.invariant.scans`), for lightning attention as the modeling code's ops, position by
-position (docs/performance.md, "Hybrid models").
+(:mod:`detsample.invariant.scans`); so does lightning attention, whose class's ``forward`` a
+:class:`FusedSeededCover` replaces (float32 CPU calls; the others as the modeling code's ops,
+position by position) (docs/performance.md, "Hybrid models").
 """
 
 from __future__ import annotations
@@ -260,6 +261,32 @@ class SeededCover(Cover):
         return args, kwargs
 
 
+#: what :func:`detsample.invariant.scans.lightning_forward` reads of a lightning attention
+_LIGHTNING_PARTS = ("qkv_proj", "act_fn", "norm", "output_gate", "out_proj", "slope_rate", "head_dim")
+
+
+@dataclass(frozen=True)
+class FusedSeededCover(SeededCover):
+    """MiniMax's lightning attention with its recurrent update by one fused kernel
+    (:func:`detsample.invariant.scans.lightning_forward`): a :class:`SeededCover` (the
+    seeded state, the cache's lengths) whose class's ``forward`` is also replaced while the
+    mode is installed (restored at its exit). A class of another name, or whose forward
+    would read parts the replacement does not know, is not matched: the plain
+    :class:`SeededCover` after it runs the update as ops."""
+
+    def matches(self, module: torch.nn.Module) -> bool:
+        if type(module).__name__ != self.fragment or not super().matches(module):
+            return False
+        home = sys.modules.get(type(module).__module__)
+        return callable(getattr(home, "apply_mask_to_padding_states", None)) and all(
+            hasattr(module, a) for a in _LIGHTNING_PARTS
+        )
+
+    def replacements(self, home: Any, running: Running) -> dict[str, Callable]:
+        forward = scans.lightning_forward(getattr(home, self.fragment).forward, home)
+        return {**super().replacements(home, running), f"{self.fragment}.forward": forward}
+
+
 @dataclass(frozen=True)
 class FusedCover(Cover):
     """A gated delta-net or Kimi delta attention whose two functions (transformers 5.x's
@@ -346,12 +373,15 @@ COVERS: tuple[Cover, ...] = (
         )
         for f in ("MambaMixer", "FalconMambaMixer", "JambaMambaMixer")
     ),
-    SeededCover(
-        "MiniMaxLightningAttention",
-        "MiniMaxCache",
-        "get_linear_cache",
-        frozenset({"linear_cache"}),
-        attrs=frozenset({"layer_idx", "head_dim", "num_attention_heads", "slope_rate"}),
+    *(
+        cover(
+            "MiniMaxLightningAttention",
+            "MiniMaxCache",
+            "get_linear_cache",
+            frozenset({"linear_cache"}),
+            attrs=frozenset({"layer_idx", "head_dim", "num_attention_heads", "slope_rate"}),
+        )
+        for cover in (FusedSeededCover, SeededCover)
     ),
 )
 

@@ -133,3 +133,33 @@ def selective_rows(x, dt, a, bm, cm, d, state, out, start, stop):
             if d.shape[0]:
                 o = o + xi * d[i]
             out[b, i, t] = o
+
+
+@numba.njit(**_jit)
+def lightning_rows(q, k, v, ratio, state, out, start, stop):
+    """MiniMax's lightning attention (linear attention with one decay per head) over ``T``
+    positions for rows ``[start, stop)`` of ``batch x heads``.
+
+    q, k (R, T, d), v (R, T, dv): float32, C-contiguous; ratio (R,) float32 (``exp(-slope)``
+    of the row's head, as the modeling code computes it); state (R, d, dv) float32, updated
+    in place; out (R, T, dv) float32. Per position, in the modeling code's order:
+    ``S[i, j] = ratio * S[i, j] + k[i] * v[j]`` (two float32 products and a float32 sum:
+    the ops' ``matmul`` of one term is one rounded product); ``o[j] = sum_i q[i] S[i, j]``.
+    """
+    d, dv = k.shape[2], v.shape[2]
+    acc = np.empty(dv, np.float64)
+    for r in range(start, stop):
+        s = state[r]
+        rr = ratio[r]
+        for t in range(q.shape[1]):
+            for j in range(dv):
+                acc[j] = 0.0
+            for i in range(d):
+                ki = k[r, t, i]
+                qi = np.float64(q[r, t, i])
+                for j in range(dv):
+                    x = rr * s[i, j] + ki * v[r, t, j]
+                    s[i, j] = x
+                    acc[j] += np.float64(x) * qi
+            for j in range(dv):
+                out[r, t, j] = np.float32(acc[j])

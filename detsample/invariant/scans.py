@@ -9,7 +9,8 @@ default kernels' chunked scan. The functions here compute the same recurrence in
 numba kernel per call (:mod:`detsample.invariant.scan_jit`), rows of ``batch x heads``
 split over threads, for the gated delta-net (Qwen3.5, Qwen3.5-MoE, Qwen3-Next), Kimi
 delta attention (Kimi-Linear), Mamba 2 (Mamba2, Nemotron-H, Granite-4 hybrid, Bamba,
-Falcon-H1, Zamba2) and Mamba (Mamba, FalconMamba, Jamba).
+Falcon-H1, Zamba2), Mamba (Mamba, FalconMamba, Jamba) and MiniMax's lightning attention
+(whose whole forward is replaced: :func:`lightning_forward`).
 
 What the bits rest on: detsample's arithmetic alone, in both variants (verified and
 portable) and on every CPU -- float32 elementwise updates in the modeling code's order,
@@ -314,3 +315,65 @@ def mamba2_step(state, hidden_states, dt, A, B, C, D, dt_bias, dt_softplus, limi
             s,
         )
     return out[:, :, 0].to(hidden_states.dtype)
+
+
+def lightning(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ratio: torch.Tensor, state: torch.Tensor
+) -> torch.Tensor:
+    """MiniMax's lightning attention over ``T`` positions, bitwise as ``T`` calls of one.
+
+    q, k (B, H, T, d), v (B, H, T, dv): float32; ratio (H,) float32 (``exp(-slope)`` per
+    head); state (B, H, d, dv) float32 contiguous, updated in place. Returns (B, H, T, dv)
+    float32."""
+    b, h, t, d = k.shape
+    dv = v.shape[-1]
+    out = torch.empty((b, h, t, dv), dtype=torch.float32)
+    rows = b * h
+    arrays = [_f32(x).numpy().reshape(rows, t, -1) for x in (q, k, v)]
+    rr = _f32(ratio.reshape(1, h).expand(b, h)).numpy().reshape(rows)
+    s, o = state.numpy().reshape(rows, d, dv), out.numpy().reshape(rows, t, dv)
+    kernel = jit().lightning_rows
+    _note("lightning attention")
+    split_rows(lambda lo, hi: kernel(*arrays, rr, s, o, lo, hi), rows, rows * t * d * dv)
+    return out
+
+
+def _call_arguments(args: tuple, kwargs: dict) -> tuple[torch.Tensor, Any, Any]:
+    """``(hidden_states, attention_mask, cache)`` of a lightning attention call, passed by
+    position or keyword (``past_key_values``: the deprecated name of ``cache``)."""
+    names = ("hidden_states", "position_embeddings", "attention_mask", "cache")
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    cache = bound.get("cache", bound.get("past_key_values"))
+    return bound.get("hidden_states"), bound.get("attention_mask"), cache
+
+
+def lightning_forward(original: Callable, home: Any) -> Callable:
+    """``MiniMaxLightningAttention.forward`` (transformers 5.24) with its recurrent update by
+    :func:`lightning`: the projections, the padding mask, the norm, the output gate and
+    the out-projection as the modeling code runs them (through the mode's kernels), the
+    state read from the cache (a zero one without: the mode's pre-hook seeds it) and a
+    new state written back (the cache's tensor is never written). Float32 CPU calls only;
+    the others (half precision, whose state the modeling code rounds at every position;
+    CUDA; no numba) run ``original``: the position-by-position update as ops."""
+
+    @functools.wraps(original)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        hidden, mask, cache = _call_arguments(args, kwargs)
+        if not (isinstance(hidden, torch.Tensor) and hidden.dtype == torch.float32 and fused(hidden)):
+            return original(self, *args, **kwargs)
+        batch, length, _ = hidden.shape
+        heads, d = self.num_attention_heads, self.head_dim
+        qkv = home.apply_mask_to_padding_states(self.act_fn(self.qkv_proj(hidden)), mask)
+        q, k, v = torch.split(qkv.reshape(batch, length, heads, 3 * d), d, dim=3)
+        initial = cache.get_linear_cache(self.layer_idx) if cache is not None else None
+        state = _start(initial, (batch, heads, d, d))
+        ratio = torch.exp(-self.slope_rate)  # (H, 1, 1), as the modeling code computes it
+        out = lightning(*(x.transpose(1, 2) for x in (q, k, v)), ratio.reshape(heads), state)
+        out = self.norm(out.transpose(1, 2).reshape(batch, length, heads * d))
+        out = self.out_proj(F.sigmoid(self.output_gate(hidden)) * out)
+        if cache is not None:
+            cache.set_linear_cache(self.layer_idx, state)
+        return out, state
+
+    return forward

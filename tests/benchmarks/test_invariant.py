@@ -68,6 +68,19 @@ _SMALL = {
             chunk_size=8,
         ),
     ),
+    "minimax": (
+        "MINIMAX",
+        dict(
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            block_size=4,
+            layer_types=["linear_attention", "full_attention"],
+        ),
+    ),
 }
 
 

@@ -95,6 +95,19 @@ def _mamba(
     )
 
 
+def _lightning(seed: int, b: int = 2, h: int = 3, t: int = 6, d: int = 8, dv: int = 8, scale: float = 1.0) -> dict:
+    """MiniMax lightning attention's inputs: q, k, v after the projection's activation, a
+    decay ``exp(-slope)`` per head."""
+    g = torch.Generator().manual_seed(seed)
+    return dict(
+        q=torch.randn(b, h, t, d, generator=g),
+        k=torch.randn(b, h, t, d, generator=g),
+        v=torch.randn(b, h, t, dv, generator=g) * scale,
+        ratio=torch.rand(h, generator=g) * 0.5 + 0.5,
+        state=torch.randn(b, h, d, dv, generator=g) * scale,
+    )
+
+
 def _run(fn, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
     state = inputs["state"].clone()
     args = {k: v for k, v in inputs.items() if k != "state"}
@@ -225,6 +238,7 @@ def _slice(inputs: dict, sl: slice, state: torch.Tensor, time_dim: dict) -> dict
 
 
 GDN_TIME = dict(q=2, k=2, v=2, g=2, beta=2)
+LIGHTNING_TIME = dict(q=2, k=2, v=2)
 SSD_TIME = dict(x=2, dt=2, bm=2, cm=2)
 MAMBA_TIME = dict(x=2, dt=2, bm=1, cm=1)
 
@@ -235,8 +249,9 @@ MAMBA_TIME = dict(x=2, dt=2, bm=1, cm=1)
         ("gated delta", _gdn, scans.gated_delta, GDN_TIME, 2),
         ("mamba2", _ssd, scans.ssd, SSD_TIME, 2),
         ("mamba", _mamba, scans.selective, MAMBA_TIME, 2),
+        ("lightning", _lightning, scans.lightning, LIGHTNING_TIME, 2),
     ],
-    ids=["gated-delta", "mamba2", "mamba"],
+    ids=["gated-delta", "mamba2", "mamba", "lightning"],
 )
 @pytest.mark.parametrize("cuts", [(1, 2, 3, 4, 5), (4,), (2, 5)], ids=["one-by-one", "4+2", "2+3+1"])
 def test_a_call_of_T_positions_is_any_split_into_calls(name, make, fn, time_dim, out_dim, cuts):
@@ -252,8 +267,8 @@ def test_a_call_of_T_positions_is_any_split_into_calls(name, make, fn, time_dim,
 
 @pytest.mark.parametrize(
     "make, fn",
-    [(_gdn, scans.gated_delta), (_ssd, scans.ssd), (_mamba, scans.selective)],
-    ids=["gated-delta", "mamba2", "mamba"],
+    [(_gdn, scans.gated_delta), (_ssd, scans.ssd), (_mamba, scans.selective), (_lightning, scans.lightning)],
+    ids=["gated-delta", "mamba2", "mamba", "lightning"],
 )
 def test_a_row_alone_equals_it_among_others_on_1_and_2_threads(make, fn):
     """Rows of batch x heads split over threads; enough work for the split to happen."""
@@ -283,6 +298,9 @@ def _args(kernel_name: str) -> tuple:
             0,
             1,
         )
+    if kernel_name == "lightning_rows":
+        z = f((1, 2, 4), np.float32)
+        return (z, z.copy(), z.copy(), f(1, np.float32), f((1, 4, 4), np.float32), z.copy(), 0, 1)
     if kernel_name == "selective_rows":
         return (
             f((1, 1, 2), np.float32),
@@ -310,7 +328,7 @@ def _args(kernel_name: str) -> tuple:
     )
 
 
-@pytest.mark.parametrize("kernel_name", ["gated_delta_rows", "ssd_rows", "selective_rows"])
+@pytest.mark.parametrize("kernel_name", ["gated_delta_rows", "ssd_rows", "selective_rows", "lightning_rows"])
 def test_the_kernels_compile_to_no_fused_multiply_add(kernel_name):
     kernel = getattr(scans.jit(), kernel_name)
     assert not FMA.search(fresh_asm(kernel, _args(kernel_name), fastmath=False))
@@ -425,3 +443,60 @@ def test_a_decode_argument_that_is_not_one_value_per_head_is_refused_by_name():
             False,
             (0.0, float("inf")),
         )
+
+
+def _lightning_oracle(inputs: dict) -> tuple[np.ndarray, np.ndarray]:
+    q, k, v, ratio, s = (inputs[n].numpy() for n in ("q", "k", "v", "ratio", "state"))
+    outs, states = np.empty((*q.shape[:3], v.shape[3]), np.float32), np.empty_like(s)
+    for b in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            outs[b, h], states[b, h] = oracle.lightning(q[b, h], k[b, h], v[b, h], ratio[h], s[b, h])
+    return outs, states
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(
+    st.integers(0, 2**16),
+    st.integers(1, 2),
+    st.integers(1, 3),
+    st.integers(1, 9),
+    st.sampled_from([1, 4, 16]),
+    st.sampled_from([1, 8]),
+    st.sampled_from([1e-30, 1.0, 1e30]),
+)
+def test_lightning_is_the_oracle_bit_for_bit(seed, b, h, t, d, dv, scale):
+    """MiniMax's lightning attention in one kernel against the numpy specification:
+    ``S = ratio * S + k v^T`` (float32, the modeling code's order), ``o = q S`` (float64 of
+    exact products, rounded once); tiny and huge magnitudes (overflow to inf included)."""
+    inputs = _lightning(seed, b=b, h=h, t=t, d=d, dv=dv, scale=scale)
+    out, state = _run(scans.lightning, inputs)
+    want, want_state = _lightning_oracle(inputs)
+    assert _same(out, want) and _same(state, want_state)
+
+
+def test_lightning_attention_under_the_mode_is_one_kernel_near_transformers_recurrence():
+    """MiniMax under the mode runs its recurrent update by the fused kernel (a prefill of
+    many positions in one call, the same as its decode steps), within float32 rounding of
+    transformers' own position-by-position recurrence (the ops, no mode); the class's
+    forward is transformers' again after the mode. Negative control: the replaced forward
+    is what ran (its plan is recorded)."""
+    from transformers.models.minimax import modeling_minimax as home
+
+    from detsample.invariant import batch_invariant, state
+    from tests.invariant.architectures import BY_NAME, build
+
+    model = build(BY_NAME["minimax"])
+    original = vars(home.MiniMaxLightningAttention)["forward"]
+    ids = torch.randint(0, 512, (1, 21), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        cache = home.MiniMaxCache()
+        seed = [m for m in model.modules() if type(m).__name__ == "MiniMaxLightningAttention"]
+        for m in seed:  # transformers' recurrent branch, from a zero state (no mode)
+            cache.set_linear_cache(m.layer_idx, torch.zeros(1, m.num_attention_heads, m.head_dim, m.head_dim))
+        ref = model(ids, past_key_values=cache).logits
+        with state.plans().recording() as used, batch_invariant():
+            got = model(ids).logits
+            assert vars(home.MiniMaxLightningAttention)["forward"] is not original  # (at the first forward)
+    assert ("scan", "lightning attention") in used
+    assert vars(home.MiniMaxLightningAttention)["forward"] is original
+    assert (got - ref).abs().max() < 1e-4
