@@ -18,15 +18,17 @@ in float32:
   decode, trailing blocks of a longer neighbour) adds exact zeros and rescales by
   ``exp(0) == 1``;
 * ``p @ [V | 1 | 0]`` (KEY_BLOCK terms) gives the weighted values and the softmax
-  denominator in one product (zero columns to a whole number of 64-byte lines); the rows
-  of queries that have seen all their keys before a block skip it (they would only add
-  exact zeros).
+  denominator in one product (for the verified products, zero columns to a whole number of
+  64-byte lines: :func:`value_width`); the rows of queries that have seen all their keys
+  before a block skip it (they would only add exact zeros).
 
 When every query of the call needs every block (a decode step; a chunk whose queries all
 see the last block) the blocks are not walked one by one: each block is one more matrix
 of a single batched product for the scores and one for ``p @ [V | 1 | 0]`` (a matrix's
-bits do not depend on the batch around it: the verified plans check that, the portable
-product is exact), the exps are one call, and only the running maximum and the
+bits do not depend on the batch around it: the verified plans check batches of 1, 2, 3, 8
+and up to threads + 1 matrices, larger ones taken to behave alike as the loop's own
+batches of rows x KV heads always were; the portable product is exact), the exps are one
+call, and only the running maximum and the
 accumulator's rescale-and-add go block by block, in the loop's order. Same bits as the
 loop (tests/invariant/test_attention.py); a decode step of the 135M-parameter benchmark
 model spends 2.2 ms per layer here instead of 3.8 ms (docs/performance.md).
@@ -343,7 +345,7 @@ def _by_block(t: torch.Tensor, fill: float | bool) -> torch.Tensor:
 def _every_block(sc: _Scoring, q: torch.Tensor, kv: tuple, masks: tuple, state: tuple):
     """The block loop of :func:`attend` when every query row needs every block: each
     product once over all blocks (a block is one more matrix of a batched product, whose
-    bits do not depend on the batch: the verified plans check it), the exps once, and only
+    bits do not depend on the batch: see the module docstring), the exps once, and only
     the running max and the accumulator's rescale-and-add block by block, in the loop's
     order: the same bits as the loop (tests/invariant/test_attention.py)."""
     kb, vb = kv
