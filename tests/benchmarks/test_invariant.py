@@ -160,3 +160,16 @@ def test_the_breakdown_profiles_the_workload_it_names(workload, capsys):
     assert head.endswith("one prefill of 7" if workload == "prefill" else "one decode step of 3 x cache 256")
     with pytest.raises(ValueError, match="workload must be one of"):
         bench.breakdown("hf-tiny-llama", "verified", workload="train")
+
+
+@pytest.mark.parametrize("workload", ["prefill", "decode"])
+def test_the_breakdown_runs_the_own_cache_hybrids(monkeypatch, workload):
+    """Bug pinned: --breakdown of a hybrid run through transformers' own cache (LFM2,
+    Nemotron-H, MiniMax) asked the adapter's model loader for it and died with a
+    traceback (unknown model 'ssm')."""
+    from detsample.benchmarks import invariant as bench
+
+    attr, small = _SMALL["ssm"]
+    monkeypatch.setattr(bench, attr, dict(getattr(bench, attr), **small))
+    rows = bench.breakdown("ssm", "verified", workload=workload, prefill_len=6, decode_batch=2, cache_len=5, threads=1)
+    assert rows and any(op == "aten::mm" for op, _, _ in rows)
