@@ -500,3 +500,26 @@ def test_lightning_attention_under_the_mode_is_one_kernel_near_transformers_recu
     assert ("scan", "lightning attention") in used
     assert vars(home.MiniMaxLightningAttention)["forward"] is original
     assert (got - ref).abs().max() < 1e-4
+
+
+def test_half_precision_lightning_attention_runs_transformers_forward_under_the_mode():
+    """A bfloat16 MiniMax (whose state the modeling code rounds to bfloat16 at every
+    position, which the float32 kernel would not) takes transformers' forward, the
+    update as ops: no fused scan recorded, the same bits as the forward with the fused
+    cover switched off."""
+    import importlib
+
+    from detsample.invariant import batch_invariant, state
+    from tests.invariant.architectures import BY_NAME, build
+
+    mixers = importlib.import_module("detsample.invariant.mixers")
+    model = build(BY_NAME["minimax"]).to(torch.bfloat16)
+    ids = torch.randint(0, 512, (1, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        with state.plans().recording() as used, batch_invariant():
+            got = model(ids).logits
+        with pytest.MonkeyPatch.context() as mp, batch_invariant():
+            mp.setattr(mixers.FusedSeededCover, "matches", lambda self, m: False)
+            ops = model(ids).logits
+    assert ("scan", "lightning attention") not in used
+    assert torch.equal(got.view(torch.int16), ops.view(torch.int16))
