@@ -292,11 +292,7 @@ def measure(
 ) -> list[Timing]:
     """Prefill and decode timings of model ``name`` on each side."""
     models = {side: build(name, side, seed) for side in sides}
-    g = torch.Generator().manual_seed(seed)
-    vocab = models[sides[0]].vocab_size
-    prompt = torch.randint(0, vocab, (prefill_len,), generator=g).tolist()
-    rows = [torch.randint(0, vocab, (cache_len,), generator=g).tolist() for _ in range(decode_batch)]
-    step = [[int(t)] for t in torch.randint(0, vocab, (decode_batch,), generator=g)]
+    prompt, rows, step = _adapter_ids(models[sides[0]].vocab_size, (prefill_len, decode_batch, cache_len), seed)
     out = []
     with torch_threads(threads):
         caches = {}
@@ -317,6 +313,31 @@ def measure(
         )
         out.append(Timing(name, f"decode {decode_batch} x cache {cache_len}", *best))
     return out
+
+
+def _adapter_ids(vocab: int, sizes: tuple[int, int, int], seed: int) -> tuple[list, list, list]:
+    """The token ids of :func:`measure`'s workloads through the adapter, ``sizes`` =
+    ``(prefill_len, decode_batch, cache_len)``: a prompt, the decode rows' cached tokens,
+    their next tokens (one list each, as ``HFCausalLM.forward`` takes them)."""
+    prefill_len, decode_batch, cache_len = sizes
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, vocab, (prefill_len,), generator=g).tolist()
+    rows = [torch.randint(0, vocab, (cache_len,), generator=g).tolist() for _ in range(decode_batch)]
+    step = [[int(t)] for t in torch.randint(0, vocab, (decode_batch,), generator=g)]
+    return prompt, rows, step
+
+
+def _own_cache_ids(name: str, sizes: tuple[int, int, int], seed: int) -> tuple[torch.Tensor, ...]:
+    """:func:`_adapter_ids` for the :data:`OWN_CACHE` hybrids, as transformers takes them:
+    a (1, prefill_len) prompt, (decode_batch, cache_len) rows, (decode_batch, 1) next
+    tokens (ids from 3: past the special tokens)."""
+    prefill_len, decode_batch, cache_len = sizes
+    g = torch.Generator().manual_seed(seed)
+    vocab = _config(name)["vocab_size"]
+    prompt = torch.randint(3, vocab, (1, prefill_len), generator=g)
+    rows = torch.randint(3, vocab, (decode_batch, cache_len), generator=g)
+    step = torch.randint(3, vocab, (decode_batch, 1), generator=g)
+    return prompt, rows, step
 
 
 def _hybrid_side(side: str, seed: int, name: str = "hybrid") -> Callable[..., Any]:
@@ -375,11 +396,7 @@ def measure_hybrid(
     import copy
 
     calls = {side: _hybrid_side(side, seed, name) for side in sides}
-    g = torch.Generator().manual_seed(seed)
-    vocab = _config(name)["vocab_size"]
-    prompt = torch.randint(3, vocab, (1, prefill_len), generator=g)
-    rows = torch.randint(3, vocab, (decode_batch, cache_len), generator=g)
-    step = torch.randint(3, vocab, (decode_batch, 1), generator=g)
+    prompt, rows, step = _own_cache_ids(name, (prefill_len, decode_batch, cache_len), seed)
     with torch_threads(threads):
         caches = {}
         for side, call in calls.items():
@@ -454,14 +471,11 @@ def breakdown(
                 run()
         return _top_ops(prof, top)
     m = build(name, side)
-    g = torch.Generator().manual_seed(0)
+    prompt, rows, step = _adapter_ids(m.vocab_size, (prefill_len, decode_batch, cache_len), 0)
     with torch_threads(threads):
         if workload == "prefill":
-            prompt = torch.randint(0, m.vocab_size, (prefill_len,), generator=g).tolist()
             run = lambda: m.forward([m.new_cache()], [prompt])  # noqa: E731
         else:
-            rows = [torch.randint(0, m.vocab_size, (cache_len,), generator=g).tolist() for _ in range(decode_batch)]
-            step = [[int(t)] for t in torch.randint(0, m.vocab_size, (decode_batch,), generator=g)]
             caches = [m.new_cache() for _ in rows]
             m.forward(caches, rows)
             run = lambda: m.forward([_clone(c) for c in caches], step)  # noqa: E731
@@ -481,18 +495,13 @@ def _own_cache_run(name: str, side: str, workload: str, sizes: tuple[int, int, i
     """:func:`breakdown`'s forward of an :data:`OWN_CACHE` hybrid (transformers' own
     cache, as :func:`measure_hybrid` runs it), to be called twice (a warm-up, then the
     profiled call): a prefill, or a decode step from a fresh copy of the prefilled cache
-    (copied before, not inside, each call)."""
+    (copied before, not inside, each call); :func:`measure_hybrid`'s inputs."""
     import copy
 
-    prefill_len, decode_batch, cache_len = sizes
     call = _hybrid_side(side, 0, name)
-    g = torch.Generator().manual_seed(0)
-    vocab = _config(name)["vocab_size"]
+    prompt, rows, step = _own_cache_ids(name, sizes, 0)
     if workload == "prefill":
-        prompt = torch.randint(3, vocab, (1, prefill_len), generator=g)
         return lambda: call(prompt)
-    rows = torch.randint(3, vocab, (decode_batch, cache_len), generator=g)
-    step = torch.randint(3, vocab, (decode_batch, 1), generator=g)
     cache = call(rows, use_cache=True).past_key_values
     copies = [copy.deepcopy(cache) for _ in range(2)]
     return lambda: call(step, past_key_values=copies.pop(), use_cache=True)

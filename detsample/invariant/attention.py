@@ -261,7 +261,7 @@ def attend(
     add = None
     if b_c is not None:
         add = b_c[:, None, :, None].expand(B, Hkv, T, G, lc).reshape(B * Hkv, rows, lc)
-    firsts = [0] * -(-lc // KEY_BLOCK) if T == 1 else _first_rows(a_c, lc, G)  # one query: it needs every block
+    firsts = _first_rows(a_c, lc, G)
     width = value_width(Dv, portable)
     kb, vb = _key_blocks(k_c, v_c, None if bool(valid.all()) else valid, width)
     m, acc = _start(extras.sinks, (B, Hkv, T, G, Dv), dev, width)
@@ -454,6 +454,8 @@ def _first_rows(a_c: torch.Tensor, lc: int, G: int) -> list[int]:
     first position some row attends a key at or past i * KEY_BLOCK (earlier rows attend
     only earlier keys: the block would add exact zeros); seen[t] = 1 + the last key any
     row's query t attends (windows attend fewer than that)."""
+    if a_c.shape[1] == 1:  # one query per row (a decode step): every block, with no reduction
+        return [0] * -(-lc // KEY_BLOCK)  # (a block it does not reach adds exact zeros)
     dev = a_c.device
     last = torch.where(a_c, torch.arange(1, lc + 1, device=dev), 0).amax(dim=2)  # (B, T)
     seen = last.amax(dim=0).cummax(dim=0).values  # (T,) non-decreasing
