@@ -42,11 +42,14 @@ of ``A``), whose error on a row with a 3000x channel was 1800x that of float32 B
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from detsample.arith.cpu import split_rows
 
 aten = torch.ops.aten
 
@@ -76,10 +79,33 @@ class Operand:
     dim: int
 
 
+def inflation(terms: int) -> float:
+    """``1 + (terms + 4) * 2**-52``: a computed float64 sum of ``terms`` non-negative
+    terms (any order) times this is an upper bound of the exact sum."""
+    return 1.0 + (terms + 4) * _ULP
+
+
 def inflate(x: torch.Tensor, terms: int) -> torch.Tensor:
-    """``x`` (float64, a computed sum of ``terms`` non-negative terms, any order) times
-    ``1 + (terms + 4) * 2**-52``: an upper bound of the exact sum."""
-    return x.mul_(1.0 + (terms + 4) * _ULP)
+    """``x`` (float64, a computed sum of ``terms`` non-negative terms, any order), in
+    place, times :func:`inflation`: an upper bound of the exact sum."""
+    return x.mul_(inflation(terms))
+
+
+@functools.cache
+def _kernels():
+    """The numba kernels (:mod:`detsample.invariant.exact_jit`), or None without numba."""
+    try:
+        from detsample.invariant import exact_jit
+    except ImportError:
+        return None
+    return exact_jit
+
+
+def _jit_for(*tensors: torch.Tensor):
+    """The numba kernels where they can run on ``tensors`` (CPU), else None: the torch
+    stages then decide (the same bits: both compute the definition)."""
+    k = _kernels()
+    return k if k is not None and all(t.device.type == "cpu" for t in tensors) else None
 
 
 def prepare(x: torch.Tensor, dim: int) -> Operand:
@@ -87,6 +113,9 @@ def prepare(x: torch.Tensor, dim: int) -> Operand:
     along ``dim`` (-1: rows of A; -2: columns of B). Exact: float64 holds every value.
     The block norms bound ``sum_k |a_k b_k|`` by ``sum_blocks ||a_blk|| ||b_blk||``
     (Cauchy-Schwarz per block): a massive channel loosens its own block only."""
+    jit = _jit_for(x)
+    if jit is not None and x.dtype == torch.float32 and dim in (-1, x.dim() - 1) and x.shape[-1] > 0:
+        return _prepare_rows(jit, x)
     xd = x.to(torch.float64)
     bad = None
     if not bool(torch.isfinite(x).all()):
@@ -101,6 +130,27 @@ def prepare(x: torch.Tensor, dim: int) -> Operand:
     blocks = inflate(sq.reshape(sq.shape[:-1] + (nblk, BLOCK)).sum(dim=-1), BLOCK)
     blocks = blocks.sqrt_().mul_(1.0 + 4 * _ULP).movedim(-1, dim).contiguous()
     return Operand(xd, blocks, bad, dim)
+
+
+def _prepare_rows(jit, x: torch.Tensor) -> Operand:
+    """:func:`prepare` of a float32 CPU ``x`` along its rows, in one numba pass (the
+    torch form's finiteness check, conversion, squares and block sums are ~8 passes)."""
+    rows = _rows2d(x.detach())
+    k = rows.shape[1]
+    nblk = -(-k // BLOCK)
+    values = np.empty(rows.shape, np.float64)
+    blocks = np.empty((rows.shape[0], nblk), np.float64)
+    bad = np.empty(rows.shape[0], np.bool_)
+    pre, post = inflation(BLOCK), 1.0 + 4 * _ULP
+    counts = []
+
+    def run(s: int, e: int) -> None:
+        counts.append(jit.prepare_rows(rows, BLOCK, pre, post, values, blocks, bad, s, e))
+
+    split_rows(run, rows.shape[0], rows.size)
+    lead = tuple(x.shape[:-1])
+    flags = torch.from_numpy(bad).view(lead + (1,)) if sum(counts) else None
+    return Operand(torch.from_numpy(values).view(x.shape), torch.from_numpy(blocks).view(lead + (nblk,)), flags, -1)
 
 
 def prepare_b(b: torch.Tensor) -> Operand:
@@ -143,6 +193,12 @@ def magnitude(fa: Operand, fb: Operand) -> torch.Tensor:
     return inflate(dot64(fa.blocks, fb.blocks), fa.blocks.shape[-1])
 
 
+def _rows2d(x: torch.Tensor) -> np.ndarray:
+    """A contiguous ``(rows, n)`` numpy view of ``x (..., n)``."""
+    a = x.contiguous().numpy()
+    return a if a.ndim == 2 else a.reshape(-1, x.shape[-1])
+
+
 def _rounded(d: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(c, unsettled)``: for ``S`` within ``e`` of ``d`` (float64, both consumed),
     ``c = RN32(S)`` where ``RN32(d - e)`` and ``RN32(d + e)`` have the same bits (rounding
@@ -155,12 +211,22 @@ def _rounded(d: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return lo, lo.view(torch.int32) != hi.view(torch.int32)
 
 
-def first_pass(d: torch.Tensor, mag: torch.Tensor, adds: int) -> tuple[torch.Tensor, torch.Tensor]:
+def first_pass(d: torch.Tensor, mag: torch.Tensor, adds: int, pre: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 1: ``(c, unsettled)`` from ``d`` (a float64 sum of the products in which no
     product goes through more than ``adds`` additions, :func:`depth`; consumed) and
-    ``mag`` (:func:`magnitude`; consumed)."""
+    ``mag`` (:func:`magnitude`, or its product before the factor ``pre`` -- an
+    :func:`inflation` -- is applied; consumed). One numba pass where it can run (the
+    torch form's seven passes over ``(M, N)`` float64 cost ~12% of a prefill's product)."""
     # |d| <= mag (1 + gamma): three more float64 ulps of mag cover rounding d -+ e
-    return _rounded(d, mag.mul_(gamma(adds + 3)))
+    g = gamma(adds + 3)
+    jit = _jit_for(d)
+    if jit is None:
+        return _rounded(d, (mag if pre == 1.0 else mag.mul_(pre)).mul_(g))
+    dd, mm = _rows2d(d), _rows2d(mag)
+    lo = np.empty(dd.shape, np.float32)
+    flags = np.empty(dd.shape, np.bool_)
+    split_rows(lambda s, e: jit.first_pass_rows(dd, mm, pre, g, lo, flags, s, e), dd.shape[0], dd.size)
+    return torch.from_numpy(lo).view(d.shape), torch.from_numpy(flags).view(d.shape)
 
 
 def _two_sum_tree(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -208,7 +274,16 @@ def exact_f32(p: list[float]) -> float:
 
 def settle(p: torch.Tensor) -> torch.Tensor:
     """``RN32`` of each row sum of the exact products ``p (F, K)`` (float64): stages 2
-    and 3. Returns ``(F,)`` float32."""
+    and 3. Returns ``(F,)`` float32. By numba where it can run (stage 2 as TwoSum in
+    order, :func:`~detsample.invariant.exact_jit.settle_rows`: ~10 us where the torch
+    tree takes ~50 operator calls), else by the torch stages; the same bits."""
+    jit = _jit_for(p)
+    if jit is not None:
+        rows = _rows2d(p)
+        out = np.empty(rows.shape[0], np.float32)
+        g, two_ulp = gamma(rows.shape[1]), 2 * _ULP
+        split_rows(lambda s, e: jit.settle_rows(rows, g, two_ulp, out, s, e), rows.shape[0], rows.size)
+        return torch.from_numpy(out)
     c, left = _second_pass(p)
     for i in torch.nonzero(left).flatten().tolist():
         c[i] = exact_f32(p[i].tolist())
@@ -242,6 +317,26 @@ def pair_products(a: torch.Tensor, b: torch.Tensor):
     return products
 
 
+def _settle_pairs(c: torch.Tensor, unsettled: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``c`` with its ``unsettled`` elements settled, for ``c = a @ b`` (``a (..., M,
+    K)``, ``b (..., K, N)`` float64, exact values): :func:`settle_at` with
+    :func:`pair_products`, or one numba kernel that forms each element's products itself
+    (no gather of rows and columns; the same bits)."""
+    jit = _jit_for(c, a, b)
+    if jit is None:
+        return settle_at(c, unsettled, pair_products(a, b), a.shape[-1])
+    index = np.flatnonzero(unsettled.numpy())
+    if index.size == 0:
+        return c
+    k = a.shape[-1]
+    a3 = a.detach().numpy().reshape((-1,) + tuple(a.shape[-2:]))
+    b3 = b.detach().numpy().reshape((-1,) + tuple(b.shape[-2:]))
+    flat = c.numpy().reshape(-1)  # c: stage 1's fresh contiguous result
+    g, two_ulp = gamma(k), 2 * _ULP
+    split_rows(lambda s, e: jit.settle_pairs(a3, b3, index, g, two_ulp, flat, s, e), index.size, index.size * k)
+    return c
+
+
 def nan_where(c: torch.Tensor, bad: torch.Tensor | None) -> torch.Tensor:
     """``c`` with NaN where ``bad`` (a broadcastable mask, or None: ``c`` as is)."""
     return c if bad is None else c.masked_fill_(bad, float("nan"))
@@ -257,8 +352,9 @@ def _rounded_product(fa: Operand, fb: Operand) -> torch.Tensor:
     """``RN32`` of every exact dot product of ``fa``'s rows and ``fb``'s columns (the
     three stages; non-finite entries already zero): float32 ``(..., M, N)``."""
     k = fa.values.shape[-1]
-    c, unsettled = first_pass(dot64(fa.values, fb.values), magnitude(fa, fb), depth(k))
-    return settle_at(c, unsettled, pair_products(fa.values, fb.values), k)
+    mag = dot64(fa.blocks, fb.blocks)  # times inflation(...): magnitude(fa, fb)
+    c, unsettled = first_pass(dot64(fa.values, fb.values), mag, depth(k), inflation(fa.blocks.shape[-1]))
+    return _settle_pairs(c, unsettled, fa.values, fb.values)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, fb: Operand | None = None) -> torch.Tensor:

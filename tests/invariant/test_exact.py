@@ -17,7 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detsample.invariant import exact as ex
+from detsample.invariant import exact_jit
+from detsample.probe.threads import torch_threads
 from oracles import invariant as oracle
+from tests.arith.fma import FMA, cpu_has_fma, fresh_asm
 
 
 def _rand(shape, seed: int, family: str) -> torch.Tensor:
@@ -109,12 +112,15 @@ def test_a_bound_of_zero_would_round_twice(monkeypatch):
 
 @pytest.mark.parametrize("family", ["normal", "massive", "cancel", "ties"])
 def test_every_stage_gives_the_same_bits(family, monkeypatch):
-    """Stage 1 settles most elements, stage 2 (TwoSum tree) the rest, stage 3 (fsum)
-    what stage 2 cannot: forcing every element through stage 2, then through stage 3,
-    changes no bit."""
+    """Stage 1 settles most elements, stage 2 (TwoSum) the rest, stage 3 (fsum) what
+    stage 2 cannot, in numba kernels or in torch stages: forcing every element past the
+    numba stages 1 and 2 (into the numba fsum), then through the torch stage 2 (a TwoSum
+    tree), then through the torch stage 3, changes no bit."""
     a, b = _rand((6, 700), 21, family), _rand((700, 7), 22, "normal")
     want = ex.matmul(a, b)
-    monkeypatch.setattr(ex, "gamma", lambda k: 1e300)  # nothing settles in stage 1
+    monkeypatch.setattr(ex, "gamma", lambda k: 1e300)  # no error bound settles anything
+    assert torch.equal(ex.matmul(a, b).view(torch.int32), want.view(torch.int32))
+    monkeypatch.setattr(ex, "_jit_for", lambda *tensors: None)  # the torch stages
     assert torch.equal(ex.matmul(a, b).view(torch.int32), want.view(torch.int32))
     real = ex._second_pass
     monkeypatch.setattr(ex, "_second_pass", lambda p: (real(p)[0], torch.ones(p.shape[0], dtype=torch.bool)))
@@ -179,3 +185,101 @@ def test_reduced_precision_inputs_are_exact_in_float32_and_round_once():
     a, b = _rand((3, 70), 16, "normal").bfloat16(), _rand((70, 4), 17, "normal").bfloat16()
     assert torch.equal(ex.matmul(a, b), ex.matmul(a.float(), b.float()).bfloat16())
     assert ex.matmul(a, b).dtype == torch.bfloat16
+
+
+def _holes(x: torch.Tensor, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    where = torch.rand(x.shape, generator=g) < 0.01
+    return x.masked_fill(where, float("nan")).masked_fill(where.roll(1, -1) & ~where, float("-inf"))
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    nb=st.integers(0, 3),
+    m=st.integers(1, 40),
+    k=st.integers(1, 700),
+    n=st.integers(1, 40),
+    fa=st.sampled_from(FAMILIES),
+    fb=st.sampled_from(FAMILIES),
+    seed=st.integers(0, 2**16),
+    holes=st.booleans(),
+    transposed=st.booleans(),
+)
+def test_the_numba_stages_give_the_torch_stages_bits(nb, m, k, n, fa, fb, seed, holes, transposed):
+    """The numba kernels (stage 1 in one pass, stages 2 and 3 per element, the A
+    operand's preparation) against the torch stages they replace, on batched and 2-D
+    operands, non-contiguous ones, with non-finite entries: the same bits, and the same
+    for the attention's weighted sum."""
+    lead = (nb,) if nb else ()
+    a, b = _rand(lead + (m, k), seed, fa), _rand(lead + (k, n), seed + 1, fb)
+    if holes:
+        a, b = _holes(a, seed), _holes(b, seed + 1)
+    if transposed:  # a non-contiguous A: the transpose of a (.., K, M) tensor
+        a = a.transpose(-1, -2).contiguous().transpose(-1, -2)
+    p = _rand(lead + (m, k), seed + 2, fa).abs()
+    got = (ex.matmul(a, b), ex.weighted_sum(p, b))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ex, "_jit_for", lambda *tensors: None)
+        want = (ex.matmul(a, b), ex.weighted_sum(p, b))
+    for x, y in zip(got, want):
+        assert torch.equal(x.view(torch.int32), y.view(torch.int32))
+
+
+def test_a_split_over_threads_changes_no_bit(monkeypatch):
+    """Large enough that every kernel splits its rows or elements over two threads (and
+    every element is forced into stages 2 and 3): the bits of one thread."""
+    a, b = _rand((160, 520), 31, "massive"), _rand((520, 160), 32, "cancel")
+    monkeypatch.setattr(ex, "gamma", lambda k: 1e300)
+    with torch_threads(1):
+        one = ex.matmul(a, b)
+    with torch_threads(2):
+        two = ex.matmul(a, b)
+    assert torch.equal(one.view(torch.int32), two.view(torch.int32))
+    assert _bits_equal(two[:3, :3].contiguous(), oracle.matmul(a[:3].numpy(), b[:, :3].numpy()))
+
+
+KERNELS = {
+    "first_pass_rows": lambda: (
+        np.ones((2, 4)),
+        np.ones((2, 4)),
+        1.0,
+        1e-15,
+        np.empty((2, 4), np.float32),
+        np.empty((2, 4), np.bool_),
+        0,
+        2,
+    ),
+    "prepare_rows": lambda: (
+        np.ones((2, 64), np.float32),
+        32,
+        1.0,
+        1.0,
+        np.empty((2, 64)),
+        np.empty((2, 2)),
+        np.empty(2, np.bool_),
+        0,
+        2,
+    ),
+    "settle_rows": lambda: (np.ones((2, 8)), 1e-15, 1e-16, np.empty(2, np.float32), 0, 2),
+    "settle_pairs": lambda: (
+        np.ones((1, 2, 8)),
+        np.ones((1, 8, 2)),
+        np.arange(4),
+        1e-15,
+        1e-16,
+        np.empty(4, np.float32),
+        0,
+        4,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_the_kernels_have_no_fused_multiply_add(name):
+    """TwoSum is error free and the bounds hold only for the operations as written: a
+    compiler contracting ``a * b + c`` into an FMA would break them silently. Positive
+    control where the kernel's own body has a multiply feeding one add (its sum of squares)."""
+    kernel = getattr(exact_jit, name)
+    assert not FMA.search(fresh_asm(kernel, KERNELS[name](), fastmath=False))
+    if cpu_has_fma() and name == "prepare_rows":
+        assert FMA.search(fresh_asm(kernel, KERNELS[name](), fastmath=True))
