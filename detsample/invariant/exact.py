@@ -38,6 +38,13 @@ How it is computed, in three stages, each exact in what it decides:
 Cost: the float64 GEMM (about twice a float32 one) and a few passes over the output;
 stages 2 and 3 touch few elements. This replaces a fixed-point product (21 bits per row
 of ``A``), whose error on a row with a 3000x channel was 1800x that of float32 BLAS.
+
+Where numba runs (CPU tensors), the operands' preparation, stage 1 and stages 2-3 are
+numba kernels (:mod:`detsample.invariant.exact_jit`: one pass each, stage 2 as TwoSum in
+order; no operator call per element or per tree level): the torch stages below are the
+form where it does not, and the two give the same bits -- each decides only what the
+definition decides (tests/invariant/test_exact.py holds them to each other). A decode
+step's product of 8 rows went from ~2.0 to ~0.7 ms with them.
 """
 
 from __future__ import annotations
@@ -114,8 +121,15 @@ def prepare(x: torch.Tensor, dim: int) -> Operand:
     The block norms bound ``sum_k |a_k b_k|`` by ``sum_blocks ||a_blk|| ||b_blk||``
     (Cauchy-Schwarz per block): a massive channel loosens its own block only."""
     jit = _jit_for(x)
-    if jit is not None and x.dtype == torch.float32 and dim in (-1, x.dim() - 1) and x.shape[-1] > 0:
-        return _prepare_rows(jit, x)
+    if jit is not None and x.dtype == torch.float32 and x.dim() >= 2 and x.shape[-1] > 0 and x.shape[-2] > 0:
+        if dim in (-1, x.dim() - 1):
+            return _prepare_rows(jit, x)
+        if dim in (-2, x.dim() - 2):
+            if x.stride(-2) == 1 and x.stride(-1) != 1:  # columns laid out as rows
+                rows = _prepare_rows(jit, x.mT)
+                bad = None if rows.bad is None else rows.bad.mT
+                return Operand(rows.values.mT, rows.blocks.mT, bad, -2)
+            return _prepare_cols(jit, x)[0]
     xd = x.to(torch.float64)
     bad = None
     if not bool(torch.isfinite(x).all()):
@@ -133,24 +147,55 @@ def prepare(x: torch.Tensor, dim: int) -> Operand:
 
 
 def _prepare_rows(jit, x: torch.Tensor) -> Operand:
-    """:func:`prepare` of a float32 CPU ``x`` along its rows, in one numba pass (the
-    torch form's finiteness check, conversion, squares and block sums are ~8 passes)."""
-    rows = _rows2d(x.detach())
-    k = rows.shape[1]
-    nblk = -(-k // BLOCK)
-    values = np.empty(rows.shape, np.float64)
-    blocks = np.empty((rows.shape[0], nblk), np.float64)
-    bad = np.empty(rows.shape[0], np.bool_)
+    """:func:`prepare` of a float32 CPU ``x (..., M, K)`` along its rows, in one numba pass
+    (the torch form's finiteness check, conversion, squares and block sums are ~8
+    passes), reading ``x`` in its own strides."""
+    lead, (m, k) = tuple(x.shape[:-2]), tuple(x.shape[-2:])
+    mats = _matrices(x.detach(), m, k)
+    nb, nblk = mats.shape[0], -(-k // BLOCK)
+    values = np.empty((nb, m, k), np.float64)
+    blocks = np.empty((nb, m, nblk), np.float64)
+    bad = np.empty((nb, m), np.bool_)
     pre, post = inflation(BLOCK), 1.0 + 4 * _ULP
     counts = []
 
     def run(s: int, e: int) -> None:
-        counts.append(jit.prepare_rows(rows, BLOCK, pre, post, values, blocks, bad, s, e))
+        counts.append(jit.prepare_rows(mats, BLOCK, pre, post, values, blocks, bad, s, e))
 
-    split_rows(run, rows.shape[0], rows.size)
-    lead = tuple(x.shape[:-1])
-    flags = torch.from_numpy(bad).view(lead + (1,)) if sum(counts) else None
-    return Operand(torch.from_numpy(values).view(x.shape), torch.from_numpy(blocks).view(lead + (nblk,)), flags, -1)
+    split_rows(run, nb * m, values.size)
+    shape = lead + (m,)
+    flags = torch.from_numpy(bad).view(shape + (1,)) if sum(counts) else None
+    return Operand(torch.from_numpy(values).view(x.shape), torch.from_numpy(blocks).view(shape + (nblk,)), flags, -1)
+
+
+def _matrices(x: torch.Tensor, m: int, k: int) -> np.ndarray:
+    """``x (..., m, k)`` as a numpy ``(nb, m, k)`` array in its own strides where numpy
+    can reshape it so (a copy otherwise)."""
+    return x.numpy().reshape((-1, m, k))
+
+
+def _prepare_cols(jit, x: torch.Tensor) -> tuple[Operand, torch.Tensor | None]:
+    """:func:`prepare` of a float32 CPU ``x (..., K, N)`` along K (per column) in one
+    numba pass, and the keys (rows of ``x``) holding a non-finite value (``(..., K, 1)``
+    bool, or None where every value is finite): :func:`weighted_sum`'s rule."""
+    lead, (k, n) = tuple(x.shape[:-2]), tuple(x.shape[-2:])
+    mats = _matrices(x.detach(), k, n)
+    nb, nblk = mats.shape[0], -(-k // BLOCK)
+    values = np.empty(mats.shape, np.float64)
+    blocks = np.empty((nb, nblk, n), np.float64)
+    col_bad = np.empty((nb, n), np.bool_)
+    row_bad = np.empty((nb, k), np.bool_)
+    pre, post = inflation(BLOCK), 1.0 + 4 * _ULP
+    counts = []
+
+    def run(s: int, e: int) -> None:
+        counts.append(jit.prepare_cols(mats, BLOCK, pre, post, values, blocks, col_bad, row_bad, s, e))
+
+    split_rows(run, nb, mats.size)
+    cols = torch.from_numpy(col_bad).view(lead + (1, n)) if sum(counts) else None
+    keys = torch.from_numpy(row_bad).view(lead + (k, 1)) if sum(counts) else None
+    fb = Operand(torch.from_numpy(values).view(x.shape), torch.from_numpy(blocks).view(lead + (nblk, n)), cols, -2)
+    return fb, keys
 
 
 def prepare_b(b: torch.Tensor) -> Operand:
@@ -251,7 +296,7 @@ def _second_pass(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 2 on exact products ``p (F, K)``: ``(c, unsettled)`` as :func:`_rounded`."""
     s, errs = _two_sum_tree(p)
     t = errs.sum(dim=1)
-    d = s.add_(t)
+    d = s + t  # not in place: for K = 1, s is a view of p, which stage 3 reads
     bound = errs.abs().sum(dim=1).mul_(gamma(errs.shape[1])).add_(d.abs(), alpha=2 * _ULP)
     return _rounded(d, bound)
 
@@ -376,10 +421,20 @@ def weighted_sum(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     zero weight -- the attention's future and padded keys -- changes nothing), a
     non-finite weight its own row. Returns float32."""
     fa = prepare(p, -1)
-    c = _rounded_product(fa, prepare(v, -2))
-    finite_keys = torch.isfinite(v).all(dim=-1, keepdim=True)
+    fv, bad_keys = _prepare_keys(v)
+    c = _rounded_product(fa, fv)
     bad = fa.bad
-    if not bool(finite_keys.all()):
-        touched = ((p != 0) & ~finite_keys.transpose(-1, -2)).any(dim=-1, keepdim=True)
+    if bad_keys is not None:
+        touched = ((p != 0) & bad_keys.transpose(-1, -2)).any(dim=-1, keepdim=True)
         bad = either(bad, touched)
     return nan_where(c, bad)
+
+
+def _prepare_keys(v: torch.Tensor) -> tuple[Operand, torch.Tensor | None]:
+    """``v (..., K, N)`` prepared along K, and its keys (rows) that hold a non-finite
+    value (``(..., K, 1)`` bool, or None where none does)."""
+    jit = _jit_for(v)
+    if jit is not None and v.dtype == torch.float32 and v.dim() >= 2 and v.shape[-1] > 0 and v.shape[-2] > 0:
+        return _prepare_cols(jit, v)
+    bad_keys = ~torch.isfinite(v).all(dim=-1, keepdim=True)
+    return prepare(v, -2), bad_keys if bool(bad_keys.any()) else None

@@ -165,25 +165,62 @@ def settle_pairs(a, b, index, g, two_ulp, out, start, stop):
 
 @numba.njit(**_jit)
 def prepare_rows(x, block, pre, post, values, blocks, bad, start, stop):
-    """:func:`exact.prepare` of rows ``[start, stop)`` of ``x (R, K)`` float32 along K:
-    values (R, K) float64 <- ``x`` (exact; non-finite entries 0), blocks (R, nblk)
-    float64 <- an upper bound of the Euclidean norm of each ``block``-long K-block
-    (``sqrt(sum * pre) * post``, the factors of exact.prepare), bad (R,) bool <- whether
-    the row holds a non-finite value. Returns how many rows do."""
-    k = x.shape[1]
+    """:func:`exact.prepare` of rows ``[start, stop)`` (row ``r``: matrix ``r // M``, row
+    ``r % M``) of ``x (nb, M, K)`` float32 (any strides) along K: values (nb, M, K)
+    float64 <- ``x`` (exact; non-finite entries 0), blocks (nb, M, nblk) float64 <- an
+    upper bound of the Euclidean norm of each ``block``-long K-block (``sqrt(sum * pre) *
+    post``, the factors of exact.prepare), bad (nb, M) bool <- whether the row holds a
+    non-finite value. Returns how many rows do."""
+    m, k = x.shape[1], x.shape[2]
     nbad = 0
     for r in range(start, stop):
+        mat, row = r // m, r % m
         row_bad = False
         for b0 in range(0, k, block):
             sq = 0.0
             for q in range(b0, min(b0 + block, k)):
-                v = np.float64(x[r, q])
+                v = np.float64(x[mat, row, q])
                 if not math.isfinite(v):
                     row_bad = True
                     v = 0.0
-                values[r, q] = v
+                values[mat, row, q] = v
                 sq += v * v
-            blocks[r, b0 // block] = math.sqrt(sq * pre) * post
-        bad[r] = row_bad
+            blocks[mat, row, b0 // block] = math.sqrt(sq * pre) * post
+        bad[mat, row] = row_bad
         nbad += row_bad
+    return nbad
+
+
+@numba.njit(**_jit)
+def prepare_cols(x, block, pre, post, values, blocks, col_bad, row_bad, start, stop):
+    """:func:`exact.prepare` of matrices ``[start, stop)`` of ``x (nb, K, N)`` float32
+    along K (the B operand: per column): values (nb, K, N) float64 <- ``x`` (exact;
+    non-finite entries 0), blocks (nb, nblk, N) float64 <- the block norm bounds of
+    :func:`prepare_rows` per column, col_bad (nb, N) / row_bad (nb, K) bool <- whether
+    the column / the row (the attention's key) holds a non-finite value. Returns how many
+    columns do."""
+    k, n = x.shape[1], x.shape[2]
+    sq = np.empty(n, np.float64)
+    nbad = 0
+    for mat in range(start, stop):
+        for j in range(n):
+            col_bad[mat, j] = False
+        for b0 in range(0, k, block):
+            for j in range(n):
+                sq[j] = 0.0
+            for q in range(b0, min(b0 + block, k)):
+                bad = False
+                for j in range(n):
+                    v = np.float64(x[mat, q, j])
+                    if not math.isfinite(v):
+                        bad = True
+                        col_bad[mat, j] = True
+                        v = 0.0
+                    values[mat, q, j] = v
+                    sq[j] += v * v
+                row_bad[mat, q] = bad
+            for j in range(n):
+                blocks[mat, b0 // block, j] = math.sqrt(sq[j] * pre) * post
+        for j in range(n):
+            nbad += col_bad[mat, j]
     return nbad

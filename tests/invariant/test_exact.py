@@ -91,8 +91,16 @@ DOUBLE_ROUNDING = [
 ]
 
 
+@pytest.fixture(params=["numba", "torch"])
+def stages(request, monkeypatch):
+    """The numba kernels, or the torch stages (what runs without numba)."""
+    if request.param == "torch":
+        monkeypatch.setattr(ex, "_jit_for", lambda *tensors: None)
+    return request.param
+
+
 @pytest.mark.parametrize("terms, want", DOUBLE_ROUNDING)
-def test_double_rounding_and_ties_give_the_nearest_float32(terms, want):
+def test_double_rounding_and_ties_give_the_nearest_float32(terms, want, stages):
     """The trap of a float64 GEMM rounded to float32: rounding twice. Pinned: stage 1
     without its error bound returns 2**24 for the first case."""
     a = torch.tensor([terms], dtype=torch.float32)
@@ -100,6 +108,16 @@ def test_double_rounding_and_ties_give_the_nearest_float32(terms, want):
     got = ex.matmul(a, b)
     assert got.item() == want and not torch.signbit(got).item()
     assert _bits_equal(got, oracle.matmul(a.numpy(), b.numpy()))
+
+
+def test_a_one_term_product_on_a_midpoint_rounds_to_even(stages):
+    """(1 + 2**-23) * 1.5 is a float32 midpoint: it rounds to even, 1.5 + 2**-22, on
+    either side of zero. Pinned: the torch stage 2 added its error sum into its input in
+    place, which for one term is a view of the products stage 3 then read (1 ulp low)."""
+    a = torch.tensor([[1.0 + 2.0**-23], [-(1.0 + 2.0**-23)]])
+    got = ex.matmul(a, torch.tensor([[1.5]]))
+    assert got[:, 0].tolist() == [1.5 + 2.0**-22, -(1.5 + 2.0**-22)]
+    assert torch.equal(ex.weighted_sum(a.abs(), torch.tensor([[1.5]]))[:, 0], got[0].expand(2))
 
 
 def test_a_bound_of_zero_would_round_twice(monkeypatch):
@@ -187,6 +205,20 @@ def test_reduced_precision_inputs_are_exact_in_float32_and_round_once():
     assert ex.matmul(a, b).dtype == torch.bfloat16
 
 
+LAYOUTS = ["contiguous", "transposed", "every-other", "transposed-every-other"]
+
+
+def _laid_out(x: torch.Tensor, how: str) -> torch.Tensor:
+    """``x``'s values in another memory layout: the transpose of a contiguous (.., C, R)
+    tensor, and/or every other matrix of a buffer twice as long (the attention's key and
+    value blocks)."""
+    if how.startswith("transposed"):
+        x = x.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if how.endswith("every-other") and x.dim() == 3:
+        x = torch.stack([x, torch.full_like(x, float("nan"))], dim=1)[:, 0]
+    return x
+
+
 def _holes(x: torch.Tensor, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     where = torch.rand(x.shape, generator=g) < 0.01
@@ -203,20 +235,21 @@ def _holes(x: torch.Tensor, seed: int) -> torch.Tensor:
     fb=st.sampled_from(FAMILIES),
     seed=st.integers(0, 2**16),
     holes=st.booleans(),
-    transposed=st.booleans(),
+    lay_a=st.sampled_from(LAYOUTS),
+    lay_b=st.sampled_from(LAYOUTS),
 )
-def test_the_numba_stages_give_the_torch_stages_bits(nb, m, k, n, fa, fb, seed, holes, transposed):
-    """The numba kernels (stage 1 in one pass, stages 2 and 3 per element, the A
-    operand's preparation) against the torch stages they replace, on batched and 2-D
-    operands, non-contiguous ones, with non-finite entries: the same bits, and the same
-    for the attention's weighted sum."""
+def test_the_numba_stages_give_the_torch_stages_bits(nb, m, k, n, fa, fb, seed, holes, lay_a, lay_b):
+    """The numba kernels (stage 1 in one pass, stages 2 and 3 per element, the
+    operands' preparation by rows and by columns) against the torch stages they replace,
+    on batched and 2-D operands in the layouts the mode passes (transposed keys, blocks
+    that are every other matrix of a buffer), with non-finite entries: the same bits, and
+    the same for the attention's weighted sum."""
     lead = (nb,) if nb else ()
     a, b = _rand(lead + (m, k), seed, fa), _rand(lead + (k, n), seed + 1, fb)
     if holes:
         a, b = _holes(a, seed), _holes(b, seed + 1)
-    if transposed:  # a non-contiguous A: the transpose of a (.., K, M) tensor
-        a = a.transpose(-1, -2).contiguous().transpose(-1, -2)
-    p = _rand(lead + (m, k), seed + 2, fa).abs()
+    a, b = _laid_out(a, lay_a), _laid_out(b, lay_b)
+    p = _laid_out(_rand(lead + (m, k), seed + 2, fa).abs(), lay_a)
     got = (ex.matmul(a, b), ex.weighted_sum(p, b))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ex, "_jit_for", lambda *tensors: None)
@@ -250,15 +283,27 @@ KERNELS = {
         2,
     ),
     "prepare_rows": lambda: (
-        np.ones((2, 64), np.float32),
+        np.ones((1, 2, 64), np.float32),
         32,
         1.0,
         1.0,
-        np.empty((2, 64)),
-        np.empty((2, 2)),
-        np.empty(2, np.bool_),
+        np.empty((1, 2, 64)),
+        np.empty((1, 2, 2)),
+        np.empty((1, 2), np.bool_),
         0,
         2,
+    ),
+    "prepare_cols": lambda: (
+        np.ones((1, 64, 4), np.float32),
+        32,
+        1.0,
+        1.0,
+        np.empty((1, 64, 4)),
+        np.empty((1, 2, 4)),
+        np.empty((1, 4), np.bool_),
+        np.empty((1, 64), np.bool_),
+        0,
+        1,
     ),
     "settle_rows": lambda: (np.ones((2, 8)), 1e-15, 1e-16, np.empty(2, np.float32), 0, 2),
     "settle_pairs": lambda: (
@@ -278,8 +323,8 @@ KERNELS = {
 def test_the_kernels_have_no_fused_multiply_add(name):
     """TwoSum is error free and the bounds hold only for the operations as written: a
     compiler contracting ``a * b + c`` into an FMA would break them silently. Positive
-    control where the kernel's own body has a multiply feeding one add (its sum of squares)."""
+    control where the kernel's own body has a multiply feeding one add (the sums of squares)."""
     kernel = getattr(exact_jit, name)
     assert not FMA.search(fresh_asm(kernel, KERNELS[name](), fastmath=False))
-    if cpu_has_fma() and name == "prepare_rows":
+    if cpu_has_fma() and name.startswith("prepare"):
         assert FMA.search(fresh_asm(kernel, KERNELS[name](), fastmath=True))
