@@ -91,7 +91,7 @@ def _run(fn, spans: list[tuple[int, int]]) -> None:
         f.result()
 
 
-def _rows(x: torch.Tensor) -> np.ndarray:
+def rows_view(x: torch.Tensor) -> np.ndarray:
     """A contiguous (rows, n) numpy view of ``x`` (..., n) (reshaped by numpy: a torch
     ``view`` costs a few microseconds, a decode step's budget)."""
     a = x.contiguous().numpy()
@@ -151,7 +151,7 @@ def normalisers(x: torch.Tensor, m: torch.Tensor | None = None) -> tuple[torch.T
     unless given) and log-normalisers (float64, NaN for a row whose log_softmax is all
     NaN), shaped (...)."""
     n, lead = x.shape[-1], tuple(x.shape[:-1])
-    a = _rows(x)
+    a = rows_view(x)
     m = row_max(x) if m is None else m
     g, go = _vector(a.shape[0], np.float64, lead)
     k, frac = jit().normalisers, spec.frac_bits(n)
@@ -163,7 +163,7 @@ def normalisers(x: torch.Tensor, m: torch.Tensor | None = None) -> tuple[torch.T
 def log_softmax_at(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """The log_softmax of each row of a (rows, n) float32 CPU tensor at one column
     ``ids`` (rows,) int64 (in range), in one kernel call: (rows,) float32."""
-    a = _rows(x)
+    a = rows_view(x)
     out, o = _vector(a.shape[0], np.float32, (a.shape[0],))
     i = (ids if ids.dtype == torch.int64 else ids.to(torch.int64)).contiguous().numpy()
     k, frac = jit().log_softmax_at_rows, spec.frac_bits(x.shape[-1])
@@ -175,7 +175,7 @@ def row_max(x: torch.Tensor) -> torch.Tensor:
     """torch's ``amax`` over the last dim of a float32 CPU tensor (NaN where a row holds a
     NaN), by numba threads (torch's own parallel ops leave OpenMP workers spinning for
     milliseconds, which the kernels after them would compete with)."""
-    a = _rows(x)
+    a = rows_view(x)
     out, o = _vector(a.shape[0], np.float32, tuple(x.shape[:-1]))
     k = jit().row_maxima
     _run(lambda s, e: k(a, o, s, e), _chunks(a.shape[0], a.size))
@@ -189,7 +189,7 @@ def log_softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
     dst = torch.empty(x.shape, dtype=torch.float32) if out is None else out
     if x.numel() == 0:
         return dst
-    a, b = _rows(x), _rows(dst)
+    a, b = rows_view(x), rows_view(dst)
     k, frac = jit().log_softmax_rows, spec.frac_bits(n)
     _run(lambda s, e: k(a, b, frac, s, e), _chunks(a.shape[0], a.size))
     return dst

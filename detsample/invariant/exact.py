@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from detsample.arith.cpu import split_rows
+from detsample.arith.cpu import rows_view, split_rows
 
 aten = torch.ops.aten
 
@@ -115,13 +115,21 @@ def _jit_for(*tensors: torch.Tensor):
     return k if k is not None and all(t.device.type == "cpu" for t in tensors) else None
 
 
+def _jit_for_operand(x: torch.Tensor):
+    """:func:`_jit_for` an operand the preparation kernels take: a float32 CPU matrix
+    (or batch of them) with no empty dimension of its own, else None."""
+    if x.dtype != torch.float32 or x.dim() < 2 or x.shape[-1] == 0 or x.shape[-2] == 0:
+        return None
+    return _jit_for(x)
+
+
 def prepare(x: torch.Tensor, dim: int) -> Operand:
     """``x`` (float32 / bfloat16 / float16, any leading dims) as an :class:`Operand`
     along ``dim`` (-1: rows of A; -2: columns of B). Exact: float64 holds every value.
     The block norms bound ``sum_k |a_k b_k|`` by ``sum_blocks ||a_blk|| ||b_blk||``
     (Cauchy-Schwarz per block): a massive channel loosens its own block only."""
-    jit = _jit_for(x)
-    if jit is not None and x.dtype == torch.float32 and x.dim() >= 2 and x.shape[-1] > 0 and x.shape[-2] > 0:
+    jit = _jit_for_operand(x)
+    if jit is not None:
         if dim in (-1, x.dim() - 1):
             return _prepare_rows(jit, x)
         if dim in (-2, x.dim() - 2):
@@ -192,8 +200,9 @@ def _prepare_cols(jit, x: torch.Tensor) -> tuple[Operand, torch.Tensor | None]:
         counts.append(jit.prepare_cols(mats, BLOCK, pre, post, values, blocks, col_bad, row_bad, s, e))
 
     split_rows(run, nb, mats.size)
-    cols = torch.from_numpy(col_bad).view(lead + (1, n)) if sum(counts) else None
-    keys = torch.from_numpy(row_bad).view(lead + (k, 1)) if sum(counts) else None
+    any_bad = sum(counts) > 0
+    cols = torch.from_numpy(col_bad).view(lead + (1, n)) if any_bad else None
+    keys = torch.from_numpy(row_bad).view(lead + (k, 1)) if any_bad else None
     fb = Operand(torch.from_numpy(values).view(x.shape), torch.from_numpy(blocks).view(lead + (nblk, n)), cols, -2)
     return fb, keys
 
@@ -238,12 +247,6 @@ def magnitude(fa: Operand, fb: Operand) -> torch.Tensor:
     return inflate(dot64(fa.blocks, fb.blocks), fa.blocks.shape[-1])
 
 
-def _rows2d(x: torch.Tensor) -> np.ndarray:
-    """A contiguous ``(rows, n)`` numpy view of ``x (..., n)``."""
-    a = x.contiguous().numpy()
-    return a if a.ndim == 2 else a.reshape(-1, x.shape[-1])
-
-
 def _rounded(d: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(c, unsettled)``: for ``S`` within ``e`` of ``d`` (float64, both consumed),
     ``c = RN32(S)`` where ``RN32(d - e)`` and ``RN32(d + e)`` have the same bits (rounding
@@ -267,7 +270,7 @@ def first_pass(d: torch.Tensor, mag: torch.Tensor, adds: int, pre: float = 1.0) 
     jit = _jit_for(d)
     if jit is None:
         return _rounded(d, (mag if pre == 1.0 else mag.mul_(pre)).mul_(g))
-    dd, mm = _rows2d(d), _rows2d(mag)
+    dd, mm = rows_view(d), rows_view(mag)
     lo = np.empty(dd.shape, np.float32)
     flags = np.empty(dd.shape, np.bool_)
     split_rows(lambda s, e: jit.first_pass_rows(dd, mm, pre, g, lo, flags, s, e), dd.shape[0], dd.size)
@@ -324,7 +327,7 @@ def settle(p: torch.Tensor) -> torch.Tensor:
     tree takes ~50 operator calls), else by the torch stages; the same bits."""
     jit = _jit_for(p)
     if jit is not None:
-        rows = _rows2d(p)
+        rows = rows_view(p)
         out = np.empty(rows.shape[0], np.float32)
         g, two_ulp = gamma(rows.shape[1]), 2 * _ULP
         split_rows(lambda s, e: jit.settle_rows(rows, g, two_ulp, out, s, e), rows.shape[0], rows.size)
@@ -433,8 +436,8 @@ def weighted_sum(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 def _prepare_keys(v: torch.Tensor) -> tuple[Operand, torch.Tensor | None]:
     """``v (..., K, N)`` prepared along K, and its keys (rows) that hold a non-finite
     value (``(..., K, 1)`` bool, or None where none does)."""
-    jit = _jit_for(v)
-    if jit is not None and v.dtype == torch.float32 and v.dim() >= 2 and v.shape[-1] > 0 and v.shape[-2] > 0:
+    jit = _jit_for_operand(v)
+    if jit is not None:
         return _prepare_cols(jit, v)
     bad_keys = ~torch.isfinite(v).all(dim=-1, keepdim=True)
     return prepare(v, -2), bad_keys if bool(bad_keys.any()) else None
