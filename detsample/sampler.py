@@ -35,7 +35,6 @@ from detsample.errors import InvalidSamplingParams
 from detsample.grammar import batching as grammar_hooks
 from detsample.grammar.masker import GrammarMasker
 from detsample.ops import draw as draw_ops
-from detsample.ops import logprobs as lp_ops
 from detsample.ops import rowpass
 from detsample.ops.mask import pack_bitmask
 from detsample.params.validation import check_logits, row_ids_tensor
@@ -198,8 +197,7 @@ class Sampler:
         Returns None (the general path) otherwise. Same bits as the general path
         (tests/test_sampler.py). ``plan``: the batch's :meth:`_shortcut_plan`, every row
         greedy."""
-        tokens = draw_ops.greedy_argmax(x)
-        logprobs = lp_ops.log_softmax(x, at=tokens)
+        tokens, logprobs = draw_ops.greedy_with_logprob(x)
         if not math.isfinite(float(logprobs.sum() if plan.size > 1 else logprobs)):
             # (each is in [-log V, 0] when finite)
             return None

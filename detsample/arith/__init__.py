@@ -137,6 +137,19 @@ def log_softmax_at(x: torch.Tensor, ids: torch.Tensor, *, impl: str = "auto") ->
     return picked(x.gather(1, ids.view(-1, 1)).view(-1), m, G)
 
 
+def greedy(x: torch.Tensor, *, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Each row's argmax of a (rows, n) float32 CPU tensor (the first index of its
+    maximum, of its first NaN where it holds one: ``torch.argmax``'s token) and
+    :func:`log_softmax_at` there, from one maximum pass in one numba call: ((rows,)
+    int64, (rows,) float32), the bits of the two apart. None where the numba kernels do
+    not run on ``x`` (the caller takes argmax and :func:`log_softmax_at`)."""
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] == 0 or not uses_numba(x, impl):
+        return None
+    from detsample.arith import cpu
+
+    return cpu.greedy(x)
+
+
 def row_max(x: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
     """``torch.amax(x, -1)`` of a float32 tensor (NaN where a row holds a NaN): exact (a
     selection). On CPU tensors by the numba threads, so that no torch parallel region

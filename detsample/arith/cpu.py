@@ -17,12 +17,15 @@ Compiled on first use (about a second per kernel) and cached on disk by numba
 from __future__ import annotations
 
 import functools
+import itertools
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
-from detsample.arith import spec
+from detsample.arith import spec, team
+
+_NAN32 = np.array([spec.NAN32_BITS], dtype=np.int32).view(np.float32)[0]
 
 #: below this many elements a call runs on the calling thread alone
 PARALLEL_MIN = 1 << 16
@@ -79,16 +82,38 @@ def split_rows(fn, rows: int, elements: int) -> None:
     _run(fn, _chunks(rows, elements))
 
 
-def _run(fn, spans: list[tuple[int, int]]) -> None:
-    """``fn(*span)`` for every span: on the calling thread for one, else on a pool of
-    ``torch.get_num_threads()`` threads taking them in order."""
+def _run(fn, spans: list[tuple]) -> None:
+    """``fn(*span)`` for every span: on the calling thread for one, else by up to
+    ``torch.get_num_threads()`` threads taking spans from one queue in order (a shared
+    counter), the caller one of them -- torch's own OpenMP team where torch runs on one
+    (:mod:`detsample.arith.team`: its workers are awake after torch's last operation),
+    else the caller and a thread pool."""
     if len(spans) <= 1:
         for se in spans:
             fn(*se)
         return
-    pool = _pool(min(len(spans), max(1, torch.get_num_threads())))
-    for f in [pool.submit(fn, *se) for se in spans]:
-        f.result()
+    threads = min(len(spans), max(1, torch.get_num_threads()))
+    if threads == 1:
+        for se in spans:
+            fn(*se)
+        return
+    counter = itertools.count()  # next() on it is atomic under the GIL
+
+    def work() -> None:
+        while (i := next(counter)) < len(spans):
+            fn(*spans[i])
+
+    omp = team.runtime()
+    if omp is not None:
+        omp.run(work, threads)
+        return
+    futures = [_pool(threads - 1).submit(work) for _ in range(threads - 1)]
+    try:
+        work()
+    finally:  # a helper not started yet has nothing left to take: cancelled, not awaited
+        for f in futures:
+            if not f.cancel():
+                f.result()
 
 
 def rows_view(x: torch.Tensor) -> np.ndarray:
@@ -96,6 +121,39 @@ def rows_view(x: torch.Tensor) -> np.ndarray:
     ``view`` costs a few microseconds, a decode step's budget)."""
     a = x.contiguous().numpy()
     return a if a.ndim == 2 else a.reshape(-1, x.shape[-1])
+
+
+#: columns of a part of a row split over threads (its exps: tens of microseconds)
+SPLIT_PART_MIN = 1 << 14
+
+
+def _column_parts(rows: int, n: int) -> int:
+    """How many parts each row of a (rows, n) call is split into over the threads: 1
+    unless there are fewer rows than threads and the rows are long (a row is then no
+    longer one thread's, which costs a thread hand-over: at n = 32000 it eats the gain,
+    measured)."""
+    threads = max(1, torch.get_num_threads())
+    if threads == 1 or rows >= threads or n < PARALLEL_MIN:
+        return 1
+    return max(2, min(threads * SPANS_PER_THREAD // max(rows, 1), n // SPLIT_PART_MIN))
+
+
+def _split_log_norms(a: np.ndarray, m: np.ndarray, frac: int, parts: int) -> np.ndarray:
+    """``row_log_norm`` of each row of ``a`` (rows, n) float32 with maxima ``m`` (NaN
+    where the maximum is not finite), each row's columns split into ``parts`` over the
+    threads: (rows,) float64, the same bits (exact integer words, summed)."""
+    rows, n = a.shape
+    k = jit()
+    words = (np.zeros((rows, parts), dtype=np.int64), np.zeros((rows, parts), dtype=np.int64))
+    ok = [bool(np.isfinite(m[r])) for r in range(rows)]
+    step = -(-n // parts)
+    spans = [(r, p, p * step, min(n, (p + 1) * step)) for r in range(rows) if ok[r] for p in range(parts)]
+    _run(lambda *sp: k.words_part(a, m, frac, words, sp), spans)
+    g = np.full(rows, np.nan)
+    for r in range(rows):
+        if ok[r]:
+            g[r] = k.log_of_words(int(words[0][r].sum()), int(words[1][r].sum()), frac)
+    return g
 
 
 def _vector(n: int, dtype, shape: tuple[int, ...]) -> tuple[torch.Tensor, np.ndarray]:
@@ -156,7 +214,11 @@ def normalisers(x: torch.Tensor, m: torch.Tensor | None = None) -> tuple[torch.T
     g, go = _vector(a.shape[0], np.float64, lead)
     k, frac = jit().normalisers, spec.frac_bits(n)
     mo = m.to(torch.float32).contiguous().numpy().reshape(-1)
-    _run(lambda s, e: k(a, mo, go, frac, s, e), _chunks(a.shape[0], a.size))
+    parts = _column_parts(a.shape[0], n)
+    if parts > 1:
+        go[:] = _split_log_norms(a, mo, frac, parts)
+    else:
+        _run(lambda s, e: k(a, mo, go, frac, s, e), _chunks(a.shape[0], a.size))
     return (m if tuple(m.shape) == lead else m.view(lead)), g
 
 
@@ -167,8 +229,40 @@ def log_softmax_at(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     out, o = _vector(a.shape[0], np.float32, (a.shape[0],))
     i = (ids if ids.dtype == torch.int64 else ids.to(torch.int64)).contiguous().numpy()
     k, frac = jit().log_softmax_at_rows, spec.frac_bits(x.shape[-1])
+    parts = _column_parts(*a.shape)
+    if parts > 1:
+        m = row_max(x).numpy().reshape(-1)
+        _picked(a, i, m, _split_log_norms(a, m, frac, parts), o)
+        return out
     _run(lambda s, e: k(a, i, o, frac, (s, e)), _chunks(a.shape[0], a.size))
     return out
+
+
+def _picked(a: np.ndarray, ids: np.ndarray, m: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
+    """``out[r] = float32((float64(a[r, ids[r]]) - float64(m[r])) - g[r])``, NaN32 where
+    ``g`` is NaN (numpy's IEEE scalar operations: the kernels' expression)."""
+    for r in range(a.shape[0]):
+        if np.isnan(g[r]):
+            out[r] = _NAN32
+        else:
+            out[r] = np.float32((np.float64(a[r, ids[r]]) - np.float64(m[r])) - g[r])
+
+
+def greedy(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's argmax of a (rows, n) float32 CPU tensor (n >= 1) and its log_softmax
+    there, in one kernel call: ((rows,) int64, (rows,) float32)."""
+    a = rows_view(x)
+    tok, t = _vector(a.shape[0], np.int64, (a.shape[0],))
+    lp, o = _vector(a.shape[0], np.float32, (a.shape[0],))
+    k, frac = jit().greedy_rows, spec.frac_bits(x.shape[-1])
+    parts = _column_parts(*a.shape)
+    if parts > 1:  # numpy's argmax (its rule: the first maximum, the first NaN)
+        t[:] = a.argmax(axis=-1)
+        m = a[np.arange(a.shape[0]), t]
+        _picked(a, t, m, _split_log_norms(a, m, frac, parts), o)
+        return tok, lp
+    _run(lambda s, e: k(a, (t, o), frac, (s, e)), _chunks(a.shape[0], a.size))
+    return tok, lp
 
 
 def row_max(x: torch.Tensor) -> torch.Tensor:

@@ -328,3 +328,63 @@ def log_softmax_at_rows(x, ids, out, frac, span):
             continue
         G = row_log_norm(row, m, buf, frac)
         out[r] = np.float32((np.float64(row[ids[r]]) - np.float64(m)) - G)
+
+
+@numba.njit(**_jit)
+def first_index_of(row, v):
+    """The first index of ``v`` in ``row`` (a NaN ``v``: of the first NaN); ``row.size``
+    when absent."""
+    if v != v:
+        for i in range(row.size):
+            if row[i] != row[i]:
+                return i
+        return row.size
+    for i in range(row.size):
+        if row[i] == v:
+            return i
+    return row.size
+
+
+@numba.njit(**_jit)
+def greedy_rows(x, out, frac, span):
+    """Rows ``span`` = (r0, r1) of a (rows, n) float32 ``x``: each row's argmax (the
+    first index of its maximum, of its first NaN when it holds one: numpy's and torch's
+    ``argmax``) into ``out[0]`` (int64) and the log_softmax there into ``out[1]``
+    (float32; NaN32 for a row whose log_softmax is all NaN) -- the bits of
+    :func:`log_softmax_at_rows` at that column, from one maximum pass."""
+    tok, lp = out
+    r0, r1 = span
+    buf = np.empty(x.shape[1], dtype=np.float32)
+    for r in range(r0, r1):
+        row = x[r]
+        m = row_max(row, buf)
+        i = first_index_of(row, m)
+        tok[r] = i
+        if not ((m > -np.inf) & (m < np.inf)):
+            lp[r] = NAN32
+            continue
+        G = row_log_norm(row, m, buf, frac)
+        lp[r] = np.float32((np.float64(row[i]) - np.float64(m)) - G)
+
+
+@numba.njit(**_jit)
+def words_part(x, m, frac, out, span):
+    """The exact words (H, L) of the two-word sum of ``exp64(x[r, c] - m[r])`` over the
+    columns c0..c1 of row r into ``out`` = (H, L) (rows, parts) int64 at [r, p]; ``span``
+    = (r, p, c0, c1). Integer sums: a row's words are the sums of its parts' words, so a
+    row split over threads has the bits of :func:`row_log_norm`."""
+    r, p, c0, c1 = span
+    md = np.float64(m[r])
+    row = x[r, c0:c1]
+    buf = np.empty(c1 - c0, dtype=np.float32)
+    for i in range(row.size):
+        buf[i] = exp64(np.float64(row[i]) - md)
+    H, L = fixed_words(buf, frac)
+    out[0][r, p] = H
+    out[1][r, p] = L
+
+
+@numba.njit(**_jit)
+def log_of_words(H, L, frac):
+    """``log64`` of the two words' value: :func:`row_log_norm` of the row they sum."""
+    return log64(words_value(H, L, frac))

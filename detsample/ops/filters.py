@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from detsample import arith, rules
+from detsample.ops import select
 from detsample.ops.temperature import scale_logits
 
 
@@ -173,7 +174,7 @@ def logit_topk(
     candidate the bits it has in ``z``. Returns the values of a ``topk`` of ``z``, bit for
     bit, and the same ids up to the order inside a group of equal values (every consumer
     reads whole tie groups: :func:`kept_prefix`, ``draw.id_order_cdf``)."""
-    vals, ids = torch.topk(x, min(k, x.shape[-1]), dim=-1, largest=True, sorted=True)
+    vals, ids = select.topk(x, k)
     return scale_logits(vals, row_max, temperatures), ids
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from detsample import arith
+from detsample.ops import select
 
 NEG_INF = float("-inf")
 
@@ -108,6 +109,9 @@ def topn(values: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     if n == 0 or B == 0:
         return (values.new_empty((B, 0)), torch.empty((B, 0), dtype=torch.int64, device=values.device))
     V = values.shape[-1]
+    got = select.stable_topk(values, n)
+    if got is not None:  # the stable sort's prefix already
+        return got
     vals, ids = torch.topk(values, min(n + 1, V), dim=-1, largest=True, sorted=True)
     # the set is exact unless the (n+1)-th largest value ties the n-th
     exact = vals[:, n] < vals[:, n - 1] if n < V else torch.ones(B, dtype=torch.bool, device=values.device)

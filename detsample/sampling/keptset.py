@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from detsample import rules
-from detsample.ops import colcdf, nucleus, radix, rowpass
+from detsample.ops import colcdf, nucleus, radix, rowpass, select
 from detsample.ops import draw as draw_ops
 from detsample.ops import filters as filter_ops
 from detsample.sampling.rowplan import CANDIDATE_RATIO, RowPlan, Rows
@@ -270,7 +270,7 @@ class _Pending:
         """The K largest scaled logits of each row, descending, and their ids."""
         if self.scale is not None:
             return filter_ops.logit_topk(self.src, *self.scale, K)
-        return torch.topk(self.src, K, dim=-1, largest=True, sorted=True)
+        return select.topk(self.src, K)
 
     def rows(self, sel: torch.Tensor) -> _Pending:
         return _Pending(
