@@ -250,7 +250,9 @@ def _picked(a: np.ndarray, ids: np.ndarray, m: np.ndarray, g: np.ndarray, out: n
 
 def greedy(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's argmax of a (rows, n) float32 CPU tensor (n >= 1) and its log_softmax
-    there, in one kernel call: ((rows,) int64, (rows,) float32)."""
+    there, in one kernel call (a row split over the threads for fewer rows than
+    threads: numpy's argmax, then the split normaliser): ((rows,) int64, (rows,)
+    float32)."""
     a = rows_view(x)
     tok, t = _vector(a.shape[0], np.int64, (a.shape[0],))
     lp, o = _vector(a.shape[0], np.float32, (a.shape[0],))

@@ -34,8 +34,9 @@ def stable_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | 
     """The first ``min(k, n)`` entries of each row of ``x`` (rows, n) float32 in the
     order (value desc, id asc): ((rows, k) float32 values, (rows, k) int64 ids), exactly
     ``torch.sort(x, descending=True, stable=True)``'s prefix. None where the kernel does
-    not run (not a float32 CPU tensor, no numba, a row holding a NaN, k < 1)."""
-    if not rules.fused_masses(x) or x.dim() != 2 or k < 1 or x.requires_grad:
+    not run (not a float32 CPU tensor, no numba, a row holding a NaN, k < 1, rows of
+    length 0)."""
+    if not rules.fused_masses(x) or x.dim() != 2 or k < 1 or x.shape[1] == 0 or x.requires_grad:
         return None
     from detsample.arith import cpu
 

@@ -115,9 +115,11 @@ def test_topk_values_are_torchs():
     assert torch.equal(v.view(torch.int32), tv.view(torch.int32))
 
 
-def test_non_cpu_float32_inputs_take_torch():
+def test_non_cpu_float32_inputs_and_empty_rows_take_torch():
     x = torch.randn(2, 100, dtype=torch.float64)
     assert select.stable_topk(x, 5) is None
+    assert select.stable_topk(torch.empty(3, 0), 5) is None
+    assert select.stable_topk(torch.empty(0, 7), 5)[0].shape == (0, 5)
     v, i = select.topk(x, 5)
     assert torch.equal(v, torch.topk(x, 5).values)
 
