@@ -1,13 +1,14 @@
 """The numba kernels' threads: torch's own OpenMP team, where torch runs on one.
 
 Why: after each parallel region torch's OpenMP workers spin for milliseconds before they
-sleep (libgomp's default wait policy: ~300,000 spins, 5-8 ms measured on an AMD Zen 2),
-and threads of another pool started in that time share the cores with them. A model's
+sleep (libgomp's default wait policy: ~300,000 spins), and threads of another pool
+started in that time share the cores with them (with ``OMP_WAIT_POLICY=PASSIVE`` the
+penalty below went away: the cause, measured). A model's
 forward is torch operations, so the sampler's kernels, and the batch-invariant mode's
 between two torch operations, always start there: on 2 cores, 64 rows of 32,000
 took 6.0 ms on a thread pool right after a torch ``log_softmax`` against 3.0 ms alone --
 the second thread bought nothing. Run on torch's team instead, the spinning workers take
-the work at once (3.0 ms in both cases, docs/architecture.md "Threads").
+the work at once (3.0 ms in both cases, docs/performance.md "Threads").
 
 How: ``GOMP_parallel`` of the OpenMP runtime torch loaded (libgomp; Intel's and LLVM's
 runtimes export it too), called through ctypes (which releases the GIL) with a ctypes
