@@ -25,8 +25,6 @@ import torch
 
 from detsample.arith import spec, team
 
-_NAN32 = np.array([spec.NAN32_BITS], dtype=np.int32).view(np.float32)[0]
-
 #: below this many elements a call runs on the calling thread alone
 PARALLEL_MIN = 1 << 16
 
@@ -88,12 +86,8 @@ def _run(fn, spans: list[tuple]) -> None:
     counter), the caller one of them -- torch's own OpenMP team where torch runs on one
     (:mod:`detsample.arith.team`: its workers are awake after torch's last operation),
     else the caller and a thread pool."""
-    if len(spans) <= 1:
-        for se in spans:
-            fn(*se)
-        return
     threads = min(len(spans), max(1, torch.get_num_threads()))
-    if threads == 1:
+    if threads <= 1:
         for se in spans:
             fn(*se)
         return
@@ -232,20 +226,10 @@ def log_softmax_at(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     parts = _column_parts(*a.shape)
     if parts > 1:
         m = row_max(x).numpy().reshape(-1)
-        _picked(a, i, m, _split_log_norms(a, m, frac, parts), o)
+        jit().picked_rows(a, i, m, _split_log_norms(a, m, frac, parts), o)
         return out
     _run(lambda s, e: k(a, i, o, frac, (s, e)), _chunks(a.shape[0], a.size))
     return out
-
-
-def _picked(a: np.ndarray, ids: np.ndarray, m: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
-    """``out[r] = float32((float64(a[r, ids[r]]) - float64(m[r])) - g[r])``, NaN32 where
-    ``g`` is NaN (numpy's IEEE scalar operations: the kernels' expression)."""
-    for r in range(a.shape[0]):
-        if np.isnan(g[r]):
-            out[r] = _NAN32
-        else:
-            out[r] = np.float32((np.float64(a[r, ids[r]]) - np.float64(m[r])) - g[r])
 
 
 def greedy(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -261,7 +245,7 @@ def greedy(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if parts > 1:  # numpy's argmax (its rule: the first maximum, the first NaN)
         t[:] = a.argmax(axis=-1)
         m = a[np.arange(a.shape[0]), t]
-        _picked(a, t, m, _split_log_norms(a, m, frac, parts), o)
+        jit().picked_rows(a, t, m, _split_log_norms(a, m, frac, parts), o)
         return tok, lp
     _run(lambda s, e: k(a, (t, o), frac, (s, e)), _chunks(a.shape[0], a.size))
     return tok, lp

@@ -322,12 +322,32 @@ def log_softmax_at_rows(x, ids, out, frac, span):
     buf = np.empty(x.shape[1], dtype=np.float32)
     for r in range(r0, r1):
         row = x[r]
-        m = row_max(row, buf)
-        if not ((m > -np.inf) & (m < np.inf)):
-            out[r] = NAN32
-            continue
-        G = row_log_norm(row, m, buf, frac)
-        out[r] = np.float32((np.float64(row[ids[r]]) - np.float64(m)) - G)
+        out[r] = _log_softmax_at(row, row_max(row, buf), ids[r], buf, frac)
+
+
+@numba.njit(**_jit)
+def _log_softmax_at(row, m, i, buf, frac):
+    """The log_softmax of a float32 row with maximum ``m`` at column ``i``: NaN32 when
+    ``m`` is not finite, else ``float32((x_i - m) - G)`` (:func:`row_log_norm`)."""
+    if not ((m > -np.inf) & (m < np.inf)):  # a NaN, a +inf or nothing finite
+        return NAN32
+    return pick(row[i], m, row_log_norm(row, m, buf, frac))
+
+
+@numba.njit(inline="always", **_jit)
+def pick(v, m, G):
+    """The log_softmax value of an entry ``v`` of a row with maximum ``m`` and
+    normaliser ``G``: ``float32((float64(v) - float64(m)) - G)``, NaN32 where ``G`` is
+    NaN (``arith.reference.picked``)."""
+    return NAN32 if G != G else np.float32((np.float64(v) - np.float64(m)) - G)
+
+
+@numba.njit(**_jit)
+def picked_rows(x, ids, m, g, out):
+    """:func:`pick` of each row's entry at ``ids[r]`` of a (rows, n) float32 ``x`` with
+    maxima ``m`` and normalisers ``g`` into ``out`` (float32)."""
+    for r in range(x.shape[0]):
+        out[r] = pick(x[r, ids[r]], m[r], g[r])
 
 
 @numba.njit(**_jit)
@@ -358,13 +378,8 @@ def greedy_rows(x, out, frac, span):
     for r in range(r0, r1):
         row = x[r]
         m = row_max(row, buf)
-        i = first_index_of(row, m)
-        tok[r] = i
-        if not ((m > -np.inf) & (m < np.inf)):
-            lp[r] = NAN32
-            continue
-        G = row_log_norm(row, m, buf, frac)
-        lp[r] = np.float32((np.float64(row[i]) - np.float64(m)) - G)
+        tok[r] = first_index_of(row, m)
+        lp[r] = _log_softmax_at(row, m, tok[r], buf, frac)
 
 
 @numba.njit(**_jit)

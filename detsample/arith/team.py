@@ -76,8 +76,7 @@ class _Runtime:
         self._parallel.restype = None
         self._parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
         self._works: dict[int, tuple[Callable[[], None], list[BaseException]]] = {}
-        self._keys = itertools.count(1)
-        self._lock = threading.Lock()
+        self._keys = itertools.count(1)  # next() on it is atomic under the GIL
         self._local = threading.local()  # per Python thread state
         enter = self._enter
         # (a plain function, not the bound method: with the bound method as the
@@ -104,8 +103,7 @@ class _Runtime:
         """``work()`` on ``threads`` threads of the calling thread's team (the caller
         one of them), returning when all have returned; the first exception raised in
         any of them is raised here."""
-        with self._lock:
-            key = next(self._keys)
+        key = next(self._keys)
         errors: list[BaseException] = []
         self._works[key] = (work, errors)
         try:
