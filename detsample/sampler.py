@@ -29,13 +29,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from detsample import rules
+from detsample import arith, rules
 from detsample.batch import SamplingBatch
 from detsample.errors import InvalidSamplingParams
 from detsample.grammar import batching as grammar_hooks
 from detsample.grammar.masker import GrammarMasker
 from detsample.ops import draw as draw_ops
-from detsample.ops import rowpass
+from detsample.ops import rowpass, topkdraw
 from detsample.ops.mask import pack_bitmask
 from detsample.params.validation import check_logits, row_ids_tensor
 from detsample.processors.base import ProcessorRunner
@@ -205,10 +205,45 @@ class Sampler:
             x, lambda: x.gather(1, tokens.unsqueeze(1)), tokens, logprobs, batch, plan=plan, greedy_tok=tokens
         )
 
+    def _small_top_k(
+        self, x: torch.Tensor, batch: SamplingBatch, plan: RowPlan, positions: torch.Tensor
+    ) -> SampleOutput | None:
+        """The small top-k shortcut: every row samples with a small top-k (any top-p and
+        element-wise filters), nothing of steps 1-5 in the batch, "raw" logprobs, a CPU:
+        steps 7-10 of each row in one numba pass (:func:`detsample.ops.topkdraw.draw`,
+        the bits of the general path: tests/ops/test_topkdraw.py). Returns None (the
+        general path) where it does not apply, or where a row is invalid or its top-k
+        tie group spills past the candidates. ``plan``: the batch's
+        :meth:`_shortcut_plan`."""
+        rows = batch.derived(("small_top_k", self.filter_impl), lambda: self._small_top_k_rows(batch, plan) or False)
+        if rows is False or not topkdraw.applies(x):
+            return None
+        got = topkdraw.draw(x, rows, TORCH.uniforms(batch.seeds, positions), deterministic=self.deterministic)
+        if got is None:
+            return None
+        row_max = lambda: arith.row_max(x).unsqueeze(1)  # noqa: E731 - called only for top logprobs
+        return self._shortcut_output(x, row_max, got.tokens, got.logprobs, batch, plan=plan)
+
+    @staticmethod
+    def _small_top_k_rows(batch: SamplingBatch, plan: RowPlan) -> topkdraw.SmallTopK | None:
+        """The batch's :class:`~detsample.ops.topkdraw.SmallTopK` when every row samples
+        with a small top-k (one candidate route for all, in batch order); else None."""
+        rt = plan.route
+        bf = rt.filters
+        if not (plan.sampling.every and rt.bounded.every and bf is not None):
+            return None
+        if bf.k_index is None or bf.small is not None or bf.wide is not None:
+            return None
+        K = min(rt.k_max + 1, batch.vocab_size)
+        return topkdraw.SmallTopK.of(
+            batch.vocab_size, K, bf.k_index, plan.temperatures, bf.top_p, batch.element_filters
+        )
+
     def _shortcut_plan(self, batch: SamplingBatch) -> RowPlan | None:
-        """The batch's plan when the all-greedy shortcut may apply: nothing of steps 1-5 in
-        the batch (so the logits reach step 6 unchanged), "raw" logprobs only and the
-        torch ops; None otherwise."""
+        """The batch's plan when a shortcut may apply (all-greedy, :meth:`_plain_greedy`;
+        all small top-k, :meth:`_small_top_k`): nothing of steps 1-5 in the batch (so the
+        logits reach step 6 unchanged), "raw" logprobs only and the torch ops; None
+        otherwise."""
         plan = self._cached_plan(batch)
         if (
             plan.untouched
@@ -398,8 +433,11 @@ class Sampler:
             # no input requires grad, so no operation records a graph: the shortcuts run
             # without entering a no_grad context
             plan = self._shortcut_plan(batch)
-            if plan is not None and plan.greedy.every:
-                out = self._plain_greedy(logits, batch, plan)
+            if plan is not None:
+                if plan.greedy.every:
+                    out = self._plain_greedy(logits, batch, plan)
+                else:
+                    out = self._small_top_k(logits, batch, plan, positions)
                 if out is not None:
                     return out
         return self._sample(logits, batch, positions)

@@ -114,7 +114,7 @@ def kept_masses(
     cut_tau = bool(torch.isfinite(tau).any()) if cut_tau is None else cut_tau
     if cut_element is None:
         cut_element = bool(rules.element_active(element).any())
-    least = _least(element) if cut_element else None
+    least = least_kept(element) if cut_element else None
     if cut_element and least is None:  # a registered filter without a least kept exp
         w = rules.floored_exp(z, out=out, keep_from=tau if cut_tau else None)
         w.masked_fill_(rules.element_keeps(w, element).logical_not_(), 0.0)
@@ -124,7 +124,7 @@ def kept_masses(
     return rules.cut_masses(z, frac, tau=tau if cut_tau else None, least=least, block=block, out=out, q_out=q_out)
 
 
-def _least(element: torch.Tensor) -> torch.Tensor | None:
+def least_kept(element: torch.Tensor) -> torch.Tensor | None:
     """(rows,) float32: the smallest exp every element-wise filter keeps (-inf where all
     are neutral), or None when some registered filter has no ``least``."""
     if not all(f.least is not None for f in rules.ELEMENT_FILTERS):
@@ -181,7 +181,7 @@ def _lazy(
     if not (rules.fused_masses(z) and z.is_contiguous()):
         return None
     cut_element = bool(rules.element_active(element).any()) if cut_element is None else cut_element
-    least = _least(element) if cut_element else None
+    least = least_kept(element) if cut_element else None
     if cut_element and least is None:
         return None
     inf = torch.full((z.shape[0],), -math.inf)
