@@ -215,8 +215,10 @@ class Sampler:
         general path) where it does not apply, or where a row is invalid or its top-k
         tie group spills past the candidates. ``plan``: the batch's
         :meth:`_shortcut_plan`."""
+        if not topkdraw.applies(x):
+            return None
         rows = batch.derived(("small_top_k", self.filter_impl), lambda: self._small_top_k_rows(batch, plan) or False)
-        if rows is False or not topkdraw.applies(x):
+        if rows is False:
             return None
         got = topkdraw.draw(x, rows, TORCH.uniforms(batch.seeds, positions), deterministic=self.deterministic)
         if got is None:

@@ -138,7 +138,11 @@ def draw_rows(x, params, given, out, span):
         if check and n > K and not (z[K - 1] < z[k_index[r]]):
             status[r] = UNDECIDED
             continue
-        tau[r] = z[kept_mask((z, e, q), k_index[r], top_p[r], least[r], kept) - 1]
+        n_kept = kept_mask((z, e, q), k_index[r], top_p[r], least[r], kept)
+        if n_kept == 0:  # not for admissible parameters (the maximum is always kept)
+            status[r] = INVALID
+            continue
+        tau[r] = z[n_kept - 1]
         tok[r], total[r] = draw_kept(ids, q, kept, u[r])
         lp[r] = pick(row[tok[r]], m, G)
         status[r] = DRAWN

@@ -316,3 +316,26 @@ def test_the_draw_hits_the_running_masses_as_the_torch_table_does(qs, data):
     )
     want = draw_ops.draw_by_cdf(sid, csum, torch.tensor([u], dtype=torch.float64))
     assert (int(tok), int(total)) == (int(want[0]), Q)
+
+
+def test_parameters_that_keep_no_candidate_hand_the_batch_back():
+    """A row whose filters keep nothing (not reachable from validated parameters: min-p
+    <= 1 always keeps the maximum) is handed back, never drawn from an empty table (an
+    index past the kept candidates). Bug it would catch: a read before the first kept
+    candidate, a crash or a garbage token."""
+    x = torch.from_numpy(logits_rows(np.random.default_rng(6), 2, 64, "random"))
+    rows = topkdraw.SmallTopK(
+        5,
+        np.array([3, 3], dtype=np.int64),
+        np.ones(2, dtype=np.float32),
+        np.full(2, np.inf),
+        np.array([0.0, 2.0], dtype=np.float32),
+        rules.frac_bits(64),
+    )
+    assert topkdraw.draw(x, rows, torch.full((2,), 0.5, dtype=torch.float64)) is None
+    ok = topkdraw.SmallTopK(
+        *(getattr(rows, f) for f in ("K", "k_index", "temperatures", "top_p")),
+        np.array([0.0, 1.0], dtype=np.float32),
+        rows.frac,
+    )
+    assert topkdraw.draw(x, ok, torch.full((2,), 0.5, dtype=torch.float64)) is not None
