@@ -243,22 +243,24 @@ def test_batches_outside_the_shortcut_take_the_general_path(params):
     assert counted.drawn == 0 and counted.none == 0
 
 
-def test_a_long_row_of_a_small_batch_splits_its_normaliser():
+@pytest.mark.parametrize("B", [1, 3])
+def test_a_long_row_of_a_small_batch_splits_its_normaliser(B):
     """B < threads and V >= 65,536: the normaliser comes from the column-split pass (its
-    exact words summed), the rest from the kernel; the same bits as the general path at
-    1 and 2 threads."""
+    exact words summed), the rest from the kernel; at 1-4 threads (rows split over the
+    threads, or each row's columns) the same bits as the general path and as each
+    other."""
     rng = np.random.default_rng(4)
-    x = torch.from_numpy(logits_rows(rng, 1, 1 << 17, "peaked"))
-    params = [SamplingParams(seed=5, temperature=0.8, top_k=50, top_p=0.9)]
+    x = torch.from_numpy(logits_rows(rng, B, 1 << 17, "peaked"))
+    params = [SamplingParams(seed=5 + i, temperature=0.8, top_k=50, top_p=0.9) for i in range(B)]
     before = torch.get_num_threads()
     try:
         outs = []
-        for t in (1, 2):
+        for t in (1, 2, 3, 4):
             torch.set_num_threads(t)
-            fast, general = _run(params, x, torch.tensor([17]))
+            fast, general = _run(params, x, torch.arange(B) + 17)
             assert _outputs_equal(fast, general), t
             outs.append(fast)
-        assert _outputs_equal(*outs)
+        assert all(_outputs_equal(outs[0], o) for o in outs[1:])
     finally:
         torch.set_num_threads(before)
 
