@@ -341,3 +341,25 @@ def test_parameters_that_keep_no_candidate_hand_the_batch_back():
         rows.frac,
     )
     assert topkdraw.draw(x, ok, torch.full((2,), 0.5, dtype=torch.float64)) is not None
+
+
+@pytest.mark.parametrize("layout", ["strided", "transposed", "offset", "bfloat16"])
+def test_logits_of_any_layout_take_the_general_paths_bits(layout):
+    """Logits as an engine hands them over (every other column of a wider buffer, a
+    transposed view, a row slice starting one element in, half precision): the shortcut
+    draws from the same values as the general path on a contiguous float32 copy."""
+    rng = np.random.default_rng(8)
+    wide = torch.from_numpy(logits_rows(rng, 3, 2001, "peaked"))
+    x = {
+        "strided": wide[:, :2000:2],
+        "transposed": wide[:, :1000].t().contiguous().t(),
+        "offset": wide[:, 1:1001],
+        "bfloat16": wide[:, :1000].to(torch.bfloat16),
+    }[layout]
+    params = [SamplingParams(seed=i, **ROWS[i]) for i in range(3)]
+    batch = SamplingBatch.from_requests(requests_from(params), 1000)
+    s = Sampler()
+    with _Counted() as counted:
+        fast = s.sample(x, batch, torch.arange(3))
+    assert counted.drawn == 1
+    assert _outputs_equal(fast, s._sample(x.to(torch.float32).contiguous(), batch, torch.arange(3)))
