@@ -121,7 +121,7 @@ def rows_view(x: torch.Tensor) -> np.ndarray:
 SPLIT_PART_MIN = 1 << 14
 
 
-def _column_parts(rows: int, n: int) -> int:
+def column_parts(rows: int, n: int) -> int:
     """How many parts each row of a (rows, n) call is split into over the threads: 1
     unless there are fewer rows than threads and the rows are long (a row is then no
     longer one thread's, which costs a thread hand-over: at n = 32000 it eats the gain,
@@ -208,7 +208,7 @@ def normalisers(x: torch.Tensor, m: torch.Tensor | None = None) -> tuple[torch.T
     g, go = _vector(a.shape[0], np.float64, lead)
     k, frac = jit().normalisers, spec.frac_bits(n)
     mo = m.to(torch.float32).contiguous().numpy().reshape(-1)
-    parts = _column_parts(a.shape[0], n)
+    parts = column_parts(a.shape[0], n)
     if parts > 1:
         go[:] = _split_log_norms(a, mo, frac, parts)
     else:
@@ -223,7 +223,7 @@ def log_softmax_at(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     out, o = _vector(a.shape[0], np.float32, (a.shape[0],))
     i = (ids if ids.dtype == torch.int64 else ids.to(torch.int64)).contiguous().numpy()
     k, frac = jit().log_softmax_at_rows, spec.frac_bits(x.shape[-1])
-    parts = _column_parts(*a.shape)
+    parts = column_parts(*a.shape)
     if parts > 1:
         m = row_max(x).numpy().reshape(-1)
         jit().picked_rows(a, i, m, _split_log_norms(a, m, frac, parts), o)
@@ -241,7 +241,7 @@ def greedy(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     tok, t = _vector(a.shape[0], np.int64, (a.shape[0],))
     lp, o = _vector(a.shape[0], np.float32, (a.shape[0],))
     k, frac = jit().greedy_rows, spec.frac_bits(x.shape[-1])
-    parts = _column_parts(*a.shape)
+    parts = column_parts(*a.shape)
     if parts > 1:  # numpy's argmax (its rule: the first maximum, the first NaN)
         t[:] = a.argmax(axis=-1)
         m = a[np.arange(a.shape[0]), t]

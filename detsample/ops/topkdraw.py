@@ -84,6 +84,10 @@ class SmallTopK:
         )
 
 
+#: no known maxima (the kernel finds each row's own)
+_NO_MAX = np.empty(0, dtype=np.float32)
+
+
 @dataclass(frozen=True)
 class Drawn:
     """:func:`draw`'s rows (B of them): tokens (B,) int64, logprobs (B,) float32 ("raw"),
@@ -112,14 +116,14 @@ def draw(x: torch.Tensor, rows: SmallTopK, u: torch.Tensor, *, deterministic: bo
     a = cpu.rows_view(x)
     out = (np.empty(B, np.int64), np.empty(B, np.float32), np.empty(B, np.float32), np.empty(B, np.int64))
     status = np.empty(B, np.int8)
-    if cpu._column_parts(B, V) > 1:  # a long row of a small batch: its normaliser split
-        g = cpu.normalisers(x)[1].numpy()
+    if cpu.column_parts(B, V) > 1:  # a long row of a small batch: its normaliser split
+        m, g = (t.numpy() for t in cpu.normalisers(x))
     else:
-        g = np.full(B, np.nan)
+        m, g = _NO_MAX, np.full(B, np.nan)
     k = _kernels()
     uu = u.numpy() if u.dtype == torch.float64 else u.to(torch.float64).numpy()
     params = (rows.K, rows.k_index, rows.temperatures, rows.top_p, rows.least, rows.frac, deterministic)
-    cpu.split_rows(lambda s, e: k.draw_rows(a, params, (uu, g), (*out, status), (s, e)), B, a.size)
+    cpu.split_rows(lambda s, e: k.draw_rows(a, params, (uu, m, g), (*out, status), (s, e)), B, a.size)
     if status.any():
         return None
     return Drawn(torch.from_numpy(out[0]), torch.from_numpy(out[1]), out[2], out[3])

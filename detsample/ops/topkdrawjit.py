@@ -106,10 +106,11 @@ def draw_rows(x, params, given, out, span):
     (rows,) float32, top_p (rows,) float64 ``+inf`` where disabled, least (rows,) float32
     ``-inf`` where no element-wise filter, frac the masses' fraction bits, check: the
     deterministic mode's test that no tie group at the k-th value spills past the K
-    candidates); ``given`` = (u (rows,) float64 the uniforms, g (rows,) float64 the
-    normalisers where known, else NaN: computed here)."""
+    candidates); ``given`` = (u (rows,) float64 the uniforms, m the rows' maxima (float32,
+    ``arith.cpu.normalisers``'), or an empty array: found here, g (rows,) float64 the
+    normalisers where known with ``m``, else NaN: computed here)."""
     K, k_index, temps, top_p, least, frac, check = params
-    u, g = given
+    u, known_max, g = given
     tok, lp, tau, total, status = out
     r0, r1 = span
     n = x.shape[1]
@@ -124,7 +125,7 @@ def draw_rows(x, params, given, out, span):
     scale = 2.0**frac
     for r in range(r0, r1):
         row = x[r]
-        m = row_max(row, buf)
+        m = known_max[r] if known_max.size else row_max(row, buf)
         if not ((m > -np.inf) & (m < np.inf)):
             status[r] = INVALID
             continue

@@ -243,14 +243,14 @@ def test_batches_outside_the_shortcut_take_the_general_path(params):
     assert counted.drawn == 0 and counted.none == 0
 
 
-@pytest.mark.parametrize("B", [1, 3])
-def test_a_long_row_of_a_small_batch_splits_its_normaliser(B):
-    """B < threads and V >= 65,536: the normaliser comes from the column-split pass (its
-    exact words summed), the rest from the kernel; at 1-4 threads (rows split over the
-    threads, or each row's columns) the same bits as the general path and as each
-    other."""
+@pytest.mark.parametrize("B, family", [(1, "peaked"), (3, "peaked"), (3, "posinf"), (3, "dead-row")])
+def test_a_long_row_of_a_small_batch_splits_its_normaliser(B, family):
+    """B < threads and V >= 65,536: the maxima and normalisers come from the column-split
+    pass (its exact words summed), the rest from the kernel; at 1-4 threads (rows split
+    over the threads, or each row's columns) the same bits as the general path and as
+    each other, an invalid row handed back there as on the one-pass path."""
     rng = np.random.default_rng(4)
-    x = torch.from_numpy(logits_rows(rng, B, 1 << 17, "peaked"))
+    x = _logits(rng, B, 1 << 17, family)
     params = [SamplingParams(seed=5 + i, temperature=0.8, top_k=50, top_p=0.9) for i in range(B)]
     before = torch.get_num_threads()
     try:
