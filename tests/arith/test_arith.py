@@ -9,6 +9,7 @@ and a definition that loses accuracy (a truncated series, a wrong ln 2 split).
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -110,6 +111,47 @@ def test_exp_property_every_float32_is_the_oracles(vals):
     want = bits(oracle.exp32(z.numpy()))
     for impl in IMPLS:
         assert np.array_equal(bits(arith.exp(z, impl=impl)), want)
+
+
+@functools.cache
+def _nonpos_loop():
+    """A loop of ``jit.exp64_nonpos`` over a float64 array (compiled once, here)."""
+    import numba
+
+    k = cpu.jit()
+
+    @numba.njit(cache=False, fastmath=False, error_model="numpy")
+    def loop(d, out):
+        for i in range(d.size):
+            out[i] = k.exp64_nonpos(d[i])
+
+    return loop
+
+
+def _nonpos_exp(d: np.ndarray) -> np.ndarray:
+    out = np.empty(d.size, dtype=np.float32)
+    _nonpos_loop()(d, out)
+    return out
+
+
+EDGE = [-0.0, 0.0, -np.inf, spec.EXP_LO, np.nextafter(spec.EXP_LO, 0.0), np.nextafter(spec.EXP_LO, -1.0), -1e300]
+
+
+@given(
+    st.lists(st.floats(max_value=0.0, allow_nan=False, width=32), min_size=1, max_size=200),
+    st.floats(-1e4, 1e4, width=32),
+)
+def test_nonpositive_exp_is_exp_where_its_contract_holds(vals, m):
+    """The normalisers' exp (no upper clamp, no NaN select: ``x - m`` with ``m`` the
+    row's finite maximum) has exp's bits on every such input: -inf, -0.0, the clamp's
+    edge and below it, differences of float32s in float64. Pins dropping its lower clamp
+    too (-inf and values below EXP_LO then give garbage)."""
+    row = np.asarray(vals, dtype=np.float32) + np.float32(m)
+    parts = [np.asarray(vals, np.float64), np.asarray(EDGE)]
+    if np.isfinite(row.max()):
+        parts.append(row.astype(np.float64) - np.float64(row.max()))
+    d = np.concatenate(parts)
+    assert np.array_equal(bits(_nonpos_exp(d)), bits(oracle.exp64(d)))
 
 
 def _log_inputs() -> torch.Tensor:
