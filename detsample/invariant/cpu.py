@@ -57,7 +57,7 @@ aten = torch.ops.aten
 
 def _native(t: torch.Tensor) -> bool:
     """True when the native kernel is used as is (not a CPU floating-point tensor)."""
-    return t.device.type != "cpu" or not t.dtype.is_floating_point
+    return not t.is_cpu or not t.is_floating_point()
 
 
 # -- matmul -------------------------------------------------------------------------------
@@ -67,13 +67,18 @@ def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return product(a, b, config().portable)
 
 
+def _rounded(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype`` (itself when it is: a no-op ``to`` still costs a dispatch)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def mm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
     """aten ``mm(self (M, K), mat2 (K, N)) -> (M, N)``: row i depends on ``self[i]`` and
     ``mat2`` only."""
     if _native(self) or _native(mat2) or self.dtype != mat2.dtype:
         out = self.new_empty((self.shape[0], mat2.shape[1]))
         return aten.mm.out(self, mat2, out=out)
-    return _product(self, mat2).to(self.dtype)
+    return _rounded(_product(self, mat2), self.dtype)
 
 
 def bmm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
@@ -82,7 +87,7 @@ def bmm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
     if _native(self) or _native(mat2) or self.dtype != mat2.dtype:
         out = self.new_empty((self.shape[0], self.shape[1], mat2.shape[2]))
         return aten.bmm.out(self, mat2, out=out)
-    return _product(self, mat2).to(self.dtype)
+    return _rounded(_product(self, mat2), self.dtype)
 
 
 def _add_scaled(prod: torch.Tensor, bias: torch.Tensor, beta: Any, alpha: Any) -> torch.Tensor:
@@ -154,11 +159,13 @@ def _sum_over(x: torch.Tensor, dims: list[int], keepdim: bool) -> torch.Tensor:
     n = 1
     for d in dims:
         n *= x.shape[d]
-    rows = x.permute(keep + dims).reshape(-1, n) if nd else x.reshape(1, 1)
-    out = _row_sum(rows).reshape([x.shape[d] for d in keep])
-    if keepdim:
-        out = out.reshape([1 if d in dims else x.shape[d] for d in range(nd)])
-    return out
+    if not nd:
+        rows = x.reshape(1, 1)
+    elif dims == list(range(nd - len(dims), nd)):  # the trailing dims: the permute is the identity
+        rows = x.reshape(-1, n)
+    else:
+        rows = x.permute(keep + dims).reshape(-1, n)
+    return _row_sum(rows).reshape(_reduced_shape(x, dims, keepdim))
 
 
 def _reduced_shape(x: torch.Tensor, dims: list[int], keepdim: bool) -> list[int]:
@@ -182,7 +189,7 @@ def sum_dim(
         out = self.new_empty(_reduced_shape(self, dims, keepdim), dtype=out_dtype)
         return aten.sum.IntList_out(self, dims, keepdim, dtype=dtype, out=out)
     ct = compute_dtype(out_dtype)
-    return _sum_over(self.to(ct), dims, keepdim).to(out_dtype)
+    return _rounded(_sum_over(_rounded(self, ct), dims, keepdim), out_dtype)
 
 
 def sum_all(self: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -204,7 +211,7 @@ def mean_dim(
     for d in dims:
         n *= self.shape[d]
     ct = compute_dtype(out_dtype)
-    return (_sum_over(self.to(ct), dims, keepdim) / n).to(out_dtype)
+    return _rounded(_sum_over(_rounded(self, ct), dims, keepdim) / n, out_dtype)
 
 
 def mean_all(self: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:

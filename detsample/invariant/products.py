@@ -98,6 +98,8 @@ def _tiled(a: torch.Tensor, b: torch.Tensor, plan: Plan, big: tuple[int, ...]) -
     """``a @ b`` by a verified plan: the leading rows in the qualifying ``big`` tiles (at
     this thread count), the rest in the ladder's tiles (at 1 thread where the plan says)."""
     _, ladder, single = plan.data
+    if not big and not single:  # a decode step's products: the ladder alone
+        return tiles.run(a, b, ladder)
     sizes, rest = tiles.big_split(a.shape[-2], big)
     head = a.shape[-2] - rest
     out = [tiles.run_sizes(a[:head], b, sizes)] if sizes else []

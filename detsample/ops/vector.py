@@ -37,7 +37,10 @@ def pointwise(out_op: Callable[..., torch.Tensor], x: torch.Tensor, *args: Any, 
         npad = -(-n // PAD) * PAD
         buf = x.new_zeros((npad,))
         buf[:n].copy_(x.reshape(-1))
-    out = torch.empty((npad,), dtype=x.dtype, device=x.device)
-    for s in range(0, npad, BLOCK):
-        out_op(buf[s : s + BLOCK], *args, out=out[s : s + BLOCK], **kwargs)
+    out = buf.new_empty((npad,))
+    if npad <= BLOCK:  # one block: no slices to cut
+        out_op(buf, *args, out=out, **kwargs)
+    else:
+        for s in range(0, npad, BLOCK):
+            out_op(buf[s : s + BLOCK], *args, out=out[s : s + BLOCK], **kwargs)
     return out[:n].view(x.shape)
