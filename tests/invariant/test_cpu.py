@@ -99,6 +99,40 @@ def test_tile_sizes_and_the_ladder_cost():
     assert tiles.col_blocks(10000) == [(0, 4096), (4096, 8192), (8192, 10000)]
 
 
+@pytest.mark.parametrize("misaligned", [False, True])
+@pytest.mark.parametrize(
+    ("lead", "rows", "cols", "dtype"),
+    [
+        ((), 3, 5, torch.float32),
+        ((4,), 2, 17, torch.float64),
+        ((2, 3), 4, 16, torch.float32),
+        ((), 1, 128, torch.bfloat16),
+    ],
+)
+def test_aligned_scratch_starts_and_rows_on_64_byte_boundaries(lead, rows, cols, dtype, misaligned, monkeypatch):
+    """Tiles' scratch: storage on a 64-byte boundary and (``pad``) rows 64-byte multiples
+    apart, also where the allocator hands out a misaligned block (simulated: every
+    ``new_empty`` 4 bytes off), which takes the over-allocated view. Pins a scratch that
+    trusts the allocator's alignment unchecked (the misaligned case then fails)."""
+    if misaligned:
+        real = torch.Tensor.new_empty
+
+        def off_by_one(self, size, **kw):
+            n = int(np.prod(size)) if len(size) else 1
+            return real(self, (n + 1,), **kw)[1:].view(size)
+
+        monkeypatch.setattr(torch.Tensor, "new_empty", off_by_one)
+    like = torch.zeros(1, dtype=dtype)
+    for pad in (True, False):
+        t = tiles.aligned_empty(lead, rows, cols, like, pad=pad)
+        assert t.shape == lead + (rows, cols) and t.dtype == dtype
+        assert t.data_ptr() % 64 == 0
+        if pad:
+            assert (t.stride(-2) * t.element_size()) % 64 == 0
+        else:
+            assert t.is_contiguous()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_mm_reduced_precision_rounds_once_from_float32(dtype, mode):
     g = _gen(1)
