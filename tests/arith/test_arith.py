@@ -287,15 +287,20 @@ FMA = re.compile(r"\bv?fn?m(add|sub)[0-9]*[ps][sd]\b|\bfn?m(la|ls|add|sub)\b")
 
 
 def _asm(fastmath: bool) -> str:
-    """The x86 / aarch64 assembly of the exp kernel compiled afresh (cached code cannot
-    be inspected) with the project's flags, or with fast-math."""
+    """The x86 / aarch64 assembly of the exp kernel and of the normalisers' kernel (its
+    exp without the upper clamp and the NaN select, then the exact sum and log) compiled
+    afresh (cached code cannot be inspected) with the project's flags, or with fast-math."""
     import numba
 
     k = cpu.jit()
-    fresh = numba.njit(nogil=True, cache=False, fastmath=fastmath, error_model="numpy")(k.exp_into.py_func)
+    flags = dict(nogil=True, cache=False, fastmath=fastmath, error_model="numpy")
+    exp_loop = numba.njit(**flags)(k.exp_into.py_func)
+    norm_loop = numba.njit(**flags)(k.normalisers.py_func)
     z = np.zeros(4, np.float32)
-    fresh(z, z.copy())
-    return "\n".join(fresh.inspect_asm(sig) for sig in fresh.signatures)
+    exp_loop(z, z.copy())
+    x = np.zeros((2, 8), np.float32)
+    norm_loop(x, x.max(axis=1), np.empty(2), spec.frac_bits(8), 0, 2)
+    return "\n".join(f.inspect_asm(sig) for f in (exp_loop, norm_loop) for sig in f.signatures)
 
 
 def test_numba_kernels_contain_no_fused_multiply_add():
