@@ -391,3 +391,72 @@ def test_every_block_at_once_gives_the_block_loops_bits(B, heads, T, L, kind, po
         loop, lse_loop = att.attend(q, k, v, mask, None, ex)
     assert ran == [1] or T > 1  # a single query always takes the one pass
     assert torch.equal(once, loop) and torch.equal(lse_once, lse_loop)
+
+
+def _layout_calls(mp, att) -> list:
+    made = []
+    build = att._make_layout
+    mp.setattr(att, "_make_layout", lambda *a: made.append(1) or build(*a))
+    return made
+
+
+@pytest.mark.parametrize("kind", ["causal", "padded", "additive"])
+def test_a_mask_layout_is_served_to_every_layer_and_never_stale(kind):
+    """The key layout a mask decides (compaction, masked keys, blocks' first rows) is
+    computed at the first layer of a forward and served to the next ones (same mask
+    object): the same bits as computed afresh. Changed in place (a key masked out), or
+    passed with another padding mask or query count, it is computed again. Pins a cache
+    keyed on the mask's identity alone (the in-place change is then served the old
+    layout and a masked-out key still attended: fails)."""
+    from detsample.invariant.attention import Extras
+
+    att = importlib.import_module("detsample.invariant.attention")
+    B, L = 2, KEY_BLOCK + 9
+    q, k, v = _qkv(B, 4, 2, 1, L, seed=3)
+    mask = torch.ones(B, 1, 1, L, dtype=torch.bool)
+    if kind != "causal":
+        mask[1, :, :, :7] = False  # row 1 left-padded
+    if kind == "additive":
+        mask = torch.where(mask, torch.randn(mask.shape) * 0.5, torch.finfo(torch.float32).min)
+    with batch_invariant(), pytest.MonkeyPatch.context() as mp:
+        made = _layout_calls(mp, att)
+        first = att.attend(q, k, v, mask, None)[0]
+        again = [att.attend(q, k2, v2, mask, None)[0] for k2, v2 in ((k, v), (k * 2, v + 1))]
+        assert made == [1]  # one layout for three "layers"
+        assert torch.equal(again[0], first)
+        fresh = att.attend(q, k * 2, v + 1, mask.clone(), None)[0]  # another mask object: computed
+        assert torch.equal(again[1], fresh) and made == [1, 1]
+        if kind == "additive":
+            mask[0, :, :, 3] = torch.finfo(torch.float32).min  # in place: key 3 of row 0 masked out
+        else:
+            mask[0, :, :, 3] = False
+        changed = att.attend(q, k, v, mask, None)[0]
+        assert torch.equal(changed, att.attend(q, k, v, mask.clone(), None)[0])
+        assert not torch.equal(changed[0], first[0]) and torch.equal(changed[1], first[1])
+        keys = torch.ones(B, L, dtype=torch.bool)
+        n = len(made)
+        att.attend(q, k, v, mask, None, Extras(keys=keys))  # another padding mask: computed
+        att.attend(q, k, v, mask, None, Extras(keys=keys))  # the same one: served
+        assert len(made) == n + 1
+        q3 = torch.cat([q, q, q], dim=2)
+        att.attend(q3, k, v, mask, None)  # 3 queries: other dims, computed
+        assert len(made) == n + 2
+
+
+def test_a_layout_is_served_only_with_the_same_padding_mask_object():
+    """A sliding window leaves a decode query's early keys unattended: the padding mask
+    (``Extras.keys``) then decides the compaction (all the row's keys, or only the
+    window's). Two padding masks at the same version counter get their own layouts.
+    Pins a cache keyed on the padding mask's version alone (the second is then served
+    the first's layout: fails)."""
+    att = importlib.import_module("detsample.invariant.attention")
+    B, L, W = 2, 40, 5
+    mask = torch.zeros(B, 1, 1, L, dtype=torch.bool)
+    mask[..., L - W :] = True  # a window of the last W keys
+    every = torch.ones(B, L, dtype=torch.bool)
+    window = (torch.arange(L) >= L - W).expand(B, L).clone()
+    assert every._version == window._version
+    dims, dev = (B, 2, 1, 2, L), torch.device("cpu")
+    assert att.key_layout(mask, every, dims, dev).lc == L
+    assert att.key_layout(mask, window, dims, dev).lc == W
+    assert att.key_layout(mask, every, dims, dev).lc == L
