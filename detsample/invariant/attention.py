@@ -472,8 +472,9 @@ def key_layout(
     computed at the first layer and kept beside the mask (held weakly: it goes with the
     mask), served again only for the same mask at the same version counter (an in-place
     change of it is never served stale), the same ``keys`` object at the same version,
-    and the same ``dims`` (a decode step's ~0.2 ms a layer, measured). A mask without a
-    version counter (an inference-mode tensor) is not cached."""
+    and the same ``dims`` (a decode step of the real-shape benchmark model: ~0.4 ms a
+    layer, measured). Not cached: a mask without a version counter (an inference-mode
+    tensor), a layout over :data:`LAYOUT_CACHE_BYTES`."""
     if not isinstance(mask, torch.Tensor) or mask.is_inference() or (keys is not None and keys.is_inference()):
         return _make_layout(mask, keys, dims, dev)
     stamp = (mask._version, None if keys is None else keys._version, dims, dev)
@@ -482,9 +483,22 @@ def key_layout(
     if hit is not None and hit[0] == stamp and hit[1] is keys:
         return hit[2]
     layout = _make_layout(mask, keys, dims, dev)
-    with _LAYOUTS_LOCK:
-        _LAYOUTS[mask] = (stamp, keys, layout)
+    if _layout_bytes(layout) <= LAYOUT_CACHE_BYTES:
+        with _LAYOUTS_LOCK:
+            _LAYOUTS[mask] = (stamp, keys, layout)
     return layout
+
+
+#: the largest layout kept beside its mask: a decode step's or a short chunk's (a long
+#: prefill's masks, (B * Hkv, T * G, lc), would stay alive as long as the caller keeps the
+#: mask; computing them per layer costs little beside that prefill's products)
+LAYOUT_CACHE_BYTES = 16 << 20
+
+
+def _layout_bytes(layout: KeyLayout) -> int:
+    return sum(
+        t.numel() * t.element_size() for t in (layout.masked, layout.add, layout.valid, layout.flat) if t is not None
+    )
 
 
 def _compact(key: torch.Tensor, value: torch.Tensor, flat: torch.Tensor | None, lc: int):

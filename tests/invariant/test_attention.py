@@ -460,3 +460,25 @@ def test_a_layout_is_served_only_with_the_same_padding_mask_object():
     assert att.key_layout(mask, every, dims, dev).lc == L
     assert att.key_layout(mask, window, dims, dev).lc == W
     assert att.key_layout(mask, every, dims, dev).lc == L
+
+
+def test_a_long_prefills_layout_is_not_kept_beside_its_mask(monkeypatch):
+    """A layout over the cache's budget (a long prefill's (B * Hkv, T * G, lc) masks) is
+    computed per call, not kept alive as long as the caller keeps the mask; an
+    inference-mode mask (no version counter) is never cached."""
+    att = importlib.import_module("detsample.invariant.attention")
+    B, T, L = 1, 8, 8
+    q, k, v = _qkv(B, 4, 2, T, L, seed=5)
+    mask = torch.ones(T, L, dtype=torch.bool).tril()[None, None]
+    made = _layout_calls(monkeypatch, att)
+    monkeypatch.setattr(att, "LAYOUT_CACHE_BYTES", 0)
+    want = att.attend(q, k, v, mask, None)[0]
+    assert torch.equal(att.attend(q, k, v, mask, None)[0], want) and made == [1, 1]
+    monkeypatch.setattr(att, "LAYOUT_CACHE_BYTES", 1 << 20)
+    att.attend(q, k, v, mask, None)
+    att.attend(q, k, v, mask, None)
+    assert made == [1, 1, 1]
+    with torch.inference_mode():
+        frozen = torch.ones(T, L, dtype=torch.bool).tril()[None, None]
+        outs = [att.attend(q, k, v, frozen, None)[0] for _ in range(2)]
+    assert made == [1, 1, 1, 1, 1] and torch.equal(outs[0], want) and torch.equal(outs[1], want)
