@@ -470,8 +470,9 @@ def key_layout(
     """The :class:`KeyLayout` of a call with ``mask`` and padding mask ``keys``, ``dims`` =
     (B, Hkv, T, G, L). A model's layers share one mask tensor per forward: its layout is
     computed at the first layer and kept beside the mask (held weakly: it goes with the
-    mask), served again only for the same mask at the same version counter (an in-place
-    change of it is never served stale), the same ``keys`` object at the same version,
+    mask), served again only for the same mask at the same version counter and with the
+    same contents (an in-place change of it is never served stale, also one that bypasses
+    the counter), the same ``keys`` object at the same version and contents,
     and the same ``dims`` (a decode step of the real-shape benchmark model: ~0.4 ms a
     layer, measured). Not cached: a mask without a version counter (an inference-mode
     tensor), a layout over :data:`LAYOUT_CACHE_BYTES`."""
@@ -480,25 +481,38 @@ def key_layout(
     stamp = (mask._version, None if keys is None else keys._version, dims, dev)
     with _LAYOUTS_LOCK:
         hit = _LAYOUTS.get(mask)
-    if hit is not None and hit[0] == stamp and hit[1] is keys:
-        return hit[2]
+    if hit is not None and hit[0] == stamp and hit[1] is keys and _same(hit[2], (mask, keys)):
+        return hit[3]
     layout = _make_layout(mask, keys, dims, dev)
-    if _layout_bytes(layout) <= LAYOUT_CACHE_BYTES:
+    if _layout_bytes(layout) + _bytes(mask) + _bytes(keys) <= LAYOUT_CACHE_BYTES:
+        seen = (mask.clone(), None if keys is None else keys.clone())
         with _LAYOUTS_LOCK:
-            _LAYOUTS[mask] = (stamp, keys, layout)
+            _LAYOUTS[mask] = (stamp, keys, seen, layout)
     return layout
 
 
-#: the largest layout kept beside its mask: a decode step's or a short chunk's (a long
-#: prefill's masks, (B * Hkv, T * G, lc), would stay alive as long as the caller keeps the
-#: mask; computing them per layer costs little beside that prefill's products)
+def _same(seen: tuple, now: tuple) -> bool:
+    """Whether the mask and padding mask hold what they held when their layout was made:
+    a write that bypasses the version counter (through ``.numpy()`` or ``.data``) is then
+    not served a stale layout either (a decode step's mask: a few microseconds)."""
+    return all(
+        (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b)) for a, b in zip(seen, now)
+    )
+
+
+#: the largest layout kept beside its mask, with the copies of the masks it was made from:
+#: a decode step's or a short chunk's (a long prefill's masks, (B * Hkv, T * G, lc), would
+#: stay alive as long as the caller keeps the mask; computing them per layer costs little
+#: beside that prefill's products)
 LAYOUT_CACHE_BYTES = 16 << 20
 
 
+def _bytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
 def _layout_bytes(layout: KeyLayout) -> int:
-    return sum(
-        t.numel() * t.element_size() for t in (layout.masked, layout.add, layout.valid, layout.flat) if t is not None
-    )
+    return sum(_bytes(t) for t in (layout.masked, layout.add, layout.valid, layout.flat))
 
 
 def _compact(key: torch.Tensor, value: torch.Tensor, flat: torch.Tensor | None, lc: int):

@@ -405,9 +405,11 @@ def test_a_mask_layout_is_served_to_every_layer_and_never_stale(kind):
     """The key layout a mask decides (compaction, masked keys, blocks' first rows) is
     computed at the first layer of a forward and served to the next ones (same mask
     object): the same bits as computed afresh. Changed in place (a key masked out), or
-    passed with another padding mask or query count, it is computed again. Pins a cache
-    keyed on the mask's identity alone (the in-place change is then served the old
-    layout and a masked-out key still attended: fails)."""
+    passed with another padding mask or query count, it is computed again; so is one
+    written through ``.numpy()`` (no version bump). Pins a cache keyed on the mask's
+    identity alone (the in-place change is then served the old layout and a masked-out
+    key still attended: fails), and one trusting the version counter alone (the numpy
+    write: fails)."""
     from detsample.invariant.attention import Extras
 
     att = importlib.import_module("detsample.invariant.attention")
@@ -433,6 +435,13 @@ def test_a_mask_layout_is_served_to_every_layer_and_never_stale(kind):
         changed = att.attend(q, k, v, mask, None)[0]
         assert torch.equal(changed, att.attend(q, k, v, mask.clone(), None)[0])
         assert not torch.equal(changed[0], first[0]) and torch.equal(changed[1], first[1])
+        n = len(made)
+        before = att.attend(q, k, v, mask, None)[0]  # served
+        mask.numpy()[1, 0, 0, 20] = False if kind != "additive" else torch.finfo(torch.float32).min  # no version bump
+        assert torch.equal(before, changed) and len(made) == n
+        bypassed = att.attend(q, k, v, mask, None)[0]
+        assert len(made) == n + 1 and torch.equal(bypassed, att.attend(q, k, v, mask.clone(), None)[0])
+        assert not torch.equal(bypassed[1], changed[1])
         keys = torch.ones(B, L, dtype=torch.bool)
         n = len(made)
         att.attend(q, k, v, mask, None, Extras(keys=keys))  # another padding mask: computed
