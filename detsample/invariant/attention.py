@@ -286,11 +286,13 @@ def attend(
 #: block); above it the blocks run one by one (the same bits)
 ONE_PASS_SCORES = 1 << 22
 #: the portable product's limit: the most values (keys x value columns, every KV head) in
-#: one call. Its float64 temporaries are several times the operands; past a few MB they
-#: leave the cache and the one pass is slower than the loop (measured on a Zen 2, decode
-#: over 257 keys, 9 / 3 heads: 3.2 against 6.1 ms at batch 1, 14.6 against 13.5 at 8,
-#: 60.7 against 53 at 32)
-ONE_PASS_PORTABLE_VALUES = 1 << 19
+#: one call. Its float64 temporaries are several times the operands; past some size they
+#: leave the cache and the one pass is no faster than the loop. Measured on a Zen 2, a
+#: decode step over 257 keys with the operands' preparation vectorised: the one pass
+#: 151.9 against 172.7 ms (wide Llama, batch 8: 0.8M values), 400 against 464 (the
+#: 135M shapes, batch 8: 0.6M), 565 against 621 (batch 16), 921 against 949 (batch 32:
+#: 2.4M; medians 1036 against 983, within the noise), 404 against 422 (wide, batch 32: 3.2M)
+ONE_PASS_PORTABLE_VALUES = 1 << 22
 
 
 def _fits_one_pass(vb: torch.Tensor, rows: int, portable: bool) -> bool:

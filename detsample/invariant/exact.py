@@ -166,9 +166,13 @@ def _prepare_rows(jit, x: torch.Tensor) -> Operand:
     bad = np.empty((nb, m), np.bool_)
     pre, post = inflation(BLOCK), 1.0 + 4 * _ULP
     counts = []
+    dense = _dense(mats)
 
     def run(s: int, e: int) -> None:
-        counts.append(jit.prepare_rows(mats, BLOCK, pre, post, values, blocks, bad, s, e))
+        if dense is None:
+            counts.append(jit.prepare_rows(mats, BLOCK, pre, post, values, blocks, bad, s, e))
+        else:
+            counts.append(jit.prepare_rows_dense(*dense, (m, k), BLOCK, pre, post, values, blocks, bad, s, e))
 
     split_rows(run, nb * m, values.size)
     shape = lead + (m,)
@@ -180,6 +184,22 @@ def _matrices(x: torch.Tensor, m: int, k: int) -> np.ndarray:
     """``x (..., m, k)`` as a numpy ``(nb, m, k)`` array in its own strides where numpy
     can reshape it so (a copy otherwise)."""
     return x.numpy().reshape((-1, m, k))
+
+
+def _dense(mats: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """``(flat, stride)`` where every matrix of float32 ``mats (nb, m, k)`` is contiguous
+    (a contiguous batch, or slices of one, as the attention's key blocks are): a flat
+    view of the buffer from the first matrix to the end of the last, and the elements
+    from one matrix to the next -- the operands the vectorised ``*_dense`` kernels read.
+    None otherwise (the kernels that read any strides)."""
+    nb, m, k = mats.shape
+    if mats.flags.c_contiguous:
+        return mats.reshape(-1), m * k
+    size, step = mats.itemsize, mats.strides[0]
+    if not mats[0].flags.c_contiguous or step % size or step < 0:
+        return None
+    stride = step // size
+    return np.lib.stride_tricks.as_strided(mats, shape=((nb - 1) * stride + m * k,), strides=(size,)), stride
 
 
 def _prepare_cols(jit, x: torch.Tensor) -> tuple[Operand, torch.Tensor | None]:
@@ -195,9 +215,14 @@ def _prepare_cols(jit, x: torch.Tensor) -> tuple[Operand, torch.Tensor | None]:
     row_bad = np.empty((nb, k), np.bool_)
     pre, post = inflation(BLOCK), 1.0 + 4 * _ULP
     counts = []
+    dense = _dense(mats)
 
     def run(s: int, e: int) -> None:
-        counts.append(jit.prepare_cols(mats, BLOCK, pre, post, values, blocks, col_bad, row_bad, s, e))
+        if dense is None:
+            counts.append(jit.prepare_cols(mats, BLOCK, pre, post, values, blocks, col_bad, row_bad, s, e))
+        else:
+            args = (pre, post, values, blocks, col_bad, row_bad, s, e)
+            counts.append(jit.prepare_cols_dense(*dense, (k, n), BLOCK, *args))
 
     split_rows(run, nb, mats.size)
     any_bad = sum(counts) > 0
@@ -271,9 +296,11 @@ def first_pass(d: torch.Tensor, mag: torch.Tensor, adds: int, pre: float = 1.0) 
     if jit is None:
         return _rounded(d, (mag if pre == 1.0 else mag.mul_(pre)).mul_(g))
     dd, mm = rows_view(d), rows_view(mag)
-    lo = np.empty(dd.shape, np.float32)
-    flags = np.empty(dd.shape, np.bool_)
-    split_rows(lambda s, e: jit.first_pass_rows(dd, mm, pre, g, lo, flags, s, e), dd.shape[0], dd.size)
+    n = dd.shape[1]
+    lo = np.empty(dd.size, np.float32)
+    flags = np.empty(dd.size, np.bool_)
+    fd, fm = dd.reshape(-1), mm.reshape(-1)
+    split_rows(lambda s, e: jit.first_pass_flat(fd, fm, pre, g, lo, flags, s * n, e * n), dd.shape[0], dd.size)
     return torch.from_numpy(lo).view(d.shape), torch.from_numpy(flags).view(d.shape)
 
 

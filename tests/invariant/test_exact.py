@@ -258,6 +258,73 @@ def test_the_numba_stages_give_the_torch_stages_bits(nb, m, k, n, fa, fb, seed, 
         assert torch.equal(x.view(torch.int32), y.view(torch.int32))
 
 
+def _exact_norms(values: np.ndarray, along: int) -> np.ndarray:
+    """The exact Euclidean norm of every 32-long K-block (``along``: the K axis), as
+    float64 rounded down from fsum's correctly rounded sum of the exact squares."""
+    import math
+
+    v = np.moveaxis(values, along, -1)
+    k = v.shape[-1]
+    out = np.empty(v.shape[:-1] + (-(-k // ex.BLOCK),))
+    for idx in np.ndindex(v.shape[:-1]):
+        for b in range(out.shape[-1]):
+            sq = math.fsum(float(x) * float(x) for x in v[idx][b * ex.BLOCK : (b + 1) * ex.BLOCK])
+            out[idx + (b,)] = np.nextafter(math.sqrt(sq), 0.0)
+    return np.moveaxis(out, -1, along)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    nb=st.integers(1, 4),
+    m=st.integers(1, 9),
+    k=st.integers(1, 100),
+    family=st.sampled_from(FAMILIES),
+    seed=st.integers(0, 2**16),
+    holes=st.booleans(),
+    sliced=st.booleans(),
+)
+def test_the_vectorised_preparation_is_the_checked_one(nb, m, k, family, seed, holes, sliced):
+    """The operands' preparation on contiguous matrices (a batch, or slices of one as the
+    attention's key blocks are: the vectorised kernels, with their block sums in any
+    order) against the kernels that read any strides: the same float64 values, the same
+    non-finite flags (rows; columns and keys), and block norms that still bound the exact
+    ones from above."""
+    x = _rand((nb, m + 3, k), seed, family)
+    if holes:
+        x = _holes(x, seed)
+    x = x[:, 1 : m + 1] if sliced else x[:, :m].contiguous()  # rows: slices of each matrix
+    mats = x.numpy()
+    assert ex._dense(mats) is not None
+    with pytest.MonkeyPatch.context() as mp:
+        got_rows = ex._prepare_rows(exact_jit, x)
+        got_cols = ex._prepare_cols(exact_jit, x)
+        mp.setattr(ex, "_dense", lambda mats: None)
+        want_rows = ex._prepare_rows(exact_jit, x)
+        want_cols = ex._prepare_cols(exact_jit, x)
+    for (got, got_keys), (want, want_keys), along in [
+        ((got_rows, None), (want_rows, None), -1),
+        (got_cols, want_cols, -2),
+    ]:
+        assert torch.equal(got.values, want.values)
+        for f, g in [(got.bad, want.bad), (got_keys, want_keys)]:
+            assert (f is None) == (g is None) and (f is None or torch.equal(f, g))
+        exact = _exact_norms(got.values.numpy(), along)
+        assert (got.blocks.numpy() >= exact).all()
+
+
+def test_a_batch_of_slices_is_read_in_place():
+    """The attention's key blocks (128-key slices of one tensor): one flat view of the
+    buffer and the matrices' stride, no copy; a layout whose matrices are not contiguous
+    takes the strided kernels."""
+    kb = torch.randn(6, 384, 64)
+    mats = kb[:, 128:256].numpy()
+    flat, stride = ex._dense(mats)
+    assert stride == 384 * 64 and np.shares_memory(flat, kb.numpy())
+    for i in range(6):
+        assert np.array_equal(flat[i * stride : i * stride + 128 * 64], mats[i].reshape(-1))
+    assert ex._dense(kb[:, :, :32].numpy()) is None
+
+
 def test_a_split_over_threads_changes_no_bit(monkeypatch):
     """Large enough that every kernel splits its rows or elements over two threads (and
     every element is forced into stages 2 and 3): the bits of one thread."""
@@ -271,40 +338,32 @@ def test_a_split_over_threads_changes_no_bit(monkeypatch):
     assert _bits_equal(two[:3, :3].contiguous(), oracle.matmul(a[:3].numpy(), b[:, :3].numpy()))
 
 
+_PREP = (32, 1.0, 1.0)  # block, pre, post
+
+
+def _rows_out() -> tuple:
+    return np.empty((1, 2, 64)), np.empty((1, 2, 2)), np.empty((1, 2), np.bool_)
+
+
+def _cols_out() -> tuple:
+    return np.empty((1, 64, 4)), np.empty((1, 2, 4)), np.empty((1, 4), np.bool_), np.empty((1, 64), np.bool_)
+
+
 KERNELS = {
-    "first_pass_rows": lambda: (
-        np.ones((2, 4)),
-        np.ones((2, 4)),
+    "first_pass_flat": lambda: (
+        np.ones(8),
+        np.ones(8),
         1.0,
         1e-15,
-        np.empty((2, 4), np.float32),
-        np.empty((2, 4), np.bool_),
+        np.empty(8, np.float32),
+        np.empty(8, np.bool_),
         0,
-        2,
+        8,
     ),
-    "prepare_rows": lambda: (
-        np.ones((1, 2, 64), np.float32),
-        32,
-        1.0,
-        1.0,
-        np.empty((1, 2, 64)),
-        np.empty((1, 2, 2)),
-        np.empty((1, 2), np.bool_),
-        0,
-        2,
-    ),
-    "prepare_cols": lambda: (
-        np.ones((1, 64, 4), np.float32),
-        32,
-        1.0,
-        1.0,
-        np.empty((1, 64, 4)),
-        np.empty((1, 2, 4)),
-        np.empty((1, 4), np.bool_),
-        np.empty((1, 64), np.bool_),
-        0,
-        1,
-    ),
+    "prepare_rows": lambda: (np.ones((1, 2, 64), np.float32), *_PREP, *_rows_out(), 0, 2),
+    "prepare_rows_dense": lambda: (np.ones(128, np.float32), 64, (2, 64), *_PREP, *_rows_out(), 0, 2),
+    "prepare_cols": lambda: (np.ones((1, 64, 4), np.float32), *_PREP, *_cols_out(), 0, 1),
+    "prepare_cols_dense": lambda: (np.ones(256, np.float32), 256, (64, 4), *_PREP, *_cols_out(), 0, 1),
     "settle_rows": lambda: (np.ones((2, 8)), 1e-15, 1e-16, np.empty(2, np.float32), 0, 2),
     "settle_pairs": lambda: (
         np.ones((1, 2, 8)),
@@ -326,5 +385,22 @@ def test_the_kernels_have_no_fused_multiply_add(name):
     control where the kernel's own body has a multiply feeding one add (the sums of squares)."""
     kernel = getattr(exact_jit, name)
     assert not FMA.search(fresh_asm(kernel, KERNELS[name](), fastmath=False))
-    if cpu_has_fma() and name.startswith("prepare"):
+    if cpu_has_fma() and name in ("prepare_rows", "prepare_cols"):
         assert FMA.search(fresh_asm(kernel, KERNELS[name](), fastmath=True))
+
+
+def test_the_block_sums_reassociate_and_nothing_else():
+    """The one loop compiled with a fast-math flag (the block norms' sums of squares,
+    whose bound holds in any order) has reassociation alone: no contraction (a square
+    is exact, so an FMA would not change a bit today, but the flag would reach any
+    multiply-add added to the loop), no finite-math assumption (a non-finite block must
+    sum to a non-finite value: the checked path depends on it)."""
+    flags = exact_jit._row_squares.targetoptions["fastmath"]
+    assert set(flags) == {"reassoc"}
+    args = (np.ones(64, np.float32), 0, 64, 32, np.empty(64), np.empty(2), 0)
+    assert not FMA.search(fresh_asm(exact_jit._row_squares, args, fastmath={"reassoc"}))
+    sums = np.empty(2)
+    x = np.ones(64, np.float32)
+    x[40] = np.inf
+    exact_jit._row_squares(x, 0, 64, 32, np.empty(64), sums, 0)
+    assert sums[0] == 32.0 and sums[1] == np.inf
