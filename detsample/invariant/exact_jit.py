@@ -33,22 +33,104 @@ _U = numba.uint64  # an index that cannot be negative: no wraparound check, the 
 
 
 @numba.njit(**_jit)
+def _first(d, mag, pre, g):
+    """Stage 1 for one element: ``(RN32(d + 0.0 - e), whether RN32(d - e) and RN32(d +
+    e) differ)`` with ``e = (mag * pre) * g`` (as :func:`exact.first_pass` scales it;
+    bits: -0.0 and +0.0 differ)."""
+    e = (mag * pre) * g
+    x = d + 0.0
+    low = np.float32(x - e)
+    high = np.float32(x + e)
+    return low, (low != high) | (np.signbit(low) != np.signbit(high))
+
+
+@numba.njit(**_jit)
 def first_pass_flat(d, mag, pre, g, lo, flags, start, stop):
-    """Stage 1 for elements ``[start, stop)`` of flat contiguous arrays: d, mag (float64,
-    the float64 GEMM and its magnitude bound), ``e = (mag * pre) * g`` the error bound
-    (as :func:`exact.first_pass` scales it), lo (float32) <- ``RN32(d + 0.0 - e)``,
-    flags (bool) <- whether ``RN32(d - e)`` and ``RN32(d + e)`` differ (bits: -0.0 and
-    +0.0 differ). Branch free, unsigned indices: it vectorises. Returns how many differ."""
+    """Stage 1 (:func:`_first`) for elements ``[start, stop)`` of flat contiguous arrays:
+    d, mag (float64, the float64 GEMM and its magnitude bound) -> lo (float32), flags
+    (bool). Branch free, unsigned indices: it vectorises. Returns how many differ."""
     left = 0
     for i in range(_U(start), _U(stop)):
-        e = (mag[i] * pre) * g
-        x = d[i] + 0.0
-        low = np.float32(x - e)
-        high = np.float32(x + e)
+        low, differ = _first(d[i], mag[i], pre, g)
         lo[i] = low
-        differ = (low != high) | (np.signbit(low) != np.signbit(high))
         flags[i] = differ
         left += differ
+    return left
+
+
+#: the dot products' loops: reassociated (any order is within the bound, see
+#: :func:`decode_first_pass`) and contracted (a product of two float32 values is exact in
+#: float64, so a fused multiply-add rounds exactly what the add would): they vectorise
+_sums = dict(_jit, fastmath={"reassoc", "contract"})
+
+
+@numba.njit(**_sums)
+def _dots4(a, at, k, w, wt, lo, hi, out):
+    """out[:4] <- the dot products over ``q`` in ``[lo, hi)`` of ``a[at + r * k + q]``
+    (float64, r = 0..3: four rows) with ``w[wt + q]`` (float32), each in any order: one
+    load of ``w`` serves the four rows."""
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    a0, a1, a2, a3 = _U(at), _U(at + k), _U(at + 2 * k), _U(at + 3 * k)
+    for q in range(_U(lo), _U(hi)):
+        x = np.float64(w[_U(wt) + q])
+        s0 += a[a0 + q] * x
+        s1 += a[a1 + q] * x
+        s2 += a[a2 + q] * x
+        s3 += a[a3 + q] * x
+    out[0] = s0
+    out[1] = s1
+    out[2] = s2
+    out[3] = s3
+
+
+@numba.njit(**_sums)
+def _dot(a, at, w, wt, lo, hi):
+    """The dot product over ``q`` in ``[lo, hi)`` of ``a[at + q]`` and ``w[wt + q]``
+    (float64 / float32, or both float64), in any order."""
+    s = 0.0
+    for q in range(_U(lo), _U(hi)):
+        s += a[_U(at) + q] * np.float64(w[_U(wt) + q])
+    return s
+
+
+@numba.njit(**_jit)
+def decode_first_pass(a, w, ablk, bblk, shape, chunk, pre, g, lo, flags, start, stop):
+    """Stage 1 of ``a @ w^T`` for the columns ``[start, stop)``, reading the float32 ``w``
+    itself (a weight: a decode step's product is bound by reading it, and its float64
+    copy is twice the bytes): a (M * K,) float64 (the prepared rows of A), w (N * K,)
+    float32 (B's columns as rows), ablk (M * nblk,) / bblk (N * nblk,) float64 (their
+    block norm bounds), ``shape = (M, K, N)``; lo (M * N,) float32 and flags (M * N,)
+    bool as :func:`first_pass_flat` gives them. ``d`` as :func:`exact.dot64` bounds it:
+    each ``chunk`` of K summed in any order (at most ``chunk - 1`` additions a product goes
+    through), the chunks' sums added in order; the magnitude summed in any order (the
+    ``pre`` inflation covers it, as it covers a BLAS call). Returns how many differ."""
+    m_, k, n_ = shape
+    nblk = ablk.shape[0] // m_
+    part = np.empty(4)
+    acc = np.empty(4)
+    left = 0
+    for n in range(start, stop):
+        m = 0
+        while m < m_:
+            rows = 4 if m + 4 <= m_ else 1
+            for k0 in range(0, k, chunk):
+                k1 = min(k0 + chunk, k)
+                if rows == 4:
+                    _dots4(a, m * k, k, w, n * k, k0, k1, part)
+                else:
+                    part[0] = _dot(a, m * k, w, n * k, k0, k1)
+                for i in range(rows):
+                    acc[i] = part[i] if k0 == 0 else acc[i] + part[i]
+            for i in range(rows):
+                mag = _dot(ablk, (m + i) * nblk, bblk, n * nblk, 0, nblk)
+                low, differ = _first(acc[i], mag, pre, g)
+                lo[(m + i) * n_ + n] = low
+                flags[(m + i) * n_ + n] = differ
+                left += differ
+            m += rows
     return left
 
 

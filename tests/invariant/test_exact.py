@@ -102,12 +102,14 @@ def stages(request, monkeypatch):
 @pytest.mark.parametrize("terms, want", DOUBLE_ROUNDING)
 def test_double_rounding_and_ties_give_the_nearest_float32(terms, want, stages):
     """The trap of a float64 GEMM rounded to float32: rounding twice. Pinned: stage 1
-    without its error bound returns 2**24 for the first case."""
+    without its error bound returns 2**24 for the first case -- by the float64 GEMM (B
+    by rows) and by the decode kernel (B a weight's columns: its bound set to zero fails
+    here)."""
     a = torch.tensor([terms], dtype=torch.float32)
-    b = torch.ones(len(terms), 1)
-    got = ex.matmul(a, b)
-    assert got.item() == want and not torch.signbit(got).item()
-    assert _bits_equal(got, oracle.matmul(a.numpy(), b.numpy()))
+    for b in (torch.ones(len(terms), 2)[:, :1], torch.ones(len(terms), 1)):
+        got = ex.matmul(a, b)
+        assert got.item() == want and not torch.signbit(got).item()
+        assert _bits_equal(got, oracle.matmul(a.numpy(), b.numpy()))
 
 
 def test_a_one_term_product_on_a_midpoint_rounds_to_even(stages):
@@ -325,10 +327,45 @@ def test_a_batch_of_slices_is_read_in_place():
     assert ex._dense(kb[:, :, :32].numpy()) is None
 
 
-def test_a_split_over_threads_changes_no_bit(monkeypatch):
+@settings(max_examples=40, deadline=None)
+@given(
+    m=st.integers(1, ex.DECODE_ROWS),
+    k=st.integers(1, 700),
+    n=st.integers(1, 9),
+    fa=st.sampled_from(FAMILIES),
+    fb=st.sampled_from(FAMILIES),
+    seed=st.integers(0, 2**16),
+    holes=st.booleans(),
+)
+def test_a_decode_product_reads_the_float32_weight_and_gives_the_same_bits(m, k, n, fa, fb, seed, holes):
+    """A product of a few rows with a weight (``F.linear``'s layout: B's columns
+    contiguous) runs stage 1 over the float32 weight, no float64 GEMM (rows in fours
+    and a tail, K in several 256-chunks): the oracle's bits, and with non-finite entries
+    the torch stages' (NaN in their rows and columns only)."""
+    a, w = _rand((m, k), seed, fa), _rand((n, k), seed + 1, fb)
+    if holes:
+        a, w = _holes(a, seed), _holes(w, seed + 1)
+    b = w.t()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ex, "dot64", lambda *args: pytest.fail("the float64 GEMM ran"))
+        got = ex.matmul(a, b)
+    if not holes:
+        assert _bits_equal(got, oracle.matmul(a.numpy(), b.numpy()))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ex, "_jit_for", lambda *tensors: None)
+        want = ex.matmul(a, b)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize(
+    "rows, weight",
+    [(160, False), (7, True)],  # the float64 GEMM; the decode kernel over a weight's columns
+)
+def test_a_split_over_threads_changes_no_bit(monkeypatch, rows, weight):
     """Large enough that every kernel splits its rows or elements over two threads (and
     every element is forced into stages 2 and 3): the bits of one thread."""
-    a, b = _rand((160, 520), 31, "massive"), _rand((520, 160), 32, "cancel")
+    a, b = _rand((rows, 520), 31, "massive"), _rand((520, 400), 32, "cancel")
+    b = b.t().contiguous().t() if weight else b
     monkeypatch.setattr(ex, "gamma", lambda k: 1e300)
     with torch_threads(1):
         one = ex.matmul(a, b)
