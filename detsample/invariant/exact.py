@@ -445,12 +445,12 @@ def _rounded_product(fa: Operand, fb: Operand, b: torch.Tensor | None = None) ->
 #: the most rows of A for which a 2-D product whose float32 B is laid out by columns (a
 #: weight, ``F.linear``'s layout) runs stage 1 as one numba pass over B's float32 values
 #: (:func:`~detsample.invariant.exact_jit.decode_first_pass`) instead of a float64 GEMM
-#: over B's float64 copy and a pass over its result: a decode step's products are bound by
-#: reading their weights, and the copy is twice the bytes. Measured on a Zen 2 (2 threads,
-#: stage 1's product alone): 8 x 1024 x 2752 1.08 against 1.68-1.93 ms, 8 x 576 x 1536 0.30
-#: against 0.45-0.47, 1 x 1024 x 2752 0.20 against 1.84-1.99; at 16 rows 2.06 against
-#: 2.54, at 32 rows 4.2 against 3.3-3.7 (the GEMM's blocking wins)
-DECODE_ROWS = 16
+#: over B's float64 copy, a magnitude GEMM and a pass over their results: a decode step's
+#: products are bound by reading their weights, and the copy is twice the bytes. Measured
+#: on a Zen 2 (2 threads, the whole portable product, decode kernel against float64
+#: GEMM): 1 x 1024 x 2752 0.46 against 2.34 ms, 8 rows 1.02 against 2.09, 16 1.90 / 2.79,
+#: 32 3.66 / 4.28, 64 6.77 / 6.95; 8 x 576 x 1536 0.46 / 0.76, 64 rows 2.39 / 2.38
+DECODE_ROWS = 64
 
 
 def _decode_first_pass(fa: Operand, fb: Operand, b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -468,8 +468,8 @@ def _decode_first_pass(fa: Operand, fb: Operand, b: torch.Tensor | None) -> tupl
     lo = np.empty(m * n, np.float32)
     flags = np.empty(m * n, np.bool_)
     flat = [t.detach().numpy().reshape(-1) for t in (fa.values, w, fa.blocks, bblk)]
-    consts = ((m, k, n), CHUNK, inflation(fa.blocks.shape[-1]), _slack(depth(k)))
-    split_rows(lambda s, e: jit.decode_first_pass(*flat, *consts, lo, flags, s, e), n, m * n * k)
+    consts = (CHUNK, inflation(fa.blocks.shape[-1]), _slack(depth(k)))
+    split_rows(lambda s, e: jit.decode_first_pass(*flat, (1, m, k, n), 0, consts, lo, flags, s, e), n, m * n * k)
     return torch.from_numpy(lo).view(m, n), torch.from_numpy(flags).view(m, n)
 
 

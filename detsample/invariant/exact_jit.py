@@ -32,7 +32,7 @@ _jit = dict(nogil=True, cache=True, fastmath=False, error_model="numpy", boundsc
 _U = numba.uint64  # an index that cannot be negative: no wraparound check, the loop vectorises
 
 
-@numba.njit(**_jit)
+@numba.njit(**_jit, inline="always")
 def _first(d, mag, pre, g):
     """Stage 1 for one element: ``(RN32(d + 0.0 - e), whether RN32(d - e) and RN32(d +
     e) differ)`` with ``e = (mag * pre) * g`` (as :func:`exact.first_pass` scales it;
@@ -66,9 +66,9 @@ _sums = dict(_jit, fastmath={"reassoc", "contract"})
 
 @numba.njit(**_sums)
 def _dots4(a, at, k, w, wt, lo, hi, out):
-    """out[:4] <- the dot products over ``q`` in ``[lo, hi)`` of ``a[at + r * k + q]``
-    (float64, r = 0..3: four rows) with ``w[wt + q]`` (float32), each in any order: one
-    load of ``w`` serves the four rows."""
+    """out[r] <- the dot product over ``q`` in ``[lo, hi)`` of ``a[at + r * k + q]``
+    (float64; r = 0..3: four rows) with ``w[wt + q]`` (float32, or float64: the block
+    norms), each in any order: a load of ``w`` serves four rows."""
     s0 = 0.0
     s1 = 0.0
     s2 = 0.0
@@ -87,6 +87,42 @@ def _dots4(a, at, k, w, wt, lo, hi, out):
 
 
 @numba.njit(**_sums)
+def _dots4x2(a, at, k, w, wt, wk, lo, hi, out):
+    """:func:`_dots4` for two columns, ``w[wt + q]`` and ``w[wt + wk + q]``: out[4 * c +
+    r]; a load of ``a`` serves both."""
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    t0 = 0.0
+    t1 = 0.0
+    t2 = 0.0
+    t3 = 0.0
+    a0, a1, a2, a3 = _U(at), _U(at + k), _U(at + 2 * k), _U(at + 3 * k)
+    w0, w1 = _U(wt), _U(wt + wk)
+    for q in range(_U(lo), _U(hi)):
+        x = np.float64(w[w0 + q])
+        y = np.float64(w[w1 + q])
+        b0, b1, b2, b3 = a[a0 + q], a[a1 + q], a[a2 + q], a[a3 + q]
+        s0 += b0 * x
+        s1 += b1 * x
+        s2 += b2 * x
+        s3 += b3 * x
+        t0 += b0 * y
+        t1 += b1 * y
+        t2 += b2 * y
+        t3 += b3 * y
+    out[0] = s0
+    out[1] = s1
+    out[2] = s2
+    out[3] = s3
+    out[4] = t0
+    out[5] = t1
+    out[6] = t2
+    out[7] = t3
+
+
+@numba.njit(**_sums)
 def _dot(a, at, w, wt, lo, hi):
     """The dot product over ``q`` in ``[lo, hi)`` of ``a[at + q]`` and ``w[wt + q]``
     (float64 / float32, or both float64), in any order."""
@@ -96,41 +132,78 @@ def _dot(a, at, w, wt, lo, hi):
     return s
 
 
-@numba.njit(**_jit)
-def decode_first_pass(a, w, ablk, bblk, shape, chunk, pre, g, lo, flags, start, stop):
-    """Stage 1 of ``a @ w^T`` for the columns ``[start, stop)``, reading the float32 ``w``
-    itself (a weight: a decode step's product is bound by reading it, and its float64
-    copy is twice the bytes): a (M * K,) float64 (the prepared rows of A), w (N * K,)
-    float32 (B's columns as rows), ablk (M * nblk,) / bblk (N * nblk,) float64 (their
-    block norm bounds), ``shape = (M, K, N)``; lo (M * N,) float32 and flags (M * N,)
-    bool as :func:`first_pass_flat` gives them. ``d`` as :func:`exact.dot64` bounds it:
-    each ``chunk`` of K summed in any order (at most ``chunk - 1`` additions a product goes
-    through), the chunks' sums added in order; the magnitude summed in any order (the
-    ``pre`` inflation covers it, as it covers a BLAS call). Returns how many differ."""
-    m_, k, n_ = shape
-    nblk = ablk.shape[0] // m_
-    part = np.empty(4)
-    acc = np.empty(4)
+#: columns of B a decode pass takes at a time: their float32 rows stay in the cache while
+#: every group of four rows of A runs over them
+DECODE_TILE = 32
+
+
+@numba.njit(**_jit, inline="always")
+def _tile(a, w, ablk, bblk, dims, at, consts, lo, flags, n0, n1):
+    """Stage 1 of :func:`decode_first_pass` for the columns ``[n0, n1)`` of one matrix:
+    ``dims = (M, K, N, nblk)``; ``at``: the matrix's offsets in (a, w, lo / flags, ablk,
+    bblk)."""
+    m_, k, n_, nblk = dims
+    a_at, w_at, out_at, ablk_at, bblk_at = at
+    chunk, pre, g = consts
+    part = np.empty(8)
+    acc = np.empty(8)
+    mags = np.empty(8)
     left = 0
-    for n in range(start, stop):
-        m = 0
-        while m < m_:
-            rows = 4 if m + 4 <= m_ else 1
+    m = 0
+    while m < m_:
+        rows = 4 if m + 4 <= m_ else 1
+        n = n0
+        while n < n1:
+            cols = 2 if rows == 4 and n + 2 <= n1 else 1
             for k0 in range(0, k, chunk):
                 k1 = min(k0 + chunk, k)
-                if rows == 4:
-                    _dots4(a, m * k, k, w, n * k, k0, k1, part)
+                if cols == 2:
+                    _dots4x2(a, a_at + m * k, k, w, w_at + n * k, k, k0, k1, part)
+                elif rows == 4:
+                    _dots4(a, a_at + m * k, k, w, w_at + n * k, k0, k1, part)
                 else:
-                    part[0] = _dot(a, m * k, w, n * k, k0, k1)
-                for i in range(rows):
+                    part[0] = _dot(a, a_at + m * k, w, w_at + n * k, k0, k1)
+                for i in range(rows * cols):
                     acc[i] = part[i] if k0 == 0 else acc[i] + part[i]
-            for i in range(rows):
-                mag = _dot(ablk, (m + i) * nblk, bblk, n * nblk, 0, nblk)
-                low, differ = _first(acc[i], mag, pre, g)
-                lo[(m + i) * n_ + n] = low
-                flags[(m + i) * n_ + n] = differ
+            if cols == 2:
+                _dots4x2(ablk, ablk_at + m * nblk, nblk, bblk, bblk_at + n * nblk, nblk, 0, nblk, mags)
+            elif rows == 4:
+                _dots4(ablk, ablk_at + m * nblk, nblk, bblk, bblk_at + n * nblk, 0, nblk, mags)
+            else:
+                mags[0] = _dot(ablk, ablk_at + m * nblk, bblk, bblk_at + n * nblk, 0, nblk)
+            for i in range(rows * cols):
+                r, c = m + i % rows, n + i // rows
+                low, differ = _first(acc[i], mags[i], pre, g)
+                lo[out_at + r * n_ + c] = low
+                flags[out_at + r * n_ + c] = differ
                 left += differ
-            m += rows
+            n += cols
+        m += rows
+    return left
+
+
+@numba.njit(**_jit)
+def decode_first_pass(a, w, ablk, bblk, shape, wstride, consts, lo, flags, start, stop):
+    """Stage 1 of ``a @ w^T`` per matrix, for the columns ``[start, stop)`` of all
+    matrices (column ``c``: matrix ``c // N``, column ``c % N``), reading the float32
+    ``w`` itself (a weight, or the attention's keys: a decode step's product is bound by
+    reading them, and a float64 copy is twice the bytes): a (nb * M * K,) float64 (the
+    prepared rows of A), w float32 (B's columns as rows, matrix ``i`` at ``i *
+    wstride``), ablk (nb * M * nblk,) / bblk (nb * N * nblk,) float64 (their block norm
+    bounds), ``shape = (nb, M, K, N)``, ``consts = (chunk, pre, g)``; lo (nb * M * N,)
+    float32 and flags bool as :func:`first_pass_flat` gives them. ``d`` as
+    :func:`exact.dot64` bounds it: each ``chunk`` of K summed in any order (a product goes
+    through at most ``chunk - 1`` additions), the chunks' sums added in order; the
+    magnitude summed in any order (the ``pre`` inflation covers it, as it covers a BLAS
+    call). Returns how many differ."""
+    nb, m_, k, n_ = shape
+    nblk = ablk.shape[0] // (nb * m_)
+    left = 0
+    for mat in range(start // n_, (stop - 1) // n_ + 1):
+        at = (mat * m_ * k, mat * wstride, mat * m_ * n_, mat * m_ * nblk, mat * n_ * nblk)
+        for n0 in range(max(start - mat * n_, 0), min(stop - mat * n_, n_), DECODE_TILE):
+            n1 = min(n0 + DECODE_TILE, stop - mat * n_, n_)
+            left += _tile(a, w, ablk, bblk, (m_, k, n_, nblk), at, consts, lo, flags, n0, n1)
     return left
 
 

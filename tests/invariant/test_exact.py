@@ -331,7 +331,7 @@ def test_a_batch_of_slices_is_read_in_place():
 @given(
     m=st.integers(1, ex.DECODE_ROWS),
     k=st.integers(1, 700),
-    n=st.integers(1, 9),
+    n=st.integers(1, 70),
     fa=st.sampled_from(FAMILIES),
     fb=st.sampled_from(FAMILIES),
     seed=st.integers(0, 2**16),
@@ -340,8 +340,9 @@ def test_a_batch_of_slices_is_read_in_place():
 def test_a_decode_product_reads_the_float32_weight_and_gives_the_same_bits(m, k, n, fa, fb, seed, holes):
     """A product of a few rows with a weight (``F.linear``'s layout: B's columns
     contiguous) runs stage 1 over the float32 weight, no float64 GEMM (rows in fours
-    and a tail, K in several 256-chunks): the oracle's bits, and with non-finite entries
-    the torch stages' (NaN in their rows and columns only)."""
+    and a tail, columns in pairs and tiles of 32, K in several 256-chunks): the oracle's
+    bits (its first rows and columns: the exact rationals are slow), and the torch
+    stages' everywhere, with non-finite entries too (NaN in their rows and columns only)."""
     a, w = _rand((m, k), seed, fa), _rand((n, k), seed + 1, fb)
     if holes:
         a, w = _holes(a, seed), _holes(w, seed + 1)
@@ -350,7 +351,7 @@ def test_a_decode_product_reads_the_float32_weight_and_gives_the_same_bits(m, k,
         mp.setattr(ex, "dot64", lambda *args: pytest.fail("the float64 GEMM ran"))
         got = ex.matmul(a, b)
     if not holes:
-        assert _bits_equal(got, oracle.matmul(a.numpy(), b.numpy()))
+        assert _bits_equal(got[:5, :5].contiguous(), oracle.matmul(a[:5].numpy(), b[:, :5].numpy()))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ex, "_jit_for", lambda *tensors: None)
         want = ex.matmul(a, b)
