@@ -76,11 +76,12 @@ BLOCK = 32  # K-block of the norm bound (see :func:`prepare`)
 @dataclass(frozen=True)
 class Operand:
     """One operand ready for :func:`matmul`: ``values`` (float64, non-finite entries set
-    to 0), ``blocks`` (float64 upper bounds of the Euclidean norm of each :data:`BLOCK`-long
-    K-block of each row of A -- ``(..., M, nblk)`` -- or column of B -- ``(..., nblk, N)``),
-    ``bad`` (bool, slices along K that held a non-finite value, kept; or None)."""
+    to 0; None for a B prepared by :func:`prepare_norms`), ``blocks`` (float64 upper
+    bounds of the Euclidean norm of each :data:`BLOCK`-long K-block of each row of A --
+    ``(..., M, nblk)`` -- or column of B -- ``(..., nblk, N)``), ``bad`` (bool, slices
+    along K that held a non-finite value, kept; or None)."""
 
-    values: torch.Tensor
+    values: torch.Tensor | None
     blocks: torch.Tensor
     bad: torch.Tensor | None
     dim: int
@@ -154,30 +155,51 @@ def prepare(x: torch.Tensor, dim: int) -> Operand:
     return Operand(xd, blocks, bad, dim)
 
 
-def _prepare_rows(jit, x: torch.Tensor) -> Operand:
+def _prepare_rows(jit, x: torch.Tensor, store: bool = True) -> Operand | None:
     """:func:`prepare` of a float32 CPU ``x (..., M, K)`` along its rows, in one numba pass
     (the torch form's finiteness check, conversion, squares and block sums are ~8
-    passes), reading ``x`` in its own strides."""
+    passes), reading ``x`` in its own strides. ``store`` False: the block norms and flags
+    alone (``values`` None: :func:`prepare_norms`), or None where ``x``'s matrices are
+    not each contiguous."""
     lead, (m, k) = tuple(x.shape[:-2]), tuple(x.shape[-2:])
     mats = _matrices(x.detach(), m, k)
+    dense = _dense(mats)
+    if dense is None and not store:
+        return None
     nb, nblk = mats.shape[0], -(-k // BLOCK)
-    values = np.empty((nb, m, k), np.float64)
+    values = np.empty((nb, m, k), np.float64) if store else None
     blocks = np.empty((nb, m, nblk), np.float64)
     bad = np.empty((nb, m), np.bool_)
     pre, post = inflation(BLOCK), 1.0 + 4 * _ULP
     counts = []
-    dense = _dense(mats)
 
     def run(s: int, e: int) -> None:
         if dense is None:
             counts.append(jit.prepare_rows(mats, BLOCK, pre, post, values, blocks, bad, s, e))
         else:
-            counts.append(jit.prepare_rows_dense(*dense, (m, k), BLOCK, pre, post, values, blocks, bad, s, e))
+            flat = None if values is None else values.reshape(-1)
+            counts.append(jit.prepare_rows_dense(*dense, (m, k), BLOCK, pre, post, flat, blocks, bad, s, e))
 
-    split_rows(run, nb * m, values.size)
+    split_rows(run, nb * m, nb * m * k)
     shape = lead + (m,)
     flags = torch.from_numpy(bad).view(shape + (1,)) if sum(counts) else None
-    return Operand(torch.from_numpy(values).view(x.shape), torch.from_numpy(blocks).view(shape + (nblk,)), flags, -1)
+    kept = None if values is None else torch.from_numpy(values).view(x.shape)
+    return Operand(kept, torch.from_numpy(blocks).view(shape + (nblk,)), flags, -1)
+
+
+def prepare_norms(b: torch.Tensor) -> Operand | None:
+    """The B operand ``(..., K, N)`` for :func:`_decode_first_pass` alone: its columns'
+    block norm bounds and non-finite flags, no float64 values (the decode kernel reads
+    ``b`` itself, stages 2 and 3 its float32 values: a product of two float32 is exact in
+    float64). None where the columns are not laid out as contiguous rows."""
+    jit = _jit_for_operand(b)
+    if jit is None or b.stride(-2) != 1:
+        return None
+    rows = _prepare_rows(jit, b.mT, store=False)
+    if rows is None:
+        return None
+    bad = None if rows.bad is None else rows.bad.mT
+    return Operand(None, rows.blocks.mT, bad, -2)
 
 
 def _matrices(x: torch.Tensor, m: int, k: int) -> np.ndarray:
@@ -432,14 +454,20 @@ def either(x: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor | Non
 def _rounded_product(fa: Operand, fb: Operand, b: torch.Tensor | None = None) -> torch.Tensor:
     """``RN32`` of every exact dot product of ``fa``'s rows and ``fb``'s columns (the
     three stages; non-finite entries already zero): float32 ``(..., M, N)``. ``b``: the
-    float32 B itself where stage 1 may read it (:func:`_decode_first_pass`)."""
+    float32 B itself where stage 1 may read it (:func:`_decode_first_pass`; required
+    where ``fb`` holds no values: stages 2 and 3 then read ``b``, its flagged columns
+    left to :func:`nan_where`)."""
     k = fa.values.shape[-1]
     staged = _decode_first_pass(fa, fb, b)
     if staged is None:
         mag = dot64(fa.blocks, fb.blocks)  # times inflation(...): magnitude(fa, fb)
         staged = first_pass(dot64(fa.values, fb.values), mag, depth(k), inflation(fa.blocks.shape[-1]))
     c, unsettled = staged
-    return _settle_pairs(c, unsettled, fa.values, fb.values)
+    if fb.values is not None:
+        return _settle_pairs(c, unsettled, fa.values, fb.values)
+    if fb.bad is not None:
+        unsettled &= ~fb.bad
+    return _settle_pairs(c, unsettled, fa.values, b)
 
 
 #: the most rows of A for which a 2-D product whose float32 B is laid out by columns (a
@@ -460,24 +488,44 @@ MACS_PER_ELEMENT = 32
 
 
 def _decode_first_pass(fa: Operand, fb: Operand, b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Stage 1 ``(c, unsettled)`` of a 2-D product of at most :data:`DECODE_ROWS` rows by
-    the numba kernel that reads the float32 ``b (K, N)`` (its columns contiguous), or None
+    """Stage 1 ``(c, unsettled)`` of a product (2-D, or batched: the attention's scores)
+    of at most :data:`DECODE_ROWS` rows a matrix by the numba kernel that reads the
+    float32 ``b (..., K, N)`` itself -- each matrix's columns contiguous rows -- or None
     where it does not apply (then the float64 GEMM). The same decisions: ``d`` within the
     same bound (each 256-long K-chunk summed in any order, the chunks in order)."""
-    if b is None or b.dim() != 2 or b.dtype != torch.float32 or fa.values.shape[0] > DECODE_ROWS:
+    if not _reads_b(fa, b):
         return None
-    w, bblk = b.mT, fb.blocks.mT
-    jit = _jit_for(b)
-    if jit is None or not (w.is_contiguous() and bblk.is_contiguous() and fa.values.is_contiguous()):
+    jit, w, bblk = _jit_for(b), b.mT, fb.blocks.mT
+    dense = _dense(w.detach().numpy().reshape((-1,) + tuple(w.shape[-2:])))
+    if dense is None or not bblk.is_contiguous() or fb.blocks.shape[:-2] != fa.values.shape[:-2]:
         return None
-    (m, k), n = fa.values.shape, w.shape[0]
-    lo = np.empty(m * n, np.float32)
-    flags = np.empty(m * n, np.bool_)
-    flat = [t.detach().numpy().reshape(-1) for t in (fa.values, w, fa.blocks, bblk)]
+    *lead, m, k = fa.values.shape
+    nb, n = math.prod(lead), w.shape[-2]
+    lo = np.empty(nb * m * n, np.float32)
+    flags = np.empty(nb * m * n, np.bool_)
+    flat = [t.detach().numpy().reshape(-1) for t in (fa.values, fa.blocks, bblk)]
     consts = (CHUNK, inflation(fa.blocks.shape[-1]), _slack(depth(k)))
-    work = m * n * k // MACS_PER_ELEMENT
-    split_rows(lambda s, e: jit.decode_first_pass(*flat, (1, m, k, n), 0, consts, lo, flags, s, e), n, work)
-    return torch.from_numpy(lo).view(m, n), torch.from_numpy(flags).view(m, n)
+    shape = (nb, m, k, n)
+
+    def run(s: int, e: int) -> None:
+        jit.decode_first_pass(flat[0], dense[0], flat[1], flat[2], shape, dense[1], consts, lo, flags, s, e)
+
+    split_rows(run, nb * n, nb * m * n * k // MACS_PER_ELEMENT)
+    out = tuple(lead) + (m, n)
+    return torch.from_numpy(lo).view(out), torch.from_numpy(flags).view(out)
+
+
+def _reads_b(fa: Operand, b: torch.Tensor | None) -> bool:
+    """Whether the decode kernel may take the product of ``fa`` with ``b``: a float32
+    CPU ``b`` with numba, at most :data:`DECODE_ROWS` rows of A a matrix, its columns
+    contiguous along K (checked further by :func:`_decode_first_pass`), A's values and
+    norms contiguous, and the batch dims equal."""
+    if b is None or b.dtype != torch.float32 or b.dim() not in (2, 3) or b.stride(-2) != 1:
+        return False
+    a = fa.values
+    if a.dim() != b.dim() or a.shape[-2] > DECODE_ROWS or a.shape[:-2] != b.shape[:-2]:
+        return False
+    return _jit_for(b) is not None and a.is_contiguous() and fa.blocks.is_contiguous()
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, fb: Operand | None = None) -> torch.Tensor:
@@ -487,6 +535,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, fb: Operand | None = None) -> torch
     Guarantee: bitwise ``RN32`` of the exact products (the module's definition), on any
     CPU, BLAS and thread count."""
     fa = prepare(a, -1)
+    if fb is None and _reads_b(fa, b):
+        fb = prepare_norms(b)  # the decode kernel reads b itself: no float64 copy
     fb = prepare_b(b) if fb is None else fb
     c = nan_where(_rounded_product(fa, fb, b), either(fa.bad, fb.bad))
     return c if a.dtype in (torch.float32, torch.float64) else c.to(a.dtype)

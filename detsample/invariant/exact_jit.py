@@ -64,16 +64,23 @@ def first_pass_flat(d, mag, pre, g, lo, flags, start, stop):
 _sums = dict(_jit, fastmath={"reassoc", "contract"})
 
 
+@numba.njit(**_jit, inline="always")
+def _rows4(at, k, last):
+    """The offsets of four rows ``at + min(r, last) * k``, r = 0..3 (unsigned)."""
+    return _U(at), _U(at + min(1, last) * k), _U(at + min(2, last) * k), _U(at + min(3, last) * k)
+
+
 @numba.njit(**_sums)
-def _dots4(a, at, k, w, wt, lo, hi, out):
-    """out[r] <- the dot product over ``q`` in ``[lo, hi)`` of ``a[at + r * k + q]``
-    (float64; r = 0..3: four rows) with ``w[wt + q]`` (float32, or float64: the block
-    norms), each in any order: a load of ``w`` serves four rows."""
+def _dots4(a, at, k, last, w, wt, lo, hi, out):
+    """out[r] <- the dot product over ``q`` in ``[lo, hi)`` of ``a[at + min(r, last) * k +
+    q]`` (float64; r = 0..3: four rows, the rows past ``last`` repeating it, for a group of
+    2 or 3) with ``w[wt + q]`` (float32, or float64: the block norms), each in any order:
+    a load of ``w`` serves four rows."""
     s0 = 0.0
     s1 = 0.0
     s2 = 0.0
     s3 = 0.0
-    a0, a1, a2, a3 = _U(at), _U(at + k), _U(at + 2 * k), _U(at + 3 * k)
+    a0, a1, a2, a3 = _rows4(at, k, last)
     for q in range(_U(lo), _U(hi)):
         x = np.float64(w[_U(wt) + q])
         s0 += a[a0 + q] * x
@@ -87,7 +94,7 @@ def _dots4(a, at, k, w, wt, lo, hi, out):
 
 
 @numba.njit(**_sums)
-def _dots4x2(a, at, k, w, wt, wk, lo, hi, out):
+def _dots4x2(a, at, k, last, w, wt, wk, lo, hi, out):
     """:func:`_dots4` for two columns, ``w[wt + q]`` and ``w[wt + wk + q]``: out[4 * c +
     r]; a load of ``a`` serves both."""
     s0 = 0.0
@@ -98,7 +105,7 @@ def _dots4x2(a, at, k, w, wt, wk, lo, hi, out):
     t1 = 0.0
     t2 = 0.0
     t3 = 0.0
-    a0, a1, a2, a3 = _U(at), _U(at + k), _U(at + 2 * k), _U(at + 3 * k)
+    a0, a1, a2, a3 = _rows4(at, k, last)
     w0, w1 = _U(wt), _U(wt + wk)
     for q in range(_U(lo), _U(hi)):
         x = np.float64(w[w0 + q])
@@ -151,32 +158,34 @@ def _tile(a, w, ablk, bblk, dims, at, consts, lo, flags, n0, n1):
     left = 0
     m = 0
     while m < m_:
-        rows = 4 if m + 4 <= m_ else 1
+        rows = min(4, m_ - m)  # a group of 2 or 3 runs as 4, its last row repeated
         n = n0
         while n < n1:
-            cols = 2 if rows == 4 and n + 2 <= n1 else 1
+            cols = 2 if rows > 1 and n + 2 <= n1 else 1
             for k0 in range(0, k, chunk):
                 k1 = min(k0 + chunk, k)
-                if cols == 2:
-                    _dots4x2(a, a_at + m * k, k, w, w_at + n * k, k, k0, k1, part)
-                elif rows == 4:
-                    _dots4(a, a_at + m * k, k, w, w_at + n * k, k0, k1, part)
-                else:
+                if rows == 1:
                     part[0] = _dot(a, a_at + m * k, w, w_at + n * k, k0, k1)
-                for i in range(rows * cols):
-                    acc[i] = part[i] if k0 == 0 else acc[i] + part[i]
-            if cols == 2:
-                _dots4x2(ablk, ablk_at + m * nblk, nblk, bblk, bblk_at + n * nblk, nblk, 0, nblk, mags)
-            elif rows == 4:
-                _dots4(ablk, ablk_at + m * nblk, nblk, bblk, bblk_at + n * nblk, 0, nblk, mags)
-            else:
+                elif cols == 2:
+                    _dots4x2(a, a_at + m * k, k, rows - 1, w, w_at + n * k, k, k0, k1, part)
+                else:
+                    _dots4(a, a_at + m * k, k, rows - 1, w, w_at + n * k, k0, k1, part)
+                for c in range(cols):
+                    for i in range(rows):
+                        acc[4 * c + i] = part[4 * c + i] if k0 == 0 else acc[4 * c + i] + part[4 * c + i]
+            if rows == 1:
                 mags[0] = _dot(ablk, ablk_at + m * nblk, bblk, bblk_at + n * nblk, 0, nblk)
-            for i in range(rows * cols):
-                r, c = m + i % rows, n + i // rows
-                low, differ = _first(acc[i], mags[i], pre, g)
-                lo[out_at + r * n_ + c] = low
-                flags[out_at + r * n_ + c] = differ
-                left += differ
+            elif cols == 2:
+                _dots4x2(ablk, ablk_at + m * nblk, nblk, rows - 1, bblk, bblk_at + n * nblk, nblk, 0, nblk, mags)
+            else:
+                _dots4(ablk, ablk_at + m * nblk, nblk, rows - 1, bblk, bblk_at + n * nblk, 0, nblk, mags)
+            for c in range(cols):
+                for i in range(rows):
+                    low, differ = _first(acc[4 * c + i], mags[4 * c + i], pre, g)
+                    at_ = out_at + (m + i) * n_ + n + c
+                    lo[at_] = low
+                    flags[at_] = differ
+                    left += differ
             n += cols
         m += rows
     return left
@@ -357,35 +366,36 @@ def prepare_rows(x, block, pre, post, values, blocks, bad, start, stop):
 
 @numba.njit(**dict(_jit, fastmath={"reassoc"}))
 def _row_squares(x, at, k, block, values, sums, r):
-    """values[r * k:(r + 1) * k] <- x[at:at + k] (float32 -> float64, exact), and sums[r *
-    nblk:(r + 1) * nblk] <- each ``block``-long K-block's sum of squares, in whatever
-    order vectorises (see the module docstring: reassociation is this loop's only flag).
-    A block holding a non-finite value sums to a non-finite one (a finite float32's
-    square cannot overflow float64)."""
+    """values[r * k:(r + 1) * k] <- x[at:at + k] (float32 -> float64, exact; values None:
+    not stored, the norms alone), and sums[r * nblk:(r + 1) * nblk] <- each
+    ``block``-long K-block's sum of squares, in whatever order vectorises (see the module
+    docstring: reassociation is this loop's only flag). A block holding a non-finite value
+    sums to a non-finite one (a finite float32's square cannot overflow float64)."""
     nblk = (k + block - 1) // block
     for bi in range(nblk):
         s = 0.0
         lo, hi = bi * block, min(bi * block + block, k)
         for q in range(_U(lo), _U(hi)):
             y = np.float64(x[_U(at) + q])
-            values[_U(r * k) + q] = y
+            if values is not None:
+                values[_U(r * k) + q] = y
             s += y * y
         sums[r * nblk + bi] = s
 
 
 @numba.njit(**_jit)
-def prepare_rows_dense(x, mstride, shape, block, pre, post, values, blocks, bad, start, stop):
+def prepare_rows_dense(x, mstride, shape, block, pre, post, flat_v, blocks, bad, start, stop):
     """:func:`prepare_rows` of rows ``[start, stop)`` for ``x`` given as a flat float32
     buffer whose matrices ``(M, K) = shape`` are each contiguous, matrix ``i`` at
     ``i * mstride`` (the attention's key blocks: slices of one tensor), into the fresh
-    contiguous outputs: a row's conversion and block sums by :func:`_row_squares`, then
-    its blocks' norm bounds; a row with a non-finite block is redone by the checked loop
-    (its entries set to 0, the row flagged). The same values and flags as
-    :func:`prepare_rows`, and bounds valid for any order of the sums. Returns how many
-    rows are flagged."""
+    contiguous outputs (``flat_v``: the values, flat, or None: the norms and flags
+    alone): a row's conversion and block sums by :func:`_row_squares`, then its blocks'
+    norm bounds; a row with a non-finite block is redone by the checked loop (its entries
+    taken as 0, the row flagged). The same values and flags as :func:`prepare_rows`, and
+    bounds valid for any order of the sums. Returns how many rows are flagged."""
     m, k = shape
     nblk = (k + block - 1) // block
-    flat_v, flat_b, flat_bad = values.reshape(-1), blocks.reshape(-1), bad.reshape(-1)
+    flat_b, flat_bad = blocks.reshape(-1), bad.reshape(-1)
     nbad = 0
     for r in range(start, stop):
         at = (r // m) * mstride + (r % m) * k
@@ -401,7 +411,8 @@ def prepare_rows_dense(x, mstride, shape, block, pre, post, values, blocks, bad,
                 for q in range(b0, min(b0 + block, k)):
                     v = np.float64(x[at + q])
                     v = v if math.isfinite(v) else 0.0
-                    flat_v[r * k + q] = v
+                    if flat_v is not None:
+                        flat_v[r * k + q] = v
                     sq += v * v
                 flat_b[r * nblk + b0 // block] = math.sqrt(sq * pre) * post
             nbad += 1

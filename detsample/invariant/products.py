@@ -26,7 +26,7 @@ import torch
 from detsample.invariant import exact, tiles
 from detsample.invariant.state import Plan, note_portable
 from detsample.invariant.verify import big_plan, layout, matmul_plan
-from detsample.invariant.weights import derived, owner
+from detsample.invariant.weights import cache_owner, derived, owner
 from detsample.probe.threads import torch_threads
 
 _REDUCED = (torch.bfloat16, torch.float16)
@@ -50,6 +50,8 @@ def _contiguous(t: torch.Tensor, of: torch.Tensor | None) -> torch.Tensor:
 def _portable(a: torch.Tensor, b: torch.Tensor, keyed: bool, of: torch.Tensor | None) -> torch.Tensor:
     if keyed:
         return exact.weighted_sum(a, b)
+    if cache_owner(b, of) is None:  # an activation (the attention's keys): matmul picks its form
+        return exact.matmul(a, b)
     return exact.matmul(a, b, derived(b, "exact", exact.prepare_b, of))
 
 

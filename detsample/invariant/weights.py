@@ -38,13 +38,21 @@ def owner(t: torch.Tensor) -> torch.Tensor | None:
     return base if isinstance(base, torch.nn.Parameter) else None
 
 
+def cache_owner(t: torch.Tensor, of: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The parameter :func:`derived` keeps ``t``'s forms beside (``of``, or ``t``'s
+    :func:`owner`, when ``t`` lies in its storage), or None: ``t``'s forms are computed
+    at each call."""
+    owner_ = of if of is not None else owner(t)
+    if owner_ is not None and t.untyped_storage().data_ptr() != owner_.untyped_storage().data_ptr():
+        return None  # not a view of it after all: no caching
+    return owner_
+
+
 def derived(t: torch.Tensor, form: str, make: Callable[[torch.Tensor], Any], of: torch.Tensor | None = None) -> Any:
     """``make(t)``, cached per parameter view and ``form`` when ``t`` views a parameter
     (``of``: that parameter, when ``t`` cannot tell: a slice made inside a kernel; ``t``
     must then lie in its storage)."""
-    owner_ = of if of is not None else owner(t)
-    if owner_ is not None and t.untyped_storage().data_ptr() != owner_.untyped_storage().data_ptr():
-        owner_ = None  # not a view of it after all: no caching
+    owner_ = cache_owner(t, of)
     if owner_ is None:
         return make(t)
     key = (form, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, owner_._version)

@@ -358,6 +358,42 @@ def test_a_decode_product_reads_the_float32_weight_and_gives_the_same_bits(m, k,
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    nb=st.integers(1, 5),
+    m=st.integers(1, 9),
+    k=st.integers(1, 300),
+    n=st.integers(1, 40),
+    fa=st.sampled_from(FAMILIES),
+    fb=st.sampled_from(FAMILIES),
+    seed=st.integers(0, 2**16),
+    holes=st.booleans(),
+    sliced=st.booleans(),
+)
+def test_the_attention_scores_read_the_float32_keys_and_give_the_same_bits(nb, m, k, n, fa, fb, seed, holes, sliced):
+    """Batched ``q @ K^T`` with the keys as rows (the attention's key blocks: each
+    matrix contiguous, or slices of one tensor): the decode kernel over the float32 keys,
+    their block norms alone prepared (no float64 copy, no float64 GEMM), rows in groups
+    of 4 with a padded group of 2 or 3 (a 3-query group), stages 2-3 reading the float32
+    keys: the torch stages' bits, with non-finite keys and queries too, and the oracle's
+    on a first matrix."""
+    q, keys = _rand((nb, m, k), seed, fa), _rand((nb, n + 5, k), seed + 1, fb)
+    if holes:
+        q, keys = _holes(q, seed), _holes(keys, seed + 1)
+    keys = keys[:, 2 : n + 2] if sliced else keys[:, :n].contiguous()
+    b = keys.transpose(1, 2)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ex, "dot64", lambda *args: pytest.fail("the float64 GEMM ran"))
+        mp.setattr(ex, "prepare_b", lambda *args: pytest.fail("B's float64 copy was made"))
+        got = ex.matmul(q, b)
+    if not holes:
+        assert _bits_equal(got[0, :4, :4].contiguous(), oracle.matmul(q[0, :4].numpy(), b[0, :, :4].numpy()))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ex, "_jit_for", lambda *tensors: None)
+        want = ex.matmul(q, b)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
 @pytest.mark.parametrize(
     "rows, weight",
     [(160, False), (7, True)],  # the float64 GEMM; the decode kernel over a weight's columns
@@ -399,7 +435,16 @@ KERNELS = {
         8,
     ),
     "prepare_rows": lambda: (np.ones((1, 2, 64), np.float32), *_PREP, *_rows_out(), 0, 2),
-    "prepare_rows_dense": lambda: (np.ones(128, np.float32), 64, (2, 64), *_PREP, *_rows_out(), 0, 2),
+    "prepare_rows_dense": lambda: (
+        np.ones(128, np.float32),
+        64,
+        (2, 64),
+        *_PREP,
+        np.empty(128),
+        *_rows_out()[1:],
+        0,
+        2,
+    ),
     "prepare_cols": lambda: (np.ones((1, 64, 4), np.float32), *_PREP, *_cols_out(), 0, 1),
     "prepare_cols_dense": lambda: (np.ones(256, np.float32), 256, (64, 4), *_PREP, *_cols_out(), 0, 1),
     "settle_rows": lambda: (np.ones((2, 8)), 1e-15, 1e-16, np.empty(2, np.float32), 0, 2),
