@@ -11,12 +11,18 @@ multiply-adds, no reassociation: TwoSum is only error free as written; tests/inv
 test_exact.py checks the assembly). Every result is a function of its own element or
 row, so a split over threads changes no bit.
 
-One loop is the exception: :func:`_row_squares`, the sums of squares of the block norms,
-is compiled with reassociation (``fastmath={"reassoc"}``, no other flag) so that it
-vectorises. The norms are upper bounds, never results: each square of a float32 is exact
-in float64 and :func:`exact.inflation` covers a computed sum of non-negative terms in any
-order, so the order the compiler picks can move which elements reach stage 2, never a
-result's bits. The contiguous kernels index with unsigned integers: numba's signed
+Two kinds of loop are the exceptions, each a sum whose bound holds in any order, so
+that they vectorise: :func:`_row_squares`, the sums of squares of the block norms,
+compiled with reassociation alone (``fastmath={"reassoc"}``) -- the norms are upper
+bounds, never results: each square of a float32 is exact in float64 and
+:func:`exact.inflation` covers a computed sum of non-negative terms in any order -- and
+the decode kernel's dot products (:func:`_dots4`, :func:`_dots4x2`, :func:`_dot`),
+compiled with reassociation and contraction (``fastmath={"reassoc", "contract"}``):
+stage 1's bound already allows any order inside a 256-long chunk, and a product of two
+float32 values is exact in float64, so a fused multiply-add rounds what the add would.
+Either can move which elements reach stage 2, never a result's bits; every other kernel
+(stage 1's arithmetic, TwoSum, fsum) is strict, and tests/invariant/test_exact.py checks
+the flag sets. The contiguous kernels index with unsigned integers: numba's signed
 indices carry a negative-index check that keeps LLVM from vectorising a loop (a 786k-value
 operand: 1.4 ms -> 0.35 ms).
 """

@@ -472,6 +472,29 @@ def test_the_kernels_have_no_fused_multiply_add(name):
         assert FMA.search(fresh_asm(kernel, KERNELS[name](), fastmath=True))
 
 
+#: the only kernels compiled with a fast-math flag, and their flags (exact_jit's docstring)
+FAST_MATH = {
+    "_row_squares": {"reassoc"},
+    "_dots4": {"reassoc", "contract"},
+    "_dots4x2": {"reassoc", "contract"},
+    "_dot": {"reassoc", "contract"},
+}
+
+
+def test_only_the_sums_whose_bound_holds_in_any_order_have_fast_math():
+    """Every numba kernel of exact_jit is strict but the sums whose bound holds in any
+    order (the block norms' squares, the decode kernel's dot products), and those carry
+    reassociation (and contraction for the exact products) only: no finite-math or
+    reciprocal flag that could change what a non-finite value or a division gives."""
+    import numba
+
+    kernels = {n: k for n, k in vars(exact_jit).items() if isinstance(k, numba.core.registry.CPUDispatcher)}
+    assert set(FAST_MATH) <= set(kernels)
+    for name, kernel in kernels.items():
+        flags = kernel.targetoptions.get("fastmath", False)
+        assert (set(flags) if flags else set()) == FAST_MATH.get(name, set()), name
+
+
 def test_the_block_sums_reassociate_and_nothing_else():
     """The one loop compiled with a fast-math flag (the block norms' sums of squares,
     whose bound holds in any order) has reassociation alone: no contraction (a square
