@@ -487,30 +487,43 @@ DECODE_ROWS = 64
 MACS_PER_ELEMENT = 32
 
 
-def _decode_first_pass(fa: Operand, fb: Operand, b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _decode_first_pass(
+    fa: Operand, fb: Operand | None, b: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Stage 1 ``(c, unsettled)`` of a product (2-D, or batched: the attention's scores)
     of at most :data:`DECODE_ROWS` rows a matrix by the numba kernel that reads the
     float32 ``b (..., K, N)`` itself -- each matrix's columns contiguous rows -- or None
     where it does not apply (then the float64 GEMM). The same decisions: ``d`` within the
-    same bound (each 256-long K-chunk summed in any order, the chunks in order)."""
+    same bound (each 256-long K-chunk summed in any order, the chunks in order). ``fb``
+    None: B's block norms are computed by the kernel as it reads each column (no pass
+    over ``b`` before; the keys of a decode step), and None is returned where a column
+    holds a non-finite value (the caller then prepares ``b``'s norms and flags)."""
     if not _reads_b(fa, b):
         return None
-    jit, w, bblk = _jit_for(b), b.mT, fb.blocks.mT
+    jit, w = _jit_for(b), b.mT
     dense = _dense(w.detach().numpy().reshape((-1,) + tuple(w.shape[-2:])))
-    if dense is None or not bblk.is_contiguous() or fb.blocks.shape[:-2] != fa.values.shape[:-2]:
-        return None
     *lead, m, k = fa.values.shape
-    nb, n = math.prod(lead), w.shape[-2]
+    nb, n, nblk = math.prod(lead), w.shape[-2], fa.blocks.shape[-1]
+    if fb is None:
+        bblk, norm = np.empty(nb * n * nblk, np.float64), (BLOCK, inflation(BLOCK), 1.0 + 4 * _ULP)
+    else:
+        if not fb.blocks.mT.is_contiguous() or fb.blocks.shape[:-2] != fa.values.shape[:-2]:
+            return None
+        bblk, norm = fb.blocks.mT.detach().numpy().reshape(-1), (0, 0.0, 0.0)
+    if dense is None:
+        return None
     lo = np.empty(nb * m * n, np.float32)
     flags = np.empty(nb * m * n, np.bool_)
-    flat = [t.detach().numpy().reshape(-1) for t in (fa.values, fa.blocks, bblk)]
-    consts = (CHUNK, inflation(fa.blocks.shape[-1]), _slack(depth(k)))
-    shape = (nb, m, k, n)
+    a, ablk = (t.detach().numpy().reshape(-1) for t in (fa.values, fa.blocks))
+    consts = (CHUNK, inflation(nblk), _slack(depth(k)), norm)
+    counts = []
 
     def run(s: int, e: int) -> None:
-        jit.decode_first_pass(flat[0], dense[0], flat[1], flat[2], shape, dense[1], consts, lo, flags, s, e)
+        counts.append(jit.decode_first_pass(a, dense[0], ablk, bblk, (nb, m, k, n), dense[1], consts, lo, flags, s, e))
 
     split_rows(run, nb * n, nb * m * n * k // MACS_PER_ELEMENT)
+    if any(bad for _, bad in counts):
+        return None
     out = tuple(lead) + (m, n)
     return torch.from_numpy(lo).view(out), torch.from_numpy(flags).view(out)
 
@@ -535,8 +548,12 @@ def matmul(a: torch.Tensor, b: torch.Tensor, fb: Operand | None = None) -> torch
     Guarantee: bitwise ``RN32`` of the exact products (the module's definition), on any
     CPU, BLAS and thread count."""
     fa = prepare(a, -1)
-    if fb is None and _reads_b(fa, b):
-        fb = prepare_norms(b)  # the decode kernel reads b itself: no float64 copy
+    if fb is None and _reads_b(fa, b):  # the decode kernel reads b itself: no float64 copy
+        staged = _decode_first_pass(fa, None, b)  # and computes b's norms as it reads it
+        if staged is not None:
+            c = nan_where(_settle_pairs(*staged, fa.values, b), fa.bad)
+            return c if a.dtype in (torch.float32, torch.float64) else c.to(a.dtype)
+        fb = prepare_norms(b)  # a non-finite column: its flag
     fb = prepare_b(b) if fb is None else fb
     c = nan_where(_rounded_product(fa, fb, b), either(fa.bad, fb.bad))
     return c if a.dtype in (torch.float32, torch.float64) else c.to(a.dtype)
@@ -549,6 +566,9 @@ def weighted_sum(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     zero weight -- the attention's future and padded keys -- changes nothing), a
     non-finite weight its own row. Returns float32."""
     fa = prepare(p, -1)
+    staged = _keyed_first_pass(fa, v)
+    if staged is not None:  # v held no non-finite value: no key to flag
+        return nan_where(_settle_pairs(*staged, fa.values, v), fa.bad)
     fv, bad_keys = _prepare_keys(v)
     c = _rounded_product(fa, fv)
     bad = fa.bad
@@ -556,6 +576,40 @@ def weighted_sum(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         touched = ((p != 0) & bad_keys.transpose(-1, -2)).any(dim=-1, keepdim=True)
         bad = either(bad, touched)
     return nan_where(c, bad)
+
+
+def _keyed_first_pass(fa: Operand, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Stage 1 ``(c, unsettled)`` of :func:`weighted_sum` by the numba kernel that reads
+    the float32 ``v (..., K, N)`` in its own layout (each matrix contiguous: the value
+    blocks), with no float64 copy of ``v`` and no block norms
+    (:func:`~detsample.invariant.exact_jit.keyed_first_pass`), for at most
+    :data:`DECODE_ROWS` weight rows a matrix; None where it does not apply or where ``v``
+    holds a non-finite value (the prepared path then keeps the zero-weight rule). The
+    same bits: stage 1 decides nothing but which elements stages 2 and 3 settle."""
+    a = fa.values
+    if v.dtype != torch.float32 or v.dim() != a.dim() or v.dim() not in (2, 3) or v.shape[:-2] != a.shape[:-2]:
+        return None
+    if a.shape[-2] > DECODE_ROWS or not a.is_contiguous() or _jit_for(v) is None or v.numel() == 0:
+        return None
+    *lead, m, k = a.shape
+    n = v.shape[-1]
+    dense = _dense(_matrices(v.detach(), k, n))
+    if dense is None:
+        return None
+    nb = math.prod(lead)
+    lo = np.empty(nb * m * n, np.float32)
+    flags = np.empty(nb * m * n, np.bool_)
+    flat, consts, counts = a.detach().numpy().reshape(-1), (CHUNK, inflation(k), _slack(depth(k))), []
+    values, bits, jit = dense[0], dense[0].view(np.int32), _kernels()
+
+    def run(s: int, e: int) -> None:
+        counts.append(jit.keyed_first_pass(flat, values, bits, dense[1], (nb, m, k, n), consts, lo, flags, s, e))
+
+    split_rows(run, nb * m, nb * m * k * n // MACS_PER_ELEMENT)
+    if any(bad for _, bad in counts):
+        return None
+    out = tuple(lead) + (m, n)
+    return torch.from_numpy(lo).view(out), torch.from_numpy(flags).view(out)
 
 
 def _prepare_keys(v: torch.Tensor) -> tuple[Operand, torch.Tensor | None]:

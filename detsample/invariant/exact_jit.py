@@ -154,20 +154,29 @@ DECODE_TILE = 32
 def _tile(a, w, ablk, bblk, dims, at, consts, lo, flags, n0, n1):
     """Stage 1 of :func:`decode_first_pass` for the columns ``[n0, n1)`` of one matrix:
     ``dims = (M, K, N, nblk)``; ``at``: the matrix's offsets in (a, w, lo / flags, ablk,
-    bblk)."""
+    bblk). Returns ``(how many differ, how many columns are not finite)``: the second
+    counted where ``consts`` carries a norm (``(block, pre, post)``, block > 0: the
+    columns' block norms are computed here, into ``bblk``, as each column is first read),
+    else 0."""
     m_, k, n_, nblk = dims
     a_at, w_at, out_at, ablk_at, bblk_at = at
-    chunk, pre, g = consts
+    chunk, pre, g, norm = consts
+    bflat = bblk
     part = np.empty(8)
     acc = np.empty(8)
     mags = np.empty(8)
     left = 0
+    bad = 0
     m = 0
     while m < m_:
         rows = min(4, m_ - m)  # a group of 2 or 3 runs as 4, its last row repeated
         n = n0
         while n < n1:
             cols = 2 if rows > 1 and n + 2 <= n1 else 1
+            if norm[0] > 0 and m == 0:  # the columns' norms, from the keys just read
+                for c in range(cols):
+                    col = (bblk_at + (n + c) * nblk) // nblk
+                    bad += 0 if _norms_of(w, w_at + (n + c) * k, k, norm, None, bflat, col) else 1
             for k0 in range(0, k, chunk):
                 k1 = min(k0 + chunk, k)
                 if rows == 1:
@@ -194,7 +203,7 @@ def _tile(a, w, ablk, bblk, dims, at, consts, lo, flags, n0, n1):
                     left += differ
             n += cols
         m += rows
-    return left
+    return left, bad
 
 
 @numba.njit(**_jit)
@@ -205,21 +214,141 @@ def decode_first_pass(a, w, ablk, bblk, shape, wstride, consts, lo, flags, start
     reading them, and a float64 copy is twice the bytes): a (nb * M * K,) float64 (the
     prepared rows of A), w float32 (B's columns as rows, matrix ``i`` at ``i *
     wstride``), ablk (nb * M * nblk,) / bblk (nb * N * nblk,) float64 (their block norm
-    bounds), ``shape = (nb, M, K, N)``, ``consts = (chunk, pre, g)``; lo (nb * M * N,)
-    float32 and flags bool as :func:`first_pass_flat` gives them. ``d`` as
+    bounds), ``shape = (nb, M, K, N)``, ``consts = (chunk, pre, g, norm)``; lo (nb * M *
+    N,) float32 and flags bool as :func:`first_pass_flat` gives them. ``d`` as
     :func:`exact.dot64` bounds it: each ``chunk`` of K summed in any order (a product goes
     through at most ``chunk - 1`` additions), the chunks' sums added in order; the
     magnitude summed in any order (the ``pre`` inflation covers it, as it covers a BLAS
-    call). Returns how many differ."""
+    call). ``norm``: ``(0, 0.0, 0.0)`` where ``bblk`` holds B's norms, or ``(block, pre,
+    post)``: ``bblk`` is written here -- each column's norms as :func:`prepare_rows_dense`
+    computes them, as the column is first read (the attention's keys: no pass over them
+    before). Returns ``(how many differ, how many columns hold a non-finite value)``
+    (the second 0 where the norms were given; where it is not 0 the results do not
+    count: the caller takes the prepared path)."""
     nb, m_, k, n_ = shape
     nblk = ablk.shape[0] // (nb * m_)
     left = 0
+    bad = 0
     for mat in range(start // n_, (stop - 1) // n_ + 1):
         at = (mat * m_ * k, mat * wstride, mat * m_ * n_, mat * m_ * nblk, mat * n_ * nblk)
         for n0 in range(max(start - mat * n_, 0), min(stop - mat * n_, n_), DECODE_TILE):
             n1 = min(n0 + DECODE_TILE, stop - mat * n_, n_)
-            left += _tile(a, w, ablk, bblk, (m_, k, n_, nblk), at, consts, lo, flags, n0, n1)
-    return left
+            got = _tile(a, w, ablk, bblk, (m_, k, n_, nblk), at, consts, lo, flags, n0, n1)
+            left += got[0]
+            bad += got[1]
+    return left, bad
+
+
+@numba.njit(**_jit, inline="always")
+def _axpy4(a, at, keys, v, vt, vk, n, part):
+    """part[j] += (a_0 v_0j + a_1 v_1j) + (a_2 v_2j + a_3 v_3j) over the ``keys`` (1 to
+    4) consecutive weights ``a[at + i]`` and value rows ``v[vt + i * vk:]``, for j < n
+    (float64 weights, float32 values: each product exact in float64). Four keys a pass:
+    one load and store of ``part`` serve four products; the loop runs across columns,
+    so it vectorises strict (no reduction to reorder)."""
+    p0 = a[at]
+    p1 = a[at + 1] if keys > 1 else 0.0
+    p2 = a[at + 2] if keys > 2 else 0.0
+    p3 = a[at + 3] if keys > 3 else 0.0
+    r0 = _U(vt)
+    r1 = _U(vt + min(1, keys - 1) * vk)  # a missing key reads row 0 again, weighted 0
+    r2 = _U(vt + min(2, keys - 1) * vk)
+    r3 = _U(vt + min(3, keys - 1) * vk)
+    for j in range(_U(0), _U(n)):
+        x0 = np.float64(v[r0 + j])
+        x1 = np.float64(v[r1 + j])
+        x2 = np.float64(v[r2 + j])
+        x3 = np.float64(v[r3 + j])
+        part[j] += (p0 * x0 + p1 * x1) + (p2 * x2 + p3 * x3)
+
+
+#: the bits of a float32's magnitude, and the least of them that is not finite
+_ABS32 = np.int32(0x7FFFFFFF)
+_INF32 = 0x7F800000
+
+
+@numba.njit(**_jit)
+def _column_maxima(bits, vt, k, n, out):
+    """out[j] <- the largest magnitude bits ``bits[vt + q * n + j] & 0x7fffffff`` over the
+    K rows of one (K, N) float32 matrix given as its int32 bits (for non-negative floats
+    the order of the bits is the order of the values; an integer maximum vectorises
+    without fast-math); returns whether every value is finite (no magnitude bits reach
+    inf's)."""
+    out[:n] = 0
+    q = 0
+    while q < k:  # four rows a loop (a loop over 65 columns costs its set-up again)
+        r0 = _U(vt + q * n)
+        r1 = _U(vt + min(q + 1, k - 1) * n)  # past the last row: the last row again
+        r2 = _U(vt + min(q + 2, k - 1) * n)
+        r3 = _U(vt + min(q + 3, k - 1) * n)
+        for j in range(_U(0), _U(n)):
+            x = max(bits[r0 + j] & _ABS32, bits[r1 + j] & _ABS32)
+            y = max(bits[r2 + j] & _ABS32, bits[r3 + j] & _ABS32)
+            x = max(x, y)
+            out[j] = x if x > out[j] else out[j]
+        q += 4
+    finite = True
+    for j in range(n):
+        finite = finite and out[j] < _INF32
+    return finite
+
+
+#: value columns a keyed pass accumulates at a time (float64 rows of this length stay
+#: in L1)
+KEYED_TILE = 128
+
+
+@numba.njit(**_jit)
+def keyed_first_pass(a, v, bits, vstride, shape, consts, lo, flags, start, stop):
+    """Stage 1 of ``a (nb, M, K) @ v (nb, K, N)`` for the rows ``[start, stop)`` of all
+    matrices (row ``r``: matrix ``r // M``, row ``r % M``), reading the float32 ``v``
+    itself in its own layout -- the attention's value blocks, each matrix contiguous
+    (rows of N values), matrix ``i`` at ``i * vstride`` of the flat buffer ``v``, ``bits``
+    the same buffer as int32 -- with no float64 copy and no block norms: ``a`` (nb * M * K,) float64 (the prepared
+    weights, flat), ``shape = (nb, M, K, N)``, ``consts = (chunk, pre, g)``; lo (nb * M *
+    N,) float32 and flags bool as :func:`first_pass_flat` gives them. ``d``: each
+    ``chunk`` of K summed in any order, the chunks' sums added in order (the bound of
+    :func:`exact.dot64`); the magnitude: ``(sum_k |a_k|) * max_k |v_kn|`` (an upper bound
+    of ``sum_k |a_k v_kn|`` once ``pre`` -- :func:`exact.inflation` of K -- covers its
+    K - 1 additions and one product). Returns ``(how many differ, how many of the
+    matrices read hold a non-finite value)``: where the second is positive the caller takes the
+    prepared path (the zero-weight rule)."""
+    nb, m_, k, n_ = shape
+    chunk, pre, g = consts
+    tiles = (n_ + KEYED_TILE - 1) // KEYED_TILE
+    width = (n_ + tiles - 1) // tiles
+    part = np.empty(width)
+    acc = np.empty(width)
+    top = np.empty(n_, np.int32)
+    top_values = top.view(np.float32)
+    left = 0
+    bad = 0
+    mat = -1
+    for r in range(start, stop):
+        a_at = r * k
+        if r // m_ != mat:
+            mat = r // m_
+            bad += 0 if _column_maxima(bits, mat * vstride, k, n_, top) else 1
+        v_at = mat * vstride
+        weight = 0.0
+        for q in range(_U(a_at), _U(a_at + k)):
+            weight += abs(a[q])
+        for n0 in range(0, n_, width):
+            w = min(width, n_ - n0)
+            for k0 in range(0, k, chunk):
+                part[:w] = 0.0
+                for q in range(k0, min(k0 + chunk, k), 4):
+                    keys = min(4, k0 + chunk - q, k - q)
+                    _axpy4(a, a_at + q, keys, v, v_at + q * n_ + n0, n_, w, part)
+                for j in range(_U(0), _U(w)):
+                    acc[j] = part[j] if k0 == 0 else acc[j] + part[j]
+            out_at, top_at = _U(r * n_ + n0), _U(n0)
+            for j in range(_U(0), _U(w)):
+                low, differ = _first(acc[j], weight * np.float64(top_values[top_at + j]), pre, g)
+                lo[out_at + j] = low
+                flags[out_at + j] = differ
+                left += differ
+    return left, bad
 
 
 @numba.njit(**_jit)
@@ -389,6 +518,23 @@ def _row_squares(x, at, k, block, values, sums, r):
         sums[r * nblk + bi] = s
 
 
+@numba.njit(**_jit, inline="always")
+def _norms_of(x, at, k, norm, flat_v, flat_b, r):
+    """Row ``r``'s block norm bounds ``flat_b[r * nblk:][:nblk]`` (``sqrt(sum * pre) *
+    post`` of each ``block``-long sum of squares by :func:`_row_squares`, ``norm = (block,
+    pre, post)``) of the K float32 values ``x[at:at + k]`` (``flat_v``: their float64
+    copy, or None); returns whether every block is finite (a row that is not: its bounds
+    are not finite, the caller redoes or refuses it)."""
+    block, pre, post = norm
+    nblk = (k + block - 1) // block
+    _row_squares(x, at, k, block, flat_v, flat_b, r)
+    finite = True
+    for i in range(r * nblk, r * nblk + nblk):
+        finite = finite and math.isfinite(flat_b[i])
+        flat_b[i] = math.sqrt(flat_b[i] * pre) * post
+    return finite
+
+
 @numba.njit(**_jit)
 def prepare_rows_dense(x, mstride, shape, block, pre, post, flat_v, blocks, bad, start, stop):
     """:func:`prepare_rows` of rows ``[start, stop)`` for ``x`` given as a flat float32
@@ -405,11 +551,7 @@ def prepare_rows_dense(x, mstride, shape, block, pre, post, flat_v, blocks, bad,
     nbad = 0
     for r in range(start, stop):
         at = (r // m) * mstride + (r % m) * k
-        _row_squares(x, at, k, block, flat_v, flat_b, r)
-        finite = True
-        for i in range(r * nblk, r * nblk + nblk):
-            finite = finite and math.isfinite(flat_b[i])
-            flat_b[i] = math.sqrt(flat_b[i] * pre) * post
+        finite = _norms_of(x, at, k, (block, pre, post), flat_v, flat_b, r)
         flat_bad[r] = not finite
         if not finite:
             for b0 in range(0, k, block):

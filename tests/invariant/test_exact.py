@@ -103,13 +103,14 @@ def stages(request, monkeypatch):
 def test_double_rounding_and_ties_give_the_nearest_float32(terms, want, stages):
     """The trap of a float64 GEMM rounded to float32: rounding twice. Pinned: stage 1
     without its error bound returns 2**24 for the first case -- by the float64 GEMM (B
-    by rows) and by the decode kernel (B a weight's columns: its bound set to zero fails
-    here)."""
+    by rows), by the decode kernel (B's columns contiguous: its bound, or the norms it
+    computes for B, set to zero fails here) and by the keyed kernel of the value
+    product (its magnitude set to zero fails here)."""
     a = torch.tensor([terms], dtype=torch.float32)
     for b in (torch.ones(len(terms), 2)[:, :1], torch.ones(len(terms), 1)):
-        got = ex.matmul(a, b)
-        assert got.item() == want and not torch.signbit(got).item()
-        assert _bits_equal(got, oracle.matmul(a.numpy(), b.numpy()))
+        for got in (ex.matmul(a, b), ex.weighted_sum(a, b)):
+            assert got.item() == want and not torch.signbit(got).item()
+            assert _bits_equal(got, oracle.matmul(a.numpy(), b.numpy()))
 
 
 def test_a_one_term_product_on_a_midpoint_rounds_to_even(stages):
@@ -373,10 +374,11 @@ def test_a_decode_product_reads_the_float32_weight_and_gives_the_same_bits(m, k,
 def test_the_attention_scores_read_the_float32_keys_and_give_the_same_bits(nb, m, k, n, fa, fb, seed, holes, sliced):
     """Batched ``q @ K^T`` with the keys as rows (the attention's key blocks: each
     matrix contiguous, or slices of one tensor): the decode kernel over the float32 keys,
-    their block norms alone prepared (no float64 copy, no float64 GEMM), rows in groups
-    of 4 with a padded group of 2 or 3 (a 3-query group), stages 2-3 reading the float32
-    keys: the torch stages' bits, with non-finite keys and queries too, and the oracle's
-    on a first matrix."""
+    their block norms computed by the kernel as it reads each key (no float64 copy, no
+    float64 GEMM; a non-finite key: the norms and flags prepared, then the kernel), rows
+    in groups of 4 with a padded group of 2 or 3 (a 3-query group), stages 2-3 reading
+    the float32 keys: the torch stages' bits, with non-finite keys and queries too, and
+    the oracle's on a first matrix."""
     q, keys = _rand((nb, m, k), seed, fa), _rand((nb, n + 5, k), seed + 1, fb)
     if holes:
         q, keys = _holes(q, seed), _holes(keys, seed + 1)
@@ -394,22 +396,87 @@ def test_the_attention_scores_read_the_float32_keys_and_give_the_same_bits(nb, m
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
-@pytest.mark.parametrize(
-    "rows, weight",
-    [(160, False), (7, True)],  # the float64 GEMM; the decode kernel over a weight's columns
+@settings(max_examples=30, deadline=None)
+@given(
+    nb=st.integers(1, 5),
+    m=st.integers(1, 9),
+    k=st.integers(1, 700),
+    n=st.integers(1, 140),
+    fp_=st.sampled_from(FAMILIES),
+    fv=st.sampled_from(FAMILIES),
+    seed=st.integers(0, 2**16),
+    holes=st.booleans(),
+    sliced=st.booleans(),
 )
-def test_a_split_over_threads_changes_no_bit(monkeypatch, rows, weight):
+def test_the_value_product_reads_the_float32_values_and_gives_the_same_bits(nb, m, k, n, fp_, fv, seed, holes, sliced):
+    """Batched ``p @ V`` of the attention (weights with zeros over value blocks, each
+    matrix contiguous, or slices of one tensor): the keyed kernel over the float32
+    values in their own layout -- K in several 256-chunks, keys in fours with a tail,
+    columns in tiles (past 128: two) -- no float64 copy of V, no float64 GEMM; a
+    non-finite value: the prepared path and its zero-weight rule. The torch stages'
+    bits, and the oracle's on a first matrix."""
+    p = _rand((nb, m, k), seed, fp_).abs() * (_rand((nb, m, k), seed + 2, "normal") > -0.5)
+    v = _rand((nb, k + 5, n), seed + 1, fv)
+    if holes:
+        p, v = _holes(p, seed), _holes(v, seed + 1)
+    v = v[:, 2 : k + 2] if sliced else v[:, :k].contiguous()
+    finite = bool(torch.isfinite(v).all())
+    assert (ex._keyed_first_pass(ex.prepare(p, -1), v) is not None) == finite
+    with pytest.MonkeyPatch.context() as mp:
+        if finite:  # else the prepared path, which runs the float64 GEMM
+            mp.setattr(ex, "dot64", lambda *args: pytest.fail("the float64 GEMM ran"))
+        got = ex.weighted_sum(p, v)
+    if not holes:
+        assert _bits_equal(got[0, :3, :4].contiguous(), oracle.weighted_sum(p[0, :3].numpy(), v[0, :, :4].numpy()))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ex, "_jit_for", lambda *tensors: None)
+        want = ex.weighted_sum(p, v)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_a_non_finite_value_leaves_the_keyed_kernel_for_the_zero_weight_rule():
+    """The keyed kernel refuses V with a non-finite value wherever it lies (first or
+    last key, a tail of keys past a multiple of four, a second tile of columns), so the
+    prepared path's rule applies: a row that weighs the key 0 is unchanged."""
+    p, v = _rand((2, 3, 130), 40, "normal").abs(), _rand((2, 130, 140), 41, "normal")
+    fa = ex.prepare(p, -1)
+    assert ex._keyed_first_pass(fa, v) is not None
+    for key, col, value in [(0, 0, float("inf")), (129, 139, float("nan")), (128, 70, -float("inf"))]:
+        bad = v.clone()
+        bad[1, key, col] = value
+        assert ex._keyed_first_pass(fa, bad) is None
+        zero = p.clone()
+        zero[1, 0, key] = 0.0
+        got = ex.weighted_sum(zero, bad)
+        assert torch.equal(got[1, 0], ex.weighted_sum(zero[1, :1], v[1])[0])
+        assert torch.isnan(got[1, 1:]).all() and torch.equal(got[0], ex.weighted_sum(zero[0], v[0]))
+
+
+@pytest.mark.parametrize(
+    "rows, layout",
+    # the float64 GEMM; the decode kernel over a weight's columns; over keys (their norms
+    # computed as read); the keyed kernel over values
+    [(160, "plain"), (7, "weight"), (7, "keys"), (7, "values")],
+)
+def test_a_split_over_threads_changes_no_bit(monkeypatch, rows, layout):
     """Large enough that every kernel splits its rows or elements over two threads (and
     every element is forced into stages 2 and 3): the bits of one thread."""
     a, b = _rand((rows, 520), 31, "massive"), _rand((520, 400), 32, "cancel")
-    b = b.t().contiguous().t() if weight else b
+    if layout == "values":
+        a, b = a.abs().expand(3, -1, -1), b.expand(3, -1, -1)
+    if layout in ("weight", "keys"):
+        b = b.t().contiguous().t()
+    fb = ex.prepare_b(b) if layout == "weight" else None
+    product = ex.weighted_sum if layout == "values" else lambda a, b: ex.matmul(a, b, fb)
     monkeypatch.setattr(ex, "gamma", lambda k: 1e300)
     with torch_threads(1):
-        one = ex.matmul(a, b)
+        one = product(a, b)
     with torch_threads(2):
-        two = ex.matmul(a, b)
+        two = product(a, b)
     assert torch.equal(one.view(torch.int32), two.view(torch.int32))
-    assert _bits_equal(two[:3, :3].contiguous(), oracle.matmul(a[:3].numpy(), b[:, :3].numpy()))
+    a2, b2 = (a[0], b[0]) if layout == "values" else (a, b)
+    want = (oracle.weighted_sum if layout == "values" else oracle.matmul)(a2[:3].numpy(), b2[:, :3].numpy())
+    assert _bits_equal((two[0] if layout == "values" else two)[:3, :3].contiguous(), want)
 
 
 _PREP = (32, 1.0, 1.0)  # block, pre, post
@@ -448,6 +515,18 @@ KERNELS = {
     "prepare_cols": lambda: (np.ones((1, 64, 4), np.float32), *_PREP, *_cols_out(), 0, 1),
     "prepare_cols_dense": lambda: (np.ones(256, np.float32), 256, (64, 4), *_PREP, *_cols_out(), 0, 1),
     "settle_rows": lambda: (np.ones((2, 8)), 1e-15, 1e-16, np.empty(2, np.float32), 0, 2),
+    "keyed_first_pass": lambda: (
+        np.ones(2 * 64),
+        np.ones(64 * 4, np.float32),
+        np.ones(64 * 4, np.int32),
+        256,
+        (1, 2, 64, 4),
+        (256, 1.0, 1e-15),
+        np.empty(8, np.float32),
+        np.empty(8, np.bool_),
+        0,
+        2,
+    ),
     "settle_pairs": lambda: (
         np.ones((1, 2, 8)),
         np.ones((1, 8, 2)),
