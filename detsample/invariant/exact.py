@@ -420,11 +420,14 @@ def pair_products(a: torch.Tensor, b: torch.Tensor):
     return products
 
 
-def _settle_pairs(c: torch.Tensor, unsettled: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _settle_pairs(c: torch.Tensor, unsettled: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``c`` with its ``unsettled`` elements settled, for ``c = a @ b`` (``a (..., M,
     K)``, ``b (..., K, N)`` float64, exact values): :func:`settle_at` with
     :func:`pair_products`, or one numba kernel that forms each element's products itself
-    (no gather of rows and columns; the same bits)."""
+    (no gather of rows and columns; the same bits). ``unsettled`` None: a kernel counted
+    none (``c`` as is)."""
+    if unsettled is None:
+        return c
     jit = _jit_for(c, a, b)
     if jit is None:
         return settle_at(c, unsettled, pair_products(a, b), a.shape[-1])
@@ -465,7 +468,7 @@ def _rounded_product(fa: Operand, fb: Operand, b: torch.Tensor | None = None) ->
     c, unsettled = staged
     if fb.values is not None:
         return _settle_pairs(c, unsettled, fa.values, fb.values)
-    if fb.bad is not None:
+    if fb.bad is not None and unsettled is not None:
         unsettled &= ~fb.bad
     return _settle_pairs(c, unsettled, fa.values, b)
 
@@ -489,7 +492,7 @@ MACS_PER_ELEMENT = 32
 
 def _decode_first_pass(
     fa: Operand, fb: Operand | None, b: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor] | None:
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """Stage 1 ``(c, unsettled)`` of a product (2-D, or batched: the attention's scores)
     of at most :data:`DECODE_ROWS` rows a matrix by the numba kernel that reads the
     float32 ``b (..., K, N)`` itself -- each matrix's columns contiguous rows -- or None
@@ -497,7 +500,8 @@ def _decode_first_pass(
     same bound (each 256-long K-chunk summed in any order, the chunks in order). ``fb``
     None: B's block norms are computed by the kernel as it reads each column (no pass
     over ``b`` before; the keys of a decode step), and None is returned where a column
-    holds a non-finite value (the caller then prepares ``b``'s norms and flags)."""
+    holds a non-finite value (the caller then prepares ``b``'s norms and flags).
+    ``unsettled`` is None where no element differs."""
     if not _reads_b(fa, b):
         return None
     jit, w = _jit_for(b), b.mT
@@ -515,17 +519,26 @@ def _decode_first_pass(
     lo = np.empty(nb * m * n, np.float32)
     flags = np.empty(nb * m * n, np.bool_)
     a, ablk = (t.detach().numpy().reshape(-1) for t in (fa.values, fa.blocks))
-    consts = (CHUNK, inflation(nblk), _slack(depth(k)), norm)
+    consts = (CHUNK, inflation(nblk), _slack(depth(k)), norm, (gamma(k), 2 * _ULP))
     counts = []
 
     def run(s: int, e: int) -> None:
         counts.append(jit.decode_first_pass(a, dense[0], ablk, bblk, (nb, m, k, n), dense[1], consts, lo, flags, s, e))
 
     split_rows(run, nb * n, nb * m * n * k // MACS_PER_ELEMENT)
-    if any(bad for _, bad in counts):
+    return _staged(lo, flags, tuple(lead) + (m, n), counts)
+
+
+def _staged(
+    lo: np.ndarray, flags: np.ndarray, shape: tuple[int, ...], counts: list[tuple[int, int]]
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """A kernel's stage 1 as ``(c, unsettled)`` shaped ``shape`` from its spans' counts
+    ``(differ, refused)``: None where a span refused (a non-finite operand), the mask None
+    where no element differs (nothing to settle)."""
+    if any(refused for _, refused in counts):
         return None
-    out = tuple(lead) + (m, n)
-    return torch.from_numpy(lo).view(out), torch.from_numpy(flags).view(out)
+    c = torch.from_numpy(lo).view(shape)
+    return c, (torch.from_numpy(flags).view(shape) if any(differ for differ, _ in counts) else None)
 
 
 def _reads_b(fa: Operand, b: torch.Tensor | None) -> bool:
@@ -578,14 +591,15 @@ def weighted_sum(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return nan_where(c, bad)
 
 
-def _keyed_first_pass(fa: Operand, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _keyed_first_pass(fa: Operand, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """Stage 1 ``(c, unsettled)`` of :func:`weighted_sum` by the numba kernel that reads
     the float32 ``v (..., K, N)`` in its own layout (each matrix contiguous: the value
     blocks), with no float64 copy of ``v`` and no block norms
     (:func:`~detsample.invariant.exact_jit.keyed_first_pass`), for at most
     :data:`DECODE_ROWS` weight rows a matrix; None where it does not apply or where ``v``
-    holds a non-finite value (the prepared path then keeps the zero-weight rule). The
-    same bits: stage 1 decides nothing but which elements stages 2 and 3 settle."""
+    holds a non-finite value (the prepared path then keeps the zero-weight rule); the
+    mask None where no element differs. The same bits: stage 1 decides nothing but which
+    elements stages 2 and 3 settle."""
     a = fa.values
     if v.dtype != torch.float32 or v.dim() != a.dim() or v.dim() not in (2, 3) or v.shape[:-2] != a.shape[:-2]:
         return None
@@ -599,17 +613,15 @@ def _keyed_first_pass(fa: Operand, v: torch.Tensor) -> tuple[torch.Tensor, torch
     nb = math.prod(lead)
     lo = np.empty(nb * m * n, np.float32)
     flags = np.empty(nb * m * n, np.bool_)
-    flat, consts, counts = a.detach().numpy().reshape(-1), (CHUNK, inflation(k), _slack(depth(k))), []
+    consts = (CHUNK, inflation(k), _slack(depth(k)), (gamma(k), 2 * _ULP))
+    flat, counts = a.detach().numpy().reshape(-1), []
     values, bits, jit = dense[0], dense[0].view(np.int32), _kernels()
 
     def run(s: int, e: int) -> None:
         counts.append(jit.keyed_first_pass(flat, values, bits, dense[1], (nb, m, k, n), consts, lo, flags, s, e))
 
     split_rows(run, nb * m, nb * m * k * n // MACS_PER_ELEMENT)
-    if any(bad for _, bad in counts):
-        return None
-    out = tuple(lead) + (m, n)
-    return torch.from_numpy(lo).view(out), torch.from_numpy(flags).view(out)
+    return _staged(lo, flags, tuple(lead) + (m, n), counts)
 
 
 def _prepare_keys(v: torch.Tensor) -> tuple[Operand, torch.Tensor | None]:

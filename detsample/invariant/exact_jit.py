@@ -150,17 +150,32 @@ def _dot(a, at, w, wt, lo, hi):
 DECODE_TILE = 32
 
 
+@numba.njit(**_jit)
+def _settled_here(a, at, w, wt, wstep, k, stage2, scratch):
+    """Stages 2 and 3 (:func:`_settle`) of one element inside a stage-1 kernel: the ``k``
+    exact products ``a[at + q] * w[wt + q * wstep]`` (float64 by float32) in q's order,
+    ``stage2 = (g, two_ulp)`` as :func:`settle_pairs` takes them, into ``scratch`` (a
+    float64 array of at least ``2 k + 2``): the bits :func:`settle_pairs` gives the same
+    element, with no call back to Python for it."""
+    g, two_ulp = stage2
+    prods = scratch[:k]
+    for q in range(k):
+        prods[q] = a[at + q] * np.float64(w[wt + q * wstep])
+    return _settle(prods, g, two_ulp, scratch[k:])
+
+
 @numba.njit(**_jit, inline="always")
-def _tile(a, w, ablk, bblk, dims, at, consts, lo, flags, n0, n1):
+def _tile(a, w, ablk, bblk, dims, at, consts, out, n0, n1):
     """Stage 1 of :func:`decode_first_pass` for the columns ``[n0, n1)`` of one matrix:
     ``dims = (M, K, N, nblk)``; ``at``: the matrix's offsets in (a, w, lo / flags, ablk,
-    bblk). Returns ``(how many differ, how many columns are not finite)``: the second
-    counted where ``consts`` carries a norm (``(block, pre, post)``, block > 0: the
-    columns' block norms are computed here, into ``bblk``, as each column is first read),
-    else 0."""
+    bblk); ``out = (lo, flags, scratch)`` (scratch: for :func:`_settled_here`). Returns
+    ``(how many differ, how many columns are not finite)``: the second counted where
+    ``consts`` carries a norm (``(block, pre, post)``, block > 0: the columns' block norms
+    are computed here, into ``bblk``, as each column is first read), else 0."""
     m_, k, n_, nblk = dims
     a_at, w_at, out_at, ablk_at, bblk_at = at
-    chunk, pre, g, norm = consts
+    chunk, pre, g, norm, stage2 = consts
+    lo, flags, scratch = out
     bflat = bblk
     part = np.empty(8)
     acc = np.empty(8)
@@ -197,6 +212,9 @@ def _tile(a, w, ablk, bblk, dims, at, consts, lo, flags, n0, n1):
             for c in range(cols):
                 for i in range(rows):
                     low, differ = _first(acc[4 * c + i], mags[4 * c + i], pre, g)
+                    if differ and math.isfinite(acc[4 * c + i]):  # finite products: settle here
+                        low = _settled_here(a, a_at + (m + i) * k, w, w_at + (n + c) * k, 1, k, stage2, scratch)
+                        differ = False
                     at_ = out_at + (m + i) * n_ + n + c
                     lo[at_] = low
                     flags[at_] = differ
@@ -214,8 +232,10 @@ def decode_first_pass(a, w, ablk, bblk, shape, wstride, consts, lo, flags, start
     reading them, and a float64 copy is twice the bytes): a (nb * M * K,) float64 (the
     prepared rows of A), w float32 (B's columns as rows, matrix ``i`` at ``i *
     wstride``), ablk (nb * M * nblk,) / bblk (nb * N * nblk,) float64 (their block norm
-    bounds), ``shape = (nb, M, K, N)``, ``consts = (chunk, pre, g, norm)``; lo (nb * M *
-    N,) float32 and flags bool as :func:`first_pass_flat` gives them. ``d`` as
+    bounds), ``shape = (nb, M, K, N)``, ``consts = (chunk, pre, g, norm, stage2)``; lo
+    (nb * M * N,) float32 and flags bool as :func:`first_pass_flat` gives them, an element
+    that differs settled here (:func:`_settled_here`, ``stage2 = (g, two_ulp)``: stages 2
+    and 3) unless its sum is not finite (a non-finite value: left flagged). ``d`` as
     :func:`exact.dot64` bounds it: each ``chunk`` of K summed in any order (a product goes
     through at most ``chunk - 1`` additions), the chunks' sums added in order; the
     magnitude summed in any order (the ``pre`` inflation covers it, as it covers a BLAS
@@ -227,13 +247,14 @@ def decode_first_pass(a, w, ablk, bblk, shape, wstride, consts, lo, flags, start
     count: the caller takes the prepared path)."""
     nb, m_, k, n_ = shape
     nblk = ablk.shape[0] // (nb * m_)
+    scratch = np.empty(2 * k + 2)  # stages 2 and 3 of an element that differs
     left = 0
     bad = 0
     for mat in range(start // n_, (stop - 1) // n_ + 1):
         at = (mat * m_ * k, mat * wstride, mat * m_ * n_, mat * m_ * nblk, mat * n_ * nblk)
         for n0 in range(max(start - mat * n_, 0), min(stop - mat * n_, n_), DECODE_TILE):
             n1 = min(n0 + DECODE_TILE, stop - mat * n_, n_)
-            got = _tile(a, w, ablk, bblk, (m_, k, n_, nblk), at, consts, lo, flags, n0, n1)
+            got = _tile(a, w, ablk, bblk, (m_, k, n_, nblk), at, consts, (lo, flags, scratch), n0, n1)
             left += got[0]
             bad += got[1]
     return left, bad
@@ -305,8 +326,10 @@ def keyed_first_pass(a, v, bits, vstride, shape, consts, lo, flags, start, stop)
     itself in its own layout -- the attention's value blocks, each matrix contiguous
     (rows of N values), matrix ``i`` at ``i * vstride`` of the flat buffer ``v``, ``bits``
     the same buffer as int32 -- with no float64 copy and no block norms: ``a`` (nb * M * K,) float64 (the prepared
-    weights, flat), ``shape = (nb, M, K, N)``, ``consts = (chunk, pre, g)``; lo (nb * M *
-    N,) float32 and flags bool as :func:`first_pass_flat` gives them. ``d``: each
+    weights, flat), ``shape = (nb, M, K, N)``, ``consts = (chunk, pre, g, stage2)``; lo
+    (nb * M * N,) float32 and flags bool as :func:`first_pass_flat` gives them, an element
+    that differs settled here (:func:`_settled_here`: stages 2 and 3) unless its sum is
+    not finite. ``d``: each
     ``chunk`` of K summed in any order, the chunks' sums added in order (the bound of
     :func:`exact.dot64`); the magnitude: ``(sum_k |a_k|) * max_k |v_kn|`` (an upper bound
     of ``sum_k |a_k v_kn|`` once ``pre`` -- :func:`exact.inflation` of K -- covers its
@@ -314,7 +337,8 @@ def keyed_first_pass(a, v, bits, vstride, shape, consts, lo, flags, start, stop)
     matrices read hold a non-finite value)``: where the second is positive the caller takes the
     prepared path (the zero-weight rule)."""
     nb, m_, k, n_ = shape
-    chunk, pre, g = consts
+    chunk, pre, g, stage2 = consts
+    scratch = np.empty(2 * k + 2)  # stages 2 and 3 of an element that differs
     tiles = (n_ + KEYED_TILE - 1) // KEYED_TILE
     width = (n_ + tiles - 1) // tiles
     part = np.empty(width)
@@ -348,6 +372,11 @@ def keyed_first_pass(a, v, bits, vstride, shape, consts, lo, flags, start, stop)
                 lo[out_at + j] = low
                 flags[out_at + j] = differ
                 left += differ
+            for j in range(w):  # the few that differ: settled here (finite values only)
+                if flags[r * n_ + n0 + j] and math.isfinite(acc[j]):
+                    lo[r * n_ + n0 + j] = _settled_here(a, a_at, v, v_at + n0 + j, n_, k, stage2, scratch)
+                    flags[r * n_ + n0 + j] = False
+                    left -= 1
     return left, bad
 
 

@@ -521,7 +521,7 @@ KERNELS = {
         np.ones(64 * 4, np.int32),
         256,
         (1, 2, 64, 4),
-        (256, 1.0, 1e-15),
+        (256, 1.0, 1e-15, (1e-14, 2e-16)),
         np.empty(8, np.float32),
         np.empty(8, np.bool_),
         0,
