@@ -321,7 +321,7 @@ def first_pass(d: torch.Tensor, mag: torch.Tensor, adds: int, pre: float = 1.0) 
     torch form's seven passes over ``(M, N)`` float64 cost ~12% of a prefill's product)."""
     g = _slack(adds)
     jit = _jit_for(d)
-    if jit is None:
+    if jit is None or d.numel() == 0:  # (no element: nothing for a kernel's row view)
         return _rounded(d, (mag if pre == 1.0 else mag.mul_(pre)).mul_(g))
     dd, mm = rows_view(d), rows_view(mag)
     n = dd.shape[1]
@@ -546,7 +546,7 @@ def _reads_b(fa: Operand, b: torch.Tensor | None) -> bool:
     CPU ``b`` with numba, at most :data:`DECODE_ROWS` rows of A a matrix, its columns
     contiguous along K (checked further by :func:`_decode_first_pass`), A's values and
     norms contiguous, and the batch dims equal."""
-    if b is None or b.dtype != torch.float32 or b.dim() not in (2, 3) or b.stride(-2) != 1:
+    if b is None or b.dtype != torch.float32 or b.dim() not in (2, 3) or b.stride(-2) != 1 or b.numel() == 0:
         return False
     a = fa.values
     if a.dim() != b.dim() or a.shape[-2] > DECODE_ROWS or a.shape[:-2] != b.shape[:-2]:

@@ -453,6 +453,28 @@ def test_a_non_finite_value_leaves_the_keyed_kernel_for_the_zero_weight_rule():
 
 
 @pytest.mark.parametrize(
+    "shape", [(2, 0, 3), (0, 5, 3), (2, 5, 0), (2, 3, 0, 4), (0, 3, 5, 4), (2, 0, 5, 4), (2, 3, 5, 0)]
+)
+@pytest.mark.parametrize("weight", [False, True])
+def test_an_empty_dimension_gives_the_empty_or_zero_product(shape, weight):
+    """Pinned: a product with K = 0 or N = 0 and B in ``F.linear``'s layout crashed (the
+    decode kernel's view of an empty weight), and a batched one with N = 0 in stage 1 (a
+    row view of no element). Every empty case gives what the torch stages give: zeros
+    for K = 0, an empty result otherwise, for the plain product and the value product."""
+    *lead, m, k, n = shape
+    a = _rand((*lead, m, k), 50, "normal")
+    b = _rand((*lead, n, k), 51, "normal").mT if weight else _rand((*lead, k, n), 51, "normal")
+    got, value = ex.matmul(a, b), ex.weighted_sum(a.abs(), b)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ex, "_jit_for", lambda *tensors: None)
+        want, value_want = ex.matmul(a, b), ex.weighted_sum(a.abs(), b)
+    assert got.shape == want.shape == (*lead, m, n) and value.shape == value_want.shape
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert torch.equal(value.view(torch.int32), value_want.view(torch.int32))
+    assert not bool(got.any()) and not bool(value.any())  # K = 0: zeros; else empty
+
+
+@pytest.mark.parametrize(
     "rows, layout",
     # the float64 GEMM; the decode kernel over a weight's columns; over keys (their norms
     # computed as read); the keyed kernel over values
