@@ -325,17 +325,18 @@ def keyed_first_pass(a, v, bits, vstride, shape, consts, lo, flags, start, stop)
     matrices (row ``r``: matrix ``r // M``, row ``r % M``), reading the float32 ``v``
     itself in its own layout -- the attention's value blocks, each matrix contiguous
     (rows of N values), matrix ``i`` at ``i * vstride`` of the flat buffer ``v``, ``bits``
-    the same buffer as int32 -- with no float64 copy and no block norms: ``a`` (nb * M * K,) float64 (the prepared
-    weights, flat), ``shape = (nb, M, K, N)``, ``consts = (chunk, pre, g, stage2)``; lo
-    (nb * M * N,) float32 and flags bool as :func:`first_pass_flat` gives them, an element
-    that differs settled here (:func:`_settled_here`: stages 2 and 3) unless its sum is
-    not finite. ``d``: each
-    ``chunk`` of K summed in any order, the chunks' sums added in order (the bound of
-    :func:`exact.dot64`); the magnitude: ``(sum_k |a_k|) * max_k |v_kn|`` (an upper bound
-    of ``sum_k |a_k v_kn|`` once ``pre`` -- :func:`exact.inflation` of K -- covers its
-    K - 1 additions and one product). Returns ``(how many differ, how many of the
-    matrices read hold a non-finite value)``: where the second is positive the caller takes the
-    prepared path (the zero-weight rule)."""
+    the same buffer as int32 -- with no float64 copy and no block norms: ``a`` (nb * M *
+    K,) float64 (the prepared weights, flat), ``shape = (nb, M, K, N)``, ``consts =
+    (chunk, pre, g, stage2)``; lo (nb * M * N,) float32 and flags bool as
+    :func:`first_pass_flat` gives them, an element that differs settled here
+    (:func:`_settled_here`: stages 2 and 3) unless its sum is not finite. ``d``: each
+    ``chunk`` of K summed in any order (four keys a group, the groups in order: a tree
+    in which no product meets more than ``chunk - 1`` additions), the chunks' sums added
+    in order (the bound of :func:`exact.dot64`); the magnitude: ``(sum_k |a_k|) * max_k
+    |v_kn|`` (an upper bound of ``sum_k |a_k v_kn|`` once ``pre`` --
+    :func:`exact.inflation` of K -- covers its K - 1 additions and one product). Returns
+    ``(how many differ, how many of the matrices read hold a non-finite value)``: where
+    the second is positive the caller takes the prepared path (the zero-weight rule)."""
     nb, m_, k, n_ = shape
     chunk, pre, g, stage2 = consts
     scratch = np.empty(2 * k + 2)  # stages 2 and 3 of an element that differs
