@@ -591,19 +591,28 @@ def weighted_sum(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return nan_where(c, bad)
 
 
+#: the most weight rows a matrix for which :func:`weighted_sum` takes the keyed kernel;
+#: past it the prepared path (a float64 GEMM over V's float64 copy, its cost shared by
+#: the rows) is faster. Measured on a Zen 2 (48 matrices of 128 keys x 65 columns, 2
+#: threads, the whole value product): 2 rows 0.28 against 0.46 ms, 8 0.45 / 0.64, 16
+#: 0.78 / 0.85, 24 1.10 / 1.02, 32 1.39 / 1.15, 64 2.63 / 2.00; 288 matrices of 3 rows
+#: 1.07 / 3.94
+KEYED_ROWS = 16
+
+
 def _keyed_first_pass(fa: Operand, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """Stage 1 ``(c, unsettled)`` of :func:`weighted_sum` by the numba kernel that reads
     the float32 ``v (..., K, N)`` in its own layout (each matrix contiguous: the value
     blocks), with no float64 copy of ``v`` and no block norms
     (:func:`~detsample.invariant.exact_jit.keyed_first_pass`), for at most
-    :data:`DECODE_ROWS` weight rows a matrix; None where it does not apply or where ``v``
+    :data:`KEYED_ROWS` weight rows a matrix; None where it does not apply or where ``v``
     holds a non-finite value (the prepared path then keeps the zero-weight rule); the
     mask None where no element differs. The same bits: stage 1 decides nothing but which
     elements stages 2 and 3 settle."""
     a = fa.values
     if v.dtype != torch.float32 or v.dim() != a.dim() or v.dim() not in (2, 3) or v.shape[:-2] != a.shape[:-2]:
         return None
-    if a.shape[-2] > DECODE_ROWS or not a.is_contiguous() or _jit_for(v) is None or v.numel() == 0:
+    if a.shape[-2] > KEYED_ROWS or not a.is_contiguous() or _jit_for(v) is None or v.numel() == 0:
         return None
     *lead, m, k = a.shape
     n = v.shape[-1]

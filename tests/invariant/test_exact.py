@@ -441,6 +441,8 @@ def test_a_non_finite_value_leaves_the_keyed_kernel_for_the_zero_weight_rule():
     p, v = _rand((2, 3, 130), 40, "normal").abs(), _rand((2, 130, 140), 41, "normal")
     fa = ex.prepare(p, -1)
     assert ex._keyed_first_pass(fa, v) is not None
+    many = ex.prepare(_rand((2, ex.KEYED_ROWS + 1, 130), 42, "normal").abs(), -1)
+    assert ex._keyed_first_pass(many, v) is None  # past its rows the prepared path is faster
     for key, col, value in [(0, 0, float("inf")), (129, 139, float("nan")), (128, 70, -float("inf"))]:
         bad = v.clone()
         bad[1, key, col] = value
