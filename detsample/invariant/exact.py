@@ -560,16 +560,22 @@ def matmul(a: torch.Tensor, b: torch.Tensor, fb: Operand | None = None) -> torch
     float16 inputs); ``fb``: ``b`` already prepared (a cached weight).
     Guarantee: bitwise ``RN32`` of the exact products (the module's definition), on any
     CPU, BLAS and thread count."""
-    fa = prepare(a, -1)
-    if fb is None and _reads_b(fa, b):  # the decode kernel reads b itself: no float64 copy
-        staged = _decode_first_pass(fa, None, b)  # and computes b's norms as it reads it
+    c = _float32_product(prepare(a, -1), b, fb)
+    return c if a.dtype in (torch.float32, torch.float64) else c.to(a.dtype)
+
+
+def _float32_product(fa: Operand, b: torch.Tensor, fb: Operand | None) -> torch.Tensor:
+    """:func:`matmul`'s float32 result, NaN where a row of A or a column of B held a
+    non-finite value: the decode kernel where it reads ``b`` itself (computing ``b``'s
+    norms as it reads it: no float64 copy), else ``b`` prepared (or ``fb``) and the three
+    stages."""
+    if fb is None and _reads_b(fa, b):
+        staged = _decode_first_pass(fa, None, b)
         if staged is not None:
-            c = nan_where(_settle_pairs(*staged, fa.values, b), fa.bad)
-            return c if a.dtype in (torch.float32, torch.float64) else c.to(a.dtype)
+            return nan_where(_settle_pairs(*staged, fa.values, b), fa.bad)
         fb = prepare_norms(b)  # a non-finite column: its flag
     fb = prepare_b(b) if fb is None else fb
-    c = nan_where(_rounded_product(fa, fb, b), either(fa.bad, fb.bad))
-    return c if a.dtype in (torch.float32, torch.float64) else c.to(a.dtype)
+    return nan_where(_rounded_product(fa, fb, b), either(fa.bad, fb.bad))
 
 
 def weighted_sum(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -176,7 +176,6 @@ def _tile(a, w, ablk, bblk, dims, at, consts, out, n0, n1):
     a_at, w_at, out_at, ablk_at, bblk_at = at
     chunk, pre, g, norm, stage2 = consts
     lo, flags, scratch = out
-    bflat = bblk
     part = np.empty(8)
     acc = np.empty(8)
     mags = np.empty(8)
@@ -191,7 +190,7 @@ def _tile(a, w, ablk, bblk, dims, at, consts, out, n0, n1):
             if norm[0] > 0 and m == 0:  # the columns' norms, from the keys just read
                 for c in range(cols):
                     col = (bblk_at + (n + c) * nblk) // nblk
-                    bad += 0 if _norms_of(w, w_at + (n + c) * k, k, norm, None, bflat, col) else 1
+                    bad += 0 if _norms_of(w, w_at + (n + c) * k, k, norm, None, bblk, col) else 1
             for k0 in range(0, k, chunk):
                 k1 = min(k0 + chunk, k)
                 if rows == 1:
